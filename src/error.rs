@@ -1,0 +1,413 @@
+//! [`GatewayError`] and the one renderer that turns it into a response.
+//!
+//! Every rejection a layer makes, and every upstream failure the error
+//! mapper rewrites, goes through [`GatewayError::to_response`], so clients
+//! see one body shape whatever failed:
+//!
+//! ```json
+//! {"error": {"message": "…", "type": "rate_limit_error", "code": 429, "metadata": {…}}}
+//! ```
+//!
+//! `message`, `type` and `code` satisfy OpenAI-style clients; `code` is the
+//! HTTP status as a number and `metadata` is an object, which is what
+//! OpenRouter-style clients read.
+//!
+//! ```
+//! use std::time::Duration;
+//! use http_body_util::Full;
+//! use bytes::Bytes;
+//! use modelgate::error::{GatewayError, LimitSource};
+//!
+//! let error = GatewayError::rate_limited(
+//!     LimitSource::FreePerMinute,
+//!     "free models allow 20 requests per minute; retry in 3 seconds",
+//!     Duration::from_millis(2_100),
+//! );
+//! let response: http::Response<Full<Bytes>> = error.to_response();
+//! assert_eq!(response.status(), 429);
+//! assert_eq!(response.headers()["retry-after"], "3");
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+use serde_json::{Map, Value};
+
+/// What went wrong, which fixes the status code and the `error.type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// 400: the request is malformed (bad JSON, missing field, strict-schema breach).
+    InvalidRequest,
+    /// 401: missing, malformed, unknown, deleted, disabled or expired key.
+    Authentication,
+    /// 402: the key's credit limit is reached or the account balance is negative.
+    InsufficientCredits,
+    /// 408: the request body did not arrive in time.
+    RequestTimeout,
+    /// 413: the request body is larger than allowed.
+    PayloadTooLarge,
+    /// 422: a parameter is out of range or of the wrong type.
+    InvalidParameter,
+    /// 429: a rate limit or quota is exhausted.
+    RateLimited,
+    /// 500: a fault inside the gateway.
+    Internal,
+    /// 502: the upstream failed or answered something unusable.
+    Upstream,
+    /// 503: the gateway or a store it depends on is unavailable.
+    ServiceUnavailable,
+    /// 504: the upstream did not answer in time.
+    UpstreamTimeout,
+}
+
+impl ErrorKind {
+    /// Every kind, in status order.
+    pub const ALL: [ErrorKind; 11] = [
+        ErrorKind::InvalidRequest,
+        ErrorKind::Authentication,
+        ErrorKind::InsufficientCredits,
+        ErrorKind::RequestTimeout,
+        ErrorKind::PayloadTooLarge,
+        ErrorKind::InvalidParameter,
+        ErrorKind::RateLimited,
+        ErrorKind::Internal,
+        ErrorKind::Upstream,
+        ErrorKind::ServiceUnavailable,
+        ErrorKind::UpstreamTimeout,
+    ];
+
+    /// The HTTP status of this kind.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::InvalidParameter => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+            ErrorKind::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The `error.type` string of this kind.
+    pub fn type_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest => "invalid_request_error",
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::InsufficientCredits => "insufficient_credits",
+            ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::InvalidParameter => "invalid_parameter",
+            ErrorKind::RateLimited => "rate_limit_error",
+            ErrorKind::Internal => "api_error",
+            ErrorKind::Upstream => "upstream_error",
+            ErrorKind::ServiceUnavailable => "service_unavailable",
+            ErrorKind::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+
+    /// The kind whose status is `status`, if the gateway has one.
+    pub fn from_status(status: StatusCode) -> Option<ErrorKind> {
+        ErrorKind::ALL
+            .into_iter()
+            .find(|kind| kind.status() == status)
+    }
+}
+
+/// Which limit rejected a request; goes into `error.metadata.limit_source`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitSource {
+    /// 402: the key's own credit limit.
+    KeyLimit,
+    /// 402: the account balance is negative.
+    Credits,
+    /// 429: the account-wide rate rule.
+    AccountRate,
+    /// 429: a per-model rate rule.
+    ModelRate,
+    /// 429: the per-minute limit of `:free` models.
+    FreePerMinute,
+    /// 429: the per-day limit of `:free` models.
+    FreePerDay,
+}
+
+impl LimitSource {
+    /// The string clients see in `metadata.limit_source`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitSource::KeyLimit => "key_limit",
+            LimitSource::Credits => "credits",
+            LimitSource::AccountRate => "account_rate",
+            LimitSource::ModelRate => "model_rate",
+            LimitSource::FreePerMinute => "free_per_minute",
+            LimitSource::FreePerDay => "free_per_day",
+        }
+    }
+}
+
+/// A failure to be shown to the client in the canonical error body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatewayError {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+    metadata: Map<String, Value>,
+    retry_after: Option<Duration>,
+    headers: HeaderMap,
+}
+
+impl GatewayError {
+    /// A failure of `kind` with a message for people: what was wrong and what to do.
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        GatewayError {
+            kind,
+            message: message.into(),
+            metadata: Map::new(),
+            retry_after: None,
+            headers: HeaderMap::new(),
+        }
+    }
+
+    /// A 429 from `source`, telling the client to wait `retry_after`.
+    pub fn rate_limited(
+        source: LimitSource,
+        message: impl Into<Cow<'static, str>>,
+        retry_after: Duration,
+    ) -> Self {
+        GatewayError::new(ErrorKind::RateLimited, message)
+            .with_limit_source(source)
+            .with_retry_after(retry_after)
+    }
+
+    /// A 402 from `source` (`KeyLimit` or `Credits`).
+    pub fn insufficient_credits(
+        source: LimitSource,
+        message: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        GatewayError::new(ErrorKind::InsufficientCredits, message).with_limit_source(source)
+    }
+
+    /// Sets `metadata.limit_source`.
+    pub fn with_limit_source(self, source: LimitSource) -> Self {
+        self.with_metadata("limit_source", source.as_str())
+    }
+
+    /// Adds one entry to `error.metadata`.
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the wait announced in `Retry-After`.
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// Adds a response header (such as `X-RateLimit-Remaining`).
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.append(name, value);
+        self
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    /// The message shown to the client.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The `error.metadata` object.
+    pub fn metadata(&self) -> &Map<String, Value> {
+        &self.metadata
+    }
+
+    /// The wait announced in `Retry-After`, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The `Retry-After` value: whole seconds, rounded up, at least 1.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after.map(retry_after_seconds)
+    }
+
+    /// The canonical JSON body.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind.type_str(),
+                "code": self.kind.status().as_u16(),
+                "metadata": self.metadata,
+            }
+        })
+    }
+
+    /// Renders the complete response: status, `Content-Type`, `Retry-After`,
+    /// extra headers and the canonical body.
+    pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let body = Bytes::from(self.to_json().to_string());
+        let mut response = Response::new(B::from(body));
+        *response.status_mut() = self.kind.status();
+        let headers = response.headers_mut();
+        headers.extend(self.headers.clone());
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(seconds) = self.retry_after_seconds() {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+impl fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status().as_u16(),
+            self.kind.type_str(),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for GatewayError {}
+
+/// Whole seconds for `Retry-After`: rounded up, never below 1, so a client
+/// that waits what it is told never arrives early and never busy-loops.
+pub fn retry_after_seconds(wait: Duration) -> u64 {
+    let whole = wait.as_secs();
+    let rounded = if wait.subsec_nanos() > 0 {
+        whole.saturating_add(1)
+    } else {
+        whole
+    };
+    rounded.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    async fn render(error: &GatewayError) -> (Response<()>, Value) {
+        let response: Response<Full<Bytes>> = error.to_response();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (
+            Response::from_parts(parts, ()),
+            serde_json::from_slice(&bytes).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn every_kind_renders_its_status_type_and_canonical_body() {
+        let expected = [
+            (400, "invalid_request_error"),
+            (401, "authentication_error"),
+            (402, "insufficient_credits"),
+            (408, "request_timeout"),
+            (413, "payload_too_large"),
+            (422, "invalid_parameter"),
+            (429, "rate_limit_error"),
+            (500, "api_error"),
+            (502, "upstream_error"),
+            (503, "service_unavailable"),
+            (504, "upstream_timeout"),
+        ];
+        assert_eq!(ErrorKind::ALL.len(), expected.len());
+        for (kind, (status, type_str)) in ErrorKind::ALL.into_iter().zip(expected) {
+            let error = GatewayError::new(kind, format!("message for {status}"));
+            let (response, body) = render(&error).await;
+            assert_eq!(response.status().as_u16(), status, "{kind:?}");
+            assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
+            assert!(response.headers().get(RETRY_AFTER).is_none());
+            assert_eq!(
+                body,
+                serde_json::json!({"error": {
+                    "message": format!("message for {status}"),
+                    "type": type_str,
+                    "code": status,
+                    "metadata": {},
+                }})
+            );
+            assert_eq!(ErrorKind::from_status(response.status()), Some(kind));
+        }
+    }
+
+    #[tokio::test]
+    async fn rate_limited_carries_limit_source_and_retry_after() {
+        let error = GatewayError::rate_limited(
+            LimitSource::FreePerDay,
+            "daily free-model limit reached",
+            Duration::from_secs(3600),
+        )
+        .with_header(
+            HeaderName::from_static("x-ratelimit-remaining"),
+            HeaderValue::from_static("0"),
+        );
+        let (response, body) = render(&error).await;
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()[RETRY_AFTER], "3600");
+        assert_eq!(response.headers()["x-ratelimit-remaining"], "0");
+        assert_eq!(body["error"]["metadata"]["limit_source"], "free_per_day");
+        assert_eq!(body["error"]["code"], 429);
+    }
+
+    #[tokio::test]
+    async fn insufficient_credits_names_its_source() {
+        for source in [LimitSource::KeyLimit, LimitSource::Credits] {
+            let error = GatewayError::insufficient_credits(source, "no credits");
+            let (response, body) = render(&error).await;
+            assert_eq!(response.status(), 402);
+            assert_eq!(body["error"]["metadata"]["limit_source"], source.as_str());
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_seconds(Duration::ZERO), 1);
+        assert_eq!(retry_after_seconds(Duration::from_nanos(1)), 1);
+        assert_eq!(retry_after_seconds(Duration::from_millis(999)), 1);
+        assert_eq!(retry_after_seconds(Duration::from_secs(1)), 1);
+        assert_eq!(retry_after_seconds(Duration::from_millis(1_001)), 2);
+        assert_eq!(retry_after_seconds(Duration::from_secs(59)), 59);
+        assert_eq!(retry_after_seconds(Duration::new(59, 1)), 60);
+        assert_eq!(retry_after_seconds(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn message_escapes_round_trip_in_json() {
+        let message = "model \"x\" isn't valid: ünïcode \n line";
+        let error = GatewayError::new(ErrorKind::InvalidRequest, message);
+        assert_eq!(error.to_json()["error"]["message"], message);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn retry_after_never_shortens_the_wait(nanos in proptest::prelude::any::<u64>()) {
+            let wait = Duration::from_nanos(nanos);
+            let seconds = retry_after_seconds(wait);
+            proptest::prop_assert!(seconds >= 1);
+            proptest::prop_assert!(Duration::from_secs(seconds) >= wait);
+            proptest::prop_assert!(Duration::from_secs(seconds) < wait + Duration::from_secs(1) || seconds == 1);
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The usage ledger: credits as nano-credits, per key and per account, and
+//! reservations for requests in flight.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::StoreError;
+use crate::clock::{unix_micros, Period};
+
+/// One credit in nano-credits: the ledger never stores floats.
+pub const NANOS_PER_CREDIT: i64 = 1_000_000_000;
+
+/// A key's credit limit as admission needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyLimit {
+    /// The limit in nano-credits.
+    pub limit_nanos: i64,
+    /// The period after which usage starts again from zero; `None` never resets.
+    pub reset: Option<Period>,
+    /// Whether usage through the account's own provider keys counts too.
+    pub include_byok: bool,
+}
+
+/// A request to reserve credits for a request about to be sent upstream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReserveRequest {
+    /// The account that pays.
+    pub account: String,
+    /// The key (its hash) the request came with.
+    pub key: String,
+    /// Unique per request; settlement names it.
+    pub reservation_id: String,
+    /// The estimated maximum cost, held until settled.
+    pub amount_nanos: i64,
+    /// The key's limit; `None` when the key has none.
+    pub key_limit: Option<KeyLimit>,
+    /// Whether a negative account balance rejects (402 `credits`).
+    pub check_balance: bool,
+    /// How long the reservation holds if never settled (a gateway instance
+    /// that died mid-request).
+    pub ttl: Duration,
+}
+
+/// What admission decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// Admitted; the amount is now held.
+    Reserved {
+        /// The key's usage counted against its limit, before this reservation.
+        used_nanos: i64,
+        /// Credits held by the key's requests in flight, this one included.
+        reserved_nanos: i64,
+    },
+    /// The key's usage plus its reservations has reached its limit.
+    KeyLimitReached {
+        /// Usage in the period plus reservations in flight.
+        used_nanos: i64,
+        /// The key's limit.
+        limit_nanos: i64,
+        /// When the period resets; `None` for a limit that never resets.
+        resets_at: Option<DateTime<Utc>>,
+    },
+    /// The account balance is negative.
+    BalanceNegative {
+        /// The balance.
+        balance_nanos: i64,
+    },
+}
+
+/// The real cost of a finished request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// The account that pays.
+    pub account: String,
+    /// The key (its hash).
+    pub key: String,
+    /// The reservation to release; settling an unknown or expired one still
+    /// records the cost, so usage is never lost.
+    pub reservation_id: String,
+    /// The cost in nano-credits.
+    pub cost_nanos: i64,
+    /// Whether the request used the account's own provider key (BYOK): its
+    /// cost goes to the BYOK totals and not to the balance.
+    pub byok: bool,
+}
+
+/// A key's usage, in nano-credits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyUsage {
+    /// All-time usage.
+    pub total_nanos: i64,
+    /// Usage in the current UTC day.
+    pub day_nanos: i64,
+    /// Usage in the current UTC week (from Monday).
+    pub week_nanos: i64,
+    /// Usage in the current UTC month.
+    pub month_nanos: i64,
+    /// All-time BYOK usage.
+    pub byok_total_nanos: i64,
+    /// BYOK usage in the current UTC day.
+    pub byok_day_nanos: i64,
+    /// BYOK usage in the current UTC week.
+    pub byok_week_nanos: i64,
+    /// BYOK usage in the current UTC month.
+    pub byok_month_nanos: i64,
+    /// Credits held by requests in flight (unexpired reservations).
+    pub reserved_nanos: i64,
+}
+
+impl KeyUsage {
+    /// Usage in `reset` (all time for `None`), with BYOK when asked.
+    pub fn in_period(&self, reset: Option<Period>, include_byok: bool) -> i64 {
+        let (own, byok) = match reset {
+            None => (self.total_nanos, self.byok_total_nanos),
+            Some(Period::Day) => (self.day_nanos, self.byok_day_nanos),
+            Some(Period::Week) => (self.week_nanos, self.byok_week_nanos),
+            Some(Period::Month) => (self.month_nanos, self.byok_month_nanos),
+        };
+        if include_byok {
+            own.saturating_add(byok)
+        } else {
+            own
+        }
+    }
+}
+
+/// An account's money, in nano-credits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccountBalance {
+    /// Everything ever purchased.
+    pub purchased_nanos: i64,
+    /// What is left: purchases minus non-BYOK usage.
+    pub balance_nanos: i64,
+}
+
+/// The usage ledger.
+#[async_trait]
+pub trait LedgerStore: Send + Sync + 'static {
+    /// Admission as one atomic step: rejects when the key's usage in its
+    /// period (plus BYOK when asked) plus its reservations has reached its
+    /// limit, or when asked and the balance is negative; otherwise holds
+    /// `amount_nanos` until settled or expired.
+    async fn reserve(
+        &self,
+        request: &ReserveRequest,
+        now: DateTime<Utc>,
+    ) -> Result<ReserveOutcome, StoreError>;
+
+    /// Records the real cost and releases the reservation, as one atomic step.
+    async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError>;
+
+    /// The key's usage in the periods containing `now`.
+    async fn key_usage(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<KeyUsage, StoreError>;
+
+    /// Records a purchase: the purchased total and the balance rise.
+    async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError>;
+
+    /// The account's purchased total and balance.
+    async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError>;
+}
+
+/// The starts of the day, week and month containing `now`, in µs: the
+/// ledger compares them with the stored ones to roll its period totals.
+pub(crate) fn period_starts_micros(now: DateTime<Utc>) -> [i64; 3] {
+    [Period::Day, Period::Week, Period::Month].map(|period| unix_micros(period.start_of(now)))
+}
+
+pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreError> {
+    if request.amount_nanos < 0 {
+        return Err(StoreError::invalid(
+            "reserve",
+            "amount_nanos must not be negative",
+        ));
+    }
+    if request.ttl.is_zero() {
+        return Err(StoreError::invalid("reserve", "ttl must be positive"));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_amount(
+    operation: &'static str,
+    amount_nanos: i64,
+) -> Result<(), StoreError> {
+    if amount_nanos < 0 {
+        return Err(StoreError::invalid(
+            operation,
+            "amount must not be negative",
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn key_limit_outcome(
+    usage: &KeyUsage,
+    limit: &KeyLimit,
+    now: DateTime<Utc>,
+) -> Option<ReserveOutcome> {
+    let used_nanos = usage
+        .in_period(limit.reset, limit.include_byok)
+        .saturating_add(usage.reserved_nanos);
+    (used_nanos >= limit.limit_nanos).then(|| ReserveOutcome::KeyLimitReached {
+        used_nanos,
+        limit_nanos: limit.limit_nanos,
+        resets_at: limit.reset.map(|period| period.end_of(now)),
+    })
+}

@@ -1,0 +1,661 @@
+//! The embedded store: every trait in process, for a single gateway instance.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
+use super::ledger::{key_limit_outcome, period_starts_micros, validate_amount, validate_reserve};
+use super::{
+    AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
+    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, Versioned,
+    WriteOutcome,
+};
+use crate::clock::unix_micros;
+
+/// Shards spread accounts over independent locks, so requests of different
+/// accounts rarely wait for each other.
+const SHARD_COUNT: usize = 64;
+/// How often (in store time) a shard drops counters whose windows have ended.
+const SWEEP_INTERVAL_MICROS: i64 = 1_000_000;
+
+/// Every store trait in process memory: the embedded default.
+///
+/// Counters and ledgers are sharded by account behind plain mutexes (a
+/// call holds one shard's lock for well under a microsecond, so the lock
+/// never waits on I/O); counters whose windows have ended are swept away
+/// at most once a second per shard, so memory stays bounded under many
+/// accounts. State is lost when the process ends.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    records: Mutex<HashMap<String, Collection>>,
+    shard_hasher: RandomState,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryStore {
+            shards: (0..SHARD_COUNT)
+                .map(|_| Mutex::new(Shard::default()))
+                .collect(),
+            records: Mutex::new(HashMap::new()),
+            shard_hasher: RandomState::new(),
+        }
+    }
+
+    /// How many counters are held, expired ones not yet swept included.
+    pub fn counter_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                lock(shard)
+                    .counters
+                    .values()
+                    .map(HashMap::len)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Drops every counter whose window has ended by `now`, at once.
+    pub fn evict_expired(&self, now: DateTime<Utc>) {
+        let now_micros = unix_micros(now);
+        for shard in self.shards.iter() {
+            lock(shard).sweep(now_micros);
+        }
+    }
+
+    fn shard(&self, scope: &str) -> MutexGuard<'_, Shard> {
+        let index = (self.shard_hasher.hash_one(scope) % SHARD_COUNT as u64) as usize;
+        lock(&self.shards[index])
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent before anything that
+    // could panic, so a poisoned lock's data is still good.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    counters: HashMap<Box<str>, HashMap<Box<str>, Counter>>,
+    ledgers: HashMap<Box<str>, AccountLedger>,
+    next_sweep_micros: i64,
+}
+
+impl Shard {
+    fn maybe_sweep(&mut self, now_micros: i64) {
+        if now_micros >= self.next_sweep_micros {
+            self.sweep(now_micros);
+        }
+    }
+
+    fn sweep(&mut self, now_micros: i64) {
+        self.counters.retain(|_, counters| {
+            counters.retain(|_, counter| counter.expires_at_micros > now_micros);
+            !counters.is_empty()
+        });
+        self.next_sweep_micros = now_micros.saturating_add(SWEEP_INTERVAL_MICROS);
+    }
+}
+
+#[derive(Debug)]
+struct Counter {
+    state: CounterState,
+    /// After this instant the counter holds nothing and may be dropped.
+    expires_at_micros: i64,
+}
+
+#[derive(Debug)]
+enum CounterState {
+    Empty,
+    Window {
+        start_micros: i64,
+        used: u64,
+    },
+    Rolling {
+        entries: VecDeque<(i64, u64)>,
+        used: u64,
+    },
+    Gcra {
+        theoretical_arrival_micros: i64,
+    },
+}
+
+fn counter_mut<'a>(counters: &'a mut HashMap<Box<str>, Counter>, name: &str) -> &'a mut Counter {
+    if !counters.contains_key(name) {
+        counters.insert(
+            name.into(),
+            Counter {
+                state: CounterState::Empty,
+                expires_at_micros: i64::MIN,
+            },
+        );
+    }
+    counters.get_mut(name).expect("inserted above")
+}
+
+/// Evaluates one check against its counter; when `commit`, adds the amount.
+/// Returns whether the amount fits and the outcome as it stands afterwards.
+fn check_one(
+    counter: &mut Counter,
+    check: &Check,
+    now: DateTime<Utc>,
+    commit: bool,
+) -> CheckOutcome {
+    let now_micros = unix_micros(now);
+    let amount = check.amount;
+    match check.limit {
+        Limit::FixedWindow { limit, .. } | Limit::Calendar { limit, .. } => {
+            let (start_micros, end_micros) = window_bounds_micros(&check.limit, now);
+            let used = match counter.state {
+                CounterState::Window {
+                    start_micros: stored,
+                    used,
+                } if stored == start_micros => used,
+                _ => 0,
+            };
+            let fits = used.checked_add(amount).is_some_and(|total| total <= limit);
+            let used = if fits && commit && amount > 0 {
+                counter.state = CounterState::Window {
+                    start_micros,
+                    used: used + amount,
+                };
+                counter.expires_at_micros = end_micros;
+                used + amount
+            } else {
+                used
+            };
+            let window_left = micros_duration(end_micros - now_micros);
+            CheckOutcome {
+                admitted: fits,
+                limit,
+                used,
+                remaining: limit.saturating_sub(used),
+                retry_after: if fits {
+                    Default::default()
+                } else {
+                    window_left
+                },
+                reset_after: if used > 0 {
+                    window_left
+                } else {
+                    Default::default()
+                },
+            }
+        }
+        Limit::Rolling { limit, window } => {
+            let window_micros = duration_micros(window);
+            if !matches!(counter.state, CounterState::Rolling { .. }) {
+                counter.state = CounterState::Rolling {
+                    entries: VecDeque::new(),
+                    used: 0,
+                };
+            }
+            let CounterState::Rolling { entries, used } = &mut counter.state else {
+                unreachable!("set to rolling above")
+            };
+            // An entry made at `t` counts while `now < t + window`.
+            let cutoff = now_micros.saturating_sub(window_micros);
+            while let Some(&(at, entry_amount)) = entries.front() {
+                if at > cutoff {
+                    break;
+                }
+                *used -= entry_amount;
+                entries.pop_front();
+            }
+            let fits = used.checked_add(amount).is_some_and(|total| total <= limit);
+            if fits && commit && amount > 0 {
+                entries.push_back((now_micros, amount));
+                *used += amount;
+                counter.expires_at_micros = now_micros.saturating_add(window_micros);
+            }
+            let retry_after = if fits {
+                0
+            } else {
+                // The earliest instant when enough old entries have left the window.
+                let needed = used.saturating_add(amount).saturating_sub(limit);
+                let mut freed = 0u64;
+                entries
+                    .iter()
+                    .find_map(|&(at, entry_amount)| {
+                        freed += entry_amount;
+                        (freed >= needed && amount <= limit)
+                            .then(|| at + window_micros - now_micros)
+                    })
+                    .unwrap_or(window_micros)
+            };
+            let reset_after = entries
+                .back()
+                .map_or(0, |&(at, _)| at + window_micros - now_micros);
+            CheckOutcome {
+                admitted: fits,
+                limit,
+                used: *used,
+                remaining: limit.saturating_sub(*used),
+                retry_after: micros_duration(retry_after),
+                reset_after: micros_duration(reset_after),
+            }
+        }
+        Limit::Gcra {
+            rate,
+            period,
+            burst,
+        } => {
+            let emission_micros = i128::from(duration_micros(period) / rate as i64);
+            let tolerance_micros = emission_micros * i128::from(burst);
+            let now_wide = i128::from(now_micros);
+            let stored = match counter.state {
+                CounterState::Gcra {
+                    theoretical_arrival_micros,
+                } => i128::from(theoretical_arrival_micros),
+                _ => now_wide,
+            };
+            let arrival = stored.max(now_wide);
+            let new_arrival = arrival + emission_micros * i128::from(amount);
+            let fits = new_arrival - now_wide <= tolerance_micros;
+            let arrival = if fits && commit && amount > 0 {
+                let new_arrival = i64::try_from(new_arrival).unwrap_or(i64::MAX);
+                counter.state = CounterState::Gcra {
+                    theoretical_arrival_micros: new_arrival,
+                };
+                counter.expires_at_micros = new_arrival;
+                i128::from(new_arrival)
+            } else {
+                arrival
+            };
+            let backlog = arrival - now_wide;
+            let used = u64::try_from((backlog + emission_micros - 1) / emission_micros)
+                .unwrap_or(u64::MAX);
+            let retry_after = if fits {
+                0
+            } else {
+                new_arrival - now_wide - tolerance_micros
+            };
+            CheckOutcome {
+                admitted: fits,
+                limit: burst,
+                used,
+                remaining: burst.saturating_sub(used),
+                retry_after: micros_duration(i64::try_from(retry_after).unwrap_or(i64::MAX)),
+                reset_after: micros_duration(i64::try_from(backlog).unwrap_or(i64::MAX)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl CounterStore for MemoryStore {
+    async fn check_and_add(
+        &self,
+        scope: &str,
+        checks: &[Check],
+        now: DateTime<Utc>,
+    ) -> Result<Decision, StoreError> {
+        validate_checks("check_and_add", checks)?;
+        let now_micros = unix_micros(now);
+        let mut shard = self.shard(scope);
+        shard.maybe_sweep(now_micros);
+        if !shard.counters.contains_key(scope) {
+            shard.counters.insert(scope.into(), HashMap::new());
+        }
+        let counters = shard.counters.get_mut(scope).expect("inserted above");
+        // Two passes under one lock: learn whether everything fits, then
+        // add to all or none.
+        let admitted = checks
+            .iter()
+            .all(|check| check_one(counter_mut(counters, &check.name), check, now, false).admitted);
+        let outcomes = checks
+            .iter()
+            .map(|check| check_one(counter_mut(counters, &check.name), check, now, admitted))
+            .collect();
+        Ok(Decision { admitted, outcomes })
+    }
+}
+
+#[derive(Debug, Default)]
+struct AccountLedger {
+    purchased_nanos: i64,
+    balance_nanos: i64,
+    keys: HashMap<Box<str>, KeyLedger>,
+}
+
+#[derive(Debug, Default)]
+struct KeyLedger {
+    total_nanos: i64,
+    byok_total_nanos: i64,
+    /// Day, week, month: the period's start and its own and BYOK usage.
+    periods: [PeriodUsage; 3],
+    reservations: HashMap<Box<str>, Reservation>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PeriodUsage {
+    start_micros: i64,
+    nanos: i64,
+    byok_nanos: i64,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    amount_nanos: i64,
+    expires_at_micros: i64,
+}
+
+impl KeyLedger {
+    fn drop_expired_reservations(&mut self, now_micros: i64) {
+        self.reservations
+            .retain(|_, reservation| reservation.expires_at_micros > now_micros);
+    }
+
+    fn usage(&self, starts: [i64; 3]) -> KeyUsage {
+        let current = |index: usize| {
+            let period = self.periods[index];
+            if period.start_micros == starts[index] {
+                (period.nanos, period.byok_nanos)
+            } else {
+                (0, 0)
+            }
+        };
+        let (day_nanos, byok_day_nanos) = current(0);
+        let (week_nanos, byok_week_nanos) = current(1);
+        let (month_nanos, byok_month_nanos) = current(2);
+        KeyUsage {
+            total_nanos: self.total_nanos,
+            day_nanos,
+            week_nanos,
+            month_nanos,
+            byok_total_nanos: self.byok_total_nanos,
+            byok_day_nanos,
+            byok_week_nanos,
+            byok_month_nanos,
+            reserved_nanos: self.reservations.values().map(|r| r.amount_nanos).sum(),
+        }
+    }
+
+    fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
+        for (period, start_micros) in self.periods.iter_mut().zip(starts) {
+            if period.start_micros != start_micros {
+                *period = PeriodUsage {
+                    start_micros,
+                    ..PeriodUsage::default()
+                };
+            }
+            if byok {
+                period.byok_nanos = period.byok_nanos.saturating_add(cost_nanos);
+            } else {
+                period.nanos = period.nanos.saturating_add(cost_nanos);
+            }
+        }
+        if byok {
+            self.byok_total_nanos = self.byok_total_nanos.saturating_add(cost_nanos);
+        } else {
+            self.total_nanos = self.total_nanos.saturating_add(cost_nanos);
+        }
+    }
+}
+
+impl MemoryStore {
+    /// Runs `f` on the account's ledger, created empty if new, under its shard's lock.
+    fn with_account<T>(&self, account: &str, f: impl FnOnce(&mut AccountLedger) -> T) -> T {
+        let mut shard = self.shard(account);
+        if !shard.ledgers.contains_key(account) {
+            shard
+                .ledgers
+                .insert(account.into(), AccountLedger::default());
+        }
+        f(shard.ledgers.get_mut(account).expect("inserted above"))
+    }
+}
+
+fn key_ledger<'a>(account: &'a mut AccountLedger, key: &str, now_micros: i64) -> &'a mut KeyLedger {
+    if !account.keys.contains_key(key) {
+        account.keys.insert(key.into(), KeyLedger::default());
+    }
+    let ledger = account.keys.get_mut(key).expect("inserted above");
+    ledger.drop_expired_reservations(now_micros);
+    ledger
+}
+
+#[async_trait]
+impl LedgerStore for MemoryStore {
+    async fn reserve(
+        &self,
+        request: &ReserveRequest,
+        now: DateTime<Utc>,
+    ) -> Result<ReserveOutcome, StoreError> {
+        validate_reserve(request)?;
+        let now_micros = unix_micros(now);
+        let starts = period_starts_micros(now);
+        Ok(self.with_account(&request.account, |account| {
+            let balance_nanos = account.balance_nanos;
+            let key = key_ledger(account, &request.key, now_micros);
+            let usage = key.usage(starts);
+            if let Some(limit) = &request.key_limit {
+                if let Some(rejection) = key_limit_outcome(&usage, limit, now) {
+                    return rejection;
+                }
+            }
+            if request.check_balance && balance_nanos < 0 {
+                return ReserveOutcome::BalanceNegative { balance_nanos };
+            }
+            let replaced = key.reservations.insert(
+                request.reservation_id.as_str().into(),
+                Reservation {
+                    amount_nanos: request.amount_nanos,
+                    expires_at_micros: now_micros.saturating_add(duration_micros(request.ttl)),
+                },
+            );
+            let previous = replaced.map_or(0, |r| r.amount_nanos);
+            ReserveOutcome::Reserved {
+                used_nanos: request.key_limit.map_or(usage.total_nanos, |limit| {
+                    usage.in_period(limit.reset, limit.include_byok)
+                }),
+                reserved_nanos: usage.reserved_nanos - previous + request.amount_nanos,
+            }
+        }))
+    }
+
+    async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
+        validate_amount("settle", settlement.cost_nanos)?;
+        let now_micros = unix_micros(now);
+        let starts = period_starts_micros(now);
+        self.with_account(&settlement.account, |account| {
+            if !settlement.byok {
+                account.balance_nanos = account.balance_nanos.saturating_sub(settlement.cost_nanos);
+            }
+            let key = key_ledger(account, &settlement.key, now_micros);
+            key.reservations.remove(settlement.reservation_id.as_str());
+            key.record(settlement.cost_nanos, settlement.byok, starts);
+        });
+        Ok(())
+    }
+
+    async fn key_usage(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<KeyUsage, StoreError> {
+        let now_micros = unix_micros(now);
+        let starts = period_starts_micros(now);
+        let mut shard = self.shard(account);
+        let usage = shard
+            .ledgers
+            .get_mut(account)
+            .and_then(|ledger| ledger.keys.get_mut(key))
+            .map(|ledger| {
+                ledger.drop_expired_reservations(now_micros);
+                ledger.usage(starts)
+            });
+        Ok(usage.unwrap_or_default())
+    }
+
+    async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
+        validate_amount("top_up", amount_nanos)?;
+        Ok(self.with_account(account, |ledger| {
+            ledger.purchased_nanos = ledger.purchased_nanos.saturating_add(amount_nanos);
+            ledger.balance_nanos = ledger.balance_nanos.saturating_add(amount_nanos);
+            AccountBalance {
+                purchased_nanos: ledger.purchased_nanos,
+                balance_nanos: ledger.balance_nanos,
+            }
+        }))
+    }
+
+    async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
+        let shard = self.shard(account);
+        Ok(shard
+            .ledgers
+            .get(account)
+            .map(|ledger| AccountBalance {
+                purchased_nanos: ledger.purchased_nanos,
+                balance_nanos: ledger.balance_nanos,
+            })
+            .unwrap_or_default())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Collection {
+    records: HashMap<String, StoredRecord>,
+    /// Creation sequence number -> id, for newest-first listing.
+    order: BTreeMap<u64, String>,
+    next_sequence: u64,
+}
+
+#[derive(Debug)]
+struct StoredRecord {
+    value: Vec<u8>,
+    revision: u64,
+    sequence: u64,
+}
+
+impl StoredRecord {
+    fn versioned(&self) -> Versioned<Vec<u8>> {
+        Versioned {
+            value: self.value.clone(),
+            revision: self.revision,
+        }
+    }
+}
+
+fn expectation_holds(current: Option<&StoredRecord>, expect: Expect) -> bool {
+    match (expect, current) {
+        (Expect::Any, _) => true,
+        (Expect::Absent, current) => current.is_none(),
+        (Expect::Revision(revision), Some(record)) => record.revision == revision,
+        (Expect::Revision(_), None) => false,
+    }
+}
+
+#[async_trait]
+impl RecordStore for MemoryStore {
+    async fn get_record(
+        &self,
+        collection: &str,
+        id: &str,
+    ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
+        let records = lock(&self.records);
+        Ok(records
+            .get(collection)
+            .and_then(|collection| collection.records.get(id))
+            .map(StoredRecord::versioned))
+    }
+
+    async fn put_record(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &[u8],
+        expect: Expect,
+    ) -> Result<WriteOutcome, StoreError> {
+        let mut records = lock(&self.records);
+        let collection = records.entry(collection.to_owned()).or_default();
+        let current = collection.records.get(id);
+        if !expectation_holds(current, expect) {
+            return Ok(WriteOutcome::Conflict {
+                current: current.map(StoredRecord::versioned),
+            });
+        }
+        let (revision, sequence) = match current {
+            Some(record) => (record.revision + 1, record.sequence),
+            None => {
+                collection.next_sequence += 1;
+                collection
+                    .order
+                    .insert(collection.next_sequence, id.to_owned());
+                (1, collection.next_sequence)
+            }
+        };
+        collection.records.insert(
+            id.to_owned(),
+            StoredRecord {
+                value: value.to_vec(),
+                revision,
+                sequence,
+            },
+        );
+        Ok(WriteOutcome::Written { revision })
+    }
+
+    async fn delete_record(
+        &self,
+        collection: &str,
+        id: &str,
+        expect: Expect,
+    ) -> Result<WriteOutcome, StoreError> {
+        let mut records = lock(&self.records);
+        let Some(collection) = records.get_mut(collection) else {
+            return Ok(match expect {
+                Expect::Revision(_) => WriteOutcome::Conflict { current: None },
+                Expect::Any | Expect::Absent => WriteOutcome::Written { revision: 0 },
+            });
+        };
+        let current = collection.records.get(id);
+        if !expectation_holds(current, expect) {
+            return Ok(WriteOutcome::Conflict {
+                current: current.map(StoredRecord::versioned),
+            });
+        }
+        if let Some(record) = collection.records.remove(id) {
+            collection.order.remove(&record.sequence);
+        }
+        Ok(WriteOutcome::Written { revision: 0 })
+    }
+
+    async fn list_records(
+        &self,
+        collection: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
+        let records = lock(&self.records);
+        let Some(collection) = records.get(collection) else {
+            return Ok(Vec::new());
+        };
+        Ok(collection
+            .order
+            .values()
+            .rev()
+            .skip(offset)
+            .take(limit)
+            .map(|id| (id.clone(), collection.records[id].versioned()))
+            .collect())
+    }
+}

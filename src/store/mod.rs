@@ -1,0 +1,120 @@
+//! Where shared state lives: counters, the usage ledger and records.
+//!
+//! The traits say what the layers need, not what Redis offers:
+//!
+//! - [`CounterStore`]: atomic check-and-add on fixed windows, rolling
+//!   windows, GCRA buckets and UTC calendar windows, several at once.
+//! - [`LedgerStore`]: credits in nano-credits (`i64`), per key and per
+//!   account, with reservations for requests in flight.
+//! - [`RecordStore`]: keys, accounts and flows with compare-and-set by revision.
+//!
+//! Two backends implement all three: [`MemoryStore`], in process, for one
+//! gateway instance; and [`RedisStore`], for many instances sharing Redis
+//! or Redis Cluster. Time is always passed in, from the layer's
+//! [`Clock`](crate::clock::Clock), so one conformance suite drives both.
+//!
+//! ```
+//! use std::time::Duration;
+//! use chrono::Utc;
+//! use modelgate::store::{Check, CounterStore, Limit, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), modelgate::store::StoreError> {
+//! let store = MemoryStore::new();
+//! let per_minute = Check::new("free:minute", Limit::Rolling { limit: 2, window: Duration::from_secs(60) }, 1);
+//! let per_day = Check::new("free:day", Limit::Calendar { limit: 50, period: modelgate::clock::Period::Day }, 1);
+//! let now = Utc::now();
+//! for _ in 0..2 {
+//!     assert!(store.check_and_add("acct-1", &[per_minute.clone(), per_day.clone()], now).await?.admitted);
+//! }
+//! let third = store.check_and_add("acct-1", &[per_minute, per_day.clone()], now).await?;
+//! assert!(!third.admitted);
+//! assert_eq!(third.rejected_by(), Some(0));
+//! // The rejected request consumed nothing from the daily counter.
+//! assert_eq!(third.outcomes[1].used, 2);
+//! # Ok(()) }
+//! ```
+
+mod counter;
+mod ledger;
+mod memory;
+mod policy;
+mod records;
+mod redis;
+
+use std::fmt;
+
+pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit};
+pub use ledger::{
+    AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
+    NANOS_PER_CREDIT,
+};
+pub use memory::MemoryStore;
+pub use policy::FailurePolicy;
+pub use records::{
+    decode, flows, Expect, RecordStore, RecordStoreExt, Versioned, WriteOutcome, ACCOUNTS, KEYS,
+};
+pub use redis::{RedisStore, RedisStoreConfig};
+
+/// Everything a gateway keeps in its store.
+pub trait Store: CounterStore + LedgerStore + RecordStore {}
+
+impl<T: CounterStore + LedgerStore + RecordStore> Store for T {}
+
+/// A store call that failed, naming the operation.
+#[derive(Debug, thiserror::Error)]
+#[error("store operation `{operation}` failed: {kind}")]
+pub struct StoreError {
+    operation: &'static str,
+    kind: StoreErrorKind,
+}
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// No answer within the configured timeout.
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// The backend failed (connection refused, reset, server error).
+    #[error("backend error: {0}")]
+    Backend(String),
+    /// The backend answered something this crate did not write.
+    #[error("unexpected data: {0}")]
+    Corrupt(String),
+    /// The call's arguments are unusable (a zero window, a duplicate name).
+    #[error("invalid arguments: {0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    /// The operation that failed (`check_and_add`, `reserve`, …).
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+
+    /// Why it failed.
+    pub fn kind(&self) -> &StoreErrorKind {
+        &self.kind
+    }
+
+    /// Whether the store could not be reached in time (as opposed to bad arguments).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Timeout(_) | StoreErrorKind::Backend(_)
+        )
+    }
+
+    pub(crate) fn new(operation: &'static str, kind: StoreErrorKind) -> Self {
+        StoreError { operation, kind }
+    }
+
+    pub(crate) fn invalid(operation: &'static str, reason: impl fmt::Display) -> Self {
+        StoreError::new(operation, StoreErrorKind::Invalid(reason.to_string()))
+    }
+
+    pub(crate) fn corrupt(operation: &'static str, reason: impl fmt::Display) -> Self {
+        StoreError::new(operation, StoreErrorKind::Corrupt(reason.to_string()))
+    }
+}

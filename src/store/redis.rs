@@ -1,0 +1,758 @@
+//! The shared store: every trait on Redis or Redis Cluster.
+//!
+//! Each operation is one Lua script run through [`redis::Script`] (EVALSHA,
+//! loading the script again when a restarted Redis has forgotten it), so a
+//! check-and-add is one round trip and atomic. Keys are hash-tagged by
+//! account (`mg:{acct}:…`), so a script touches one Cluster slot.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
+
+use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
+use super::ledger::{period_starts_micros, validate_amount, validate_reserve};
+use super::{
+    AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
+    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, StoreErrorKind,
+    Versioned, WriteOutcome,
+};
+use crate::clock::unix_micros;
+
+/// How a [`RedisStore`] names its keys and bounds its calls.
+#[derive(Clone, Debug)]
+pub struct RedisStoreConfig {
+    /// Put before every key, so several gateways can share one Redis (default `mg`).
+    pub key_prefix: String,
+    /// The most any store call may take, connecting included; past it the
+    /// call fails with a timeout and the layer applies its failure policy.
+    pub call_timeout: Duration,
+    /// Extra lifetime given to counter keys beyond their window. Expiry in
+    /// Redis only reclaims memory (windows are judged by the instants the
+    /// layers pass), so the slack just keeps a key alive across clock skew.
+    pub expiry_slack: Duration,
+}
+
+impl Default for RedisStoreConfig {
+    fn default() -> Self {
+        RedisStoreConfig {
+            key_prefix: "mg".to_owned(),
+            call_timeout: Duration::from_millis(500),
+            expiry_slack: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Every store trait on Redis (through a [`ConnectionManager`], which
+/// reconnects by itself) or on Redis Cluster.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    config: Arc<RedisStoreConfig>,
+    scripts: Arc<Scripts>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.connection {
+            Connection::Single(_) => "single",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("connection", &kind)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+struct Scripts {
+    check_and_add: Script,
+    reserve: Script,
+    settle: Script,
+    key_usage: Script,
+    top_up: Script,
+    put_record: Script,
+    delete_record: Script,
+    list_records: Script,
+}
+
+macro_rules! ledger_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("lua/ledger_common.lua"),
+            include_str!($file)
+        ))
+    };
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            check_and_add: Script::new(include_str!("lua/check_and_add.lua")),
+            reserve: ledger_script!("lua/reserve.lua"),
+            settle: ledger_script!("lua/settle.lua"),
+            key_usage: ledger_script!("lua/key_usage.lua"),
+            top_up: Script::new(include_str!("lua/top_up.lua")),
+            put_record: Script::new(include_str!("lua/put_record.lua")),
+            delete_record: Script::new(include_str!("lua/delete_record.lua")),
+            list_records: Script::new(include_str!("lua/list_records.lua")),
+        }
+    }
+}
+
+/// One Redis server or a Cluster, behind one `ConnectionLike`.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(connection) => connection.req_packed_command(cmd),
+            Connection::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+            Connection::Cluster(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(connection) => connection.get_db(),
+            Connection::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+fn backend(operation: &'static str, error: impl fmt::Display) -> StoreError {
+    StoreError::new(operation, StoreErrorKind::Backend(error.to_string()))
+}
+
+impl RedisStore {
+    /// Connects to the Redis server at `url` (`redis://host:port/db`).
+    pub async fn connect(url: &str, config: RedisStoreConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|error| backend("connect", error))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.call_timeout))
+            .set_response_timeout(Some(config.call_timeout))
+            .set_max_delay(Duration::from_secs(1))
+            .set_number_of_retries(2);
+        let connecting = ConnectionManager::new_with_config(client, manager_config);
+        let connection = tokio::time::timeout(config.call_timeout, connecting)
+            .await
+            .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
+            .map_err(|error| backend("connect", error))?;
+        Ok(RedisStore::with_connection(
+            Connection::Single(connection),
+            config,
+        ))
+    }
+
+    /// Connects to the Redis Cluster that `nodes` (any of its nodes) belong to.
+    pub async fn connect_cluster(
+        nodes: &[&str],
+        config: RedisStoreConfig,
+    ) -> Result<Self, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+            .connection_timeout(config.call_timeout)
+            .response_timeout(config.call_timeout)
+            .retries(2)
+            .build()
+            .map_err(|error| backend("connect", error))?;
+        let connection = tokio::time::timeout(config.call_timeout, client.get_async_connection())
+            .await
+            .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
+            .map_err(|error| backend("connect", error))?;
+        Ok(RedisStore::with_connection(
+            Connection::Cluster(connection),
+            config,
+        ))
+    }
+
+    fn with_connection(connection: Connection, config: RedisStoreConfig) -> Self {
+        RedisStore {
+            connection,
+            config: Arc::new(config),
+            scripts: Arc::new(Scripts::new()),
+        }
+    }
+
+    /// Sends `PING`: whether the store answers within its timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let reply: String = self
+            .bounded("ping", redis::cmd("PING").query_async(&mut connection))
+            .await?;
+        if reply == "PONG" {
+            Ok(())
+        } else {
+            Err(StoreError::corrupt("ping", reply))
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.config.call_timeout, call).await {
+            Err(_) => Err(StoreError::new(
+                operation,
+                StoreErrorKind::Timeout(self.config.call_timeout),
+            )),
+            Ok(result) => result.map_err(|error| backend(operation, error)),
+        }
+    }
+
+    async fn run(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Value, StoreError> {
+        let mut connection = self.connection.clone();
+        self.bounded(operation, invocation.invoke_async(&mut connection))
+            .await
+    }
+
+    /// `{prefix}:{scope}:` — the hash tag keeps one account in one slot.
+    fn scoped(&self, scope: &str) -> String {
+        let mut key = String::with_capacity(self.config.key_prefix.len() + scope.len() + 8);
+        key.push_str(&self.config.key_prefix);
+        key.push_str(":{");
+        escape_into(&mut key, scope);
+        key.push_str("}:");
+        key
+    }
+
+    fn ledger_keys(&self, account: &str, key: &str) -> [String; 4] {
+        let scoped = self.scoped(account);
+        let mut key_base = format!("{scoped}k:");
+        escape_into(&mut key_base, key);
+        [
+            format!("{scoped}acct"),
+            format!("{key_base}:use"),
+            format!("{key_base}:res"),
+            format!("{key_base}:resamt"),
+        ]
+    }
+
+    /// The record hash's key prefix, the order zset and the sequence key of a collection.
+    fn collection_keys(&self, collection: &str) -> (String, String, String) {
+        let mut scope = String::from("r:");
+        scope.push_str(collection);
+        let scoped = self.scoped(&scope);
+        (
+            format!("{scoped}rec:"),
+            format!("{scoped}order"),
+            format!("{scoped}seq"),
+        )
+    }
+
+    fn ttl_millis(&self, lifetime: Duration) -> u64 {
+        u64::try_from((lifetime + self.config.expiry_slack).as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Writes `part` so that it cannot break out of its place in a key: bytes
+/// outside `[A-Za-z0-9._-]` become `%XX`, so `{`, `}` and `:` in an account
+/// id can neither move the hash tag nor collide with another key.
+fn escape_into(out: &mut String, part: &str) {
+    for byte in part.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(b"0123456789ABCDEF"[usize::from(byte >> 4)]));
+            out.push(char::from(b"0123456789ABCDEF"[usize::from(byte & 0xF)]));
+        }
+    }
+}
+
+fn escaped(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    escape_into(&mut out, part);
+    out
+}
+
+fn array(operation: &'static str, value: Value) -> Result<Vec<Value>, StoreError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        other => Err(StoreError::corrupt(
+            operation,
+            format!("expected an array, got {other:?}"),
+        )),
+    }
+}
+
+fn integer(operation: &'static str, value: &Value) -> Result<i64, StoreError> {
+    let text = match value {
+        Value::Int(number) => return Ok(*number),
+        Value::Nil => return Ok(0),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(text) => Some(text.as_str()),
+        _ => None,
+    };
+    text.and_then(|text| text.parse().ok()).ok_or_else(|| {
+        StoreError::corrupt(operation, format!("expected an integer, got {value:?}"))
+    })
+}
+
+fn unsigned(operation: &'static str, value: &Value) -> Result<u64, StoreError> {
+    let number = integer(operation, value)?;
+    u64::try_from(number).map_err(|_| {
+        StoreError::corrupt(
+            operation,
+            format!("expected a non-negative integer, got {number}"),
+        )
+    })
+}
+
+fn bytes(operation: &'static str, value: Value) -> Result<Vec<u8>, StoreError> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        other => Err(StoreError::corrupt(
+            operation,
+            format!("expected a string, got {other:?}"),
+        )),
+    }
+}
+
+fn micros(operation: &'static str, value: &Value) -> Result<Duration, StoreError> {
+    Ok(micros_duration(integer(operation, value)?))
+}
+
+/// A conflict reply `{0, revision or nil, value or nil}`.
+fn conflict(operation: &'static str, mut reply: Vec<Value>) -> Result<WriteOutcome, StoreError> {
+    let value = reply.pop().unwrap_or(Value::Nil);
+    let revision = reply.pop().unwrap_or(Value::Nil);
+    let current = match (revision, value) {
+        (Value::Nil, _) => None,
+        (revision, value) => Some(Versioned {
+            revision: unsigned(operation, &revision)?,
+            value: bytes(operation, value)?,
+        }),
+    };
+    Ok(WriteOutcome::Conflict { current })
+}
+
+fn write_outcome(operation: &'static str, reply: Value) -> Result<WriteOutcome, StoreError> {
+    let reply = array(operation, reply)?;
+    match reply
+        .first()
+        .map(|flag| integer(operation, flag))
+        .transpose()?
+    {
+        Some(1) => Ok(WriteOutcome::Written {
+            revision: unsigned(operation, reply.get(1).unwrap_or(&Value::Nil))?,
+        }),
+        Some(0) => conflict(operation, reply),
+        _ => Err(StoreError::corrupt(
+            operation,
+            format!("unexpected reply {reply:?}"),
+        )),
+    }
+}
+
+fn expectation_args(expect: Expect) -> (&'static str, u64) {
+    match expect {
+        Expect::Any => ("any", 0),
+        Expect::Absent => ("absent", 0),
+        Expect::Revision(revision) => ("rev", revision),
+    }
+}
+
+#[async_trait]
+impl CounterStore for RedisStore {
+    async fn check_and_add(
+        &self,
+        scope: &str,
+        checks: &[Check],
+        now: DateTime<Utc>,
+    ) -> Result<Decision, StoreError> {
+        const OPERATION: &str = "check_and_add";
+        validate_checks(OPERATION, checks)?;
+        let now_micros = unix_micros(now);
+        let scoped = self.scoped(scope);
+        let mut invocation = self.scripts.check_and_add.prepare_invoke();
+        invocation
+            .arg(now_micros)
+            .arg(u64::try_from(self.config.expiry_slack.as_millis()).unwrap_or(u64::MAX));
+        for check in checks {
+            let mut counter = scoped.clone();
+            counter.push_str("c:");
+            let (kind, parameter) = match check.limit {
+                Limit::FixedWindow { .. } | Limit::Calendar { .. } => {
+                    let (start_micros, end_micros) = window_bounds_micros(&check.limit, now);
+                    counter.push_str("w:");
+                    escape_into(&mut counter, &check.name);
+                    counter.push(':');
+                    counter.push_str(&start_micros.to_string());
+                    ("w", end_micros)
+                }
+                Limit::Rolling { window, .. } => {
+                    counter.push_str("r:");
+                    escape_into(&mut counter, &check.name);
+                    ("r", duration_micros(window))
+                }
+                Limit::Gcra { rate, period, .. } => {
+                    counter.push_str("g:");
+                    escape_into(&mut counter, &check.name);
+                    // Validated: at least 1 µs per unit.
+                    (
+                        "g",
+                        duration_micros(period) / i64::try_from(rate).unwrap_or(i64::MAX),
+                    )
+                }
+            };
+            let auxiliary = format!("{counter}:aux");
+            invocation
+                .key(counter)
+                .key(auxiliary)
+                .arg(kind)
+                .arg(check.limit.capacity())
+                .arg(check.amount)
+                .arg(parameter);
+        }
+        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
+        if reply.len() != 1 + 5 * checks.len() {
+            return Err(StoreError::corrupt(
+                OPERATION,
+                format!("reply of {} values", reply.len()),
+            ));
+        }
+        let admitted = integer(OPERATION, &reply[0])? == 1;
+        let outcomes = reply[1..]
+            .chunks_exact(5)
+            .zip(checks)
+            .map(|(fields, check)| {
+                Ok(CheckOutcome {
+                    admitted: integer(OPERATION, &fields[0])? == 1,
+                    limit: check.limit.capacity(),
+                    used: unsigned(OPERATION, &fields[1])?,
+                    remaining: unsigned(OPERATION, &fields[2])?,
+                    retry_after: micros(OPERATION, &fields[3])?,
+                    reset_after: micros(OPERATION, &fields[4])?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Decision { admitted, outcomes })
+    }
+}
+
+#[async_trait]
+impl LedgerStore for RedisStore {
+    async fn reserve(
+        &self,
+        request: &ReserveRequest,
+        now: DateTime<Utc>,
+    ) -> Result<ReserveOutcome, StoreError> {
+        const OPERATION: &str = "reserve";
+        validate_reserve(request)?;
+        let now_micros = unix_micros(now);
+        let starts = period_starts_micros(now);
+        let (has_limit, limit_nanos, reset, include_byok) = match request.key_limit {
+            Some(limit) => (
+                1,
+                limit.limit_nanos,
+                limit.reset.map_or("n", |period| &period.as_str()[..1]),
+                limit.include_byok,
+            ),
+            None => (0, 0, "n", false),
+        };
+        let mut invocation = self.scripts.reserve.prepare_invoke();
+        for key in self.ledger_keys(&request.account, &request.key) {
+            invocation.key(key);
+        }
+        invocation
+            .arg(now_micros)
+            .arg(&starts[..])
+            .arg(&request.reservation_id)
+            .arg(request.amount_nanos)
+            .arg(now_micros.saturating_add(duration_micros(request.ttl)))
+            .arg(self.ttl_millis(request.ttl))
+            .arg(has_limit)
+            .arg(limit_nanos)
+            .arg(reset)
+            .arg(u8::from(include_byok))
+            .arg(u8::from(request.check_balance));
+        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
+        let field = |index: usize| integer(OPERATION, reply.get(index).unwrap_or(&Value::Nil));
+        match field(0)? {
+            0 => Ok(ReserveOutcome::Reserved {
+                used_nanos: field(1)?,
+                reserved_nanos: field(2)?,
+            }),
+            1 => Ok(ReserveOutcome::KeyLimitReached {
+                used_nanos: field(1)?,
+                limit_nanos,
+                resets_at: request
+                    .key_limit
+                    .and_then(|limit| limit.reset)
+                    .map(|period| period.end_of(now)),
+            }),
+            2 => Ok(ReserveOutcome::BalanceNegative {
+                balance_nanos: field(1)?,
+            }),
+            other => Err(StoreError::corrupt(
+                OPERATION,
+                format!("unknown outcome {other}"),
+            )),
+        }
+    }
+
+    async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
+        const OPERATION: &str = "settle";
+        validate_amount(OPERATION, settlement.cost_nanos)?;
+        let mut invocation = self.scripts.settle.prepare_invoke();
+        for key in self.ledger_keys(&settlement.account, &settlement.key) {
+            invocation.key(key);
+        }
+        invocation
+            .arg(unix_micros(now))
+            .arg(&period_starts_micros(now)[..])
+            .arg(&settlement.reservation_id)
+            .arg(settlement.cost_nanos)
+            .arg(u8::from(settlement.byok));
+        self.run(OPERATION, &invocation).await?;
+        Ok(())
+    }
+
+    async fn key_usage(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<KeyUsage, StoreError> {
+        const OPERATION: &str = "key_usage";
+        let mut invocation = self.scripts.key_usage.prepare_invoke();
+        for key in self.ledger_keys(account, key) {
+            invocation.key(key);
+        }
+        invocation
+            .arg(unix_micros(now))
+            .arg(&period_starts_micros(now)[..]);
+        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
+        if reply.len() != 9 {
+            return Err(StoreError::corrupt(
+                OPERATION,
+                format!("reply of {} values", reply.len()),
+            ));
+        }
+        let field = |index: usize| integer(OPERATION, &reply[index]);
+        Ok(KeyUsage {
+            total_nanos: field(0)?,
+            byok_total_nanos: field(1)?,
+            day_nanos: field(2)?,
+            byok_day_nanos: field(3)?,
+            week_nanos: field(4)?,
+            byok_week_nanos: field(5)?,
+            month_nanos: field(6)?,
+            byok_month_nanos: field(7)?,
+            reserved_nanos: field(8)?,
+        })
+    }
+
+    async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
+        const OPERATION: &str = "top_up";
+        validate_amount(OPERATION, amount_nanos)?;
+        let [account_key, ..] = self.ledger_keys(account, "");
+        let mut invocation = self.scripts.top_up.prepare_invoke();
+        invocation.key(account_key).arg(amount_nanos);
+        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
+        balance_from(OPERATION, &reply)
+    }
+
+    async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
+        const OPERATION: &str = "account_balance";
+        let [account_key, ..] = self.ledger_keys(account, "");
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("HMGET")
+            .arg(account_key)
+            .arg("purchased")
+            .arg("balance")
+            .to_owned();
+        let reply: Value = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        balance_from(OPERATION, &array(OPERATION, reply)?)
+    }
+}
+
+fn balance_from(operation: &'static str, reply: &[Value]) -> Result<AccountBalance, StoreError> {
+    match reply {
+        [purchased, balance] => Ok(AccountBalance {
+            purchased_nanos: integer(operation, purchased)?,
+            balance_nanos: integer(operation, balance)?,
+        }),
+        _ => Err(StoreError::corrupt(
+            operation,
+            format!("reply of {} values", reply.len()),
+        )),
+    }
+}
+
+#[async_trait]
+impl RecordStore for RedisStore {
+    async fn get_record(
+        &self,
+        collection: &str,
+        id: &str,
+    ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
+        const OPERATION: &str = "get_record";
+        let (record_prefix, _, _) = self.collection_keys(collection);
+        let command = redis::cmd("HMGET")
+            .arg(format!("{record_prefix}{}", escaped(id)))
+            .arg("v")
+            .arg("rev")
+            .to_owned();
+        let mut connection = self.connection.clone();
+        let reply: Value = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        let mut reply = array(OPERATION, reply)?;
+        let revision = reply.pop().unwrap_or(Value::Nil);
+        match (reply.pop().unwrap_or(Value::Nil), revision) {
+            (Value::Nil, _) => Ok(None),
+            (value, revision) => Ok(Some(Versioned {
+                value: bytes(OPERATION, value)?,
+                revision: unsigned(OPERATION, &revision)?,
+            })),
+        }
+    }
+
+    async fn put_record(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &[u8],
+        expect: Expect,
+    ) -> Result<WriteOutcome, StoreError> {
+        const OPERATION: &str = "put_record";
+        let (record_prefix, order, sequence) = self.collection_keys(collection);
+        let escaped_id = escaped(id);
+        let (expectation, revision) = expectation_args(expect);
+        let mut invocation = self.scripts.put_record.prepare_invoke();
+        invocation
+            .key(format!("{record_prefix}{escaped_id}"))
+            .key(order)
+            .key(sequence)
+            .arg(&escaped_id)
+            .arg(value)
+            .arg(expectation)
+            .arg(revision)
+            .arg(id);
+        write_outcome(OPERATION, self.run(OPERATION, &invocation).await?)
+    }
+
+    async fn delete_record(
+        &self,
+        collection: &str,
+        id: &str,
+        expect: Expect,
+    ) -> Result<WriteOutcome, StoreError> {
+        const OPERATION: &str = "delete_record";
+        let (record_prefix, order, _) = self.collection_keys(collection);
+        let escaped_id = escaped(id);
+        let (expectation, revision) = expectation_args(expect);
+        let mut invocation = self.scripts.delete_record.prepare_invoke();
+        invocation
+            .key(format!("{record_prefix}{escaped_id}"))
+            .key(order)
+            .arg(&escaped_id)
+            .arg("")
+            .arg(expectation)
+            .arg(revision);
+        write_outcome(OPERATION, self.run(OPERATION, &invocation).await?)
+    }
+
+    async fn list_records(
+        &self,
+        collection: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
+        const OPERATION: &str = "list_records";
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (record_prefix, order, _) = self.collection_keys(collection);
+        let mut invocation = self.scripts.list_records.prepare_invoke();
+        invocation
+            .key(order)
+            .arg(record_prefix)
+            .arg(offset)
+            .arg(limit);
+        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
+        if reply.len() % 3 != 0 {
+            return Err(StoreError::corrupt(
+                OPERATION,
+                format!("reply of {} values", reply.len()),
+            ));
+        }
+        let mut records = Vec::with_capacity(reply.len() / 3);
+        let mut fields = reply.into_iter();
+        while let (Some(id), Some(value), Some(revision)) =
+            (fields.next(), fields.next(), fields.next())
+        {
+            let id = String::from_utf8(bytes(OPERATION, id)?)
+                .map_err(|error| StoreError::corrupt(OPERATION, error))?;
+            records.push((
+                id,
+                Versioned {
+                    value: bytes(OPERATION, value)?,
+                    revision: unsigned(OPERATION, &revision)?,
+                },
+            ));
+        }
+        Ok(records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_keeps_hash_tags_and_separators_unambiguous() {
+        assert_eq!(escaped("acct-1_a.b"), "acct-1_a.b");
+        assert_eq!(escaped("a}b{c:d"), "a%7Db%7Bc%3Ad");
+        assert_eq!(escaped("ü"), "%C3%BC");
+        assert_eq!(escaped(""), "");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn escaped_parts_never_contain_key_syntax(part in ".*") {
+            let out = escaped(&part);
+            proptest::prop_assert!(!out.contains(['{', '}', ':']));
+            proptest::prop_assert!(out.is_ascii());
+        }
+
+        #[test]
+        fn escaping_is_injective(a in ".{0,8}", b in ".{0,8}") {
+            if a != b {
+                proptest::prop_assert_ne!(escaped(&a), escaped(&b));
+            }
+        }
+    }
+}
