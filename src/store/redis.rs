@@ -275,8 +275,14 @@ impl RedisStore {
 
 /// Writes `part` so that it cannot break out of its place in a key: bytes
 /// outside `[A-Za-z0-9._-]` become `%XX`, so `{`, `}` and `:` in an account
-/// id can neither move the hash tag nor collide with another key.
+/// id can neither move the hash tag nor collide with another key. The empty
+/// string becomes `%`.
 fn escape_into(out: &mut String, part: &str) {
+    // An empty hash tag `{}` would make Redis hash the whole key, splitting
+    // one account over several slots; a lone `%` never comes from escaping.
+    if part.is_empty() {
+        out.push('%');
+    }
     for byte in part.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
             out.push(char::from(byte));
@@ -737,7 +743,7 @@ mod tests {
         assert_eq!(escaped("acct-1_a.b"), "acct-1_a.b");
         assert_eq!(escaped("a}b{c:d"), "a%7Db%7Bc%3Ad");
         assert_eq!(escaped("ü"), "%C3%BC");
-        assert_eq!(escaped(""), "");
+        assert_eq!(escaped(""), "%");
     }
 
     proptest::proptest! {

@@ -1,0 +1,194 @@
+//! Real `redis-server` processes on loopback for tests and benchmarks.
+//!
+//! Every server runs from its own temporary directory with persistence off
+//! and is killed when its handle drops. A missing `redis-server` is a test
+//! failure that names the command that installs it, never a skip.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const INSTALL_HINT: &str = "redis-server is not on PATH. Run the README's test command, \
+`./scripts/test.sh`, which installs it (apt-get install redis-server) and runs the tests.";
+
+/// One `redis-server` on a loopback port.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers.
+    pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    fn start_with(extra_args: Vec<String>) -> Self {
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temporary directory"),
+            extra_args,
+        };
+        server.spawn();
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server (as a crash would) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, with an empty dataset and
+    /// an empty script cache, as after a restart without persistence.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(server_args(self.port, self.dir.path()))
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(error) => panic!("cannot start redis-server: {error}"),
+        };
+        self.child = Some(child);
+        wait_until_ready(self.port);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn server_args(port: u16, dir: &Path) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        &dir.display().to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "yes",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A 3-node Redis Cluster (no replicas) on loopback ports.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, joins them and waits until the
+    /// cluster reports `cluster_state:ok` on every node.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(
+                    ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                )
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let output = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|error| panic!("cannot run redis-cli ({error}); {INSTALL_HINT}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            while !command(node.port, "CLUSTER INFO").contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "cluster did not become ready");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+/// A port nothing listens on, whose cluster bus port (+10000) is free too.
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("local address").port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn wait_until_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while command(port, "PING") != "+PONG\r\n" {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} did not answer PING within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sends one inline command and returns what arrives within a moment.
+fn command(port: u16, line: &str) -> String {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(format!("{line}\r\n").as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut buffer = [0u8; 4096];
+    let read = stream.read(&mut buffer).unwrap_or(0);
+    String::from_utf8_lossy(&buffer[..read]).into_owned()
+}

@@ -1,0 +1,1127 @@
+//! One conformance suite for every store backend: `MemoryStore`, `RedisStore`
+//! on a real `redis-server`, and `RedisStore` on a real 3-node Redis Cluster.
+//!
+//! Each check below is a plain async function over `S: Store`; the macro at
+//! the bottom runs each against every backend, with time from fixed instants
+//! (the manual-clock style: the store never reads the system time).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use common::redis_server::{RedisCluster, RedisServer};
+use modelgate::clock::Period;
+use modelgate::store::{
+    Check, Expect, KeyLimit, Limit, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome,
+    ReserveRequest, Settlement, Store, StoreErrorKind, Versioned, WriteOutcome, NANOS_PER_CREDIT,
+};
+
+/// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap()
+}
+
+fn after(micros: i64) -> DateTime<Utc> {
+    t0() + chrono::Duration::microseconds(micros)
+}
+
+const SECOND: i64 = 1_000_000;
+
+fn fixed(limit: u64, window_secs: u64) -> Limit {
+    Limit::FixedWindow {
+        limit,
+        window: Duration::from_secs(window_secs),
+    }
+}
+
+fn rolling(limit: u64, window_secs: u64) -> Limit {
+    Limit::Rolling {
+        limit,
+        window: Duration::from_secs(window_secs),
+    }
+}
+
+async fn add<S: Store>(
+    store: &S,
+    scope: &str,
+    name: &str,
+    limit: Limit,
+    amount: u64,
+    now: DateTime<Utc>,
+) -> modelgate::store::Decision {
+    store
+        .check_and_add(scope, &[Check::new(name, limit, amount)], now)
+        .await
+        .expect("store call")
+}
+
+async fn fixed_window_edges<S: Store>(store: Arc<S>) {
+    let limit = fixed(3, 10);
+    for expected_used in 1..=3 {
+        let decision = add(&*store, "acct", "fw", limit, 1, after(SECOND)).await;
+        assert!(decision.admitted);
+        let outcome = decision.outcomes[0];
+        assert_eq!(
+            (outcome.used, outcome.remaining),
+            (expected_used, 3 - expected_used)
+        );
+        assert_eq!(outcome.retry_after, Duration::ZERO);
+        assert_eq!(outcome.reset_after, Duration::from_secs(9));
+    }
+    // The last microsecond of the window still counts against it.
+    let rejected = add(&*store, "acct", "fw", limit, 1, after(10 * SECOND - 1)).await;
+    assert!(!rejected.admitted);
+    assert_eq!(rejected.rejected_by(), Some(0));
+    assert_eq!(rejected.outcomes[0].used, 3);
+    assert_eq!(rejected.outcomes[0].retry_after, Duration::from_micros(1));
+    // The next window starts empty.
+    let next = add(&*store, "acct", "fw", limit, 3, after(10 * SECOND)).await;
+    assert!(next.admitted);
+    assert_eq!(next.outcomes[0].used, 3);
+    // An amount larger than the limit never fits.
+    let too_big = add(&*store, "acct", "fw2", limit, 4, after(0)).await;
+    assert!(!too_big.admitted);
+    assert_eq!(too_big.outcomes[0].used, 0);
+}
+
+async fn rolling_window_bounds_every_interval<S: Store>(store: Arc<S>) {
+    let limit = rolling(3, 60);
+    for at in [0, 20, 40] {
+        assert!(
+            add(&*store, "acct", "roll", limit, 1, after(at * SECOND))
+                .await
+                .admitted
+        );
+    }
+    // A fixed window would reset at 60 s; the rolling one rejects until the
+    // first entry is a full window old.
+    let rejected = add(&*store, "acct", "roll", limit, 1, after(60 * SECOND - 1)).await;
+    assert!(!rejected.admitted);
+    assert_eq!(rejected.outcomes[0].retry_after, Duration::from_micros(1));
+    assert_eq!(
+        rejected.outcomes[0].reset_after,
+        Duration::from_micros(40_000_001)
+    );
+    // Two at once must wait for the second-oldest entry.
+    let two = add(&*store, "acct", "roll", limit, 2, after(60 * SECOND)).await;
+    assert!(!two.admitted);
+    assert_eq!(two.outcomes[0].used, 2);
+    assert_eq!(two.outcomes[0].retry_after, Duration::from_secs(20));
+    let one = add(&*store, "acct", "roll", limit, 1, after(60 * SECOND)).await;
+    assert!(one.admitted);
+    assert_eq!((one.outcomes[0].used, one.outcomes[0].remaining), (3, 0));
+    // Everything has aged out a window after the newest entry.
+    let later = add(&*store, "acct", "roll", limit, 3, after(120 * SECOND)).await;
+    assert!(later.admitted);
+}
+
+async fn gcra_rate_and_burst<S: Store>(store: Arc<S>) {
+    // 10 per second sustained (one per 100 ms), bursts of 5.
+    let limit = Limit::Gcra {
+        rate: 10,
+        period: Duration::from_secs(1),
+        burst: 5,
+    };
+    for expected_remaining in (0..5).rev() {
+        let decision = add(&*store, "acct", "gcra", limit, 1, t0()).await;
+        assert!(decision.admitted);
+        assert_eq!(decision.outcomes[0].remaining, expected_remaining);
+    }
+    let full = add(&*store, "acct", "gcra", limit, 1, t0()).await;
+    assert!(!full.admitted);
+    assert_eq!(full.outcomes[0].retry_after, Duration::from_millis(100));
+    assert_eq!(full.outcomes[0].reset_after, Duration::from_millis(500));
+    assert_eq!(full.outcomes[0].remaining, 0);
+    let early = add(&*store, "acct", "gcra", limit, 1, after(99_999)).await;
+    assert!(!early.admitted);
+    assert_eq!(early.outcomes[0].retry_after, Duration::from_micros(1));
+    let on_time = add(&*store, "acct", "gcra", limit, 1, after(100_000)).await;
+    assert!(on_time.admitted);
+    assert_eq!(on_time.outcomes[0].remaining, 0);
+    // After the bucket drains completely the whole burst is available again.
+    let rested = add(&*store, "acct", "gcra", limit, 5, after(SECOND)).await;
+    assert!(rested.admitted);
+}
+
+async fn calendar_windows_reset_at_utc_boundaries<S: Store>(store: Arc<S>) {
+    let cases = [
+        // (period, last instant of a period, first instant of the next)
+        (
+            Period::Day,
+            Utc.with_ymd_and_hms(2024, 2, 28, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(2024, 2, 29, 0, 0, 0).unwrap(),
+        ),
+        (
+            Period::Week,
+            Utc.with_ymd_and_hms(2024, 3, 3, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(2024, 3, 4, 0, 0, 0).unwrap(),
+        ),
+        (
+            Period::Month,
+            Utc.with_ymd_and_hms(2024, 2, 29, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(2024, 3, 1, 0, 0, 0).unwrap(),
+        ),
+        (
+            Period::Month,
+            Utc.with_ymd_and_hms(2024, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(2025, 1, 1, 0, 0, 0).unwrap(),
+        ),
+    ];
+    for (index, (period, last, next)) in cases.into_iter().enumerate() {
+        let name = format!("cal{index}");
+        let limit = Limit::Calendar { limit: 2, period };
+        assert!(add(&*store, "acct", &name, limit, 2, last).await.admitted);
+        let rejected = add(&*store, "acct", &name, limit, 1, last).await;
+        assert!(!rejected.admitted, "{period:?}");
+        assert_eq!(rejected.outcomes[0].retry_after, Duration::from_secs(1));
+        assert_eq!(rejected.outcomes[0].reset_after, Duration::from_secs(1));
+        let fresh = add(&*store, "acct", &name, limit, 1, next).await;
+        assert!(fresh.admitted, "{period:?}");
+        assert_eq!(fresh.outcomes[0].used, 1);
+    }
+}
+
+async fn multi_checks_are_all_or_nothing<S: Store>(store: Arc<S>) {
+    let minute = Check::new("free:minute", rolling(2, 60), 1);
+    let day = Check::new(
+        "free:day",
+        Limit::Calendar {
+            limit: 3,
+            period: Period::Day,
+        },
+        1,
+    );
+    let both = [minute.clone(), day.clone()];
+    assert!(
+        store
+            .check_and_add("acct", &both, t0())
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        store
+            .check_and_add("acct", &both, t0())
+            .await
+            .unwrap()
+            .admitted
+    );
+    // Rejected by the minute: the day counter stays at 2.
+    let by_minute = store
+        .check_and_add("acct", &both, after(SECOND))
+        .await
+        .unwrap();
+    assert_eq!(by_minute.rejected_by(), Some(0));
+    assert!(by_minute.outcomes[1].admitted);
+    assert_eq!(by_minute.outcomes[1].used, 2);
+    assert_eq!(by_minute.retry_after(), Duration::from_secs(59));
+    // A minute later: the third of the day fits.
+    assert!(
+        store
+            .check_and_add("acct", &both, after(61 * SECOND))
+            .await
+            .unwrap()
+            .admitted
+    );
+    // Rejected by the day: the minute counter keeps only the one entry.
+    let by_day = store
+        .check_and_add("acct", &both, after(62 * SECOND))
+        .await
+        .unwrap();
+    assert_eq!(by_day.rejected_by(), Some(1));
+    assert_eq!(by_day.outcomes[0].used, 1);
+    assert_eq!(by_day.outcomes[1].used, 3);
+    let peek = store
+        .check_and_add(
+            "acct",
+            &[Check::new("free:minute", rolling(2, 60), 0)],
+            after(62 * SECOND),
+        )
+        .await
+        .unwrap();
+    assert_eq!(peek.outcomes[0].used, 1);
+}
+
+async fn zero_amount_only_reads<S: Store>(store: Arc<S>) {
+    for limit in [
+        fixed(2, 10),
+        rolling(2, 10),
+        Limit::Gcra {
+            rate: 1,
+            period: Duration::from_secs(1),
+            burst: 2,
+        },
+        Limit::Calendar {
+            limit: 2,
+            period: Period::Day,
+        },
+    ] {
+        let name = format!("{limit:?}");
+        assert!(add(&*store, "acct", &name, limit, 1, t0()).await.admitted);
+        for _ in 0..3 {
+            let peek = add(&*store, "acct", &name, limit, 0, t0()).await;
+            assert!(peek.admitted);
+            assert_eq!(
+                (peek.outcomes[0].used, peek.outcomes[0].remaining),
+                (1, 1),
+                "{limit:?}"
+            );
+        }
+    }
+}
+
+async fn invalid_checks_are_refused<S: Store>(store: Arc<S>) {
+    let duplicate = [
+        Check::new("a", fixed(1, 1), 1),
+        Check::new("a", rolling(1, 1), 1),
+    ];
+    let error = store
+        .check_and_add("acct", &duplicate, t0())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error.kind(), StoreErrorKind::Invalid(_)),
+        "{error}"
+    );
+    assert_eq!(error.operation(), "check_and_add");
+    let zero_window = [Check::new(
+        "z",
+        Limit::Rolling {
+            limit: 1,
+            window: Duration::ZERO,
+        },
+        1,
+    )];
+    assert!(store
+        .check_and_add("acct", &zero_window, t0())
+        .await
+        .is_err());
+    let zero_rate = [Check::new(
+        "g",
+        Limit::Gcra {
+            rate: 0,
+            period: Duration::from_secs(1),
+            burst: 1,
+        },
+        1,
+    )];
+    assert!(store.check_and_add("acct", &zero_rate, t0()).await.is_err());
+    // Nothing was counted by the refused calls.
+    assert_eq!(
+        add(&*store, "acct", "a", fixed(1, 1), 0, t0())
+            .await
+            .outcomes[0]
+            .used,
+        0
+    );
+}
+
+async fn scopes_and_names_never_collide<S: Store>(store: Arc<S>) {
+    let limit = fixed(1, 60);
+    // Pairs that would share a key if scope and name were joined naively.
+    let pairs = [
+        ("a}:x", "y"),
+        ("a", "x}:y"),
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("{a}", "b"),
+        ("ü", "n"),
+        ("", "x"),
+    ];
+    for (scope, name) in pairs {
+        assert!(
+            add(&*store, scope, name, limit, 1, t0()).await.admitted,
+            "{scope:?} {name:?}"
+        );
+    }
+    for (scope, name) in pairs {
+        assert!(
+            !add(&*store, scope, name, limit, 1, t0()).await.admitted,
+            "{scope:?} {name:?}"
+        );
+    }
+}
+
+/// Runs `tasks` concurrent single checks of `amount` 1 and counts admissions.
+async fn admitted_concurrently<S: Store>(
+    store: &Arc<S>,
+    scope: &str,
+    checks: Vec<Check>,
+    tasks: usize,
+) -> usize {
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let store = Arc::clone(store);
+            let admitted = Arc::clone(&admitted);
+            let checks = checks.clone();
+            let scope = scope.to_owned();
+            tokio::spawn(async move {
+                if store
+                    .check_and_add(&scope, &checks, t0())
+                    .await
+                    .unwrap()
+                    .admitted
+                {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
+async fn concurrent_callers_admit_exactly_the_limit<S: Store>(store: Arc<S>) {
+    let limits = [
+        fixed(20, 60),
+        rolling(20, 60),
+        Limit::Gcra {
+            rate: 1,
+            period: Duration::from_secs(60),
+            burst: 20,
+        },
+        Limit::Calendar {
+            limit: 20,
+            period: Period::Day,
+        },
+    ];
+    for limit in limits {
+        let checks = vec![Check::new("c", limit, 1)];
+        let admitted = admitted_concurrently(&store, &format!("{limit:?}"), checks, 500).await;
+        assert_eq!(admitted, 20, "{limit:?}");
+    }
+    // Two counters at once: the tighter one decides, and the looser one
+    // counts only the admitted requests.
+    let checks = vec![
+        Check::new("minute", rolling(20, 60), 1),
+        Check::new(
+            "day",
+            Limit::Calendar {
+                limit: 50,
+                period: Period::Day,
+            },
+            1,
+        ),
+    ];
+    assert_eq!(
+        admitted_concurrently(&store, "multi", checks.clone(), 500).await,
+        20
+    );
+    let day = store
+        .check_and_add(
+            "multi",
+            &[Check::new(
+                "day",
+                Limit::Calendar {
+                    limit: 50,
+                    period: Period::Day,
+                },
+                0,
+            )],
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(day.outcomes[0].used, 20);
+}
+
+fn credits(amount: i64) -> i64 {
+    amount * NANOS_PER_CREDIT
+}
+
+fn reservation(id: &str, amount_nanos: i64, key_limit: Option<KeyLimit>) -> ReserveRequest {
+    ReserveRequest {
+        account: "acct".into(),
+        key: "key-hash".into(),
+        reservation_id: id.into(),
+        amount_nanos,
+        key_limit,
+        check_balance: true,
+        ttl: Duration::from_secs(60),
+    }
+}
+
+fn settlement(id: &str, cost_nanos: i64, byok: bool) -> Settlement {
+    Settlement {
+        account: "acct".into(),
+        key: "key-hash".into(),
+        reservation_id: id.into(),
+        cost_nanos,
+        byok,
+    }
+}
+
+async fn ledger_rolls_periods_and_keeps_byok_apart<S: Store>(store: Arc<S>) {
+    // Wednesday 2024-01-31 12:00: the last day of a month, mid-week.
+    let wednesday = Utc.with_ymd_and_hms(2024, 1, 31, 12, 0, 0).unwrap();
+    store
+        .settle(&settlement("r1", 7, false), wednesday)
+        .await
+        .unwrap();
+    store
+        .settle(&settlement("r2", 5, true), wednesday)
+        .await
+        .unwrap();
+    let usage = store
+        .key_usage("acct", "key-hash", wednesday)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            usage.total_nanos,
+            usage.day_nanos,
+            usage.week_nanos,
+            usage.month_nanos
+        ),
+        (7, 7, 7, 7)
+    );
+    assert_eq!(
+        (
+            usage.byok_total_nanos,
+            usage.byok_day_nanos,
+            usage.byok_week_nanos,
+            usage.byok_month_nanos
+        ),
+        (5, 5, 5, 5)
+    );
+    // BYOK usage does not draw on the balance.
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        -7
+    );
+    // Thursday 2024-02-01: new day and month, same week.
+    let thursday = Utc.with_ymd_and_hms(2024, 2, 1, 0, 0, 0).unwrap();
+    let usage = store.key_usage("acct", "key-hash", thursday).await.unwrap();
+    assert_eq!(
+        (
+            usage.total_nanos,
+            usage.day_nanos,
+            usage.week_nanos,
+            usage.month_nanos
+        ),
+        (7, 0, 7, 0)
+    );
+    store
+        .settle(&settlement("r3", 3, false), thursday)
+        .await
+        .unwrap();
+    let usage = store.key_usage("acct", "key-hash", thursday).await.unwrap();
+    assert_eq!(
+        (
+            usage.total_nanos,
+            usage.day_nanos,
+            usage.week_nanos,
+            usage.month_nanos
+        ),
+        (10, 3, 10, 3)
+    );
+    assert_eq!(
+        (
+            usage.byok_total_nanos,
+            usage.byok_day_nanos,
+            usage.byok_week_nanos,
+            usage.byok_month_nanos
+        ),
+        (5, 0, 5, 0)
+    );
+    // Monday 2024-02-05: new week.
+    let monday = Utc.with_ymd_and_hms(2024, 2, 5, 0, 0, 0).unwrap();
+    let usage = store.key_usage("acct", "key-hash", monday).await.unwrap();
+    assert_eq!(
+        (
+            usage.total_nanos,
+            usage.day_nanos,
+            usage.week_nanos,
+            usage.month_nanos
+        ),
+        (10, 0, 0, 3)
+    );
+    // Another key of the account is separate.
+    assert_eq!(
+        store.key_usage("acct", "other", monday).await.unwrap(),
+        Default::default()
+    );
+}
+
+async fn reservations_count_against_the_key_limit_and_expire<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(100)).await.unwrap();
+    let limit = KeyLimit {
+        limit_nanos: credits(3),
+        reset: Some(Period::Day),
+        include_byok: false,
+    };
+    for (index, id) in ["a", "b", "c"].into_iter().enumerate() {
+        let outcome = store
+            .reserve(&reservation(id, credits(1), Some(limit)), t0())
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            ReserveOutcome::Reserved {
+                used_nanos: 0,
+                reserved_nanos: credits(index as i64 + 1)
+            }
+        );
+    }
+    let over = store
+        .reserve(&reservation("d", credits(1), Some(limit)), t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        over,
+        ReserveOutcome::KeyLimitReached {
+            used_nanos: credits(3),
+            limit_nanos: credits(3),
+            resets_at: Some(Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap()),
+        }
+    );
+    // Settling for less than reserved frees the difference.
+    store
+        .settle(&settlement("a", credits(1) / 2, false), after(SECOND))
+        .await
+        .unwrap();
+    let usage = store
+        .key_usage("acct", "key-hash", after(SECOND))
+        .await
+        .unwrap();
+    assert_eq!(
+        (usage.day_nanos, usage.reserved_nanos),
+        (credits(1) / 2, credits(2))
+    );
+    assert!(matches!(
+        store
+            .reserve(&reservation("d", credits(1), Some(limit)), after(SECOND))
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    // Reservations never settled expire after their TTL.
+    let expired = after(61 * SECOND + 1);
+    assert_eq!(
+        store
+            .key_usage("acct", "key-hash", expired)
+            .await
+            .unwrap()
+            .reserved_nanos,
+        0
+    );
+    // Settling an expired reservation still records its cost.
+    store
+        .settle(&settlement("b", credits(1), false), expired)
+        .await
+        .unwrap();
+    let usage = store.key_usage("acct", "key-hash", expired).await.unwrap();
+    assert_eq!(usage.day_nanos, credits(1) + credits(1) / 2);
+    // BYOK usage counts against the limit only when asked.
+    store
+        .settle(&settlement("x", credits(2), true), expired)
+        .await
+        .unwrap();
+    let without_byok = KeyLimit {
+        limit_nanos: credits(3),
+        reset: Some(Period::Day),
+        include_byok: false,
+    };
+    let with_byok = KeyLimit {
+        include_byok: true,
+        ..without_byok
+    };
+    assert!(matches!(
+        store
+            .reserve(&reservation("e", 1, Some(without_byok)), expired)
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    store
+        .settle(&settlement("e", 0, false), expired)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .reserve(&reservation("f", 1, Some(with_byok)), expired)
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+    // A limit without reset counts all-time usage (1.5 credits by now).
+    let all_time = KeyLimit {
+        limit_nanos: credits(1) + credits(1) / 2, // exactly the all-time usage
+        reset: None,
+        include_byok: false,
+    };
+    let tomorrow = Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap();
+    assert!(matches!(
+        store
+            .reserve(&reservation("g", 1, Some(all_time)), tomorrow)
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached {
+            resets_at: None,
+            ..
+        }
+    ));
+    assert!(matches!(
+        store
+            .reserve(&reservation("h", 1, Some(without_byok)), tomorrow)
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+}
+
+async fn negative_balance_rejects_until_topped_up<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(1)).await.unwrap();
+    assert!(matches!(
+        store
+            .reserve(&reservation("a", credits(2), None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    store
+        .settle(&settlement("a", credits(2), false), t0())
+        .await
+        .unwrap();
+    let balance = store.account_balance("acct").await.unwrap();
+    assert_eq!(
+        (balance.purchased_nanos, balance.balance_nanos),
+        (credits(1), -credits(1))
+    );
+    assert_eq!(
+        store
+            .reserve(&reservation("b", 0, None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::BalanceNegative {
+            balance_nanos: -credits(1)
+        }
+    );
+    // A layer that does not check the balance is admitted.
+    let unchecked = ReserveRequest {
+        check_balance: false,
+        ..reservation("c", 0, None)
+    };
+    assert!(matches!(
+        store.reserve(&unchecked, t0()).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    let topped = store.top_up("acct", credits(2)).await.unwrap();
+    assert_eq!(
+        (topped.purchased_nanos, topped.balance_nanos),
+        (credits(3), credits(1))
+    );
+    assert!(matches!(
+        store
+            .reserve(&reservation("d", 0, None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert!(store.top_up("acct", -1).await.is_err());
+    assert_eq!(
+        store.account_balance("nobody").await.unwrap(),
+        Default::default()
+    );
+}
+
+async fn ledger_sums_are_exact_under_concurrency<S: Store>(store: Arc<S>) {
+    // Odd nano-credit amounts, many at once: the sum must be exact.
+    let costs: Vec<i64> = (0..200).map(|i| 1_000_000_007 * i + 13).collect();
+    let handles: Vec<_> = costs
+        .iter()
+        .enumerate()
+        .map(|(index, &cost)| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let id = format!("r{index}");
+                store
+                    .reserve(&reservation(&id, cost, None), t0())
+                    .await
+                    .unwrap();
+                store
+                    .settle(&settlement(&id, cost, index % 3 == 0), t0())
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    let own: i64 = costs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, c)| c)
+        .sum();
+    let byok: i64 = costs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 == 0)
+        .map(|(_, c)| c)
+        .sum();
+    let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
+    assert_eq!(
+        (
+            usage.total_nanos,
+            usage.month_nanos,
+            usage.byok_total_nanos,
+            usage.reserved_nanos
+        ),
+        (own, own, byok, 0)
+    );
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        -own
+    );
+    // Values beyond 2^53 (where a double loses integers) stay exact.
+    let huge = (1i64 << 60) + 1;
+    assert_eq!(
+        store.top_up("rich", huge).await.unwrap().purchased_nanos,
+        huge
+    );
+    assert_eq!(
+        store.top_up("rich", 2).await.unwrap().balance_nanos,
+        huge + 2
+    );
+}
+
+async fn concurrent_reservations_admit_exactly_the_limit<S: Store>(store: Arc<S>) {
+    let limit = KeyLimit {
+        limit_nanos: credits(10),
+        reset: Some(Period::Month),
+        include_byok: false,
+    };
+    let handles: Vec<_> = (0..100)
+        .map(|index| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let outcome = store
+                    .reserve(
+                        &reservation(&format!("r{index}"), credits(1), Some(limit)),
+                        t0(),
+                    )
+                    .await
+                    .unwrap();
+                matches!(outcome, ReserveOutcome::Reserved { .. })
+            })
+        })
+        .collect();
+    let mut reserved = 0;
+    for handle in handles {
+        reserved += usize::from(handle.await.unwrap());
+    }
+    assert_eq!(reserved, 10);
+    assert_eq!(
+        store
+            .key_usage("acct", "key-hash", t0())
+            .await
+            .unwrap()
+            .reserved_nanos,
+        credits(10)
+    );
+}
+
+async fn records_compare_and_set<S: Store>(store: Arc<S>) {
+    let keys = modelgate::store::KEYS;
+    assert_eq!(store.get_record(keys, "k1").await.unwrap(), None);
+    assert_eq!(
+        store
+            .put_record(keys, "k1", b"one", Expect::Absent)
+            .await
+            .unwrap(),
+        WriteOutcome::Written { revision: 1 }
+    );
+    assert_eq!(
+        store
+            .put_record(keys, "k1", b"again", Expect::Absent)
+            .await
+            .unwrap(),
+        WriteOutcome::Conflict {
+            current: Some(Versioned {
+                value: b"one".to_vec(),
+                revision: 1
+            })
+        }
+    );
+    assert_eq!(
+        store
+            .put_record(keys, "k1", b"two", Expect::Revision(1))
+            .await
+            .unwrap(),
+        WriteOutcome::Written { revision: 2 }
+    );
+    assert_eq!(
+        store
+            .put_record(keys, "k1", b"stale", Expect::Revision(1))
+            .await
+            .unwrap(),
+        WriteOutcome::Conflict {
+            current: Some(Versioned {
+                value: b"two".to_vec(),
+                revision: 2
+            })
+        }
+    );
+    assert_eq!(
+        store
+            .put_record(keys, "k1", b"three", Expect::Any)
+            .await
+            .unwrap(),
+        WriteOutcome::Written { revision: 3 }
+    );
+    assert_eq!(
+        store.get_record(keys, "k1").await.unwrap(),
+        Some(Versioned {
+            value: b"three".to_vec(),
+            revision: 3
+        })
+    );
+    assert_eq!(
+        store
+            .put_record(keys, "nope", b"x", Expect::Revision(1))
+            .await
+            .unwrap(),
+        WriteOutcome::Conflict { current: None }
+    );
+    // Binary values and awkward ids survive.
+    let odd_id = "id with spaces/ü:{x}";
+    let binary = [0u8, 255, 10, 13, b'"'];
+    store
+        .put_record(keys, odd_id, &binary, Expect::Absent)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_record(keys, odd_id).await.unwrap().unwrap().value,
+        binary.to_vec()
+    );
+    // Deletes honour their condition.
+    assert!(matches!(
+        store
+            .delete_record(keys, "k1", Expect::Revision(2))
+            .await
+            .unwrap(),
+        WriteOutcome::Conflict { .. }
+    ));
+    assert_eq!(
+        store
+            .delete_record(keys, "k1", Expect::Revision(3))
+            .await
+            .unwrap(),
+        WriteOutcome::Written { revision: 0 }
+    );
+    assert_eq!(store.get_record(keys, "k1").await.unwrap(), None);
+    // Re-created after delete: revision starts again at 1.
+    assert_eq!(
+        store
+            .put_record(keys, "k1", b"new", Expect::Absent)
+            .await
+            .unwrap(),
+        WriteOutcome::Written { revision: 1 }
+    );
+}
+
+async fn records_list_newest_first<S: Store>(store: Arc<S>) {
+    let flows = modelgate::store::flows("session:main");
+    for index in 0..5 {
+        store
+            .put_record(
+                &flows,
+                &format!("f{index}"),
+                format!("v{index}").as_bytes(),
+                Expect::Absent,
+            )
+            .await
+            .unwrap();
+    }
+    // An update keeps the record's place; a delete removes it.
+    store
+        .put_record(&flows, "f1", b"v1b", Expect::Revision(1))
+        .await
+        .unwrap();
+    store
+        .delete_record(&flows, "f3", Expect::Any)
+        .await
+        .unwrap();
+    let page = store.list_records(&flows, 0, 10).await.unwrap();
+    let ids: Vec<_> = page.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["f4", "f2", "f1", "f0"]);
+    assert_eq!(
+        page[2].1,
+        Versioned {
+            value: b"v1b".to_vec(),
+            revision: 2
+        }
+    );
+    let second_page = store.list_records(&flows, 1, 2).await.unwrap();
+    assert_eq!(
+        second_page
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
+        ["f2", "f1"]
+    );
+    assert!(store.list_records(&flows, 0, 0).await.unwrap().is_empty());
+    assert!(store.list_records(&flows, 10, 5).await.unwrap().is_empty());
+    // Another session's collection is separate.
+    assert!(store
+        .list_records(&modelgate::store::flows("session:other"), 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: Arc<S>) {
+    let accounts = modelgate::store::ACCOUNTS;
+    store
+        .put_record(accounts, "a1", b"v1", Expect::Absent)
+        .await
+        .unwrap();
+    for round in 1..=5u64 {
+        let handles: Vec<_> = (0..20)
+            .map(|writer| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let value = format!("round {round} writer {writer}");
+                    store
+                        .put_record(accounts, "a1", value.as_bytes(), Expect::Revision(round))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for handle in handles {
+            match handle.await.unwrap() {
+                WriteOutcome::Written { revision } => {
+                    assert_eq!(revision, round + 1);
+                    winners += 1;
+                }
+                WriteOutcome::Conflict { current } => assert!(current.is_some()),
+            }
+        }
+        assert_eq!(winners, 1, "round {round}");
+    }
+    // Two creators of one new id: exactly one creates it.
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .put_record(accounts, "new", b"x", Expect::Absent)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for handle in handles {
+        created += usize::from(matches!(
+            handle.await.unwrap(),
+            WriteOutcome::Written { .. }
+        ));
+    }
+    assert_eq!(created, 1);
+}
+
+async fn connect(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .expect("connect to redis-server")
+}
+
+macro_rules! conformance {
+    ($($check:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    super::$check(std::sync::Arc::new(modelgate::store::MemoryStore::new())).await;
+                }
+            )*
+        }
+
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let server = super::RedisServer::start();
+                    super::$check(std::sync::Arc::new(super::connect(&server).await)).await;
+                }
+            )*
+        }
+
+        /// The whole suite on one 3-node cluster, a fresh key prefix per check.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_passes_every_check() {
+            let cluster = RedisCluster::start();
+            let urls = cluster.urls();
+            let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+            $(
+                let config = RedisStoreConfig { key_prefix: stringify!($check).to_owned(), ..RedisStoreConfig::default() };
+                let store = RedisStore::connect_cluster(&nodes, config).await.expect("connect to the cluster");
+                $check(Arc::new(store)).await;
+            )*
+        }
+    };
+}
+
+conformance!(
+    fixed_window_edges,
+    rolling_window_bounds_every_interval,
+    gcra_rate_and_burst,
+    calendar_windows_reset_at_utc_boundaries,
+    multi_checks_are_all_or_nothing,
+    zero_amount_only_reads,
+    invalid_checks_are_refused,
+    scopes_and_names_never_collide,
+    concurrent_callers_admit_exactly_the_limit,
+    ledger_rolls_periods_and_keeps_byok_apart,
+    reservations_count_against_the_key_limit_and_expire,
+    negative_balance_rejects_until_topped_up,
+    ledger_sums_are_exact_under_concurrency,
+    concurrent_reservations_admit_exactly_the_limit,
+    records_compare_and_set,
+    records_list_newest_first,
+    concurrent_writers_with_one_revision_exactly_one_wins,
+);
+
+#[tokio::test]
+async fn memory_store_evicts_ended_windows() {
+    let store = MemoryStore::new();
+    for account in 0..10_000 {
+        add(
+            &store,
+            &format!("acct{account}"),
+            "minute",
+            fixed(5, 60),
+            1,
+            t0(),
+        )
+        .await;
+    }
+    assert_eq!(store.counter_count(), 10_000);
+    // Once the windows are over, the next calls sweep them away.
+    for account in 0..1_000 {
+        add(
+            &store,
+            &format!("acct{account}"),
+            "minute",
+            fixed(5, 60),
+            1,
+            after(61 * SECOND),
+        )
+        .await;
+    }
+    store.evict_expired(after(61 * SECOND));
+    assert_eq!(store.counter_count(), 1_000);
+    store.evict_expired(after(200 * SECOND));
+    assert_eq!(store.counter_count(), 0);
+}
