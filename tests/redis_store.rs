@@ -1,0 +1,355 @@
+//! What only the Redis backend has to show: outages, restarts, round trips,
+//! key expiry, and that it decides exactly as `MemoryStore` does.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use common::redis_server::RedisServer;
+use modelgate::clock::Period;
+use modelgate::store::{
+    Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, RecordStore, RedisStore,
+    RedisStoreConfig, ReserveRequest, Settlement,
+};
+use proptest::prelude::*;
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap()
+}
+
+fn minute_check() -> Check {
+    Check::new(
+        "minute",
+        Limit::Rolling {
+            limit: 1_000,
+            window: Duration::from_secs(60),
+        },
+        1,
+    )
+}
+
+fn reserve_request() -> ReserveRequest {
+    ReserveRequest {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: "r".into(),
+        amount_nanos: 5,
+        key_limit: None,
+        check_balance: true,
+        ttl: Duration::from_secs(60),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_restart() {
+    let mut server = RedisServer::start();
+    let config = RedisStoreConfig {
+        call_timeout: Duration::from_millis(200),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    assert!(
+        store
+            .check_and_add("acct", &[minute_check()], t0())
+            .await
+            .unwrap()
+            .admitted
+    );
+
+    server.stop();
+    // Generous outer bound: the point is that no call hangs.
+    let bound = Duration::from_secs(3);
+    for _ in 0..3 {
+        let error =
+            tokio::time::timeout(bound, store.check_and_add("acct", &[minute_check()], t0()))
+                .await
+                .expect("check_and_add returned while redis-server was down")
+                .unwrap_err();
+        assert!(error.is_unavailable(), "{error}");
+        assert_eq!(error.operation(), "check_and_add");
+        assert!(error.to_string().contains("check_and_add"));
+    }
+    let error = tokio::time::timeout(bound, store.reserve(&reserve_request(), t0()))
+        .await
+        .expect("reserve returned")
+        .unwrap_err();
+    assert_eq!(error.operation(), "reserve");
+    let error = tokio::time::timeout(bound, store.get_record("keys", "k"))
+        .await
+        .expect("get_record returned")
+        .unwrap_err();
+    assert_eq!(error.operation(), "get_record");
+
+    // Back on the same port, with an empty script cache: the store
+    // reconnects by itself and reloads its scripts.
+    server.restart();
+    let mut recovered = false;
+    for _ in 0..100 {
+        if let Ok(decision) = store.check_and_add("acct", &[minute_check()], t0()).await {
+            assert!(decision.admitted);
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        recovered,
+        "the store did not recover within 10 s of the restart"
+    );
+    store.reserve(&reserve_request(), t0()).await.unwrap();
+    store.top_up("acct", 7).await.unwrap();
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().purchased_nanos,
+        7
+    );
+    store.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn connecting_to_nothing_fails_with_a_clear_error() {
+    let server = RedisServer::start();
+    let url = server.url();
+    drop(server);
+    let config = RedisStoreConfig {
+        call_timeout: Duration::from_millis(200),
+        ..RedisStoreConfig::default()
+    };
+    let error = RedisStore::connect(&url, config).await.unwrap_err();
+    assert_eq!(error.operation(), "connect");
+    assert!(
+        RedisStore::connect("not a url", RedisStoreConfig::default())
+            .await
+            .is_err()
+    );
+}
+
+/// Watches a server with `MONITOR` and returns the commands clients sent,
+/// leaving out those a Lua script ran inside the server.
+struct CommandWatch {
+    reader: BufReader<TcpStream>,
+    port: u16,
+}
+
+impl CommandWatch {
+    fn start(port: u16) -> Self {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(line, "+OK\r\n");
+        CommandWatch { reader, port }
+    }
+
+    fn client_commands(mut self) -> Vec<String> {
+        let marker = "end-of-watch-marker";
+        let mut other = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        other
+            .write_all(format!("ECHO {marker}\r\n").as_bytes())
+            .unwrap();
+        let mut commands = Vec::new();
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap();
+            if line.contains(marker) {
+                return commands;
+            }
+            // `+<time> [<db> lua] "cmd" ...` for script calls, `[<db> <addr>]` for clients.
+            if !line.contains(" lua] ") {
+                let command = line
+                    .split('"')
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
+                commands.push(command);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_operation_is_one_round_trip() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let checks = [
+        minute_check(),
+        Check::new(
+            "day",
+            Limit::Calendar {
+                limit: 50,
+                period: Period::Day,
+            },
+            1,
+        ),
+    ];
+    let settlement = Settlement {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: "r".into(),
+        cost_nanos: 3,
+        byok: false,
+    };
+    // Warm up: the first run of each script loads it.
+    store.check_and_add("acct", &checks, t0()).await.unwrap();
+    store.reserve(&reserve_request(), t0()).await.unwrap();
+    store.settle(&settlement, t0()).await.unwrap();
+    store.key_usage("acct", "key", t0()).await.unwrap();
+    store.top_up("acct", 1).await.unwrap();
+    store
+        .put_record("keys", "k", b"v", Expect::Any)
+        .await
+        .unwrap();
+    store.delete_record("keys", "k", Expect::Any).await.unwrap();
+    store.list_records("keys", 0, 10).await.unwrap();
+
+    let watch = CommandWatch::start(server.port());
+    store.check_and_add("acct", &checks, t0()).await.unwrap();
+    store.reserve(&reserve_request(), t0()).await.unwrap();
+    store.settle(&settlement, t0()).await.unwrap();
+    store.key_usage("acct", "key", t0()).await.unwrap();
+    store.top_up("acct", 1).await.unwrap();
+    store.account_balance("acct").await.unwrap();
+    store
+        .put_record("keys", "k", b"v", Expect::Any)
+        .await
+        .unwrap();
+    store.get_record("keys", "k").await.unwrap();
+    store.delete_record("keys", "k", Expect::Any).await.unwrap();
+    store.list_records("keys", 0, 10).await.unwrap();
+    let commands = watch.client_commands();
+    let mut expected = vec!["evalsha"; 5];
+    expected.extend(["hmget", "evalsha", "hmget", "evalsha", "evalsha"]);
+    assert_eq!(commands, expected);
+}
+
+#[tokio::test]
+async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        key_prefix: "gw1".into(),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let checks = [
+        Check::new(
+            "fixed",
+            Limit::FixedWindow {
+                limit: 5,
+                window: Duration::from_secs(60),
+            },
+            1,
+        ),
+        minute_check(),
+        Check::new(
+            "gcra",
+            Limit::Gcra {
+                rate: 1,
+                period: Duration::from_secs(1),
+                burst: 5,
+            },
+            1,
+        ),
+    ];
+    // The store's clock is far in the past: expiry must not depend on it.
+    store.check_and_add("acct:1", &checks, t0()).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 4, "{keys:?}"); // fixed, rolling zset + aux, gcra
+    for key in keys {
+        assert!(key.starts_with("gw1:{acct%3A1}:c:"), "{key}");
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(ttl_ms > 0 && ttl_ms <= 70_000, "{key} has TTL {ttl_ms} ms");
+    }
+}
+
+/// One step of a random workload: a check at some time after the last.
+#[derive(Clone, Debug)]
+struct Step {
+    advance_micros: i64,
+    scope: u8,
+    limits: Vec<(u8, Limit, u64)>,
+}
+
+fn limit_strategy() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        (1u64..6, 1u64..5_000_000).prop_map(|(limit, micros)| Limit::FixedWindow {
+            limit,
+            window: Duration::from_micros(micros)
+        }),
+        (1u64..6, 1u64..5_000_000).prop_map(|(limit, micros)| Limit::Rolling {
+            limit,
+            window: Duration::from_micros(micros)
+        }),
+        (1u64..5, 1u64..5_000_000, 1u64..6).prop_map(|(rate, micros, burst)| Limit::Gcra {
+            rate,
+            period: Duration::from_micros(micros.max(rate)),
+            burst
+        }),
+        prop_oneof![Just(Period::Day), Just(Period::Week), Just(Period::Month)].prop_flat_map(
+            |period| (1u64..6).prop_map(move |limit| Limit::Calendar { limit, period })
+        ),
+    ]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    (
+        prop_oneof![0i64..1_000_000, 0i64..100_000_000_000],
+        0u8..2,
+        proptest::collection::vec((0u8..3, limit_strategy(), 0u64..4), 1..3),
+    )
+        .prop_map(|(advance_micros, scope, mut limits)| {
+            // One check per counter name in a call.
+            limits.sort_by_key(|(name, _, _)| *name);
+            limits.dedup_by_key(|(name, _, _)| *name);
+            Step {
+                advance_micros,
+                scope,
+                limits,
+            }
+        })
+}
+
+#[test]
+fn redis_decides_exactly_as_memory_does() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let case = std::sync::atomic::AtomicU32::new(0);
+    proptest!(ProptestConfig::with_cases(48), |(steps in proptest::collection::vec(step_strategy(), 1..40))| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let config = RedisStoreConfig { key_prefix: format!("case{case}"), ..RedisStoreConfig::default() };
+        runtime.block_on(async {
+            let redis = RedisStore::connect(&server.url(), config).await.unwrap();
+            let memory = MemoryStore::new();
+            let mut now = Utc.with_ymd_and_hms(2024, 2, 28, 23, 0, 0).unwrap();
+            for step in &steps {
+                now += chrono::Duration::microseconds(step.advance_micros);
+                // A counter keeps its kind: the name carries the limit's shape.
+                let checks: Vec<Check> = step.limits.iter()
+                    .map(|(name, limit, amount)| Check::new(format!("{name}-{limit:?}"), *limit, *amount))
+                    .collect();
+                let scope = format!("acct{}", step.scope);
+                let expected = memory.check_and_add(&scope, &checks, now).await.unwrap();
+                let actual = redis.check_and_add(&scope, &checks, now).await.unwrap();
+                prop_assert_eq!(&actual, &expected, "at {} with {:?}", now, checks);
+            }
+            Ok(())
+        })?;
+    });
+}
