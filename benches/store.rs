@@ -1,1 +1,188 @@
-fn main() {}
+//! The cost of each store operation on `MemoryStore` and on `RedisStore`
+//! over loopback (a `redis-server` started for the run).
+//!
+//! `cargo bench --bench store`; under `cargo test --all-targets` each
+//! benchmark runs once as a smoke test.
+
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use criterion::{criterion_group, criterion_main, Criterion};
+use modelgate::clock::Period;
+use modelgate::store::{
+    Check, Expect, KeyLimit, Limit, MemoryStore, RedisStore, RedisStoreConfig, ReserveRequest,
+    Settlement, Store,
+};
+
+/// Time that moves 1 µs per call, so windows keep a steady size however
+/// many iterations criterion runs.
+#[derive(Default)]
+struct Ticks(AtomicI64);
+
+impl Ticks {
+    fn next(&self) -> DateTime<Utc> {
+        let start = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+        start + chrono::Duration::microseconds(self.0.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+fn checks() -> Vec<(&'static str, Vec<Check>)> {
+    let fixed = Check::new(
+        "fixed",
+        Limit::FixedWindow {
+            limit: 1 << 50,
+            window: Duration::from_secs(60),
+        },
+        1,
+    );
+    // A window of 1 ms at one call per µs holds about a thousand entries.
+    let rolling = Check::new(
+        "rolling",
+        Limit::Rolling {
+            limit: 1 << 50,
+            window: Duration::from_millis(1),
+        },
+        1,
+    );
+    let gcra = Check::new(
+        "gcra",
+        Limit::Gcra {
+            rate: 1_000_000,
+            period: Duration::from_secs(1),
+            burst: 1_000,
+        },
+        1,
+    );
+    let calendar = Check::new(
+        "day",
+        Limit::Calendar {
+            limit: 1 << 50,
+            period: Period::Day,
+        },
+        1,
+    );
+    vec![
+        ("fixed_window", vec![fixed]),
+        ("rolling_window", vec![rolling.clone()]),
+        ("gcra", vec![gcra]),
+        ("calendar_day", vec![calendar.clone()]),
+        ("rolling_and_day", vec![rolling, calendar]),
+    ]
+}
+
+fn bench_store<S: Store>(
+    c: &mut Criterion,
+    backend: &str,
+    runtime: &tokio::runtime::Runtime,
+    store: Arc<S>,
+) {
+    let mut group = c.benchmark_group(backend);
+    let ticks = Arc::new(Ticks::default());
+    for (name, checks) in checks() {
+        group.bench_function(format!("check_and_add/{name}"), |b| {
+            b.to_async(runtime).iter(|| {
+                let (store, ticks, checks) = (Arc::clone(&store), Arc::clone(&ticks), &checks);
+                async move {
+                    let decision = store
+                        .check_and_add("acct", checks, ticks.next())
+                        .await
+                        .unwrap();
+                    assert!(decision.admitted);
+                }
+            })
+        });
+    }
+    let limit = KeyLimit {
+        limit_nanos: i64::MAX / 2,
+        reset: Some(Period::Month),
+        include_byok: false,
+    };
+    group.bench_function("reserve_and_settle", |b| {
+        b.to_async(runtime).iter(|| {
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
+            async move {
+                let now = ticks.next();
+                let request = ReserveRequest {
+                    account: "acct".into(),
+                    key: "key".into(),
+                    reservation_id: "r".into(),
+                    amount_nanos: 1_000,
+                    key_limit: Some(limit),
+                    check_balance: true,
+                    ttl: Duration::from_secs(60),
+                };
+                store.reserve(&request, now).await.unwrap();
+                let settlement = Settlement {
+                    account: request.account,
+                    key: request.key,
+                    reservation_id: request.reservation_id,
+                    cost_nanos: 0,
+                    byok: false,
+                };
+                store.settle(&settlement, now).await.unwrap();
+            }
+        })
+    });
+    group.bench_function("key_usage", |b| {
+        b.to_async(runtime).iter(|| {
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
+            async move { store.key_usage("acct", "key", ticks.next()).await.unwrap() }
+        })
+    });
+    runtime
+        .block_on(store.put_record("keys", "k", b"{\"label\":\"bench\"}", Expect::Any))
+        .unwrap();
+    group.bench_function("get_record", |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move { store.get_record("keys", "k").await.unwrap() }
+        })
+    });
+    group.bench_function("put_record", |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .put_record("keys", "k", b"{\"label\":\"bench\"}", Expect::Any)
+                    .await
+                    .unwrap()
+            }
+        })
+    });
+    group.finish();
+}
+
+fn memory(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    bench_store(c, "memory", &runtime, Arc::new(MemoryStore::new()));
+}
+
+fn redis(c: &mut Criterion) {
+    let server = redis_server::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime
+        .block_on(RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig::default(),
+        ))
+        .unwrap();
+    bench_store(c, "redis", &runtime, Arc::new(store));
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = memory, redis
+}
+criterion_main!(benches);

@@ -309,6 +309,21 @@ async fn invalid_checks_are_refused<S: Store>(store: Arc<S>) {
         1,
     )];
     assert!(store.check_and_add("acct", &zero_rate, t0()).await.is_err());
+    let huge = [Check::new(
+        "h",
+        fixed(modelgate::store::MAX_EXACT + 1, 1),
+        1,
+    )];
+    assert!(store.check_and_add("acct", &huge, t0()).await.is_err());
+    let huge_amount = [Check::new(
+        "a",
+        fixed(1, 1),
+        modelgate::store::MAX_EXACT + 1,
+    )];
+    assert!(store
+        .check_and_add("acct", &huge_amount, t0())
+        .await
+        .is_err());
     // Nothing was counted by the refused calls.
     assert_eq!(
         add(&*store, "acct", "a", fixed(1, 1), 0, t0())

@@ -8,6 +8,10 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 use crate::clock::{unix_micros, Period};
 
+/// The largest limit or amount a counter takes: every integer up to 2^53 is
+/// exact in a Lua number (a double), so Redis and memory agree on them all.
+pub const MAX_EXACT: u64 = 1 << 53;
+
 /// A bound on how much may be added to a counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Limit {
@@ -57,6 +61,9 @@ impl Limit {
     }
 
     pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        if self.capacity() > MAX_EXACT {
+            return Err("limit must be at most 2^53");
+        }
         match *self {
             Limit::FixedWindow { window, .. } | Limit::Rolling { window, .. } => {
                 if window.as_micros() == 0 {
@@ -71,8 +78,12 @@ impl Limit {
                 if rate == 0 || burst == 0 {
                     return Err("gcra rate and burst must be at least 1");
                 }
-                if period.as_micros() < u128::from(rate) {
+                let emission_micros = period.as_micros() / u128::from(rate);
+                if emission_micros == 0 {
                     return Err("gcra period / rate must be at least 1 µs");
+                }
+                if emission_micros * u128::from(burst) > u128::from(MAX_EXACT) {
+                    return Err("gcra period / rate × burst must be at most 2^53 µs");
                 }
             }
             Limit::Calendar { .. } => {}
@@ -168,6 +179,12 @@ pub trait CounterStore: Send + Sync + 'static {
 
 pub(crate) fn validate_checks(operation: &'static str, checks: &[Check]) -> Result<(), StoreError> {
     for (index, check) in checks.iter().enumerate() {
+        if check.amount > MAX_EXACT {
+            return Err(StoreError::invalid(
+                operation,
+                format!("check {:?}: amount must be at most 2^53", check.name),
+            ));
+        }
         check.limit.validate().map_err(|reason| {
             StoreError::invalid(operation, format!("check {:?}: {reason}", check.name))
         })?;

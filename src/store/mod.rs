@@ -44,7 +44,7 @@ mod redis;
 
 use std::fmt;
 
-pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit};
+pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, MAX_EXACT};
 pub use ledger::{
     AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
     NANOS_PER_CREDIT,

@@ -113,8 +113,8 @@ pub trait RecordStoreExt: RecordStore {
         value: &T,
         expect: Expect,
     ) -> Result<WriteOutcome, StoreError> {
-        let bytes = serde_json::to_vec(value)
-            .map_err(|error| StoreError::corrupt("put_record", error.to_string()))?;
+        let bytes =
+            serde_json::to_vec(value).map_err(|error| StoreError::invalid("put_record", error))?;
         self.put_record(collection, id, &bytes, expect).await
     }
 }
@@ -132,4 +132,58 @@ pub fn decode<T: DeserializeOwned>(
         value,
         revision: record.revision,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Account {
+        id: String,
+        byok_providers: Vec<String>,
+    }
+
+    #[tokio::test]
+    async fn typed_records_round_trip_through_json() {
+        let store = MemoryStore::new();
+        let account = Account {
+            id: "acct-1".into(),
+            byok_providers: vec!["openai".into()],
+        };
+        let written = store
+            .put_json(ACCOUNTS, "acct-1", &account, Expect::Absent)
+            .await
+            .unwrap();
+        assert_eq!(written, WriteOutcome::Written { revision: 1 });
+        let read: Versioned<Account> = store.get_json(ACCOUNTS, "acct-1").await.unwrap().unwrap();
+        assert_eq!(
+            read,
+            Versioned {
+                value: account,
+                revision: 1
+            }
+        );
+        assert!(store
+            .get_json::<Account>(ACCOUNTS, "none")
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn a_record_that_is_not_the_expected_json_is_reported_not_panicked() {
+        let store = MemoryStore::new();
+        store
+            .put_record(KEYS, "bad", b"not json", Expect::Any)
+            .await
+            .unwrap();
+        let error = store.get_json::<Account>(KEYS, "bad").await.unwrap_err();
+        assert_eq!(error.operation(), "get_record");
+        assert!(matches!(
+            error.kind(),
+            crate::store::StoreErrorKind::Corrupt(_)
+        ));
+    }
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what is missing
+# (redis-server via apt-get, rustfmt and clippy via rustup), then checks
+# formatting, lints, builds the docs and runs every test against a real
+# redis-server that the tests start on loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  echo "==> installing redis-server (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+redis-server --version
+
+if command -v rustup >/dev/null 2>&1; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || true
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "==> cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
+echo "==> cargo test (unit, integration, benches as smoke tests)"
+cargo test --all-targets --locked
+echo "==> cargo test --doc"
+cargo test --doc --locked
