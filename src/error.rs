@@ -155,8 +155,14 @@ impl LimitSource {
 }
 
 /// A failure to be shown to the client in the canonical error body.
+///
+/// Boxed inside, so a `Result<_, GatewayError>` stays one pointer wide on
+/// the happy path.
 #[derive(Clone, Debug, PartialEq)]
-pub struct GatewayError {
+pub struct GatewayError(Box<Inner>);
+
+#[derive(Clone, Debug, PartialEq)]
+struct Inner {
     kind: ErrorKind,
     message: Cow<'static, str>,
     metadata: Map<String, Value>,
@@ -167,13 +173,13 @@ pub struct GatewayError {
 impl GatewayError {
     /// A failure of `kind` with a message for people: what was wrong and what to do.
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
-        GatewayError {
+        GatewayError(Box::new(Inner {
             kind,
             message: message.into(),
             metadata: Map::new(),
             retry_after: None,
             headers: HeaderMap::new(),
-        }
+        }))
     }
 
     /// A 429 from `source`, telling the client to wait `retry_after`.
@@ -202,60 +208,60 @@ impl GatewayError {
 
     /// Adds one entry to `error.metadata`.
     pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
-        self.metadata.insert(key.into(), value.into());
+        self.0.metadata.insert(key.into(), value.into());
         self
     }
 
     /// Sets the wait announced in `Retry-After`.
     pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
-        self.retry_after = Some(retry_after);
+        self.0.retry_after = Some(retry_after);
         self
     }
 
     /// Adds a response header (such as `X-RateLimit-Remaining`).
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
-        self.headers.append(name, value);
+        self.0.headers.append(name, value);
         self
     }
 
     /// The kind of failure.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.0.kind
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.kind.status()
+        self.0.kind.status()
     }
 
     /// The message shown to the client.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 
     /// The `error.metadata` object.
     pub fn metadata(&self) -> &Map<String, Value> {
-        &self.metadata
+        &self.0.metadata
     }
 
     /// The wait announced in `Retry-After`, if any.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.0.retry_after
     }
 
     /// The `Retry-After` value: whole seconds, rounded up, at least 1.
     pub fn retry_after_seconds(&self) -> Option<u64> {
-        self.retry_after.map(retry_after_seconds)
+        self.0.retry_after.map(retry_after_seconds)
     }
 
     /// The canonical JSON body.
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "error": {
-                "message": self.message,
-                "type": self.kind.type_str(),
-                "code": self.kind.status().as_u16(),
-                "metadata": self.metadata,
+                "message": self.0.message,
+                "type": self.0.kind.type_str(),
+                "code": self.0.kind.status().as_u16(),
+                "metadata": self.0.metadata,
             }
         })
     }
@@ -265,9 +271,9 @@ impl GatewayError {
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
         let body = Bytes::from(self.to_json().to_string());
         let mut response = Response::new(B::from(body));
-        *response.status_mut() = self.kind.status();
+        *response.status_mut() = self.0.kind.status();
         let headers = response.headers_mut();
-        headers.extend(self.headers.clone());
+        headers.extend(self.0.headers.clone());
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(seconds) = self.retry_after_seconds() {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
@@ -282,8 +288,8 @@ impl fmt::Display for GatewayError {
             f,
             "{} {}: {}",
             self.status().as_u16(),
-            self.kind.type_str(),
-            self.message
+            self.0.kind.type_str(),
+            self.0.message
         )
     }
 }
