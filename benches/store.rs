@@ -21,13 +21,22 @@ use modelgate::store::{
 
 /// Time that moves 1 µs per call, so windows keep a steady size however
 /// many iterations criterion runs.
-#[derive(Default)]
-struct Ticks(AtomicI64);
+struct Ticks {
+    start: DateTime<Utc>,
+    elapsed_micros: AtomicI64,
+}
 
 impl Ticks {
+    fn new() -> Self {
+        Ticks {
+            start: Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap(),
+            elapsed_micros: AtomicI64::new(0),
+        }
+    }
+
     fn next(&self) -> DateTime<Utc> {
-        let start = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
-        start + chrono::Duration::microseconds(self.0.fetch_add(1, Ordering::Relaxed))
+        let elapsed = self.elapsed_micros.fetch_add(1, Ordering::Relaxed);
+        self.start + chrono::Duration::microseconds(elapsed)
     }
 }
 
@@ -82,7 +91,7 @@ fn bench_store<S: Store>(
     store: Arc<S>,
 ) {
     let mut group = c.benchmark_group(backend);
-    let ticks = Arc::new(Ticks::default());
+    let ticks = Arc::new(Ticks::new());
     for (name, checks) in checks() {
         group.bench_function(format!("check_and_add/{name}"), |b| {
             b.to_async(runtime).iter(|| {
@@ -102,30 +111,45 @@ fn bench_store<S: Store>(
         reset: Some(Period::Month),
         include_byok: false,
     };
-    group.bench_function("reserve_and_settle", |b| {
+    let request = ReserveRequest {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: "r".into(),
+        amount_nanos: 1_000,
+        key_limit: Some(limit),
+        check_balance: true,
+        ttl: Duration::from_secs(60),
+    };
+    // Reserving one id again replaces it, so the key's reservations stay one.
+    group.bench_function("reserve", |b| {
         b.to_async(runtime).iter(|| {
-            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
-            async move {
-                let now = ticks.next();
-                let request = ReserveRequest {
-                    account: "acct".into(),
-                    key: "key".into(),
-                    reservation_id: "r".into(),
-                    amount_nanos: 1_000,
-                    key_limit: Some(limit),
-                    check_balance: true,
-                    ttl: Duration::from_secs(60),
-                };
-                store.reserve(&request, now).await.unwrap();
-                let settlement = Settlement {
-                    account: request.account,
-                    key: request.key,
-                    reservation_id: request.reservation_id,
-                    cost_nanos: 0,
-                    byok: false,
-                };
-                store.settle(&settlement, now).await.unwrap();
-            }
+            let (store, ticks, request) = (Arc::clone(&store), Arc::clone(&ticks), &request);
+            async move { store.reserve(request, ticks.next()).await.unwrap() }
+        })
+    });
+    let settlement = Settlement {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: "r".into(),
+        cost_nanos: 0,
+        byok: false,
+    };
+    group.bench_function("settle", |b| {
+        b.to_async(runtime).iter(|| {
+            let (store, ticks, settlement) = (Arc::clone(&store), Arc::clone(&ticks), &settlement);
+            async move { store.settle(settlement, ticks.next()).await.unwrap() }
+        })
+    });
+    group.bench_function("top_up", |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move { store.top_up("acct", 0).await.unwrap() }
+        })
+    });
+    group.bench_function("account_balance", |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move { store.account_balance("acct").await.unwrap() }
         })
     });
     group.bench_function("key_usage", |b| {
@@ -152,6 +176,29 @@ fn bench_store<S: Store>(
                     .await
                     .unwrap()
             }
+        })
+    });
+    group.bench_function("delete_record", |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .delete_record("keys", "absent", Expect::Any)
+                    .await
+                    .unwrap()
+            }
+        })
+    });
+    for index in 0..20 {
+        let id = format!("listed-{index}");
+        runtime
+            .block_on(store.put_record("list", &id, b"{}", Expect::Any))
+            .unwrap();
+    }
+    group.bench_function("list_records/10", |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move { store.list_records("list", 5, 10).await.unwrap() }
         })
     });
     group.finish();

@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Datelike, Days, Months, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Datelike, Months, NaiveDate, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
 /// A source of the current UTC time.
@@ -106,25 +106,36 @@ pub enum Period {
 impl Period {
     /// The first instant of the period containing `instant`.
     pub fn start_of(self, instant: DateTime<Utc>) -> DateTime<Utc> {
-        let date = instant.date_naive();
-        let first_day = match self {
-            Period::Day => date,
-            Period::Week => date - Days::new(u64::from(date.weekday().num_days_from_monday())),
-            Period::Month => date.with_day(1).expect("day 1 exists in every month"),
-        };
-        midnight(first_day)
+        from_unix_micros(self.bounds_micros(unix_micros(instant)).0)
     }
 
     /// The first instant after the period containing `instant` (its end,
     /// exclusive): the moment the period resets.
     pub fn end_of(self, instant: DateTime<Utc>) -> DateTime<Utc> {
-        let start = self.start_of(instant).date_naive();
-        let next = match self {
-            Period::Day => start + Days::new(1),
-            Period::Week => start + Days::new(7),
-            Period::Month => start + Months::new(1),
-        };
-        midnight(next)
+        from_unix_micros(self.bounds_micros(unix_micros(instant)).1)
+    }
+
+    /// Start and end (exclusive) of the period containing `instant_micros`,
+    /// in µs since the epoch. Days and weeks are plain arithmetic (UTC has
+    /// no DST and the store ignores leap seconds, as Unix time does); only
+    /// months need the calendar. The counters ask this on every request.
+    pub(crate) fn bounds_micros(self, instant_micros: i64) -> (i64, i64) {
+        const DAY_MICROS: i64 = 86_400_000_000;
+        let day = instant_micros.div_euclid(DAY_MICROS);
+        match self {
+            Period::Day => (day * DAY_MICROS, (day + 1) * DAY_MICROS),
+            Period::Week => {
+                // 1970-01-01 was a Thursday, three days after a Monday.
+                let monday = day - (day + 3).rem_euclid(7);
+                (monday * DAY_MICROS, (monday + 7) * DAY_MICROS)
+            }
+            Period::Month => {
+                let date = from_unix_micros(instant_micros).date_naive();
+                let first = date.with_day(1).expect("day 1 exists in every month");
+                let next = first + Months::new(1);
+                (unix_micros(midnight(first)), unix_micros(midnight(next)))
+            }
+        }
     }
 
     /// The `limit_reset` string of this period.
@@ -145,6 +156,10 @@ fn midnight(date: NaiveDate) -> DateTime<Utc> {
 /// Lua number (a double) for the next 280 years.
 pub(crate) fn unix_micros(instant: DateTime<Utc>) -> i64 {
     instant.timestamp_micros()
+}
+
+fn from_unix_micros(micros: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(micros).expect("within chrono's range")
 }
 
 #[cfg(test)]
@@ -231,6 +246,13 @@ mod tests {
                 prop_assert!(start <= instant && instant < end);
                 prop_assert_eq!(period.start_of(end), end);
                 prop_assert_eq!(period.start_of(start), start);
+                let date = instant.date_naive();
+                let calendar_start = match period {
+                    Period::Day => date,
+                    Period::Week => date - chrono::Days::new(u64::from(date.weekday().num_days_from_monday())),
+                    Period::Month => date.with_day(1).unwrap(),
+                };
+                prop_assert_eq!(start, midnight(calendar_start));
                 let length_days = (end - start).num_days();
                 match period {
                     Period::Day => prop_assert_eq!(length_days, 1),

@@ -249,9 +249,14 @@ impl GatewayError {
         self.0.retry_after
     }
 
-    /// The `Retry-After` value: whole seconds, rounded up, at least 1.
+    /// The `Retry-After` value: whole seconds, rounded up, at least 1. A 429
+    /// always has one (1 s when no wait was given), so clients back off.
     pub fn retry_after_seconds(&self) -> Option<u64> {
-        self.0.retry_after.map(retry_after_seconds)
+        match (self.0.retry_after, self.0.kind) {
+            (Some(wait), _) => Some(retry_after_seconds(wait)),
+            (None, ErrorKind::RateLimited) => Some(1),
+            (None, _) => None,
+        }
     }
 
     /// The canonical JSON body.
@@ -344,7 +349,12 @@ mod tests {
             let (response, body) = render(&error).await;
             assert_eq!(response.status().as_u16(), status, "{kind:?}");
             assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
-            assert!(response.headers().get(RETRY_AFTER).is_none());
+            let retry_after = response.headers().get(RETRY_AFTER);
+            if kind == ErrorKind::RateLimited {
+                assert_eq!(retry_after.unwrap(), "1", "a 429 always says when to retry");
+            } else {
+                assert!(retry_after.is_none());
+            }
             assert_eq!(
                 body,
                 serde_json::json!({"error": {

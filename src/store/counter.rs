@@ -69,6 +69,9 @@ impl Limit {
                 if window.as_micros() == 0 {
                     return Err("window must be at least 1 µs");
                 }
+                if window.as_micros() > u128::from(MAX_EXACT) {
+                    return Err("window must be at most 2^53 µs (285 years)");
+                }
             }
             Limit::Gcra {
                 rate,
@@ -210,10 +213,7 @@ pub(crate) fn window_bounds_micros(limit: &Limit, now: DateTime<Utc>) -> (i64, i
             let start = now_micros.div_euclid(window_micros) * window_micros;
             (start, start.saturating_add(window_micros))
         }
-        Limit::Calendar { period, .. } => (
-            unix_micros(period.start_of(now)),
-            unix_micros(period.end_of(now)),
-        ),
+        Limit::Calendar { period, .. } => period.bounds_micros(now_micros),
         Limit::Rolling { .. } | Limit::Gcra { .. } => (now_micros, now_micros),
     }
 }

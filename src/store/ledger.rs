@@ -12,6 +12,10 @@ use crate::clock::{unix_micros, Period};
 /// One credit in nano-credits: the ledger never stores floats.
 pub const NANOS_PER_CREDIT: i64 = 1_000_000_000;
 
+/// The longest a reservation may be held: far beyond any request, and
+/// small enough that every expiry instant stays exact.
+pub const MAX_RESERVATION_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A key's credit limit as admission needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyLimit {
@@ -179,8 +183,17 @@ pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreErro
             "amount_nanos must not be negative",
         ));
     }
-    if request.ttl.is_zero() {
-        return Err(StoreError::invalid("reserve", "ttl must be positive"));
+    if request.key_limit.is_some_and(|limit| limit.limit_nanos < 0) {
+        return Err(StoreError::invalid(
+            "reserve",
+            "limit_nanos must not be negative",
+        ));
+    }
+    if request.ttl.is_zero() || request.ttl > MAX_RESERVATION_TTL {
+        return Err(StoreError::invalid(
+            "reserve",
+            "ttl must be positive and at most a year",
+        ));
     }
     Ok(())
 }

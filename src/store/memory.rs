@@ -22,6 +22,9 @@ use crate::clock::unix_micros;
 const SHARD_COUNT: usize = 64;
 /// How often (in store time) a shard drops counters whose windows have ended.
 const SWEEP_INTERVAL_MICROS: i64 = 1_000_000;
+/// How long a counter outlives its window, as `RedisStoreConfig::expiry_slack`
+/// does: a caller whose clock reads a little earlier still finds it.
+const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
 
 /// Every store trait in process memory: the embedded default.
 ///
@@ -100,14 +103,18 @@ struct Shard {
 
 impl Shard {
     fn maybe_sweep(&mut self, now_micros: i64) {
-        if now_micros >= self.next_sweep_micros {
+        // Also when the clock has stepped far back, or sweeping would stop.
+        let stepped_back =
+            self.next_sweep_micros.saturating_sub(now_micros) > 2 * SWEEP_INTERVAL_MICROS;
+        if now_micros >= self.next_sweep_micros || stepped_back {
             self.sweep(now_micros);
         }
     }
 
     fn sweep(&mut self, now_micros: i64) {
+        let horizon_micros = now_micros.saturating_sub(EXPIRY_SLACK_MICROS);
         self.counters.retain(|_, counters| {
-            counters.retain(|_, counter| counter.expires_at_micros > now_micros);
+            counters.retain(|_, counter| counter.expires_at_micros > horizon_micros);
             !counters.is_empty()
         });
         self.next_sweep_micros = now_micros.saturating_add(SWEEP_INTERVAL_MICROS);
@@ -122,12 +129,17 @@ struct Counter {
 }
 
 #[derive(Debug)]
+struct WindowCount {
+    start_micros: i64,
+    end_micros: i64,
+    used: u64,
+}
+
+#[derive(Debug)]
 enum CounterState {
     Empty,
-    Window {
-        start_micros: i64,
-        used: u64,
-    },
+    /// Fixed and calendar windows, by start, until they end (plus slack).
+    Windows(Vec<WindowCount>),
     Rolling {
         entries: VecDeque<(i64, u64)>,
         used: u64,
@@ -155,28 +167,41 @@ fn counter_mut<'a>(counters: &'a mut HashMap<Box<str>, Counter>, name: &str) -> 
 fn check_one(
     counter: &mut Counter,
     check: &Check,
-    now: DateTime<Utc>,
+    now_micros: i64,
+    (start_micros, end_micros): (i64, i64),
     commit: bool,
 ) -> CheckOutcome {
-    let now_micros = unix_micros(now);
     let amount = check.amount;
     match check.limit {
         Limit::FixedWindow { limit, .. } | Limit::Calendar { limit, .. } => {
-            let (start_micros, end_micros) = window_bounds_micros(&check.limit, now);
-            let used = match counter.state {
-                CounterState::Window {
-                    start_micros: stored,
-                    used,
-                } if stored == start_micros => used,
-                _ => 0,
+            if !matches!(counter.state, CounterState::Windows(_)) {
+                counter.state = CounterState::Windows(Vec::new());
+            }
+            let CounterState::Windows(windows) = &mut counter.state else {
+                unreachable!("set to windows above")
             };
+            // Windows are kept by their start, as Redis keys them, so a
+            // caller whose clock reads a moment earlier (or who lost the race
+            // for the lock at an edge) counts in its own window and never
+            // resets a newer one.
+            windows.retain(|window| {
+                window.end_micros.saturating_add(EXPIRY_SLACK_MICROS) > now_micros
+            });
+            let index = windows
+                .iter()
+                .position(|window| window.start_micros == start_micros);
+            let used = index.map_or(0, |index| windows[index].used);
             let fits = used.checked_add(amount).is_some_and(|total| total <= limit);
             let used = if fits && commit && amount > 0 {
-                counter.state = CounterState::Window {
-                    start_micros,
-                    used: used + amount,
-                };
-                counter.expires_at_micros = end_micros;
+                match index {
+                    Some(index) => windows[index].used += amount,
+                    None => windows.push(WindowCount {
+                        start_micros,
+                        end_micros,
+                        used: amount,
+                    }),
+                }
+                counter.expires_at_micros = counter.expires_at_micros.max(end_micros);
                 used + amount
             } else {
                 used
@@ -221,9 +246,14 @@ fn check_one(
             }
             let fits = used.checked_add(amount).is_some_and(|total| total <= limit);
             if fits && commit && amount > 0 {
-                entries.push_back((now_micros, amount));
+                // Sorted by time even when this caller's clock reads earlier
+                // than the last one's, so pruning from the front stays exact.
+                let index = entries.partition_point(|&(at, _)| at <= now_micros);
+                entries.insert(index, (now_micros, amount));
                 *used += amount;
-                counter.expires_at_micros = now_micros.saturating_add(window_micros);
+                counter.expires_at_micros = counter
+                    .expires_at_micros
+                    .max(now_micros.saturating_add(window_micros));
             }
             let retry_after = if fits {
                 0
@@ -315,14 +345,23 @@ impl CounterStore for MemoryStore {
             shard.counters.insert(scope.into(), HashMap::new());
         }
         let counters = shard.counters.get_mut(scope).expect("inserted above");
+        let bounds: Vec<(i64, i64)> = checks
+            .iter()
+            .map(|check| window_bounds_micros(&check.limit, now))
+            .collect();
         // Two passes under one lock: learn whether everything fits, then
         // add to all or none.
-        let admitted = checks
-            .iter()
-            .all(|check| check_one(counter_mut(counters, &check.name), check, now, false).admitted);
+        let admitted = checks.iter().zip(&bounds).all(|(check, &bounds)| {
+            let counter = counter_mut(counters, &check.name);
+            check_one(counter, check, now_micros, bounds, false).admitted
+        });
         let outcomes = checks
             .iter()
-            .map(|check| check_one(counter_mut(counters, &check.name), check, now, admitted))
+            .zip(&bounds)
+            .map(|(check, &bounds)| {
+                let counter = counter_mut(counters, &check.name);
+                check_one(counter, check, now_micros, bounds, admitted)
+            })
             .collect();
         Ok(Decision { admitted, outcomes })
     }
@@ -344,11 +383,21 @@ struct KeyLedger {
     reservations: HashMap<Box<str>, Reservation>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct PeriodUsage {
     start_micros: i64,
     nanos: i64,
     byok_nanos: i64,
+}
+
+impl Default for PeriodUsage {
+    fn default() -> Self {
+        PeriodUsage {
+            start_micros: i64::MIN,
+            nanos: 0,
+            byok_nanos: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -384,13 +433,21 @@ impl KeyLedger {
             byok_day_nanos,
             byok_week_nanos,
             byok_month_nanos,
-            reserved_nanos: self.reservations.values().map(|r| r.amount_nanos).sum(),
+            reserved_nanos: self.reservations.values().fold(0i64, |sum, reservation| {
+                sum.saturating_add(reservation.amount_nanos)
+            }),
         }
     }
 
     fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
         for (period, start_micros) in self.periods.iter_mut().zip(starts) {
-            if period.start_micros != start_micros {
+            // Periods only roll forward: a settlement stamped in a period
+            // that has already rolled over (a clock a moment behind) counts
+            // in the all-time totals only, and never wipes the newer period.
+            if start_micros < period.start_micros {
+                continue;
+            }
+            if start_micros > period.start_micros {
                 *period = PeriodUsage {
                     start_micros,
                     ..PeriodUsage::default()

@@ -2,8 +2,15 @@
 //!
 //! Each operation is one Lua script run through [`redis::Script`] (EVALSHA,
 //! loading the script again when a restarted Redis has forgotten it), so a
-//! check-and-add is one round trip and atomic. Keys are hash-tagged by
-//! account (`mg:{acct}:…`), so a script touches one Cluster slot.
+//! check-and-add is one round trip and atomic. Counter and ledger keys are
+//! hash-tagged by account (`mg:{acct}:…`) and record keys by collection
+//! (`mg:{r:keys}:…`), so every script touches one Cluster slot and declares
+//! every key it touches.
+//!
+//! Numbers: counters are exact up to 2^53 (limits and amounts above are
+//! refused); ledger amounts are stored with Redis' own 64-bit integer
+//! commands and compared in the scripts with exact two-part integers, so
+//! nano-credits stay exact over the whole `i64` range.
 
 use std::fmt;
 use std::sync::Arc;
@@ -76,6 +83,7 @@ struct Scripts {
     settle: Script,
     key_usage: Script,
     top_up: Script,
+    get_record: Script,
     put_record: Script,
     delete_record: Script,
     list_records: Script,
@@ -98,6 +106,7 @@ impl Scripts {
             settle: ledger_script!("lua/settle.lua"),
             key_usage: ledger_script!("lua/key_usage.lua"),
             top_up: Script::new(include_str!("lua/top_up.lua")),
+            get_record: Script::new(include_str!("lua/get_record.lua")),
             put_record: Script::new(include_str!("lua/put_record.lua")),
             delete_record: Script::new(include_str!("lua/delete_record.lua")),
             list_records: Script::new(include_str!("lua/list_records.lua")),
@@ -144,6 +153,24 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// A prefix with `{` or `}` would move or empty the hash tag and split an
+/// account over Cluster slots.
+fn validate_config(config: &RedisStoreConfig) -> Result<(), StoreError> {
+    if config.key_prefix.contains(['{', '}']) {
+        return Err(StoreError::invalid(
+            "connect",
+            "key_prefix must not contain '{' or '}'",
+        ));
+    }
+    if config.call_timeout.is_zero() {
+        return Err(StoreError::invalid(
+            "connect",
+            "call_timeout must be positive",
+        ));
+    }
+    Ok(())
+}
+
 fn backend(operation: &'static str, error: impl fmt::Display) -> StoreError {
     StoreError::new(operation, StoreErrorKind::Backend(error.to_string()))
 }
@@ -151,6 +178,7 @@ fn backend(operation: &'static str, error: impl fmt::Display) -> StoreError {
 impl RedisStore {
     /// Connects to the Redis server at `url` (`redis://host:port/db`).
     pub async fn connect(url: &str, config: RedisStoreConfig) -> Result<Self, StoreError> {
+        validate_config(&config)?;
         let client = redis::Client::open(url).map_err(|error| backend("connect", error))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.call_timeout))
@@ -173,6 +201,7 @@ impl RedisStore {
         nodes: &[&str],
         config: RedisStoreConfig,
     ) -> Result<Self, StoreError> {
+        validate_config(&config)?;
         let client = redis::cluster::ClusterClient::builder(nodes.iter().copied())
             .connection_timeout(config.call_timeout)
             .response_timeout(config.call_timeout)
@@ -256,20 +285,18 @@ impl RedisStore {
         ]
     }
 
-    /// The record hash's key prefix, the order zset and the sequence key of a collection.
-    fn collection_keys(&self, collection: &str) -> (String, String, String) {
+    /// A collection's keys: values hash, revisions hash, creation-order
+    /// zset and sequence counter, all under the collection's hash tag.
+    fn collection_keys(&self, collection: &str) -> [String; 4] {
         let mut scope = String::from("r:");
         scope.push_str(collection);
         let scoped = self.scoped(&scope);
-        (
-            format!("{scoped}rec:"),
-            format!("{scoped}order"),
-            format!("{scoped}seq"),
-        )
+        ["values", "revs", "order", "seq"].map(|name| format!("{scoped}{name}"))
     }
 
     fn ttl_millis(&self, lifetime: Duration) -> u64 {
-        u64::try_from((lifetime + self.config.expiry_slack).as_millis()).unwrap_or(u64::MAX)
+        let with_slack = lifetime.saturating_add(self.config.expiry_slack);
+        u64::try_from(with_slack.as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -292,12 +319,6 @@ fn escape_into(out: &mut String, part: &str) {
             out.push(char::from(b"0123456789ABCDEF"[usize::from(byte & 0xF)]));
         }
     }
-}
-
-fn escaped(part: &str) -> String {
-    let mut out = String::with_capacity(part.len());
-    escape_into(&mut out, part);
-    out
 }
 
 fn array(operation: &'static str, value: Value) -> Result<Vec<Value>, StoreError> {
@@ -625,17 +646,10 @@ impl RecordStore for RedisStore {
         id: &str,
     ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
         const OPERATION: &str = "get_record";
-        let (record_prefix, _, _) = self.collection_keys(collection);
-        let command = redis::cmd("HMGET")
-            .arg(format!("{record_prefix}{}", escaped(id)))
-            .arg("v")
-            .arg("rev")
-            .to_owned();
-        let mut connection = self.connection.clone();
-        let reply: Value = self
-            .bounded(OPERATION, command.query_async(&mut connection))
-            .await?;
-        let mut reply = array(OPERATION, reply)?;
+        let [values, revisions, ..] = self.collection_keys(collection);
+        let mut invocation = self.scripts.get_record.prepare_invoke();
+        invocation.key(values).key(revisions).arg(id);
+        let mut reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         let revision = reply.pop().unwrap_or(Value::Nil);
         match (reply.pop().unwrap_or(Value::Nil), revision) {
             (Value::Nil, _) => Ok(None),
@@ -654,19 +668,12 @@ impl RecordStore for RedisStore {
         expect: Expect,
     ) -> Result<WriteOutcome, StoreError> {
         const OPERATION: &str = "put_record";
-        let (record_prefix, order, sequence) = self.collection_keys(collection);
-        let escaped_id = escaped(id);
         let (expectation, revision) = expectation_args(expect);
         let mut invocation = self.scripts.put_record.prepare_invoke();
-        invocation
-            .key(format!("{record_prefix}{escaped_id}"))
-            .key(order)
-            .key(sequence)
-            .arg(&escaped_id)
-            .arg(value)
-            .arg(expectation)
-            .arg(revision)
-            .arg(id);
+        for key in self.collection_keys(collection) {
+            invocation.key(key);
+        }
+        invocation.arg(id).arg(value).arg(expectation).arg(revision);
         write_outcome(OPERATION, self.run(OPERATION, &invocation).await?)
     }
 
@@ -677,15 +684,14 @@ impl RecordStore for RedisStore {
         expect: Expect,
     ) -> Result<WriteOutcome, StoreError> {
         const OPERATION: &str = "delete_record";
-        let (record_prefix, order, _) = self.collection_keys(collection);
-        let escaped_id = escaped(id);
+        let [values, revisions, order, _] = self.collection_keys(collection);
         let (expectation, revision) = expectation_args(expect);
         let mut invocation = self.scripts.delete_record.prepare_invoke();
         invocation
-            .key(format!("{record_prefix}{escaped_id}"))
+            .key(values)
+            .key(revisions)
             .key(order)
-            .arg(&escaped_id)
-            .arg("")
+            .arg(id)
             .arg(expectation)
             .arg(revision);
         write_outcome(OPERATION, self.run(OPERATION, &invocation).await?)
@@ -698,16 +704,23 @@ impl RecordStore for RedisStore {
         limit: usize,
     ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
         const OPERATION: &str = "list_records";
-        if limit == 0 {
+        // Ranks are worked out here, in integers: Lua would round them.
+        let Ok(first) = i64::try_from(offset) else {
+            return Ok(Vec::new());
+        };
+        let count = i64::try_from(limit).unwrap_or(i64::MAX);
+        if count == 0 {
             return Ok(Vec::new());
         }
-        let (record_prefix, order, _) = self.collection_keys(collection);
+        let last = first.saturating_add(count - 1);
+        let [values, revisions, order, _] = self.collection_keys(collection);
         let mut invocation = self.scripts.list_records.prepare_invoke();
         invocation
+            .key(values)
+            .key(revisions)
             .key(order)
-            .arg(record_prefix)
-            .arg(offset)
-            .arg(limit);
+            .arg(first)
+            .arg(last);
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         if reply.len() % 3 != 0 {
             return Err(StoreError::corrupt(
@@ -737,6 +750,12 @@ impl RecordStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn escaped(part: &str) -> String {
+        let mut out = String::new();
+        escape_into(&mut out, part);
+        out
+    }
 
     #[test]
     fn escaping_keeps_hash_tags_and_separators_unambiguous() {

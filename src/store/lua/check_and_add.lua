@@ -1,6 +1,6 @@
 -- Checks every counter, then adds to all of them or to none.
 -- KEYS: two per check: the counter, and its auxiliary hash (rolling windows).
--- ARGV[1]: now (µs); ARGV[2]: TTL slack (ms); then five per check:
+-- ARGV[1]: now (µs); ARGV[2]: TTL slack (ms); then four per check:
 --   kind, capacity, amount, p1
 --   'w' fixed or calendar window (the key names the window): p1 = its end (µs)
 --   'r' rolling window: p1 = its length (µs)

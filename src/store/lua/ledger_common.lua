@@ -3,20 +3,53 @@
 -- KEYS[3] reservations zset (id -> expiry µs); KEYS[4] reservation amounts hash.
 local function int(x) return string.format('%.0f', x) end
 
--- Drops expired reservations and returns the sum of the live ones.
-local function live_reserved(now)
+-- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
+-- a double, exact only up to 2^53 nano-credits (9 million credits), and a
+-- key's all-time usage may grow beyond that.
+local BASE = 1000000000
+local function big(s)
+  s = s or '0'
+  local n = #s
+  if n <= 9 then return { 0, tonumber(s) } end
+  return { tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8)) }
+end
+local function big_add(a, b)
+  local high, low = a[1] + b[1], a[2] + b[2]
+  if low >= BASE then high, low = high + 1, low - BASE end
+  return { high, low }
+end
+local function big_sub(a, b) -- a >= b
+  local high, low = a[1] - b[1], a[2] - b[2]
+  if low < 0 then high, low = high - 1, low + BASE end
+  return { high, low }
+end
+local function big_ge(a, b) return a[1] > b[1] or (a[1] == b[1] and a[2] >= b[2]) end
+local function big_str(a)
+  if a[1] == 0 then return int(a[2]) end
+  return int(a[1]) .. string.format('%09.0f', a[2])
+end
+
+-- Drops reservations expired by `now` (every ledger script does, as the
+-- in-process store does on every access, so both agree on what is live).
+local function drop_expired(now)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int(now))
-  if #expired > 0 then
-    redis.call('HDEL', KEYS[4], unpack(expired))
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', int(now))
+  -- In slices: unpack() fails past a few thousand values.
+  for i = 1, #expired, 1000 do
+    redis.call('HDEL', KEYS[4], unpack(expired, i, math.min(i + 999, #expired)))
   end
-  local reserved = 0
-  for _, amount in ipairs(redis.call('HVALS', KEYS[4])) do reserved = reserved + tonumber(amount) end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', int(now)) end
+end
+
+-- Drops expired reservations and returns the sum of the live ones (big).
+local function live_reserved(now)
+  drop_expired(now)
+  local reserved = big('0')
+  for _, amount in ipairs(redis.call('HVALS', KEYS[4])) do reserved = big_add(reserved, big(amount)) end
   return reserved
 end
 
--- The stored usage fields, as strings, with period totals zeroed when their
--- stored period start is not the current one.
+-- The stored usage fields, as strings; a period's totals count only while
+-- its stored start is the current one.
 -- Order: total, byok_total, day, byok_day, week, byok_week, month, byok_month.
 local function usage_fields(starts)
   local f = redis.call('HMGET', KEYS[2], 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm')

@@ -1,15 +1,11 @@
--- A newest-first page of a collection. KEYS[1]: the creation-order zset.
--- ARGV: the prefix of the collection's record keys, offset, limit.
--- Record keys share the zset's hash tag, so they live in its Cluster slot.
+-- A newest-first page of a collection.
+-- KEYS: values hash, revisions hash, creation-order zset.
+-- ARGV: first and last rank (inclusive), worked out by the caller.
 -- Returns {id, value, revision, id, value, revision, ...}.
-local ids = redis.call('ZREVRANGE', KEYS[1], ARGV[2], tonumber(ARGV[2]) + tonumber(ARGV[3]) - 1)
 local out = {}
-for _, escaped in ipairs(ids) do
-  local record = redis.call('HMGET', ARGV[1] .. escaped, 'id', 'v', 'rev')
-  if record[1] then
-    table.insert(out, record[1])
-    table.insert(out, record[2])
-    table.insert(out, record[3])
-  end
+for _, id in ipairs(redis.call('ZREVRANGE', KEYS[3], ARGV[1], ARGV[2])) do
+  table.insert(out, id)
+  table.insert(out, redis.call('HGET', KEYS[1], id))
+  table.insert(out, redis.call('HGET', KEYS[2], id))
 end
 return out

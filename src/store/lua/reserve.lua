@@ -3,21 +3,24 @@
 --       expires at (µs), key TTL (ms), has limit (0/1), limit,
 --       reset ('n' never, 'd', 'w', 'm'), include BYOK (0/1), check balance (0/1)
 -- Returns {0, used, reserved} reserved; {1, used with reservations} over the
--- key limit; {2, balance} balance negative.
+-- key limit; {2, balance} balance negative. Amounts are decimal strings.
 local now = tonumber(ARGV[1])
 local reserved = live_reserved(now)
 local usage = usage_fields({ ARGV[2], ARGV[3], ARGV[4] })
 local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[11]]
-local used = tonumber(usage[offset])
-if ARGV[12] == '1' then used = used + tonumber(usage[offset + 1]) end
-if ARGV[9] == '1' and used + reserved >= tonumber(ARGV[10]) then
-  return { 1, used + reserved }
+local used = big(usage[offset])
+if ARGV[12] == '1' then used = big_add(used, big(usage[offset + 1])) end
+local committed = big_add(used, reserved)
+if ARGV[9] == '1' and big_ge(committed, big(ARGV[10])) then
+  return { 1, big_str(committed) }
 end
 if ARGV[13] == '1' then
   local balance = redis.call('HGET', KEYS[1], 'balance') or '0'
-  if tonumber(balance) < 0 then return { 2, balance } end
+  if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
 end
-local previous = tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0')
+local previous = redis.call('HGET', KEYS[4], ARGV[5])
+-- The same id reserved again replaces its earlier amount.
+if previous then reserved = big_sub(reserved, big(previous)) end
 redis.call('HSET', KEYS[4], ARGV[5], ARGV[6])
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[5])
 -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer reservation.
@@ -25,4 +28,4 @@ if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[8]) then
   redis.call('PEXPIRE', KEYS[3], ARGV[8])
   redis.call('PEXPIRE', KEYS[4], ARGV[8])
 end
-return { 0, used, reserved - previous + tonumber(ARGV[6]) }
+return { 0, big_str(used), big_str(big_add(reserved, big(ARGV[6]))) }
