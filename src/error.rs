@@ -164,6 +164,8 @@ pub struct GatewayError(Box<Inner>);
 #[derive(Clone, Debug, PartialEq)]
 struct Inner {
     kind: ErrorKind,
+    /// Set when an upstream status outside the table is kept as it was.
+    status: Option<StatusCode>,
     message: Cow<'static, str>,
     metadata: Map<String, Value>,
     retry_after: Option<Duration>,
@@ -175,11 +177,28 @@ impl GatewayError {
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
         GatewayError(Box::new(Inner {
             kind,
+            status: None,
             message: message.into(),
             metadata: Map::new(),
             retry_after: None,
             headers: HeaderMap::new(),
         }))
+    }
+
+    /// An upstream failure answered with the upstream's own `status` (any
+    /// 4xx or 5xx). Its `type` is that of the status when the gateway has
+    /// one, else `invalid_request_error` for 4xx and `upstream_error` for 5xx.
+    pub fn with_upstream_status(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
+        let kind = ErrorKind::from_status(status).unwrap_or(if status.is_client_error() {
+            ErrorKind::InvalidRequest
+        } else {
+            ErrorKind::Upstream
+        });
+        let mut error = GatewayError::new(kind, message);
+        if status.is_client_error() || status.is_server_error() {
+            error.0.status = Some(status);
+        }
+        error
     }
 
     /// A 429 from `source`, telling the client to wait `retry_after`.
@@ -231,7 +250,7 @@ impl GatewayError {
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.0.kind.status()
+        self.0.status.unwrap_or_else(|| self.0.kind.status())
     }
 
     /// The message shown to the client.
@@ -265,7 +284,7 @@ impl GatewayError {
             "error": {
                 "message": self.0.message,
                 "type": self.0.kind.type_str(),
-                "code": self.0.kind.status().as_u16(),
+                "code": self.status().as_u16(),
                 "metadata": self.0.metadata,
             }
         })
@@ -276,7 +295,7 @@ impl GatewayError {
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
         let body = Bytes::from(self.to_json().to_string());
         let mut response = Response::new(B::from(body));
-        *response.status_mut() = self.0.kind.status();
+        *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.extend(self.0.headers.clone());
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -407,6 +426,21 @@ mod tests {
         assert_eq!(retry_after_seconds(Duration::from_secs(59)), 59);
         assert_eq!(retry_after_seconds(Duration::new(59, 1)), 60);
         assert_eq!(retry_after_seconds(Duration::MAX), u64::MAX);
+    }
+
+    #[tokio::test]
+    async fn upstream_statuses_outside_the_table_are_kept() {
+        let error = GatewayError::with_upstream_status(StatusCode::NOT_FOUND, "no such model");
+        let (response, body) = render(&error).await;
+        assert_eq!(response.status(), 404);
+        assert_eq!(body["error"]["code"], 404);
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        let error =
+            GatewayError::with_upstream_status(StatusCode::from_u16(529).unwrap(), "overloaded");
+        assert_eq!(error.status(), 529);
+        assert_eq!(error.to_json()["error"]["type"], "upstream_error");
+        let error = GatewayError::with_upstream_status(StatusCode::SERVICE_UNAVAILABLE, "down");
+        assert_eq!(error.to_json()["error"]["type"], "service_unavailable");
     }
 
     #[test]

@@ -17,6 +17,9 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod body;
 pub mod clock;
 pub mod error;
+pub mod error_mapper;
+pub mod response_body;
 pub mod store;

@@ -1,0 +1,966 @@
+//! The chat-completions request: parsed once, validated, kept in the
+//! request's extensions for the layers after [`BodyLimit`](super::BodyLimit).
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::error::{ErrorKind, GatewayError};
+
+/// A message author's role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// `system`
+    System,
+    /// `developer` (newer OpenAI clients' name for system instructions)
+    Developer,
+    /// `user`
+    User,
+    /// `assistant`
+    Assistant,
+    /// `tool`: a tool call's result
+    Tool,
+    /// `function`: the legacy form of `tool`
+    Function,
+}
+
+impl Role {
+    const ALL: [Role; 6] = [
+        Role::System,
+        Role::Developer,
+        Role::User,
+        Role::Assistant,
+        Role::Tool,
+        Role::Function,
+    ];
+
+    /// The role's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Function => "function",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|role| role.as_str() == name)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A message's content.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Content parts (`{"type": "text", …}`, `{"type": "image_url", …}`, …).
+    Parts(Vec<Value>),
+}
+
+impl MessageContent {
+    /// Characters of text in the content (text parts only), a measure of
+    /// the prompt's size for cost estimates.
+    pub fn text_chars(&self) -> usize {
+        match self {
+            MessageContent::Text(text) => text.chars().count(),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|part| part.get("text").and_then(Value::as_str))
+                .map(|text| text.chars().count())
+                .sum(),
+        }
+    }
+}
+
+/// One message of the conversation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// What it says; `None` only for an assistant message that carries
+    /// `tool_calls` or `function_call` instead.
+    pub content: Option<MessageContent>,
+    /// Every other field (`name`, `tool_calls`, `tool_call_id`, …).
+    pub extra: Map<String, Value>,
+}
+
+/// A parsed and validated chat-completions request.
+///
+/// The request's bytes reach the upstream unchanged; this is the gateway's
+/// reading of them, for its own layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    /// The model id, as sent.
+    pub model: String,
+    /// The conversation; never empty.
+    pub messages: Vec<ChatMessage>,
+    /// Whether the response is streamed (SSE).
+    pub stream: bool,
+    /// `max_completion_tokens`, or else `max_tokens`.
+    pub max_tokens: Option<u64>,
+    /// Sampling temperature, 0 to 2.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, 0 to 1.
+    pub top_p: Option<f64>,
+    /// Number of choices, at least 1.
+    pub n: Option<u64>,
+    /// Tool definitions.
+    pub tools: Option<Vec<Value>>,
+    /// The requested response format.
+    pub response_format: Option<Value>,
+    /// Every other top-level field, kept as sent.
+    pub extra: Map<String, Value>,
+}
+
+impl ChatRequest {
+    /// Parses and validates a chat-completions body.
+    ///
+    /// 400 `invalid_request_error` for invalid JSON (with line and column),
+    /// a missing or wrongly typed `model` or `messages`, an empty
+    /// `messages`, a null `content`, an unknown role or a strict schema that
+    /// is not strict; 422 `invalid_parameter` for a parameter of the wrong
+    /// type or out of range, naming it.
+    ///
+    /// ```
+    /// use modelgate::body::ChatRequest;
+    ///
+    /// let request = ChatRequest::parse(br#"{"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
+    /// assert_eq!(request.model, "openai/gpt-4o");
+    ///
+    /// let error = ChatRequest::parse(br#"{"model": "m", "messages": [], "temperature": 3}"#).unwrap_err();
+    /// assert_eq!(error.status(), 400);
+    /// assert!(error.message().contains("messages"));
+    /// ```
+    pub fn parse(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+        let value: Value = serde_json::from_slice(body).map_err(|error| {
+            invalid_request(format!(
+                "the request body is not valid JSON: {} at line {}, column {}; \
+                 check the escaping of quotes, backslashes and non-ASCII characters",
+                describe_json_error(&error),
+                error.line(),
+                error.column()
+            ))
+        })?;
+        let Value::Object(mut fields) = value else {
+            return Err(invalid_request(format!(
+                "the request body must be a JSON object, not {}",
+                json_type(&value)
+            )));
+        };
+        let model = match fields.remove("model") {
+            None | Some(Value::Null) => {
+                return Err(invalid_request(
+                    "`model` is required: name a model such as \"openai/gpt-4o\"",
+                )
+                .with_metadata("param", "model"))
+            }
+            Some(Value::String(model)) if model.trim().is_empty() => {
+                return Err(
+                    invalid_request("`model` must not be empty").with_metadata("param", "model")
+                )
+            }
+            Some(Value::String(model)) => model,
+            Some(other) => {
+                return Err(invalid_request(format!(
+                    "`model` must be a string, not {}",
+                    json_type(&other)
+                ))
+                .with_metadata("param", "model"))
+            }
+        };
+        let messages = parse_messages(fields.remove("messages"))?;
+        let stream = match fields.remove("stream") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(stream)) => stream,
+            Some(other) => return Err(wrong_type("stream", "a boolean", &other)),
+        };
+        let max_completion_tokens = positive_integer(&mut fields, "max_completion_tokens")?;
+        let max_tokens = positive_integer(&mut fields, "max_tokens")?;
+        let temperature = number_in(&mut fields, "temperature", 0.0, 2.0)?;
+        let top_p = number_in(&mut fields, "top_p", 0.0, 1.0)?;
+        let n = positive_integer(&mut fields, "n")?;
+        number_in_kept(&fields, "presence_penalty", -2.0, 2.0)?;
+        number_in_kept(&fields, "frequency_penalty", -2.0, 2.0)?;
+        integer_in_kept(&fields, "top_logprobs", 0, 20)?;
+        bool_kept(&fields, "logprobs")?;
+        integer_in_kept(&fields, "seed", i64::MIN, i64::MAX)?;
+        check_stop(&fields)?;
+        let tools = parse_tools(fields.remove("tools"))?;
+        let response_format = parse_response_format(fields.remove("response_format"))?;
+        Ok(ChatRequest {
+            model,
+            messages,
+            stream,
+            max_tokens: max_completion_tokens.or(max_tokens),
+            temperature,
+            top_p,
+            n,
+            tools,
+            response_format,
+            extra: fields,
+        })
+    }
+
+    /// Characters of text across all messages: the prompt's size.
+    pub fn prompt_chars(&self) -> usize {
+        self.messages
+            .iter()
+            .filter_map(|message| message.content.as_ref())
+            .map(MessageContent::text_chars)
+            .sum()
+    }
+}
+
+fn invalid_request(message: impl Into<String>) -> GatewayError {
+    GatewayError::new(ErrorKind::InvalidRequest, message.into())
+}
+
+fn invalid_parameter(param: &str, message: String) -> GatewayError {
+    GatewayError::new(ErrorKind::InvalidParameter, message).with_metadata("param", param)
+}
+
+fn wrong_type(param: &str, expected: &str, found: &Value) -> GatewayError {
+    invalid_parameter(
+        param,
+        format!("`{param}` must be {expected}, not {}", json_type(found)),
+    )
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn describe_json_error(error: &serde_json::Error) -> String {
+    // serde_json appends " at line L column C"; the caller says it once.
+    let text = error.to_string();
+    match text.rfind(" at line ") {
+        Some(index) => text[..index].to_owned(),
+        None => text,
+    }
+}
+
+fn parse_messages(messages: Option<Value>) -> Result<Vec<ChatMessage>, GatewayError> {
+    let messages = match messages {
+        None | Some(Value::Null) => {
+            return Err(invalid_request(
+                "`messages` is required: an array of {\"role\", \"content\"} objects",
+            )
+            .with_metadata("param", "messages"))
+        }
+        Some(Value::Array(messages)) => messages,
+        Some(other) => {
+            return Err(invalid_request(format!(
+                "`messages` must be an array, not {}",
+                json_type(&other)
+            ))
+            .with_metadata("param", "messages"))
+        }
+    };
+    if messages.is_empty() {
+        return Err(
+            invalid_request("`messages` must contain at least one message")
+                .with_metadata("param", "messages"),
+        );
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| parse_message(index, message))
+        .collect()
+}
+
+fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayError> {
+    let at = format!("messages[{index}]");
+    let Value::Object(mut fields) = message else {
+        return Err(invalid_request(format!(
+            "`{at}` must be an object with `role` and `content`, not {}",
+            json_type(&message)
+        ))
+        .with_metadata("param", at));
+    };
+    let role = match fields.remove("role") {
+        Some(Value::String(name)) => Role::parse(&name).ok_or_else(|| {
+            invalid_request(format!(
+                "`{at}.role` is {name:?}, which is not a role; use one of system, developer, user, assistant, tool"
+            ))
+            .with_metadata("param", format!("{at}.role"))
+        })?,
+        None | Some(Value::Null) => {
+            return Err(invalid_request(format!("`{at}.role` is required"))
+                .with_metadata("param", format!("{at}.role")))
+        }
+        Some(other) => {
+            return Err(invalid_request(format!(
+                "`{at}.role` must be a string, not {}",
+                json_type(&other)
+            ))
+            .with_metadata("param", format!("{at}.role")))
+        }
+    };
+    // OpenAI clients send an assistant turn that called tools with
+    // `content: null`; every other null content is refused.
+    let calls_tools = role == Role::Assistant
+        && (fields.contains_key("tool_calls") || fields.contains_key("function_call"));
+    let content = match fields.remove("content") {
+        Some(Value::String(text)) => Some(MessageContent::Text(text)),
+        Some(Value::Array(parts)) => Some(MessageContent::Parts(check_parts(&at, parts)?)),
+        None | Some(Value::Null) if calls_tools => None,
+        Some(Value::Null) => {
+            return Err(invalid_request(format!(
+                "`{at}.content` must not be null: send a string (use \"\" for nothing)"
+            ))
+            .with_metadata("param", format!("{at}.content")))
+        }
+        None => {
+            return Err(invalid_request(format!("`{at}.content` is required"))
+                .with_metadata("param", format!("{at}.content")))
+        }
+        Some(other) => {
+            return Err(invalid_request(format!(
+                "`{at}.content` must be a string or an array of content parts, not {}",
+                json_type(&other)
+            ))
+            .with_metadata("param", format!("{at}.content")))
+        }
+    };
+    if role == Role::Tool && !matches!(fields.get("tool_call_id"), Some(Value::String(_))) {
+        return Err(invalid_request(format!(
+            "`{at}.tool_call_id` is required for a tool message and must be a string"
+        ))
+        .with_metadata("param", format!("{at}.tool_call_id")));
+    }
+    Ok(ChatMessage {
+        role,
+        content,
+        extra: fields,
+    })
+}
+
+fn check_parts(at: &str, parts: Vec<Value>) -> Result<Vec<Value>, GatewayError> {
+    for (index, part) in parts.iter().enumerate() {
+        if !matches!(part.get("type"), Some(Value::String(_))) {
+            return Err(invalid_request(format!(
+                "`{at}.content[{index}]` must be an object with a string `type`"
+            ))
+            .with_metadata("param", format!("{at}.content[{index}]")));
+        }
+    }
+    Ok(parts)
+}
+
+fn positive_integer(
+    fields: &mut Map<String, Value>,
+    param: &str,
+) -> Result<Option<u64>, GatewayError> {
+    match fields.remove(param) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => match number.as_u64() {
+            Some(value) if value >= 1 => Ok(Some(value)),
+            _ => Err(invalid_parameter(
+                param,
+                format!("`{param}` must be an integer of at least 1, not {number}"),
+            )),
+        },
+        Some(other) => Err(wrong_type(param, "an integer", &other)),
+    }
+}
+
+fn number_in(
+    fields: &mut Map<String, Value>,
+    param: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, GatewayError> {
+    let value = number_in_kept(fields, param, min, max)?;
+    fields.remove(param);
+    Ok(value)
+}
+
+fn number_in_kept(
+    fields: &Map<String, Value>,
+    param: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, GatewayError> {
+    match fields.get(param) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => {
+            let value = number.as_f64().unwrap_or(f64::NAN);
+            if (min..=max).contains(&value) {
+                Ok(Some(value))
+            } else {
+                Err(invalid_parameter(
+                    param,
+                    format!("`{param}` must be between {min} and {max}, not {number}"),
+                ))
+            }
+        }
+        Some(other) => Err(wrong_type(param, "a number", other)),
+    }
+}
+
+fn integer_in_kept(
+    fields: &Map<String, Value>,
+    param: &str,
+    min: i64,
+    max: i64,
+) -> Result<(), GatewayError> {
+    match fields.get(param) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Number(number)) => match number.as_i64() {
+            Some(value) if (min..=max).contains(&value) => Ok(()),
+            _ if min == i64::MIN => Err(invalid_parameter(
+                param,
+                format!("`{param}` must be an integer, not {number}"),
+            )),
+            _ => Err(invalid_parameter(
+                param,
+                format!("`{param}` must be an integer from {min} to {max}, not {number}"),
+            )),
+        },
+        Some(other) => Err(wrong_type(param, "an integer", other)),
+    }
+}
+
+fn bool_kept(fields: &Map<String, Value>, param: &str) -> Result<(), GatewayError> {
+    match fields.get(param) {
+        None | Some(Value::Null) | Some(Value::Bool(_)) => Ok(()),
+        Some(other) => Err(wrong_type(param, "a boolean", other)),
+    }
+}
+
+fn check_stop(fields: &Map<String, Value>) -> Result<(), GatewayError> {
+    match fields.get("stop") {
+        None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
+        Some(Value::Array(stops)) if stops.len() <= 4 && stops.iter().all(Value::is_string) => {
+            Ok(())
+        }
+        Some(Value::Array(_)) => Err(invalid_parameter(
+            "stop",
+            "`stop` must hold at most 4 strings".to_owned(),
+        )),
+        Some(other) => Err(wrong_type("stop", "a string or an array of strings", other)),
+    }
+}
+
+fn parse_tools(tools: Option<Value>) -> Result<Option<Vec<Value>>, GatewayError> {
+    let tools = match tools {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(tools)) => tools,
+        Some(other) => return Err(wrong_type("tools", "an array", &other)),
+    };
+    for (index, tool) in tools.iter().enumerate() {
+        let at = format!("tools[{index}]");
+        let Some(function) = tool.get("function").filter(|function| function.is_object()) else {
+            return Err(invalid_request(format!(
+                "`{at}.function` is required: an object with `name` and `parameters`"
+            ))
+            .with_metadata("param", at));
+        };
+        if !matches!(function.get("name"), Some(Value::String(name)) if !name.is_empty()) {
+            return Err(invalid_request(format!("`{at}.function.name` is required"))
+                .with_metadata("param", format!("{at}.function.name")));
+        }
+        if function.get("strict") == Some(&Value::Bool(true)) {
+            if let Some(schema) = function.get("parameters") {
+                check_strict_schema(schema, &format!("{at}.function.parameters"))?;
+            }
+        }
+    }
+    Ok(Some(tools))
+}
+
+fn parse_response_format(format: Option<Value>) -> Result<Option<Value>, GatewayError> {
+    let format = match format {
+        None | Some(Value::Null) => return Ok(None),
+        Some(format @ Value::Object(_)) => format,
+        Some(other) => return Err(wrong_type("response_format", "an object", &other)),
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text" | "json_object") => {}
+        Some("json_schema") => {
+            let Some(json_schema) = format.get("json_schema").filter(|value| value.is_object())
+            else {
+                return Err(invalid_request(
+                    "`response_format.json_schema` is required when `response_format.type` is \"json_schema\"",
+                )
+                .with_metadata("param", "response_format.json_schema"));
+            };
+            if json_schema.get("strict") == Some(&Value::Bool(true)) {
+                if let Some(schema) = json_schema.get("schema") {
+                    check_strict_schema(schema, "response_format.json_schema.schema")?;
+                }
+            }
+        }
+        _ => {
+            return Err(invalid_parameter(
+                "response_format.type",
+                "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\""
+                    .to_owned(),
+            ))
+        }
+    }
+    Ok(Some(format))
+}
+
+/// Strict mode: every object schema, at every depth, lists all of its
+/// `properties` in `required` and sets `additionalProperties` to false.
+fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
+    let Value::Object(schema) = schema else {
+        return Ok(());
+    };
+    let properties = schema.get("properties").and_then(Value::as_object);
+    let is_object = schema.get("type").is_some_and(|kind| {
+        kind == "object"
+            || kind
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "object"))
+    });
+    let strict_error = |reason: String| {
+        invalid_request(format!("strict schema at `{path}`: {reason}"))
+            .with_metadata("param", path.to_owned())
+    };
+    if is_object || properties.is_some() {
+        if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return Err(strict_error(
+                "`additionalProperties` must be false in strict mode".to_owned(),
+            ));
+        }
+        let required: Vec<&str> = match schema.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).collect(),
+            Some(_) => {
+                return Err(strict_error(
+                    "`required` must be an array of names".to_owned(),
+                ))
+            }
+        };
+        if let Some(properties) = properties {
+            let mut missing: Vec<&str> = properties
+                .keys()
+                .map(String::as_str)
+                .filter(|name| !required.contains(name))
+                .collect();
+            if !missing.is_empty() {
+                missing.sort_unstable();
+                return Err(strict_error(format!(
+                    "`required` must list every property; missing {}",
+                    missing.join(", ")
+                )));
+            }
+            for (name, property) in properties {
+                check_strict_schema(property, &format!("{path}.properties.{name}"))?;
+            }
+        }
+    }
+    for keyword in ["items", "not", "additionalItems"] {
+        if let Some(sub) = schema.get(keyword) {
+            match sub {
+                Value::Array(subs) => {
+                    for (index, sub) in subs.iter().enumerate() {
+                        check_strict_schema(sub, &format!("{path}.{keyword}[{index}]"))?;
+                    }
+                }
+                sub => check_strict_schema(sub, &format!("{path}.{keyword}"))?,
+            }
+        }
+    }
+    for keyword in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(subs)) = schema.get(keyword) {
+            for (index, sub) in subs.iter().enumerate() {
+                check_strict_schema(sub, &format!("{path}.{keyword}[{index}]"))?;
+            }
+        }
+    }
+    for keyword in ["$defs", "definitions"] {
+        if let Some(Value::Object(definitions)) = schema.get(keyword) {
+            for (name, sub) in definitions {
+                check_strict_schema(sub, &format!("{path}.{keyword}.{name}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn parse(value: Value) -> Result<ChatRequest, GatewayError> {
+        ChatRequest::parse(value.to_string().as_bytes())
+    }
+
+    fn minimal() -> Value {
+        json!({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "Hi"}]})
+    }
+
+    fn with(field: &str, value: Value) -> Value {
+        let mut request = minimal();
+        request[field] = value;
+        request
+    }
+
+    fn rejection(value: Value) -> (u16, String) {
+        let error = parse(value).unwrap_err();
+        (error.status().as_u16(), error.message().to_owned())
+    }
+
+    #[test]
+    fn a_full_request_parses_and_keeps_unknown_fields() {
+        let request = parse(json!({
+            "model": "anthropic/claude-3.5-sonnet:free",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Héllo \"there\""}, {"type": "image_url", "image_url": {"url": "data:…"}}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}
+            ],
+            "stream": true,
+            "max_tokens": 100,
+            "max_completion_tokens": 50,
+            "temperature": 0.7,
+            "top_p": 1,
+            "n": 2,
+            "stop": ["\n"],
+            "seed": -3,
+            "user": "u-1",
+            "provider": {"order": ["x"]}
+        }))
+        .unwrap();
+        assert_eq!(request.model, "anthropic/claude-3.5-sonnet:free");
+        assert_eq!(request.messages.len(), 4);
+        assert_eq!(request.messages[3].role, Role::Tool);
+        assert_eq!(request.messages[2].content, None);
+        assert!(request.stream);
+        assert_eq!(request.max_tokens, Some(50), "max_completion_tokens wins");
+        assert_eq!(
+            (request.temperature, request.top_p, request.n),
+            (Some(0.7), Some(1.0), Some(2))
+        );
+        assert_eq!(request.extra["user"], "u-1");
+        assert_eq!(request.extra["provider"]["order"][0], "x");
+        assert_eq!(request.extra["stop"][0], "\n");
+        assert_eq!(
+            request.prompt_chars(),
+            "Be brief.".len() + "Héllo \"there\"".chars().count() + 2
+        );
+    }
+
+    #[test]
+    fn invalid_json_names_line_and_column() {
+        let error =
+            ChatRequest::parse(b"{\n  \"model\": \"m\",\n  \"messages\": [,]\n}").unwrap_err();
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.kind(), ErrorKind::InvalidRequest);
+        assert!(
+            error.message().contains("line 3, column 16"),
+            "{}",
+            error.message()
+        );
+        for body in [
+            &b""[..],
+            b"{",
+            b"nul",
+            b"{\"model\": \"\xff\"}",
+            b"{\"a\":1}x",
+        ] {
+            assert_eq!(ChatRequest::parse(body).unwrap_err().status(), 400);
+        }
+    }
+
+    #[test]
+    fn model_and_messages_are_required_and_typed() {
+        let cases = [
+            (
+                json!({"messages": [{"role": "user", "content": "x"}]}),
+                "`model` is required",
+            ),
+            (with("model", json!(null)), "`model` is required"),
+            (
+                with("model", json!(7)),
+                "`model` must be a string, not a number",
+            ),
+            (with("model", json!("  ")), "`model` must not be empty"),
+            (json!({"model": "m"}), "`messages` is required"),
+            (
+                with("messages", json!({"role": "user"})),
+                "`messages` must be an array, not an object",
+            ),
+            (with("messages", json!([])), "at least one message"),
+            (
+                with("messages", json!(["hi"])),
+                "`messages[0]` must be an object",
+            ),
+            (
+                with("messages", json!([{"content": "x"}])),
+                "`messages[0].role` is required",
+            ),
+            (
+                with("messages", json!([{"role": "bot", "content": "x"}])),
+                "\"bot\", which is not a role",
+            ),
+            (
+                with("messages", json!([{"role": 1, "content": "x"}])),
+                "`messages[0].role` must be a string",
+            ),
+            (
+                with("messages", json!([{"role": "user", "content": null}])),
+                "`messages[0].content` must not be null",
+            ),
+            (
+                with("messages", json!([{"role": "user"}])),
+                "`messages[0].content` is required",
+            ),
+            (
+                with("messages", json!([{"role": "user", "content": 5}])),
+                "must be a string or an array",
+            ),
+            (
+                with(
+                    "messages",
+                    json!([{"role": "user", "content": [{"text": "x"}]}]),
+                ),
+                "`messages[0].content[0]` must be an object with a string `type`",
+            ),
+            (
+                with("messages", json!([{"role": "assistant", "content": null}])),
+                "must not be null",
+            ),
+            (
+                with("messages", json!([{"role": "tool", "content": "x"}])),
+                "`messages[0].tool_call_id` is required",
+            ),
+            (json!([1, 2]), "must be a JSON object, not an array"),
+        ];
+        for (request, expected) in cases {
+            let (status, message) = rejection(request.clone());
+            assert_eq!(status, 400, "{request}");
+            assert!(message.contains(expected), "{request}: {message}");
+        }
+    }
+
+    #[test]
+    fn parameters_out_of_range_or_of_the_wrong_type_get_422_naming_them() {
+        let cases = [
+            ("temperature", json!(2.5)),
+            ("temperature", json!(-0.1)),
+            ("temperature", json!("hot")),
+            ("top_p", json!(1.5)),
+            ("max_tokens", json!(0)),
+            ("max_tokens", json!(-5)),
+            ("max_tokens", json!(1.5)),
+            ("max_completion_tokens", json!(0)),
+            ("n", json!(0)),
+            ("stream", json!("yes")),
+            ("presence_penalty", json!(3)),
+            ("frequency_penalty", json!(-2.5)),
+            ("top_logprobs", json!(21)),
+            ("logprobs", json!(1)),
+            ("seed", json!(1.5)),
+            ("stop", json!(["a", "b", "c", "d", "e"])),
+            ("stop", json!(3)),
+            ("tools", json!({})),
+            ("response_format", json!("json")),
+        ];
+        for (param, value) in cases {
+            let error = parse(with(param, value.clone())).unwrap_err();
+            assert_eq!(error.status(), 422, "{param} = {value}");
+            assert_eq!(error.kind().type_str(), "invalid_parameter");
+            assert!(error.message().contains(param), "{}", error.message());
+            assert_eq!(error.metadata()["param"], param);
+        }
+        let error = parse(with("response_format", json!({"type": "yaml"}))).unwrap_err();
+        assert_eq!(error.status(), 422);
+        // Edges are allowed.
+        for (param, value) in [
+            ("temperature", json!(0)),
+            ("temperature", json!(2)),
+            ("top_p", json!(0.0)),
+            ("max_tokens", json!(1)),
+        ] {
+            assert!(
+                parse(with(param, value.clone())).is_ok(),
+                "{param} = {value}"
+            );
+        }
+        // Nulls mean "not given".
+        assert!(parse(with("temperature", json!(null))).is_ok());
+    }
+
+    fn strict_tool(parameters: Value) -> Value {
+        with(
+            "tools",
+            json!([{"type": "function", "function": {"name": "lookup", "strict": true, "parameters": parameters}}]),
+        )
+    }
+
+    #[test]
+    fn strict_schemas_must_require_everything_and_forbid_extras_at_every_level() {
+        let good = json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "address": {
+                    "type": "object",
+                    "properties": {"street": {"type": "string"}},
+                    "required": ["street"],
+                    "additionalProperties": false
+                },
+                "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"], "additionalProperties": false}}
+            },
+            "required": ["city", "address", "tags"],
+            "additionalProperties": false
+        });
+        assert!(parse(strict_tool(good.clone())).is_ok());
+
+        let mut missing_required = good.clone();
+        missing_required["required"] = json!(["city", "tags"]);
+        let error = parse(strict_tool(missing_required)).unwrap_err();
+        assert_eq!(error.status(), 400);
+        assert!(
+            error.message().contains("`tools[0].function.parameters`"),
+            "{}",
+            error.message()
+        );
+        assert!(
+            error.message().contains("missing address"),
+            "{}",
+            error.message()
+        );
+
+        let mut nested_open = good.clone();
+        nested_open["properties"]["address"]["additionalProperties"] = json!(true);
+        let error = parse(strict_tool(nested_open)).unwrap_err();
+        assert!(
+            error
+                .message()
+                .contains("`tools[0].function.parameters.properties.address`"),
+            "{}",
+            error.message()
+        );
+        assert!(error.message().contains("additionalProperties"));
+
+        let mut in_items = good.clone();
+        in_items["properties"]["tags"]["items"]["required"] = json!([]);
+        let error = parse(strict_tool(in_items)).unwrap_err();
+        assert!(
+            error.message().contains("properties.tags.items"),
+            "{}",
+            error.message()
+        );
+
+        let in_any_of = json!({"type": "object", "properties": {"v": {"anyOf": [{"type": "object", "properties": {"a": {}}}]}}, "required": ["v"], "additionalProperties": false});
+        let error = parse(strict_tool(in_any_of)).unwrap_err();
+        assert!(
+            error.message().contains("properties.v.anyOf[0]"),
+            "{}",
+            error.message()
+        );
+
+        let in_defs = json!({"type": "object", "properties": {}, "additionalProperties": false, "$defs": {"node": {"type": "object", "properties": {"x": {}}, "additionalProperties": false}}});
+        let error = parse(strict_tool(in_defs)).unwrap_err();
+        assert!(
+            error.message().contains("$defs.node"),
+            "{}",
+            error.message()
+        );
+
+        // Without strict mode the same schema is accepted.
+        let mut lax = strict_tool(json!({"type": "object", "properties": {"a": {}}}));
+        lax["tools"][0]["function"]["strict"] = json!(false);
+        assert!(parse(lax).is_ok());
+
+        let format = |schema: Value| {
+            with(
+                "response_format",
+                json!({"type": "json_schema", "json_schema": {"name": "out", "strict": true, "schema": schema}}),
+            )
+        };
+        assert!(parse(format(good)).is_ok());
+        let error = parse(format(
+            json!({"type": "object", "properties": {"a": {}}, "required": ["a"]}),
+        ))
+        .unwrap_err();
+        assert!(
+            error
+                .message()
+                .contains("`response_format.json_schema.schema`"),
+            "{}",
+            error.message()
+        );
+        let error = parse(with("response_format", json!({"type": "json_schema"}))).unwrap_err();
+        assert_eq!(error.status(), 400);
+        let error = parse(with(
+            "tools",
+            json!([{"type": "function", "function": {"parameters": {}}}]),
+        ))
+        .unwrap_err();
+        assert!(error
+            .message()
+            .contains("`tools[0].function.name` is required"));
+    }
+
+    #[test]
+    fn non_ascii_and_escapes_are_decoded_exactly() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\" \\ \n ü 😀"}]}"#;
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+        let Some(MessageContent::Text(text)) = &request.messages[0].content else {
+            panic!("text content")
+        };
+        assert_eq!(text, "café 😀 \"q\" \\ \n ü 😀");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = ChatRequest::parse(&body);
+        }
+
+        #[test]
+        fn arbitrary_json_values_never_panic(text in "[\\[\\]{}\":,0-9a-z ]{0,64}") {
+            let _ = ChatRequest::parse(text.as_bytes());
+        }
+
+        #[test]
+        fn valid_requests_parse_to_what_was_sent(
+            model in "[a-z0-9-]{1,12}/[a-zA-Z0-9._-]{1,20}(:free)?",
+            contents in proptest::collection::vec(any::<String>(), 1..5),
+            temperature in proptest::option::of(0.0f64..=2.0),
+            max_tokens in proptest::option::of(1u64..100_000),
+            stream in any::<bool>(),
+        ) {
+            let messages: Vec<Value> = contents.iter().map(|content| json!({"role": "user", "content": content})).collect();
+            let mut body = json!({"model": model, "messages": messages, "stream": stream});
+            if let Some(temperature) = temperature { body["temperature"] = json!(temperature); }
+            if let Some(max_tokens) = max_tokens { body["max_tokens"] = json!(max_tokens); }
+            let request = parse(body).unwrap();
+            prop_assert_eq!(&request.model, &model);
+            prop_assert_eq!(request.stream, stream);
+            prop_assert_eq!(request.temperature, temperature);
+            prop_assert_eq!(request.max_tokens, max_tokens);
+            let texts: Vec<&str> = request.messages.iter().map(|message| match &message.content {
+                Some(MessageContent::Text(text)) => text.as_str(),
+                _ => "",
+            }).collect();
+            prop_assert_eq!(texts, contents.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,135 @@
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::CatchUnwind;
+use http::response::Parts;
+use http::Response;
+use http_body::Body;
+use http_body_util::combinators::Collect;
+use http_body_util::{BodyExt, Limited};
+use pin_project_lite::pin_project;
+
+use super::layer::ErrorMapperConfig;
+use super::{inner_error, panicked, rewrite_error_response};
+use crate::response_body::{BoxError, ResponseBody};
+
+pin_project! {
+    /// Response future of [`ErrorMapper`](super::ErrorMapper).
+    pub struct ResponseFuture<F, B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        #[pin]
+        state: State<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<F, B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        Ready {
+            response: Option<Response<ResponseBody<B>>>,
+        },
+        Calling {
+            #[pin]
+            future: CatchUnwind<AssertUnwindSafe<F>>,
+            config: Arc<ErrorMapperConfig>,
+        },
+        ReadingError {
+            #[pin]
+            collect: Collect<Limited<B>>,
+            parts: Option<Parts>,
+            config: Arc<ErrorMapperConfig>,
+        },
+    }
+}
+
+impl<F, B> ResponseFuture<F, B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn calling(
+        future: CatchUnwind<AssertUnwindSafe<F>>,
+        config: Arc<ErrorMapperConfig>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Calling { future, config },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<B>>, std::convert::Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            let next = match state.as_mut().project() {
+                StateProjection::Ready { response } => {
+                    let response = response
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+                StateProjection::Calling { future, config } => match ready!(future.poll(cx)) {
+                    Err(_panic) => State::Ready {
+                        response: Some(panicked().to_response()),
+                    },
+                    Ok(Err(error)) => State::Ready {
+                        response: Some(inner_error(error.into()).to_response()),
+                    },
+                    Ok(Ok(response))
+                        if response.status().is_client_error()
+                            || response.status().is_server_error() =>
+                    {
+                        let (parts, body) = response.into_parts();
+                        State::ReadingError {
+                            collect: Limited::new(body, config.max_error_body_bytes).collect(),
+                            parts: Some(parts),
+                            config: Arc::clone(config),
+                        }
+                    }
+                    Ok(Ok(response)) => {
+                        return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    }
+                },
+                StateProjection::ReadingError {
+                    collect,
+                    parts,
+                    config,
+                } => {
+                    let body = ready!(collect.poll(cx)).map(|collected| collected.to_bytes());
+                    let parts = parts.take().expect("read once");
+                    State::Ready {
+                        response: Some(rewrite_error_response(parts, body, config)),
+                    }
+                }
+            };
+            state.set(next);
+        }
+    }
+}

@@ -1,0 +1,68 @@
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::ErrorMapper;
+
+/// Applies [`ErrorMapper`], the outermost layer: every failure leaves the
+/// gateway in the canonical error body.
+///
+/// Cheap to clone: the configuration sits behind an `Arc`.
+#[derive(Clone, Debug)]
+pub struct ErrorMapperLayer {
+    pub(crate) config: Arc<ErrorMapperConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ErrorMapperConfig {
+    pub(crate) max_error_body_bytes: usize,
+    pub(crate) max_upstream_message_chars: usize,
+}
+
+impl ErrorMapperLayer {
+    /// The most of an upstream error body read to judge and rewrite it.
+    pub const DEFAULT_MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+    /// The most of the upstream's own message kept in `metadata`.
+    pub const DEFAULT_MAX_UPSTREAM_MESSAGE_CHARS: usize = 500;
+
+    /// A layer with the default limits.
+    pub fn new() -> Self {
+        ErrorMapperLayer {
+            config: Arc::new(ErrorMapperConfig {
+                max_error_body_bytes: Self::DEFAULT_MAX_ERROR_BODY_BYTES,
+                max_upstream_message_chars: Self::DEFAULT_MAX_UPSTREAM_MESSAGE_CHARS,
+            }),
+        }
+    }
+
+    /// Reads at most this much of an error body; a larger one is rewritten
+    /// without its text.
+    pub fn max_error_body_bytes(mut self, max_error_body_bytes: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_error_body_bytes = max_error_body_bytes;
+        self
+    }
+
+    /// Keeps at most this many characters of the upstream's message.
+    pub fn max_upstream_message_chars(mut self, max_upstream_message_chars: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_upstream_message_chars = max_upstream_message_chars;
+        self
+    }
+}
+
+impl Default for ErrorMapperLayer {
+    fn default() -> Self {
+        ErrorMapperLayer::new()
+    }
+}
+
+impl<S> Layer<S> for ErrorMapperLayer {
+    type Service = ErrorMapper<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ErrorMapper {
+            inner,
+            config: Arc::clone(&self.config),
+            not_ready: None,
+        }
+    }
+}
