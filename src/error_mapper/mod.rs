@@ -214,6 +214,41 @@ fn summary(status: StatusCode) -> String {
     }
 }
 
+/// The canonical error for an upstream error response with `status` and
+/// `body`: `None` when `body` already is canonical (it passes through as
+/// is), else the rewritten error, keeping the upstream's own message (at
+/// most `max_message_chars` characters) in `metadata.upstream_message`.
+///
+/// ```
+/// use http::StatusCode;
+/// use modelgate::error_mapper::canonical_upstream_error;
+///
+/// let error = canonical_upstream_error(StatusCode::SERVICE_UNAVAILABLE, b"try later", 100).unwrap();
+/// assert_eq!(error.status(), 503);
+/// assert_eq!(error.metadata()["upstream_message"], "try later");
+/// let canonical = br#"{"error":{"message":"m","type":"rate_limit_error","code":429,"metadata":{}}}"#;
+/// assert!(canonical_upstream_error(StatusCode::TOO_MANY_REQUESTS, canonical, 100).is_none());
+/// ```
+pub fn canonical_upstream_error(
+    status: StatusCode,
+    body: &[u8],
+    max_message_chars: usize,
+) -> Option<GatewayError> {
+    if is_canonical(status, body) {
+        return None;
+    }
+    let error = GatewayError::with_upstream_status(status, summary(status))
+        .with_metadata("upstream_status", status.as_u16());
+    Some(if body.is_empty() {
+        error
+    } else {
+        error.with_metadata(
+            "upstream_message",
+            upstream_message(body, max_message_chars),
+        )
+    })
+}
+
 /// The response for an upstream error response that was read (or failed
 /// to be read) in full.
 fn rewrite_error_response<B>(
@@ -222,28 +257,21 @@ fn rewrite_error_response<B>(
     config: &ErrorMapperConfig,
 ) -> Response<ResponseBody<B>> {
     let status = parts.status;
-    if let Ok(bytes) = &body {
-        if is_canonical(status, bytes) {
-            return Response::from_parts(parts, ResponseBody::full(bytes.clone()));
-        }
-    }
-    let mut error = GatewayError::with_upstream_status(status, summary(status))
-        .with_metadata("upstream_status", status.as_u16());
-    match &body {
-        Ok(bytes) if !bytes.is_empty() => {
-            error = error.with_metadata(
-                "upstream_message",
-                upstream_message(bytes, config.max_upstream_message_chars),
-            );
-        }
-        Ok(_) => {}
-        Err(_) => {
-            error = error.with_metadata(
-                "upstream_message",
-                "(the error body was too large or broke off while being read)",
-            );
-        }
-    }
+    let rewritten = match &body {
+        Ok(bytes) => canonical_upstream_error(status, bytes, config.max_upstream_message_chars),
+        Err(_) => Some(
+            GatewayError::with_upstream_status(status, summary(status))
+                .with_metadata("upstream_status", status.as_u16())
+                .with_metadata(
+                    "upstream_message",
+                    "(the error body was too large or broke off while being read)",
+                ),
+        ),
+    };
+    let Some(mut error) = rewritten else {
+        let bytes = body.unwrap_or_default();
+        return Response::from_parts(parts, ResponseBody::full(bytes));
+    };
     for (name, value) in &parts.headers {
         if keeps_header(name) {
             error = error.with_header(name.clone(), value.clone());
@@ -334,5 +362,68 @@ mod tests {
             proptest::prop_assert!(message.chars().count() <= 51);
             let _ = is_canonical(status, &body);
         }
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use super::*;
+
+    /// A service whose readiness fails, or whose `call` panics outright.
+    #[derive(Clone)]
+    struct Broken {
+        ready_fails: bool,
+    }
+
+    impl tower::Service<Request<Full<Bytes>>> for Broken {
+        type Response = Response<Full<Bytes>>;
+        type Error = io::Error;
+        type Future = std::future::Ready<Result<Self::Response, io::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+            if self.ready_fails {
+                Poll::Ready(Err(io::Error::from(io::ErrorKind::ConnectionRefused)))
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        }
+
+        fn call(&mut self, _: Request<Full<Bytes>>) -> Self::Future {
+            panic!("call panicked before returning a future")
+        }
+    }
+
+    async fn answer(service: Broken) -> (StatusCode, serde_json::Value) {
+        let service = ServiceBuilder::new()
+            .layer(ErrorMapperLayer::new())
+            .service(service);
+        let response = service
+            .oneshot(Request::new(Full::new(Bytes::new())))
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_panic_inside_call_is_500() {
+        let (status, body) = answer(Broken { ready_fails: false }).await;
+        assert_eq!(status, 500);
+        assert_eq!(body["error"]["type"], "api_error");
+    }
+
+    #[tokio::test]
+    async fn a_readiness_error_is_answered_not_returned() {
+        let (status, body) = answer(Broken { ready_fails: true }).await;
+        assert_eq!(status, 502);
+        assert_eq!(body["error"]["code"], 502);
     }
 }
