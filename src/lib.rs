@@ -7,13 +7,52 @@
 //! [`store`]: in process ([`store::MemoryStore`]) for one instance, Redis
 //! ([`store::RedisStore`]) for many.
 //!
-//! The foundation is here so far:
+//! The layers go in this order, outermost first:
 //!
-//! - [`error`]: [`error::GatewayError`] and the one renderer of the
-//!   canonical error body.
-//! - [`clock`]: the [`clock::Clock`] the layers read time from, and UTC
-//!   calendar periods.
-//! - [`store`]: counters, the usage ledger and records, on memory and Redis.
+//! ```text
+//! ErrorMapper -> BodyLimit -> BearerAuth -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
+//! ```
+//!
+//! Each reads what the layers before it put into the request's extensions
+//! and answers its own rejections with the one canonical error body
+//! ([`error::GatewayError`]). Available so far:
+//!
+//! - [`error_mapper`]: every failure leaves in the canonical body.
+//! - [`body`]: the body buffered once, size and time bounded; chat requests
+//!   parsed into a [`body::ChatRequest`].
+//! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
+//!   layers stand on.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use modelgate::body::{BodyLimitLayer, ChatRequest};
+//! use modelgate::error_mapper::ErrorMapperLayer;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Stands in for the upstream; it sees the parsed request and the same bytes.
+//! let upstream = service_fn(|request: Request<Full<Bytes>>| async move {
+//!     let chat = request.extensions().get::<ChatRequest>().cloned();
+//!     let reply = format!("{} messages for {}", chat.as_ref().map_or(0, |c| c.messages.len()), chat.map(|c| c.model).unwrap_or_default());
+//!     Ok::<_, std::io::Error>(Response::new(Full::new(Bytes::from(reply))))
+//! });
+//! let gateway = ServiceBuilder::new()
+//!     .layer(ErrorMapperLayer::new())
+//!     .layer(BodyLimitLayer::new())
+//!     .service(upstream);
+//!
+//! let bad = Request::post("/api/v1/chat/completions")
+//!     .header("content-type", "application/json")
+//!     .body(Full::new(Bytes::from_static(br#"{"model": "openai/gpt-4o", "messages": []}"#)))
+//!     .unwrap();
+//! let response = gateway.oneshot(bad).await.unwrap();
+//! assert_eq!(response.status(), 400);
+//! assert_eq!(response.headers()["content-type"], "application/json");
+//! # }
+//! ```
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

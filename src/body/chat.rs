@@ -286,13 +286,14 @@ fn parse_messages(messages: Option<Value>) -> Result<Vec<ChatMessage>, GatewayEr
 }
 
 fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayError> {
-    let at = format!("messages[{index}]");
+    // Formatted only on the way to an error: valid messages allocate nothing here.
+    let at = MessageAt(index);
     let Value::Object(mut fields) = message else {
         return Err(invalid_request(format!(
             "`{at}` must be an object with `role` and `content`, not {}",
             json_type(&message)
         ))
-        .with_metadata("param", at));
+        .with_metadata("param", at.to_string()));
     };
     let role = match fields.remove("role") {
         Some(Value::String(name)) => Role::parse(&name).ok_or_else(|| {
@@ -352,7 +353,17 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
     })
 }
 
-fn check_parts(at: &str, parts: Vec<Value>) -> Result<Vec<Value>, GatewayError> {
+/// `messages[i]`, for messages and field paths in errors.
+#[derive(Clone, Copy)]
+struct MessageAt(usize);
+
+impl fmt::Display for MessageAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "messages[{}]", self.0)
+    }
+}
+
+fn check_parts(at: &MessageAt, parts: Vec<Value>) -> Result<Vec<Value>, GatewayError> {
     for (index, part) in parts.iter().enumerate() {
         if !matches!(part.get("type"), Some(Value::String(_))) {
             return Err(invalid_request(format!(
