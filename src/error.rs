@@ -138,6 +138,8 @@ pub enum LimitSource {
     FreePerMinute,
     /// 429: the per-day limit of `:free` models.
     FreePerDay,
+    /// 429: the upstream's own rate limit, passed on.
+    Upstream,
 }
 
 impl LimitSource {
@@ -150,6 +152,7 @@ impl LimitSource {
             LimitSource::ModelRate => "model_rate",
             LimitSource::FreePerMinute => "free_per_minute",
             LimitSource::FreePerDay => "free_per_day",
+            LimitSource::Upstream => "upstream",
         }
     }
 }
@@ -299,8 +302,16 @@ impl GatewayError {
         let headers = response.headers_mut();
         headers.extend(self.0.headers.clone());
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(seconds) = self.retry_after_seconds() {
-            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        // An explicit wait wins; a `Retry-After` passed on from an upstream
+        // stays as it was; a 429 without either says 1 s.
+        match (self.0.retry_after, headers.contains_key(RETRY_AFTER)) {
+            (Some(wait), _) => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_seconds(wait)));
+            }
+            (None, false) if self.0.kind == ErrorKind::RateLimited => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(1u64));
+            }
+            (None, _) => {}
         }
         response
     }

@@ -41,10 +41,16 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
                 .map(|chat| chat.model.clone())
                 .unwrap_or_default();
             let buffered = request.extensions().get::<BufferedBody>().map_or(0, |body| body.0.len());
+            let framing = format!(
+                "content-length={:?} transfer-encoding={:?}",
+                request.headers().get("content-length"),
+                request.headers().get("transfer-encoding")
+            );
             let body = request.into_body().collect().await?.to_bytes();
             Response::builder()
                 .header("x-model", model)
                 .header("x-buffered-bytes", buffered)
+                .header("x-framing", framing)
                 .body(full(body))
                 .unwrap()
         }
@@ -80,6 +86,24 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
             ))
             .unwrap(),
         "/upstream/404" => response(404, "<html><body>Not Found</body></html>"),
+        "/upstream/429" => Response::builder()
+            .status(429)
+            .header("retry-after", "60")
+            .body(full("slow down"))
+            .unwrap(),
+        "/upstream/gzip" => Response::builder()
+            .status(500)
+            .header("content-encoding", "gzip")
+            .body(full(&b"\x1f\x8b\x08\x00binary"[..]))
+            .unwrap(),
+        "/upstream/stalled" => {
+            // Headers, then a body that never comes.
+            let stream = futures::stream::pending::<Result<http_body::Frame<Bytes>, BoxError>>();
+            Response::builder()
+                .status(503)
+                .body(StreamBody::new(stream).boxed())
+                .unwrap()
+        }
         "/upstream/huge" => response(500, Box::leak("x".repeat(200_000).into_boxed_str())),
         "/stream" => {
             let chunks = ["data: one\n\n", "data: two\n\n", "data: [DONE]\n\n"]
@@ -410,4 +434,153 @@ async fn axum_serves_the_layers_in_front_of_its_router() {
         .unwrap();
     let (status, _, _) = canonical(too_big).await;
     assert_eq!(status, 413);
+}
+
+#[tokio::test]
+async fn every_spelling_of_the_chat_path_is_parsed() {
+    let address = gateway().await;
+    let client = reqwest::Client::new();
+    for path in [
+        "/api/v1/chat/%63ompletions",
+        "/API/V1/CHAT//Completions/",
+        "/api/v1/chat/completions/.",
+        "/api/v1/chat/completions/x/..",
+        "/api/v1/chat/completions?x=1",
+    ] {
+        let response = client
+            .post(format!("http://{address}{path}"))
+            .header("content-type", "application/json")
+            .body(r#"{"model": "m", "messages": []}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{path} must not skip validation");
+    }
+}
+
+#[tokio::test]
+async fn every_chat_rejection_over_http() {
+    let address = gateway().await;
+    let client = reqwest::Client::new();
+    let cases = [
+        (
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "model",
+        ),
+        (
+            json!({"model": 1, "messages": [{"role": "user", "content": "x"}]}),
+            400,
+            "model",
+        ),
+        (json!({"model": "m", "messages": []}), 400, "messages"),
+        (
+            json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+            400,
+            "messages[0].role",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2}),
+            422,
+            "top_p",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            422,
+            "max_tokens",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}),
+            422,
+            "n",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "o", "strict": true, "schema": {"type": "object", "properties": {"a": {}}, "additionalProperties": false}}}}),
+            400,
+            "response_format.json_schema.schema",
+        ),
+    ];
+    for (body, status, named) in cases {
+        let response = client
+            .post(format!("http://{address}/api/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let (actual, _, error) = canonical(response).await;
+        assert_eq!(actual, status, "{body}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(named),
+            "{body}: {error}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_exactly_at_the_limit_passes_with_its_length() {
+    let address = gateway().await;
+    let head = r#"{"model":"m","messages":[{"role":"user","content":""#;
+    let tail = r#""}]}"#;
+    let body = format!("{head}{}{tail}", "x".repeat(1024 - head.len() - tail.len()));
+    assert_eq!(body.len(), 1024);
+    // Sent chunked: the inner service sees a plain Content-Length.
+    let chunks = body
+        .clone()
+        .into_bytes()
+        .chunks(100)
+        .map(|chunk| Ok::<_, std::io::Error>(chunk.to_vec()))
+        .collect::<Vec<_>>();
+    let response = reqwest::Client::new()
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["x-framing"],
+        "content-length=Some(\"1024\") transfer-encoding=None"
+    );
+    assert_eq!(response.bytes().await.unwrap(), body.as_bytes());
+}
+
+#[tokio::test]
+async fn an_upstream_429_keeps_its_retry_after() {
+    let address = gateway().await;
+    let (status, headers, body) = canonical(get(address, "/upstream/429").await).await;
+    assert_eq!(status, 429);
+    assert_eq!(headers["retry-after"], "60");
+    assert_eq!(body["error"]["metadata"]["limit_source"], "upstream");
+    assert_eq!(body["error"]["metadata"]["upstream_message"], "slow down");
+}
+
+#[tokio::test]
+async fn a_compressed_error_body_is_not_shown_and_its_encoding_dropped() {
+    let address = gateway().await;
+    let client = reqwest::Client::builder().build().unwrap();
+    let response = client
+        .get(format!("http://{address}/upstream/gzip"))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().get("content-encoding").is_none());
+    let (status, _, body) = canonical(response).await;
+    assert_eq!(status, 500);
+    assert!(body["error"]["metadata"]["upstream_message"]
+        .as_str()
+        .unwrap()
+        .contains("compressed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_error_body_is_answered_after_its_timeout() {
+    let address = gateway().await;
+    let (status, _, body) = canonical(get(address, "/upstream/stalled").await).await;
+    assert_eq!(status, 503);
+    assert!(body["error"]["metadata"]["upstream_message"]
+        .as_str()
+        .unwrap()
+        .contains("too slow"));
 }

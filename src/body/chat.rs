@@ -298,7 +298,7 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
     let role = match fields.remove("role") {
         Some(Value::String(name)) => Role::parse(&name).ok_or_else(|| {
             invalid_request(format!(
-                "`{at}.role` is {name:?}, which is not a role; use one of system, developer, user, assistant, tool"
+                "`{at}.role` is {name:?}, which is not a role; use one of system, developer, user, assistant, tool, function"
             ))
             .with_metadata("param", format!("{at}.role"))
         })?,
@@ -317,7 +317,8 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
     // OpenAI clients send an assistant turn that called tools with
     // `content: null`; every other null content is refused.
     let calls_tools = role == Role::Assistant
-        && (fields.contains_key("tool_calls") || fields.contains_key("function_call"));
+        && (matches!(fields.get("tool_calls"), Some(Value::Array(calls)) if !calls.is_empty())
+            || matches!(fields.get("function_call"), Some(Value::Object(_))));
     let content = match fields.remove("content") {
         Some(Value::String(text)) => Some(MessageContent::Text(text)),
         Some(Value::Array(parts)) => Some(MessageContent::Parts(check_parts(&at, parts)?)),
@@ -459,13 +460,8 @@ fn bool_kept(fields: &Map<String, Value>, param: &str) -> Result<(), GatewayErro
 fn check_stop(fields: &Map<String, Value>) -> Result<(), GatewayError> {
     match fields.get("stop") {
         None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
-        Some(Value::Array(stops)) if stops.len() <= 4 && stops.iter().all(Value::is_string) => {
-            Ok(())
-        }
-        Some(Value::Array(_)) => Err(invalid_parameter(
-            "stop",
-            "`stop` must hold at most 4 strings".to_owned(),
-        )),
+        // How many stop sequences a model takes is the upstream's to say.
+        Some(Value::Array(stops)) if stops.iter().all(Value::is_string) => Ok(()),
         Some(other) => Err(wrong_type("stop", "a string or an array of strings", other)),
     }
 }
@@ -477,6 +473,15 @@ fn parse_tools(tools: Option<Value>) -> Result<Option<Vec<Value>>, GatewayError>
         Some(other) => return Err(wrong_type("tools", "an array", &other)),
     };
     for (index, tool) in tools.iter().enumerate() {
+        // Only function tools have a shape to check; other tool types
+        // (custom tools, provider-side tools) pass to the upstream as sent.
+        let kind = tool
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("function");
+        if kind != "function" {
+            continue;
+        }
         let at = format!("tools[{index}]");
         let Some(function) = tool.get("function").filter(|function| function.is_object()) else {
             return Err(invalid_request(format!(
@@ -536,7 +541,16 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
     let Value::Object(schema) = schema else {
         return Ok(());
     };
-    let properties = schema.get("properties").and_then(Value::as_object);
+    let properties = match schema.get("properties") {
+        None => None,
+        Some(Value::Object(properties)) => Some(properties),
+        Some(_) => {
+            return Err(invalid_request(format!(
+                "strict schema at `{path}`: `properties` must be an object"
+            ))
+            .with_metadata("param", path.to_owned()))
+        }
+    };
     let is_object = schema.get("type").is_some_and(|kind| {
         kind == "object"
             || kind
@@ -573,6 +587,14 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
                 return Err(strict_error(format!(
                     "`required` must list every property; missing {}",
                     missing.join(", ")
+                )));
+            }
+            if let Some(unknown) = required
+                .iter()
+                .find(|name| !properties.contains_key(**name))
+            {
+                return Err(strict_error(format!(
+                    "`required` names {unknown}, which is not in `properties`"
                 )));
             }
             for (name, property) in properties {
@@ -786,7 +808,7 @@ mod tests {
             ("top_logprobs", json!(21)),
             ("logprobs", json!(1)),
             ("seed", json!(1.5)),
-            ("stop", json!(["a", "b", "c", "d", "e"])),
+            ("stop", json!(["a", 1])),
             ("stop", json!(3)),
             ("tools", json!({})),
             ("response_format", json!("json")),
@@ -927,6 +949,33 @@ mod tests {
         assert!(error
             .message()
             .contains("`tools[0].function.name` is required"));
+    }
+
+    #[test]
+    fn review_edges_tools_tool_calls_and_strict_names() {
+        // Other tool types pass as sent.
+        let tools = json!([{"type": "web_search"}, {"type": "custom", "custom": {"name": "x"}}]);
+        assert!(parse(with("tools", tools)).is_ok());
+        // An empty tool_calls does not excuse a null content.
+        let messages = json!([{"role": "assistant", "content": null, "tool_calls": []}]);
+        assert_eq!(rejection(with("messages", messages)).0, 400);
+        let unknown_required = json!({"type": "object", "properties": {"a": {}}, "required": ["a", "b"], "additionalProperties": false});
+        let error = parse(strict_tool(unknown_required)).unwrap_err();
+        assert!(
+            error
+                .message()
+                .contains("names b, which is not in `properties`"),
+            "{}",
+            error.message()
+        );
+        let bad_properties =
+            json!({"type": "object", "properties": [1], "additionalProperties": false});
+        let error = parse(strict_tool(bad_properties)).unwrap_err();
+        assert!(
+            error.message().contains("`properties` must be an object"),
+            "{}",
+            error.message()
+        );
     }
 
     #[test]

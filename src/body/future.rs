@@ -11,6 +11,7 @@ use http_body_util::combinators::Collect;
 use http_body_util::{Full, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
+use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::{prepare_request, too_large};
@@ -53,7 +54,7 @@ pin_project! {
         },
         Calling {
             #[pin]
-            future: S::Future,
+            future: Oneshot<S, Request<Full<Bytes>>>,
         },
     }
 }
@@ -146,9 +147,9 @@ where
                         Err(error) => State::Rejected { error: Some(error) },
                         Ok(bytes) => {
                             let request = Request::from_parts(parts, Full::new(bytes));
-                            let mut inner = inner.take().expect("called once");
+                            let inner = inner.take().expect("called once");
                             State::Calling {
-                                future: inner.call(request),
+                                future: Oneshot::new(inner, request),
                             }
                         }
                     }
@@ -160,7 +161,14 @@ where
 }
 
 fn body_error(error: BoxError, max_body_bytes: usize) -> GatewayError {
-    if error.downcast_ref::<LengthLimitError>().is_some() {
+    // The limit error may come wrapped by whatever produced the body.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+    let mut too_long = false;
+    while let Some(current) = cause {
+        too_long |= current.is::<LengthLimitError>();
+        cause = current.source();
+    }
+    if too_long {
         too_large(max_body_bytes)
     } else {
         GatewayError::new(

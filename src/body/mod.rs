@@ -50,7 +50,7 @@ mod layer;
 mod service;
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::Method;
 
@@ -74,14 +74,30 @@ fn too_large(max_body_bytes: usize) -> GatewayError {
     .with_metadata("max_body_bytes", max_body_bytes)
 }
 
-/// Whether `parts` is a chat-completions call.
+/// Whether `parts` is a chat-completions call: a POST whose path, read as
+/// an upstream that normalises paths would read it (percent-decoded, any
+/// case, empty and `.` segments dropped, `..` applied), ends in
+/// `chat/completions`. So no spelling of the path slips past parsing.
 pub(crate) fn is_chat_completions(parts: &Parts) -> bool {
-    parts.method == Method::POST
-        && parts
-            .uri
-            .path()
-            .trim_end_matches('/')
-            .ends_with("/chat/completions")
+    if parts.method != Method::POST {
+        return false;
+    }
+    let decoded = percent_encoding::percent_decode_str(parts.uri.path()).decode_utf8_lossy();
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            segment => segments.push(segment),
+        }
+    }
+    matches!(
+        segments.as_slice(),
+        [.., chat, completions]
+            if chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+    )
 }
 
 /// `application/json`, with parameters, or any `…+json` type.
@@ -113,6 +129,11 @@ fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), GatewayError>
         let chat = ChatRequest::parse(bytes)?;
         parts.extensions.insert(chat);
     }
+    // The body is now exactly these bytes, whatever framing it came in.
+    parts.headers.remove(TRANSFER_ENCODING);
+    parts
+        .headers
+        .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     parts.extensions.insert(BufferedBody(bytes.clone()));
     Ok(())
 }

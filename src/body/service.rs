@@ -36,14 +36,14 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is asked for readiness only once the body is in,
+        // so a slow client never holds a concurrency permit while it uploads.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The clone that was polled ready goes with the request.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         let max_body_bytes = self.config.max_body_bytes;
         if let Some(rejection) = check_content_length(&request, max_body_bytes) {
             return ResponseFuture::rejected(rejection);

@@ -6,11 +6,14 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::future::CatchUnwind;
+use futures_util::FutureExt;
 use http::response::Parts;
 use http::Response;
 use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Limited};
+use tokio::time::Sleep;
+
 use pin_project_lite::pin_project;
 
 use super::layer::ErrorMapperConfig;
@@ -46,7 +49,9 @@ pin_project! {
         },
         ReadingError {
             #[pin]
-            collect: Collect<Limited<B>>,
+            collect: CatchUnwind<AssertUnwindSafe<Collect<Limited<B>>>>,
+            #[pin]
+            deadline: Sleep,
             parts: Option<Parts>,
             config: Arc<ErrorMapperConfig>,
         },
@@ -107,8 +112,10 @@ where
                             || response.status().is_server_error() =>
                     {
                         let (parts, body) = response.into_parts();
+                        let collect = Limited::new(body, config.max_error_body_bytes).collect();
                         State::ReadingError {
-                            collect: Limited::new(body, config.max_error_body_bytes).collect(),
+                            collect: AssertUnwindSafe(collect).catch_unwind(),
+                            deadline: tokio::time::sleep(config.error_body_timeout),
                             parts: Some(parts),
                             config: Arc::clone(config),
                         }
@@ -119,10 +126,20 @@ where
                 },
                 StateProjection::ReadingError {
                     collect,
+                    deadline,
                     parts,
                     config,
                 } => {
-                    let body = ready!(collect.poll(cx)).map(|collected| collected.to_bytes());
+                    let body = match collect.poll(cx) {
+                        Poll::Ready(Ok(collected)) => {
+                            collected.map(|collected| collected.to_bytes())
+                        }
+                        Poll::Ready(Err(_panic)) => Err("the error body panicked".into()),
+                        Poll::Pending => {
+                            ready!(deadline.poll(cx));
+                            Err("the error body did not arrive in time".into())
+                        }
+                    };
                     let parts = parts.take().expect("read once");
                     State::Ready {
                         response: Some(rewrite_error_response(parts, body, config)),

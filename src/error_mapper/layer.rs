@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower_layer::Layer;
 
@@ -16,12 +17,15 @@ pub struct ErrorMapperLayer {
 #[derive(Clone, Debug)]
 pub(crate) struct ErrorMapperConfig {
     pub(crate) max_error_body_bytes: usize,
+    pub(crate) error_body_timeout: Duration,
     pub(crate) max_upstream_message_chars: usize,
 }
 
 impl ErrorMapperLayer {
     /// The most of an upstream error body read to judge and rewrite it.
     pub const DEFAULT_MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+    /// The longest an upstream error body may take to arrive.
+    pub const DEFAULT_ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(10);
     /// The most of the upstream's own message kept in `metadata`.
     pub const DEFAULT_MAX_UPSTREAM_MESSAGE_CHARS: usize = 500;
 
@@ -30,6 +34,7 @@ impl ErrorMapperLayer {
         ErrorMapperLayer {
             config: Arc::new(ErrorMapperConfig {
                 max_error_body_bytes: Self::DEFAULT_MAX_ERROR_BODY_BYTES,
+                error_body_timeout: Self::DEFAULT_ERROR_BODY_TIMEOUT,
                 max_upstream_message_chars: Self::DEFAULT_MAX_UPSTREAM_MESSAGE_CHARS,
             }),
         }
@@ -39,6 +44,13 @@ impl ErrorMapperLayer {
     /// without its text.
     pub fn max_error_body_bytes(mut self, max_error_body_bytes: usize) -> Self {
         Arc::make_mut(&mut self.config).max_error_body_bytes = max_error_body_bytes;
+        self
+    }
+
+    /// Stops reading an upstream error body after this long and answers
+    /// without its text, so a stalled upstream cannot hold the client.
+    pub fn error_body_timeout(mut self, error_body_timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.config).error_body_timeout = error_body_timeout;
         self
     }
 

@@ -45,7 +45,7 @@ mod service;
 use std::io;
 
 use bytes::Bytes;
-use http::header::{HeaderName, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
 use http::response::Parts;
 use http::{Response, StatusCode};
 use serde_json::Value;
@@ -114,10 +114,11 @@ fn inner_error(error: BoxError) -> GatewayError {
         }
         cause = current.source();
     }
+    // The details (which may name hosts or URLs) go to the log only.
     tracing::warn!(%error, "inner service failed; answered 502");
     GatewayError::new(
         ErrorKind::Upstream,
-        format!("the upstream failed: {error}; retry with backoff"),
+        "the upstream request failed; retry with backoff",
     )
 }
 
@@ -178,7 +179,10 @@ fn strip_markup(text: &str) -> String {
             .to_ascii_lowercase();
         let skip_until = ["<head", "<style", "<script"]
             .into_iter()
-            .find(|tag| lower.starts_with(tag))
+            .find(|tag| {
+                lower.starts_with(tag)
+                    && lower[tag.len()..].starts_with(|c: char| c == '>' || c.is_ascii_whitespace())
+            })
             .map(|tag| format!("</{}>", &tag[1..]));
         let end = match skip_until {
             Some(closing) => rest
@@ -237,8 +241,7 @@ pub fn canonical_upstream_error(
     if is_canonical(status, body) {
         return None;
     }
-    let error = GatewayError::with_upstream_status(status, summary(status))
-        .with_metadata("upstream_status", status.as_u16());
+    let error = upstream_error(status);
     Some(if body.is_empty() {
         error
     } else {
@@ -249,6 +252,17 @@ pub fn canonical_upstream_error(
     })
 }
 
+/// The canonical error for an upstream status, before its message is known.
+fn upstream_error(status: StatusCode) -> GatewayError {
+    let error = GatewayError::with_upstream_status(status, summary(status))
+        .with_metadata("upstream_status", status.as_u16());
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        error.with_limit_source(crate::error::LimitSource::Upstream)
+    } else {
+        error
+    }
+}
+
 /// The response for an upstream error response that was read (or failed
 /// to be read) in full.
 fn rewrite_error_response<B>(
@@ -257,20 +271,29 @@ fn rewrite_error_response<B>(
     config: &ErrorMapperConfig,
 ) -> Response<ResponseBody<B>> {
     let status = parts.status;
+    let encoded = parts
+        .headers
+        .get(CONTENT_ENCODING)
+        .is_some_and(|encoding| encoding != "identity");
     let rewritten = match &body {
+        // Compressed bytes are neither judged nor shown as text.
+        Ok(_) if encoded => Some(upstream_error(status).with_metadata(
+            "upstream_message",
+            "(the error body was compressed and is not shown)",
+        )),
         Ok(bytes) => canonical_upstream_error(status, bytes, config.max_upstream_message_chars),
-        Err(_) => Some(
-            GatewayError::with_upstream_status(status, summary(status))
-                .with_metadata("upstream_status", status.as_u16())
-                .with_metadata(
-                    "upstream_message",
-                    "(the error body was too large or broke off while being read)",
-                ),
-        ),
+        Err(_) => Some(upstream_error(status).with_metadata(
+            "upstream_message",
+            "(the error body was too large, too slow or broke off while being read)",
+        )),
     };
     let Some(mut error) = rewritten else {
         let bytes = body.unwrap_or_default();
-        return Response::from_parts(parts, ResponseBody::full(bytes));
+        let mut response = Response::from_parts(parts, ResponseBody::full(bytes));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return response;
     };
     for (name, value) in &parts.headers {
         if keeps_header(name) {
@@ -281,11 +304,16 @@ fn rewrite_error_response<B>(
 }
 
 /// Headers of an upstream error kept on the rewritten response: when to
-/// retry, the upstream's rate-limit state and its request id.
+/// retry, the rate-limit state, the request id, and what HTTP itself needs
+/// an error to carry (`Allow` on 405, `WWW-Authenticate` on 401, CORS).
+/// Framing headers (`Content-Length`, `Content-Encoding`, …) never are.
 fn keeps_header(name: &HeaderName) -> bool {
-    name == RETRY_AFTER
-        || name.as_str().starts_with("x-ratelimit-")
-        || name.as_str() == "x-request-id"
+    let name = name.as_str();
+    matches!(
+        name,
+        "retry-after" | "x-request-id" | "allow" | "www-authenticate" | "vary"
+    ) || name.starts_with("x-ratelimit-")
+        || name.starts_with("access-control-")
 }
 
 #[cfg(test)]
@@ -376,10 +404,11 @@ mod layer_tests {
 
     use super::*;
 
-    /// A service whose readiness fails, or whose `call` panics outright.
+    /// A service whose readiness fails or panics, or whose `call` panics outright.
     #[derive(Clone)]
     struct Broken {
         ready_fails: bool,
+        ready_panics: bool,
     }
 
     impl tower::Service<Request<Full<Bytes>>> for Broken {
@@ -388,6 +417,9 @@ mod layer_tests {
         type Future = std::future::Ready<Result<Self::Response, io::Error>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+            if self.ready_panics {
+                panic!("poll_ready panicked");
+            }
             if self.ready_fails {
                 Poll::Ready(Err(io::Error::from(io::ErrorKind::ConnectionRefused)))
             } else {
@@ -415,15 +447,29 @@ mod layer_tests {
 
     #[tokio::test]
     async fn a_panic_inside_call_is_500() {
-        let (status, body) = answer(Broken { ready_fails: false }).await;
+        let (status, body) = answer(Broken {
+            ready_fails: false,
+            ready_panics: false,
+        })
+        .await;
         assert_eq!(status, 500);
         assert_eq!(body["error"]["type"], "api_error");
     }
 
     #[tokio::test]
     async fn a_readiness_error_is_answered_not_returned() {
-        let (status, body) = answer(Broken { ready_fails: true }).await;
+        let (status, body) = answer(Broken {
+            ready_fails: true,
+            ready_panics: false,
+        })
+        .await;
         assert_eq!(status, 502);
         assert_eq!(body["error"]["code"], 502);
+        let (status, _) = answer(Broken {
+            ready_fails: false,
+            ready_panics: true,
+        })
+        .await;
+        assert_eq!(status, 500);
     }
 }

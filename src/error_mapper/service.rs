@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::ErrorMapperConfig;
 use super::{inner_error, panicked};
+use crate::error::GatewayError;
 use crate::response_body::{BoxError, ResponseBody};
 
 /// Turns every failure of the inner service into the canonical error body:
@@ -25,8 +26,9 @@ use crate::response_body::{BoxError, ResponseBody};
 pub struct ErrorMapper<S> {
     pub(crate) inner: S,
     pub(crate) config: Arc<ErrorMapperConfig>,
-    /// An error the inner service gave when polled ready, answered on the next call.
-    pub(crate) not_ready: Option<BoxError>,
+    /// What the inner service's readiness failed with (an error or a
+    /// panic), answered on the next call.
+    pub(crate) not_ready: Option<GatewayError>,
 }
 
 impl<S: Clone> Clone for ErrorMapper<S> {
@@ -52,9 +54,12 @@ where
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         if self.not_ready.is_none() {
-            if let Err(error) = std::task::ready!(self.inner.poll_ready(cx)) {
-                // Answered as a response by the next call, never as an error.
-                self.not_ready = Some(error.into());
+            // Answered as a response by the next call, never as an error.
+            match catch_unwind(AssertUnwindSafe(|| self.inner.poll_ready(cx))) {
+                Ok(Poll::Pending) => return Poll::Pending,
+                Ok(Poll::Ready(Ok(()))) => {}
+                Ok(Poll::Ready(Err(error))) => self.not_ready = Some(inner_error(error.into())),
+                Err(_) => self.not_ready = Some(panicked()),
             }
         }
         Poll::Ready(Ok(()))
@@ -63,7 +68,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = Arc::clone(&self.config);
         if let Some(error) = self.not_ready.take() {
-            return ResponseFuture::ready(inner_error(error).to_response());
+            return ResponseFuture::ready(error.to_response());
         }
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(request))) {
             Ok(future) => ResponseFuture::calling(AssertUnwindSafe(future).catch_unwind(), config),
