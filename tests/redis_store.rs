@@ -278,6 +278,34 @@ async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
     }
 }
 
+/// A differential property test: 48 random workloads, each on a fresh key
+/// prefix of one redis-server and on a fresh `MemoryStore`; the body runs
+/// the workload on both and requires identical answers.
+macro_rules! differential_test {
+    ($name:ident, $input:ident in $strategy:expr, |$redis:ident, $memory:ident| $body:block) => {
+        #[test]
+        fn $name() {
+            let server = RedisServer::start();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let case = std::sync::atomic::AtomicU32::new(0);
+            proptest!(ProptestConfig::with_cases(48), |($input in $strategy)| {
+                let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let key_prefix = format!("{}{case}", stringify!($name));
+                let config = RedisStoreConfig { key_prefix, ..RedisStoreConfig::default() };
+                runtime.block_on(async {
+                    let $redis = RedisStore::connect(&server.url(), config).await.unwrap();
+                    let $memory = MemoryStore::new();
+                    $body
+                    Ok(())
+                })?;
+            });
+        }
+    };
+}
+
 /// One step of a random workload: a check at some time after the last.
 #[derive(Clone, Debug)]
 struct Step {
@@ -331,36 +359,20 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         })
 }
 
-#[test]
-fn redis_decides_exactly_as_memory_does() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let case = std::sync::atomic::AtomicU32::new(0);
-    proptest!(ProptestConfig::with_cases(48), |(steps in proptest::collection::vec(step_strategy(), 1..40))| {
-        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let config = RedisStoreConfig { key_prefix: format!("case{case}"), ..RedisStoreConfig::default() };
-        runtime.block_on(async {
-            let redis = RedisStore::connect(&server.url(), config).await.unwrap();
-            let memory = MemoryStore::new();
-            let mut now = Utc.with_ymd_and_hms(2024, 2, 28, 23, 0, 0).unwrap();
-            for step in &steps {
-                now += chrono::Duration::microseconds(step.advance_micros);
-                // A counter keeps its kind: the name carries the limit's shape.
-                let checks: Vec<Check> = step.limits.iter()
-                    .map(|(name, limit, amount)| Check::new(format!("{name}-{limit:?}"), *limit, *amount))
-                    .collect();
-                let scope = format!("acct{}", step.scope);
-                let expected = memory.check_and_add(&scope, &checks, now).await.unwrap();
-                let actual = redis.check_and_add(&scope, &checks, now).await.unwrap();
-                prop_assert_eq!(&actual, &expected, "at {} with {:?}", now, checks);
-            }
-            Ok(())
-        })?;
-    });
-}
+differential_test!(redis_decides_exactly_as_memory_does, steps in proptest::collection::vec(step_strategy(), 1..40), |redis, memory| {
+    let mut now = Utc.with_ymd_and_hms(2024, 2, 28, 23, 0, 0).unwrap();
+    for step in &steps {
+        now += chrono::Duration::microseconds(step.advance_micros);
+        // A counter keeps its kind: the name carries the limit's shape.
+        let checks: Vec<Check> = step.limits.iter()
+            .map(|(name, limit, amount)| Check::new(format!("{name}-{limit:?}"), *limit, *amount))
+            .collect();
+        let scope = format!("acct{}", step.scope);
+        let expected = memory.check_and_add(&scope, &checks, now).await.unwrap();
+        let actual = redis.check_and_add(&scope, &checks, now).await.unwrap();
+        prop_assert_eq!(&actual, &expected, "at {} with {:?}", now, checks);
+    }
+});
 
 #[derive(Clone, Debug)]
 enum LedgerOp {
@@ -472,35 +484,22 @@ async fn apply_ledger_op<S: LedgerStore>(store: &S, op: &LedgerOp, now: DateTime
     }
 }
 
-#[test]
-fn redis_ledger_answers_exactly_as_memory_does() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let case = std::sync::atomic::AtomicU32::new(0);
-    let step = (
+differential_test!(redis_ledger_answers_exactly_as_memory_does, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |redis, memory| {
+    // Near a month end, so days, weeks and months roll over.
+    let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap();
+    for (advance_micros, op) in &steps {
+        now += chrono::Duration::microseconds(*advance_micros);
+        let expected = apply_ledger_op(&memory, op, now).await;
+        let actual = apply_ledger_op(&redis, op, now).await;
+        prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
+    }
+});
+
+fn ledger_step_strategy() -> impl Strategy<Value = (i64, LedgerOp)> {
+    (
         prop_oneof![4 => 0i64..30_000_000, 2 => 0i64..200_000_000_000, 1 => -2_000_000i64..0],
         ledger_op_strategy(),
-    );
-    proptest!(ProptestConfig::with_cases(48), |(steps in proptest::collection::vec(step, 1..40))| {
-        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let config = RedisStoreConfig { key_prefix: format!("ledger{case}"), ..RedisStoreConfig::default() };
-        runtime.block_on(async {
-            let redis = RedisStore::connect(&server.url(), config).await.unwrap();
-            let memory = MemoryStore::new();
-            // Near a month end, so days, weeks and months roll over.
-            let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap();
-            for (advance_micros, op) in &steps {
-                now += chrono::Duration::microseconds(*advance_micros);
-                let expected = apply_ledger_op(&memory, op, now).await;
-                let actual = apply_ledger_op(&redis, op, now).await;
-                prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
-            }
-            Ok(())
-        })?;
-    });
+    )
 }
 
 #[derive(Clone, Debug)]
@@ -576,26 +575,10 @@ async fn apply_record_op<S: RecordStore>(store: &S, op: &RecordOp) -> String {
     }
 }
 
-#[test]
-fn redis_records_answer_exactly_as_memory_does() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let case = std::sync::atomic::AtomicU32::new(0);
-    proptest!(ProptestConfig::with_cases(48), |(ops in proptest::collection::vec(record_op_strategy(), 1..40))| {
-        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let config = RedisStoreConfig { key_prefix: format!("records{case}"), ..RedisStoreConfig::default() };
-        runtime.block_on(async {
-            let redis = RedisStore::connect(&server.url(), config).await.unwrap();
-            let memory = MemoryStore::new();
-            for op in &ops {
-                let expected = apply_record_op(&memory, op).await;
-                let actual = apply_record_op(&redis, op).await;
-                prop_assert_eq!(actual, expected, "after {:?}", op);
-            }
-            Ok(())
-        })?;
-    });
-}
+differential_test!(redis_records_answer_exactly_as_memory_does, ops in proptest::collection::vec(record_op_strategy(), 1..40), |redis, memory| {
+    for op in &ops {
+        let expected = apply_record_op(&memory, op).await;
+        let actual = apply_record_op(&redis, op).await;
+        prop_assert_eq!(actual, expected, "after {:?}", op);
+    }
+});
