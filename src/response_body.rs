@@ -12,6 +12,14 @@ use pin_project_lite::pin_project;
 /// A boxed error, as `tower` and `hyper` use.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// `error` and every error it wraps, outermost first: what a layer inspects
+/// to learn why a body or a service failed.
+pub(crate) fn causes<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |current| current.source())
+}
+
 pin_project! {
     /// Either the inner service's response body, passed through frame by
     /// frame (streams stay streams), or a complete body the layer wrote.

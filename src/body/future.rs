@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use super::{prepare_request, too_large};
 use crate::error::{ErrorKind, GatewayError};
-use crate::response_body::{BoxError, ResponseBody};
+use crate::response_body::{causes, BoxError, ResponseBody};
 
 pin_project! {
     /// Response future of [`BodyLimit`](super::BodyLimit).
@@ -162,13 +162,7 @@ where
 
 fn body_error(error: BoxError, max_body_bytes: usize) -> GatewayError {
     // The limit error may come wrapped by whatever produced the body.
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
-    let mut too_long = false;
-    while let Some(current) = cause {
-        too_long |= current.is::<LengthLimitError>();
-        cause = current.source();
-    }
-    if too_long {
+    if causes(&*error).any(|cause| cause.is::<LengthLimitError>()) {
         too_large(max_body_bytes)
     } else {
         GatewayError::new(

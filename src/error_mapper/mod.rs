@@ -55,7 +55,7 @@ pub use layer::ErrorMapperLayer;
 pub use service::ErrorMapper;
 
 use crate::error::{ErrorKind, GatewayError};
-use crate::response_body::{BoxError, ResponseBody};
+use crate::response_body::{causes, BoxError, ResponseBody};
 use layer::ErrorMapperConfig;
 
 fn panicked() -> GatewayError {
@@ -71,8 +71,7 @@ fn inner_error(error: BoxError) -> GatewayError {
     if let Some(error) = error.downcast_ref::<GatewayError>() {
         return error.clone();
     }
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
-    while let Some(current) = cause {
+    for current in causes(&*error) {
         if current.is::<tower::timeout::error::Elapsed>()
             || current.is::<tokio::time::error::Elapsed>()
         {
@@ -112,7 +111,6 @@ fn inner_error(error: BoxError) -> GatewayError {
                 _ => {}
             }
         }
-        cause = current.source();
     }
     // The details (which may name hosts or URLs) go to the log only.
     tracing::warn!(%error, "inner service failed; answered 502");
