@@ -18,6 +18,8 @@
 //! ([`error::GatewayError`]). Available so far:
 //!
 //! - [`error_mapper`]: every failure leaves in the canonical body.
+//! - [`auth`]: the `Authorization` parser and the key format and hash that
+//!   `BearerAuth` will stand on.
 //! - [`body`]: the body buffered once, size and time bounded; chat requests
 //!   parsed into a [`body::ChatRequest`].
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
@@ -56,6 +58,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod body;
 pub mod clock;
 pub mod error;

@@ -1,0 +1,488 @@
+//! The `Authorization` header: exactly `Bearer`, one space, the key.
+//!
+//! Strict on purpose: a key pasted with a trailing newline, a doubled space
+//! or a second header is a client bug worth a clear 401, not something to
+//! guess around, and a line break inside a header value is how header
+//! injection starts.
+
+use std::fmt;
+
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
+
+/// The longest `Authorization` value read, in bytes. A modelgate key is 55
+/// bytes; the bound leaves room for other bearer tokens while keeping a
+/// hostile header from costing more than one short scan.
+pub const MAX_AUTHORIZATION_BYTES: usize = 1024;
+
+/// Why an `Authorization` header gives no key.
+///
+/// When a value breaks several rules, the error is the first that applies
+/// in this order, wherever in the value the faults are:
+///
+/// 1. [`Missing`](HeaderError::Missing), then
+///    [`Repeated`](HeaderError::Repeated) (only from [`bearer_token`]);
+/// 2. [`TooLong`](HeaderError::TooLong), decided on the length alone;
+/// 3. [`ControlCharacter`](HeaderError::ControlCharacter);
+/// 4. [`StrayWhitespace`](HeaderError::StrayWhitespace);
+/// 5. [`WrongScheme`](HeaderError::WrongScheme);
+/// 6. [`MissingKey`](HeaderError::MissingKey);
+/// 7. [`InvalidCharacter`](HeaderError::InvalidCharacter).
+///
+/// So any value within the size limit that has a stray space, tab or line
+/// break is rejected for that, whatever its scheme. The
+/// [`Display`](fmt::Display) text is the message for the 401: it says what
+/// is wrong and what to send, and never repeats the header's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// The request has no `Authorization` header.
+    Missing,
+    /// The request has more than one `Authorization` header.
+    Repeated,
+    /// The value is longer than `max_bytes`.
+    TooLong {
+        /// The limit, [`MAX_AUTHORIZATION_BYTES`].
+        max_bytes: usize,
+    },
+    /// The value does not start with the `Bearer` scheme (compared
+    /// ASCII-case-insensitively): another scheme such as `Basic`, a bare key
+    /// with no scheme, or an empty value.
+    WrongScheme,
+    /// `Bearer` with no key after it.
+    MissingKey,
+    /// A space or tab other than the one space between `Bearer` and the key:
+    /// leading, trailing, doubled, or inside the key.
+    StrayWhitespace,
+    /// A control character: a byte below 0x20 other than tab (so CR and LF),
+    /// or DEL (0x7f).
+    ControlCharacter,
+    /// The key has a character a bearer token cannot have (outside
+    /// `A-Z a-z 0-9 - . _ ~ + /`, with `=` only as trailing padding),
+    /// including any non-ASCII byte.
+    InvalidCharacter,
+}
+
+impl fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderError::Missing => f.write_str(
+                "the request has no Authorization header; \
+                 send `Authorization: Bearer <your modelgate key>`",
+            ),
+            HeaderError::Repeated => f.write_str(
+                "the request has more than one Authorization header; send exactly one, \
+                 `Authorization: Bearer <your modelgate key>`",
+            ),
+            HeaderError::TooLong { max_bytes } => write!(
+                f,
+                "the Authorization header is longer than {max_bytes} bytes; \
+                 send `Bearer`, one space and your modelgate key, nothing else"
+            ),
+            HeaderError::WrongScheme => f.write_str(
+                "the Authorization header does not use the Bearer scheme; \
+                 send `Authorization: Bearer <your modelgate key>`",
+            ),
+            HeaderError::MissingKey => f.write_str(
+                "the Authorization header has no key after `Bearer`; \
+                 send `Authorization: Bearer <your modelgate key>`",
+            ),
+            HeaderError::StrayWhitespace => f.write_str(
+                "the Authorization header has extra spaces or tabs; send `Bearer`, exactly one \
+                 space and the key, with nothing before, after or inside the key",
+            ),
+            HeaderError::ControlCharacter => f.write_str(
+                "the Authorization header contains a line break or another control character; \
+                 remove it (a newline copied along with the key is the usual cause) and send \
+                 `Bearer`, one space and the key",
+            ),
+            HeaderError::InvalidCharacter => f.write_str(
+                "the key in the Authorization header contains characters no key has; \
+                 copy the whole key and nothing else, and send \
+                 `Authorization: Bearer <your modelgate key>`",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HeaderError {}
+
+/// The key from the request's one `Authorization` header.
+///
+/// [`HeaderError::Missing`] without the header, [`HeaderError::Repeated`]
+/// with more than one (which one the client meant is a guess), and
+/// otherwise what [`parse_bearer`] says about its value.
+///
+/// ```
+/// use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+/// use modelgate::auth::{bearer_token, HeaderError};
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(bearer_token(&headers), Err(HeaderError::Missing));
+/// headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer abc123"));
+/// assert_eq!(bearer_token(&headers), Ok("abc123"));
+/// headers.append(AUTHORIZATION, HeaderValue::from_static("Bearer abc123"));
+/// assert_eq!(bearer_token(&headers), Err(HeaderError::Repeated));
+/// ```
+pub fn bearer_token(headers: &HeaderMap) -> Result<&str, HeaderError> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
+    let value = values.next().ok_or(HeaderError::Missing)?;
+    if values.next().is_some() {
+        return Err(HeaderError::Repeated);
+    }
+    parse_bearer(value.as_bytes())
+}
+
+/// The key from one header value's bytes.
+///
+/// The value must be `Bearer` (any ASCII case), one space (0x20), then a
+/// token68 key, with nothing before or after. The key returned borrows from
+/// `value`. See [`HeaderError`] for the order in which faults are reported.
+///
+/// ```
+/// use modelgate::auth::{parse_bearer, HeaderError};
+///
+/// assert_eq!(parse_bearer(b"Bearer abc123"), Ok("abc123"));
+/// assert_eq!(parse_bearer(b"bearer abc123"), Ok("abc123"));
+/// assert_eq!(parse_bearer(b"Bearer  abc123"), Err(HeaderError::StrayWhitespace));
+/// assert_eq!(parse_bearer(b"Bearer abc123\r\n"), Err(HeaderError::ControlCharacter));
+/// assert_eq!(parse_bearer(b"Basic abc123"), Err(HeaderError::WrongScheme));
+/// ```
+pub fn parse_bearer(value: &[u8]) -> Result<&str, HeaderError> {
+    if value.len() > MAX_AUTHORIZATION_BYTES {
+        return Err(HeaderError::TooLong {
+            max_bytes: MAX_AUTHORIZATION_BYTES,
+        });
+    }
+    if value.iter().any(|&byte| is_control(byte)) {
+        return Err(HeaderError::ControlCharacter);
+    }
+    if value.contains(&b'\t') {
+        return Err(HeaderError::StrayWhitespace);
+    }
+    // The first space is the separator unless it leads; any other is stray.
+    let mut parts = value.split(|&byte| byte == b' ');
+    let scheme = parts.next().unwrap_or_default();
+    let key = parts.next();
+    if parts.next().is_some() || (scheme.is_empty() && key.is_some()) {
+        return Err(HeaderError::StrayWhitespace);
+    }
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return Err(HeaderError::WrongScheme);
+    }
+    let key = match key {
+        Some(key) if !key.is_empty() => key,
+        _ => return Err(HeaderError::MissingKey),
+    };
+    if !is_token68(key) {
+        return Err(HeaderError::InvalidCharacter);
+    }
+    // Always ASCII by now; the error arm only spares an unwrap.
+    std::str::from_utf8(key).map_err(|_| HeaderError::InvalidCharacter)
+}
+
+/// Control bytes other than tab, which is reported as whitespace.
+fn is_control(byte: u8) -> bool {
+    (byte < 0x20 && byte != b'\t') || byte == 0x7f
+}
+
+/// RFC 9110's token68: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
+fn is_token68(key: &[u8]) -> bool {
+    let is_token_char = |byte: &&u8| byte.is_ascii_alphanumeric() || b"-._~+/".contains(byte);
+    let body = key.iter().take_while(is_token_char).count();
+    body > 0 && key.iter().skip(body).all(|&byte| byte == b'=')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    const KEY: &str = "mg-v1-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefg2p0x4C";
+
+    fn parse(value: &str) -> Result<&str, HeaderError> {
+        parse_bearer(value.as_bytes())
+    }
+
+    #[test]
+    fn bearer_and_one_space_then_the_key_parses() {
+        let value = format!("Bearer {KEY}");
+        assert_eq!(parse(&value), Ok(KEY));
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive() {
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            assert_eq!(parse(&format!("{scheme} {KEY}")), Ok(KEY), "{scheme}");
+        }
+    }
+
+    #[test]
+    fn every_token68_character_and_trailing_padding_is_accepted() {
+        for key in ["aZ09-._~+/", "abc=", "abc==", "a", "/", "~~=="] {
+            assert_eq!(parse(&format!("Bearer {key}")), Ok(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn the_key_borrows_from_the_input() {
+        let value = format!("Bearer {KEY}");
+        let key = parse(&value).unwrap();
+        assert_eq!(key.as_ptr(), value[7..].as_ptr());
+    }
+
+    #[test]
+    fn missing_header() {
+        assert_eq!(bearer_token(&HeaderMap::new()), Err(HeaderError::Missing));
+    }
+
+    #[test]
+    fn repeated_header_even_when_both_are_valid() {
+        let mut headers = HeaderMap::new();
+        let value = HeaderValue::from_str(&format!("Bearer {KEY}")).unwrap();
+        headers.append(AUTHORIZATION, value.clone());
+        assert_eq!(bearer_token(&headers), Ok(KEY));
+        headers.append(AUTHORIZATION, value);
+        assert_eq!(bearer_token(&headers), Err(HeaderError::Repeated));
+    }
+
+    #[test]
+    fn repeated_wins_over_a_bad_value() {
+        let mut headers = HeaderMap::new();
+        headers.append(AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        headers.append(AUTHORIZATION, HeaderValue::from_static("Bearer  abc"));
+        assert_eq!(bearer_token(&headers), Err(HeaderError::Repeated));
+    }
+
+    #[test]
+    fn the_header_name_is_case_insensitive() {
+        let mut headers = HeaderMap::new();
+        headers.insert("AUTHORIZATION", HeaderValue::from_static("Bearer abc"));
+        assert_eq!(bearer_token(&headers), Ok("abc"));
+    }
+
+    #[test]
+    fn too_long_at_one_byte_over_the_limit() {
+        let fits = format!("Bearer {}", "a".repeat(MAX_AUTHORIZATION_BYTES - 7));
+        assert_eq!(fits.len(), MAX_AUTHORIZATION_BYTES);
+        assert!(parse(&fits).is_ok());
+        let over = format!("{fits}a");
+        assert_eq!(
+            parse(&over),
+            Err(HeaderError::TooLong {
+                max_bytes: MAX_AUTHORIZATION_BYTES
+            })
+        );
+    }
+
+    #[test]
+    fn too_long_is_decided_before_anything_else() {
+        let over = format!("Basic \r\n  {}", "\u{e9}".repeat(MAX_AUTHORIZATION_BYTES));
+        assert!(matches!(parse(&over), Err(HeaderError::TooLong { .. })));
+    }
+
+    #[test]
+    fn wrong_scheme() {
+        for value in [
+            "Basic dXNlcjpwYXNz",
+            "Token abc",
+            "Bearerabc",
+            "Bearer:abc",
+            KEY,
+            "",
+            "Béarer abc",
+        ] {
+            assert_eq!(parse(value), Err(HeaderError::WrongScheme), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn missing_key() {
+        for value in ["Bearer", "Bearer ", "bearer", "BEARER "] {
+            assert_eq!(parse(value), Err(HeaderError::MissingKey), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn stray_whitespace() {
+        for value in [
+            " Bearer abc",
+            "Bearer abc ",
+            "Bearer  abc",
+            "Bearer ab c",
+            "Bearer\tabc",
+            "Bearer abc\t",
+            "\tBearer abc",
+            " ",
+            "  ",
+            "Bearer  ",
+            // Whitespace wins over the scheme: any stray space is reported as such.
+            "Basic  abc",
+            " abc",
+            "Basic a b",
+        ] {
+            assert_eq!(parse(value), Err(HeaderError::StrayWhitespace), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn control_characters_including_line_breaks() {
+        for value in [
+            "Bearer abc\r\n",
+            "Bearer abc\n",
+            "Bearer ab\rc",
+            "\nBearer abc",
+            "Bearer\r\nabc",
+            "Bearer abc\0",
+            "Bearer abc\u{7f}",
+            "Bearer a\u{1b}bc",
+            // Control characters win over stray whitespace and the scheme.
+            "Basic  abc\n",
+        ] {
+            assert_eq!(
+                parse(value),
+                Err(HeaderError::ControlCharacter),
+                "{value:?}"
+            );
+        }
+        assert!(HeaderError::ControlCharacter
+            .to_string()
+            .contains("line break"));
+    }
+
+    #[test]
+    fn invalid_characters_in_the_key() {
+        for value in [
+            "Bearer abc=def",
+            "Bearer =",
+            "Bearer ==abc",
+            "Bearer ab\"c",
+            "Bearer ab,c",
+            "Bearer ab;c",
+            "Bearer k\u{e9}y",
+            "Bearer abc\u{a0}",
+        ] {
+            assert_eq!(
+                parse(value),
+                Err(HeaderError::InvalidCharacter),
+                "{value:?}"
+            );
+        }
+        // obs-text bytes that are not UTF-8, as a HeaderValue may hold them.
+        assert_eq!(
+            parse_bearer(b"Bearer ab\xffc"),
+            Err(HeaderError::InvalidCharacter)
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            AUTHORIZATION,
+            HeaderValue::from_bytes(b"Bearer \x80\x81").unwrap(),
+        );
+        assert_eq!(bearer_token(&headers), Err(HeaderError::InvalidCharacter));
+    }
+
+    #[test]
+    fn messages_say_what_to_send_and_never_echo_the_value() {
+        let errors = [
+            HeaderError::Missing,
+            HeaderError::Repeated,
+            HeaderError::TooLong {
+                max_bytes: MAX_AUTHORIZATION_BYTES,
+            },
+            HeaderError::WrongScheme,
+            HeaderError::MissingKey,
+            HeaderError::StrayWhitespace,
+            HeaderError::ControlCharacter,
+            HeaderError::InvalidCharacter,
+        ];
+        for error in &errors {
+            let message = error.to_string();
+            assert!(message.contains("Bearer"), "{message}");
+            assert!(!message.contains("mg-v1-"), "{message}");
+        }
+        for value in [
+            format!("Bearer  {KEY}"),
+            format!("Bearer {KEY}\n"),
+            format!("Basic {KEY}"),
+            format!("Bearer {KEY}\"x"),
+        ] {
+            let error = parse(&value).unwrap_err();
+            assert!(!error.to_string().contains(&KEY[6..]), "{error:?}");
+            assert!(!format!("{error:?}").contains(&KEY[6..]), "{error:?}");
+        }
+    }
+
+    /// A valid key: token68, as any bearer token may be.
+    fn token68() -> impl Strategy<Value = String> {
+        "[A-Za-z0-9._~+/-]{1,60}={0,2}"
+    }
+
+    /// `Bearer` in a random ASCII case.
+    fn scheme() -> impl Strategy<Value = String> {
+        proptest::collection::vec(any::<bool>(), 6).prop_map(|upper| {
+            "bearer"
+                .chars()
+                .zip(upper)
+                .map(|(c, up)| if up { c.to_ascii_uppercase() } else { c })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(value in proptest::collection::vec(any::<u8>(), 0..1100)) {
+            if let Ok(key) = parse_bearer(&value) {
+                prop_assert!(!key.is_empty());
+                prop_assert!(value.ends_with(key.as_bytes()));
+                prop_assert!(key.bytes().all(|byte| byte.is_ascii_graphic()));
+            }
+        }
+
+        #[test]
+        fn header_like_values_never_panic(value in "[Bb ][eE\t ]{0,3}[a-zA-Z \t\r\n=+/é]{0,12}") {
+            if let Ok(key) = parse(&value) {
+                prop_assert!(value.ends_with(key));
+                prop_assert_eq!(value.len(), key.len() + 7);
+            }
+        }
+
+        #[test]
+        fn any_valid_key_parses_with_the_scheme_in_any_case(scheme in scheme(), key in token68()) {
+            let value = format!("{scheme} {key}");
+            prop_assert_eq!(parse(&value), Ok(key.as_str()));
+        }
+
+        #[test]
+        fn whitespace_or_a_line_break_inserted_anywhere_is_rejected(
+            scheme in scheme(),
+            key in token68(),
+            at in any::<prop::sample::Index>(),
+            inserted in prop::sample::select(vec![" ", "\t", "  ", "\r", "\n", "\r\n"]),
+        ) {
+            let valid = format!("{scheme} {key}");
+            let at = at.index(valid.len() + 1);
+            let mut value = valid.clone();
+            value.insert_str(at, inserted);
+            prop_assert_ne!(&value, &valid);
+            let expected = if inserted.contains(['\r', '\n']) {
+                HeaderError::ControlCharacter
+            } else {
+                HeaderError::StrayWhitespace
+            };
+            prop_assert_eq!(parse(&value), Err(expected));
+        }
+
+        #[test]
+        fn a_separator_replaced_by_other_whitespace_is_rejected(
+            key in token68(),
+            separator in prop::sample::select(vec!["\t", "  ", "\r", "\n", "\r\n", " \t"]),
+        ) {
+            let value = format!("Bearer{separator}{key}");
+            prop_assert!(matches!(
+                parse(&value),
+                Err(HeaderError::StrayWhitespace | HeaderError::ControlCharacter)
+            ));
+        }
+    }
+}
