@@ -47,6 +47,13 @@ pub enum ErrorKind {
     Authentication,
     /// 402: the key's credit limit is reached or the account balance is negative.
     InsufficientCredits,
+    /// 403: the key is valid but may not do this (a management key calling
+    /// chat completions, a normal key calling the management API).
+    Forbidden,
+    /// 404: the gateway has no such resource (an unknown key hash, route or account).
+    NotFound,
+    /// 405: the route exists but not for this method.
+    MethodNotAllowed,
     /// 408: the request body did not arrive in time.
     RequestTimeout,
     /// 413: the request body is larger than allowed.
@@ -67,10 +74,13 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in status order.
-    pub const ALL: [ErrorKind; 11] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::InvalidRequest,
         ErrorKind::Authentication,
         ErrorKind::InsufficientCredits,
+        ErrorKind::Forbidden,
+        ErrorKind::NotFound,
+        ErrorKind::MethodNotAllowed,
         ErrorKind::RequestTimeout,
         ErrorKind::PayloadTooLarge,
         ErrorKind::InvalidParameter,
@@ -87,6 +97,9 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::InvalidParameter => StatusCode::UNPROCESSABLE_ENTITY,
@@ -104,6 +117,9 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::InsufficientCredits => "insufficient_credits",
+            ErrorKind::Forbidden => "permission_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::RequestTimeout => "request_timeout",
             ErrorKind::PayloadTooLarge => "payload_too_large",
             ErrorKind::InvalidParameter => "invalid_parameter",
@@ -364,6 +380,9 @@ mod tests {
             (400, "invalid_request_error"),
             (401, "authentication_error"),
             (402, "insufficient_credits"),
+            (403, "permission_error"),
+            (404, "not_found_error"),
+            (405, "method_not_allowed"),
             (408, "request_timeout"),
             (413, "payload_too_large"),
             (422, "invalid_parameter"),
@@ -441,11 +460,13 @@ mod tests {
 
     #[tokio::test]
     async fn upstream_statuses_outside_the_table_are_kept() {
-        let error = GatewayError::with_upstream_status(StatusCode::NOT_FOUND, "no such model");
+        let error = GatewayError::with_upstream_status(StatusCode::GONE, "no such model");
         let (response, body) = render(&error).await;
-        assert_eq!(response.status(), 404);
-        assert_eq!(body["error"]["code"], 404);
+        assert_eq!(response.status(), 410);
+        assert_eq!(body["error"]["code"], 410);
         assert_eq!(body["error"]["type"], "invalid_request_error");
+        let error = GatewayError::with_upstream_status(StatusCode::NOT_FOUND, "no such model");
+        assert_eq!(error.to_json()["error"]["type"], "not_found_error");
         let error =
             GatewayError::with_upstream_status(StatusCode::from_u16(529).unwrap(), "overloaded");
         assert_eq!(error.status(), 529);

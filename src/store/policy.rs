@@ -45,16 +45,20 @@ impl FailurePolicy {
                 tracing::warn!(layer, %error, decision = "fail_open", "store failed; request admitted unchecked");
                 Ok(())
             }
-            FailurePolicy::FailClosed => {
-                FAIL_CLOSED_DECISIONS.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(layer, %error, decision = "fail_closed", "store failed; request refused");
-                Err(GatewayError::new(
-                    ErrorKind::ServiceUnavailable,
-                    format!("{layer} cannot reach its store right now; retry with backoff"),
-                )
-                .with_metadata("layer", layer))
-            }
+            FailurePolicy::FailClosed => Err(Self::refusal(layer, error)),
         }
+    }
+
+    /// The 503 of a layer that fails closed, logged and counted: for the
+    /// layers (like BearerAuth) that can never admit a request unchecked.
+    pub fn refusal(layer: &'static str, error: &StoreError) -> GatewayError {
+        FAIL_CLOSED_DECISIONS.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(layer, %error, decision = "fail_closed", "store failed; request refused");
+        GatewayError::new(
+            ErrorKind::ServiceUnavailable,
+            format!("{layer} cannot reach its store right now; retry with backoff"),
+        )
+        .with_metadata("layer", layer)
     }
 
     /// Requests admitted unchecked because a store failed, since start.
