@@ -79,25 +79,38 @@ fn too_large(max_body_bytes: usize) -> GatewayError {
 /// case, empty and `.` segments dropped, `..` applied), ends in
 /// `chat/completions`. So no spelling of the path slips past parsing.
 pub(crate) fn is_chat_completions(parts: &Parts) -> bool {
-    if parts.method != Method::POST {
+    is_chat_completions_call(&parts.method, parts.uri.path())
+}
+
+/// [`is_chat_completions`] on a method and path.
+pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
+    if method != Method::POST {
         return false;
     }
-    let decoded = percent_encoding::percent_decode_str(parts.uri.path()).decode_utf8_lossy();
-    let mut segments: Vec<&str> = Vec::new();
+    matches!(
+        normalized_segments(path).as_slice(),
+        [.., chat, completions]
+            if chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+    )
+}
+
+/// The segments of `path` as an upstream that normalises paths reads them:
+/// percent-decoded, empty and `.` segments dropped, `..` applied. Every
+/// route check in the crate matches on these, so no spelling of a path
+/// routes around a check.
+pub(crate) fn normalized_segments(path: &str) -> Vec<String> {
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    let mut segments: Vec<String> = Vec::new();
     for segment in decoded.split('/') {
         match segment {
             "" | "." => {}
             ".." => {
                 segments.pop();
             }
-            segment => segments.push(segment),
+            segment => segments.push(segment.to_owned()),
         }
     }
-    matches!(
-        segments.as_slice(),
-        [.., chat, completions]
-            if chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
-    )
+    segments
 }
 
 /// `application/json`, with parameters, or any `…+json` type.
