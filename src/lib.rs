@@ -10,7 +10,7 @@
 //! The layers go in this order, outermost first:
 //!
 //! ```text
-//! ErrorMapper -> BodyLimit -> BearerAuth -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
+//! ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
 //! ```
 //!
 //! Each reads what the layers before it put into the request's extensions
@@ -18,10 +18,13 @@
 //! ([`error::GatewayError`]). Available so far:
 //!
 //! - [`error_mapper`]: every failure leaves in the canonical body.
-//! - [`auth`]: the `Authorization` parser and the key format and hash that
-//!   `BearerAuth` will stand on.
 //! - [`body`]: the body buffered once, size and time bounded; chat requests
 //!   parsed into a [`body::ChatRequest`].
+//! - [`auth`]: `BearerAuth`, the strict `Authorization` parser, the
+//!   `mg-v1-` key format and its hash; the caller's [`auth::Principal`].
+//! - [`keys`]: key and account records, the key management API, and the
+//!   key, credits and balance queries (`KeyRoutes`).
+//! - [`free_quota`]: the free-model quota's rules.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!
@@ -63,5 +66,7 @@ pub mod body;
 pub mod clock;
 pub mod error;
 pub mod error_mapper;
+pub mod free_quota;
+pub mod keys;
 pub mod response_body;
 pub mod store;

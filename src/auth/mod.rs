@@ -1,10 +1,26 @@
-//! Bearer keys: the `Authorization` parser, the key format and its hash.
+//! Bearer keys: the [`BearerAuth`] layer, the `Authorization` parser, the
+//! key format and its hash.
 //!
-//! `BearerAuth` (still to come) will read the request's one `Authorization`
-//! header with [`bearer_token`], look the key up by its [`KeyHash`] and put
-//! the caller's `Principal` into the request's extensions, answering 401
-//! with the [`HeaderError`] message when the header is malformed. For now
-//! this module holds the pieces it stands on:
+//! [`BearerAuth`] reads the request's one `Authorization` header with
+//! [`bearer_token`], looks the key up by its [`KeyHash`] in a
+//! [`KeyDirectory`](crate::keys::KeyDirectory) and puts the caller's
+//! [`Principal`] into the request's extensions. Each refusal is a 401 with
+//! its own message and `metadata.reason`:
+//!
+//! | reason | when |
+//! |---|---|
+//! | `missing_authorization` | no `Authorization` header |
+//! | `wrong_scheme` | not the `Bearer` scheme (or a bare key) |
+//! | `malformed_authorization` | not exactly `Bearer`, one space, a key: stray spaces, tabs, line breaks, control or non-token characters, repeated header, over 1 KiB |
+//! | `unknown_key` | not a modelgate key, a bad checksum, or no such key |
+//! | `deleted_key`, `expired_key`, `disabled_key` | the key's state |
+//!
+//! A management key calling chat completions gets 403; a store that cannot
+//! answer gives 503, since authentication always fails closed. Keys deleted
+//! or disabled elsewhere stop within the directory's cache time (1 s by
+//! default).
+//!
+//! The pieces it stands on are public too:
 //!
 //! - [`parse_bearer`] and [`bearer_token`]: exactly `Bearer`, one space and
 //!   a key; stray whitespace, line breaks and repeated headers are errors,
@@ -16,22 +32,55 @@
 //!   is shown once, at creation.
 //!
 //! ```
-//! use modelgate::auth::{looks_like_key, parse_bearer, ApiKey, HeaderError};
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use modelgate::auth::{looks_like_key, parse_bearer, ApiKey, BearerAuthLayer, HeaderError, Principal};
+//! use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+//! use modelgate::store::MemoryStore;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
-//! let key = ApiKey::generate();
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store: SharedStore = Arc::new(MemoryStore::new());
+//! let directory = KeyDirectory::new(store);
+//! let (key, _) = directory.create_key(NewKey::named("ci")).await.unwrap();
 //! assert!(looks_like_key(key.expose()));
 //!
-//! let header = format!("Bearer {}", key.expose());
-//! let token = parse_bearer(header.as_bytes()).unwrap();
-//! assert!(ApiKey::parse(token).unwrap().hash() == key.hash());
+//! let service = ServiceBuilder::new()
+//!     .layer(BearerAuthLayer::new(directory))
+//!     .service(service_fn(|request: Request<Full<Bytes>>| async move {
+//!         let principal = request.extensions().get::<Principal>().unwrap();
+//!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(principal.label.clone()))))
+//!     }));
 //!
+//! let request = |authorization: String| {
+//!     Request::get("/api/v1/models").header("authorization", authorization).body(Full::new(Bytes::new())).unwrap()
+//! };
+//! let ok = service.clone().oneshot(request(format!("Bearer {}", key.expose()))).await.unwrap();
+//! assert_eq!(ok.status(), 200);
+//! let doubled = service.oneshot(request(format!("Bearer  {}", key.expose()))).await.unwrap();
+//! assert_eq!(doubled.status(), 401);
+//! assert_eq!(doubled.headers()["www-authenticate"], "Bearer realm=\"modelgate\", error=\"invalid_token\"");
+//!
+//! // The parser alone:
 //! let pasted = format!("Bearer {}\n", key.expose());
 //! assert_eq!(parse_bearer(pasted.as_bytes()), Err(HeaderError::ControlCharacter));
 //! assert!(!looks_like_key("mg-v1-not-a-key"));
+//! # }
 //! ```
 
+mod future;
 mod header;
 mod key;
+mod layer;
+mod principal;
+mod service;
 
+pub use future::ResponseFuture;
 pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTES};
 pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
+pub use layer::BearerAuthLayer;
+pub use principal::Principal;
+pub use service::BearerAuth;

@@ -1,0 +1,37 @@
+//! The key management API's input parsers on arbitrary bytes: never panic,
+//! refuse only with 400 or 422, and what they accept keeps its bounds.
+#![no_main]
+
+use chrono::{TimeZone, Utc};
+use libfuzzer_sys::fuzz_target;
+use modelgate::keys::{input, is_valid_account_id, MAX_CREDITS, MAX_KEY_NAME_CHARS};
+use modelgate::store::NANOS_PER_CREDIT;
+
+fuzz_target!(|body: &[u8]| {
+    let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+    let refused = |status: u16| assert!(matches!(status, 400 | 422), "{status}");
+    match input::new_key(body, now) {
+        Ok(new) => {
+            assert!(!new.name.is_empty() && new.name.chars().count() <= MAX_KEY_NAME_CHARS);
+            assert_eq!(new.name.trim(), new.name);
+            assert!(is_valid_account_id(&new.account));
+            assert!(!new.management);
+            assert!(new
+                .limit_nanos
+                .is_none_or(|nanos| (0..=MAX_CREDITS * NANOS_PER_CREDIT).contains(&nanos)));
+            assert!(new.expires_at.is_none_or(|expires_at| expires_at > now));
+        }
+        Err(error) => refused(error.status().as_u16()),
+    }
+    match input::key_update(body) {
+        Ok(update) => assert!(update.name.is_none_or(|name| !name.is_empty())),
+        Err(error) => refused(error.status().as_u16()),
+    }
+    match input::purchase_nanos(body) {
+        Ok(nanos) => assert!(nanos > 0 && nanos <= MAX_CREDITS * NANOS_PER_CREDIT),
+        Err(error) => refused(error.status().as_u16()),
+    }
+    if let Err(error) = input::list_query(Some(&String::from_utf8_lossy(body))) {
+        refused(error.status().as_u16());
+    }
+});

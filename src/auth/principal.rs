@@ -1,0 +1,43 @@
+use chrono::{DateTime, Utc};
+
+use super::KeyHash;
+use crate::keys::KeyRecord;
+use crate::store::KeyLimit;
+
+/// Who is calling: the key BearerAuth accepted, put into the request's
+/// extensions for the layers after it.
+///
+/// `Debug` shows no secret: the key hash prints redacted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// SHA-256 of the key; its id in the store and the ledger.
+    pub key_hash: KeyHash,
+    /// The account whose balance, rate limits and quotas the key shares.
+    pub account_id: String,
+    /// The key's name.
+    pub label: String,
+    /// Whether this is a management key (management API only, no models).
+    pub management: bool,
+    /// The key's credit limit as the ledger checks it, if it has one.
+    pub key_limit: Option<KeyLimit>,
+    /// Whether usage through the account's own provider keys counts
+    /// against the limit.
+    pub include_byok_in_limit: bool,
+    /// When the key stops working.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl Principal {
+    /// The principal of a stored key.
+    pub fn from_record(key_hash: KeyHash, record: &KeyRecord) -> Self {
+        Principal {
+            key_hash,
+            account_id: record.account.clone(),
+            label: record.name.clone(),
+            management: record.management,
+            key_limit: record.key_limit(),
+            include_byok_in_limit: record.include_byok_in_limit,
+            expires_at: record.expires_at,
+        }
+    }
+}

@@ -1,0 +1,149 @@
+use std::task::{Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::header::{HeaderValue, WWW_AUTHENTICATE};
+use http::{HeaderMap, Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::{bearer_token, ApiKey, HeaderError, KeyFormatError, KeyHash, Principal};
+use crate::body::is_chat_completions_call;
+use crate::error::{ErrorKind, GatewayError};
+use crate::keys::{KeyDirectory, KeyState};
+use crate::response_body::ResponseBody;
+use crate::store::FailurePolicy;
+
+/// Admits a request only with `Authorization: Bearer <key>` naming a live
+/// modelgate key, and puts its [`Principal`] into the request's extensions.
+///
+/// Every refusal is a 401 with its own message (missing header, wrong
+/// scheme, malformed value, unknown, deleted, expired or disabled key) and
+/// `WWW-Authenticate: Bearer`; a management key calling chat completions
+/// gets 403; a store that cannot answer gives 503 (auth always fails
+/// closed). See the [module docs](super) for an example.
+#[derive(Clone, Debug)]
+pub struct BearerAuth<S> {
+    pub(crate) inner: S,
+    pub(crate) directory: KeyDirectory,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for BearerAuth<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is asked for readiness only once the key is
+        // known good, so refused requests never hold a permit.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let hash = match presented_key(request.headers()) {
+            Ok(hash) => hash,
+            Err(rejection) => return ResponseFuture::rejected(rejection),
+        };
+        let calls_model = is_chat_completions_call(request.method(), request.uri().path());
+        let directory = self.directory.clone();
+        let authenticating: BoxFuture<'static, Result<Principal, GatewayError>> =
+            Box::pin(async move { authenticate(&directory, hash, calls_model).await });
+        ResponseFuture::authenticating(authenticating, request, self.inner.clone())
+    }
+}
+
+/// The hash of the key in the `Authorization` header, or the 401 saying
+/// what is wrong with the header.
+fn presented_key(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
+    let token = bearer_token(headers).map_err(|error| {
+        let reason = match error {
+            HeaderError::Missing => "missing_authorization",
+            HeaderError::WrongScheme => "wrong_scheme",
+            _ => "malformed_authorization",
+        };
+        unauthenticated(reason, error.to_string())
+    })?;
+    match ApiKey::parse(token) {
+        Ok(key) => Ok(key.hash()),
+        Err(KeyFormatError::BadChecksum) => Err(unauthenticated(
+            "unknown_key",
+            "unknown API key: its checksum does not match, so it was mistyped or cut short; copy the whole key again",
+        )),
+        Err(_) => Err(unauthenticated(
+            "unknown_key",
+            format!(
+                "unknown API key: modelgate keys start with `{}` and are {} characters long; check that the key is one this gateway issued",
+                ApiKey::PREFIX,
+                ApiKey::LEN
+            ),
+        )),
+    }
+}
+
+/// Resolves `hash` to a principal, or the response refusing it.
+pub(crate) async fn authenticate(
+    directory: &KeyDirectory,
+    hash: KeyHash,
+    calls_model: bool,
+) -> Result<Principal, GatewayError> {
+    let state = directory
+        .lookup(&hash)
+        .await
+        .map_err(|error| FailurePolicy::refusal("BearerAuth", &error))?;
+    let record =
+        match state {
+            KeyState::Active(record) => record,
+            KeyState::Deleted => {
+                return Err(unauthenticated(
+                    "deleted_key",
+                    "this API key was deleted; create a new key",
+                ))
+            }
+            KeyState::Unknown => return Err(unauthenticated(
+                "unknown_key",
+                "unknown API key: no key with this value exists; check the key or create a new one",
+            )),
+        };
+    let now = directory.now();
+    if let Some(expires_at) = record.expires_at.filter(|_| record.is_expired(now)) {
+        return Err(unauthenticated(
+            "expired_key",
+            format!(
+                "this API key expired at {}; create a new key",
+                expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        ));
+    }
+    if record.disabled {
+        return Err(unauthenticated(
+            "disabled_key",
+            "this API key is disabled; enable it through the key management API or use another key",
+        ));
+    }
+    if record.management && calls_model {
+        return Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            "a management key cannot call models; use a normal API key for chat completions",
+        )
+        .with_metadata("reason", "management_key"));
+    }
+    Ok(Principal::from_record(hash, &record))
+}
+
+/// A 401 with a machine-readable `metadata.reason` and the challenge
+/// RFC 6750 asks for.
+fn unauthenticated(
+    reason: &'static str,
+    message: impl Into<std::borrow::Cow<'static, str>>,
+) -> GatewayError {
+    let challenge = if reason == "missing_authorization" {
+        HeaderValue::from_static("Bearer realm=\"modelgate\"")
+    } else {
+        HeaderValue::from_static("Bearer realm=\"modelgate\", error=\"invalid_token\"")
+    };
+    GatewayError::new(ErrorKind::Authentication, message)
+        .with_metadata("reason", reason)
+        .with_header(WWW_AUTHENTICATE, challenge)
+}

@@ -1,0 +1,558 @@
+//! [`KeyDirectory`]: keys and accounts in the store, with a short-lived
+//! in-process cache in front of the lookups BearerAuth makes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::record::{
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DELETED_KEYS,
+};
+use crate::auth::{ApiKey, KeyHash};
+use crate::clock::{Clock, SystemClock};
+use crate::store::{
+    AccountBalance, Expect, RecordStoreExt, Store, StoreError, Versioned, WriteOutcome, ACCOUNTS,
+    KEYS,
+};
+
+/// A store shared by every layer of one gateway.
+pub type SharedStore = Arc<dyn Store>;
+
+/// How often a compare-and-set write is retried when another writer got
+/// there first.
+const MAX_WRITE_ATTEMPTS: usize = 16;
+
+/// What the store says about a key hash.
+#[derive(Clone, Debug)]
+pub enum KeyState {
+    /// The key exists (it may still be disabled or expired).
+    Active(Arc<KeyRecord>),
+    /// The key existed and was deleted.
+    Deleted,
+    /// No key has this hash.
+    Unknown,
+}
+
+/// Keys and accounts, read and written through the store, shared by
+/// [`BearerAuthLayer`](crate::auth::BearerAuthLayer) and
+/// [`KeyRoutesLayer`](super::KeyRoutesLayer).
+///
+/// Lookups are cached in process for [`cache_ttl`](Self::with_cache_ttl)
+/// (default 1 s). A change made through this directory (update, delete) is
+/// seen at once by the instance that made it; every other instance sees it
+/// within the cache time. A TTL of zero turns the cache off.
+///
+/// Cheap to clone: clones share the store, clock and cache.
+#[derive(Clone)]
+pub struct KeyDirectory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    cache_ttl: Duration,
+    max_cached_keys: usize,
+    cache: Mutex<HashMap<KeyHash, Cached>>,
+    // Bumped by every local change, so a lookup that started before the
+    // change never puts the old state back into the cache.
+    generation: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Cached {
+    fetched_at: DateTime<Utc>,
+    state: KeyState,
+}
+
+impl fmt::Debug for KeyDirectory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyDirectory")
+            .field("clock", &self.inner.clock)
+            .field("cache_ttl", &self.inner.cache_ttl)
+            .field("max_cached_keys", &self.inner.max_cached_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyDirectory {
+    /// How long a lookup is trusted by default: the longest a deleted or
+    /// disabled key keeps working on another instance.
+    pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(1);
+    /// How many keys the cache holds by default.
+    pub const DEFAULT_MAX_CACHED_KEYS: usize = 100_000;
+
+    /// A directory on `store` with the system clock and the default cache.
+    pub fn new(store: SharedStore) -> Self {
+        Self::build(
+            store,
+            Arc::new(SystemClock),
+            Self::DEFAULT_CACHE_TTL,
+            Self::DEFAULT_MAX_CACHED_KEYS,
+        )
+    }
+
+    fn build(
+        store: SharedStore,
+        clock: Arc<dyn Clock>,
+        cache_ttl: Duration,
+        max_cached_keys: usize,
+    ) -> Self {
+        KeyDirectory {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                cache_ttl,
+                max_cached_keys,
+                cache: Mutex::new(HashMap::new()),
+                generation: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Uses `clock` for expiry, usage periods and the cache.
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        let inner = &self.inner;
+        Self::build(
+            inner.store.clone(),
+            clock,
+            inner.cache_ttl,
+            inner.max_cached_keys,
+        )
+    }
+
+    /// Trusts a lookup for `cache_ttl`; zero turns the cache off.
+    pub fn with_cache_ttl(self, cache_ttl: Duration) -> Self {
+        let inner = &self.inner;
+        Self::build(
+            inner.store.clone(),
+            inner.clock.clone(),
+            cache_ttl,
+            inner.max_cached_keys,
+        )
+    }
+
+    /// Holds at most `max_cached_keys` lookups.
+    pub fn with_max_cached_keys(self, max_cached_keys: usize) -> Self {
+        let inner = &self.inner;
+        Self::build(
+            inner.store.clone(),
+            inner.clock.clone(),
+            inner.cache_ttl,
+            max_cached_keys,
+        )
+    }
+
+    /// The store the directory reads and writes.
+    pub fn store(&self) -> &SharedStore {
+        &self.inner.store
+    }
+
+    /// The directory's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The current time on the directory's clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.now()
+    }
+
+    /// What the store says about `hash`, from the cache when fresh.
+    pub async fn lookup(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
+        let now = self.now();
+        if let Some(state) = self.cached(hash, now) {
+            return Ok(state);
+        }
+        let generation = self.inner.generation.load(Ordering::Acquire);
+        let state = self.fetch(hash).await?;
+        self.remember(*hash, &state, now, generation);
+        Ok(state)
+    }
+
+    async fn fetch(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
+        let id = hash.to_hex();
+        let store = &self.inner.store;
+        if let Some(record) = store.get_json::<KeyRecord>(KEYS, &id).await? {
+            // The record is found by its hash; comparing again, in constant
+            // time, guards against a store that answers for the wrong id.
+            return match KeyHash::from_hex(&record.value.hash) {
+                Some(stored) if stored == *hash => Ok(KeyState::Active(Arc::new(record.value))),
+                _ => Err(StoreError::corrupt(
+                    "get_record",
+                    "a key record's hash does not match its id",
+                )),
+            };
+        }
+        if store.get_record(DELETED_KEYS, &id).await?.is_some() {
+            return Ok(KeyState::Deleted);
+        }
+        Ok(KeyState::Unknown)
+    }
+
+    fn cache(&self) -> MutexGuard<'_, HashMap<KeyHash, Cached>> {
+        // Entries are written whole; a panic elsewhere cannot leave one half-made.
+        self.inner
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn is_fresh(&self, cached: &Cached, now: DateTime<Utc>) -> bool {
+        // A clock that went backwards makes an entry stale, not eternal.
+        match (now - cached.fetched_at).to_std() {
+            Ok(age) => age < self.inner.cache_ttl,
+            Err(_) => false,
+        }
+    }
+
+    fn cached(&self, hash: &KeyHash, now: DateTime<Utc>) -> Option<KeyState> {
+        if self.inner.cache_ttl.is_zero() {
+            return None;
+        }
+        let cache = self.cache();
+        let cached = cache.get(hash)?;
+        self.is_fresh(cached, now).then(|| cached.state.clone())
+    }
+
+    fn remember(&self, hash: KeyHash, state: &KeyState, now: DateTime<Utc>, generation: u64) {
+        if self.inner.cache_ttl.is_zero() || self.inner.max_cached_keys == 0 {
+            return;
+        }
+        let mut cache = self.cache();
+        if self.inner.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if cache.len() >= self.inner.max_cached_keys {
+            cache.retain(|_, cached| self.is_fresh(cached, now));
+            if cache.len() >= self.inner.max_cached_keys {
+                cache.clear();
+            }
+        }
+        cache.insert(
+            hash,
+            Cached {
+                fetched_at: now,
+                state: state.clone(),
+            },
+        );
+    }
+
+    /// Drops `hash` from this instance's cache, so its next request reads
+    /// the store. Every change made through the directory does this.
+    pub fn forget(&self, hash: &KeyHash) {
+        let mut cache = self.cache();
+        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+        cache.remove(hash);
+    }
+
+    /// Creates a key and its account if new; returns the plaintext (to be
+    /// shown once) and the stored record.
+    pub async fn create_key(&self, new: NewKey) -> Result<(ApiKey, KeyRecord), StoreError> {
+        self.ensure_account(&new.account).await?;
+        let now = self.now();
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let key = ApiKey::generate();
+            let hash = key.hash();
+            let record = KeyRecord {
+                hash: hash.to_hex(),
+                name: new.name.clone(),
+                account: new.account.clone(),
+                management: new.management,
+                disabled: false,
+                limit_nanos: new.limit_nanos,
+                limit_reset: new.limit_reset,
+                include_byok_in_limit: new.include_byok_in_limit,
+                created_at: now,
+                updated_at: None,
+                expires_at: new.expires_at,
+            };
+            match self
+                .inner
+                .store
+                .put_json(KEYS, &record.hash, &record, Expect::Absent)
+                .await?
+            {
+                WriteOutcome::Written { .. } => {
+                    self.forget(&hash);
+                    return Ok((key, record));
+                }
+                // Two keys with one hash: 256 random bits make this a
+                // broken random source, not bad luck; try again anyway.
+                WriteOutcome::Conflict { .. } => continue,
+            }
+        }
+        Err(StoreError::corrupt(
+            "put_record",
+            "every newly generated key collided with an existing one",
+        ))
+    }
+
+    /// The stored record of `hash`, read from the store (not the cache).
+    pub async fn get(&self, hash: &KeyHash) -> Result<Option<Versioned<KeyRecord>>, StoreError> {
+        self.inner.store.get_json(KEYS, &hash.to_hex()).await
+    }
+
+    /// Applies `update` to the key `hash`; `None` when there is no such key.
+    pub async fn update(
+        &self,
+        hash: &KeyHash,
+        update: &KeyUpdate,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let Some(Versioned {
+                value: mut record,
+                revision,
+            }) = self.get(hash).await?
+            else {
+                return Ok(None);
+            };
+            update.apply(&mut record, self.now());
+            let outcome = self
+                .inner
+                .store
+                .put_json(KEYS, &record.hash, &record, Expect::Revision(revision))
+                .await?;
+            if let WriteOutcome::Written { .. } = outcome {
+                self.forget(hash);
+                return Ok(Some(record));
+            }
+        }
+        Err(too_contended("put_record"))
+    }
+
+    /// Deletes the key `hash`, leaving a tombstone so it is answered
+    /// "deleted"; `false` when there was no such key.
+    pub async fn delete(&self, hash: &KeyHash) -> Result<bool, StoreError> {
+        let id = hash.to_hex();
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let Some(current) = self.get(hash).await? else {
+                return Ok(false);
+            };
+            // The tombstone goes first: between the two writes the key is
+            // "deleted" already, never "unknown" nor still usable.
+            let tombstone = DeletedKey {
+                account: current.value.account.clone(),
+                deleted_at: self.now(),
+            };
+            self.inner
+                .store
+                .put_json(DELETED_KEYS, &id, &tombstone, Expect::Any)
+                .await?;
+            let outcome = self
+                .inner
+                .store
+                .delete_record(KEYS, &id, Expect::Revision(current.revision))
+                .await?;
+            if let WriteOutcome::Written { .. } = outcome {
+                self.forget(hash);
+                return Ok(true);
+            }
+        }
+        Err(too_contended("delete_record"))
+    }
+
+    /// Keys newest first, skipping `offset` of those shown; disabled keys
+    /// only when `include_disabled`. At most `page_size` records.
+    pub async fn list(
+        &self,
+        offset: usize,
+        include_disabled: bool,
+        page_size: usize,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        const BATCH: usize = 500;
+        let mut skipped = 0;
+        let mut page = Vec::new();
+        let mut cursor = 0;
+        while page.len() < page_size {
+            let batch = self.inner.store.list_records(KEYS, cursor, BATCH).await?;
+            let fetched = batch.len();
+            for (_, record) in batch {
+                let record = crate::store::decode::<KeyRecord>("list_records", record)?.value;
+                if record.disabled && !include_disabled {
+                    continue;
+                }
+                if skipped < offset {
+                    skipped += 1;
+                } else if page.len() < page_size {
+                    page.push(record);
+                }
+            }
+            if fetched < BATCH {
+                break;
+            }
+            cursor += fetched;
+        }
+        Ok(page)
+    }
+
+    /// Records the account `id` if it is new, with nothing purchased.
+    pub async fn ensure_account(&self, id: &str) -> Result<(), StoreError> {
+        if !is_valid_account_id(id) {
+            return Err(StoreError::invalid(
+                "put_record",
+                "an account id is 1 to 64 characters of A-Z a-z 0-9 . _ -",
+            ));
+        }
+        let account = AccountRecord {
+            id: id.to_owned(),
+            created_at: self.now(),
+        };
+        // A conflict means the account exists already, which is the goal.
+        self.inner
+            .store
+            .put_json(ACCOUNTS, id, &account, Expect::Absent)
+            .await?;
+        Ok(())
+    }
+
+    /// Whether the account `id` has been used.
+    pub async fn account_exists(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.inner.store.get_record(ACCOUNTS, id).await?.is_some())
+    }
+
+    /// Records a purchase of `amount_nanos` for the account `id` (created if
+    /// new): its balance and purchased total rise by the amount.
+    pub async fn top_up(&self, id: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
+        self.ensure_account(id).await?;
+        self.inner.store.top_up(id, amount_nanos).await
+    }
+}
+
+fn too_contended(operation: &'static str) -> StoreError {
+    StoreError::new(
+        operation,
+        crate::store::StoreErrorKind::Backend(format!(
+            "another writer changed the record {MAX_WRITE_ATTEMPTS} times in a row"
+        )),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::MemoryStore;
+    use chrono::TimeZone;
+
+    fn directory(ttl: Duration) -> (KeyDirectory, ManualClock) {
+        let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let directory = KeyDirectory::new(store)
+            .with_clock(Arc::new(clock.clone()))
+            .with_cache_ttl(ttl);
+        (directory, clock)
+    }
+
+    /// Disables a key behind the directory's back, as another instance would.
+    async fn disable_elsewhere(directory: &KeyDirectory, hash: &KeyHash) {
+        let mut record = directory.get(hash).await.unwrap().unwrap().value;
+        record.disabled = true;
+        directory
+            .store()
+            .put_json(KEYS, &record.hash, &record, Expect::Any)
+            .await
+            .unwrap();
+    }
+
+    fn is_disabled(state: KeyState) -> bool {
+        matches!(state, KeyState::Active(record) if record.disabled)
+    }
+
+    #[tokio::test]
+    async fn a_lookup_is_trusted_for_less_than_the_ttl_and_no_longer() {
+        let (directory, clock) = directory(Duration::from_millis(500));
+        let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let hash = key.hash();
+        assert!(!is_disabled(directory.lookup(&hash).await.unwrap()));
+        disable_elsewhere(&directory, &hash).await;
+        clock.advance(Duration::from_millis(499));
+        assert!(!is_disabled(directory.lookup(&hash).await.unwrap()));
+        clock.advance(Duration::from_millis(1));
+        assert!(is_disabled(directory.lookup(&hash).await.unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_clock_that_goes_back_does_not_keep_an_entry_alive() {
+        let (directory, clock) = directory(Duration::from_secs(1));
+        let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let hash = key.hash();
+        directory.lookup(&hash).await.unwrap();
+        disable_elsewhere(&directory, &hash).await;
+        clock.set(Utc.with_ymd_and_hms(2025, 12, 31, 0, 0, 0).unwrap());
+        assert!(is_disabled(directory.lookup(&hash).await.unwrap()));
+    }
+
+    #[tokio::test]
+    async fn changes_through_the_directory_are_seen_at_once() {
+        let (directory, _clock) = directory(Duration::from_secs(3600));
+        let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let hash = key.hash();
+        directory.lookup(&hash).await.unwrap();
+        let update = KeyUpdate {
+            disabled: Some(true),
+            ..KeyUpdate::default()
+        };
+        directory.update(&hash, &update).await.unwrap().unwrap();
+        assert!(is_disabled(directory.lookup(&hash).await.unwrap()));
+        assert!(directory.delete(&hash).await.unwrap());
+        assert!(matches!(
+            directory.lookup(&hash).await.unwrap(),
+            KeyState::Deleted
+        ));
+        assert!(!directory.delete(&hash).await.unwrap());
+        assert!(directory.update(&hash, &update).await.unwrap().is_none());
+        assert!(matches!(
+            directory
+                .lookup(&KeyHash::of("never issued"))
+                .await
+                .unwrap(),
+            KeyState::Unknown
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_cache_never_holds_more_than_its_bound() {
+        let (directory, _clock) = directory(Duration::from_secs(60));
+        let directory = directory.with_max_cached_keys(3);
+        for index in 0..20 {
+            directory
+                .lookup(&KeyHash::of(&format!("key {index}")))
+                .await
+                .unwrap();
+            assert!(directory.cache().len() <= 3);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_under_the_wrong_id_is_an_error_not_a_login() {
+        let (directory, _clock) = directory(Duration::ZERO);
+        let (key, record) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let other = KeyHash::of("another key");
+        directory
+            .store()
+            .put_json(KEYS, &other.to_hex(), &record, Expect::Any)
+            .await
+            .unwrap();
+        assert!(directory.lookup(&other).await.is_err());
+        assert!(directory.lookup(&key.hash()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn accounts_are_made_on_first_use_and_ids_are_checked() {
+        let (directory, _clock) = directory(Duration::ZERO);
+        assert!(!directory.account_exists("acme").await.unwrap());
+        let balance = directory.top_up("acme", 5).await.unwrap();
+        assert_eq!((balance.purchased_nanos, balance.balance_nanos), (5, 5));
+        assert!(directory.account_exists("acme").await.unwrap());
+        directory.ensure_account("acme").await.unwrap();
+        assert!(directory.ensure_account("a b").await.is_err());
+        let mut bad = NewKey::named("k");
+        bad.account = "a/b".into();
+        assert!(directory.create_key(bad).await.is_err());
+    }
+}

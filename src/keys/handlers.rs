@@ -1,0 +1,375 @@
+//! The endpoints KeyRoutes answers, as async functions from a parsed
+//! request to a JSON response.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures_util::future::{try_join3, try_join_all};
+use http::header::{HeaderValue, ALLOW, CACHE_CONTROL};
+use http::{Method, StatusCode};
+use serde_json::{json, Map, Value};
+
+use super::credits::{decimal_string, nanos_to_json};
+use super::input;
+use super::layer::KeyRoutesConfig;
+use super::record::KeyRecord;
+use crate::auth::{KeyHash, Principal};
+use crate::body::normalized_segments;
+use crate::error::{ErrorKind, GatewayError};
+use crate::store::{FailurePolicy, KeyUsage, StoreError};
+
+/// An endpoint of KeyRoutes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// `GET /api/v1/key`
+    KeyStatus,
+    /// `GET /api/v1/credits`
+    Credits,
+    /// `GET /user/balance`
+    UserBalance,
+    /// `GET` and `POST /api/v1/keys`
+    Keys,
+    /// `GET`, `PATCH` and `DELETE /api/v1/keys/{hash}`
+    Key(String),
+    /// `POST /api/v1/accounts/{id}/credits`
+    AccountCredits(String),
+}
+
+impl Route {
+    /// The route `path` names, read the way every route check in the crate
+    /// reads paths (percent-decoded, dot segments applied); fixed segments
+    /// in any case.
+    pub(crate) fn of(path: &str) -> Option<Route> {
+        let segments = normalized_segments(path);
+        let lower: Vec<String> = segments.iter().map(|s| s.to_ascii_lowercase()).collect();
+        let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
+        match lower.as_slice() {
+            ["api", "v1", "key"] => Some(Route::KeyStatus),
+            ["api", "v1", "credits"] => Some(Route::Credits),
+            ["user", "balance"] => Some(Route::UserBalance),
+            ["api", "v1", "keys"] => Some(Route::Keys),
+            ["api", "v1", "keys", _] => Some(Route::Key(segments[3].clone())),
+            ["api", "v1", "accounts", _, "credits"] => {
+                Some(Route::AccountCredits(segments[3].clone()))
+            }
+            _ => None,
+        }
+    }
+
+    fn methods(&self) -> &'static [Method] {
+        match self {
+            Route::KeyStatus | Route::Credits | Route::UserBalance => &[Method::GET],
+            Route::Keys => &[Method::GET, Method::POST],
+            Route::Key(_) => &[Method::GET, Method::PATCH, Method::DELETE],
+            Route::AccountCredits(_) => &[Method::POST],
+        }
+    }
+
+    fn needs_management_key(&self) -> bool {
+        matches!(self, Route::Keys | Route::Key(_) | Route::AccountCredits(_))
+    }
+}
+
+/// What a handler needs from the request.
+pub(crate) struct Call {
+    pub(crate) route: Route,
+    pub(crate) method: Method,
+    pub(crate) query: Option<String>,
+    pub(crate) principal: Option<Principal>,
+    pub(crate) body: Option<Bytes>,
+}
+
+/// A JSON answer: status, body and extra headers.
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Value,
+    pub(crate) headers: Vec<(http::HeaderName, HeaderValue)>,
+}
+
+impl Answer {
+    fn ok(body: Value) -> Self {
+        Answer {
+            status: StatusCode::OK,
+            body,
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// Answers one call to a KeyRoutes endpoint.
+pub(crate) async fn handle(config: &KeyRoutesConfig, call: Call) -> Result<Answer, GatewayError> {
+    let allowed = call.route.methods();
+    if !allowed.contains(&call.method) {
+        let allow = allowed
+            .iter()
+            .map(Method::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(GatewayError::new(
+            ErrorKind::MethodNotAllowed,
+            format!("this endpoint answers {allow} only"),
+        )
+        .with_header(
+            ALLOW,
+            HeaderValue::from_str(&allow).expect("method names are valid header text"),
+        ));
+    }
+    let Some(principal) = call.principal else {
+        return Err(GatewayError::new(
+            ErrorKind::Internal,
+            "KeyRoutes found no Principal: BearerAuth must run before KeyRoutes",
+        ));
+    };
+    if call.route.needs_management_key() && !principal.management {
+        return Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            "this endpoint needs a management key; the key used is a normal API key",
+        )
+        .with_metadata("reason", "management_key_required"));
+    }
+    let body = || {
+        call.body.as_deref().ok_or_else(|| {
+            GatewayError::new(
+                ErrorKind::Internal,
+                "KeyRoutes found no buffered body: BodyLimit must run before KeyRoutes",
+            )
+        })
+    };
+    let directory = &config.directory;
+    let refuse = |error: StoreError| FailurePolicy::refusal("KeyRoutes", &error);
+    let now = directory.now();
+    match (&call.route, &call.method) {
+        (Route::KeyStatus, _) => key_status(config, &principal, now).await,
+        (Route::Credits, _) => {
+            let balance = directory
+                .store()
+                .account_balance(&principal.account_id)
+                .await
+                .map_err(refuse)?;
+            Ok(Answer::ok(json!({"data": {
+                "total_credits": nanos_to_json(balance.purchased_nanos),
+                "total_usage": nanos_to_json(balance.purchased_nanos.saturating_sub(balance.balance_nanos)),
+            }})))
+        }
+        (Route::UserBalance, _) => {
+            let balance = directory
+                .store()
+                .account_balance(&principal.account_id)
+                .await
+                .map_err(refuse)?;
+            let total = decimal_string(balance.balance_nanos, 2);
+            Ok(Answer::ok(json!({
+                "is_available": balance.balance_nanos > 0,
+                "balance_infos": [{
+                    "currency": "CREDITS",
+                    "total_balance": total,
+                    "granted_balance": decimal_string(0, 2),
+                    "topped_up_balance": total,
+                }],
+            })))
+        }
+        (Route::Keys, &Method::POST) => {
+            let new = input::new_key(body()?, now)?;
+            let (key, record) = directory.create_key(new).await.map_err(refuse)?;
+            Ok(Answer {
+                status: StatusCode::CREATED,
+                body: json!({
+                    "key": key.expose(),
+                    "data": key_json(&record, &KeyUsage::default()),
+                }),
+                // The plaintext is shown once; no cache may keep it.
+                headers: vec![(CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+            })
+        }
+        (Route::Keys, _) => {
+            let query = input::list_query(call.query.as_deref())?;
+            let records = directory
+                .list(query.offset, query.include_disabled, input::KEYS_PER_PAGE)
+                .await
+                .map_err(refuse)?;
+            let usages = try_join_all(records.iter().map(|record| {
+                directory
+                    .store()
+                    .key_usage(&record.account, &record.hash, now)
+            }))
+            .await
+            .map_err(refuse)?;
+            let data: Vec<Value> = records
+                .iter()
+                .zip(&usages)
+                .map(|(record, usage)| key_json(record, usage))
+                .collect();
+            Ok(Answer::ok(json!({ "data": data })))
+        }
+        (Route::Key(hash), method) => {
+            let hash = path_hash(hash)?;
+            let record = match *method {
+                Method::DELETE => {
+                    return if directory.delete(&hash).await.map_err(refuse)? {
+                        Ok(Answer::ok(json!({"deleted": true})))
+                    } else {
+                        Err(no_such_key())
+                    };
+                }
+                Method::PATCH => {
+                    let update = input::key_update(body()?)?;
+                    directory.update(&hash, &update).await.map_err(refuse)?
+                }
+                _ => directory
+                    .get(&hash)
+                    .await
+                    .map_err(refuse)?
+                    .map(|versioned| versioned.value),
+            };
+            let record = record.ok_or_else(no_such_key)?;
+            let usage = directory
+                .store()
+                .key_usage(&record.account, &record.hash, now)
+                .await
+                .map_err(refuse)?;
+            Ok(Answer::ok(json!({ "data": key_json(&record, &usage) })))
+        }
+        (Route::AccountCredits(account), _) => {
+            let account = input::path_account_id(account)?;
+            let amount_nanos = input::purchase_nanos(body()?)?;
+            let balance = directory
+                .top_up(&account, amount_nanos)
+                .await
+                .map_err(refuse)?;
+            Ok(Answer::ok(json!({"data": {
+                "account": account,
+                "total_credits": nanos_to_json(balance.purchased_nanos),
+                "total_usage": nanos_to_json(balance.purchased_nanos.saturating_sub(balance.balance_nanos)),
+                "balance": nanos_to_json(balance.balance_nanos),
+            }})))
+        }
+    }
+}
+
+/// `GET /api/v1/key`: the calling key's limit, usage and free-model quota.
+async fn key_status(
+    config: &KeyRoutesConfig,
+    principal: &Principal,
+    now: DateTime<Utc>,
+) -> Result<Answer, GatewayError> {
+    let store = config.directory.store();
+    let account = principal.account_id.as_str();
+    // Reading the daily counter does not depend on its limit, so the three
+    // reads go out together.
+    let peek = [config.free_quota.daily_check(0, 0)];
+    let (usage, balance, free) = try_join3(
+        store.key_usage(account, &principal.key_hash.to_hex(), now),
+        store.account_balance(account),
+        store.check_and_add(account, &peek, now),
+    )
+    .await
+    .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))?;
+    let daily_limit = config
+        .free_quota
+        .requests_per_day_for(balance.purchased_nanos);
+    let used = free.outcomes.first().map_or(0, |outcome| outcome.used);
+    let mut data = Map::new();
+    data.insert("label".into(), Value::from(principal.label.clone()));
+    limit_and_usage(
+        &mut data,
+        principal.key_limit.map(|limit| limit.limit_nanos),
+        principal.key_limit.and_then(|limit| limit.reset),
+        principal.include_byok_in_limit,
+        &usage,
+    );
+    data.insert(
+        "is_free_tier".into(),
+        Value::from(balance.purchased_nanos == 0),
+    );
+    data.insert(
+        "free_model_daily_requests".into(),
+        json!({
+            "used": used,
+            "limit": daily_limit,
+            "remaining": daily_limit.saturating_sub(used),
+        }),
+    );
+    Ok(Answer::ok(json!({ "data": data })))
+}
+
+/// A key as the management API shows it.
+fn key_json(record: &KeyRecord, usage: &KeyUsage) -> Value {
+    let mut data = Map::new();
+    data.insert("hash".into(), Value::from(record.hash.clone()));
+    data.insert("name".into(), Value::from(record.name.clone()));
+    data.insert("label".into(), Value::from(record.name.clone()));
+    data.insert("account".into(), Value::from(record.account.clone()));
+    data.insert("management".into(), Value::from(record.management));
+    data.insert("disabled".into(), Value::from(record.disabled));
+    limit_and_usage(
+        &mut data,
+        record.limit_nanos,
+        record.limit_reset,
+        record.include_byok_in_limit,
+        usage,
+    );
+    data.insert("created_at".into(), timestamp(Some(record.created_at)));
+    data.insert("updated_at".into(), timestamp(record.updated_at));
+    data.insert("expires_at".into(), timestamp(record.expires_at));
+    Value::Object(data)
+}
+
+/// The limit fields and the twelve usage figures, in credits.
+fn limit_and_usage(
+    data: &mut Map<String, Value>,
+    limit_nanos: Option<i64>,
+    limit_reset: Option<crate::clock::Period>,
+    include_byok: bool,
+    usage: &KeyUsage,
+) {
+    let counted = usage.in_period(limit_reset, include_byok);
+    data.insert(
+        "limit".into(),
+        limit_nanos.map_or(Value::Null, nanos_to_json),
+    );
+    data.insert(
+        "limit_reset".into(),
+        limit_reset.map_or(Value::Null, |period| Value::from(period.as_str())),
+    );
+    data.insert(
+        "limit_remaining".into(),
+        limit_nanos.map_or(Value::Null, |limit| {
+            nanos_to_json(limit.saturating_sub(counted).max(0))
+        }),
+    );
+    data.insert("include_byok_in_limit".into(), Value::from(include_byok));
+    for (name, nanos) in [
+        ("usage", usage.total_nanos),
+        ("usage_daily", usage.day_nanos),
+        ("usage_weekly", usage.week_nanos),
+        ("usage_monthly", usage.month_nanos),
+        ("byok_usage", usage.byok_total_nanos),
+        ("byok_usage_daily", usage.byok_day_nanos),
+        ("byok_usage_weekly", usage.byok_week_nanos),
+        ("byok_usage_monthly", usage.byok_month_nanos),
+    ] {
+        data.insert(name.into(), nanos_to_json(nanos));
+    }
+}
+
+fn timestamp(instant: Option<DateTime<Utc>>) -> Value {
+    instant.map_or(Value::Null, |instant| {
+        Value::from(instant.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    })
+}
+
+fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
+    KeyHash::from_hex(&text.to_ascii_lowercase()).ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "the key hash in the path must be 64 hexadecimal characters, as the management API lists it",
+        )
+        .with_metadata("field", "hash")
+    })
+}
+
+fn no_such_key() -> GatewayError {
+    GatewayError::new(
+        ErrorKind::NotFound,
+        "no key has this hash; list the keys with GET /api/v1/keys",
+    )
+}

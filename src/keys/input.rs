@@ -1,0 +1,449 @@
+//! The management API's inputs: JSON bodies and query strings, read
+//! strictly. A malformed body is 400; a field of the wrong type or out of
+//! range is 422; both name the field in the message and in
+//! `metadata.field`.
+//!
+//! Public so a service that offers its own management surface parses the
+//! same way, and so the fuzz target reaches them.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+
+use super::credits::{nanos_from_json, AmountError};
+use super::record::{is_valid_account_id, KeyUpdate, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS};
+use crate::clock::Period;
+use crate::error::{ErrorKind, GatewayError};
+
+/// Keys listed per page.
+pub const KEYS_PER_PAGE: usize = 100;
+/// The largest list offset accepted.
+pub const MAX_LIST_OFFSET: usize = 1_000_000;
+
+/// The body of `POST /api/v1/keys`; `now` bounds `expires_at`.
+pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> {
+    let mut fields = Fields::parse(
+        body,
+        &[
+            "name",
+            "account",
+            "limit",
+            "limit_reset",
+            "include_byok_in_limit",
+            "expires_at",
+        ],
+    )?;
+    let name = fields
+        .take("name")
+        .ok_or_else(|| missing("name", "every key needs a name"))?;
+    let mut new = NewKey::named(key_name(name)?);
+    if let Some(account) = fields.take("account") {
+        new.account = account_id(account)?;
+    }
+    if let Some(limit) = fields.take("limit") {
+        new.limit_nanos = limit_nanos(limit)?;
+    }
+    if let Some(reset) = fields.take("limit_reset") {
+        new.limit_reset = limit_reset(reset)?;
+    }
+    if let Some(include) = fields.take("include_byok_in_limit") {
+        new.include_byok_in_limit = boolean("include_byok_in_limit", include)?;
+    }
+    if let Some(expires_at) = fields.take("expires_at") {
+        new.expires_at = expiry(expires_at, now)?;
+    }
+    Ok(new)
+}
+
+/// The body of `PATCH /api/v1/keys/{hash}`.
+pub fn key_update(body: &[u8]) -> Result<KeyUpdate, GatewayError> {
+    let mut fields = Fields::parse(
+        body,
+        &[
+            "name",
+            "disabled",
+            "limit",
+            "limit_reset",
+            "include_byok_in_limit",
+        ],
+    )?;
+    Ok(KeyUpdate {
+        name: fields.take("name").map(key_name).transpose()?,
+        disabled: fields
+            .take("disabled")
+            .map(|value| boolean("disabled", value))
+            .transpose()?,
+        limit_nanos: fields.take("limit").map(limit_nanos).transpose()?,
+        limit_reset: fields.take("limit_reset").map(limit_reset).transpose()?,
+        include_byok_in_limit: fields
+            .take("include_byok_in_limit")
+            .map(|value| boolean("include_byok_in_limit", value))
+            .transpose()?,
+    })
+}
+
+/// The body of `POST /api/v1/accounts/{id}/credits`: a positive amount.
+pub fn purchase_nanos(body: &[u8]) -> Result<i64, GatewayError> {
+    let mut fields = Fields::parse(body, &["amount"])?;
+    let amount = fields
+        .take("amount")
+        .ok_or_else(|| missing("amount", "name the credits bought"))?;
+    match nanos_from_json(&amount) {
+        Ok(0) => Err(invalid("amount", "must be more than zero")),
+        Ok(nanos) => Ok(nanos),
+        Err(error) => Err(invalid("amount", &error.describe())),
+    }
+}
+
+/// An account id from a path segment.
+pub fn path_account_id(id: &str) -> Result<String, GatewayError> {
+    if is_valid_account_id(id) {
+        Ok(id.to_owned())
+    } else {
+        Err(bad_request(
+            "account",
+            "the account id in the path must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
+        ))
+    }
+}
+
+/// `GET /api/v1/keys` query: `offset` and `include_disabled`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Keys to skip, of those the list would show.
+    pub offset: usize,
+    /// Whether disabled keys are listed too.
+    pub include_disabled: bool,
+}
+
+/// Reads the query string of `GET /api/v1/keys`; unknown parameters are ignored.
+pub fn list_query(query: Option<&str>) -> Result<ListQuery, GatewayError> {
+    let mut list = ListQuery::default();
+    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match name.as_ref() {
+            "offset" => {
+                list.offset = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|offset| *offset <= MAX_LIST_OFFSET)
+                    .ok_or_else(|| {
+                        invalid(
+                            "offset",
+                            &format!("must be a whole number from 0 to {MAX_LIST_OFFSET}"),
+                        )
+                    })?;
+            }
+            "include_disabled" => {
+                list.include_disabled = match value.as_ref() {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(invalid("include_disabled", "must be true or false")),
+                };
+            }
+            // Clients add their own parameters (cache busters and the like).
+            _ => {}
+        }
+    }
+    Ok(list)
+}
+
+/// A JSON object whose every field is taken at most once; fields it was
+/// not asked for are refused.
+struct Fields {
+    object: Map<String, Value>,
+}
+
+impl Fields {
+    fn parse(body: &[u8], allowed: &[&str]) -> Result<Fields, GatewayError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                "the request body is empty; send a JSON object",
+            ));
+        }
+        let value: Value = serde_json::from_slice(body).map_err(|error| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("the request body is not valid JSON: {error}"),
+            )
+        })?;
+        let Value::Object(object) = value else {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                "the request body must be a JSON object",
+            ));
+        };
+        if let Some(unknown) = object.keys().find(|key| !allowed.contains(&key.as_str())) {
+            return Err(bad_request(
+                unknown,
+                &format!(
+                    "unknown field `{unknown}`; the fields are {}",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        Ok(Fields { object })
+    }
+
+    fn take(&mut self, name: &str) -> Option<Value> {
+        self.object.remove(name)
+    }
+}
+
+fn key_name(value: Value) -> Result<String, GatewayError> {
+    let Value::String(name) = value else {
+        return Err(invalid("name", "must be a string"));
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(invalid("name", "must not be empty"));
+    }
+    if name.chars().count() > MAX_KEY_NAME_CHARS {
+        return Err(invalid(
+            "name",
+            &format!("must be at most {MAX_KEY_NAME_CHARS} characters"),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(invalid("name", "must not contain control characters"));
+    }
+    Ok(name.to_owned())
+}
+
+fn account_id(value: Value) -> Result<String, GatewayError> {
+    match value {
+        Value::Null => Ok(DEFAULT_ACCOUNT.to_owned()),
+        Value::String(id) if is_valid_account_id(&id) => Ok(id),
+        _ => Err(invalid(
+            "account",
+            "must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
+        )),
+    }
+}
+
+fn limit_nanos(value: Value) -> Result<Option<i64>, GatewayError> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    nanos_from_json(&value)
+        .map(Some)
+        .map_err(|error: AmountError| {
+            invalid(
+                "limit",
+                &format!("{} (or null for no limit)", error.describe()),
+            )
+        })
+}
+
+fn limit_reset(value: Value) -> Result<Option<Period>, GatewayError> {
+    match value {
+        Value::Null => Ok(None),
+        Value::String(text) => match text.as_str() {
+            "daily" => Ok(Some(Period::Day)),
+            "weekly" => Ok(Some(Period::Week)),
+            "monthly" => Ok(Some(Period::Month)),
+            _ => Err(invalid(
+                "limit_reset",
+                "must be \"daily\", \"weekly\", \"monthly\" or null",
+            )),
+        },
+        _ => Err(invalid(
+            "limit_reset",
+            "must be \"daily\", \"weekly\", \"monthly\" or null",
+        )),
+    }
+}
+
+fn boolean(field: &'static str, value: Value) -> Result<bool, GatewayError> {
+    value
+        .as_bool()
+        .ok_or_else(|| invalid(field, "must be true or false"))
+}
+
+fn expiry(value: Value, now: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, GatewayError> {
+    let text = match value {
+        Value::Null => return Ok(None),
+        Value::String(text) => text,
+        _ => {
+            return Err(invalid(
+                "expires_at",
+                "must be an RFC 3339 date-time such as 2027-01-31T23:59:59Z, or null",
+            ))
+        }
+    };
+    let expires_at = DateTime::parse_from_rfc3339(&text)
+        .map_err(|_| {
+            invalid(
+                "expires_at",
+                "must be an RFC 3339 date-time such as 2027-01-31T23:59:59Z, or null",
+            )
+        })?
+        .with_timezone(&Utc);
+    if expires_at <= now {
+        return Err(invalid("expires_at", "must be in the future"));
+    }
+    Ok(Some(expires_at))
+}
+
+/// 422: a field's value is of the wrong type or out of range.
+fn invalid(field: &str, problem: &str) -> GatewayError {
+    GatewayError::new(ErrorKind::InvalidParameter, format!("`{field}` {problem}"))
+        .with_metadata("field", field)
+}
+
+/// 400 about one field.
+fn bad_request(field: &str, message: &str) -> GatewayError {
+    GatewayError::new(ErrorKind::InvalidRequest, message.to_owned()).with_metadata("field", field)
+}
+
+/// 400: a required field is absent.
+fn missing(field: &str, why: &str) -> GatewayError {
+    bad_request(field, &format!("`{field}` is required: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 22, 0, 0, 0).unwrap()
+    }
+
+    fn refusal(result: Result<impl std::fmt::Debug, GatewayError>) -> (u16, String, String) {
+        let error = result.unwrap_err();
+        (
+            error.status().as_u16(),
+            error
+                .metadata()
+                .get("field")
+                .and_then(|field| field.as_str())
+                .unwrap_or_default()
+                .to_owned(),
+            error.message().to_owned(),
+        )
+    }
+
+    #[test]
+    fn a_full_new_key_reads_every_field() {
+        let new = new_key(
+            br#"{"name": " ci ", "account": "team-a", "limit": 2.5, "limit_reset": "weekly",
+                 "include_byok_in_limit": true, "expires_at": "2027-01-01T00:00:00+01:00"}"#,
+            now(),
+        )
+        .unwrap();
+        assert_eq!(new.name, "ci");
+        assert_eq!(new.account, "team-a");
+        assert_eq!(new.limit_nanos, Some(2_500_000_000));
+        assert_eq!(new.limit_reset, Some(Period::Week));
+        assert!(new.include_byok_in_limit);
+        assert!(!new.management, "the API never makes management keys");
+        assert_eq!(
+            new.expires_at,
+            Some(Utc.with_ymd_and_hms(2026, 12, 31, 23, 0, 0).unwrap())
+        );
+        let minimal = new_key(br#"{"name": "x", "limit": null, "account": null}"#, now()).unwrap();
+        assert_eq!(minimal, NewKey::named("x"));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases: [(&[u8], u16, &str); 10] = [
+            (b"", 400, ""),
+            (b"[1]", 400, ""),
+            (b"{\"name\": \"a\",}", 400, ""),
+            (br#"{"limit": 1}"#, 400, "name"),
+            (br#"{"name": "a", "management": true}"#, 400, "management"),
+            (br#"{"name": "a\u0007"}"#, 422, "name"),
+            (br#"{"name": "a", "limit": 1e300}"#, 422, "limit"),
+            (br#"{"name": "a", "limit_reset": 1}"#, 422, "limit_reset"),
+            (
+                br#"{"name": "a", "expires_at": 20270101}"#,
+                422,
+                "expires_at",
+            ),
+            (br#"{"name": "a", "account": ""}"#, 422, "account"),
+        ];
+        for (body, status, field) in cases {
+            let (got_status, got_field, message) = refusal(new_key(body, now()));
+            assert_eq!(
+                (got_status, got_field.as_str()),
+                (status, field),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            assert!(message.contains(field), "{message}");
+        }
+        let long = format!(r#"{{"name": "{}"}}"#, "n".repeat(MAX_KEY_NAME_CHARS + 1));
+        assert_eq!(refusal(new_key(long.as_bytes(), now())).1, "name");
+    }
+
+    #[test]
+    fn an_update_tells_absent_from_null() {
+        let update = key_update(br#"{"limit": null, "disabled": true}"#).unwrap();
+        assert_eq!(update.limit_nanos, Some(None));
+        assert_eq!(update.limit_reset, None);
+        assert_eq!(update.disabled, Some(true));
+        assert_eq!(key_update(b"{}").unwrap(), KeyUpdate::default());
+        assert_eq!(refusal(key_update(br#"{"account": "b"}"#)).1, "account");
+        assert_eq!(refusal(key_update(br#"{"disabled": "no"}"#)).0, 422);
+    }
+
+    #[test]
+    fn purchases_must_be_positive_amounts() {
+        assert_eq!(purchase_nanos(br#"{"amount": 10}"#), Ok(10_000_000_000));
+        for body in [
+            &br#"{"amount": 0}"#[..],
+            br#"{"amount": -5}"#,
+            br#"{"amount": "5"}"#,
+        ] {
+            assert_eq!(refusal(purchase_nanos(body)).1, "amount");
+        }
+        assert_eq!(refusal(purchase_nanos(b"{}")).0, 400);
+    }
+
+    #[test]
+    fn list_queries_read_offset_and_include_disabled() {
+        assert_eq!(list_query(None).unwrap(), ListQuery::default());
+        assert_eq!(
+            list_query(Some("offset=20&include_disabled=true&_=123")).unwrap(),
+            ListQuery {
+                offset: 20,
+                include_disabled: true
+            }
+        );
+        for query in [
+            "offset=-1",
+            "offset=x",
+            "offset=99999999999",
+            "include_disabled=1",
+        ] {
+            assert_eq!(refusal(list_query(Some(query))).0, 422, "{query}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn no_body_panics_any_parser(body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = new_key(&body, now());
+            let _ = key_update(&body);
+            let _ = purchase_nanos(&body);
+            let _ = list_query(Some(&String::from_utf8_lossy(&body)));
+        }
+
+        #[test]
+        fn every_refusal_is_a_4xx(body in "\\{(\"(name|limit|limit_reset|account|expires_at|x)\": (null|1|-1|\"[a-z ]{0,6}\"|true|\\[\\]), ?){0,4}\\}") {
+            for result in [new_key(body.as_bytes(), now()).map(|_| ()), key_update(body.as_bytes()).map(|_| ())] {
+                if let Err(error) = result {
+                    prop_assert!(error.status().is_client_error(), "{}", error);
+                }
+            }
+        }
+
+        #[test]
+        fn any_valid_name_round_trips(name in "[A-Za-z0-9][A-Za-z0-9 _.-]{0,40}[A-Za-z0-9]") {
+            let body = serde_json::json!({"name": name}).to_string();
+            prop_assert_eq!(new_key(body.as_bytes(), now()).unwrap().name, name);
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! API keys and accounts: the records, the [`KeyDirectory`] that reads and
+//! writes them, and [`KeyRoutes`], which answers the key management API and
+//! the calling key's own queries.
+//!
+//! Endpoints ([`KeyRoutes`] answers them; everything else passes through):
+//!
+//! | method and path | who | answer |
+//! |---|---|---|
+//! | `GET /api/v1/key` | any key | `{"data": {label, limit, limit_reset, limit_remaining, include_byok_in_limit, usage…, byok_usage…, is_free_tier, free_model_daily_requests}}` |
+//! | `GET /api/v1/credits` | any key | `{"data": {total_credits, total_usage}}` of the key's account |
+//! | `GET /user/balance` | any key | `{is_available, balance_infos: [{currency, total_balance, granted_balance, topped_up_balance}]}` |
+//! | `POST /api/v1/keys` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}` |
+//! | `GET /api/v1/keys?offset=&include_disabled=` | management key | `{"data": [{…}, …]}`, newest first, 100 a page |
+//! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}` |
+//! | `POST /api/v1/accounts/{id}/credits` `{amount}` | management key | `{"data": {account, total_credits, total_usage, balance}}` |
+//!
+//! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
+//! Usage periods are UTC: the day, the week from Monday, the month. A key
+//! deleted or disabled through one instance is refused at once there and
+//! within the directory's cache time (default 1 s) everywhere else.
+//!
+//! The layers go `BodyLimit -> BearerAuth -> KeyRoutes -> …`:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use modelgate::auth::BearerAuthLayer;
+//! use modelgate::body::BodyLimitLayer;
+//! use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+//! use modelgate::store::MemoryStore;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store: SharedStore = Arc::new(MemoryStore::new());
+//! let directory = KeyDirectory::new(store);
+//! // The operator's first management key comes from the library, not the API.
+//! let admin = NewKey { management: true, ..NewKey::named("operator") };
+//! let (admin_key, _) = directory.create_key(admin).await.unwrap();
+//!
+//! let gateway = ServiceBuilder::new()
+//!     .layer(BodyLimitLayer::new())
+//!     .layer(BearerAuthLayer::new(directory.clone()))
+//!     .layer(KeyRoutesLayer::new(directory))
+//!     .service(service_fn(|_: Request<Full<Bytes>>| async {
+//!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("upstream"))))
+//!     }));
+//!
+//! let create = Request::post("/api/v1/keys")
+//!     .header("authorization", format!("Bearer {}", admin_key.expose()))
+//!     .header("content-type", "application/json")
+//!     .body(Full::new(Bytes::from(r#"{"name": "ci", "limit": 5, "limit_reset": "daily"}"#)))
+//!     .unwrap();
+//! let response = gateway.clone().oneshot(create).await.unwrap();
+//! assert_eq!(response.status(), 201);
+//! let body = response.into_body().collect().await.unwrap().to_bytes();
+//! let created: serde_json::Value = serde_json::from_slice(&body).unwrap();
+//! let new_key = created["key"].as_str().unwrap();
+//!
+//! let status = Request::get("/api/v1/key")
+//!     .header("authorization", format!("Bearer {new_key}"))
+//!     .body(Full::new(Bytes::new()))
+//!     .unwrap();
+//! let body = gateway.oneshot(status).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+//! let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+//! assert_eq!(status["data"]["label"], "ci");
+//! assert_eq!(status["data"]["limit_remaining"], 5);
+//! assert_eq!(status["data"]["free_model_daily_requests"]["limit"], 50);
+//! # }
+//! ```
+
+mod credits;
+mod directory;
+mod future;
+mod handlers;
+pub mod input;
+mod layer;
+mod record;
+mod service;
+
+pub use credits::MAX_CREDITS;
+pub use directory::{KeyDirectory, KeyState, SharedStore};
+pub use future::ResponseFuture;
+pub use layer::KeyRoutesLayer;
+pub use record::{
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DEFAULT_ACCOUNT,
+    DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
+};
+pub use service::KeyRoutes;

@@ -1,0 +1,231 @@
+//! What the store keeps about keys and accounts.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Period;
+use crate::store::KeyLimit;
+
+/// The collection of tombstones: a deleted key's hash stays here so the
+/// key is answered "deleted", not "unknown".
+pub const DELETED_KEYS: &str = "deleted_keys";
+
+/// The account new keys belong to when none is named.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+/// Longest account id and key name accepted.
+pub const MAX_ACCOUNT_ID_CHARS: usize = 64;
+/// Longest key name accepted.
+pub const MAX_KEY_NAME_CHARS: usize = 256;
+
+/// One API key as stored, under the hex SHA-256 hash of its plaintext.
+///
+/// `Debug` leaves the hash out, as every type holding a key or its hash does.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// Hex SHA-256 of the plaintext key; the key's id.
+    pub hash: String,
+    /// The name given at creation (the `label` of the key status endpoint).
+    pub name: String,
+    /// The account whose balance and rate limits the key shares.
+    pub account: String,
+    /// Whether the key may use the management API (and may not call models).
+    pub management: bool,
+    /// A disabled key is refused with 401 until enabled again.
+    pub disabled: bool,
+    /// Credit limit in nano-credits; `None` means no limit.
+    pub limit_nanos: Option<i64>,
+    /// When usage counted against the limit starts again; `None` never.
+    pub limit_reset: Option<Period>,
+    /// Whether usage through the account's own provider keys counts.
+    pub include_byok_in_limit: bool,
+    /// When the key was created.
+    pub created_at: DateTime<Utc>,
+    /// When the key was last changed.
+    pub updated_at: Option<DateTime<Utc>>,
+    /// From this instant on the key is refused with 401.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl fmt::Debug for KeyRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRecord")
+            .field("hash", &format_args!("…"))
+            .field("name", &self.name)
+            .field("account", &self.account)
+            .field("management", &self.management)
+            .field("disabled", &self.disabled)
+            .field("limit_nanos", &self.limit_nanos)
+            .field("limit_reset", &self.limit_reset)
+            .field("include_byok_in_limit", &self.include_byok_in_limit)
+            .field("created_at", &self.created_at)
+            .field("updated_at", &self.updated_at)
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
+}
+
+impl KeyRecord {
+    /// The limit as the ledger checks it, if the key has one.
+    pub fn key_limit(&self) -> Option<KeyLimit> {
+        self.limit_nanos.map(|limit_nanos| KeyLimit {
+            limit_nanos,
+            reset: self.limit_reset,
+            include_byok: self.include_byok_in_limit,
+        })
+    }
+
+    /// Whether the key has expired at `now`.
+    pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_some_and(|expires_at| expires_at <= now)
+    }
+}
+
+/// A deleted key's tombstone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedKey {
+    /// The account the key belonged to.
+    pub account: String,
+    /// When it was deleted.
+    pub deleted_at: DateTime<Utc>,
+}
+
+/// An account: the owner of keys, balance and account-wide limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountRecord {
+    /// The account's id.
+    pub id: String,
+    /// When the account was first used.
+    pub created_at: DateTime<Utc>,
+}
+
+/// What a new key is created with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewKey {
+    /// The key's name; required, shown as its label.
+    pub name: String,
+    /// The owning account; created on first use.
+    pub account: String,
+    /// A management key may use the management API and may not call models.
+    pub management: bool,
+    /// Credit limit in nano-credits; `None` means no limit.
+    pub limit_nanos: Option<i64>,
+    /// When usage counted against the limit starts again.
+    pub limit_reset: Option<Period>,
+    /// Whether usage through the account's own provider keys counts.
+    pub include_byok_in_limit: bool,
+    /// When the key stops working.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl NewKey {
+    /// A key named `name` on the default account, with no limit.
+    pub fn named(name: impl Into<String>) -> Self {
+        NewKey {
+            name: name.into(),
+            account: DEFAULT_ACCOUNT.to_owned(),
+            management: false,
+            limit_nanos: None,
+            limit_reset: None,
+            include_byok_in_limit: false,
+            expires_at: None,
+        }
+    }
+}
+
+/// A change to a key; `None` fields stay as they are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyUpdate {
+    /// A new name.
+    pub name: Option<String>,
+    /// Disable or enable the key.
+    pub disabled: Option<bool>,
+    /// A new limit: `Some(None)` removes it.
+    pub limit_nanos: Option<Option<i64>>,
+    /// A new reset period: `Some(None)` makes the limit never reset.
+    pub limit_reset: Option<Option<Period>>,
+    /// Whether usage through the account's own provider keys counts.
+    pub include_byok_in_limit: Option<bool>,
+}
+
+impl KeyUpdate {
+    pub(crate) fn apply(&self, record: &mut KeyRecord, now: DateTime<Utc>) {
+        if let Some(name) = &self.name {
+            record.name = name.clone();
+        }
+        if let Some(disabled) = self.disabled {
+            record.disabled = disabled;
+        }
+        if let Some(limit_nanos) = self.limit_nanos {
+            record.limit_nanos = limit_nanos;
+        }
+        if let Some(limit_reset) = self.limit_reset {
+            record.limit_reset = limit_reset;
+        }
+        if let Some(include) = self.include_byok_in_limit {
+            record.include_byok_in_limit = include;
+        }
+        record.updated_at = Some(now);
+    }
+}
+
+/// Whether `id` can name an account: 1 to 64 characters of `A-Z a-z 0-9 . _ -`,
+/// so it reads the same in a URL path, a Redis key and a log line.
+pub fn is_valid_account_id(id: &str) -> bool {
+    (1..=MAX_ACCOUNT_ID_CHARS).contains(&id.len())
+        && id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn debug_never_shows_the_hash() {
+        let hash = "ab".repeat(32);
+        let record = KeyRecord {
+            hash: hash.clone(),
+            name: "n".into(),
+            account: DEFAULT_ACCOUNT.into(),
+            management: false,
+            disabled: false,
+            limit_nanos: None,
+            limit_reset: None,
+            include_byok_in_limit: false,
+            created_at: Utc::now(),
+            updated_at: None,
+            expires_at: None,
+        };
+        let shown = format!(
+            "{record:?} {:?}",
+            crate::keys::KeyState::Active(record.clone().into())
+        );
+        assert!(!shown.contains("abab"), "{shown}");
+    }
+
+    #[test]
+    fn account_ids_are_plain_words() {
+        assert!(is_valid_account_id("default"));
+        assert!(is_valid_account_id("team-a.prod_1"));
+        assert!(!is_valid_account_id(""));
+        assert!(!is_valid_account_id("a/b"));
+        assert!(!is_valid_account_id("a b"));
+        assert!(!is_valid_account_id("ümlaut"));
+        assert!(!is_valid_account_id(&"a".repeat(65)));
+    }
+
+    proptest! {
+        #[test]
+        fn a_valid_account_id_never_needs_escaping_in_a_path(id in "\\PC{0,80}") {
+            if is_valid_account_id(&id) {
+                let needs_escaping = id.contains(['/', '%', '?', '#', ' ', '{', '}']);
+                prop_assert!(!needs_escaping);
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::util::Oneshot;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::handlers::{handle, Call, Route};
+use super::layer::KeyRoutesConfig;
+use crate::auth::Principal;
+use crate::body::BufferedBody;
+use crate::response_body::ResponseBody;
+
+/// Answers the key management API (`/api/v1/keys…`,
+/// `/api/v1/accounts/{id}/credits`, management keys only) and the queries
+/// of the calling key (`GET /api/v1/key`, `GET /api/v1/credits`,
+/// `GET /user/balance`); every other request goes to the inner service
+/// untouched.
+///
+/// Runs after [`BearerAuth`](crate::auth::BearerAuth) (it reads the
+/// [`Principal`]) and after [`BodyLimit`](crate::body::BodyLimit) (it reads
+/// the [`BufferedBody`]); without them its endpoints answer 500 naming the
+/// missing layer. See the [module docs](super) for an example.
+#[derive(Clone, Debug)]
+pub struct KeyRoutes<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<KeyRoutesConfig>,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for KeyRoutes<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Requests this layer answers itself never need the inner service.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let Some(route) = Route::of(request.uri().path()) else {
+            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+        };
+        let call = Call {
+            route,
+            method: request.method().clone(),
+            query: request.uri().query().map(str::to_owned),
+            principal: request.extensions().get::<Principal>().cloned(),
+            body: request
+                .extensions()
+                .get::<BufferedBody>()
+                .map(|buffered| buffered.0.clone()),
+        };
+        let config = Arc::clone(&self.config);
+        ResponseFuture::answering(Box::pin(async move { handle(&config, call).await }))
+    }
+}

@@ -1,0 +1,1236 @@
+//! BearerAuth and KeyRoutes over real HTTP: reqwest against an axum app
+//! behind the layers, on `MemoryStore` and on `RedisStore` with a real
+//! `redis-server`; two instances sharing one Redis for revocation.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Extension, Router};
+use chrono::{DateTime, TimeZone, Utc};
+use common::http_server::serve;
+use common::redis_server::RedisServer;
+use http::Request;
+use modelgate::auth::{looks_like_key, ApiKey, BearerAuthLayer, KeyHash, Principal};
+use modelgate::body::BodyLimitLayer;
+use modelgate::clock::{Clock, ManualClock, Period};
+use modelgate::error_mapper::ErrorMapperLayer;
+use modelgate::free_quota::FreeQuotaRules;
+use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::store::{
+    MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement,
+    NANOS_PER_CREDIT,
+};
+use serde_json::{json, Value};
+use tower::ServiceBuilder;
+
+/// A Wednesday, mid-month, mid-day.
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 18, 12, 0, 0).unwrap()
+}
+
+/// One store per backend: memory, and Redis on a fresh server.
+struct Backend {
+    name: &'static str,
+    store: SharedStore,
+    _server: Option<RedisServer>,
+}
+
+async fn backends() -> Vec<Backend> {
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    vec![
+        Backend {
+            name: "memory",
+            store: Arc::new(MemoryStore::new()),
+            _server: None,
+        },
+        Backend {
+            name: "redis",
+            store: Arc::new(redis),
+            _server: Some(server),
+        },
+    ]
+}
+
+/// The upstream stand-in: answers chat calls with what BearerAuth said
+/// about the caller.
+async fn chat(Extension(principal): Extension<Principal>) -> String {
+    json!({
+        "account": principal.account_id,
+        "label": principal.label,
+        "limit_nanos": principal.key_limit.map(|limit| limit.limit_nanos),
+    })
+    .to_string()
+}
+
+/// Serves the layer stack over `directory` on a loopback port.
+async fn instance(directory: KeyDirectory) -> SocketAddr {
+    let router: Router = Router::new().route("/api/v1/chat/completions", post(chat));
+    let service = ServiceBuilder::new()
+        .layer(ErrorMapperLayer::new())
+        .layer(BodyLimitLayer::new())
+        .layer(BearerAuthLayer::new(directory.clone()))
+        .layer(KeyRoutesLayer::new(directory))
+        .service(router);
+    serve(service).await
+}
+
+struct Gateway {
+    address: SocketAddr,
+    directory: KeyDirectory,
+    clock: ManualClock,
+    admin: String,
+}
+
+async fn gateway(store: SharedStore) -> Gateway {
+    let clock = ManualClock::new(t0());
+    let directory = KeyDirectory::new(store).with_clock(Arc::new(clock.clone()));
+    let (admin, _) = directory
+        .create_key(NewKey {
+            management: true,
+            ..NewKey::named("operator")
+        })
+        .await
+        .unwrap();
+    Gateway {
+        address: instance(directory.clone()).await,
+        directory,
+        clock,
+        admin: admin.expose().to_owned(),
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+async fn send(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: Option<Value>,
+) -> Reply {
+    let client = reqwest::Client::new();
+    let mut request = client.request(method.parse().unwrap(), format!("http://{address}{path}"));
+    if let Some(authorization) = authorization {
+        request = request.header("authorization", authorization);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+        panic!(
+            "{method} {path}: body is not JSON: {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+fn chat_body() -> Value {
+    json!({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "Hi"}]})
+}
+
+async fn chat_as(address: SocketAddr, key: &str) -> Reply {
+    send(
+        address,
+        "POST",
+        "/api/v1/chat/completions",
+        Some(&bearer(key)),
+        Some(chat_body()),
+    )
+    .await
+}
+
+async fn create(gateway: &Gateway, body: Value) -> (String, Value) {
+    let reply = send(
+        gateway.address,
+        "POST",
+        "/api/v1/keys",
+        Some(&bearer(&gateway.admin)),
+        Some(body),
+    )
+    .await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    assert_eq!(reply.headers["cache-control"], "no-store");
+    let key = reply.body["key"].as_str().unwrap().to_owned();
+    (key, reply.body["data"].clone())
+}
+
+fn assert_refused(reply: &Reply, status: u16, reason: &str, context: &str) {
+    assert_eq!(reply.status, status, "{context}: {}", reply.body);
+    assert_eq!(reply.body["error"]["code"], status, "{context}");
+    assert_eq!(
+        reply.body["error"]["metadata"]["reason"], reason,
+        "{context}: {}",
+        reply.body
+    );
+    if status == 401 {
+        let challenge = reply.headers["www-authenticate"].to_str().unwrap();
+        assert!(challenge.starts_with("Bearer"), "{context}: {challenge}");
+    }
+}
+
+#[tokio::test]
+async fn the_seed_lifecycle_create_use_delete() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (key, data) = create(&gateway, json!({"name": "ci", "account": "team-a"})).await;
+        assert!(looks_like_key(&key), "{name}: {key}");
+        assert_eq!(data["hash"], KeyHash::of(&key).to_hex(), "{name}");
+        assert_eq!(data["name"], "ci");
+        assert_eq!(data["account"], "team-a");
+        assert_eq!(data["limit"], Value::Null);
+        assert_eq!(data["disabled"], false);
+        // The plaintext is never stored or listed again.
+        let listed = send(
+            gateway.address,
+            "GET",
+            "/api/v1/keys",
+            Some(&bearer(&gateway.admin)),
+            None,
+        )
+        .await;
+        assert!(!listed.body.to_string().contains(&key), "{name}");
+
+        let reply = chat_as(gateway.address, &key).await;
+        assert_eq!(reply.status, 200, "{name}: {}", reply.body);
+        assert_eq!(
+            reply.body,
+            json!({"account": "team-a", "label": "ci", "limit_nanos": null})
+        );
+
+        let hash = data["hash"].as_str().unwrap();
+        let deleted = send(
+            gateway.address,
+            "DELETE",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&gateway.admin)),
+            None,
+        )
+        .await;
+        assert_eq!(deleted.status, 200, "{name}");
+        assert_eq!(deleted.body, json!({"deleted": true}));
+        // At once, on the instance that deleted it: no cache delay.
+        assert_refused(
+            &chat_as(gateway.address, &key).await,
+            401,
+            "deleted_key",
+            name,
+        );
+        let gone = send(
+            gateway.address,
+            "GET",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&gateway.admin)),
+            None,
+        )
+        .await;
+        assert_eq!(gone.status, 404, "{name}");
+        let again = send(
+            gateway.address,
+            "DELETE",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&gateway.admin)),
+            None,
+        )
+        .await;
+        assert_eq!(again.status, 404, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn every_refusal_is_a_401_with_its_own_message() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (key, data) = create(
+            &gateway,
+            json!({"name": "short-lived", "expires_at": "2026-11-18T13:00:00Z"}),
+        )
+        .await;
+        let (disabled_key, disabled) = create(&gateway, json!({"name": "off"})).await;
+        let (deleted_key, deleted) = create(&gateway, json!({"name": "gone"})).await;
+        let admin = bearer(&gateway.admin);
+        let patch = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{}", disabled["hash"].as_str().unwrap()),
+            Some(&admin),
+            Some(json!({"disabled": true})),
+        )
+        .await;
+        assert_eq!(patch.body["data"]["disabled"], true, "{name}");
+        send(
+            gateway.address,
+            "DELETE",
+            &format!("/api/v1/keys/{}", deleted["hash"].as_str().unwrap()),
+            Some(&admin),
+            None,
+        )
+        .await;
+        let mut corrupted = key.clone();
+        let last = corrupted.pop().unwrap();
+        corrupted.push(if last == 'a' { 'b' } else { 'a' });
+
+        let cases: Vec<(Option<String>, &str)> = vec![
+            (None, "missing_authorization"),
+            (Some(format!("Basic {key}")), "wrong_scheme"),
+            (Some(key.clone()), "wrong_scheme"),
+            (Some(format!("Bearer  {key}")), "malformed_authorization"),
+            // (Trailing whitespace never reaches a service: HTTP/1 parsers
+            // strip it, so the parser's unit tests cover that case.)
+            (Some(format!("Bearer {key}x")), "unknown_key"),
+            (Some(format!("Bearer\t{key}")), "malformed_authorization"),
+            (Some("Bearer ".to_owned()), "malformed_authorization"),
+            (Some(bearer(ApiKey::generate().expose())), "unknown_key"),
+            (Some(bearer(&corrupted)), "unknown_key"),
+            (Some(bearer("sk-or-v1-abc")), "unknown_key"),
+            (Some(bearer(&deleted_key)), "deleted_key"),
+            (Some(bearer(&disabled_key)), "disabled_key"),
+        ];
+        let mut messages = std::collections::HashSet::new();
+        for (authorization, reason) in &cases {
+            let reply = send(
+                gateway.address,
+                "POST",
+                "/api/v1/chat/completions",
+                authorization.as_deref(),
+                Some(chat_body()),
+            )
+            .await;
+            let context = format!("{name}: {reason}");
+            assert_refused(&reply, 401, reason, &context);
+            let message = reply.body["error"]["message"].as_str().unwrap().to_owned();
+            assert!(!message.contains(&key[6..]), "{context}: the key leaked");
+            messages.insert((reason.to_string(), message));
+        }
+        // Same reason may have several wordings, never one wording for two reasons.
+        let reasons: std::collections::HashSet<_> =
+            messages.iter().map(|(reason, _)| reason.clone()).collect();
+        assert_eq!(reasons.len(), 6, "{name}");
+
+        // The key works until its expiry instant, and not from then on.
+        assert_eq!(chat_as(gateway.address, &key).await.status, 200, "{name}");
+        gateway.clock.advance(Duration::from_secs(3600));
+        assert_refused(
+            &chat_as(gateway.address, &key).await,
+            401,
+            "expired_key",
+            name,
+        );
+        assert_eq!(data["expires_at"], "2026-11-18T13:00:00.000Z");
+    }
+}
+
+#[tokio::test]
+async fn management_and_model_keys_keep_to_their_own_endpoints() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (key, _) = create(&gateway, json!({"name": "app"})).await;
+        let reply = chat_as(gateway.address, &gateway.admin).await;
+        assert_refused(&reply, 403, "management_key", name);
+        assert_eq!(reply.body["error"]["type"], "permission_error");
+        for (method, path, body) in [
+            ("GET", "/api/v1/keys", None),
+            ("POST", "/api/v1/keys", Some(json!({"name": "x"}))),
+            (
+                "GET",
+                "/api/v1/keys/0000000000000000000000000000000000000000000000000000000000000000",
+                None,
+            ),
+            (
+                "POST",
+                "/api/v1/accounts/default/credits",
+                Some(json!({"amount": 100})),
+            ),
+        ] {
+            let reply = send(gateway.address, method, path, Some(&bearer(&key)), body).await;
+            assert_refused(
+                &reply,
+                403,
+                "management_key_required",
+                &format!("{name}: {method} {path}"),
+            );
+        }
+        // Path spellings that normalise to a guarded route stay guarded.
+        for path in [
+            "/api/v1//keys",
+            "/API/V1/KEYS",
+            "/api/v1/x/../keys",
+            "/api/v1/%6Beys",
+        ] {
+            let reply = send(gateway.address, "GET", path, Some(&bearer(&key)), None).await;
+            assert_eq!(reply.status, 403, "{name}: {path}");
+        }
+        // A wrong method is 405 with Allow.
+        let reply = send(
+            gateway.address,
+            "PUT",
+            "/api/v1/keys",
+            Some(&bearer(&gateway.admin)),
+            None,
+        )
+        .await;
+        assert_eq!(reply.status, 405, "{name}");
+        assert_eq!(reply.headers["allow"], "GET, POST");
+    }
+}
+
+#[tokio::test]
+async fn bad_management_input_is_400_or_422_naming_the_field() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let admin = bearer(&gateway.admin);
+        let cases = [
+            (json!({}), 400, "name"),
+            (json!({"name": 5}), 422, "name"),
+            (json!({"name": "  "}), 422, "name"),
+            (json!({"name": "a", "limit": -1}), 422, "limit"),
+            (json!({"name": "a", "limit": "10"}), 422, "limit"),
+            (
+                json!({"name": "a", "limit_reset": "hourly"}),
+                422,
+                "limit_reset",
+            ),
+            (
+                json!({"name": "a", "include_byok_in_limit": "yes"}),
+                422,
+                "include_byok_in_limit",
+            ),
+            (
+                json!({"name": "a", "expires_at": "tomorrow"}),
+                422,
+                "expires_at",
+            ),
+            (
+                json!({"name": "a", "expires_at": "2020-01-01T00:00:00Z"}),
+                422,
+                "expires_at",
+            ),
+            (json!({"name": "a", "account": "a/b"}), 422, "account"),
+            (json!({"name": "a", "colour": "red"}), 400, "colour"),
+        ];
+        for (body, status, field) in cases {
+            let reply = send(
+                gateway.address,
+                "POST",
+                "/api/v1/keys",
+                Some(&admin),
+                Some(body.clone()),
+            )
+            .await;
+            assert_eq!(reply.status, status, "{name}: {body}: {}", reply.body);
+            assert_eq!(
+                reply.body["error"]["metadata"]["field"], field,
+                "{name}: {body}"
+            );
+            assert!(
+                reply.body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(field),
+                "{name}: {body}"
+            );
+        }
+        let client = reqwest::Client::new();
+        let not_json = client
+            .post(format!("http://{}/api/v1/keys", gateway.address))
+            .header("authorization", &admin)
+            .header("content-type", "application/json")
+            .body("{\"name\": ")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(not_json.status(), 400, "{name}");
+        let reply = send(
+            gateway.address,
+            "PATCH",
+            "/api/v1/keys/not-a-hash",
+            Some(&admin),
+            Some(json!({"disabled": true})),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{name}");
+        let unknown = KeyHash::of("nobody").to_hex();
+        let reply = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{unknown}"),
+            Some(&admin),
+            Some(json!({"disabled": true})),
+        )
+        .await;
+        assert_eq!(reply.status, 404, "{name}");
+        let reply = send(
+            gateway.address,
+            "GET",
+            "/api/v1/keys?offset=-1",
+            Some(&admin),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (
+                reply.status,
+                reply.body["error"]["metadata"]["field"].clone()
+            ),
+            (422, json!("offset")),
+            "{name}"
+        );
+        let reply = send(
+            gateway.address,
+            "POST",
+            "/api/v1/accounts/acme/credits",
+            Some(&admin),
+            Some(json!({"amount": 0})),
+        )
+        .await;
+        assert_eq!(
+            (
+                reply.status,
+                reply.body["error"]["metadata"]["field"].clone()
+            ),
+            (422, json!("amount")),
+            "{name}"
+        );
+        let reply = send(
+            gateway.address,
+            "POST",
+            "/api/v1/accounts/a%20b/credits",
+            Some(&admin),
+            Some(json!({"amount": 1})),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn listing_pages_newest_first_and_hides_disabled_keys_unless_asked() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let admin = bearer(&gateway.admin);
+        let mut hashes = Vec::new();
+        for index in 0..5 {
+            let (_, data) = create(&gateway, json!({"name": format!("k{index}")})).await;
+            hashes.push(data["hash"].as_str().unwrap().to_owned());
+        }
+        send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{}", hashes[3]),
+            Some(&admin),
+            Some(json!({"disabled": true})),
+        )
+        .await;
+        let names = |reply: &Reply| -> Vec<String> {
+            reply.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|key| key["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let all = send(gateway.address, "GET", "/api/v1/keys", Some(&admin), None).await;
+        assert_eq!(names(&all), ["k4", "k2", "k1", "k0", "operator"], "{name}");
+        let with_disabled = send(
+            gateway.address,
+            "GET",
+            "/api/v1/keys?include_disabled=true&offset=1",
+            Some(&admin),
+            None,
+        )
+        .await;
+        assert_eq!(
+            names(&with_disabled),
+            ["k3", "k2", "k1", "k0", "operator"],
+            "{name}"
+        );
+        let page = send(
+            gateway.address,
+            "GET",
+            "/api/v1/keys?offset=2",
+            Some(&admin),
+            None,
+        )
+        .await;
+        assert_eq!(names(&page), ["k1", "k0", "operator"], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn key_status_reports_the_ledger_by_utc_period() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store.clone()).await;
+        let name = backend.name;
+        let (key, data) = create(
+            &gateway,
+            json!({"name": "metered", "account": "acme", "limit": 10, "limit_reset": "daily"}),
+        )
+        .await;
+        let hash = data["hash"].as_str().unwrap();
+        let spend = |cost_nanos: i64, byok: bool, id: &'static str| {
+            let store = backend.store.clone();
+            let now = gateway.clock.now();
+            let hash = hash.to_owned();
+            async move {
+                let reserve = ReserveRequest {
+                    account: "acme".into(),
+                    key: hash.clone(),
+                    reservation_id: id.into(),
+                    amount_nanos: cost_nanos,
+                    key_limit: None,
+                    check_balance: false,
+                    ttl: Duration::from_secs(60),
+                };
+                assert!(matches!(
+                    store.reserve(&reserve, now).await.unwrap(),
+                    ReserveOutcome::Reserved { .. }
+                ));
+                let settlement = Settlement {
+                    account: "acme".into(),
+                    key: hash,
+                    reservation_id: id.into(),
+                    cost_nanos,
+                    byok,
+                };
+                store.settle(&settlement, now).await.unwrap();
+            }
+        };
+        // Sunday of the week before: counts in the month only.
+        gateway
+            .clock
+            .set(Utc.with_ymd_and_hms(2026, 11, 15, 9, 0, 0).unwrap());
+        spend(1_000_000_000, false, "sunday").await;
+        // Monday of this week.
+        gateway
+            .clock
+            .set(Utc.with_ymd_and_hms(2026, 11, 16, 0, 0, 0).unwrap());
+        spend(500_000_000, false, "monday").await;
+        // Today: own usage and usage through the account's own provider key.
+        gateway.clock.set(t0());
+        spend(2_250_000_000, false, "today").await;
+        spend(750_000_000, true, "today-byok").await;
+
+        let status = send(
+            gateway.address,
+            "GET",
+            "/api/v1/key",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(status.status, 200, "{name}: {}", status.body);
+        assert_eq!(
+            status.body,
+            json!({"data": {
+                "label": "metered",
+                "limit": 10,
+                "limit_reset": "daily",
+                "limit_remaining": 7.75,
+                "include_byok_in_limit": false,
+                "usage": 3.75,
+                "usage_daily": 2.25,
+                "usage_weekly": 2.75,
+                "usage_monthly": 3.75,
+                "byok_usage": 0.75,
+                "byok_usage_daily": 0.75,
+                "byok_usage_weekly": 0.75,
+                "byok_usage_monthly": 0.75,
+                "is_free_tier": true,
+                "free_model_daily_requests": {"used": 0, "limit": 50, "remaining": 50},
+            }}),
+            "{name}"
+        );
+
+        // BYOK counts once the key says so.
+        let patched = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&gateway.admin)),
+            Some(json!({"include_byok_in_limit": true})),
+        )
+        .await;
+        assert_eq!(patched.body["data"]["limit_remaining"], 7, "{name}");
+
+        // Free-model requests counted by the quota's daily counter, and the
+        // higher daily limit once 10 credits were bought.
+        let rules = FreeQuotaRules::default();
+        for _ in 0..3 {
+            assert!(
+                backend
+                    .store
+                    .check_and_add("acme", &[rules.daily_check(0, 1)], gateway.clock.now())
+                    .await
+                    .unwrap()
+                    .admitted
+            );
+        }
+        let bought = send(
+            gateway.address,
+            "POST",
+            "/api/v1/accounts/acme/credits",
+            Some(&bearer(&gateway.admin)),
+            Some(json!({"amount": 10})),
+        )
+        .await;
+        assert_eq!(bought.status, 200, "{name}: {}", bought.body);
+        let status = send(
+            gateway.address,
+            "GET",
+            "/api/v1/key",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(status.body["data"]["is_free_tier"], false, "{name}");
+        assert_eq!(
+            status.body["data"]["free_model_daily_requests"],
+            json!({"used": 3, "limit": 1000, "remaining": 997}),
+            "{name}"
+        );
+
+        // Next day (a Thursday): the daily figures and the daily limit start over.
+        gateway
+            .clock
+            .set(Utc.with_ymd_and_hms(2026, 11, 19, 0, 0, 0).unwrap());
+        let status = send(
+            gateway.address,
+            "GET",
+            "/api/v1/key",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        let data = &status.body["data"];
+        assert_eq!(
+            (
+                data["usage_daily"].clone(),
+                data["usage_weekly"].clone(),
+                data["usage"].clone()
+            ),
+            (json!(0), json!(2.75), json!(3.75)),
+            "{name}"
+        );
+        assert_eq!(data["limit_remaining"], 10, "{name}");
+        assert_eq!(data["free_model_daily_requests"]["used"], 0, "{name}");
+        // Next month.
+        gateway
+            .clock
+            .set(Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap());
+        let status = send(
+            gateway.address,
+            "GET",
+            "/api/v1/key",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(status.body["data"]["usage_monthly"], 0, "{name}");
+        assert_eq!(status.body["data"]["usage"], 3.75, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn credits_and_balance_follow_purchases_and_spending() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store.clone()).await;
+        let name = backend.name;
+        let (key, data) = create(&gateway, json!({"name": "buyer", "account": "shop"})).await;
+        let credits = send(
+            gateway.address,
+            "GET",
+            "/api/v1/credits",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(
+            credits.body,
+            json!({"data": {"total_credits": 0, "total_usage": 0}}),
+            "{name}"
+        );
+        let balance = send(
+            gateway.address,
+            "GET",
+            "/user/balance",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(
+            balance.body,
+            json!({"is_available": false, "balance_infos": [{"currency": "CREDITS", "total_balance": "0.00", "granted_balance": "0.00", "topped_up_balance": "0.00"}]}),
+            "{name}"
+        );
+        let bought = send(
+            gateway.address,
+            "POST",
+            "/api/v1/accounts/shop/credits",
+            Some(&bearer(&gateway.admin)),
+            Some(json!({"amount": 12.5})),
+        )
+        .await;
+        assert_eq!(
+            bought.body,
+            json!({"data": {"account": "shop", "total_credits": 12.5, "total_usage": 0, "balance": 12.5}}),
+            "{name}"
+        );
+        let settle = Settlement {
+            account: "shop".into(),
+            key: data["hash"].as_str().unwrap().into(),
+            reservation_id: "r1".into(),
+            cost_nanos: 2 * NANOS_PER_CREDIT,
+            byok: false,
+        };
+        backend
+            .store
+            .settle(&settle, gateway.clock.now())
+            .await
+            .unwrap();
+        let credits = send(
+            gateway.address,
+            "GET",
+            "/api/v1/credits",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(
+            credits.body,
+            json!({"data": {"total_credits": 12.5, "total_usage": 2}}),
+            "{name}"
+        );
+        let balance = send(
+            gateway.address,
+            "GET",
+            "/user/balance",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(balance.body["is_available"], true, "{name}");
+        assert_eq!(
+            balance.body["balance_infos"][0]["total_balance"], "10.50",
+            "{name}"
+        );
+        // Spending past the balance: negative, and not available.
+        let settle = Settlement {
+            reservation_id: "r2".into(),
+            cost_nanos: 11 * NANOS_PER_CREDIT,
+            ..settle
+        };
+        backend
+            .store
+            .settle(&settle, gateway.clock.now())
+            .await
+            .unwrap();
+        let balance = send(
+            gateway.address,
+            "GET",
+            "/user/balance",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(balance.body["is_available"], false, "{name}");
+        assert_eq!(
+            balance.body["balance_infos"][0]["total_balance"], "-0.50",
+            "{name}"
+        );
+        // An account is created on first use, with nothing purchased.
+        assert!(gateway.directory.account_exists("shop").await.unwrap());
+        assert!(!gateway
+            .directory
+            .account_exists("never-used")
+            .await
+            .unwrap());
+    }
+}
+
+#[tokio::test]
+async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store.clone()).await;
+        let name = backend.name;
+        let (key, data) = create(&gateway, json!({"name": "capped", "limit": 1})).await;
+        let hash = data["hash"].as_str().unwrap().to_owned();
+        let settle = Settlement {
+            account: "default".into(),
+            key: hash.clone(),
+            reservation_id: "r".into(),
+            cost_nanos: NANOS_PER_CREDIT,
+            byok: false,
+        };
+        backend
+            .store
+            .settle(&settle, gateway.clock.now())
+            .await
+            .unwrap();
+        // What CreditGuard will do with the principal's limit.
+        let reserve = |limit_nanos: i64| ReserveRequest {
+            account: "default".into(),
+            key: hash.clone(),
+            reservation_id: format!("next-{limit_nanos}"),
+            amount_nanos: 1,
+            key_limit: Some(modelgate::store::KeyLimit {
+                limit_nanos,
+                reset: None,
+                include_byok: false,
+            }),
+            check_balance: false,
+            ttl: Duration::from_secs(60),
+        };
+        let seen = chat_as(gateway.address, &key).await.body["limit_nanos"]
+            .as_i64()
+            .unwrap();
+        assert!(
+            matches!(
+                backend
+                    .store
+                    .reserve(&reserve(seen), gateway.clock.now())
+                    .await
+                    .unwrap(),
+                ReserveOutcome::KeyLimitReached { .. }
+            ),
+            "{name}"
+        );
+        let status = send(
+            gateway.address,
+            "GET",
+            "/api/v1/key",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(status.body["data"]["limit_remaining"], 0, "{name}");
+
+        send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&gateway.admin)),
+            Some(json!({"limit": 5})),
+        )
+        .await;
+        let seen = chat_as(gateway.address, &key).await.body["limit_nanos"]
+            .as_i64()
+            .unwrap();
+        assert_eq!(
+            seen,
+            5 * NANOS_PER_CREDIT,
+            "{name}: the new limit is seen at once"
+        );
+        assert!(
+            matches!(
+                backend
+                    .store
+                    .reserve(&reserve(seen), gateway.clock.now())
+                    .await
+                    .unwrap(),
+                ReserveOutcome::Reserved { .. }
+            ),
+            "{name}"
+        );
+        let status = send(
+            gateway.address,
+            "GET",
+            "/api/v1/key",
+            Some(&bearer(&key)),
+            None,
+        )
+        .await;
+        assert_eq!(status.body["data"]["limit_remaining"], 4, "{name}");
+        // Removing the limit: null limit, null remaining.
+        let patched = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&gateway.admin)),
+            Some(json!({"limit": null})),
+        )
+        .await;
+        assert_eq!(
+            (
+                patched.body["data"]["limit"].clone(),
+                patched.body["data"]["limit_remaining"].clone()
+            ),
+            (Value::Null, Value::Null),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn many_concurrent_creations_give_distinct_working_keys() {
+    for backend in backends().await {
+        let gateway = Arc::new(gateway(backend.store).await);
+        let name = backend.name;
+        let tasks: Vec<_> = (0..40)
+            .map(|index| {
+                let gateway = gateway.clone();
+                tokio::spawn(async move {
+                    create(&gateway, json!({"name": format!("c{index}")}))
+                        .await
+                        .0
+                })
+            })
+            .collect();
+        let mut keys = std::collections::HashSet::new();
+        for task in tasks {
+            keys.insert(task.await.unwrap());
+        }
+        assert_eq!(keys.len(), 40, "{name}");
+        let checks: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let address = gateway.address;
+                let key = key.clone();
+                tokio::spawn(async move { chat_as(address, &key).await.status })
+            })
+            .collect();
+        for check in checks {
+            assert_eq!(check.await.unwrap(), 200, "{name}");
+        }
+    }
+}
+
+/// Two gateway instances, each with its own directory and cache, on one
+/// Redis and one clock.
+async fn two_instances(
+    cache_ttl: Duration,
+) -> (
+    RedisServer,
+    ManualClock,
+    [(SocketAddr, KeyDirectory); 2],
+    String,
+) {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(t0());
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let store: SharedStore = Arc::new(
+            RedisStore::connect(&server.url(), RedisStoreConfig::default())
+                .await
+                .unwrap(),
+        );
+        let directory = KeyDirectory::new(store)
+            .with_clock(Arc::new(clock.clone()))
+            .with_cache_ttl(cache_ttl);
+        instances.push((instance(directory.clone()).await, directory));
+    }
+    let (admin, _) = instances[0]
+        .1
+        .create_key(NewKey {
+            management: true,
+            ..NewKey::named("operator")
+        })
+        .await
+        .unwrap();
+    let instances: [(SocketAddr, KeyDirectory); 2] = instances.try_into().unwrap();
+    (server, clock, instances, admin.expose().to_owned())
+}
+
+#[tokio::test]
+async fn a_deleted_or_disabled_key_stops_on_every_instance_within_the_cache_time() {
+    let ttl = KeyDirectory::DEFAULT_CACHE_TTL;
+    let (_server, clock, [(a, _), (b, _)], admin) = two_instances(ttl).await;
+    for change in ["delete", "disable"] {
+        let created = send(
+            a,
+            "POST",
+            "/api/v1/keys",
+            Some(&bearer(&admin)),
+            Some(json!({"name": change})),
+        )
+        .await;
+        let key = created.body["key"].as_str().unwrap().to_owned();
+        let hash = created.body["data"]["hash"].as_str().unwrap().to_owned();
+        // Both instances have the key cached as good.
+        assert_eq!(chat_as(a, &key).await.status, 200);
+        assert_eq!(chat_as(b, &key).await.status, 200);
+        let reason = if change == "delete" {
+            send(
+                a,
+                "DELETE",
+                &format!("/api/v1/keys/{hash}"),
+                Some(&bearer(&admin)),
+                None,
+            )
+            .await;
+            "deleted_key"
+        } else {
+            send(
+                a,
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                Some(&bearer(&admin)),
+                Some(json!({"disabled": true})),
+            )
+            .await;
+            "disabled_key"
+        };
+        assert_refused(
+            &chat_as(a, &key).await,
+            401,
+            reason,
+            "the changing instance, at once",
+        );
+        // The other instance may trust its cache for less than the TTL…
+        clock.advance(ttl - Duration::from_millis(1));
+        assert_eq!(
+            chat_as(b, &key).await.status,
+            200,
+            "{change}: within the documented bound"
+        );
+        // …and never for longer.
+        clock.advance(Duration::from_millis(1));
+        assert_refused(
+            &chat_as(b, &key).await,
+            401,
+            reason,
+            "the other instance, after the TTL",
+        );
+        // A new key made on one instance works on the other at once.
+        let fresh = send(
+            a,
+            "POST",
+            "/api/v1/keys",
+            Some(&bearer(&admin)),
+            Some(json!({"name": "fresh"})),
+        )
+        .await;
+        assert_eq!(
+            chat_as(b, fresh.body["key"].as_str().unwrap()).await.status,
+            200
+        );
+    }
+}
+
+#[tokio::test]
+async fn without_a_cache_a_deletion_is_seen_everywhere_at_once() {
+    let (_server, _clock, [(a, _), (b, _)], admin) = two_instances(Duration::ZERO).await;
+    let created = send(
+        a,
+        "POST",
+        "/api/v1/keys",
+        Some(&bearer(&admin)),
+        Some(json!({"name": "k"})),
+    )
+    .await;
+    let key = created.body["key"].as_str().unwrap().to_owned();
+    assert_eq!(chat_as(b, &key).await.status, 200);
+    let hash = created.body["data"]["hash"].as_str().unwrap();
+    send(
+        a,
+        "DELETE",
+        &format!("/api/v1/keys/{hash}"),
+        Some(&bearer(&admin)),
+        None,
+    )
+    .await;
+    assert_refused(&chat_as(b, &key).await, 401, "deleted_key", "no cache");
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_answer_gives_503_never_a_pass() {
+    let mut server = RedisServer::start();
+    let config = RedisStoreConfig {
+        call_timeout: Duration::from_millis(300),
+        ..RedisStoreConfig::default()
+    };
+    let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
+    let directory = KeyDirectory::new(store).with_cache_ttl(Duration::ZERO);
+    let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+    let address = instance(directory.clone()).await;
+    assert_eq!(chat_as(address, key.expose()).await.status, 200);
+    server.stop();
+    let reply = chat_as(address, key.expose()).await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(reply.body["error"]["metadata"]["layer"], "BearerAuth");
+    let status = send(
+        address,
+        "GET",
+        "/api/v1/key",
+        Some(&bearer(key.expose())),
+        None,
+    )
+    .await;
+    assert_eq!(status.status, 503);
+    // After a restart without persistence the key is gone: unknown, not a pass.
+    server.restart();
+    let mut reply = chat_as(address, key.expose()).await;
+    for _ in 0..50 {
+        if reply.status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reply = chat_as(address, key.expose()).await;
+    }
+    assert_refused(&reply, 401, "unknown_key", "after restart");
+}
+
+#[tokio::test]
+async fn the_layers_work_without_axum_in_plain_tower() {
+    // KeyRoutes without BearerAuth before it says which layer is missing.
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let directory = KeyDirectory::new(store);
+    let service = ServiceBuilder::new()
+        .layer(BodyLimitLayer::new())
+        .layer(KeyRoutesLayer::new(directory))
+        .service(tower::service_fn(
+            |_: Request<http_body_util::Full<bytes::Bytes>>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::new(),
+                )))
+            },
+        ));
+    let response = tower::ServiceExt::oneshot(
+        service,
+        Request::get("/api/v1/key")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 500);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("BearerAuth"));
+    let _ = Period::Day;
+}
