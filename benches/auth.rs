@@ -1,0 +1,115 @@
+//! What BearerAuth adds to a request: the header parser, the key check and
+//! hash, and the whole layer with its cache on and off, on `MemoryStore`
+//! and on `RedisStore` over loopback; and `GET /api/v1/key` end to end.
+//!
+//! `cargo bench --bench auth`; under `cargo test --all-targets` each
+//! benchmark runs once as a smoke test.
+
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{Request, Response};
+use http_body_util::Full;
+use modelgate::auth::{parse_bearer, ApiKey, BearerAuthLayer};
+use modelgate::body::BodyLimitLayer;
+use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+fn request(path: &str, authorization: &str) -> Request<Full<Bytes>> {
+    Request::get(path)
+        .header("authorization", authorization)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+fn bench_parsing(c: &mut Criterion) {
+    let key = ApiKey::generate();
+    let header = format!("Bearer {}", key.expose());
+    c.bench_function("parse_bearer", |b| {
+        b.iter(|| parse_bearer(std::hint::black_box(header.as_bytes())).unwrap())
+    });
+    c.bench_function("api_key_parse_and_hash", |b| {
+        b.iter(|| {
+            ApiKey::parse(std::hint::black_box(key.expose()))
+                .unwrap()
+                .hash()
+        })
+    });
+}
+
+fn bench_layer(
+    c: &mut Criterion,
+    runtime: &tokio::runtime::Runtime,
+    backend: &str,
+    store: SharedStore,
+) {
+    let mut group = c.benchmark_group(format!("bearer_auth/{backend}"));
+    for (cache, ttl) in [
+        ("cached", Duration::from_secs(1)),
+        ("uncached", Duration::ZERO),
+    ] {
+        let directory = KeyDirectory::new(store.clone()).with_cache_ttl(ttl);
+        let (key, _) = runtime
+            .block_on(directory.create_key(NewKey::named("bench")))
+            .unwrap();
+        let authorization = format!("Bearer {}", key.expose());
+        let service = ServiceBuilder::new()
+            .layer(BearerAuthLayer::new(directory.clone()))
+            .service(service_fn(|_: Request<Full<Bytes>>| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+            }));
+        group.bench_function(cache, |b| {
+            b.to_async(runtime).iter(|| {
+                let call = service
+                    .clone()
+                    .oneshot(request("/api/v1/models", &authorization));
+                async move { assert_eq!(call.await.unwrap().status(), 200) }
+            })
+        });
+        if cache == "cached" {
+            let status = ServiceBuilder::new()
+                .layer(BodyLimitLayer::new())
+                .layer(BearerAuthLayer::new(directory.clone()))
+                .layer(KeyRoutesLayer::new(directory))
+                .service(service_fn(|_: Request<Full<Bytes>>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+            group.bench_function("get_api_v1_key", |b| {
+                b.to_async(runtime).iter(|| {
+                    let call = status
+                        .clone()
+                        .oneshot(request("/api/v1/key", &authorization));
+                    async move { assert_eq!(call.await.unwrap().status(), 200) }
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    bench_parsing(c);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    bench_layer(c, &runtime, "memory", Arc::new(MemoryStore::new()));
+    let server = redis_server::RedisServer::start();
+    let redis = runtime
+        .block_on(RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig::default(),
+        ))
+        .unwrap();
+    bench_layer(c, &runtime, "redis", Arc::new(redis));
+}
+
+criterion_group!(auth, benches);
+criterion_main!(auth);
