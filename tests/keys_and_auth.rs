@@ -448,7 +448,7 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
             .await;
             assert_eq!(reply.status, status, "{name}: {body}: {}", reply.body);
             assert_eq!(
-                reply.body["error"]["metadata"]["field"], field,
+                reply.body["error"]["metadata"]["param"], field,
                 "{name}: {body}"
             );
             assert!(
@@ -499,7 +499,7 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
         assert_eq!(
             (
                 reply.status,
-                reply.body["error"]["metadata"]["field"].clone()
+                reply.body["error"]["metadata"]["param"].clone()
             ),
             (422, json!("offset")),
             "{name}"
@@ -515,7 +515,7 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
         assert_eq!(
             (
                 reply.status,
-                reply.body["error"]["metadata"]["field"].clone()
+                reply.body["error"]["metadata"]["param"].clone()
             ),
             (422, json!("amount")),
             "{name}"

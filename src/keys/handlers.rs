@@ -363,7 +363,7 @@ fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
             ErrorKind::InvalidRequest,
             "the key hash in the path must be 64 hexadecimal characters, as the management API lists it",
         )
-        .with_metadata("field", "hash")
+        .with_metadata("param", "hash")
     })
 }
 

@@ -1,7 +1,7 @@
 //! The management API's inputs: JSON bodies and query strings, read
 //! strictly. A malformed body is 400; a field of the wrong type or out of
 //! range is 422; both name the field in the message and in
-//! `metadata.field`.
+//! `metadata.param`.
 //!
 //! Public so a service that offers its own management surface parses the
 //! same way, and so the fuzz target reaches them.
@@ -287,12 +287,12 @@ fn expiry(value: Value, now: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, Gat
 /// 422: a field's value is of the wrong type or out of range.
 fn invalid(field: &str, problem: &str) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidParameter, format!("`{field}` {problem}"))
-        .with_metadata("field", field)
+        .with_metadata("param", field)
 }
 
 /// 400 about one field.
 fn bad_request(field: &str, message: &str) -> GatewayError {
-    GatewayError::new(ErrorKind::InvalidRequest, message.to_owned()).with_metadata("field", field)
+    GatewayError::new(ErrorKind::InvalidRequest, message.to_owned()).with_metadata("param", field)
 }
 
 /// 400: a required field is absent.
@@ -316,7 +316,7 @@ mod tests {
             error.status().as_u16(),
             error
                 .metadata()
-                .get("field")
+                .get("param")
                 .and_then(|field| field.as_str())
                 .unwrap_or_default()
                 .to_owned(),
