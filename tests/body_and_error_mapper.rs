@@ -194,7 +194,7 @@ async fn bad_chat_requests_get_specific_400_and_422() {
 
     let (status, _, body) = canonical(
         post(
-            r#"{"model":"m","messages":[{"role":"user","content":null}]}"#,
+            r#"{"model":"p/m","messages":[{"role":"user","content":null}]}"#,
             "application/json",
         )
         .await
@@ -209,7 +209,7 @@ async fn bad_chat_requests_get_specific_400_and_422() {
 
     let (status, _, body) = canonical(
         post(
-            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":9}"#,
+            r#"{"model":"p/m","messages":[{"role":"user","content":"x"}],"temperature":9}"#,
             "application/json",
         )
         .await
@@ -220,7 +220,8 @@ async fn bad_chat_requests_get_specific_400_and_422() {
     assert_eq!(body["error"]["type"], "invalid_parameter");
     assert_eq!(body["error"]["metadata"]["param"], "temperature");
 
-    let (status, _, body) = canonical(post(r#"{"model":"m"}"#, "text/plain").await.unwrap()).await;
+    let (status, _, body) =
+        canonical(post(r#"{"model":"p/m"}"#, "text/plain").await.unwrap()).await;
     assert_eq!(status, 400);
     assert!(body["error"]["message"]
         .as_str()
@@ -450,7 +451,7 @@ async fn every_spelling_of_the_chat_path_is_parsed() {
         let response = client
             .post(format!("http://{address}{path}"))
             .header("content-type", "application/json")
-            .body(r#"{"model": "m", "messages": []}"#)
+            .body(r#"{"model": "p/m", "messages": []}"#)
             .send()
             .await
             .unwrap();
@@ -473,29 +474,29 @@ async fn every_chat_rejection_over_http() {
             400,
             "model",
         ),
-        (json!({"model": "m", "messages": []}), 400, "messages"),
+        (json!({"model": "p/m", "messages": []}), 400, "messages"),
         (
-            json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+            json!({"model": "p/m", "messages": [{"role": "robot", "content": "x"}]}),
             400,
             "messages[0].role",
         ),
         (
-            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2}),
+            json!({"model": "p/m", "messages": [{"role": "user", "content": "x"}], "top_p": 2}),
             422,
             "top_p",
         ),
         (
-            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            json!({"model": "p/m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
             422,
             "max_tokens",
         ),
         (
-            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}),
+            json!({"model": "p/m", "messages": [{"role": "user", "content": "x"}], "n": 0}),
             422,
             "n",
         ),
         (
-            json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "o", "strict": true, "schema": {"type": "object", "properties": {"a": {}}, "additionalProperties": false}}}}),
+            json!({"model": "p/m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "o", "strict": true, "schema": {"type": "object", "properties": {"a": {}}, "additionalProperties": false}}}}),
             400,
             "response_format.json_schema.schema",
         ),
@@ -520,7 +521,7 @@ async fn every_chat_rejection_over_http() {
 #[tokio::test]
 async fn a_body_exactly_at_the_limit_passes_with_its_length() {
     let address = gateway().await;
-    let head = r#"{"model":"m","messages":[{"role":"user","content":""#;
+    let head = r#"{"model":"p/m","messages":[{"role":"user","content":""#;
     let tail = r#""}]}"#;
     let body = format!("{head}{}{tail}", "x".repeat(1024 - head.len() - tail.len()));
     assert_eq!(body.len(), 1024);

@@ -8,7 +8,7 @@ use modelgate::body::ChatRequest;
 fuzz_target!(|body: &[u8]| {
     match ChatRequest::parse(body) {
         Ok(request) => {
-            assert!(!request.model.trim().is_empty());
+            assert_eq!(request.model_id.as_str(), request.model);
             assert!(!request.messages.is_empty());
             assert!(request.temperature.is_none_or(|t| (0.0..=2.0).contains(&t)));
             assert!(request.top_p.is_none_or(|p| (0.0..=1.0).contains(&p)));

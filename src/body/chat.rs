@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use super::ModelId;
 use crate::error::{ErrorKind, GatewayError};
 
 /// A message author's role.
@@ -101,6 +102,8 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     /// The model id, as sent.
     pub model: String,
+    /// The model id, parsed: provider, model name, variant.
+    pub model_id: ModelId,
     /// The conversation; never empty.
     pub messages: Vec<ChatMessage>,
     /// Whether the response is streamed (SSE).
@@ -136,7 +139,7 @@ impl ChatRequest {
     /// let request = ChatRequest::parse(br#"{"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
     /// assert_eq!(request.model, "openai/gpt-4o");
     ///
-    /// let error = ChatRequest::parse(br#"{"model": "m", "messages": [], "temperature": 3}"#).unwrap_err();
+    /// let error = ChatRequest::parse(br#"{"model": "p/m", "messages": [], "temperature": 3}"#).unwrap_err();
     /// assert_eq!(error.status(), 400);
     /// assert!(error.message().contains("messages"));
     /// ```
@@ -196,8 +199,12 @@ impl ChatRequest {
         check_stop(&fields)?;
         let tools = parse_tools(fields.remove("tools"))?;
         let response_format = parse_response_format(fields.remove("response_format"))?;
+        // Checked last, so each other field's error reads the same whatever
+        // the model; the limit layers need the parsed id.
+        let model_id = ModelId::parse(&model)?;
         Ok(ChatRequest {
             model,
+            model_id,
             messages,
             stream,
             max_tokens: max_completion_tokens.or(max_tokens),
@@ -732,7 +739,7 @@ mod tests {
                 "`model` must be a string, not a number",
             ),
             (with("model", json!("  ")), "`model` must not be empty"),
-            (json!({"model": "m"}), "`messages` is required"),
+            (json!({"model": "p/m"}), "`messages` is required"),
             (
                 with("messages", json!({"role": "user"})),
                 "`messages` must be an array, not an object",
@@ -980,7 +987,7 @@ mod tests {
 
     #[test]
     fn non_ascii_and_escapes_are_decoded_exactly() {
-        let body = r#"{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\" \\ \n ü 😀"}]}"#;
+        let body = r#"{"model":"p/m","messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\" \\ \n ü 😀"}]}"#;
         let request = ChatRequest::parse(body.as_bytes()).unwrap();
         let Some(MessageContent::Text(text)) = &request.messages[0].content else {
             panic!("text content")

@@ -47,6 +47,7 @@
 mod chat;
 mod future;
 mod layer;
+mod model_id;
 mod service;
 
 use bytes::Bytes;
@@ -57,6 +58,7 @@ use http::Method;
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
+pub use model_id::ModelId;
 pub use service::BodyLimit;
 
 use crate::error::{ErrorKind, GatewayError};
