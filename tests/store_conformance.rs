@@ -892,6 +892,36 @@ async fn ledger_sums_are_exact_under_concurrency<S: Store>(store: Arc<S>) {
         store.top_up("rich", 2).await.unwrap().balance_nanos,
         huge + 2
     );
+    // A purchase past i64::MAX is refused and changes nothing.
+    let room = i64::MAX - (huge + 2);
+    assert!(store.top_up("rich", room + 1).await.is_err());
+    let unchanged = store.account_balance("rich").await.unwrap();
+    assert_eq!(
+        (unchanged.purchased_nanos, unchanged.balance_nanos),
+        (huge + 2, huge + 2)
+    );
+    // With the balance spent below the purchased total, the purchased total
+    // overflows first; still nothing changes.
+    store
+        .settle(
+            &Settlement {
+                account: "rich".into(),
+                ..settlement("spend", huge, false)
+            },
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert!(store.top_up("rich", room + 1).await.is_err());
+    let unchanged = store.account_balance("rich").await.unwrap();
+    assert_eq!(
+        (unchanged.purchased_nanos, unchanged.balance_nanos),
+        (huge + 2, 2)
+    );
+    assert_eq!(
+        store.top_up("rich", room).await.unwrap().purchased_nanos,
+        i64::MAX
+    );
 }
 
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {

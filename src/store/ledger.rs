@@ -211,6 +211,15 @@ pub(crate) fn validate_amount(
     Ok(())
 }
 
+/// A purchase that would take the purchased total or the balance past
+/// `i64::MAX` nano-credits is refused whole, on every backend.
+pub(crate) fn top_up_overflow() -> StoreError {
+    StoreError::invalid(
+        "top_up",
+        "the purchased total or balance would exceed the largest amount a ledger holds",
+    )
+}
+
 pub(crate) fn key_limit_outcome(
     usage: &KeyUsage,
     limit: &KeyLimit,

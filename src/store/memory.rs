@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
-use super::ledger::{key_limit_outcome, period_starts_micros, validate_amount, validate_reserve};
+use super::ledger::{
+    key_limit_outcome, period_starts_micros, top_up_overflow, validate_amount, validate_reserve,
+};
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
     Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, Versioned,
@@ -565,14 +567,20 @@ impl LedgerStore for MemoryStore {
 
     async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
         validate_amount("top_up", amount_nanos)?;
-        Ok(self.with_account(account, |ledger| {
-            ledger.purchased_nanos = ledger.purchased_nanos.saturating_add(amount_nanos);
-            ledger.balance_nanos = ledger.balance_nanos.saturating_add(amount_nanos);
-            AccountBalance {
-                purchased_nanos: ledger.purchased_nanos,
-                balance_nanos: ledger.balance_nanos,
-            }
-        }))
+        self.with_account(account, |ledger| {
+            let (Some(purchased_nanos), Some(balance_nanos)) = (
+                ledger.purchased_nanos.checked_add(amount_nanos),
+                ledger.balance_nanos.checked_add(amount_nanos),
+            ) else {
+                return Err(top_up_overflow());
+            };
+            ledger.purchased_nanos = purchased_nanos;
+            ledger.balance_nanos = balance_nanos;
+            Ok(AccountBalance {
+                purchased_nanos,
+                balance_nanos,
+            })
+        })
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {

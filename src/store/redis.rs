@@ -23,7 +23,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
 use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
-use super::ledger::{period_starts_micros, validate_amount, validate_reserve};
+use super::ledger::{period_starts_micros, top_up_overflow, validate_amount, validate_reserve};
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
     Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, StoreErrorKind,
@@ -605,8 +605,13 @@ impl LedgerStore for RedisStore {
         let [account_key, ..] = self.ledger_keys(account, "");
         let mut invocation = self.scripts.top_up.prepare_invoke();
         invocation.key(account_key).arg(amount_nanos);
-        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
-        balance_from(OPERATION, &reply)
+        let reply = self.run(OPERATION, &invocation).await?;
+        if let Value::BulkString(text) = &reply {
+            if text.as_slice() == b"overflow" {
+                return Err(top_up_overflow());
+            }
+        }
+        balance_from(OPERATION, &array(OPERATION, reply)?)
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
