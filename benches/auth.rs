@@ -55,7 +55,7 @@ fn bench_layer(
         ("cached", Duration::from_secs(1)),
         ("uncached", Duration::ZERO),
     ] {
-        let directory = KeyDirectory::new(store.clone()).with_cache_ttl(ttl);
+        let directory = KeyDirectory::builder(store.clone()).cache_ttl(ttl).build();
         let (key, _) = runtime
             .block_on(directory.create_key(NewKey::named("bench")))
             .unwrap();

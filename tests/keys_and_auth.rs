@@ -16,7 +16,7 @@ use common::redis_server::RedisServer;
 use http::Request;
 use modelgate::auth::{looks_like_key, ApiKey, BearerAuthLayer, KeyHash, Principal};
 use modelgate::body::BodyLimitLayer;
-use modelgate::clock::{Clock, ManualClock, Period};
+use modelgate::clock::{Clock, ManualClock};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeQuotaRules;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
@@ -60,7 +60,9 @@ async fn backends() -> Vec<Backend> {
 
 /// The upstream stand-in: answers chat calls with what BearerAuth said
 /// about the caller.
-async fn chat(Extension(principal): Extension<Principal>) -> String {
+async fn chat(Extension(principal): Extension<Principal>, headers: http::HeaderMap) -> String {
+    // The gateway key must never travel past BearerAuth.
+    assert!(!headers.contains_key("authorization"));
     json!({
         "account": principal.account_id,
         "label": principal.label,
@@ -69,9 +71,16 @@ async fn chat(Extension(principal): Extension<Principal>) -> String {
     .to_string()
 }
 
+/// Any other route of the upstream stand-in.
+async fn elsewhere() -> &'static str {
+    "{\"upstream\": true}"
+}
+
 /// Serves the layer stack over `directory` on a loopback port.
 async fn instance(directory: KeyDirectory) -> SocketAddr {
-    let router: Router = Router::new().route("/api/v1/chat/completions", post(chat));
+    let router: Router = Router::new()
+        .route("/api/v1/chat/completions", post(chat))
+        .fallback(elsewhere);
     let service = ServiceBuilder::new()
         .layer(ErrorMapperLayer::new())
         .layer(BodyLimitLayer::new())
@@ -90,7 +99,9 @@ struct Gateway {
 
 async fn gateway(store: SharedStore) -> Gateway {
     let clock = ManualClock::new(t0());
-    let directory = KeyDirectory::new(store).with_clock(Arc::new(clock.clone()));
+    let directory = KeyDirectory::builder(store)
+        .clock(Arc::new(clock.clone()))
+        .build();
     let (admin, _) = directory
         .create_key(NewKey {
             management: true,
@@ -329,10 +340,17 @@ async fn every_refusal_is_a_401_with_its_own_message() {
             assert!(!message.contains(&key[6..]), "{context}: the key leaked");
             messages.insert((reason.to_string(), message));
         }
-        // Same reason may have several wordings, never one wording for two reasons.
-        let reasons: std::collections::HashSet<_> =
-            messages.iter().map(|(reason, _)| reason.clone()).collect();
-        assert_eq!(reasons.len(), 6, "{name}");
+        // A reason may have several wordings; one wording never serves two reasons.
+        for (reason, message) in &messages {
+            let others: Vec<_> = messages
+                .iter()
+                .filter(|(other, text)| other != reason && text == message)
+                .collect();
+            assert!(
+                others.is_empty(),
+                "{name}: {message:?} serves {reason} and {others:?}"
+            );
+        }
 
         // The key works until its expiry instant, and not from then on.
         assert_eq!(chat_as(gateway.address, &key).await.status, 200, "{name}");
@@ -356,6 +374,43 @@ async fn management_and_model_keys_keep_to_their_own_endpoints() {
         let reply = chat_as(gateway.address, &gateway.admin).await;
         assert_refused(&reply, 403, "management_key", name);
         assert_eq!(reply.body["error"]["type"], "permission_error");
+        // An allow-list: every other route is closed to a management key,
+        // whatever its spelling.
+        for (method, path) in [
+            ("POST", "/api/v1/completions"),
+            ("POST", "/api/v1/embeddings"),
+            ("POST", "/api/v1/responses"),
+            ("GET", "/api/v1/models"),
+            ("POST", "/api/v1/chat/completions;x"),
+            ("POST", "/api/v1/chat/completions%3B"),
+            ("POST", "/api/v1/chat%5Ccompletions"),
+            ("POST", "/api/v1/keys/../chat/completions"),
+        ] {
+            let reply = send(
+                gateway.address,
+                method,
+                path,
+                Some(&bearer(&gateway.admin)),
+                Some(chat_body()),
+            )
+            .await;
+            assert_refused(
+                &reply,
+                403,
+                "management_key",
+                &format!("{name}: {method} {path}"),
+            );
+        }
+        // A normal key reaches those routes.
+        let reply = send(
+            gateway.address,
+            "POST",
+            "/api/v1/embeddings",
+            Some(&bearer(&key)),
+            Some(json!({})),
+        )
+        .await;
+        assert_eq!(reply.body, json!({"upstream": true}), "{name}");
         for (method, path, body) in [
             ("GET", "/api/v1/keys", None),
             ("POST", "/api/v1/keys", Some(json!({"name": "x"}))),
@@ -398,7 +453,7 @@ async fn management_and_model_keys_keep_to_their_own_endpoints() {
         )
         .await;
         assert_eq!(reply.status, 405, "{name}");
-        assert_eq!(reply.headers["allow"], "GET, POST");
+        assert_eq!(reply.headers["allow"], "GET, HEAD, POST");
     }
 }
 
@@ -1043,9 +1098,10 @@ async fn two_instances(
                 .await
                 .unwrap(),
         );
-        let directory = KeyDirectory::new(store)
-            .with_clock(Arc::new(clock.clone()))
-            .with_cache_ttl(cache_ttl);
+        let directory = KeyDirectory::builder(store)
+            .clock(Arc::new(clock.clone()))
+            .cache_ttl(cache_ttl)
+            .build();
         instances.push((instance(directory.clone()).await, directory));
     }
     let (admin, _) = instances[0]
@@ -1169,7 +1225,9 @@ async fn a_store_that_cannot_answer_gives_503_never_a_pass() {
         ..RedisStoreConfig::default()
     };
     let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
-    let directory = KeyDirectory::new(store).with_cache_ttl(Duration::ZERO);
+    let directory = KeyDirectory::builder(store)
+        .cache_ttl(Duration::ZERO)
+        .build();
     let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
     let address = instance(directory.clone()).await;
     assert_eq!(chat_as(address, key.expose()).await.status, 200);
@@ -1186,6 +1244,7 @@ async fn a_store_that_cannot_answer_gives_503_never_a_pass() {
     )
     .await;
     assert_eq!(status.status, 503);
+    assert_eq!(status.body["error"]["metadata"]["layer"], "BearerAuth");
     // After a restart without persistence the key is gone: unknown, not a pass.
     server.restart();
     let mut reply = chat_as(address, key.expose()).await;
@@ -1232,5 +1291,30 @@ async fn the_layers_work_without_axum_in_plain_tower() {
         .as_str()
         .unwrap()
         .contains("BearerAuth"));
-    let _ = Period::Day;
+}
+
+#[tokio::test]
+async fn key_routes_fail_closed_when_the_key_is_cached_but_the_store_is_down() {
+    let mut server = RedisServer::start();
+    let config = RedisStoreConfig {
+        call_timeout: Duration::from_millis(300),
+        ..RedisStoreConfig::default()
+    };
+    let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
+    let directory = KeyDirectory::builder(store)
+        .cache_ttl(Duration::from_secs(3600))
+        .build();
+    let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+    let address = instance(directory).await;
+    assert_eq!(chat_as(address, key.expose()).await.status, 200);
+    server.stop();
+    // BearerAuth trusts its cache; KeyRoutes still needs the store.
+    for path in ["/api/v1/key", "/api/v1/credits", "/user/balance"] {
+        let reply = send(address, "GET", path, Some(&bearer(key.expose())), None).await;
+        assert_eq!(reply.status, 503, "{path}: {}", reply.body);
+        assert_eq!(
+            reply.body["error"]["metadata"]["layer"], "KeyRoutes",
+            "{path}"
+        );
+    }
 }

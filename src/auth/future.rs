@@ -3,6 +3,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use futures_util::future::BoxFuture;
+use http::header::AUTHORIZATION;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::util::Oneshot;
@@ -94,6 +95,7 @@ where
                     };
                     match outcome {
                         Ok(principal) => {
+                            request.headers_mut().remove(AUTHORIZATION);
                             request.extensions_mut().insert(principal);
                             state.set(State::Calling {
                                 future: Oneshot::new(inner, request),

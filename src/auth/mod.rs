@@ -15,8 +15,10 @@
 //! | `unknown_key` | not a modelgate key, a bad checksum, or no such key |
 //! | `deleted_key`, `expired_key`, `disabled_key` | the key's state |
 //!
-//! A management key calling chat completions gets 403; a store that cannot
-//! answer gives 503, since authentication always fails closed. Keys deleted
+//! A management key gets 403 on every route but the key management API and
+//! the key queries; a store that cannot answer gives 503, since
+//! authentication always fails closed. The `Authorization` header is
+//! removed from an admitted request, so the gateway key never travels on. Keys deleted
 //! or disabled elsewhere stop within the directory's cache time (1 s by
 //! default).
 //!

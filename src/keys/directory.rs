@@ -37,12 +37,68 @@ pub enum KeyState {
     Unknown,
 }
 
+/// Configures a [`KeyDirectory`]; made by [`KeyDirectory::builder`].
+///
+/// A builder, so that every handle of one directory shares one cache: a
+/// change made through any clone is seen at once by all of them.
+pub struct KeyDirectoryBuilder {
+    store: SharedStore,
+    clock: Arc<dyn Clock>,
+    cache_ttl: Duration,
+    max_cached_keys: usize,
+}
+
+impl fmt::Debug for KeyDirectoryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyDirectoryBuilder")
+            .field("clock", &self.clock)
+            .field("cache_ttl", &self.cache_ttl)
+            .field("max_cached_keys", &self.max_cached_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyDirectoryBuilder {
+    /// Uses `clock` for expiry, usage periods and the cache.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Trusts a lookup for `cache_ttl`; zero turns the cache off.
+    pub fn cache_ttl(mut self, cache_ttl: Duration) -> Self {
+        self.cache_ttl = cache_ttl;
+        self
+    }
+
+    /// Holds at most `max_cached_keys` live keys, and a quarter as many
+    /// unknown or deleted ones.
+    pub fn max_cached_keys(mut self, max_cached_keys: usize) -> Self {
+        self.max_cached_keys = max_cached_keys;
+        self
+    }
+
+    /// The directory.
+    pub fn build(self) -> KeyDirectory {
+        KeyDirectory {
+            inner: Arc::new(Inner {
+                store: self.store,
+                clock: self.clock,
+                cache_ttl: self.cache_ttl,
+                max_cached_keys: self.max_cached_keys,
+                cache: Mutex::new(Cache::default()),
+                generation: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
 /// Keys and accounts, read and written through the store, shared by
 /// [`BearerAuthLayer`](crate::auth::BearerAuthLayer) and
 /// [`KeyRoutesLayer`](super::KeyRoutesLayer).
 ///
-/// Lookups are cached in process for [`cache_ttl`](Self::with_cache_ttl)
-/// (default 1 s). A change made through this directory (update, delete) is
+/// Lookups are cached in process for
+/// [`cache_ttl`](KeyDirectoryBuilder::cache_ttl) (default 1 s). A change made through this directory (update, delete) is
 /// seen at once by the instance that made it; every other instance sees it
 /// within the cache time. A TTL of zero turns the cache off.
 ///
@@ -57,10 +113,18 @@ struct Inner {
     clock: Arc<dyn Clock>,
     cache_ttl: Duration,
     max_cached_keys: usize,
-    cache: Mutex<HashMap<KeyHash, Cached>>,
+    cache: Mutex<Cache>,
     // Bumped by every local change, so a lookup that started before the
     // change never puts the old state back into the cache.
     generation: AtomicU64,
+}
+
+/// Live keys apart from refused ones, so a flood of made-up keys (the
+/// checksum is public) can never push real keys out.
+#[derive(Default)]
+struct Cache {
+    live: HashMap<KeyHash, Cached>,
+    refused: HashMap<KeyHash, Cached>,
 }
 
 #[derive(Clone)]
@@ -83,68 +147,22 @@ impl KeyDirectory {
     /// How long a lookup is trusted by default: the longest a deleted or
     /// disabled key keeps working on another instance.
     pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(1);
-    /// How many keys the cache holds by default.
+    /// How many live keys the cache holds by default.
     pub const DEFAULT_MAX_CACHED_KEYS: usize = 100_000;
 
     /// A directory on `store` with the system clock and the default cache.
     pub fn new(store: SharedStore) -> Self {
-        Self::build(
+        Self::builder(store).build()
+    }
+
+    /// A directory on `store` with its clock and cache still to choose.
+    pub fn builder(store: SharedStore) -> KeyDirectoryBuilder {
+        KeyDirectoryBuilder {
             store,
-            Arc::new(SystemClock),
-            Self::DEFAULT_CACHE_TTL,
-            Self::DEFAULT_MAX_CACHED_KEYS,
-        )
-    }
-
-    fn build(
-        store: SharedStore,
-        clock: Arc<dyn Clock>,
-        cache_ttl: Duration,
-        max_cached_keys: usize,
-    ) -> Self {
-        KeyDirectory {
-            inner: Arc::new(Inner {
-                store,
-                clock,
-                cache_ttl,
-                max_cached_keys,
-                cache: Mutex::new(HashMap::new()),
-                generation: AtomicU64::new(0),
-            }),
+            clock: Arc::new(SystemClock),
+            cache_ttl: Self::DEFAULT_CACHE_TTL,
+            max_cached_keys: Self::DEFAULT_MAX_CACHED_KEYS,
         }
-    }
-
-    /// Uses `clock` for expiry, usage periods and the cache.
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        let inner = &self.inner;
-        Self::build(
-            inner.store.clone(),
-            clock,
-            inner.cache_ttl,
-            inner.max_cached_keys,
-        )
-    }
-
-    /// Trusts a lookup for `cache_ttl`; zero turns the cache off.
-    pub fn with_cache_ttl(self, cache_ttl: Duration) -> Self {
-        let inner = &self.inner;
-        Self::build(
-            inner.store.clone(),
-            inner.clock.clone(),
-            cache_ttl,
-            inner.max_cached_keys,
-        )
-    }
-
-    /// Holds at most `max_cached_keys` lookups.
-    pub fn with_max_cached_keys(self, max_cached_keys: usize) -> Self {
-        let inner = &self.inner;
-        Self::build(
-            inner.store.clone(),
-            inner.clock.clone(),
-            inner.cache_ttl,
-            max_cached_keys,
-        )
     }
 
     /// The store the directory reads and writes.
@@ -194,7 +212,7 @@ impl KeyDirectory {
         Ok(KeyState::Unknown)
     }
 
-    fn cache(&self) -> MutexGuard<'_, HashMap<KeyHash, Cached>> {
+    fn cache(&self) -> MutexGuard<'_, Cache> {
         // Entries are written whole; a panic elsewhere cannot leave one half-made.
         self.inner
             .cache
@@ -202,38 +220,40 @@ impl KeyDirectory {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn is_fresh(&self, cached: &Cached, now: DateTime<Utc>) -> bool {
-        // A clock that went backwards makes an entry stale, not eternal.
-        match (now - cached.fetched_at).to_std() {
-            Ok(age) => age < self.inner.cache_ttl,
-            Err(_) => false,
-        }
-    }
-
     fn cached(&self, hash: &KeyHash, now: DateTime<Utc>) -> Option<KeyState> {
         if self.inner.cache_ttl.is_zero() {
             return None;
         }
         let cache = self.cache();
-        let cached = cache.get(hash)?;
-        self.is_fresh(cached, now).then(|| cached.state.clone())
+        let cached = cache.live.get(hash).or_else(|| cache.refused.get(hash))?;
+        is_fresh(cached, now, self.inner.cache_ttl).then(|| cached.state.clone())
     }
 
     fn remember(&self, hash: KeyHash, state: &KeyState, now: DateTime<Utc>, generation: u64) {
-        if self.inner.cache_ttl.is_zero() || self.inner.max_cached_keys == 0 {
+        let ttl = self.inner.cache_ttl;
+        if ttl.is_zero() {
             return;
         }
         let mut cache = self.cache();
         if self.inner.generation.load(Ordering::Acquire) != generation {
             return;
         }
-        if cache.len() >= self.inner.max_cached_keys {
-            cache.retain(|_, cached| self.is_fresh(cached, now));
-            if cache.len() >= self.inner.max_cached_keys {
-                cache.clear();
+        let (map, bound) = match state {
+            KeyState::Active(_) => (&mut cache.live, self.inner.max_cached_keys),
+            KeyState::Deleted | KeyState::Unknown => {
+                (&mut cache.refused, self.inner.max_cached_keys / 4)
+            }
+        };
+        if bound == 0 {
+            return;
+        }
+        if map.len() >= bound {
+            map.retain(|_, cached| is_fresh(cached, now, ttl));
+            if map.len() >= bound {
+                map.clear();
             }
         }
-        cache.insert(
+        map.insert(
             hash,
             Cached {
                 fetched_at: now,
@@ -247,7 +267,8 @@ impl KeyDirectory {
     pub fn forget(&self, hash: &KeyHash) {
         let mut cache = self.cache();
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        cache.remove(hash);
+        cache.live.remove(hash);
+        cache.refused.remove(hash);
     }
 
     /// Creates a key and its account if new; returns the plaintext (to be
@@ -423,6 +444,14 @@ impl KeyDirectory {
     }
 }
 
+fn is_fresh(cached: &Cached, now: DateTime<Utc>, ttl: Duration) -> bool {
+    // A clock that went backwards makes an entry stale, not eternal.
+    match (now - cached.fetched_at).to_std() {
+        Ok(age) => age < ttl,
+        Err(_) => false,
+    }
+}
+
 fn too_contended(operation: &'static str) -> StoreError {
     StoreError::new(
         operation,
@@ -442,9 +471,10 @@ mod tests {
     fn directory(ttl: Duration) -> (KeyDirectory, ManualClock) {
         let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
         let store: SharedStore = Arc::new(MemoryStore::new());
-        let directory = KeyDirectory::new(store)
-            .with_clock(Arc::new(clock.clone()))
-            .with_cache_ttl(ttl);
+        let directory = KeyDirectory::builder(store)
+            .clock(Arc::new(clock.clone()))
+            .cache_ttl(ttl)
+            .build();
         (directory, clock)
     }
 
@@ -516,16 +546,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_cache_never_holds_more_than_its_bound() {
-        let (directory, _clock) = directory(Duration::from_secs(60));
-        let directory = directory.with_max_cached_keys(3);
-        for index in 0..20 {
-            directory
-                .lookup(&KeyHash::of(&format!("key {index}")))
+    async fn made_up_keys_never_push_live_keys_out_of_the_cache() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let directory = KeyDirectory::builder(store).max_cached_keys(8).build();
+        let mut live = Vec::new();
+        for index in 0..8 {
+            let (key, _) = directory
+                .create_key(NewKey::named(format!("k{index}")))
                 .await
                 .unwrap();
-            assert!(directory.cache().len() <= 3);
+            directory.lookup(&key.hash()).await.unwrap();
+            live.push(key.hash());
         }
+        for index in 0..100 {
+            directory
+                .lookup(&KeyHash::of(&format!("made up {index}")))
+                .await
+                .unwrap();
+            let cache = directory.cache();
+            assert!(cache.refused.len() <= 2);
+            assert_eq!(cache.live.len(), 8);
+        }
+        let now = directory.now();
+        assert!(live
+            .iter()
+            .all(|hash| directory.cached(hash, now).is_some()));
+    }
+
+    #[tokio::test]
+    async fn clones_share_one_cache() {
+        let (directory, _clock) = directory(Duration::from_secs(3600));
+        let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let other_handle = directory.clone();
+        other_handle.lookup(&key.hash()).await.unwrap();
+        assert!(directory.delete(&key.hash()).await.unwrap());
+        assert!(matches!(
+            other_handle.lookup(&key.hash()).await.unwrap(),
+            KeyState::Deleted
+        ));
     }
 
     #[tokio::test]

@@ -96,14 +96,21 @@ impl Answer {
 }
 
 /// Answers one call to a KeyRoutes endpoint.
-pub(crate) async fn handle(config: &KeyRoutesConfig, call: Call) -> Result<Answer, GatewayError> {
+pub(crate) async fn handle(
+    config: &KeyRoutesConfig,
+    mut call: Call,
+) -> Result<Answer, GatewayError> {
+    // HEAD is GET without the body; the server drops the body.
+    if call.method == Method::HEAD {
+        call.method = Method::GET;
+    }
     let allowed = call.route.methods();
     if !allowed.contains(&call.method) {
-        let allow = allowed
-            .iter()
-            .map(Method::as_str)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let mut allow = allowed.iter().map(Method::as_str).collect::<Vec<_>>();
+        if allowed.contains(&Method::GET) {
+            allow.insert(1, "HEAD");
+        }
+        let allow = allow.join(", ");
         return Err(GatewayError::new(
             ErrorKind::MethodNotAllowed,
             format!("this endpoint answers {allow} only"),
@@ -372,4 +379,52 @@ fn no_such_key() -> GatewayError {
         ErrorKind::NotFound,
         "no key has this hash; list the keys with GET /api/v1/keys",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn routes_match_every_spelling_of_their_path() {
+        let hash = "ab".repeat(32);
+        for (path, route) in [
+            ("/api/v1/key", Some(Route::KeyStatus)),
+            ("/api/v1/key/", Some(Route::KeyStatus)),
+            ("/API/v1/Key", Some(Route::KeyStatus)),
+            ("/api/v1/credits", Some(Route::Credits)),
+            ("/user/balance", Some(Route::UserBalance)),
+            ("//api/./v1/keys", Some(Route::Keys)),
+            ("/api/v1/%6beys", Some(Route::Keys)),
+            (
+                &format!("/api/v1/keys/{hash}"),
+                Some(Route::Key(hash.clone())),
+            ),
+            (
+                "/api/v1/accounts/acme/credits",
+                Some(Route::AccountCredits("acme".into())),
+            ),
+            ("/api/v1/x/../keys", Some(Route::Keys)),
+            ("/api/v1/keys/a/b", None),
+            ("/api/v1/chat/completions", None),
+            ("/api/v2/key", None),
+            ("/", None),
+        ] {
+            assert_eq!(Route::of(path), route, "{path}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_path_routes_as_its_normal_form_does(path in "(/|[a-zA-Z0-9.%]{0,6}){0,8}") {
+            let normal = format!("/{}", normalized_segments(&path).join("/"));
+            prop_assert_eq!(Route::of(&path), Route::of(&normal));
+        }
+
+        #[test]
+        fn no_path_panics_the_router(path in "\\PC{0,60}") {
+            let _ = Route::of(&path);
+        }
+    }
 }

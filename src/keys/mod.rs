@@ -81,8 +81,9 @@ mod record;
 mod service;
 
 pub use credits::MAX_CREDITS;
-pub use directory::{KeyDirectory, KeyState, SharedStore};
+pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
 pub use future::ResponseFuture;
+pub(crate) use handlers::Route;
 pub use layer::KeyRoutesLayer;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DEFAULT_ACCOUNT,
