@@ -157,6 +157,18 @@ async fn send(
     }
 }
 
+impl Gateway {
+    /// A call with the operator's management key.
+    async fn manage(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
+        send(self.address, method, path, Some(&bearer(&self.admin)), body).await
+    }
+}
+
+/// A GET with `key`.
+async fn get_as(address: SocketAddr, path: &str, key: &str) -> Reply {
+    send(address, "GET", path, Some(&bearer(key)), None).await
+}
+
 fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
@@ -177,14 +189,7 @@ async fn chat_as(address: SocketAddr, key: &str) -> Reply {
 }
 
 async fn create(gateway: &Gateway, body: Value) -> (String, Value) {
-    let reply = send(
-        gateway.address,
-        "POST",
-        "/api/v1/keys",
-        Some(&bearer(&gateway.admin)),
-        Some(body),
-    )
-    .await;
+    let reply = gateway.manage("POST", "/api/v1/keys", Some(body)).await;
     assert_eq!(reply.status, 201, "{}", reply.body);
     assert_eq!(reply.headers["cache-control"], "no-store");
     let key = reply.body["key"].as_str().unwrap().to_owned();
@@ -218,14 +223,7 @@ async fn the_seed_lifecycle_create_use_delete() {
         assert_eq!(data["limit"], Value::Null);
         assert_eq!(data["disabled"], false);
         // The plaintext is never stored or listed again.
-        let listed = send(
-            gateway.address,
-            "GET",
-            "/api/v1/keys",
-            Some(&bearer(&gateway.admin)),
-            None,
-        )
-        .await;
+        let listed = gateway.manage("GET", "/api/v1/keys", None).await;
         assert!(!listed.body.to_string().contains(&key), "{name}");
 
         let reply = chat_as(gateway.address, &key).await;
@@ -236,14 +234,9 @@ async fn the_seed_lifecycle_create_use_delete() {
         );
 
         let hash = data["hash"].as_str().unwrap();
-        let deleted = send(
-            gateway.address,
-            "DELETE",
-            &format!("/api/v1/keys/{hash}"),
-            Some(&bearer(&gateway.admin)),
-            None,
-        )
-        .await;
+        let deleted = gateway
+            .manage("DELETE", &format!("/api/v1/keys/{hash}"), None)
+            .await;
         assert_eq!(deleted.status, 200, "{name}");
         assert_eq!(deleted.body, json!({"deleted": true}));
         // At once, on the instance that deleted it: no cache delay.
@@ -253,23 +246,13 @@ async fn the_seed_lifecycle_create_use_delete() {
             "deleted_key",
             name,
         );
-        let gone = send(
-            gateway.address,
-            "GET",
-            &format!("/api/v1/keys/{hash}"),
-            Some(&bearer(&gateway.admin)),
-            None,
-        )
-        .await;
+        let gone = gateway
+            .manage("GET", &format!("/api/v1/keys/{hash}"), None)
+            .await;
         assert_eq!(gone.status, 404, "{name}");
-        let again = send(
-            gateway.address,
-            "DELETE",
-            &format!("/api/v1/keys/{hash}"),
-            Some(&bearer(&gateway.admin)),
-            None,
-        )
-        .await;
+        let again = gateway
+            .manage("DELETE", &format!("/api/v1/keys/{hash}"), None)
+            .await;
         assert_eq!(again.status, 404, "{name}");
     }
 }
@@ -286,24 +269,21 @@ async fn every_refusal_is_a_401_with_its_own_message() {
         .await;
         let (disabled_key, disabled) = create(&gateway, json!({"name": "off"})).await;
         let (deleted_key, deleted) = create(&gateway, json!({"name": "gone"})).await;
-        let admin = bearer(&gateway.admin);
-        let patch = send(
-            gateway.address,
-            "PATCH",
-            &format!("/api/v1/keys/{}", disabled["hash"].as_str().unwrap()),
-            Some(&admin),
-            Some(json!({"disabled": true})),
-        )
-        .await;
+        let patch = gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{}", disabled["hash"].as_str().unwrap()),
+                Some(json!({"disabled": true})),
+            )
+            .await;
         assert_eq!(patch.body["data"]["disabled"], true, "{name}");
-        send(
-            gateway.address,
-            "DELETE",
-            &format!("/api/v1/keys/{}", deleted["hash"].as_str().unwrap()),
-            Some(&admin),
-            None,
-        )
-        .await;
+        gateway
+            .manage(
+                "DELETE",
+                &format!("/api/v1/keys/{}", deleted["hash"].as_str().unwrap()),
+                None,
+            )
+            .await;
         let mut corrupted = key.clone();
         let last = corrupted.pop().unwrap();
         corrupted.push(if last == 'a' { 'b' } else { 'a' });
@@ -440,18 +420,11 @@ async fn management_and_model_keys_keep_to_their_own_endpoints() {
             "/api/v1/x/../keys",
             "/api/v1/%6Beys",
         ] {
-            let reply = send(gateway.address, "GET", path, Some(&bearer(&key)), None).await;
+            let reply = get_as(gateway.address, path, &key).await;
             assert_eq!(reply.status, 403, "{name}: {path}");
         }
         // A wrong method is 405 with Allow.
-        let reply = send(
-            gateway.address,
-            "PUT",
-            "/api/v1/keys",
-            Some(&bearer(&gateway.admin)),
-            None,
-        )
-        .await;
+        let reply = gateway.manage("PUT", "/api/v1/keys", None).await;
         assert_eq!(reply.status, 405, "{name}");
         assert_eq!(reply.headers["allow"], "GET, HEAD, POST");
     }
@@ -493,14 +466,9 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
             (json!({"name": "a", "colour": "red"}), 400, "colour"),
         ];
         for (body, status, field) in cases {
-            let reply = send(
-                gateway.address,
-                "POST",
-                "/api/v1/keys",
-                Some(&admin),
-                Some(body.clone()),
-            )
-            .await;
+            let reply = gateway
+                .manage("POST", "/api/v1/keys", Some(body.clone()))
+                .await;
             assert_eq!(reply.status, status, "{name}: {body}: {}", reply.body);
             assert_eq!(
                 reply.body["error"]["metadata"]["param"], field,
@@ -524,33 +492,24 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
             .await
             .unwrap();
         assert_eq!(not_json.status(), 400, "{name}");
-        let reply = send(
-            gateway.address,
-            "PATCH",
-            "/api/v1/keys/not-a-hash",
-            Some(&admin),
-            Some(json!({"disabled": true})),
-        )
-        .await;
+        let reply = gateway
+            .manage(
+                "PATCH",
+                "/api/v1/keys/not-a-hash",
+                Some(json!({"disabled": true})),
+            )
+            .await;
         assert_eq!(reply.status, 400, "{name}");
         let unknown = KeyHash::of("nobody").to_hex();
-        let reply = send(
-            gateway.address,
-            "PATCH",
-            &format!("/api/v1/keys/{unknown}"),
-            Some(&admin),
-            Some(json!({"disabled": true})),
-        )
-        .await;
+        let reply = gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{unknown}"),
+                Some(json!({"disabled": true})),
+            )
+            .await;
         assert_eq!(reply.status, 404, "{name}");
-        let reply = send(
-            gateway.address,
-            "GET",
-            "/api/v1/keys?offset=-1",
-            Some(&admin),
-            None,
-        )
-        .await;
+        let reply = gateway.manage("GET", "/api/v1/keys?offset=-1", None).await;
         assert_eq!(
             (
                 reply.status,
@@ -559,14 +518,13 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
             (422, json!("offset")),
             "{name}"
         );
-        let reply = send(
-            gateway.address,
-            "POST",
-            "/api/v1/accounts/acme/credits",
-            Some(&admin),
-            Some(json!({"amount": 0})),
-        )
-        .await;
+        let reply = gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts/acme/credits",
+                Some(json!({"amount": 0})),
+            )
+            .await;
         assert_eq!(
             (
                 reply.status,
@@ -575,14 +533,13 @@ async fn bad_management_input_is_400_or_422_naming_the_field() {
             (422, json!("amount")),
             "{name}"
         );
-        let reply = send(
-            gateway.address,
-            "POST",
-            "/api/v1/accounts/a%20b/credits",
-            Some(&admin),
-            Some(json!({"amount": 1})),
-        )
-        .await;
+        let reply = gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts/a%20b/credits",
+                Some(json!({"amount": 1})),
+            )
+            .await;
         assert_eq!(reply.status, 400, "{name}");
     }
 }
@@ -592,20 +549,18 @@ async fn listing_pages_newest_first_and_hides_disabled_keys_unless_asked() {
     for backend in backends().await {
         let gateway = gateway(backend.store).await;
         let name = backend.name;
-        let admin = bearer(&gateway.admin);
         let mut hashes = Vec::new();
         for index in 0..5 {
             let (_, data) = create(&gateway, json!({"name": format!("k{index}")})).await;
             hashes.push(data["hash"].as_str().unwrap().to_owned());
         }
-        send(
-            gateway.address,
-            "PATCH",
-            &format!("/api/v1/keys/{}", hashes[3]),
-            Some(&admin),
-            Some(json!({"disabled": true})),
-        )
-        .await;
+        gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{}", hashes[3]),
+                Some(json!({"disabled": true})),
+            )
+            .await;
         let names = |reply: &Reply| -> Vec<String> {
             reply.body["data"]
                 .as_array()
@@ -614,29 +569,17 @@ async fn listing_pages_newest_first_and_hides_disabled_keys_unless_asked() {
                 .map(|key| key["name"].as_str().unwrap().to_owned())
                 .collect()
         };
-        let all = send(gateway.address, "GET", "/api/v1/keys", Some(&admin), None).await;
+        let all = gateway.manage("GET", "/api/v1/keys", None).await;
         assert_eq!(names(&all), ["k4", "k2", "k1", "k0", "operator"], "{name}");
-        let with_disabled = send(
-            gateway.address,
-            "GET",
-            "/api/v1/keys?include_disabled=true&offset=1",
-            Some(&admin),
-            None,
-        )
-        .await;
+        let with_disabled = gateway
+            .manage("GET", "/api/v1/keys?include_disabled=true&offset=1", None)
+            .await;
         assert_eq!(
             names(&with_disabled),
             ["k3", "k2", "k1", "k0", "operator"],
             "{name}"
         );
-        let page = send(
-            gateway.address,
-            "GET",
-            "/api/v1/keys?offset=2",
-            Some(&admin),
-            None,
-        )
-        .await;
+        let page = gateway.manage("GET", "/api/v1/keys?offset=2", None).await;
         assert_eq!(names(&page), ["k1", "k0", "operator"], "{name}");
     }
 }
@@ -695,14 +638,7 @@ async fn key_status_reports_the_ledger_by_utc_period() {
         spend(2_250_000_000, false, "today").await;
         spend(750_000_000, true, "today-byok").await;
 
-        let status = send(
-            gateway.address,
-            "GET",
-            "/api/v1/key",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let status = get_as(gateway.address, "/api/v1/key", &key).await;
         assert_eq!(status.status, 200, "{name}: {}", status.body);
         assert_eq!(
             status.body,
@@ -727,14 +663,13 @@ async fn key_status_reports_the_ledger_by_utc_period() {
         );
 
         // BYOK counts once the key says so.
-        let patched = send(
-            gateway.address,
-            "PATCH",
-            &format!("/api/v1/keys/{hash}"),
-            Some(&bearer(&gateway.admin)),
-            Some(json!({"include_byok_in_limit": true})),
-        )
-        .await;
+        let patched = gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                Some(json!({"include_byok_in_limit": true})),
+            )
+            .await;
         assert_eq!(patched.body["data"]["limit_remaining"], 7, "{name}");
 
         // Free-model requests counted by the quota's daily counter, and the
@@ -750,23 +685,15 @@ async fn key_status_reports_the_ledger_by_utc_period() {
                     .admitted
             );
         }
-        let bought = send(
-            gateway.address,
-            "POST",
-            "/api/v1/accounts/acme/credits",
-            Some(&bearer(&gateway.admin)),
-            Some(json!({"amount": 10})),
-        )
-        .await;
+        let bought = gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts/acme/credits",
+                Some(json!({"amount": 10})),
+            )
+            .await;
         assert_eq!(bought.status, 200, "{name}: {}", bought.body);
-        let status = send(
-            gateway.address,
-            "GET",
-            "/api/v1/key",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let status = get_as(gateway.address, "/api/v1/key", &key).await;
         assert_eq!(status.body["data"]["is_free_tier"], false, "{name}");
         assert_eq!(
             status.body["data"]["free_model_daily_requests"],
@@ -778,14 +705,7 @@ async fn key_status_reports_the_ledger_by_utc_period() {
         gateway
             .clock
             .set(Utc.with_ymd_and_hms(2026, 11, 19, 0, 0, 0).unwrap());
-        let status = send(
-            gateway.address,
-            "GET",
-            "/api/v1/key",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let status = get_as(gateway.address, "/api/v1/key", &key).await;
         let data = &status.body["data"];
         assert_eq!(
             (
@@ -802,14 +722,7 @@ async fn key_status_reports_the_ledger_by_utc_period() {
         gateway
             .clock
             .set(Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap());
-        let status = send(
-            gateway.address,
-            "GET",
-            "/api/v1/key",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let status = get_as(gateway.address, "/api/v1/key", &key).await;
         assert_eq!(status.body["data"]["usage_monthly"], 0, "{name}");
         assert_eq!(status.body["data"]["usage"], 3.75, "{name}");
     }
@@ -821,40 +734,25 @@ async fn credits_and_balance_follow_purchases_and_spending() {
         let gateway = gateway(backend.store.clone()).await;
         let name = backend.name;
         let (key, data) = create(&gateway, json!({"name": "buyer", "account": "shop"})).await;
-        let credits = send(
-            gateway.address,
-            "GET",
-            "/api/v1/credits",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let credits = get_as(gateway.address, "/api/v1/credits", &key).await;
         assert_eq!(
             credits.body,
             json!({"data": {"total_credits": 0, "total_usage": 0}}),
             "{name}"
         );
-        let balance = send(
-            gateway.address,
-            "GET",
-            "/user/balance",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let balance = get_as(gateway.address, "/user/balance", &key).await;
         assert_eq!(
             balance.body,
             json!({"is_available": false, "balance_infos": [{"currency": "CREDITS", "total_balance": "0.00", "granted_balance": "0.00", "topped_up_balance": "0.00"}]}),
             "{name}"
         );
-        let bought = send(
-            gateway.address,
-            "POST",
-            "/api/v1/accounts/shop/credits",
-            Some(&bearer(&gateway.admin)),
-            Some(json!({"amount": 12.5})),
-        )
-        .await;
+        let bought = gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts/shop/credits",
+                Some(json!({"amount": 12.5})),
+            )
+            .await;
         assert_eq!(
             bought.body,
             json!({"data": {"account": "shop", "total_credits": 12.5, "total_usage": 0, "balance": 12.5}}),
@@ -872,27 +770,13 @@ async fn credits_and_balance_follow_purchases_and_spending() {
             .settle(&settle, gateway.clock.now())
             .await
             .unwrap();
-        let credits = send(
-            gateway.address,
-            "GET",
-            "/api/v1/credits",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let credits = get_as(gateway.address, "/api/v1/credits", &key).await;
         assert_eq!(
             credits.body,
             json!({"data": {"total_credits": 12.5, "total_usage": 2}}),
             "{name}"
         );
-        let balance = send(
-            gateway.address,
-            "GET",
-            "/user/balance",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let balance = get_as(gateway.address, "/user/balance", &key).await;
         assert_eq!(balance.body["is_available"], true, "{name}");
         assert_eq!(
             balance.body["balance_infos"][0]["total_balance"], "10.50",
@@ -909,14 +793,7 @@ async fn credits_and_balance_follow_purchases_and_spending() {
             .settle(&settle, gateway.clock.now())
             .await
             .unwrap();
-        let balance = send(
-            gateway.address,
-            "GET",
-            "/user/balance",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let balance = get_as(gateway.address, "/user/balance", &key).await;
         assert_eq!(balance.body["is_available"], false, "{name}");
         assert_eq!(
             balance.body["balance_infos"][0]["total_balance"], "-0.50",
@@ -979,24 +856,16 @@ async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
             ),
             "{name}"
         );
-        let status = send(
-            gateway.address,
-            "GET",
-            "/api/v1/key",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let status = get_as(gateway.address, "/api/v1/key", &key).await;
         assert_eq!(status.body["data"]["limit_remaining"], 0, "{name}");
 
-        send(
-            gateway.address,
-            "PATCH",
-            &format!("/api/v1/keys/{hash}"),
-            Some(&bearer(&gateway.admin)),
-            Some(json!({"limit": 5})),
-        )
-        .await;
+        gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                Some(json!({"limit": 5})),
+            )
+            .await;
         let seen = chat_as(gateway.address, &key).await.body["limit_nanos"]
             .as_i64()
             .unwrap();
@@ -1016,24 +885,16 @@ async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
             ),
             "{name}"
         );
-        let status = send(
-            gateway.address,
-            "GET",
-            "/api/v1/key",
-            Some(&bearer(&key)),
-            None,
-        )
-        .await;
+        let status = get_as(gateway.address, "/api/v1/key", &key).await;
         assert_eq!(status.body["data"]["limit_remaining"], 4, "{name}");
         // Removing the limit: null limit, null remaining.
-        let patched = send(
-            gateway.address,
-            "PATCH",
-            &format!("/api/v1/keys/{hash}"),
-            Some(&bearer(&gateway.admin)),
-            Some(json!({"limit": null})),
-        )
-        .await;
+        let patched = gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                Some(json!({"limit": null})),
+            )
+            .await;
         assert_eq!(
             (
                 patched.body["data"]["limit"].clone(),
@@ -1235,14 +1096,7 @@ async fn a_store_that_cannot_answer_gives_503_never_a_pass() {
     let reply = chat_as(address, key.expose()).await;
     assert_eq!(reply.status, 503, "{}", reply.body);
     assert_eq!(reply.body["error"]["metadata"]["layer"], "BearerAuth");
-    let status = send(
-        address,
-        "GET",
-        "/api/v1/key",
-        Some(&bearer(key.expose())),
-        None,
-    )
-    .await;
+    let status = get_as(address, "/api/v1/key", key.expose()).await;
     assert_eq!(status.status, 503);
     assert_eq!(status.body["error"]["metadata"]["layer"], "BearerAuth");
     // After a restart without persistence the key is gone: unknown, not a pass.
@@ -1310,7 +1164,7 @@ async fn key_routes_fail_closed_when_the_key_is_cached_but_the_store_is_down() {
     server.stop();
     // BearerAuth trusts its cache; KeyRoutes still needs the store.
     for path in ["/api/v1/key", "/api/v1/credits", "/user/balance"] {
-        let reply = send(address, "GET", path, Some(&bearer(key.expose())), None).await;
+        let reply = get_as(address, path, key.expose()).await;
         assert_eq!(reply.status, 503, "{path}: {}", reply.body);
         assert_eq!(
             reply.body["error"]["metadata"]["layer"], "KeyRoutes",
