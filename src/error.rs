@@ -239,6 +239,16 @@ impl GatewayError {
         GatewayError::new(ErrorKind::InsufficientCredits, message).with_limit_source(source)
     }
 
+    /// The 500 of a layer that needs what an earlier layer adds and did
+    /// not find it: a stack built in the wrong order, named plainly.
+    pub fn missing_layer(layer: &'static str, needs: &'static str) -> Self {
+        GatewayError::new(
+            ErrorKind::Internal,
+            format!("{layer} needs {needs} before it in the stack, and it did not run"),
+        )
+        .with_metadata("layer", layer)
+    }
+
     /// Sets `metadata.limit_source`.
     pub fn with_limit_source(self, source: LimitSource) -> Self {
         self.with_metadata("limit_source", source.as_str())

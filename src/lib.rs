@@ -61,6 +61,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod clock;
@@ -68,5 +69,7 @@ pub mod error;
 pub mod error_mapper;
 pub mod free_quota;
 pub mod keys;
+mod limiter;
+pub mod rate_limit;
 pub mod response_body;
 pub mod store;

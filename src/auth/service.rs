@@ -1,12 +1,12 @@
 use std::task::{Context, Poll};
 
-use futures_util::future::BoxFuture;
-use http::header::{HeaderValue, WWW_AUTHENTICATE};
+use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{HeaderMap, Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, HeaderError, KeyFormatError, KeyHash, Principal};
+use crate::admission::{Admission, Decision};
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState, Route};
 use crate::response_body::ResponseBody;
@@ -43,16 +43,23 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let hash = match presented_key(request.headers()) {
             Ok(hash) => hash,
             Err(rejection) => return ResponseFuture::rejected(rejection),
         };
+        // The key is read; it must not travel further, to an upstream or
+        // into a log of forwarded headers.
+        request.headers_mut().remove(AUTHORIZATION);
         let management_route = Route::of(request.uri().path()).is_some();
         let directory = self.directory.clone();
-        let authenticating: BoxFuture<'static, Result<Principal, GatewayError>> =
-            Box::pin(async move { authenticate(&directory, hash, management_route).await });
-        ResponseFuture::authenticating(authenticating, request, self.inner.clone())
+        let decision: Decision = Box::pin(async move {
+            let principal = authenticate(&directory, hash, management_route).await?;
+            let mut admission = Admission::default();
+            admission.extensions.insert(principal);
+            Ok(admission)
+        });
+        ResponseFuture::deciding(decision, request, self.inner.clone())
     }
 }
 

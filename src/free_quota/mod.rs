@@ -1,24 +1,100 @@
-//! The quota of free model variants (ids ending in `:free`), from seed 000:
-//! at most 20 requests a minute, and per UTC day 50 requests, or 1000 once
-//! the account has bought at least 10 credits.
+//! [`FreeModelQuota`]: the quota of free model variants (ids ending in
+//! `:free`), from seed 000: at most 20 requests in any rolling minute, and
+//! per UTC day 50 requests, or 1000 once the account has bought at least
+//! 10 credits in all. The numbers are [`FreeQuotaRules`], all configurable.
 //!
-//! [`FreeQuotaRules`] holds those numbers and names the account's counters,
-//! so the key status endpoint reports exactly what the quota layer counts.
+//! The quota belongs to the account: all its keys and all free models
+//! share both counters, checked and counted in one atomic store step (a
+//! refused request counts in neither). The day resets at UTC midnight. A
+//! refusal is 429 with `limit_source` `free_per_minute` or `free_per_day`;
+//! its message says which limit was hit, when it resets and, on the
+//! 50-a-day tier, that buying 10 credits raises it to 1000; its
+//! `Retry-After` reaches the reset, so clients do not retry in vain.
+//! Admitted free requests carry a [`FreeQuotaSnapshot`] in their
+//! extensions and `X-RateLimit-*` headers on their response.
+//!
+//! When the store fails the layer admits unchecked (logged and counted)
+//! unless set to fail closed.
 //!
 //! ```
-//! use modelgate::free_quota::FreeQuotaRules;
-//! use modelgate::store::NANOS_PER_CREDIT;
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use modelgate::auth::BearerAuthLayer;
+//! use modelgate::body::BodyLimitLayer;
+//! use modelgate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
+//! use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+//! use modelgate::store::MemoryStore;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
-//! let rules = FreeQuotaRules::default();
-//! assert_eq!(rules.requests_per_day_for(0), 50);
-//! assert_eq!(rules.requests_per_day_for(10 * NANOS_PER_CREDIT), 1000);
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store: SharedStore = Arc::new(MemoryStore::new());
+//! let directory = KeyDirectory::new(store.clone());
+//! let (key, _) = directory.create_key(NewKey::named("app")).await.unwrap();
+//! let rules = FreeQuotaRules { requests_per_minute: 1, ..FreeQuotaRules::default() };
+//! let gateway = ServiceBuilder::new()
+//!     .layer(BodyLimitLayer::new())
+//!     .layer(BearerAuthLayer::new(directory))
+//!     .layer(FreeModelQuotaLayer::new(store).rules(rules))
+//!     .service(service_fn(|_: Request<Full<Bytes>>| async {
+//!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+//!     }));
+//! let chat = |model: &str| {
+//!     let body = format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "Hi"}}]}}"#);
+//!     let request = Request::post("/api/v1/chat/completions")
+//!         .header("authorization", format!("Bearer {}", key.expose()))
+//!         .header("content-type", "application/json")
+//!         .body(Full::new(Bytes::from(body)))
+//!         .unwrap();
+//!     gateway.clone().oneshot(request)
+//! };
+//! assert_eq!(chat("meta-llama/llama-3-8b:free").await.unwrap().status(), 200);
+//! let refused = chat("google/gemma-2-9b:free").await.unwrap();
+//! assert_eq!(refused.status(), 429);
+//! let body = refused.into_body().collect().await.unwrap().to_bytes();
+//! assert!(String::from_utf8_lossy(&body).contains("free_per_minute"));
+//! // Paid models are not this layer's business.
+//! assert_eq!(chat("openai/gpt-4o").await.unwrap().status(), 200);
+//! # }
 //! ```
 
+mod future;
+mod layer;
+mod purchases;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::FreeModelQuotaLayer;
+pub use service::FreeModelQuota;
+
+use std::time::Duration;
+
 use crate::clock::Period;
-use crate::store::{Check, Limit, NANOS_PER_CREDIT};
+use crate::store::{Check, CheckOutcome, Limit, NANOS_PER_CREDIT};
 
 /// The counter of free-model requests in the current UTC day, per account.
 pub(crate) const DAILY_COUNTER: &str = "free:day";
+/// The counter of free-model requests in any minute, per account.
+pub(crate) const MINUTE_COUNTER: &str = "free:minute";
+
+/// The quota's counters after an admitted free request, in the request's
+/// extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeQuotaSnapshot {
+    /// The rolling minute.
+    pub minute: CheckOutcome,
+    /// The UTC day.
+    pub day: CheckOutcome,
+}
+
+impl FreeQuotaSnapshot {
+    /// Requests left under the tighter of the two limits.
+    pub fn remaining(&self) -> u64 {
+        self.minute.remaining.min(self.day.remaining)
+    }
+}
 
 /// The limits of free model variants, per account.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +130,18 @@ impl FreeQuotaRules {
         } else {
             self.requests_per_day
         }
+    }
+
+    /// The per-minute counter's check; `requests` 0 only reads it.
+    pub fn minute_check(&self, requests: u64) -> Check {
+        Check::new(
+            MINUTE_COUNTER,
+            Limit::Rolling {
+                limit: self.requests_per_minute,
+                window: Duration::from_secs(60),
+            },
+            requests,
+        )
     }
 
     /// The daily counter's check; `requests` 0 only reads it.

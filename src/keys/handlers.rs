@@ -121,10 +121,7 @@ pub(crate) async fn handle(
         ));
     }
     let Some(principal) = call.principal else {
-        return Err(GatewayError::new(
-            ErrorKind::Internal,
-            "KeyRoutes found no Principal: BearerAuth must run before KeyRoutes",
-        ));
+        return Err(GatewayError::missing_layer("KeyRoutes", "BearerAuth"));
     };
     if call.route.needs_management_key() && !principal.management {
         return Err(GatewayError::new(
@@ -134,12 +131,9 @@ pub(crate) async fn handle(
         .with_metadata("reason", "management_key_required"));
     }
     let body = || {
-        call.body.as_deref().ok_or_else(|| {
-            GatewayError::new(
-                ErrorKind::Internal,
-                "KeyRoutes found no buffered body: BodyLimit must run before KeyRoutes",
-            )
-        })
+        call.body
+            .as_deref()
+            .ok_or_else(|| GatewayError::missing_layer("KeyRoutes", "BodyLimit"))
     };
     let directory = &config.directory;
     let refuse = |error: StoreError| FailurePolicy::refusal("KeyRoutes", &error);

@@ -71,7 +71,7 @@
 //! # }
 //! ```
 
-mod credits;
+pub(crate) mod credits;
 mod directory;
 mod future;
 mod handlers;

@@ -1,0 +1,138 @@
+//! [`AdmissionFuture`]: the response future of every layer that decides,
+//! asynchronously, whether a request may go on (BearerAuth,
+//! GlobalRateLimit, FreeModelQuota).
+//!
+//! The decision runs first; a refusal becomes the canonical error
+//! response, an admission adds its extensions to the request, calls the
+//! inner service and adds its headers to the response.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::{Extensions, HeaderMap, Request, Response};
+use pin_project_lite::pin_project;
+use tower::util::Oneshot;
+use tower_service::Service;
+
+use crate::error::GatewayError;
+use crate::rate_limit::headers::merge_response_headers;
+use crate::response_body::ResponseBody;
+
+/// What a layer's decision adds when it admits a request.
+#[derive(Debug, Default)]
+pub(crate) struct Admission {
+    /// Added to the request's extensions.
+    pub(crate) extensions: Extensions,
+    /// Added to the response (rate-limit headers keep the tightest limit).
+    pub(crate) response_headers: HeaderMap,
+}
+
+/// A layer's decision: admit with additions, or the response refusing.
+pub(crate) type Decision = BoxFuture<'static, Result<Admission, GatewayError>>;
+
+pin_project! {
+    /// Response future of the admission layers: the decision, then the
+    /// inner service.
+    pub struct AdmissionFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Rejected {
+            error: Option<GatewayError>,
+        },
+        Deciding {
+            decision: Decision,
+            request: Option<Request<B>>,
+            inner: Option<S>,
+        },
+        Calling {
+            #[pin]
+            future: Oneshot<S, Request<B>>,
+            response_headers: HeaderMap,
+        },
+    }
+}
+
+impl<S, B> AdmissionFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn rejected(error: GatewayError) -> Self {
+        AdmissionFuture {
+            state: State::Rejected { error: Some(error) },
+        }
+    }
+
+    pub(crate) fn deciding(decision: Decision, request: Request<B>, inner: S) -> Self {
+        AdmissionFuture {
+            state: State::Deciding {
+                decision,
+                request: Some(request),
+                inner: Some(inner),
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for AdmissionFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProjection::Rejected { error } => {
+                    let error = error.take().expect("polled after completion");
+                    return Poll::Ready(Ok(error.to_response()));
+                }
+                StateProjection::Deciding {
+                    decision,
+                    request,
+                    inner,
+                } => {
+                    let outcome = ready!(decision.as_mut().poll(cx));
+                    let (Some(mut request), Some(inner)) = (request.take(), inner.take()) else {
+                        panic!("polled after completion");
+                    };
+                    match outcome {
+                        Ok(admission) => {
+                            request.extensions_mut().extend(admission.extensions);
+                            state.set(State::Calling {
+                                future: Oneshot::new(inner, request),
+                                response_headers: admission.response_headers,
+                            });
+                        }
+                        Err(error) => state.set(State::Rejected { error: Some(error) }),
+                    }
+                }
+                StateProjection::Calling {
+                    future,
+                    response_headers,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    merge_response_headers(
+                        response.headers_mut(),
+                        std::mem::take(response_headers),
+                    );
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+            }
+        }
+    }
+}

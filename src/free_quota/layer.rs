@@ -1,0 +1,92 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::purchases::Purchases;
+use super::{FreeModelQuota, FreeQuotaRules};
+use crate::clock::Clock;
+use crate::keys::SharedStore;
+use crate::limiter::Limiter;
+use crate::store::FailurePolicy;
+
+/// Applies [`FreeModelQuota`] to a service.
+///
+/// Cheap to clone: rules, store and caches are shared behind an `Arc`.
+#[derive(Clone, Debug)]
+pub struct FreeModelQuotaLayer {
+    pub(crate) config: Arc<FreeModelQuotaConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct FreeModelQuotaConfig {
+    pub(crate) rules: FreeQuotaRules,
+    pub(crate) limiter: Limiter,
+    pub(crate) purchases: Purchases,
+}
+
+impl FreeModelQuotaLayer {
+    /// How long an account's purchased total below the threshold is trusted.
+    pub const DEFAULT_PURCHASE_CACHE_TTL: Duration = Duration::from_secs(1);
+
+    /// Seed 000's quota ([`FreeQuotaRules::default`]) counted in `store`;
+    /// system clock, fail open, full counters remembered.
+    pub fn new(store: SharedStore) -> Self {
+        FreeModelQuotaLayer {
+            config: Arc::new(FreeModelQuotaConfig {
+                rules: FreeQuotaRules::default(),
+                limiter: Limiter::new(store, "FreeModelQuota"),
+                purchases: Purchases::new(Self::DEFAULT_PURCHASE_CACHE_TTL),
+            }),
+        }
+    }
+
+    /// Other numbers than the seed's.
+    pub fn rules(mut self, rules: FreeQuotaRules) -> Self {
+        Arc::make_mut(&mut self.config).rules = rules;
+        self
+    }
+
+    /// Reads time from `clock` (a manual clock in tests).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        Arc::make_mut(&mut self.config).limiter.clock = clock;
+        self
+    }
+
+    /// What to do when the store fails: admit unchecked (the default) or
+    /// answer 503.
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        Arc::make_mut(&mut self.config).limiter.policy = policy;
+        self
+    }
+
+    /// Whether a counter the store reported full is remembered until the
+    /// wait it reported ends (on by default); it only ever refuses what
+    /// the store would refuse.
+    pub fn remember_full_counters(mut self, remember: bool) -> Self {
+        Arc::make_mut(&mut self.config)
+            .limiter
+            .remember_full_counters = remember;
+        self
+    }
+
+    /// How long a purchased total below the threshold is trusted before it
+    /// is read again: the longest a top-up made elsewhere takes to raise the
+    /// daily limit here (zero reads it on every free request).
+    pub fn purchase_cache_ttl(mut self, ttl: Duration) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.purchases = config.purchases.with_ttl(ttl);
+        self
+    }
+}
+
+impl<S> Layer<S> for FreeModelQuotaLayer {
+    type Service = FreeModelQuota<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FreeModelQuota {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}

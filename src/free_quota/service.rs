@@ -1,0 +1,179 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures_util::future::ready;
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::FreeModelQuotaConfig;
+use super::FreeQuotaSnapshot;
+use crate::admission::{Admission, Decision};
+use crate::auth::Principal;
+use crate::body::{is_chat_completions_call, ChatRequest};
+use crate::clock::Period;
+use crate::error::{retry_after_seconds, GatewayError, LimitSource};
+use crate::keys::credits::nanos_to_json;
+use crate::limiter::Verdict;
+use crate::rate_limit::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
+use crate::response_body::ResponseBody;
+
+/// Holds `:free` model variants to their quota, per account across all its
+/// keys and all free models: requests in any rolling minute, and per UTC
+/// day a limit that rises once the account has bought enough credits. Both
+/// are checked and counted as one atomic step.
+///
+/// Refusals are 429 with `limit_source` `free_per_minute` or `free_per_day`,
+/// a message saying which limit was hit, when it resets and (on the low
+/// daily tier) that buying credits raises it, and a `Retry-After` that
+/// reaches the reset. Other models pass untouched. Needs
+/// [`BearerAuth`](crate::auth::BearerAuth) and
+/// [`BodyLimit`](crate::body::BodyLimit) before it. See the
+/// [module docs](super).
+#[derive(Clone, Debug)]
+pub struct FreeModelQuota<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<FreeModelQuotaConfig>,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for FreeModelQuota<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Refused requests never need the inner service.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let chat = request.extensions().get::<ChatRequest>();
+        let Some(chat) = chat else {
+            if is_chat_completions_call(request.method(), request.uri().path()) {
+                return ResponseFuture::rejected(GatewayError::missing_layer(
+                    "FreeModelQuota",
+                    "BodyLimit",
+                ));
+            }
+            return ResponseFuture::deciding(
+                Box::pin(ready(Ok(Admission::default()))),
+                request,
+                inner,
+            );
+        };
+        if !chat.model_id.is_free() {
+            return ResponseFuture::deciding(
+                Box::pin(ready(Ok(Admission::default()))),
+                request,
+                inner,
+            );
+        }
+        let Some(principal) = request.extensions().get::<Principal>() else {
+            return ResponseFuture::rejected(GatewayError::missing_layer(
+                "FreeModelQuota",
+                "BearerAuth",
+            ));
+        };
+        let account = principal.account_id.clone();
+        let config = Arc::clone(&self.config);
+        let decision: Decision = Box::pin(async move { decide(&config, &account).await });
+        ResponseFuture::deciding(decision, request, inner)
+    }
+}
+
+async fn decide(config: &FreeModelQuotaConfig, account: &str) -> Result<Admission, GatewayError> {
+    let limiter = &config.limiter;
+    let rules = &config.rules;
+    let now = limiter.now();
+    let purchased_nanos = match config
+        .purchases
+        .purchased_nanos(
+            limiter.store.as_ref(),
+            account,
+            rules.purchase_threshold_nanos,
+            now,
+        )
+        .await
+    {
+        Ok(purchased) => purchased,
+        Err(error) => {
+            limiter.policy.on_store_error(limiter.layer, &error)?;
+            return Ok(Admission::default());
+        }
+    };
+    let checks = [rules.minute_check(1), rules.daily_check(purchased_nanos, 1)];
+    match limiter.check(account, &checks).await? {
+        Verdict::Unchecked => Ok(Admission::default()),
+        Verdict::Admitted(outcomes) => {
+            let mut admission = Admission {
+                response_headers: tightest(&outcomes)
+                    .map(rate_limit_headers)
+                    .unwrap_or_default(),
+                ..Admission::default()
+            };
+            admission.extensions.insert(FreeQuotaSnapshot {
+                minute: outcomes[0],
+                day: outcomes[1],
+            });
+            Ok(admission)
+        }
+        Verdict::Rejected {
+            index,
+            outcome,
+            retry_after,
+        } => {
+            let error = if index == 0 {
+                per_minute(rules.requests_per_minute, retry_after)
+            } else {
+                per_day(config, purchased_nanos, retry_after, now)
+            };
+            Err(with_rate_limit_headers(error, &outcome))
+        }
+    }
+}
+
+fn per_minute(limit: u64, retry_after: Duration) -> GatewayError {
+    GatewayError::rate_limited(
+        LimitSource::FreePerMinute,
+        format!(
+            "free models allow {limit} requests per minute per account, across all its keys and free models; retry in {} s",
+            retry_after_seconds(retry_after)
+        ),
+        retry_after,
+    )
+    .with_metadata("limit", limit)
+}
+
+fn per_day(
+    config: &FreeModelQuotaConfig,
+    purchased_nanos: i64,
+    retry_after: Duration,
+    now: DateTime<Utc>,
+) -> GatewayError {
+    let rules = &config.rules;
+    let limit = rules.requests_per_day_for(purchased_nanos);
+    let resets_at = Period::Day.end_of(now);
+    let reset = resets_at.to_rfc3339_opts(SecondsFormat::Secs, true);
+    let seconds = retry_after_seconds(retry_after);
+    let message = if purchased_nanos >= rules.purchase_threshold_nanos {
+        format!(
+            "free models allow {limit} requests per UTC day and this account has used them; the quota resets at {reset} (in {seconds} s)"
+        )
+    } else {
+        format!(
+            "free models allow {limit} requests per UTC day to accounts that have bought less than {} credits, and this account has used them; the quota resets at {reset} (in {seconds} s). Buying {} credits in total raises it to {} a day",
+            nanos_to_json(rules.purchase_threshold_nanos),
+            nanos_to_json(rules.purchase_threshold_nanos),
+            rules.requests_per_day_after_purchase,
+        )
+    };
+    GatewayError::rate_limited(LimitSource::FreePerDay, message, retry_after)
+        .with_metadata("limit", limit)
+        .with_metadata("resets_at", reset)
+}

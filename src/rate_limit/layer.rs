@@ -1,0 +1,70 @@
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::{GlobalRateLimit, RateLimitRules};
+use crate::clock::Clock;
+use crate::keys::SharedStore;
+use crate::limiter::Limiter;
+use crate::store::FailurePolicy;
+
+/// Applies [`GlobalRateLimit`] to a service.
+///
+/// Cheap to clone: rules, store and memo are shared behind an `Arc`.
+#[derive(Clone, Debug)]
+pub struct GlobalRateLimitLayer {
+    pub(crate) config: Arc<GlobalRateLimitConfig>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct GlobalRateLimitConfig {
+    pub(crate) rules: RateLimitRules,
+    pub(crate) limiter: Limiter,
+}
+
+impl GlobalRateLimitLayer {
+    /// Limits requests by `rules`, counted in `store`; system clock, fail
+    /// open, full counters remembered.
+    pub fn new(store: SharedStore, rules: RateLimitRules) -> Self {
+        GlobalRateLimitLayer {
+            config: Arc::new(GlobalRateLimitConfig {
+                rules,
+                limiter: Limiter::new(store, "GlobalRateLimit"),
+            }),
+        }
+    }
+
+    /// Reads time from `clock` (a manual clock in tests).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        Arc::make_mut(&mut self.config).limiter.clock = clock;
+        self
+    }
+
+    /// What to do when the store fails: admit unchecked (the default) or
+    /// answer 503.
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        Arc::make_mut(&mut self.config).limiter.policy = policy;
+        self
+    }
+
+    /// Whether a counter the store reported full is remembered in process
+    /// until the wait it reported ends, refusing without a round trip (on by
+    /// default). It only ever refuses what the store would refuse.
+    pub fn remember_full_counters(mut self, remember: bool) -> Self {
+        Arc::make_mut(&mut self.config)
+            .limiter
+            .remember_full_counters = remember;
+        self
+    }
+}
+
+impl<S> Layer<S> for GlobalRateLimitLayer {
+    type Service = GlobalRateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GlobalRateLimit {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}

@@ -1,0 +1,120 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
+use super::layer::GlobalRateLimitConfig;
+use super::rules::RuleCheck;
+use crate::admission::{Admission, Decision};
+use crate::auth::Principal;
+use crate::body::{is_chat_completions_call, ChatRequest};
+use crate::error::{retry_after_seconds, GatewayError, LimitSource};
+use crate::limiter::Verdict;
+use crate::response_body::ResponseBody;
+use crate::store::{Check, CheckOutcome};
+
+/// Limits the request rate of each account, across every key and every
+/// gateway instance sharing the store: an account-wide rule and per-model
+/// rules, all checked and counted as one atomic step (a refused request
+/// counts nowhere).
+///
+/// Admitted responses carry `X-RateLimit-Limit`, `-Remaining` and `-Reset`
+/// of the tightest rule; refusals are 429 with those, `Retry-After` and
+/// `metadata.limit_source` (`account_rate` or `model_rate`). Needs
+/// [`BearerAuth`](crate::auth::BearerAuth) before it (the account) and
+/// reads the [`ChatRequest`] for the model. See the [module docs](super).
+#[derive(Clone, Debug)]
+pub struct GlobalRateLimit<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<GlobalRateLimitConfig>,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for GlobalRateLimit<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Refused requests never need the inner service; it is asked for
+        // readiness once the request is admitted.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let Some(principal) = request.extensions().get::<Principal>() else {
+            return ResponseFuture::rejected(GatewayError::missing_layer(
+                "GlobalRateLimit",
+                "BearerAuth",
+            ));
+        };
+        let chat = request.extensions().get::<ChatRequest>();
+        if chat.is_none() && is_chat_completions_call(request.method(), request.uri().path()) {
+            // Without the parsed request the model rules cannot be applied.
+            return ResponseFuture::rejected(GatewayError::missing_layer(
+                "GlobalRateLimit",
+                "BodyLimit",
+            ));
+        }
+        let model = chat.map(|chat| &chat.model_id);
+        let rule_checks = self.config.rules.checks_for(&principal.account_id, model);
+        let account = principal.account_id.clone();
+        let config = Arc::clone(&self.config);
+        let decision: Decision =
+            Box::pin(async move { decide(&config, &account, rule_checks).await });
+        ResponseFuture::deciding(decision, request, self.inner.clone())
+    }
+}
+
+async fn decide(
+    config: &GlobalRateLimitConfig,
+    account: &str,
+    rule_checks: Vec<RuleCheck>,
+) -> Result<Admission, GatewayError> {
+    if rule_checks.is_empty() {
+        return Ok(Admission::default());
+    }
+    let checks: Vec<Check> = rule_checks.iter().map(|rule| rule.check.clone()).collect();
+    match config.limiter.check(account, &checks).await? {
+        Verdict::Unchecked => Ok(Admission::default()),
+        Verdict::Admitted(outcomes) => Ok(Admission {
+            response_headers: tightest(&outcomes)
+                .map(rate_limit_headers)
+                .unwrap_or_default(),
+            ..Admission::default()
+        }),
+        Verdict::Rejected {
+            index,
+            outcome,
+            retry_after,
+        } => Err(refusal(&rule_checks[index], &outcome, retry_after)),
+    }
+}
+
+fn refusal(
+    rule: &RuleCheck,
+    outcome: &CheckOutcome,
+    retry_after: std::time::Duration,
+) -> GatewayError {
+    let seconds = retry_after_seconds(retry_after);
+    let message = match (&rule.source, &rule.matches) {
+        (LimitSource::ModelRate, Some(matches)) => format!(
+            "the rate limit for {matches} is reached: {}; retry in {seconds} s with backoff, or spread the load over other models",
+            rule.rule
+        ),
+        _ => format!(
+            "the account's rate limit is reached: {}, shared by all its keys; retry in {seconds} s with backoff",
+            rule.rule
+        ),
+    };
+    let mut error = GatewayError::rate_limited(rule.source, message, retry_after);
+    if let Some(matches) = &rule.matches {
+        error = error.with_metadata("model_rule", matches.clone());
+    }
+    with_rate_limit_headers(error, outcome)
+}
