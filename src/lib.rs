@@ -24,7 +24,11 @@
 //!   `mg-v1-` key format and its hash; the caller's [`auth::Principal`].
 //! - [`keys`]: key and account records, the key management API, and the
 //!   key, credits and balance queries (`KeyRoutes`).
-//! - [`free_quota`]: the free-model quota's rules.
+//! - [`rate_limit`]: `GlobalRateLimit`, account-wide and per-model rate
+//!   rules that hold across instances.
+//! - [`free_quota`]: `FreeModelQuota`, the per-minute and per-day quota of
+//!   `:free` models.
+//! - [`admission`]: the response future the deciding layers share.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!

@@ -3,12 +3,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use common::redis_server::RedisServer;
+use common::redis_server::{CommandWatch, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
     Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, RecordStore, RedisStore,
@@ -125,50 +123,6 @@ async fn connecting_to_nothing_fails_with_a_clear_error() {
             .await
             .is_err()
     );
-}
-
-/// Watches a server with `MONITOR` and returns the commands clients sent,
-/// leaving out those a Lua script ran inside the server.
-struct CommandWatch {
-    reader: BufReader<TcpStream>,
-    port: u16,
-}
-
-impl CommandWatch {
-    fn start(port: u16) -> Self {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        stream.write_all(b"MONITOR\r\n").unwrap();
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        assert_eq!(line, "+OK\r\n");
-        CommandWatch { reader, port }
-    }
-
-    fn client_commands(mut self) -> Vec<String> {
-        let marker = "end-of-watch-marker";
-        let mut other = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        other
-            .write_all(format!("ECHO {marker}\r\n").as_bytes())
-            .unwrap();
-        let mut commands = Vec::new();
-        loop {
-            let mut line = String::new();
-            self.reader.read_line(&mut line).unwrap();
-            if line.contains(marker) {
-                return commands;
-            }
-            // `+<time> [<db> lua] "cmd" ...` for script calls, `[<db> <addr>]` for clients.
-            if !line.contains(" lua] ") {
-                let command = line
-                    .split('"')
-                    .nth(1)
-                    .unwrap_or_default()
-                    .to_ascii_lowercase();
-                commands.push(command);
-            }
-        }
-    }
 }
 
 #[tokio::test]

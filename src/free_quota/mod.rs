@@ -156,3 +156,92 @@ impl FreeQuotaRules {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{KeyHash, Principal};
+    use crate::body::ChatRequest;
+    use crate::clock::{Clock, ManualClock};
+    use crate::keys::SharedStore;
+    use crate::store::MemoryStore;
+    use bytes::Bytes;
+    use chrono::{TimeZone, Utc};
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    fn principal() -> Principal {
+        Principal {
+            key_hash: KeyHash::of("k"),
+            account_id: "acct".into(),
+            label: "k".into(),
+            management: false,
+            key_limit: None,
+            include_byok_in_limit: false,
+            expires_at: None,
+        }
+    }
+
+    fn free_chat() -> Request<Full<Bytes>> {
+        let body = br#"{"model": "a/b:free", "messages": [{"role": "user", "content": "x"}]}"#;
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap();
+        request.extensions_mut().insert(principal());
+        request
+            .extensions_mut()
+            .insert(ChatRequest::parse(body).unwrap());
+        request
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Admitted exactly when fewer than the per-minute limit were
+        /// admitted in the 60 s before, and fewer than the daily limit in
+        /// the UTC day: never more, never fewer.
+        #[test]
+        fn admits_exactly_what_the_rolling_minute_and_the_day_allow(
+            gaps_ms in proptest::collection::vec(0u64..45_000, 1..80),
+            remember in any::<bool>(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let start = Utc.with_ymd_and_hms(2026, 11, 18, 23, 50, 0).unwrap();
+            let clock = ManualClock::new(start);
+            let store: SharedStore = Arc::new(MemoryStore::new());
+            let rules = FreeQuotaRules {
+                requests_per_minute: 4,
+                requests_per_day: 9,
+                ..FreeQuotaRules::default()
+            };
+            let service = ServiceBuilder::new()
+                .layer(
+                    FreeModelQuotaLayer::new(store)
+                        .rules(rules)
+                        .clock(Arc::new(clock.clone()))
+                        .remember_full_counters(remember),
+                )
+                .service(service_fn(|_: Request<Full<Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+            let mut admitted: Vec<chrono::DateTime<Utc>> = Vec::new();
+            for gap in gaps_ms {
+                clock.advance(Duration::from_millis(gap));
+                let now = clock.now();
+                let in_minute = admitted.iter().filter(|at| **at > now - chrono::Duration::seconds(60)).count() as u64;
+                let today = admitted.iter().filter(|at| crate::clock::Period::Day.start_of(**at) == crate::clock::Period::Day.start_of(now)).count() as u64;
+                let expected = in_minute < rules.requests_per_minute && today < rules.requests_per_day;
+                let status = runtime.block_on(service.clone().oneshot(free_chat())).unwrap().status();
+                prop_assert_eq!(status == 200, expected, "at {} with {} in the minute, {} today", now, in_minute, today);
+                prop_assert!(status == 200 || status == 429);
+                if status == 200 {
+                    admitted.push(now);
+                }
+            }
+        }
+    }
+}

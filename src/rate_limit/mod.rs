@@ -77,3 +77,172 @@ pub use headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use layer::GlobalRateLimitLayer;
 pub use rules::{AccountRules, ModelRule, RateLimitRules, RateRule, RulesError};
 pub use service::GlobalRateLimit;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{KeyHash, Principal};
+    use crate::body::ChatRequest;
+    use crate::clock::{Clock, ManualClock};
+    use crate::keys::SharedStore;
+    use crate::store::MemoryStore;
+    use bytes::Bytes;
+    use chrono::{DateTime, TimeZone, Utc};
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    fn chat(model: &str) -> Request<Full<Bytes>> {
+        let body =
+            format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "x"}}]}}"#);
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        request.extensions_mut().insert(Principal {
+            key_hash: KeyHash::of("k"),
+            account_id: "acct".into(),
+            label: "k".into(),
+            management: false,
+            key_limit: None,
+            include_byok_in_limit: false,
+            expires_at: None,
+        });
+        request
+            .extensions_mut()
+            .insert(ChatRequest::parse(body.as_bytes()).unwrap());
+        request
+    }
+
+    fn within(
+        admitted: &[(DateTime<Utc>, bool)],
+        now: DateTime<Utc>,
+        seconds: i64,
+        only_a: bool,
+    ) -> usize {
+        admitted
+            .iter()
+            .filter(|(at, is_a)| {
+                *at > now - chrono::Duration::seconds(seconds) && (*is_a || !only_a)
+            })
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_stack_without_the_layers_before_it_is_a_500_naming_them() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let rate = GlobalRateLimitLayer::new(store.clone(), RateLimitRules::default());
+        let free = crate::free_quota::FreeModelQuotaLayer::new(store);
+        let upstream = service_fn(|_: Request<Full<Bytes>>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let read = |response: Response<crate::response_body::ResponseBody<Full<Bytes>>>| async move {
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        };
+        let no_principal = Request::get("/api/v1/models")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, body) = read(
+            ServiceBuilder::new()
+                .layer(rate.clone())
+                .service(upstream)
+                .oneshot(no_principal)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 500);
+        assert!(body.contains("GlobalRateLimit needs BearerAuth"), "{body}");
+        let mut unparsed = chat("a/b:free");
+        unparsed.extensions_mut().remove::<ChatRequest>();
+        let (status, body) = read(
+            ServiceBuilder::new()
+                .layer(rate.clone())
+                .service(upstream)
+                .oneshot(unparsed)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 500);
+        assert!(body.contains("GlobalRateLimit needs BodyLimit"), "{body}");
+        let mut unparsed = chat("a/b:free");
+        unparsed.extensions_mut().remove::<ChatRequest>();
+        let (status, body) = read(
+            ServiceBuilder::new()
+                .layer(free.clone())
+                .service(upstream)
+                .oneshot(unparsed)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 500);
+        assert!(body.contains("FreeModelQuota needs BodyLimit"), "{body}");
+        let mut anonymous = chat("a/b:free");
+        anonymous.extensions_mut().remove::<Principal>();
+        let (status, body) = read(
+            ServiceBuilder::new()
+                .layer(free)
+                .service(upstream)
+                .oneshot(anonymous)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 500);
+        assert!(body.contains("FreeModelQuota needs BearerAuth"), "{body}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The account rule and the model rule hold exactly, and a request
+        /// one of them refuses counts in neither.
+        #[test]
+        fn admits_exactly_what_every_rule_allows(
+            calls in proptest::collection::vec((0u64..4_000, any::<bool>()), 1..80),
+            remember in any::<bool>(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+            let store: SharedStore = Arc::new(MemoryStore::new());
+            let rules = RateLimitRules::from_json(
+                r#"{"account": {"rolling": {"requests": 5, "window_seconds": 10}},
+                    "models": [{"match": "a/", "limit": {"rolling": {"requests": 3, "window_seconds": 5}}}]}"#,
+            ).unwrap();
+            let service = ServiceBuilder::new()
+                .layer(
+                    GlobalRateLimitLayer::new(store, rules)
+                        .clock(Arc::new(clock.clone()))
+                        .remember_full_counters(remember),
+                )
+                .service(service_fn(|_: Request<Full<Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+            let mut admitted = Vec::new();
+            for (gap_ms, is_a) in calls {
+                clock.advance(Duration::from_millis(gap_ms));
+                let now = clock.now();
+                let expected = within(&admitted, now, 10, false) < 5
+                    && (!is_a || within(&admitted, now, 5, true) < 3);
+                let model = if is_a { "a/x" } else { "b/y" };
+                let response = runtime.block_on(service.clone().oneshot(chat(model))).unwrap();
+                prop_assert_eq!(response.status() == 200, expected, "{} at {}", model, now);
+                if response.status() == 200 {
+                    admitted.push((now, is_a));
+                } else {
+                    prop_assert_eq!(response.status(), 429);
+                    prop_assert!(response.headers().contains_key("retry-after"));
+                }
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -191,4 +191,50 @@ fn command(port: u16, line: &str) -> String {
     let mut buffer = [0u8; 4096];
     let read = stream.read(&mut buffer).unwrap_or(0);
     String::from_utf8_lossy(&buffer[..read]).into_owned()
+}
+
+/// Watches a server with `MONITOR` and returns the commands clients sent,
+/// leaving out those a Lua script ran inside the server.
+pub struct CommandWatch {
+    reader: BufReader<TcpStream>,
+    port: u16,
+}
+
+impl CommandWatch {
+    /// Starts watching the server on `port`.
+    pub fn start(port: u16) -> Self {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert_eq!(line, "+OK\r\n");
+        CommandWatch { reader, port }
+    }
+
+    /// The commands clients sent since the start, lower-case names.
+    pub fn client_commands(mut self) -> Vec<String> {
+        let marker = "end-of-watch-marker";
+        let mut other = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        other
+            .write_all(format!("ECHO {marker}\r\n").as_bytes())
+            .unwrap();
+        let mut commands = Vec::new();
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap();
+            if line.contains(marker) {
+                return commands;
+            }
+            // `+<time> [<db> lua] "cmd" ...` for script calls, `[<db> <addr>]` for clients.
+            if !line.contains(" lua] ") {
+                let command = line
+                    .split('"')
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
+                commands.push(command);
+            }
+        }
+    }
 }

@@ -1,0 +1,140 @@
+//! The per-request cost of GlobalRateLimit and FreeModelQuota, on
+//! `MemoryStore` and on `RedisStore` over loopback: an admitted request
+//! (one store round trip each), and a refusal answered from the memo of
+//! full counters (none).
+//!
+//! `cargo bench --bench limits`; under `cargo test --all-targets` each
+//! benchmark runs once as a smoke test.
+
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{Request, Response};
+use http_body_util::Full;
+use modelgate::auth::{KeyHash, Principal};
+use modelgate::body::ChatRequest;
+use modelgate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
+use modelgate::keys::SharedStore;
+use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+fn chat(account: &str, model: &str) -> Request<Full<Bytes>> {
+    let body =
+        format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "x"}}]}}"#);
+    let mut request = Request::post("/api/v1/chat/completions")
+        .body(Full::new(Bytes::from(body.clone())))
+        .unwrap();
+    request.extensions_mut().insert(Principal {
+        key_hash: KeyHash::of("bench"),
+        account_id: account.into(),
+        label: "bench".into(),
+        management: false,
+        key_limit: None,
+        include_byok_in_limit: false,
+        expires_at: None,
+    });
+    request
+        .extensions_mut()
+        .insert(ChatRequest::parse(body.as_bytes()).unwrap());
+    request
+}
+
+fn upstream() -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(|_: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    })
+}
+
+fn bench_backend(
+    c: &mut Criterion,
+    runtime: &tokio::runtime::Runtime,
+    backend: &str,
+    store: SharedStore,
+) {
+    let mut group = c.benchmark_group(format!("limits/{backend}"));
+    let wide_open = RateLimitRules::from_json(
+        r#"{"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}},
+            "models": [{"match": "openai/", "limit": {"rolling": {"requests": 1000000000, "window_seconds": 1}}}]}"#,
+    )
+    .unwrap();
+    let rate = ServiceBuilder::new()
+        .layer(GlobalRateLimitLayer::new(store.clone(), wide_open))
+        .service(upstream());
+    group.bench_function("global_rate_limit/admitted", |b| {
+        b.to_async(runtime).iter(|| {
+            let call = rate.clone().oneshot(chat("acct", "openai/gpt-4o"));
+            async move { assert_eq!(call.await.unwrap().status(), 200) }
+        })
+    });
+    let closed = RateLimitRules::from_json(
+        r#"{"account": {"rolling": {"requests": 1, "window_seconds": 3600}}}"#,
+    )
+    .unwrap();
+    let refusing = ServiceBuilder::new()
+        .layer(GlobalRateLimitLayer::new(store.clone(), closed))
+        .service(upstream());
+    runtime
+        .block_on(refusing.clone().oneshot(chat("full", "x/y")))
+        .unwrap();
+    group.bench_function("global_rate_limit/refused_from_memo", |b| {
+        b.to_async(runtime).iter(|| {
+            let call = refusing.clone().oneshot(chat("full", "x/y"));
+            async move { assert_eq!(call.await.unwrap().status(), 429) }
+        })
+    });
+    runtime
+        .block_on(store.top_up("buyer", 10 * NANOS_PER_CREDIT))
+        .unwrap();
+    let roomy = FreeQuotaRules {
+        requests_per_minute: 1 << 40,
+        requests_per_day: 1 << 40,
+        requests_per_day_after_purchase: 1 << 40,
+        ..FreeQuotaRules::default()
+    };
+    let free = ServiceBuilder::new()
+        .layer(FreeModelQuotaLayer::new(store.clone()).rules(roomy))
+        .service(upstream());
+    group.bench_function("free_model_quota/admitted", |b| {
+        b.to_async(runtime).iter(|| {
+            let call = free.clone().oneshot(chat("buyer", "a/b:free"));
+            async move { assert_eq!(call.await.unwrap().status(), 200) }
+        })
+    });
+    group.bench_function("free_model_quota/paid_model_passes", |b| {
+        b.to_async(runtime).iter(|| {
+            let call = free.clone().oneshot(chat("buyer", "a/b"));
+            async move { assert_eq!(call.await.unwrap().status(), 200) }
+        })
+    });
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    bench_backend(c, &runtime, "memory", Arc::new(MemoryStore::new()));
+    let server = redis_server::RedisServer::start();
+    let redis = runtime
+        .block_on(RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig::default(),
+        ))
+        .unwrap();
+    bench_backend(c, &runtime, "redis", Arc::new(redis));
+}
+
+criterion_group!(limits, benches);
+criterion_main!(limits);
