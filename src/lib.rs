@@ -28,6 +28,8 @@
 //!   rules that hold across instances.
 //! - [`free_quota`]: `FreeModelQuota`, the per-minute and per-day quota of
 //!   `:free` models.
+//! - [`credit`]: `CreditGuard`, key credit limits, the account balance and
+//!   the usage ledger, with the streamed usage scanner.
 //! - [`admission`]: the response future the deciding layers share.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
@@ -69,6 +71,7 @@ pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod clock;
+pub mod credit;
 pub mod error;
 pub mod error_mapper;
 pub mod free_quota;

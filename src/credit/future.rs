@@ -1,0 +1,169 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::header::CONTENT_LENGTH;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::util::Oneshot;
+use tower_service::Service;
+
+use super::body::MeteredBody;
+use super::meter::{Ending, Meter, Unsettled};
+use super::usage::{BodyKind, UsageScanner};
+use crate::error::GatewayError;
+use crate::response_body::ResponseBody;
+
+pin_project! {
+    /// Response future of [`CreditGuard`](super::CreditGuard): the
+    /// reservation, then the inner service, then a metered body.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Rejected {
+            error: Option<GatewayError>,
+        },
+        Admitting {
+            admitting: BoxFuture<'static, Result<Meter, GatewayError>>,
+            request: Option<Request<B>>,
+            inner: Option<S>,
+            kind: BodyKind,
+            max_scanned_body_bytes: usize,
+        },
+        Calling {
+            #[pin]
+            future: Oneshot<S, Request<B>>,
+            meter: Unsettled,
+            kind: BodyKind,
+            max_scanned_body_bytes: usize,
+        },
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn rejected(error: GatewayError) -> Self {
+        ResponseFuture {
+            state: State::Rejected { error: Some(error) },
+        }
+    }
+
+    pub(crate) fn unmetered(request: Request<B>, inner: S) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future: Oneshot::new(inner, request),
+                meter: Unsettled::new(None),
+                kind: BodyKind::Json,
+                max_scanned_body_bytes: 0,
+            },
+        }
+    }
+
+    pub(crate) fn admitting(
+        admitting: BoxFuture<'static, Result<Meter, GatewayError>>,
+        request: Request<B>,
+        inner: S,
+        kind: BodyKind,
+        max_scanned_body_bytes: usize,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Admitting {
+                admitting,
+                request: Some(request),
+                inner: Some(inner),
+                kind,
+                max_scanned_body_bytes,
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<MeteredBody<ResBody>>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProjection::Rejected { error } => {
+                    let error = error.take().expect("polled after completion");
+                    return Poll::Ready(Ok(error.to_response()));
+                }
+                StateProjection::Admitting {
+                    admitting,
+                    request,
+                    inner,
+                    kind,
+                    max_scanned_body_bytes,
+                } => {
+                    let outcome = ready!(admitting.as_mut().poll(cx));
+                    let (Some(request), Some(inner)) = (request.take(), inner.take()) else {
+                        panic!("polled after completion");
+                    };
+                    let next = match outcome {
+                        Ok(meter) => State::Calling {
+                            future: Oneshot::new(inner, request),
+                            meter: Unsettled::new(Some(meter)),
+                            kind: *kind,
+                            max_scanned_body_bytes: *max_scanned_body_bytes,
+                        },
+                        Err(error) => State::Rejected { error: Some(error) },
+                    };
+                    state.set(next);
+                }
+                StateProjection::Calling {
+                    future,
+                    meter,
+                    kind,
+                    max_scanned_body_bytes,
+                } => {
+                    let response = match ready!(future.poll(cx)) {
+                        Ok(response) => response,
+                        Err(error) => {
+                            if let Some(meter) = meter.take() {
+                                meter.settle_in_background(None, Ending::InnerFailed);
+                            }
+                            return Poll::Ready(Err(error));
+                        }
+                    };
+                    let success = response.status().is_success();
+                    let mut response = response;
+                    if meter.is_some() {
+                        // The end of a metered body waits for its settlement;
+                        // a declared length would let the client finish
+                        // first, before the cost is recorded.
+                        response.headers_mut().remove(CONTENT_LENGTH);
+                    }
+                    let response = response.map(|body| match meter.take() {
+                        Some(meter) => MeteredBody::metered(
+                            body,
+                            meter,
+                            UsageScanner::new(*kind, *max_scanned_body_bytes),
+                            success,
+                        ),
+                        None => MeteredBody::unmetered(body),
+                    });
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+            }
+        }
+    }
+}

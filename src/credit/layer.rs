@@ -1,0 +1,132 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::pricing::Pricing;
+use super::CreditGuard;
+use crate::clock::{Clock, SystemClock};
+use crate::keys::SharedStore;
+use crate::store::FailurePolicy;
+
+/// Applies [`CreditGuard`] to a service.
+///
+/// Cheap to clone: the configuration sits behind an `Arc`.
+#[derive(Clone, Debug)]
+pub struct CreditGuardLayer {
+    pub(crate) config: Arc<CreditGuardConfig>,
+}
+
+#[derive(Clone)]
+pub(crate) struct CreditGuardConfig {
+    pub(crate) store: SharedStore,
+    pub(crate) pricing: Arc<dyn Pricing>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) policy: FailurePolicy,
+    pub(crate) default_max_tokens: u64,
+    pub(crate) reservation_ttl: Duration,
+    pub(crate) max_scanned_body_bytes: usize,
+    /// Per account, the providers it brings its own keys for (lower case).
+    pub(crate) byok_providers: HashMap<String, Vec<String>>,
+}
+
+impl std::fmt::Debug for CreditGuardConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreditGuardConfig")
+            .field("pricing", &self.pricing)
+            .field("clock", &self.clock)
+            .field("policy", &self.policy)
+            .field("default_max_tokens", &self.default_max_tokens)
+            .field("reservation_ttl", &self.reservation_ttl)
+            .field("max_scanned_body_bytes", &self.max_scanned_body_bytes)
+            .field("byok_providers", &self.byok_providers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CreditGuardLayer {
+    /// Completion tokens assumed for a request without `max_tokens`.
+    pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+    /// How long a reservation holds if its request is never settled.
+    pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(15 * 60);
+    /// The largest JSON response body read for its usage.
+    pub const DEFAULT_MAX_SCANNED_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+    /// Charges requests at `pricing`, in `store`; system clock, fails closed.
+    pub fn new(store: SharedStore, pricing: Arc<dyn Pricing>) -> Self {
+        CreditGuardLayer {
+            config: Arc::new(CreditGuardConfig {
+                store,
+                pricing,
+                clock: Arc::new(SystemClock),
+                policy: FailurePolicy::FailClosed,
+                default_max_tokens: Self::DEFAULT_MAX_TOKENS,
+                reservation_ttl: Self::DEFAULT_RESERVATION_TTL,
+                max_scanned_body_bytes: Self::DEFAULT_MAX_SCANNED_BODY_BYTES,
+                byok_providers: HashMap::new(),
+            }),
+        }
+    }
+
+    /// Reads time from `clock` (a manual clock in tests).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        Arc::make_mut(&mut self.config).clock = clock;
+        self
+    }
+
+    /// What to do when the store fails at admission: answer 503 (the
+    /// default) or admit, still recording the cost when it can.
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        Arc::make_mut(&mut self.config).policy = policy;
+        self
+    }
+
+    /// Completion tokens assumed when a request gives no `max_tokens`.
+    pub fn default_max_tokens(mut self, max_tokens: u64) -> Self {
+        Arc::make_mut(&mut self.config).default_max_tokens = max_tokens;
+        self
+    }
+
+    /// How long a reservation holds if never settled (an instance that died
+    /// mid-request): longer than the longest stream.
+    pub fn reservation_ttl(mut self, ttl: Duration) -> Self {
+        Arc::make_mut(&mut self.config).reservation_ttl = ttl;
+        self
+    }
+
+    /// The largest JSON response body read for its usage; a larger one is
+    /// charged its reservation.
+    pub fn max_scanned_body_bytes(mut self, max_bytes: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_scanned_body_bytes = max_bytes;
+        self
+    }
+
+    /// The providers `account` brings its own keys for: their requests are
+    /// BYOK usage, kept apart and not taken from the balance.
+    pub fn byok_providers<I, P>(mut self, account: impl Into<String>, providers: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<str>,
+    {
+        let providers = providers
+            .into_iter()
+            .map(|provider| provider.as_ref().to_ascii_lowercase())
+            .collect();
+        Arc::make_mut(&mut self.config)
+            .byok_providers
+            .insert(account.into(), providers);
+        self
+    }
+}
+
+impl<S> Layer<S> for CreditGuardLayer {
+    type Service = CreditGuard<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CreditGuard {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}

@@ -1,0 +1,691 @@
+//! CreditGuard over real HTTP: exact key limits under concurrency (memory,
+//! Redis, two instances on one Redis), the overspend bound, seed 000's
+//! transitions, streamed usage passing through byte for byte, every way a
+//! request can end being settled, BYOK, and the key status it feeds.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, TimeZone, Utc};
+use common::http_server::serve;
+use common::redis_server::RedisServer;
+use futures::future::join_all;
+use futures::StreamExt;
+use http::{Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use modelgate::auth::BearerAuthLayer;
+use modelgate::body::{BodyLimitLayer, ChatRequest};
+use modelgate::clock::{Clock, ManualClock};
+use modelgate::credit::{CreditGuardLayer, PriceTable};
+use modelgate::error_mapper::ErrorMapperLayer;
+use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::store::{
+    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT,
+};
+use serde_json::{json, Value};
+use tower::{service_fn, ServiceBuilder};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// 2026-11-18 12:00 UTC, a Wednesday.
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 18, 12, 0, 0).unwrap()
+}
+
+/// 1000 credits per million completion tokens: `max_tokens` 1000 is one
+/// credit. Prompts are free, so a request's estimate is exact.
+fn prices() -> PriceTable {
+    PriceTable::from_json(
+        r#"{"default": {"prompt_per_million": 0, "completion_per_million": 1000}}"#,
+    )
+    .unwrap()
+}
+
+/// The SSE stream the upstream sends for `stream: true`: keep-alive
+/// comments, content, the usage chunk, `[DONE]`.
+fn sse(completion_tokens: u64) -> Vec<Bytes> {
+    vec![
+        Bytes::from_static(b": OPENROUTER PROCESSING\n\n"),
+        Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n"),
+        Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n"),
+        Bytes::from_static(b"\n: keep-alive\n\n"),
+        Bytes::from(format!(
+            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":{completion_tokens}}}}}\n\n"
+        )),
+        Bytes::from_static(b"data: [DONE]\n\n"),
+    ]
+}
+
+fn stream_of(chunks: Vec<Result<Bytes, BoxError>>, then_hang: bool) -> UpstreamBody {
+    let frames = futures::stream::iter(chunks).map(|chunk| chunk.map(http_body::Frame::data));
+    if then_hang {
+        StreamBody::new(frames.chain(futures::stream::pending())).boxed_unsync()
+    } else {
+        StreamBody::new(frames).boxed_unsync()
+    }
+}
+
+/// The upstream stand-in. The model's name says how it behaves; it
+/// reports `max_tokens` completion tokens (×1.5 for `test/overrun`).
+async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody>, Infallible> {
+    let chat = request
+        .extensions()
+        .get::<ChatRequest>()
+        .expect("BodyLimit parsed it")
+        .clone();
+    let max_tokens = chat.max_tokens.unwrap_or(100);
+    let tokens = if chat.model == "test/overrun" {
+        max_tokens * 3 / 2
+    } else {
+        max_tokens
+    };
+    let json_body = |body: Value| {
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    };
+    let response = match chat.model_id.model() {
+        "error" => Response::builder()
+            .status(500)
+            .body(json_body(json!({"error": {"message": "boom"}}))),
+        "no-usage" => Response::builder().body(json_body(json!({"choices": []}))),
+        "broken-stream" => Response::builder().body(stream_of(
+            vec![Ok(sse(tokens)[1].clone()), Err("upstream reset".into())],
+            false,
+        )),
+        "hang" => Response::builder().body(stream_of(vec![Ok(sse(tokens)[1].clone())], true)),
+        _ if chat.stream => Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(stream_of(sse(tokens).into_iter().map(Ok).collect(), false)),
+        _ => Response::builder().body(json_body(json!({
+            "choices": [{"message": {"role": "assistant", "content": "Hi"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens},
+        }))),
+    };
+    Ok(response.unwrap())
+}
+
+struct Gateway {
+    addresses: Vec<SocketAddr>,
+    store: SharedStore,
+    clock: ManualClock,
+    admin: String,
+    _server: Option<RedisServer>,
+}
+
+async fn instance(
+    store: SharedStore,
+    clock: &ManualClock,
+    configure: fn(CreditGuardLayer) -> CreditGuardLayer,
+) -> SocketAddr {
+    let clock: Arc<ManualClock> = Arc::new(clock.clone());
+    let directory = KeyDirectory::builder(store.clone())
+        .clock(clock.clone())
+        .build();
+    let credit = configure(CreditGuardLayer::new(store, Arc::new(prices())).clock(clock));
+    let service = ServiceBuilder::new()
+        .layer(ErrorMapperLayer::new())
+        .layer(BodyLimitLayer::new())
+        .layer(BearerAuthLayer::new(directory.clone()))
+        .layer(KeyRoutesLayer::new(directory))
+        .layer(credit)
+        .service(service_fn(upstream));
+    serve(service).await
+}
+
+async fn redis(server: &RedisServer) -> SharedStore {
+    Arc::new(
+        RedisStore::connect(&server.url(), RedisStoreConfig::default())
+            .await
+            .unwrap(),
+    )
+}
+
+/// `instances` gateways on one store: memory when `redis` is false.
+async fn gateway(
+    redis_backed: bool,
+    instances: usize,
+    configure: fn(CreditGuardLayer) -> CreditGuardLayer,
+) -> Gateway {
+    let clock = ManualClock::new(t0());
+    let (stores, server): (Vec<SharedStore>, _) = if redis_backed {
+        let server = RedisServer::start();
+        let mut stores = Vec::new();
+        for _ in 0..instances {
+            stores.push(redis(&server).await);
+        }
+        (stores, Some(server))
+    } else {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        (vec![store; instances], None)
+    };
+    let mut addresses = Vec::new();
+    for store in &stores {
+        addresses.push(instance(store.clone(), &clock, configure).await);
+    }
+    // The default account has money; tests of the balance use others.
+    stores[0]
+        .top_up("default", 1000 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let admin = KeyDirectory::new(stores[0].clone())
+        .create_key(NewKey {
+            management: true,
+            ..NewKey::named("operator")
+        })
+        .await
+        .unwrap()
+        .0;
+    Gateway {
+        addresses,
+        store: stores[0].clone(),
+        clock,
+        admin: admin.expose().to_owned(),
+        _server: server,
+    }
+}
+
+fn as_is(layer: CreditGuardLayer) -> CreditGuardLayer {
+    layer
+}
+
+struct Reply {
+    status: u16,
+    body: Bytes,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+async fn call(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+) -> Reply {
+    let client = reqwest::Client::new();
+    let mut request = client
+        .request(method.parse().unwrap(), format!("http://{address}{path}"))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    Reply {
+        status,
+        body: response.bytes().await.unwrap(),
+    }
+}
+
+fn chat_body(model: &str, max_tokens: u64, stream: bool) -> Value {
+    json!({"model": model, "max_tokens": max_tokens, "stream": stream, "messages": [{"role": "user", "content": "Hi"}]})
+}
+
+async fn chat(address: SocketAddr, key: &str, model: &str, max_tokens: u64) -> Reply {
+    call(
+        address,
+        "POST",
+        "/api/v1/chat/completions",
+        key,
+        Some(chat_body(model, max_tokens, false)),
+    )
+    .await
+}
+
+impl Gateway {
+    async fn key(&self, body: Value) -> (String, String) {
+        let reply = call(
+            self.addresses[0],
+            "POST",
+            "/api/v1/keys",
+            &self.admin,
+            Some(body),
+        )
+        .await;
+        assert_eq!(reply.status, 201, "{:?}", reply.json());
+        let json = reply.json();
+        (
+            json["key"].as_str().unwrap().to_owned(),
+            json["data"]["hash"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    async fn status(&self, key: &str) -> Value {
+        call(self.addresses[0], "GET", "/api/v1/key", key, None)
+            .await
+            .json()["data"]
+            .clone()
+    }
+
+    async fn manage(&self, method: &str, path: &str, body: Value) -> Reply {
+        call(self.addresses[0], method, path, &self.admin, Some(body)).await
+    }
+}
+
+fn limit_source(reply: &Reply) -> Value {
+    reply.json()["error"]["metadata"]["limit_source"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_one_credit_requests_admit_exactly_ten_under_a_ten_credit_limit() {
+    for (name, redis_backed, instances) in [
+        ("memory", false, 1),
+        ("redis", true, 1),
+        ("two instances", true, 2),
+    ] {
+        let gateway = gateway(redis_backed, instances, as_is).await;
+        let (key, _) = gateway.key(json!({"name": "capped", "limit": 10})).await;
+        let replies = join_all((0..100).map(|index| {
+            let address = gateway.addresses[index % instances];
+            let key = key.clone();
+            async move { chat(address, &key, "openai/gpt-4o", 1000).await }
+        }))
+        .await;
+        let admitted = replies.iter().filter(|reply| reply.status == 200).count();
+        assert_eq!(admitted, 10, "{name}");
+        for refused in replies.iter().filter(|reply| reply.status != 200) {
+            assert_eq!(refused.status, 402, "{name}");
+            assert_eq!(limit_source(refused), "key_limit", "{name}");
+        }
+        let status = gateway.status(&key).await;
+        assert_eq!(
+            (status["usage"].clone(), status["limit_remaining"].clone()),
+            (json!(10), json!(0)),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overspend_is_bounded_by_the_estimate_error_of_requests_in_flight() {
+    let gateway = gateway(false, 1, as_is).await;
+    // Each request is estimated at 1 credit and really costs 1.5.
+    let (key, _) = gateway
+        .key(json!({"name": "concurrent", "limit": 10}))
+        .await;
+    let replies =
+        join_all((0..100).map(|_| chat(gateway.addresses[0], &key, "test/overrun", 1000))).await;
+    let admitted = replies.iter().filter(|reply| reply.status == 200).count() as f64;
+    let used = gateway.status(&key).await["usage"].as_f64().unwrap();
+    assert_eq!(used, admitted * 1.5);
+    // Holds stop admission at the limit, so the overspend is at most the
+    // estimate error (0.5) of each request admitted while others were held.
+    assert!(
+        used <= 10.0 + admitted * 0.5,
+        "used {used} of 10 with {admitted} admitted"
+    );
+    assert!(admitted <= 10.0);
+    // One at a time, admission stops once usage reaches the limit: the
+    // overspend is under one request's real cost.
+    let (key, _) = gateway
+        .key(json!({"name": "sequential", "limit": 10}))
+        .await;
+    let mut admitted = 0;
+    while chat(gateway.addresses[0], &key, "test/overrun", 1000)
+        .await
+        .status
+        == 200
+    {
+        admitted += 1;
+    }
+    assert_eq!(
+        admitted, 7,
+        "6 × 1.5 = 9 < 10 admits a 7th; 10.5 ≥ 10 stops"
+    );
+    assert_eq!(gateway.status(&key).await["usage"], 10.5);
+}
+
+#[tokio::test]
+async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_up() {
+    for redis_backed in [false, true] {
+        let gateway = gateway(redis_backed, 1, as_is).await;
+        let address = gateway.addresses[0];
+        let (key, hash) = gateway
+            .key(json!({"name": "app", "account": "shop", "limit": 2}))
+            .await;
+        gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts/shop/credits",
+                json!({"amount": 2}),
+            )
+            .await;
+        assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+        assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+        let refused = chat(address, &key, "openai/gpt-4o", 1000).await;
+        assert_eq!(
+            (refused.status, limit_source(&refused)),
+            (402, json!("key_limit"))
+        );
+        let message = refused.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            message.contains("limit of 2 credits") && message.contains("never resets"),
+            "{message}"
+        );
+        // Raising the limit makes the key valid again at once.
+        gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                json!({"limit": 3}),
+            )
+            .await;
+        assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+        // The account spent 3 credits of the 2 it bought: its balance is
+        // negative, and even a free model gets 402.
+        gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                json!({"limit": null}),
+            )
+            .await;
+        let refused = chat(address, &key, "meta-llama/llama-3-8b:free", 10).await;
+        assert_eq!(
+            (refused.status, limit_source(&refused)),
+            (402, json!("credits"))
+        );
+        assert!(refused.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("top up"));
+        // A top-up above zero makes it usable again; free models cost nothing.
+        gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts/shop/credits",
+                json!({"amount": 1.5}),
+            )
+            .await;
+        assert_eq!(
+            chat(address, &key, "meta-llama/llama-3-8b:free", 10)
+                .await
+                .status,
+            200
+        );
+        let status = gateway.status(&key).await;
+        assert_eq!(status["usage"], 3, "the free request cost nothing");
+    }
+}
+
+#[tokio::test]
+async fn key_limits_reset_at_the_utc_day_week_and_month() {
+    for redis_backed in [false, true] {
+        let gateway = gateway(redis_backed, 1, as_is).await;
+        let address = gateway.addresses[0];
+        for (reset, next) in [
+            (
+                "daily",
+                Utc.with_ymd_and_hms(2026, 11, 19, 0, 0, 0).unwrap(),
+            ),
+            (
+                "weekly",
+                Utc.with_ymd_and_hms(2026, 11, 23, 0, 0, 0).unwrap(),
+            ),
+            (
+                "monthly",
+                Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap(),
+            ),
+        ] {
+            gateway.clock.set(t0());
+            let (key, _) = gateway
+                .key(json!({"name": reset, "limit": 1, "limit_reset": reset}))
+                .await;
+            assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+            let refused = chat(address, &key, "openai/gpt-4o", 1000).await;
+            assert_eq!(refused.status, 402, "{reset}");
+            assert_eq!(
+                refused.json()["error"]["metadata"]["resets_at"],
+                next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            gateway.clock.set(next - chrono::Duration::seconds(1));
+            assert_eq!(
+                chat(address, &key, "openai/gpt-4o", 1000).await.status,
+                402,
+                "{reset}: not yet"
+            );
+            gateway.clock.set(next);
+            assert_eq!(
+                chat(address, &key, "openai/gpt-4o", 1000).await.status,
+                200,
+                "{reset}: reset"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stream_passes_byte_for_byte_and_is_charged_its_reported_usage() {
+    let gateway = gateway(true, 1, as_is).await;
+    let (key, _) = gateway.key(json!({"name": "streamer"})).await;
+    let reply = call(
+        gateway.addresses[0],
+        "POST",
+        "/api/v1/chat/completions",
+        &key,
+        Some(chat_body("openai/gpt-4o", 1000, true)),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let expected: Vec<u8> = sse(1000).concat();
+    assert_eq!(
+        reply.body.as_ref(),
+        expected.as_slice(),
+        "not a byte changed, comments kept"
+    );
+    let status = gateway.status(&key).await;
+    assert_eq!(status["usage"], 1, "1000 completion tokens");
+}
+
+/// Waits (bounded) for a key's holds to be released: settlement in the
+/// background after a client went away.
+async fn settled(gateway: &Gateway, hash: &str) -> modelgate::store::KeyUsage {
+    for _ in 0..100 {
+        let usage = gateway
+            .store
+            .key_usage("default", hash, gateway.clock.now())
+            .await
+            .unwrap();
+        if usage.reserved_nanos == 0 {
+            return usage;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the reservation was never settled");
+}
+
+#[tokio::test]
+async fn every_ending_is_settled_never_silently_zero() {
+    let gateway = gateway(true, 1, as_is).await;
+    let address = gateway.addresses[0];
+    let cases = [
+        ("test/no-usage", false, 1.0, "no usage: the hold is charged"),
+        (
+            "test/error",
+            false,
+            0.0,
+            "an error response without usage costs nothing",
+        ),
+        (
+            "test/broken-stream",
+            true,
+            1.0,
+            "a broken stream is charged its hold",
+        ),
+    ];
+    for (model, stream, charged, why) in cases {
+        let (key, hash) = gateway.key(json!({"name": model})).await;
+        let client = reqwest::Client::new();
+        let response = client
+            .post(format!("http://{address}/api/v1/chat/completions"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(chat_body(model, 1000, stream).to_string())
+            .send()
+            .await
+            .unwrap();
+        let _ = response.bytes().await;
+        let usage = settled(&gateway, &hash).await;
+        assert_eq!(
+            usage.total_nanos as f64 / NANOS_PER_CREDIT as f64,
+            charged,
+            "{why}"
+        );
+    }
+    // A client that goes away mid-stream: charged its hold, hold released.
+    let (key, hash) = gateway.key(json!({"name": "leaver"})).await;
+    let client = reqwest::Client::new();
+    let mut response = client
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(chat_body("test/hang", 1000, true).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(response.chunk().await.unwrap().is_some());
+    drop(response);
+    let usage = settled(&gateway, &hash).await;
+    assert_eq!(
+        usage.total_nanos, NANOS_PER_CREDIT,
+        "a client that left is charged"
+    );
+}
+
+#[tokio::test]
+async fn byok_usage_is_kept_apart_and_counts_against_the_limit_only_when_asked() {
+    fn byok(layer: CreditGuardLayer) -> CreditGuardLayer {
+        layer.byok_providers("default", ["openai"])
+    }
+    let gateway = gateway(false, 1, byok).await;
+    let address = gateway.addresses[0];
+    let (key, hash) = gateway.key(json!({"name": "byok", "limit": 1})).await;
+    for _ in 0..3 {
+        assert_eq!(
+            chat(address, &key, "openai/gpt-4o", 1000).await.status,
+            200,
+            "BYOK does not count"
+        );
+    }
+    let status = gateway.status(&key).await;
+    assert_eq!(
+        (status["usage"].clone(), status["byok_usage"].clone()),
+        (json!(0), json!(3))
+    );
+    let balance = gateway.store.account_balance("default").await.unwrap();
+    assert_eq!(
+        balance.balance_nanos,
+        1000 * NANOS_PER_CREDIT,
+        "BYOK usage is not taken from the balance"
+    );
+    gateway
+        .manage(
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            json!({"include_byok_in_limit": true}),
+        )
+        .await;
+    let refused = chat(address, &key, "openai/gpt-4o", 1000).await;
+    assert_eq!(
+        (refused.status, limit_source(&refused)),
+        (402, json!("key_limit"))
+    );
+    // Another provider is the account's own usage.
+    gateway
+        .manage(
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            json!({"include_byok_in_limit": false}),
+        )
+        .await;
+    assert_eq!(
+        chat(address, &key, "anthropic/claude", 1000).await.status,
+        200
+    );
+    assert_eq!(gateway.status(&key).await["usage"], 1);
+}
+
+#[tokio::test]
+async fn a_store_failure_refuses_by_default_and_admits_when_set_to_fail_open() {
+    fn open(layer: CreditGuardLayer) -> CreditGuardLayer {
+        layer.failure_policy(FailurePolicy::FailOpen)
+    }
+    let mut server = RedisServer::start();
+    let config = RedisStoreConfig {
+        call_timeout: Duration::from_millis(300),
+        ..RedisStoreConfig::default()
+    };
+    let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
+    let clock = ManualClock::new(t0());
+    let closed = instance(store.clone(), &clock, as_is).await;
+    let opened = instance(store.clone(), &clock, open).await;
+    let (key, _) = KeyDirectory::new(store.clone())
+        .create_key(NewKey::named("k"))
+        .await
+        .unwrap();
+    store
+        .top_up("default", 10 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    // Warm both key caches.
+    assert_eq!(chat(closed, key.expose(), "a/b", 10).await.status, 200);
+    assert_eq!(chat(opened, key.expose(), "a/b", 10).await.status, 200);
+    server.stop();
+    let refused = chat(closed, key.expose(), "a/b", 10).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.json()["error"]["metadata"]["layer"], "CreditGuard");
+    assert_eq!(chat(opened, key.expose(), "a/b", 10).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_model_without_a_price_is_refused_not_guessed() {
+    fn priced_only(layer: CreditGuardLayer) -> CreditGuardLayer {
+        layer
+    }
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let directory = KeyDirectory::new(store.clone());
+    let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+    let table = PriceTable::from_json(
+        r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 1, "completion_per_million": 1}}}"#,
+    )
+    .unwrap();
+    let service = ServiceBuilder::new()
+        .layer(BodyLimitLayer::new())
+        .layer(BearerAuthLayer::new(directory))
+        .layer(priced_only(CreditGuardLayer::new(store, Arc::new(table))))
+        .service(service_fn(upstream));
+    let request = |model: &str| {
+        Request::post("/api/v1/chat/completions")
+            .header("authorization", format!("Bearer {}", key.expose()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                chat_body(model, 10, false).to_string(),
+            )))
+            .unwrap()
+    };
+    let response = tower::ServiceExt::oneshot(service.clone(), request("openai/o1"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let response = tower::ServiceExt::oneshot(service, request("openai/gpt-4o"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
