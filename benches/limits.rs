@@ -69,7 +69,7 @@ fn bench_backend(
     )
     .unwrap();
     let rate = ServiceBuilder::new()
-        .layer(GlobalRateLimitLayer::new(store.clone(), wide_open))
+        .layer(GlobalRateLimitLayer::new(store.clone(), wide_open).unwrap())
         .service(upstream());
     group.bench_function("global_rate_limit/admitted", |b| {
         b.to_async(runtime).iter(|| {
@@ -82,7 +82,7 @@ fn bench_backend(
     )
     .unwrap();
     let refusing = ServiceBuilder::new()
-        .layer(GlobalRateLimitLayer::new(store.clone(), closed))
+        .layer(GlobalRateLimitLayer::new(store.clone(), closed).unwrap())
         .service(upstream());
     runtime
         .block_on(refusing.clone().oneshot(chat("full", "x/y")))
@@ -103,7 +103,11 @@ fn bench_backend(
         ..FreeQuotaRules::default()
     };
     let free = ServiceBuilder::new()
-        .layer(FreeModelQuotaLayer::new(store.clone()).rules(roomy))
+        .layer(
+            FreeModelQuotaLayer::new(store.clone())
+                .rules(roomy)
+                .unwrap(),
+        )
         .service(upstream());
     group.bench_function("free_model_quota/admitted", |b| {
         b.to_async(runtime).iter(|| {

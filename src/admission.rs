@@ -125,12 +125,10 @@ where
                     future,
                     response_headers,
                 } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    merge_response_headers(
-                        response.headers_mut(),
-                        std::mem::take(response_headers),
-                    );
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    let response = ready!(future.poll(cx))?;
+                    let (mut parts, body) = response.into_parts();
+                    merge_response_headers(&mut parts, std::mem::take(response_headers));
+                    return Poll::Ready(Ok(Response::from_parts(parts, ResponseBody::inner(body))));
                 }
             }
         }

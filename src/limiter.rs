@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 
 use crate::clock::Clock;
 use crate::error::GatewayError;
@@ -58,6 +58,8 @@ impl std::fmt::Debug for Limiter {
 struct Full {
     limit: Limit,
     until: DateTime<Utc>,
+    /// When the counter is empty again, as the store reported.
+    empty_at: DateTime<Utc>,
     outcome: CheckOutcome,
 }
 
@@ -75,8 +77,10 @@ impl Limiter {
         }
     }
 
+    /// The time, to the µs: the stores count in µs, so an instant between
+    /// two µs never outlives a wait the store reported.
     pub(crate) fn now(&self) -> DateTime<Utc> {
-        self.clock.now()
+        self.clock.now().trunc_subsecs(6)
     }
 
     /// Checks and counts `checks` in `scope` as one atomic step.
@@ -143,6 +147,7 @@ impl Limiter {
                     index,
                     outcome: CheckOutcome {
                         retry_after,
+                        reset_after: (known.empty_at - now).to_std().unwrap_or_default(),
                         ..known.outcome
                     },
                     retry_after,
@@ -176,7 +181,10 @@ impl Limiter {
             if outcome.admitted || outcome.retry_after.is_zero() || check.amount != 1 {
                 continue;
             }
-            let Ok(wait) = chrono::Duration::from_std(outcome.retry_after) else {
+            let (Ok(wait), Ok(until_empty)) = (
+                chrono::Duration::from_std(outcome.retry_after),
+                chrono::Duration::from_std(outcome.reset_after),
+            ) else {
                 continue;
             };
             full.insert(
@@ -184,9 +192,112 @@ impl Limiter {
                 Full {
                     limit: check.limit,
                     until: now + wait,
+                    empty_at: now + until_empty,
                     outcome: *outcome,
                 },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::MemoryStore;
+    use chrono::TimeZone;
+
+    fn limiter(clock: &ManualClock) -> Limiter {
+        let mut limiter = Limiter::new(Arc::new(MemoryStore::new()), "test");
+        limiter.clock = Arc::new(clock.clone());
+        limiter
+    }
+
+    fn rolling(limit: u64) -> Check {
+        Check::new(
+            "c",
+            Limit::Rolling {
+                limit,
+                window: Duration::from_secs(10),
+            },
+            1,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_memo_refuses_only_under_the_same_limit_and_until_the_wait_ends() {
+        let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+        let limiter = limiter(&clock);
+        assert!(matches!(
+            limiter.check("a", &[rolling(1)]).await.unwrap(),
+            Verdict::Admitted(_)
+        ));
+        clock.advance(Duration::from_secs(4));
+        let Verdict::Rejected { outcome, .. } = limiter.check("a", &[rolling(1)]).await.unwrap()
+        else {
+            panic!("full");
+        };
+        assert_eq!(outcome.retry_after, Duration::from_secs(6));
+        // From the memo: the wait and the reset count down with the clock.
+        clock.advance(Duration::from_secs(2));
+        let Verdict::Rejected {
+            outcome,
+            retry_after,
+            ..
+        } = limiter.check("a", &[rolling(1)]).await.unwrap()
+        else {
+            panic!("still full");
+        };
+        assert_eq!(
+            (retry_after, outcome.reset_after),
+            (Duration::from_secs(4), Duration::from_secs(4))
+        );
+        // A raised limit is not answered from the memo: the store admits.
+        assert!(matches!(
+            limiter.check("a", &[rolling(2)]).await.unwrap(),
+            Verdict::Admitted(_)
+        ));
+        // Another scope is not affected.
+        assert!(matches!(
+            limiter.check("b", &[rolling(1)]).await.unwrap(),
+            Verdict::Admitted(_)
+        ));
+        // Once the wait is over the store is asked again.
+        clock.advance(Duration::from_secs(4));
+        assert!(matches!(
+            limiter.check("a", &[rolling(2)]).await.unwrap(),
+            Verdict::Admitted(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_reading_check_is_never_refused_from_the_memo() {
+        let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+        let limiter = limiter(&clock);
+        limiter.check("a", &[rolling(1)]).await.unwrap();
+        assert!(matches!(
+            limiter.check("a", &[rolling(1)]).await.unwrap(),
+            Verdict::Rejected { .. }
+        ));
+        let peek = Check {
+            amount: 0,
+            ..rolling(1)
+        };
+        assert!(matches!(
+            limiter.check("a", &[peek]).await.unwrap(),
+            Verdict::Admitted(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_memo_stays_bounded() {
+        let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+        let limiter = limiter(&clock);
+        for scope in 0..(MAX_REMEMBERED + 10) {
+            let scope = scope.to_string();
+            limiter.check(&scope, &[rolling(1)]).await.unwrap();
+            limiter.check(&scope, &[rolling(1)]).await.unwrap();
+        }
+        assert!(limiter.full.lock().unwrap().len() <= MAX_REMEMBERED);
     }
 }

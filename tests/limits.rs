@@ -66,6 +66,7 @@ async fn instance(
         .layer(KeyRoutesLayer::new(directory))
         .layer(
             GlobalRateLimitLayer::new(store.clone(), rules)
+                .unwrap()
                 .clock(clock.clone())
                 .failure_policy(policy),
         )

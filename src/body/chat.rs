@@ -144,7 +144,7 @@ impl ChatRequest {
     /// assert!(error.message().contains("messages"));
     /// ```
     pub fn parse(body: &[u8]) -> Result<ChatRequest, GatewayError> {
-        let value: Value = serde_json::from_slice(body).map_err(|error| {
+        let not_json = |error: serde_json::Error| {
             invalid_request(format!(
                 "the request body is not valid JSON: {} at line {}, column {}; \
                  check the escaping of quotes, backslashes and non-ASCII characters",
@@ -152,12 +152,18 @@ impl ChatRequest {
                 error.line(),
                 error.column()
             ))
-        })?;
-        let Value::Object(mut fields) = value else {
-            return Err(invalid_request(format!(
-                "the request body must be a JSON object, not {}",
-                json_type(&value)
-            )));
+        };
+        let mut fields = match serde_json::from_slice::<UniqueKeys>(body) {
+            Ok(UniqueKeys(fields)) => fields,
+            // Valid JSON that is not an object says what it is instead.
+            Err(error) if error.is_data() && !error.to_string().starts_with("duplicate") => {
+                let value: Value = serde_json::from_slice(body).map_err(not_json)?;
+                return Err(invalid_request(format!(
+                    "the request body must be a JSON object, not {}",
+                    json_type(&value)
+                )));
+            }
+            Err(error) => return Err(not_json(error)),
         };
         let model = match fields.remove("model") {
             None | Some(Value::Null) => {
@@ -250,6 +256,44 @@ fn json_type(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+/// A top-level object whose keys are all distinct. A repeated key is
+/// refused: the gateway and an upstream could each read a different one of
+/// the two (`"model"` twice would let one spelling dodge the quota).
+struct UniqueKeys(Map<String, Value>);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UniqueKeys;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UniqueKeys, A::Error> {
+                let mut fields = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if fields.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{key}`: each field may appear once"
+                        )));
+                    }
+                    let value: Value = map.next_value()?;
+                    fields.insert(key, value);
+                }
+                Ok(UniqueKeys(fields))
+            }
+        }
+
+        deserializer.deserialize_map(Visitor)
     }
 }
 
@@ -661,6 +705,34 @@ mod tests {
     fn rejection(value: Value) -> (u16, String) {
         let error = parse(value).unwrap_err();
         (error.status().as_u16(), error.message().to_owned())
+    }
+
+    #[test]
+    fn a_repeated_top_level_field_is_refused() {
+        let error = ChatRequest::parse(
+            br#"{"model": "a/b:free", "messages": [{"role": "user", "content": "x"}], "model": "a/b"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(error.status(), 400);
+        assert!(
+            error.message().contains("duplicate field `model`"),
+            "{}",
+            error.message()
+        );
+        let error = ChatRequest::parse(b"[1, 2]").unwrap_err();
+        assert!(
+            error
+                .message()
+                .contains("must be a JSON object, not an array"),
+            "{}",
+            error.message()
+        );
+        let error = ChatRequest::parse(b"{\"model\": ").unwrap_err();
+        assert!(
+            error.message().contains("not valid JSON"),
+            "{}",
+            error.message()
+        );
     }
 
     #[test]

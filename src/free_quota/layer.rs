@@ -4,7 +4,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::purchases::Purchases;
-use super::{FreeModelQuota, FreeQuotaRules};
+use super::{FreeModelQuota, FreeQuotaRules, QuotaRulesError};
 use crate::clock::Clock;
 use crate::keys::SharedStore;
 use crate::limiter::Limiter;
@@ -41,10 +41,12 @@ impl FreeModelQuotaLayer {
         }
     }
 
-    /// Other numbers than the seed's.
-    pub fn rules(mut self, rules: FreeQuotaRules) -> Self {
+    /// Other numbers than the seed's; refused when a counter could not
+    /// hold them.
+    pub fn rules(mut self, rules: FreeQuotaRules) -> Result<Self, QuotaRulesError> {
+        rules.validate()?;
         Arc::make_mut(&mut self.config).rules = rules;
-        self
+        Ok(self)
     }
 
     /// Reads time from `clock` (a manual clock in tests).

@@ -37,7 +37,7 @@
 //! let gateway = ServiceBuilder::new()
 //!     .layer(BodyLimitLayer::new())
 //!     .layer(BearerAuthLayer::new(directory))
-//!     .layer(FreeModelQuotaLayer::new(store).rules(rules))
+//!     .layer(FreeModelQuotaLayer::new(store).rules(rules).unwrap())
 //!     .service(service_fn(|_: Request<Full<Bytes>>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
 //!     }));
@@ -67,6 +67,7 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use layer::FreeModelQuotaLayer;
+
 pub use service::FreeModelQuota;
 
 use std::time::Duration;
@@ -122,7 +123,36 @@ impl Default for FreeQuotaRules {
     }
 }
 
+/// Why free-quota rules were refused.
+#[derive(Debug, thiserror::Error)]
+#[error("free quota rules: {0}")]
+pub struct QuotaRulesError(&'static str);
+
 impl FreeQuotaRules {
+    /// Checks the numbers: every limit from 1 to 2^53 (what counters hold),
+    /// the threshold not negative.
+    pub fn validate(&self) -> Result<(), QuotaRulesError> {
+        let limits = [
+            self.requests_per_minute,
+            self.requests_per_day,
+            self.requests_per_day_after_purchase,
+        ];
+        if limits
+            .iter()
+            .any(|limit| *limit == 0 || *limit > crate::store::MAX_EXACT)
+        {
+            return Err(QuotaRulesError(
+                "every limit must be from 1 to 2^53 requests",
+            ));
+        }
+        if self.purchase_threshold_nanos < 0 {
+            return Err(QuotaRulesError(
+                "the purchase threshold must not be negative",
+            ));
+        }
+        Ok(())
+    }
+
     /// The daily limit of an account that bought `purchased_nanos` in total.
     pub fn requests_per_day_for(&self, purchased_nanos: i64) -> u64 {
         if purchased_nanos >= self.purchase_threshold_nanos {
@@ -222,6 +252,7 @@ mod tests {
                 .layer(
                     FreeModelQuotaLayer::new(store)
                         .rules(rules)
+                        .unwrap()
                         .clock(Arc::new(clock.clone()))
                         .remember_full_counters(remember),
                 )

@@ -65,6 +65,11 @@ impl Purchases {
         Ok(purchased)
     }
 
+    /// The last total read for `account`, however old.
+    pub(crate) fn last_known(&self, account: &str) -> Option<i64> {
+        self.lock().get(account).map(|(purchased, _)| *purchased)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         self.seen
             .lock()

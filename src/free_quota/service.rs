@@ -104,7 +104,9 @@ async fn decide(config: &FreeModelQuotaConfig, account: &str) -> Result<Admissio
         Ok(purchased) => purchased,
         Err(error) => {
             limiter.policy.on_store_error(limiter.layer, &error)?;
-            return Ok(Admission::default());
+            // Failing open, the counters still count when they can: under
+            // the last total seen, or the low tier, never a looser one.
+            config.purchases.last_known(account).unwrap_or(0)
         }
     };
     let checks = [rules.minute_check(1), rules.daily_check(purchased_nanos, 1)];

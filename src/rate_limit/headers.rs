@@ -49,26 +49,33 @@ pub(crate) fn with_rate_limit_headers(
     error
 }
 
-/// Adds `ours` to a response's headers. When two limit layers both report,
-/// the tighter limit (fewer remaining) stays, so the client sees the limit
-/// it will meet first.
-pub(crate) fn merge_response_headers(target: &mut HeaderMap, ours: HeaderMap) {
-    let remaining = |headers: &HeaderMap| {
-        headers
-            .get(&X_RATELIMIT_REMAINING)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|text| text.parse::<u64>().ok())
-    };
-    let keep_theirs = matches!(
-        (remaining(target), remaining(&ours)),
-        (Some(theirs), Some(mine)) if theirs <= mine
-    );
+/// The remaining count of the rate-limit headers a gateway layer put on a
+/// response, kept in the response's extensions: so the headers of an
+/// upstream (the operator's own quota there) are always replaced, while of
+/// two gateway layers the tighter limit stays.
+#[derive(Clone, Copy, Debug)]
+struct ReportedRemaining(u64);
+
+/// Adds `ours` to a response's headers; see [`ReportedRemaining`].
+pub(crate) fn merge_response_headers(response: &mut http::response::Parts, ours: HeaderMap) {
+    let mine = ours
+        .get(&X_RATELIMIT_REMAINING)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<u64>().ok());
+    let reported = response
+        .extensions
+        .get::<ReportedRemaining>()
+        .map(|reported| reported.0);
+    let keep_reported = matches!((reported, mine), (Some(theirs), Some(mine)) if theirs <= mine);
+    if let (Some(mine), false) = (mine, keep_reported) {
+        response.extensions.insert(ReportedRemaining(mine));
+    }
     for (name, value) in ours {
         let Some(name) = name else { continue };
         let is_rate_limit =
             name == X_RATELIMIT_LIMIT || name == X_RATELIMIT_REMAINING || name == X_RATELIMIT_RESET;
-        if !(is_rate_limit && keep_theirs) {
-            target.insert(name, value);
+        if !(is_rate_limit && keep_reported) {
+            response.headers.insert(name, value);
         }
     }
 }
@@ -102,15 +109,24 @@ mod tests {
     }
 
     #[test]
-    fn the_tighter_limit_wins_whichever_layer_reports_last() {
-        let mut response = rate_limit_headers(&outcome(20, 3, 1_000));
+    fn the_tighter_limit_wins_and_upstream_headers_never_do() {
+        let (mut response, ()) = http::Response::new(()).into_parts();
+        // The upstream's own quota, lower than ours: replaced all the same.
+        response
+            .headers
+            .insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(0u64));
+        response
+            .headers
+            .insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(1u64));
+        merge_response_headers(&mut response, rate_limit_headers(&outcome(20, 3, 1_000)));
+        assert_eq!(response.headers[&X_RATELIMIT_LIMIT], "20");
         merge_response_headers(&mut response, rate_limit_headers(&outcome(600, 599, 100)));
-        assert_eq!(response[&X_RATELIMIT_LIMIT], "20");
+        assert_eq!(
+            response.headers[&X_RATELIMIT_LIMIT], "20",
+            "the looser limit does not replace"
+        );
         merge_response_headers(&mut response, rate_limit_headers(&outcome(50, 1, 100)));
-        assert_eq!(response[&X_RATELIMIT_LIMIT], "50");
-        assert_eq!(response[&X_RATELIMIT_REMAINING], "1");
-        let mut empty = HeaderMap::new();
-        merge_response_headers(&mut empty, rate_limit_headers(&outcome(5, 5, 0)));
-        assert_eq!(empty[&X_RATELIMIT_LIMIT], "5");
+        assert_eq!(response.headers[&X_RATELIMIT_LIMIT], "50");
+        assert_eq!(response.headers[&X_RATELIMIT_REMAINING], "1");
     }
 }

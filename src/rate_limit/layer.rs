@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::{GlobalRateLimit, RateLimitRules};
+use super::{GlobalRateLimit, RateLimitRules, RulesError};
 use crate::clock::Clock;
 use crate::keys::SharedStore;
 use crate::limiter::Limiter;
@@ -24,14 +24,16 @@ pub(crate) struct GlobalRateLimitConfig {
 
 impl GlobalRateLimitLayer {
     /// Limits requests by `rules`, counted in `store`; system clock, fail
-    /// open, full counters remembered.
-    pub fn new(store: SharedStore, rules: RateLimitRules) -> Self {
-        GlobalRateLimitLayer {
+    /// open, full counters remembered. Rules a counter store cannot hold
+    /// are refused here, not on every request.
+    pub fn new(store: SharedStore, rules: RateLimitRules) -> Result<Self, RulesError> {
+        rules.validate()?;
+        Ok(GlobalRateLimitLayer {
             config: Arc::new(GlobalRateLimitConfig {
                 rules,
                 limiter: Limiter::new(store, "GlobalRateLimit"),
             }),
-        }
+        })
     }
 
     /// Reads time from `clock` (a manual clock in tests).

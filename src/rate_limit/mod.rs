@@ -45,7 +45,7 @@
 //! ).unwrap();
 //! let gateway = ServiceBuilder::new()
 //!     .layer(BearerAuthLayer::new(directory))
-//!     .layer(GlobalRateLimitLayer::new(store, rules))
+//!     .layer(GlobalRateLimitLayer::new(store, rules).unwrap())
 //!     .service(service_fn(|_: Request<Full<Bytes>>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
 //!     }));
@@ -133,7 +133,7 @@ mod tests {
     #[tokio::test]
     async fn a_stack_without_the_layers_before_it_is_a_500_naming_them() {
         let store: SharedStore = Arc::new(MemoryStore::new());
-        let rate = GlobalRateLimitLayer::new(store.clone(), RateLimitRules::default());
+        let rate = GlobalRateLimitLayer::new(store.clone(), RateLimitRules::default()).unwrap();
         let free = crate::free_quota::FreeModelQuotaLayer::new(store);
         let upstream = service_fn(|_: Request<Full<Bytes>>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
@@ -221,6 +221,7 @@ mod tests {
             let service = ServiceBuilder::new()
                 .layer(
                     GlobalRateLimitLayer::new(store, rules)
+                        .unwrap()
                         .clock(Arc::new(clock.clone()))
                         .remember_full_counters(remember),
                 )

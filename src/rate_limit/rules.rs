@@ -55,10 +55,13 @@ impl RateRule {
         }
     }
 
-    fn kind(&self) -> &'static str {
-        match self {
-            RateRule::Gcra { .. } => "gcra",
-            RateRule::Rolling { .. } => "rolling",
+    /// The rule's kind and window, for its counter's name: rules that
+    /// differ in either count apart (10 a minute and 100 an hour on one
+    /// pattern are two counters).
+    fn counter_suffix(&self) -> String {
+        match *self {
+            RateRule::Gcra { period_seconds, .. } => format!("gcra:{period_seconds}s"),
+            RateRule::Rolling { window_seconds, .. } => format!("rolling:{window_seconds}s"),
         }
     }
 
@@ -90,13 +93,22 @@ impl fmt::Display for RateRule {
                 burst,
             } => write!(
                 f,
-                "{requests} requests per {period_seconds} s, in bursts of at most {burst}"
+                "{} per {period_seconds} s, in bursts of at most {burst}",
+                requests_text(requests)
             ),
             RateRule::Rolling {
                 requests,
                 window_seconds,
-            } => write!(f, "{requests} requests in any {window_seconds} s"),
+            } => write!(f, "{} in any {window_seconds} s", requests_text(requests)),
         }
+    }
+}
+
+fn requests_text(requests: u64) -> String {
+    if requests == 1 {
+        "1 request".to_owned()
+    } else {
+        format!("{requests} requests")
     }
 }
 
@@ -228,10 +240,17 @@ impl RateLimitRules {
                 rule.validate()
                     .map_err(|error| RulesError(format!("{name}: account rule: {error}")))?;
             }
+            let mut counters = std::collections::HashSet::new();
             for rule in rules.models.iter().flatten() {
                 rule.validate().map_err(|error| {
                     RulesError(format!("{name}: model rule {:?}: {error}", rule.matches))
                 })?;
+                if !counters.insert(model_counter(rule)) {
+                    return Err(RulesError(format!(
+                        "{name}: two model rules for {:?} with the same kind and window; give one of them another window or merge them",
+                        rule.matches
+                    )));
+                }
             }
         }
         Ok(())
@@ -250,7 +269,11 @@ impl RateLimitRules {
         let mut checks = Vec::new();
         if let Some(rule) = account_rule {
             checks.push(RuleCheck {
-                check: Check::new(format!("rate:account:{}", rule.kind()), rule.limit(), 1),
+                check: Check::new(
+                    format!("rate:account:{}", rule.counter_suffix()),
+                    rule.limit(),
+                    1,
+                ),
                 source: LimitSource::AccountRate,
                 rule,
                 matches: None,
@@ -258,13 +281,9 @@ impl RateLimitRules {
         }
         if let Some(model) = model {
             for rule in model_rules.iter().filter(|rule| rule.covers(model)) {
-                let name = format!(
-                    "rate:model:{}:{}",
-                    rule.matches.to_ascii_lowercase(),
-                    rule.limit.kind()
-                );
-                // Two rules with one pattern and kind share a counter; the
-                // first one decides.
+                let name = model_counter(rule);
+                // `validate` refuses two rules with one counter; should
+                // unvalidated rules arrive, the first one decides.
                 if checks.iter().any(|existing| existing.check.name == name) {
                     continue;
                 }
@@ -278,6 +297,15 @@ impl RateLimitRules {
         }
         checks
     }
+}
+
+/// The counter of a model rule: its pattern, kind and window.
+fn model_counter(rule: &ModelRule) -> String {
+    format!(
+        "rate:model:{}:{}",
+        rule.matches.to_ascii_lowercase(),
+        rule.limit.counter_suffix()
+    )
 }
 
 /// `Option<Option<T>>` for a field where absent and `null` differ.
@@ -360,9 +388,9 @@ mod tests {
         assert_eq!(
             names,
             [
-                "rate:account:rolling",
-                "rate:model:openai/:rolling",
-                "rate:model:openai/gpt-4o:rolling"
+                "rate:account:rolling:60s",
+                "rate:model:openai/:rolling:60s",
+                "rate:model:openai/gpt-4o:rolling:60s"
             ]
         );
         assert_eq!(checks[0].source, LimitSource::AccountRate);
@@ -372,6 +400,18 @@ mod tests {
             1,
             "no model, no model rules"
         );
+    }
+
+    #[test]
+    fn two_windows_on_one_pattern_are_two_counters() {
+        let rules = RateLimitRules::from_json(
+            r#"{"models": [{"match": "a/", "limit": {"rolling": {"requests": 10, "window_seconds": 60}}},
+                           {"match": "a/", "limit": {"rolling": {"requests": 3, "window_seconds": 3600}}}]}"#,
+        )
+        .unwrap();
+        let checks = rules.checks_for("acct", Some(&model("a/b")));
+        assert_eq!(checks.len(), 2);
+        assert_ne!(checks[0].check.name, checks[1].check.name);
     }
 
     #[test]
@@ -412,6 +452,11 @@ mod tests {
             ),
             (r#"{"account": {"leaky": {}}}"#, "unknown variant"),
             (r#"{"acount": null}"#, "unknown field"),
+            (
+                r#"{"models": [{"match": "a/", "limit": {"rolling": {"requests": 1, "window_seconds": 60}}},
+                            {"match": "A/", "limit": {"rolling": {"requests": 5, "window_seconds": 60}}}]}"#,
+                "same kind and window",
+            ),
             (
                 r#"{"account": {"gcra": {"requests": 1, "period_seconds": 1, "burst": 9007199254740993}}}"#,
                 "2^53",
