@@ -101,6 +101,11 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
             false,
         )),
         "hang" => Response::builder().body(stream_of(vec![Ok(sse(tokens)[1].clone())], true)),
+        "stream-no-usage" => {
+            let mut chunks = sse(tokens);
+            chunks.remove(4);
+            Response::builder().body(stream_of(chunks.into_iter().map(Ok).collect(), false))
+        }
         _ if chat.stream => Response::builder()
             .header("content-type", "text/event-stream")
             .body(stream_of(sse(tokens).into_iter().map(Ok).collect(), false)),
