@@ -695,12 +695,32 @@ async fn reservations_count_against_the_key_limit_and_expire<S: Store>(store: Ar
         (usage.day_nanos, usage.reserved_nanos),
         (credits(1) / 2, credits(2))
     );
+    // 2.5 of 3 used or held: a request that could cost 1 might pass the
+    // limit and is refused; one of 0.5 fits exactly.
     assert!(matches!(
         store
             .reserve(&reservation("d", credits(1), Some(limit)), after(SECOND))
             .await
             .unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+    assert!(matches!(
+        store
+            .reserve(
+                &reservation("d", credits(1) / 2, Some(limit)),
+                after(SECOND)
+            )
+            .await
+            .unwrap(),
         ReserveOutcome::Reserved { .. }
+    ));
+    // At the limit exactly, even a free request (amount 0) is refused.
+    assert!(matches!(
+        store
+            .reserve(&reservation("free", 0, Some(limit)), after(SECOND))
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
     ));
     // Reservations never settled expire after their TTL.
     let expired = after(61 * SECOND + 1);
@@ -921,6 +941,52 @@ async fn ledger_sums_are_exact_under_concurrency<S: Store>(store: Arc<S>) {
     assert_eq!(
         store.top_up("rich", room).await.unwrap().purchased_nanos,
         i64::MAX
+    );
+}
+
+async fn a_settlement_retried_records_once<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    for _ in 0..3 {
+        store
+            .settle(&settlement("retried", credits(2), false), t0())
+            .await
+            .unwrap();
+    }
+    let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
+    assert_eq!(usage.total_nanos, credits(2));
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(8)
+    );
+    // Another id is another request.
+    store
+        .settle(&settlement("next", credits(1), false), t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .key_usage("acct", "key-hash", t0())
+            .await
+            .unwrap()
+            .total_nanos,
+        credits(3)
+    );
+    // After a day the id is forgotten (ids are random per request).
+    let later = t0() + chrono::Duration::from_std(modelgate::store::SETTLEMENT_MEMORY).unwrap();
+    store
+        .settle(
+            &settlement("retried", credits(1), false),
+            later + chrono::Duration::seconds(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .key_usage("acct", "key-hash", later + chrono::Duration::seconds(1))
+            .await
+            .unwrap()
+            .total_nanos,
+        credits(4)
     );
 }
 
@@ -1348,6 +1414,7 @@ conformance!(
     ledger_limits_are_exact_beyond_two_to_the_53,
     ledger_rolls_periods_and_keeps_byok_apart,
     reservations_count_against_the_key_limit_and_expire,
+    a_settlement_retried_records_once,
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,
     concurrent_reservations_admit_exactly_the_limit,

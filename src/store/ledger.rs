@@ -220,15 +220,29 @@ pub(crate) fn top_up_overflow() -> StoreError {
     )
 }
 
+/// How long a settled reservation id is remembered, so that settling it
+/// again (a retry after a reply that never arrived) records nothing twice.
+pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(24 * 3600);
+
+/// The key-limit refusal for a reservation of `amount_nanos`, if any: the
+/// request could take usage past the limit (so overspend is bounded by how
+/// far real costs exceed their estimates), or, for a free request, usage
+/// has reached the limit.
 pub(crate) fn key_limit_outcome(
     usage: &KeyUsage,
     limit: &KeyLimit,
+    amount_nanos: i64,
     now: DateTime<Utc>,
 ) -> Option<ReserveOutcome> {
     let used_nanos = usage
         .in_period(limit.reset, limit.include_byok)
         .saturating_add(usage.reserved_nanos);
-    (used_nanos >= limit.limit_nanos).then(|| ReserveOutcome::KeyLimitReached {
+    let over = if amount_nanos == 0 {
+        used_nanos >= limit.limit_nanos
+    } else {
+        used_nanos.saturating_add(amount_nanos) > limit.limit_nanos
+    };
+    over.then(|| ReserveOutcome::KeyLimitReached {
         used_nanos,
         limit_nanos: limit.limit_nanos,
         resets_at: limit.reset.map(|period| period.end_of(now)),

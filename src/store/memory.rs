@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
 use super::ledger::{
     key_limit_outcome, period_starts_micros, top_up_overflow, validate_amount, validate_reserve,
+    SETTLEMENT_MEMORY,
 };
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
@@ -383,6 +384,8 @@ struct KeyLedger {
     /// Day, week, month: the period's start and its own and BYOK usage.
     periods: [PeriodUsage; 3],
     reservations: HashMap<Box<str>, Reservation>,
+    /// Reservation ids settled, and until when (µs) that is remembered.
+    settled: HashMap<Box<str>, i64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -506,7 +509,8 @@ impl LedgerStore for MemoryStore {
             let key = key_ledger(account, &request.key, now_micros);
             let usage = key.usage(starts);
             if let Some(limit) = &request.key_limit {
-                if let Some(rejection) = key_limit_outcome(&usage, limit, now) {
+                if let Some(rejection) = key_limit_outcome(&usage, limit, request.amount_nanos, now)
+                {
                     return rejection;
                 }
             }
@@ -535,12 +539,21 @@ impl LedgerStore for MemoryStore {
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
         self.with_account(&settlement.account, |account| {
+            let key = key_ledger(account, &settlement.key, now_micros);
+            key.settled.retain(|_, until| *until > now_micros);
+            // A retried settlement of the same request records nothing more.
+            if key.settled.contains_key(settlement.reservation_id.as_str()) {
+                return;
+            }
+            key.settled.insert(
+                settlement.reservation_id.as_str().into(),
+                now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
+            );
+            key.reservations.remove(settlement.reservation_id.as_str());
+            key.record(settlement.cost_nanos, settlement.byok, starts);
             if !settlement.byok {
                 account.balance_nanos = account.balance_nanos.saturating_sub(settlement.cost_nanos);
             }
-            let key = key_ledger(account, &settlement.key, now_micros);
-            key.reservations.remove(settlement.reservation_id.as_str());
-            key.record(settlement.cost_nanos, settlement.byok, starts);
         });
         Ok(())
     }

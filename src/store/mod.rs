@@ -47,7 +47,7 @@ use std::fmt;
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, MAX_EXACT};
 pub use ledger::{
     AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
-    MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
+    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;

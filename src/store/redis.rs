@@ -23,7 +23,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
 use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
-use super::ledger::{period_starts_micros, top_up_overflow, validate_amount, validate_reserve};
+use super::ledger::{
+    period_starts_micros, top_up_overflow, validate_amount, validate_reserve, SETTLEMENT_MEMORY,
+};
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
     Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, StoreErrorKind,
@@ -273,7 +275,7 @@ impl RedisStore {
         key
     }
 
-    fn ledger_keys(&self, account: &str, key: &str) -> [String; 4] {
+    fn ledger_keys(&self, account: &str, key: &str) -> [String; 5] {
         let scoped = self.scoped(account);
         let mut key_base = format!("{scoped}k:");
         escape_into(&mut key_base, key);
@@ -282,6 +284,7 @@ impl RedisStore {
             format!("{key_base}:use"),
             format!("{key_base}:res"),
             format!("{key_base}:resamt"),
+            format!("{key_base}:settled"),
         ]
     }
 
@@ -559,7 +562,8 @@ impl LedgerStore for RedisStore {
             .arg(&period_starts_micros(now)[..])
             .arg(&settlement.reservation_id)
             .arg(settlement.cost_nanos)
-            .arg(u8::from(settlement.byok));
+            .arg(u8::from(settlement.byok))
+            .arg(duration_micros(SETTLEMENT_MEMORY));
         self.run(OPERATION, &invocation).await?;
         Ok(())
     }

@@ -11,8 +11,17 @@ local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[11]]
 local used = big(usage[offset])
 if ARGV[12] == '1' then used = big_add(used, big(usage[offset + 1])) end
 local committed = big_add(used, reserved)
-if ARGV[9] == '1' and big_ge(committed, big(ARGV[10])) then
-  return { 1, big_str(committed) }
+-- Refused when this request could take usage past the limit; a free one
+-- (amount 0) when usage has reached it.
+if ARGV[9] == '1' then
+  local limit = big(ARGV[10])
+  local over
+  if ARGV[6] == '0' then
+    over = big_ge(committed, limit)
+  else
+    over = not big_ge(limit, big_add(committed, big(ARGV[6])))
+  end
+  if over then return { 1, big_str(committed) } end
 end
 if ARGV[13] == '1' then
   local balance = redis.call('HGET', KEYS[1], 'balance') or '0'

@@ -1,6 +1,15 @@
--- Records a request's real cost and releases its reservation.
--- ARGV: now, day start, week start, month start, reservation id, cost, byok (0/1)
-drop_expired(tonumber(ARGV[1]))
+-- Records a request's real cost and releases its reservation, once per
+-- reservation id: a retried settlement records nothing more.
+-- ARGV: now, day start, week start, month start, reservation id, cost,
+--       byok (0/1), how long (µs) a settled id is remembered
+-- KEYS[5]: settled ids, scored by when they may be forgotten.
+local now = tonumber(ARGV[1])
+drop_expired(now)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', int(now))
+if redis.call('ZSCORE', KEYS[5], ARGV[5]) then return 0 end
+local memory = tonumber(ARGV[8])
+redis.call('ZADD', KEYS[5], int(now + memory), ARGV[5])
+redis.call('PEXPIRE', KEYS[5], math.ceil(memory / 1000))
 redis.call('HDEL', KEYS[4], ARGV[5])
 redis.call('ZREM', KEYS[3], ARGV[5])
 local cost = ARGV[6]
