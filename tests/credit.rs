@@ -91,7 +91,11 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
             .map_err(|never| match never {})
             .boxed_unsync()
     };
-    let response = match chat.model_id.model() {
+    let name = match chat.model_id.variant() {
+        Some(variant) => format!("{}:{variant}", chat.model_id.model()),
+        None => chat.model_id.model().to_owned(),
+    };
+    let response = match name.as_str() {
         "error" => Response::builder()
             .status(500)
             .body(json_body(json!({"error": {"message": "boom"}}))),
@@ -101,6 +105,16 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
             false,
         )),
         "hang" => Response::builder().body(stream_of(vec![Ok(sse(tokens)[1].clone())], true)),
+        "sse-anyway" => Response::builder()
+            .header("content-type", "text/event-stream; charset=utf-8")
+            .body(stream_of(
+                sse(tokens / 2).into_iter().map(Ok).collect(),
+                false,
+            )),
+        "charges:free" => Response::builder().body(json_body(json!({
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "cost": 5.0},
+        }))),
         "stream-no-usage" => {
             let mut chunks = sse(tokens);
             chunks.remove(4);
@@ -693,4 +707,43 @@ async fn a_model_without_a_price_is_refused_not_guessed() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn a_request_that_could_pass_the_limit_is_refused_so_overspend_stays_bounded() {
+    let gateway = gateway(false, 1, as_is).await;
+    let address = gateway.addresses[0];
+    let (key, _) = gateway.key(json!({"name": "k", "limit": 10})).await;
+    for _ in 0..9 {
+        assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+    }
+    // 9 of 10 used: a request estimated at 500 credits could take usage to
+    // 509, so it is refused; one estimated at 1 fits exactly.
+    let refused = chat(address, &key, "openai/gpt-4o", 500_000).await;
+    assert_eq!(
+        (refused.status, limit_source(&refused)),
+        (402, json!("key_limit"))
+    );
+    assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+    assert_eq!(gateway.status(&key).await["usage"], 10);
+}
+
+#[tokio::test]
+async fn the_response_decides_how_it_is_read_and_free_models_are_never_charged() {
+    let gateway = gateway(false, 1, as_is).await;
+    let address = gateway.addresses[0];
+    let (key, _) = gateway.key(json!({"name": "k"})).await;
+    // Asked without `stream`, answered as SSE: its usage (500 tokens) is
+    // read, not the estimate (1000) charged.
+    assert_eq!(
+        chat(address, &key, "test/sse-anyway", 1000).await.status,
+        200
+    );
+    assert_eq!(gateway.status(&key).await["usage"], 0.5);
+    // A free variant whose upstream states a cost: still free.
+    assert_eq!(
+        chat(address, &key, "test/charges:free", 1000).await.status,
+        200
+    );
+    assert_eq!(gateway.status(&key).await["usage"], 0.5);
 }

@@ -14,6 +14,7 @@ fuzz_target!(|input: (bool, u16, &[u8])| {
     whole.feed(body);
     let mut halves = UsageScanner::new(kind, 4096);
     halves.feed(&body[..split]);
+    halves.feed(b"");
     halves.feed(&body[split..]);
     let mut bytewise = UsageScanner::new(kind, 4096);
     for byte in body {

@@ -29,10 +29,21 @@ pin_project! {
 
     impl<B> PinnedDrop for MeteredBody<B> {
         fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
             // A client that went away: settle with what was seen.
-            if let Some(metering) = this.project().metering.take() {
+            if let Some(metering) = this.metering.take() {
                 let usage = metering.scanner.finish();
                 metering.meter.settle_in_background(usage, Ending::Abandoned);
+            }
+            // Dropped while settling (a client that closed at the last
+            // frame): the settlement finishes on its own.
+            if let Some(settling) = this.settling.take() {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        runtime.spawn(settling);
+                    }
+                    Err(_) => tracing::error!("a settlement in progress was dropped without a runtime to finish it"),
+                }
             }
         }
     }
@@ -41,19 +52,14 @@ pin_project! {
 struct Metering {
     meter: Meter,
     scanner: UsageScanner,
-    success: bool,
 }
 
 impl<B> MeteredBody<B> {
     /// A body that settles `meter` with what `scanner` reads.
-    pub(crate) fn metered(inner: B, meter: Meter, scanner: UsageScanner, success: bool) -> Self {
+    pub(crate) fn metered(inner: B, meter: Meter, scanner: UsageScanner) -> Self {
         MeteredBody {
             inner,
-            metering: Some(Metering {
-                meter,
-                scanner,
-                success,
-            }),
+            metering: Some(Metering { meter, scanner }),
             settling: None,
             after_settling: None,
         }
@@ -103,12 +109,7 @@ where
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Some(Err(error)) => (Ending::Interrupted, Some(Err(error.into()))),
-                None => (
-                    Ending::Complete {
-                        success: metering.success,
-                    },
-                    None,
-                ),
+                None => (Ending::Complete, None),
             };
             // The end is answered only once the cost is recorded, so a
             // client that asks for its usage next sees this request in it.

@@ -40,14 +40,12 @@ pin_project! {
             admitting: BoxFuture<'static, Result<Meter, GatewayError>>,
             request: Option<Request<B>>,
             inner: Option<S>,
-            kind: BodyKind,
             max_scanned_body_bytes: usize,
         },
         Calling {
             #[pin]
             future: Oneshot<S, Request<B>>,
             meter: Unsettled,
-            kind: BodyKind,
             max_scanned_body_bytes: usize,
         },
     }
@@ -67,8 +65,7 @@ where
         ResponseFuture {
             state: State::Calling {
                 future: Oneshot::new(inner, request),
-                meter: Unsettled::new(None),
-                kind: BodyKind::Json,
+                meter: Unsettled::new(None, Ending::Abandoned),
                 max_scanned_body_bytes: 0,
             },
         }
@@ -78,7 +75,6 @@ where
         admitting: BoxFuture<'static, Result<Meter, GatewayError>>,
         request: Request<B>,
         inner: S,
-        kind: BodyKind,
         max_scanned_body_bytes: usize,
     ) -> Self {
         ResponseFuture {
@@ -86,7 +82,6 @@ where
                 admitting,
                 request: Some(request),
                 inner: Some(inner),
-                kind,
                 max_scanned_body_bytes,
             },
         }
@@ -111,7 +106,6 @@ where
                     admitting,
                     request,
                     inner,
-                    kind,
                     max_scanned_body_bytes,
                 } => {
                     let outcome = ready!(admitting.as_mut().poll(cx));
@@ -121,8 +115,9 @@ where
                     let next = match outcome {
                         Ok(meter) => State::Calling {
                             future: Oneshot::new(inner, request),
-                            meter: Unsettled::new(Some(meter)),
-                            kind: *kind,
+                            // Dropped before the response: the upstream may
+                            // be working, so the hold is charged.
+                            meter: Unsettled::new(Some(meter), Ending::Abandoned),
                             max_scanned_body_bytes: *max_scanned_body_bytes,
                         },
                         Err(error) => State::Rejected { error: Some(error) },
@@ -132,7 +127,6 @@ where
                 StateProjection::Calling {
                     future,
                     meter,
-                    kind,
                     max_scanned_body_bytes,
                 } => {
                     let response = match ready!(future.poll(cx)) {
@@ -152,13 +146,21 @@ where
                         // first, before the cost is recorded.
                         response.headers_mut().remove(CONTENT_LENGTH);
                     }
+                    // The body is read as what it is, whatever was asked for.
+                    let kind = if is_event_stream(response.headers()) {
+                        BodyKind::EventStream
+                    } else {
+                        BodyKind::Json
+                    };
                     let response = response.map(|body| match meter.take() {
-                        Some(meter) => MeteredBody::metered(
-                            body,
-                            meter,
-                            UsageScanner::new(*kind, *max_scanned_body_bytes),
-                            success,
-                        ),
+                        Some(mut meter) => {
+                            meter.response_success = Some(success);
+                            MeteredBody::metered(
+                                body,
+                                meter,
+                                UsageScanner::new(kind, *max_scanned_body_bytes),
+                            )
+                        }
                         None => MeteredBody::unmetered(body),
                     });
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
@@ -166,4 +168,12 @@ where
             }
         }
     }
+}
+
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
 }

@@ -14,17 +14,19 @@ use super::usage::Usage;
 /// How a metered request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Ending {
-    /// The whole response arrived; `success` when its status was 2xx.
-    Complete { success: bool },
+    /// The whole response arrived.
+    Complete,
     /// The response body failed part way.
     Interrupted,
     /// The client went away before the end.
     Abandoned,
     /// The inner service failed without a response.
     InnerFailed,
+    /// The request never went upstream (admission was cut short).
+    NotSent,
 }
 
-/// A reservation waiting for its settlement.
+/// A request's hold, waiting for its settlement.
 #[derive(Clone)]
 pub(crate) struct Meter {
     pub(crate) store: SharedStore,
@@ -32,9 +34,15 @@ pub(crate) struct Meter {
     pub(crate) account: String,
     pub(crate) key: String,
     pub(crate) reservation_id: String,
-    pub(crate) reserved_nanos: i64,
+    /// The estimated maximum cost: what a request that ends without usage
+    /// is charged.
+    pub(crate) estimate_nanos: i64,
     pub(crate) price: TokenPrice,
+    /// A `:free` variant: never charged, whatever the upstream says.
+    pub(crate) free: bool,
     pub(crate) byok: bool,
+    /// Whether the response's status was 2xx, once there is a response.
+    pub(crate) response_success: Option<bool>,
 }
 
 impl std::fmt::Debug for Meter {
@@ -42,40 +50,57 @@ impl std::fmt::Debug for Meter {
         f.debug_struct("Meter")
             .field("account", &self.account)
             .field("reservation_id", &self.reservation_id)
-            .field("reserved_nanos", &self.reserved_nanos)
+            .field("estimate_nanos", &self.estimate_nanos)
+            .field("free", &self.free)
             .field("byok", &self.byok)
+            .field("response_success", &self.response_success)
             .finish_non_exhaustive()
     }
 }
 
 /// Waits between settlement attempts that run after the response is gone.
-const BACKGROUND_RETRY_WAITS: [Duration; 3] = [
+/// Settling is idempotent by reservation id, so retrying after a reply
+/// that was lost can never charge twice.
+const BACKGROUND_RETRY_WAITS: [Duration; 7] = [
     Duration::from_millis(100),
     Duration::from_secs(1),
     Duration::from_secs(5),
+    Duration::from_secs(15),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+    Duration::from_secs(120),
 ];
 
 impl Meter {
-    /// What the request costs: the usage the upstream reported, priced
-    /// (or its own `usage.cost`); without usage, nothing for a complete
-    /// error response (the upstream did no work it reports), else the whole
-    /// reservation, since tokens may have been spent.
+    /// What the request costs, and on what basis:
+    ///
+    /// - a `:free` variant: nothing;
+    /// - the usage the upstream reported: its `usage.cost`, else the tokens
+    ///   priced;
+    /// - no usage and an error status, or never sent: nothing (no work was
+    ///   reported, so nothing is known to be owed);
+    /// - no usage otherwise (a stream cut short, a client gone, an inner
+    ///   failure): the estimate, since tokens may have been spent.
     pub(crate) fn cost_nanos(&self, usage: Option<Usage>, ending: Ending) -> (i64, &'static str) {
-        match (usage, ending) {
-            (Some(usage), _) => (
+        if self.free {
+            return (0, "free_model");
+        }
+        match usage {
+            Some(usage) => (
                 usage.cost_nanos.unwrap_or_else(|| {
                     self.price
                         .cost_nanos(usage.prompt_tokens, usage.completion_tokens)
                 }),
                 "usage",
             ),
-            (None, Ending::Complete { success: false }) => (0, "upstream_error_without_usage"),
-            (None, _) => (self.reserved_nanos, "reservation"),
+            None if ending == Ending::NotSent => (0, "not_sent"),
+            None if self.response_success == Some(false) => (0, "upstream_error_without_usage"),
+            None => (self.estimate_nanos, "estimate"),
         }
     }
 
-    /// Records the cost and releases the reservation. One attempt; when it
-    /// fails the rest go on in the background.
+    /// Records the cost and releases the hold. One attempt while the
+    /// response waits; should it fail, the rest go on in the background.
     pub(crate) async fn settle(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
         if let Err(error) = self.store.settle(&settlement, self.clock.now()).await {
@@ -112,12 +137,7 @@ impl Meter {
 
     fn retry_in_background(self, settlement: Settlement) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!(
-                account = %settlement.account,
-                reservation = %settlement.reservation_id,
-                cost_nanos = settlement.cost_nanos,
-                "no runtime to settle on; the reservation will expire and this cost is unrecorded"
-            );
+            unrecorded(&settlement, "no runtime to settle on");
             return;
         };
         runtime.spawn(async move {
@@ -128,39 +148,50 @@ impl Meter {
                     Err(error) => tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed"),
                 }
             }
-            tracing::error!(
-                account = %settlement.account,
-                reservation = %settlement.reservation_id,
-                cost_nanos = settlement.cost_nanos,
-                "settlement failed every attempt; the reservation will expire and this cost is unrecorded"
-            );
+            unrecorded(&settlement, "settlement failed every attempt");
         });
     }
 }
 
-/// A meter that settles itself if dropped unsettled: a request whose
-/// caller went away before the response arrived is still charged.
+/// Logs, at error level and with every figure an operator needs to book it
+/// by hand, a cost the store could not record.
+fn unrecorded(settlement: &Settlement, why: &str) {
+    tracing::error!(
+        account = %settlement.account,
+        reservation = %settlement.reservation_id,
+        cost_nanos = settlement.cost_nanos,
+        byok = settlement.byok,
+        "{why}; the hold will expire and this cost is unrecorded"
+    );
+}
+
+/// A hold that settles itself if dropped unsettled: `ending` says how
+/// (a request cut short before it was sent costs nothing; one whose caller
+/// went away while the upstream worked is charged).
 #[derive(Debug)]
-pub(crate) struct Unsettled(Option<Meter>);
+pub(crate) struct Unsettled {
+    meter: Option<Meter>,
+    ending: Ending,
+}
 
 impl Unsettled {
-    pub(crate) fn new(meter: Option<Meter>) -> Self {
-        Unsettled(meter)
+    pub(crate) fn new(meter: Option<Meter>, ending: Ending) -> Self {
+        Unsettled { meter, ending }
     }
 
     pub(crate) fn take(&mut self) -> Option<Meter> {
-        self.0.take()
+        self.meter.take()
     }
 
     pub(crate) fn is_some(&self) -> bool {
-        self.0.is_some()
+        self.meter.is_some()
     }
 }
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        if let Some(meter) = self.0.take() {
-            meter.settle_in_background(None, Ending::Abandoned);
+        if let Some(meter) = self.meter.take() {
+            meter.settle_in_background(None, self.ending);
         }
     }
 }

@@ -7,8 +7,10 @@
 //! - `limit_source: key_limit` when the key's usage in its reset period
 //!   (UTC day, week from Monday, month, or all time), plus its BYOK usage
 //!   when `include_byok_in_limit`, plus the credits held by its requests in
-//!   flight has reached its limit; the message gives the limit and when it
-//!   resets;
+//!   flight, plus this request's estimate, would pass its limit (a free
+//!   request: when usage has reached it); the message gives the limit and
+//!   when it resets. So a key overspends by at most how far real costs
+//!   exceed their estimates;
 //! - `limit_source: credits` when the account balance is negative, for
 //!   `:free` models too.
 //!
@@ -19,15 +21,19 @@
 //! the upstream's `usage` (from the JSON body, or the SSE chunk before
 //! `data: [DONE]`). When the response ends, the real cost is recorded and
 //! the hold released in one step: `usage.cost` when the upstream states it,
-//! else the tokens priced; `:free` variants cost 0. A request that ends
-//! without usage is charged its hold (tokens may have been spent), except a
-//! complete error response, which is charged nothing. A client that goes
-//! away, a body that breaks and an inner error are settled too; a hold that
-//! is never settled (an instance that died) expires.
+//! else the tokens priced; `:free` variants cost 0, whatever the upstream
+//! says. A request that ends without usage is charged its estimate (tokens
+//! may have been spent), except after an error status, which is charged
+//! nothing. A client that goes away, a body that breaks and an inner error
+//! are settled too, in the background when no one waits; settlement is
+//! idempotent per request, so retrying it never charges twice; a hold that
+//! is never settled (an instance that died) expires. The body is read as
+//! its `Content-Type` says (SSE or JSON), whatever the request asked.
 //!
 //! Requests whose model's provider is in the account's BYOK list are BYOK
 //! usage: kept in their own totals and not taken from the balance; whether
-//! they count against the key limit follows `include_byok_in_limit`.
+//! they count against (and are held against) the key limit follows
+//! `include_byok_in_limit`.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -8,11 +8,10 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::CreditGuardConfig;
-use super::meter::Meter;
+use super::meter::{Ending, Meter, Unsettled};
 use super::pricing::TokenPrice;
-use super::usage::BodyKind;
 use crate::auth::Principal;
-use crate::body::{is_chat_completions_call, ChatRequest};
+use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::keys::credits::nanos_to_json;
 use crate::response_body::ResponseBody;
@@ -77,11 +76,6 @@ where
                 .with_metadata("param", "model"),
             );
         };
-        let kind = if chat.stream {
-            BodyKind::EventStream
-        } else {
-            BodyKind::Json
-        };
         let byok = config
             .byok_providers
             .get(&principal.account_id)
@@ -90,12 +84,16 @@ where
                     .iter()
                     .any(|provider| chat.model_id.provider().eq_ignore_ascii_case(provider))
             });
+        let estimate_nanos = estimate_max_cost_nanos(chat, &price, config.default_max_tokens);
+        // BYOK usage that does not count against the key's limit neither
+        // holds nor is checked against it.
+        let counted = !byok || principal.include_byok_in_limit;
         let reservation = ReserveRequest {
             account: principal.account_id.clone(),
             key: principal.key_hash.to_hex(),
             reservation_id: new_reservation_id(),
-            amount_nanos: estimate_max_cost_nanos(chat, &price, config.default_max_tokens),
-            key_limit: principal.key_limit,
+            amount_nanos: if counted { estimate_nanos } else { 0 },
+            key_limit: principal.key_limit.filter(|_| counted),
             check_balance: true,
             ttl: config.reservation_ttl,
         };
@@ -105,9 +103,11 @@ where
             account: reservation.account.clone(),
             key: reservation.key.clone(),
             reservation_id: reservation.reservation_id.clone(),
-            reserved_nanos: reservation.amount_nanos,
+            estimate_nanos,
             price,
+            free: chat.model_id.is_free(),
             byok,
+            response_success: None,
         };
         let config = Arc::clone(config);
         let admitting: BoxFuture<'static, Result<Meter, GatewayError>> =
@@ -116,28 +116,50 @@ where
             admitting,
             request,
             inner,
-            kind,
             self.config.max_scanned_body_bytes,
         )
     }
 }
 
 /// The most a request can cost: its prompt, estimated generously at one
-/// token per 3 characters plus 4 per message, and `max_tokens` (or the
+/// token per 3 bytes of UTF-8 (a CJK character is 3 bytes) plus 4 per
+/// message and 1000 per non-text part (an image), tool definitions and
+/// other message fields (tool calls) included; and `max_tokens` (or the
 /// default) completion tokens for each of its `n` choices.
 pub fn estimate_max_cost_nanos(
     chat: &ChatRequest,
     price: &TokenPrice,
     default_max_tokens: u64,
 ) -> i64 {
-    let tools_chars = chat.tools.as_ref().map_or(0, |tools| {
-        tools
+    let mut prompt_bytes: u64 = 0;
+    let mut other_parts: u64 = 0;
+    for message in &chat.messages {
+        match &message.content {
+            Some(MessageContent::Text(text)) => prompt_bytes += text.len() as u64,
+            Some(MessageContent::Parts(parts)) => {
+                for part in parts {
+                    match part.get("text").and_then(serde_json::Value::as_str) {
+                        Some(text) => prompt_bytes += text.len() as u64,
+                        None => other_parts += 1,
+                    }
+                }
+            }
+            None => {}
+        }
+        if !message.extra.is_empty() {
+            prompt_bytes += serde_json::Value::Object(message.extra.clone())
+                .to_string()
+                .len() as u64;
+        }
+    }
+    if let Some(tools) = &chat.tools {
+        prompt_bytes += tools
             .iter()
-            .map(|tool| tool.to_string().len())
-            .sum::<usize>()
-    });
-    let prompt_chars = (chat.prompt_chars() + tools_chars) as u64;
-    let prompt_tokens = prompt_chars.div_ceil(3) + 4 * chat.messages.len() as u64;
+            .map(|tool| tool.to_string().len() as u64)
+            .sum::<u64>();
+    }
+    let prompt_tokens =
+        prompt_bytes.div_ceil(3) + 4 * chat.messages.len() as u64 + 1000 * other_parts;
     let completion_tokens = chat
         .max_tokens
         .unwrap_or(default_max_tokens)
@@ -151,8 +173,19 @@ async fn admit(
     meter: Meter,
 ) -> Result<Meter, GatewayError> {
     let now = config.clock.now();
-    match config.store.reserve(&reservation, now).await {
-        Ok(ReserveOutcome::Reserved { .. }) => Ok(meter),
+    // Dropped before the answer (the client left), or a store that failed
+    // after it may have held: the hold, if any, is released at no cost.
+    let mut pending = Unsettled::new(Some(meter), Ending::NotSent);
+    let outcome = config.store.reserve(&reservation, now).await;
+    if matches!(
+        outcome,
+        Ok(ReserveOutcome::KeyLimitReached { .. } | ReserveOutcome::BalanceNegative { .. })
+    ) {
+        // Refused: nothing was held.
+        pending.take();
+    }
+    match outcome {
+        Ok(ReserveOutcome::Reserved { .. }) => Ok(pending.take().expect("armed above")),
         Ok(ReserveOutcome::KeyLimitReached {
             used_nanos,
             limit_nanos,
@@ -193,16 +226,49 @@ async fn admit(
         .with_metadata("balance", nanos_to_json(balance_nanos))),
         Err(error) => {
             config.policy.on_store_error("CreditGuard", &error)?;
-            // Admitted unchecked: nothing is held, but the cost is still
-            // recorded at the end if the store is back by then.
-            Ok(Meter {
-                reserved_nanos: 0,
-                ..meter
-            })
+            // Admitted unchecked: the cost is still recorded at the end
+            // (the estimate, when no usage arrives) once the store is back.
+            Ok(pending.take().expect("armed above"))
         }
     }
 }
 
 fn new_reservation_id() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn estimate(body: &str) -> i64 {
+        // One nano per token, both ways.
+        let price = TokenPrice {
+            prompt_nanos_per_million_tokens: 1_000_000,
+            completion_nanos_per_million_tokens: 1_000_000,
+        };
+        estimate_max_cost_nanos(&ChatRequest::parse(body.as_bytes()).unwrap(), &price, 100)
+    }
+
+    #[test]
+    fn estimates_are_generous_for_every_kind_of_prompt() {
+        // 9 ASCII bytes: 3 tokens, 4 for the message, 100 default completion.
+        assert_eq!(
+            estimate(r#"{"model": "a/b", "messages": [{"role": "user", "content": "123456789"}]}"#),
+            107
+        );
+        // 3 CJK characters are 9 bytes: at least a token each.
+        assert_eq!(
+            estimate(r#"{"model": "a/b", "messages": [{"role": "user", "content": "你好吗"}]}"#),
+            107
+        );
+        // An image part counts 1000 tokens; max_tokens × n completions.
+        let image = r#"{"model": "a/b", "max_tokens": 10, "n": 2, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "abc"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}"#;
+        assert_eq!(estimate(image), 1 + 4 + 1000 + 20);
+        // Tool calls in a message's other fields count too.
+        let tool = r#"{"model": "a/b", "max_tokens": 1, "messages": [{"role": "assistant", "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}"#;
+        assert!(estimate(tool) > 1 + 4 + 10);
+    }
 }

@@ -65,6 +65,10 @@ pub struct UsageScanner {
     overflowed: bool,
     /// A CR ended the last chunk; an LF starting the next belongs to it.
     after_cr: bool,
+    /// The event being read lost data to the bound: it is not parsed.
+    event_overflowed: bool,
+    /// Bytes seen so far, to strip a byte-order mark at the very start.
+    started: bool,
     usage: Option<Usage>,
     done: bool,
 }
@@ -80,6 +84,8 @@ impl UsageScanner {
             event_data: Vec::new(),
             overflowed: false,
             after_cr: false,
+            event_overflowed: false,
+            started: false,
             usage: None,
             done: false,
         }
@@ -101,6 +107,13 @@ impl UsageScanner {
     }
 
     fn feed_event_stream(&mut self, mut chunk: &[u8]) {
+        if chunk.is_empty() {
+            return;
+        }
+        if !self.started {
+            self.started = true;
+            chunk = chunk.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(chunk);
+        }
         if self.after_cr && chunk.first() == Some(&b'\n') {
             chunk = &chunk[1..];
         }
@@ -132,6 +145,8 @@ impl UsageScanner {
     fn end_line(&mut self) {
         let line = std::mem::take(&mut self.buffer);
         if std::mem::take(&mut self.overflowed) {
+            // A line too long to keep: if it was data, its event is lost.
+            self.event_overflowed = true;
             return;
         }
         if line.is_empty() {
@@ -151,12 +166,14 @@ impl UsageScanner {
             self.event_data.extend_from_slice(value);
         } else {
             self.event_data.clear();
+            self.event_overflowed = true;
         }
     }
 
     fn dispatch_event(&mut self) {
         let data = std::mem::take(&mut self.event_data);
-        if data.is_empty() {
+        // Part of this event was dropped: what is left is not the event.
+        if std::mem::take(&mut self.event_overflowed) || data.is_empty() {
             return;
         }
         if data.trim_ascii() == b"[DONE]" {
@@ -284,6 +301,24 @@ mod tests {
             Some(4),
             "a long line does not stop the scan"
         );
+    }
+
+    #[test]
+    fn a_bom_empty_chunks_and_a_cut_event_are_handled() {
+        let stream =
+            "\u{FEFF}data: {\"usage\": {\"prompt_tokens\": 2, \"completion_tokens\": 3}}\r\n\r\n";
+        let bytes = stream.as_bytes();
+        let cr = bytes.iter().position(|b| *b == b'\r').unwrap();
+        let (usage, _) = scan(
+            BodyKind::EventStream,
+            &[&bytes[..cr + 1], b"", &bytes[cr + 1..]],
+        );
+        assert_eq!(usage.map(|u| u.completion_tokens), Some(3));
+        // An event whose first data line overflowed is not parsed from its tail.
+        let mut scanner = UsageScanner::new(BodyKind::EventStream, 48);
+        scanner.feed(format!("data: {}\n", "x".repeat(60)).as_bytes());
+        scanner.feed(b"data: {\"usage\": {\"prompt_tokens\": 9}}\n\n");
+        assert_eq!(scanner.finish(), None);
     }
 
     #[test]
