@@ -139,6 +139,17 @@ impl ErrorKind {
     }
 }
 
+/// In the extensions of every response [`GatewayError::to_response`]
+/// builds: what refused the request, for access logs and metrics without
+/// reading the body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The error's kind.
+    pub kind: ErrorKind,
+    /// `metadata.limit_source`, when the error has one.
+    pub limit_source: Option<String>,
+}
+
 /// Which limit rejected a request; goes into `error.metadata.limit_source`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LimitSource {
@@ -325,6 +336,15 @@ impl GatewayError {
         let body = Bytes::from(self.to_json().to_string());
         let mut response = Response::new(B::from(body));
         *response.status_mut() = self.status();
+        response.extensions_mut().insert(Refusal {
+            kind: self.0.kind,
+            limit_source: self
+                .0
+                .metadata
+                .get("limit_source")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        });
         let headers = response.headers_mut();
         headers.extend(self.0.headers.clone());
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

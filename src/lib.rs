@@ -30,6 +30,8 @@
 //!   `:free` models.
 //! - [`credit`]: `CreditGuard`, key credit limits, the account balance and
 //!   the usage ledger, with the streamed usage scanner.
+//! - [`proxy`]: the upstream client, the retry policy and the whole gateway
+//!   stack from one JSON config (served by `examples/proxy.rs`).
 //! - [`admission`]: the response future the deciding layers share.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
@@ -77,6 +79,7 @@ pub mod error_mapper;
 pub mod free_quota;
 pub mod keys;
 mod limiter;
+pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
 pub mod store;

@@ -97,8 +97,10 @@ impl FreeQuotaSnapshot {
     }
 }
 
-/// The limits of free model variants, per account.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The limits of free model variants, per account. In JSON config every
+/// field is optional and defaults to the seed's number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct FreeQuotaRules {
     /// Requests in any rolling minute.
     pub requests_per_minute: u64,

@@ -1,0 +1,91 @@
+//! Header handling between client, gateway and upstream.
+
+use http::header::{HeaderName, HeaderValue, CONNECTION};
+use http::HeaderMap;
+
+/// The request id header the proxy adds (or keeps) and echoes.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes the hop-by-hop headers, and those `Connection` names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The request's id: the client's when it is short and printable, else a
+/// new random one.
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get(&X_REQUEST_ID)
+        .filter(|value| {
+            value.len() <= 128
+                && value
+                    .as_bytes()
+                    .iter()
+                    .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.'))
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&format!("mg-{:024x}", rand::random::<u128>() >> 32))
+                .expect("hex is a valid header value")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_go() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
+        );
+        headers.insert("x-secret-hop", HeaderValue::from_static("1"));
+        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        headers.insert("upgrade", HeaderValue::from_static("h2c"));
+        headers.insert(
+            "http-referer",
+            HeaderValue::from_static("https://app.example"),
+        );
+        headers.insert("x-gateway-title", HeaderValue::from_static("App"));
+        remove_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|name| name.as_str()).collect();
+        assert_eq!(left, ["http-referer", "x-gateway-title"]);
+    }
+
+    #[test]
+    fn a_clean_client_request_id_is_kept_and_anything_else_replaced() {
+        let mut headers = HeaderMap::new();
+        headers.insert(X_REQUEST_ID.clone(), HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&headers), "abc-123");
+        headers.insert(X_REQUEST_ID.clone(), HeaderValue::from_static("a b"));
+        assert!(request_id(&headers).to_str().unwrap().starts_with("mg-"));
+        assert_ne!(request_id(&HeaderMap::new()), request_id(&HeaderMap::new()));
+    }
+}

@@ -1,0 +1,375 @@
+//! The standalone gateway: an [`Upstream`] client at the bottom, a
+//! [`RetryPolicy`] above it, and every layer of the crate stacked in front,
+//! configured from one JSON document ([`GatewayConfig`]).
+//! `examples/proxy.rs` serves [`gateway`] over HTTP.
+//!
+//! The stack, outermost first:
+//!
+//! ```text
+//! AccessLog -> ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes -> GlobalRateLimit
+//!   -> FreeModelQuota -> CreditGuard -> chat completions only -> Retry -> Upstream
+//! ```
+//!
+//! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
+//! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
+//! canonical 404, so no other spelling of a model endpoint slips past the
+//! limits.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use modelgate::keys::SharedStore;
+//! use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+//! use modelgate::store::MemoryStore;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = GatewayConfig::from_json(r#"{
+//!     "upstream": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},
+//!     "pricing": {"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10}}}
+//! }"#)?;
+//! let store: SharedStore = Arc::new(MemoryStore::new());
+//! let upstream = Upstream::new(&config.upstream_config(None)?)?;
+//! let service = gateway::<hyper::body::Incoming>(&config, store, upstream)?;
+//! // Serve `service` with hyper (see examples/proxy.rs).
+//! # let _ = service;
+//! # Ok(()) }
+//! ```
+
+mod access_log;
+mod headers;
+mod retry;
+mod upstream;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::Value;
+use tower::util::BoxCloneService;
+use tower::ServiceBuilder;
+use tower_service::Service;
+
+pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
+pub use headers::{remove_hop_by_hop, request_id, X_REQUEST_ID};
+pub use retry::{RetryPolicy, RetryPolicyError};
+pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
+
+use crate::auth::BearerAuthLayer;
+use crate::body::{is_chat_completions_call, BodyLimitLayer};
+use crate::clock::{Clock, SystemClock};
+use crate::credit::{CreditGuardLayer, PriceTable};
+use crate::error::{ErrorKind, GatewayError};
+use crate::error_mapper::ErrorMapperLayer;
+use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
+use crate::keys::{KeyDirectory, KeyRoutesLayer, SharedStore};
+use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
+use crate::response_body::{BoxError, ResponseBody};
+
+/// The gateway's configuration, as a JSON document; every section is
+/// optional.
+///
+/// ```json
+/// {
+///   "upstream": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY",
+///                "connect_timeout_ms": 10000, "response_header_timeout_ms": 120000},
+///   "pricing": {"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10}}},
+///   "rate_limits": {"account": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}}},
+///   "free_quota": {"requests_per_minute": 20, "requests_per_day": 50},
+///   "body": {"max_body_bytes": 4194304, "read_timeout_ms": 30000},
+///   "retry": {"max_attempts": 3, "max_wait_ms": 10000},
+///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 900, "byok": {"acme": ["openai"]}},
+///   "plugins": {"entries": {"webhooks": {"enabled": false}}}
+/// }
+/// ```
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Where the upstream is.
+    pub upstream: UpstreamSection,
+    /// Prices, as [`PriceTable::from_json`] reads them. Absent: the demo
+    /// prices of the built-in mock.
+    pub pricing: Option<Value>,
+    /// Rate rules. Absent: 600 requests a minute per account, bursts of 60.
+    pub rate_limits: Option<RateLimitRules>,
+    /// The free-model quota. Absent: the seed's numbers.
+    pub free_quota: FreeQuotaRules,
+    /// Request body limits.
+    pub body: BodySection,
+    /// Upstream retries.
+    pub retry: RetrySection,
+    /// Credit accounting.
+    pub credit: CreditSection,
+    /// Plugin entries (the webhook routes), kept for the webhook layer.
+    pub plugins: Option<Value>,
+}
+
+/// `upstream` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamSection {
+    /// The upstream's base URL, its version path included.
+    pub base_url: Option<String>,
+    /// The environment variable holding the upstream's API key.
+    pub api_key_env: Option<String>,
+    /// Longest wait for a connection, in ms.
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest wait for the response headers, in ms.
+    pub response_header_timeout_ms: Option<u64>,
+}
+
+/// `body` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BodySection {
+    /// Largest request body, in bytes.
+    pub max_body_bytes: Option<usize>,
+    /// Longest time to receive a body, in ms.
+    pub read_timeout_ms: Option<u64>,
+}
+
+/// `retry` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySection {
+    /// Attempts in all, 1 to 5 (default 3).
+    pub max_attempts: Option<u32>,
+    /// Longest wait before a retry, in ms (default 10 000).
+    pub max_wait_ms: Option<u64>,
+}
+
+/// `credit` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CreditSection {
+    /// Completion tokens assumed without `max_tokens`.
+    pub default_max_tokens: Option<u64>,
+    /// How long an unsettled reservation holds, in seconds.
+    pub reservation_ttl_seconds: Option<u64>,
+    /// Per account, the providers it brings its own keys for.
+    pub byok: HashMap<String, Vec<String>>,
+}
+
+/// Why a configuration was refused: the section and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("config: {0}")]
+pub struct ConfigError(String);
+
+impl ConfigError {
+    fn new(message: impl std::fmt::Display) -> Self {
+        ConfigError(message.to_string())
+    }
+}
+
+/// The prices the demo uses when the config has none: a paid model the
+/// built-in mock serves; every `:free` variant is free anyway.
+pub const DEMO_PRICING: &str = r#"{"models": {
+    "openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6},
+    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000}
+}}"#;
+
+/// The account rule the demo uses when the config has none.
+pub const DEMO_RATE_LIMITS: &str =
+    r#"{"account": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}}}"#;
+
+impl GatewayConfig {
+    /// Reads a JSON configuration; refuses unknown fields.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        serde_json::from_str(text).map_err(ConfigError::new)
+    }
+
+    /// The upstream client's settings; `base_url` overrides the config's.
+    pub fn upstream_config(&self, base_url: Option<&str>) -> Result<UpstreamConfig, ConfigError> {
+        let base_url = base_url
+            .map(str::to_owned)
+            .or_else(|| self.upstream.base_url.clone())
+            .ok_or_else(|| ConfigError::new("upstream.base_url is missing"))?;
+        let mut config = UpstreamConfig::new(base_url);
+        if let Some(variable) = &self.upstream.api_key_env {
+            config.api_key = Some(std::env::var(variable).map_err(|_| {
+                ConfigError::new(format!(
+                    "upstream.api_key_env names {variable}, which is not set"
+                ))
+            })?);
+        }
+        if let Some(ms) = self.upstream.connect_timeout_ms {
+            config.connect_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.upstream.response_header_timeout_ms {
+            config.response_header_timeout = Duration::from_millis(ms);
+        }
+        Ok(config)
+    }
+
+    fn price_table(&self) -> Result<PriceTable, ConfigError> {
+        match &self.pricing {
+            Some(pricing) => PriceTable::from_json(&pricing.to_string()),
+            None => PriceTable::from_json(DEMO_PRICING),
+        }
+        .map_err(ConfigError::new)
+    }
+
+    fn rate_rules(&self) -> Result<RateLimitRules, ConfigError> {
+        match &self.rate_limits {
+            Some(rules) => Ok(rules.clone()),
+            None => RateLimitRules::from_json(DEMO_RATE_LIMITS).map_err(ConfigError::new),
+        }
+    }
+
+    fn retry_policy(&self) -> Result<RetryPolicy, ConfigError> {
+        let policy = RetryPolicy::new(
+            self.retry
+                .max_attempts
+                .unwrap_or(RetryPolicy::DEFAULT_ATTEMPTS),
+        )
+        .map_err(ConfigError::new)?;
+        Ok(match self.retry.max_wait_ms {
+            Some(ms) => policy.max_wait(Duration::from_millis(ms)),
+            None => policy,
+        })
+    }
+}
+
+/// The response body of the whole gateway.
+pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The whole gateway as one service.
+pub type GatewayService<B> = BoxCloneService<Request<B>, Response<GatewayBody>, Infallible>;
+
+/// The gateway: every layer over `store`, in front of `upstream`, with the
+/// system clock. Refuses a configuration any layer would refuse.
+pub fn gateway<B>(
+    config: &GatewayConfig,
+    store: SharedStore,
+    upstream: Upstream,
+) -> Result<GatewayService<B>, ConfigError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    gateway_with_clock(
+        config,
+        store,
+        upstream,
+        Arc::new(SystemClock),
+        KeyDirectory::DEFAULT_CACHE_TTL,
+    )
+}
+
+/// [`gateway`] with a given clock (a manual one in tests) and key cache time.
+pub fn gateway_with_clock<B>(
+    config: &GatewayConfig,
+    store: SharedStore,
+    upstream: Upstream,
+    clock: Arc<dyn Clock>,
+    key_cache_ttl: Duration,
+) -> Result<GatewayService<B>, ConfigError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let directory = KeyDirectory::builder(store.clone())
+        .clock(clock.clone())
+        .cache_ttl(key_cache_ttl)
+        .build();
+    let mut body = BodyLimitLayer::new();
+    if let Some(max_body_bytes) = config.body.max_body_bytes {
+        body = body.max_body_bytes(max_body_bytes);
+    }
+    if let Some(ms) = config.body.read_timeout_ms {
+        body = body.read_timeout(Duration::from_millis(ms));
+    }
+    let rate_limit = GlobalRateLimitLayer::new(store.clone(), config.rate_rules()?)
+        .map_err(ConfigError::new)?
+        .clock(clock.clone());
+    let free_quota = FreeModelQuotaLayer::new(store.clone())
+        .rules(config.free_quota)
+        .map_err(ConfigError::new)?
+        .clock(clock.clone());
+    let mut credit = CreditGuardLayer::new(store, Arc::new(config.price_table()?)).clock(clock);
+    if let Some(tokens) = config.credit.default_max_tokens {
+        credit = credit.default_max_tokens(tokens);
+    }
+    if let Some(seconds) = config.credit.reservation_ttl_seconds {
+        credit = credit.reservation_ttl(Duration::from_secs(seconds));
+    }
+    for (account, providers) in &config.credit.byok {
+        credit = credit.byok_providers(account.clone(), providers);
+    }
+    let service = ServiceBuilder::new()
+        .map_response(boxed_response)
+        .layer(AccessLogLayer)
+        .layer(ErrorMapperLayer::new())
+        .layer(body)
+        .layer(BearerAuthLayer::new(directory.clone()))
+        .layer(AccessLogLayer::annotate())
+        .layer(KeyRoutesLayer::new(directory).free_quota_rules(config.free_quota))
+        .layer(rate_limit)
+        .layer(free_quota)
+        .layer(credit)
+        .layer_fn(|inner| ChatOnly { inner })
+        .layer(tower::retry::RetryLayer::new(config.retry_policy()?))
+        .service(upstream);
+    Ok(BoxCloneService::new(service))
+}
+
+fn boxed_response<B>(response: Response<B>) -> Response<GatewayBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    response.map(|body| body.map_err(Into::into).boxed_unsync())
+}
+
+/// Forwards chat completions only; every other path is a canonical 404.
+#[derive(Clone, Debug)]
+struct ChatOnly<S> {
+    inner: S,
+}
+
+impl<S> Service<Request<Full<Bytes>>> for ChatOnly<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<Incoming>, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody<Incoming>>;
+    type Error = GatewayError;
+    type Future = BoxFuture<'static, Result<Self::Response, GatewayError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        if !is_chat_completions_call(request.method(), request.uri().path()) {
+            let error = GatewayError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no such endpoint: {} {}; this gateway serves POST /api/v1/chat/completions and the key routes",
+                    request.method(),
+                    request.uri().path()
+                ),
+            );
+            return Box::pin(async move { Ok(error.to_response()) });
+        }
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            let response = tower::ServiceExt::ready(&mut inner)
+                .await?
+                .call(request)
+                .await?;
+            Ok(response.map(ResponseBody::inner))
+        })
+    }
+}

@@ -1,0 +1,333 @@
+//! [`RetryPolicy`]: seed 002's advice as a tower retry policy.
+
+use std::pin::Pin;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::Full;
+use tower::retry::Policy;
+
+use crate::error::GatewayError;
+use crate::rate_limit::X_RATELIMIT_RESET;
+
+/// Retries what seed 002 says to retry: 429, 500, 502, 503, 504 and
+/// failed connections, with exponential backoff from 1 s (1, 2, 4 s, plus
+/// up to a fifth of jitter), at most `max_attempts` in all. A `Retry-After`
+/// (or `X-RateLimit-Reset`) is honoured up to `max_wait`; a 429 that asks
+/// for longer (a daily cap) is not retried at all, and neither is a
+/// response once it is passed on, so a stream is never replayed.
+///
+/// ```
+/// use std::time::Duration;
+/// use modelgate::proxy::RetryPolicy;
+///
+/// let policy = RetryPolicy::new(3).unwrap().max_wait(Duration::from_secs(10));
+/// assert!(RetryPolicy::new(6).is_err());
+/// # let _ = policy;
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    attempts: u32,
+    first_backoff: Duration,
+    max_wait: Duration,
+}
+
+/// Why a retry policy was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("retry policy: at most 1 to {max} attempts, not {attempts}", max = RetryPolicy::MOST_ATTEMPTS)]
+pub struct RetryPolicyError {
+    attempts: u32,
+}
+
+impl RetryPolicy {
+    /// The most attempts a policy allows (seed 002: 3 to 5).
+    pub const MOST_ATTEMPTS: u32 = 5;
+    /// The default number of attempts, the first included.
+    pub const DEFAULT_ATTEMPTS: u32 = 3;
+    /// The default longest wait before a retry.
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+
+    /// At most `max_attempts` attempts in all (1 never retries).
+    pub fn new(max_attempts: u32) -> Result<Self, RetryPolicyError> {
+        if !(1..=Self::MOST_ATTEMPTS).contains(&max_attempts) {
+            return Err(RetryPolicyError {
+                attempts: max_attempts,
+            });
+        }
+        Ok(RetryPolicy {
+            max_attempts,
+            attempts: 1,
+            first_backoff: Duration::from_secs(1),
+            max_wait: Self::DEFAULT_MAX_WAIT,
+        })
+    }
+
+    /// The longest wait before a retry; a 429 asking for longer is passed on.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// 1 s, 2 s, 4 s…, each plus up to a fifth more at random, so that
+    /// many clients refused at once do not come back at once.
+    fn backoff(&self) -> Duration {
+        let doubled = self.first_backoff * 2u32.saturating_pow(self.attempts - 1);
+        let jitter = doubled.mul_f64(rand::random::<f64>() / 5.0);
+        (doubled + jitter).min(self.max_wait)
+    }
+
+    /// How long to wait before the next attempt, or `None` to pass the
+    /// outcome on.
+    pub fn wait_for<B>(&self, outcome: &Result<Response<B>, GatewayError>) -> Option<Duration> {
+        if self.attempts >= self.max_attempts {
+            return None;
+        }
+        match outcome {
+            Ok(response) => {
+                let status = response.status();
+                if !matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504) {
+                    return None;
+                }
+                match asked_wait(response.headers(), SystemTime::now()) {
+                    Some(wait)
+                        if wait > self.max_wait && status == StatusCode::TOO_MANY_REQUESTS =>
+                    {
+                        None
+                    }
+                    Some(wait) => Some(wait.min(self.max_wait)),
+                    None => Some(self.backoff()),
+                }
+            }
+            Err(error) => (error
+                .metadata()
+                .get("upstream_failure")
+                .and_then(|failure| failure.as_str())
+                == Some("connect"))
+            .then(|| self.backoff()),
+        }
+    }
+}
+
+/// The wait an upstream asks for: `Retry-After` (seconds or an HTTP date),
+/// else `X-RateLimit-Reset` (seconds to wait, or a Unix time in seconds or
+/// milliseconds).
+fn asked_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &http::header::HeaderName| headers.get(name)?.to_str().ok().map(str::trim);
+    if let Some(retry_after) = text(&RETRY_AFTER) {
+        if let Ok(seconds) = retry_after.parse::<u64>() {
+            return Some(Duration::from_secs(seconds));
+        }
+        if let Ok(date) = httpdate_parse(retry_after) {
+            return Some(date.duration_since(now).unwrap_or_default());
+        }
+    }
+    let reset: u64 = text(&X_RATELIMIT_RESET)?.parse().ok()?;
+    let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let at = match reset {
+        // Milliseconds since the epoch (OpenRouter).
+        reset if reset >= 1_000_000_000_000 => Duration::from_millis(reset),
+        // Seconds since the epoch.
+        reset if reset >= 1_000_000_000 => Duration::from_secs(reset),
+        // Seconds to wait.
+        reset => return Some(Duration::from_secs(reset)),
+    };
+    Some(at.saturating_sub(since_epoch))
+}
+
+/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form HTTP sends.
+fn httpdate_parse(text: &str) -> Result<SystemTime, ()> {
+    let date = chrono::DateTime::parse_from_rfc2822(text).map_err(|_| ())?;
+    let seconds = u64::try_from(date.timestamp()).map_err(|_| ())?;
+    Ok(UNIX_EPOCH + Duration::from_secs(seconds))
+}
+
+impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy {
+    type Future = Pin<Box<tokio::time::Sleep>>;
+
+    fn retry(
+        &mut self,
+        _: &mut Request<Full<Bytes>>,
+        outcome: &mut Result<Response<B>, GatewayError>,
+    ) -> Option<Self::Future> {
+        let wait = self.wait_for(outcome)?;
+        self.attempts += 1;
+        tracing::info!(
+            attempt = self.attempts,
+            wait_ms = wait.as_millis() as u64,
+            "retrying the upstream"
+        );
+        Some(Box::pin(tokio::time::sleep(wait)))
+    }
+
+    fn clone_request(&mut self, request: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::new(request.body().clone());
+        *clone.method_mut() = request.method().clone();
+        *clone.uri_mut() = request.uri().clone();
+        *clone.version_mut() = request.version();
+        *clone.headers_mut() = request.headers().clone();
+        *clone.extensions_mut() = request.extensions().clone();
+        Some(clone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    fn response(status: u16, headers: &[(&str, &str)]) -> Response<()> {
+        let mut response = Response::builder().status(status);
+        for (name, value) in headers {
+            response = response.header(*name, *value);
+        }
+        response.body(()).unwrap()
+    }
+
+    #[test]
+    fn only_the_seed_statuses_and_connect_failures_retry() {
+        let policy = RetryPolicy::new(3).unwrap();
+        for status in [429, 500, 502, 503, 504] {
+            assert!(
+                policy.wait_for(&Ok(response(status, &[]))).is_some(),
+                "{status}"
+            );
+        }
+        for status in [200, 400, 401, 402, 404, 422, 501] {
+            assert!(
+                policy.wait_for(&Ok(response(status, &[]))).is_none(),
+                "{status}"
+            );
+        }
+        let connect = GatewayError::new(ErrorKind::Upstream, "x")
+            .with_metadata("upstream_failure", "connect");
+        assert!(policy.wait_for::<()>(&Err(connect)).is_some());
+        let timeout = GatewayError::new(ErrorKind::UpstreamTimeout, "x")
+            .with_metadata("upstream_failure", "timeout");
+        assert!(
+            policy.wait_for::<()>(&Err(timeout)).is_none(),
+            "a request that may have run is not replayed"
+        );
+    }
+
+    #[test]
+    fn waits_honour_retry_after_up_to_the_cap_and_a_daily_429_is_passed_on() {
+        let policy = RetryPolicy::new(5)
+            .unwrap()
+            .max_wait(Duration::from_secs(10));
+        assert_eq!(
+            policy.wait_for(&Ok(response(503, &[("retry-after", "3")]))),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            policy.wait_for(&Ok(response(503, &[("retry-after", "60")]))),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            policy.wait_for(&Ok(response(429, &[("retry-after", "60")]))),
+            None
+        );
+        assert_eq!(
+            policy.wait_for(&Ok(response(429, &[("x-ratelimit-reset", "86400")]))),
+            None
+        );
+        let in_a_day_ms = (SystemTime::now() + Duration::from_secs(86_400))
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            .to_string();
+        assert_eq!(
+            policy.wait_for(&Ok(response(429, &[("x-ratelimit-reset", &in_a_day_ms)]))),
+            None
+        );
+        let wait = policy
+            .wait_for(&Ok(response(429, &[("x-ratelimit-reset", "2")])))
+            .unwrap();
+        assert_eq!(wait, Duration::from_secs(2));
+        assert_eq!(
+            asked_wait(
+                &response(503, &[("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT")])
+                    .headers()
+                    .clone(),
+                UNIX_EPOCH + Duration::from_secs(784_111_770)
+            ),
+            Some(Duration::from_secs(7))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_doubles_from_one_second_and_stops_at_the_attempt_limit() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let started = tokio::time::Instant::now();
+        let seen = calls.clone();
+        let service = ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(RetryPolicy::new(3).unwrap()))
+            .service(service_fn(move |_: Request<Full<Bytes>>| {
+                let seen = seen.clone();
+                async move {
+                    let call = seen.fetch_add(1, Ordering::SeqCst);
+                    let elapsed = started.elapsed();
+                    // The first attempt at once; the second after 1–1.2 s;
+                    // the third 2–2.4 s after that.
+                    match call {
+                        0 => assert!(elapsed < Duration::from_millis(1)),
+                        1 => assert!(
+                            (Duration::from_secs(1)..Duration::from_millis(1_200))
+                                .contains(&elapsed),
+                            "{elapsed:?}"
+                        ),
+                        _ => assert!(
+                            (Duration::from_secs(3)..Duration::from_millis(3_600))
+                                .contains(&elapsed),
+                            "{elapsed:?}"
+                        ),
+                    }
+                    Ok::<_, GatewayError>(response(503, &[]))
+                }
+            }));
+        let request = Request::post("/")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let outcome = service.oneshot(request).await.unwrap();
+        assert_eq!(
+            outcome.status(),
+            503,
+            "after the last attempt the 503 is passed on"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_503_then_success_returns_the_success_with_the_same_body() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = calls.clone();
+        let service = ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(RetryPolicy::new(3).unwrap()))
+            .service(service_fn(move |request: Request<Full<Bytes>>| {
+                let seen = seen.clone();
+                async move {
+                    let body = http_body_util::BodyExt::collect(request.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    assert_eq!(body, "payload", "every attempt sends the same body");
+                    let status = if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                        503
+                    } else {
+                        200
+                    };
+                    Ok::<_, GatewayError>(response(status, &[("retry-after", "1")]))
+                }
+            }));
+        let request = Request::post("/")
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .unwrap();
+        assert_eq!(service.oneshot(request).await.unwrap().status(), 200);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+}

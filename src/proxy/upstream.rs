@@ -1,0 +1,349 @@
+//! [`Upstream`]: the service at the bottom of the stack, forwarding the
+//! buffered request to an OpenAI-compatible upstream and streaming its
+//! response back.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST};
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower_service::Service;
+
+use super::headers::{remove_hop_by_hop, request_id, X_REQUEST_ID};
+use crate::body::normalized_segments;
+use crate::error::{ErrorKind, GatewayError};
+
+/// Where and how to reach the upstream.
+#[derive(Clone, Debug)]
+pub struct UpstreamConfig {
+    /// The upstream's base URL, its API version included:
+    /// `https://api.openai.com/v1`, `http://127.0.0.1:9000/v1`.
+    pub base_url: String,
+    /// The upstream's own API key, sent as `Authorization: Bearer`; the
+    /// client's gateway key never is.
+    pub api_key: Option<String>,
+    /// The gateway's path prefix, replaced by the base URL's path:
+    /// `/api/v1/chat/completions` goes to `{base_url}/chat/completions`.
+    pub gateway_prefix: String,
+    /// Longest wait for a connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for the response's status and headers (the body may
+    /// stream for longer).
+    pub response_header_timeout: Duration,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout: Duration,
+}
+
+impl UpstreamConfig {
+    /// Defaults for `base_url`: no key, prefix `/api/v1`, 10 s to connect,
+    /// 120 s to the first byte of the response, 90 s idle.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        UpstreamConfig {
+            base_url: base_url.into(),
+            api_key: None,
+            gateway_prefix: "/api/v1".to_owned(),
+            connect_timeout: Duration::from_secs(10),
+            response_header_timeout: Duration::from_secs(120),
+            pool_idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// Why an upstream configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream: {0}")]
+pub struct UpstreamConfigError(String);
+
+/// Forwards requests to the upstream over a pooled HTTP/1 and HTTP/2
+/// client (TLS for `https`), and streams each response back as it arrives.
+///
+/// The path is the one the gateway's layers checked, normalised, with the
+/// gateway prefix swapped for the base URL's path; hop-by-hop headers are
+/// dropped both ways; `Authorization` is the upstream's own key; an
+/// `x-request-id` goes up and comes back. Failures are [`GatewayError`]s
+/// (502, or 504 for a response-header timeout) with
+/// `metadata.upstream_failure` `connect`, `timeout` or `request`, which the
+/// retry policy reads.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    base_path: String,
+    prefix_segments: Vec<String>,
+    authorization: Option<HeaderValue>,
+    response_header_timeout: Duration,
+}
+
+impl Upstream {
+    /// A client for `config`.
+    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamConfigError> {
+        let base: Uri = config.base_url.parse().map_err(|error| {
+            UpstreamConfigError(format!("{:?} is not a URL: {error}", config.base_url))
+        })?;
+        let (Some(scheme), Some(authority)) = (base.scheme().cloned(), base.authority().cloned())
+        else {
+            return Err(UpstreamConfigError(format!(
+                "{:?} needs a scheme and a host, such as https://api.openai.com/v1",
+                config.base_url
+            )));
+        };
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(UpstreamConfigError(format!(
+                "{scheme} is not http or https"
+            )));
+        }
+        let authorization = config
+            .api_key
+            .as_deref()
+            .map(|key| {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    UpstreamConfigError(
+                        "the upstream API key has characters a header cannot carry".into(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(config.connect_timeout));
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .build(https);
+        Ok(Upstream {
+            inner: Arc::new(Inner {
+                client,
+                scheme,
+                authority,
+                base_path: base.path().trim_end_matches('/').to_owned(),
+                prefix_segments: normalized_segments(&config.gateway_prefix)
+                    .into_iter()
+                    .map(|segment| segment.to_ascii_lowercase())
+                    .collect(),
+                authorization,
+                response_header_timeout: config.response_header_timeout,
+            }),
+        })
+    }
+}
+
+impl Inner {
+    /// The upstream request for `request`.
+    fn outgoing(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<(Request<Full<Bytes>>, HeaderValue), GatewayError> {
+        let (mut parts, body) = request.into_parts();
+        let segments = normalized_segments(parts.uri.path());
+        let prefixed = segments.len() >= self.prefix_segments.len()
+            && segments
+                .iter()
+                .zip(&self.prefix_segments)
+                .all(|(segment, prefix)| segment.eq_ignore_ascii_case(prefix));
+        if !prefixed {
+            return Err(GatewayError::new(
+                ErrorKind::NotFound,
+                "this gateway forwards only paths under its API prefix",
+            ));
+        }
+        let rest = &segments[self.prefix_segments.len()..];
+        let encoded: Vec<String> = rest
+            .iter()
+            .map(|segment| percent_encoding::utf8_percent_encode(segment, SEGMENT).to_string())
+            .collect();
+        let mut path = format!("{}/{}", self.base_path, encoded.join("/"));
+        if let Some(query) = parts.uri.query() {
+            path.push('?');
+            path.push_str(query);
+        }
+        let path_and_query: PathAndQuery = path.parse().map_err(|_| {
+            GatewayError::new(
+                ErrorKind::InvalidRequest,
+                "the request path cannot be forwarded",
+            )
+        })?;
+        parts.uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|_| {
+                GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    "the request path cannot be forwarded",
+                )
+            })?;
+        let id = request_id(&parts.headers);
+        let headers = &mut parts.headers;
+        remove_hop_by_hop(headers);
+        headers.remove(HOST);
+        headers.remove(AUTHORIZATION);
+        headers.remove(CONTENT_LENGTH);
+        if let Some(authorization) = &self.authorization {
+            headers.insert(AUTHORIZATION, authorization.clone());
+        }
+        headers.insert(X_REQUEST_ID.clone(), id.clone());
+        // HTTP/1 to the upstream whatever the client spoke; the pool
+        // negotiates HTTP/2 by ALPN where the upstream offers it.
+        parts.version = http::Version::HTTP_11;
+        Ok((Request::from_parts(parts, body), id))
+    }
+}
+
+/// Characters a path segment keeps as they are.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b':')
+    .remove(b'@');
+
+impl Service<Request<Full<Bytes>>> for Upstream {
+    type Response = Response<Incoming>;
+    type Error = GatewayError;
+    type Future = BoxFuture<'static, Result<Response<Incoming>, GatewayError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The pool queues requests itself.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let (request, id) = inner.outgoing(request)?;
+            let sent = inner.client.request(request);
+            let mut response = match tokio::time::timeout(inner.response_header_timeout, sent).await
+            {
+                Err(_) => {
+                    return Err(upstream_failure(
+                        ErrorKind::UpstreamTimeout,
+                        "timeout",
+                        format!(
+                            "the upstream sent no response within {} s; retry with backoff",
+                            inner.response_header_timeout.as_secs()
+                        ),
+                    ))
+                }
+                Ok(Err(error)) if error.is_connect() => {
+                    tracing::warn!(%error, "cannot connect to the upstream");
+                    return Err(upstream_failure(
+                        ErrorKind::Upstream,
+                        "connect",
+                        "the gateway cannot connect to the upstream; retry with backoff".to_owned(),
+                    ));
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "the upstream request failed");
+                    return Err(upstream_failure(
+                        ErrorKind::Upstream,
+                        "request",
+                        "the upstream request failed; retry with backoff".to_owned(),
+                    ));
+                }
+                Ok(Ok(response)) => response,
+            };
+            remove_hop_by_hop(response.headers_mut());
+            response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+            Ok(response)
+        })
+    }
+}
+
+fn upstream_failure(kind: ErrorKind, failure: &'static str, message: String) -> GatewayError {
+    GatewayError::new(kind, message).with_metadata("upstream_failure", failure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inner(base: &str) -> Arc<Inner> {
+        let mut config = UpstreamConfig::new(base);
+        config.api_key = Some("sk-upstream".into());
+        Upstream::new(&config).unwrap().inner
+    }
+
+    fn forwarded(base: &str, path: &str) -> Result<Request<Full<Bytes>>, GatewayError> {
+        let request = Request::post(path)
+            .header("host", "gateway.example")
+            .header("content-length", "2")
+            .header("connection", "close")
+            .header("http-referer", "https://app.example")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        inner(base).outgoing(request).map(|(request, _)| request)
+    }
+
+    #[tokio::test]
+    async fn paths_are_the_checked_ones_under_the_base_url() {
+        let request =
+            forwarded("http://127.0.0.1:9000/v1", "/api/v1/chat/completions?x=1").unwrap();
+        assert_eq!(
+            request.uri(),
+            "http://127.0.0.1:9000/v1/chat/completions?x=1"
+        );
+        let request = forwarded("https://api.example/v1/", "/API/v1//chat/./completions").unwrap();
+        assert_eq!(request.uri(), "https://api.example/v1/chat/completions");
+        let request = forwarded("http://u:1/", "/api/v1/chat/completions").unwrap();
+        assert_eq!(request.uri().path(), "/chat/completions");
+        assert_eq!(
+            forwarded("http://u:1/v1", "/other/path")
+                .unwrap_err()
+                .status(),
+            404
+        );
+        assert_eq!(
+            forwarded("http://u:1/v1", "/api/v1/../../etc")
+                .unwrap_err()
+                .status(),
+            404
+        );
+    }
+
+    #[tokio::test]
+    async fn the_upstream_gets_its_own_key_and_no_connection_headers() {
+        let request = forwarded("http://127.0.0.1:9000/v1", "/api/v1/chat/completions").unwrap();
+        let headers = request.headers();
+        assert_eq!(headers["authorization"], "Bearer sk-upstream");
+        assert!(headers["authorization"].is_sensitive());
+        assert_eq!(headers["http-referer"], "https://app.example");
+        assert!(headers.get("host").is_none() && headers.get("connection").is_none());
+        assert!(
+            headers.get("content-length").is_none(),
+            "the client sets it from the body"
+        );
+        assert!(headers.contains_key("x-request-id"));
+    }
+
+    #[test]
+    fn bad_base_urls_are_refused() {
+        for base in ["", "api.openai.com/v1", "ftp://x/v1", "http://"] {
+            assert!(Upstream::new(&UpstreamConfig::new(base)).is_err(), "{base}");
+        }
+    }
+}
