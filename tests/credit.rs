@@ -115,6 +115,10 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
             "choices": [],
             "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "cost": 5.0},
         }))),
+        "slow" => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Response::builder().body(json_body(json!({"choices": []})))
+        }
         "stream-no-usage" => {
             let mut chunks = sse(tokens);
             chunks.remove(4);
@@ -568,6 +572,23 @@ async fn every_ending_is_settled_never_silently_zero() {
             "{why}"
         );
     }
+    // A client that gives up before the response starts: the upstream may
+    // be working, so it is charged its estimate, and the hold released.
+    let (key, hash) = gateway.key(json!({"name": "impatient"})).await;
+    let gave_up = reqwest::Client::new()
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .timeout(Duration::from_millis(300))
+        .body(chat_body("test/slow", 1000, false).to_string())
+        .send()
+        .await;
+    assert!(gave_up.is_err());
+    let usage = settled(&gateway, &hash).await;
+    assert_eq!(
+        usage.total_nanos, NANOS_PER_CREDIT,
+        "a client that gave up is charged"
+    );
     // A client that goes away mid-stream: charged its hold, hold released.
     let (key, hash) = gateway.key(json!({"name": "leaver"})).await;
     let client = reqwest::Client::new();
