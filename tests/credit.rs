@@ -399,7 +399,7 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             .unwrap()
             .to_owned();
         assert!(
-            message.contains("limit of 2 credits") && message.contains("never resets"),
+            message.contains("credit limit is 2 credits") && message.contains("never resets"),
             "{message}"
         );
         // Raising the limit makes the key valid again at once.

@@ -13,7 +13,7 @@ use super::pricing::TokenPrice;
 use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
-use crate::keys::credits::nanos_to_json;
+use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::response_body::ResponseBody;
 use crate::store::{ReserveOutcome, ReserveRequest};
 
@@ -201,9 +201,9 @@ async fn admit(
             let mut error = GatewayError::insufficient_credits(
                 LimitSource::KeyLimit,
                 format!(
-                    "this key has reached its credit limit of {} credits ({} used or held by requests in flight); {when}. Raise the key's limit or use another key",
-                    nanos_to_json(limit_nanos),
-                    nanos_to_json(used_nanos),
+                    "this key's credit limit is {} credits, {} are used or held by requests in flight, and this request could cost more than is left; {when}. Raise the key's limit, lower max_tokens, or use another key",
+                    decimal_string(limit_nanos, 0),
+                    decimal_string(used_nanos, 0),
                 ),
             )
             .with_metadata("limit", nanos_to_json(limit_nanos))
@@ -220,7 +220,7 @@ async fn admit(
             LimitSource::Credits,
             format!(
                 "the account balance is negative ({} credits); top up the account to continue. This applies to free models too",
-                nanos_to_json(balance_nanos)
+                decimal_string(balance_nanos, 2)
             ),
         )
         .with_metadata("balance", nanos_to_json(balance_nanos))),

@@ -313,6 +313,52 @@ impl KeyDirectory {
         ))
     }
 
+    /// Records `key`, a plaintext chosen outside (an operator's key from
+    /// the environment), with `new`'s settings; when it is recorded already
+    /// the stored record stands. A deleted key stays deleted.
+    pub async fn register_key(&self, key: &ApiKey, new: NewKey) -> Result<KeyRecord, StoreError> {
+        let hash = key.hash();
+        if self
+            .inner
+            .store
+            .get_record(DELETED_KEYS, &hash.to_hex())
+            .await?
+            .is_some()
+        {
+            return Err(StoreError::invalid(
+                "put_record",
+                "this key was deleted; a deleted key cannot be registered again",
+            ));
+        }
+        self.ensure_account(&new.account).await?;
+        let record = KeyRecord {
+            hash: hash.to_hex(),
+            name: new.name,
+            account: new.account,
+            management: new.management,
+            disabled: false,
+            limit_nanos: new.limit_nanos,
+            limit_reset: new.limit_reset,
+            include_byok_in_limit: new.include_byok_in_limit,
+            created_at: self.now(),
+            updated_at: None,
+            expires_at: new.expires_at,
+        };
+        let outcome = self
+            .inner
+            .store
+            .put_json(KEYS, &record.hash, &record, Expect::Absent)
+            .await?;
+        self.forget(&hash);
+        match outcome {
+            WriteOutcome::Written { .. } => Ok(record),
+            WriteOutcome::Conflict {
+                current: Some(current),
+            } => Ok(crate::store::decode::<KeyRecord>("get_record", current)?.value),
+            WriteOutcome::Conflict { current: None } => Err(too_contended("put_record")),
+        }
+    }
+
     /// The stored record of `hash`, read from the store (not the cache).
     pub async fn get(&self, hash: &KeyHash) -> Result<Option<Versioned<KeyRecord>>, StoreError> {
         self.inner.store.get_json(KEYS, &hash.to_hex()).await
@@ -598,6 +644,29 @@ mod tests {
             .unwrap();
         assert!(directory.lookup(&other).await.is_err());
         assert!(directory.lookup(&key.hash()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_operator_key_is_registered_once_and_a_deleted_one_never_again() {
+        let (directory, _clock) = directory(Duration::ZERO);
+        let key = ApiKey::generate();
+        let admin = NewKey {
+            management: true,
+            ..NewKey::named("operator")
+        };
+        let first = directory.register_key(&key, admin.clone()).await.unwrap();
+        assert!(first.management);
+        let again = directory
+            .register_key(&key, NewKey::named("renamed"))
+            .await
+            .unwrap();
+        assert_eq!(again, first, "the stored record stands");
+        assert!(matches!(
+            directory.lookup(&key.hash()).await.unwrap(),
+            KeyState::Active(_)
+        ));
+        directory.delete(&key.hash()).await.unwrap();
+        assert!(directory.register_key(&key, admin).await.is_err());
     }
 
     #[tokio::test]

@@ -1,0 +1,261 @@
+//! An OpenAI-compatible upstream for demos, tests and benchmarks: a
+//! deterministic reply with `usage`, SSE when asked, and injected latency
+//! and errors. Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
+//! (which runs it in process when no upstream is given) and the tests.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type MockBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// How the mock behaves.
+#[derive(Clone, Debug)]
+pub struct MockConfig {
+    /// The path prefix of its API (`/v1`).
+    pub prefix: String,
+    /// Added before every answer.
+    pub latency: Duration,
+    /// The status of injected errors.
+    pub error_status: u16,
+    /// The share of chat requests answered with `error_status` (0 to 1).
+    pub error_rate: f64,
+    /// The first this many chat requests are answered with `error_status`.
+    pub fail_first: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            prefix: "/v1".to_owned(),
+            latency: Duration::ZERO,
+            error_status: 503,
+            error_rate: 0.0,
+            fail_first: 0,
+        }
+    }
+}
+
+/// A running mock's state.
+#[derive(Debug)]
+struct Mock {
+    config: MockConfig,
+    chats: AtomicU64,
+}
+
+/// Serves the mock on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, config: MockConfig) {
+    let mock = Arc::new(Mock {
+        config,
+        chats: AtomicU64::new(0),
+    });
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let mock = Arc::clone(&mock);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let mock = Arc::clone(&mock);
+                async move { mock.answer(request).await }
+            });
+            let _ = Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Starts the mock on a free loopback port; returns its base URL
+/// (`http://127.0.0.1:PORT/v1`).
+pub async fn start(config: MockConfig) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let address: SocketAddr = listener.local_addr().expect("local address");
+    let base = format!("http://{address}{}", config.prefix);
+    tokio::spawn(serve(listener, config));
+    base
+}
+
+fn json_response(status: u16, body: Value) -> Response<MockBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("a valid response")
+}
+
+fn openai_error(status: u16, message: &str, kind: &str) -> Response<MockBody> {
+    json_response(
+        status,
+        json!({"error": {"message": message, "type": kind, "code": null}}),
+    )
+}
+
+impl Mock {
+    async fn answer(&self, request: Request<Incoming>) -> Result<Response<MockBody>, Infallible> {
+        if !self.config.latency.is_zero() {
+            tokio::time::sleep(self.config.latency).await;
+        }
+        let path = request.uri().path().to_owned();
+        let chat_path = format!("{}/chat/completions", self.config.prefix);
+        let models_path = format!("{}/models", self.config.prefix);
+        if path == models_path && request.method() == Method::GET {
+            return Ok(json_response(
+                200,
+                json!({"object": "list", "data": [
+                    {"id": "openai/gpt-4o-mini", "object": "model"},
+                    {"id": "meta-llama/llama-3.1-8b-instruct:free", "object": "model"},
+                ]}),
+            ));
+        }
+        if path != chat_path || request.method() != Method::POST {
+            return Ok(openai_error(
+                404,
+                &format!("no route {path}"),
+                "invalid_request_error",
+            ));
+        }
+        let count = self.chats.fetch_add(1, Ordering::SeqCst);
+        let body = match request.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return Ok(openai_error(
+                    400,
+                    "unreadable body",
+                    "invalid_request_error",
+                ))
+            }
+        };
+        let Ok(chat) = serde_json::from_slice::<Value>(&body) else {
+            return Ok(openai_error(400, "invalid JSON", "invalid_request_error"));
+        };
+        let model = chat["model"].as_str().unwrap_or("unknown").to_owned();
+        // `…/status-NNN` answers that status: for tests of every error.
+        if let Some(status) = model
+            .rsplit('/')
+            .next()
+            .and_then(|name| name.strip_prefix("status-"))
+            .and_then(|code| code.parse::<u16>().ok())
+            .filter(|code| StatusCode::from_u16(*code).is_ok())
+        {
+            let mut response =
+                openai_error(status, &format!("mock status {status}"), "server_error");
+            if status == 429 || status == 503 {
+                response
+                    .headers_mut()
+                    .insert("retry-after", "1".parse().expect("a header value"));
+            }
+            return Ok(response);
+        }
+        let inject = count < self.config.fail_first
+            || (self.config.error_rate > 0.0 && rand::random::<f64>() < self.config.error_rate);
+        if inject {
+            let mut response =
+                openai_error(self.config.error_status, "injected error", "server_error");
+            response
+                .headers_mut()
+                .insert("retry-after", "1".parse().expect("a header value"));
+            return Ok(response);
+        }
+        let prompt: String = chat["messages"]
+            .as_array()
+            .map(|messages| {
+                messages
+                    .iter()
+                    .filter_map(|message| message["content"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        let last = chat["messages"]
+            .as_array()
+            .and_then(|messages| messages.last())
+            .and_then(|message| message["content"].as_str())
+            .unwrap_or("");
+        let max_tokens = chat["max_tokens"].as_u64().unwrap_or(64) as usize;
+        let words: Vec<String> = format!("Hello from {model}! You said: {last}")
+            .split_whitespace()
+            .take(max_tokens.max(1))
+            .map(str::to_owned)
+            .collect();
+        let usage = json!({
+            "prompt_tokens": prompt.len().div_ceil(4),
+            "completion_tokens": words.len(),
+            "total_tokens": prompt.len().div_ceil(4) + words.len(),
+        });
+        // Deterministic per request, so a test can compare bytes.
+        let id = format!("chatcmpl-mock-{}", body.len());
+        if chat["stream"].as_bool() == Some(true) {
+            return Ok(self.stream(&id, &model, &words, usage));
+        }
+        Ok(json_response(
+            200,
+            json!({
+                "id": id,
+                "object": "chat.completion",
+                "created": 1_767_225_600,
+                "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": words.join(" ")}, "finish_reason": "stop"}],
+                "usage": usage,
+            }),
+        ))
+    }
+
+    fn stream(&self, id: &str, model: &str, words: &[String], usage: Value) -> Response<MockBody> {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        };
+        let mut events = vec![": keep-alive\n\n".to_owned()];
+        events.push(format!(
+            "data: {}\n\n",
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null)
+        ));
+        for (index, word) in words.iter().enumerate() {
+            let text = if index == 0 {
+                word.clone()
+            } else {
+                format!(" {word}")
+            };
+            events.push(format!(
+                "data: {}\n\n",
+                chunk(json!({"content": text}), Value::Null)
+            ));
+        }
+        events.push(format!("data: {}\n\n", chunk(json!({}), json!("stop"))));
+        events.push(format!(
+            "data: {}\n\n",
+            json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model, "choices": [], "usage": usage})
+        ));
+        events.push("data: [DONE]\n\n".to_owned());
+        let frames = futures_util::stream::iter(events)
+            .map(|event| Ok::<_, BoxError>(http_body::Frame::data(Bytes::from(event))));
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("cache-control", "no-cache")
+            .body(StreamBody::new(frames).boxed_unsync())
+            .expect("a valid response")
+    }
+}

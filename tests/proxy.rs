@@ -1,0 +1,348 @@
+//! The whole gateway over real HTTP in front of the mock upstream: chat,
+//! streaming byte for byte, every upstream error status, a retry after a
+//! 503, two instances on one Redis; and the proxy example as a process.
+
+mod common;
+#[path = "../examples/support/mock.rs"]
+mod mock;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::http_server::serve;
+use common::redis_server::RedisServer;
+use futures::future::join_all;
+use modelgate::clock::ManualClock;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::proxy::{gateway_with_clock, GatewayConfig, Upstream};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use serde_json::{json, Value};
+
+const CONFIG: &str = r#"{
+    "pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 2}},
+    "rate_limits": {"account": {"gcra": {"requests": 6000, "period_seconds": 60, "burst": 600}}},
+    "retry": {"max_attempts": 1}
+}"#;
+
+/// One gateway instance on `store` in front of the upstream at `base`.
+async fn instance(store: SharedStore, base: &str, config: &str, clock: &ManualClock) -> SocketAddr {
+    let config = GatewayConfig::from_json(config).unwrap();
+    let upstream = Upstream::new(&config.upstream_config(Some(base)).unwrap()).unwrap();
+    let service = gateway_with_clock(
+        &config,
+        store,
+        upstream,
+        Arc::new(clock.clone()),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    serve(service).await
+}
+
+/// A key of an account with credits.
+async fn funded_key(store: &SharedStore, account: &str) -> String {
+    store.top_up(account, 100 * NANOS_PER_CREDIT).await.unwrap();
+    let new = NewKey {
+        account: account.to_owned(),
+        ..NewKey::named("client")
+    };
+    KeyDirectory::new(store.clone())
+        .create_key(new)
+        .await
+        .unwrap()
+        .0
+        .expose()
+        .to_owned()
+}
+
+fn chat_body(model: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi there"}]})
+}
+
+async fn post(url: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    request.send().await.unwrap()
+}
+
+fn t0() -> ManualClock {
+    ManualClock::new(
+        chrono::TimeZone::with_ymd_and_hms(&chrono::Utc, 2026, 11, 18, 12, 0, 0).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn chat_and_stream_pass_through_unchanged() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &base, CONFIG, &t0()).await;
+    let key = funded_key(&store, "acme").await;
+    let url = format!("http://{address}/api/v1/chat/completions");
+
+    let reply = post(&url, Some(&key), &chat_body("openai/gpt-4o-mini", false)).await;
+    assert_eq!(reply.status(), 200);
+    assert!(reply.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .starts_with("mg-"));
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Hello from openai/gpt-4o-mini! You said: Hi there"
+    );
+
+    // The stream, byte for byte what the upstream sends for the same body.
+    let streamed = post(&url, Some(&key), &chat_body("openai/gpt-4o-mini", true)).await;
+    assert_eq!(streamed.headers()["content-type"], "text/event-stream");
+    let through_gateway = streamed.bytes().await.unwrap();
+    let direct = post(
+        &format!("{base}/chat/completions"),
+        None,
+        &chat_body("openai/gpt-4o-mini", true),
+    )
+    .await
+    .bytes()
+    .await
+    .unwrap();
+    assert_eq!(through_gateway, direct);
+    assert!(through_gateway.starts_with(b": keep-alive\n\n"));
+
+    // Both were charged from their usage, and the key status says so.
+    let status: Value = reqwest::Client::new()
+        .get(format!("http://{address}/api/v1/key"))
+        .header("authorization", format!("Bearer {key}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(status["data"]["usage"].as_f64().unwrap() > 0.0, "{status}");
+
+    // Anything but chat completions is a canonical 404, not forwarded.
+    let other = post(
+        &format!("http://{address}/api/v1/embeddings"),
+        Some(&key),
+        &json!({"model": "a/b", "input": "x"}),
+    )
+    .await;
+    assert_eq!(other.status(), 404);
+    let body: Value = other.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error");
+}
+
+#[tokio::test]
+async fn every_upstream_error_status_reaches_the_client_in_the_canonical_shape() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &base, CONFIG, &t0()).await;
+    let key = funded_key(&store, "acme").await;
+    let url = format!("http://{address}/api/v1/chat/completions");
+    for status in [400, 401, 403, 404, 408, 409, 422, 429, 500, 502, 503, 504] {
+        let reply = post(
+            &url,
+            Some(&key),
+            &chat_body(&format!("mock/status-{status}"), false),
+        )
+        .await;
+        assert_eq!(reply.status().as_u16(), status);
+        let retry_after = reply.headers().get("retry-after").cloned();
+        let body: Value = reply.json().await.unwrap();
+        assert_eq!(body["error"]["code"], status, "{body}");
+        assert_eq!(
+            body["error"]["metadata"]["upstream_status"], status,
+            "{body}"
+        );
+        assert_eq!(
+            body["error"]["metadata"]["upstream_message"],
+            format!("mock status {status}")
+        );
+        if status == 429 {
+            assert_eq!(body["error"]["metadata"]["limit_source"], "upstream");
+            assert!(retry_after.is_some());
+        }
+    }
+    // A failed request costs nothing.
+    let usage = store
+        .key_usage(
+            "acme",
+            &modelgate::auth::KeyHash::of(&key).to_hex(),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((usage.total_nanos, usage.reserved_nanos), (0, 0));
+}
+
+#[tokio::test]
+async fn a_503_is_retried_and_the_retry_answers() {
+    let config = mock::MockConfig {
+        fail_first: 1,
+        error_status: 503,
+        ..mock::MockConfig::default()
+    };
+    let base = mock::start(config).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let retrying = r#"{"pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 2}},
+                       "retry": {"max_attempts": 3, "max_wait_ms": 2000}}"#;
+    let address = instance(store.clone(), &base, retrying, &t0()).await;
+    let key = funded_key(&store, "acme").await;
+    let reply = post(
+        &format!("http://{address}/api/v1/chat/completions"),
+        Some(&key),
+        &chat_body("openai/gpt-4o-mini", false),
+    )
+    .await;
+    assert_eq!(reply.status(), 200, "the second attempt answered");
+    let body: Value = reply.json().await.unwrap();
+    assert!(body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("Hello"));
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_keys_and_limits() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let server = RedisServer::start();
+    let clock = t0();
+    let mut addresses = Vec::new();
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let store: SharedStore = Arc::new(
+            RedisStore::connect(&server.url(), RedisStoreConfig::default())
+                .await
+                .unwrap(),
+        );
+        addresses.push(instance(store.clone(), &base, CONFIG, &clock).await);
+        stores.push(store);
+    }
+    // A key made through one instance works on the other.
+    let key = funded_key(&stores[0], "acme").await;
+    let client = reqwest::Client::new();
+    let replies = join_all((0..60).map(|index| {
+        let client = client.clone();
+        let url = format!("http://{}/api/v1/chat/completions", addresses[index % 2]);
+        let key = key.clone();
+        async move {
+            client
+                .post(url)
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body(chat_body("meta-llama/llama-3.1-8b-instruct:free", false).to_string())
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    }))
+    .await;
+    assert_eq!(
+        replies.iter().filter(|status| **status == 200).count(),
+        20,
+        "{replies:?}"
+    );
+    assert_eq!(replies.iter().filter(|status| **status == 429).count(), 40);
+}
+
+/// The example binary, built by `cargo test` next to the test binaries.
+fn proxy_binary() -> std::path::PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    let binary = deps
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("proxy");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with `cargo test --all-targets` (./scripts/test.sh), which builds the examples",
+        binary.display()
+    );
+    binary
+}
+
+#[test]
+fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
+    for (args, words) in [
+        (vec!["--lisen", "127.0.0.1:0"], "unknown flag --lisen"),
+        (vec!["--listen", "nowhere"], "--listen"),
+        (
+            vec!["--config", "/nonexistent/modelgate.json"],
+            "cannot read --config",
+        ),
+        (
+            vec!["--upstream", "ftp://example/v1", "--listen", "127.0.0.1:0"],
+            "not http or https",
+        ),
+    ] {
+        let output = Command::new(proxy_binary()).args(&args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
+    }
+}
+
+#[tokio::test]
+async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
+    let mut child = Command::new(proxy_binary())
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("MODELGATE_ADMIN_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let admin = lines.next().unwrap().unwrap();
+    let admin = admin
+        .strip_prefix("management key (shown once): ")
+        .unwrap()
+        .to_owned();
+    let listening = lines.next().unwrap().unwrap();
+    let address = listening
+        .strip_prefix("modelgate listening on ")
+        .unwrap()
+        .to_owned();
+    // The walk-through of the README: a key, money, a chat.
+    let created: Value = post(
+        &format!("{address}/api/v1/keys"),
+        Some(&admin),
+        &json!({"name": "demo"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let key = created["key"].as_str().unwrap();
+    post(
+        &format!("{address}/api/v1/accounts/default/credits"),
+        Some(&admin),
+        &json!({"amount": 10}),
+    )
+    .await;
+    let reply = post(
+        &format!("{address}/api/v1/chat/completions"),
+        Some(key),
+        &chat_body("openai/gpt-4o-mini", false),
+    )
+    .await;
+    assert_eq!(reply.status(), 200);
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(0), "a graceful stop exits 0");
+}
