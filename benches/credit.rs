@@ -5,8 +5,7 @@
 //! `cargo bench --bench credit`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
-#[path = "../tests/common/redis_server.rs"]
-mod redis_server;
+mod support;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,36 +14,13 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use modelgate::auth::{KeyHash, Principal};
 use modelgate::body::ChatRequest;
 use modelgate::credit::{BodyKind, CreditGuardLayer, PriceTable, UsageScanner};
 use modelgate::keys::SharedStore;
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::NANOS_PER_CREDIT;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 const REPLY: &str = r#"{"choices": [{"message": {"role": "assistant", "content": "Hello there"}}], "usage": {"prompt_tokens": 12, "completion_tokens": 40}}"#;
-
-fn chat(stream: bool) -> Request<Full<Bytes>> {
-    let body = format!(
-        r#"{{"model": "openai/gpt-4o", "stream": {stream}, "max_tokens": 100, "messages": [{{"role": "user", "content": "Hi"}}]}}"#
-    );
-    let mut request = Request::post("/api/v1/chat/completions")
-        .body(Full::new(Bytes::from(body.clone())))
-        .unwrap();
-    request.extensions_mut().insert(Principal {
-        key_hash: KeyHash::of("bench"),
-        account_id: "acct".into(),
-        label: "bench".into(),
-        management: false,
-        key_limit: None,
-        include_byok_in_limit: false,
-        expires_at: None,
-    });
-    request
-        .extensions_mut()
-        .insert(ChatRequest::parse(body.as_bytes()).unwrap());
-    request
-}
 
 fn sse_stream(chunks: usize) -> Bytes {
     let mut stream = String::new();
@@ -90,7 +66,9 @@ fn bench_backend(
     for (name, stream) in [("json", false), ("sse_20_chunks", true)] {
         group.bench_function(format!("reserve_call_settle/{name}"), |b| {
             b.to_async(runtime).iter(|| {
-                let call = guard.clone().oneshot(chat(stream));
+                let call = guard
+                    .clone()
+                    .oneshot(support::chat("acct", "openai/gpt-4o", stream));
                 async move {
                     let response = call.await.unwrap();
                     assert_eq!(response.status(), 200);
@@ -120,19 +98,7 @@ fn bench_scanner(c: &mut Criterion) {
 
 fn benches(c: &mut Criterion) {
     bench_scanner(c);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    bench_backend(c, &runtime, "memory", Arc::new(MemoryStore::new()));
-    let server = redis_server::RedisServer::start();
-    let redis = runtime
-        .block_on(RedisStore::connect(
-            &server.url(),
-            RedisStoreConfig::default(),
-        ))
-        .unwrap();
-    bench_backend(c, &runtime, "redis", Arc::new(redis));
+    support::on_both_stores(|runtime, backend, store| bench_backend(c, runtime, backend, store));
 }
 
 criterion_group!(credit, benches);

@@ -6,44 +6,19 @@
 //! `cargo bench --bench limits`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
-#[path = "../tests/common/redis_server.rs"]
-mod redis_server;
+mod support;
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use http_body_util::Full;
-use modelgate::auth::{KeyHash, Principal};
-use modelgate::body::ChatRequest;
 use modelgate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
 use modelgate::keys::SharedStore;
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::NANOS_PER_CREDIT;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-
-fn chat(account: &str, model: &str) -> Request<Full<Bytes>> {
-    let body =
-        format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "x"}}]}}"#);
-    let mut request = Request::post("/api/v1/chat/completions")
-        .body(Full::new(Bytes::from(body.clone())))
-        .unwrap();
-    request.extensions_mut().insert(Principal {
-        key_hash: KeyHash::of("bench"),
-        account_id: account.into(),
-        label: "bench".into(),
-        management: false,
-        key_limit: None,
-        include_byok_in_limit: false,
-        expires_at: None,
-    });
-    request
-        .extensions_mut()
-        .insert(ChatRequest::parse(body.as_bytes()).unwrap());
-    request
-}
 
 fn upstream() -> impl Service<
     Request<Full<Bytes>>,
@@ -73,7 +48,9 @@ fn bench_backend(
         .service(upstream());
     group.bench_function("global_rate_limit/admitted", |b| {
         b.to_async(runtime).iter(|| {
-            let call = rate.clone().oneshot(chat("acct", "openai/gpt-4o"));
+            let call = rate
+                .clone()
+                .oneshot(support::chat("acct", "openai/gpt-4o", false));
             async move { assert_eq!(call.await.unwrap().status(), 200) }
         })
     });
@@ -85,11 +62,17 @@ fn bench_backend(
         .layer(GlobalRateLimitLayer::new(store.clone(), closed).unwrap())
         .service(upstream());
     runtime
-        .block_on(refusing.clone().oneshot(chat("full", "x/y")))
+        .block_on(
+            refusing
+                .clone()
+                .oneshot(support::chat("full", "x/y", false)),
+        )
         .unwrap();
     group.bench_function("global_rate_limit/refused_from_memo", |b| {
         b.to_async(runtime).iter(|| {
-            let call = refusing.clone().oneshot(chat("full", "x/y"));
+            let call = refusing
+                .clone()
+                .oneshot(support::chat("full", "x/y", false));
             async move { assert_eq!(call.await.unwrap().status(), 429) }
         })
     });
@@ -111,13 +94,15 @@ fn bench_backend(
         .service(upstream());
     group.bench_function("free_model_quota/admitted", |b| {
         b.to_async(runtime).iter(|| {
-            let call = free.clone().oneshot(chat("buyer", "a/b:free"));
+            let call = free
+                .clone()
+                .oneshot(support::chat("buyer", "a/b:free", false));
             async move { assert_eq!(call.await.unwrap().status(), 200) }
         })
     });
     group.bench_function("free_model_quota/paid_model_passes", |b| {
         b.to_async(runtime).iter(|| {
-            let call = free.clone().oneshot(chat("buyer", "a/b"));
+            let call = free.clone().oneshot(support::chat("buyer", "a/b", false));
             async move { assert_eq!(call.await.unwrap().status(), 200) }
         })
     });
@@ -125,19 +110,7 @@ fn bench_backend(
 }
 
 fn benches(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    bench_backend(c, &runtime, "memory", Arc::new(MemoryStore::new()));
-    let server = redis_server::RedisServer::start();
-    let redis = runtime
-        .block_on(RedisStore::connect(
-            &server.url(),
-            RedisStoreConfig::default(),
-        ))
-        .unwrap();
-    bench_backend(c, &runtime, "redis", Arc::new(redis));
+    support::on_both_stores(|runtime, backend, store| bench_backend(c, runtime, backend, store));
 }
 
 criterion_group!(limits, benches);

@@ -41,3 +41,19 @@ impl Principal {
         }
     }
 }
+
+#[cfg(test)]
+impl Principal {
+    /// A normal key's principal on `account`, for layer tests.
+    pub(crate) fn for_tests(account: &str) -> Self {
+        Principal {
+            key_hash: KeyHash::of("test key"),
+            account_id: account.to_owned(),
+            label: "test".to_owned(),
+            management: false,
+            key_limit: None,
+            include_byok_in_limit: false,
+            expires_at: None,
+        }
+    }
+}

@@ -192,7 +192,7 @@ impl FreeQuotaRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{KeyHash, Principal};
+    use crate::auth::Principal;
     use crate::body::ChatRequest;
     use crate::clock::{Clock, ManualClock};
     use crate::keys::SharedStore;
@@ -207,15 +207,7 @@ mod tests {
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
     fn principal() -> Principal {
-        Principal {
-            key_hash: KeyHash::of("k"),
-            account_id: "acct".into(),
-            label: "k".into(),
-            management: false,
-            key_limit: None,
-            include_byok_in_limit: false,
-            expires_at: None,
-        }
+        Principal::for_tests("acct")
     }
 
     fn free_chat() -> Request<Full<Bytes>> {

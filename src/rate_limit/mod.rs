@@ -81,7 +81,7 @@ pub use service::GlobalRateLimit;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{KeyHash, Principal};
+    use crate::auth::Principal;
     use crate::body::ChatRequest;
     use crate::clock::{Clock, ManualClock};
     use crate::keys::SharedStore;
@@ -101,15 +101,9 @@ mod tests {
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(Bytes::from(body.clone())))
             .unwrap();
-        request.extensions_mut().insert(Principal {
-            key_hash: KeyHash::of("k"),
-            account_id: "acct".into(),
-            label: "k".into(),
-            management: false,
-            key_limit: None,
-            include_byok_in_limit: false,
-            expires_at: None,
-        });
+        request
+            .extensions_mut()
+            .insert(Principal::for_tests("acct"));
         request
             .extensions_mut()
             .insert(ChatRequest::parse(body.as_bytes()).unwrap());
@@ -138,67 +132,58 @@ mod tests {
         let upstream = service_fn(|_: Request<Full<Bytes>>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
         });
-        let read = |response: Response<crate::response_body::ResponseBody<Full<Bytes>>>| async move {
-            let status = response.status();
+        let without = |remove_principal: bool| {
+            let mut request = chat("a/b:free");
+            if remove_principal {
+                request.extensions_mut().remove::<Principal>();
+            } else {
+                request.extensions_mut().remove::<ChatRequest>();
+            }
+            request
+        };
+        let cases = [
+            (
+                ServiceBuilder::new()
+                    .layer(rate.clone())
+                    .service(upstream)
+                    .boxed_clone(),
+                without(true),
+                "GlobalRateLimit needs BearerAuth",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(rate)
+                    .service(upstream)
+                    .boxed_clone(),
+                without(false),
+                "GlobalRateLimit needs BodyLimit",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(free.clone())
+                    .service(upstream)
+                    .boxed_clone(),
+                without(false),
+                "FreeModelQuota needs BodyLimit",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(free)
+                    .service(upstream)
+                    .boxed_clone(),
+                without(true),
+                "FreeModelQuota needs BearerAuth",
+            ),
+        ];
+        for (service, request, words) in cases {
+            let response = service.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 500, "{words}");
             let body = http_body_util::BodyExt::collect(response.into_body())
                 .await
                 .unwrap()
                 .to_bytes();
-            (status, String::from_utf8_lossy(&body).into_owned())
-        };
-        let no_principal = Request::get("/api/v1/models")
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let (status, body) = read(
-            ServiceBuilder::new()
-                .layer(rate.clone())
-                .service(upstream)
-                .oneshot(no_principal)
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(status, 500);
-        assert!(body.contains("GlobalRateLimit needs BearerAuth"), "{body}");
-        let mut unparsed = chat("a/b:free");
-        unparsed.extensions_mut().remove::<ChatRequest>();
-        let (status, body) = read(
-            ServiceBuilder::new()
-                .layer(rate.clone())
-                .service(upstream)
-                .oneshot(unparsed)
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(status, 500);
-        assert!(body.contains("GlobalRateLimit needs BodyLimit"), "{body}");
-        let mut unparsed = chat("a/b:free");
-        unparsed.extensions_mut().remove::<ChatRequest>();
-        let (status, body) = read(
-            ServiceBuilder::new()
-                .layer(free.clone())
-                .service(upstream)
-                .oneshot(unparsed)
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(status, 500);
-        assert!(body.contains("FreeModelQuota needs BodyLimit"), "{body}");
-        let mut anonymous = chat("a/b:free");
-        anonymous.extensions_mut().remove::<Principal>();
-        let (status, body) = read(
-            ServiceBuilder::new()
-                .layer(free)
-                .service(upstream)
-                .oneshot(anonymous)
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(status, 500);
-        assert!(body.contains("FreeModelQuota needs BearerAuth"), "{body}");
+            assert!(String::from_utf8_lossy(&body).contains(words), "{words}");
+        }
     }
 
     proptest! {
