@@ -27,6 +27,8 @@ echo "==> cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
+echo "==> cargo build --examples (tests/proxy.rs runs the proxy example as a process)"
+cargo build --examples --locked
 echo "==> cargo test (unit, integration, benches as smoke tests)"
 cargo test --all-targets --locked
 echo "==> cargo test --doc"

@@ -266,7 +266,7 @@ fn proxy_binary() -> std::path::PathBuf {
         .join("proxy");
     assert!(
         binary.exists(),
-        "{} is missing: run the tests with `cargo test --all-targets` (./scripts/test.sh), which builds the examples",
+        "{} is missing: run `cargo build --examples` first, as ./scripts/test.sh does",
         binary.display()
     );
     binary
