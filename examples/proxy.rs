@@ -69,8 +69,12 @@ async fn run() -> Result<(), String> {
         }
         None => GatewayConfig::default(),
     };
-    if config.plugins.is_some() {
-        tracing::warn!("the config's plugins (webhook routes) are not served by this version yet");
+    if config.webhooks_enabled() {
+        return Err(
+            "the config enables the webhooks plugin, which this version does not serve yet; \
+                    set plugins.entries.webhooks.enabled to false"
+                .to_owned(),
+        );
     }
     let store: SharedStore = match args.get("redis") {
         Some(url) => Arc::new(
@@ -106,13 +110,26 @@ async fn run() -> Result<(), String> {
     println!("modelgate listening on http://{address}");
 
     let graceful = GracefulShutdown::new();
-    let builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new(TokioExecutor::new());
+    // A client that never finishes its headers cannot hold a connection.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let (stream, _) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of descriptors and the like: back off, do not spin.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
                 let connection = builder.serve_connection_with_upgrades(
                     TokioIo::new(stream),
                     TowerToHyperService::new(service.clone()),

@@ -146,21 +146,35 @@ async fn every_upstream_error_status_reaches_the_client_in_the_canonical_shape()
     let address = instance(store.clone(), &base, CONFIG, &t0()).await;
     let key = funded_key(&store, "acme").await;
     let url = format!("http://{address}/api/v1/chat/completions");
-    for status in [400, 401, 403, 404, 408, 409, 422, 429, 500, 502, 503, 504] {
+    for status in [
+        400, 401, 402, 403, 404, 408, 409, 422, 429, 500, 502, 503, 504,
+    ] {
         let reply = post(
             &url,
             Some(&key),
             &chat_body(&format!("mock/status-{status}"), false),
         )
         .await;
-        assert_eq!(reply.status().as_u16(), status);
+        let seen = reply.status().as_u16();
         let retry_after = reply.headers().get("retry-after").cloned();
         let body: Value = reply.json().await.unwrap();
-        assert_eq!(body["error"]["code"], status, "{body}");
         assert_eq!(
             body["error"]["metadata"]["upstream_status"], status,
             "{body}"
         );
+        if matches!(status, 401 | 402 | 403) {
+            // The upstream refused the gateway's own credentials: a 502, and
+            // the upstream's words (which may name the operator's key) are
+            // not passed on.
+            assert_eq!(seen, 502, "{body}");
+            assert!(
+                body["error"]["metadata"].get("upstream_message").is_none(),
+                "{body}"
+            );
+            continue;
+        }
+        assert_eq!(seen, status);
+        assert_eq!(body["error"]["code"], status, "{body}");
         assert_eq!(
             body["error"]["metadata"]["upstream_message"],
             format!("mock status {status}")
@@ -345,4 +359,99 @@ async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
     assert!(status.success());
     let exit = child.wait().unwrap();
     assert_eq!(exit.code(), Some(0), "a graceful stop exits 0");
+}
+
+#[tokio::test]
+async fn only_the_checked_path_and_allowed_headers_reach_the_upstream() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let config = GatewayConfig::from_json(CONFIG).unwrap();
+    let mut upstream_config = config.upstream_config(Some(&base)).unwrap();
+    upstream_config.api_key = Some("sk-upstream".into());
+    let service = gateway_with_clock(
+        &config,
+        store.clone(),
+        Upstream::new(&upstream_config).unwrap(),
+        Arc::new(t0()),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let address = serve(service).await;
+    let key = funded_key(&store, "acme").await;
+    let reply = reqwest::Client::new()
+        .post(format!(
+            "http://{address}/API/V1//Chat/./Completions?api-version=evil"
+        ))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .header("cookie", "session=client")
+        .header("openai-organization", "org-chosen-by-client")
+        .header("accept-encoding", "gzip")
+        .header("http-referer", "https://app.example")
+        .header("x-gateway-title", "My App")
+        .body(chat_body("mock/echo-headers", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    assert!(reply.headers().get("set-cookie").is_none());
+    assert!(reply.headers().get("openai-organization").is_none());
+    let body: Value = reply.json().await.unwrap();
+    let seen: Value =
+        serde_json::from_str(body["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(seen["path"], "/v1/chat/completions", "normalised, no query");
+    assert_eq!(
+        seen["authorization"], "Bearer sk-upstream",
+        "the upstream's key, never the client's"
+    );
+    assert_eq!(seen["accept-encoding"], "identity");
+    assert_eq!(seen["http-referer"], "https://app.example");
+    assert_eq!(seen["x-gateway-title"], "My App");
+    for absent in ["cookie", "openai-organization"] {
+        assert!(
+            seen.get(absent).is_none(),
+            "{absent} reached the upstream: {seen}"
+        );
+    }
+    // Anything in front of or between the segments is not chat completions.
+    for path in [
+        "/api/v1/foo/chat/completions",
+        "/api/v1/chat/completions/x/../../embeddings/chat/completions",
+    ] {
+        let reply = post(
+            &format!("http://{address}{path}"),
+            Some(&key),
+            &chat_body("openai/gpt-4o-mini", false),
+        )
+        .await;
+        assert_eq!(reply.status(), 404, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_that_cannot_be_reached_is_a_502_that_costs_nothing() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &base, CONFIG, &t0()).await;
+    let key = funded_key(&store, "acme").await;
+    let reply = post(
+        &format!("http://{address}/api/v1/chat/completions"),
+        Some(&key),
+        &chat_body("openai/gpt-4o-mini", false),
+    )
+    .await;
+    assert_eq!(reply.status(), 502);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["error"]["metadata"]["upstream_failure"], "connect");
+    let usage = store
+        .key_usage(
+            "acme",
+            &modelgate::auth::KeyHash::of(&key).to_hex(),
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((usage.total_nanos, usage.reserved_nanos), (0, 0));
 }

@@ -138,6 +138,15 @@ impl Mock {
             ));
         }
         let count = self.chats.fetch_add(1, Ordering::SeqCst);
+        let received: serde_json::Map<String, Value> = request
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.to_string(), Value::from(value.to_str().unwrap_or("?"))))
+            .chain(std::iter::once((
+                "path".to_owned(),
+                Value::from(request.uri().to_string()),
+            )))
+            .collect();
         let body = match request.into_body().collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
@@ -167,6 +176,25 @@ impl Mock {
                     .headers_mut()
                     .insert("retry-after", "1".parse().expect("a header value"));
             }
+            return Ok(response);
+        }
+        // `…/echo-headers` answers with what it received, for tests of what
+        // crosses the gateway; it also sets a cookie the gateway must drop.
+        if model.ends_with("/echo-headers") {
+            let mut response = json_response(
+                200,
+                json!({
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": Value::Object(received).to_string()}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                }),
+            );
+            response
+                .headers_mut()
+                .insert("set-cookie", "upstream=1".parse().expect("a header value"));
+            response.headers_mut().insert(
+                "openai-organization",
+                "org-operator".parse().expect("a header value"),
+            );
             return Ok(response);
         }
         let inject = count < self.config.fail_first

@@ -19,6 +19,55 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
+/// The client headers an upstream receives: what describes the body and
+/// the calling application, nothing that could pick the operator's
+/// organisation, carry cookies or credentials, or compress the response
+/// past the usage scanner.
+const FORWARDED_REQUEST: [&str; 6] = [
+    "content-type",
+    "accept",
+    "user-agent",
+    "http-referer",
+    "x-gateway-title",
+    "x-title",
+];
+
+/// The upstream headers a client receives.
+const FORWARDED_RESPONSE: [&str; 6] = [
+    "content-type",
+    "cache-control",
+    "retry-after",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+
+/// Keeps only the request headers an upstream may see, and asks for an
+/// uncompressed answer (the usage is read from the bytes as they pass).
+pub fn upstream_request_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = keep(headers, &FORWARDED_REQUEST);
+    kept.insert(
+        http::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    kept
+}
+
+/// Keeps only the response headers a client may see.
+pub fn client_response_headers(headers: &HeaderMap) -> HeaderMap {
+    keep(headers, &FORWARDED_RESPONSE)
+}
+
+fn keep(headers: &HeaderMap, allowed: &[&str]) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for (name, value) in headers {
+        if allowed.contains(&name.as_str()) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
 /// Removes the hop-by-hop headers, and those `Connection` names.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
@@ -77,6 +126,37 @@ mod tests {
         remove_hop_by_hop(&mut headers);
         let left: Vec<_> = headers.keys().map(|name| name.as_str()).collect();
         assert_eq!(left, ["http-referer", "x-gateway-title"]);
+    }
+
+    #[test]
+    fn only_allowed_headers_cross_the_gateway() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("content-type", "application/json"),
+            ("cookie", "session=1"),
+            ("openai-organization", "org-other"),
+            ("x-api-key", "k"),
+            ("accept-encoding", "gzip"),
+            ("http-referer", "https://app.example"),
+        ] {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let up = upstream_request_headers(&headers);
+        let names: Vec<_> = up.keys().map(|name| name.as_str()).collect();
+        assert_eq!(names, ["content-type", "http-referer", "accept-encoding"]);
+        assert_eq!(up["accept-encoding"], "identity");
+        let mut response = HeaderMap::new();
+        response.insert("set-cookie", HeaderValue::from_static("a=1"));
+        response.insert("openai-organization", HeaderValue::from_static("org"));
+        response.insert("retry-after", HeaderValue::from_static("1"));
+        let down = client_response_headers(&response);
+        assert_eq!(
+            down.keys().map(|name| name.as_str()).collect::<Vec<_>>(),
+            ["retry-after"]
+        );
     }
 
     #[test]

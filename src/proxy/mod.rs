@@ -64,7 +64,7 @@ pub use retry::{RetryPolicy, RetryPolicyError};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
 
 use crate::auth::BearerAuthLayer;
-use crate::body::{is_chat_completions_call, BodyLimitLayer};
+use crate::body::BodyLimitLayer;
 use crate::clock::{Clock, SystemClock};
 use crate::credit::{CreditGuardLayer, PriceTable};
 use crate::error::{ErrorKind, GatewayError};
@@ -90,7 +90,7 @@ use crate::response_body::{BoxError, ResponseBody};
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}}
 /// }
 /// ```
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayConfig {
     /// Where the upstream is.
@@ -110,6 +110,33 @@ pub struct GatewayConfig {
     pub credit: CreditSection,
     /// Plugin entries (the webhook routes), kept for the webhook layer.
     pub plugins: Option<Value>,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `plugins` holds webhook secrets: never printed.
+        f.debug_struct("GatewayConfig")
+            .field("upstream", &self.upstream)
+            .field("pricing", &self.pricing)
+            .field("rate_limits", &self.rate_limits)
+            .field("free_quota", &self.free_quota)
+            .field("body", &self.body)
+            .field("retry", &self.retry)
+            .field("credit", &self.credit)
+            .field("plugins", &self.plugins.as_ref().map(|_| "…"))
+            .finish()
+    }
+}
+
+impl GatewayConfig {
+    /// Whether the config enables the webhooks plugin.
+    pub fn webhooks_enabled(&self) -> bool {
+        self.plugins
+            .as_ref()
+            .and_then(|plugins| plugins.pointer("/entries/webhooks/enabled"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
 }
 
 /// `upstream` in [`GatewayConfig`].
@@ -329,7 +356,10 @@ where
     response.map(|body| body.map_err(Into::into).boxed_unsync())
 }
 
-/// Forwards chat completions only; every other path is a canonical 404.
+/// Forwards `POST /api/v1/chat/completions` only; every other path is a
+/// canonical 404. Upstream failures and credential refusals become
+/// complete canonical responses here, below CreditGuard, so they are
+/// settled as errors (at no cost).
 #[derive(Clone, Debug)]
 struct ChatOnly<S> {
     inner: S,
@@ -352,7 +382,7 @@ where
     }
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
-        if !is_chat_completions_call(request.method(), request.uri().path()) {
+        if !is_chat_completions_path(request.method(), request.uri().path()) {
             let error = GatewayError::new(
                 ErrorKind::NotFound,
                 format!(
@@ -365,11 +395,45 @@ where
         }
         let mut inner = self.inner.clone();
         Box::pin(async move {
-            let response = tower::ServiceExt::ready(&mut inner)
-                .await?
-                .call(request)
-                .await?;
-            Ok(response.map(ResponseBody::inner))
+            let outcome = match tower::ServiceExt::ready(&mut inner).await {
+                Ok(ready) => ready.call(request).await,
+                Err(error) => Err(error),
+            };
+            Ok(match outcome {
+                // An upstream that could not be reached or did not answer
+                // becomes a complete error response: CreditGuard charges
+                // nothing for it.
+                Err(error) => error.to_response(),
+                Ok(response) if matches!(response.status().as_u16(), 401..=403) => {
+                    // The upstream refused the gateway's own credentials or
+                    // account, not the client's: a 502, and its words (which
+                    // may name the operator's key) only in the log.
+                    let status = response.status().as_u16();
+                    tracing::warn!(
+                        upstream_status = status,
+                        "the upstream refused the gateway's credentials"
+                    );
+                    GatewayError::new(
+                        ErrorKind::Upstream,
+                        "the upstream refused this gateway's credentials; the operator must check the upstream key and account",
+                    )
+                    .with_metadata("upstream_status", status)
+                    .to_response()
+                }
+                Ok(response) => response.map(ResponseBody::inner),
+            })
         })
     }
+}
+
+/// Exactly `POST /api/v1/chat/completions`, in any case and spelling of
+/// the same segments: nothing in front of or between them.
+fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
+    let segments = crate::body::normalized_segments(path);
+    method == http::Method::POST
+        && segments.len() == 4
+        && segments
+            .iter()
+            .zip(["api", "v1", "chat", "completions"])
+            .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
 }

@@ -111,20 +111,32 @@ impl RetryPolicy {
     }
 }
 
-/// The wait an upstream asks for: `Retry-After` (seconds or an HTTP date),
-/// else `X-RateLimit-Reset` (seconds to wait, or a Unix time in seconds or
-/// milliseconds).
+/// The wait an upstream asks for: the longer of `Retry-After` (seconds or
+/// an HTTP date) and `X-RateLimit-Reset` (seconds to wait, or a Unix time
+/// in seconds or milliseconds), so a short `Retry-After` cannot hide a
+/// daily reset.
 fn asked_wait(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = |name: &http::header::HeaderName| headers.get(name)?.to_str().ok().map(str::trim);
-    if let Some(retry_after) = text(&RETRY_AFTER) {
-        if let Ok(seconds) = retry_after.parse::<u64>() {
-            return Some(Duration::from_secs(seconds));
-        }
-        if let Ok(date) = httpdate_parse(retry_after) {
-            return Some(date.duration_since(now).unwrap_or_default());
-        }
-    }
-    let reset: u64 = text(&X_RATELIMIT_RESET)?.parse().ok()?;
+    let retry_after = text(&RETRY_AFTER).and_then(|retry_after| {
+        retry_after
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .ok()
+            .or_else(|| {
+                Some(
+                    httpdate_parse(retry_after)
+                        .ok()?
+                        .duration_since(now)
+                        .unwrap_or_default(),
+                )
+            })
+    });
+    let reset = text(&X_RATELIMIT_RESET).and_then(|reset| reset_wait(reset, now));
+    retry_after.max(reset)
+}
+
+fn reset_wait(reset: &str, now: SystemTime) -> Option<Duration> {
+    let reset: u64 = reset.parse().ok()?;
     let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let at = match reset {
         // Milliseconds since the epoch (OpenRouter).
@@ -249,6 +261,14 @@ mod tests {
             .wait_for(&Ok(response(429, &[("x-ratelimit-reset", "2")])))
             .unwrap();
         assert_eq!(wait, Duration::from_secs(2));
+        assert_eq!(
+            policy.wait_for(&Ok(response(
+                429,
+                &[("retry-after", "5"), ("x-ratelimit-reset", "86400")]
+            ))),
+            None,
+            "a short Retry-After does not hide a daily reset"
+        );
         assert_eq!(
             asked_wait(
                 &response(503, &[("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT")])

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, HOST};
+use http::header::{HeaderValue, AUTHORIZATION};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response};
 use http_body_util::Full;
@@ -18,12 +18,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_service::Service;
 
-use super::headers::{remove_hop_by_hop, request_id, X_REQUEST_ID};
+use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 use crate::body::normalized_segments;
 use crate::error::{ErrorKind, GatewayError};
 
-/// Where and how to reach the upstream.
-#[derive(Clone, Debug)]
+/// Where and how to reach the upstream. `Debug` never shows the key.
+#[derive(Clone)]
 pub struct UpstreamConfig {
     /// The upstream's base URL, its API version included:
     /// `https://api.openai.com/v1`, `http://127.0.0.1:9000/v1`.
@@ -41,6 +41,19 @@ pub struct UpstreamConfig {
     pub response_header_timeout: Duration,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "…"))
+            .field("gateway_prefix", &self.gateway_prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_header_timeout", &self.response_header_timeout)
+            .field("pool_idle_timeout", &self.pool_idle_timeout)
+            .finish()
+    }
 }
 
 impl UpstreamConfig {
@@ -170,15 +183,18 @@ impl Inner {
             ));
         }
         let rest = &segments[self.prefix_segments.len()..];
+        // In the case the layers compared them in: OpenAI-style paths are
+        // lower case, and an upstream must not read another route.
         let encoded: Vec<String> = rest
             .iter()
-            .map(|segment| percent_encoding::utf8_percent_encode(segment, SEGMENT).to_string())
+            .map(|segment| {
+                percent_encoding::utf8_percent_encode(&segment.to_ascii_lowercase(), SEGMENT)
+                    .to_string()
+            })
             .collect();
-        let mut path = format!("{}/{}", self.base_path, encoded.join("/"));
-        if let Some(query) = parts.uri.query() {
-            path.push('?');
-            path.push_str(query);
-        }
+        // No query: nothing a client adds there (a deployment, a version)
+        // may steer the upstream past what the layers checked.
+        let path = format!("{}/{}", self.base_path, encoded.join("/"));
         let path_and_query: PathAndQuery = path.parse().map_err(|_| {
             GatewayError::new(
                 ErrorKind::InvalidRequest,
@@ -197,11 +213,8 @@ impl Inner {
                 )
             })?;
         let id = request_id(&parts.headers);
+        parts.headers = upstream_request_headers(&parts.headers);
         let headers = &mut parts.headers;
-        remove_hop_by_hop(headers);
-        headers.remove(HOST);
-        headers.remove(AUTHORIZATION);
-        headers.remove(CONTENT_LENGTH);
         if let Some(authorization) = &self.authorization {
             headers.insert(AUTHORIZATION, authorization.clone());
         }
@@ -267,7 +280,7 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                 }
                 Ok(Ok(response)) => response,
             };
-            remove_hop_by_hop(response.headers_mut());
+            *response.headers_mut() = client_response_headers(response.headers());
             response.headers_mut().insert(X_REQUEST_ID.clone(), id);
             Ok(response)
         })
@@ -305,7 +318,8 @@ mod tests {
             forwarded("http://127.0.0.1:9000/v1", "/api/v1/chat/completions?x=1").unwrap();
         assert_eq!(
             request.uri(),
-            "http://127.0.0.1:9000/v1/chat/completions?x=1"
+            "http://127.0.0.1:9000/v1/chat/completions",
+            "no query goes up"
         );
         let request = forwarded("https://api.example/v1/", "/API/v1//chat/./completions").unwrap();
         assert_eq!(request.uri(), "https://api.example/v1/chat/completions");
@@ -338,6 +352,9 @@ mod tests {
             "the client sets it from the body"
         );
         assert!(headers.contains_key("x-request-id"));
+        let mut config = UpstreamConfig::new("http://x/v1");
+        config.api_key = Some("sk-secret".into());
+        assert!(!format!("{config:?}").contains("sk-secret"));
     }
 
     #[test]
