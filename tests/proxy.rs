@@ -162,7 +162,7 @@ async fn every_upstream_error_status_reaches_the_client_in_the_canonical_shape()
             body["error"]["metadata"]["upstream_status"], status,
             "{body}"
         );
-        if matches!(status, 401 | 402 | 403) {
+        if matches!(status, 401..=403) {
             // The upstream refused the gateway's own credentials: a 502, and
             // the upstream's words (which may name the operator's key) are
             // not passed on.
