@@ -455,3 +455,72 @@ async fn an_upstream_that_cannot_be_reached_is_a_502_that_costs_nothing() {
         .unwrap();
     assert_eq!((usage.total_nanos, usage.reserved_nanos), (0, 0));
 }
+
+#[tokio::test]
+async fn a_request_in_flight_finishes_when_the_proxy_is_told_to_stop() {
+    let slow = mock::MockConfig {
+        latency: Duration::from_millis(1500),
+        ..mock::MockConfig::default()
+    };
+    let (base, received) = mock::start_counted(slow).await;
+    let admin = modelgate::auth::ApiKey::generate();
+    let mut child = Command::new(proxy_binary())
+        .args(["--listen", "127.0.0.1:0", "--upstream", &base])
+        .env("MODELGATE_ADMIN_KEY", admin.expose())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = lines.next().unwrap().unwrap();
+    let address = listening
+        .strip_prefix("modelgate listening on ")
+        .unwrap_or_else(|| panic!("with MODELGATE_ADMIN_KEY set no key is printed: {listening}"))
+        .to_owned();
+    let created: Value = post(
+        &format!("{address}/api/v1/keys"),
+        Some(admin.expose()),
+        &json!({"name": "demo"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let key = created["key"].as_str().unwrap().to_owned();
+    post(
+        &format!("{address}/api/v1/accounts/default/credits"),
+        Some(admin.expose()),
+        &json!({"amount": 10}),
+    )
+    .await;
+    let in_flight = tokio::spawn({
+        let address = address.clone();
+        async move {
+            post(
+                &format!("{address}/api/v1/chat/completions"),
+                Some(&key),
+                &chat_body("openai/gpt-4o-mini", false),
+            )
+            .await
+            .status()
+            .as_u16()
+        }
+    });
+    // The signal arrives once the request is at the slow upstream.
+    while received.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert_eq!(
+        in_flight.await.unwrap(),
+        200,
+        "the request in flight finished"
+    );
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+}

@@ -57,13 +57,20 @@ impl Default for MockConfig {
 struct Mock {
     config: MockConfig,
     chats: AtomicU64,
+    /// Requests received, counted before any latency.
+    received: Arc<AtomicU64>,
 }
 
 /// Serves the mock on `listener` until the process ends.
 pub async fn serve(listener: TcpListener, config: MockConfig) {
+    serve_counted(listener, config, Arc::default()).await
+}
+
+async fn serve_counted(listener: TcpListener, config: MockConfig, received: Arc<AtomicU64>) {
     let mock = Arc::new(Mock {
         config,
         chats: AtomicU64::new(0),
+        received,
     });
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -85,13 +92,19 @@ pub async fn serve(listener: TcpListener, config: MockConfig) {
 /// Starts the mock on a free loopback port; returns its base URL
 /// (`http://127.0.0.1:PORT/v1`).
 pub async fn start(config: MockConfig) -> String {
+    start_counted(config).await.0
+}
+
+/// [`start`], with a count of the requests the mock has received.
+pub async fn start_counted(config: MockConfig) -> (String, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
     let address: SocketAddr = listener.local_addr().expect("local address");
     let base = format!("http://{address}{}", config.prefix);
-    tokio::spawn(serve(listener, config));
-    base
+    let received = Arc::new(AtomicU64::new(0));
+    tokio::spawn(serve_counted(listener, config, Arc::clone(&received)));
+    (base, received)
 }
 
 fn json_response(status: u16, body: Value) -> Response<MockBody> {
@@ -115,6 +128,7 @@ fn openai_error(status: u16, message: &str, kind: &str) -> Response<MockBody> {
 
 impl Mock {
     async fn answer(&self, request: Request<Incoming>) -> Result<Response<MockBody>, Infallible> {
+        self.received.fetch_add(1, Ordering::SeqCst);
         if !self.config.latency.is_zero() {
             tokio::time::sleep(self.config.latency).await;
         }
