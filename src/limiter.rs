@@ -124,7 +124,12 @@ impl Limiter {
     /// A refusal without a round trip, when a counter of `checks` is known
     /// full: the store said so, under the same limit, and the wait it
     /// reported is not over. It only ever refuses what the store would.
-    fn known_full(&self, scope: &str, checks: &[Check], now: DateTime<Utc>) -> Option<Verdict> {
+    pub(crate) fn known_full(
+        &self,
+        scope: &str,
+        checks: &[Check],
+        now: DateTime<Utc>,
+    ) -> Option<Verdict> {
         if !self.remember_full_counters {
             return None;
         }

@@ -475,3 +475,32 @@ async fn a_full_counter_is_remembered_until_its_wait_ends_and_no_longer() {
     // The key is read again (its cache time is over), then the counter.
     assert_eq!(watch.client_commands(), ["evalsha", "evalsha"]);
 }
+
+#[tokio::test]
+async fn a_full_free_minute_refuses_without_reading_the_purchases() {
+    let server = RedisServer::start();
+    let store = redis_store(&server).await;
+    let clock = ManualClock::new(t0());
+    let address = instance(
+        store.clone(),
+        &clock,
+        RateLimitRules::default(),
+        FailurePolicy::FailOpen,
+    )
+    .await;
+    let keys = keys(&store, "acme", 1).await;
+    let replies = burst(&[address], &keys, "a/b:free", 21).await;
+    assert_eq!(count(&replies, 429), 1);
+    // Later, with the purchase total and the key due to be read again: the
+    // key is read, the purchases and counters are not.
+    clock.advance(Duration::from_secs(2));
+    let watch = CommandWatch::start(server.port());
+    let client = reqwest::Client::new();
+    let reply = chat(&client, address, &keys[0], "a/b:free").await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(
+        reply.body["error"]["metadata"]["limit_source"],
+        "free_per_minute"
+    );
+    assert_eq!(watch.client_commands(), ["evalsha"], "only the key lookup");
+}

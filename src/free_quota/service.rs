@@ -91,6 +91,19 @@ async fn decide(config: &FreeModelQuotaConfig, account: &str) -> Result<Admissio
     let limiter = &config.limiter;
     let rules = &config.rules;
     let now = limiter.now();
+    // A minute known to be full refuses before the purchased total is read:
+    // no round trip at all for what would be refused anyway.
+    if let Some(Verdict::Rejected {
+        outcome,
+        retry_after,
+        ..
+    }) = limiter.known_full(account, &[rules.minute_check(1)], now)
+    {
+        return Err(with_rate_limit_headers(
+            per_minute(rules.requests_per_minute, retry_after),
+            &outcome,
+        ));
+    }
     let purchased_nanos = match config
         .purchases
         .purchased_nanos(
