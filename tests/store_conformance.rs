@@ -971,7 +971,7 @@ async fn a_settlement_retried_records_once<S: Store>(store: Arc<S>) {
             .total_nanos,
         credits(3)
     );
-    // After a day the id is forgotten (ids are random per request).
+    // Once SETTLEMENT_MEMORY has passed the id is forgotten (ids are random per request).
     let later = t0() + chrono::Duration::from_std(modelgate::store::SETTLEMENT_MEMORY).unwrap();
     store
         .settle(

@@ -221,8 +221,10 @@ pub(crate) fn top_up_overflow() -> StoreError {
 }
 
 /// How long a settled reservation id is remembered, so that settling it
-/// again (a retry after a reply that never arrived) records nothing twice.
-pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(24 * 3600);
+/// again (a retry after a reply that never arrived) records nothing twice:
+/// longer than any settlement is retried, and short enough that a busy key
+/// remembers only its last few minutes of requests.
+pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(10 * 60);
 
 /// The key-limit refusal for a reservation of `amount_nanos`, if any: the
 /// request could take usage past the limit (so overspend is bounded by how

@@ -1,7 +1,7 @@
 //! The embedded store: every trait in process, for a single gateway instance.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 
@@ -384,8 +384,10 @@ struct KeyLedger {
     /// Day, week, month: the period's start and its own and BYOK usage.
     periods: [PeriodUsage; 3],
     reservations: HashMap<Box<str>, Reservation>,
-    /// Reservation ids settled, and until when (µs) that is remembered.
-    settled: HashMap<Box<str>, i64>,
+    /// Reservation ids settled recently, and the same ids by when (µs)
+    /// they may be forgotten, oldest first, so forgetting is O(1) each.
+    settled: HashSet<Box<str>>,
+    settled_order: VecDeque<(i64, Box<str>)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -540,15 +542,23 @@ impl LedgerStore for MemoryStore {
         let starts = period_starts_micros(now);
         self.with_account(&settlement.account, |account| {
             let key = key_ledger(account, &settlement.key, now_micros);
-            key.settled.retain(|_, until| *until > now_micros);
+            while let Some((until, _)) = key.settled_order.front() {
+                if *until > now_micros {
+                    break;
+                }
+                if let Some((_, id)) = key.settled_order.pop_front() {
+                    key.settled.remove(&id);
+                }
+            }
             // A retried settlement of the same request records nothing more.
-            if key.settled.contains_key(settlement.reservation_id.as_str()) {
+            let id: Box<str> = settlement.reservation_id.as_str().into();
+            if !key.settled.insert(id.clone()) {
                 return;
             }
-            key.settled.insert(
-                settlement.reservation_id.as_str().into(),
+            key.settled_order.push_back((
                 now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
-            );
+                id,
+            ));
             key.reservations.remove(settlement.reservation_id.as_str());
             key.record(settlement.cost_nanos, settlement.byok, starts);
             if !settlement.byok {
