@@ -32,6 +32,8 @@
 //!   the usage ledger, with the streamed usage scanner.
 //! - [`proxy`]: the upstream client, the retry policy and the whole gateway
 //!   stack from one JSON config (served by `examples/proxy.rs`).
+//! - [`webhook`]: the webhook routes' configuration and secrets (the
+//!   layer and the flow actions are still to come).
 //! - [`admission`]: the response future the deciding layers share.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
@@ -83,3 +85,4 @@ pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
 pub mod store;
+pub mod webhook;

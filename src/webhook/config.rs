@@ -1,0 +1,539 @@
+//! The webhooks plugin entry (`plugins.entries.webhooks`), read strictly:
+//! every error names the route and the field.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use super::secret::{Secret, SecretRef, SecretSource, SecretSpec};
+use crate::body::normalized_segments;
+
+/// Longest route id, session key, controller id or path accepted.
+pub const MAX_FIELD_CHARS: usize = 256;
+/// Shortest inline secret accepted: a guessable one would let anyone drive
+/// the route's flows.
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// The webhooks plugin entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhooksConfig {
+    /// Whether the plugin serves its routes at all.
+    pub enabled: bool,
+    /// The routes, by route id order.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One configured route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteConfig {
+    /// The route's id (its key in `config.routes`).
+    pub route_id: String,
+    /// A disabled route is not served.
+    pub enabled: bool,
+    /// Where it is served; default `/plugins/webhooks/<routeId>`.
+    pub path: String,
+    /// The session whose flows the route may see and change.
+    pub session_key: String,
+    /// The shared secret, or where to read it at start-up.
+    pub secret: SecretSpec,
+    /// Given to flows the route creates; default `webhooks/<routeId>`.
+    pub controller_id: String,
+    /// An operator's note.
+    pub description: Option<String>,
+}
+
+/// A configuration the plugin refuses, naming the route and field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookConfigError {
+    route: Option<String>,
+    field: String,
+    problem: String,
+}
+
+impl WebhookConfigError {
+    fn new(route: Option<&str>, field: &str, problem: impl Into<String>) -> Self {
+        WebhookConfigError {
+            route: route.map(str::to_owned),
+            field: field.to_owned(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The route the error is in, if any.
+    pub fn route(&self) -> Option<&str> {
+        self.route.as_deref()
+    }
+
+    /// The field the error is about.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+}
+
+impl fmt::Display for WebhookConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.route {
+            Some(route) => write!(
+                f,
+                "webhooks route `{route}`: `{}` {}",
+                self.field, self.problem
+            ),
+            None => write!(f, "webhooks: `{}` {}", self.field, self.problem),
+        }
+    }
+}
+
+impl std::error::Error for WebhookConfigError {}
+
+impl WebhooksConfig {
+    /// Reads the `plugins.entries.webhooks` value:
+    /// `{"enabled": bool, "config": {"routes": {"<routeId>": {…}}}}`.
+    ///
+    /// ```
+    /// use modelgate::webhook::WebhooksConfig;
+    ///
+    /// let entry = serde_json::json!({"enabled": true, "config": {"routes": {
+    ///     "deploys": {"sessionKey": "agent:main", "secret": {"source": "env", "provider": "default", "id": "DEPLOY_HOOK_SECRET"}}
+    /// }}});
+    /// let config = WebhooksConfig::from_plugin_entry(&entry).unwrap();
+    /// assert_eq!(config.routes[0].path, "/plugins/webhooks/deploys");
+    /// assert_eq!(config.routes[0].controller_id, "webhooks/deploys");
+    ///
+    /// let missing = serde_json::json!({"enabled": true, "config": {"routes": {"x": {"secret": "0123456789abcdef"}}}});
+    /// let error = WebhooksConfig::from_plugin_entry(&missing).unwrap_err();
+    /// assert_eq!(error.to_string(), "webhooks route `x`: `sessionKey` is required");
+    /// ```
+    pub fn from_plugin_entry(entry: &Value) -> Result<Self, WebhookConfigError> {
+        let mut entry = object(entry, None, "plugins.entries.webhooks")?;
+        let enabled = take_bool(&mut entry, None, "enabled")?.unwrap_or(false);
+        let config = entry.remove("config");
+        refuse_unknown(&entry, None)?;
+        let Some(config) = config else {
+            return Ok(WebhooksConfig {
+                enabled,
+                routes: Vec::new(),
+            });
+        };
+        let mut config = object(&config, None, "config")?;
+        let routes = config.remove("routes");
+        refuse_unknown(&config, None)?;
+        let routes = match routes {
+            None => Map::new(),
+            Some(routes) => object(&routes, None, "config.routes")?,
+        };
+        // BTreeMap: routes in id order, so errors and listings are stable.
+        let ordered: BTreeMap<&String, &Value> = routes.iter().collect();
+        let mut parsed: Vec<RouteConfig> = Vec::new();
+        for (route_id, route) in ordered {
+            let route = RouteConfig::parse(route_id, route)?;
+            if let Some(other) = parsed.iter().find(|other| other.path == route.path) {
+                return Err(WebhookConfigError::new(
+                    Some(&route.route_id),
+                    "path",
+                    format!(
+                        "{:?} is also the path of route `{}`; give each route its own",
+                        route.path, other.route_id
+                    ),
+                ));
+            }
+            parsed.push(route);
+        }
+        Ok(WebhooksConfig {
+            enabled,
+            routes: parsed,
+        })
+    }
+}
+
+impl RouteConfig {
+    fn parse(route_id: &str, value: &Value) -> Result<Self, WebhookConfigError> {
+        let route = Some(route_id);
+        if !is_identifier(route_id) {
+            return Err(WebhookConfigError::new(
+                route,
+                "routeId",
+                "must be 1 to 64 characters of A-Z a-z 0-9 _ -",
+            ));
+        }
+        let mut fields = object(value, route, "route")?;
+        let enabled = take_bool(&mut fields, route, "enabled")?.unwrap_or(true);
+        let path = match take_string(&mut fields, route, "path")? {
+            Some(path) => checked_path(route, path)?,
+            None => format!("/plugins/webhooks/{route_id}"),
+        };
+        let session_key = take_string(&mut fields, route, "sessionKey")?
+            .ok_or_else(|| WebhookConfigError::new(route, "sessionKey", "is required"))?;
+        let secret = match fields.remove("secret") {
+            None | Some(Value::Null) => {
+                return Err(WebhookConfigError::new(route, "secret", "is required"))
+            }
+            Some(secret) => secret_spec(route, &secret)?,
+        };
+        let controller_id = take_string(&mut fields, route, "controllerId")?
+            .unwrap_or_else(|| format!("webhooks/{route_id}"));
+        let description = take_string(&mut fields, route, "description")?;
+        refuse_unknown(&fields, route)?;
+        Ok(RouteConfig {
+            route_id: route_id.to_owned(),
+            enabled,
+            path,
+            session_key,
+            secret,
+            controller_id,
+            description,
+        })
+    }
+}
+
+fn is_identifier(text: &str) -> bool {
+    (1..=64).contains(&text.len())
+        && text
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-'))
+}
+
+/// A path served as written: absolute, plain segments, nothing a
+/// normaliser would read differently.
+fn checked_path(route: Option<&str>, path: String) -> Result<String, WebhookConfigError> {
+    let plain_segments = path.split('/').skip(1).all(|segment| {
+        !segment.is_empty()
+            && segment != "."
+            && segment != ".."
+            && segment.bytes().all(|byte| {
+                byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~')
+            })
+    });
+    let canonical = format!("/{}", normalized_segments(&path).join("/"));
+    if !path.starts_with('/')
+        || !plain_segments
+        || canonical != path
+        || path.len() > MAX_FIELD_CHARS
+    {
+        return Err(WebhookConfigError::new(
+            route,
+            "path",
+            "must be an absolute path of plain segments (A-Z a-z 0-9 - _ . ~), such as /plugins/webhooks/deploys",
+        ));
+    }
+    Ok(path)
+}
+
+fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, WebhookConfigError> {
+    match value {
+        Value::String(secret) => {
+            if secret.len() < MIN_SECRET_BYTES {
+                return Err(WebhookConfigError::new(
+                    route,
+                    "secret",
+                    format!("must be at least {MIN_SECRET_BYTES} bytes; prefer a SecretRef to inline text"),
+                ));
+            }
+            Ok(SecretSpec::Inline(Secret::new(secret.clone())))
+        }
+        Value::Object(_) => {
+            let mut fields = object(value, route, "secret")?;
+            let source = match take_string(&mut fields, route, "secret.source")?.as_deref() {
+                Some("env") => SecretSource::Env,
+                Some("file") => SecretSource::File,
+                Some("exec") => SecretSource::Exec,
+                Some(_) => {
+                    return Err(WebhookConfigError::new(
+                        route,
+                        "secret.source",
+                        "must be \"env\", \"file\" or \"exec\"",
+                    ))
+                }
+                None => {
+                    return Err(WebhookConfigError::new(
+                        route,
+                        "secret.source",
+                        "is required",
+                    ))
+                }
+            };
+            let provider = take_string(&mut fields, route, "secret.provider")?
+                .ok_or_else(|| WebhookConfigError::new(route, "secret.provider", "is required"))?;
+            let id = take_string(&mut fields, route, "secret.id")?
+                .ok_or_else(|| WebhookConfigError::new(route, "secret.id", "is required"))?;
+            if let Some(unknown) = fields.keys().next() {
+                return Err(WebhookConfigError::new(
+                    route,
+                    &format!("secret.{unknown}"),
+                    "is not a SecretRef field (source, provider, id)",
+                ));
+            }
+            Ok(SecretSpec::Ref(SecretRef {
+                source,
+                provider,
+                id,
+            }))
+        }
+        _ => Err(WebhookConfigError::new(
+            route,
+            "secret",
+            "must be a string or a SecretRef {source, provider, id}",
+        )),
+    }
+}
+
+fn object(
+    value: &Value,
+    route: Option<&str>,
+    field: &str,
+) -> Result<Map<String, Value>, WebhookConfigError> {
+    match value {
+        Value::Object(map) => Ok(map.clone()),
+        _ => Err(WebhookConfigError::new(
+            route,
+            field,
+            "must be a JSON object",
+        )),
+    }
+}
+
+fn take_bool(
+    fields: &mut Map<String, Value>,
+    route: Option<&str>,
+    name: &str,
+) -> Result<Option<bool>, WebhookConfigError> {
+    match fields.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(value)) => Ok(Some(value)),
+        Some(_) => Err(WebhookConfigError::new(
+            route,
+            name,
+            "must be true or false",
+        )),
+    }
+}
+
+/// A non-empty string, trimmed, of at most [`MAX_FIELD_CHARS`] characters.
+fn take_string(
+    fields: &mut Map<String, Value>,
+    route: Option<&str>,
+    name: &str,
+) -> Result<Option<String>, WebhookConfigError> {
+    let key = name.rsplit('.').next().unwrap_or(name);
+    match fields.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => {
+            let trimmed = text.trim();
+            if trimmed.is_empty()
+                || trimmed.chars().count() > MAX_FIELD_CHARS
+                || trimmed.chars().any(char::is_control)
+            {
+                return Err(WebhookConfigError::new(
+                    route,
+                    name,
+                    format!("must be 1 to {MAX_FIELD_CHARS} characters without control characters"),
+                ));
+            }
+            Ok(Some(trimmed.to_owned()))
+        }
+        Some(_) => Err(WebhookConfigError::new(route, name, "must be a string")),
+    }
+}
+
+fn refuse_unknown(
+    fields: &Map<String, Value>,
+    route: Option<&str>,
+) -> Result<(), WebhookConfigError> {
+    match fields.keys().next() {
+        Some(unknown) => Err(WebhookConfigError::new(
+            route,
+            unknown,
+            "is not a known field",
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn entry(routes: Value) -> Value {
+        json!({"enabled": true, "config": {"routes": routes}})
+    }
+
+    #[test]
+    fn defaults_fill_the_gaps_the_seed_names() {
+        let config = WebhooksConfig::from_plugin_entry(&entry(json!({
+            "b": {"sessionKey": " agent:b ", "secret": "0123456789abcdef-b"},
+            "a": {"sessionKey": "agent:a", "secret": {"source": "file", "provider": "/run/secrets/hooks.json", "id": "/a"},
+                  "path": "/hooks/a", "enabled": false, "controllerId": "ci/a", "description": "CI"},
+        })))
+        .unwrap();
+        assert!(config.enabled);
+        let [a, b] = [&config.routes[0], &config.routes[1]];
+        assert_eq!(
+            (
+                a.route_id.as_str(),
+                a.enabled,
+                a.path.as_str(),
+                a.controller_id.as_str()
+            ),
+            ("a", false, "/hooks/a", "ci/a")
+        );
+        assert_eq!(
+            (
+                b.path.as_str(),
+                b.session_key.as_str(),
+                b.controller_id.as_str()
+            ),
+            ("/plugins/webhooks/b", "agent:b", "webhooks/b")
+        );
+        assert!(matches!(
+            &a.secret,
+            SecretSpec::Ref(SecretRef {
+                source: SecretSource::File,
+                ..
+            })
+        ));
+        assert!(
+            !format!("{config:?}").contains("0123456789abcdef"),
+            "Debug never shows a secret"
+        );
+        assert!(
+            !WebhooksConfig::from_plugin_entry(&json!({}))
+                .unwrap()
+                .enabled
+        );
+    }
+
+    #[test]
+    fn each_error_names_its_route_and_field() {
+        let secret = "0123456789abcdef";
+        for (routes, route, field) in [
+            (json!({"x": {"secret": secret}}), Some("x"), "sessionKey"),
+            (json!({"x": {"sessionKey": "s"}}), Some("x"), "secret"),
+            (
+                json!({"x": {"sessionKey": "s", "secret": "short"}}),
+                Some("x"),
+                "secret",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": {"source": "vault", "provider": "p", "id": "i"}}}),
+                Some("x"),
+                "secret.source",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": {"source": "env", "id": "i"}}}),
+                Some("x"),
+                "secret.provider",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": {"source": "env", "provider": "p", "id": "i", "key": 1}}}),
+                Some("x"),
+                "secret.key",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": 5}}),
+                Some("x"),
+                "secret",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": secret, "path": "relative"}}),
+                Some("x"),
+                "path",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": secret, "path": "/a/../b"}}),
+                Some("x"),
+                "path",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": secret, "path": "/a//b"}}),
+                Some("x"),
+                "path",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": secret, "path": "/a%2Fb"}}),
+                Some("x"),
+                "path",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": secret, "enabled": "yes"}}),
+                Some("x"),
+                "enabled",
+            ),
+            (
+                json!({"x": {"sessionKey": "s", "secret": secret, "sesionKey": "t"}}),
+                Some("x"),
+                "sesionKey",
+            ),
+            (
+                json!({"x": {"sessionKey": "", "secret": secret}}),
+                Some("x"),
+                "sessionKey",
+            ),
+            (
+                json!({"bad id": {"sessionKey": "s", "secret": secret}}),
+                Some("bad id"),
+                "routeId",
+            ),
+            (
+                json!({"a": {"sessionKey": "s", "secret": secret, "path": "/p"}, "b": {"sessionKey": "s", "secret": secret, "path": "/p"}}),
+                Some("b"),
+                "path",
+            ),
+        ] {
+            let error = WebhooksConfig::from_plugin_entry(&entry(routes.clone())).unwrap_err();
+            assert_eq!(
+                (error.route(), error.field()),
+                (route, field),
+                "{routes}: {error}"
+            );
+            assert!(!error.to_string().contains(secret), "{error}");
+        }
+        let error =
+            WebhooksConfig::from_plugin_entry(&json!({"enabled": true, "extra": 1})).unwrap_err();
+        assert_eq!((error.route(), error.field()), (None, "extra"));
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-zA-Z/:._ -]{0,20}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("enabled".to_owned()),
+                        Just("config".to_owned()),
+                        Just("routes".to_owned()),
+                        Just("sessionKey".to_owned()),
+                        Just("secret".to_owned()),
+                        Just("path".to_owned()),
+                        Just("source".to_owned()),
+                        Just("id".to_owned()),
+                        Just("provider".to_owned()),
+                        "[a-z]{1,6}"
+                    ],
+                    inner,
+                    0..5
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_json_is_a_config_or_an_error_never_a_panic(value in json_value()) {
+            if let Ok(config) = WebhooksConfig::from_plugin_entry(&value) {
+                let mut paths: Vec<_> = config.routes.iter().map(|route| route.path.clone()).collect();
+                paths.sort();
+                paths.dedup();
+                prop_assert_eq!(paths.len(), config.routes.len(), "no two routes on one path");
+            }
+        }
+    }
+}
