@@ -206,16 +206,14 @@ mod tests {
     use std::time::Duration;
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-    fn principal() -> Principal {
-        Principal::for_tests("acct")
-    }
-
     fn free_chat() -> Request<Full<Bytes>> {
         let body = br#"{"model": "a/b:free", "messages": [{"role": "user", "content": "x"}]}"#;
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(Bytes::from_static(body)))
             .unwrap();
-        request.extensions_mut().insert(principal());
+        request
+            .extensions_mut()
+            .insert(Principal::for_tests("acct"));
         request
             .extensions_mut()
             .insert(ChatRequest::parse(body).unwrap());

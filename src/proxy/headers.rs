@@ -1,26 +1,14 @@
 //! Header handling between client, gateway and upstream.
 
-use http::header::{HeaderName, HeaderValue, CONNECTION};
+use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 
 /// The request id header the proxy adds (or keeps) and echoes.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// The client headers an upstream receives: what describes the body and
-/// the calling application, nothing that could pick the operator's
+/// The client headers an upstream receives (an allow-list, so no
+/// hop-by-hop header ever crosses): what describes the body and the
+/// calling application, nothing that could pick the operator's
 /// organisation, carry cookies or credentials, or compress the response
 /// past the usage scanner.
 const FORWARDED_REQUEST: [&str; 6] = [
@@ -68,23 +56,6 @@ fn keep(headers: &HeaderMap, allowed: &[&str]) -> HeaderMap {
     kept
 }
 
-/// Removes the hop-by-hop headers, and those `Connection` names.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-}
-
 /// The request's id: the client's when it is short and printable, else a
 /// new random one.
 pub fn request_id(headers: &HeaderMap) -> HeaderValue {
@@ -109,26 +80,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hop_by_hop_headers_and_those_connection_names_go() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
-        );
-        headers.insert("x-secret-hop", HeaderValue::from_static("1"));
-        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        headers.insert("upgrade", HeaderValue::from_static("h2c"));
-        headers.insert(
-            "http-referer",
-            HeaderValue::from_static("https://app.example"),
-        );
-        headers.insert("x-gateway-title", HeaderValue::from_static("App"));
-        remove_hop_by_hop(&mut headers);
-        let left: Vec<_> = headers.keys().map(|name| name.as_str()).collect();
-        assert_eq!(left, ["http-referer", "x-gateway-title"]);
-    }
-
-    #[test]
     fn only_allowed_headers_cross_the_gateway() {
         let mut headers = HeaderMap::new();
         for (name, value) in [
@@ -138,6 +89,8 @@ mod tests {
             ("x-api-key", "k"),
             ("accept-encoding", "gzip"),
             ("http-referer", "https://app.example"),
+            ("connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
         ] {
             headers.insert(
                 HeaderName::from_static(name),

@@ -59,7 +59,7 @@ use tower::ServiceBuilder;
 use tower_service::Service;
 
 pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
-pub use headers::{remove_hop_by_hop, request_id, X_REQUEST_ID};
+pub use headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 pub use retry::{RetryPolicy, RetryPolicyError};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
 

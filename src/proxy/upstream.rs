@@ -80,8 +80,9 @@ pub struct UpstreamConfigError(String);
 /// client (TLS for `https`), and streams each response back as it arrives.
 ///
 /// The path is the one the gateway's layers checked, normalised, with the
-/// gateway prefix swapped for the base URL's path; hop-by-hop headers are
-/// dropped both ways; `Authorization` is the upstream's own key; an
+/// gateway prefix swapped for the base URL's path, lower case, no query;
+/// only allow-listed headers cross either way; `Authorization` is the
+/// upstream's own key; an
 /// `x-request-id` goes up and comes back. Failures are [`GatewayError`]s
 /// (502, or 504 for a response-header timeout) with
 /// `metadata.upstream_failure` `connect`, `timeout` or `request`, which the
