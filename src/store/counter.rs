@@ -1,4 +1,5 @@
-//! Counters: limits, checks and their outcomes, shared by every backend.
+//! Counters and in-flight slots: limits, checks and their outcomes, shared
+//! by every backend.
 
 use std::time::Duration;
 
@@ -11,6 +12,10 @@ use crate::clock::{unix_micros, Period};
 /// The largest limit or amount a counter takes: every integer up to 2^53 is
 /// exact in a Lua number (a double), so Redis and memory agree on them all.
 pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The longest holder id a slot takes: ids are per request, and a bound
+/// keeps one caller from filling a shared slot set with megabytes.
+const MAX_HOLDER_BYTES: usize = 128;
 
 /// A bound on how much may be added to a counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -162,12 +167,31 @@ impl Decision {
     }
 }
 
-/// Atomic check-and-add on named counters, scoped by account.
+/// What taking an in-flight slot found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotOutcome {
+    /// Whether the holder holds a slot now (taken or renewed); when false
+    /// nothing changed.
+    pub acquired: bool,
+    /// Unexpired leases after the call, the holder's own included.
+    pub held: u64,
+    /// How many slots there are, as asked.
+    pub limit: u64,
+    /// When refused: until the earliest lease expires; zero when acquired.
+    pub retry_after: Duration,
+}
+
+/// Atomic check-and-add on named counters, and in-flight slots, scoped by
+/// account.
 ///
 /// All checks of one call belong to one scope (an account), are evaluated
 /// together and are applied all or none: a request checked against a
 /// per-minute and a per-day counter consumes from neither when either
 /// rejects. On Redis a call is one script run in one Cluster slot.
+///
+/// Slots bound how many requests are in flight at once: each is a lease
+/// that ends by itself, so a holder that crashes before giving its slot
+/// back blocks it for one lease at most.
 #[async_trait]
 pub trait CounterStore: Send + Sync + 'static {
     /// Checks every counter of `checks` in `scope` at `now`; adds every
@@ -178,6 +202,56 @@ pub trait CounterStore: Send + Sync + 'static {
         checks: &[Check],
         now: DateTime<Utc>,
     ) -> Result<Decision, StoreError>;
+
+    /// Takes one of `limit` slots named `name` in `scope` for `holder` until
+    /// `now + lease`; refused (nothing changes) when `limit` unexpired leases are held.
+    /// Expired leases are dropped first, so a crashed holder frees its slot when its lease ends.
+    /// Taking a slot already held by the same `holder` renews it and counts once.
+    ///
+    /// `limit` is from 1 to [`MAX_EXACT`], `lease` from 1 ms to
+    /// [`MAX_EXACT`] µs, and `holder` 1 to 128 bytes.
+    async fn acquire_slot(
+        &self,
+        scope: &str,
+        name: &str,
+        holder: &str,
+        limit: u64,
+        lease: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<SlotOutcome, StoreError>;
+
+    /// Gives back `holder`'s slot; giving back a slot not held is not an error.
+    async fn release_slot(&self, scope: &str, name: &str, holder: &str) -> Result<(), StoreError>;
+}
+
+pub(crate) fn validate_slot(limit: u64, lease: Duration, holder: &str) -> Result<(), StoreError> {
+    const OPERATION: &str = "acquire_slot";
+    if limit == 0 || limit > MAX_EXACT {
+        return Err(StoreError::invalid(
+            OPERATION,
+            "slot limit must be from 1 to 2^53",
+        ));
+    }
+    // A shorter lease would end before a round trip to the store does.
+    if lease < Duration::from_millis(1) {
+        return Err(StoreError::invalid(
+            OPERATION,
+            "lease must be at least 1 ms",
+        ));
+    }
+    if lease.as_micros() > u128::from(MAX_EXACT) {
+        return Err(StoreError::invalid(
+            OPERATION,
+            "lease must be at most 2^53 µs (285 years)",
+        ));
+    }
+    if holder.is_empty() || holder.len() > MAX_HOLDER_BYTES {
+        return Err(StoreError::invalid(
+            OPERATION,
+            format!("holder must be 1 to {MAX_HOLDER_BYTES} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_checks(operation: &'static str, checks: &[Check]) -> Result<(), StoreError> {

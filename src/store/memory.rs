@@ -4,26 +4,30 @@ use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
+use super::counter::{
+    duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
+};
 use super::ledger::{
     key_limit_outcome, period_starts_micros, top_up_overflow, validate_amount, validate_reserve,
     SETTLEMENT_MEMORY,
 };
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
-    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, Versioned,
-    WriteOutcome,
+    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, StoreError,
+    Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
 /// Shards spread accounts over independent locks, so requests of different
 /// accounts rarely wait for each other.
 const SHARD_COUNT: usize = 64;
-/// How often (in store time) a shard drops counters whose windows have ended.
+/// How often (in store time) a shard drops counters whose windows have ended
+/// and slot leases that have ended.
 const SWEEP_INTERVAL_MICROS: i64 = 1_000_000;
 /// How long a counter outlives its window, as `RedisStoreConfig::expiry_slack`
 /// does: a caller whose clock reads a little earlier still finds it.
@@ -31,11 +35,12 @@ const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
 
 /// Every store trait in process memory: the embedded default.
 ///
-/// Counters and ledgers are sharded by account behind plain mutexes (a
-/// call holds one shard's lock for well under a microsecond, so the lock
-/// never waits on I/O); counters whose windows have ended are swept away
-/// at most once a second per shard, so memory stays bounded under many
-/// accounts. State is lost when the process ends.
+/// Counters, slots and ledgers are sharded by account behind plain mutexes
+/// (a call holds one shard's lock for well under a microsecond, so the lock
+/// never waits on I/O); counters whose windows have ended and slot sets
+/// whose leases have all ended are swept away at most once a second per
+/// shard, so memory stays bounded under many accounts. State is lost when
+/// the process ends.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
@@ -75,7 +80,8 @@ impl MemoryStore {
             .sum()
     }
 
-    /// Drops every counter whose window has ended by `now`, at once.
+    /// Drops every counter whose window has ended by `now`, and every slot
+    /// lease that has, at once.
     pub fn evict_expired(&self, now: DateTime<Utc>) {
         let now_micros = unix_micros(now);
         for shard in self.shards.iter() {
@@ -100,9 +106,15 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug, Default)]
 struct Shard {
     counters: HashMap<Box<str>, HashMap<Box<str>, Counter>>,
+    /// Slot sets by scope, then by name.
+    slots: HashMap<Box<str>, HashMap<Box<str>, Leases>>,
     ledgers: HashMap<Box<str>, AccountLedger>,
     next_sweep_micros: i64,
 }
+
+/// One slot set: holder -> when its lease ends (µs). A plain map, scanned
+/// whole: a set is about as small as its limit, the requests in flight.
+type Leases = HashMap<Box<str>, i64>;
 
 impl Shard {
     fn maybe_sweep(&mut self, now_micros: i64) {
@@ -119,6 +131,14 @@ impl Shard {
         self.counters.retain(|_, counters| {
             counters.retain(|_, counter| counter.expires_at_micros > horizon_micros);
             !counters.is_empty()
+        });
+        // Holders that never gave their slots back, and the sets they leave empty.
+        self.slots.retain(|_, sets| {
+            sets.retain(|_, leases| {
+                leases.retain(|_, ends_at_micros| *ends_at_micros > horizon_micros);
+                !leases.is_empty()
+            });
+            !sets.is_empty()
         });
         self.next_sweep_micros = now_micros.saturating_add(SWEEP_INTERVAL_MICROS);
     }
@@ -368,6 +388,74 @@ impl CounterStore for MemoryStore {
             .collect();
         Ok(Decision { admitted, outcomes })
     }
+
+    async fn acquire_slot(
+        &self,
+        scope: &str,
+        name: &str,
+        holder: &str,
+        limit: u64,
+        lease: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<SlotOutcome, StoreError> {
+        validate_slot(limit, lease, holder)?;
+        let now_micros = unix_micros(now);
+        let mut shard = self.shard(scope);
+        shard.maybe_sweep(now_micros);
+        let leases = get_or_default(get_or_default(&mut shard.slots, scope), name);
+        // A lease ending at `t` is held while `now < t`.
+        leases.retain(|_, ends_at_micros| *ends_at_micros > now_micros);
+        let renewing = leases.contains_key(holder);
+        let held = leases.len() as u64;
+        if !renewing && held >= limit {
+            let earliest_micros = leases.values().copied().min().unwrap_or(now_micros);
+            return Ok(SlotOutcome {
+                acquired: false,
+                held,
+                limit,
+                retry_after: micros_duration(earliest_micros.saturating_sub(now_micros)),
+            });
+        }
+        let ends_at_micros = now_micros.saturating_add(duration_micros(lease));
+        match leases.get_mut(holder) {
+            Some(lease_end) => *lease_end = ends_at_micros,
+            None => {
+                leases.insert(holder.into(), ends_at_micros);
+            }
+        }
+        Ok(SlotOutcome {
+            acquired: true,
+            held: leases.len() as u64,
+            limit,
+            retry_after: Duration::ZERO,
+        })
+    }
+
+    async fn release_slot(&self, scope: &str, name: &str, holder: &str) -> Result<(), StoreError> {
+        let mut shard = self.shard(scope);
+        let Some(sets) = shard.slots.get_mut(scope) else {
+            return Ok(());
+        };
+        if let Some(leases) = sets.get_mut(name) {
+            leases.remove(holder);
+            if leases.is_empty() {
+                sets.remove(name);
+            }
+        }
+        if sets.is_empty() {
+            shard.slots.remove(scope);
+        }
+        Ok(())
+    }
+}
+
+/// The value at `key`, inserted empty if absent (without allocating a key
+/// when present, as `entry` would).
+fn get_or_default<'a, V: Default>(map: &'a mut HashMap<Box<str>, V>, key: &str) -> &'a mut V {
+    if !map.contains_key(key) {
+        map.insert(key.into(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 #[derive(Debug, Default)]

@@ -3,7 +3,9 @@
 //! The traits say what the layers need, not what Redis offers:
 //!
 //! - [`CounterStore`]: atomic check-and-add on fixed windows, rolling
-//!   windows, GCRA buckets and UTC calendar windows, several at once.
+//!   windows, GCRA buckets and UTC calendar windows, several at once; and
+//!   in-flight slots, leases that bound concurrent requests and end by
+//!   themselves when a holder never gives its slot back.
 //! - [`LedgerStore`]: credits in nano-credits (`i64`), per key and per
 //!   account, with reservations for requests in flight.
 //! - [`RecordStore`]: keys, accounts and flows with compare-and-set by revision.
@@ -44,7 +46,7 @@ mod redis;
 
 use std::fmt;
 
-pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, MAX_EXACT};
+pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
 pub use ledger::{
     AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
     MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,

@@ -2,8 +2,8 @@
 //!
 //! Each operation is one Lua script run through [`redis::Script`] (EVALSHA,
 //! loading the script again when a restarted Redis has forgotten it), so a
-//! check-and-add is one round trip and atomic. Counter and ledger keys are
-//! hash-tagged by account (`mg:{acct}:…`) and record keys by collection
+//! check-and-add is one round trip and atomic. Counter, slot and ledger keys
+//! are hash-tagged by account (`mg:{acct}:…`) and record keys by collection
 //! (`mg:{r:keys}:…`), so every script touches one Cluster slot and declares
 //! every key it touches.
 //!
@@ -22,14 +22,16 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
-use super::counter::{duration_micros, micros_duration, validate_checks, window_bounds_micros};
+use super::counter::{
+    duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
+};
 use super::ledger::{
     period_starts_micros, top_up_overflow, validate_amount, validate_reserve, SETTLEMENT_MEMORY,
 };
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
-    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, StoreErrorKind,
-    Versioned, WriteOutcome,
+    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, StoreError,
+    StoreErrorKind, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -41,9 +43,10 @@ pub struct RedisStoreConfig {
     /// The most any store call may take, connecting included; past it the
     /// call fails with a timeout and the layer applies its failure policy.
     pub call_timeout: Duration,
-    /// Extra lifetime given to counter keys beyond their window. Expiry in
-    /// Redis only reclaims memory (windows are judged by the instants the
-    /// layers pass), so the slack just keeps a key alive across clock skew.
+    /// Extra lifetime given to counter keys beyond their window, and to
+    /// slot sets beyond their longest lease. Expiry in Redis only reclaims
+    /// memory (windows and leases are judged by the instants the layers
+    /// pass), so the slack just keeps a key alive across clock skew.
     pub expiry_slack: Duration,
 }
 
@@ -81,6 +84,7 @@ impl fmt::Debug for RedisStore {
 
 struct Scripts {
     check_and_add: Script,
+    acquire_slot: Script,
     reserve: Script,
     settle: Script,
     key_usage: Script,
@@ -104,6 +108,7 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             check_and_add: Script::new(include_str!("lua/check_and_add.lua")),
+            acquire_slot: Script::new(include_str!("lua/acquire_slot.lua")),
             reserve: ledger_script!("lua/reserve.lua"),
             settle: ledger_script!("lua/settle.lua"),
             key_usage: ledger_script!("lua/key_usage.lua"),
@@ -272,6 +277,14 @@ impl RedisStore {
         key.push_str(":{");
         escape_into(&mut key, scope);
         key.push_str("}:");
+        key
+    }
+
+    /// A slot set: `{prefix}:{scope}:s:{name}`, in the scope's Cluster slot.
+    fn slot_key(&self, scope: &str, name: &str) -> String {
+        let mut key = self.scoped(scope);
+        key.push_str("s:");
+        escape_into(&mut key, name);
         key
     }
 
@@ -486,6 +499,55 @@ impl CounterStore for RedisStore {
             })
             .collect::<Result<_, StoreError>>()?;
         Ok(Decision { admitted, outcomes })
+    }
+
+    async fn acquire_slot(
+        &self,
+        scope: &str,
+        name: &str,
+        holder: &str,
+        limit: u64,
+        lease: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<SlotOutcome, StoreError> {
+        const OPERATION: &str = "acquire_slot";
+        validate_slot(limit, lease, holder)?;
+        let now_micros = unix_micros(now);
+        let mut invocation = self.scripts.acquire_slot.prepare_invoke();
+        invocation
+            .key(self.slot_key(scope, name))
+            .arg(now_micros)
+            .arg(holder)
+            .arg(limit)
+            .arg(now_micros.saturating_add(duration_micros(lease)))
+            .arg(u64::try_from(self.config.expiry_slack.as_millis()).unwrap_or(u64::MAX));
+        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
+        let [acquired, held, retry_after] = reply.as_slice() else {
+            return Err(StoreError::corrupt(
+                OPERATION,
+                format!("reply of {} values", reply.len()),
+            ));
+        };
+        Ok(SlotOutcome {
+            acquired: integer(OPERATION, acquired)? == 1,
+            held: unsigned(OPERATION, held)?,
+            limit,
+            retry_after: micros(OPERATION, retry_after)?,
+        })
+    }
+
+    async fn release_slot(&self, scope: &str, name: &str, holder: &str) -> Result<(), StoreError> {
+        const OPERATION: &str = "release_slot";
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("ZREM")
+            .arg(self.slot_key(scope, name))
+            .arg(holder)
+            .to_owned();
+        // The count removed is 0 for a slot not held (or already expired): fine.
+        let _removed: i64 = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        Ok(())
     }
 }
 
