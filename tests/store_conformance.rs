@@ -16,7 +16,8 @@ use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
     Check, Expect, KeyLimit, Limit, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome,
-    ReserveRequest, Settlement, Store, StoreErrorKind, Versioned, WriteOutcome, NANOS_PER_CREDIT,
+    ReserveRequest, Settlement, SlotOutcome, Store, StoreErrorKind, Versioned, WriteOutcome,
+    NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -530,6 +531,276 @@ async fn a_clock_stepping_back_never_resets_a_newer_window<S: Store>(store: Arc<
         "the entry stamped at 1 s has left the window"
     );
     assert_eq!(at_eleven.outcomes[0].used, 2);
+}
+
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Takes a slot of `name` in `acct`, for `LEASE`.
+async fn acquire<S: Store>(
+    store: &S,
+    name: &str,
+    holder: &str,
+    limit: u64,
+    now: DateTime<Utc>,
+) -> SlotOutcome {
+    store
+        .acquire_slot("acct", name, holder, limit, LEASE, now)
+        .await
+        .expect("store call")
+}
+
+fn taken(held: u64, limit: u64) -> SlotOutcome {
+    SlotOutcome {
+        acquired: true,
+        held,
+        limit,
+        retry_after: Duration::ZERO,
+    }
+}
+
+fn refused(held: u64, limit: u64, retry_after: Duration) -> SlotOutcome {
+    SlotOutcome {
+        acquired: false,
+        held,
+        limit,
+        retry_after,
+    }
+}
+
+async fn slots_hold_their_limit_and_a_refusal_changes_nothing<S: Store>(store: Arc<S>) {
+    assert_eq!(acquire(&*store, "s", "a", 2, t0()).await, taken(1, 2));
+    assert_eq!(
+        acquire(&*store, "s", "b", 2, after(SECOND)).await,
+        taken(2, 2)
+    );
+    // Refused until the earliest lease (a's, from t0) ends.
+    assert_eq!(
+        acquire(&*store, "s", "c", 2, after(3 * SECOND)).await,
+        refused(2, 2, Duration::from_secs(7))
+    );
+    assert_eq!(
+        acquire(&*store, "s", "c", 2, after(3 * SECOND)).await,
+        refused(2, 2, Duration::from_secs(7))
+    );
+    // c's refusals took nothing: once a's lease ends there is room for one.
+    assert_eq!(
+        acquire(&*store, "s", "d", 2, after(10 * SECOND)).await,
+        taken(2, 2)
+    );
+    assert_eq!(
+        acquire(&*store, "s", "c", 2, after(10 * SECOND)).await,
+        refused(2, 2, Duration::from_secs(1))
+    );
+}
+
+async fn releasing_a_slot_frees_it<S: Store>(store: Arc<S>) {
+    assert!(acquire(&*store, "s", "a", 1, t0()).await.acquired);
+    assert!(!acquire(&*store, "s", "b", 1, t0()).await.acquired);
+    store.release_slot("acct", "s", "a").await.unwrap();
+    assert_eq!(acquire(&*store, "s", "b", 1, t0()).await, taken(1, 1));
+    // Giving back what is not held changes nothing and is no error: twice,
+    // by a holder that never had it, and in a scope or name never used.
+    store.release_slot("acct", "s", "a").await.unwrap();
+    store.release_slot("acct", "s", "never").await.unwrap();
+    store.release_slot("acct", "unused", "a").await.unwrap();
+    store.release_slot("no-such-acct", "s", "b").await.unwrap();
+    assert_eq!(
+        acquire(&*store, "s", "c", 1, t0()).await,
+        refused(1, 1, LEASE)
+    );
+    // The last slot given back leaves the set empty, and it fills again.
+    store.release_slot("acct", "s", "b").await.unwrap();
+    assert_eq!(acquire(&*store, "s", "c", 1, t0()).await, taken(1, 1));
+}
+
+async fn an_expired_lease_is_reclaimed<S: Store>(store: Arc<S>) {
+    // A holder that crashed and never gave its slot back.
+    assert!(acquire(&*store, "s", "crashed", 1, t0()).await.acquired);
+    assert_eq!(
+        acquire(&*store, "s", "b", 1, after(10 * SECOND - 1)).await,
+        refused(1, 1, Duration::from_micros(1))
+    );
+    assert_eq!(
+        acquire(&*store, "s", "b", 1, after(10 * SECOND)).await,
+        taken(1, 1)
+    );
+    // The crashed holder giving back late does not free b's slot.
+    store.release_slot("acct", "s", "crashed").await.unwrap();
+    assert!(
+        !acquire(&*store, "s", "c", 1, after(10 * SECOND))
+            .await
+            .acquired
+    );
+    // Leases of any length end: one of 1 ms and one of 2^53 µs.
+    let short = Duration::from_millis(1);
+    let long = Duration::from_micros(modelgate::store::MAX_EXACT);
+    for (held, holder, lease) in [(1, "short", short), (2, "long", long)] {
+        let outcome = store
+            .acquire_slot("acct", "lengths", holder, 2, lease, t0())
+            .await
+            .unwrap();
+        assert_eq!(outcome, taken(held, 2), "{holder}");
+    }
+    let next = store
+        .acquire_slot("acct", "lengths", "next", 2, LEASE, after(1_000))
+        .await
+        .unwrap();
+    assert_eq!(next, taken(2, 2));
+}
+
+async fn renewing_a_slot_counts_once<S: Store>(store: Arc<S>) {
+    assert_eq!(acquire(&*store, "s", "a", 2, t0()).await, taken(1, 2));
+    assert_eq!(acquire(&*store, "s", "a", 2, t0()).await, taken(1, 2));
+    assert_eq!(acquire(&*store, "s", "b", 2, t0()).await, taken(2, 2));
+    // Renewing when every slot is held still succeeds: it takes no new one.
+    assert_eq!(
+        acquire(&*store, "s", "a", 2, after(5 * SECOND)).await,
+        taken(2, 2)
+    );
+    // a's lease now ends at 15 s; b's at 10 s.
+    assert_eq!(
+        acquire(&*store, "s", "c", 2, after(9 * SECOND)).await,
+        refused(2, 2, Duration::from_secs(1))
+    );
+    assert_eq!(
+        acquire(&*store, "s", "c", 2, after(12 * SECOND)).await,
+        taken(2, 2)
+    );
+    assert_eq!(
+        acquire(&*store, "s", "d", 2, after(12 * SECOND)).await,
+        refused(2, 2, Duration::from_secs(3))
+    );
+    // A renewal may shorten a lease too: it always ends `lease` after `now`.
+    let short = Duration::from_millis(1);
+    let renewed = store
+        .acquire_slot("acct", "s", "a", 2, short, after(12 * SECOND))
+        .await
+        .unwrap();
+    assert_eq!(renewed, taken(2, 2));
+    assert_eq!(
+        acquire(&*store, "s", "d", 2, after(12 * SECOND + 1_000)).await,
+        taken(2, 2)
+    );
+}
+
+async fn slot_scopes_and_names_are_independent<S: Store>(store: Arc<S>) {
+    // Pairs that would share a key if scope and name were joined naively.
+    let pairs = [
+        ("a}:x", "y"),
+        ("a", "x}:y"),
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("{a}", "b"),
+        ("ü", "n"),
+        ("", "x"),
+        ("a", ""),
+    ];
+    for (scope, name) in pairs {
+        let outcome = store
+            .acquire_slot(scope, name, "h1", 1, LEASE, t0())
+            .await
+            .unwrap();
+        assert_eq!(outcome, taken(1, 1), "{scope:?} {name:?}");
+    }
+    for (scope, name) in pairs {
+        let outcome = store
+            .acquire_slot(scope, name, "h2", 1, LEASE, t0())
+            .await
+            .unwrap();
+        assert_eq!(outcome, refused(1, 1, LEASE), "{scope:?} {name:?}");
+    }
+    // Giving back one pair's slot frees that pair's alone.
+    store.release_slot("a", "b:c", "h1").await.unwrap();
+    for (scope, name) in pairs {
+        let outcome = store
+            .acquire_slot(scope, name, "h2", 1, LEASE, t0())
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome.acquired,
+            (scope, name) == ("a", "b:c"),
+            "{scope:?} {name:?}"
+        );
+    }
+    // A counter of the same name in the same scope is another thing.
+    assert!(
+        add(&*store, "a", "shared", fixed(1, 60), 1, t0())
+            .await
+            .admitted
+    );
+    let slot = store
+        .acquire_slot("a", "shared", "h1", 1, LEASE, t0())
+        .await
+        .unwrap();
+    assert_eq!(slot, taken(1, 1));
+    let counter = add(&*store, "a", "shared", fixed(1, 60), 0, t0()).await;
+    assert_eq!(counter.outcomes[0].used, 1);
+}
+
+async fn invalid_slot_arguments_are_refused<S: Store>(store: Arc<S>) {
+    let max = modelgate::store::MAX_EXACT;
+    let long_holder = "h".repeat(129);
+    let cases: [(u64, Duration, &str); 7] = [
+        (0, LEASE, "h"),
+        (max + 1, LEASE, "h"),
+        (1, Duration::ZERO, "h"),
+        (1, Duration::from_micros(999), "h"),
+        (1, Duration::from_micros(max + 1), "h"),
+        (1, LEASE, ""),
+        (1, LEASE, &long_holder),
+    ];
+    for (limit, lease, holder) in cases {
+        let error = store
+            .acquire_slot("acct", "s", holder, limit, lease, t0())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error.kind(), StoreErrorKind::Invalid(_)),
+            "{limit} {lease:?} {holder:?}: {error}"
+        );
+        assert_eq!(error.operation(), "acquire_slot");
+    }
+    // Nothing was taken by the refused calls; the bounds themselves are fine.
+    let longest_holder = "h".repeat(128);
+    assert_eq!(
+        store
+            .acquire_slot("acct", "s", &longest_holder, max, LEASE, t0())
+            .await
+            .unwrap(),
+        taken(1, max)
+    );
+    assert_eq!(
+        store
+            .acquire_slot("acct", "s", "h", 2, Duration::from_millis(1), t0())
+            .await
+            .unwrap(),
+        taken(2, 2)
+    );
+}
+
+async fn concurrent_acquirers_get_exactly_the_limit<S: Store>(store: Arc<S>) {
+    let handles: Vec<_> = (0..50)
+        .map(|task| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let outcome = store
+                    .acquire_slot("acct", "busy", &format!("h{task}"), 8, LEASE, t0())
+                    .await
+                    .unwrap();
+                assert!(outcome.held <= 8, "{outcome:?}");
+                outcome.acquired
+            })
+        })
+        .collect();
+    let mut acquired = 0;
+    for handle in handles {
+        acquired += usize::from(handle.await.unwrap());
+    }
+    assert_eq!(acquired, 8);
+    assert_eq!(
+        acquire(&*store, "busy", "late", 8, t0()).await,
+        refused(8, 8, LEASE)
+    );
 }
 
 fn credits(amount: i64) -> i64 {
@@ -1410,6 +1681,13 @@ conformance!(
     concurrent_callers_admit_exactly_the_limit,
     concurrent_callers_straddling_a_window_edge,
     a_clock_stepping_back_never_resets_a_newer_window,
+    slots_hold_their_limit_and_a_refusal_changes_nothing,
+    releasing_a_slot_frees_it,
+    an_expired_lease_is_reclaimed,
+    renewing_a_slot_counts_once,
+    slot_scopes_and_names_are_independent,
+    invalid_slot_arguments_are_refused,
+    concurrent_acquirers_get_exactly_the_limit,
     ledger_periods_only_roll_forward,
     ledger_limits_are_exact_beyond_two_to_the_53,
     ledger_rolls_periods_and_keeps_byok_apart,
