@@ -162,6 +162,10 @@ async fn every_operation_is_one_round_trip() {
     store.get_record("keys", "k").await.unwrap();
     store.delete_record("keys", "k", Expect::Any).await.unwrap();
     store.list_records("keys", 0, 10).await.unwrap();
+    store
+        .acquire_slot("acct", "s", "h", 1, Duration::from_secs(1), t0())
+        .await
+        .unwrap();
 
     let watch = CommandWatch::start(server.port());
     store.check_and_add("acct", &checks, t0()).await.unwrap();
@@ -177,9 +181,15 @@ async fn every_operation_is_one_round_trip() {
     store.get_record("keys", "k").await.unwrap();
     store.delete_record("keys", "k", Expect::Any).await.unwrap();
     store.list_records("keys", 0, 10).await.unwrap();
+    store
+        .acquire_slot("acct", "s", "h", 1, Duration::from_secs(1), t0())
+        .await
+        .unwrap();
+    store.release_slot("acct", "s", "h").await.unwrap();
     let commands = watch.client_commands();
     let mut expected = vec!["evalsha"; 5];
     expected.extend(["hmget", "evalsha", "evalsha", "evalsha", "evalsha"]);
+    expected.extend(["evalsha", "zrem"]);
     assert_eq!(commands, expected);
 }
 
@@ -230,6 +240,72 @@ async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
             .unwrap();
         assert!(ttl_ms > 0 && ttl_ms <= 70_000, "{key} has TTL {ttl_ms} ms");
     }
+}
+
+#[tokio::test]
+async fn slot_sets_live_as_long_as_their_longest_lease_in_the_scope_hash_tag() {
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        key_prefix: "gw1".into(),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let key = "gw1:{acct%3A1}:s:hook%2Fa";
+    let pttl = |mut connection: redis::aio::MultiplexedConnection| async move {
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        ttl_ms
+    };
+    let minute = Duration::from_secs(60);
+    // The store's clock is far in the past: expiry must not depend on it.
+    store
+        .acquire_slot("acct:1", "hook/a", "long", 2, minute, t0())
+        .await
+        .unwrap();
+    store
+        .acquire_slot("acct:1", "hook/a", "short", 2, Duration::from_secs(1), t0())
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(keys, [key]);
+    // The longest lease (60 s) plus the 10 s slack, not the latest one's.
+    let ttl_ms = pttl(connection.clone()).await;
+    assert!((69_000..=70_000).contains(&ttl_ms), "TTL {ttl_ms} ms");
+    let holders: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let t0_micros = t0().timestamp_micros();
+    assert_eq!(
+        holders,
+        [
+            ("short".to_owned(), t0_micros + 1_000_000),
+            ("long".to_owned(), t0_micros + 60_000_000)
+        ]
+    );
+    // The last slot given back takes the key with it.
+    store
+        .release_slot("acct:1", "hook/a", "long")
+        .await
+        .unwrap();
+    store
+        .release_slot("acct:1", "hook/a", "short")
+        .await
+        .unwrap();
+    assert_eq!(pttl(connection).await, -2);
 }
 
 /// A differential property test: 48 random workloads, each on a fresh key
@@ -534,5 +610,88 @@ differential_test!(redis_records_answer_exactly_as_memory_does, ops in proptest:
         let expected = apply_record_op(&memory, op).await;
         let actual = apply_record_op(&redis, op).await;
         prop_assert_eq!(actual, expected, "after {:?}", op);
+    }
+});
+
+#[derive(Clone, Debug)]
+enum SlotOp {
+    Acquire {
+        name: u8,
+        holder: u8,
+        limit: u64,
+        lease_micros: u64,
+    },
+    Release {
+        name: u8,
+        holder: u8,
+    },
+}
+
+/// Mostly on a 100 ms grid, so leases often end exactly at a call's `now`.
+fn slot_step_strategy() -> impl Strategy<Value = (i64, SlotOp)> {
+    let lease_micros = prop_oneof![
+        3 => (1u64..50).prop_map(|tenths| tenths * 100_000),
+        1 => 1_000u64..5_000_000,
+    ];
+    let op = prop_oneof![
+        3 => (0u8..2, 0u8..5, 1u64..4, lease_micros).prop_map(
+            |(name, holder, limit, lease_micros)| SlotOp::Acquire {
+                name,
+                holder,
+                limit,
+                lease_micros,
+            }
+        ),
+        1 => (0u8..2, 0u8..5).prop_map(|(name, holder)| SlotOp::Release { name, holder }),
+    ];
+    (
+        prop_oneof![
+            4 => (0i64..20).prop_map(|tenths| tenths * 100_000),
+            1 => 0i64..60_000_000,
+            1 => (-20i64..0).prop_map(|tenths| tenths * 100_000),
+        ],
+        op,
+    )
+}
+
+/// Runs `op` on a store and renders what it answered, for comparison.
+async fn apply_slot_op<S: CounterStore>(store: &S, op: &SlotOp, now: DateTime<Utc>) -> String {
+    match *op {
+        SlotOp::Acquire {
+            name,
+            holder,
+            limit,
+            lease_micros,
+        } => format!(
+            "{:?}",
+            store
+                .acquire_slot(
+                    "acct",
+                    &format!("s{name}"),
+                    &format!("h{holder}"),
+                    limit,
+                    Duration::from_micros(lease_micros),
+                    now
+                )
+                .await
+                .unwrap()
+        ),
+        SlotOp::Release { name, holder } => format!(
+            "{:?}",
+            store
+                .release_slot("acct", &format!("s{name}"), &format!("h{holder}"))
+                .await
+                .unwrap()
+        ),
+    }
+}
+
+differential_test!(redis_slots_answer_exactly_as_memory_does, steps in proptest::collection::vec(slot_step_strategy(), 1..40), |redis, memory| {
+    let mut now = t0();
+    for (advance_micros, op) in &steps {
+        now += chrono::Duration::microseconds(*advance_micros);
+        let expected = apply_slot_op(&memory, op, now).await;
+        let actual = apply_slot_op(&redis, op, now).await;
+        prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
     }
 });
