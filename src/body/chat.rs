@@ -144,26 +144,25 @@ impl ChatRequest {
     /// assert!(error.message().contains("messages"));
     /// ```
     pub fn parse(body: &[u8]) -> Result<ChatRequest, GatewayError> {
-        let not_json = |error: serde_json::Error| {
-            invalid_request(format!(
-                "the request body is not valid JSON: {} at line {}, column {}; \
-                 check the escaping of quotes, backslashes and non-ASCII characters",
-                describe_json_error(&error),
-                error.line(),
-                error.column()
-            ))
-        };
-        let mut fields = match serde_json::from_slice::<UniqueKeys>(body) {
-            Ok(UniqueKeys(fields)) => fields,
-            // Valid JSON that is not an object says what it is instead.
-            Err(error) if error.is_data() && !error.to_string().starts_with("duplicate") => {
-                let value: Value = serde_json::from_slice(body).map_err(not_json)?;
+        let mut fields = match top_level_fields(body) {
+            Ok(fields) => fields,
+            Err(JsonBodyError::NotJson(reason)) => {
                 return Err(invalid_request(format!(
-                    "the request body must be a JSON object, not {}",
-                    json_type(&value)
-                )));
+                    "the request body is not valid JSON: {reason}; \
+                     check the escaping of quotes, backslashes and non-ASCII characters"
+                )))
             }
-            Err(error) => return Err(not_json(error)),
+            Err(JsonBodyError::NotObject(found)) => {
+                return Err(invalid_request(format!(
+                    "the request body must be a JSON object, not {found}"
+                )))
+            }
+            Err(JsonBodyError::Duplicate(key)) => {
+                return Err(invalid_request(format!(
+                    "the request body has a duplicate field `{key}`: each field may appear once"
+                ))
+                .with_metadata("param", key))
+            }
         };
         let model = match fields.remove("model") {
             None | Some(Value::Null) => {
@@ -259,9 +258,55 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
-/// A top-level object whose keys are all distinct. A repeated key is
-/// refused: the gateway and an upstream could each read a different one of
-/// the two (`"model"` twice would let one spelling dodge the quota).
+/// Why a body is not a JSON object with distinct top-level keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum JsonBodyError {
+    /// Not JSON: what is wrong and where (`… at line L, column C`).
+    NotJson(String),
+    /// JSON, but not an object: what it is instead (`an array`, …).
+    NotObject(&'static str),
+    /// A top-level key appears twice.
+    Duplicate(String),
+}
+
+/// The top-level fields of a JSON object body. A repeated key is refused:
+/// the gateway and whoever reads the body next could each take a different
+/// one of the two (`"model"` twice would let one spelling dodge the quota).
+pub(crate) fn top_level_fields(body: &[u8]) -> Result<Map<String, Value>, JsonBodyError> {
+    match serde_json::from_slice::<UniqueKeys>(body) {
+        Ok(UniqueKeys(fields)) => Ok(fields),
+        Err(error) if error.is_data() => {
+            let text = error.to_string();
+            if let Some(key) = text.strip_prefix(DUPLICATE_MARK) {
+                let key = key.rfind("` at line ").map_or(key, |end| &key[..end]);
+                return Err(JsonBodyError::Duplicate(key.to_owned()));
+            }
+            // Valid JSON that is not an object says what it is instead.
+            match serde_json::from_slice::<Value>(body) {
+                Ok(value) => Err(JsonBodyError::NotObject(json_type(&value))),
+                Err(error) => Err(not_json(&error)),
+            }
+        }
+        Err(error) => Err(not_json(&error)),
+    }
+}
+
+const DUPLICATE_MARK: &str = "duplicate top-level key `";
+
+fn not_json(error: &serde_json::Error) -> JsonBodyError {
+    // serde_json appends " at line L column C"; say it once, with a comma.
+    let text = error.to_string();
+    let reason = match text.rfind(" at line ") {
+        Some(index) => &text[..index],
+        None => &text,
+    };
+    JsonBodyError::NotJson(format!(
+        "{reason} at line {}, column {}",
+        error.line(),
+        error.column()
+    ))
+}
+
 struct UniqueKeys(Map<String, Value>);
 
 impl<'de> serde::Deserialize<'de> for UniqueKeys {
@@ -283,7 +328,7 @@ impl<'de> serde::Deserialize<'de> for UniqueKeys {
                 while let Some(key) = map.next_key::<String>()? {
                     if fields.contains_key(&key) {
                         return Err(serde::de::Error::custom(format_args!(
-                            "duplicate field `{key}`: each field may appear once"
+                            "{DUPLICATE_MARK}{key}`"
                         )));
                     }
                     let value: Value = map.next_value()?;
@@ -294,15 +339,6 @@ impl<'de> serde::Deserialize<'de> for UniqueKeys {
         }
 
         deserializer.deserialize_map(Visitor)
-    }
-}
-
-fn describe_json_error(error: &serde_json::Error) -> String {
-    // serde_json appends " at line L column C"; the caller says it once.
-    let text = error.to_string();
-    match text.rfind(" at line ") {
-        Some(index) => text[..index].to_owned(),
-        None => text,
     }
 }
 

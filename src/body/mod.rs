@@ -55,6 +55,7 @@ use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING}
 use http::request::Parts;
 use http::Method;
 
+pub(crate) use chat::{top_level_fields, JsonBodyError};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
