@@ -72,6 +72,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod answer;
 pub mod auth;
 pub mod body;
 pub mod clock;

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures_util::future::{try_join3, try_join_all};
-use http::header::{HeaderValue, ALLOW, CACHE_CONTROL};
+use http::header::{HeaderValue, ALLOW};
 use http::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
@@ -12,6 +12,7 @@ use super::credits::{decimal_string, nanos_to_json};
 use super::input;
 use super::layer::KeyRoutesConfig;
 use super::record::KeyRecord;
+use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::body::normalized_segments;
 use crate::error::{ErrorKind, GatewayError};
@@ -79,12 +80,6 @@ pub(crate) struct Call {
 }
 
 /// A JSON answer: status, body and extra headers.
-pub(crate) struct Answer {
-    pub(crate) status: StatusCode,
-    pub(crate) body: Value,
-    pub(crate) headers: Vec<(http::HeaderName, HeaderValue)>,
-}
-
 impl Answer {
     fn ok(body: Value) -> Self {
         Answer {
@@ -177,8 +172,8 @@ pub(crate) async fn handle(
                     "key": key.expose(),
                     "data": key_json(&record, &KeyUsage::default()),
                 }),
-                // The plaintext is shown once; no cache may keep it.
-                headers: vec![(CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+                // The plaintext is shown once; every answer is `no-store`.
+                headers: Vec::new(),
             })
         }
         (Route::Keys, _) => {

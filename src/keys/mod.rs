@@ -73,16 +73,15 @@
 
 pub(crate) mod credits;
 mod directory;
-mod future;
 mod handlers;
 pub mod input;
 mod layer;
 mod record;
 mod service;
 
+pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
-pub use future::ResponseFuture;
 pub(crate) use handlers::Route;
 pub use layer::KeyRoutesLayer;
 pub use record::{

@@ -5,9 +5,9 @@ use http::{Request, Response};
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::handlers::{handle, Call, Route};
 use super::layer::KeyRoutesConfig;
+use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::Principal;
 use crate::body::BufferedBody;
 use crate::response_body::ResponseBody;
@@ -56,6 +56,11 @@ where
                 .map(|buffered| buffered.0.clone()),
         };
         let config = Arc::clone(&self.config);
-        ResponseFuture::answering(Box::pin(async move { handle(&config, call).await }))
+        ResponseFuture::answering(Box::pin(async move {
+            match handle(&config, call).await {
+                Ok(answer) => answer.into_response(),
+                Err(error) => error.to_response(),
+            }
+        }))
     }
 }

@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use super::layer::WebhookLimits;
 use super::secret::{Secret, SecretRef, SecretSource, SecretSpec};
 use crate::body::normalized_segments;
 
@@ -22,6 +23,8 @@ pub struct WebhooksConfig {
     pub enabled: bool,
     /// The routes, by route id order.
     pub routes: Vec<RouteConfig>,
+    /// The limits every route enforces (`config.limits`; defaults otherwise).
+    pub limits: WebhookLimits,
 }
 
 /// One configured route.
@@ -113,10 +116,15 @@ impl WebhooksConfig {
             return Ok(WebhooksConfig {
                 enabled,
                 routes: Vec::new(),
+                limits: WebhookLimits::default(),
             });
         };
         let mut config = object(&config, None, "config")?;
         let routes = config.remove("routes");
+        let limits = match config.remove("limits") {
+            None | Some(Value::Null) => WebhookLimits::default(),
+            Some(limits) => parse_limits(&limits)?,
+        };
         refuse_unknown(&config, None)?;
         let routes = match routes {
             None => Map::new(),
@@ -142,6 +150,7 @@ impl WebhooksConfig {
         Ok(WebhooksConfig {
             enabled,
             routes: parsed,
+            limits,
         })
     }
 }
@@ -277,6 +286,59 @@ fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, Webhook
     }
 }
 
+/// `config.limits`: `{requestsPerWindow, rateWindowSeconds, maxInFlight,
+/// maxBodyBytes, bodyTimeoutSeconds, inFlightLeaseSeconds}`, each optional.
+fn parse_limits(value: &Value) -> Result<WebhookLimits, WebhookConfigError> {
+    const DAY_SECONDS: u64 = 86_400;
+    let mut fields = object(value, None, "config.limits")?;
+    let mut limits = WebhookLimits::default();
+    let mut take = |name: &str, max: u64| -> Result<Option<u64>, WebhookConfigError> {
+        match fields.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(number)) => match number.as_u64() {
+                Some(count) if (1..=max).contains(&count) => Ok(Some(count)),
+                _ => Err(WebhookConfigError::new(
+                    None,
+                    &format!("config.limits.{name}"),
+                    format!("must be a whole number from 1 to {max}"),
+                )),
+            },
+            Some(_) => Err(WebhookConfigError::new(
+                None,
+                &format!("config.limits.{name}"),
+                "must be a number",
+            )),
+        }
+    };
+    if let Some(count) = take("requestsPerWindow", 1_000_000)? {
+        limits.requests_per_window = count;
+    }
+    if let Some(seconds) = take("rateWindowSeconds", DAY_SECONDS)? {
+        limits.rate_window = std::time::Duration::from_secs(seconds);
+    }
+    if let Some(count) = take("maxInFlight", 10_000)? {
+        limits.max_in_flight = count;
+    }
+    if let Some(bytes) = take("maxBodyBytes", 64 * 1024 * 1024)? {
+        limits.max_body_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    }
+    if let Some(seconds) = take("bodyTimeoutSeconds", 3600)? {
+        limits.body_timeout = std::time::Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = take("inFlightLeaseSeconds", DAY_SECONDS)? {
+        limits.in_flight_lease = std::time::Duration::from_secs(seconds);
+    }
+    if let Some(unknown) = fields.keys().next() {
+        return Err(WebhookConfigError::new(
+            None,
+            &format!("config.limits.{unknown}"),
+            "is not a limit (requestsPerWindow, rateWindowSeconds, maxInFlight, maxBodyBytes, \
+             bodyTimeoutSeconds, inFlightLeaseSeconds)",
+        ));
+    }
+    Ok(limits)
+}
+
 fn object(
     value: &Value,
     route: Option<&str>,
@@ -357,6 +419,51 @@ mod tests {
 
     fn entry(routes: Value) -> Value {
         json!({"enabled": true, "config": {"routes": routes}})
+    }
+
+    #[test]
+    fn limits_are_read_from_config_limits_and_checked() {
+        let route = json!({"r": {"sessionKey": "s", "secret": "0123456789abcdef"}});
+        let config = WebhooksConfig::from_plugin_entry(&json!({"enabled": true, "config": {
+            "routes": route, "limits": {"requestsPerWindow": 5, "rateWindowSeconds": 10, "maxInFlight": 2,
+                "maxBodyBytes": 1024, "bodyTimeoutSeconds": 3, "inFlightLeaseSeconds": 30}
+        }}))
+        .unwrap();
+        assert_eq!(
+            config.limits,
+            WebhookLimits {
+                requests_per_window: 5,
+                rate_window: std::time::Duration::from_secs(10),
+                max_in_flight: 2,
+                max_body_bytes: 1024,
+                body_timeout: std::time::Duration::from_secs(3),
+                in_flight_lease: std::time::Duration::from_secs(30),
+            }
+        );
+        for (limits, field) in [
+            (json!({"maxInFlight": 0}), "config.limits.maxInFlight"),
+            (
+                json!({"requestsPerWindow": -1}),
+                "config.limits.requestsPerWindow",
+            ),
+            (
+                json!({"bodyTimeoutSeconds": "3"}),
+                "config.limits.bodyTimeoutSeconds",
+            ),
+            (
+                json!({"rateWindowSeconds": 1.5}),
+                "config.limits.rateWindowSeconds",
+            ),
+            (json!({"burst": 1}), "config.limits.burst"),
+        ] {
+            let error = WebhooksConfig::from_plugin_entry(&json!({"enabled": true, "config": {
+                "routes": route, "limits": limits
+            }}))
+            .unwrap_err();
+            assert_eq!(error.field(), field, "{error}");
+        }
+        let defaults = WebhooksConfig::from_plugin_entry(&entry(route)).unwrap();
+        assert_eq!(defaults.limits, WebhookLimits::default());
     }
 
     #[test]

@@ -1,34 +1,97 @@
-//! Webhook routes for managed flows (seed 001): the route configuration
-//! and its secrets. The `WebhookSecret` layer and the flow actions build on
-//! these.
+//! Webhook routes for managed flows (seed 001): the `WebhookSecret` layer,
+//! the route configuration and its secrets, the 13 flow actions and the
+//! flows they keep in the store.
 //!
 //! [`WebhooksConfig::from_plugin_entry`] reads `plugins.entries.webhooks`
 //! strictly, naming the route and field of every error; two routes on one
 //! path are refused. Each route's secret is inline text or a [`SecretRef`]
-//! that [`resolve_secret`] reads at start-up from the environment, a file
+//! that [`resolve_routes`] reads at start-up from the environment, a file
 //! (whole, or a JSON pointer into it) or a command (absolute path, no
-//! shell, bounded time and output). A [`Secret`] compares in constant time
-//! and never prints.
+//! shell, bounded time and output); a route whose secret cannot be read is
+//! skipped with a warning and its path is not served. A [`Secret`] compares
+//! in constant time and never prints.
+//!
+//! [`WebhookSecretLayer`] answers each served route's exact path. Before
+//! the action it checks, in order: `POST` (405), the client's fixed rate
+//! window (429 `rate_limited`), `Content-Type: application/json` (415),
+//! the client's requests in flight (429 `too_many_in_flight`), the secret
+//! from `Authorization: Bearer` or `x-gateway-webhook-secret` (401), the
+//! body's size (413) and time to arrive (408), and the payload (400
+//! `invalid_request`, naming the field). The window and the in-flight
+//! count live in the store, so on Redis they hold across instances. All
+//! numbers are in [`WebhookLimits`].
+//!
+//! Answers are `{"ok": true, "routeId", "result"}` or `{"ok": false,
+//! "routeId", "code", "error", "result"}`. A route sees only the flows of
+//! its `sessionKey`, changes only those of its `controllerId`, and never
+//! shows owner or session metadata. Mutations take `expectedRevision`; a
+//! stale one is 409 `revision_conflict` with the current flow.
 //!
 //! ```
-//! use modelgate::webhook::{resolve_secret, ResolveLimits, WebhooksConfig};
+//! use std::sync::Arc;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use bytes::Bytes;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use modelgate::store::MemoryStore;
+//! use modelgate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! std::env::set_var("DOC_HOOK_SECRET", "s3cret-value-for-the-doc");
 //! let entry = serde_json::json!({"enabled": true, "config": {"routes": {
 //!     "deploys": {"sessionKey": "agent:main", "secret": {"source": "env", "provider": "default", "id": "DOC_HOOK_SECRET"}}
 //! }}});
 //! let config = WebhooksConfig::from_plugin_entry(&entry).unwrap();
-//! let secret = resolve_secret(&config.routes[0].secret, &ResolveLimits::default()).unwrap();
-//! assert!(secret.matches(b"s3cret-value-for-the-doc"));
-//! assert_eq!(format!("{secret:?}"), "Secret(…)");
+//! let (routes, _skipped) = resolve_routes(&config, &ResolveLimits::default());
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(WebhookSecretLayer::new(Arc::new(MemoryStore::new()), routes))
+//!     .service(service_fn(|_: Request<Full<Bytes>>| async {
+//!         Ok::<_, std::convert::Infallible>(Response::builder().status(404).body(Full::new(Bytes::new())).unwrap())
+//!     }));
+//!
+//! let request = Request::post("/plugins/webhooks/deploys")
+//!     .header("content-type", "application/json")
+//!     .header("x-gateway-webhook-secret", "s3cret-value-for-the-doc")
+//!     .body(Full::new(Bytes::from(r#"{"action": "create_flow", "goal": "Ship 1.2"}"#)))
+//!     .unwrap();
+//! let response = service.oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::CREATED);
+//! let body: serde_json::Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+//! assert_eq!(body["ok"], true);
+//! assert_eq!(body["result"]["flow"]["status"], "queued");
+//! assert_eq!(body["result"]["flow"]["revision"], 1);
+//! assert!(body["result"]["flow"].get("ownerKey").is_none());
+//! # }
 //! ```
 
+mod actions;
 mod config;
+mod flow;
+mod layer;
+mod payload;
+mod routes;
 mod secret;
+mod service;
 
+pub use crate::answer::AnswerFuture as ResponseFuture;
+pub use actions::{
+    ActionReply, CancelOutcome, FlowActions, RecordOnly, RouteScope, TaskLaunch, TaskRunner,
+    TaskRunnerError,
+};
 pub use config::{
     RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS, MIN_SECRET_BYTES,
 };
+pub use flow::{Flow, FlowStatus, NotifyPolicy, Task, TaskRuntime, TaskStatus, MAX_TASKS_PER_FLOW};
+pub use layer::{WebhookLimits, WebhookSecretLayer};
+pub use payload::{
+    CreateFlow, EndFlow, FindLatestFlow, FlowAction, FlowRef, ListFlows, PayloadError, ResolveFlow,
+    ResumeFlow, RevisedFlowRef, Revision, RunTask, SetWaiting, Text, ACTION_NAMES,
+    DEFAULT_LIST_LIMIT, MAX_ID_CHARS, MAX_LIST_LIMIT, MAX_TEXT_CHARS,
+};
+pub use routes::{resolve_routes, SkippedRoute, WebhookRoute};
 pub use secret::{
     resolve_secret, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource, SecretSpec,
 };
+pub use service::{ClientAddr, WebhookSecret, SECRET_HEADER};

@@ -1,0 +1,136 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::actions::{FlowActions, TaskRunner};
+use super::routes::WebhookRoute;
+use super::service::WebhookSecret;
+use crate::clock::{Clock, SystemClock};
+use crate::keys::SharedStore;
+use crate::store::FailurePolicy;
+
+/// The numbers a webhook route enforces; every one can be changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WebhookLimits {
+    /// Requests one client may send one route per window (default 120).
+    pub requests_per_window: u64,
+    /// The fixed window of `requests_per_window` (default 60 s).
+    pub rate_window: Duration,
+    /// Requests one client may have in flight on one route (default 8).
+    pub max_in_flight: u64,
+    /// Largest body accepted (default 256 KiB).
+    pub max_body_bytes: usize,
+    /// How long the body may take to arrive (default 15 s).
+    pub body_timeout: Duration,
+    /// How long an in-flight slot is held at most: a gateway that dies
+    /// mid-request frees its slot when the lease ends (default 2 min).
+    pub in_flight_lease: Duration,
+}
+
+impl Default for WebhookLimits {
+    fn default() -> Self {
+        WebhookLimits {
+            requests_per_window: 120,
+            rate_window: Duration::from_secs(60),
+            max_in_flight: 8,
+            max_body_bytes: 256 * 1024,
+            body_timeout: Duration::from_secs(15),
+            in_flight_lease: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Applies [`WebhookSecret`] to a service: answers the configured webhook
+/// routes, passes every other request on.
+///
+/// Cheap to clone: the configuration sits behind an `Arc`.
+#[derive(Clone, Debug)]
+pub struct WebhookSecretLayer {
+    pub(crate) config: Arc<WebhookConfig>,
+}
+
+#[derive(Clone)]
+pub(crate) struct WebhookConfig {
+    pub(crate) routes: Vec<WebhookRoute>,
+    pub(crate) store: SharedStore,
+    pub(crate) actions: FlowActions,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) limits: WebhookLimits,
+    pub(crate) failure_policy: FailurePolicy,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Routes print without secrets (`Secret` shows nothing); the store has no Debug.
+        f.debug_struct("WebhookConfig")
+            .field("routes", &self.routes)
+            .field("limits", &self.limits)
+            .field("failure_policy", &self.failure_policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookSecretLayer {
+    /// Serves `routes` (see [`resolve_routes`](super::resolve_routes)),
+    /// keeping flows, the rate windows and the in-flight counts in `store`,
+    /// with the default [`WebhookLimits`].
+    pub fn new(store: SharedStore, routes: Vec<WebhookRoute>) -> Self {
+        WebhookSecretLayer {
+            config: Arc::new(WebhookConfig {
+                routes,
+                actions: FlowActions::new(Arc::clone(&store)),
+                store,
+                clock: Arc::new(SystemClock),
+                limits: WebhookLimits::default(),
+                failure_policy: FailurePolicy::FailOpen,
+            }),
+        }
+    }
+
+    /// Enforces `limits` instead of the defaults.
+    pub fn limits(mut self, limits: WebhookLimits) -> Self {
+        Arc::make_mut(&mut self.config).limits = limits;
+        self
+    }
+
+    /// Takes time from `clock` (rate windows, leases, flow timestamps).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.actions = config.actions.clone().clock(Arc::clone(&clock));
+        config.clock = clock;
+        self
+    }
+
+    /// Hands new child tasks to `runner` (default: only recorded).
+    pub fn task_runner(mut self, runner: Arc<dyn TaskRunner>) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.actions = config.actions.clone().task_runner(runner);
+        self
+    }
+
+    /// What to do when the store cannot be reached for the rate window or
+    /// the in-flight count: admit (the default, as for every rate limit) or
+    /// answer 503. Flow actions always need the store.
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        Arc::make_mut(&mut self.config).failure_policy = policy;
+        self
+    }
+
+    /// The flow actions the routes run, for a host that reports task ends
+    /// ([`FlowActions::set_task_status`]).
+    pub fn actions(&self) -> &FlowActions {
+        &self.config.actions
+    }
+}
+
+impl<S> Layer<S> for WebhookSecretLayer {
+    type Service = WebhookSecret<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WebhookSecret {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}

@@ -1,0 +1,402 @@
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use rand::distr::Alphanumeric;
+use rand::Rng;
+use serde_json::json;
+use tower::util::Oneshot;
+use tower_service::Service;
+
+use super::actions::ActionReply;
+use super::layer::WebhookConfig;
+use super::payload::FlowAction;
+use super::routes::WebhookRoute;
+use crate::answer::Answer;
+use crate::answer::AnswerFuture as ResponseFuture;
+use crate::keys::SharedStore;
+use crate::response_body::{causes, BoxError};
+use crate::store::{Check, Limit, StoreError};
+
+/// The header a caller may send the route's secret in instead of
+/// `Authorization: Bearer`.
+pub const SECRET_HEADER: &str = "x-gateway-webhook-secret";
+
+/// The client's address, which the server puts into the request's
+/// extensions: rate windows and in-flight counts are per route and client.
+/// Requests without one share a single count per route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr(pub IpAddr);
+
+/// Answers the configured webhook routes (exact paths, `POST` only) after
+/// checking, in order: the method (405), the client's rate window (429),
+/// the content type (415), the client's requests in flight (429), the
+/// secret (401), the body's size (413) and time to arrive (408), and the
+/// payload (400). Every other request goes to the inner service untouched.
+///
+/// See the [module docs](super) for an example.
+#[derive(Clone, Debug)]
+pub struct WebhookSecret<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<WebhookConfig>,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for WebhookSecret<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    B: Body + Send + 'static,
+    B::Error: Into<BoxError>,
+    B::Data: Send,
+{
+    type Response = Response<crate::response_body::ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Requests this layer answers itself never need the inner service.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        let Some(index) = self
+            .config
+            .routes
+            .iter()
+            .position(|route| route.path == path)
+        else {
+            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+        };
+        let config = Arc::clone(&self.config);
+        ResponseFuture::answering(Box::pin(async move {
+            let route = &config.routes[index];
+            let answer = match checked_action(&config, route, request).await {
+                Ok((action, slot)) => {
+                    let reply = config.actions.execute(&route.scope, action).await;
+                    slot.release().await;
+                    Answer::from_reply(route, reply)
+                }
+                Err(refusal) => refusal,
+            };
+            answer.into_response()
+        }))
+    }
+}
+
+impl Answer {
+    fn refused(route: &WebhookRoute, status: StatusCode, code: &str, error: &str) -> Self {
+        Answer {
+            status,
+            headers: Vec::new(),
+            body: json!({
+                "ok": false,
+                "routeId": route.scope.route_id,
+                "code": code,
+                "error": error,
+                "result": {},
+            }),
+        }
+    }
+
+    fn with_header(mut self, name: http::HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    fn from_reply(route: &WebhookRoute, reply: ActionReply) -> Self {
+        let body = match &reply {
+            ActionReply::Done { result, .. } => json!({
+                "ok": true,
+                "routeId": route.scope.route_id,
+                "result": result,
+            }),
+            ActionReply::Refused {
+                code,
+                error,
+                result,
+                ..
+            } => json!({
+                "ok": false,
+                "routeId": route.scope.route_id,
+                "code": code,
+                "error": error,
+                "result": result,
+            }),
+        };
+        Answer {
+            status: reply.status(),
+            headers: Vec::new(),
+            body,
+        }
+    }
+}
+
+/// Runs every check before the action, in DESIGN's order; the action and
+/// the in-flight slot it holds, or the refusal.
+async fn checked_action<B>(
+    config: &WebhookConfig,
+    route: &WebhookRoute,
+    request: Request<B>,
+) -> Result<(FlowAction, InFlightSlot), Answer>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let limits = &config.limits;
+    if request.method() != Method::POST {
+        return Err(Answer::refused(
+            route,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "webhook routes accept only POST",
+        )
+        .with_header(ALLOW, HeaderValue::from_static("POST")));
+    }
+    let client = request
+        .extensions()
+        .get::<ClientAddr>()
+        .map_or_else(|| "unknown".to_owned(), |client| client.0.to_string());
+    // One scope per route and client: on Redis both counters share a slot.
+    let scope = format!("webhook:{}:{client}", route.scope.route_id);
+    let now = config.clock.now();
+    let window = Check::new(
+        "requests",
+        Limit::FixedWindow {
+            limit: limits.requests_per_window,
+            window: limits.rate_window,
+        },
+        1,
+    );
+    match config.store.check_and_add(&scope, &[window], now).await {
+        Ok(decision) if !decision.admitted => {
+            return Err(too_many(
+                route,
+                "rate_limited",
+                &format!(
+                    "more than {} requests in {} s from this client; retry after the window ends",
+                    limits.requests_per_window,
+                    limits.rate_window.as_secs_f64()
+                ),
+                decision.retry_after(),
+            ));
+        }
+        Ok(_) => {}
+        Err(error) => store_failure(config, route, &error)?,
+    }
+    if !is_json(request.headers()) {
+        return Err(Answer::refused(
+            route,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as JSON with `Content-Type: application/json`",
+        ));
+    }
+    let slot = InFlightSlot::acquire(config, route, scope, now).await?;
+    if !presents_secret(route, request.headers()) {
+        return Err(Answer::refused(
+            route,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong secret: send it as `Authorization: Bearer <secret>` \
+             or in `x-gateway-webhook-secret`",
+        )
+        .with_header(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        ));
+    }
+    let body = read_body(route, limits.max_body_bytes, limits.body_timeout, request).await?;
+    match FlowAction::parse(&body) {
+        Ok(action) => Ok((action, slot)),
+        Err(error) => Err(Answer::refused(
+            route,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &error.to_string(),
+        )),
+    }
+}
+
+fn too_many(route: &WebhookRoute, code: &str, message: &str, retry_after: Duration) -> Answer {
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    Answer::refused(route, StatusCode::TOO_MANY_REQUESTS, code, message)
+        .with_header(RETRY_AFTER, HeaderValue::from(seconds.max(1)))
+}
+
+/// The configured policy for a store that cannot be reached: go on, or 503.
+fn store_failure(
+    config: &WebhookConfig,
+    route: &WebhookRoute,
+    error: &StoreError,
+) -> Result<(), Answer> {
+    config
+        .failure_policy
+        .on_store_error("WebhookSecret", error)
+        .map_err(|_| {
+            Answer::refused(
+                route,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the webhook's limits cannot be checked right now; retry shortly",
+            )
+        })
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Whether the request carries the route's secret: the dedicated header
+/// when present, `Authorization: Bearer <secret>` otherwise.
+fn presents_secret(route: &WebhookRoute, headers: &HeaderMap) -> bool {
+    let presented = match headers.get(SECRET_HEADER) {
+        Some(value) => Some(value.as_bytes()),
+        None => headers.get(AUTHORIZATION).and_then(|value| {
+            let value = value.as_bytes();
+            let scheme = value.get(..7)?;
+            scheme.eq_ignore_ascii_case(b"bearer ").then(|| &value[7..])
+        }),
+    };
+    presented.is_some_and(|secret| !secret.is_empty() && route.secret.matches(secret))
+}
+
+async fn read_body<B>(
+    route: &WebhookRoute,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+    request: Request<B>,
+) -> Result<Bytes, Answer>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || {
+        Answer::refused(
+            route,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!("the body is over {max_body_bytes} bytes"),
+        )
+    };
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    let limited = Limited::new(request.into_body(), max_body_bytes);
+    match tokio::time::timeout(body_timeout, limited.collect()).await {
+        Err(_) => Err(Answer::refused(
+            route,
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            &format!(
+                "the body did not arrive within {} s",
+                body_timeout.as_secs_f64()
+            ),
+        )),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) => {
+            if causes(error.as_ref()).any(|cause| cause.is::<LengthLimitError>()) {
+                Err(too_large())
+            } else {
+                Err(Answer::refused(
+                    route,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "the body could not be read to its end",
+                ))
+            }
+        }
+    }
+}
+
+/// One of the client's in-flight slots on a route, given back when the
+/// request ends — also when it is dropped half-way (client gone).
+pub(crate) struct InFlightSlot {
+    held: Option<(SharedStore, String, String)>,
+}
+
+const IN_FLIGHT: &str = "in_flight";
+
+impl InFlightSlot {
+    async fn acquire(
+        config: &WebhookConfig,
+        route: &WebhookRoute,
+        scope: String,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Self, Answer> {
+        let holder: String = rand::rng()
+            .sample_iter(Alphanumeric)
+            .take(20)
+            .map(char::from)
+            .collect();
+        let limits = &config.limits;
+        match config
+            .store
+            .acquire_slot(
+                &scope,
+                IN_FLIGHT,
+                &holder,
+                limits.max_in_flight,
+                limits.in_flight_lease,
+                now,
+            )
+            .await
+        {
+            Ok(outcome) if outcome.acquired => Ok(InFlightSlot {
+                held: Some((Arc::clone(&config.store), scope, holder)),
+            }),
+            Ok(_) => Err(too_many(
+                route,
+                "too_many_in_flight",
+                &format!(
+                    "this client already has {} requests in flight on this route; \
+                     wait for one to finish",
+                    limits.max_in_flight
+                ),
+                Duration::from_secs(1),
+            )),
+            Err(error) => {
+                store_failure(config, route, &error)?;
+                Ok(InFlightSlot { held: None })
+            }
+        }
+    }
+
+    async fn release(mut self) {
+        if let Some((store, scope, holder)) = self.held.take() {
+            release(store, scope, holder).await;
+        }
+    }
+}
+
+impl Drop for InFlightSlot {
+    fn drop(&mut self) {
+        if let Some((store, scope, holder)) = self.held.take() {
+            // Dropped mid-request: give the slot back in the background
+            // (its lease frees it anyway if there is no runtime).
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(release(store, scope, holder));
+            }
+        }
+    }
+}
+
+async fn release(store: SharedStore, scope: String, holder: String) {
+    if let Err(error) = store.release_slot(&scope, IN_FLIGHT, &holder).await {
+        tracing::warn!(%error, "webhook in-flight slot not released; its lease will free it");
+    }
+}
