@@ -12,7 +12,8 @@
 //!   process.
 //! - `--redis`: share state through Redis (`redis://127.0.0.1:6379`);
 //!   without it everything lives in process.
-//! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`).
+//! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`); its
+//!   `plugins.entries.webhooks` routes are served too.
 //!
 //! The management key comes from `MODELGATE_ADMIN_KEY`; when that is unset
 //! one is generated and printed once. Ctrl-C or SIGTERM stops accepting,
@@ -22,35 +23,22 @@
 mod args;
 #[path = "support/mock.rs"]
 mod mock;
+#[path = "support/serve.rs"]
+mod serve;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use modelgate::auth::ApiKey;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::proxy::{gateway, GatewayConfig, Upstream};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "usage: proxy [--listen ADDR] [--upstream URL] [--redis URL] [--config FILE]";
 
-/// How long requests in flight may take to finish after a shutdown signal.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .init();
+    serve::init_logging();
     if let Err(message) = run().await {
         eprintln!("proxy: {message}");
         std::process::exit(2);
@@ -69,21 +57,7 @@ async fn run() -> Result<(), String> {
         }
         None => GatewayConfig::default(),
     };
-    if config.webhooks_enabled() {
-        return Err(
-            "the config enables the webhooks plugin, which this version does not serve yet; \
-                    set plugins.entries.webhooks.enabled to false"
-                .to_owned(),
-        );
-    }
-    let store: SharedStore = match args.get("redis") {
-        Some(url) => Arc::new(
-            RedisStore::connect(url, RedisStoreConfig::default())
-                .await
-                .map_err(|error| format!("cannot use --redis {url}: {error}"))?,
-        ),
-        None => Arc::new(MemoryStore::new()),
-    };
+    let store = serve::open_store(args.get("redis")).await?;
     let base_url = match args
         .get("upstream")
         .map(str::to_owned)
@@ -109,45 +83,7 @@ async fn run() -> Result<(), String> {
     let address = listener.local_addr().map_err(|error| error.to_string())?;
     println!("modelgate listening on http://{address}");
 
-    let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
-    // A client that never finishes its headers cannot hold a connection.
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // Out of descriptors and the like: back off, do not spin.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let connection = builder.serve_connection_with_upgrades(
-                    TokioIo::new(stream),
-                    TowerToHyperService::new(service.clone()),
-                );
-                let connection = graceful.watch(connection.into_owned());
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracing::info!("shutting down: finishing requests in flight");
-    tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
-        () = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::warn!("requests still in flight after the grace period"),
-    }
+    serve::serve(listener, service, serve::shutdown_signal()).await;
     // Settlements of clients that left run in the background: a moment to land.
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(())
@@ -185,25 +121,4 @@ async fn admin_key(store: &SharedStore) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
 }

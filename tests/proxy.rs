@@ -269,22 +269,6 @@ async fn two_instances_on_one_redis_share_keys_and_limits() {
 }
 
 /// The example binary, built by `cargo test` next to the test binaries.
-fn proxy_binary() -> std::path::PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let binary = deps
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("proxy");
-    assert!(
-        binary.exists(),
-        "{} is missing: run `cargo build --examples` first, as ./scripts/test.sh does",
-        binary.display()
-    );
-    binary
-}
 
 #[test]
 fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
@@ -300,7 +284,10 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
             "not http or https",
         ),
     ] {
-        let output = Command::new(proxy_binary()).args(&args).output().unwrap();
+        let output = Command::new(common::examples::binary("proxy"))
+            .args(&args)
+            .output()
+            .unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(words), "{args:?}: {stderr}");
@@ -310,7 +297,7 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
 
 #[tokio::test]
 async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
-    let mut child = Command::new(proxy_binary())
+    let mut child = Command::new(common::examples::binary("proxy"))
         .args(["--listen", "127.0.0.1:0"])
         .env_remove("MODELGATE_ADMIN_KEY")
         .stdout(Stdio::piped())
@@ -464,7 +451,7 @@ async fn a_request_in_flight_finishes_when_the_proxy_is_told_to_stop() {
     };
     let (base, received) = mock::start_counted(slow).await;
     let admin = modelgate::auth::ApiKey::generate();
-    let mut child = Command::new(proxy_binary())
+    let mut child = Command::new(common::examples::binary("proxy"))
         .args(["--listen", "127.0.0.1:0", "--upstream", &base])
         .env("MODELGATE_ADMIN_KEY", admin.expose())
         .stdout(Stdio::piped())

@@ -6,9 +6,14 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! AccessLog -> ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes -> GlobalRateLimit
-//!   -> FreeModelQuota -> CreditGuard -> chat completions only -> Retry -> Upstream
+//! AccessLog -> WebhookSecret -> ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes
+//!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
+//!   -> Retry -> Upstream
 //! ```
+//!
+//! The webhook routes of `plugins.entries.webhooks` are answered by
+//! [`WebhookSecret`](crate::webhook::WebhookSecret) before any gateway
+//! layer: they carry their own secret, limits and answer format.
 //!
 //! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
 //! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
@@ -73,6 +78,7 @@ use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
 use crate::keys::{KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
+use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
 
 /// The gateway's configuration, as a JSON document; every section is
 /// optional.
@@ -136,6 +142,23 @@ impl GatewayConfig {
             .and_then(|plugins| plugins.pointer("/entries/webhooks/enabled"))
             .and_then(Value::as_bool)
             .unwrap_or(false)
+    }
+
+    /// The webhooks plugin entry, read strictly; `None` when there is none.
+    pub fn webhooks(&self) -> Result<Option<WebhooksConfig>, ConfigError> {
+        let Some(plugins) = &self.plugins else {
+            return Ok(None);
+        };
+        let mut plugins = plugins.clone();
+        let Some(entries) = plugins.get_mut("entries").and_then(Value::as_object_mut) else {
+            return Err(ConfigError::new("plugins must be {\"entries\": {…}}"));
+        };
+        match entries.remove("webhooks") {
+            None => Ok(None),
+            Some(entry) => WebhooksConfig::from_plugin_entry(&entry)
+                .map(Some)
+                .map_err(ConfigError::new),
+        }
     }
 }
 
@@ -307,6 +330,14 @@ where
         .clock(clock.clone())
         .cache_ttl(key_cache_ttl)
         .build();
+    let webhooks = match config.webhooks()? {
+        Some(webhooks) => {
+            let (routes, _skipped) = resolve_routes(&webhooks, &ResolveLimits::default());
+            WebhookSecretLayer::new(store.clone(), routes).limits(webhooks.limits)
+        }
+        None => WebhookSecretLayer::new(store.clone(), Vec::new()),
+    }
+    .clock(clock.clone());
     let mut body = BodyLimitLayer::new();
     if let Some(max_body_bytes) = config.body.max_body_bytes {
         body = body.max_body_bytes(max_body_bytes);
@@ -334,6 +365,7 @@ where
     let service = ServiceBuilder::new()
         .map_response(boxed_response)
         .layer(AccessLogLayer)
+        .layer(webhooks)
         .layer(ErrorMapperLayer::new())
         .layer(body)
         .layer(BearerAuthLayer::new(directory.clone()))

@@ -1,2 +1,3 @@
+pub mod examples;
 pub mod http_server;
 pub mod redis_server;

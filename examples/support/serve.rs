@@ -1,0 +1,124 @@
+//! The examples' server loop: HTTP/1 and HTTP/2 over TCP, the client's
+//! address in each request's extensions, and a graceful stop on Ctrl-C or
+//! SIGTERM.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use modelgate::keys::SharedStore;
+use modelgate::proxy::GatewayService;
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
+use modelgate::webhook::ClientAddr;
+use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+
+/// How long requests in flight may take to finish after a shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Serves `service` on `listener` until `shutdown` completes, then lets
+/// requests in flight finish for up to [`SHUTDOWN_GRACE`].
+pub async fn serve(
+    listener: TcpListener,
+    service: GatewayService<Incoming>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    // A client that never finishes its headers cannot hold a connection.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of descriptors and the like: back off, do not spin.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                // Per-client limits (the webhook routes') key on the peer's address.
+                let service = ServiceBuilder::new()
+                    .map_request(move |mut request: http::Request<Incoming>| {
+                        request.extensions_mut().insert(ClientAddr(peer.ip()));
+                        request
+                    })
+                    .service(service.clone());
+                let connection = builder.serve_connection_with_upgrades(
+                    TokioIo::new(stream),
+                    TowerToHyperService::new(service),
+                );
+                let connection = graceful.watch(connection.into_owned());
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: finishing requests in flight");
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::warn!("requests still in flight after the grace period"),
+    }
+}
+
+/// Redis at `redis_url` (`--redis`), or the in-process store.
+pub async fn open_store(redis_url: Option<&str>) -> Result<SharedStore, String> {
+    Ok(match redis_url {
+        Some(url) => Arc::new(
+            RedisStore::connect(url, RedisStoreConfig::default())
+                .await
+                .map_err(|error| format!("cannot use --redis {url}: {error}"))?,
+        ),
+        None => Arc::new(MemoryStore::new()),
+    })
+}
+
+/// Logs to stderr at `RUST_LOG` (default `info`); stdout stays for what
+/// the operator must read (the address, a key shown once).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,114 @@
+//! The webhook routes alone: the managed-flow routes of a JSON config file,
+//! each behind its shared secret and limits.
+//!
+//! ```sh
+//! cargo run --example webhooks -- --config webhooks.json [--listen ADDR] [--redis URL]
+//! ```
+//!
+//! The file holds the plugin entry where the gateway's config keeps it:
+//!
+//! ```json
+//! {"plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+//!   "deploys": {"sessionKey": "agent:main",
+//!               "secret": {"source": "env", "provider": "default", "id": "DEPLOY_HOOK_SECRET"}}
+//! }}}}}}
+//! ```
+//!
+//! It prints `webhooks listening on http://ADDR`, then one line per served
+//! route (`route <id> POST <path>`); a route whose secret cannot be read is
+//! skipped with a warning on stderr. Any other path answers 404.
+
+#[path = "support/args.rs"]
+mod args;
+#[path = "support/serve.rs"]
+mod serve;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use modelgate::proxy::GatewayConfig;
+use modelgate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer};
+use tokio::net::TcpListener;
+use tower::util::BoxCloneService;
+use tower::{service_fn, ServiceBuilder};
+
+const USAGE: &str = "usage: webhooks --config FILE [--listen ADDR] [--redis URL]";
+
+#[tokio::main]
+async fn main() {
+    serve::init_logging();
+    if let Err(message) = run().await {
+        eprintln!("webhooks: {message}");
+        std::process::exit(2);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let args = args::Args::parse(&["listen", "redis", "config"], USAGE)?;
+    let listen: SocketAddr =
+        args.parsed("listen", "127.0.0.1:8090".parse().expect("a valid address"))?;
+    let path = args
+        .get("config")
+        .ok_or_else(|| format!("--config is required\n{USAGE}"))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("cannot read --config {path}: {error}"))?;
+    let config = GatewayConfig::from_json(&text).map_err(|error| format!("{path}: {error}"))?;
+    let webhooks = config
+        .webhooks()
+        .map_err(|error| format!("{path}: {error}"))?
+        .ok_or_else(|| format!("{path}: no plugins.entries.webhooks entry"))?;
+    if !webhooks.enabled {
+        return Err(format!(
+            "{path}: the webhooks plugin is disabled (plugins.entries.webhooks.enabled)"
+        ));
+    }
+    let store = serve::open_store(args.get("redis")).await?;
+    let (routes, _skipped) = resolve_routes(&webhooks, &ResolveLimits::default());
+
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|error| format!("cannot listen on {listen}: {error}"))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    println!("webhooks listening on http://{address}");
+    for route in &routes {
+        println!("route {} POST {}", route.scope.route_id, route.path);
+    }
+
+    let service = ServiceBuilder::new()
+        .map_response(|response: Response<_>| {
+            response.map(
+                |body: modelgate::response_body::ResponseBody<Full<Bytes>>| {
+                    body.map_err(Into::into).boxed_unsync()
+                },
+            )
+        })
+        .layer(WebhookSecretLayer::new(store, routes).limits(webhooks.limits))
+        .service(service_fn(not_found));
+    serve::serve(
+        listener,
+        BoxCloneService::new(service),
+        serve::shutdown_signal(),
+    )
+    .await;
+    Ok(())
+}
+
+async fn not_found(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let body = serde_json::json!({
+        "ok": false,
+        "code": "not_found",
+        "error": format!("no webhook route at {}", request.uri().path()),
+        "result": {},
+    });
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
