@@ -32,9 +32,12 @@
 //!   the usage ledger, with the streamed usage scanner.
 //! - [`proxy`]: the upstream client, the retry policy and the whole gateway
 //!   stack from one JSON config (served by `examples/proxy.rs`).
-//! - [`webhook`]: the webhook routes' configuration and secrets (the
-//!   layer and the flow actions are still to come).
-//! - [`admission`]: the response future the deciding layers share.
+//! - [`webhook`]: `WebhookSecret` and the managed-flow webhook routes:
+//!   route configuration, secrets resolved at start-up, the 13 flow actions
+//!   and flows kept in the store. It sits outside the chat path (before
+//!   `ErrorMapper` in the proxy): its routes carry their own secret, limits
+//!   and answer format.
+//! - [`admission`], [`answer`]: the response futures the layers share.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!
