@@ -24,6 +24,11 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
+    pub(crate) fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
     pub(crate) fn into_response(self) -> Response<Bytes> {
         let mut response = Response::new(Bytes::from(self.body.to_string()));
         *response.status_mut() = self.status;

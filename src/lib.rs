@@ -37,7 +37,7 @@
 //!   and flows kept in the store. It sits outside the chat path (before
 //!   `ErrorMapper` in the proxy): its routes carry their own secret, limits
 //!   and answer format.
-//! - [`admission`], [`answer`]: the response futures the layers share.
+//! - [`admission`]: the response future the deciding layers share.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!
@@ -75,7 +75,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod answer;
+mod answer;
 pub mod auth;
 pub mod body;
 pub mod clock;

@@ -19,9 +19,12 @@ use futures::future::join_all;
 use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::keys::SharedStore;
+use modelgate::store::FailurePolicy;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
 use modelgate::webhook::{
-    resolve_routes, ClientAddr, ResolveLimits, WebhookLimits, WebhookSecretLayer, WebhooksConfig,
+    resolve_routes, CancelOutcome, ClientAddr, FlowStatus, ResolveLimits, TaskLaunch, TaskRunner,
+    TaskRunnerError, TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute, WebhookSecretLayer,
+    WebhooksConfig,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};
@@ -46,6 +49,13 @@ fn config() -> WebhooksConfig {
 /// Serves the routes over `store`; a request's `x-test-client` header
 /// stands for its client address, so tests can be several clients.
 async fn start(store: SharedStore, limits: WebhookLimits) -> SocketAddr {
+    serve_routes(|routes| WebhookSecretLayer::new(store, routes).limits(limits)).await
+}
+
+/// Serves the routes through the layer `build` makes of them; a request's
+/// `x-test-client` header stands for its client address, so tests can be
+/// several clients.
+async fn serve_routes(build: impl FnOnce(Vec<WebhookRoute>) -> WebhookSecretLayer) -> SocketAddr {
     let (routes, skipped) = resolve_routes(&config(), &ResolveLimits::default());
     assert!(skipped.is_empty());
     let service = ServiceBuilder::new()
@@ -59,7 +69,7 @@ async fn start(store: SharedStore, limits: WebhookLimits) -> SocketAddr {
             }
             request
         })
-        .layer(WebhookSecretLayer::new(store, routes).limits(limits))
+        .layer(build(routes))
         .service(service_fn(|_: Request<hyper::body::Incoming>| async {
             let mut response = Response::new(Full::new(Bytes::from_static(b"inner")));
             *response.status_mut() = http::StatusCode::NOT_FOUND;
@@ -694,6 +704,17 @@ async fn hold_slots(addresses: &[SocketAddr], count: usize) -> (Vec<Held>, Reply
 async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
     let limit = 3;
     let (held, refused) = hold_slots(addresses, limit).await;
+    // The checks before the in-flight count still answer first.
+    let url = format!("http://{}{DEPLOYS}", addresses[0]);
+    let wrong_type = send(
+        client()
+            .post(&url)
+            .header("content-type", "text/plain")
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(wrong_type.status, 415);
+    assert_eq!(send(client().put(&url)).await.status, 405);
     assert_eq!(refused.body["code"], "too_many_in_flight");
     assert!(refused.headers.contains_key("retry-after"));
     for (sender, reply) in held {
@@ -705,17 +726,28 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         drop(sender);
         assert_eq!(reply.await.unwrap().status, 201);
     }
-    // Every slot was given back.
-    let statuses = burst(addresses, limit, "127.0.0.9").await;
-    assert!(statuses.iter().all(|&status| status == 200), "{statuses:?}");
-    let after = post(
-        addresses[0],
-        DEPLOYS,
-        SECRET,
-        json!({"action": "list_flows"}),
-    )
-    .await;
-    assert_eq!(after.status, 200);
+    // Every slot was given back: the same client may have `limit` in flight
+    // again. Each stalled one takes its slot before the secret check.
+    let held: Vec<Held> = (0..limit)
+        .map(|index| stalled(addresses[index % addresses.len()]))
+        .collect();
+    for (sender, reply) in held {
+        sender
+            .unbounded_send(Ok(Bytes::from(json!({"action": "list_flows"}).to_string())))
+            .unwrap();
+        drop(sender);
+        assert_eq!(reply.await.unwrap().status, 200);
+    }
+    // Refusals give their slot back too (a wrong secret here).
+    for _ in 0..limit + 2 {
+        let wrong = post(addresses[0], DEPLOYS, "wrong-secret-0123456789", json!({})).await;
+        assert_eq!(wrong.status, 401);
+    }
+    let (held, _) = hold_slots(addresses, limit).await;
+    for (sender, reply) in held {
+        drop(sender);
+        let _ = reply.await;
+    }
 }
 
 fn in_flight_limited() -> WebhookLimits {
@@ -1016,4 +1048,148 @@ async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_la
         .err()
         .unwrap();
     assert!(error.to_string().contains("sessionKey"), "{error}");
+}
+
+/// Starts every task running and stops one only when the test says so.
+struct PendingRunner;
+
+#[async_trait::async_trait]
+impl TaskRunner for PendingRunner {
+    async fn start(&self, _: &TaskLaunch) -> Result<Option<TaskStatus>, TaskRunnerError> {
+        Ok(Some(FlowStatus::Running))
+    }
+
+    async fn cancel(&self, _: &TaskLaunch) -> CancelOutcome {
+        CancelOutcome::Pending
+    }
+}
+
+#[tokio::test]
+async fn cancel_flow_is_pending_while_a_task_runs_and_terminal_once_ended() {
+    let store = memory();
+    let layer = std::sync::Mutex::new(None);
+    let address = serve_routes(|routes| {
+        let built = WebhookSecretLayer::new(store, routes)
+            .limits(generous())
+            .task_runner(Arc::new(PendingRunner));
+        *layer.lock().unwrap() = Some(built.clone());
+        built
+    })
+    .await;
+    let actions = layer.lock().unwrap().take().unwrap().actions().clone();
+    let created = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "create_flow", "goal": "g"}),
+    )
+    .await;
+    let flow_id = created.body["result"]["flow"]["flowId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let task = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "run_task", "flowId": flow_id, "runtime": "acp", "task": "t"}),
+    )
+    .await;
+    assert_eq!(task.body["result"]["task"]["status"], "running");
+    let task_id = task.body["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pending = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "cancel_flow", "flowId": flow_id}),
+    )
+    .await;
+    assert_eq!(pending.status, 202, "{}", pending.body);
+    assert_eq!(pending.body["ok"], true);
+    assert_eq!(pending.body["result"]["outcome"], "cancel_pending");
+    assert_eq!(pending.body["result"]["activeTasks"], 1);
+    // No new task while the cancellation is under way.
+    let refused = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "run_task", "flowId": flow_id, "runtime": "acp", "task": "t2"}),
+    )
+    .await;
+    assert_eq!(
+        (refused.status, &refused.body["code"]),
+        (409, &json!("cancel_requested"))
+    );
+    // The host's runner reports the task stopped: the flow is cancelled.
+    let update = actions
+        .set_task_status(
+            "agent:main",
+            &flow_id,
+            &task_id,
+            FlowStatus::Cancelled,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(update, TaskUpdate::Updated);
+    let flow = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "get_flow", "flowId": flow_id}),
+    )
+    .await;
+    assert_eq!(flow.body["result"]["flow"]["status"], "cancelled");
+    let again = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "cancel_flow", "flowId": flow_id}),
+    )
+    .await;
+    assert_eq!(
+        (again.status, &again.body["code"]),
+        (409, &json!("terminal"))
+    );
+    assert_eq!(again.body["result"]["flow"]["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn a_store_that_is_down_gives_503_closed_or_open() {
+    let mut server = RedisServer::start();
+    let store = redis(&server).await;
+    let closed = serve_routes(|routes| {
+        WebhookSecretLayer::new(store, routes)
+            .limits(generous())
+            .failure_policy(FailurePolicy::FailClosed)
+    })
+    .await;
+    let open = start(redis(&server).await, generous()).await;
+    assert_eq!(
+        post(closed, DEPLOYS, SECRET, json!({"action": "list_flows"}))
+            .await
+            .status,
+        200
+    );
+    server.stop();
+    // Fail closed: the limits cannot be checked, so nothing runs.
+    let refused = post(closed, DEPLOYS, SECRET, json!({"action": "list_flows"})).await;
+    assert_eq!(
+        (refused.status, &refused.body["code"]),
+        (503, &json!("unavailable"))
+    );
+    assert!(refused.body["error"].as_str().unwrap().contains("limits"));
+    // Fail open (the default): the limits let it through, the flows cannot answer.
+    let unanswered = post(open, DEPLOYS, SECRET, json!({"action": "list_flows"})).await;
+    assert_eq!(
+        (unanswered.status, &unanswered.body["code"]),
+        (503, &json!("unavailable"))
+    );
+    assert!(unanswered.body["error"]
+        .as_str()
+        .unwrap()
+        .contains("flow store"));
 }

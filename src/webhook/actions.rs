@@ -118,6 +118,17 @@ pub enum CancelOutcome {
     Pending,
 }
 
+/// What [`FlowActions::set_task_status`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskUpdate {
+    /// The task has its new status.
+    Updated,
+    /// No such flow in the session, or no such task in the flow.
+    NoSuchTask,
+    /// The task had already ended (with this status) and keeps its ending.
+    AlreadyEnded(TaskStatus),
+}
+
 /// Why a runner would not start a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskRunnerError(pub String);
@@ -230,6 +241,7 @@ impl FlowActions {
                     request.expected_revision.0,
                     |flow| {
                         flow.cancel_requested_at.get_or_insert(now);
+                        flow.updated_at = now;
                         Ok(())
                     },
                 )
@@ -246,7 +258,7 @@ impl FlowActions {
     /// Records a task's new status, for a host whose runner reports back
     /// (a task that finished, or stopped after a pending cancellation).
     /// When a cancelled flow's last active task ends, the flow is
-    /// cancelled too. `Ok(false)`: no such flow or task.
+    /// cancelled too. A task that has ended keeps its ending.
     pub async fn set_task_status(
         &self,
         session_key: &str,
@@ -254,43 +266,69 @@ impl FlowActions {
         task_id: &str,
         status: TaskStatus,
         error: Option<String>,
-    ) -> Result<bool, StoreError> {
-        let collection = store::flows(session_key);
+    ) -> Result<TaskUpdate, StoreError> {
+        let now = self.clock.now();
+        let outcome = self
+            .update(&store::flows(session_key), flow_id, |flow| {
+                let Some(task) = flow.tasks.iter_mut().find(|task| task.task_id == task_id) else {
+                    return Change::Keep(TaskUpdate::NoSuchTask);
+                };
+                if task.status.is_terminal() {
+                    return Change::Keep(TaskUpdate::AlreadyEnded(task.status));
+                }
+                task.status = status;
+                task.error.clone_from(&error);
+                task.updated_at = now;
+                settle_cancellation(flow, now);
+                Change::Write(TaskUpdate::Updated)
+            })
+            .await?;
+        match outcome {
+            Updated::Missing => Ok(TaskUpdate::NoSuchTask),
+            Updated::Done(_, update) => Ok(update),
+            Updated::Busy(_) => Err(StoreError::invalid(
+                "set_task_status",
+                "the flow kept changing under concurrent writers",
+            )),
+        }
+    }
+
+    /// Reads the flow, applies `change` and writes it at the revision read,
+    /// again from a fresh read when another writer came first, up to
+    /// [`WRITE_ATTEMPTS`] times.
+    async fn update<T>(
+        &self,
+        collection: &str,
+        flow_id: &str,
+        mut change: impl FnMut(&mut Flow) -> Change<T>,
+    ) -> Result<Updated<T>, StoreError> {
+        let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
-            let Some(mut flow) = self.store.get_json::<Flow>(&collection, flow_id).await? else {
-                return Ok(false);
+            let Some(mut flow) = self.store.get_json::<Flow>(collection, flow_id).await? else {
+                return Ok(Updated::Missing);
             };
-            let now = self.clock.now();
-            let Some(task) = flow
-                .value
-                .tasks
-                .iter_mut()
-                .find(|task| task.task_id == task_id)
-            else {
-                return Ok(false);
+            let outcome = match change(&mut flow.value) {
+                Change::Keep(outcome) => return Ok(Updated::Done(flow, outcome)),
+                Change::Write(outcome) => outcome,
             };
-            task.status = status;
-            task.error = error.clone();
-            task.updated_at = now;
-            settle_cancellation(&mut flow.value, now);
             match self
                 .store
                 .put_json(
-                    &collection,
+                    collection,
                     flow_id,
                     &flow.value,
                     Expect::Revision(flow.revision),
                 )
                 .await?
             {
-                WriteOutcome::Written { .. } => return Ok(true),
-                WriteOutcome::Conflict { .. } => continue,
+                WriteOutcome::Written { revision } => {
+                    flow.revision = revision;
+                    return Ok(Updated::Done(flow, outcome));
+                }
+                WriteOutcome::Conflict { .. } => last = Some(flow),
             }
         }
-        Err(StoreError::invalid(
-            "set_task_status",
-            "the flow kept changing under concurrent writers",
-        ))
+        Ok(Updated::Busy(last.expect("at least one attempt")))
     }
 
     async fn create_flow(&self, route: &RouteScope, create: CreateFlow) -> Step<ActionReply> {
@@ -529,48 +567,96 @@ impl FlowActions {
         }
     }
 
+    /// Marks the flow cancelled-requested, asks the runner once to stop
+    /// each active task, then records what it stopped: the runner is never
+    /// asked twice, whatever other writers do meanwhile.
     async fn cancel_flow(&self, route: &RouteScope, flow_id: &str) -> Step<ActionReply> {
-        for _ in 0..WRITE_ATTEMPTS {
-            let mut flow = self.load_managed(route, flow_id).await?;
-            refuse_if_ended(&flow)?;
-            let now = self.clock.now();
-            flow.value.cancel_requested_at.get_or_insert(now);
-            let active: Vec<usize> = (0..flow.value.tasks.len())
-                .filter(|&index| !flow.value.tasks[index].status.is_terminal())
-                .collect();
-            for index in active {
-                let launch = self.launch(route, &flow.value, &flow.value.tasks[index]);
-                if self.runner.cancel(&launch).await == CancelOutcome::Cancelled {
-                    let task = &mut flow.value.tasks[index];
-                    task.status = FlowStatus::Cancelled;
-                    task.updated_at = now;
+        let collection = store::flows(&route.session_key);
+        let now = self.clock.now();
+        self.load_managed(route, flow_id).await?;
+        let requested = self
+            .update(&collection, flow_id, |flow| {
+                if flow.status.is_terminal() {
+                    return Change::Keep(false);
                 }
+                if flow.cancel_requested_at.is_some() {
+                    return Change::Keep(true);
+                }
+                flow.cancel_requested_at = Some(now);
+                flow.updated_at = now;
+                Change::Write(true)
+            })
+            .await
+            .map_err(|error| unavailable(route, &error))?;
+        let flow = self.settled(requested)?;
+        let active: Vec<Task> = flow
+            .value
+            .tasks
+            .iter()
+            .filter(|task| !task.status.is_terminal())
+            .cloned()
+            .collect();
+        let mut stopped = Vec::new();
+        for task in &active {
+            let launch = self.launch(route, &flow.value, task);
+            if self.runner.cancel(&launch).await == CancelOutcome::Cancelled {
+                stopped.push(task.task_id.clone());
             }
-            settle_cancellation(&mut flow.value, now);
-            flow.value.updated_at = now;
-            let Ok(revision) = self.write(route, &flow).await? else {
-                continue;
-            };
-            let view = flow.value.view(revision);
-            return Ok(if flow.value.status == FlowStatus::Cancelled {
-                ActionReply::done(
-                    StatusCode::OK,
-                    json!({ "outcome": "cancelled", "flow": view }),
-                )
-            } else {
-                let active = flow
-                    .value
-                    .tasks
-                    .iter()
-                    .filter(|task| !task.status.is_terminal())
-                    .count();
-                ActionReply::done(
-                    StatusCode::ACCEPTED,
-                    json!({ "outcome": "cancel_pending", "activeTasks": active, "flow": view }),
-                )
-            });
         }
-        Err(busy())
+        let recorded = self
+            .update(&collection, flow_id, |flow| {
+                if flow.status.is_terminal() {
+                    return Change::Keep(false);
+                }
+                for task in &mut flow.tasks {
+                    if !task.status.is_terminal() && stopped.contains(&task.task_id) {
+                        task.status = FlowStatus::Cancelled;
+                        task.updated_at = now;
+                    }
+                }
+                settle_cancellation(flow, now);
+                flow.updated_at = now;
+                Change::Write(true)
+            })
+            .await
+            .map_err(|error| unavailable(route, &error))?;
+        let flow = self.settled(recorded)?;
+        let view = flow.value.view(flow.revision);
+        Ok(if flow.value.status == FlowStatus::Cancelled {
+            ActionReply::done(
+                StatusCode::OK,
+                json!({ "outcome": "cancelled", "flow": view }),
+            )
+        } else {
+            let active = flow
+                .value
+                .tasks
+                .iter()
+                .filter(|task| !task.status.is_terminal())
+                .count();
+            ActionReply::done(
+                StatusCode::ACCEPTED,
+                json!({ "outcome": "cancel_pending", "activeTasks": active, "flow": view }),
+            )
+        })
+    }
+
+    /// The flow an update left, refusing when it was gone, had ended (the
+    /// change said `false`) or kept changing.
+    fn settled(&self, updated: Updated<bool>) -> Step<Versioned<Flow>> {
+        match updated {
+            Updated::Missing => Err(ActionReply::refused(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "the flow was removed",
+            )),
+            Updated::Done(flow, true) => Ok(flow),
+            Updated::Done(flow, false) => {
+                refuse_if_ended(&flow)?;
+                Ok(flow)
+            }
+            Updated::Busy(flow) => Err(busy(&flow)),
+        }
     }
 
     async fn run_task(&self, route: &RouteScope, run: RunTask) -> Step<ActionReply> {
@@ -590,6 +676,7 @@ impl FlowActions {
             }
         }
         let run_id = run.run_id.map(|id| id.into_string());
+        let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
             let mut flow = self.load_managed(route, run.flow_id.as_str()).await?;
             if let Some(existing) = run_id.as_deref().and_then(|run_id| {
@@ -639,13 +726,15 @@ impl FlowActions {
             };
             flow.value.tasks.push(task.clone());
             flow.value.updated_at = now;
-            let Ok(revision) = self.write(route, &flow).await? else {
-                continue;
-            };
-            flow.revision = revision;
-            return self.start_task(route, flow, task).await;
+            match self.write(route, &flow).await? {
+                Ok(revision) => {
+                    flow.revision = revision;
+                    return self.start_task(route, flow, task).await;
+                }
+                Err(current) => last = Some(current),
+            }
         }
-        Err(busy())
+        Err(busy(&last.expect("at least one attempt")))
     }
 
     /// Hands a recorded task to the runner and records what it says.
@@ -666,18 +755,31 @@ impl FlowActions {
             Ok(Some(status)) => (status, None),
             Err(error) => (FlowStatus::Failed, Some(error.0)),
         };
-        self.set_task_status(
-            &route.session_key,
-            &flow.value.flow_id,
-            &task.task_id,
-            status,
-            error.clone(),
-        )
-        .await
-        .map_err(|error| unavailable(route, &error))?;
+        let update = self
+            .set_task_status(
+                &route.session_key,
+                &flow.value.flow_id,
+                &task.task_id,
+                status,
+                error.clone(),
+            )
+            .await
+            .map_err(|error| unavailable(route, &error))?;
+        if let TaskUpdate::AlreadyEnded(_) = update {
+            // Cancelled while it was being started: stop what the runner began.
+            if error.is_none() {
+                self.runner.cancel(&launch).await;
+            }
+        }
         flow = self.load(route, &flow.value.flow_id).await?;
-        task.status = status;
-        task.error.clone_from(&error);
+        if let Some(recorded) = flow
+            .value
+            .tasks
+            .iter()
+            .find(|recorded| recorded.task_id == task.task_id)
+        {
+            task = recorded.clone();
+        }
         match error {
             None => Ok(ActionReply::done(
                 StatusCode::CREATED,
@@ -803,12 +905,30 @@ fn revision_conflict(expected: u64, current: &Versioned<Flow>) -> ActionReply {
     .with_flow(current)
 }
 
-fn busy() -> ActionReply {
+fn busy(current: &Versioned<Flow>) -> ActionReply {
     ActionReply::refused(
         StatusCode::CONFLICT,
         "revision_conflict",
         "the flow kept changing while this request ran; retry",
     )
+    .with_flow(current)
+}
+
+/// What a change to a flow decided: write it (and answer `T`), or keep it
+/// as it is.
+enum Change<T> {
+    Write(T),
+    Keep(T),
+}
+
+/// How an update ended.
+enum Updated<T> {
+    /// No such flow.
+    Missing,
+    /// Written, or kept as it was: the flow as it now stands.
+    Done(Versioned<Flow>, T),
+    /// Other writers won every attempt: the flow as last read.
+    Busy(Versioned<Flow>),
 }
 
 fn unavailable(route: &RouteScope, error: &StoreError) -> ActionReply {
@@ -1147,6 +1267,7 @@ mod tests {
     #[derive(Default)]
     struct SlowRunner {
         refuse: Mutex<bool>,
+        cancels: Mutex<Vec<String>>,
     }
 
     #[async_trait]
@@ -1158,7 +1279,11 @@ mod tests {
             Ok(Some(FlowStatus::Running))
         }
 
-        async fn cancel(&self, _: &TaskLaunch) -> CancelOutcome {
+        async fn cancel(&self, launch: &TaskLaunch) -> CancelOutcome {
+            self.cancels
+                .lock()
+                .unwrap()
+                .push(launch.task.task_id.clone());
             CancelOutcome::Pending
         }
     }
@@ -1191,10 +1316,23 @@ mod tests {
             (202, &json!("cancel_pending"), &json!(1))
         );
         assert_eq!(result["flow"]["status"], "queued");
-        assert!(actions
-            .set_task_status("agent:main", &flow, &task_id, FlowStatus::Cancelled, None)
-            .await
-            .unwrap());
+        assert_eq!(runner.cancels.lock().unwrap().len(), 1, "asked once");
+        // A second cancel_flow asks the runner again about the task still active.
+        let (status, _) = act(
+            &actions,
+            &route,
+            json!({"action": "cancel_flow", "flowId": flow}),
+        )
+        .await;
+        assert_eq!(status, 202);
+        assert_eq!(runner.cancels.lock().unwrap().len(), 2);
+        assert_eq!(
+            actions
+                .set_task_status("agent:main", &flow, &task_id, FlowStatus::Cancelled, None)
+                .await
+                .unwrap(),
+            TaskUpdate::Updated
+        );
         let (_, result) = act(
             &actions,
             &route,
@@ -1202,10 +1340,28 @@ mod tests {
         )
         .await;
         assert_eq!(result["flow"]["status"], "cancelled");
-        assert!(!actions
-            .set_task_status("agent:main", &flow, "task-none", FlowStatus::Failed, None)
-            .await
-            .unwrap());
+        assert_eq!(
+            actions
+                .set_task_status("agent:main", &flow, "task-none", FlowStatus::Failed, None)
+                .await
+                .unwrap(),
+            TaskUpdate::NoSuchTask
+        );
+        // An ended task keeps its ending, and the ended flow stays ended.
+        assert_eq!(
+            actions
+                .set_task_status("agent:main", &flow, &task_id, FlowStatus::Running, None)
+                .await
+                .unwrap(),
+            TaskUpdate::AlreadyEnded(FlowStatus::Cancelled)
+        );
+        let (_, result) = act(
+            &actions,
+            &route,
+            json!({"action": "get_flow", "flowId": flow}),
+        )
+        .await;
+        assert_eq!(result["flow"]["tasks"][0]["status"], "cancelled");
 
         *runner.refuse.lock().unwrap() = true;
         let other = created(&actions, &route, "h").await;

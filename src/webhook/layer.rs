@@ -1,3 +1,5 @@
+//! [`WebhookSecretLayer`] and the numbers it enforces ([`WebhookLimits`]).
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,9 +64,14 @@ pub(crate) struct WebhookConfig {
 
 impl std::fmt::Debug for WebhookConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Routes print without secrets (`Secret` shows nothing); the store has no Debug.
+        // Route ids and paths only: secrets and session keys stay out of logs.
+        let routes: Vec<(&str, &str)> = self
+            .routes
+            .iter()
+            .map(|route| (route.scope.route_id.as_str(), route.path.as_str()))
+            .collect();
         f.debug_struct("WebhookConfig")
-            .field("routes", &self.routes)
+            .field("routes", &routes)
             .field("limits", &self.limits)
             .field("failure_policy", &self.failure_policy)
             .finish_non_exhaustive()

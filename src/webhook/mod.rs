@@ -78,7 +78,7 @@ mod service;
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use actions::{
     ActionReply, CancelOutcome, FlowActions, RecordOnly, RouteScope, TaskLaunch, TaskRunner,
-    TaskRunnerError,
+    TaskRunnerError, TaskUpdate,
 };
 pub use config::{
     RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS, MIN_SECRET_BYTES,

@@ -109,7 +109,7 @@ pub struct RevisedFlowRef {
 pub struct ListFlows {
     /// How many, from 1 to 100 (default 20).
     pub limit: Option<usize>,
-    /// Only flows with this status.
+    /// Only flows with this status, among the session's 1000 newest.
     pub status: Option<FlowStatus>,
 }
 
@@ -117,7 +117,7 @@ pub struct ListFlows {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct FindLatestFlow {
-    /// Only a flow with this status.
+    /// Only a flow with this status, among the session's 1000 newest.
     pub status: Option<FlowStatus>,
 }
 

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::config::MIN_SECRET_BYTES;
+
 /// A shared secret. `Debug` shows nothing of it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -129,6 +131,13 @@ pub fn resolve_secret(spec: &SecretSpec, limits: &ResolveLimits) -> Result<Secre
             reference.source, reference.id
         )));
     }
+    // As for inline secrets: a guessable one would let anyone drive the route.
+    if text.len() < MIN_SECRET_BYTES {
+        return Err(ResolveError(format!(
+            "the {:?} secret {} is shorter than {MIN_SECRET_BYTES} bytes",
+            reference.source, reference.id
+        )));
+    }
     Ok(Secret::new(text.to_owned()))
 }
 
@@ -192,14 +201,22 @@ fn from_command(reference: &SecretRef, limits: &ResolveLimits) -> Result<String,
     }
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let max_bytes = limits.max_bytes;
-    let reader = std::thread::spawn(move || {
+    let (sender, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut bytes = Vec::new();
         let _ = (&mut stdout)
             .take(max_bytes as u64 + 1)
             .read_to_end(&mut bytes);
-        bytes
+        let _ = sender.send(bytes);
     });
     let deadline = Instant::now() + limits.exec_timeout;
+    let late = || {
+        ResolveError(format!(
+            "{} did not finish within {} s",
+            program.display(),
+            limits.exec_timeout.as_secs_f64()
+        ))
+    };
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -207,24 +224,27 @@ fn from_command(reference: &SecretRef, limits: &ResolveLimits) -> Result<String,
             Ok(None) | Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(ResolveError(format!(
-                    "{} did not finish within {} s",
-                    program.display(),
-                    limits.exec_timeout.as_secs_f64()
-                )));
+                return Err(late());
             }
         }
     };
-    let bytes = reader.join().unwrap_or_default();
-    if !status.success() {
-        return Err(ResolveError(format!(
-            "{} exited with {status}",
-            program.display()
-        )));
-    }
+    // The output must end by the same deadline: a child left running in
+    // the background may hold the pipe open for ever (its reader thread is
+    // then abandoned, not waited for).
+    let bytes = output
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        .map_err(|_| late())?;
+    // Too much output first: the reader stopping early may have killed the
+    // command with SIGPIPE, which is not the reason to report.
     if bytes.len() > max_bytes {
         return Err(ResolveError(format!(
             "{} wrote more than {max_bytes} bytes",
+            program.display()
+        )));
+    }
+    if !status.success() {
+        return Err(ResolveError(format!(
+            "{} exited with {status}",
             program.display()
         )));
     }
@@ -300,6 +320,18 @@ mod tests {
         ))
         .unwrap_err();
         assert!(empty.to_string().contains("empty"));
+        std::env::set_var("MODELGATE_TEST_HOOK_SHORT", "guessable");
+        let short = resolve(&reference(
+            SecretSource::Env,
+            "default",
+            "MODELGATE_TEST_HOOK_SHORT",
+        ))
+        .unwrap_err();
+        assert!(
+            short.to_string().contains("shorter than 16 bytes"),
+            "{short}"
+        );
+        assert!(!short.to_string().contains("guessable"));
     }
 
     #[test]
@@ -360,6 +392,12 @@ mod tests {
         let slow = script("slow", "sleep 5");
         let failing = script("failing", "exit 7");
         let garbage = script("garbage", "echo not json");
+        // Exits at once but leaves a child holding its output open.
+        let lingering = script(
+            "lingering",
+            r#"sleep 5 & echo '{"values": {"deploy": "exec-secret-0123456789"}}'"#,
+        );
+        let verbose = script("verbose", "head -c 100000 /dev/zero | tr '\\0' x");
         assert!(resolve(&reference(SecretSource::Exec, &good, "deploy"))
             .unwrap()
             .matches(b"exec-secret-0123456789"));
@@ -368,6 +406,8 @@ mod tests {
             (slow, "deploy", "did not finish"),
             (failing, "deploy", "exited with"),
             (garbage, "deploy", "did not answer JSON"),
+            (lingering, "deploy", "did not finish"),
+            (verbose, "deploy", "wrote more than 256 bytes"),
             ("relative/cmd".to_owned(), "deploy", "absolute path"),
         ] {
             let error = resolve(&reference(SecretSource::Exec, &command, id))

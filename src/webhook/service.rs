@@ -1,3 +1,5 @@
+//! [`WebhookSecret`]: the checks before a webhook action, and the action.
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -76,81 +78,80 @@ where
         let config = Arc::clone(&self.config);
         ResponseFuture::answering(Box::pin(async move {
             let route = &config.routes[index];
-            let answer = match checked_action(&config, route, request).await {
-                Ok((action, slot)) => {
-                    let reply = config.actions.execute(&route.scope, action).await;
-                    slot.release().await;
-                    Answer::from_reply(route, reply)
-                }
+            let mut slot = None;
+            let answer = match checked_action(&config, route, request, &mut slot).await {
+                Ok(action) => from_reply(route, config.actions.execute(&route.scope, action).await),
                 Err(refusal) => refusal,
             };
+            // Given back before the answer leaves, refusals included: the
+            // client's next request finds its slot free.
+            if let Some(slot) = slot {
+                slot.release().await;
+            }
             answer.into_response()
         }))
     }
 }
 
-impl Answer {
-    fn refused(route: &WebhookRoute, status: StatusCode, code: &str, error: &str) -> Self {
-        Answer {
-            status,
-            headers: Vec::new(),
-            body: json!({
-                "ok": false,
-                "routeId": route.scope.route_id,
-                "code": code,
-                "error": error,
-                "result": {},
-            }),
-        }
-    }
-
-    fn with_header(mut self, name: http::HeaderName, value: HeaderValue) -> Self {
-        self.headers.push((name, value));
-        self
-    }
-
-    fn from_reply(route: &WebhookRoute, reply: ActionReply) -> Self {
-        let body = match &reply {
-            ActionReply::Done { result, .. } => json!({
-                "ok": true,
-                "routeId": route.scope.route_id,
-                "result": result,
-            }),
-            ActionReply::Refused {
-                code,
-                error,
-                result,
-                ..
-            } => json!({
-                "ok": false,
-                "routeId": route.scope.route_id,
-                "code": code,
-                "error": error,
-                "result": result,
-            }),
-        };
-        Answer {
-            status: reply.status(),
-            headers: Vec::new(),
-            body,
-        }
+/// A refusal before or by the action: `{ok: false, routeId, code, error, result: {}}`.
+fn refused(route: &WebhookRoute, status: StatusCode, code: &str, error: &str) -> Answer {
+    Answer {
+        status,
+        headers: Vec::new(),
+        body: json!({
+            "ok": false,
+            "routeId": route.scope.route_id,
+            "code": code,
+            "error": error,
+            "result": {},
+        }),
     }
 }
 
-/// Runs every check before the action, in DESIGN's order; the action and
-/// the in-flight slot it holds, or the refusal.
+/// What the action answered, in the route's envelope.
+fn from_reply(route: &WebhookRoute, reply: ActionReply) -> Answer {
+    let body = match &reply {
+        ActionReply::Done { result, .. } => json!({
+            "ok": true,
+            "routeId": route.scope.route_id,
+            "result": result,
+        }),
+        ActionReply::Refused {
+            code,
+            error,
+            result,
+            ..
+        } => json!({
+            "ok": false,
+            "routeId": route.scope.route_id,
+            "code": code,
+            "error": error,
+            "result": result,
+        }),
+    };
+    Answer {
+        status: reply.status(),
+        headers: Vec::new(),
+        body,
+    }
+}
+
+/// Runs every check before the action, in DESIGN's order: the action, or
+/// the refusal. The in-flight slot, once taken, is left in `slot` for the
+/// caller to give back.
 async fn checked_action<B>(
     config: &WebhookConfig,
     route: &WebhookRoute,
     request: Request<B>,
-) -> Result<(FlowAction, InFlightSlot), Answer>
+    slot: &mut Option<InFlightSlot>,
+) -> Result<FlowAction, Answer>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
     let limits = &config.limits;
     if request.method() != Method::POST {
-        return Err(Answer::refused(
+        return Err(refused(
             route,
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -158,10 +159,19 @@ where
         )
         .with_header(ALLOW, HeaderValue::from_static("POST")));
     }
-    let client = request
-        .extensions()
-        .get::<ClientAddr>()
-        .map_or_else(|| "unknown".to_owned(), |client| client.0.to_string());
+    let client = match request.extensions().get::<ClientAddr>() {
+        Some(client) => client.0.to_string(),
+        None => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "webhook request without a ClientAddr extension: all such requests share \
+                     one rate window and one in-flight count per route"
+                );
+            });
+            "unknown".to_owned()
+        }
+    };
     // One scope per route and client: on Redis both counters share a slot.
     let scope = format!("webhook:{}:{client}", route.scope.route_id);
     let now = config.clock.now();
@@ -179,7 +189,8 @@ where
                 route,
                 "rate_limited",
                 &format!(
-                    "more than {} requests in {} s from this client; retry after the window ends",
+                    "more than {} requests in {} s on this route from this client; \
+                     retry after the window ends",
                     limits.requests_per_window,
                     limits.rate_window.as_secs_f64()
                 ),
@@ -190,16 +201,16 @@ where
         Err(error) => store_failure(config, route, &error)?,
     }
     if !is_json(request.headers()) {
-        return Err(Answer::refused(
+        return Err(refused(
             route,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             "send the body as JSON with `Content-Type: application/json`",
         ));
     }
-    let slot = InFlightSlot::acquire(config, route, scope, now).await?;
+    *slot = Some(InFlightSlot::acquire(config, route, scope, now).await?);
     if !presents_secret(route, request.headers()) {
-        return Err(Answer::refused(
+        return Err(refused(
             route,
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -213,8 +224,8 @@ where
     }
     let body = read_body(route, limits.max_body_bytes, limits.body_timeout, request).await?;
     match FlowAction::parse(&body) {
-        Ok(action) => Ok((action, slot)),
-        Err(error) => Err(Answer::refused(
+        Ok(action) => Ok(action),
+        Err(error) => Err(refused(
             route,
             StatusCode::BAD_REQUEST,
             "invalid_request",
@@ -225,7 +236,7 @@ where
 
 fn too_many(route: &WebhookRoute, code: &str, message: &str, retry_after: Duration) -> Answer {
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-    Answer::refused(route, StatusCode::TOO_MANY_REQUESTS, code, message)
+    refused(route, StatusCode::TOO_MANY_REQUESTS, code, message)
         .with_header(RETRY_AFTER, HeaderValue::from(seconds.max(1)))
 }
 
@@ -239,7 +250,7 @@ fn store_failure(
         .failure_policy
         .on_store_error("WebhookSecret", error)
         .map_err(|_| {
-            Answer::refused(
+            refused(
                 route,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -281,7 +292,7 @@ where
     B::Error: Into<BoxError>,
 {
     let too_large = || {
-        Answer::refused(
+        refused(
             route,
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
@@ -298,7 +309,7 @@ where
     }
     let limited = Limited::new(request.into_body(), max_body_bytes);
     match tokio::time::timeout(body_timeout, limited.collect()).await {
-        Err(_) => Err(Answer::refused(
+        Err(_) => Err(refused(
             route,
             StatusCode::REQUEST_TIMEOUT,
             "request_timeout",
@@ -312,7 +323,7 @@ where
             if causes(error.as_ref()).any(|cause| cause.is::<LengthLimitError>()) {
                 Err(too_large())
             } else {
-                Err(Answer::refused(
+                Err(refused(
                     route,
                     StatusCode::BAD_REQUEST,
                     "invalid_request",
