@@ -161,6 +161,7 @@ impl Mock {
                 Value::from(request.uri().to_string()),
             )))
             .collect();
+        let mut received = received;
         let body = match request.into_body().collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
@@ -175,6 +176,15 @@ impl Mock {
             return Ok(openai_error(400, "invalid JSON", "invalid_request_error"));
         };
         let model = chat["model"].as_str().unwrap_or("unknown").to_owned();
+        received.insert("model".to_owned(), Value::from(model.clone()));
+        received.insert(
+            "body_fields".to_owned(),
+            Value::from(
+                chat.as_object()
+                    .map(|fields| fields.keys().cloned().collect::<Vec<_>>().join(","))
+                    .unwrap_or_default(),
+            ),
+        );
         // `…/status-NNN` answers that status: for tests of every error.
         if let Some(status) = model
             .rsplit('/')
@@ -192,9 +202,10 @@ impl Mock {
             }
             return Ok(response);
         }
-        // `…/echo-headers` answers with what it received, for tests of what
-        // crosses the gateway; it also sets a cookie the gateway must drop.
-        if model.ends_with("/echo-headers") {
+        // `…/echo-headers` answers with what it received (headers, path and
+        // the model it was asked for), for tests of what crosses the
+        // gateway; it also sets a cookie the gateway must drop.
+        if model.rsplit('/').next() == Some("echo-headers") {
             let mut response = json_response(
                 200,
                 json!({

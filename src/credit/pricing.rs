@@ -133,6 +133,17 @@ impl PriceTable {
         self
     }
 
+    /// The models the table names, with their prices, by id.
+    pub fn models(&self) -> Vec<(&str, TokenPrice)> {
+        let mut models: Vec<(&str, TokenPrice)> = self
+            .models
+            .iter()
+            .map(|(id, price)| (id.as_str(), *price))
+            .collect();
+        models.sort_unstable_by_key(|(id, _)| *id);
+        models
+    }
+
     /// The price of models the table does not name; `None` refuses them.
     pub fn with_default(mut self, price: Option<TokenPrice>) -> Self {
         self.default = price;

@@ -69,7 +69,7 @@ where
                 GatewayError::new(
                     ErrorKind::InvalidRequest,
                     format!(
-                        "the model {} has no price on this gateway; use a listed model or ask the operator to price it",
+                        "the model {} has no price on this gateway; GET /api/v1/models lists the models it serves",
                         chat.model_id
                     ),
                 )

@@ -40,7 +40,11 @@
 //! ```
 
 mod access_log;
+mod fallback;
 mod headers;
+mod model_field;
+mod models;
+mod providers;
 mod retry;
 mod upstream;
 
@@ -64,8 +68,15 @@ use tower::ServiceBuilder;
 use tower_service::Service;
 
 pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
+pub use fallback::{Fallback, FallbackLayer, MODEL_HEADER};
 pub use headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
-pub use retry::{RetryPolicy, RetryPolicyError};
+pub use model_field::{
+    rewrite_model_json, rewrite_model_sse_line, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES,
+    MAX_SSE_LINE_BYTES,
+};
+pub use models::{ModelCatalog, MAX_MODELS_PER_REQUEST};
+pub use providers::{ProviderUpstream, Providers};
+pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
 
 use crate::auth::BearerAuthLayer;
@@ -116,6 +127,61 @@ pub struct GatewayConfig {
     pub credit: CreditSection,
     /// Plugin entries (the webhook routes), kept for the webhook layer.
     pub plugins: Option<Value>,
+    /// Providers by name: a model `<provider>/<model>` goes to its
+    /// provider. Absent: every model goes to `upstream`.
+    pub providers: HashMap<String, ProviderSection>,
+    /// Per model id, the models to try after it (429, 5xx, timeout,
+    /// refused connection), after any the request lists in `models`.
+    pub fallbacks: HashMap<String, Vec<String>>,
+}
+
+/// One provider in [`GatewayConfig`]`.providers`.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// Its base URL, API version included (`https://api.openai.com/v1`).
+    pub base_url: String,
+    /// Where its API key comes from: `{"env": "VAR"}`, `{"file": "/path"}`
+    /// (the whole file, trimmed) or a SecretRef `{"source": "env"|"file"|"exec",
+    /// "provider", "id"}` as the webhook routes take it.
+    pub api_key: Option<Value>,
+    /// Extra headers it receives with every request (`OpenAI-Organization`, …).
+    #[serde(default)]
+    pub headers: HashMap<String, String>,
+    /// Longest wait for a connection, in ms.
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest wait for the response headers, in ms.
+    pub response_header_timeout_ms: Option<u64>,
+    /// `"strip"` (the default) sends `model` without the `provider/`
+    /// prefix; `"keep"` sends the gateway's whole id.
+    pub model_prefix: Option<ModelPrefix>,
+}
+
+impl std::fmt::Debug for ProviderSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values may be credentials: names only.
+        f.debug_struct("ProviderSection")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field(
+                "response_header_timeout_ms",
+                &self.response_header_timeout_ms,
+            )
+            .field("model_prefix", &self.model_prefix)
+            .finish()
+    }
+}
+
+/// What a provider calls a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelPrefix {
+    /// `openai/gpt-4o` reaches the provider as `gpt-4o`.
+    Strip,
+    /// `openai/gpt-4o` reaches the provider as `openai/gpt-4o`.
+    Keep,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -130,6 +196,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("retry", &self.retry)
             .field("credit", &self.credit)
             .field("plugins", &self.plugins.as_ref().map(|_| "…"))
+            .field("providers", &self.providers)
+            .field("fallbacks", &self.fallbacks)
             .finish()
     }
 }
@@ -259,6 +327,56 @@ impl GatewayConfig {
         Ok(config)
     }
 
+    /// Each configured provider's upstream, its key read now.
+    pub fn provider_upstreams(&self) -> Result<HashMap<String, ProviderUpstream>, ConfigError> {
+        let mut upstreams = HashMap::new();
+        for (name, section) in &self.providers {
+            let valid_name = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.'));
+            if !valid_name {
+                return Err(ConfigError::new(format!(
+                    "providers: {name:?} must be 1 to 64 characters of A-Z a-z 0-9 - _ ."
+                )));
+            }
+            let mut config = UpstreamConfig::new(section.base_url.clone());
+            if let Some(key) = &section.api_key {
+                let spec = crate::webhook::secret_ref_from_json(key).map_err(|problem| {
+                    ConfigError::new(format!("providers.{name}.api_key {problem}"))
+                })?;
+                let secret = crate::webhook::resolve_secret(
+                    &spec,
+                    &crate::webhook::ResolveLimits::default(),
+                )
+                .map_err(|error| ConfigError::new(format!("providers.{name}.api_key: {error}")))?;
+                config.api_key = Some(secret.expose().to_owned());
+            }
+            config.extra_headers = section
+                .headers
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect();
+            if let Some(ms) = section.connect_timeout_ms {
+                config.connect_timeout = Duration::from_millis(ms);
+            }
+            if let Some(ms) = section.response_header_timeout_ms {
+                config.response_header_timeout = Duration::from_millis(ms);
+            }
+            let upstream = Upstream::new(&config)
+                .map_err(|error| ConfigError::new(format!("providers.{name}: {error}")))?;
+            upstreams.insert(
+                name.clone(),
+                ProviderUpstream {
+                    upstream,
+                    strip_prefix: section.model_prefix != Some(ModelPrefix::Keep),
+                },
+            );
+        }
+        Ok(upstreams)
+    }
+
     fn price_table(&self) -> Result<PriceTable, ConfigError> {
         match &self.pricing {
             Some(pricing) => PriceTable::from_json(&pricing.to_string()),
@@ -352,7 +470,22 @@ where
         .rules(config.free_quota)
         .map_err(ConfigError::new)?
         .clock(clock.clone());
-    let mut credit = CreditGuardLayer::new(store, Arc::new(config.price_table()?)).clock(clock);
+    let prices = Arc::new(config.price_table()?);
+    let bottom = if config.providers.is_empty() {
+        Providers::single(upstream)
+    } else {
+        Providers::by_name(config.provider_upstreams()?)
+    };
+    let catalog = ModelCatalog::new(
+        Arc::clone(&prices),
+        bottom.names(),
+        &config.fallbacks,
+        &config.rate_rules()?,
+        &config.free_quota,
+    )
+    .map_err(ConfigError::new)?;
+    let models_list = Arc::new(catalog.models_list().clone());
+    let mut credit = CreditGuardLayer::new(store, prices).clock(clock);
     if let Some(tokens) = config.credit.default_max_tokens {
         credit = credit.default_max_tokens(tokens);
     }
@@ -371,12 +504,16 @@ where
         .layer(BearerAuthLayer::new(directory.clone()))
         .layer(AccessLogLayer::annotate())
         .layer(KeyRoutesLayer::new(directory).free_quota_rules(config.free_quota))
+        .layer(FallbackLayer::new(Arc::new(catalog)))
         .layer(rate_limit)
         .layer(free_quota)
         .layer(credit)
-        .layer_fn(|inner| ChatOnly { inner })
+        .layer_fn(|inner| ChatOnly {
+            inner,
+            models_list: Arc::clone(&models_list),
+        })
         .layer(tower::retry::RetryLayer::new(config.retry_policy()?))
-        .service(upstream);
+        .service(bottom);
     Ok(BoxCloneService::new(service))
 }
 
@@ -395,6 +532,8 @@ where
 #[derive(Clone, Debug)]
 struct ChatOnly<S> {
     inner: S,
+    /// `GET /api/v1/models`, built once.
+    models_list: Arc<Value>,
 }
 
 impl<S> Service<Request<Full<Bytes>>> for ChatOnly<S>
@@ -414,6 +553,16 @@ where
     }
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        if is_models_path(request.method(), request.uri().path()) {
+            let mut response = Response::new(ResponseBody::full(Bytes::from(
+                self.models_list.to_string(),
+            )));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return Box::pin(async move { Ok(response) });
+        }
         if !is_chat_completions_path(request.method(), request.uri().path()) {
             let error = GatewayError::new(
                 ErrorKind::NotFound,
@@ -461,11 +610,19 @@ where
 /// Exactly `POST /api/v1/chat/completions`, in any case and spelling of
 /// the same segments: nothing in front of or between them.
 fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
+    method == http::Method::POST && path_is(path, &["api", "v1", "chat", "completions"])
+}
+
+/// `GET /api/v1/models`, spelled the same way.
+fn is_models_path(method: &http::Method, path: &str) -> bool {
+    method == http::Method::GET && path_is(path, &["api", "v1", "models"])
+}
+
+fn path_is(path: &str, expected: &[&str]) -> bool {
     let segments = crate::body::normalized_segments(path);
-    method == http::Method::POST
-        && segments.len() == 4
+    segments.len() == expected.len()
         && segments
             .iter()
-            .zip(["api", "v1", "chat", "completions"])
+            .zip(expected)
             .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
 }

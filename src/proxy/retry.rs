@@ -42,6 +42,10 @@ pub struct RetryPolicyError {
     attempts: u32,
 }
 
+/// In a request's extensions: no retries (a fallback model is next).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkipRetries;
+
 impl RetryPolicy {
     /// The most attempts a policy allows (seed 002: 3 to 5).
     pub const MOST_ATTEMPTS: u32 = 5;
@@ -161,9 +165,12 @@ impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy 
 
     fn retry(
         &mut self,
-        _: &mut Request<Full<Bytes>>,
+        request: &mut Request<Full<Bytes>>,
         outcome: &mut Result<Response<B>, GatewayError>,
     ) -> Option<Self::Future> {
+        if request.extensions().get::<SkipRetries>().is_some() {
+            return None;
+        }
         let wait = self.wait_for(outcome)?;
         self.attempts += 1;
         tracing::info!(

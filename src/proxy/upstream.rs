@@ -41,6 +41,8 @@ pub struct UpstreamConfig {
     pub response_header_timeout: Duration,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
+    /// Headers the upstream receives with every request (name, value).
+    pub extra_headers: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for UpstreamConfig {
@@ -52,6 +54,14 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_header_timeout", &self.response_header_timeout)
             .field("pool_idle_timeout", &self.pool_idle_timeout)
+            .field(
+                "extra_headers",
+                &self
+                    .extra_headers
+                    .iter()
+                    .map(|(name, _)| name)
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -67,6 +77,7 @@ impl UpstreamConfig {
             connect_timeout: Duration::from_secs(10),
             response_header_timeout: Duration::from_secs(120),
             pool_idle_timeout: Duration::from_secs(90),
+            extra_headers: Vec::new(),
         }
     }
 }
@@ -100,6 +111,7 @@ struct Inner {
     base_path: String,
     prefix_segments: Vec<String>,
     authorization: Option<HeaderValue>,
+    extra_headers: Vec<(http::HeaderName, HeaderValue)>,
     response_header_timeout: Duration,
 }
 
@@ -134,6 +146,33 @@ impl Upstream {
                 Ok(value)
             })
             .transpose()?;
+        let extra_headers = config
+            .extra_headers
+            .iter()
+            .map(|(name, value)| {
+                let parsed_name = http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| UpstreamConfigError(format!("{name:?} is not a header name")))?;
+                // The gateway sets these itself; a config must not steer them.
+                if matches!(
+                    parsed_name.as_str(),
+                    "authorization"
+                        | "host"
+                        | "content-length"
+                        | "transfer-encoding"
+                        | "connection"
+                ) {
+                    return Err(UpstreamConfigError(format!(
+                        "the header {name} is set by the gateway, not the config"
+                    )));
+                }
+                let mut parsed_value = HeaderValue::from_str(value).map_err(|_| {
+                    UpstreamConfigError(format!("the value of header {name} cannot be sent"))
+                })?;
+                // Extra headers often carry credentials (an organisation, a project key).
+                parsed_value.set_sensitive(true);
+                Ok((parsed_name, parsed_value))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.connect_timeout));
         http.enforce_http(false);
@@ -158,6 +197,7 @@ impl Upstream {
                     .map(|segment| segment.to_ascii_lowercase())
                     .collect(),
                 authorization,
+                extra_headers,
                 response_header_timeout: config.response_header_timeout,
             }),
         })
@@ -216,6 +256,9 @@ impl Inner {
         let id = request_id(&parts.headers);
         parts.headers = upstream_request_headers(&parts.headers);
         let headers = &mut parts.headers;
+        for (name, value) in &self.extra_headers {
+            headers.insert(name.clone(), value.clone());
+        }
         if let Some(authorization) = &self.authorization {
             headers.insert(AUTHORIZATION, authorization.clone());
         }

@@ -228,6 +228,40 @@ fn checked_path(route: Option<&str>, path: String) -> Result<String, WebhookConf
     Ok(path)
 }
 
+/// Where an API key is read from, as the gateway's config writes it:
+/// `{"env": "VAR"}`, `{"file": "/path"}` (the whole file, trimmed), or a
+/// SecretRef `{"source", "provider", "id"}`. Never inline text: a key in
+/// the config file would be one more copy to leak.
+pub fn secret_ref_from_json(value: &Value) -> Result<SecretSpec, String> {
+    let reference = |source, provider: &str, id: &str| {
+        SecretSpec::Ref(SecretRef {
+            source,
+            provider: provider.to_owned(),
+            id: id.to_owned(),
+        })
+    };
+    let Value::Object(fields) = value else {
+        return Err(
+            "must be {\"env\": \"VAR\"}, {\"file\": \"/path\"} or a SecretRef {source, provider, id}, \
+             not inline text"
+                .into(),
+        );
+    };
+    match (fields.len(), fields.get("env"), fields.get("file")) {
+        (1, Some(Value::String(variable)), _) if !variable.is_empty() => {
+            Ok(reference(SecretSource::Env, "default", variable))
+        }
+        (1, _, Some(Value::String(path))) if !path.is_empty() => {
+            // Not a JSON pointer: the whole file is the key.
+            Ok(reference(SecretSource::File, path, "value"))
+        }
+        // An object is never inline text: this is a SecretRef or an error.
+        _ => {
+            secret_spec(None, value).map_err(|error| format!("`{}` {}", error.field, error.problem))
+        }
+    }
+}
+
 fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, WebhookConfigError> {
     match value {
         Value::String(secret) => {
@@ -419,6 +453,48 @@ mod tests {
 
     fn entry(routes: Value) -> Value {
         json!({"enabled": true, "config": {"routes": routes}})
+    }
+
+    #[test]
+    fn api_key_sources_are_env_file_or_a_secret_ref_never_inline() {
+        let env = secret_ref_from_json(&json!({"env": "OPENAI_API_KEY"})).unwrap();
+        assert_eq!(
+            env,
+            SecretSpec::Ref(SecretRef {
+                source: SecretSource::Env,
+                provider: "default".into(),
+                id: "OPENAI_API_KEY".into()
+            })
+        );
+        let file = secret_ref_from_json(&json!({"file": "/run/keys/openai"})).unwrap();
+        assert!(
+            matches!(file, SecretSpec::Ref(SecretRef { source: SecretSource::File, ref provider, .. }) if provider == "/run/keys/openai")
+        );
+        let exec = secret_ref_from_json(
+            &json!({"source": "exec", "provider": "/usr/bin/vault-get", "id": "openai"}),
+        )
+        .unwrap();
+        assert!(matches!(
+            exec,
+            SecretSpec::Ref(SecretRef {
+                source: SecretSource::Exec,
+                ..
+            })
+        ));
+        for (value, words) in [
+            (json!("sk-inline-key-0123456789"), "not inline text"),
+            (json!({"env": ""}), "secret.source"),
+            (json!({"env": "A", "file": "/b"}), "secret.source"),
+            (
+                json!({"source": "vault", "provider": "p", "id": "i"}),
+                "secret.source",
+            ),
+            (json!({"source": "env", "id": "i"}), "secret.provider"),
+            (json!(7), "not inline text"),
+        ] {
+            let error = secret_ref_from_json(&value).unwrap_err();
+            assert!(error.contains(words), "{value}: {error}");
+        }
     }
 
     #[test]

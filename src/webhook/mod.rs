@@ -81,7 +81,8 @@ pub use actions::{
     TaskRunnerError, TaskUpdate,
 };
 pub use config::{
-    RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS, MIN_SECRET_BYTES,
+    secret_ref_from_json, RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS,
+    MIN_SECRET_BYTES,
 };
 pub use flow::{Flow, FlowStatus, NotifyPolicy, Task, TaskRuntime, TaskStatus, MAX_TASKS_PER_FLOW};
 pub use layer::{WebhookLimits, WebhookSecretLayer};

@@ -23,6 +23,12 @@ impl Secret {
         Secret(text)
     }
 
+    /// The secret's text, for a caller that must send it on (a provider's
+    /// API key); never for a log.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `presented` is this secret, in constant time: both sides are
     /// hashed first, so neither the content nor the length leaks through
     /// timing.

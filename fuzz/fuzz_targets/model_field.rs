@@ -1,0 +1,18 @@
+//! The response `model` rewriter on arbitrary upstream bytes: never
+//! panics, a JSON object's `model` always comes out as the gateway's, and
+//! an SSE line that is not a `data:` JSON object passes unchanged.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use modelgate::proxy::{rewrite_model_json, rewrite_model_sse_line};
+
+fuzz_target!(|bytes: &[u8]| {
+    if let Some(rewritten) = rewrite_model_json(bytes, "p/m") {
+        let value: serde_json::Value = serde_json::from_slice(&rewritten).expect("valid JSON out");
+        assert_eq!(value["model"], "p/m");
+    }
+    let line = rewrite_model_sse_line(bytes, "p/m");
+    if !bytes.starts_with(b"data:") {
+        assert_eq!(line, bytes);
+    }
+});

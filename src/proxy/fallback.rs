@@ -1,0 +1,172 @@
+//! [`FallbackLayer`]: a chat request tries its model, then its fallbacks,
+//! each through the limits below as a request for that model.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::header::HeaderValue;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::Full;
+use serde_json::Value;
+use tower::ServiceExt;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::model_field::{BodyKind, ReportedModel};
+use super::models::ModelCatalog;
+use super::retry::SkipRetries;
+use crate::body::{top_level_fields, BufferedBody, ChatRequest, ModelId};
+use crate::response_body::ResponseBody;
+
+/// The response header naming the model that answered, as the gateway
+/// knows it.
+pub const MODEL_HEADER: HeaderName = HeaderName::from_static("x-modelgate-model");
+
+/// Applies [`Fallback`]: see there.
+#[derive(Clone, Debug)]
+pub struct FallbackLayer {
+    catalog: Arc<ModelCatalog>,
+}
+
+impl FallbackLayer {
+    /// Falls back as `catalog` says; refuses models it does not serve.
+    pub fn new(catalog: Arc<ModelCatalog>) -> Self {
+        FallbackLayer { catalog }
+    }
+}
+
+impl<S> Layer<S> for FallbackLayer {
+    type Service = Fallback<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Fallback {
+            inner,
+            catalog: Arc::clone(&self.catalog),
+        }
+    }
+}
+
+/// For a chat request (a [`ChatRequest`] and [`BufferedBody`] in its
+/// extensions): 400 when its model is not served; otherwise it tries its
+/// model, then its `models` list, then the configured fallbacks, each as a
+/// request for that model (body, `ChatRequest`) through the inner service,
+/// so each passes its own model's limits. It moves on after a 429 or a
+/// 5xx (a timeout is a 504, a refused connection a 502): a response it
+/// moves past was never sent on, so no byte of it reached the client. The
+/// answer names its model in `x-modelgate-model` and in its `model` field.
+/// Other requests pass untouched.
+#[derive(Clone, Debug)]
+pub struct Fallback<S> {
+    inner: S,
+    catalog: Arc<ModelCatalog>,
+}
+
+/// Statuses after which the next model is tried.
+fn falls_back(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
+}
+
+impl<S, ResBody> Service<Request<Full<Bytes>>> for Fallback<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ReportedModel<ResponseBody<ResBody>>>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each attempt waits for the inner service itself (`oneshot`).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        let inner = self.inner.clone();
+        let (Some(chat), Some(buffered)) = (
+            request.extensions().get::<ChatRequest>().cloned(),
+            request.extensions().get::<BufferedBody>().cloned(),
+        ) else {
+            return Box::pin(async move {
+                let response = inner.oneshot(request).await?;
+                Ok(response
+                    .map(|body| ReportedModel::new(ResponseBody::inner(body), "", BodyKind::Other)))
+            });
+        };
+        let candidates = match self.catalog.candidates(&chat) {
+            Ok(candidates) => candidates,
+            Err(error) => {
+                return Box::pin(async move {
+                    Ok(error
+                        .to_response::<ResponseBody<ResBody>>()
+                        .map(|body| ReportedModel::new(body, "", BodyKind::Other)))
+                })
+            }
+        };
+        Box::pin(async move {
+            let (parts, _) = request.into_parts();
+            let last = candidates.len() - 1;
+            for (index, model) in candidates.iter().enumerate() {
+                let mut attempt = Request::from_parts(parts.clone(), Full::new(Bytes::new()));
+                let body = for_model(&buffered.0, &chat, model);
+                let mut attempt_chat = chat.clone();
+                attempt_chat.model = model.as_str().to_owned();
+                attempt_chat.model_id = model.clone();
+                attempt.extensions_mut().insert(attempt_chat);
+                attempt.extensions_mut().insert(BufferedBody(body.clone()));
+                if index < last {
+                    // The next model is the better retry.
+                    attempt.extensions_mut().insert(SkipRetries);
+                }
+                *attempt.body_mut() = Full::new(body);
+                let response = inner.clone().oneshot(attempt).await?;
+                if index < last && falls_back(response.status()) {
+                    tracing::info!(
+                        from = %model,
+                        to = %candidates[index + 1],
+                        status = response.status().as_u16(),
+                        "falling back to the next model"
+                    );
+                    continue;
+                }
+                let kind = if response.status().is_success() {
+                    BodyKind::of(response.headers())
+                } else {
+                    BodyKind::Other
+                };
+                let (mut parts, body) = response.into_parts();
+                if let Ok(value) = HeaderValue::from_str(model.as_str()) {
+                    parts.headers.insert(MODEL_HEADER, value);
+                }
+                // The length changes when `model` is rewritten.
+                if kind != BodyKind::Other {
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                }
+                let body = ReportedModel::new(ResponseBody::inner(body), model.as_str(), kind);
+                return Ok(Response::from_parts(parts, body));
+            }
+            unreachable!("the last candidate always answers")
+        })
+    }
+}
+
+/// The request body for `model`: its `model` field set, and `models`
+/// removed (the upstream gets one model; the gateway did the falling back).
+fn for_model(original: &Bytes, chat: &ChatRequest, model: &ModelId) -> Bytes {
+    let unchanged = chat.model_id.as_str() == model.as_str() && !chat.extra.contains_key("models");
+    if unchanged {
+        return original.clone();
+    }
+    match top_level_fields(original) {
+        Ok(mut fields) => {
+            fields.insert("model".into(), Value::String(model.as_str().to_owned()));
+            fields.remove("models");
+            Bytes::from(serde_json::to_vec(&fields).unwrap_or_else(|_| original.to_vec()))
+        }
+        // BodyLimit parsed it already: it is an object.
+        Err(_) => original.clone(),
+    }
+}

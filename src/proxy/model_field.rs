@@ -1,0 +1,326 @@
+//! [`ReportedModel`]: a response body whose `model` field names the model
+//! as the gateway knows it (`openai/gpt-4o`), not as the provider called it
+//! (`gpt-4o-2024-08-06`): in a JSON body, and in every `data:` event of a
+//! server-sent event stream, passed on event by event.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use serde_json::Value;
+
+/// Largest JSON body rewritten; a larger one passes on unchanged.
+pub const MAX_REWRITTEN_JSON_BYTES: usize = 8 * 1024 * 1024;
+/// Longest SSE line held while waiting for its end; a longer one passes on
+/// unchanged.
+pub const MAX_SSE_LINE_BYTES: usize = 1024 * 1024;
+
+/// How a body's `model` field is rewritten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// One JSON object: rewritten once it has all arrived.
+    Json,
+    /// Server-sent events: each `data:` line that is a JSON object.
+    EventStream,
+    /// Anything else (and error responses): passed on as it is.
+    Other,
+}
+
+impl BodyKind {
+    /// The kind a successful response's headers announce.
+    pub fn of(headers: &HeaderMap) -> BodyKind {
+        let essence = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split(';').next())
+            .map(|essence| essence.trim().to_ascii_lowercase());
+        match essence.as_deref() {
+            Some("application/json") => BodyKind::Json,
+            Some("text/event-stream") => BodyKind::EventStream,
+            _ => BodyKind::Other,
+        }
+    }
+}
+
+/// Replaces the top-level `model` string of a JSON object; `None` when
+/// `text` is not a JSON object with a string `model` (left as it is).
+pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
+    let mut value: Value = serde_json::from_slice(text).ok()?;
+    let field = value.as_object_mut()?.get_mut("model")?;
+    if !field.is_string() {
+        return None;
+    }
+    *field = Value::String(model.to_owned());
+    serde_json::to_vec(&value).ok()
+}
+
+/// One SSE line (its line ending included) with the `model` of its
+/// `data:` JSON replaced; other lines come back as they are.
+pub fn rewrite_model_sse_line(line: &[u8], model: &str) -> Vec<u8> {
+    let content_end = line
+        .iter()
+        .rposition(|&byte| byte != b'\n' && byte != b'\r')
+        .map_or(0, |index| index + 1);
+    let (content, ending) = line.split_at(content_end);
+    let Some(data) = content.strip_prefix(b"data:") else {
+        return line.to_vec();
+    };
+    let payload = data.strip_prefix(b" ").unwrap_or(data);
+    match rewrite_model_json(payload, model) {
+        Some(rewritten) => {
+            let mut out = Vec::with_capacity(rewritten.len() + 8);
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&rewritten);
+            out.extend_from_slice(ending);
+            out
+        }
+        None => line.to_vec(),
+    }
+}
+
+pin_project! {
+    /// A response body with its `model` field rewritten (see the module docs).
+    #[derive(Debug)]
+    pub struct ReportedModel<B> {
+        #[pin]
+        inner: B,
+        model: String,
+        kind: BodyKind,
+        held: BytesMut,
+        // Set when the body outgrew what is rewritten: the rest passes on.
+        passing: bool,
+        trailers: Option<HeaderMap>,
+        ended: bool,
+    }
+}
+
+impl<B> ReportedModel<B> {
+    /// Wraps `inner`, naming `model` in it as `kind` says.
+    pub fn new(inner: B, model: impl Into<String>, kind: BodyKind) -> Self {
+        ReportedModel {
+            inner,
+            model: model.into(),
+            kind,
+            held: BytesMut::new(),
+            passing: kind == BodyKind::Other,
+            trailers: None,
+            ended: false,
+        }
+    }
+}
+
+impl<B> Body for ReportedModel<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let mut this = self.project();
+        loop {
+            if *this.ended {
+                if !this.held.is_empty() {
+                    let rest = this.held.split().freeze();
+                    let out = match this.kind {
+                        BodyKind::Json if !*this.passing => {
+                            rewrite_model_json(&rest, this.model).map_or(rest, Bytes::from)
+                        }
+                        BodyKind::EventStream if !*this.passing => {
+                            Bytes::from(rewrite_model_sse_line(&rest, this.model))
+                        }
+                        _ => rest,
+                    };
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
+                }
+                return Poll::Ready(
+                    this.trailers
+                        .take()
+                        .map(|trailers| Ok(Frame::trailers(trailers))),
+                );
+            }
+            let Some(frame) = ready!(this.inner.as_mut().poll_frame(cx)) else {
+                *this.ended = true;
+                continue;
+            };
+            let frame = frame?;
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        *this.trailers = Some(trailers);
+                    }
+                    continue;
+                }
+            };
+            if *this.passing {
+                if this.held.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                this.held.extend_from_slice(&data);
+                return Poll::Ready(Some(Ok(Frame::data(this.held.split().freeze()))));
+            }
+            this.held.extend_from_slice(&data);
+            match this.kind {
+                BodyKind::Json => {
+                    if this.held.len() > MAX_REWRITTEN_JSON_BYTES {
+                        *this.passing = true;
+                        return Poll::Ready(Some(Ok(Frame::data(this.held.split().freeze()))));
+                    }
+                }
+                BodyKind::EventStream => {
+                    // Whole lines go on now; a partial one waits for its end.
+                    let Some(last_newline) = this.held.iter().rposition(|&byte| byte == b'\n')
+                    else {
+                        if this.held.len() > MAX_SSE_LINE_BYTES {
+                            *this.passing = true;
+                            return Poll::Ready(Some(Ok(Frame::data(this.held.split().freeze()))));
+                        }
+                        continue;
+                    };
+                    let lines = this.held.split_to(last_newline + 1);
+                    let mut out = Vec::with_capacity(lines.len() + 64);
+                    for line in lines.split_inclusive(|&byte| byte == b'\n') {
+                        out.extend_from_slice(&rewrite_model_sse_line(line, this.model));
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                }
+                BodyKind::Other => unreachable!("passing from the start"),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.held.is_empty() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // The rewritten length differs from the upstream's.
+        SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, StreamBody};
+    use proptest::prelude::*;
+    use std::convert::Infallible;
+
+    async fn through(chunks: Vec<&[u8]>, kind: BodyKind) -> Vec<u8> {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = chunks
+            .into_iter()
+            .map(|chunk| Ok(Frame::data(Bytes::copy_from_slice(chunk))))
+            .collect();
+        let body = ReportedModel::new(
+            StreamBody::new(futures_util::stream::iter(frames)),
+            "openai/gpt-4o",
+            kind,
+        );
+        body.collect().await.unwrap().to_bytes().to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_json_body_reports_the_gateway_model() {
+        let out = through(
+            vec![
+                br#"{"id": "c1", "model": "gpt-4o-2024-08-06", "#,
+                br#""usage": {"total_tokens": 3}}"#,
+            ],
+            BodyKind::Json,
+        )
+        .await;
+        let value: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["model"], "openai/gpt-4o");
+        assert_eq!(value["usage"]["total_tokens"], 3);
+    }
+
+    #[tokio::test]
+    async fn every_sse_event_reports_the_gateway_model_across_chunk_edges() {
+        let stream: &[u8] = b"data: {\"model\":\"gpt-4o-x\",\"n\":1}\r\n\r\ndata: {\"mod";
+        let rest: &[u8] = b"el\":\"gpt-4o-x\",\"n\":2}\n\n: comment\ndata: [DONE]\n\n";
+        let out =
+            String::from_utf8(through(vec![stream, rest], BodyKind::EventStream).await).unwrap();
+        assert_eq!(
+            out.matches("\"model\":\"openai/gpt-4o\"").count(),
+            2,
+            "{out}"
+        );
+        assert!(!out.contains("gpt-4o-x"));
+        assert!(out.contains("data: {\"model\":\"openai/gpt-4o\",\"n\":1}\r\n\r\n"));
+        assert!(out.ends_with(": comment\ndata: [DONE]\n\n"));
+    }
+
+    #[tokio::test]
+    async fn what_is_not_a_model_object_passes_unchanged() {
+        for (input, kind) in [
+            (&br#"{"model": 3}"#[..], BodyKind::Json),
+            (b"not json", BodyKind::Json),
+            (b"[1, 2]", BodyKind::Json),
+            (b"data: x\n\nevent: ping\n", BodyKind::EventStream),
+            (br#"{"model": "gpt"}"#, BodyKind::Other),
+        ] {
+            assert_eq!(through(vec![input], kind).await, input, "{kind:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_body_passes_unchanged() {
+        let big = format!(
+            r#"{{"model": "gpt", "pad": "{}"}}"#,
+            "x".repeat(MAX_REWRITTEN_JSON_BYTES)
+        );
+        let chunks: Vec<&[u8]> = big.as_bytes().chunks(64 * 1024).collect();
+        assert_eq!(through(chunks, BodyKind::Json).await, big.as_bytes());
+        let long_line = format!("data: {}", "y".repeat(MAX_SSE_LINE_BYTES + 10));
+        let chunks: Vec<&[u8]> = long_line.as_bytes().chunks(64 * 1024).collect();
+        assert_eq!(
+            through(chunks, BodyKind::EventStream).await,
+            long_line.as_bytes()
+        );
+    }
+
+    #[test]
+    fn the_kind_follows_the_content_type() {
+        let kind = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::CONTENT_TYPE, value.parse().unwrap());
+            BodyKind::of(&headers)
+        };
+        assert_eq!(kind("application/json; charset=utf-8"), BodyKind::Json);
+        assert_eq!(kind("Text/Event-Stream"), BodyKind::EventStream);
+        assert_eq!(kind("text/plain"), BodyKind::Other);
+        assert_eq!(BodyKind::of(&HeaderMap::new()), BodyKind::Other);
+    }
+
+    proptest! {
+        #[test]
+        fn sse_lines_keep_everything_but_the_model(id in "[a-z0-9-]{1,12}", n in 0u32..1000, crlf: bool) {
+            let ending = if crlf { "\r\n" } else { "\n" };
+            let line = format!("data: {{\"id\":\"{id}\",\"model\":\"up-{id}\",\"n\":{n}}}{ending}");
+            let out = String::from_utf8(rewrite_model_sse_line(line.as_bytes(), "p/m")).unwrap();
+            prop_assert!(out.ends_with(ending));
+            let value: Value = serde_json::from_str(out.trim_end().strip_prefix("data: ").unwrap()).unwrap();
+            prop_assert_eq!(&value["model"], "p/m");
+            prop_assert_eq!(&value["id"], id.as_str());
+            prop_assert_eq!(&value["n"], n);
+        }
+
+        #[test]
+        fn any_chunking_of_a_stream_gives_the_same_output(cut in 1usize..200, bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let mut stream = b"data: {\"model\":\"a\"}\n\n".to_vec();
+            stream.extend_from_slice(&bytes);
+            let whole = runtime.block_on(through(vec![&stream], BodyKind::EventStream));
+            let parts: Vec<&[u8]> = stream.chunks(cut).collect();
+            let chunked = runtime.block_on(through(parts, BodyKind::EventStream));
+            prop_assert_eq!(whole, chunked);
+        }
+    }
+}

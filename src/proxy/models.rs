@@ -1,0 +1,382 @@
+//! [`ModelCatalog`]: which models the gateway serves (a configured provider
+//! and a price), where a request may fall back to, and `GET /api/v1/models`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::body::{ChatRequest, ModelId};
+use crate::credit::{PriceTable, Pricing};
+use crate::error::{ErrorKind, GatewayError};
+use crate::free_quota::FreeQuotaRules;
+use crate::rate_limit::RateLimitRules;
+
+/// Most models one request tries: its own and its fallbacks.
+pub const MAX_MODELS_PER_REQUEST: usize = 5;
+
+/// What the gateway serves, built once from its configuration.
+#[derive(Clone, Debug)]
+pub struct ModelCatalog {
+    prices: Arc<PriceTable>,
+    /// Configured providers (lower case); `None`: one upstream serves every provider.
+    providers: Option<HashSet<String>>,
+    /// Per model id (lower case), the models to try after it.
+    fallbacks: HashMap<String, Vec<ModelId>>,
+    models_list: Value,
+}
+
+impl ModelCatalog {
+    /// The catalog of `prices`, served by `providers` (`None`: any
+    /// provider), with configured `fallbacks`; the models list shows the
+    /// rate `rules` and the free `quota` that apply to each model.
+    pub fn new(
+        prices: Arc<PriceTable>,
+        providers: Option<HashSet<String>>,
+        fallbacks: &HashMap<String, Vec<String>>,
+        rules: &RateLimitRules,
+        quota: &FreeQuotaRules,
+    ) -> Result<Self, String> {
+        let providers = providers.map(|names| {
+            names
+                .into_iter()
+                .map(|name| name.to_ascii_lowercase())
+                .collect()
+        });
+        let mut catalog = ModelCatalog {
+            prices,
+            providers,
+            fallbacks: HashMap::new(),
+            models_list: Value::Null,
+        };
+        for (model, next) in fallbacks {
+            let from = ModelId::parse(model)
+                .map_err(|_| format!("fallbacks: {model:?} is not a model id"))?;
+            let mut parsed = Vec::new();
+            for candidate in next {
+                let id = ModelId::parse(candidate)
+                    .map_err(|_| format!("fallbacks.{model}: {candidate:?} is not a model id"))?;
+                catalog
+                    .check(&id)
+                    .map_err(|error| format!("fallbacks.{model}: {}", error.message()))?;
+                parsed.push(id);
+            }
+            catalog
+                .fallbacks
+                .insert(from.as_str().to_ascii_lowercase(), parsed);
+        }
+        catalog.models_list = catalog.list(rules, quota);
+        Ok(catalog)
+    }
+
+    /// 400 unless the gateway serves `model`: its provider is configured
+    /// and it has a price.
+    pub fn check(&self, model: &ModelId) -> Result<(), GatewayError> {
+        if let Some(providers) = &self.providers {
+            if !providers.contains(&model.provider().to_ascii_lowercase()) {
+                return Err(GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "no provider {:?} is configured on this gateway (model {model}); \
+                         GET /api/v1/models lists the models it serves",
+                        model.provider()
+                    ),
+                )
+                .with_metadata("param", "model"));
+            }
+        }
+        if self.prices.price(model).is_none() {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the model {model} has no price on this gateway; \
+                     GET /api/v1/models lists the models it serves"
+                ),
+            )
+            .with_metadata("param", "model"));
+        }
+        Ok(())
+    }
+
+    /// The models a request tries, in order: its `model`, then its
+    /// `models` list (as OpenRouter clients send it), then the configured
+    /// fallbacks of its model; each once, at most
+    /// [`MAX_MODELS_PER_REQUEST`]. 400 for a model not served or a
+    /// malformed `models`.
+    pub fn candidates(&self, chat: &ChatRequest) -> Result<Vec<ModelId>, GatewayError> {
+        self.check(&chat.model_id)?;
+        let mut candidates = vec![chat.model_id.clone()];
+        let push = |candidates: &mut Vec<ModelId>, id: ModelId| {
+            if candidates.len() < MAX_MODELS_PER_REQUEST
+                && !candidates
+                    .iter()
+                    .any(|seen| seen.as_str().eq_ignore_ascii_case(id.as_str()))
+            {
+                candidates.push(id);
+            }
+        };
+        match chat.extra.get("models") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(models)) if models.len() <= MAX_MODELS_PER_REQUEST => {
+                for (index, model) in models.iter().enumerate() {
+                    let param = format!("models[{index}]");
+                    let text = model.as_str().ok_or_else(|| {
+                        GatewayError::new(
+                            ErrorKind::InvalidRequest,
+                            format!("`{param}` must be a model id string"),
+                        )
+                        .with_metadata("param", param.clone())
+                    })?;
+                    let id = ModelId::parse(text)
+                        .map_err(|error| error.with_metadata("param", param.clone()))?;
+                    self.check(&id)
+                        .map_err(|error| error.with_metadata("param", param.clone()))?;
+                    push(&mut candidates, id);
+                }
+            }
+            Some(_) => {
+                return Err(GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "`models` must be an array of at most {MAX_MODELS_PER_REQUEST} model ids, tried in order"
+                    ),
+                )
+                .with_metadata("param", "models"))
+            }
+        }
+        if let Some(configured) = self
+            .fallbacks
+            .get(&chat.model_id.as_str().to_ascii_lowercase())
+        {
+            for id in configured {
+                push(&mut candidates, id.clone());
+            }
+        }
+        Ok(candidates)
+    }
+
+    /// `GET /api/v1/models`: the OpenAI list shape, each model with its
+    /// prices (credits per million tokens, and per token as OpenRouter
+    /// gives them), its rate rules, its free quota and its fallbacks.
+    pub fn models_list(&self) -> &Value {
+        &self.models_list
+    }
+
+    fn list(&self, rules: &RateLimitRules, quota: &FreeQuotaRules) -> Value {
+        let created = chrono::Utc::now().timestamp();
+        let data: Vec<Value> = self
+            .prices
+            .models()
+            .into_iter()
+            .filter_map(|(id, price)| {
+                let model = ModelId::parse(id).ok()?;
+                if self.check(&model).is_err() {
+                    return None;
+                }
+                let per_million = |nanos: i64| decimal(nanos, 9);
+                let per_token = |nanos: i64| decimal(nanos, 15);
+                let model_rules: Vec<&crate::rate_limit::ModelRule> =
+                    rules.models.iter().filter(|rule| rule.covers(&model)).collect();
+                let fallbacks: Vec<&str> = self
+                    .fallbacks
+                    .get(id)
+                    .map(|next| next.iter().map(ModelId::as_str).collect())
+                    .unwrap_or_default();
+                Some(json!({
+                    "id": model.as_str(),
+                    "object": "model",
+                    "created": created,
+                    "owned_by": model.provider(),
+                    "pricing": {
+                        "prompt": per_token(price.prompt_nanos_per_million_tokens),
+                        "completion": per_token(price.completion_nanos_per_million_tokens),
+                        "prompt_per_million": per_million(price.prompt_nanos_per_million_tokens),
+                        "completion_per_million": per_million(price.completion_nanos_per_million_tokens),
+                    },
+                    "limits": {
+                        "account_rate": rules.account,
+                        "model_rates": model_rules,
+                        "free_quota": model.is_free().then_some(quota),
+                    },
+                    "fallbacks": fallbacks,
+                }))
+            })
+            .collect();
+        json!({"object": "list", "data": data})
+    }
+}
+
+/// `units` / 10^`scale` as an exact decimal string: prices are nano-credits
+/// per million tokens, so scale 9 gives credits per million tokens and 15
+/// credits per token.
+fn decimal(units: i64, scale: u32) -> String {
+    let divisor = 10_u128.pow(scale);
+    let magnitude = u128::from(units.unsigned_abs());
+    let sign = if units < 0 { "-" } else { "" };
+    let fraction = format!("{:0width$}", magnitude % divisor, width = scale as usize);
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() {
+        format!("{sign}{}", magnitude / divisor)
+    } else {
+        format!("{sign}{}.{fraction}", magnitude / divisor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog(providers: Option<&[&str]>) -> ModelCatalog {
+        let prices = PriceTable::from_json(
+            r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
+                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}}}"#,
+        )
+        .unwrap();
+        let fallbacks = HashMap::from([("openai/gpt-4o".to_owned(), vec!["acme/big".to_owned()])]);
+        ModelCatalog::new(
+            Arc::new(prices),
+            providers.map(|names| names.iter().map(|name| name.to_string()).collect()),
+            &fallbacks,
+            &RateLimitRules::from_json(
+                r#"{"models": [{"match": "openai/", "limit": {"rolling": {"requests": 5, "window_seconds": 60}}}]}"#,
+            )
+            .unwrap(),
+            &FreeQuotaRules::default(),
+        )
+        .unwrap()
+    }
+
+    fn chat(body: Value) -> ChatRequest {
+        ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn candidates_are_the_model_then_the_request_list_then_the_configured_fallbacks() {
+        let catalog = catalog(Some(&["openai", "acme"]));
+        let request = chat(
+            json!({"model": "openai/gpt-4o", "models": ["openai/gpt-4o:free", "OPENAI/GPT-4O"],
+            "messages": [{"role": "user", "content": "x"}]}),
+        );
+        let ids: Vec<String> = catalog
+            .candidates(&request)
+            .unwrap()
+            .iter()
+            .map(|id| id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, ["openai/gpt-4o", "openai/gpt-4o:free", "acme/big"]);
+    }
+
+    #[test]
+    fn models_not_served_are_400_naming_the_list() {
+        let served = catalog(Some(&["openai", "acme"]));
+        for (body, param, words) in [
+            (
+                json!({"model": "nobody/x"}),
+                "model",
+                "no provider \"nobody\"",
+            ),
+            (json!({"model": "openai/o1"}), "model", "has no price"),
+            (
+                json!({"model": "openai/gpt-4o", "models": ["acme/none"]}),
+                "models[0]",
+                "has no price",
+            ),
+            (
+                json!({"model": "openai/gpt-4o", "models": [3]}),
+                "models[0]",
+                "model id string",
+            ),
+            (
+                json!({"model": "openai/gpt-4o", "models": "acme/big"}),
+                "models",
+                "an array",
+            ),
+            (
+                json!({"model": "openai/gpt-4o", "models": ["a/1", "a/2", "a/3", "a/4", "a/5", "a/6"]}),
+                "models",
+                "at most 5",
+            ),
+        ] {
+            let mut body = body;
+            body["messages"] = json!([{"role": "user", "content": "x"}]);
+            let error = served.candidates(&chat(body.clone())).unwrap_err();
+            assert_eq!(error.status(), 400, "{body}");
+            assert!(
+                error.message().contains(words),
+                "{body}: {}",
+                error.message()
+            );
+            assert_eq!(
+                error.to_json()["error"]["metadata"]["param"],
+                param,
+                "{body}"
+            );
+            if param == "model" {
+                assert!(error.message().contains("GET /api/v1/models"));
+            }
+        }
+        // Without configured providers any provider goes to the one upstream.
+        assert!(catalog(None)
+            .check(&ModelId::parse("acme/big").unwrap())
+            .is_ok());
+    }
+
+    #[test]
+    fn the_models_list_has_the_openai_shape_with_prices_and_limits() {
+        let list = catalog(Some(&["openai", "acme"])).models_list().clone();
+        assert_eq!(list["object"], "list");
+        let gpt = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|model| model["id"] == "openai/gpt-4o")
+            .unwrap();
+        assert_eq!(gpt["object"], "model");
+        assert_eq!(gpt["owned_by"], "openai");
+        assert!(gpt["created"].is_i64());
+        assert_eq!(gpt["pricing"]["prompt_per_million"], "2.5");
+        assert_eq!(gpt["pricing"]["prompt"], "0.0000025");
+        assert_eq!(gpt["pricing"]["completion"], "0.00001");
+        assert_eq!(gpt["limits"]["model_rates"][0]["match"], "openai/");
+        assert_eq!(gpt["fallbacks"], json!(["acme/big"]));
+        // A provider that is not configured hides its models.
+        let prices = PriceTable::from_json(
+            r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 1, "completion_per_million": 1},
+                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}}}"#,
+        )
+        .unwrap();
+        let only_openai = ModelCatalog::new(
+            Arc::new(prices),
+            Some(HashSet::from(["OpenAI".to_owned()])),
+            &HashMap::new(),
+            &RateLimitRules::default(),
+            &FreeQuotaRules::default(),
+        )
+        .unwrap();
+        let ids: Vec<&Value> = only_openai.models_list()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|model| &model["id"])
+            .collect();
+        assert_eq!(ids, [&json!("openai/gpt-4o")]);
+        // A fallback the gateway cannot serve is a configuration error.
+        assert!(ModelCatalog::new(
+            Arc::new(PriceTable::default()),
+            Some(HashSet::new()),
+            &HashMap::from([("a/b".to_owned(), vec!["c/d".to_owned()])]),
+            &RateLimitRules::default(),
+            &FreeQuotaRules::default()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn decimals_are_exact() {
+        assert_eq!(decimal(2_500_000_000, 9), "2.5");
+        assert_eq!(decimal(2_500_000_000, 15), "0.0000025");
+        assert_eq!(decimal(0, 15), "0");
+        assert_eq!(decimal(-1, 9), "-0.000000001");
+        assert_eq!(decimal(i64::MIN, 9), "-9223372036.854775808");
+    }
+}

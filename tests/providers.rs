@@ -1,0 +1,330 @@
+//! Many providers behind one interface, over real HTTP: the whole gateway
+//! stack in front of two mock upstreams on loopback acting as two
+//! providers (a third refuses connections). Routing by the model's
+//! provider with the prefix stripped, the provider's own key (from env and
+//! from a file) and never the gateway's, the response naming the gateway's
+//! model, fallbacks on 429, 5xx and a refused connection with each attempt
+//! under its own model's limits, 400s that point at the models list, and
+//! `GET /api/v1/models`.
+
+mod common;
+
+#[path = "../examples/support/mock.rs"]
+mod mock;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::http_server::serve;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT};
+use serde_json::{json, Value};
+
+const ALPHA_KEY: &str = "alpha-provider-key-0123456789";
+const BETA_KEY: &str = "beta-provider-key-0123456789";
+
+struct Gateway {
+    address: SocketAddr,
+    key: String,
+    store: SharedStore,
+    _secrets: tempfile::TempDir,
+}
+
+/// Prices every model the tests use; `gamma` is a provider whose port
+/// refuses connections.
+async fn start(extra: Value) -> Gateway {
+    let alpha = mock::start(mock::MockConfig::default()).await;
+    let beta = mock::start(mock::MockConfig::default()).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gamma = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    std::env::set_var("MODELGATE_TEST_ALPHA_KEY", ALPHA_KEY);
+    let secrets = tempfile::tempdir().unwrap();
+    let beta_key_file = secrets.path().join("beta-key");
+    std::fs::write(&beta_key_file, format!("{BETA_KEY}\n")).unwrap();
+    let price = json!({"prompt_per_million": 1, "completion_per_million": 2});
+    let mut config = json!({
+        "providers": {
+            "alpha": {"base_url": alpha, "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"},
+                      "headers": {"x-alpha-project": "proj-7"}},
+            "beta": {"base_url": beta, "api_key": {"file": beta_key_file}, "model_prefix": "keep"},
+            "gamma": {"base_url": gamma, "connect_timeout_ms": 2000},
+        },
+        "pricing": {"models": {
+            "alpha/m1": price, "alpha/echo-headers": price, "alpha/status-429": price,
+            "alpha/status-503": price, "beta/m2": price, "beta/echo-headers": price,
+            "gamma/x": price,
+        }},
+        "fallbacks": {"alpha/status-503": ["beta/m2"]},
+        "retry": {"max_attempts": 1},
+    });
+    if let Value::Object(extra) = extra {
+        for (name, value) in extra {
+            config[name] = value;
+        }
+    }
+    let config = GatewayConfig::from_json(&config.to_string()).unwrap();
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    // Unused: with providers configured, each model goes to its provider.
+    let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
+    let service = gateway::<hyper::body::Incoming>(&config, store.clone(), upstream).unwrap();
+    let address = serve(service).await;
+    let directory = KeyDirectory::new(store.clone());
+    let new = NewKey {
+        account: "acme".into(),
+        ..NewKey::named("tests")
+    };
+    let (key, _) = directory.create_key(new).await.unwrap();
+    directory
+        .top_up("acme", 100 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    Gateway {
+        address,
+        key: key.expose().to_owned(),
+        store,
+        _secrets: secrets,
+    }
+}
+
+struct Reply {
+    status: u16,
+    model_header: Option<String>,
+    body: Value,
+    text: String,
+}
+
+impl Gateway {
+    async fn chat(&self, body: Value) -> Reply {
+        let response = reqwest::Client::new()
+            .post(format!("http://{}/api/v1/chat/completions", self.address))
+            .bearer_auth(&self.key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let model_header = response
+            .headers()
+            .get("x-modelgate-model")
+            .map(|value| value.to_str().unwrap().to_owned());
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Reply {
+            status,
+            model_header,
+            body,
+            text,
+        }
+    }
+}
+
+fn ask(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// What an `echo-headers` model received, from its reply.
+fn echoed(reply: &Reply) -> Value {
+    let content = reply.body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no echo in {}", reply.text));
+    serde_json::from_str(content).unwrap()
+}
+
+#[tokio::test]
+async fn each_model_goes_to_its_provider_under_the_gateways_name() {
+    let gateway = start(json!({})).await;
+    let alpha = gateway.chat(ask("alpha/m1")).await;
+    assert_eq!(alpha.status, 200, "{}", alpha.text);
+    // Alpha strips the prefix: it was asked for `m1`.
+    let content = alpha.body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    assert!(content.starts_with("Hello from m1!"), "{content}");
+    // The answer names the model as the gateway knows it.
+    assert_eq!(alpha.body["model"], "alpha/m1");
+    assert_eq!(alpha.model_header.as_deref(), Some("alpha/m1"));
+    let beta = gateway.chat(ask("beta/m2")).await;
+    let content = beta.body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    // Beta keeps the prefix.
+    assert!(content.starts_with("Hello from beta/m2!"), "{content}");
+    assert_eq!(beta.body["model"], "beta/m2");
+
+    // A stream names the gateway's model in every event.
+    let mut streamed = ask("alpha/m1");
+    streamed["stream"] = json!(true);
+    let stream = gateway.chat(streamed).await;
+    assert_eq!(stream.status, 200);
+    let events: Vec<&str> = stream
+        .text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .collect();
+    assert!(events.len() >= 2, "{}", stream.text);
+    for event in events {
+        let event: Value = serde_json::from_str(event).unwrap();
+        assert_eq!(event["model"], "alpha/m1", "{event}");
+    }
+    assert!(stream.text.trim_end().ends_with("data: [DONE]"));
+}
+
+#[tokio::test]
+async fn providers_get_their_own_key_and_headers_never_the_gateway_key() {
+    let gateway = start(json!({})).await;
+    let alpha = echoed(&gateway.chat(ask("alpha/echo-headers")).await);
+    assert_eq!(alpha["authorization"], format!("Bearer {ALPHA_KEY}"));
+    assert_eq!(alpha["x-alpha-project"], "proj-7");
+    assert_eq!(alpha["model"], "echo-headers");
+    let beta = echoed(&gateway.chat(ask("beta/echo-headers")).await);
+    assert_eq!(beta["authorization"], format!("Bearer {BETA_KEY}"));
+    assert!(beta.get("x-alpha-project").is_none());
+    assert_eq!(beta["model"], "beta/echo-headers");
+    for echo in [alpha, beta] {
+        assert!(!echo.to_string().contains(&gateway.key), "{echo}");
+    }
+}
+
+#[tokio::test]
+async fn a_model_the_gateway_does_not_serve_is_400_pointing_at_the_list() {
+    let gateway = start(json!({})).await;
+    for (model, words) in [
+        ("nobody/x", "no provider"),
+        ("alpha/unpriced", "has no price"),
+    ] {
+        let reply = gateway.chat(ask(model)).await;
+        assert_eq!(reply.status, 400, "{}", reply.text);
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(words) && message.contains("GET /api/v1/models"),
+            "{message}"
+        );
+        assert_eq!(reply.body["error"]["metadata"]["param"], "model");
+    }
+    let mut bad_list = ask("alpha/m1");
+    bad_list["models"] = json!(["beta/m2", "nobody/y"]);
+    let reply = gateway.chat(bad_list).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.body["error"]["metadata"]["param"], "models[1]");
+}
+
+#[tokio::test]
+async fn a_request_falls_back_on_429_5xx_and_a_refused_connection() {
+    let gateway = start(json!({})).await;
+    // The request's own list, after the provider's 429.
+    let mut listed = ask("alpha/status-429");
+    listed["models"] = json!(["beta/echo-headers"]);
+    let reply = gateway.chat(listed).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.model_header.as_deref(), Some("beta/echo-headers"));
+    assert_eq!(
+        reply.body["model"],
+        Value::Null,
+        "the echo has no model field to rewrite"
+    );
+    // The provider got one model, never the list.
+    let echo = echoed(&reply);
+    assert_eq!(echo["model"], "beta/echo-headers");
+    assert!(!echo["body_fields"].as_str().unwrap().contains("models"));
+
+    // The configured fallback, after a 503.
+    let reply = gateway.chat(ask("alpha/status-503")).await;
+    assert_eq!(
+        (reply.status, reply.model_header.as_deref()),
+        (200, Some("beta/m2"))
+    );
+    assert_eq!(reply.body["model"], "beta/m2");
+
+    // A provider that refuses connections (a 502), streamed.
+    let mut refused = ask("gamma/x");
+    refused["models"] = json!(["alpha/m1"]);
+    refused["stream"] = json!(true);
+    let reply = gateway.chat(refused).await;
+    assert_eq!(
+        (reply.status, reply.model_header.as_deref()),
+        (200, Some("alpha/m1"))
+    );
+    assert!(reply.text.contains("\"model\":\"alpha/m1\""));
+
+    // With nothing left to try, the last answer is the client's.
+    let reply = gateway.chat(ask("gamma/x")).await;
+    assert_eq!(reply.status, 502, "{}", reply.text);
+    assert_eq!(
+        reply.body["error"]["metadata"]["upstream_failure"],
+        "connect"
+    );
+}
+
+#[tokio::test]
+async fn each_attempt_passes_its_own_models_limits_and_is_charged_as_that_model() {
+    let gateway = start(json!({"rate_limits": {"models": [
+        {"match": "alpha/", "limit": {"rolling": {"requests": 1, "window_seconds": 3600}}}
+    ]}}))
+    .await;
+    assert_eq!(gateway.chat(ask("alpha/m1")).await.status, 200);
+    // Alpha's rule is used up: alone, the gateway refuses it …
+    let refused = gateway.chat(ask("alpha/m1")).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.body["error"]["metadata"]["limit_source"],
+        "model_rate"
+    );
+    // … with a fallback, the request is answered by beta under beta's limits.
+    let mut with_fallback = ask("alpha/m1");
+    with_fallback["models"] = json!(["beta/m2"]);
+    let reply = gateway.chat(with_fallback).await;
+    assert_eq!(
+        (reply.status, reply.model_header.as_deref()),
+        (200, Some("beta/m2"))
+    );
+    // Only answered attempts cost anything: three answers, each priced at
+    // what its own model's usage says.
+    let usage = gateway.store.account_balance("acme").await.unwrap();
+    assert!(usage.balance_nanos < 100 * NANOS_PER_CREDIT);
+    assert!(usage.balance_nanos > 99 * NANOS_PER_CREDIT);
+}
+
+#[tokio::test]
+async fn the_models_list_has_the_openai_shape() {
+    let gateway = start(json!({})).await;
+    let response = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/models", gateway.address))
+        .bearer_auth(&gateway.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let list: Value = response.json().await.unwrap();
+    assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|model| model["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"alpha/m1") && ids.contains(&"beta/m2") && ids.contains(&"gamma/x"));
+    for model in list["data"].as_array().unwrap() {
+        // What OpenAI's client reads: id, object, created, owned_by.
+        assert_eq!(model["object"], "model");
+        assert!(model["created"].is_i64());
+        assert!(model["owned_by"].is_string());
+        assert!(model["pricing"]["prompt"].is_string());
+    }
+    let degraded = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|model| model["id"] == "alpha/status-503")
+        .unwrap();
+    assert_eq!(degraded["fallbacks"], json!(["beta/m2"]));
+    assert_eq!(degraded["pricing"]["completion_per_million"], "2");
+    // The list is for callers with a key, like every gateway route.
+    let anonymous = reqwest::get(format!("http://{}/api/v1/models", gateway.address))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+}
