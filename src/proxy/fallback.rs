@@ -160,9 +160,14 @@ fn for_model(original: &Bytes, chat: &ChatRequest, model: &ModelId) -> Bytes {
     if unchanged {
         return original.clone();
     }
+    body_with_model(original, model.as_str())
+}
+
+/// `original` (a JSON object) with `model` set and no `models` list.
+pub(crate) fn body_with_model(original: &Bytes, model: &str) -> Bytes {
     match top_level_fields(original) {
         Ok(mut fields) => {
-            fields.insert("model".into(), Value::String(model.as_str().to_owned()));
+            fields.insert("model".into(), Value::String(model.to_owned()));
             fields.remove("models");
             Bytes::from(serde_json::to_vec(&fields).unwrap_or_else(|_| original.to_vec()))
         }

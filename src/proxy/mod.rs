@@ -104,7 +104,10 @@ use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, Webhooks
 ///   "body": {"max_body_bytes": 4194304, "read_timeout_ms": 30000},
 ///   "retry": {"max_attempts": 3, "max_wait_ms": 10000},
 ///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 900, "byok": {"acme": ["openai"]}},
-///   "plugins": {"entries": {"webhooks": {"enabled": false}}}
+///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
+///   "providers": {"openai": {"base_url": "https://api.openai.com/v1", "api_key": {"env": "OPENAI_API_KEY"},
+///                            "headers": {}, "model_prefix": "strip"}},
+///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]}
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]

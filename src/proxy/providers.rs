@@ -10,11 +10,11 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use serde_json::Value;
 use tower_service::Service;
 
+use super::fallback::body_with_model;
 use super::upstream::Upstream;
-use crate::body::{top_level_fields, BufferedBody, ChatRequest};
+use crate::body::{BufferedBody, ChatRequest};
 use crate::error::{ErrorKind, GatewayError};
 
 /// One provider's upstream, and what it calls a model.
@@ -109,12 +109,8 @@ impl Service<Request<Full<Bytes>>> for Providers {
             // What follows `provider/`, variant included.
             let provider_model = chat.model_id.as_str()[provider_name.len() + 1..].to_owned();
             if let Some(BufferedBody(original)) = request.extensions().get::<BufferedBody>() {
-                if let Ok(mut fields) = top_level_fields(original) {
-                    fields.insert("model".into(), Value::String(provider_model));
-                    if let Ok(body) = serde_json::to_vec(&fields) {
-                        *request.body_mut() = Full::new(Bytes::from(body));
-                    }
-                }
+                let body = body_with_model(original, &provider_model);
+                *request.body_mut() = Full::new(body);
             }
         }
         let mut upstream = provider.upstream.clone();
