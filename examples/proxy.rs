@@ -6,6 +6,8 @@
 //! ```
 //!
 //! - `--listen`: where to serve (default `127.0.0.1:8080`).
+//! - `--admin-listen`: where `/metrics` (Prometheus), `/healthz` and
+//!   `/readyz` are served (default `127.0.0.1:9091`, loopback only).
 //! - `--upstream`: the upstream's base URL, such as
 //!   `https://api.openai.com/v1` (its key from the config's
 //!   `upstream.api_key_env`). Without it the built-in mock upstream runs in
@@ -19,6 +21,8 @@
 //! one is generated and printed once. Ctrl-C or SIGTERM stops accepting,
 //! lets requests in flight finish (and be settled), then exits.
 
+#[path = "support/admin.rs"]
+mod admin;
 #[path = "support/args.rs"]
 mod args;
 #[path = "support/mock.rs"]
@@ -34,7 +38,7 @@ use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::proxy::{gateway, GatewayConfig, Upstream};
 use tokio::net::TcpListener;
 
-const USAGE: &str = "usage: proxy [--listen ADDR] [--upstream URL] [--redis URL] [--config FILE]";
+const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE]";
 
 #[tokio::main]
 async fn main() {
@@ -46,9 +50,17 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
-    let args = args::Args::parse(&["listen", "upstream", "redis", "config"], USAGE)?;
+    let args = args::Args::parse(
+        &["listen", "admin-listen", "upstream", "redis", "config"],
+        USAGE,
+    )?;
     let listen: SocketAddr =
         args.parsed("listen", "127.0.0.1:8080".parse().expect("a valid address"))?;
+    let admin_listen: SocketAddr = args.parsed(
+        "admin-listen",
+        "127.0.0.1:9091".parse().expect("a valid address"),
+    )?;
+    let metrics = admin::install_recorder()?;
     let config = match args.get("config") {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -81,7 +93,15 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|error| format!("cannot listen on {listen}: {error}"))?;
     let address = listener.local_addr().map_err(|error| error.to_string())?;
+    let admin_listener = TcpListener::bind(admin_listen)
+        .await
+        .map_err(|error| format!("cannot listen on --admin-listen {admin_listen}: {error}"))?;
+    let admin_address = admin_listener
+        .local_addr()
+        .map_err(|error| error.to_string())?;
+    tokio::spawn(admin::serve(admin_listener, metrics, store.clone(), true));
     println!("modelgate listening on http://{address}");
+    println!("admin (metrics, healthz, readyz) on http://{admin_address}");
 
     serve::serve(listener, service, serve::shutdown_signal()).await;
     // Settlements of clients that left run in the background: a moment to land.

@@ -51,9 +51,11 @@ pin_project! {
         S: Service<Request<B>>,
     {
         Rejected {
+            layer: &'static str,
             error: Option<GatewayError>,
         },
         Deciding {
+            layer: &'static str,
             decision: Decision,
             request: Option<Request<B>>,
             inner: Option<S>,
@@ -70,15 +72,24 @@ impl<S, B> AdmissionFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    pub(crate) fn rejected(error: GatewayError) -> Self {
+    pub(crate) fn rejected(layer: &'static str, error: GatewayError) -> Self {
         AdmissionFuture {
-            state: State::Rejected { error: Some(error) },
+            state: State::Rejected {
+                layer,
+                error: Some(error),
+            },
         }
     }
 
-    pub(crate) fn deciding(decision: Decision, request: Request<B>, inner: S) -> Self {
+    pub(crate) fn deciding(
+        layer: &'static str,
+        decision: Decision,
+        request: Request<B>,
+        inner: S,
+    ) -> Self {
         AdmissionFuture {
             state: State::Deciding {
+                layer,
                 decision,
                 request: Some(request),
                 inner: Some(inner),
@@ -97,28 +108,35 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProjection::Rejected { error } => {
+                StateProjection::Rejected { layer, error } => {
                     let error = error.take().expect("polled after completion");
+                    crate::telemetry::layer_decision(layer, Some(&error));
                     return Poll::Ready(Ok(error.to_response()));
                 }
                 StateProjection::Deciding {
+                    layer,
                     decision,
                     request,
                     inner,
                 } => {
+                    let layer = *layer;
                     let outcome = ready!(decision.as_mut().poll(cx));
                     let (Some(mut request), Some(inner)) = (request.take(), inner.take()) else {
                         panic!("polled after completion");
                     };
                     match outcome {
                         Ok(admission) => {
+                            crate::telemetry::layer_decision(layer, None);
                             request.extensions_mut().extend(admission.extensions);
                             state.set(State::Calling {
                                 future: Oneshot::new(inner, request),
                                 response_headers: admission.response_headers,
                             });
                         }
-                        Err(error) => state.set(State::Rejected { error: Some(error) }),
+                        Err(error) => state.set(State::Rejected {
+                            layer,
+                            error: Some(error),
+                        }),
                     }
                 }
                 StateProjection::Calling {

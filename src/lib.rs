@@ -89,4 +89,5 @@ pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
 pub mod store;
+pub mod telemetry;
 pub mod webhook;

@@ -298,7 +298,7 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
 #[tokio::test]
 async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
     let mut child = Command::new(common::examples::binary("proxy"))
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .env_remove("MODELGATE_ADMIN_KEY")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -452,7 +452,14 @@ async fn a_request_in_flight_finishes_when_the_proxy_is_told_to_stop() {
     let (base, received) = mock::start_counted(slow).await;
     let admin = modelgate::auth::ApiKey::generate();
     let mut child = Command::new(common::examples::binary("proxy"))
-        .args(["--listen", "127.0.0.1:0", "--upstream", &base])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &base,
+        ])
         .env("MODELGATE_ADMIN_KEY", admin.expose())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -12,6 +12,9 @@ use crate::keys::{KeyDirectory, KeyState, Route};
 use crate::response_body::ResponseBody;
 use crate::store::FailurePolicy;
 
+/// This layer's name in metrics and logs.
+const LAYER: &str = "BearerAuth";
+
 /// Admits a request only with `Authorization: Bearer <key>` naming a live
 /// modelgate key, and puts its [`Principal`] into the request's extensions.
 ///
@@ -46,7 +49,7 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let hash = match presented_key(request.headers()) {
             Ok(hash) => hash,
-            Err(rejection) => return ResponseFuture::rejected(rejection),
+            Err(rejection) => return ResponseFuture::rejected(LAYER, rejection),
         };
         // The key is read; it must not travel further, to an upstream or
         // into a log of forwarded headers.
@@ -59,7 +62,7 @@ where
             admission.extensions.insert(principal);
             Ok(admission)
         });
-        ResponseFuture::deciding(decision, request, self.inner.clone())
+        ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 

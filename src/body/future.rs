@@ -107,6 +107,7 @@ where
                     let error = error
                         .take()
                         .expect("ResponseFuture polled after completion");
+                    crate::telemetry::layer_decision("BodyLimit", Some(&error));
                     return Poll::Ready(Ok(error.to_response()));
                 }
                 StateProjection::Calling { future } => {
@@ -146,6 +147,7 @@ where
                     match prepared {
                         Err(error) => State::Rejected { error: Some(error) },
                         Ok(bytes) => {
+                            crate::telemetry::layer_decision("BodyLimit", None);
                             let request = Request::from_parts(parts, Full::new(bytes));
                             let inner = inner.take().expect("called once");
                             State::Calling {

@@ -20,6 +20,9 @@ use crate::limiter::Verdict;
 use crate::rate_limit::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::response_body::ResponseBody;
 
+/// This layer's name in metrics and logs.
+const LAYER: &str = "FreeModelQuota";
+
 /// Holds `:free` model variants to their quota, per account across all its
 /// keys and all free models: requests in any rolling minute, and per UTC
 /// day a limit that rises once the account has bought enough credits. Both
@@ -56,12 +59,13 @@ where
         let chat = request.extensions().get::<ChatRequest>();
         let Some(chat) = chat else {
             if is_chat_completions_call(request.method(), request.uri().path()) {
-                return ResponseFuture::rejected(GatewayError::missing_layer(
-                    "FreeModelQuota",
-                    "BodyLimit",
-                ));
+                return ResponseFuture::rejected(
+                    LAYER,
+                    GatewayError::missing_layer("FreeModelQuota", "BodyLimit"),
+                );
             }
             return ResponseFuture::deciding(
+                LAYER,
                 Box::pin(ready(Ok(Admission::default()))),
                 request,
                 inner,
@@ -69,21 +73,22 @@ where
         };
         if !chat.model_id.is_free() {
             return ResponseFuture::deciding(
+                LAYER,
                 Box::pin(ready(Ok(Admission::default()))),
                 request,
                 inner,
             );
         }
         let Some(principal) = request.extensions().get::<Principal>() else {
-            return ResponseFuture::rejected(GatewayError::missing_layer(
-                "FreeModelQuota",
-                "BearerAuth",
-            ));
+            return ResponseFuture::rejected(
+                LAYER,
+                GatewayError::missing_layer("FreeModelQuota", "BearerAuth"),
+            );
         };
         let account = principal.account_id.clone();
         let config = Arc::clone(&self.config);
         let decision: Decision = Box::pin(async move { decide(&config, &account).await });
-        ResponseFuture::deciding(decision, request, inner)
+        ResponseFuture::deciding(LAYER, decision, request, inner)
     }
 }
 

@@ -1,17 +1,27 @@
-//! [`AccessLogLayer`]: one structured log line per request.
+//! [`AccessLogLayer`]: each request's span, id, trace context, metrics and
+//! one structured log line.
 
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures_util::future::BoxFuture;
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
+use super::fallback::MODEL_HEADER;
+use super::headers::{request_id, X_REQUEST_ID};
 use crate::auth::Principal;
-use crate::body::ChatRequest;
+use crate::body::{normalized_segments, ChatRequest};
 use crate::error::Refusal;
+use crate::telemetry::{
+    TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
+};
+
+/// The W3C trace context header, sent upstream.
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// What the inner layers learn about a request, for its log line.
 #[derive(Clone, Debug, Default)]
@@ -23,9 +33,15 @@ struct Fields {
 #[derive(Clone, Debug, Default)]
 struct Slot(Arc<Mutex<Fields>>);
 
-/// Logs one line per request when its response starts: method, path, key
-/// hash prefix (8 hex digits, never the key), model, status, decision
-/// (`admitted`, or the refusal's type and limit source) and latency.
+/// Gives each request a `request` span (request id, trace id, method,
+/// route; key hash prefix, account and model once known), an
+/// `x-request-id` (the client's when well-formed) on the request and its
+/// response, and a W3C `traceparent` for the upstream (the client's trace
+/// continued, or a new one); counts it in the request metrics
+/// ([`telemetry`](crate::telemetry)); and logs one line when its response
+/// starts: method, path, key hash prefix (8 hex digits, never the key),
+/// model, status, decision (`admitted`, or the refusal's type and limit
+/// source) and latency.
 ///
 /// Put it outermost and [`AccessLogLayer::annotate`] right after
 /// BearerAuth: the inner part fills in the key and model the outer part
@@ -71,47 +87,127 @@ where
         let started = Instant::now();
         let slot = Slot::default();
         request.extensions_mut().insert(slot.clone());
+        let id = request_id(request.headers());
+        let trace = TraceContext::continue_or_start(request.headers().get(&TRACEPARENT));
+        request
+            .headers_mut()
+            .insert(X_REQUEST_ID.clone(), id.clone());
+        request
+            .headers_mut()
+            .insert(TRACEPARENT.clone(), trace.traceparent());
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let outcome = future.await;
-            let fields = slot
-                .0
-                .lock()
-                .map(|fields| fields.clone())
-                .unwrap_or_default();
-            let (status, decision) = match &outcome {
-                Ok(response) => (
-                    response.status().as_u16(),
-                    match response.extensions().get::<Refusal>() {
-                        Some(refusal) => format!(
-                            "{}{}",
-                            refusal.kind.type_str(),
-                            refusal
-                                .limit_source
-                                .as_deref()
-                                .map(|source| format!(":{source}"))
-                                .unwrap_or_default()
-                        ),
-                        None => "admitted".to_owned(),
-                    },
-                ),
-                Err(_) => (0, "inner_error".to_owned()),
-            };
-            tracing::info!(
-                target: "modelgate::access",
-                %method,
-                path,
-                key = fields.key_hash_prefix.as_deref().unwrap_or("-"),
-                model = fields.model.as_deref().unwrap_or("-"),
-                status,
-                decision,
-                latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-                "request"
-            );
-            outcome
-        })
+        let route = route_class(&path);
+        let span = tracing::info_span!(
+            "request",
+            request_id = id.to_str().unwrap_or("-"),
+            trace_id = trace.trace_id(),
+            %method,
+            route,
+            key = tracing::field::Empty,
+            account = tracing::field::Empty,
+            model = tracing::field::Empty,
+        );
+        let in_flight = InFlight::start();
+        let future = span.in_scope(|| self.inner.call(request));
+        Box::pin(
+            async move {
+                let mut outcome = future.await;
+                drop(in_flight);
+                let fields = slot
+                    .0
+                    .lock()
+                    .map(|fields| fields.clone())
+                    .unwrap_or_default();
+                let (status, decision, served_model) = match &mut outcome {
+                    Ok(response) => {
+                        response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+                        let decision = match response.extensions().get::<Refusal>() {
+                            Some(refusal) => format!(
+                                "{}{}",
+                                refusal.kind.type_str(),
+                                refusal
+                                    .limit_source
+                                    .as_deref()
+                                    .map(|source| format!(":{source}"))
+                                    .unwrap_or_default()
+                            ),
+                            None => "admitted".to_owned(),
+                        };
+                        // Only a model the gateway served labels a metric:
+                        // what clients send is unbounded.
+                        let served = response
+                            .headers()
+                            .get(&MODEL_HEADER)
+                            .and_then(|value| value.to_str().ok())
+                            .map(str::to_owned);
+                        (response.status().as_u16(), decision, served)
+                    }
+                    Err(_) => (0, "inner_error".to_owned(), None),
+                };
+                let latency = started.elapsed();
+                metrics::counter!(
+                    REQUESTS_TOTAL,
+                    "route" => route,
+                    "model" => served_model.unwrap_or_else(|| "-".to_owned()),
+                    "status" => status.to_string()
+                )
+                .increment(1);
+                metrics::histogram!(REQUEST_DURATION_SECONDS, "route" => route)
+                    .record(latency.as_secs_f64());
+                tracing::info!(
+                    target: "modelgate::access",
+                    %method,
+                    path,
+                    key = fields.key_hash_prefix.as_deref().unwrap_or("-"),
+                    model = fields.model.as_deref().unwrap_or("-"),
+                    status,
+                    decision,
+                    latency_ms = latency.as_secs_f64() * 1000.0,
+                    "request"
+                );
+                outcome
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// Counts a request in flight until dropped (answered, or abandoned).
+struct InFlight;
+
+impl InFlight {
+    fn start() -> Self {
+        metrics::gauge!(REQUESTS_IN_FLIGHT).increment(1.0);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(REQUESTS_IN_FLIGHT).decrement(1.0);
+    }
+}
+
+/// A small fixed set of route names for metric labels; paths as sent are
+/// unbounded.
+fn route_class(path: &str) -> &'static str {
+    let segments = normalized_segments(path);
+    let lower: Vec<String> = segments
+        .iter()
+        .map(|segment| segment.to_ascii_lowercase())
+        .collect();
+    let parts: Vec<&str> = lower.iter().map(String::as_str).collect();
+    match parts.as_slice() {
+        ["api", "v1", "chat", "completions"] => "chat_completions",
+        ["api", "v1", "models"] => "models",
+        ["api", "v1", "key"] => "key",
+        ["api", "v1", "credits"] => "credits",
+        ["user", "balance"] => "balance",
+        ["api", "v1", "keys", ..] => "keys",
+        ["api", "v1", "accounts", ..] => "accounts",
+        ["plugins", "webhooks", ..] => "webhooks",
+        _ => "other",
     }
 }
 
@@ -146,16 +242,27 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        let principal = request.extensions().get::<Principal>();
+        let key_hash_prefix =
+            principal.map(|principal| principal.key_hash.to_hex()[..8].to_owned());
+        let model = request
+            .extensions()
+            .get::<ChatRequest>()
+            .map(|chat| chat.model.clone());
+        let span = tracing::Span::current();
+        if let Some(prefix) = &key_hash_prefix {
+            span.record("key", prefix.as_str());
+        }
+        if let Some(principal) = principal {
+            span.record("account", principal.account_id.as_str());
+        }
+        if let Some(model) = &model {
+            span.record("model", model.as_str());
+        }
         if let Some(slot) = request.extensions().get::<Slot>() {
             if let Ok(mut fields) = slot.0.lock() {
-                fields.key_hash_prefix = request
-                    .extensions()
-                    .get::<Principal>()
-                    .map(|principal| principal.key_hash.to_hex()[..8].to_owned());
-                fields.model = request
-                    .extensions()
-                    .get::<ChatRequest>()
-                    .map(|chat| chat.model.clone());
+                fields.key_hash_prefix = key_hash_prefix;
+                fields.model = model;
             }
         }
         self.inner.call(request)

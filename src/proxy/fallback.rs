@@ -130,6 +130,13 @@ where
                         status = response.status().as_u16(),
                         "falling back to the next model"
                     );
+                    // Served models only: the catalog checked every candidate.
+                    metrics::counter!(
+                        crate::telemetry::FALLBACKS_TOTAL,
+                        "from" => model.as_str().to_owned(),
+                        "to" => candidates[index + 1].as_str().to_owned()
+                    )
+                    .increment(1);
                     continue;
                 }
                 let kind = if response.status().is_success() {

@@ -173,6 +173,7 @@ impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy 
         }
         let wait = self.wait_for(outcome)?;
         self.attempts += 1;
+        metrics::counter!(crate::telemetry::UPSTREAM_RETRIES_TOTAL).increment(1);
         tracing::info!(
             attempt = self.attempts,
             wait_ms = wait.as_millis() as u64,

@@ -294,8 +294,18 @@ impl Service<Request<Full<Bytes>>> for Upstream {
         Box::pin(async move {
             let (request, id) = inner.outgoing(request)?;
             let sent = inner.client.request(request);
-            let mut response = match tokio::time::timeout(inner.response_header_timeout, sent).await
-            {
+            let started = std::time::Instant::now();
+            let outcome = tokio::time::timeout(inner.response_header_timeout, sent).await;
+            let label = match &outcome {
+                Err(_) => "timeout",
+                Ok(Err(error)) if error.is_connect() => "connect",
+                Ok(Err(_)) => "request",
+                Ok(Ok(response)) if response.status().is_success() => "ok",
+                Ok(Ok(_)) => "error_status",
+            };
+            metrics::histogram!(crate::telemetry::UPSTREAM_DURATION_SECONDS, "outcome" => label)
+                .record(started.elapsed().as_secs_f64());
+            let mut response = match outcome {
                 Err(_) => {
                     return Err(upstream_failure(
                         ErrorKind::UpstreamTimeout,

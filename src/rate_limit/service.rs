@@ -16,6 +16,9 @@ use crate::limiter::Verdict;
 use crate::response_body::ResponseBody;
 use crate::store::{Check, CheckOutcome};
 
+/// This layer's name in metrics and logs.
+const LAYER: &str = "GlobalRateLimit";
+
 /// Limits the request rate of each account, across every key and every
 /// gateway instance sharing the store: an account-wide rule and per-model
 /// rules, all checked and counted as one atomic step (a refused request
@@ -48,18 +51,18 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let Some(principal) = request.extensions().get::<Principal>() else {
-            return ResponseFuture::rejected(GatewayError::missing_layer(
-                "GlobalRateLimit",
-                "BearerAuth",
-            ));
+            return ResponseFuture::rejected(
+                LAYER,
+                GatewayError::missing_layer("GlobalRateLimit", "BearerAuth"),
+            );
         };
         let chat = request.extensions().get::<ChatRequest>();
         if chat.is_none() && is_chat_completions_call(request.method(), request.uri().path()) {
             // Without the parsed request the model rules cannot be applied.
-            return ResponseFuture::rejected(GatewayError::missing_layer(
-                "GlobalRateLimit",
-                "BodyLimit",
-            ));
+            return ResponseFuture::rejected(
+                LAYER,
+                GatewayError::missing_layer("GlobalRateLimit", "BodyLimit"),
+            );
         }
         let model = chat.map(|chat| &chat.model_id);
         let rule_checks = self.config.rules.checks_for(&principal.account_id, model);
@@ -67,7 +70,7 @@ where
         let config = Arc::clone(&self.config);
         let decision: Decision =
             Box::pin(async move { decide(&config, &account, rule_checks).await });
-        ResponseFuture::deciding(decision, request, self.inner.clone())
+        ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 

@@ -203,6 +203,12 @@ pub trait CounterStore: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<Decision, StoreError>;
 
+    /// Whether the store answers now, for a readiness probe; an
+    /// in-process store always does.
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Takes one of `limit` slots named `name` in `scope` for `holder` until
     /// `now + lease`; refused (nothing changes) when `limit` unexpired leases are held.
     /// Expired leases are dropped first, so a crashed holder frees its slot when its lease ends.

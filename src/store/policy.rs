@@ -42,6 +42,7 @@ impl FailurePolicy {
         match self {
             FailurePolicy::FailOpen => {
                 FAIL_OPEN_DECISIONS.fetch_add(1, Ordering::Relaxed);
+                crate::telemetry::store_failure_decision(layer, "fail_open");
                 tracing::warn!(layer, %error, decision = "fail_open", "store failed; request admitted unchecked");
                 Ok(())
             }
@@ -53,6 +54,7 @@ impl FailurePolicy {
     /// layers (like BearerAuth) that can never admit a request unchecked.
     pub fn refusal(layer: &'static str, error: &StoreError) -> GatewayError {
         FAIL_CLOSED_DECISIONS.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::store_failure_decision(layer, "fail_closed");
         tracing::warn!(layer, %error, decision = "fail_closed", "store failed; request refused");
         GatewayError::new(
             ErrorKind::ServiceUnavailable,

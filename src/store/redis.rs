@@ -251,13 +251,16 @@ impl RedisStore {
         operation: &'static str,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.config.call_timeout, call).await {
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(self.config.call_timeout, call).await {
             Err(_) => Err(StoreError::new(
                 operation,
                 StoreErrorKind::Timeout(self.config.call_timeout),
             )),
             Ok(result) => result.map_err(|error| backend(operation, error)),
-        }
+        };
+        crate::telemetry::store_call(operation, started.elapsed(), result.is_ok());
+        result
     }
 
     async fn run(
@@ -426,6 +429,10 @@ fn expectation_args(expect: Expect) -> (&'static str, u64) {
 
 #[async_trait]
 impl CounterStore for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        RedisStore::ping(self).await
+    }
+
     async fn check_and_add(
         &self,
         scope: &str,

@@ -80,8 +80,14 @@ where
             let route = &config.routes[index];
             let mut slot = None;
             let answer = match checked_action(&config, route, request, &mut slot).await {
-                Ok(action) => from_reply(route, config.actions.execute(&route.scope, action).await),
-                Err(refusal) => refusal,
+                Ok(action) => {
+                    crate::telemetry::webhook_decision(None);
+                    from_reply(route, config.actions.execute(&route.scope, action).await)
+                }
+                Err(refusal) => {
+                    crate::telemetry::webhook_decision(refusal.body["code"].as_str());
+                    refusal
+                }
             };
             // Given back before the answer leaves, refusals included: the
             // client's next request finds its slot free.

@@ -1,0 +1,237 @@
+//! What the gateway reports about itself: metrics through the [`metrics`]
+//! facade, and the request's trace context.
+//!
+//! The layers record metrics only through the facade, so they cost nothing
+//! until the host installs a recorder (the proxy example installs a
+//! Prometheus one and serves it on its admin listener). Labels are from
+//! small, fixed sets (a route class, a layer, a reason, a served model),
+//! never a key, an account or a path as sent.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `modelgate_requests_total` | counter | `route`, `model`, `status` |
+//! | `modelgate_request_duration_seconds` | histogram | `route` |
+//! | `modelgate_requests_in_flight` | gauge | — |
+//! | `modelgate_layer_decisions_total` | counter | `layer`, `decision`, `reason` |
+//! | `modelgate_store_failure_decisions_total` | counter | `layer`, `decision` (`fail_open`, `fail_closed`) |
+//! | `modelgate_store_call_duration_seconds` | histogram | `operation`, `outcome` |
+//! | `modelgate_store_errors_total` | counter | `operation` |
+//! | `modelgate_upstream_duration_seconds` | histogram | `outcome` |
+//! | `modelgate_upstream_retries_total` | counter | — |
+//! | `modelgate_fallbacks_total` | counter | `from`, `to` |
+//! | `modelgate_charged_nanocredits_total` | counter | `byok` |
+//!
+//! ```
+//! use http::HeaderValue;
+//! use modelgate::telemetry::TraceContext;
+//!
+//! let incoming = HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+//! let context = TraceContext::continue_or_start(Some(&incoming));
+//! // The same trace, and the gateway as the new parent.
+//! assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+//! assert!(context.traceparent().to_str().unwrap().starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+//! assert_ne!(context.traceparent(), incoming);
+//! ```
+
+use std::time::Duration;
+
+use http::HeaderValue;
+use rand::Rng;
+
+use crate::error::GatewayError;
+
+/// Requests by route class, served model and status.
+pub const REQUESTS_TOTAL: &str = "modelgate_requests_total";
+/// Time to the response's head, by route class.
+pub const REQUEST_DURATION_SECONDS: &str = "modelgate_request_duration_seconds";
+/// Requests being answered now.
+pub const REQUESTS_IN_FLIGHT: &str = "modelgate_requests_in_flight";
+/// Each layer's decisions: `admitted`, or `rejected` with its reason.
+pub const LAYER_DECISIONS_TOTAL: &str = "modelgate_layer_decisions_total";
+/// Decisions a layer took because its store failed.
+pub const STORE_FAILURE_DECISIONS_TOTAL: &str = "modelgate_store_failure_decisions_total";
+/// Store calls (Redis) by operation.
+pub const STORE_CALL_DURATION_SECONDS: &str = "modelgate_store_call_duration_seconds";
+/// Store calls that failed, by operation.
+pub const STORE_ERRORS_TOTAL: &str = "modelgate_store_errors_total";
+/// Time to the upstream's response head.
+pub const UPSTREAM_DURATION_SECONDS: &str = "modelgate_upstream_duration_seconds";
+/// Upstream attempts retried.
+pub const UPSTREAM_RETRIES_TOTAL: &str = "modelgate_upstream_retries_total";
+/// Requests moved on to a fallback model.
+pub const FALLBACKS_TOTAL: &str = "modelgate_fallbacks_total";
+/// Credits charged, in nano-credits.
+pub const CHARGED_NANOCREDITS_TOTAL: &str = "modelgate_charged_nanocredits_total";
+
+/// Records a layer's decision: `None` admitted, `Some` the refusal.
+pub(crate) fn layer_decision(layer: &'static str, refusal: Option<&GatewayError>) {
+    match refusal {
+        None => {
+            tracing::debug!(layer, decision = "admitted");
+            metrics::counter!(LAYER_DECISIONS_TOTAL, "layer" => layer, "decision" => "admitted", "reason" => "")
+                .increment(1);
+        }
+        Some(error) => {
+            let reason = refusal_reason(error);
+            tracing::debug!(layer, decision = "rejected", reason = %reason, status = error.status().as_u16());
+            metrics::counter!(LAYER_DECISIONS_TOTAL, "layer" => layer, "decision" => "rejected", "reason" => reason)
+                .increment(1);
+        }
+    }
+}
+
+/// The error's type, and its limit source or reason when it has one
+/// (`rate_limit_error:model_rate`, `authentication_error:unknown_key`).
+fn refusal_reason(error: &GatewayError) -> String {
+    let detail = ["limit_source", "reason", "layer"]
+        .iter()
+        .find_map(|name| error.metadata().get(*name).and_then(|value| value.as_str()));
+    match detail {
+        Some(detail) => format!("{}:{detail}", error.kind().type_str()),
+        None => error.kind().type_str().to_owned(),
+    }
+}
+
+/// Records WebhookSecret's decision: `None` admitted, or the refusal's code.
+pub(crate) fn webhook_decision(code: Option<&str>) {
+    let (decision, reason) = match code {
+        None => ("admitted", String::new()),
+        Some(code) => ("rejected", code.to_owned()),
+    };
+    tracing::debug!(layer = "WebhookSecret", decision, reason = %reason);
+    metrics::counter!(LAYER_DECISIONS_TOTAL, "layer" => "WebhookSecret", "decision" => decision, "reason" => reason)
+        .increment(1);
+}
+
+/// Records a decision a layer took because its store failed.
+pub(crate) fn store_failure_decision(layer: &'static str, decision: &'static str) {
+    metrics::counter!(STORE_FAILURE_DECISIONS_TOTAL, "layer" => layer, "decision" => decision)
+        .increment(1);
+}
+
+/// Records one store call.
+pub(crate) fn store_call(operation: &'static str, elapsed: Duration, succeeded: bool) {
+    let outcome = if succeeded { "ok" } else { "error" };
+    metrics::histogram!(STORE_CALL_DURATION_SECONDS, "operation" => operation, "outcome" => outcome)
+        .record(elapsed.as_secs_f64());
+    if !succeeded {
+        metrics::counter!(STORE_ERRORS_TOTAL, "operation" => operation).increment(1);
+    }
+}
+
+/// The W3C trace context a request carries upstream: the client's trace
+/// continued (a new parent id: the gateway's hop), or a new trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    trace_id: String,
+    traceparent: HeaderValue,
+}
+
+impl TraceContext {
+    /// Continues a valid `traceparent` (version 00, non-zero ids), or
+    /// starts a new sampled trace.
+    pub fn continue_or_start(incoming: Option<&HeaderValue>) -> Self {
+        let (trace_id, flags) = incoming
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_traceparent)
+            .unwrap_or_else(|| (random_hex(16), "01".to_owned()));
+        let traceparent = format!("00-{trace_id}-{}-{flags}", random_hex(8));
+        TraceContext {
+            traceparent: HeaderValue::from_str(&traceparent).expect("hex and dashes"),
+            trace_id,
+        }
+    }
+
+    /// The trace id (32 hex digits).
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    /// The `traceparent` to send upstream.
+    pub fn traceparent(&self) -> HeaderValue {
+        self.traceparent.clone()
+    }
+}
+
+/// `(trace id, flags)` of a valid version-00 `traceparent`.
+fn parse_traceparent(text: &str) -> Option<(String, String)> {
+    let mut parts = text.trim().split('-');
+    let (version, trace_id, parent_id, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |part: &str, len: usize| {
+        part.len() == len
+            && part
+                .bytes()
+                .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+    };
+    let valid = parts.next().is_none()
+        && version == "00"
+        && hex(trace_id, 32)
+        && hex(parent_id, 16)
+        && hex(flags, 2)
+        && trace_id.bytes().any(|byte| byte != b'0')
+        && parent_id.bytes().any(|byte| byte != b'0');
+    valid.then(|| (trace_id.to_owned(), flags.to_owned()))
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut rng = rand::rng();
+    (0..bytes)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn invalid_trace_contexts_start_a_new_trace() {
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        ] {
+            let context = TraceContext::continue_or_start(Some(&HeaderValue::from_static(bad)));
+            assert_ne!(
+                context.trace_id(),
+                "4bf92f3577b34da6a3ce929d0e0e4736",
+                "{bad}"
+            );
+            assert_eq!(
+                parse_traceparent(context.traceparent().to_str().unwrap())
+                    .unwrap()
+                    .0,
+                context.trace_id()
+            );
+        }
+        let fresh = TraceContext::continue_or_start(None);
+        assert!(fresh.traceparent().to_str().unwrap().ends_with("-01"));
+    }
+
+    #[test]
+    fn reasons_name_the_type_and_the_limit() {
+        use crate::error::{ErrorKind, LimitSource};
+        let limited =
+            GatewayError::rate_limited(LimitSource::ModelRate, "slow down", Duration::from_secs(1));
+        assert_eq!(refusal_reason(&limited), "rate_limit_error:model_rate");
+        let plain = GatewayError::new(ErrorKind::InvalidRequest, "bad");
+        assert_eq!(refusal_reason(&plain), "invalid_request_error");
+    }
+
+    proptest! {
+        #[test]
+        fn any_traceparent_text_gives_a_valid_one(text in "\\PC{0,80}") {
+            if let Ok(value) = HeaderValue::from_str(&text) {
+                let context = TraceContext::continue_or_start(Some(&value));
+                let out = context.traceparent();
+                prop_assert!(parse_traceparent(out.to_str().unwrap()).is_some());
+            }
+        }
+    }
+}
