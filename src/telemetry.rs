@@ -33,6 +33,9 @@
 //! assert_ne!(context.traceparent(), incoming);
 //! ```
 
+#[cfg(feature = "otel")]
+pub mod otel;
+
 use std::time::Duration;
 
 use http::HeaderValue;

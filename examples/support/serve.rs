@@ -90,15 +90,33 @@ pub async fn open_store(redis_url: Option<&str>) -> Result<SharedStore, String> 
 }
 
 /// Logs to stderr at `RUST_LOG` (default `info`); stdout stays for what
-/// the operator must read (the address, a key shown once).
+/// the operator must read (the address, a key shown once). Built with the
+/// `otel` feature and given `OTEL_EXPORTER_OTLP_ENDPOINT`, it also exports
+/// the request spans over OTLP/HTTP.
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otel")]
+    if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        let traces = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+        match modelgate::telemetry::otel::otlp_layer("modelgate", &traces) {
+            Ok((layer, provider)) => {
+                registry.with(layer).init();
+                // Lives as long as the process: spans export until exit.
+                std::mem::forget(provider);
+                return;
+            }
+            Err(error) => eprintln!("OpenTelemetry export disabled: {error}"),
+        }
+    }
+    registry.init();
 }
 
 /// Completes on Ctrl-C or SIGTERM.
