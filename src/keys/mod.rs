@@ -71,6 +71,7 @@
 //! # }
 //! ```
 
+pub mod byok;
 pub(crate) mod credits;
 mod directory;
 mod handlers;
@@ -80,6 +81,7 @@ mod record;
 mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
+pub use byok::{ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError};
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
 pub(crate) use handlers::Route;
