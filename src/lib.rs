@@ -22,8 +22,9 @@
 //!   parsed into a [`body::ChatRequest`].
 //! - [`auth`]: `BearerAuth`, the strict `Authorization` parser, the
 //!   `mg-v1-` key format and its hash; the caller's [`auth::Principal`].
-//! - [`keys`]: key and account records, the key management API, and the
-//!   key, credits and balance queries (`KeyRoutes`).
+//! - [`keys`]: key and account records, the key management API, the
+//!   accounts' own provider keys (BYOK), and the key, credits and balance
+//!   queries (`KeyRoutes`).
 //! - [`rate_limit`]: `GlobalRateLimit`, account-wide and per-model rate
 //!   rules that hold across instances.
 //! - [`free_quota`]: `FreeModelQuota`, the per-minute and per-day quota of

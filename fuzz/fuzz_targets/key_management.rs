@@ -4,6 +4,7 @@
 
 use chrono::{TimeZone, Utc};
 use libfuzzer_sys::fuzz_target;
+use modelgate::keys::byok::{hint, MAX_BYOK_KEY_BYTES, MAX_PROVIDER_CHARS, MIN_BYOK_KEY_BYTES};
 use modelgate::keys::{input, is_valid_account_id, MAX_CREDITS, MAX_KEY_NAME_CHARS};
 use modelgate::store::NANOS_PER_CREDIT;
 
@@ -33,5 +34,19 @@ fuzz_target!(|body: &[u8]| {
     }
     if let Err(error) = input::list_query(Some(&String::from_utf8_lossy(body))) {
         refused(error.status().as_u16());
+    }
+    match input::byok_key(body) {
+        Ok(key) => {
+            assert!((MIN_BYOK_KEY_BYTES..=MAX_BYOK_KEY_BYTES).contains(&key.len()));
+            assert!(key.bytes().all(|byte| byte.is_ascii_graphic()));
+            let hint = hint(&key);
+            assert!(!hint.contains(key.as_str()));
+            assert!(hint.chars().filter(|c| *c != '…').count() <= 7);
+        }
+        Err(error) => refused(error.status().as_u16()),
+    }
+    match input::path_provider(&String::from_utf8_lossy(body)) {
+        Ok(provider) => assert!(provider.len() <= MAX_PROVIDER_CHARS && provider == provider.to_ascii_lowercase()),
+        Err(error) => refused(error.status().as_u16()),
     }
 });

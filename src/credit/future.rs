@@ -10,7 +10,8 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::body::MeteredBody;
-use super::meter::{Ending, Meter, Unsettled};
+use super::meter::{Ending, Unsettled};
+use super::service::Admitted;
 use super::usage::{BodyKind, UsageScanner};
 use crate::error::GatewayError;
 use crate::response_body::ResponseBody;
@@ -37,7 +38,7 @@ pin_project! {
             error: Option<GatewayError>,
         },
         Admitting {
-            admitting: BoxFuture<'static, Result<Meter, GatewayError>>,
+            admitting: BoxFuture<'static, Result<Admitted, GatewayError>>,
             request: Option<Request<B>>,
             inner: Option<S>,
             max_scanned_body_bytes: usize,
@@ -72,7 +73,7 @@ where
     }
 
     pub(crate) fn admitting(
-        admitting: BoxFuture<'static, Result<Meter, GatewayError>>,
+        admitting: BoxFuture<'static, Result<Admitted, GatewayError>>,
         request: Request<B>,
         inner: S,
         max_scanned_body_bytes: usize,
@@ -109,17 +110,24 @@ where
                     max_scanned_body_bytes,
                 } => {
                     let outcome = ready!(admitting.as_mut().poll(cx));
-                    let (Some(request), Some(inner)) = (request.take(), inner.take()) else {
+                    let (Some(mut request), Some(inner)) = (request.take(), inner.take()) else {
                         panic!("polled after completion");
                     };
                     let next = match outcome {
-                        Ok(meter) => State::Calling {
-                            future: Oneshot::new(inner, request),
-                            // Dropped before the response: the upstream may
-                            // be working, so the hold is charged.
-                            meter: Unsettled::new(Some(meter), Ending::Abandoned),
-                            max_scanned_body_bytes: *max_scanned_body_bytes,
-                        },
+                        Ok(Admitted { meter, credential }) => {
+                            if let Some(credential) = credential {
+                                // For the upstream client, which sends it
+                                // instead of the gateway's own key.
+                                request.extensions_mut().insert(credential);
+                            }
+                            State::Calling {
+                                future: Oneshot::new(inner, request),
+                                // Dropped before the response: the upstream
+                                // may be working, so the hold is charged.
+                                meter: Unsettled::new(Some(meter), Ending::Abandoned),
+                                max_scanned_body_bytes: *max_scanned_body_bytes,
+                            }
+                        }
                         Err(error) => State::Rejected { error: Some(error) },
                     };
                     state.set(next);

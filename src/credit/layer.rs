@@ -7,7 +7,7 @@ use tower_layer::Layer;
 use super::pricing::Pricing;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
-use crate::keys::SharedStore;
+use crate::keys::{ByokDirectory, SharedStore};
 use crate::store::FailurePolicy;
 
 /// Applies [`CreditGuard`] to a service.
@@ -29,6 +29,9 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) max_scanned_body_bytes: usize,
     /// Per account, the providers it brings its own keys for (lower case).
     pub(crate) byok_providers: HashMap<String, Vec<String>>,
+    /// The keys accounts set through the management API, looked up per
+    /// chat request.
+    pub(crate) byok_directory: Option<ByokDirectory>,
 }
 
 impl std::fmt::Debug for CreditGuardConfig {
@@ -41,6 +44,7 @@ impl std::fmt::Debug for CreditGuardConfig {
             .field("reservation_ttl", &self.reservation_ttl)
             .field("max_scanned_body_bytes", &self.max_scanned_body_bytes)
             .field("byok_providers", &self.byok_providers)
+            .field("byok_directory", &self.byok_directory)
             .finish_non_exhaustive()
     }
 }
@@ -65,6 +69,7 @@ impl CreditGuardLayer {
                 reservation_ttl: Self::DEFAULT_RESERVATION_TTL,
                 max_scanned_body_bytes: Self::DEFAULT_MAX_SCANNED_BODY_BYTES,
                 byok_providers: HashMap::new(),
+                byok_directory: None,
             }),
         }
     }
@@ -116,6 +121,25 @@ impl CreditGuardLayer {
         Arc::make_mut(&mut self.config)
             .byok_providers
             .insert(account.into(), providers);
+        self
+    }
+
+    /// Looks up, before each chat request, whether its account has set its
+    /// own key for the model's provider (`PUT
+    /// /api/v1/accounts/{id}/byok/{provider}`): one store read, cached by
+    /// the directory. A request with such a key is BYOK usage, as with
+    /// [`byok_providers`](Self::byok_providers), and carries the key in its
+    /// extensions as a [`ByokCredential`](crate::keys::ByokCredential) for
+    /// the upstream client to send instead of the gateway's own. A store
+    /// that fails this lookup is treated as the reservation's would be:
+    /// 503 when failing closed (the default), or admitted as the account's
+    /// own usage, with no credential, when failing open.
+    ///
+    /// Give it a clone of the directory
+    /// [`KeyRoutesLayer::byok_directory`](crate::keys::KeyRoutesLayer::byok_directory)
+    /// serves, so changes made there are seen here at once.
+    pub fn byok_directory(mut self, directory: ByokDirectory) -> Self {
+        Arc::make_mut(&mut self.config).byok_directory = Some(directory);
         self
     }
 }

@@ -30,10 +30,15 @@
 //! is never settled (an instance that died) expires. The body is read as
 //! its `Content-Type` says (SSE or JSON), whatever the request asked.
 //!
-//! Requests whose model's provider is in the account's BYOK list are BYOK
-//! usage: kept in their own totals and not taken from the balance; whether
-//! they count against (and are held against) the key limit follows
-//! `include_byok_in_limit`.
+//! Requests whose model's provider is in the account's BYOK list
+//! ([`CreditGuardLayer::byok_providers`]), or for which the account has set
+//! its own key through the management API
+//! ([`CreditGuardLayer::byok_directory`], one cached lookup per request),
+//! are BYOK usage: kept in their own totals and not taken from the
+//! balance; whether they count against (and are held against) the key
+//! limit follows `include_byok_in_limit`. A key the account set goes into
+//! the request's extensions as a [`ByokCredential`](crate::keys::ByokCredential),
+//! for the upstream client to send instead of the gateway's own key.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -14,6 +14,7 @@ use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::keys::credits::{decimal_string, nanos_to_json};
+use crate::keys::ByokCredential;
 use crate::response_body::ResponseBody;
 use crate::store::{ReserveOutcome, ReserveRequest};
 
@@ -76,42 +77,26 @@ where
                 .with_metadata("param", "model"),
             );
         };
-        let byok = config
+        let provider = chat.model_id.provider();
+        let byok_by_config = config
             .byok_providers
             .get(&principal.account_id)
             .is_some_and(|providers| {
                 providers
                     .iter()
-                    .any(|provider| chat.model_id.provider().eq_ignore_ascii_case(provider))
+                    .any(|listed| provider.eq_ignore_ascii_case(listed))
             });
-        let estimate_nanos = estimate_max_cost_nanos(chat, &price, config.default_max_tokens);
-        // BYOK usage that does not count against the key's limit neither
-        // holds nor is checked against it.
-        let counted = !byok || principal.include_byok_in_limit;
-        let reservation = ReserveRequest {
-            account: principal.account_id.clone(),
-            key: principal.key_hash.to_hex(),
-            reservation_id: new_reservation_id(),
-            amount_nanos: if counted { estimate_nanos } else { 0 },
-            key_limit: principal.key_limit.filter(|_| counted),
-            check_balance: true,
-            ttl: config.reservation_ttl,
-        };
-        let meter = Meter {
-            store: config.store.clone(),
-            clock: config.clock.clone(),
-            account: reservation.account.clone(),
-            key: reservation.key.clone(),
-            reservation_id: reservation.reservation_id.clone(),
-            estimate_nanos,
+        let charge = Charge {
+            principal: principal.clone(),
+            provider: provider.to_owned(),
+            byok_by_config,
+            estimate_nanos: estimate_max_cost_nanos(chat, &price, config.default_max_tokens),
             price,
             free: chat.model_id.is_free(),
-            byok,
-            response_success: None,
         };
         let config = Arc::clone(config);
-        let admitting: BoxFuture<'static, Result<Meter, GatewayError>> =
-            Box::pin(async move { admit(&config, reservation, meter).await });
+        let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> =
+            Box::pin(async move { admit(&config, charge).await });
         ResponseFuture::admitting(
             admitting,
             request,
@@ -167,7 +152,76 @@ pub fn estimate_max_cost_nanos(
     price.cost_nanos(prompt_tokens, completion_tokens)
 }
 
-async fn admit(
+/// What admission needs to know of one chat request.
+struct Charge {
+    principal: Principal,
+    /// The model's provider, as the request spells it.
+    provider: String,
+    /// Whether [`CreditGuardLayer::byok_providers`](super::CreditGuardLayer::byok_providers)
+    /// lists the provider for the account.
+    byok_by_config: bool,
+    estimate_nanos: i64,
+    price: TokenPrice,
+    free: bool,
+}
+
+/// An admitted request's hold, and the account's own key for the
+/// provider when it set one.
+pub(crate) struct Admitted {
+    pub(crate) meter: Meter,
+    pub(crate) credential: Option<ByokCredential>,
+}
+
+/// Decides whether the request is BYOK (one cached lookup when a
+/// [`ByokDirectory`](crate::keys::ByokDirectory) is set), then holds its
+/// estimate.
+async fn admit(config: &CreditGuardConfig, charge: Charge) -> Result<Admitted, GatewayError> {
+    let credential = match &config.byok_directory {
+        None => None,
+        Some(directory) => match directory
+            .lookup(&charge.principal.account_id, &charge.provider)
+            .await
+        {
+            Ok(credential) => credential,
+            Err(error) => {
+                // Failing open, the request is the account's own usage:
+                // without the key no upstream could be sent it anyway.
+                config.policy.on_store_error("CreditGuard", &error)?;
+                None
+            }
+        },
+    };
+    let byok = charge.byok_by_config || credential.is_some();
+    let principal = &charge.principal;
+    // BYOK usage that does not count against the key's limit neither
+    // holds nor is checked against it.
+    let counted = !byok || principal.include_byok_in_limit;
+    let reservation = ReserveRequest {
+        account: principal.account_id.clone(),
+        key: principal.key_hash.to_hex(),
+        reservation_id: new_reservation_id(),
+        amount_nanos: if counted { charge.estimate_nanos } else { 0 },
+        key_limit: principal.key_limit.filter(|_| counted),
+        check_balance: true,
+        ttl: config.reservation_ttl,
+    };
+    let meter = Meter {
+        store: config.store.clone(),
+        clock: config.clock.clone(),
+        account: reservation.account.clone(),
+        key: reservation.key.clone(),
+        reservation_id: reservation.reservation_id.clone(),
+        estimate_nanos: charge.estimate_nanos,
+        price: charge.price,
+        free: charge.free,
+        byok,
+        response_success: None,
+    };
+    let meter = reserve(config, reservation, meter).await?;
+    Ok(Admitted { meter, credential })
+}
+
+async fn reserve(
     config: &CreditGuardConfig,
     reservation: ReserveRequest,
     meter: Meter,

@@ -24,7 +24,7 @@ pub type SharedStore = Arc<dyn Store>;
 
 /// How often a compare-and-set write is retried when another writer got
 /// there first.
-const MAX_WRITE_ATTEMPTS: usize = 16;
+pub(super) const MAX_WRITE_ATTEMPTS: usize = 16;
 
 /// What the store says about a key hash.
 #[derive(Clone, Debug)]
@@ -498,7 +498,7 @@ fn is_fresh(cached: &Cached, now: DateTime<Utc>, ttl: Duration) -> bool {
     }
 }
 
-fn too_contended(operation: &'static str) -> StoreError {
+pub(super) fn too_contended(operation: &'static str) -> StoreError {
     StoreError::new(
         operation,
         crate::store::StoreErrorKind::Backend(format!(

@@ -8,6 +8,7 @@ use http::header::{HeaderValue, ALLOW};
 use http::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
+use super::byok::{ByokEntry, ByokError};
 use super::credits::{decimal_string, nanos_to_json};
 use super::input;
 use super::layer::KeyRoutesConfig;
@@ -33,6 +34,10 @@ pub(crate) enum Route {
     Key(String),
     /// `POST /api/v1/accounts/{id}/credits`
     AccountCredits(String),
+    /// `GET /api/v1/accounts/{id}/byok`
+    ByokKeys(String),
+    /// `PUT` and `DELETE /api/v1/accounts/{id}/byok/{provider}`: account, provider.
+    ByokKey(String, String),
 }
 
 impl Route {
@@ -52,6 +57,10 @@ impl Route {
             ["api", "v1", "accounts", _, "credits"] => {
                 Some(Route::AccountCredits(segments[3].clone()))
             }
+            ["api", "v1", "accounts", _, "byok"] => Some(Route::ByokKeys(segments[3].clone())),
+            ["api", "v1", "accounts", _, "byok", _] => {
+                Some(Route::ByokKey(segments[3].clone(), segments[5].clone()))
+            }
             _ => None,
         }
     }
@@ -62,9 +71,13 @@ impl Route {
             Route::Keys => &[Method::GET, Method::POST],
             Route::Key(_) => &[Method::GET, Method::PATCH, Method::DELETE],
             Route::AccountCredits(_) => &[Method::POST],
+            Route::ByokKeys(_) => &[Method::GET],
+            Route::ByokKey(..) => &[Method::PUT, Method::DELETE],
         }
     }
 
+    /// Routes for a management key only. The BYOK routes are open to the
+    /// keys of the account they name too (checked once the id is read).
     fn needs_management_key(&self) -> bool {
         matches!(self, Route::Keys | Route::Key(_) | Route::AccountCredits(_))
     }
@@ -238,7 +251,79 @@ pub(crate) async fn handle(
                 "balance": nanos_to_json(balance.balance_nanos),
             }})))
         }
+        (Route::ByokKeys(account), _) => {
+            let account = own_account(&principal, account)?;
+            let entries = config.byok.list(&account).await.map_err(refuse)?;
+            let data: Vec<Value> = entries.iter().map(byok_json).collect();
+            Ok(Answer::ok(json!({ "data": data })))
+        }
+        (Route::ByokKey(account, provider), method) => {
+            let account = own_account(&principal, account)?;
+            let provider = input::path_provider(provider)?;
+            if *method == Method::DELETE {
+                return if config
+                    .byok
+                    .delete(&account, &provider)
+                    .await
+                    .map_err(refuse)?
+                {
+                    Ok(Answer::ok(json!({"deleted": true})))
+                } else {
+                    Err(GatewayError::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "the account {account} has no key for the provider {provider}; list its keys with GET /api/v1/accounts/{account}/byok"
+                        ),
+                    ))
+                };
+            }
+            let api_key = input::byok_key(body()?)?;
+            let entry = config
+                .byok
+                .set(&account, &provider, &api_key)
+                .await
+                .map_err(|error| match error {
+                    ByokError::Store(error) => refuse(error),
+                    ByokError::TooManyKeys => {
+                        GatewayError::new(ErrorKind::InvalidRequest, error.to_string())
+                            .with_metadata("param", "provider")
+                    }
+                    ByokError::InvalidKey(problem) => {
+                        GatewayError::new(ErrorKind::InvalidParameter, format!("`key` {problem}"))
+                            .with_metadata("param", "key")
+                    }
+                    // The path was checked above; kept exact all the same.
+                    other => GatewayError::new(ErrorKind::InvalidRequest, other.to_string()),
+                })?;
+            // The key itself is never answered, only its hint.
+            Ok(Answer::ok(json!({ "data": byok_json(&entry) })))
+        }
     }
+}
+
+/// The account id of a BYOK path, when `principal` may manage its keys:
+/// a management key, or a key of that same account.
+fn own_account(principal: &Principal, account: &str) -> Result<String, GatewayError> {
+    let account = input::path_account_id(account)?;
+    if principal.management || principal.account_id == account {
+        Ok(account)
+    } else {
+        Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            "a key can manage only its own account's provider keys; use a key of that account or a management key",
+        )
+        .with_metadata("reason", "other_account"))
+    }
+}
+
+/// A provider key as the API shows it: its hint, never the key.
+fn byok_json(entry: &ByokEntry) -> Value {
+    json!({
+        "provider": entry.provider,
+        "hint": entry.hint,
+        "created_at": timestamp(Some(entry.created_at)),
+        "updated_at": timestamp(Some(entry.updated_at)),
+    })
 }
 
 /// `GET /api/v1/key`: the calling key's limit, usage and free-model quota.
@@ -395,6 +480,15 @@ mod tests {
                 Some(Route::AccountCredits("acme".into())),
             ),
             ("/api/v1/x/../keys", Some(Route::Keys)),
+            (
+                "/api/v1/accounts/Team-A/byok",
+                Some(Route::ByokKeys("Team-A".into())),
+            ),
+            (
+                "/API/v1/accounts/acme/BYOK/OpenAI/",
+                Some(Route::ByokKey("acme".into(), "OpenAI".into())),
+            ),
+            ("/api/v1/accounts/acme/byok/openai/x", None),
             ("/api/v1/keys/a/b", None),
             ("/api/v1/chat/completions", None),
             ("/api/v2/key", None),

@@ -9,6 +9,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
+use super::byok::{check_api_key, provider_id, ByokError};
 use super::credits::{nanos_from_json, AmountError};
 use super::record::{is_valid_account_id, KeyUpdate, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS};
 use crate::clock::Period;
@@ -104,6 +105,34 @@ pub fn path_account_id(id: &str) -> Result<String, GatewayError> {
             "the account id in the path must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
         ))
     }
+}
+
+/// The body of `PUT /api/v1/accounts/{id}/byok/{provider}`: `{"key": "…"}`,
+/// a provider key of 8 to 4096 visible ASCII characters. No refusal
+/// repeats the key.
+pub fn byok_key(body: &[u8]) -> Result<String, GatewayError> {
+    let mut fields = Fields::parse(body, &["key"])?;
+    let key = fields
+        .take("key")
+        .ok_or_else(|| missing("key", "send the provider's API key as a string"))?;
+    let Value::String(key) = key else {
+        return Err(invalid("key", "must be a string"));
+    };
+    match check_api_key(&key) {
+        Ok(()) => Ok(key),
+        Err(ByokError::InvalidKey(problem)) => Err(invalid("key", problem)),
+        Err(other) => Err(invalid("key", &other.to_string())),
+    }
+}
+
+/// A provider name from a path segment, lower-cased.
+pub fn path_provider(name: &str) -> Result<String, GatewayError> {
+    provider_id(name).map_err(|_| {
+        bad_request(
+            "provider",
+            "the provider in the path must be 1 to 64 characters of a-z 0-9 _ -, as in a model id such as openai/gpt-4o",
+        )
+    })
 }
 
 /// `GET /api/v1/keys` query: `offset` and `include_disabled`.
@@ -305,6 +334,7 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
     use proptest::prelude::*;
+    use serde_json::json;
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 22, 0, 0, 0).unwrap()
@@ -422,12 +452,50 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_byok_key_is_read_strictly_and_never_repeated() {
+        let secret = "sk-proj-SECRET-0123";
+        let body = json!({"key": secret}).to_string();
+        assert_eq!(byok_key(body.as_bytes()).unwrap(), secret);
+        let cases: [(String, u16, &str); 9] = [
+            (String::new(), 400, ""),
+            ("[]".into(), 400, ""),
+            ("{}".into(), 400, "key"),
+            (json!({"key": secret, "note": "x"}).to_string(), 400, "note"),
+            (json!({"key": 42}).to_string(), 422, "key"),
+            (json!({"key": null}).to_string(), 422, "key"),
+            (json!({"key": "sk-SECRET"[..6]}).to_string(), 422, "key"),
+            (
+                json!({"key": format!("{secret}\n")}).to_string(),
+                422,
+                "key",
+            ),
+            (json!({"key": format!("{secret}é")}).to_string(), 422, "key"),
+        ];
+        for (body, status, field) in cases {
+            let (got_status, got_field, message) = refusal(byok_key(body.as_bytes()));
+            assert_eq!((got_status, got_field.as_str()), (status, field), "{body}");
+            assert!(message.contains(field), "{message}");
+            assert!(!message.contains("SECRET"), "{message}");
+        }
+    }
+
+    #[test]
+    fn path_providers_are_lower_cased_or_refused_naming_provider() {
+        assert_eq!(path_provider("OpenAI").unwrap(), "openai");
+        for name in ["", "z.ai", "a b", &"p".repeat(65)] {
+            let (status, field, _) = refusal(path_provider(name));
+            assert_eq!((status, field.as_str()), (400, "provider"), "{name}");
+        }
+    }
+
     proptest! {
         #[test]
         fn no_body_panics_any_parser(body in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = new_key(&body, now());
             let _ = key_update(&body);
             let _ = purchase_nanos(&body);
+            let _ = byok_key(&body);
             let _ = list_query(Some(&String::from_utf8_lossy(&body)));
         }
 

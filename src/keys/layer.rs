@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::{KeyDirectory, KeyRoutes};
+use super::{ByokDirectory, KeyDirectory, KeyRoutes};
 use crate::free_quota::FreeQuotaRules;
 
 /// Applies [`KeyRoutes`] to a service: answers the key management API and
@@ -17,19 +17,35 @@ pub struct KeyRoutesLayer {
 #[derive(Clone, Debug)]
 pub(crate) struct KeyRoutesConfig {
     pub(crate) directory: KeyDirectory,
+    pub(crate) byok: ByokDirectory,
     pub(crate) free_quota: FreeQuotaRules,
 }
 
 impl KeyRoutesLayer {
-    /// Serves the keys and accounts of `directory`; the free-model quota it
-    /// reports follows the seed's default rules.
+    /// Serves the keys and accounts of `directory`, and the accounts'
+    /// provider keys in its store; the free-model quota it reports follows
+    /// the seed's default rules.
     pub fn new(directory: KeyDirectory) -> Self {
+        let byok = ByokDirectory::builder(directory.store().clone())
+            .clock(directory.clock().clone())
+            .build();
         KeyRoutesLayer {
             config: Arc::new(KeyRoutesConfig {
                 directory,
+                byok,
                 free_quota: FreeQuotaRules::default(),
             }),
         }
+    }
+
+    /// Serves the accounts' provider keys (BYOK) from `byok`. Give
+    /// [`CreditGuardLayer::byok_directory`](crate::credit::CreditGuardLayer::byok_directory)
+    /// a clone of the same directory, so a key set, replaced or deleted
+    /// here is used or dropped at once on this instance (other instances
+    /// follow within its cache time).
+    pub fn byok_directory(mut self, byok: ByokDirectory) -> Self {
+        Arc::make_mut(&mut self.config).byok = byok;
+        self
     }
 
     /// Reports the free-model daily quota under `rules`; give the same rules

@@ -1,6 +1,7 @@
 //! API keys and accounts: the records, the [`KeyDirectory`] that reads and
-//! writes them, and [`KeyRoutes`], which answers the key management API and
-//! the calling key's own queries.
+//! writes them, the accounts' own provider keys ([`ByokDirectory`]), and
+//! [`KeyRoutes`], which answers the key management API and the calling
+//! key's own queries.
 //!
 //! Endpoints ([`KeyRoutes`] answers them; everything else passes through):
 //!
@@ -13,6 +14,15 @@
 //! | `GET /api/v1/keys?offset=&include_disabled=` | management key | `{"data": [{…}, …]}`, newest first, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}` |
 //! | `POST /api/v1/accounts/{id}/credits` `{amount}` | management key | `{"data": {account, total_credits, total_usage, balance}}` |
+//! | `GET /api/v1/accounts/{id}/byok` | management key, or a key of that account | `{"data": [{provider, hint, created_at, updated_at}, …]}` |
+//! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | management key, or a key of that account | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
+//! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | management key, or a key of that account | `{"deleted": true}`, or 404 |
+//!
+//! The BYOK routes keep an account's own provider keys in a
+//! [`ByokDirectory`]; once set, a key is never answered again, only its
+//! hint (`sk-…abcd`). [`CreditGuardLayer::byok_directory`](crate::credit::CreditGuardLayer::byok_directory)
+//! makes the account's requests to that provider BYOK and hands the key to
+//! the upstream client as a [`ByokCredential`].
 //!
 //! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
 //! Usage periods are UTC: the day, the week from Monday, the month. A key
@@ -71,6 +81,7 @@
 //! # }
 //! ```
 
+pub mod byok;
 pub(crate) mod credits;
 mod directory;
 mod handlers;
@@ -80,6 +91,7 @@ mod record;
 mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
+pub use byok::{ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError};
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
 pub(crate) use handlers::Route;

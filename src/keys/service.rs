@@ -13,10 +13,11 @@ use crate::body::BufferedBody;
 use crate::response_body::ResponseBody;
 
 /// Answers the key management API (`/api/v1/keys…`,
-/// `/api/v1/accounts/{id}/credits`, management keys only) and the queries
-/// of the calling key (`GET /api/v1/key`, `GET /api/v1/credits`,
-/// `GET /user/balance`); every other request goes to the inner service
-/// untouched.
+/// `/api/v1/accounts/{id}/credits`, management keys only), the accounts'
+/// own provider keys (`/api/v1/accounts/{id}/byok…`, management keys and
+/// the keys of that account) and the queries of the calling key
+/// (`GET /api/v1/key`, `GET /api/v1/credits`, `GET /user/balance`); every
+/// other request goes to the inner service untouched.
 ///
 /// Runs after [`BearerAuth`](crate::auth::BearerAuth) (it reads the
 /// [`Principal`]) and after [`BodyLimit`](crate::body::BodyLimit) (it reads

@@ -8,7 +8,8 @@
 //!   themselves when a holder never gives its slot back.
 //! - [`LedgerStore`]: credits in nano-credits (`i64`), per key and per
 //!   account, with reservations for requests in flight.
-//! - [`RecordStore`]: keys, accounts and flows with compare-and-set by revision.
+//! - [`RecordStore`]: keys, accounts, BYOK keys and flows with compare-and-set
+//!   by revision.
 //!
 //! Two backends implement all three: [`MemoryStore`], in process, for one
 //! gateway instance; and [`RedisStore`], for many instances sharing Redis
@@ -54,7 +55,8 @@ pub use ledger::{
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
 pub use records::{
-    decode, flows, Expect, RecordStore, RecordStoreExt, Versioned, WriteOutcome, ACCOUNTS, KEYS,
+    byok_keys, decode, flows, Expect, RecordStore, RecordStoreExt, Versioned, WriteOutcome,
+    ACCOUNTS, KEYS,
 };
 pub use redis::{RedisStore, RedisStoreConfig};
 

@@ -1,4 +1,5 @@
-//! Records (keys, accounts, flows) with compare-and-set by revision.
+//! Records (keys, accounts, BYOK keys, flows) with compare-and-set by
+//! revision.
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
@@ -14,6 +15,12 @@ pub const ACCOUNTS: &str = "accounts";
 /// The collection of the flows owned by one webhook session.
 pub fn flows(session_key: &str) -> String {
     format!("flows/{session_key}")
+}
+
+/// The collection of the provider keys `account` brought itself (BYOK),
+/// by lower-case provider name.
+pub fn byok_keys(account: &str) -> String {
+    format!("byok/{account}")
 }
 
 /// A stored value and its revision: 1 when created, plus 1 on every write.
