@@ -25,6 +25,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
+echo "==> cargo clippy --features otel (the OpenTelemetry export)"
+cargo clippy --lib --features otel --locked -- -D warnings
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 echo "==> cargo build --examples (tests/proxy.rs runs the proxy example as a process)"

@@ -214,6 +214,8 @@ async fn metrics_tracing_health_and_readiness() {
         r#"modelgate_layer_decisions_total{layer="GlobalRateLimit",decision="admitted",reason=""}"#,
         r#"modelgate_store_call_duration_seconds_bucket{operation="check_and_add",outcome="ok""#,
         r#"modelgate_upstream_duration_seconds_count{outcome="ok"} 2"#,
+        r#"modelgate_layer_decisions_total{layer="CreditGuard",decision="admitted",reason=""} 2"#,
+        r#"modelgate_charged_nanocredits_total{byok="false"}"#,
         "modelgate_requests_in_flight",
     ] {
         assert!(

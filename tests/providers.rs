@@ -328,3 +328,70 @@ async fn the_models_list_has_the_openai_shape() {
         .unwrap();
     assert_eq!(anonymous.status(), 401);
 }
+
+#[tokio::test]
+async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
+    let gateway = start(json!({})).await;
+    let client = reqwest::Client::new();
+    const OWN_KEY: &str = "acme-own-beta-key-0123456789";
+    let set = client
+        .put(format!(
+            "http://{}/api/v1/accounts/acme/byok/beta",
+            gateway.address
+        ))
+        .bearer_auth(&gateway.key)
+        .json(&json!({"key": OWN_KEY}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    let set = set.text().await.unwrap();
+    assert!(!set.contains(OWN_KEY), "{set}");
+    let usage = |gateway: &Gateway| {
+        let client = client.clone();
+        let url = format!("http://{}/api/v1/key", gateway.address);
+        let key = gateway.key.clone();
+        async move {
+            let status: Value = client
+                .get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (
+                status["data"]["usage"].as_f64().unwrap(),
+                status["data"]["byok_usage"].as_f64().unwrap(),
+            )
+        }
+    };
+    let before = usage(&gateway).await;
+    // Beta now gets the account's key; alpha still its configured one.
+    let beta = echoed(&gateway.chat(ask("beta/echo-headers")).await);
+    assert_eq!(beta["authorization"], format!("Bearer {OWN_KEY}"));
+    let after_beta = usage(&gateway).await;
+    assert!(
+        after_beta.1 > before.1,
+        "BYOK usage grows: {before:?} -> {after_beta:?}"
+    );
+    let alpha = echoed(&gateway.chat(ask("alpha/echo-headers")).await);
+    assert_eq!(alpha["authorization"], format!("Bearer {ALPHA_KEY}"));
+    let after_alpha = usage(&gateway).await;
+    assert_eq!(after_alpha.1, after_beta.1, "alpha's cost is not BYOK");
+    assert!(after_alpha.0 > after_beta.0);
+    // Deleted: beta is back on the provider's key.
+    let deleted = client
+        .delete(format!(
+            "http://{}/api/v1/accounts/acme/byok/beta",
+            gateway.address
+        ))
+        .bearer_auth(&gateway.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let beta = echoed(&gateway.chat(ask("beta/echo-headers")).await);
+    assert_eq!(beta["authorization"], format!("Bearer {BETA_KEY}"));
+}

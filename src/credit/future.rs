@@ -101,6 +101,7 @@ where
             match state.as_mut().project() {
                 StateProjection::Rejected { error } => {
                     let error = error.take().expect("polled after completion");
+                    crate::telemetry::layer_decision("CreditGuard", Some(&error));
                     return Poll::Ready(Ok(error.to_response()));
                 }
                 StateProjection::Admitting {
@@ -115,6 +116,7 @@ where
                     };
                     let next = match outcome {
                         Ok(Admitted { meter, credential }) => {
+                            crate::telemetry::layer_decision("CreditGuard", None);
                             if let Some(credential) = credential {
                                 // For the upstream client, which sends it
                                 // instead of the gateway's own key.

@@ -126,6 +126,11 @@ impl Meter {
             ?ending,
             "settling"
         );
+        metrics::counter!(
+            crate::telemetry::CHARGED_NANOCREDITS_TOTAL,
+            "byok" => if self.byok { "true" } else { "false" }
+        )
+        .increment(u64::try_from(cost_nanos).unwrap_or(0));
         Settlement {
             account: self.account.clone(),
             key: self.key.clone(),

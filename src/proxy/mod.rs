@@ -86,7 +86,7 @@ use crate::credit::{CreditGuardLayer, PriceTable};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
-use crate::keys::{KeyDirectory, KeyRoutesLayer, SharedStore};
+use crate::keys::{ByokDirectory, KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
@@ -451,6 +451,11 @@ where
         .clock(clock.clone())
         .cache_ttl(key_cache_ttl)
         .build();
+    // One directory for the routes that change BYOK keys and for
+    // CreditGuard that reads them: a change is seen at once here.
+    let byok = ByokDirectory::builder(store.clone())
+        .clock(clock.clone())
+        .build();
     let webhooks = match config.webhooks()? {
         Some(webhooks) => {
             let (routes, _skipped) = resolve_routes(&webhooks, &ResolveLimits::default());
@@ -488,7 +493,9 @@ where
     )
     .map_err(ConfigError::new)?;
     let models_list = Arc::new(catalog.models_list().clone());
-    let mut credit = CreditGuardLayer::new(store, prices).clock(clock);
+    let mut credit = CreditGuardLayer::new(store, prices)
+        .clock(clock)
+        .byok_directory(byok.clone());
     if let Some(tokens) = config.credit.default_max_tokens {
         credit = credit.default_max_tokens(tokens);
     }
@@ -506,7 +513,11 @@ where
         .layer(body)
         .layer(BearerAuthLayer::new(directory.clone()))
         .layer(AccessLogLayer::annotate())
-        .layer(KeyRoutesLayer::new(directory).free_quota_rules(config.free_quota))
+        .layer(
+            KeyRoutesLayer::new(directory)
+                .free_quota_rules(config.free_quota)
+                .byok_directory(byok.clone()),
+        )
         .layer(FallbackLayer::new(Arc::new(catalog)))
         .layer(rate_limit)
         .layer(free_quota)

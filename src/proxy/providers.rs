@@ -15,6 +15,12 @@ use tower_service::Service;
 use super::fallback::body_with_model;
 use super::upstream::Upstream;
 use crate::body::{BufferedBody, ChatRequest};
+use crate::keys::ByokCredential;
+
+/// The `Authorization` a request carries to its provider instead of the
+/// provider's configured key: the account's own (BYOK).
+#[derive(Clone, Debug)]
+pub(crate) struct CallerKey(pub(crate) http::HeaderValue);
 use crate::error::{ErrorKind, GatewayError};
 
 /// One provider's upstream, and what it calls a model.
@@ -28,8 +34,10 @@ pub struct ProviderUpstream {
     pub strip_prefix: bool,
 }
 
-/// Sends a chat request to its model's provider (`openai/…` to `openai`);
-/// with no providers configured, everything goes to one upstream as it is.
+/// Sends a chat request to its model's provider (`openai/…` to `openai`),
+/// with the account's own key for that provider when it brought one
+/// ([`ByokCredential`]); with no providers configured, everything goes to
+/// one upstream as it is, with its key.
 /// A provider that is not configured is a 400 (the catalog refuses such a
 /// model earlier, before any limit counts it).
 #[derive(Clone, Debug)]
@@ -112,6 +120,22 @@ impl Service<Request<Full<Bytes>>> for Providers {
                 let body = body_with_model(original, &provider_model);
                 *request.body_mut() = Full::new(body);
             }
+        }
+        // The account's own key for this provider, when it brought one
+        // (CreditGuard found it and accounted the request as BYOK).
+        let caller_key = request
+            .extensions()
+            .get::<ByokCredential>()
+            .filter(|credential| credential.provider.eq_ignore_ascii_case(&provider_name))
+            .and_then(|credential| {
+                let mut value =
+                    http::HeaderValue::from_str(&format!("Bearer {}", credential.api_key()))
+                        .ok()?;
+                value.set_sensitive(true);
+                Some(CallerKey(value))
+            });
+        if let Some(caller_key) = caller_key {
+            request.extensions_mut().insert(caller_key);
         }
         let mut upstream = provider.upstream.clone();
         upstream.call(request)

@@ -19,6 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tower_service::Service;
 
 use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
+use super::providers::CallerKey;
 use crate::body::normalized_segments;
 use crate::error::{ErrorKind, GatewayError};
 
@@ -259,8 +260,15 @@ impl Inner {
         for (name, value) in &self.extra_headers {
             headers.insert(name.clone(), value.clone());
         }
-        if let Some(authorization) = &self.authorization {
-            headers.insert(AUTHORIZATION, authorization.clone());
+        match parts.extensions.get::<CallerKey>() {
+            Some(CallerKey(caller)) => {
+                headers.insert(AUTHORIZATION, caller.clone());
+            }
+            None => {
+                if let Some(authorization) = &self.authorization {
+                    headers.insert(AUTHORIZATION, authorization.clone());
+                }
+            }
         }
         headers.insert(X_REQUEST_ID.clone(), id.clone());
         // HTTP/1 to the upstream whatever the client spoke; the pool
