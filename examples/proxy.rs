@@ -14,6 +14,8 @@
 //!   process.
 //! - `--redis`: share state through Redis (`redis://127.0.0.1:6379`);
 //!   without it everything lives in process.
+//! - `--bare true`: the upstream client with no layer at all, the
+//!   baseline `bench/load.sh` compares against.
 //! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`); its
 //!   `plugins.entries.webhooks` routes are served too.
 //!
@@ -35,10 +37,17 @@ use std::time::Duration;
 
 use modelgate::auth::ApiKey;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{gateway, GatewayConfig, Upstream};
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use modelgate::error::{ErrorKind, GatewayError};
+use modelgate::proxy::{gateway, GatewayBody, GatewayConfig, GatewayService, Upstream};
 use tokio::net::TcpListener;
 
-const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE]";
+const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]";
 
 #[tokio::main]
 async fn main() {
@@ -86,7 +95,12 @@ async fn run() -> Result<(), String> {
         .upstream_config(Some(&base_url))
         .map_err(|error| error.to_string())?;
     let upstream = Upstream::new(&upstream_config).map_err(|error| error.to_string())?;
-    let service = gateway(&config, store.clone(), upstream).map_err(|error| error.to_string())?;
+    // `--bare true`: the upstream client alone, no layer: the baseline of bench/load.sh.
+    let service = if args.parsed("bare", false)? {
+        bare(upstream)
+    } else {
+        gateway(&config, store.clone(), upstream).map_err(|error| error.to_string())?
+    };
     admin_key(&store).await?;
 
     let listener = TcpListener::bind(listen)
@@ -107,6 +121,35 @@ async fn run() -> Result<(), String> {
     // Settlements of clients that left run in the background: a moment to land.
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(())
+}
+
+/// Only the upstream client, errors as canonical responses: what the
+/// proxy costs without any policy.
+fn bare(upstream: Upstream) -> GatewayService<Incoming> {
+    let service = tower::service_fn(move |request: Request<Incoming>| {
+        let mut upstream = upstream.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let outcome = match body.collect().await {
+                Err(_) => Err(GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    "the body could not be read",
+                )),
+                Ok(collected) => {
+                    let request = Request::from_parts(parts, Full::new(collected.to_bytes()));
+                    tower::Service::call(&mut upstream, request).await
+                }
+            };
+            let response: Response<GatewayBody> = match outcome {
+                Ok(response) => response.map(|body| body.map_err(Into::into).boxed_unsync()),
+                Err(error) => error
+                    .to_response::<Full<Bytes>>()
+                    .map(|body| body.map_err(|never| match never {}).boxed_unsync()),
+            };
+            Ok::<_, Infallible>(response)
+        }
+    });
+    tower::util::BoxCloneService::new(service)
 }
 
 /// Registers `MODELGATE_ADMIN_KEY`, or makes and prints a management key.

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# One load, four targets, side by side: the mock upstream alone; the proxy
+# with no layer (`--bare true`); the proxy with every layer on the
+# in-process store; and on Redis. Prints requests per second, p50 and p99
+# latency for each, and the ratios to the no-layer proxy.
+#
+#   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2]
+#
+# Installs wrk (Debian's, with apt-get) when missing; builds the examples
+# in release mode. Results are printed, not committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-10}"
+connections="${2:-32}"
+threads="${3:-2}"
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+if ! command -v wrk >/dev/null 2>&1; then
+  echo "==> installing wrk (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "==> installing redis-server (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
+echo "==> cargo build --release --examples"
+cargo build --release --examples --quiet
+bin=target/release/examples
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Waits for "prefix ADDR" on a process's stdout file; prints ADDR.
+wait_for_line() {
+  local file="$1" prefix="$2"
+  for _ in $(seq 1 200); do
+    if line="$(grep -m1 "^$prefix" "$file" 2>/dev/null)"; then
+      echo "${line#"$prefix"}"
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "timed out waiting for '$prefix' in $file" >&2
+  cat "$file" >&2
+  return 1
+}
+
+mock_port="$(free_port)"
+"$bin/mock_upstream" --listen "127.0.0.1:$mock_port" >"$work/mock.out" 2>/dev/null &
+pids+=($!)
+upstream="http://127.0.0.1:$mock_port/v1"
+
+redis_port="$(free_port)"
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$work" >"$work/redis.out" 2>&1 &
+pids+=($!)
+
+# Limits far above the load: the run measures the layers' cost, not their refusals.
+cat >"$work/config.json" <<'JSON'
+{"rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}}},
+ "pricing": {"models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}}}}
+JSON
+
+# Each proxy makes and prints its own management key.
+start_proxy() {
+  local name="$1"; shift
+  local port; port="$(free_port)"
+  "$bin/proxy" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
+    --config "$work/config.json" "$@" >"$work/$name.out" 2>/dev/null &
+  pids+=($!)
+  wait_for_line "$work/$name.out" "modelgate listening on " >/dev/null
+  echo "http://127.0.0.1:$port"
+}
+
+bare_url="$(start_proxy bare --bare true)"
+memory_url="$(start_proxy memory)"
+redis_url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
+
+# A key with credits on each full proxy, through its management API.
+client_key() {
+  local name="$1" url="$2"
+  local admin
+  admin="$(wait_for_line "$work/$name.out" "management key (shown once): ")"
+  local key
+  key="$(curl -sf "$url/api/v1/keys" -H "authorization: Bearer $admin" \
+    -H 'content-type: application/json' -d '{"name": "load"}' |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')"
+  curl -sf "$url/api/v1/accounts/default/credits" -H "authorization: Bearer $admin" \
+    -H 'content-type: application/json' -d '{"amount": 1000000}' >/dev/null
+  echo "$key"
+}
+memory_key="$(client_key memory "$memory_url")"
+redis_key="$(client_key redis "$redis_url")"
+
+body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
+script() {
+  local key="$1"
+  cat <<LUA
+wrk.method = "POST"
+wrk.body = '$body'
+wrk.headers["content-type"] = "application/json"
+$( [ -n "$key" ] && echo "wrk.headers[\"authorization\"] = \"Bearer $key\"" )
+LUA
+}
+
+results=()
+run() {
+  local name="$1" url="$2" key="$3"
+  script "$key" >"$work/$name.lua"
+  # A short warm-up: pools, caches and JIT-free but cold paths.
+  wrk -t "$threads" -c "$connections" -d 2s -s "$work/$name.lua" "$url" >/dev/null
+  wrk -t "$threads" -c "$connections" -d "${seconds}s" --latency -s "$work/$name.lua" "$url" >"$work/$name.wrk"
+  local rps p50 p99 errors
+  rps="$(awk '/^Requests\/sec:/ {print $2}' "$work/$name.wrk")"
+  p50="$(awk '$1 == "50%" {print $2}' "$work/$name.wrk")"
+  p99="$(awk '$1 == "99%" {print $2}' "$work/$name.wrk")"
+  errors="$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$work/$name.wrk")"
+  results+=("$name $rps $p50 $p99 ${errors:-0}")
+}
+
+echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request"
+run upstream "$upstream/chat/completions" ""
+run bare "$bare_url/api/v1/chat/completions" ""
+run memory "$memory_url/api/v1/chat/completions" "$memory_key"
+run redis "$redis_url/api/v1/chat/completions" "$redis_key"
+
+base_rps="$(echo "${results[1]}" | awk '{print $2}')"
+printf '\n%-10s %12s %10s %10s %8s %14s\n' target "requests/s" p50 p99 non-2xx "vs no-layer"
+for line in "${results[@]}"; do
+  set -- $line
+  ratio="$(awk -v a="$2" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
+  printf '%-10s %12s %10s %10s %8s %14s\n' "$1" "$2" "$3" "$4" "$5" "$ratio"
+done
