@@ -1,15 +1,20 @@
-//! The webhooks plugin entry on arbitrary JSON: never panics, and what it
-//! accepts keeps its promises (distinct paths, plain absolute paths,
-//! non-empty session keys).
+//! The webhooks plugin entry and the SecretRef reader on arbitrary JSON:
+//! never panic, and what they accept keeps its promises (distinct paths,
+//! plain absolute paths, non-empty session keys; a key source is never
+//! inline text).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use modelgate::webhook::WebhooksConfig;
+use modelgate::webhook::{secret_ref_from_json, SecretSpec, WebhooksConfig};
 
 fuzz_target!(|text: &str| {
     let Ok(entry) = serde_json::from_str::<serde_json::Value>(text) else {
         return;
     };
+    // The same SecretRef reader takes providers' API keys: never inline text.
+    if let Ok(spec) = secret_ref_from_json(&entry) {
+        assert!(matches!(spec, SecretSpec::Ref(_)));
+    }
     if let Ok(config) = WebhooksConfig::from_plugin_entry(&entry) {
         let mut paths: Vec<&str> = config.routes.iter().map(|route| route.path.as_str()).collect();
         paths.sort_unstable();
