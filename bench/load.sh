@@ -33,9 +33,11 @@ cargo build --release --examples --quiet
 bin=target/release/examples
 
 work="$(mktemp -d)"
-pids=()
+# Started in subshells too ($(start_proxy …)): their pids go to a file.
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  if [ -f "$work/pids" ]; then
+    while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/pids"
+  fi
   wait 2>/dev/null || true
   rm -rf "$work"
 }
@@ -56,19 +58,19 @@ wait_for_line() {
     sleep 0.05
   done
   echo "timed out waiting for '$prefix' in $file" >&2
-  cat "$file" >&2
+  cat "$file" "${file%.out}.err" >&2 2>/dev/null || true
   return 1
 }
 
 mock_port="$(free_port)"
 "$bin/mock_upstream" --listen "127.0.0.1:$mock_port" >"$work/mock.out" 2>/dev/null &
-pids+=($!)
+echo $! >>"$work/pids"
 upstream="http://127.0.0.1:$mock_port/v1"
 
 redis_port="$(free_port)"
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$work" >"$work/redis.out" 2>&1 &
-pids+=($!)
+echo $! >>"$work/pids"
 
 # Limits far above the load: the run measures the layers' cost, not their refusals.
 cat >"$work/config.json" <<'JSON'
@@ -81,8 +83,8 @@ start_proxy() {
   local name="$1"; shift
   local port; port="$(free_port)"
   "$bin/proxy" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
-    --config "$work/config.json" "$@" >"$work/$name.out" 2>/dev/null &
-  pids+=($!)
+    --config "$work/config.json" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  echo $! >>"$work/pids"
   wait_for_line "$work/$name.out" "modelgate listening on " >/dev/null
   echo "http://127.0.0.1:$port"
 }

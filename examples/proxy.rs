@@ -60,7 +60,14 @@ async fn main() {
 
 async fn run() -> Result<(), String> {
     let args = args::Args::parse(
-        &["listen", "admin-listen", "upstream", "redis", "config"],
+        &[
+            "listen",
+            "admin-listen",
+            "upstream",
+            "redis",
+            "config",
+            "bare",
+        ],
         USAGE,
     )?;
     let listen: SocketAddr =

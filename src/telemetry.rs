@@ -178,10 +178,10 @@ fn parse_traceparent(text: &str) -> Option<(String, String)> {
 }
 
 fn random_hex(bytes: usize) -> String {
-    let mut rng = rand::rng();
-    (0..bytes)
-        .map(|_| format!("{:02x}", rng.random::<u8>()))
-        .collect()
+    let mut random = [0u8; 16];
+    let random = &mut random[..bytes.min(16)];
+    rand::rng().fill(random);
+    hex::encode(random)
 }
 
 #[cfg(test)]

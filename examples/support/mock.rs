@@ -76,6 +76,7 @@ async fn serve_counted(listener: TcpListener, config: MockConfig, received: Arc<
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        let _ = stream.set_nodelay(true);
         let mock = Arc::clone(&mock);
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {

@@ -50,6 +50,9 @@ pub async fn serve(
                         continue;
                     }
                 };
+                // A response's last bytes (the end of a metered body, sent once
+                // its cost is recorded) must not wait for the client's delayed ACK.
+                let _ = stream.set_nodelay(true);
                 // Per-client limits (the webhook routes') key on the peer's address.
                 let service = ServiceBuilder::new()
                     .map_request(move |mut request: http::Request<Incoming>| {

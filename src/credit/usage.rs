@@ -184,11 +184,7 @@ impl UsageScanner {
         if !contains(&data, b"\"usage\"") {
             return;
         }
-        if let Some(usage) = serde_json::from_slice::<Value>(&data)
-            .ok()
-            .as_ref()
-            .and_then(Usage::from_response)
-        {
+        if let Some(usage) = usage_of(&data) {
             self.usage = Some(usage);
         }
     }
@@ -207,10 +203,7 @@ impl UsageScanner {
                 if self.overflowed {
                     return None;
                 }
-                serde_json::from_slice::<Value>(&self.buffer)
-                    .ok()
-                    .as_ref()
-                    .and_then(Usage::from_response)
+                usage_of(&self.buffer)
             }
             BodyKind::EventStream => {
                 if !self.buffer.is_empty() || self.overflowed {
@@ -221,6 +214,17 @@ impl UsageScanner {
             }
         }
     }
+}
+
+/// The usage of one JSON document: only its top-level `usage` is built,
+/// the rest is skipped unparsed into values (a completion's text, say).
+fn usage_of(document: &[u8]) -> Option<Usage> {
+    #[derive(serde::Deserialize)]
+    struct UsageOnly {
+        usage: Option<Value>,
+    }
+    let usage = serde_json::from_slice::<UsageOnly>(document).ok()?.usage?;
+    Usage::from_response(&serde_json::json!({ "usage": usage }))
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

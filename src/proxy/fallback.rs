@@ -4,20 +4,22 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use http::header::HeaderValue;
 use http::{HeaderName, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::model_field::{BodyKind, ReportedModel};
+use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES};
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{top_level_fields, BufferedBody, ChatRequest, ModelId};
+use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::ResponseBody;
 
 /// The response header naming the model that answered, as the gateway
@@ -73,7 +75,8 @@ where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ResBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: std::fmt::Display,
 {
     type Response = Response<ReportedModel<ResponseBody<ResBody>>>;
     type Error = S::Error;
@@ -96,7 +99,7 @@ where
                     .map(|body| ReportedModel::new(ResponseBody::inner(body), "", BodyKind::Other)))
             });
         };
-        let candidates = match self.catalog.candidates(&chat) {
+        let mut candidates = match self.catalog.candidates(&chat) {
             Ok(candidates) => candidates,
             Err(error) => {
                 return Box::pin(async move {
@@ -106,6 +109,14 @@ where
                 })
             }
         };
+        if candidates.len() == 1 && !chat.extra.contains_key("models") {
+            // Nothing to fall back to: the request goes on as it is.
+            let model = candidates.swap_remove(0);
+            return Box::pin(async move {
+                let response = inner.oneshot(request).await?;
+                Ok(reported(response, &model).await)
+            });
+        }
         Box::pin(async move {
             let (parts, _) = request.into_parts();
             let last = candidates.len() - 1;
@@ -139,25 +150,88 @@ where
                     .increment(1);
                     continue;
                 }
-                let kind = if response.status().is_success() {
-                    BodyKind::of(response.headers())
-                } else {
-                    BodyKind::Other
-                };
-                let (mut parts, body) = response.into_parts();
-                if let Ok(value) = HeaderValue::from_str(model.as_str()) {
-                    parts.headers.insert(MODEL_HEADER, value);
-                }
-                // The length changes when `model` is rewritten.
-                if kind != BodyKind::Other {
-                    parts.headers.remove(http::header::CONTENT_LENGTH);
-                }
-                let body = ReportedModel::new(ResponseBody::inner(body), model.as_str(), kind);
-                return Ok(Response::from_parts(parts, body));
+                return Ok(reported(response, model).await);
             }
             unreachable!("the last candidate always answers")
         })
     }
+}
+
+/// The answer of `model`: it names the model in [`MODEL_HEADER`] and, when
+/// successful, in its body's `model` field. A JSON answer is read whole
+/// (up to [`MAX_REWRITTEN_JSON_BYTES`]) and sent rewritten with its
+/// length, in one piece as the upstream sent it; a stream is rewritten as
+/// it passes.
+async fn reported<B>(
+    response: Response<B>,
+    model: &ModelId,
+) -> Response<ReportedModel<ResponseBody<B>>>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let kind = if response.status().is_success() {
+        BodyKind::of(response.headers())
+    } else {
+        BodyKind::Other
+    };
+    let (mut parts, mut body) = response.into_parts();
+    if let Ok(value) = HeaderValue::from_str(model.as_str()) {
+        parts.headers.insert(MODEL_HEADER, value);
+    }
+    if kind == BodyKind::Other {
+        return Response::from_parts(
+            parts,
+            ReportedModel::new(ResponseBody::inner(body), model.as_str(), kind),
+        );
+    }
+    // The length changes when `model` is rewritten.
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    if kind == BodyKind::EventStream {
+        return Response::from_parts(
+            parts,
+            ReportedModel::new(ResponseBody::inner(body), model.as_str(), kind),
+        );
+    }
+    let mut held = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => {
+                // Trailers do not follow a JSON answer; data is all there is.
+                if let Ok(data) = frame.into_data() {
+                    held.extend_from_slice(&data);
+                }
+                if held.len() > MAX_REWRITTEN_JSON_BYTES {
+                    // Too large to hold: what was read goes first, the rest streams.
+                    return Response::from_parts(
+                        parts,
+                        ReportedModel::resume(ResponseBody::inner(body), held),
+                    );
+                }
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "the upstream's answer broke off");
+                let error = GatewayError::new(
+                    ErrorKind::Upstream,
+                    "the upstream's answer broke off before its end; retry",
+                );
+                return error
+                    .to_response::<ResponseBody<B>>()
+                    .map(|body| ReportedModel::new(body, "", BodyKind::Other));
+            }
+        }
+    }
+    let bytes = rewrite_model_json(&held, model.as_str())
+        .map(Bytes::from)
+        .unwrap_or_else(|| held.freeze());
+    parts
+        .headers
+        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    Response::from_parts(
+        parts,
+        ReportedModel::new(ResponseBody::full(bytes), "", BodyKind::Other),
+    )
 }
 
 /// The request body for `model`: its `model` field set, and `models`

@@ -10,7 +10,6 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use serde_json::Value;
 
 /// Largest JSON body rewritten; a larger one passes on unchanged.
 pub const MAX_REWRITTEN_JSON_BYTES: usize = 8 * 1024 * 1024;
@@ -46,15 +45,72 @@ impl BodyKind {
 }
 
 /// Replaces the top-level `model` string of a JSON object; `None` when
-/// `text` is not a JSON object with a string `model` (left as it is).
+/// `text` is not a JSON object with a string `model`, or when `model` is
+/// already the gateway's (left as it is).
+///
+/// Only the top level is parsed: every other value is copied through as
+/// the upstream wrote it (a completion's text is never rebuilt).
 pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
-    let mut value: Value = serde_json::from_slice(text).ok()?;
-    let field = value.as_object_mut()?.get_mut("model")?;
-    if !field.is_string() {
+    let TopLevel(fields) = serde_json::from_slice(text).ok()?;
+    let current = fields.iter().find(|(name, _)| name == "model")?.1;
+    let current: String = serde_json::from_str(current.get()).ok()?;
+    if current == model {
         return None;
     }
-    *field = Value::String(model.to_owned());
-    serde_json::to_vec(&value).ok()
+    let replacement = serde_json::to_string(model).ok()?;
+    let mut out = Vec::with_capacity(text.len() + model.len());
+    out.push(b'{');
+    for (index, (name, value)) in fields.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
+        out.push(b':');
+        let value = if name == "model" {
+            replacement.as_str()
+        } else {
+            value.get()
+        };
+        out.extend_from_slice(value.as_bytes());
+    }
+    out.push(b'}');
+    Some(out)
+}
+
+/// A JSON object's top-level fields in order, their values unparsed.
+struct TopLevel<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for TopLevel<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = TopLevel<'a>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopLevel<'a>, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    // A repeated `model` would leave one unrewritten.
+                    if name == "model"
+                        && fields.iter().any(|(seen, _): &(String, _)| seen == "model")
+                    {
+                        return Err(serde::de::Error::custom("duplicate model"));
+                    }
+                    fields.push((name, map.next_value()?));
+                }
+                Ok(TopLevel(fields))
+            }
+        }
+
+        deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+    }
 }
 
 /// One SSE line (its line ending included) with the `model` of its
@@ -106,6 +162,22 @@ impl<B> ReportedModel<B> {
             kind,
             held: BytesMut::new(),
             passing: kind == BodyKind::Other,
+            trailers: None,
+            ended: false,
+        }
+    }
+}
+
+impl<B> ReportedModel<B> {
+    /// `inner`'s rest after `read`, which was taken from it already; both
+    /// pass on unchanged.
+    pub fn resume(inner: B, read: BytesMut) -> Self {
+        ReportedModel {
+            inner,
+            model: String::new(),
+            kind: BodyKind::Other,
+            held: read,
+            passing: true,
             trailers: None,
             ended: false,
         }
@@ -211,6 +283,7 @@ mod tests {
     use super::*;
     use http_body_util::{BodyExt, StreamBody};
     use proptest::prelude::*;
+    use serde_json::Value;
     use std::convert::Infallible;
 
     async fn through(chunks: Vec<&[u8]>, kind: BodyKind) -> Vec<u8> {
