@@ -35,3 +35,5 @@ echo "==> cargo test (unit, integration, benches as smoke tests)"
 cargo test --all-targets --locked
 echo "==> cargo test --doc"
 cargo test --doc --locked
+echo "==> cargo test --features otel --test otel (spans exported over OTLP/HTTP)"
+cargo test --features otel --test otel --locked
