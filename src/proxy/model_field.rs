@@ -366,11 +366,17 @@ mod tests {
     fn values_pass_byte_for_byte_even_numbers_beyond_f64() {
         let input = br#"{"id":"c","model":"o","usd":8888888e5918888888888}"#;
         let out = rewrite_model_json(input, "p/m").unwrap();
-        assert_eq!(out, br#"{"id":"c","model":"p/m","usd":8888888e5918888888888}"#);
+        assert_eq!(
+            out,
+            br#"{"id":"c","model":"p/m","usd":8888888e5918888888888}"#
+        );
         // Already the gateway's model: nothing to rewrite.
         assert_eq!(rewrite_model_json(&out, "p/m"), None);
         // Two `model` fields would leave one unrewritten: refused, passed on as is.
-        assert_eq!(rewrite_model_json(br#"{"model":"a","model":"b"}"#, "p/m"), None);
+        assert_eq!(
+            rewrite_model_json(br#"{"model":"a","model":"b"}"#, "p/m"),
+            None
+        );
     }
 
     #[test]
