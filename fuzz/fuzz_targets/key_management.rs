@@ -46,7 +46,9 @@ fuzz_target!(|body: &[u8]| {
         Err(error) => refused(error.status().as_u16()),
     }
     match input::path_provider(&String::from_utf8_lossy(body)) {
-        Ok(provider) => assert!(provider.len() <= MAX_PROVIDER_CHARS && provider == provider.to_ascii_lowercase()),
+        Ok(provider) => assert!(
+            provider.len() <= MAX_PROVIDER_CHARS && provider == provider.to_ascii_lowercase()
+        ),
         Err(error) => refused(error.status().as_u16()),
     }
 });

@@ -10,7 +10,11 @@ fuzz_target!(|text: &str| {
     if let Ok(rules) = RateLimitRules::from_json(text) {
         rules.validate().unwrap();
         // Every accepted rule converts into a limit a counter store takes.
-        for rule in rules.account.iter().chain(rules.models.iter().map(|rule| &rule.limit)) {
+        for rule in rules
+            .account
+            .iter()
+            .chain(rules.models.iter().map(|rule| &rule.limit))
+        {
             let _ = rule.limit();
         }
         let model = ModelId::parse("openai/gpt-4o:free").unwrap();

@@ -32,24 +32,41 @@ struct World {
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
     WORLD.get_or_init(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let store: SharedStore = Arc::new(MemoryStore::new());
         let directory = KeyDirectory::new(store);
         let (admin, user) = runtime.block_on(async {
-            let admin = NewKey { management: true, ..NewKey::named("admin") };
+            let admin = NewKey {
+                management: true,
+                ..NewKey::named("admin")
+            };
             let (admin, _) = directory.create_key(admin).await.unwrap();
             let (user, _) = directory.create_key(NewKey::named("user")).await.unwrap();
             (admin.expose().to_owned(), user.expose().to_owned())
         });
-        World { runtime, directory, admin, user }
+        World {
+            runtime,
+            directory,
+            admin,
+            user,
+        }
     })
 }
 
 fuzz_target!(|input: (u8, u8, &str, &[u8])| {
     let (method, who, path, body) = input;
     let world = world();
-    let method = [Method::GET, Method::POST, Method::PATCH, Method::DELETE, Method::HEAD, Method::PUT]
-        [usize::from(method) % 6]
+    let method = [
+        Method::GET,
+        Method::POST,
+        Method::PATCH,
+        Method::DELETE,
+        Method::HEAD,
+        Method::PUT,
+    ][usize::from(method) % 6]
         .clone();
     let authorization = match who % 4 {
         0 => Some(format!("Bearer {}", world.admin)),
@@ -57,7 +74,10 @@ fuzz_target!(|input: (u8, u8, &str, &[u8])| {
         2 => Some(path.to_owned()),
         _ => None,
     };
-    let mut request = Request::builder().method(method).uri(path).header("content-type", "application/json");
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json");
     if let Some(authorization) = &authorization {
         request = request.header("authorization", authorization.as_str());
     }
@@ -76,10 +96,16 @@ fuzz_target!(|input: (u8, u8, &str, &[u8])| {
     let (status, body) = world.runtime.block_on(async {
         let response = service.oneshot(request).await.unwrap();
         let status = response.status().as_u16();
-        (status, response.into_body().collect().await.unwrap().to_bytes())
+        (
+            status,
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
     });
     match who % 4 {
-        0 => assert_ne!(status, UPSTREAM_STATUS, "a management key reached the upstream"),
+        0 => assert_ne!(
+            status, UPSTREAM_STATUS,
+            "a management key reached the upstream"
+        ),
         1 => {
             // Only its own queries and its account's provider keys answer
             // 2xx; the key list and creation never do, and no answer holds
@@ -87,14 +113,23 @@ fuzz_target!(|input: (u8, u8, &str, &[u8])| {
             if (200..300).contains(&status) && status != UPSTREAM_STATUS {
                 let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let data = &answer["data"];
-                let records = data.as_array().cloned().unwrap_or_else(|| vec![data.clone()]);
+                let records = data
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_else(|| vec![data.clone()]);
                 let text = String::from_utf8_lossy(&body);
                 assert!(answer.get("key").is_none(), "{text}");
                 for record in records {
-                    assert!(record.get("hash").is_none() && record.get("key").is_none(), "{text}");
+                    assert!(
+                        record.get("hash").is_none() && record.get("key").is_none(),
+                        "{text}"
+                    );
                 }
             }
         }
-        _ => assert!(matches!(status, 400 | 401 | 408 | 413 | 422), "{status} without a key"),
+        _ => assert!(
+            matches!(status, 400 | 401 | 408 | 413 | 422),
+            "{status} without a key"
+        ),
     }
 });

@@ -8,7 +8,11 @@ use modelgate::credit::{BodyKind, UsageScanner};
 
 fuzz_target!(|input: (bool, u16, &[u8])| {
     let (event_stream, split, body) = input;
-    let kind = if event_stream { BodyKind::EventStream } else { BodyKind::Json };
+    let kind = if event_stream {
+        BodyKind::EventStream
+    } else {
+        BodyKind::Json
+    };
     let split = usize::from(split) % (body.len() + 1);
     let mut whole = UsageScanner::new(kind, 4096);
     whole.feed(body);

@@ -16,13 +16,21 @@ fuzz_target!(|text: &str| {
         assert!(matches!(spec, SecretSpec::Ref(_)));
     }
     if let Ok(config) = WebhooksConfig::from_plugin_entry(&entry) {
-        let mut paths: Vec<&str> = config.routes.iter().map(|route| route.path.as_str()).collect();
+        let mut paths: Vec<&str> = config
+            .routes
+            .iter()
+            .map(|route| route.path.as_str())
+            .collect();
         paths.sort_unstable();
         let before = paths.len();
         paths.dedup();
         assert_eq!(paths.len(), before, "two routes on one path");
         for route in &config.routes {
-            assert!(route.path.starts_with('/') && !route.path.contains("//") && !route.path.contains(".."));
+            assert!(
+                route.path.starts_with('/')
+                    && !route.path.contains("//")
+                    && !route.path.contains("..")
+            );
             assert!(!route.session_key.is_empty());
             assert!(!format!("{route:?}").contains("\"secret\""));
         }

@@ -13,7 +13,9 @@ fuzz_target!(|body: &[u8]| {
     assert!(ACTION_NAMES.contains(&action.name()));
     let texts: Vec<&str> = match &action {
         FlowAction::CreateFlow(create) => vec![create.goal.as_str()],
-        FlowAction::GetFlow(get) | FlowAction::GetTaskSummary(get) | FlowAction::CancelFlow(get) => {
+        FlowAction::GetFlow(get)
+        | FlowAction::GetTaskSummary(get)
+        | FlowAction::CancelFlow(get) => {
             vec![get.flow_id.as_str()]
         }
         FlowAction::ResolveFlow(resolve) => vec![resolve.token.as_str()],
