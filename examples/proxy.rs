@@ -49,10 +49,17 @@ use tokio::net::TcpListener;
 
 const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]";
 
+// Every request allocates on whichever worker runs it: glibc's malloc
+// spent about a sixth of the proxy's CPU under load, part of it waiting on
+// its arena locks; mimalloc's per-thread heaps do not contend.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
-    serve::init_logging();
+    let logging = serve::init_logging();
     if let Err(message) = run().await {
+        drop(logging);
         eprintln!("proxy: {message}");
         std::process::exit(2);
     }

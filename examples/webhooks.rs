@@ -40,8 +40,9 @@ const USAGE: &str = "usage: webhooks --config FILE [--listen ADDR] [--redis URL]
 
 #[tokio::main]
 async fn main() {
-    serve::init_logging();
+    let logging = serve::init_logging();
     if let Err(message) = run().await {
+        drop(logging);
         eprintln!("webhooks: {message}");
         std::process::exit(2);
     }

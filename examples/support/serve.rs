@@ -96,15 +96,29 @@ pub async fn open_store(redis_url: Option<&str>) -> Result<SharedStore, String> 
 /// the operator must read (the address, a key shown once). Built with the
 /// `otel` feature and given `OTEL_EXPORTER_OTLP_ENDPOINT`, it also exports
 /// the request spans over OTLP/HTTP.
-pub fn init_logging() {
+///
+/// Lines are written by a logging thread through a buffer, so a request
+/// pays for formatting its line, not for a `write` of its own: under load
+/// the thread writes many lines at once. Nothing is dropped (a full queue
+/// makes the logger wait), and dropping the returned guard flushes what is
+/// left. Colours only on a terminal: a file or a collector gets plain text.
+#[must_use = "dropping the guard stops the logging thread"]
+pub fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
+    use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let ansi = std::io::stderr().is_terminal();
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("modelgate-log")
+        .finish(std::io::BufWriter::new(std::io::stderr()));
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(writer);
     let registry = tracing_subscriber::registry().with(filter).with(fmt);
     #[cfg(feature = "otel")]
     if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
@@ -114,12 +128,13 @@ pub fn init_logging() {
                 registry.with(layer).init();
                 // Lives as long as the process: spans export until exit.
                 std::mem::forget(provider);
-                return;
+                return guard;
             }
             Err(error) => eprintln!("OpenTelemetry export disabled: {error}"),
         }
     }
     registry.init();
+    guard
 }
 
 /// Completes on Ctrl-C or SIGTERM.
