@@ -7,6 +7,11 @@
 //! small, fixed sets (a route class, a layer, a reason, a served model),
 //! never a key, an account or a path as sent.
 //!
+//! The handles of the metrics every request touches are looked up in the
+//! recorder once per label set, on first use, and kept: a recorder lookup
+//! clones the metric's key each time (the Prometheus one does). So install
+//! the recorder before the first request is served.
+//!
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `modelgate_requests_total` | counter | `route`, `model`, `status` |
@@ -36,6 +41,10 @@
 #[cfg(feature = "otel")]
 pub mod otel;
 
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{LazyLock, RwLock};
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -66,12 +75,59 @@ pub const FALLBACKS_TOTAL: &str = "modelgate_fallbacks_total";
 /// Credits charged, in nano-credits.
 pub const CHARGED_NANOCREDITS_TOTAL: &str = "modelgate_charged_nanocredits_total";
 
+/// The most label sets a [`HandleCache`] keeps; past it, handles are
+/// looked up each time (labels are from small sets: a full cache means a
+/// bug, not a reason to grow without bound).
+const MAX_CACHED_HANDLES: usize = 4096;
+
+/// Metric handles by their label values, looked up in the recorder once.
+pub(crate) struct HandleCache<K, H> {
+    handles: LazyLock<RwLock<HashMap<K, H>>>,
+}
+
+impl<K: Hash + Eq, H: Clone> HandleCache<K, H> {
+    pub(crate) const fn new() -> Self {
+        HandleCache {
+            handles: LazyLock::new(|| RwLock::new(HashMap::new())),
+        }
+    }
+
+    /// The handle kept for `key`, or the one `register` makes (then kept).
+    pub(crate) fn get<Q>(&self, key: &Q, register: impl FnOnce() -> (K, H)) -> H
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Some(handle) = self
+            .handles
+            .read()
+            .ok()
+            .and_then(|handles| handles.get(key).cloned())
+        {
+            return handle;
+        }
+        let (key, handle) = register();
+        if let Ok(mut handles) = self.handles.write() {
+            if handles.len() < MAX_CACHED_HANDLES {
+                handles.entry(key).or_insert_with(|| handle.clone());
+            }
+        }
+        handle
+    }
+}
+
+static ADMITTED: HandleCache<&'static str, metrics::Counter> = HandleCache::new();
+
 /// Records a layer's decision: `None` admitted, `Some` the refusal.
 pub(crate) fn layer_decision(layer: &'static str, refusal: Option<&GatewayError>) {
     match refusal {
         None => {
             tracing::debug!(layer, decision = "admitted");
-            metrics::counter!(LAYER_DECISIONS_TOTAL, "layer" => layer, "decision" => "admitted", "reason" => "")
+            ADMITTED
+                .get(&layer, || {
+                    let counter = metrics::counter!(LAYER_DECISIONS_TOTAL, "layer" => layer, "decision" => "admitted", "reason" => "");
+                    (layer, counter)
+                })
                 .increment(1);
         }
         Some(error) => {

@@ -54,6 +54,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::Method;
+use std::borrow::Cow;
 
 pub(crate) use chat::{top_level_fields, JsonBodyError};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
@@ -100,17 +101,42 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
 /// The segments of `path` as an upstream that normalises paths reads them:
 /// percent-decoded, empty and `.` segments dropped, `..` applied. Every
 /// route check in the crate matches on these, so no spelling of a path
-/// routes around a check.
-pub(crate) fn normalized_segments(path: &str) -> Vec<String> {
-    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
-    let mut segments: Vec<String> = Vec::new();
-    for segment in decoded.split('/') {
+/// routes around a check. Every request's path is read this way several
+/// times, so a path with nothing to decode is only borrowed.
+pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
+    match percent_encoding::percent_decode_str(path).decode_utf8_lossy() {
+        Cow::Borrowed(text) => normalize_segments(text, Cow::Borrowed),
+        Cow::Owned(text) => normalize_segments(&text, |segment| Cow::Owned(segment.to_owned())),
+    }
+}
+
+/// `segments` in lower case, borrowed where they already are: route
+/// matching compares fixed segments in any case.
+pub(crate) fn lowercase_segments<'a>(segments: &'a [Cow<'_, str>]) -> Vec<Cow<'a, str>> {
+    segments
+        .iter()
+        .map(|segment| {
+            if segment.bytes().any(|byte| byte.is_ascii_uppercase()) {
+                Cow::Owned(segment.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(segment.as_ref())
+            }
+        })
+        .collect()
+}
+
+fn normalize_segments<'text, 'out>(
+    text: &'text str,
+    keep: impl Fn(&'text str) -> Cow<'out, str>,
+) -> Vec<Cow<'out, str>> {
+    let mut segments = Vec::new();
+    for segment in text.split('/') {
         match segment {
             "" | "." => {}
             ".." => {
                 segments.pop();
             }
-            segment => segments.push(segment.to_owned()),
+            segment => segments.push(keep(segment)),
         }
     }
     segments

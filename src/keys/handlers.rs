@@ -15,7 +15,7 @@ use super::layer::KeyRoutesConfig;
 use super::record::KeyRecord;
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
-use crate::body::normalized_segments;
+use crate::body::{lowercase_segments, normalized_segments};
 use crate::error::{ErrorKind, GatewayError};
 use crate::store::{FailurePolicy, KeyUsage, StoreError};
 
@@ -46,21 +46,22 @@ impl Route {
     /// in any case.
     pub(crate) fn of(path: &str) -> Option<Route> {
         let segments = normalized_segments(path);
-        let lower: Vec<String> = segments.iter().map(|s| s.to_ascii_lowercase()).collect();
-        let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
+        let lower = lowercase_segments(&segments);
+        let lower: Vec<&str> = lower.iter().map(AsRef::as_ref).collect();
         match lower.as_slice() {
             ["api", "v1", "key"] => Some(Route::KeyStatus),
             ["api", "v1", "credits"] => Some(Route::Credits),
             ["user", "balance"] => Some(Route::UserBalance),
             ["api", "v1", "keys"] => Some(Route::Keys),
-            ["api", "v1", "keys", _] => Some(Route::Key(segments[3].clone())),
+            ["api", "v1", "keys", _] => Some(Route::Key(segments[3].to_string())),
             ["api", "v1", "accounts", _, "credits"] => {
-                Some(Route::AccountCredits(segments[3].clone()))
+                Some(Route::AccountCredits(segments[3].to_string()))
             }
-            ["api", "v1", "accounts", _, "byok"] => Some(Route::ByokKeys(segments[3].clone())),
-            ["api", "v1", "accounts", _, "byok", _] => {
-                Some(Route::ByokKey(segments[3].clone(), segments[5].clone()))
-            }
+            ["api", "v1", "accounts", _, "byok"] => Some(Route::ByokKeys(segments[3].to_string())),
+            ["api", "v1", "accounts", _, "byok", _] => Some(Route::ByokKey(
+                segments[3].to_string(),
+                segments[5].to_string(),
+            )),
             _ => None,
         }
     }

@@ -14,10 +14,10 @@ use tracing::Instrument;
 use super::fallback::MODEL_HEADER;
 use super::headers::{request_id, X_REQUEST_ID};
 use crate::auth::Principal;
-use crate::body::{normalized_segments, ChatRequest};
+use crate::body::{lowercase_segments, normalized_segments, ChatRequest};
 use crate::error::Refusal;
 use crate::telemetry::{
-    TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
+    HandleCache, TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
 };
 
 /// The W3C trace context header, sent upstream.
@@ -146,14 +146,28 @@ where
                     Err(_) => (0, "inner_error".to_owned(), None),
                 };
                 let latency = started.elapsed();
-                metrics::counter!(
-                    REQUESTS_TOTAL,
-                    "route" => route,
-                    "model" => served_model.unwrap_or_else(|| "-".to_owned()),
-                    "status" => status.to_string()
-                )
-                .increment(1);
-                metrics::histogram!(REQUEST_DURATION_SECONDS, "route" => route)
+                let counted = (
+                    route,
+                    status,
+                    served_model.unwrap_or_else(|| "-".to_owned()),
+                );
+                REQUESTS
+                    .get(&counted, || {
+                        let counter = metrics::counter!(
+                            REQUESTS_TOTAL,
+                            "route" => route,
+                            "model" => counted.2.clone(),
+                            "status" => status.to_string()
+                        );
+                        (counted.clone(), counter)
+                    })
+                    .increment(1);
+                DURATIONS
+                    .get(&route, || {
+                        let histogram =
+                            metrics::histogram!(REQUEST_DURATION_SECONDS, "route" => route);
+                        (route, histogram)
+                    })
                     .record(latency.as_secs_f64());
                 tracing::info!(
                     target: "modelgate::access",
@@ -173,19 +187,26 @@ where
     }
 }
 
+/// `modelgate_requests_total` by route class, status and served model.
+static REQUESTS: HandleCache<(&'static str, u16, String), metrics::Counter> = HandleCache::new();
+/// `modelgate_request_duration_seconds` by route class.
+static DURATIONS: HandleCache<&'static str, metrics::Histogram> = HandleCache::new();
+static IN_FLIGHT: HandleCache<(), metrics::Gauge> = HandleCache::new();
+
 /// Counts a request in flight until dropped (answered, or abandoned).
-struct InFlight;
+struct InFlight(metrics::Gauge);
 
 impl InFlight {
     fn start() -> Self {
-        metrics::gauge!(REQUESTS_IN_FLIGHT).increment(1.0);
-        InFlight
+        let gauge = IN_FLIGHT.get(&(), || ((), metrics::gauge!(REQUESTS_IN_FLIGHT)));
+        gauge.increment(1.0);
+        InFlight(gauge)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        metrics::gauge!(REQUESTS_IN_FLIGHT).decrement(1.0);
+        self.0.decrement(1.0);
     }
 }
 
@@ -193,11 +214,8 @@ impl Drop for InFlight {
 /// unbounded.
 fn route_class(path: &str) -> &'static str {
     let segments = normalized_segments(path);
-    let lower: Vec<String> = segments
-        .iter()
-        .map(|segment| segment.to_ascii_lowercase())
-        .collect();
-    let parts: Vec<&str> = lower.iter().map(String::as_str).collect();
+    let lower = lowercase_segments(&segments);
+    let parts: Vec<&str> = lower.iter().map(AsRef::as_ref).collect();
     match parts.as_slice() {
         ["api", "v1", "chat", "completions"] => "chat_completions",
         ["api", "v1", "models"] => "models",
@@ -244,7 +262,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let principal = request.extensions().get::<Principal>();
         let key_hash_prefix =
-            principal.map(|principal| principal.key_hash.to_hex()[..8].to_owned());
+            principal.map(|principal| hex::encode(&principal.key_hash.as_bytes()[..4]));
         let model = request
             .extensions()
             .get::<ChatRequest>()

@@ -51,6 +51,22 @@ impl BodyKind {
 /// Only the top level is parsed: every other value is copied through as
 /// the upstream wrote it (a completion's text is never rebuilt).
 pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
+    // Most answers already name the served model: one pass that builds
+    // nothing tells. Anything it cannot read (a duplicate `model`, say)
+    // takes the full path below.
+    #[derive(serde::Deserialize)]
+    struct ModelOnly<'a> {
+        #[serde(borrow)]
+        model: Option<std::borrow::Cow<'a, str>>,
+    }
+    if let Ok(ModelOnly {
+        model: Some(current),
+    }) = serde_json::from_slice(text)
+    {
+        if current == model {
+            return None;
+        }
+    }
     let TopLevel(fields) = serde_json::from_slice(text).ok()?;
     let current = fields.iter().find(|(name, _)| name == "model")?.1;
     let current: String = serde_json::from_str(current.get()).ok()?;

@@ -205,6 +205,10 @@ impl Upstream {
     }
 }
 
+/// `modelgate_upstream_duration_seconds` by outcome.
+static UPSTREAM_DURATIONS: crate::telemetry::HandleCache<&'static str, metrics::Histogram> =
+    crate::telemetry::HandleCache::new();
+
 impl Inner {
     /// The upstream request for `request`.
     fn outgoing(
@@ -311,7 +315,14 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                 Ok(Ok(response)) if response.status().is_success() => "ok",
                 Ok(Ok(_)) => "error_status",
             };
-            metrics::histogram!(crate::telemetry::UPSTREAM_DURATION_SECONDS, "outcome" => label)
+            UPSTREAM_DURATIONS
+                .get(&label, || {
+                    let histogram = metrics::histogram!(
+                        crate::telemetry::UPSTREAM_DURATION_SECONDS,
+                        "outcome" => label
+                    );
+                    (label, histogram)
+                })
                 .record(started.elapsed().as_secs_f64());
             let mut response = match outcome {
                 Err(_) => {
