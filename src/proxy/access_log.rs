@@ -100,10 +100,12 @@ where
         let route = route_class(&path);
         let span = tracing::info_span!(
             "request",
-            request_id = id.to_str().unwrap_or("-"),
-            trace_id = trace.trace_id(),
+            // Display, not Debug: these are plain (checked) characters,
+            // nothing for a formatter to escape.
+            request_id = %id.to_str().unwrap_or("-"),
+            trace_id = %trace.trace_id(),
             %method,
-            route,
+            %route,
             key = tracing::field::Empty,
             account = tracing::field::Empty,
             model = tracing::field::Empty,
@@ -267,16 +269,14 @@ where
             .extensions()
             .get::<ChatRequest>()
             .map(|chat| chat.model.clone());
-        let span = tracing::Span::current();
-        if let Some(prefix) = &key_hash_prefix {
-            span.record("key", prefix.as_str());
-        }
-        if let Some(principal) = principal {
-            span.record("account", principal.account_id.as_str());
-        }
-        if let Some(model) = &model {
-            span.record("model", model.as_str());
-        }
+        // One record for all three: each record is a lookup and a format
+        // in every subscriber layer.
+        tracing::record_all!(
+            tracing::Span::current(),
+            key = key_hash_prefix.as_deref(),
+            account = principal.map(|principal| principal.account_id.as_str()),
+            model = model.as_deref()
+        );
         if let Some(slot) = request.extensions().get::<Slot>() {
             if let Ok(mut fields) = slot.0.lock() {
                 fields.key_hash_prefix = key_hash_prefix;
