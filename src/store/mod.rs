@@ -66,7 +66,7 @@ pub trait Store: CounterStore + LedgerStore + RecordStore {}
 impl<T: CounterStore + LedgerStore + RecordStore> Store for T {}
 
 /// A store call that failed, naming the operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("store operation `{operation}` failed: {kind}")]
 pub struct StoreError {
     operation: &'static str,
@@ -74,7 +74,7 @@ pub struct StoreError {
 }
 
 /// Why a store call failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreErrorKind {
     /// No answer within the configured timeout.
