@@ -30,6 +30,15 @@
 //! is never settled (an instance that died) expires. The body is read as
 //! its `Content-Type` says (SSE or JSON), whatever the request asked.
 //!
+//! On a store a round trip away (Redis), settlements are grouped per
+//! account so that a request costs about one ledger call, not two: a
+//! settlement finding a call for its account in flight waits for the next
+//! one, and a reservation about to be sent carries every settlement
+//! waiting for its account (settled first, then decided, in one script);
+//! those still waiting when the account's calls in flight end go together.
+//! A settlement thus waits at most one round trip more, and none at low
+//! load; the end of a response still waits until its cost is recorded.
+//!
 //! Requests whose model's provider is in the account's BYOK list
 //! ([`CreditGuardLayer::byok_providers`]), or for which the account has set
 //! its own key through the management API
@@ -91,6 +100,7 @@
 
 mod body;
 mod future;
+mod group_commit;
 mod layer;
 mod meter;
 mod pricing;

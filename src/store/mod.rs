@@ -48,6 +48,7 @@ mod redis;
 use std::fmt;
 
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
+pub(crate) use ledger::validate_reserve;
 pub use ledger::{
     AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
     MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
