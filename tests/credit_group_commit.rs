@@ -220,9 +220,9 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
         .balance_nanos;
     assert_eq!(before - after, 150 * NANOS_PER_CREDIT);
     // Without grouping: 200 reservations and 150 settlements, a call each.
-    // With it, a settlement waits for the account's call in flight, if any,
-    // then rides with a reservation or goes with the others waiting: one
-    // settlement call per round trip at most while they come in (here
+    // With it, a settlement waits while another of its account is on its
+    // way, then rides with a reservation or goes with the others waiting:
+    // one settlement call per round trip at most while they come in (here
     // about 20 in all), and never fewer writes than reservations.
     assert!(
         (200..=200 + 150 / 2).contains(&writes),

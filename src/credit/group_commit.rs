@@ -1,23 +1,28 @@
 //! Group commit: on a store a round trip away, settlements wait a moment
-//! per account to go with a reservation or with each other, so that a
-//! request costs about one ledger call instead of two.
+//! per account to go with a reservation or with each other, so that under
+//! load a request costs about one ledger call instead of two.
 //!
-//! Per account, the settlements to send wait in a queue while the
-//! account has a ledger call in flight:
+//! Per account, a settlement waits in a queue while another settlement of
+//! the account is on its way to the store (a call carrying settlements is
+//! in flight):
 //!
 //! - a reservation about to be sent takes every settlement waiting for its
 //!   account with it ([`LedgerStore::reserve_after_settling`]: settled
 //!   first, then decided, one call);
-//! - a settlement finding nothing in flight for its account is sent at
-//!   once, by itself, on its own task: at low load nothing changes;
-//! - the settlements still waiting when the account's last call in flight
-//!   ends are sent together ([`LedgerStore::settle_many`]).
+//! - the settlements still waiting when the account's last call carrying
+//!   settlements ends go together ([`LedgerStore::settle_many`]);
+//! - a settlement finding no settlement of its account on its way goes at
+//!   once, by itself: at low load nothing changes. A reservation in flight
+//!   does not hold it up (it could only carry settlements sent after it).
 //!
-//! So a settlement waits for at most the calls that were in flight when
-//! it came (one round trip), plus its own; and every waiter learns its own
-//! outcome. A call cut short (its caller went away) puts the settlements
-//! it carried back in the queue, first in line: settling is idempotent by
-//! reservation id, so sending them again never records one twice.
+//! So a settlement waits at most for the call carrying settlements that
+//! was in flight when it came (one round trip), plus its own; under load
+//! the calls carrying settlements follow one another, each reservation
+//! taking what came while the one before was on its way. Every waiter
+//! learns its own outcome. A call cut short (its caller went away) puts
+//! the settlements it carried back in the queue, first in line: settling
+//! is idempotent by reservation id, so sending them again never records
+//! one twice.
 //!
 //! Stores whose calls are not round trips ([`LedgerStore::batches_settlements`]
 //! is false, as for `MemoryStore`) are called directly, as before.
@@ -57,14 +62,15 @@ impl std::fmt::Debug for GroupCommit {
     }
 }
 
-/// The accounts with calls in flight, by id.
+/// The accounts with settlements on their way or waiting, by id.
 type Accounts = HashMap<Box<str>, Account>;
 
-/// One account's calls in flight and settlements waiting.
+/// One account's calls carrying settlements and settlements waiting.
 #[derive(Default)]
 struct Account {
-    /// Ledger calls in flight: reservations and settlements.
-    in_flight: usize,
+    /// Calls in flight that carry settlements: batches, and reservations
+    /// that took some.
+    carrying: usize,
     /// Settlements not yet sent, oldest first.
     waiting: Vec<Waiting>,
 }
@@ -107,28 +113,32 @@ impl GroupCommit {
         if !self.grouping || validate_reserve(request).is_err() {
             return self.store.reserve(request, self.clock.now()).await;
         }
-        let carried = {
+        let carried: Vec<Waiting> = {
             let mut shard = self.shard(&request.account);
-            let account = entry(&mut shard, &request.account);
-            account.in_flight += 1;
-            let take = account.waiting.len().min(MAX_BATCH);
-            account.waiting.drain(..take).collect()
+            match shard.get_mut(request.account.as_str()) {
+                Some(account) if !account.waiting.is_empty() => {
+                    account.carrying += 1;
+                    let take = account.waiting.len().min(MAX_BATCH);
+                    account.waiting.drain(..take).collect()
+                }
+                _ => Vec::new(),
+            }
         };
-        let call = Call::new(self, &request.account, carried);
         let now = self.clock.now();
-        let outcome = if call.settlements.is_empty() {
-            self.store.reserve(request, now).await
-        } else {
-            self.store
-                .reserve_after_settling(&call.settlements, request, now)
-                .await
-        };
+        if carried.is_empty() {
+            return self.store.reserve(request, now).await;
+        }
+        let call = Call::new(self, &request.account, carried);
+        let outcome = self
+            .store
+            .reserve_after_settling(&call.settlements, request, now)
+            .await;
         call.finish(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
         outcome
     }
 
-    /// Records `settlement`: at once when its account has no call in
-    /// flight, else with the next call for the account.
+    /// Records `settlement`: at once when no other settlement of its
+    /// account is on its way, else with the account's next call.
     pub(crate) async fn settle(self: &Arc<Self>, settlement: Settlement) -> Result<(), StoreError> {
         // A settlement the store will refuse must not take a batch with it.
         if !self.grouping || settlement.cost_nanos < 0 {
@@ -140,8 +150,8 @@ impl GroupCommit {
         let alone = {
             let mut shard = self.shard(&account);
             let entry = entry(&mut shard, &account);
-            if entry.in_flight == 0 {
-                entry.in_flight += 1;
+            if entry.carrying == 0 {
+                entry.carrying += 1;
                 Some(waiting)
             } else {
                 entry.waiting.push(waiting);
@@ -154,7 +164,7 @@ impl GroupCommit {
         outcome.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
-    /// Sends `batch` (counted in flight already) and answers its waiters.
+    /// Sends `batch` (counted as carrying already) and answers its waiters.
     async fn send(self: &Arc<Self>, account: &str, batch: Vec<Waiting>) {
         let call = Call::new(self, account, batch);
         let result = self
@@ -164,20 +174,20 @@ impl GroupCommit {
         call.finish(result);
     }
 
-    /// A call for `account` has ended: `unsent` are the settlements it
-    /// carried but could not answer for. When it was the account's last
-    /// call in flight, the settlements waiting go now.
+    /// A call carrying settlements for `account` has ended: `unsent` are
+    /// those it could not answer for. When it was the account's last, the
+    /// settlements waiting go now.
     fn end(self: &Arc<Self>, account: &str, unsent: Vec<Waiting>) {
         let batches = {
             let mut shard = self.shard(account);
             let Some(entry) = shard.get_mut(account) else {
                 return;
             };
-            entry.in_flight -= 1;
+            entry.carrying -= 1;
             if !unsent.is_empty() {
                 entry.waiting.splice(0..0, unsent);
             }
-            if entry.in_flight > 0 {
+            if entry.carrying > 0 {
                 return;
             }
             if entry.waiting.is_empty() {
@@ -189,7 +199,7 @@ impl GroupCommit {
                 let take = entry.waiting.len().min(MAX_BATCH);
                 batches.push(entry.waiting.drain(..take).collect::<Vec<_>>());
             }
-            entry.in_flight += batches.len();
+            entry.carrying += batches.len();
             batches
         };
         let runtime = tokio::runtime::Handle::try_current();
@@ -227,8 +237,8 @@ fn abandoned() -> StoreError {
     )
 }
 
-/// One ledger call in flight and the settlements it carries: answers
-/// them when finished, and puts them back in line if dropped before.
+/// One ledger call in flight carrying settlements: answers them when
+/// finished, and puts them back in line if dropped before.
 struct Call<'a> {
     group: &'a Arc<GroupCommit>,
     account: &'a str,
@@ -451,12 +461,13 @@ mod tests {
         }
     }
 
-    /// Settles `count` requests (`s0`, `s1`, …, cost 1 each) on their own tasks.
-    fn settle_all(
+    /// Settles requests `s{from}` to `s{to - 1}` (cost 1 each), each on its own task.
+    fn settle_range(
         group: &Arc<GroupCommit>,
-        count: usize,
+        from: usize,
+        to: usize,
     ) -> Vec<tokio::task::JoinHandle<Result<(), StoreError>>> {
-        (0..count)
+        (from..to)
             .map(|index| {
                 let group = Arc::clone(group);
                 tokio::spawn(async move { group.settle(settlement(&format!("s{index}"), 1)).await })
@@ -464,10 +475,42 @@ mod tests {
             .collect()
     }
 
+    fn reserve_on_task(
+        group: &Arc<GroupCommit>,
+        id: &'static str,
+    ) -> tokio::task::JoinHandle<Result<ReserveOutcome, StoreError>> {
+        let group = Arc::clone(group);
+        tokio::spawn(async move { group.reserve(&request(id)).await })
+    }
+
     /// Lets every task that can run, run.
     async fn settle_down() {
         for _ in 0..100 {
             tokio::task::yield_now().await;
+        }
+    }
+
+    /// Holds calls from now on, and starts settling `s0`: it goes alone
+    /// and stays on its way until released.
+    async fn one_settlement_on_its_way(
+        remote: &Arc<Remote>,
+        group: &Arc<GroupCommit>,
+    ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        remote.holding.store(true, Ordering::SeqCst);
+        let task = settle_range(group, 0, 1).remove(0);
+        remote.started(1).await;
+        task
+    }
+
+    /// Lets every call held, and every later one, through.
+    fn release(remote: &Remote, held: usize) {
+        remote.holding.store(false, Ordering::SeqCst);
+        remote.release.add_permits(held);
+    }
+
+    async fn all_ok(tasks: Vec<tokio::task::JoinHandle<Result<(), StoreError>>>) {
+        for task in tasks {
+            task.await.unwrap().unwrap();
         }
     }
 
@@ -484,33 +527,39 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread")]
-    async fn settlements_wait_for_the_call_in_flight_then_go_together() {
+    async fn a_reservation_in_flight_does_not_hold_a_settlement_up() {
         let remote = Remote::new();
         let group = group(&remote);
-        reserved(&remote, 5).await;
+        reserved(&remote, 1).await;
         remote.holding.store(true, Ordering::SeqCst);
-        let first = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("first")).await })
-        };
+        let first = reserve_on_task(&group, "first");
         remote.started(1).await;
-        let settling = settle_all(&group, 5);
+        let settling = settle_range(&group, 0, 1);
+        remote.started(2).await;
+        assert_eq!(remote.calls(), ["reserve", "settle_many 1"]);
+        release(&remote, 2);
+        first.await.unwrap().unwrap();
+        all_ok(settling).await;
+        assert_eq!(usage(&remote).await, (1, 10));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn settlements_wait_for_the_one_on_its_way_then_go_together() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 6).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 6);
         settle_down().await;
-        // All five wait: the account has a call in flight.
-        assert_eq!(remote.calls(), ["reserve"]);
-        assert!(settling.iter().all(|task| !task.is_finished()));
-        remote.holding.store(false, Ordering::SeqCst);
-        remote.release.add_permits(1);
-        assert!(matches!(
-            first.await.unwrap(),
-            Ok(ReserveOutcome::Reserved { .. })
-        ));
-        for task in settling {
-            task.await.unwrap().unwrap();
-        }
-        // One call for the five, once the reservation's had ended.
+        // All five wait: a settlement of the account is on its way.
+        assert_eq!(remote.calls(), ["settle_many 1"]);
+        assert!(waiting.iter().all(|task| !task.is_finished()));
+        release(&remote, 1);
+        first.await.unwrap().unwrap();
+        all_ok(waiting).await;
+        // One call for the five, once the first had ended.
         assert_eq!(remote.calls(), ["settle_many 5"]);
-        assert_eq!(usage(&remote).await, (5, 10));
+        assert_eq!(usage(&remote).await, (6, 0));
         assert!(group.shard("acct").is_empty());
     }
 
@@ -518,74 +567,61 @@ mod tests {
     async fn a_reservation_carries_the_settlements_waiting_for_its_account() {
         let remote = Remote::new();
         let group = group(&remote);
-        reserved(&remote, 3).await;
-        remote.holding.store(true, Ordering::SeqCst);
-        let first = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("first")).await })
-        };
-        remote.started(1).await;
-        let settling = settle_all(&group, 3);
+        reserved(&remote, 4).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 4);
         settle_down().await;
-        let second = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("second")).await })
-        };
+        let second = reserve_on_task(&group, "second");
         remote.started(2).await;
-        assert_eq!(remote.calls(), ["reserve", "reserve_after_settling 3"]);
-        remote.holding.store(false, Ordering::SeqCst);
-        remote.release.add_permits(2);
+        assert_eq!(
+            remote.calls(),
+            ["settle_many 1", "reserve_after_settling 3"]
+        );
+        release(&remote, 2);
         first.await.unwrap().unwrap();
         let outcome = second.await.unwrap().unwrap();
-        // The second reservation saw the three costs, not their holds.
+        // The reservation saw the three costs, not their holds.
         assert_eq!(
             outcome,
             ReserveOutcome::Reserved {
-                used_nanos: 3,
-                reserved_nanos: 20
+                used_nanos: 4,
+                reserved_nanos: 10
             }
         );
-        for task in settling {
-            task.await.unwrap().unwrap();
-        }
-        // Nothing more was sent: two calls in all for two reservations and
-        // three settlements.
+        all_ok(waiting).await;
+        // Nothing more was sent: two calls for a reservation and four
+        // settlements.
         settle_down().await;
         assert!(remote.calls().is_empty());
-        assert_eq!(usage(&remote).await, (3, 20));
+        assert_eq!(usage(&remote).await, (4, 10));
+        // A reservation with nothing waiting is a plain one.
+        group.reserve(&request("third")).await.unwrap();
+        assert_eq!(remote.calls(), ["reserve"]);
+        assert!(group.shard("acct").is_empty());
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_batch_whose_reply_is_lost_is_settled_again_and_recorded_once() {
         let remote = Remote::new();
         let group = group(&remote);
-        reserved(&remote, 4).await;
-        remote.holding.store(true, Ordering::SeqCst);
-        let first = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("first")).await })
-        };
-        remote.started(1).await;
-        let settling = settle_all(&group, 4);
+        reserved(&remote, 5).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 5);
         settle_down().await;
-        // The batch is recorded, but its reply never comes back.
+        // Both calls are recorded, but their replies never come back.
         remote.lose_replies.store(true, Ordering::SeqCst);
-        remote.holding.store(false, Ordering::SeqCst);
-        remote.release.add_permits(1);
+        release(&remote, 1);
         assert!(first.await.unwrap().is_err());
-        for task in settling {
+        for task in waiting {
             assert!(task.await.unwrap().is_err(), "each waiter learns it failed");
         }
-        assert_eq!(remote.calls(), ["reserve", "settle_many 4"]);
-        assert_eq!(usage(&remote).await.0, 4);
+        assert_eq!(remote.calls(), ["settle_many 1", "settle_many 4"]);
+        assert_eq!(usage(&remote).await.0, 5);
         // Each waiter retries (as Meter does, in the background): the
         // retries go together again and record nothing twice.
         remote.lose_replies.store(false, Ordering::SeqCst);
-        let retried = settle_all(&group, 4);
-        for task in retried {
-            task.await.unwrap().unwrap();
-        }
-        assert_eq!(usage(&remote).await.0, 4);
+        all_ok(settle_range(&group, 0, 5)).await;
+        assert_eq!(usage(&remote).await, (5, 0));
         assert_eq!(
             remote
                 .inner
@@ -593,7 +629,7 @@ mod tests {
                 .await
                 .unwrap()
                 .balance_nanos,
-            -4
+            -5
         );
     }
 
@@ -601,35 +637,24 @@ mod tests {
     async fn a_reservation_cut_short_puts_the_settlements_it_carried_back_in_line() {
         let remote = Remote::new();
         let group = group(&remote);
-        reserved(&remote, 2).await;
-        remote.holding.store(true, Ordering::SeqCst);
-        let first = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("first")).await })
-        };
-        remote.started(1).await;
-        let settling = settle_all(&group, 2);
+        reserved(&remote, 3).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 3);
         settle_down().await;
-        let second = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("second")).await })
-        };
+        let second = reserve_on_task(&group, "second");
         remote.started(2).await;
         // The second request's client goes away while its reservation,
-        // carrying both settlements, is held up.
+        // carrying two settlements, is held up.
         second.abort();
         assert!(second.await.unwrap_err().is_cancelled());
-        remote.holding.store(false, Ordering::SeqCst);
-        remote.release.add_permits(1);
+        release(&remote, 1);
         first.await.unwrap().unwrap();
-        for task in settling {
-            task.await.unwrap().unwrap();
-        }
+        all_ok(waiting).await;
         assert_eq!(
             remote.calls(),
-            ["reserve", "reserve_after_settling 2", "settle_many 2"]
+            ["settle_many 1", "reserve_after_settling 2", "settle_many 2"]
         );
-        assert_eq!(usage(&remote).await, (2, 10));
+        assert_eq!(usage(&remote).await, (3, 0));
         assert!(group.shard("acct").is_empty());
     }
 
@@ -637,44 +662,30 @@ mod tests {
     async fn a_long_queue_goes_in_batches_of_at_most_max_batch() {
         let remote = Remote::new();
         let group = group(&remote);
-        let count = MAX_BATCH + 10;
+        let count = 1 + MAX_BATCH + 10;
         reserved(&remote, count).await;
-        remote.holding.store(true, Ordering::SeqCst);
-        let first = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("first")).await })
-        };
-        remote.started(1).await;
-        let settling = settle_all(&group, count);
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, count);
         settle_down().await;
-        remote.holding.store(false, Ordering::SeqCst);
-        remote.release.add_permits(1);
+        release(&remote, 1);
         first.await.unwrap().unwrap();
-        for task in settling {
-            task.await.unwrap().unwrap();
-        }
+        all_ok(waiting).await;
         assert_eq!(
             remote.calls(),
             [
-                "reserve".to_owned(),
+                "settle_many 1".to_owned(),
                 format!("settle_many {MAX_BATCH}"),
                 "settle_many 10".to_owned()
             ]
         );
-        assert_eq!(usage(&remote).await, (count as i64, 10));
+        assert_eq!(usage(&remote).await, (count as i64, 0));
     }
 
     #[tokio::test(flavor = "current_thread")]
-    async fn accounts_wait_only_for_their_own_calls() {
+    async fn accounts_wait_only_for_their_own_settlements() {
         let remote = Remote::new();
         let group = group(&remote);
-        remote.holding.store(true, Ordering::SeqCst);
-        let first = {
-            let group = Arc::clone(&group);
-            tokio::spawn(async move { group.reserve(&request("first")).await })
-        };
-        remote.started(1).await;
-        // Another account's settlement does not wait for acct's call.
+        let first = one_settlement_on_its_way(&remote, &group).await;
         let other = {
             let group = Arc::clone(&group);
             tokio::spawn(async move {
@@ -686,9 +697,8 @@ mod tests {
             })
         };
         remote.started(2).await;
-        assert_eq!(remote.calls(), ["reserve", "settle_many 1"]);
-        remote.holding.store(false, Ordering::SeqCst);
-        remote.release.add_permits(2);
+        assert_eq!(remote.calls(), ["settle_many 1", "settle_many 1"]);
+        release(&remote, 2);
         first.await.unwrap().unwrap();
         other.await.unwrap().unwrap();
     }
