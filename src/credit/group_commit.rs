@@ -12,8 +12,10 @@
 //! - the settlements still waiting when the account's last call carrying
 //!   settlements ends go together ([`LedgerStore::settle_many`]);
 //! - a settlement finding no settlement of its account on its way goes at
-//!   once, by itself: at low load nothing changes. A reservation in flight
-//!   does not hold it up (it could only carry settlements sent after it).
+//!   once: at low load nothing changes. It first lets the tasks that are
+//!   ready run (one yield, no timer), so settlements ending in the same
+//!   moment go with it. A reservation in flight does not hold it up (it
+//!   could only carry settlements sent after it).
 //!
 //! So a settlement waits at most for the call carrying settlements that
 //! was in flight when it came (one round trip), plus its own; under load
@@ -159,14 +161,33 @@ impl GroupCommit {
             }
         };
         if let Some(waiting) = alone {
-            self.send(&account, vec![waiting]).await;
+            let call = Call::new(self, &account, vec![waiting]);
+            // The tasks ready now run first: settlements of the account
+            // they end meanwhile queue behind this one and go with it,
+            // without waiting for a round trip.
+            tokio::task::yield_now().await;
+            self.send(call).await;
         }
         outcome.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
-    /// Sends `batch` (counted as carrying already) and answers its waiters.
-    async fn send(self: &Arc<Self>, account: &str, batch: Vec<Waiting>) {
-        let call = Call::new(self, account, batch);
+    /// Sends `call`'s settlements (counted as carrying already), with
+    /// those waiting for its account as far as a batch goes, and answers
+    /// their waiters.
+    async fn send(self: &Arc<Self>, mut call: Call<'_>) {
+        {
+            let mut shard = self.shard(call.account);
+            if let Some(account) = shard.get_mut(call.account) {
+                let take = account
+                    .waiting
+                    .len()
+                    .min(MAX_BATCH.saturating_sub(call.settlements.len()));
+                for waiting in account.waiting.drain(..take) {
+                    call.settlements.push(waiting.settlement);
+                    call.waiters.push(waiting.done);
+                }
+            }
+        }
         let result = self
             .store
             .settle_many(&call.settlements, self.clock.now())
@@ -208,7 +229,10 @@ impl GroupCommit {
                 Ok(runtime) => {
                     let group = Arc::clone(self);
                     let account = account.to_owned();
-                    runtime.spawn(async move { group.send(&account, batch).await });
+                    runtime.spawn(async move {
+                        let call = Call::new(&group, &account, batch);
+                        group.send(call).await;
+                    });
                 }
                 Err(_) => {
                     // No runtime to send them on: their waiters retry
@@ -523,6 +547,19 @@ mod tests {
         assert_eq!(remote.calls(), ["settle_many 1"]);
         assert_eq!(usage(&remote).await, (3, 0));
         // Nothing is left behind for the account.
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn settlements_ending_together_go_as_one_call_at_once() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 5).await;
+        // Five bodies end in the same moment: the first lets the others
+        // queue behind it before it sends, so no one waits a round trip.
+        all_ok(settle_range(&group, 0, 5)).await;
+        assert_eq!(remote.calls(), ["settle_many 5"]);
+        assert_eq!(usage(&remote).await, (5, 0));
         assert!(group.shard("acct").is_empty());
     }
 
