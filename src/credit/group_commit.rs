@@ -141,17 +141,23 @@ impl GroupCommit {
 
     /// Records `settlement`: at once when no other settlement of its
     /// account is on its way, else with the account's next call.
-    pub(crate) async fn settle(self: &Arc<Self>, settlement: Settlement) -> Result<(), StoreError> {
+    pub(crate) async fn settle(
+        self: &Arc<Self>,
+        settlement: &Settlement,
+    ) -> Result<(), StoreError> {
         // A settlement the store will refuse must not take a batch with it.
         if !self.grouping || settlement.cost_nanos < 0 {
-            return self.store.settle(&settlement, self.clock.now()).await;
+            return self.store.settle(settlement, self.clock.now()).await;
         }
         let (done, outcome) = oneshot::channel();
-        let account = settlement.account.clone();
-        let waiting = Waiting { settlement, done };
+        let account = settlement.account.as_str();
+        let waiting = Waiting {
+            settlement: settlement.clone(),
+            done,
+        };
         let alone = {
-            let mut shard = self.shard(&account);
-            let entry = entry(&mut shard, &account);
+            let mut shard = self.shard(account);
+            let entry = entry(&mut shard, account);
             if entry.carrying == 0 {
                 entry.carrying += 1;
                 Some(waiting)
@@ -161,7 +167,7 @@ impl GroupCommit {
             }
         };
         if let Some(waiting) = alone {
-            let call = Call::new(self, &account, vec![waiting]);
+            let call = Call::new(self, account, vec![waiting]);
             // The tasks ready now run first: settlements of the account
             // they end meanwhile queue behind this one and go with it,
             // without waiting for a round trip.
@@ -494,7 +500,9 @@ mod tests {
         (from..to)
             .map(|index| {
                 let group = Arc::clone(group);
-                tokio::spawn(async move { group.settle(settlement(&format!("s{index}"), 1)).await })
+                tokio::spawn(
+                    async move { group.settle(&settlement(&format!("s{index}"), 1)).await },
+                )
             })
             .collect()
     }
@@ -543,7 +551,7 @@ mod tests {
         let remote = Remote::new();
         let group = group(&remote);
         reserved(&remote, 1).await;
-        group.settle(settlement("s0", 3)).await.unwrap();
+        group.settle(&settlement("s0", 3)).await.unwrap();
         assert_eq!(remote.calls(), ["settle_many 1"]);
         assert_eq!(usage(&remote).await, (3, 0));
         // Nothing is left behind for the account.
@@ -730,7 +738,7 @@ mod tests {
                     account: "other".into(),
                     ..settlement("o", 1)
                 };
-                group.settle(settlement).await
+                group.settle(&settlement).await
             })
         };
         remote.started(2).await;
@@ -746,7 +754,7 @@ mod tests {
         let group = GroupCommit::new(store.clone(), Arc::new(ManualClock::new(t0())));
         assert!(!group.grouping);
         group.reserve(&request("s0")).await.unwrap();
-        group.settle(settlement("s0", 2)).await.unwrap();
+        group.settle(&settlement("s0", 2)).await.unwrap();
         let usage = store.key_usage("acct", "key", t0()).await.unwrap();
         assert_eq!((usage.total_nanos, usage.reserved_nanos), (2, 0));
         assert!(group.shard("acct").is_empty());

@@ -102,7 +102,7 @@ impl Meter {
     /// [`GroupCommit`]); should it fail, the rest go on in the background.
     pub(crate) async fn settle(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
-        if let Err(error) = self.ledger.settle(settlement.clone()).await {
+        if let Err(error) = self.ledger.settle(&settlement).await {
             tracing::warn!(%error, reservation = %self.reservation_id, "settlement failed; retrying in the background");
             self.retry_in_background(settlement);
         }
@@ -147,7 +147,7 @@ impl Meter {
         runtime.spawn(async move {
             for wait in std::iter::once(Duration::ZERO).chain(BACKGROUND_RETRY_WAITS) {
                 tokio::time::sleep(wait).await;
-                match self.ledger.settle(settlement.clone()).await {
+                match self.ledger.settle(&settlement).await {
                     Ok(()) => return,
                     Err(error) => tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed"),
                 }
