@@ -32,14 +32,18 @@ end
 -- Records a request's real cost and releases its reservation, once per
 -- reservation id: a retried settlement records nothing more. Returns 1
 -- when recorded, 0 when the id was settled already.
-local names = { { 'ds', 'd', 'bd' }, { 'ws', 'w', 'bw' }, { 'ms', 'm', 'bm' } }
+-- Per period (day, week, month): its start, own usage and BYOK usage.
+local names = { 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
 local function settle(k, id, cost, byok)
-  if not k.current then
+  if not k.forgotten then
     redis.call('ZREMRANGEBYSCORE', k.settled, '-inf', int(now))
+    k.forgotten = true
+  end
+  if redis.call('ZSCORE', k.settled, id) then return 0 end
+  if not k.current then
     local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
     k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
   end
-  if redis.call('ZSCORE', k.settled, id) then return 0 end
   redis.call('ZADD', k.settled, int(now + memory), id)
   if not k.remembered then
     redis.call('PEXPIRE', k.settled, math.ceil(memory / 1000))
@@ -52,13 +56,14 @@ local function settle(k, id, cost, byok)
     -- rolled over (a clock a moment behind) counts in the all-time totals only.
     local start = tonumber(starts[p])
     local current = k.current[p]
+    local n = (p - 1) * 3
     if current == nil or start > current then
-      redis.call('HSET', k.use, names[p][1], starts[p], names[p][2], '0', names[p][3], '0')
+      redis.call('HSET', k.use, names[n + 1], starts[p], names[n + 2], '0', names[n + 3], '0')
       current = start
       k.current[p] = start
     end
     if start == current then
-      redis.call('HINCRBY', k.use, byok and names[p][3] or names[p][2], cost)
+      redis.call('HINCRBY', k.use, byok and names[n + 3] or names[n + 2], cost)
     end
   end
   redis.call('HINCRBY', k.use, byok and 'bt' or 't', cost)
