@@ -7,7 +7,10 @@
 #   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2]
 #
 # Installs wrk (Debian's, with apt-get) when missing; builds the examples
-# in release mode. Results are printed, not committed.
+# in release mode (in $CARGO_TARGET_DIR when set). For the Redis run it
+# also prints the Redis commands each request cost, from the server's
+# `INFO commandstats` around the measured run. Results are printed, not
+# committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-10}"
@@ -30,7 +33,7 @@ fi
 
 echo "==> cargo build --release --examples"
 cargo build --release --examples --quiet
-bin=target/release/examples
+bin="${CARGO_TARGET_DIR:-target}/release/examples"
 
 work="$(mktemp -d)"
 # Started in subshells too ($(start_proxy …)): their pids go to a file.
@@ -120,13 +123,49 @@ $( [ -n "$key" ] && echo "wrk.headers[\"authorization\"] = \"Bearer $key\"" )
 LUA
 }
 
+# "TOTAL EVALSHA CPU": the commands Redis has run since it started, all
+# but INFO (the snapshots' own); the EVALSHA among them; and the CPU
+# seconds Redis has used. Redis counts the commands a script runs as well
+# as the script call itself, so TOTAL is the work Redis does; the round
+# trips are the EVALSHA (the gateway's other direct commands are not on
+# the chat path).
+redis_calls() {
+  redis-cli -p "$redis_port" INFO all | tr -d '\r' | awk -F'[:=,]' '
+    /^cmdstat_/ {
+      name = substr($1, 9)
+      if (name != "info") total += $3
+      if (name == "evalsha") evalsha = $3
+    }
+    /^used_cpu_(sys|user):/ { cpu += $2 }
+    END { printf "%d %d %.6f\n", total, evalsha, cpu }'
+}
+
 results=()
+redis_line=""
 run() {
   local name="$1" url="$2" key="$3"
   script "$key" >"$work/$name.lua"
   # A short warm-up: pools, caches and JIT-free but cold paths.
   wrk -t "$threads" -c "$connections" -d 2s -s "$work/$name.lua" "$url" >/dev/null
+  local before=""
+  if [ "$name" = redis ]; then
+    # Let the warm-up's last requests settle before the first snapshot.
+    sleep 0.5
+    before="$(redis_calls)"
+  fi
   wrk -t "$threads" -c "$connections" -d "${seconds}s" --latency -s "$work/$name.lua" "$url" >"$work/$name.wrk"
+  if [ -n "$before" ]; then
+    # Requests in flight when wrk stops settle a moment later: let them
+    # land too (a few dozen requests in thousands, counted in neither).
+    sleep 0.5
+    local after requests
+    after="$(redis_calls)"
+    requests="$(awk '/requests in/ {print $1}' "$work/$name.wrk")"
+    redis_line="$(awk -v b="$before" -v a="$after" -v n="$requests" 'BEGIN {
+      split(b, x, " "); split(a, y, " ")
+      printf "redis: %.2f commands per request (evalsha %.2f), those run inside the scripts included; %.1f us of Redis CPU per request; over %d requests", (y[1] - x[1]) / n, (y[2] - x[2]) / n, 1e6 * (y[3] - x[3]) / n, n
+    }')"
+  fi
   local rps p50 p99 errors
   rps="$(awk '/^Requests\/sec:/ {print $2}' "$work/$name.wrk")"
   p50="$(awk '$1 == "50%" {print $2}' "$work/$name.wrk")"
@@ -148,3 +187,6 @@ for line in "${results[@]}"; do
   ratio="$(awk -v a="$2" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
   printf '%-10s %12s %10s %10s %8s %14s\n' "$1" "$2" "$3" "$4" "$5" "$ratio"
 done
+if [ -n "$redis_line" ]; then
+  printf '\n%s\n' "$redis_line"
+fi

@@ -1,6 +1,7 @@
 //! CreditGuard per request: the reservation, the response passed through
 //! and scanned, and the settlement; on `MemoryStore` and on `RedisStore`
-//! over loopback. Also the usage scanner alone on a long SSE stream.
+//! over loopback, one request at a time and 32 at once. Also the usage
+//! scanner alone on a long SSE stream.
 //!
 //! `cargo bench --bench credit`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
@@ -63,6 +64,25 @@ fn bench_backend(
             }
         }));
     let mut group = c.benchmark_group(format!("credit/{backend}"));
+    // 32 requests of one account at once, as a loaded gateway sees them:
+    // on Redis their settlements go with each other (group commit).
+    group.throughput(Throughput::Elements(32));
+    group.bench_function("reserve_call_settle/json_32_at_once", |b| {
+        b.to_async(runtime).iter(|| {
+            let calls = (0..32).map(|_| {
+                let call = guard
+                    .clone()
+                    .oneshot(support::chat("acct", "openai/gpt-4o", false));
+                async move {
+                    let response = call.await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    response.into_body().collect().await.unwrap();
+                }
+            });
+            futures::future::join_all(calls)
+        })
+    });
+    group.throughput(Throughput::Elements(1));
     for (name, stream) in [("json", false), ("sse_20_chunks", true)] {
         group.bench_function(format!("reserve_call_settle/{name}"), |b| {
             b.to_async(runtime).iter(|| {

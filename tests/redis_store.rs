@@ -186,10 +186,23 @@ async fn every_operation_is_one_round_trip() {
         .await
         .unwrap();
     store.release_slot("acct", "s", "h").await.unwrap();
+    // Settlements of one account in one call, with or without a reservation.
+    let batch: Vec<Settlement> = (0..5)
+        .map(|index| Settlement {
+            key: format!("key{}", index % 2),
+            reservation_id: format!("batch{index}"),
+            ..settlement.clone()
+        })
+        .collect();
+    store.settle_many(&batch, t0()).await.unwrap();
+    store
+        .reserve_after_settling(&batch, &reserve_request(), t0())
+        .await
+        .unwrap();
     let commands = watch.client_commands();
     let mut expected = vec!["evalsha"; 5];
     expected.extend(["hmget", "evalsha", "evalsha", "evalsha", "evalsha"]);
-    expected.extend(["evalsha", "zrem"]);
+    expected.extend(["evalsha", "zrem", "evalsha", "evalsha"]);
     assert_eq!(commands, expected);
 }
 
@@ -405,23 +418,37 @@ differential_test!(redis_decides_exactly_as_memory_does, steps in proptest::coll
 });
 
 #[derive(Clone, Debug)]
+struct ReserveArgs {
+    id: u8,
+    key: u8,
+    amount_nanos: i64,
+    key_limit: Option<(i64, Option<Period>, bool)>,
+    check_balance: bool,
+    ttl_secs: u64,
+}
+
+#[derive(Clone, Debug)]
+struct SettleArgs {
+    id: u8,
+    key: u8,
+    cost_nanos: i64,
+    byok: bool,
+}
+
+#[derive(Clone, Debug)]
 enum LedgerOp {
-    Reserve {
-        id: u8,
-        amount_nanos: i64,
-        key_limit: Option<(i64, Option<Period>, bool)>,
-        check_balance: bool,
-        ttl_secs: u64,
-    },
-    Settle {
-        id: u8,
-        cost_nanos: i64,
-        byok: bool,
-    },
+    Reserve(ReserveArgs),
+    Settle(SettleArgs),
+    /// Several settlements in one call (ids may repeat: a retried batch).
+    SettleMany(Vec<SettleArgs>),
+    /// Settlements carried by a reservation.
+    ReserveAfterSettling(Vec<SettleArgs>, ReserveArgs),
     TopUp {
         amount_nanos: i64,
     },
-    Usage,
+    Usage {
+        key: u8,
+    },
     Balance,
 }
 
@@ -434,82 +461,119 @@ fn period_strategy() -> impl Strategy<Value = Option<Period>> {
     ]
 }
 
+fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
+    (
+        0u8..4,
+        0u8..2,
+        0i64..3_000_000_000,
+        proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
+        any::<bool>(),
+        1u64..120,
+    )
+        .prop_map(
+            |(id, key, amount_nanos, key_limit, check_balance, ttl_secs)| ReserveArgs {
+                id,
+                key,
+                amount_nanos,
+                key_limit,
+                check_balance,
+                ttl_secs,
+            },
+        )
+}
+
+fn settle_strategy() -> impl Strategy<Value = SettleArgs> {
+    (0u8..4, 0u8..2, 0i64..3_000_000_000, any::<bool>()).prop_map(|(id, key, cost_nanos, byok)| {
+        SettleArgs {
+            id,
+            key,
+            cost_nanos,
+            byok,
+        }
+    })
+}
+
 fn ledger_op_strategy() -> impl Strategy<Value = LedgerOp> {
     prop_oneof![
+        reserve_strategy().prop_map(LedgerOp::Reserve),
+        settle_strategy().prop_map(LedgerOp::Settle),
+        proptest::collection::vec(settle_strategy(), 0..5).prop_map(LedgerOp::SettleMany),
         (
-            0u8..4,
-            0i64..3_000_000_000,
-            proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
-            any::<bool>(),
-            1u64..120
+            proptest::collection::vec(settle_strategy(), 0..4),
+            reserve_strategy()
         )
-            .prop_map(|(id, amount_nanos, key_limit, check_balance, ttl_secs)| {
-                LedgerOp::Reserve {
-                    id,
-                    amount_nanos,
-                    key_limit,
-                    check_balance,
-                    ttl_secs,
-                }
-            }),
-        (0u8..4, 0i64..3_000_000_000, any::<bool>()).prop_map(|(id, cost_nanos, byok)| {
-            LedgerOp::Settle {
-                id,
-                cost_nanos,
-                byok,
-            }
-        }),
+            .prop_map(|(settlements, reserve)| LedgerOp::ReserveAfterSettling(
+                settlements,
+                reserve
+            )),
         (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
-        Just(LedgerOp::Usage),
+        (0u8..2).prop_map(|key| LedgerOp::Usage { key }),
         Just(LedgerOp::Balance),
     ]
+}
+
+fn reserve_of(args: &ReserveArgs) -> ReserveRequest {
+    ReserveRequest {
+        account: "acct".into(),
+        key: format!("key{}", args.key),
+        reservation_id: format!("r{}", args.id),
+        amount_nanos: args.amount_nanos,
+        key_limit: args.key_limit.map(|(limit_nanos, reset, include_byok)| {
+            modelgate::store::KeyLimit {
+                limit_nanos,
+                reset,
+                include_byok,
+            }
+        }),
+        check_balance: args.check_balance,
+        ttl: Duration::from_secs(args.ttl_secs),
+    }
+}
+
+fn settlement_of(args: &SettleArgs) -> Settlement {
+    Settlement {
+        account: "acct".into(),
+        key: format!("key{}", args.key),
+        reservation_id: format!("r{}", args.id),
+        cost_nanos: args.cost_nanos,
+        byok: args.byok,
+    }
 }
 
 /// Runs `op` on a store and renders what it answered, for comparison.
 async fn apply_ledger_op<S: LedgerStore>(store: &S, op: &LedgerOp, now: DateTime<Utc>) -> String {
     match op {
-        LedgerOp::Reserve {
-            id,
-            amount_nanos,
-            key_limit,
-            check_balance,
-            ttl_secs,
-        } => {
-            let request = ReserveRequest {
-                account: "acct".into(),
-                key: "key".into(),
-                reservation_id: format!("r{id}"),
-                amount_nanos: *amount_nanos,
-                key_limit: key_limit.map(|(limit_nanos, reset, include_byok)| {
-                    modelgate::store::KeyLimit {
-                        limit_nanos,
-                        reset,
-                        include_byok,
-                    }
-                }),
-                check_balance: *check_balance,
-                ttl: Duration::from_secs(*ttl_secs),
-            };
-            format!("{:?}", store.reserve(&request, now).await.unwrap())
+        LedgerOp::Reserve(args) => {
+            format!("{:?}", store.reserve(&reserve_of(args), now).await.unwrap())
         }
-        LedgerOp::Settle {
-            id,
-            cost_nanos,
-            byok,
-        } => {
-            let settlement = Settlement {
-                account: "acct".into(),
-                key: "key".into(),
-                reservation_id: format!("r{id}"),
-                cost_nanos: *cost_nanos,
-                byok: *byok,
-            };
-            format!("{:?}", store.settle(&settlement, now).await.unwrap())
+        LedgerOp::Settle(args) => {
+            format!(
+                "{:?}",
+                store.settle(&settlement_of(args), now).await.unwrap()
+            )
+        }
+        LedgerOp::SettleMany(batch) => {
+            let settlements: Vec<Settlement> = batch.iter().map(settlement_of).collect();
+            format!("{:?}", store.settle_many(&settlements, now).await.unwrap())
+        }
+        LedgerOp::ReserveAfterSettling(batch, args) => {
+            let settlements: Vec<Settlement> = batch.iter().map(settlement_of).collect();
+            let outcome = store
+                .reserve_after_settling(&settlements, &reserve_of(args), now)
+                .await
+                .unwrap();
+            format!("{outcome:?}")
         }
         LedgerOp::TopUp { amount_nanos } => {
             format!("{:?}", store.top_up("acct", *amount_nanos).await.unwrap())
         }
-        LedgerOp::Usage => format!("{:?}", store.key_usage("acct", "key", now).await.unwrap()),
+        LedgerOp::Usage { key } => format!(
+            "{:?}",
+            store
+                .key_usage("acct", &format!("key{key}"), now)
+                .await
+                .unwrap()
+        ),
         LedgerOp::Balance => format!("{:?}", store.account_balance("acct").await.unwrap()),
     }
 }

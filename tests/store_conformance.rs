@@ -1425,6 +1425,277 @@ async fn concurrent_reservations_admit_exactly_the_limit<S: Store>(store: Arc<S>
     );
 }
 
+fn of_key(key: &str, settlement: Settlement) -> Settlement {
+    Settlement {
+        key: key.into(),
+        ..settlement
+    }
+}
+
+async fn settled_totals<S: Store>(store: &S, key: &str) -> (i64, i64, i64) {
+    let usage = store.key_usage("acct", key, t0()).await.unwrap();
+    (
+        usage.total_nanos,
+        usage.byok_total_nanos,
+        usage.reserved_nanos,
+    )
+}
+
+async fn settlements_of_one_account_go_together_each_once<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(100)).await.unwrap();
+    for (key, id) in [("key-hash", "a"), ("other-key", "b"), ("key-hash", "c")] {
+        let request = ReserveRequest {
+            key: key.into(),
+            ..reservation(id, credits(5), None)
+        };
+        store.reserve(&request, t0()).await.unwrap();
+    }
+    assert_eq!(
+        settled_totals(&*store, "key-hash").await,
+        (0, 0, credits(10))
+    );
+    // Three settlements over two keys of one account, one of them BYOK,
+    // and the same one twice within the batch: recorded once each.
+    let batch = [
+        settlement("a", credits(1), false),
+        of_key("other-key", settlement("b", credits(2), false)),
+        settlement("c", credits(3), true),
+        settlement("a", credits(1), false),
+    ];
+    store.settle_many(&batch, t0()).await.unwrap();
+    assert_eq!(
+        settled_totals(&*store, "key-hash").await,
+        (credits(1), credits(3), 0)
+    );
+    assert_eq!(
+        settled_totals(&*store, "other-key").await,
+        (credits(2), 0, 0)
+    );
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(97)
+    );
+    // The batch retried (its reply lost) with a new settlement: only the
+    // new one is recorded.
+    let mut retried = batch.to_vec();
+    retried.push(settlement("d", credits(4), false));
+    store.settle_many(&retried, t0()).await.unwrap();
+    assert_eq!(
+        settled_totals(&*store, "key-hash").await,
+        (credits(5), credits(3), 0)
+    );
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(93)
+    );
+    // Each settled on its own afterwards: nothing more either.
+    for settlement in &retried {
+        store.settle(settlement, t0()).await.unwrap();
+    }
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(93)
+    );
+    // Nothing to settle is nothing to do.
+    store.settle_many(&[], t0()).await.unwrap();
+    // Another account in the batch, or a negative cost, is refused whole.
+    let mixed = [
+        settlement("e", credits(1), false),
+        Settlement {
+            account: "elsewhere".into(),
+            ..settlement("f", credits(1), false)
+        },
+    ];
+    let error = store.settle_many(&mixed, t0()).await.unwrap_err();
+    assert!(
+        matches!(error.kind(), StoreErrorKind::Invalid(_)),
+        "{error}"
+    );
+    let negative = [
+        settlement("e", credits(1), false),
+        settlement("g", -1, false),
+    ];
+    let error = store.settle_many(&negative, t0()).await.unwrap_err();
+    assert!(
+        matches!(error.kind(), StoreErrorKind::Invalid(_)),
+        "{error}"
+    );
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(93)
+    );
+    assert_eq!(
+        store
+            .account_balance("elsewhere")
+            .await
+            .unwrap()
+            .balance_nanos,
+        0
+    );
+}
+
+async fn a_reservation_sees_the_costs_it_carries_not_their_holds<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    let limit = KeyLimit {
+        limit_nanos: credits(10),
+        reset: Some(Period::Day),
+        include_byok: false,
+    };
+    let held = store
+        .reserve(&reservation("a", credits(6), Some(limit)), t0())
+        .await
+        .unwrap();
+    assert!(matches!(held, ReserveOutcome::Reserved { .. }));
+    // 6 held of 10: a request that could cost 5 is refused...
+    assert!(matches!(
+        store
+            .reserve(&reservation("b", credits(5), Some(limit)), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+    // ...unless the first one's settlement (2 credits) goes first.
+    let outcome = store
+        .reserve_after_settling(
+            &[settlement("a", credits(2), false)],
+            &reservation("b", credits(5), Some(limit)),
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ReserveOutcome::Reserved {
+            used_nanos: credits(2),
+            reserved_nanos: credits(5)
+        }
+    );
+    assert_eq!(
+        settled_totals(&*store, "key-hash").await,
+        (credits(2), 0, credits(5))
+    );
+    // Settlements carried by a refused reservation are still recorded, and
+    // one carried again (a retry) is not recorded twice: z's 9 credits, on
+    // another key of the account, take the balance to -1, so c is refused
+    // for the balance.
+    let outcome = store
+        .reserve_after_settling(
+            &[
+                settlement("a", credits(2), false),
+                of_key("other-key", settlement("z", credits(9), false)),
+            ],
+            &reservation("c", credits(1), None),
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ReserveOutcome::BalanceNegative {
+            balance_nanos: -credits(1)
+        }
+    );
+    assert_eq!(
+        settled_totals(&*store, "other-key").await,
+        (credits(9), 0, 0)
+    );
+    assert_eq!(
+        settled_totals(&*store, "key-hash").await,
+        (credits(2), 0, credits(5))
+    );
+    // With nothing to carry it is a plain reservation; another account's
+    // settlement is refused and nothing happens.
+    store.top_up("acct", credits(10)).await.unwrap();
+    assert!(matches!(
+        store
+            .reserve_after_settling(&[], &reservation("d", credits(1), None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    let foreign = Settlement {
+        account: "elsewhere".into(),
+        ..settlement("e", credits(1), false)
+    };
+    let error = store
+        .reserve_after_settling(&[foreign], &reservation("f", credits(1), None), t0())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error.kind(), StoreErrorKind::Invalid(_)),
+        "{error}"
+    );
+    assert_eq!(
+        settled_totals(&*store, "key-hash").await,
+        (credits(2), 0, credits(6))
+    );
+    assert_eq!(
+        store
+            .account_balance("elsewhere")
+            .await
+            .unwrap()
+            .balance_nanos,
+        0
+    );
+}
+
+async fn batched_settlements_and_reservations_stay_exact_under_concurrency<S: Store>(
+    store: Arc<S>,
+) {
+    // 40 callers, each reserving while carrying the settlement of its
+    // previous request, against a 100-credit limit: every cost is recorded
+    // once, and the limit holds at every step.
+    store.top_up("acct", credits(1_000)).await.unwrap();
+    let limit = KeyLimit {
+        limit_nanos: credits(100),
+        reset: None,
+        include_byok: false,
+    };
+    let handles: Vec<_> = (0..40)
+        .map(|caller| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let mut previous: Option<Settlement> = None;
+                let mut admitted = 0i64;
+                for round in 0..10 {
+                    let id = format!("c{caller}r{round}");
+                    let carried: Vec<Settlement> = previous.take().into_iter().collect();
+                    let outcome = store
+                        .reserve_after_settling(
+                            &carried,
+                            &reservation(&id, credits(2), Some(limit)),
+                            t0(),
+                        )
+                        .await
+                        .unwrap();
+                    if matches!(outcome, ReserveOutcome::Reserved { .. }) {
+                        admitted += 1;
+                        previous = Some(settlement(&id, credits(1), false));
+                    }
+                }
+                if let Some(last) = previous {
+                    store.settle_many(&[last], t0()).await.unwrap();
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for handle in handles {
+        admitted += handle.await.unwrap();
+    }
+    // Each admitted request costs 1 but holds 2 until settled: at least 50
+    // fit; never more than 100 credits are spent.
+    let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
+    assert_eq!(usage.total_nanos, credits(admitted));
+    assert_eq!(usage.reserved_nanos, 0);
+    assert!((50..=100).contains(&admitted), "{admitted}");
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(1_000 - admitted)
+    );
+}
+
 async fn records_compare_and_set<S: Store>(store: Arc<S>) {
     let keys = modelgate::store::KEYS;
     assert_eq!(store.get_record(keys, "k1").await.unwrap(), None);
@@ -1696,6 +1967,9 @@ conformance!(
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,
     concurrent_reservations_admit_exactly_the_limit,
+    settlements_of_one_account_go_together_each_once,
+    a_reservation_sees_the_costs_it_carries_not_their_holds,
+    batched_settlements_and_reservations_stay_exact_under_concurrency,
     records_compare_and_set,
     records_list_newest_first,
     concurrent_writers_with_one_revision_exactly_one_wins,

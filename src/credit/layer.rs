@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::group_commit::GroupCommit;
 use super::pricing::Pricing;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
@@ -21,6 +22,8 @@ pub struct CreditGuardLayer {
 #[derive(Clone)]
 pub(crate) struct CreditGuardConfig {
     pub(crate) store: SharedStore,
+    /// Reservations and settlements, grouped per account on Redis.
+    pub(crate) ledger: Arc<GroupCommit>,
     pub(crate) pricing: Arc<dyn Pricing>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policy: FailurePolicy,
@@ -59,11 +62,13 @@ impl CreditGuardLayer {
 
     /// Charges requests at `pricing`, in `store`; system clock, fails closed.
     pub fn new(store: SharedStore, pricing: Arc<dyn Pricing>) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         CreditGuardLayer {
             config: Arc::new(CreditGuardConfig {
+                ledger: GroupCommit::new(store.clone(), clock.clone()),
                 store,
                 pricing,
-                clock: Arc::new(SystemClock),
+                clock,
                 policy: FailurePolicy::FailClosed,
                 default_max_tokens: Self::DEFAULT_MAX_TOKENS,
                 reservation_ttl: Self::DEFAULT_RESERVATION_TTL,
@@ -76,7 +81,9 @@ impl CreditGuardLayer {
 
     /// Reads time from `clock` (a manual clock in tests).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        Arc::make_mut(&mut self.config).clock = clock;
+        let config = Arc::make_mut(&mut self.config);
+        config.ledger = GroupCommit::new(config.store.clone(), clock.clone());
+        config.clock = clock;
         self
     }
 

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Clock;
-use crate::keys::SharedStore;
 use crate::store::Settlement;
 
+use super::group_commit::GroupCommit;
 use super::pricing::TokenPrice;
 use super::usage::Usage;
 
@@ -29,8 +28,7 @@ pub(crate) enum Ending {
 /// A request's hold, waiting for its settlement.
 #[derive(Clone)]
 pub(crate) struct Meter {
-    pub(crate) store: SharedStore,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) ledger: Arc<GroupCommit>,
     pub(crate) account: String,
     pub(crate) key: String,
     pub(crate) reservation_id: String,
@@ -100,10 +98,11 @@ impl Meter {
     }
 
     /// Records the cost and releases the hold. One attempt while the
-    /// response waits; should it fail, the rest go on in the background.
+    /// response waits (on Redis, with the account's next ledger call: see
+    /// [`GroupCommit`]); should it fail, the rest go on in the background.
     pub(crate) async fn settle(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
-        if let Err(error) = self.store.settle(&settlement, self.clock.now()).await {
+        if let Err(error) = self.ledger.settle(&settlement).await {
             tracing::warn!(%error, reservation = %self.reservation_id, "settlement failed; retrying in the background");
             self.retry_in_background(settlement);
         }
@@ -148,7 +147,7 @@ impl Meter {
         runtime.spawn(async move {
             for wait in std::iter::once(Duration::ZERO).chain(BACKGROUND_RETRY_WAITS) {
                 tokio::time::sleep(wait).await;
-                match self.store.settle(&settlement, self.clock.now()).await {
+                match self.ledger.settle(&settlement).await {
                     Ok(()) => return,
                     Err(error) => tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed"),
                 }

@@ -30,6 +30,16 @@
 //! is never settled (an instance that died) expires. The body is read as
 //! its `Content-Type` says (SSE or JSON), whatever the request asked.
 //!
+//! On a store a round trip away (Redis), settlements are grouped per
+//! account so that under load a request costs about one ledger call, not
+//! two: a settlement finding another of its account on its way to the
+//! store waits; a reservation about to be sent carries every settlement
+//! waiting for its account (settled first, then decided, in one script);
+//! those still waiting when the ones on their way are recorded go
+//! together. A settlement thus waits at most one round trip more, and none
+//! when it is alone; the end of a response still waits until its cost is
+//! recorded.
+//!
 //! Requests whose model's provider is in the account's BYOK list
 //! ([`CreditGuardLayer::byok_providers`]), or for which the account has set
 //! its own key through the management API
@@ -91,6 +101,7 @@
 
 mod body;
 mod future;
+mod group_commit;
 mod layer;
 mod meter;
 mod pricing;

@@ -206,8 +206,7 @@ async fn admit(config: &CreditGuardConfig, charge: Charge) -> Result<Admitted, G
         ttl: config.reservation_ttl,
     };
     let meter = Meter {
-        store: config.store.clone(),
-        clock: config.clock.clone(),
+        ledger: config.ledger.clone(),
         account: reservation.account.clone(),
         key: reservation.key.clone(),
         reservation_id: reservation.reservation_id.clone(),
@@ -226,11 +225,10 @@ async fn reserve(
     reservation: ReserveRequest,
     meter: Meter,
 ) -> Result<Meter, GatewayError> {
-    let now = config.clock.now();
     // Dropped before the answer (the client left), or a store that failed
     // after it may have held: the hold, if any, is released at no cost.
     let mut pending = Unsettled::new(Some(meter), Ending::NotSent);
-    let outcome = config.store.reserve(&reservation, now).await;
+    let outcome = config.ledger.reserve(&reservation).await;
     if matches!(
         outcome,
         Ok(ReserveOutcome::KeyLimitReached { .. } | ReserveOutcome::BalanceNegative { .. })

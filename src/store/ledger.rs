@@ -155,6 +155,69 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Records the real cost and releases the reservation, as one atomic step.
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError>;
 
+    /// Settles several requests of one account, each exactly as
+    /// [`settle`](Self::settle) would (once per reservation id). Settlements
+    /// of different accounts are refused, so that a backend can record them
+    /// in one step in one place (one Redis Cluster slot).
+    ///
+    /// On an error, some may have been recorded and others not: settling
+    /// all of them again records each exactly once.
+    ///
+    /// The default settles them one by one; a store that is a round trip
+    /// away records them in one call and says so in
+    /// [`batches_settlements`](Self::batches_settlements).
+    async fn settle_many(
+        &self,
+        settlements: &[Settlement],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        validate_settlements("settle_many", settlements, None)?;
+        for settlement in settlements {
+            self.settle(settlement, now).await?;
+        }
+        Ok(())
+    }
+
+    /// Settles `settlements` (as [`settle_many`](Self::settle_many)) and
+    /// then decides `request` (as [`reserve`](Self::reserve)), so admission
+    /// sees their costs instead of their holds. All of them must be of the
+    /// request's account.
+    ///
+    /// An error says neither whether the settlements were recorded nor
+    /// whether the amount is held: settle them again, and release the
+    /// reservation (settle it at no cost) if it may have been held.
+    ///
+    /// The default calls the two in turn; a store that is a round trip away
+    /// does both in one call.
+    async fn reserve_after_settling(
+        &self,
+        settlements: &[Settlement],
+        request: &ReserveRequest,
+        now: DateTime<Utc>,
+    ) -> Result<ReserveOutcome, StoreError> {
+        validate_reserve(request)?;
+        validate_settlements(
+            "reserve_after_settling",
+            settlements,
+            Some(&request.account),
+        )?;
+        if !settlements.is_empty() {
+            self.settle_many(settlements, now).await?;
+        }
+        self.reserve(request, now).await
+    }
+
+    /// Whether [`settle_many`](Self::settle_many) and
+    /// [`reserve_after_settling`](Self::reserve_after_settling) cost one
+    /// call to the backend however many settlements they carry, so that
+    /// [`CreditGuard`](crate::credit::CreditGuard) saves round trips by
+    /// grouping settlements: `true` for [`RedisStore`](super::RedisStore);
+    /// `false` (the default) for [`MemoryStore`](super::MemoryStore), where
+    /// grouping would only add waiting.
+    fn batches_settlements(&self) -> bool {
+        false
+    }
+
     /// The key's usage in the periods containing `now`.
     async fn key_usage(
         &self,
@@ -194,6 +257,28 @@ pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreErro
             "reserve",
             "ttl must be positive and at most a year",
         ));
+    }
+    Ok(())
+}
+
+/// Settlements to record together: no negative cost, and all of one
+/// account (`account` when given, else the first's).
+pub(crate) fn validate_settlements(
+    operation: &'static str,
+    settlements: &[Settlement],
+    account: Option<&str>,
+) -> Result<(), StoreError> {
+    let Some(account) = account.or_else(|| settlements.first().map(|s| s.account.as_str())) else {
+        return Ok(());
+    };
+    for settlement in settlements {
+        validate_amount(operation, settlement.cost_nanos)?;
+        if settlement.account != account {
+            return Err(StoreError::invalid(
+                operation,
+                "settlements recorded together must all be of one account",
+            ));
+        }
     }
     Ok(())
 }

@@ -48,6 +48,7 @@ mod redis;
 use std::fmt;
 
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
+pub(crate) use ledger::validate_reserve;
 pub use ledger::{
     AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
     MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
@@ -66,7 +67,7 @@ pub trait Store: CounterStore + LedgerStore + RecordStore {}
 impl<T: CounterStore + LedgerStore + RecordStore> Store for T {}
 
 /// A store call that failed, naming the operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("store operation `{operation}` failed: {kind}")]
 pub struct StoreError {
     operation: &'static str,
@@ -74,7 +75,7 @@ pub struct StoreError {
 }
 
 /// Why a store call failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreErrorKind {
     /// No answer within the configured timeout.

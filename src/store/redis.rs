@@ -26,7 +26,8 @@ use super::counter::{
     duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
 };
 use super::ledger::{
-    period_starts_micros, top_up_overflow, validate_amount, validate_reserve, SETTLEMENT_MEMORY,
+    period_starts_micros, top_up_overflow, validate_amount, validate_reserve, validate_settlements,
+    SETTLEMENT_MEMORY,
 };
 use super::{
     AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
@@ -85,8 +86,7 @@ impl fmt::Debug for RedisStore {
 struct Scripts {
     check_and_add: Script,
     acquire_slot: Script,
-    reserve: Script,
-    settle: Script,
+    ledger_write: Script,
     key_usage: Script,
     top_up: Script,
     get_record: Script,
@@ -109,8 +109,7 @@ impl Scripts {
         Scripts {
             check_and_add: Script::new(include_str!("lua/check_and_add.lua")),
             acquire_slot: Script::new(include_str!("lua/acquire_slot.lua")),
-            reserve: ledger_script!("lua/reserve.lua"),
-            settle: ledger_script!("lua/settle.lua"),
+            ledger_write: ledger_script!("lua/ledger_write.lua"),
             key_usage: ledger_script!("lua/key_usage.lua"),
             top_up: Script::new(include_str!("lua/top_up.lua")),
             get_record: Script::new(include_str!("lua/get_record.lua")),
@@ -297,15 +296,77 @@ impl RedisStore {
 
     fn ledger_keys(&self, account: &str, key: &str) -> [String; 5] {
         let scoped = self.scoped(account);
-        let mut key_base = format!("{scoped}k:");
-        escape_into(&mut key_base, key);
+        let [usage, reservations, amounts, settled] = key_ledger_keys(&scoped, key);
         [
             format!("{scoped}acct"),
-            format!("{key_base}:use"),
-            format!("{key_base}:res"),
-            format!("{key_base}:resamt"),
-            format!("{key_base}:settled"),
+            usage,
+            reservations,
+            amounts,
+            settled,
         ]
+    }
+
+    /// Runs the ledger's one write script: `settlements`, then `reservation`
+    /// when given, all of `account`, in one round trip.
+    async fn write_ledger(
+        &self,
+        operation: &'static str,
+        account: &str,
+        settlements: &[Settlement],
+        reservation: Option<&ReserveRequest>,
+        now: DateTime<Utc>,
+    ) -> Result<Value, StoreError> {
+        // Each key's ledger once, numbered from 1 in the order first named.
+        let mut keys: Vec<&str> = Vec::new();
+        let settlement_ledgers: Vec<usize> = settlements
+            .iter()
+            .map(|settlement| ledger_number(&mut keys, &settlement.key))
+            .collect();
+        let reservation_ledger = reservation.map(|request| ledger_number(&mut keys, &request.key));
+        let scoped = self.scoped(account);
+        let mut invocation = self.scripts.ledger_write.prepare_invoke();
+        invocation.key(format!("{scoped}acct"));
+        for key in &keys {
+            for name in key_ledger_keys(&scoped, key) {
+                invocation.key(name);
+            }
+        }
+        let now_micros = unix_micros(now);
+        invocation
+            .arg(now_micros)
+            .arg(&period_starts_micros(now)[..])
+            .arg(duration_micros(SETTLEMENT_MEMORY))
+            .arg(settlements.len());
+        for (settlement, ledger) in settlements.iter().zip(settlement_ledgers) {
+            invocation
+                .arg(ledger)
+                .arg(&settlement.reservation_id)
+                .arg(settlement.cost_nanos)
+                .arg(u8::from(settlement.byok));
+        }
+        if let (Some(request), Some(ledger)) = (reservation, reservation_ledger) {
+            let (has_limit, limit_nanos, reset, include_byok) = match request.key_limit {
+                Some(limit) => (
+                    1,
+                    limit.limit_nanos,
+                    limit.reset.map_or("n", |period| &period.as_str()[..1]),
+                    limit.include_byok,
+                ),
+                None => (0, 0, "n", false),
+            };
+            invocation
+                .arg(ledger)
+                .arg(&request.reservation_id)
+                .arg(request.amount_nanos)
+                .arg(now_micros.saturating_add(duration_micros(request.ttl)))
+                .arg(self.ttl_millis(request.ttl))
+                .arg(has_limit)
+                .arg(limit_nanos)
+                .arg(reset)
+                .arg(u8::from(include_byok))
+                .arg(u8::from(request.check_balance));
+        }
+        self.run(operation, &invocation).await
     }
 
     /// A collection's keys: values hash, revisions hash, creation-order
@@ -320,6 +381,58 @@ impl RedisStore {
     fn ttl_millis(&self, lifetime: Duration) -> u64 {
         let with_slack = lifetime.saturating_add(self.config.expiry_slack);
         u64::try_from(with_slack.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A key's ledger under an account's `scoped` prefix: usage hash,
+/// reservations zset, reservation amounts hash, settled ids zset.
+fn key_ledger_keys(scoped: &str, key: &str) -> [String; 4] {
+    let mut key_base = format!("{scoped}k:");
+    escape_into(&mut key_base, key);
+    ["use", "res", "resamt", "settled"].map(|name| format!("{key_base}:{name}"))
+}
+
+/// `key`'s number (from 1) among `keys`, added at the end when new. A
+/// batch is small: a linear search is cheaper than hashing.
+fn ledger_number<'a>(keys: &mut Vec<&'a str>, key: &'a str) -> usize {
+    match keys.iter().position(|known| *known == key) {
+        Some(index) => index + 1,
+        None => {
+            keys.push(key);
+            keys.len()
+        }
+    }
+}
+
+/// The reply of the ledger script to a reservation.
+fn reserve_outcome(
+    operation: &'static str,
+    reply: Value,
+    request: &ReserveRequest,
+    now: DateTime<Utc>,
+) -> Result<ReserveOutcome, StoreError> {
+    let reply = array(operation, reply)?;
+    let field = |index: usize| integer(operation, reply.get(index).unwrap_or(&Value::Nil));
+    match field(0)? {
+        0 => Ok(ReserveOutcome::Reserved {
+            used_nanos: field(1)?,
+            reserved_nanos: field(2)?,
+        }),
+        1 => Ok(ReserveOutcome::KeyLimitReached {
+            used_nanos: field(1)?,
+            limit_nanos: request.key_limit.map_or(0, |limit| limit.limit_nanos),
+            resets_at: request
+                .key_limit
+                .and_then(|limit| limit.reset)
+                .map(|period| period.end_of(now)),
+        }),
+        2 => Ok(ReserveOutcome::BalanceNegative {
+            balance_nanos: field(1)?,
+        }),
+        other => Err(StoreError::corrupt(
+            operation,
+            format!("unknown outcome {other}"),
+        )),
     }
 }
 
@@ -578,74 +691,58 @@ impl LedgerStore for RedisStore {
     ) -> Result<ReserveOutcome, StoreError> {
         const OPERATION: &str = "reserve";
         validate_reserve(request)?;
-        let now_micros = unix_micros(now);
-        let starts = period_starts_micros(now);
-        let (has_limit, limit_nanos, reset, include_byok) = match request.key_limit {
-            Some(limit) => (
-                1,
-                limit.limit_nanos,
-                limit.reset.map_or("n", |period| &period.as_str()[..1]),
-                limit.include_byok,
-            ),
-            None => (0, 0, "n", false),
-        };
-        let mut invocation = self.scripts.reserve.prepare_invoke();
-        for key in self.ledger_keys(&request.account, &request.key) {
-            invocation.key(key);
-        }
-        invocation
-            .arg(now_micros)
-            .arg(&starts[..])
-            .arg(&request.reservation_id)
-            .arg(request.amount_nanos)
-            .arg(now_micros.saturating_add(duration_micros(request.ttl)))
-            .arg(self.ttl_millis(request.ttl))
-            .arg(has_limit)
-            .arg(limit_nanos)
-            .arg(reset)
-            .arg(u8::from(include_byok))
-            .arg(u8::from(request.check_balance));
-        let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
-        let field = |index: usize| integer(OPERATION, reply.get(index).unwrap_or(&Value::Nil));
-        match field(0)? {
-            0 => Ok(ReserveOutcome::Reserved {
-                used_nanos: field(1)?,
-                reserved_nanos: field(2)?,
-            }),
-            1 => Ok(ReserveOutcome::KeyLimitReached {
-                used_nanos: field(1)?,
-                limit_nanos,
-                resets_at: request
-                    .key_limit
-                    .and_then(|limit| limit.reset)
-                    .map(|period| period.end_of(now)),
-            }),
-            2 => Ok(ReserveOutcome::BalanceNegative {
-                balance_nanos: field(1)?,
-            }),
-            other => Err(StoreError::corrupt(
-                OPERATION,
-                format!("unknown outcome {other}"),
-            )),
-        }
+        let reply = self
+            .write_ledger(OPERATION, &request.account, &[], Some(request), now)
+            .await?;
+        reserve_outcome(OPERATION, reply, request, now)
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
         const OPERATION: &str = "settle";
         validate_amount(OPERATION, settlement.cost_nanos)?;
-        let mut invocation = self.scripts.settle.prepare_invoke();
-        for key in self.ledger_keys(&settlement.account, &settlement.key) {
-            invocation.key(key);
-        }
-        invocation
-            .arg(unix_micros(now))
-            .arg(&period_starts_micros(now)[..])
-            .arg(&settlement.reservation_id)
-            .arg(settlement.cost_nanos)
-            .arg(u8::from(settlement.byok))
-            .arg(duration_micros(SETTLEMENT_MEMORY));
-        self.run(OPERATION, &invocation).await?;
+        self.write_ledger(
+            OPERATION,
+            &settlement.account,
+            std::slice::from_ref(settlement),
+            None,
+            now,
+        )
+        .await?;
         Ok(())
+    }
+
+    async fn settle_many(
+        &self,
+        settlements: &[Settlement],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        const OPERATION: &str = "settle_many";
+        validate_settlements(OPERATION, settlements, None)?;
+        let Some(first) = settlements.first() else {
+            return Ok(());
+        };
+        self.write_ledger(OPERATION, &first.account, settlements, None, now)
+            .await?;
+        Ok(())
+    }
+
+    async fn reserve_after_settling(
+        &self,
+        settlements: &[Settlement],
+        request: &ReserveRequest,
+        now: DateTime<Utc>,
+    ) -> Result<ReserveOutcome, StoreError> {
+        const OPERATION: &str = "reserve_after_settling";
+        validate_reserve(request)?;
+        validate_settlements(OPERATION, settlements, Some(&request.account))?;
+        let reply = self
+            .write_ledger(OPERATION, &request.account, settlements, Some(request), now)
+            .await?;
+        reserve_outcome(OPERATION, reply, request, now)
+    }
+
+    fn batches_settlements(&self) -> bool {
+        true
     }
 
     async fn key_usage(

@@ -1,6 +1,8 @@
 -- Shared by the ledger scripts (prepended to each).
--- KEYS[1] account hash {purchased, balance}; KEYS[2] key usage hash;
--- KEYS[3] reservations zset (id -> expiry µs); KEYS[4] reservation amounts hash.
+-- A key's ledger is four Redis keys, passed to the helpers as a table `k`:
+-- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
+-- reservation amounts hash; k.settled settled ids zset (id -> forget at µs).
+-- The account hash {purchased, balance} is KEYS[1] in every ledger script.
 local function int(x) return string.format('%.0f', x) end
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
@@ -31,28 +33,27 @@ end
 
 -- Drops reservations expired by `now` (every ledger script does, as the
 -- in-process store does on every access, so both agree on what is live).
-local function drop_expired(now)
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int(now))
+local function drop_expired(k, now)
+  local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now))
   -- In slices: unpack() fails past a few thousand values.
   for i = 1, #expired, 1000 do
-    redis.call('HDEL', KEYS[4], unpack(expired, i, math.min(i + 999, #expired)))
+    redis.call('HDEL', k.amt, unpack(expired, i, math.min(i + 999, #expired)))
   end
-  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', int(now)) end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now)) end
 end
 
--- Drops expired reservations and returns the sum of the live ones (big).
-local function live_reserved(now)
-  drop_expired(now)
+-- The sum of the live reservations (big); expired ones must be dropped first.
+local function live_reserved(k)
   local reserved = big('0')
-  for _, amount in ipairs(redis.call('HVALS', KEYS[4])) do reserved = big_add(reserved, big(amount)) end
+  for _, amount in ipairs(redis.call('HVALS', k.amt)) do reserved = big_add(reserved, big(amount)) end
   return reserved
 end
 
 -- The stored usage fields, as strings; a period's totals count only while
 -- its stored start is the current one.
 -- Order: total, byok_total, day, byok_day, week, byok_week, month, byok_month.
-local function usage_fields(starts)
-  local f = redis.call('HMGET', KEYS[2], 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm')
+local function usage_fields(k, starts)
+  local f = redis.call('HMGET', k.use, 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm')
   local out = { f[1] or '0', f[2] or '0' }
   for p = 0, 2 do
     local start, own, byok = f[3 + p * 3], f[4 + p * 3], f[5 + p * 3]

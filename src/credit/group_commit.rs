@@ -1,0 +1,762 @@
+//! Group commit: on a store a round trip away, settlements wait a moment
+//! per account to go with a reservation or with each other, so that under
+//! load a request costs about one ledger call instead of two.
+//!
+//! Per account, a settlement waits in a queue while another settlement of
+//! the account is on its way to the store (a call carrying settlements is
+//! in flight):
+//!
+//! - a reservation about to be sent takes every settlement waiting for its
+//!   account with it ([`LedgerStore::reserve_after_settling`]: settled
+//!   first, then decided, one call);
+//! - the settlements still waiting when the account's last call carrying
+//!   settlements ends go together ([`LedgerStore::settle_many`]);
+//! - a settlement finding no settlement of its account on its way goes at
+//!   once: at low load nothing changes. It first lets the tasks that are
+//!   ready run (one yield, no timer), so settlements ending in the same
+//!   moment go with it. A reservation in flight does not hold it up (it
+//!   could only carry settlements sent after it).
+//!
+//! So a settlement waits at most for the call carrying settlements that
+//! was in flight when it came (one round trip), plus its own; under load
+//! the calls carrying settlements follow one another, each reservation
+//! taking what came while the one before was on its way. Every waiter
+//! learns its own outcome. A call cut short (its caller went away) puts
+//! the settlements it carried back in the queue, first in line: settling
+//! is idempotent by reservation id, so sending them again never records
+//! one twice.
+//!
+//! Stores whose calls are not round trips ([`LedgerStore::batches_settlements`]
+//! is false, as for `MemoryStore`) are called directly, as before.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+use crate::store::{
+    validate_reserve, LedgerStore, ReserveOutcome, ReserveRequest, Settlement, StoreError,
+    StoreErrorKind,
+};
+
+/// The most settlements one call carries: bounds how long one script runs.
+pub(crate) const MAX_BATCH: usize = 64;
+
+const SHARD_COUNT: usize = 16;
+
+/// The ledger calls of one [`CreditGuardLayer`](super::CreditGuardLayer),
+/// settlements grouped per account when the store gains by it.
+pub(crate) struct GroupCommit {
+    store: Arc<dyn LedgerStore>,
+    clock: Arc<dyn Clock>,
+    grouping: bool,
+    shards: Box<[Mutex<Accounts>]>,
+    hasher: RandomState,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit")
+            .field("grouping", &self.grouping)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The accounts with settlements on their way or waiting, by id.
+type Accounts = HashMap<Box<str>, Account>;
+
+/// One account's calls carrying settlements and settlements waiting.
+#[derive(Default)]
+struct Account {
+    /// Calls in flight that carry settlements: batches, and reservations
+    /// that took some.
+    carrying: usize,
+    /// Settlements not yet sent, oldest first.
+    waiting: Vec<Waiting>,
+}
+
+struct Waiting {
+    settlement: Settlement,
+    done: oneshot::Sender<Result<(), StoreError>>,
+}
+
+impl GroupCommit {
+    /// Ledger calls to `store`, at `clock`'s time; grouped when the store
+    /// says its calls are round trips.
+    pub(crate) fn new(store: Arc<dyn LedgerStore>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(GroupCommit {
+            grouping: store.batches_settlements(),
+            store,
+            clock,
+            shards: (0..SHARD_COUNT)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            hasher: RandomState::new(),
+        })
+    }
+
+    fn shard(&self, account: &str) -> MutexGuard<'_, Accounts> {
+        let index = (self.hasher.hash_one(account) % SHARD_COUNT as u64) as usize;
+        // Nothing panics while holding the lock; were something to, the
+        // map would still be whole.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Decides `request`, carrying the settlements waiting for its account.
+    pub(crate) async fn reserve(
+        self: &Arc<Self>,
+        request: &ReserveRequest,
+    ) -> Result<ReserveOutcome, StoreError> {
+        // A request the store will refuse must not take settlements with it.
+        if !self.grouping || validate_reserve(request).is_err() {
+            return self.store.reserve(request, self.clock.now()).await;
+        }
+        let carried: Vec<Waiting> = {
+            let mut shard = self.shard(&request.account);
+            match shard.get_mut(request.account.as_str()) {
+                Some(account) if !account.waiting.is_empty() => {
+                    account.carrying += 1;
+                    let take = account.waiting.len().min(MAX_BATCH);
+                    account.waiting.drain(..take).collect()
+                }
+                _ => Vec::new(),
+            }
+        };
+        let now = self.clock.now();
+        if carried.is_empty() {
+            return self.store.reserve(request, now).await;
+        }
+        let call = Call::new(self, &request.account, carried);
+        let outcome = self
+            .store
+            .reserve_after_settling(&call.settlements, request, now)
+            .await;
+        call.finish(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
+        outcome
+    }
+
+    /// Records `settlement`: at once when no other settlement of its
+    /// account is on its way, else with the account's next call.
+    pub(crate) async fn settle(
+        self: &Arc<Self>,
+        settlement: &Settlement,
+    ) -> Result<(), StoreError> {
+        // A settlement the store will refuse must not take a batch with it.
+        if !self.grouping || settlement.cost_nanos < 0 {
+            return self.store.settle(settlement, self.clock.now()).await;
+        }
+        let (done, outcome) = oneshot::channel();
+        let account = settlement.account.as_str();
+        let waiting = Waiting {
+            settlement: settlement.clone(),
+            done,
+        };
+        let alone = {
+            let mut shard = self.shard(account);
+            let entry = entry(&mut shard, account);
+            if entry.carrying == 0 {
+                entry.carrying += 1;
+                Some(waiting)
+            } else {
+                entry.waiting.push(waiting);
+                None
+            }
+        };
+        if let Some(waiting) = alone {
+            let call = Call::new(self, account, vec![waiting]);
+            // The tasks ready now run first: settlements of the account
+            // they end meanwhile queue behind this one and go with it,
+            // without waiting for a round trip.
+            tokio::task::yield_now().await;
+            self.send(call).await;
+        }
+        outcome.await.unwrap_or_else(|_| Err(abandoned()))
+    }
+
+    /// Sends `call`'s settlements (counted as carrying already), with
+    /// those waiting for its account as far as a batch goes, and answers
+    /// their waiters.
+    async fn send(self: &Arc<Self>, mut call: Call<'_>) {
+        {
+            let mut shard = self.shard(call.account);
+            if let Some(account) = shard.get_mut(call.account) {
+                let take = account
+                    .waiting
+                    .len()
+                    .min(MAX_BATCH.saturating_sub(call.settlements.len()));
+                for waiting in account.waiting.drain(..take) {
+                    call.settlements.push(waiting.settlement);
+                    call.waiters.push(waiting.done);
+                }
+            }
+        }
+        let result = self
+            .store
+            .settle_many(&call.settlements, self.clock.now())
+            .await;
+        call.finish(result);
+    }
+
+    /// A call carrying settlements for `account` has ended: `unsent` are
+    /// those it could not answer for. When it was the account's last, the
+    /// settlements waiting go now.
+    fn end(self: &Arc<Self>, account: &str, unsent: Vec<Waiting>) {
+        let batches = {
+            let mut shard = self.shard(account);
+            let Some(entry) = shard.get_mut(account) else {
+                return;
+            };
+            entry.carrying -= 1;
+            if !unsent.is_empty() {
+                entry.waiting.splice(0..0, unsent);
+            }
+            if entry.carrying > 0 {
+                return;
+            }
+            if entry.waiting.is_empty() {
+                shard.remove(account);
+                return;
+            }
+            let mut batches = Vec::new();
+            while !entry.waiting.is_empty() {
+                let take = entry.waiting.len().min(MAX_BATCH);
+                batches.push(entry.waiting.drain(..take).collect::<Vec<_>>());
+            }
+            entry.carrying += batches.len();
+            batches
+        };
+        let runtime = tokio::runtime::Handle::try_current();
+        for batch in batches {
+            match &runtime {
+                Ok(runtime) => {
+                    let group = Arc::clone(self);
+                    let account = account.to_owned();
+                    runtime.spawn(async move {
+                        let call = Call::new(&group, &account, batch);
+                        group.send(call).await;
+                    });
+                }
+                Err(_) => {
+                    // No runtime to send them on: their waiters retry
+                    // (and log) as after any failed settlement.
+                    for waiting in batch {
+                        let _ = waiting.done.send(Err(abandoned()));
+                    }
+                    self.end(account, Vec::new());
+                }
+            }
+        }
+    }
+}
+
+fn entry<'a>(shard: &'a mut Accounts, account: &str) -> &'a mut Account {
+    if !shard.contains_key(account) {
+        shard.insert(account.into(), Account::default());
+    }
+    shard.get_mut(account).expect("inserted above")
+}
+
+fn abandoned() -> StoreError {
+    StoreError::new(
+        "settle",
+        StoreErrorKind::Backend("the call carrying this settlement was abandoned".to_owned()),
+    )
+}
+
+/// One ledger call in flight carrying settlements: answers them when
+/// finished, and puts them back in line if dropped before.
+struct Call<'a> {
+    group: &'a Arc<GroupCommit>,
+    account: &'a str,
+    settlements: Vec<Settlement>,
+    waiters: Vec<oneshot::Sender<Result<(), StoreError>>>,
+}
+
+impl<'a> Call<'a> {
+    fn new(group: &'a Arc<GroupCommit>, account: &'a str, carried: Vec<Waiting>) -> Self {
+        let (settlements, waiters) = carried
+            .into_iter()
+            .map(|waiting| (waiting.settlement, waiting.done))
+            .unzip();
+        Call {
+            group,
+            account,
+            settlements,
+            waiters,
+        }
+    }
+
+    fn finish(mut self, result: Result<(), StoreError>) {
+        for waiter in self.waiters.drain(..) {
+            // A waiter gone (its body dropped) needs no answer: the
+            // settlement is recorded or failed all the same.
+            let _ = waiter.send(result.clone());
+        }
+        self.settlements.clear();
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let unsent = self
+            .settlements
+            .drain(..)
+            .zip(self.waiters.drain(..))
+            .map(|(settlement, done)| Waiting { settlement, done })
+            .collect();
+        self.group.end(self.account, unsent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use chrono::{DateTime, TimeZone, Utc};
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::{AccountBalance, KeyUsage, MemoryStore};
+
+    /// A ledger a round trip away, seen from inside: every call is logged
+    /// as it starts, may be held until released, and may lose its reply
+    /// (recorded, then answered with an error).
+    struct Remote {
+        inner: MemoryStore,
+        calls: Mutex<Vec<String>>,
+        holding: AtomicBool,
+        release: Semaphore,
+        started: AtomicUsize,
+        lose_replies: AtomicBool,
+    }
+
+    impl Remote {
+        fn new() -> Arc<Self> {
+            Arc::new(Remote {
+                inner: MemoryStore::new(),
+                calls: Mutex::new(Vec::new()),
+                holding: AtomicBool::new(false),
+                release: Semaphore::new(0),
+                started: AtomicUsize::new(0),
+                lose_replies: AtomicBool::new(false),
+            })
+        }
+
+        async fn call<T>(
+            &self,
+            name: String,
+            applied: impl std::future::Future<Output = Result<T, StoreError>>,
+        ) -> Result<T, StoreError> {
+            self.calls.lock().unwrap().push(name);
+            self.started.fetch_add(1, Ordering::SeqCst);
+            if self.holding.load(Ordering::SeqCst) {
+                self.release.acquire().await.unwrap().forget();
+            }
+            let result = applied.await;
+            if self.lose_replies.load(Ordering::SeqCst) {
+                return Err(StoreError::new(
+                    "remote",
+                    StoreErrorKind::Timeout(Duration::from_millis(500)),
+                ));
+            }
+            result
+        }
+
+        fn calls(&self) -> Vec<String> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+
+        /// Waits until `count` calls have started in all.
+        async fn started(&self, count: usize) {
+            while self.started.load(Ordering::SeqCst) < count {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    #[async_trait]
+    impl LedgerStore for Remote {
+        async fn reserve(
+            &self,
+            request: &ReserveRequest,
+            now: DateTime<Utc>,
+        ) -> Result<ReserveOutcome, StoreError> {
+            self.call("reserve".into(), self.inner.reserve(request, now))
+                .await
+        }
+
+        async fn settle(
+            &self,
+            settlement: &Settlement,
+            now: DateTime<Utc>,
+        ) -> Result<(), StoreError> {
+            self.call("settle".into(), self.inner.settle(settlement, now))
+                .await
+        }
+
+        async fn settle_many(
+            &self,
+            settlements: &[Settlement],
+            now: DateTime<Utc>,
+        ) -> Result<(), StoreError> {
+            let name = format!("settle_many {}", settlements.len());
+            self.call(name, self.inner.settle_many(settlements, now))
+                .await
+        }
+
+        async fn reserve_after_settling(
+            &self,
+            settlements: &[Settlement],
+            request: &ReserveRequest,
+            now: DateTime<Utc>,
+        ) -> Result<ReserveOutcome, StoreError> {
+            let name = format!("reserve_after_settling {}", settlements.len());
+            let applied = self.inner.reserve_after_settling(settlements, request, now);
+            self.call(name, applied).await
+        }
+
+        async fn key_usage(
+            &self,
+            account: &str,
+            key: &str,
+            now: DateTime<Utc>,
+        ) -> Result<KeyUsage, StoreError> {
+            self.inner.key_usage(account, key, now).await
+        }
+
+        async fn top_up(
+            &self,
+            account: &str,
+            amount_nanos: i64,
+        ) -> Result<AccountBalance, StoreError> {
+            self.inner.top_up(account, amount_nanos).await
+        }
+
+        async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
+            self.inner.account_balance(account).await
+        }
+
+        fn batches_settlements(&self) -> bool {
+            true
+        }
+    }
+
+    fn t0() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap()
+    }
+
+    fn group(remote: &Arc<Remote>) -> Arc<GroupCommit> {
+        GroupCommit::new(remote.clone(), Arc::new(ManualClock::new(t0())))
+    }
+
+    fn request(id: &str) -> ReserveRequest {
+        ReserveRequest {
+            account: "acct".into(),
+            key: "key".into(),
+            reservation_id: id.into(),
+            amount_nanos: 10,
+            key_limit: None,
+            check_balance: false,
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    fn settlement(id: &str, cost_nanos: i64) -> Settlement {
+        Settlement {
+            account: "acct".into(),
+            key: "key".into(),
+            reservation_id: id.into(),
+            cost_nanos,
+            byok: false,
+        }
+    }
+
+    async fn usage(remote: &Remote) -> (i64, i64) {
+        let usage = remote.inner.key_usage("acct", "key", t0()).await.unwrap();
+        (usage.total_nanos, usage.reserved_nanos)
+    }
+
+    /// Holds `count` requests' reservations, straight in the store.
+    async fn reserved(remote: &Remote, count: usize) {
+        for index in 0..count {
+            let request = request(&format!("s{index}"));
+            remote.inner.reserve(&request, t0()).await.unwrap();
+        }
+    }
+
+    /// Settles requests `s{from}` to `s{to - 1}` (cost 1 each), each on its own task.
+    fn settle_range(
+        group: &Arc<GroupCommit>,
+        from: usize,
+        to: usize,
+    ) -> Vec<tokio::task::JoinHandle<Result<(), StoreError>>> {
+        (from..to)
+            .map(|index| {
+                let group = Arc::clone(group);
+                tokio::spawn(
+                    async move { group.settle(&settlement(&format!("s{index}"), 1)).await },
+                )
+            })
+            .collect()
+    }
+
+    fn reserve_on_task(
+        group: &Arc<GroupCommit>,
+        id: &'static str,
+    ) -> tokio::task::JoinHandle<Result<ReserveOutcome, StoreError>> {
+        let group = Arc::clone(group);
+        tokio::spawn(async move { group.reserve(&request(id)).await })
+    }
+
+    /// Lets every task that can run, run.
+    async fn settle_down() {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Holds calls from now on, and starts settling `s0`: it goes alone
+    /// and stays on its way until released.
+    async fn one_settlement_on_its_way(
+        remote: &Arc<Remote>,
+        group: &Arc<GroupCommit>,
+    ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+        remote.holding.store(true, Ordering::SeqCst);
+        let task = settle_range(group, 0, 1).remove(0);
+        remote.started(1).await;
+        task
+    }
+
+    /// Lets every call held, and every later one, through.
+    fn release(remote: &Remote, held: usize) {
+        remote.holding.store(false, Ordering::SeqCst);
+        remote.release.add_permits(held);
+    }
+
+    async fn all_ok(tasks: Vec<tokio::task::JoinHandle<Result<(), StoreError>>>) {
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_settlement_with_nothing_in_flight_goes_at_once_by_itself() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 1).await;
+        group.settle(&settlement("s0", 3)).await.unwrap();
+        assert_eq!(remote.calls(), ["settle_many 1"]);
+        assert_eq!(usage(&remote).await, (3, 0));
+        // Nothing is left behind for the account.
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn settlements_ending_together_go_as_one_call_at_once() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 5).await;
+        // Five bodies end in the same moment: the first lets the others
+        // queue behind it before it sends, so no one waits a round trip.
+        all_ok(settle_range(&group, 0, 5)).await;
+        assert_eq!(remote.calls(), ["settle_many 5"]);
+        assert_eq!(usage(&remote).await, (5, 0));
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reservation_in_flight_does_not_hold_a_settlement_up() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 1).await;
+        remote.holding.store(true, Ordering::SeqCst);
+        let first = reserve_on_task(&group, "first");
+        remote.started(1).await;
+        let settling = settle_range(&group, 0, 1);
+        remote.started(2).await;
+        assert_eq!(remote.calls(), ["reserve", "settle_many 1"]);
+        release(&remote, 2);
+        first.await.unwrap().unwrap();
+        all_ok(settling).await;
+        assert_eq!(usage(&remote).await, (1, 10));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn settlements_wait_for_the_one_on_its_way_then_go_together() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 6).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 6);
+        settle_down().await;
+        // All five wait: a settlement of the account is on its way.
+        assert_eq!(remote.calls(), ["settle_many 1"]);
+        assert!(waiting.iter().all(|task| !task.is_finished()));
+        release(&remote, 1);
+        first.await.unwrap().unwrap();
+        all_ok(waiting).await;
+        // One call for the five, once the first had ended.
+        assert_eq!(remote.calls(), ["settle_many 5"]);
+        assert_eq!(usage(&remote).await, (6, 0));
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reservation_carries_the_settlements_waiting_for_its_account() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 4).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 4);
+        settle_down().await;
+        let second = reserve_on_task(&group, "second");
+        remote.started(2).await;
+        assert_eq!(
+            remote.calls(),
+            ["settle_many 1", "reserve_after_settling 3"]
+        );
+        release(&remote, 2);
+        first.await.unwrap().unwrap();
+        let outcome = second.await.unwrap().unwrap();
+        // The reservation saw the three costs, not their holds.
+        assert_eq!(
+            outcome,
+            ReserveOutcome::Reserved {
+                used_nanos: 4,
+                reserved_nanos: 10
+            }
+        );
+        all_ok(waiting).await;
+        // Nothing more was sent: two calls for a reservation and four
+        // settlements.
+        settle_down().await;
+        assert!(remote.calls().is_empty());
+        assert_eq!(usage(&remote).await, (4, 10));
+        // A reservation with nothing waiting is a plain one.
+        group.reserve(&request("third")).await.unwrap();
+        assert_eq!(remote.calls(), ["reserve"]);
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_batch_whose_reply_is_lost_is_settled_again_and_recorded_once() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 5).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 5);
+        settle_down().await;
+        // Both calls are recorded, but their replies never come back.
+        remote.lose_replies.store(true, Ordering::SeqCst);
+        release(&remote, 1);
+        assert!(first.await.unwrap().is_err());
+        for task in waiting {
+            assert!(task.await.unwrap().is_err(), "each waiter learns it failed");
+        }
+        assert_eq!(remote.calls(), ["settle_many 1", "settle_many 4"]);
+        assert_eq!(usage(&remote).await.0, 5);
+        // Each waiter retries (as Meter does, in the background): the
+        // retries go together again and record nothing twice.
+        remote.lose_replies.store(false, Ordering::SeqCst);
+        all_ok(settle_range(&group, 0, 5)).await;
+        assert_eq!(usage(&remote).await, (5, 0));
+        assert_eq!(
+            remote
+                .inner
+                .account_balance("acct")
+                .await
+                .unwrap()
+                .balance_nanos,
+            -5
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reservation_cut_short_puts_the_settlements_it_carried_back_in_line() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 3).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, 3);
+        settle_down().await;
+        let second = reserve_on_task(&group, "second");
+        remote.started(2).await;
+        // The second request's client goes away while its reservation,
+        // carrying two settlements, is held up.
+        second.abort();
+        assert!(second.await.unwrap_err().is_cancelled());
+        release(&remote, 1);
+        first.await.unwrap().unwrap();
+        all_ok(waiting).await;
+        assert_eq!(
+            remote.calls(),
+            ["settle_many 1", "reserve_after_settling 2", "settle_many 2"]
+        );
+        assert_eq!(usage(&remote).await, (3, 0));
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_long_queue_goes_in_batches_of_at_most_max_batch() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        let count = 1 + MAX_BATCH + 10;
+        reserved(&remote, count).await;
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let waiting = settle_range(&group, 1, count);
+        settle_down().await;
+        release(&remote, 1);
+        first.await.unwrap().unwrap();
+        all_ok(waiting).await;
+        assert_eq!(
+            remote.calls(),
+            [
+                "settle_many 1".to_owned(),
+                format!("settle_many {MAX_BATCH}"),
+                "settle_many 10".to_owned()
+            ]
+        );
+        assert_eq!(usage(&remote).await, (count as i64, 0));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn accounts_wait_only_for_their_own_settlements() {
+        let remote = Remote::new();
+        let group = group(&remote);
+        let first = one_settlement_on_its_way(&remote, &group).await;
+        let other = {
+            let group = Arc::clone(&group);
+            tokio::spawn(async move {
+                let settlement = Settlement {
+                    account: "other".into(),
+                    ..settlement("o", 1)
+                };
+                group.settle(&settlement).await
+            })
+        };
+        remote.started(2).await;
+        assert_eq!(remote.calls(), ["settle_many 1", "settle_many 1"]);
+        release(&remote, 2);
+        first.await.unwrap().unwrap();
+        other.await.unwrap().unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_store_that_does_not_batch_is_called_as_before() {
+        let store = Arc::new(MemoryStore::new());
+        let group = GroupCommit::new(store.clone(), Arc::new(ManualClock::new(t0())));
+        assert!(!group.grouping);
+        group.reserve(&request("s0")).await.unwrap();
+        group.settle(&settlement("s0", 2)).await.unwrap();
+        let usage = store.key_usage("acct", "key", t0()).await.unwrap();
+        assert_eq!((usage.total_nanos, usage.reserved_nanos), (2, 0));
+        assert!(group.shard("acct").is_empty());
+    }
+}
