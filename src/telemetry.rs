@@ -246,6 +246,38 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn a_handle_is_registered_once_per_label_set_and_the_cache_is_bounded() {
+        let cache: HandleCache<usize, usize> = HandleCache::new();
+        let mut registered = 0;
+        for _ in 0..3 {
+            for key in 0..10 {
+                let handle = cache.get(&key, || {
+                    registered += 1;
+                    (key, key * 2)
+                });
+                assert_eq!(handle, key * 2);
+            }
+        }
+        assert_eq!(registered, 10, "each label set is looked up once");
+
+        for key in 10..MAX_CACHED_HANDLES + 5 {
+            cache.get(&key, || (key, key));
+        }
+        // Past the bound a handle is still given, just not kept.
+        let beyond = MAX_CACHED_HANDLES + 100;
+        let mut looked_up = 0;
+        for _ in 0..2 {
+            let handle = cache.get(&beyond, || {
+                looked_up += 1;
+                (beyond, 7)
+            });
+            assert_eq!(handle, 7);
+        }
+        assert_eq!(looked_up, 2);
+        assert_eq!(cache.handles.read().unwrap().len(), MAX_CACHED_HANDLES);
+    }
+
+    #[test]
     fn invalid_trace_contexts_start_a_new_trace() {
         for bad in [
             "",
