@@ -6,16 +6,15 @@
 //! [`ByokCredential`] for the upstream client; everything shown to people
 //! (the management API, `Debug`) carries a masked [`hint`] at most.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::directory::{too_contended, SharedStore, MAX_WRITE_ATTEMPTS};
+use super::lookup_cache::LookupCache;
 use super::record::is_valid_account_id;
 use crate::clock::{Clock, SystemClock};
 use crate::store::{byok_keys, Expect, RecordStoreExt, StoreError, WriteOutcome};
@@ -224,10 +223,8 @@ impl ByokDirectoryBuilder {
             inner: Arc::new(Inner {
                 store: self.store,
                 clock: self.clock,
-                cache_ttl: self.cache_ttl,
                 max_cached_entries: self.max_cached_entries,
-                cache: Mutex::new(Cache::default()),
-                generation: AtomicU64::new(0),
+                cache: LookupCache::new(self.cache_ttl, self.max_cached_entries),
             }),
         }
     }
@@ -275,36 +272,20 @@ pub struct ByokDirectory {
 struct Inner {
     store: SharedStore,
     clock: Arc<dyn Clock>,
-    cache_ttl: Duration,
     max_cached_entries: usize,
-    cache: Mutex<Cache>,
-    // Bumped by every local change, so a lookup that started before the
-    // change never puts the old key back into the cache.
-    generation: AtomicU64,
+    // Keys found apart from answers that there is none: a caller can name
+    // any provider in a model id.
+    cache: LookupCache<Slot, Option<ByokCredential>>,
 }
 
 /// (account, provider).
 type Slot = (String, String);
 
-/// Keys found apart from answers that there is none: a caller can name
-/// any provider in a model id, and a flood of made-up ones must never
-/// push real keys out.
-#[derive(Default)]
-struct Cache {
-    found: HashMap<Slot, Cached>,
-    absent: HashMap<Slot, Cached>,
-}
-
-struct Cached {
-    fetched_at: DateTime<Utc>,
-    credential: Option<ByokCredential>,
-}
-
 impl fmt::Debug for ByokDirectory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ByokDirectory")
             .field("clock", &self.inner.clock)
-            .field("cache_ttl", &self.inner.cache_ttl)
+            .field("cache_ttl", &self.inner.cache.ttl())
             .field("max_cached_entries", &self.inner.max_cached_entries)
             .finish_non_exhaustive()
     }
@@ -462,12 +443,14 @@ impl ByokDirectory {
             return Ok(None);
         };
         let now = self.now();
-        if let Some(credential) = self.cached(&slot, now) {
+        let cache = &self.inner.cache;
+        if let Some(credential) = cache.get(&slot, now) {
             return Ok(credential);
         }
-        let generation = self.inner.generation.load(Ordering::Acquire);
+        let generation = cache.generation();
         let credential = self.fetch(&slot).await?;
-        self.remember(slot, &credential, now, generation);
+        let found = credential.is_some();
+        cache.remember(slot, &credential, found, now, generation);
         Ok(credential)
     }
 
@@ -498,61 +481,6 @@ impl ByokDirectory {
         }))
     }
 
-    fn cache(&self) -> MutexGuard<'_, Cache> {
-        // Entries are written whole; a panic elsewhere cannot leave one half-made.
-        self.inner
-            .cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn cached(&self, slot: &Slot, now: DateTime<Utc>) -> Option<Option<ByokCredential>> {
-        let ttl = self.inner.cache_ttl;
-        if ttl.is_zero() {
-            return None;
-        }
-        let cache = self.cache();
-        let cached = cache.found.get(slot).or_else(|| cache.absent.get(slot))?;
-        is_fresh(cached, now, ttl).then(|| cached.credential.clone())
-    }
-
-    fn remember(
-        &self,
-        slot: Slot,
-        credential: &Option<ByokCredential>,
-        now: DateTime<Utc>,
-        generation: u64,
-    ) {
-        let ttl = self.inner.cache_ttl;
-        if ttl.is_zero() {
-            return;
-        }
-        let mut cache = self.cache();
-        if self.inner.generation.load(Ordering::Acquire) != generation {
-            return;
-        }
-        let (map, bound) = match credential {
-            Some(_) => (&mut cache.found, self.inner.max_cached_entries),
-            None => (&mut cache.absent, self.inner.max_cached_entries / 4),
-        };
-        if bound == 0 {
-            return;
-        }
-        if map.len() >= bound {
-            map.retain(|_, cached| is_fresh(cached, now, ttl));
-            if map.len() >= bound {
-                map.clear();
-            }
-        }
-        map.insert(
-            slot,
-            Cached {
-                fetched_at: now,
-                credential: credential.clone(),
-            },
-        );
-    }
-
     /// Drops `account`'s key for `provider` from this instance's cache, so
     /// its next lookup reads the store. Every change made through the
     /// directory does this.
@@ -560,10 +488,7 @@ impl ByokDirectory {
         let Some(slot) = slot(account, provider) else {
             return;
         };
-        let mut cache = self.cache();
-        self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        cache.found.remove(&slot);
-        cache.absent.remove(&slot);
+        self.inner.cache.forget(&slot);
     }
 }
 
@@ -574,14 +499,6 @@ fn slot(account: &str, provider: &str) -> Option<Slot> {
         return None;
     }
     Some((account.to_owned(), provider_id(provider).ok()?))
-}
-
-fn is_fresh(cached: &Cached, now: DateTime<Utc>, ttl: Duration) -> bool {
-    // A clock that went backwards makes an entry stale, not eternal.
-    match (now - cached.fetched_at).to_std() {
-        Ok(age) => age < ttl,
-        Err(_) => false,
-    }
 }
 
 #[cfg(test)]
@@ -869,9 +786,9 @@ mod tests {
                 .lookup("a0", &format!("made-up-{index}"))
                 .await
                 .unwrap();
-            let cache = directory.cache();
-            assert!(cache.absent.len() <= 2);
-            assert_eq!(cache.found.len(), 8);
+            let (found, absent) = directory.inner.cache.sizes();
+            assert!(absent <= 2);
+            assert_eq!(found, 8);
         }
     }
 

@@ -1,14 +1,13 @@
 //! [`KeyDirectory`]: keys and accounts in the store, with a short-lived
 //! in-process cache in front of the lookups BearerAuth makes.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::lookup_cache::LookupCache;
 use super::record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DELETED_KEYS,
 };
@@ -84,10 +83,8 @@ impl KeyDirectoryBuilder {
             inner: Arc::new(Inner {
                 store: self.store,
                 clock: self.clock,
-                cache_ttl: self.cache_ttl,
                 max_cached_keys: self.max_cached_keys,
-                cache: Mutex::new(Cache::default()),
-                generation: AtomicU64::new(0),
+                cache: LookupCache::new(self.cache_ttl, self.max_cached_keys),
             }),
         }
     }
@@ -111,33 +108,17 @@ pub struct KeyDirectory {
 struct Inner {
     store: SharedStore,
     clock: Arc<dyn Clock>,
-    cache_ttl: Duration,
     max_cached_keys: usize,
-    cache: Mutex<Cache>,
-    // Bumped by every local change, so a lookup that started before the
-    // change never puts the old state back into the cache.
-    generation: AtomicU64,
-}
-
-/// Live keys apart from refused ones, so a flood of made-up keys (the
-/// checksum is public) can never push real keys out.
-#[derive(Default)]
-struct Cache {
-    live: HashMap<KeyHash, Cached>,
-    refused: HashMap<KeyHash, Cached>,
-}
-
-#[derive(Clone)]
-struct Cached {
-    fetched_at: DateTime<Utc>,
-    state: KeyState,
+    // Live keys apart from refused ones: the checksum is public, so made-up
+    // keys are easy to send.
+    cache: LookupCache<KeyHash, KeyState>,
 }
 
 impl fmt::Debug for KeyDirectory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyDirectory")
             .field("clock", &self.inner.clock)
-            .field("cache_ttl", &self.inner.cache_ttl)
+            .field("cache_ttl", &self.inner.cache.ttl())
             .field("max_cached_keys", &self.inner.max_cached_keys)
             .finish_non_exhaustive()
     }
@@ -183,12 +164,14 @@ impl KeyDirectory {
     /// What the store says about `hash`, from the cache when fresh.
     pub async fn lookup(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
         let now = self.now();
-        if let Some(state) = self.cached(hash, now) {
+        let cache = &self.inner.cache;
+        if let Some(state) = cache.get(hash, now) {
             return Ok(state);
         }
-        let generation = self.inner.generation.load(Ordering::Acquire);
+        let generation = cache.generation();
         let state = self.fetch(hash).await?;
-        self.remember(*hash, &state, now, generation);
+        let live = matches!(state, KeyState::Active(_));
+        cache.remember(*hash, &state, live, now, generation);
         Ok(state)
     }
 
@@ -212,63 +195,10 @@ impl KeyDirectory {
         Ok(KeyState::Unknown)
     }
 
-    fn cache(&self) -> MutexGuard<'_, Cache> {
-        // Entries are written whole; a panic elsewhere cannot leave one half-made.
-        self.inner
-            .cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn cached(&self, hash: &KeyHash, now: DateTime<Utc>) -> Option<KeyState> {
-        if self.inner.cache_ttl.is_zero() {
-            return None;
-        }
-        let cache = self.cache();
-        let cached = cache.live.get(hash).or_else(|| cache.refused.get(hash))?;
-        is_fresh(cached, now, self.inner.cache_ttl).then(|| cached.state.clone())
-    }
-
-    fn remember(&self, hash: KeyHash, state: &KeyState, now: DateTime<Utc>, generation: u64) {
-        let ttl = self.inner.cache_ttl;
-        if ttl.is_zero() {
-            return;
-        }
-        let mut cache = self.cache();
-        if self.inner.generation.load(Ordering::Acquire) != generation {
-            return;
-        }
-        let (map, bound) = match state {
-            KeyState::Active(_) => (&mut cache.live, self.inner.max_cached_keys),
-            KeyState::Deleted | KeyState::Unknown => {
-                (&mut cache.refused, self.inner.max_cached_keys / 4)
-            }
-        };
-        if bound == 0 {
-            return;
-        }
-        if map.len() >= bound {
-            map.retain(|_, cached| is_fresh(cached, now, ttl));
-            if map.len() >= bound {
-                map.clear();
-            }
-        }
-        map.insert(
-            hash,
-            Cached {
-                fetched_at: now,
-                state: state.clone(),
-            },
-        );
-    }
-
     /// Drops `hash` from this instance's cache, so its next request reads
     /// the store. Every change made through the directory does this.
     pub fn forget(&self, hash: &KeyHash) {
-        let mut cache = self.cache();
-        self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        cache.live.remove(hash);
-        cache.refused.remove(hash);
+        self.inner.cache.forget(hash);
     }
 
     /// Creates a key and its account if new; returns the plaintext (to be
@@ -490,14 +420,6 @@ impl KeyDirectory {
     }
 }
 
-fn is_fresh(cached: &Cached, now: DateTime<Utc>, ttl: Duration) -> bool {
-    // A clock that went backwards makes an entry stale, not eternal.
-    match (now - cached.fetched_at).to_std() {
-        Ok(age) => age < ttl,
-        Err(_) => false,
-    }
-}
-
 pub(super) fn too_contended(operation: &'static str) -> StoreError {
     StoreError::new(
         operation,
@@ -609,14 +531,14 @@ mod tests {
                 .lookup(&KeyHash::of(&format!("made up {index}")))
                 .await
                 .unwrap();
-            let cache = directory.cache();
-            assert!(cache.refused.len() <= 2);
-            assert_eq!(cache.live.len(), 8);
+            let (live_cached, refused_cached) = directory.inner.cache.sizes();
+            assert!(refused_cached <= 2);
+            assert_eq!(live_cached, 8);
         }
         let now = directory.now();
         assert!(live
             .iter()
-            .all(|hash| directory.cached(hash, now).is_some()));
+            .all(|hash| directory.inner.cache.get(hash, now).is_some()));
     }
 
     #[tokio::test]

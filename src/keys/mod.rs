@@ -87,6 +87,7 @@ mod directory;
 mod handlers;
 pub mod input;
 mod layer;
+mod lookup_cache;
 mod record;
 mod service;
 
