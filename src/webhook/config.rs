@@ -455,6 +455,24 @@ mod tests {
         json!({"enabled": true, "config": {"routes": routes}})
     }
 
+    /// Found by the `webhook_config` fuzz target, whose check mistook dots
+    /// inside a segment for a dot segment: `d..eploys` is a plain name.
+    #[test]
+    fn dots_inside_a_segment_are_a_name_and_dot_segments_are_refused() {
+        let secret = "0123456788abcdef0123";
+        let config = WebhooksConfig::from_plugin_entry(&entry(json!({
+            "deploys": {"sessionKey": "agent:main", "secret": secret, "path": "/hooks/d..eploys"}
+        })))
+        .unwrap();
+        assert_eq!(config.routes[0].path, "/hooks/d..eploys");
+        for path in ["/hooks/../deploys", "/hooks/./deploys", "/hooks/.."] {
+            let refused = WebhooksConfig::from_plugin_entry(&entry(json!({
+                "deploys": {"sessionKey": "agent:main", "secret": secret, "path": path}
+            })));
+            assert!(refused.is_err(), "{path} was accepted");
+        }
+    }
+
     #[test]
     fn api_key_sources_are_env_file_or_a_secret_ref_never_inline() {
         let env = secret_ref_from_json(&json!({"env": "OPENAI_API_KEY"})).unwrap();
