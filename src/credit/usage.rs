@@ -23,22 +23,31 @@ impl Usage {
     /// fractional one makes the object unusable).
     pub fn from_response(body: &Value) -> Option<Usage> {
         let usage = body.get("usage")?.as_object()?;
-        let count = |name: &str| match usage.get(name) {
+        Usage::from_fields(
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+            usage.get("cost"),
+        )
+    }
+
+    /// The rules of [`Usage::from_response`], on the three fields a `usage`
+    /// object had (`None`: absent).
+    fn from_fields(
+        prompt_tokens: Option<&Value>,
+        completion_tokens: Option<&Value>,
+        cost: Option<&Value>,
+    ) -> Option<Usage> {
+        if prompt_tokens.is_none() && completion_tokens.is_none() {
+            return None;
+        }
+        let count = |value: Option<&Value>| match value {
             None | Some(Value::Null) => Some(0),
             Some(value) => value.as_u64(),
         };
-        let prompt_tokens = count("prompt_tokens")?;
-        let completion_tokens = count("completion_tokens")?;
-        if !usage.contains_key("prompt_tokens") && !usage.contains_key("completion_tokens") {
-            return None;
-        }
-        let cost_nanos = usage
-            .get("cost")
-            .and_then(|cost| nanos_from_json(cost).ok());
         Some(Usage {
-            prompt_tokens,
-            completion_tokens,
-            cost_nanos,
+            prompt_tokens: count(prompt_tokens)?,
+            completion_tokens: count(completion_tokens)?,
+            cost_nanos: cost.and_then(|cost| nanos_from_json(cost).ok()),
         })
     }
 }
@@ -216,15 +225,76 @@ impl UsageScanner {
     }
 }
 
-/// The usage of one JSON document: only its top-level `usage` is built,
-/// the rest is skipped unparsed into values (a completion's text, say).
+/// The usage of one JSON document: only the three fields of its top-level
+/// `usage` that count are built; everything else is skipped unparsed into
+/// values (a completion's text, say), so a body costs no allocation.
 fn usage_of(document: &[u8]) -> Option<Usage> {
     #[derive(serde::Deserialize)]
     struct UsageOnly {
-        usage: Option<Value>,
+        usage: Option<UsageFields>,
     }
     let usage = serde_json::from_slice::<UsageOnly>(document).ok()?.usage?;
-    Usage::from_response(&serde_json::json!({ "usage": usage }))
+    Usage::from_fields(
+        usage.prompt_tokens.as_ref(),
+        usage.completion_tokens.as_ref(),
+        usage.cost.as_ref(),
+    )
+}
+
+/// A `usage` object's counted fields, as [`Usage::from_response`] reads
+/// them from a whole `Value`: a repeated field's last value wins, and
+/// anything but an object is refused.
+#[derive(Default)]
+struct UsageFields {
+    prompt_tokens: Option<Value>,
+    completion_tokens: Option<Value>,
+    cost: Option<Value>,
+}
+
+impl<'de> serde::Deserialize<'de> for UsageFields {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Field {
+            PromptTokens,
+            CompletionTokens,
+            Cost,
+            #[serde(other)]
+            Other,
+        }
+
+        struct FieldsVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for FieldsVisitor {
+            type Value = UsageFields;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a usage object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UsageFields, A::Error> {
+                let mut fields = UsageFields::default();
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::PromptTokens => fields.prompt_tokens = Some(map.next_value()?),
+                        Field::CompletionTokens => {
+                            fields.completion_tokens = Some(map.next_value()?)
+                        }
+                        Field::Cost => fields.cost = Some(map.next_value()?),
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(fields)
+            }
+        }
+
+        deserializer.deserialize_map(FieldsVisitor)
+    }
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -354,6 +424,49 @@ mod tests {
         fn line_endings_do_not_matter(ending in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")]) {
             let stream = STREAM.replace("\r\n", "\n").replace('\n', ending);
             prop_assert_eq!(scan(BodyKind::EventStream, &[stream.as_bytes()]), scan(BodyKind::EventStream, &[STREAM.as_bytes()]));
+        }
+
+        /// The streaming reader and the whole-`Value` reading agree on every
+        /// `usage` object: repeated fields, nulls, negative, fractional,
+        /// huge and string counts, and fields that do not count.
+        #[test]
+        fn the_typed_reader_agrees_with_the_value_reader(
+            fields in proptest::collection::vec(
+                (
+                    prop_oneof![
+                        Just("prompt_tokens"),
+                        Just("completion_tokens"),
+                        Just("cost"),
+                        Just("total_tokens"),
+                        Just("prompt_tokens_details"),
+                    ],
+                    prop_oneof![
+                        Just("null".to_owned()),
+                        Just("-1".to_owned()),
+                        Just("1.5".to_owned()),
+                        Just("18446744073709551616".to_owned()),
+                        Just("\"12\"".to_owned()),
+                        Just("{\"cached_tokens\": 2}".to_owned()),
+                        Just("0.00004".to_owned()),
+                        (0u64..1_000_000).prop_map(|count| count.to_string()),
+                    ],
+                ),
+                0..6,
+            ),
+            usage_is_an_object in any::<bool>(),
+        ) {
+            let usage = if usage_is_an_object {
+                let members: Vec<String> = fields
+                    .iter()
+                    .map(|(name, value)| format!("\"{name}\": {value}"))
+                    .collect();
+                format!("{{{}}}", members.join(", "))
+            } else {
+                fields.first().map_or("null".to_owned(), |(_, value)| value.clone())
+            };
+            let document = format!("{{\"id\": \"x\", \"usage\": {usage}, \"model\": \"m\"}}");
+            let value: Value = serde_json::from_str(&document).unwrap();
+            prop_assert_eq!(usage_of(document.as_bytes()), Usage::from_response(&value), "{}", document);
         }
 
         #[test]
