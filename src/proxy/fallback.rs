@@ -89,9 +89,10 @@ where
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let inner = self.inner.clone();
+        let extensions = request.extensions();
         let (Some(chat), Some(buffered)) = (
-            request.extensions().get::<ChatRequest>().cloned(),
-            request.extensions().get::<BufferedBody>().cloned(),
+            extensions.get::<ChatRequest>(),
+            extensions.get::<BufferedBody>(),
         ) else {
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
@@ -99,7 +100,7 @@ where
                     .map(|body| ReportedModel::new(ResponseBody::inner(body), "", BodyKind::Other)))
             });
         };
-        let mut candidates = match self.catalog.candidates(&chat) {
+        let mut candidates = match self.catalog.candidates(chat) {
             Ok(candidates) => candidates,
             Err(error) => {
                 return Box::pin(async move {
@@ -110,13 +111,15 @@ where
             }
         };
         if candidates.len() == 1 && !chat.extra.contains_key("models") {
-            // Nothing to fall back to: the request goes on as it is.
+            // Nothing to fall back to: the request goes on as it is, its
+            // parsed body not copied.
             let model = candidates.swap_remove(0);
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
                 Ok(reported(response, &model).await)
             });
         }
+        let (chat, buffered) = (chat.clone(), buffered.clone());
         Box::pin(async move {
             let (parts, _) = request.into_parts();
             let last = candidates.len() - 1;

@@ -588,6 +588,7 @@ where
             );
             return Box::pin(async move { Ok(error.to_response()) });
         }
+        let request = provider_side(request);
         let mut inner = self.inner.clone();
         Box::pin(async move {
             let outcome = match tower::ServiceExt::ready(&mut inner).await {
@@ -618,6 +619,29 @@ where
                 Ok(response) => response.map(ResponseBody::inner),
             })
         })
+    }
+}
+
+/// The request with only the extensions the provider side reads (the
+/// retry policy, [`Providers`], [`Upstream`]): the retry keeps a copy of
+/// every request it sends, and the layers above have their own.
+fn provider_side(request: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let (mut parts, body) = request.into_parts();
+    let mut kept = http::Extensions::new();
+    move_extension::<crate::body::ChatRequest>(&mut parts.extensions, &mut kept);
+    move_extension::<crate::body::BufferedBody>(&mut parts.extensions, &mut kept);
+    move_extension::<crate::keys::ByokCredential>(&mut parts.extensions, &mut kept);
+    move_extension::<SkipRetries>(&mut parts.extensions, &mut kept);
+    parts.extensions = kept;
+    Request::from_parts(parts, body)
+}
+
+fn move_extension<T: Clone + Send + Sync + 'static>(
+    from: &mut http::Extensions,
+    to: &mut http::Extensions,
+) {
+    if let Some(value) = from.remove::<T>() {
+        to.insert(value);
     }
 }
 
