@@ -129,7 +129,8 @@ fn normalize_segments<'text, 'out>(
     text: &'text str,
     keep: impl Fn(&'text str) -> Cow<'out, str>,
 ) -> Vec<Cow<'out, str>> {
-    let mut segments = Vec::new();
+    // One allocation for any usual path: routes are a few segments deep.
+    let mut segments = Vec::with_capacity(8);
     for segment in text.split('/') {
         match segment {
             "" | "." => {}

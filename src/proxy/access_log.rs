@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::fallback::MODEL_HEADER;
 use super::headers::{request_id, X_REQUEST_ID};
 use crate::auth::Principal;
-use crate::body::{lowercase_segments, normalized_segments, ChatRequest};
+use crate::body::{normalized_segments, ChatRequest};
 use crate::error::Refusal;
 use crate::telemetry::{
     HandleCache, TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
@@ -216,18 +216,32 @@ impl Drop for InFlight {
 /// unbounded.
 fn route_class(path: &str) -> &'static str {
     let segments = normalized_segments(path);
-    let lower = lowercase_segments(&segments);
-    let parts: Vec<&str> = lower.iter().map(AsRef::as_ref).collect();
-    match parts.as_slice() {
-        ["api", "v1", "chat", "completions"] => "chat_completions",
-        ["api", "v1", "models"] => "models",
-        ["api", "v1", "key"] => "key",
-        ["api", "v1", "credits"] => "credits",
-        ["user", "balance"] => "balance",
-        ["api", "v1", "keys", ..] => "keys",
-        ["api", "v1", "accounts", ..] => "accounts",
-        ["plugins", "webhooks", ..] => "webhooks",
-        _ => "other",
+    // `expected` then nothing more, or then anything (`open`), in any case.
+    let is = |expected: &[&str], open: bool| {
+        (segments.len() == expected.len() || open && segments.len() > expected.len())
+            && segments
+                .iter()
+                .zip(expected)
+                .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
+    };
+    if is(&["api", "v1", "chat", "completions"], false) {
+        "chat_completions"
+    } else if is(&["api", "v1", "models"], false) {
+        "models"
+    } else if is(&["api", "v1", "key"], false) {
+        "key"
+    } else if is(&["api", "v1", "credits"], false) {
+        "credits"
+    } else if is(&["user", "balance"], false) {
+        "balance"
+    } else if is(&["api", "v1", "keys"], true) {
+        "keys"
+    } else if is(&["api", "v1", "accounts"], true) {
+        "accounts"
+    } else if is(&["plugins", "webhooks"], true) {
+        "webhooks"
+    } else {
+        "other"
     }
 }
 
@@ -284,5 +298,48 @@ where
             }
         }
         self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn each_route_has_its_class_in_any_case_and_spelling() {
+        for (path, class) in [
+            ("/api/v1/chat/completions", "chat_completions"),
+            ("/API/V1/Chat/Completions", "chat_completions"),
+            ("//api/./v1/chat/%63ompletions", "chat_completions"),
+            ("/api/v1/chat/completions/more", "other"),
+            ("/api/v1/models", "models"),
+            ("/api/v1/key", "key"),
+            ("/api/v1/credits", "credits"),
+            ("/user/balance", "balance"),
+            ("/api/v1/keys", "keys"),
+            ("/api/v1/keys/abc/rotate", "keys"),
+            ("/api/v1/accounts/acme/credits", "accounts"),
+            ("/plugins/webhooks/acme/run", "webhooks"),
+            ("/plugins/webhooks", "webhooks"),
+            ("/plugins", "other"),
+            ("/api/v1", "other"),
+            ("/", "other"),
+            ("", "other"),
+        ] {
+            assert_eq!(route_class(path), class, "{path}");
+        }
+    }
+
+    proptest! {
+        /// A label is one of a fixed few whatever the path: metrics stay bounded.
+        #[test]
+        fn any_path_gets_one_of_the_fixed_classes(path in "(/[a-zA-Z0-9%.]{0,12}){0,6}") {
+            prop_assert!([
+                "chat_completions", "models", "key", "credits", "balance", "keys",
+                "accounts", "webhooks", "other",
+            ]
+            .contains(&route_class(&path)));
+        }
     }
 }
