@@ -171,7 +171,16 @@ pub(crate) fn store_failure_decision(layer: &'static str, decision: &'static str
 /// Records one store call.
 pub(crate) fn store_call(operation: &'static str, elapsed: Duration, succeeded: bool) {
     let outcome = if succeeded { "ok" } else { "error" };
-    metrics::histogram!(STORE_CALL_DURATION_SECONDS, "operation" => operation, "outcome" => outcome)
+    static DURATIONS: HandleCache<(&'static str, bool), metrics::Histogram> = HandleCache::new();
+    DURATIONS
+        .get(&(operation, succeeded), || {
+            let histogram = metrics::histogram!(
+                STORE_CALL_DURATION_SECONDS,
+                "operation" => operation,
+                "outcome" => outcome
+            );
+            ((operation, succeeded), histogram)
+        })
         .record(elapsed.as_secs_f64());
     if !succeeded {
         metrics::counter!(STORE_ERRORS_TOTAL, "operation" => operation).increment(1);
@@ -182,28 +191,53 @@ pub(crate) fn store_call(operation: &'static str, elapsed: Duration, succeeded: 
 /// continued (a new parent id: the gateway's hop), or a new trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceContext {
-    trace_id: String,
+    /// `00-{trace id}-{parent id}-{flags}`: the trace id is read back out
+    /// of it, so a request builds one value.
     traceparent: HeaderValue,
 }
+
+/// Where the trace id sits in a version-00 `traceparent`.
+const TRACE_ID: std::ops::Range<usize> = 3..35;
 
 impl TraceContext {
     /// Continues a valid `traceparent` (version 00, non-zero ids), or
     /// starts a new sampled trace.
     pub fn continue_or_start(incoming: Option<&HeaderValue>) -> Self {
-        let (trace_id, flags) = incoming
+        let mut random = [0u8; 24];
+        rand::rng().fill(&mut random[..]);
+        let mut trace_id = [0u8; 32];
+        let mut flags = *b"01";
+        match incoming
             .and_then(|value| value.to_str().ok())
             .and_then(parse_traceparent)
-            .unwrap_or_else(|| (random_hex(16), "01".to_owned()));
-        let traceparent = format!("00-{trace_id}-{}-{flags}", random_hex(8));
+        {
+            Some((continued, continued_flags)) => {
+                trace_id.copy_from_slice(continued.as_bytes());
+                flags.copy_from_slice(continued_flags.as_bytes());
+            }
+            None => hex::encode_to_slice(&random[..16], &mut trace_id).expect("32 digits"),
+        }
+        let mut parent_id = [0u8; 16];
+        hex::encode_to_slice(&random[16..], &mut parent_id).expect("16 digits");
+        let mut text = [0u8; 55];
+        text[..3].copy_from_slice(b"00-");
+        text[TRACE_ID].copy_from_slice(&trace_id);
+        text[35] = b'-';
+        text[36..52].copy_from_slice(&parent_id);
+        text[52] = b'-';
+        text[53..].copy_from_slice(&flags);
         TraceContext {
-            traceparent: HeaderValue::from_str(&traceparent).expect("hex and dashes"),
-            trace_id,
+            traceparent: HeaderValue::from_bytes(&text).expect("hex and dashes"),
         }
     }
 
     /// The trace id (32 hex digits).
     pub fn trace_id(&self) -> &str {
-        &self.trace_id
+        self.traceparent
+            .to_str()
+            .ok()
+            .and_then(|text| text.get(TRACE_ID))
+            .expect("built from hex and dashes")
     }
 
     /// The `traceparent` to send upstream.
@@ -213,7 +247,7 @@ impl TraceContext {
 }
 
 /// `(trace id, flags)` of a valid version-00 `traceparent`.
-fn parse_traceparent(text: &str) -> Option<(String, String)> {
+fn parse_traceparent(text: &str) -> Option<(&str, &str)> {
     let mut parts = text.trim().split('-');
     let (version, trace_id, parent_id, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
@@ -230,14 +264,7 @@ fn parse_traceparent(text: &str) -> Option<(String, String)> {
         && hex(flags, 2)
         && trace_id.bytes().any(|byte| byte != b'0')
         && parent_id.bytes().any(|byte| byte != b'0');
-    valid.then(|| (trace_id.to_owned(), flags.to_owned()))
-}
-
-fn random_hex(bytes: usize) -> String {
-    let mut random = [0u8; 16];
-    let random = &mut random[..bytes.min(16)];
-    rand::rng().fill(random);
-    hex::encode(random)
+    valid.then_some((trace_id, flags))
 }
 
 #[cfg(test)]
@@ -303,6 +330,21 @@ mod tests {
         }
         let fresh = TraceContext::continue_or_start(None);
         assert!(fresh.traceparent().to_str().unwrap().ends_with("-01"));
+    }
+
+    #[test]
+    fn a_continued_trace_keeps_its_id_and_flags_under_a_new_parent() {
+        let incoming =
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00");
+        let context = TraceContext::continue_or_start(Some(&incoming));
+        let text = context.traceparent().to_str().unwrap().to_owned();
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(text.ends_with("-00"), "{text}");
+        assert_ne!(&text[36..52], "00f067aa0ba902b7");
+        assert_eq!(parse_traceparent(&text), Some((context.trace_id(), "00")));
+        // Two requests of one trace are two hops.
+        let again = TraceContext::continue_or_start(Some(&incoming));
+        assert_ne!(again.traceparent(), context.traceparent());
     }
 
     #[test]

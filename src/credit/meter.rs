@@ -125,11 +125,15 @@ impl Meter {
             ?ending,
             "settling"
         );
-        metrics::counter!(
-            crate::telemetry::CHARGED_NANOCREDITS_TOTAL,
-            "byok" => if self.byok { "true" } else { "false" }
-        )
-        .increment(u64::try_from(cost_nanos).unwrap_or(0));
+        CHARGED
+            .get(&self.byok, || {
+                let counter = metrics::counter!(
+                    crate::telemetry::CHARGED_NANOCREDITS_TOTAL,
+                    "byok" => if self.byok { "true" } else { "false" }
+                );
+                (self.byok, counter)
+            })
+            .increment(u64::try_from(cost_nanos).unwrap_or(0));
         Settlement {
             account: self.account.clone(),
             key: self.key.clone(),
@@ -156,6 +160,10 @@ impl Meter {
         });
     }
 }
+
+/// `modelgate_charged_nanocredits_total` by `byok`.
+static CHARGED: crate::telemetry::HandleCache<bool, metrics::Counter> =
+    crate::telemetry::HandleCache::new();
 
 /// Logs, at error level and with every figure an operator needs to book it
 /// by hand, a cost the store could not record.
