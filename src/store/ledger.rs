@@ -236,7 +236,8 @@ pub trait LedgerStore: Send + Sync + 'static {
 /// The starts of the day, week and month containing `now`, in µs: the
 /// ledger compares them with the stored ones to roll its period totals.
 pub(crate) fn period_starts_micros(now: DateTime<Utc>) -> [i64; 3] {
-    [Period::Day, Period::Week, Period::Month].map(|period| unix_micros(period.start_of(now)))
+    let now_micros = unix_micros(now);
+    [Period::Day, Period::Week, Period::Month].map(|period| period.bounds_micros(now_micros).0)
 }
 
 pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreError> {

@@ -46,6 +46,9 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     records: Mutex<HashMap<String, Collection>>,
     shard_hasher: RandomState,
+    /// Two independent keys: a settled reservation is remembered by a
+    /// 128-bit fingerprint of its id, not the id itself.
+    settlement_hashers: [RandomState; 2],
 }
 
 impl Default for MemoryStore {
@@ -63,7 +66,17 @@ impl MemoryStore {
                 .collect(),
             records: Mutex::new(HashMap::new()),
             shard_hasher: RandomState::new(),
+            settlement_hashers: [RandomState::new(), RandomState::new()],
         }
+    }
+
+    /// What a settled reservation id is remembered by. Ten minutes of
+    /// settlements at full load are millions: a fixed 16 bytes each, with
+    /// no allocation, instead of a copy of the id in two collections.
+    /// Two different ids share one with a chance of about n²/2¹²⁹.
+    fn settlement_fingerprint(&self, reservation_id: &str) -> u128 {
+        let [high, low] = &self.settlement_hashers;
+        (u128::from(high.hash_one(reservation_id)) << 64) | u128::from(low.hash_one(reservation_id))
     }
 
     /// How many counters are held, expired ones not yet swept included.
@@ -472,10 +485,11 @@ struct KeyLedger {
     /// Day, week, month: the period's start and its own and BYOK usage.
     periods: [PeriodUsage; 3],
     reservations: HashMap<Box<str>, Reservation>,
-    /// Reservation ids settled recently, and the same ids by when (µs)
-    /// they may be forgotten, oldest first, so forgetting is O(1) each.
-    settled: HashSet<Box<str>>,
-    settled_order: VecDeque<(i64, Box<str>)>,
+    /// Reservations settled recently (by the fingerprint of their id),
+    /// and the same by when (µs) they may be forgotten, oldest first, so
+    /// forgetting is O(1) each.
+    settled: HashSet<u128>,
+    settled_order: VecDeque<(i64, u128)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -628,24 +642,24 @@ impl LedgerStore for MemoryStore {
         validate_amount("settle", settlement.cost_nanos)?;
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
+        let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
         self.with_account(&settlement.account, |account| {
             let key = key_ledger(account, &settlement.key, now_micros);
             while let Some((until, _)) = key.settled_order.front() {
                 if *until > now_micros {
                     break;
                 }
-                if let Some((_, id)) = key.settled_order.pop_front() {
-                    key.settled.remove(&id);
+                if let Some((_, forgotten)) = key.settled_order.pop_front() {
+                    key.settled.remove(&forgotten);
                 }
             }
             // A retried settlement of the same request records nothing more.
-            let id: Box<str> = settlement.reservation_id.as_str().into();
-            if !key.settled.insert(id.clone()) {
+            if !key.settled.insert(fingerprint) {
                 return;
             }
             key.settled_order.push_back((
                 now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
-                id,
+                fingerprint,
             ));
             key.reservations.remove(settlement.reservation_id.as_str());
             key.record(settlement.cost_nanos, settlement.byok, starts);
