@@ -102,10 +102,12 @@ fn measure<S, B>(
 }
 
 fn bench_layers(c: &mut Criterion) {
-    // As in the proxy example: info logs formatted (into a sink here), and
-    // a Prometheus recorder taking every metric.
+    // As in the proxy example: info logs formatted (into a sink here, as
+    // plain text), and a Prometheus recorder taking every metric.
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::sink)
+        // As the proxy writes to a file or a collector: no colour codes.
+        .with_ansi(false)
         .with_max_level(tracing::Level::INFO)
         .try_init();
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
