@@ -1,10 +1,23 @@
 //! The usage scanner on arbitrary bodies split at an arbitrary point:
 //! never panics, stays within its memory bound, and reads the same usage
-//! however the body is split.
+//! however the body is split. A JSON body's usage is what reading its
+//! `usage` as a `serde_json::Value` gives.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use modelgate::credit::{BodyKind, UsageScanner};
+use modelgate::credit::{BodyKind, Usage, UsageScanner};
+use serde_json::Value;
+
+/// The usage of a JSON body, read the plain way: its top-level `usage`
+/// built as a `Value` (a repeated `usage` refused).
+fn usage_through_value(body: &[u8]) -> Option<Usage> {
+    #[derive(serde::Deserialize)]
+    struct UsageOnly {
+        usage: Option<Value>,
+    }
+    let usage = serde_json::from_slice::<UsageOnly>(body).ok()?.usage?;
+    Usage::from_response(&serde_json::json!({ "usage": usage }))
+}
 
 fuzz_target!(|input: (bool, u16, &[u8])| {
     let (event_stream, split, body) = input;
@@ -27,4 +40,7 @@ fuzz_target!(|input: (bool, u16, &[u8])| {
     let expected = whole.finish();
     assert_eq!(halves.finish(), expected);
     assert_eq!(bytewise.finish(), expected);
+    if !event_stream && body.len() <= 4096 {
+        assert_eq!(expected, usage_through_value(body));
+    }
 });

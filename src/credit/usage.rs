@@ -61,6 +61,8 @@ pub enum BodyKind {
     EventStream,
 }
 
+const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
+
 /// Reads usage out of a body fed chunk by chunk, in bounded memory.
 #[derive(Debug)]
 pub struct UsageScanner {
@@ -76,7 +78,7 @@ pub struct UsageScanner {
     after_cr: bool,
     /// The event being read lost data to the bound: it is not parsed.
     event_overflowed: bool,
-    /// Bytes seen so far, to strip a byte-order mark at the very start.
+    /// A line has ended: a byte-order mark can only open the first.
     started: bool,
     usage: Option<Usage>,
     done: bool,
@@ -119,10 +121,6 @@ impl UsageScanner {
         if chunk.is_empty() {
             return;
         }
-        if !self.started {
-            self.started = true;
-            chunk = chunk.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(chunk);
-        }
         if self.after_cr && chunk.first() == Some(&b'\n') {
             chunk = &chunk[1..];
         }
@@ -152,12 +150,19 @@ impl UsageScanner {
     }
 
     fn end_line(&mut self) {
+        let first_line = !std::mem::replace(&mut self.started, true);
         let line = std::mem::take(&mut self.buffer);
         if std::mem::take(&mut self.overflowed) {
             // A line too long to keep: if it was data, its event is lost.
             self.event_overflowed = true;
             return;
         }
+        // A byte-order mark may open the stream. It is stripped from the
+        // whole first line, not from the first chunk: the chunks may split it.
+        let line = match first_line {
+            true => line.strip_prefix(BYTE_ORDER_MARK).unwrap_or(&line),
+            false => &line[..],
+        };
         if line.is_empty() {
             self.dispatch_event();
             return;
@@ -285,7 +290,7 @@ impl<'de> serde::Deserialize<'de> for UsageFields {
                         }
                         Field::Cost => fields.cost = Some(map.next_value()?),
                         Field::Other => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
+                            map.next_value::<CheckedValue>()?;
                         }
                     }
                 }
@@ -294,6 +299,69 @@ impl<'de> serde::Deserialize<'de> for UsageFields {
         }
 
         deserializer.deserialize_map(FieldsVisitor)
+    }
+}
+
+/// Any JSON value, checked as strictly as building a [`Value`] checks it
+/// (string escapes and UTF-8, number range, nesting depth) and kept
+/// nowhere. `IgnoredAny` skips more loosely: a usage object that a
+/// `Value` refuses must be refused here too, or a malformed answer would
+/// be charged by its tokens instead of as one without usage.
+struct CheckedValue;
+
+impl<'de> serde::Deserialize<'de> for CheckedValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Checked;
+
+        impl<'de> serde::de::Visitor<'de> for Checked {
+            type Value = CheckedValue;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("any JSON value")
+            }
+
+            fn visit_bool<E>(self, _: bool) -> Result<CheckedValue, E> {
+                Ok(CheckedValue)
+            }
+
+            fn visit_i64<E>(self, _: i64) -> Result<CheckedValue, E> {
+                Ok(CheckedValue)
+            }
+
+            fn visit_u64<E>(self, _: u64) -> Result<CheckedValue, E> {
+                Ok(CheckedValue)
+            }
+
+            fn visit_f64<E>(self, _: f64) -> Result<CheckedValue, E> {
+                Ok(CheckedValue)
+            }
+
+            fn visit_str<E>(self, _: &str) -> Result<CheckedValue, E> {
+                Ok(CheckedValue)
+            }
+
+            fn visit_unit<E>(self) -> Result<CheckedValue, E> {
+                Ok(CheckedValue)
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<CheckedValue, A::Error> {
+                while seq.next_element::<CheckedValue>()?.is_some() {}
+                Ok(CheckedValue)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<CheckedValue, A::Error> {
+                while map.next_entry::<CheckedValue, CheckedValue>()?.is_some() {}
+                Ok(CheckedValue)
+            }
+        }
+
+        deserializer.deserialize_any(Checked)
     }
 }
 
@@ -404,6 +472,54 @@ mod tests {
         assert_eq!(usage.map(|u| u.prompt_tokens), Some(3));
     }
 
+    #[test]
+    fn a_byte_order_mark_split_across_chunks_is_still_stripped() {
+        let body =
+            b"\xEF\xBB\xBFdata: {\"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 4}}\n\n";
+        let expected = Some(Usage {
+            prompt_tokens: 3,
+            completion_tokens: 4,
+            cost_nanos: None,
+        });
+        assert_eq!(scan(BodyKind::EventStream, &[body]), (expected, false));
+        let bytewise: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(scan(BodyKind::EventStream, &bytewise), (expected, false));
+        assert_eq!(
+            scan(BodyKind::EventStream, &[&body[..2], &body[2..]]),
+            (expected, false)
+        );
+        // Only at the very start: later it is part of a line.
+        let later = b": hi\n\xEF\xBB\xBFdata: {\"usage\": {\"prompt_tokens\": 3}}\n\n";
+        assert_eq!(scan(BodyKind::EventStream, &[later]).0, None);
+    }
+
+    #[test]
+    fn a_usage_object_a_value_refuses_is_no_usage() {
+        let document = |extra: &[u8]| {
+            let mut document =
+                br#"{"usage": {"prompt_tokens": 1, "completion_tokens": 2, "x": "#.to_vec();
+            document.extend_from_slice(extra);
+            document.extend_from_slice(b"}}");
+            document
+        };
+        assert!(usage_of(&document(b"3")).is_some());
+        for extra in [
+            &b"1e400"[..],
+            br#""\ud800""#,
+            b"\"\xff\"",
+            format!("{}{}", "[".repeat(130), "]".repeat(130)).as_bytes(),
+        ] {
+            let document = document(extra);
+            assert!(serde_json::from_slice::<Value>(&document).is_err());
+            assert_eq!(
+                usage_of(&document),
+                None,
+                "{}",
+                String::from_utf8_lossy(&document)
+            );
+        }
+    }
+
     proptest! {
         #[test]
         fn any_split_of_the_stream_reads_the_same(cuts in proptest::collection::vec(0usize..STREAM.len(), 0..12)) {
@@ -448,6 +564,11 @@ mod tests {
                         Just("\"12\"".to_owned()),
                         Just("{\"cached_tokens\": 2}".to_owned()),
                         Just("0.00004".to_owned()),
+                        // Values a Value refuses: out of range, a lone
+                        // surrogate, nested past serde_json's limit.
+                        Just("1e400".to_owned()),
+                        Just("\"\\ud800\"".to_owned()),
+                        Just(format!("{}{}", "[".repeat(130), "]".repeat(130))),
                         (0u64..1_000_000).prop_map(|count| count.to_string()),
                     ],
                 ),
@@ -465,8 +586,11 @@ mod tests {
                 fields.first().map_or("null".to_owned(), |(_, value)| value.clone())
             };
             let document = format!("{{\"id\": \"x\", \"usage\": {usage}, \"model\": \"m\"}}");
-            let value: Value = serde_json::from_str(&document).unwrap();
-            prop_assert_eq!(usage_of(document.as_bytes()), Usage::from_response(&value), "{}", document);
+            // A document a Value cannot hold has no usage either.
+            let expected = serde_json::from_str::<Value>(&document)
+                .ok()
+                .and_then(|value| Usage::from_response(&value));
+            prop_assert_eq!(usage_of(document.as_bytes()), expected, "{}", document);
         }
 
         #[test]

@@ -46,7 +46,7 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     records: Mutex<HashMap<String, Collection>>,
     shard_hasher: RandomState,
-    /// Two independent keys: a settled reservation is remembered by a
+    /// Two SipHash keys: a settled reservation is remembered by a
     /// 128-bit fingerprint of its id, not the id itself.
     settlement_hashers: [RandomState; 2],
 }
