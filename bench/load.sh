@@ -7,7 +7,9 @@
 #   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2]
 #
 # Installs wrk (Debian's, with apt-get) when missing; builds the examples
-# in release mode (in $CARGO_TARGET_DIR when set). For the Redis run it
+# in release mode (in $CARGO_TARGET_DIR when set). Each target's CPU per
+# request (from /proc) is printed too: it moves less than throughput when
+# the load generator shares the cores. For the Redis run it
 # also prints the Redis commands each request cost, from the server's
 # `INFO commandstats` around the measured run. Results are printed, not
 # committed.
@@ -68,6 +70,7 @@ wait_for_line() {
 mock_port="$(free_port)"
 "$bin/mock_upstream" --listen "127.0.0.1:$mock_port" >"$work/mock.out" 2>/dev/null &
 echo $! >>"$work/pids"
+echo $! >"$work/upstream.pid"
 upstream="http://127.0.0.1:$mock_port/v1"
 
 redis_port="$(free_port)"
@@ -88,6 +91,7 @@ start_proxy() {
   "$bin/proxy" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
     --config "$work/config.json" "$@" >"$work/$name.out" 2>"$work/$name.err" &
   echo $! >>"$work/pids"
+  echo $! >"$work/$name.pid"
   wait_for_line "$work/$name.out" "modelgate listening on " >/dev/null
   echo "http://127.0.0.1:$port"
 }
@@ -140,6 +144,12 @@ redis_calls() {
     END { printf "%d %d %.6f\n", total, evalsha, cpu }'
 }
 
+# CPU seconds (user + system) a process has used, in clock ticks.
+cpu_ticks() {
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+ticks_per_second="$(getconf CLK_TCK)"
+
 results=()
 redis_line=""
 run() {
@@ -153,7 +163,16 @@ run() {
     sleep 0.5
     before="$(redis_calls)"
   fi
+  local pid ticks_before
+  pid="$(cat "$work/$name.pid")"
+  ticks_before="$(cpu_ticks "$pid")"
   wrk -t "$threads" -c "$connections" -d "${seconds}s" --latency -s "$work/$name.lua" "$url" >"$work/$name.wrk"
+  # The process under load's own CPU per request: steadier than requests
+  # per second on a machine whose cores the load generator shares.
+  local cpu_us
+  cpu_us="$(awk -v b="$ticks_before" -v a="$(cpu_ticks "$pid")" -v hz="$ticks_per_second" \
+    -v n="$(awk '/requests in/ {print $1}' "$work/$name.wrk")" \
+    'BEGIN { printf "%.1fus", 1e6 * (a - b) / hz / n }')"
   if [ -n "$before" ]; then
     # Requests in flight when wrk stops settle a moment later: let them
     # land too (a few dozen requests in thousands, counted in neither).
@@ -171,7 +190,7 @@ run() {
   p50="$(awk '$1 == "50%" {print $2}' "$work/$name.wrk")"
   p99="$(awk '$1 == "99%" {print $2}' "$work/$name.wrk")"
   errors="$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$work/$name.wrk")"
-  results+=("$name $rps $p50 $p99 ${errors:-0}")
+  results+=("$name $rps $p50 $p99 ${errors:-0} $cpu_us")
 }
 
 echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request"
@@ -181,12 +200,14 @@ run memory "$memory_url/api/v1/chat/completions" "$memory_key"
 run redis "$redis_url/api/v1/chat/completions" "$redis_key"
 
 base_rps="$(echo "${results[1]}" | awk '{print $2}')"
-printf '\n%-10s %12s %10s %10s %8s %14s\n' target "requests/s" p50 p99 non-2xx "vs no-layer"
+printf '\n%-10s %12s %10s %10s %8s %14s %14s\n' target "requests/s" p50 p99 non-2xx "vs no-layer" "CPU/request"
 for line in "${results[@]}"; do
   set -- $line
   ratio="$(awk -v a="$2" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
-  printf '%-10s %12s %10s %10s %8s %14s\n' "$1" "$2" "$3" "$4" "$5" "$ratio"
+  printf '%-10s %12s %10s %10s %8s %14s %14s\n' "$1" "$2" "$3" "$4" "$5" "$ratio" "$6"
 done
+echo "(CPU/request: user + system time of the process under load: the mock for"
+echo " upstream, else the proxy; Redis's own is on the line below)"
 if [ -n "$redis_line" ]; then
   printf '\n%s\n' "$redis_line"
 fi
