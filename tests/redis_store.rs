@@ -206,6 +206,104 @@ async fn every_operation_is_one_round_trip() {
     assert_eq!(commands, expected);
 }
 
+/// A key's reservations are summed once and the sum kept beside them;
+/// a ledger without the sum (written by an earlier version) or with one
+/// that no longer matches its holds is counted afresh.
+#[tokio::test]
+async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let reserve = |id: &str, amount_nanos: i64| ReserveRequest {
+        reservation_id: id.into(),
+        amount_nanos,
+        // The settlement below leaves the balance negative.
+        check_balance: false,
+        ..reserve_request()
+    };
+    let reserved = || async {
+        store
+            .key_usage("acct", "key", t0())
+            .await
+            .unwrap()
+            .reserved_nanos
+    };
+    store.reserve(&reserve("r1", 100), t0()).await.unwrap();
+    store.reserve(&reserve("r2", 200), t0()).await.unwrap();
+    assert_eq!(reserved().await, 300);
+
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let amounts: Vec<String> = redis::cmd("KEYS")
+        .arg("*:resamt")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let [amounts] = <[String; 1]>::try_from(amounts).unwrap();
+    let total_field: &[u8] = b"\xfftotal";
+    let kept = |connection: &mut redis::aio::MultiplexedConnection| {
+        let mut get = redis::cmd("HGET");
+        get.arg(&amounts).arg(total_field);
+        let connection = connection.clone();
+        async move {
+            let mut connection = connection;
+            get.query_async::<Option<String>>(&mut connection)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(kept(&mut connection).await.as_deref(), Some("300"));
+
+    // As an earlier version left it: holds, and no sum.
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&amounts)
+        .arg(total_field)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(reserved().await, 300);
+    store.reserve(&reserve("r3", 50), t0()).await.unwrap();
+    assert_eq!(kept(&mut connection).await.as_deref(), Some("350"));
+
+    // A sum below its holds is dropped at the next release and counted again.
+    let _: i64 = redis::cmd("HSET")
+        .arg(&amounts)
+        .arg(total_field)
+        .arg("10")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    store
+        .settle(
+            &Settlement {
+                account: "acct".into(),
+                key: "key".into(),
+                reservation_id: "r1".into(),
+                cost_nanos: 7,
+                byok: false,
+            },
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reserved().await, 250);
+    store.reserve(&reserve("r4", 1), t0()).await.unwrap();
+    assert_eq!(kept(&mut connection).await.as_deref(), Some("251"));
+
+    // Expired holds leave the sum too.
+    let later = t0() + chrono::Duration::seconds(61);
+    assert_eq!(
+        store
+            .key_usage("acct", "key", later)
+            .await
+            .unwrap()
+            .reserved_nanos,
+        0
+    );
+    assert_eq!(kept(&mut connection).await.as_deref(), Some("0"));
+}
+
 #[tokio::test]
 async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
     let server = RedisServer::start();

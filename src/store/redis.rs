@@ -385,7 +385,9 @@ impl RedisStore {
 }
 
 /// A key's ledger under an account's `scoped` prefix: usage hash,
-/// reservations zset, reservation amounts hash, settled ids zset.
+/// reservations zset, reservation amounts hash (which also keeps their
+/// sum, so admitting a request reads one field however many are in
+/// flight), settled ids zset.
 fn key_ledger_keys(scoped: &str, key: &str) -> [String; 4] {
     let mut key_base = format!("{scoped}k:");
     escape_into(&mut key_base, key);

@@ -1,7 +1,8 @@
 -- Shared by the ledger scripts (prepended to each).
 -- A key's ledger is four Redis keys, passed to the helpers as a table `k`:
 -- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
--- reservation amounts hash; k.settled settled ids zset (id -> forget at µs).
+-- reservation amounts hash (id -> amount, and their sum under TOTAL);
+-- k.settled settled ids zset (id -> forget at µs).
 -- The account hash {purchased, balance} is KEYS[1] in every ledger script.
 local function int(x) return string.format('%.0f', x) end
 
@@ -31,21 +32,61 @@ local function big_str(a)
   return int(a[1]) .. string.format('%09.0f', a[2])
 end
 
+-- The field of the amounts hash that holds their sum, so a reservation
+-- need not add up every hold in flight. No reservation id can be it: ids
+-- are UTF-8 text, and a lone 0xFF byte never is.
+local TOTAL = '\255total'
+
+-- The kept sum `total` (a string, or false when none is kept) less
+-- `amounts` (strings, or false for holds already gone), stored back; when
+-- it would go negative (a sum that no longer matches) it is dropped
+-- instead, and live_reserved counts the holds afresh.
+local function take_from_total(k, total, amounts)
+  if not total then return end
+  local sum = big(total)
+  for _, amount in ipairs(amounts) do
+    if amount then
+      local held = big(amount)
+      if not big_ge(sum, held) then
+        redis.call('HDEL', k.amt, TOTAL)
+        return
+      end
+      sum = big_sub(sum, held)
+    end
+  end
+  redis.call('HSET', k.amt, TOTAL, big_str(sum))
+end
+
 -- Drops reservations expired by `now` (every ledger script does, as the
 -- in-process store does on every access, so both agree on what is live).
 local function drop_expired(k, now)
   local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now))
   -- In slices: unpack() fails past a few thousand values.
   for i = 1, #expired, 1000 do
-    redis.call('HDEL', k.amt, unpack(expired, i, math.min(i + 999, #expired)))
+    local slice = { unpack(expired, i, math.min(i + 999, #expired)) }
+    take_from_total(k, redis.call('HGET', k.amt, TOTAL), redis.call('HMGET', k.amt, unpack(slice)))
+    redis.call('HDEL', k.amt, unpack(slice))
   end
   if #expired > 0 then redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now)) end
 end
 
--- The sum of the live reservations (big); expired ones must be dropped first.
+-- Releases the hold of reservation `id`, if it still has one.
+local function release(k, id)
+  local held = redis.call('HMGET', k.amt, id, TOTAL)
+  if not held[1] then return end
+  redis.call('HDEL', k.amt, id)
+  take_from_total(k, held[2], { held[1] })
+end
+
+-- The sum of the live reservations (big); expired ones must be dropped
+-- first. Read from TOTAL; counted from the holds when it is missing (a
+-- ledger written before the sum was kept, or one whose sum was dropped).
 local function live_reserved(k)
+  local total = redis.call('HGET', k.amt, TOTAL)
+  if total then return big(total) end
   local reserved = big('0')
-  for _, amount in ipairs(redis.call('HVALS', k.amt)) do reserved = big_add(reserved, big(amount)) end
+  local fields = redis.call('HGETALL', k.amt)
+  for i = 2, #fields, 2 do reserved = big_add(reserved, big(fields[i])) end
   return reserved
 end
 

@@ -49,7 +49,7 @@ local function settle(k, id, cost, byok)
     redis.call('PEXPIRE', k.settled, math.ceil(memory / 1000))
     k.remembered = true
   end
-  redis.call('HDEL', k.amt, id)
+  release(k, id)
   redis.call('ZREM', k.res, id)
   for p = 1, 3 do
     -- Periods only roll forward: a cost stamped in a period that has already
@@ -100,15 +100,24 @@ local function reserve(k, a)
   end
   local previous = redis.call('HGET', k.amt, id)
   -- The same id reserved again replaces its earlier amount.
-  if previous then reserved = big_sub(reserved, big(previous)) end
-  redis.call('HSET', k.amt, id, amount)
+  if previous then
+    local held = big(previous)
+    if not big_ge(reserved, held) then
+      -- A kept sum that no longer matches its holds: count them again.
+      redis.call('HDEL', k.amt, TOTAL)
+      reserved = live_reserved(k)
+    end
+    reserved = big_sub(reserved, held)
+  end
+  local total = big_add(reserved, big(amount))
+  redis.call('HSET', k.amt, id, amount, TOTAL, big_str(total))
   redis.call('ZADD', k.res, ARGV[a + 3], id)
   -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer reservation.
   if redis.call('PTTL', k.res) < tonumber(ARGV[a + 4]) then
     redis.call('PEXPIRE', k.res, ARGV[a + 4])
     redis.call('PEXPIRE', k.amt, ARGV[a + 4])
   end
-  return { 0, big_str(used), big_str(big_add(reserved, big(amount))) }
+  return { 0, big_str(used), big_str(total) }
 end
 
 -- The settlements first, so the reservation sees their costs and not
