@@ -206,9 +206,10 @@ async fn every_operation_is_one_round_trip() {
     assert_eq!(commands, expected);
 }
 
-/// A key's reservations are summed once and the sum kept beside them;
-/// a ledger without the sum (written by an earlier version) or with one
-/// that no longer matches its holds is counted afresh.
+/// A key's reservations are summed once and the sum kept beside them; a
+/// ledger without the sum, with holds written by something that did not
+/// keep it (an earlier version, during a rolling upgrade), or with a sum
+/// below its holds is counted afresh.
 #[tokio::test]
 async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
     let server = RedisServer::start();
@@ -242,6 +243,7 @@ async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
         .unwrap();
     let [amounts] = <[String; 1]>::try_from(amounts).unwrap();
     let total_field: &[u8] = b"\xfftotal";
+    let count_field: &[u8] = b"\xffcount";
     let kept = |connection: &mut redis::aio::MultiplexedConnection| {
         let mut get = redis::cmd("HGET");
         get.arg(&amounts).arg(total_field);
@@ -255,10 +257,28 @@ async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
     };
     assert_eq!(kept(&mut connection).await.as_deref(), Some("300"));
 
+    // An earlier version's instance holds and releases beside this one,
+    // leaving the kept sum behind.
+    let old_instance = |command: &str, fields: &[&str]| {
+        let mut command = redis::cmd(command);
+        command.arg(&amounts).arg(fields);
+        let mut connection = connection.clone();
+        async move { command.query_async::<i64>(&mut connection).await.unwrap() }
+    };
+    old_instance("HSET", &["old", "1000"]).await;
+    assert_eq!(reserved().await, 1300);
+    old_instance("HDEL", &["old"]).await;
+    assert_eq!(reserved().await, 300);
+    old_instance("HDEL", &["r2"]).await;
+    assert_eq!(reserved().await, 100);
+    old_instance("HSET", &["r2", "200"]).await;
+    assert_eq!(reserved().await, 300);
+
     // As an earlier version left it: holds, and no sum.
     let _: i64 = redis::cmd("HDEL")
         .arg(&amounts)
         .arg(total_field)
+        .arg(count_field)
         .query_async(&mut connection)
         .await
         .unwrap();

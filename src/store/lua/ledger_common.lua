@@ -32,29 +32,33 @@ local function big_str(a)
   return int(a[1]) .. string.format('%09.0f', a[2])
 end
 
--- The field of the amounts hash that holds their sum, so a reservation
--- need not add up every hold in flight. No reservation id can be it: ids
--- are UTF-8 text, and a lone 0xFF byte never is.
-local TOTAL = '\255total'
+-- The amounts hash also keeps the sum of its holds and how many there
+-- are, so a reservation need not add up every hold in flight. No
+-- reservation id can be one of these fields: ids are UTF-8 text, and a
+-- lone 0xFF byte never is. The count is checked against the hash's
+-- length on every read, so holds written by something that did not keep
+-- the sum (an earlier version during a rolling upgrade) are noticed and
+-- counted afresh.
+local TOTAL, COUNT = '\255total', '\255count'
 
--- The kept sum `total` (a string, or false when none is kept) less
--- `amounts` (strings, or false for holds already gone), stored back; when
--- it would go negative (a sum that no longer matches) it is dropped
--- instead, and live_reserved counts the holds afresh.
-local function take_from_total(k, total, amounts)
-  if not total then return end
-  local sum = big(total)
+-- The kept sum and count (strings, or false when none are kept) less the
+-- holds `amounts` (strings, or false for holds already gone), stored
+-- back; when they would go negative (they no longer match) they are
+-- dropped instead, and live_reserved counts the holds afresh.
+local function take_held(k, total, count, amounts)
+  if not (total and count) then return end
+  local sum, holds = big(total), tonumber(count)
   for _, amount in ipairs(amounts) do
     if amount then
       local held = big(amount)
-      if not big_ge(sum, held) then
-        redis.call('HDEL', k.amt, TOTAL)
+      if holds < 1 or not big_ge(sum, held) then
+        redis.call('HDEL', k.amt, TOTAL, COUNT)
         return
       end
-      sum = big_sub(sum, held)
+      sum, holds = big_sub(sum, held), holds - 1
     end
   end
-  redis.call('HSET', k.amt, TOTAL, big_str(sum))
+  redis.call('HSET', k.amt, TOTAL, big_str(sum), COUNT, int(holds))
 end
 
 -- Drops reservations expired by `now` (every ledger script does, as the
@@ -64,7 +68,8 @@ local function drop_expired(k, now)
   -- In slices: unpack() fails past a few thousand values.
   for i = 1, #expired, 1000 do
     local slice = { unpack(expired, i, math.min(i + 999, #expired)) }
-    take_from_total(k, redis.call('HGET', k.amt, TOTAL), redis.call('HMGET', k.amt, unpack(slice)))
+    local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
+    take_held(k, kept[1], kept[2], redis.call('HMGET', k.amt, unpack(slice)))
     redis.call('HDEL', k.amt, unpack(slice))
   end
   if #expired > 0 then redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now)) end
@@ -72,22 +77,28 @@ end
 
 -- Releases the hold of reservation `id`, if it still has one.
 local function release(k, id)
-  local held = redis.call('HMGET', k.amt, id, TOTAL)
+  local held = redis.call('HMGET', k.amt, id, TOTAL, COUNT)
   if not held[1] then return end
   redis.call('HDEL', k.amt, id)
-  take_from_total(k, held[2], { held[1] })
+  take_held(k, held[2], held[3], { held[1] })
 end
 
--- The sum of the live reservations (big); expired ones must be dropped
--- first. Read from TOTAL; counted from the holds when it is missing (a
--- ledger written before the sum was kept, or one whose sum was dropped).
+-- The sum (big) and number of the live reservations; expired ones must be
+-- dropped first. The kept ones when they still match the hash; else the
+-- holds counted.
 local function live_reserved(k)
-  local total = redis.call('HGET', k.amt, TOTAL)
-  if total then return big(total) end
-  local reserved = big('0')
+  local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
+  if kept[1] and kept[2] and tonumber(kept[2]) == redis.call('HLEN', k.amt) - 2 then
+    return big(kept[1]), tonumber(kept[2])
+  end
+  local reserved, holds = big('0'), 0
   local fields = redis.call('HGETALL', k.amt)
-  for i = 2, #fields, 2 do reserved = big_add(reserved, big(fields[i])) end
-  return reserved
+  for i = 1, #fields, 2 do
+    if fields[i] ~= TOTAL and fields[i] ~= COUNT then
+      reserved, holds = big_add(reserved, big(fields[i + 1])), holds + 1
+    end
+  end
+  return reserved, holds
 end
 
 -- The stored usage fields, as strings; a period's totals count only while

@@ -76,7 +76,7 @@ end
 -- amount. `a` is where the reservation's arguments start in ARGV.
 local function reserve(k, a)
   local id, amount = ARGV[a + 1], ARGV[a + 2]
-  local reserved = live_reserved(k)
+  local reserved, holds = live_reserved(k)
   local usage = usage_fields(k, starts)
   local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[a + 7]]
   local used = big(usage[offset])
@@ -104,13 +104,15 @@ local function reserve(k, a)
     local held = big(previous)
     if not big_ge(reserved, held) then
       -- A kept sum that no longer matches its holds: count them again.
-      redis.call('HDEL', k.amt, TOTAL)
-      reserved = live_reserved(k)
+      redis.call('HDEL', k.amt, TOTAL, COUNT)
+      reserved, holds = live_reserved(k)
     end
     reserved = big_sub(reserved, held)
+  else
+    holds = holds + 1
   end
   local total = big_add(reserved, big(amount))
-  redis.call('HSET', k.amt, id, amount, TOTAL, big_str(total))
+  redis.call('HSET', k.amt, id, amount, TOTAL, big_str(total), COUNT, int(holds))
   redis.call('ZADD', k.res, ARGV[a + 3], id)
   -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer reservation.
   if redis.call('PTTL', k.res) < tonumber(ARGV[a + 4]) then
