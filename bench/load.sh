@@ -4,7 +4,10 @@
 # in-process store; and on Redis. Prints requests per second, p50 and p99
 # latency for each, and the ratios to the no-layer proxy.
 #
-#   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2]
+#   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2] [UPSTREAM_MS=0]
+#
+# UPSTREAM_MS delays each mock answer: with many connections, many
+# requests are then in flight at once (holds, leases) as with a real model.
 #
 # Installs wrk (Debian's, with apt-get) when missing; builds the examples
 # in release mode (in $CARGO_TARGET_DIR when set). Each target's CPU per
@@ -18,6 +21,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-10}"
 connections="${2:-32}"
 threads="${3:-2}"
+upstream_ms="${4:-0}"
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -68,7 +72,7 @@ wait_for_line() {
 }
 
 mock_port="$(free_port)"
-"$bin/mock_upstream" --listen "127.0.0.1:$mock_port" >"$work/mock.out" 2>/dev/null &
+"$bin/mock_upstream" --listen "127.0.0.1:$mock_port" --latency-ms "$upstream_ms" >"$work/mock.out" 2>/dev/null &
 echo $! >>"$work/pids"
 echo $! >"$work/upstream.pid"
 upstream="http://127.0.0.1:$mock_port/v1"
@@ -193,7 +197,7 @@ run() {
   results+=("$name $rps $p50 $p99 ${errors:-0} $cpu_us")
 }
 
-echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request"
+echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request, upstream answering after ${upstream_ms} ms"
 run upstream "$upstream/chat/completions" ""
 run bare "$bare_url/api/v1/chat/completions" ""
 run memory "$memory_url/api/v1/chat/completions" "$memory_key"
