@@ -1,7 +1,8 @@
 -- Shared by the ledger scripts (prepended to each).
 -- A key's ledger is four Redis keys, passed to the helpers as a table `k`:
 -- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
--- reservation amounts hash (id -> amount, and their sum under TOTAL);
+-- reservation amounts hash (id -> amount, and their sum and count under
+-- TOTAL and COUNT);
 -- k.settled settled ids zset (id -> forget at µs).
 -- The account hash {purchased, balance} is KEYS[1] in every ledger script.
 local function int(x) return string.format('%.0f', x) end
@@ -84,8 +85,8 @@ local function release(k, id)
 end
 
 -- The sum (big) and number of the live reservations; expired ones must be
--- dropped first. The kept ones when they still match the hash; else the
--- holds counted.
+-- dropped first: the kept sum and count while the count matches the
+-- hash's length, else the holds counted.
 local function live_reserved(k)
   local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
   if kept[1] and kept[2] and tonumber(kept[2]) == redis.call('HLEN', k.amt) - 2 then
