@@ -10,15 +10,16 @@ use http::header::HeaderValue;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use serde_json::Value;
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES};
+use super::model_field::{
+    rewrite_model_json, BodyKind, JsonObject, ReportedModel, MAX_REWRITTEN_JSON_BYTES,
+};
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
-use crate::body::{top_level_fields, BufferedBody, ChatRequest, ModelId};
+use crate::body::{BufferedBody, ChatRequest, ModelId};
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::ResponseBody;
 
@@ -247,15 +248,17 @@ fn for_model(original: &Bytes, chat: &ChatRequest, model: &ModelId) -> Bytes {
     body_with_model(original, model.as_str())
 }
 
-/// `original` (a JSON object) with `model` set and no `models` list.
+/// `original` (a JSON object) with `model` set and no `models` list;
+/// every other field goes on byte for byte as the client sent it.
 pub(crate) fn body_with_model(original: &Bytes, model: &str) -> Bytes {
-    match top_level_fields(original) {
-        Ok(mut fields) => {
-            fields.insert("model".into(), Value::String(model.to_owned()));
-            fields.remove("models");
-            Bytes::from(serde_json::to_vec(&fields).unwrap_or_else(|_| original.to_vec()))
-        }
-        // BodyLimit parsed it already: it is an object.
-        Err(_) => original.clone(),
-    }
+    let edited = JsonObject::parse(original).and_then(|mut object| {
+        object
+            .set("model", serde_json::to_string(model).ok()?)
+            .ok()?;
+        object.remove("models").ok()?;
+        Some(object.to_bytes())
+    });
+    // BodyLimit parsed it already (an object, each field once): the
+    // original is only a fallback that cannot happen.
+    edited.map_or_else(|| original.clone(), Bytes::from)
 }

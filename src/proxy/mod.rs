@@ -74,6 +74,8 @@ pub use model_field::{
     rewrite_model_json, rewrite_model_sse_line, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES,
     MAX_SSE_LINE_BYTES,
 };
+// Shared with CreditGuard's request and response edits.
+pub(crate) use model_field::{JsonObject, SseLines, SsePiece};
 pub use models::{ModelCatalog, MAX_MODELS_PER_REQUEST};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};

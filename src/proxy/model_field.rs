@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use serde_json::value::RawValue;
 
 /// Largest JSON body rewritten; a larger one passes on unchanged.
 pub const MAX_REWRITTEN_JSON_BYTES: usize = 8 * 1024 * 1024;
@@ -48,7 +49,7 @@ impl BodyKind {
 /// `text` is not a JSON object with a string `model`, or when `model` is
 /// already the gateway's (left as it is).
 ///
-/// Only the top level is parsed: every other value is copied through as
+/// Only the top level is parsed: every other byte is copied through as
 /// the upstream wrote it (a completion's text is never rebuilt).
 pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
     // Most answers already name the served model: one pass that builds
@@ -67,41 +68,192 @@ pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
             return None;
         }
     }
-    let TopLevel(fields) = serde_json::from_slice(text).ok()?;
-    let current = fields.iter().find(|(name, _)| name == "model")?.1;
-    let current: String = serde_json::from_str(current.get()).ok()?;
+    let mut object = JsonObject::parse(text)?;
+    // A repeated `model` would leave one unrewritten: refused.
+    let current = object.get("model").ok()??;
+    let current: String = serde_json::from_str(current).ok()?;
     if current == model {
         return None;
     }
-    let replacement = serde_json::to_string(model).ok()?;
-    let mut out = Vec::with_capacity(text.len() + model.len());
-    out.push(b'{');
-    for (index, (name, value)) in fields.iter().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(serde_json::to_string(name).ok()?.as_bytes());
-        out.push(b':');
-        let value = if name == "model" {
-            replacement.as_str()
-        } else {
-            value.get()
-        };
-        out.extend_from_slice(value.as_bytes());
-    }
-    out.push(b'}');
-    Some(out)
+    object
+        .set("model", serde_json::to_string(model).ok()?)
+        .ok()?;
+    Some(object.to_bytes())
 }
 
-/// A JSON object's top-level fields in order, their values unparsed.
-struct TopLevel<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+/// A JSON object edited at its top level only: the members it leaves
+/// alone, and the bytes between them, are copied from the text as they
+/// were, so a message's or a completion's text is never rebuilt.
+#[derive(Debug)]
+pub(crate) struct JsonObject<'a> {
+    text: &'a [u8],
+    members: Vec<Member<'a>>,
+    // Where a member goes in an object that has none: just after `{`.
+    open_end: usize,
+    added: Vec<(String, String)>,
+}
 
-impl<'de: 'a, 'a> serde::Deserialize<'de> for TopLevel<'a> {
+#[derive(Debug)]
+struct Member<'a> {
+    name: std::borrow::Cow<'a, str>,
+    key_start: usize,
+    value: &'a str,
+    value_end: usize,
+    edit: Option<MemberEdit>,
+}
+
+#[derive(Debug)]
+enum MemberEdit {
+    Replace(String),
+    Remove,
+}
+
+/// A top-level name that appears more than once: which one an edit means
+/// is unclear (and the next reader may take the other), so it is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Repeated;
+
+impl<'a> JsonObject<'a> {
+    /// `text` read as one JSON object (whitespace around it allowed);
+    /// `None` when it is anything else.
+    pub(crate) fn parse(text: &'a [u8]) -> Option<JsonObject<'a>> {
+        let RawMembers(raw) = serde_json::from_slice(text).ok()?;
+        // The raw values are slices of `text`: their place in it, without
+        // `unsafe`, is the distance between the two addresses.
+        let offset = |part: &str| (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize);
+        let open = text.iter().position(|&byte| byte == b'{')?;
+        let mut members = Vec::with_capacity(raw.len());
+        for (key, value) in raw {
+            let key = key.get();
+            let value = value.get();
+            let key_start = offset(key)?;
+            let value_end = offset(value)?.checked_add(value.len())?;
+            if value_end > text.len() {
+                return None;
+            }
+            let quoted = key.strip_prefix('"')?.strip_suffix('"')?;
+            let name = if quoted.contains('\\') {
+                std::borrow::Cow::Owned(serde_json::from_str::<String>(key).ok()?)
+            } else {
+                std::borrow::Cow::Borrowed(quoted)
+            };
+            members.push(Member {
+                name,
+                key_start,
+                value,
+                value_end,
+                edit: None,
+            });
+        }
+        Some(JsonObject {
+            text,
+            members,
+            open_end: open + 1,
+            added: Vec::new(),
+        })
+    }
+
+    fn find(&self, name: &str) -> Result<Option<usize>, Repeated> {
+        let mut found = None;
+        for (index, member) in self.members.iter().enumerate() {
+            if member.name == name {
+                if found.is_some() {
+                    return Err(Repeated);
+                }
+                found = Some(index);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The JSON text of member `name` as the object was read (edits not
+    /// applied); `None` when it has no such member.
+    pub(crate) fn get(&self, name: &str) -> Result<Option<&'a str>, Repeated> {
+        Ok(self.find(name)?.map(|index| self.members[index].value))
+    }
+
+    /// Sets member `name` to `json` (JSON text, which the caller vouches
+    /// for): in its place when the object has it, else last.
+    pub(crate) fn set(&mut self, name: &str, json: String) -> Result<(), Repeated> {
+        match self.find(name)? {
+            Some(index) => self.members[index].edit = Some(MemberEdit::Replace(json)),
+            None => match self.added.iter_mut().find(|(added, _)| added == name) {
+                Some(added) => added.1 = json,
+                None => self.added.push((name.to_owned(), json)),
+            },
+        }
+        Ok(())
+    }
+
+    /// Removes member `name`, when the object has it.
+    pub(crate) fn remove(&mut self, name: &str) -> Result<(), Repeated> {
+        if let Some(index) = self.find(name)? {
+            self.members[index].edit = Some(MemberEdit::Remove);
+        }
+        self.added.retain(|(added, _)| added != name);
+        Ok(())
+    }
+
+    /// The object's text with the edits made.
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let text = self.text;
+        let extra: usize = self
+            .added
+            .iter()
+            .map(|(name, json)| name.len() + json.len() + 8)
+            .sum();
+        let mut out = Vec::with_capacity(text.len() + extra);
+        // Up to the first member (or the `{` of an empty object), and from
+        // the end of the last one: `}` and any whitespace, as they were.
+        let (head_end, tail_start) = match (self.members.first(), self.members.last()) {
+            (Some(first), Some(last)) => (first.key_start, last.value_end),
+            _ => (self.open_end, self.open_end),
+        };
+        out.extend_from_slice(&text[..head_end]);
+        let mut wrote_any = false;
+        let mut previous_end = head_end;
+        for member in &self.members {
+            let separator = &text[previous_end..member.key_start];
+            previous_end = member.value_end;
+            let value_start = member.value_end - member.value.len();
+            let value = match &member.edit {
+                Some(MemberEdit::Remove) => continue,
+                Some(MemberEdit::Replace(json)) => json.as_bytes(),
+                None => member.value.as_bytes(),
+            };
+            // A kept member keeps the separator (comma and whitespace) that
+            // stood before it, unless everything before it was removed.
+            if wrote_any {
+                out.extend_from_slice(separator);
+            }
+            out.extend_from_slice(&text[member.key_start..value_start]);
+            out.extend_from_slice(value);
+            wrote_any = true;
+        }
+        for (name, json) in &self.added {
+            if wrote_any {
+                out.push(b',');
+            }
+            // A `String` always serialises.
+            out.extend_from_slice(serde_json::to_string(name).unwrap_or_default().as_bytes());
+            out.push(b':');
+            out.extend_from_slice(json.as_bytes());
+            wrote_any = true;
+        }
+        out.extend_from_slice(&text[tail_start..]);
+        out
+    }
+}
+
+/// A JSON object's top-level members in order, names and values unparsed.
+struct RawMembers<'a>(Vec<(&'a RawValue, &'a RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for RawMembers<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
 
         impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
-            type Value = TopLevel<'a>;
+            type Value = RawMembers<'a>;
 
             fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 formatter.write_str("a JSON object")
@@ -110,22 +262,93 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for TopLevel<'a> {
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<TopLevel<'a>, A::Error> {
-                let mut fields = Vec::new();
-                while let Some(name) = map.next_key::<String>()? {
-                    // A repeated `model` would leave one unrewritten.
-                    if name == "model"
-                        && fields.iter().any(|(seen, _): &(String, _)| seen == "model")
-                    {
-                        return Err(serde::de::Error::custom("duplicate model"));
-                    }
-                    fields.push((name, map.next_value()?));
+            ) -> Result<RawMembers<'a>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(name) = map.next_key()? {
+                    members.push((name, map.next_value()?));
                 }
-                Ok(TopLevel(fields))
+                Ok(RawMembers(members))
             }
         }
 
         deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+    }
+}
+
+/// A piece of a server-sent event stream, as [`SseLines`] cuts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SsePiece {
+    /// One whole line, its line ending included (none on a body's last
+    /// line when the body ends without one).
+    Line(Bytes),
+    /// Part of a line longer than [`MAX_SSE_LINE_BYTES`], to pass on as it
+    /// is; the piece that holds the line's end ends with `\n`.
+    Long(Bytes),
+}
+
+/// Cuts an event stream into lines however its chunks fall, holding at
+/// most [`MAX_SSE_LINE_BYTES`] of a line while waiting for its end.
+#[derive(Debug, Default)]
+pub(crate) struct SseLines {
+    held: BytesMut,
+    // How far `held` is known to have no `\n`: a line that arrives byte
+    // by byte is not searched again from its start each time.
+    scanned: usize,
+    in_long_line: bool,
+}
+
+impl SseLines {
+    /// Adds the next bytes of the stream; take the pieces out with
+    /// [`SseLines::next_piece`] before the next push.
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        self.held.extend_from_slice(data);
+    }
+
+    /// The next piece the bytes pushed so far complete.
+    pub(crate) fn next_piece(&mut self) -> Option<SsePiece> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let unscanned = self.held.get(self.scanned..).unwrap_or_default();
+        match unscanned.iter().position(|&byte| byte == b'\n') {
+            Some(at) => {
+                let line = self.held.split_to(self.scanned + at + 1).freeze();
+                self.scanned = 0;
+                if std::mem::take(&mut self.in_long_line) {
+                    Some(SsePiece::Long(line))
+                } else {
+                    Some(SsePiece::Line(line))
+                }
+            }
+            None if self.in_long_line || self.held.len() > MAX_SSE_LINE_BYTES => {
+                self.in_long_line = true;
+                self.scanned = 0;
+                Some(SsePiece::Long(self.held.split().freeze()))
+            }
+            None => {
+                self.scanned = self.held.len();
+                None
+            }
+        }
+    }
+
+    /// At the body's end: what is left, a last line without its ending.
+    pub(crate) fn finish(&mut self) -> Option<SsePiece> {
+        if self.held.is_empty() {
+            return None;
+        }
+        self.scanned = 0;
+        let rest = self.held.split().freeze();
+        if std::mem::take(&mut self.in_long_line) {
+            Some(SsePiece::Long(rest))
+        } else {
+            Some(SsePiece::Line(rest))
+        }
+    }
+
+    /// Whether nothing is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty()
     }
 }
 
@@ -162,7 +385,9 @@ pin_project! {
         model: String,
         kind: BodyKind,
         held: BytesMut,
-        // Set when the body outgrew what is rewritten: the rest passes on.
+        // An event stream's lines.
+        lines: SseLines,
+        // Set when a JSON body outgrew what is rewritten: the rest passes on.
         passing: bool,
         trailers: Option<HeaderMap>,
         ended: bool,
@@ -177,6 +402,7 @@ impl<B> ReportedModel<B> {
             model: model.into(),
             kind,
             held: BytesMut::new(),
+            lines: SseLines::default(),
             passing: kind == BodyKind::Other,
             trailers: None,
             ended: false,
@@ -193,10 +419,19 @@ impl<B> ReportedModel<B> {
             model: String::new(),
             kind: BodyKind::Other,
             held: read,
+            lines: SseLines::default(),
             passing: true,
             trailers: None,
             ended: false,
         }
+    }
+}
+
+/// A line with its `model` rewritten; an over-long line's piece as it is.
+fn rewrite_piece(piece: SsePiece, model: &str) -> Bytes {
+    match piece {
+        SsePiece::Line(line) => Bytes::from(rewrite_model_sse_line(&line, model)),
+        SsePiece::Long(part) => part,
     }
 }
 
@@ -220,12 +455,12 @@ where
                         BodyKind::Json if !*this.passing => {
                             rewrite_model_json(&rest, this.model).map_or(rest, Bytes::from)
                         }
-                        BodyKind::EventStream if !*this.passing => {
-                            Bytes::from(rewrite_model_sse_line(&rest, this.model))
-                        }
                         _ => rest,
                     };
                     return Poll::Ready(Some(Ok(Frame::data(out))));
+                }
+                if let Some(piece) = this.lines.finish() {
+                    return Poll::Ready(Some(Ok(Frame::data(rewrite_piece(piece, this.model)))));
                 }
                 return Poll::Ready(
                     this.trailers
@@ -254,9 +489,9 @@ where
                 this.held.extend_from_slice(&data);
                 return Poll::Ready(Some(Ok(Frame::data(this.held.split().freeze()))));
             }
-            this.held.extend_from_slice(&data);
             match this.kind {
                 BodyKind::Json => {
+                    this.held.extend_from_slice(&data);
                     if this.held.len() > MAX_REWRITTEN_JSON_BYTES {
                         *this.passing = true;
                         return Poll::Ready(Some(Ok(Frame::data(this.held.split().freeze()))));
@@ -264,20 +499,15 @@ where
                 }
                 BodyKind::EventStream => {
                     // Whole lines go on now; a partial one waits for its end.
-                    let Some(last_newline) = this.held.iter().rposition(|&byte| byte == b'\n')
-                    else {
-                        if this.held.len() > MAX_SSE_LINE_BYTES {
-                            *this.passing = true;
-                            return Poll::Ready(Some(Ok(Frame::data(this.held.split().freeze()))));
-                        }
-                        continue;
-                    };
-                    let lines = this.held.split_to(last_newline + 1);
-                    let mut out = Vec::with_capacity(lines.len() + 64);
-                    for line in lines.split_inclusive(|&byte| byte == b'\n') {
-                        out.extend_from_slice(&rewrite_model_sse_line(line, this.model));
+                    this.lines.push(&data);
+                    let mut out = BytesMut::new();
+                    while let Some(piece) = this.lines.next_piece() {
+                        out.extend_from_slice(&rewrite_piece(piece, this.model));
                     }
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    if out.is_empty() {
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
                 }
                 BodyKind::Other => unreachable!("passing from the start"),
             }
@@ -285,7 +515,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.held.is_empty() && self.trailers.is_none()
+        self.ended && self.held.is_empty() && self.lines.is_empty() && self.trailers.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -408,6 +638,126 @@ mod tests {
         assert_eq!(BodyKind::of(&HeaderMap::new()), BodyKind::Other);
     }
 
+    fn edited(text: &str, edit: impl FnOnce(&mut JsonObject<'_>)) -> String {
+        let mut object = JsonObject::parse(text.as_bytes()).unwrap();
+        edit(&mut object);
+        String::from_utf8(object.to_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_json_object_edit_keeps_every_other_byte() {
+        let text = " { \"a\" : 1.50 ,\n \"b\":[ 1,2 ], \"c\" :\"\\u00e9\" } \n";
+        assert_eq!(edited(text, |_| {}), text);
+        assert_eq!(
+            edited(text, |o| o.set("b", "true".into()).unwrap()),
+            " { \"a\" : 1.50 ,\n \"b\":true, \"c\" :\"\\u00e9\" } \n"
+        );
+        assert_eq!(
+            edited(text, |o| o.remove("a").unwrap()),
+            " { \"b\":[ 1,2 ], \"c\" :\"\\u00e9\" } \n"
+        );
+        assert_eq!(
+            edited(text, |o| o.remove("b").unwrap()),
+            " { \"a\" : 1.50, \"c\" :\"\\u00e9\" } \n"
+        );
+        assert_eq!(
+            edited(text, |o| o.remove("c").unwrap()),
+            " { \"a\" : 1.50 ,\n \"b\":[ 1,2 ] } \n"
+        );
+        assert_eq!(
+            edited(text, |o| {
+                o.remove("a").unwrap();
+                o.remove("c").unwrap();
+                o.set("d", "{}".into()).unwrap();
+            }),
+            " { \"b\":[ 1,2 ],\"d\":{} } \n"
+        );
+        assert_eq!(
+            edited(text, |o| ["a", "b", "c"]
+                .iter()
+                .for_each(|n| o.remove(n).unwrap())),
+            " {  } \n"
+        );
+        assert_eq!(
+            edited("{}", |o| o.set("x", "1".into()).unwrap()),
+            "{\"x\":1}"
+        );
+        assert_eq!(
+            edited("{ }", |o| o.set("x", "1".into()).unwrap()),
+            "{\"x\":1 }"
+        );
+        assert_eq!(edited("{}", |o| o.remove("x").unwrap()), "{}");
+    }
+
+    #[test]
+    fn a_json_object_knows_escaped_names_and_refuses_repeated_ones() {
+        let text = r#"{"\u006dodel":"a","m\"q":1}"#;
+        let object = JsonObject::parse(text.as_bytes()).unwrap();
+        assert_eq!(object.get("model"), Ok(Some("\"a\"")));
+        assert_eq!(object.get("m\"q"), Ok(Some("1")));
+        assert_eq!(object.get("other"), Ok(None));
+        // The name's own bytes stay as they were spelled.
+        assert_eq!(
+            edited(text, |o| o.set("model", "\"b\"".into()).unwrap()),
+            r#"{"\u006dodel":"b","m\"q":1}"#
+        );
+        let mut repeated = JsonObject::parse(br#"{"a":1,"b":2,"a":3}"#).unwrap();
+        assert_eq!(repeated.get("a"), Err(Repeated));
+        assert_eq!(repeated.set("a", "0".into()), Err(Repeated));
+        assert_eq!(repeated.remove("a"), Err(Repeated));
+        assert_eq!(repeated.get("b"), Ok(Some("2")));
+        for not_an_object in [&b"[1]"[..], b"", b"{", b"{\"a\":1}x", b"null", b"\"{}\""] {
+            assert!(JsonObject::parse(not_an_object).is_none());
+        }
+    }
+
+    #[test]
+    fn sse_lines_pass_an_over_long_line_in_pieces_and_then_cut_lines_again() {
+        let mut lines = SseLines::default();
+        let long = vec![b'x'; MAX_SSE_LINE_BYTES + 1];
+        lines.push(b"a\r\n");
+        lines.push(&long[..10]);
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Line(Bytes::from_static(b"a\r\n")))
+        );
+        assert_eq!(lines.next_piece(), None, "a partial line waits");
+        lines.push(&long[10..]);
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Long(Bytes::from(long.clone())))
+        );
+        lines.push(b"yy\nb\n");
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Long(Bytes::from_static(b"yy\n")))
+        );
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Line(Bytes::from_static(b"b\n")))
+        );
+        assert_eq!(lines.next_piece(), None);
+        lines.push(b"end");
+        assert_eq!(lines.next_piece(), None);
+        assert_eq!(
+            lines.finish(),
+            Some(SsePiece::Line(Bytes::from_static(b"end")))
+        );
+        assert!(lines.is_empty());
+        assert_eq!(lines.finish(), None);
+    }
+
+    #[tokio::test]
+    async fn events_after_an_over_long_line_are_rewritten_again() {
+        let mut stream = format!("data: {}\n\n", "y".repeat(MAX_SSE_LINE_BYTES + 10)).into_bytes();
+        stream.extend_from_slice(b"data: {\"model\":\"up\"}\n\n");
+        let chunks: Vec<&[u8]> = stream.chunks(64 * 1024).collect();
+        let out = through(chunks, BodyKind::EventStream).await;
+        let (long, rest) = out.split_at(MAX_SSE_LINE_BYTES + 18);
+        assert_eq!(long, &stream[..MAX_SSE_LINE_BYTES + 18]);
+        assert_eq!(rest, b"data: {\"model\":\"openai/gpt-4o\"}\n\n");
+    }
+
     proptest! {
         #[test]
         fn sse_lines_keep_everything_but_the_model(id in "[a-z0-9-]{1,12}", n in 0u32..1000, crlf: bool) {
@@ -419,6 +769,39 @@ mod tests {
             prop_assert_eq!(&value["model"], "p/m");
             prop_assert_eq!(&value["id"], id.as_str());
             prop_assert_eq!(&value["n"], n);
+        }
+
+        #[test]
+        fn an_unedited_json_object_comes_back_byte_for_byte(
+            members in proptest::collection::vec(("[a-z\\\\\"]{0,4}", "-?[1-9][0-9]{0,2}|0|\"[a-z ]{0,5}\"|\\[\\]|\\{\\}|null|true"), 0..6),
+            spaces in proptest::collection::vec("[ \t\r\n]{0,2}", 32),
+            removed in 0usize..8,
+        ) {
+            let mut text = format!("{}{{", spaces[0]);
+            for (index, (name, value)) in members.iter().enumerate() {
+                if index > 0 {
+                    text.push_str(&format!("{},", spaces[4 * index]));
+                }
+                let name = serde_json::to_string(name).unwrap();
+                text.push_str(&format!("{}{name}{}:{}{value}", spaces[4 * index + 1], spaces[4 * index + 2], spaces[4 * index + 3]));
+            }
+            text.push_str(&format!("{}}}{}", spaces[30], spaces[31]));
+            let object = JsonObject::parse(text.as_bytes()).unwrap();
+            prop_assert_eq!(object.to_bytes(), text.as_bytes());
+            // Removing one member leaves valid JSON with the others as they were.
+            if let Some((name, _)) = members.get(removed) {
+                let mut object = JsonObject::parse(text.as_bytes()).unwrap();
+                if object.remove(name).is_ok() {
+                    let out = object.to_bytes();
+                    let before: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+                    let mut after: serde_json::Map<String, Value> = serde_json::from_slice(&out).unwrap();
+                    let mut expected = before.clone();
+                    expected.remove(name);
+                    after.sort_keys();
+                    expected.sort_keys();
+                    prop_assert_eq!(after, expected);
+                }
+            }
         }
 
         #[test]
