@@ -108,8 +108,13 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Whether the response is streamed (SSE).
     pub stream: bool,
-    /// `max_completion_tokens`, or else `max_tokens`.
+    /// The larger of `max_completion_tokens` and `max_tokens`: the most
+    /// completion tokens the upstream may generate, whichever of the two
+    /// it obeys. `None` when the client set neither.
     pub max_tokens: Option<u64>,
+    /// Whether the client asked for usage in a stream
+    /// (`stream_options.include_usage` is true).
+    pub stream_usage_requested: bool,
     /// Sampling temperature, 0 to 2.
     pub temperature: Option<f64>,
     /// Nucleus sampling, 0 to 1.
@@ -193,6 +198,7 @@ impl ChatRequest {
         };
         let max_completion_tokens = positive_integer(&mut fields, "max_completion_tokens")?;
         let max_tokens = positive_integer(&mut fields, "max_tokens")?;
+        let stream_usage_requested = stream_usage_requested(&fields)?;
         let temperature = number_in(&mut fields, "temperature", 0.0, 2.0)?;
         let top_p = number_in(&mut fields, "top_p", 0.0, 1.0)?;
         let n = positive_integer(&mut fields, "n")?;
@@ -212,7 +218,9 @@ impl ChatRequest {
             model_id,
             messages,
             stream,
-            max_tokens: max_completion_tokens.or(max_tokens),
+            // `None` is less than any bound: one field alone is that field.
+            max_tokens: max_completion_tokens.max(max_tokens),
+            stream_usage_requested,
             temperature,
             top_p,
             n,
@@ -544,6 +552,25 @@ fn bool_kept(fields: &Map<String, Value>, param: &str) -> Result<(), GatewayErro
     }
 }
 
+/// `stream_options.include_usage`, checked; `stream_options` stays in
+/// `extra` and goes upstream as sent.
+fn stream_usage_requested(fields: &Map<String, Value>) -> Result<bool, GatewayError> {
+    let options = match fields.get("stream_options") {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(options)) => options,
+        Some(other) => return Err(wrong_type("stream_options", "an object", other)),
+    };
+    match options.get("include_usage") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(include)) => Ok(*include),
+        Some(other) => Err(wrong_type(
+            "stream_options.include_usage",
+            "a boolean",
+            other,
+        )),
+    }
+}
+
 fn check_stop(fields: &Map<String, Value>) -> Result<(), GatewayError> {
     match fields.get("stop") {
         None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
@@ -798,7 +825,12 @@ mod tests {
         assert_eq!(request.messages[3].role, Role::Tool);
         assert_eq!(request.messages[2].content, None);
         assert!(request.stream);
-        assert_eq!(request.max_tokens, Some(50), "max_completion_tokens wins");
+        assert_eq!(
+            request.max_tokens,
+            Some(100),
+            "the larger bound: the upstream may obey either"
+        );
+        assert!(!request.stream_usage_requested);
         assert_eq!(
             (request.temperature, request.top_p, request.n),
             (Some(0.7), Some(1.0), Some(2))
@@ -927,9 +959,17 @@ mod tests {
             ("stop", json!(3)),
             ("tools", json!({})),
             ("response_format", json!("json")),
+            ("stream_options", json!(true)),
+            ("stream_options", json!([])),
+            (
+                "stream_options.include_usage",
+                json!({"include_usage": "yes"}),
+            ),
+            ("stream_options.include_usage", json!({"include_usage": 1})),
         ];
         for (param, value) in cases {
-            let error = parse(with(param, value.clone())).unwrap_err();
+            let field = param.split('.').next().unwrap_or(param);
+            let error = parse(with(field, value.clone())).unwrap_err();
             assert_eq!(error.status(), 422, "{param} = {value}");
             assert_eq!(error.kind().type_str(), "invalid_parameter");
             assert!(error.message().contains(param), "{}", error.message());
@@ -1094,6 +1134,56 @@ mod tests {
     }
 
     #[test]
+    fn the_completion_bound_is_the_larger_of_the_two_fields() {
+        let bound = |fields: Value| {
+            let mut request = minimal();
+            for (name, value) in fields.as_object().unwrap() {
+                request[name] = value.clone();
+            }
+            parse(request).unwrap().max_tokens
+        };
+        assert_eq!(bound(json!({})), None);
+        assert_eq!(bound(json!({"max_tokens": 7})), Some(7));
+        assert_eq!(bound(json!({"max_completion_tokens": 9})), Some(9));
+        assert_eq!(
+            bound(json!({"max_tokens": 7, "max_completion_tokens": 9})),
+            Some(9)
+        );
+        assert_eq!(
+            bound(json!({"max_tokens": 90, "max_completion_tokens": 9})),
+            Some(90)
+        );
+        assert_eq!(
+            bound(json!({"max_tokens": null, "max_completion_tokens": 9})),
+            Some(9)
+        );
+    }
+
+    #[test]
+    fn a_stream_usage_request_is_read_from_stream_options() {
+        let requested = |options: Value| {
+            let request = parse(with("stream_options", options)).unwrap();
+            // It goes upstream as sent.
+            assert!(request.extra.contains_key("stream_options"));
+            request.stream_usage_requested
+        };
+        assert!(!parse(minimal()).unwrap().stream_usage_requested);
+        assert!(!requested(json!(null)));
+        assert!(!requested(json!({})));
+        assert!(!requested(json!({"include_usage": null})));
+        assert!(!requested(json!({"include_usage": false})));
+        assert!(requested(json!({"include_usage": true})));
+        assert!(requested(
+            json!({"include_usage": true, "continuous_usage_stats": false})
+        ));
+        let error = parse(with("stream_options", json!("usage"))).unwrap_err();
+        assert_eq!(
+            error.message(),
+            "`stream_options` must be an object, not a string"
+        );
+    }
+
+    #[test]
     fn non_ascii_and_escapes_are_decoded_exactly() {
         let body = r#"{"model":"p/m","messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\" \\ \n ü 😀"}]}"#;
         let request = ChatRequest::parse(body.as_bytes()).unwrap();
@@ -1120,17 +1210,22 @@ mod tests {
             contents in proptest::collection::vec(any::<String>(), 1..5),
             temperature in proptest::option::of(0.0f64..=2.0),
             max_tokens in proptest::option::of(1u64..100_000),
+            max_completion_tokens in proptest::option::of(1u64..100_000),
+            include_usage in proptest::option::of(any::<bool>()),
             stream in any::<bool>(),
         ) {
             let messages: Vec<Value> = contents.iter().map(|content| json!({"role": "user", "content": content})).collect();
             let mut body = json!({"model": model, "messages": messages, "stream": stream});
             if let Some(temperature) = temperature { body["temperature"] = json!(temperature); }
             if let Some(max_tokens) = max_tokens { body["max_tokens"] = json!(max_tokens); }
+            if let Some(bound) = max_completion_tokens { body["max_completion_tokens"] = json!(bound); }
+            if let Some(include) = include_usage { body["stream_options"] = json!({"include_usage": include}); }
             let request = parse(body).unwrap();
             prop_assert_eq!(&request.model, &model);
             prop_assert_eq!(request.stream, stream);
             prop_assert_eq!(request.temperature, temperature);
-            prop_assert_eq!(request.max_tokens, max_tokens);
+            prop_assert_eq!(request.max_tokens, max_tokens.max(max_completion_tokens));
+            prop_assert_eq!(request.stream_usage_requested, include_usage == Some(true));
             let texts: Vec<&str> = request.messages.iter().map(|message| match &message.content {
                 Some(MessageContent::Text(text)) => text.as_str(),
                 _ => "",
