@@ -100,6 +100,7 @@
 //! ```
 
 mod body;
+mod bound;
 mod future;
 mod group_commit;
 mod layer;
@@ -109,6 +110,7 @@ mod service;
 mod usage;
 
 pub use body::MeteredBody;
+pub use bound::{edit_request_body, BodyEdits, BoundField};
 pub use future::ResponseFuture;
 pub use layer::CreditGuardLayer;
 pub use pricing::{PriceTable, Pricing, PricingError, TokenPrice, MAX_CREDITS_PER_MILLION_TOKENS};
