@@ -117,7 +117,9 @@ fn bench_store<S: Store>(
         reservation_id: "r".into(),
         amount_nanos: 1_000,
         key_limit: Some(limit),
+        min_amount_nanos: None,
         check_balance: true,
+        covered_by_balance: false,
         ttl: Duration::from_secs(60),
     };
     // Reserving one id again replaces it, so the key's reservations stay one.

@@ -158,7 +158,7 @@ pub(crate) fn unix_micros(instant: DateTime<Utc>) -> i64 {
     instant.timestamp_micros()
 }
 
-fn from_unix_micros(micros: i64) -> DateTime<Utc> {
+pub(crate) fn from_unix_micros(micros: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(micros).expect("within chrono's range")
 }
 

@@ -10,7 +10,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use crate::clock::Clock;
 use crate::error::GatewayError;
 use crate::keys::SharedStore;
-use crate::store::{Check, CheckOutcome, FailurePolicy, Limit};
+use crate::store::{AdmitRequest, Check, CheckOutcome, FailurePolicy, Limit, PurchaseTier};
 
 /// How many full counters the memo holds before it sheds expired ones.
 const MAX_REMEMBERED: usize = 10_000;
@@ -29,6 +29,9 @@ pub(crate) enum Verdict {
     },
     /// The store failed and the policy admits unchecked.
     Unchecked,
+    /// Every check fit, but the request was refused by another part of its
+    /// admission (a credit hold), so nothing was counted.
+    NotCounted(Vec<CheckOutcome>),
 }
 
 /// Counter checks for one layer. Clones share the memo.
@@ -83,42 +86,90 @@ impl Limiter {
         self.clock.now().trunc_subsecs(6)
     }
 
-    /// Checks and counts `checks` in `scope` as one atomic step.
+    /// Checks and counts `checks` in `scope` as one atomic step, with
+    /// `tier` raising one check's capacity when the account has bought
+    /// enough (read by the store in the same step).
     pub(crate) async fn check(
         &self,
         scope: &str,
         checks: &[Check],
+        tier: Option<PurchaseTier>,
     ) -> Result<Verdict, GatewayError> {
         let now = self.now();
-        if let Some(verdict) = self.known_full(scope, checks, now) {
+        let tiered = tier.map(|tier| tier.check_index);
+        if let Some(verdict) = self.known_full(scope, checks, tiered, now) {
             return Ok(verdict);
         }
-        let decision = match self.store.check_and_add(scope, checks, now).await {
-            Ok(decision) => decision,
-            Err(error) => {
-                return self
-                    .policy
-                    .on_store_error(self.layer, &error)
-                    .map(|()| Verdict::Unchecked)
-            }
+        let decided = match tier {
+            None => self
+                .store
+                .check_and_add(scope, checks, now)
+                .await
+                .map(|decision| (decision.admitted, decision.outcomes)),
+            Some(tier) => self
+                .store
+                .admit(
+                    &AdmitRequest {
+                        account: scope.to_owned(),
+                        checks: checks.to_vec(),
+                        purchase_tier: Some(tier),
+                        hold: None,
+                    },
+                    now,
+                )
+                .await
+                .map(|outcome| (outcome.admitted, outcome.checks)),
         };
-        if decision.admitted {
-            return Ok(Verdict::Admitted(decision.outcomes));
+        match decided {
+            Ok((admitted, outcomes)) => {
+                Ok(self.judge(scope, checks, tiered, admitted, outcomes, now))
+            }
+            Err(error) => self
+                .policy
+                .on_store_error(self.layer, &error)
+                .map(|()| Verdict::Unchecked),
         }
-        let (index, outcome) = decision
-            .outcomes
+    }
+
+    /// The verdict on what the store decided for `checks` (their outcomes,
+    /// and whether all of them were counted); a refusal's full counters
+    /// are remembered, but for the `tiered` check's, whose capacity a
+    /// purchase may raise at any moment.
+    pub(crate) fn judge(
+        &self,
+        scope: &str,
+        checks: &[Check],
+        tiered: Option<usize>,
+        admitted: bool,
+        outcomes: Vec<CheckOutcome>,
+        now: DateTime<Utc>,
+    ) -> Verdict {
+        if admitted {
+            return Verdict::Admitted(outcomes);
+        }
+        let refusing = outcomes
             .iter()
             .enumerate()
             .filter(|(_, outcome)| !outcome.admitted)
             .max_by_key(|(_, outcome)| outcome.retry_after)
-            .map(|(index, outcome)| (index, *outcome))
-            .expect("a refused decision has a refusing check");
-        self.remember(scope, checks, &decision.outcomes, now);
-        Ok(Verdict::Rejected {
+            .map(|(index, outcome)| (index, *outcome));
+        let Some((index, outcome)) = refusing else {
+            // Every check fit: something else refused (a credit hold), and
+            // nothing was counted.
+            return Verdict::NotCounted(outcomes);
+        };
+        self.remember(scope, checks, tiered, &outcomes, now);
+        let retry_after = outcomes
+            .iter()
+            .filter(|outcome| !outcome.admitted)
+            .map(|outcome| outcome.retry_after)
+            .max()
+            .unwrap_or_default();
+        Verdict::Rejected {
             index,
             outcome,
-            retry_after: decision.retry_after(),
-        })
+            retry_after,
+        }
     }
 
     /// A refusal without a round trip, when a counter of `checks` is known
@@ -128,6 +179,7 @@ impl Limiter {
         &self,
         scope: &str,
         checks: &[Check],
+        tiered: Option<usize>,
         now: DateTime<Utc>,
     ) -> Option<Verdict> {
         if !self.remember_full_counters {
@@ -140,6 +192,7 @@ impl Limiter {
         checks
             .iter()
             .enumerate()
+            .filter(|(index, _)| Some(*index) != tiered)
             .filter_map(|(index, check)| {
                 let known = full.get(&(scope.to_owned(), check.name.clone()))?;
                 (known.limit == check.limit && now < known.until && check.amount > 0)
@@ -164,6 +217,7 @@ impl Limiter {
         &self,
         scope: &str,
         checks: &[Check],
+        tiered: Option<usize>,
         outcomes: &[CheckOutcome],
         now: DateTime<Utc>,
     ) {
@@ -180,10 +234,14 @@ impl Limiter {
                 full.clear();
             }
         }
-        for (check, outcome) in checks.iter().zip(outcomes) {
+        for (index, (check, outcome)) in checks.iter().zip(outcomes).enumerate() {
             // Only a request of one unit is known to fail until then; a
             // larger amount waits longer, a smaller one is never asked.
-            if outcome.admitted || outcome.retry_after.is_zero() || check.amount != 1 {
+            if outcome.admitted
+                || outcome.retry_after.is_zero()
+                || check.amount != 1
+                || Some(index) == tiered
+            {
                 continue;
             }
             let (Ok(wait), Ok(until_empty)) = (
@@ -234,11 +292,12 @@ mod tests {
         let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
         let limiter = limiter(&clock);
         assert!(matches!(
-            limiter.check("a", &[rolling(1)]).await.unwrap(),
+            limiter.check("a", &[rolling(1)], None).await.unwrap(),
             Verdict::Admitted(_)
         ));
         clock.advance(Duration::from_secs(4));
-        let Verdict::Rejected { outcome, .. } = limiter.check("a", &[rolling(1)]).await.unwrap()
+        let Verdict::Rejected { outcome, .. } =
+            limiter.check("a", &[rolling(1)], None).await.unwrap()
         else {
             panic!("full");
         };
@@ -249,7 +308,7 @@ mod tests {
             outcome,
             retry_after,
             ..
-        } = limiter.check("a", &[rolling(1)]).await.unwrap()
+        } = limiter.check("a", &[rolling(1)], None).await.unwrap()
         else {
             panic!("still full");
         };
@@ -259,18 +318,18 @@ mod tests {
         );
         // A raised limit is not answered from the memo: the store admits.
         assert!(matches!(
-            limiter.check("a", &[rolling(2)]).await.unwrap(),
+            limiter.check("a", &[rolling(2)], None).await.unwrap(),
             Verdict::Admitted(_)
         ));
         // Another scope is not affected.
         assert!(matches!(
-            limiter.check("b", &[rolling(1)]).await.unwrap(),
+            limiter.check("b", &[rolling(1)], None).await.unwrap(),
             Verdict::Admitted(_)
         ));
         // Once the wait is over the store is asked again.
         clock.advance(Duration::from_secs(4));
         assert!(matches!(
-            limiter.check("a", &[rolling(2)]).await.unwrap(),
+            limiter.check("a", &[rolling(2)], None).await.unwrap(),
             Verdict::Admitted(_)
         ));
     }
@@ -279,9 +338,9 @@ mod tests {
     async fn a_reading_check_is_never_refused_from_the_memo() {
         let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
         let limiter = limiter(&clock);
-        limiter.check("a", &[rolling(1)]).await.unwrap();
+        limiter.check("a", &[rolling(1)], None).await.unwrap();
         assert!(matches!(
-            limiter.check("a", &[rolling(1)]).await.unwrap(),
+            limiter.check("a", &[rolling(1)], None).await.unwrap(),
             Verdict::Rejected { .. }
         ));
         let peek = Check {
@@ -289,7 +348,7 @@ mod tests {
             ..rolling(1)
         };
         assert!(matches!(
-            limiter.check("a", &[peek]).await.unwrap(),
+            limiter.check("a", &[peek], None).await.unwrap(),
             Verdict::Admitted(_)
         ));
     }
@@ -300,8 +359,8 @@ mod tests {
         let limiter = limiter(&clock);
         for scope in 0..(MAX_REMEMBERED + 10) {
             let scope = scope.to_string();
-            limiter.check(&scope, &[rolling(1)]).await.unwrap();
-            limiter.check(&scope, &[rolling(1)]).await.unwrap();
+            limiter.check(&scope, &[rolling(1)], None).await.unwrap();
+            limiter.check(&scope, &[rolling(1)], None).await.unwrap();
         }
         assert!(limiter.full.lock().unwrap().len() <= MAX_REMEMBERED);
     }

@@ -25,6 +25,7 @@
 //! | `modelgate_upstream_retries_total` | counter | — |
 //! | `modelgate_fallbacks_total` | counter | `from`, `to` |
 //! | `modelgate_charged_nanocredits_total` | counter | `byok` |
+//! | `modelgate_cost_over_hold_nanocredits_total` | counter | — |
 //!
 //! ```
 //! use http::HeaderValue;
@@ -74,6 +75,10 @@ pub const UPSTREAM_RETRIES_TOTAL: &str = "modelgate_upstream_retries_total";
 pub const FALLBACKS_TOTAL: &str = "modelgate_fallbacks_total";
 /// Credits charged, in nano-credits.
 pub const CHARGED_NANOCREDITS_TOTAL: &str = "modelgate_charged_nanocredits_total";
+/// What upstreams charged beyond the bound a request was held for (an
+/// upstream that ignored `max_tokens`), in nano-credits: charged in full,
+/// and counted here because no limit could stop it.
+pub const COST_OVER_HOLD_NANOCREDITS_TOTAL: &str = "modelgate_cost_over_hold_nanocredits_total";
 
 /// The most label sets a [`HandleCache`] keeps; past it, handles are
 /// looked up each time (labels are from small sets: a full cache means a

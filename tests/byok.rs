@@ -25,7 +25,8 @@ use modelgate::keys::{
     ByokCredential, ByokDirectory, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore,
 };
 use modelgate::store::{
-    byok_keys, FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT,
+    byok_keys, FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource,
+    NANOS_PER_CREDIT,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};
@@ -62,9 +63,15 @@ struct Backend {
 
 async fn backends() -> Vec<Backend> {
     let server = RedisServer::start();
-    let redis = RedisStore::connect(&server.url(), RedisStoreConfig::default())
-        .await
-        .unwrap();
+    let redis = RedisStore::connect(
+        &server.url(),
+        RedisStoreConfig {
+            time_source: TimeSource::Caller,
+            ..RedisStoreConfig::default()
+        },
+    )
+    .await
+    .unwrap();
     vec![
         Backend {
             name: "memory",
@@ -665,6 +672,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
     let mut server = RedisServer::start();
     let config = RedisStoreConfig {
         call_timeout: Duration::from_millis(300),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let redis: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());

@@ -26,7 +26,7 @@ use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::store::{
-    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT,
+    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};
@@ -165,9 +165,15 @@ async fn instance(
 
 async fn redis(server: &RedisServer) -> SharedStore {
     Arc::new(
-        RedisStore::connect(&server.url(), RedisStoreConfig::default())
-            .await
-            .unwrap(),
+        RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig {
+                time_source: TimeSource::Caller,
+                ..RedisStoreConfig::default()
+            },
+        )
+        .await
+        .unwrap(),
     )
 }
 
@@ -384,7 +390,7 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             .manage(
                 "POST",
                 "/api/v1/accounts/shop/credits",
-                json!({"amount": 2}),
+                json!({"amount": 3}),
             )
             .await;
         assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
@@ -407,12 +413,27 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             .manage(
                 "PATCH",
                 &format!("/api/v1/keys/{hash}"),
-                json!({"limit": 3}),
+                json!({"limit": 4}),
             )
             .await;
         assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
-        // The account spent 3 credits of the 2 it bought: its balance is
-        // negative, and even a free model gets 402.
+        // The key may spend more, but the account has spent the 3 it
+        // bought: the balance is a limit too, a 402 `credits`.
+        let refused = chat(address, &key, "openai/gpt-4o", 1000).await;
+        assert_eq!(
+            (refused.status, limit_source(&refused)),
+            (402, json!("credits"))
+        );
+        // An upstream that ignored its bound took the balance below zero:
+        // then even a free model gets 402.
+        let overspend = modelgate::store::Settlement {
+            account: "shop".into(),
+            key: hash.clone(),
+            reservation_id: "overspent".into(),
+            cost_nanos: NANOS_PER_CREDIT,
+            byok: false,
+        };
+        gateway.store.settle(&overspend, t0()).await.unwrap();
         gateway
             .manage(
                 "PATCH",
@@ -444,7 +465,7 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             200
         );
         let status = gateway.status(&key).await;
-        assert_eq!(status["usage"], 3, "the free request cost nothing");
+        assert_eq!(status["usage"], 4, "the free request cost nothing");
     }
 }
 
@@ -610,59 +631,6 @@ async fn every_ending_is_settled_never_silently_zero() {
 }
 
 #[tokio::test]
-async fn byok_usage_is_kept_apart_and_counts_against_the_limit_only_when_asked() {
-    fn byok(layer: CreditGuardLayer) -> CreditGuardLayer {
-        layer.byok_providers("default", ["openai"])
-    }
-    let gateway = gateway(false, 1, byok).await;
-    let address = gateway.addresses[0];
-    let (key, hash) = gateway.key(json!({"name": "byok", "limit": 1})).await;
-    for _ in 0..3 {
-        assert_eq!(
-            chat(address, &key, "openai/gpt-4o", 1000).await.status,
-            200,
-            "BYOK does not count"
-        );
-    }
-    let status = gateway.status(&key).await;
-    assert_eq!(
-        (status["usage"].clone(), status["byok_usage"].clone()),
-        (json!(0), json!(3))
-    );
-    let balance = gateway.store.account_balance("default").await.unwrap();
-    assert_eq!(
-        balance.balance_nanos,
-        1000 * NANOS_PER_CREDIT,
-        "BYOK usage is not taken from the balance"
-    );
-    gateway
-        .manage(
-            "PATCH",
-            &format!("/api/v1/keys/{hash}"),
-            json!({"include_byok_in_limit": true}),
-        )
-        .await;
-    let refused = chat(address, &key, "openai/gpt-4o", 1000).await;
-    assert_eq!(
-        (refused.status, limit_source(&refused)),
-        (402, json!("key_limit"))
-    );
-    // Another provider is the account's own usage.
-    gateway
-        .manage(
-            "PATCH",
-            &format!("/api/v1/keys/{hash}"),
-            json!({"include_byok_in_limit": false}),
-        )
-        .await;
-    assert_eq!(
-        chat(address, &key, "anthropic/claude", 1000).await.status,
-        200
-    );
-    assert_eq!(gateway.status(&key).await["usage"], 1);
-}
-
-#[tokio::test]
 async fn a_store_failure_refuses_by_default_and_admits_when_set_to_fail_open() {
     fn open(layer: CreditGuardLayer) -> CreditGuardLayer {
         layer.failure_policy(FailurePolicy::FailOpen)
@@ -670,6 +638,7 @@ async fn a_store_failure_refuses_by_default_and_admits_when_set_to_fail_open() {
     let mut server = RedisServer::start();
     let config = RedisStoreConfig {
         call_timeout: Duration::from_millis(300),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
@@ -700,6 +669,7 @@ async fn a_model_without_a_price_is_refused_not_guessed() {
         layer
     }
     let store: SharedStore = Arc::new(MemoryStore::new());
+    store.top_up("default", NANOS_PER_CREDIT).await.unwrap();
     let directory = KeyDirectory::new(store.clone());
     let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
     let table = PriceTable::from_json(

@@ -23,12 +23,14 @@ use modelgate::body::BodyLimitLayer;
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::store::{RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::{RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};
 
 /// The script every ledger write runs, as the store builds it.
 const LEDGER_WRITE: &str = concat!(
+    include_str!("../src/store/lua/time.lua"),
+    include_str!("../src/store/lua/counters.lua"),
     include_str!("../src/store/lua/ledger_common.lua"),
     include_str!("../src/store/lua/ledger_write.lua")
 );
@@ -67,9 +69,15 @@ async fn two_instances(delay: Duration) -> Gateways {
     let mut stores = Vec::new();
     for _ in 0..2 {
         let store: SharedStore = Arc::new(
-            RedisStore::connect(&server.url(), RedisStoreConfig::default())
-                .await
-                .unwrap(),
+            RedisStore::connect(
+                &server.url(),
+                RedisStoreConfig {
+                    time_source: TimeSource::Caller,
+                    ..RedisStoreConfig::default()
+                },
+            )
+            .await
+            .unwrap(),
         );
         let service = ServiceBuilder::new()
             .layer(ErrorMapperLayer::new())

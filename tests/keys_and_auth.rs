@@ -22,7 +22,7 @@ use modelgate::free_quota::FreeQuotaRules;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::store::{
     MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement,
-    NANOS_PER_CREDIT,
+    TimeSource, NANOS_PER_CREDIT,
 };
 use serde_json::{json, Value};
 use tower::ServiceBuilder;
@@ -41,9 +41,15 @@ struct Backend {
 
 async fn backends() -> Vec<Backend> {
     let server = RedisServer::start();
-    let redis = RedisStore::connect(&server.url(), RedisStoreConfig::default())
-        .await
-        .unwrap();
+    let redis = RedisStore::connect(
+        &server.url(),
+        RedisStoreConfig {
+            time_source: TimeSource::Caller,
+            ..RedisStoreConfig::default()
+        },
+    )
+    .await
+    .unwrap();
     vec![
         Backend {
             name: "memory",
@@ -606,7 +612,9 @@ async fn key_status_reports_the_ledger_by_utc_period() {
                     reservation_id: id.into(),
                     amount_nanos: cost_nanos,
                     key_limit: None,
+                    min_amount_nanos: None,
                     check_balance: false,
+                    covered_by_balance: false,
                     ttl: Duration::from_secs(60),
                 };
                 assert!(matches!(
@@ -839,7 +847,9 @@ async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
                 reset: None,
                 include_byok: false,
             }),
+            min_amount_nanos: None,
             check_balance: false,
+            covered_by_balance: false,
             ttl: Duration::from_secs(60),
         };
         let seen = chat_as(gateway.address, &key).await.body["limit_nanos"]
@@ -955,9 +965,15 @@ async fn two_instances(
     let mut instances = Vec::new();
     for _ in 0..2 {
         let store: SharedStore = Arc::new(
-            RedisStore::connect(&server.url(), RedisStoreConfig::default())
-                .await
-                .unwrap(),
+            RedisStore::connect(
+                &server.url(),
+                RedisStoreConfig {
+                    time_source: TimeSource::Caller,
+                    ..RedisStoreConfig::default()
+                },
+            )
+            .await
+            .unwrap(),
         );
         let directory = KeyDirectory::builder(store)
             .clock(Arc::new(clock.clone()))
@@ -1083,6 +1099,7 @@ async fn a_store_that_cannot_answer_gives_503_never_a_pass() {
     let mut server = RedisServer::start();
     let config = RedisStoreConfig {
         call_timeout: Duration::from_millis(300),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
@@ -1152,6 +1169,7 @@ async fn key_routes_fail_closed_when_the_key_is_cached_but_the_store_is_down() {
     let mut server = RedisServer::start();
     let config = RedisStoreConfig {
         call_timeout: Duration::from_millis(300),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());

@@ -23,7 +23,7 @@ use modelgate::free_quota::FreeModelQuotaLayer;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{
-    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT,
+    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,
 };
 use serde_json::{json, Value};
 use tower::ServiceBuilder;
@@ -35,9 +35,15 @@ fn t0() -> DateTime<Utc> {
 
 async fn redis_store(server: &RedisServer) -> SharedStore {
     Arc::new(
-        RedisStore::connect(&server.url(), RedisStoreConfig::default())
-            .await
-            .unwrap(),
+        RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig {
+                time_source: TimeSource::Caller,
+                ..RedisStoreConfig::default()
+            },
+        )
+        .await
+        .unwrap(),
     )
 }
 
@@ -324,9 +330,9 @@ async fn the_daily_free_tiers_are_fifty_then_a_thousand_after_ten_credits() {
             .unwrap();
         assert_eq!(retry, 11 * 3600 + 57 * 60 + 30, "{name}");
 
-        // Nine credits are not enough; ten are.
+        // Nine credits are not enough; ten are, at once: the purchased
+        // total is read in the same store step as the counters.
         store.top_up("acme", 9 * NANOS_PER_CREDIT).await.unwrap();
-        clock.advance(FreeModelQuotaLayer::DEFAULT_PURCHASE_CACHE_TTL);
         assert_eq!(
             chat(&client, addresses[0], &keys[0], "a/b:free")
                 .await
@@ -335,7 +341,6 @@ async fn the_daily_free_tiers_are_fifty_then_a_thousand_after_ten_credits() {
             "{name}"
         );
         store.top_up("acme", NANOS_PER_CREDIT).await.unwrap();
-        clock.advance(FreeModelQuotaLayer::DEFAULT_PURCHASE_CACHE_TTL);
         while admitted < 1000 {
             let wanted = (1000 - admitted).min(20);
             let replies = burst(&addresses, &keys, "a/b:free", wanted).await;
@@ -369,6 +374,7 @@ async fn a_store_that_fails_is_passed_by_default_and_refused_when_set_to_fail_cl
     let mut server = RedisServer::start();
     let config = RedisStoreConfig {
         call_timeout: Duration::from_millis(300),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());

@@ -10,7 +10,7 @@ use common::redis_server::{CommandWatch, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
     Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, RecordStore, RedisStore,
-    RedisStoreConfig, ReserveRequest, Settlement,
+    RedisStoreConfig, ReserveRequest, Settlement, TimeSource,
 };
 use proptest::prelude::*;
 
@@ -36,7 +36,9 @@ fn reserve_request() -> ReserveRequest {
         reservation_id: "r".into(),
         amount_nanos: 5,
         key_limit: None,
+        min_amount_nanos: None,
         check_balance: true,
+        covered_by_balance: false,
         ttl: Duration::from_secs(60),
     }
 }
@@ -47,6 +49,7 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
     let config_timeout = Duration::from_millis(200);
     let config = RedisStoreConfig {
         call_timeout: config_timeout,
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store = RedisStore::connect(&server.url(), config).await.unwrap();
@@ -75,7 +78,8 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
         .await
         .expect("reserve returned")
         .unwrap_err();
-    assert_eq!(error.operation(), "reserve");
+    // A hold alone is an admission with no counter checks.
+    assert_eq!(error.operation(), "admit");
     let error = tokio::time::timeout(bound, store.get_record("keys", "k"))
         .await
         .expect("get_record returned")
@@ -114,6 +118,7 @@ async fn connecting_to_nothing_fails_with_a_clear_error() {
     drop(server);
     let config = RedisStoreConfig {
         call_timeout: Duration::from_millis(200),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let error = RedisStore::connect(&url, config).await.unwrap_err();
@@ -128,9 +133,15 @@ async fn connecting_to_nothing_fails_with_a_clear_error() {
 #[tokio::test]
 async fn every_operation_is_one_round_trip() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
-        .await
-        .unwrap();
+    let store = RedisStore::connect(
+        &server.url(),
+        RedisStoreConfig {
+            time_source: TimeSource::Caller,
+            ..RedisStoreConfig::default()
+        },
+    )
+    .await
+    .unwrap();
     let checks = [
         minute_check(),
         Check::new(
@@ -213,14 +224,22 @@ async fn every_operation_is_one_round_trip() {
 #[tokio::test]
 async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
-        .await
-        .unwrap();
+    let store = RedisStore::connect(
+        &server.url(),
+        RedisStoreConfig {
+            time_source: TimeSource::Caller,
+            ..RedisStoreConfig::default()
+        },
+    )
+    .await
+    .unwrap();
     let reserve = |id: &str, amount_nanos: i64| ReserveRequest {
         reservation_id: id.into(),
         amount_nanos,
         // The settlement below leaves the balance negative.
+        min_amount_nanos: None,
         check_balance: false,
+        covered_by_balance: false,
         ..reserve_request()
     };
     let reserved = || async {
@@ -329,6 +348,7 @@ async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
     let server = RedisServer::start();
     let config = RedisStoreConfig {
         key_prefix: "gw1".into(),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store = RedisStore::connect(&server.url(), config).await.unwrap();
@@ -378,6 +398,7 @@ async fn slot_sets_live_as_long_as_their_longest_lease_in_the_scope_hash_tag() {
     let server = RedisServer::start();
     let config = RedisStoreConfig {
         key_prefix: "gw1".into(),
+        time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
     let store = RedisStore::connect(&server.url(), config).await.unwrap();
@@ -455,7 +476,7 @@ macro_rules! differential_test {
             proptest!(ProptestConfig::with_cases(48), |($input in $strategy)| {
                 let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let key_prefix = format!("{}{case}", stringify!($name));
-                let config = RedisStoreConfig { key_prefix, ..RedisStoreConfig::default() };
+                let config = RedisStoreConfig { key_prefix, time_source: TimeSource::Caller, ..RedisStoreConfig::default() };
                 runtime.block_on(async {
                     let $redis = RedisStore::connect(&server.url(), config).await.unwrap();
                     let $memory = MemoryStore::new();
@@ -541,7 +562,10 @@ struct ReserveArgs {
     key: u8,
     amount_nanos: i64,
     key_limit: Option<(i64, Option<Period>, bool)>,
+    /// A share (0 to 1000‰) of the amount as the least to hold, when flexible.
+    least_permille: Option<i64>,
     check_balance: bool,
+    covered_by_balance: bool,
     ttl_secs: u64,
 }
 
@@ -587,15 +611,30 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
         proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
         any::<bool>(),
         1u64..120,
+        proptest::option::of(0i64..=1000),
+        any::<bool>(),
     )
         .prop_map(
-            |(id, key, amount_nanos, key_limit, check_balance, ttl_secs)| ReserveArgs {
+            |(
                 id,
                 key,
                 amount_nanos,
                 key_limit,
                 check_balance,
                 ttl_secs,
+                least_permille,
+                covered_by_balance,
+            )| {
+                ReserveArgs {
+                    id,
+                    key,
+                    amount_nanos,
+                    key_limit,
+                    least_permille,
+                    check_balance,
+                    covered_by_balance,
+                    ttl_secs,
+                }
             },
         )
 }
@@ -643,7 +682,11 @@ fn reserve_of(args: &ReserveArgs) -> ReserveRequest {
                 include_byok,
             }
         }),
+        min_amount_nanos: args
+            .least_permille
+            .map(|permille| args.amount_nanos / 1000 * permille),
         check_balance: args.check_balance,
+        covered_by_balance: args.covered_by_balance,
         ttl: Duration::from_secs(args.ttl_secs),
     }
 }

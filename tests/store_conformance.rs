@@ -15,9 +15,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    Check, Expect, KeyLimit, Limit, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome,
-    ReserveRequest, Settlement, SlotOutcome, Store, StoreErrorKind, Versioned, WriteOutcome,
-    NANOS_PER_CREDIT,
+    AdmitRequest, Check, Expect, KeyLimit, Limit, MemoryStore, PurchaseTier, RedisStore,
+    RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, Store,
+    StoreErrorKind, TimeSource, Versioned, WriteOutcome, NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -814,7 +814,9 @@ fn reservation(id: &str, amount_nanos: i64, key_limit: Option<KeyLimit>) -> Rese
         reservation_id: id.into(),
         amount_nanos,
         key_limit,
+        min_amount_nanos: None,
         check_balance: true,
+        covered_by_balance: false,
         ttl: Duration::from_secs(60),
     }
 }
@@ -937,7 +939,8 @@ async fn reservations_count_against_the_key_limit_and_expire<S: Store>(store: Ar
             outcome,
             ReserveOutcome::Reserved {
                 used_nanos: 0,
-                reserved_nanos: credits(index as i64 + 1)
+                reserved_nanos: credits(index as i64 + 1),
+                held_nanos: credits(1),
             }
         );
     }
@@ -1097,7 +1100,9 @@ async fn negative_balance_rejects_until_topped_up<S: Store>(store: Arc<S>) {
     );
     // A layer that does not check the balance is admitted.
     let unchecked = ReserveRequest {
+        min_amount_nanos: None,
         check_balance: false,
+        covered_by_balance: false,
         ..reservation("c", 0, None)
     };
     assert!(matches!(
@@ -1315,7 +1320,8 @@ async fn ledger_limits_are_exact_beyond_two_to_the_53<S: Store>(store: Arc<S>) {
         first,
         ReserveOutcome::Reserved {
             used_nanos: limit_nanos - 2,
-            reserved_nanos: 1
+            reserved_nanos: 1,
+            held_nanos: 1,
         }
     );
     let second = store
@@ -1326,7 +1332,8 @@ async fn ledger_limits_are_exact_beyond_two_to_the_53<S: Store>(store: Arc<S>) {
         second,
         ReserveOutcome::Reserved {
             used_nanos: limit_nanos - 2,
-            reserved_nanos: 2
+            reserved_nanos: 2,
+            held_nanos: 1,
         }
     );
     let third = store
@@ -1360,7 +1367,8 @@ async fn ledger_limits_are_exact_beyond_two_to_the_53<S: Store>(store: Arc<S>) {
         again,
         ReserveOutcome::Reserved {
             used_nanos: limit_nanos - 2,
-            reserved_nanos: 1
+            reserved_nanos: 1,
+            held_nanos: 0,
         }
     );
     let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
@@ -1567,7 +1575,8 @@ async fn a_reservation_sees_the_costs_it_carries_not_their_holds<S: Store>(store
         outcome,
         ReserveOutcome::Reserved {
             used_nanos: credits(2),
-            reserved_nanos: credits(5)
+            reserved_nanos: credits(5),
+            held_nanos: credits(5),
         }
     );
     assert_eq!(
@@ -1694,6 +1703,253 @@ async fn batched_settlements_and_reservations_stay_exact_under_concurrency<S: St
         store.account_balance("acct").await.unwrap().balance_nanos,
         credits(1_000 - admitted)
     );
+}
+
+fn paid_hold(id: &str, amount_nanos: i64, least_nanos: Option<i64>) -> ReserveRequest {
+    ReserveRequest {
+        min_amount_nanos: least_nanos,
+        covered_by_balance: true,
+        ..reservation(id, amount_nanos, None)
+    }
+}
+
+fn admission(checks: Vec<Check>, hold: Option<ReserveRequest>) -> AdmitRequest {
+    AdmitRequest {
+        account: "acct".into(),
+        checks,
+        purchase_tier: None,
+        hold,
+    }
+}
+
+async fn admission_is_all_or_nothing_across_counters_and_the_hold<S: Store>(store: Arc<S>) {
+    let minute = Check::new("minute", rolling(2, 60), 1);
+    // Nothing bought: the hold is refused, and the counter counts nothing.
+    for _ in 0..3 {
+        let outcome = store
+            .admit(
+                &admission(vec![minute.clone()], Some(paid_hold("a", credits(1), None))),
+                t0(),
+            )
+            .await
+            .unwrap();
+        assert!(!outcome.admitted);
+        assert_eq!(
+            outcome.hold,
+            Some(ReserveOutcome::BalanceInsufficient {
+                balance_nanos: 0,
+                held_nanos: 0
+            })
+        );
+        assert_eq!(
+            outcome.checks[0].used, 0,
+            "a refused request counts nowhere"
+        );
+    }
+    store.top_up("acct", credits(10)).await.unwrap();
+    for id in ["b", "c"] {
+        let outcome = store
+            .admit(
+                &admission(vec![minute.clone()], Some(paid_hold(id, credits(1), None))),
+                t0(),
+            )
+            .await
+            .unwrap();
+        assert!(outcome.admitted);
+    }
+    // The counter is full: the hold is not even decided, nothing is held.
+    let full = store
+        .admit(
+            &admission(vec![minute.clone()], Some(paid_hold("d", credits(1), None))),
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert!(!full.admitted);
+    assert_eq!(full.hold, None);
+    assert!(!full.checks[0].admitted);
+    assert_eq!(
+        store
+            .key_usage("acct", "key-hash", t0())
+            .await
+            .unwrap()
+            .reserved_nanos,
+        credits(2)
+    );
+    // Counters alone work as check_and_add does.
+    let other = Check::new("other", rolling(1, 60), 1);
+    assert!(
+        store
+            .admit(&admission(vec![other.clone()], None), t0())
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        !store
+            .admit(&admission(vec![other], None), t0())
+            .await
+            .unwrap()
+            .admitted
+    );
+}
+
+async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(5)).await.unwrap();
+    // Holds on two keys of the account draw on the one balance.
+    let mut on_other_key = paid_hold("k2-a", credits(2), None);
+    on_other_key.key = "other-key".into();
+    assert!(store
+        .reserve(&on_other_key, t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    assert!(store
+        .reserve(&paid_hold("a", credits(2), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    assert_eq!(
+        store
+            .reserve(&paid_hold("b", credits(2), None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::BalanceInsufficient {
+            balance_nanos: credits(5),
+            held_nanos: credits(4)
+        }
+    );
+    // A flexible hold takes what is left, down to its least amount.
+    assert_eq!(
+        store
+            .reserve(&paid_hold("c", credits(2), Some(credits(1) / 2)), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved {
+            used_nanos: 0,
+            reserved_nanos: credits(3),
+            held_nanos: credits(1),
+        }
+    );
+    assert!(matches!(
+        store
+            .reserve(&paid_hold("d", credits(2), Some(1)), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::BalanceInsufficient { .. }
+    ));
+    // A settlement frees its hold; the balance pays the real cost.
+    store
+        .settle(
+            &of_key("other-key", settlement("k2-a", credits(1), false)),
+            t0(),
+        )
+        .await
+        .unwrap();
+    let balance = store.account_balance("acct").await.unwrap();
+    assert_eq!(balance.balance_nanos, credits(4));
+    assert!(store
+        .reserve(&paid_hold("e", credits(1), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    // A BYOK hold (not covered by the balance) is not bounded by it.
+    let byok = ReserveRequest {
+        covered_by_balance: false,
+        ..paid_hold("f", credits(100), None)
+    };
+    assert!(store.reserve(&byok, t0()).await.unwrap().is_reserved());
+    // Holds expire: after their lifetime the whole balance is free again.
+    let later = after(61 * SECOND);
+    assert!(store
+        .reserve(&paid_hold("g", credits(4), None), later)
+        .await
+        .unwrap()
+        .is_reserved());
+}
+
+async fn a_flexible_hold_takes_what_the_key_limit_leaves<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(100)).await.unwrap();
+    let limit = KeyLimit {
+        limit_nanos: credits(3),
+        reset: None,
+        include_byok: false,
+    };
+    let hold = |id: &str, amount: i64, least: Option<i64>| ReserveRequest {
+        key_limit: Some(limit),
+        ..paid_hold(id, amount, least)
+    };
+    assert!(store
+        .reserve(&hold("a", credits(2), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    assert_eq!(
+        store
+            .reserve(&hold("b", credits(2), Some(1)), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::Reserved {
+            used_nanos: 0,
+            reserved_nanos: credits(3),
+            held_nanos: credits(1),
+        }
+    );
+    assert!(matches!(
+        store
+            .reserve(&hold("c", credits(2), Some(1)), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+}
+
+async fn a_purchase_tier_raises_a_capacity_in_the_same_step<S: Store>(store: Arc<S>) {
+    let day = Check::new(
+        "day",
+        Limit::Calendar {
+            limit: 2,
+            period: Period::Day,
+        },
+        1,
+    );
+    let request = AdmitRequest {
+        purchase_tier: Some(PurchaseTier {
+            check_index: 0,
+            threshold_nanos: credits(10),
+            raised_capacity: 4,
+        }),
+        ..admission(vec![day], None)
+    };
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let outcome = store.admit(&request, t0()).await.unwrap();
+        admitted += usize::from(outcome.admitted);
+        assert_eq!(outcome.checks[0].limit, 2);
+    }
+    assert_eq!(admitted, 2);
+    store.top_up("acct", credits(10)).await.unwrap();
+    let outcome = store.admit(&request, t0()).await.unwrap();
+    assert!(outcome.admitted);
+    assert_eq!((outcome.checks[0].limit, outcome.checks[0].used), (4, 3));
+}
+
+async fn concurrent_paid_holds_never_overdraw_the_balance<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    let handles: Vec<_> = (0..200)
+        .map(|index| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let hold = paid_hold(&format!("h{index}"), credits(1), None);
+                store.reserve(&hold, t0()).await.unwrap().is_reserved()
+            })
+        })
+        .collect();
+    let mut held = 0;
+    for handle in handles {
+        held += usize::from(handle.await.unwrap());
+    }
+    assert_eq!(held, 10);
 }
 
 async fn records_compare_and_set<S: Store>(store: Arc<S>) {
@@ -1898,8 +2154,16 @@ async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: 
     assert_eq!(created, 1);
 }
 
+/// The suite drives time by hand: the store takes the caller's clock.
+fn caller_time() -> RedisStoreConfig {
+    RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    }
+}
+
 async fn connect(server: &RedisServer) -> RedisStore {
-    RedisStore::connect(&server.url(), RedisStoreConfig::default())
+    RedisStore::connect(&server.url(), caller_time())
         .await
         .expect("connect to redis-server")
 }
@@ -1932,7 +2196,7 @@ macro_rules! conformance {
             let urls = cluster.urls();
             let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
             $(
-                let config = RedisStoreConfig { key_prefix: stringify!($check).to_owned(), ..RedisStoreConfig::default() };
+                let config = RedisStoreConfig { key_prefix: stringify!($check).to_owned(), ..caller_time() };
                 let store = RedisStore::connect_cluster(&nodes, config).await.expect("connect to the cluster");
                 $check(Arc::new(store)).await;
             )*
@@ -1970,6 +2234,11 @@ conformance!(
     settlements_of_one_account_go_together_each_once,
     a_reservation_sees_the_costs_it_carries_not_their_holds,
     batched_settlements_and_reservations_stay_exact_under_concurrency,
+    admission_is_all_or_nothing_across_counters_and_the_hold,
+    the_balance_bounds_the_account_holds,
+    a_flexible_hold_takes_what_the_key_limit_leaves,
+    a_purchase_tier_raises_a_capacity_in_the_same_step,
+    concurrent_paid_holds_never_overdraw_the_balance,
     records_compare_and_set,
     records_list_newest_first,
     concurrent_writers_with_one_revision_exactly_one_wins,

@@ -20,7 +20,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::keys::SharedStore;
 use modelgate::store::FailurePolicy;
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource};
 use modelgate::webhook::{
     resolve_routes, CancelOutcome, ClientAddr, FlowStatus, ResolveLimits, TaskLaunch, TaskRunner,
     TaskRunnerError, TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute, WebhookSecretLayer,
@@ -84,9 +84,15 @@ fn memory() -> SharedStore {
 
 async fn redis(server: &RedisServer) -> SharedStore {
     Arc::new(
-        RedisStore::connect(&server.url(), RedisStoreConfig::default())
-            .await
-            .unwrap(),
+        RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig {
+                time_source: TimeSource::Caller,
+                ..RedisStoreConfig::default()
+            },
+        )
+        .await
+        .unwrap(),
     )
 }
 

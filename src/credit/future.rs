@@ -2,6 +2,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
+
 use futures_util::future::BoxFuture;
 use http::header::CONTENT_LENGTH;
 use http::{Request, Response};
@@ -10,10 +12,14 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::body::MeteredBody;
+use super::bound::edit_request_body;
+use super::hidden_usage::HiddenUsage;
 use super::meter::{Ending, Unsettled};
 use super::service::Admitted;
 use super::usage::{BodyKind, UsageScanner};
+use crate::body::BufferedBody;
 use crate::error::GatewayError;
+use crate::rate_limit::headers::merge_response_headers;
 use crate::response_body::ResponseBody;
 
 pin_project! {
@@ -48,6 +54,8 @@ pin_project! {
             future: Oneshot<S, Request<B>>,
             meter: Unsettled,
             max_scanned_body_bytes: usize,
+            response_headers: Vec<http::HeaderMap>,
+            hide_stream_usage: bool,
         },
     }
 }
@@ -68,6 +76,8 @@ where
                 future: Oneshot::new(inner, request),
                 meter: Unsettled::new(None, Ending::Abandoned),
                 max_scanned_body_bytes: 0,
+                response_headers: Vec::new(),
+                hide_stream_usage: false,
             },
         }
     }
@@ -92,8 +102,9 @@ where
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    B: From<Bytes>,
 {
-    type Output = Result<Response<ResponseBody<MeteredBody<ResBody>>>, S::Error>;
+    type Output = Result<Response<ResponseBody<HiddenUsage<MeteredBody<ResBody>>>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -115,19 +126,46 @@ where
                         panic!("polled after completion");
                     };
                     let next = match outcome {
-                        Ok(Admitted { meter, credential }) => {
+                        Ok(Admitted {
+                            meter,
+                            credential,
+                            additions,
+                            body_edits,
+                            hide_stream_usage,
+                        }) => {
                             crate::telemetry::layer_decision("CreditGuard", None);
                             if let Some(credential) = credential {
                                 // For the upstream client, which sends it
                                 // instead of the gateway's own key.
                                 request.extensions_mut().insert(credential);
                             }
+                            let mut response_headers = Vec::with_capacity(additions.len());
+                            for admission in additions {
+                                request.extensions_mut().extend(admission.extensions);
+                                response_headers.push(admission.response_headers);
+                            }
+                            if let Some(edits) = body_edits {
+                                let edited = request.extensions().get::<BufferedBody>().and_then(
+                                    |BufferedBody(original)| edit_request_body(original, &edits),
+                                );
+                                if let Some(edited) = edited {
+                                    // Later layers and the upstream read the
+                                    // bytes that go upstream.
+                                    request
+                                        .extensions_mut()
+                                        .insert(BufferedBody(edited.clone()));
+                                    request.headers_mut().remove(CONTENT_LENGTH);
+                                    *request.body_mut() = B::from(edited);
+                                }
+                            }
                             State::Calling {
                                 future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
                                 // may be working, so the hold is charged.
-                                meter: Unsettled::new(Some(meter), Ending::Abandoned),
+                                meter: Unsettled::new(meter, Ending::Abandoned),
                                 max_scanned_body_bytes: *max_scanned_body_bytes,
+                                response_headers,
+                                hide_stream_usage,
                             }
                         }
                         Err(error) => State::Rejected { error: Some(error) },
@@ -138,6 +176,8 @@ where
                     future,
                     meter,
                     max_scanned_body_bytes,
+                    response_headers,
+                    hide_stream_usage,
                 } => {
                     let response = match ready!(future.poll(cx)) {
                         Ok(response) => response,
@@ -149,20 +189,25 @@ where
                         }
                     };
                     let success = response.status().is_success();
-                    let mut response = response;
+                    let (mut parts, body) = response.into_parts();
+                    // Each deferring layer's headers, the tightest limit kept.
+                    for headers in response_headers.drain(..) {
+                        merge_response_headers(&mut parts, headers);
+                    }
                     if meter.is_some() {
                         // The end of a metered body waits for its settlement;
                         // a declared length would let the client finish
                         // first, before the cost is recorded.
-                        response.headers_mut().remove(CONTENT_LENGTH);
+                        parts.headers.remove(CONTENT_LENGTH);
                     }
                     // The body is read as what it is, whatever was asked for.
-                    let kind = if is_event_stream(response.headers()) {
+                    let event_stream = is_event_stream(&parts.headers);
+                    let kind = if event_stream {
                         BodyKind::EventStream
                     } else {
                         BodyKind::Json
                     };
-                    let response = response.map(|body| match meter.take() {
+                    let body = match meter.take() {
                         Some(mut meter) => {
                             meter.response_success = Some(success);
                             MeteredBody::metered(
@@ -172,8 +217,15 @@ where
                             )
                         }
                         None => MeteredBody::unmetered(body),
-                    });
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    };
+                    // The usage the gateway asked for is read above and
+                    // kept from the client, who did not ask for it.
+                    let body = if *hide_stream_usage && event_stream && success {
+                        HiddenUsage::new(body)
+                    } else {
+                        HiddenUsage::passthrough(body)
+                    };
+                    return Poll::Ready(Ok(Response::from_parts(parts, ResponseBody::inner(body))));
                 }
             }
         }

@@ -37,8 +37,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::store::{
-    validate_reserve, LedgerStore, ReserveOutcome, ReserveRequest, Settlement, StoreError,
-    StoreErrorKind,
+    validate_admit, AdmitOutcome, AdmitRequest, LedgerStore, Settlement, StoreError, StoreErrorKind,
 };
 
 /// The most settlements one call carries: bounds how long one script runs.
@@ -106,14 +105,15 @@ impl GroupCommit {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Decides `request`, carrying the settlements waiting for its account.
-    pub(crate) async fn reserve(
+    /// Decides the admission `request`, carrying the settlements waiting
+    /// for its account.
+    pub(crate) async fn admit(
         self: &Arc<Self>,
-        request: &ReserveRequest,
-    ) -> Result<ReserveOutcome, StoreError> {
+        request: &AdmitRequest,
+    ) -> Result<AdmitOutcome, StoreError> {
         // A request the store will refuse must not take settlements with it.
-        if !self.grouping || validate_reserve(request).is_err() {
-            return self.store.reserve(request, self.clock.now()).await;
+        if !self.grouping || validate_admit(&[], request).is_err() {
+            return self.store.admit(request, self.clock.now()).await;
         }
         let carried: Vec<Waiting> = {
             let mut shard = self.shard(&request.account);
@@ -128,12 +128,12 @@ impl GroupCommit {
         };
         let now = self.clock.now();
         if carried.is_empty() {
-            return self.store.reserve(request, now).await;
+            return self.store.admit(request, now).await;
         }
         let call = Call::new(self, &request.account, carried);
         let outcome = self
             .store
-            .reserve_after_settling(&call.settlements, request, now)
+            .admit_after_settling(&call.settlements, request, now)
             .await;
         call.finish(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
         outcome
@@ -323,7 +323,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::{AccountBalance, KeyUsage, MemoryStore};
+    use crate::store::{AccountBalance, KeyUsage, MemoryStore, ReserveOutcome, ReserveRequest};
 
     /// A ledger a round trip away, seen from inside: every call is logged
     /// as it starts, may be held until released, and may lose its reply
@@ -383,13 +383,19 @@ mod tests {
 
     #[async_trait]
     impl LedgerStore for Remote {
-        async fn reserve(
+        async fn admit_after_settling(
             &self,
-            request: &ReserveRequest,
+            settlements: &[Settlement],
+            request: &AdmitRequest,
             now: DateTime<Utc>,
-        ) -> Result<ReserveOutcome, StoreError> {
-            self.call("reserve".into(), self.inner.reserve(request, now))
-                .await
+        ) -> Result<AdmitOutcome, StoreError> {
+            let name = if settlements.is_empty() {
+                "reserve".to_owned()
+            } else {
+                format!("reserve_after_settling {}", settlements.len())
+            };
+            let applied = self.inner.admit_after_settling(settlements, request, now);
+            self.call(name, applied).await
         }
 
         async fn settle(
@@ -409,17 +415,6 @@ mod tests {
             let name = format!("settle_many {}", settlements.len());
             self.call(name, self.inner.settle_many(settlements, now))
                 .await
-        }
-
-        async fn reserve_after_settling(
-            &self,
-            settlements: &[Settlement],
-            request: &ReserveRequest,
-            now: DateTime<Utc>,
-        ) -> Result<ReserveOutcome, StoreError> {
-            let name = format!("reserve_after_settling {}", settlements.len());
-            let applied = self.inner.reserve_after_settling(settlements, request, now);
-            self.call(name, applied).await
         }
 
         async fn key_usage(
@@ -452,6 +447,23 @@ mod tests {
         Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap()
     }
 
+    impl GroupCommit {
+        /// A hold alone, as CreditGuard asks for one.
+        async fn reserve(
+            self: &Arc<Self>,
+            request: &ReserveRequest,
+        ) -> Result<ReserveOutcome, StoreError> {
+            let admit = AdmitRequest {
+                account: request.account.clone(),
+                checks: Vec::new(),
+                purchase_tier: None,
+                hold: Some(request.clone()),
+            };
+            let outcome = self.admit(&admit).await?;
+            Ok(outcome.hold.expect("a hold was asked for"))
+        }
+    }
+
     fn group(remote: &Arc<Remote>) -> Arc<GroupCommit> {
         GroupCommit::new(remote.clone(), Arc::new(ManualClock::new(t0())))
     }
@@ -463,7 +475,9 @@ mod tests {
             reservation_id: id.into(),
             amount_nanos: 10,
             key_limit: None,
+            min_amount_nanos: None,
             check_balance: false,
+            covered_by_balance: false,
             ttl: Duration::from_secs(60),
         }
     }
@@ -630,7 +644,8 @@ mod tests {
             outcome,
             ReserveOutcome::Reserved {
                 used_nanos: 4,
-                reserved_nanos: 10
+                reserved_nanos: 10,
+                held_nanos: 10,
             }
         );
         all_ok(waiting).await;

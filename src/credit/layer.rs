@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::bound::BoundField;
 use super::group_commit::GroupCommit;
 use super::pricing::Pricing;
 use super::CreditGuard;
@@ -30,8 +31,9 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) default_max_tokens: u64,
     pub(crate) reservation_ttl: Duration,
     pub(crate) max_scanned_body_bytes: usize,
-    /// Per account, the providers it brings its own keys for (lower case).
-    pub(crate) byok_providers: HashMap<String, Vec<String>>,
+    /// Per provider (lower case), the request field that carries the
+    /// completion bound; `max_tokens` for the others.
+    pub(crate) bound_fields: HashMap<String, BoundField>,
     /// The keys accounts set through the management API, looked up per
     /// chat request.
     pub(crate) byok_directory: Option<ByokDirectory>,
@@ -46,14 +48,15 @@ impl std::fmt::Debug for CreditGuardConfig {
             .field("default_max_tokens", &self.default_max_tokens)
             .field("reservation_ttl", &self.reservation_ttl)
             .field("max_scanned_body_bytes", &self.max_scanned_body_bytes)
-            .field("byok_providers", &self.byok_providers)
+            .field("bound_fields", &self.bound_fields)
             .field("byok_directory", &self.byok_directory)
             .finish_non_exhaustive()
     }
 }
 
 impl CreditGuardLayer {
-    /// Completion tokens assumed for a request without `max_tokens`.
+    /// The completion bound written into a request without `max_tokens`,
+    /// when the key's limit and the balance pay for it.
     pub const DEFAULT_MAX_TOKENS: u64 = 4096;
     /// How long a reservation holds if its request is never settled.
     pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(15 * 60);
@@ -73,7 +76,7 @@ impl CreditGuardLayer {
                 default_max_tokens: Self::DEFAULT_MAX_TOKENS,
                 reservation_ttl: Self::DEFAULT_RESERVATION_TTL,
                 max_scanned_body_bytes: Self::DEFAULT_MAX_SCANNED_BODY_BYTES,
-                byok_providers: HashMap::new(),
+                bound_fields: HashMap::new(),
                 byok_directory: None,
             }),
         }
@@ -114,30 +117,26 @@ impl CreditGuardLayer {
         self
     }
 
-    /// The providers `account` brings its own keys for: their requests are
-    /// BYOK usage, kept apart and not taken from the balance.
-    pub fn byok_providers<I, P>(mut self, account: impl Into<String>, providers: I) -> Self
-    where
-        I: IntoIterator<Item = P>,
-        P: AsRef<str>,
-    {
-        let providers = providers
-            .into_iter()
-            .map(|provider| provider.as_ref().to_ascii_lowercase())
-            .collect();
+    /// The request field that carries the completion bound for `provider`'s
+    /// models: `max_tokens` by default; OpenAI's reasoning models take only
+    /// `max_completion_tokens`. The gateway writes the bound there when the
+    /// client set none.
+    pub fn completion_bound_field(mut self, provider: impl AsRef<str>, field: BoundField) -> Self {
         Arc::make_mut(&mut self.config)
-            .byok_providers
-            .insert(account.into(), providers);
+            .bound_fields
+            .insert(provider.as_ref().to_ascii_lowercase(), field);
         self
     }
 
     /// Looks up, before each chat request, whether its account has set its
     /// own key for the model's provider (`PUT
     /// /api/v1/accounts/{id}/byok/{provider}`): one store read, cached by
-    /// the directory. A request with such a key is BYOK usage, as with
-    /// [`byok_providers`](Self::byok_providers), and carries the key in its
-    /// extensions as a [`ByokCredential`](crate::keys::ByokCredential) for
-    /// the upstream client to send instead of the gateway's own. A store
+    /// the directory. A request with such a key is BYOK usage (kept in its
+    /// own totals, not taken from the balance) and carries the key in its
+    /// extensions as a [`ByokCredential`](crate::keys::ByokCredential); the
+    /// service below must send that key upstream instead of its own (the
+    /// proxy's `Providers` does), or the gateway pays for usage booked as
+    /// the account's. A store
     /// that fails this lookup is treated as the reservation's would be:
     /// 503 when failing closed (the default), or admitted as the account's
     /// own usage, with no credential, when failing open.

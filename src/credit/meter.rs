@@ -32,8 +32,8 @@ pub(crate) struct Meter {
     pub(crate) account: String,
     pub(crate) key: String,
     pub(crate) reservation_id: String,
-    /// The estimated maximum cost: what a request that ends without usage
-    /// is charged.
+    /// What the request can cost within its completion bound (no more
+    /// than it holds): what one that ends without usage is charged.
     pub(crate) estimate_nanos: i64,
     pub(crate) price: TokenPrice,
     /// A `:free` variant: never charged, whatever the upstream says.
@@ -117,6 +117,19 @@ impl Meter {
 
     fn settlement(&self, usage: Option<Usage>, ending: Ending) -> Settlement {
         let (cost_nanos, basis) = self.cost_nanos(usage, ending);
+        if cost_nanos > self.estimate_nanos {
+            // Charged in full all the same: the upstream did the work.
+            let over_nanos = cost_nanos - self.estimate_nanos;
+            tracing::warn!(
+                account = %self.account,
+                reservation = %self.reservation_id,
+                cost_nanos,
+                bound_nanos = self.estimate_nanos,
+                "the upstream charged past the completion bound the request was held for"
+            );
+            metrics::counter!(crate::telemetry::COST_OVER_HOLD_NANOCREDITS_TOTAL)
+                .increment(u64::try_from(over_nanos).unwrap_or(0));
+        }
         tracing::debug!(
             account = %self.account,
             reservation = %self.reservation_id,

@@ -2,52 +2,70 @@
 //! usage ledger, from seed 000 and seed 002's 402.
 //!
 //! Before a chat request goes upstream, one atomic store step admits it or
-//! answers 402:
+//! answers 402, and admitted, holds what it can cost:
 //!
 //! - `limit_source: key_limit` when the key's usage in its reset period
 //!   (UTC day, week from Monday, month, or all time), plus its BYOK usage
-//!   when `include_byok_in_limit`, plus the credits held by its requests in
-//!   flight, plus this request's estimate, would pass its limit (a free
-//!   request: when usage has reached it); the message gives the limit and
-//!   when it resets. So a key overspends by at most how far real costs
-//!   exceed their estimates;
+//!   when `include_byok_in_limit`, plus what its requests in flight hold,
+//!   leaves too little for this request (a free request: when usage has
+//!   reached the limit); the message gives the limit, when it resets, and
+//!   how many completion tokens what is left pays for;
 //! - `limit_source: credits` when the account balance is negative, for
-//!   `:free` models too.
+//!   `:free` models too; and for a paid model, when the balance less what
+//!   the account's requests in flight hold (on every key) does not cover
+//!   this one: an account that bought nothing uses free models only.
 //!
-//! Otherwise it holds the request's estimated maximum cost
-//! ([`estimate_max_cost_nanos`]: the prompt's size, `max_tokens` or a
-//! default, the model's [`Pricing`]). The response passes through
-//! untouched, byte for byte and unbuffered, while a [`UsageScanner`] reads
-//! the upstream's `usage` (from the JSON body, or the SSE chunk before
-//! `data: [DONE]`). When the response ends, the real cost is recorded and
-//! the hold released in one step: `usage.cost` when the upstream states it,
-//! else the tokens priced; `:free` variants cost 0, whatever the upstream
-//! says. A request that ends without usage is charged its estimate (tokens
-//! may have been spent), except after an error status, which is charged
-//! nothing. A client that goes away, a body that breaks and an inner error
-//! are settled too, in the background when no one waits; settlement is
+//! The hold is the prompt ([`estimate_prompt_tokens`]: generously counted
+//! from its size) and the completion bound, at the model's [`Pricing`].
+//! The bound is the client's `max_tokens` or `max_completion_tokens` (the
+//! larger when both are sent); a client that sets none gets one written
+//! into the request ([`CreditGuardLayer::default_max_tokens`], in the field
+//! [`CreditGuardLayer::completion_bound_field`] names), or, when the key's
+//! limit or the balance cannot pay for that, as many tokens as they pay
+//! for: such a client is served until it cannot afford its prompt and one
+//! token. So the upstream never receives an unbounded request, and admitted
+//! requests never take the balance below zero nor a key past its limit. A
+//! stream whose client did not ask for usage is sent with
+//! `stream_options.include_usage`, and the usage chunk that brings is kept
+//! from the client, who gets the bytes it would have got.
+//!
+//! The response passes through untouched, unbuffered, while a
+//! [`UsageScanner`] reads the upstream's `usage` (from the JSON body, or
+//! the SSE chunk before `data: [DONE]`). When the response ends, the real
+//! cost is recorded and the hold released in one step: `usage.cost` when
+//! the upstream states it, else the tokens priced; `:free` variants cost 0,
+//! whatever the upstream says. A cost above the bound (an upstream that
+//! ignored it) is charged in full and counted in
+//! `modelgate_cost_over_hold_nanocredits_total`. A request that ends
+//! without usage is charged what its bound allows (tokens may have been
+//! spent), except after an error status, which is charged nothing. A
+//! client that goes away, a body that breaks and an inner error are
+//! settled too, in the background when no one waits; settlement is
 //! idempotent per request, so retrying it never charges twice; a hold that
-//! is never settled (an instance that died) expires. The body is read as
-//! its `Content-Type` says (SSE or JSON), whatever the request asked.
+//! is never settled (an instance that died) expires.
+//!
+//! Stacked with [`GlobalRateLimit`](crate::rate_limit::GlobalRateLimit) and
+//! [`FreeModelQuota`](crate::free_quota::FreeModelQuota) by
+//! [`AdmissionLayers`](crate::admission::AdmissionLayers), their checks are
+//! decided in the same store step: a request any of them refuses counts in
+//! none.
 //!
 //! On a store a round trip away (Redis), settlements are grouped per
 //! account so that under load a request costs about one ledger call, not
 //! two: a settlement finding another of its account on its way to the
-//! store waits; a reservation about to be sent carries every settlement
+//! store waits; an admission about to be sent carries every settlement
 //! waiting for its account (settled first, then decided, in one script);
 //! those still waiting when the ones on their way are recorded go
 //! together. A settlement thus waits at most one round trip more, and none
 //! when it is alone; the end of a response still waits until its cost is
 //! recorded.
 //!
-//! Requests whose model's provider is in the account's BYOK list
-//! ([`CreditGuardLayer::byok_providers`]), or for which the account has set
-//! its own key through the management API
-//! ([`CreditGuardLayer::byok_directory`], one cached lookup per request),
-//! are BYOK usage: kept in their own totals and not taken from the
-//! balance; whether they count against (and are held against) the key
-//! limit follows `include_byok_in_limit`. A key the account set goes into
-//! the request's extensions as a [`ByokCredential`](crate::keys::ByokCredential),
+//! A request for which the account has set its own key for the model's
+//! provider through the management API ([`CreditGuardLayer::byok_directory`],
+//! one cached lookup per request) is BYOK usage: kept in its own totals and
+//! not taken from the balance; whether it counts against (and is held
+//! against) the key limit follows `include_byok_in_limit`. The key goes
+//! into the request's extensions as a [`ByokCredential`](crate::keys::ByokCredential),
 //! for the upstream client to send instead of the gateway's own key.
 //!
 //! ```
@@ -65,6 +83,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let store: SharedStore = Arc::new(MemoryStore::new());
+//! store.top_up("default", 100 * NANOS_PER_CREDIT).await.unwrap();
 //! let directory = KeyDirectory::new(store.clone());
 //! let new = NewKey { limit_nanos: Some(NANOS_PER_CREDIT), ..NewKey::named("capped") };
 //! let (key, record) = directory.create_key(new).await.unwrap();
@@ -116,5 +135,5 @@ pub use future::ResponseFuture;
 pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
 pub use pricing::{PriceTable, Pricing, PricingError, TokenPrice, MAX_CREDITS_PER_MILLION_TOKENS};
-pub use service::{estimate_max_cost_nanos, CreditGuard};
+pub use service::{estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard};
 pub use usage::{BodyKind, Usage, UsageScanner};

@@ -1,24 +1,29 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use chrono::SecondsFormat;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::bound::{BodyEdits, BoundField};
 use super::future::ResponseFuture;
 use super::layer::CreditGuardConfig;
 use super::meter::{Ending, Meter, Unsettled};
 use super::pricing::TokenPrice;
+use crate::admission::{Admission, AdmissionPlan};
 use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::ByokCredential;
+use crate::limiter::Verdict;
 use crate::response_body::ResponseBody;
-use crate::store::{ReserveOutcome, ReserveRequest};
+use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 
 use super::body::MeteredBody;
+use super::hidden_usage::HiddenUsage;
 
 /// Admits a chat request only when its key is under its credit limit and
 /// its account's balance is not negative, holding the request's estimated
@@ -37,8 +42,9 @@ pub struct CreditGuard<S> {
 impl<S, B, ResBody> Service<Request<B>> for CreditGuard<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    B: From<Bytes>,
 {
-    type Response = Response<ResponseBody<MeteredBody<ResBody>>>;
+    type Response = Response<ResponseBody<HiddenUsage<MeteredBody<ResBody>>>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
@@ -47,8 +53,11 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
+        // The checks of the layers before, when they defer to this one.
+        let plan = request.extensions_mut().remove::<AdmissionPlan>();
+        let principal = request.extensions().get::<Principal>();
         let Some(chat) = request.extensions().get::<ChatRequest>() else {
             if is_chat_completions_call(request.method(), request.uri().path()) {
                 return ResponseFuture::rejected(GatewayError::missing_layer(
@@ -56,9 +65,16 @@ where
                     "BodyLimit",
                 ));
             }
-            return ResponseFuture::unmetered(request, inner);
+            let (Some(plan), Some(principal)) = (plan, principal) else {
+                return ResponseFuture::unmetered(request, inner);
+            };
+            // Not metered, but the checks handed over are decided here.
+            let config = Arc::clone(&self.config);
+            let account = principal.account_id.clone();
+            let admitting = Box::pin(async move { admit(&config, account, None, plan).await });
+            return ResponseFuture::admitting(admitting, request, inner, 0);
         };
-        let Some(principal) = request.extensions().get::<Principal>() else {
+        let Some(principal) = principal else {
             return ResponseFuture::rejected(GatewayError::missing_layer(
                 "CreditGuard",
                 "BearerAuth",
@@ -77,26 +93,28 @@ where
                 .with_metadata("param", "model"),
             );
         };
-        let provider = chat.model_id.provider();
-        let byok_by_config = config
-            .byok_providers
-            .get(&principal.account_id)
-            .is_some_and(|providers| {
-                providers
-                    .iter()
-                    .any(|listed| provider.eq_ignore_ascii_case(listed))
-            });
+        let provider = chat.model_id.provider().to_owned();
         let charge = Charge {
             principal: principal.clone(),
-            provider: provider.to_owned(),
-            byok_by_config,
-            estimate_nanos: estimate_max_cost_nanos(chat, &price, config.default_max_tokens),
+            prompt_tokens: estimate_prompt_tokens(chat),
+            client_bound_tokens: chat.max_tokens,
+            choices: chat.n.unwrap_or(1).max(1),
+            ask_stream_usage: chat.stream && !chat.stream_usage_requested,
+            bound_field: config
+                .bound_fields
+                .get(&provider.to_ascii_lowercase())
+                .copied()
+                .unwrap_or_default(),
+            default_bound_tokens: config.default_max_tokens,
+            provider,
             price,
             free: chat.model_id.is_free(),
         };
         let config = Arc::clone(config);
-        let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> =
-            Box::pin(async move { admit(&config, charge).await });
+        let account = charge.principal.account_id.clone();
+        let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> = Box::pin(async move {
+            admit(&config, account, Some(charge), plan.unwrap_or_default()).await
+        });
         ResponseFuture::admitting(
             admitting,
             request,
@@ -106,16 +124,11 @@ where
     }
 }
 
-/// The most a request can cost: its prompt, estimated generously at one
-/// token per 3 bytes of UTF-8 (a CJK character is 3 bytes) plus 4 per
-/// message and 1000 per non-text part (an image), tool definitions and
-/// other message fields (tool calls) included; and `max_tokens` (or the
-/// default) completion tokens for each of its `n` choices.
-pub fn estimate_max_cost_nanos(
-    chat: &ChatRequest,
-    price: &TokenPrice,
-    default_max_tokens: u64,
-) -> i64 {
+/// The prompt's tokens, estimated generously at one token per 3 bytes of
+/// UTF-8 (a CJK character is 3 bytes) plus 4 per message and 1000 per
+/// non-text part (an image), tool definitions and other message fields
+/// (tool calls) included.
+pub fn estimate_prompt_tokens(chat: &ChatRequest) -> u64 {
     let mut prompt_bytes: u64 = 0;
     let mut other_parts: u64 = 0;
     for message in &chat.messages {
@@ -143,13 +156,22 @@ pub fn estimate_max_cost_nanos(
             .map(|tool| tool.to_string().len() as u64)
             .sum::<u64>();
     }
-    let prompt_tokens =
-        prompt_bytes.div_ceil(3) + 4 * chat.messages.len() as u64 + 1000 * other_parts;
+    prompt_bytes.div_ceil(3) + 4 * chat.messages.len() as u64 + 1000 * other_parts
+}
+
+/// The most a request can cost: its prompt ([`estimate_prompt_tokens`])
+/// and `max_tokens` (or the default) completion tokens for each of its `n`
+/// choices.
+pub fn estimate_max_cost_nanos(
+    chat: &ChatRequest,
+    price: &TokenPrice,
+    default_max_tokens: u64,
+) -> i64 {
     let completion_tokens = chat
         .max_tokens
         .unwrap_or(default_max_tokens)
         .saturating_mul(chat.n.unwrap_or(1));
-    price.cost_nanos(prompt_tokens, completion_tokens)
+    price.cost_nanos(estimate_prompt_tokens(chat), completion_tokens)
 }
 
 /// What admission needs to know of one chat request.
@@ -157,52 +179,205 @@ struct Charge {
     principal: Principal,
     /// The model's provider, as the request spells it.
     provider: String,
-    /// Whether [`CreditGuardLayer::byok_providers`](super::CreditGuardLayer::byok_providers)
-    /// lists the provider for the account.
-    byok_by_config: bool,
-    estimate_nanos: i64,
+    prompt_tokens: u64,
+    /// The completion bound the client set, if any.
+    client_bound_tokens: Option<u64>,
+    /// `n`: every choice may use the whole bound.
+    choices: u64,
+    /// A stream whose client did not ask for usage: the gateway asks.
+    ask_stream_usage: bool,
+    bound_field: BoundField,
+    /// The bound written when the client set none and the hold pays for it.
+    default_bound_tokens: u64,
     price: TokenPrice,
     free: bool,
 }
 
-/// An admitted request's hold, and the account's own key for the
-/// provider when it set one.
-pub(crate) struct Admitted {
-    pub(crate) meter: Meter,
-    pub(crate) credential: Option<ByokCredential>,
+impl Charge {
+    /// The cost of the prompt and `tokens` completion tokens per choice.
+    fn cost_nanos(&self, tokens: u64) -> i64 {
+        self.price
+            .cost_nanos(self.prompt_tokens, tokens.saturating_mul(self.choices))
+    }
+
+    /// The most completion tokens per choice that `nanos` pays for with
+    /// the prompt, up to `most`; 0 when not even one.
+    fn affordable_tokens(&self, nanos: i64, most: u64) -> u64 {
+        if self.cost_nanos(most) <= nanos {
+            return most;
+        }
+        // cost_nanos grows with the tokens: the largest that fits.
+        let (mut low, mut high) = (0u64, most);
+        while low < high {
+            let middle = low + (high - low).div_ceil(2);
+            if self.cost_nanos(middle) <= nanos {
+                low = middle;
+            } else {
+                high = middle - 1;
+            }
+        }
+        low
+    }
 }
 
-/// Decides whether the request is BYOK (one cached lookup when a
-/// [`ByokDirectory`](crate::keys::ByokDirectory) is set), then holds its
-/// estimate.
-async fn admit(config: &CreditGuardConfig, charge: Charge) -> Result<Admitted, GatewayError> {
-    let credential = match &config.byok_directory {
-        None => None,
-        Some(directory) => match directory
-            .lookup(&charge.principal.account_id, &charge.provider)
-            .await
-        {
-            Ok(credential) => credential,
-            Err(error) => {
-                // Failing open, the request is the account's own usage:
-                // without the key no upstream could be sent it anyway.
-                config.policy.on_store_error("CreditGuard", &error)?;
-                None
+/// An admitted request: its hold (chat requests), the account's own key
+/// for the provider when it set one, what the layers that deferred to this
+/// one add, and the request body as it must go upstream.
+pub(crate) struct Admitted {
+    pub(crate) meter: Option<Meter>,
+    pub(crate) credential: Option<ByokCredential>,
+    pub(crate) additions: Vec<Admission>,
+    pub(crate) body_edits: Option<BodyEdits>,
+    /// The gateway asked the upstream for stream usage: hidden from the client.
+    pub(crate) hide_stream_usage: bool,
+}
+
+/// Decides the request's admission in one store step: the checks `plan`
+/// carries and, for a chat request, its hold (BYOK found first: one cached
+/// lookup when a [`ByokDirectory`](crate::keys::ByokDirectory) is set).
+async fn admit(
+    config: &CreditGuardConfig,
+    account: String,
+    charge: Option<Charge>,
+    plan: AdmissionPlan,
+) -> Result<Admitted, GatewayError> {
+    let credential = match (&config.byok_directory, &charge) {
+        (Some(directory), Some(charge)) => {
+            match directory.lookup(&account, &charge.provider).await {
+                Ok(credential) => credential,
+                Err(error) => {
+                    // Failing open, the request is the account's own usage:
+                    // without the key no upstream could be sent it anyway.
+                    config.policy.on_store_error("CreditGuard", &error)?;
+                    None
+                }
             }
-        },
+        }
+        _ => None,
     };
-    let byok = charge.byok_by_config || credential.is_some();
+    // BYOK only when the account's own key goes upstream with the request.
+    let byok = credential.is_some();
+    let held = charge
+        .as_ref()
+        .map(|charge| hold_request(config, &account, charge, byok));
+    let mut checks = Vec::new();
+    let mut purchase_tier = None;
+    let mut ranges = Vec::with_capacity(plan.parts.len());
+    for part in &plan.parts {
+        let start = checks.len();
+        if let Some(tier) = part.tier {
+            purchase_tier = Some(PurchaseTier {
+                check_index: start + tier.check_index,
+                ..tier
+            });
+        }
+        checks.extend(part.checks.iter().cloned());
+        ranges.push(start..checks.len());
+    }
+    let request = AdmitRequest {
+        account,
+        checks,
+        purchase_tier,
+        hold: held.as_ref().map(|(hold, _)| hold.clone()),
+    };
+    // Dropped before the answer (the client left), or a store that failed
+    // after it may have held: the hold, if any, is released at no cost.
+    let mut pending = Unsettled::new(held.map(|(_, meter)| meter), Ending::NotSent);
+    let outcome = match config.ledger.admit(&request).await {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            for part in &plan.parts {
+                part.limiter
+                    .policy
+                    .on_store_error(part.limiter.layer, &error)?;
+            }
+            if pending.is_some() {
+                config.policy.on_store_error("CreditGuard", &error)?;
+            }
+            // Admitted unchecked: the cost is still recorded at the end
+            // (the hold, when no usage arrives) once the store is back.
+            let additions = plan
+                .parts
+                .iter()
+                .map(|part| (part.finish)(Verdict::Unchecked))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(admitted(
+                pending.take(),
+                charge,
+                None,
+                credential,
+                additions,
+            ));
+        }
+    };
+    if !outcome.admitted {
+        // Refused: nothing was counted or held.
+        pending.take();
+    }
+    let mut additions = Vec::with_capacity(plan.parts.len());
+    for (part, range) in plan.parts.iter().zip(ranges) {
+        let verdict = part.limiter.judge(
+            &request.account,
+            &part.checks,
+            part.tier.map(|tier| tier.check_index),
+            outcome.admitted,
+            outcome.checks[range].to_vec(),
+            part.limiter.now(),
+        );
+        additions.push((part.finish)(verdict)?);
+    }
+    match (outcome.hold, charge) {
+        (Some(ReserveOutcome::Reserved { held_nanos, .. }), Some(charge)) => {
+            let meter = pending.take();
+            Ok(admitted(
+                meter,
+                Some(charge),
+                Some(held_nanos),
+                credential,
+                additions,
+            ))
+        }
+        (Some(refusal), Some(charge)) => Err(refused(config, &charge, refusal)),
+        (_, charge) if outcome.admitted => Ok(admitted(None, charge, None, credential, additions)),
+        _ => Err(GatewayError::new(
+            ErrorKind::Internal,
+            "the store refused the request without saying which limit; retry",
+        )),
+    }
+}
+
+/// The hold a chat request asks for, and its meter: the prompt and the
+/// client's bound, or else as much of the default bound as the key's limit
+/// and the balance pay for, at least one completion token.
+fn hold_request(
+    config: &CreditGuardConfig,
+    account: &str,
+    charge: &Charge,
+    byok: bool,
+) -> (ReserveRequest, Meter) {
     let principal = &charge.principal;
     // BYOK usage that does not count against the key's limit neither
     // holds nor is checked against it.
     let counted = !byok || principal.include_byok_in_limit;
+    let bound_tokens = charge
+        .client_bound_tokens
+        .unwrap_or(config.default_max_tokens);
+    let estimate_nanos = charge.cost_nanos(bound_tokens);
+    let flexible = charge.client_bound_tokens.is_none() && !charge.free;
+    let amount_nanos = if counted && !charge.free {
+        estimate_nanos
+    } else {
+        0
+    };
     let reservation = ReserveRequest {
-        account: principal.account_id.clone(),
+        account: account.to_owned(),
         key: principal.key_hash.to_hex(),
         reservation_id: new_reservation_id(),
-        amount_nanos: if counted { charge.estimate_nanos } else { 0 },
+        amount_nanos,
+        min_amount_nanos: (flexible && amount_nanos > 0).then(|| charge.cost_nanos(1)),
         key_limit: principal.key_limit.filter(|_| counted),
         check_balance: true,
+        covered_by_balance: !byok && !charge.free,
         ttl: config.reservation_ttl,
     };
     let meter = Meter {
@@ -210,39 +385,92 @@ async fn admit(config: &CreditGuardConfig, charge: Charge) -> Result<Admitted, G
         account: reservation.account.clone(),
         key: reservation.key.clone(),
         reservation_id: reservation.reservation_id.clone(),
-        estimate_nanos: charge.estimate_nanos,
+        estimate_nanos,
         price: charge.price,
         free: charge.free,
         byok,
         response_success: None,
     };
-    let meter = reserve(config, reservation, meter).await?;
-    Ok(Admitted { meter, credential })
+    (reservation, meter)
 }
 
-async fn reserve(
-    config: &CreditGuardConfig,
-    reservation: ReserveRequest,
-    meter: Meter,
-) -> Result<Meter, GatewayError> {
-    // Dropped before the answer (the client left), or a store that failed
-    // after it may have held: the hold, if any, is released at no cost.
-    let mut pending = Unsettled::new(Some(meter), Ending::NotSent);
-    let outcome = config.ledger.reserve(&reservation).await;
-    if matches!(
-        outcome,
-        Ok(ReserveOutcome::KeyLimitReached { .. } | ReserveOutcome::BalanceNegative { .. })
-    ) {
-        // Refused: nothing was held.
-        pending.take();
+/// The admitted request's additions, with the body edits its hold implies:
+/// a completion bound written when the client set none (what `held_nanos`
+/// pays for, up to the default), and a stream's usage asked for.
+fn admitted(
+    meter: Option<Meter>,
+    charge: Option<Charge>,
+    held_nanos: Option<i64>,
+    credential: Option<ByokCredential>,
+    additions: Vec<Admission>,
+) -> Admitted {
+    let Some(charge) = charge else {
+        return Admitted {
+            meter,
+            credential,
+            additions,
+            body_edits: None,
+            hide_stream_usage: false,
+        };
+    };
+    let write_bound = match charge.client_bound_tokens {
+        Some(_) => None,
+        None => Some(match held_nanos {
+            // What the hold pays for, up to the default; the store held at
+            // least the prompt and one token.
+            Some(held_nanos) if held_nanos > 0 => charge
+                .affordable_tokens(held_nanos, charge.default_bound_tokens)
+                .max(1),
+            _ => charge.default_bound_tokens,
+        }),
+    };
+    let mut meter = meter;
+    if let Some(meter) = &mut meter {
+        // A request that ends without usage is charged what it could cost.
+        meter.estimate_nanos = charge.cost_nanos(
+            write_bound
+                .or(charge.client_bound_tokens)
+                .unwrap_or(charge.default_bound_tokens),
+        );
     }
-    match outcome {
-        Ok(ReserveOutcome::Reserved { .. }) => Ok(pending.take().expect("armed above")),
-        Ok(ReserveOutcome::KeyLimitReached {
+    Admitted {
+        meter,
+        credential,
+        additions,
+        body_edits: Some(BodyEdits {
+            write_bound: write_bound.map(|tokens| (charge.bound_field, tokens)),
+            ask_stream_usage: charge.ask_stream_usage,
+        }),
+        hide_stream_usage: charge.ask_stream_usage,
+    }
+}
+
+/// The 402 of a hold the store refused, saying what was asked for and
+/// what is left.
+fn refused(config: &CreditGuardConfig, charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
+    let asked_tokens = charge
+        .client_bound_tokens
+        .unwrap_or(config.default_max_tokens);
+    // What the room left pays for, in completion tokens per choice.
+    let tokens_for = |room_nanos: i64| charge.affordable_tokens(room_nanos, asked_tokens);
+    let asked = match charge.client_bound_tokens {
+        Some(tokens) => format!(
+            "this request asks for up to {tokens} completion tokens (max_tokens), which with its prompt could cost {} credits",
+            decimal_string(charge.cost_nanos(tokens), 0)
+        ),
+        None => format!(
+            "this request's prompt and one completion token could cost {} credits",
+            decimal_string(charge.cost_nanos(1), 0)
+        ),
+    };
+    match refusal {
+        ReserveOutcome::KeyLimitReached {
             used_nanos,
             limit_nanos,
             resets_at,
-        }) => {
+        } => {
+            let room_nanos = limit_nanos.saturating_sub(used_nanos);
+            let affordable = tokens_for(room_nanos);
             let when = match resets_at {
                 Some(resets_at) => format!(
                     "it resets at {}",
@@ -253,35 +481,62 @@ async fn reserve(
             let mut error = GatewayError::insufficient_credits(
                 LimitSource::KeyLimit,
                 format!(
-                    "this key's credit limit is {} credits, {} are used or held by requests in flight, and this request could cost more than is left; {when}. Raise the key's limit, lower max_tokens, or use another key",
+                    "this key's credit limit is {} credits and {} are used or held by requests in flight; {asked}, and what is left pays for {affordable} completion tokens; {when}. Raise the key's limit, lower max_tokens, or use another key",
                     decimal_string(limit_nanos, 0),
                     decimal_string(used_nanos, 0),
                 ),
             )
             .with_metadata("limit", nanos_to_json(limit_nanos))
-            .with_metadata("used", nanos_to_json(used_nanos));
+            .with_metadata("used", nanos_to_json(used_nanos))
+            .with_metadata("affordable_tokens", affordable);
+            if charge.client_bound_tokens.is_some() {
+                error = error.with_metadata("requested_tokens", asked_tokens);
+            }
             if let Some(resets_at) = resets_at {
                 error = error.with_metadata(
                     "resets_at",
                     resets_at.to_rfc3339_opts(SecondsFormat::Secs, true),
                 );
             }
-            Err(error)
+            error
         }
-        Ok(ReserveOutcome::BalanceNegative { balance_nanos }) => Err(GatewayError::insufficient_credits(
+        ReserveOutcome::BalanceNegative { balance_nanos } => GatewayError::insufficient_credits(
             LimitSource::Credits,
             format!(
                 "the account balance is negative ({} credits); top up the account to continue. This applies to free models too",
                 decimal_string(balance_nanos, 2)
             ),
         )
-        .with_metadata("balance", nanos_to_json(balance_nanos))),
-        Err(error) => {
-            config.policy.on_store_error("CreditGuard", &error)?;
-            // Admitted unchecked: the cost is still recorded at the end
-            // (the estimate, when no usage arrives) once the store is back.
-            Ok(pending.take().expect("armed above"))
+        .with_metadata("balance", nanos_to_json(balance_nanos)),
+        ReserveOutcome::BalanceInsufficient {
+            balance_nanos,
+            held_nanos,
+        } => {
+            let affordable = tokens_for(balance_nanos.saturating_sub(held_nanos));
+            let message = if balance_nanos == 0 && held_nanos == 0 {
+                format!(
+                    "the account has no credits; paid models need credits (free models, whose ids end in :free, do not). {asked}. Top up the account"
+                )
+            } else {
+                format!(
+                    "the account balance is {} credits, of which {} are held by requests in flight; {asked}, and what is left pays for {affordable} completion tokens. Top up the account, lower max_tokens, or wait for requests in flight to finish",
+                    decimal_string(balance_nanos, 2),
+                    decimal_string(held_nanos, 2),
+                )
+            };
+            let mut error = GatewayError::insufficient_credits(LimitSource::Credits, message)
+                .with_metadata("balance", nanos_to_json(balance_nanos))
+                .with_metadata("held", nanos_to_json(held_nanos))
+                .with_metadata("affordable_tokens", affordable);
+            if charge.client_bound_tokens.is_some() {
+                error = error.with_metadata("requested_tokens", asked_tokens);
+            }
+            error
         }
+        ReserveOutcome::Reserved { .. } => GatewayError::new(
+            ErrorKind::Internal,
+            "a granted hold was read as a refusal; retry",
+        ),
     }
 }
 

@@ -1,9 +1,7 @@
 use std::sync::Arc;
-use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::purchases::Purchases;
 use super::{FreeModelQuota, FreeQuotaRules, QuotaRulesError};
 use crate::clock::Clock;
 use crate::keys::SharedStore;
@@ -22,13 +20,12 @@ pub struct FreeModelQuotaLayer {
 pub(crate) struct FreeModelQuotaConfig {
     pub(crate) rules: FreeQuotaRules,
     pub(crate) limiter: Limiter,
-    pub(crate) purchases: Purchases,
+    /// Hands its checks to CreditGuard instead of deciding them (set by
+    /// [`AdmissionLayers`](crate::admission::AdmissionLayers)).
+    pub(crate) deferred: bool,
 }
 
 impl FreeModelQuotaLayer {
-    /// How long an account's purchased total below the threshold is trusted.
-    pub const DEFAULT_PURCHASE_CACHE_TTL: Duration = Duration::from_secs(1);
-
     /// Seed 000's quota ([`FreeQuotaRules::default`]) counted in `store`;
     /// system clock, fail open, full counters remembered.
     pub fn new(store: SharedStore) -> Self {
@@ -36,7 +33,7 @@ impl FreeModelQuotaLayer {
             config: Arc::new(FreeModelQuotaConfig {
                 rules: FreeQuotaRules::default(),
                 limiter: Limiter::new(store, "FreeModelQuota"),
-                purchases: Purchases::new(Self::DEFAULT_PURCHASE_CACHE_TTL),
+                deferred: false,
             }),
         }
     }
@@ -72,12 +69,8 @@ impl FreeModelQuotaLayer {
         self
     }
 
-    /// How long a purchased total below the threshold is trusted before it
-    /// is read again: the longest a top-up made elsewhere takes to raise the
-    /// daily limit here (zero reads it on every free request).
-    pub fn purchase_cache_ttl(mut self, ttl: Duration) -> Self {
-        let config = Arc::make_mut(&mut self.config);
-        config.purchases = config.purchases.with_ttl(ttl);
+    pub(crate) fn deferred(mut self) -> Self {
+        Arc::make_mut(&mut self.config).deferred = true;
         self
     }
 }

@@ -62,7 +62,6 @@
 
 mod future;
 mod layer;
-mod purchases;
 mod service;
 
 pub use future::ResponseFuture;

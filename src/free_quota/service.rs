@@ -10,7 +10,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::FreeModelQuotaConfig;
 use super::FreeQuotaSnapshot;
-use crate::admission::{Admission, Decision};
+use crate::admission::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
 use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest};
 use crate::clock::Period;
@@ -19,6 +19,7 @@ use crate::keys::credits::nanos_to_json;
 use crate::limiter::Verdict;
 use crate::rate_limit::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::response_body::ResponseBody;
+use crate::store::PurchaseTier;
 
 /// This layer's name in metrics and logs.
 const LAYER: &str = "FreeModelQuota";
@@ -87,49 +88,54 @@ where
         };
         let account = principal.account_id.clone();
         let config = Arc::clone(&self.config);
-        let decision: Decision = Box::pin(async move { decide(&config, &account).await });
+        let limiter = config.limiter.clone();
+        let rules = config.rules;
+        // The daily limit rises once the account has bought enough: the
+        // store reads its purchased total in the same step.
+        let checks = vec![rules.minute_check(1), rules.daily_check(i64::MIN, 1)];
+        let tier = PurchaseTier {
+            check_index: 1,
+            threshold_nanos: rules.purchase_threshold_nanos,
+            raised_capacity: rules.requests_per_day_after_purchase,
+        };
+        let finish: Finish = Arc::new(move |verdict| finish(&config, verdict));
+        if self.config.deferred {
+            // A counter known full refuses now, with no store step at all.
+            if let Some(verdict) = limiter.known_full(&account, &checks, Some(1), limiter.now()) {
+                if let Err(error) = finish(verdict) {
+                    return ResponseFuture::rejected(LAYER, error);
+                }
+            }
+            let mut request = request;
+            AdmissionPlan::add(
+                &mut request,
+                PlannedChecks {
+                    limiter,
+                    checks,
+                    tier: Some(tier),
+                    finish,
+                },
+            );
+            return ResponseFuture::deciding(
+                LAYER,
+                Box::pin(ready(Ok(Admission::default()))),
+                request,
+                inner,
+            );
+        }
+        let decision: Decision = Box::pin(async move {
+            let verdict = limiter.check(&account, &checks, Some(tier)).await?;
+            finish(verdict)
+        });
         ResponseFuture::deciding(LAYER, decision, request, inner)
     }
 }
 
-async fn decide(config: &FreeModelQuotaConfig, account: &str) -> Result<Admission, GatewayError> {
-    let limiter = &config.limiter;
+/// The quota's verdict as the request's refusal or its snapshot and headers.
+fn finish(config: &FreeModelQuotaConfig, verdict: Verdict) -> Result<Admission, GatewayError> {
     let rules = &config.rules;
-    let now = limiter.now();
-    // A minute known to be full refuses before the purchased total is read:
-    // no round trip at all for what would be refused anyway.
-    if let Some(Verdict::Rejected {
-        outcome,
-        retry_after,
-        ..
-    }) = limiter.known_full(account, &[rules.minute_check(1)], now)
-    {
-        return Err(with_rate_limit_headers(
-            per_minute(rules.requests_per_minute, retry_after),
-            &outcome,
-        ));
-    }
-    let purchased_nanos = match config
-        .purchases
-        .purchased_nanos(
-            limiter.store.as_ref(),
-            account,
-            rules.purchase_threshold_nanos,
-            now,
-        )
-        .await
-    {
-        Ok(purchased) => purchased,
-        Err(error) => {
-            limiter.policy.on_store_error(limiter.layer, &error)?;
-            // Failing open, the counters still count when they can: under
-            // the last total seen, or the low tier, never a looser one.
-            config.purchases.last_known(account).unwrap_or(0)
-        }
-    };
-    let checks = [rules.minute_check(1), rules.daily_check(purchased_nanos, 1)];
-    match limiter.check(account, &checks).await? {
-        Verdict::Unchecked => Ok(Admission::default()),
+    match verdict {
+        Verdict::Unchecked | Verdict::NotCounted(_) => Ok(Admission::default()),
         Verdict::Admitted(outcomes) => {
             let mut admission = Admission {
                 response_headers: tightest(&outcomes)
@@ -151,7 +157,10 @@ async fn decide(config: &FreeModelQuotaConfig, account: &str) -> Result<Admissio
             let error = if index == 0 {
                 per_minute(rules.requests_per_minute, retry_after)
             } else {
-                per_day(config, purchased_nanos, retry_after, now)
+                // The capacity in force says which tier the account is on.
+                let raised = outcome.limit == rules.requests_per_day_after_purchase
+                    && outcome.limit != rules.requests_per_day;
+                per_day(config, raised, retry_after, config.limiter.now())
             };
             Err(with_rate_limit_headers(error, &outcome))
         }
@@ -172,16 +181,20 @@ fn per_minute(limit: u64, retry_after: Duration) -> GatewayError {
 
 fn per_day(
     config: &FreeModelQuotaConfig,
-    purchased_nanos: i64,
+    raised: bool,
     retry_after: Duration,
     now: DateTime<Utc>,
 ) -> GatewayError {
     let rules = &config.rules;
-    let limit = rules.requests_per_day_for(purchased_nanos);
+    let limit = if raised {
+        rules.requests_per_day_after_purchase
+    } else {
+        rules.requests_per_day
+    };
     let resets_at = Period::Day.end_of(now);
     let reset = resets_at.to_rfc3339_opts(SecondsFormat::Secs, true);
     let seconds = retry_after_seconds(retry_after);
-    let message = if purchased_nanos >= rules.purchase_threshold_nanos {
+    let message = if raised {
         format!(
             "free models allow {limit} requests per UTC day and this account has used them; the quota resets at {reset} (in {seconds} s)"
         )

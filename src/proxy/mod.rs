@@ -81,10 +81,11 @@ pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
 
+use crate::admission::AdmissionLayers;
 use crate::auth::BearerAuthLayer;
 use crate::body::BodyLimitLayer;
 use crate::clock::{Clock, SystemClock};
-use crate::credit::{CreditGuardLayer, PriceTable};
+use crate::credit::{BoundField, CreditGuardLayer, PriceTable};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
@@ -160,6 +161,10 @@ pub struct ProviderSection {
     /// `"strip"` (the default) sends `model` without the `provider/`
     /// prefix; `"keep"` sends the gateway's whole id.
     pub model_prefix: Option<ModelPrefix>,
+    /// The field the gateway writes a completion bound in when the client
+    /// set none: `"max_tokens"` (the default) or `"max_completion_tokens"`
+    /// (OpenAI's reasoning models take only that one).
+    pub completion_bound_field: Option<BoundField>,
 }
 
 impl std::fmt::Debug for ProviderSection {
@@ -175,6 +180,7 @@ impl std::fmt::Debug for ProviderSection {
                 &self.response_header_timeout_ms,
             )
             .field("model_prefix", &self.model_prefix)
+            .field("completion_bound_field", &self.completion_bound_field)
             .finish()
     }
 }
@@ -504,8 +510,10 @@ where
     if let Some(seconds) = config.credit.reservation_ttl_seconds {
         credit = credit.reservation_ttl(Duration::from_secs(seconds));
     }
-    for (account, providers) in &config.credit.byok {
-        credit = credit.byok_providers(account.clone(), providers);
+    for (name, section) in &config.providers {
+        if let Some(field) = section.completion_bound_field {
+            credit = credit.completion_bound_field(name, field);
+        }
     }
     let service = ServiceBuilder::new()
         .map_response(boxed_response)
@@ -521,9 +529,7 @@ where
                 .byok_directory(byok.clone()),
         )
         .layer(FallbackLayer::new(Arc::new(catalog)))
-        .layer(rate_limit)
-        .layer(free_quota)
-        .layer(credit)
+        .layer(AdmissionLayers::new(rate_limit, free_quota, credit))
         .layer_fn(|inner| ChatOnly {
             inner,
             models_list: Arc::clone(&models_list),

@@ -20,6 +20,9 @@ pub struct GlobalRateLimitLayer {
 pub(crate) struct GlobalRateLimitConfig {
     pub(crate) rules: RateLimitRules,
     pub(crate) limiter: Limiter,
+    /// Hands its checks to CreditGuard instead of deciding them (set by
+    /// [`AdmissionLayers`](crate::admission::AdmissionLayers)).
+    pub(crate) deferred: bool,
 }
 
 impl GlobalRateLimitLayer {
@@ -32,6 +35,7 @@ impl GlobalRateLimitLayer {
             config: Arc::new(GlobalRateLimitConfig {
                 rules,
                 limiter: Limiter::new(store, "GlobalRateLimit"),
+                deferred: false,
             }),
         })
     }
@@ -56,6 +60,13 @@ impl GlobalRateLimitLayer {
         Arc::make_mut(&mut self.config)
             .limiter
             .remember_full_counters = remember;
+        self
+    }
+}
+
+impl GlobalRateLimitLayer {
+    pub(crate) fn deferred(mut self) -> Self {
+        Arc::make_mut(&mut self.config).deferred = true;
         self
     }
 }

@@ -8,7 +8,7 @@ use super::future::ResponseFuture;
 use super::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use super::layer::GlobalRateLimitConfig;
 use super::rules::RuleCheck;
-use crate::admission::{Admission, Decision};
+use crate::admission::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
 use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest};
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
@@ -67,24 +67,46 @@ where
         let model = chat.map(|chat| &chat.model_id);
         let rule_checks = self.config.rules.checks_for(&principal.account_id, model);
         let account = principal.account_id.clone();
-        let config = Arc::clone(&self.config);
-        let decision: Decision =
-            Box::pin(async move { decide(&config, &account, rule_checks).await });
+        if rule_checks.is_empty() {
+            let admitted: Decision = Box::pin(std::future::ready(Ok(Admission::default())));
+            return ResponseFuture::deciding(LAYER, admitted, request, self.inner.clone());
+        }
+        let checks: Vec<Check> = rule_checks.iter().map(|rule| rule.check.clone()).collect();
+        let limiter = self.config.limiter.clone();
+        let rule_checks = Arc::new(rule_checks);
+        let finish: Finish = Arc::new(move |verdict| finish(&rule_checks, verdict));
+        if self.config.deferred {
+            // A counter known full refuses now, with no store step at all.
+            if let Some(verdict) = limiter.known_full(&account, &checks, None, limiter.now()) {
+                if let Err(error) = finish(verdict) {
+                    return ResponseFuture::rejected(LAYER, error);
+                }
+            }
+            let mut request = request;
+            AdmissionPlan::add(
+                &mut request,
+                PlannedChecks {
+                    limiter,
+                    checks,
+                    tier: None,
+                    finish,
+                },
+            );
+            let planned: Decision = Box::pin(std::future::ready(Ok(Admission::default())));
+            return ResponseFuture::deciding(LAYER, planned, request, self.inner.clone());
+        }
+        let decision: Decision = Box::pin(async move {
+            let verdict = limiter.check(&account, &checks, None).await?;
+            finish(verdict)
+        });
         ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 
-async fn decide(
-    config: &GlobalRateLimitConfig,
-    account: &str,
-    rule_checks: Vec<RuleCheck>,
-) -> Result<Admission, GatewayError> {
-    if rule_checks.is_empty() {
-        return Ok(Admission::default());
-    }
-    let checks: Vec<Check> = rule_checks.iter().map(|rule| rule.check.clone()).collect();
-    match config.limiter.check(account, &checks).await? {
-        Verdict::Unchecked => Ok(Admission::default()),
+/// The rate rules' verdict as the request's refusal or its headers.
+fn finish(rule_checks: &[RuleCheck], verdict: Verdict) -> Result<Admission, GatewayError> {
+    match verdict {
+        Verdict::Unchecked | Verdict::NotCounted(_) => Ok(Admission::default()),
         Verdict::Admitted(outcomes) => Ok(Admission {
             response_headers: tightest(&outcomes)
                 .map(rate_limit_headers)

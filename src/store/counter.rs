@@ -65,6 +65,29 @@ impl Limit {
         }
     }
 
+    /// The same limit with another capacity (`limit`, or `burst` for GCRA).
+    pub(crate) fn with_capacity(self, capacity: u64) -> Limit {
+        match self {
+            Limit::FixedWindow { window, .. } => Limit::FixedWindow {
+                limit: capacity,
+                window,
+            },
+            Limit::Rolling { window, .. } => Limit::Rolling {
+                limit: capacity,
+                window,
+            },
+            Limit::Calendar { period, .. } => Limit::Calendar {
+                limit: capacity,
+                period,
+            },
+            Limit::Gcra { rate, period, .. } => Limit::Gcra {
+                rate,
+                period,
+                burst: capacity,
+            },
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<(), &'static str> {
         if self.capacity() > MAX_EXACT {
             return Err("limit must be at most 2^53");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
+use super::{Check, CheckOutcome, StoreError};
 use crate::clock::{unix_micros, Period};
 
 /// One credit in nano-credits: the ledger never stores floats.
@@ -38,10 +38,19 @@ pub struct ReserveRequest {
     pub reservation_id: String,
     /// The estimated maximum cost, held until settled.
     pub amount_nanos: i64,
+    /// When set, the least worth holding: the store holds as much of
+    /// `amount_nanos` as the key's limit and (with `covered_by_balance`)
+    /// the balance leave, and refuses only when that is below this. The
+    /// caller then bounds the request by what was held.
+    pub min_amount_nanos: Option<i64>,
     /// The key's limit; `None` when the key has none.
     pub key_limit: Option<KeyLimit>,
     /// Whether a negative account balance rejects (402 `credits`).
     pub check_balance: bool,
+    /// Whether the hold is taken from the account's balance: admitted only
+    /// when the balance less every hold of the account's requests in flight
+    /// covers it, and then held account-wide until settled.
+    pub covered_by_balance: bool,
     /// How long the reservation holds if never settled (a gateway instance
     /// that died mid-request).
     pub ttl: Duration,
@@ -56,6 +65,9 @@ pub enum ReserveOutcome {
         used_nanos: i64,
         /// Credits held by the key's requests in flight, this one included.
         reserved_nanos: i64,
+        /// What this request holds: `amount_nanos`, or less (down to
+        /// `min_amount_nanos`) when that is all the limit and balance leave.
+        held_nanos: i64,
     },
     /// The key's usage plus its reservations has reached its limit.
     KeyLimitReached {
@@ -71,6 +83,68 @@ pub enum ReserveOutcome {
         /// The balance.
         balance_nanos: i64,
     },
+    /// The balance, less what the account's requests in flight hold, does
+    /// not cover this request (`covered_by_balance`).
+    BalanceInsufficient {
+        /// The balance.
+        balance_nanos: i64,
+        /// Held by the account's requests in flight, on every key.
+        held_nanos: i64,
+    },
+}
+
+impl ReserveOutcome {
+    /// Whether the request was admitted.
+    pub fn is_reserved(&self) -> bool {
+        matches!(self, ReserveOutcome::Reserved { .. })
+    }
+}
+
+/// A request's counter checks and credit hold, decided as one atomic step:
+/// admitted only when every check fits and the hold is granted, and then
+/// counted in all of them; refused by any, counted in none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdmitRequest {
+    /// The account: the scope of the checks and the ledger the hold is in.
+    pub account: String,
+    /// Counters to check and add to (rate rules, free-model quota); names
+    /// distinct.
+    pub checks: Vec<Check>,
+    /// A check whose capacity rises once the account has bought enough.
+    pub purchase_tier: Option<PurchaseTier>,
+    /// The credit hold, of the same account; `None` for counters only.
+    pub hold: Option<ReserveRequest>,
+}
+
+/// A check of an [`AdmitRequest`] whose capacity is raised when the
+/// account's purchased total has reached a threshold (the free-model daily
+/// quota: 50 a day, 1000 once 10 credits were bought). The store reads the
+/// purchased total in the same atomic step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PurchaseTier {
+    /// The index of the check in [`AdmitRequest::checks`].
+    pub check_index: usize,
+    /// The purchased total, in nano-credits, from which the raised capacity applies.
+    pub threshold_nanos: i64,
+    /// The capacity then, in place of the check's own.
+    pub raised_capacity: u64,
+}
+
+/// What an [`AdmitRequest`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdmitOutcome {
+    /// Whether every check fit and the hold (if any) was granted, so that
+    /// every amount was added and the hold is held.
+    pub admitted: bool,
+    /// One outcome per check, in order: after adding when admitted,
+    /// unchanged otherwise. `limit` is the capacity in force (a purchase
+    /// tier's when raised).
+    pub checks: Vec<CheckOutcome>,
+    /// The hold's outcome; `None` when none was asked or a check refused
+    /// first (then the hold was not decided).
+    pub hold: Option<ReserveOutcome>,
+    /// The instant the store decided at: on Redis, Redis's own clock.
+    pub decided_at: DateTime<Utc>,
 }
 
 /// The real cost of a finished request.
@@ -142,15 +216,45 @@ pub struct AccountBalance {
 /// The usage ledger.
 #[async_trait]
 pub trait LedgerStore: Send + Sync + 'static {
-    /// Admission as one atomic step: rejects when the key's usage in its
-    /// period (plus BYOK when asked) plus its reservations has reached its
-    /// limit, or when asked and the balance is negative; otherwise holds
-    /// `amount_nanos` until settled or expired.
+    /// Settles `settlements` (as [`settle_many`](Self::settle_many)), then
+    /// decides `request` as one atomic step: every counter check fits (a
+    /// purchase tier applied) and the hold is granted, or nothing is added
+    /// anywhere. All settlements must be of the request's account.
+    ///
+    /// The hold is refused when the key's usage in its period (plus BYOK
+    /// when asked) plus its holds would pass its limit, when asked and the
+    /// balance is negative, or, when covered by the balance, when the
+    /// balance less the account's holds does not cover it; otherwise as
+    /// much of `amount_nanos` is held as they allow (at least
+    /// `min_amount_nanos`, or exactly the amount) until settled or expired.
+    ///
+    /// An error says neither whether the settlements were recorded nor
+    /// whether anything was added: settle them again, and release the
+    /// reservation (settle it at no cost) if it may have been held.
+    async fn admit_after_settling(
+        &self,
+        settlements: &[Settlement],
+        request: &AdmitRequest,
+        now: DateTime<Utc>,
+    ) -> Result<AdmitOutcome, StoreError>;
+
+    /// [`admit_after_settling`](Self::admit_after_settling) with nothing to settle.
+    async fn admit(
+        &self,
+        request: &AdmitRequest,
+        now: DateTime<Utc>,
+    ) -> Result<AdmitOutcome, StoreError> {
+        self.admit_after_settling(&[], request, now).await
+    }
+
+    /// A hold alone, decided as [`admit`](Self::admit) decides one.
     async fn reserve(
         &self,
         request: &ReserveRequest,
         now: DateTime<Utc>,
-    ) -> Result<ReserveOutcome, StoreError>;
+    ) -> Result<ReserveOutcome, StoreError> {
+        self.reserve_after_settling(&[], request, now).await
+    }
 
     /// Records the real cost and releases the reservation, as one atomic step.
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError>;
@@ -178,37 +282,28 @@ pub trait LedgerStore: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Settles `settlements` (as [`settle_many`](Self::settle_many)) and
-    /// then decides `request` (as [`reserve`](Self::reserve)), so admission
-    /// sees their costs instead of their holds. All of them must be of the
-    /// request's account.
-    ///
-    /// An error says neither whether the settlements were recorded nor
-    /// whether the amount is held: settle them again, and release the
-    /// reservation (settle it at no cost) if it may have been held.
-    ///
-    /// The default calls the two in turn; a store that is a round trip away
-    /// does both in one call.
+    /// Settles `settlements` and then decides the hold `request`, as
+    /// [`admit_after_settling`](Self::admit_after_settling) with no checks.
     async fn reserve_after_settling(
         &self,
         settlements: &[Settlement],
         request: &ReserveRequest,
         now: DateTime<Utc>,
     ) -> Result<ReserveOutcome, StoreError> {
-        validate_reserve(request)?;
-        validate_settlements(
-            "reserve_after_settling",
-            settlements,
-            Some(&request.account),
-        )?;
-        if !settlements.is_empty() {
-            self.settle_many(settlements, now).await?;
-        }
-        self.reserve(request, now).await
+        let admit = AdmitRequest {
+            account: request.account.clone(),
+            checks: Vec::new(),
+            purchase_tier: None,
+            hold: Some(request.clone()),
+        };
+        let outcome = self.admit_after_settling(settlements, &admit, now).await?;
+        outcome
+            .hold
+            .ok_or_else(|| StoreError::corrupt("reserve", "no hold decided"))
     }
 
     /// Whether [`settle_many`](Self::settle_many) and
-    /// [`reserve_after_settling`](Self::reserve_after_settling) cost one
+    /// [`admit_after_settling`](Self::admit_after_settling) cost one
     /// call to the backend however many settlements they carry, so that
     /// [`CreditGuard`](crate::credit::CreditGuard) saves round trips by
     /// grouping settlements: `true` for [`RedisStore`](super::RedisStore);
@@ -240,11 +335,61 @@ pub(crate) fn period_starts_micros(now: DateTime<Utc>) -> [i64; 3] {
     [Period::Day, Period::Week, Period::Month].map(|period| period.bounds_micros(now_micros).0)
 }
 
+/// An admission's arguments: its checks, its tier and its hold, all of its
+/// account, and its settlements too.
+pub(crate) fn validate_admit(
+    settlements: &[Settlement],
+    request: &AdmitRequest,
+) -> Result<(), StoreError> {
+    const OPERATION: &str = "admit";
+    super::counter::validate_checks(OPERATION, &request.checks)?;
+    if let Some(tier) = request.purchase_tier {
+        let Some(check) = request.checks.get(tier.check_index) else {
+            return Err(StoreError::invalid(
+                OPERATION,
+                "purchase_tier names a check that is not there",
+            ));
+        };
+        if tier.raised_capacity > super::MAX_EXACT
+            || !matches!(
+                check.limit,
+                super::Limit::FixedWindow { .. }
+                    | super::Limit::Calendar { .. }
+                    | super::Limit::Rolling { .. }
+            )
+        {
+            return Err(StoreError::invalid(
+                OPERATION,
+                "purchase_tier raises a window's capacity, at most 2^53",
+            ));
+        }
+    }
+    if let Some(hold) = &request.hold {
+        validate_reserve(hold)?;
+        if hold.account != request.account {
+            return Err(StoreError::invalid(
+                OPERATION,
+                "the hold must be of the admission's account",
+            ));
+        }
+    }
+    validate_settlements(OPERATION, settlements, Some(&request.account))
+}
+
 pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreError> {
     if request.amount_nanos < 0 {
         return Err(StoreError::invalid(
             "reserve",
             "amount_nanos must not be negative",
+        ));
+    }
+    if request
+        .min_amount_nanos
+        .is_some_and(|min| min < 0 || min > request.amount_nanos)
+    {
+        return Err(StoreError::invalid(
+            "reserve",
+            "min_amount_nanos must be from 0 to amount_nanos",
         ));
     }
     if request.key_limit.is_some_and(|limit| limit.limit_nanos < 0) {

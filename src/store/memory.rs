@@ -13,13 +13,13 @@ use super::counter::{
     duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
 };
 use super::ledger::{
-    key_limit_outcome, period_starts_micros, top_up_overflow, validate_amount, validate_reserve,
+    key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit, validate_amount,
     SETTLEMENT_MEMORY,
 };
 use super::{
-    AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
-    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, StoreError,
-    Versioned, WriteOutcome,
+    AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
+    Expect, KeyUsage, LedgerStore, Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement,
+    SlotOutcome, StoreError, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -365,6 +365,35 @@ fn check_one(
     }
 }
 
+/// Checks every counter of `checks` under one lock: whether all fit, and
+/// when they do and `commit`, adds to all; never to some.
+fn check_all(
+    counters: &mut HashMap<Box<str>, Counter>,
+    checks: &[Check],
+    now: DateTime<Utc>,
+    commit: bool,
+) -> (bool, Vec<CheckOutcome>) {
+    let now_micros = unix_micros(now);
+    let bounds: Vec<(i64, i64)> = checks
+        .iter()
+        .map(|check| window_bounds_micros(&check.limit, now))
+        .collect();
+    // Two passes: learn whether everything fits, then add to all or none.
+    let admitted = checks.iter().zip(&bounds).all(|(check, &bounds)| {
+        let counter = counter_mut(counters, &check.name);
+        check_one(counter, check, now_micros, bounds, false).admitted
+    });
+    let outcomes = checks
+        .iter()
+        .zip(&bounds)
+        .map(|(check, &bounds)| {
+            let counter = counter_mut(counters, &check.name);
+            check_one(counter, check, now_micros, bounds, admitted && commit)
+        })
+        .collect();
+    (admitted, outcomes)
+}
+
 #[async_trait]
 impl CounterStore for MemoryStore {
     async fn check_and_add(
@@ -381,24 +410,7 @@ impl CounterStore for MemoryStore {
             shard.counters.insert(scope.into(), HashMap::new());
         }
         let counters = shard.counters.get_mut(scope).expect("inserted above");
-        let bounds: Vec<(i64, i64)> = checks
-            .iter()
-            .map(|check| window_bounds_micros(&check.limit, now))
-            .collect();
-        // Two passes under one lock: learn whether everything fits, then
-        // add to all or none.
-        let admitted = checks.iter().zip(&bounds).all(|(check, &bounds)| {
-            let counter = counter_mut(counters, &check.name);
-            check_one(counter, check, now_micros, bounds, false).admitted
-        });
-        let outcomes = checks
-            .iter()
-            .zip(&bounds)
-            .map(|(check, &bounds)| {
-                let counter = counter_mut(counters, &check.name);
-                check_one(counter, check, now_micros, bounds, admitted)
-            })
-            .collect();
+        let (admitted, outcomes) = check_all(counters, checks, now, true);
         Ok(Decision { admitted, outcomes })
     }
 
@@ -475,7 +487,120 @@ fn get_or_default<'a, V: Default>(map: &'a mut HashMap<Box<str>, V>, key: &str) 
 struct AccountLedger {
     purchased_nanos: i64,
     balance_nanos: i64,
+    /// Holds taken from the balance, on every key, by reservation id.
+    holds: HashMap<Box<str>, Reservation>,
     keys: HashMap<Box<str>, KeyLedger>,
+}
+
+impl AccountLedger {
+    /// What the account's live holds other than `id`'s take from the balance.
+    fn held_besides(&mut self, id: &str, now_micros: i64) -> i64 {
+        self.holds
+            .retain(|_, hold| hold.expires_at_micros > now_micros);
+        self.holds
+            .iter()
+            .filter(|(held_id, _)| &***held_id != id)
+            .fold(0i64, |sum, (_, hold)| sum.saturating_add(hold.amount_nanos))
+    }
+
+    /// Records `settlement` once per reservation id and releases its holds.
+    fn settle(
+        &mut self,
+        settlement: &Settlement,
+        fingerprint: u128,
+        now_micros: i64,
+        starts: [i64; 3],
+    ) {
+        self.holds.remove(settlement.reservation_id.as_str());
+        let key = key_ledger(self, &settlement.key, now_micros);
+        while let Some((until, _)) = key.settled_order.front() {
+            if *until > now_micros {
+                break;
+            }
+            if let Some((_, forgotten)) = key.settled_order.pop_front() {
+                key.settled.remove(&forgotten);
+            }
+        }
+        // A retried settlement of the same request records nothing more.
+        if !key.settled.insert(fingerprint) {
+            return;
+        }
+        key.settled_order.push_back((
+            now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
+            fingerprint,
+        ));
+        key.reservations.remove(settlement.reservation_id.as_str());
+        key.record(settlement.cost_nanos, settlement.byok, starts);
+        if !settlement.byok {
+            self.balance_nanos = self.balance_nanos.saturating_sub(settlement.cost_nanos);
+        }
+    }
+
+    /// Decides the hold `request` as [`LedgerStore::admit`] does.
+    fn hold(&mut self, request: &ReserveRequest, now: DateTime<Utc>) -> ReserveOutcome {
+        let now_micros = unix_micros(now);
+        let starts = period_starts_micros(now);
+        let id = request.reservation_id.as_str();
+        let balance_nanos = self.balance_nanos;
+        let account_held_nanos = if request.covered_by_balance {
+            self.held_besides(id, now_micros)
+        } else {
+            0
+        };
+        let key = key_ledger(self, &request.key, now_micros);
+        let mut usage = key.usage(starts);
+        // A re-reservation replaces its earlier hold.
+        usage.reserved_nanos -= key.reservations.get(id).map_or(0, |r| r.amount_nanos);
+        let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
+        let mut granted_nanos = request.amount_nanos;
+        if let Some(limit) = &request.key_limit {
+            if let Some(rejection) = key_limit_outcome(&usage, limit, least_nanos, now) {
+                return rejection;
+            }
+            let committed = usage
+                .in_period(limit.reset, limit.include_byok)
+                .saturating_add(usage.reserved_nanos);
+            granted_nanos = granted_nanos.min(limit.limit_nanos.saturating_sub(committed));
+        }
+        if (request.check_balance || request.covered_by_balance) && balance_nanos < 0 {
+            return ReserveOutcome::BalanceNegative { balance_nanos };
+        }
+        if request.covered_by_balance {
+            let available_nanos = balance_nanos.saturating_sub(account_held_nanos);
+            if available_nanos < least_nanos {
+                return ReserveOutcome::BalanceInsufficient {
+                    balance_nanos,
+                    held_nanos: account_held_nanos,
+                };
+            }
+            granted_nanos = granted_nanos.min(available_nanos);
+        }
+        let expires_at_micros = now_micros.saturating_add(duration_micros(request.ttl));
+        key.reservations.insert(
+            id.into(),
+            Reservation {
+                amount_nanos: granted_nanos,
+                expires_at_micros,
+            },
+        );
+        let outcome = ReserveOutcome::Reserved {
+            used_nanos: request.key_limit.map_or(usage.total_nanos, |limit| {
+                usage.in_period(limit.reset, limit.include_byok)
+            }),
+            reserved_nanos: usage.reserved_nanos + granted_nanos,
+            held_nanos: granted_nanos,
+        };
+        if request.covered_by_balance {
+            self.holds.insert(
+                id.into(),
+                Reservation {
+                    amount_nanos: granted_nanos,
+                    expires_at_micros,
+                },
+            );
+        }
+        outcome
+    }
 }
 
 #[derive(Debug, Default)]
@@ -589,6 +714,20 @@ impl MemoryStore {
     }
 }
 
+/// The request's checks, its purchase tier's capacity in force when the
+/// account has bought `purchased_nanos` (read under the checks' lock).
+fn tiered_checks(request: &AdmitRequest, purchased_nanos: i64) -> std::borrow::Cow<'_, [Check]> {
+    match request.purchase_tier {
+        Some(tier) if purchased_nanos >= tier.threshold_nanos => {
+            let mut checks = request.checks.clone();
+            let check = &mut checks[tier.check_index];
+            check.limit = check.limit.with_capacity(tier.raised_capacity);
+            std::borrow::Cow::Owned(checks)
+        }
+        _ => std::borrow::Cow::Borrowed(&request.checks),
+    }
+}
+
 fn key_ledger<'a>(account: &'a mut AccountLedger, key: &str, now_micros: i64) -> &'a mut KeyLedger {
     if !account.keys.contains_key(key) {
         account.keys.insert(key.into(), KeyLedger::default());
@@ -600,42 +739,48 @@ fn key_ledger<'a>(account: &'a mut AccountLedger, key: &str, now_micros: i64) ->
 
 #[async_trait]
 impl LedgerStore for MemoryStore {
-    async fn reserve(
+    async fn admit_after_settling(
         &self,
-        request: &ReserveRequest,
+        settlements: &[Settlement],
+        request: &AdmitRequest,
         now: DateTime<Utc>,
-    ) -> Result<ReserveOutcome, StoreError> {
-        validate_reserve(request)?;
+    ) -> Result<AdmitOutcome, StoreError> {
+        validate_admit(settlements, request)?;
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
-        Ok(self.with_account(&request.account, |account| {
-            let balance_nanos = account.balance_nanos;
-            let key = key_ledger(account, &request.key, now_micros);
-            let usage = key.usage(starts);
-            if let Some(limit) = &request.key_limit {
-                if let Some(rejection) = key_limit_outcome(&usage, limit, request.amount_nanos, now)
-                {
-                    return rejection;
-                }
-            }
-            if request.check_balance && balance_nanos < 0 {
-                return ReserveOutcome::BalanceNegative { balance_nanos };
-            }
-            let replaced = key.reservations.insert(
-                request.reservation_id.as_str().into(),
-                Reservation {
-                    amount_nanos: request.amount_nanos,
-                    expires_at_micros: now_micros.saturating_add(duration_micros(request.ttl)),
-                },
-            );
-            let previous = replaced.map_or(0, |r| r.amount_nanos);
-            ReserveOutcome::Reserved {
-                used_nanos: request.key_limit.map_or(usage.total_nanos, |limit| {
-                    usage.in_period(limit.reset, limit.include_byok)
-                }),
-                reserved_nanos: usage.reserved_nanos - previous + request.amount_nanos,
-            }
-        }))
+        let fingerprints: Vec<u128> = settlements
+            .iter()
+            .map(|settlement| self.settlement_fingerprint(&settlement.reservation_id))
+            .collect();
+        let account = request.account.as_str();
+        let mut shard = self.shard(account);
+        shard.maybe_sweep(now_micros);
+        let Shard {
+            counters, ledgers, ..
+        } = &mut *shard;
+        let ledger = get_or_default(ledgers, account);
+        for (settlement, fingerprint) in settlements.iter().zip(fingerprints) {
+            ledger.settle(settlement, fingerprint, now_micros, starts);
+        }
+        let checks = tiered_checks(request, ledger.purchased_nanos);
+        let counters = get_or_default(counters, account);
+        let (fit, outcomes) = check_all(counters, &checks, now, false);
+        let hold = match (&request.hold, fit) {
+            (Some(hold), true) => Some(ledger.hold(hold, now)),
+            _ => None,
+        };
+        let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
+        let outcomes = if admitted && !checks.is_empty() {
+            check_all(counters, &checks, now, true).1
+        } else {
+            outcomes
+        };
+        Ok(AdmitOutcome {
+            admitted,
+            checks: outcomes,
+            hold,
+            decided_at: now,
+        })
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
@@ -644,28 +789,7 @@ impl LedgerStore for MemoryStore {
         let starts = period_starts_micros(now);
         let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
         self.with_account(&settlement.account, |account| {
-            let key = key_ledger(account, &settlement.key, now_micros);
-            while let Some((until, _)) = key.settled_order.front() {
-                if *until > now_micros {
-                    break;
-                }
-                if let Some((_, forgotten)) = key.settled_order.pop_front() {
-                    key.settled.remove(&forgotten);
-                }
-            }
-            // A retried settlement of the same request records nothing more.
-            if !key.settled.insert(fingerprint) {
-                return;
-            }
-            key.settled_order.push_back((
-                now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
-                fingerprint,
-            ));
-            key.reservations.remove(settlement.reservation_id.as_str());
-            key.record(settlement.cost_nanos, settlement.byok, starts);
-            if !settlement.byok {
-                account.balance_nanos = account.balance_nanos.saturating_sub(settlement.cost_nanos);
-            }
+            account.settle(settlement, fingerprint, now_micros, starts)
         });
         Ok(())
     }

@@ -48,10 +48,11 @@ mod redis;
 use std::fmt;
 
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
-pub(crate) use ledger::validate_reserve;
+pub(crate) use ledger::validate_admit;
 pub use ledger::{
-    AccountBalance, KeyLimit, KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement,
-    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
+    AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage, LedgerStore, PurchaseTier,
+    ReserveOutcome, ReserveRequest, Settlement, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
+    SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
@@ -59,7 +60,7 @@ pub use records::{
     byok_keys, decode, flows, Expect, RecordStore, RecordStoreExt, Versioned, WriteOutcome,
     ACCOUNTS, KEYS,
 };
-pub use redis::{RedisStore, RedisStoreConfig};
+pub use redis::{RedisStore, RedisStoreConfig, TimeSource};
 
 /// Everything a gateway keeps in its store.
 pub trait Store: CounterStore + LedgerStore + RecordStore {}

@@ -22,17 +22,14 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
-use super::counter::{
-    duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
-};
+use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
-    period_starts_micros, top_up_overflow, validate_amount, validate_reserve, validate_settlements,
-    SETTLEMENT_MEMORY,
+    top_up_overflow, validate_admit, validate_amount, validate_settlements, SETTLEMENT_MEMORY,
 };
 use super::{
-    AccountBalance, Check, CheckOutcome, CounterStore, Decision, Expect, KeyUsage, LedgerStore,
-    Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, StoreError,
-    StoreErrorKind, Versioned, WriteOutcome,
+    AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
+    Expect, KeyUsage, LedgerStore, Limit, RecordStore, ReserveOutcome, Settlement, SlotOutcome,
+    StoreError, StoreErrorKind, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -46,9 +43,25 @@ pub struct RedisStoreConfig {
     pub call_timeout: Duration,
     /// Extra lifetime given to counter keys beyond their window, and to
     /// slot sets beyond their longest lease. Expiry in Redis only reclaims
-    /// memory (windows and leases are judged by the instants the layers
-    /// pass), so the slack just keeps a key alive across clock skew.
+    /// memory (windows and leases are judged by the store's time), so the
+    /// slack just keeps a key alive across clock skew.
     pub expiry_slack: Duration,
+    /// Whose clock decides windows, calendar periods and hold expiries.
+    pub time_source: TimeSource,
+}
+
+/// Whose clock a [`RedisStore`] decides time by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TimeSource {
+    /// Redis's own (`TIME` inside each script): every gateway instance
+    /// sharing the server agrees on every window, period and expiry,
+    /// whatever its own clock says. The `now` the layers pass is ignored.
+    #[default]
+    Redis,
+    /// The `now` each call passes (the layer's [`Clock`](crate::clock::Clock)):
+    /// for tests that drive time by hand.
+    Caller,
 }
 
 impl Default for RedisStoreConfig {
@@ -57,6 +70,7 @@ impl Default for RedisStoreConfig {
             key_prefix: "mg".to_owned(),
             call_timeout: Duration::from_millis(500),
             expiry_slack: Duration::from_secs(10),
+            time_source: TimeSource::Redis,
         }
     }
 }
@@ -95,22 +109,25 @@ struct Scripts {
     list_records: Script,
 }
 
-macro_rules! ledger_script {
-    ($file:literal) => {
-        Script::new(concat!(
-            include_str!("lua/ledger_common.lua"),
-            include_str!($file)
-        ))
+/// A script with the shared parts it uses prepended, in order.
+macro_rules! script {
+    ($($file:literal),+) => {
+        Script::new(concat!($(include_str!($file)),+))
     };
 }
 
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            check_and_add: Script::new(include_str!("lua/check_and_add.lua")),
+            check_and_add: script!("lua/time.lua", "lua/counters.lua", "lua/check_and_add.lua"),
             acquire_slot: Script::new(include_str!("lua/acquire_slot.lua")),
-            ledger_write: ledger_script!("lua/ledger_write.lua"),
-            key_usage: ledger_script!("lua/key_usage.lua"),
+            ledger_write: script!(
+                "lua/time.lua",
+                "lua/counters.lua",
+                "lua/ledger_common.lua",
+                "lua/ledger_write.lua"
+            ),
+            key_usage: script!("lua/time.lua", "lua/ledger_common.lua", "lua/key_usage.lua"),
             top_up: Script::new(include_str!("lua/top_up.lua")),
             get_record: Script::new(include_str!("lua/get_record.lua")),
             put_record: Script::new(include_str!("lua/put_record.lua")),
@@ -306,36 +323,84 @@ impl RedisStore {
         ]
     }
 
-    /// Runs the ledger's one write script: `settlements`, then `reservation`
-    /// when given, all of `account`, in one round trip.
+    /// The `now` a script is given: the caller's, or nothing, so that it
+    /// reads Redis's clock.
+    fn now_arg(&self, now: DateTime<Utc>) -> String {
+        match self.config.time_source {
+            TimeSource::Redis => String::new(),
+            TimeSource::Caller => unix_micros(now).to_string(),
+        }
+    }
+
+    fn slack_millis(&self) -> u64 {
+        u64::try_from(self.config.expiry_slack.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A counter's base key and its script arguments (kind and parameter).
+    fn counter_key(&self, scoped: &str, check: &Check) -> (String, &'static str, String) {
+        let mut counter = String::with_capacity(scoped.len() + check.name.len() + 8);
+        counter.push_str(scoped);
+        counter.push_str("c:");
+        let (kind, parameter) = match check.limit {
+            Limit::FixedWindow { window, .. } => {
+                counter.push_str("w:");
+                ("f", duration_micros(window).to_string())
+            }
+            Limit::Calendar { period, .. } => {
+                counter.push_str("w:");
+                ("c", period.as_str()[..1].to_owned())
+            }
+            Limit::Rolling { window, .. } => {
+                counter.push_str("r:");
+                ("r", duration_micros(window).to_string())
+            }
+            Limit::Gcra { rate, period, .. } => {
+                counter.push_str("g:");
+                // Validated: at least 1 µs per unit.
+                (
+                    "g",
+                    (duration_micros(period) / i64::try_from(rate).unwrap_or(i64::MAX)).to_string(),
+                )
+            }
+        };
+        escape_into(&mut counter, &check.name);
+        (counter, kind, parameter)
+    }
+
+    /// Runs the ledger's one write script: `settlements`, then the
+    /// admission `request` when given, all of `account`, in one round trip.
     async fn write_ledger(
         &self,
         operation: &'static str,
         account: &str,
         settlements: &[Settlement],
-        reservation: Option<&ReserveRequest>,
+        request: Option<&AdmitRequest>,
         now: DateTime<Utc>,
     ) -> Result<Value, StoreError> {
+        let hold = request.and_then(|request| request.hold.as_ref());
         // Each key's ledger once, numbered from 1 in the order first named.
         let mut keys: Vec<&str> = Vec::new();
         let settlement_ledgers: Vec<usize> = settlements
             .iter()
             .map(|settlement| ledger_number(&mut keys, &settlement.key))
             .collect();
-        let reservation_ledger = reservation.map(|request| ledger_number(&mut keys, &request.key));
+        let hold_ledger = hold.map(|hold| ledger_number(&mut keys, &hold.key));
         let scoped = self.scoped(account);
         let mut invocation = self.scripts.ledger_write.prepare_invoke();
-        invocation.key(format!("{scoped}acct"));
+        invocation
+            .key(format!("{scoped}acct"))
+            .key(format!("{scoped}holds"))
+            .key(format!("{scoped}holdamt"));
         for key in &keys {
             for name in key_ledger_keys(&scoped, key) {
                 invocation.key(name);
             }
         }
-        let now_micros = unix_micros(now);
         invocation
-            .arg(now_micros)
-            .arg(&period_starts_micros(now)[..])
+            .arg(self.now_arg(now))
             .arg(duration_micros(SETTLEMENT_MEMORY))
+            .arg(keys.len())
+            .arg(self.slack_millis())
             .arg(settlements.len());
         for (settlement, ledger) in settlements.iter().zip(settlement_ledgers) {
             invocation
@@ -344,8 +409,30 @@ impl RedisStore {
                 .arg(settlement.cost_nanos)
                 .arg(u8::from(settlement.byok));
         }
-        if let (Some(request), Some(ledger)) = (reservation, reservation_ledger) {
-            let (has_limit, limit_nanos, reset, include_byok) = match request.key_limit {
+        let Some(request) = request else {
+            return self.run(operation, &invocation).await;
+        };
+        invocation.arg(request.checks.len());
+        for check in &request.checks {
+            let (counter, kind, parameter) = self.counter_key(&scoped, check);
+            let auxiliary = format!("{counter}:aux");
+            invocation
+                .key(counter)
+                .key(auxiliary)
+                .arg(kind)
+                .arg(check.limit.capacity())
+                .arg(check.amount)
+                .arg(parameter);
+        }
+        match request.purchase_tier {
+            Some(tier) => invocation
+                .arg(tier.check_index + 1)
+                .arg(tier.threshold_nanos)
+                .arg(tier.raised_capacity),
+            None => invocation.arg(0).arg(0).arg(0),
+        };
+        if let (Some(hold), Some(ledger)) = (hold, hold_ledger) {
+            let (has_limit, limit_nanos, reset, include_byok) = match hold.key_limit {
                 Some(limit) => (
                     1,
                     limit.limit_nanos,
@@ -356,15 +443,21 @@ impl RedisStore {
             };
             invocation
                 .arg(ledger)
-                .arg(&request.reservation_id)
-                .arg(request.amount_nanos)
-                .arg(now_micros.saturating_add(duration_micros(request.ttl)))
-                .arg(self.ttl_millis(request.ttl))
+                .arg(&hold.reservation_id)
+                .arg(hold.amount_nanos)
+                .arg(
+                    hold.min_amount_nanos
+                        .map(|min| min.to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(duration_micros(hold.ttl))
+                .arg(self.ttl_millis(hold.ttl))
                 .arg(has_limit)
                 .arg(limit_nanos)
                 .arg(reset)
                 .arg(u8::from(include_byok))
-                .arg(u8::from(request.check_balance));
+                .arg(u8::from(hold.check_balance))
+                .arg(u8::from(hold.covered_by_balance));
         }
         self.run(operation, &invocation).await
     }
@@ -406,36 +499,83 @@ fn ledger_number<'a>(keys: &mut Vec<&'a str>, key: &'a str) -> usize {
     }
 }
 
-/// The reply of the ledger script to a reservation.
-fn reserve_outcome(
+/// The reply of the ledger script to an admission.
+fn admit_outcome(
     operation: &'static str,
     reply: Value,
-    request: &ReserveRequest,
-    now: DateTime<Utc>,
-) -> Result<ReserveOutcome, StoreError> {
+    request: &AdmitRequest,
+) -> Result<AdmitOutcome, StoreError> {
     let reply = array(operation, reply)?;
-    let field = |index: usize| integer(operation, reply.get(index).unwrap_or(&Value::Nil));
-    match field(0)? {
-        0 => Ok(ReserveOutcome::Reserved {
-            used_nanos: field(1)?,
-            reserved_nanos: field(2)?,
-        }),
-        1 => Ok(ReserveOutcome::KeyLimitReached {
-            used_nanos: field(1)?,
-            limit_nanos: request.key_limit.map_or(0, |limit| limit.limit_nanos),
-            resets_at: request
-                .key_limit
-                .and_then(|limit| limit.reset)
-                .map(|period| period.end_of(now)),
-        }),
-        2 => Ok(ReserveOutcome::BalanceNegative {
-            balance_nanos: field(1)?,
-        }),
-        other => Err(StoreError::corrupt(
+    if reply.len() != 5 + 6 * request.checks.len() {
+        return Err(StoreError::corrupt(
             operation,
-            format!("unknown outcome {other}"),
-        )),
+            format!("reply of {} values", reply.len()),
+        ));
     }
+    let field = |index: usize| integer(operation, &reply[index]);
+    let decided_at = crate::clock::from_unix_micros(field(1)?);
+    let checks = reply[5..]
+        .chunks_exact(6)
+        .map(|fields| {
+            Ok(CheckOutcome {
+                admitted: integer(operation, &fields[0])? == 1,
+                used: unsigned(operation, &fields[1])?,
+                remaining: unsigned(operation, &fields[2])?,
+                retry_after: micros(operation, &fields[3])?,
+                reset_after: micros(operation, &fields[4])?,
+                limit: unsigned(operation, &fields[5])?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let key_limit = request.hold.as_ref().and_then(|hold| hold.key_limit);
+    let (admitted, hold) = match field(0)? {
+        0 => (
+            true,
+            request.hold.as_ref().map(|_| -> Result<_, StoreError> {
+                Ok(ReserveOutcome::Reserved {
+                    used_nanos: field(2)?,
+                    reserved_nanos: field(3)?,
+                    held_nanos: field(4)?,
+                })
+            }),
+        ),
+        1 => (
+            false,
+            Some(Ok(ReserveOutcome::KeyLimitReached {
+                used_nanos: field(2)?,
+                limit_nanos: key_limit.map_or(0, |limit| limit.limit_nanos),
+                resets_at: key_limit
+                    .and_then(|limit| limit.reset)
+                    .map(|period| period.end_of(decided_at)),
+            })),
+        ),
+        2 => (
+            false,
+            Some(Ok(ReserveOutcome::BalanceNegative {
+                balance_nanos: field(2)?,
+            })),
+        ),
+        3 => (
+            false,
+            Some(Ok(ReserveOutcome::BalanceInsufficient {
+                balance_nanos: field(2)?,
+                held_nanos: field(3)?,
+            })),
+        ),
+        4 => (false, None),
+        other => {
+            return Err(StoreError::corrupt(
+                operation,
+                format!("unknown outcome {other}"),
+            ))
+        }
+    };
+    Ok(AdmitOutcome {
+        admitted,
+        checks,
+        hold: hold.transpose()?,
+        decided_at,
+    })
 }
 
 /// `TCP_NODELAY`: the redis crate leaves Nagle's algorithm on, which holds
@@ -567,39 +707,11 @@ impl CounterStore for RedisStore {
     ) -> Result<Decision, StoreError> {
         const OPERATION: &str = "check_and_add";
         validate_checks(OPERATION, checks)?;
-        let now_micros = unix_micros(now);
         let scoped = self.scoped(scope);
         let mut invocation = self.scripts.check_and_add.prepare_invoke();
-        invocation
-            .arg(now_micros)
-            .arg(u64::try_from(self.config.expiry_slack.as_millis()).unwrap_or(u64::MAX));
+        invocation.arg(self.now_arg(now)).arg(self.slack_millis());
         for check in checks {
-            let mut counter = scoped.clone();
-            counter.push_str("c:");
-            let (kind, parameter) = match check.limit {
-                Limit::FixedWindow { .. } | Limit::Calendar { .. } => {
-                    let (start_micros, end_micros) = window_bounds_micros(&check.limit, now);
-                    counter.push_str("w:");
-                    escape_into(&mut counter, &check.name);
-                    counter.push(':');
-                    counter.push_str(&start_micros.to_string());
-                    ("w", end_micros)
-                }
-                Limit::Rolling { window, .. } => {
-                    counter.push_str("r:");
-                    escape_into(&mut counter, &check.name);
-                    ("r", duration_micros(window))
-                }
-                Limit::Gcra { rate, period, .. } => {
-                    counter.push_str("g:");
-                    escape_into(&mut counter, &check.name);
-                    // Validated: at least 1 µs per unit.
-                    (
-                        "g",
-                        duration_micros(period) / i64::try_from(rate).unwrap_or(i64::MAX),
-                    )
-                }
-            };
+            let (counter, kind, parameter) = self.counter_key(&scoped, check);
             let auxiliary = format!("{counter}:aux");
             invocation
                 .key(counter)
@@ -610,14 +722,14 @@ impl CounterStore for RedisStore {
                 .arg(parameter);
         }
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
-        if reply.len() != 1 + 5 * checks.len() {
+        if reply.len() != 2 + 5 * checks.len() {
             return Err(StoreError::corrupt(
                 OPERATION,
                 format!("reply of {} values", reply.len()),
             ));
         }
         let admitted = integer(OPERATION, &reply[0])? == 1;
-        let outcomes = reply[1..]
+        let outcomes = reply[2..]
             .chunks_exact(5)
             .zip(checks)
             .map(|(fields, check)| {
@@ -686,17 +798,18 @@ impl CounterStore for RedisStore {
 
 #[async_trait]
 impl LedgerStore for RedisStore {
-    async fn reserve(
+    async fn admit_after_settling(
         &self,
-        request: &ReserveRequest,
+        settlements: &[Settlement],
+        request: &AdmitRequest,
         now: DateTime<Utc>,
-    ) -> Result<ReserveOutcome, StoreError> {
-        const OPERATION: &str = "reserve";
-        validate_reserve(request)?;
+    ) -> Result<AdmitOutcome, StoreError> {
+        const OPERATION: &str = "admit";
+        validate_admit(settlements, request)?;
         let reply = self
-            .write_ledger(OPERATION, &request.account, &[], Some(request), now)
+            .write_ledger(OPERATION, &request.account, settlements, Some(request), now)
             .await?;
-        reserve_outcome(OPERATION, reply, request, now)
+        admit_outcome(OPERATION, reply, request)
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
@@ -728,21 +841,6 @@ impl LedgerStore for RedisStore {
         Ok(())
     }
 
-    async fn reserve_after_settling(
-        &self,
-        settlements: &[Settlement],
-        request: &ReserveRequest,
-        now: DateTime<Utc>,
-    ) -> Result<ReserveOutcome, StoreError> {
-        const OPERATION: &str = "reserve_after_settling";
-        validate_reserve(request)?;
-        validate_settlements(OPERATION, settlements, Some(&request.account))?;
-        let reply = self
-            .write_ledger(OPERATION, &request.account, settlements, Some(request), now)
-            .await?;
-        reserve_outcome(OPERATION, reply, request, now)
-    }
-
     fn batches_settlements(&self) -> bool {
         true
     }
@@ -758,9 +856,7 @@ impl LedgerStore for RedisStore {
         for key in self.ledger_keys(account, key) {
             invocation.key(key);
         }
-        invocation
-            .arg(unix_micros(now))
-            .arg(&period_starts_micros(now)[..]);
+        invocation.arg(self.now_arg(now));
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         if reply.len() != 9 {
             return Err(StoreError::corrupt(

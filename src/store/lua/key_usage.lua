@@ -1,10 +1,13 @@
 -- A key's usage in the current periods and its live reservations.
 -- KEYS: account hash, usage hash, reservations zset, amounts hash.
--- ARGV: now, day start, week start, month start
+-- ARGV: now (µs, or '' for Redis's clock)
 -- Returns the eight usage fields and the reserved sum, as decimal strings.
+local now = clock_now(ARGV[1])
 local k = { use = KEYS[2], res = KEYS[3], amt = KEYS[4] }
-drop_expired(k, tonumber(ARGV[1]))
+drop_expired(k, now)
 local reserved = live_reserved(k)
-local usage = usage_fields(k, { ARGV[2], ARGV[3], ARGV[4] })
+local starts = {}
+for i, p in ipairs({ 'd', 'w', 'm' }) do starts[i] = int((period_bounds(p, now))) end
+local usage = usage_fields(k, starts)
 table.insert(usage, big_str(reserved))
 return usage

@@ -1,35 +1,49 @@
--- Every write to one account's usage ledger: settles any number of its
--- requests, then, when asked, decides a reservation, all as one atomic
--- step. So a reservation can carry the settlements waiting for its
--- account, and settlements can go together, in one round trip.
--- KEYS[1]: the account hash; then four keys per key ledger: usage hash,
--- reservations zset, amounts hash, settled ids zset.
--- ARGV: now, day start, week start, month start, how long (µs) a settled
---   id is remembered, settlement count N; then N times: ledger (1-based
---   index of its four keys), reservation id, cost, byok (0/1); then, when
---   a reservation follows: ledger, reservation id, amount, expires at (µs),
---   key TTL (ms), has limit (0/1), limit, reset ('n' never, 'd', 'w', 'm'),
---   include BYOK (0/1), check balance (0/1).
--- Returns, with a reservation, {0, used, reserved} reserved; {1, used with
--- reservations} over the key limit; {2, balance} balance negative (amounts
--- as decimal strings). Without one, how many settlements were new.
-local now = tonumber(ARGV[1])
-local starts = { ARGV[2], ARGV[3], ARGV[4] }
-local memory = tonumber(ARGV[5])
+-- Every write to one account's ledger and counters: settles any number of
+-- its requests, then, when asked, decides an admission (counter checks and
+-- a credit hold together), all as one atomic step. So a request's rate
+-- limits, free quota and hold are decided at once (a refusal by any of them
+-- counts in none), and the settlements waiting for the account go along.
+-- KEYS[1]: the account hash; KEYS[2], KEYS[3]: the account's holds zset
+-- (id -> expiry µs) and their amounts hash; then four keys per key ledger
+-- (usage hash, reservations zset, amounts hash, settled ids zset); then
+-- two keys per counter check (see counters.lua).
+-- ARGV: now (µs, or '' for Redis's clock), how long (µs) a settled id is
+--   remembered, key ledger count L, counter TTL slack (ms), settlement
+--   count N; then N times: ledger (1-based index of its four keys),
+--   reservation id, cost, byok (0/1); then counter count C and C times the
+--   four arguments of a check; then the purchase tier: index of the check
+--   it raises (0 for none), purchased threshold, raised capacity; then,
+--   when a hold follows: ledger, reservation id, amount, least amount (''
+--   for exactly the amount), lifetime (µs), key TTL (ms), has limit (0/1),
+--   limit, reset ('n' never, 'd', 'w', 'm'), include BYOK (0/1), check
+--   balance (0/1), covered by balance (0/1).
+-- Returns, with neither counters nor a hold, how many settlements were new.
+-- Otherwise {status, now, a, b, c, then six per check: fits, used,
+-- remaining, retry µs, reset µs, capacity}; status 0 admitted (a used, b
+-- the key's holds, c held), 1 over the key limit (a used with holds),
+-- 2 balance negative (a balance), 3 balance short (a balance, b the
+-- account's holds), 4 a counter refused. Amounts are decimal strings.
+local now = clock_now(ARGV[1])
+local memory = tonumber(ARGV[2])
+local ledger_count = tonumber(ARGV[3])
+local slack_ms = tonumber(ARGV[4])
+local starts = {}
+for i, p in ipairs({ 'd', 'w', 'm' }) do starts[i] = int((period_bounds(p, now))) end
+local acct = { res = KEYS[2], amt = KEYS[3] }
 
 -- Each key ledger once per call: its expired reservations dropped.
 local ledgers = {}
 local function ledger(index)
   local k = ledgers[index]
   if k then return k end
-  local base = 1 + (tonumber(index) - 1) * 4
+  local base = 3 + (tonumber(index) - 1) * 4
   k = { use = KEYS[base + 1], res = KEYS[base + 2], amt = KEYS[base + 3], settled = KEYS[base + 4] }
   drop_expired(k, now)
   ledgers[index] = k
   return k
 end
 
--- Records a request's real cost and releases its reservation, once per
+-- Records a request's real cost and releases its holds, once per
 -- reservation id: a retried settlement records nothing more. Returns 1
 -- when recorded, 0 when the id was settled already.
 -- Per period (day, week, month): its start, own usage and BYOK usage.
@@ -51,6 +65,8 @@ local function settle(k, id, cost, byok)
   end
   release(k, id)
   redis.call('ZREM', k.res, id)
+  release(acct, id)
+  redis.call('ZREM', acct.res, id)
   for p = 1, 3 do
     -- Periods only roll forward: a cost stamped in a period that has already
     -- rolled over (a clock a moment behind) counts in the all-time totals only.
@@ -72,34 +88,11 @@ local function settle(k, id, cost, byok)
   return 1
 end
 
--- Admission: reject on the key limit or a negative balance, else hold the
--- amount. `a` is where the reservation's arguments start in ARGV.
-local function reserve(k, a)
-  local id, amount = ARGV[a + 1], ARGV[a + 2]
+-- The live holds of `k` other than `id`'s, and how many: what a new hold
+-- of `id` adds to.
+local function holds_besides(k, id)
   local reserved, holds = live_reserved(k)
-  local usage = usage_fields(k, starts)
-  local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[a + 7]]
-  local used = big(usage[offset])
-  if ARGV[a + 8] == '1' then used = big_add(used, big(usage[offset + 1])) end
-  local committed = big_add(used, reserved)
-  -- Refused when this request could take usage past the limit; a free one
-  -- (amount 0) when usage has reached it.
-  if ARGV[a + 5] == '1' then
-    local limit = big(ARGV[a + 6])
-    local over
-    if amount == '0' then
-      over = big_ge(committed, limit)
-    else
-      over = not big_ge(limit, big_add(committed, big(amount)))
-    end
-    if over then return { 1, big_str(committed) } end
-  end
-  if ARGV[a + 9] == '1' then
-    local balance = redis.call('HGET', KEYS[1], 'balance') or '0'
-    if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
-  end
   local previous = redis.call('HGET', k.amt, id)
-  -- The same id reserved again replaces its earlier amount.
   if previous then
     local held = big(previous)
     if not big_ge(reserved, held) then
@@ -107,29 +100,113 @@ local function reserve(k, a)
       redis.call('HDEL', k.amt, TOTAL, COUNT)
       reserved, holds = live_reserved(k)
     end
-    reserved = big_sub(reserved, held)
-  else
-    holds = holds + 1
+    reserved, holds = big_sub(reserved, held), holds - 1
   end
-  local total = big_add(reserved, big(amount))
-  redis.call('HSET', k.amt, id, amount, TOTAL, big_str(total), COUNT, int(holds))
-  redis.call('ZADD', k.res, ARGV[a + 3], id)
-  -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer reservation.
-  if redis.call('PTTL', k.res) < tonumber(ARGV[a + 4]) then
-    redis.call('PEXPIRE', k.res, ARGV[a + 4])
-    redis.call('PEXPIRE', k.amt, ARGV[a + 4])
-  end
-  return { 0, big_str(used), big_str(total) }
+  return reserved, holds
 end
 
--- The settlements first, so the reservation sees their costs and not
--- their holds.
-local count = tonumber(ARGV[6])
+-- Holds `amount` (big) for `id` in `k` on top of `others` (its other
+-- holds, `count` of them) until `expires_at`.
+local function put_hold(k, id, amount, others, count, expires_at, key_ttl)
+  local total = big_add(others, amount)
+  redis.call('HSET', k.amt, id, big_str(amount), TOTAL, big_str(total), COUNT, int(count + 1))
+  redis.call('ZADD', k.res, int(expires_at), id)
+  -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer hold.
+  if redis.call('PTTL', k.res) < key_ttl then
+    redis.call('PEXPIRE', k.res, key_ttl)
+    redis.call('PEXPIRE', k.amt, key_ttl)
+  end
+  return total
+end
+
+local function big_min(a, b) if big_ge(a, b) then return b end return a end
+local function is_zero(a) return a[1] == 0 and a[2] == 0 end
+
+-- Decides the hold whose arguments start after ARGV[a]: refuses on the key
+-- limit, a negative balance or (covered by balance) a balance that the
+-- account's holds leave short; else holds as much of the amount as the
+-- limit and balance allow, at least the least amount.
+local function hold(k, a)
+  local id = ARGV[a + 1]
+  local amount = big(ARGV[a + 2])
+  local least = amount
+  if ARGV[a + 3] ~= '' then least = big(ARGV[a + 3]) end
+  local expires_at = now + tonumber(ARGV[a + 4])
+  local key_ttl = tonumber(ARGV[a + 5])
+  local reserved, holds = holds_besides(k, id)
+  local usage = usage_fields(k, starts)
+  local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[a + 8]]
+  local used = big(usage[offset])
+  if ARGV[a + 9] == '1' then used = big_add(used, big(usage[offset + 1])) end
+  local committed = big_add(used, reserved)
+  local grant = amount
+  if ARGV[a + 6] == '1' then
+    local limit = big(ARGV[a + 7])
+    -- A request that holds nothing is refused once usage has reached the
+    -- limit; one that holds, when even its least amount would pass it.
+    if is_zero(least) then
+      if big_ge(committed, limit) then return { 1, big_str(committed) } end
+    else
+      if not big_ge(limit, big_add(committed, least)) then return { 1, big_str(committed) } end
+      grant = big_min(grant, big_sub(limit, committed))
+    end
+  end
+  local covered = ARGV[a + 11] == '1'
+  local account_held, account_holds
+  if ARGV[a + 10] == '1' or covered then
+    local balance = redis.call('HGET', KEYS[1], 'balance') or '0'
+    if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
+    if covered then
+      drop_expired(acct, now)
+      account_held, account_holds = holds_besides(acct, id)
+      local available = big(balance)
+      if not big_ge(available, big_add(account_held, least)) then
+        return { 3, balance, big_str(account_held) }
+      end
+      grant = big_min(grant, big_sub(available, account_held))
+    end
+  end
+  local total = put_hold(k, id, grant, reserved, holds, expires_at, key_ttl)
+  if covered then put_hold(acct, id, grant, account_held, account_holds, expires_at, key_ttl) end
+  return { 0, big_str(used), big_str(total), big_str(grant) }
+end
+
+-- The settlements first, so the admission sees their costs and not their holds.
+local count = tonumber(ARGV[5])
 local recorded = 0
 for i = 0, count - 1 do
-  local a = 7 + i * 4
+  local a = 6 + i * 4
   recorded = recorded + settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
 end
-local r = 7 + count * 4
-if ARGV[r] == nil then return recorded end
-return reserve(ledger(ARGV[r]), r)
+local c = 6 + count * 4
+-- Settlements alone: nothing follows them.
+if ARGV[c] == nil then return recorded end
+local checks = tonumber(ARGV[c])
+local tier = c + checks * 4
+local h = tier + 3
+
+local capacities = {}
+local raised = tonumber(ARGV[tier + 1])
+if raised > 0 then
+  local purchased = big(redis.call('HGET', KEYS[1], 'purchased') or '0')
+  if big_ge(purchased, big(ARGV[tier + 2])) then capacities[raised] = tonumber(ARGV[tier + 3]) end
+end
+local counter_keys = 3 + ledger_count * 4
+local function reply(head, outcomes)
+  for _, o in ipairs(outcomes) do
+    for j = 1, 6 do table.insert(head, o[j]) end
+  end
+  return head
+end
+local fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, false)
+if not fit then return reply({ 4, int(now), '0', '0', '0' }, outcomes) end
+if ARGV[h + 1] ~= nil then
+  local decided = hold(ledger(ARGV[h + 1]), h + 1)
+  if decided[1] ~= 0 then
+    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', '0' }, outcomes)
+  end
+  fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, true)
+  return reply({ 0, int(now), decided[2], decided[3], decided[4] }, outcomes)
+end
+fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, true)
+return reply({ 0, int(now), '0', '0', '0' }, outcomes)
