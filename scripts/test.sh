@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing
-# (redis-server via apt-get, rustfmt and clippy via rustup), then checks
+# (redis-server and faketime via apt-get, rustfmt and clippy via rustup), then checks
 # formatting, lints, builds the docs and runs every test against a real
 # redis-server that the tests start on loopback ports.
 set -euo pipefail
@@ -10,10 +10,14 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "==> installing redis-server (apt-get)"
+missing=()
+command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
+# Gateway instances with clocks apart (tests/admission.rs) run under libfaketime.
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing ${missing[*]} (apt-get)"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 redis-server --version
 

@@ -223,6 +223,17 @@ impl Mock {
             );
             return Ok(response);
         }
+        // `…/echo-body` answers with the body it received, for tests of
+        // what the gateway sends (the completion bound it writes).
+        if model.rsplit('/').next() == Some("echo-body") {
+            return Ok(json_response(
+                200,
+                json!({
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": String::from_utf8_lossy(&body)}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                }),
+            ));
+        }
         let inject = count < self.config.fail_first
             || (self.config.error_rate > 0.0 && rand::random::<f64>() < self.config.error_rate);
         if inject {
@@ -248,21 +259,36 @@ impl Mock {
             .and_then(|messages| messages.last())
             .and_then(|message| message["content"].as_str())
             .unwrap_or("");
-        let max_tokens = chat["max_tokens"].as_u64().unwrap_or(64) as usize;
+        // Like an OpenAI upstream: either bound is obeyed; `…/ignores-bound`
+        // is an upstream that reports a million completion tokens whatever
+        // the bound.
+        let max_tokens = chat["max_completion_tokens"]
+            .as_u64()
+            .or_else(|| chat["max_tokens"].as_u64())
+            .unwrap_or(64) as usize;
+        let ignores_bound = model.rsplit('/').next() == Some("ignores-bound");
         let words: Vec<String> = format!("Hello from {model}! You said: {last}")
             .split_whitespace()
             .take(max_tokens.max(1))
             .map(str::to_owned)
             .collect();
+        let completion_tokens = if ignores_bound {
+            1_000_000
+        } else {
+            words.len()
+        };
         let usage = json!({
             "prompt_tokens": prompt.len().div_ceil(4),
-            "completion_tokens": words.len(),
-            "total_tokens": prompt.len().div_ceil(4) + words.len(),
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt.len().div_ceil(4) + completion_tokens,
         });
-        // Deterministic per request, so a test can compare bytes.
-        let id = format!("chatcmpl-mock-{}", body.len());
+        // Deterministic per conversation, so a test can compare bytes.
+        let id = format!("chatcmpl-mock-{}", prompt.len());
         if chat["stream"].as_bool() == Some(true) {
-            return Ok(self.stream(&id, &model, &words, usage));
+            // As OpenAI: usage only when asked for, in a last chunk of its
+            // own, and `"usage": null` in every other chunk then.
+            let with_usage = chat["stream_options"]["include_usage"].as_bool() == Some(true);
+            return Ok(self.stream(&id, &model, &words, with_usage.then_some(usage)));
         }
         Ok(json_response(
             200,
@@ -277,10 +303,20 @@ impl Mock {
         ))
     }
 
-    fn stream(&self, id: &str, model: &str, words: &[String], usage: Value) -> Response<MockBody> {
+    fn stream(
+        &self,
+        id: &str,
+        model: &str,
+        words: &[String],
+        usage: Option<Value>,
+    ) -> Response<MockBody> {
         let chunk = |delta: Value, finish: Value| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            let mut chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            if usage.is_some() {
+                chunk["usage"] = Value::Null;
+            }
+            chunk
         };
         let mut events = vec![": keep-alive\n\n".to_owned()];
         events.push(format!(
@@ -299,10 +335,12 @@ impl Mock {
             ));
         }
         events.push(format!("data: {}\n\n", chunk(json!({}), json!("stop"))));
-        events.push(format!(
-            "data: {}\n\n",
-            json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model, "choices": [], "usage": usage})
-        ));
+        if let Some(usage) = usage {
+            events.push(format!(
+                "data: {}\n\n",
+                json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model, "choices": [], "usage": usage})
+            ));
+        }
         events.push("data: [DONE]\n\n".to_owned());
         let frames = futures_util::stream::iter(events)
             .map(|event| Ok::<_, BoxError>(http_body::Frame::data(Bytes::from(event))));

@@ -1,3 +1,4 @@
 pub mod examples;
+pub mod gateway;
 pub mod http_server;
 pub mod redis_server;
