@@ -128,7 +128,14 @@ impl<'a> JsonObject<'a> {
             let value = value.get();
             let key_start = offset(key)?;
             let value_end = offset(value)?.checked_add(value.len())?;
-            if value_end > text.len() {
+            // In order and inside `text`, as serde_json reads them: checked
+            // so that `to_bytes` can slice without a doubt.
+            let after_previous = members
+                .last()
+                .map_or(open < key_start, |previous: &Member<'_>| {
+                    previous.value_end <= key_start
+                });
+            if !after_previous || key_start + key.len() > value_end || value_end > text.len() {
                 return None;
             }
             let quoted = key.strip_prefix('"')?.strip_suffix('"')?;
