@@ -27,6 +27,8 @@ const BETA_KEY: &str = "beta-provider-key-0123456789";
 struct Gateway {
     address: SocketAddr,
     key: String,
+    /// A management key.
+    admin: String,
     store: SharedStore,
     _secrets: tempfile::TempDir,
 }
@@ -76,6 +78,11 @@ async fn start(extra: Value) -> Gateway {
         ..NewKey::named("tests")
     };
     let (key, _) = directory.create_key(new).await.unwrap();
+    let operator = NewKey {
+        management: true,
+        ..NewKey::named("operator")
+    };
+    let (admin, _) = directory.create_key(operator).await.unwrap();
     directory
         .top_up("acme", 100 * NANOS_PER_CREDIT)
         .await
@@ -83,6 +90,7 @@ async fn start(extra: Value) -> Gateway {
     Gateway {
         address,
         key: key.expose().to_owned(),
+        admin: admin.expose().to_owned(),
         store,
         _secrets: secrets,
     }
@@ -334,16 +342,35 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
     let gateway = start(json!({})).await;
     let client = reqwest::Client::new();
     const OWN_KEY: &str = "acme-own-beta-key-0123456789";
-    let set = client
-        .put(format!(
-            "http://{}/api/v1/accounts/acme/byok/beta",
-            gateway.address
-        ))
-        .bearer_auth(&gateway.key)
-        .json(&json!({"key": OWN_KEY}))
-        .send()
-        .await
-        .unwrap();
+    let put = |provider: &str, key: &str| {
+        client
+            .put(format!(
+                "http://{}/api/v1/accounts/acme/byok/{provider}",
+                gateway.address
+            ))
+            .bearer_auth(key)
+            .json(&json!({"key": OWN_KEY}))
+            .send()
+    };
+    // Only for a configured provider: another's key would never be sent.
+    let unknown = put("delta", &gateway.admin).await.unwrap();
+    assert_eq!(unknown.status(), 400);
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_eq!(unknown["error"]["metadata"]["param"], "provider");
+    let message = unknown["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("delta is not configured") && message.contains("alpha, beta, gamma"),
+        "{message}"
+    );
+    // Only by a management key.
+    let own = put("beta", &gateway.key).await.unwrap();
+    assert_eq!(own.status(), 403);
+    let own: Value = own.json().await.unwrap();
+    assert_eq!(
+        own["error"]["metadata"]["reason"],
+        "management_key_required"
+    );
+    let set = put("beta", &gateway.admin).await.unwrap();
     assert_eq!(set.status(), 200);
     let set = set.text().await.unwrap();
     assert!(!set.contains(OWN_KEY), "{set}");
@@ -368,6 +395,7 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
         }
     };
     let before = usage(&gateway).await;
+    let balance_before = gateway.store.account_balance("acme").await.unwrap();
     // Beta now gets the account's key; alpha still its configured one.
     let beta = echoed(&gateway.chat(ask("beta/echo-headers")).await);
     assert_eq!(beta["authorization"], format!("Bearer {OWN_KEY}"));
@@ -375,6 +403,12 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
     assert!(
         after_beta.1 > before.1,
         "BYOK usage grows: {before:?} -> {after_beta:?}"
+    );
+    assert_eq!(after_beta.0, before.0, "and only BYOK usage");
+    assert_eq!(
+        gateway.store.account_balance("acme").await.unwrap(),
+        balance_before,
+        "the account's key was sent, so its balance pays nothing"
     );
     let alpha = echoed(&gateway.chat(ask("alpha/echo-headers")).await);
     assert_eq!(alpha["authorization"], format!("Bearer {ALPHA_KEY}"));
@@ -387,7 +421,7 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
             "http://{}/api/v1/accounts/acme/byok/beta",
             gateway.address
         ))
-        .bearer_auth(&gateway.key)
+        .bearer_auth(&gateway.admin)
         .send()
         .await
         .unwrap();
