@@ -133,8 +133,12 @@ pub struct GatewayConfig {
     /// Providers by name: a model `<provider>/<model>` goes to its
     /// provider. Absent: every model goes to `upstream`.
     pub providers: HashMap<String, ProviderSection>,
-    /// Per model id, the models to try after it (429, 5xx, timeout,
-    /// refused connection), after any the request lists in `models`.
+    /// Per model id, the models to try after it, after any the request
+    /// lists in `models`. The next is tried only when this model failed:
+    /// the upstream's own 429 or 5xx, a timeout, a refused connection, or
+    /// a per-model rate rule; never after the gateway's refusal of the
+    /// account or key (account-wide or free-model 429, 402, a failed
+    /// store's 503). See [`Fallback`].
     pub fallbacks: HashMap<String, Vec<String>>,
 }
 
