@@ -141,7 +141,9 @@ impl ErrorKind {
 
 /// In the extensions of every response [`GatewayError::to_response`]
 /// builds: what refused the request, for access logs and metrics without
-/// reading the body.
+/// reading the body, and for [`Fallback`](crate::proxy::Fallback), which
+/// tells the gateway's own answers from the upstream's by it (no upstream
+/// can set an extension, whatever body it sends).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     /// The error's kind.

@@ -1,8 +1,9 @@
 //! BYOK over real HTTP, on `MemoryStore` and on `RedisStore` with a real
 //! `redis-server`: an account's own provider keys set, replaced, listed and
-//! deleted through the management API, by a management key and by the
-//! account's own keys, and never answered back; a chat of that account to
-//! that provider hands the key to the upstream and is BYOK usage.
+//! deleted through the management API by a management key (listed by the
+//! account's own keys too, which may not change them), and never answered
+//! back; a chat of that account to that provider hands the key to the
+//! upstream and is BYOK usage.
 
 mod common;
 
@@ -312,7 +313,7 @@ fn assert_refused(reply: &Reply, status: u16, param: Option<&str>, context: &str
 }
 
 #[tokio::test]
-async fn provider_keys_are_set_replaced_listed_and_deleted_by_management_and_own_keys() {
+async fn provider_keys_are_set_and_deleted_by_management_keys_and_listed_by_own_keys_too() {
     for backend in backends().await {
         let name = backend.name;
         let gateway = gateway(backend.store).await;
@@ -342,14 +343,33 @@ async fn provider_keys_are_set_replaced_listed_and_deleted_by_management_and_own
             "{name}"
         );
 
-        // The account's own key replaces it; the creation time stays.
-        gateway.clock.advance(Duration::from_secs(60));
+        // The account's own key may not replace or delete it: the key
+        // decides who pays for the account's requests.
         let body = key_body(SECOND);
+        for (method, body) in [("PUT", Some(body.as_str())), ("DELETE", None)] {
+            let path = byok_path("team-a", Some("openai"));
+            let reply = send(address, method, &path, &own, body).await;
+            let context = format!("{name}: {method} with the account's own key");
+            assert_refused(&reply, 403, None, &context);
+            assert_eq!(reply.body["error"]["type"], "permission_error", "{context}");
+            assert_eq!(
+                reply.body["error"]["metadata"]["reason"], "management_key_required",
+                "{context}"
+            );
+            let message = reply.body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("only a management key may set or delete"),
+                "{context}: {message}"
+            );
+        }
+
+        // A replacement keeps the creation time.
+        gateway.clock.advance(Duration::from_secs(60));
         let replaced = send(
             address,
             "PUT",
             &byok_path("team-a", Some("openai")),
-            &own,
+            &gateway.admin,
             Some(&body),
         )
         .await;
@@ -366,7 +386,7 @@ async fn provider_keys_are_set_replaced_listed_and_deleted_by_management_and_own
             address,
             "PUT",
             &byok_path("team-a", Some("anthropic")),
-            &own,
+            &gateway.admin,
             Some(&body),
         )
         .await;
@@ -403,15 +423,15 @@ async fn provider_keys_are_set_replaced_listed_and_deleted_by_management_and_own
         );
         assert!(record["createdAt"].is_string() && record["updatedAt"].is_string());
 
-        // Deleted by either; a second delete finds nothing.
+        // Deleted; a second delete finds nothing.
         let path = byok_path("team-a", Some("anthropic"));
-        let deleted = send(address, "DELETE", &path, &own, None).await;
+        let deleted = send(address, "DELETE", &path, &gateway.admin, None).await;
         assert_eq!(
             (deleted.status, deleted.body.clone()),
             (200, json!({"deleted": true})),
             "{name}"
         );
-        let again = send(address, "DELETE", &path, &own, None).await;
+        let again = send(address, "DELETE", &path, &gateway.admin, None).await;
         assert_refused(&again, 404, None, name);
         assert_eq!(again.body["error"]["type"], "not_found_error", "{name}");
         let deleted = send(
@@ -441,7 +461,7 @@ async fn another_accounts_key_is_refused_and_bad_input_is_named() {
             address,
             "PUT",
             &byok_path("team-a", Some("openai")),
-            &own,
+            &gateway.admin,
             Some(&body),
         )
         .await;
@@ -449,21 +469,27 @@ async fn another_accounts_key_is_refused_and_bad_input_is_named() {
 
         // Another account's key may neither see nor change team-a's keys.
         let body = key_body(SECOND);
-        for (method, path, body) in [
-            ("GET", byok_path("team-a", None), None),
+        for (method, path, body, reason) in [
+            ("GET", byok_path("team-a", None), None, "other_account"),
             (
                 "PUT",
                 byok_path("team-a", Some("openai")),
                 Some(body.as_str()),
+                "management_key_required",
             ),
-            ("DELETE", byok_path("team-a", Some("openai")), None),
+            (
+                "DELETE",
+                byok_path("team-a", Some("openai")),
+                None,
+                "management_key_required",
+            ),
         ] {
             let reply = send(address, method, &path, &other, body).await;
             let context = format!("{name}: {method} {path}");
             assert_refused(&reply, 403, None, &context);
             assert_eq!(reply.body["error"]["type"], "permission_error", "{context}");
             assert_eq!(
-                reply.body["error"]["metadata"]["reason"], "other_account",
+                reply.body["error"]["metadata"]["reason"], reason,
                 "{context}"
             );
         }
@@ -490,14 +516,14 @@ async fn another_accounts_key_is_refused_and_bad_input_is_named() {
             (long.as_str(), 422, Some("key")),
             (spaced.as_str(), 422, Some("key")),
         ] {
-            let reply = send(address, "PUT", &path, &own, Some(body)).await;
+            let reply = send(address, "PUT", &path, &gateway.admin, Some(body)).await;
             assert_refused(&reply, status, param, &format!("{name}: {body:.40}"));
         }
         let reply = send(
             address,
             "PUT",
             &byok_path("team-a", Some("z.ai")),
-            &own,
+            &gateway.admin,
             Some(&key_body(SECOND)),
         )
         .await;
@@ -543,7 +569,7 @@ async fn a_chat_to_that_provider_carries_the_accounts_key_and_is_byok_usage() {
             address,
             "PUT",
             &byok_path("team-a", Some("openai")),
-            &own,
+            &gateway.admin,
             Some(&body),
         )
         .await;
@@ -628,7 +654,7 @@ async fn a_chat_to_that_provider_carries_the_accounts_key_and_is_byok_usage() {
             address,
             "PUT",
             &byok_path("team-a", Some("openai")),
-            &own,
+            &gateway.admin,
             Some(&body),
         )
         .await;
@@ -642,14 +668,15 @@ async fn a_chat_to_that_provider_carries_the_accounts_key_and_is_byok_usage() {
             Some(("openai".to_owned(), SECOND.to_owned())),
             "{name}"
         );
-        send(
+        let deleted = send(
             address,
             "DELETE",
             &byok_path("team-a", Some("openai")),
-            &own,
+            &gateway.admin,
             None,
         )
         .await;
+        assert_eq!(deleted.status, 200, "{name}: {}", deleted.body);
         assert_eq!(
             gateway.chat(&own, "openai/gpt-4o").await.status,
             200,
@@ -720,7 +747,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
             closed,
             "PUT",
             &byok_path("team-a", Some("openai")),
-            &own,
+            &gateway.admin,
             Some(&body)
         )
         .await

@@ -4,7 +4,8 @@
 //! provider with the prefix stripped, the provider's own key (from env and
 //! from a file) and never the gateway's, the response naming the gateway's
 //! model, fallbacks on 429, 5xx and a refused connection with each attempt
-//! under its own model's limits, 400s that point at the models list, and
+//! under its own model's limits (and none after the gateway's own refusal
+//! of the account or key), 400s that point at the models list, and
 //! `GET /api/v1/models`.
 
 mod common;
@@ -13,6 +14,7 @@ mod common;
 mod mock;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::http_server::serve;
@@ -27,7 +29,11 @@ const BETA_KEY: &str = "beta-provider-key-0123456789";
 struct Gateway {
     address: SocketAddr,
     key: String,
+    /// A management key.
+    admin: String,
     store: SharedStore,
+    /// How many requests the beta provider has received.
+    beta_received: Arc<AtomicU64>,
     _secrets: tempfile::TempDir,
 }
 
@@ -35,7 +41,7 @@ struct Gateway {
 /// refuses connections.
 async fn start(extra: Value) -> Gateway {
     let alpha = mock::start(mock::MockConfig::default()).await;
-    let beta = mock::start(mock::MockConfig::default()).await;
+    let (beta, beta_received) = mock::start_counted(mock::MockConfig::default()).await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let gamma = format!("http://{}/v1", closed.local_addr().unwrap());
     drop(closed);
@@ -54,6 +60,8 @@ async fn start(extra: Value) -> Gateway {
         "pricing": {"models": {
             "alpha/m1": price, "alpha/echo-headers": price, "alpha/status-429": price,
             "alpha/status-503": price, "beta/m2": price, "beta/echo-headers": price,
+            // 20 tokens of it cost 2 credits.
+            "alpha/pricey": {"prompt_per_million": 1, "completion_per_million": 100_000},
             "gamma/x": price,
         }},
         "fallbacks": {"alpha/status-503": ["beta/m2"]},
@@ -76,6 +84,11 @@ async fn start(extra: Value) -> Gateway {
         ..NewKey::named("tests")
     };
     let (key, _) = directory.create_key(new).await.unwrap();
+    let operator = NewKey {
+        management: true,
+        ..NewKey::named("operator")
+    };
+    let (admin, _) = directory.create_key(operator).await.unwrap();
     directory
         .top_up("acme", 100 * NANOS_PER_CREDIT)
         .await
@@ -83,7 +96,9 @@ async fn start(extra: Value) -> Gateway {
     Gateway {
         address,
         key: key.expose().to_owned(),
+        admin: admin.expose().to_owned(),
         store,
+        beta_received,
         _secrets: secrets,
     }
 }
@@ -97,9 +112,13 @@ struct Reply {
 
 impl Gateway {
     async fn chat(&self, body: Value) -> Reply {
+        self.chat_with(&self.key, body).await
+    }
+
+    async fn chat_with(&self, key: &str, body: Value) -> Reply {
         let response = reqwest::Client::new()
             .post(format!("http://{}/api/v1/chat/completions", self.address))
-            .bearer_auth(&self.key)
+            .bearer_auth(key)
             .json(&body)
             .send()
             .await
@@ -287,6 +306,82 @@ async fn each_attempt_passes_its_own_models_limits_and_is_charged_as_that_model(
     assert!(usage.balance_nanos > 99 * NANOS_PER_CREDIT);
 }
 
+/// `model`, then `fallback` as the request's own list.
+fn ask_with_fallback(model: &str, fallback: &str) -> Value {
+    let mut body = ask(model);
+    body["models"] = json!([fallback]);
+    body
+}
+
+#[tokio::test]
+async fn the_gateways_own_refusal_of_the_account_or_key_is_answered_without_falling_back() {
+    // A key whose 1-credit limit admits beta/m2 but not alpha/pricey: a
+    // fallback would be answered, yet the key's 402 is the answer.
+    let gateway = start(json!({})).await;
+    let new = NewKey {
+        account: "acme".into(),
+        limit_nanos: Some(NANOS_PER_CREDIT),
+        ..NewKey::named("limited")
+    };
+    let (limited, _) = KeyDirectory::new(gateway.store.clone())
+        .create_key(new)
+        .await
+        .unwrap();
+    let reply = gateway
+        .chat_with(
+            limited.expose(),
+            ask_with_fallback("alpha/pricey", "beta/m2"),
+        )
+        .await;
+    assert_eq!(reply.status, 402, "{}", reply.text);
+    assert_eq!(reply.body["error"]["metadata"]["limit_source"], "key_limit");
+    assert_eq!(reply.model_header.as_deref(), Some("alpha/pricey"));
+    assert_eq!(
+        gateway.beta_received.load(Ordering::SeqCst),
+        0,
+        "the fallback was never tried"
+    );
+    let reply = gateway.chat_with(limited.expose(), ask("beta/m2")).await;
+    assert_eq!(reply.status, 200, "alone, the fallback fits the limit");
+
+    let gateway = start(json!({"rate_limits": {
+        "account": {"rolling": {"requests": 4, "window_seconds": 3600}},
+        "models": [{"match": "alpha/m1", "limit": {"rolling": {"requests": 1, "window_seconds": 3600}}}],
+    }}))
+    .await;
+    let beta = || gateway.beta_received.load(Ordering::SeqCst);
+
+    // A per-model rule's 429 (alpha/m1 used once) moves on: account 1 + 1.
+    assert_eq!(gateway.chat(ask("alpha/m1")).await.status, 200);
+    let reply = gateway.chat(ask_with_fallback("alpha/m1", "beta/m2")).await;
+    assert_eq!(
+        (reply.status, reply.model_header.as_deref()),
+        (200, Some("beta/m2")),
+        "{}",
+        reply.text
+    );
+    assert_eq!(beta(), 1);
+    // So does the upstream's own 503: account 3 + 1, now used up.
+    let reply = gateway.chat(ask("alpha/status-503")).await;
+    assert_eq!(
+        (reply.status, reply.model_header.as_deref()),
+        (200, Some("beta/m2")),
+        "{}",
+        reply.text
+    );
+    assert_eq!(beta(), 2);
+
+    // The account-wide rule's 429 is the answer, the fallback untried.
+    let reply = gateway.chat(ask("alpha/status-503")).await;
+    assert_eq!(reply.status, 429, "{}", reply.text);
+    assert_eq!(
+        reply.body["error"]["metadata"]["limit_source"],
+        "account_rate"
+    );
+    assert_eq!(reply.model_header.as_deref(), Some("alpha/status-503"));
+    assert_eq!(beta(), 2, "the fallback was never tried");
+}
+
 #[tokio::test]
 async fn the_models_list_has_the_openai_shape() {
     let gateway = start(json!({})).await;
@@ -334,16 +429,35 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
     let gateway = start(json!({})).await;
     let client = reqwest::Client::new();
     const OWN_KEY: &str = "acme-own-beta-key-0123456789";
-    let set = client
-        .put(format!(
-            "http://{}/api/v1/accounts/acme/byok/beta",
-            gateway.address
-        ))
-        .bearer_auth(&gateway.key)
-        .json(&json!({"key": OWN_KEY}))
-        .send()
-        .await
-        .unwrap();
+    let put = |provider: &str, key: &str| {
+        client
+            .put(format!(
+                "http://{}/api/v1/accounts/acme/byok/{provider}",
+                gateway.address
+            ))
+            .bearer_auth(key)
+            .json(&json!({"key": OWN_KEY}))
+            .send()
+    };
+    // Only for a configured provider: another's key would never be sent.
+    let unknown = put("delta", &gateway.admin).await.unwrap();
+    assert_eq!(unknown.status(), 400);
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_eq!(unknown["error"]["metadata"]["param"], "provider");
+    let message = unknown["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("delta is not configured") && message.contains("alpha, beta, gamma"),
+        "{message}"
+    );
+    // Only by a management key.
+    let own = put("beta", &gateway.key).await.unwrap();
+    assert_eq!(own.status(), 403);
+    let own: Value = own.json().await.unwrap();
+    assert_eq!(
+        own["error"]["metadata"]["reason"],
+        "management_key_required"
+    );
+    let set = put("beta", &gateway.admin).await.unwrap();
     assert_eq!(set.status(), 200);
     let set = set.text().await.unwrap();
     assert!(!set.contains(OWN_KEY), "{set}");
@@ -368,6 +482,7 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
         }
     };
     let before = usage(&gateway).await;
+    let balance_before = gateway.store.account_balance("acme").await.unwrap();
     // Beta now gets the account's key; alpha still its configured one.
     let beta = echoed(&gateway.chat(ask("beta/echo-headers")).await);
     assert_eq!(beta["authorization"], format!("Bearer {OWN_KEY}"));
@@ -375,6 +490,12 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
     assert!(
         after_beta.1 > before.1,
         "BYOK usage grows: {before:?} -> {after_beta:?}"
+    );
+    assert_eq!(after_beta.0, before.0, "and only BYOK usage");
+    assert_eq!(
+        gateway.store.account_balance("acme").await.unwrap(),
+        balance_before,
+        "the account's key was sent, so its balance pays nothing"
     );
     let alpha = echoed(&gateway.chat(ask("alpha/echo-headers")).await);
     assert_eq!(alpha["authorization"], format!("Bearer {ALPHA_KEY}"));
@@ -387,7 +508,7 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
             "http://{}/api/v1/accounts/acme/byok/beta",
             gateway.address
         ))
-        .bearer_auth(&gateway.key)
+        .bearer_auth(&gateway.admin)
         .send()
         .await
         .unwrap();

@@ -16,7 +16,7 @@ use common::http_server::serve;
 use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::clock::ManualClock;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
 use modelgate::proxy::{gateway_with_clock, GatewayConfig, Upstream};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
@@ -517,4 +517,129 @@ async fn a_request_in_flight_finishes_when_the_proxy_is_told_to_stop() {
         .await
         .unwrap();
     assert_eq!(exit.code(), Some(0));
+}
+
+/// A management key on `store`.
+async fn management_key(store: &SharedStore) -> String {
+    let new = NewKey {
+        management: true,
+        ..NewKey::named("operator")
+    };
+    KeyDirectory::new(store.clone())
+        .create_key(new)
+        .await
+        .unwrap()
+        .0
+        .expose()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let config = GatewayConfig::from_json(CONFIG).unwrap();
+    let mut upstream_config = config.upstream_config(Some(&base)).unwrap();
+    upstream_config.api_key = Some("sk-upstream".into());
+    let service = gateway_with_clock(
+        &config,
+        store.clone(),
+        Upstream::new(&upstream_config).unwrap(),
+        Arc::new(t0()),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let address = serve(service).await;
+    let key = funded_key(&store, "acme").await;
+    let admin = management_key(&store).await;
+    let client = reqwest::Client::new();
+    let byok_url = format!("http://{address}/api/v1/accounts/acme/byok/mock");
+
+    // The one upstream always gets the gateway's key: setting one is refused.
+    let reply = client
+        .put(&byok_url)
+        .bearer_auth(&admin)
+        .json(&json!({"key": "sk-acme-own-key-0001"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 400);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["metadata"]["reason"], "byok_needs_providers");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("its own upstream key") && message.contains("`providers` section"),
+        "{message}"
+    );
+
+    // Listing and deleting stay open, for cleaning up.
+    let listed = client
+        .get(format!("http://{address}/api/v1/accounts/acme/byok"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    assert_eq!(listed.json::<Value>().await.unwrap(), json!({"data": []}));
+    let deleted = client
+        .delete(&byok_url)
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted.status(),
+        404,
+        "allowed, and there is nothing to delete"
+    );
+
+    // A key stored before (an older version took it) is neither sent nor
+    // makes the account's requests BYOK: the balance pays.
+    ByokDirectory::new(store.clone())
+        .set("acme", "mock", "sk-acme-own-key-0001")
+        .await
+        .unwrap();
+    let url = format!("http://{address}/api/v1/chat/completions");
+    let reply = post(&url, Some(&key), &chat_body("mock/echo-headers", false)).await;
+    assert_eq!(reply.status(), 200);
+    let body: Value = reply.json().await.unwrap();
+    let seen: Value =
+        serde_json::from_str(body["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(seen["authorization"], "Bearer sk-upstream");
+    let status: Value = client
+        .get(format!("http://{address}/api/v1/key"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["data"]["byok_usage"], 0, "{status}");
+    assert!(status["data"]["usage"].as_f64().unwrap() > 0.0, "{status}");
+    let balance = store.account_balance("acme").await.unwrap();
+    assert!(balance.balance_nanos < 100 * NANOS_PER_CREDIT);
+}
+
+#[test]
+fn the_proxy_refuses_to_start_with_credit_byok_and_says_what_to_do() {
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    std::fs::write(&config, r#"{"credit": {"byok": {"acme": ["openai"]}}}"#).unwrap();
+    let output = Command::new(common::examples::binary("proxy"))
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--upstream", "http://127.0.0.1:9/v1", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("credit.byok is no longer accepted")
+            && stderr.contains("`providers` section")
+            && stderr.contains("PUT /api/v1/accounts/{id}/byok/{provider}"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "it never started listening");
 }

@@ -26,7 +26,7 @@ pub const MIN_BYOK_KEY_BYTES: usize = 8;
 /// Longest provider key accepted, in bytes.
 pub const MAX_BYOK_KEY_BYTES: usize = 4096;
 /// Most provider keys one account may hold: one per provider it uses is
-/// far fewer, and a normal key may set them, so the store stays bounded.
+/// far fewer, so the store stays bounded whoever sets them.
 pub const MAX_BYOK_KEYS_PER_ACCOUNT: usize = 64;
 
 /// Why a provider key cannot be set.

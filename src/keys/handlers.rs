@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use super::byok::{ByokEntry, ByokError};
 use super::credits::{decimal_string, nanos_to_json};
 use super::input;
-use super::layer::KeyRoutesConfig;
+use super::layer::{ByokProviders, KeyRoutesConfig};
 use super::record::KeyRecord;
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
@@ -36,7 +36,8 @@ pub(crate) enum Route {
     AccountCredits(String),
     /// `GET /api/v1/accounts/{id}/byok`
     ByokKeys(String),
-    /// `PUT` and `DELETE /api/v1/accounts/{id}/byok/{provider}`: account, provider.
+    /// `PUT` and `DELETE /api/v1/accounts/{id}/byok/{provider}`: account,
+    /// provider; management keys only.
     ByokKey(String, String),
 }
 
@@ -77,10 +78,27 @@ impl Route {
         }
     }
 
-    /// Routes for a management key only. The BYOK routes are open to the
-    /// keys of the account they name too (checked once the id is read).
+    /// Routes for a management key only. Setting or deleting a provider
+    /// key is one of them: it decides who pays for the account's requests.
+    /// Listing them is open to the keys of that account too (checked once
+    /// the id is read).
     fn needs_management_key(&self) -> bool {
-        matches!(self, Route::Keys | Route::Key(_) | Route::AccountCredits(_))
+        matches!(
+            self,
+            Route::Keys | Route::Key(_) | Route::AccountCredits(_) | Route::ByokKey(..)
+        )
+    }
+
+    /// The 403 for a normal key on a management route.
+    fn management_key_required(&self) -> GatewayError {
+        let message = match self {
+            Route::ByokKey(account, _) => format!(
+                "only a management key may set or delete an account's provider keys; ask the gateway's operator, or list them with GET /api/v1/accounts/{account}/byok"
+            ),
+            _ => "this endpoint needs a management key; the key used is a normal API key".to_owned(),
+        };
+        GatewayError::new(ErrorKind::Forbidden, message)
+            .with_metadata("reason", "management_key_required")
     }
 }
 
@@ -133,11 +151,7 @@ pub(crate) async fn handle(
         return Err(GatewayError::missing_layer("KeyRoutes", "BearerAuth"));
     };
     if call.route.needs_management_key() && !principal.management {
-        return Err(GatewayError::new(
-            ErrorKind::Forbidden,
-            "this endpoint needs a management key; the key used is a normal API key",
-        )
-        .with_metadata("reason", "management_key_required"));
+        return Err(call.route.management_key_required());
     }
     let body = || {
         call.body
@@ -259,7 +273,7 @@ pub(crate) async fn handle(
             Ok(Answer::ok(json!({ "data": data })))
         }
         (Route::ByokKey(account, provider), method) => {
-            let account = own_account(&principal, account)?;
+            let account = input::path_account_id(account)?;
             let provider = input::path_provider(provider)?;
             if *method == Method::DELETE {
                 return if config
@@ -278,6 +292,7 @@ pub(crate) async fn handle(
                     ))
                 };
             }
+            accepts_byok_key(&config.byok_providers, &provider)?;
             let api_key = input::byok_key(body()?)?;
             let entry = config
                 .byok
@@ -302,7 +317,40 @@ pub(crate) async fn handle(
     }
 }
 
-/// The account id of a BYOK path, when `principal` may manage its keys:
+/// Whether a key for `provider` (lower case) would be sent: one that never
+/// is would only turn the account's requests into unpaid BYOK usage.
+fn accepts_byok_key(providers: &ByokProviders, provider: &str) -> Result<(), GatewayError> {
+    match providers {
+        ByokProviders::Any => Ok(()),
+        ByokProviders::Only(names) if names.contains(provider) => Ok(()),
+        ByokProviders::Only(names) => {
+            let what_to_do = if names.is_empty() {
+                "this gateway accepts no provider keys".to_owned()
+            } else {
+                let names = names.iter().map(String::as_str).collect::<Vec<_>>();
+                format!("set a key for one of the configured providers: {}", names.join(", "))
+            };
+            Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the provider {provider} is not configured on this gateway, so its key would never be sent; {what_to_do}"
+                ),
+            )
+            .with_metadata("param", "provider")
+            .with_metadata("reason", "unknown_provider"))
+        }
+        ByokProviders::SingleUpstream => Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "this gateway sends every request to its one upstream with its own upstream key, so a provider key for {provider} would never be sent; to let accounts bring their own keys, the operator must add a `providers` section to the gateway's config naming the provider {provider}"
+            ),
+        )
+        .with_metadata("param", "provider")
+        .with_metadata("reason", "byok_needs_providers")),
+    }
+}
+
+/// The account id of a BYOK path, when `principal` may read its keys:
 /// a management key, or a key of that same account.
 fn own_account(principal: &Principal, account: &str) -> Result<String, GatewayError> {
     let account = input::path_account_id(account)?;
@@ -311,7 +359,7 @@ fn own_account(principal: &Principal, account: &str) -> Result<String, GatewayEr
     } else {
         Err(GatewayError::new(
             ErrorKind::Forbidden,
-            "a key can manage only its own account's provider keys; use a key of that account or a management key",
+            "a key can list only its own account's provider keys; use a key of that account or a management key",
         )
         .with_metadata("reason", "other_account"))
     }
@@ -497,6 +545,56 @@ mod tests {
         ] {
             assert_eq!(Route::of(path), route, "{path}");
         }
+    }
+
+    #[test]
+    fn only_management_keys_set_or_delete_provider_keys() {
+        let byok = Route::ByokKey("acme".into(), "openai".into());
+        assert!(byok.needs_management_key());
+        assert!(!Route::ByokKeys("acme".into()).needs_management_key());
+        let error = byok.management_key_required();
+        assert_eq!(error.status(), 403);
+        assert_eq!(error.metadata()["reason"], "management_key_required");
+        assert!(
+            error
+                .message()
+                .contains("only a management key may set or delete")
+                && error.message().contains("GET /api/v1/accounts/acme/byok"),
+            "{}",
+            error.message()
+        );
+    }
+
+    #[test]
+    fn a_provider_key_is_accepted_only_where_it_would_be_sent() {
+        assert!(accepts_byok_key(&ByokProviders::Any, "anyone").is_ok());
+        let configured = ByokProviders::Only(["beta".to_owned(), "alpha".to_owned()].into());
+        assert!(accepts_byok_key(&configured, "alpha").is_ok());
+        let error = accepts_byok_key(&configured, "gamma").unwrap_err();
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.metadata()["param"], "provider");
+        assert_eq!(error.metadata()["reason"], "unknown_provider");
+        assert!(
+            error
+                .message()
+                .contains("gamma is not configured on this gateway")
+                && error.message().ends_with("providers: alpha, beta"),
+            "{}",
+            error.message()
+        );
+        let none = ByokProviders::Only(Default::default());
+        let error = accepts_byok_key(&none, "alpha").unwrap_err();
+        assert!(error.message().contains("accepts no provider keys"));
+        let error = accepts_byok_key(&ByokProviders::SingleUpstream, "openai").unwrap_err();
+        assert_eq!(error.status(), 400);
+        assert_eq!(error.metadata()["reason"], "byok_needs_providers");
+        assert!(
+            error.message().contains("its own upstream key")
+                && error.message().contains("`providers` section")
+                && error.message().contains("openai"),
+            "{}",
+            error.message()
+        );
     }
 
     proptest! {

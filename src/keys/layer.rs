@@ -1,3 +1,4 @@
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tower_layer::Layer;
@@ -19,6 +20,25 @@ pub(crate) struct KeyRoutesConfig {
     pub(crate) directory: KeyDirectory,
     pub(crate) byok: ByokDirectory,
     pub(crate) free_quota: FreeQuotaRules,
+    pub(crate) byok_providers: ByokProviders,
+}
+
+/// The providers an account may set its own key for through
+/// [`KeyRoutes`](super::KeyRoutes): only those the service below actually
+/// sends such a key to, since a stored key that is never sent would still
+/// make CreditGuard book the account's requests as BYOK, unpaid.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ByokProviders {
+    /// Any provider: the service below sends each request's
+    /// [`ByokCredential`](super::ByokCredential) to its provider (the
+    /// default, for a stack built with the library).
+    #[default]
+    Any,
+    /// Only these providers, lower case (the proxy's `providers` section).
+    Only(BTreeSet<String>),
+    /// None: every request goes to one upstream with the gateway's own key.
+    SingleUpstream,
 }
 
 impl KeyRoutesLayer {
@@ -34,6 +54,7 @@ impl KeyRoutesLayer {
                 directory,
                 byok,
                 free_quota: FreeQuotaRules::default(),
+                byok_providers: ByokProviders::Any,
             }),
         }
     }
@@ -45,6 +66,14 @@ impl KeyRoutesLayer {
     /// follow within its cache time).
     pub fn byok_directory(mut self, byok: ByokDirectory) -> Self {
         Arc::make_mut(&mut self.config).byok = byok;
+        self
+    }
+
+    /// Accepts provider keys (`PUT /api/v1/accounts/{id}/byok/{provider}`)
+    /// only for `providers`; listing and deleting stay open, so keys set
+    /// before can be cleaned up. Default: [`ByokProviders::Any`].
+    pub fn byok_providers(mut self, providers: ByokProviders) -> Self {
+        Arc::make_mut(&mut self.config).byok_providers = providers;
         self
     }
 

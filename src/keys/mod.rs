@@ -15,14 +15,16 @@
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}` |
 //! | `POST /api/v1/accounts/{id}/credits` `{amount}` | management key | `{"data": {account, total_credits, total_usage, balance}}` |
 //! | `GET /api/v1/accounts/{id}/byok` | management key, or a key of that account | `{"data": [{provider, hint, created_at, updated_at}, …]}` |
-//! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | management key, or a key of that account | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
-//! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | management key, or a key of that account | `{"deleted": true}`, or 404 |
+//! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
+//! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | management key | `{"deleted": true}`, or 404 |
 //!
 //! The BYOK routes keep an account's own provider keys in a
 //! [`ByokDirectory`]; once set, a key is never answered again, only its
 //! hint (`sk-…abcd`). [`CreditGuardLayer::byok_directory`](crate::credit::CreditGuardLayer::byok_directory)
 //! makes the account's requests to that provider BYOK and hands the key to
-//! the upstream client as a [`ByokCredential`].
+//! the upstream client as a [`ByokCredential`]. A key is accepted only for
+//! the providers [`KeyRoutesLayer::byok_providers`] names (any, by
+//! default): those the service below really sends it to.
 //!
 //! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
 //! Usage periods are UTC: the day, the week from Monday, the month. A key
@@ -96,7 +98,7 @@ pub use byok::{ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, B
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
 pub(crate) use handlers::Route;
-pub use layer::KeyRoutesLayer;
+pub use layer::{ByokProviders, KeyRoutesLayer};
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DEFAULT_ACCOUNT,
     DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,

@@ -14,8 +14,9 @@ use crate::response_body::ResponseBody;
 
 /// Answers the key management API (`/api/v1/keys…`,
 /// `/api/v1/accounts/{id}/credits`, management keys only), the accounts'
-/// own provider keys (`/api/v1/accounts/{id}/byok…`, management keys and
-/// the keys of that account) and the queries of the calling key
+/// own provider keys (`/api/v1/accounts/{id}/byok…`: set and deleted by
+/// management keys, listed by them and the keys of that account) and the
+/// queries of the calling key
 /// (`GET /api/v1/key`, `GET /api/v1/credits`, `GET /user/balance`); every
 /// other request goes to the inner service untouched.
 ///

@@ -20,7 +20,7 @@ use super::model_field::{
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{BufferedBody, ChatRequest, ModelId};
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
 
 /// The response header naming the model that answered, as the gateway
@@ -55,20 +55,43 @@ impl<S> Layer<S> for FallbackLayer {
 /// extensions): 400 when its model is not served; otherwise it tries its
 /// model, then its `models` list, then the configured fallbacks, each as a
 /// request for that model (body, `ChatRequest`) through the inner service,
-/// so each passes its own model's limits. It moves on after a 429 or a
-/// 5xx (a timeout is a 504, a refused connection a 502): a response it
-/// moves past was never sent on, so no byte of it reached the client. The
-/// answer names its model in `x-modelgate-model` and in its `model` field.
-/// Other requests pass untouched.
+/// so each passes its own model's limits.
+///
+/// It moves on only when that model is what failed: after the upstream's
+/// own 429 or 5xx, an upstream timeout (the gateway's 504), an upstream it
+/// could not reach or that refused the gateway's credentials (the
+/// gateway's 502), and a per-model rate rule's 429 (`limit_source`
+/// `model_rate`). The gateway's own refusals of the account or key, which
+/// the next model would meet as well, are answered at once: an
+/// account-wide or free-model 429, any 402, a failed store's 503. It tells
+/// the two apart by the [`Refusal`] that [`GatewayError::to_response`]
+/// puts into the extensions of every response the gateway builds, never by
+/// the body, which an upstream could write the same. A response it moves
+/// past was never sent on, so no byte of it reached the client. The answer
+/// names its model in `x-modelgate-model` and in its `model` field. Other
+/// requests pass untouched.
 #[derive(Clone, Debug)]
 pub struct Fallback<S> {
     inner: S,
     catalog: Arc<ModelCatalog>,
 }
 
-/// Statuses after which the next model is tried.
-fn falls_back(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
+/// Whether the next model is tried after `response`: see [`Fallback`].
+fn falls_back<B>(response: &Response<B>) -> bool {
+    let status = response.status();
+    match response.extensions().get::<Refusal>() {
+        // Nothing in process marked it: the upstream's own answer.
+        None => status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
+        Some(refusal) => match refusal.kind {
+            // The gateway's words for an upstream that failed.
+            ErrorKind::Upstream | ErrorKind::UpstreamTimeout => true,
+            // A rule of this model only; every other 429 is the account's.
+            ErrorKind::RateLimited => {
+                refusal.limit_source.as_deref() == Some(LimitSource::ModelRate.as_str())
+            }
+            _ => false,
+        },
+    }
 }
 
 impl<S, ResBody> Service<Request<Full<Bytes>>> for Fallback<S>
@@ -138,7 +161,7 @@ where
                 }
                 *attempt.body_mut() = Full::new(body);
                 let response = inner.clone().oneshot(attempt).await?;
-                if index < last && falls_back(response.status()) {
+                if index < last && falls_back(&response) {
                     tracing::info!(
                         from = %model,
                         to = %candidates[index + 1],
@@ -261,4 +284,179 @@ pub(crate) fn body_with_model(original: &Bytes, model: &str) -> Bytes {
     // BodyLimit parsed it already (an object, each field once): the
     // original is only a fallback that cannot happen.
     edited.map_or_else(|| original.clone(), Bytes::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::credit::PriceTable;
+    use crate::free_quota::FreeQuotaRules;
+    use crate::rate_limit::RateLimitRules;
+
+    /// A response as the upstream client returns it: nothing marks it.
+    fn upstream(status: u16) -> Response<Full<Bytes>> {
+        Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    }
+
+    fn rate_limited(source: LimitSource) -> GatewayError {
+        GatewayError::rate_limited(source, "slow down", Duration::from_secs(1))
+    }
+
+    /// Every refusal the gateway makes below Fallback, by whether the next
+    /// model is tried after it.
+    fn gateway_refusals() -> Vec<(GatewayError, bool)> {
+        vec![
+            (
+                GatewayError::new(ErrorKind::Upstream, "cannot connect")
+                    .with_metadata("upstream_failure", "connect"),
+                true,
+            ),
+            (
+                GatewayError::new(ErrorKind::UpstreamTimeout, "no answer in time"),
+                true,
+            ),
+            (rate_limited(LimitSource::ModelRate), true),
+            (rate_limited(LimitSource::AccountRate), false),
+            (rate_limited(LimitSource::FreePerMinute), false),
+            (rate_limited(LimitSource::FreePerDay), false),
+            (
+                GatewayError::insufficient_credits(LimitSource::KeyLimit, "limit"),
+                false,
+            ),
+            (
+                GatewayError::insufficient_credits(LimitSource::Credits, "balance"),
+                false,
+            ),
+            (
+                GatewayError::new(ErrorKind::ServiceUnavailable, "the store failed")
+                    .with_metadata("layer", "CreditGuard"),
+                false,
+            ),
+            (
+                GatewayError::missing_layer("CreditGuard", "BearerAuth"),
+                false,
+            ),
+            (
+                GatewayError::new(ErrorKind::InvalidRequest, "no provider"),
+                false,
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_upstreams_own_429_and_5xx_move_on_and_nothing_else_of_its() {
+        for status in [429, 500, 502, 503, 504, 529] {
+            assert!(falls_back(&upstream(status)), "{status}");
+        }
+        for status in [200, 400, 402, 404, 413, 422] {
+            assert!(!falls_back(&upstream(status)), "{status}");
+        }
+    }
+
+    #[test]
+    fn of_the_gateways_own_answers_only_upstream_failures_and_model_rules_move_on() {
+        for (error, expected) in gateway_refusals() {
+            let response: Response<Full<Bytes>> = error.to_response();
+            assert_eq!(falls_back(&response), expected, "{error}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_looks_like_the_gateways_does_not_fool_it() {
+        // An upstream may send the canonical body too: its own 429 still
+        // moves on, and its 402 still does not.
+        for (error, expected) in [
+            (rate_limited(LimitSource::AccountRate), true),
+            (
+                GatewayError::insufficient_credits(LimitSource::Credits, "balance"),
+                false,
+            ),
+        ] {
+            let mut response = upstream(error.status().as_u16());
+            *response.body_mut() = Full::new(Bytes::from(error.to_json().to_string()));
+            assert_eq!(falls_back(&response), expected, "{error}");
+        }
+    }
+
+    /// FallbackLayer over a stand-in that answers `first` for `alpha/m1`
+    /// and 200 for anything else, recording the models it was asked for.
+    async fn tried_after(first: Response<Full<Bytes>>) -> (u16, Vec<String>) {
+        let price = r#"{"prompt_per_million": 1, "completion_per_million": 1}"#;
+        let prices = PriceTable::from_json(&format!(
+            r#"{{"models": {{"alpha/m1": {price}, "beta/m2": {price}}}}}"#
+        ))
+        .unwrap();
+        let fallbacks = HashMap::from([("alpha/m1".to_owned(), vec!["beta/m2".to_owned()])]);
+        let catalog = ModelCatalog::new(
+            Arc::new(prices),
+            None,
+            &fallbacks,
+            &RateLimitRules::default(),
+            &FreeQuotaRules::default(),
+        )
+        .unwrap();
+        let tried = Arc::new(Mutex::new(Vec::new()));
+        let first = Arc::new(Mutex::new(Some(first)));
+        let inner = tower::service_fn({
+            let tried = Arc::clone(&tried);
+            move |request: Request<Full<Bytes>>| {
+                let model = request
+                    .extensions()
+                    .get::<ChatRequest>()
+                    .unwrap()
+                    .model
+                    .clone();
+                tried.lock().unwrap().push(model.clone());
+                let answer = match first.lock().unwrap().take() {
+                    Some(response) if model == "alpha/m1" => response,
+                    _ => upstream(200),
+                };
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            }
+        });
+        let service = FallbackLayer::new(Arc::new(catalog)).layer(inner);
+        let body = Bytes::from_static(
+            br#"{"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]}"#,
+        );
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(body.clone()))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ChatRequest::parse(&body).unwrap());
+        request.extensions_mut().insert(BufferedBody(body));
+        let response = service.oneshot(request).await.unwrap();
+        let status = response.status().as_u16();
+        let tried = tried.lock().unwrap().clone();
+        (status, tried)
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_the_account_is_answered_without_trying_the_fallback() {
+        for (error, expected) in gateway_refusals() {
+            let (answered, tried) = tried_after(error.to_response()).await;
+            let (status, models) = if expected {
+                (200, vec!["alpha/m1", "beta/m2"])
+            } else {
+                (error.status().as_u16(), vec!["alpha/m1"])
+            };
+            assert_eq!(
+                (answered, tried),
+                (
+                    status,
+                    models.iter().map(|model| model.to_string()).collect()
+                ),
+                "{error}"
+            );
+        }
+        let (answered, tried) = tried_after(upstream(503)).await;
+        assert_eq!((answered, tried.len()), (200, 2), "the upstream's 503");
+    }
 }

@@ -89,7 +89,7 @@ use crate::credit::{BoundField, CreditGuardLayer, PriceTable};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
-use crate::keys::{ByokDirectory, KeyDirectory, KeyRoutesLayer, SharedStore};
+use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
@@ -106,7 +106,7 @@ use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, Webhooks
 ///   "free_quota": {"requests_per_minute": 20, "requests_per_day": 50},
 ///   "body": {"max_body_bytes": 4194304, "read_timeout_ms": 30000},
 ///   "retry": {"max_attempts": 3, "max_wait_ms": 10000},
-///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 900, "byok": {"acme": ["openai"]}},
+///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 900},
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
 ///   "providers": {"openai": {"base_url": "https://api.openai.com/v1", "api_key": {"env": "OPENAI_API_KEY"},
 ///                            "headers": {}, "model_prefix": "strip"}},
@@ -136,8 +136,12 @@ pub struct GatewayConfig {
     /// Providers by name: a model `<provider>/<model>` goes to its
     /// provider. Absent: every model goes to `upstream`.
     pub providers: HashMap<String, ProviderSection>,
-    /// Per model id, the models to try after it (429, 5xx, timeout,
-    /// refused connection), after any the request lists in `models`.
+    /// Per model id, the models to try after it, after any the request
+    /// lists in `models`. The next is tried only when this model failed:
+    /// the upstream's own 429 or 5xx, a timeout, a refused connection, or
+    /// a per-model rate rule; never after the gateway's refusal of the
+    /// account or key (account-wide or free-model 429, 402, a failed
+    /// store's 503). See [`Fallback`].
     pub fallbacks: HashMap<String, Vec<String>>,
 }
 
@@ -276,15 +280,47 @@ pub struct RetrySection {
 }
 
 /// `credit` in [`GatewayConfig`].
+///
+/// There is no `byok` here: a request is BYOK only when the account's own
+/// key is what reaches the provider, so an account brings its keys through
+/// the management API (`PUT /api/v1/accounts/{id}/byok/{provider}`), with a
+/// `providers` section. A config that still has `credit.byok` is refused.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "CreditSectionInput")]
 pub struct CreditSection {
     /// Completion tokens assumed without `max_tokens`.
     pub default_max_tokens: Option<u64>,
     /// How long an unsettled reservation holds, in seconds.
     pub reservation_ttl_seconds: Option<u64>,
-    /// Per account, the providers it brings its own keys for.
-    pub byok: HashMap<String, Vec<String>>,
+}
+
+/// `credit` as written, so a retired field gets a message that says what
+/// to do instead of serde's "unknown field".
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct CreditSectionInput {
+    default_max_tokens: Option<u64>,
+    reservation_ttl_seconds: Option<u64>,
+    byok: Option<serde::de::IgnoredAny>,
+}
+
+impl TryFrom<CreditSectionInput> for CreditSection {
+    type Error = String;
+
+    fn try_from(input: CreditSectionInput) -> Result<Self, String> {
+        if input.byok.is_some() {
+            // It booked accounts as BYOK while the gateway's own key was
+            // sent: the gateway paid and no balance was charged.
+            return Err(
+                "credit.byok is no longer accepted: it booked an account's requests as BYOK (not charged to its balance) while the gateway's own provider key was sent. Remove it; to let an account bring its own key, add a `providers` section naming the provider and set the account's key with PUT /api/v1/accounts/{id}/byok/{provider} using a management key"
+                    .to_owned(),
+            );
+        }
+        Ok(CreditSection {
+            default_max_tokens: input.default_max_tokens,
+            reservation_ttl_seconds: input.reservation_ttl_seconds,
+        })
+    }
 }
 
 /// Why a configuration was refused: the section and what is wrong.
@@ -501,9 +537,16 @@ where
     )
     .map_err(ConfigError::new)?;
     let models_list = Arc::new(catalog.models_list().clone());
-    let mut credit = CreditGuardLayer::new(store, prices)
-        .clock(clock)
-        .byok_directory(byok.clone());
+    let mut credit = CreditGuardLayer::new(store, prices).clock(clock);
+    // A request is BYOK only when the account's key is what gets sent, and
+    // only `Providers::by_name` sends it; one upstream always sends its own.
+    let byok_providers = match bottom.names() {
+        Some(names) => {
+            credit = credit.byok_directory(byok.clone());
+            ByokProviders::Only(names.into_iter().collect())
+        }
+        None => ByokProviders::SingleUpstream,
+    };
     if let Some(tokens) = config.credit.default_max_tokens {
         credit = credit.default_max_tokens(tokens);
     }
@@ -526,7 +569,8 @@ where
         .layer(
             KeyRoutesLayer::new(directory)
                 .free_quota_rules(config.free_quota)
-                .byok_directory(byok.clone()),
+                .byok_directory(byok)
+                .byok_providers(byok_providers),
         )
         .layer(FallbackLayer::new(Arc::new(catalog)))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit))
@@ -671,4 +715,44 @@ fn path_is(path: &str, expected: &[&str]) -> bool {
             .iter()
             .zip(expected)
             .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credit_byok_is_refused_with_what_to_do_instead() {
+        let error = GatewayConfig::from_json(r#"{"credit": {"byok": {"acme": ["openai"]}}}"#)
+            .expect_err("credit.byok is refused");
+        let message = error.to_string();
+        for words in [
+            "credit.byok is no longer accepted",
+            "`providers` section",
+            "PUT /api/v1/accounts/{id}/byok/{provider}",
+            "management key",
+        ] {
+            assert!(message.contains(words), "{words:?} missing: {message}");
+        }
+        // Even empty: the field itself is what is retired.
+        assert!(GatewayConfig::from_json(r#"{"credit": {"byok": {}}}"#).is_err());
+    }
+
+    #[test]
+    fn the_other_credit_fields_are_read_and_unknown_ones_refused() {
+        let config = GatewayConfig::from_json(
+            r#"{"credit": {"default_max_tokens": 7, "reservation_ttl_seconds": 60}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.credit.default_max_tokens, Some(7));
+        assert_eq!(config.credit.reservation_ttl_seconds, Some(60));
+        let config = GatewayConfig::from_json(r#"{"credit": {}}"#).unwrap();
+        assert_eq!(config.credit.default_max_tokens, None);
+        let error = GatewayConfig::from_json(r#"{"credit": {"max_tokens": 7}}"#)
+            .expect_err("unknown fields are refused");
+        assert!(
+            error.to_string().contains("unknown field `max_tokens`"),
+            "{error}"
+        );
+    }
 }
