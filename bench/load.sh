@@ -156,6 +156,23 @@ ticks_per_second="$(getconf CLK_TCK)"
 
 results=()
 redis_line=""
+# Store round trips per chat request on Redis: the EVALSHA calls (the
+# gateway's only store calls on the chat path once the key is cached) over
+# a short run at `$1` connections.
+round_trips() {
+  local clients="$1" before after requests
+  sleep 0.5
+  before="$(redis_calls)"
+  wrk -t 1 -c "$clients" -d 3s -s "$work/redis.lua" "$redis_url/api/v1/chat/completions" >"$work/round_trips.wrk"
+  sleep 0.5
+  after="$(redis_calls)"
+  requests="$(awk '/requests in/ {print $1}' "$work/round_trips.wrk")"
+  awk -v b="$before" -v a="$after" -v n="$requests" -v c="$clients" 'BEGIN {
+    split(b, x, " "); split(a, y, " ")
+    printf "redis: %.2f store round trips per chat request at %d connection(s), over %d requests\n", (y[2] - x[2]) / n, c, n
+  }'
+}
+
 run() {
   local name="$1" url="$2" key="$3"
   script "$key" >"$work/$name.lua"
@@ -214,4 +231,6 @@ echo "(CPU/request: user + system time of the process under load: the mock for"
 echo " upstream, else the proxy; Redis's own is on the line below)"
 if [ -n "$redis_line" ]; then
   printf '\n%s\n' "$redis_line"
+  round_trips 1
+  round_trips "$connections"
 fi

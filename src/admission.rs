@@ -1,8 +1,7 @@
 //! Admission: how the deciding layers decide, alone or together.
 //!
-//! Used alone, each of [`GlobalRateLimit`](crate::rate_limit::GlobalRateLimit),
-//! [`FreeModelQuota`](crate::free_quota::FreeModelQuota) and
-//! [`CreditGuard`](crate::credit::CreditGuard) decides by itself, each in
+//! Used alone, each of [`GlobalRateLimit`], [`FreeModelQuota`] and
+//! [`CreditGuard`] decides by itself, each in
 //! its own store step. Stacked by [`AdmissionLayers`] (as the proxy does),
 //! the first two do not decide: each hands its checks to CreditGuard in an
 //! admission plan in the request's extensions, and CreditGuard decides

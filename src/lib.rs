@@ -13,6 +13,9 @@
 //! ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
 //! ```
 //!
+//! The last three are best stacked by [`admission::AdmissionLayers`], so
+//! that they decide together.
+//!
 //! Each reads what the layers before it put into the request's extensions
 //! and answers its own rejections with the one canonical error body
 //! ([`error::GatewayError`]). Available so far:
@@ -38,7 +41,9 @@
 //!   and flows kept in the store. It sits outside the chat path (before
 //!   `ErrorMapper` in the proxy): its routes carry their own secret, limits
 //!   and answer format.
-//! - [`admission`]: the response future the deciding layers share.
+//! - [`admission`]: [`admission::AdmissionLayers`], GlobalRateLimit,
+//!   FreeModelQuota and CreditGuard deciding each request in one atomic
+//!   store step (a request any of them refuses counts in none).
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!

@@ -519,12 +519,15 @@ async fn key_limits_reset_at_the_utc_day_week_and_month() {
 async fn a_stream_passes_byte_for_byte_and_is_charged_its_reported_usage() {
     let gateway = gateway(true, 1, as_is).await;
     let (key, _) = gateway.key(json!({"name": "streamer"})).await;
+    // A client that asks for usage gets every byte the upstream sent.
+    let mut asked = chat_body("openai/gpt-4o", 1000, true);
+    asked["stream_options"] = json!({"include_usage": true});
     let reply = call(
         gateway.addresses[0],
         "POST",
         "/api/v1/chat/completions",
         &key,
-        Some(chat_body("openai/gpt-4o", 1000, true)),
+        Some(asked),
     )
     .await;
     assert_eq!(reply.status, 200);
@@ -536,6 +539,20 @@ async fn a_stream_passes_byte_for_byte_and_is_charged_its_reported_usage() {
     );
     let status = gateway.status(&key).await;
     assert_eq!(status["usage"], 1, "1000 completion tokens");
+    // One that did not: the gateway asked for it, read it and kept it back.
+    let reply = call(
+        gateway.addresses[0],
+        "POST",
+        "/api/v1/chat/completions",
+        &key,
+        Some(chat_body("openai/gpt-4o", 1000, true)),
+    )
+    .await;
+    let mut expected = sse(1000);
+    expected.remove(4);
+    assert_eq!(reply.body.as_ref(), expected.concat().as_slice());
+    let status = gateway.status(&key).await;
+    assert_eq!(status["usage"], 2, "charged its usage all the same");
 }
 
 /// Waits (bounded) for a key's holds to be released: settlement in the

@@ -94,7 +94,8 @@ async fn get(url: &str) -> (u16, String) {
 fn config_file(directory: &std::path::Path) -> std::path::PathBuf {
     let price = json!({"prompt_per_million": 1, "completion_per_million": 1});
     let config = json!({
-        "pricing": {"models": {"openai/gpt-4o-mini": price, "openai/echo-headers": price}},
+        "pricing": {"models": {"openai/gpt-4o-mini": price, "openai/echo-headers": price,
+                               "openai/ignores-bound": price}},
         "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
             "ops": {"sessionKey": "agent:ops", "secret": WEBHOOK_SECRET}
         }}}}}
@@ -202,6 +203,16 @@ async fn metrics_tracing_health_and_readiness() {
         "the gateway is the new parent"
     );
     assert_eq!(echoed["x-request-id"], "client-req-42");
+    // An upstream that generates past the bound: charged, and counted.
+    let overrun = client
+        .post(format!("{}/api/v1/chat/completions", proxy.address))
+        .bearer_auth(&key)
+        .json(&chat("openai/ignores-bound"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(overrun.status(), 200);
+    overrun.bytes().await.unwrap();
 
     let (status, metrics) = get(&format!("{}/metrics", proxy.admin)).await;
     assert_eq!(status, 200);
@@ -212,10 +223,11 @@ async fn metrics_tracing_health_and_readiness() {
         r#"modelgate_layer_decisions_total{layer="BearerAuth",decision="rejected",reason="authentication_error:unknown_key"} 1"#,
         r#"modelgate_layer_decisions_total{layer="WebhookSecret",decision="admitted",reason=""} 1"#,
         r#"modelgate_layer_decisions_total{layer="GlobalRateLimit",decision="admitted",reason=""}"#,
-        r#"modelgate_store_call_duration_seconds_bucket{operation="check_and_add",outcome="ok""#,
-        r#"modelgate_upstream_duration_seconds_count{outcome="ok"} 2"#,
-        r#"modelgate_layer_decisions_total{layer="CreditGuard",decision="admitted",reason=""} 2"#,
+        r#"modelgate_store_call_duration_seconds_bucket{operation="admit",outcome="ok""#,
+        r#"modelgate_upstream_duration_seconds_count{outcome="ok"} 3"#,
+        r#"modelgate_layer_decisions_total{layer="CreditGuard",decision="admitted",reason=""} 3"#,
         r#"modelgate_charged_nanocredits_total{byok="false"}"#,
+        "modelgate_cost_over_hold_nanocredits_total",
         "modelgate_requests_in_flight",
     ] {
         assert!(
