@@ -1934,6 +1934,50 @@ async fn a_purchase_tier_raises_a_capacity_in_the_same_step<S: Store>(store: Arc
     assert_eq!((outcome.checks[0].limit, outcome.checks[0].used), (4, 3));
 }
 
+async fn a_hold_whose_settlement_came_first_holds_nothing<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    // The caller gave up on its admission and released it at no cost; the
+    // admission then arrives late.
+    store
+        .settle(&settlement("late", 0, false), t0())
+        .await
+        .unwrap();
+    let outcome = store
+        .reserve(&paid_hold("late", credits(4), None), t0())
+        .await
+        .unwrap();
+    assert!(matches!(
+        outcome,
+        ReserveOutcome::Reserved { held_nanos: 0, .. }
+    ));
+    let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
+    assert_eq!(usage.reserved_nanos, 0);
+    // The whole balance is still there for others.
+    assert!(store
+        .reserve(&paid_hold("other", credits(10), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    // A least amount of zero still stops at the key's limit.
+    let limited = ReserveRequest {
+        key_limit: Some(KeyLimit {
+            limit_nanos: credits(12),
+            reset: None,
+            include_byok: false,
+        }),
+        covered_by_balance: false,
+        ..paid_hold("zero-least", credits(5), Some(0))
+    };
+    assert_eq!(
+        store.reserve(&limited, t0()).await.unwrap(),
+        ReserveOutcome::Reserved {
+            used_nanos: 0,
+            reserved_nanos: credits(12),
+            held_nanos: credits(2),
+        }
+    );
+}
+
 async fn concurrent_paid_holds_never_overdraw_the_balance<S: Store>(store: Arc<S>) {
     store.top_up("acct", credits(10)).await.unwrap();
     let handles: Vec<_> = (0..200)
@@ -2239,6 +2283,7 @@ conformance!(
     a_flexible_hold_takes_what_the_key_limit_leaves,
     a_purchase_tier_raises_a_capacity_in_the_same_step,
     concurrent_paid_holds_never_overdraw_the_balance,
+    a_hold_whose_settlement_came_first_holds_nothing,
     records_compare_and_set,
     records_list_newest_first,
     concurrent_writers_with_one_revision_exactly_one_wins,

@@ -24,7 +24,9 @@
 //! limit or the balance cannot pay for that, as many tokens as they pay
 //! for: such a client is served until it cannot afford its prompt and one
 //! token. So the upstream never receives an unbounded request, and admitted
-//! requests never take the balance below zero nor a key past its limit. A
+//! requests take the balance below zero or a key past its limit only when
+//! the upstream ignores the bound (or the prompt costs more than its
+//! generous estimate). A
 //! stream whose client did not ask for usage is sent with
 //! `stream_options.include_usage`, and the usage chunk that brings is kept
 //! from the client, who gets the bytes it would have got.

@@ -25,10 +25,11 @@ use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 use super::body::MeteredBody;
 use super::hidden_usage::HiddenUsage;
 
-/// Admits a chat request only when its key is under its credit limit and
-/// its account's balance is not negative, holding the request's estimated
-/// maximum cost while it runs; records the real cost when the response
-/// ends. See the [module docs](super).
+/// Admits a chat request only when what its key's limit and (for a paid
+/// model) its account's balance leave pays for it, holding what it can
+/// cost while it runs: its prompt and the completion bound it goes
+/// upstream with. Records the real cost when the response ends. See the
+/// [module docs](super).
 ///
 /// Needs [`BearerAuth`](crate::auth::BearerAuth) and
 /// [`BodyLimit`](crate::body::BodyLimit) before it. Requests other than
@@ -125,12 +126,16 @@ where
 }
 
 /// The prompt's tokens, estimated generously at one token per 3 bytes of
-/// UTF-8 (a CJK character is 3 bytes) plus 4 per message and 1000 per
-/// non-text part (an image), tool definitions and other message fields
-/// (tool calls) included.
+/// UTF-8 (a CJK character is 3 bytes) plus 4 per message; a non-text part
+/// (an image, audio, a file) counts its size the same way and at least
+/// 1000; tool definitions, a response format, other message fields (tool
+/// calls) and other top-level fields count by their JSON size. The hold
+/// covers this, so an estimate short of the real prompt is money the
+/// balance could not cover: every byte the upstream may read is counted.
 pub fn estimate_prompt_tokens(chat: &ChatRequest) -> u64 {
+    let json_bytes = |value: &serde_json::Value| value.to_string().len() as u64;
     let mut prompt_bytes: u64 = 0;
-    let mut other_parts: u64 = 0;
+    let mut part_tokens: u64 = 0;
     for message in &chat.messages {
         match &message.content {
             Some(MessageContent::Text(text)) => prompt_bytes += text.len() as u64,
@@ -138,7 +143,7 @@ pub fn estimate_prompt_tokens(chat: &ChatRequest) -> u64 {
                 for part in parts {
                     match part.get("text").and_then(serde_json::Value::as_str) {
                         Some(text) => prompt_bytes += text.len() as u64,
-                        None => other_parts += 1,
+                        None => part_tokens += json_bytes(part).div_ceil(3).max(1000),
                     }
                 }
             }
@@ -150,13 +155,19 @@ pub fn estimate_prompt_tokens(chat: &ChatRequest) -> u64 {
                 .len() as u64;
         }
     }
-    if let Some(tools) = &chat.tools {
-        prompt_bytes += tools
-            .iter()
-            .map(|tool| tool.to_string().len() as u64)
-            .sum::<u64>();
+    prompt_bytes += chat
+        .tools
+        .iter()
+        .flatten()
+        .chain(chat.response_format.iter())
+        .map(json_bytes)
+        .sum::<u64>();
+    if !chat.extra.is_empty() {
+        prompt_bytes += serde_json::Value::Object(chat.extra.clone())
+            .to_string()
+            .len() as u64;
     }
-    prompt_bytes.div_ceil(3) + 4 * chat.messages.len() as u64 + 1000 * other_parts
+    prompt_bytes.div_ceil(3) + 4 * chat.messages.len() as u64 + part_tokens
 }
 
 /// The most a request can cost: its prompt ([`estimate_prompt_tokens`])
@@ -577,5 +588,25 @@ mod tests {
         let tool = r#"{"model": "a/b", "max_tokens": 1, "messages": [{"role": "assistant", "content": "",
             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}"#;
         assert!(estimate(tool) > 1 + 4 + 10);
+        // A large inline file counts by its size, not as 1000 tokens.
+        let file = format!(
+            r#"{{"model": "a/b", "max_tokens": 1, "messages": [{{"role": "user", "content": [
+            {{"type": "file", "file": {{"file_data": "{}"}}}}]}}]}}"#,
+            "A".repeat(30_000)
+        );
+        assert!(estimate(&file) > 10_000, "{}", estimate(&file));
+        // A response format and other top-level fields count too.
+        let schema = format!(
+            r#"{{"model": "a/b", "max_tokens": 1, "messages": [{{"role": "user", "content": "x"}}],
+            "response_format": {{"type": "json_schema", "json_schema": {{"name": "n", "schema": {{"description": "{}"}}}}}}}}"#,
+            "d".repeat(3000)
+        );
+        assert!(estimate(&schema) > 1000, "{}", estimate(&schema));
+        let legacy = format!(
+            r#"{{"model": "a/b", "max_tokens": 1, "messages": [{{"role": "user", "content": "x"}}],
+            "functions": [{{"name": "f", "description": "{}"}}]}}"#,
+            "d".repeat(3000)
+        );
+        assert!(estimate(&legacy) > 1000, "{}", estimate(&legacy));
     }
 }

@@ -513,6 +513,9 @@ impl AccountLedger {
     ) {
         self.holds.remove(settlement.reservation_id.as_str());
         let key = key_ledger(self, &settlement.key, now_micros);
+        // Released even when settled already: a late admission of a
+        // request given up on must not leave a hold behind.
+        key.reservations.remove(settlement.reservation_id.as_str());
         while let Some((until, _)) = key.settled_order.front() {
             if *until > now_micros {
                 break;
@@ -529,15 +532,20 @@ impl AccountLedger {
             now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
             fingerprint,
         ));
-        key.reservations.remove(settlement.reservation_id.as_str());
         key.record(settlement.cost_nanos, settlement.byok, starts);
         if !settlement.byok {
             self.balance_nanos = self.balance_nanos.saturating_sub(settlement.cost_nanos);
         }
     }
 
-    /// Decides the hold `request` as [`LedgerStore::admit`] does.
-    fn hold(&mut self, request: &ReserveRequest, now: DateTime<Utc>) -> ReserveOutcome {
+    /// Decides the hold `request` as [`LedgerStore::admit`] does; a
+    /// request whose id (`fingerprint`) is settled already holds nothing.
+    fn hold(
+        &mut self,
+        request: &ReserveRequest,
+        fingerprint: u128,
+        now: DateTime<Utc>,
+    ) -> ReserveOutcome {
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
         let id = request.reservation_id.as_str();
@@ -549,6 +557,17 @@ impl AccountLedger {
         };
         let key = key_ledger(self, &request.key, now_micros);
         let mut usage = key.usage(starts);
+        if key.settled.contains(&fingerprint) {
+            // Its settlement came first (the caller gave up on it): the
+            // request was never sent, and nothing must stay held.
+            return ReserveOutcome::Reserved {
+                used_nanos: request.key_limit.map_or(usage.total_nanos, |limit| {
+                    usage.in_period(limit.reset, limit.include_byok)
+                }),
+                reserved_nanos: usage.reserved_nanos,
+                held_nanos: 0,
+            };
+        }
         // A re-reservation replaces its earlier hold.
         usage.reserved_nanos -= key.reservations.get(id).map_or(0, |r| r.amount_nanos);
         let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
@@ -766,7 +785,10 @@ impl LedgerStore for MemoryStore {
         let counters = get_or_default(counters, account);
         let (fit, outcomes) = check_all(counters, &checks, now, false);
         let hold = match (&request.hold, fit) {
-            (Some(hold), true) => Some(ledger.hold(hold, now)),
+            (Some(hold), true) => {
+                let fingerprint = self.settlement_fingerprint(&hold.reservation_id);
+                Some(ledger.hold(hold, fingerprint, now))
+            }
             _ => None,
         };
         let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);

@@ -1,9 +1,8 @@
 -- Shared by the scripts that check counters (prepended after time.lua).
 -- A check is four arguments: kind, capacity, amount, p1:
---   'f' fixed window: p1 = its length (µs); the counter key is named by
---       the window's start, so a caller whose clock reads a moment earlier
---       counts in its own window and never resets a newer one
---   'c' calendar window: p1 = 'd', 'w' or 'm'; named by its start too
+--   'f' fixed window: p1 = its length (µs); the counter is a hash of
+--       counts by window start
+--   'c' calendar window: p1 = 'd', 'w' or 'm'; a hash by window start too
 --   'r' rolling window: p1 = its length (µs)
 --   'g' GCRA: p1 = emission interval (µs); capacity = burst
 -- and two keys: the counter's base key and its auxiliary hash (rolling).
@@ -44,20 +43,32 @@ end
 -- retry after (µs), reset after (µs).
 local function counter_evaluate(now, slack_ms, key, aux, kind, capacity, amount, p1, commit)
   if kind == 'f' or kind == 'c' then
-    local start, stop
-    if kind == 'f' then
-      local length = tonumber(p1)
-      start = fdiv(now, length) * length
-      stop = start + length
-    else
-      start, stop = period_bounds(p1, now)
+    local function bounds(at)
+      if kind == 'f' then
+        local length = tonumber(p1)
+        local start = fdiv(at, length) * length
+        return start, start + length
+      end
+      return period_bounds(p1, at)
     end
-    key = key .. ':' .. cint(start)
-    local used = tonumber(redis.call('GET', key) or '0')
+    local start, stop = bounds(now)
+    -- One hash per counter, a field per window start: every key is
+    -- declared, and a caller whose clock reads a moment earlier counts in
+    -- its own window and never resets a newer one.
+    local field = cint(start)
+    local used = tonumber(redis.call('HGET', key, field) or '0')
     local fits = used + amount <= capacity
     if fits and commit and amount > 0 then
-      used = redis.call('INCRBY', key, cint(amount))
-      redis.call('PEXPIRE', key, ttl_ms(now, stop, slack_ms))
+      used = redis.call('HINCRBY', key, field, cint(amount))
+      local ttl = tonumber(ttl_ms(now, stop, slack_ms))
+      if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+      -- Windows over (beyond the slack) go as new ones come.
+      if redis.call('HLEN', key) > 2 then
+        for _, old in ipairs(redis.call('HKEYS', key)) do
+          local _, ended = bounds(tonumber(old))
+          if ended + slack_ms * 1000 < now then redis.call('HDEL', key, old) end
+        end
+      end
     end
     local left = stop - now
     local retry = 0

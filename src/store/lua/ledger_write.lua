@@ -53,6 +53,12 @@ local function settle(k, id, cost, byok)
     redis.call('ZREMRANGEBYSCORE', k.settled, '-inf', int(now))
     k.forgotten = true
   end
+  -- Released even when settled already: a late admission of a request
+  -- given up on must not leave a hold behind.
+  release(k, id)
+  redis.call('ZREM', k.res, id)
+  release(acct, id)
+  redis.call('ZREM', acct.res, id)
   if redis.call('ZSCORE', k.settled, id) then return 0 end
   if not k.current then
     local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
@@ -63,10 +69,6 @@ local function settle(k, id, cost, byok)
     redis.call('PEXPIRE', k.settled, math.ceil(memory / 1000))
     k.remembered = true
   end
-  release(k, id)
-  redis.call('ZREM', k.res, id)
-  release(acct, id)
-  redis.call('ZREM', acct.res, id)
   for p = 1, 3 do
     -- Periods only roll forward: a cost stamped in a period that has already
     -- rolled over (a clock a moment behind) counts in the all-time totals only.
@@ -138,6 +140,12 @@ local function hold(k, a)
   local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[a + 8]]
   local used = big(usage[offset])
   if ARGV[a + 9] == '1' then used = big_add(used, big(usage[offset + 1])) end
+  -- Its settlement came first (the caller gave up on it): the request was
+  -- never sent, and nothing must stay held.
+  if redis.call('ZSCORE', k.settled, id) then
+    local live = live_reserved(k)
+    return { 0, big_str(used), big_str(live), '0' }
+  end
   local committed = big_add(used, reserved)
   local grant = amount
   if ARGV[a + 6] == '1' then
@@ -146,6 +154,7 @@ local function hold(k, a)
     -- limit; one that holds, when even its least amount would pass it.
     if is_zero(least) then
       if big_ge(committed, limit) then return { 1, big_str(committed) } end
+      grant = big_min(grant, big_sub(limit, committed))
     else
       if not big_ge(limit, big_add(committed, least)) then return { 1, big_str(committed) } end
       grant = big_min(grant, big_sub(limit, committed))
