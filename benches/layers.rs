@@ -22,6 +22,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
+use modelgate::admission::AdmissionLayers;
 use modelgate::auth::{ApiKey, BearerAuthLayer, Principal};
 use modelgate::body::{BodyLimitLayer, BufferedBody, ChatRequest};
 use modelgate::credit::{CreditGuardLayer, PriceTable};
@@ -235,9 +236,8 @@ fn bench_layers(c: &mut Criterion) {
         .layer(AccessLogLayer::annotate())
         .layer(key_routes)
         .layer(fallback)
-        .layer(rate_limit)
-        .layer(free_quota)
-        .layer(credit)
+        // As the proxy stacks them: one admission step.
+        .layer(AdmissionLayers::new(rate_limit, free_quota, credit))
         .service(answer());
     measure(&mut group, &runtime, "all_layers", all, as_sent);
     group.finish();
