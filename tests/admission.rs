@@ -59,6 +59,16 @@ async fn redis_store(server: &RedisServer) -> SharedStore {
     )
 }
 
+/// One gateway instance per store, all in front of one mock upstream.
+async fn instances(stores: &[SharedStore]) -> Vec<SocketAddr> {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let mut addresses = Vec::new();
+    for store in stores {
+        addresses.push(instance(store.clone(), &base, CONFIG).await);
+    }
+    addresses
+}
+
 fn source(body: &Value) -> &str {
     body["error"]["metadata"]["limit_source"]
         .as_str()
@@ -69,11 +79,7 @@ fn source(body: &Value) -> &str {
 /// spread over `stores`' instances: the balance never goes below zero and
 /// every refusal is a 402 `credits`.
 async fn burst_never_overdraws(stores: Vec<SharedStore>) {
-    let base = mock::start(mock::MockConfig::default()).await;
-    let mut addresses = Vec::new();
-    for store in &stores {
-        addresses.push(instance(store.clone(), &base, CONFIG).await);
-    }
+    let addresses = instances(&stores).await;
     let store = &stores[0];
     // Each request holds 7 + 16 = 23 credits; 230 pay for ten at once.
     store.top_up("acme", credits(230)).await.unwrap();
@@ -324,11 +330,7 @@ async fn a_stream_is_charged_its_usage_and_the_client_gets_what_it_asked_for() {
 /// request bounded by what is left, until it cannot pay for its prompt and
 /// one token; never past the limit.
 async fn served_until_the_limit(stores: Vec<SharedStore>) {
-    let base = mock::start(mock::MockConfig::default()).await;
-    let mut addresses = Vec::new();
-    for store in &stores {
-        addresses.push(instance(store.clone(), &base, CONFIG).await);
-    }
+    let addresses = instances(&stores).await;
     let store = &stores[0];
     store.top_up("acme", credits(1000)).await.unwrap();
     let limit = KeyLimit {

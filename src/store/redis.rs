@@ -367,6 +367,21 @@ impl RedisStore {
         (counter, kind, parameter)
     }
 
+    /// Each check's two keys and four arguments, as `counters.lua` reads them.
+    fn add_checks(&self, invocation: &mut ScriptInvocation<'_>, scoped: &str, checks: &[Check]) {
+        for check in checks {
+            let (counter, kind, parameter) = self.counter_key(scoped, check);
+            let auxiliary = format!("{counter}:aux");
+            invocation
+                .key(counter)
+                .key(auxiliary)
+                .arg(kind)
+                .arg(check.limit.capacity())
+                .arg(check.amount)
+                .arg(parameter);
+        }
+    }
+
     /// Runs the ledger's one write script: `settlements`, then the
     /// admission `request` when given, all of `account`, in one round trip.
     async fn write_ledger(
@@ -413,17 +428,7 @@ impl RedisStore {
             return self.run(operation, &invocation).await;
         };
         invocation.arg(request.checks.len());
-        for check in &request.checks {
-            let (counter, kind, parameter) = self.counter_key(&scoped, check);
-            let auxiliary = format!("{counter}:aux");
-            invocation
-                .key(counter)
-                .key(auxiliary)
-                .arg(kind)
-                .arg(check.limit.capacity())
-                .arg(check.amount)
-                .arg(parameter);
-        }
+        self.add_checks(&mut invocation, &scoped, &request.checks);
         match request.purchase_tier {
             Some(tier) => invocation
                 .arg(tier.check_index + 1)
@@ -710,17 +715,7 @@ impl CounterStore for RedisStore {
         let scoped = self.scoped(scope);
         let mut invocation = self.scripts.check_and_add.prepare_invoke();
         invocation.arg(self.now_arg(now)).arg(self.slack_millis());
-        for check in checks {
-            let (counter, kind, parameter) = self.counter_key(&scoped, check);
-            let auxiliary = format!("{counter}:aux");
-            invocation
-                .key(counter)
-                .key(auxiliary)
-                .arg(kind)
-                .arg(check.limit.capacity())
-                .arg(check.amount)
-                .arg(parameter);
-        }
+        self.add_checks(&mut invocation, &scoped, checks);
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         if reply.len() != 2 + 5 * checks.len() {
             return Err(StoreError::corrupt(
