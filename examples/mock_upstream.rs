@@ -18,7 +18,7 @@ mod mock;
 use std::time::Duration;
 
 const USAGE: &str = "usage: mock_upstream [--listen ADDR] [--prefix /v1] [--latency-ms N] \
-[--error-status CODE] [--error-rate 0..1] [--fail-first N]";
+[--error-status CODE] [--error-rate 0..1] [--fail-first N] [--event-delay-ms N]";
 
 #[tokio::main]
 async fn main() {
@@ -37,6 +37,7 @@ async fn run() -> Result<(), String> {
             "error-status",
             "error-rate",
             "fail-first",
+            "event-delay-ms",
         ],
         USAGE,
     )?;
@@ -51,6 +52,7 @@ async fn run() -> Result<(), String> {
         error_status: args.parsed("error-status", 503u16)?,
         error_rate: args.parsed("error-rate", 0.0f64)?,
         fail_first: args.parsed("fail-first", 0u64)?,
+        event_delay: Duration::from_millis(args.parsed("event-delay-ms", 0u64)?),
     };
     if !(0.0..=1.0).contains(&config.error_rate) {
         return Err("--error-rate must be between 0 and 1".to_owned());

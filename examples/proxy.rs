@@ -21,7 +21,9 @@
 //!
 //! The management key comes from `MODELGATE_ADMIN_KEY`; when that is unset
 //! one is generated and printed once. Ctrl-C or SIGTERM stops accepting,
-//! lets requests in flight finish (and be settled), then exits.
+//! lets requests in flight finish, waits (up to 30 s) for every settlement
+//! to reach the store, logs any it could not record with its account, key
+//! hash prefix and amount, then exits.
 
 #[path = "support/admin.rs"]
 mod admin;
@@ -33,6 +35,7 @@ mod mock;
 mod serve;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use modelgate::auth::ApiKey;
@@ -43,9 +46,15 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use modelgate::clock::SystemClock;
+use modelgate::credit::PendingSettlements;
 use modelgate::error::{ErrorKind, GatewayError};
-use modelgate::proxy::{gateway, GatewayBody, GatewayConfig, GatewayService, Upstream};
+use modelgate::proxy::{build_gateway, GatewayBody, GatewayConfig, GatewayService, Upstream};
 use tokio::net::TcpListener;
+
+/// How long a stopping proxy waits for the settlements of its last
+/// requests (a store outage shorter than this loses nothing).
+const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
 const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]";
 
@@ -110,10 +119,18 @@ async fn run() -> Result<(), String> {
         .map_err(|error| error.to_string())?;
     let upstream = Upstream::new(&upstream_config).map_err(|error| error.to_string())?;
     // `--bare true`: the upstream client alone, no layer: the baseline of bench/load.sh.
-    let service = if args.parsed("bare", false)? {
-        bare(upstream)
+    let (service, settlements) = if args.parsed("bare", false)? {
+        (bare(upstream), PendingSettlements::default())
     } else {
-        gateway(&config, store.clone(), upstream).map_err(|error| error.to_string())?
+        let gateway = build_gateway(
+            &config,
+            store.clone(),
+            upstream,
+            Arc::new(SystemClock),
+            KeyDirectory::DEFAULT_CACHE_TTL,
+        )
+        .map_err(|error| error.to_string())?;
+        (gateway.service, gateway.settlements)
     };
     admin_key(&store).await?;
 
@@ -132,8 +149,15 @@ async fn run() -> Result<(), String> {
     println!("admin (metrics, healthz, readyz) on http://{admin_address}");
 
     serve::serve(listener, service, serve::shutdown_signal()).await;
-    // Settlements of clients that left run in the background: a moment to land.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The requests have ended; what they cost must reach the store before
+    // the process does. Those that cannot are logged for booking by hand.
+    let pending = settlements.len();
+    let unrecorded = settlements.flush(SETTLEMENT_DEADLINE).await;
+    tracing::info!(
+        pending,
+        unrecorded = unrecorded.len(),
+        "settlements flushed; stopping"
+    );
     Ok(())
 }
 

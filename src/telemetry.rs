@@ -26,6 +26,7 @@
 //! | `modelgate_fallbacks_total` | counter | `from`, `to` |
 //! | `modelgate_charged_nanocredits_total` | counter | `byok` |
 //! | `modelgate_cost_over_hold_nanocredits_total` | counter | — |
+//! | `modelgate_settlements_unrecorded_total` | counter | — |
 //!
 //! ```
 //! use http::HeaderValue;
@@ -79,6 +80,9 @@ pub const CHARGED_NANOCREDITS_TOTAL: &str = "modelgate_charged_nanocredits_total
 /// upstream that ignored `max_tokens`), in nano-credits: charged in full,
 /// and counted here because no limit could stop it.
 pub const COST_OVER_HOLD_NANOCREDITS_TOTAL: &str = "modelgate_cost_over_hold_nanocredits_total";
+/// Settlements the store did not take before their hold expired, or before
+/// a stopping gateway's deadline: costs to book by hand (each is logged).
+pub const SETTLEMENTS_UNRECORDED_TOTAL: &str = "modelgate_settlements_unrecorded_total";
 
 /// The most label sets a [`HandleCache`] keeps; past it, handles are
 /// looked up each time (labels are from small sets: a full cache means a

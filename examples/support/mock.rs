@@ -38,6 +38,8 @@ pub struct MockConfig {
     pub error_rate: f64,
     /// The first this many chat requests are answered with `error_status`.
     pub fail_first: u64,
+    /// Between the events of a stream: a model that takes its time.
+    pub event_delay: Duration,
 }
 
 impl Default for MockConfig {
@@ -48,6 +50,7 @@ impl Default for MockConfig {
             error_status: 503,
             error_rate: 0.0,
             fail_first: 0,
+            event_delay: Duration::ZERO,
         }
     }
 }
@@ -342,8 +345,13 @@ impl Mock {
             ));
         }
         events.push("data: [DONE]\n\n".to_owned());
-        let frames = futures_util::stream::iter(events)
-            .map(|event| Ok::<_, BoxError>(http_body::Frame::data(Bytes::from(event))));
+        let delay = self.config.event_delay;
+        let frames = futures_util::stream::iter(events).then(move |event| async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Ok::<_, BoxError>(http_body::Frame::data(Bytes::from(event)))
+        });
         Response::builder()
             .header("content-type", "text/event-stream")
             .header("cache-control", "no-cache")

@@ -6,6 +6,7 @@ use tower_layer::Layer;
 
 use super::bound::BoundField;
 use super::group_commit::GroupCommit;
+use super::pending::{PendingSettlements, Unrecorded};
 use super::pricing::Pricing;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
@@ -37,6 +38,8 @@ pub(crate) struct CreditGuardConfig {
     /// The keys accounts set through the management API, looked up per
     /// chat request.
     pub(crate) byok_directory: Option<ByokDirectory>,
+    /// Settlements not recorded yet.
+    pub(crate) pending: PendingSettlements,
 }
 
 impl std::fmt::Debug for CreditGuardConfig {
@@ -78,6 +81,7 @@ impl CreditGuardLayer {
                 max_scanned_body_bytes: Self::DEFAULT_MAX_SCANNED_BODY_BYTES,
                 bound_fields: HashMap::new(),
                 byok_directory: None,
+                pending: PendingSettlements::default(),
             }),
         }
     }
@@ -147,6 +151,22 @@ impl CreditGuardLayer {
     pub fn byok_directory(mut self, directory: ByokDirectory) -> Self {
         Arc::make_mut(&mut self.config).byok_directory = Some(directory);
         self
+    }
+}
+
+impl CreditGuardLayer {
+    /// The settlements of this layer (and its clones) not recorded yet:
+    /// settlements retried after a failure (for as long as their hold
+    /// lasts) and those of clients that went away.
+    pub fn pending_settlements(&self) -> PendingSettlements {
+        self.config.pending.clone()
+    }
+
+    /// Waits until every settlement of this layer is recorded, or until
+    /// `deadline`; returns (and logs, and counts) those that were not. A
+    /// gateway that stops calls this once the requests in flight have ended.
+    pub async fn flush(&self, deadline: Duration) -> Vec<Unrecorded> {
+        self.config.pending.flush(deadline).await
     }
 }
 

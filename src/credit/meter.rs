@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::store::Settlement;
 
 use super::group_commit::GroupCommit;
+use super::pending::{PendingSettlements, Tracked};
 use super::pricing::TokenPrice;
 use super::usage::Usage;
 
@@ -41,6 +42,10 @@ pub(crate) struct Meter {
     pub(crate) byok: bool,
     /// Whether the response's status was 2xx, once there is a response.
     pub(crate) response_success: Option<bool>,
+    /// Where a settlement not yet recorded is known until it is.
+    pub(crate) pending: PendingSettlements,
+    /// When the hold expires: retrying a settlement after that is pointless.
+    pub(crate) hold_expires_at: tokio::time::Instant,
 }
 
 impl std::fmt::Debug for Meter {
@@ -56,18 +61,19 @@ impl std::fmt::Debug for Meter {
     }
 }
 
-/// Waits between settlement attempts that run after the response is gone.
-/// Settling is idempotent by reservation id, so retrying after a reply
-/// that was lost can never charge twice.
-const BACKGROUND_RETRY_WAITS: [Duration; 7] = [
+/// Waits between settlement attempts that run after the response is gone,
+/// then [`LONGEST_RETRY_WAIT`] between the others, for as long as the
+/// request's hold lasts: a store outage shorter than the hold loses
+/// nothing. Settling is idempotent by reservation id, so retrying after a
+/// reply that was lost can never charge twice.
+const BACKGROUND_RETRY_WAITS: [Duration; 5] = [
     Duration::from_millis(100),
+    Duration::from_millis(500),
     Duration::from_secs(1),
+    Duration::from_secs(2),
     Duration::from_secs(5),
-    Duration::from_secs(15),
-    Duration::from_secs(30),
-    Duration::from_secs(60),
-    Duration::from_secs(120),
 ];
+const LONGEST_RETRY_WAIT: Duration = Duration::from_secs(10);
 
 impl Meter {
     /// What the request costs, and on what basis:
@@ -100,11 +106,13 @@ impl Meter {
     /// Records the cost and releases the hold. One attempt while the
     /// response waits (on Redis, with the account's next ledger call: see
     /// [`GroupCommit`]); should it fail, the rest go on in the background.
+    /// Pending until recorded (see [`PendingSettlements`]).
     pub(crate) async fn settle(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
+        let tracked = self.pending.track(&settlement);
         if let Err(error) = self.ledger.settle(&settlement).await {
             tracing::warn!(%error, reservation = %self.reservation_id, "settlement failed; retrying in the background");
-            self.retry_in_background(settlement);
+            self.retry_in_background(settlement, tracked, BACKGROUND_RETRY_WAITS[0]);
         }
     }
 
@@ -112,7 +120,8 @@ impl Meter {
     /// inner service that failed.
     pub(crate) fn settle_in_background(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
-        self.retry_in_background(settlement);
+        let tracked = self.pending.track(&settlement);
+        self.retry_in_background(settlement, tracked, Duration::ZERO);
     }
 
     fn settlement(&self, usage: Option<Usage>, ending: Ending) -> Settlement {
@@ -156,20 +165,36 @@ impl Meter {
         }
     }
 
-    fn retry_in_background(self, settlement: Settlement) {
+    /// Attempts `settlement` after `first_wait`, then again with backoff
+    /// until it is recorded or the hold has expired; `tracked` keeps it
+    /// pending meanwhile.
+    fn retry_in_background(self, settlement: Settlement, tracked: Tracked, first_wait: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             unrecorded(&settlement, "no runtime to settle on");
             return;
         };
         runtime.spawn(async move {
-            for wait in std::iter::once(Duration::ZERO).chain(BACKGROUND_RETRY_WAITS) {
+            let _pending = tracked;
+            let mut waits = BACKGROUND_RETRY_WAITS
+                .into_iter()
+                .chain(std::iter::repeat(LONGEST_RETRY_WAIT));
+            let mut wait = first_wait;
+            loop {
                 tokio::time::sleep(wait).await;
                 match self.ledger.settle(&settlement).await {
                     Ok(()) => return,
                     Err(error) => tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed"),
                 }
+                let now = tokio::time::Instant::now();
+                if now >= self.hold_expires_at {
+                    unrecorded(&settlement, "the hold expired before the store took its settlement");
+                    return;
+                }
+                wait = waits
+                    .next()
+                    .unwrap_or(LONGEST_RETRY_WAIT)
+                    .min(self.hold_expires_at - now);
             }
-            unrecorded(&settlement, "settlement failed every attempt");
         });
     }
 }
@@ -179,10 +204,12 @@ static CHARGED: crate::telemetry::HandleCache<bool, metrics::Counter> =
     crate::telemetry::HandleCache::new();
 
 /// Logs, at error level and with every figure an operator needs to book it
-/// by hand, a cost the store could not record.
+/// by hand, a cost the store could not record, and counts it.
 fn unrecorded(settlement: &Settlement, why: &str) {
+    metrics::counter!(crate::telemetry::SETTLEMENTS_UNRECORDED_TOTAL).increment(1);
     tracing::error!(
         account = %settlement.account,
+        key = %settlement.key.chars().take(8).collect::<String>(),
         reservation = %settlement.reservation_id,
         cost_nanos = settlement.cost_nanos,
         byok = settlement.byok,

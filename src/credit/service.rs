@@ -401,6 +401,8 @@ fn hold_request(
         free: charge.free,
         byok,
         response_success: None,
+        pending: config.pending.clone(),
+        hold_expires_at: tokio::time::Instant::now() + config.reservation_ttl,
     };
     (reservation, meter)
 }

@@ -85,7 +85,7 @@ use crate::admission::AdmissionLayers;
 use crate::auth::BearerAuthLayer;
 use crate::body::BodyLimitLayer;
 use crate::clock::{Clock, SystemClock};
-use crate::credit::{BoundField, CreditGuardLayer, PriceTable};
+use crate::credit::{BoundField, CreditGuardLayer, PendingSettlements, PriceTable};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
@@ -491,6 +491,30 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    build_gateway(config, store, upstream, clock, key_cache_ttl).map(|gateway| gateway.service)
+}
+
+/// The gateway, and what a server stopping it waits for.
+pub struct Gateway<B> {
+    /// The whole gateway as one service.
+    pub service: GatewayService<B>,
+    /// Its settlements not recorded yet: [`PendingSettlements::flush`]
+    /// them once the requests in flight have ended, before exiting.
+    pub settlements: PendingSettlements,
+}
+
+/// [`gateway_with_clock`], with the handle on its pending settlements.
+pub fn build_gateway<B>(
+    config: &GatewayConfig,
+    store: SharedStore,
+    upstream: Upstream,
+    clock: Arc<dyn Clock>,
+    key_cache_ttl: Duration,
+) -> Result<Gateway<B>, ConfigError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let directory = KeyDirectory::builder(store.clone())
         .clock(clock.clone())
         .cache_ttl(key_cache_ttl)
@@ -573,14 +597,17 @@ where
                 .byok_providers(byok_providers),
         )
         .layer(FallbackLayer::new(Arc::new(catalog)))
-        .layer(AdmissionLayers::new(rate_limit, free_quota, credit))
+        .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
         .layer_fn(|inner| ChatOnly {
             inner,
             models_list: Arc::clone(&models_list),
         })
         .layer(tower::retry::RetryLayer::new(config.retry_policy()?))
         .service(bottom);
-    Ok(BoxCloneService::new(service))
+    Ok(Gateway {
+        service: BoxCloneService::new(service),
+        settlements: credit.pending_settlements(),
+    })
 }
 
 fn boxed_response<B>(response: Response<B>) -> Response<GatewayBody>

@@ -40,6 +40,23 @@ impl RedisServer {
         server
     }
 
+    /// Starts a server that keeps its data across [`restart`](Self::restart)
+    /// (every write in its append-only file before it is answered).
+    pub fn start_persistent() -> Self {
+        Self::start_with(
+            ["--appendonly", "yes", "--appendfsync", "always"]
+                .map(str::to_owned)
+                .to_vec(),
+        )
+    }
+
+    /// Starts a stopped server again on the same port.
+    pub fn start_again(&mut self) {
+        if self.child.is_none() {
+            self.spawn();
+        }
+    }
+
     /// `redis://127.0.0.1:PORT/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
@@ -58,8 +75,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port, with an empty dataset and
-    /// an empty script cache, as after a restart without persistence.
+    /// Starts the server again on the same port, with an empty script cache
+    /// and, unless it was started persistent, an empty dataset.
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();

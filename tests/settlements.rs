@@ -1,0 +1,225 @@
+//! No settlement lost: the proxy as a process on a real redis-server, with
+//! streams in flight through a slow upstream. SIGTERM lets every stream
+//! finish and every cost land before the process exits; Redis stopped
+//! mid-stream and back 10 s later (its data kept) still gets every cost,
+//! once. Charges are read back through a store connection of their own,
+//! as a second instance would.
+
+mod common;
+#[path = "../examples/support/mock.rs"]
+mod mock;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use futures::future::join_all;
+use modelgate::auth::KeyHash;
+use modelgate::store::{LedgerStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use serde_json::{json, Value};
+
+const STREAMS: usize = 20;
+
+struct Proxy {
+    child: Child,
+    address: String,
+}
+
+impl Proxy {
+    fn start(redis_url: &str, upstream: &str, config: &std::path::Path, admin_key: &str) -> Proxy {
+        let mut child = Command::new(common::examples::binary("proxy"))
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--redis", redis_url, "--upstream", upstream, "--config"])
+            .arg(config)
+            .env("MODELGATE_ADMIN_KEY", admin_key)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let address = first
+            .strip_prefix("modelgate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_owned();
+        std::thread::spawn(move || for _ in lines {});
+        Proxy { child, address }
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself; its exit code.
+    fn wait(&mut self, bound: Duration) -> Option<i32> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the proxy did not exit within {bound:?}");
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Setup {
+    proxy: Proxy,
+    key: String,
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    _config: tempfile::TempDir,
+}
+
+/// A proxy on `server` in front of a mock whose streams take about two
+/// seconds, a key, and an account with credits.
+async fn setup(server: &RedisServer) -> Setup {
+    let (base, received) = mock::start_counted(mock::MockConfig {
+        event_delay: Duration::from_millis(200),
+        ..mock::MockConfig::default()
+    })
+    .await;
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    std::fs::write(&config, json!({"pricing": {"default": price}}).to_string()).unwrap();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let proxy = Proxy::start(&server.url(), &base, &config, admin_key.expose());
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{}/api/v1/keys", proxy.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"name": "streams"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let response = client
+        .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"amount": 10000}))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success());
+    Setup {
+        proxy,
+        key: created["key"].as_str().unwrap().to_owned(),
+        received,
+        _config: directory,
+    }
+}
+
+/// `STREAMS` streams at once; each one's status and whole text.
+async fn streams(address: &str, key: &str) -> Vec<(u16, String)> {
+    let client = reqwest::Client::new();
+    join_all((0..STREAMS).map(|_| {
+        let client = client.clone();
+        async move {
+            let reply = client
+                .post(format!("{address}/api/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(
+                    &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 16,
+                              "messages": [{"role": "user", "content": "Hi there"}]}),
+                )
+                .send()
+                .await
+                .unwrap();
+            let status = reply.status().as_u16();
+            (status, reply.text().await.unwrap_or_default())
+        }
+    }))
+    .await
+}
+
+async fn wait_for(received: &std::sync::atomic::AtomicU64, count: u64) {
+    while received.load(Ordering::SeqCst) < count {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What the key was charged, and still holds, read through a connection of
+/// this test's own.
+async fn charged(server: &RedisServer, key: &str) -> (i64, i64) {
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let usage = store
+        .key_usage("default", &KeyHash::of(key).to_hex(), chrono::Utc::now())
+        .await
+        .unwrap();
+    (usage.total_nanos, usage.reserved_nanos)
+}
+
+/// Each stream costs 2 prompt and 7 completion tokens at a credit each.
+const STREAM_COST_NANOS: i64 = 9 * NANOS_PER_CREDIT;
+
+fn assert_complete(replies: &[(u16, String)]) {
+    for (status, text) in replies {
+        assert_eq!(*status, 200, "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_every_stream_finish_and_records_every_cost() {
+    let server = RedisServer::start();
+    let mut setup = setup(&server).await;
+    let address = setup.proxy.address.clone();
+    let key = setup.key.clone();
+    let running = tokio::spawn(async move { streams(&address, &key).await });
+    wait_for(&setup.received, STREAMS as u64).await;
+    setup.proxy.terminate();
+    let replies = running.await.unwrap();
+    assert_complete(&replies);
+    assert_eq!(setup.proxy.wait(Duration::from_secs(60)), Some(0));
+    assert_eq!(
+        charged(&server, &setup.key).await,
+        (STREAMS as i64 * STREAM_COST_NANOS, 0),
+        "every stream charged once, no hold left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_for_ten_seconds_mid_stream_loses_no_cost() {
+    let mut server = RedisServer::start_persistent();
+    let setup = setup(&server).await;
+    let address = setup.proxy.address.clone();
+    let key = setup.key.clone();
+    let running = tokio::spawn(async move { streams(&address, &key).await });
+    wait_for(&setup.received, STREAMS as u64).await;
+    // Every stream was admitted; Redis goes away before any can settle.
+    server.stop();
+    let replies = running.await.unwrap();
+    assert_complete(&replies);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    server.start_again();
+    // The retries find it back: every cost lands, exactly once.
+    let mut last = (0, 0);
+    for _ in 0..300 {
+        last = charged(&server, &setup.key).await;
+        if last == (STREAMS as i64 * STREAM_COST_NANOS, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last, (STREAMS as i64 * STREAM_COST_NANOS, 0));
+    // And no retry records one twice later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(charged(&server, &setup.key).await, last);
+}
