@@ -506,3 +506,123 @@ async fn instances_with_clocks_apart_hold_the_free_minute_quota_exactly() {
     }
     assert_eq!(admitted, 20);
 }
+
+#[tokio::test]
+async fn a_stream_the_client_left_is_charged_what_it_streamed_not_its_hold() {
+    let base = mock::start(mock::MockConfig {
+        event_delay: std::time::Duration::from_millis(300),
+        ..mock::MockConfig::default()
+    })
+    .await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &base, CONFIG).await;
+    store.top_up("acme", credits(1000)).await.unwrap();
+    let key = key_of(&store, "acme", None).await;
+    let mut response = reqwest::Client::new()
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(paid(Some(16), true).to_string())
+        .send()
+        .await
+        .unwrap();
+    // The keep-alive and two chunks, then the client goes.
+    for _ in 0..3 {
+        assert!(response.chunk().await.unwrap().is_some());
+    }
+    drop(response);
+    let hash = KeyHash::of(&key).to_hex();
+    let mut usage = store
+        .key_usage("acme", &hash, chrono::Utc::now())
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if usage.reserved_nanos == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        usage = store
+            .key_usage("acme", &hash, chrono::Utc::now())
+            .await
+            .unwrap();
+    }
+    assert_eq!(usage.reserved_nanos, 0, "the hold was released");
+    // The prompt (7 tokens held) and a token a chunk streamed: far less
+    // than the hold of 7 + 16.
+    assert!(
+        (credits(8)..credits(7 + 5)).contains(&usage.total_nanos),
+        "{usage:?}"
+    );
+}
+
+/// CreditGuard in front of a service that holds each request `waiting`
+/// (as a concurrency limit or buffer would) and marks it sent only after.
+async fn dropped_while_waiting(marks_before_waiting: bool) -> modelgate::store::KeyUsage {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use modelgate::auth::BearerAuthLayer;
+    use modelgate::body::BodyLimitLayer;
+    use modelgate::credit::{CreditGuardLayer, PriceTable, SentUpstream};
+    use modelgate::keys::KeyDirectory;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    store.top_up("acme", credits(1000)).await.unwrap();
+    let key = key_of(&store, "acme", None).await;
+    let prices = PriceTable::from_json(
+        r#"{"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}}"#,
+    )
+    .unwrap();
+    let service = ServiceBuilder::new()
+        .layer(BodyLimitLayer::new())
+        .layer(BearerAuthLayer::new(KeyDirectory::new(store.clone())))
+        .layer(
+            CreditGuardLayer::new(store.clone(), Arc::new(prices)).upstream_reports_sending(true),
+        )
+        .service(service_fn(
+            move |request: http::Request<Full<Bytes>>| async move {
+                let sent = request.extensions().get::<SentUpstream>().cloned().unwrap();
+                if marks_before_waiting {
+                    sent.mark();
+                }
+                // Waits for a turn that never comes.
+                std::future::pending::<()>().await;
+                sent.mark();
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+            },
+        ));
+    let request = http::Request::post("/api/v1/chat/completions")
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(paid(Some(16), false).to_string())))
+        .unwrap();
+    // The client gives up while the request waits.
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        service.oneshot(request),
+    )
+    .await;
+    assert!(waited.is_err());
+    let hash = KeyHash::of(&key).to_hex();
+    for _ in 0..100 {
+        let usage = store
+            .key_usage("acme", &hash, chrono::Utc::now())
+            .await
+            .unwrap();
+        if usage.reserved_nanos == 0 {
+            return usage;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the hold was never released");
+}
+
+#[tokio::test]
+async fn a_request_dropped_before_it_was_sent_costs_nothing() {
+    assert_eq!(dropped_while_waiting(false).await.total_nanos, 0);
+    // Once sent, the upstream may be working: charged what its bound allows.
+    assert_eq!(
+        dropped_while_waiting(true).await.total_nanos,
+        credits(7 + 16)
+    );
+}

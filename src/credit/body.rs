@@ -32,8 +32,8 @@ pin_project! {
             let this = this.project();
             // A client that went away: settle with what was seen.
             if let Some(metering) = this.metering.take() {
-                let usage = metering.scanner.finish();
-                metering.meter.settle_in_background(usage, Ending::Abandoned);
+                let (meter, usage) = metering.finish();
+                meter.settle_in_background(usage, Ending::Abandoned);
             }
             // Dropped while settling (a client that closed at the last
             // frame): the settlement finishes on its own.
@@ -52,6 +52,17 @@ pin_project! {
 struct Metering {
     meter: Meter,
     scanner: UsageScanner,
+}
+
+impl Metering {
+    /// The meter, knowing what an event stream carried, and the usage read.
+    fn finish(self) -> (Meter, Option<super::usage::Usage>) {
+        let Metering { mut meter, scanner } = self;
+        if scanner.is_event_stream() {
+            meter.streamed_tokens = Some(scanner.streamed_tokens());
+        }
+        (meter, scanner.finish())
+    }
 }
 
 impl<B> MeteredBody<B> {
@@ -113,8 +124,8 @@ where
             };
             // The end is answered only once the cost is recorded, so a
             // client that asks for its usage next sees this request in it.
-            let usage = metering.scanner.finish();
-            *this.settling = Some(metering.meter.settle(usage, ending).boxed());
+            let (meter, usage) = metering.finish();
+            *this.settling = Some(meter.settle(usage, ending).boxed());
             *this.after_settling = Some(answer);
         }
     }

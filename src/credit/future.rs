@@ -132,6 +132,7 @@ where
                             additions,
                             body_edits,
                             hide_stream_usage,
+                            sent,
                         }) => {
                             crate::telemetry::layer_decision("CreditGuard", None);
                             if let Some(credential) = credential {
@@ -158,11 +159,15 @@ where
                                     *request.body_mut() = B::from(edited);
                                 }
                             }
+                            if let Some(sent) = &sent {
+                                request.extensions_mut().insert(sent.clone());
+                            }
                             State::Calling {
                                 future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
-                                // may be working, so the hold is charged.
-                                meter: Unsettled::new(meter, Ending::Abandoned),
+                                // may be working, so the hold is charged,
+                                // unless it is known never to have been sent.
+                                meter: Unsettled::new(meter, Ending::Abandoned).unless_unsent(sent),
                                 max_scanned_body_bytes: *max_scanned_body_bytes,
                                 response_headers,
                                 hide_stream_usage,

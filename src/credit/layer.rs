@@ -40,6 +40,8 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) byok_directory: Option<ByokDirectory>,
     /// Settlements not recorded yet.
     pub(crate) pending: PendingSettlements,
+    /// Whether the service below marks [`SentUpstream`](super::SentUpstream).
+    pub(crate) upstream_reports_sending: bool,
 }
 
 impl std::fmt::Debug for CreditGuardConfig {
@@ -82,6 +84,7 @@ impl CreditGuardLayer {
                 bound_fields: HashMap::new(),
                 byok_directory: None,
                 pending: PendingSettlements::default(),
+                upstream_reports_sending: false,
             }),
         }
     }
@@ -155,6 +158,17 @@ impl CreditGuardLayer {
 }
 
 impl CreditGuardLayer {
+    /// Whether the service below marks the [`SentUpstream`](super::SentUpstream)
+    /// each metered request carries when it sends it upstream (the proxy's
+    /// upstream client does). On, a request dropped before it was marked is
+    /// released at no cost; off (the default), a request dropped before
+    /// its response is charged what its bound allows, as the upstream may
+    /// be working on it.
+    pub fn upstream_reports_sending(mut self, reports: bool) -> Self {
+        Arc::make_mut(&mut self.config).upstream_reports_sending = reports;
+        self
+    }
+
     /// The settlements of this layer (and its clones) not recorded yet:
     /// settlements retried after a failure (for as long as their hold
     /// lasts) and those of clients that went away.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::store::Settlement;
 
 use super::group_commit::GroupCommit;
-use super::pending::{PendingSettlements, Tracked};
+use super::pending::{PendingSettlements, SentUpstream, Tracked};
 use super::pricing::TokenPrice;
 use super::usage::Usage;
 
@@ -42,6 +42,11 @@ pub(crate) struct Meter {
     pub(crate) byok: bool,
     /// Whether the response's status was 2xx, once there is a response.
     pub(crate) response_success: Option<bool>,
+    /// The prompt's estimated tokens, and the completion tokens a stream
+    /// carried (once its body has been read): what a stream that reports
+    /// no usage is charged.
+    pub(crate) prompt_tokens: u64,
+    pub(crate) streamed_tokens: Option<u64>,
     /// Where a settlement not yet recorded is known until it is.
     pub(crate) pending: PendingSettlements,
     /// When the hold expires: retrying a settlement after that is pointless.
@@ -83,8 +88,12 @@ impl Meter {
     ///   priced;
     /// - no usage and an error status, or never sent: nothing (no work was
     ///   reported, so nothing is known to be owed);
-    /// - no usage otherwise (a stream cut short, a client gone, an inner
-    ///   failure): the estimate, since tokens may have been spent.
+    /// - no usage from an event stream (a client gone, a stream cut short,
+    ///   an upstream that reports none): its prompt and what it streamed
+    ///   ([`UsageScanner::streamed_tokens`](super::UsageScanner::streamed_tokens)),
+    ///   at most what its bound allows;
+    /// - no usage otherwise (a JSON body cut short, an inner failure): what
+    ///   its bound allows, since tokens may have been spent.
     pub(crate) fn cost_nanos(&self, usage: Option<Usage>, ending: Ending) -> (i64, &'static str) {
         if self.free {
             return (0, "free_model");
@@ -99,7 +108,16 @@ impl Meter {
             ),
             None if ending == Ending::NotSent => (0, "not_sent"),
             None if self.response_success == Some(false) => (0, "upstream_error_without_usage"),
-            None => (self.estimate_nanos, "estimate"),
+            // What was streamed, within the bound the request was held for.
+            None => match self.streamed_tokens {
+                Some(tokens) => (
+                    self.price
+                        .cost_nanos(self.prompt_tokens, tokens)
+                        .min(self.estimate_nanos),
+                    "streamed",
+                ),
+                None => (self.estimate_nanos, "estimate"),
+            },
         }
     }
 
@@ -224,11 +242,24 @@ fn unrecorded(settlement: &Settlement, why: &str) {
 pub(crate) struct Unsettled {
     meter: Option<Meter>,
     ending: Ending,
+    /// When the upstream client reports sending: unmarked, the request
+    /// never left, whatever `ending` says.
+    sent: Option<SentUpstream>,
 }
 
 impl Unsettled {
     pub(crate) fn new(meter: Option<Meter>, ending: Ending) -> Self {
-        Unsettled { meter, ending }
+        Unsettled {
+            meter,
+            ending,
+            sent: None,
+        }
+    }
+
+    /// Settles at no cost if dropped before `sent` is marked.
+    pub(crate) fn unless_unsent(mut self, sent: Option<SentUpstream>) -> Self {
+        self.sent = sent;
+        self
     }
 
     pub(crate) fn take(&mut self) -> Option<Meter> {
@@ -243,7 +274,13 @@ impl Unsettled {
 impl Drop for Unsettled {
     fn drop(&mut self) {
         if let Some(meter) = self.meter.take() {
-            meter.settle_in_background(None, self.ending);
+            let never_sent = self.sent.as_ref().is_some_and(|sent| !sent.is_marked());
+            let ending = if never_sent {
+                Ending::NotSent
+            } else {
+                self.ending
+            };
+            meter.settle_in_background(None, ending);
         }
     }
 }

@@ -29,6 +29,27 @@ struct Inner {
     emptied: Notify,
 }
 
+/// Put into each metered request's extensions when
+/// [`CreditGuardLayer::upstream_reports_sending`](super::CreditGuardLayer::upstream_reports_sending)
+/// is on: the service that sends the request upstream [`mark`](Self::mark)s
+/// it as it sends. A request dropped before it was marked (a client that
+/// left while a concurrency limit or a buffer below CreditGuard held it)
+/// never reached the upstream: its hold is released at no cost.
+#[derive(Clone, Debug, Default)]
+pub struct SentUpstream(Arc<std::sync::atomic::AtomicBool>);
+
+impl SentUpstream {
+    /// Records that the request is on its way to the upstream.
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the request was sent.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// A settlement that could not be recorded before a flush's deadline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unrecorded {

@@ -11,6 +11,7 @@ use super::bound::{BodyEdits, BoundField};
 use super::future::ResponseFuture;
 use super::layer::CreditGuardConfig;
 use super::meter::{Ending, Meter, Unsettled};
+use super::pending::SentUpstream;
 use super::pricing::TokenPrice;
 use crate::admission::{Admission, AdmissionPlan};
 use crate::auth::Principal;
@@ -241,12 +242,28 @@ pub(crate) struct Admitted {
     pub(crate) body_edits: Option<BodyEdits>,
     /// The gateway asked the upstream for stream usage: hidden from the client.
     pub(crate) hide_stream_usage: bool,
+    /// Marked by the upstream client as it sends (when it reports so).
+    pub(crate) sent: Option<SentUpstream>,
 }
 
 /// Decides the request's admission in one store step: the checks `plan`
 /// carries and, for a chat request, its hold (BYOK found first: one cached
 /// lookup when a [`ByokDirectory`](crate::keys::ByokDirectory) is set).
 async fn admit(
+    config: &CreditGuardConfig,
+    account: String,
+    charge: Option<Charge>,
+    plan: AdmissionPlan,
+) -> Result<Admitted, GatewayError> {
+    let mut admitted = decide(config, account, charge, plan).await?;
+    if config.upstream_reports_sending && admitted.meter.is_some() {
+        admitted.sent = Some(SentUpstream::default());
+    }
+    Ok(admitted)
+}
+
+/// The admission proper: see [`admit`].
+async fn decide(
     config: &CreditGuardConfig,
     account: String,
     charge: Option<Charge>,
@@ -401,6 +418,8 @@ fn hold_request(
         free: charge.free,
         byok,
         response_success: None,
+        prompt_tokens: charge.prompt_tokens,
+        streamed_tokens: None,
         pending: config.pending.clone(),
         hold_expires_at: tokio::time::Instant::now() + config.reservation_ttl,
     };
@@ -424,6 +443,7 @@ fn admitted(
             additions,
             body_edits: None,
             hide_stream_usage: false,
+            sent: None,
         };
     };
     let write_bound = match charge.client_bound_tokens {
@@ -455,6 +475,7 @@ fn admitted(
             ask_stream_usage: charge.ask_stream_usage,
         }),
         hide_stream_usage: charge.ask_stream_usage,
+        sent: None,
     }
 }
 

@@ -82,6 +82,10 @@ pub struct UsageScanner {
     started: bool,
     usage: Option<Usage>,
     done: bool,
+    /// Chunks streamed (events other than `[DONE]`), and the bytes of the
+    /// text they carried: what a stream that reports no usage is charged by.
+    streamed_chunks: u64,
+    streamed_text_bytes: u64,
 }
 
 impl UsageScanner {
@@ -99,6 +103,8 @@ impl UsageScanner {
             started: false,
             usage: None,
             done: false,
+            streamed_chunks: 0,
+            streamed_text_bytes: 0,
         }
     }
 
@@ -194,6 +200,8 @@ impl UsageScanner {
             self.done = true;
             return;
         }
+        self.streamed_chunks += 1;
+        self.streamed_text_bytes += text_bytes(&data);
         // Most chunks carry no usage; only those naming it are parsed.
         if !contains(&data, b"\"usage\"") {
             return;
@@ -201,6 +209,20 @@ impl UsageScanner {
         if let Some(usage) = usage_of(&data) {
             self.usage = Some(usage);
         }
+    }
+
+    /// The completion tokens an event stream has carried so far, estimated
+    /// generously for one that reports no usage: at least one a chunk, and
+    /// at least one per 3 bytes of the text its chunks carried (content,
+    /// reasoning, tool-call arguments).
+    pub fn streamed_tokens(&self) -> u64 {
+        self.streamed_chunks
+            .max(self.streamed_text_bytes.div_ceil(3))
+    }
+
+    /// Whether the body is read as an event stream.
+    pub fn is_event_stream(&self) -> bool {
+        self.kind == BodyKind::EventStream
     }
 
     /// Whether an event stream said `data: [DONE]`.
@@ -228,6 +250,35 @@ impl UsageScanner {
             }
         }
     }
+}
+
+/// The bytes of the text strings a chunk carries (`content`, `reasoning`,
+/// `arguments`), escapes counted as written: a scan, no parse.
+fn text_bytes(chunk: &[u8]) -> u64 {
+    const FIELDS: [&[u8]; 3] = [b"\"content\":\"", b"\"reasoning\":\"", b"\"arguments\":\""];
+    let mut total = 0u64;
+    for field in FIELDS {
+        let mut rest = chunk;
+        while let Some(start) = position(rest, field) {
+            rest = &rest[start + field.len()..];
+            // To the closing quote: one not escaped by a backslash.
+            let mut escaped = false;
+            let mut length = rest.len();
+            for (index, byte) in rest.iter().enumerate() {
+                match byte {
+                    b'\\' if !escaped => escaped = true,
+                    b'"' if !escaped => {
+                        length = index;
+                        break;
+                    }
+                    _ => escaped = false,
+                }
+            }
+            total += length as u64;
+            rest = &rest[length..];
+        }
+    }
+    total
 }
 
 /// The usage of one JSON document: only the three fields of its top-level
@@ -366,14 +417,31 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    position(haystack, needle).is_some()
+}
+
+fn position(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack
         .windows(needle.len())
-        .any(|window| window == needle)
+        .position(|window| window == needle)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_without_usage_is_measured_by_what_it_carried() {
+        let mut scanner = UsageScanner::new(BodyKind::EventStream, 1 << 20);
+        scanner.feed(b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n");
+        assert_eq!(scanner.streamed_tokens(), 1, "at least one a chunk");
+        // 30 bytes of text (an escaped quote counts as written) in one chunk.
+        scanner.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"abcdefghij\\\"lmnopqrstuvwxyz012\"}}]}\n\n");
+        scanner.feed(b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n");
+        assert_eq!(scanner.streamed_tokens(), (2 + 30 + 2_u64).div_ceil(3));
+        scanner.feed(b"data: [DONE]\n\n");
+        assert_eq!(scanner.finish(), None);
+    }
     use proptest::prelude::*;
 
     const STREAM: &str = ": keep-alive\n\n\

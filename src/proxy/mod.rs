@@ -561,7 +561,11 @@ where
     )
     .map_err(ConfigError::new)?;
     let models_list = Arc::new(catalog.models_list().clone());
-    let mut credit = CreditGuardLayer::new(store, prices).clock(clock);
+    // The upstream client marks each request as it sends it: one dropped
+    // before that costs nothing.
+    let mut credit = CreditGuardLayer::new(store, prices)
+        .clock(clock)
+        .upstream_reports_sending(true);
     // A request is BYOK only when the account's key is what gets sent, and
     // only `Providers::by_name` sends it; one upstream always sends its own.
     let byok_providers = match bottom.names() {
@@ -711,6 +715,7 @@ fn provider_side(request: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     move_extension::<crate::body::BufferedBody>(&mut parts.extensions, &mut kept);
     move_extension::<crate::keys::ByokCredential>(&mut parts.extensions, &mut kept);
     move_extension::<SkipRetries>(&mut parts.extensions, &mut kept);
+    move_extension::<crate::credit::SentUpstream>(&mut parts.extensions, &mut kept);
     parts.extensions = kept;
     Request::from_parts(parts, body)
 }

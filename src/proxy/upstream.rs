@@ -21,6 +21,7 @@ use tower_service::Service;
 use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 use super::providers::CallerKey;
 use crate::body::normalized_segments;
+use crate::credit::SentUpstream;
 use crate::error::{ErrorKind, GatewayError};
 
 /// Where and how to reach the upstream. `Debug` never shows the key.
@@ -304,7 +305,12 @@ impl Service<Request<Full<Bytes>>> for Upstream {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
+            let report = request.extensions().get::<SentUpstream>().cloned();
             let (request, id) = inner.outgoing(request)?;
+            // From here the upstream may be working on it: it is charged.
+            if let Some(report) = report {
+                report.mark();
+            }
             let sent = inner.client.request(request);
             let started = std::time::Instant::now();
             let outcome = tokio::time::timeout(inner.response_header_timeout, sent).await;
