@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use common::gateway::{chat, instance, key_of};
 use common::redis_server::RedisServer;
+use common::settle::settled;
 use futures::future::join_all;
 use modelgate::auth::KeyHash;
 use modelgate::keys::SharedStore;
@@ -98,6 +99,8 @@ async fn burst_never_overdraws(stores: Vec<SharedStore>) {
         );
     }
     assert!(admitted >= 10, "{admitted} admitted");
+    let hash = KeyHash::of(&key).to_hex();
+    let usage = settled(store.as_ref(), "acme", &hash, chrono::Utc::now()).await;
     let balance = store.account_balance("acme").await.unwrap();
     assert!(balance.balance_nanos >= 0, "{balance:?}");
     // Each answered request cost 9 credits: 2 prompt tokens and 7 words.
@@ -105,10 +108,6 @@ async fn burst_never_overdraws(stores: Vec<SharedStore>) {
         balance.balance_nanos,
         credits(230) - credits(9) * admitted as i64
     );
-    let usage = store
-        .key_usage("acme", &KeyHash::of(&key).to_hex(), chrono::Utc::now())
-        .await
-        .unwrap();
     assert_eq!(usage.reserved_nanos, 0, "every hold was released");
 }
 
@@ -307,6 +306,13 @@ async fn a_stream_is_charged_its_usage_and_the_client_gets_what_it_asked_for() {
     );
     assert!(!String::from_utf8_lossy(&streamed).contains("usage"));
     // Charged what it used (2 + 7 tokens), not its hold (7 + 16).
+    settled(
+        store.as_ref(),
+        "acme",
+        &KeyHash::of(&key).to_hex(),
+        chrono::Utc::now(),
+    )
+    .await;
     let balance = store.account_balance("acme").await.unwrap();
     assert_eq!(balance.balance_nanos, credits(1000 - 9));
     // A client that asked for usage gets it.
@@ -348,10 +354,8 @@ async fn served_until_the_limit(stores: Vec<SharedStore>) {
             &paid(None, false),
         )
         .await;
-        let usage = store
-            .key_usage("acme", &hash, chrono::Utc::now())
-            .await
-            .unwrap();
+        // A client that reads its usage before its next request.
+        let usage = settled(store.as_ref(), "acme", &hash, chrono::Utc::now()).await;
         assert!(usage.total_nanos <= credits(50), "{usage:?}");
         if status == 402 {
             assert_eq!(source(&body), "key_limit", "{body}");
@@ -371,10 +375,8 @@ async fn served_until_the_limit(stores: Vec<SharedStore>) {
         async move { chat(address, &fresh, &paid(None, false)).await.0 }
     }))
     .await;
-    let usage = store
-        .key_usage("acme", &KeyHash::of(&fresh).to_hex(), chrono::Utc::now())
-        .await
-        .unwrap();
+    let fresh_hash = KeyHash::of(&fresh).to_hex();
+    let usage = settled(store.as_ref(), "acme", &fresh_hash, chrono::Utc::now()).await;
     assert!(usage.total_nanos <= credits(50), "{usage:?} {replies:?}");
     assert!(replies
         .iter()
@@ -402,6 +404,13 @@ async fn an_upstream_that_ignores_the_bound_is_charged_in_full() {
     let mut body = paid(Some(16), false);
     body["model"] = json!("openai/ignores-bound");
     assert_eq!(chat(address, &key, &body).await.0, 200);
+    settled(
+        store.as_ref(),
+        "acme",
+        &KeyHash::of(&key).to_hex(),
+        chrono::Utc::now(),
+    )
+    .await;
     // It said a million tokens: charged them, and the account is now below
     // zero, so the next request, free or paid, is refused.
     let balance = store.account_balance("acme").await.unwrap();

@@ -21,7 +21,7 @@ use http_body_util::Full;
 use modelgate::auth::BearerAuthLayer;
 use modelgate::body::{BodyLimitLayer, ChatRequest};
 use modelgate::clock::ManualClock;
-use modelgate::credit::{CreditGuardLayer, PriceTable};
+use modelgate::credit::{CreditGuardLayer, PendingSettlements, PriceTable};
 use modelgate::keys::{
     ByokCredential, ByokDirectory, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore,
 };
@@ -98,7 +98,7 @@ async fn instance(
     clock: &ManualClock,
     policy: FailurePolicy,
     seen: Seen,
-) -> SocketAddr {
+) -> (SocketAddr, PendingSettlements) {
     let clock = Arc::new(clock.clone());
     let directory = KeyDirectory::builder(store.clone())
         .clock(clock.clone())
@@ -127,22 +127,24 @@ async fn instance(
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body.to_string()))))
         }
     });
+    let credit = CreditGuardLayer::new(store, Arc::new(prices()))
+        .clock(clock)
+        .failure_policy(policy)
+        .byok_directory(byok.clone());
+    let settlements = credit.pending_settlements();
     let service = ServiceBuilder::new()
         .layer(BodyLimitLayer::new())
         .layer(BearerAuthLayer::new(directory.clone()))
-        .layer(KeyRoutesLayer::new(directory).byok_directory(byok.clone()))
-        .layer(
-            CreditGuardLayer::new(store, Arc::new(prices()))
-                .clock(clock)
-                .failure_policy(policy)
-                .byok_directory(byok),
-        )
+        .layer(KeyRoutesLayer::new(directory).byok_directory(byok))
+        .layer(credit)
         .service(upstream);
-    serve(service).await
+    (serve(service).await, settlements)
 }
 
 struct Gateway {
     address: SocketAddr,
+    /// The settlements of its instances not recorded yet.
+    settlements: Vec<PendingSettlements>,
     store: SharedStore,
     clock: ManualClock,
     admin: String,
@@ -154,7 +156,7 @@ async fn gateway(store: SharedStore) -> Gateway {
     let seen = Seen::default();
     // The default cache: a change through KeyRoutes must still be used
     // at once, since CreditGuard shares its directory.
-    let address = instance(
+    let (address, settlements) = instance(
         store.clone(),
         store.clone(),
         ByokDirectory::DEFAULT_CACHE_TTL,
@@ -172,6 +174,7 @@ async fn gateway(store: SharedStore) -> Gateway {
         .unwrap();
     Gateway {
         address,
+        settlements: vec![settlements],
         store,
         clock,
         admin: admin.expose().to_owned(),
@@ -287,6 +290,10 @@ impl Gateway {
     }
 
     async fn status(&self, key: &str) -> Value {
+        // The costs of the requests before land just after their answers.
+        for settlements in &self.settlements {
+            assert!(settlements.flush(Duration::from_secs(10)).await.is_empty());
+        }
         send(self.address, "GET", "/api/v1/key", key, None)
             .await
             .body["data"]
@@ -706,7 +713,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
     let store: SharedStore = Arc::new(MemoryStore::new());
     let clock = ManualClock::new(t0());
     let seen = Seen::default();
-    let closed = instance(
+    let (closed, settlements) = instance(
         store.clone(),
         redis.clone(),
         Duration::ZERO,
@@ -715,7 +722,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
         seen.clone(),
     )
     .await;
-    let opened = instance(
+    let (opened, opened_settlements) = instance(
         store.clone(),
         redis.clone(),
         Duration::ZERO,
@@ -726,6 +733,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
     .await;
     let gateway = Gateway {
         address: closed,
+        settlements: vec![settlements, opened_settlements],
         store: store.clone(),
         clock,
         admin: KeyDirectory::new(store.clone())

@@ -15,10 +15,11 @@ use bytes::Bytes;
 use chrono::Utc;
 use common::http_server::serve;
 use common::redis_server::RedisServer;
+use common::settle::settled;
 use futures::future::join_all;
 use http::{Request, Response};
 use http_body_util::Full;
-use modelgate::auth::BearerAuthLayer;
+use modelgate::auth::{BearerAuthLayer, KeyHash};
 use modelgate::body::BodyLimitLayer;
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
@@ -190,6 +191,14 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
     for address in &gateways.addresses {
         assert_eq!(chat(&client, *address, &warm_key).await.0, 200);
     }
+    let warm_hash = KeyHash::of(&warm_key).to_hex();
+    settled(
+        gateways.stores[0].as_ref(),
+        "default",
+        &warm_hash,
+        Utc::now(),
+    )
+    .await;
     let before = gateways.stores[0]
         .account_balance("default")
         .await
@@ -203,7 +212,6 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
         async move { chat(&client, address, &key).await }
     }))
     .await;
-    let writes = writes.count();
     let admitted = replies.iter().filter(|(status, _)| *status == 200).count();
     assert_eq!(admitted, 150, "exactly 15 of 20 for each key");
     for (status, body) in replies.iter().filter(|(status, _)| *status != 200) {
@@ -211,10 +219,7 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
         assert_eq!(body["error"]["metadata"]["limit_source"], "key_limit");
     }
     for (_, hash) in &keys {
-        let usage = gateways.stores[1]
-            .key_usage("default", hash, Utc::now())
-            .await
-            .unwrap();
+        let usage = settled(gateways.stores[1].as_ref(), "default", hash, Utc::now()).await;
         assert_eq!(
             (usage.total_nanos, usage.reserved_nanos),
             (15 * NANOS_PER_CREDIT, 0),
@@ -227,6 +232,7 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
         .unwrap()
         .balance_nanos;
     assert_eq!(before - after, 150 * NANOS_PER_CREDIT);
+    let writes = writes.count();
     // Without grouping: 200 reservations and 150 settlements, a call each.
     // With it, a settlement waits while another of its account is on its
     // way, then rides with a reservation or goes with the others waiting:
@@ -239,13 +245,14 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cost_is_recorded_before_its_response_ends_on_either_instance() {
+async fn a_cost_is_recorded_once_on_either_instance_and_its_hold_keeps_the_limit_meanwhile() {
     // Twelve clients, each with its own 4-credit key, each sending six
     // requests one after the other, alternating between the instances;
     // after each answer the client reads its usage from the other
     // instance's connection. The others keep the account busy, so
-    // settlements wait to go with other calls: the answer must still end
-    // only once its cost is recorded.
+    // settlements wait to go with other calls: the answer ends at once,
+    // its cost lands just after, and until it does its hold keeps the
+    // key's limit exact (the fifth request is refused all the same).
     let gateways = Arc::new(two_instances(Duration::from_millis(5)).await);
     let keys = keys(&gateways.stores[0], 12, 4).await;
     let writes = LedgerWrites::start(&gateways.server);
@@ -256,16 +263,19 @@ async fn a_cost_is_recorded_before_its_response_ends_on_either_instance() {
             for round in 0..6 {
                 let instance = (worker + round) % 2;
                 let (status, body) = chat(&client, gateways.addresses[instance], &key).await;
-                let usage = gateways.stores[1 - instance]
-                    .key_usage("default", &hash, Utc::now())
-                    .await
-                    .unwrap();
+                let usage = settled(
+                    gateways.stores[1 - instance].as_ref(),
+                    "default",
+                    &hash,
+                    Utc::now(),
+                )
+                .await;
                 if round < 4 {
                     assert_eq!(status, 200, "{body}");
                     assert_eq!(
                         usage.total_nanos,
                         (round as i64 + 1) * NANOS_PER_CREDIT,
-                        "worker {worker}, round {round}: the cost is in before the answer ends"
+                        "worker {worker}, round {round}: the cost is in, once"
                     );
                     assert_eq!(usage.reserved_nanos, 0);
                 } else {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use common::http_server::serve;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+use modelgate::proxy::{build_gateway, GatewayConfig, Upstream, UpstreamConfig};
 use modelgate::store::{MemoryStore, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
@@ -28,6 +28,8 @@ const BETA_KEY: &str = "beta-provider-key-0123456789";
 
 struct Gateway {
     address: SocketAddr,
+    /// Its settlements not recorded yet.
+    settlements: modelgate::credit::PendingSettlements,
     key: String,
     /// A management key.
     admin: String,
@@ -76,8 +78,15 @@ async fn start(extra: Value) -> Gateway {
     let store: SharedStore = Arc::new(MemoryStore::new());
     // Unused: with providers configured, each model goes to its provider.
     let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
-    let service = gateway::<hyper::body::Incoming>(&config, store.clone(), upstream).unwrap();
-    let address = serve(service).await;
+    let built = build_gateway::<hyper::body::Incoming>(
+        &config,
+        store.clone(),
+        upstream,
+        Arc::new(modelgate::clock::SystemClock),
+        KeyDirectory::DEFAULT_CACHE_TTL,
+    )
+    .unwrap();
+    let address = serve(built.service).await;
     let directory = KeyDirectory::new(store.clone());
     let new = NewKey {
         account: "acme".into(),
@@ -95,6 +104,7 @@ async fn start(extra: Value) -> Gateway {
         .unwrap();
     Gateway {
         address,
+        settlements: built.settlements,
         key: key.expose().to_owned(),
         admin: admin.expose().to_owned(),
         store,
@@ -130,6 +140,12 @@ impl Gateway {
             .map(|value| value.to_str().unwrap().to_owned());
         let text = response.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        // Its cost lands just after its answer: tests read it next.
+        assert!(self
+            .settlements
+            .flush(std::time::Duration::from_secs(10))
+            .await
+            .is_empty());
         Reply {
             status,
             model_header,

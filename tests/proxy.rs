@@ -541,7 +541,7 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
     let config = GatewayConfig::from_json(CONFIG).unwrap();
     let mut upstream_config = config.upstream_config(Some(&base)).unwrap();
     upstream_config.api_key = Some("sk-upstream".into());
-    let service = gateway_with_clock(
+    let built = modelgate::proxy::build_gateway(
         &config,
         store.clone(),
         Upstream::new(&upstream_config).unwrap(),
@@ -549,7 +549,7 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
         Duration::from_secs(1),
     )
     .unwrap();
-    let address = serve(service).await;
+    let address = serve(built.service).await;
     let key = funded_key(&store, "acme").await;
     let admin = management_key(&store).await;
     let client = reqwest::Client::new();
@@ -607,6 +607,11 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
     let seen: Value =
         serde_json::from_str(body["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
     assert_eq!(seen["authorization"], "Bearer sk-upstream");
+    assert!(built
+        .settlements
+        .flush(Duration::from_secs(10))
+        .await
+        .is_empty());
     let status: Value = client
         .get(format!("http://{address}/api/v1/key"))
         .bearer_auth(&key)

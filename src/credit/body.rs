@@ -1,12 +1,14 @@
 //! [`MeteredBody`]: the response body, passed through frame by frame and
 //! byte for byte, read for usage on the way, and settled at its end.
+//!
+//! The end reaches the client at once: the settlement goes on its own
+//! (tracked in [`PendingSettlements`](super::PendingSettlements)), and the
+//! request's hold keeps every limit exact until it lands.
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -22,9 +24,6 @@ pin_project! {
         #[pin]
         inner: B,
         metering: Option<Metering>,
-        settling: Option<BoxFuture<'static, ()>>,
-        // What to answer once settled: the end, or the inner body's error.
-        after_settling: Option<Option<Result<Frame<Bytes>, BoxError>>>,
     }
 
     impl<B> PinnedDrop for MeteredBody<B> {
@@ -34,16 +33,6 @@ pin_project! {
             if let Some(metering) = this.metering.take() {
                 let (meter, usage) = metering.finish();
                 meter.settle_in_background(usage, Ending::Abandoned);
-            }
-            // Dropped while settling (a client that closed at the last
-            // frame): the settlement finishes on its own.
-            if let Some(settling) = this.settling.take() {
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => {
-                        runtime.spawn(settling);
-                    }
-                    Err(_) => tracing::error!("a settlement in progress was dropped without a runtime to finish it"),
-                }
             }
         }
     }
@@ -71,8 +60,6 @@ impl<B> MeteredBody<B> {
         MeteredBody {
             inner,
             metering: Some(Metering { meter, scanner }),
-            settling: None,
-            after_settling: None,
         }
     }
 
@@ -81,8 +68,6 @@ impl<B> MeteredBody<B> {
         MeteredBody {
             inner,
             metering: None,
-            settling: None,
-            after_settling: None,
         }
     }
 }
@@ -100,50 +85,32 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        loop {
-            if let Some(settling) = this.settling.as_mut() {
-                ready!(settling.poll_unpin(cx));
-                *this.settling = None;
-                return Poll::Ready(this.after_settling.take().flatten());
-            }
-            let next = ready!(this.inner.as_mut().poll_frame(cx));
-            let Some(metering) = this.metering.take() else {
-                return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
-            };
-            let (ending, answer) = match next {
-                Some(Ok(frame)) => {
-                    let mut metering = metering;
-                    if let Some(data) = frame.data_ref() {
-                        metering.scanner.feed(data);
-                    }
-                    *this.metering = Some(metering);
-                    return Poll::Ready(Some(Ok(frame)));
+        let next = ready!(this.inner.as_mut().poll_frame(cx));
+        let Some(metering) = this.metering.as_mut() else {
+            return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
+        };
+        let ending = match &next {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    metering.scanner.feed(data);
                 }
-                Some(Err(error)) => (Ending::Interrupted, Some(Err(error.into()))),
-                None => (Ending::Complete, None),
-            };
-            // The end is answered only once the cost is recorded, so a
-            // client that asks for its usage next sees this request in it.
+                return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
+            }
+            Some(Err(_)) => Ending::Interrupted,
+            None => Ending::Complete,
+        };
+        if let Some(metering) = this.metering.take() {
             let (meter, usage) = metering.finish();
-            *this.settling = Some(meter.settle(usage, ending).boxed());
-            *this.after_settling = Some(answer);
+            meter.settle_in_background(usage, ending);
         }
+        Poll::Ready(next.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        // Until settled, the end must still be polled for.
-        self.metering.is_none() && self.settling.is_none() && self.inner.is_end_stream()
+        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let inner = self.inner.size_hint();
-        if self.metering.is_none() && self.settling.is_none() {
-            return inner;
-        }
-        // No exact length while metered: the body ends only after its
-        // settlement, and a known length would let the client end first.
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower());
-        hint
+        self.inner.size_hint()
     }
 }

@@ -199,12 +199,6 @@ where
                     for headers in response_headers.drain(..) {
                         merge_response_headers(&mut parts, headers);
                     }
-                    if meter.is_some() {
-                        // The end of a metered body waits for its settlement;
-                        // a declared length would let the client finish
-                        // first, before the cost is recorded.
-                        parts.headers.remove(CONTENT_LENGTH);
-                    }
                     // The body is read as what it is, whatever was asked for.
                     let event_stream = is_event_stream(&parts.headers);
                     let kind = if event_stream {
@@ -226,6 +220,8 @@ where
                     // The usage the gateway asked for is read above and
                     // kept from the client, who did not ask for it.
                     let body = if *hide_stream_usage && event_stream && success {
+                        // Bytes are taken out: a declared length would be wrong.
+                        parts.headers.remove(CONTENT_LENGTH);
                         HiddenUsage::new(body)
                     } else {
                         HiddenUsage::passthrough(body)

@@ -121,21 +121,10 @@ impl Meter {
         }
     }
 
-    /// Records the cost and releases the hold. One attempt while the
-    /// response waits (on Redis, with the account's next ledger call: see
-    /// [`GroupCommit`]); should it fail, the rest go on in the background.
-    /// Pending until recorded (see [`PendingSettlements`]).
-    pub(crate) async fn settle(self, usage: Option<Usage>, ending: Ending) {
-        let settlement = self.settlement(usage, ending);
-        let tracked = self.pending.track(&settlement);
-        if let Err(error) = self.ledger.settle(&settlement).await {
-            tracing::warn!(%error, reservation = %self.reservation_id, "settlement failed; retrying in the background");
-            self.retry_in_background(settlement, tracked, BACKGROUND_RETRY_WAITS[0]);
-        }
-    }
-
-    /// Settles without anyone waiting: for a client that went away or an
-    /// inner service that failed.
+    /// Records the cost and releases the hold, without anyone waiting: on
+    /// Redis with the account's next ledger call (see [`GroupCommit`]),
+    /// then again with backoff should it fail. Pending until recorded (see
+    /// [`PendingSettlements`]).
     pub(crate) fn settle_in_background(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
         let tracked = self.pending.track(&settlement);

@@ -59,8 +59,9 @@
 //! waiting for its account (settled first, then decided, in one script);
 //! those still waiting when the ones on their way are recorded go
 //! together. A settlement thus waits at most one round trip more, and none
-//! when it is alone; the end of a response still waits until its cost is
-//! recorded.
+//! when it is alone. The end of a response does not wait for its
+//! settlement (the hold keeps every limit exact until it lands); a
+//! gateway that stops waits for them all ([`CreditGuardLayer::flush`]).
 //!
 //! A request for which the account has set its own key for the model's
 //! provider through the management API ([`CreditGuardLayer::byok_directory`],
@@ -92,6 +93,7 @@
 //! let prices = PriceTable::from_json(
 //!     r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 0, "completion_per_million": 1000}}}"#,
 //! ).unwrap();
+//! let credit = CreditGuardLayer::new(store.clone(), Arc::new(prices));
 //! let upstream = service_fn(|_: Request<Full<Bytes>>| async {
 //!     let body = r#"{"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 600}}"#;
 //!     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(body))))
@@ -99,7 +101,7 @@
 //! let gateway = ServiceBuilder::new()
 //!     .layer(BodyLimitLayer::new())
 //!     .layer(BearerAuthLayer::new(directory))
-//!     .layer(CreditGuardLayer::new(store.clone(), Arc::new(prices)))
+//!     .layer(credit.clone())
 //!     .service(upstream);
 //! let chat = || {
 //!     let body = r#"{"model": "openai/gpt-4o", "max_tokens": 800, "messages": [{"role": "user", "content": "Hi"}]}"#;
@@ -111,11 +113,12 @@
 //! };
 //! let first = gateway.clone().oneshot(chat()).await.unwrap();
 //! assert_eq!(first.status(), 200);
-//! first.into_body().collect().await.unwrap(); // the end of the body settles the cost
+//! first.into_body().collect().await.unwrap(); // the end of the body settles the cost…
+//! credit.flush(std::time::Duration::from_secs(5)).await; // …which lands just after
 //! let usage = store.key_usage("default", &record.hash, chrono::Utc::now()).await.unwrap();
 //! assert_eq!(usage.total_nanos, 600_000_000); // 600 tokens at 1000 credits per million
-//! gateway.clone().oneshot(chat()).await.unwrap().into_body().collect().await.unwrap();
-//! // 1.2 credits used of a 1-credit limit: the next request is refused.
+//! // 0.6 credits used, and the next request may cost 0.8 more: past the
+//! // 1-credit limit, so it is refused before it goes upstream.
 //! assert_eq!(gateway.oneshot(chat()).await.unwrap().status(), 402);
 //! # }
 //! ```

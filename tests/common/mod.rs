@@ -2,3 +2,4 @@ pub mod examples;
 pub mod gateway;
 pub mod http_server;
 pub mod redis_server;
+pub mod settle;
