@@ -232,7 +232,7 @@ async fn refused_arguments_do_not_open_the_breaker() {
     );
     for _ in 0..5 {
         let error = store
-            .check_and_add("acct", &[zero_window.clone()], t0())
+            .check_and_add("acct", std::slice::from_ref(&zero_window), t0())
             .await
             .unwrap_err();
         assert!(

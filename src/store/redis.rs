@@ -7,6 +7,30 @@
 //! (`mg:{r:keys}:…`), so every script touches one Cluster slot and declares
 //! every key it touches.
 //!
+//! A sick store fails fast: every call goes through one circuit breaker,
+//! shared by all clones of the store. After
+//! [`breaker_failures`](RedisStoreConfig::breaker_failures) calls in a
+//! row fail for want of an answer (a timeout, a lost or refused
+//! connection, a server loading, a cluster down), every call fails at once
+//! with [`StoreErrorKind::CircuitOpen`] for
+//! [`breaker_cool_down`](RedisStoreConfig::breaker_cool_down), instead of
+//! each waiting its `call_timeout` on a hung Redis; then one call goes
+//! through as a probe, and its success closes the breaker (its failure
+//! opens it for another cool-down). The error is
+//! [`is_unavailable`](super::StoreError::is_unavailable), so each layer's
+//! [`FailurePolicy`](super::FailurePolicy) applies as for a timeout.
+//! Replies the server did give (a script error) and arguments refused
+//! before sending never count. [`RedisStore::circuit_open`] tells a
+//! readiness check; opens and refusals are counted
+//! ([`STORE_CIRCUIT_OPENS_TOTAL`](crate::telemetry::STORE_CIRCUIT_OPENS_TOTAL),
+//! [`STORE_CIRCUIT_REFUSALS_TOTAL`](crate::telemetry::STORE_CIRCUIT_REFUSALS_TOTAL))
+//! and logged (a warning when it opens, info when it closes).
+//!
+//! On connect the store reads `maxmemory-policy` and warns unless it is
+//! `noeviction`: an evicted hold or counter lets requests past their
+//! limits, and evicted usage is lost. (A Redis that refuses `CONFIG`, as
+//! managed ones do, is not checked.)
+//!
 //! Numbers: counters are exact up to 2^53 (limits and amounts above are
 //! refused); ledger amounts are stored with Redis' own 64-bit integer
 //! commands and compared in the scripts with exact two-part integers, so
@@ -91,6 +115,17 @@ impl Default for RedisStoreConfig {
 
 /// Every store trait on Redis (through a [`ConnectionManager`], which
 /// reconnects by itself) or on Redis Cluster.
+///
+/// A sick store fails fast: after
+/// [`breaker_failures`](RedisStoreConfig::breaker_failures) calls in a row
+/// get no answer (a timeout, a lost connection), the circuit breaker
+/// shared by all clones refuses every call at once with
+/// [`StoreErrorKind::CircuitOpen`] (an [`is_unavailable`](StoreError::is_unavailable)
+/// error: the layers' failure policies apply as for a timeout) for
+/// [`breaker_cool_down`](RedisStoreConfig::breaker_cool_down); then one
+/// call probes, and its success closes it. [`RedisStore::circuit_open`]
+/// tells a readiness check. On connect, a `maxmemory-policy` other than
+/// `noeviction` is logged as a warning.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
