@@ -21,6 +21,8 @@
 //! | `modelgate_store_failure_decisions_total` | counter | `layer`, `decision` (`fail_open`, `fail_closed`) |
 //! | `modelgate_store_call_duration_seconds` | histogram | `operation`, `outcome` |
 //! | `modelgate_store_errors_total` | counter | `operation` |
+//! | `modelgate_store_circuit_opens_total` | counter | — |
+//! | `modelgate_store_circuit_refusals_total` | counter | `operation` |
 //! | `modelgate_upstream_duration_seconds` | histogram | `outcome` |
 //! | `modelgate_upstream_retries_total` | counter | — |
 //! | `modelgate_fallbacks_total` | counter | `from`, `to` |
@@ -68,6 +70,12 @@ pub const STORE_FAILURE_DECISIONS_TOTAL: &str = "modelgate_store_failure_decisio
 pub const STORE_CALL_DURATION_SECONDS: &str = "modelgate_store_call_duration_seconds";
 /// Store calls that failed, by operation.
 pub const STORE_ERRORS_TOTAL: &str = "modelgate_store_errors_total";
+/// Times a store's circuit breaker opened: after its consecutive failures,
+/// and again after each failed probe.
+pub const STORE_CIRCUIT_OPENS_TOTAL: &str = "modelgate_store_circuit_opens_total";
+/// Store calls refused at once, not sent, because the store's circuit
+/// breaker is open (not counted in the two metrics above).
+pub const STORE_CIRCUIT_REFUSALS_TOTAL: &str = "modelgate_store_circuit_refusals_total";
 /// Time to the upstream's response head.
 pub const UPSTREAM_DURATION_SECONDS: &str = "modelgate_upstream_duration_seconds";
 /// Upstream attempts retried.
@@ -194,6 +202,23 @@ pub(crate) fn store_call(operation: &'static str, elapsed: Duration, succeeded: 
     if !succeeded {
         metrics::counter!(STORE_ERRORS_TOTAL, "operation" => operation).increment(1);
     }
+}
+
+/// Counts a store circuit breaker opening.
+pub(crate) fn store_circuit_opened() {
+    metrics::counter!(STORE_CIRCUIT_OPENS_TOTAL).increment(1);
+}
+
+/// Counts a store call refused by an open circuit breaker: while it is
+/// open every request takes this path, so the handles are kept.
+pub(crate) fn store_circuit_refusal(operation: &'static str) {
+    static REFUSALS: HandleCache<&'static str, metrics::Counter> = HandleCache::new();
+    REFUSALS
+        .get(&operation, || {
+            let counter = metrics::counter!(STORE_CIRCUIT_REFUSALS_TOTAL, "operation" => operation);
+            (operation, counter)
+        })
+        .increment(1);
 }
 
 /// The W3C trace context a request carries upstream: the client's trace

@@ -249,6 +249,18 @@ async fn metrics_tracing_health_and_readiness() {
     }
     let unready: Value = serde_json::from_str(&unready.expect("unready with redis down")).unwrap();
     assert_ne!(unready["store"], "ok");
+    // The failed pings open the store's circuit breaker, and readiness says so.
+    let mut circuit_open = false;
+    for _ in 0..50 {
+        let (status, body) = get(&format!("{}/readyz", proxy.admin)).await;
+        if serde_json::from_str::<Value>(&body).unwrap()["store"] == "circuit_open" {
+            assert_eq!(status, 503);
+            circuit_open = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(circuit_open, "readiness reports the open circuit");
     assert_eq!(
         get(&format!("{}/healthz", proxy.admin)).await.0,
         200,
@@ -265,10 +277,28 @@ async fn metrics_tracing_health_and_readiness() {
     }
     assert!(ready_again, "ready again once redis is back");
     let (_, metrics) = get(&format!("{}/metrics", proxy.admin)).await;
-    assert!(
-        metrics.contains("modelgate_store_errors_total{operation=\"ping\"}"),
-        "{metrics}"
-    );
+    for expected in [
+        "modelgate_store_errors_total{operation=\"ping\"}",
+        "modelgate_store_circuit_opens_total",
+        "modelgate_store_circuit_refusals_total{operation=\"ping\"}",
+    ] {
+        assert!(
+            metrics.contains(expected),
+            "missing {expected} in\n{metrics}"
+        );
+    }
+    // The breaker's warning and its all-clear (the pipe is drained by a thread).
+    for expected in ["store circuit opened", "store circuit closed"] {
+        let mut logged = false;
+        for _ in 0..50 {
+            logged = proxy.logs().contains(expected);
+            if logged {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(logged, "missing {expected} in the logs");
+    }
 
     // Nothing secret in what an operator collects.
     let logs = proxy.logs();

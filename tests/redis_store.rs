@@ -10,7 +10,7 @@ use common::redis_server::{CommandWatch, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
     Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, RecordStore, RedisStore,
-    RedisStoreConfig, ReserveRequest, Settlement, TimeSource,
+    RedisStoreConfig, ReserveRequest, Settlement, StoreErrorKind, TimeSource,
 };
 use proptest::prelude::*;
 
@@ -109,6 +109,194 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
         7
     );
     store.ping().await.unwrap();
+}
+
+/// A frozen Redis (SIGSTOP: connections open, no answers) makes only the
+/// first calls wait their timeout; then the breaker refuses calls at once,
+/// for every clone of the store, until Redis answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_opens_the_breaker_and_calls_fail_fast_until_it_answers_again() {
+    let server = RedisServer::start();
+    let call_timeout = Duration::from_millis(500);
+    let breaker_failures = 3;
+    let config = RedisStoreConfig {
+        call_timeout,
+        breaker_failures,
+        // Long enough that the fast calls below all fall inside it even on
+        // a loaded machine; a probe would wait the timeout.
+        breaker_cool_down: Duration::from_secs(3),
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let clone = store.clone();
+    assert!(
+        store
+            .check_and_add("acct", &[minute_check()], t0())
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(!store.circuit_open());
+
+    server.freeze();
+    // 20 calls in a row: the first ones wait for the timeout, the rest
+    // are refused by the breaker.
+    let mut waited = 0;
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        let error = store
+            .check_and_add("acct", &[minute_check()], t0())
+            .await
+            .unwrap_err();
+        latencies.push((started.elapsed(), error.kind().clone()));
+        assert!(error.is_unavailable(), "{error}");
+        assert_eq!(error.operation(), "check_and_add");
+        if !matches!(error.kind(), StoreErrorKind::CircuitOpen) {
+            waited += 1;
+        }
+    }
+    for (call, (latency, kind)) in latencies.iter().enumerate() {
+        println!(
+            "frozen redis, call {:>2}: {latency:>10.3?}  {kind}",
+            call + 1
+        );
+    }
+    assert!(
+        waited <= breaker_failures + 1,
+        "{waited} calls waited for the timeout: {latencies:?}"
+    );
+    assert!(store.circuit_open() && clone.circuit_open());
+
+    // Open: 50 calls in a row, on either clone and of any operation, all
+    // refused by the breaker, and far faster than a timeout each.
+    let started = std::time::Instant::now();
+    for call in 0..50 {
+        let error = if call % 2 == 0 {
+            clone.get_record("keys", "k").await.unwrap_err()
+        } else {
+            store.reserve(&reserve_request(), t0()).await.unwrap_err()
+        };
+        assert!(
+            matches!(error.kind(), StoreErrorKind::CircuitOpen),
+            "call {call}: {error}"
+        );
+        assert!(error.is_unavailable());
+        assert!(error.to_string().contains("circuit open"), "{error}");
+    }
+    let elapsed = started.elapsed();
+    println!("frozen redis, breaker open: 50 calls in {elapsed:?}");
+    assert!(elapsed < call_timeout * 5, "50 refusals took {elapsed:?}");
+    let error = store.ping().await.unwrap_err();
+    assert!(matches!(error.kind(), StoreErrorKind::CircuitOpen));
+
+    // Thawed: after the cool-down a probe gets through and closes the
+    // breaker; the same store answers again, no reconnect by hand.
+    server.thaw();
+    let mut recovered = false;
+    for _ in 0..150 {
+        if let Ok(decision) = clone.check_and_add("acct", &[minute_check()], t0()).await {
+            assert!(decision.admitted);
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        recovered,
+        "the store did not answer within 15 s of the thaw"
+    );
+    assert!(!store.circuit_open() && !clone.circuit_open());
+    store.ping().await.unwrap();
+    store.get_record("keys", "k").await.unwrap();
+}
+
+/// Arguments the store refuses never reach Redis and never open the breaker.
+#[tokio::test]
+async fn refused_arguments_do_not_open_the_breaker() {
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        breaker_failures: 1,
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let zero_window = Check::new(
+        "bad",
+        Limit::Rolling {
+            limit: 1,
+            window: Duration::ZERO,
+        },
+        1,
+    );
+    for _ in 0..5 {
+        let error = store
+            .check_and_add("acct", std::slice::from_ref(&zero_window), t0())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error.kind(), StoreErrorKind::Invalid(_)),
+            "{error}"
+        );
+    }
+    assert!(!store.circuit_open());
+    store.ping().await.unwrap();
+}
+
+/// An in-memory log that a test's tracing subscriber writes to.
+#[derive(Clone, Default)]
+struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLogs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
+    let logs = CapturedLogs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    // This thread only: the test runs on a current-thread runtime.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let evicting = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"]);
+    RedisStore::connect(&evicting.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let warned = logs.text();
+    assert!(warned.contains("WARN"), "{warned}");
+    assert!(warned.contains("allkeys-lru"), "{warned}");
+    assert!(warned.contains("noeviction"), "{warned}");
+
+    let safe = RedisServer::start();
+    let before = logs.text().len();
+    RedisStore::connect(&safe.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        logs.text().len(),
+        before,
+        "no warning with the default noeviction: {}",
+        logs.text()
+    );
 }
 
 #[tokio::test]

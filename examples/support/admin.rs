@@ -1,6 +1,8 @@
 //! The proxy's admin listener: `/metrics` (Prometheus text), `/healthz`
 //! (the process answers) and `/readyz` (the store answers and an upstream
-//! is configured). Kept off the public listener: it says how the gateway
+//! is configured). `/readyz` names the store's state: `ok`,
+//! `circuit_open` (its circuit breaker refuses calls after failures in a
+//! row), `unreachable` or `timeout`; all but `ok` answer 503. Kept off the public listener: it says how the gateway
 //! is doing, which is the operator's business.
 
 #![allow(dead_code)]
@@ -16,6 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use modelgate::keys::SharedStore;
+use modelgate::store::StoreErrorKind;
 use tokio::net::TcpListener;
 
 /// How long `/readyz` waits for the store.
@@ -93,6 +96,10 @@ async fn answer(
         "/readyz" => {
             let store_state = match tokio::time::timeout(READY_TIMEOUT, store.ping()).await {
                 Ok(Ok(())) => "ok".to_owned(),
+                // Refused at once, not sent: the breaker says the store is sick.
+                Ok(Err(error)) if matches!(error.kind(), StoreErrorKind::CircuitOpen) => {
+                    "circuit_open".to_owned()
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(%error, "not ready: the store does not answer");
                     "unreachable".to_owned()

@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+mod breaker;
 mod counter;
 mod ledger;
 mod memory;
@@ -85,6 +86,11 @@ pub enum StoreErrorKind {
     /// The backend failed (connection refused, reset, server error).
     #[error("backend error: {0}")]
     Backend(String),
+    /// Not sent: the store failed its last calls in a row, and its circuit
+    /// breaker refuses calls at once for a cool-down
+    /// ([`RedisStoreConfig::breaker_failures`]).
+    #[error("circuit open: the store failed repeatedly, calls are refused until it answers again")]
+    CircuitOpen,
     /// The backend answered something this crate did not write.
     #[error("unexpected data: {0}")]
     Corrupt(String),
@@ -104,11 +110,13 @@ impl StoreError {
         &self.kind
     }
 
-    /// Whether the store could not be reached in time (as opposed to bad arguments).
+    /// Whether the store could not be reached in time (as opposed to bad
+    /// arguments): a timeout, a backend error, or an open circuit breaker.
+    /// Each layer applies its [`FailurePolicy`] to these.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.kind,
-            StoreErrorKind::Timeout(_) | StoreErrorKind::Backend(_)
+            StoreErrorKind::Timeout(_) | StoreErrorKind::Backend(_) | StoreErrorKind::CircuitOpen
         )
     }
 

@@ -7,6 +7,30 @@
 //! (`mg:{r:keys}:…`), so every script touches one Cluster slot and declares
 //! every key it touches.
 //!
+//! A sick store fails fast: every call goes through one circuit breaker,
+//! shared by all clones of the store. After
+//! [`breaker_failures`](RedisStoreConfig::breaker_failures) calls in a
+//! row fail for want of an answer (a timeout, a lost or refused
+//! connection, a server loading, a cluster down), every call fails at once
+//! with [`StoreErrorKind::CircuitOpen`] for
+//! [`breaker_cool_down`](RedisStoreConfig::breaker_cool_down), instead of
+//! each waiting its `call_timeout` on a hung Redis; then one call goes
+//! through as a probe, and its success closes the breaker (its failure
+//! opens it for another cool-down). The error is
+//! [`is_unavailable`](super::StoreError::is_unavailable), so each layer's
+//! [`FailurePolicy`](super::FailurePolicy) applies as for a timeout.
+//! Replies the server did give (a script error) and arguments refused
+//! before sending never count. [`RedisStore::circuit_open`] tells a
+//! readiness check; opens and refusals are counted
+//! ([`STORE_CIRCUIT_OPENS_TOTAL`](crate::telemetry::STORE_CIRCUIT_OPENS_TOTAL),
+//! [`STORE_CIRCUIT_REFUSALS_TOTAL`](crate::telemetry::STORE_CIRCUIT_REFUSALS_TOTAL))
+//! and logged (a warning when it opens, info when it closes).
+//!
+//! On connect the store reads `maxmemory-policy` and warns unless it is
+//! `noeviction`: an evicted hold or counter lets requests past their
+//! limits, and evicted usage is lost. (A Redis that refuses `CONFIG`, as
+//! managed ones do, is not checked.)
+//!
 //! Numbers: counters are exact up to 2^53 (limits and amounts above are
 //! refused); ledger amounts are stored with Redis' own 64-bit integer
 //! commands and compared in the scripts with exact two-part integers, so
@@ -22,6 +46,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
+use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
     top_up_overflow, validate_admit, validate_amount, validate_settlements, SETTLEMENT_MEMORY,
@@ -48,6 +73,17 @@ pub struct RedisStoreConfig {
     pub expiry_slack: Duration,
     /// Whose clock decides windows, calendar periods and hold expiries.
     pub time_source: TimeSource,
+    /// Consecutive failed calls (timeouts, lost connections, a server
+    /// loading or a cluster down) that open the circuit breaker (default
+    /// 3): while it is open every call fails at once with
+    /// [`StoreErrorKind::CircuitOpen`] instead of waiting `call_timeout`.
+    /// Replies the server gave (a script error) and refused arguments do
+    /// not count. 0 turns the breaker off.
+    pub breaker_failures: u32,
+    /// How long an open breaker refuses every call (default 1 s); then one
+    /// call goes through as a probe: its success closes the breaker, its
+    /// failure opens it for another cool-down.
+    pub breaker_cool_down: Duration,
 }
 
 /// Whose clock a [`RedisStore`] decides time by.
@@ -71,17 +107,31 @@ impl Default for RedisStoreConfig {
             call_timeout: Duration::from_millis(500),
             expiry_slack: Duration::from_secs(10),
             time_source: TimeSource::Redis,
+            breaker_failures: 3,
+            breaker_cool_down: Duration::from_secs(1),
         }
     }
 }
 
 /// Every store trait on Redis (through a [`ConnectionManager`], which
 /// reconnects by itself) or on Redis Cluster.
+///
+/// A sick store fails fast: after
+/// [`breaker_failures`](RedisStoreConfig::breaker_failures) calls in a row
+/// get no answer (a timeout, a lost connection), the circuit breaker
+/// shared by all clones refuses every call at once with
+/// [`StoreErrorKind::CircuitOpen`] (an [`is_unavailable`](StoreError::is_unavailable)
+/// error: the layers' failure policies apply as for a timeout) for
+/// [`breaker_cool_down`](RedisStoreConfig::breaker_cool_down); then one
+/// call probes, and its success closes it. [`RedisStore::circuit_open`]
+/// tells a readiness check. On connect, a `maxmemory-policy` other than
+/// `noeviction` is logged as a warning.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
     config: Arc<RedisStoreConfig>,
     scripts: Arc<Scripts>,
+    breaker: Arc<Breaker>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -93,6 +143,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("connection", &kind)
             .field("config", &self.config)
+            .field("circuit_open", &self.circuit_open())
             .finish()
     }
 }
@@ -191,11 +242,62 @@ fn validate_config(config: &RedisStoreConfig) -> Result<(), StoreError> {
             "call_timeout must be positive",
         ));
     }
+    if config.breaker_failures > 0 && config.breaker_cool_down.is_zero() {
+        return Err(StoreError::invalid(
+            "connect",
+            "breaker_cool_down must be positive (or breaker_failures 0: no breaker)",
+        ));
+    }
     Ok(())
 }
 
 fn backend(operation: &'static str, error: impl fmt::Display) -> StoreError {
     StoreError::new(operation, StoreErrorKind::Backend(error.to_string()))
+}
+
+/// Whether `error` says the store cannot serve (no answer, a lost
+/// connection, a server loading or a cluster down), which counts towards
+/// opening the circuit breaker; as opposed to a reply about this call (a
+/// script error, a wrong type), which shows that the server answers.
+fn store_is_sick(error: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    !matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::ResponseError
+                | ServerErrorKind::ExecAbort
+                | ServerErrorKind::NoScript
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::CrossSlot
+                | ServerErrorKind::NotBusy
+                | ServerErrorKind::NoSub
+                | ServerErrorKind::NoPerm
+        ) | ErrorKind::Extension
+            | ErrorKind::UnexpectedReturnType
+            | ErrorKind::Parse
+    ) || error.is_timeout()
+}
+
+/// Eviction policies that may drop keys the gateway needs: any but
+/// `noeviction` (the `volatile-*` ones too, since holds, counters and
+/// usage all carry a TTL).
+fn warn_if_evicting(reply: redis::RedisResult<Vec<String>>) {
+    match reply {
+        Ok(pair) => match pair.get(1).map(String::as_str) {
+            Some("noeviction") | None => {}
+            Some(policy) => tracing::warn!(
+                maxmemory_policy = policy,
+                "Redis may evict keys when it reaches maxmemory (maxmemory-policy {policy}): \
+                 an evicted hold or counter lets requests past their limits, and evicted usage \
+                 is lost; set maxmemory-policy noeviction"
+            ),
+        },
+        Err(error) => tracing::debug!(
+            %error,
+            "cannot read maxmemory-policy (CONFIG refused, as on managed Redis); not checked"
+        ),
+    }
 }
 
 impl RedisStore {
@@ -216,10 +318,9 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
             .map_err(|error| backend("connect", error))?;
-        Ok(RedisStore::with_connection(
-            Connection::Single(connection),
-            config,
-        ))
+        let store = RedisStore::with_connection(Connection::Single(connection), config);
+        store.check_eviction_policy().await;
+        Ok(store)
     }
 
     /// Connects to the Redis Cluster that `nodes` (any of its nodes) belong to.
@@ -239,18 +340,47 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
             .map_err(|error| backend("connect", error))?;
-        Ok(RedisStore::with_connection(
-            Connection::Cluster(connection),
-            config,
-        ))
+        let store = RedisStore::with_connection(Connection::Cluster(connection), config);
+        store.check_eviction_policy().await;
+        Ok(store)
     }
 
     fn with_connection(connection: Connection, config: RedisStoreConfig) -> Self {
         RedisStore {
             connection,
+            breaker: Arc::new(Breaker::new(
+                config.breaker_failures,
+                config.breaker_cool_down,
+            )),
             config: Arc::new(config),
             scripts: Arc::new(Scripts::new()),
         }
+    }
+
+    /// Reads `maxmemory-policy` (of one node, on a Cluster) and warns when
+    /// Redis may evict the gateway's keys. Never fails the connect: a
+    /// refused `CONFIG` (managed Redis) is logged at debug.
+    async fn check_eviction_policy(&self) {
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .to_owned();
+        let query = command.query_async(&mut connection);
+        match tokio::time::timeout(self.config.call_timeout, query).await {
+            Ok(reply) => warn_if_evicting(reply),
+            Err(_) => tracing::debug!("CONFIG GET maxmemory-policy timed out; not checked"),
+        }
+    }
+
+    /// Whether the circuit breaker is open: the store failed
+    /// [`breaker_failures`](RedisStoreConfig::breaker_failures) calls in a
+    /// row and calls fail at once with [`StoreErrorKind::CircuitOpen`]
+    /// until a probe after the cool-down succeeds. For readiness checks:
+    /// an open breaker means the store is not usable now. Shared by every
+    /// clone of the store.
+    pub fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
     }
 
     /// Sends `PING`: whether the store answers within its timeout.
@@ -266,18 +396,39 @@ impl RedisStore {
         }
     }
 
+    /// Every call to Redis: refused at once while the circuit breaker is
+    /// open, else bounded by `call_timeout`, and its outcome told to the
+    /// breaker.
     async fn bounded<T>(
         &self,
         operation: &'static str,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
+        let Some(permit) = self.breaker.admit() else {
+            crate::telemetry::store_circuit_refusal(operation);
+            return Err(StoreError::new(operation, StoreErrorKind::CircuitOpen));
+        };
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(self.config.call_timeout, call).await {
-            Err(_) => Err(StoreError::new(
-                operation,
-                StoreErrorKind::Timeout(self.config.call_timeout),
-            )),
-            Ok(result) => result.map_err(|error| backend(operation, error)),
+            Err(_) => {
+                permit.failed();
+                Err(StoreError::new(
+                    operation,
+                    StoreErrorKind::Timeout(self.config.call_timeout),
+                ))
+            }
+            Ok(Ok(value)) => {
+                permit.succeeded();
+                Ok(value)
+            }
+            Ok(Err(error)) => {
+                if store_is_sick(&error) {
+                    permit.failed();
+                } else {
+                    permit.succeeded();
+                }
+                Err(backend(operation, error))
+            }
         };
         crate::telemetry::store_call(operation, started.elapsed(), result.is_ok());
         result

@@ -29,6 +29,12 @@ impl RedisServer {
         Self::start_with(Vec::new())
     }
 
+    /// Starts a server with extra `redis-server` arguments
+    /// (`["--maxmemory-policy", "allkeys-lru"]`).
+    pub fn start_with_args(extra_args: &[&str]) -> Self {
+        Self::start_with(extra_args.iter().map(|arg| (*arg).to_owned()).collect())
+    }
+
     fn start_with(extra_args: Vec<String>) -> Self {
         let mut server = RedisServer {
             child: None,
@@ -43,11 +49,7 @@ impl RedisServer {
     /// Starts a server that keeps its data across [`restart`](Self::restart)
     /// (every write in its append-only file before it is answered).
     pub fn start_persistent() -> Self {
-        Self::start_with(
-            ["--appendonly", "yes", "--appendfsync", "always"]
-                .map(str::to_owned)
-                .to_vec(),
-        )
+        Self::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"])
     }
 
     /// Starts a stopped server again on the same port.
@@ -73,6 +75,27 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Freezes the server with SIGSTOP, as a hung Redis: connections stay
+    /// open (the kernel even accepts new ones) but nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT); it answers what was queued.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("a running redis-server");
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} redis-server failed");
     }
 
     /// Starts the server again on the same port, with an empty script cache
