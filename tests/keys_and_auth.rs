@@ -736,6 +736,110 @@ async fn key_status_reports_the_ledger_by_utc_period() {
     }
 }
 
+/// A top-up by the operator carrying these `Idempotency-Key` values.
+async fn top_up_with_keys(gateway: &Gateway, account: &str, amount: f64, keys: &[&[u8]]) -> Reply {
+    let mut request = reqwest::Client::new()
+        .post(format!(
+            "http://{}/api/v1/accounts/{account}/credits",
+            gateway.address
+        ))
+        .header("authorization", bearer(&gateway.admin))
+        .header("content-type", "application/json")
+        .body(json!({ "amount": amount }).to_string());
+    for key in keys {
+        request = request.header(
+            "idempotency-key",
+            reqwest::header::HeaderValue::from_bytes(key).unwrap(),
+        );
+    }
+    let response = request.send().await.unwrap();
+    Reply {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: serde_json::from_slice(&response.bytes().await.unwrap()).unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn a_top_up_retried_with_its_idempotency_key_credits_once() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store.clone()).await;
+        let name = backend.name;
+        let key: &[u8] = b"5b7e0c2a-1f4d-4e8b-9c3a-7d2e6f1a0b94";
+        let first = top_up_with_keys(&gateway, "shop", 12.5, &[key]).await;
+        let expected = json!({"data": {"account": "shop", "total_credits": 12.5, "total_usage": 0, "balance": 12.5}});
+        assert_eq!((first.status, &first.body), (200, &expected), "{name}");
+        assert!(first.headers.get("idempotent-replayed").is_none(), "{name}");
+        // Another purchase in between; the retry still answers as the first.
+        let other = top_up_with_keys(&gateway, "shop", 1.0, &[b"another"]).await;
+        assert_eq!(other.body["data"]["balance"], 13.5, "{name}");
+        gateway.clock.advance(Duration::from_secs(3600));
+        let retry = top_up_with_keys(&gateway, "shop", 12.5, &[key]).await;
+        assert_eq!((retry.status, &retry.body), (200, &expected), "{name}");
+        assert_eq!(retry.headers["idempotent-replayed"], "true", "{name}");
+        let balance = gateway
+            .directory
+            .store()
+            .account_balance("shop")
+            .await
+            .unwrap();
+        assert_eq!(balance.purchased_nanos, 13_500_000_000, "{name}");
+
+        // The key for another amount: refused, nothing credited.
+        let reused = top_up_with_keys(&gateway, "shop", 20.0, &[key]).await;
+        assert_eq!(reused.status, 422, "{name}: {}", reused.body);
+        assert_eq!(reused.body["error"]["metadata"]["param"], "Idempotency-Key");
+        assert_eq!(
+            reused.body["error"]["metadata"]["reason"],
+            "idempotency_key_reused"
+        );
+        let message = reused.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("12.5 credits"), "{message}");
+
+        // A malformed header: 400 naming it, nothing credited.
+        let too_long = vec![b'k'; 256];
+        let cases: [&[&[u8]]; 5] = [
+            &[b""],
+            &[&too_long],
+            &[b"a b"],
+            &[b"caf\xe9"],
+            &[b"one", b"two"],
+        ];
+        for keys in cases {
+            let refused = top_up_with_keys(&gateway, "shop", 12.5, keys).await;
+            assert_eq!(refused.status, 400, "{name} {keys:?}: {}", refused.body);
+            assert_eq!(refused.body["error"]["type"], "invalid_request_error");
+            assert_eq!(
+                refused.body["error"]["metadata"]["param"],
+                "Idempotency-Key"
+            );
+            assert!(refused.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Idempotency-Key"));
+        }
+        let balance = gateway
+            .directory
+            .store()
+            .account_balance("shop")
+            .await
+            .unwrap();
+        assert_eq!(balance.purchased_nanos, 13_500_000_000, "{name}");
+
+        // Without the header a top-up is not idempotent, as before.
+        for _ in 0..2 {
+            top_up_with_keys(&gateway, "shop", 1.0, &[]).await;
+        }
+        let balance = gateway
+            .directory
+            .store()
+            .account_balance("shop")
+            .await
+            .unwrap();
+        assert_eq!(balance.purchased_nanos, 15_500_000_000, "{name}");
+    }
+}
+
 #[tokio::test]
 async fn credits_and_balance_follow_purchases_and_spending() {
     for backend in backends().await {

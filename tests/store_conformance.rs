@@ -15,9 +15,10 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AdmitRequest, Check, Expect, KeyLimit, Limit, MemoryStore, PurchaseTier, RedisStore,
-    RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, Store,
-    StoreErrorKind, TimeSource, Versioned, WriteOutcome, NANOS_PER_CREDIT,
+    AccountBalance, AdmitRequest, Check, Expect, KeyLimit, Limit, MemoryStore, PurchaseTier,
+    RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, Store,
+    StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
+    MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -2198,6 +2199,190 @@ async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: 
     assert_eq!(created, 1);
 }
 
+fn balance(purchased_nanos: i64, balance_nanos: i64) -> AccountBalance {
+    AccountBalance {
+        purchased_nanos,
+        balance_nanos,
+    }
+}
+
+async fn a_top_up_with_an_idempotency_key_credits_once<S: Store>(store: Arc<S>) {
+    let first = store
+        .top_up_once("acct", credits(5), "order-1", t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        TopUpOutcome::Credited(balance(credits(5), credits(5)))
+    );
+    store.top_up("acct", credits(1)).await.unwrap();
+    // A retry answers what the first call answered, not today's balance.
+    let retried = store
+        .top_up_once("acct", credits(5), "order-1", after(3600 * SECOND))
+        .await
+        .unwrap();
+    assert_eq!(
+        retried,
+        TopUpOutcome::Repeated(balance(credits(5), credits(5)))
+    );
+    assert_eq!(
+        store.account_balance("acct").await.unwrap(),
+        balance(credits(6), credits(6))
+    );
+    // Another key is another purchase; another account has its own keys.
+    assert_eq!(
+        store
+            .top_up_once("acct", credits(5), "order-2", t0())
+            .await
+            .unwrap(),
+        TopUpOutcome::Credited(balance(credits(11), credits(11)))
+    );
+    assert_eq!(
+        store
+            .top_up_once("other", credits(2), "order-1", t0())
+            .await
+            .unwrap(),
+        TopUpOutcome::Credited(balance(credits(2), credits(2)))
+    );
+    // The same key for another amount is refused and records nothing.
+    assert_eq!(
+        store
+            .top_up_once("acct", credits(7), "order-1", t0())
+            .await
+            .unwrap(),
+        TopUpOutcome::KeyReused {
+            first_amount_nanos: credits(5)
+        }
+    );
+    assert_eq!(
+        store.account_balance("acct").await.unwrap(),
+        balance(credits(11), credits(11))
+    );
+    // Keys of every visible ASCII character, kept apart from each other.
+    for key in [
+        "a:b",
+        "a%3Ab",
+        "{x}",
+        &"~".repeat(MAX_IDEMPOTENCY_KEY_BYTES),
+    ] {
+        assert!(
+            matches!(
+                store.top_up_once("keys", 1, key, t0()).await.unwrap(),
+                TopUpOutcome::Credited(_)
+            ),
+            "{key}"
+        );
+    }
+    assert_eq!(store.account_balance("keys").await.unwrap(), balance(4, 4));
+    let too_long = "k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1);
+    for (amount, key) in [
+        (1, ""),
+        (1, "a b"),
+        (1, "caf\u{e9}"),
+        (1, too_long.as_str()),
+        (-1, "order-3"),
+    ] {
+        let error = store
+            .top_up_once("acct", amount, key, t0())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error.kind(), StoreErrorKind::Invalid(_)),
+            "{key}: {error}"
+        );
+    }
+    // Exact past 2^53, and an overflow refused whole remembers nothing.
+    let huge = (1 << 60) + 1;
+    let credited = store.top_up_once("rich", huge, "big", t0()).await.unwrap();
+    assert_eq!(credited, TopUpOutcome::Credited(balance(huge, huge)));
+    assert_eq!(
+        store.top_up_once("rich", huge, "big", t0()).await.unwrap(),
+        TopUpOutcome::Repeated(balance(huge, huge))
+    );
+    assert!(store
+        .top_up_once("rich", i64::MAX, "too-big", t0())
+        .await
+        .is_err());
+    assert_eq!(
+        store.top_up_once("rich", 1, "too-big", t0()).await.unwrap(),
+        TopUpOutcome::Credited(balance(huge + 1, huge + 1))
+    );
+}
+
+async fn an_idempotency_key_is_forgotten_after_its_time<S: Store>(store: Arc<S>) {
+    let memory = i64::try_from(IDEMPOTENCY_KEY_TTL_HOURS).unwrap() * 3600 * SECOND;
+    let once = |amount: i64, at: DateTime<Utc>| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .top_up_once("acct", amount, "order-1", at)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(
+        once(credits(1), t0()).await,
+        TopUpOutcome::Credited(_)
+    ));
+    assert_eq!(
+        once(credits(1), after(memory - 1)).await,
+        TopUpOutcome::Repeated(balance(credits(1), credits(1)))
+    );
+    // Forgotten: the key is a new purchase, remembered afresh.
+    assert_eq!(
+        once(credits(1), after(memory)).await,
+        TopUpOutcome::Credited(balance(credits(2), credits(2)))
+    );
+    assert_eq!(
+        once(credits(3), after(2 * memory - 1)).await,
+        TopUpOutcome::KeyReused {
+            first_amount_nanos: credits(1)
+        }
+    );
+    assert_eq!(
+        once(credits(3), after(2 * memory)).await,
+        TopUpOutcome::Credited(balance(credits(5), credits(5)))
+    );
+}
+
+async fn concurrent_duplicate_top_ups_credit_once<S: Store>(store: Arc<S>) {
+    let handles: Vec<_> = (0..20)
+        .map(|index| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let same = store
+                    .top_up_once("acct", credits(3), "retried", t0())
+                    .await
+                    .unwrap();
+                let own = store
+                    .top_up_once("acct", 7, &format!("own-{index}"), t0())
+                    .await
+                    .unwrap();
+                assert!(matches!(own, TopUpOutcome::Credited(_)));
+                same
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for handle in handles {
+        outcomes.push(handle.await.unwrap());
+    }
+    let credited: Vec<_> = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, TopUpOutcome::Credited(_)))
+        .collect();
+    assert_eq!(credited.len(), 1, "{outcomes:?}");
+    let first = credited[0].balance();
+    for outcome in &outcomes {
+        assert_eq!(outcome.balance(), first);
+    }
+    let total = credits(3) + 20 * 7;
+    assert_eq!(
+        store.account_balance("acct").await.unwrap(),
+        balance(total, total)
+    );
+}
+
 /// The suite drives time by hand: the store takes the caller's clock.
 fn caller_time() -> RedisStoreConfig {
     RedisStoreConfig {
@@ -2287,6 +2472,9 @@ conformance!(
     records_compare_and_set,
     records_list_newest_first,
     concurrent_writers_with_one_revision_exactly_one_wins,
+    a_top_up_with_an_idempotency_key_credits_once,
+    an_idempotency_key_is_forgotten_after_its_time,
+    concurrent_duplicate_top_ups_credit_once,
 );
 
 #[tokio::test]

@@ -1,4 +1,5 @@
-//! The key management API's input parsers on arbitrary bytes: never panic,
+//! The key management API's input parsers (bodies, the query, path
+//! segments, the Idempotency-Key header) on arbitrary bytes: never panic,
 //! refuse only with 400 or 422, and what they accept keeps its bounds.
 #![no_main]
 
@@ -6,7 +7,7 @@ use chrono::{TimeZone, Utc};
 use libfuzzer_sys::fuzz_target;
 use modelgate::keys::byok::{hint, MAX_BYOK_KEY_BYTES, MAX_PROVIDER_CHARS, MIN_BYOK_KEY_BYTES};
 use modelgate::keys::{input, is_valid_account_id, MAX_CREDITS, MAX_KEY_NAME_CHARS};
-use modelgate::store::NANOS_PER_CREDIT;
+use modelgate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT};
 
 fuzz_target!(|body: &[u8]| {
     let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
@@ -44,6 +45,21 @@ fuzz_target!(|body: &[u8]| {
             assert!(hint.chars().filter(|c| *c != '…').count() <= 7);
         }
         Err(error) => refused(error.status().as_u16()),
+    }
+    // The Idempotency-Key header: one value, or the input split at NUL
+    // bytes into several (refused: the header must come once).
+    match input::idempotency_key([body]) {
+        Ok(key) => {
+            let key = key.expect("one value given");
+            assert!(is_valid_idempotency_key(&key) && key.len() <= MAX_IDEMPOTENCY_KEY_BYTES);
+            assert_eq!(key.as_bytes(), body);
+        }
+        Err(error) => assert_eq!(error.status().as_u16(), 400),
+    }
+    let values: Vec<&[u8]> = body.split(|byte| *byte == 0).collect();
+    match input::idempotency_key(values.iter().copied()) {
+        Ok(key) => assert!(values.len() == 1 && key.is_some()),
+        Err(error) => assert_eq!(error.status().as_u16(), 400),
     }
     match input::path_provider(&String::from_utf8_lossy(body)) {
         Ok(provider) => assert!(

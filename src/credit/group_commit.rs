@@ -323,7 +323,9 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::{AccountBalance, KeyUsage, MemoryStore, ReserveOutcome, ReserveRequest};
+    use crate::store::{
+        AccountBalance, KeyUsage, MemoryStore, ReserveOutcome, ReserveRequest, TopUpOutcome,
+    };
 
     /// A ledger a round trip away, seen from inside: every call is logged
     /// as it starts, may be held until released, and may lose its reply
@@ -432,6 +434,18 @@ mod tests {
             amount_nanos: i64,
         ) -> Result<AccountBalance, StoreError> {
             self.inner.top_up(account, amount_nanos).await
+        }
+
+        async fn top_up_once(
+            &self,
+            account: &str,
+            amount_nanos: i64,
+            idempotency_key: &str,
+            now: DateTime<Utc>,
+        ) -> Result<TopUpOutcome, StoreError> {
+            self.inner
+                .top_up_once(account, amount_nanos, idempotency_key, now)
+                .await
         }
 
         async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {

@@ -14,8 +14,8 @@ use super::record::{
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{
-    AccountBalance, Expect, RecordStoreExt, Store, StoreError, Versioned, WriteOutcome, ACCOUNTS,
-    KEYS,
+    AccountBalance, Expect, RecordStoreExt, Store, StoreError, TopUpOutcome, Versioned,
+    WriteOutcome, ACCOUNTS, KEYS,
 };
 
 /// A store shared by every layer of one gateway.
@@ -417,6 +417,23 @@ impl KeyDirectory {
     pub async fn top_up(&self, id: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
         self.ensure_account(id).await?;
         self.inner.store.top_up(id, amount_nanos).await
+    }
+
+    /// [`top_up`](Self::top_up) once per `idempotency_key` of the account
+    /// ([`LedgerStore::top_up_once`](crate::store::LedgerStore::top_up_once),
+    /// at the directory's clock): a retry with the same key and amount
+    /// credits nothing and answers the balance the first call answered.
+    pub async fn top_up_once(
+        &self,
+        id: &str,
+        amount_nanos: i64,
+        idempotency_key: &str,
+    ) -> Result<TopUpOutcome, StoreError> {
+        self.ensure_account(id).await?;
+        self.inner
+            .store
+            .top_up_once(id, amount_nanos, idempotency_key, self.now())
+            .await
     }
 }
 

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures_util::future::{try_join3, try_join_all};
-use http::header::{HeaderValue, ALLOW};
+use http::header::{HeaderName, HeaderValue, ALLOW};
 use http::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
@@ -17,7 +17,7 @@ use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::body::{lowercase_segments, normalized_segments};
 use crate::error::{ErrorKind, GatewayError};
-use crate::store::{FailurePolicy, KeyUsage, StoreError};
+use crate::store::{FailurePolicy, KeyUsage, StoreError, TopUpOutcome};
 
 /// An endpoint of KeyRoutes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,12 +102,28 @@ impl Route {
     }
 }
 
+/// 422: an `Idempotency-Key` sent again with another amount. Nothing was
+/// credited; the key stays bound to its first amount until forgotten.
+fn idempotency_key_reused(account: &str, first_amount_nanos: i64) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::InvalidParameter,
+        format!(
+            "this Idempotency-Key was already used for a top-up of {} credits to the account {account}; nothing was credited. A retry must send the same amount; a new purchase needs a new key",
+            decimal_string(first_amount_nanos, 0)
+        ),
+    )
+    .with_metadata("param", input::IDEMPOTENCY_KEY_HEADER)
+    .with_metadata("reason", "idempotency_key_reused")
+}
+
 /// What a handler needs from the request.
 pub(crate) struct Call {
     pub(crate) route: Route,
     pub(crate) method: Method,
     pub(crate) query: Option<String>,
     pub(crate) principal: Option<Principal>,
+    /// Every `Idempotency-Key` value the request carries.
+    pub(crate) idempotency_keys: Vec<HeaderValue>,
     pub(crate) body: Option<Bytes>,
 }
 
@@ -255,16 +271,43 @@ pub(crate) async fn handle(
         (Route::AccountCredits(account), _) => {
             let account = input::path_account_id(account)?;
             let amount_nanos = input::purchase_nanos(body()?)?;
-            let balance = directory
-                .top_up(&account, amount_nanos)
-                .await
-                .map_err(refuse)?;
-            Ok(Answer::ok(json!({"data": {
+            let idempotency_key =
+                input::idempotency_key(call.idempotency_keys.iter().map(HeaderValue::as_bytes))?;
+            let (balance, repeated) = match idempotency_key {
+                None => (
+                    directory
+                        .top_up(&account, amount_nanos)
+                        .await
+                        .map_err(refuse)?,
+                    false,
+                ),
+                Some(key) => match directory
+                    .top_up_once(&account, amount_nanos, &key)
+                    .await
+                    .map_err(refuse)?
+                {
+                    TopUpOutcome::Credited(balance) => (balance, false),
+                    TopUpOutcome::Repeated(balance) => (balance, true),
+                    TopUpOutcome::KeyReused { first_amount_nanos } => {
+                        return Err(idempotency_key_reused(&account, first_amount_nanos));
+                    }
+                },
+            };
+            let answer = Answer::ok(json!({"data": {
                 "account": account,
                 "total_credits": nanos_to_json(balance.purchased_nanos),
                 "total_usage": nanos_to_json(balance.purchased_nanos.saturating_sub(balance.balance_nanos)),
                 "balance": nanos_to_json(balance.balance_nanos),
-            }})))
+            }}));
+            // The first answer again, marked as a replay (as payment APIs do).
+            Ok(if repeated {
+                answer.with_header(
+                    HeaderName::from_static("idempotent-replayed"),
+                    HeaderValue::from_static("true"),
+                )
+            } else {
+                answer
+            })
         }
         (Route::ByokKeys(account), _) => {
             let account = own_account(&principal, account)?;

@@ -14,6 +14,7 @@ use super::credits::{nanos_from_json, AmountError};
 use super::record::{is_valid_account_id, KeyUpdate, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS};
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
+use crate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES};
 
 /// Keys listed per page.
 pub const KEYS_PER_PAGE: usize = 100;
@@ -92,6 +93,37 @@ pub fn purchase_nanos(body: &[u8]) -> Result<i64, GatewayError> {
         Ok(0) => Err(invalid("amount", "must be more than zero")),
         Ok(nanos) => Ok(nanos),
         Err(error) => Err(invalid("amount", &error.describe())),
+    }
+}
+
+/// The request header that makes a top-up idempotent.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+/// The `Idempotency-Key` header of `POST /api/v1/accounts/{id}/credits`,
+/// given every value the request carries: none is `None` (the top-up is
+/// not idempotent); one must be 1 to 255 visible ASCII characters
+/// ([`is_valid_idempotency_key`]); anything else is 400 naming the header.
+pub fn idempotency_key<'a>(
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Option<String>, GatewayError> {
+    let mut values = values.into_iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let refused = || {
+        bad_request(
+            IDEMPOTENCY_KEY_HEADER,
+            &format!(
+                "the {IDEMPOTENCY_KEY_HEADER} header must be sent once, as 1 to {MAX_IDEMPOTENCY_KEY_BYTES} visible ASCII characters (a UUID is a good choice)"
+            ),
+        )
+    };
+    if values.next().is_some() {
+        return Err(refused());
+    }
+    match std::str::from_utf8(value) {
+        Ok(key) if is_valid_idempotency_key(key) => Ok(Some(key.to_owned())),
+        _ => Err(refused()),
     }
 }
 
@@ -489,7 +521,56 @@ mod tests {
         }
     }
 
+    #[test]
+    fn idempotency_keys_are_one_short_visible_ascii_value() {
+        let key = |values: &[&[u8]]| idempotency_key(values.iter().copied());
+        assert_eq!(key(&[]), Ok(None));
+        assert_eq!(
+            key(&[b"4f1c2a9e-7d3b-4c11-9a55-0e6f2b8d1c7a"]),
+            Ok(Some("4f1c2a9e-7d3b-4c11-9a55-0e6f2b8d1c7a".to_owned()))
+        );
+        let longest = "~".repeat(255);
+        assert_eq!(key(&[longest.as_bytes()]), Ok(Some(longest.clone())));
+        let too_long = "k".repeat(256);
+        let cases: [&[&[u8]]; 8] = [
+            &[b""],
+            &[too_long.as_bytes()],
+            &[b"a b"],
+            &[b"tab\t"],
+            &[b"caf\xc3\xa9"],
+            &[b"\x7f"],
+            &[b"one", b"two"],
+            &[b"same", b"same"],
+        ];
+        for values in cases {
+            let (status, field, message) = refusal(key(values));
+            assert_eq!(
+                (status, field.as_str()),
+                (400, "Idempotency-Key"),
+                "{values:?}"
+            );
+            assert!(message.contains("Idempotency-Key"), "{message}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn an_idempotency_key_is_accepted_exactly_when_valid(value in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let valid = !value.is_empty()
+                && value.len() <= 255
+                && value.iter().all(|byte| (b'!'..=b'~').contains(byte));
+            match idempotency_key([value.as_slice()]) {
+                Ok(key) => {
+                    prop_assert!(valid);
+                    prop_assert_eq!(key.as_deref().map(str::as_bytes), Some(value.as_slice()));
+                }
+                Err(error) => {
+                    prop_assert!(!valid);
+                    prop_assert_eq!(error.status().as_u16(), 400);
+                }
+            }
+        }
+
         #[test]
         fn no_body_panics_any_parser(body in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = new_key(&body, now());

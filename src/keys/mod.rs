@@ -13,7 +13,7 @@
 //! | `POST /api/v1/keys` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}` |
 //! | `GET /api/v1/keys?offset=&include_disabled=` | management key | `{"data": [{…}, …]}`, newest first, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}` |
-//! | `POST /api/v1/accounts/{id}/credits` `{amount}` | management key | `{"data": {account, total_credits, total_usage, balance}}` |
+//! | `POST /api/v1/accounts/{id}/credits` `{amount}`, header `Idempotency-Key?` | management key | `{"data": {account, total_credits, total_usage, balance}}`; with a key, once per key ([`input::idempotency_key`], [`LedgerStore::top_up_once`](crate::store::LedgerStore::top_up_once)): a retry answers the same, another amount is 422 |
 //! | `GET /api/v1/accounts/{id}/byok` | management key, or a key of that account | `{"data": [{provider, hint, created_at, updated_at}, …]}` |
 //! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
 //! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | management key | `{"deleted": true}`, or 404 |

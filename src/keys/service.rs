@@ -6,6 +6,7 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::handlers::{handle, Call, Route};
+use super::input;
 use super::layer::KeyRoutesConfig;
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::Principal;
@@ -52,6 +53,12 @@ where
             method: request.method().clone(),
             query: request.uri().query().map(str::to_owned),
             principal: request.extensions().get::<Principal>().cloned(),
+            idempotency_keys: request
+                .headers()
+                .get_all(input::IDEMPOTENCY_KEY_HEADER)
+                .iter()
+                .cloned()
+                .collect(),
             body: request
                 .extensions()
                 .get::<BufferedBody>()

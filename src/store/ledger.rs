@@ -213,6 +213,70 @@ pub struct AccountBalance {
     pub balance_nanos: i64,
 }
 
+/// How long [`LedgerStore::top_up_once`] remembers an idempotency key: a
+/// client retrying a purchase within a day (the usual window of payment
+/// APIs) is credited once.
+pub const IDEMPOTENCY_KEY_TTL_HOURS: u64 = 24;
+
+/// The longest idempotency key, in bytes (visible ASCII: one byte each).
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+
+/// Whether `key` may name a purchase for [`LedgerStore::top_up_once`]: 1 to
+/// [`MAX_IDEMPOTENCY_KEY_BYTES`] visible ASCII characters (`!` to `~`), so
+/// that a UUID or any token a client generates fits, and nothing unbounded
+/// is remembered.
+pub fn is_valid_idempotency_key(key: &str) -> bool {
+    (1..=MAX_IDEMPOTENCY_KEY_BYTES).contains(&key.len())
+        && key.bytes().all(|byte| byte.is_ascii_graphic())
+}
+
+/// [`IDEMPOTENCY_KEY_TTL_HOURS`] as a duration.
+pub(crate) fn idempotency_key_ttl() -> Duration {
+    Duration::from_secs(IDEMPOTENCY_KEY_TTL_HOURS * 3600)
+}
+
+/// What [`LedgerStore::top_up_once`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopUpOutcome {
+    /// The purchase was recorded now; the balance after it.
+    Credited(AccountBalance),
+    /// The key was used for this amount already: nothing was recorded; the
+    /// balance right after that first top-up, so a retry answers as the
+    /// first call did.
+    Repeated(AccountBalance),
+    /// The key was used for another amount: nothing was recorded.
+    KeyReused {
+        /// The amount the key was first used for.
+        first_amount_nanos: i64,
+    },
+}
+
+impl TopUpOutcome {
+    /// The balance after the key's top-up, unless the key was reused for
+    /// another amount.
+    pub fn balance(&self) -> Option<AccountBalance> {
+        match self {
+            TopUpOutcome::Credited(balance) | TopUpOutcome::Repeated(balance) => Some(*balance),
+            TopUpOutcome::KeyReused { .. } => None,
+        }
+    }
+}
+
+/// A top-up's arguments for [`LedgerStore::top_up_once`].
+pub(crate) fn validate_top_up_once(
+    amount_nanos: i64,
+    idempotency_key: &str,
+) -> Result<(), StoreError> {
+    validate_amount("top_up", amount_nanos)?;
+    if !is_valid_idempotency_key(idempotency_key) {
+        return Err(StoreError::invalid(
+            "top_up",
+            "an idempotency key must be 1 to 255 visible ASCII characters",
+        ));
+    }
+    Ok(())
+}
+
 /// The usage ledger.
 #[async_trait]
 pub trait LedgerStore: Send + Sync + 'static {
@@ -322,7 +386,35 @@ pub trait LedgerStore: Send + Sync + 'static {
     ) -> Result<KeyUsage, StoreError>;
 
     /// Records a purchase: the purchased total and the balance rise.
+    ///
+    /// Not idempotent: a caller that may send the same purchase twice (a
+    /// retry after a lost reply) uses [`top_up_once`](Self::top_up_once).
     async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError>;
+
+    /// Records a purchase once per `idempotency_key` of the account, as one
+    /// atomic step: the first top-up with the key credits `amount_nanos`
+    /// (as [`top_up`](Self::top_up)) and remembers the amount and the
+    /// balance after it for [`IDEMPOTENCY_KEY_TTL_HOURS`]; the same key
+    /// again within that time credits nothing and answers
+    /// [`TopUpOutcome::Repeated`] with that remembered balance, or
+    /// [`TopUpOutcome::KeyReused`] when it names another amount. Keys are
+    /// per account: two accounts may use the same one. Past its time a key
+    /// is forgotten and credits again.
+    ///
+    /// The key is 1 to [`MAX_IDEMPOTENCY_KEY_BYTES`] visible ASCII
+    /// characters ([`is_valid_idempotency_key`]); others are refused as
+    /// invalid. `now` decides the key's expiry (on Redis, as
+    /// [`TimeSource`](super::TimeSource) says). A refused overflow
+    /// remembers nothing. An error says neither whether the purchase was
+    /// recorded nor whether the key was remembered: call again with the
+    /// same key, which records it exactly once.
+    async fn top_up_once(
+        &self,
+        account: &str,
+        amount_nanos: i64,
+        idempotency_key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TopUpOutcome, StoreError>;
 
     /// The account's purchased total and balance.
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError>;

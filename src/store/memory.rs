@@ -13,13 +13,13 @@ use super::counter::{
     duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
 };
 use super::ledger::{
-    key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit, validate_amount,
-    SETTLEMENT_MEMORY,
+    idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
+    validate_amount, validate_top_up_once, SETTLEMENT_MEMORY,
 };
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
     Expect, KeyUsage, LedgerStore, Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement,
-    SlotOutcome, StoreError, Versioned, WriteOutcome,
+    SlotOutcome, StoreError, TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -490,9 +490,56 @@ struct AccountLedger {
     /// Holds taken from the balance, on every key, by reservation id.
     holds: HashMap<Box<str>, Reservation>,
     keys: HashMap<Box<str>, KeyLedger>,
+    /// Idempotency keys of recent top-ups, and when each is forgotten
+    /// (µs), oldest first: every key lives equally long, so forgetting
+    /// pops from the front.
+    top_ups: HashMap<Box<str>, RememberedTopUp>,
+    top_up_order: VecDeque<(i64, Box<str>)>,
+}
+
+/// A top-up remembered by its idempotency key.
+#[derive(Debug)]
+struct RememberedTopUp {
+    amount_nanos: i64,
+    after: AccountBalance,
+    forget_at_micros: i64,
 }
 
 impl AccountLedger {
+    /// Forgets the idempotency keys whose time has passed. A key used
+    /// again after it was forgotten has a newer entry, which stays.
+    fn forget_top_ups(&mut self, now_micros: i64) {
+        while let Some((forget_at_micros, _)) = self.top_up_order.front() {
+            if *forget_at_micros > now_micros {
+                break;
+            }
+            if let Some((forget_at_micros, key)) = self.top_up_order.pop_front() {
+                if self
+                    .top_ups
+                    .get(&key)
+                    .is_some_and(|remembered| remembered.forget_at_micros == forget_at_micros)
+                {
+                    self.top_ups.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn credit(&mut self, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
+        let (Some(purchased_nanos), Some(balance_nanos)) = (
+            self.purchased_nanos.checked_add(amount_nanos),
+            self.balance_nanos.checked_add(amount_nanos),
+        ) else {
+            return Err(top_up_overflow());
+        };
+        self.purchased_nanos = purchased_nanos;
+        self.balance_nanos = balance_nanos;
+        Ok(AccountBalance {
+            purchased_nanos,
+            balance_nanos,
+        })
+    }
+
     /// What the account's live holds other than `id`'s take from the balance.
     fn held_besides(&mut self, id: &str, now_micros: i64) -> i64 {
         self.holds
@@ -838,19 +885,48 @@ impl LedgerStore for MemoryStore {
 
     async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
         validate_amount("top_up", amount_nanos)?;
+        self.with_account(account, |ledger| ledger.credit(amount_nanos))
+    }
+
+    async fn top_up_once(
+        &self,
+        account: &str,
+        amount_nanos: i64,
+        idempotency_key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TopUpOutcome, StoreError> {
+        validate_top_up_once(amount_nanos, idempotency_key)?;
+        let now_micros = unix_micros(now);
+        let forget_at_micros = now_micros.saturating_add(duration_micros(idempotency_key_ttl()));
         self.with_account(account, |ledger| {
-            let (Some(purchased_nanos), Some(balance_nanos)) = (
-                ledger.purchased_nanos.checked_add(amount_nanos),
-                ledger.balance_nanos.checked_add(amount_nanos),
-            ) else {
-                return Err(top_up_overflow());
-            };
-            ledger.purchased_nanos = purchased_nanos;
-            ledger.balance_nanos = balance_nanos;
-            Ok(AccountBalance {
-                purchased_nanos,
-                balance_nanos,
-            })
+            ledger.forget_top_ups(now_micros);
+            // Also a key kept past its time by a clock that stepped back.
+            if let Some(remembered) = ledger
+                .top_ups
+                .get(idempotency_key)
+                .filter(|remembered| remembered.forget_at_micros > now_micros)
+            {
+                return Ok(if remembered.amount_nanos == amount_nanos {
+                    TopUpOutcome::Repeated(remembered.after)
+                } else {
+                    TopUpOutcome::KeyReused {
+                        first_amount_nanos: remembered.amount_nanos,
+                    }
+                });
+            }
+            let after = ledger.credit(amount_nanos)?;
+            ledger.top_ups.insert(
+                idempotency_key.into(),
+                RememberedTopUp {
+                    amount_nanos,
+                    after,
+                    forget_at_micros,
+                },
+            );
+            ledger
+                .top_up_order
+                .push_back((forget_at_micros, idempotency_key.into()));
+            Ok(TopUpOutcome::Credited(after))
         })
     }
 

@@ -51,8 +51,9 @@ use std::fmt;
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
-    AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage, LedgerStore, PurchaseTier,
-    ReserveOutcome, ReserveRequest, Settlement, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
+    is_valid_idempotency_key, AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage,
+    LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, TopUpOutcome,
+    IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
     SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;

@@ -49,12 +49,13 @@ use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
-    top_up_overflow, validate_admit, validate_amount, validate_settlements, SETTLEMENT_MEMORY,
+    top_up_overflow, validate_admit, validate_amount, validate_settlements, validate_top_up_once,
+    SETTLEMENT_MEMORY,
 };
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
     Expect, KeyUsage, LedgerStore, Limit, RecordStore, ReserveOutcome, Settlement, SlotOutcome,
-    StoreError, StoreErrorKind, Versioned, WriteOutcome,
+    StoreError, StoreErrorKind, TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -1037,6 +1038,49 @@ impl LedgerStore for RedisStore {
             }
         }
         balance_from(OPERATION, &array(OPERATION, reply)?)
+    }
+
+    async fn top_up_once(
+        &self,
+        account: &str,
+        amount_nanos: i64,
+        idempotency_key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TopUpOutcome, StoreError> {
+        const OPERATION: &str = "top_up";
+        validate_top_up_once(amount_nanos, idempotency_key)?;
+        // `mg:{acct}:topup:<key>`: in the account's slot, beside its hash.
+        let mut record = self.scoped(account);
+        let account_key = format!("{record}acct");
+        record.push_str("topup:");
+        escape_into(&mut record, idempotency_key);
+        let memory = super::ledger::idempotency_key_ttl();
+        let mut invocation = self.scripts.top_up.prepare_invoke();
+        invocation
+            .key(account_key)
+            .key(record)
+            .arg(amount_nanos)
+            .arg(self.now_arg(now))
+            .arg(duration_micros(memory))
+            .arg(self.ttl_millis(memory));
+        let reply = self.run(OPERATION, &invocation).await?;
+        if let Value::BulkString(text) = &reply {
+            if text.as_slice() == b"overflow" {
+                return Err(top_up_overflow());
+            }
+        }
+        let reply = array(OPERATION, reply)?;
+        let Some((verdict, figures)) = reply.split_first() else {
+            return Err(StoreError::corrupt(OPERATION, "an empty reply"));
+        };
+        match (bytes(OPERATION, verdict.clone())?.as_slice(), figures) {
+            (b"credited", _) => Ok(TopUpOutcome::Credited(balance_from(OPERATION, figures)?)),
+            (b"repeated", _) => Ok(TopUpOutcome::Repeated(balance_from(OPERATION, figures)?)),
+            (b"reused", [first]) => Ok(TopUpOutcome::KeyReused {
+                first_amount_nanos: integer(OPERATION, first)?,
+            }),
+            _ => Err(StoreError::corrupt(OPERATION, format!("{reply:?}"))),
+        }
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
