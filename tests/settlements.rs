@@ -1,9 +1,12 @@
-//! No settlement lost: the proxy as a process on a real redis-server, with
-//! streams in flight through a slow upstream. SIGTERM lets every stream
+//! No settlement lost, no request kept waiting on a sick store: the proxy
+//! as a process on a real redis-server, with streams in flight through a
+//! slow upstream. SIGTERM lets every stream
 //! finish and every cost land before the process exits; Redis stopped
 //! mid-stream and back 10 s later (its data kept) still gets every cost,
 //! once. Charges are read back through a store connection of their own,
-//! as a second instance would.
+//! as a second instance would. A frozen Redis (SIGSTOP) is answered fast
+//! under the failure policy once the store's breaker opens, and the same
+//! gateway answers again after SIGCONT.
 
 mod common;
 #[path = "../examples/support/mock.rs"]
@@ -222,4 +225,49 @@ async fn redis_down_for_ten_seconds_mid_stream_loses_no_cost() {
     // And no retry records one twice later.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(charged(&server, &setup.key).await, last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_answers_fast_under_the_policy_and_recovers_without_a_restart() {
+    use common::gateway::{chat, instance, key_of};
+    let server = RedisServer::start();
+    let store: modelgate::keys::SharedStore = std::sync::Arc::new(
+        RedisStore::connect(&server.url(), RedisStoreConfig::default())
+            .await
+            .unwrap(),
+    );
+    let base = mock::start(mock::MockConfig::default()).await;
+    let config =
+        r#"{"pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 1}}}"#;
+    let address = instance(store.clone(), &base, config).await;
+    store.top_up("acme", 100 * NANOS_PER_CREDIT).await.unwrap();
+    let key = key_of(&store, "acme", None).await;
+    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "Hi there"}]});
+    // The key is cached: only the admission goes to Redis.
+    assert_eq!(chat(address, &key, &body).await.0, 200);
+    server.freeze();
+    let mut latencies_ms = Vec::new();
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        let (status, reply) = chat(address, &key, &body).await;
+        latencies_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        // CreditGuard fails closed: 503, the store named.
+        assert_eq!(status, 503, "{reply}");
+    }
+    println!("frozen Redis, 20 sequential requests, ms: {latencies_ms:.1?}");
+    // The first few waited for the call timeout (500 ms); once the breaker
+    // opened, the rest were refused without waiting for Redis.
+    let slow = latencies_ms.iter().filter(|ms| **ms >= 400.0).count();
+    assert!(slow <= 4, "{slow} requests waited: {latencies_ms:.1?}");
+    server.thaw();
+    let mut answered = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if chat(address, &key, &body).await.0 == 200 {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "the same gateway answers again after SIGCONT");
 }
