@@ -9,11 +9,11 @@ mod common;
 #[path = "../examples/support/mock.rs"]
 mod mock;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
+use common::examples::ProxyProcess;
 use common::gateway::{chat, instance, key_of};
 use common::redis_server::RedisServer;
 use common::settle::settled;
@@ -421,49 +421,19 @@ async fn an_upstream_that_ignores_the_bound_is_charged_in_full() {
 
 /// The proxy example as a process under libfaketime, its clock `offset`
 /// from the machine's, on `redis_url`.
-struct SkewedProxy {
-    child: Child,
-    address: String,
-}
-
-impl SkewedProxy {
-    fn start(offset: &str, redis_url: &str, admin_key: &str) -> SkewedProxy {
-        let faketime = which("faketime")
-            .expect("faketime is missing: run ./scripts/test.sh, which installs Debian's faketime");
-        let mut child = Command::new(faketime)
-            .args(["-f", offset])
-            .arg(common::examples::binary("proxy"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--redis",
-                redis_url,
-            ])
-            // Only the wall clock is moved: timers keep real time.
-            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-            .env("MODELGATE_ADMIN_KEY", admin_key)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        let address = first
-            .strip_prefix("modelgate listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-            .to_owned();
-        std::thread::spawn(move || for _ in lines {});
-        SkewedProxy { child, address }
-    }
-}
-
-impl Drop for SkewedProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn skewed_proxy(offset: &str, redis_url: &str, admin_key: &str) -> ProxyProcess {
+    let faketime = which("faketime")
+        .expect("faketime is missing: run ./scripts/test.sh, which installs Debian's faketime");
+    let mut command = Command::new(faketime);
+    command
+        .args(["-f", offset])
+        .arg(common::examples::binary("proxy"))
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--redis", redis_url])
+        // Only the wall clock is moved: timers keep real time.
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("MODELGATE_ADMIN_KEY", admin_key);
+    ProxyProcess::spawn(command)
 }
 
 fn which(program: &str) -> Option<std::path::PathBuf> {
@@ -480,8 +450,8 @@ async fn instances_with_clocks_apart_hold_the_free_minute_quota_exactly() {
     let admin_key = modelgate::auth::ApiKey::generate();
     // 40 s apart each way: by their own clocks, each would see the other's
     // requests outside its rolling minute and admit 20 of its own.
-    let ahead = SkewedProxy::start("+40s", &server.url(), admin_key.expose());
-    let behind = SkewedProxy::start("-40s", &server.url(), admin_key.expose());
+    let ahead = skewed_proxy("+40s", &server.url(), admin_key.expose());
+    let behind = skewed_proxy("-40s", &server.url(), admin_key.expose());
     let client = reqwest::Client::new();
     let created: Value = client
         .post(format!("{}/api/v1/keys", ahead.address))

@@ -12,11 +12,11 @@ mod common;
 #[path = "../examples/support/mock.rs"]
 mod mock;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::auth::KeyHash;
@@ -25,62 +25,24 @@ use serde_json::{json, Value};
 
 const STREAMS: usize = 20;
 
-struct Proxy {
-    child: Child,
-    address: String,
-}
-
-impl Proxy {
-    fn start(redis_url: &str, upstream: &str, config: &std::path::Path, admin_key: &str) -> Proxy {
-        let mut child = Command::new(common::examples::binary("proxy"))
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(["--redis", redis_url, "--upstream", upstream, "--config"])
-            .arg(config)
-            .env("MODELGATE_ADMIN_KEY", admin_key)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        let address = first
-            .strip_prefix("modelgate listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
-            .to_owned();
-        std::thread::spawn(move || for _ in lines {});
-        Proxy { child, address }
-    }
-
-    fn terminate(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit by itself; its exit code.
-    fn wait(&mut self, bound: Duration) -> Option<i32> {
-        let started = std::time::Instant::now();
-        while started.elapsed() < bound {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the proxy did not exit within {bound:?}");
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The proxy on `redis_url` in front of `upstream`, configured by `config`.
+fn start_proxy(
+    redis_url: &str,
+    upstream: &str,
+    config: &std::path::Path,
+    admin_key: &str,
+) -> ProxyProcess {
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--redis", redis_url, "--upstream", upstream, "--config"])
+        .arg(config)
+        .env("MODELGATE_ADMIN_KEY", admin_key);
+    ProxyProcess::spawn(command)
 }
 
 struct Setup {
-    proxy: Proxy,
+    proxy: ProxyProcess,
     key: String,
     received: std::sync::Arc<std::sync::atomic::AtomicU64>,
     _config: tempfile::TempDir,
@@ -99,7 +61,7 @@ async fn setup(server: &RedisServer) -> Setup {
     let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
     std::fs::write(&config, json!({"pricing": {"default": price}}).to_string()).unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
-    let proxy = Proxy::start(&server.url(), &base, &config, admin_key.expose());
+    let proxy = start_proxy(&server.url(), &base, &config, admin_key.expose());
     let client = reqwest::Client::new();
     let created: Value = client
         .post(format!("{}/api/v1/keys", proxy.address))

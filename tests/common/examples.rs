@@ -20,3 +20,60 @@ pub fn binary(name: &str) -> PathBuf {
     );
     binary
 }
+
+/// The proxy example running as a process, killed when dropped.
+pub struct ProxyProcess {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`, as it printed.
+    pub address: String,
+}
+
+impl ProxyProcess {
+    /// Runs `command` (the proxy, or a wrapper such as `faketime` running
+    /// it) with its output piped, and waits for the address it prints.
+    pub fn spawn(mut command: std::process::Command) -> ProxyProcess {
+        use std::io::{BufRead, BufReader};
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let address = first
+            .strip_prefix("modelgate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_owned();
+        // Drained as it comes: a full pipe would stall the proxy.
+        std::thread::spawn(move || for _ in lines {});
+        ProxyProcess { child, address }
+    }
+
+    /// Sends SIGTERM, as an orchestrator stopping it would.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself; its exit code.
+    pub fn wait(&mut self, bound: std::time::Duration) -> Option<i32> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the proxy did not exit within {bound:?}");
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
