@@ -245,7 +245,15 @@ async fn the_upstream_always_receives_a_bound_the_hold_covers() {
     let limited = key_of(&store, "acme", Some(limit)).await;
     let seen = upstream_saw(address, &limited, paid(None, false)).await;
     assert_eq!(seen["max_tokens"], 100 - 7, "{seen}");
-    // A client bound it cannot pay for is refused, saying what it can.
+    // A client bound it cannot pay for is refused, saying what it can (once
+    // the echo's cost has replaced its hold).
+    settled(
+        store.as_ref(),
+        "acme",
+        &KeyHash::of(&limited).to_hex(),
+        chrono::Utc::now(),
+    )
+    .await;
     let (status, body) = chat(address, &limited, &paid(Some(500), false)).await;
     assert_eq!((status, source(&body)), (402, "key_limit"), "{body}");
     assert_eq!(body["error"]["metadata"]["requested_tokens"], 500);

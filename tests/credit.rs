@@ -371,6 +371,8 @@ async fn overspend_is_bounded_by_the_estimate_error_of_requests_in_flight() {
         == 200
     {
         admitted += 1;
+        // One at a time: each cost lands before the next request.
+        common::settle::key_settled(&gateway.store, &key, gateway.clock.now()).await;
     }
     assert_eq!(
         admitted, 7,
@@ -494,6 +496,8 @@ async fn key_limits_reset_at_the_utc_day_week_and_month() {
                 .key(json!({"name": reset, "limit": 1, "limit_reset": reset}))
                 .await;
             assert_eq!(chat(address, &key, "openai/gpt-4o", 1000).await.status, 200);
+            // Its cost lands in this period, before the clock moves on.
+            common::settle::key_settled(&gateway.store, &key, gateway.clock.now()).await;
             let refused = chat(address, &key, "openai/gpt-4o", 1000).await;
             assert_eq!(refused.status, 402, "{reset}");
             assert_eq!(
