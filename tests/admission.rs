@@ -461,17 +461,7 @@ async fn instances_with_clocks_apart_hold_the_free_minute_quota_exactly() {
     let ahead = skewed_proxy("+40s", &server.url(), admin_key.expose());
     let behind = skewed_proxy("-40s", &server.url(), admin_key.expose());
     let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{}/api/v1/keys", ahead.address))
-        .bearer_auth(admin_key.expose())
-        .json(&json!({"name": "skewed"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = created["key"].as_str().unwrap().to_owned();
+    let key = ahead.create_key(admin_key.expose(), "skewed").await;
     let mut admitted = 0;
     for index in 0..40 {
         let proxy = if index % 2 == 0 { &ahead } else { &behind };

@@ -21,7 +21,7 @@ use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::auth::KeyHash;
 use modelgate::store::{LedgerStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const STREAMS: usize = 20;
 
@@ -63,16 +63,7 @@ async fn setup(server: &RedisServer) -> Setup {
     let admin_key = modelgate::auth::ApiKey::generate();
     let proxy = start_proxy(&server.url(), &base, &config, admin_key.expose());
     let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{}/api/v1/keys", proxy.address))
-        .bearer_auth(admin_key.expose())
-        .json(&json!({"name": "streams"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let key = proxy.create_key(admin_key.expose(), "streams").await;
     let response = client
         .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
         .bearer_auth(admin_key.expose())
@@ -83,7 +74,7 @@ async fn setup(server: &RedisServer) -> Setup {
     assert!(response.status().is_success());
     Setup {
         proxy,
-        key: created["key"].as_str().unwrap().to_owned(),
+        key,
         received,
         _config: directory,
     }

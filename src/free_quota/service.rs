@@ -92,6 +92,7 @@ where
         let rules = config.rules;
         // The daily limit rises once the account has bought enough: the
         // store reads its purchased total in the same step.
+        // The daily check at its low tier's capacity; the tier raises it.
         let checks = vec![rules.minute_check(1), rules.daily_check(i64::MIN, 1)];
         let tier = PurchaseTier {
             check_index: 1,
@@ -101,7 +102,9 @@ where
         let finish: Finish = Arc::new(move |verdict| finish(&config, verdict));
         if self.config.deferred {
             // A counter known full refuses now, with no store step at all.
-            if let Some(verdict) = limiter.known_full(&account, &checks, Some(1), limiter.now()) {
+            if let Some(verdict) =
+                limiter.known_full(&account, &checks, Some(tier.check_index), limiter.now())
+            {
                 if let Err(error) = finish(verdict) {
                     return ResponseFuture::rejected(LAYER, error);
                 }

@@ -49,6 +49,22 @@ impl ProxyProcess {
         ProxyProcess { child, address }
     }
 
+    /// A new key named `name`, made through the management API with
+    /// `admin_key`; its plaintext.
+    pub async fn create_key(&self, admin_key: &str, name: &str) -> String {
+        let created: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/api/v1/keys", self.address))
+            .bearer_auth(admin_key)
+            .json(&serde_json::json!({ "name": name }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["key"].as_str().unwrap().to_owned()
+    }
+
     /// Sends SIGTERM, as an orchestrator stopping it would.
     pub fn terminate(&self) {
         let status = std::process::Command::new("kill")
