@@ -10,21 +10,30 @@
 //! The layers go in this order, outermost first:
 //!
 //! ```text
-//! ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
+//! ClientAddr -> InFlightLimit -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes
+//!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
 //! ```
 //!
-//! The last three are best stacked by [`admission::AdmissionLayers`], so
-//! that they decide together.
+//! The key is checked before the body is read, so a request without one
+//! costs no buffering and no parse. The last three are best stacked by
+//! [`admission::AdmissionLayers`], so that they decide together.
 //!
 //! Each reads what the layers before it put into the request's extensions
 //! and answers its own rejections with the one canonical error body
 //! ([`error::GatewayError`]). Available so far:
 //!
+//! - [`client_addr`]: the client's address, from the connection or, behind
+//!   trusted proxies, from `X-Forwarded-For`.
+//! - [`in_flight`]: `InFlightLimit`, a bound on requests in flight; past
+//!   it, 503 at once instead of a queue.
 //! - [`error_mapper`]: every failure leaves in the canonical body.
 //! - [`body`]: the body buffered once, size and time bounded; chat requests
-//!   parsed into a [`body::ChatRequest`].
+//!   parsed into a [`body::ChatRequest`]; a body refused unread drained
+//!   after the answer ([`body::DrainUnreadLayer`]).
 //! - [`auth`]: `BearerAuth`, the strict `Authorization` parser, the
-//!   `mg-v1-` key format and its hash; the caller's [`auth::Principal`].
+//!   `mg-v1-` key format and its hash; the caller's [`auth::Principal`];
+//!   the per-address limit on failed authentications
+//!   ([`auth::AuthFailures`]).
 //! - [`keys`]: key and account records, the key management API, the
 //!   accounts' own provider keys (BYOK), and the key, credits and balance
 //!   queries (`KeyRoutes`).
@@ -84,11 +93,13 @@ pub mod admission;
 mod answer;
 pub mod auth;
 pub mod body;
+pub mod client_addr;
 pub mod clock;
 pub mod credit;
 pub mod error;
 pub mod error_mapper;
 pub mod free_quota;
+pub mod in_flight;
 pub mod keys;
 mod limiter;
 pub mod proxy;

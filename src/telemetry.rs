@@ -17,6 +17,7 @@
 //! | `modelgate_requests_total` | counter | `route`, `model`, `status` |
 //! | `modelgate_request_duration_seconds` | histogram | `route` |
 //! | `modelgate_requests_in_flight` | gauge | — |
+//! | `modelgate_requests_shed_total` | counter | — |
 //! | `modelgate_layer_decisions_total` | counter | `layer`, `decision`, `reason` |
 //! | `modelgate_store_failure_decisions_total` | counter | `layer`, `decision` (`fail_open`, `fail_closed`) |
 //! | `modelgate_store_call_duration_seconds` | histogram | `operation`, `outcome` |
@@ -62,6 +63,8 @@ pub const REQUESTS_TOTAL: &str = "modelgate_requests_total";
 pub const REQUEST_DURATION_SECONDS: &str = "modelgate_request_duration_seconds";
 /// Requests being answered now.
 pub const REQUESTS_IN_FLIGHT: &str = "modelgate_requests_in_flight";
+/// Requests answered 503 at once because the in-flight bound was reached.
+pub const REQUESTS_SHED_TOTAL: &str = "modelgate_requests_shed_total";
 /// Each layer's decisions: `admitted`, or `rejected` with its reason.
 pub const LAYER_DECISIONS_TOTAL: &str = "modelgate_layer_decisions_total";
 /// Decisions a layer took because its store failed.
@@ -166,6 +169,14 @@ fn refusal_reason(error: &GatewayError) -> String {
         Some(detail) => format!("{}:{detail}", error.kind().type_str()),
         None => error.kind().type_str().to_owned(),
     }
+}
+
+/// Counts a request [`InFlightLimit`](crate::in_flight::InFlightLimit)
+/// answered 503 because the bound's worth were in flight.
+pub(crate) fn request_shed() {
+    static SHED: HandleCache<(), metrics::Counter> = HandleCache::new();
+    SHED.get(&(), || ((), metrics::counter!(REQUESTS_SHED_TOTAL)))
+        .increment(1);
 }
 
 /// Records WebhookSecret's decision: `None` admitted, or the refusal's code.

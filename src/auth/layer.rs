@@ -1,6 +1,6 @@
 use tower_layer::Layer;
 
-use super::BearerAuth;
+use super::{AuthFailures, BearerAuth};
 use crate::keys::KeyDirectory;
 
 /// Applies [`BearerAuth`] to a service: every request must carry
@@ -10,12 +10,26 @@ use crate::keys::KeyDirectory;
 #[derive(Clone, Debug)]
 pub struct BearerAuthLayer {
     directory: KeyDirectory,
+    failures: Option<AuthFailures>,
 }
 
 impl BearerAuthLayer {
     /// Authenticates against the keys of `directory`.
     pub fn new(directory: KeyDirectory) -> Self {
-        BearerAuthLayer { directory }
+        BearerAuthLayer {
+            directory,
+            failures: None,
+        }
+    }
+
+    /// Counts failed authentications per [`ClientAddr`](crate::client_addr::ClientAddr):
+    /// past the limit, an address's failures are answered 429 with
+    /// `Retry-After` instead of 401, while its good keys are still served.
+    /// Share one [`AuthFailures`] between the layers that check secrets
+    /// (the webhook routes take it too) so they count together.
+    pub fn failure_limit(mut self, failures: AuthFailures) -> Self {
+        self.failures = Some(failures);
+        self
     }
 }
 
@@ -26,6 +40,7 @@ impl<S> Layer<S> for BearerAuthLayer {
         BearerAuth {
             inner,
             directory: self.directory.clone(),
+            failures: self.failures.clone(),
         }
     }
 }

@@ -15,6 +15,14 @@
 //! | `unknown_key` | not a modelgate key, a bad checksum, or no such key |
 //! | `deleted_key`, `expired_key`, `disabled_key` | the key's state |
 //!
+//! Only the header is read: put BearerAuth before
+//! [`BodyLimit`](crate::body::BodyLimit), so a request without a good key
+//! costs no body buffering and no parse. With
+//! [`BearerAuthLayer::failure_limit`], failed authentications count per
+//! client address ([`AuthFailures`]): past the limit they are answered 429
+//! `rate_limit_error` with `metadata.reason` `auth_failures` and
+//! `Retry-After`, while the address's good keys are still served.
+//!
 //! A management key gets 403 on every route but the key management API and
 //! the key queries; a store that cannot answer gives 503, since
 //! authentication always fails closed. The `Authorization` header is
@@ -73,6 +81,7 @@
 //! # }
 //! ```
 
+mod failures;
 mod future;
 mod header;
 mod key;
@@ -80,6 +89,7 @@ mod layer;
 mod principal;
 mod service;
 
+pub use failures::{AuthFailureLimit, AuthFailures};
 pub use future::ResponseFuture;
 pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTES};
 pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};

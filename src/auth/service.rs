@@ -1,3 +1,4 @@
+use std::net::IpAddr;
 use std::task::{Context, Poll};
 
 use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
@@ -5,8 +6,9 @@ use http::{HeaderMap, Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{bearer_token, ApiKey, HeaderError, KeyFormatError, KeyHash, Principal};
+use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
 use crate::admission::{Admission, Decision};
+use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState, Route};
 use crate::response_body::ResponseBody;
@@ -30,6 +32,7 @@ const LAYER: &str = "BearerAuth";
 pub struct BearerAuth<S> {
     pub(crate) inner: S,
     pub(crate) directory: KeyDirectory,
+    pub(crate) failures: Option<AuthFailures>,
 }
 
 impl<S, B, ResBody> Service<Request<B>> for BearerAuth<S>
@@ -47,22 +50,53 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        // Only the header is read here: a request without a good key costs
+        // no body buffering and no parse (BodyLimit comes after).
+        let client = request
+            .extensions()
+            .get::<ClientAddr>()
+            .map(|client| client.0);
         let hash = match presented_key(request.headers()) {
             Ok(hash) => hash,
-            Err(rejection) => return ResponseFuture::rejected(LAYER, rejection),
+            Err(rejection) => {
+                let rejection = counted_failure(self.failures.as_ref(), client, rejection);
+                return ResponseFuture::rejected(LAYER, rejection);
+            }
         };
         // The key is read; it must not travel further, to an upstream or
         // into a log of forwarded headers.
         request.headers_mut().remove(AUTHORIZATION);
         let management_route = Route::of(request.uri().path()).is_some();
         let directory = self.directory.clone();
+        let failures = self.failures.clone();
         let decision: Decision = Box::pin(async move {
-            let principal = authenticate(&directory, hash, management_route).await?;
+            let principal = authenticate(&directory, hash, management_route)
+                .await
+                .map_err(|rejection| counted_failure(failures.as_ref(), client, rejection))?;
             let mut admission = Admission::default();
             admission.extensions.insert(principal);
             Ok(admission)
         });
         ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
+    }
+}
+
+/// `rejection` as answered: a 401 counts against the client's address, and
+/// past its limit becomes the 429. Other refusals (403, a store's 503) are
+/// not failed authentications.
+fn counted_failure(
+    failures: Option<&AuthFailures>,
+    client: Option<IpAddr>,
+    rejection: GatewayError,
+) -> GatewayError {
+    match failures {
+        Some(failures) if rejection.kind() == ErrorKind::Authentication => {
+            match failures.record_failure(client) {
+                Some(retry_after) => failures.refusal(retry_after),
+                None => rejection,
+            }
+        }
+        _ => rejection,
     }
 }
 

@@ -45,6 +45,7 @@
 //! ```
 
 mod chat;
+mod drain;
 mod future;
 mod layer;
 mod model_id;
@@ -58,6 +59,7 @@ use std::borrow::Cow;
 
 pub(crate) use chat::{top_level_fields, JsonBodyError};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
+pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
 pub use model_id::ModelId;

@@ -1,6 +1,5 @@
 //! [`WebhookSecret`]: the checks before a webhook action, and the action.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -30,11 +29,8 @@ use crate::store::{Check, Limit, StoreError};
 /// `Authorization: Bearer`.
 pub const SECRET_HEADER: &str = "x-gateway-webhook-secret";
 
-/// The client's address, which the server puts into the request's
-/// extensions: rate windows and in-flight counts are per route and client.
-/// Requests without one share a single count per route.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ClientAddr(pub IpAddr);
+// Rate windows and in-flight counts are per route and client.
+pub use crate::client_addr::ClientAddr;
 
 /// Answers the configured webhook routes (exact paths, `POST` only) after
 /// checking, in order: the method (405), the client's rate window (429),
