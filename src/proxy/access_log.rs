@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::fallback::MODEL_HEADER;
 use super::headers::{request_id, X_REQUEST_ID};
+use super::models::ModelCatalog;
 use crate::auth::Principal;
 use crate::body::{normalized_segments, ChatRequest};
 use crate::error::Refusal;
@@ -44,12 +45,26 @@ struct Slot(Arc<Mutex<Fields>>);
 /// source) and latency.
 ///
 /// Put it outermost and [`AccessLogLayer::annotate`] right after
-/// BearerAuth: the inner part fills in the key and model the outer part
+/// BodyLimit: the inner part fills in the key and model the outer part
 /// logs.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AccessLogLayer;
+///
+/// The `model` label of the request metrics is the catalog's id of the
+/// model served, or `other` ([`ModelCatalog::metric_label`]); without a
+/// catalog (the default) it is always `other`, since names clients send
+/// are unbounded.
+#[derive(Clone, Debug, Default)]
+pub struct AccessLogLayer {
+    catalog: Option<Arc<ModelCatalog>>,
+}
 
 impl AccessLogLayer {
+    /// Labels metrics with the models `catalog` lists.
+    pub fn new(catalog: Arc<ModelCatalog>) -> Self {
+        AccessLogLayer {
+            catalog: Some(catalog),
+        }
+    }
+
     /// The inner half, placed after BearerAuth (and BodyLimit).
     pub fn annotate() -> AnnotateLayer {
         AnnotateLayer
@@ -60,7 +75,10 @@ impl<S> Layer<S> for AccessLogLayer {
     type Service = AccessLog<S>;
 
     fn layer(&self, inner: S) -> AccessLog<S> {
-        AccessLog { inner }
+        AccessLog {
+            inner,
+            catalog: self.catalog.clone(),
+        }
     }
 }
 
@@ -68,6 +86,7 @@ impl<S> Layer<S> for AccessLogLayer {
 #[derive(Clone, Debug)]
 pub struct AccessLog<S> {
     inner: S,
+    catalog: Option<Arc<ModelCatalog>>,
 }
 
 impl<S, B, ResBody> Service<Request<B>> for AccessLog<S>
@@ -112,6 +131,7 @@ where
         );
         let in_flight = InFlight::start();
         let future = span.in_scope(|| self.inner.call(request));
+        let catalog = self.catalog.clone();
         Box::pin(
             async move {
                 let mut outcome = future.await;
@@ -136,13 +156,18 @@ where
                             ),
                             None => "admitted".to_owned(),
                         };
-                        // Only a model the gateway served labels a metric:
+                        // Only a model the catalog lists labels a metric:
                         // what clients send is unbounded.
                         let served = response
                             .headers()
                             .get(&MODEL_HEADER)
                             .and_then(|value| value.to_str().ok())
-                            .map(str::to_owned);
+                            .map(|model| {
+                                catalog
+                                    .as_deref()
+                                    .map_or("other", |catalog| catalog.metric_label(model))
+                                    .to_owned()
+                            });
                         (response.status().as_u16(), decision, served)
                     }
                     Err(_) => (0, "inner_error".to_owned(), None),

@@ -144,6 +144,7 @@ where
             });
         }
         let (chat, buffered) = (chat.clone(), buffered.clone());
+        let catalog = Arc::clone(&self.catalog);
         Box::pin(async move {
             let (parts, _) = request.into_parts();
             let last = candidates.len() - 1;
@@ -168,11 +169,12 @@ where
                         status = response.status().as_u16(),
                         "falling back to the next model"
                     );
-                    // Served models only: the catalog checked every candidate.
+                    // Listed models or `other`: a request's `models` may
+                    // name any model a default price serves.
                     metrics::counter!(
                         crate::telemetry::FALLBACKS_TOTAL,
-                        "from" => model.as_str().to_owned(),
-                        "to" => candidates[index + 1].as_str().to_owned()
+                        "from" => catalog.metric_label(model.as_str()).to_owned(),
+                        "to" => catalog.metric_label(candidates[index + 1].as_str()).to_owned()
                     )
                     .increment(1);
                     continue;

@@ -24,6 +24,9 @@ pub struct ModelCatalog {
     /// Per model id (lower case), the models to try after it.
     fallbacks: HashMap<String, Vec<ModelId>>,
     models_list: Value,
+    /// The listed models' ids by their lower-case form: the only values a
+    /// metric's `model` label takes besides `other`.
+    listed: HashMap<String, String>,
 }
 
 impl ModelCatalog {
@@ -48,6 +51,7 @@ impl ModelCatalog {
             providers,
             fallbacks: HashMap::new(),
             models_list: Value::Null,
+            listed: HashMap::new(),
         };
         for (model, next) in fallbacks {
             let from = ModelId::parse(model)
@@ -66,6 +70,13 @@ impl ModelCatalog {
                 .insert(from.as_str().to_ascii_lowercase(), parsed);
         }
         catalog.models_list = catalog.list(rules, quota);
+        catalog.listed = catalog.models_list["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|model| model["id"].as_str())
+            .map(|id| (id.to_ascii_lowercase(), id.to_owned()))
+            .collect();
         Ok(catalog)
     }
 
@@ -153,6 +164,16 @@ impl ModelCatalog {
             }
         }
         Ok(candidates)
+    }
+
+    /// What a metric's `model` label says for `model`: its id as
+    /// `GET /api/v1/models` lists it, or `other` for anything else a
+    /// request may name (a `:free` variant, a model under a `default`
+    /// price), so that clients cannot create series by inventing names.
+    pub fn metric_label<'a>(&'a self, model: &str) -> &'a str {
+        self.listed
+            .get(&model.to_ascii_lowercase())
+            .map_or("other", String::as_str)
     }
 
     /// `GET /api/v1/models`: the OpenAI list shape, each model with its
@@ -248,6 +269,19 @@ mod tests {
 
     fn chat(body: Value) -> ChatRequest {
         ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn metric_labels_are_listed_ids_or_other() {
+        let catalog = catalog(None);
+        assert_eq!(catalog.metric_label("openai/gpt-4o"), "openai/gpt-4o");
+        assert_eq!(catalog.metric_label("OpenAI/GPT-4o"), "openai/gpt-4o");
+        assert_eq!(catalog.metric_label("acme/big"), "acme/big");
+        // Served but not listed (free variants, variants priced by their
+        // base), and inventions.
+        assert_eq!(catalog.metric_label("openai/gpt-4o:free"), "other");
+        assert_eq!(catalog.metric_label("openai/gpt-4o:nitro"), "other");
+        assert_eq!(catalog.metric_label("x/invented-7"), "other");
     }
 
     #[test]
