@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -23,12 +24,14 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use modelgate::admission::AdmissionLayers;
-use modelgate::auth::{ApiKey, BearerAuthLayer, Principal};
-use modelgate::body::{BodyLimitLayer, BufferedBody, ChatRequest};
+use modelgate::auth::{ApiKey, AuthFailureLimit, AuthFailures, BearerAuthLayer, Principal};
+use modelgate::body::{BodyLimitLayer, BufferedBody, ChatRequest, DrainUnreadLayer};
+use modelgate::client_addr::{ClientAddrLayer, TrustedProxies};
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error::GatewayError;
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
+use modelgate::in_flight::InFlightLimitLayer;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::proxy::{AccessLogLayer, FallbackLayer, ModelCatalog};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
@@ -144,7 +147,9 @@ fn bench_layers(c: &mut Criterion) {
         .unwrap(),
     );
     let body = BodyLimitLayer::new();
-    let auth = BearerAuthLayer::new(directory.clone());
+    let auth = BearerAuthLayer::new(directory.clone())
+        .failure_limit(AuthFailures::new(AuthFailureLimit::default()).unwrap());
+    let in_flight = InFlightLimitLayer::new(InFlightLimitLayer::default_max_in_flight());
     let webhooks = WebhookSecretLayer::new(store.clone(), Vec::new());
     let key_routes = KeyRoutesLayer::new(directory.clone());
     let fallback = FallbackLayer::new(Arc::clone(&catalog));
@@ -157,7 +162,7 @@ fn bench_layers(c: &mut Criterion) {
     let mut group = c.benchmark_group("layers/memory");
     measure(&mut group, &runtime, "no_layer", answer(), prepared);
     let access_log = ServiceBuilder::new()
-        .layer(AccessLogLayer)
+        .layer(AccessLogLayer::new(Arc::clone(&catalog)))
         .layer(AccessLogLayer::annotate())
         .service(answer());
     measure(&mut group, &runtime, "AccessLog", access_log, prepared);
@@ -177,20 +182,20 @@ fn bench_layers(c: &mut Criterion) {
         body.layer(answer()),
         as_sent,
     );
-    // BearerAuth after BodyLimit's parse, as in the gateway.
-    let as_parsed = || {
-        let mut request = sent(&key);
-        let extensions = request.extensions_mut();
-        extensions.insert(ChatRequest::parse(BODY.as_bytes()).unwrap());
-        extensions.insert(BufferedBody(Bytes::from_static(BODY.as_bytes())));
-        request
-    };
+    // BearerAuth before the body is read, as in the gateway.
     measure(
         &mut group,
         &runtime,
         "BearerAuth",
-        auth.layer(answer()),
-        as_parsed,
+        auth.clone().layer(answer()),
+        as_sent,
+    );
+    measure(
+        &mut group,
+        &runtime,
+        "InFlightLimit",
+        in_flight.layer(answer()),
+        as_sent,
     );
     measure(
         &mut group,
@@ -228,11 +233,14 @@ fn bench_layers(c: &mut Criterion) {
         prepared,
     );
     let all = ServiceBuilder::new()
-        .layer(AccessLogLayer)
+        .layer(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
+        .layer(AccessLogLayer::new(catalog))
+        .layer(ClientAddrLayer::new(TrustedProxies::none()))
+        .layer(in_flight)
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
-        .layer(body)
         .layer(auth)
+        .layer(body)
         .layer(AccessLogLayer::annotate())
         .layer(key_routes)
         .layer(fallback)

@@ -20,6 +20,9 @@ use modelgate::webhook::ClientAddr;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
 
+/// Largest read buffer of one HTTP/1 connection, headers included.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// How long requests in flight may take to finish after a shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -32,11 +35,14 @@ pub async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
-    // A client that never finishes its headers cannot hold a connection.
+    // A client that never finishes its headers cannot hold a connection;
+    // each connection's read buffer stays small (hyper's default grows to
+    // ~400 KiB), since many connections may be sending bodies at once.
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(Duration::from_secs(30))
+        .max_buf_size(READ_BUFFER_BYTES);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

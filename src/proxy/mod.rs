@@ -6,9 +6,10 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! AccessLog -> WebhookSecret -> ErrorMapper -> BodyLimit -> BearerAuth -> KeyRoutes
+//! AccessLog -> ClientAddr -> InFlightLimit -> WebhookSecret -> ErrorMapper
+//!   -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
-//!   -> Retry -> Upstream
+//!   -> Retry -> Providers -> Upstream
 //! ```
 //!
 //! The webhook routes of `plugins.entries.webhooks` are answered by
@@ -82,13 +83,15 @@ pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
 
 use crate::admission::AdmissionLayers;
-use crate::auth::BearerAuthLayer;
-use crate::body::BodyLimitLayer;
+use crate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer};
+use crate::body::{BodyLimitLayer, DrainUnreadLayer};
+use crate::client_addr::{ClientAddrLayer, TrustedProxies};
 use crate::clock::{Clock, SystemClock};
 use crate::credit::{BoundField, CreditGuardLayer, PendingSettlements, PriceTable};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
+use crate::in_flight::InFlightLimitLayer;
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
@@ -110,7 +113,10 @@ use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, Webhooks
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
 ///   "providers": {"openai": {"base_url": "https://api.openai.com/v1", "api_key": {"env": "OPENAI_API_KEY"},
 ///                            "headers": {}, "model_prefix": "strip"}},
-///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]}
+///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
+///   "max_in_flight": 512,
+///   "auth_failures": {"max_failures": 20, "window_seconds": 600},
+///   "trusted_proxies": ["10.0.0.0/8"]
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -143,6 +149,18 @@ pub struct GatewayConfig {
     /// account or key (account-wide or free-model 429, 402, a failed
     /// store's 503). See [`Fallback`].
     pub fallbacks: HashMap<String, Vec<String>>,
+    /// Requests the gateway works on at once, streams included until they
+    /// end; past it a request is answered 503 at once with `Retry-After`.
+    /// Absent: [`InFlightLimitLayer::default_max_in_flight`] (256 per core).
+    pub max_in_flight: Option<usize>,
+    /// Failed authentications (bearer keys and webhook secrets) one client
+    /// address may make before its refusals turn into 429 with
+    /// `Retry-After`; its good keys are still served. Default: 20 in 600 s.
+    pub auth_failures: AuthFailureLimit,
+    /// The proxies in front of the gateway (addresses or networks such as
+    /// `10.0.0.0/8`) whose `X-Forwarded-For` names the client. Empty (the
+    /// default): the connection's peer is the client.
+    pub trusted_proxies: Vec<String>,
 }
 
 /// One provider in [`GatewayConfig`]`.providers`.
@@ -213,6 +231,9 @@ impl std::fmt::Debug for GatewayConfig {
             .field("plugins", &self.plugins.as_ref().map(|_| "…"))
             .field("providers", &self.providers)
             .field("fallbacks", &self.fallbacks)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("auth_failures", &self.auth_failures)
+            .field("trusted_proxies", &self.trusted_proxies)
             .finish()
     }
 }
@@ -468,7 +489,7 @@ pub fn gateway<B>(
 ) -> Result<GatewayService<B>, ConfigError>
 where
     B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxError> + Send,
 {
     gateway_with_clock(
         config,
@@ -489,7 +510,7 @@ pub fn gateway_with_clock<B>(
 ) -> Result<GatewayService<B>, ConfigError>
 where
     B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxError> + Send,
 {
     build_gateway(config, store, upstream, clock, key_cache_ttl).map(|gateway| gateway.service)
 }
@@ -513,7 +534,7 @@ pub fn build_gateway<B>(
 ) -> Result<Gateway<B>, ConfigError>
 where
     B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxError> + Send,
 {
     let directory = KeyDirectory::builder(store.clone())
         .clock(clock.clone())
@@ -524,6 +545,16 @@ where
     let byok = ByokDirectory::builder(store.clone())
         .clock(clock.clone())
         .build();
+    let max_in_flight = config
+        .max_in_flight
+        .unwrap_or_else(InFlightLimitLayer::default_max_in_flight);
+    if max_in_flight == 0 {
+        return Err(ConfigError::new("max_in_flight must be at least 1"));
+    }
+    let auth_failures =
+        AuthFailures::with_clock(config.auth_failures, clock.clone()).map_err(ConfigError::new)?;
+    let trusted_proxies =
+        TrustedProxies::parse(&config.trusted_proxies).map_err(ConfigError::new)?;
     let webhooks = match config.webhooks()? {
         Some(webhooks) => {
             let (routes, _skipped) = resolve_routes(&webhooks, &ResolveLimits::default());
@@ -561,6 +592,7 @@ where
     )
     .map_err(ConfigError::new)?;
     let models_list = Arc::new(catalog.models_list().clone());
+    let catalog = Arc::new(catalog);
     // The upstream client marks each request as it sends it: one dropped
     // before that costs nothing.
     let mut credit = CreditGuardLayer::new(store, prices)
@@ -586,13 +618,27 @@ where
             credit = credit.completion_bound_field(name, field);
         }
     }
+    // A body refused unread is read to its end after the answer (within
+    // the body limit and 10 s), so the client can read the answer.
+    let drain = DrainUnreadLayer::new(
+        config
+            .body
+            .max_body_bytes
+            .unwrap_or(BodyLimitLayer::DEFAULT_MAX_BODY_BYTES) as u64,
+        Duration::from_secs(10),
+    );
     let service = ServiceBuilder::new()
         .map_response(boxed_response)
-        .layer(AccessLogLayer)
+        .layer(drain)
+        .layer(AccessLogLayer::new(Arc::clone(&catalog)))
+        .layer(ClientAddrLayer::new(trusted_proxies))
+        .layer(InFlightLimitLayer::new(max_in_flight))
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
+        // The key before the body: a request without one is refused
+        // before anything is buffered or parsed.
+        .layer(BearerAuthLayer::new(directory.clone()).failure_limit(auth_failures))
         .layer(body)
-        .layer(BearerAuthLayer::new(directory.clone()))
         .layer(AccessLogLayer::annotate())
         .layer(
             KeyRoutesLayer::new(directory)
@@ -600,7 +646,7 @@ where
                 .byok_directory(byok)
                 .byok_providers(byok_providers),
         )
-        .layer(FallbackLayer::new(Arc::new(catalog)))
+        .layer(FallbackLayer::new(catalog))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
         .layer_fn(|inner| ChatOnly {
             inner,

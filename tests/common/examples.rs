@@ -26,6 +26,8 @@ pub struct ProxyProcess {
     child: std::process::Child,
     /// `http://127.0.0.1:PORT`, as it printed.
     pub address: String,
+    /// Where `/metrics`, `/healthz` and `/readyz` are, as it printed.
+    pub admin: String,
 }
 
 impl ProxyProcess {
@@ -44,9 +46,18 @@ impl ProxyProcess {
             .strip_prefix("modelgate listening on ")
             .unwrap_or_else(|| panic!("unexpected first line: {first}"))
             .to_owned();
+        let second = lines.next().unwrap().unwrap();
+        let admin = second
+            .strip_prefix("admin (metrics, healthz, readyz) on ")
+            .unwrap_or_else(|| panic!("unexpected second line: {second}"))
+            .to_owned();
         // Drained as it comes: a full pipe would stall the proxy.
         std::thread::spawn(move || for _ in lines {});
-        ProxyProcess { child, address }
+        ProxyProcess {
+            child,
+            address,
+            admin,
+        }
     }
 
     /// A new key named `name`, made through the management API with
@@ -63,6 +74,11 @@ impl ProxyProcess {
             .await
             .unwrap();
         created["key"].as_str().unwrap().to_owned()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends SIGTERM, as an orchestrator stopping it would.
