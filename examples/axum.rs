@@ -9,11 +9,13 @@ use std::sync::Arc;
 
 use axum::routing::post;
 use axum::{Extension, Router};
+use modelgate::admission::AdmissionLayers;
 use modelgate::auth::{BearerAuthLayer, Principal};
 use modelgate::body::{BodyLimitLayer, ChatRequest};
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeModelQuotaLayer;
+use modelgate::in_flight::InFlightLimitLayer;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::MemoryStore;
@@ -51,13 +53,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/api/v1/chat/completions", post(chat))
         .layer(
             ServiceBuilder::new()
+                // Past 256 requests at once: 503 at once, not a queue.
+                .layer(InFlightLimitLayer::new(256))
                 .layer(ErrorMapperLayer::new())
-                .layer(BodyLimitLayer::new())
+                // The key before the body: no buffering without one.
                 .layer(BearerAuthLayer::new(directory.clone()))
+                .layer(BodyLimitLayer::new())
                 .layer(KeyRoutesLayer::new(directory))
-                .layer(GlobalRateLimitLayer::new(store.clone(), rules)?)
-                .layer(FreeModelQuotaLayer::new(store.clone()))
-                .layer(CreditGuardLayer::new(store, Arc::new(prices))),
+                // One atomic admission: a refusal spends no rate, quota or credit.
+                .layer(AdmissionLayers::new(
+                    GlobalRateLimitLayer::new(store.clone(), rules)?,
+                    FreeModelQuotaLayer::new(store.clone()),
+                    CreditGuardLayer::new(store, Arc::new(prices)),
+                )),
         );
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -14,9 +15,11 @@ use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use modelgate::auth::{BearerAuthLayer, Principal};
-use modelgate::body::BodyLimitLayer;
+use modelgate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer, Principal};
+use modelgate::body::{BodyLimitLayer, DrainUnreadLayer};
+use modelgate::client_addr::ClientAddr;
 use modelgate::error_mapper::ErrorMapperLayer;
+use modelgate::in_flight::InFlightLimitLayer;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::store::MemoryStore;
 use tower::{service_fn, ServiceBuilder};
@@ -28,9 +31,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (key, _) = directory.create_key(NewKey::named("hyper-demo")).await?;
 
     let service = ServiceBuilder::new()
+        // A body refused unread is read into nothing after the answer, so
+        // the client can read the answer.
+        .layer(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
+        .layer(InFlightLimitLayer::new(256))
         .layer(ErrorMapperLayer::new())
+        // The key before the body; an address past 20 failures in 10
+        // minutes gets 429 for its failures, its good keys still served.
+        .layer(
+            BearerAuthLayer::new(directory.clone())
+                .failure_limit(AuthFailures::new(AuthFailureLimit::default())?),
+        )
         .layer(BodyLimitLayer::new())
-        .layer(BearerAuthLayer::new(directory.clone()))
         .layer(KeyRoutesLayer::new(directory))
         .service(service_fn(|request: Request<Full<Bytes>>| async move {
             let caller = request
@@ -53,8 +65,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         key.expose()
     );
     loop {
-        let (stream, _) = listener.accept().await?;
-        let service = TowerToHyperService::new(service.clone());
+        let (stream, peer) = listener.accept().await?;
+        // Per-address limits key on the connection's peer.
+        let service = ServiceBuilder::new()
+            .map_request(move |mut request: Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ClientAddr(peer.ip()));
+                request
+            })
+            .service(service.clone());
+        let service = TowerToHyperService::new(service);
         tokio::spawn(async move {
             let _ = Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
