@@ -42,8 +42,8 @@
 //!     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
 //! });
 //! let gateway = ServiceBuilder::new()
-//!     .layer(BodyLimitLayer::new())
 //!     .layer(BearerAuthLayer::new(directory))
+//!     .layer(BodyLimitLayer::new())
 //!     .layer(admission)
 //!     .service(upstream);
 //! // The account has bought nothing: a paid model is refused with 402, and

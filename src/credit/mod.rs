@@ -99,8 +99,8 @@
 //!     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(body))))
 //! });
 //! let gateway = ServiceBuilder::new()
-//!     .layer(BodyLimitLayer::new())
 //!     .layer(BearerAuthLayer::new(directory))
+//!     .layer(BodyLimitLayer::new())
 //!     .layer(credit.clone())
 //!     .service(upstream);
 //! let chat = || {

@@ -35,8 +35,8 @@
 //! let (key, _) = directory.create_key(NewKey::named("app")).await.unwrap();
 //! let rules = FreeQuotaRules { requests_per_minute: 1, ..FreeQuotaRules::default() };
 //! let gateway = ServiceBuilder::new()
-//!     .layer(BodyLimitLayer::new())
 //!     .layer(BearerAuthLayer::new(directory))
+//!     .layer(BodyLimitLayer::new())
 //!     .layer(FreeModelQuotaLayer::new(store).rules(rules).unwrap())
 //!     .service(service_fn(|_: Request<Full<Bytes>>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))

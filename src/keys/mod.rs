@@ -31,7 +31,7 @@
 //! deleted or disabled through one instance is refused at once there and
 //! within the directory's cache time (default 1 s) everywhere else.
 //!
-//! The layers go `BodyLimit -> BearerAuth -> KeyRoutes -> …`:
+//! The layers go `BearerAuth -> BodyLimit -> KeyRoutes -> …`:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -53,8 +53,8 @@
 //! let (admin_key, _) = directory.create_key(admin).await.unwrap();
 //!
 //! let gateway = ServiceBuilder::new()
-//!     .layer(BodyLimitLayer::new())
 //!     .layer(BearerAuthLayer::new(directory.clone()))
+//!     .layer(BodyLimitLayer::new())
 //!     .layer(KeyRoutesLayer::new(directory))
 //!     .service(service_fn(|_: Request<Full<Bytes>>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("upstream"))))
