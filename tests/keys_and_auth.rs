@@ -89,8 +89,8 @@ async fn instance(directory: KeyDirectory) -> SocketAddr {
         .fallback(elsewhere);
     let service = ServiceBuilder::new()
         .layer(ErrorMapperLayer::new())
-        .layer(BodyLimitLayer::new())
         .layer(BearerAuthLayer::new(directory.clone()))
+        .layer(BodyLimitLayer::new())
         .layer(KeyRoutesLayer::new(directory))
         .service(router);
     serve(service).await
@@ -213,6 +213,193 @@ fn assert_refused(reply: &Reply, status: u16, reason: &str, context: &str) {
     if status == 401 {
         let challenge = reply.headers["www-authenticate"].to_str().unwrap();
         assert!(challenge.starts_with("Bearer"), "{context}: {challenge}");
+    }
+}
+
+#[tokio::test]
+async fn an_account_management_key_manages_its_account_only() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (default_key, default_data) = create(&gateway, json!({"name": "old app"})).await;
+
+        // The operator makes the account, funds it and gives it a manager.
+        let made = gateway
+            .manage(
+                "POST",
+                "/api/v1/accounts",
+                Some(json!({"id": "acme", "name": "Acme", "email": "ops@acme.example"})),
+            )
+            .await;
+        assert_eq!(made.status, 201, "{name}: {}", made.body);
+        assert_eq!(made.body["data"]["name"], "Acme");
+        assert_eq!(made.body["data"]["email"], "ops@acme.example");
+        assert_eq!(made.body["data"]["balance"], 0);
+        let again = gateway
+            .manage("POST", "/api/v1/accounts", Some(json!({"id": "acme"})))
+            .await;
+        assert_refused(&again, 422, "account_exists", name);
+        let funded = top_up_with_keys(&gateway, "acme", 10.0, &[]).await;
+        assert_eq!(funded.status, 200, "{name}: {}", funded.body);
+        let listed = gateway.manage("GET", "/api/v1/accounts", None).await;
+        let ids: Vec<&str> = listed.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|account| account["id"].as_str().unwrap())
+            .collect();
+        assert!(
+            ids.contains(&"acme") && ids.contains(&"default"),
+            "{name}: {ids:?}"
+        );
+        let (manager, manager_data) = create(
+            &gateway,
+            json!({"name": "acme admin", "account": "acme", "management": true}),
+        )
+        .await;
+        assert_eq!(manager_data["management"], true);
+        assert_eq!(manager_data["operator"], false);
+        let manager = bearer(&manager);
+        let as_manager = |method: &'static str, path: String, body: Option<Value>| {
+            let (address, manager) = (gateway.address, manager.clone());
+            async move { send(address, method, &path, Some(&manager), body).await }
+        };
+
+        // Who it is.
+        let me = get_as(
+            gateway.address,
+            "/api/v1/key",
+            manager.trim_start_matches("Bearer "),
+        )
+        .await;
+        assert_eq!(me.body["data"]["account"], "acme", "{name}");
+        assert_eq!(me.body["data"]["management"], true);
+        assert_eq!(me.body["data"]["operator"], false);
+        let operator = get_as(gateway.address, "/api/v1/key", &gateway.admin).await;
+        assert_eq!(operator.body["data"]["operator"], true, "{name}");
+
+        // Its account: balance, tier and free requests; no other account.
+        let account = as_manager("GET", "/api/v1/accounts/acme".into(), None).await;
+        assert_eq!(account.status, 200, "{name}: {}", account.body);
+        assert_eq!(account.body["data"]["balance"], 10);
+        assert_eq!(account.body["data"]["is_free_tier"], false);
+        assert!(account.body["data"]["free_model_daily_requests"]["remaining"].is_u64());
+        let other = as_manager("GET", "/api/v1/accounts/default".into(), None).await;
+        assert_refused(&other, 403, "other_account", name);
+        let mine = as_manager("GET", "/api/v1/accounts".into(), None).await;
+        assert_eq!(mine.body["data"].as_array().unwrap().len(), 1, "{name}");
+        assert_eq!(mine.body["data"][0]["id"], "acme");
+
+        // Keys: made in its account, listed alone, others out of sight.
+        let app = as_manager(
+            "POST",
+            "/api/v1/keys".into(),
+            Some(json!({"name": "app", "limit": 5})),
+        )
+        .await;
+        assert_eq!(app.status, 201, "{name}: {}", app.body);
+        assert_eq!(app.body["data"]["account"], "acme");
+        let app_key = app.body["key"].as_str().unwrap().to_owned();
+        let app_hash = app.body["data"]["hash"].as_str().unwrap().to_owned();
+        let elsewhere = as_manager(
+            "POST",
+            "/api/v1/keys".into(),
+            Some(json!({"name": "x", "account": "default-2"})),
+        )
+        .await;
+        assert_refused(&elsewhere, 403, "other_account", name);
+        let promoted = as_manager(
+            "POST",
+            "/api/v1/keys".into(),
+            Some(json!({"name": "x", "account": "acme", "management": true})),
+        )
+        .await;
+        assert_refused(&promoted, 403, "operator_only", name);
+        let keys = as_manager("GET", "/api/v1/keys".into(), None).await;
+        let accounts: Vec<&str> = keys.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|key| key["account"].as_str().unwrap())
+            .collect();
+        assert_eq!(accounts, ["acme", "acme"], "{name}: {}", keys.body);
+        let peek = as_manager("GET", "/api/v1/keys?account=default".into(), None).await;
+        assert_refused(&peek, 403, "other_account", name);
+        let default_hash = default_data["hash"].as_str().unwrap();
+        for method in ["GET", "PATCH", "DELETE"] {
+            let reply = as_manager(
+                method,
+                format!("/api/v1/keys/{default_hash}"),
+                (method == "PATCH").then(|| json!({"disabled": true})),
+            )
+            .await;
+            assert_eq!(reply.status, 404, "{name} {method}: {}", reply.body);
+        }
+        assert_eq!(
+            chat_as(gateway.address, &default_key).await.status,
+            200,
+            "{name}"
+        );
+        let raised = as_manager(
+            "PATCH",
+            format!("/api/v1/keys/{app_hash}"),
+            Some(json!({"limit": 7})),
+        )
+        .await;
+        assert_eq!(raised.body["data"]["limit"], 7, "{name}: {}", raised.body);
+        let operator_view = gateway
+            .manage("GET", "/api/v1/keys?account=acme", None)
+            .await;
+        assert_eq!(
+            operator_view.body["data"].as_array().unwrap().len(),
+            2,
+            "{name}"
+        );
+
+        // Its provider keys, not another account's.
+        let byok = as_manager(
+            "PUT",
+            "/api/v1/accounts/acme/byok/openai".into(),
+            Some(json!({"key": "sk-acme-0123456789"})),
+        )
+        .await;
+        assert_eq!(byok.status, 200, "{name}: {}", byok.body);
+        let foreign = as_manager(
+            "PUT",
+            "/api/v1/accounts/default/byok/openai".into(),
+            Some(json!({"key": "sk-acme-0123456789"})),
+        )
+        .await;
+        assert_refused(&foreign, 403, "other_account", name);
+
+        // What only the operator does; and no models.
+        let credits = as_manager(
+            "POST",
+            "/api/v1/accounts/acme/credits".into(),
+            Some(json!({"amount": 100})),
+        )
+        .await;
+        assert_refused(&credits, 403, "operator_only", name);
+        let create = as_manager(
+            "POST",
+            "/api/v1/accounts".into(),
+            Some(json!({"id": "mine"})),
+        )
+        .await;
+        assert_refused(&create, 403, "operator_only", name);
+        let reply = chat_as(gateway.address, manager.trim_start_matches("Bearer ")).await;
+        assert_refused(&reply, 403, "management_key", name);
+
+        // An inference key reads only itself.
+        let refused = get_as(gateway.address, "/api/v1/accounts/acme", &app_key).await;
+        assert_refused(&refused, 403, "management_key_required", name);
+        let own = get_as(gateway.address, "/api/v1/key", &app_key).await;
+        assert_eq!(own.body["data"]["management"], false, "{name}");
+        assert_eq!(
+            chat_as(gateway.address, &app_key).await.status,
+            200,
+            "{name}"
+        );
     }
 }
 
@@ -652,6 +839,9 @@ async fn key_status_reports_the_ledger_by_utc_period() {
             status.body,
             json!({"data": {
                 "label": "metered",
+                "account": "acme",
+                "management": false,
+                "operator": false,
                 "limit": 10,
                 "limit_reset": "daily",
                 "limit_remaining": 7.75,

@@ -53,6 +53,7 @@ pub fn chat(account: &str, model: &str, stream: bool) -> Request<Full<Bytes>> {
         account_id: account.into(),
         label: "bench".into(),
         management: false,
+        operator: false,
         key_limit: None,
         include_byok_in_limit: false,
         expires_at: None,

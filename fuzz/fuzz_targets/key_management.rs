@@ -17,11 +17,22 @@ fuzz_target!(|body: &[u8]| {
             assert!(!new.name.is_empty() && new.name.chars().count() <= MAX_KEY_NAME_CHARS);
             assert_eq!(new.name.trim(), new.name);
             assert!(is_valid_account_id(&new.account));
-            assert!(!new.management);
+            // The API makes a management key for one account only.
+            assert_eq!(new.management, new.scoped_to_account);
             assert!(new
                 .limit_nanos
                 .is_none_or(|nanos| (0..=MAX_CREDITS * NANOS_PER_CREDIT).contains(&nanos)));
             assert!(new.expires_at.is_none_or(|expires_at| expires_at > now));
+        }
+        Err(error) => refused(error.status().as_u16()),
+    }
+    match input::new_account(body) {
+        Ok(account) => {
+            assert!(is_valid_account_id(&account.id));
+            assert!(account.name.chars().count() <= MAX_KEY_NAME_CHARS);
+            assert!(account.email.is_none_or(|email| {
+                email.len() <= input::MAX_EMAIL_BYTES && email.contains('@')
+            }));
         }
         Err(error) => refused(error.status().as_u16()),
     }

@@ -18,6 +18,9 @@ pub struct Principal {
     pub label: String,
     /// Whether this is a management key (management API only, no models).
     pub management: bool,
+    /// Whether this is the operator's management key, over every account;
+    /// an account's management key manages `account_id` only.
+    pub operator: bool,
     /// The key's credit limit as the ledger checks it, if it has one.
     pub key_limit: Option<KeyLimit>,
     /// Whether usage through the account's own provider keys counts
@@ -35,6 +38,7 @@ impl Principal {
             account_id: record.account.clone(),
             label: record.name.clone(),
             management: record.management,
+            operator: record.is_operator(),
             key_limit: record.key_limit(),
             include_byok_in_limit: record.include_byok_in_limit,
             expires_at: record.expires_at,
@@ -51,6 +55,7 @@ impl Principal {
             account_id: account.to_owned(),
             label: "test".to_owned(),
             management: false,
+            operator: false,
             key_limit: None,
             include_byok_in_limit: false,
             expires_at: None,

@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 
 use super::lookup_cache::LookupCache;
 use super::record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DELETED_KEYS,
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewAccount, NewKey,
+    DELETED_KEYS,
 };
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
@@ -214,6 +215,7 @@ impl KeyDirectory {
                 name: new.name.clone(),
                 account: new.account.clone(),
                 management: new.management,
+                scoped_to_account: new.management && new.scoped_to_account,
                 disabled: false,
                 limit_nanos: new.limit_nanos,
                 limit_reset: new.limit_reset,
@@ -266,6 +268,7 @@ impl KeyDirectory {
             name: new.name,
             account: new.account,
             management: new.management,
+            scoped_to_account: new.management && new.scoped_to_account,
             disabled: false,
             limit_nanos: new.limit_nanos,
             limit_reset: new.limit_reset,
@@ -353,12 +356,14 @@ impl KeyDirectory {
         Err(too_contended("delete_record"))
     }
 
-    /// Keys newest first, skipping `offset` of those shown; disabled keys
-    /// only when `include_disabled`. At most `page_size` records.
+    /// Keys in the store's order, skipping `offset` of those shown;
+    /// disabled keys only when `include_disabled`; only the keys of
+    /// `account` when one is named. At most `page_size` records.
     pub async fn list(
         &self,
         offset: usize,
         include_disabled: bool,
+        account: Option<&str>,
         page_size: usize,
     ) -> Result<Vec<KeyRecord>, StoreError> {
         const BATCH: usize = 500;
@@ -370,7 +375,9 @@ impl KeyDirectory {
             let fetched = batch.len();
             for (_, record) in batch {
                 let record = crate::store::decode::<KeyRecord>("list_records", record)?.value;
-                if record.disabled && !include_disabled {
+                if (record.disabled && !include_disabled)
+                    || account.is_some_and(|account| record.account != account)
+                {
                     continue;
                 }
                 if skipped < offset {
@@ -390,13 +397,12 @@ impl KeyDirectory {
     /// Records the account `id` if it is new, with nothing purchased.
     pub async fn ensure_account(&self, id: &str) -> Result<(), StoreError> {
         if !is_valid_account_id(id) {
-            return Err(StoreError::invalid(
-                "put_record",
-                "an account id is 1 to 64 characters of A-Z a-z 0-9 . _ -",
-            ));
+            return Err(invalid_account_id());
         }
         let account = AccountRecord {
             id: id.to_owned(),
+            name: String::new(),
+            email: None,
             created_at: self.now(),
         };
         // A conflict means the account exists already, which is the goal.
@@ -405,6 +411,63 @@ impl KeyDirectory {
             .put_json(ACCOUNTS, id, &account, Expect::Absent)
             .await?;
         Ok(())
+    }
+
+    /// Creates the account `new`; `None` when an account with its id
+    /// exists already (made by the API or by its first key).
+    pub async fn create_account(
+        &self,
+        new: NewAccount,
+    ) -> Result<Option<AccountRecord>, StoreError> {
+        if !is_valid_account_id(&new.id) {
+            return Err(invalid_account_id());
+        }
+        let account = AccountRecord {
+            id: new.id,
+            name: new.name,
+            email: new.email,
+            created_at: self.now(),
+        };
+        Ok(
+            match self
+                .inner
+                .store
+                .put_json(ACCOUNTS, &account.id, &account, Expect::Absent)
+                .await?
+            {
+                WriteOutcome::Written { .. } => Some(account),
+                WriteOutcome::Conflict { .. } => None,
+            },
+        )
+    }
+
+    /// The account `id`, if it exists.
+    pub async fn account(&self, id: &str) -> Result<Option<AccountRecord>, StoreError> {
+        Ok(self
+            .inner
+            .store
+            .get_json::<AccountRecord>(ACCOUNTS, id)
+            .await?
+            .map(|versioned| versioned.value))
+    }
+
+    /// Accounts in the store's order, skipping `offset`; at most
+    /// `page_size`.
+    pub async fn accounts(
+        &self,
+        offset: usize,
+        page_size: usize,
+    ) -> Result<Vec<AccountRecord>, StoreError> {
+        self.inner
+            .store
+            .list_records(ACCOUNTS, offset, page_size)
+            .await?
+            .into_iter()
+            .map(|(_, record)| {
+                crate::store::decode::<AccountRecord>("list_records", record)
+                    .map(|versioned| versioned.value)
+            })
+            .collect()
     }
 
     /// Whether the account `id` has been used.
@@ -435,6 +498,13 @@ impl KeyDirectory {
             .top_up_once(id, amount_nanos, idempotency_key, self.now())
             .await
     }
+}
+
+fn invalid_account_id() -> StoreError {
+    StoreError::invalid(
+        "put_record",
+        "an account id is 1 to 64 characters of A-Z a-z 0-9 . _ -",
+    )
 }
 
 pub(super) fn too_contended(operation: &'static str) -> StoreError {

@@ -12,12 +12,12 @@ use super::byok::{ByokEntry, ByokError};
 use super::credits::{decimal_string, nanos_to_json};
 use super::input;
 use super::layer::{ByokProviders, KeyRoutesConfig};
-use super::record::KeyRecord;
+use super::record::{AccountRecord, KeyRecord, DEFAULT_ACCOUNT};
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::body::{lowercase_segments, normalized_segments};
 use crate::error::{ErrorKind, GatewayError};
-use crate::store::{FailurePolicy, KeyUsage, StoreError, TopUpOutcome};
+use crate::store::{AccountBalance, FailurePolicy, KeyUsage, StoreError, TopUpOutcome};
 
 /// An endpoint of KeyRoutes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +32,10 @@ pub(crate) enum Route {
     Keys,
     /// `GET`, `PATCH` and `DELETE /api/v1/keys/{hash}`
     Key(String),
+    /// `GET` and `POST /api/v1/accounts`
+    Accounts,
+    /// `GET /api/v1/accounts/{id}`
+    Account(String),
     /// `POST /api/v1/accounts/{id}/credits`
     AccountCredits(String),
     /// `GET /api/v1/accounts/{id}/byok`
@@ -55,6 +59,8 @@ impl Route {
             ["user", "balance"] => Some(Route::UserBalance),
             ["api", "v1", "keys"] => Some(Route::Keys),
             ["api", "v1", "keys", _] => Some(Route::Key(segments[3].to_string())),
+            ["api", "v1", "accounts"] => Some(Route::Accounts),
+            ["api", "v1", "accounts", _] => Some(Route::Account(segments[3].to_string())),
             ["api", "v1", "accounts", _, "credits"] => {
                 Some(Route::AccountCredits(segments[3].to_string()))
             }
@@ -70,7 +76,8 @@ impl Route {
     fn methods(&self) -> &'static [Method] {
         match self {
             Route::KeyStatus | Route::Credits | Route::UserBalance => &[Method::GET],
-            Route::Keys => &[Method::GET, Method::POST],
+            Route::Keys | Route::Accounts => &[Method::GET, Method::POST],
+            Route::Account(_) => &[Method::GET],
             Route::Key(_) => &[Method::GET, Method::PATCH, Method::DELETE],
             Route::AccountCredits(_) => &[Method::POST],
             Route::ByokKeys(_) => &[Method::GET],
@@ -85,7 +92,12 @@ impl Route {
     fn needs_management_key(&self) -> bool {
         matches!(
             self,
-            Route::Keys | Route::Key(_) | Route::AccountCredits(_) | Route::ByokKey(..)
+            Route::Keys
+                | Route::Key(_)
+                | Route::Accounts
+                | Route::Account(_)
+                | Route::AccountCredits(_)
+                | Route::ByokKey(..)
         )
     }
 
@@ -208,7 +220,17 @@ pub(crate) async fn handle(
             })))
         }
         (Route::Keys, &Method::POST) => {
-            let new = input::new_key(body()?, now)?;
+            let mut new = input::new_key(body()?, now)?;
+            if !principal.operator {
+                if new.management {
+                    return Err(operator_only("create management keys"));
+                }
+                if new.account != DEFAULT_ACCOUNT && new.account != principal.account_id {
+                    return Err(other_account(&principal));
+                }
+                // An account's management key makes keys for its account.
+                new.account = principal.account_id.clone();
+            }
             let (key, record) = directory.create_key(new).await.map_err(refuse)?;
             Ok(Answer {
                 status: StatusCode::CREATED,
@@ -221,9 +243,24 @@ pub(crate) async fn handle(
             })
         }
         (Route::Keys, _) => {
-            let query = input::list_query(call.query.as_deref())?;
+            let mut query = input::list_query(call.query.as_deref())?;
+            if !principal.operator {
+                if query
+                    .account
+                    .as_ref()
+                    .is_some_and(|account| *account != principal.account_id)
+                {
+                    return Err(other_account(&principal));
+                }
+                query.account = Some(principal.account_id.clone());
+            }
             let records = directory
-                .list(query.offset, query.include_disabled, input::KEYS_PER_PAGE)
+                .list(
+                    query.offset,
+                    query.include_disabled,
+                    query.account.as_deref(),
+                    input::KEYS_PER_PAGE,
+                )
                 .await
                 .map_err(refuse)?;
             let usages = try_join_all(records.iter().map(|record| {
@@ -242,6 +279,13 @@ pub(crate) async fn handle(
         }
         (Route::Key(hash), method) => {
             let hash = path_hash(hash)?;
+            if !principal.operator {
+                // Another account's key is answered as no key at all.
+                let record = directory.get(&hash).await.map_err(refuse)?;
+                if record.is_none_or(|record| record.value.account != principal.account_id) {
+                    return Err(no_such_key());
+                }
+            }
             let record = match *method {
                 Method::DELETE => {
                     return if directory.delete(&hash).await.map_err(refuse)? {
@@ -268,7 +312,87 @@ pub(crate) async fn handle(
                 .map_err(refuse)?;
             Ok(Answer::ok(json!({ "data": key_json(&record, &usage) })))
         }
+        (Route::Accounts, &Method::POST) => {
+            if !principal.operator {
+                return Err(operator_only("create accounts"));
+            }
+            let new = input::new_account(body()?)?;
+            let id = new.id.clone();
+            let Some(account) = directory.create_account(new).await.map_err(refuse)? else {
+                return Err(GatewayError::new(
+                    ErrorKind::InvalidParameter,
+                    format!(
+                        "the account {id} exists already; read it with GET /api/v1/accounts/{id}"
+                    ),
+                )
+                .with_metadata("param", "id")
+                .with_metadata("reason", "account_exists"));
+            };
+            let balance = directory
+                .store()
+                .account_balance(&account.id)
+                .await
+                .map_err(refuse)?;
+            Ok(Answer {
+                status: StatusCode::CREATED,
+                body: json!({ "data": account_json(&account, &balance) }),
+                headers: Vec::new(),
+            })
+        }
+        (Route::Accounts, _) => {
+            let accounts = if principal.operator {
+                let query = input::list_query(call.query.as_deref())?;
+                directory
+                    .accounts(query.offset, input::KEYS_PER_PAGE)
+                    .await
+                    .map_err(refuse)?
+            } else {
+                directory
+                    .account(&principal.account_id)
+                    .await
+                    .map_err(refuse)?
+                    .into_iter()
+                    .collect()
+            };
+            let balances = try_join_all(
+                accounts
+                    .iter()
+                    .map(|account| directory.store().account_balance(&account.id)),
+            )
+            .await
+            .map_err(refuse)?;
+            let data: Vec<Value> = accounts
+                .iter()
+                .zip(&balances)
+                .map(|(account, balance)| account_json(account, balance))
+                .collect();
+            Ok(Answer::ok(json!({ "data": data })))
+        }
+        (Route::Account(account), _) => {
+            let account = managed_account(&principal, account)?;
+            let record = directory
+                .account(&account)
+                .await
+                .map_err(refuse)?
+                .ok_or_else(|| {
+                    GatewayError::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "no account {account}; list the accounts with GET /api/v1/accounts"
+                        ),
+                    )
+                })?;
+            let (balance, free) = free_model_requests(config, &account, now).await?;
+            let mut data = account_json(&record, &balance);
+            if let Value::Object(fields) = &mut data {
+                fields.extend(free);
+            }
+            Ok(Answer::ok(json!({ "data": data })))
+        }
         (Route::AccountCredits(account), _) => {
+            if !principal.operator {
+                return Err(operator_only("add credits to an account"));
+            }
             let account = input::path_account_id(account)?;
             let amount_nanos = input::purchase_nanos(body()?)?;
             let idempotency_key =
@@ -316,7 +440,7 @@ pub(crate) async fn handle(
             Ok(Answer::ok(json!({ "data": data })))
         }
         (Route::ByokKey(account, provider), method) => {
-            let account = input::path_account_id(account)?;
+            let account = managed_account(&principal, account)?;
             let provider = input::path_provider(provider)?;
             if *method == Method::DELETE {
                 return if config
@@ -393,11 +517,101 @@ fn accepts_byok_key(providers: &ByokProviders, provider: &str) -> Result<(), Gat
     }
 }
 
+/// The account id of a path, when `principal` manages that account: the
+/// operator's key, or that account's management key.
+fn managed_account(principal: &Principal, account: &str) -> Result<String, GatewayError> {
+    let account = input::path_account_id(account)?;
+    if principal.operator || (principal.management && principal.account_id == account) {
+        Ok(account)
+    } else {
+        Err(other_account(principal))
+    }
+}
+
+/// 403: a management key of one account naming another.
+fn other_account(principal: &Principal) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::Forbidden,
+        format!(
+            "this management key manages the account {} only",
+            principal.account_id
+        ),
+    )
+    .with_metadata("reason", "other_account")
+}
+
+/// 403: what only the operator's management key may do.
+fn operator_only(what: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::Forbidden,
+        format!("only the operator's management key can {what}; an account's management key manages that account's keys"),
+    )
+    .with_metadata("reason", "operator_only")
+}
+
+/// An account as the API shows it, with its balance.
+fn account_json(account: &AccountRecord, balance: &AccountBalance) -> Value {
+    json!({
+        "id": account.id,
+        "name": account.name,
+        "email": account.email,
+        "created_at": timestamp(Some(account.created_at)),
+        "balance": nanos_to_json(balance.balance_nanos),
+        "total_credits": nanos_to_json(balance.purchased_nanos),
+        "total_usage": nanos_to_json(balance.purchased_nanos.saturating_sub(balance.balance_nanos)),
+    })
+}
+
+/// The account's balance, and its free tier and free-model requests today:
+/// `is_free_tier` and `free_model_daily_requests` `{used, limit, remaining}`.
+async fn free_model_requests(
+    config: &KeyRoutesConfig,
+    account: &str,
+    now: DateTime<Utc>,
+) -> Result<(AccountBalance, Map<String, Value>), GatewayError> {
+    let store = config.directory.store();
+    // Reading the daily counter does not depend on its limit: both reads
+    // go out together.
+    let peek = [config.free_quota.daily_check(0, 0)];
+    let (balance, free) = futures_util::future::try_join(
+        store.account_balance(account),
+        store.check_and_add(account, &peek, now),
+    )
+    .await
+    .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))?;
+    Ok((balance, free_fields(config, &balance, &free)))
+}
+
+fn free_fields(
+    config: &KeyRoutesConfig,
+    balance: &AccountBalance,
+    free: &crate::store::Decision,
+) -> Map<String, Value> {
+    let daily_limit = config
+        .free_quota
+        .requests_per_day_for(balance.purchased_nanos);
+    let used = free.outcomes.first().map_or(0, |outcome| outcome.used);
+    let mut fields = Map::new();
+    fields.insert(
+        "is_free_tier".into(),
+        Value::from(balance.purchased_nanos == 0),
+    );
+    fields.insert(
+        "free_model_daily_requests".into(),
+        json!({
+            "used": used,
+            "limit": daily_limit,
+            "remaining": daily_limit.saturating_sub(used),
+        }),
+    );
+    fields
+}
+
 /// The account id of a BYOK path, when `principal` may read its keys:
-/// a management key, or a key of that same account.
+/// the operator's key, or a key of that same account.
 fn own_account(principal: &Principal, account: &str) -> Result<String, GatewayError> {
     let account = input::path_account_id(account)?;
-    if principal.management || principal.account_id == account {
+    if principal.operator || principal.account_id == account {
         Ok(account)
     } else {
         Err(GatewayError::new(
@@ -436,12 +650,11 @@ async fn key_status(
     )
     .await
     .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))?;
-    let daily_limit = config
-        .free_quota
-        .requests_per_day_for(balance.purchased_nanos);
-    let used = free.outcomes.first().map_or(0, |outcome| outcome.used);
     let mut data = Map::new();
     data.insert("label".into(), Value::from(principal.label.clone()));
+    data.insert("account".into(), Value::from(account));
+    data.insert("management".into(), Value::from(principal.management));
+    data.insert("operator".into(), Value::from(principal.operator));
     limit_and_usage(
         &mut data,
         principal.key_limit.map(|limit| limit.limit_nanos),
@@ -449,18 +662,7 @@ async fn key_status(
         principal.include_byok_in_limit,
         &usage,
     );
-    data.insert(
-        "is_free_tier".into(),
-        Value::from(balance.purchased_nanos == 0),
-    );
-    data.insert(
-        "free_model_daily_requests".into(),
-        json!({
-            "used": used,
-            "limit": daily_limit,
-            "remaining": daily_limit.saturating_sub(used),
-        }),
-    );
+    data.extend(free_fields(config, &balance, &free));
     Ok(Answer::ok(json!({ "data": data })))
 }
 
@@ -472,6 +674,7 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage) -> Value {
     data.insert("label".into(), Value::from(record.name.clone()));
     data.insert("account".into(), Value::from(record.account.clone()));
     data.insert("management".into(), Value::from(record.management));
+    data.insert("operator".into(), Value::from(record.is_operator()));
     data.insert("disabled".into(), Value::from(record.disabled));
     limit_and_usage(
         &mut data,

@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 
 use super::byok::{check_api_key, provider_id, ByokError};
 use super::credits::{nanos_from_json, AmountError};
-use super::record::{is_valid_account_id, KeyUpdate, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS};
+use super::record::{
+    is_valid_account_id, KeyUpdate, NewAccount, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS,
+};
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
 use crate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES};
@@ -32,13 +34,29 @@ pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> 
             "limit_reset",
             "include_byok_in_limit",
             "expires_at",
+            "management",
         ],
     )?;
     let name = fields
         .take("name")
         .ok_or_else(|| missing("name", "every key needs a name"))?;
     let mut new = NewKey::named(key_name(name)?);
-    if let Some(account) = fields.take("account") {
+    let account = fields.take("account").filter(|account| !account.is_null());
+    if let Some(management) = fields.take("management") {
+        new.management = boolean("management", management)?;
+    }
+    // The API makes a management key for one account only; the operator's
+    // own key comes from outside it.
+    if new.management {
+        if account.is_none() {
+            return Err(invalid(
+                "management",
+                "a management key is made for one account: name it in `account`",
+            ));
+        }
+        new.scoped_to_account = true;
+    }
+    if let Some(account) = account {
         new.account = account_id(account)?;
     }
     if let Some(limit) = fields.take("limit") {
@@ -167,13 +185,74 @@ pub fn path_provider(name: &str) -> Result<String, GatewayError> {
     })
 }
 
-/// `GET /api/v1/keys` query: `offset` and `include_disabled`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// `GET /api/v1/keys` query: `offset`, `include_disabled` and `account`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListQuery {
     /// Keys to skip, of those the list would show.
     pub offset: usize,
     /// Whether disabled keys are listed too.
     pub include_disabled: bool,
+    /// Only this account's keys.
+    pub account: Option<String>,
+}
+
+/// The body of `POST /api/v1/accounts`: `{"id", "name", "email"}`; `name`
+/// and `email` optional.
+pub fn new_account(body: &[u8]) -> Result<NewAccount, GatewayError> {
+    let mut fields = Fields::parse(body, &["id", "name", "email"])?;
+    let id = fields.take("id").ok_or_else(|| {
+        missing(
+            "id",
+            "name the account: 1 to 64 characters of A-Z a-z 0-9 . _ -",
+        )
+    })?;
+    let id = match id {
+        Value::String(id) if is_valid_account_id(&id) => id,
+        _ => {
+            return Err(invalid(
+                "id",
+                "must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
+            ))
+        }
+    };
+    let name = match fields.take("name") {
+        None | Some(Value::Null) => String::new(),
+        Some(name) => key_name(name)?,
+    };
+    let email = match fields.take("email") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(email)) => Some(email_address(&email)?),
+        Some(_) => return Err(invalid("email", "must be a string")),
+    };
+    Ok(NewAccount { id, name, email })
+}
+
+/// Longest e-mail address accepted (RFC 5321's path limit).
+pub const MAX_EMAIL_BYTES: usize = 254;
+
+/// An address mail can be sent to: `local@domain`, printable ASCII without
+/// spaces, a dot in the domain. Deliverability is the mail server's call.
+fn email_address(text: &str) -> Result<String, GatewayError> {
+    let text = text.trim();
+    let well_formed = text.len() <= MAX_EMAIL_BYTES
+        && text.bytes().all(|byte| byte.is_ascii_graphic())
+        && text.split_once('@').is_some_and(|(local, domain)| {
+            !local.is_empty()
+                && !domain.is_empty()
+                && !domain.contains('@')
+                && domain.contains('.')
+                && !domain.starts_with('.')
+                && !domain.ends_with('.')
+                && !domain.contains("..")
+        });
+    if well_formed {
+        Ok(text.to_owned())
+    } else {
+        Err(invalid(
+            "email",
+            &format!("must be an e-mail address such as ops@example.com, at most {MAX_EMAIL_BYTES} characters"),
+        ))
+    }
 }
 
 /// Reads the query string of `GET /api/v1/keys`; unknown parameters are ignored.
@@ -192,6 +271,15 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, GatewayError> {
                             &format!("must be a whole number from 0 to {MAX_LIST_OFFSET}"),
                         )
                     })?;
+            }
+            "account" => {
+                if !is_valid_account_id(&value) {
+                    return Err(invalid(
+                        "account",
+                        "must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
+                    ));
+                }
+                list.account = Some(value.into_owned());
             }
             "include_disabled" => {
                 list.include_disabled = match value.as_ref() {
@@ -399,7 +487,7 @@ mod tests {
         assert_eq!(new.limit_nanos, Some(2_500_000_000));
         assert_eq!(new.limit_reset, Some(Period::Week));
         assert!(new.include_byok_in_limit);
-        assert!(!new.management, "the API never makes management keys");
+        assert!(!new.management);
         assert_eq!(
             new.expires_at,
             Some(Utc.with_ymd_and_hms(2026, 12, 31, 23, 0, 0).unwrap())
@@ -409,13 +497,83 @@ mod tests {
     }
 
     #[test]
+    fn a_management_key_is_made_for_one_account() {
+        let new = new_key(
+            br#"{"name": "acme admin", "account": "acme", "management": true}"#,
+            now(),
+        )
+        .unwrap();
+        assert!(new.management && new.scoped_to_account);
+        assert_eq!(new.account, "acme");
+        let error = refusal(new_key(
+            br#"{"name": "a", "account": null, "management": true}"#,
+            now(),
+        ));
+        assert_eq!((error.0, error.1.as_str()), (422, "management"));
+        let plain = new_key(br#"{"name": "a", "management": false}"#, now()).unwrap();
+        assert!(!plain.management && !plain.scoped_to_account);
+    }
+
+    #[test]
+    fn new_accounts_are_read_strictly() {
+        let account =
+            new_account(br#"{"id": "acme", "name": "Acme Corp", "email": " ops@acme.example "}"#)
+                .unwrap();
+        assert_eq!(
+            account,
+            NewAccount {
+                id: "acme".into(),
+                name: "Acme Corp".into(),
+                email: Some("ops@acme.example".into()),
+            }
+        );
+        let bare = new_account(br#"{"id": "b"}"#).unwrap();
+        assert_eq!((bare.name.as_str(), bare.email), ("", None));
+        for (body, status, param) in [
+            (&br#"{"name": "x"}"#[..], 400, "id"),
+            (br#"{"id": "a b"}"#, 422, "id"),
+            (br#"{"id": 7}"#, 422, "id"),
+            (br#"{"id": "a", "name": ""}"#, 422, "name"),
+            (br#"{"id": "a", "email": "nobody"}"#, 422, "email"),
+            (br#"{"id": "a", "email": "a@b"}"#, 422, "email"),
+            (br#"{"id": "a", "email": "a b@c.d"}"#, 422, "email"),
+            (br#"{"id": "a", "email": "a@@c.d"}"#, 422, "email"),
+            (br#"{"id": "a", "email": 5}"#, 422, "email"),
+            (br#"{"id": "a", "owner": "x"}"#, 400, "owner"),
+        ] {
+            let (got_status, got_param, message) = refusal(new_account(body));
+            assert_eq!(
+                (got_status, got_param.as_str()),
+                (status, param),
+                "{message}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_account_body_is_an_account_or_a_named_refusal(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            if let Err(error) = new_account(&body) {
+                proptest::prop_assert!(matches!(error.status().as_u16(), 400 | 422));
+            }
+        }
+
+        #[test]
+        fn a_valid_email_is_kept_as_sent(local in "[a-z0-9._+-]{1,30}", domain in "[a-z0-9-]{1,20}\\.[a-z]{2,6}") {
+            let address = format!("{local}@{domain}");
+            let body = serde_json::json!({"id": "a", "email": address}).to_string();
+            proptest::prop_assert_eq!(new_account(body.as_bytes()).unwrap().email, Some(address));
+        }
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let cases: [(&[u8], u16, &str); 10] = [
             (b"", 400, ""),
             (b"[1]", 400, ""),
             (b"{\"name\": \"a\",}", 400, ""),
             (br#"{"limit": 1}"#, 400, "name"),
-            (br#"{"name": "a", "management": true}"#, 400, "management"),
+            (br#"{"name": "a", "management": true}"#, 422, "management"),
             (br#"{"name": "a\u0007"}"#, 422, "name"),
             (br#"{"name": "a", "limit": 1e300}"#, 422, "limit"),
             (br#"{"name": "a", "limit_reset": 1}"#, 422, "limit_reset"),
@@ -468,13 +626,16 @@ mod tests {
     fn list_queries_read_offset_and_include_disabled() {
         assert_eq!(list_query(None).unwrap(), ListQuery::default());
         assert_eq!(
-            list_query(Some("offset=20&include_disabled=true&_=123")).unwrap(),
+            list_query(Some("offset=20&include_disabled=true&_=123&account=acme")).unwrap(),
             ListQuery {
                 offset: 20,
-                include_disabled: true
+                include_disabled: true,
+                account: Some("acme".into()),
             }
         );
         for query in [
+            "account=a%2Fb",
+            "account=",
             "offset=-1",
             "offset=x",
             "offset=99999999999",

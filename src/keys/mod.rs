@@ -10,13 +10,26 @@
 //! | `GET /api/v1/key` | any key | `{"data": {label, limit, limit_reset, limit_remaining, include_byok_in_limit, usage…, byok_usage…, is_free_tier, free_model_daily_requests}}` |
 //! | `GET /api/v1/credits` | any key | `{"data": {total_credits, total_usage}}` of the key's account |
 //! | `GET /user/balance` | any key | `{is_available, balance_infos: [{currency, total_balance, granted_balance, topped_up_balance}]}` |
-//! | `POST /api/v1/keys` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}` |
-//! | `GET /api/v1/keys?offset=&include_disabled=` | management key | `{"data": [{…}, …]}`, newest first, 100 a page |
+//! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}` |
+//! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}` |
-//! | `POST /api/v1/accounts/{id}/credits` `{amount}`, header `Idempotency-Key?` | management key | `{"data": {account, total_credits, total_usage, balance}}`; with a key, once per key ([`input::idempotency_key`], [`LedgerStore::top_up_once`](crate::store::LedgerStore::top_up_once)): a retry answers the same, another amount is 422 |
-//! | `GET /api/v1/accounts/{id}/byok` | management key, or a key of that account | `{"data": [{provider, hint, created_at, updated_at}, …]}` |
-//! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
-//! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | management key | `{"deleted": true}`, or 404 |
+//! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
+//! | `GET /api/v1/accounts?offset=` | management key | `{"data": [{…}, …]}`: every account for the operator, its own for an account's key |
+//! | `GET /api/v1/accounts/{id}` | operator, or that account's management key | `{"data": {…, is_free_tier, free_model_daily_requests}}` |
+//! | `POST /api/v1/accounts/{id}/credits` `{amount}`, header `Idempotency-Key?` | operator | `{"data": {account, total_credits, total_usage, balance}}`; with a key, once per key ([`input::idempotency_key`], [`LedgerStore::top_up_once`](crate::store::LedgerStore::top_up_once)): a retry answers the same, another amount is 422 |
+//! | `GET /api/v1/accounts/{id}/byok` | operator, or a key of that account | `{"data": [{provider, hint, created_at, updated_at}, …]}` |
+//! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | operator, or that account's management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
+//! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | operator, or that account's management key | `{"deleted": true}`, or 404 |
+//!
+//! There are two kinds of management key. The **operator's** (the proxy's
+//! `MODELGATE_ADMIN_KEY`, or one made with [`KeyDirectory::create_key`])
+//! manages every account: it creates and tops up accounts and creates an
+//! account's management key (`"management": true` with `"account"`). An
+//! **account's** management key manages that account only: its keys
+//! (created in it whatever `account` says, else 403 `other_account`), its
+//! provider keys, its balance and usage; another account's keys are 404
+//! to it, and what only the operator does is 403 `operator_only`. Neither
+//! kind can call models. Inference keys read only themselves.
 //!
 //! The BYOK routes keep an account's own provider keys in a
 //! [`ByokDirectory`]; once set, a key is never answered again, only its
@@ -100,7 +113,7 @@ pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
 pub(crate) use handlers::Route;
 pub use layer::{ByokProviders, KeyRoutesLayer};
 pub use record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewKey, DEFAULT_ACCOUNT,
-    DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewAccount, NewKey,
+    DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
 };
 pub use service::KeyRoutes;

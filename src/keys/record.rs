@@ -33,6 +33,11 @@ pub struct KeyRecord {
     pub account: String,
     /// Whether the key may use the management API (and may not call models).
     pub management: bool,
+    /// A management key that manages its own account only (its keys, its
+    /// provider keys, its balance and usage). A management key without it
+    /// is the operator's: every account.
+    #[serde(default)]
+    pub scoped_to_account: bool,
     /// A disabled key is refused with 401 until enabled again.
     pub disabled: bool,
     /// Credit limit in nano-credits; `None` means no limit.
@@ -56,6 +61,7 @@ impl fmt::Debug for KeyRecord {
             .field("name", &self.name)
             .field("account", &self.account)
             .field("management", &self.management)
+            .field("scoped_to_account", &self.scoped_to_account)
             .field("disabled", &self.disabled)
             .field("limit_nanos", &self.limit_nanos)
             .field("limit_reset", &self.limit_reset)
@@ -75,6 +81,11 @@ impl KeyRecord {
             reset: self.limit_reset,
             include_byok: self.include_byok_in_limit,
         })
+    }
+
+    /// Whether this is an operator's key: management over every account.
+    pub fn is_operator(&self) -> bool {
+        self.management && !self.scoped_to_account
     }
 
     /// Whether the key has expired at `now`.
@@ -97,8 +108,25 @@ pub struct DeletedKey {
 pub struct AccountRecord {
     /// The account's id.
     pub id: String,
-    /// When the account was first used.
+    /// Its name for people; empty for an account made by its first key.
+    #[serde(default)]
+    pub name: String,
+    /// Where its owner is reached (leaked-key notices); `None` when unknown.
+    #[serde(default)]
+    pub email: Option<String>,
+    /// When the account was created or first used.
     pub created_at: DateTime<Utc>,
+}
+
+/// What a new account is created with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewAccount {
+    /// Its id: 1 to 64 characters of `A-Z a-z 0-9 . _ -`.
+    pub id: String,
+    /// Its name for people.
+    pub name: String,
+    /// Its owner's e-mail address.
+    pub email: Option<String>,
 }
 
 /// What a new key is created with.
@@ -110,6 +138,8 @@ pub struct NewKey {
     pub account: String,
     /// A management key may use the management API and may not call models.
     pub management: bool,
+    /// With `management`: the key manages `account` only.
+    pub scoped_to_account: bool,
     /// Credit limit in nano-credits; `None` means no limit.
     pub limit_nanos: Option<i64>,
     /// When usage counted against the limit starts again.
@@ -127,6 +157,7 @@ impl NewKey {
             name: name.into(),
             account: DEFAULT_ACCOUNT.to_owned(),
             management: false,
+            scoped_to_account: false,
             limit_nanos: None,
             limit_reset: None,
             include_byok_in_limit: false,
@@ -193,6 +224,7 @@ mod tests {
             name: "n".into(),
             account: DEFAULT_ACCOUNT.into(),
             management: false,
+            scoped_to_account: false,
             disabled: false,
             limit_nanos: None,
             limit_reset: None,
