@@ -608,7 +608,40 @@ fn rate_limited(requests_per_window: u64) -> WebhookLimits {
     }
 }
 
+/// Sends `count` requests at once with a wrong secret (every other one)
+/// or none, spread over `addresses`, from `client_ip` (or no address);
+/// the statuses.
+async fn without_the_secret(
+    addresses: &[SocketAddr],
+    count: usize,
+    client_ip: Option<&str>,
+) -> Vec<u16> {
+    join_all((0..count).map(|index| {
+        let address = addresses[index % addresses.len()];
+        let mut request = client()
+            .post(format!("http://{address}{DEPLOYS}"))
+            .header("content-type", "application/json")
+            .body(json!({"action": "list_flows"}).to_string());
+        if let Some(client_ip) = client_ip {
+            request = request.header("x-test-client", client_ip);
+        }
+        if index % 2 == 0 {
+            request = request.header("authorization", "Bearer wrong-secret-0123456789");
+        }
+        async move { send(request).await.status }
+    }))
+    .await
+}
+
 async fn rate_window_holds(addresses: &[SocketAddr]) {
+    // More requests without the secret than the window holds: each is 401
+    // and none counts, so the client's own requests still find the whole
+    // window free.
+    let strangers = without_the_secret(addresses, 25, Some("10.0.0.1")).await;
+    assert!(
+        strangers.iter().all(|&status| status == 401),
+        "{strangers:?}"
+    );
     let statuses = burst(addresses, 40, "10.0.0.1").await;
     assert_eq!(
         statuses.iter().filter(|&&status| status == 200).count(),
@@ -624,14 +657,20 @@ async fn rate_window_holds(addresses: &[SocketAddr]) {
         client()
             .post(format!("http://{}{DEPLOYS}", addresses[0]))
             .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {SECRET}"))
             .header("x-test-client", "10.0.0.1")
             .body("{}"),
     )
     .await;
-    // Checked before the secret: a flood of bad secrets is throttled too.
     assert_eq!(
         (refused.status, &refused.body["code"]),
         (429, &json!("rate_limited"))
+    );
+    // With the window spent, a request without the secret is still told
+    // 401: the secret is checked before the window.
+    assert_eq!(
+        without_the_secret(addresses, 2, Some("10.0.0.1")).await,
+        [401, 401]
     );
     let retry_after: u64 = refused.headers["retry-after"]
         .to_str()
@@ -716,11 +755,19 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         client()
             .post(&url)
             .header("content-type", "text/plain")
+            .header("authorization", format!("Bearer {SECRET}"))
             .body("{}"),
     )
     .await;
     assert_eq!(wrong_type.status, 415);
     assert_eq!(send(client().put(&url)).await.status, 405);
+    // The same client without the secret: 401, not 429, and no slot taken
+    // or needed.
+    let strangers = without_the_secret(addresses, 2 * limit, None).await;
+    assert!(
+        strangers.iter().all(|&status| status == 401),
+        "{strangers:?}"
+    );
     assert_eq!(refused.body["code"], "too_many_in_flight");
     assert!(refused.headers.contains_key("retry-after"));
     for (sender, reply) in held {
@@ -733,7 +780,7 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         assert_eq!(reply.await.unwrap().status, 201);
     }
     // Every slot was given back: the same client may have `limit` in flight
-    // again. Each stalled one takes its slot before the secret check.
+    // again. Each stalled one takes its slot before its body arrives.
     let held: Vec<Held> = (0..limit)
         .map(|index| stalled(addresses[index % addresses.len()]))
         .collect();
@@ -744,8 +791,11 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         drop(sender);
         assert_eq!(reply.await.unwrap().status, 200);
     }
-    // Refusals give their slot back too (a wrong secret here).
+    // Refusals after the slot was taken give it back too (a bad payload
+    // here), and wrong secrets never take one.
     for _ in 0..limit + 2 {
+        let bad = post(addresses[0], DEPLOYS, SECRET, json!({})).await;
+        assert_eq!(bad.status, 400, "{}", bad.body);
         let wrong = post(addresses[0], DEPLOYS, "wrong-secret-0123456789", json!({})).await;
         assert_eq!(wrong.status, 401);
     }
@@ -1188,6 +1238,12 @@ async fn a_store_that_is_down_gives_503_closed_or_open() {
         (503, &json!("unavailable"))
     );
     assert!(refused.body["error"].as_str().unwrap().contains("limits"));
+    // A wrong secret never reaches the store: 401, not the 503 above.
+    let wrong = post(closed, DEPLOYS, "wrong-secret-0123456789", json!({})).await;
+    assert_eq!(
+        (wrong.status, &wrong.body["code"]),
+        (401, &json!("unauthorized"))
+    );
     // Fail open (the default): the limits let it through, the flows cannot answer.
     let unanswered = post(open, DEPLOYS, SECRET, json!({"action": "list_flows"})).await;
     assert_eq!(

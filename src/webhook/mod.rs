@@ -12,14 +12,16 @@
 //! in constant time and never prints.
 //!
 //! [`WebhookSecretLayer`] answers each served route's exact path. Before
-//! the action it checks, in order: `POST` (405), the client's fixed rate
-//! window (429 `rate_limited`), `Content-Type: application/json` (415),
-//! the client's requests in flight (429 `too_many_in_flight`), the secret
-//! from `Authorization: Bearer` or `x-gateway-webhook-secret` (401), the
-//! body's size (413) and time to arrive (408), and the payload (400
-//! `invalid_request`, naming the field). The window and the in-flight
-//! count live in the store, so on Redis they hold across instances. All
-//! numbers are in [`WebhookLimits`].
+//! the action it checks, in order: `POST` (405), the secret from
+//! `Authorization: Bearer` or `x-gateway-webhook-secret` (401), the
+//! client's fixed rate window (429 `rate_limited`), `Content-Type:
+//! application/json` (415), the client's requests in flight (429
+//! `too_many_in_flight`), the body's size (413) and time to arrive (408),
+//! and the payload (400 `invalid_request`, naming the field). The secret
+//! is checked first so that a caller without it costs no store round trip
+//! and spends neither the client's window nor its in-flight slots. The
+//! window and the in-flight count live in the store, so on Redis they hold
+//! across instances. All numbers are in [`WebhookLimits`].
 //!
 //! Answers are `{"ok": true, "routeId", "result"}` or `{"ok": false,
 //! "routeId", "code", "error", "result"}`. A route sees only the flows of
