@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use chrono::{TimeZone, Utc};
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use futures::future::join_all;
 use http::{Request, Response};
 use http_body_util::Full;
+use modelgate::clock::ManualClock;
 use modelgate::keys::SharedStore;
 use modelgate::store::FailurePolicy;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource};
@@ -854,6 +856,188 @@ async fn a_client_that_leaves_mid_body_gives_its_slot_back() {
         freed,
         "the slot of a request that was abandoned is given back"
     );
+}
+
+fn flow_bounded(max_flows_per_session: u64) -> WebhookLimits {
+    WebhookLimits {
+        ended_flow_retention: HOUR,
+        idle_flow_retention: 24 * HOUR,
+        max_flows_per_session,
+        ..generous()
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Creates `count` flows at once on the deploys route, spread over
+/// `addresses`; the replies.
+async fn create_flows(addresses: &[SocketAddr], count: usize) -> Vec<Reply> {
+    join_all((0..count).map(|index| {
+        post(
+            addresses[index % addresses.len()],
+            DEPLOYS,
+            SECRET,
+            json!({"action": "create_flow", "goal": format!("g{index}")}),
+        )
+    }))
+    .await
+}
+
+async fn flow_count(address: SocketAddr, path: &str, secret: &str) -> u64 {
+    let listed = post(
+        address,
+        path,
+        secret,
+        json!({"action": "list_flows", "limit": 100}),
+    )
+    .await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    listed.body["result"]["count"].as_u64().unwrap()
+}
+
+async fn the_flow_cap_holds_under_concurrent_creates(addresses: &[SocketAddr]) {
+    let replies = create_flows(addresses, 30).await;
+    let created = replies.iter().filter(|reply| reply.status == 201).count();
+    assert_eq!(created, 5);
+    for reply in replies.iter().filter(|reply| reply.status != 201) {
+        assert_eq!(
+            (reply.status, &reply.body["code"], &reply.body["ok"]),
+            (409, &json!("too_many_flows"), &json!(false)),
+            "{}",
+            reply.body
+        );
+        assert_eq!(reply.body["routeId"], "deploys");
+        let error = reply.body["error"].as_str().unwrap();
+        assert!(
+            error.contains("5 flows") && error.contains("1 hour"),
+            "{error}"
+        );
+    }
+    for &address in addresses {
+        assert_eq!(flow_count(address, DEPLOYS, SECRET).await, 5);
+    }
+    // The cap is the session's: another session still has room.
+    let elsewhere = post(
+        addresses[0],
+        OTHER,
+        OTHER_SECRET,
+        json!({"action": "create_flow", "goal": "elsewhere"}),
+    )
+    .await;
+    assert_eq!(elsewhere.status, 201, "{}", elsewhere.body);
+}
+
+#[tokio::test]
+async fn the_flow_cap_holds_under_concurrent_creates_on_memory() {
+    the_flow_cap_holds_under_concurrent_creates(&[start(memory(), flow_bounded(5)).await]).await;
+}
+
+#[tokio::test]
+async fn the_flow_cap_holds_across_two_instances_on_redis() {
+    let server = RedisServer::start();
+    let first = start(redis(&server).await, flow_bounded(5)).await;
+    let second = start(redis(&server).await, flow_bounded(5)).await;
+    the_flow_cap_holds_under_concurrent_creates(&[first, second]).await;
+}
+
+/// Serves the routes over `store` with `limits`, on `clock`.
+async fn start_on(store: SharedStore, limits: WebhookLimits, clock: &ManualClock) -> SocketAddr {
+    let clock = Arc::new(clock.clone());
+    serve_routes(|routes| {
+        WebhookSecretLayer::new(store, routes)
+            .limits(limits)
+            .clock(clock)
+    })
+    .await
+}
+
+async fn flows_expire_after_their_retention(addresses: &[SocketAddr], clock: &ManualClock) {
+    let [first, second] = [addresses[0], addresses[addresses.len() - 1]];
+    let ids: Vec<String> = create_flows(&[first], 2)
+        .await
+        .iter()
+        .map(|reply| {
+            assert_eq!(reply.status, 201, "{}", reply.body);
+            reply.body["result"]["flow"]["flowId"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(create_flows(&[second], 1).await[0].status, 409);
+    let finished = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "finish_flow", "flowId": ids[0], "expectedRevision": 1}),
+    )
+    .await;
+    assert_eq!(finished.status, 200, "{}", finished.body);
+    // Ended, it still counts for its hour of retention, to the second.
+    clock.advance(HOUR - Duration::from_secs(1));
+    assert_eq!(create_flows(&[first], 1).await[0].status, 409);
+    let kept = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "get_flow", "flowId": ids[0]}),
+    )
+    .await;
+    assert_eq!(kept.body["result"]["flow"]["status"], "succeeded");
+    clock.advance(Duration::from_secs(1));
+    let gone = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "get_flow", "flowId": ids[0]}),
+    )
+    .await;
+    assert_eq!(
+        (gone.status, &gone.body["code"]),
+        (404, &json!("not_found"))
+    );
+    // Its place is free.
+    assert_eq!(create_flows(&[first], 1).await[0].status, 201);
+    assert_eq!(flow_count(second, DEPLOYS, SECRET).await, 2);
+    // Live flows nobody changes for a day are removed too; a change keeps
+    // one a day more.
+    clock.advance(12 * HOUR);
+    let touched = post(
+        first,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "set_waiting", "flowId": ids[1], "expectedRevision": 1}),
+    )
+    .await;
+    assert_eq!(touched.status, 200, "{}", touched.body);
+    clock.advance(12 * HOUR);
+    assert_eq!(flow_count(second, DEPLOYS, SECRET).await, 1);
+    clock.advance(12 * HOUR);
+    assert_eq!(flow_count(first, DEPLOYS, SECRET).await, 0);
+    let latest = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "find_latest_flow"}),
+    )
+    .await;
+    assert_eq!(latest.status, 404);
+}
+
+#[tokio::test]
+async fn flows_expire_after_their_retention_on_memory() {
+    let clock = ManualClock::new(Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap());
+    let address = start_on(memory(), flow_bounded(2), &clock).await;
+    flows_expire_after_their_retention(&[address], &clock).await;
+}
+
+#[tokio::test]
+async fn flows_expire_after_their_retention_across_two_instances_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap());
+    let first = start_on(redis(&server).await, flow_bounded(2), &clock).await;
+    let second = start_on(redis(&server).await, flow_bounded(2), &clock).await;
+    flows_expire_after_their_retention(&[first, second], &clock).await;
 }
 
 #[tokio::test]

@@ -29,6 +29,18 @@
 //! shows owner or session metadata. Mutations take `expectedRevision`; a
 //! stale one is 409 `revision_conflict` with the current flow.
 //!
+//! Flows do not stay forever. An ended flow (succeeded, failed, cancelled,
+//! lost) is removed [`ended_flow_retention`](WebhookLimits::ended_flow_retention)
+//! (7 days) after it ended, and a flow that has not ended
+//! [`idle_flow_retention`](WebhookLimits::idle_flow_retention) (30 days)
+//! after its last change, each write starting that time again; removed,
+//! it is not found, not listed and not counted. A session holds at most
+//! [`max_flows_per_session`](WebhookLimits::max_flows_per_session) (1000)
+//! flows, ended ones within their retention included: one more
+//! `create_flow` is 409 `too_many_flows`, naming the cap and the
+//! retentions. The store decides the cap in the create's own atomic write,
+//! so it holds under concurrent creates and, on Redis, across instances.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use http::{Request, Response, StatusCode};
