@@ -35,6 +35,11 @@ pub struct WebhookLimits {
     /// How long a flow that has not ended is kept after its last change:
     /// every write to it starts this time again, so only a flow its
     /// controller has abandoned is removed (default 30 days).
+    ///
+    /// Both retentions must be above zero and at most
+    /// [`MAX_RECORD_TTL`](crate::store::MAX_RECORD_TTL): the store refuses
+    /// other lifetimes, and every flow write would fail (the config file
+    /// takes at most 3650 days).
     pub idle_flow_retention: Duration,
     /// Most flows one session holds, ended ones within their retention
     /// included; `create_flow` past it is refused with 409
