@@ -9,8 +9,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{CommandWatch, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, RecordStore, RedisStore,
-    RedisStoreConfig, ReserveRequest, Settlement, StoreErrorKind, TimeSource,
+    Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, PutOptions, RecordStore,
+    RedisStore, RedisStoreConfig, ReserveRequest, Settlement, StoreErrorKind, TimeSource,
 };
 use proptest::prelude::*;
 
@@ -951,6 +951,7 @@ enum RecordOp {
         id: u8,
         value: Vec<u8>,
         expect: Expect,
+        options: PutOptions,
     },
     Delete {
         id: u8,
@@ -973,10 +974,23 @@ fn expect_strategy() -> impl Strategy<Value = Expect> {
     ]
 }
 
+/// Lifetimes of a few seconds on a 1 s grid, so records often expire
+/// exactly at a later step's instant; caps small enough to be reached.
+fn put_options_strategy() -> impl Strategy<Value = PutOptions> {
+    (
+        prop_oneof![Just(None), (1u64..6).prop_map(Some)],
+        prop_oneof![Just(None), (0u64..4).prop_map(Some)],
+    )
+        .prop_map(|(seconds, max_records)| PutOptions {
+            ttl: seconds.map(Duration::from_secs),
+            max_records,
+        })
+}
+
 fn record_op_strategy() -> impl Strategy<Value = RecordOp> {
     prop_oneof![
-        3 => (0u8..4, proptest::collection::vec(any::<u8>(), 0..8), expect_strategy())
-            .prop_map(|(id, value, expect)| RecordOp::Put { id, value, expect }),
+        3 => (0u8..4, proptest::collection::vec(any::<u8>(), 0..8), expect_strategy(), put_options_strategy())
+            .prop_map(|(id, value, expect, options)| RecordOp::Put { id, value, expect, options }),
         1 => (0u8..4, expect_strategy()).prop_map(|(id, expect)| RecordOp::Delete { id, expect }),
         1 => (0u8..4).prop_map(|id| RecordOp::Get { id }),
         1 => (0usize..5, prop_oneof![0usize..6, Just(usize::MAX)])
@@ -984,47 +998,171 @@ fn record_op_strategy() -> impl Strategy<Value = RecordOp> {
     ]
 }
 
-async fn apply_record_op<S: RecordStore>(store: &S, op: &RecordOp) -> String {
+async fn apply_record_op<S: RecordStore>(store: &S, op: &RecordOp, now: DateTime<Utc>) -> String {
     let collection = modelgate::store::flows("session");
     match op {
-        RecordOp::Put { id, value, expect } => format!(
+        RecordOp::Put {
+            id,
+            value,
+            expect,
+            options,
+        } => format!(
             "{:?}",
             store
-                .put_record(&collection, &format!("f{id}"), value, *expect)
+                .put_record_at(
+                    &collection,
+                    &format!("f{id}"),
+                    value,
+                    *expect,
+                    *options,
+                    now
+                )
                 .await
                 .unwrap()
         ),
         RecordOp::Delete { id, expect } => format!(
             "{:?}",
             store
-                .delete_record(&collection, &format!("f{id}"), *expect)
+                .delete_record_at(&collection, &format!("f{id}"), *expect, now)
                 .await
                 .unwrap()
         ),
         RecordOp::Get { id } => format!(
             "{:?}",
             store
-                .get_record(&collection, &format!("f{id}"))
+                .get_record_at(&collection, &format!("f{id}"), now)
                 .await
                 .unwrap()
         ),
         RecordOp::List { offset, limit } => format!(
             "{:?}",
             store
-                .list_records(&collection, *offset, *limit)
+                .list_records_at(&collection, *offset, *limit, now)
                 .await
                 .unwrap()
         ),
     }
 }
 
-differential_test!(redis_records_answer_exactly_as_memory_does, ops in proptest::collection::vec(record_op_strategy(), 1..40), |redis, memory| {
-    for op in &ops {
-        let expected = apply_record_op(&memory, op).await;
-        let actual = apply_record_op(&redis, op).await;
-        prop_assert_eq!(actual, expected, "after {:?}", op);
+differential_test!(redis_records_answer_exactly_as_memory_does, steps in proptest::collection::vec((0i64..3, record_op_strategy()), 1..40), |redis, memory| {
+    let mut now = t0();
+    for (advance_seconds, op) in &steps {
+        now += chrono::Duration::seconds(*advance_seconds);
+        let expected = apply_record_op(&memory, op, now).await;
+        let actual = apply_record_op(&redis, op, now).await;
+        prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
     }
 });
+
+/// A collection whose records all expire leaves Redis by itself: its five
+/// keys live as long as the longest-lived record (plus the slack), and
+/// lose that lifetime while a record without one is there.
+#[tokio::test]
+async fn a_collection_of_expiring_records_leaves_redis_by_itself() {
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        expiry_slack: Duration::from_secs(5),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let collection = modelgate::store::flows("agent:main");
+    let lifetimes = |connection: &redis::aio::MultiplexedConnection| {
+        let mut connection = connection.clone();
+        async move {
+            let mut keys: Vec<String> = redis::cmd("KEYS")
+                .arg("mg:*")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            keys.sort();
+            let mut lifetimes = Vec::new();
+            for key in keys {
+                let pttl: i64 = redis::cmd("PTTL")
+                    .arg(&key)
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+                lifetimes.push((key.rsplit(':').next().unwrap().to_owned(), pttl));
+            }
+            lifetimes
+        }
+    };
+    let put = |id: &'static str, options: PutOptions, now: DateTime<Utc>| {
+        let store = store.clone();
+        let collection = collection.clone();
+        async move {
+            store
+                .put_record_at(&collection, id, b"v", Expect::Any, options, now)
+                .await
+                .unwrap()
+        }
+    };
+    put("a", PutOptions::expiring(Duration::from_secs(30)), t0()).await;
+    put("b", PutOptions::expiring(Duration::from_secs(60)), t0()).await;
+    let names = ["exp", "order", "revs", "seq", "values"];
+    let expiring = lifetimes(&connection).await;
+    assert_eq!(
+        expiring
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>(),
+        names
+    );
+    for (name, pttl) in &expiring {
+        // The longest-lived record's 60 s plus 5 s of slack.
+        assert!((60_000..=65_000).contains(pttl), "{name}: {pttl}");
+    }
+    put("kept", PutOptions::default(), t0()).await;
+    assert!(lifetimes(&connection)
+        .await
+        .iter()
+        .all(|(_, pttl)| *pttl == -1));
+    store
+        .delete_record_at(&collection, "kept", Expect::Any, t0())
+        .await
+        .unwrap();
+    for (name, pttl) in lifetimes(&connection).await {
+        assert!((60_000..=65_000).contains(&pttl), "{name}: {pttl}");
+    }
+    // A record that expires in 1 ms (in the caller's time, which is also
+    // how far ahead of Redis the keys are given): the collection leaves
+    // within the slack.
+    let short = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        expiry_slack: Duration::ZERO,
+        key_prefix: "short".into(),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), short).await.unwrap();
+    store
+        .put_record_at(
+            &collection,
+            "a",
+            b"v",
+            Expect::Any,
+            PutOptions::expiring(Duration::from_millis(1)),
+            t0(),
+        )
+        .await
+        .unwrap();
+    let mut left = false;
+    for _ in 0..100 {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("short:*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if keys.is_empty() {
+            left = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(left, "the expired collection's keys stayed in Redis");
+}
 
 #[derive(Clone, Debug)]
 enum SlotOp {

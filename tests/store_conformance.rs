@@ -16,9 +16,9 @@ use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
     AccountBalance, AdmitRequest, Check, Expect, KeyLimit, Limit, MemoryStore, PurchaseTier,
-    RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement, SlotOutcome, Store,
-    StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
-    MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
+    PutOptions, PutOutcome, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
+    Settlement, SlotOutcome, Store, StoreErrorKind, TimeSource, TopUpOutcome, Versioned,
+    WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -2146,6 +2146,332 @@ async fn records_list_newest_first<S: Store>(store: Arc<S>) {
         .is_empty());
 }
 
+/// `put_record_at` with `options`, at `now`.
+async fn put_at<S: Store>(
+    store: &S,
+    collection: &str,
+    id: &str,
+    value: &[u8],
+    expect: Expect,
+    options: PutOptions,
+    now: DateTime<Utc>,
+) -> PutOutcome {
+    store
+        .put_record_at(collection, id, value, expect, options, now)
+        .await
+        .expect("store call")
+}
+
+fn written(revision: u64) -> PutOutcome {
+    PutOutcome::Write(WriteOutcome::Written { revision })
+}
+
+async fn listed_at<S: Store>(store: &S, collection: &str, now: DateTime<Utc>) -> Vec<String> {
+    store
+        .list_records_at(collection, 0, 100, now)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+async fn records_expire_after_their_lifetime<S: Store>(store: Arc<S>) {
+    let flows = modelgate::store::flows("session:ttl");
+    let ten_seconds = PutOptions::expiring(Duration::from_secs(10));
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "a",
+            b"a1",
+            Expect::Absent,
+            ten_seconds,
+            t0()
+        )
+        .await,
+        written(1)
+    );
+    let forever = PutOptions::default();
+    put_at(&*store, &flows, "kept", b"k", Expect::Absent, forever, t0()).await;
+    // Live while now < the write + its lifetime, to the microsecond.
+    let last_live = after(10 * SECOND - 1);
+    assert_eq!(
+        store.get_record_at(&flows, "a", last_live).await.unwrap(),
+        Some(Versioned {
+            value: b"a1".to_vec(),
+            revision: 1
+        })
+    );
+    assert_eq!(listed_at(&*store, &flows, last_live).await, ["kept", "a"]);
+    assert_eq!(
+        store
+            .get_record_at(&flows, "a", after(10 * SECOND))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        listed_at(&*store, &flows, after(10 * SECOND)).await,
+        ["kept"]
+    );
+    // Each write sets the lifetime afresh.
+    put_at(
+        &*store,
+        &flows,
+        "b",
+        b"b1",
+        Expect::Absent,
+        ten_seconds,
+        t0(),
+    )
+    .await;
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "b",
+            b"b2",
+            Expect::Revision(1),
+            ten_seconds,
+            after(8 * SECOND)
+        )
+        .await,
+        written(2)
+    );
+    assert!(store
+        .get_record_at(&flows, "b", after(17 * SECOND))
+        .await
+        .unwrap()
+        .is_some());
+    // An expired record is absent: a revision no longer matches, and a
+    // create takes its id again from revision 1.
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "b",
+            b"b3",
+            Expect::Revision(2),
+            ten_seconds,
+            after(18 * SECOND)
+        )
+        .await,
+        PutOutcome::Write(WriteOutcome::Conflict { current: None })
+    );
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "a",
+            b"a-again",
+            Expect::Absent,
+            ten_seconds,
+            after(20 * SECOND)
+        )
+        .await,
+        written(1)
+    );
+    assert_eq!(
+        listed_at(&*store, &flows, after(20 * SECOND)).await,
+        ["a", "kept"],
+        "the new `a` is listed as the newest"
+    );
+    // A write without a lifetime keeps the record for good.
+    put_at(
+        &*store,
+        &flows,
+        "a",
+        b"a-kept",
+        Expect::Revision(1),
+        forever,
+        after(21 * SECOND),
+    )
+    .await;
+    assert_eq!(
+        store
+            .get_record_at(&flows, "a", after(1_000_000 * SECOND))
+            .await
+            .unwrap()
+            .map(|record| record.value),
+        Some(b"a-kept".to_vec())
+    );
+    // Deleting an expired record finds nothing there.
+    put_at(
+        &*store,
+        &flows,
+        "c",
+        b"c1",
+        Expect::Absent,
+        ten_seconds,
+        t0(),
+    )
+    .await;
+    assert_eq!(
+        store
+            .delete_record_at(&flows, "c", Expect::Revision(1), after(10 * SECOND))
+            .await
+            .unwrap(),
+        WriteOutcome::Conflict { current: None }
+    );
+    // A lifetime of zero or past the maximum is refused.
+    for ttl in [
+        Duration::ZERO,
+        modelgate::store::MAX_RECORD_TTL + Duration::from_secs(1),
+    ] {
+        let error = store
+            .put_record_at(
+                &flows,
+                "z",
+                b"z",
+                Expect::Any,
+                PutOptions::expiring(ttl),
+                t0(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error.kind(), StoreErrorKind::Invalid(_)),
+            "{error}"
+        );
+    }
+}
+
+async fn a_capped_collection_counts_only_live_records<S: Store>(store: Arc<S>) {
+    let flows = modelgate::store::flows("session:capped");
+    let capped = PutOptions::expiring(Duration::from_secs(10)).max_records(3);
+    for (index, id) in ["a", "b", "c"].into_iter().enumerate() {
+        let at = after(index as i64 * SECOND);
+        assert_eq!(
+            put_at(&*store, &flows, id, b"v", Expect::Absent, capped, at).await,
+            written(1)
+        );
+    }
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "d",
+            b"v",
+            Expect::Absent,
+            capped,
+            after(3 * SECOND)
+        )
+        .await,
+        PutOutcome::Full { records: 3 }
+    );
+    assert_eq!(
+        listed_at(&*store, &flows, after(3 * SECOND)).await,
+        ["c", "b", "a"],
+        "a refused create leaves nothing behind"
+    );
+    // Rewriting a record is never refused by the cap; nor is a create
+    // refused by its condition reported as full.
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "b",
+            b"v2",
+            Expect::Revision(1),
+            capped,
+            after(4 * SECOND)
+        )
+        .await,
+        written(2)
+    );
+    assert!(matches!(
+        put_at(
+            &*store,
+            &flows,
+            "c",
+            b"v",
+            Expect::Absent,
+            capped,
+            after(4 * SECOND)
+        )
+        .await,
+        PutOutcome::Write(WriteOutcome::Conflict { current: Some(_) })
+    ));
+    // `a` expires at 10 s: its place is free, and only its place.
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "d",
+            b"v",
+            Expect::Absent,
+            capped,
+            after(10 * SECOND)
+        )
+        .await,
+        written(1)
+    );
+    assert_eq!(
+        put_at(
+            &*store,
+            &flows,
+            "e",
+            b"v",
+            Expect::Absent,
+            capped,
+            after(10 * SECOND)
+        )
+        .await,
+        PutOutcome::Full { records: 3 }
+    );
+    // Records without a lifetime count as well.
+    let other = modelgate::store::flows("session:capped-forever");
+    let forever = PutOptions::default().max_records(1);
+    put_at(&*store, &other, "a", b"v", Expect::Absent, forever, t0()).await;
+    assert_eq!(
+        put_at(
+            &*store,
+            &other,
+            "b",
+            b"v",
+            Expect::Any,
+            forever,
+            after(1_000_000 * SECOND)
+        )
+        .await,
+        PutOutcome::Full { records: 1 }
+    );
+}
+
+async fn concurrent_creators_never_pass_a_collection_cap<S: Store>(store: Arc<S>) {
+    let flows = modelgate::store::flows("session:crowded");
+    let capped = PutOptions::expiring(Duration::from_secs(60)).max_records(10);
+    let handles: Vec<_> = (0..40)
+        .map(|index| {
+            let store = Arc::clone(&store);
+            let flows = flows.clone();
+            tokio::spawn(async move {
+                put_at(
+                    &*store,
+                    &flows,
+                    &format!("f{index}"),
+                    b"v",
+                    Expect::Absent,
+                    capped,
+                    t0(),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for handle in handles {
+        match handle.await.unwrap() {
+            PutOutcome::Write(WriteOutcome::Written { revision: 1 }) => created += 1,
+            PutOutcome::Full { records } => assert_eq!(records, 10),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(created, 10);
+    assert_eq!(listed_at(&*store, &flows, t0()).await.len(), 10);
+}
+
 async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: Arc<S>) {
     let accounts = modelgate::store::ACCOUNTS;
     store
@@ -2471,6 +2797,9 @@ conformance!(
     a_hold_whose_settlement_came_first_holds_nothing,
     records_compare_and_set,
     records_list_newest_first,
+    records_expire_after_their_lifetime,
+    a_capped_collection_counts_only_live_records,
+    concurrent_creators_never_pass_a_collection_cap,
     concurrent_writers_with_one_revision_exactly_one_wins,
     a_top_up_with_an_idempotency_key_credits_once,
     an_idempotency_key_is_forgotten_after_its_time,

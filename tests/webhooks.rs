@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use chrono::{TimeZone, Utc};
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use futures::future::join_all;
 use http::{Request, Response};
 use http_body_util::Full;
+use modelgate::clock::ManualClock;
 use modelgate::keys::SharedStore;
 use modelgate::store::FailurePolicy;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource};
@@ -608,7 +610,40 @@ fn rate_limited(requests_per_window: u64) -> WebhookLimits {
     }
 }
 
+/// Sends `count` requests at once with a wrong secret (every other one)
+/// or none, spread over `addresses`, from `client_ip` (or no address);
+/// the statuses.
+async fn without_the_secret(
+    addresses: &[SocketAddr],
+    count: usize,
+    client_ip: Option<&str>,
+) -> Vec<u16> {
+    join_all((0..count).map(|index| {
+        let address = addresses[index % addresses.len()];
+        let mut request = client()
+            .post(format!("http://{address}{DEPLOYS}"))
+            .header("content-type", "application/json")
+            .body(json!({"action": "list_flows"}).to_string());
+        if let Some(client_ip) = client_ip {
+            request = request.header("x-test-client", client_ip);
+        }
+        if index % 2 == 0 {
+            request = request.header("authorization", "Bearer wrong-secret-0123456789");
+        }
+        async move { send(request).await.status }
+    }))
+    .await
+}
+
 async fn rate_window_holds(addresses: &[SocketAddr]) {
+    // More requests without the secret than the window holds: each is 401
+    // and none counts, so the client's own requests still find the whole
+    // window free.
+    let strangers = without_the_secret(addresses, 25, Some("10.0.0.1")).await;
+    assert!(
+        strangers.iter().all(|&status| status == 401),
+        "{strangers:?}"
+    );
     let statuses = burst(addresses, 40, "10.0.0.1").await;
     assert_eq!(
         statuses.iter().filter(|&&status| status == 200).count(),
@@ -624,14 +659,20 @@ async fn rate_window_holds(addresses: &[SocketAddr]) {
         client()
             .post(format!("http://{}{DEPLOYS}", addresses[0]))
             .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {SECRET}"))
             .header("x-test-client", "10.0.0.1")
             .body("{}"),
     )
     .await;
-    // Checked before the secret: a flood of bad secrets is throttled too.
     assert_eq!(
         (refused.status, &refused.body["code"]),
         (429, &json!("rate_limited"))
+    );
+    // With the window spent, a request without the secret is still told
+    // 401: the secret is checked before the window.
+    assert_eq!(
+        without_the_secret(addresses, 2, Some("10.0.0.1")).await,
+        [401, 401]
     );
     let retry_after: u64 = refused.headers["retry-after"]
         .to_str()
@@ -716,11 +757,19 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         client()
             .post(&url)
             .header("content-type", "text/plain")
+            .header("authorization", format!("Bearer {SECRET}"))
             .body("{}"),
     )
     .await;
     assert_eq!(wrong_type.status, 415);
     assert_eq!(send(client().put(&url)).await.status, 405);
+    // The same client without the secret: 401, not 429, and no slot taken
+    // or needed.
+    let strangers = without_the_secret(addresses, 2 * limit, None).await;
+    assert!(
+        strangers.iter().all(|&status| status == 401),
+        "{strangers:?}"
+    );
     assert_eq!(refused.body["code"], "too_many_in_flight");
     assert!(refused.headers.contains_key("retry-after"));
     for (sender, reply) in held {
@@ -733,7 +782,7 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         assert_eq!(reply.await.unwrap().status, 201);
     }
     // Every slot was given back: the same client may have `limit` in flight
-    // again. Each stalled one takes its slot before the secret check.
+    // again. Each stalled one takes its slot before its body arrives.
     let held: Vec<Held> = (0..limit)
         .map(|index| stalled(addresses[index % addresses.len()]))
         .collect();
@@ -744,8 +793,11 @@ async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
         drop(sender);
         assert_eq!(reply.await.unwrap().status, 200);
     }
-    // Refusals give their slot back too (a wrong secret here).
+    // Refusals after the slot was taken give it back too (a bad payload
+    // here), and wrong secrets never take one.
     for _ in 0..limit + 2 {
+        let bad = post(addresses[0], DEPLOYS, SECRET, json!({})).await;
+        assert_eq!(bad.status, 400, "{}", bad.body);
         let wrong = post(addresses[0], DEPLOYS, "wrong-secret-0123456789", json!({})).await;
         assert_eq!(wrong.status, 401);
     }
@@ -804,6 +856,188 @@ async fn a_client_that_leaves_mid_body_gives_its_slot_back() {
         freed,
         "the slot of a request that was abandoned is given back"
     );
+}
+
+fn flow_bounded(max_flows_per_session: u64) -> WebhookLimits {
+    WebhookLimits {
+        ended_flow_retention: HOUR,
+        idle_flow_retention: 24 * HOUR,
+        max_flows_per_session,
+        ..generous()
+    }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Creates `count` flows at once on the deploys route, spread over
+/// `addresses`; the replies.
+async fn create_flows(addresses: &[SocketAddr], count: usize) -> Vec<Reply> {
+    join_all((0..count).map(|index| {
+        post(
+            addresses[index % addresses.len()],
+            DEPLOYS,
+            SECRET,
+            json!({"action": "create_flow", "goal": format!("g{index}")}),
+        )
+    }))
+    .await
+}
+
+async fn flow_count(address: SocketAddr, path: &str, secret: &str) -> u64 {
+    let listed = post(
+        address,
+        path,
+        secret,
+        json!({"action": "list_flows", "limit": 100}),
+    )
+    .await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    listed.body["result"]["count"].as_u64().unwrap()
+}
+
+async fn the_flow_cap_holds_under_concurrent_creates(addresses: &[SocketAddr]) {
+    let replies = create_flows(addresses, 30).await;
+    let created = replies.iter().filter(|reply| reply.status == 201).count();
+    assert_eq!(created, 5);
+    for reply in replies.iter().filter(|reply| reply.status != 201) {
+        assert_eq!(
+            (reply.status, &reply.body["code"], &reply.body["ok"]),
+            (409, &json!("too_many_flows"), &json!(false)),
+            "{}",
+            reply.body
+        );
+        assert_eq!(reply.body["routeId"], "deploys");
+        let error = reply.body["error"].as_str().unwrap();
+        assert!(
+            error.contains("5 flows") && error.contains("1 hour"),
+            "{error}"
+        );
+    }
+    for &address in addresses {
+        assert_eq!(flow_count(address, DEPLOYS, SECRET).await, 5);
+    }
+    // The cap is the session's: another session still has room.
+    let elsewhere = post(
+        addresses[0],
+        OTHER,
+        OTHER_SECRET,
+        json!({"action": "create_flow", "goal": "elsewhere"}),
+    )
+    .await;
+    assert_eq!(elsewhere.status, 201, "{}", elsewhere.body);
+}
+
+#[tokio::test]
+async fn the_flow_cap_holds_under_concurrent_creates_on_memory() {
+    the_flow_cap_holds_under_concurrent_creates(&[start(memory(), flow_bounded(5)).await]).await;
+}
+
+#[tokio::test]
+async fn the_flow_cap_holds_across_two_instances_on_redis() {
+    let server = RedisServer::start();
+    let first = start(redis(&server).await, flow_bounded(5)).await;
+    let second = start(redis(&server).await, flow_bounded(5)).await;
+    the_flow_cap_holds_under_concurrent_creates(&[first, second]).await;
+}
+
+/// Serves the routes over `store` with `limits`, on `clock`.
+async fn start_on(store: SharedStore, limits: WebhookLimits, clock: &ManualClock) -> SocketAddr {
+    let clock = Arc::new(clock.clone());
+    serve_routes(|routes| {
+        WebhookSecretLayer::new(store, routes)
+            .limits(limits)
+            .clock(clock)
+    })
+    .await
+}
+
+async fn flows_expire_after_their_retention(addresses: &[SocketAddr], clock: &ManualClock) {
+    let [first, second] = [addresses[0], addresses[addresses.len() - 1]];
+    let ids: Vec<String> = create_flows(&[first], 2)
+        .await
+        .iter()
+        .map(|reply| {
+            assert_eq!(reply.status, 201, "{}", reply.body);
+            reply.body["result"]["flow"]["flowId"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(create_flows(&[second], 1).await[0].status, 409);
+    let finished = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "finish_flow", "flowId": ids[0], "expectedRevision": 1}),
+    )
+    .await;
+    assert_eq!(finished.status, 200, "{}", finished.body);
+    // Ended, it still counts for its hour of retention, to the second.
+    clock.advance(HOUR - Duration::from_secs(1));
+    assert_eq!(create_flows(&[first], 1).await[0].status, 409);
+    let kept = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "get_flow", "flowId": ids[0]}),
+    )
+    .await;
+    assert_eq!(kept.body["result"]["flow"]["status"], "succeeded");
+    clock.advance(Duration::from_secs(1));
+    let gone = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "get_flow", "flowId": ids[0]}),
+    )
+    .await;
+    assert_eq!(
+        (gone.status, &gone.body["code"]),
+        (404, &json!("not_found"))
+    );
+    // Its place is free.
+    assert_eq!(create_flows(&[first], 1).await[0].status, 201);
+    assert_eq!(flow_count(second, DEPLOYS, SECRET).await, 2);
+    // Live flows nobody changes for a day are removed too; a change keeps
+    // one a day more.
+    clock.advance(12 * HOUR);
+    let touched = post(
+        first,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "set_waiting", "flowId": ids[1], "expectedRevision": 1}),
+    )
+    .await;
+    assert_eq!(touched.status, 200, "{}", touched.body);
+    clock.advance(12 * HOUR);
+    assert_eq!(flow_count(second, DEPLOYS, SECRET).await, 1);
+    clock.advance(12 * HOUR);
+    assert_eq!(flow_count(first, DEPLOYS, SECRET).await, 0);
+    let latest = post(
+        second,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "find_latest_flow"}),
+    )
+    .await;
+    assert_eq!(latest.status, 404);
+}
+
+#[tokio::test]
+async fn flows_expire_after_their_retention_on_memory() {
+    let clock = ManualClock::new(Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap());
+    let address = start_on(memory(), flow_bounded(2), &clock).await;
+    flows_expire_after_their_retention(&[address], &clock).await;
+}
+
+#[tokio::test]
+async fn flows_expire_after_their_retention_across_two_instances_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap());
+    let first = start_on(redis(&server).await, flow_bounded(2), &clock).await;
+    let second = start_on(redis(&server).await, flow_bounded(2), &clock).await;
+    flows_expire_after_their_retention(&[first, second], &clock).await;
 }
 
 #[tokio::test]
@@ -1188,6 +1422,12 @@ async fn a_store_that_is_down_gives_503_closed_or_open() {
         (503, &json!("unavailable"))
     );
     assert!(refused.body["error"].as_str().unwrap().contains("limits"));
+    // A wrong secret never reaches the store: 401, not the 503 above.
+    let wrong = post(closed, DEPLOYS, "wrong-secret-0123456789", json!({})).await;
+    assert_eq!(
+        (wrong.status, &wrong.body["code"]),
+        (401, &json!("unauthorized"))
+    );
     // Fail open (the default): the limits let it through, the flows cannot answer.
     let unanswered = post(open, DEPLOYS, SECRET, json!({"action": "list_flows"})).await;
     assert_eq!(

@@ -1,7 +1,7 @@
 //! The embedded store: every trait in process, for a single gateway instance.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,10 +16,11 @@ use super::ledger::{
     idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
     validate_amount, validate_top_up_once, SETTLEMENT_MEMORY,
 };
+use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, KeyUsage, LedgerStore, Limit, RecordStore, ReserveOutcome, ReserveRequest, Settlement,
-    SlotOutcome, StoreError, TopUpOutcome, Versioned, WriteOutcome,
+    Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
+    ReserveRequest, Settlement, SlotOutcome, StoreError, TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -39,12 +40,16 @@ const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
 /// (a call holds one shard's lock for well under a microsecond, so the lock
 /// never waits on I/O); counters whose windows have ended and slot sets
 /// whose leases have all ended are swept away at most once a second per
-/// shard, so memory stays bounded under many accounts. State is lost when
+/// shard, so memory stays bounded under many accounts. Expired records
+/// read as absent at once; they are removed when their collection is next
+/// written or listed, and every collection is swept of them at most once a
+/// second (by the instants of the writes that give records a lifetime), so
+/// a collection nobody calls again does not keep them. State is lost when
 /// the process ends.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    records: Mutex<HashMap<String, Collection>>,
+    records: Mutex<Records>,
     shard_hasher: RandomState,
     /// Two SipHash keys: a settled reservation is remembered by a
     /// 128-bit fingerprint of its id, not the id itself.
@@ -64,7 +69,7 @@ impl MemoryStore {
             shards: (0..SHARD_COUNT)
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
-            records: Mutex::new(HashMap::new()),
+            records: Mutex::new(Records::default()),
             shard_hasher: RandomState::new(),
             settlement_hashers: [RandomState::new(), RandomState::new()],
         }
@@ -93,13 +98,23 @@ impl MemoryStore {
             .sum()
     }
 
-    /// Drops every counter whose window has ended by `now`, and every slot
-    /// lease that has, at once.
+    /// Drops every counter whose window has ended by `now`, every slot
+    /// lease that has, and every record whose lifetime has, at once.
     pub fn evict_expired(&self, now: DateTime<Utc>) {
         let now_micros = unix_micros(now);
         for shard in self.shards.iter() {
             lock(shard).sweep(now_micros);
         }
+        lock(&self.records).sweep(now_micros);
+    }
+
+    /// How many records are held, expired ones not yet removed included.
+    pub fn record_count(&self) -> usize {
+        lock(&self.records)
+            .collections
+            .values()
+            .map(|collection| collection.records.len())
+            .sum()
     }
 
     fn shard(&self, scope: &str) -> MutexGuard<'_, Shard> {
@@ -943,12 +958,70 @@ impl LedgerStore for MemoryStore {
     }
 }
 
+/// Every record collection, and when they are next swept of expired
+/// records.
+#[derive(Debug, Default)]
+struct Records {
+    collections: HashMap<String, Collection>,
+    next_sweep_micros: i64,
+}
+
+impl Records {
+    /// Removes every expired record of every collection, and collections
+    /// left empty, at most once a second of store time: a session nobody
+    /// calls again still has its expired flows removed.
+    fn maybe_sweep(&mut self, now_micros: i64) {
+        let stepped_back =
+            self.next_sweep_micros.saturating_sub(now_micros) > 2 * SWEEP_INTERVAL_MICROS;
+        if now_micros >= self.next_sweep_micros || stepped_back {
+            self.sweep(now_micros);
+        }
+    }
+
+    fn sweep(&mut self, now_micros: i64) {
+        self.collections.retain(|_, collection| {
+            collection.purge(now_micros);
+            !collection.records.is_empty()
+        });
+        self.next_sweep_micros = now_micros.saturating_add(SWEEP_INTERVAL_MICROS);
+    }
+}
+
 #[derive(Debug, Default)]
 struct Collection {
     records: HashMap<String, StoredRecord>,
     /// Creation sequence number -> id, for newest-first listing.
     order: BTreeMap<u64, String>,
     next_sequence: u64,
+    /// (expiry µs, id) of every record with a lifetime, soonest first, so
+    /// removing the expired ones never scans the live ones.
+    expiring: BTreeSet<(i64, String)>,
+}
+
+impl Collection {
+    /// Removes every record expired by `now`.
+    fn purge(&mut self, now_micros: i64) {
+        while self
+            .expiring
+            .first()
+            .is_some_and(|(expires_at_micros, _)| *expires_at_micros <= now_micros)
+        {
+            if let Some((_, id)) = self.expiring.pop_first() {
+                if let Some(record) = self.records.remove(&id) {
+                    self.order.remove(&record.sequence);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(record) = self.records.remove(id) {
+            self.order.remove(&record.sequence);
+            if let Some(expires_at_micros) = record.expires_at_micros {
+                self.expiring.remove(&(expires_at_micros, id.to_owned()));
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -956,6 +1029,8 @@ struct StoredRecord {
     value: Vec<u8>,
     revision: u64,
     sequence: u64,
+    /// A record that expires at `t` is live while `now < t`.
+    expires_at_micros: Option<i64>,
 }
 
 impl StoredRecord {
@@ -964,6 +1039,11 @@ impl StoredRecord {
             value: self.value.clone(),
             revision: self.revision,
         }
+    }
+
+    fn is_live(&self, now_micros: i64) -> bool {
+        self.expires_at_micros
+            .is_none_or(|expires_at_micros| expires_at_micros > now_micros)
     }
 }
 
@@ -978,35 +1058,65 @@ fn expectation_holds(current: Option<&StoredRecord>, expect: Expect) -> bool {
 
 #[async_trait]
 impl RecordStore for MemoryStore {
-    async fn get_record(
+    async fn get_record_at(
         &self,
         collection: &str,
         id: &str,
+        now: DateTime<Utc>,
     ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
+        let now_micros = unix_micros(now);
         let records = lock(&self.records);
         Ok(records
+            .collections
             .get(collection)
             .and_then(|collection| collection.records.get(id))
+            .filter(|record| record.is_live(now_micros))
             .map(StoredRecord::versioned))
     }
 
-    async fn put_record(
+    async fn put_record_at(
         &self,
         collection: &str,
         id: &str,
         value: &[u8],
         expect: Expect,
-    ) -> Result<WriteOutcome, StoreError> {
+        options: PutOptions,
+        now: DateTime<Utc>,
+    ) -> Result<PutOutcome, StoreError> {
+        validate_put(&options)?;
+        let now_micros = unix_micros(now);
         let mut records = lock(&self.records);
-        let collection = records.entry(collection.to_owned()).or_default();
+        // Only writers of expiring records sweep every collection: they keep
+        // the time those records are judged by (a caller with no clock of
+        // its own, at the system's, never removes a test's records early).
+        if options.ttl.is_some() {
+            records.maybe_sweep(now_micros);
+        }
+        let collection = records
+            .collections
+            .entry(collection.to_owned())
+            .or_default();
+        collection.purge(now_micros);
         let current = collection.records.get(id);
         if !expectation_holds(current, expect) {
-            return Ok(WriteOutcome::Conflict {
+            return Ok(PutOutcome::Write(WriteOutcome::Conflict {
                 current: current.map(StoredRecord::versioned),
-            });
+            }));
         }
+        let live = collection.records.len() as u64;
+        if current.is_none() && options.max_records.is_some_and(|max| live >= max) {
+            return Ok(PutOutcome::Full { records: live });
+        }
+        let expires_at_micros = options
+            .ttl
+            .map(|ttl| now_micros.saturating_add(duration_micros(ttl)));
         let (revision, sequence) = match current {
-            Some(record) => (record.revision + 1, record.sequence),
+            Some(record) => {
+                if let Some(old) = record.expires_at_micros {
+                    collection.expiring.remove(&(old, id.to_owned()));
+                }
+                (record.revision + 1, record.sequence)
+            }
             None => {
                 collection.next_sequence += 1;
                 collection
@@ -1015,52 +1125,60 @@ impl RecordStore for MemoryStore {
                 (1, collection.next_sequence)
             }
         };
+        if let Some(expires_at_micros) = expires_at_micros {
+            collection
+                .expiring
+                .insert((expires_at_micros, id.to_owned()));
+        }
         collection.records.insert(
             id.to_owned(),
             StoredRecord {
                 value: value.to_vec(),
                 revision,
                 sequence,
+                expires_at_micros,
             },
         );
-        Ok(WriteOutcome::Written { revision })
+        Ok(PutOutcome::Write(WriteOutcome::Written { revision }))
     }
 
-    async fn delete_record(
+    async fn delete_record_at(
         &self,
         collection: &str,
         id: &str,
         expect: Expect,
+        now: DateTime<Utc>,
     ) -> Result<WriteOutcome, StoreError> {
         let mut records = lock(&self.records);
-        let Some(collection) = records.get_mut(collection) else {
+        let Some(collection) = records.collections.get_mut(collection) else {
             return Ok(match expect {
                 Expect::Revision(_) => WriteOutcome::Conflict { current: None },
                 Expect::Any | Expect::Absent => WriteOutcome::Written { revision: 0 },
             });
         };
+        collection.purge(unix_micros(now));
         let current = collection.records.get(id);
         if !expectation_holds(current, expect) {
             return Ok(WriteOutcome::Conflict {
                 current: current.map(StoredRecord::versioned),
             });
         }
-        if let Some(record) = collection.records.remove(id) {
-            collection.order.remove(&record.sequence);
-        }
+        collection.remove(id);
         Ok(WriteOutcome::Written { revision: 0 })
     }
 
-    async fn list_records(
+    async fn list_records_at(
         &self,
         collection: &str,
         offset: usize,
         limit: usize,
+        now: DateTime<Utc>,
     ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
-        let records = lock(&self.records);
-        let Some(collection) = records.get(collection) else {
+        let mut records = lock(&self.records);
+        let Some(collection) = records.collections.get_mut(collection) else {
             return Ok(Vec::new());
         };
+        collection.purge(unix_micros(now));
         Ok(collection
             .order
             .values()
@@ -1154,6 +1272,58 @@ mod tests {
             assert_eq!((outcome.acquired, outcome.held), (true, 1));
         }
         assert_eq!(slots_held(&store), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn expired_records_are_removed_even_from_collections_nobody_calls_again() {
+        let store = MemoryStore::new();
+        let week = PutOptions::expiring(Duration::from_secs(7 * 86_400));
+        for session in 0..100 {
+            let outcome = store
+                .put_record_at(
+                    &crate::store::flows(&format!("s{session}")),
+                    "f",
+                    b"v",
+                    Expect::Absent,
+                    week,
+                    at(0),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                PutOutcome::Write(WriteOutcome::Written { revision: 1 })
+            );
+        }
+        // A write without a lifetime, at the system clock (years after
+        // `at(0)`), removes nothing: only the clock of the writers that
+        // gave records their lifetime decides.
+        store
+            .put_record(crate::store::KEYS, "k", b"v", Expect::Any)
+            .await
+            .unwrap();
+        assert_eq!(store.record_count(), 101);
+        // An expiring write a week later sweeps every collection.
+        store
+            .put_record_at(
+                &crate::store::flows("s-new"),
+                "f",
+                b"v",
+                Expect::Absent,
+                week,
+                at(7 * 86_400 * SECOND),
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.record_count(), 2);
+        assert_eq!(
+            lock(&store.records).collections.len(),
+            2,
+            "empty ones dropped"
+        );
+        // And so does `evict_expired`.
+        store.evict_expired(at(14 * 86_400 * SECOND));
+        assert_eq!(store.record_count(), 1);
     }
 
     #[derive(Clone, Debug)]

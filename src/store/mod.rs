@@ -9,7 +9,8 @@
 //! - [`LedgerStore`]: credits in nano-credits (`i64`), per key and per
 //!   account, with reservations for requests in flight.
 //! - [`RecordStore`]: keys, accounts, BYOK keys and flows with compare-and-set
-//!   by revision.
+//!   by revision, and optionally a lifetime per record and a cap on the
+//!   records of a collection.
 //!
 //! Two backends implement all three: [`MemoryStore`], in process, for one
 //! gateway instance; and [`RedisStore`], for many instances sharing Redis
@@ -59,8 +60,8 @@ pub use ledger::{
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
 pub use records::{
-    byok_keys, decode, flows, Expect, RecordStore, RecordStoreExt, Versioned, WriteOutcome,
-    ACCOUNTS, KEYS,
+    byok_keys, decode, flows, Expect, PutOptions, PutOutcome, RecordStore, RecordStoreExt,
+    Versioned, WriteOutcome, ACCOUNTS, KEYS, MAX_RECORD_TTL,
 };
 pub use redis::{RedisStore, RedisStoreConfig, TimeSource};
 

@@ -1,7 +1,11 @@
 //! Records (keys, accounts, BYOK keys, flows) with compare-and-set by
-//! revision.
+//! revision, an optional lifetime per record and an optional cap on how
+//! many records a collection holds.
+
+use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -58,27 +62,161 @@ pub enum WriteOutcome {
     },
 }
 
+/// The longest lifetime a record may be given (100 years): expiry
+/// instants stay exact in Redis's scores and Lua's numbers.
+pub const MAX_RECORD_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// What a write asks for besides its [`Expect`]: how long the record
+/// lives, and how many live records its collection may hold.
+///
+/// The default is what [`RecordStore::put_record`] writes: a record that
+/// never expires, in a collection of any size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// The record expires this long after the write: from then on it reads
+    /// as absent (a create may take its id again), it is left out of
+    /// listings and counts, and the store removes it. Each write sets the
+    /// lifetime afresh; `None` (the default) keeps the record until it is
+    /// deleted, also when it had a lifetime before.
+    pub ttl: Option<Duration>,
+    /// Creating a record (an id with no live record) is refused with
+    /// [`PutOutcome::Full`] while the collection already holds this many
+    /// live records; expired ones do not count. Rewriting a live record is
+    /// never refused by it. Decided in the write's own atomic step, so
+    /// concurrent creators never take a collection past it.
+    pub max_records: Option<u64>,
+}
+
+impl PutOptions {
+    /// A record that expires `ttl` after the write.
+    pub fn expiring(ttl: Duration) -> Self {
+        PutOptions {
+            ttl: Some(ttl),
+            max_records: None,
+        }
+    }
+
+    /// The same, refusing to create a record in a collection that holds
+    /// `max_records` live ones.
+    pub fn max_records(mut self, max_records: u64) -> Self {
+        self.max_records = Some(max_records);
+        self
+    }
+}
+
+/// Refuses a lifetime of zero or over [`MAX_RECORD_TTL`].
+pub(crate) fn validate_put(options: &PutOptions) -> Result<(), StoreError> {
+    match options.ttl {
+        Some(ttl) if ttl.is_zero() || ttl > MAX_RECORD_TTL => Err(StoreError::invalid(
+            "put_record",
+            format!("a record's lifetime must be above zero and at most {MAX_RECORD_TTL:?}, not {ttl:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The result of [`RecordStore::put_record_at`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Written, or refused by its [`Expect`]: as [`RecordStore::put_record`].
+    Write(WriteOutcome),
+    /// Not written: the record is new and the collection already holds
+    /// [`PutOptions::max_records`] live records.
+    Full {
+        /// The live records the collection holds.
+        records: u64,
+    },
+}
+
 /// Records as opaque bytes (JSON in practice) with revisions.
 ///
 /// Each collection keeps its records in creation order, so listings can
-/// go newest first.
+/// go newest first. A record may have a lifetime ([`PutOptions::ttl`]):
+/// the store judges it by the instant each `…_at` call passes (on
+/// [`RedisStore`](super::RedisStore) by Redis's own clock unless it takes
+/// the caller's, [`TimeSource`](super::TimeSource)), as it judges windows.
+/// The methods without an instant call them at the system clock's; records
+/// without a lifetime do not depend on it, and a caller that keeps time by
+/// a [`Clock`](crate::clock::Clock) passes its own instant instead.
 #[async_trait]
 pub trait RecordStore: Send + Sync + 'static {
+    /// The live record `id` of `collection` at `now`.
+    async fn get_record_at(
+        &self,
+        collection: &str,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Versioned<Vec<u8>>>, StoreError>;
+
+    /// Writes `value` when `expect` holds and `options` allow, as one
+    /// atomic step at `now`. An expired record is absent: `Expect::Absent`
+    /// holds, and the record is created anew at revision 1.
+    async fn put_record_at(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &[u8],
+        expect: Expect,
+        options: PutOptions,
+        now: DateTime<Utc>,
+    ) -> Result<PutOutcome, StoreError>;
+
+    /// Deletes `id` when `expect` holds at `now`; deleting nothing with
+    /// `Expect::Any` is `Written`.
+    async fn delete_record_at(
+        &self,
+        collection: &str,
+        id: &str,
+        expect: Expect,
+        now: DateTime<Utc>,
+    ) -> Result<WriteOutcome, StoreError>;
+
+    /// Up to `limit` records live at `now` after skipping `offset` of them,
+    /// newest first.
+    async fn list_records_at(
+        &self,
+        collection: &str,
+        offset: usize,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError>;
+
     /// The record `id` of `collection`.
     async fn get_record(
         &self,
         collection: &str,
         id: &str,
-    ) -> Result<Option<Versioned<Vec<u8>>>, StoreError>;
+    ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
+        self.get_record_at(collection, id, Utc::now()).await
+    }
 
-    /// Writes `value` when `expect` holds, as one atomic step.
+    /// Writes `value` when `expect` holds, as one atomic step: a record
+    /// that never expires.
     async fn put_record(
         &self,
         collection: &str,
         id: &str,
         value: &[u8],
         expect: Expect,
-    ) -> Result<WriteOutcome, StoreError>;
+    ) -> Result<WriteOutcome, StoreError> {
+        match self
+            .put_record_at(
+                collection,
+                id,
+                value,
+                expect,
+                PutOptions::default(),
+                Utc::now(),
+            )
+            .await?
+        {
+            PutOutcome::Write(outcome) => Ok(outcome),
+            PutOutcome::Full { records } => Err(StoreError::corrupt(
+                "put_record",
+                format!("refused as full ({records} records) without a cap"),
+            )),
+        }
+    }
 
     /// Deletes `id` when `expect` holds; deleting nothing with `Expect::Any` is `Written`.
     async fn delete_record(
@@ -86,7 +224,10 @@ pub trait RecordStore: Send + Sync + 'static {
         collection: &str,
         id: &str,
         expect: Expect,
-    ) -> Result<WriteOutcome, StoreError>;
+    ) -> Result<WriteOutcome, StoreError> {
+        self.delete_record_at(collection, id, expect, Utc::now())
+            .await
+    }
 
     /// Up to `limit` records after skipping `offset`, newest first.
     async fn list_records(
@@ -94,7 +235,10 @@ pub trait RecordStore: Send + Sync + 'static {
         collection: &str,
         offset: usize,
         limit: usize,
-    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError>;
+    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
+        self.list_records_at(collection, offset, limit, Utc::now())
+            .await
+    }
 }
 
 /// Typed access to a [`RecordStore`] through serde JSON.
@@ -123,6 +267,35 @@ pub trait RecordStoreExt: RecordStore {
         let bytes =
             serde_json::to_vec(value).map_err(|error| StoreError::invalid("put_record", error))?;
         self.put_record(collection, id, &bytes, expect).await
+    }
+
+    /// The record `id` live at `now`, decoded.
+    async fn get_json_at<T: DeserializeOwned>(
+        &self,
+        collection: &str,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Versioned<T>>, StoreError> {
+        match self.get_record_at(collection, id, now).await? {
+            None => Ok(None),
+            Some(record) => Ok(Some(decode("get_record", record)?)),
+        }
+    }
+
+    /// Encodes and writes `value` when `expect` holds and `options` allow.
+    async fn put_json_at<T: Serialize + Sync>(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &T,
+        expect: Expect,
+        options: PutOptions,
+        now: DateTime<Utc>,
+    ) -> Result<PutOutcome, StoreError> {
+        let bytes =
+            serde_json::to_vec(value).map_err(|error| StoreError::invalid("put_record", error))?;
+        self.put_record_at(collection, id, &bytes, expect, options, now)
+            .await
     }
 }
 

@@ -5,7 +5,11 @@
 //! check-and-add is one round trip and atomic. Counter, slot and ledger keys
 //! are hash-tagged by account (`mg:{acct}:…`) and record keys by collection
 //! (`mg:{r:keys}:…`), so every script touches one Cluster slot and declares
-//! every key it touches.
+//! every key it touches. A record's lifetime is its score in the
+//! collection's `exp` sorted set (Redis has no expiry per hash field before
+//! 7.4): the record scripts remove the expired ones before they read,
+//! count or list, and a collection whose records all expire has its keys
+//! expire with its longest-lived record.
 //!
 //! A sick store fails fast: every call goes through one circuit breaker,
 //! shared by all clones of the store. After
@@ -52,10 +56,11 @@ use super::ledger::{
     top_up_overflow, validate_admit, validate_amount, validate_settlements, validate_top_up_once,
     SETTLEMENT_MEMORY,
 };
+use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, KeyUsage, LedgerStore, Limit, RecordStore, ReserveOutcome, Settlement, SlotOutcome,
-    StoreError, StoreErrorKind, TopUpOutcome, Versioned, WriteOutcome,
+    Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
+    Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -67,10 +72,12 @@ pub struct RedisStoreConfig {
     /// The most any store call may take, connecting included; past it the
     /// call fails with a timeout and the layer applies its failure policy.
     pub call_timeout: Duration,
-    /// Extra lifetime given to counter keys beyond their window, and to
-    /// slot sets beyond their longest lease. Expiry in Redis only reclaims
-    /// memory (windows and leases are judged by the store's time), so the
-    /// slack just keeps a key alive across clock skew.
+    /// Extra lifetime given to counter keys beyond their window, to slot
+    /// sets beyond their longest lease, and to a record collection whose
+    /// records all expire beyond its longest-lived record. Expiry in Redis
+    /// only reclaims memory (windows, leases and record lifetimes are
+    /// judged by the store's time), so the slack just keeps a key alive
+    /// across clock skew.
     pub expiry_slack: Duration,
     /// Whose clock decides windows, calendar periods and hold expiries.
     pub time_source: TimeSource,
@@ -181,10 +188,22 @@ impl Scripts {
             ),
             key_usage: script!("lua/time.lua", "lua/ledger_common.lua", "lua/key_usage.lua"),
             top_up: Script::new(include_str!("lua/top_up.lua")),
-            get_record: Script::new(include_str!("lua/get_record.lua")),
-            put_record: Script::new(include_str!("lua/put_record.lua")),
-            delete_record: Script::new(include_str!("lua/delete_record.lua")),
-            list_records: Script::new(include_str!("lua/list_records.lua")),
+            get_record: script!("lua/time.lua", "lua/get_record.lua"),
+            put_record: script!(
+                "lua/time.lua",
+                "lua/records_common.lua",
+                "lua/put_record.lua"
+            ),
+            delete_record: script!(
+                "lua/time.lua",
+                "lua/records_common.lua",
+                "lua/delete_record.lua"
+            ),
+            list_records: script!(
+                "lua/time.lua",
+                "lua/records_common.lua",
+                "lua/list_records.lua"
+            ),
         }
     }
 }
@@ -620,12 +639,13 @@ impl RedisStore {
     }
 
     /// A collection's keys: values hash, revisions hash, creation-order
-    /// zset and sequence counter, all under the collection's hash tag.
-    fn collection_keys(&self, collection: &str) -> [String; 4] {
+    /// zset, sequence counter and expiries zset, all under the collection's
+    /// hash tag.
+    fn collection_keys(&self, collection: &str) -> [String; 5] {
         let mut scope = String::from("r:");
         scope.push_str(collection);
         let scoped = self.scoped(&scope);
-        ["values", "revs", "order", "seq"].map(|name| format!("{scoped}{name}"))
+        ["values", "revs", "order", "seq", "exp"].map(|name| format!("{scoped}{name}"))
     }
 
     fn ttl_millis(&self, lifetime: Duration) -> u64 {
@@ -1114,15 +1134,21 @@ fn balance_from(operation: &'static str, reply: &[Value]) -> Result<AccountBalan
 
 #[async_trait]
 impl RecordStore for RedisStore {
-    async fn get_record(
+    async fn get_record_at(
         &self,
         collection: &str,
         id: &str,
+        now: DateTime<Utc>,
     ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
         const OPERATION: &str = "get_record";
-        let [values, revisions, ..] = self.collection_keys(collection);
+        let [values, revisions, _, _, expiries] = self.collection_keys(collection);
         let mut invocation = self.scripts.get_record.prepare_invoke();
-        invocation.key(values).key(revisions).arg(id);
+        invocation
+            .key(values)
+            .key(revisions)
+            .key(expiries)
+            .arg(id)
+            .arg(self.now_arg(now));
         let mut reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         let revision = reply.pop().unwrap_or(Value::Nil);
         match (reply.pop().unwrap_or(Value::Nil), revision) {
@@ -1134,48 +1160,78 @@ impl RecordStore for RedisStore {
         }
     }
 
-    async fn put_record(
+    async fn put_record_at(
         &self,
         collection: &str,
         id: &str,
         value: &[u8],
         expect: Expect,
-    ) -> Result<WriteOutcome, StoreError> {
+        options: PutOptions,
+        now: DateTime<Utc>,
+    ) -> Result<PutOutcome, StoreError> {
         const OPERATION: &str = "put_record";
+        validate_put(&options)?;
         let (expectation, revision) = expectation_args(expect);
         let mut invocation = self.scripts.put_record.prepare_invoke();
         for key in self.collection_keys(collection) {
             invocation.key(key);
         }
-        invocation.arg(id).arg(value).arg(expectation).arg(revision);
-        write_outcome(OPERATION, self.run(OPERATION, &invocation).await?)
+        invocation
+            .arg(id)
+            .arg(value)
+            .arg(expectation)
+            .arg(revision)
+            .arg(self.now_arg(now))
+            .arg(
+                options
+                    .ttl
+                    .map_or(String::new(), |ttl| duration_micros(ttl).to_string()),
+            )
+            .arg(
+                options
+                    .max_records
+                    .map_or(String::new(), |max| max.to_string()),
+            )
+            .arg(self.slack_millis());
+        let reply = self.run(OPERATION, &invocation).await?;
+        if let Value::Array(fields) = &reply {
+            if let [Value::Int(2), records] = fields.as_slice() {
+                return Ok(PutOutcome::Full {
+                    records: unsigned(OPERATION, records)?,
+                });
+            }
+        }
+        write_outcome(OPERATION, reply).map(PutOutcome::Write)
     }
 
-    async fn delete_record(
+    async fn delete_record_at(
         &self,
         collection: &str,
         id: &str,
         expect: Expect,
+        now: DateTime<Utc>,
     ) -> Result<WriteOutcome, StoreError> {
         const OPERATION: &str = "delete_record";
-        let [values, revisions, order, _] = self.collection_keys(collection);
         let (expectation, revision) = expectation_args(expect);
         let mut invocation = self.scripts.delete_record.prepare_invoke();
+        for key in self.collection_keys(collection) {
+            invocation.key(key);
+        }
         invocation
-            .key(values)
-            .key(revisions)
-            .key(order)
             .arg(id)
             .arg(expectation)
-            .arg(revision);
+            .arg(revision)
+            .arg(self.now_arg(now))
+            .arg(self.slack_millis());
         write_outcome(OPERATION, self.run(OPERATION, &invocation).await?)
     }
 
-    async fn list_records(
+    async fn list_records_at(
         &self,
         collection: &str,
         offset: usize,
         limit: usize,
+        now: DateTime<Utc>,
     ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
         const OPERATION: &str = "list_records";
         // Ranks are worked out here, in integers: Lua would round them.
@@ -1187,14 +1243,11 @@ impl RecordStore for RedisStore {
             return Ok(Vec::new());
         }
         let last = first.saturating_add(count - 1);
-        let [values, revisions, order, _] = self.collection_keys(collection);
         let mut invocation = self.scripts.list_records.prepare_invoke();
-        invocation
-            .key(values)
-            .key(revisions)
-            .key(order)
-            .arg(first)
-            .arg(last);
+        for key in self.collection_keys(collection) {
+            invocation.key(key);
+        }
+        invocation.arg(first).arg(last).arg(self.now_arg(now));
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         if reply.len() % 3 != 0 {
             return Err(StoreError::corrupt(

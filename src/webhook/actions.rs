@@ -4,6 +4,12 @@
 //! ([`store::flows`]), child tasks included, so every change to a flow or
 //! its tasks is one compare-and-set on its revision: of two writers that
 //! read the same revision, exactly one wins, on one instance or many.
+//!
+//! Every write gives the flow a lifetime ([`WebhookLimits`]): the ended
+//! flow retention once it has ended, the idle retention while it has not,
+//! counted from that write. An expired flow is gone: not found, not listed,
+//! not counted. A session holds at most `max_flows_per_session` flows; the
+//! store decides that in the create's own atomic write.
 
 use std::fmt;
 use std::sync::Arc;
@@ -15,13 +21,16 @@ use rand::Rng;
 use serde_json::{json, Value};
 
 use super::flow::{Flow, FlowStatus, Task, TaskStatus, MAX_TASKS_PER_FLOW};
+use super::layer::WebhookLimits;
 use super::payload::{
     CreateFlow, EndFlow, FindLatestFlow, FlowAction, ListFlows, ResumeFlow, RunTask, SetWaiting,
     DEFAULT_LIST_LIMIT,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::keys::SharedStore;
-use crate::store::{self, Expect, RecordStoreExt, StoreError, Versioned, WriteOutcome};
+use crate::store::{
+    self, Expect, PutOptions, PutOutcome, RecordStoreExt, StoreError, Versioned, WriteOutcome,
+};
 
 /// How often a write that lost a race to another writer is tried again
 /// when the caller named no revision (`run_task`, `cancel_flow`).
@@ -56,8 +65,8 @@ pub enum ActionReply {
         /// 400, 404, 409, 500 or 503.
         status: StatusCode,
         /// `not_found`, `not_managed`, `revision_conflict`, `terminal`,
-        /// `cancel_requested`, `task_not_created`, `invalid_request`,
-        /// `unavailable` or `internal_error`.
+        /// `cancel_requested`, `task_not_created`, `too_many_flows`,
+        /// `invalid_request`, `unavailable` or `internal_error`.
         code: &'static str,
         /// What went wrong and what to do.
         error: String,
@@ -174,12 +183,14 @@ pub struct FlowActions {
     store: SharedStore,
     clock: Arc<dyn Clock>,
     runner: Arc<dyn TaskRunner>,
+    limits: WebhookLimits,
 }
 
 impl fmt::Debug for FlowActions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FlowActions")
             .field("clock", &self.clock)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -188,16 +199,27 @@ impl fmt::Debug for FlowActions {
 type Step<T> = Result<T, ActionReply>;
 
 impl FlowActions {
-    /// Actions on flows in `store`, with the system clock and [`RecordOnly`].
+    /// Actions on flows in `store`, with the system clock, [`RecordOnly`]
+    /// and the default [`WebhookLimits`].
     pub fn new(store: SharedStore) -> Self {
         FlowActions {
             store,
             clock: Arc::new(SystemClock),
             runner: Arc::new(RecordOnly),
+            limits: WebhookLimits::default(),
         }
     }
 
-    /// Takes time from `clock` (timestamps of flows and tasks).
+    /// Keeps flows for the retentions of `limits`, and at most its
+    /// `max_flows_per_session` per session (its other fields are the
+    /// layer's).
+    pub fn limits(mut self, limits: WebhookLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Takes time from `clock` (timestamps of flows and tasks, and the
+    /// instant their lifetimes are judged at).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -304,7 +326,11 @@ impl FlowActions {
     ) -> Result<Updated<T>, StoreError> {
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
-            let Some(mut flow) = self.store.get_json::<Flow>(collection, flow_id).await? else {
+            let Some(mut flow) = self
+                .store
+                .get_json_at::<Flow>(collection, flow_id, self.clock.now())
+                .await?
+            else {
                 return Ok(Updated::Missing);
             };
             let outcome = match change(&mut flow.value) {
@@ -312,13 +338,7 @@ impl FlowActions {
                 Change::Write(outcome) => outcome,
             };
             match self
-                .store
-                .put_json(
-                    collection,
-                    flow_id,
-                    &flow.value,
-                    Expect::Revision(flow.revision),
-                )
+                .put_flow(collection, &flow.value, Expect::Revision(flow.revision))
                 .await?
             {
                 WriteOutcome::Written { revision } => {
@@ -353,23 +373,78 @@ impl FlowActions {
             ended_at: None,
             tasks: Vec::new(),
         };
+        let cap = self.limits.max_flows_per_session;
         let outcome = self
             .store
-            .put_json(
+            .put_json_at(
                 &store::flows(&route.session_key),
                 &flow.flow_id,
                 &flow,
                 Expect::Absent,
+                self.lifetime(&flow).max_records(cap),
+                now,
             )
             .await
             .map_err(|error| unavailable(route, &error))?;
         match outcome {
-            WriteOutcome::Written { revision } => Ok(ActionReply::done(
+            PutOutcome::Write(WriteOutcome::Written { revision }) => Ok(ActionReply::done(
                 StatusCode::CREATED,
                 json!({ "flow": flow.view(revision) }),
             )),
             // 144 random bits: a collision means the store is broken.
-            WriteOutcome::Conflict { .. } => Err(internal("a new flow id was already taken")),
+            PutOutcome::Write(WriteOutcome::Conflict { .. }) => {
+                Err(internal("a new flow id was already taken"))
+            }
+            PutOutcome::Full { .. } => Err(ActionReply::refused(
+                StatusCode::CONFLICT,
+                "too_many_flows",
+                format!(
+                    "this session already holds {cap} flows, the most it may; end the flows \
+                     it no longer needs (finish_flow, fail_flow or cancel_flow): an ended flow \
+                     stops counting {} after it ends, and one left unchanged stops counting {} \
+                     after its last change",
+                    describe(self.limits.ended_flow_retention),
+                    describe(self.limits.idle_flow_retention),
+                ),
+            )),
+        }
+    }
+
+    /// How long `flow` is kept from this write on: the ended flow retention
+    /// once it has ended, the idle retention while it has not.
+    fn lifetime(&self, flow: &Flow) -> PutOptions {
+        PutOptions::expiring(if flow.status.is_terminal() {
+            self.limits.ended_flow_retention
+        } else {
+            self.limits.idle_flow_retention
+        })
+    }
+
+    /// Writes a flow that exists (no cap applies) when `expect` holds,
+    /// giving it its lifetime afresh.
+    async fn put_flow(
+        &self,
+        collection: &str,
+        flow: &Flow,
+        expect: Expect,
+    ) -> Result<WriteOutcome, StoreError> {
+        match self
+            .store
+            .put_json_at(
+                collection,
+                &flow.flow_id,
+                flow,
+                expect,
+                self.lifetime(flow),
+                self.clock.now(),
+            )
+            .await?
+        {
+            PutOutcome::Write(outcome) => Ok(outcome),
+            PutOutcome::Full { .. } => Err(StoreError::corrupt(
+                "put_record",
+                "a write without a cap was refused as full",
+            )),
         }
     }
 
@@ -426,7 +501,7 @@ impl FlowActions {
         while found.len() < limit && offset < MAX_SCANNED_FLOWS {
             let records = self
                 .store
-                .list_records(&collection, offset, page)
+                .list_records_at(&collection, offset, page, self.clock.now())
                 .await
                 .map_err(|error| unavailable(route, &error))?;
             let exhausted = records.len() < page;
@@ -808,7 +883,7 @@ impl FlowActions {
     async fn load(&self, route: &RouteScope, flow_id: &str) -> Step<Versioned<Flow>> {
         match self
             .store
-            .get_json::<Flow>(&store::flows(&route.session_key), flow_id)
+            .get_json_at::<Flow>(&store::flows(&route.session_key), flow_id, self.clock.now())
             .await
         {
             Ok(Some(flow)) => Ok(flow),
@@ -843,10 +918,8 @@ impl FlowActions {
         flow: &Versioned<Flow>,
     ) -> Step<Result<u64, Versioned<Flow>>> {
         let outcome = self
-            .store
-            .put_json(
+            .put_flow(
                 &store::flows(&route.session_key),
-                &flow.value.flow_id,
                 &flow.value,
                 Expect::Revision(flow.revision),
             )
@@ -960,6 +1033,24 @@ fn random_id(kind: &str) -> String {
 
 fn truncate(text: &str) -> String {
     text.chars().take(64).collect()
+}
+
+/// A retention for people: whole days, hours or minutes when it is one,
+/// else seconds.
+fn describe(duration: std::time::Duration) -> String {
+    let seconds = duration.as_secs();
+    let (count, unit) = match seconds {
+        0 => (0, "second"),
+        _ if seconds.is_multiple_of(86_400) => (seconds / 86_400, "day"),
+        _ if seconds.is_multiple_of(3_600) => (seconds / 3_600, "hour"),
+        _ if seconds.is_multiple_of(60) => (seconds / 60, "minute"),
+        _ => (seconds, "second"),
+    };
+    if count == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{count} {unit}s")
+    }
 }
 
 #[cfg(test)]
@@ -1373,6 +1464,181 @@ mod tests {
         .await;
         assert_eq!((status, &result["code"]), (409, &json!("task_not_created")));
         assert_eq!(result["result"]["flow"]["tasks"][0]["status"], "failed");
+    }
+
+    const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+    /// Actions on a fresh store with a hand-driven clock: flows ended keep
+    /// an hour, live ones a day from their last change, three a session.
+    fn bounded() -> (FlowActions, crate::clock::ManualClock) {
+        use chrono::TimeZone;
+        let clock = crate::clock::ManualClock::new(
+            chrono::Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap(),
+        );
+        let limits = WebhookLimits {
+            ended_flow_retention: HOUR,
+            idle_flow_retention: 24 * HOUR,
+            max_flows_per_session: 3,
+            ..WebhookLimits::default()
+        };
+        let actions = actions().clock(Arc::new(clock.clone())).limits(limits);
+        (actions, clock)
+    }
+
+    async fn listed(actions: &FlowActions, route: &RouteScope) -> Vec<Value> {
+        let (_, listed) = act(actions, route, json!({"action": "list_flows"})).await;
+        listed["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|flow| flow["flowId"].clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_ended_flow_is_kept_for_its_retention_and_a_live_one_while_it_changes() {
+        let (actions, clock) = bounded();
+        let route = main_route();
+        let ended = created(&actions, &route, "ended").await;
+        let live = created(&actions, &route, "live").await;
+        act(
+            &actions,
+            &route,
+            json!({"action": "finish_flow", "flowId": ended, "expectedRevision": 1}),
+        )
+        .await;
+        clock.advance(HOUR - std::time::Duration::from_secs(1));
+        let (status, _) = act(
+            &actions,
+            &route,
+            json!({"action": "get_flow", "flowId": ended}),
+        )
+        .await;
+        assert_eq!(status, 200, "kept for the hour after it ended");
+        clock.advance(std::time::Duration::from_secs(1));
+        let (status, result) = act(
+            &actions,
+            &route,
+            json!({"action": "get_flow", "flowId": ended}),
+        )
+        .await;
+        assert_eq!((status, &result["code"]), (404, &json!("not_found")));
+        assert_eq!(listed(&actions, &route).await, [json!(live)]);
+        // The live flow changes 20 h in: a day from then it is still there…
+        clock.advance(19 * HOUR);
+        let (status, _) = act(
+            &actions,
+            &route,
+            json!({"action": "set_waiting", "flowId": live, "expectedRevision": 1}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        clock.advance(24 * HOUR - std::time::Duration::from_secs(1));
+        let (status, _) = act(
+            &actions,
+            &route,
+            json!({"action": "get_flow", "flowId": live}),
+        )
+        .await;
+        assert_eq!(status, 200, "every write starts its idle time again");
+        // …and left alone for a whole day, it is gone.
+        clock.advance(std::time::Duration::from_secs(1));
+        assert!(listed(&actions, &route).await.is_empty());
+        let (status, result) = act(&actions, &route, json!({"action": "find_latest_flow"})).await;
+        assert_eq!((status, &result["code"]), (404, &json!("not_found")));
+    }
+
+    #[tokio::test]
+    async fn a_session_holds_at_most_its_cap_and_an_expired_flow_frees_its_place() {
+        let (actions, clock) = bounded();
+        let main = main_route();
+        let mut flows = Vec::new();
+        for goal in ["a", "b", "c"] {
+            flows.push(created(&actions, &main, goal).await);
+        }
+        let action = FlowAction::parse(br#"{"action": "create_flow", "goal": "d"}"#).unwrap();
+        let ActionReply::Refused {
+            status,
+            code,
+            error,
+            ..
+        } = actions.execute(&main, action).await
+        else {
+            panic!("a fourth flow was created");
+        };
+        assert_eq!((status.as_u16(), code), (409, "too_many_flows"));
+        for words in ["3 flows", "1 hour", "1 day", "finish_flow"] {
+            assert!(error.contains(words), "{words}: {error}");
+        }
+        // Another session has its own room; the same session through
+        // another route does not.
+        let other = route("other", "agent:other", "webhooks/other");
+        created(&actions, &other, "elsewhere").await;
+        let sibling = route("sibling", "agent:main", "webhooks/sibling");
+        let (status, _) = act(
+            &actions,
+            &sibling,
+            json!({"action": "create_flow", "goal": "d"}),
+        )
+        .await;
+        assert_eq!(status, 409);
+        // An ended flow still counts until its retention is over.
+        act(
+            &actions,
+            &main,
+            json!({"action": "fail_flow", "flowId": flows[0], "expectedRevision": 1}),
+        )
+        .await;
+        let (status, _) = act(
+            &actions,
+            &main,
+            json!({"action": "create_flow", "goal": "d"}),
+        )
+        .await;
+        assert_eq!(status, 409);
+        clock.advance(HOUR);
+        created(&actions, &main, "d").await;
+        let (status, _) = act(
+            &actions,
+            &main,
+            json!({"action": "create_flow", "goal": "e"}),
+        )
+        .await;
+        assert_eq!(status, 409);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_creates_never_pass_the_cap() {
+        let (actions, _clock) = bounded();
+        let creates = (0..24).map(|index| {
+            let actions = actions.clone();
+            tokio::spawn(async move {
+                act(
+                    &actions,
+                    &main_route(),
+                    json!({"action": "create_flow", "goal": format!("g{index}")}),
+                )
+                .await
+                .0
+            })
+        });
+        let mut statuses = Vec::new();
+        for create in creates {
+            statuses.push(create.await.unwrap());
+        }
+        assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 3);
+        assert_eq!(statuses.iter().filter(|&&status| status == 409).count(), 21);
+        assert_eq!(listed(&actions, &main_route()).await.len(), 3);
+    }
+
+    #[test]
+    fn retentions_are_described_in_whole_units() {
+        let describe = |seconds| describe(std::time::Duration::from_secs(seconds));
+        assert_eq!(describe(7 * 86_400), "7 days");
+        assert_eq!(describe(86_400), "1 day");
+        assert_eq!(describe(7_200), "2 hours");
+        assert_eq!(describe(90), "90 seconds");
+        assert_eq!(describe(120), "2 minutes");
     }
 
     #[tokio::test]

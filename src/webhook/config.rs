@@ -321,9 +321,14 @@ fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, Webhook
 }
 
 /// `config.limits`: `{requestsPerWindow, rateWindowSeconds, maxInFlight,
-/// maxBodyBytes, bodyTimeoutSeconds, inFlightLeaseSeconds}`, each optional.
+/// maxBodyBytes, bodyTimeoutSeconds, inFlightLeaseSeconds,
+/// endedFlowRetentionSeconds, idleFlowRetentionSeconds,
+/// maxFlowsPerSession}`, each optional.
 fn parse_limits(value: &Value) -> Result<WebhookLimits, WebhookConfigError> {
     const DAY_SECONDS: u64 = 86_400;
+    // Ten years: long enough for any audit trail, short enough that no
+    // flow is kept for good.
+    const MAX_RETENTION_SECONDS: u64 = 3650 * DAY_SECONDS;
     let mut fields = object(value, None, "config.limits")?;
     let mut limits = WebhookLimits::default();
     let mut take = |name: &str, max: u64| -> Result<Option<u64>, WebhookConfigError> {
@@ -362,12 +367,22 @@ fn parse_limits(value: &Value) -> Result<WebhookLimits, WebhookConfigError> {
     if let Some(seconds) = take("inFlightLeaseSeconds", DAY_SECONDS)? {
         limits.in_flight_lease = std::time::Duration::from_secs(seconds);
     }
+    if let Some(seconds) = take("endedFlowRetentionSeconds", MAX_RETENTION_SECONDS)? {
+        limits.ended_flow_retention = std::time::Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = take("idleFlowRetentionSeconds", MAX_RETENTION_SECONDS)? {
+        limits.idle_flow_retention = std::time::Duration::from_secs(seconds);
+    }
+    if let Some(count) = take("maxFlowsPerSession", 100_000)? {
+        limits.max_flows_per_session = count;
+    }
     if let Some(unknown) = fields.keys().next() {
         return Err(WebhookConfigError::new(
             None,
             &format!("config.limits.{unknown}"),
             "is not a limit (requestsPerWindow, rateWindowSeconds, maxInFlight, maxBodyBytes, \
-             bodyTimeoutSeconds, inFlightLeaseSeconds)",
+             bodyTimeoutSeconds, inFlightLeaseSeconds, endedFlowRetentionSeconds, \
+             idleFlowRetentionSeconds, maxFlowsPerSession)",
         ));
     }
     Ok(limits)
@@ -520,7 +535,9 @@ mod tests {
         let route = json!({"r": {"sessionKey": "s", "secret": "0123456789abcdef"}});
         let config = WebhooksConfig::from_plugin_entry(&json!({"enabled": true, "config": {
             "routes": route, "limits": {"requestsPerWindow": 5, "rateWindowSeconds": 10, "maxInFlight": 2,
-                "maxBodyBytes": 1024, "bodyTimeoutSeconds": 3, "inFlightLeaseSeconds": 30}
+                "maxBodyBytes": 1024, "bodyTimeoutSeconds": 3, "inFlightLeaseSeconds": 30,
+                "endedFlowRetentionSeconds": 3600, "idleFlowRetentionSeconds": 86400,
+                "maxFlowsPerSession": 50}
         }}))
         .unwrap();
         assert_eq!(
@@ -532,6 +549,9 @@ mod tests {
                 max_body_bytes: 1024,
                 body_timeout: std::time::Duration::from_secs(3),
                 in_flight_lease: std::time::Duration::from_secs(30),
+                ended_flow_retention: std::time::Duration::from_secs(3600),
+                idle_flow_retention: std::time::Duration::from_secs(86400),
+                max_flows_per_session: 50,
             }
         );
         for (limits, field) in [
@@ -549,6 +569,26 @@ mod tests {
                 "config.limits.rateWindowSeconds",
             ),
             (json!({"burst": 1}), "config.limits.burst"),
+            (
+                json!({"endedFlowRetentionSeconds": 0}),
+                "config.limits.endedFlowRetentionSeconds",
+            ),
+            (
+                json!({"idleFlowRetentionSeconds": 3650 * 86_400 + 1}),
+                "config.limits.idleFlowRetentionSeconds",
+            ),
+            (
+                json!({"maxFlowsPerSession": 100_001}),
+                "config.limits.maxFlowsPerSession",
+            ),
+            (
+                json!({"maxFlowsPerSession": "1000"}),
+                "config.limits.maxFlowsPerSession",
+            ),
+            (
+                json!({"endedFlowRetention": 60}),
+                "config.limits.endedFlowRetention",
+            ),
         ] {
             let error = WebhooksConfig::from_plugin_entry(&json!({"enabled": true, "config": {
                 "routes": route, "limits": limits
@@ -558,6 +598,50 @@ mod tests {
         }
         let defaults = WebhooksConfig::from_plugin_entry(&entry(route)).unwrap();
         assert_eq!(defaults.limits, WebhookLimits::default());
+    }
+
+    #[test]
+    fn flow_retention_and_the_session_cap_have_bounded_defaults_and_ranges() {
+        let defaults = WebhookLimits::default();
+        assert_eq!(
+            (
+                defaults.ended_flow_retention.as_secs(),
+                defaults.idle_flow_retention.as_secs(),
+                defaults.max_flows_per_session
+            ),
+            (7 * 86_400, 30 * 86_400, 1000)
+        );
+        let route = json!({"r": {"sessionKey": "s", "secret": "0123456789abcdef"}});
+        let parsed = |limits: Value| {
+            WebhooksConfig::from_plugin_entry(&json!({"enabled": true, "config": {
+                "routes": route, "limits": limits
+            }}))
+        };
+        // The ends of each range are accepted, one past them is refused
+        // with the field and the range named.
+        let widest = parsed(json!({"endedFlowRetentionSeconds": 3650 * 86_400,
+            "idleFlowRetentionSeconds": 1, "maxFlowsPerSession": 100_000}))
+        .unwrap();
+        assert_eq!(widest.limits.ended_flow_retention.as_secs(), 3650 * 86_400);
+        assert_eq!(widest.limits.idle_flow_retention.as_secs(), 1);
+        assert_eq!(widest.limits.max_flows_per_session, 100_000);
+        let error = parsed(json!({"maxFlowsPerSession": 0})).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "webhooks: `config.limits.maxFlowsPerSession` must be a whole number from 1 to 100000"
+        );
+        let error = parsed(json!({"endedFlowRetentionSeconds": 3650 * 86_400 + 1})).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "webhooks: `config.limits.endedFlowRetentionSeconds` must be a whole number from 1 \
+             to 315360000"
+        );
+        let error = parsed(json!({"idleFlowRetentionSeconds": null, "flowTtl": 5})).unwrap_err();
+        assert_eq!(error.field(), "config.limits.flowTtl");
+        assert!(
+            error.to_string().contains("idleFlowRetentionSeconds"),
+            "the known limits are named: {error}"
+        );
     }
 
     #[test]

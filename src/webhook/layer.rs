@@ -28,6 +28,24 @@ pub struct WebhookLimits {
     /// How long an in-flight slot is held at most: a gateway that dies
     /// mid-request frees its slot when the lease ends (default 2 min).
     pub in_flight_lease: Duration,
+    /// How long an ended flow (succeeded, failed, cancelled or lost) is
+    /// kept after its last change, its ending, before it is removed and
+    /// stops counting against `max_flows_per_session` (default 7 days).
+    pub ended_flow_retention: Duration,
+    /// How long a flow that has not ended is kept after its last change:
+    /// every write to it starts this time again, so only a flow its
+    /// controller has abandoned is removed (default 30 days).
+    ///
+    /// Both retentions must be above zero and at most
+    /// [`MAX_RECORD_TTL`](crate::store::MAX_RECORD_TTL): the store refuses
+    /// other lifetimes, and every flow write would fail (the config file
+    /// takes at most 3650 days).
+    pub idle_flow_retention: Duration,
+    /// Most flows one session holds, ended ones within their retention
+    /// included; `create_flow` past it is refused with 409
+    /// `too_many_flows`. Decided in the store's atomic write, so it holds
+    /// under concurrent creates and across instances (default 1000).
+    pub max_flows_per_session: u64,
 }
 
 impl Default for WebhookLimits {
@@ -39,6 +57,9 @@ impl Default for WebhookLimits {
             max_body_bytes: 256 * 1024,
             body_timeout: Duration::from_secs(15),
             in_flight_lease: Duration::from_secs(120),
+            ended_flow_retention: Duration::from_secs(7 * 86_400),
+            idle_flow_retention: Duration::from_secs(30 * 86_400),
+            max_flows_per_session: 1000,
         }
     }
 }
@@ -95,9 +116,12 @@ impl WebhookSecretLayer {
         }
     }
 
-    /// Enforces `limits` instead of the defaults.
+    /// Enforces `limits` instead of the defaults (the flow retention and
+    /// the cap per session included).
     pub fn limits(mut self, limits: WebhookLimits) -> Self {
-        Arc::make_mut(&mut self.config).limits = limits;
+        let config = Arc::make_mut(&mut self.config);
+        config.actions = config.actions.clone().limits(limits);
+        config.limits = limits;
         self
     }
 

@@ -12,20 +12,34 @@
 //! in constant time and never prints.
 //!
 //! [`WebhookSecretLayer`] answers each served route's exact path. Before
-//! the action it checks, in order: `POST` (405), the client's fixed rate
-//! window (429 `rate_limited`), `Content-Type: application/json` (415),
-//! the client's requests in flight (429 `too_many_in_flight`), the secret
-//! from `Authorization: Bearer` or `x-gateway-webhook-secret` (401), the
-//! body's size (413) and time to arrive (408), and the payload (400
-//! `invalid_request`, naming the field). The window and the in-flight
-//! count live in the store, so on Redis they hold across instances. All
-//! numbers are in [`WebhookLimits`].
+//! the action it checks, in order: `POST` (405), the secret from
+//! `Authorization: Bearer` or `x-gateway-webhook-secret` (401), the
+//! client's fixed rate window (429 `rate_limited`), `Content-Type:
+//! application/json` (415), the client's requests in flight (429
+//! `too_many_in_flight`), the body's size (413) and time to arrive (408),
+//! and the payload (400 `invalid_request`, naming the field). The secret
+//! is checked first so that a caller without it costs no store round trip
+//! and spends neither the client's window nor its in-flight slots. The
+//! window and the in-flight count live in the store, so on Redis they hold
+//! across instances. All numbers are in [`WebhookLimits`].
 //!
 //! Answers are `{"ok": true, "routeId", "result"}` or `{"ok": false,
 //! "routeId", "code", "error", "result"}`. A route sees only the flows of
 //! its `sessionKey`, changes only those of its `controllerId`, and never
 //! shows owner or session metadata. Mutations take `expectedRevision`; a
 //! stale one is 409 `revision_conflict` with the current flow.
+//!
+//! Flows do not stay forever. An ended flow (succeeded, failed, cancelled,
+//! lost) is removed [`ended_flow_retention`](WebhookLimits::ended_flow_retention)
+//! (7 days) after it ended, and a flow that has not ended
+//! [`idle_flow_retention`](WebhookLimits::idle_flow_retention) (30 days)
+//! after its last change, each write starting that time again; removed,
+//! it is not found, not listed and not counted. A session holds at most
+//! [`max_flows_per_session`](WebhookLimits::max_flows_per_session) (1000)
+//! flows, ended ones within their retention included: one more
+//! `create_flow` is 409 `too_many_flows`, naming the cap and the
+//! retentions. The store decides the cap in the create's own atomic write,
+//! so it holds under concurrent creates and, on Redis, across instances.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -33,10 +33,15 @@ pub const SECRET_HEADER: &str = "x-gateway-webhook-secret";
 pub use crate::client_addr::ClientAddr;
 
 /// Answers the configured webhook routes (exact paths, `POST` only) after
-/// checking, in order: the method (405), the client's rate window (429),
-/// the content type (415), the client's requests in flight (429), the
-/// secret (401), the body's size (413) and time to arrive (408), and the
+/// checking, in order: the method (405), the secret (401), the client's
+/// rate window (429), the content type (415), the client's requests in
+/// flight (429), the body's size (413) and time to arrive (408), and the
 /// payload (400). Every other request goes to the inner service untouched.
+///
+/// The secret comes before everything kept in the store: a request without
+/// it costs no store round trip and counts in neither the client's rate
+/// window nor its in-flight requests, so a flood of wrong secrets cannot
+/// lock the route's real caller out.
 ///
 /// See the [module docs](super) for an example.
 #[derive(Clone, Debug)]
@@ -138,8 +143,8 @@ fn from_reply(route: &WebhookRoute, reply: ActionReply) -> Answer {
     }
 }
 
-/// Runs every check before the action, in DESIGN's order: the action, or
-/// the refusal. The in-flight slot, once taken, is left in `slot` for the
+/// Runs every check before the action, in the documented order (see
+/// [`WebhookSecret`]): the action, or the refusal. The in-flight slot, once taken, is left in `slot` for the
 /// caller to give back.
 async fn checked_action<B>(
     config: &WebhookConfig,
@@ -160,6 +165,22 @@ where
             "webhook routes accept only POST",
         )
         .with_header(ALLOW, HeaderValue::from_static("POST")));
+    }
+    // Before anything the store counts: a caller without the secret costs
+    // one constant-time comparison, no round trip, and can neither spend
+    // the client's rate window nor hold its in-flight slots.
+    if !presents_secret(route, request.headers()) {
+        return Err(refused(
+            route,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong secret: send it as `Authorization: Bearer <secret>` \
+             or in `x-gateway-webhook-secret`",
+        )
+        .with_header(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        ));
     }
     let client = match request.extensions().get::<ClientAddr>() {
         Some(client) => client.0.to_string(),
@@ -211,19 +232,6 @@ where
         ));
     }
     *slot = Some(InFlightSlot::acquire(config, route, scope, now).await?);
-    if !presents_secret(route, request.headers()) {
-        return Err(refused(
-            route,
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong secret: send it as `Authorization: Bearer <secret>` \
-             or in `x-gateway-webhook-secret`",
-        )
-        .with_header(
-            http::header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer"),
-        ));
-    }
     let body = read_body(route, limits.max_body_bytes, limits.body_timeout, request).await?;
     match FlowAction::parse(&body) {
         Ok(action) => Ok(action),
