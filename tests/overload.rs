@@ -434,3 +434,69 @@ async fn invented_model_names_add_no_metric_series() {
         "served inventions are counted as other: {after_text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_webhook_secrets_and_wrong_keys_count_together() {
+    const SECRET: &str = "overload-webhook-secret-0123456789";
+    let admin_key = ApiKey::generate();
+    let proxy = start_proxy(
+        &json!({
+            "auth_failures": {"max_failures": 4},
+            "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+                "ops": {"sessionKey": "agent:ops", "secret": SECRET}
+            }}}}}
+        }),
+        None,
+        admin_key.expose(),
+    );
+    let client = reqwest::Client::new();
+    let hook = |secret: &'static str| {
+        let client = client.clone();
+        let url = format!("{}/plugins/webhooks/ops", proxy.address);
+        async move {
+            let response = client
+                .post(url)
+                .bearer_auth(secret)
+                .json(&json!({"action": "create_flow", "goal": "watch"}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").cloned();
+            let body: Value = response.json().await.unwrap();
+            (status, retry_after, body)
+        }
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            chat(
+                &client,
+                &proxy,
+                Some("Bearer mg-v1-x"),
+                hello("a/b:free"),
+                None
+            )
+            .await
+            .0,
+            401
+        );
+        assert_eq!(hook("wrong-secret").await.0, 401);
+    }
+    // The fifth failure from this address, a wrong secret, is past the limit.
+    let (status, retry_after, body) = hook("wrong-secret").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["code"], "auth_failures", "{body}");
+    assert!(retry_after.is_some());
+    // The right secret is still served; a wrong key is 429 now too.
+    let (status, _, body) = hook(SECRET).await;
+    assert_eq!(status, 201, "{body}");
+    let wrong_key = chat(
+        &client,
+        &proxy,
+        Some("Bearer mg-v1-x"),
+        hello("a/b:free"),
+        None,
+    )
+    .await;
+    assert_eq!(wrong_key.0, 429, "{wrong_key:?}");
+}

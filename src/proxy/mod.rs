@@ -562,7 +562,8 @@ where
         }
         None => WebhookSecretLayer::new(store.clone(), Vec::new()),
     }
-    .clock(clock.clone());
+    .clock(clock.clone())
+    .failure_limit(auth_failures.clone());
     let mut body = BodyLimitLayer::new();
     if let Some(max_body_bytes) = config.body.max_body_bytes {
         body = body.max_body_bytes(max_body_bytes);

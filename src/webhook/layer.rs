@@ -8,6 +8,7 @@ use tower_layer::Layer;
 use super::actions::{FlowActions, TaskRunner};
 use super::routes::WebhookRoute;
 use super::service::WebhookSecret;
+use crate::auth::AuthFailures;
 use crate::clock::{Clock, SystemClock};
 use crate::keys::SharedStore;
 use crate::store::FailurePolicy;
@@ -81,6 +82,7 @@ pub(crate) struct WebhookConfig {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) limits: WebhookLimits,
     pub(crate) failure_policy: FailurePolicy,
+    pub(crate) auth_failures: Option<AuthFailures>,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -112,6 +114,7 @@ impl WebhookSecretLayer {
                 clock: Arc::new(SystemClock),
                 limits: WebhookLimits::default(),
                 failure_policy: FailurePolicy::FailOpen,
+                auth_failures: None,
             }),
         }
     }
@@ -122,6 +125,18 @@ impl WebhookSecretLayer {
         let config = Arc::make_mut(&mut self.config);
         config.actions = config.actions.clone().limits(limits);
         config.limits = limits;
+        self
+    }
+
+    /// Counts wrong or missing secrets per
+    /// [`ClientAddr`](crate::client_addr::ClientAddr) in `failures`: past its
+    /// limit an address's failures get 429 `auth_failures` with
+    /// `Retry-After` instead of 401, while its requests with the right
+    /// secret are still served. Share the [`AuthFailures`] of
+    /// [`BearerAuthLayer::failure_limit`](crate::auth::BearerAuthLayer::failure_limit)
+    /// so a client guessing both counts once.
+    pub fn failure_limit(mut self, failures: AuthFailures) -> Self {
+        Arc::make_mut(&mut self.config).auth_failures = Some(failures);
         self
     }
 

@@ -13,7 +13,9 @@
 //!
 //! [`WebhookSecretLayer`] answers each served route's exact path. Before
 //! the action it checks, in order: `POST` (405), the secret from
-//! `Authorization: Bearer` or `x-gateway-webhook-secret` (401), the
+//! `Authorization: Bearer` or `x-gateway-webhook-secret` (401; 429
+//! `auth_failures` once the client's address is past the failure limit of
+//! [`WebhookSecretLayer::failure_limit`]), the
 //! client's fixed rate window (429 `rate_limited`), `Content-Type:
 //! application/json` (415), the client's requests in flight (429
 //! `too_many_in_flight`), the body's size (413) and time to arrive (408),

@@ -170,6 +170,24 @@ where
     // one constant-time comparison, no round trip, and can neither spend
     // the client's rate window nor hold its in-flight slots.
     if !presents_secret(route, request.headers()) {
+        // Counted with the bearer keys' failures from the same address.
+        let address = request
+            .extensions()
+            .get::<ClientAddr>()
+            .map(|client| client.0);
+        if let Some(retry_after) = config
+            .auth_failures
+            .as_ref()
+            .and_then(|failures| failures.record_failure(address))
+        {
+            return Err(too_many(
+                route,
+                "auth_failures",
+                "too many requests with a missing or wrong secret from this address; \
+                 check the secret and retry after the Retry-After seconds",
+                retry_after,
+            ));
+        }
         return Err(refused(
             route,
             StatusCode::UNAUTHORIZED,
