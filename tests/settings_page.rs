@@ -483,6 +483,22 @@ async fn the_operator_manages_accounts_on_the_page() {
 
     sign_in(&browser, &proxy, admin).await;
     browser.wait_shown("accounts", true).await;
+    // The operator's own account is listed; the form opens on demand.
+    assert!(
+        browser.text("account-rows").await.contains("default"),
+        "{}",
+        browser.text("account-rows").await
+    );
+    browser
+        .client
+        .find(fantoccini::Locator::XPath(
+            "//summary[normalize-space()='Create an account']",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     browser.fill("accounts", "Account ID", "globex").await;
     browser.fill("accounts", "Account name", "Globex").await;
     browser.fill("accounts", "Email", "it@globex.example").await;

@@ -7,7 +7,7 @@
 
 (() => {
   const STORAGE_KEY = 'modelgate.managementKey';
-  const PAGE_SIZE = 100; // keys per page of GET /api/v1/keys
+  const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
   const MAX_PAGES = 50;
   const INFERENCE_KEY =
     'This is an inference key: it calls models but cannot manage keys. ' +
@@ -163,8 +163,9 @@
     showOperatorParts(session.operator);
     const who = $('who');
     who.hidden = false;
-    who.textContent = 'Signed in with “' + me.label + '”' +
-      (session.operator ? ' (operator)' : session.account ? ' for the account ' + session.account : '');
+    who.textContent = session.operator
+      ? 'Operator key “' + me.label + '”'
+      : 'Key “' + me.label + '”' + (session.account ? ' of the account ' + session.account : '');
   }
 
   function signOut() {
@@ -230,16 +231,22 @@
     section.hidden = false;
   }
 
-  async function loadKeys() {
-    let query = '?include_disabled=true';
-    if (session.operator && session.account !== null) query += '&account=' + encodeURIComponent(session.account);
+  // Every page of a list.
+  async function allPages(path) {
+    const joiner = path.includes('?') ? '&' : '?';
     const all = [];
     for (let page = 0; page < MAX_PAGES; page += 1) {
-      const batch = (await api('GET', '/api/v1/keys' + query + '&offset=' + all.length)).data;
+      const batch = (await api('GET', path + joiner + 'offset=' + all.length)).data;
       all.push(...batch);
       if (batch.length < PAGE_SIZE) break;
     }
-    keys = all;
+    return all;
+  }
+
+  async function loadKeys() {
+    let query = '?include_disabled=true';
+    if (session.operator && session.account !== null) query += '&account=' + encodeURIComponent(session.account);
+    keys = await allPages('/api/v1/keys' + query);
     renderKeys();
   }
 
@@ -318,7 +325,7 @@
   async function loadAccounts() {
     let accounts;
     try {
-      accounts = (await api('GET', '/api/v1/accounts')).data;
+      accounts = await allPages('/api/v1/accounts');
     } catch (error) {
       if (missingRoute(error)) {
         $('accounts').hidden = true;
@@ -485,11 +492,14 @@
   }
 
   async function createAccount() {
-    const body = { id: $('account-id').value.trim(), name: $('account-name').value.trim() };
+    const body = { id: $('account-id').value.trim() };
+    const name = $('account-name').value.trim();
+    if (name) body.name = name;
     const email = $('account-email').value.trim();
     if (email) body.email = email;
     const created = (await api('POST', '/api/v1/accounts', { body })).data;
     $('create-account-form').reset();
+    $('create-account').open = false;
     sayDone('Created the account ' + created.id + '.');
     await loadAccounts();
   }
