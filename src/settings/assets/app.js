@@ -338,7 +338,7 @@
       row.dataset.account = account.id;
       if (account.id === session.account) row.className = 'selected';
       row.append(element('td', account.id, 'account-id'));
-      row.append(element('td', account.name));
+      row.append(element('td', account.name || '–'));
       row.append(element('td', account.email || '–'));
       row.append(element('td', credits(account.balance), 'num balance'));
 
