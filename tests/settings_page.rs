@@ -153,13 +153,42 @@ async fn cell(browser: &Browser, name: &str, class: &str) -> Option<String> {
     let xpath = format!(
         "//tbody[@id='key-rows']/tr[td[contains(concat(' ', @class, ' '), ' name ')][normalize-space()='{name}']]/td[contains(concat(' ', @class, ' '), ' {class} ')]"
     );
-    match browser
-        .client
-        .find(fantoccini::Locator::XPath(&xpath))
-        .await
-    {
-        Ok(element) => Some(element.text().await.unwrap()),
-        Err(_) => None,
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let element = browser
+            .client
+            .find(fantoccini::Locator::XPath(&xpath))
+            .await
+            .ok()?;
+        // The table may be drawn anew between finding the cell and reading it.
+        match element.text().await {
+            Ok(text) => return Some(text),
+            Err(error) => assert!(Instant::now() < deadline, "{error}"),
+        }
+    }
+}
+
+/// Waits until the table shows what `check` wants in column `class` of
+/// the row of `name` (`None`: no such row). The page shows an action's
+/// outcome first, then reloads the table.
+async fn wait_for_cell(
+    browser: &Browser,
+    name: &str,
+    class: &str,
+    what: &str,
+    check: impl Fn(Option<&str>) -> bool,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = cell(browser, name, class).await;
+        if check(text.as_deref()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the key {name} never showed {what} in {class}: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -192,14 +221,23 @@ async fn refresh_until(
 /// Opens the editor of the key `name`.
 async fn edit(browser: &Browser, name: &str) {
     let xpath = format!("//tbody[@id='key-rows']//button[@aria-label='Edit key {name}']");
-    browser
-        .client
-        .find(fantoccini::Locator::XPath(&xpath))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    // The table may be drawn anew between finding the button and clicking it.
+    loop {
+        let clicked = match browser
+            .client
+            .find(fantoccini::Locator::XPath(&xpath))
+            .await
+        {
+            Ok(button) => button.click().await.map_err(|error| error.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        match clicked {
+            Ok(()) => break,
+            Err(error) => assert!(Instant::now() < deadline, "no Edit for {name}: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     browser.wait_shown("edit-key", true).await;
 }
 
@@ -256,7 +294,10 @@ async fn a_key_from_creation_to_deletion(
         (record["limit"].clone(), record["limit_reset"].clone()),
         (json!(1), json!("daily"))
     );
-    assert_eq!(cell(browser, name, "status").await.unwrap(), "active");
+    wait_for_cell(browser, name, "status", "active", |text| {
+        text == Some("active")
+    })
+    .await;
     assert_eq!(cell(browser, name, "usage-daily").await.unwrap(), "0");
     browser.click(Some("new-key"), "Done").await;
     browser.wait_shown("new-key", false).await;
@@ -314,7 +355,10 @@ async fn a_key_from_creation_to_deletion(
         api.key_named(manager, name).await.unwrap()["limit"],
         Value::Null
     );
-    assert_eq!(cell(browser, name, "limit").await.unwrap(), "No limit");
+    wait_for_cell(browser, name, "limit", "no limit", |text| {
+        text == Some("No limit")
+    })
+    .await;
 
     // Deleted after the in-page confirmation: the key is refused.
     edit(browser, name).await;
@@ -330,7 +374,7 @@ async fn a_key_from_creation_to_deletion(
             text.contains(&format!("Deleted the key “{name}”"))
         })
         .await;
-    assert!(cell(browser, name, "name").await.is_none());
+    wait_for_cell(browser, name, "name", "no row", |text| text.is_none()).await;
     let (status, body) = api.chat(&plaintext).await;
     assert_eq!(status, 401, "{body}");
     assert!(api.key_named(manager, name).await.is_none());
@@ -439,7 +483,10 @@ async fn an_account_manager_manages_a_key_on_the_page() {
         !browser.displayed("accounts").await,
         "the operator's part stays hidden"
     );
-    assert!(cell(&browser, "acme admin", "name").await.is_some());
+    wait_for_cell(&browser, "acme admin", "name", "its row", |text| {
+        text.is_some()
+    })
+    .await;
     assert!(cell(&browser, "someone else's", "name").await.is_none());
 
     // The operator tops the account up; the page shows it.
@@ -596,7 +643,10 @@ async fn the_operator_manages_accounts_on_the_page() {
             text == "20 credits"
         })
         .await;
-    assert!(cell(&browser, "globex manager", "name").await.is_some());
+    wait_for_cell(&browser, "globex manager", "name", "its row", |text| {
+        text.is_some()
+    })
+    .await;
     browser.close().await;
 }
 
