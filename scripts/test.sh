@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing
-# (redis-server and faketime via apt-get, rustfmt and clippy via rustup), then checks
+# (redis-server, faketime, chromium and chromium-driver via apt-get,
+# rustfmt and clippy via rustup), then checks
 # formatting, lints, builds the docs and runs every test against a real
 # redis-server that the tests start on loopback ports.
 set -euo pipefail
@@ -14,6 +15,9 @@ missing=()
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
 # Gateway instances with clocks apart (tests/admission.rs) run under libfaketime.
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+# The key settings page is tested in headless Chromium (tests/settings_page.rs).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]} (apt-get)"
   as_root apt-get update -qq
@@ -33,7 +37,7 @@ echo "==> cargo clippy --features otel (the OpenTelemetry export)"
 cargo clippy --lib --features otel --locked -- -D warnings
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
-echo "==> cargo build --examples (tests/proxy.rs runs the proxy example as a process)"
+echo "==> cargo build --examples (tests/proxy.rs and tests/settings_page.rs run the proxy example as a process)"
 cargo build --examples --locked
 echo "==> cargo test (unit, integration, benches as smoke tests)"
 cargo test --all-targets --locked

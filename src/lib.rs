@@ -53,6 +53,8 @@
 //! - [`admission`]: [`admission::AdmissionLayers`], GlobalRateLimit,
 //!   FreeModelQuota and CreditGuard deciding each request in one atomic
 //!   store step (a request any of them refuses counts in none).
+//! - [`settings`]: `SettingsPage`, the key settings page at `/settings`,
+//!   where a person manages keys in a browser with a management key.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!
@@ -105,6 +107,7 @@ mod limiter;
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
+pub mod settings;
 pub mod store;
 pub mod telemetry;
 pub mod webhook;

@@ -634,6 +634,7 @@ where
         .layer(AccessLogLayer::new(Arc::clone(&catalog)))
         .layer(ClientAddrLayer::new(trusted_proxies))
         .layer(InFlightLimitLayer::new(max_in_flight))
+        .layer(crate::settings::SettingsPageLayer::new())
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused

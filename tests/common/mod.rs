@@ -1,3 +1,4 @@
+pub mod browser;
 pub mod examples;
 pub mod gateway;
 pub mod http_server;

@@ -1,0 +1,576 @@
+// The key settings page. Plain JavaScript, no framework, no build step:
+// it calls the gateway's JSON API with the management key the person
+// pasted, which stays in this tab's sessionStorage only. Everything shown
+// is written with textContent, never parsed as HTML: key and account
+// names come from other people.
+'use strict';
+
+(() => {
+  const STORAGE_KEY = 'modelgate.managementKey';
+  const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
+  const MAX_PAGES = 50;
+  const INFERENCE_KEY =
+    'This is an inference key: it calls models but cannot manage keys. ' +
+    'Sign in with a management key: the operator\'s key, or an account management key the operator made for you.';
+
+  const $ = (id) => document.getElementById(id);
+
+  // Who is signed in: the key, what GET /api/v1/key said about it, and
+  // the account whose keys are shown (null: every key the key may see).
+  let session = null;
+  let keys = [];
+  let editing = null; // the key being edited
+
+  // ---- the API ------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, message, reason) {
+      super(message);
+      this.status = status;
+      this.reason = reason;
+    }
+  }
+
+  // One call: the `data` of the answer, or an ApiError carrying the
+  // gateway's own message (error.message of its canonical error body).
+  async function api(method, path, { body, key, headers } = {}) {
+    const init = {
+      method,
+      headers: { Authorization: 'Bearer ' + (key || session.key), ...headers },
+      cache: 'no-store',
+      credentials: 'omit',
+      referrerPolicy: 'no-referrer',
+    };
+    if (body !== undefined) {
+      init.headers['Content-Type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (error) {
+      throw new ApiError(0, 'The gateway cannot be reached (' + error.message + '); check the connection and try again.');
+    }
+    let json = null;
+    try {
+      json = await response.json();
+    } catch (_) {
+      // An answer that is not JSON is described by its status below.
+    }
+    if (!response.ok) {
+      const error = json && json.error;
+      const message = error && typeof error.message === 'string'
+        ? error.message
+        : 'The gateway answered ' + response.status + ' ' + response.statusText + '.';
+      const reason = error && error.metadata ? error.metadata.reason : undefined;
+      throw new ApiError(response.status, message, reason);
+    }
+    return json;
+  }
+
+  // A route this gateway does not serve yet (an older version): a 404,
+  // or the 403 a management key gets on any route outside the key API.
+  const missingRoute = (error) =>
+    error instanceof ApiError &&
+    ((error.status === 404 && /no such endpoint/.test(error.message)) ||
+      (error.status === 403 && error.reason === 'management_key'));
+
+  // ---- messages -----------------------------------------------------
+
+  function say(text, kind) {
+    const message = $('message');
+    message.textContent = text;
+    message.className = 'message' + (kind ? ' ' + kind : '');
+  }
+  const sayError = (text) => say(text, 'error');
+  const sayDone = (text) => say(text, 'ok');
+
+  // Runs an action, showing its error; a key refused while signed in
+  // (deleted or disabled elsewhere) signs out.
+  async function attempt(action) {
+    try {
+      await action();
+    } catch (error) {
+      if (session && error instanceof ApiError && error.status === 401) {
+        signOut();
+        sayError('Your management key was refused: ' + error.message + ' Sign in again.');
+        return;
+      }
+      sayError(error.message);
+    }
+  }
+
+  // ---- formatting ---------------------------------------------------
+
+  function credits(value) {
+    if (value === null || value === undefined) return '–';
+    return Number(value).toLocaleString('en-US', { maximumFractionDigits: 6 });
+  }
+  const day = (timestamp) => (timestamp ? String(timestamp).slice(0, 10) : '–');
+  const RESETS = { daily: 'Daily', weekly: 'Weekly', monthly: 'Monthly' };
+  const PERIOD_WORDS = { daily: 'today', weekly: 'this week', monthly: 'this month' };
+
+  function keyStatus(key) {
+    if (key.disabled) return 'disabled';
+    if (key.expires_at && Date.parse(key.expires_at) <= Date.now()) return 'expired';
+    return 'active';
+  }
+
+  // A new id per purchase: a retry of the same request credits once.
+  function idempotencyKey() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return 'settings-' + Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+  }
+
+  function element(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = text;
+    if (className) node.className = className;
+    return node;
+  }
+
+  function showOperatorParts(shown) {
+    for (const node of document.querySelectorAll('.operator-only')) node.hidden = !shown;
+  }
+
+  // ---- signing in and out -------------------------------------------
+
+  async function signIn(key) {
+    const me = (await api('GET', '/api/v1/key', { key })).data;
+    if (me.management === false) throw new ApiError(403, INFERENCE_KEY);
+    if (me.management !== true) {
+      // A gateway that does not say: the management API tells.
+      try {
+        await api('GET', '/api/v1/keys?include_disabled=true', { key });
+      } catch (error) {
+        if (error.status === 403) throw new ApiError(403, INFERENCE_KEY);
+        throw error;
+      }
+    }
+    sessionStorage.setItem(STORAGE_KEY, key);
+    session = {
+      key,
+      me,
+      operator: me.operator === true,
+      account: typeof me.account === 'string' ? me.account : null,
+    };
+    $('management-key').value = '';
+    $('sign-in').hidden = true;
+    $('sign-out').hidden = false;
+    $('keys').hidden = false;
+    $('accounts').hidden = !session.operator;
+    showOperatorParts(session.operator);
+    const who = $('who');
+    who.hidden = false;
+    who.textContent = session.operator
+      ? 'Operator key “' + me.label + '”'
+      : 'Key “' + me.label + '”' + (session.account ? ' of the account ' + session.account : '');
+  }
+
+  function signOut() {
+    sessionStorage.removeItem(STORAGE_KEY);
+    session = null;
+    keys = [];
+    editing = null;
+    $('key-rows').replaceChildren();
+    $('account-rows').replaceChildren();
+    for (const id of ['account', 'keys', 'accounts', 'edit-key', 'new-key', 'sign-out', 'who']) $(id).hidden = true;
+    $('new-key-value').value = '';
+    $('sign-in').hidden = false;
+    $('management-key').focus();
+  }
+
+  // ---- what is shown ------------------------------------------------
+
+  async function refresh() {
+    const tasks = [loadAccount(), loadKeys()];
+    if (session.operator) tasks.push(loadAccounts());
+    const results = await Promise.allSettled(tasks);
+    const failed = results.find((result) => result.status === 'rejected');
+    if (failed) throw failed.reason;
+  }
+
+  // The balance, free tier and free-model requests of the account shown.
+  async function loadAccount() {
+    const section = $('account');
+    const account = session.account;
+    if (session.operator && account === null) {
+      section.hidden = true;
+      return;
+    }
+    let summary;
+    try {
+      if (account === null) throw new ApiError(404, 'no such endpoint');
+      summary = (await api('GET', '/api/v1/accounts/' + encodeURIComponent(account))).data;
+    } catch (error) {
+      // A gateway without the accounts API, or one that shows an account
+      // only to the operator: the key's own account, from its credits and
+      // its own status.
+      const own = account === null || account === session.me.account;
+      if (!own || !(missingRoute(error) || error.status === 403)) throw error;
+      const totals = (await api('GET', '/api/v1/credits')).data;
+      summary = {
+        id: account,
+        balance: Number(totals.total_credits) - Number(totals.total_usage),
+        is_free_tier: session.me.is_free_tier,
+        free_model_daily_requests: session.me.free_model_daily_requests,
+      };
+    }
+    $('account-title').textContent = summary.id
+      ? 'Account ' + summary.id + (summary.name ? ' · ' + summary.name : '')
+      : 'Your account';
+    $('account-balance').textContent = credits(summary.balance) + ' credits';
+    $('account-free-tier').textContent = summary.is_free_tier
+      ? 'Yes: no credits bought yet'
+      : 'No';
+    const free = summary.free_model_daily_requests;
+    $('account-free-requests').textContent = free
+      ? free.remaining + ' of ' + free.limit
+      : '–';
+    section.hidden = false;
+  }
+
+  // Every page of a list.
+  async function allPages(path) {
+    const joiner = path.includes('?') ? '&' : '?';
+    const all = [];
+    for (let page = 0; page < MAX_PAGES; page += 1) {
+      const batch = (await api('GET', path + joiner + 'offset=' + all.length)).data;
+      all.push(...batch);
+      if (batch.length < PAGE_SIZE) break;
+    }
+    return all;
+  }
+
+  async function loadKeys() {
+    let query = '?include_disabled=true';
+    if (session.operator && session.account !== null) query += '&account=' + encodeURIComponent(session.account);
+    keys = await allPages('/api/v1/keys' + query);
+    renderKeys();
+  }
+
+  // What the limit counts: the usage of its period (all time without
+  // one), with BYOK usage when the key counts it.
+  function limitUsed(key) {
+    if (key.limit !== null && key.limit_remaining !== null && key.limit_remaining !== undefined) {
+      return Math.max(0, key.limit - key.limit_remaining);
+    }
+    return 0;
+  }
+
+  function renderKeys() {
+    const rows = keys.map((key) => {
+      const row = document.createElement('tr');
+      row.dataset.hash = key.hash;
+      row.append(element('td', key.name, 'name'));
+      const accountCell = element('td', key.account, 'operator-only');
+      accountCell.hidden = !session.operator;
+      row.append(accountCell);
+      const created = element('td', day(key.created_at));
+      created.title = key.created_at || '';
+      row.append(created);
+
+      const limit = element('td', null, 'limit');
+      if (key.limit === null) {
+        limit.textContent = 'No limit';
+      } else {
+        const used = limitUsed(key);
+        const period = PERIOD_WORDS[key.limit_reset] || 'in all';
+        limit.append(element('span', credits(key.limit)));
+        const bar = document.createElement('progress');
+        bar.max = key.limit > 0 ? key.limit : 1;
+        bar.value = Math.min(used, bar.max);
+        bar.setAttribute('aria-label', credits(used) + ' of ' + credits(key.limit) + ' credits used ' + period);
+        if (key.limit_remaining === 0) bar.className = 'full';
+        limit.append(bar);
+        limit.append(element('span', credits(key.limit_remaining) + ' left ' + period, 'help'));
+      }
+      row.append(limit);
+      row.append(element('td', RESETS[key.limit_reset] || 'None'));
+      row.append(element('td', credits(key.usage_daily), 'num usage-daily'));
+      row.append(element('td', credits(key.usage_weekly), 'num usage-weekly'));
+      row.append(element('td', credits(key.usage_monthly), 'num usage-monthly'));
+      const status = element('td', null, 'status');
+      const state = keyStatus(key);
+      status.append(element('span', state, 'badge ' + state));
+      if (key.management) status.append(element('span', 'management', 'badge management'));
+      row.append(status);
+      const actions = element('td');
+      const edit = element('button', 'Edit', 'secondary');
+      edit.type = 'button';
+      edit.setAttribute('aria-label', 'Edit key ' + key.name);
+      edit.addEventListener('click', () => openEditor(key.hash));
+      actions.append(edit);
+      row.append(actions);
+      return row;
+    });
+    $('key-rows').replaceChildren(...rows);
+    $('no-keys').hidden = keys.length > 0;
+    $('key-caption').textContent = session.operator && session.account === null
+      ? 'Every key, with its usage in the current UTC day, week (from Monday) and month, in credits.'
+      : 'The keys of ' + (session.account ? 'the account ' + session.account : 'this account') +
+        ', with their usage in the current UTC day, week (from Monday) and month, in credits.';
+    const note = $('create-key-account');
+    note.hidden = !session.operator;
+    note.textContent = session.account === null
+      ? 'New keys go to the default account; choose an account below to create keys for it.'
+      : 'New keys go to the account ' + session.account + '.';
+    if (editing) {
+      const current = keys.find((key) => key.hash === editing);
+      if (current) fillEditor(current); else closeEditor();
+    }
+  }
+
+  async function loadAccounts() {
+    let accounts;
+    try {
+      accounts = await allPages('/api/v1/accounts');
+    } catch (error) {
+      if (missingRoute(error)) {
+        $('accounts').hidden = true;
+        return;
+      }
+      throw error;
+    }
+    const rows = accounts.map((account) => {
+      const row = document.createElement('tr');
+      row.dataset.account = account.id;
+      if (account.id === session.account) row.className = 'selected';
+      row.append(element('td', account.id, 'account-id'));
+      row.append(element('td', account.name || '–'));
+      row.append(element('td', account.email || '–'));
+      row.append(element('td', credits(account.balance), 'num balance'));
+
+      const topUp = element('td');
+      const form = element('form', null, 'inline');
+      const amount = document.createElement('input');
+      amount.type = 'number';
+      amount.min = '0';
+      amount.step = 'any';
+      amount.required = true;
+      amount.className = 'amount';
+      amount.setAttribute('aria-label', 'Credits to add to ' + account.id);
+      const add = element('button', 'Top up');
+      add.type = 'submit';
+      form.append(amount, add);
+      form.addEventListener('submit', (event) => {
+        event.preventDefault();
+        attempt(async () => {
+          const value = Number(amount.value);
+          if (!(value > 0)) throw new Error('Enter the credits to add, more than zero.');
+          const result = (await api('POST', '/api/v1/accounts/' + encodeURIComponent(account.id) + '/credits', {
+            body: { amount: value },
+            headers: { 'Idempotency-Key': idempotencyKey() },
+          })).data;
+          sayDone('Added ' + credits(value) + ' credits to ' + account.id + ': the balance is ' + credits(result.balance) + '.');
+          await refresh();
+        });
+      });
+      topUp.append(form);
+      row.append(topUp);
+
+      const actions = element('td');
+      const choose = element('button', account.id === session.account ? 'Shown' : 'Show keys', 'secondary');
+      choose.type = 'button';
+      choose.disabled = account.id === session.account;
+      choose.setAttribute('aria-label', 'Show the keys of ' + account.id);
+      choose.addEventListener('click', () => attempt(async () => {
+        session.account = account.id;
+        closeEditor();
+        await refresh();
+      }));
+      actions.append(choose);
+      row.append(actions);
+      return row;
+    });
+    $('account-rows').replaceChildren(...rows);
+  }
+
+  // ---- editing a key ------------------------------------------------
+
+  function fillEditor(key) {
+    $('edit-key-title').textContent = 'Edit key “' + key.name + '”';
+    $('edit-name').value = key.name;
+    $('edit-limit').value = key.limit === null ? '' : String(key.limit);
+    $('edit-reset').value = key.limit_reset || '';
+    $('edit-byok').checked = Boolean(key.include_byok_in_limit);
+    $('edit-disabled').checked = Boolean(key.disabled);
+  }
+
+  function openEditor(hash) {
+    const key = keys.find((candidate) => candidate.hash === hash);
+    if (!key) return;
+    editing = hash;
+    fillEditor(key);
+    $('confirm-delete').hidden = true;
+    $('edit-key').hidden = false;
+    $('edit-key-title').focus();
+  }
+
+  function closeEditor() {
+    editing = null;
+    $('edit-key').hidden = true;
+    $('confirm-delete').hidden = true;
+  }
+
+  // The Credit limit field: a number of credits, or null when empty.
+  function limitField(input) {
+    const text = input.value.trim();
+    if (text === '') {
+      if (input.validity && input.validity.badInput) throw new Error('Credit limit must be a number of credits, such as 5 or 0.5.');
+      return null;
+    }
+    const value = Number(text);
+    if (!Number.isFinite(value) || value < 0) throw new Error('Credit limit must be a number of credits, such as 5 or 0.5.');
+    return value;
+  }
+
+  async function saveKey() {
+    const key = keys.find((candidate) => candidate.hash === editing);
+    if (!key) return;
+    const update = {
+      name: $('edit-name').value.trim(),
+      limit: limitField($('edit-limit')),
+      limit_reset: $('edit-reset').value || null,
+      include_byok_in_limit: $('edit-byok').checked,
+      disabled: $('edit-disabled').checked,
+    };
+    if (!update.name) throw new Error('Name must not be empty.');
+    const saved = (await api('PATCH', '/api/v1/keys/' + key.hash, { body: update })).data;
+    sayDone('Saved the key “' + saved.name + '”' +
+      (saved.limit === null ? ': no limit.' : ': limit ' + credits(saved.limit) + ' credits.'));
+    await loadKeys();
+  }
+
+  async function deleteKey() {
+    const key = keys.find((candidate) => candidate.hash === editing);
+    if (!key) return;
+    await api('DELETE', '/api/v1/keys/' + key.hash);
+    closeEditor();
+    sayDone('Deleted the key “' + key.name + '”: requests with it are refused.');
+    await loadKeys();
+  }
+
+  // ---- creating ------------------------------------------------------
+
+  async function createKey() {
+    const body = { name: $('new-name').value.trim() };
+    if (!body.name) throw new Error('Name is required.');
+    const limit = limitField($('new-limit'));
+    if (limit !== null) body.limit = limit;
+    if ($('new-reset').value) body.limit_reset = $('new-reset').value;
+    const expires = $('new-expires').value;
+    if (expires) {
+      const when = new Date(expires);
+      if (Number.isNaN(when.getTime())) throw new Error('Expires must be a date and time.');
+      body.expires_at = when.toISOString();
+    }
+    if ($('new-byok').checked) body.include_byok_in_limit = true;
+    // Only the operator names the account, or asks for a management key.
+    if (session.operator && session.account !== null) body.account = session.account;
+    if (session.operator && $('new-management').checked) body.management = true;
+    const created = await api('POST', '/api/v1/keys', { body });
+    $('create-key-form').reset();
+    $('new-key-value').value = created.key;
+    $('new-key').hidden = false;
+    $('new-key-title').focus();
+    sayDone('Created the key “' + created.data.name + '”. Copy it now: it is not shown again.');
+    await loadKeys();
+  }
+
+  async function copyKey() {
+    const field = $('new-key-value');
+    try {
+      // Only in a secure context (https, or localhost).
+      await navigator.clipboard.writeText(field.value);
+    } catch (_) {
+      field.select();
+      if (!document.execCommand('copy')) throw new Error('Copying is not allowed here: select the key and copy it by hand.');
+    }
+    sayDone('The key is copied.');
+  }
+
+  async function createAccount() {
+    const body = { id: $('account-id').value.trim() };
+    const name = $('account-name').value.trim();
+    if (name) body.name = name;
+    const email = $('account-email').value.trim();
+    if (email) body.email = email;
+    const created = (await api('POST', '/api/v1/accounts', { body })).data;
+    $('create-account-form').reset();
+    $('create-account').open = false;
+    sayDone('Created the account ' + created.id + '.');
+    await loadAccounts();
+  }
+
+  // ---- wiring ---------------------------------------------------------
+
+  function onSubmit(id, action) {
+    $(id).addEventListener('submit', (event) => {
+      event.preventDefault();
+      say('');
+      attempt(action);
+    });
+  }
+  function onClick(id, action) {
+    $(id).addEventListener('click', () => {
+      say('');
+      attempt(action);
+    });
+  }
+
+  document.addEventListener('DOMContentLoaded', () => {
+    $('sign-in-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      const key = $('management-key').value.trim();
+      say('Signing in…');
+      signIn(key).then(
+        () => {
+          say('');
+          attempt(refresh);
+        },
+        (error) => {
+          signOut();
+          sayError('Sign-in failed: ' + error.message);
+        },
+      );
+    });
+    onClick('sign-out', async () => {
+      signOut();
+      sayDone('Signed out. The key is forgotten in this tab.');
+    });
+    onClick('refresh', refresh);
+    onSubmit('create-key-form', createKey);
+    onSubmit('edit-key-form', saveKey);
+    onClick('edit-cancel', async () => closeEditor());
+    onClick('delete-key', async () => {
+      $('confirm-delete').hidden = false;
+      $('confirm-delete-no').focus();
+    });
+    onClick('confirm-delete-no', async () => {
+      $('confirm-delete').hidden = true;
+    });
+    onClick('confirm-delete-yes', deleteKey);
+    onClick('copy-key', copyKey);
+    onClick('new-key-done', async () => {
+      $('new-key-value').value = '';
+      $('new-key').hidden = true;
+    });
+    onSubmit('create-account-form', createAccount);
+
+    // Still signed in from before a reload of this tab.
+    const stored = sessionStorage.getItem(STORAGE_KEY);
+    if (stored) {
+      signIn(stored).then(
+        () => attempt(refresh),
+        (error) => {
+          signOut();
+          sayError('Sign in again: ' + error.message);
+        },
+      );
+    } else {
+      $('management-key').focus();
+    }
+  });
+})();

@@ -1,0 +1,806 @@
+//! The key settings page in a real browser: headless Chromium driven
+//! through chromedriver against the proxy example run as a process (the
+//! built-in mock upstream, everything in memory).
+//!
+//! A person signs in with a management key, creates a key with a limit,
+//! sees its usage once it is used through the API, sets its limit below
+//! that usage (402 through the API), raises it (200), deletes it (401);
+//! a wrong key or an inference key gets a clear message; the operator
+//! manages accounts. The page's responses carry their security headers,
+//! and the API allows no other origin.
+//!
+//! Needs `cargo build --examples` first and Debian's `chromium` and
+//! `chromium-driver`; `./scripts/test.sh` does both. The run writes a
+//! screenshot of the signed-in page to `docs/settings-page.png`.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::browser::{Browser, Chromedriver, PATIENCE};
+use common::examples::ProxyProcess;
+use modelgate::auth::ApiKey;
+use modelgate::settings::CONTENT_SECURITY_POLICY;
+use serde_json::{json, Value};
+
+/// One Chromium at a time: the machine has two cores.
+static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A paid model of the proxy's demo prices (1000 credits per million
+/// tokens), served by its built-in mock.
+const PAID_MODEL: &str = "demo/paid";
+
+/// The proxy example with `admin` as its management key (the operator's).
+fn start_proxy(admin: &str) -> ProxyProcess {
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env("MODELGATE_ADMIN_KEY", admin)
+        .env("RUST_LOG", "warn");
+    ProxyProcess::spawn(command)
+}
+
+/// The gateway's JSON API, as a client program uses it.
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn new(proxy: &ProxyProcess) -> Api {
+        Api {
+            base: proxy.address.clone(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// One small chat completion with `key`; its status and body.
+    async fn chat(&self, key: &str) -> (u16, Value) {
+        let body = json!({
+            "model": PAID_MODEL,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Hello"}],
+        });
+        self.send(
+            reqwest::Method::POST,
+            "/api/v1/chat/completions",
+            key,
+            Some(body),
+        )
+        .await
+    }
+
+    /// Credits bought for `account` by the operator.
+    async fn top_up(&self, admin: &str, account: &str, amount: f64) {
+        let response = self
+            .http
+            .post(format!("{}/api/v1/accounts/{account}/credits", self.base))
+            .bearer_auth(admin)
+            .header("idempotency-key", format!("test-{account}-{amount}"))
+            .json(&json!({ "amount": amount }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    }
+
+    /// The keys `key` may list, by name.
+    async fn key_named(&self, key: &str, name: &str) -> Option<Value> {
+        let (status, list) = self
+            .send(
+                reqwest::Method::GET,
+                "/api/v1/keys?include_disabled=true",
+                key,
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{list}");
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|record| record["name"] == name)
+            .cloned()
+    }
+}
+
+/// Opens the page and signs in with `key`; fails unless the key table shows.
+async fn sign_in(browser: &Browser, proxy: &ProxyProcess, key: &str) {
+    browser.goto(&format!("{}/settings", proxy.address)).await;
+    assert_eq!(
+        browser.client.title().await.unwrap(),
+        "Key settings · modelgate"
+    );
+    browser.watch_csp().await;
+    browser.fill("sign-in", "Management key", key).await;
+    browser.click(Some("sign-in"), "Sign in").await;
+    browser.wait_shown("keys", true).await;
+    // The key lives in the tab's sessionStorage only: no cookie, no URL.
+    assert_eq!(
+        browser
+            .script("return sessionStorage.getItem('modelgate.managementKey')")
+            .await,
+        key
+    );
+    assert!(browser.client.get_all_cookies().await.unwrap().is_empty());
+    let url = browser.client.current_url().await.unwrap();
+    assert!(!url.as_str().contains(key) && url.path() == "/settings");
+}
+
+/// The text of column `class` in the row of the key named `name`, or
+/// `None` while the table has no such row.
+async fn cell(browser: &Browser, name: &str, class: &str) -> Option<String> {
+    let xpath = format!(
+        "//tbody[@id='key-rows']/tr[td[contains(concat(' ', @class, ' '), ' name ')][normalize-space()='{name}']]/td[contains(concat(' ', @class, ' '), ' {class} ')]"
+    );
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let element = browser
+            .client
+            .find(fantoccini::Locator::XPath(&xpath))
+            .await
+            .ok()?;
+        // The table may be drawn anew between finding the cell and reading it.
+        match element.text().await {
+            Ok(text) => return Some(text),
+            Err(error) => assert!(Instant::now() < deadline, "{error}"),
+        }
+    }
+}
+
+/// Waits until the table shows what `check` wants in column `class` of
+/// the row of `name` (`None`: no such row). The page shows an action's
+/// outcome first, then reloads the table.
+async fn wait_for_cell(
+    browser: &Browser,
+    name: &str,
+    class: &str,
+    what: &str,
+    check: impl Fn(Option<&str>) -> bool,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = cell(browser, name, class).await;
+        if check(text.as_deref()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the key {name} never showed {what} in {class}: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Clicks Refresh until the row of `name` shows `check` in column `class`.
+async fn refresh_until(
+    browser: &Browser,
+    name: &str,
+    class: &str,
+    what: &str,
+    check: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(text) = cell(browser, name, class).await {
+            if check(&text) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the key {name} never showed {what} in {class}: {text:?}"
+            );
+        } else {
+            assert!(Instant::now() < deadline, "no row for the key {name}");
+        }
+        browser.click(Some("keys"), "Refresh").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Opens the editor of the key `name`.
+async fn edit(browser: &Browser, name: &str) {
+    let xpath = format!("//tbody[@id='key-rows']//button[@aria-label='Edit key {name}']");
+    let deadline = Instant::now() + PATIENCE;
+    // The table may be drawn anew between finding the button and clicking it.
+    loop {
+        let clicked = match browser
+            .client
+            .find(fantoccini::Locator::XPath(&xpath))
+            .await
+        {
+            Ok(button) => button.click().await.map_err(|error| error.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        match clicked {
+            Ok(()) => break,
+            Err(error) => assert!(Instant::now() < deadline, "no Edit for {name}: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    browser.wait_shown("edit-key", true).await;
+}
+
+/// Saves the editor with `limit` in the Credit limit field (empty: none)
+/// and waits for the page to say so.
+async fn save_limit(browser: &Browser, name: &str, limit: &str) {
+    edit(browser, name).await;
+    browser.fill("edit-key", "Credit limit", limit).await;
+    browser.click(Some("edit-key"), "Save").await;
+    let expected = if limit.is_empty() {
+        "no limit".to_owned()
+    } else {
+        format!("limit {limit} credits")
+    };
+    browser
+        .wait_for_text("message", &expected, |text| {
+            text.contains("Saved the key") && text.contains(&expected)
+        })
+        .await;
+}
+
+/// The key's life on the page, signed in with a management key that may
+/// manage keys of `account` (whose balance pays for the requests): create
+/// with a limit, use through the API, usage shown, limit below usage →
+/// 402, raised → 200, removed → 200, deleted → 401. `screenshot`: where
+/// to keep a picture of the page with the key in use.
+async fn a_key_from_creation_to_deletion(
+    browser: &Browser,
+    api: &Api,
+    manager: &str,
+    name: &str,
+    screenshot: Option<&std::path::Path>,
+) {
+    // Created with a daily limit of 1 credit.
+    browser.fill("create-key", "Name", name).await;
+    browser.fill("create-key", "Credit limit", "1").await;
+    browser.select("create-key", "Limit reset", "daily").await;
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let plaintext = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(plaintext.starts_with("mg-v1-"), "{plaintext}");
+    assert!(browser.text("message").await.contains("not shown again"));
+    let record = api
+        .key_named(manager, name)
+        .await
+        .expect("the key is created");
+    assert_eq!(
+        (record["limit"].clone(), record["limit_reset"].clone()),
+        (json!(1), json!("daily"))
+    );
+    wait_for_cell(browser, name, "status", "active", |text| {
+        text == Some("active")
+    })
+    .await;
+    assert_eq!(cell(browser, name, "usage-daily").await.unwrap(), "0");
+    browser.click(Some("new-key"), "Done").await;
+    browser.wait_shown("new-key", false).await;
+
+    // Used through the API; its usage shows once the cost has settled.
+    let (status, body) = api.chat(&plaintext).await;
+    assert_eq!(status, 200, "{body}");
+    let used = refresh_until(browser, name, "usage-daily", "usage", |text| text != "0").await;
+    let used: f64 = used.parse().unwrap();
+    assert!(used > 0.0 && used < 0.1, "{used}");
+    for class in ["usage-weekly", "usage-monthly"] {
+        assert_eq!(
+            cell(browser, name, class)
+                .await
+                .unwrap()
+                .parse::<f64>()
+                .unwrap(),
+            used
+        );
+    }
+    let limit_cell = cell(browser, name, "limit").await.unwrap();
+    assert!(limit_cell.contains("left today"), "{limit_cell}");
+    if let Some(path) = screenshot {
+        browser.screenshot(path).await;
+    }
+
+    // A limit below what it used today: the API refuses it, 402, and the
+    // bar shows the limit used up.
+    assert!(used > 0.001, "{used}");
+    save_limit(browser, name, "0.001").await;
+    let (status, body) = api.chat(&plaintext).await;
+    assert_eq!(status, 402, "{body}");
+    assert_eq!(body["error"]["metadata"]["limit_source"], "key_limit");
+    refresh_until(browser, name, "limit", "the limit used up", |text| {
+        text.starts_with("0.001") && text.contains("\n0 left today")
+    })
+    .await;
+    let bar = browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!(
+            "//tbody[@id='key-rows']/tr[td[normalize-space()='{name}']]//progress"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(bar.attr("class").await.unwrap().as_deref(), Some("full"));
+
+    // Raised: served again.
+    save_limit(browser, name, "5").await;
+    let (status, body) = api.chat(&plaintext).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Removed (the field cleared sends null): no limit at all.
+    save_limit(browser, name, "").await;
+    assert_eq!(
+        api.key_named(manager, name).await.unwrap()["limit"],
+        Value::Null
+    );
+    wait_for_cell(browser, name, "limit", "no limit", |text| {
+        text == Some("No limit")
+    })
+    .await;
+
+    // Deleted after the in-page confirmation: the key is refused.
+    edit(browser, name).await;
+    browser.click(Some("edit-key"), "Delete").await;
+    browser.wait_shown("confirm-delete", true).await;
+    // Nothing is deleted before the confirmation.
+    assert!(api.key_named(manager, name).await.is_some());
+    browser
+        .click(Some("confirm-delete"), "Yes, delete the key")
+        .await;
+    browser
+        .wait_for_text("message", "the deletion", |text| {
+            text.contains(&format!("Deleted the key “{name}”"))
+        })
+        .await;
+    wait_for_cell(browser, name, "name", "no row", |text| text.is_none()).await;
+    let (status, body) = api.chat(&plaintext).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(api.key_named(manager, name).await.is_none());
+}
+
+/// The operator's key manages a key of its own account on the page.
+/// Needs only the key management API the gateway has had all along.
+#[tokio::test]
+async fn the_operator_manages_a_key_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    // The operator's key belongs to the default account; its keys too.
+    api.top_up(admin, "default", 10.0).await;
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+
+    sign_in(&browser, &proxy, admin).await;
+    assert!(browser.text("who").await.contains("“operator”"));
+    // The style sheet applies (the policy lets the page's own file in).
+    let button = browser.button(Some("create-key"), "Create key").await;
+    assert_eq!(
+        button.css_value("background-color").await.unwrap(),
+        "rgba(36, 87, 197, 1)"
+    );
+    // A reload keeps the person signed in (the tab's sessionStorage).
+    browser.client.refresh().await.unwrap();
+    browser.wait_shown("keys", true).await;
+    assert!(!browser.displayed("sign-in").await);
+    browser.watch_csp().await;
+
+    let screenshot =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/settings-page.png");
+    a_key_from_creation_to_deletion(&browser, &api, admin, "ci pipeline", Some(&screenshot)).await;
+    // Nothing the page did as it ran was blocked by its own policy.
+    assert_eq!(browser.csp_violations().await, json!([]));
+
+    // Signing out forgets the key.
+    browser.click(None, "Sign out").await;
+    browser.wait_shown("sign-in", true).await;
+    assert!(!browser.displayed("keys").await);
+    assert_eq!(browser.script("return sessionStorage.length").await, 0);
+    browser.client.refresh().await.unwrap();
+    browser.wait_shown("sign-in", true).await;
+    assert!(!browser.displayed("keys").await);
+    browser.close().await;
+}
+
+/// An account's own management key: sees its account's balance, free tier
+/// and free-model requests, and manages that account's keys.
+///
+/// Needs the accounts API: `POST /api/v1/accounts` and
+/// `POST /api/v1/keys` with `account` and `management` for the operator.
+#[tokio::test]
+async fn an_account_manager_manages_a_key_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/accounts",
+            admin,
+            Some(json!({"id": "acme", "name": "Acme Ltd", "email": "ops@acme.example"})),
+        )
+        .await;
+    assert_eq!(status, 201, "the operator creates an account: {body}");
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            admin,
+            Some(json!({"name": "acme admin", "account": "acme", "management": true})),
+        )
+        .await;
+    assert_eq!(
+        status, 201,
+        "the operator makes acme a management key: {body}"
+    );
+    let manager = body["key"].as_str().unwrap().to_owned();
+    // A key of another account, which acme's manager must not see.
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            admin,
+            Some(json!({"name": "someone else's"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+
+    // Before any purchase: free tier, the smaller free-model quota.
+    sign_in(&browser, &proxy, &manager).await;
+    browser.wait_shown("account", true).await;
+    assert!(browser.text("account-title").await.contains("acme"));
+    assert_eq!(browser.text("account-balance").await, "0 credits");
+    assert!(browser.text("account-free-tier").await.starts_with("Yes"));
+    assert_eq!(browser.text("account-free-requests").await, "50 of 50");
+    assert!(
+        !browser.displayed("accounts").await,
+        "the operator's part stays hidden"
+    );
+    wait_for_cell(&browser, "acme admin", "name", "its row", |text| {
+        text.is_some()
+    })
+    .await;
+    assert!(cell(&browser, "someone else's", "name").await.is_none());
+
+    // The operator tops the account up; the page shows it.
+    api.top_up(admin, "acme", 12.5).await;
+    browser.click(Some("keys"), "Refresh").await;
+    browser
+        .wait_for_text("account-balance", "the top-up", |text| {
+            text == "12.5 credits"
+        })
+        .await;
+    assert_eq!(browser.text("account-free-tier").await, "No");
+    assert_eq!(browser.text("account-free-requests").await, "1000 of 1000");
+
+    a_key_from_creation_to_deletion(&browser, &api, &manager, "acme ci", None).await;
+    // The key went to acme, and acme paid for it.
+    browser.click(Some("keys"), "Refresh").await;
+    browser
+        .wait_for_text("account-balance", "acme's payments", |text| {
+            let balance: f64 = text.trim_end_matches(" credits").parse().unwrap();
+            balance < 12.5 && balance > 12.0
+        })
+        .await;
+    browser.close().await;
+}
+
+/// The operator sees every account, creates one, tops it up and makes its
+/// management key, all on the page; that key then signs in to its account.
+///
+/// Needs the accounts API: `GET`/`POST /api/v1/accounts`,
+/// `GET /api/v1/accounts/{id}`, `GET /api/v1/keys?account=`, `operator`
+/// and `account` in `GET /api/v1/key`, `management` in `POST /api/v1/keys`.
+#[tokio::test]
+async fn the_operator_manages_accounts_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+
+    sign_in(&browser, &proxy, admin).await;
+    browser.wait_shown("accounts", true).await;
+    // The operator's own account is listed; the form opens on demand.
+    assert!(
+        browser.text("account-rows").await.contains("default"),
+        "{}",
+        browser.text("account-rows").await
+    );
+    browser
+        .client
+        .find(fantoccini::Locator::XPath(
+            "//summary[normalize-space()='Create an account']",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser.fill("accounts", "Account ID", "globex").await;
+    browser.fill("accounts", "Account name", "Globex").await;
+    browser.fill("accounts", "Email", "it@globex.example").await;
+    browser.click(Some("accounts"), "Create account").await;
+    browser
+        .wait_for_text("message", "the new account", |text| {
+            text.contains("Created the account globex")
+        })
+        .await;
+    let (status, body) = api
+        .send(reqwest::Method::GET, "/api/v1/accounts/globex", admin, None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["email"], "it@globex.example");
+
+    // Top up 20 credits from the account's row.
+    let row = "//tbody[@id='account-rows']/tr[td[normalize-space()='globex']]";
+    let amount = browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!(
+            "{row}//input[@aria-label='Credits to add to globex']"
+        )))
+        .await
+        .unwrap();
+    amount.send_keys("20").await.unwrap();
+    browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!(
+            "{row}//button[normalize-space()='Top up']"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait_for_text("message", "the top-up", |text| {
+            text.contains("Added 20 credits to globex")
+        })
+        .await;
+    let (_, body) = api
+        .send(reqwest::Method::GET, "/api/v1/accounts/globex", admin, None)
+        .await;
+    assert_eq!(body["data"]["balance"], 20);
+
+    // Its keys, and a management key for it.
+    browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!(
+            "{row}//button[@aria-label='Show the keys of globex']"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait_for_text("account-title", "globex", |text| text.contains("globex"))
+        .await;
+    browser
+        .wait_for_text("account-balance", "its balance", |text| {
+            text == "20 credits"
+        })
+        .await;
+    browser.fill("create-key", "Name", "globex manager").await;
+    browser
+        .field("create-key", "Account management key")
+        .await
+        .click()
+        .await
+        .unwrap();
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let manager = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, me) = api
+        .send(reqwest::Method::GET, "/api/v1/key", &manager, None)
+        .await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["data"]["management"], true);
+    assert_eq!(me["data"]["account"], "globex");
+    assert_eq!(me["data"]["operator"], false);
+
+    // That key signs in to globex alone.
+    browser.click(None, "Sign out").await;
+    sign_in(&browser, &proxy, &manager).await;
+    assert!(!browser.displayed("accounts").await);
+    browser
+        .wait_for_text("account-balance", "globex's balance", |text| {
+            text == "20 credits"
+        })
+        .await;
+    wait_for_cell(&browser, "globex manager", "name", "its row", |text| {
+        text.is_some()
+    })
+    .await;
+    browser.close().await;
+}
+
+/// A wrong key, a malformed one and an inference key are each told
+/// clearly why they cannot sign in; none is kept.
+#[tokio::test]
+async fn a_wrong_key_or_an_inference_key_gets_a_clear_message() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let inference = proxy.create_key(admin, "app").await;
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+    browser.goto(&format!("{}/settings", proxy.address)).await;
+
+    let unknown = ApiKey::generate();
+    for (key, expected) in [
+        (unknown.expose(), "unknown API key"),
+        (
+            "sk-not-a-modelgate-key",
+            "modelgate keys start with `mg-v1-`",
+        ),
+        (inference.as_str(), "This is an inference key"),
+    ] {
+        browser.fill("sign-in", "Management key", key).await;
+        browser.click(Some("sign-in"), "Sign in").await;
+        browser
+            .wait_for_text("message", expected, |text| {
+                text.starts_with("Sign-in failed: ") && text.contains(expected)
+            })
+            .await;
+        let class = browser.by_id("message").await.attr("class").await.unwrap();
+        assert_eq!(class.as_deref(), Some("message error"));
+        assert!(!browser.displayed("keys").await);
+        assert!(browser.displayed("sign-in").await);
+        assert_eq!(browser.script("return sessionStorage.length").await, 0);
+    }
+    let message = browser.text("message").await;
+    assert!(message.contains("management key"), "{message}");
+    browser.close().await;
+}
+
+/// Every page response carries the security headers; other files under
+/// /settings are canonical 404s, other methods 405s.
+#[tokio::test]
+async fn the_page_is_served_with_its_security_headers() {
+    let admin = ApiKey::generate();
+    let proxy = start_proxy(admin.expose());
+    let http = reqwest::Client::new();
+    for (path, content_type) in [
+        ("/settings", "text/html; charset=utf-8"),
+        ("/settings/", "text/html; charset=utf-8"),
+        ("/settings/app.js", "text/javascript; charset=utf-8"),
+        ("/settings/app.css", "text/css; charset=utf-8"),
+        ("/settings/icon.svg", "image/svg+xml; charset=utf-8"),
+    ] {
+        for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
+            let response = http
+                .request(method.clone(), format!("{}{path}", proxy.address))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{method} {path}");
+            let headers = response.headers();
+            assert_eq!(headers["content-type"], content_type, "{path}");
+            assert_eq!(headers["content-security-policy"], CONTENT_SECURITY_POLICY);
+            assert_eq!(headers["x-content-type-options"], "nosniff");
+            assert_eq!(headers["referrer-policy"], "no-referrer");
+            assert_eq!(headers["cache-control"], "no-store");
+            assert!(!headers.contains_key("access-control-allow-origin"));
+            assert!(!headers.contains_key("set-cookie"));
+            let body = response.bytes().await.unwrap();
+            if method == reqwest::Method::HEAD {
+                assert!(body.is_empty());
+            } else {
+                assert!(!body.is_empty());
+            }
+        }
+    }
+    let response = http
+        .post(format!("{}/settings", proxy.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "GET, HEAD");
+    assert_eq!(
+        response.headers()["content-security-policy"],
+        CONTENT_SECURITY_POLICY
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "method_not_allowed");
+
+    let response = http
+        .get(format!("{}/settings/secrets.txt", proxy.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error");
+    assert_eq!(body["error"]["code"], 404);
+}
+
+/// No other origin may call the API from a browser: neither a preflight
+/// nor an answer carries an Access-Control-Allow-Origin.
+#[tokio::test]
+async fn the_api_allows_no_other_origin() {
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let http = reqwest::Client::new();
+    for path in [
+        "/api/v1/keys",
+        "/api/v1/key",
+        "/api/v1/chat/completions",
+        "/settings",
+    ] {
+        let preflight = http
+            .request(reqwest::Method::OPTIONS, format!("{}{path}", proxy.address))
+            .header("origin", "https://elsewhere.example")
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            !preflight.status().is_success(),
+            "OPTIONS {path}: {}",
+            preflight.status()
+        );
+        for header in preflight.headers().keys() {
+            assert!(
+                !header.as_str().starts_with("access-control-"),
+                "OPTIONS {path} answers {header}"
+            );
+        }
+    }
+    // A request with a good key from another origin: answered (a browser
+    // would not let the page read it), with no CORS allowance.
+    let answer = http
+        .get(format!("{}/api/v1/keys", proxy.address))
+        .header("origin", "https://elsewhere.example")
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    for header in answer.headers().keys() {
+        assert!(!header.as_str().starts_with("access-control-"), "{header}");
+    }
+}
