@@ -26,6 +26,7 @@
 //!   trusted proxies, from `X-Forwarded-For`.
 //! - [`in_flight`]: `InFlightLimit`, a bound on requests in flight; past
 //!   it, 503 at once instead of a queue.
+//! - [`settings`]: `SettingsPage`, the key settings page at `/settings`.
 //! - [`error_mapper`]: every failure leaves in the canonical body.
 //! - [`body`]: the body buffered once, size and time bounded; chat requests
 //!   parsed into a [`body::ChatRequest`]; a body refused unread drained

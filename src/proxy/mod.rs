@@ -6,7 +6,7 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! AccessLog -> ClientAddr -> InFlightLimit -> WebhookSecret -> ErrorMapper
+//! AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> WebhookSecret -> ErrorMapper
 //!   -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
 //!   -> Retry -> Providers -> Upstream
@@ -95,6 +95,7 @@ use crate::in_flight::InFlightLimitLayer;
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
+use crate::settings::SettingsPageLayer;
 use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
 
 /// The gateway's configuration, as a JSON document; every section is
@@ -634,7 +635,7 @@ where
         .layer(AccessLogLayer::new(Arc::clone(&catalog)))
         .layer(ClientAddrLayer::new(trusted_proxies))
         .layer(InFlightLimitLayer::new(max_in_flight))
-        .layer(crate::settings::SettingsPageLayer::new())
+        .layer(SettingsPageLayer::new())
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
