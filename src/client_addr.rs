@@ -178,7 +178,7 @@ fn parse_hop(entry: &str) -> Option<IpAddr> {
 }
 
 /// An IPv4 client reached over an IPv6 socket is the IPv4 client.
-fn canonical(address: IpAddr) -> IpAddr {
+pub(crate) fn canonical(address: IpAddr) -> IpAddr {
     match address {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::client_addr::canonical;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ErrorKind, GatewayError};
 
@@ -119,9 +120,8 @@ impl AuthFailures {
     /// window ends once past it (answer 429).
     pub fn record_failure(&self, address: Option<IpAddr>) -> Option<Duration> {
         let now = crate::clock::unix_micros(self.inner.clock.now());
-        let window_micros = i64::try_from(self.inner.limit.window_seconds)
-            .unwrap_or(i64::MAX / 1_000_000)
-            .saturating_mul(1_000_000);
+        // At most a day (validated): no overflow.
+        let window_micros = self.inner.limit.window_seconds as i64 * 1_000_000;
         let key = address_key(address);
         let mut shard = self.shard(key);
         let per_shard = self.inner.limit.max_tracked_addresses / SHARDS;
@@ -194,13 +194,10 @@ impl AuthFailures {
 }
 
 fn address_key(address: Option<IpAddr>) -> AddressKey {
-    address.map(|address| match address {
+    address.map(|address| match canonical(address) {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => u128::from(u32::from(v4)),
-            // The /64, tagged so it never equals an IPv4 key.
-            None => (u128::from(v6) & !((1u128 << 64) - 1)) | 1,
-        },
+        // The /64, tagged so it never equals an IPv4 key.
+        IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | 1,
     })
 }
 

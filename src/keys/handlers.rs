@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use futures_util::future::{try_join3, try_join_all};
+use futures_util::future::{try_join, try_join_all};
 use http::header::{HeaderName, HeaderValue, ALLOW};
 use http::{Method, StatusCode};
 use serde_json::{json, Map, Value};
@@ -279,13 +279,20 @@ pub(crate) async fn handle(
         }
         (Route::Key(hash), method) => {
             let hash = path_hash(hash)?;
-            if !principal.operator {
-                // Another account's key is answered as no key at all.
+            // An account's management key reads the key first: another
+            // account's key is answered as no key at all. (A key never
+            // changes account, so the check holds for the write below.)
+            let checked = if principal.operator {
+                None
+            } else {
                 let record = directory.get(&hash).await.map_err(refuse)?;
-                if record.is_none_or(|record| record.value.account != principal.account_id) {
-                    return Err(no_such_key());
+                match record {
+                    Some(record) if record.value.account == principal.account_id => {
+                        Some(record.value)
+                    }
+                    _ => return Err(no_such_key()),
                 }
-            }
+            };
             let record = match *method {
                 Method::DELETE => {
                     return if directory.delete(&hash).await.map_err(refuse)? {
@@ -298,11 +305,14 @@ pub(crate) async fn handle(
                     let update = input::key_update(body()?)?;
                     directory.update(&hash, &update).await.map_err(refuse)?
                 }
-                _ => directory
-                    .get(&hash)
-                    .await
-                    .map_err(refuse)?
-                    .map(|versioned| versioned.value),
+                _ => match checked {
+                    Some(record) => Some(record),
+                    None => directory
+                        .get(&hash)
+                        .await
+                        .map_err(refuse)?
+                        .map(|versioned| versioned.value),
+                },
             };
             let record = record.ok_or_else(no_such_key)?;
             let usage = directory
@@ -573,20 +583,12 @@ async fn free_model_requests(
     // Reading the daily counter does not depend on its limit: both reads
     // go out together.
     let peek = [config.free_quota.daily_check(0, 0)];
-    let (balance, free) = futures_util::future::try_join(
+    let (balance, free) = try_join(
         store.account_balance(account),
         store.check_and_add(account, &peek, now),
     )
     .await
     .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))?;
-    Ok((balance, free_fields(config, &balance, &free)))
-}
-
-fn free_fields(
-    config: &KeyRoutesConfig,
-    balance: &AccountBalance,
-    free: &crate::store::Decision,
-) -> Map<String, Value> {
     let daily_limit = config
         .free_quota
         .requests_per_day_for(balance.purchased_nanos);
@@ -604,7 +606,7 @@ fn free_fields(
             "remaining": daily_limit.saturating_sub(used),
         }),
     );
-    fields
+    Ok((balance, fields))
 }
 
 /// The account id of a BYOK path, when `principal` may read its keys:
@@ -638,18 +640,20 @@ async fn key_status(
     principal: &Principal,
     now: DateTime<Utc>,
 ) -> Result<Answer, GatewayError> {
-    let store = config.directory.store();
     let account = principal.account_id.as_str();
-    // Reading the daily counter does not depend on its limit, so the three
-    // reads go out together.
-    let peek = [config.free_quota.daily_check(0, 0)];
-    let (usage, balance, free) = try_join3(
-        store.key_usage(account, &principal.key_hash.to_hex(), now),
-        store.account_balance(account),
-        store.check_and_add(account, &peek, now),
+    // The key's usage and the account's figures go out together.
+    let (usage, (_, free)) = try_join(
+        async {
+            config
+                .directory
+                .store()
+                .key_usage(account, &principal.key_hash.to_hex(), now)
+                .await
+                .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))
+        },
+        free_model_requests(config, account, now),
     )
-    .await
-    .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))?;
+    .await?;
     let mut data = Map::new();
     data.insert("label".into(), Value::from(principal.label.clone()));
     data.insert("account".into(), Value::from(account));
@@ -662,7 +666,7 @@ async fn key_status(
         principal.include_byok_in_limit,
         &usage,
     );
-    data.extend(free_fields(config, &balance, &free));
+    data.extend(free);
     Ok(Answer::ok(json!({ "data": data })))
 }
 

@@ -6,8 +6,8 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> WebhookSecret -> ErrorMapper
-//!   -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
+//! DrainUnread -> AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> WebhookSecret
+//!   -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
 //!   -> Retry -> Providers -> Upstream
 //! ```
