@@ -1127,6 +1127,19 @@ async fn a_collection_of_expiring_records_leaves_redis_by_itself() {
     for (name, pttl) in lifetimes(&connection).await {
         assert!((60_000..=65_000).contains(&pttl), "{name}: {pttl}");
     }
+    // Emptied while its keys expire, then given a record without a
+    // lifetime: every key that is left is kept, the sequence counter
+    // included (it expiring would restart the creation order).
+    for id in ["a", "b"] {
+        store
+            .delete_record_at(&collection, id, Expect::Any, t0())
+            .await
+            .unwrap();
+    }
+    put("forever", PutOptions::default(), t0()).await;
+    let kept = lifetimes(&connection).await;
+    assert!(kept.iter().any(|(name, _)| name == "seq"), "{kept:?}");
+    assert!(kept.iter().all(|(_, pttl)| *pttl == -1), "{kept:?}");
     // A record that expires in 1 ms (in the caller's time, which is also
     // how far ahead of Redis the keys are given): the collection leaves
     // within the slack.

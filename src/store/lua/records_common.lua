@@ -35,7 +35,9 @@ local function set_lifetime(now, slack_ms)
     local latest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
     local ms = int(math.ceil((tonumber(latest[2]) - now) / 1000) + slack_ms)
     for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ms) end
-  elseif redis.call('PTTL', KEYS[2]) >= 0 then
+  -- The sequence counter outlives an emptied collection: its expiry says
+  -- whether the keys were set to expire.
+  elseif redis.call('PTTL', KEYS[4]) >= 0 then
     for i = 1, 5 do redis.call('PERSIST', KEYS[i]) end
   end
 end
