@@ -144,12 +144,16 @@ struct Shard {
 /// whole: a set is about as small as its limit, the requests in flight.
 type Leases = HashMap<Box<str>, i64>;
 
+/// Whether a sweep planned for `next_sweep_micros` is due at `now_micros`:
+/// also when the clock has stepped far back, or sweeping would stop.
+fn sweep_due(next_sweep_micros: i64, now_micros: i64) -> bool {
+    now_micros >= next_sweep_micros
+        || next_sweep_micros.saturating_sub(now_micros) > 2 * SWEEP_INTERVAL_MICROS
+}
+
 impl Shard {
     fn maybe_sweep(&mut self, now_micros: i64) {
-        // Also when the clock has stepped far back, or sweeping would stop.
-        let stepped_back =
-            self.next_sweep_micros.saturating_sub(now_micros) > 2 * SWEEP_INTERVAL_MICROS;
-        if now_micros >= self.next_sweep_micros || stepped_back {
+        if sweep_due(self.next_sweep_micros, now_micros) {
             self.sweep(now_micros);
         }
     }
@@ -971,9 +975,7 @@ impl Records {
     /// left empty, at most once a second of store time: a session nobody
     /// calls again still has its expired flows removed.
     fn maybe_sweep(&mut self, now_micros: i64) {
-        let stepped_back =
-            self.next_sweep_micros.saturating_sub(now_micros) > 2 * SWEEP_INTERVAL_MICROS;
-        if now_micros >= self.next_sweep_micros || stepped_back {
+        if sweep_due(self.next_sweep_micros, now_micros) {
             self.sweep(now_micros);
         }
     }

@@ -128,6 +128,20 @@ pub enum PutOutcome {
     },
 }
 
+impl PutOutcome {
+    /// The outcome of a write that asked for no cap: `Full` cannot be its
+    /// answer, so it is a store fault.
+    pub fn uncapped(self) -> Result<WriteOutcome, StoreError> {
+        match self {
+            PutOutcome::Write(outcome) => Ok(outcome),
+            PutOutcome::Full { records } => Err(StoreError::corrupt(
+                "put_record",
+                format!("refused as full ({records} records) without a cap"),
+            )),
+        }
+    }
+}
+
 /// Records as opaque bytes (JSON in practice) with revisions.
 ///
 /// Each collection keeps its records in creation order, so listings can
@@ -199,23 +213,16 @@ pub trait RecordStore: Send + Sync + 'static {
         value: &[u8],
         expect: Expect,
     ) -> Result<WriteOutcome, StoreError> {
-        match self
-            .put_record_at(
-                collection,
-                id,
-                value,
-                expect,
-                PutOptions::default(),
-                Utc::now(),
-            )
-            .await?
-        {
-            PutOutcome::Write(outcome) => Ok(outcome),
-            PutOutcome::Full { records } => Err(StoreError::corrupt(
-                "put_record",
-                format!("refused as full ({records} records) without a cap"),
-            )),
-        }
+        self.put_record_at(
+            collection,
+            id,
+            value,
+            expect,
+            PutOptions::default(),
+            Utc::now(),
+        )
+        .await?
+        .uncapped()
     }
 
     /// Deletes `id` when `expect` holds; deleting nothing with `Expect::Any` is `Written`.
