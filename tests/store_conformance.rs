@@ -1795,6 +1795,76 @@ async fn admission_is_all_or_nothing_across_counters_and_the_hold<S: Store>(stor
     );
 }
 
+async fn a_revoked_key_is_refused_before_its_counters_and_costs_nothing<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    let minute = Check::new("minute", rolling(1, 60), 1);
+    let admitted = store
+        .admit(
+            &admission(vec![minute.clone()], Some(paid_hold("a", credits(1), None))),
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert!(admitted.admitted);
+    let held_before = store.key_usage("acct", "key-hash", t0()).await.unwrap();
+    store.revoke_key("acct", "key-hash", t0()).await.unwrap();
+    // Idempotent.
+    store.revoke_key("acct", "key-hash", t0()).await.unwrap();
+    // Refused as revoked even though the counter is full too, free holds
+    // (no amount) included; nothing counted, nothing held.
+    for (id, amount) in [("b", credits(1)), ("c", 0)] {
+        let outcome = store
+            .admit(
+                &admission(vec![minute.clone()], Some(paid_hold(id, amount, None))),
+                t0(),
+            )
+            .await
+            .unwrap();
+        assert!(!outcome.admitted);
+        assert_eq!(outcome.hold, Some(ReserveOutcome::KeyRevoked));
+        assert_eq!(outcome.checks[0].used, 1, "nothing more counted");
+    }
+    assert_eq!(
+        store.key_usage("acct", "key-hash", t0()).await.unwrap(),
+        held_before,
+        "nothing held"
+    );
+    // The hold granted before stays until settled; settling still records.
+    store
+        .settle(&settlement("a", credits(1) / 2, false), t0())
+        .await
+        .unwrap();
+    let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
+    assert_eq!(
+        (usage.total_nanos, usage.reserved_nanos),
+        (credits(1) / 2, 0)
+    );
+    // Another key of the account, and the same key hash in another account,
+    // are untouched.
+    let other_key = ReserveRequest {
+        key: "other-key".into(),
+        ..paid_hold("d", credits(1), None)
+    };
+    assert!(store.reserve(&other_key, t0()).await.unwrap().is_reserved());
+    store.top_up("acct2", credits(10)).await.unwrap();
+    let other_account = ReserveRequest {
+        account: "acct2".into(),
+        ..paid_hold("e", credits(1), None)
+    };
+    assert!(store
+        .reserve(&other_account, t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    assert_eq!(
+        store
+            .reserve(&paid_hold("f", credits(1), None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyRevoked
+    );
+}
+
 async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
     store.top_up("acct", credits(5)).await.unwrap();
     // Holds on two keys of the account draw on the one balance.
@@ -2790,6 +2860,7 @@ conformance!(
     a_reservation_sees_the_costs_it_carries_not_their_holds,
     batched_settlements_and_reservations_stay_exact_under_concurrency,
     admission_is_all_or_nothing_across_counters_and_the_hold,
+    a_revoked_key_is_refused_before_its_counters_and_costs_nothing,
     the_balance_bounds_the_account_holds,
     a_flexible_hold_takes_what_the_key_limit_leaves,
     a_purchase_tier_raises_a_capacity_in_the_same_step,

@@ -44,6 +44,13 @@ fuzz_target!(|body: &[u8]| {
         Ok(nanos) => assert!(nanos > 0 && nanos <= MAX_CREDITS * NANOS_PER_CREDIT),
         Err(error) => refused(error.status().as_u16()),
     }
+    match input::leak_report(body) {
+        Ok((url, source)) => {
+            assert!(url.is_none_or(|url| url.len() <= input::MAX_LEAK_URL_BYTES));
+            assert!(source.is_none_or(|source| source.len() <= input::MAX_LEAK_SOURCE_BYTES));
+        }
+        Err(error) => refused(error.status().as_u16()),
+    }
     if let Err(error) = input::list_query(Some(&String::from_utf8_lossy(body))) {
         refused(error.status().as_u16());
     }

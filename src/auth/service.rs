@@ -8,6 +8,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
 use crate::admission::{Admission, Decision};
+use crate::body::is_chat_completions_call;
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState, Route};
@@ -66,11 +67,14 @@ where
         // The key is read; it must not travel further, to an upstream or
         // into a log of forwarded headers.
         request.headers_mut().remove(AUTHORIZATION);
-        let management_route = Route::of(request.uri().path()).is_some();
+        let route = RouteKind {
+            management: Route::of(request.uri().path()).is_some(),
+            chat: is_chat_completions_call(request.method(), request.uri().path()),
+        };
         let directory = self.directory.clone();
         let failures = self.failures.clone();
         let decision: Decision = Box::pin(async move {
-            let principal = authenticate(&directory, hash, management_route)
+            let principal = authenticate(&directory, hash, route)
                 .await
                 .map_err(|rejection| counted_failure(failures.as_ref(), client, rejection))?;
             let mut admission = Admission::default();
@@ -128,19 +132,31 @@ fn presented_key(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
     }
 }
 
+/// What BearerAuth's decision depends on in the request's route.
+#[derive(Clone, Copy, Debug)]
+struct RouteKind {
+    /// One of the routes [`KeyRoutes`](crate::keys::KeyRoutes) answers, the
+    /// only ones a management key may use.
+    management: bool,
+    /// A chat completion: its admission in the ledger refuses a revoked
+    /// key by itself, so the cached record is enough.
+    chat: bool,
+}
+
 /// Resolves `hash` to a principal, or the response refusing it.
-/// `management_route`: whether the request is for one of the routes
-/// [`KeyRoutes`](crate::keys::KeyRoutes) answers, the only ones a management
-/// key may use.
-pub(crate) async fn authenticate(
+async fn authenticate(
     directory: &KeyDirectory,
     hash: KeyHash,
-    management_route: bool,
+    route: RouteKind,
 ) -> Result<Principal, GatewayError> {
-    let state = directory
-        .lookup(&hash)
-        .await
-        .map_err(|error| FailurePolicy::refusal("BearerAuth", &error))?;
+    // Other routes never reach the ledger: a live key is read afresh, so
+    // that a key revoked on another instance is refused there at once too.
+    let state = if route.chat {
+        directory.lookup(&hash).await
+    } else {
+        directory.lookup_live(&hash).await
+    }
+    .map_err(|error| FailurePolicy::refusal("BearerAuth", &error))?;
     let record =
         match state {
             KeyState::Active(record) => record,
@@ -165,6 +181,9 @@ pub(crate) async fn authenticate(
             ),
         ));
     }
+    if let Some(leak) = &record.leak {
+        return Err(leaked_key(Some(leak.reported_at)));
+    }
     if record.disabled {
         return Err(unauthenticated(
             "disabled_key",
@@ -173,14 +192,32 @@ pub(crate) async fn authenticate(
     }
     // An allow-list, not a list of model paths: no spelling of a model
     // endpoint, known or yet to come, is open to a management key.
-    if record.management && !management_route {
+    if record.management && !route.management {
         return Err(GatewayError::new(
             ErrorKind::Forbidden,
             "a management key can only manage keys and accounts; use a normal API key to call models",
         )
         .with_metadata("reason", "management_key"));
     }
+    directory.note_use(hash, &record);
     Ok(Principal::from_record(hash, &record))
+}
+
+/// The 401 of a key reported leaked (`reported_at`, when known): it is
+/// disabled for good.
+pub(crate) fn leaked_key(reported_at: Option<chrono::DateTime<chrono::Utc>>) -> GatewayError {
+    let when = reported_at.map_or_else(String::new, |at| {
+        format!(
+            " at {}",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )
+    });
+    unauthenticated(
+        "leaked_key",
+        format!(
+            "this API key was reported leaked{when} and is disabled for good; delete it and create a new key (the key settings page, /settings, does both), and keep the new one out of code and repositories"
+        ),
+    )
 }
 
 /// A 401 with a machine-readable `metadata.reason` and the challenge

@@ -452,6 +452,15 @@ mod tests {
             self.inner.account_balance(account).await
         }
 
+        async fn revoke_key(
+            &self,
+            account: &str,
+            key: &str,
+            now: DateTime<Utc>,
+        ) -> Result<(), StoreError> {
+            self.inner.revoke_key(account, key, now).await
+        }
+
         fn batches_settlements(&self) -> bool {
             true
         }

@@ -342,6 +342,11 @@ async fn decide(
         // Refused: nothing was counted or held.
         pending.take();
     }
+    if outcome.hold == Some(ReserveOutcome::KeyRevoked) {
+        // Before the parts' verdicts: a revoked key is refused as such, not
+        // as over a rate it would also have passed.
+        return Err(crate::auth::leaked_key(None));
+    }
     let mut additions = Vec::with_capacity(plan.parts.len());
     for (part, range) in plan.parts.iter().zip(ranges) {
         let verdict = part.limiter.judge(
@@ -567,6 +572,9 @@ fn refused(config: &CreditGuardConfig, charge: &Charge, refusal: ReserveOutcome)
             }
             error
         }
+        // Revoked after this instance cached the key: the same 401 BearerAuth
+        // gives once its cache catches up.
+        ReserveOutcome::KeyRevoked => crate::auth::leaked_key(None),
         ReserveOutcome::Reserved { .. } => GatewayError::new(
             ErrorKind::Internal,
             "a granted hold was read as a refusal; retry",

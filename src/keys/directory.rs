@@ -1,16 +1,17 @@
 //! [`KeyDirectory`]: keys and accounts in the store, with a short-lived
 //! in-process cache in front of the lookups BearerAuth makes.
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::lookup_cache::LookupCache;
 use super::record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewAccount, NewKey,
-    DELETED_KEYS,
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
+    NewKey, DELETED_KEYS,
 };
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
@@ -32,6 +33,23 @@ pub enum KeyState {
     /// The key exists (it may still be disabled or expired).
     Active(Arc<KeyRecord>),
     /// The key existed and was deleted.
+    Deleted,
+    /// No key has this hash.
+    Unknown,
+}
+
+/// What [`KeyDirectory::report_leak`] found.
+#[derive(Clone, Debug)]
+pub enum LeakOutcome {
+    /// A key of this gateway, now revoked and disabled. `first` when this
+    /// report was the first for it (so that its owner is told once).
+    Revoked {
+        /// The key's record, with the leak.
+        record: KeyRecord,
+        /// Whether this report was the key's first.
+        first: bool,
+    },
+    /// The key had been deleted: nothing is left to revoke.
     Deleted,
     /// No key has this hash.
     Unknown,
@@ -86,6 +104,7 @@ impl KeyDirectoryBuilder {
                 clock: self.clock,
                 max_cached_keys: self.max_cached_keys,
                 cache: LookupCache::new(self.cache_ttl, self.max_cached_keys),
+                noting_use: Mutex::default(),
             }),
         }
     }
@@ -113,6 +132,8 @@ struct Inner {
     // Live keys apart from refused ones: the checksum is public, so made-up
     // keys are easy to send.
     cache: LookupCache<KeyHash, KeyState>,
+    // Keys whose last use is being written: one write per key at a time.
+    noting_use: Mutex<HashSet<KeyHash>>,
 }
 
 impl fmt::Debug for KeyDirectory {
@@ -176,6 +197,24 @@ impl KeyDirectory {
         Ok(state)
     }
 
+    /// [`lookup`](Self::lookup), except that a live key is always read
+    /// from the store, so that a change made on another instance (a leak,
+    /// a disable) counts at once; unknown and deleted keys still come from
+    /// the cache. For the requests that never reach the ledger's admission
+    /// step, which refuses a revoked key by itself.
+    pub async fn lookup_live(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
+        let now = self.now();
+        let cache = &self.inner.cache;
+        if let Some(state @ (KeyState::Deleted | KeyState::Unknown)) = cache.get(hash, now) {
+            return Ok(state);
+        }
+        let generation = cache.generation();
+        let state = self.fetch(hash).await?;
+        let live = matches!(state, KeyState::Active(_));
+        cache.remember(*hash, &state, live, now, generation);
+        Ok(state)
+    }
+
     async fn fetch(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
         let id = hash.to_hex();
         let store = &self.inner.store;
@@ -223,6 +262,8 @@ impl KeyDirectory {
                 created_at: now,
                 updated_at: None,
                 expires_at: new.expires_at,
+                last_used_at: None,
+                leak: None,
             };
             match self
                 .inner
@@ -276,6 +317,8 @@ impl KeyDirectory {
             created_at: self.now(),
             updated_at: None,
             expires_at: new.expires_at,
+            last_used_at: None,
+            leak: None,
         };
         let outcome = self
             .inner
@@ -354,6 +397,128 @@ impl KeyDirectory {
             }
         }
         Err(too_contended("delete_record"))
+    }
+
+    /// Revokes and disables the key `hash`, reported leaked by `report`.
+    ///
+    /// The key is revoked in the ledger first
+    /// ([`LedgerStore::revoke_key`](crate::store::LedgerStore::revoke_key)),
+    /// so that from then on no instance admits a chat request with it
+    /// whatever its cache holds; then its record is disabled for good and
+    /// keeps the report (the first one, when it is reported again). Its
+    /// usage stays readable. An error leaves the key revoked or not, never
+    /// half-written: report it again.
+    pub async fn report_leak(
+        &self,
+        hash: &KeyHash,
+        report: &LeakReport,
+    ) -> Result<LeakOutcome, StoreError> {
+        let Some(current) = self.get(hash).await? else {
+            return Ok(match self.fetch(hash).await? {
+                KeyState::Deleted => LeakOutcome::Deleted,
+                _ => LeakOutcome::Unknown,
+            });
+        };
+        let id = hash.to_hex();
+        // A key never changes account: the revocation stays in the right ledger.
+        self.inner
+            .store
+            .revoke_key(&current.value.account, &id, self.now())
+            .await?;
+        let mut current = Some(current);
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let read = match current.take() {
+                Some(read) => Some(read),
+                None => self.get(hash).await?,
+            };
+            let Some(Versioned {
+                value: mut record,
+                revision,
+            }) = read
+            else {
+                self.forget(hash);
+                return Ok(LeakOutcome::Deleted);
+            };
+            if record.leak.is_some() {
+                self.forget(hash);
+                return Ok(LeakOutcome::Revoked {
+                    record,
+                    first: false,
+                });
+            }
+            record.leak = Some(report.clone());
+            record.disabled = true;
+            record.updated_at = Some(self.now());
+            let outcome = self
+                .inner
+                .store
+                .put_json(KEYS, &id, &record, Expect::Revision(revision))
+                .await?;
+            if let WriteOutcome::Written { .. } = outcome {
+                self.forget(hash);
+                return Ok(LeakOutcome::Revoked {
+                    record,
+                    first: true,
+                });
+            }
+        }
+        Err(too_contended("put_record"))
+    }
+
+    /// How stale a key's `last_used_at` may get: it is written at most once
+    /// per this time per key, so a busy key costs one store write a minute.
+    pub const LAST_USED_RESOLUTION: Duration = Duration::from_secs(60);
+
+    /// Notes that the key `hash` (whose record the caller has, perhaps from
+    /// the cache) was just used: when its `last_used_at` is older than
+    /// [`LAST_USED_RESOLUTION`](Self::LAST_USED_RESOLUTION), writes the
+    /// current time in a background task. Needs a tokio runtime; never
+    /// waits and never fails the request (a failed write is logged).
+    pub fn note_use(&self, hash: KeyHash, record: &KeyRecord) {
+        let now = self.now();
+        if !last_use_is_stale(record.last_used_at, now) {
+            return;
+        }
+        if !self.noting_use().insert(hash) {
+            return;
+        }
+        let directory = self.clone();
+        tokio::spawn(async move {
+            if let Err(error) = directory.write_last_use(&hash, now).await {
+                tracing::debug!(%error, "the key's last use was not recorded; a later request will");
+            }
+            directory.noting_use().remove(&hash);
+        });
+    }
+
+    fn noting_use(&self) -> std::sync::MutexGuard<'_, HashSet<KeyHash>> {
+        self.inner
+            .noting_use
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn write_last_use(&self, hash: &KeyHash, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let Some(Versioned {
+            value: mut record,
+            revision,
+        }) = self.get(hash).await?
+        else {
+            return Ok(());
+        };
+        if last_use_is_stale(record.last_used_at, now) {
+            record.last_used_at = Some(now);
+            // A conflict means another writer (another instance's note, a
+            // change) got there first: nothing to do.
+            self.inner
+                .store
+                .put_json(KEYS, &record.hash, &record, Expect::Revision(revision))
+                .await?;
+        }
+        // The cached record learns the new time, so this instance stops
+        // noting until it is stale again.
+        self.forget(hash);
+        Ok(())
     }
 
     /// Keys in the store's order, skipping `offset` of those shown;
@@ -498,6 +663,14 @@ impl KeyDirectory {
             .top_up_once(id, amount_nanos, idempotency_key, self.now())
             .await
     }
+}
+
+fn last_use_is_stale(last_used_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    last_used_at.is_none_or(|at| {
+        (now - at)
+            .to_std()
+            .is_ok_and(|since| since >= KeyDirectory::LAST_USED_RESOLUTION)
+    })
 }
 
 fn invalid_account_id() -> StoreError {

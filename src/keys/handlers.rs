@@ -10,9 +10,10 @@ use serde_json::{json, Map, Value};
 
 use super::byok::{ByokEntry, ByokError};
 use super::credits::{decimal_string, nanos_to_json};
+use super::directory::{KeyDirectory, LeakOutcome};
 use super::input;
 use super::layer::{ByokProviders, KeyRoutesConfig};
-use super::record::{AccountRecord, KeyRecord, DEFAULT_ACCOUNT};
+use super::record::{AccountRecord, KeyRecord, LeakReport, DEFAULT_ACCOUNT};
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::body::{lowercase_segments, normalized_segments};
@@ -32,6 +33,8 @@ pub(crate) enum Route {
     Keys,
     /// `GET`, `PATCH` and `DELETE /api/v1/keys/{hash}`
     Key(String),
+    /// `POST /api/v1/keys/{hash}/leaked`
+    KeyLeaked(String),
     /// `GET` and `POST /api/v1/accounts`
     Accounts,
     /// `GET /api/v1/accounts/{id}`
@@ -59,6 +62,7 @@ impl Route {
             ["user", "balance"] => Some(Route::UserBalance),
             ["api", "v1", "keys"] => Some(Route::Keys),
             ["api", "v1", "keys", _] => Some(Route::Key(segments[3].to_string())),
+            ["api", "v1", "keys", _, "leaked"] => Some(Route::KeyLeaked(segments[3].to_string())),
             ["api", "v1", "accounts"] => Some(Route::Accounts),
             ["api", "v1", "accounts", _] => Some(Route::Account(segments[3].to_string())),
             ["api", "v1", "accounts", _, "credits"] => {
@@ -79,7 +83,7 @@ impl Route {
             Route::Keys | Route::Accounts => &[Method::GET, Method::POST],
             Route::Account(_) => &[Method::GET],
             Route::Key(_) => &[Method::GET, Method::PATCH, Method::DELETE],
-            Route::AccountCredits(_) => &[Method::POST],
+            Route::AccountCredits(_) | Route::KeyLeaked(_) => &[Method::POST],
             Route::ByokKeys(_) => &[Method::GET],
             Route::ByokKey(..) => &[Method::PUT, Method::DELETE],
         }
@@ -94,6 +98,7 @@ impl Route {
             self,
             Route::Keys
                 | Route::Key(_)
+                | Route::KeyLeaked(_)
                 | Route::Accounts
                 | Route::Account(_)
                 | Route::AccountCredits(_)
@@ -277,34 +282,57 @@ pub(crate) async fn handle(
                 .collect();
             Ok(Answer::ok(json!({ "data": data })))
         }
+        (Route::KeyLeaked(hash), _) => {
+            let hash = path_hash(hash)?;
+            let (url, source) = input::leak_report(body()?)?;
+            readable_key(directory, &principal, &hash)
+                .await
+                .map_err(refuse)??;
+            let report = LeakReport {
+                reported_at: now,
+                reported_by: "operator".to_owned(),
+                url,
+                source,
+            };
+            let outcome = super::leak::report_leak(config, &hash, &report)
+                .await
+                .map_err(refuse)?;
+            let LeakOutcome::Revoked { record, .. } = outcome else {
+                return Err(no_such_key());
+            };
+            let usage = directory
+                .store()
+                .key_usage(&record.account, &record.hash, now)
+                .await
+                .map_err(refuse)?;
+            Ok(Answer::ok(json!({ "data": key_json(&record, &usage) })))
+        }
         (Route::Key(hash), method) => {
             let hash = path_hash(hash)?;
-            // An account's management key reads the key first: another
-            // account's key is answered as no key at all. (A key never
-            // changes account, so the check holds for the write below.)
-            let checked = if principal.operator {
-                None
-            } else {
-                let record = directory.get(&hash).await.map_err(refuse)?;
-                match record {
-                    Some(record) if record.value.account == principal.account_id => {
-                        Some(record.value)
-                    }
-                    _ => return Err(no_such_key()),
-                }
+            let checked = readable_key(directory, &principal, &hash)
+                .await
+                .map_err(refuse)??;
+            let update = match *method {
+                Method::PATCH => Some(input::key_update(body()?)?),
+                _ => None,
             };
-            let record = match *method {
-                Method::DELETE => {
+            if update
+                .as_ref()
+                .is_some_and(|update| update.disabled == Some(false))
+            {
+                refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
+                    .await
+                    .map_err(refuse)??;
+            }
+            let record = match (method, update) {
+                (&Method::DELETE, _) => {
                     return if directory.delete(&hash).await.map_err(refuse)? {
                         Ok(Answer::ok(json!({"deleted": true})))
                     } else {
                         Err(no_such_key())
                     };
                 }
-                Method::PATCH => {
-                    let update = input::key_update(body()?)?;
-                    directory.update(&hash, &update).await.map_err(refuse)?
-                }
+                (_, Some(update)) => directory.update(&hash, &update).await.map_err(refuse)?,
                 _ => match checked {
                     Some(record) => Some(record),
                     None => directory
@@ -690,6 +718,18 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage) -> Value {
     data.insert("created_at".into(), timestamp(Some(record.created_at)));
     data.insert("updated_at".into(), timestamp(record.updated_at));
     data.insert("expires_at".into(), timestamp(record.expires_at));
+    data.insert("last_used_at".into(), timestamp(record.last_used_at));
+    data.insert(
+        "leak".into(),
+        record.leak.as_ref().map_or(Value::Null, |leak| {
+            json!({
+                "reported_at": timestamp(Some(leak.reported_at)),
+                "reported_by": leak.reported_by,
+                "url": leak.url,
+                "source": leak.source,
+            })
+        }),
+    );
     Value::Object(data)
 }
 
@@ -744,6 +784,50 @@ fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
             "the key hash in the path must be 64 hexadecimal characters, as the management API lists it",
         )
         .with_metadata("param", "hash")
+    })
+}
+
+/// An account's management key reads the key first: another account's key
+/// is answered as no key at all (a key never changes account, so the check
+/// holds for a write that follows). The operator reads nothing here:
+/// `Ok(Ok(None))`.
+async fn readable_key(
+    directory: &KeyDirectory,
+    principal: &Principal,
+    hash: &KeyHash,
+) -> Result<Result<Option<KeyRecord>, GatewayError>, StoreError> {
+    if principal.operator {
+        return Ok(Ok(None));
+    }
+    Ok(match directory.get(hash).await? {
+        Some(record) if record.value.account == principal.account_id => Ok(Some(record.value)),
+        _ => Err(no_such_key()),
+    })
+}
+
+/// 422 for enabling a key reported leaked: it stays disabled for good (the
+/// record's update keeps it so even when this check races a report).
+async fn refuse_enabling_a_leaked_key(
+    directory: &KeyDirectory,
+    hash: &KeyHash,
+    read: Option<&KeyRecord>,
+) -> Result<Result<(), GatewayError>, StoreError> {
+    let leaked = match read {
+        Some(record) => record.leak.is_some(),
+        None => directory
+            .get(hash)
+            .await?
+            .is_some_and(|record| record.value.leak.is_some()),
+    };
+    Ok(if leaked {
+        Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "this key was reported leaked and stays disabled; delete it and create a new key",
+        )
+        .with_metadata("param", "disabled")
+        .with_metadata("reason", "leaked_key"))
+    } else {
+        Ok(())
     })
 }
 

@@ -101,6 +101,52 @@ pub fn key_update(body: &[u8]) -> Result<KeyUpdate, GatewayError> {
     })
 }
 
+/// The longest `url` a leak report keeps, in bytes.
+pub const MAX_LEAK_URL_BYTES: usize = 2048;
+/// The longest `source` a leak report keeps, in bytes.
+pub const MAX_LEAK_SOURCE_BYTES: usize = 64;
+
+/// The body of `POST /api/v1/keys/{hash}/leaked`: where the key was found
+/// (`url`) and what kind of place (`source`), both optional; an empty body
+/// says neither.
+pub fn leak_report(body: &[u8]) -> Result<(Option<String>, Option<String>), GatewayError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok((None, None));
+    }
+    let mut fields = Fields::parse(body, &["url", "source"])?;
+    let mut text = |field: &'static str, max_bytes: usize| {
+        fields
+            .take(field)
+            .map(|value| leak_text(field, value, max_bytes))
+            .transpose()
+            .map(Option::flatten)
+    };
+    Ok((
+        text("url", MAX_LEAK_URL_BYTES)?,
+        text("source", MAX_LEAK_SOURCE_BYTES)?,
+    ))
+}
+
+/// A leak report's text field: a string of visible characters or null.
+fn leak_text(
+    field: &'static str,
+    value: Value,
+    max_bytes: usize,
+) -> Result<Option<String>, GatewayError> {
+    match value {
+        Value::Null => Ok(None),
+        Value::String(text) if text.len() > max_bytes => Err(invalid(
+            field,
+            &format!("must be at most {max_bytes} bytes"),
+        )),
+        Value::String(text) if text.chars().any(char::is_control) => {
+            Err(invalid(field, "must not contain control characters"))
+        }
+        Value::String(text) => Ok(Some(text)),
+        _ => Err(invalid(field, "must be a string or null")),
+    }
+}
+
 /// The body of `POST /api/v1/accounts/{id}/credits`: a positive amount.
 pub fn purchase_nanos(body: &[u8]) -> Result<i64, GatewayError> {
     let mut fields = Fields::parse(body, &["amount"])?;
@@ -610,6 +656,31 @@ mod tests {
     }
 
     #[test]
+    fn leak_reports_are_optional_text() {
+        assert_eq!(leak_report(b"").unwrap(), (None, None));
+        assert_eq!(
+            leak_report(br#"{"url": "https://example.com/a", "source": "content"}"#).unwrap(),
+            (
+                Some("https://example.com/a".to_owned()),
+                Some("content".to_owned())
+            )
+        );
+        assert_eq!(leak_report(br#"{"url": null}"#).unwrap(), (None, None));
+        let (status, message, _) = refusal(leak_report(br#"{"url": 5}"#));
+        assert_eq!(status, 422);
+        assert!(message.contains("`url`"), "{message}");
+        let long = format!(r#"{{"source": "{}"}}"#, "a".repeat(65));
+        let (status, message, _) = refusal(leak_report(long.as_bytes()));
+        assert_eq!(status, 422);
+        assert!(message.contains("64 bytes"), "{message}");
+        let (status, _, _) = refusal(leak_report(br#"{"url": "a\nb"}"#));
+        assert_eq!(status, 422);
+        let (status, message, _) = refusal(leak_report(br#"{"token": "x"}"#));
+        assert_eq!(status, 400);
+        assert!(message.contains("unknown field"), "{message}");
+    }
+
+    #[test]
     fn purchases_must_be_positive_amounts() {
         assert_eq!(purchase_nanos(br#"{"amount": 10}"#), Ok(10_000_000_000));
         for body in [
@@ -738,6 +809,9 @@ mod tests {
             let _ = key_update(&body);
             let _ = purchase_nanos(&body);
             let _ = byok_key(&body);
+            if let Err(error) = leak_report(&body) {
+                prop_assert!(error.status().is_client_error(), "{}", error);
+            }
             let _ = list_query(Some(&String::from_utf8_lossy(&body)));
         }
 

@@ -102,6 +102,7 @@ mod directory;
 mod handlers;
 pub mod input;
 mod layer;
+mod leak;
 mod lookup_cache;
 mod record;
 mod service;
@@ -109,11 +110,11 @@ mod service;
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use byok::{ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError};
 pub use credits::MAX_CREDITS;
-pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, SharedStore};
+pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, SharedStore};
 pub(crate) use handlers::Route;
 pub use layer::{ByokProviders, KeyRoutesLayer};
 pub use record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, NewAccount, NewKey,
-    DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
+    NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
 };
 pub use service::KeyRoutes;

@@ -52,6 +52,30 @@ pub struct KeyRecord {
     pub updated_at: Option<DateTime<Utc>>,
     /// From this instant on the key is refused with 401.
     pub expires_at: Option<DateTime<Utc>>,
+    /// When the key was last used, to the minute at best: written at most
+    /// once a minute, so a key in use may show up to a minute late.
+    #[serde(default)]
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// Set once the key was reported leaked: it is disabled for good and
+    /// refused with 401 `leaked_key`.
+    #[serde(default)]
+    pub leak: Option<LeakReport>,
+}
+
+/// Where and when a key was reported leaked, and by whom.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeakReport {
+    /// When the report reached the gateway.
+    pub reported_at: DateTime<Utc>,
+    /// Who reported it: `secret_scanning` (a code host's alert) or
+    /// `operator`.
+    pub reported_by: String,
+    /// Where it was found (a URL), when the report said.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// What kind of place (`content`, `commit`, `npm`, …), when the report said.
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 impl fmt::Debug for KeyRecord {
@@ -69,6 +93,8 @@ impl fmt::Debug for KeyRecord {
             .field("created_at", &self.created_at)
             .field("updated_at", &self.updated_at)
             .field("expires_at", &self.expires_at)
+            .field("last_used_at", &self.last_used_at)
+            .field("leak", &self.leak)
             .finish()
     }
 }
@@ -187,7 +213,8 @@ impl KeyUpdate {
             record.name = name.clone();
         }
         if let Some(disabled) = self.disabled {
-            record.disabled = disabled;
+            // A leaked key stays disabled, whatever a change asks.
+            record.disabled = disabled || record.leak.is_some();
         }
         if let Some(limit_nanos) = self.limit_nanos {
             record.limit_nanos = limit_nanos;
@@ -232,6 +259,8 @@ mod tests {
             created_at: Utc::now(),
             updated_at: None,
             expires_at: None,
+            last_used_at: None,
+            leak: None,
         };
         let shown = format!(
             "{record:?} {:?}",

@@ -91,6 +91,9 @@ pub enum ReserveOutcome {
         /// Held by the account's requests in flight, on every key.
         held_nanos: i64,
     },
+    /// The key was revoked ([`LedgerStore::revoke_key`]): no hold of it is
+    /// ever granted again.
+    KeyRevoked,
 }
 
 impl ReserveOutcome {
@@ -418,6 +421,19 @@ pub trait LedgerStore: Send + Sync + 'static {
 
     /// The account's purchased total and balance.
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError>;
+
+    /// Revokes the key `key` of `account` for good: from the moment this
+    /// returns, every hold of the key (so every admission of a chat request
+    /// made with it, on any instance sharing the store) is refused with
+    /// [`ReserveOutcome::KeyRevoked`], whatever the instance's cache of key
+    /// records says. A leaked key is revoked so. Idempotent; holds granted
+    /// before stay until settled.
+    async fn revoke_key(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
 }
 
 /// The starts of the day, week and month containing `now`, in µs: the

@@ -700,6 +700,8 @@ struct KeyLedger {
     /// forgetting is O(1) each.
     settled: HashSet<u128>,
     settled_order: VecDeque<(i64, u128)>,
+    /// Revoked for good (`revoke_key`): every hold is refused.
+    revoked: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -851,6 +853,15 @@ impl LedgerStore for MemoryStore {
         let counters = get_or_default(counters, account);
         let (fit, outcomes) = check_all(counters, &checks, now, false);
         let hold = match (&request.hold, fit) {
+            // A revoked key is refused first, whatever its counters say.
+            (Some(hold), _)
+                if ledger
+                    .keys
+                    .get(hold.key.as_str())
+                    .is_some_and(|key| key.revoked) =>
+            {
+                Some(ReserveOutcome::KeyRevoked)
+            }
             (Some(hold), true) => {
                 let fingerprint = self.settlement_fingerprint(&hold.reservation_id);
                 Some(ledger.hold(hold, fingerprint, now))
@@ -947,6 +958,18 @@ impl LedgerStore for MemoryStore {
                 .push_back((forget_at_micros, idempotency_key.into()));
             Ok(TopUpOutcome::Credited(after))
         })
+    }
+
+    async fn revoke_key(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.with_account(account, |ledger| {
+            key_ledger(ledger, key, unix_micros(now)).revoked = true;
+        });
+        Ok(())
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {

@@ -740,6 +740,7 @@ fn admit_outcome(
             })),
         ),
         4 => (false, None),
+        5 => (false, Some(Ok(ReserveOutcome::KeyRevoked))),
         other => {
             return Err(StoreError::corrupt(
                 operation,
@@ -1101,6 +1102,28 @@ impl LedgerStore for RedisStore {
             }),
             _ => Err(StoreError::corrupt(OPERATION, format!("{reply:?}"))),
         }
+    }
+
+    async fn revoke_key(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        const OPERATION: &str = "revoke_key";
+        // `rv` in the key's usage hash, in the account's slot, where every
+        // admission of the key reads it in the same script.
+        let [_, usage, ..] = self.ledger_keys(account, key);
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("HSET")
+            .arg(usage)
+            .arg("rv")
+            .arg(unix_micros(now))
+            .to_owned();
+        let _added: i64 = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        Ok(())
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {

@@ -22,7 +22,8 @@
 -- remaining, retry µs, reset µs, capacity}; status 0 admitted (a used, b
 -- the key's holds, c held), 1 over the key limit (a used with holds),
 -- 2 balance negative (a balance), 3 balance short (a balance, b the
--- account's holds), 4 a counter refused. Amounts are decimal strings.
+-- account's holds), 4 a counter refused, 5 the key is revoked (its usage
+-- hash has `rv`). Amounts are decimal strings.
 local now = clock_now(ARGV[1])
 local memory = tonumber(ARGV[2])
 local ledger_count = tonumber(ARGV[3])
@@ -208,6 +209,10 @@ local function reply(head, outcomes)
   return head
 end
 local fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, false)
+-- A revoked key is refused first, whatever its counters say.
+if ARGV[h + 1] ~= nil and redis.call('HEXISTS', ledger(ARGV[h + 1]).use, 'rv') == 1 then
+  return reply({ 5, int(now), '0', '0', '0' }, outcomes)
+end
 if not fit then return reply({ 4, int(now), '0', '0', '0' }, outcomes) end
 if ARGV[h + 1] ~= nil then
   local decided = hold(ledger(ARGV[h + 1]), h + 1)
