@@ -28,10 +28,20 @@ pub async fn instance_with_clock(
     config: &str,
     clock: Arc<dyn Clock>,
 ) -> SocketAddr {
+    instance_with_cache(store, base, config, clock, Duration::from_secs(1)).await
+}
+
+/// [`instance_with_clock`] whose key cache trusts a lookup for `key_cache_ttl`.
+pub async fn instance_with_cache(
+    store: SharedStore,
+    base: &str,
+    config: &str,
+    clock: Arc<dyn Clock>,
+    key_cache_ttl: Duration,
+) -> SocketAddr {
     let config = GatewayConfig::from_json(config).unwrap();
     let upstream = Upstream::new(&config.upstream_config(Some(base)).unwrap()).unwrap();
-    let service =
-        gateway_with_clock(&config, store, upstream, clock, Duration::from_secs(1)).unwrap();
+    let service = gateway_with_clock(&config, store, upstream, clock, key_cache_ttl).unwrap();
     serve(service).await
 }
 
