@@ -49,6 +49,7 @@ mod drain;
 mod future;
 mod layer;
 mod model_id;
+mod read;
 mod service;
 
 use bytes::Bytes;
@@ -63,6 +64,7 @@ pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
 pub use model_id::ModelId;
+pub(crate) use read::{read_bounded, ReadError};
 pub use service::BodyLimit;
 
 use crate::error::{ErrorKind, GatewayError};

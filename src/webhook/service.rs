@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::body::{read_bounded, ReadError};
 use bytes::Bytes;
-use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use rand::distr::Alphanumeric;
 use rand::Rng;
 use serde_json::json;
@@ -22,7 +22,7 @@ use super::routes::WebhookRoute;
 use crate::answer::Answer;
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::keys::SharedStore;
-use crate::response_body::{causes, BoxError};
+use crate::response_body::BoxError;
 use crate::store::{Check, Limit, StoreError};
 
 /// The header a caller may send the route's secret in instead of
@@ -327,17 +327,10 @@ where
             &format!("the body is over {max_body_bytes} bytes"),
         )
     };
-    let declared = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > max_body_bytes as u64) {
-        return Err(too_large());
-    }
-    let limited = Limited::new(request.into_body(), max_body_bytes);
-    match tokio::time::timeout(body_timeout, limited.collect()).await {
-        Err(_) => Err(refused(
+    match read_bounded(request, max_body_bytes, body_timeout).await {
+        Ok(body) => Ok(body),
+        Err(ReadError::TooLarge) => Err(too_large()),
+        Err(ReadError::TimedOut) => Err(refused(
             route,
             StatusCode::REQUEST_TIMEOUT,
             "request_timeout",
@@ -346,19 +339,12 @@ where
                 body_timeout.as_secs_f64()
             ),
         )),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(error)) => {
-            if causes(error.as_ref()).any(|cause| cause.is::<LengthLimitError>()) {
-                Err(too_large())
-            } else {
-                Err(refused(
-                    route,
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "the body could not be read to its end",
-                ))
-            }
-        }
+        Err(ReadError::Broken) => Err(refused(
+            route,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the body could not be read to its end",
+        )),
     }
 }
 
