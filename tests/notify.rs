@@ -368,8 +368,9 @@ async fn an_unreachable_server_fails_every_attempt_without_holding_up_the_caller
     let started = Instant::now();
     notifier.leak_detected(notice(Some("owner@example.com")));
     let returned_after = started.elapsed();
+    // Generous for a loaded machine: the call only spawns a task.
     assert!(
-        returned_after < Duration::from_millis(100),
+        returned_after < Duration::from_millis(500),
         "leak_detected took {returned_after:?}"
     );
     idle(&notifier).await;
@@ -395,7 +396,7 @@ async fn an_unreachable_server_fails_every_attempt_without_holding_up_the_caller
             "acct_leaky",
             "owner@example.com",
             "ci deploys",
-            "3f9a0c1b2d4e",
+            "key=\"3f9a0c1b\"",
             "https://github.com/octo/app/blob/main/.env",
             "by hand",
         ] {

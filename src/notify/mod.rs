@@ -36,8 +36,8 @@
 //! **Retries.** After a failed attempt a channel waits the next of the
 //! retry waits ([`DEFAULT_RETRY_WAITS`]: 1 s, 5 s, 30 s, 2 min, 10 min;
 //! [`Notifier::with_retry_waits`]) and tries again; each failure is logged
-//! at `warn` with the channel, the account, the key's hash prefix and the
-//! error. An SMTP server's permanent refusal (5xx) is not retried. After
+//! at `warn` with the channel, the account, the key (`key`: the first 8
+//! hex digits of its hash, as in the access log) and the error. An SMTP server's permanent refusal (5xx) is not retried. After
 //! the last attempt the notice is logged at `error` with everything needed
 //! to tell the owner by hand. Never logged: the key (the notice does not
 //! carry it), the SMTP password, the webhook's secret or its URL's path.

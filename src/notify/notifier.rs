@@ -120,7 +120,7 @@ impl Notifier {
         if self.config.email.is_none() && self.config.webhook.is_none() {
             tracing::info!(
                 account = %notice.account,
-                key_hash_prefix = %notice.key_hash_prefix,
+                key = logged_key(&notice),
                 key_name = ?notice.key_name,
                 "leaked key: no notice sent, none is configured"
             );
@@ -180,7 +180,7 @@ impl Notifier {
         let Some(address) = notice.email.as_deref() else {
             tracing::info!(
                 account = %notice.account,
-                key_hash_prefix = %notice.key_hash_prefix,
+                key = logged_key(notice),
                 "leaked key: the account has no e-mail address, so no e-mail is sent"
             );
             return;
@@ -193,7 +193,7 @@ impl Notifier {
                 tracing::warn!(
                     channel = Channel::Email.name(),
                     account = %notice.account,
-                    key_hash_prefix = %notice.key_hash_prefix,
+                    key = logged_key(notice),
                     email = ?address,
                     error = %reason,
                     "leak e-mail not sent"
@@ -247,7 +247,7 @@ impl Notifier {
                     tracing::info!(
                         channel = channel.name(),
                         account = %notice.account,
-                        key_hash_prefix = %notice.key_hash_prefix,
+                        key = logged_key(notice),
                         attempts,
                         "leak notice sent"
                     );
@@ -268,7 +268,7 @@ impl Notifier {
             tracing::warn!(
                 channel = channel.name(),
                 account = %notice.account,
-                key_hash_prefix = %notice.key_hash_prefix,
+                key = logged_key(notice),
                 attempt = attempts,
                 retry_in_ms = wait.as_millis() as u64,
                 error = %failure.reason,
@@ -278,6 +278,17 @@ impl Notifier {
             tokio::time::sleep(*wait).await;
         }
     }
+}
+
+/// The key as logs name it: as the access log does, by the first 8 hex
+/// digits of its hash (the notice carries 12), so the lines of one key
+/// can be found together.
+fn logged_key(notice: &LeakNotice) -> &str {
+    let prefix = notice.key_hash_prefix.as_str();
+    prefix
+        .char_indices()
+        .nth(8)
+        .map_or(prefix, |(end, _)| &prefix[..end])
 }
 
 /// One of a notice's channels.
@@ -375,7 +386,7 @@ fn give_up(channel: Channel, notice: &LeakNotice, attempts: u32, reason: &str) {
         account = %notice.account,
         email = ?notice.email,
         key_name = ?notice.key_name,
-        key_hash_prefix = %notice.key_hash_prefix,
+        key = logged_key(notice),
         token_type = ?notice.token_type,
         url = ?notice.url,
         source = ?notice.source,
@@ -394,7 +405,7 @@ fn drop_notice(notice: &LeakNotice, channels: &[Channel], reason: &str) {
         account = %notice.account,
         email = ?notice.email,
         key_name = ?notice.key_name,
-        key_hash_prefix = %notice.key_hash_prefix,
+        key = logged_key(notice),
         token_type = ?notice.token_type,
         url = ?notice.url,
         source = ?notice.source,
