@@ -56,6 +56,8 @@
 //!   store step (a request any of them refuses counts in none).
 //! - [`settings`]: `SettingsPage`, the key settings page at `/settings`,
 //!   where a person manages keys in a browser with a management key.
+//! - [`notify`]: e-mail and signed-webhook notices about leaked keys,
+//!   retried in the background.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!
@@ -105,6 +107,7 @@ pub mod free_quota;
 pub mod in_flight;
 pub mod keys;
 mod limiter;
+pub mod notify;
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;

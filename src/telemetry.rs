@@ -30,6 +30,7 @@
 //! | `modelgate_charged_nanocredits_total` | counter | `byok` |
 //! | `modelgate_cost_over_hold_nanocredits_total` | counter | — |
 //! | `modelgate_settlements_unrecorded_total` | counter | — |
+//! | `modelgate_notices_total` | counter | `channel` (`email`, `webhook`), `outcome` (`sent`, `retried`, `failed`, `dropped`) |
 //!
 //! ```
 //! use http::HeaderValue;
@@ -94,6 +95,10 @@ pub const COST_OVER_HOLD_NANOCREDITS_TOTAL: &str = "modelgate_cost_over_hold_nan
 /// Settlements the store did not take before their hold expired, or before
 /// a stopping gateway's deadline: costs to book by hand (each is logged).
 pub const SETTLEMENTS_UNRECORDED_TOTAL: &str = "modelgate_settlements_unrecorded_total";
+/// Leaked-key notices ([`notify`](crate::notify)) by channel and outcome:
+/// `sent`, `retried` (an attempt failed, another follows), `failed` (given
+/// up: to be sent by hand) or `dropped` (never queued).
+pub const NOTICES_TOTAL: &str = "modelgate_notices_total";
 
 /// The most label sets a [`HandleCache`] keeps; past it, handles are
 /// looked up each time (labels are from small sets: a full cache means a
@@ -230,6 +235,12 @@ pub(crate) fn store_circuit_refusal(operation: &'static str) {
             (operation, counter)
         })
         .increment(1);
+}
+
+/// Counts a leaked-key notice's outcome on one channel. Notices are rare,
+/// so the handle is not kept.
+pub(crate) fn notice_outcome(channel: &'static str, outcome: &'static str) {
+    metrics::counter!(NOTICES_TOTAL, "channel" => channel, "outcome" => outcome).increment(1);
 }
 
 /// The W3C trace context a request carries upstream: the client's trace

@@ -4,3 +4,4 @@ pub mod gateway;
 pub mod http_server;
 pub mod redis_server;
 pub mod settle;
+pub mod smtp;
