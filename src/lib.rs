@@ -38,6 +38,8 @@
 //! - [`keys`]: key and account records, the key management API, the
 //!   accounts' own provider keys (BYOK), and the key, credits and balance
 //!   queries (`KeyRoutes`).
+//! - [`leaks`]: GitHub secret-scanning alerts: their signature checked with
+//!   GitHub's published keys, the reported tokens parsed, the answer written.
 //! - [`rate_limit`]: `GlobalRateLimit`, account-wide and per-model rate
 //!   rules that hold across instances.
 //! - [`free_quota`]: `FreeModelQuota`, the per-minute and per-day quota of
@@ -106,6 +108,7 @@ pub mod error_mapper;
 pub mod free_quota;
 pub mod in_flight;
 pub mod keys;
+pub mod leaks;
 mod limiter;
 pub mod notify;
 pub mod proxy;

@@ -255,7 +255,8 @@ fn wrong_type(param: &str, expected: &str, found: &Value) -> GatewayError {
     )
 }
 
-fn json_type(value: &Value) -> &'static str {
+/// What a JSON value is, as messages name it: `a string`, `null`, ….
+pub(crate) fn json_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -302,17 +303,22 @@ pub(crate) fn top_level_fields(body: &[u8]) -> Result<Map<String, Value>, JsonBo
 const DUPLICATE_MARK: &str = "duplicate top-level key `";
 
 fn not_json(error: &serde_json::Error) -> JsonBodyError {
+    JsonBodyError::NotJson(json_error_reason(error))
+}
+
+/// What serde_json found wrong and where: `… at line L, column C`.
+pub(crate) fn json_error_reason(error: &serde_json::Error) -> String {
     // serde_json appends " at line L column C"; say it once, with a comma.
     let text = error.to_string();
     let reason = match text.rfind(" at line ") {
         Some(index) => &text[..index],
         None => &text,
     };
-    JsonBodyError::NotJson(format!(
+    format!(
         "{reason} at line {}, column {}",
         error.line(),
         error.column()
-    ))
+    )
 }
 
 struct UniqueKeys(Map<String, Value>);
