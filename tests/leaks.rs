@@ -1,6 +1,9 @@
-//! Leaked keys over real HTTP: a report revokes the key on every instance
-//! sharing the store at once, whatever their key caches hold; the key stays
-//! readable, cannot be enabled again, and records its last use.
+//! Leaked keys over real HTTP: a signed secret-scanning alert (or an
+//! operator's report) revokes the key on every instance sharing the store
+//! at once, whatever their key caches hold, and its owner gets one e-mail
+//! on an SMTP server the test runs; forged, replayed-and-changed or
+//! malformed alerts change nothing. The key stays readable, cannot be
+//! enabled again, and records its last use.
 
 mod common;
 #[path = "../examples/support/mock.rs"]
@@ -10,11 +13,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use common::gateway::{chat, instance_with_cache, key_of};
 use common::redis_server::RedisServer;
+use common::smtp::SmtpServer;
 use modelgate::clock::SystemClock;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::keys::{KeyDirectory, NewAccount, NewKey, SharedStore};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use p256::ecdsa::signature::Signer as _;
+use p256::ecdsa::{DerSignature, SigningKey};
+use p256::elliptic_curve::Generate as _;
+use p256::pkcs8::{EncodePublicKey as _, LineEnding};
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
@@ -41,6 +51,10 @@ async fn redis_store(server: &RedisServer) -> SharedStore {
 }
 
 async fn instances(stores: &[SharedStore]) -> Vec<SocketAddr> {
+    instances_with(stores, CONFIG).await
+}
+
+async fn instances_with(stores: &[SharedStore], config: &str) -> Vec<SocketAddr> {
     let base = mock::start(mock::MockConfig::default()).await;
     let mut addresses = Vec::new();
     for store in stores {
@@ -48,7 +62,7 @@ async fn instances(stores: &[SharedStore]) -> Vec<SocketAddr> {
             instance_with_cache(
                 store.clone(),
                 &base,
-                CONFIG,
+                config,
                 Arc::new(SystemClock),
                 LONG_CACHE,
             )
@@ -102,7 +116,14 @@ fn reason(body: &Value) -> &str {
 
 /// The key's hash as the management API lists it.
 async fn hash_of(address: SocketAddr, admin: &str, name: &str) -> String {
-    let (status, keys) = call(reqwest::Method::GET, address, "/api/v1/keys", admin, None).await;
+    let (status, keys) = call(
+        reqwest::Method::GET,
+        address,
+        "/api/v1/keys?include_disabled=true",
+        admin,
+        None,
+    )
+    .await;
     assert_eq!(status, 200, "{keys}");
     keys["data"]
         .as_array()
@@ -230,7 +251,7 @@ async fn a_reported_key_is_refused_at_once_on_two_instances_sharing_redis() {
 async fn a_key_records_its_last_use_coarsely() {
     let server = RedisServer::start();
     let store = redis_store(&server).await;
-    let addresses = instances(&[store.clone()]).await;
+    let addresses = instances(std::slice::from_ref(&store)).await;
     let admin = operator_key(&store).await;
     let key = key_of(&store, "default", None).await;
     let hash = hash_of(addresses[0], &admin, "client").await;
@@ -295,4 +316,354 @@ fn redis_revision(server: &RedisServer, hash: &str) -> String {
         .output()
         .unwrap();
     String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+/// The code host's side: a P-256 key pair, its public half published in
+/// GitHub's shape in a file the gateway's config names.
+struct Scanner {
+    signing: SigningKey,
+    identifier: String,
+    _keys_file: tempfile::NamedTempFile,
+    keys_path: String,
+}
+
+impl Scanner {
+    fn new() -> Self {
+        let signing = SigningKey::generate();
+        let pem = signing
+            .verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .unwrap();
+        let identifier = "a1".repeat(32);
+        let document = json!({"public_keys": [
+            {"key_identifier": "00".repeat(32), "key": pem, "is_current": false},
+            {"key_identifier": identifier, "key": pem, "is_current": true},
+        ]});
+        let keys_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(keys_file.path(), document.to_string()).unwrap();
+        let keys_path = keys_file.path().to_str().unwrap().to_owned();
+        Scanner {
+            signing,
+            identifier,
+            _keys_file: keys_file,
+            keys_path,
+        }
+    }
+
+    fn sign(&self, body: &[u8]) -> String {
+        let signature: DerSignature = self.signing.sign(body);
+        STANDARD.encode(signature.as_bytes())
+    }
+}
+
+/// Posts `body` as an alert with the given signature headers.
+async fn post_alert(
+    address: SocketAddr,
+    body: &[u8],
+    identifier: Option<&str>,
+    signature: Option<&str>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .post(format!("http://{address}/api/v1/leaks"))
+        .header("content-type", "application/json")
+        .body(body.to_vec());
+    if let Some(identifier) = identifier {
+        request = request.header("github-public-key-identifier", identifier);
+    }
+    if let Some(signature) = signature {
+        request = request.header("github-public-key-signature", signature);
+    }
+    let reply = request.send().await.unwrap();
+    let status = reply.status().as_u16();
+    let text = reply.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// A key of the account `acme` (whose owner is owner@acme.test), named `name`.
+async fn acme_key(store: &SharedStore, name: &str) -> String {
+    let directory = KeyDirectory::new(store.clone());
+    let _ = directory
+        .create_account(NewAccount {
+            id: "acme".into(),
+            name: "Acme".into(),
+            email: Some("owner@acme.test".into()),
+        })
+        .await
+        .unwrap();
+    let new = NewKey {
+        account: "acme".into(),
+        ..NewKey::named(name)
+    };
+    directory
+        .create_key(new)
+        .await
+        .unwrap()
+        .0
+        .expose()
+        .to_owned()
+}
+
+/// The whole alert flow on two instances sharing `stores`' backend.
+async fn alerts_revoke_live_keys_and_tell_their_owners(stores: [SharedStore; 2]) {
+    let scanner = Scanner::new();
+    let smtp = SmtpServer::start().await;
+    let config = json!({
+        "retry": {"max_attempts": 1},
+        "leak_scanning": {"public_keys": {"file": scanner.keys_path}},
+        "email": {"smtp": smtp.url(), "from": "modelgate <keys@gateway.test>"},
+    })
+    .to_string();
+    let addresses = instances_with(&stores, &config).await;
+    let (a, b) = (addresses[0], addresses[1]);
+    stores[0]
+        .top_up("acme", 100 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let leaked = acme_key(&stores[0], "ci deploy").await;
+    let bystander = acme_key(&stores[0], "laptop").await;
+    for address in [a, b] {
+        for key in [&leaked, &bystander] {
+            assert_eq!(chat(address, key, &paid()).await.0, 200);
+        }
+    }
+
+    // Forgeries change nothing: no key is revoked, nobody is told.
+    let forged_body = json!([{"token": bystander, "type": "modelgate_api_key",
+                              "url": "https://github.com/acme/app/blob/main/.env", "source": "content"}])
+    .to_string();
+    let other_signer = SigningKey::generate();
+    let other_signature = {
+        let signature: DerSignature = other_signer.sign(forged_body.as_bytes());
+        STANDARD.encode(signature.as_bytes())
+    };
+    let good_signature = scanner.sign(forged_body.as_bytes());
+    let mut changed = forged_body.clone().into_bytes();
+    let last = changed.len() - 3;
+    changed[last] ^= 0x01;
+    let unknown_identifier = "b2".repeat(32);
+    // Body, identifier, signature, status, reason.
+    type Refusal<'a> = (&'a [u8], Option<&'a str>, Option<&'a str>, u16, &'a str);
+    let refusals: [Refusal; 6] = [
+        (forged_body.as_bytes(), None, None, 401, "unsigned_alert"),
+        (
+            forged_body.as_bytes(),
+            Some(&scanner.identifier),
+            None,
+            401,
+            "unsigned_alert",
+        ),
+        (
+            forged_body.as_bytes(),
+            Some(&scanner.identifier),
+            Some(&other_signature),
+            401,
+            "bad_signature",
+        ),
+        (
+            forged_body.as_bytes(),
+            Some(&unknown_identifier),
+            Some(&good_signature),
+            401,
+            "unknown_key_identifier",
+        ),
+        // A replay of a good alert with one byte changed.
+        (
+            &changed,
+            Some(&scanner.identifier),
+            Some(&good_signature),
+            401,
+            "bad_signature",
+        ),
+        (
+            forged_body.as_bytes(),
+            Some(&scanner.identifier),
+            Some("not base64!"),
+            401,
+            "malformed_signature",
+        ),
+    ];
+    for (body, identifier, signature, status, expected) in refusals {
+        let (got, refused) = post_alert(a, body, identifier, signature).await;
+        assert_eq!((got, reason(&refused)), (status, expected), "{refused}");
+    }
+    // Signed but malformed: 400 naming the problem.
+    let malformed = br#"{"token": "not an array"}"#;
+    let (status, refused) = post_alert(
+        a,
+        malformed,
+        Some(&scanner.identifier),
+        Some(&scanner.sign(malformed)),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("array"),
+        "{refused}"
+    );
+    for address in [a, b] {
+        assert_eq!(
+            chat(address, &bystander, &paid()).await.0,
+            200,
+            "nothing changed"
+        );
+    }
+
+    // A good alert: a live key, a well-formed key no one holds, a string
+    // that only looks like a key (its checksum is wrong) and another token.
+    let unknown_key = {
+        let directory = KeyDirectory::new(Arc::new(MemoryStore::new()));
+        directory
+            .create_key(NewKey::named("elsewhere"))
+            .await
+            .unwrap()
+            .0
+            .expose()
+            .to_owned()
+    };
+    let mut lookalike = leaked.clone();
+    let last = lookalike.pop().unwrap();
+    lookalike.push(if last == 'a' { 'b' } else { 'a' });
+    let tokens = [
+        leaked.as_str(),
+        unknown_key.as_str(),
+        lookalike.as_str(),
+        "ghp_notours",
+    ];
+    let alert: Vec<Value> = tokens
+        .iter()
+        .map(|token| {
+            json!({"token": token, "type": "modelgate_api_key",
+                   "url": "https://github.com/acme/app/blob/main/.env", "source": "content"})
+        })
+        .collect();
+    let body = serde_json::to_vec(&alert).unwrap();
+    let (status, answer) = post_alert(
+        a,
+        &body,
+        Some(&scanner.identifier),
+        Some(&scanner.sign(&body)),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let labels: Vec<(&str, &str)> = answer
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["token_hash"].as_str().unwrap(),
+                entry["label"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let hashes: Vec<String> = tokens.iter().map(|token| sha256_hex(token)).collect();
+    assert_eq!(
+        labels,
+        vec![
+            (hashes[0].as_str(), "true_positive"),
+            (hashes[1].as_str(), "false_positive"),
+            (hashes[2].as_str(), "false_positive"),
+            (hashes[3].as_str(), "false_positive"),
+        ]
+    );
+    assert!(
+        !answer.to_string().contains(&leaked),
+        "the key is never echoed"
+    );
+
+    // Refused at once on both instances, whose caches held it as live.
+    for address in [b, a] {
+        let (status, refused) = chat(address, &leaked, &paid()).await;
+        assert_eq!((status, reason(&refused)), (401, "leaked_key"), "{refused}");
+        let (status, refused) =
+            call(reqwest::Method::GET, address, "/api/v1/key", &leaked, None).await;
+        assert_eq!((status, reason(&refused)), (401, "leaked_key"), "{refused}");
+        assert_eq!(chat(address, &bystander, &paid()).await.0, 200);
+    }
+    let admin = operator_key(&stores[0]).await;
+    let hash = hash_of(b, &admin, "ci deploy").await;
+    let (_, read) = call(
+        reqwest::Method::GET,
+        b,
+        &format!("/api/v1/keys/{hash}"),
+        &admin,
+        None,
+    )
+    .await;
+    assert_eq!(read["data"]["leak"]["reported_by"], "secret_scanning");
+    assert_eq!(read["data"]["leak"]["source"], "content");
+    assert_eq!(read["data"]["disabled"], true);
+
+    // One e-mail to the owner: the key's name and hash prefix, where it was
+    // found, what to do; never the key.
+    let messages = smtp.wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(messages.len(), 1);
+    let message = &messages[0];
+    assert_eq!(message.recipients, ["owner@acme.test"]);
+    assert_eq!(message.from, "keys@gateway.test");
+    let text = message.data.replace("=\r\n", "");
+    assert!(text.contains("ci deploy"), "{text}");
+    assert!(text.contains(&hash[..12]), "{text}");
+    assert!(
+        text.contains("https://github.com/acme/app/blob/main/.env"),
+        "{text}"
+    );
+    assert!(text.contains("/settings"), "{text}");
+    assert!(
+        !text.contains(&leaked) && !text.contains("mg-v1-"),
+        "{text}"
+    );
+
+    // The same alert again (GitHub retries): the same answer, no second e-mail.
+    let (status, again) = post_alert(
+        b,
+        &body,
+        Some(&scanner.identifier),
+        Some(&scanner.sign(&body)),
+    )
+    .await;
+    assert_eq!((status, &again), (200, &answer));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(smtp.messages().len(), 1, "the owner is told once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_revoke_live_keys_on_memory() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    alerts_revoke_live_keys_and_tell_their_owners([store.clone(), store]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_revoke_live_keys_on_two_instances_sharing_redis() {
+    let server = RedisServer::start();
+    alerts_revoke_live_keys_and_tell_their_owners([
+        redis_store(&server).await,
+        redis_store(&server).await,
+    ])
+    .await;
+}
+
+/// Without `leak_scanning` the route is not served: an alert needs a key
+/// like any other request.
+#[tokio::test]
+async fn without_leak_scanning_the_route_is_not_served() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let addresses = instances(&[store]).await;
+    let (status, refused) = post_alert(addresses[0], b"[]", Some("x"), Some("y")).await;
+    assert_eq!(
+        (status, reason(&refused)),
+        (401, "missing_authorization"),
+        "{refused}"
+    );
 }

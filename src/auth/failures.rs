@@ -165,6 +165,25 @@ impl AuthFailures {
             .sum()
     }
 
+    /// `rejection` as answered: a 401 counts against the client's address,
+    /// and past its limit becomes the 429. Other refusals (403, a store's
+    /// 503) are not failed authentications.
+    pub(crate) fn counted(
+        failures: Option<&AuthFailures>,
+        client: Option<IpAddr>,
+        rejection: GatewayError,
+    ) -> GatewayError {
+        match failures {
+            Some(failures) if rejection.kind() == ErrorKind::Authentication => {
+                match failures.record_failure(client) {
+                    Some(retry_after) => failures.refusal(retry_after),
+                    None => rejection,
+                }
+            }
+            _ => rejection,
+        }
+    }
+
     /// The 429 for an address past its limit.
     pub(crate) fn refusal(&self, retry_after: Duration) -> GatewayError {
         let limit = self.inner.limit;

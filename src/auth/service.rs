@@ -1,4 +1,3 @@
-use std::net::IpAddr;
 use std::task::{Context, Poll};
 
 use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
@@ -60,7 +59,7 @@ where
         let hash = match presented_key(request.headers()) {
             Ok(hash) => hash,
             Err(rejection) => {
-                let rejection = counted_failure(self.failures.as_ref(), client, rejection);
+                let rejection = AuthFailures::counted(self.failures.as_ref(), client, rejection);
                 return ResponseFuture::rejected(LAYER, rejection);
             }
         };
@@ -76,31 +75,12 @@ where
         let decision: Decision = Box::pin(async move {
             let principal = authenticate(&directory, hash, route)
                 .await
-                .map_err(|rejection| counted_failure(failures.as_ref(), client, rejection))?;
+                .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
             let mut admission = Admission::default();
             admission.extensions.insert(principal);
             Ok(admission)
         });
         ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
-    }
-}
-
-/// `rejection` as answered: a 401 counts against the client's address, and
-/// past its limit becomes the 429. Other refusals (403, a store's 503) are
-/// not failed authentications.
-fn counted_failure(
-    failures: Option<&AuthFailures>,
-    client: Option<IpAddr>,
-    rejection: GatewayError,
-) -> GatewayError {
-    match failures {
-        Some(failures) if rejection.kind() == ErrorKind::Authentication => {
-            match failures.record_failure(client) {
-                Some(retry_after) => failures.refusal(retry_after),
-                None => rejection,
-            }
-        }
-        _ => rejection,
     }
 }
 
@@ -171,6 +151,10 @@ async fn authenticate(
                 "unknown API key: no key with this value exists; check the key or create a new one",
             )),
         };
+    // Before expiry: a leaked key is named so, whatever else is wrong with it.
+    if let Some(leak) = &record.leak {
+        return Err(leaked_key(Some(leak.reported_at)));
+    }
     let now = directory.now();
     if let Some(expires_at) = record.expires_at.filter(|_| record.is_expired(now)) {
         return Err(unauthenticated(
@@ -180,9 +164,6 @@ async fn authenticate(
                 expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             ),
         ));
-    }
-    if let Some(leak) = &record.leak {
-        return Err(leaked_key(Some(leak.reported_at)));
     }
     if record.disabled {
         return Err(unauthenticated(

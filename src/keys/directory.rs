@@ -45,7 +45,7 @@ pub enum LeakOutcome {
     /// report was the first for it (so that its owner is told once).
     Revoked {
         /// The key's record, with the leak.
-        record: KeyRecord,
+        record: Box<KeyRecord>,
         /// Whether this report was the key's first.
         first: bool,
     },
@@ -442,7 +442,7 @@ impl KeyDirectory {
             if record.leak.is_some() {
                 self.forget(hash);
                 return Ok(LeakOutcome::Revoked {
-                    record,
+                    record: Box::new(record),
                     first: false,
                 });
             }
@@ -457,7 +457,7 @@ impl KeyDirectory {
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
                 return Ok(LeakOutcome::Revoked {
-                    record,
+                    record: Box::new(record),
                     first: true,
                 });
             }

@@ -294,9 +294,15 @@ pub(crate) async fn handle(
                 url,
                 source,
             };
-            let outcome = super::leak::report_leak(config, &hash, &report)
-                .await
-                .map_err(refuse)?;
+            let outcome = super::leak::report_leak(
+                directory,
+                &config.leak_notifier,
+                &hash,
+                &report,
+                super::leak::MODELGATE_TOKEN_TYPE,
+            )
+            .await
+            .map_err(refuse)?;
             let LeakOutcome::Revoked { record, .. } = outcome else {
                 return Err(no_such_key());
             };

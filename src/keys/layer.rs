@@ -3,6 +3,8 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
+use crate::notify::Notifier;
+
 use super::{ByokDirectory, KeyDirectory, KeyRoutes};
 use crate::free_quota::FreeQuotaRules;
 
@@ -21,6 +23,7 @@ pub(crate) struct KeyRoutesConfig {
     pub(crate) byok: ByokDirectory,
     pub(crate) free_quota: FreeQuotaRules,
     pub(crate) byok_providers: ByokProviders,
+    pub(crate) leak_notifier: Notifier,
 }
 
 /// The providers an account may set its own key for through
@@ -55,6 +58,7 @@ impl KeyRoutesLayer {
                 byok,
                 free_quota: FreeQuotaRules::default(),
                 byok_providers: ByokProviders::Any,
+                leak_notifier: Notifier::disabled(),
             }),
         }
     }
@@ -74,6 +78,14 @@ impl KeyRoutesLayer {
     /// before can be cleaned up. Default: [`ByokProviders::Any`].
     pub fn byok_providers(mut self, providers: ByokProviders) -> Self {
         Arc::make_mut(&mut self.config).byok_providers = providers;
+        self
+    }
+
+    /// Tells a key's owner through `notifier` when a management key reports
+    /// the key leaked (`POST /api/v1/keys/{hash}/leaked`). Default: nobody
+    /// is told.
+    pub fn leak_notifier(mut self, notifier: Notifier) -> Self {
+        Arc::make_mut(&mut self.config).leak_notifier = notifier;
         self
     }
 

@@ -12,7 +12,8 @@
 //! | `GET /user/balance` | any key | `{is_available, balance_infos: [{currency, total_balance, granted_balance, topped_up_balance}]}` |
 //! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}` |
 //! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
-//! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}` |
+//! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key` |
+//! | `POST /api/v1/keys/{hash}/leaked` `{url?, source?}` | management key | `{"data": {…}}`: the key revoked and disabled for good, its owner told ([`KeyRoutesLayer::leak_notifier`]) |
 //! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
 //! | `GET /api/v1/accounts?offset=` | management key | `{"data": [{…}, …]}`: every account for the operator, its own for an account's key |
 //! | `GET /api/v1/accounts/{id}` | operator, or that account's management key | `{"data": {…, is_free_tier, free_model_daily_requests}}` |
@@ -39,10 +40,17 @@
 //! the providers [`KeyRoutesLayer::byok_providers`] names (any, by
 //! default): those the service below really sends it to.
 //!
+//! Each key shows `last_used_at` (written at most once a minute, so it may
+//! lag that much) and `leak` (`null`, or when, where and by whom it was
+//! reported leaked).
+//!
 //! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
 //! Usage periods are UTC: the day, the week from Monday, the month. A key
 //! deleted or disabled through one instance is refused at once there and
-//! within the directory's cache time (default 1 s) everywhere else.
+//! within the directory's cache time (default 1 s) everywhere else. A key
+//! reported leaked is refused at once everywhere: it is revoked in the
+//! ledger, which every chat admission reads, and the other routes read a
+//! live key afresh ([`KeyDirectory::lookup_live`]).
 //!
 //! The layers go `BearerAuth -> BodyLimit -> KeyRoutes -> …`:
 //!
@@ -113,6 +121,7 @@ pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, SharedStore};
 pub(crate) use handlers::Route;
 pub use layer::{ByokProviders, KeyRoutesLayer};
+pub(crate) use leak::report_leak;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,

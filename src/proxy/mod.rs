@@ -93,10 +93,12 @@ use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
 use crate::in_flight::InFlightLimitLayer;
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
+use crate::leaks::{LeakAlertsLayer, ScanningKeys};
+use crate::notify::{EmailSettings, Notifier, WebhookSettings};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::settings::SettingsPageLayer;
-use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
+use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, WebhooksConfig};
 
 /// The gateway's configuration, as a JSON document; every section is
 /// optional.
@@ -117,7 +119,11 @@ use crate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, Webhooks
 ///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
 ///   "max_in_flight": 512,
 ///   "auth_failures": {"max_failures": 20, "window_seconds": 600},
-///   "trusted_proxies": ["10.0.0.0/8"]
+///   "trusted_proxies": ["10.0.0.0/8"],
+///   "leak_scanning": {"public_keys": {"file": "/etc/modelgate/github-secret-scanning-keys.json"},
+///                     "notify_webhook": {"url": "https://ops.example.com/hooks/leaks",
+///                                        "secret": {"env": "LEAK_WEBHOOK_SECRET"}}},
+///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"}
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -162,6 +168,57 @@ pub struct GatewayConfig {
     /// `10.0.0.0/8`) whose `X-Forwarded-For` names the client. Empty (the
     /// default): the connection's peer is the client.
     pub trusted_proxies: Vec<String>,
+    /// Secret-scanning alerts (`POST /api/v1/leaks`). Absent: that route
+    /// is not served; an operator can still report a key leaked.
+    pub leak_scanning: Option<LeakScanningSection>,
+    /// Outbound e-mail: a leaked key's owner is told. Absent: no e-mail.
+    pub email: Option<EmailSection>,
+}
+
+impl std::fmt::Debug for EmailSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A URL written inline may carry a password.
+        f.debug_struct("EmailSection")
+            .field("smtp", &format_args!("…"))
+            .field("from", &self.from)
+            .finish()
+    }
+}
+
+/// `leak_scanning` in [`GatewayConfig`].
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeakScanningSection {
+    /// The code host's public keys alerts are signed with, in the shape
+    /// GitHub publishes them (`{"public_keys": [{"key_identifier", "key",
+    /// "is_current"}]}`): `{"file": "/path"}` or a SecretRef. Read at
+    /// start-up; never fetched at run time.
+    pub public_keys: Value,
+    /// A webhook told of every leaked key, signed with HMAC-SHA256.
+    pub notify_webhook: Option<NotifyWebhookSection>,
+}
+
+/// `leak_scanning.notify_webhook` in [`GatewayConfig`].
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyWebhookSection {
+    /// Where the event is posted (`http` or `https`).
+    pub url: String,
+    /// The signing secret: `{"env": "VAR"}`, `{"file": "/path"}` or a
+    /// SecretRef; at least 16 bytes.
+    pub secret: Value,
+}
+
+/// `email` in [`GatewayConfig`].
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmailSection {
+    /// The SMTP server as a URL (`smtp://host:25`, `smtp://host:587?tls=required`,
+    /// `smtps://user:pass@host`): text when it holds no password, else
+    /// `{"env": "VAR"}`, `{"file": "/path"}` or a SecretRef holding it.
+    pub smtp: Value,
+    /// The sender, such as `modelgate <keys@example.com>`.
+    pub from: String,
 }
 
 /// One provider in [`GatewayConfig`]`.providers`.
@@ -235,6 +292,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("auth_failures", &self.auth_failures)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("leak_scanning", &self.leak_scanning)
+            .field("email", &self.email)
             .finish()
     }
 }
@@ -412,14 +471,7 @@ impl GatewayConfig {
             }
             let mut config = UpstreamConfig::new(section.base_url.clone());
             if let Some(key) = &section.api_key {
-                let spec = crate::webhook::secret_ref_from_json(key).map_err(|problem| {
-                    ConfigError::new(format!("providers.{name}.api_key {problem}"))
-                })?;
-                let secret = crate::webhook::resolve_secret(
-                    &spec,
-                    &crate::webhook::ResolveLimits::default(),
-                )
-                .map_err(|error| ConfigError::new(format!("providers.{name}.api_key: {error}")))?;
+                let secret = read_secret(&format!("providers.{name}.api_key"), key)?;
                 config.api_key = Some(secret.expose().to_owned());
             }
             config.extra_headers = section
@@ -444,6 +496,50 @@ impl GatewayConfig {
             );
         }
         Ok(upstreams)
+    }
+
+    /// The public keys secret-scanning alerts are checked with, read now;
+    /// `None` without a `leak_scanning` section.
+    pub fn scanning_keys(&self) -> Result<Option<ScanningKeys>, ConfigError> {
+        let Some(section) = &self.leak_scanning else {
+            return Ok(None);
+        };
+        let text = read_secret("leak_scanning.public_keys", &section.public_keys)?;
+        ScanningKeys::from_json(text.expose().as_bytes())
+            .map(Some)
+            .map_err(|error| ConfigError::new(format!("leak_scanning.public_keys: {error}")))
+    }
+
+    /// Who is told of a leaked key: the owner by e-mail (`email`) and the
+    /// `leak_scanning.notify_webhook`, each when configured.
+    pub fn leak_notifier(&self) -> Result<Notifier, ConfigError> {
+        let email = match &self.email {
+            None => None,
+            Some(section) => {
+                let url = match &section.smtp {
+                    Value::String(url) => url.clone(),
+                    reference => read_secret("email.smtp", reference)?.expose().to_owned(),
+                };
+                Some(
+                    EmailSettings::new(&url, &section.from)
+                        .map_err(|error| ConfigError::new(format!("email: {error}")))?,
+                )
+            }
+        };
+        let webhook = match self
+            .leak_scanning
+            .as_ref()
+            .and_then(|section| section.notify_webhook.as_ref())
+        {
+            None => None,
+            Some(section) => {
+                let secret = read_secret("leak_scanning.notify_webhook.secret", &section.secret)?;
+                Some(WebhookSettings::new(&section.url, secret).map_err(|error| {
+                    ConfigError::new(format!("leak_scanning.notify_webhook: {error}"))
+                })?)
+            }
+        };
+        Ok(Notifier::new(email, webhook))
     }
 
     fn price_table(&self) -> Result<PriceTable, ConfigError> {
@@ -473,6 +569,15 @@ impl GatewayConfig {
             None => policy,
         })
     }
+}
+
+/// The secret `value` names (`{"env"}`, `{"file"}` or a SecretRef), read
+/// now; errors name `field`.
+fn read_secret(field: &str, value: &Value) -> Result<Secret, ConfigError> {
+    let spec = crate::webhook::secret_ref_from_json(value)
+        .map_err(|problem| ConfigError::new(format!("{field} {problem}")))?;
+    crate::webhook::resolve_secret(&spec, &ResolveLimits::default())
+        .map_err(|error| ConfigError::new(format!("{field}: {error}")))
 }
 
 /// The response body of the whole gateway.
@@ -565,6 +670,13 @@ where
     }
     .clock(clock.clone())
     .failure_limit(auth_failures.clone());
+    let notifier = config.leak_notifier()?;
+    let leak_alerts = match config.scanning_keys()? {
+        Some(keys) => LeakAlertsLayer::new(directory.clone(), keys)
+            .notifier(notifier.clone())
+            .failure_limit(auth_failures.clone()),
+        None => LeakAlertsLayer::off(),
+    };
     let mut body = BodyLimitLayer::new();
     if let Some(max_body_bytes) = config.body.max_body_bytes {
         body = body.max_body_bytes(max_body_bytes);
@@ -636,6 +748,7 @@ where
         .layer(ClientAddrLayer::new(trusted_proxies))
         .layer(InFlightLimitLayer::new(max_in_flight))
         .layer(SettingsPageLayer::new())
+        .layer(leak_alerts)
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
@@ -645,6 +758,7 @@ where
         .layer(AccessLogLayer::annotate())
         .layer(
             KeyRoutesLayer::new(directory)
+                .leak_notifier(notifier)
                 .free_quota_rules(config.free_quota)
                 .byok_directory(byok)
                 .byok_providers(byok_providers),
