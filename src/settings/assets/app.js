@@ -130,6 +130,16 @@
     return node;
   }
 
+  // A moment in the person's own time zone, to the minute (last use is
+  // written at most once a minute anyway); the exact value stays in the
+  // element, and shows as its tooltip.
+  function moment(timestamp) {
+    const node = element('time', new Date(timestamp).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' }));
+    node.dateTime = timestamp;
+    node.title = timestamp;
+    return node;
+  }
+
   function showOperatorParts(shown) {
     for (const node of document.querySelectorAll('.operator-only')) node.hidden = !shown;
   }
@@ -267,9 +277,12 @@
       const accountCell = element('td', key.account, 'operator-only');
       accountCell.hidden = !session.operator;
       row.append(accountCell);
-      const created = element('td', day(key.created_at));
+      const created = element('td', day(key.created_at), 'created');
       created.title = key.created_at || '';
       row.append(created);
+      const lastUsed = element('td', key.last_used_at ? null : 'never', 'last-used');
+      if (key.last_used_at) lastUsed.append(moment(key.last_used_at));
+      row.append(lastUsed);
 
       const limit = element('td', null, 'limit');
       if (key.limit === null) {
@@ -307,10 +320,10 @@
     });
     $('key-rows').replaceChildren(...rows);
     $('no-keys').hidden = keys.length > 0;
-    $('key-caption').textContent = session.operator && session.account === null
-      ? 'Every key, with its usage in the current UTC day, week (from Monday) and month, in credits.'
-      : 'The keys of ' + (session.account ? 'the account ' + session.account : 'this account') +
-        ', with their usage in the current UTC day, week (from Monday) and month, in credits.';
+    $('key-caption').textContent = (session.operator && session.account === null
+      ? 'Every key'
+      : 'The keys of ' + (session.account ? 'the account ' + session.account : 'this account')) +
+      ', with their last use (to within a minute) and their usage in the current UTC day, week (from Monday) and month, in credits.';
     const note = $('create-key-account');
     note.hidden = !session.operator;
     note.textContent = session.account === null
