@@ -6,8 +6,10 @@
 //! sees its usage once it is used through the API, sets its limit below
 //! that usage (402 through the API), raises it (200), deletes it (401);
 //! a wrong key or an inference key gets a clear message; the operator
-//! manages accounts. The page's responses carry their security headers,
-//! and the API allows no other origin.
+//! manages accounts. A key reported leaked is marked so, with a notice of
+//! where it was found, and is replaced and deleted from that notice. The
+//! page's responses carry their security headers, and the API allows no
+//! other origin.
 //!
 //! Needs `cargo build --examples` first and Debian's `chromium` and
 //! `chromium-driver`; `./scripts/test.sh` does both. The run writes a
@@ -102,6 +104,42 @@ impl Api {
             .await
             .unwrap();
         assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    }
+
+    /// The account `id`, made by the operator `admin`, and a management
+    /// key for it; that key's plaintext.
+    async fn account_with_manager(&self, admin: &str, id: &str) -> String {
+        let (status, body) = self
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/accounts",
+                admin,
+                Some(json!({"id": id, "name": "Acme Ltd", "email": "ops@acme.example"})),
+            )
+            .await;
+        assert_eq!(status, 201, "the operator creates an account: {body}");
+        let (status, body) = self
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                admin,
+                Some(json!({"name": format!("{id} admin"), "account": id, "management": true})),
+            )
+            .await;
+        assert_eq!(
+            status, 201,
+            "the operator makes {id} a management key: {body}"
+        );
+        body["key"].as_str().unwrap().to_owned()
+    }
+
+    /// What `GET /api/v1/key` answers `key`: its status and
+    /// `error.metadata.reason` (null when served).
+    async fn check_key(&self, key: &str) -> (u16, Value) {
+        let (status, body) = self
+            .send(reqwest::Method::GET, "/api/v1/key", key, None)
+            .await;
+        (status, body["error"]["metadata"]["reason"].clone())
     }
 
     /// The keys `key` may list, by name.
@@ -218,26 +256,27 @@ async fn refresh_until(
     }
 }
 
-/// Opens the editor of the key `name`.
-async fn edit(browser: &Browser, name: &str) {
-    let xpath = format!("//tbody[@id='key-rows']//button[@aria-label='Edit key {name}']");
+/// Clicks the element at `xpath` (`what`, for the failure message).
+async fn click_path(browser: &Browser, xpath: &str, what: &str) {
     let deadline = Instant::now() + PATIENCE;
     // The table may be drawn anew between finding the button and clicking it.
     loop {
-        let clicked = match browser
-            .client
-            .find(fantoccini::Locator::XPath(&xpath))
-            .await
-        {
+        let clicked = match browser.client.find(fantoccini::Locator::XPath(xpath)).await {
             Ok(button) => button.click().await.map_err(|error| error.to_string()),
             Err(error) => Err(error.to_string()),
         };
         match clicked {
-            Ok(()) => break,
-            Err(error) => assert!(Instant::now() < deadline, "no Edit for {name}: {error}"),
+            Ok(()) => return,
+            Err(error) => assert!(Instant::now() < deadline, "no {what}: {error}"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Opens the editor of the key `name`.
+async fn edit(browser: &Browser, name: &str) {
+    let xpath = format!("//tbody[@id='key-rows']//button[@aria-label='Edit key {name}']");
+    click_path(browser, &xpath, &format!("Edit for {name}")).await;
     browser.wait_shown("edit-key", true).await;
 }
 
@@ -437,28 +476,7 @@ async fn an_account_manager_manages_a_key_on_the_page() {
     let admin = admin.expose();
     let proxy = start_proxy(admin);
     let api = Api::new(&proxy);
-    let (status, body) = api
-        .send(
-            reqwest::Method::POST,
-            "/api/v1/accounts",
-            admin,
-            Some(json!({"id": "acme", "name": "Acme Ltd", "email": "ops@acme.example"})),
-        )
-        .await;
-    assert_eq!(status, 201, "the operator creates an account: {body}");
-    let (status, body) = api
-        .send(
-            reqwest::Method::POST,
-            "/api/v1/keys",
-            admin,
-            Some(json!({"name": "acme admin", "account": "acme", "management": true})),
-        )
-        .await;
-    assert_eq!(
-        status, 201,
-        "the operator makes acme a management key: {body}"
-    );
-    let manager = body["key"].as_str().unwrap().to_owned();
+    let manager = api.account_with_manager(admin, "acme").await;
     // A key of another account, which acme's manager must not see.
     let (status, body) = api
         .send(
@@ -509,6 +527,355 @@ async fn an_account_manager_manages_a_key_on_the_page() {
             balance < 12.5 && balance > 12.0
         })
         .await;
+    browser.close().await;
+}
+
+/// A key reported leaked, as its owner meets it: the account's manager
+/// sees when each key was last used; after the report the key is marked
+/// leaked, a notice says when, by whom and where it was found (a link
+/// shown as text, whatever it holds), the editor offers no way to enable
+/// it, and the notice's buttons create its replacement (same name and
+/// limit, shown once, working) and delete it (then refused as deleted).
+#[tokio::test]
+async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    let manager = api.account_with_manager(admin, "acme").await;
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+    sign_in(&browser, &proxy, &manager).await;
+
+    // Created on the page with a weekly limit; never used yet.
+    browser.fill("create-key", "Name", "acme app").await;
+    browser.fill("create-key", "Credit limit", "2").await;
+    browser.select("create-key", "Limit reset", "weekly").await;
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let leaked = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    browser.click(Some("new-key"), "Done").await;
+    wait_for_cell(&browser, "acme app", "last-used", "never", |text| {
+        text == Some("never")
+    })
+    .await;
+
+    // Used once: its last use shows (written in the background).
+    assert_eq!(api.check_key(&leaked).await.0, 200);
+    refresh_until(&browser, "acme app", "last-used", "its last use", |text| {
+        text != "never"
+    })
+    .await;
+    let record = api.key_named(&manager, "acme app").await.unwrap();
+    let hash = record["hash"].as_str().unwrap().to_owned();
+    let row = format!("//tbody[@id='key-rows']/tr[@data-hash='{hash}']");
+    let last_used = browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!(
+            "{row}/td[contains(@class, 'last-used')]/time"
+        )))
+        .await
+        .unwrap();
+    assert!(record["last_used_at"].is_string(), "{record}");
+    assert_eq!(
+        last_used.attr("datetime").await.unwrap().as_deref(),
+        record["last_used_at"].as_str()
+    );
+
+    // Reported leaked by the operator, with where it was found; a second
+    // key with markup in its report's URL.
+    let url = "https://github.com/acme/app/blob/main/.env";
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/api/v1/keys/{hash}/leaked"),
+            admin,
+            Some(json!({"url": url, "source": "content"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            &manager,
+            Some(json!({"name": "acme web"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let web_hash = body["data"]["hash"].as_str().unwrap().to_owned();
+    let marked_up = "https://github.com/acme/web/blob/main/app.js?q=<b>x</b>";
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/api/v1/keys/{web_hash}/leaked"),
+            admin,
+            Some(json!({ "url": marked_up })),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(api.check_key(&leaked).await, (401, json!("leaked_key")));
+
+    // The page marks both and says what happened, and where.
+    refresh_until(&browser, "acme app", "status", "leaked", |text| {
+        text == "leaked"
+    })
+    .await;
+    assert_eq!(
+        cell(&browser, "acme web", "status").await.as_deref(),
+        Some("leaked")
+    );
+    browser.wait_shown("leaks", true).await;
+    assert_eq!(
+        browser
+            .by_id("leaks")
+            .await
+            .attr("role")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("alert")
+    );
+    let item = format!("//ul[@id='leak-list']/li[@data-hash='{hash}']");
+    let notice = browser
+        .client
+        .find(fantoccini::Locator::XPath(&item))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for part in [
+        "acme app was reported leaked on ",
+        " by the operator.",
+        &format!("Found in content at {url}"),
+    ] {
+        assert!(notice.contains(part), "{part:?} in {notice:?}");
+    }
+    let reported_at = browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!("{item}//time")))
+        .await
+        .unwrap()
+        .attr("datetime")
+        .await
+        .unwrap();
+    let record = api.key_named(&manager, "acme app").await.unwrap();
+    assert_eq!(
+        reported_at.as_deref(),
+        record["leak"]["reported_at"].as_str()
+    );
+    for (hash, url) in [(&hash, url), (&web_hash, marked_up)] {
+        let link = browser
+            .client
+            .find(fantoccini::Locator::XPath(&format!(
+                "//ul[@id='leak-list']/li[@data-hash='{hash}']//a"
+            )))
+            .await
+            .unwrap();
+        assert_eq!(link.attr("href").await.unwrap().as_deref(), Some(url));
+        assert_eq!(link.text().await.unwrap(), url, "shown as text");
+        assert_eq!(
+            link.attr("rel").await.unwrap().as_deref(),
+            Some("noopener noreferrer")
+        );
+        assert_eq!(
+            link.attr("target").await.unwrap().as_deref(),
+            Some("_blank")
+        );
+    }
+    assert_eq!(
+        browser
+            .script("return document.querySelectorAll('#leaks b, #key-rows b').length")
+            .await,
+        0,
+        "the report's markup stays text"
+    );
+
+    // On a narrow window the page still fits: the table scrolls in its
+    // box, the notice wraps.
+    browser.client.set_window_size(400, 900).await.unwrap();
+    assert_eq!(
+        browser
+            .script(
+                "const page = document.documentElement; \
+                 const wrap = document.querySelector('#keys .table-wrap'); \
+                 return [page.scrollWidth <= page.clientWidth, wrap.scrollWidth > wrap.clientWidth]"
+            )
+            .await,
+        json!([true, true])
+    );
+    browser
+        .button(Some("leak-list"), "Create a replacement")
+        .await;
+    browser.client.set_window_size(1280, 1000).await.unwrap();
+
+    // The editor does not offer to enable it, and says why.
+    edit(&browser, "acme app").await;
+    let disabled = browser.field("edit-key", "Disabled").await;
+    assert!(disabled.is_selected().await.unwrap());
+    assert!(
+        !disabled.is_enabled().await.unwrap(),
+        "no enabling a leaked key"
+    );
+    assert!(browser.displayed("edit-disabled-note").await);
+    browser.click(Some("edit-key"), "Cancel").await;
+    browser.wait_shown("edit-key", false).await;
+
+    // "Create a replacement": the create form with its settings; the new
+    // key is shown once and works.
+    click_path(
+        &browser,
+        &format!("{item}//button[@aria-label='Create a replacement for key acme app']"),
+        "Create a replacement",
+    )
+    .await;
+    for (id, value) in [
+        ("new-name", "acme app"),
+        ("new-limit", "2"),
+        ("new-reset", "weekly"),
+    ] {
+        assert_eq!(
+            browser
+                .by_id(id)
+                .await
+                .prop("value")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some(value),
+            "{id}"
+        );
+    }
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let replacement = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(replacement.starts_with("mg-v1-") && replacement != leaked);
+    assert!(browser.text("message").await.contains("not shown again"));
+    assert_eq!(api.check_key(&replacement).await.0, 200);
+    browser.click(Some("new-key"), "Done").await;
+    browser.wait_shown("new-key", false).await;
+    let (_, list) = api
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/keys?include_disabled=true",
+            &manager,
+            None,
+        )
+        .await;
+    let new_record = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|key| key["name"] == "acme app" && key["hash"] != hash.as_str())
+        .expect("the replacement, by the same name")
+        .clone();
+    assert_eq!(
+        (
+            &new_record["limit"],
+            &new_record["limit_reset"],
+            &new_record["leak"]
+        ),
+        (&json!(2), &json!("weekly"), &Value::Null)
+    );
+
+    // "Delete": the confirmation step first, then the leaked key is gone.
+    click_path(
+        &browser,
+        &format!("{item}//button[@aria-label='Delete key acme app']"),
+        "Delete",
+    )
+    .await;
+    browser.wait_shown("confirm-delete", true).await;
+    assert_eq!(
+        api.check_key(&leaked).await,
+        (401, json!("leaked_key")),
+        "not deleted yet"
+    );
+    assert!(api.key_named(&manager, "acme web").await.is_some());
+    browser
+        .click(Some("confirm-delete"), "Yes, delete the key")
+        .await;
+    browser
+        .wait_for_text("message", "the deletion", |text| {
+            text.contains("Deleted the key “acme app”")
+        })
+        .await;
+    let deadline = Instant::now() + PATIENCE;
+    while browser
+        .client
+        .find(fantoccini::Locator::XPath(&format!("{row} | {item}")))
+        .await
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the leaked key is still shown");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(api.check_key(&leaked).await, (401, json!("deleted_key")));
+    assert_eq!(api.check_key(&replacement).await.0, 200);
+    // The other leaked key is still there, and so is the notice about it.
+    assert!(browser.displayed("leaks").await);
+    assert_eq!(
+        browser
+            .script("return document.querySelectorAll('#leak-list li').length")
+            .await,
+        1
+    );
+    assert_eq!(browser.csp_violations().await, json!([]));
+
+    // The operator, shown acme's keys, replaces the other one: the
+    // replacement goes to acme.
+    browser.click(None, "Sign out").await;
+    sign_in(&browser, &proxy, admin).await;
+    click_path(
+        &browser,
+        "//button[@aria-label='Show the keys of acme']",
+        "Show keys of acme",
+    )
+    .await;
+    let web_item = format!("//ul[@id='leak-list']/li[@data-hash='{web_hash}']");
+    click_path(
+        &browser,
+        &format!("{web_item}//button[@aria-label='Create a replacement for key acme web']"),
+        "Create a replacement for acme web",
+    )
+    .await;
+    assert_eq!(
+        browser.text("create-key-account").await,
+        "New keys go to the account acme."
+    );
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let (_, list) = api
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/keys?include_disabled=true&account=acme",
+            admin,
+            None,
+        )
+        .await;
+    let names: Vec<_> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|key| key["leak"].is_null())
+        .map(|key| key["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"acme web"), "{list}");
+    assert_eq!(browser.csp_violations().await, json!([]));
     browser.close().await;
 }
 

@@ -1,9 +1,13 @@
 //! The key settings page: [`SettingsPage`] serves a small web page at
 //! `/settings` where a person signs in with a management key and manages
 //! keys: the account's balance, free tier and free-model requests left
-//! today; a table of keys with their limits and usage; creating a key
-//! (its plaintext shown once), changing its name, limit, reset period or
-//! disabled state, and deleting it. With the operator's key it also lists
+//! today; a table of keys with their limits, usage and last use; creating
+//! a key (its plaintext shown once), changing its name, limit, reset
+//! period or disabled state, and deleting it. A key reported leaked is
+//! marked so, and a notice above the table says when, by whom and where
+//! it was found, with a button that fills in the creation form for its
+//! replacement and one that deletes it; it is never offered to be
+//! enabled again. With the operator's key it also lists
 //! the accounts, tops them up and creates accounts and their management
 //! keys.
 //!

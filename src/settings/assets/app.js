@@ -20,6 +20,7 @@
   let session = null;
   let keys = [];
   let editing = null; // the key being edited
+  let shownLeaks = ''; // what the leak notice shows (see renderLeaks)
 
   // ---- the API ------------------------------------------------------
 
@@ -110,7 +111,12 @@
   const RESETS = { daily: 'Daily', weekly: 'Weekly', monthly: 'Monthly' };
   const PERIOD_WORDS = { daily: 'today', weekly: 'this week', monthly: 'this month' };
 
+  // Who may report a key leaked (`leak.reported_by`), in words.
+  const REPORTERS = { secret_scanning: 'secret scanning', operator: 'the operator' };
+
   function keyStatus(key) {
+    // A leaked key is disabled too: say the stronger fact.
+    if (key.leak) return 'leaked';
     if (key.disabled) return 'disabled';
     if (key.expires_at && Date.parse(key.expires_at) <= Date.now()) return 'expired';
     return 'active';
@@ -128,6 +134,42 @@
     if (text !== undefined && text !== null) node.textContent = text;
     if (className) node.className = className;
     return node;
+  }
+
+  // A moment in the person's own time zone, to the minute (last use is
+  // written at most once a minute anyway); the exact value stays in the
+  // element, and shows as its tooltip.
+  function moment(timestamp) {
+    const node = element('time', new Date(timestamp).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' }));
+    node.dateTime = timestamp;
+    node.title = timestamp;
+    return node;
+  }
+
+  function button(text, className, label, action) {
+    const node = element('button', text, className);
+    node.type = 'button';
+    node.setAttribute('aria-label', label);
+    node.addEventListener('click', action);
+    return node;
+  }
+
+  // Where a leaked key was found. The URL comes from whoever reported it,
+  // so it is a link only when it is a web address (a javascript: or data:
+  // one stays text), opened apart from this page.
+  function foundAt(url) {
+    let parsed = null;
+    try {
+      parsed = new URL(url);
+    } catch (_) {
+      // Not an absolute URL: shown as text.
+    }
+    if (!parsed || (parsed.protocol !== 'https:' && parsed.protocol !== 'http:')) return element('span', url, 'url');
+    const link = element('a', url, 'url');
+    link.href = url;
+    link.target = '_blank';
+    link.rel = 'noopener noreferrer';
+    return link;
   }
 
   function showOperatorParts(shown) {
@@ -173,9 +215,11 @@
     session = null;
     keys = [];
     editing = null;
+    shownLeaks = '';
     $('key-rows').replaceChildren();
+    $('leak-list').replaceChildren();
     $('account-rows').replaceChildren();
-    for (const id of ['account', 'keys', 'accounts', 'edit-key', 'new-key', 'sign-out', 'who']) $(id).hidden = true;
+    for (const id of ['account', 'keys', 'leaks', 'accounts', 'edit-key', 'new-key', 'sign-out', 'who']) $(id).hidden = true;
     $('new-key-value').value = '';
     $('sign-in').hidden = false;
     $('management-key').focus();
@@ -267,9 +311,12 @@
       const accountCell = element('td', key.account, 'operator-only');
       accountCell.hidden = !session.operator;
       row.append(accountCell);
-      const created = element('td', day(key.created_at));
+      const created = element('td', day(key.created_at), 'created');
       created.title = key.created_at || '';
       row.append(created);
+      const lastUsed = element('td', key.last_used_at ? null : 'never', 'last-used');
+      if (key.last_used_at) lastUsed.append(moment(key.last_used_at));
+      row.append(lastUsed);
 
       const limit = element('td', null, 'limit');
       if (key.limit === null) {
@@ -297,20 +344,16 @@
       if (key.management) status.append(element('span', 'management', 'badge management'));
       row.append(status);
       const actions = element('td');
-      const edit = element('button', 'Edit', 'secondary');
-      edit.type = 'button';
-      edit.setAttribute('aria-label', 'Edit key ' + key.name);
-      edit.addEventListener('click', () => openEditor(key.hash));
-      actions.append(edit);
+      actions.append(button('Edit', 'secondary', 'Edit key ' + key.name, () => openEditor(key.hash)));
       row.append(actions);
       return row;
     });
     $('key-rows').replaceChildren(...rows);
     $('no-keys').hidden = keys.length > 0;
-    $('key-caption').textContent = session.operator && session.account === null
-      ? 'Every key, with its usage in the current UTC day, week (from Monday) and month, in credits.'
-      : 'The keys of ' + (session.account ? 'the account ' + session.account : 'this account') +
-        ', with their usage in the current UTC day, week (from Monday) and month, in credits.';
+    $('key-caption').textContent = (session.operator && session.account === null
+      ? 'Every key'
+      : 'The keys of ' + (session.account ? 'the account ' + session.account : 'this account')) +
+      ', with their last use (to within a minute) and their usage in the current UTC day, week (from Monday) and month, in credits.';
     const note = $('create-key-account');
     note.hidden = !session.operator;
     note.textContent = session.account === null
@@ -320,6 +363,50 @@
       const current = keys.find((key) => key.hash === editing);
       if (current) fillEditor(current); else closeEditor();
     }
+    renderLeaks();
+  }
+
+  // The notice above the table: each leaked key, when and by whom it was
+  // reported, where it was found, and the way out (a replacement, then
+  // deletion). Drawn anew only when that changes: a screen reader reads
+  // an alert again each time its content is replaced.
+  function renderLeaks() {
+    const leaked = keys.filter((key) => key.leak);
+    const signature = JSON.stringify([session.account, leaked.map((key) => [key.hash, key.name, key.leak])]);
+    if (signature === shownLeaks) return;
+    shownLeaks = signature;
+    const items = leaked.map((key) => {
+      const { reported_at: reportedAt, reported_by: reportedBy, url, source } = key.leak;
+      const item = element('li');
+      item.dataset.hash = key.hash;
+      const what = element('p');
+      what.append(element('strong', key.name));
+      if (session.operator && session.account === null) what.append(' (account ' + key.account + ')');
+      what.append(' was reported leaked on ', moment(reportedAt), ' by ' + (REPORTERS[reportedBy] || reportedBy) + '.');
+      item.append(what);
+      if (url || source) {
+        const where = element('p', 'Found');
+        if (source) where.append(' in ' + source);
+        if (url) where.append(' at ', foundAt(url));
+        item.append(where);
+      }
+      const actions = element('div', null, 'actions');
+      actions.append(
+        button('Create a replacement', null, 'Create a replacement for key ' + key.name, () => {
+          say('');
+          attempt(() => prepareReplacement(key.hash));
+        }),
+        button('Delete', 'danger', 'Delete key ' + key.name, () => {
+          say('');
+          openEditor(key.hash);
+          confirmDeletion();
+        }),
+      );
+      item.append(actions);
+      return item;
+    });
+    $('leak-list').replaceChildren(...items);
+    $('leaks').hidden = items.length === 0;
   }
 
   async function loadAccounts() {
@@ -395,7 +482,15 @@
     $('edit-limit').value = key.limit === null ? '' : String(key.limit);
     $('edit-reset').value = key.limit_reset || '';
     $('edit-byok').checked = Boolean(key.include_byok_in_limit);
-    $('edit-disabled').checked = Boolean(key.disabled);
+    const disabled = $('edit-disabled');
+    disabled.checked = Boolean(key.disabled);
+    // A leaked key cannot be enabled again (the API answers 422): the
+    // switch is not offered, and the note says why.
+    const leaked = Boolean(key.leak);
+    disabled.disabled = leaked;
+    $('edit-disabled-note').hidden = !leaked;
+    if (leaked) disabled.setAttribute('aria-describedby', 'edit-disabled-note');
+    else disabled.removeAttribute('aria-describedby');
   }
 
   function openEditor(hash) {
@@ -434,13 +529,20 @@
       limit: limitField($('edit-limit')),
       limit_reset: $('edit-reset').value || null,
       include_byok_in_limit: $('edit-byok').checked,
-      disabled: $('edit-disabled').checked,
     };
+    if (!key.leak) update.disabled = $('edit-disabled').checked;
     if (!update.name) throw new Error('Name must not be empty.');
     const saved = (await api('PATCH', '/api/v1/keys/' + key.hash, { body: update })).data;
     sayDone('Saved the key “' + saved.name + '”' +
       (saved.limit === null ? ': no limit.' : ': limit ' + credits(saved.limit) + ' credits.'));
     await loadKeys();
+  }
+
+  // The in-page confirmation every deletion goes through.
+  function confirmDeletion() {
+    if (!editing) return;
+    $('confirm-delete').hidden = false;
+    $('confirm-delete-no').focus();
   }
 
   async function deleteKey() {
@@ -477,6 +579,29 @@
     $('new-key-title').focus();
     sayDone('Created the key “' + created.data.name + '”. Copy it now: it is not shown again.');
     await loadKeys();
+  }
+
+  // "Create a replacement" for a leaked key: the create form filled in
+  // with its name, limit and settings, so creating it shows the new key
+  // once as always; the person then swaps it in and deletes the old one.
+  async function prepareReplacement(hash) {
+    const key = keys.find((candidate) => candidate.hash === hash);
+    if (!key) return;
+    if (session.operator && session.account !== key.account) {
+      // New keys go to the account shown: show the leaked key's.
+      session.account = key.account;
+      closeEditor();
+      await refresh();
+    }
+    $('create-key-form').reset();
+    $('new-name').value = key.name;
+    $('new-limit').value = key.limit === null ? '' : String(key.limit);
+    $('new-reset').value = key.limit_reset || '';
+    $('new-byok').checked = Boolean(key.include_byok_in_limit);
+    if (session.operator) $('new-management').checked = Boolean(key.management);
+    $('new-name').focus();
+    say('The form below has the settings of the leaked key “' + key.name +
+      '”: create the replacement, put it where the leaked key was used, then delete the leaked key.');
   }
 
   async function copyKey() {
@@ -544,10 +669,7 @@
     onSubmit('create-key-form', createKey);
     onSubmit('edit-key-form', saveKey);
     onClick('edit-cancel', async () => closeEditor());
-    onClick('delete-key', async () => {
-      $('confirm-delete').hidden = false;
-      $('confirm-delete-no').focus();
-    });
+    onClick('delete-key', async () => confirmDeletion());
     onClick('confirm-delete-no', async () => {
       $('confirm-delete').hidden = true;
     });
