@@ -38,8 +38,10 @@
 //! - [`keys`]: key and account records, the key management API, the
 //!   accounts' own provider keys (BYOK), and the key, credits and balance
 //!   queries (`KeyRoutes`).
-//! - [`leaks`]: GitHub secret-scanning alerts: their signature checked with
-//!   GitHub's published keys, the reported tokens parsed, the answer written.
+//! - [`leaks`]: `LeakAlerts`, which takes GitHub's secret-scanning alerts
+//!   (`POST /api/v1/leaks`): the signature checked with GitHub's published
+//!   keys, every live key among the tokens revoked at once on every
+//!   instance, its owner told, the labels answered.
 //! - [`rate_limit`]: `GlobalRateLimit`, account-wide and per-model rate
 //!   rules that hold across instances.
 //! - [`free_quota`]: `FreeModelQuota`, the per-minute and per-day quota of

@@ -20,6 +20,57 @@
 //! These are pure functions, with no store and no I/O. Nothing here
 //! panics on any input.
 //!
+//! [`LeakAlertsLayer`] puts them to work: it answers `POST /api/v1/leaks`
+//! before any key is asked for (alerts are signed, not keyed). It checks
+//! the signature headers before reading the body and the signature before
+//! parsing it; a missing or bad signature is 401 (counted against the
+//! client's address with [`LeakAlertsLayer::failure_limit`]), a malformed
+//! alert 400, and neither changes anything. Each token's format and
+//! checksum are checked before any store lookup. Every live key among them
+//! is revoked in the ledger, so no instance admits it again whatever its
+//! key cache holds, then disabled for good with the report kept
+//! ([`KeyRecord::leak`](crate::keys::KeyRecord::leak)); its owner is told
+//! once through the layer's [`Notifier`](crate::notify::Notifier), in the
+//! background. A store that cannot answer is 503, and the scanner sends
+//! the alert again: a report is idempotent.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http::Request;
+//! use http_body_util::{BodyExt, Full};
+//! use modelgate::keys::{KeyDirectory, SharedStore};
+//! use modelgate::leaks::{LeakAlertsLayer, ScanningKeys};
+//! use modelgate::store::MemoryStore;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store: SharedStore = Arc::new(MemoryStore::new());
+//! let keys = ScanningKeys::from_json(br#"{"public_keys": [{
+//!     "key_identifier": "bcb53661c06b4728e59d897fb6165d5c9cda0fd9cdf9d09ead458168deb7518c",
+//!     "key": "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEYAGMWO8XgCamYKMJS6jc/qgvSlAd\nAjPuDPRcXU22YxgBrz+zoN19MzuRyW87qEt9/AmtoNP5GrobzUvQSyJFVw==\n-----END PUBLIC KEY-----\n",
+//!     "is_current": true}]}"#).unwrap();
+//! let gateway = ServiceBuilder::new()
+//!     .layer(LeakAlertsLayer::new(KeyDirectory::new(store), keys))
+//!     .service(service_fn(|_: Request<Full<Bytes>>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+//!     }));
+//!
+//! let alert = Request::post("/api/v1/leaks")
+//!     .header("github-public-key-identifier", "bcb53661c06b4728e59d897fb6165d5c9cda0fd9cdf9d09ead458168deb7518c")
+//!     .header("github-public-key-signature", "MEQCIQDaMKqrGnE27S0kgMrEK0eYBmyG0LeZismAEz/BgZyt7AIfXt9fErtRS4XaeSt/AO1RtBY66YcAdjxji410VQV4xg==")
+//!     .body(Full::new(Bytes::from_static(br#"[{"source":"commit","token":"some_token","type":"some_type","url":"https://example.com/base-repo-url/"}]"#)))
+//!     .unwrap();
+//! let response = gateway.oneshot(alert).await.unwrap();
+//! assert_eq!(response.status(), 200);
+//! let body = response.into_body().collect().await.unwrap().to_bytes();
+//! let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+//! // `some_token` is no modelgate key.
+//! assert_eq!(answer[0]["label"], "false_positive");
+//! # }
+//! ```
+//!
 //! ```
 //! use modelgate::leaks::{alert_answer, parse_alert, LeakLabel, ScanningKeys, SignatureError};
 //!

@@ -6,15 +6,17 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! DrainUnread -> AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> WebhookSecret
-//!   -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
+//! DrainUnread -> AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> LeakAlerts
+//!   -> WebhookSecret -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
 //!   -> Retry -> Providers -> Upstream
 //! ```
 //!
 //! The webhook routes of `plugins.entries.webhooks` are answered by
 //! [`WebhookSecret`](crate::webhook::WebhookSecret) before any gateway
-//! layer: they carry their own secret, limits and answer format.
+//! layer: they carry their own secret, limits and answer format. So are
+//! secret-scanning alerts (`POST /api/v1/leaks`, with `leak_scanning`), by
+//! [`LeakAlerts`](crate::leaks::LeakAlerts): they are signed, not keyed.
 //!
 //! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
 //! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
