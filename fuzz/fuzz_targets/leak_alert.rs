@@ -35,7 +35,10 @@ fuzz_target!(|data: &[u8]| {
         for token in &tokens {
             assert!((1..=MAX_TOKEN_BYTES).contains(&token.token.len()));
             assert!((1..=MAX_TOKEN_TYPE_BYTES).contains(&token.token_type.len()));
-            assert!(token.url.as_ref().is_none_or(|url| url.len() <= MAX_URL_BYTES));
+            assert!(token
+                .url
+                .as_ref()
+                .is_none_or(|url| url.len() <= MAX_URL_BYTES));
             assert!(token
                 .source
                 .as_ref()
