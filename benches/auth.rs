@@ -1,6 +1,9 @@
 //! What BearerAuth adds to a request: the header parser, the key check and
 //! hash, and the whole layer with its cache on and off, on `MemoryStore`
-//! and on `RedisStore` over loopback; and `GET /api/v1/key` end to end.
+//! and on `RedisStore` over loopback (a chat request trusts the cache; any
+//! other route reads a live key afresh); and `GET /api/v1/key` end to end.
+//! Also what a secret-scanning alert costs before any lookup: its
+//! signature checked and its body parsed.
 //!
 //! `cargo bench --bench auth`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
@@ -19,14 +22,48 @@ use http_body_util::Full;
 use modelgate::auth::{parse_bearer, ApiKey, BearerAuthLayer};
 use modelgate::body::BodyLimitLayer;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::leaks::{parse_alert, ScanningKeys};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 fn request(path: &str, authorization: &str) -> Request<Full<Bytes>> {
-    Request::get(path)
+    let method = if path.ends_with("/chat/completions") {
+        http::Method::POST
+    } else {
+        http::Method::GET
+    };
+    Request::builder()
+        .method(method)
+        .uri(path)
         .header("authorization", authorization)
         .body(Full::new(Bytes::new()))
         .unwrap()
+}
+
+fn bench_leak_alert(c: &mut Criterion) {
+    use base64::Engine as _;
+    use p256::ecdsa::signature::Signer as _;
+    use p256::elliptic_curve::Generate as _;
+    use p256::pkcs8::EncodePublicKey as _;
+    let signing = p256::ecdsa::SigningKey::generate();
+    let pem = signing
+        .verifying_key()
+        .to_public_key_pem(p256::pkcs8::LineEnding::LF)
+        .unwrap();
+    let document = serde_json::json!({"public_keys": [{"key_identifier": "k1", "key": pem, "is_current": true}]});
+    let keys = ScanningKeys::from_json(document.to_string().as_bytes()).unwrap();
+    let body = serde_json::json!([{"token": ApiKey::generate().expose(), "type": "modelgate_api_key",
+                                   "url": "https://github.com/o/r/blob/main/.env", "source": "content"}])
+    .to_string();
+    let signature: p256::ecdsa::DerSignature = signing.sign(body.as_bytes());
+    let signature = base64::engine::general_purpose::STANDARD.encode(signature.as_bytes());
+    c.bench_function("leak_alert/verify_and_parse_one_token", |b| {
+        b.iter(|| {
+            keys.verify("k1", &signature, std::hint::black_box(body.as_bytes()))
+                .unwrap();
+            parse_alert(body.as_bytes()).unwrap()
+        })
+    });
 }
 
 fn bench_parsing(c: &mut Criterion) {
@@ -69,10 +106,20 @@ fn bench_layer(
             b.to_async(runtime).iter(|| {
                 let call = service
                     .clone()
-                    .oneshot(request("/api/v1/models", &authorization));
+                    .oneshot(request("/api/v1/chat/completions", &authorization));
                 async move { assert_eq!(call.await.unwrap().status(), 200) }
             })
         });
+        if cache == "cached" {
+            group.bench_function("live_lookup_other_route", |b| {
+                b.to_async(runtime).iter(|| {
+                    let call = service
+                        .clone()
+                        .oneshot(request("/api/v1/models", &authorization));
+                    async move { assert_eq!(call.await.unwrap().status(), 200) }
+                })
+            });
+        }
         if cache == "cached" {
             let status = ServiceBuilder::new()
                 .layer(BodyLimitLayer::new())
@@ -96,6 +143,7 @@ fn bench_layer(
 
 fn benches(c: &mut Criterion) {
     bench_parsing(c);
+    bench_leak_alert(c);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

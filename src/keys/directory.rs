@@ -499,6 +499,9 @@ impl KeyDirectory {
     }
 
     async fn write_last_use(&self, hash: &KeyHash, now: DateTime<Utc>) -> Result<(), StoreError> {
+        let cache = &self.inner.cache;
+        let generation = cache.generation();
+        let read_at = self.now();
         let Some(Versioned {
             value: mut record,
             revision,
@@ -508,16 +511,27 @@ impl KeyDirectory {
         };
         if last_use_is_stale(record.last_used_at, now) {
             record.last_used_at = Some(now);
-            // A conflict means another writer (another instance's note, a
-            // change) got there first: nothing to do.
-            self.inner
+            let outcome = self
+                .inner
                 .store
                 .put_json(KEYS, &record.hash, &record, Expect::Revision(revision))
                 .await?;
+            // A conflict means another writer (another instance's note, a
+            // change) got there first: the next use reads again.
+            if let WriteOutcome::Conflict { .. } = outcome {
+                return Ok(());
+            }
         }
-        // The cached record learns the new time, so this instance stops
-        // noting until it is stale again.
-        self.forget(hash);
+        // The cache learns the record as just read (and written), so this
+        // instance stops noting until it is stale again, without dropping
+        // the entry: a store outage right after must not cost the key.
+        cache.remember(
+            *hash,
+            &KeyState::Active(Arc::new(record)),
+            true,
+            read_at,
+            generation,
+        );
         Ok(())
     }
 
