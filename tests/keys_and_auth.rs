@@ -1474,12 +1474,13 @@ async fn key_routes_fail_closed_when_the_key_is_cached_but_the_store_is_down() {
     let address = instance(directory).await;
     assert_eq!(chat_as(address, key.expose()).await.status, 200);
     server.stop();
-    // BearerAuth trusts its cache; KeyRoutes still needs the store.
+    // Off the chat path BearerAuth reads a live key afresh (so a revoked
+    // key is refused at once): with the store down it refuses, closed.
     for path in ["/api/v1/key", "/api/v1/credits", "/user/balance"] {
         let reply = get_as(address, path, key.expose()).await;
         assert_eq!(reply.status, 503, "{path}: {}", reply.body);
         assert_eq!(
-            reply.body["error"]["metadata"]["layer"], "KeyRoutes",
+            reply.body["error"]["metadata"]["layer"], "BearerAuth",
             "{path}"
         );
     }

@@ -415,9 +415,13 @@ async fn acme_key(store: &SharedStore, name: &str) -> String {
 async fn alerts_revoke_live_keys_and_tell_their_owners(stores: [SharedStore; 2]) {
     let scanner = Scanner::new();
     let smtp = SmtpServer::start().await;
+    let hook = HookReceiver::start().await;
     let config = json!({
         "retry": {"max_attempts": 1},
-        "leak_scanning": {"public_keys": {"file": scanner.keys_path}},
+        "leak_scanning": {
+            "public_keys": {"file": scanner.keys_path},
+            "notify_webhook": {"url": hook.url, "secret": {"file": hook.secret_path}},
+        },
         "email": {"smtp": smtp.url(), "from": "modelgate <keys@gateway.test>"},
     })
     .to_string();
@@ -625,6 +629,19 @@ async fn alerts_revoke_live_keys_and_tell_their_owners(stores: [SharedStore; 2])
         "{text}"
     );
 
+    // The operator's webhook gets the same event, signed.
+    let events = hook.wait_for(1).await;
+    let (timestamp, signature, event) = &events[0];
+    assert!(
+        modelgate::notify::verify_webhook_signature(&hook.secret, *timestamp, event, signature),
+        "the signature holds"
+    );
+    let event: Value = serde_json::from_slice(event).unwrap();
+    assert_eq!(event["type"], "key.leaked");
+    assert_eq!(event["data"]["key_name"], "ci deploy");
+    assert_eq!(event["data"]["account"], "acme");
+    assert!(!event.to_string().contains(&leaked));
+
     // The same alert again (GitHub retries): the same answer, no second e-mail.
     let (status, again) = post_alert(
         b,
@@ -636,6 +653,75 @@ async fn alerts_revoke_live_keys_and_tell_their_owners(stores: [SharedStore; 2])
     assert_eq!((status, &again), (200, &answer));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(smtp.messages().len(), 1, "the owner is told once");
+    assert_eq!(hook.received().len(), 1, "one event per leak");
+}
+
+/// (timestamp, signature header, body) of each event received.
+type Received = Arc<std::sync::Mutex<Vec<(u64, String, Vec<u8>)>>>;
+
+/// An operator's webhook on loopback, recording what it receives.
+struct HookReceiver {
+    url: String,
+    secret: modelgate::webhook::Secret,
+    secret_path: String,
+    _secret_file: tempfile::NamedTempFile,
+    received: Received,
+}
+
+impl HookReceiver {
+    async fn start() -> Self {
+        use axum::routing::post;
+        let received = Received::default();
+        let log = received.clone();
+        let router = axum::Router::new().route(
+            "/hooks/leaks",
+            post(move |headers: http::HeaderMap, body: bytes::Bytes| {
+                let log = log.clone();
+                async move {
+                    let header = |name: &str| {
+                        headers
+                            .get(name)
+                            .and_then(|value| value.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned()
+                    };
+                    let timestamp = header("x-modelgate-timestamp").parse().unwrap_or(0);
+                    let signature = header("x-modelgate-signature");
+                    log.lock()
+                        .unwrap()
+                        .push((timestamp, signature, body.to_vec()));
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let text = "a-webhook-secret-of-enough-bytes";
+        let secret_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(secret_file.path(), text).unwrap();
+        HookReceiver {
+            url: format!("http://{address}/hooks/leaks"),
+            secret: modelgate::webhook::Secret::new(text.to_owned()),
+            secret_path: secret_file.path().to_str().unwrap().to_owned(),
+            _secret_file: secret_file,
+            received,
+        }
+    }
+
+    fn received(&self) -> Vec<(u64, String, Vec<u8>)> {
+        self.received.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, count: usize) -> Vec<(u64, String, Vec<u8>)> {
+        for _ in 0..500 {
+            if self.received().len() >= count {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.received()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
