@@ -379,9 +379,31 @@ impl Drop for Pending {
 /// Logs, with everything needed to tell the owner by hand, a notice that
 /// will not be delivered on `channel`, and counts it as `failed`.
 fn give_up(channel: Channel, notice: &LeakNotice, attempts: u32, reason: &str) {
+    log_undelivered(notice, Some(channel), Some(attempts), reason, "failed");
+    telemetry::notice_outcome(channel.name(), "failed");
+}
+
+/// Logs in full, and counts as `dropped` on each of `channels`, a notice
+/// that was not even queued.
+fn drop_notice(notice: &LeakNotice, channels: &[Channel], reason: &str) {
+    log_undelivered(notice, None, None, reason, "dropped");
+    for channel in channels {
+        telemetry::notice_outcome(channel.name(), "dropped");
+    }
+}
+
+/// One error line with every field of `notice` but the key itself.
+fn log_undelivered(
+    notice: &LeakNotice,
+    channel: Option<Channel>,
+    attempts: Option<u32>,
+    reason: &str,
+    outcome: &'static str,
+) {
     tracing::error!(
-        channel = channel.name(),
+        channel = channel.map(Channel::name),
         attempts,
+        outcome,
         error = %reason,
         account = %notice.account,
         email = ?notice.email,
@@ -394,28 +416,6 @@ fn give_up(channel: Channel, notice: &LeakNotice, attempts: u32, reason: &str) {
         reported_by = %notice.reported_by,
         "leak notice NOT delivered: tell the account's owner by hand"
     );
-    telemetry::notice_outcome(channel.name(), "failed");
-}
-
-/// Logs in full, and counts as `dropped` on each of `channels`, a notice
-/// that was not even queued.
-fn drop_notice(notice: &LeakNotice, channels: &[Channel], reason: &str) {
-    tracing::error!(
-        error = %reason,
-        account = %notice.account,
-        email = ?notice.email,
-        key_name = ?notice.key_name,
-        key = logged_key(notice),
-        token_type = ?notice.token_type,
-        url = ?notice.url,
-        source = ?notice.source,
-        reported_at = %notice.reported_at.to_rfc3339(),
-        reported_by = %notice.reported_by,
-        "leak notice dropped: tell the account's owner by hand"
-    );
-    for channel in channels {
-        telemetry::notice_outcome(channel.name(), "dropped");
-    }
 }
 
 #[cfg(test)]
