@@ -346,6 +346,24 @@ impl KeyDirectory {
         hash: &KeyHash,
         update: &KeyUpdate,
     ) -> Result<Option<KeyRecord>, StoreError> {
+        let edited = self
+            .edit(hash, |record| {
+                update.apply(record, self.now());
+                true
+            })
+            .await?;
+        Ok(edited.map(|(record, _)| record))
+    }
+
+    /// Reads the key `hash`, lets `change` edit it, and writes it back when
+    /// `change` says so (compare-and-set, read again after a conflict).
+    /// `None` when there is no such key; else the record and whether it was
+    /// written.
+    async fn edit(
+        &self,
+        hash: &KeyHash,
+        mut change: impl FnMut(&mut KeyRecord) -> bool,
+    ) -> Result<Option<(KeyRecord, bool)>, StoreError> {
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let Some(Versioned {
                 value: mut record,
@@ -354,7 +372,9 @@ impl KeyDirectory {
             else {
                 return Ok(None);
             };
-            update.apply(&mut record, self.now());
+            if !change(&mut record) {
+                return Ok(Some((record, false)));
+            }
             let outcome = self
                 .inner
                 .store
@@ -362,7 +382,7 @@ impl KeyDirectory {
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
-                return Ok(Some(record));
+                return Ok(Some((record, true)));
             }
         }
         Err(too_contended("put_record"))
@@ -419,50 +439,31 @@ impl KeyDirectory {
                 _ => LeakOutcome::Unknown,
             });
         };
-        let id = hash.to_hex();
         // A key never changes account: the revocation stays in the right ledger.
         self.inner
             .store
-            .revoke_key(&current.value.account, &id, self.now())
+            .revoke_key(&current.value.account, &hash.to_hex(), self.now())
             .await?;
-        let mut current = Some(current);
-        for _ in 0..MAX_WRITE_ATTEMPTS {
-            let read = match current.take() {
-                Some(read) => Some(read),
-                None => self.get(hash).await?,
-            };
-            let Some(Versioned {
-                value: mut record,
-                revision,
-            }) = read
-            else {
-                self.forget(hash);
-                return Ok(LeakOutcome::Deleted);
-            };
-            if record.leak.is_some() {
-                self.forget(hash);
-                return Ok(LeakOutcome::Revoked {
-                    record: Box::new(record),
-                    first: false,
-                });
-            }
-            record.leak = Some(report.clone());
-            record.disabled = true;
-            record.updated_at = Some(self.now());
-            let outcome = self
-                .inner
-                .store
-                .put_json(KEYS, &id, &record, Expect::Revision(revision))
-                .await?;
-            if let WriteOutcome::Written { .. } = outcome {
-                self.forget(hash);
-                return Ok(LeakOutcome::Revoked {
-                    record: Box::new(record),
-                    first: true,
-                });
-            }
-        }
-        Err(too_contended("put_record"))
+        let edited = self
+            .edit(hash, |record| {
+                // Reported before: the first report stands.
+                if record.leak.is_some() {
+                    return false;
+                }
+                record.leak = Some(report.clone());
+                record.disabled = true;
+                record.updated_at = Some(self.now());
+                true
+            })
+            .await?;
+        self.forget(hash);
+        Ok(match edited {
+            Some((record, first)) => LeakOutcome::Revoked {
+                record: Box::new(record),
+                first,
+            },
+            None => LeakOutcome::Deleted,
+        })
     }
 
     /// How stale a key's `last_used_at` may get: it is written at most once
