@@ -66,9 +66,12 @@ where
         // The key is read; it must not travel further, to an upstream or
         // into a log of forwarded headers.
         request.headers_mut().remove(AUTHORIZATION);
+        let path = request.uri().path();
+        let chat = is_chat_completions_call(request.method(), path);
+        // The chat path is no key route: its path is read once.
         let route = RouteKind {
-            management: Route::of(request.uri().path()).is_some(),
-            chat: is_chat_completions_call(request.method(), request.uri().path()),
+            management: !chat && Route::of(path).is_some(),
+            chat,
         };
         let directory = self.directory.clone();
         let failures = self.failures.clone();
