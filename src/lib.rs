@@ -42,6 +42,9 @@
 //!   (`POST /api/v1/leaks`): the signature checked with GitHub's published
 //!   keys, every live key among the tokens revoked at once on every
 //!   instance, its owner told, the labels answered.
+//! - [`oauth`]: OAuth keys for apps (PKCE, as OpenRouter clients expect):
+//!   a person approves an app on the consent page at `/auth`, and the app
+//!   exchanges its code for a key of their account (`CodeExchange`).
 //! - [`rate_limit`]: `GlobalRateLimit`, account-wide and per-model rate
 //!   rules that hold across instances.
 //! - [`free_quota`]: `FreeModelQuota`, the per-minute and per-day quota of
@@ -113,6 +116,7 @@ pub mod keys;
 pub mod leaks;
 mod limiter;
 pub mod notify;
+pub mod oauth;
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;

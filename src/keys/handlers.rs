@@ -35,6 +35,9 @@ pub(crate) enum Route {
     Key(String),
     /// `POST /api/v1/keys/{hash}/leaked`
     KeyLeaked(String),
+    /// `POST /api/v1/auth/keys/code`: a management key approves an app
+    /// ([`crate::oauth`]).
+    AuthCode,
     /// `GET` and `POST /api/v1/accounts`
     Accounts,
     /// `GET /api/v1/accounts/{id}`
@@ -63,6 +66,7 @@ impl Route {
             ["api", "v1", "keys"] => Some(Route::Keys),
             ["api", "v1", "keys", _] => Some(Route::Key(segments[3].to_string())),
             ["api", "v1", "keys", _, "leaked"] => Some(Route::KeyLeaked(segments[3].to_string())),
+            ["api", "v1", "auth", "keys", "code"] => Some(Route::AuthCode),
             ["api", "v1", "accounts"] => Some(Route::Accounts),
             ["api", "v1", "accounts", _] => Some(Route::Account(segments[3].to_string())),
             ["api", "v1", "accounts", _, "credits"] => {
@@ -84,6 +88,7 @@ impl Route {
             Route::Account(_) => &[Method::GET],
             Route::Key(_) => &[Method::GET, Method::PATCH, Method::DELETE],
             Route::AccountCredits(_) | Route::KeyLeaked(_) => &[Method::POST],
+            Route::AuthCode => &[Method::POST],
             Route::ByokKeys(_) => &[Method::GET],
             Route::ByokKey(..) => &[Method::PUT, Method::DELETE],
         }
@@ -99,6 +104,7 @@ impl Route {
             Route::Keys
                 | Route::Key(_)
                 | Route::KeyLeaked(_)
+                | Route::AuthCode
                 | Route::Accounts
                 | Route::Account(_)
                 | Route::AccountCredits(_)
@@ -196,6 +202,7 @@ pub(crate) async fn handle(
     let now = directory.now();
     match (&call.route, &call.method) {
         (Route::KeyStatus, _) => key_status(config, &principal, now).await,
+        (Route::AuthCode, _) => crate::oauth::issue_code(directory, &principal, body()?).await,
         (Route::Credits, _) => {
             let balance = directory
                 .store()
@@ -860,6 +867,8 @@ mod tests {
             ("/user/balance", Some(Route::UserBalance)),
             ("//api/./v1/keys", Some(Route::Keys)),
             ("/api/v1/%6beys", Some(Route::Keys)),
+            ("/API/v1/auth/Keys/code/", Some(Route::AuthCode)),
+            ("/api/v1/auth/keys", None),
             (
                 &format!("/api/v1/keys/{hash}"),
                 Some(Route::Key(hash.clone())),

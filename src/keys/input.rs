@@ -343,12 +343,12 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, GatewayError> {
 
 /// A JSON object whose every field is taken at most once; fields it was
 /// not asked for are refused.
-struct Fields {
+pub(crate) struct Fields {
     object: Map<String, Value>,
 }
 
 impl Fields {
-    fn parse(body: &[u8], allowed: &[&str]) -> Result<Fields, GatewayError> {
+    pub(crate) fn parse(body: &[u8], allowed: &[&str]) -> Result<Fields, GatewayError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Err(GatewayError::new(
                 ErrorKind::InvalidRequest,
@@ -379,12 +379,12 @@ impl Fields {
         Ok(Fields { object })
     }
 
-    fn take(&mut self, name: &str) -> Option<Value> {
+    pub(crate) fn take(&mut self, name: &str) -> Option<Value> {
         self.object.remove(name)
     }
 }
 
-fn key_name(value: Value) -> Result<String, GatewayError> {
+pub(crate) fn key_name(value: Value) -> Result<String, GatewayError> {
     let Value::String(name) = value else {
         return Err(invalid("name", "must be a string"));
     };
@@ -404,7 +404,7 @@ fn key_name(value: Value) -> Result<String, GatewayError> {
     Ok(name.to_owned())
 }
 
-fn account_id(value: Value) -> Result<String, GatewayError> {
+pub(crate) fn account_id(value: Value) -> Result<String, GatewayError> {
     match value {
         Value::Null => Ok(DEFAULT_ACCOUNT.to_owned()),
         Value::String(id) if is_valid_account_id(&id) => Ok(id),
@@ -415,7 +415,7 @@ fn account_id(value: Value) -> Result<String, GatewayError> {
     }
 }
 
-fn limit_nanos(value: Value) -> Result<Option<i64>, GatewayError> {
+pub(crate) fn limit_nanos(value: Value) -> Result<Option<i64>, GatewayError> {
     if value.is_null() {
         return Ok(None);
     }
@@ -429,7 +429,7 @@ fn limit_nanos(value: Value) -> Result<Option<i64>, GatewayError> {
         })
 }
 
-fn limit_reset(value: Value) -> Result<Option<Period>, GatewayError> {
+pub(crate) fn limit_reset(value: Value) -> Result<Option<Period>, GatewayError> {
     match value {
         Value::Null => Ok(None),
         Value::String(text) => match text.as_str() {
@@ -454,7 +454,10 @@ fn boolean(field: &'static str, value: Value) -> Result<bool, GatewayError> {
         .ok_or_else(|| invalid(field, "must be true or false"))
 }
 
-fn expiry(value: Value, now: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, GatewayError> {
+pub(crate) fn expiry(
+    value: Value,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, GatewayError> {
     let text = match value {
         Value::Null => return Ok(None),
         Value::String(text) => text,
@@ -480,18 +483,18 @@ fn expiry(value: Value, now: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, Gat
 }
 
 /// 422: a field's value is of the wrong type or out of range.
-fn invalid(field: &str, problem: &str) -> GatewayError {
+pub(crate) fn invalid(field: &str, problem: &str) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidParameter, format!("`{field}` {problem}"))
         .with_metadata("param", field)
 }
 
 /// 400 about one field.
-fn bad_request(field: &str, message: &str) -> GatewayError {
+pub(crate) fn bad_request(field: &str, message: &str) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidRequest, message.to_owned()).with_metadata("param", field)
 }
 
 /// 400: a required field is absent.
-fn missing(field: &str, why: &str) -> GatewayError {
+pub(crate) fn missing(field: &str, why: &str) -> GatewayError {
     bad_request(field, &format!("`{field}` is required: {why}"))
 }
 

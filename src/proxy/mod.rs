@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! DrainUnread -> AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> LeakAlerts
-//!   -> WebhookSecret -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
+//!   -> CodeExchange -> WebhookSecret -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
 //!   -> Retry -> Providers -> Upstream
 //! ```
@@ -17,6 +17,9 @@
 //! layer: they carry their own secret, limits and answer format. So are
 //! secret-scanning alerts (`POST /api/v1/leaks`, with `leak_scanning`), by
 //! [`LeakAlerts`](crate::leaks::LeakAlerts): they are signed, not keyed.
+//! So is an app's exchange of its OAuth code for a key
+//! (`POST /api/v1/auth/keys`), by [`CodeExchange`](crate::oauth::CodeExchange):
+//! the app has no key yet.
 //!
 //! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
 //! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
@@ -97,6 +100,7 @@ use crate::in_flight::InFlightLimitLayer;
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::leaks::{LeakAlertsLayer, ScanningKeys};
 use crate::notify::{EmailSettings, Notifier, WebhookSettings};
+use crate::oauth::CodeExchangeLayer;
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::settings::SettingsPageLayer;
@@ -751,6 +755,8 @@ where
         .layer(InFlightLimitLayer::new(max_in_flight))
         .layer(SettingsPageLayer::new())
         .layer(leak_alerts)
+        // Before BearerAuth: an app exchanging its code has no key yet.
+        .layer(CodeExchangeLayer::new(directory.clone()).failure_limit(auth_failures.clone()))
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
