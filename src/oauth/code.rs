@@ -365,7 +365,7 @@ mod tests {
     use crate::clock::{Clock, ManualClock};
     use crate::keys::{KeyState, SharedStore};
     use crate::oauth::pkce::s256_challenge;
-    use crate::store::{MemoryStore, RecordStore};
+    use crate::store::MemoryStore;
     use chrono::TimeZone;
     use std::sync::Arc;
 

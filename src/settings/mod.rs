@@ -23,6 +23,7 @@
 //! |---|---|
 //! | `GET`, `HEAD /settings` | the page, `text/html; charset=utf-8` |
 //! | `GET`, `HEAD /settings/app.js`, `/settings/app.css`, `/settings/icon.svg` | its script, style sheet and icon |
+//! | `GET`, `HEAD /auth?callback_url=…&code_challenge=…&code_challenge_method=…`, `/settings/auth.js` | the OAuth consent page and its script ([`oauth`](crate::oauth)): the same sign-in and key, then **Authorize** or **Deny** for the app |
 //! | another method on those paths | 405 with `Allow: GET, HEAD` |
 //! | any other path under `/settings/` | 404 |
 //! | everything else | passed to the inner service untouched |

@@ -29,7 +29,7 @@ struct Asset {
     bytes: &'static [u8],
 }
 
-const ASSETS: [Asset; 4] = [
+const ASSETS: [Asset; 5] = [
     Asset {
         name: "",
         content_type: "text/html; charset=utf-8",
@@ -53,7 +53,21 @@ const ASSETS: [Asset; 4] = [
         content_type: "image/svg+xml; charset=utf-8",
         bytes: include_bytes!("assets/icon.svg"),
     },
+    // The consent page's script (the page itself is `/auth`).
+    Asset {
+        name: "auth.js",
+        content_type: "text/javascript; charset=utf-8",
+        bytes: include_bytes!("assets/auth.js"),
+    },
 ];
+
+/// The OAuth consent page, served at `/auth` with the settings page's
+/// style sheet, icon and headers ([`crate::oauth`]).
+const CONSENT_PAGE: Asset = Asset {
+    name: "",
+    content_type: "text/html; charset=utf-8",
+    bytes: include_bytes!("assets/auth.html"),
+};
 
 /// What a path under `/settings` names.
 enum Target {
@@ -65,6 +79,10 @@ enum Target {
 fn target(path: &str) -> Option<Target> {
     let segments = normalized_segments(path);
     let (first, rest) = segments.split_first()?;
+    // `/auth` alone; the query (the app's request) is read by its script.
+    if rest.is_empty() && first.eq_ignore_ascii_case("auth") {
+        return Some(Target::Asset(&CONSENT_PAGE));
+    }
     if !first.eq_ignore_ascii_case("settings") {
         return None;
     }
@@ -301,6 +319,62 @@ mod tests {
             "document.cookie",
         ] {
             assert!(!script.contains(forbidden), "app.js contains {forbidden}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_consent_page_is_served_at_auth_alone_like_the_settings_page() {
+        for (path, content_type, starts) in [
+            ("/auth", "text/html; charset=utf-8", "<!doctype html>"),
+            (
+                "/Auth/?callback_url=x",
+                "text/html; charset=utf-8",
+                "<!doctype html>",
+            ),
+            (
+                "/settings/auth.js",
+                "text/javascript; charset=utf-8",
+                "// The consent page",
+            ),
+        ] {
+            let response = call(Method::GET, path).await;
+            assert_eq!(response.status(), 200, "{path}");
+            assert_eq!(response.headers()["content-type"], content_type, "{path}");
+            assert!(response.body().starts_with(starts.as_bytes()), "{path}");
+            assert_secured(&response);
+        }
+        let response = call(Method::POST, "/auth").await;
+        assert_eq!(response.status(), 405);
+        for path in ["/auth/x", "/authorize", "/api/v1/auth/keys"] {
+            let response = call(Method::GET, path).await;
+            assert_eq!(response.body(), format!("inner GET {path}").as_bytes());
+        }
+        let html = std::str::from_utf8(CONSENT_PAGE.bytes).unwrap();
+        for forbidden in [
+            "<style",
+            " style=",
+            " onclick",
+            "javascript:",
+            "http:",
+            "https:",
+        ] {
+            assert!(!html.contains(forbidden), "auth.html contains {forbidden}");
+        }
+        assert_eq!(
+            html.matches("<script").count(),
+            html.matches(r#"<script src="/settings/auth.js" defer></script>"#)
+                .count(),
+        );
+        let script = std::str::from_utf8(ASSETS[4].bytes).unwrap();
+        for forbidden in [
+            "eval(",
+            "new Function",
+            "innerHTML",
+            "document.write",
+            "localStorage",
+            "document.cookie",
+        ] {
+            assert!(!script.contains(forbidden), "auth.js contains {forbidden}");
         }
     }
 }
