@@ -105,6 +105,11 @@ impl CallbackUrl {
             return Err(CallbackUrlError::Fragment);
         }
         let url = Url::parse(text).map_err(|_| CallbackUrlError::NotAbsolute)?;
+        // The parser percent-encodes some visible characters (`"`, `<`,
+        // `{`…): the URL as stored and sent back is held to the bound too.
+        if url.as_str().len() > MAX_CALLBACK_URL_BYTES {
+            return Err(CallbackUrlError::TooLong);
+        }
         match url.scheme() {
             "https" => {}
             "http" => {
@@ -476,6 +481,10 @@ mod tests {
         }
         let long = format!("https://example.com/{}", "a".repeat(MAX_CALLBACK_URL_BYTES));
         assert_eq!(CallbackUrl::parse(&long), Err(CallbackUrlError::TooLong));
+        // Within the bound as sent, over it once `"` is written `%22`.
+        let quoted = format!("https://example.com/{}", "\"".repeat(1000));
+        assert!(quoted.len() <= MAX_CALLBACK_URL_BYTES);
+        assert_eq!(CallbackUrl::parse(&quoted), Err(CallbackUrlError::TooLong));
     }
 
     #[test]

@@ -62,6 +62,9 @@
       throw new RequestError('callback_url must start with https:// (or http:// on this machine).');
     }
     if (!url.hostname) throw new RequestError('callback_url has no host.');
+    // Some characters are percent-encoded by the parser: the URL sent on
+    // is held to the bound too.
+    if (url.href.length > MAX_CALLBACK_URL_BYTES) throw new RequestError('callback_url is over ' + MAX_CALLBACK_URL_BYTES + ' bytes.');
     if (url.username || url.password) throw new RequestError('callback_url must not contain a user name or password.');
     return url;
   }
