@@ -541,6 +541,19 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn only_a_code_s_shape_parses_and_it_reads_back_the_same(text in "\\PC{0,60}", bytes in proptest::array::uniform32(0u8..)) {
+            if let Some(code) = AuthCode::parse(&text) {
+                proptest::prop_assert_eq!(code.expose(), text.as_str());
+                proptest::prop_assert_eq!(text.len(), AuthCode::LEN);
+            }
+            // Every 32 bytes, written as a code is, parse back.
+            let written = URL_SAFE_NO_PAD.encode(bytes);
+            proptest::prop_assert!(AuthCode::parse(&written).is_some());
+        }
+    }
+
     #[test]
     fn app_keys_are_named_by_label_or_host() {
         assert_eq!(app_key_name(Some("My app"), "x.example"), "My app");

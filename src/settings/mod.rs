@@ -39,8 +39,9 @@
 //! `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer`,
 //! `X-Frame-Options: DENY` and `Cache-Control: no-store`: after an upgrade
 //! the page and its script always match, and nothing of it sits in a
-//! shared cache. The JSON API adds no CORS headers, so only the page's own
-//! origin can call it from a browser.
+//! shared cache. The JSON API adds no CORS headers (but for the OAuth code
+//! exchange, which takes no credential), so only the page's own origin can
+//! call it from a browser.
 //!
 //! The page needs nothing from the layers below it, so it goes early in
 //! the stack, before authentication: the gateway
