@@ -911,15 +911,22 @@ async fn a_bad_request_shows_an_error_and_no_authorize_button() {
     let driver = Chromedriver::start();
     let browser = driver.browser().await;
 
-    // Signed in already (a key in the tab), so only the request's
-    // validity keeps the button away.
+    // Signed in on the key settings page, so signed in on the consent
+    // page of the same tab without typing the key again: only the
+    // request's validity keeps the button away.
     browser.goto(&format!("http://{address}/settings")).await;
     browser
-        .script(&format!(
-            "sessionStorage.setItem('modelgate.managementKey', '{}')",
-            gateway.manager
-        ))
+        .fill("sign-in", "Management key", &gateway.manager)
         .await;
+    browser.click(Some("sign-in"), "Sign in").await;
+    browser.wait_shown("keys", true).await;
+    browser
+        .goto(&consent_url(address, CALLBACK, &challenge))
+        .await;
+    browser.wait_shown("consent", true).await;
+    assert!(!browser.displayed("sign-in").await);
+    assert!(browser.text("who").await.contains("acme admin"));
+    browser.button(Some("consent"), "Authorize").await;
 
     let bad_requests = [
         (consent_url(address, "javascript:alert(document.domain)", &challenge), "callback_url must start with https://"),
