@@ -169,6 +169,7 @@ impl Meter {
             reservation_id: self.reservation_id.clone(),
             cost_nanos,
             byok: self.byok,
+            record: None,
         }
     }
 

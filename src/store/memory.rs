@@ -14,13 +14,14 @@ use super::counter::{
 };
 use super::ledger::{
     idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
-    validate_amount, validate_top_up_once, SETTLEMENT_MEMORY,
+    validate_amount, validate_settlements, validate_top_up_once, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
     Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
-    ReserveRequest, Settlement, SlotOutcome, StoreError, TopUpOutcome, Versioned, WriteOutcome,
+    ReserveRequest, Settlement, SettlementRecord, SlotOutcome, StoreError, TopUpOutcome, Versioned,
+    WriteOutcome,
 };
 use crate::clock::unix_micros;
 
@@ -172,6 +173,10 @@ impl Shard {
             });
             !sets.is_empty()
         });
+        // Accounts nobody settles for again still let their records go.
+        for ledger in self.ledgers.values_mut() {
+            ledger.generations.purge(now_micros);
+        }
         self.next_sweep_micros = now_micros.saturating_add(SWEEP_INTERVAL_MICROS);
     }
 }
@@ -514,6 +519,68 @@ struct AccountLedger {
     /// pops from the front.
     top_ups: HashMap<Box<str>, RememberedTopUp>,
     top_up_order: VecDeque<(i64, Box<str>)>,
+    generations: Generations,
+}
+
+/// An account's generation records by reservation id, and their order by
+/// expiry (then by write) for removing the oldest and listing the newest.
+#[derive(Debug, Default)]
+struct Generations {
+    records: HashMap<Box<str>, (bytes::Bytes, (i64, u64))>,
+    order: BTreeMap<(i64, u64), Box<str>>,
+    writes: u64,
+}
+
+impl Generations {
+    fn purge(&mut self, now_micros: i64) {
+        while let Some(entry) = self.order.first_entry() {
+            if entry.key().0 > now_micros {
+                break;
+            }
+            let id = entry.remove();
+            self.records.remove(&id);
+        }
+    }
+
+    /// Keeps `record` for `id`, the oldest removed past the account's cap.
+    fn put(&mut self, id: &str, record: &SettlementRecord, now_micros: i64) {
+        self.purge(now_micros);
+        self.writes += 1;
+        let order = (
+            now_micros.saturating_add(duration_micros(record.retention)),
+            self.writes,
+        );
+        if let Some((_, previous)) = self
+            .records
+            .insert(id.into(), (record.bytes.clone(), order))
+        {
+            self.order.remove(&previous);
+        }
+        self.order.insert(order, id.into());
+        while self.records.len() as u64 > record.max_per_account {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.records.remove(&oldest);
+        }
+    }
+
+    fn get(&self, id: &str, now_micros: i64) -> Option<bytes::Bytes> {
+        self.records
+            .get(id)
+            .filter(|(_, (expires_at_micros, _))| *expires_at_micros > now_micros)
+            .map(|(bytes, _)| bytes.clone())
+    }
+
+    fn newest(&self, limit: usize, now_micros: i64) -> Vec<bytes::Bytes> {
+        self.order
+            .iter()
+            .rev()
+            .take_while(|((expires_at_micros, _), _)| *expires_at_micros > now_micros)
+            .take(limit)
+            .filter_map(|(_, id)| self.records.get(id).map(|(bytes, _)| bytes.clone()))
+            .collect()
+    }
 }
 
 /// A top-up remembered by its idempotency key.
@@ -599,6 +666,10 @@ impl AccountLedger {
             fingerprint,
         ));
         key.record(settlement.cost_nanos, settlement.byok, starts);
+        if let Some(record) = &settlement.record {
+            self.generations
+                .put(&settlement.reservation_id, record, now_micros);
+        }
         if !settlement.byok {
             self.balance_nanos = self.balance_nanos.saturating_sub(settlement.cost_nanos);
         }
@@ -883,7 +954,7 @@ impl LedgerStore for MemoryStore {
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
-        validate_amount("settle", settlement.cost_nanos)?;
+        validate_settlements("settle", std::slice::from_ref(settlement), None)?;
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
         let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
@@ -970,6 +1041,33 @@ impl LedgerStore for MemoryStore {
             key_ledger(ledger, key, unix_micros(now)).revoked = true;
         });
         Ok(())
+    }
+
+    async fn generation(
+        &self,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<bytes::Bytes>, StoreError> {
+        let shard = self.shard(account);
+        Ok(shard
+            .ledgers
+            .get(account)
+            .and_then(|ledger| ledger.generations.get(reservation_id, unix_micros(now))))
+    }
+
+    async fn recent_generations(
+        &self,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        let shard = self.shard(account);
+        Ok(shard
+            .ledgers
+            .get(account)
+            .map(|ledger| ledger.generations.newest(limit, unix_micros(now)))
+            .unwrap_or_default())
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {

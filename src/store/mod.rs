@@ -53,9 +53,9 @@ pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcom
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
     is_valid_idempotency_key, AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage,
-    LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, TopUpOutcome,
-    IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
-    SETTLEMENT_MEMORY,
+    LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord,
+    TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION,
+    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;

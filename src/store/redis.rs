@@ -45,6 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -166,6 +167,7 @@ struct Scripts {
     put_record: Script,
     delete_record: Script,
     list_records: Script,
+    generations: Script,
 }
 
 /// A script with the shared parts it uses prepended, in order.
@@ -204,6 +206,7 @@ impl Scripts {
                 "lua/records_common.lua",
                 "lua/list_records.lua"
             ),
+            generations: script!("lua/time.lua", "lua/generations.lua"),
         }
     }
 }
@@ -594,12 +597,31 @@ impl RedisStore {
                 .arg(&settlement.reservation_id)
                 .arg(settlement.cost_nanos)
                 .arg(u8::from(settlement.byok));
+            match &settlement.record {
+                Some(record) => invocation
+                    .arg(record.bytes.as_ref())
+                    .arg(duration_micros(record.retention))
+                    .arg(record.max_per_account),
+                None => invocation.arg("").arg(0).arg(0),
+            };
         }
+        // The account's generation records, last of the keys, only when
+        // a settlement keeps one.
+        let generation_keys = settlements
+            .iter()
+            .any(|settlement| settlement.record.is_some())
+            .then(|| self.generation_keys(&scoped));
         let Some(request) = request else {
+            if let Some([values, expiries]) = generation_keys {
+                invocation.key(values).key(expiries);
+            }
             return self.run(operation, &invocation).await;
         };
         invocation.arg(request.checks.len());
         self.add_checks(&mut invocation, &scoped, &request.checks);
+        if let Some([values, expiries]) = generation_keys {
+            invocation.key(values).key(expiries);
+        }
         match request.purchase_tier {
             Some(tier) => invocation
                 .arg(tier.check_index + 1)
@@ -638,6 +660,49 @@ impl RedisStore {
         self.run(operation, &invocation).await
     }
 
+    /// Runs `generations.lua`: one record of `account` by reservation id,
+    /// or its newest.
+    async fn read_generations(
+        &self,
+        operation: &'static str,
+        account: &str,
+        wanted: GenerationRead<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let [values, expiries] = self.generation_keys(&self.scoped(account));
+        let (mode, argument) = match wanted {
+            GenerationRead::One(id) => ("one", id.to_owned()),
+            GenerationRead::Newest(count) => ("newest", count.to_string()),
+        };
+        let mut invocation = self.scripts.generations.prepare_invoke();
+        invocation
+            .key(values)
+            .key(expiries)
+            .arg(self.now_arg(now))
+            .arg(mode)
+            .arg(argument);
+        let reply = self.run(operation, &invocation).await?;
+        let Value::Array(records) = reply else {
+            return Err(StoreError::corrupt(operation, "expected a list of records"));
+        };
+        records
+            .into_iter()
+            .map(|record| match record {
+                Value::BulkString(bytes) => Ok(Bytes::from(bytes)),
+                _ => Err(StoreError::corrupt(
+                    operation,
+                    "a record that is not a string",
+                )),
+            })
+            .collect()
+    }
+
+    /// An account's generation records: values hash (reservation id ->
+    /// record) and expiries zset (id -> µs), in the account's slot.
+    fn generation_keys(&self, scoped: &str) -> [String; 2] {
+        [format!("{scoped}gen"), format!("{scoped}genexp")]
+    }
+
     /// A collection's keys: values hash, revisions hash, creation-order
     /// zset, sequence counter and expiries zset, all under the collection's
     /// hash tag.
@@ -652,6 +717,12 @@ impl RedisStore {
         let with_slack = lifetime.saturating_add(self.config.expiry_slack);
         u64::try_from(with_slack.as_millis()).unwrap_or(u64::MAX)
     }
+}
+
+/// What [`RedisStore::read_generations`] reads.
+enum GenerationRead<'a> {
+    One(&'a str),
+    Newest(usize),
 }
 
 /// A key's ledger under an account's `scoped` prefix: usage hash,
@@ -982,7 +1053,7 @@ impl LedgerStore for RedisStore {
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
         const OPERATION: &str = "settle";
-        validate_amount(OPERATION, settlement.cost_nanos)?;
+        validate_settlements(OPERATION, std::slice::from_ref(settlement), None)?;
         self.write_ledger(
             OPERATION,
             &settlement.account,
@@ -1124,6 +1195,41 @@ impl LedgerStore for RedisStore {
             .bounded(OPERATION, command.query_async(&mut connection))
             .await?;
         Ok(())
+    }
+
+    async fn generation(
+        &self,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let mut records = self
+            .read_generations(
+                "generation",
+                account,
+                GenerationRead::One(reservation_id),
+                now,
+            )
+            .await?;
+        Ok(records.pop())
+    }
+
+    async fn recent_generations(
+        &self,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read_generations(
+            "recent_generations",
+            account,
+            GenerationRead::Newest(limit),
+            now,
+        )
+        .await
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
