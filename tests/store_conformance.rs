@@ -15,11 +15,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AccountBalance, AdmitRequest, Check, Expect, KeyLimit, Limit, MemoryStore, PurchaseTier,
-    PutOptions, PutOutcome, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
-    Settlement, SettlementRecord, SlotOutcome, Store, StoreErrorKind, TimeSource, TopUpOutcome,
-    Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES,
-    NANOS_PER_CREDIT,
+    AccountBalance, AdmitRequest, AppUsage, Check, Expect, KeyLimit, Limit, MemoryStore,
+    PurchaseTier, PutOptions, PutOutcome, RedisStore, RedisStoreConfig, ReserveOutcome,
+    ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store, StoreErrorKind, TimeSource,
+    TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_APP_USAGE_ROWS,
+    MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -1984,6 +1984,128 @@ async fn generation_records_go_with_their_settlement_once_and_expire<S: Store>(s
     assert_eq!(read("g", after(65_000_000)).await, None);
 }
 
+fn app_row(app: &str, model: &str, requests: u64, tokens: u64) -> AppUsage {
+    AppUsage {
+        app: app.into(),
+        details: format!("{{\"title\":\"{app}\"}}"),
+        model: model.into(),
+        requests,
+        tokens,
+    }
+}
+
+async fn app_rows<S: Store>(
+    store: &S,
+    scope: &str,
+    period: Period,
+    now: DateTime<Utc>,
+) -> Vec<(String, String, u64, u64)> {
+    let mut rows: Vec<_> = store
+        .app_usage(scope, period, now)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| {
+            assert_eq!(row.details, format!("{{\"title\":\"{}\"}}", row.app));
+            (row.app, row.model, row.requests, row.tokens)
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+async fn app_usage_counts_per_period_and_rolls_forward<S: Store>(store: Arc<S>) {
+    // Wednesday 2024-01-31 23:00 UTC: the day ends in an hour, the month too,
+    // the week on Monday.
+    let wednesday = Utc.with_ymd_and_hms(2024, 1, 31, 23, 0, 0).unwrap();
+    store
+        .add_app_usage(
+            "*",
+            &[
+                app_row("a.example", "m1", 1, 10),
+                app_row("a.example", "m2", 2, 20),
+            ],
+            wednesday,
+        )
+        .await
+        .unwrap();
+    store
+        .add_app_usage(
+            "*",
+            &[app_row("a.example", "m1", 1, 5), app_row("b", "m1", 1, 1)],
+            wednesday,
+        )
+        .await
+        .unwrap();
+    let expected = vec![
+        ("a.example".to_owned(), "m1".to_owned(), 2, 15),
+        ("a.example".to_owned(), "m2".to_owned(), 2, 20),
+        ("b".to_owned(), "m1".to_owned(), 1, 1),
+    ];
+    for period in [Period::Day, Period::Week, Period::Month] {
+        assert_eq!(app_rows(&*store, "*", period, wednesday).await, expected);
+    }
+    // Scopes are apart.
+    assert!(app_rows(&*store, "acct", Period::Day, wednesday)
+        .await
+        .is_empty());
+    // The next day (and month): only the week goes on.
+    let thursday = wednesday + chrono::Duration::hours(2);
+    store
+        .add_app_usage("*", &[app_row("b", "m1", 1, 4)], thursday)
+        .await
+        .unwrap();
+    let only_b = vec![("b".to_owned(), "m1".to_owned(), 1, 4)];
+    assert_eq!(app_rows(&*store, "*", Period::Day, thursday).await, only_b);
+    assert_eq!(
+        app_rows(&*store, "*", Period::Month, thursday).await,
+        only_b
+    );
+    let week = app_rows(&*store, "*", Period::Week, thursday).await;
+    assert_eq!(week[2], ("b".to_owned(), "m1".to_owned(), 2, 5));
+    // A write stamped in the day that has rolled over counts nowhere.
+    store
+        .add_app_usage("*", &[app_row("c", "m1", 1, 1)], wednesday)
+        .await
+        .unwrap();
+    assert_eq!(app_rows(&*store, "*", Period::Day, thursday).await, only_b);
+    // Nothing read for a period not written yet.
+    let next_week = thursday + chrono::Duration::days(7);
+    assert!(app_rows(&*store, "*", Period::Week, next_week)
+        .await
+        .is_empty());
+    // Bad rows are refused whole.
+    let bad = [app_row("", "m1", 1, 1), app_row("x\u{1f}y", "m1", 1, 1)];
+    for row in bad {
+        assert!(store.add_app_usage("*", &[row], thursday).await.is_err());
+    }
+}
+
+async fn app_usage_keeps_at_most_its_rows<S: Store>(store: Arc<S>) {
+    let rows: Vec<AppUsage> = (0..MAX_APP_USAGE_ROWS + 5)
+        .map(|index| app_row(&format!("app{index}"), "m", 1, 1))
+        .collect();
+    for chunk in rows.chunks(1000) {
+        store.add_app_usage("*", chunk, t0()).await.unwrap();
+    }
+    let counted = store.app_usage("*", Period::Day, t0()).await.unwrap();
+    assert_eq!(counted.len(), MAX_APP_USAGE_ROWS);
+    // A row already counted goes on counting.
+    store
+        .add_app_usage(
+            "*",
+            &[app_row("app0", "m", 1, 1), app_row("new", "m", 1, 1)],
+            t0(),
+        )
+        .await
+        .unwrap();
+    let counted = store.app_usage("*", Period::Day, t0()).await.unwrap();
+    assert_eq!(counted.len(), MAX_APP_USAGE_ROWS);
+    assert!(counted
+        .iter()
+        .any(|row| row.app == "app0" && row.requests == 2));
+}
+
 async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
     store.top_up("acct", credits(5)).await.unwrap();
     // Holds on two keys of the account draw on the one balance.
@@ -2981,6 +3103,8 @@ conformance!(
     admission_is_all_or_nothing_across_counters_and_the_hold,
     a_revoked_key_is_refused_before_its_counters_and_costs_nothing,
     generation_records_go_with_their_settlement_once_and_expire,
+    app_usage_counts_per_period_and_rolls_forward,
+    app_usage_keeps_at_most_its_rows,
     the_balance_bounds_the_account_holds,
     a_flexible_hold_takes_what_the_key_limit_leaves,
     a_purchase_tier_raises_a_capacity_in_the_same_step,

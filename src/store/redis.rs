@@ -51,6 +51,9 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
+use super::apps::{
+    validate_app_usage, AppUsage, AppUsageStore, FIELD_SEPARATOR, MAX_APP_USAGE_ROWS,
+};
 use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
@@ -63,7 +66,7 @@ use super::{
     Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
     Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome, Versioned, WriteOutcome,
 };
-use crate::clock::unix_micros;
+use crate::clock::{unix_micros, Period};
 
 /// How a [`RedisStore`] names its keys and bounds its calls.
 #[derive(Clone, Debug)]
@@ -168,6 +171,8 @@ struct Scripts {
     delete_record: Script,
     list_records: Script,
     generations: Script,
+    app_usage_add: Script,
+    app_usage_read: Script,
 }
 
 /// A script with the shared parts it uses prepended, in order.
@@ -207,6 +212,8 @@ impl Scripts {
                 "lua/list_records.lua"
             ),
             generations: script!("lua/time.lua", "lua/generations.lua"),
+            app_usage_add: script!("lua/time.lua", "lua/app_usage_add.lua"),
+            app_usage_read: script!("lua/time.lua", "lua/app_usage_read.lua"),
         }
     }
 }
@@ -695,6 +702,14 @@ impl RedisStore {
                 )),
             })
             .collect()
+    }
+
+    /// A scope's app usage hashes for the day, week and month, in one slot.
+    fn app_usage_keys(&self, scope: &str) -> [String; 3] {
+        let mut tagged = String::from("apps:");
+        tagged.push_str(scope);
+        let scoped = self.scoped(&tagged);
+        ["d", "w", "m"].map(|period| format!("{scoped}{period}"))
     }
 
     /// An account's generation records: values hash (reservation id ->
@@ -1259,6 +1274,113 @@ fn balance_from(operation: &'static str, reply: &[Value]) -> Result<AccountBalan
             format!("reply of {} values", reply.len()),
         )),
     }
+}
+
+#[async_trait]
+impl AppUsageStore for RedisStore {
+    async fn add_app_usage(
+        &self,
+        scope: &str,
+        rows: &[AppUsage],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        validate_app_usage(rows)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.scripts.app_usage_add.prepare_invoke();
+        for key in self.app_usage_keys(scope) {
+            invocation.key(key);
+        }
+        invocation
+            .arg(self.now_arg(now))
+            .arg(MAX_APP_USAGE_ROWS)
+            .arg(self.slack_millis())
+            .arg(rows.len());
+        for row in rows {
+            invocation
+                .arg(&row.app)
+                .arg(&row.details)
+                .arg(&row.model)
+                .arg(row.requests)
+                .arg(row.tokens);
+        }
+        self.run("add_app_usage", &invocation).await?;
+        Ok(())
+    }
+
+    async fn app_usage(
+        &self,
+        scope: &str,
+        period: Period,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<AppUsage>, StoreError> {
+        const OPERATION: &str = "app_usage";
+        let [day, week, month] = self.app_usage_keys(scope);
+        let key = match period {
+            Period::Day => day,
+            Period::Week => week,
+            Period::Month => month,
+        };
+        let mut invocation = self.scripts.app_usage_read.prepare_invoke();
+        invocation
+            .key(key)
+            .arg(self.now_arg(now))
+            .arg(&period.as_str()[..1]);
+        let reply = self.run(OPERATION, &invocation).await?;
+        app_usage_rows(OPERATION, reply)
+    }
+}
+
+/// The rows of an app usage hash as `app_usage_read.lua` returns it
+/// (field, value, …).
+fn app_usage_rows(operation: &'static str, reply: Value) -> Result<Vec<AppUsage>, StoreError> {
+    let corrupt = || StoreError::corrupt(operation, "an app usage hash that does not parse");
+    let Value::Array(items) = reply else {
+        return Err(corrupt());
+    };
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| corrupt()),
+        _ => Err(corrupt()),
+    };
+    let mut details = std::collections::HashMap::new();
+    let mut counts: std::collections::HashMap<(String, String), (u64, u64)> =
+        std::collections::HashMap::new();
+    for pair in items.chunks(2) {
+        let [field, value] = pair else {
+            return Err(corrupt());
+        };
+        let (field, value) = (text(field)?, text(value)?);
+        let mut parts = field.splitn(3, FIELD_SEPARATOR);
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("a"), Some(app), None) => {
+                details.insert(app.to_owned(), value);
+            }
+            (Some(kind @ ("r" | "t")), Some(app), Some(model)) => {
+                let count: u64 = value.parse().map_err(|_| corrupt())?;
+                let entry = counts
+                    .entry((app.to_owned(), model.to_owned()))
+                    .or_default();
+                if kind == "r" {
+                    entry.0 = count;
+                } else {
+                    entry.1 = count;
+                }
+            }
+            // The period's start and the row count.
+            _ => {}
+        }
+    }
+    Ok(counts
+        .into_iter()
+        .map(|((app, model), (requests, tokens))| AppUsage {
+            details: details.get(&app).cloned().unwrap_or_default(),
+            app,
+            model,
+            requests,
+            tokens,
+        })
+        .collect())
 }
 
 #[async_trait]
