@@ -100,6 +100,7 @@ use crate::notify::{EmailSettings, Notifier, WebhookSettings};
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::settings::SettingsPageLayer;
+use crate::usage::{AppRanking, Generations};
 use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, WebhooksConfig};
 
 /// The gateway's configuration, as a JSON document; every section is
@@ -175,6 +176,45 @@ pub struct GatewayConfig {
     pub leak_scanning: Option<LeakScanningSection>,
     /// Outbound e-mail: a leaked key's owner is told. Absent: no e-mail.
     pub email: Option<EmailSection>,
+    /// Generation records (`X-Generation-Id`, `GET /api/v1/generation`)
+    /// and the app ranking (`GET /api/v1/apps`).
+    pub generations: GenerationsSection,
+}
+
+/// `generations` in [`GatewayConfig`]: how long each chat request's record
+/// is kept in the store.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerationsSection {
+    /// Days a record is kept: 1 to 3650. Absent: 30.
+    pub retention_days: Option<u64>,
+    /// The most records an account keeps (the oldest go first): at least
+    /// 1. Absent: 100,000 (about 50 MB of Redis memory per account).
+    pub max_per_account: Option<u64>,
+}
+
+impl GenerationsSection {
+    /// The settings, checked.
+    fn settings(&self, ranking: AppRanking) -> Result<Generations, ConfigError> {
+        let mut generations = Generations::new().app_ranking(ranking);
+        if let Some(days) = self.retention_days {
+            if !(1..=3650).contains(&days) {
+                return Err(ConfigError::new(format!(
+                    "generations.retention_days must be from 1 to 3650, not {days}"
+                )));
+            }
+            generations = generations.retention(Duration::from_secs(days * 86_400));
+        }
+        if let Some(most) = self.max_per_account {
+            if most == 0 {
+                return Err(ConfigError::new(
+                    "generations.max_per_account must be at least 1",
+                ));
+            }
+            generations = generations.max_per_account(most);
+        }
+        Ok(generations)
+    }
 }
 
 impl std::fmt::Debug for EmailSection {
@@ -630,6 +670,8 @@ pub struct Gateway<B> {
     /// Its settlements not recorded yet: [`PendingSettlements::flush`]
     /// them once the requests in flight have ended, before exiting.
     pub settlements: PendingSettlements,
+    /// Its app counts not written yet: [`AppRanking::flush`] them too.
+    pub app_ranking: AppRanking,
 }
 
 /// [`gateway_with_clock`], with the handle on its pending settlements.
@@ -711,9 +753,11 @@ where
     let catalog = Arc::new(catalog);
     // The upstream client marks each request as it sends it: one dropped
     // before that costs nothing.
+    let app_ranking = AppRanking::new(store.clone()).clock(clock.clone());
     let mut credit = CreditGuardLayer::new(store, prices)
         .clock(clock)
-        .upstream_reports_sending(true);
+        .upstream_reports_sending(true)
+        .generations(config.generations.settings(app_ranking.clone())?);
     // A request is BYOK only when the account's key is what gets sent, and
     // only `Providers::by_name` sends it; one upstream always sends its own.
     let byok_providers = match bottom.names() {
@@ -763,7 +807,8 @@ where
                 .leak_notifier(notifier)
                 .free_quota_rules(config.free_quota)
                 .byok_directory(byok)
-                .byok_providers(byok_providers),
+                .byok_providers(byok_providers)
+                .app_ranking(app_ranking.clone()),
         )
         .layer(FallbackLayer::new(catalog))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
@@ -776,6 +821,7 @@ where
     Ok(Gateway {
         service: BoxCloneService::new(service),
         settlements: credit.pending_settlements(),
+        app_ranking,
     })
 }
 
