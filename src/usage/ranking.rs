@@ -281,7 +281,11 @@ pub(crate) fn ranking_json(rows: Vec<AppUsage>, period: Period, now: DateTime<Ut
         })
         .collect();
     json!({
-        "period": period.as_str(),
+        "period": match period {
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+        },
         "starts_at": period.start_of(now).to_rfc3339_opts(SecondsFormat::Secs, true),
         "ends_at": period.end_of(now).to_rfc3339_opts(SecondsFormat::Secs, true),
         "apps": apps,
