@@ -18,6 +18,9 @@ use serde_json::{json, Value};
 
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
 
+/// A chat request to send: key, headers, content.
+type Sent<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
 /// What a test sees of one answer.
 struct Reply {
     status: u16,
@@ -380,7 +383,7 @@ async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
         let acme = new_key(&first, "acme", false, None).await;
         let globex = new_key(&first, "globex", false, None).await;
         let big = "many words ".repeat(40);
-        let sent: [(&str, &[(&str, &str)], &str); 6] = [
+        let sent: [Sent<'_>; 6] = [
             (
                 &acme,
                 &[

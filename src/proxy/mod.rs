@@ -126,7 +126,8 @@ use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, 
 ///   "leak_scanning": {"public_keys": {"file": "/etc/modelgate/github-secret-scanning-keys.json"},
 ///                     "notify_webhook": {"url": "https://ops.example.com/hooks/leaks",
 ///                                        "secret": {"env": "LEAK_WEBHOOK_SECRET"}}},
-///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"}
+///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"},
+///   "generations": {"retention_days": 30, "max_per_account": 100000}
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -979,6 +980,42 @@ mod tests {
         }
         // Even empty: the field itself is what is retired.
         assert!(GatewayConfig::from_json(r#"{"credit": {"byok": {}}}"#).is_err());
+    }
+
+    #[test]
+    fn generations_settings_are_checked() {
+        let store: SharedStore = Arc::new(crate::store::MemoryStore::new());
+        let ranking = || AppRanking::new(Arc::clone(&store));
+        let settings = |json: &str| {
+            GatewayConfig::from_json(json)
+                .unwrap()
+                .generations
+                .settings(ranking())
+        };
+        let kept =
+            settings(r#"{"generations": {"retention_days": 7, "max_per_account": 10}}"#).unwrap();
+        assert_eq!(kept.retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(kept.max_per_account, 10);
+        let default = settings("{}").unwrap();
+        assert_eq!(default.retention, crate::usage::DEFAULT_RETENTION);
+        for (json, words) in [
+            (
+                r#"{"generations": {"retention_days": 0}}"#,
+                "retention_days must be from 1 to 3650",
+            ),
+            (
+                r#"{"generations": {"retention_days": 3651}}"#,
+                "retention_days must be from 1 to 3650",
+            ),
+            (
+                r#"{"generations": {"max_per_account": 0}}"#,
+                "max_per_account must be at least 1",
+            ),
+        ] {
+            let error = settings(json).unwrap_err().to_string();
+            assert!(error.contains(words), "{json}: {error}");
+        }
+        assert!(GatewayConfig::from_json(r#"{"generations": {"days": 1}}"#).is_err());
     }
 
     #[test]
