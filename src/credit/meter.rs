@@ -166,7 +166,13 @@ impl Meter {
                 (self.byok, counter)
             })
             .increment(u64::try_from(cost_nanos).unwrap_or(0));
-        let record = self.generation.as_ref().map(|generation| {
+        // A request that never went upstream (refused after a store error,
+        // or whose client left during admission) generated nothing.
+        let generated = self
+            .generation
+            .as_ref()
+            .filter(|_| ending != Ending::NotSent);
+        let record = generated.map(|generation| {
             let tokens = match (usage, self.streamed_tokens) {
                 (Some(usage), _) => Some((usage.prompt_tokens, usage.completion_tokens)),
                 (None, Some(streamed)) => Some((self.prompt_tokens, streamed)),
