@@ -36,6 +36,7 @@ use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::proxy::{AccessLogLayer, FallbackLayer, ModelCatalog};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{MemoryStore, NANOS_PER_CREDIT};
+use modelgate::usage::{AppRanking, Generations};
 use modelgate::webhook::WebhookSecretLayer;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -156,6 +157,10 @@ fn bench_layers(c: &mut Criterion) {
     let rate_limit = GlobalRateLimitLayer::new(store.clone(), rules.clone()).unwrap();
     let free_quota = FreeModelQuotaLayer::new(store.clone());
     let credit = CreditGuardLayer::new(store.clone(), prices.clone());
+    // As the proxy has it: each request's record kept with its settlement.
+    let recording = credit
+        .clone()
+        .generations(Generations::new().app_ranking(AppRanking::new(store.clone())));
 
     let prepared = || admitted(&key, &principal);
     let as_sent = || sent(&key);
@@ -232,6 +237,13 @@ fn bench_layers(c: &mut Criterion) {
         credit.layer(answer()),
         prepared,
     );
+    measure(
+        &mut group,
+        &runtime,
+        "CreditGuard_with_generations",
+        recording.clone().layer(answer()),
+        prepared,
+    );
     let all = ServiceBuilder::new()
         .layer(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
         .layer(AccessLogLayer::new(catalog))
@@ -245,7 +257,7 @@ fn bench_layers(c: &mut Criterion) {
         .layer(key_routes)
         .layer(fallback)
         // As the proxy stacks them: one admission step.
-        .layer(AdmissionLayers::new(rate_limit, free_quota, credit))
+        .layer(AdmissionLayers::new(rate_limit, free_quota, recording))
         .service(answer());
     measure(&mut group, &runtime, "all_layers", all, as_sent);
     group.finish();

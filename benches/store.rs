@@ -135,6 +135,7 @@ fn bench_store<S: Store>(
         reservation_id: "r".into(),
         cost_nanos: 0,
         byok: false,
+        record: None,
     };
     group.bench_function("settle", |b| {
         b.to_async(runtime).iter(|| {

@@ -119,8 +119,8 @@ async fn run() -> Result<(), String> {
         .map_err(|error| error.to_string())?;
     let upstream = Upstream::new(&upstream_config).map_err(|error| error.to_string())?;
     // `--bare true`: the upstream client alone, no layer: the baseline of bench/load.sh.
-    let (service, settlements) = if args.parsed("bare", false)? {
-        (bare(upstream), PendingSettlements::default())
+    let (service, settlements, app_ranking) = if args.parsed("bare", false)? {
+        (bare(upstream), PendingSettlements::default(), None)
     } else {
         let gateway = build_gateway(
             &config,
@@ -130,7 +130,11 @@ async fn run() -> Result<(), String> {
             KeyDirectory::DEFAULT_CACHE_TTL,
         )
         .map_err(|error| error.to_string())?;
-        (gateway.service, gateway.settlements)
+        (
+            gateway.service,
+            gateway.settlements,
+            Some(gateway.app_ranking),
+        )
     };
     admin_key(&store).await?;
 
@@ -158,6 +162,12 @@ async fn run() -> Result<(), String> {
         unrecorded = unrecorded.len(),
         "settlements flushed; stopping"
     );
+    // The app ranking's last second of counts, best effort: no money.
+    if let Some(ranking) = app_ranking {
+        if let Err(error) = ranking.flush().await {
+            tracing::warn!(%error, "app ranking: the last counts were not written");
+        }
+    }
     Ok(())
 }
 

@@ -123,4 +123,5 @@ pub mod response_body;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod usage;
 pub mod webhook;

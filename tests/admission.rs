@@ -159,6 +159,7 @@ async fn refusals_cost_nothing(store: SharedStore) {
         reservation_id: "overspent".into(),
         cost_nanos: credits(20),
         byok: false,
+        record: None,
     };
     store.settle(&overspend, chrono::Utc::now()).await.unwrap();
     for body in [free(), paid(Some(16), false)].iter().cycle().take(10) {

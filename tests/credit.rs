@@ -435,6 +435,7 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             reservation_id: "overspent".into(),
             cost_nanos: NANOS_PER_CREDIT,
             byok: false,
+            record: None,
         };
         gateway.store.settle(&overspend, t0()).await.unwrap();
         gateway

@@ -814,6 +814,7 @@ async fn key_status_reports_the_ledger_by_utc_period() {
                     reservation_id: id.into(),
                     cost_nanos,
                     byok,
+                    record: None,
                 };
                 store.settle(&settlement, now).await.unwrap();
             }
@@ -1066,6 +1067,7 @@ async fn credits_and_balance_follow_purchases_and_spending() {
             reservation_id: "r1".into(),
             cost_nanos: 2 * NANOS_PER_CREDIT,
             byok: false,
+            record: None,
         };
         backend
             .store
@@ -1124,6 +1126,7 @@ async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
             reservation_id: "r".into(),
             cost_nanos: NANOS_PER_CREDIT,
             byok: false,
+            record: None,
         };
         backend
             .store

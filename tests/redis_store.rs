@@ -347,6 +347,7 @@ async fn every_operation_is_one_round_trip() {
         reservation_id: "r".into(),
         cost_nanos: 3,
         byok: false,
+        record: None,
     };
     // Warm up: the first run of each script loads it.
     store.check_and_add("acct", &checks, t0()).await.unwrap();
@@ -509,6 +510,7 @@ async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
                 reservation_id: "r1".into(),
                 cost_nanos: 7,
                 byok: false,
+                record: None,
             },
             t0(),
         )
@@ -886,6 +888,7 @@ fn settlement_of(args: &SettleArgs) -> Settlement {
         reservation_id: format!("r{}", args.id),
         cost_nanos: args.cost_nanos,
         byok: args.byok,
+        record: None,
     }
 }
 

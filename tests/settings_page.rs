@@ -7,9 +7,10 @@
 //! that usage (402 through the API), raises it (200), deletes it (401);
 //! a wrong key or an inference key gets a clear message; the operator
 //! manages accounts. A key reported leaked is marked so, with a notice of
-//! where it was found, and is replaced and deleted from that notice. The
-//! page's responses carry their security headers, and the API allows no
-//! other origin.
+//! where it was found, and is replaced and deleted from that notice. An
+//! account sees its recent generations and its apps ranked (markup in an
+//! app title stays text). The page's responses carry their security
+//! headers, and the API allows no other origin.
 //!
 //! Needs `cargo build --examples` first and Debian's `chromium` and
 //! `chromium-driver`; `./scripts/test.sh` does both. The run writes a
@@ -90,6 +91,40 @@ impl Api {
             Some(body),
         )
         .await
+    }
+
+    /// One small chat completion with `key`, sent with `headers` (an
+    /// app's `HTTP-Referer` and `X-Title`, say); its generation id, once
+    /// the record is there (settled), so the next request's is newer.
+    async fn chat_recorded(&self, key: &str, headers: &[(&str, &str)]) -> String {
+        let mut request = self
+            .http
+            .post(format!("{}/api/v1/chat/completions", self.base))
+            .bearer_auth(key)
+            .json(&json!({
+                "model": PAID_MODEL,
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": "Hello"}],
+            }));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200, "{headers:?}");
+        let id = response.headers()["x-generation-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        response.bytes().await.unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let path = format!("/api/v1/generation?id={id}");
+            if self.send(reqwest::Method::GET, &path, key, None).await.0 == 200 {
+                return id;
+            }
+            assert!(Instant::now() < deadline, "{id} is never recorded");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Credits bought for `account` by the operator.
@@ -875,6 +910,276 @@ async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
         .map(|key| key["name"].as_str().unwrap())
         .collect();
     assert!(names.contains(&"acme web"), "{list}");
+    assert_eq!(browser.csp_violations().await, json!([]));
+    browser.close().await;
+}
+
+/// The rows of the table body `tbody` as the page shows them: each row's
+/// `data-id` (a generation) or `data-app` (an app) under `"id"`, and the
+/// text of each cell under the last of its classes (`cost`, `requests`,
+/// …); `"title"`, the app's name apart from its URL.
+async fn usage_rows(browser: &Browser, tbody: &str) -> Vec<Value> {
+    let script = format!(
+        "return Array.from(document.querySelectorAll('#{tbody} > tr'), (row) => {{ \
+           const cells = Object.fromEntries(Array.from(row.cells, (cell) => \
+             [cell.classList[cell.classList.length - 1], cell.textContent])); \
+           const title = row.querySelector('.title'); \
+           return {{ ...cells, id: row.dataset.id || row.dataset.app, \
+             title: title ? title.textContent : null }}; \
+         }})"
+    );
+    browser.script(&script).await.as_array().unwrap().clone()
+}
+
+/// Clicks the usage sections' Refresh until the generations table shows
+/// `count` rows; those rows.
+async fn generations_until(browser: &Browser, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let rows = usage_rows(browser, "generation-rows").await;
+        if rows.len() == count {
+            return rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the generations table never had {count} rows: {rows:?} (the message says {:?})",
+            browser.text("message").await
+        );
+        browser.click(Some("generations"), "Refresh").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the apps table shows what `check` wants of its rows; them.
+async fn apps_until(browser: &Browser, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let rows = usage_rows(browser, "app-rows").await;
+        if check(&rows) {
+            return rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the apps table never showed {what}: {rows:?}"
+        );
+        browser.click(Some("generations"), "Refresh").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An account's usage on the page, as its manager sees it: empty at
+/// first, then the account's recent generations (newest first, with the
+/// key's name, the model, the cost charged, the app) and its apps ranked
+/// with their requests in each period; an app title that is markup stays
+/// text. A deleted key's requests name it by its hash. The operator sees
+/// the same once it shows the account.
+///
+/// Needs `GET /api/v1/generations` and `GET /api/v1/apps`.
+#[tokio::test]
+async fn the_account_sees_its_generations_and_apps_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    let manager = api.account_with_manager(admin, "acme").await;
+    api.top_up(admin, "acme", 10.0).await;
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            &manager,
+            Some(json!({"name": "acme bot"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let client = body["key"].as_str().unwrap().to_owned();
+    let client_hash = body["data"]["hash"].as_str().unwrap().to_owned();
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+
+    // Before any request, both sections say there is nothing yet.
+    sign_in(&browser, &proxy, &manager).await;
+    browser.wait_shown("no-generations", true).await;
+    assert_eq!(browser.text("no-generations").await, "No generations yet.");
+    assert!(browser.displayed("generations").await);
+    browser.wait_shown("no-apps", true).await;
+    assert_eq!(
+        browser.text("no-apps").await,
+        "No app has sent requests this period."
+    );
+    assert!(browser.displayed("apps").await);
+
+    // An app whose title is markup, then two requests from Example Chat,
+    // then one from no app at all.
+    let markup = "<img src=x onerror=alert(1)>";
+    let chat_app = [
+        ("http-referer", "https://chat.example.com/"),
+        ("x-title", "Example Chat"),
+    ];
+    let sent: [&[(&str, &str)]; 4] = [
+        &[
+            ("http-referer", "https://markup.example/"),
+            ("x-title", markup),
+        ],
+        &chat_app,
+        &chat_app,
+        &[],
+    ];
+    let mut ids = Vec::new();
+    for headers in sent {
+        ids.push(api.chat_recorded(&client, headers).await);
+    }
+
+    // The page lists them, the newest first.
+    let rows = generations_until(&browser, 4).await;
+    let shown: Vec<&str> = rows.iter().map(|row| row["id"].as_str().unwrap()).collect();
+    let newest_first: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+    assert_eq!(shown, newest_first);
+    assert!(!browser.displayed("no-generations").await);
+    let (_, records) = api
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/generations?account=acme",
+            &manager,
+            None,
+        )
+        .await;
+    for (row, record) in rows.iter().zip(records["data"].as_array().unwrap()) {
+        assert_eq!(row["id"], record["id"]);
+        assert_eq!(row["key"], "acme bot", "{row}");
+        assert_eq!(row["model"], PAID_MODEL, "{row}");
+        assert_eq!(row["status"], "200", "{row}");
+        assert_eq!(row["tokens-in"], record["tokens_prompt"].to_string());
+        assert_eq!(row["tokens-out"], record["tokens_completion"].to_string());
+        let cost: f64 = row["cost"].as_str().unwrap().parse().unwrap();
+        let charged = record["total_cost"].as_f64().unwrap();
+        assert!(
+            charged > 0.0 && (cost - charged).abs() < 1e-6,
+            "{row} {record}"
+        );
+    }
+    let apps: Vec<&str> = rows
+        .iter()
+        .map(|row| row["app"].as_str().unwrap())
+        .collect();
+    assert_eq!(apps, ["–", "Example Chat", "Example Chat", markup]);
+    // The markup is text: no element was made of it.
+    assert_eq!(
+        browser
+            .script("return document.querySelectorAll('#generations img, #apps img').length")
+            .await,
+        0
+    );
+
+    // Your apps: Example Chat first (more tokens), with its two requests.
+    let ranked = apps_until(&browser, "both apps", |rows| {
+        rows.len() == 2 && rows[0]["requests"] == "2"
+    })
+    .await;
+    let expect_ranking = |rows: &[Value]| {
+        assert_eq!(rows[0]["rank"], "1");
+        assert_eq!(rows[0]["id"], "chat.example.com");
+        assert_eq!(rows[0]["title"], "Example Chat");
+        assert_eq!(rows[0]["requests"], "2");
+        let models = rows[0]["models"].as_str().unwrap();
+        assert!(
+            models.starts_with(&format!("{PAID_MODEL}: 2 requests, ")),
+            "{models}"
+        );
+        assert_eq!(rows[1]["rank"], "2");
+        assert_eq!(rows[1]["title"], markup, "the title shown as text");
+        assert_eq!(rows[1]["requests"], "1");
+        let models = rows[1]["models"].as_str().unwrap();
+        assert!(
+            models.starts_with(&format!("{PAID_MODEL}: 1 request, ")),
+            "{models}"
+        );
+    };
+    expect_ranking(&ranked);
+    let link = browser
+        .client
+        .find(fantoccini::Locator::Css(
+            "#app-rows tr[data-app='chat.example.com'] a",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        link.attr("href").await.unwrap().as_deref(),
+        Some("https://chat.example.com/")
+    );
+    assert_eq!(
+        link.attr("rel").await.unwrap().as_deref(),
+        Some("noopener noreferrer")
+    );
+    assert!(browser.text("app-caption").await.contains("today"));
+
+    // The same apps this week and this month.
+    for (period, words) in [("week", "this week"), ("month", "this month")] {
+        browser.select("apps", "Period", period).await;
+        browser
+            .wait_for_text("app-caption", words, |text| text.contains(words))
+            .await;
+        let rows = apps_until(&browser, "both apps", |rows| rows.len() == 2).await;
+        expect_ranking(&rows);
+    }
+    assert_eq!(
+        browser
+            .script("return document.querySelectorAll('#generations img, #apps img').length")
+            .await,
+        0
+    );
+    assert_eq!(browser.csp_violations().await, json!([]));
+
+    // A deleted key's requests name it by the start of its hash.
+    let (status, body) = api
+        .send(
+            reqwest::Method::DELETE,
+            &format!("/api/v1/keys/{client_hash}"),
+            &manager,
+            None,
+        )
+        .await;
+    assert!(status == 200 || status == 204, "{status} {body}");
+    let prefix = format!("{}…", &client_hash[..12]);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let rows = usage_rows(&browser, "generation-rows").await;
+        if rows.len() == 4 && rows.iter().all(|row| row["key"] == prefix.as_str()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{rows:?}");
+        browser.click(Some("keys"), "Refresh").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The operator sees its own (empty) account first, then acme's.
+    browser.click(None, "Sign out").await;
+    browser.wait_shown("sign-in", true).await;
+    assert!(!browser.displayed("generations").await);
+    assert!(!browser.displayed("apps").await);
+    sign_in(&browser, &proxy, admin).await;
+    browser.wait_shown("no-generations", true).await;
+    // Its own account's apps, not the whole gateway's (acme's are there).
+    browser.wait_shown("no-apps", true).await;
+    click_path(
+        &browser,
+        "//button[@aria-label='Show the keys of acme']",
+        "Show keys of acme",
+    )
+    .await;
+    browser
+        .wait_for_text("generation-caption", "acme", |text| {
+            text.contains("the account acme")
+        })
+        .await;
+    let rows = generations_until(&browser, 4).await;
+    let shown: Vec<&str> = rows.iter().map(|row| row["id"].as_str().unwrap()).collect();
+    assert_eq!(shown, newest_first);
+    apps_until(&browser, "acme's apps", |rows| {
+        rows.len() == 2 && rows[0]["id"] == "chat.example.com"
+    })
+    .await;
     assert_eq!(browser.csp_violations().await, json!([]));
     browser.close().await;
 }

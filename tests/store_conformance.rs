@@ -15,10 +15,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AccountBalance, AdmitRequest, Check, Expect, KeyLimit, Limit, MemoryStore, PurchaseTier,
-    PutOptions, PutOutcome, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
-    Settlement, SlotOutcome, Store, StoreErrorKind, TimeSource, TopUpOutcome, Versioned,
-    WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
+    AccountBalance, AdmitRequest, AppUsage, Check, Expect, KeyLimit, Limit, MemoryStore,
+    PurchaseTier, PutOptions, PutOutcome, RedisStore, RedisStoreConfig, ReserveOutcome,
+    ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store, StoreErrorKind, TimeSource,
+    TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_APP_USAGE_ROWS,
+    MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -829,6 +830,7 @@ fn settlement(id: &str, cost_nanos: i64, byok: bool) -> Settlement {
         reservation_id: id.into(),
         cost_nanos,
         byok,
+        record: None,
     }
 }
 
@@ -1865,6 +1867,245 @@ async fn a_revoked_key_is_refused_before_its_counters_and_costs_nothing<S: Store
     );
 }
 
+fn with_record(settlement: Settlement, body: &str, retention_secs: u64, most: u64) -> Settlement {
+    Settlement {
+        record: Some(SettlementRecord {
+            bytes: body.to_owned().into(),
+            retention: Duration::from_secs(retention_secs),
+            max_per_account: most,
+        }),
+        ..settlement
+    }
+}
+
+async fn recent<S: Store>(store: &S, account: &str, now: DateTime<Utc>) -> Vec<String> {
+    store
+        .recent_generations(account, 10, now)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|bytes| String::from_utf8(bytes.to_vec()).unwrap())
+        .collect()
+}
+
+async fn generation_records_go_with_their_settlement_once_and_expire<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    // A record is kept with its settlement, in one step, also when it goes
+    // along with an admission.
+    store
+        .settle(&with_record(settlement("a", 5, false), "A", 60, 3), t0())
+        .await
+        .unwrap();
+    let admitted = store
+        .admit_after_settling(
+            &[with_record(settlement("b", 7, false), "B", 60, 3)],
+            &admission(Vec::new(), Some(paid_hold("c", credits(1), None))),
+            after(1_000_000),
+        )
+        .await
+        .unwrap();
+    assert!(admitted.admitted);
+    let read = |id: &'static str, at| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .generation("acct", id, at)
+                .await
+                .unwrap()
+                .map(|bytes| String::from_utf8(bytes.to_vec()).unwrap())
+        }
+    };
+    assert_eq!(read("a", after(2_000_000)).await.as_deref(), Some("A"));
+    assert_eq!(read("b", after(2_000_000)).await.as_deref(), Some("B"));
+    // Another account, an unknown id: nothing.
+    assert_eq!(
+        store
+            .generation("acct2", "a", after(2_000_000))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(read("zz", after(2_000_000)).await, None);
+    // A settlement retried records nothing more: neither cost nor record.
+    store
+        .settle(
+            &with_record(settlement("a", 5, false), "A again", 60, 3),
+            after(3_000_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read("a", after(3_000_000)).await.as_deref(), Some("A"));
+    assert_eq!(settled_totals(&*store, "key-hash").await.0, 12);
+    // Newest first; the oldest goes past the cap.
+    store
+        .settle_many(
+            &[
+                with_record(settlement("d", 1, false), "D", 60, 3),
+                with_record(settlement("e", 1, false), "E", 60, 3),
+            ],
+            after(4_000_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        recent(&*store, "acct", after(4_000_000)).await,
+        ["E", "D", "B"]
+    );
+    assert_eq!(
+        read("a", after(4_000_000)).await,
+        None,
+        "the oldest, past the cap"
+    );
+    // A settlement without a record keeps none, and costs as before.
+    store
+        .settle(&settlement("f", 1, false), after(5_000_000))
+        .await
+        .unwrap();
+    assert_eq!(read("f", after(5_000_000)).await, None);
+    // Records end with their retention.
+    assert_eq!(read("b", after(60_999_999)).await.as_deref(), Some("B"));
+    assert_eq!(read("b", after(61_000_000)).await, None);
+    assert_eq!(recent(&*store, "acct", after(61_000_000)).await, ["E", "D"]);
+    assert_eq!(
+        recent(&*store, "acct", after(64_000_000)).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        store.recent_generations("acct", 0, t0()).await.unwrap(),
+        Vec::<bytes::Bytes>::new()
+    );
+    // A bad retention or cap is refused, and nothing is recorded.
+    for bad in [
+        with_record(settlement("g", 1, false), "G", 0, 3),
+        with_record(settlement("g", 1, false), "G", 60, 0),
+    ] {
+        assert!(store.settle(&bad, after(65_000_000)).await.is_err());
+    }
+    assert_eq!(read("g", after(65_000_000)).await, None);
+}
+
+fn app_row(app: &str, model: &str, requests: u64, tokens: u64) -> AppUsage {
+    AppUsage {
+        app: app.into(),
+        details: format!("{{\"title\":\"{app}\"}}"),
+        model: model.into(),
+        requests,
+        tokens,
+    }
+}
+
+async fn app_rows<S: Store>(
+    store: &S,
+    scope: &str,
+    period: Period,
+    now: DateTime<Utc>,
+) -> Vec<(String, String, u64, u64)> {
+    let mut rows: Vec<_> = store
+        .app_usage(scope, period, now)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| {
+            assert_eq!(row.details, format!("{{\"title\":\"{}\"}}", row.app));
+            (row.app, row.model, row.requests, row.tokens)
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+async fn app_usage_counts_per_period_and_rolls_forward<S: Store>(store: Arc<S>) {
+    // Wednesday 2024-01-31 23:00 UTC: the day ends in an hour, the month too,
+    // the week on Monday.
+    let wednesday = Utc.with_ymd_and_hms(2024, 1, 31, 23, 0, 0).unwrap();
+    store
+        .add_app_usage(
+            "*",
+            &[
+                app_row("a.example", "m1", 1, 10),
+                app_row("a.example", "m2", 2, 20),
+            ],
+            wednesday,
+        )
+        .await
+        .unwrap();
+    store
+        .add_app_usage(
+            "*",
+            &[app_row("a.example", "m1", 1, 5), app_row("b", "m1", 1, 1)],
+            wednesday,
+        )
+        .await
+        .unwrap();
+    let expected = vec![
+        ("a.example".to_owned(), "m1".to_owned(), 2, 15),
+        ("a.example".to_owned(), "m2".to_owned(), 2, 20),
+        ("b".to_owned(), "m1".to_owned(), 1, 1),
+    ];
+    for period in [Period::Day, Period::Week, Period::Month] {
+        assert_eq!(app_rows(&*store, "*", period, wednesday).await, expected);
+    }
+    // Scopes are apart.
+    assert!(app_rows(&*store, "acct", Period::Day, wednesday)
+        .await
+        .is_empty());
+    // The next day (and month): only the week goes on.
+    let thursday = wednesday + chrono::Duration::hours(2);
+    store
+        .add_app_usage("*", &[app_row("b", "m1", 1, 4)], thursday)
+        .await
+        .unwrap();
+    let only_b = vec![("b".to_owned(), "m1".to_owned(), 1, 4)];
+    assert_eq!(app_rows(&*store, "*", Period::Day, thursday).await, only_b);
+    assert_eq!(
+        app_rows(&*store, "*", Period::Month, thursday).await,
+        only_b
+    );
+    let week = app_rows(&*store, "*", Period::Week, thursday).await;
+    assert_eq!(week[2], ("b".to_owned(), "m1".to_owned(), 2, 5));
+    // A write stamped in the day that has rolled over counts nowhere.
+    store
+        .add_app_usage("*", &[app_row("c", "m1", 1, 1)], wednesday)
+        .await
+        .unwrap();
+    assert_eq!(app_rows(&*store, "*", Period::Day, thursday).await, only_b);
+    // Nothing read for a period not written yet.
+    let next_week = thursday + chrono::Duration::days(7);
+    assert!(app_rows(&*store, "*", Period::Week, next_week)
+        .await
+        .is_empty());
+    // Bad rows are refused whole.
+    let bad = [app_row("", "m1", 1, 1), app_row("x\u{1f}y", "m1", 1, 1)];
+    for row in bad {
+        assert!(store.add_app_usage("*", &[row], thursday).await.is_err());
+    }
+}
+
+async fn app_usage_keeps_at_most_its_rows<S: Store>(store: Arc<S>) {
+    let rows: Vec<AppUsage> = (0..MAX_APP_USAGE_ROWS + 5)
+        .map(|index| app_row(&format!("app{index}"), "m", 1, 1))
+        .collect();
+    for chunk in rows.chunks(1000) {
+        store.add_app_usage("*", chunk, t0()).await.unwrap();
+    }
+    let counted = store.app_usage("*", Period::Day, t0()).await.unwrap();
+    assert_eq!(counted.len(), MAX_APP_USAGE_ROWS);
+    // A row already counted goes on counting.
+    store
+        .add_app_usage(
+            "*",
+            &[app_row("app0", "m", 1, 1), app_row("new", "m", 1, 1)],
+            t0(),
+        )
+        .await
+        .unwrap();
+    let counted = store.app_usage("*", Period::Day, t0()).await.unwrap();
+    assert_eq!(counted.len(), MAX_APP_USAGE_ROWS);
+    assert!(counted
+        .iter()
+        .any(|row| row.app == "app0" && row.requests == 2));
+}
+
 async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
     store.top_up("acct", credits(5)).await.unwrap();
     // Holds on two keys of the account draw on the one balance.
@@ -2861,6 +3102,9 @@ conformance!(
     batched_settlements_and_reservations_stay_exact_under_concurrency,
     admission_is_all_or_nothing_across_counters_and_the_hold,
     a_revoked_key_is_refused_before_its_counters_and_costs_nothing,
+    generation_records_go_with_their_settlement_once_and_expire,
+    app_usage_counts_per_period_and_rolls_forward,
+    app_usage_keeps_at_most_its_rows,
     the_balance_bounds_the_account_holds,
     a_flexible_hold_takes_what_the_key_limit_leaves,
     a_purchase_tier_raises_a_capacity_in_the_same_step,

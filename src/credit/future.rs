@@ -5,7 +5,7 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 
 use futures_util::future::BoxFuture;
-use http::header::CONTENT_LENGTH;
+use http::header::{HeaderValue, CONTENT_LENGTH};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::util::Oneshot;
@@ -21,6 +21,7 @@ use crate::body::BufferedBody;
 use crate::error::GatewayError;
 use crate::rate_limit::headers::merge_response_headers;
 use crate::response_body::ResponseBody;
+use crate::usage::{generation_id, GENERATION_ID_HEADER};
 
 pin_project! {
     /// Response future of [`CreditGuard`](super::CreditGuard): the
@@ -56,6 +57,7 @@ pin_project! {
             max_scanned_body_bytes: usize,
             response_headers: Vec<http::HeaderMap>,
             hide_stream_usage: bool,
+            generation_id: Option<http::HeaderValue>,
         },
     }
 }
@@ -78,6 +80,7 @@ where
                 max_scanned_body_bytes: 0,
                 response_headers: Vec::new(),
                 hide_stream_usage: false,
+                generation_id: None,
             },
         }
     }
@@ -127,7 +130,7 @@ where
                     };
                     let next = match outcome {
                         Ok(Admitted {
-                            meter,
+                            mut meter,
                             credential,
                             additions,
                             body_edits,
@@ -162,7 +165,14 @@ where
                             if let Some(sent) = &sent {
                                 request.extensions_mut().insert(sent.clone());
                             }
+                            // The record's id, and when the upstream call began.
+                            let generation_id = meter.as_mut().and_then(|meter| {
+                                let generation = meter.generation.as_mut()?;
+                                generation.sent = Some(tokio::time::Instant::now());
+                                HeaderValue::from_str(&generation_id(&meter.reservation_id)).ok()
+                            });
                             State::Calling {
+                                generation_id,
                                 future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
                                 // may be working, so the hold is charged,
@@ -183,6 +193,7 @@ where
                     max_scanned_body_bytes,
                     response_headers,
                     hide_stream_usage,
+                    generation_id,
                 } => {
                     let response = match ready!(future.poll(cx)) {
                         Ok(response) => response,
@@ -206,9 +217,16 @@ where
                     } else {
                         BodyKind::Json
                     };
+                    if let Some(id) = generation_id.take() {
+                        parts.headers.insert(GENERATION_ID_HEADER, id);
+                    }
                     let body = match meter.take() {
                         Some(mut meter) => {
                             meter.response_success = Some(success);
+                            if let Some(generation) = &mut meter.generation {
+                                generation.status = Some(parts.status.as_u16());
+                                generation.streamed = event_stream;
+                            }
                             MeteredBody::metered(
                                 body,
                                 meter,

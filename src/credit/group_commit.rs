@@ -461,6 +461,24 @@ mod tests {
             self.inner.revoke_key(account, key, now).await
         }
 
+        async fn generation(
+            &self,
+            account: &str,
+            reservation_id: &str,
+            now: DateTime<Utc>,
+        ) -> Result<Option<bytes::Bytes>, StoreError> {
+            self.inner.generation(account, reservation_id, now).await
+        }
+
+        async fn recent_generations(
+            &self,
+            account: &str,
+            limit: usize,
+            now: DateTime<Utc>,
+        ) -> Result<Vec<bytes::Bytes>, StoreError> {
+            self.inner.recent_generations(account, limit, now).await
+        }
+
         fn batches_settlements(&self) -> bool {
             true
         }
@@ -512,6 +530,7 @@ mod tests {
             reservation_id: id.into(),
             cost_nanos,
             byok: false,
+            record: None,
         }
     }
 

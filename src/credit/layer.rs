@@ -12,6 +12,7 @@ use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
 use crate::keys::{ByokDirectory, SharedStore};
 use crate::store::FailurePolicy;
+use crate::usage::Generations;
 
 /// Applies [`CreditGuard`] to a service.
 ///
@@ -42,6 +43,8 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) pending: PendingSettlements,
     /// Whether the service below marks [`SentUpstream`](super::SentUpstream).
     pub(crate) upstream_reports_sending: bool,
+    /// What is recorded of each chat request, when anything is.
+    pub(crate) generations: Option<Arc<Generations>>,
 }
 
 impl std::fmt::Debug for CreditGuardConfig {
@@ -85,6 +88,7 @@ impl CreditGuardLayer {
                 byok_directory: None,
                 pending: PendingSettlements::default(),
                 upstream_reports_sending: false,
+                generations: None,
             }),
         }
     }
@@ -94,6 +98,16 @@ impl CreditGuardLayer {
         let config = Arc::make_mut(&mut self.config);
         config.ledger = GroupCommit::new(config.store.clone(), clock.clone());
         config.clock = clock;
+        self
+    }
+
+    /// Records each chat request it admits (see [`crate::usage`]): its
+    /// response carries `X-Generation-Id`, and its record is kept with its
+    /// settlement. The app headers are then checked (a malformed one is a
+    /// 400 before admission) and, with an
+    /// [`AppRanking`](crate::usage::AppRanking), counted.
+    pub fn generations(mut self, generations: Generations) -> Self {
+        Arc::make_mut(&mut self.config).generations = Some(Arc::new(generations));
         self
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::Settlement;
+use crate::usage::{GenerationContext, GenerationEnd};
 
 use super::group_commit::GroupCommit;
 use super::pending::{PendingSettlements, SentUpstream, Tracked};
@@ -51,6 +52,8 @@ pub(crate) struct Meter {
     pub(crate) pending: PendingSettlements,
     /// When the hold expires: retrying a settlement after that is pointless.
     pub(crate) hold_expires_at: tokio::time::Instant,
+    /// What the request's generation record needs, when one is kept.
+    pub(crate) generation: Option<Box<GenerationContext>>,
 }
 
 impl std::fmt::Debug for Meter {
@@ -163,12 +166,38 @@ impl Meter {
                 (self.byok, counter)
             })
             .increment(u64::try_from(cost_nanos).unwrap_or(0));
+        // A request that never went upstream (refused after a store error,
+        // or whose client left during admission) generated nothing.
+        let generated = self
+            .generation
+            .as_ref()
+            .filter(|_| ending != Ending::NotSent);
+        let record = generated.map(|generation| {
+            let tokens = match (usage, self.streamed_tokens) {
+                (Some(usage), _) => Some((usage.prompt_tokens, usage.completion_tokens)),
+                (None, Some(streamed)) => Some((self.prompt_tokens, streamed)),
+                (None, None) => None,
+            };
+            generation.finish(
+                &self.account,
+                &self.key,
+                &self.reservation_id,
+                GenerationEnd {
+                    tokens,
+                    cost_nanos,
+                    cost_basis: basis,
+                    byok: self.byok,
+                    cancelled: ending == Ending::Abandoned,
+                },
+            )
+        });
         Settlement {
             account: self.account.clone(),
             key: self.key.clone(),
             reservation_id: self.reservation_id.clone(),
             cost_nanos,
             byok: self.byok,
+            record,
         }
     }
 

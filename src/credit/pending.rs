@@ -160,6 +160,7 @@ mod tests {
             reservation_id: "r".into(),
             cost_nanos,
             byok: false,
+            record: None,
         }
     }
 

@@ -22,6 +22,7 @@ use crate::keys::ByokCredential;
 use crate::limiter::Verdict;
 use crate::response_body::ResponseBody;
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
+use crate::usage::{GenerationContext, RequestedModel};
 
 use super::body::MeteredBody;
 use super::hidden_usage::HiddenUsage;
@@ -96,7 +97,34 @@ where
             );
         };
         let provider = chat.model_id.provider().to_owned();
+        let generation = match &config.generations {
+            Some(settings) => {
+                // A malformed app header is refused before anything counts.
+                let app = match crate::usage::app_from_headers(request.headers()) {
+                    Ok(app) => app,
+                    Err(error) => return ResponseFuture::rejected(error),
+                };
+                let requested_model = request
+                    .extensions()
+                    .get::<RequestedModel>()
+                    .map_or_else(|| chat.model.clone(), |requested| requested.0.clone());
+                Some(Box::new(GenerationContext {
+                    settings: Arc::clone(settings),
+                    app,
+                    requested_model,
+                    model: chat.model.clone(),
+                    provider: provider.clone(),
+                    created_at: config.clock.now(),
+                    started: tokio::time::Instant::now(),
+                    sent: None,
+                    status: None,
+                    streamed: false,
+                }))
+            }
+            None => None,
+        };
         let charge = Charge {
+            generation,
             principal: principal.clone(),
             prompt_tokens: estimate_prompt_tokens(chat),
             client_bound_tokens: chat.max_tokens,
@@ -189,6 +217,8 @@ pub fn estimate_max_cost_nanos(
 /// What admission needs to know of one chat request.
 struct Charge {
     principal: Principal,
+    /// What the request's generation record starts from, when kept.
+    generation: Option<Box<GenerationContext>>,
     /// The model's provider, as the request spells it.
     provider: String,
     prompt_tokens: u64,
@@ -427,6 +457,7 @@ fn hold_request(
         streamed_tokens: None,
         pending: config.pending.clone(),
         hold_expires_at: tokio::time::Instant::now() + config.reservation_ttl,
+        generation: charge.generation.clone(),
     };
     (reservation, meter)
 }

@@ -19,6 +19,7 @@ use crate::auth::{KeyHash, Principal};
 use crate::body::{lowercase_segments, normalized_segments};
 use crate::error::{ErrorKind, GatewayError};
 use crate::store::{AccountBalance, FailurePolicy, KeyUsage, StoreError, TopUpOutcome};
+use crate::usage::handlers as usage;
 
 /// An endpoint of KeyRoutes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +50,12 @@ pub(crate) enum Route {
     /// `PUT` and `DELETE /api/v1/accounts/{id}/byok/{provider}`: account,
     /// provider; management keys only.
     ByokKey(String, String),
+    /// `GET /api/v1/generation?id=`
+    Generation,
+    /// `GET /api/v1/generations`
+    Generations,
+    /// `GET /api/v1/apps`
+    Apps,
 }
 
 impl Route {
@@ -61,6 +68,9 @@ impl Route {
         let lower: Vec<&str> = lower.iter().map(AsRef::as_ref).collect();
         match lower.as_slice() {
             ["api", "v1", "key"] => Some(Route::KeyStatus),
+            ["api", "v1", "generation"] => Some(Route::Generation),
+            ["api", "v1", "generations"] => Some(Route::Generations),
+            ["api", "v1", "apps"] => Some(Route::Apps),
             ["api", "v1", "credits"] => Some(Route::Credits),
             ["user", "balance"] => Some(Route::UserBalance),
             ["api", "v1", "keys"] => Some(Route::Keys),
@@ -83,7 +93,12 @@ impl Route {
 
     fn methods(&self) -> &'static [Method] {
         match self {
-            Route::KeyStatus | Route::Credits | Route::UserBalance => &[Method::GET],
+            Route::KeyStatus
+            | Route::Credits
+            | Route::UserBalance
+            | Route::Generation
+            | Route::Generations
+            | Route::Apps => &[Method::GET],
             Route::Keys | Route::Accounts => &[Method::GET, Method::POST],
             Route::Account(_) => &[Method::GET],
             Route::Key(_) => &[Method::GET, Method::PATCH, Method::DELETE],
@@ -202,6 +217,23 @@ pub(crate) async fn handle(
     let now = directory.now();
     match (&call.route, &call.method) {
         (Route::KeyStatus, _) => key_status(config, &principal, now).await,
+        (Route::Generation, _) => {
+            usage::generation(directory.store(), &principal, call.query.as_deref(), now).await
+        }
+        (Route::Generations, _) => {
+            usage::recent_generations(directory.store(), &principal, call.query.as_deref(), now)
+                .await
+        }
+        (Route::Apps, _) => {
+            usage::apps(
+                directory.store(),
+                config.app_ranking.as_ref(),
+                &principal,
+                call.query.as_deref(),
+                now,
+            )
+            .await
+        }
         (Route::AuthCode, _) => crate::oauth::issue_code(directory, &principal, body()?).await,
         (Route::Credits, _) => {
             let balance = directory

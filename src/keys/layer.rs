@@ -4,6 +4,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use crate::notify::Notifier;
+use crate::usage::AppRanking;
 
 use super::{ByokDirectory, KeyDirectory, KeyRoutes};
 use crate::free_quota::FreeQuotaRules;
@@ -24,6 +25,7 @@ pub(crate) struct KeyRoutesConfig {
     pub(crate) free_quota: FreeQuotaRules,
     pub(crate) byok_providers: ByokProviders,
     pub(crate) leak_notifier: Notifier,
+    pub(crate) app_ranking: Option<AppRanking>,
 }
 
 /// The providers an account may set its own key for through
@@ -59,6 +61,7 @@ impl KeyRoutesLayer {
                 free_quota: FreeQuotaRules::default(),
                 byok_providers: ByokProviders::Any,
                 leak_notifier: Notifier::disabled(),
+                app_ranking: None,
             }),
         }
     }
@@ -86,6 +89,14 @@ impl KeyRoutesLayer {
     /// is told.
     pub fn leak_notifier(mut self, notifier: Notifier) -> Self {
         Arc::make_mut(&mut self.config).leak_notifier = notifier;
+        self
+    }
+
+    /// Writes this instance's app counts before answering
+    /// `GET /api/v1/apps`, so a client sees its own requests at once: give
+    /// the [`AppRanking`] CreditGuard counts in.
+    pub fn app_ranking(mut self, ranking: AppRanking) -> Self {
+        Arc::make_mut(&mut self.config).app_ranking = Some(ranking);
         self
     }
 

@@ -22,6 +22,7 @@ use super::retry::SkipRetries;
 use crate::body::{BufferedBody, ChatRequest, ModelId};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
+use crate::usage::RequestedModel;
 
 /// The response header naming the model that answered, as the gateway
 /// knows it.
@@ -155,6 +156,10 @@ where
                 attempt_chat.model = model.as_str().to_owned();
                 attempt_chat.model_id = model.clone();
                 attempt.extensions_mut().insert(attempt_chat);
+                // Each attempt's record names the model the client asked for.
+                attempt
+                    .extensions_mut()
+                    .insert(RequestedModel(chat.model.clone()));
                 attempt.extensions_mut().insert(BufferedBody(body.clone()));
                 if index < last {
                     // The next model is the better retry.

@@ -104,6 +104,7 @@ use crate::oauth::CodeExchangeLayer;
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::settings::SettingsPageLayer;
+use crate::usage::{AppRanking, Generations};
 use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, WebhooksConfig};
 
 /// The gateway's configuration, as a JSON document; every section is
@@ -129,7 +130,8 @@ use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, 
 ///   "leak_scanning": {"public_keys": {"file": "/etc/modelgate/github-secret-scanning-keys.json"},
 ///                     "notify_webhook": {"url": "https://ops.example.com/hooks/leaks",
 ///                                        "secret": {"env": "LEAK_WEBHOOK_SECRET"}}},
-///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"}
+///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"},
+///   "generations": {"retention_days": 30, "max_per_account": 100000}
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -179,6 +181,45 @@ pub struct GatewayConfig {
     pub leak_scanning: Option<LeakScanningSection>,
     /// Outbound e-mail: a leaked key's owner is told. Absent: no e-mail.
     pub email: Option<EmailSection>,
+    /// Generation records (`X-Generation-Id`, `GET /api/v1/generation`)
+    /// and the app ranking (`GET /api/v1/apps`).
+    pub generations: GenerationsSection,
+}
+
+/// `generations` in [`GatewayConfig`]: how long each chat request's record
+/// is kept in the store.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerationsSection {
+    /// Days a record is kept: 1 to 3650. Absent: 30.
+    pub retention_days: Option<u64>,
+    /// The most records an account keeps (the oldest go first): at least
+    /// 1. Absent: 100,000 (about 50 MB of Redis memory per account).
+    pub max_per_account: Option<u64>,
+}
+
+impl GenerationsSection {
+    /// The settings, checked.
+    fn settings(&self, ranking: AppRanking) -> Result<Generations, ConfigError> {
+        let mut generations = Generations::new().app_ranking(ranking);
+        if let Some(days) = self.retention_days {
+            if !(1..=3650).contains(&days) {
+                return Err(ConfigError::new(format!(
+                    "generations.retention_days must be from 1 to 3650, not {days}"
+                )));
+            }
+            generations = generations.retention(Duration::from_secs(days * 86_400));
+        }
+        if let Some(most) = self.max_per_account {
+            if most == 0 {
+                return Err(ConfigError::new(
+                    "generations.max_per_account must be at least 1",
+                ));
+            }
+            generations = generations.max_per_account(most);
+        }
+        Ok(generations)
+    }
 }
 
 impl std::fmt::Debug for EmailSection {
@@ -634,6 +675,8 @@ pub struct Gateway<B> {
     /// Its settlements not recorded yet: [`PendingSettlements::flush`]
     /// them once the requests in flight have ended, before exiting.
     pub settlements: PendingSettlements,
+    /// Its app counts not written yet: [`AppRanking::flush`] them too.
+    pub app_ranking: AppRanking,
 }
 
 /// [`gateway_with_clock`], with the handle on its pending settlements.
@@ -715,9 +758,11 @@ where
     let catalog = Arc::new(catalog);
     // The upstream client marks each request as it sends it: one dropped
     // before that costs nothing.
+    let app_ranking = AppRanking::new(store.clone()).clock(clock.clone());
     let mut credit = CreditGuardLayer::new(store, prices)
         .clock(clock)
-        .upstream_reports_sending(true);
+        .upstream_reports_sending(true)
+        .generations(config.generations.settings(app_ranking.clone())?);
     // A request is BYOK only when the account's key is what gets sent, and
     // only `Providers::by_name` sends it; one upstream always sends its own.
     let byok_providers = match bottom.names() {
@@ -769,7 +814,8 @@ where
                 .leak_notifier(notifier)
                 .free_quota_rules(config.free_quota)
                 .byok_directory(byok)
-                .byok_providers(byok_providers),
+                .byok_providers(byok_providers)
+                .app_ranking(app_ranking.clone()),
         )
         .layer(FallbackLayer::new(catalog))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
@@ -782,6 +828,7 @@ where
     Ok(Gateway {
         service: BoxCloneService::new(service),
         settlements: credit.pending_settlements(),
+        app_ranking,
     })
 }
 
@@ -939,6 +986,42 @@ mod tests {
         }
         // Even empty: the field itself is what is retired.
         assert!(GatewayConfig::from_json(r#"{"credit": {"byok": {}}}"#).is_err());
+    }
+
+    #[test]
+    fn generations_settings_are_checked() {
+        let store: SharedStore = Arc::new(crate::store::MemoryStore::new());
+        let ranking = || AppRanking::new(Arc::clone(&store));
+        let settings = |json: &str| {
+            GatewayConfig::from_json(json)
+                .unwrap()
+                .generations
+                .settings(ranking())
+        };
+        let kept =
+            settings(r#"{"generations": {"retention_days": 7, "max_per_account": 10}}"#).unwrap();
+        assert_eq!(kept.retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(kept.max_per_account, 10);
+        let default = settings("{}").unwrap();
+        assert_eq!(default.retention, crate::usage::DEFAULT_RETENTION);
+        for (json, words) in [
+            (
+                r#"{"generations": {"retention_days": 0}}"#,
+                "retention_days must be from 1 to 3650",
+            ),
+            (
+                r#"{"generations": {"retention_days": 3651}}"#,
+                "retention_days must be from 1 to 3650",
+            ),
+            (
+                r#"{"generations": {"max_per_account": 0}}"#,
+                "max_per_account must be at least 1",
+            ),
+        ] {
+            let error = settings(json).unwrap_err().to_string();
+            assert!(error.contains(words), "{json}: {error}");
+        }
+        assert!(GatewayConfig::from_json(r#"{"generations": {"days": 1}}"#).is_err());
     }
 
     #[test]

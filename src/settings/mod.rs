@@ -9,11 +9,15 @@
 //! replacement and one that deletes it; it is never offered to be
 //! enabled again. With the operator's key it also lists
 //! the accounts, tops them up and creates accounts and their management
-//! keys.
+//! keys. Below the keys, the account's recent generations (time, key,
+//! model, tokens, cost, status, app) and its own apps ranked for today,
+//! this week or this month ([`usage`](crate::usage)); with the operator's
+//! key, those of the account it chose to show.
 //!
 //! The page is static HTML, CSS and JavaScript compiled into the crate
 //! (no CDN, no build step; it works offline). It talks to the gateway's
-//! JSON API (the [`keys`](crate::keys) table) from the browser with
+//! JSON API (the [`keys`](crate::keys) and [`usage`](crate::usage)
+//! tables) from the browser with
 //! `fetch()` and `Authorization: Bearer <management key>`, so it needs no
 //! session of its own: the key stays in the tab's `sessionStorage`, never
 //! in a cookie or a URL, and is gone when the tab closes or the person

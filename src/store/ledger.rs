@@ -165,7 +165,27 @@ pub struct Settlement {
     /// Whether the request used the account's own provider key (BYOK): its
     /// cost goes to the BYOK totals and not to the balance.
     pub byok: bool,
+    /// The request's generation record, kept with the cost in the same
+    /// atomic step (so a record exists exactly when its cost was
+    /// recorded, once): readable with [`LedgerStore::generation`].
+    pub record: Option<SettlementRecord>,
 }
+
+/// A generation record written with its [`Settlement`], under the
+/// settlement's reservation id, in the account's ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettlementRecord {
+    /// The record (JSON in practice), stored as given.
+    pub bytes: bytes::Bytes,
+    /// How long it is kept: it reads as absent after this and is removed.
+    pub retention: Duration,
+    /// The most records the account keeps: writing one more removes the
+    /// oldest.
+    pub max_per_account: u64,
+}
+
+/// The longest a generation record may be kept.
+pub const MAX_RECORD_RETENTION: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// A key's usage, in nano-credits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -434,6 +454,23 @@ pub trait LedgerStore: Send + Sync + 'static {
         key: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError>;
+
+    /// The generation record kept with the settlement `reservation_id` of
+    /// `account` ([`Settlement::record`]), while it lives.
+    async fn generation(
+        &self,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<bytes::Bytes>, StoreError>;
+
+    /// The account's `limit` newest live generation records, newest first.
+    async fn recent_generations(
+        &self,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bytes::Bytes>, StoreError>;
 }
 
 /// The starts of the day, week and month containing `now`, in µs: the
@@ -527,6 +564,7 @@ pub(crate) fn validate_settlements(
     };
     for settlement in settlements {
         validate_amount(operation, settlement.cost_nanos)?;
+        validate_record(operation, settlement.record.as_ref())?;
         if settlement.account != account {
             return Err(StoreError::invalid(
                 operation,
@@ -535,6 +573,28 @@ pub(crate) fn validate_settlements(
         }
     }
     Ok(())
+}
+
+/// A settlement's record: kept for a time above zero and within
+/// [`MAX_RECORD_RETENTION`], at least one per account.
+pub(crate) fn validate_record(
+    operation: &'static str,
+    record: Option<&SettlementRecord>,
+) -> Result<(), StoreError> {
+    match record {
+        Some(record)
+            if record.retention.is_zero()
+                || record.retention > MAX_RECORD_RETENTION
+                || record.max_per_account == 0 =>
+        {
+            Err(StoreError::invalid(
+                operation,
+                "a generation record must be kept above zero and at most ten years, \
+                 with room for at least one per account",
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn validate_amount(

@@ -9,20 +9,22 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::apps::{validate_app_usage, AppUsage, AppUsageStore, MAX_APP_USAGE_ROWS};
 use super::counter::{
     duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
 };
 use super::ledger::{
     idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
-    validate_amount, validate_top_up_once, SETTLEMENT_MEMORY,
+    validate_amount, validate_settlements, validate_top_up_once, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
     Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
-    ReserveRequest, Settlement, SlotOutcome, StoreError, TopUpOutcome, Versioned, WriteOutcome,
+    ReserveRequest, Settlement, SettlementRecord, SlotOutcome, StoreError, TopUpOutcome, Versioned,
+    WriteOutcome,
 };
-use crate::clock::unix_micros;
+use crate::clock::{unix_micros, Period};
 
 /// Shards spread accounts over independent locks, so requests of different
 /// accounts rarely wait for each other.
@@ -50,6 +52,7 @@ const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     records: Mutex<Records>,
+    app_usage: Mutex<HashMap<Box<str>, [AppPeriod; 3]>>,
     shard_hasher: RandomState,
     /// Two SipHash keys: a settled reservation is remembered by a
     /// 128-bit fingerprint of its id, not the id itself.
@@ -70,6 +73,7 @@ impl MemoryStore {
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
             records: Mutex::new(Records::default()),
+            app_usage: Mutex::new(HashMap::new()),
             shard_hasher: RandomState::new(),
             settlement_hashers: [RandomState::new(), RandomState::new()],
         }
@@ -172,6 +176,10 @@ impl Shard {
             });
             !sets.is_empty()
         });
+        // Accounts nobody settles for again still let their records go.
+        for ledger in self.ledgers.values_mut() {
+            ledger.generations.purge(now_micros);
+        }
         self.next_sweep_micros = now_micros.saturating_add(SWEEP_INTERVAL_MICROS);
     }
 }
@@ -514,6 +522,68 @@ struct AccountLedger {
     /// pops from the front.
     top_ups: HashMap<Box<str>, RememberedTopUp>,
     top_up_order: VecDeque<(i64, Box<str>)>,
+    generations: Generations,
+}
+
+/// An account's generation records by reservation id, and their order by
+/// expiry (then by write) for removing the oldest and listing the newest.
+#[derive(Debug, Default)]
+struct Generations {
+    records: HashMap<Box<str>, (bytes::Bytes, (i64, u64))>,
+    order: BTreeMap<(i64, u64), Box<str>>,
+    writes: u64,
+}
+
+impl Generations {
+    fn purge(&mut self, now_micros: i64) {
+        while let Some(entry) = self.order.first_entry() {
+            if entry.key().0 > now_micros {
+                break;
+            }
+            let id = entry.remove();
+            self.records.remove(&id);
+        }
+    }
+
+    /// Keeps `record` for `id`, the oldest removed past the account's cap.
+    fn put(&mut self, id: &str, record: &SettlementRecord, now_micros: i64) {
+        self.purge(now_micros);
+        self.writes += 1;
+        let order = (
+            now_micros.saturating_add(duration_micros(record.retention)),
+            self.writes,
+        );
+        if let Some((_, previous)) = self
+            .records
+            .insert(id.into(), (record.bytes.clone(), order))
+        {
+            self.order.remove(&previous);
+        }
+        self.order.insert(order, id.into());
+        while self.records.len() as u64 > record.max_per_account {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.records.remove(&oldest);
+        }
+    }
+
+    fn get(&self, id: &str, now_micros: i64) -> Option<bytes::Bytes> {
+        self.records
+            .get(id)
+            .filter(|(_, (expires_at_micros, _))| *expires_at_micros > now_micros)
+            .map(|(bytes, _)| bytes.clone())
+    }
+
+    fn newest(&self, limit: usize, now_micros: i64) -> Vec<bytes::Bytes> {
+        self.order
+            .iter()
+            .rev()
+            .take_while(|((expires_at_micros, _), _)| *expires_at_micros > now_micros)
+            .take(limit)
+            .filter_map(|(_, id)| self.records.get(id).map(|(bytes, _)| bytes.clone()))
+            .collect()
+    }
 }
 
 /// A top-up remembered by its idempotency key.
@@ -599,6 +669,10 @@ impl AccountLedger {
             fingerprint,
         ));
         key.record(settlement.cost_nanos, settlement.byok, starts);
+        if let Some(record) = &settlement.record {
+            self.generations
+                .put(&settlement.reservation_id, record, now_micros);
+        }
         if !settlement.byok {
             self.balance_nanos = self.balance_nanos.saturating_sub(settlement.cost_nanos);
         }
@@ -883,7 +957,7 @@ impl LedgerStore for MemoryStore {
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
-        validate_amount("settle", settlement.cost_nanos)?;
+        validate_settlements("settle", std::slice::from_ref(settlement), None)?;
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
         let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
@@ -972,6 +1046,33 @@ impl LedgerStore for MemoryStore {
         Ok(())
     }
 
+    async fn generation(
+        &self,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<bytes::Bytes>, StoreError> {
+        let shard = self.shard(account);
+        Ok(shard
+            .ledgers
+            .get(account)
+            .and_then(|ledger| ledger.generations.get(reservation_id, unix_micros(now))))
+    }
+
+    async fn recent_generations(
+        &self,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        let shard = self.shard(account);
+        Ok(shard
+            .ledgers
+            .get(account)
+            .map(|ledger| ledger.generations.newest(limit, unix_micros(now)))
+            .unwrap_or_default())
+    }
+
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
         let shard = self.shard(account);
         Ok(shard
@@ -982,6 +1083,92 @@ impl LedgerStore for MemoryStore {
                 balance_nanos: ledger.balance_nanos,
             })
             .unwrap_or_default())
+    }
+}
+
+/// One scope's app usage in one period (day, week or month).
+#[derive(Debug, Default)]
+struct AppPeriod {
+    start_micros: i64,
+    /// (app, model) -> (requests, tokens).
+    rows: HashMap<(Box<str>, Box<str>), (u64, u64)>,
+    details: HashMap<Box<str>, Box<str>>,
+}
+
+#[async_trait]
+impl AppUsageStore for MemoryStore {
+    async fn add_app_usage(
+        &self,
+        scope: &str,
+        rows: &[AppUsage],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        validate_app_usage(rows)?;
+        let starts = period_starts_micros(now);
+        let mut scopes = lock(&self.app_usage);
+        let periods = get_or_default(&mut scopes, scope);
+        for (period, start_micros) in periods.iter_mut().zip(starts) {
+            // Periods only roll forward; a write stamped in one that has
+            // already rolled over counts nowhere.
+            if start_micros > period.start_micros {
+                *period = AppPeriod {
+                    start_micros,
+                    ..AppPeriod::default()
+                };
+            } else if start_micros < period.start_micros {
+                continue;
+            }
+            for row in rows {
+                let key = (Box::from(row.app.as_str()), Box::from(row.model.as_str()));
+                if period.rows.len() >= MAX_APP_USAGE_ROWS && !period.rows.contains_key(&key) {
+                    continue;
+                }
+                let counts = period.rows.entry(key).or_default();
+                counts.0 = counts.0.saturating_add(row.requests);
+                counts.1 = counts.1.saturating_add(row.tokens);
+                period
+                    .details
+                    .insert(row.app.as_str().into(), row.details.as_str().into());
+            }
+        }
+        Ok(())
+    }
+
+    async fn app_usage(
+        &self,
+        scope: &str,
+        period: Period,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<AppUsage>, StoreError> {
+        let index = match period {
+            Period::Day => 0,
+            Period::Week => 1,
+            Period::Month => 2,
+        };
+        let start_micros = period_starts_micros(now)[index];
+        let scopes = lock(&self.app_usage);
+        let Some(counted) = scopes
+            .get(scope)
+            .map(|periods| &periods[index])
+            .filter(|counted| counted.start_micros == start_micros)
+        else {
+            return Ok(Vec::new());
+        };
+        Ok(counted
+            .rows
+            .iter()
+            .map(|((app, model), (requests, tokens))| AppUsage {
+                app: app.to_string(),
+                details: counted
+                    .details
+                    .get(app)
+                    .map(|details| details.to_string())
+                    .unwrap_or_default(),
+                model: model.to_string(),
+                requests: *requests,
+                tokens: *tokens,
+            })
+            .collect())
     }
 }
 

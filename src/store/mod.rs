@@ -7,12 +7,15 @@
 //!   in-flight slots, leases that bound concurrent requests and end by
 //!   themselves when a holder never gives its slot back.
 //! - [`LedgerStore`]: credits in nano-credits (`i64`), per key and per
-//!   account, with reservations for requests in flight.
+//!   account, with reservations for requests in flight, and each request's
+//!   generation record kept with its settlement.
 //! - [`RecordStore`]: keys, accounts, BYOK keys and flows with compare-and-set
 //!   by revision, and optionally a lifetime per record and a cap on the
 //!   records of a collection.
+//! - [`AppUsageStore`]: requests and tokens per calling app and model in the
+//!   current UTC day, week and month, for the app ranking.
 //!
-//! Two backends implement all three: [`MemoryStore`], in process, for one
+//! Two backends implement all four: [`MemoryStore`], in process, for one
 //! gateway instance; and [`RedisStore`], for many instances sharing Redis
 //! or Redis Cluster. Time is always passed in, from the layer's
 //! [`Clock`](crate::clock::Clock), so one conformance suite drives both.
@@ -39,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod apps;
 mod breaker;
 mod counter;
 mod ledger;
@@ -49,13 +53,14 @@ mod redis;
 
 use std::fmt;
 
+pub use apps::{AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS};
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
     is_valid_idempotency_key, AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage,
-    LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, TopUpOutcome,
-    IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
-    SETTLEMENT_MEMORY,
+    LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord,
+    TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION,
+    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
@@ -66,9 +71,9 @@ pub use records::{
 pub use redis::{RedisStore, RedisStoreConfig, TimeSource};
 
 /// Everything a gateway keeps in its store.
-pub trait Store: CounterStore + LedgerStore + RecordStore {}
+pub trait Store: CounterStore + LedgerStore + RecordStore + AppUsageStore {}
 
-impl<T: CounterStore + LedgerStore + RecordStore> Store for T {}
+impl<T: CounterStore + LedgerStore + RecordStore + AppUsageStore> Store for T {}
 
 /// A store call that failed, naming the operation.
 #[derive(Clone, Debug, thiserror::Error)]

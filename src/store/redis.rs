@@ -45,11 +45,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
+use super::apps::{
+    validate_app_usage, AppUsage, AppUsageStore, FIELD_SEPARATOR, MAX_APP_USAGE_ROWS,
+};
 use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
@@ -62,7 +66,7 @@ use super::{
     Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
     Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome, Versioned, WriteOutcome,
 };
-use crate::clock::unix_micros;
+use crate::clock::{unix_micros, Period};
 
 /// How a [`RedisStore`] names its keys and bounds its calls.
 #[derive(Clone, Debug)]
@@ -166,6 +170,9 @@ struct Scripts {
     put_record: Script,
     delete_record: Script,
     list_records: Script,
+    generations: Script,
+    app_usage_add: Script,
+    app_usage_read: Script,
 }
 
 /// A script with the shared parts it uses prepended, in order.
@@ -204,6 +211,9 @@ impl Scripts {
                 "lua/records_common.lua",
                 "lua/list_records.lua"
             ),
+            generations: script!("lua/time.lua", "lua/generations.lua"),
+            app_usage_add: script!("lua/time.lua", "lua/app_usage_add.lua"),
+            app_usage_read: script!("lua/time.lua", "lua/app_usage_read.lua"),
         }
     }
 }
@@ -594,12 +604,31 @@ impl RedisStore {
                 .arg(&settlement.reservation_id)
                 .arg(settlement.cost_nanos)
                 .arg(u8::from(settlement.byok));
+            match &settlement.record {
+                Some(record) => invocation
+                    .arg(record.bytes.as_ref())
+                    .arg(duration_micros(record.retention))
+                    .arg(record.max_per_account),
+                None => invocation.arg("").arg(0).arg(0),
+            };
         }
+        // The account's generation records, last of the keys, only when
+        // a settlement keeps one.
+        let generation_keys = settlements
+            .iter()
+            .any(|settlement| settlement.record.is_some())
+            .then(|| self.generation_keys(&scoped));
         let Some(request) = request else {
+            if let Some([values, expiries]) = generation_keys {
+                invocation.key(values).key(expiries);
+            }
             return self.run(operation, &invocation).await;
         };
         invocation.arg(request.checks.len());
         self.add_checks(&mut invocation, &scoped, &request.checks);
+        if let Some([values, expiries]) = generation_keys {
+            invocation.key(values).key(expiries);
+        }
         match request.purchase_tier {
             Some(tier) => invocation
                 .arg(tier.check_index + 1)
@@ -638,6 +667,57 @@ impl RedisStore {
         self.run(operation, &invocation).await
     }
 
+    /// Runs `generations.lua`: one record of `account` by reservation id,
+    /// or its newest.
+    async fn read_generations(
+        &self,
+        operation: &'static str,
+        account: &str,
+        wanted: GenerationRead<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let [values, expiries] = self.generation_keys(&self.scoped(account));
+        let (mode, argument) = match wanted {
+            GenerationRead::One(id) => ("one", id.to_owned()),
+            GenerationRead::Newest(count) => ("newest", count.to_string()),
+        };
+        let mut invocation = self.scripts.generations.prepare_invoke();
+        invocation
+            .key(values)
+            .key(expiries)
+            .arg(self.now_arg(now))
+            .arg(mode)
+            .arg(argument);
+        let reply = self.run(operation, &invocation).await?;
+        let Value::Array(records) = reply else {
+            return Err(StoreError::corrupt(operation, "expected a list of records"));
+        };
+        records
+            .into_iter()
+            .map(|record| match record {
+                Value::BulkString(bytes) => Ok(Bytes::from(bytes)),
+                _ => Err(StoreError::corrupt(
+                    operation,
+                    "a record that is not a string",
+                )),
+            })
+            .collect()
+    }
+
+    /// A scope's app usage hashes for the day, week and month, in one slot.
+    fn app_usage_keys(&self, scope: &str) -> [String; 3] {
+        let mut tagged = String::from("apps:");
+        tagged.push_str(scope);
+        let scoped = self.scoped(&tagged);
+        ["d", "w", "m"].map(|period| format!("{scoped}{period}"))
+    }
+
+    /// An account's generation records: values hash (reservation id ->
+    /// record) and expiries zset (id -> µs), in the account's slot.
+    fn generation_keys(&self, scoped: &str) -> [String; 2] {
+        [format!("{scoped}gen"), format!("{scoped}genexp")]
+    }
+
     /// A collection's keys: values hash, revisions hash, creation-order
     /// zset, sequence counter and expiries zset, all under the collection's
     /// hash tag.
@@ -652,6 +732,12 @@ impl RedisStore {
         let with_slack = lifetime.saturating_add(self.config.expiry_slack);
         u64::try_from(with_slack.as_millis()).unwrap_or(u64::MAX)
     }
+}
+
+/// What [`RedisStore::read_generations`] reads.
+enum GenerationRead<'a> {
+    One(&'a str),
+    Newest(usize),
 }
 
 /// A key's ledger under an account's `scoped` prefix: usage hash,
@@ -982,7 +1068,7 @@ impl LedgerStore for RedisStore {
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
         const OPERATION: &str = "settle";
-        validate_amount(OPERATION, settlement.cost_nanos)?;
+        validate_settlements(OPERATION, std::slice::from_ref(settlement), None)?;
         self.write_ledger(
             OPERATION,
             &settlement.account,
@@ -1126,6 +1212,41 @@ impl LedgerStore for RedisStore {
         Ok(())
     }
 
+    async fn generation(
+        &self,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let mut records = self
+            .read_generations(
+                "generation",
+                account,
+                GenerationRead::One(reservation_id),
+                now,
+            )
+            .await?;
+        Ok(records.pop())
+    }
+
+    async fn recent_generations(
+        &self,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read_generations(
+            "recent_generations",
+            account,
+            GenerationRead::Newest(limit),
+            now,
+        )
+        .await
+    }
+
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
         const OPERATION: &str = "account_balance";
         let [account_key, ..] = self.ledger_keys(account, "");
@@ -1153,6 +1274,113 @@ fn balance_from(operation: &'static str, reply: &[Value]) -> Result<AccountBalan
             format!("reply of {} values", reply.len()),
         )),
     }
+}
+
+#[async_trait]
+impl AppUsageStore for RedisStore {
+    async fn add_app_usage(
+        &self,
+        scope: &str,
+        rows: &[AppUsage],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        validate_app_usage(rows)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.scripts.app_usage_add.prepare_invoke();
+        for key in self.app_usage_keys(scope) {
+            invocation.key(key);
+        }
+        invocation
+            .arg(self.now_arg(now))
+            .arg(MAX_APP_USAGE_ROWS)
+            .arg(self.slack_millis())
+            .arg(rows.len());
+        for row in rows {
+            invocation
+                .arg(&row.app)
+                .arg(&row.details)
+                .arg(&row.model)
+                .arg(row.requests)
+                .arg(row.tokens);
+        }
+        self.run("add_app_usage", &invocation).await?;
+        Ok(())
+    }
+
+    async fn app_usage(
+        &self,
+        scope: &str,
+        period: Period,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<AppUsage>, StoreError> {
+        const OPERATION: &str = "app_usage";
+        let [day, week, month] = self.app_usage_keys(scope);
+        let key = match period {
+            Period::Day => day,
+            Period::Week => week,
+            Period::Month => month,
+        };
+        let mut invocation = self.scripts.app_usage_read.prepare_invoke();
+        invocation
+            .key(key)
+            .arg(self.now_arg(now))
+            .arg(&period.as_str()[..1]);
+        let reply = self.run(OPERATION, &invocation).await?;
+        app_usage_rows(OPERATION, reply)
+    }
+}
+
+/// The rows of an app usage hash as `app_usage_read.lua` returns it
+/// (field, value, …).
+fn app_usage_rows(operation: &'static str, reply: Value) -> Result<Vec<AppUsage>, StoreError> {
+    let corrupt = || StoreError::corrupt(operation, "an app usage hash that does not parse");
+    let Value::Array(items) = reply else {
+        return Err(corrupt());
+    };
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| corrupt()),
+        _ => Err(corrupt()),
+    };
+    let mut details = std::collections::HashMap::new();
+    let mut counts: std::collections::HashMap<(String, String), (u64, u64)> =
+        std::collections::HashMap::new();
+    for pair in items.chunks(2) {
+        let [field, value] = pair else {
+            return Err(corrupt());
+        };
+        let (field, value) = (text(field)?, text(value)?);
+        let mut parts = field.splitn(3, FIELD_SEPARATOR);
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("a"), Some(app), None) => {
+                details.insert(app.to_owned(), value);
+            }
+            (Some(kind @ ("r" | "t")), Some(app), Some(model)) => {
+                let count: u64 = value.parse().map_err(|_| corrupt())?;
+                let entry = counts
+                    .entry((app.to_owned(), model.to_owned()))
+                    .or_default();
+                if kind == "r" {
+                    entry.0 = count;
+                } else {
+                    entry.1 = count;
+                }
+            }
+            // The period's start and the row count.
+            _ => {}
+        }
+    }
+    Ok(counts
+        .into_iter()
+        .map(|((app, model), (requests, tokens))| AppUsage {
+            details: details.get(&app).cloned().unwrap_or_default(),
+            app,
+            model,
+            requests,
+            tokens,
+        })
+        .collect())
 }
 
 #[async_trait]

@@ -21,6 +21,11 @@
   let keys = [];
   let editing = null; // the key being edited
   let shownLeaks = ''; // what the leak notice shows (see renderLeaks)
+  let generations = []; // the records the Recent generations table shows
+  // Counted loads of each usage section: an answer that a later load
+  // (another account, another period, signing out) overtook is dropped.
+  let generationsLoad = 0;
+  let appsLoad = 0;
 
   // ---- the API ------------------------------------------------------
 
@@ -108,6 +113,12 @@
     return Number(value).toLocaleString('en-US', { maximumFractionDigits: 6 });
   }
   const day = (timestamp) => (timestamp ? String(timestamp).slice(0, 10) : '–');
+  // A count (tokens, requests); '–' when unknown.
+  const count = (value) => (value === null || value === undefined
+    ? '–'
+    : Number(value).toLocaleString('en-US'));
+  // "1 request", "2 requests".
+  const counted = (value, noun) => count(value) + ' ' + noun + (Number(value) === 1 ? '' : 's');
   const RESETS = { daily: 'Daily', weekly: 'Weekly', monthly: 'Monthly' };
   const PERIOD_WORDS = { daily: 'today', weekly: 'this week', monthly: 'this month' };
 
@@ -137,10 +148,12 @@
   }
 
   // A moment in the person's own time zone, to the minute (last use is
-  // written at most once a minute anyway); the exact value stays in the
-  // element, and shows as its tooltip.
-  function moment(timestamp) {
-    const node = element('time', new Date(timestamp).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' }));
+  // written at most once a minute anyway), or to the second when
+  // `seconds`; the exact value stays in the element, and shows as its
+  // tooltip.
+  function moment(timestamp, seconds) {
+    const timeStyle = seconds ? 'medium' : 'short';
+    const node = element('time', new Date(timestamp).toLocaleString(undefined, { dateStyle: 'medium', timeStyle }));
     node.dateTime = timestamp;
     node.title = timestamp;
     return node;
@@ -154,10 +167,10 @@
     return node;
   }
 
-  // Where a leaked key was found. The URL comes from whoever reported it,
-  // so it is a link only when it is a web address (a javascript: or data:
-  // one stays text), opened apart from this page.
-  function foundAt(url) {
+  // A URL from someone else (where a leaked key was found, an app's
+  // address): a link only when it is a web address (a javascript: or
+  // data: one stays text), opened apart from this page.
+  function webLink(url) {
     let parsed = null;
     try {
       parsed = new URL(url);
@@ -219,7 +232,14 @@
     $('key-rows').replaceChildren();
     $('leak-list').replaceChildren();
     $('account-rows').replaceChildren();
-    for (const id of ['account', 'keys', 'leaks', 'accounts', 'edit-key', 'new-key', 'sign-out', 'who']) $(id).hidden = true;
+    generations = [];
+    generationsLoad += 1;
+    appsLoad += 1;
+    $('generation-rows').replaceChildren();
+    $('app-rows').replaceChildren();
+    for (const id of ['account', 'keys', 'leaks', 'accounts', 'edit-key', 'new-key', 'generations', 'apps', 'sign-out', 'who']) {
+      $(id).hidden = true;
+    }
     $('new-key-value').value = '';
     $('sign-in').hidden = false;
     $('management-key').focus();
@@ -228,7 +248,7 @@
   // ---- what is shown ------------------------------------------------
 
   async function refresh() {
-    const tasks = [loadAccount(), loadKeys()];
+    const tasks = [loadAccount(), loadKeys(), loadUsage()];
     if (session.operator) tasks.push(loadAccounts());
     const results = await Promise.allSettled(tasks);
     const failed = results.find((result) => result.status === 'rejected');
@@ -364,6 +384,8 @@
       if (current) fillEditor(current); else closeEditor();
     }
     renderLeaks();
+    // The generations name their keys from this list.
+    renderGenerations();
   }
 
   // The notice above the table: each leaked key, when and by whom it was
@@ -387,7 +409,7 @@
       if (url || source) {
         const where = element('p', 'Found');
         if (source) where.append(' in ' + source);
-        if (url) where.append(' at ', foundAt(url));
+        if (url) where.append(' at ', webLink(url));
         item.append(where);
       }
       const actions = element('div', null, 'actions');
@@ -472,6 +494,152 @@
       return row;
     });
     $('account-rows').replaceChildren(...rows);
+  }
+
+  // ---- usage: recent generations and the account's apps -------------
+
+  const RECENT_GENERATIONS = 20;
+  const PERIODS = { day: 'today', week: 'this week', month: 'this month' };
+
+  // The usage sections show the account shown above them. For a key
+  // scoped to an account that is its own account. The operator's key
+  // manages every account, and the API wants it to name one: the
+  // sections follow the account chosen in the Accounts table (the
+  // operator's own, "default", until another is chosen), so switching
+  // accounts switches them too. `account` is always named, even for a
+  // scoped key: without it /api/v1/apps ranks the whole gateway's apps.
+  // With no account known (a gateway too old to say) or no usage routes
+  // (older still), the sections stay hidden.
+  async function loadUsage() {
+    await Promise.all([loadGenerations(), loadApps()]);
+  }
+
+  function hideUsage() {
+    $('generations').hidden = true;
+    $('apps').hidden = true;
+  }
+
+  // GET with ?account= of the account shown; null when the sections are
+  // hidden instead (see loadUsage), or when a later load overtook this
+  // one (`current` says whether it is still the latest).
+  async function usage(path, current) {
+    const account = session.account;
+    if (account === null) {
+      hideUsage();
+      return null;
+    }
+    const joiner = path.includes('?') ? '&' : '?';
+    let answer;
+    try {
+      answer = await api('GET', path + joiner + 'account=' + encodeURIComponent(account));
+    } catch (error) {
+      if (!current()) return null;
+      if (missingRoute(error)) {
+        hideUsage();
+        return null;
+      }
+      throw error;
+    }
+    return current() ? { account, data: answer.data } : null;
+  }
+
+  async function loadGenerations() {
+    const load = ++generationsLoad;
+    const answer = await usage('/api/v1/generations?limit=' + RECENT_GENERATIONS, () => load === generationsLoad);
+    if (!answer) return;
+    generations = Array.isArray(answer.data) ? answer.data : [];
+    $('generation-caption').textContent = 'The newest requests of the account ' + answer.account +
+      ' (at most ' + RECENT_GENERATIONS + '), the newest first, with their cost in credits.';
+    renderGenerations();
+    $('generations').hidden = false;
+  }
+
+  // The key that made a request, by its name in the key list; a key not
+  // in it (deleted since) by the start of its hash.
+  function keyCell(hash, names) {
+    const cell = element('td', null, 'key');
+    if (typeof hash !== 'string' || hash === '') {
+      cell.textContent = '–';
+    } else if (names.has(hash)) {
+      cell.textContent = names.get(hash);
+    } else {
+      cell.append(element('code', hash.slice(0, 12) + '…'));
+      cell.title = 'Key ' + hash + ' (no longer listed)';
+    }
+    return cell;
+  }
+
+  // Model names and app titles come from clients and upstreams: text only.
+  function renderGenerations() {
+    const names = new Map(keys.map((key) => [key.hash, key.name]));
+    const rows = generations.map((record) => {
+      const row = document.createElement('tr');
+      row.dataset.id = record.id;
+      const time = element('td', record.created_at ? null : '–', 'time');
+      if (record.created_at) time.append(moment(record.created_at, true));
+      row.append(time);
+      row.append(keyCell(record.key_hash, names));
+      const model = element('td', null, 'model');
+      model.append(element('span', record.model || '–'));
+      if (record.requested_model && record.requested_model !== record.model) {
+        model.append(element('span', 'asked for ' + record.requested_model, 'help requested'));
+      }
+      row.append(model);
+      row.append(element('td', count(record.tokens_prompt), 'num tokens-in'));
+      row.append(element('td', count(record.tokens_completion), 'num tokens-out'));
+      row.append(element('td', credits(record.total_cost), 'num cost'));
+      row.append(element('td', record.status === null || record.status === undefined ? '–' : String(record.status), 'status'));
+      const app = element('td', record.app_title || record.app_id || '–', 'app');
+      if (typeof record.origin === 'string') app.title = record.origin;
+      row.append(app);
+      const marks = element('td', null, 'marks');
+      if (record.streamed) marks.append(element('span', 'streamed', 'badge streamed'));
+      if (record.cancelled) marks.append(element('span', 'cancelled', 'badge cancelled'));
+      if (record.is_byok) marks.append(element('span', 'BYOK', 'badge byok'));
+      row.append(marks);
+      return row;
+    });
+    $('generation-rows').replaceChildren(...rows);
+    $('no-generations').hidden = rows.length > 0;
+  }
+
+  async function loadApps() {
+    const load = ++appsLoad;
+    const period = $('apps-period').value;
+    const answer = await usage('/api/v1/apps?period=' + encodeURIComponent(period), () => load === appsLoad);
+    if (!answer) return;
+    renderApps(answer.data, answer.account);
+    $('apps').hidden = false;
+  }
+
+  function renderApps(ranking, account) {
+    const apps = ranking && Array.isArray(ranking.apps) ? ranking.apps : [];
+    const period = PERIODS[ranking && ranking.period] || 'this period';
+    const since = ranking && ranking.starts_at ? ' (UTC, since ' + day(ranking.starts_at) + ')' : '';
+    $('app-caption').textContent = 'The apps of the account ' + account + ' ' + period + since +
+      ', ranked by tokens.';
+    const rows = apps.map((app) => {
+      const row = document.createElement('tr');
+      row.dataset.app = app.id;
+      row.append(element('td', count(app.rank), 'num rank'));
+      const name = element('td', null, 'app');
+      name.append(element('span', app.title || app.id || '–', 'title'));
+      if (app.url) name.append(webLink(app.url));
+      row.append(name);
+      row.append(element('td', count(app.requests), 'num requests'));
+      row.append(element('td', count(app.tokens), 'num tokens'));
+      const models = element('td', null, 'models');
+      const list = element('ul', null, 'models');
+      for (const model of Array.isArray(app.models) ? app.models : []) {
+        list.append(element('li', (model.model || '–') + ': ' + counted(model.requests, 'request') + ', ' +
+          counted(model.tokens, 'token')));
+      }
+      models.append(list);
+      row.append(models);
+      return row;
+    });
+    $('app-rows').replaceChildren(...rows);
+    $('no-apps').hidden = rows.length > 0;
   }
 
   // ---- editing a key ------------------------------------------------
@@ -666,6 +834,11 @@
       sayDone('Signed out. The key is forgotten in this tab.');
     });
     onClick('refresh', refresh);
+    onClick('refresh-usage', loadUsage);
+    $('apps-period').addEventListener('change', () => {
+      say('');
+      attempt(loadApps);
+    });
     onSubmit('create-key-form', createKey);
     onSubmit('edit-key-form', saveKey);
     onClick('edit-cancel', async () => closeEditor());

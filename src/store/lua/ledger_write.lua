@@ -6,11 +6,15 @@
 -- KEYS[1]: the account hash; KEYS[2], KEYS[3]: the account's holds zset
 -- (id -> expiry µs) and their amounts hash; then four keys per key ledger
 -- (usage hash, reservations zset, amounts hash, settled ids zset); then
--- two keys per counter check (see counters.lua).
+-- two keys per counter check (see counters.lua); last, when any settlement
+-- carries a generation record, the account's records hash (id -> record)
+-- and their expiries zset (id -> µs).
 -- ARGV: now (µs, or '' for Redis's clock), how long (µs) a settled id is
 --   remembered, key ledger count L, counter TTL slack (ms), settlement
 --   count N; then N times: ledger (1-based index of its four keys),
---   reservation id, cost, byok (0/1); then counter count C and C times the
+--   reservation id, cost, byok (0/1), generation record ('' for none), how
+--   long it is kept (µs), the most records the account keeps; then counter
+--   count C and C times the
 --   four arguments of a check; then the purchase tier: index of the check
 --   it raises (0 for none), purchased threshold, raised capacity; then,
 --   when a hold follows: ledger, reservation id, amount, least amount (''
@@ -49,6 +53,38 @@ end
 -- when recorded, 0 when the id was settled already.
 -- Per period (day, week, month): its start, own usage and BYOK usage.
 local names = { 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
+
+-- Keeps a settlement's generation record (`record`, kept `retention` µs) in
+-- the account's records, removing the expired ones and the oldest past
+-- `most` records.
+local generations_swept = false
+local function keep_generation(id, record, retention, most)
+  local values, expiries = KEYS[#KEYS - 1], KEYS[#KEYS]
+  if not generations_swept then
+    local expired = redis.call('ZRANGEBYSCORE', expiries, '-inf', int(now), 'LIMIT', 0, 256)
+    for _, old in ipairs(expired) do
+      redis.call('HDEL', values, old)
+      redis.call('ZREM', expiries, old)
+    end
+    generations_swept = true
+  end
+  redis.call('HSET', values, id, record)
+  redis.call('ZADD', expiries, int(now + retention), id)
+  local over = redis.call('ZCARD', expiries) - most
+  if over > 0 then
+    for _, old in ipairs(redis.call('ZRANGE', expiries, 0, over - 1)) do
+      redis.call('HDEL', values, old)
+      redis.call('ZREM', expiries, old)
+    end
+  end
+  -- Only ever extend the keys' lifetime: the newest record sets it.
+  local ttl = math.ceil(retention / 1000) + slack_ms
+  if redis.call('PTTL', expiries) < ttl then
+    redis.call('PEXPIRE', values, ttl)
+    redis.call('PEXPIRE', expiries, ttl)
+  end
+end
+
 local function settle(k, id, cost, byok)
   if not k.forgotten then
     redis.call('ZREMRANGEBYSCORE', k.settled, '-inf', int(now))
@@ -185,10 +221,15 @@ end
 local count = tonumber(ARGV[5])
 local recorded = 0
 for i = 0, count - 1 do
-  local a = 6 + i * 4
-  recorded = recorded + settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
+  local a = 6 + i * 7
+  local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
+  -- A record goes with the first settlement of its id only, as its cost does.
+  if new == 1 and ARGV[a + 4] ~= '' then
+    keep_generation(ARGV[a + 1], ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]))
+  end
+  recorded = recorded + new
 end
-local c = 6 + count * 4
+local c = 6 + count * 7
 -- Settlements alone: nothing follows them.
 if ARGV[c] == nil then return recorded end
 local checks = tonumber(ARGV[c])

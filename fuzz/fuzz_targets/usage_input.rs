@@ -1,0 +1,61 @@
+//! The usage routes' outside input on arbitrary bytes: the app headers
+//! (`HTTP-Referer`, `X-Gateway-Title`, `X-Title`), the query string and the
+//! generation id. Never a panic; a refusal is a 400; what is accepted keeps
+//! its bounds and never keeps a URL's query or a local address.
+#![no_main]
+
+use http::{HeaderMap, HeaderValue};
+use libfuzzer_sys::fuzz_target;
+use modelgate::usage::{
+    app_from_headers, parse_generation_id, usage_query, LEGACY_TITLE_HEADER, MAX_RECENT_GENERATIONS,
+    MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER, TITLE_HEADER,
+};
+
+fuzz_target!(|data: &[u8]| {
+    // Three fields, split at the first two NUL bytes.
+    let mut parts = data.splitn(3, |byte| *byte == 0);
+    let referer = parts.next().unwrap_or_default();
+    let title = parts.next().unwrap_or_default();
+    let rest = parts.next().unwrap_or_default();
+
+    let mut headers = HeaderMap::new();
+    if let Ok(value) = HeaderValue::from_bytes(referer) {
+        headers.insert(REFERER_HEADER, value);
+    }
+    if let Ok(value) = HeaderValue::from_bytes(title) {
+        let name = if rest.first() == Some(&b'x') { LEGACY_TITLE_HEADER } else { TITLE_HEADER };
+        headers.insert(name, value);
+    }
+    match app_from_headers(&headers) {
+        Ok(Some(app)) => {
+            assert!(!app.id.is_empty() && !app.id.contains('\u{1f}'));
+            assert!(app.id.len() <= MAX_REFERER_BYTES + 6 + MAX_TITLE_CHARS * 4);
+            if let Some(url) = &app.url {
+                assert!(url.starts_with("http://") || url.starts_with("https://"));
+                assert!(!url.contains('?') && !url.contains('#'));
+            }
+            if let Some(title) = &app.title {
+                assert!(!title.is_empty() && title.chars().count() <= MAX_TITLE_CHARS);
+                assert!(!title.chars().any(char::is_control));
+            }
+            // An app without an address is named by its title.
+            assert!(app.url.is_some() || app.id.starts_with("title:"));
+        }
+        Ok(None) => {}
+        Err(error) => assert_eq!(error.status().as_u16(), 400),
+    }
+
+    let query = String::from_utf8_lossy(rest);
+    match usage_query(Some(&query)) {
+        Ok(parsed) => {
+            assert!((1..=MAX_RECENT_GENERATIONS).contains(&parsed.limit));
+            if let Some(id) = parsed.id {
+                if let Some(reservation) = parse_generation_id(&id) {
+                    assert_eq!(reservation.len(), 32);
+                    assert_eq!(format!("gen-{reservation}"), id);
+                }
+            }
+        }
+        Err(error) => assert_eq!(error.status().as_u16(), 400),
+    }
+});

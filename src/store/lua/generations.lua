@@ -1,0 +1,21 @@
+-- Reads an account's generation records. KEYS[1]: records hash (id ->
+-- record), KEYS[2]: their expiries zset (id -> µs). ARGV: now (µs, or ''
+-- for Redis's clock), 'one' and a reservation id, or 'newest' and a count.
+-- Returns the live records asked for (newest first), expired ones left out.
+local function int(x) return string.format("%.0f", x) end
+local now = clock_now(ARGV[1])
+if ARGV[2] == 'one' then
+  local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
+  if not expires or tonumber(expires) <= now then return {} end
+  local record = redis.call('HGET', KEYS[1], ARGV[3])
+  if not record then return {} end
+  return { record }
+end
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. int(now), 'LIMIT', 0, tonumber(ARGV[3]))
+if #ids == 0 then return {} end
+local records = redis.call('HMGET', KEYS[1], unpack(ids))
+local found = {}
+for _, record in ipairs(records) do
+  if record then table.insert(found, record) end
+end
+return found

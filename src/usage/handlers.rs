@@ -1,0 +1,150 @@
+//! The usage routes, answered by [`KeyRoutes`](crate::keys::KeyRoutes):
+//! one generation record, an account's newest, and the app ranking.
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::query::usage_query;
+use super::ranking::{ranking_json, AppRanking, PUBLIC_SCOPE};
+use super::record::{parse_generation_id, readable_by};
+use crate::answer::Answer;
+use crate::auth::Principal;
+use crate::error::{ErrorKind, GatewayError};
+use crate::keys::SharedStore;
+use crate::store::{FailurePolicy, StoreError};
+
+fn refuse(error: StoreError) -> GatewayError {
+    FailurePolicy::refusal("KeyRoutes", &error)
+}
+
+fn ok(body: Value) -> Answer {
+    Answer {
+        status: StatusCode::OK,
+        body,
+        headers: Vec::new(),
+    }
+}
+
+/// The account whose records or apps are asked for: any for the operator
+/// (who must name one for records), the key's own for every other key.
+fn account_asked(
+    principal: &Principal,
+    asked: Option<String>,
+) -> Result<Option<String>, GatewayError> {
+    match asked {
+        Some(account) if principal.operator || account == principal.account_id => Ok(Some(account)),
+        Some(_) => Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            format!("this key reads the account {} only", principal.account_id),
+        )
+        .with_metadata("reason", "other_account")),
+        None if principal.operator => Ok(None),
+        None => Ok(Some(principal.account_id.clone())),
+    }
+}
+
+fn not_found() -> GatewayError {
+    GatewayError::new(
+        ErrorKind::NotFound,
+        "no generation with this id is visible to this key: it was made by another key, \
+         is older than the gateway keeps records, or has not been settled yet (retry in a moment)",
+    )
+}
+
+/// `GET /api/v1/generation?id=`: the record, to the key that made the
+/// request or a management key of its account (the operator's names the
+/// account with `account`); 404 to any other.
+pub(crate) async fn generation(
+    store: &SharedStore,
+    principal: &Principal,
+    query: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Answer, GatewayError> {
+    let query = usage_query(query)?;
+    let Some(id) = query.id.as_deref() else {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "name the generation with ?id=, the X-Generation-Id of its response",
+        )
+        .with_metadata("param", "id"));
+    };
+    let reservation = parse_generation_id(id).ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "the query parameter `id` must be a generation id: gen- and 32 hex digits, as X-Generation-Id gives it",
+        )
+        .with_metadata("param", "id")
+    })?;
+    let Some(account) = account_asked(principal, query.account)? else {
+        return Err(not_found());
+    };
+    let Some(bytes) = store
+        .generation(&account, reservation, now)
+        .await
+        .map_err(refuse)?
+    else {
+        return Err(not_found());
+    };
+    let record: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let key_hash = principal.key_hash.to_hex();
+    if !readable_by(&record, &account, &key_hash, principal.management) {
+        return Err(not_found());
+    }
+    Ok(ok(json!({ "data": record })))
+}
+
+/// `GET /api/v1/generations?limit=&account=`: the account's newest
+/// records (only its own for an inference key).
+pub(crate) async fn recent_generations(
+    store: &SharedStore,
+    principal: &Principal,
+    query: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Answer, GatewayError> {
+    let query = usage_query(query)?;
+    let Some(account) = account_asked(principal, query.account)? else {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "the operator's key names the account with ?account=",
+        )
+        .with_metadata("param", "account"));
+    };
+    let key_hash = principal.key_hash.to_hex();
+    let records: Vec<Value> = store
+        .recent_generations(&account, query.limit, now)
+        .await
+        .map_err(refuse)?
+        .into_iter()
+        .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .filter(|record| readable_by(record, &account, &key_hash, principal.management))
+        .collect();
+    Ok(ok(json!({ "data": records })))
+}
+
+/// `GET /api/v1/apps?period=&account=`: apps by tokens in the current
+/// UTC period, in the whole gateway, or in one account with `account`.
+pub(crate) async fn apps(
+    store: &SharedStore,
+    ranking: Option<&AppRanking>,
+    principal: &Principal,
+    query: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Answer, GatewayError> {
+    let query = usage_query(query)?;
+    let scope = match query.account {
+        Some(asked) => account_asked(principal, Some(asked))?.unwrap_or_default(),
+        None => PUBLIC_SCOPE.to_owned(),
+    };
+    if let Some(ranking) = ranking {
+        // This instance's latest counts first, so a client sees its own
+        // requests; others' arrive within their flush interval.
+        if let Err(error) = ranking.flush().await {
+            tracing::warn!(%error, "app ranking: counts not written before a read");
+        }
+    }
+    let rows = store
+        .app_usage(&scope, query.period, now)
+        .await
+        .map_err(refuse)?;
+    Ok(ok(json!({ "data": ranking_json(rows, query.period, now) })))
+}

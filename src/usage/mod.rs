@@ -1,0 +1,139 @@
+//! What an account sees of its usage: a record of every chat request (its
+//! generation), the app each came from, and the app ranking.
+//!
+//! With [`CreditGuardLayer::generations`](crate::credit::CreditGuardLayer::generations),
+//! every chat response CreditGuard admitted carries an `X-Generation-Id`
+//! ([`GENERATION_ID_HEADER`]), and its record is kept in the store with
+//! the request's settlement, in the same atomic step: a record exists
+//! exactly when the cost was recorded, once, and its `total_cost` is what
+//! the key was charged. It appears once the request is settled, normally
+//! within milliseconds of the response's end (a 404 right after may be
+//! retried), and lives [`Generations::retention`] (30 days by default),
+//! at most [`Generations::max_per_account`] per account (the oldest go
+//! first). A request the gateway refused (401, 402, 429, …) costs nothing
+//! and has no record.
+//!
+//! The fields follow OpenRouter's names where they exist: `id`, `model`
+//! (as served; `requested_model` beside it), `provider_name`,
+//! `tokens_prompt`, `tokens_completion` (as reported, or counted from a
+//! stream; `null` when neither), `total_cost` and `usage` (credits),
+//! `cost_basis`, `streamed`, `is_byok`, `cancelled` (the client went away),
+//! `status` (the upstream's HTTP status), `latency` (ms from admission to
+//! the end) and `generation_time` (ms from the upstream call to the end),
+//! `created_at`, and the app: `origin` / `http_referer`, `app_id`,
+//! `app_title`; `user_id` is the account.
+//!
+//! The app ([`app_from_headers`]) is named by `HTTP-Referer` (an absolute
+//! http(s) URL of at most 2048 bytes, kept without query or fragment) and
+//! `X-Gateway-Title` or the older `X-Title` (1 to 100 printable
+//! characters); a header that is there but malformed is a 400 naming it,
+//! before anything is counted. An app on a local address (localhost, a
+//! private network) is ranked only under its title. [`AppRanking`] counts
+//! requests and tokens per app and model in the current UTC day, week and
+//! month, for the whole gateway and per account, written to the store
+//! about once a second.
+//!
+//! | route | who | answer |
+//! |---|---|---|
+//! | `GET /api/v1/generation?id=` | the key that made the request, or a management key of its account (the operator's adds `account=`) | `{"data": {…}}`; 404 to anyone else |
+//! | `GET /api/v1/generations?limit=&account=` | any key of the account | `{"data": [{…}, …]}`: the newest first (an inference key's own only), 20 by default, at most 100 |
+//! | `GET /api/v1/apps?period=day\|week\|month&account=` | any key | `{"data": {period, starts_at, ends_at, apps: [{rank, id, url, title, requests, tokens, models: [{model, requests, tokens}]}]}}`: the gateway's top 100 apps by tokens, or one account's with `account` |
+//!
+//! ```
+//! use std::sync::Arc;
+//! use http::HeaderMap;
+//! use modelgate::usage::{app_from_headers, Generations, AppRanking};
+//! use modelgate::keys::SharedStore;
+//! use modelgate::store::MemoryStore;
+//!
+//! let store: SharedStore = Arc::new(MemoryStore::new());
+//! // Records kept a week, counted in the ranking.
+//! let generations = Generations::new()
+//!     .retention(std::time::Duration::from_secs(7 * 86_400))
+//!     .app_ranking(AppRanking::new(store));
+//! # let _ = generations;
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert("http-referer", "https://chat.example.com/?session=1".parse().unwrap());
+//! headers.insert("x-title", "Example Chat".parse().unwrap());
+//! let app = app_from_headers(&headers).unwrap().unwrap();
+//! assert_eq!(app.id, "chat.example.com");
+//! assert_eq!(app.url.as_deref(), Some("https://chat.example.com/"));
+//! ```
+
+mod app;
+pub(crate) mod handlers;
+mod query;
+mod ranking;
+mod record;
+
+use std::time::Duration;
+
+pub use app::{
+    app_from_headers, App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER,
+    TITLE_HEADER,
+};
+pub use query::{usage_query, UsageQuery, DEFAULT_RECENT_GENERATIONS, MAX_RECENT_GENERATIONS};
+pub use ranking::{AppRanking, MAX_RANKED_APPS, PUBLIC_SCOPE};
+pub(crate) use record::{generation_id, GenerationContext, GenerationEnd};
+pub use record::{parse_generation_id, GENERATION_ID_HEADER};
+
+/// The model a client asked for, put into a request's extensions by a
+/// layer that sends it on for another model (the proxy's `Fallback`), so
+/// the record names both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestedModel(pub String);
+
+/// How long generation records are kept by default.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 86_400);
+/// How many generation records an account keeps at most, by default.
+pub const DEFAULT_MAX_PER_ACCOUNT: u64 = 100_000;
+
+/// What CreditGuard records of each chat request: see the
+/// [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Generations {
+    pub(crate) retention: Duration,
+    pub(crate) max_per_account: u64,
+    pub(crate) ranking: Option<AppRanking>,
+}
+
+impl Default for Generations {
+    fn default() -> Self {
+        Generations::new()
+    }
+}
+
+impl Generations {
+    /// Records kept [`DEFAULT_RETENTION`], at most
+    /// [`DEFAULT_MAX_PER_ACCOUNT`] per account; no app ranking.
+    pub fn new() -> Self {
+        Generations {
+            retention: DEFAULT_RETENTION,
+            max_per_account: DEFAULT_MAX_PER_ACCOUNT,
+            ranking: None,
+        }
+    }
+
+    /// How long a record is kept: above zero, at most
+    /// [`MAX_RECORD_RETENTION`](crate::store::MAX_RECORD_RETENTION)
+    /// (longer is cut to it, zero made one second).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention =
+            retention.clamp(Duration::from_secs(1), crate::store::MAX_RECORD_RETENTION);
+        self
+    }
+
+    /// The most records an account keeps (at least one): past it, the
+    /// oldest go first.
+    pub fn max_per_account(mut self, max_per_account: u64) -> Self {
+        self.max_per_account = max_per_account.max(1);
+        self
+    }
+
+    /// Counts each request's app in `ranking`.
+    pub fn app_ranking(mut self, ranking: AppRanking) -> Self {
+        self.ranking = Some(ranking);
+        self
+    }
+}

@@ -1,0 +1,144 @@
+//! The query strings of the usage routes. Unknown parameters are ignored
+//! (clients add their own, such as cache busters); a parameter given twice
+//! or with a bad value is a 400 naming it.
+
+use url::form_urlencoded;
+
+use crate::clock::Period;
+use crate::error::{ErrorKind, GatewayError};
+use crate::keys::is_valid_account_id;
+
+/// Records a `GET /api/v1/generations` answers by default, and at most.
+pub const DEFAULT_RECENT_GENERATIONS: usize = 20;
+/// See [`DEFAULT_RECENT_GENERATIONS`].
+pub const MAX_RECENT_GENERATIONS: usize = 100;
+
+/// What a usage route's query string asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageQuery {
+    /// `id`: a generation id (as given; checked by the route).
+    pub id: Option<String>,
+    /// `period`: `day` (the default), `week` or `month`.
+    pub period: Period,
+    /// `limit`: how many records, 1 to [`MAX_RECENT_GENERATIONS`].
+    pub limit: usize,
+    /// `account`: whose records or apps; the operator's key may name any
+    /// account, other keys only their own. Absent: the key's own account
+    /// for records, the whole gateway for the app ranking.
+    pub account: Option<String>,
+}
+
+impl Default for UsageQuery {
+    fn default() -> Self {
+        UsageQuery {
+            id: None,
+            period: Period::Day,
+            limit: DEFAULT_RECENT_GENERATIONS,
+            account: None,
+        }
+    }
+}
+
+/// Reads a usage route's query string.
+pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
+    let mut parsed = UsageQuery::default();
+    let mut seen: Vec<&'static str> = Vec::new();
+    for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let name: &'static str = match name.as_ref() {
+            "id" => "id",
+            "period" => "period",
+            "limit" => "limit",
+            "account" => "account",
+            _ => continue,
+        };
+        if seen.contains(&name) {
+            return Err(bad(name, "may be given once"));
+        }
+        seen.push(name);
+        match name {
+            "id" => {
+                if value.is_empty() || value.len() > 64 {
+                    return Err(bad(name, "must be a generation id such as gen-0123…"));
+                }
+                parsed.id = Some(value.into_owned());
+            }
+            "period" => {
+                parsed.period = match value.as_ref() {
+                    "day" => Period::Day,
+                    "week" => Period::Week,
+                    "month" => Period::Month,
+                    _ => return Err(bad(name, "must be day, week or month")),
+                };
+            }
+            "limit" => {
+                parsed.limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|limit| (1..=MAX_RECENT_GENERATIONS).contains(limit))
+                    .ok_or_else(|| bad(name, "must be a whole number from 1 to 100"))?;
+            }
+            _ => {
+                if !is_valid_account_id(&value) {
+                    return Err(bad(name, "must be 1 to 64 characters of A-Z a-z 0-9 . _ -"));
+                }
+                parsed.account = Some(value.into_owned());
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+fn bad(param: &str, problem: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::InvalidRequest,
+        format!("the query parameter `{param}` {problem}"),
+    )
+    .with_metadata("param", param)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parameters_are_read_and_defaults_kept() {
+        assert_eq!(usage_query(None).unwrap(), UsageQuery::default());
+        let query = usage_query(Some("id=gen-1&period=month&limit=5&account=acme&_=123")).unwrap();
+        assert_eq!(query.id.as_deref(), Some("gen-1"));
+        assert_eq!(query.period, Period::Month);
+        assert_eq!(query.limit, 5);
+        assert_eq!(query.account.as_deref(), Some("acme"));
+    }
+
+    #[test]
+    fn bad_values_are_400s_naming_the_parameter() {
+        for (query, param) in [
+            ("period=year", "period"),
+            ("limit=0", "limit"),
+            ("limit=101", "limit"),
+            ("limit=x", "limit"),
+            ("account=a%20b", "account"),
+            ("id=", "id"),
+            ("period=day&period=week", "period"),
+        ] {
+            let error = usage_query(Some(query)).unwrap_err();
+            assert_eq!(error.status().as_u16(), 400, "{query}");
+            assert!(
+                error.message().contains(param),
+                "{query}: {}",
+                error.message()
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_query_gives_an_answer_never_a_panic(query in ".{0,200}") {
+            if let Ok(parsed) = usage_query(Some(&query)) {
+                prop_assert!((1..=MAX_RECENT_GENERATIONS).contains(&parsed.limit));
+                prop_assert!(parsed.account.iter().all(|account| is_valid_account_id(account)));
+            }
+        }
+    }
+}

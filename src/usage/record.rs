@@ -1,0 +1,167 @@
+//! A request's generation record: what it was, what it cost, how long it
+//! took, under OpenRouter's field names where they exist.
+
+use bytes::Bytes;
+use chrono::{DateTime, SecondsFormat, Utc};
+use http::HeaderName;
+use serde_json::{json, Value};
+
+use super::app::App;
+use super::Generations;
+use crate::keys::credits::nanos_to_json;
+use crate::store::SettlementRecord;
+
+/// The response header that names a chat request's generation record.
+pub const GENERATION_ID_HEADER: HeaderName = HeaderName::from_static("x-generation-id");
+
+/// What comes before the reservation id in a generation id.
+const ID_PREFIX: &str = "gen-";
+
+/// The generation id of the request held as `reservation_id`.
+pub(crate) fn generation_id(reservation_id: &str) -> String {
+    format!("{ID_PREFIX}{reservation_id}")
+}
+
+/// The reservation id a generation id names, when it is one the gateway
+/// gives: `gen-` and 32 lower-case hex digits.
+pub fn parse_generation_id(id: &str) -> Option<&str> {
+    let reservation = id.strip_prefix(ID_PREFIX)?;
+    (reservation.len() == 32
+        && reservation
+            .bytes()
+            .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte)))
+    .then_some(reservation)
+}
+
+/// What is known of a chat request from its admission on, for its record.
+#[derive(Clone, Debug)]
+pub(crate) struct GenerationContext {
+    pub(crate) settings: std::sync::Arc<Generations>,
+    pub(crate) app: Option<App>,
+    /// The model the client asked for (before any fallback).
+    pub(crate) requested_model: String,
+    /// The model this attempt went to.
+    pub(crate) model: String,
+    /// The provider part of `model` (`openai` of `openai/gpt-4o`).
+    pub(crate) provider: String,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) started: tokio::time::Instant,
+    /// When the request went on to the upstream (admission done).
+    pub(crate) sent: Option<tokio::time::Instant>,
+    /// The response's status, once there is one.
+    pub(crate) status: Option<u16>,
+    /// Whether the response was an event stream.
+    pub(crate) streamed: bool,
+}
+
+/// How a request ended, as its record tells it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GenerationEnd {
+    /// Tokens of the prompt and of the completion: reported, or counted
+    /// from a stream; `None` when neither is known.
+    pub(crate) tokens: Option<(u64, u64)>,
+    pub(crate) cost_nanos: i64,
+    /// What the cost was worked out from (`usage`, `streamed`, …).
+    pub(crate) cost_basis: &'static str,
+    pub(crate) byok: bool,
+    /// The client went away before the end.
+    pub(crate) cancelled: bool,
+}
+
+impl GenerationContext {
+    /// The record of this request, written with its settlement, and the
+    /// app's usage counted for the ranking.
+    pub(crate) fn finish(
+        &self,
+        account: &str,
+        key_hash: &str,
+        reservation_id: &str,
+        end: GenerationEnd,
+    ) -> SettlementRecord {
+        let now = tokio::time::Instant::now();
+        let millis = |since: tokio::time::Instant| {
+            u64::try_from(now.saturating_duration_since(since).as_millis()).unwrap_or(u64::MAX)
+        };
+        let (tokens_prompt, tokens_completion) = match end.tokens {
+            Some((prompt, completion)) => (Some(prompt), Some(completion)),
+            None => (None, None),
+        };
+        let cost = nanos_to_json(end.cost_nanos);
+        let record = json!({
+            "id": generation_id(reservation_id),
+            "model": self.model,
+            "requested_model": self.requested_model,
+            "provider_name": self.provider,
+            "tokens_prompt": tokens_prompt,
+            "tokens_completion": tokens_completion,
+            "total_cost": cost,
+            "usage": cost,
+            "cost_basis": end.cost_basis,
+            "streamed": self.streamed,
+            "is_byok": end.byok,
+            "cancelled": end.cancelled,
+            "status": self.status,
+            "latency": millis(self.started),
+            "generation_time": self.sent.map(millis),
+            "created_at": self.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            "origin": self.app.as_ref().and_then(|app| app.url.clone()),
+            "http_referer": self.app.as_ref().and_then(|app| app.url.clone()),
+            "app_id": self.app.as_ref().map(|app| app.id.clone()),
+            "app_title": self.app.as_ref().and_then(|app| app.title.clone()),
+            "user_id": account,
+            "key_hash": key_hash,
+        });
+        if let (Some(ranking), Some(app)) = (&self.settings.ranking, &self.app) {
+            let tokens = end
+                .tokens
+                .map_or(0, |(prompt, completion)| prompt.saturating_add(completion));
+            ranking.count(account, app, &self.model, tokens);
+        }
+        SettlementRecord {
+            bytes: Bytes::from(record.to_string()),
+            retention: self.settings.retention,
+            max_per_account: self.settings.max_per_account,
+        }
+    }
+}
+
+/// Who may read a stored record: the key that made the request, or a
+/// management key of its account.
+pub(crate) fn readable_by(record: &Value, account: &str, key_hash: &str, management: bool) -> bool {
+    record["user_id"].as_str() == Some(account)
+        && (management || record["key_hash"].as_str() == Some(key_hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn generation_ids_name_reservations() {
+        let reservation = format!("{:032x}", 0xabcdef_u128);
+        let id = generation_id(&reservation);
+        assert_eq!(parse_generation_id(&id), Some(reservation.as_str()));
+        for bad in [
+            "",
+            "gen-",
+            "gen-123",
+            "GEN-0000000000000000000000000000abcd",
+            "gen-0000000000000000000000000000ABCD",
+            "gen-0000000000000000000000000000abcdx",
+            "gen-0000000000000000000000000000abcg",
+            "chatcmpl-0000000000000000000000000000abcd",
+        ] {
+            assert_eq!(parse_generation_id(bad), None, "{bad}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_not_without_panicking(text in ".{0,80}") {
+            if let Some(reservation) = parse_generation_id(&text) {
+                prop_assert_eq!(generation_id(reservation), text);
+            }
+        }
+    }
+}

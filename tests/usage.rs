@@ -1,0 +1,479 @@
+//! Generation records and app attribution over real HTTP: two gateway
+//! instances sharing one store (MemoryStore in process, a real
+//! redis-server), a real client, the built-in mock upstream.
+
+mod common;
+#[path = "../examples/support/mock.rs"]
+mod mock;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::gateway::instance;
+use common::redis_server::RedisServer;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use serde_json::{json, Value};
+
+const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
+
+/// A chat request to send: key, headers, content.
+type Sent<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
+/// What a test sees of one answer.
+struct Reply {
+    status: u16,
+    generation_id: Option<String>,
+    body: Value,
+}
+
+async fn send(
+    address: SocketAddr,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Reply {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("http://{address}{path}"))
+        .header("authorization", format!("Bearer {key}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let reply = request.send().await.unwrap();
+    let status = reply.status().as_u16();
+    let generation_id = reply
+        .headers()
+        .get("x-generation-id")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let text = reply.text().await.unwrap();
+    Reply {
+        status,
+        generation_id,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+async fn get(address: SocketAddr, path: &str, key: &str) -> Reply {
+    send(address, reqwest::Method::GET, path, key, &[], None).await
+}
+
+async fn chat(address: SocketAddr, key: &str, headers: &[(&str, &str)], body: &Value) -> Reply {
+    send(
+        address,
+        reqwest::Method::POST,
+        "/api/v1/chat/completions",
+        key,
+        headers,
+        Some(body),
+    )
+    .await
+}
+
+fn paid(content: &str) -> Value {
+    json!({"model": "demo/paid", "max_tokens": 5,
+           "messages": [{"role": "user", "content": content}]})
+}
+
+/// Waits (at most 10 s) until `GET path` answers 200: a record appears
+/// once its request is settled, just after the response ends.
+async fn eventually(address: SocketAddr, path: &str, key: &str) -> Value {
+    for _ in 0..200 {
+        let reply = get(address, path, key).await;
+        if reply.status == 200 {
+            return reply.body;
+        }
+        assert_eq!(reply.status, 404, "{}", reply.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{path} never answered 200");
+}
+
+/// Waits (at most 10 s) until `check` holds for the answer of `GET path`.
+async fn until(
+    address: SocketAddr,
+    path: &str,
+    key: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        let reply = get(address, path, key).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        if check(&reply.body) {
+            return reply.body;
+        }
+        last = reply.body;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{path} never answered as expected; last: {last}");
+}
+
+async fn new_key(
+    store: &SharedStore,
+    account: &str,
+    management: bool,
+    limit: Option<i64>,
+) -> String {
+    let new = NewKey {
+        account: account.to_owned(),
+        management,
+        // An account's manager, or (on the default account) the operator.
+        scoped_to_account: management && account != "default",
+        limit_nanos: limit,
+        ..NewKey::named(if management { "manager" } else { "client" })
+    };
+    let (key, _) = KeyDirectory::new(store.clone())
+        .create_key(new)
+        .await
+        .unwrap();
+    key.expose().to_owned()
+}
+
+async fn usage_credits(address: SocketAddr, key: &str) -> f64 {
+    get(address, "/api/v1/key", key).await.body["data"]["usage"]
+        .as_f64()
+        .unwrap()
+}
+
+/// Each test runs on memory (both instances on one `MemoryStore`) and on
+/// one real redis-server.
+async fn on_every_store<F, Fut>(test: F)
+where
+    F: Fn(SharedStore, SharedStore) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let memory: SharedStore = Arc::new(MemoryStore::new());
+    test(memory.clone(), memory).await;
+    let server = RedisServer::start();
+    let connect = || async {
+        let store: SharedStore = Arc::new(
+            RedisStore::connect(&server.url(), RedisStoreConfig::default())
+                .await
+                .unwrap(),
+        );
+        store
+    };
+    test(connect().await, connect().await).await;
+}
+
+#[tokio::test]
+async fn every_admitted_response_names_its_record_on_every_instance() {
+    on_every_store(|first, second| async move {
+        let base = mock::start(mock::MockConfig::default()).await;
+        let a = instance(first.clone(), &base, CONFIG).await;
+        let b = instance(second.clone(), &base, CONFIG).await;
+        KeyDirectory::new(first.clone())
+            .top_up("acme", 100 * NANOS_PER_CREDIT)
+            .await
+            .unwrap();
+        let client = new_key(&first, "acme", false, None).await;
+        let colleague = new_key(&first, "acme", false, None).await;
+        let manager = new_key(&first, "acme", true, None).await;
+        let stranger = new_key(&first, "other", false, None).await;
+        let operator = new_key(&first, "default", true, None).await;
+
+        let before = usage_credits(a, &client).await;
+        let reply = chat(
+            a,
+            &client,
+            &[
+                (
+                    "http-referer",
+                    "https://chat.example.com/app?session=secret",
+                ),
+                ("x-title", "Example Chat"),
+            ],
+            &paid("Hello there"),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let id = reply.generation_id.expect("an X-Generation-Id");
+        assert!(id.starts_with("gen-") && id.len() == 36, "{id}");
+
+        // Read on the other instance, by the key that made the request.
+        let path = format!("/api/v1/generation?id={id}");
+        let record = eventually(b, &path, &client).await["data"].clone();
+        assert_eq!(record["id"], id);
+        assert_eq!(record["model"], "demo/paid");
+        assert_eq!(record["requested_model"], "demo/paid");
+        assert_eq!(record["provider_name"], "demo");
+        assert_eq!(record["streamed"], false);
+        assert_eq!(record["is_byok"], false);
+        assert_eq!(record["cancelled"], false);
+        assert_eq!(record["status"], 200);
+        assert_eq!(record["cost_basis"], "usage");
+        assert_eq!(record["origin"], "https://chat.example.com/app");
+        assert_eq!(record["app_id"], "chat.example.com/app");
+        assert_eq!(record["app_title"], "Example Chat");
+        assert_eq!(record["user_id"], "acme");
+        let prompt = record["tokens_prompt"].as_u64().unwrap();
+        let completion = record["tokens_completion"].as_u64().unwrap();
+        assert!(prompt > 0 && (1..=5).contains(&completion), "{record}");
+        assert!(record["latency"].as_u64().unwrap() >= record["generation_time"].as_u64().unwrap());
+        assert!(record["created_at"].as_str().unwrap().ends_with('Z'));
+        // The record's cost is what the key was charged: 1000 credits per
+        // million tokens.
+        let charged = usage_credits(b, &client).await - before;
+        let total_cost = record["total_cost"].as_f64().unwrap();
+        assert!(
+            (total_cost - charged).abs() < 1e-12,
+            "{total_cost} vs {charged}"
+        );
+        assert!((total_cost - (prompt + completion) as f64 * 0.001).abs() < 1e-12);
+
+        // The account's management key reads it too; another key of the
+        // account, another account's key and the operator (without naming
+        // the account) get 404.
+        assert_eq!(get(a, &path, &manager).await.status, 200);
+        for other in [&colleague, &stranger, &operator] {
+            let reply = get(b, &path, other).await;
+            assert_eq!(reply.status, 404, "{}", reply.body);
+        }
+        let named = format!("{path}&account=acme");
+        assert_eq!(get(b, &named, &operator).await.status, 200);
+        assert_eq!(get(b, &named, &stranger).await.status, 403);
+        // Bad ids are 400s naming the parameter.
+        for bad in [
+            "/api/v1/generation",
+            "/api/v1/generation?id=chatcmpl-1",
+            "/api/v1/generation?id=gen-XYZ",
+        ] {
+            let reply = get(a, bad, &client).await;
+            assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
+            assert_eq!(reply.body["error"]["metadata"]["param"], "id");
+        }
+
+        // A stream is recorded as one, with what it streamed.
+        let mut stream = paid("Stream please");
+        stream["stream"] = json!(true);
+        let reply = chat(a, &client, &[], &stream).await;
+        assert_eq!(reply.status, 200);
+        let streamed_id = reply.generation_id.unwrap();
+        let streamed = eventually(b, &format!("/api/v1/generation?id={streamed_id}"), &client)
+            .await["data"]
+            .clone();
+        assert_eq!(streamed["streamed"], true);
+        assert_eq!(streamed["app_id"], Value::Null);
+        assert!(streamed["tokens_completion"].as_u64().unwrap() > 0);
+
+        // The newest first, to the account's manager; only its own to a key.
+        let recent = get(b, "/api/v1/generations?limit=10", &manager).await;
+        let ids: Vec<&str> = recent.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|record| record["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [streamed_id.as_str(), id.as_str()]);
+        let own = get(b, "/api/v1/generations", &colleague).await;
+        assert_eq!(own.body["data"], json!([]));
+        assert_eq!(
+            get(b, "/api/v1/generations?account=acme", &operator)
+                .await
+                .status,
+            200
+        );
+        assert_eq!(get(b, "/api/v1/generations", &operator).await.status, 400);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn refused_requests_have_no_record_and_cost_nothing() {
+    on_every_store(|first, _| async move {
+        let base = mock::start(mock::MockConfig::default()).await;
+        let a = instance(first.clone(), &base, CONFIG).await;
+        KeyDirectory::new(first.clone())
+            .top_up("acme", 100 * NANOS_PER_CREDIT)
+            .await
+            .unwrap();
+        // A key whose limit one request uses up.
+        let capped = new_key(&first, "acme", false, Some(NANOS_PER_CREDIT / 100)).await;
+        let manager = new_key(&first, "acme", true, None).await;
+        // Malformed app headers: 400 naming the header, before anything counts.
+        for (name, value) in [
+            ("http-referer", "not a url"),
+            ("http-referer", "javascript:alert(1)"),
+            ("x-gateway-title", "   "),
+            ("x-title", "tab\there"),
+        ] {
+            let reply = chat(a, &capped, &[(name, value)], &paid("Hi")).await;
+            assert_eq!(reply.status, 400, "{name}: {value}: {}", reply.body);
+            assert_eq!(reply.body["error"]["metadata"]["param"], name);
+            assert_eq!(
+                reply.body["error"]["metadata"]["reason"],
+                "invalid_app_header"
+            );
+            assert_eq!(reply.generation_id, None);
+        }
+        assert_eq!(usage_credits(a, &capped).await, 0.0);
+        // Past its cap: 402, no record.
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let reply = chat(a, &capped, &[], &paid("Hi")).await;
+            assert_eq!(reply.generation_id.is_some(), reply.status == 200);
+            statuses.push(reply.status);
+        }
+        assert!(statuses.contains(&402), "{statuses:?}");
+        let admitted = statuses.iter().filter(|status| **status == 200).count();
+        let records = until(a, "/api/v1/generations?limit=100", &manager, |body| {
+            body["data"].as_array().unwrap().len() >= admitted
+        })
+        .await;
+        assert_eq!(records["data"].as_array().unwrap().len(), admitted);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_fallback_names_the_model_asked_and_the_model_served() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    // The first chat request fails upstream; the fallback model serves it.
+    let base = mock::start(mock::MockConfig {
+        fail_first: 1,
+        ..mock::MockConfig::default()
+    })
+    .await;
+    let config = r#"{"retry": {"max_attempts": 1},
+                     "fallbacks": {"demo/paid": ["openai/gpt-4o-mini"]}}"#;
+    let a = instance(store.clone(), &base, config).await;
+    KeyDirectory::new(store.clone())
+        .top_up("default", 10 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let key = new_key(&store, "default", false, None).await;
+    let reply = chat(a, &key, &[], &paid("Hi")).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let id = reply.generation_id.unwrap();
+    let record = eventually(a, &format!("/api/v1/generation?id={id}"), &key).await["data"].clone();
+    assert_eq!(record["model"], "openai/gpt-4o-mini");
+    assert_eq!(record["requested_model"], "demo/paid");
+    assert_eq!(record["provider_name"], "openai");
+    // The failed attempt has its own record, at no cost.
+    let both = until(a, "/api/v1/generations", &key, |body| {
+        body["data"].as_array().unwrap().len() == 2
+    })
+    .await;
+    let failed = &both["data"][1];
+    assert_eq!(failed["model"], "demo/paid");
+    assert_eq!(failed["status"], 503);
+    assert_eq!(failed["total_cost"], 0);
+}
+
+#[tokio::test]
+async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
+    on_every_store(|first, second| async move {
+        let base = mock::start(mock::MockConfig::default()).await;
+        let a = instance(first.clone(), &base, CONFIG).await;
+        let b = instance(second.clone(), &base, CONFIG).await;
+        for account in ["acme", "globex"] {
+            KeyDirectory::new(first.clone())
+                .top_up(account, 100 * NANOS_PER_CREDIT)
+                .await
+                .unwrap();
+        }
+        let acme = new_key(&first, "acme", false, None).await;
+        let globex = new_key(&first, "globex", false, None).await;
+        let big = "many words ".repeat(40);
+        let sent: [Sent<'_>; 6] = [
+            (
+                &acme,
+                &[
+                    ("http-referer", "https://chat.example.com/"),
+                    ("x-gateway-title", "Chat"),
+                ],
+                "Hi",
+            ),
+            (
+                &acme,
+                &[
+                    ("http-referer", "https://chat.example.com/?x=1"),
+                    ("x-title", "Chat"),
+                ],
+                "Hi",
+            ),
+            (
+                &globex,
+                &[("http-referer", "https://big.example.org")],
+                big.as_str(),
+            ),
+            // Local: ranked only under its title.
+            (&globex, &[("http-referer", "http://localhost:3000")], "Hi"),
+            (
+                &globex,
+                &[
+                    ("http-referer", "http://127.0.0.1:8080"),
+                    ("x-title", "Local Tool"),
+                ],
+                "Hi",
+            ),
+            // No app at all.
+            (&acme, &[], "Hi"),
+        ];
+        for (index, (key, headers, content)) in sent.iter().enumerate() {
+            // Spread over both instances.
+            let address = if index % 2 == 0 { a } else { b };
+            let reply = chat(address, key, headers, &paid(content)).await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+        // The other instance's counts arrive within its flush interval.
+        let ranking = until(b, "/api/v1/apps?period=day", &acme, |body| {
+            let apps = body["data"]["apps"].as_array().unwrap();
+            apps.len() == 3
+                && apps
+                    .iter()
+                    .any(|app| app["id"] == "chat.example.com" && app["requests"] == 2)
+        })
+        .await["data"]
+            .clone();
+        let apps = ranking["apps"].as_array().unwrap();
+        let ids: Vec<&str> = apps.iter().map(|app| app["id"].as_str().unwrap()).collect();
+        assert_eq!(
+            ids,
+            ["big.example.org", "chat.example.com", "title:Local Tool"],
+            "{ranking}"
+        );
+        assert_eq!(apps[0]["rank"], 1);
+        assert_eq!(apps[0]["url"], "https://big.example.org/");
+        assert_eq!(apps[1]["title"], "Chat");
+        assert_eq!(
+            apps[2]["url"],
+            Value::Null,
+            "a local address is never shown"
+        );
+        assert_eq!(apps[1]["models"][0]["model"], "demo/paid");
+        assert_eq!(apps[1]["models"][0]["requests"], 2);
+        let tokens = |app: &Value| app["tokens"].as_u64().unwrap();
+        assert!(tokens(&apps[0]) > tokens(&apps[1]) && tokens(&apps[1]) > 0);
+        for period in ["week", "month"] {
+            let same = until(
+                a,
+                &format!("/api/v1/apps?period={period}"),
+                &globex,
+                |body| body["data"]["apps"].as_array().unwrap().len() == 3,
+            )
+            .await;
+            assert_eq!(same["data"]["period"], period);
+        }
+        // One account's own apps; another account's are 403.
+        let own = until(a, "/api/v1/apps?account=acme", &acme, |body| {
+            body["data"]["apps"].as_array().unwrap().len() == 1
+        })
+        .await;
+        assert_eq!(own["data"]["apps"][0]["id"], "chat.example.com");
+        assert_eq!(
+            get(a, "/api/v1/apps?account=globex", &acme).await.status,
+            403
+        );
+        assert_eq!(get(a, "/api/v1/apps?period=year", &acme).await.status, 400);
+    })
+    .await;
+}
