@@ -275,6 +275,21 @@ async fn every_admitted_response_names_its_record_on_every_instance() {
         assert_eq!(ids, [streamed_id.as_str(), id.as_str()]);
         let own = get(b, "/api/v1/generations", &colleague).await;
         assert_eq!(own.body["data"], json!([]));
+        // A key's own are found among the account's newest, even when
+        // another key's come after them.
+        let theirs = chat(a, &colleague, &[], &paid("Mine"))
+            .await
+            .generation_id
+            .unwrap();
+        eventually(b, &format!("/api/v1/generation?id={theirs}"), &colleague).await;
+        let later = chat(a, &client, &[], &paid("Later"))
+            .await
+            .generation_id
+            .unwrap();
+        eventually(b, &format!("/api/v1/generation?id={later}"), &client).await;
+        let own = get(b, "/api/v1/generations?limit=1", &colleague).await;
+        assert_eq!(own.body["data"][0]["id"], theirs.as_str(), "{}", own.body);
+        assert_eq!(own.body["data"].as_array().unwrap().len(), 1);
         assert_eq!(
             get(b, "/api/v1/generations?account=acme", &operator)
                 .await

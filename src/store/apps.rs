@@ -14,7 +14,7 @@ pub const MAX_APP_USAGE_ROWS: usize = 10_000;
 
 /// The longest app id, model name or details an [`AppUsage`] may carry, in
 /// bytes.
-pub const MAX_APP_USAGE_FIELD_BYTES: usize = 2_048;
+pub const MAX_APP_USAGE_FIELD_BYTES: usize = 4_096;
 
 /// What separates an app from its model in a stored field name: a control
 /// character no app id, model or details contains.
@@ -65,19 +65,22 @@ pub trait AppUsageStore: Send + Sync + 'static {
 /// Rows with fields within [`MAX_APP_USAGE_FIELD_BYTES`] and counts a Lua
 /// number holds exactly.
 pub(crate) fn validate_app_usage(rows: &[AppUsage]) -> Result<(), StoreError> {
-    for row in rows {
-        if [&row.app, &row.model, &row.details]
-            .iter()
-            .any(|field| field.len() > MAX_APP_USAGE_FIELD_BYTES || field.contains(FIELD_SEPARATOR))
-            || row.app.is_empty()
-            || row.requests > super::MAX_EXACT
-            || row.tokens > super::MAX_EXACT
-        {
-            return Err(StoreError::invalid(
-                "add_app_usage",
-                "an app usage row needs an app id, fields of at most 2048 bytes without U+001F, and counts up to 2^53",
-            ));
-        }
+    if rows.iter().all(is_valid_app_usage) {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(
+            "add_app_usage",
+            "an app usage row needs an app id, fields of at most 4096 bytes without U+001F, and counts up to 2^53",
+        ))
     }
-    Ok(())
+}
+
+/// Whether `row` is one [`AppUsageStore::add_app_usage`] takes.
+pub fn is_valid_app_usage(row: &AppUsage) -> bool {
+    ![&row.app, &row.model, &row.details]
+        .iter()
+        .any(|field| field.len() > MAX_APP_USAGE_FIELD_BYTES || field.contains(FIELD_SEPARATOR))
+        && !row.app.is_empty()
+        && row.requests <= super::MAX_EXACT
+        && row.tokens <= super::MAX_EXACT
 }

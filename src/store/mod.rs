@@ -53,7 +53,9 @@ mod redis;
 
 use std::fmt;
 
-pub use apps::{AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS};
+pub use apps::{
+    is_valid_app_usage, AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS,
+};
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{

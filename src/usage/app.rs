@@ -116,6 +116,10 @@ fn parse_referer(value: &[u8]) -> Result<Referer, &'static str> {
     };
     url.set_query(None);
     url.set_fragment(None);
+    // Percent-encoding may lengthen it: the bound holds for what is kept.
+    if url.as_str().len() > MAX_REFERER_BYTES {
+        return Err("it is longer than 2048 bytes once percent-encoded");
+    }
     let path = url.path().trim_end_matches('/');
     let mut id = host.clone();
     if let Some(port) = url.port() {
@@ -263,6 +267,7 @@ mod tests {
     #[test]
     fn bad_headers_are_refused_naming_the_header() {
         let long_url = format!("https://example.com/{}", "a".repeat(MAX_REFERER_BYTES));
+        let encoded_long = format!("https://example.com/{}", "<".repeat(1000));
         let long_title = "t".repeat(MAX_TITLE_CHARS + 1);
         for (name, value, words) in [
             (&REFERER_HEADER, "example.com", "absolute http or https URL"),
@@ -282,6 +287,11 @@ mod tests {
                 "user name or password",
             ),
             (&REFERER_HEADER, long_url.as_str(), "2048 bytes"),
+            (
+                &REFERER_HEADER,
+                encoded_long.as_str(),
+                "once percent-encoded",
+            ),
             (&TITLE_HEADER, "   ", "empty"),
             (&TITLE_HEADER, "a\tb", "control characters"),
             (&LEGACY_TITLE_HEADER, long_title.as_str(), "100 characters"),
@@ -315,6 +325,7 @@ mod tests {
             if let Ok(Some(app)) = app_from_headers(&headers(&pairs)) {
                 // What is kept is bounded and never holds a query.
                 prop_assert!(app.id.len() <= MAX_REFERER_BYTES + 6 + MAX_TITLE_CHARS * 4);
+                prop_assert!(app.url.iter().all(|url| url.len() <= MAX_REFERER_BYTES));
                 prop_assert!(app.url.iter().all(|url| !url.contains('?') && !url.contains('#')));
                 let titles_bounded = app.title.iter().all(|title| {
                     !title.is_empty() && title.chars().count() <= MAX_TITLE_CHARS

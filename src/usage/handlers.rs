@@ -13,6 +13,10 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::keys::SharedStore;
 use crate::store::{FailurePolicy, StoreError};
 
+/// How many of its account's newest records an inference key's own are
+/// looked for among in `GET /api/v1/generations`.
+pub(crate) const INFERENCE_KEY_SEARCH_DEPTH: usize = 1_000;
+
 fn refuse(error: StoreError) -> GatewayError {
     FailurePolicy::refusal("KeyRoutes", &error)
 }
@@ -110,13 +114,21 @@ pub(crate) async fn recent_generations(
         .with_metadata("param", "account"));
     };
     let key_hash = principal.key_hash.to_hex();
+    // An inference key sees only its own: looked for among the account's
+    // newest, deeper than asked, since other keys' come between.
+    let depth = if principal.management {
+        query.limit
+    } else {
+        INFERENCE_KEY_SEARCH_DEPTH
+    };
     let records: Vec<Value> = store
-        .recent_generations(&account, query.limit, now)
+        .recent_generations(&account, depth, now)
         .await
         .map_err(refuse)?
         .into_iter()
         .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
         .filter(|record| readable_by(record, &account, &key_hash, principal.management))
+        .take(query.limit)
         .collect();
     Ok(ok(json!({ "data": records })))
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::app::App;
 use crate::clock::{Clock, Period, SystemClock};
 use crate::keys::SharedStore;
-use crate::store::{AppUsage, StoreError};
+use crate::store::{is_valid_app_usage, AppUsage, StoreError};
 
 /// The scope of the whole gateway's ranking (no account id is `*`).
 pub const PUBLIC_SCOPE: &str = "*";
@@ -175,13 +175,19 @@ async fn flush(inner: &Inner) -> Result<(), StoreError> {
     }
     let mut by_scope: HashMap<String, Vec<AppUsage>> = HashMap::new();
     for (key, counts) in taken {
-        by_scope.entry(key.scope).or_default().push(AppUsage {
+        let row = AppUsage {
             app: key.app,
             details: counts.details,
             model: key.model,
             requests: counts.requests,
             tokens: counts.tokens,
-        });
+        };
+        // One bad row must never cost the others in its write.
+        if !is_valid_app_usage(&row) {
+            tracing::warn!(app = %row.app, "app ranking: a count the store would refuse is dropped");
+            continue;
+        }
+        by_scope.entry(key.scope).or_default().push(row);
     }
     let now = inner.clock.now();
     let mut failure = None;
