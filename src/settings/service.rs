@@ -29,7 +29,7 @@ struct Asset {
     bytes: &'static [u8],
 }
 
-const ASSETS: [Asset; 5] = [
+const ASSETS: [Asset; 6] = [
     Asset {
         name: "",
         content_type: "text/html; charset=utf-8",
@@ -58,6 +58,12 @@ const ASSETS: [Asset; 5] = [
         name: "auth.js",
         content_type: "text/javascript; charset=utf-8",
         bytes: include_bytes!("assets/auth.js"),
+    },
+    // The API client both pages' scripts use.
+    Asset {
+        name: "api.js",
+        content_type: "text/javascript; charset=utf-8",
+        bytes: include_bytes!("assets/api.js"),
     },
 ];
 
@@ -211,6 +217,11 @@ mod tests {
                 "text/javascript; charset=utf-8",
                 "// The key settings page",
             ),
+            (
+                "/settings/api.js",
+                "text/javascript; charset=utf-8",
+                "// What the settings page and the OAuth consent page share",
+            ),
             ("/settings/app.css", "text/css; charset=utf-8", "/* The key"),
             ("/settings/icon.svg", "image/svg+xml; charset=utf-8", "<svg"),
             (
@@ -305,11 +316,16 @@ mod tests {
         let scripts = html.matches("<script").count();
         assert_eq!(
             scripts,
-            html.matches(r#"<script src="/settings/app.js" defer></script>"#)
-                .count(),
+            html.matches(r#"<script src="/settings/api.js" defer></script>"#)
+                .count()
+                + html
+                    .matches(r#"<script src="/settings/app.js" defer></script>"#)
+                    .count(),
             "every script is the page's own file"
         );
-        let script = std::str::from_utf8(ASSETS[1].bytes).unwrap();
+        let script = [ASSETS[1].bytes, ASSETS[5].bytes]
+            .map(|bytes| std::str::from_utf8(bytes).unwrap())
+            .concat();
         for forbidden in [
             "eval(",
             "new Function",
@@ -362,8 +378,11 @@ mod tests {
         }
         assert_eq!(
             html.matches("<script").count(),
-            html.matches(r#"<script src="/settings/auth.js" defer></script>"#)
-                .count(),
+            html.matches(r#"<script src="/settings/api.js" defer></script>"#)
+                .count()
+                + html
+                    .matches(r#"<script src="/settings/auth.js" defer></script>"#)
+                    .count(),
         );
         let script = std::str::from_utf8(ASSETS[4].bytes).unwrap();
         for forbidden in [

@@ -6,7 +6,7 @@
 'use strict';
 
 (() => {
-  const STORAGE_KEY = 'modelgate.managementKey';
+  const { STORAGE_KEY, ApiError } = globalThis.modelgateApi;
   const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
   const MAX_PAGES = 50;
   const INFERENCE_KEY =
@@ -29,50 +29,9 @@
 
   // ---- the API ------------------------------------------------------
 
-  class ApiError extends Error {
-    constructor(status, message, reason) {
-      super(message);
-      this.status = status;
-      this.reason = reason;
-    }
-  }
-
-  // One call: the `data` of the answer, or an ApiError carrying the
-  // gateway's own message (error.message of its canonical error body).
-  async function api(method, path, { body, key, headers } = {}) {
-    const init = {
-      method,
-      headers: { Authorization: 'Bearer ' + (key || session.key), ...headers },
-      cache: 'no-store',
-      credentials: 'omit',
-      referrerPolicy: 'no-referrer',
-    };
-    if (body !== undefined) {
-      init.headers['Content-Type'] = 'application/json';
-      init.body = JSON.stringify(body);
-    }
-    let response;
-    try {
-      response = await fetch(path, init);
-    } catch (error) {
-      throw new ApiError(0, 'The gateway cannot be reached (' + error.message + '); check the connection and try again.');
-    }
-    let json = null;
-    try {
-      json = await response.json();
-    } catch (_) {
-      // An answer that is not JSON is described by its status below.
-    }
-    if (!response.ok) {
-      const error = json && json.error;
-      const message = error && typeof error.message === 'string'
-        ? error.message
-        : 'The gateway answered ' + response.status + ' ' + response.statusText + '.';
-      const reason = error && error.metadata ? error.metadata.reason : undefined;
-      throw new ApiError(response.status, message, reason);
-    }
-    return json;
-  }
+  // One call with the signed-in key (or `key`): see api.js.
+  const api = (method, path, { body, key, headers } = {}) =>
+    globalThis.modelgateApi.call(method, path, key || session.key, { body, headers });
 
   // A route this gateway does not serve yet (an older version): a 404,
   // or the 403 a management key gets on any route outside the key API.

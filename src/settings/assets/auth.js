@@ -9,7 +9,7 @@
 'use strict';
 
 (() => {
-  const STORAGE_KEY = 'modelgate.managementKey';
+  const { STORAGE_KEY, ApiError } = globalThis.modelgateApi;
   // The gateway's own rules (src/oauth/input.rs, pkce.rs), checked here
   // first so a bad link never shows an Authorize button.
   const MAX_CALLBACK_URL_BYTES = 2048;
@@ -87,46 +87,9 @@
 
   // ---- the API ------------------------------------------------------
 
-  class ApiError extends Error {
-    constructor(status, message) {
-      super(message);
-      this.status = status;
-    }
-  }
-
-  // One call: the answer's JSON, or an ApiError with the gateway's message.
-  async function api(method, path, key, body) {
-    const init = {
-      method,
-      headers: { Authorization: 'Bearer ' + key },
-      cache: 'no-store',
-      credentials: 'omit',
-      referrerPolicy: 'no-referrer',
-    };
-    if (body !== undefined) {
-      init.headers['Content-Type'] = 'application/json';
-      init.body = JSON.stringify(body);
-    }
-    let response;
-    try {
-      response = await fetch(path, init);
-    } catch (error) {
-      throw new ApiError(0, 'The gateway cannot be reached (' + error.message + '); check the connection and try again.');
-    }
-    let json = null;
-    try {
-      json = await response.json();
-    } catch (_) {
-      // Described by its status below.
-    }
-    if (!response.ok) {
-      const error = json && json.error;
-      throw new ApiError(response.status, error && typeof error.message === 'string'
-        ? error.message
-        : 'The gateway answered ' + response.status + ' ' + response.statusText + '.');
-    }
-    return json;
-  }
+  // One call: see api.js.
+  const api = (method, path, key, body) =>
+    globalThis.modelgateApi.call(method, path, key, { body });
 
   // ---- messages -----------------------------------------------------
 
