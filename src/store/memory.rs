@@ -515,7 +515,7 @@ struct AccountLedger {
     purchased_nanos: i64,
     balance_nanos: i64,
     /// Holds taken from the balance, on every key, by reservation id.
-    holds: HashMap<Box<str>, Reservation>,
+    holds: Holds,
     keys: HashMap<Box<str>, KeyLedger>,
     /// Idempotency keys of recent top-ups, and when each is forgotten
     /// (µs), oldest first: every key lives equally long, so forgetting
@@ -631,12 +631,8 @@ impl AccountLedger {
 
     /// What the account's live holds other than `id`'s take from the balance.
     fn held_besides(&mut self, id: &str, now_micros: i64) -> i64 {
-        self.holds
-            .retain(|_, hold| hold.expires_at_micros > now_micros);
-        self.holds
-            .iter()
-            .filter(|(held_id, _)| &***held_id != id)
-            .fold(0i64, |sum, (_, hold)| sum.saturating_add(hold.amount_nanos))
+        self.holds.expire(now_micros);
+        self.holds.total_besides(id)
     }
 
     /// Records `settlement` once per reservation id and releases its holds.
@@ -709,7 +705,7 @@ impl AccountLedger {
             };
         }
         // A re-reservation replaces its earlier hold.
-        usage.reserved_nanos -= key.reservations.get(id).map_or(0, |r| r.amount_nanos);
+        usage.reserved_nanos = key.reservations.total_besides(id);
         let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
         let mut granted_nanos = request.amount_nanos;
         if let Some(limit) = &request.key_limit {
@@ -736,7 +732,7 @@ impl AccountLedger {
         }
         let expires_at_micros = now_micros.saturating_add(duration_micros(request.ttl));
         key.reservations.insert(
-            id.into(),
+            id,
             Reservation {
                 amount_nanos: granted_nanos,
                 expires_at_micros,
@@ -751,7 +747,7 @@ impl AccountLedger {
         };
         if request.covered_by_balance {
             self.holds.insert(
-                id.into(),
+                id,
                 Reservation {
                     amount_nanos: granted_nanos,
                     expires_at_micros,
@@ -768,7 +764,7 @@ struct KeyLedger {
     byok_total_nanos: i64,
     /// Day, week, month: the period's start and its own and BYOK usage.
     periods: [PeriodUsage; 3],
-    reservations: HashMap<Box<str>, Reservation>,
+    reservations: Holds,
     /// Reservations settled recently (by the fingerprint of their id),
     /// and the same by when (µs) they may be forgotten, oldest first, so
     /// forgetting is O(1) each.
@@ -801,10 +797,66 @@ struct Reservation {
     expires_at_micros: i64,
 }
 
+/// Holds by reservation id, with their sum and their order by expiry: an
+/// admission reads the sum and drops the expired ones from the front, so
+/// thousands of requests in flight on one account cost it O(log n), not
+/// a walk over all of them.
+#[derive(Debug, Default)]
+struct Holds {
+    by_id: HashMap<Box<str>, Reservation>,
+    by_expiry: BTreeSet<(i64, Box<str>)>,
+    /// Exact: amounts are i64, and no i64 count of them overflows i128.
+    total_nanos: i128,
+}
+
+impl Holds {
+    /// Drops the holds whose time is up at `now_micros`.
+    fn expire(&mut self, now_micros: i64) {
+        while let Some((expires_at_micros, _)) = self.by_expiry.first() {
+            if *expires_at_micros > now_micros {
+                break;
+            }
+            if let Some((_, id)) = self.by_expiry.pop_first() {
+                if let Some(hold) = self.by_id.remove(&id) {
+                    self.total_nanos -= i128::from(hold.amount_nanos);
+                }
+            }
+        }
+    }
+
+    /// Takes `hold` for `id`, in place of any hold `id` had.
+    fn insert(&mut self, id: &str, hold: Reservation) {
+        self.remove(id);
+        self.total_nanos += i128::from(hold.amount_nanos);
+        self.by_expiry.insert((hold.expires_at_micros, id.into()));
+        self.by_id.insert(id.into(), hold);
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((id, hold)) = self.by_id.remove_entry(id) {
+            self.total_nanos -= i128::from(hold.amount_nanos);
+            self.by_expiry.remove(&(hold.expires_at_micros, id));
+        }
+    }
+
+    fn total(&self) -> i64 {
+        saturate(self.total_nanos)
+    }
+
+    /// The sum of every hold but `id`'s.
+    fn total_besides(&self, id: &str) -> i64 {
+        let own = self.by_id.get(id).map_or(0, |hold| hold.amount_nanos);
+        saturate(self.total_nanos - i128::from(own))
+    }
+}
+
+fn saturate(nanos: i128) -> i64 {
+    i64::try_from(nanos).unwrap_or(if nanos < 0 { i64::MIN } else { i64::MAX })
+}
+
 impl KeyLedger {
     fn drop_expired_reservations(&mut self, now_micros: i64) {
-        self.reservations
-            .retain(|_, reservation| reservation.expires_at_micros > now_micros);
+        self.reservations.expire(now_micros);
     }
 
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
@@ -828,9 +880,7 @@ impl KeyLedger {
             byok_day_nanos,
             byok_week_nanos,
             byok_month_nanos,
-            reserved_nanos: self.reservations.values().fold(0i64, |sum, reservation| {
-                sum.saturating_add(reservation.amount_nanos)
-            }),
+            reserved_nanos: self.reservations.total(),
         }
     }
 
