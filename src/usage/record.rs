@@ -4,7 +4,8 @@
 use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::HeaderName;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::app::App;
 use super::Generations;
@@ -87,30 +88,33 @@ impl GenerationContext {
             None => (None, None),
         };
         let cost = nanos_to_json(end.cost_nanos);
-        let record = json!({
-            "id": generation_id(reservation_id),
-            "model": self.model,
-            "requested_model": self.requested_model,
-            "provider_name": self.provider,
-            "tokens_prompt": tokens_prompt,
-            "tokens_completion": tokens_completion,
-            "total_cost": cost,
-            "usage": cost,
-            "cost_basis": end.cost_basis,
-            "streamed": self.streamed,
-            "is_byok": end.byok,
-            "cancelled": end.cancelled,
-            "status": self.status,
-            "latency": millis(self.started),
-            "generation_time": self.sent.map(millis),
-            "created_at": self.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-            "origin": self.app.as_ref().and_then(|app| app.url.clone()),
-            "http_referer": self.app.as_ref().and_then(|app| app.url.clone()),
-            "app_id": self.app.as_ref().map(|app| app.id.clone()),
-            "app_title": self.app.as_ref().and_then(|app| app.title.clone()),
-            "user_id": account,
-            "key_hash": key_hash,
-        });
+        let url = self.app.as_ref().and_then(|app| app.url.as_deref());
+        let record = RecordFields {
+            id: GenerationIdField(reservation_id),
+            model: &self.model,
+            requested_model: &self.requested_model,
+            provider_name: &self.provider,
+            tokens_prompt,
+            tokens_completion,
+            total_cost: &cost,
+            usage: &cost,
+            cost_basis: end.cost_basis,
+            streamed: self.streamed,
+            is_byok: end.byok,
+            cancelled: end.cancelled,
+            status: self.status,
+            latency: millis(self.started),
+            generation_time: self.sent.map(millis),
+            created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            origin: url,
+            http_referer: url,
+            app_id: self.app.as_ref().map(|app| app.id.as_str()),
+            app_title: self.app.as_ref().and_then(|app| app.title.as_deref()),
+            user_id: account,
+            key_hash,
+        };
+        // Straight to bytes: no `Value` tree built and walked per request.
+        let bytes = serde_json::to_vec(&record).expect("a record always serializes");
         if let (Some(ranking), Some(app)) = (&self.settings.ranking, &self.app) {
             let tokens = end
                 .tokens
@@ -118,10 +122,46 @@ impl GenerationContext {
             ranking.count(account, app, &self.model, tokens);
         }
         SettlementRecord {
-            bytes: Bytes::from(record.to_string()),
+            bytes: Bytes::from(bytes),
             retention: self.settings.retention,
             max_per_account: self.settings.max_per_account,
         }
+    }
+}
+
+/// A generation record's fields as stored and answered, in this order.
+#[derive(Serialize)]
+struct RecordFields<'a> {
+    id: GenerationIdField<'a>,
+    model: &'a str,
+    requested_model: &'a str,
+    provider_name: &'a str,
+    tokens_prompt: Option<u64>,
+    tokens_completion: Option<u64>,
+    total_cost: &'a Value,
+    usage: &'a Value,
+    cost_basis: &'static str,
+    streamed: bool,
+    is_byok: bool,
+    cancelled: bool,
+    status: Option<u16>,
+    latency: u64,
+    generation_time: Option<u64>,
+    created_at: String,
+    origin: Option<&'a str>,
+    http_referer: Option<&'a str>,
+    app_id: Option<&'a str>,
+    app_title: Option<&'a str>,
+    user_id: &'a str,
+    key_hash: &'a str,
+}
+
+/// [`generation_id`] written out without building the string first.
+struct GenerationIdField<'a>(&'a str);
+
+impl Serialize for GenerationIdField<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("{ID_PREFIX}{}", self.0))
     }
 }
 
