@@ -1,6 +1,7 @@
 //! Settlement: the real cost of a request, recorded once, whatever way the
 //! request ended.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -209,14 +210,16 @@ impl Meter {
             unrecorded(&settlement, "no runtime to settle on");
             return;
         };
-        runtime.spawn(async move {
+        let mut attempts = Box::pin(async move {
             let _pending = tracked;
             let mut waits = BACKGROUND_RETRY_WAITS
                 .into_iter()
                 .chain(std::iter::repeat(LONGEST_RETRY_WAIT));
             let mut wait = first_wait;
             loop {
-                tokio::time::sleep(wait).await;
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
                 match self.ledger.settle(&settlement).await {
                     Ok(()) => return,
                     Err(error) => tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed"),
@@ -232,6 +235,14 @@ impl Meter {
                     .min(self.hold_expires_at - now);
             }
         });
+        // A store that answers at once (MemoryStore) settles right here: no
+        // task to spawn and wake per request. Anything that has to wait (a
+        // round trip, a retry) goes on in a task, which polls it again with
+        // a waker of its own.
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        if attempts.as_mut().poll(&mut context).is_pending() {
+            runtime.spawn(attempts);
+        }
     }
 }
 
