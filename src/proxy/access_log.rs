@@ -1,6 +1,7 @@
 //! [`AccessLogLayer`]: each request's span, id, trace context, metrics and
 //! one structured log line.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -27,8 +28,25 @@ static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// What the inner layers learn about a request, for its log line.
 #[derive(Clone, Debug, Default)]
 struct Fields {
-    key_hash_prefix: Option<String>,
+    key_hash_prefix: Option<KeyHashPrefix>,
     model: Option<String>,
+}
+
+/// The first 4 bytes of a key's hash in hex: what logs show of a key.
+#[derive(Clone, Copy, Debug)]
+struct KeyHashPrefix([u8; 8]);
+
+impl KeyHashPrefix {
+    fn of(principal: &Principal) -> Self {
+        let mut hex = [0u8; 8];
+        // Cannot fail: 4 bytes always fill 8 hex digits.
+        let _ = hex::encode_to_slice(&principal.key_hash.as_bytes()[..4], &mut hex);
+        KeyHashPrefix(hex)
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or("-")
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -115,12 +133,11 @@ where
             .headers_mut()
             .insert(TRACEPARENT.clone(), trace.traceparent());
         let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        let route = route_class(&path);
+        // The path as sent, kept without a copy (the URI shares its bytes).
+        let uri = request.uri().clone();
+        let route = route_class(uri.path());
         let span = tracing::info_span!(
             "request",
-            // Display, not Debug: these are plain (checked) characters,
-            // nothing for a formatter to escape.
             request_id = %id.to_str().unwrap_or("-"),
             trace_id = %trace.trace_id(),
             %method,
@@ -139,25 +156,20 @@ where
                 let fields = slot
                     .0
                     .lock()
-                    .map(|fields| fields.clone())
+                    .map(|mut fields| std::mem::take(&mut *fields))
                     .unwrap_or_default();
                 let (status, decision, served_model) = match &mut outcome {
                     Ok(response) => {
                         response.headers_mut().insert(X_REQUEST_ID.clone(), id);
                         let decision = match response.extensions().get::<Refusal>() {
-                            Some(refusal) => format!(
-                                "{}{}",
-                                refusal.kind.type_str(),
-                                refusal
-                                    .limit_source
-                                    .as_deref()
-                                    .map(|source| format!(":{source}"))
-                                    .unwrap_or_default()
-                            ),
-                            None => "admitted".to_owned(),
+                            Some(refusal) => match refusal.limit_source.as_deref() {
+                                Some(source) => {
+                                    Cow::Owned(format!("{}:{source}", refusal.kind.type_str()))
+                                }
+                                None => Cow::Borrowed(refusal.kind.type_str()),
+                            },
+                            None => Cow::Borrowed("admitted"),
                         };
-                        // Only a model the catalog lists labels a metric:
-                        // what clients send is unbounded.
                         let served = response
                             .headers()
                             .get(&MODEL_HEADER)
@@ -170,7 +182,7 @@ where
                             });
                         (response.status().as_u16(), decision, served)
                     }
-                    Err(_) => (0, "inner_error".to_owned(), None),
+                    Err(_) => (0, Cow::Borrowed("inner_error"), None),
                 };
                 let latency = started.elapsed();
                 let counted = (
@@ -196,15 +208,18 @@ where
                         (route, histogram)
                     })
                     .record(latency.as_secs_f64());
+                let key = fields.key_hash_prefix.as_ref().map(|prefix| prefix.as_str());
                 tracing::info!(
                     target: "modelgate::access",
                     %method,
-                    path,
-                    key = fields.key_hash_prefix.as_deref().unwrap_or("-"),
+                    path = uri.path(),
+                    key = key.unwrap_or("-"),
                     model = fields.model.as_deref().unwrap_or("-"),
                     status,
-                    decision,
-                    latency_ms = latency.as_secs_f64() * 1000.0,
+                    decision = &*decision,
+                    // Whole microseconds: finer is noise, and a short
+                    // decimal formats faster than a long one.
+                    latency_ms = latency.as_micros() as f64 / 1000.0,
                     "request"
                 );
                 outcome
@@ -302,8 +317,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let principal = request.extensions().get::<Principal>();
-        let key_hash_prefix =
-            principal.map(|principal| hex::encode(&principal.key_hash.as_bytes()[..4]));
+        let key_hash_prefix = principal.map(KeyHashPrefix::of);
         let model = request
             .extensions()
             .get::<ChatRequest>()
@@ -312,7 +326,7 @@ where
         // in every subscriber layer.
         tracing::record_all!(
             tracing::Span::current(),
-            key = key_hash_prefix.as_deref(),
+            key = key_hash_prefix.as_ref().map(KeyHashPrefix::as_str),
             account = principal.map(|principal| principal.account_id.as_str()),
             model = model.as_deref()
         );
