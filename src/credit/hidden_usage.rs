@@ -272,7 +272,7 @@ fn verdict(event: &[u8]) -> Verdict {
     let payload = value.strip_prefix(b" ").unwrap_or(value);
     // `usage` is spelled out, or escaped (`\u0075sage`): a chunk that has
     // neither is not read at all.
-    let mentions = |needle: &[u8]| payload.windows(needle.len()).any(|part| part == needle);
+    let mentions = |needle: &[u8]| memchr::memmem::find(payload, needle).is_some();
     if !mentions(b"usage") && !mentions(b"\\u") {
         return Verdict::Keep;
     }

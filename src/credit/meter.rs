@@ -222,11 +222,16 @@ impl Meter {
                 }
                 match self.ledger.settle(&settlement).await {
                     Ok(()) => return,
-                    Err(error) => tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed"),
+                    Err(error) => {
+                        tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed")
+                    }
                 }
                 let now = tokio::time::Instant::now();
                 if now >= self.hold_expires_at {
-                    unrecorded(&settlement, "the hold expired before the store took its settlement");
+                    unrecorded(
+                        &settlement,
+                        "the hold expired before the store took its settlement",
+                    );
                     return;
                 }
                 wait = waits

@@ -131,7 +131,7 @@ impl UsageScanner {
             chunk = &chunk[1..];
         }
         self.after_cr = false;
-        while let Some(end) = chunk.iter().position(|byte| matches!(byte, b'\n' | b'\r')) {
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
             self.push_line_part(&chunk[..end]);
             self.end_line();
             let crlf = chunk[end] == b'\r' && chunk.get(end + 1) == Some(&b'\n');
@@ -157,17 +157,25 @@ impl UsageScanner {
 
     fn end_line(&mut self) {
         let first_line = !std::mem::replace(&mut self.started, true);
-        let line = std::mem::take(&mut self.buffer);
+        // Taken to read while the event grows, then given back emptied:
+        // its capacity serves the next line, with no allocation per line.
+        let mut line = std::mem::take(&mut self.buffer);
         if std::mem::take(&mut self.overflowed) {
             // A line too long to keep: if it was data, its event is lost.
             self.event_overflowed = true;
-            return;
+        } else {
+            self.read_line(first_line, &line);
         }
+        line.clear();
+        self.buffer = line;
+    }
+
+    fn read_line(&mut self, first_line: bool, line: &[u8]) {
         // A byte-order mark may open the stream. It is stripped from the
         // whole first line, not from the first chunk: the chunks may split it.
         let line = match first_line {
-            true => line.strip_prefix(BYTE_ORDER_MARK).unwrap_or(&line),
-            false => &line[..],
+            true => line.strip_prefix(BYTE_ORDER_MARK).unwrap_or(line),
+            false => line,
         };
         if line.is_empty() {
             self.dispatch_event();
@@ -191,24 +199,25 @@ impl UsageScanner {
     }
 
     fn dispatch_event(&mut self) {
-        let data = std::mem::take(&mut self.event_data);
         // Part of this event was dropped: what is left is not the event.
-        if std::mem::take(&mut self.event_overflowed) || data.is_empty() {
+        if std::mem::take(&mut self.event_overflowed) || self.event_data.is_empty() {
+            self.event_data.clear();
             return;
         }
+        let data = &self.event_data[..];
         if data.trim_ascii() == b"[DONE]" {
             self.done = true;
-            return;
+        } else {
+            self.streamed_chunks += 1;
+            self.streamed_text_bytes += text_bytes(data);
+            // Most chunks carry no usage; only those naming it are parsed.
+            if contains(data, b"\"usage\"") {
+                if let Some(usage) = usage_of(data) {
+                    self.usage = Some(usage);
+                }
+            }
         }
-        self.streamed_chunks += 1;
-        self.streamed_text_bytes += text_bytes(&data);
-        // Most chunks carry no usage; only those naming it are parsed.
-        if !contains(&data, b"\"usage\"") {
-            return;
-        }
-        if let Some(usage) = usage_of(&data) {
-            self.usage = Some(usage);
-        }
+        self.event_data.clear();
     }
 
     /// The completion tokens an event stream has carried so far, estimated
@@ -421,9 +430,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 fn position(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
+    memchr::memmem::find(haystack, needle)
 }
 
 #[cfg(test)]
