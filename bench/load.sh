@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One load, four targets, side by side: the mock upstream alone; the proxy
 # with no layer (`--bare true`); the proxy with every layer on the
-# in-process store; and on Redis. Prints requests per second, p50 and p99
-# latency for each, and the ratios to the no-layer proxy.
+# in-process store; and on Redis. Each runs twice: a plain JSON chat
+# completion, then the same request with `"stream": true` (an event
+# stream). Prints requests per second, p50 and p99 latency, CPU per
+# request and what the layers add to it over the no-layer proxy, and the
+# resident memory of each process after its runs.
 #
 #   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2] [UPSTREAM_MS=0]
 #
@@ -23,106 +26,25 @@ connections="${2:-32}"
 threads="${3:-2}"
 upstream_ms="${4:-0}"
 
-as_root() {
-  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-if ! command -v wrk >/dev/null 2>&1; then
-  echo "==> installing wrk (apt-get)"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-fi
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "==> installing redis-server (apt-get)"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-fi
-
-echo "==> cargo build --release --examples"
-cargo build --release --examples --quiet
-bin="${CARGO_TARGET_DIR:-target}/release/examples"
-
-work="$(mktemp -d)"
-# Started in subshells too ($(start_proxy …)): their pids go to a file.
-cleanup() {
-  if [ -f "$work/pids" ]; then
-    while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/pids"
-  fi
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
-# Waits for "prefix ADDR" on a process's stdout file; prints ADDR.
-wait_for_line() {
-  local file="$1" prefix="$2"
-  for _ in $(seq 1 200); do
-    if line="$(grep -m1 "^$prefix" "$file" 2>/dev/null)"; then
-      echo "${line#"$prefix"}"
-      return 0
-    fi
-    sleep 0.05
-  done
-  echo "timed out waiting for '$prefix' in $file" >&2
-  cat "$file" "${file%.out}.err" >&2 2>/dev/null || true
-  return 1
-}
-
-mock_port="$(free_port)"
-"$bin/mock_upstream" --listen "127.0.0.1:$mock_port" --latency-ms "$upstream_ms" >"$work/mock.out" 2>/dev/null &
-echo $! >>"$work/pids"
-echo $! >"$work/upstream.pid"
-upstream="http://127.0.0.1:$mock_port/v1"
+# shellcheck source=bench/common.sh
+. bench/common.sh
 
 redis_port="$(free_port)"
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$work" >"$work/redis.out" 2>&1 &
 echo $! >>"$work/pids"
 
-# Limits far above the load: the run measures the layers' cost, not their refusals.
-cat >"$work/config.json" <<'JSON'
-{"rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}}},
- "pricing": {"models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}}}}
-JSON
-
-# Each proxy makes and prints its own management key.
-start_proxy() {
-  local name="$1"; shift
-  local port; port="$(free_port)"
-  "$bin/proxy" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
-    --config "$work/config.json" "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  echo $! >>"$work/pids"
-  echo $! >"$work/$name.pid"
-  wait_for_line "$work/$name.out" "modelgate listening on " >/dev/null
-  echo "http://127.0.0.1:$port"
-}
-
 bare_url="$(start_proxy bare --bare true)"
 memory_url="$(start_proxy memory)"
 redis_url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
 
-# A key with credits on each full proxy, through its management API.
-client_key() {
-  local name="$1" url="$2"
-  local admin
-  admin="$(wait_for_line "$work/$name.out" "management key (shown once): ")"
-  local key
-  key="$(curl -sf "$url/api/v1/keys" -H "authorization: Bearer $admin" \
-    -H 'content-type: application/json' -d '{"name": "load"}' |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')"
-  curl -sf "$url/api/v1/accounts/default/credits" -H "authorization: Bearer $admin" \
-    -H 'content-type: application/json' -d '{"amount": 1000000}' >/dev/null
-  echo "$key"
-}
 memory_key="$(client_key memory "$memory_url")"
 redis_key="$(client_key redis "$redis_url")"
 
-body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
+plain_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
+streamed_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "stream": true, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
 script() {
-  local key="$1"
+  local key="$1" body="$2"
   cat <<LUA
 wrk.method = "POST"
 wrk.body = '$body'
@@ -163,7 +85,7 @@ round_trips() {
   local clients="$1" before after requests
   sleep 0.5
   before="$(redis_calls)"
-  wrk -t 1 -c "$clients" -d 3s -s "$work/redis.lua" "$redis_url/api/v1/chat/completions" >"$work/round_trips.wrk"
+  wrk -t 1 -c "$clients" -d 3s -s "$work/redis-plain.lua" "$redis_url/api/v1/chat/completions" >"$work/round_trips.wrk"
   sleep 0.5
   after="$(redis_calls)"
   requests="$(awk '/requests in/ {print $1}' "$work/round_trips.wrk")"
@@ -173,13 +95,20 @@ round_trips() {
   }'
 }
 
+# Resident memory (VmRSS) of a process, in MiB.
+rss_mib() {
+  awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"
+}
+
 run() {
-  local name="$1" url="$2" key="$3"
-  script "$key" >"$work/$name.lua"
+  local name="$1" url="$2" key="$3" variant="$4"
+  local body="$plain_body"
+  [ "$variant" = streamed ] && body="$streamed_body"
+  script "$key" "$body" >"$work/$name-$variant.lua"
   # A short warm-up: pools, caches and JIT-free but cold paths.
-  wrk -t "$threads" -c "$connections" -d 2s -s "$work/$name.lua" "$url" >/dev/null
+  wrk -t "$threads" -c "$connections" -d 2s -s "$work/$name-$variant.lua" "$url" >/dev/null
   local before=""
-  if [ "$name" = redis ]; then
+  if [ "$name" = redis ] && [ "$variant" = plain ]; then
     # Let the warm-up's last requests settle before the first snapshot.
     sleep 0.5
     before="$(redis_calls)"
@@ -187,7 +116,7 @@ run() {
   local pid ticks_before
   pid="$(cat "$work/$name.pid")"
   ticks_before="$(cpu_ticks "$pid")"
-  wrk -t "$threads" -c "$connections" -d "${seconds}s" --latency -s "$work/$name.lua" "$url" >"$work/$name.wrk"
+  wrk -t "$threads" -c "$connections" -d "${seconds}s" --latency -s "$work/$name-$variant.lua" "$url" >"$work/$name.wrk"
   # The process under load's own CPU per request: steadier than requests
   # per second on a machine whose cores the load generator shares.
   local cpu_us
@@ -211,26 +140,68 @@ run() {
   p50="$(awk '$1 == "50%" {print $2}' "$work/$name.wrk")"
   p99="$(awk '$1 == "99%" {print $2}' "$work/$name.wrk")"
   errors="$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$work/$name.wrk")"
-  results+=("$name $rps $p50 $p99 ${errors:-0} $cpu_us")
+  results+=("$variant $name $rps $p50 $p99 ${errors:-0} $cpu_us $(rss_mib "$pid")")
 }
 
 echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request, upstream answering after ${upstream_ms} ms"
-run upstream "$upstream/chat/completions" ""
-run bare "$bare_url/api/v1/chat/completions" ""
-run memory "$memory_url/api/v1/chat/completions" "$memory_key"
-run redis "$redis_url/api/v1/chat/completions" "$redis_key"
+for variant in plain streamed; do
+  run upstream "$upstream/chat/completions" "" "$variant"
+  run bare "$bare_url/api/v1/chat/completions" "" "$variant"
+  run memory "$memory_url/api/v1/chat/completions" "$memory_key" "$variant"
+  run redis "$redis_url/api/v1/chat/completions" "$redis_key" "$variant"
+done
 
-base_rps="$(echo "${results[1]}" | awk '{print $2}')"
-printf '\n%-10s %12s %10s %10s %8s %14s %14s\n' target "requests/s" p50 p99 non-2xx "vs no-layer" "CPU/request"
+printf '\n%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' body target "requests/s" p50 p99 non-2xx "vs no-layer" CPU/request "CPU added" "RSS MiB"
 for line in "${results[@]}"; do
   set -- $line
-  ratio="$(awk -v a="$2" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
-  printf '%-10s %12s %10s %10s %8s %14s %14s\n' "$1" "$2" "$3" "$4" "$5" "$ratio" "$6"
+  variant="$1"
+  # The bare run of the same body is the baseline of its rows.
+  for other in "${results[@]}"; do
+    set -- $other
+    if [ "$2" = bare ] && [ "$1" = "$variant" ]; then
+      base_rps="$3"
+      base_cpu="${7%us}"
+    fi
+  done
+  set -- $line
+  ratio="$(awk -v a="$3" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
+  added="-"
+  if [ "$2" = memory ] || [ "$2" = redis ]; then
+    added="$(awk -v a="${7%us}" -v b="$base_cpu" 'BEGIN { printf "%+.1fus", a - b }')"
+  fi
+  printf '%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$ratio" "$7" "$added" "$8"
 done
 echo "(CPU/request: user + system time of the process under load: the mock for"
-echo " upstream, else the proxy; Redis's own is on the line below)"
+echo " upstream, else the proxy; CPU added: over the no-layer proxy with the"
+echo " same body; RSS: the process's resident memory after that run; Redis's"
+echo " own CPU is on the line below)"
+# At one connection, what Redis adds to a request's latency over the
+# in-process store, against one Redis round trip (a PING, as
+# redis-benchmark times it from this machine).
+one_connection_p50_us() {
+  local url="$1" key="$2"
+  script "$key" "$plain_body" >"$work/one.lua"
+  wrk -t 1 -c 1 -d 1s -s "$work/one.lua" "$url" >/dev/null
+  wrk -t 1 -c 1 -d 5s --latency -s "$work/one.lua" "$url" >"$work/one.wrk"
+  awk '$1 == "50%" {
+    value = $2; unit = value; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", value)
+    factor = (unit == "ms") ? 1000 : (unit == "s") ? 1000000 : 1
+    printf "%.0f", value * factor
+  }' "$work/one.wrk"
+}
+latency_line() {
+  local memory_p50 redis_p50 ping_p50
+  memory_p50="$(one_connection_p50_us "$memory_url/api/v1/chat/completions" "$memory_key")"
+  redis_p50="$(one_connection_p50_us "$redis_url/api/v1/chat/completions" "$redis_key")"
+  ping_p50="$(redis-benchmark -p "$redis_port" -t ping -c 1 -n 20000 --csv 2>/dev/null |
+    awk -F'"' '/PING_MBULK/ { printf "%.0f", $10 * 1000 }')"
+  printf 'one connection: p50 %sus on memory, %sus on redis: Redis adds %sus; one Redis round trip (PING p50) is %sus\n' \
+    "$memory_p50" "$redis_p50" "$((redis_p50 - memory_p50))" "$ping_p50"
+}
+
 if [ -n "$redis_line" ]; then
   printf '\n%s\n' "$redis_line"
   round_trips 1
   round_trips "$connections"
+  latency_line
 fi

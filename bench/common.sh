@@ -1,0 +1,92 @@
+# What bench/load.sh and bench/soak.sh share: installing wrk and
+# redis-server when missing, the release build, a work directory cleaned
+# up on exit, the mock upstream, and proxies with a funded key. Sourced,
+# with `upstream_ms` set; sets `bin`, `work` and `upstream`.
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+if ! command -v wrk >/dev/null 2>&1; then
+  echo "==> installing wrk (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "==> installing redis-server (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+
+echo "==> cargo build --release --examples"
+cargo build --release --examples --quiet
+bin="${CARGO_TARGET_DIR:-target}/release/examples"
+
+work="$(mktemp -d)"
+# Started in subshells too ($(start_proxy …)): their pids go to a file.
+cleanup() {
+  if [ -f "$work/pids" ]; then
+    while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/pids"
+  fi
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Waits for "prefix ADDR" on a process's stdout file; prints ADDR.
+wait_for_line() {
+  local file="$1" prefix="$2"
+  for _ in $(seq 1 200); do
+    if line="$(grep -m1 "^$prefix" "$file" 2>/dev/null)"; then
+      echo "${line#"$prefix"}"
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "timed out waiting for '$prefix' in $file" >&2
+  cat "$file" "${file%.out}.err" >&2 2>/dev/null || true
+  return 1
+}
+
+mock_port="$(free_port)"
+"$bin/mock_upstream" --listen "127.0.0.1:$mock_port" --latency-ms "$upstream_ms" >"$work/mock.out" 2>/dev/null &
+echo $! >>"$work/pids"
+echo $! >"$work/upstream.pid"
+upstream="http://127.0.0.1:$mock_port/v1"
+
+# Limits far above the load: the run measures the layers' cost, not their refusals.
+cat >"$work/config.json" <<'JSON'
+{"rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}}},
+ "pricing": {"models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}}}}
+JSON
+
+# Each proxy makes and prints its own management key. `start_proxy NAME
+# ARGS…` prints its URL; its pid is in $work/NAME.pid.
+start_proxy() {
+  local name="$1"; shift
+  local port; port="$(free_port)"
+  "$bin/proxy" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
+    --config "$work/config.json" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  echo $! >>"$work/pids"
+  echo $! >"$work/$name.pid"
+  wait_for_line "$work/$name.out" "modelgate listening on " >/dev/null
+  echo "http://127.0.0.1:$port"
+}
+
+# A key with credits on a full proxy (`client_key NAME URL`), through its
+# management API.
+client_key() {
+  local name="$1" url="$2"
+  local admin
+  admin="$(wait_for_line "$work/$name.out" "management key (shown once): ")"
+  local key
+  key="$(curl -sf "$url/api/v1/keys" -H "authorization: Bearer $admin" \
+    -H 'content-type: application/json' -d '{"name": "load"}' |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')"
+  curl -sf "$url/api/v1/accounts/default/credits" -H "authorization: Bearer $admin" \
+    -H 'content-type: application/json' -d '{"amount": 1000000}' >/dev/null
+  echo "$key"
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Resident memory of the proxy with every layer on the in-process store
+# over a long run at a fixed rate: does anything grow without bound
+# (settled reservations, caches, metrics)?
+#
+#   bench/soak.sh [MINUTES=10] [REQUESTS_PER_SECOND=500] [CONNECTIONS=64]
+#
+# Samples VmRSS every 30 s and prints the series, then the growth over the
+# second half of the run (after the first half has filled what is bounded
+# by time or count). Generation records are data the store keeps (up to
+# `generations.max_per_account`, 100,000 by default, about a kilobyte
+# each): the run caps them at 1,000 so that what it measures is the
+# gateway's own memory; set KEEP_RECORDS=1 to keep the default.
+# Installs and builds as bench/load.sh does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+minutes="${1:-10}"
+rate="${2:-500}"
+connections="${3:-64}"
+upstream_ms=0
+
+# shellcheck source=bench/common.sh
+. bench/common.sh
+
+if [ "${KEEP_RECORDS:-0}" != 1 ]; then
+  python3 - "$work/config.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["generations"] = {"max_per_account": 1000}
+json.dump(config, open(sys.argv[1], "w"))
+PY
+fi
+
+url="$(start_proxy memory)"
+key="$(client_key memory "$url")"
+pid="$(cat "$work/memory.pid")"
+
+# Each connection waits connections/rate seconds between requests: the
+# rate holds while responses take far less than that.
+delay_ms="$(awk -v c="$connections" -v r="$rate" 'BEGIN { printf "%d", 1000 * c / r }')"
+cat >"$work/soak.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the soak test."}]}'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = "Bearer $key"
+function delay() return $delay_ms end
+LUA
+
+echo "==> soak: ${minutes} min at about $rate requests/s over $connections connections"
+wrk -t 2 -c "$connections" -d "${minutes}m" -s "$work/soak.lua" "$url/api/v1/chat/completions" >"$work/soak.wrk" &
+wrk_pid=$!
+samples=()
+elapsed=0
+while kill -0 "$wrk_pid" 2>/dev/null; do
+  rss="$(awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status")"
+  samples+=("$rss")
+  printf '%5ds  RSS %6s MiB\n' "$elapsed" "$rss"
+  sleep 30
+  elapsed=$((elapsed + 30))
+done
+wait "$wrk_pid" || true
+grep -E 'requests in|Requests/sec|Non-2xx' "$work/soak.wrk" || true
+count="${#samples[@]}"
+half="${samples[$((count / 2))]}"
+last="${samples[$((count - 1))]}"
+peak="$(printf '%s\n' "${samples[@]}" | sort -n | tail -1)"
+awk -v h="$half" -v l="$last" -v p="$peak" 'BEGIN {
+  printf "RSS at half time %.1f MiB, at the end %.1f MiB (%+.1f MiB over the second half), peak %.1f MiB\n", h, l, l - h, p
+}'
