@@ -138,6 +138,8 @@ where
         let route = route_class(uri.path());
         let span = tracing::info_span!(
             "request",
+            // Display, not Debug: these are plain (checked) characters,
+            // nothing for a formatter to escape.
             request_id = %id.to_str().unwrap_or("-"),
             trace_id = %trace.trace_id(),
             %method,
@@ -170,6 +172,8 @@ where
                             },
                             None => Cow::Borrowed("admitted"),
                         };
+                        // Only a model the catalog lists labels a metric:
+                        // what clients send is unbounded.
                         let served = response
                             .headers()
                             .get(&MODEL_HEADER)
@@ -208,7 +212,10 @@ where
                         (route, histogram)
                     })
                     .record(latency.as_secs_f64());
-                let key = fields.key_hash_prefix.as_ref().map(|prefix| prefix.as_str());
+                let key = fields
+                    .key_hash_prefix
+                    .as_ref()
+                    .map(|prefix| prefix.as_str());
                 tracing::info!(
                     target: "modelgate::access",
                     %method,
