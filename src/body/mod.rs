@@ -114,6 +114,17 @@ pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
     }
 }
 
+/// Whether `path`'s [normalized segments](normalized_segments) are
+/// `expected`, in any case.
+pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
+    let segments = normalized_segments(path);
+    segments.len() == expected.len()
+        && segments
+            .iter()
+            .zip(expected)
+            .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
+}
+
 /// `segments` in lower case, borrowed where they already are: route
 /// matching compares fixed segments in any case.
 pub(crate) fn lowercase_segments<'a>(segments: &'a [Cow<'_, str>]) -> Vec<Cow<'a, str>> {

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::{ApiKey, AuthFailures};
-use crate::body::{normalized_segments, read_bounded, ReadError};
+use crate::body::{path_is, read_bounded, ReadError};
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{LeakOutcome, LeakReport};
@@ -59,12 +59,7 @@ where
         let Some(config) = &self.config else {
             return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
         };
-        let segments = normalized_segments(request.uri().path());
-        let is_alert = segments.len() == 3
-            && segments[0].eq_ignore_ascii_case("api")
-            && segments[1].eq_ignore_ascii_case("v1")
-            && segments[2].eq_ignore_ascii_case("leaks");
-        if !is_alert {
+        if !path_is(request.uri().path(), &["api", "v1", "leaks"]) {
             return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
         }
         let config = Arc::clone(config);

@@ -19,7 +19,7 @@ use super::input::exchange_request;
 use super::layer::CodeExchangeConfig;
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::AuthFailures;
-use crate::body::{normalized_segments, read_bounded, ReadError};
+use crate::body::{path_is, read_bounded, ReadError};
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::{BoxError, ResponseBody};
@@ -44,12 +44,7 @@ pub struct CodeExchange<S> {
 /// Whether `path` is the exchange's, read as every route check in the
 /// crate reads paths.
 fn is_exchange(path: &str) -> bool {
-    let segments = normalized_segments(path);
-    segments.len() == 4
-        && ["api", "v1", "auth", "keys"]
-            .iter()
-            .zip(&segments)
-            .all(|(fixed, segment)| segment.eq_ignore_ascii_case(fixed))
+    path_is(path, &["api", "v1", "auth", "keys"])
 }
 
 impl<S, B, ResBody> Service<Request<B>> for CodeExchange<S>

@@ -950,21 +950,13 @@ fn move_extension<T: Clone + Send + Sync + 'static>(
 /// Exactly `POST /api/v1/chat/completions`, in any case and spelling of
 /// the same segments: nothing in front of or between them.
 fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
-    method == http::Method::POST && path_is(path, &["api", "v1", "chat", "completions"])
+    method == http::Method::POST
+        && crate::body::path_is(path, &["api", "v1", "chat", "completions"])
 }
 
 /// `GET /api/v1/models`, spelled the same way.
 fn is_models_path(method: &http::Method, path: &str) -> bool {
-    method == http::Method::GET && path_is(path, &["api", "v1", "models"])
-}
-
-fn path_is(path: &str, expected: &[&str]) -> bool {
-    let segments = crate::body::normalized_segments(path);
-    segments.len() == expected.len()
-        && segments
-            .iter()
-            .zip(expected)
-            .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
+    method == http::Method::GET && crate::body::path_is(path, &["api", "v1", "models"])
 }
 
 #[cfg(test)]
