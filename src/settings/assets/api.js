@@ -1,7 +1,8 @@
 // What the settings page and the OAuth consent page share: where the
 // management key is kept (this tab's sessionStorage, so signing in on
-// either page signs in on both) and the one way to call the gateway's
-// JSON API. Loaded before each page's own script.
+// either page signs in on both), the one way to call the gateway's JSON
+// API, the message line, and how the key forms read a credit limit and
+// an expiry. Loaded before each page's own script.
 'use strict';
 
 (() => {
@@ -50,9 +51,42 @@
     return json;
   }
 
+  // Shows `text` in the page's message line; `kind` is 'ok' or 'error'.
+  function say(text, kind) {
+    const message = document.getElementById('message');
+    message.textContent = text;
+    message.className = 'message' + (kind ? ' ' + kind : '');
+  }
+
+  const LIMIT_MESSAGE = 'Credit limit must be a number of credits, such as 5 or 0.5.';
+
+  // A Credit limit field: a number of credits, or null when empty.
+  function limitField(input) {
+    const text = input.value.trim();
+    if (text === '') {
+      if (input.validity && input.validity.badInput) throw new Error(LIMIT_MESSAGE);
+      return null;
+    }
+    const value = Number(text);
+    if (!Number.isFinite(value) || value < 0) throw new Error(LIMIT_MESSAGE);
+    return value;
+  }
+
+  // An Expires field (datetime-local): the instant in ISO 8601, or null
+  // when empty.
+  function expiresField(input) {
+    if (!input.value) return null;
+    const when = new Date(input.value);
+    if (Number.isNaN(when.getTime())) throw new Error('Expires must be a date and time.');
+    return when.toISOString();
+  }
+
   globalThis.modelgateApi = Object.freeze({
     STORAGE_KEY: 'modelgate.managementKey',
     ApiError,
     call,
+    say,
+    limitField,
+    expiresField,
   });
 })();

@@ -6,7 +6,7 @@
 'use strict';
 
 (() => {
-  const { STORAGE_KEY, ApiError } = globalThis.modelgateApi;
+  const { STORAGE_KEY, ApiError, say, limitField, expiresField } = globalThis.modelgateApi;
   const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
   const MAX_PAGES = 50;
   const INFERENCE_KEY =
@@ -42,11 +42,6 @@
 
   // ---- messages -----------------------------------------------------
 
-  function say(text, kind) {
-    const message = $('message');
-    message.textContent = text;
-    message.className = 'message' + (kind ? ' ' + kind : '');
-  }
   const sayError = (text) => say(text, 'error');
   const sayDone = (text) => say(text, 'ok');
 
@@ -636,18 +631,6 @@
     $('confirm-delete').hidden = true;
   }
 
-  // The Credit limit field: a number of credits, or null when empty.
-  function limitField(input) {
-    const text = input.value.trim();
-    if (text === '') {
-      if (input.validity && input.validity.badInput) throw new Error('Credit limit must be a number of credits, such as 5 or 0.5.');
-      return null;
-    }
-    const value = Number(text);
-    if (!Number.isFinite(value) || value < 0) throw new Error('Credit limit must be a number of credits, such as 5 or 0.5.');
-    return value;
-  }
-
   async function saveKey() {
     const key = keys.find((candidate) => candidate.hash === editing);
     if (!key) return;
@@ -689,12 +672,8 @@
     const limit = limitField($('new-limit'));
     if (limit !== null) body.limit = limit;
     if ($('new-reset').value) body.limit_reset = $('new-reset').value;
-    const expires = $('new-expires').value;
-    if (expires) {
-      const when = new Date(expires);
-      if (Number.isNaN(when.getTime())) throw new Error('Expires must be a date and time.');
-      body.expires_at = when.toISOString();
-    }
+    const expires = expiresField($('new-expires'));
+    if (expires !== null) body.expires_at = expires;
     if ($('new-byok').checked) body.include_byok_in_limit = true;
     // Only the operator names the account, or asks for a management key.
     if (session.operator && session.account !== null) body.account = session.account;

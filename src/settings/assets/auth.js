@@ -9,7 +9,7 @@
 'use strict';
 
 (() => {
-  const { STORAGE_KEY, ApiError } = globalThis.modelgateApi;
+  const { STORAGE_KEY, ApiError, say, limitField, expiresField } = globalThis.modelgateApi;
   // The gateway's own rules (src/oauth/input.rs, pkce.rs), checked here
   // first so a bad link never shows an Authorize button.
   const MAX_CALLBACK_URL_BYTES = 2048;
@@ -93,11 +93,6 @@
 
   // ---- messages -----------------------------------------------------
 
-  function say(text, kind) {
-    const message = $('message');
-    message.textContent = text;
-    message.className = 'message' + (kind ? ' ' + kind : '');
-  }
   const sayError = (text) => say(text, 'error');
 
   // ---- signing in and out -------------------------------------------
@@ -135,18 +130,6 @@
 
   // ---- deciding -----------------------------------------------------
 
-  // The Credit limit field: a number of credits, or null when empty.
-  function limitField(input) {
-    const text = input.value.trim();
-    if (text === '') {
-      if (input.validity && input.validity.badInput) throw new Error('Credit limit must be a number of credits, such as 5 or 0.5.');
-      return null;
-    }
-    const value = Number(text);
-    if (!Number.isFinite(value) || value < 0) throw new Error('Credit limit must be a number of credits, such as 5 or 0.5.');
-    return value;
-  }
-
   // Sends the browser back to the app with `name=value` added to the
   // callback URL's query, its other parameters kept.
   function back(name, value) {
@@ -166,12 +149,8 @@
     const limit = limitField($('consent-limit'));
     if (limit !== null) body.limit = limit;
     if ($('consent-reset').value) body.limit_reset = $('consent-reset').value;
-    const expires = $('consent-expires').value;
-    if (expires) {
-      const when = new Date(expires);
-      if (Number.isNaN(when.getTime())) throw new Error('Expires must be a date and time.');
-      body.expires_at = when.toISOString();
-    }
+    const expires = expiresField($('consent-expires'));
+    if (expires !== null) body.expires_at = expires;
     if (session.operator) {
       const account = $('consent-account').value.trim();
       if (!account) throw new Error('Account is required: name the account whose key the app gets.');
