@@ -35,10 +35,11 @@ fuzz_target!(|text: &str| {
                         .all(|segment| segment != "." && segment != "..")
             );
             assert!(!route.session_key.is_empty());
-            // An inline secret never shows in Debug. (Checked on the secret
-            // alone: a provider or a path may well be named `secret`.)
-            if let SecretSpec::Inline(secret) = &route.secret {
-                assert!(!format!("{:?}", route.secret).contains(secret.expose()));
+            // An inline secret never shows in Debug: whatever it is, Debug
+            // prints the same redaction. (Not a substring check: a secret
+            // may well be a piece of the redaction text itself.)
+            if let SecretSpec::Inline(_) = &route.secret {
+                assert_eq!(format!("{:?}", route.secret), "Inline(Secret(…))");
             }
         }
     }
