@@ -11,6 +11,10 @@
 # `generations.max_per_account`, 100,000 by default, about a kilobyte
 # each): the run caps them at 1,000 so that what it measures is the
 # gateway's own memory; set KEEP_RECORDS=1 to keep the default.
+# A settled reservation is remembered for its hold's lifetime plus 2 min
+# (16 bytes each), so memory fills for that long: RESERVATION_TTL_SECONDS
+# (default: the proxy's 900) sets the hold's lifetime, e.g. 120 for a
+# gateway whose upstream answers within two minutes.
 # Installs and builds as bench/load.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,14 +26,15 @@ upstream_ms=0
 # shellcheck source=bench/common.sh
 . bench/common.sh
 
-if [ "${KEEP_RECORDS:-0}" != 1 ]; then
-  python3 - "$work/config.json" <<'PY'
+python3 - "$work/config.json" "${KEEP_RECORDS:-0}" "${RESERVATION_TTL_SECONDS:-}" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
-config["generations"] = {"max_per_account": 1000}
+if sys.argv[2] != "1":
+    config["generations"] = {"max_per_account": 1000}
+if sys.argv[3]:
+    config.setdefault("credit", {})["reservation_ttl_seconds"] = int(sys.argv[3])
 json.dump(config, open(sys.argv[1], "w"))
 PY
-fi
 
 url="$(start_proxy memory)"
 key="$(client_key memory "$url")"

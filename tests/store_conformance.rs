@@ -1269,6 +1269,51 @@ async fn a_settlement_retried_records_once<S: Store>(store: Arc<S>) {
     );
 }
 
+async fn a_settled_id_is_remembered_while_its_hold_could_be_retried<S: Store>(store: Arc<S>) {
+    // A settlement is retried until its hold expires: a hold of a whole
+    // day outlives SETTLEMENT_MEMORY many times over, and a retry an hour
+    // before its expiry still records nothing twice.
+    store.top_up("acct", credits(10)).await.unwrap();
+    let day = Duration::from_secs(86_400);
+    let request = ReserveRequest {
+        ttl: day,
+        ..reservation("long", credits(3), None)
+    };
+    assert!(store.reserve(&request, t0()).await.unwrap().is_reserved());
+    let at = |offset: Duration| t0() + chrono::Duration::from_std(offset).unwrap();
+    let total = |when| {
+        let store = store.clone();
+        async move {
+            store
+                .key_usage("acct", "key-hash", when)
+                .await
+                .unwrap()
+                .total_nanos
+        }
+    };
+    store
+        .settle(&settlement("long", credits(2), false), t0())
+        .await
+        .unwrap();
+    let retried = at(day - Duration::from_secs(3600));
+    store
+        .settle(&settlement("long", credits(2), false), retried)
+        .await
+        .unwrap();
+    assert_eq!(total(retried).await, credits(2));
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(8)
+    );
+    // Past the hold's lifetime and the margin the id is forgotten.
+    let forgotten = at(day + modelgate::store::SETTLEMENT_MEMORY + Duration::from_secs(1));
+    store
+        .settle(&settlement("long", credits(1), false), forgotten)
+        .await
+        .unwrap();
+    assert_eq!(total(forgotten).await, credits(3));
+}
+
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {
     let midnight = Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap();
     let just_before = midnight - chrono::Duration::microseconds(1);
@@ -3094,6 +3139,7 @@ conformance!(
     ledger_rolls_periods_and_keeps_byok_apart,
     reservations_count_against_the_key_limit_and_expire,
     a_settlement_retried_records_once,
+    a_settled_id_is_remembered_while_its_hold_could_be_retried,
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,
     concurrent_reservations_admit_exactly_the_limit,

@@ -619,11 +619,13 @@ pub(crate) fn top_up_overflow() -> StoreError {
     )
 }
 
-/// How long a settled reservation id is remembered, so that settling it
-/// again (a retry after a reply that never arrived) records nothing twice:
-/// longer than any settlement is retried, and short enough that a busy key
-/// remembers only its last few minutes of requests.
-pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(10 * 60);
+/// How long past its hold's expiry a settled reservation id is remembered
+/// (past its settlement, when it had no hold left), so that settling it
+/// again records nothing twice. A settlement whose reply never arrived is
+/// retried until its hold expires; this margin covers the caller's and the
+/// store's clocks reading that moment differently, and an admission that
+/// arrives after its own settlement (a request given up on).
+pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(2 * 60);
 
 /// The key-limit refusal for a reservation of `amount_nanos`, if any: the
 /// request could take usage past the limit (so overspend is bounded by how

@@ -1,8 +1,8 @@
 //! The embedded store: every trait in process, for a single gateway instance.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::hash::BuildHasher;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -54,9 +54,9 @@ pub struct MemoryStore {
     records: Mutex<Records>,
     app_usage: Mutex<HashMap<Box<str>, [AppPeriod; 3]>>,
     shard_hasher: RandomState,
-    /// Two SipHash keys: a settled reservation is remembered by a
-    /// 128-bit fingerprint of its id, not the id itself.
-    settlement_hashers: [RandomState; 2],
+    /// A settled reservation is remembered by a keyed 64-bit fingerprint
+    /// of its id, not the id itself.
+    settlement_hasher: RandomState,
 }
 
 impl Default for MemoryStore {
@@ -75,17 +75,19 @@ impl MemoryStore {
             records: Mutex::new(Records::default()),
             app_usage: Mutex::new(HashMap::new()),
             shard_hasher: RandomState::new(),
-            settlement_hashers: [RandomState::new(), RandomState::new()],
+            settlement_hasher: RandomState::new(),
         }
     }
 
-    /// What a settled reservation id is remembered by. Ten minutes of
-    /// settlements at full load are millions: a fixed 16 bytes each, with
-    /// no allocation, instead of a copy of the id in two collections.
-    /// Two different ids share one with a chance of about n²/2¹²⁹.
-    fn settlement_fingerprint(&self, reservation_id: &str) -> u128 {
-        let [high, low] = &self.settlement_hashers;
-        (u128::from(high.hash_one(reservation_id)) << 64) | u128::from(low.hash_one(reservation_id))
+    /// What a settled reservation id is remembered by. A hold's lifetime
+    /// of settlements at full load is hundreds of thousands per key: 16
+    /// bytes each with its deadline, with no allocation, instead of a copy
+    /// of the id. The hasher's key is random per store, so ids cannot be
+    /// chosen to collide; by chance, a new id matches one of the n ids a
+    /// key remembers with a probability of n/2⁶⁴ (below 10⁻¹³ for a
+    /// million), which would leave that one request unrecorded.
+    fn settlement_fingerprint(&self, reservation_id: &str) -> u64 {
+        self.settlement_hasher.hash_one(reservation_id)
     }
 
     /// How many counters are held, expired ones not yet swept included.
@@ -639,31 +641,25 @@ impl AccountLedger {
     fn settle(
         &mut self,
         settlement: &Settlement,
-        fingerprint: u128,
+        fingerprint: u64,
         now_micros: i64,
         starts: [i64; 3],
     ) {
-        self.holds.remove(settlement.reservation_id.as_str());
+        let id = settlement.reservation_id.as_str();
+        let account_hold_expiry = self.holds.remove(id);
         let key = key_ledger(self, &settlement.key, now_micros);
         // Released even when settled already: a late admission of a
         // request given up on must not leave a hold behind.
-        key.reservations.remove(settlement.reservation_id.as_str());
-        while let Some((until, _)) = key.settled_order.front() {
-            if *until > now_micros {
-                break;
-            }
-            if let Some((_, forgotten)) = key.settled_order.pop_front() {
-                key.settled.remove(&forgotten);
-            }
-        }
+        let key_hold_expiry = key.reservations.remove(id);
         // A retried settlement of the same request records nothing more.
-        if !key.settled.insert(fingerprint) {
+        let remember_until_micros =
+            settled_id_deadline_micros(key_hold_expiry.max(account_hold_expiry), now_micros);
+        if !key
+            .settled
+            .insert(fingerprint, remember_until_micros, now_micros)
+        {
             return;
         }
-        key.settled_order.push_back((
-            now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
-            fingerprint,
-        ));
         key.record(settlement.cost_nanos, settlement.byok, starts);
         if let Some(record) = &settlement.record {
             self.generations
@@ -679,7 +675,7 @@ impl AccountLedger {
     fn hold(
         &mut self,
         request: &ReserveRequest,
-        fingerprint: u128,
+        fingerprint: u64,
         now: DateTime<Utc>,
     ) -> ReserveOutcome {
         let now_micros = unix_micros(now);
@@ -693,7 +689,7 @@ impl AccountLedger {
         };
         let key = key_ledger(self, &request.key, now_micros);
         let mut usage = key.usage(starts);
-        if key.settled.contains(&fingerprint) {
+        if key.settled.contains(fingerprint, now_micros) {
             // Its settlement came first (the caller gave up on it): the
             // request was never sent, and nothing must stay held.
             return ReserveOutcome::Reserved {
@@ -765,11 +761,8 @@ struct KeyLedger {
     /// Day, week, month: the period's start and its own and BYOK usage.
     periods: [PeriodUsage; 3],
     reservations: Holds,
-    /// Reservations settled recently (by the fingerprint of their id),
-    /// and the same by when (µs) they may be forgotten, oldest first, so
-    /// forgetting is O(1) each.
-    settled: HashSet<u128>,
-    settled_order: VecDeque<(i64, u128)>,
+    /// Reservations settled recently, by the fingerprint of their id.
+    settled: SettledIds,
     /// Revoked for good (`revoke_key`): every hold is refused.
     revoked: bool,
 }
@@ -832,11 +825,13 @@ impl Holds {
         self.by_id.insert(id.into(), hold);
     }
 
-    fn remove(&mut self, id: &str) {
-        if let Some((id, hold)) = self.by_id.remove_entry(id) {
-            self.total_nanos -= i128::from(hold.amount_nanos);
-            self.by_expiry.remove(&(hold.expires_at_micros, id));
-        }
+    /// Releases `id`'s hold, if it has one, and says when it would have
+    /// expired.
+    fn remove(&mut self, id: &str) -> Option<i64> {
+        let (id, hold) = self.by_id.remove_entry(id)?;
+        self.total_nanos -= i128::from(hold.amount_nanos);
+        self.by_expiry.remove(&(hold.expires_at_micros, id));
+        Some(hold.expires_at_micros)
     }
 
     fn total(&self) -> i64 {
@@ -847,6 +842,86 @@ impl Holds {
     fn total_besides(&self, id: &str) -> i64 {
         let own = self.by_id.get(id).map_or(0, |hold| hold.amount_nanos);
         saturate(self.total_nanos - i128::from(own))
+    }
+}
+
+/// Until when (µs) a reservation settled at `now_micros` is remembered:
+/// [`SETTLEMENT_MEMORY`] past its hold's expiry, since its settlement may
+/// be retried (after a reply that never arrived) until then; past now when
+/// it had no hold left.
+fn settled_id_deadline_micros(hold_expires_at_micros: Option<i64>, now_micros: i64) -> i64 {
+    hold_expires_at_micros
+        .unwrap_or(now_micros)
+        .max(now_micros)
+        .saturating_add(duration_micros(SETTLEMENT_MEMORY))
+}
+
+/// Settled reservation ids of one key, by fingerprint, each with until when
+/// (µs) it is remembered. One map entry of 16 bytes per id; forgotten ids
+/// are swept out at most once a minute, so the sweep's walk costs well
+/// under a microsecond per settlement.
+#[derive(Debug, Default)]
+struct SettledIds {
+    until_micros: HashMap<u64, i64, BuildHasherDefault<FingerprintHasher>>,
+    next_sweep_micros: i64,
+}
+
+const SETTLED_SWEEP_INTERVAL_MICROS: i64 = 60_000_000;
+
+impl SettledIds {
+    fn contains(&self, fingerprint: u64, now_micros: i64) -> bool {
+        self.until_micros
+            .get(&fingerprint)
+            .is_some_and(|until| *until > now_micros)
+    }
+
+    /// Remembers `fingerprint` until `until_micros`; false when it is
+    /// remembered already.
+    fn insert(&mut self, fingerprint: u64, until_micros: i64, now_micros: i64) -> bool {
+        if now_micros >= self.next_sweep_micros {
+            self.until_micros.retain(|_, until| *until > now_micros);
+            // Give back what a burst left behind.
+            if self.until_micros.capacity() > 4 * self.until_micros.len().max(64) {
+                self.until_micros.shrink_to_fit();
+            }
+            self.next_sweep_micros = now_micros.saturating_add(SETTLED_SWEEP_INTERVAL_MICROS);
+        }
+        match self.until_micros.entry(fingerprint) {
+            std::collections::hash_map::Entry::Occupied(mut remembered) => {
+                if *remembered.get() > now_micros {
+                    return false;
+                }
+                // Forgotten, not yet swept: a new settlement.
+                remembered.insert(until_micros);
+                true
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(until_micros);
+                true
+            }
+        }
+    }
+}
+
+/// Fingerprints are keyed hashes already: used as they are, not hashed
+/// again.
+#[derive(Debug, Default)]
+struct FingerprintHasher(u64);
+
+impl std::hash::Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64s are hashed with it; any other input still hashes.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
     }
 }
 
@@ -959,7 +1034,7 @@ impl LedgerStore for MemoryStore {
         validate_admit(settlements, request)?;
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
-        let fingerprints: Vec<u128> = settlements
+        let fingerprints: Vec<u64> = settlements
             .iter()
             .map(|settlement| self.settlement_fingerprint(&settlement.reservation_id))
             .collect();

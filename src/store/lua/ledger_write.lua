@@ -9,8 +9,8 @@
 -- two keys per counter check (see counters.lua); last, when any settlement
 -- carries a generation record, the account's records hash (id -> record)
 -- and their expiries zset (id -> µs).
--- ARGV: now (µs, or '' for Redis's clock), how long (µs) a settled id is
---   remembered, key ledger count L, counter TTL slack (ms), settlement
+-- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its hold's
+--   expiry a settled id is remembered, key ledger count L, counter TTL slack (ms), settlement
 --   count N; then N times: ledger (1-based index of its four keys),
 --   reservation id, cost, byok (0/1), generation record ('' for none), how
 --   long it is kept (µs), the most records the account keeps; then counter
@@ -90,6 +90,9 @@ local function settle(k, id, cost, byok)
     redis.call('ZREMRANGEBYSCORE', k.settled, '-inf', int(now))
     k.forgotten = true
   end
+  -- Its settlement may be retried until its hold expires: the id is
+  -- remembered `memory` past that (past now when no hold is left).
+  local forget_at = math.max(now, tonumber(redis.call('ZSCORE', k.res, id) or now)) + memory
   -- Released even when settled already: a late admission of a request
   -- given up on must not leave a hold behind.
   release(k, id)
@@ -101,10 +104,12 @@ local function settle(k, id, cost, byok)
     local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
     k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
   end
-  redis.call('ZADD', k.settled, int(now + memory), id)
-  if not k.remembered then
-    redis.call('PEXPIRE', k.settled, math.ceil(memory / 1000))
-    k.remembered = true
+  redis.call('ZADD', k.settled, int(forget_at), id)
+  -- Only ever extend the zset's lifetime: the latest deadline sets it.
+  local ttl = math.ceil((forget_at - now) / 1000)
+  if (k.remembered_ms or 0) < ttl then
+    if redis.call('PTTL', k.settled) < ttl then redis.call('PEXPIRE', k.settled, ttl) end
+    k.remembered_ms = ttl
   end
   for p = 1, 3 do
     -- Periods only roll forward: a cost stamped in a period that has already
