@@ -37,8 +37,6 @@ echo "==> cargo clippy --features otel (the OpenTelemetry export)"
 cargo clippy --lib --features otel --locked -- -D warnings
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
-echo "==> cargo build --examples (tests/proxy.rs and tests/settings_page.rs run the proxy example as a process)"
-cargo build --examples --locked
 echo "==> cargo test (unit, integration, benches as smoke tests)"
 cargo test --all-targets --locked
 echo "==> cargo test --doc"

@@ -100,6 +100,7 @@
 //! ```
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admission;
 mod answer;

@@ -45,6 +45,7 @@
 //! ```
 
 #[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod otel;
 
 use std::borrow::Borrow;

@@ -12,9 +12,9 @@
 //! app title stays text). The page's responses carry their security
 //! headers, and the API allows no other origin.
 //!
-//! Needs `cargo build --examples` first and Debian's `chromium` and
-//! `chromium-driver`; `./scripts/test.sh` does both. The run writes a
-//! screenshot of the signed-in page to `docs/settings-page.png`.
+//! Needs Debian's `chromium` and `chromium-driver`, which
+//! `./scripts/test.sh` installs. The run writes a screenshot of the
+//! signed-in page to `docs/settings-page.png`.
 
 mod common;
 

@@ -2,23 +2,57 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-/// The path of the built example `name`; a clear failure when it is missing.
+/// The path of the example `name`, built first if it is missing or out of
+/// date: `cargo test` alone builds the library and the tests, not the
+/// examples these tests run as processes.
 pub fn binary(name: &str) -> PathBuf {
     let deps = std::env::current_exe().expect("the test's own path");
-    let binary = deps
+    let profile_dir = deps
         .parent()
         .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("examples")
-        .join(name);
+        .expect("target/<profile>/deps");
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| build_examples(profile_dir));
+    let binary = profile_dir.join("examples").join(name);
     assert!(
         binary.exists(),
-        "{} is missing: run `cargo build --examples` first, as ./scripts/test.sh does",
+        "{} is missing after `cargo build --examples`",
         binary.display()
     );
     binary
+}
+
+/// `cargo build --examples` into the tests' own target directory and
+/// profile, with the features the tests were built with. Cheap when the
+/// examples are fresh; several test binaries at once wait on cargo's lock.
+fn build_examples(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command
+        .args(["build", "--examples", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if let Some(target_dir) = profile_dir.parent() {
+        command.env("CARGO_TARGET_DIR", target_dir);
+    }
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
+        command.arg("--release");
+    }
+    if cfg!(feature = "otel") {
+        command.args(["--features", "otel"]);
+    }
+    let status = command
+        .status()
+        .expect("cargo runs (the CARGO variable names it under `cargo test`)");
+    assert!(
+        status.success(),
+        "`cargo build --examples` failed: {status}"
+    );
 }
 
 /// The proxy example running as a process, killed when dropped.
