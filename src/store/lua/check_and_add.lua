@@ -6,7 +6,9 @@
 -- retry_after µs, reset_after µs}. Integers are written with %.0f: Lua's
 -- own number formatting would turn large ones into exponent notation.
 local now = clock_now(ARGV[1])
-local all, outcomes = counters_check(now, tonumber(ARGV[2]), #KEYS / 2, 0, 2, {}, true)
+local all, states = counters_check(now, #KEYS / 2, 0, 2, {})
+if all then counters_commit(now, tonumber(ARGV[2]), states) end
+local outcomes = counters_outcomes(states)
 local result = { all and 1 or 0, cint(now) }
 for _, o in ipairs(outcomes) do
   for j = 1, 5 do table.insert(result, o[j]) end

@@ -8,6 +8,16 @@
 -- and two keys: the counter's base key and its auxiliary hash (rolling).
 local function cint(x) return string.format('%.0f', x) end
 local function ttl_ms(now, until_us, slack_ms) return cint(math.ceil((until_us - now) / 1000) + slack_ms) end
+-- The window a fixed ('f', p1 its length in µs) or calendar ('c', p1 'd',
+-- 'w' or 'm') counter has at `at`: its start and end (µs).
+local function counter_window(kind, p1, at)
+  if kind == 'f' then
+    local length = tonumber(p1)
+    local start = fdiv(at, length) * length
+    return start, start + length
+  end
+  return period_bounds(p1, at)
+end
 local function amount_of(member) return tonumber(string.match(member, ':(%d+)$')) end
 
 local function rolling_used(now, key, aux, window)
@@ -39,106 +49,112 @@ local function rolling_retry(now, key, window, used, amount, capacity)
   end
 end
 
--- One check at `now`; when `commit`, adds its amount. Returns fits, used,
--- retry after (µs), reset after (µs).
-local function counter_evaluate(now, slack_ms, key, aux, kind, capacity, amount, p1, commit)
+-- Reads one check at `now`: a table with fits, used, retry (µs), reset
+-- (µs) and what counter_commit needs. Each counter is read once per
+-- script: the commit, if any, works from this reading.
+local function counter_read(now, key, aux, kind, capacity, amount, p1)
+  local s = { key = key, aux = aux, kind = kind, capacity = capacity, amount = amount, p1 = p1 }
   if kind == 'f' or kind == 'c' then
-    local function bounds(at)
-      if kind == 'f' then
-        local length = tonumber(p1)
-        local start = fdiv(at, length) * length
-        return start, start + length
-      end
-      return period_bounds(p1, at)
-    end
-    local start, stop = bounds(now)
+    local start, stop = counter_window(kind, p1, now)
     -- One hash per counter, a field per window start: every key is
     -- declared, and a caller whose clock reads a moment earlier counts in
     -- its own window and never resets a newer one.
-    local field = cint(start)
-    local used = tonumber(redis.call('HGET', key, field) or '0')
-    local fits = used + amount <= capacity
-    if fits and commit and amount > 0 then
-      used = redis.call('HINCRBY', key, field, cint(amount))
-      local ttl = tonumber(ttl_ms(now, stop, slack_ms))
-      if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-      -- Windows over (beyond the slack) go as new ones come.
-      if redis.call('HLEN', key) > 2 then
-        for _, old in ipairs(redis.call('HKEYS', key)) do
-          local _, ended = bounds(tonumber(old))
-          if ended + slack_ms * 1000 < now then redis.call('HDEL', key, old) end
-        end
-      end
-    end
+    s.field, s.stop = cint(start), stop
+    s.used = tonumber(redis.call('HGET', key, s.field) or '0')
+    s.fits = s.used + amount <= capacity
     local left = stop - now
-    local retry = 0
-    if not fits then retry = left end
-    local reset = 0
-    if used > 0 then reset = left end
-    return fits, used, retry, reset
+    s.retry = s.fits and 0 or left
+    s.reset = s.used > 0 and left or 0
   elseif kind == 'r' then
     local window = tonumber(p1)
-    local used = rolling_used(now, key, aux, window)
-    local fits = used + amount <= capacity
-    if fits and commit and amount > 0 then
-      local seq = redis.call('HINCRBY', aux, 'seq', 1)
-      redis.call('ZADD', key, cint(now), cint(seq) .. ':' .. cint(amount))
-      used = used + amount
-      redis.call('HSET', aux, 'used', cint(used))
-      redis.call('PEXPIRE', key, ttl_ms(now, now + window, slack_ms))
-      redis.call('PEXPIRE', aux, ttl_ms(now, now + window, slack_ms))
-    end
-    local retry = 0
-    if not fits then retry = rolling_retry(now, key, window, used, amount, capacity) end
-    local reset = 0
+    s.used = rolling_used(now, key, aux, window)
+    s.fits = s.used + amount <= capacity
+    s.retry = 0
+    if not s.fits then s.retry = rolling_retry(now, key, window, s.used, amount, capacity) end
+    s.reset = 0
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if #newest > 0 then reset = tonumber(newest[2]) + window - now end
-    return fits, used, retry, reset
+    if #newest > 0 then s.reset = tonumber(newest[2]) + window - now end
   else
     local emission = tonumber(p1)
-    local tolerance = emission * capacity
     local arrival = tonumber(redis.call('GET', key) or '0')
     if arrival < now then arrival = now end
-    local new_arrival = arrival + emission * amount
-    local fits = new_arrival - now <= tolerance
-    if fits and commit and amount > 0 then
-      redis.call('SET', key, cint(new_arrival), 'PX', ttl_ms(now, new_arrival, slack_ms))
-      arrival = new_arrival
-    end
+    s.new_arrival = arrival + emission * amount
+    s.fits = s.new_arrival - now <= emission * capacity
     local backlog = arrival - now
-    local used = math.ceil(backlog / emission)
-    local retry = 0
-    if not fits then retry = new_arrival - now - tolerance end
-    return fits, used, retry, backlog
+    s.used = math.ceil(backlog / emission)
+    s.retry = 0
+    if not s.fits then s.retry = s.new_arrival - now - emission * capacity end
+    s.reset = backlog
+  end
+  return s
+end
+
+-- Adds the amount of a check read (and found to fit) by counter_read at
+-- `now`, and brings its used and reset up to date.
+local function counter_commit(now, slack_ms, s)
+  if s.amount <= 0 then return end
+  local key, kind = s.key, s.kind
+  if kind == 'f' or kind == 'c' then
+    s.used = redis.call('HINCRBY', key, s.field, cint(s.amount))
+    local ttl = tonumber(ttl_ms(now, s.stop, slack_ms))
+    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+    -- Windows over (beyond the slack) go as new ones come.
+    if redis.call('HLEN', key) > 2 then
+      for _, old in ipairs(redis.call('HKEYS', key)) do
+        local _, ended = counter_window(kind, s.p1, tonumber(old))
+        if ended + slack_ms * 1000 < now then redis.call('HDEL', key, old) end
+      end
+    end
+    s.reset = s.stop - now
+  elseif kind == 'r' then
+    local window = tonumber(s.p1)
+    local seq = redis.call('HINCRBY', s.aux, 'seq', 1)
+    redis.call('ZADD', key, cint(now), cint(seq) .. ':' .. cint(s.amount))
+    s.used = s.used + s.amount
+    redis.call('HSET', s.aux, 'used', cint(s.used))
+    redis.call('PEXPIRE', key, ttl_ms(now, now + window, slack_ms))
+    redis.call('PEXPIRE', s.aux, ttl_ms(now, now + window, slack_ms))
+    -- The newest entry is this one, unless a caller whose clock reads
+    -- later added one after it.
+    if s.reset < window then s.reset = window end
+  else
+    local emission = tonumber(s.p1)
+    redis.call('SET', key, cint(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
+    local backlog = s.new_arrival - now
+    s.used = math.ceil(backlog / emission)
+    s.reset = backlog
   end
 end
 
--- Checks `count` counters whose keys start at KEYS[key_base + 1] (two
+-- Reads `count` counters whose keys start at KEYS[key_base + 1] (two
 -- each) and whose arguments start at ARGV[arg_base + 1] (four each),
--- capacities replaced where `capacities` says. When all fit and `commit`
--- is true, adds to all; else to none. Returns whether all fit and, per
--- check, {fits, used, remaining, retry, reset, capacity}.
-local function counters_check(now, slack_ms, count, key_base, arg_base, capacities, commit)
-  local function args(i)
+-- capacities replaced where `capacities` says. Returns whether all fit,
+-- and the readings, for counters_commit and counters_outcomes.
+local function counters_check(now, count, key_base, arg_base, capacities)
+  local all, states = true, {}
+  for i = 1, count do
     local a = arg_base + (i - 1) * 4
     local capacity = capacities[i] or tonumber(ARGV[a + 2])
-    return KEYS[key_base + 2 * i - 1], KEYS[key_base + 2 * i], ARGV[a + 1], capacity, tonumber(ARGV[a + 3]), ARGV[a + 4]
+    local s = counter_read(now, KEYS[key_base + 2 * i - 1], KEYS[key_base + 2 * i], ARGV[a + 1],
+      capacity, tonumber(ARGV[a + 3]), ARGV[a + 4])
+    all = all and s.fits
+    states[i] = s
   end
-  local all = true
-  for i = 1, count do
-    local key, aux, kind, capacity, amount, p1 = args(i)
-    if not counter_evaluate(now, slack_ms, key, aux, kind, capacity, amount, p1, false) then
-      all = false
-      break
-    end
-  end
+  return all, states
+end
+
+-- Adds to every counter read by counters_check (all of which fit).
+local function counters_commit(now, slack_ms, states)
+  for _, s in ipairs(states) do counter_commit(now, slack_ms, s) end
+end
+
+-- Per check: {fits, used, remaining, retry, reset, capacity}.
+local function counters_outcomes(states)
   local outcomes = {}
-  for i = 1, count do
-    local key, aux, kind, capacity, amount, p1 = args(i)
-    local fits, used, retry, reset = counter_evaluate(now, slack_ms, key, aux, kind, capacity, amount, p1, all and commit)
-    local remaining = capacity - used
+  for i, s in ipairs(states) do
+    local remaining = s.capacity - s.used
     if remaining < 0 then remaining = 0 end
-    outcomes[i] = { fits and 1 or 0, used, remaining, retry, reset, capacity }
+    outcomes[i] = { s.fits and 1 or 0, s.used, remaining, s.retry, s.reset, s.capacity }
   end
-  return all, outcomes
+  return outcomes
 end

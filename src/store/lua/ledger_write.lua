@@ -184,7 +184,8 @@ local function hold(k, a)
   if ARGV[a + 9] == '1' then used = big_add(used, big(usage[offset + 1])) end
   -- Its settlement came first (the caller gave up on it): the request was
   -- never sent, and nothing must stay held.
-  if redis.call('ZSCORE', k.settled, id) then
+  local forget_at = redis.call('ZSCORE', k.settled, id)
+  if forget_at and tonumber(forget_at) > now then
     local live = live_reserved(k)
     return { 0, big_str(used), big_str(live), '0' }
   end
@@ -254,19 +255,18 @@ local function reply(head, outcomes)
   end
   return head
 end
-local fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, false)
+local fit, states = counters_check(now, checks, counter_keys, c, capacities)
 -- A revoked key is refused first, whatever its counters say.
 if ARGV[h + 1] ~= nil and redis.call('HEXISTS', ledger(ARGV[h + 1]).use, 'rv') == 1 then
-  return reply({ 5, int(now), '0', '0', '0' }, outcomes)
+  return reply({ 5, int(now), '0', '0', '0' }, counters_outcomes(states))
 end
-if not fit then return reply({ 4, int(now), '0', '0', '0' }, outcomes) end
+if not fit then return reply({ 4, int(now), '0', '0', '0' }, counters_outcomes(states)) end
+local decided = { 0, '0', '0', '0' }
 if ARGV[h + 1] ~= nil then
-  local decided = hold(ledger(ARGV[h + 1]), h + 1)
+  decided = hold(ledger(ARGV[h + 1]), h + 1)
   if decided[1] ~= 0 then
-    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', '0' }, outcomes)
+    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', '0' }, counters_outcomes(states))
   end
-  fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, true)
-  return reply({ 0, int(now), decided[2], decided[3], decided[4] }, outcomes)
 end
-fit, outcomes = counters_check(now, slack_ms, checks, counter_keys, c, capacities, true)
-return reply({ 0, int(now), '0', '0', '0' }, outcomes)
+counters_commit(now, slack_ms, states)
+return reply({ 0, int(now), decided[2], decided[3], decided[4] }, counters_outcomes(states))
