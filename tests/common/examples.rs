@@ -69,6 +69,10 @@ impl ProxyProcess {
     /// it) with its output piped, and waits for the address it prints.
     pub fn spawn(mut command: std::process::Command) -> ProxyProcess {
         use std::io::{BufRead, BufReader};
+        use std::os::unix::process::CommandExt;
+        // Its own process group, so that dropping it also ends what a
+        // wrapper (faketime forks the proxy) started.
+        command.process_group(0);
         let mut child = command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -139,6 +143,10 @@ impl ProxyProcess {
 
 impl Drop for ProxyProcess {
     fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
