@@ -469,10 +469,18 @@ async fn every_chat_rejection_over_http() {
             400,
             "model",
         ),
+        // A value of the wrong type is 422, as the error seed lists type
+        // mismatches; a missing field stays 400.
         (
-            json!({"model": 1, "messages": [{"role": "user", "content": "x"}]}),
-            400,
+            json!({"model": 5, "messages": [{"role": "user", "content": "x"}]}),
+            422,
             "model",
+        ),
+        (json!({"model": "p/m", "messages": "hi"}), 422, "messages"),
+        (
+            json!({"model": "p/m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}),
+            422,
+            "stream",
         ),
         (json!({"model": "p/m", "messages": []}), 400, "messages"),
         (

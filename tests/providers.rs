@@ -433,6 +433,19 @@ async fn the_models_list_has_the_openai_shape() {
         .unwrap();
     assert_eq!(degraded["fallbacks"], json!(["beta/m2"]));
     assert_eq!(degraded["pricing"]["completion_per_million"], "2");
+    // Each served model's `:free` variant is listed with the free quota,
+    // and served for nothing.
+    let free = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|model| model["id"] == "alpha/m1:free")
+        .unwrap();
+    assert_eq!(free["pricing"]["prompt"], "0");
+    assert_eq!(free["pricing"]["completion"], "0");
+    assert_eq!(free["limits"]["free_quota"]["requests_per_minute"], 20);
+    let reply = gateway.chat(ask("alpha/m1:free")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
     // The list is for callers with a key, like every gateway route.
     let anonymous = reqwest::get(format!("http://{}/api/v1/models", gateway.address))
         .await

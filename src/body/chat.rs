@@ -133,10 +133,11 @@ impl ChatRequest {
     /// Parses and validates a chat-completions body.
     ///
     /// 400 `invalid_request_error` for invalid JSON (with line and column),
-    /// a missing or wrongly typed `model` or `messages`, an empty
-    /// `messages`, a null `content`, an unknown role or a strict schema that
-    /// is not strict; 422 `invalid_parameter` for a parameter of the wrong
-    /// type or out of range, naming it.
+    /// a body that is not an object, a missing `model` or `messages`, an
+    /// empty `messages`, a null `content`, an unknown role or a strict
+    /// schema that is not strict; 422 `invalid_parameter` for any field of
+    /// the wrong type (`"model": 5`, `"messages": "hi"`, `"stream": "yes"`)
+    /// or out of range, naming it in the message and in `metadata.param`.
     ///
     /// ```
     /// use modelgate::body::ChatRequest;
@@ -182,13 +183,7 @@ impl ChatRequest {
                 )
             }
             Some(Value::String(model)) => model,
-            Some(other) => {
-                return Err(invalid_request(format!(
-                    "`model` must be a string, not {}",
-                    json_type(&other)
-                ))
-                .with_metadata("param", "model"))
-            }
+            Some(other) => return Err(wrong_type("model", "a string", &other)),
         };
         let messages = parse_messages(fields.remove("messages"))?;
         let stream = match fields.remove("stream") {
@@ -365,13 +360,7 @@ fn parse_messages(messages: Option<Value>) -> Result<Vec<ChatMessage>, GatewayEr
             .with_metadata("param", "messages"))
         }
         Some(Value::Array(messages)) => messages,
-        Some(other) => {
-            return Err(invalid_request(format!(
-                "`messages` must be an array, not {}",
-                json_type(&other)
-            ))
-            .with_metadata("param", "messages"))
-        }
+        Some(other) => return Err(wrong_type("messages", "an array", &other)),
     };
     if messages.is_empty() {
         return Err(
@@ -390,11 +379,11 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
     // Formatted only on the way to an error: valid messages allocate nothing here.
     let at = MessageAt(index);
     let Value::Object(mut fields) = message else {
-        return Err(invalid_request(format!(
-            "`{at}` must be an object with `role` and `content`, not {}",
-            json_type(&message)
-        ))
-        .with_metadata("param", at.to_string()));
+        return Err(wrong_type(
+            &at.to_string(),
+            "an object with `role` and `content`",
+            &message,
+        ));
     };
     let role = match fields.remove("role") {
         Some(Value::String(name)) => Role::parse(&name).ok_or_else(|| {
@@ -407,13 +396,7 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
             return Err(invalid_request(format!("`{at}.role` is required"))
                 .with_metadata("param", format!("{at}.role")))
         }
-        Some(other) => {
-            return Err(invalid_request(format!(
-                "`{at}.role` must be a string, not {}",
-                json_type(&other)
-            ))
-            .with_metadata("param", format!("{at}.role")))
-        }
+        Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", &other)),
     };
     // OpenAI clients send an assistant turn that called tools with
     // `content: null`; every other null content is refused.
@@ -435,11 +418,11 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
                 .with_metadata("param", format!("{at}.content")))
         }
         Some(other) => {
-            return Err(invalid_request(format!(
-                "`{at}.content` must be a string or an array of content parts, not {}",
-                json_type(&other)
+            return Err(wrong_type(
+                &format!("{at}.content"),
+                "a string or an array of content parts",
+                &other,
             ))
-            .with_metadata("param", format!("{at}.content")))
         }
     };
     if role == Role::Tool && !matches!(fields.get("tool_call_id"), Some(Value::String(_))) {
@@ -880,21 +863,9 @@ mod tests {
                 "`model` is required",
             ),
             (with("model", json!(null)), "`model` is required"),
-            (
-                with("model", json!(7)),
-                "`model` must be a string, not a number",
-            ),
             (with("model", json!("  ")), "`model` must not be empty"),
             (json!({"model": "p/m"}), "`messages` is required"),
-            (
-                with("messages", json!({"role": "user"})),
-                "`messages` must be an array, not an object",
-            ),
             (with("messages", json!([])), "at least one message"),
-            (
-                with("messages", json!(["hi"])),
-                "`messages[0]` must be an object",
-            ),
             (
                 with("messages", json!([{"content": "x"}])),
                 "`messages[0].role` is required",
@@ -904,20 +875,12 @@ mod tests {
                 "\"bot\", which is not a role",
             ),
             (
-                with("messages", json!([{"role": 1, "content": "x"}])),
-                "`messages[0].role` must be a string",
-            ),
-            (
                 with("messages", json!([{"role": "user", "content": null}])),
                 "`messages[0].content` must not be null",
             ),
             (
                 with("messages", json!([{"role": "user"}])),
                 "`messages[0].content` is required",
-            ),
-            (
-                with("messages", json!([{"role": "user", "content": 5}])),
-                "must be a string or an array",
             ),
             (
                 with(
@@ -940,6 +903,97 @@ mod tests {
             let (status, message) = rejection(request.clone());
             assert_eq!(status, 400, "{request}");
             assert!(message.contains(expected), "{request}: {message}");
+        }
+    }
+
+    #[test]
+    fn required_fields_of_the_wrong_type_get_422_naming_them() {
+        let cases = [
+            (
+                with("model", json!(5)),
+                "model",
+                "`model` must be a string, not a number",
+            ),
+            (with("model", json!(["a/b"])), "model", "not an array"),
+            (
+                with("messages", json!("hi")),
+                "messages",
+                "`messages` must be an array, not a string",
+            ),
+            (
+                with("messages", json!({"role": "user"})),
+                "messages",
+                "not an object",
+            ),
+            (
+                with("messages", json!(["hi"])),
+                "messages[0]",
+                "`messages[0]` must be an object",
+            ),
+            (
+                with("messages", json!([{"role": 1, "content": "x"}])),
+                "messages[0].role",
+                "`messages[0].role` must be a string, not a number",
+            ),
+            (
+                with("messages", json!([{"role": "user", "content": 5}])),
+                "messages[0].content",
+                "must be a string or an array",
+            ),
+            (
+                with("stream", json!("yes")),
+                "stream",
+                "`stream` must be a boolean",
+            ),
+        ];
+        for (request, param, expected) in cases {
+            let error = parse(request.clone()).unwrap_err();
+            assert_eq!(error.status(), 422, "{request}");
+            assert_eq!(error.kind().type_str(), "invalid_parameter");
+            assert_eq!(error.metadata()["param"], param, "{request}");
+            assert!(
+                error.message().contains(expected),
+                "{request}: {}",
+                error.message()
+            );
+        }
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |x| x.is_finite())
+                .prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Any JSON value of another type in a typed field is a 422 naming
+        /// that field; never a 400 or a panic.
+        #[test]
+        fn any_value_of_the_wrong_type_is_422(value in any_json(), field in 0usize..5) {
+            let (name, right_type): (&str, fn(&Value) -> bool) = [
+                ("model", Value::is_string as fn(&Value) -> bool),
+                ("messages", Value::is_array),
+                ("stream", Value::is_boolean),
+                ("max_tokens", Value::is_number),
+                ("temperature", Value::is_number),
+            ][field];
+            prop_assume!(!right_type(&value) && !value.is_null());
+            let error = parse(with(name, value)).unwrap_err();
+            prop_assert_eq!(error.status(), 422);
+            prop_assert_eq!(&error.metadata()["param"], name);
         }
     }
 

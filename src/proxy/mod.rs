@@ -462,11 +462,13 @@ impl ConfigError {
     }
 }
 
-/// The prices the demo uses when the config has none: a paid model the
-/// built-in mock serves; every `:free` variant is free anyway.
+/// The prices the demo uses when the config has none: paid models the
+/// built-in mock serves, and a model only its `:free` variant is listed
+/// for (every `:free` variant is free, whatever its configured price).
 pub const DEMO_PRICING: &str = r#"{"models": {
     "openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6},
-    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000}
+    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000},
+    "meta-llama/llama-3.1-8b-instruct:free": {"prompt_per_million": 0, "completion_per_million": 0}
 }}"#;
 
 /// The account rule the demo uses when the config has none.

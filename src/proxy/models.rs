@@ -168,8 +168,9 @@ impl ModelCatalog {
 
     /// What a metric's `model` label says for `model`: its id as
     /// `GET /api/v1/models` lists it, or `other` for anything else a
-    /// request may name (a `:free` variant, a model under a `default`
-    /// price), so that clients cannot create series by inventing names.
+    /// request may name (a variant priced by its base, a model under a
+    /// `default` price), so that clients cannot create series by inventing
+    /// names.
     pub fn metric_label<'a>(&'a self, model: &str) -> &'a str {
         self.listed
             .get(&model.to_ascii_lowercase())
@@ -185,22 +186,40 @@ impl ModelCatalog {
 
     fn list(&self, rules: &RateLimitRules, quota: &FreeQuotaRules) -> Value {
         let created = chrono::Utc::now().timestamp();
-        let data: Vec<Value> = self
-            .prices
-            .models()
-            .into_iter()
-            .filter_map(|(id, price)| {
-                let model = ModelId::parse(id).ok()?;
-                if self.check(&model).is_err() {
-                    return None;
+        // Every priced model, each followed by its `:free` variant: the
+        // gateway serves the free variant of any model it serves, so an
+        // OpenAI client's `models.list()` should show it.
+        let mut seen = HashSet::new();
+        let mut served = Vec::new();
+        for (id, _) in self.prices.models() {
+            let Ok(model) = ModelId::parse(id) else {
+                continue;
+            };
+            if self.check(&model).is_err() {
+                continue;
+            }
+            let free = (!model.is_free())
+                .then(|| ModelId::parse(&format!("{}:free", model.base())).ok())
+                .flatten();
+            for model in std::iter::once(model).chain(free) {
+                if seen.insert(model.as_str().to_ascii_lowercase()) {
+                    served.push(model);
                 }
+            }
+        }
+        let data: Vec<Value> = served
+            .into_iter()
+            .filter_map(|model| {
+                // The price charged, not the one configured: `:free` is free.
+                let price = self.prices.price(&model)?;
+                let id = model.as_str().to_ascii_lowercase();
                 let per_million = |nanos: i64| decimal(nanos, 9);
                 let per_token = |nanos: i64| decimal(nanos, 15);
                 let model_rules: Vec<&crate::rate_limit::ModelRule> =
                     rules.models.iter().filter(|rule| rule.covers(&model)).collect();
                 let fallbacks: Vec<&str> = self
                     .fallbacks
-                    .get(id)
+                    .get(&id)
                     .map(|next| next.iter().map(ModelId::as_str).collect())
                     .unwrap_or_default();
                 Some(json!({
@@ -246,6 +265,7 @@ fn decimal(units: i64, scale: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credit::TokenPrice;
 
     fn catalog(providers: Option<&[&str]>) -> ModelCatalog {
         let prices = PriceTable::from_json(
@@ -277,9 +297,12 @@ mod tests {
         assert_eq!(catalog.metric_label("openai/gpt-4o"), "openai/gpt-4o");
         assert_eq!(catalog.metric_label("OpenAI/GPT-4o"), "openai/gpt-4o");
         assert_eq!(catalog.metric_label("acme/big"), "acme/big");
-        // Served but not listed (free variants, variants priced by their
-        // base), and inventions.
-        assert_eq!(catalog.metric_label("openai/gpt-4o:free"), "other");
+        assert_eq!(
+            catalog.metric_label("OPENAI/gpt-4o:free"),
+            "openai/gpt-4o:free"
+        );
+        // Served but not listed (variants priced by their base), and
+        // inventions.
         assert_eq!(catalog.metric_label("openai/gpt-4o:nitro"), "other");
         assert_eq!(catalog.metric_label("x/invented-7"), "other");
     }
@@ -393,7 +416,7 @@ mod tests {
             .iter()
             .map(|model| &model["id"])
             .collect();
-        assert_eq!(ids, [&json!("openai/gpt-4o")]);
+        assert_eq!(ids, [&json!("openai/gpt-4o"), &json!("openai/gpt-4o:free")]);
         // A fallback the gateway cannot serve is a configuration error.
         assert!(ModelCatalog::new(
             Arc::new(PriceTable::default()),
@@ -403,6 +426,59 @@ mod tests {
             &FreeQuotaRules::default()
         )
         .is_err());
+    }
+
+    #[test]
+    fn the_models_list_shows_each_served_model_with_its_free_variant_and_quota() {
+        let prices = PriceTable::from_json(
+            r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
+                           "openai/gpt-4o:extended": {"prompt_per_million": 6, "completion_per_million": 18},
+                           "meta/llama:free": {"prompt_per_million": 1, "completion_per_million": 1},
+                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}}}"#,
+        )
+        .unwrap();
+        let quota = FreeQuotaRules::default();
+        let catalog = ModelCatalog::new(
+            Arc::new(prices),
+            Some(HashSet::from(["openai".to_owned(), "meta".to_owned()])),
+            &HashMap::new(),
+            &RateLimitRules::default(),
+            &quota,
+        )
+        .unwrap();
+        let data = catalog.models_list()["data"].as_array().unwrap().clone();
+        let ids: Vec<&str> = data
+            .iter()
+            .map(|model| model["id"].as_str().unwrap())
+            .collect();
+        // acme is not configured: neither its model nor its free variant.
+        assert_eq!(
+            ids,
+            [
+                "meta/llama:free",
+                "openai/gpt-4o",
+                "openai/gpt-4o:free",
+                "openai/gpt-4o:extended"
+            ]
+        );
+        for model in &data {
+            let free = model["id"].as_str().unwrap().ends_with(":free");
+            if free {
+                // What it is charged, whatever a configured price says.
+                assert_eq!(model["pricing"]["prompt"], "0", "{model}");
+                assert_eq!(model["pricing"]["completion_per_million"], "0");
+                assert_eq!(model["limits"]["free_quota"], json!(quota), "{model}");
+            } else {
+                assert!(model["limits"]["free_quota"].is_null(), "{model}");
+                assert_ne!(model["pricing"]["prompt"], "0", "{model}");
+            }
+        }
+        // Every listed free variant is one the gateway serves, for free.
+        for id in ids.iter().filter(|id| id.ends_with(":free")) {
+            let model = ModelId::parse(id).unwrap();
+            assert!(catalog.check(&model).is_ok(), "{id}");
+            assert_eq!(catalog.prices.price(&model), Some(TokenPrice::FREE));
+        }
     }
 
     #[test]
