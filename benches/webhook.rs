@@ -16,7 +16,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use modelgate::webhook::{
-    resolve_routes, FlowAction, ResolveLimits, WebhookLimits, WebhookSecretLayer, WebhooksConfig,
+    resolve_routes, FlowAction, ResolveLimits, SecretProviders, WebhookLimits, WebhookSecretLayer,
+    WebhooksConfig,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
@@ -47,7 +48,11 @@ fn bench_layer(c: &mut Criterion) {
                 "bench": {"sessionKey": "agent:bench", "secret": SECRET}
             }}}))
             .unwrap();
-        let (routes, _) = resolve_routes(&config, &ResolveLimits::default());
+        let (routes, _) = resolve_routes(
+            &config,
+            &SecretProviders::default(),
+            &ResolveLimits::default(),
+        );
         let limits = WebhookLimits {
             requests_per_window: u64::MAX >> 12,
             ..WebhookLimits::default()

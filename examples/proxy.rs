@@ -17,7 +17,8 @@
 //! - `--bare true`: the upstream client with no layer at all, the
 //!   baseline `bench/load.sh` compares against.
 //! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`); its
-//!   `plugins.entries.webhooks` routes are served too.
+//!   `plugins.entries.webhooks` routes are served too, and every SecretRef
+//!   in it reads from its `secrets.providers`.
 //!
 //! The management key comes from `MODELGATE_ADMIN_KEY`; when that is unset
 //! one is generated and printed once. Ctrl-C or SIGTERM stops accepting,

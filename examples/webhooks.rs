@@ -5,18 +5,24 @@
 //! cargo run --example webhooks -- --config webhooks.json [--listen ADDR] [--redis URL]
 //! ```
 //!
-//! The file holds the plugin entry where the gateway's config keeps it:
+//! The file holds the plugin entry where the gateway's config keeps it,
+//! and the `secrets` providers its SecretRefs name (`default`, the
+//! environment, needs no declaring):
 //!
 //! ```json
-//! {"plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+//! {"secrets": {"providers": {"vault": {"source": "file", "path": "/run/secrets/hooks.json", "mode": "json"}}},
+//!  "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
 //!   "deploys": {"sessionKey": "agent:main",
-//!               "secret": {"source": "env", "provider": "default", "id": "DEPLOY_HOOK_SECRET"}}
+//!               "secret": {"source": "env", "provider": "default", "id": "DEPLOY_HOOK_SECRET"}},
+//!   "ci": {"sessionKey": "agent:ci",
+//!          "secret": {"source": "file", "provider": "vault", "id": "/hooks/ci"}}
 //! }}}}}}
 //! ```
 //!
 //! It prints `webhooks listening on http://ADDR`, then one line per served
-//! route (`route <id> POST <path>`); a route whose secret cannot be read is
-//! skipped with a warning on stderr. Any other path answers 404.
+//! route (`route <id> POST <path>`); a route whose secret cannot be read,
+//! or whose provider is not declared, is skipped with a warning on stderr.
+//! Any other path answers 404.
 
 #[path = "support/args.rs"]
 mod args;
@@ -68,7 +74,7 @@ async fn run() -> Result<(), String> {
         ));
     }
     let store = serve::open_store(args.get("redis")).await?;
-    let (routes, _skipped) = resolve_routes(&webhooks, &ResolveLimits::default());
+    let (routes, _skipped) = resolve_routes(&webhooks, &config.secrets, &ResolveLimits::default());
 
     let listener = TcpListener::bind(listen)
         .await

@@ -2,8 +2,9 @@
 //! every action, every rejection and its status, the rate window and the
 //! in-flight bound under concurrency and across two instances, flows
 //! shared between instances with exactly one winner per revision, and the
-//! `webhooks` example serving secrets from env, file and exec while
-//! skipping a route whose secret cannot be read.
+//! `webhooks` example and the proxy serving secrets from the named
+//! providers of their `secrets` section (env, file, exec) while skipping a
+//! route whose secret cannot be read or whose provider is not declared.
 
 mod common;
 
@@ -24,9 +25,9 @@ use modelgate::keys::SharedStore;
 use modelgate::store::FailurePolicy;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource};
 use modelgate::webhook::{
-    resolve_routes, CancelOutcome, ClientAddr, FlowStatus, ResolveLimits, TaskLaunch, TaskRunner,
-    TaskRunnerError, TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute, WebhookSecretLayer,
-    WebhooksConfig,
+    resolve_routes, CancelOutcome, ClientAddr, FlowStatus, ResolveLimits, SecretProviders,
+    TaskLaunch, TaskRunner, TaskRunnerError, TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute,
+    WebhookSecretLayer, WebhooksConfig,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};
@@ -58,7 +59,11 @@ async fn start(store: SharedStore, limits: WebhookLimits) -> SocketAddr {
 /// `x-test-client` header stands for its client address, so tests can be
 /// several clients.
 async fn serve_routes(build: impl FnOnce(Vec<WebhookRoute>) -> WebhookSecretLayer) -> SocketAddr {
-    let (routes, skipped) = resolve_routes(&config(), &ResolveLimits::default());
+    let (routes, skipped) = resolve_routes(
+        &config(),
+        &SecretProviders::default(),
+        &ResolveLimits::default(),
+    );
     assert!(skipped.is_empty());
     let service = ServiceBuilder::new()
         .map_request(|mut request: Request<hyper::body::Incoming>| {
@@ -1113,7 +1118,7 @@ async fn two_instances_share_flows_and_one_revision_has_one_winner() {
 }
 
 #[tokio::test]
-async fn the_example_serves_secrets_from_env_file_and_exec_and_skips_an_unresolvable_route() {
+async fn the_example_serves_secrets_from_its_providers_and_skips_unresolvable_routes() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::PermissionsExt;
 
@@ -1123,19 +1128,30 @@ async fn the_example_serves_secrets_from_env_file_and_exec_and_skips_an_unresolv
     let nested = directory.path().join("secrets.json");
     std::fs::write(&nested, r#"{"hooks": {"json": "json-secret-0123456789"}}"#).unwrap();
     let exec = directory.path().join("secret-command");
+    // Answers only when given its arguments as configured.
     std::fs::write(
         &exec,
-        "#!/bin/sh\ncat > /dev/null\necho '{\"values\": {\"hook\": \"exec-secret-0123456789\"}}'\n",
+        "#!/bin/sh\n[ \"$1\" = --profile ] && [ \"$2\" = hooks ] || exit 5\ncat > /dev/null\necho '{\"values\": {\"hook\": \"exec-secret-0123456789\"}}'\n",
     )
     .unwrap();
     std::fs::set_permissions(&exec, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let config = json!({"plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
-        "env": {"sessionKey": "agent:env", "secret": {"source": "env", "provider": "default", "id": "WEBHOOK_TEST_SECRET"}},
-        "file": {"sessionKey": "agent:file", "secret": {"source": "file", "provider": plain, "id": "value"}},
-        "json": {"sessionKey": "agent:json", "secret": {"source": "file", "provider": nested, "id": "/hooks/json"}},
-        "exec": {"sessionKey": "agent:exec", "secret": {"source": "exec", "provider": exec, "id": "hook"}},
-        "broken": {"sessionKey": "agent:broken", "secret": {"source": "env", "provider": "default", "id": "WEBHOOK_TEST_UNSET"}}
-    }}}}}});
+    let config = json!({
+        "secrets": {"providers": {
+            "whole": {"source": "file", "path": plain, "mode": "singleValue"},
+            "vault": {"source": "file", "path": nested, "mode": "json"},
+            "keyring": {"source": "exec", "command": exec, "args": ["--profile", "hooks"], "timeoutMs": 5000}
+        }},
+        "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+            "env": {"sessionKey": "agent:env", "secret": {"source": "env", "provider": "default", "id": "WEBHOOK_TEST_SECRET"}},
+            "file": {"sessionKey": "agent:file", "secret": {"source": "file", "provider": "whole", "id": "value"}},
+            "json": {"sessionKey": "agent:json", "secret": {"source": "file", "provider": "vault", "id": "/hooks/json"}},
+            "exec": {"sessionKey": "agent:exec", "secret": {"source": "exec", "provider": "keyring", "id": "hook"}},
+            "broken": {"sessionKey": "agent:broken", "secret": {"source": "env", "provider": "default", "id": "WEBHOOK_TEST_UNSET"}},
+            "undeclared": {"sessionKey": "agent:undeclared", "secret": {"source": "file", "provider": "nowhere", "id": "/hooks/json"}},
+            // The way refs were written before providers had names.
+            "oldstyle": {"sessionKey": "agent:oldstyle", "secret": {"source": "file", "provider": plain, "id": "value"}}
+        }}}}}
+    });
     let config_path = directory.path().join("webhooks.json");
     std::fs::write(&config_path, config.to_string()).unwrap();
     let mut child = std::process::Command::new(common::examples::binary("webhooks"))
@@ -1204,31 +1220,43 @@ async fn the_example_serves_secrets_from_env_file_and_exec_and_skips_an_unresolv
             401
         );
     }
-    let skipped = post(
-        address,
-        "/plugins/webhooks/broken",
-        "anything-at-all-here",
-        json!({"action": "list_flows"}),
-    )
-    .await;
-    assert_eq!(
-        (skipped.status, &skipped.body["code"]),
-        (404, &json!("not_found"))
-    );
+    for (route, secret) in [
+        ("broken", "anything-at-all-here"),
+        ("undeclared", "json-secret-0123456789"),
+        ("oldstyle", "file-secret-0123456789"),
+    ] {
+        let skipped = post(
+            address,
+            &format!("/plugins/webhooks/{route}"),
+            secret,
+            json!({"action": "list_flows"}),
+        )
+        .await;
+        assert_eq!(
+            (skipped.status, &skipped.body["code"]),
+            (404, &json!("not_found")),
+            "{route}"
+        );
+    }
     std::process::Command::new("kill")
         .arg(child.id().to_string())
         .status()
         .unwrap();
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let warning = stderr
-        .lines()
-        .find(|line| line.contains("skipped"))
-        .unwrap_or_else(|| panic!("no warning in {stderr}"));
-    assert!(
-        warning.contains("broken") && warning.contains("WEBHOOK_TEST_UNSET"),
-        "{warning}"
-    );
+    for (route, words) in [
+        ("broken", "WEBHOOK_TEST_UNSET"),
+        ("undeclared", "nowhere"),
+        ("oldstyle", "a path is no longer a provider"),
+    ] {
+        let warning = stderr
+            .lines()
+            .find(|line| {
+                line.contains("skipped") && line.contains(&format!("/plugins/webhooks/{route}"))
+            })
+            .unwrap_or_else(|| panic!("no warning for {route} in {stderr}"));
+        assert!(warning.contains(words), "{warning}");
+    }
     for secret in ["env-secret", "file-secret", "json-secret", "exec-secret"] {
         assert!(!stderr.contains(secret), "a secret was logged: {stderr}");
     }
@@ -1288,6 +1316,73 @@ async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_la
         .err()
         .unwrap();
     assert!(error.to_string().contains("sessionKey"), "{error}");
+}
+
+#[tokio::test]
+async fn the_proxy_reads_route_secrets_from_its_secrets_providers_and_hides_an_undeclared_one() {
+    use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+
+    let directory = tempfile::tempdir().unwrap();
+    let vault = directory.path().join("secrets.json");
+    std::fs::write(
+        &vault,
+        json!({"hooks": {"deploys": SECRET, "other": OTHER_SECRET}}).to_string(),
+    )
+    .unwrap();
+    let config = GatewayConfig::from_json(
+        &json!({
+            "secrets": {"providers": {"vault": {"source": "file", "path": vault, "mode": "json"}}},
+            "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+                "deploys": {"sessionKey": "agent:main",
+                            "secret": {"source": "file", "provider": "vault", "id": "/hooks/deploys"}},
+                "other": {"sessionKey": "agent:other",
+                          "secret": {"source": "file", "provider": "missing", "id": "/hooks/other"}}
+            }}}}}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
+    let service = gateway::<hyper::body::Incoming>(&config, memory(), upstream).unwrap();
+    let address = serve(service).await;
+    let created = post(
+        address,
+        DEPLOYS,
+        SECRET,
+        json!({"action": "create_flow", "goal": "from the vault"}),
+    )
+    .await;
+    assert_eq!(
+        (created.status, &created.body["routeId"]),
+        (201, &json!("deploys")),
+        "{}",
+        created.body
+    );
+    let wrong = post(
+        address,
+        DEPLOYS,
+        OTHER_SECRET,
+        json!({"action": "list_flows"}),
+    )
+    .await;
+    assert_eq!(
+        (wrong.status, &wrong.body["code"]),
+        (401, &json!("unauthorized")),
+        "{}",
+        wrong.body
+    );
+    // Not a webhook route: its path meets the gateway's layers like any
+    // path the gateway does not serve, and its secret is no gateway key.
+    let hidden = post(
+        address,
+        OTHER,
+        OTHER_SECRET,
+        json!({"action": "list_flows"}),
+    )
+    .await;
+    assert_eq!(hidden.status, 401, "{}", hidden.body);
+    assert_eq!(hidden.body["error"]["type"], "authentication_error");
+    assert!(hidden.body.get("routeId").is_none(), "{}", hidden.body);
 }
 
 /// Starts every task running and stops one only when the test says so.

@@ -1,11 +1,16 @@
-//! The webhooks plugin entry and the SecretRef reader on arbitrary JSON:
-//! never panic, and what they accept keeps its promises (distinct paths,
-//! plain absolute paths, non-empty session keys; a key source is never
-//! inline text).
+//! The webhooks plugin entry, the SecretRef reader and the `secrets`
+//! providers section on arbitrary JSON: never panic, and what they accept
+//! keeps its promises (distinct paths, plain absolute paths, non-empty
+//! session keys; a key source is never inline text; providers have safe
+//! names, absolute paths and bounded sizes, and `default` always exists).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use modelgate::webhook::{secret_ref_from_json, SecretSpec, WebhooksConfig};
+use modelgate::webhook::{
+    secret_ref_from_json, SecretProvider, SecretProviders, SecretSpec, WebhooksConfig,
+    DEFAULT_PROVIDER, MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS,
+    MAX_PROVIDER_NAME_CHARS,
+};
 
 fuzz_target!(|text: &str| {
     let Ok(entry) = serde_json::from_str::<serde_json::Value>(text) else {
@@ -13,7 +18,13 @@ fuzz_target!(|text: &str| {
     };
     // The same SecretRef reader takes providers' API keys: never inline text.
     if let Ok(spec) = secret_ref_from_json(&entry) {
-        assert!(matches!(spec, SecretSpec::Ref(_)));
+        assert!(matches!(spec, SecretSpec::Ref(_) | SecretSpec::File(_)));
+    }
+    // The same document read as a `secrets` section (`{"providers": …}`).
+    match SecretProviders::from_json(&entry) {
+        Ok(providers) => check_providers(&providers),
+        // Every refusal names a field under `secrets`.
+        Err(error) => assert!(error.field().starts_with("secrets")),
     }
     if let Ok(config) = WebhooksConfig::from_plugin_entry(&entry) {
         let mut paths: Vec<&str> = config
@@ -44,3 +55,39 @@ fuzz_target!(|text: &str| {
         }
     }
 });
+
+/// What an accepted `secrets` section promises: `default` exists, names
+/// are safe, paths absolute, sizes bounded, arguments never in `Debug`.
+fn check_providers(providers: &SecretProviders) {
+    assert!(providers.get(DEFAULT_PROVIDER).is_some());
+    // The declared ones and `default`.
+    assert!(providers.iter().count() <= MAX_PROVIDERS + 1);
+    for (name, provider) in providers.iter() {
+        let safe_byte = |byte: u8| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-';
+        assert!((1..=MAX_PROVIDER_NAME_CHARS).contains(&name.len()));
+        assert!(name.bytes().all(safe_byte));
+        match provider {
+            SecretProvider::Env { allowlist } => {
+                for variable in allowlist.iter().flatten() {
+                    assert!(!variable.is_empty() && !variable.contains('='));
+                }
+                assert!(allowlist.as_ref().map_or(0, |names| names.len()) <= MAX_ALLOWLIST_ENTRIES);
+            }
+            SecretProvider::File { path, .. } => assert!(path.is_absolute()),
+            SecretProvider::Exec {
+                command,
+                args,
+                timeout,
+            } => {
+                assert!(command.is_absolute() && args.len() <= MAX_EXEC_ARGS);
+                if let Some(timeout) = timeout {
+                    assert!(!timeout.is_zero());
+                    assert!(timeout.as_millis() <= u128::from(MAX_EXEC_TIMEOUT_MS));
+                }
+                // Arguments may carry a token: Debug counts them only.
+                let shown = format!("{provider:?}");
+                assert!(shown.contains(&format!("args: […; {}]", args.len())));
+            }
+        }
+    }
+}

@@ -105,7 +105,9 @@ use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::settings::SettingsPageLayer;
 use crate::usage::{AppRanking, Generations};
-use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, WebhooksConfig};
+use crate::webhook::{
+    resolve_routes, ResolveLimits, Secret, SecretProviders, WebhookSecretLayer, WebhooksConfig,
+};
 
 /// The gateway's configuration, as a JSON document; every section is
 /// optional.
@@ -120,8 +122,10 @@ use crate::webhook::{resolve_routes, ResolveLimits, Secret, WebhookSecretLayer, 
 ///   "body": {"max_body_bytes": 4194304, "read_timeout_ms": 30000},
 ///   "retry": {"max_attempts": 3, "max_wait_ms": 10000},
 ///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 900},
+///   "secrets": {"providers": {"vault": {"source": "file", "path": "/run/secrets/modelgate.json", "mode": "json"}}},
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
-///   "providers": {"openai": {"base_url": "https://api.openai.com/v1", "api_key": {"env": "OPENAI_API_KEY"},
+///   "providers": {"openai": {"base_url": "https://api.openai.com/v1",
+///                            "api_key": {"source": "file", "provider": "vault", "id": "/openai"},
 ///                            "headers": {}, "model_prefix": "strip"}},
 ///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
 ///   "max_in_flight": 512,
@@ -152,6 +156,11 @@ pub struct GatewayConfig {
     pub retry: RetrySection,
     /// Credit accounting.
     pub credit: CreditSection,
+    /// The named secrets providers every SecretRef in this config reads
+    /// from (`{"providers": {"<name>": {…}}}`, see [`SecretProviders`]):
+    /// route secrets, API keys, the leak webhook's secret, the SMTP URL.
+    /// Absent: the built-in `default` (the environment) alone.
+    pub secrets: SecretProviders,
     /// Plugin entries (the webhook routes), kept for the webhook layer.
     pub plugins: Option<Value>,
     /// Providers by name: a model `<provider>/<model>` goes to its
@@ -276,7 +285,8 @@ pub struct ProviderSection {
     pub base_url: String,
     /// Where its API key comes from: `{"env": "VAR"}`, `{"file": "/path"}`
     /// (the whole file, trimmed) or a SecretRef `{"source": "env"|"file"|"exec",
-    /// "provider", "id"}` as the webhook routes take it.
+    /// "provider", "id"}` naming a provider of `secrets.providers`, as the
+    /// webhook routes take it. A key that cannot be read stops start-up.
     pub api_key: Option<Value>,
     /// Extra headers it receives with every request (`OpenAI-Organization`, …).
     #[serde(default)]
@@ -333,6 +343,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("body", &self.body)
             .field("retry", &self.retry)
             .field("credit", &self.credit)
+            .field("secrets", &self.secrets)
             .field("plugins", &self.plugins.as_ref().map(|_| "…"))
             .field("providers", &self.providers)
             .field("fallbacks", &self.fallbacks)
@@ -520,7 +531,7 @@ impl GatewayConfig {
             }
             let mut config = UpstreamConfig::new(section.base_url.clone());
             if let Some(key) = &section.api_key {
-                let secret = read_secret(&format!("providers.{name}.api_key"), key)?;
+                let secret = self.read_secret(&format!("providers.{name}.api_key"), key)?;
                 config.api_key = Some(secret.expose().to_owned());
             }
             config.extra_headers = section
@@ -553,7 +564,7 @@ impl GatewayConfig {
         let Some(section) = &self.leak_scanning else {
             return Ok(None);
         };
-        let text = read_secret("leak_scanning.public_keys", &section.public_keys)?;
+        let text = self.read_secret("leak_scanning.public_keys", &section.public_keys)?;
         ScanningKeys::from_json(text.expose().as_bytes())
             .map(Some)
             .map_err(|error| ConfigError::new(format!("leak_scanning.public_keys: {error}")))
@@ -567,7 +578,10 @@ impl GatewayConfig {
             Some(section) => {
                 let url = match &section.smtp {
                     Value::String(url) => url.clone(),
-                    reference => read_secret("email.smtp", reference)?.expose().to_owned(),
+                    reference => self
+                        .read_secret("email.smtp", reference)?
+                        .expose()
+                        .to_owned(),
                 };
                 Some(
                     EmailSettings::new(&url, &section.from)
@@ -582,7 +596,8 @@ impl GatewayConfig {
         {
             None => None,
             Some(section) => {
-                let secret = read_secret("leak_scanning.notify_webhook.secret", &section.secret)?;
+                let secret =
+                    self.read_secret("leak_scanning.notify_webhook.secret", &section.secret)?;
                 Some(WebhookSettings::new(&section.url, secret).map_err(|error| {
                     ConfigError::new(format!("leak_scanning.notify_webhook: {error}"))
                 })?)
@@ -618,15 +633,15 @@ impl GatewayConfig {
             None => policy,
         })
     }
-}
 
-/// The secret `value` names (`{"env"}`, `{"file"}` or a SecretRef), read
-/// now; errors name `field`.
-fn read_secret(field: &str, value: &Value) -> Result<Secret, ConfigError> {
-    let spec = crate::webhook::secret_ref_from_json(value)
-        .map_err(|problem| ConfigError::new(format!("{field} {problem}")))?;
-    crate::webhook::resolve_secret(&spec, &ResolveLimits::default())
-        .map_err(|error| ConfigError::new(format!("{field}: {error}")))
+    /// The secret `value` names (`{"env"}`, `{"file"}` or a SecretRef to
+    /// one of `secrets.providers`), read now; errors name `field`.
+    fn read_secret(&self, field: &str, value: &Value) -> Result<Secret, ConfigError> {
+        let spec = crate::webhook::secret_ref_from_json(value)
+            .map_err(|problem| ConfigError::new(format!("{field} {problem}")))?;
+        crate::webhook::resolve_secret(&spec, &self.secrets, &ResolveLimits::default())
+            .map_err(|error| ConfigError::new(format!("{field}: {error}")))
+    }
 }
 
 /// The response body of the whole gateway.
@@ -714,7 +729,8 @@ where
         TrustedProxies::parse(&config.trusted_proxies).map_err(ConfigError::new)?;
     let webhooks = match config.webhooks()? {
         Some(webhooks) => {
-            let (routes, _skipped) = resolve_routes(&webhooks, &ResolveLimits::default());
+            let (routes, _skipped) =
+                resolve_routes(&webhooks, &config.secrets, &ResolveLimits::default());
             WebhookSecretLayer::new(store.clone(), routes).limits(webhooks.limits)
         }
         None => WebhookSecretLayer::new(store.clone(), Vec::new()),
@@ -980,6 +996,66 @@ mod tests {
         }
         // Even empty: the field itself is what is retired.
         assert!(GatewayConfig::from_json(r#"{"credit": {"byok": {}}}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn api_keys_come_from_named_providers_and_an_unknown_one_stops_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys.json");
+        std::fs::write(&keys, r#"{"openai": "sk-from-the-vault-0123456789"}"#).unwrap();
+        let config = |api_key: Value| {
+            GatewayConfig::from_json(
+                &serde_json::json!({
+                    "secrets": {"providers": {"vault": {"source": "file", "path": keys, "mode": "json"}}},
+                    "providers": {"openai": {"base_url": "http://127.0.0.1:9/v1", "api_key": api_key}}
+                })
+                .to_string(),
+            )
+            .unwrap()
+        };
+        let vault =
+            config(serde_json::json!({"source": "file", "provider": "vault", "id": "/openai"}));
+        assert!(vault.provider_upstreams().is_ok());
+        assert!(!format!("{vault:?}").contains("sk-from-the-vault"));
+        for (api_key, words) in [
+            // Written the old way, with the file's path as the provider.
+            (
+                serde_json::json!({"source": "file", "provider": "/run/keys/openai", "id": "value"}),
+                ["\"/run/keys/openai\"", "a path is no longer a provider"],
+            ),
+            (
+                serde_json::json!({"source": "file", "provider": "elsewhere", "id": "/openai"}),
+                ["\"elsewhere\"", "secrets.providers"],
+            ),
+            (
+                serde_json::json!({"source": "env", "provider": "vault", "id": "OPENAI_API_KEY"}),
+                ["\"vault\"", "has source \"file\""],
+            ),
+        ] {
+            let error = config(api_key.clone())
+                .provider_upstreams()
+                .expect_err("an unresolvable key stops start-up")
+                .to_string();
+            assert!(error.contains("providers.openai.api_key"), "{error}");
+            for word in words {
+                assert!(error.contains(word), "{api_key}: {word:?} missing: {error}");
+            }
+        }
+        // A bad section is refused when the config is read, naming the field.
+        for (json, field) in [
+            (
+                r#"{"secrets": {"providers": {"v": {"source": "file", "path": "keys.json"}}}}"#,
+                "secrets.providers.v.path",
+            ),
+            (r#"{"secrets": {"provider": {}}}"#, "secrets.provider"),
+        ] {
+            let error = GatewayConfig::from_json(json).unwrap_err().to_string();
+            assert!(error.contains(field), "{json}: {error}");
+        }
+        assert_eq!(
+            GatewayConfig::from_json("{}").unwrap().secrets,
+            SecretProviders::default()
+        );
     }
 
     #[test]

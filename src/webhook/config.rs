@@ -3,10 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
 use super::layer::WebhookLimits;
+use super::providers::{DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES};
 use super::secret::{Secret, SecretRef, SecretSource, SecretSpec};
 use crate::body::normalized_segments;
 
@@ -229,17 +231,12 @@ fn checked_path(route: Option<&str>, path: String) -> Result<String, WebhookConf
 }
 
 /// Where an API key is read from, as the gateway's config writes it:
-/// `{"env": "VAR"}`, `{"file": "/path"}` (the whole file, trimmed), or a
-/// SecretRef `{"source", "provider", "id"}`. Never inline text: a key in
-/// the config file would be one more copy to leak.
+/// `{"env": "VAR"}` (the `default` provider's variable), `{"file":
+/// "/path"}` (the whole file, trimmed: [`SecretSpec::File`]), or a
+/// SecretRef `{"source", "provider", "id"}` naming a configured provider.
+/// Never inline text: a key in the config file would be one more copy to
+/// leak.
 pub fn secret_ref_from_json(value: &Value) -> Result<SecretSpec, String> {
-    let reference = |source, provider: &str, id: &str| {
-        SecretSpec::Ref(SecretRef {
-            source,
-            provider: provider.to_owned(),
-            id: id.to_owned(),
-        })
-    };
     let Value::Object(fields) = value else {
         return Err(
             "must be {\"env\": \"VAR\"}, {\"file\": \"/path\"} or a SecretRef {source, provider, id}, \
@@ -249,11 +246,19 @@ pub fn secret_ref_from_json(value: &Value) -> Result<SecretSpec, String> {
     };
     match (fields.len(), fields.get("env"), fields.get("file")) {
         (1, Some(Value::String(variable)), _) if !variable.is_empty() => {
-            Ok(reference(SecretSource::Env, "default", variable))
+            Ok(SecretSpec::Ref(SecretRef {
+                source: SecretSource::Env,
+                provider: DEFAULT_PROVIDER.to_owned(),
+                id: variable.clone(),
+            }))
         }
         (1, _, Some(Value::String(path))) if !path.is_empty() => {
-            // Not a JSON pointer: the whole file is the key.
-            Ok(reference(SecretSource::File, path, "value"))
+            if path.len() > MAX_PROVIDER_TEXT_BYTES || path.contains('\0') {
+                return Err(format!(
+                    "`file` must be a path of at most {MAX_PROVIDER_TEXT_BYTES} bytes, without NUL"
+                ));
+            }
+            Ok(SecretSpec::File(PathBuf::from(path)))
         }
         // An object is never inline text: this is a SecretRef or an error.
         _ => {
@@ -500,20 +505,18 @@ mod tests {
             })
         );
         let file = secret_ref_from_json(&json!({"file": "/run/keys/openai"})).unwrap();
-        assert!(
-            matches!(file, SecretSpec::Ref(SecretRef { source: SecretSource::File, ref provider, .. }) if provider == "/run/keys/openai")
-        );
-        let exec = secret_ref_from_json(
-            &json!({"source": "exec", "provider": "/usr/bin/vault-get", "id": "openai"}),
-        )
-        .unwrap();
-        assert!(matches!(
+        assert_eq!(file, SecretSpec::File("/run/keys/openai".into()));
+        let exec =
+            secret_ref_from_json(&json!({"source": "exec", "provider": "keyring", "id": "openai"}))
+                .unwrap();
+        assert_eq!(
             exec,
             SecretSpec::Ref(SecretRef {
                 source: SecretSource::Exec,
-                ..
+                provider: "keyring".into(),
+                id: "openai".into()
             })
-        ));
+        );
         for (value, words) in [
             (json!("sk-inline-key-0123456789"), "not inline text"),
             (json!({"env": ""}), "secret.source"),
@@ -524,6 +527,10 @@ mod tests {
             ),
             (json!({"source": "env", "id": "i"}), "secret.provider"),
             (json!(7), "not inline text"),
+            (
+                json!({"file": format!("/{}", "x".repeat(4096))}),
+                "4096 bytes",
+            ),
         ] {
             let error = secret_ref_from_json(&value).unwrap_err();
             assert!(error.contains(words), "{value}: {error}");
@@ -648,7 +655,7 @@ mod tests {
     fn defaults_fill_the_gaps_the_seed_names() {
         let config = WebhooksConfig::from_plugin_entry(&entry(json!({
             "b": {"sessionKey": " agent:b ", "secret": "0123456789abcdef-b"},
-            "a": {"sessionKey": "agent:a", "secret": {"source": "file", "provider": "/run/secrets/hooks.json", "id": "/a"},
+            "a": {"sessionKey": "agent:a", "secret": {"source": "file", "provider": "vault", "id": "/a"},
                   "path": "/hooks/a", "enabled": false, "controllerId": "ci/a", "description": "CI"},
         })))
         .unwrap();

@@ -5,11 +5,14 @@
 //! [`WebhooksConfig::from_plugin_entry`] reads `plugins.entries.webhooks`
 //! strictly, naming the route and field of every error; two routes on one
 //! path are refused. Each route's secret is inline text or a [`SecretRef`]
-//! that [`resolve_routes`] reads at start-up from the environment, a file
-//! (whole, or a JSON pointer into it) or a command (absolute path, no
-//! shell, bounded time and output); a route whose secret cannot be read is
-//! skipped with a warning and its path is not served. A [`Secret`] compares
-//! in constant time and never prints.
+//! `{source, provider, id}` that [`resolve_routes`] reads at start-up from
+//! the named provider of [`SecretProviders`] (the `secrets.providers`
+//! section): the environment (the built-in `default`, or an allowlist), a
+//! file (a JSON pointer into it, or all of it) or a command (absolute path,
+//! no shell, bounded time and output). A route whose secret cannot be read,
+//! its provider not configured included, is skipped with a warning and its
+//! path is not served. A [`Secret`] compares in constant time and never
+//! prints.
 //!
 //! [`WebhookSecretLayer`] answers each served route's exact path. Before
 //! the action it checks, in order: `POST` (405), the secret from
@@ -50,7 +53,7 @@
 //! use bytes::Bytes;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use modelgate::store::MemoryStore;
-//! use modelgate::webhook::{resolve_routes, ResolveLimits, WebhookSecretLayer, WebhooksConfig};
+//! use modelgate::webhook::{resolve_routes, ResolveLimits, SecretProviders, WebhookSecretLayer, WebhooksConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -59,7 +62,7 @@
 //!     "deploys": {"sessionKey": "agent:main", "secret": {"source": "env", "provider": "default", "id": "DOC_HOOK_SECRET"}}
 //! }}});
 //! let config = WebhooksConfig::from_plugin_entry(&entry).unwrap();
-//! let (routes, _skipped) = resolve_routes(&config, &ResolveLimits::default());
+//! let (routes, _skipped) = resolve_routes(&config, &SecretProviders::default(), &ResolveLimits::default());
 //!
 //! let service = ServiceBuilder::new()
 //!     .layer(WebhookSecretLayer::new(Arc::new(MemoryStore::new()), routes))
@@ -87,6 +90,7 @@ mod config;
 mod flow;
 mod layer;
 mod payload;
+mod providers;
 mod routes;
 mod secret;
 mod service;
@@ -106,6 +110,11 @@ pub use payload::{
     CreateFlow, EndFlow, FindLatestFlow, FlowAction, FlowRef, ListFlows, PayloadError, ResolveFlow,
     ResumeFlow, RevisedFlowRef, Revision, RunTask, SetWaiting, Text, ACTION_NAMES,
     DEFAULT_LIST_LIMIT, MAX_ID_CHARS, MAX_LIST_LIMIT, MAX_TEXT_CHARS,
+};
+pub use providers::{
+    FileMode, SecretProvider, SecretProviders, SecretProvidersError, DEFAULT_PROVIDER,
+    MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS,
+    MAX_PROVIDER_NAME_CHARS, MAX_PROVIDER_TEXT_BYTES,
 };
 pub use routes::{resolve_routes, SkippedRoute, WebhookRoute};
 pub use secret::{

@@ -3,6 +3,7 @@
 
 use super::actions::RouteScope;
 use super::config::WebhooksConfig;
+use super::providers::SecretProviders;
 use super::secret::{resolve_secret, ResolveLimits, Secret};
 
 /// A route ready to serve: where, as whom, and its resolved secret.
@@ -21,31 +22,38 @@ pub struct WebhookRoute {
 pub struct SkippedRoute {
     /// The route's id.
     pub route_id: String,
-    /// Why: the route is disabled, or its secret could not be resolved
-    /// (the reason never contains the secret).
+    /// Why: the route is disabled, or its secret could not be resolved,
+    /// its provider not configured included (the reason never contains
+    /// the secret).
     pub reason: String,
 }
 
-/// The routes of `config` to serve, and the ones skipped.
+/// The routes of `config` to serve, their secrets read from `providers`,
+/// and the ones skipped.
 ///
 /// Nothing is served when the plugin is disabled. A route whose secret
-/// cannot be resolved is skipped and logged at `warn` with its id and the
-/// reason, so its path answers as if no route were there.
+/// cannot be resolved (its provider not configured, or of another source,
+/// included) is skipped and logged at `warn` with its id and the reason,
+/// so its path answers as if no route were there.
 ///
 /// ```
-/// use modelgate::webhook::{resolve_routes, ResolveLimits, WebhooksConfig};
+/// use modelgate::webhook::{resolve_routes, ResolveLimits, SecretProviders, WebhooksConfig};
 ///
 /// let entry = serde_json::json!({"enabled": true, "config": {"routes": {
 ///     "ci": {"sessionKey": "agent:ci", "secret": "a-long-inline-secret-value"},
-///     "gone": {"sessionKey": "agent:x", "secret": {"source": "env", "provider": "default", "id": "DOC_UNSET_SECRET_VAR"}}
+///     "gone": {"sessionKey": "agent:x", "secret": {"source": "env", "provider": "default", "id": "DOC_UNSET_SECRET_VAR"}},
+///     "nowhere": {"sessionKey": "agent:y", "secret": {"source": "file", "provider": "vault", "id": "/hooks/y"}}
 /// }}});
 /// let config = WebhooksConfig::from_plugin_entry(&entry).unwrap();
-/// let (served, skipped) = resolve_routes(&config, &ResolveLimits::default());
+/// let (served, skipped) = resolve_routes(&config, &SecretProviders::default(), &ResolveLimits::default());
 /// assert_eq!(served[0].path, "/plugins/webhooks/ci");
 /// assert_eq!(skipped[0].route_id, "gone");
+/// assert_eq!(skipped[1].route_id, "nowhere");
+/// assert!(skipped[1].reason.contains("no secrets provider is named \"vault\""));
 /// ```
 pub fn resolve_routes(
     config: &WebhooksConfig,
+    providers: &SecretProviders,
     limits: &ResolveLimits,
 ) -> (Vec<WebhookRoute>, Vec<SkippedRoute>) {
     let mut served = Vec::new();
@@ -62,7 +70,7 @@ pub fn resolve_routes(
             });
             continue;
         }
-        match resolve_secret(&route.secret, limits) {
+        match resolve_secret(&route.secret, providers, limits) {
             Ok(secret) => served.push(WebhookRoute {
                 path: route.path.clone(),
                 scope: RouteScope {
