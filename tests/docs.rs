@@ -420,8 +420,17 @@ fn json_blocks_parse_and_configs_are_accepted() {
             let value: serde_json::Value = serde_json::from_str(&block.text)
                 .unwrap_or_else(|error| panic!("{at}: not JSON: {error}\n{}", block.text));
             if block.has("config") || block.file_name() == Some("gateway.json") {
-                GatewayConfig::from_json(&block.text)
+                let config = GatewayConfig::from_json(&block.text)
                     .unwrap_or_else(|error| panic!("{at}: the proxy refuses it: {error}"));
+                // Prices and the webhook entry are read when the gateway is
+                // built: read them now.
+                if let Some(pricing) = &config.pricing {
+                    modelgate::credit::PriceTable::from_json(&pricing.to_string())
+                        .unwrap_or_else(|error| panic!("{at}: the prices are refused: {error}"));
+                }
+                config
+                    .webhooks()
+                    .unwrap_or_else(|error| panic!("{at}: the webhook entry is refused: {error}"));
             }
             let _ = value;
         }
