@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing
-# (redis-server, faketime, chromium and chromium-driver via apt-get,
+# (redis-server, faketime, chromium, chromium-driver, curl and python3 via apt-get,
 # rustfmt and clippy via rustup), then checks
 # formatting, lints, builds the docs and runs every test against a real
 # redis-server that the tests start on loopback ports.
@@ -18,6 +18,9 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # The key settings page is tested in headless Chromium (tests/settings_page.rs).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# The commands of README.md and docs/*.md (tests/docs.rs) run with curl and python3.
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]} (apt-get)"
   as_root apt-get update -qq

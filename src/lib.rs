@@ -126,3 +126,9 @@ pub mod store;
 pub mod telemetry;
 pub mod usage;
 pub mod webhook;
+
+// The README's Rust code, compiled by `cargo test --doc` so it cannot
+// drift from the API.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
