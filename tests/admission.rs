@@ -27,7 +27,8 @@ use serde_json::{json, Value};
 
 /// One credit per token, both ways; generous rate limits.
 const CONFIG: &str = r#"{
-    "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}},
+    "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000},
+                "free_models": ["meta-llama/llama-3.1-8b-instruct:free"]},
     "rate_limits": {"account": {"gcra": {"requests": 60000, "period_seconds": 60, "burst": 6000}}},
     "retry": {"max_attempts": 1}
 }"#;
@@ -134,7 +135,8 @@ async fn a_burst_never_overdraws_the_balance_across_two_instances() {
 async fn refusals_cost_nothing(store: SharedStore) {
     let base = mock::start(mock::MockConfig::default()).await;
     let config = r#"{
-        "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}},
+        "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000},
+                "free_models": ["meta-llama/llama-3.1-8b-instruct:free"]},
         "rate_limits": {"account": {"rolling": {"requests": 5, "window_seconds": 60}}},
         "free_quota": {"requests_per_minute": 3},
         "retry": {"max_attempts": 1}

@@ -43,7 +43,8 @@ fn t0() -> DateTime<Utc> {
 /// credit. Prompts are free, so a request's estimate is exact.
 fn prices() -> PriceTable {
     PriceTable::from_json(
-        r#"{"default": {"prompt_per_million": 0, "completion_per_million": 1000}}"#,
+        r#"{"default": {"prompt_per_million": 0, "completion_per_million": 1000},
+            "free_models": ["meta-llama/llama-3-8b:free", "test/charges:free"]}"#,
     )
     .unwrap()
 }

@@ -368,6 +368,7 @@ async fn invented_model_names_add_no_metric_series() {
             "rate_limits": {"account": {"gcra": {"requests": 100000, "period_seconds": 60, "burst": 10000}}},
             "pricing": {
                 "models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}},
+                "free_models": ["openai/gpt-4o-mini:free"],
                 "default": {"prompt_per_million": 1, "completion_per_million": 1}
             }
         }),
@@ -377,6 +378,15 @@ async fn invented_model_names_add_no_metric_series() {
     let key = proxy.create_key(admin_key.expose(), "metrics").await;
     let authorization = format!("Bearer {key}");
     let client = reqwest::Client::new();
+    // Invented names are served under the default price: the account pays.
+    let funded = client
+        .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"amount": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(funded.status(), 200);
     let series = |metrics: &str| -> std::collections::BTreeSet<String> {
         metrics
             .lines()
@@ -389,17 +399,38 @@ async fn invented_model_names_add_no_metric_series() {
         async move {
             for chunk in range.collect::<Vec<_>>().chunks(25) {
                 let answers = join_all(chunk.iter().map(|n| {
-                    // Free variants and a `models` list naming more.
-                    let body = json!({
-                        "model": format!("invented/model-{n}:free"),
-                        "models": [format!("invented/other-{n}:free")],
+                    // Served inventions (under the default price) with a
+                    // `models` list naming more, and free variants no one
+                    // configured, which are refused.
+                    let served = json!({
+                        "model": format!("invented/model-{n}"),
+                        "models": [format!("invented/other-{n}:beta")],
                         "messages": [{"role": "user", "content": "Hi"}]
                     });
-                    chat(&client, proxy, Some(&authorization), body.to_string(), None)
+                    let unserved = json!({
+                        "model": format!("invented/model-{n}:free"),
+                        "messages": [{"role": "user", "content": "Hi"}]
+                    });
+                    let (client, authorization) = (&client, &authorization);
+                    async move {
+                        (
+                            chat(client, proxy, Some(authorization), served.to_string(), None)
+                                .await,
+                            chat(
+                                client,
+                                proxy,
+                                Some(authorization),
+                                unserved.to_string(),
+                                None,
+                            )
+                            .await,
+                        )
+                    }
                 }))
                 .await;
-                for answer in answers {
-                    assert_eq!(answer.0, 200, "{answer:?}");
+                for (served, unserved) in answers {
+                    assert_eq!(served.0, 200, "{served:?}");
+                    assert_eq!(unserved.0, 400, "{unserved:?}");
                 }
             }
         }

@@ -65,7 +65,7 @@ async fn start(extra: Value) -> Gateway {
             // 20 tokens of it cost 2 credits.
             "alpha/pricey": {"prompt_per_million": 1, "completion_per_million": 100_000},
             "gamma/x": price,
-        }},
+        }, "free_models": ["alpha/m1:free"]},
         "fallbacks": {"alpha/status-503": ["beta/m2"]},
         "retry": {"max_attempts": 1},
     });
@@ -433,8 +433,8 @@ async fn the_models_list_has_the_openai_shape() {
         .unwrap();
     assert_eq!(degraded["fallbacks"], json!(["beta/m2"]));
     assert_eq!(degraded["pricing"]["completion_per_million"], "2");
-    // Each served model's `:free` variant is listed with the free quota,
-    // and served for nothing.
+    // The configured `:free` variant is listed with the free quota, and
+    // served for nothing; no other model has one.
     let free = list["data"]
         .as_array()
         .unwrap()
@@ -446,6 +446,10 @@ async fn the_models_list_has_the_openai_shape() {
     assert_eq!(free["limits"]["free_quota"]["requests_per_minute"], 20);
     let reply = gateway.chat(ask("alpha/m1:free")).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(!ids.contains(&"beta/m2:free"));
+    let reply = gateway.chat(ask("beta/m2:free")).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(reply.body["error"]["metadata"]["param"], "model");
     // The list is for callers with a key, like every gateway route.
     let anonymous = reqwest::get(format!("http://{}/api/v1/models", gateway.address))
         .await

@@ -22,7 +22,8 @@ use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CRED
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"{
-    "pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 2}},
+    "pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 2},
+                "free_models": ["meta-llama/llama-3.1-8b-instruct:free"]},
     "rate_limits": {"account": {"gcra": {"requests": 6000, "period_seconds": 60, "burst": 600}}},
     "retry": {"max_attempts": 1}
 }"#;

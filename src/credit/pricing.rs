@@ -1,6 +1,6 @@
 //! What requests cost: a [`Pricing`] trait and a [`PriceTable`] read from
 //! JSON. Prices are credits per million tokens on the wire and integer
-//! nano-credits inside; `:free` variants cost nothing.
+//! nano-credits inside; the `:free` variants a table names cost nothing.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -69,12 +69,16 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 /// // 1000 prompt tokens and 500 completion tokens: 0.0025 + 0.005 credits.
 /// assert_eq!(gpt.cost_nanos(1000, 500), 7_500_000);
 /// assert!(table.price(&ModelId::parse("openai/o1").unwrap()).is_none());
-/// assert_eq!(table.price(&ModelId::parse("openai/o1:free").unwrap()).unwrap().cost_nanos(9, 9), 0);
+/// assert_eq!(table.price(&ModelId::parse("meta/llama:free").unwrap()).unwrap().cost_nanos(9, 9), 0);
+/// // A free variant the table does not name is not served: an upstream
+/// // that ignored the suffix would serve the paid model for nothing.
+/// assert!(table.price(&ModelId::parse("openai/gpt-4o:free").unwrap()).is_none());
 /// ```
 ///
 /// A model id with a variant is looked up as given, then without its
-/// variant, then `default` applies; ids compare in any ASCII case. Every
-/// `:free` variant is free.
+/// variant, then `default` applies; ids compare in any ASCII case. A
+/// `:free` variant is served only when named, in `free_models` (or in
+/// `models` at price 0), and then costs nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PriceTable {
     models: HashMap<String, TokenPrice>,
@@ -94,6 +98,8 @@ struct ConfiguredPrice {
 struct ConfiguredTable {
     #[serde(default)]
     models: HashMap<String, ConfiguredPrice>,
+    #[serde(default)]
+    free_models: Vec<String>,
     #[serde(default)]
     default: Option<ConfiguredPrice>,
 }
@@ -117,7 +123,22 @@ impl PriceTable {
             }
             let price =
                 token_price(price).map_err(|error| PricingError(format!("{id}: {error}")))?;
+            if is_free_id(&id) && price != TokenPrice::FREE {
+                return Err(PricingError(format!(
+                    "{id}: a :free variant costs nothing: price it 0, or name it in free_models"
+                )));
+            }
             table.models.insert(id.to_ascii_lowercase(), price);
+        }
+        for id in configured.free_models {
+            if !is_free_id(&id) {
+                return Err(PricingError(format!(
+                    "free_models: {id:?} is not a model id ending in :free (provider/model:free)"
+                )));
+            }
+            table
+                .models
+                .insert(id.to_ascii_lowercase(), TokenPrice::FREE);
         }
         table.default = configured
             .default
@@ -127,10 +148,17 @@ impl PriceTable {
         Ok(table)
     }
 
-    /// Sets the price of `model` (a model id, any case).
+    /// Sets the price of `model` (a model id, any case). A `:free`
+    /// variant named here is served, and costs nothing whatever `price`.
     pub fn with_price(mut self, model: &str, price: TokenPrice) -> Self {
         self.models.insert(model.to_ascii_lowercase(), price);
         self
+    }
+
+    /// Serves the `:free` variant `model` (a model id, any case), for
+    /// nothing.
+    pub fn with_free_model(self, model: &str) -> Self {
+        self.with_price(model, TokenPrice::FREE)
     }
 
     /// The models the table names, with their prices, by id.
@@ -154,7 +182,12 @@ impl PriceTable {
 impl Pricing for PriceTable {
     fn price(&self, model: &ModelId) -> Option<TokenPrice> {
         if model.is_free() {
-            return Some(TokenPrice::FREE);
+            // Only a named free variant, never its base's price or the
+            // default: an unnamed one is not served at all.
+            return self
+                .models
+                .contains_key(&model.as_str().to_ascii_lowercase())
+                .then_some(TokenPrice::FREE);
         }
         self.models
             .get(&model.as_str().to_ascii_lowercase())
@@ -162,6 +195,10 @@ impl Pricing for PriceTable {
             .copied()
             .or(self.default)
     }
+}
+
+fn is_free_id(id: &str) -> bool {
+    ModelId::parse(id).is_ok_and(|model| model.is_free())
 }
 
 fn token_price(price: ConfiguredPrice) -> Result<TokenPrice, String> {
@@ -236,7 +273,44 @@ mod tests {
             price("x/y").prompt_nanos_per_million_tokens,
             9 * NANOS_PER_CREDIT
         );
-        assert_eq!(price("a/b:free"), TokenPrice::FREE);
+        // Neither the base's price nor the default serves a free variant.
+        assert_eq!(table.price(&ModelId::parse("a/b:free").unwrap()), None);
+        assert_eq!(table.price(&ModelId::parse("x/y:free").unwrap()), None);
+    }
+
+    #[test]
+    fn only_named_free_variants_are_served_and_for_nothing() {
+        let table = PriceTable::from_json(
+            r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 2},
+                           "c/d:free": {"prompt_per_million": 0, "completion_per_million": 0}},
+                "free_models": ["META/Llama:free"],
+                "default": {"prompt_per_million": 9, "completion_per_million": 9}}"#,
+        )
+        .unwrap();
+        let price = |id: &str| table.price(&ModelId::parse(id).unwrap());
+        assert_eq!(price("meta/llama:free"), Some(TokenPrice::FREE));
+        assert_eq!(price("C/D:FREE"), Some(TokenPrice::FREE));
+        assert_eq!(price("a/b:free"), None);
+        assert_eq!(price("meta/llama"), Some(price("x/y").unwrap()));
+        let built = PriceTable::default()
+            .with_free_model("e/f:free")
+            .with_price(
+                "g/h:free",
+                TokenPrice {
+                    prompt_nanos_per_million_tokens: 5,
+                    completion_nanos_per_million_tokens: 5,
+                },
+            );
+        assert_eq!(
+            built.price(&ModelId::parse("e/f:free").unwrap()),
+            Some(TokenPrice::FREE)
+        );
+        assert_eq!(
+            built.price(&ModelId::parse("g/h:free").unwrap()),
+            Some(TokenPrice::FREE)
+        );
+        let ids: Vec<&str> = table.models().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, ["a/b", "c/d:free", "meta/llama:free"]);
     }
 
     #[test]
@@ -255,6 +329,16 @@ mod tests {
                 "default: completion_per_million",
             ),
             (r#"{"models": {"a/b": {"prompt": 1}}}"#, "unknown field"),
+            (
+                r#"{"models": {"a/b:free": {"prompt_per_million": 1, "completion_per_million": 0}}}"#,
+                "a/b:free: a :free variant costs nothing",
+            ),
+            (r#"{"free_models": ["a/b"]}"#, "free_models: \"a/b\" is not"),
+            (
+                r#"{"free_models": ["nope:free"]}"#,
+                "free_models: \"nope:free\"",
+            ),
+            (r#"{"free_models": "a/b:free"}"#, "invalid type"),
         ] {
             let error = PriceTable::from_json(text).unwrap_err().to_string();
             assert!(error.contains(words), "{text}: {error}");

@@ -474,13 +474,11 @@ impl ConfigError {
 }
 
 /// The prices the demo uses when the config has none: paid models the
-/// built-in mock serves, and a model only its `:free` variant is listed
-/// for (every `:free` variant is free, whatever its configured price).
+/// built-in mock serves, and the free variants it serves.
 pub const DEMO_PRICING: &str = r#"{"models": {
     "openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6},
-    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000},
-    "meta-llama/llama-3.1-8b-instruct:free": {"prompt_per_million": 0, "completion_per_million": 0}
-}}"#;
+    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000}
+}, "free_models": ["openai/gpt-4o-mini:free", "meta-llama/llama-3.1-8b-instruct:free"]}"#;
 
 /// The account rule the demo uses when the config has none.
 pub const DEMO_RATE_LIMITS: &str =

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::body::{ChatRequest, ModelId};
+use crate::body::{wrong_type, ChatRequest, ModelId};
 use crate::credit::{PriceTable, Pricing};
 use crate::error::{ErrorKind, GatewayError};
 use crate::free_quota::FreeQuotaRules;
@@ -97,10 +97,15 @@ impl ModelCatalog {
             }
         }
         if self.prices.price(model).is_none() {
+            let problem = if model.is_free() {
+                "is not a free model this gateway serves"
+            } else {
+                "has no price on this gateway"
+            };
             return Err(GatewayError::new(
                 ErrorKind::InvalidRequest,
                 format!(
-                    "the model {model} has no price on this gateway; \
+                    "the model {model} {problem}; \
                      GET /api/v1/models lists the models it serves"
                 ),
             )
@@ -131,13 +136,9 @@ impl ModelCatalog {
             Some(Value::Array(models)) if models.len() <= MAX_MODELS_PER_REQUEST => {
                 for (index, model) in models.iter().enumerate() {
                     let param = format!("models[{index}]");
-                    let text = model.as_str().ok_or_else(|| {
-                        GatewayError::new(
-                            ErrorKind::InvalidRequest,
-                            format!("`{param}` must be a model id string"),
-                        )
-                        .with_metadata("param", param.clone())
-                    })?;
+                    let text = model
+                        .as_str()
+                        .ok_or_else(|| wrong_type(&param, "a model id string", model))?;
                     let id = ModelId::parse(text)
                         .map_err(|error| error.with_metadata("param", param.clone()))?;
                     self.check(&id)
@@ -145,14 +146,21 @@ impl ModelCatalog {
                     push(&mut candidates, id);
                 }
             }
-            Some(_) => {
-                return Err(GatewayError::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "`models` must be an array of at most {MAX_MODELS_PER_REQUEST} model ids, tried in order"
-                    ),
-                )
-                .with_metadata("param", "models"))
+            // Too many, or not a list: a value out of range or of the
+            // wrong type, as for any other parameter.
+            Some(other) => {
+                let expected = format!(
+                    "an array of at most {MAX_MODELS_PER_REQUEST} model ids, tried in order"
+                );
+                return Err(if other.is_array() {
+                    GatewayError::new(
+                        ErrorKind::InvalidParameter,
+                        format!("`models` must be {expected}"),
+                    )
+                    .with_metadata("param", "models")
+                } else {
+                    wrong_type("models", &expected, other)
+                });
             }
         }
         if let Some(configured) = self
@@ -186,27 +194,15 @@ impl ModelCatalog {
 
     fn list(&self, rules: &RateLimitRules, quota: &FreeQuotaRules) -> Value {
         let created = chrono::Utc::now().timestamp();
-        // Every priced model, each followed by its `:free` variant: the
-        // gateway serves the free variant of any model it serves, so an
-        // OpenAI client's `models.list()` should show it.
-        let mut seen = HashSet::new();
-        let mut served = Vec::new();
-        for (id, _) in self.prices.models() {
-            let Ok(model) = ModelId::parse(id) else {
-                continue;
-            };
-            if self.check(&model).is_err() {
-                continue;
-            }
-            let free = (!model.is_free())
-                .then(|| ModelId::parse(&format!("{}:free", model.base())).ok())
-                .flatten();
-            for model in std::iter::once(model).chain(free) {
-                if seen.insert(model.as_str().to_ascii_lowercase()) {
-                    served.push(model);
-                }
-            }
-        }
+        // Every model the table names and the gateway serves, the `:free`
+        // variants it names among them.
+        let served: Vec<ModelId> = self
+            .prices
+            .models()
+            .into_iter()
+            .filter_map(|(id, _)| ModelId::parse(id).ok())
+            .filter(|model| self.check(model).is_ok())
+            .collect();
         let data: Vec<Value> = served
             .into_iter()
             .filter_map(|model| {
@@ -270,7 +266,8 @@ mod tests {
     fn catalog(providers: Option<&[&str]>) -> ModelCatalog {
         let prices = PriceTable::from_json(
             r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
-                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}}}"#,
+                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}},
+                "free_models": ["acme/big:free"]}"#,
         )
         .unwrap();
         let fallbacks = HashMap::from([("openai/gpt-4o".to_owned(), vec!["acme/big".to_owned()])]);
@@ -297,12 +294,10 @@ mod tests {
         assert_eq!(catalog.metric_label("openai/gpt-4o"), "openai/gpt-4o");
         assert_eq!(catalog.metric_label("OpenAI/GPT-4o"), "openai/gpt-4o");
         assert_eq!(catalog.metric_label("acme/big"), "acme/big");
-        assert_eq!(
-            catalog.metric_label("OPENAI/gpt-4o:free"),
-            "openai/gpt-4o:free"
-        );
+        assert_eq!(catalog.metric_label("acme/big:FREE"), "acme/big:free");
         // Served but not listed (variants priced by their base), and
         // inventions.
+        assert_eq!(catalog.metric_label("openai/gpt-4o:free"), "other");
         assert_eq!(catalog.metric_label("openai/gpt-4o:nitro"), "other");
         assert_eq!(catalog.metric_label("x/invented-7"), "other");
     }
@@ -311,7 +306,7 @@ mod tests {
     fn candidates_are_the_model_then_the_request_list_then_the_configured_fallbacks() {
         let catalog = catalog(Some(&["openai", "acme"]));
         let request = chat(
-            json!({"model": "openai/gpt-4o", "models": ["openai/gpt-4o:free", "OPENAI/GPT-4O"],
+            json!({"model": "openai/gpt-4o", "models": ["acme/big:free", "OPENAI/GPT-4O"],
             "messages": [{"role": "user", "content": "x"}]}),
         );
         let ids: Vec<String> = catalog
@@ -320,36 +315,42 @@ mod tests {
             .iter()
             .map(|id| id.as_str().to_owned())
             .collect();
-        assert_eq!(ids, ["openai/gpt-4o", "openai/gpt-4o:free", "acme/big"]);
+        assert_eq!(ids, ["openai/gpt-4o", "acme/big:free", "acme/big"]);
     }
 
     #[test]
-    fn models_not_served_are_400_naming_the_list() {
+    fn models_not_served_are_400_and_a_malformed_list_422_naming_the_field() {
         let served = catalog(Some(&["openai", "acme"]));
-        for (body, param, words) in [
+        for (body, status, param, words) in [
             (
                 json!({"model": "nobody/x"}),
+                400,
                 "model",
                 "no provider \"nobody\"",
             ),
-            (json!({"model": "openai/o1"}), "model", "has no price"),
+            (json!({"model": "openai/o1"}), 400, "model", "has no price"),
             (
                 json!({"model": "openai/gpt-4o", "models": ["acme/none"]}),
+                400,
                 "models[0]",
                 "has no price",
             ),
+            // Of the wrong type or out of range: 422, as for any parameter.
             (
                 json!({"model": "openai/gpt-4o", "models": [3]}),
+                422,
                 "models[0]",
-                "model id string",
+                "must be a model id string, not a number",
             ),
             (
                 json!({"model": "openai/gpt-4o", "models": "acme/big"}),
+                422,
                 "models",
                 "an array",
             ),
             (
                 json!({"model": "openai/gpt-4o", "models": ["a/1", "a/2", "a/3", "a/4", "a/5", "a/6"]}),
+                422,
                 "models",
                 "at most 5",
             ),
@@ -357,7 +358,7 @@ mod tests {
             let mut body = body;
             body["messages"] = json!([{"role": "user", "content": "x"}]);
             let error = served.candidates(&chat(body.clone())).unwrap_err();
-            assert_eq!(error.status(), 400, "{body}");
+            assert_eq!(error.status(), status, "{body}");
             assert!(
                 error.message().contains(words),
                 "{body}: {}",
@@ -416,7 +417,7 @@ mod tests {
             .iter()
             .map(|model| &model["id"])
             .collect();
-        assert_eq!(ids, [&json!("openai/gpt-4o"), &json!("openai/gpt-4o:free")]);
+        assert_eq!(ids, [&json!("openai/gpt-4o")]);
         // A fallback the gateway cannot serve is a configuration error.
         assert!(ModelCatalog::new(
             Arc::new(PriceTable::default()),
@@ -429,12 +430,13 @@ mod tests {
     }
 
     #[test]
-    fn the_models_list_shows_each_served_model_with_its_free_variant_and_quota() {
+    fn the_models_list_shows_the_free_variants_it_serves_with_their_quota() {
         let prices = PriceTable::from_json(
             r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
                            "openai/gpt-4o:extended": {"prompt_per_million": 6, "completion_per_million": 18},
-                           "meta/llama:free": {"prompt_per_million": 1, "completion_per_million": 1},
-                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}}}"#,
+                           "meta/llama:free": {"prompt_per_million": 0, "completion_per_million": 0},
+                           "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}},
+                "free_models": ["openai/gpt-4o-mini:free", "acme/big:free"]}"#,
         )
         .unwrap();
         let quota = FreeQuotaRules::default();
@@ -451,20 +453,19 @@ mod tests {
             .iter()
             .map(|model| model["id"].as_str().unwrap())
             .collect();
-        // acme is not configured: neither its model nor its free variant.
+        // acme is not configured: neither its model nor its free variant;
+        // gpt-4o has no free variant, gpt-4o-mini only its free one.
         assert_eq!(
             ids,
             [
                 "meta/llama:free",
                 "openai/gpt-4o",
-                "openai/gpt-4o:free",
+                "openai/gpt-4o-mini:free",
                 "openai/gpt-4o:extended"
             ]
         );
         for model in &data {
-            let free = model["id"].as_str().unwrap().ends_with(":free");
-            if free {
-                // What it is charged, whatever a configured price says.
+            if model["id"].as_str().unwrap().ends_with(":free") {
                 assert_eq!(model["pricing"]["prompt"], "0", "{model}");
                 assert_eq!(model["pricing"]["completion_per_million"], "0");
                 assert_eq!(model["limits"]["free_quota"], json!(quota), "{model}");
@@ -473,12 +474,24 @@ mod tests {
                 assert_ne!(model["pricing"]["prompt"], "0", "{model}");
             }
         }
-        // Every listed free variant is one the gateway serves, for free.
+        // What is listed is served, for free; a free variant not listed is
+        // refused, naming the list.
         for id in ids.iter().filter(|id| id.ends_with(":free")) {
             let model = ModelId::parse(id).unwrap();
             assert!(catalog.check(&model).is_ok(), "{id}");
             assert_eq!(catalog.prices.price(&model), Some(TokenPrice::FREE));
         }
+        let unnamed = catalog
+            .check(&ModelId::parse("openai/gpt-4o:free").unwrap())
+            .unwrap_err();
+        assert_eq!(unnamed.status(), 400);
+        assert!(
+            unnamed
+                .message()
+                .contains("not a free model this gateway serves"),
+            "{}",
+            unnamed.message()
+        );
     }
 
     #[test]
