@@ -626,6 +626,22 @@ fn the_configuration_page_names_every_section_and_flag() {
     let failures = std::fs::read_to_string(root().join("src/auth/failures.rs")).unwrap();
     names.extend(struct_fields(&failures, "pub struct AuthFailureLimit {"));
     assert!(names.contains("max_in_flight") && names.contains("requests_per_minute"));
+    // The webhook entry's route fields and limits, and the secrets
+    // providers' fields, are read by hand, not by serde: take the names
+    // they read.
+    let webhook = std::fs::read_to_string(root().join("src/webhook/config.rs")).unwrap();
+    let mut webhook_names = quoted_after(&webhook, &["take(\"", ", route, \""]);
+    // What an error calls the route object itself, not a field.
+    webhook_names.remove("route");
+    assert!(
+        webhook_names.contains("inFlightLeaseSeconds") && webhook_names.contains("sessionKey"),
+        "{webhook_names:?}"
+    );
+    names.extend(webhook_names);
+    let providers = std::fs::read_to_string(root().join("src/webhook/providers.rs")).unwrap();
+    let provider_names = quoted_after(&providers, &["remove(\""]);
+    assert!(provider_names.contains("timeoutMs"), "{provider_names:?}");
+    names.extend(provider_names);
 
     let proxy = std::fs::read_to_string(root().join("examples/proxy.rs")).unwrap();
     let flags = &proxy[proxy.find("args::Args::parse(").unwrap()..];
@@ -644,6 +660,23 @@ fn the_configuration_page_names_every_section_and_flag() {
         missing.is_empty(),
         "docs/configuration.md does not name (as `name`) these config fields or flags: {missing:?}"
     );
+}
+
+/// The names that follow any of `openers` up to the next `"` in `source`,
+/// but dotted paths (a field's parts, named one by one).
+fn quoted_after(source: &str, openers: &[&str]) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for opener in openers {
+        for (at, _) in source.match_indices(opener) {
+            let rest = &source[at + opener.len()..];
+            if let Some((name, _)) = rest.split_once('"') {
+                if !name.is_empty() && !name.contains('.') {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    names
 }
 
 #[test]

@@ -243,7 +243,9 @@ fn invalid_parameter(param: &str, message: String) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidParameter, message).with_metadata("param", param)
 }
 
-fn wrong_type(param: &str, expected: &str, found: &Value) -> GatewayError {
+/// 422 for a value present but of the wrong JSON type (a missing one is a
+/// 400 `invalid_request_error` instead), naming the field.
+pub(crate) fn wrong_type(param: &str, expected: &str, found: &Value) -> GatewayError {
     invalid_parameter(
         param,
         format!("`{param}` must be {expected}, not {}", json_type(found)),
@@ -425,11 +427,19 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
             ))
         }
     };
-    if role == Role::Tool && !matches!(fields.get("tool_call_id"), Some(Value::String(_))) {
-        return Err(invalid_request(format!(
-            "`{at}.tool_call_id` is required for a tool message and must be a string"
-        ))
-        .with_metadata("param", format!("{at}.tool_call_id")));
+    if role == Role::Tool {
+        match fields.get("tool_call_id") {
+            Some(Value::String(_)) => {}
+            None | Some(Value::Null) => {
+                return Err(invalid_request(format!(
+                    "`{at}.tool_call_id` is required for a tool message"
+                ))
+                .with_metadata("param", format!("{at}.tool_call_id")))
+            }
+            Some(other) => {
+                return Err(wrong_type(&format!("{at}.tool_call_id"), "a string", other))
+            }
+        }
     }
     Ok(ChatMessage {
         role,
@@ -450,11 +460,19 @@ impl fmt::Display for MessageAt {
 
 fn check_parts(at: &MessageAt, parts: Vec<Value>) -> Result<Vec<Value>, GatewayError> {
     for (index, part) in parts.iter().enumerate() {
-        if !matches!(part.get("type"), Some(Value::String(_))) {
-            return Err(invalid_request(format!(
-                "`{at}.content[{index}]` must be an object with a string `type`"
-            ))
-            .with_metadata("param", format!("{at}.content[{index}]")));
+        let param = format!("{at}.content[{index}]");
+        match part {
+            Value::Object(fields) => match fields.get("type") {
+                Some(Value::String(_)) => {}
+                None | Some(Value::Null) => {
+                    return Err(invalid_request(format!(
+                        "`{param}` must be an object with a string `type`: `type` is required"
+                    ))
+                    .with_metadata("param", format!("{param}.type")))
+                }
+                Some(other) => return Err(wrong_type(&format!("{param}.type"), "a string", other)),
+            },
+            other => return Err(wrong_type(&param, "an object with a string `type`", other)),
         }
     }
     Ok(parts)
@@ -586,15 +604,35 @@ fn parse_tools(tools: Option<Value>) -> Result<Option<Vec<Value>>, GatewayError>
             continue;
         }
         let at = format!("tools[{index}]");
-        let Some(function) = tool.get("function").filter(|function| function.is_object()) else {
-            return Err(invalid_request(format!(
-                "`{at}.function` is required: an object with `name` and `parameters`"
-            ))
-            .with_metadata("param", at));
+        let function = match tool.get("function") {
+            Some(function @ Value::Object(_)) => function,
+            None | Some(Value::Null) => {
+                return Err(invalid_request(format!(
+                    "`{at}.function` is required: an object with `name` and `parameters`"
+                ))
+                .with_metadata("param", format!("{at}.function")))
+            }
+            Some(other) => {
+                return Err(wrong_type(
+                    &format!("{at}.function"),
+                    "an object with `name` and `parameters`",
+                    other,
+                ))
+            }
         };
-        if !matches!(function.get("name"), Some(Value::String(name)) if !name.is_empty()) {
-            return Err(invalid_request(format!("`{at}.function.name` is required"))
-                .with_metadata("param", format!("{at}.function.name")));
+        match function.get("name") {
+            Some(Value::String(name)) if !name.is_empty() => {}
+            None | Some(Value::Null) | Some(Value::String(_)) => {
+                return Err(invalid_request(format!("`{at}.function.name` is required"))
+                    .with_metadata("param", format!("{at}.function.name")))
+            }
+            Some(other) => {
+                return Err(wrong_type(
+                    &format!("{at}.function.name"),
+                    "a string",
+                    other,
+                ))
+            }
         }
         if function.get("strict") == Some(&Value::Bool(true)) {
             if let Some(schema) = function.get("parameters") {
@@ -614,12 +652,21 @@ fn parse_response_format(format: Option<Value>) -> Result<Option<Value>, Gateway
     match format.get("type").and_then(Value::as_str) {
         Some("text" | "json_object") => {}
         Some("json_schema") => {
-            let Some(json_schema) = format.get("json_schema").filter(|value| value.is_object())
-            else {
-                return Err(invalid_request(
-                    "`response_format.json_schema` is required when `response_format.type` is \"json_schema\"",
-                )
-                .with_metadata("param", "response_format.json_schema"));
+            let json_schema = match format.get("json_schema") {
+                Some(json_schema @ Value::Object(_)) => json_schema,
+                None | Some(Value::Null) => {
+                    return Err(invalid_request(
+                        "`response_format.json_schema` is required when `response_format.type` is \"json_schema\"",
+                    )
+                    .with_metadata("param", "response_format.json_schema"))
+                }
+                Some(other) => {
+                    return Err(wrong_type(
+                        "response_format.json_schema",
+                        "an object",
+                        other,
+                    ))
+                }
             };
             if json_schema.get("strict") == Some(&Value::Bool(true)) {
                 if let Some(schema) = json_schema.get("schema") {
@@ -944,6 +991,48 @@ mod tests {
                 with("stream", json!("yes")),
                 "stream",
                 "`stream` must be a boolean",
+            ),
+            (
+                with(
+                    "messages",
+                    json!([{"role": "tool", "content": "x", "tool_call_id": 7}]),
+                ),
+                "messages[0].tool_call_id",
+                "must be a string, not a number",
+            ),
+            (
+                with("messages", json!([{"role": "user", "content": ["hi"]}])),
+                "messages[0].content[0]",
+                "must be an object with a string `type`, not a string",
+            ),
+            (
+                with(
+                    "messages",
+                    json!([{"role": "user", "content": [{"type": 1}]}]),
+                ),
+                "messages[0].content[0].type",
+                "must be a string, not a number",
+            ),
+            (
+                with("tools", json!([{"type": "function", "function": "f"}])),
+                "tools[0].function",
+                "not a string",
+            ),
+            (
+                with(
+                    "tools",
+                    json!([{"type": "function", "function": {"name": 5}}]),
+                ),
+                "tools[0].function.name",
+                "must be a string, not a number",
+            ),
+            (
+                with(
+                    "response_format",
+                    json!({"type": "json_schema", "json_schema": "s"}),
+                ),
+                "response_format.json_schema",
+                "must be an object, not a string",
             ),
         ];
         for (request, param, expected) in cases {
