@@ -63,6 +63,7 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 ///         "openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
 ///         "openai/gpt-4o:extended": {"prompt_per_million": 6, "completion_per_million": 18}
 ///     },
+///     "free_models": ["meta/llama:free"],
 ///     "default": null
 /// }"#).unwrap();
 /// let gpt = table.price(&ModelId::parse("openai/gpt-4o").unwrap()).unwrap();
