@@ -239,8 +239,26 @@ fn invalid_request(message: impl Into<String>) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidRequest, message.into())
 }
 
-fn invalid_parameter(param: &str, message: String) -> GatewayError {
+pub(crate) fn invalid_parameter(param: &str, message: String) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidParameter, message).with_metadata("param", param)
+}
+
+/// `value` when it is of the `expected` type (its words, and the check):
+/// 400 `invalid_request_error` with `missing` when absent or null, 422
+/// when of another type; both name `param`.
+fn required<'v>(
+    value: Option<&'v Value>,
+    param: &str,
+    (expected, is_expected): (&str, fn(&Value) -> bool),
+    missing: &str,
+) -> Result<&'v Value, GatewayError> {
+    match value {
+        Some(value) if is_expected(value) => Ok(value),
+        None | Some(Value::Null) => {
+            Err(invalid_request(format!("`{param}` {missing}")).with_metadata("param", param))
+        }
+        Some(other) => Err(wrong_type(param, expected, other)),
+    }
 }
 
 /// 422 for a value present but of the wrong JSON type (a missing one is a
@@ -428,18 +446,12 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
         }
     };
     if role == Role::Tool {
-        match fields.get("tool_call_id") {
-            Some(Value::String(_)) => {}
-            None | Some(Value::Null) => {
-                return Err(invalid_request(format!(
-                    "`{at}.tool_call_id` is required for a tool message"
-                ))
-                .with_metadata("param", format!("{at}.tool_call_id")))
-            }
-            Some(other) => {
-                return Err(wrong_type(&format!("{at}.tool_call_id"), "a string", other))
-            }
-        }
+        required(
+            fields.get("tool_call_id"),
+            &format!("{at}.tool_call_id"),
+            ("a string", Value::is_string),
+            "is required for a tool message",
+        )?;
     }
     Ok(ChatMessage {
         role,
@@ -461,19 +473,15 @@ impl fmt::Display for MessageAt {
 fn check_parts(at: &MessageAt, parts: Vec<Value>) -> Result<Vec<Value>, GatewayError> {
     for (index, part) in parts.iter().enumerate() {
         let param = format!("{at}.content[{index}]");
-        match part {
-            Value::Object(fields) => match fields.get("type") {
-                Some(Value::String(_)) => {}
-                None | Some(Value::Null) => {
-                    return Err(invalid_request(format!(
-                        "`{param}` must be an object with a string `type`: `type` is required"
-                    ))
-                    .with_metadata("param", format!("{param}.type")))
-                }
-                Some(other) => return Err(wrong_type(&format!("{param}.type"), "a string", other)),
-            },
-            other => return Err(wrong_type(&param, "an object with a string `type`", other)),
+        if !part.is_object() {
+            return Err(wrong_type(&param, "an object with a string `type`", part));
         }
+        required(
+            part.get("type"),
+            &format!("{param}.type"),
+            ("a string", Value::is_string),
+            "is required: each content part is an object with a string `type`",
+        )?;
     }
     Ok(parts)
 }
@@ -604,35 +612,22 @@ fn parse_tools(tools: Option<Value>) -> Result<Option<Vec<Value>>, GatewayError>
             continue;
         }
         let at = format!("tools[{index}]");
-        let function = match tool.get("function") {
-            Some(function @ Value::Object(_)) => function,
-            None | Some(Value::Null) => {
-                return Err(invalid_request(format!(
-                    "`{at}.function` is required: an object with `name` and `parameters`"
-                ))
-                .with_metadata("param", format!("{at}.function")))
-            }
-            Some(other) => {
-                return Err(wrong_type(
-                    &format!("{at}.function"),
-                    "an object with `name` and `parameters`",
-                    other,
-                ))
-            }
-        };
-        match function.get("name") {
-            Some(Value::String(name)) if !name.is_empty() => {}
-            None | Some(Value::Null) | Some(Value::String(_)) => {
-                return Err(invalid_request(format!("`{at}.function.name` is required"))
-                    .with_metadata("param", format!("{at}.function.name")))
-            }
-            Some(other) => {
-                return Err(wrong_type(
-                    &format!("{at}.function.name"),
-                    "a string",
-                    other,
-                ))
-            }
+        let function = required(
+            tool.get("function"),
+            &format!("{at}.function"),
+            ("an object with `name` and `parameters`", Value::is_object),
+            "is required: an object with `name` and `parameters`",
+        )?;
+        let name_param = format!("{at}.function.name");
+        let name = required(
+            function.get("name"),
+            &name_param,
+            ("a string", Value::is_string),
+            "is required",
+        )?;
+        if name.as_str().is_some_and(str::is_empty) {
+            return Err(invalid_request(format!("`{name_param}` is required"))
+                .with_metadata("param", name_param));
         }
         if function.get("strict") == Some(&Value::Bool(true)) {
             if let Some(schema) = function.get("parameters") {
@@ -652,22 +647,12 @@ fn parse_response_format(format: Option<Value>) -> Result<Option<Value>, Gateway
     match format.get("type").and_then(Value::as_str) {
         Some("text" | "json_object") => {}
         Some("json_schema") => {
-            let json_schema = match format.get("json_schema") {
-                Some(json_schema @ Value::Object(_)) => json_schema,
-                None | Some(Value::Null) => {
-                    return Err(invalid_request(
-                        "`response_format.json_schema` is required when `response_format.type` is \"json_schema\"",
-                    )
-                    .with_metadata("param", "response_format.json_schema"))
-                }
-                Some(other) => {
-                    return Err(wrong_type(
-                        "response_format.json_schema",
-                        "an object",
-                        other,
-                    ))
-                }
-            };
+            let json_schema = required(
+                format.get("json_schema"),
+                "response_format.json_schema",
+                ("an object", Value::is_object),
+                "is required when `response_format.type` is \"json_schema\"",
+            )?;
             if json_schema.get("strict") == Some(&Value::Bool(true)) {
                 if let Some(schema) = json_schema.get("schema") {
                     check_strict_schema(schema, "response_format.json_schema.schema")?;
@@ -934,7 +919,7 @@ mod tests {
                     "messages",
                     json!([{"role": "user", "content": [{"text": "x"}]}]),
                 ),
-                "`messages[0].content[0]` must be an object with a string `type`",
+                "`messages[0].content[0].type` is required: each content part is an object with a string `type`",
             ),
             (
                 with("messages", json!([{"role": "assistant", "content": null}])),

@@ -58,7 +58,9 @@ use http::request::Parts;
 use http::Method;
 use std::borrow::Cow;
 
-pub(crate) use chat::{json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError};
+pub(crate) use chat::{
+    invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
+};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;

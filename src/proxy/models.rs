@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::body::{wrong_type, ChatRequest, ModelId};
+use crate::body::{invalid_parameter, wrong_type, ChatRequest, ModelId};
 use crate::credit::{PriceTable, Pricing};
 use crate::error::{ErrorKind, GatewayError};
 use crate::free_quota::FreeQuotaRules;
@@ -153,11 +153,7 @@ impl ModelCatalog {
                     "an array of at most {MAX_MODELS_PER_REQUEST} model ids, tried in order"
                 );
                 return Err(if other.is_array() {
-                    GatewayError::new(
-                        ErrorKind::InvalidParameter,
-                        format!("`models` must be {expected}"),
-                    )
-                    .with_metadata("param", "models")
+                    invalid_parameter("models", format!("`models` must be {expected}"))
                 } else {
                     wrong_type("models", &expected, other)
                 });
@@ -196,26 +192,24 @@ impl ModelCatalog {
         let created = chrono::Utc::now().timestamp();
         // Every model the table names and the gateway serves, the `:free`
         // variants it names among them.
-        let served: Vec<ModelId> = self
+        let data: Vec<Value> = self
             .prices
             .models()
             .into_iter()
-            .filter_map(|(id, _)| ModelId::parse(id).ok())
-            .filter(|model| self.check(model).is_ok())
-            .collect();
-        let data: Vec<Value> = served
-            .into_iter()
-            .filter_map(|model| {
-                // The price charged, not the one configured: `:free` is free.
+            .filter_map(|(id, _)| {
+                let model = ModelId::parse(id).ok()?;
+                if self.check(&model).is_err() {
+                    return None;
+                }
+                // The price charged, not the one stored: `:free` is free.
                 let price = self.prices.price(&model)?;
-                let id = model.as_str().to_ascii_lowercase();
                 let per_million = |nanos: i64| decimal(nanos, 9);
                 let per_token = |nanos: i64| decimal(nanos, 15);
                 let model_rules: Vec<&crate::rate_limit::ModelRule> =
                     rules.models.iter().filter(|rule| rule.covers(&model)).collect();
                 let fallbacks: Vec<&str> = self
                     .fallbacks
-                    .get(&id)
+                    .get(id)
                     .map(|next| next.iter().map(ModelId::as_str).collect())
                     .unwrap_or_default();
                 Some(json!({
