@@ -419,8 +419,18 @@ mod tests {
     #[test]
     fn a_signature_verifies_only_for_its_body_its_key_and_its_encoding() {
         let (signing, keys) = key_pair("k1");
-        let body = br#"[{"token":"mg-v1-x","type":"modelgate_key"}]"#;
-        let signature = sign(&signing, body);
+        // The key is new each run; take a body whose signature has a
+        // character the URL-safe alphabet spells otherwise, so the
+        // URL-safe encoding below is always a different string.
+        let (body, signature) = (0..)
+            .map(|n| format!(r#"[{{"token":"mg-v1-x{n}","type":"modelgate_key"}}]"#))
+            .map(|body| {
+                let signature = sign(&signing, body.as_bytes());
+                (body, signature)
+            })
+            .find(|(_, signature)| signature.contains(['+', '/']))
+            .unwrap();
+        let body = body.as_bytes();
         assert_eq!(keys.verify("k1", &signature, body), Ok(()));
 
         let mut changed = body.to_vec();
