@@ -14,7 +14,9 @@
 //!
 //! Needs Debian's `chromium` and `chromium-driver`, which
 //! `./scripts/test.sh` installs. The run writes a screenshot of the
-//! signed-in page to `docs/settings-page.png`.
+//! signed-in page to `target/tmp/settings-page.png`, never into the
+//! sources: a test run leaves the checkout clean (CI packages it after).
+//! Copy it to `docs/settings-page.png` when the page changes.
 
 mod common;
 
@@ -482,8 +484,7 @@ async fn the_operator_manages_a_key_on_the_page() {
     assert!(!browser.displayed("sign-in").await);
     browser.watch_csp().await;
 
-    let screenshot =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/settings-page.png");
+    let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("settings-page.png");
     a_key_from_creation_to_deletion(&browser, &api, admin, "ci pipeline", Some(&screenshot)).await;
     // Nothing the page did as it ran was blocked by its own policy.
     assert_eq!(browser.csp_violations().await, json!([]));
