@@ -3065,10 +3065,14 @@ async fn concurrent_duplicate_top_ups_credit_once<S: Store>(store: Arc<S>) {
     );
 }
 
-/// The suite drives time by hand: the store takes the caller's clock.
+/// The suite drives time by hand: the store takes the caller's clock. It
+/// checks what the stores decide, not how fast: a debug build reading a
+/// full app-usage table on a busy machine may pass the default 500 ms
+/// call timeout, so calls here get 10 s.
 fn caller_time() -> RedisStoreConfig {
     RedisStoreConfig {
         time_source: TimeSource::Caller,
+        call_timeout: std::time::Duration::from_secs(10),
         ..RedisStoreConfig::default()
     }
 }
