@@ -110,6 +110,10 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
 /// routes around a check. Every request's path is read this way several
 /// times, so a path with nothing to decode is only borrowed.
 pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
+    // Nothing to decode (the usual case): the path is already text.
+    if memchr::memchr(b'%', path.as_bytes()).is_none() {
+        return normalize_segments(path, Cow::Borrowed);
+    }
     match percent_encoding::percent_decode_str(path).decode_utf8_lossy() {
         Cow::Borrowed(text) => normalize_segments(text, Cow::Borrowed),
         Cow::Owned(text) => normalize_segments(&text, |segment| Cow::Owned(segment.to_owned())),
@@ -336,6 +340,19 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn a_path_without_escapes_reads_as_its_decoding_would(
+            path in "[a-zA-Z0-9./%é_-]{0,40}",
+        ) {
+            // The shortcut for a path with no `%` must split exactly as
+            // the full percent-decoding would.
+            let decoded = percent_encoding::percent_decode_str(&path).decode_utf8_lossy();
+            let expected: Vec<String> =
+                normalize_segments(&decoded, Cow::Borrowed).iter().map(|s| s.to_string()).collect();
+            let got: Vec<String> = normalized_segments(&path).iter().map(|s| s.to_string()).collect();
+            prop_assert_eq!(got, expected);
+        }
+
         #[test]
         fn valid_requests_reach_the_inner_service_byte_identical(
             model in "[a-z]{1,8}/[a-z0-9.-]{1,12}",
