@@ -108,13 +108,14 @@ const MAX_CACHED_HANDLES: usize = 4096;
 
 /// Metric handles by their label values, looked up in the recorder once.
 pub(crate) struct HandleCache<K, H> {
-    handles: LazyLock<RwLock<HashMap<K, H>>>,
+    // Looked up several times per request; the keys are small label sets.
+    handles: LazyLock<RwLock<HashMap<K, H, foldhash::fast::RandomState>>>,
 }
 
 impl<K: Hash + Eq, H: Clone> HandleCache<K, H> {
     pub(crate) const fn new() -> Self {
         HandleCache {
-            handles: LazyLock::new(|| RwLock::new(HashMap::new())),
+            handles: LazyLock::new(|| RwLock::new(HashMap::default())),
         }
     }
 

@@ -1,7 +1,13 @@
 //! The embedded store: every trait in process, for a single gateway instance.
 
-use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+// Every request hashes its scope, account, key and reservation id here a
+// few times: foldhash (randomly seeded per map) does it at a fraction of
+// SipHash's cost. The keys are ids the gateway chose or checked, and
+// foldhash's random seeds keep collisions out of a client's reach.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type RandomState = foldhash::fast::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -73,9 +79,9 @@ impl MemoryStore {
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
             records: Mutex::new(Records::default()),
-            app_usage: Mutex::new(HashMap::new()),
-            shard_hasher: RandomState::new(),
-            settlement_hasher: RandomState::new(),
+            app_usage: Mutex::new(HashMap::default()),
+            shard_hasher: RandomState::default(),
+            settlement_hasher: RandomState::default(),
         }
     }
 
@@ -436,7 +442,7 @@ impl CounterStore for MemoryStore {
         let mut shard = self.shard(scope);
         shard.maybe_sweep(now_micros);
         if !shard.counters.contains_key(scope) {
-            shard.counters.insert(scope.into(), HashMap::new());
+            shard.counters.insert(scope.into(), HashMap::default());
         }
         let counters = shard.counters.get_mut(scope).expect("inserted above");
         let (admitted, outcomes) = check_all(counters, checks, now, true);
@@ -862,7 +868,7 @@ fn settled_id_deadline_micros(hold_expires_at_micros: Option<i64>, now_micros: i
 /// under a microsecond per settlement.
 #[derive(Debug, Default)]
 struct SettledIds {
-    until_micros: HashMap<u64, i64, BuildHasherDefault<FingerprintHasher>>,
+    until_micros: std::collections::HashMap<u64, i64, BuildHasherDefault<FingerprintHasher>>,
     next_sweep_micros: i64,
 }
 
@@ -1692,7 +1698,7 @@ mod tests {
         ) {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let store = MemoryStore::new();
-            let mut model: HashMap<u8, i64> = HashMap::new();
+            let mut model: HashMap<u8, i64> = HashMap::default();
             let mut now_micros = 0i64;
             for op in &ops {
                 match *op {
