@@ -1262,3 +1262,62 @@ differential_test!(redis_slots_answer_exactly_as_memory_does, steps in proptest:
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
     }
 });
+
+/// The scripts' `int` (src/store/lua/int.lua) writes every integer a double
+/// holds exactly, as Rust does, and keeps `%.0f` for anything else.
+#[tokio::test]
+async fn the_scripts_write_integers_exactly() {
+    use proptest::strategy::ValueTree;
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let script = redis::Script::new(concat!(
+        include_str!("../src/store/lua/int.lua"),
+        "local out = {} for i, v in ipairs(ARGV) do out[i] = int(tonumber(v)) end return out"
+    ));
+    let mut values: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        9_007_199_254_740_992.0, // 2^53
+        9_007_199_254_740_993.0, // rounds to 2^53 as a double
+        1_795_617_959_051_702.0, // a µs timestamp
+        123_456_789_012_345_678.0,
+        4_611_686_018_427_387_904.0, // 2^62
+        9.3e18,                      // past i64: '%.0f'
+        -9.3e18,
+        1e300,
+        0.25,
+        -3.75,
+        12_345.4,
+    ];
+    // Integers of every size up to 2^63, and fractions away from a tie.
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for _ in 0..300 {
+        let exponent = (0u32..63).new_tree(&mut runner).unwrap().current();
+        let magnitude = (0u64..=u64::MAX >> 1)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current()
+            >> (63 - exponent);
+        let negative = any::<bool>().new_tree(&mut runner).unwrap().current();
+        let integer = magnitude as f64 * if negative { -1.0 } else { 1.0 };
+        values.push(integer);
+        values.push(integer / 1_000.0 + 0.1);
+    }
+    let mut invocation = script.prepare_invoke();
+    for value in &values {
+        // `{:e}` with full precision: Lua's tonumber reads it back exactly.
+        invocation.arg(format!("{value:e}"));
+    }
+    let written: Vec<String> = invocation.invoke_async(&mut connection).await.unwrap();
+    for (value, written) in values.iter().zip(&written) {
+        let expected = if *value == 0.0 {
+            "0".to_owned()
+        } else {
+            format!("{value:.0}")
+        };
+        assert_eq!(written, &expected, "{value:e}");
+    }
+}

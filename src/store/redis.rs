@@ -175,10 +175,11 @@ struct Scripts {
     app_usage_read: Script,
 }
 
-/// A script with the shared parts it uses prepended, in order.
+/// A script with `int` (lua/int.lua) and the shared parts it uses
+/// prepended, in order.
 macro_rules! script {
     ($($file:literal),+) => {
-        Script::new(concat!($(include_str!($file)),+))
+        Script::new(concat!(include_str!("lua/int.lua"), $(include_str!($file)),+))
     };
 }
 
@@ -186,7 +187,7 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             check_and_add: script!("lua/time.lua", "lua/counters.lua", "lua/check_and_add.lua"),
-            acquire_slot: Script::new(include_str!("lua/acquire_slot.lua")),
+            acquire_slot: script!("lua/acquire_slot.lua"),
             ledger_write: script!(
                 "lua/time.lua",
                 "lua/counters.lua",
@@ -194,7 +195,7 @@ impl Scripts {
                 "lua/ledger_write.lua"
             ),
             key_usage: script!("lua/time.lua", "lua/ledger_common.lua", "lua/key_usage.lua"),
-            top_up: Script::new(include_str!("lua/top_up.lua")),
+            top_up: script!("lua/top_up.lua"),
             get_record: script!("lua/time.lua", "lua/get_record.lua"),
             put_record: script!(
                 "lua/time.lua",

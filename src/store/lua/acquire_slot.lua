@@ -2,16 +2,13 @@
 -- KEYS[1]: the slot set, a sorted set of holder -> when its lease ends (µs).
 -- ARGV: now (µs), holder, limit, lease end (µs), TTL slack (ms)
 -- Returns {acquired, held, retry_after µs}.
--- Integers are written with %.0f: Lua's own number formatting would turn
--- large ones into exponent notation. Scores are doubles, exact while lease
--- ends stay below 2^53 µs (the year 2255).
+-- Scores are doubles, exact while lease ends stay below 2^53 µs (the year
+-- 2255).
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local holder = ARGV[2]
 local limit = tonumber(ARGV[3])
 local slack_ms = tonumber(ARGV[5])
-
-local function int(x) return string.format('%.0f', x) end
 
 -- A lease ending at `t` is held while `now < t`: a crashed holder's slot
 -- frees itself when its lease ends.

@@ -6,7 +6,6 @@
 -- ARGV: now (µs, or '' for Redis's clock), the most rows per period, key
 -- TTL slack (ms), row count N, then N times: app, details, model,
 -- requests, tokens.
-local function int(x) return string.format('%.0f', x) end
 local SEP = '\31'
 local now = clock_now(ARGV[1])
 local most = tonumber(ARGV[2])

@@ -2,7 +2,6 @@
 -- (see app_usage_add.lua). ARGV: now (µs, or '' for Redis's clock), the
 -- period ('d', 'w' or 'm'). Returns the hash's fields and values, or
 -- nothing when it holds another period.
-local function int(x) return string.format('%.0f', x) end
 local now = clock_now(ARGV[1])
 local start = period_bounds(ARGV[2], now)
 if redis.call('HGET', KEYS[1], 's') ~= int(start) then return {} end

@@ -3,13 +3,12 @@
 -- ARGV[1]: now (µs), or '' for Redis's clock; ARGV[2]: TTL slack (ms);
 -- then four per check (see counters.lua).
 -- Returns {admitted, now, then per check: fits, used, remaining,
--- retry_after µs, reset_after µs}. Integers are written with %.0f: Lua's
--- own number formatting would turn large ones into exponent notation.
+-- retry_after µs, reset_after µs}.
 local now = clock_now(ARGV[1])
 local all, states = counters_check(now, #KEYS / 2, 0, 2, {})
 if all then counters_commit(now, tonumber(ARGV[2]), states) end
 local outcomes = counters_outcomes(states)
-local result = { all and 1 or 0, cint(now) }
+local result = { all and 1 or 0, int(now) }
 for _, o in ipairs(outcomes) do
   for j = 1, 5 do table.insert(result, o[j]) end
 end

@@ -6,8 +6,7 @@
 --   'r' rolling window: p1 = its length (µs)
 --   'g' GCRA: p1 = emission interval (µs); capacity = burst
 -- and two keys: the counter's base key and its auxiliary hash (rolling).
-local function cint(x) return string.format('%.0f', x) end
-local function ttl_ms(now, until_us, slack_ms) return cint(math.ceil((until_us - now) / 1000) + slack_ms) end
+local function ttl_ms(now, until_us, slack_ms) return int(math.ceil((until_us - now) / 1000) + slack_ms) end
 -- The window a fixed ('f', p1 its length in µs) or calendar ('c', p1 'd',
 -- 'w' or 'm') counter has at `at`: its start and end (µs).
 local function counter_window(kind, p1, at)
@@ -22,12 +21,12 @@ local function amount_of(member) return tonumber(string.match(member, ':(%d+)$')
 
 local function rolling_used(now, key, aux, window)
   local used = tonumber(redis.call('HGET', aux, 'used') or '0')
-  local cutoff = cint(now - window)
+  local cutoff = int(now - window)
   local expired = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff)
   if #expired > 0 then
     for _, member in ipairs(expired) do used = used - amount_of(member) end
     redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
-    redis.call('HSET', aux, 'used', cint(used))
+    redis.call('HSET', aux, 'used', int(used))
   end
   if used ~= 0 and redis.call('ZCARD', key) == 0 then used = 0 end
   return used
@@ -59,7 +58,7 @@ local function counter_read(now, key, aux, kind, capacity, amount, p1)
     -- One hash per counter, a field per window start: every key is
     -- declared, and a caller whose clock reads a moment earlier counts in
     -- its own window and never resets a newer one.
-    s.field, s.stop = cint(start), stop
+    s.field, s.stop = int(start), stop
     s.used = tonumber(redis.call('HGET', key, s.field) or '0')
     s.fits = s.used + amount <= capacity
     local left = stop - now
@@ -95,7 +94,7 @@ local function counter_commit(now, slack_ms, s)
   if s.amount <= 0 then return end
   local key, kind = s.key, s.kind
   if kind == 'f' or kind == 'c' then
-    s.used = redis.call('HINCRBY', key, s.field, cint(s.amount))
+    s.used = redis.call('HINCRBY', key, s.field, int(s.amount))
     local ttl = tonumber(ttl_ms(now, s.stop, slack_ms))
     if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
     -- Windows over (beyond the slack) go as new ones come.
@@ -109,9 +108,9 @@ local function counter_commit(now, slack_ms, s)
   elseif kind == 'r' then
     local window = tonumber(s.p1)
     local seq = redis.call('HINCRBY', s.aux, 'seq', 1)
-    redis.call('ZADD', key, cint(now), cint(seq) .. ':' .. cint(s.amount))
+    redis.call('ZADD', key, int(now), int(seq) .. ':' .. int(s.amount))
     s.used = s.used + s.amount
-    redis.call('HSET', s.aux, 'used', cint(s.used))
+    redis.call('HSET', s.aux, 'used', int(s.used))
     redis.call('PEXPIRE', key, ttl_ms(now, now + window, slack_ms))
     redis.call('PEXPIRE', s.aux, ttl_ms(now, now + window, slack_ms))
     -- The newest entry is this one, unless a caller whose clock reads
@@ -119,7 +118,7 @@ local function counter_commit(now, slack_ms, s)
     if s.reset < window then s.reset = window end
   else
     local emission = tonumber(s.p1)
-    redis.call('SET', key, cint(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
+    redis.call('SET', key, int(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
     local backlog = s.new_arrival - now
     s.used = math.ceil(backlog / emission)
     s.reset = backlog

@@ -2,7 +2,6 @@
 -- record), KEYS[2]: their expiries zset (id -> µs). ARGV: now (µs, or ''
 -- for Redis's clock), 'one' and a reservation id, or 'newest' and a count.
 -- Returns the live records asked for (newest first), expired ones left out.
-local function int(x) return string.format("%.0f", x) end
 local now = clock_now(ARGV[1])
 if ARGV[2] == 'one' then
   local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])

@@ -5,7 +5,6 @@
 -- TOTAL and COUNT);
 -- k.settled settled ids zset (id -> forget at µs).
 -- The account hash {purchased, balance} is KEYS[1] in every ledger script.
-local function int(x) return string.format('%.0f', x) end
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
 -- a double, exact only up to 2^53 nano-credits (9 million credits), and a
@@ -30,7 +29,7 @@ end
 local function big_ge(a, b) return a[1] > b[1] or (a[1] == b[1] and a[2] >= b[2]) end
 local function big_str(a)
   if a[1] == 0 then return int(a[2]) end
-  return int(a[1]) .. string.format('%09.0f', a[2])
+  return int(a[1]) .. string.format('%09d', a[2])
 end
 
 -- The amounts hash also keeps the sum of its holds and how many there

@@ -5,10 +5,8 @@
 -- counter, KEYS[5] expiries zset (id -> when the record expires, µs; only
 -- records written with a lifetime). A record that expires at `t` is live
 -- while `now < t`.
--- Integers are written with %.0f: Lua's own formatting would turn large
--- ones into exponent notation. Expiries stay below 2^53 µs (a lifetime is
--- at most 100 years), so scores are exact.
-local function int(x) return string.format('%.0f', x) end
+-- Expiries stay below 2^53 µs (a lifetime is at most 100 years), so
+-- scores are exact.
 
 -- Removes every record expired at `now`, so nothing below sees one: not a
 -- read, not a count, not a listing's ranks.

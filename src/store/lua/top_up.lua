@@ -46,6 +46,6 @@ if not record then
 end
 redis.call('DEL', record)
 redis.call('HSET', record, 'amount', ARGV[1], 'purchased', after[1], 'balance', after[2],
-  'forget_at', string.format('%.0f', now + tonumber(ARGV[3])))
+  'forget_at', int(now + tonumber(ARGV[3])))
 redis.call('PEXPIRE', record, ARGV[4])
 return {'credited', after[1], after[2]}
