@@ -2,14 +2,20 @@
 //! the gateway not asked the upstream for usage on its behalf.
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
 
 use crate::proxy::{JsonObject, SseLines, SsePiece, MAX_SSE_LINE_BYTES};
+
+// Searched for in every streamed chunk: built once, not per call.
+static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"usage"));
+static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
 
 pin_project! {
     /// A server-sent event stream of chat completion chunks with the usage
@@ -272,8 +278,7 @@ fn verdict(event: &[u8]) -> Verdict {
     let payload = value.strip_prefix(b" ").unwrap_or(value);
     // `usage` is spelled out, or escaped (`\u0075sage`): a chunk that has
     // neither is not read at all.
-    let mentions = |needle: &[u8]| memchr::memmem::find(payload, needle).is_some();
-    if !mentions(b"usage") && !mentions(b"\\u") {
+    if USAGE.find(payload).is_none() && ESCAPE.find(payload).is_none() {
         return Verdict::Keep;
     }
     let Some(mut object) = JsonObject::parse(payload) else {

@@ -2,6 +2,9 @@
 //! passes, without holding the body back: a JSON body (non-streaming) or a
 //! server-sent event stream (`stream: true`), fed in chunks split anywhere.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde_json::Value;
 
 use crate::keys::credits::nanos_from_json;
@@ -211,7 +214,7 @@ impl UsageScanner {
             self.streamed_chunks += 1;
             self.streamed_text_bytes += text_bytes(data);
             // Most chunks carry no usage; only those naming it are parsed.
-            if contains(data, b"\"usage\"") {
+            if USAGE_FIELD.find(data).is_some() {
                 if let Some(usage) = usage_of(data) {
                     self.usage = Some(usage);
                 }
@@ -264,12 +267,11 @@ impl UsageScanner {
 /// The bytes of the text strings a chunk carries (`content`, `reasoning`,
 /// `arguments`), escapes counted as written: a scan, no parse.
 fn text_bytes(chunk: &[u8]) -> u64 {
-    const FIELDS: [&[u8]; 3] = [b"\"content\":\"", b"\"reasoning\":\"", b"\"arguments\":\""];
     let mut total = 0u64;
-    for field in FIELDS {
+    for field in TEXT_FIELDS.iter() {
         let mut rest = chunk;
-        while let Some(start) = position(rest, field) {
-            rest = &rest[start + field.len()..];
+        while let Some(start) = field.find(rest) {
+            rest = &rest[start + field.needle().len()..];
             // To the closing quote: one not escaped by a backslash.
             let mut escaped = false;
             let mut length = rest.len();
@@ -425,13 +427,18 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    position(haystack, needle).is_some()
-}
-
-fn position(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    memchr::memmem::find(haystack, needle)
-}
+// Every streamed chunk is searched for these: their searchers are built
+// once, as `memmem::find` would build one per call at more than the cost
+// of searching a chunk.
+static USAGE_FIELD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+static TEXT_FIELDS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
+    [
+        b"\"content\":\"" as &[u8],
+        b"\"reasoning\":\"",
+        b"\"arguments\":\"",
+    ]
+    .map(Finder::new)
+});
 
 #[cfg(test)]
 mod tests {
