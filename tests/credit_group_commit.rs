@@ -30,6 +30,7 @@ use tower::{service_fn, ServiceBuilder};
 
 /// The script every ledger write runs, as the store builds it.
 const LEDGER_WRITE: &str = concat!(
+    include_str!("../src/store/lua/int.lua"),
     include_str!("../src/store/lua/time.lua"),
     include_str!("../src/store/lua/counters.lua"),
     include_str!("../src/store/lua/ledger_common.lua"),
