@@ -300,7 +300,9 @@ fn usage_of(document: &[u8]) -> Option<Usage> {
     struct UsageOnly {
         usage: Option<UsageFields>,
     }
-    let usage = serde_json::from_slice::<UsageOnly>(document).ok()?.usage?;
+    let usage = crate::body::json_from_bytes::<UsageOnly>(document)
+        .ok()?
+        .usage?;
     Usage::from_fields(
         usage.prompt_tokens.as_ref(),
         usage.completion_tokens.as_ref(),

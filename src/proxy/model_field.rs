@@ -62,7 +62,7 @@ pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
     }
     if let Ok(ModelOnly {
         model: Some(current),
-    }) = serde_json::from_slice(text)
+    }) = crate::body::json_from_bytes(text)
     {
         if current == model {
             return None;
@@ -117,7 +117,7 @@ impl<'a> JsonObject<'a> {
     /// `text` read as one JSON object (whitespace around it allowed);
     /// `None` when it is anything else.
     pub(crate) fn parse(text: &'a [u8]) -> Option<JsonObject<'a>> {
-        let RawMembers(raw) = serde_json::from_slice(text).ok()?;
+        let RawMembers(raw) = crate::body::json_from_bytes(text).ok()?;
         // The raw values are slices of `text`: their place in it, without
         // `unsafe`, is the distance between the two addresses.
         let offset = |part: &str| (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize);
