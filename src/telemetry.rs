@@ -49,7 +49,6 @@
 pub mod otel;
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{LazyLock, RwLock};
 use std::time::Duration;
@@ -109,13 +108,13 @@ const MAX_CACHED_HANDLES: usize = 4096;
 /// Metric handles by their label values, looked up in the recorder once.
 pub(crate) struct HandleCache<K, H> {
     // Looked up several times per request; the keys are small label sets.
-    handles: LazyLock<RwLock<HashMap<K, H, foldhash::fast::RandomState>>>,
+    handles: LazyLock<RwLock<foldhash::HashMap<K, H>>>,
 }
 
 impl<K: Hash + Eq, H: Clone> HandleCache<K, H> {
     pub(crate) const fn new() -> Self {
         HandleCache {
-            handles: LazyLock::new(|| RwLock::new(HashMap::default())),
+            handles: LazyLock::new(|| RwLock::new(foldhash::HashMap::default())),
         }
     }
 

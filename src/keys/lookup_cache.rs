@@ -1,9 +1,6 @@
 //! The in-process cache in front of the store lookups KeyDirectory and
 //! ByokDirectory make on every request.
 
-// Looked up once per request by key hash: foldhash, randomly seeded, for
-// a fraction of SipHash's cost.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -25,8 +22,10 @@ pub(crate) struct LookupCache<K, V> {
 }
 
 struct Sides<K, V> {
-    found: HashMap<K, Entry<V>>,
-    missing: HashMap<K, Entry<V>>,
+    // Read once per request, by key hash (a SHA-256: no client picks its
+    // bits): foldhash, at a fraction of SipHash's cost.
+    found: foldhash::HashMap<K, Entry<V>>,
+    missing: foldhash::HashMap<K, Entry<V>>,
 }
 
 struct Entry<V> {
@@ -42,8 +41,8 @@ impl<K: Hash + Eq, V: Clone> LookupCache<K, V> {
             ttl,
             max_found,
             sides: Mutex::new(Sides {
-                found: HashMap::default(),
-                missing: HashMap::default(),
+                found: foldhash::HashMap::default(),
+                missing: foldhash::HashMap::default(),
             }),
             generation: AtomicU64::new(0),
         }

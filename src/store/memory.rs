@@ -1,13 +1,6 @@
 //! The embedded store: every trait in process, for a single gateway instance.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-
-// Every request hashes its scope, account, key and reservation id here a
-// few times: foldhash (randomly seeded per map) does it at a fraction of
-// SipHash's cost. The keys are ids the gateway chose or checked, and
-// foldhash's random seeds keep collisions out of a client's reach.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-type RandomState = foldhash::fast::RandomState;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -31,6 +24,13 @@ use super::{
     WriteOutcome,
 };
 use crate::clock::{unix_micros, Period};
+
+/// The maps every request reads and writes a few times, by scope, key hash,
+/// reservation or holder id: ids the gateway made or checked, hashed with
+/// foldhash at a fraction of SipHash's cost. Maps whose keys a client names
+/// (app usage rows, webhook records) keep SipHash: foldhash's random seeds
+/// are no defence against someone who can time lookups.
+type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// Shards spread accounts over independent locks, so requests of different
 /// accounts rarely wait for each other.
@@ -59,10 +59,10 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     records: Mutex<Records>,
     app_usage: Mutex<HashMap<Box<str>, [AppPeriod; 3]>>,
-    shard_hasher: RandomState,
+    shard_hasher: foldhash::fast::RandomState,
     /// A settled reservation is remembered by a keyed 64-bit fingerprint
     /// of its id, not the id itself.
-    settlement_hasher: RandomState,
+    settlement_hasher: foldhash::fast::RandomState,
 }
 
 impl Default for MemoryStore {
@@ -79,9 +79,9 @@ impl MemoryStore {
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
             records: Mutex::new(Records::default()),
-            app_usage: Mutex::new(HashMap::default()),
-            shard_hasher: RandomState::default(),
-            settlement_hasher: RandomState::default(),
+            app_usage: Mutex::new(HashMap::new()),
+            shard_hasher: foldhash::fast::RandomState::default(),
+            settlement_hasher: foldhash::fast::RandomState::default(),
         }
     }
 
@@ -104,7 +104,7 @@ impl MemoryStore {
                 lock(shard)
                     .counters
                     .values()
-                    .map(HashMap::len)
+                    .map(FastMap::len)
                     .sum::<usize>()
             })
             .sum()
@@ -145,16 +145,16 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Debug, Default)]
 struct Shard {
-    counters: HashMap<Box<str>, HashMap<Box<str>, Counter>>,
+    counters: FastMap<Box<str>, FastMap<Box<str>, Counter>>,
     /// Slot sets by scope, then by name.
-    slots: HashMap<Box<str>, HashMap<Box<str>, Leases>>,
-    ledgers: HashMap<Box<str>, AccountLedger>,
+    slots: FastMap<Box<str>, FastMap<Box<str>, Leases>>,
+    ledgers: FastMap<Box<str>, AccountLedger>,
     next_sweep_micros: i64,
 }
 
 /// One slot set: holder -> when its lease ends (µs). A plain map, scanned
 /// whole: a set is about as small as its limit, the requests in flight.
-type Leases = HashMap<Box<str>, i64>;
+type Leases = FastMap<Box<str>, i64>;
 
 /// Whether a sweep planned for `next_sweep_micros` is due at `now_micros`:
 /// also when the clock has stepped far back, or sweeping would stop.
@@ -220,7 +220,7 @@ enum CounterState {
     },
 }
 
-fn counter_mut<'a>(counters: &'a mut HashMap<Box<str>, Counter>, name: &str) -> &'a mut Counter {
+fn counter_mut<'a>(counters: &'a mut FastMap<Box<str>, Counter>, name: &str) -> &'a mut Counter {
     if !counters.contains_key(name) {
         counters.insert(
             name.into(),
@@ -403,7 +403,7 @@ fn check_one(
 /// Checks every counter of `checks` under one lock: whether all fit, and
 /// when they do and `commit`, adds to all; never to some.
 fn check_all(
-    counters: &mut HashMap<Box<str>, Counter>,
+    counters: &mut FastMap<Box<str>, Counter>,
     checks: &[Check],
     now: DateTime<Utc>,
     commit: bool,
@@ -442,7 +442,7 @@ impl CounterStore for MemoryStore {
         let mut shard = self.shard(scope);
         shard.maybe_sweep(now_micros);
         if !shard.counters.contains_key(scope) {
-            shard.counters.insert(scope.into(), HashMap::default());
+            shard.counters.insert(scope.into(), FastMap::default());
         }
         let counters = shard.counters.get_mut(scope).expect("inserted above");
         let (admitted, outcomes) = check_all(counters, checks, now, true);
@@ -511,7 +511,10 @@ impl CounterStore for MemoryStore {
 
 /// The value at `key`, inserted empty if absent (without allocating a key
 /// when present, as `entry` would).
-fn get_or_default<'a, V: Default>(map: &'a mut HashMap<Box<str>, V>, key: &str) -> &'a mut V {
+fn get_or_default<'a, V: Default, S: BuildHasher>(
+    map: &'a mut HashMap<Box<str>, V, S>,
+    key: &str,
+) -> &'a mut V {
     if !map.contains_key(key) {
         map.insert(key.into(), V::default());
     }
@@ -524,7 +527,7 @@ struct AccountLedger {
     balance_nanos: i64,
     /// Holds taken from the balance, on every key, by reservation id.
     holds: Holds,
-    keys: HashMap<Box<str>, KeyLedger>,
+    keys: FastMap<Box<str>, KeyLedger>,
     /// Idempotency keys of recent top-ups, and when each is forgotten
     /// (µs), oldest first: every key lives equally long, so forgetting
     /// pops from the front.
@@ -537,7 +540,7 @@ struct AccountLedger {
 /// expiry (then by write) for removing the oldest and listing the newest.
 #[derive(Debug, Default)]
 struct Generations {
-    records: HashMap<Box<str>, (bytes::Bytes, (i64, u64))>,
+    records: FastMap<Box<str>, (bytes::Bytes, (i64, u64))>,
     order: BTreeMap<(i64, u64), Box<str>>,
     writes: u64,
 }
@@ -802,7 +805,7 @@ struct Reservation {
 /// a walk over all of them.
 #[derive(Debug, Default)]
 struct Holds {
-    by_id: HashMap<Box<str>, Reservation>,
+    by_id: FastMap<Box<str>, Reservation>,
     by_expiry: BTreeSet<(i64, Box<str>)>,
     /// Exact: amounts are i64, and no i64 count of them overflows i128.
     total_nanos: i128,
@@ -868,7 +871,7 @@ fn settled_id_deadline_micros(hold_expires_at_micros: Option<i64>, now_micros: i
 /// under a microsecond per settlement.
 #[derive(Debug, Default)]
 struct SettledIds {
-    until_micros: std::collections::HashMap<u64, i64, BuildHasherDefault<FingerprintHasher>>,
+    until_micros: HashMap<u64, i64, BuildHasherDefault<FingerprintHasher>>,
     next_sweep_micros: i64,
 }
 
@@ -1553,11 +1556,11 @@ mod tests {
             let shard = lock(shard);
             let scopes = shard.slots.values();
             (
-                sets + scopes.clone().map(HashMap::len).sum::<usize>(),
+                sets + scopes.clone().map(FastMap::len).sum::<usize>(),
                 leases
                     + scopes
-                        .flat_map(HashMap::values)
-                        .map(HashMap::len)
+                        .flat_map(FastMap::values)
+                        .map(FastMap::len)
                         .sum::<usize>(),
             )
         })
@@ -1698,7 +1701,7 @@ mod tests {
         ) {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let store = MemoryStore::new();
-            let mut model: HashMap<u8, i64> = HashMap::default();
+            let mut model: HashMap<u8, i64> = HashMap::new();
             let mut now_micros = 0i64;
             for op in &ops {
                 match *op {
