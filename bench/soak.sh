@@ -11,10 +11,8 @@
 # `generations.max_per_account`, 100,000 by default, about a kilobyte
 # each): the run caps them at 1,000 so that what it measures is the
 # gateway's own memory; set KEEP_RECORDS=1 to keep the default.
-# A settled reservation is remembered for its hold's lifetime plus 2 min
-# (16 bytes each), so memory fills for that long: RESERVATION_TTL_SECONDS
-# (default: the proxy's 900) sets the hold's lifetime, e.g. 120 for a
-# gateway whose upstream answers within two minutes.
+# A settled reservation leaves nothing behind; RESERVATION_TTL_SECONDS
+# (default: the proxy's 900) sets the hold's lifetime all the same.
 # Installs and builds as bench/load.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."

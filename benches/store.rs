@@ -133,6 +133,7 @@ fn bench_store<S: Store>(
         account: "acct".into(),
         key: "key".into(),
         reservation_id: "r".into(),
+        hold_granted: false,
         cost_nanos: 0,
         byok: false,
         record: None,

@@ -159,6 +159,7 @@ async fn refusals_cost_nothing(store: SharedStore) {
         account: "acme".into(),
         key: KeyHash::of(&key).to_hex(),
         reservation_id: "overspent".into(),
+        hold_granted: false,
         cost_nanos: credits(20),
         byok: false,
         record: None,

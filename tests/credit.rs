@@ -434,6 +434,7 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             account: "shop".into(),
             key: hash.clone(),
             reservation_id: "overspent".into(),
+            hold_granted: false,
             cost_nanos: NANOS_PER_CREDIT,
             byok: false,
             record: None,

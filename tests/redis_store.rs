@@ -345,6 +345,7 @@ async fn every_operation_is_one_round_trip() {
         account: "acct".into(),
         key: "key".into(),
         reservation_id: "r".into(),
+        hold_granted: false,
         cost_nanos: 3,
         byok: false,
         record: None,
@@ -391,6 +392,7 @@ async fn every_operation_is_one_round_trip() {
         .map(|index| Settlement {
             key: format!("key{}", index % 2),
             reservation_id: format!("batch{index}"),
+            hold_granted: false,
             ..settlement.clone()
         })
         .collect();
@@ -508,6 +510,7 @@ async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
                 account: "acct".into(),
                 key: "key".into(),
                 reservation_id: "r1".into(),
+                hold_granted: false,
                 cost_nanos: 7,
                 byok: false,
                 record: None,
@@ -581,6 +584,90 @@ async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
             .unwrap();
         assert!(ttl_ms > 0 && ttl_ms <= 70_000, "{key} has TTL {ttl_ms} ms");
     }
+}
+
+/// The ids in the key's settled zset, with their scores.
+async fn settled_ids(connection: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:settled")
+        .query_async(connection)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for key in keys {
+        let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(connection)
+            .await
+            .unwrap();
+        ids.extend(members);
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_holds_leave_no_ids_in_redis() {
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    store.top_up("acct", 1_000_000).await.unwrap();
+    let settle = |id: &str, hold_granted| Settlement {
+        reservation_id: id.into(),
+        hold_granted,
+        account: "acct".into(),
+        key: "key".into(),
+        cost_nanos: 7,
+        byok: false,
+        record: None,
+    };
+    for request in 0..200 {
+        let id = format!("r{request}");
+        let hold = ReserveRequest {
+            reservation_id: id.clone(),
+            covered_by_balance: true,
+            ..reserve_request()
+        };
+        assert!(store.reserve(&hold, t0()).await.unwrap().is_reserved());
+        // Retried, as after a lost reply.
+        store.settle(&settle(&id, true), t0()).await.unwrap();
+        store.settle(&settle(&id, true), t0()).await.unwrap();
+    }
+    assert_eq!(settled_ids(&mut connection).await, []);
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    assert_eq!(balance, 1_000_000 - 7 * 200);
+    // Without a granted hold the id is remembered, as it must be.
+    store.settle(&settle("unheld", false), t0()).await.unwrap();
+    let remembered = settled_ids(&mut connection).await;
+    assert_eq!(remembered.len(), 1, "{remembered:?}");
+    assert_eq!(remembered[0].0, "unheld");
+    // A hold that expires unsettled lapses: known (a negative score) until
+    // its settlement takes it.
+    assert!(store
+        .reserve(&reserve_request(), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    let expired = t0() + chrono::Duration::seconds(60);
+    store.key_usage("acct", "key", expired).await.unwrap();
+    let known = settled_ids(&mut connection).await;
+    assert!(
+        known.iter().any(|(id, score)| id == "r" && *score < 0),
+        "{known:?}"
+    );
+    store.settle(&settle("r", true), expired).await.unwrap();
+    store.settle(&settle("r", true), expired).await.unwrap();
+    let known = settled_ids(&mut connection).await;
+    assert!(known.iter().all(|(id, _)| id != "r"), "{known:?}");
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    assert_eq!(balance, 1_000_000 - 7 * 202);
 }
 
 #[tokio::test]
@@ -765,6 +852,7 @@ struct SettleArgs {
     key: u8,
     cost_nanos: i64,
     byok: bool,
+    hold_granted: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -830,14 +918,20 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
 }
 
 fn settle_strategy() -> impl Strategy<Value = SettleArgs> {
-    (0u8..4, 0u8..2, 0i64..3_000_000_000, any::<bool>()).prop_map(|(id, key, cost_nanos, byok)| {
-        SettleArgs {
+    (
+        0u8..4,
+        0u8..2,
+        0i64..3_000_000_000,
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(id, key, cost_nanos, byok, hold_granted)| SettleArgs {
             id,
             key,
             cost_nanos,
             byok,
-        }
-    })
+            hold_granted,
+        })
 }
 
 fn ledger_op_strategy() -> impl Strategy<Value = LedgerOp> {
@@ -886,6 +980,7 @@ fn settlement_of(args: &SettleArgs) -> Settlement {
         account: "acct".into(),
         key: format!("key{}", args.key),
         reservation_id: format!("r{}", args.id),
+        hold_granted: args.hold_granted,
         cost_nanos: args.cost_nanos,
         byok: args.byok,
         record: None,

@@ -122,6 +122,28 @@ async fn charged(server: &RedisServer, key: &str) -> (i64, i64) {
     (usage.total_nanos, usage.reserved_nanos)
 }
 
+/// How many reservation ids Redis remembers: none when every settlement
+/// came with the hold the store granted, however often it was retried.
+async fn remembered_ids(server: &RedisServer) -> usize {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:settled")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut count = 0;
+    for key in keys {
+        let members: usize = redis::cmd("ZCARD")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        count += members;
+    }
+    count
+}
+
 /// Each stream costs 2 prompt and 7 completion tokens at a credit each.
 const STREAM_COST_NANOS: i64 = 9 * NANOS_PER_CREDIT;
 
@@ -149,6 +171,7 @@ async fn sigterm_lets_every_stream_finish_and_records_every_cost() {
         (STREAMS as i64 * STREAM_COST_NANOS, 0),
         "every stream charged once, no hold left"
     );
+    assert_eq!(remembered_ids(&server).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,6 +201,7 @@ async fn redis_down_for_ten_seconds_mid_stream_loses_no_cost() {
     // And no retry records one twice later.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(charged(&server, &setup.key).await, last);
+    assert_eq!(remembered_ids(&server).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -828,6 +828,7 @@ fn settlement(id: &str, cost_nanos: i64, byok: bool) -> Settlement {
         account: "acct".into(),
         key: "key-hash".into(),
         reservation_id: id.into(),
+        hold_granted: false,
         cost_nanos,
         byok,
         record: None,
@@ -1312,6 +1313,157 @@ async fn a_settled_id_is_remembered_while_its_hold_could_be_retried<S: Store>(st
         .await
         .unwrap();
     assert_eq!(total(forgotten).await, credits(3));
+}
+
+fn granted(id: &str, cost_nanos: i64) -> Settlement {
+    Settlement {
+        hold_granted: true,
+        ..settlement(id, cost_nanos, false)
+    }
+}
+
+async fn account_totals<S: Store>(store: &S, when: DateTime<Utc>) -> (i64, i64, i64) {
+    let usage = store.key_usage("acct", "key-hash", when).await.unwrap();
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    (usage.total_nanos, usage.reserved_nanos, balance)
+}
+
+async fn a_granted_hold_is_settled_by_its_first_settlement_only<S: Store>(store: Arc<S>) {
+    // A hold the store granted is taken by its first settlement: every
+    // later one, at once or long after (a retry after a lost reply), finds
+    // no hold and records nothing, with nothing remembered per settlement.
+    store.top_up("acct", credits(10)).await.unwrap();
+    let outcome = store
+        .reserve(&paid_hold("g", credits(3), None), t0())
+        .await
+        .unwrap();
+    assert!(outcome.is_reserved());
+    assert_eq!(
+        account_totals(&*store, t0()).await,
+        (0, credits(3), credits(10))
+    );
+    // Many copies of one settlement at once: recorded once.
+    let copies: Vec<_> = (0..32)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.settle(&granted("g", credits(2)), t0()).await })
+        })
+        .collect();
+    for copy in copies {
+        copy.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        account_totals(&*store, t0()).await,
+        (credits(2), 0, credits(8))
+    );
+    for later in [SECOND, 3600 * SECOND, 3 * 86_400 * SECOND] {
+        store
+            .settle(&granted("g", credits(2)), after(later))
+            .await
+            .unwrap();
+        assert_eq!(
+            account_totals(&*store, after(later)).await,
+            (credits(2), 0, credits(8))
+        );
+    }
+    // A granted settlement of an id the store holds nothing of is a repeat.
+    store
+        .settle(&granted("never-held", credits(4)), t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        account_totals(&*store, t0()).await,
+        (credits(2), 0, credits(8))
+    );
+    // The same, carried with an admission.
+    let outcome = store
+        .admit_after_settling(
+            &[granted("g", credits(2)), granted("never-held", credits(1))],
+            &admission(vec![], Some(paid_hold("h", credits(8), None))),
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert!(outcome.admitted, "{outcome:?}");
+    assert_eq!(
+        account_totals(&*store, t0()).await,
+        (credits(2), credits(8), credits(8))
+    );
+}
+
+async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: Arc<S>) {
+    // A request that outlives its hold: the hold stops counting at its
+    // expiry, and its settlement, when it comes, is recorded once.
+    store.top_up("acct", credits(10)).await.unwrap();
+    for id in ["slow", "seen-lapsing"] {
+        assert!(store
+            .reserve(&paid_hold(id, credits(4), None), t0())
+            .await
+            .unwrap()
+            .is_reserved());
+    }
+    let expired = after(61 * SECOND);
+    // Seen expiring by one read; the other lapses unseen until settled.
+    assert_eq!(account_totals(&*store, expired).await, (0, 0, credits(10)));
+    let late = after(3600 * SECOND);
+    for _ in 0..2 {
+        store
+            .settle(&granted("slow", credits(3)), late)
+            .await
+            .unwrap();
+        store
+            .settle(&granted("seen-lapsing", credits(1)), late)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        account_totals(&*store, late).await,
+        (credits(4), 0, credits(6))
+    );
+    // A lapsed id reserved again holds again, and is settled once.
+    assert!(store
+        .reserve(&paid_hold("again", credits(1), None), late)
+        .await
+        .unwrap()
+        .is_reserved());
+    let relapsed = late + chrono::Duration::seconds(61);
+    assert_eq!(account_totals(&*store, relapsed).await.1, 0);
+    assert!(store
+        .reserve(&paid_hold("again", credits(2), None), relapsed)
+        .await
+        .unwrap()
+        .is_reserved());
+    assert_eq!(account_totals(&*store, relapsed).await.1, credits(2));
+    for _ in 0..2 {
+        store
+            .settle(&granted("again", credits(2)), relapsed)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        account_totals(&*store, relapsed).await,
+        (credits(6), 0, credits(4))
+    );
+    // Past LAPSED_HOLD_MEMORY after its expiry a hold is forgotten, seen
+    // lapsing or not: its settlement then finds nothing and records nothing.
+    let lapsed = chrono::Duration::from_std(modelgate::store::LAPSED_HOLD_MEMORY).unwrap();
+    for (id, seen) in [("forgotten", true), ("forgotten-unseen", false)] {
+        assert!(store
+            .reserve(&paid_hold(id, credits(1), None), relapsed)
+            .await
+            .unwrap()
+            .is_reserved());
+        let expiry = relapsed + chrono::Duration::seconds(60);
+        if seen {
+            account_totals(&*store, expiry + chrono::Duration::seconds(1)).await;
+        }
+        let gone = expiry + lapsed + chrono::Duration::seconds(1);
+        store.settle(&granted(id, credits(1)), gone).await.unwrap();
+        assert_eq!(
+            account_totals(&*store, gone).await,
+            (credits(6), 0, credits(4))
+        );
+    }
 }
 
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {
@@ -3144,6 +3296,8 @@ conformance!(
     reservations_count_against_the_key_limit_and_expire,
     a_settlement_retried_records_once,
     a_settled_id_is_remembered_while_its_hold_could_be_retried,
+    a_granted_hold_is_settled_by_its_first_settlement_only,
+    a_lapsed_hold_is_charged_once_by_its_late_settlement,
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,
     concurrent_reservations_admit_exactly_the_limit,

@@ -528,6 +528,7 @@ mod tests {
             account: "acct".into(),
             key: "key".into(),
             reservation_id: id.into(),
+            hold_granted: false,
             cost_nanos,
             byok: false,
             record: None,

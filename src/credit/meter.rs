@@ -35,6 +35,9 @@ pub(crate) struct Meter {
     pub(crate) account: String,
     pub(crate) key: String,
     pub(crate) reservation_id: String,
+    /// Whether the store answered that it holds the reservation
+    /// ([`Settlement::hold_granted`]).
+    pub(crate) hold_granted: bool,
     /// What the request can cost within its completion bound (no more
     /// than it holds): what one that ends without usage is charged.
     pub(crate) estimate_nanos: i64,
@@ -196,6 +199,7 @@ impl Meter {
             account: self.account.clone(),
             key: self.key.clone(),
             reservation_id: self.reservation_id.clone(),
+            hold_granted: self.hold_granted,
             cost_nanos,
             byok: self.byok,
             record,

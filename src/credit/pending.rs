@@ -158,6 +158,7 @@ mod tests {
             account: "acme".into(),
             key: "0123456789abcdef".into(),
             reservation_id: "r".into(),
+            hold_granted: false,
             cost_nanos,
             byok: false,
             record: None,

@@ -391,7 +391,10 @@ async fn decide(
     }
     match (outcome.hold, charge) {
         (Some(ReserveOutcome::Reserved { held_nanos, .. }), Some(charge)) => {
-            let meter = pending.take();
+            let meter = pending.take().map(|meter| Meter {
+                hold_granted: true,
+                ..meter
+            });
             Ok(admitted(
                 meter,
                 Some(charge),
@@ -448,6 +451,8 @@ fn hold_request(
         account: reservation.account.clone(),
         key: reservation.key.clone(),
         reservation_id: reservation.reservation_id.clone(),
+        // Until the store answers that it holds it.
+        hold_granted: false,
         estimate_nanos,
         price: charge.price,
         free: charge.free,

@@ -157,9 +157,19 @@ pub struct Settlement {
     pub account: String,
     /// The key (its hash).
     pub key: String,
-    /// The reservation to release; settling an unknown or expired one still
-    /// records the cost, so usage is never lost.
+    /// The reservation to release.
     pub reservation_id: String,
+    /// Whether the store granted this reservation a hold: its admission
+    /// answered [`ReserveOutcome::Reserved`]. Such a hold stays, live or
+    /// [lapsed](LAPSED_HOLD_MEMORY), until its first settlement takes it;
+    /// a later settlement of the id (a retry after a reply that was lost)
+    /// finds none and records nothing, so nothing is remembered per
+    /// settlement. `false` when the caller knows of no hold (the
+    /// admission's answer never came, or the request went ahead while the
+    /// store was down): the cost is then recorded once per id however the
+    /// settlement is retried, the id remembered for [`SETTLEMENT_MEMORY`]
+    /// past its hold's expiry.
+    pub hold_granted: bool,
     /// The cost in nano-credits.
     pub cost_nanos: i64,
     /// Whether the request used the account's own provider key (BYOK): its
@@ -619,13 +629,21 @@ pub(crate) fn top_up_overflow() -> StoreError {
     )
 }
 
-/// How long past its hold's expiry a settled reservation id is remembered
-/// (past its settlement, when it had no hold left), so that settling it
-/// again records nothing twice. A settlement whose reply never arrived is
-/// retried until its hold expires; this margin covers the caller's and the
-/// store's clocks reading that moment differently, and an admission that
-/// arrives after its own settlement (a request given up on).
+/// How long past its hold's expiry the id of a settlement made without a
+/// [granted hold](Settlement::hold_granted) is remembered (past its
+/// settlement, when it had no hold left), so that settling it again records
+/// nothing twice. A settlement whose reply never arrived is retried until
+/// its hold expires; this margin covers the caller's and the store's clocks
+/// reading that moment differently, and an admission that arrives after its
+/// own settlement (a request given up on), which then holds nothing.
 pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(2 * 60);
+
+/// How long past its expiry a hold that was never settled is still known:
+/// the first settlement of its id within that time (a request that outlived
+/// its hold) is recorded, as if the hold were live. Only holds that expire
+/// unsettled are kept so, so this costs memory only for requests that
+/// outlive their hold and for those of an instance that died.
+pub const LAPSED_HOLD_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
 /// The key-limit refusal for a reservation of `amount_nanos`, if any: the
 /// request could take usage past the limit (so overspend is bounded by how

@@ -14,7 +14,8 @@ use super::counter::{
 };
 use super::ledger::{
     idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
-    validate_amount, validate_settlements, validate_top_up_once, SETTLEMENT_MEMORY,
+    validate_amount, validate_settlements, validate_top_up_once, LAPSED_HOLD_MEMORY,
+    SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
@@ -60,8 +61,8 @@ pub struct MemoryStore {
     records: Mutex<Records>,
     app_usage: Mutex<HashMap<Box<str>, [AppPeriod; 3]>>,
     shard_hasher: foldhash::fast::RandomState,
-    /// A settled reservation is remembered by a keyed 64-bit fingerprint
-    /// of its id, not the id itself.
+    /// A reservation settled without a granted hold is remembered by a
+    /// keyed 64-bit fingerprint of its id, not the id itself.
     settlement_hasher: foldhash::fast::RandomState,
 }
 
@@ -85,8 +86,9 @@ impl MemoryStore {
         }
     }
 
-    /// What a settled reservation id is remembered by. A hold's lifetime
-    /// of settlements at full load is hundreds of thousands per key: 16
+    /// What the id of a settlement without a granted hold is remembered
+    /// by. A store outage as long as a hold's lifetime lets hundreds of
+    /// thousands of such settlements per key through at full load: 16
     /// bytes each with its deadline, with no allocation, instead of a copy
     /// of the id. The hasher's key is random per store, so ids cannot be
     /// chosen to collide; by chance, a new id matches one of the n ids a
@@ -642,7 +644,8 @@ impl AccountLedger {
 
     /// What the account's live holds other than `id`'s take from the balance.
     fn held_besides(&mut self, id: &str, now_micros: i64) -> i64 {
-        self.holds.expire(now_micros);
+        // A key's lapsed holds are known to its own ledger.
+        self.holds.expire(now_micros, |_, _| {});
         self.holds.total_besides(id)
     }
 
@@ -660,14 +663,24 @@ impl AccountLedger {
         // Released even when settled already: a late admission of a
         // request given up on must not leave a hold behind.
         let key_hold_expiry = key.reservations.remove(id);
-        // A retried settlement of the same request records nothing more.
-        let remember_until_micros =
-            settled_id_deadline_micros(key_hold_expiry.max(account_hold_expiry), now_micros);
-        if !key
-            .settled
-            .insert(fingerprint, remember_until_micros, now_micros)
-        {
-            return;
+        let lapsed = key.lapsed.take(id, now_micros);
+        if settlement.hold_granted {
+            // The first settlement takes the hold, live or lapsed; a retry
+            // finds none and records nothing more.
+            if key_hold_expiry.is_none() && !lapsed {
+                return;
+            }
+        } else {
+            // No hold to go by: a retried settlement of the same request
+            // records nothing more while its id is remembered.
+            let remember_until_micros =
+                settled_id_deadline_micros(key_hold_expiry.max(account_hold_expiry), now_micros);
+            if !key
+                .settled
+                .insert(fingerprint, remember_until_micros, now_micros)
+            {
+                return;
+            }
         }
         key.record(settlement.cost_nanos, settlement.byok, starts);
         if let Some(record) = &settlement.record {
@@ -709,8 +722,9 @@ impl AccountLedger {
                 held_nanos: 0,
             };
         }
-        // A re-reservation replaces its earlier hold.
+        // A re-reservation replaces its earlier hold, live or lapsed.
         usage.reserved_nanos = key.reservations.total_besides(id);
+        key.lapsed.take(id, now_micros);
         let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
         let mut granted_nanos = request.amount_nanos;
         if let Some(limit) = &request.key_limit {
@@ -770,7 +784,11 @@ struct KeyLedger {
     /// Day, week, month: the period's start and its own and BYOK usage.
     periods: [PeriodUsage; 3],
     reservations: Holds,
-    /// Reservations settled recently, by the fingerprint of their id.
+    /// Holds that expired unsettled, until their settlement or
+    /// [`LAPSED_HOLD_MEMORY`].
+    lapsed: LapsedHolds,
+    /// Reservations settled recently without a granted hold, by the
+    /// fingerprint of their id.
     settled: SettledIds,
     /// Revoked for good (`revoke_key`): every hold is refused.
     revoked: bool,
@@ -812,16 +830,18 @@ struct Holds {
 }
 
 impl Holds {
-    /// Drops the holds whose time is up at `now_micros`.
-    fn expire(&mut self, now_micros: i64) {
+    /// Drops the holds whose time is up at `now_micros`, handing each id
+    /// and its expiry to `lapse`.
+    fn expire(&mut self, now_micros: i64, mut lapse: impl FnMut(Box<str>, i64)) {
         while let Some((expires_at_micros, _)) = self.by_expiry.first() {
             if *expires_at_micros > now_micros {
                 break;
             }
-            if let Some((_, id)) = self.by_expiry.pop_first() {
+            if let Some((expires_at_micros, id)) = self.by_expiry.pop_first() {
                 if let Some(hold) = self.by_id.remove(&id) {
                     self.total_nanos -= i128::from(hold.amount_nanos);
                 }
+                lapse(id, expires_at_micros);
             }
         }
     }
@@ -851,6 +871,46 @@ impl Holds {
     fn total_besides(&self, id: &str) -> i64 {
         let own = self.by_id.get(id).map_or(0, |hold| hold.amount_nanos);
         saturate(self.total_nanos - i128::from(own))
+    }
+}
+
+/// Ids of holds that expired before their settlement came, each until
+/// when (µs) it is known, in that order (each key's holds lapse in order of
+/// expiry, and all are kept equally long).
+#[derive(Debug, Default)]
+struct LapsedHolds {
+    forget_at_micros: FastMap<Box<str>, i64>,
+    order: VecDeque<(i64, Box<str>)>,
+}
+
+impl LapsedHolds {
+    fn insert(&mut self, id: Box<str>, forget_at_micros: i64) {
+        self.forget_at_micros.insert(id.clone(), forget_at_micros);
+        self.order.push_back((forget_at_micros, id));
+    }
+
+    /// Whether `id` had lapsed and is not forgotten by `now_micros`; it
+    /// no longer is.
+    fn take(&mut self, id: &str, now_micros: i64) -> bool {
+        // Its place in `order` goes when forgotten, as a no-op.
+        !self.forget_at_micros.is_empty()
+            && self
+                .forget_at_micros
+                .remove(id)
+                .is_some_and(|forget_at_micros| forget_at_micros > now_micros)
+    }
+
+    fn forget(&mut self, now_micros: i64) {
+        while let Some((forget_at_micros, _)) = self.order.front() {
+            if *forget_at_micros > now_micros {
+                break;
+            }
+            if let Some((forget_at_micros, id)) = self.order.pop_front() {
+                if self.forget_at_micros.get(&id) == Some(&forget_at_micros) {
+                    self.forget_at_micros.remove(&id);
+                }
+            }
+        }
     }
 }
 
@@ -939,8 +999,19 @@ fn saturate(nanos: i128) -> i64 {
 }
 
 impl KeyLedger {
+    /// Drops the expired holds from the key's reserved sum, keeping their
+    /// ids as lapsed.
     fn drop_expired_reservations(&mut self, now_micros: i64) {
-        self.reservations.expire(now_micros);
+        let lapsed = &mut self.lapsed;
+        self.reservations
+            .expire(now_micros, |id, expires_at_micros| {
+                let forget_at_micros =
+                    expires_at_micros.saturating_add(duration_micros(LAPSED_HOLD_MEMORY));
+                if forget_at_micros > now_micros {
+                    lapsed.insert(id, forget_at_micros);
+                }
+            });
+        lapsed.forget(now_micros);
     }
 
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
@@ -1564,6 +1635,101 @@ mod tests {
                         .sum::<usize>(),
             )
         })
+    }
+
+    /// Per key of `account`: settled ids remembered, lapsed holds known,
+    /// live holds; and the account's live holds.
+    fn settlement_memory(store: &MemoryStore, account: &str) -> ((usize, usize, usize), usize) {
+        let shard = store.shard(account);
+        let ledger = &shard.ledgers[account];
+        let keys = ledger
+            .keys
+            .values()
+            .fold((0, 0, 0), |(settled, lapsed, live), key| {
+                (
+                    settled + key.settled.until_micros.len(),
+                    lapsed + key.lapsed.forget_at_micros.len() + key.lapsed.order.len(),
+                    live + key.reservations.by_id.len() + key.reservations.by_expiry.len(),
+                )
+            });
+        (keys, ledger.holds.by_id.len())
+    }
+
+    fn granted(reservation_id: String, cost_nanos: i64) -> Settlement {
+        Settlement {
+            account: "acct".into(),
+            key: "key".into(),
+            reservation_id,
+            hold_granted: true,
+            cost_nanos,
+            byok: false,
+            record: None,
+        }
+    }
+
+    fn paid_hold(reservation_id: String, ttl: Duration) -> ReserveRequest {
+        ReserveRequest {
+            account: "acct".into(),
+            key: "key".into(),
+            reservation_id,
+            amount_nanos: 10,
+            min_amount_nanos: None,
+            key_limit: None,
+            check_balance: true,
+            covered_by_balance: true,
+            ttl,
+        }
+    }
+
+    #[tokio::test]
+    async fn settled_holds_leave_nothing_behind() {
+        // What a steady flow of requests leaves in memory: nothing once
+        // each is settled, however many there were.
+        let store = MemoryStore::new();
+        store.top_up("acct", 1_000_000).await.unwrap();
+        let ttl = Duration::from_secs(900);
+        for request in 0..10_000 {
+            let now = at(request * 1_000);
+            let id = format!("r{request}");
+            let outcome = store
+                .reserve(&paid_hold(id.clone(), ttl), now)
+                .await
+                .unwrap();
+            assert!(outcome.is_reserved());
+            // Retried, as after a lost reply: still recorded once.
+            for _ in 0..2 {
+                store.settle(&granted(id.clone(), 7), now).await.unwrap();
+            }
+        }
+        assert_eq!(settlement_memory(&store, "acct"), ((0, 0, 0), 0));
+        let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+        assert_eq!(balance, 1_000_000 - 7 * 10_000);
+        // A hold left unsettled (an instance that died) is known, lapsed,
+        // for LAPSED_HOLD_MEMORY past its expiry, then forgotten.
+        let start = at(20 * SECOND);
+        let outcome = store
+            .reserve(&paid_hold("orphan".into(), ttl), start)
+            .await
+            .unwrap();
+        assert!(outcome.is_reserved());
+        assert_eq!(settlement_memory(&store, "acct"), ((0, 0, 2), 1));
+        let expiry = start + chrono::Duration::from_std(ttl).unwrap();
+        store.key_usage("acct", "key", expiry).await.unwrap();
+        let lapsed = chrono::Duration::from_std(LAPSED_HOLD_MEMORY).unwrap();
+        store
+            .key_usage(
+                "acct",
+                "key",
+                expiry + lapsed - chrono::Duration::microseconds(1),
+            )
+            .await
+            .unwrap();
+        assert_eq!(settlement_memory(&store, "acct").0, (0, 2, 0));
+        store
+            .key_usage("acct", "key", expiry + lapsed)
+            .await
+            .unwrap();
+        assert_eq!(settlement_memory(&store, "acct").0, (0, 0, 0));
     }
 
     #[tokio::test]

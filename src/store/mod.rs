@@ -61,8 +61,8 @@ pub(crate) use ledger::validate_admit;
 pub use ledger::{
     is_valid_idempotency_key, AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage,
     LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord,
-    TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION,
-    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
+    TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS, LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_RECORD_RETENTION, MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;

@@ -58,7 +58,7 @@ use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
     top_up_overflow, validate_admit, validate_amount, validate_settlements, validate_top_up_once,
-    SETTLEMENT_MEMORY,
+    LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
@@ -596,6 +596,7 @@ impl RedisStore {
         invocation
             .arg(self.now_arg(now))
             .arg(duration_micros(SETTLEMENT_MEMORY))
+            .arg(duration_micros(LAPSED_HOLD_MEMORY))
             .arg(keys.len())
             .arg(self.slack_millis())
             .arg(settlements.len());
@@ -604,7 +605,8 @@ impl RedisStore {
                 .arg(ledger)
                 .arg(&settlement.reservation_id)
                 .arg(settlement.cost_nanos)
-                .arg(u8::from(settlement.byok));
+                .arg(u8::from(settlement.byok))
+                .arg(u8::from(settlement.hold_granted));
             match &settlement.record {
                 Some(record) => invocation
                     .arg(record.bytes.as_ref())
@@ -744,7 +746,8 @@ enum GenerationRead<'a> {
 /// A key's ledger under an account's `scoped` prefix: usage hash,
 /// reservations zset, reservation amounts hash (which also keeps their
 /// sum, so admitting a request reads one field however many are in
-/// flight), settled ids zset.
+/// flight), and the zset of ids known without a live hold (settled
+/// without a granted hold, or lapsed).
 fn key_ledger_keys(scoped: &str, key: &str) -> [String; 4] {
     let mut key_base = format!("{scoped}k:");
     escape_into(&mut key_base, key);
@@ -1111,7 +1114,9 @@ impl LedgerStore for RedisStore {
         for key in self.ledger_keys(account, key) {
             invocation.key(key);
         }
-        invocation.arg(self.now_arg(now));
+        invocation
+            .arg(self.now_arg(now))
+            .arg(duration_micros(LAPSED_HOLD_MEMORY));
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         if reply.len() != 9 {
             return Err(StoreError::corrupt(

@@ -3,7 +3,10 @@
 -- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
 -- reservation amounts hash (id -> amount, and their sum and count under
 -- TOTAL and COUNT);
--- k.settled settled ids zset (id -> forget at µs).
+-- k.settled zset of ids known without a live hold: a settlement made
+-- without a granted hold (id -> forget at µs, positive), and a hold that
+-- expired unsettled (id -> minus the µs it is forgotten at), which its
+-- first settlement still takes; k.lapse how long (µs) the latter are kept.
 -- The account hash {purchased, balance} is KEYS[1] in every ledger script.
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
@@ -61,18 +64,51 @@ local function take_held(k, total, count, amounts)
   redis.call('HSET', k.amt, TOTAL, big_str(sum), COUNT, int(holds))
 end
 
+-- Keeps `k.settled` for at least `ttl_ms` more.
+local function keep_settled_for(k, ttl_ms)
+  if (k.settled_ms or 0) < ttl_ms then
+    if redis.call('PTTL', k.settled) < ttl_ms then redis.call('PEXPIRE', k.settled, ttl_ms) end
+    k.settled_ms = ttl_ms
+  end
+end
+
+-- Forgets, once per call, the ids of `k.settled` whose time is up.
+local function forget_settled(k, now)
+  if k.forgotten then return end
+  redis.call('ZREMRANGEBYSCORE', k.settled, 0, int(now))
+  redis.call('ZREMRANGEBYSCORE', k.settled, int(-now), '(0')
+  k.forgotten = true
+end
+
 -- Drops reservations expired by `now` (every ledger script does, as the
 -- in-process store does on every access, so both agree on what is live).
+-- A key's expired holds lapse: their ids stay in `k.settled` until
+-- `k.lapse` past their expiry.
 local function drop_expired(k, now)
-  local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now))
+  local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now), 'WITHSCORES')
   -- In slices: unpack() fails past a few thousand values.
-  for i = 1, #expired, 1000 do
-    local slice = { unpack(expired, i, math.min(i + 999, #expired)) }
+  for i = 1, #expired, 2000 do
+    local slice, lapsed = {}, {}
+    for j = i, math.min(i + 1998, #expired - 1), 2 do
+      local id, forget_at = expired[j], tonumber(expired[j + 1]) + (k.lapse or 0)
+      table.insert(slice, id)
+      if k.settled and forget_at > now then
+        table.insert(lapsed, int(-forget_at))
+        table.insert(lapsed, id)
+      end
+    end
     local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
     take_held(k, kept[1], kept[2], redis.call('HMGET', k.amt, unpack(slice)))
     redis.call('HDEL', k.amt, unpack(slice))
+    if #lapsed > 0 then redis.call('ZADD', k.settled, unpack(lapsed)) end
   end
-  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now)) end
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now))
+    if k.settled then
+      forget_settled(k, now)
+      keep_settled_for(k, math.ceil(k.lapse / 1000))
+    end
+  end
 end
 
 -- Releases the hold of reservation `id`, if it still has one.

@@ -10,10 +10,12 @@
 -- carries a generation record, the account's records hash (id -> record)
 -- and their expiries zset (id -> µs).
 -- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its hold's
---   expiry a settled id is remembered, key ledger count L, counter TTL slack (ms), settlement
---   count N; then N times: ledger (1-based index of its four keys),
---   reservation id, cost, byok (0/1), generation record ('' for none), how
---   long it is kept (µs), the most records the account keeps; then counter
+--   expiry the id of a settlement without a granted hold is remembered,
+--   how long (µs) a lapsed hold is, key ledger count L, counter TTL slack
+--   (ms), settlement count N; then N times: ledger (1-based index of its
+--   four keys), reservation id, cost, byok (0/1), hold granted (0/1),
+--   generation record ('' for none), how long it is kept (µs), the most
+--   records the account keeps; then counter
 --   count C and C times the
 --   four arguments of a check; then the purchase tier: index of the check
 --   it raises (0 for none), purchased threshold, raised capacity; then,
@@ -30,8 +32,9 @@
 -- hash has `rv`). Amounts are decimal strings.
 local now = clock_now(ARGV[1])
 local memory = tonumber(ARGV[2])
-local ledger_count = tonumber(ARGV[3])
-local slack_ms = tonumber(ARGV[4])
+local lapse = tonumber(ARGV[3])
+local ledger_count = tonumber(ARGV[4])
+local slack_ms = tonumber(ARGV[5])
 local starts = {}
 for i, p in ipairs({ 'd', 'w', 'm' }) do starts[i] = int((period_bounds(p, now))) end
 local acct = { res = KEYS[2], amt = KEYS[3] }
@@ -42,15 +45,12 @@ local function ledger(index)
   local k = ledgers[index]
   if k then return k end
   local base = 3 + (tonumber(index) - 1) * 4
-  k = { use = KEYS[base + 1], res = KEYS[base + 2], amt = KEYS[base + 3], settled = KEYS[base + 4] }
+  k = { use = KEYS[base + 1], res = KEYS[base + 2], amt = KEYS[base + 3], settled = KEYS[base + 4], lapse = lapse }
   drop_expired(k, now)
   ledgers[index] = k
   return k
 end
 
--- Records a request's real cost and releases its holds, once per
--- reservation id: a retried settlement records nothing more. Returns 1
--- when recorded, 0 when the id was settled already.
 -- Per period (day, week, month): its start, own usage and BYOK usage.
 local names = { 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
 
@@ -85,31 +85,40 @@ local function keep_generation(id, record, retention, most)
   end
 end
 
-local function settle(k, id, cost, byok)
-  if not k.forgotten then
-    redis.call('ZREMRANGEBYSCORE', k.settled, '-inf', int(now))
-    k.forgotten = true
-  end
-  -- Its settlement may be retried until its hold expires: the id is
-  -- remembered `memory` past that (past now when no hold is left).
-  local forget_at = math.max(now, tonumber(redis.call('ZSCORE', k.res, id) or now)) + memory
+-- Records a request's real cost and releases its holds, once per
+-- reservation id: a retried settlement records nothing more. With its hold
+-- granted, the first settlement is the one that finds the hold, live or
+-- lapsed, and nothing is remembered; without, the id is remembered
+-- `memory` past its hold's expiry (past now when no hold is left), since
+-- the settlement may be retried until then. Returns 1 when recorded, 0
+-- when the id was settled already.
+local function settle(k, id, cost, byok, granted)
+  local expiry = (not granted) and redis.call('ZSCORE', k.res, id)
   -- Released even when settled already: a late admission of a request
   -- given up on must not leave a hold behind.
   release(k, id)
-  redis.call('ZREM', k.res, id)
+  local held = redis.call('ZREM', k.res, id) == 1
   release(acct, id)
   redis.call('ZREM', acct.res, id)
-  if redis.call('ZSCORE', k.settled, id) then return 0 end
+  if granted then
+    if not held then
+      -- Lapsed, and not yet forgotten.
+      local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
+      if not (known < 0 and -known > now) then return 0 end
+      redis.call('ZREM', k.settled, id)
+    end
+  else
+    local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
+    if known > now then return 0 end
+    forget_settled(k, now)
+    local forget_at = math.max(now, tonumber(expiry or now)) + memory
+    redis.call('ZADD', k.settled, int(forget_at), id)
+    -- Only ever extend the zset's lifetime: the latest deadline sets it.
+    keep_settled_for(k, math.ceil((forget_at - now) / 1000))
+  end
   if not k.current then
     local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
     k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
-  end
-  redis.call('ZADD', k.settled, int(forget_at), id)
-  -- Only ever extend the zset's lifetime: the latest deadline sets it.
-  local ttl = math.ceil((forget_at - now) / 1000)
-  if (k.remembered_ms or 0) < ttl then
-    if redis.call('PTTL', k.settled) < ttl then redis.call('PEXPIRE', k.settled, ttl) end
-    k.remembered_ms = ttl
   end
   for p = 1, 3 do
     -- Periods only roll forward: a cost stamped in a period that has already
@@ -183,12 +192,14 @@ local function hold(k, a)
   local used = big(usage[offset])
   if ARGV[a + 9] == '1' then used = big_add(used, big(usage[offset + 1])) end
   -- Its settlement came first (the caller gave up on it): the request was
-  -- never sent, and nothing must stay held.
-  local forget_at = redis.call('ZSCORE', k.settled, id)
-  if forget_at and tonumber(forget_at) > now then
+  -- never sent, and nothing must stay held. A lapsed hold of the id is
+  -- replaced, as a live one is.
+  local known = redis.call('ZSCORE', k.settled, id)
+  if known and tonumber(known) > now then
     local live = live_reserved(k)
     return { 0, big_str(used), big_str(live), '0' }
   end
+  if known and tonumber(known) < 0 then redis.call('ZREM', k.settled, id) end
   local committed = big_add(used, reserved)
   local grant = amount
   if ARGV[a + 6] == '1' then
@@ -224,18 +235,18 @@ local function hold(k, a)
 end
 
 -- The settlements first, so the admission sees their costs and not their holds.
-local count = tonumber(ARGV[5])
+local count = tonumber(ARGV[6])
 local recorded = 0
 for i = 0, count - 1 do
-  local a = 6 + i * 7
-  local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
+  local a = 7 + i * 8
+  local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1', ARGV[a + 4] == '1')
   -- A record goes with the first settlement of its id only, as its cost does.
-  if new == 1 and ARGV[a + 4] ~= '' then
-    keep_generation(ARGV[a + 1], ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]))
+  if new == 1 and ARGV[a + 5] ~= '' then
+    keep_generation(ARGV[a + 1], ARGV[a + 5], tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
   end
   recorded = recorded + new
 end
-local c = 6 + count * 7
+local c = 7 + count * 8
 -- Settlements alone: nothing follows them.
 if ARGV[c] == nil then return recorded end
 local checks = tonumber(ARGV[c])
