@@ -144,6 +144,32 @@ fn bench_store<S: Store>(
             async move { store.settle(settlement, ticks.next()).await.unwrap() }
         })
     });
+    // What every admitted request does: a hold, then its settlement,
+    // which finds the hold (a fresh id each time, as requests have).
+    let next_id = std::sync::atomic::AtomicU64::new(0);
+    group.bench_function("reserve_then_settle_granted", |b| {
+        b.to_async(runtime).iter(|| {
+            let id = format!(
+                "g{}",
+                next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
+            let hold = ReserveRequest {
+                reservation_id: id.clone(),
+                ..request.clone()
+            };
+            let settlement = Settlement {
+                reservation_id: id,
+                hold_granted: true,
+                ..settlement.clone()
+            };
+            async move {
+                let now = ticks.next();
+                assert!(store.reserve(&hold, now).await.unwrap().is_reserved());
+                store.settle(&settlement, now).await.unwrap();
+            }
+        })
+    });
     group.bench_function("top_up", |b| {
         b.to_async(runtime).iter(|| {
             let store = Arc::clone(&store);

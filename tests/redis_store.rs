@@ -670,6 +670,44 @@ async fn settled_holds_leave_no_ids_in_redis() {
     assert_eq!(balance, 1_000_000 - 7 * 202);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
+    // Redis expires keys by its own clock: a key nobody touches while its
+    // request runs past the hold must keep the hold until it lapses.
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        expiry_slack: Duration::from_millis(100),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    store.top_up("acct", 1_000).await.unwrap();
+    let hold = ReserveRequest {
+        ttl: Duration::from_secs(1),
+        covered_by_balance: true,
+        ..reserve_request()
+    };
+    assert!(store
+        .reserve(&hold, chrono::Utc::now())
+        .await
+        .unwrap()
+        .is_reserved());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let settlement = Settlement {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: "r".into(),
+        hold_granted: true,
+        cost_nanos: 7,
+        byok: false,
+        record: None,
+    };
+    for _ in 0..2 {
+        store.settle(&settlement, chrono::Utc::now()).await.unwrap();
+    }
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    assert_eq!(balance, 1_000 - 7);
+}
+
 #[tokio::test]
 async fn slot_sets_live_as_long_as_their_longest_lease_in_the_scope_hash_tag() {
     let server = RedisServer::start();

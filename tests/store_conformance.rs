@@ -1444,6 +1444,34 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         account_totals(&*store, relapsed).await,
         (credits(6), 0, credits(4))
     );
+    // A refused re-reservation leaves a lapsed hold as it was.
+    assert!(store
+        .reserve(&paid_hold("kept", credits(1), None), relapsed)
+        .await
+        .unwrap()
+        .is_reserved());
+    let kept_lapsed = relapsed + chrono::Duration::seconds(61);
+    let over_limit = ReserveRequest {
+        key_limit: Some(KeyLimit {
+            limit_nanos: 0,
+            reset: None,
+            include_byok: false,
+        }),
+        ..paid_hold("kept", credits(1), None)
+    };
+    assert!(matches!(
+        store.reserve(&over_limit, kept_lapsed).await.unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+    store
+        .settle(&granted("kept", credits(1)), kept_lapsed)
+        .await
+        .unwrap();
+    assert_eq!(
+        account_totals(&*store, kept_lapsed).await,
+        (credits(7), 0, credits(3))
+    );
+    let relapsed = kept_lapsed;
     // Past LAPSED_HOLD_MEMORY after its expiry a hold is forgotten, seen
     // lapsing or not: its settlement then finds nothing and records nothing.
     let lapsed = chrono::Duration::from_std(modelgate::store::LAPSED_HOLD_MEMORY).unwrap();
@@ -1461,7 +1489,7 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         store.settle(&granted(id, credits(1)), gone).await.unwrap();
         assert_eq!(
             account_totals(&*store, gone).await,
-            (credits(6), 0, credits(4))
+            (credits(7), 0, credits(3))
         );
     }
 }

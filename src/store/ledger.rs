@@ -169,6 +169,13 @@ pub struct Settlement {
     /// store was down): the cost is then recorded once per id however the
     /// settlement is retried, the id remembered for [`SETTLEMENT_MEMORY`]
     /// past its hold's expiry.
+    ///
+    /// Every retry of a settlement carries the same value. A `Reserved`
+    /// holding nothing, answered to an id whose settlement came first, is
+    /// no hold. A hold the store lost with its data (a Redis restart from
+    /// an older snapshot, a failover to a replica that had not received
+    /// it) cannot be told from one settled already: its settlement records
+    /// nothing.
     pub hold_granted: bool,
     /// The cost in nano-credits.
     pub cost_nanos: i64,

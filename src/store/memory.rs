@@ -722,9 +722,8 @@ impl AccountLedger {
                 held_nanos: 0,
             };
         }
-        // A re-reservation replaces its earlier hold, live or lapsed.
+        // A re-reservation replaces its earlier hold.
         usage.reserved_nanos = key.reservations.total_besides(id);
-        key.lapsed.take(id, now_micros);
         let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
         let mut granted_nanos = request.amount_nanos;
         if let Some(limit) = &request.key_limit {
@@ -750,6 +749,8 @@ impl AccountLedger {
             granted_nanos = granted_nanos.min(available_nanos);
         }
         let expires_at_micros = now_micros.saturating_add(duration_micros(request.ttl));
+        // Granted: a lapsed hold of the id is replaced, as a live one is.
+        key.lapsed.take(id, now_micros);
         key.reservations.insert(
             id,
             Reservation {

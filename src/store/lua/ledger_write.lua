@@ -106,6 +106,8 @@ local function settle(k, id, cost, byok, granted)
       local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
       if not (known < 0 and -known > now) then return 0 end
       redis.call('ZREM', k.settled, id)
+      -- Its last member gone, the zset is gone, and its TTL with it.
+      k.settled_ms = nil
     end
   else
     local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
@@ -164,6 +166,9 @@ local function put_hold(k, id, amount, others, count, expires_at, key_ttl)
   local total = big_add(others, amount)
   redis.call('HSET', k.amt, id, big_str(amount), TOTAL, big_str(total), COUNT, int(count + 1))
   redis.call('ZADD', k.res, int(expires_at), id)
+  -- A key's hold outlives its expiry by `k.lapse`: the settlement of a
+  -- request that outlived its hold still finds it there, to lapse.
+  if k.lapse then key_ttl = key_ttl + math.ceil(k.lapse / 1000) end
   -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer hold.
   if redis.call('PTTL', k.res) < key_ttl then
     redis.call('PEXPIRE', k.res, key_ttl)
@@ -192,14 +197,12 @@ local function hold(k, a)
   local used = big(usage[offset])
   if ARGV[a + 9] == '1' then used = big_add(used, big(usage[offset + 1])) end
   -- Its settlement came first (the caller gave up on it): the request was
-  -- never sent, and nothing must stay held. A lapsed hold of the id is
-  -- replaced, as a live one is.
-  local known = redis.call('ZSCORE', k.settled, id)
-  if known and tonumber(known) > now then
+  -- never sent, and nothing must stay held.
+  local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
+  if known > now then
     local live = live_reserved(k)
     return { 0, big_str(used), big_str(live), '0' }
   end
-  if known and tonumber(known) < 0 then redis.call('ZREM', k.settled, id) end
   local committed = big_add(used, reserved)
   local grant = amount
   if ARGV[a + 6] == '1' then
@@ -228,6 +231,11 @@ local function hold(k, a)
       end
       grant = big_min(grant, big_sub(available, account_held))
     end
+  end
+  -- Granted: a lapsed hold of the id is replaced, as a live one is.
+  if known < 0 then
+    redis.call('ZREM', k.settled, id)
+    k.settled_ms = nil
   end
   local total = put_hold(k, id, grant, reserved, holds, expires_at, key_ttl)
   if covered then put_hold(acct, id, grant, account_held, account_holds, expires_at, key_ttl) end
