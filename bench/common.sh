@@ -57,9 +57,16 @@ echo $! >>"$work/pids"
 echo $! >"$work/upstream.pid"
 upstream="http://127.0.0.1:$mock_port/v1"
 
-# Limits far above the load: the run measures the layers' cost, not their refusals.
-cat >"$work/config.json" <<'JSON'
+# Limits far above the load: the run measures the layers' cost, not their
+# refusals. Generation records are data the store keeps (up to
+# `generations.max_per_account`, 100,000 by default, about a kilobyte
+# each): the runs cap them at 1,000 so that the memory they report is the
+# gateway's own; KEEP_RECORDS=1 keeps the default.
+records='"generations": {"max_per_account": 1000},'
+[ "${KEEP_RECORDS:-0}" = 1 ] && records=''
+cat >"$work/config.json" <<JSON
 {"rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}}},
+ $records
  "pricing": {"models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}}}}
 JSON
 

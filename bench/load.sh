@@ -11,6 +11,8 @@
 #
 # UPSTREAM_MS delays each mock answer: with many connections, many
 # requests are then in flight at once (holds, leases) as with a real model.
+# Usage records are capped as bench/common.sh says (KEEP_RECORDS=1 keeps
+# the default of 100,000 per account).
 #
 # Installs wrk (Debian's, with apt-get) when missing; builds the examples
 # in release mode (in $CARGO_TARGET_DIR when set). Each target's CPU per

@@ -7,10 +7,8 @@
 #
 # Samples VmRSS every 30 s and prints the series, then the growth over the
 # second half of the run (after the first half has filled what is bounded
-# by time or count). Generation records are data the store keeps (up to
-# `generations.max_per_account`, 100,000 by default, about a kilobyte
-# each): the run caps them at 1,000 so that what it measures is the
-# gateway's own memory; set KEEP_RECORDS=1 to keep the default.
+# by time or count). Generation records are capped as bench/common.sh
+# says (KEEP_RECORDS=1 keeps the default).
 # A settled reservation leaves nothing behind; RESERVATION_TTL_SECONDS
 # (default: the proxy's 900) sets the hold's lifetime all the same.
 # Installs and builds as bench/load.sh does.
@@ -24,15 +22,14 @@ upstream_ms=0
 # shellcheck source=bench/common.sh
 . bench/common.sh
 
-python3 - "$work/config.json" "${KEEP_RECORDS:-0}" "${RESERVATION_TTL_SECONDS:-}" <<'PY'
+if [ -n "${RESERVATION_TTL_SECONDS:-}" ]; then
+  python3 - "$work/config.json" "$RESERVATION_TTL_SECONDS" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
-if sys.argv[2] != "1":
-    config["generations"] = {"max_per_account": 1000}
-if sys.argv[3]:
-    config.setdefault("credit", {})["reservation_ttl_seconds"] = int(sys.argv[3])
+config.setdefault("credit", {})["reservation_ttl_seconds"] = int(sys.argv[2])
 json.dump(config, open(sys.argv[1], "w"))
 PY
+fi
 
 url="$(start_proxy memory)"
 key="$(client_key memory "$url")"
