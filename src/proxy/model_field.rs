@@ -52,20 +52,46 @@ impl BodyKind {
 /// Only the top level is parsed: every other byte is copied through as
 /// the upstream wrote it (a completion's text is never rebuilt).
 pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
-    // Most answers already name the served model: one pass that builds
-    // nothing tells. Anything it cannot read (a duplicate `model`, say)
-    // takes the full path below.
+    rewrite_json(text, &ServedModel::new(model))
+}
+
+/// The model a response is to name, with a searcher for its bytes built
+/// once per response rather than once per event.
+#[derive(Debug)]
+pub(crate) struct ServedModel {
+    name: String,
+    finder: memchr::memmem::Finder<'static>,
+}
+
+impl ServedModel {
+    pub(crate) fn new(name: impl Into<String>) -> ServedModel {
+        let name = name.into();
+        let finder = memchr::memmem::Finder::new(name.as_bytes()).into_owned();
+        ServedModel { name, finder }
+    }
+}
+
+fn rewrite_json(text: &[u8], served: &ServedModel) -> Option<Vec<u8>> {
+    // An answer that already names the served model is told by one pass
+    // that builds nothing; anything it cannot read (a duplicate `model`,
+    // say) takes the full path below. An answer whose bytes do not hold
+    // the name at all (a provider's own, the usual case) cannot name it
+    // plainly, so it goes straight there; one that names it escaped is
+    // still found equal below.
     #[derive(serde::Deserialize)]
     struct ModelOnly<'a> {
         #[serde(borrow)]
         model: Option<std::borrow::Cow<'a, str>>,
     }
-    if let Ok(ModelOnly {
-        model: Some(current),
-    }) = crate::body::json_from_bytes(text)
-    {
-        if current == model {
-            return None;
+    let model = served.name.as_str();
+    if served.finder.find(text).is_some() {
+        if let Ok(ModelOnly {
+            model: Some(current),
+        }) = crate::body::json_from_bytes(text)
+        {
+            if current == model {
+                return None;
+            }
         }
     }
     let mut object = JsonObject::parse(text)?;
@@ -362,6 +388,10 @@ impl SseLines {
 /// One SSE line (its line ending included) with the `model` of its
 /// `data:` JSON replaced; other lines come back as they are.
 pub fn rewrite_model_sse_line(line: &[u8], model: &str) -> Vec<u8> {
+    rewrite_sse_line(line, &ServedModel::new(model))
+}
+
+fn rewrite_sse_line(line: &[u8], model: &ServedModel) -> Vec<u8> {
     let content_end = line
         .iter()
         .rposition(|&byte| byte != b'\n' && byte != b'\r')
@@ -371,7 +401,7 @@ pub fn rewrite_model_sse_line(line: &[u8], model: &str) -> Vec<u8> {
         return line.to_vec();
     };
     let payload = data.strip_prefix(b" ").unwrap_or(data);
-    match rewrite_model_json(payload, model) {
+    match rewrite_json(payload, model) {
         Some(rewritten) => {
             let mut out = Vec::with_capacity(rewritten.len() + 8);
             out.extend_from_slice(b"data: ");
@@ -389,7 +419,7 @@ pin_project! {
     pub struct ReportedModel<B> {
         #[pin]
         inner: B,
-        model: String,
+        model: ServedModel,
         kind: BodyKind,
         held: BytesMut,
         // An event stream's lines.
@@ -406,7 +436,7 @@ impl<B> ReportedModel<B> {
     pub fn new(inner: B, model: impl Into<String>, kind: BodyKind) -> Self {
         ReportedModel {
             inner,
-            model: model.into(),
+            model: ServedModel::new(model),
             kind,
             held: BytesMut::new(),
             lines: SseLines::default(),
@@ -423,7 +453,7 @@ impl<B> ReportedModel<B> {
     pub fn resume(inner: B, read: BytesMut) -> Self {
         ReportedModel {
             inner,
-            model: String::new(),
+            model: ServedModel::new(String::new()),
             kind: BodyKind::Other,
             held: read,
             lines: SseLines::default(),
@@ -435,9 +465,9 @@ impl<B> ReportedModel<B> {
 }
 
 /// A line with its `model` rewritten; an over-long line's piece as it is.
-fn rewrite_piece(piece: SsePiece, model: &str) -> Bytes {
+fn rewrite_piece(piece: SsePiece, model: &ServedModel) -> Bytes {
     match piece {
-        SsePiece::Line(line) => Bytes::from(rewrite_model_sse_line(&line, model)),
+        SsePiece::Line(line) => Bytes::from(rewrite_sse_line(&line, model)),
         SsePiece::Long(part) => part,
     }
 }
@@ -460,7 +490,7 @@ where
                     let rest = this.held.split().freeze();
                     let out = match this.kind {
                         BodyKind::Json if !*this.passing => {
-                            rewrite_model_json(&rest, this.model).map_or(rest, Bytes::from)
+                            rewrite_json(&rest, this.model).map_or(rest, Bytes::from)
                         }
                         _ => rest,
                     };
@@ -629,6 +659,22 @@ mod tests {
         assert_eq!(
             rewrite_model_json(br#"{"model":"a","model":"b"}"#, "p/m"),
             None
+        );
+    }
+
+    #[test]
+    fn the_gateway_model_written_with_escapes_is_still_the_gateway_model() {
+        // Its bytes do not hold the name as such; it is the same name.
+        for text in [
+            &br#"{"model":"p\/m"}"#[..],
+            br#"{"model":"\u0070/m","n":1}"#,
+        ] {
+            assert_eq!(rewrite_model_json(text, "p/m"), None);
+        }
+        // The name elsewhere, the model another: rewritten.
+        assert_eq!(
+            rewrite_model_json(br#"{"model":"x","text":"p/m"}"#, "p/m").unwrap(),
+            br#"{"model":"p/m","text":"p/m"}"#
         );
     }
 
