@@ -1,4 +1,4 @@
-# What bench/load.sh and bench/soak.sh share: installing wrk and
+# What bench/load.sh, bench/soak.sh and bench/instructions.sh share: installing wrk and
 # redis-server when missing, the release build, a work directory cleaned
 # up on exit, the mock upstream, and proxies with a funded key. Sourced,
 # with `upstream_ms` set; sets `bin`, `work` and `upstream`.

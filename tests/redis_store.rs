@@ -586,6 +586,25 @@ async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
     }
 }
 
+/// The TTL (ms) of every settled zset: each must have one.
+async fn settled_ttls_ms(connection: &mut redis::aio::MultiplexedConnection) -> Vec<i64> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:settled")
+        .query_async(connection)
+        .await
+        .unwrap();
+    let mut ttls = Vec::new();
+    for key in keys {
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(connection)
+            .await
+            .unwrap();
+        ttls.push(ttl_ms);
+    }
+    ttls
+}
+
 /// The ids in the key's settled zset, with their scores.
 async fn settled_ids(connection: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -648,6 +667,8 @@ async fn settled_holds_leave_no_ids_in_redis() {
     let remembered = settled_ids(&mut connection).await;
     assert_eq!(remembered.len(), 1, "{remembered:?}");
     assert_eq!(remembered[0].0, "unheld");
+    let ttls = settled_ttls_ms(&mut connection).await;
+    assert!(ttls.len() == 1 && ttls[0] > 0, "{ttls:?}");
     // A hold that expires unsettled lapses: known (a negative score) until
     // its settlement takes it.
     assert!(store
@@ -662,12 +683,39 @@ async fn settled_holds_leave_no_ids_in_redis() {
         known.iter().any(|(id, score)| id == "r" && *score < 0),
         "{known:?}"
     );
+    // Kept as long as a lapsed hold is known.
+    let lapsed_ms = i64::try_from(modelgate::store::LAPSED_HOLD_MEMORY.as_millis()).unwrap();
+    let ttls = settled_ttls_ms(&mut connection).await;
+    assert!(ttls.len() == 1 && ttls[0] > lapsed_ms - 60_000, "{ttls:?}");
     store.settle(&settle("r", true), expired).await.unwrap();
     store.settle(&settle("r", true), expired).await.unwrap();
     let known = settled_ids(&mut connection).await;
     assert!(known.iter().all(|(id, _)| id != "r"), "{known:?}");
+    // Emptied of its last lapsed hold and written again in one call: it
+    // still expires.
+    assert!(store
+        .reserve(
+            &ReserveRequest {
+                reservation_id: "r2".into(),
+                ..reserve_request()
+            },
+            expired
+        )
+        .await
+        .unwrap()
+        .is_reserved());
+    let lapsing = expired + chrono::Duration::seconds(60);
+    store.key_usage("acct", "key", lapsing).await.unwrap();
+    store
+        .settle_many(&[settle("r2", true), settle("unheld-2", false)], lapsing)
+        .await
+        .unwrap();
+    assert!(settled_ttls_ms(&mut connection)
+        .await
+        .iter()
+        .all(|ttl| *ttl > 0));
     let balance = store.account_balance("acct").await.unwrap().balance_nanos;
-    assert_eq!(balance, 1_000_000 - 7 * 202);
+    assert_eq!(balance, 1_000_000 - 7 * 204);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1395,22 +1395,30 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
     // A request that outlives its hold: the hold stops counting at its
     // expiry, and its settlement, when it comes, is recorded once.
     store.top_up("acct", credits(10)).await.unwrap();
-    for id in ["slow", "seen-lapsing"] {
-        assert!(store
-            .reserve(&paid_hold(id, credits(4), None), t0())
-            .await
-            .unwrap()
-            .is_reserved());
-    }
+    let on_other_key = |request: ReserveRequest| ReserveRequest {
+        key: "other-key".into(),
+        ..request
+    };
+    assert!(store
+        .reserve(&paid_hold("seen-lapsing", credits(4), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    // Nothing reads the other key until its settlement: it lapses then.
+    assert!(store
+        .reserve(&on_other_key(paid_hold("slow", credits(4), None)), t0())
+        .await
+        .unwrap()
+        .is_reserved());
     let expired = after(61 * SECOND);
-    // Seen expiring by one read; the other lapses unseen until settled.
     assert_eq!(account_totals(&*store, expired).await, (0, 0, credits(10)));
     let late = after(3600 * SECOND);
     for _ in 0..2 {
-        store
-            .settle(&granted("slow", credits(3)), late)
-            .await
-            .unwrap();
+        let slow = Settlement {
+            key: "other-key".into(),
+            ..granted("slow", credits(3))
+        };
+        store.settle(&slow, late).await.unwrap();
         store
             .settle(&granted("seen-lapsing", credits(1)), late)
             .await
@@ -1418,8 +1426,10 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
     }
     assert_eq!(
         account_totals(&*store, late).await,
-        (credits(4), 0, credits(6))
+        (credits(1), 0, credits(6))
     );
+    let other = store.key_usage("acct", "other-key", late).await.unwrap();
+    assert_eq!((other.total_nanos, other.reserved_nanos), (credits(3), 0));
     // A lapsed id reserved again holds again, and is settled once.
     assert!(store
         .reserve(&paid_hold("again", credits(1), None), late)
@@ -1442,7 +1452,7 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
     }
     assert_eq!(
         account_totals(&*store, relapsed).await,
-        (credits(6), 0, credits(4))
+        (credits(3), 0, credits(4))
     );
     // A refused re-reservation leaves a lapsed hold as it was.
     assert!(store
@@ -1469,29 +1479,62 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         .unwrap();
     assert_eq!(
         account_totals(&*store, kept_lapsed).await,
-        (credits(7), 0, credits(3))
+        (credits(4), 0, credits(3))
     );
-    let relapsed = kept_lapsed;
-    // Past LAPSED_HOLD_MEMORY after its expiry a hold is forgotten, seen
-    // lapsing or not: its settlement then finds nothing and records nothing.
+    // A lapsed hold is known until LAPSED_HOLD_MEMORY after its expiry,
+    // seen lapsing or not, and forgotten from then on: a settlement then
+    // finds nothing and records nothing.
     let lapsed = chrono::Duration::from_std(modelgate::store::LAPSED_HOLD_MEMORY).unwrap();
-    for (id, seen) in [("forgotten", true), ("forgotten-unseen", false)] {
+    let start = kept_lapsed;
+    store.top_up("acct", credits(10)).await.unwrap();
+    let expiry = start + chrono::Duration::seconds(60);
+    let mut charged = 0;
+    for (id, seen, settled_at) in [
+        (
+            "last-moment",
+            true,
+            lapsed - chrono::Duration::milliseconds(1),
+        ),
+        (
+            "last-moment-unseen",
+            false,
+            lapsed - chrono::Duration::milliseconds(1),
+        ),
+        ("forgotten", true, lapsed),
+        ("forgotten-unseen", false, lapsed),
+    ] {
+        let hold = Settlement {
+            key: format!("key-{id}"),
+            ..granted(id, credits(1))
+        };
         assert!(store
-            .reserve(&paid_hold(id, credits(1), None), relapsed)
+            .reserve(
+                &ReserveRequest {
+                    key: hold.key.clone(),
+                    ..paid_hold(id, credits(1), None)
+                },
+                start
+            )
             .await
             .unwrap()
             .is_reserved());
-        let expiry = relapsed + chrono::Duration::seconds(60);
         if seen {
-            account_totals(&*store, expiry + chrono::Duration::seconds(1)).await;
+            store
+                .key_usage("acct", &hold.key, expiry + chrono::Duration::seconds(1))
+                .await
+                .unwrap();
         }
-        let gone = expiry + lapsed + chrono::Duration::seconds(1);
-        store.settle(&granted(id, credits(1)), gone).await.unwrap();
-        assert_eq!(
-            account_totals(&*store, gone).await,
-            (credits(7), 0, credits(3))
-        );
+        store.settle(&hold, expiry + settled_at).await.unwrap();
+        let usage = store
+            .key_usage("acct", &hold.key, expiry + settled_at)
+            .await
+            .unwrap();
+        let expected = if settled_at < lapsed { credits(1) } else { 0 };
+        assert_eq!(usage.total_nanos, expected, "{id}");
+        charged += expected;
     }
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    assert_eq!(balance, credits(13) - charged);
 }
 
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {

@@ -170,12 +170,10 @@ pub struct Settlement {
     /// settlement is retried, the id remembered for [`SETTLEMENT_MEMORY`]
     /// past its hold's expiry.
     ///
-    /// Every retry of a settlement carries the same value. A `Reserved`
-    /// holding nothing, answered to an id whose settlement came first, is
-    /// no hold. A hold the store lost with its data (a Redis restart from
-    /// an older snapshot, a failover to a replica that had not received
-    /// it) cannot be told from one settled already: its settlement records
-    /// nothing.
+    /// Every retry of a settlement carries the same value. A hold the
+    /// store lost with its data (a Redis restart from an older snapshot, a
+    /// failover to a replica that had not received it) cannot be told from
+    /// one settled already: its settlement records nothing.
     pub hold_granted: bool,
     /// The cost in nano-credits.
     pub cost_nanos: i64,
@@ -648,8 +646,8 @@ pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(2 * 60);
 /// How long past its expiry a hold that was never settled is still known:
 /// the first settlement of its id within that time (a request that outlived
 /// its hold) is recorded, as if the hold were live. Only holds that expire
-/// unsettled are kept so, so this costs memory only for requests that
-/// outlive their hold and for those of an instance that died.
+/// unsettled are kept this way: the memory is for requests that outlive
+/// their hold and for those of an instance that died.
 pub const LAPSED_HOLD_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
 /// The key-limit refusal for a reservation of `amount_nanos`, if any: the

@@ -1,8 +1,8 @@
 -- A key's usage in the current periods and its live reservations.
--- KEYS: account hash, usage hash, reservations zset, amounts hash,
--- settled ids zset.
--- ARGV: now (µs, or '' for Redis's clock), how long (µs) a lapsed hold is
--- kept.
+-- KEYS: account hash, usage hash, reservations zset, amounts hash, the
+-- zset of ids settled without a granted hold and of lapsed holds.
+-- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its expiry
+-- a lapsed hold is kept.
 -- Returns the eight usage fields and the reserved sum, as decimal strings.
 local now = clock_now(ARGV[1])
 local k = { use = KEYS[2], res = KEYS[3], amt = KEYS[4], settled = KEYS[5], lapse = tonumber(ARGV[2]) }

@@ -86,6 +86,7 @@ end
 -- `k.lapse` past their expiry.
 local function drop_expired(k, now)
   local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now), 'WITHSCORES')
+  local any_lapsed = false
   -- In slices: unpack() fails past a few thousand values.
   for i = 1, #expired, 2000 do
     local slice, lapsed = {}, {}
@@ -100,14 +101,15 @@ local function drop_expired(k, now)
     local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
     take_held(k, kept[1], kept[2], redis.call('HMGET', k.amt, unpack(slice)))
     redis.call('HDEL', k.amt, unpack(slice))
-    if #lapsed > 0 then redis.call('ZADD', k.settled, unpack(lapsed)) end
-  end
-  if #expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now))
-    if k.settled then
-      forget_settled(k, now)
-      keep_settled_for(k, math.ceil(k.lapse / 1000))
+    if #lapsed > 0 then
+      redis.call('ZADD', k.settled, unpack(lapsed))
+      any_lapsed = true
     end
+  end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now)) end
+  if any_lapsed then
+    forget_settled(k, now)
+    keep_settled_for(k, math.ceil(k.lapse / 1000))
   end
 end
 

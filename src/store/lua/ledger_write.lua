@@ -5,19 +5,20 @@
 -- counts in none), and the settlements waiting for the account go along.
 -- KEYS[1]: the account hash; KEYS[2], KEYS[3]: the account's holds zset
 -- (id -> expiry µs) and their amounts hash; then four keys per key ledger
--- (usage hash, reservations zset, amounts hash, settled ids zset); then
+-- (usage hash, reservations zset, amounts hash, and the zset of ids
+-- settled without a granted hold and of lapsed holds); then
 -- two keys per counter check (see counters.lua); last, when any settlement
 -- carries a generation record, the account's records hash (id -> record)
 -- and their expiries zset (id -> µs).
 -- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its hold's
 --   expiry the id of a settlement without a granted hold is remembered,
---   how long (µs) a lapsed hold is, key ledger count L, counter TTL slack
---   (ms), settlement count N; then N times: ledger (1-based index of its
---   four keys), reservation id, cost, byok (0/1), hold granted (0/1),
---   generation record ('' for none), how long it is kept (µs), the most
---   records the account keeps; then counter
---   count C and C times the
---   four arguments of a check; then the purchase tier: index of the check
+--   how long (µs) past its expiry a lapsed hold is kept, key ledger count
+--   L, counter TTL slack (ms), settlement count N; then N times: ledger
+--   (1-based index of its four keys), reservation id, cost, byok (0/1),
+--   hold granted (0/1), generation record ('' for none), how long it is
+--   kept (µs), the most records the account keeps; then counter count C
+--   and C times the four arguments of a check; then the purchase tier:
+--   index of the check
 --   it raises (0 for none), purchased threshold, raised capacity; then,
 --   when a hold follows: ledger, reservation id, amount, least amount (''
 --   for exactly the amount), lifetime (µs), key TTL (ms), has limit (0/1),
