@@ -51,6 +51,11 @@ struct Setup {
 /// A proxy on `server` in front of a mock whose streams take about two
 /// seconds, a key, and an account with credits.
 async fn setup(server: &RedisServer) -> Setup {
+    setup_with(server, json!({})).await
+}
+
+/// [`setup`] with `credit` as the config's `credit` section.
+async fn setup_with(server: &RedisServer, credit: serde_json::Value) -> Setup {
     let (base, received) = mock::start_counted(mock::MockConfig {
         event_delay: Duration::from_millis(200),
         ..mock::MockConfig::default()
@@ -59,7 +64,11 @@ async fn setup(server: &RedisServer) -> Setup {
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");
     let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
-    std::fs::write(&config, json!({"pricing": {"default": price}}).to_string()).unwrap();
+    std::fs::write(
+        &config,
+        json!({"pricing": {"default": price}, "credit": credit}).to_string(),
+    )
+    .unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
     let proxy = start_proxy(&server.url(), &base, &config, admin_key.expose());
     let client = reqwest::Client::new();
@@ -199,6 +208,36 @@ async fn redis_down_for_ten_seconds_mid_stream_loses_no_cost() {
     }
     assert_eq!(last, (STREAMS as i64 * STREAM_COST_NANOS, 0));
     // And no retry records one twice later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(charged(&server, &setup.key).await, last);
+    assert_eq!(remembered_ids(&server).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_past_the_holds_lifetime_still_loses_no_cost() {
+    // Holds of 3 s, Redis away for 10 s: every hold expires before any
+    // settlement can land. They lapse, and the settlements retried once
+    // Redis is back take them, each once.
+    let mut server = RedisServer::start_persistent();
+    let setup = setup_with(&server, json!({"reservation_ttl_seconds": 3})).await;
+    let address = setup.proxy.address.clone();
+    let key = setup.key.clone();
+    let running = tokio::spawn(async move { streams(&address, &key).await });
+    wait_for(&setup.received, STREAMS as u64).await;
+    server.stop();
+    let replies = running.await.unwrap();
+    assert_complete(&replies);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    server.start_again();
+    let mut last = (0, 0);
+    for _ in 0..400 {
+        last = charged(&server, &setup.key).await;
+        if last == (STREAMS as i64 * STREAM_COST_NANOS, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last, (STREAMS as i64 * STREAM_COST_NANOS, 0));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(charged(&server, &setup.key).await, last);
     assert_eq!(remembered_ids(&server).await, 0);

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::Settlement;
+use crate::store::{Settlement, LAPSED_HOLD_MEMORY};
 use crate::usage::{GenerationContext, GenerationEnd};
 
 use super::group_commit::GroupCommit;
@@ -54,7 +54,8 @@ pub(crate) struct Meter {
     pub(crate) streamed_tokens: Option<u64>,
     /// Where a settlement not yet recorded is known until it is.
     pub(crate) pending: PendingSettlements,
-    /// When the hold expires: retrying a settlement after that is pointless.
+    /// When the hold expires: retrying a settlement of a hold the store
+    /// did not grant is pointless after that.
     pub(crate) hold_expires_at: tokio::time::Instant,
     /// What the request's generation record needs, when one is kept.
     pub(crate) generation: Option<Box<GenerationContext>>,
@@ -74,10 +75,12 @@ impl std::fmt::Debug for Meter {
 }
 
 /// Waits between settlement attempts that run after the response is gone,
-/// then [`LONGEST_RETRY_WAIT`] between the others, for as long as the
-/// request's hold lasts: a store outage shorter than the hold loses
-/// nothing. Settling is idempotent by reservation id, so retrying after a
-/// reply that was lost can never charge twice.
+/// then [`LONGEST_RETRY_WAIT`] between the others, for as long as the store
+/// knows the request's hold: while it lasts, and for
+/// [`LAPSED_HOLD_MEMORY`] after it when the store granted it, so a store
+/// outage shorter than that loses nothing. Settling is idempotent by
+/// reservation id, so retrying after a reply that was lost can never
+/// charge twice.
 const BACKGROUND_RETRY_WAITS: [Duration; 5] = [
     Duration::from_millis(100),
     Duration::from_millis(500),
@@ -206,9 +209,21 @@ impl Meter {
         }
     }
 
+    /// Until when a settlement is worth retrying: while the store knows the
+    /// hold (a granted hold lapses, and is known, for [`LAPSED_HOLD_MEMORY`]
+    /// after its expiry) or, without one, while the id it remembers would
+    /// be (see [`Settlement::hold_granted`]).
+    fn retry_until(&self) -> tokio::time::Instant {
+        if self.hold_granted {
+            self.hold_expires_at + LAPSED_HOLD_MEMORY
+        } else {
+            self.hold_expires_at
+        }
+    }
+
     /// Attempts `settlement` after `first_wait`, then again with backoff
-    /// until it is recorded or the hold has expired; `tracked` keeps it
-    /// pending meanwhile.
+    /// until it is recorded or the store no longer knows its hold;
+    /// `tracked` keeps it pending meanwhile.
     fn retry_in_background(self, settlement: Settlement, tracked: Tracked, first_wait: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             unrecorded(&settlement, "no runtime to settle on");
@@ -231,17 +246,18 @@ impl Meter {
                     }
                 }
                 let now = tokio::time::Instant::now();
-                if now >= self.hold_expires_at {
+                let retry_until = self.retry_until();
+                if now >= retry_until {
                     unrecorded(
                         &settlement,
-                        "the hold expired before the store took its settlement",
+                        "the store no longer knows the hold, and never took its settlement",
                     );
                     return;
                 }
                 wait = waits
                     .next()
                     .unwrap_or(LONGEST_RETRY_WAIT)
-                    .min(self.hold_expires_at - now);
+                    .min(retry_until - now);
             }
         });
         // A store that answers at once (MemoryStore) settles right here: no
