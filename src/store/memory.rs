@@ -945,17 +945,26 @@ impl SettledIds {
             .is_some_and(|until| *until > now_micros)
     }
 
+    /// Removes the forgotten ids, at most once a minute. Run on every
+    /// access of the key, not only when an id is added: ids are added only
+    /// by settlements without a granted hold, and a burst of those must not
+    /// stay until the next one.
+    fn sweep(&mut self, now_micros: i64) {
+        if now_micros < self.next_sweep_micros {
+            return;
+        }
+        self.until_micros.retain(|_, until| *until > now_micros);
+        // Give back what a burst left behind.
+        if self.until_micros.capacity() > 4 * self.until_micros.len().max(64) {
+            self.until_micros.shrink_to_fit();
+        }
+        self.next_sweep_micros = now_micros.saturating_add(SETTLED_SWEEP_INTERVAL_MICROS);
+    }
+
     /// Remembers `fingerprint` until `until_micros`; false when it is
     /// remembered already.
     fn insert(&mut self, fingerprint: u64, until_micros: i64, now_micros: i64) -> bool {
-        if now_micros >= self.next_sweep_micros {
-            self.until_micros.retain(|_, until| *until > now_micros);
-            // Give back what a burst left behind.
-            if self.until_micros.capacity() > 4 * self.until_micros.len().max(64) {
-                self.until_micros.shrink_to_fit();
-            }
-            self.next_sweep_micros = now_micros.saturating_add(SETTLED_SWEEP_INTERVAL_MICROS);
-        }
+        self.sweep(now_micros);
         match self.until_micros.entry(fingerprint) {
             std::collections::hash_map::Entry::Occupied(mut remembered) => {
                 if *remembered.get() > now_micros {
@@ -1013,6 +1022,7 @@ impl KeyLedger {
                 }
             });
         lapsed.forget(now_micros);
+        self.settled.sweep(now_micros);
     }
 
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
@@ -1730,6 +1740,33 @@ mod tests {
             .key_usage("acct", "key", expiry + lapsed)
             .await
             .unwrap();
+        assert_eq!(settlement_memory(&store, "acct").0, (0, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn ids_remembered_without_a_hold_are_swept_by_any_later_access() {
+        // A burst of settlements without a granted hold (a store outage
+        // at admission) remembers their ids; once forgotten they go at the
+        // key's next access of any kind, not only at the next such
+        // settlement.
+        let store = MemoryStore::new();
+        store.top_up("acct", 1_000_000).await.unwrap();
+        for request in 0..1_000 {
+            let mut settlement = granted(format!("u{request}"), 1);
+            settlement.hold_granted = false;
+            store.settle(&settlement, at(request)).await.unwrap();
+        }
+        assert_eq!(settlement_memory(&store, "acct").0, (1_000, 0, 0));
+        let forgotten = at(0)
+            + chrono::Duration::from_std(SETTLEMENT_MEMORY).unwrap()
+            + chrono::Duration::microseconds(SETTLED_SWEEP_INTERVAL_MICROS + 1_000);
+        // Still remembered just before: a retry then records nothing.
+        store
+            .key_usage("acct", "key", at(10 * SECOND))
+            .await
+            .unwrap();
+        assert_eq!(settlement_memory(&store, "acct").0, (1_000, 0, 0));
+        store.key_usage("acct", "key", forgotten).await.unwrap();
         assert_eq!(settlement_memory(&store, "acct").0, (0, 0, 0));
     }
 
