@@ -691,8 +691,8 @@ async fn settled_holds_leave_no_ids_in_redis() {
     store.settle(&settle("r", true), expired).await.unwrap();
     let known = settled_ids(&mut connection).await;
     assert!(known.iter().all(|(id, _)| id != "r"), "{known:?}");
-    // Emptied of its last lapsed hold and written again in one call: it
-    // still expires.
+    // Lapsed, emptied of its last lapsed hold and written again, all in
+    // one call: it still expires.
     assert!(store
         .reserve(
             &ReserveRequest {
@@ -705,7 +705,6 @@ async fn settled_holds_leave_no_ids_in_redis() {
         .unwrap()
         .is_reserved());
     let lapsing = expired + chrono::Duration::seconds(60);
-    store.key_usage("acct", "key", lapsing).await.unwrap();
     store
         .settle_many(&[settle("r2", true), settle("unheld-2", false)], lapsing)
         .await
