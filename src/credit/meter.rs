@@ -285,7 +285,7 @@ fn unrecorded(settlement: &Settlement, why: &str) {
         reservation = %settlement.reservation_id,
         cost_nanos = settlement.cost_nanos,
         byok = settlement.byok,
-        "{why}; the hold will expire and this cost is unrecorded"
+        "{why}; this cost is unrecorded: book it by hand"
     );
 }
 

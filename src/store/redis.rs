@@ -32,7 +32,8 @@
 //!
 //! On connect the store reads `maxmemory-policy` and warns unless it is
 //! `noeviction`: an evicted hold or counter lets requests past their
-//! limits, and evicted usage is lost. (A Redis that refuses `CONFIG`, as
+//! limits, the request of an evicted hold goes uncharged, and evicted
+//! usage is lost. (A Redis that refuses `CONFIG`, as
 //! managed ones do, is not checked.)
 //!
 //! Numbers: counters are exact up to 2^53 (limits and amounts above are
@@ -320,8 +321,9 @@ fn warn_if_evicting(reply: redis::RedisResult<Vec<String>>) {
             Some(policy) => tracing::warn!(
                 maxmemory_policy = policy,
                 "Redis may evict keys when it reaches maxmemory (maxmemory-policy {policy}): \
-                 an evicted hold or counter lets requests past their limits, and evicted usage \
-                 is lost; set maxmemory-policy noeviction"
+                 an evicted hold or counter lets requests past their limits, the request of an \
+                 evicted hold goes uncharged, and evicted usage is lost; set maxmemory-policy \
+                 noeviction"
             ),
         },
         Err(error) => tracing::debug!(
