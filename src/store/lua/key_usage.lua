@@ -8,8 +8,13 @@ local now = clock_now(ARGV[1])
 local k = { use = KEYS[2], res = KEYS[3], amt = KEYS[4], settled = KEYS[5], lapse = tonumber(ARGV[2]) }
 drop_expired(k, now)
 local reserved = live_reserved(k)
-local starts = {}
-for i, p in ipairs({ 'd', 'w', 'm' }) do starts[i] = int((period_bounds(p, now))) end
-local usage = usage_fields(k, starts)
+local starts = period_starts(now)
+local f = redis.call('HMGET', k.use, unpack(USAGE_FIELDS))
+local usage = {}
+for p = 0, 3 do
+  local own, byok = usage_in(f, 0, p, starts)
+  table.insert(usage, own)
+  table.insert(usage, byok)
+end
 table.insert(usage, big_str(reserved))
 return usage

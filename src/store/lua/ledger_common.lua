@@ -64,6 +64,18 @@ local function take_held(k, total, count, amounts)
   redis.call('HSET', k.amt, TOTAL, big_str(sum), COUNT, int(holds))
 end
 
+-- Keeps `first` and `second` for at least `ttl_ms` more, never shortening
+-- them (the first's TTL stands for both). When they have less left they
+-- get an eighth more than asked (at most an hour), so the write that
+-- extends them comes once in that margin, not with every call.
+local function keep_alive(ttl_ms, first, second)
+  if redis.call('PTTL', first) < ttl_ms then
+    local extended = ttl_ms + math.min(math.ceil(ttl_ms / 8), 3600000)
+    redis.call('PEXPIRE', first, extended)
+    redis.call('PEXPIRE', second, extended)
+  end
+end
+
 -- Keeps `k.settled` for at least `ttl_ms` more.
 local function keep_settled_for(k, ttl_ms)
   if (k.settled_ms or 0) < ttl_ms then
@@ -121,13 +133,15 @@ local function release(k, id)
   take_held(k, held[2], held[3], { held[1] })
 end
 
--- The sum (big) and number of the live reservations; expired ones must be
--- dropped first: the kept sum and count while the count matches the
--- hash's length, else the holds counted.
-local function live_reserved(k)
-  local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
+-- The sum (big) and number of the live reservations, and (read in the
+-- same call) the amount held by reservation `id` when one is given and
+-- holds; expired ones must be dropped first. The kept sum and count while
+-- the count matches the hash's length, else the holds counted.
+local function live_reserved(k, id)
+  local kept
+  if id then kept = redis.call('HMGET', k.amt, TOTAL, COUNT, id) else kept = redis.call('HMGET', k.amt, TOTAL, COUNT) end
   if kept[1] and kept[2] and tonumber(kept[2]) == redis.call('HLEN', k.amt) - 2 then
-    return big(kept[1]), tonumber(kept[2])
+    return big(kept[1]), tonumber(kept[2]), kept[3]
   end
   local reserved, holds = big('0'), 0
   local fields = redis.call('HGETALL', k.amt)
@@ -136,24 +150,20 @@ local function live_reserved(k)
       reserved, holds = big_add(reserved, big(fields[i + 1])), holds + 1
     end
   end
-  return reserved, holds
+  return reserved, holds, kept[3]
 end
 
--- The stored usage fields, as strings; a period's totals count only while
--- its stored start is the current one.
--- Order: total, byok_total, day, byok_day, week, byok_week, month, byok_month.
-local function usage_fields(k, starts)
-  local f = redis.call('HMGET', k.use, 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm')
-  local out = { f[1] or '0', f[2] or '0' }
-  for p = 0, 2 do
-    local start, own, byok = f[3 + p * 3], f[4 + p * 3], f[5 + p * 3]
-    if start == starts[p + 1] then
-      table.insert(out, own or '0')
-      table.insert(out, byok or '0')
-    else
-      table.insert(out, '0')
-      table.insert(out, '0')
-    end
-  end
-  return out
+-- A usage hash's fields, as one HMGET reads them: all-time own and BYOK
+-- usage, then per period (day, week, month) its start, own and BYOK usage.
+local USAGE_FIELDS = { 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
+
+-- Own and BYOK usage (strings) in period `p` (0 all time, 1 day, 2 week,
+-- 3 month) from `f`, the values of USAGE_FIELDS from `f[at + 1]` on; a
+-- period's totals count only while its stored start is `starts[p]`, the
+-- current one (see period_starts; not needed for all time).
+local function usage_in(f, at, p, starts)
+  if p == 0 then return f[at + 1] or '0', f[at + 2] or '0' end
+  local i = at + 3 * p
+  if f[i] ~= starts[p] then return '0', '0' end
+  return f[i + 1] or '0', f[i + 2] or '0'
 end

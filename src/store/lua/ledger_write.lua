@@ -18,12 +18,11 @@
 --   hold granted (0/1), generation record ('' for none), how long it is
 --   kept (µs), the most records the account keeps; then counter count C
 --   and C times the four arguments of a check; then the purchase tier:
---   index of the check
---   it raises (0 for none), purchased threshold, raised capacity; then,
---   when a hold follows: ledger, reservation id, amount, least amount (''
---   for exactly the amount), lifetime (µs), key TTL (ms), has limit (0/1),
---   limit, reset ('n' never, 'd', 'w', 'm'), include BYOK (0/1), check
---   balance (0/1), covered by balance (0/1).
+--   index of the check it raises (0 for none), purchased threshold,
+--   raised capacity; then, when a hold follows: ledger, reservation id,
+--   amount, least amount ('' for exactly the amount), lifetime (µs), key
+--   TTL (ms), has limit (0/1), limit, reset ('n' never, 'd', 'w', 'm'),
+--   include BYOK (0/1), check balance (0/1), covered by balance (0/1).
 -- Returns, with neither counters nor a hold, how many settlements were new.
 -- Otherwise {status, now, a, b, c, then six per check: fits, used,
 -- remaining, retry µs, reset µs, capacity}; status 0 admitted (a used, b
@@ -36,8 +35,13 @@ local memory = tonumber(ARGV[2])
 local lapse = tonumber(ARGV[3])
 local ledger_count = tonumber(ARGV[4])
 local slack_ms = tonumber(ARGV[5])
-local starts = {}
-for i, p in ipairs({ 'd', 'w', 'm' }) do starts[i] = int((period_bounds(p, now))) end
+-- The current periods' starts, worked out when first needed (an admission
+-- of a key whose limit never resets needs none).
+local current_starts
+local function starts()
+  if not current_starts then current_starts = period_starts(now) end
+  return current_starts
+end
 local acct = { res = KEYS[2], amt = KEYS[3] }
 
 -- Each key ledger once per call: its expired reservations dropped.
@@ -63,27 +67,26 @@ local function keep_generation(id, record, retention, most)
   local values, expiries = KEYS[#KEYS - 1], KEYS[#KEYS]
   if not generations_swept then
     local expired = redis.call('ZRANGEBYSCORE', expiries, '-inf', int(now), 'LIMIT', 0, 256)
-    for _, old in ipairs(expired) do
-      redis.call('HDEL', values, old)
-      redis.call('ZREM', expiries, old)
+    if #expired > 0 then
+      redis.call('HDEL', values, unpack(expired))
+      redis.call('ZREM', expiries, unpack(expired))
     end
     generations_swept = true
   end
   redis.call('HSET', values, id, record)
   redis.call('ZADD', expiries, int(now + retention), id)
+  -- Past the cap the earliest-expiring go, in slices (unpack() fails past
+  -- a few thousand values).
   local over = redis.call('ZCARD', expiries) - most
-  if over > 0 then
-    for _, old in ipairs(redis.call('ZRANGE', expiries, 0, over - 1)) do
-      redis.call('HDEL', values, old)
-      redis.call('ZREM', expiries, old)
-    end
+  while over > 0 do
+    local popped = redis.call('ZPOPMIN', expiries, math.min(over, 1000))
+    local ids = {}
+    for j = 1, #popped, 2 do ids[#ids + 1] = popped[j] end
+    redis.call('HDEL', values, unpack(ids))
+    over = over - #ids
   end
-  -- Only ever extend the keys' lifetime: the newest record sets it.
-  local ttl = math.ceil(retention / 1000) + slack_ms
-  if redis.call('PTTL', expiries) < ttl then
-    redis.call('PEXPIRE', values, ttl)
-    redis.call('PEXPIRE', expiries, ttl)
-  end
+  -- The keys live as long as their longest-kept record.
+  keep_alive(math.ceil(retention / 1000) + slack_ms, expiries, values)
 end
 
 -- Records a request's real cost and releases its holds, once per
@@ -123,14 +126,15 @@ local function settle(k, id, cost, byok, granted)
     local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
     k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
   end
+  local period_start = starts()
   for p = 1, 3 do
     -- Periods only roll forward: a cost stamped in a period that has already
     -- rolled over (a clock a moment behind) counts in the all-time totals only.
-    local start = tonumber(starts[p])
+    local start = tonumber(period_start[p])
     local current = k.current[p]
     local n = (p - 1) * 3
     if current == nil or start > current then
-      redis.call('HSET', k.use, names[n + 1], starts[p], names[n + 2], '0', names[n + 3], '0')
+      redis.call('HSET', k.use, names[n + 1], period_start[p], names[n + 2], '0', names[n + 3], '0')
       current = start
       k.current[p] = start
     end
@@ -147,8 +151,7 @@ end
 -- The live holds of `k` other than `id`'s, and how many: what a new hold
 -- of `id` adds to.
 local function holds_besides(k, id)
-  local reserved, holds = live_reserved(k)
-  local previous = redis.call('HGET', k.amt, id)
+  local reserved, holds, previous = live_reserved(k, id)
   if previous then
     local held = big(previous)
     if not big_ge(reserved, held) then
@@ -170,22 +173,20 @@ local function put_hold(k, id, amount, others, count, expires_at, key_ttl)
   -- A key's hold outlives its expiry by `k.lapse`: the settlement of a
   -- request that outlived its hold still finds it there, to lapse.
   if k.lapse then key_ttl = key_ttl + math.ceil(k.lapse / 1000) end
-  -- Only ever extend the keys' lifetime: a shorter TTL must not cut a longer hold.
-  if redis.call('PTTL', k.res) < key_ttl then
-    redis.call('PEXPIRE', k.res, key_ttl)
-    redis.call('PEXPIRE', k.amt, key_ttl)
-  end
+  -- Only ever extended: a shorter TTL must not cut a longer hold.
+  keep_alive(key_ttl, k.res, k.amt)
   return total
 end
 
 local function big_min(a, b) if big_ge(a, b) then return b end return a end
 local function is_zero(a) return a[1] == 0 and a[2] == 0 end
 
--- Decides the hold whose arguments start after ARGV[a]: refuses on the key
+-- Decides the hold whose arguments start after ARGV[a], for the key whose
+-- usage hash read `usage` (its `rv`, then USAGE_FIELDS): refuses on the key
 -- limit, a negative balance or (covered by balance) a balance that the
 -- account's holds leave short; else holds as much of the amount as the
 -- limit and balance allow, at least the least amount.
-local function hold(k, a)
+local function hold(k, a, usage)
   local id = ARGV[a + 1]
   local amount = big(ARGV[a + 2])
   local least = amount
@@ -193,10 +194,10 @@ local function hold(k, a)
   local expires_at = now + tonumber(ARGV[a + 4])
   local key_ttl = tonumber(ARGV[a + 5])
   local reserved, holds = holds_besides(k, id)
-  local usage = usage_fields(k, starts)
-  local offset = ({ n = 1, d = 3, w = 5, m = 7 })[ARGV[a + 8]]
-  local used = big(usage[offset])
-  if ARGV[a + 9] == '1' then used = big_add(used, big(usage[offset + 1])) end
+  local p = ({ n = 0, d = 1, w = 2, m = 3 })[ARGV[a + 8]]
+  local own, byok = usage_in(usage, 1, p, p > 0 and starts() or nil)
+  local used = big(own)
+  if ARGV[a + 9] == '1' then used = big_add(used, big(byok)) end
   -- Its settlement came first (the caller gave up on it): the request was
   -- never sent, and nothing must stay held.
   local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
@@ -276,14 +277,16 @@ local function reply(head, outcomes)
   return head
 end
 local fit, states = counters_check(now, checks, counter_keys, c, capacities)
+-- The held key's usage hash, read once: `rv` (revoked), then USAGE_FIELDS.
+local usage = ARGV[h + 1] ~= nil and redis.call('HMGET', ledger(ARGV[h + 1]).use, 'rv', unpack(USAGE_FIELDS))
 -- A revoked key is refused first, whatever its counters say.
-if ARGV[h + 1] ~= nil and redis.call('HEXISTS', ledger(ARGV[h + 1]).use, 'rv') == 1 then
+if usage and usage[1] then
   return reply({ 5, int(now), '0', '0', '0' }, counters_outcomes(states))
 end
 if not fit then return reply({ 4, int(now), '0', '0', '0' }, counters_outcomes(states)) end
 local decided = { 0, '0', '0', '0' }
-if ARGV[h + 1] ~= nil then
-  decided = hold(ledger(ARGV[h + 1]), h + 1)
+if usage then
+  decided = hold(ledger(ARGV[h + 1]), h + 1, usage)
   if decided[1] ~= 0 then
     return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', '0' }, counters_outcomes(states))
   end

@@ -50,3 +50,9 @@ local function period_bounds(p, now)
   if nm == 13 then ny, nm = y + 1, 1 end
   return days_from_civil(y, m) * DAY_US, days_from_civil(ny, nm) * DAY_US
 end
+
+-- The starts of the day, week and month containing `now`, as decimal text
+-- (as usage hashes store them).
+local function period_starts(now)
+  return { int((period_bounds('d', now))), int((period_bounds('w', now))), int((period_bounds('m', now))) }
+end
