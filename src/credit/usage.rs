@@ -213,8 +213,10 @@ impl UsageScanner {
         } else {
             self.streamed_chunks += 1;
             self.streamed_text_bytes += text_bytes(data);
-            // Most chunks carry no usage; only those naming it are parsed.
-            if USAGE_FIELD.find(data).is_some() {
+            // Most chunks carry no usage; only those naming it with a value
+            // that can be one are parsed. Asked for usage, an upstream names
+            // it in every chunk, as `"usage":null` until the last.
+            if USAGE_FIELD.find(data).is_some() && !names_only_null_usage(data) {
                 if let Some(usage) = usage_of(data) {
                     self.usage = Some(usage);
                 }
@@ -290,6 +292,23 @@ fn text_bytes(chunk: &[u8]) -> u64 {
         }
     }
     total
+}
+
+/// Whether every `"usage"` in `document` is a member whose value is `null`,
+/// with no `\u` escape anywhere: then [`usage_of`] finds none, so the
+/// document need not be parsed. (Only `\u` can spell a name's letters, so
+/// without one a top-level `usage` is among the plain `"usage"`s; a string
+/// `"usage"`, not followed by `:`, sends the document to the parser.)
+fn names_only_null_usage(document: &[u8]) -> bool {
+    if ESCAPE.find(document).is_some() {
+        return false;
+    }
+    USAGE_FIELD.find_iter(document).all(|start| {
+        let rest = &document[start + USAGE_FIELD.needle().len()..];
+        let rest = rest.trim_ascii_start();
+        rest.strip_prefix(b":")
+            .is_some_and(|value| value.trim_ascii_start().starts_with(b"null"))
+    })
 }
 
 /// The usage of one JSON document: only the three fields of its top-level
@@ -433,6 +452,7 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
 // once, as `memmem::find` would build one per call at more than the cost
 // of searching a chunk.
 static USAGE_FIELD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
 static TEXT_FIELDS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
     [
         b"\"content\":\"" as &[u8],
@@ -488,6 +508,28 @@ mod tests {
                 cost_nanos: Some(40_000),
             })
         );
+    }
+
+    #[test]
+    fn chunks_naming_only_null_usage_are_not_parsed_and_others_are() {
+        for skipped in [
+            &br#"{"choices":[{"delta":{}}],"usage":null}"#[..],
+            br#"{"usage" :  null, "x": {"usage":null}}"#,
+            // Invalid, so no usage either way.
+            br#"{"usage":nullx"#,
+        ] {
+            assert!(names_only_null_usage(skipped), "{skipped:?}");
+            assert_eq!(usage_of(skipped), None);
+        }
+        for parsed in [
+            &br#"{"choices":[],"usage":{"prompt_tokens":1}}"#[..],
+            br#"{"x":{"usage":null},"usage":{"prompt_tokens":1}}"#,
+            // A string "usage", and a name spelled with an escape.
+            br#"{"type":"usage","usage":null}"#,
+            br#"{"usage":null,"\u0075sage":{"prompt_tokens":1}}"#,
+        ] {
+            assert!(!names_only_null_usage(parsed), "{parsed:?}");
+        }
     }
 
     #[test]
@@ -605,6 +647,39 @@ mod tests {
     }
 
     proptest! {
+        /// A chunk left unparsed because it names only null usage never
+        /// had a usage to read, whatever its members, spacing or cut.
+        #[test]
+        fn a_chunk_skipped_for_null_usage_has_none(
+            members in proptest::collection::vec(
+                prop_oneof![
+                    Just(r#""usage":null"#),
+                    Just(" \"usage\" :\n null "),
+                    Just(r#""usage":{"prompt_tokens":3,"completion_tokens":4}"#),
+                    Just(r#""usage": {}"#),
+                    Just(r#""x":{"usage":null}"#),
+                    Just(r#""x":{"usage":{"prompt_tokens":1}}"#),
+                    Just(r#""type":"usage""#),
+                    Just(r#""\u0075sage":{"prompt_tokens":5}"#),
+                    Just(r#""content":"a \"usage\":{} b""#),
+                    Just(r#""choices":[]"#),
+                ],
+                0..6,
+            ),
+            cut in any::<proptest::sample::Index>(),
+            whole in any::<bool>(),
+        ) {
+            let document = format!("{{{}}}", members.join(","));
+            let document = if whole {
+                document.as_bytes()
+            } else {
+                &document.as_bytes()[..cut.index(document.len() + 1)]
+            };
+            if names_only_null_usage(document) {
+                prop_assert_eq!(usage_of(document), None);
+            }
+        }
+
         #[test]
         fn any_split_of_the_stream_reads_the_same(cuts in proptest::collection::vec(0usize..STREAM.len(), 0..12)) {
             let bytes = STREAM.as_bytes();
