@@ -11,17 +11,19 @@
 //!   first, then decided, one call);
 //! - the settlements still waiting when the account's last call carrying
 //!   settlements ends go together ([`LedgerStore::settle_many`]);
-//! - a settlement finding no settlement of its account on its way goes at
-//!   once: at low load nothing changes. It first lets the tasks that are
-//!   ready run (one yield, no timer), so settlements ending in the same
-//!   moment go with it. A reservation in flight does not hold it up (it
-//!   could only carry settlements sent after it).
+//! - a settlement finding no settlement of its account on its way waits
+//!   [`CARRIER_WAIT`] (1 ms) for a reservation of its account to carry it,
+//!   then goes with the settlements that came meanwhile. A client that
+//!   sends its requests one after the other thus costs one call per
+//!   request, the settlement of one riding with the admission of the
+//!   next. A reservation already in flight does not hold it up (it could
+//!   only carry settlements sent after it).
 //!
-//! So a settlement waits at most for the call carrying settlements that
-//! was in flight when it came (one round trip), plus its own; under load
-//! the calls carrying settlements follow one another, each reservation
-//! taking what came while the one before was on its way. Every waiter
-//! learns its own outcome. A call cut short (its caller went away) puts
+//! So a settlement waits at most [`CARRIER_WAIT`] plus the call carrying
+//! settlements that was in flight when it came (one round trip), plus its
+//! own; under load the calls carrying settlements follow one another,
+//! each reservation taking what came while the one before was on its way.
+//! Every waiter learns its own outcome. A call cut short (its caller went away) puts
 //! the settlements it carried back in the queue, first in line: settling
 //! is idempotent by reservation id, so sending them again never records
 //! one twice.
@@ -155,24 +157,31 @@ impl GroupCommit {
             settlement: settlement.clone(),
             done,
         };
-        let alone = {
+        let first = {
             let mut shard = self.shard(account);
             let entry = entry(&mut shard, account);
-            if entry.carrying == 0 {
+            entry.waiting.push(waiting);
+            // The wait for a carrier counts as a call on its way: the
+            // settlements that come meanwhile queue behind this one.
+            let first = entry.carrying == 0;
+            if first {
                 entry.carrying += 1;
-                Some(waiting)
-            } else {
-                entry.waiting.push(waiting);
-                None
             }
+            first
         };
-        if let Some(waiting) = alone {
-            let call = Call::new(self, account, vec![waiting]);
-            // The tasks ready now run first: settlements of the account
-            // they end meanwhile queue behind this one and go with it,
-            // without waiting for a round trip.
-            tokio::task::yield_now().await;
-            self.send(call).await;
+        if first {
+            let wait = CarrierWait {
+                group: self,
+                account,
+                over: false,
+            };
+            // An admission of the account in this moment takes what is
+            // waiting along (the next request of a client that sends one
+            // after the other, say); what it does not take goes after.
+            tokio::time::sleep(CARRIER_WAIT).await;
+            if let Some(call) = wait.into_call() {
+                self.send(call).await;
+            }
         }
         outcome.await.unwrap_or_else(|_| Err(abandoned()))
     }
@@ -249,6 +258,52 @@ impl GroupCommit {
                     self.end(account, Vec::new());
                 }
             }
+        }
+    }
+}
+
+/// How long a settlement with nothing of its account on its way waits for
+/// an admission of the account to carry it: about the time a client that
+/// sends requests one after the other takes to send the next, so that its
+/// requests cost one round trip each, not two.
+pub(crate) const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The wait of a settlement for a carrier ([`CARRIER_WAIT`]), counted among
+/// its account's calls carrying settlements until it ends: as a call of
+/// the settlements still waiting then, or (when an admission took them, or
+/// the wait was given up) as a call that carried none.
+struct CarrierWait<'a> {
+    group: &'a Arc<GroupCommit>,
+    account: &'a str,
+    over: bool,
+}
+
+impl<'a> CarrierWait<'a> {
+    /// The call of the settlements still waiting, which takes over the
+    /// wait's place among the calls carrying settlements; `None` when none
+    /// are left.
+    fn into_call(mut self) -> Option<Call<'a>> {
+        self.over = true;
+        let batch: Vec<Waiting> = {
+            let mut shard = self.group.shard(self.account);
+            shard.get_mut(self.account).map_or_else(Vec::new, |entry| {
+                let take = entry.waiting.len().min(MAX_BATCH);
+                entry.waiting.drain(..take).collect()
+            })
+        };
+        if batch.is_empty() {
+            self.group.end(self.account, Vec::new());
+            return None;
+        }
+        Some(Call::new(self.group, self.account, batch))
+    }
+}
+
+impl Drop for CarrierWait<'_> {
+    fn drop(&mut self) {
+        // Given up (the settling task went away): what waits goes now.
+        if !self.over {
+            self.group.end(self.account, Vec::new());
         }
     }
 }
@@ -603,15 +658,60 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_settlement_with_nothing_in_flight_goes_at_once_by_itself() {
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_settlement_with_nothing_in_flight_goes_by_itself_after_the_carrier_wait() {
         let remote = Remote::new();
         let group = group(&remote);
         reserved(&remote, 1).await;
+        let started = tokio::time::Instant::now();
         group.settle(&settlement("s0", 3)).await.unwrap();
+        assert_eq!(started.elapsed(), CARRIER_WAIT);
         assert_eq!(remote.calls(), ["settle_many 1"]);
         assert_eq!(usage(&remote).await, (3, 0));
         // Nothing is left behind for the account.
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_next_admission_of_the_account_carries_a_settlement_waiting_for_one() {
+        // A client that sends its requests one after the other: the
+        // settlement of one rides with the admission of the next, one
+        // call for both.
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 1).await;
+        let settling = settle_range(&group, 0, 1);
+        settle_down().await;
+        assert!(remote.calls().is_empty(), "waiting for a carrier");
+        tokio::time::advance(CARRIER_WAIT / 2).await;
+        let outcome = group.reserve(&request("next")).await.unwrap();
+        assert!(outcome.is_reserved());
+        assert_eq!(remote.calls(), ["reserve_after_settling 1"]);
+        all_ok(settling).await;
+        // The wait ends with nothing left to send.
+        tokio::time::sleep(CARRIER_WAIT).await;
+        settle_down().await;
+        assert!(remote.calls().is_empty());
+        assert_eq!(usage(&remote).await, (1, 10));
+        assert!(group.shard("acct").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_settlement_whose_wait_is_given_up_still_goes() {
+        // The task that waits for a carrier goes away: the settlements
+        // waiting behind it go all the same, and their waiters learn so.
+        let remote = Remote::new();
+        let group = group(&remote);
+        reserved(&remote, 3).await;
+        let first = settle_range(&group, 0, 1);
+        settle_down().await;
+        let others = settle_range(&group, 1, 3);
+        settle_down().await;
+        first[0].abort();
+        settle_down().await;
+        all_ok(others).await;
+        assert_eq!(remote.calls(), ["settle_many 3"]);
+        assert_eq!(usage(&remote).await, (3, 0));
         assert!(group.shard("acct").is_empty());
     }
 
