@@ -1,7 +1,8 @@
 //! The usage scanner on arbitrary bodies split at an arbitrary point:
 //! never panics, stays within its memory bound, and reads the same usage
 //! however the body is split. A JSON body's usage is what reading its
-//! `usage` as a `serde_json::Value` gives.
+//! `usage` as a `serde_json::Value` gives, and so is the usage of the
+//! same document streamed as one chunk.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -42,5 +43,17 @@ fuzz_target!(|input: (bool, u16, &[u8])| {
     assert_eq!(bytewise.finish(), expected);
     if !event_stream && body.len() <= 4096 {
         assert_eq!(expected, usage_through_value(body));
+    }
+    // The same document as one streamed chunk reads the same usage, when
+    // nothing but a plain `"usage"` can name it (no `\u` escape) and it is
+    // one line: the chunks read without parsing lose nothing.
+    let one_line = !body.iter().any(|&byte| byte == b'\n' || byte == b'\r');
+    let escaped = body.windows(2).any(|pair| pair == b"\\u");
+    if one_line && !escaped && body.len() <= 4000 {
+        let mut chunk = UsageScanner::new(BodyKind::EventStream, 4096);
+        chunk.feed(b"data: ");
+        chunk.feed(body);
+        chunk.feed(b"\n\n");
+        assert_eq!(chunk.finish(), usage_through_value(body));
     }
 });

@@ -294,13 +294,15 @@ fn text_bytes(chunk: &[u8]) -> u64 {
     total
 }
 
-/// Whether every `"usage"` in `document` is a member whose value is `null`,
-/// with no `\u` escape anywhere: then [`usage_of`] finds none, so the
-/// document need not be parsed. (Only `\u` can spell a name's letters, so
-/// without one a top-level `usage` is among the plain `"usage"`s; a string
-/// `"usage"`, not followed by `:`, sends the document to the parser.)
+/// Whether `document` is an object (or nothing JSON) in which every
+/// `"usage"` is a member whose value is `null`, with no `\u` escape
+/// anywhere: then [`usage_of`] finds none, so the document need not be
+/// parsed. (Only `\u` can spell a name's letters, so without one a
+/// top-level `usage` is among the plain `"usage"`s; a string `"usage"`, not
+/// followed by `:`, sends the document to the parser, and so does an array,
+/// which [`usage_of`] reads as the fields in order.)
 fn names_only_null_usage(document: &[u8]) -> bool {
-    if ESCAPE.find(document).is_some() {
+    if document.trim_ascii_start().starts_with(b"[") || ESCAPE.find(document).is_some() {
         return false;
     }
     USAGE_FIELD.find_iter(document).all(|start| {
@@ -524,9 +526,11 @@ mod tests {
         for parsed in [
             &br#"{"choices":[],"usage":{"prompt_tokens":1}}"#[..],
             br#"{"x":{"usage":null},"usage":{"prompt_tokens":1}}"#,
-            // A string "usage", and a name spelled with an escape.
+            // A string "usage", a name spelled with an escape, and an
+            // array, which serde reads as the fields in order.
             br#"{"type":"usage","usage":null}"#,
             br#"{"usage":null,"\u0075sage":{"prompt_tokens":1}}"#,
+            br#" [{"prompt_tokens":5,"x":{"usage":null}}]"#,
         ] {
             assert!(!names_only_null_usage(parsed), "{parsed:?}");
         }
@@ -663,13 +667,17 @@ mod tests {
                     Just(r#""\u0075sage":{"prompt_tokens":5}"#),
                     Just(r#""content":"a \"usage\":{} b""#),
                     Just(r#""choices":[]"#),
+                    // What an array's first element is read as.
+                    Just(r#""prompt_tokens":5"#),
                 ],
                 0..6,
             ),
             cut in any::<proptest::sample::Index>(),
             whole in any::<bool>(),
+            array in any::<bool>(),
         ) {
             let document = format!("{{{}}}", members.join(","));
+            let document = if array { format!("[{document}]") } else { document };
             let document = if whole {
                 document.as_bytes()
             } else {
