@@ -628,6 +628,61 @@ async fn settled_ids(connection: &mut redis::aio::MultiplexedConnection) -> Vec<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
+    // Hold keys are extended only when they run short, by the first one's
+    // TTL; an amounts hash written afresh (emptied by a recount, or lost)
+    // while its zset still has long to live gets a lifetime all the same.
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    store.top_up("acct", 1_000_000).await.unwrap();
+    let hold = |id: &str| ReserveRequest {
+        reservation_id: id.into(),
+        ..reserve_request()
+    };
+    assert!(store
+        .reserve(&hold("r1"), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:resamt")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let pttl = |mut connection: redis::aio::MultiplexedConnection, key: String| async move {
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        ttl_ms
+    };
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(store
+        .reserve(&hold("r2"), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    let zset = keys[0].replace(":resamt", ":res");
+    let lapse_ms = i64::try_from(modelgate::store::LAPSED_HOLD_MEMORY.as_millis()).unwrap();
+    for key in [zset, keys[0].clone()] {
+        let ttl_ms = pttl(connection.clone(), key.clone()).await;
+        assert!(ttl_ms > lapse_ms, "{key} has TTL {ttl_ms} ms");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_holds_leave_no_ids_in_redis() {
     let server = RedisServer::start();
     let config = RedisStoreConfig {

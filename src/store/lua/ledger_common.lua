@@ -65,13 +65,16 @@ local function take_held(k, total, count, amounts)
 end
 
 -- Keeps `first` and `second` for at least `ttl_ms` more, never shortening
--- them (the first's TTL stands for both). When they have less left they
--- get an eighth more than asked (at most an hour), so the write that
--- extends them comes once in that margin, not with every call.
-local function keep_alive(ttl_ms, first, second)
+-- them: the first's TTL stands for both, unless `check_second` says the
+-- second may be new. When they have less left they get an eighth more
+-- than asked (at most an hour), so the write that extends them comes once
+-- in that margin, not with every call.
+local function keep_alive(ttl_ms, first, second, check_second)
+  local extended = ttl_ms + math.min(math.ceil(ttl_ms / 8), 3600000)
   if redis.call('PTTL', first) < ttl_ms then
-    local extended = ttl_ms + math.min(math.ceil(ttl_ms / 8), 3600000)
     redis.call('PEXPIRE', first, extended)
+    redis.call('PEXPIRE', second, extended)
+  elseif check_second and redis.call('PTTL', second) < ttl_ms then
     redis.call('PEXPIRE', second, extended)
   end
 end

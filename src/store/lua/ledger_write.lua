@@ -168,13 +168,15 @@ end
 -- holds, `count` of them) until `expires_at`.
 local function put_hold(k, id, amount, others, count, expires_at, key_ttl)
   local total = big_add(others, amount)
-  redis.call('HSET', k.amt, id, big_str(amount), TOTAL, big_str(total), COUNT, int(count + 1))
+  local added = redis.call('HSET', k.amt, id, big_str(amount), TOTAL, big_str(total), COUNT, int(count + 1))
   redis.call('ZADD', k.res, int(expires_at), id)
   -- A key's hold outlives its expiry by `k.lapse`: the settlement of a
   -- request that outlived its hold still finds it there, to lapse.
   if k.lapse then key_ttl = key_ttl + math.ceil(k.lapse / 1000) end
-  -- Only ever extended: a shorter TTL must not cut a longer hold.
-  keep_alive(key_ttl, k.res, k.amt)
+  -- Only ever extended: a shorter TTL must not cut a longer hold. A kept
+  -- sum written afresh (the amounts hash emptied by a recount, and so
+  -- perhaps new) has its own lifetime set too.
+  keep_alive(key_ttl, k.res, k.amt, added >= 2)
   return total
 end
 
