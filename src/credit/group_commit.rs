@@ -12,7 +12,8 @@
 //! - the settlements still waiting when the account's last call carrying
 //!   settlements ends go together ([`LedgerStore::settle_many`]);
 //! - a settlement finding no settlement of its account on its way waits
-//!   [`CARRIER_WAIT`] (1 ms) for a reservation of its account to carry it,
+//!   [`CARRIER_WAIT`] (1 ms, so 1 to 2 ms at the timer's granularity) for
+//!   a reservation of its account to carry it,
 //!   then goes with the settlements that came meanwhile. A client that
 //!   sends its requests one after the other thus costs one call per
 //!   request, the settlement of one riding with the admission of the
@@ -141,8 +142,9 @@ impl GroupCommit {
         outcome
     }
 
-    /// Records `settlement`: at once when no other settlement of its
-    /// account is on its way, else with the account's next call.
+    /// Records `settlement` with the account's next call: an admission
+    /// within [`CARRIER_WAIT`], else a batch when that wait is up or when
+    /// the call carrying its account's settlements that is on its way ends.
     pub(crate) async fn settle(
         self: &Arc<Self>,
         settlement: &Settlement,

@@ -53,13 +53,16 @@
 //! none.
 //!
 //! On a store a round trip away (Redis), settlements are grouped per
-//! account so that under load a request costs about one ledger call, not
-//! two: a settlement finding another of its account on its way to the
-//! store waits; an admission about to be sent carries every settlement
-//! waiting for its account (settled first, then decided, in one script);
-//! those still waiting when the ones on their way are recorded go
-//! together. A settlement thus waits at most one round trip more, and none
-//! when it is alone. The end of a response does not wait for its
+//! account so that a request costs about one ledger call, not two: a
+//! settlement finding another of its account on its way to the store
+//! waits, and one finding none waits about a millisecond for a carrier; an
+//! admission about to be sent carries every settlement waiting for its
+//! account (settled first, then decided, in one script); those still
+//! waiting when the ones on their way are recorded, or when the
+//! millisecond is up, go together. So a client sending one request after
+//! another, as a busy account, costs one call per request, and a
+//! settlement waits at most about a millisecond and one round trip more.
+//! The end of a response does not wait for its
 //! settlement (the hold keeps every limit exact until it lands); a
 //! gateway that stops waits for them all ([`CreditGuardLayer::flush`]).
 //!

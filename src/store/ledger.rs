@@ -410,7 +410,9 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// [`CreditGuard`](crate::credit::CreditGuard) saves round trips by
     /// grouping settlements: `true` for [`RedisStore`](super::RedisStore);
     /// `false` (the default) for [`MemoryStore`](super::MemoryStore), where
-    /// grouping would only add waiting.
+    /// grouping would only add waiting. Grouping waits on tokio's timer (a
+    /// settlement waits about a millisecond for an admission to carry it),
+    /// so a store that says `true` needs a runtime with time enabled.
     fn batches_settlements(&self) -> bool {
         false
     }
