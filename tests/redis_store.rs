@@ -627,11 +627,9 @@ async fn settled_ids(connection: &mut redis::aio::MultiplexedConnection) -> Vec<
     ids
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
-    // Hold keys are extended only when they run short, by the first one's
-    // TTL; an amounts hash written afresh (emptied by a recount, or lost)
-    // while its zset still has long to live gets a lifetime all the same.
+/// A store on a Redis of its own, at the caller's clock, with `acct`
+/// funded; and a plain connection to read Redis with.
+async fn funded_store() -> (RedisServer, RedisStore, redis::aio::MultiplexedConnection) {
     let server = RedisServer::start();
     let config = RedisStoreConfig {
         time_source: TimeSource::Caller,
@@ -639,8 +637,17 @@ async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
     };
     let store = RedisStore::connect(&server.url(), config).await.unwrap();
     let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let connection = client.get_multiplexed_async_connection().await.unwrap();
     store.top_up("acct", 1_000_000).await.unwrap();
+    (server, store, connection)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
+    // Hold keys are extended only when they run short, by the first one's
+    // TTL; an amounts hash written afresh (emptied by a recount, or lost)
+    // while its zset still has long to live gets a lifetime all the same.
+    let (_server, store, mut connection) = funded_store().await;
     let hold = |id: &str| ReserveRequest {
         reservation_id: id.into(),
         ..reserve_request()
@@ -684,15 +691,7 @@ async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_holds_leave_no_ids_in_redis() {
-    let server = RedisServer::start();
-    let config = RedisStoreConfig {
-        time_source: TimeSource::Caller,
-        ..RedisStoreConfig::default()
-    };
-    let store = RedisStore::connect(&server.url(), config).await.unwrap();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    store.top_up("acct", 1_000_000).await.unwrap();
+    let (_server, store, mut connection) = funded_store().await;
     let settle = |id: &str, hold_granted| Settlement {
         reservation_id: id.into(),
         hold_granted,
