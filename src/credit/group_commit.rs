@@ -13,21 +13,21 @@
 //!   settlements ends go together ([`LedgerStore::settle_many`]);
 //! - a settlement finding no settlement of its account on its way waits
 //!   [`CARRIER_WAIT`] (1 ms, so 1 to 2 ms at the timer's granularity) for
-//!   a reservation of its account to carry it,
-//!   then goes with the settlements that came meanwhile. A client that
-//!   sends its requests one after the other thus costs one call per
-//!   request, the settlement of one riding with the admission of the
-//!   next. A reservation already in flight does not hold it up (it could
-//!   only carry settlements sent after it).
+//!   a reservation of its account to carry it, then goes with the
+//!   settlements that came meanwhile. A client that sends its requests one
+//!   after the other thus costs one call per request, the settlement of
+//!   one riding with the admission of the next. A reservation already in
+//!   flight does not hold it up (it could only carry settlements sent
+//!   after it).
 //!
 //! So a settlement waits at most [`CARRIER_WAIT`] plus the call carrying
 //! settlements that was in flight when it came (one round trip), plus its
 //! own; under load the calls carrying settlements follow one another,
 //! each reservation taking what came while the one before was on its way.
-//! Every waiter learns its own outcome. A call cut short (its caller went away) puts
-//! the settlements it carried back in the queue, first in line: settling
-//! is idempotent by reservation id, so sending them again never records
-//! one twice.
+//! Every waiter learns its own outcome. A call cut short (its caller went
+//! away) puts the settlements it carried back in the queue, first in
+//! line: settling is idempotent by reservation id, so sending them again
+//! never records one twice.
 //!
 //! Stores whose calls are not round trips ([`LedgerStore::batches_settlements`]
 //! is false, as for `MemoryStore`) are called directly, as before.
