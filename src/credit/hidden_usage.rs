@@ -15,7 +15,8 @@ use crate::proxy::{JsonObject, SseLines, SsePiece, MAX_SSE_LINE_BYTES};
 
 // Searched for in every streamed chunk: built once, not per call.
 static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"usage"));
-static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+/// A `\u` escape, the only one that can spell a name's letters.
+pub(super) static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
 
 pin_project! {
     /// A server-sent event stream of chat completion chunks with the usage

@@ -302,7 +302,9 @@ fn text_bytes(chunk: &[u8]) -> u64 {
 /// followed by `:`, sends the document to the parser, and so does an array,
 /// which [`usage_of`] reads as the fields in order.)
 fn names_only_null_usage(document: &[u8]) -> bool {
-    if document.trim_ascii_start().starts_with(b"[") || ESCAPE.find(document).is_some() {
+    if document.trim_ascii_start().starts_with(b"[")
+        || super::hidden_usage::ESCAPE.find(document).is_some()
+    {
         return false;
     }
     USAGE_FIELD.find_iter(document).all(|start| {
@@ -454,7 +456,6 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
 // once, as `memmem::find` would build one per call at more than the cost
 // of searching a chunk.
 static USAGE_FIELD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
-static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
 static TEXT_FIELDS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
     [
         b"\"content\":\"" as &[u8],

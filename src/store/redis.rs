@@ -33,8 +33,8 @@
 //! On connect the store reads `maxmemory-policy` and warns unless it is
 //! `noeviction`: an evicted hold or counter lets requests past their
 //! limits, the request of an evicted hold goes uncharged, and evicted
-//! usage is lost. (A Redis that refuses `CONFIG`, as
-//! managed ones do, is not checked.)
+//! usage is lost. (A Redis that refuses `CONFIG`, as managed ones do, is
+//! not checked.)
 //!
 //! Numbers: counters are exact up to 2^53 (limits and amounts above are
 //! refused); ledger amounts are stored with Redis' own 64-bit integer
