@@ -1760,11 +1760,12 @@ mod tests {
         let forgotten = at(0)
             + chrono::Duration::from_std(SETTLEMENT_MEMORY).unwrap()
             + chrono::Duration::microseconds(SETTLED_SWEEP_INTERVAL_MICROS + 1_000);
-        // Still remembered just before: a retry then records nothing.
-        store
-            .key_usage("acct", "key", at(10 * SECOND))
-            .await
-            .unwrap();
+        // Still remembered before then: a retry records nothing.
+        let mut retry = granted("u0".into(), 1);
+        retry.hold_granted = false;
+        store.settle(&retry, at(10 * SECOND)).await.unwrap();
+        let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+        assert_eq!(balance, 1_000_000 - 1_000);
         assert_eq!(settlement_memory(&store, "acct").0, (1_000, 0, 0));
         store.key_usage("acct", "key", forgotten).await.unwrap();
         assert_eq!(settlement_memory(&store, "acct").0, (0, 0, 0));
