@@ -488,7 +488,12 @@ async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
             get(a, "/api/v1/apps?account=globex", &acme).await.status,
             403
         );
-        assert_eq!(get(a, "/api/v1/apps?period=year", &acme).await.status, 400);
+        // Query values out of range are 422 `invalid_parameter`, as a body's are.
+        for path in ["/api/v1/apps?period=year", "/api/v1/generations?limit=0"] {
+            let refused = get(a, path, &acme).await;
+            assert_eq!(refused.status, 422, "{path}");
+            assert_eq!(refused.body["error"]["type"], "invalid_parameter", "{path}");
+        }
     })
     .await;
 }

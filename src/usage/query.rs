@@ -1,6 +1,7 @@
 //! The query strings of the usage routes. Unknown parameters are ignored
 //! (clients add their own, such as cache busters); a parameter given twice
-//! or with a bad value is a 400 naming it.
+//! is a 400 and a value out of range or of the wrong type a 422
+//! `invalid_parameter`, each naming it in `metadata.param`.
 
 use url::form_urlencoded;
 
@@ -52,7 +53,11 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
             _ => continue,
         };
         if seen.contains(&name) {
-            return Err(bad(name, "may be given once"));
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!("the query parameter `{name}` may be given once"),
+            )
+            .with_metadata("param", name));
         }
         seen.push(name);
         match name {
@@ -88,9 +93,10 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
     Ok(parsed)
 }
 
+/// 422: a value out of range or of the wrong type, as for a body's field.
 fn bad(param: &str, problem: &str) -> GatewayError {
     GatewayError::new(
-        ErrorKind::InvalidRequest,
+        ErrorKind::InvalidParameter,
         format!("the query parameter `{param}` {problem}"),
     )
     .with_metadata("param", param)
@@ -112,18 +118,19 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_are_400s_naming_the_parameter() {
-        for (query, param) in [
-            ("period=year", "period"),
-            ("limit=0", "limit"),
-            ("limit=101", "limit"),
-            ("limit=x", "limit"),
-            ("account=a%20b", "account"),
-            ("id=", "id"),
-            ("period=day&period=week", "period"),
+    fn bad_values_are_422s_and_a_repeated_parameter_a_400_each_naming_it() {
+        for (query, param, status) in [
+            ("period=year", "period", 422),
+            ("limit=0", "limit", 422),
+            ("limit=101", "limit", 422),
+            ("limit=x", "limit", 422),
+            ("account=a%20b", "account", 422),
+            ("id=", "id", 422),
+            ("period=day&period=week", "period", 400),
         ] {
             let error = usage_query(Some(query)).unwrap_err();
-            assert_eq!(error.status().as_u16(), 400, "{query}");
+            assert_eq!(error.status().as_u16(), status, "{query}");
+            assert_eq!(error.metadata()["param"], param, "{query}");
             assert!(
                 error.message().contains(param),
                 "{query}: {}",
