@@ -143,6 +143,18 @@ impl ModelCatalog {
                         .map_err(|error| error.with_metadata("param", param.clone()))?;
                     self.check(&id)
                         .map_err(|error| error.with_metadata("param", param.clone()))?;
+                    let new = !candidates
+                        .iter()
+                        .any(|seen| seen.as_str().eq_ignore_ascii_case(id.as_str()));
+                    if new && candidates.len() == MAX_MODELS_PER_REQUEST {
+                        return Err(invalid_parameter(
+                            "models",
+                            format!(
+                                "a request names at most {MAX_MODELS_PER_REQUEST} models in all, \
+                                 `model` and `models` together"
+                            ),
+                        ));
+                    }
                     push(&mut candidates, id);
                 }
             }
@@ -310,6 +322,35 @@ mod tests {
             .map(|id| id.as_str().to_owned())
             .collect();
         assert_eq!(ids, ["openai/gpt-4o", "acme/big:free", "acme/big"]);
+    }
+
+    #[test]
+    fn a_request_names_at_most_five_models_counting_its_model_and_repeats_once() {
+        let catalog = catalog(None);
+        let five = [
+            "acme/big",
+            "acme/big:free",
+            "openai/gpt-4o:nitro",
+            "acme/big:nitro",
+        ];
+        let mut models: Vec<&str> = five.to_vec();
+        // Repeats of a model, its own model among them, count once.
+        models.push("OPENAI/GPT-4O");
+        let accepted = chat(json!({"model": "openai/gpt-4o", "models": models,
+            "messages": [{"role": "user", "content": "x"}]}));
+        assert_eq!(catalog.candidates(&accepted).unwrap().len(), 5);
+        let mut six = five.to_vec();
+        six.push("openai/gpt-4o:floor");
+        let refused = chat(json!({"model": "openai/gpt-4o", "models": six,
+            "messages": [{"role": "user", "content": "x"}]}));
+        let error = catalog.candidates(&refused).unwrap_err();
+        assert_eq!(error.status(), 422);
+        assert_eq!(error.to_json()["error"]["metadata"]["param"], "models");
+        assert!(
+            error.message().contains("at most 5 models in all"),
+            "{}",
+            error.message()
+        );
     }
 
     #[test]
