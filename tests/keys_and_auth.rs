@@ -315,6 +315,14 @@ async fn an_account_management_key_manages_its_account_only() {
         )
         .await;
         assert_refused(&promoted, 403, "operator_only", name);
+        // Without `account` too: not told to name one it cannot have.
+        let unnamed = as_manager(
+            "POST",
+            "/api/v1/keys".into(),
+            Some(json!({"name": "x", "management": true})),
+        )
+        .await;
+        assert_refused(&unnamed, 403, "operator_only", name);
         let keys = as_manager("GET", "/api/v1/keys".into(), None).await;
         let accounts: Vec<&str> = keys.body["data"]
             .as_array()

@@ -264,7 +264,18 @@ pub(crate) async fn handle(
             })))
         }
         (Route::Keys, &Method::POST) => {
-            let mut new = input::new_key(body()?, now)?;
+            let mut new = match input::new_key(body()?, now) {
+                // Only the operator names the account of a management key;
+                // anyone else asking for one is told it is not theirs to make.
+                Err(error)
+                    if !principal.operator
+                        && error.metadata().get("reason")
+                            == Some(&Value::from("account_required")) =>
+                {
+                    return Err(operator_only("create management keys"));
+                }
+                parsed => parsed?,
+            };
             if !principal.operator {
                 if new.management {
                     return Err(operator_only("create management keys"));

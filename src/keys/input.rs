@@ -50,9 +50,10 @@ pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> 
     if new.management {
         if account.is_none() {
             return Err(invalid(
-                "management",
-                "a management key is made for one account: name it in `account`",
-            ));
+                "account",
+                "is required with `management`: a management key manages one account",
+            )
+            .with_metadata("reason", "account_required"));
         }
         new.scoped_to_account = true;
     }
@@ -558,7 +559,7 @@ mod tests {
             br#"{"name": "a", "account": null, "management": true}"#,
             now(),
         ));
-        assert_eq!((error.0, error.1.as_str()), (422, "management"));
+        assert_eq!((error.0, error.1.as_str()), (422, "account"));
         let plain = new_key(br#"{"name": "a", "management": false}"#, now()).unwrap();
         assert!(!plain.management && !plain.scoped_to_account);
     }
@@ -622,7 +623,7 @@ mod tests {
             (b"[1]", 400, ""),
             (b"{\"name\": \"a\",}", 400, ""),
             (br#"{"limit": 1}"#, 400, "name"),
-            (br#"{"name": "a", "management": true}"#, 422, "management"),
+            (br#"{"name": "a", "management": true}"#, 422, "account"),
             (br#"{"name": "a\u0007"}"#, 422, "name"),
             (br#"{"name": "a", "limit": 1e300}"#, 422, "limit"),
             (br#"{"name": "a", "limit_reset": 1}"#, 422, "limit_reset"),

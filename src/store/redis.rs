@@ -4,7 +4,7 @@
 //! loading the script again when a restarted Redis has forgotten it), so a
 //! check-and-add is one round trip and atomic. Counter, slot and ledger keys
 //! are hash-tagged by account (`mg:{acct}:…`) and record keys by collection
-//! (`mg:{r:keys}:…`), so every script touches one Cluster slot and declares
+//! (`mg:{r%3Akeys}:…`, the collection percent-escaped), so every script touches one Cluster slot and declares
 //! every key it touches. A record's lifetime is its score in the
 //! collection's `exp` sorted set (Redis has no expiry per hash field before
 //! 7.4): the record scripts remove the expired ones before they read,
