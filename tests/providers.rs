@@ -244,6 +244,21 @@ async fn a_model_the_gateway_does_not_serve_is_400_pointing_at_the_list() {
     let reply = gateway.chat(bad_list).await;
     assert_eq!(reply.status, 400);
     assert_eq!(reply.body["error"]["metadata"]["param"], "models[1]");
+    // At most 5 different models in all, `model` included.
+    let five = [
+        "alpha/m1",
+        "alpha/pricey",
+        "beta/m2",
+        "gamma/x",
+        "alpha/echo-headers",
+    ];
+    let mut listed = ask("alpha/m1");
+    listed["models"] = json!(five);
+    assert_eq!(gateway.chat(listed.clone()).await.status, 200);
+    listed["models"] = json!([five.as_slice(), &["beta/echo-headers"]].concat());
+    let reply = gateway.chat(listed).await;
+    assert_eq!(reply.status, 422, "{}", reply.text);
+    assert_eq!(reply.body["error"]["metadata"]["param"], "models");
 }
 
 #[tokio::test]
