@@ -85,7 +85,7 @@ pub(crate) use model_field::{JsonObject, SseLines, SsePiece};
 pub use models::{ModelCatalog, MAX_MODELS_PER_REQUEST};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
-pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
+pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError, DEFAULT_CREDENTIAL_HEADERS};
 
 use crate::admission::AdmissionLayers;
 use crate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer};
@@ -126,7 +126,8 @@ use crate::webhook::{
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
 ///   "providers": {"openai": {"base_url": "https://api.openai.com/v1",
 ///                            "api_key": {"source": "file", "provider": "vault", "id": "/openai"},
-///                            "headers": {}, "model_prefix": "strip"}},
+///                            "headers": {}, "credential_headers": [], "byok": true,
+///                            "model_prefix": "strip"}},
 ///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
 ///   "max_in_flight": 512,
 ///   "auth_failures": {"max_failures": 20, "window_seconds": 600},

@@ -106,7 +106,8 @@ pub struct UpstreamConfigError(String);
 /// The path is the one the gateway's layers checked, normalised, with the
 /// gateway prefix swapped for the base URL's path, lower case, no query;
 /// only allow-listed headers cross either way; `Authorization` is the
-/// upstream's own key; an
+/// upstream's own key, or an account's own key (BYOK) sent without any of
+/// the credential headers; an
 /// `x-request-id` goes up and comes back. Failures are [`GatewayError`]s
 /// (502, or 504 for a response-header timeout) with
 /// `metadata.upstream_failure` `connect`, `timeout` or `request`, which the
