@@ -23,7 +23,7 @@ use modelgate::body::{BodyLimitLayer, ChatRequest};
 use modelgate::clock::ManualClock;
 use modelgate::credit::{CreditGuardLayer, PendingSettlements, PriceTable};
 use modelgate::keys::{
-    ByokCredential, ByokDirectory, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore,
+    ByokCredential, ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore,
 };
 use modelgate::store::{
     byok_keys, FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource,
@@ -98,6 +98,7 @@ async fn instance(
     clock: &ManualClock,
     policy: FailurePolicy,
     seen: Seen,
+    providers: ByokProviders,
 ) -> (SocketAddr, PendingSettlements) {
     let clock = Arc::new(clock.clone());
     let directory = KeyDirectory::builder(store.clone())
@@ -130,12 +131,17 @@ async fn instance(
     let credit = CreditGuardLayer::new(store, Arc::new(prices()))
         .clock(clock)
         .failure_policy(policy)
-        .byok_directory(byok.clone());
+        .byok_directory(byok.clone())
+        .byok_providers(providers.clone());
     let settlements = credit.pending_settlements();
     let service = ServiceBuilder::new()
         .layer(BodyLimitLayer::new())
         .layer(BearerAuthLayer::new(directory.clone()))
-        .layer(KeyRoutesLayer::new(directory).byok_directory(byok))
+        .layer(
+            KeyRoutesLayer::new(directory)
+                .byok_directory(byok)
+                .byok_providers(providers),
+        )
         .layer(credit)
         .service(upstream);
     (serve(service).await, settlements)
@@ -152,6 +158,11 @@ struct Gateway {
 }
 
 async fn gateway(store: SharedStore) -> Gateway {
+    gateway_with(store, ByokProviders::Any).await
+}
+
+/// [`gateway`] taking provider keys for `providers` only.
+async fn gateway_with(store: SharedStore, providers: ByokProviders) -> Gateway {
     let clock = ManualClock::new(t0());
     let seen = Seen::default();
     // The default cache: a change through KeyRoutes must still be used
@@ -163,6 +174,7 @@ async fn gateway(store: SharedStore) -> Gateway {
         &clock,
         FailurePolicy::FailClosed,
         seen.clone(),
+        providers,
     )
     .await;
     let (admin, _) = KeyDirectory::new(store.clone())
@@ -564,6 +576,71 @@ async fn another_accounts_key_is_refused_and_bad_input_is_named() {
 }
 
 #[tokio::test]
+async fn only_providers_that_take_a_key_get_one_and_a_key_stored_before_for_another_is_not_used() {
+    for backend in backends().await {
+        let name = backend.name;
+        let providers = ByokProviders::Configured {
+            byok: ["openai".to_owned()].into(),
+            others: ["anthropic".to_owned()].into(),
+        };
+        let gateway = gateway_with(backend.store, providers).await;
+        let address = gateway.address;
+        let (own, _) = gateway.key("team-a", None).await;
+        let refused = send(
+            address,
+            "PUT",
+            &byok_path("team-a", Some("anthropic")),
+            &gateway.admin,
+            Some(&key_body(THIRD)),
+        )
+        .await;
+        assert_refused(&refused, 422, Some("provider"), name);
+        assert_eq!(
+            refused.body["error"]["metadata"]["reason"], "byok_not_allowed",
+            "{name}"
+        );
+        let listed = send(address, "GET", &byok_path("team-a", None), &own, None).await;
+        assert_eq!(listed.body, json!({"data": []}), "{name}: nothing stored");
+
+        // Stored before the configuration changed: charged, and no key goes.
+        ByokDirectory::new(gateway.store.clone())
+            .set("team-a", "anthropic", THIRD)
+            .await
+            .unwrap();
+        let reply = gateway.chat(&own, "anthropic/claude").await;
+        assert_eq!(reply.status, 200, "{name}: {}", reply.body);
+        assert_eq!(gateway.last_seen().1, None, "{name}: no key went");
+        let status = gateway.status(&own).await;
+        assert_eq!(
+            (status["usage"].clone(), status["byok_usage"].clone()),
+            (json!(1), json!(0)),
+            "{name}: {status}"
+        );
+
+        // The one that takes keys still does.
+        let set = send(
+            address,
+            "PUT",
+            &byok_path("team-a", Some("openai")),
+            &gateway.admin,
+            Some(&key_body(FIRST)),
+        )
+        .await;
+        assert_eq!(set.status, 200, "{name}: {}", set.body);
+        assert_eq!(gateway.chat(&own, "openai/gpt-4o").await.status, 200);
+        assert_eq!(
+            gateway.last_seen().1,
+            Some(("openai".to_owned(), FIRST.to_owned())),
+            "{name}"
+        );
+        let status = gateway.status(&own).await;
+        assert_eq!(status["byok_usage"], json!(1), "{name}: {status}");
+        let balance = gateway.store.account_balance("team-a").await.unwrap();
+        assert_eq!(balance.balance_nanos, 99 * NANOS_PER_CREDIT, "{name}");
+    }
+}
+
+#[tokio::test]
 async fn a_chat_to_that_provider_carries_the_accounts_key_and_is_byok_usage() {
     for backend in backends().await {
         let name = backend.name;
@@ -720,6 +797,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
         &clock,
         FailurePolicy::FailClosed,
         seen.clone(),
+        ByokProviders::Any,
     )
     .await;
     let (opened, opened_settlements) = instance(
@@ -729,6 +807,7 @@ async fn a_failed_lookup_refuses_by_default_and_fails_open_without_the_key() {
         &clock,
         FailurePolicy::FailOpen,
         seen.clone(),
+        ByokProviders::Any,
     )
     .await;
     let gateway = Gateway {

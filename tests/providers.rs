@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::http_server::serve;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use common::redis_server::RedisServer;
+use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
 use modelgate::proxy::{build_gateway, GatewayConfig, Upstream, UpstreamConfig};
-use modelgate::store::{MemoryStore, NANOS_PER_CREDIT};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
 const ALPHA_KEY: &str = "alpha-provider-key-0123456789";
@@ -40,8 +41,14 @@ struct Gateway {
 }
 
 /// Prices every model the tests use; `gamma` is a provider whose port
-/// refuses connections.
+/// refuses connections. `extra` is merged into the config, object by
+/// object.
 async fn start(extra: Value) -> Gateway {
+    start_on(Arc::new(MemoryStore::new()), extra).await
+}
+
+/// [`start`] on `store`.
+async fn start_on(store: SharedStore, extra: Value) -> Gateway {
     let alpha = mock::start(mock::MockConfig::default()).await;
     let (beta, beta_received) = mock::start_counted(mock::MockConfig::default()).await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -56,7 +63,8 @@ async fn start(extra: Value) -> Gateway {
         "providers": {
             "alpha": {"base_url": alpha, "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"},
                       "headers": {"x-alpha-project": "proj-7"}},
-            "beta": {"base_url": beta, "api_key": {"file": beta_key_file}, "model_prefix": "keep"},
+            "beta": {"base_url": beta, "api_key": {"file": beta_key_file}, "model_prefix": "keep",
+                     "byok": true},
             "gamma": {"base_url": gamma, "connect_timeout_ms": 2000},
         },
         "pricing": {"models": {
@@ -69,13 +77,8 @@ async fn start(extra: Value) -> Gateway {
         "fallbacks": {"alpha/status-503": ["beta/m2"]},
         "retry": {"max_attempts": 1},
     });
-    if let Value::Object(extra) = extra {
-        for (name, value) in extra {
-            config[name] = value;
-        }
-    }
+    merge(&mut config, extra);
     let config = GatewayConfig::from_json(&config.to_string()).unwrap();
-    let store: SharedStore = Arc::new(MemoryStore::new());
     // Unused: with providers configured, each model goes to its provider.
     let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
     let built = build_gateway::<hyper::body::Incoming>(
@@ -110,6 +113,17 @@ async fn start(extra: Value) -> Gateway {
         store,
         beta_received,
         _secrets: secrets,
+    }
+}
+
+fn merge(base: &mut Value, extra: Value) {
+    match (base, extra) {
+        (Value::Object(base), Value::Object(extra)) => {
+            for (name, value) in extra {
+                merge(base.entry(name).or_insert(Value::Null), value);
+            }
+        }
+        (base, extra) => *base = extra,
     }
 }
 
@@ -494,7 +508,7 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
     assert_eq!(unknown["error"]["metadata"]["param"], "provider");
     let message = unknown["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("delta is not configured") && message.contains("alpha, beta, gamma"),
+        message.contains("delta is not configured") && message.ends_with("take one: beta"),
         "{message}"
     );
     // Only by a management key.
@@ -563,4 +577,196 @@ async fn an_accounts_own_provider_key_is_used_and_its_cost_is_byok() {
     assert_eq!(deleted.status(), 200);
     let beta = echoed(&gateway.chat(ask("beta/echo-headers")).await);
     assert_eq!(beta["authorization"], format!("Bearer {BETA_KEY}"));
+}
+
+/// The credential a provider's configured header carries: no upstream may
+/// see it beside an account's key.
+const GATEWAY_HEADER_KEY: &str = "gateway-header-credential-0001";
+/// What an account's manager sets as its own key.
+const TENANT_KEY: &str = "tenant-own-key-0123456789";
+
+/// Three more providers on one recording mock: `headed`, whose credential
+/// is a configured `x-api-key`; `open`, trusted by its network (no
+/// credential); `opted`, with an api_key, credential headers and `byok`.
+async fn byok_gateway(store: SharedStore) -> Gateway {
+    let mock = mock::start(mock::MockConfig::default()).await;
+    let price = json!({"prompt_per_million": 1, "completion_per_million": 2});
+    start_on(
+        store,
+        json!({
+            "providers": {
+                "headed": {"base_url": mock, "headers": {"x-api-key": GATEWAY_HEADER_KEY}},
+                "open": {"base_url": mock},
+                "opted": {"base_url": mock, "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"},
+                          "byok": true, "credential_headers": ["x-goog-api-key"],
+                          "headers": {"x-api-key": GATEWAY_HEADER_KEY,
+                                      "x-goog-api-key": GATEWAY_HEADER_KEY,
+                                      "x-gateway-note": "not-a-credential"}},
+            },
+            "pricing": {"models": {"headed/echo-headers": price, "open/echo-headers": price,
+                                   "opted/echo-headers": price}},
+        }),
+    )
+    .await
+}
+
+/// Memory, then Redis (the server lives as long as its store is used).
+async fn stores() -> Vec<(&'static str, SharedStore, Option<RedisServer>)> {
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    vec![
+        ("memory", Arc::new(MemoryStore::new()), None),
+        ("redis", Arc::new(redis), Some(server)),
+    ]
+}
+
+/// Asserts that `received` (what the mock saw) carries no account key
+/// beside a gateway credential: either the gateway's credentials alone, or
+/// `TENANT_KEY` alone.
+fn one_credential_only(backend: &str, received: &Value) {
+    let tenant = received["authorization"] == format!("Bearer {TENANT_KEY}");
+    let gateways = ["x-api-key", "api-key", "x-goog-api-key"]
+        .iter()
+        .any(|name| !received[name].is_null())
+        || received["authorization"] == format!("Bearer {ALPHA_KEY}");
+    assert!(!(tenant && gateways), "{backend}: both went up: {received}");
+}
+
+#[tokio::test]
+async fn byok_is_only_for_providers_that_opt_in_and_never_rides_on_the_gateways_credential() {
+    for (backend, store, _server) in stores().await {
+        let gateway = byok_gateway(store.clone()).await;
+        let client = reqwest::Client::new();
+        let directory = KeyDirectory::new(store.clone());
+        directory.ensure_account("broke").await.unwrap();
+        let new = |management: bool| NewKey {
+            account: "broke".into(),
+            management,
+            scoped_to_account: management,
+            ..NewKey::named("broke")
+        };
+        let (key, _) = directory.create_key(new(false)).await.unwrap();
+        let (manager, _) = directory.create_key(new(true)).await.unwrap();
+        let (key, manager) = (key.expose().to_owned(), manager.expose().to_owned());
+        let byok_url = |provider: &str| {
+            format!(
+                "http://{}/api/v1/accounts/broke/byok/{provider}",
+                gateway.address
+            )
+        };
+
+        // The account's manager cannot make the gateway's credential its own.
+        for provider in ["headed", "open"] {
+            let reply = client
+                .put(byok_url(provider))
+                .bearer_auth(&manager)
+                .json(&json!({"key": TENANT_KEY}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(reply.status(), 422, "{backend} {provider}");
+            let text = reply.text().await.unwrap();
+            assert!(!text.contains(TENANT_KEY), "{text}");
+            let error = &serde_json::from_str::<Value>(&text).unwrap()["error"];
+            assert_eq!(error["type"], "invalid_parameter", "{text}");
+            assert_eq!(error["metadata"]["reason"], "byok_not_allowed", "{text}");
+            assert_eq!(error["metadata"]["param"], "provider", "{text}");
+            let message = error["message"].as_str().unwrap();
+            assert!(
+                message.contains(&format!(
+                    "{provider} is reached with the gateway's own credential"
+                )) && message.contains("it takes keys for: beta, opted"),
+                "{message}"
+            );
+        }
+        let listed: Value = client
+            .get(format!(
+                "http://{}/api/v1/accounts/broke/byok",
+                gateway.address
+            ))
+            .bearer_auth(&manager)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(listed, json!({"data": []}), "{backend}: nothing stored");
+        let byok = ByokDirectory::new(store.clone());
+        assert!(byok.list("broke").await.unwrap().is_empty());
+
+        // Keys stored before (an older version took them) are not used:
+        // with a zero balance the requests are refused, not BYOK.
+        for provider in ["headed", "open"] {
+            byok.set("broke", provider, TENANT_KEY).await.unwrap();
+            let reply = gateway
+                .chat_with(&key, ask(&format!("{provider}/echo-headers")))
+                .await;
+            assert_eq!(reply.status, 402, "{backend} {provider}: {}", reply.text);
+            assert_eq!(reply.body["error"]["metadata"]["limit_source"], "credits");
+        }
+
+        // The provider that opts in takes the account's key, alone, unpaid.
+        let set = client
+            .put(byok_url("opted"))
+            .bearer_auth(&manager)
+            .json(&json!({"key": TENANT_KEY}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(set.status(), 200, "{backend}");
+        let reply = gateway.chat_with(&key, ask("opted/echo-headers")).await;
+        assert_eq!(
+            reply.status, 200,
+            "{backend}: BYOK needs no balance: {}",
+            reply.text
+        );
+        let received = echoed(&reply);
+        assert_eq!(received["authorization"], format!("Bearer {TENANT_KEY}"));
+        for name in ["x-api-key", "x-goog-api-key"] {
+            assert!(
+                received[name].is_null(),
+                "{backend}: {name} went up: {received}"
+            );
+        }
+        assert_eq!(received["x-gateway-note"], "not-a-credential");
+        one_credential_only(backend, &received);
+        let balance = store.account_balance("broke").await.unwrap();
+        assert_eq!(balance.balance_nanos, 0, "{backend}: BYOK is not charged");
+        // Another account, with no key of its own, gets all the gateway's.
+        let received = echoed(&gateway.chat(ask("opted/echo-headers")).await);
+        assert_eq!(received["authorization"], format!("Bearer {ALPHA_KEY}"));
+        assert_eq!(received["x-api-key"], GATEWAY_HEADER_KEY);
+        assert_eq!(received["x-goog-api-key"], GATEWAY_HEADER_KEY);
+
+        // Funded, the stored keys still are not used: charged, and the
+        // upstream sees the gateway's credential alone.
+        directory
+            .top_up("broke", 10 * NANOS_PER_CREDIT)
+            .await
+            .unwrap();
+        for provider in ["headed", "open"] {
+            let before = store.account_balance("broke").await.unwrap().balance_nanos;
+            let reply = gateway
+                .chat_with(&key, ask(&format!("{provider}/echo-headers")))
+                .await;
+            assert_eq!(reply.status, 200, "{backend} {provider}: {}", reply.text);
+            let received = echoed(&reply);
+            assert!(
+                received["authorization"].is_null(),
+                "{backend} {provider}: {received}"
+            );
+            if provider == "headed" {
+                assert_eq!(received["x-api-key"], GATEWAY_HEADER_KEY);
+            }
+            one_credential_only(backend, &received);
+            let after = store.account_balance("broke").await.unwrap().balance_nanos;
+            assert!(
+                after < before,
+                "{backend} {provider}: charged {before} -> {after}"
+            );
+        }
+    }
 }

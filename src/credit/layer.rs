@@ -10,7 +10,7 @@ use super::pending::{PendingSettlements, Unrecorded};
 use super::pricing::Pricing;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
-use crate::keys::{ByokDirectory, SharedStore};
+use crate::keys::{ByokDirectory, ByokProviders, SharedStore};
 use crate::store::FailurePolicy;
 use crate::usage::Generations;
 
@@ -39,6 +39,8 @@ pub(crate) struct CreditGuardConfig {
     /// The keys accounts set through the management API, looked up per
     /// chat request.
     pub(crate) byok_directory: Option<ByokDirectory>,
+    /// The providers whose stored keys may be used.
+    pub(crate) byok_providers: ByokProviders,
     /// Settlements not recorded yet.
     pub(crate) pending: PendingSettlements,
     /// Whether the service below marks [`SentUpstream`](super::SentUpstream).
@@ -58,6 +60,7 @@ impl std::fmt::Debug for CreditGuardConfig {
             .field("max_scanned_body_bytes", &self.max_scanned_body_bytes)
             .field("bound_fields", &self.bound_fields)
             .field("byok_directory", &self.byok_directory)
+            .field("byok_providers", &self.byok_providers)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +89,7 @@ impl CreditGuardLayer {
                 max_scanned_body_bytes: Self::DEFAULT_MAX_SCANNED_BODY_BYTES,
                 bound_fields: HashMap::new(),
                 byok_directory: None,
+                byok_providers: ByokProviders::Any,
                 pending: PendingSettlements::default(),
                 upstream_reports_sending: false,
                 generations: None,
@@ -167,6 +171,16 @@ impl CreditGuardLayer {
     /// serves, so changes made there are seen here at once.
     pub fn byok_directory(mut self, directory: ByokDirectory) -> Self {
         Arc::make_mut(&mut self.config).byok_directory = Some(directory);
+        self
+    }
+
+    /// Looks up an account's key only for `providers`: a key stored for
+    /// any other (set before the configuration changed) is not used, and
+    /// the request is charged as the account's own usage. Give it what
+    /// [`KeyRoutesLayer::byok_providers`](crate::keys::KeyRoutesLayer::byok_providers)
+    /// is given. Default: [`ByokProviders::Any`].
+    pub fn byok_providers(mut self, providers: ByokProviders) -> Self {
+        Arc::make_mut(&mut self.config).byok_providers = providers;
         self
     }
 }

@@ -72,7 +72,8 @@
 //! not taken from the balance; whether it counts against (and is held
 //! against) the key limit follows `include_byok_in_limit`. The key goes
 //! into the request's extensions as a [`ByokCredential`](crate::keys::ByokCredential),
-//! for the upstream client to send instead of the gateway's own key.
+//! for the upstream client to send instead of the gateway's own key. Only
+//! the providers [`CreditGuardLayer::byok_providers`] names are looked up.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -300,7 +300,10 @@ async fn decide(
     plan: AdmissionPlan,
 ) -> Result<Admitted, GatewayError> {
     let credential = match (&config.byok_directory, &charge) {
-        (Some(directory), Some(charge)) => {
+        // A key stored for a provider that no longer takes one is not
+        // looked up: the request is charged, never BYOK beside the
+        // gateway's own credential.
+        (Some(directory), Some(charge)) if config.byok_providers.accepts(&charge.provider) => {
             match directory.lookup(&account, &charge.provider).await {
                 Ok(credential) => credential,
                 Err(error) => {

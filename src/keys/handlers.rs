@@ -578,18 +578,35 @@ pub(crate) async fn handle(
     }
 }
 
-/// Whether a key for `provider` (lower case) would be sent: one that never
-/// is would only turn the account's requests into unpaid BYOK usage.
+/// Whether a key for `provider` (lower case) would be sent in place of the
+/// gateway's credential: one that never is, or is sent beside it, would
+/// only turn the account's requests into unpaid BYOK usage.
 fn accepts_byok_key(providers: &ByokProviders, provider: &str) -> Result<(), GatewayError> {
     match providers {
         ByokProviders::Any => Ok(()),
-        ByokProviders::Only(names) if names.contains(provider) => Ok(()),
-        ByokProviders::Only(names) => {
-            let what_to_do = if names.is_empty() {
-                "this gateway accepts no provider keys".to_owned()
+        ByokProviders::Configured { byok, .. } if byok.contains(provider) => Ok(()),
+        ByokProviders::Configured { byok, others } if others.contains(provider) => {
+            let what_to_do = if byok.is_empty() {
+                "this gateway takes no provider keys".to_owned()
             } else {
-                let names = names.iter().map(String::as_str).collect::<Vec<_>>();
-                format!("set a key for one of the configured providers: {}", names.join(", "))
+                let names = byok.iter().map(String::as_str).collect::<Vec<_>>();
+                format!("it takes keys for: {}", names.join(", "))
+            };
+            Err(GatewayError::new(
+                ErrorKind::InvalidParameter,
+                format!(
+                    "the provider {provider} is reached with the gateway's own credential and does not take an account's key, so nothing was stored; {what_to_do}. The operator can allow it with \"byok\": true in the provider's section of the config, where its credential is its api_key"
+                ),
+            )
+            .with_metadata("param", "provider")
+            .with_metadata("reason", "byok_not_allowed"))
+        }
+        ByokProviders::Configured { byok, .. } => {
+            let what_to_do = if byok.is_empty() {
+                "this gateway takes no provider keys".to_owned()
+            } else {
+                let names = byok.iter().map(String::as_str).collect::<Vec<_>>();
+                format!("set a key for one of the providers that take one: {}", names.join(", "))
             };
             Err(GatewayError::new(
                 ErrorKind::InvalidRequest,
@@ -960,8 +977,12 @@ mod tests {
     #[test]
     fn a_provider_key_is_accepted_only_where_it_would_be_sent() {
         assert!(accepts_byok_key(&ByokProviders::Any, "anyone").is_ok());
-        let configured = ByokProviders::Only(["beta".to_owned(), "alpha".to_owned()].into());
+        let configured = ByokProviders::Configured {
+            byok: ["beta".to_owned(), "alpha".to_owned()].into(),
+            others: ["delta".to_owned()].into(),
+        };
         assert!(accepts_byok_key(&configured, "alpha").is_ok());
+        assert!(configured.accepts("Alpha") && !configured.accepts("delta"));
         let error = accepts_byok_key(&configured, "gamma").unwrap_err();
         assert_eq!(error.status(), 400);
         assert_eq!(error.metadata()["param"], "provider");
@@ -970,13 +991,37 @@ mod tests {
             error
                 .message()
                 .contains("gamma is not configured on this gateway")
-                && error.message().ends_with("providers: alpha, beta"),
+                && error.message().ends_with("take one: alpha, beta"),
             "{}",
             error.message()
         );
-        let none = ByokProviders::Only(Default::default());
+        // Configured, but its credential is the gateway's: refused, 422.
+        let error = accepts_byok_key(&configured, "delta").unwrap_err();
+        assert_eq!(error.status(), 422);
+        assert_eq!(error.metadata()["param"], "provider");
+        assert_eq!(error.metadata()["reason"], "byok_not_allowed");
+        assert!(
+            error
+                .message()
+                .contains("delta is reached with the gateway's own credential")
+                && error.message().contains("nothing was stored")
+                && error.message().contains("it takes keys for: alpha, beta")
+                && error.message().contains("\"byok\": true"),
+            "{}",
+            error.message()
+        );
+        let none = ByokProviders::Configured {
+            byok: Default::default(),
+            others: ["alpha".to_owned()].into(),
+        };
         let error = accepts_byok_key(&none, "alpha").unwrap_err();
-        assert!(error.message().contains("accepts no provider keys"));
+        assert!(error.message().contains("takes no provider keys"));
+        assert_eq!(error.metadata()["reason"], "byok_not_allowed");
+        let error = accepts_byok_key(&none, "beta").unwrap_err();
+        assert!(error.message().contains("takes no provider keys"));
+        assert_eq!(error.metadata()["reason"], "unknown_provider");
+        assert!(!ByokProviders::SingleUpstream.accepts("openai"));
+        assert!(ByokProviders::Any.accepts("openai"));
         let error = accepts_byok_key(&ByokProviders::SingleUpstream, "openai").unwrap_err();
         assert_eq!(error.status(), 400);
         assert_eq!(error.metadata()["reason"], "byok_needs_providers");

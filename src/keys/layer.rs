@@ -29,21 +29,47 @@ pub(crate) struct KeyRoutesConfig {
 }
 
 /// The providers an account may set its own key for through
-/// [`KeyRoutes`](super::KeyRoutes): only those the service below actually
-/// sends such a key to, since a stored key that is never sent would still
-/// make CreditGuard book the account's requests as BYOK, unpaid.
+/// [`KeyRoutes`](super::KeyRoutes), and whose stored key
+/// [`CreditGuard`](crate::credit::CreditGuard) may use: only those the
+/// service below sends such a key to *instead of* the gateway's own
+/// credential, since a key that is never sent, or sent beside the
+/// gateway's, would still make the account's requests BYOK, unpaid.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ByokProviders {
     /// Any provider: the service below sends each request's
-    /// [`ByokCredential`](super::ByokCredential) to its provider (the
-    /// default, for a stack built with the library).
+    /// [`ByokCredential`](super::ByokCredential) to its provider in place
+    /// of its own credential (the default, for a stack built with the
+    /// library).
     #[default]
     Any,
-    /// Only these providers, lower case (the proxy's `providers` section).
-    Only(BTreeSet<String>),
+    /// The proxy's `providers` section: keys are taken for the providers in
+    /// `byok` (lower case; those with `"byok": true`); the ones in `others`
+    /// are configured but keep the gateway's credential (422
+    /// `byok_not_allowed`); any other name is no provider of the gateway
+    /// (400 `unknown_provider`).
+    Configured {
+        /// The providers that take an account's key, lower case.
+        byok: BTreeSet<String>,
+        /// The providers that do not, lower case.
+        others: BTreeSet<String>,
+    },
     /// None: every request goes to one upstream with the gateway's own key.
     SingleUpstream,
+}
+
+impl ByokProviders {
+    /// Whether an account's key for `provider` (any case) is sent in place
+    /// of the gateway's credential, so a request with it may be BYOK.
+    pub fn accepts(&self, provider: &str) -> bool {
+        match self {
+            ByokProviders::Any => true,
+            ByokProviders::Configured { byok, .. } => {
+                byok.contains(provider.to_ascii_lowercase().as_str())
+            }
+            ByokProviders::SingleUpstream => false,
+        }
+    }
 }
 
 impl KeyRoutesLayer {
@@ -78,7 +104,10 @@ impl KeyRoutesLayer {
 
     /// Accepts provider keys (`PUT /api/v1/accounts/{id}/byok/{provider}`)
     /// only for `providers`; listing and deleting stay open, so keys set
-    /// before can be cleaned up. Default: [`ByokProviders::Any`].
+    /// before can be cleaned up. Give
+    /// [`CreditGuardLayer::byok_providers`](crate::credit::CreditGuardLayer::byok_providers)
+    /// the same, so a key stored before is not used either. Default:
+    /// [`ByokProviders::Any`].
     pub fn byok_providers(mut self, providers: ByokProviders) -> Self {
         Arc::make_mut(&mut self.config).byok_providers = providers;
         self

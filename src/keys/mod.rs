@@ -40,7 +40,8 @@
 //! makes the account's requests to that provider BYOK and hands the key to
 //! the upstream client as a [`ByokCredential`]. A key is accepted only for
 //! the providers [`KeyRoutesLayer::byok_providers`] names (any, by
-//! default): those the service below really sends it to.
+//! default): those the service below really sends it to in place of its
+//! own credential (the proxy: those with `"byok": true`).
 //!
 //! Each key shows `last_used_at` (written at most once a minute, so it may
 //! lag that much) and `leak` (`null`, or when, where and by whom it was

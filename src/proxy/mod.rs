@@ -85,7 +85,7 @@ pub(crate) use model_field::{JsonObject, SseLines, SsePiece};
 pub use models::{ModelCatalog, MAX_MODELS_PER_REQUEST};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
-pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError};
+pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError, DEFAULT_CREDENTIAL_HEADERS};
 
 use crate::admission::AdmissionLayers;
 use crate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer};
@@ -126,7 +126,8 @@ use crate::webhook::{
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
 ///   "providers": {"openai": {"base_url": "https://api.openai.com/v1",
 ///                            "api_key": {"source": "file", "provider": "vault", "id": "/openai"},
-///                            "headers": {}, "model_prefix": "strip"}},
+///                            "headers": {}, "credential_headers": [], "byok": true,
+///                            "model_prefix": "strip"}},
 ///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
 ///   "max_in_flight": 512,
 ///   "auth_failures": {"max_failures": 20, "window_seconds": 600},
@@ -291,6 +292,18 @@ pub struct ProviderSection {
     /// Extra headers it receives with every request (`OpenAI-Organization`, …).
     #[serde(default)]
     pub headers: HashMap<String, String>,
+    /// Which of `headers` carry a credential, beside `x-api-key` and
+    /// `api-key` (always): none of them is sent with an account's own key.
+    #[serde(default)]
+    pub credential_headers: Vec<String>,
+    /// Whether accounts may bring their own key for it (BYOK): their key
+    /// is then sent as `Authorization: Bearer` in place of `api_key`, and
+    /// none of the credential headers goes with it. Needs `api_key`: a
+    /// provider reached without one (trusted by its network, or with a
+    /// credential header only) cannot take an account's key instead.
+    /// Default: off.
+    #[serde(default)]
+    pub byok: bool,
     /// Longest wait for a connection, in ms.
     pub connect_timeout_ms: Option<u64>,
     /// Longest wait for the response headers, in ms.
@@ -311,6 +324,8 @@ impl std::fmt::Debug for ProviderSection {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("credential_headers", &self.credential_headers)
+            .field("byok", &self.byok)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field(
                 "response_header_timeout_ms",
@@ -527,6 +542,13 @@ impl GatewayConfig {
                     "providers: {name:?} must be 1 to 64 characters of A-Z a-z 0-9 - _ ."
                 )));
             }
+            if section.byok && section.api_key.is_none() {
+                // Its credential, if any, is not the header an account's
+                // key replaces: the key would ride on the gateway's access.
+                return Err(ConfigError::new(format!(
+                    "providers.{name}.byok needs providers.{name}.api_key: an account's own key is sent in place of the provider's api_key, and this provider has none (it is trusted by its network or by a configured header), so a request with an account's key would still be the gateway's. Remove \"byok\", or give the provider its api_key"
+                )));
+            }
             let mut config = UpstreamConfig::new(section.base_url.clone());
             if let Some(key) = &section.api_key {
                 let secret = self.read_secret(&format!("providers.{name}.api_key"), key)?;
@@ -537,6 +559,7 @@ impl GatewayConfig {
                 .iter()
                 .map(|(name, value)| (name.clone(), value.clone()))
                 .collect();
+            config.credential_headers = section.credential_headers.clone();
             if let Some(ms) = section.connect_timeout_ms {
                 config.connect_timeout = Duration::from_millis(ms);
             }
@@ -550,6 +573,7 @@ impl GatewayConfig {
                 ProviderUpstream {
                     upstream,
                     strip_prefix: section.model_prefix != Some(ModelPrefix::Keep),
+                    byok: section.byok,
                 },
             );
         }
@@ -779,15 +803,14 @@ where
         .clock(clock)
         .upstream_reports_sending(true)
         .generations(config.generations.settings(app_ranking.clone())?);
-    // A request is BYOK only when the account's key is what gets sent, and
-    // only `Providers::by_name` sends it; one upstream always sends its own.
-    let byok_providers = match bottom.names() {
-        Some(names) => {
-            credit = credit.byok_directory(byok.clone());
-            ByokProviders::Only(names.into_iter().collect())
-        }
-        None => ByokProviders::SingleUpstream,
-    };
+    // A request is BYOK only when the account's key is what gets sent in
+    // place of the gateway's credentials: only to providers with `byok`.
+    let byok_providers = bottom.byok_providers();
+    if byok_providers != ByokProviders::SingleUpstream {
+        credit = credit
+            .byok_directory(byok.clone())
+            .byok_providers(byok_providers.clone());
+    }
     if let Some(tokens) = config.credit.default_max_tokens {
         credit = credit.default_max_tokens(tokens);
     }
@@ -978,6 +1001,117 @@ fn is_models_path(method: &http::Method, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    fn providers_config(providers: Value) -> GatewayConfig {
+        GatewayConfig::from_json(&serde_json::json!({ "providers": providers }).to_string())
+            .unwrap()
+    }
+
+    #[test]
+    fn byok_is_off_unless_a_provider_with_an_api_key_opts_in() {
+        std::env::set_var("MODELGATE_UNIT_BYOK_KEY", "sk-unit-provider-0001");
+        let key = serde_json::json!({"env": "MODELGATE_UNIT_BYOK_KEY"});
+        let config = providers_config(serde_json::json!({
+            "keyed": {"base_url": "http://127.0.0.1:9/v1", "api_key": key},
+            "opted": {"base_url": "http://127.0.0.1:9/v1", "api_key": key, "byok": true,
+                      "headers": {"x-api-key": "gateway-x", "x-goog-api-key": "gateway-g"},
+                      "credential_headers": ["x-goog-api-key"]},
+            "headed": {"base_url": "http://127.0.0.1:9/v1", "headers": {"x-api-key": "gateway-x"}},
+        }));
+        assert!(!config.providers["keyed"].byok, "off by default");
+        let shown = format!("{config:?}");
+        assert!(
+            shown.contains("x-goog-api-key") && !shown.contains("gateway-g"),
+            "{shown}"
+        );
+        let upstreams = config.provider_upstreams().unwrap();
+        let byok: BTreeSet<&str> = upstreams
+            .iter()
+            .filter(|(_, provider)| provider.byok)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(byok, BTreeSet::from(["opted"]));
+        assert_eq!(
+            Providers::by_name(upstreams).byok_providers(),
+            ByokProviders::Configured {
+                byok: ["opted".to_owned()].into(),
+                others: ["headed".to_owned(), "keyed".to_owned()].into(),
+            }
+        );
+        let single = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
+        assert_eq!(
+            Providers::single(single).byok_providers(),
+            ByokProviders::SingleUpstream
+        );
+    }
+
+    #[test]
+    fn byok_without_an_api_key_stops_start_up_naming_the_field() {
+        for section in [
+            // Trusted by its network.
+            serde_json::json!({"base_url": "http://127.0.0.1:9/v1", "byok": true}),
+            // Its credential is a configured header, not the one an
+            // account's key replaces.
+            serde_json::json!({"base_url": "http://127.0.0.1:9/v1", "byok": true,
+                               "headers": {"x-api-key": "gateway-x"}}),
+        ] {
+            let error = providers_config(serde_json::json!({ "local": section }))
+                .provider_upstreams()
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                error.contains("providers.local.byok needs providers.local.api_key"),
+                "{error}"
+            );
+            assert!(!error.contains("gateway-x"), "{error}");
+        }
+        let error = providers_config(serde_json::json!({"p": {
+            "base_url": "http://127.0.0.1:9/v1",
+            "headers": {"x-goog-api-key": "gateway-g"},
+            "credential_headers": ["x-goog-apikey"]}}))
+        .provider_upstreams()
+        .expect_err("a misspelt credential header is refused")
+        .to_string();
+        assert!(
+            error.contains("providers.p")
+                && error.contains("credential_headers names x-goog-apikey"),
+            "{error}"
+        );
+        for bad in [r#""byok": "yes""#, r#""credential_headers": "x-api-key""#] {
+            let text = format!(r#"{{"providers": {{"p": {{"base_url": "http://x/v1", {bad}}}}}}}"#);
+            assert!(GatewayConfig::from_json(&text).is_err(), "{text}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_provider_section_loads_or_is_refused_and_byok_always_has_an_api_key(
+            byok in proptest::bool::ANY,
+            with_key in proptest::bool::ANY,
+            headers in proptest::collection::btree_map("[A-Za-z0-9 -]{0,10}", "[ -~]{0,10}", 0..3),
+            credential_headers in proptest::collection::vec("[A-Za-z0-9 -]{0,10}", 0..3),
+        ) {
+            std::env::set_var("MODELGATE_UNIT_BYOK_KEY", "sk-unit-provider-0001");
+            let mut section = serde_json::json!({
+                "base_url": "http://127.0.0.1:9/v1", "byok": byok,
+                "headers": headers, "credential_headers": credential_headers,
+            });
+            if with_key {
+                section["api_key"] = serde_json::json!({"env": "MODELGATE_UNIT_BYOK_KEY"});
+            }
+            let config = providers_config(serde_json::json!({ "p": section }));
+            match config.provider_upstreams() {
+                Ok(upstreams) => {
+                    proptest::prop_assert_eq!(upstreams["p"].byok, byok);
+                    proptest::prop_assert!(!byok || with_key);
+                }
+                Err(error) => {
+                    proptest::prop_assert!(error.to_string().starts_with("config: providers.p"), "{}", error);
+                }
+            }
+        }
+    }
 
     #[test]
     fn credit_byok_is_refused_with_what_to_do_instead() {

@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::fallback::body_with_model;
 use super::upstream::Upstream;
 use crate::body::{BufferedBody, ChatRequest};
-use crate::keys::ByokCredential;
+use crate::keys::{ByokCredential, ByokProviders};
 
 /// The `Authorization` a request carries to its provider instead of the
 /// provider's configured key: the account's own (BYOK).
@@ -32,6 +32,10 @@ pub struct ProviderUpstream {
     /// default: `openai/gpt-4o` reaches OpenAI as `gpt-4o`) or as the
     /// gateway's whole id (an aggregator that routes by provider itself).
     pub strip_prefix: bool,
+    /// Whether an account's own key for it is sent in place of its
+    /// credentials (BYOK). Off, a request booked as BYOK for it is refused
+    /// rather than sent with the gateway's credentials.
+    pub byok: bool,
 }
 
 /// Sends a chat request to its model's provider (`openai/…` to `openai`),
@@ -73,6 +77,28 @@ impl Providers {
         self.single
             .is_none()
             .then(|| self.by_name.keys().cloned().collect())
+    }
+
+    /// What accounts may bring their own keys for: the providers that take
+    /// them ([`ProviderUpstream::byok`]) and those that do not.
+    pub fn byok_providers(&self) -> ByokProviders {
+        if self.single.is_some() {
+            return ByokProviders::SingleUpstream;
+        }
+        let (byok, others) = self
+            .by_name
+            .iter()
+            .partition::<Vec<_>, _>(|(_, provider)| provider.byok);
+        let names = |providers: Vec<(&String, &ProviderUpstream)>| {
+            providers
+                .into_iter()
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        ByokProviders::Configured {
+            byok: names(byok),
+            others: names(others),
+        }
     }
 }
 
@@ -123,21 +149,91 @@ impl Service<Request<Full<Bytes>>> for Providers {
         }
         // The account's own key for this provider, when it brought one
         // (CreditGuard found it and accounted the request as BYOK).
-        let caller_key = request
+        let credential = request
             .extensions()
             .get::<ByokCredential>()
-            .filter(|credential| credential.provider.eq_ignore_ascii_case(&provider_name))
-            .and_then(|credential| {
-                let mut value =
-                    http::HeaderValue::from_str(&format!("Bearer {}", credential.api_key()))
-                        .ok()?;
-                value.set_sensitive(true);
-                Some(CallerKey(value))
-            });
-        if let Some(caller_key) = caller_key {
-            request.extensions_mut().insert(caller_key);
+            .filter(|credential| credential.provider.eq_ignore_ascii_case(&provider_name));
+        if let Some(credential) = credential {
+            let caller_key =
+                http::HeaderValue::from_str(&format!("Bearer {}", credential.api_key())).ok();
+            match caller_key {
+                Some(mut value) if provider.byok => {
+                    value.set_sensitive(true);
+                    request.extensions_mut().insert(CallerKey(value));
+                }
+                // Booked as unpaid BYOK, yet only the gateway's credentials
+                // could go: refused before anything is sent, so the hold is
+                // released at no cost.
+                _ => {
+                    return Box::pin(async move {
+                        Err(GatewayError::new(
+                            ErrorKind::Internal,
+                            format!(
+                                "this request was accounted to the account's own key for {provider_name}, which this gateway does not send; nothing was sent, and the operator must check the provider's `byok` setting"
+                            ),
+                        ))
+                    });
+                }
+            }
         }
         let mut upstream = provider.upstream.clone();
         upstream.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::UpstreamConfig;
+
+    /// A provider on a port nothing listens on: a request that reaches it
+    /// fails with a connect error, not the refusal below.
+    fn providers(byok: bool) -> Providers {
+        let mut config = UpstreamConfig::new("http://127.0.0.1:9/v1");
+        config.api_key = Some("sk-gateway".into());
+        let upstream = Upstream::new(&config).unwrap();
+        Providers::by_name(HashMap::from([(
+            "Alpha".to_owned(),
+            ProviderUpstream {
+                upstream,
+                strip_prefix: true,
+                byok,
+            },
+        )]))
+    }
+
+    fn booked_as_byok() -> Request<Full<Bytes>> {
+        let body = br#"{"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]}"#;
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ChatRequest::parse(body).unwrap());
+        request
+            .extensions_mut()
+            .insert(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
+        request
+    }
+
+    #[tokio::test]
+    async fn a_request_booked_as_byok_never_goes_with_the_gateways_credentials() {
+        let error = providers(false).call(booked_as_byok()).await.unwrap_err();
+        assert_eq!(error.status(), 500);
+        assert!(
+            error.message().contains("nothing was sent"),
+            "{}",
+            error.message()
+        );
+        // Taking BYOK, the provider is tried (and here cannot be reached).
+        let error = providers(true).call(booked_as_byok()).await.unwrap_err();
+        assert_eq!(error.metadata()["upstream_failure"], "connect");
+        assert_eq!(
+            providers(true).byok_providers(),
+            ByokProviders::Configured {
+                byok: ["alpha".to_owned()].into(),
+                others: Default::default(),
+            }
+        );
     }
 }

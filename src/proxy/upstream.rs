@@ -45,7 +45,16 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     /// Headers the upstream receives with every request (name, value).
     pub extra_headers: Vec<(String, String)>,
+    /// More names of `extra_headers` that carry a credential, beside
+    /// [`DEFAULT_CREDENTIAL_HEADERS`]: none of them is sent with a request
+    /// that carries an account's own key, which replaces them all.
+    pub credential_headers: Vec<String>,
 }
+
+/// The headers that carry a credential whatever the config says: an
+/// account's own key (BYOK) is never sent beside one of them.
+/// (`Authorization`, the provider key's own header, cannot be configured.)
+pub const DEFAULT_CREDENTIAL_HEADERS: [&str; 2] = ["x-api-key", "api-key"];
 
 impl std::fmt::Debug for UpstreamConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,6 +73,7 @@ impl std::fmt::Debug for UpstreamConfig {
                     .map(|(name, _)| name)
                     .collect::<Vec<_>>(),
             )
+            .field("credential_headers", &self.credential_headers)
             .finish()
     }
 }
@@ -80,6 +90,7 @@ impl UpstreamConfig {
             response_header_timeout: Duration::from_secs(120),
             pool_idle_timeout: Duration::from_secs(90),
             extra_headers: Vec::new(),
+            credential_headers: Vec::new(),
         }
     }
 }
@@ -95,7 +106,8 @@ pub struct UpstreamConfigError(String);
 /// The path is the one the gateway's layers checked, normalised, with the
 /// gateway prefix swapped for the base URL's path, lower case, no query;
 /// only allow-listed headers cross either way; `Authorization` is the
-/// upstream's own key; an
+/// upstream's own key, or an account's own key (BYOK) sent without any of
+/// the credential headers; an
 /// `x-request-id` goes up and comes back. Failures are [`GatewayError`]s
 /// (502, or 504 for a response-header timeout) with
 /// `metadata.upstream_failure` `connect`, `timeout` or `request`, which the
@@ -113,7 +125,10 @@ struct Inner {
     base_path: String,
     prefix_segments: Vec<String>,
     authorization: Option<HeaderValue>,
+    /// Sent with every request.
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// Sent only with the gateway's own key: an account's key replaces them.
+    credential_headers: Vec<(http::HeaderName, HeaderValue)>,
     response_header_timeout: Duration,
 }
 
@@ -148,7 +163,30 @@ impl Upstream {
                 Ok(value)
             })
             .transpose()?;
-        let extra_headers = config
+        let credential_names = config
+            .credential_headers
+            .iter()
+            .map(|name| {
+                let parsed = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                    UpstreamConfigError(format!(
+                        "credential_headers: {name:?} is not a header name"
+                    ))
+                })?;
+                if !config
+                    .extra_headers
+                    .iter()
+                    .any(|(configured, _)| configured.eq_ignore_ascii_case(parsed.as_str()))
+                {
+                    // Most likely a misspelling, which would leave the
+                    // real credential header sent beside an account's key.
+                    return Err(UpstreamConfigError(format!(
+                        "credential_headers names {name}, which is not one of the configured headers"
+                    )));
+                }
+                Ok(parsed)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (credential_headers, extra_headers): (Vec<_>, Vec<_>) = config
             .extra_headers
             .iter()
             .map(|(name, value)| {
@@ -174,7 +212,12 @@ impl Upstream {
                 parsed_value.set_sensitive(true);
                 Ok((parsed_name, parsed_value))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, UpstreamConfigError>>()?
+            .into_iter()
+            .partition(|(name, _)| {
+                DEFAULT_CREDENTIAL_HEADERS.contains(&name.as_str())
+                    || credential_names.contains(name)
+            });
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.connect_timeout));
         http.enforce_http(false);
@@ -200,6 +243,7 @@ impl Upstream {
                     .collect(),
                 authorization,
                 extra_headers,
+                credential_headers,
                 response_header_timeout: config.response_header_timeout,
             }),
         })
@@ -266,12 +310,17 @@ impl Inner {
             headers.insert(name.clone(), value.clone());
         }
         match parts.extensions.get::<CallerKey>() {
+            // The account's key alone: none of the gateway's credentials
+            // rides beside it.
             Some(CallerKey(caller)) => {
                 headers.insert(AUTHORIZATION, caller.clone());
             }
             None => {
                 if let Some(authorization) = &self.authorization {
                     headers.insert(AUTHORIZATION, authorization.clone());
+                }
+                for (name, value) in &self.credential_headers {
+                    headers.insert(name.clone(), value.clone());
                 }
             }
         }
@@ -434,6 +483,97 @@ mod tests {
         let mut config = UpstreamConfig::new("http://x/v1");
         config.api_key = Some("sk-secret".into());
         assert!(!format!("{config:?}").contains("sk-secret"));
+    }
+
+    /// A client whose provider's credentials are its key and three
+    /// configured headers, beside one header that is none.
+    fn with_credential_headers() -> Arc<Inner> {
+        let mut config = UpstreamConfig::new("http://127.0.0.1:9000/v1");
+        config.api_key = Some("sk-upstream".into());
+        config.extra_headers = vec![
+            ("X-Api-Key".into(), "gateway-x".into()),
+            ("api-key".into(), "gateway-a".into()),
+            ("x-goog-api-key".into(), "gateway-g".into()),
+            ("x-title".into(), "modelgate".into()),
+        ];
+        config.credential_headers = vec!["X-Goog-Api-Key".into()];
+        Upstream::new(&config).unwrap().inner
+    }
+
+    fn sent(inner: &Inner, caller: Option<&str>) -> http::HeaderMap {
+        let mut request = Request::post("/api/v1/chat/completions")
+            .header("x-api-key", "from-the-client")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        if let Some(key) = caller {
+            let value = HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
+            request.extensions_mut().insert(CallerKey(value));
+        }
+        inner.outgoing(request).unwrap().0.headers().clone()
+    }
+
+    #[test]
+    fn an_accounts_key_goes_alone_without_the_gateways_credentials() {
+        let inner = with_credential_headers();
+        let own = sent(&inner, None);
+        assert_eq!(own["authorization"], "Bearer sk-upstream");
+        assert_eq!(own["x-api-key"], "gateway-x");
+        assert_eq!(own["api-key"], "gateway-a");
+        assert_eq!(own["x-goog-api-key"], "gateway-g");
+        assert_eq!(own["x-title"], "modelgate");
+        let byok = sent(&inner, Some("sk-tenant"));
+        assert_eq!(byok["authorization"], "Bearer sk-tenant");
+        for name in ["x-api-key", "api-key", "x-goog-api-key"] {
+            assert!(byok.get(name).is_none(), "{name} was sent: {byok:?}");
+        }
+        assert_eq!(byok["x-title"], "modelgate", "not a credential: sent");
+    }
+
+    #[test]
+    fn credential_headers_must_name_configured_headers() {
+        for (names, words) in [
+            (vec!["x-goog-api-kye"], "not one of the configured headers"),
+            (vec!["bad name"], "is not a header name"),
+            (vec!["authorization"], "not one of the configured headers"),
+        ] {
+            let mut config = UpstreamConfig::new("http://127.0.0.1:9000/v1");
+            config.extra_headers = vec![("x-goog-api-key".into(), "gateway-g".into())];
+            config.credential_headers = names.iter().map(|name| name.to_string()).collect();
+            let error = Upstream::new(&config).unwrap_err().to_string();
+            assert!(error.contains(words), "{names:?}: {error}");
+            assert!(error.contains("credential_headers"), "{error}");
+            assert!(!error.contains("gateway-g"), "{error}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_credential_header_list_panics_and_a_listed_one_never_rides_with_a_callers_key(
+            names in proptest::collection::vec(
+                proptest::prop_oneof!["[A-Za-z0-9-]{1,12}", "[ -~]{0,12}"],
+                0..4,
+            ),
+        ) {
+            let mut config = UpstreamConfig::new("http://127.0.0.1:9000/v1");
+            config.extra_headers = names
+                .iter()
+                .filter(|name| http::HeaderName::from_bytes(name.as_bytes()).is_ok())
+                .filter(|name| !matches!(
+                    name.to_ascii_lowercase().as_str(),
+                    "authorization" | "host" | "content-length" | "transfer-encoding" | "connection"
+                        | "x-request-id" | "accept-encoding"
+                ))
+                .map(|name| (name.clone(), "gateway-value".to_owned()))
+                .collect();
+            config.credential_headers = names.clone();
+            let Ok(upstream) = Upstream::new(&config) else {
+                return Ok(());
+            };
+            let byok = sent(&upstream.inner, Some("sk-tenant"));
+            for name in &names {
+                proptest::prop_assert!(byok.get(name.as_str()).is_none(), "{} sent", name);
+            }
+        }
     }
 
     #[test]
