@@ -114,6 +114,7 @@ pub mod input;
 mod layer;
 mod leak;
 mod lookup_cache;
+mod management_rate;
 mod record;
 mod service;
 
@@ -124,6 +125,7 @@ pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, Sh
 pub(crate) use handlers::Route;
 pub use layer::{ByokProviders, KeyRoutesLayer};
 pub(crate) use leak::report_leak;
+pub use management_rate::DEFAULT_MANAGEMENT_RATE;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,

@@ -170,15 +170,16 @@ mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use code::{
-    Approval, AuthCode, AuthCodes, ExchangeError, ExchangeRefusal, IssueError, IssuedCode,
-    AUTH_CODES, CODE_LIFETIME, MAX_PENDING_CODES,
+    pending_codes, Approval, AuthCode, AuthCodes, ExchangeError, ExchangeRefusal, IssueError,
+    IssuedCode, AUTH_CODES, CODE_LIFETIME, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+    MAX_PENDING_CODES,
 };
 pub use input::{CallbackUrl, CallbackUrlError, CodeRequest, ExchangeRequest};
-pub(crate) use issue::issue_code;
+pub(crate) use issue::{issue_code, ApprovalRules};
 pub use layer::CodeExchangeLayer;
 pub use pkce::{
     is_valid_challenge, is_valid_verifier, s256_challenge, verifier_matches, ChallengeMethod,
-    MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, S256_CHALLENGE_CHARS,
+    PlainPkce, MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, S256_CHALLENGE_CHARS,
 };
 pub use service::CodeExchange;
 
