@@ -163,9 +163,12 @@ async fn a_bad_management_rate_stops_start_up() {
         ),
     ] {
         let config = GatewayConfig::from_json(json).unwrap();
-        let upstream =
-            Upstream::new(&config.upstream_config(Some("http://127.0.0.1:9/v1")).unwrap())
-                .unwrap();
+        let upstream = Upstream::new(
+            &config
+                .upstream_config(Some("http://127.0.0.1:9/v1"))
+                .unwrap(),
+        )
+        .unwrap();
         let store: SharedStore = Arc::new(MemoryStore::new());
         let error = match gateway::<http_body_util::Full<bytes::Bytes>>(&config, store, upstream) {
             Err(error) => error.to_string(),

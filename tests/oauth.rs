@@ -912,7 +912,8 @@ async fn racing_approvals_never_pass_the_account_s_cap_across_instances() {
     assert_eq!(made, 3, "{answers:?}");
     for (status, body) in &answers {
         assert!(
-            *status == 201 || (*status == 429 && reason(body) == "too_many_pending_codes_for_account"),
+            *status == 201
+                || (*status == 429 && reason(body) == "too_many_pending_codes_for_account"),
             "{status}: {body}"
         );
     }
@@ -1161,11 +1162,19 @@ async fn a_bad_request_shows_an_error_and_no_authorize_button() {
         browser.wait_shown("consent", true).await;
         browser.click(Some("consent"), "Authorize").await;
         let message = browser
-            .wait_for_text("message", "the gateway's refusal", |text| text.contains("S256"))
+            .wait_for_text("message", "the gateway's refusal", |text| {
+                text.contains("S256")
+            })
             .await;
-        assert!(message.contains("code_challenge_method"), "{method}: {message}");
+        assert!(
+            message.contains("code_challenge_method"),
+            "{method}: {message}"
+        );
         let at = browser.client.current_url().await.unwrap();
-        assert!(at.as_str().starts_with(&format!("http://{address}/auth")), "{at}");
+        assert!(
+            at.as_str().starts_with(&format!("http://{address}/auth")),
+            "{at}"
+        );
     }
     browser.close().await;
 }

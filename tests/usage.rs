@@ -520,8 +520,16 @@ async fn a_tenant_sees_its_own_apps_and_others_only_by_host_when_public() {
         let globex = new_key(&first, "globex", false, None).await;
         let operator = new_key(&first, "default", true, None).await;
         let apps: [(&str, &str, &str); 2] = [
-            (&acme, "https://chat.example.com/acme/secret-merger", "Acme Merger Plan"),
-            (&globex, "https://tools.example.org/globex/layoffs", "Globex Layoffs"),
+            (
+                &acme,
+                "https://chat.example.com/acme/secret-merger",
+                "Acme Merger Plan",
+            ),
+            (
+                &globex,
+                "https://tools.example.org/globex/layoffs",
+                "Globex Layoffs",
+            ),
         ];
         for (key, referer, title) in apps {
             let reply = chat(
@@ -539,7 +547,12 @@ async fn a_tenant_sees_its_own_apps_and_others_only_by_host_when_public() {
         })
         .await
         .to_string();
-        for words in ["secret-merger", "Acme Merger Plan", "globex/layoffs", "Globex Layoffs"] {
+        for words in [
+            "secret-merger",
+            "Acme Merger Plan",
+            "globex/layoffs",
+            "Globex Layoffs",
+        ] {
             assert!(everything.contains(words), "{words}: {everything}");
         }
         // A key of acme, and its manager, on either gateway: acme's own
@@ -554,7 +567,10 @@ async fn a_tenant_sees_its_own_apps_and_others_only_by_host_when_public() {
                 assert_eq!(app["id"], "chat.example.com/acme/secret-merger", "{own}");
                 assert_eq!(app["title"], "Acme Merger Plan");
                 let text = own.to_string();
-                assert!(!text.contains("globex") && !text.contains("Globex"), "{text}");
+                assert!(
+                    !text.contains("globex") && !text.contains("Globex"),
+                    "{text}"
+                );
             }
             // Another account's ranking: 403 other_account.
             let theirs = get(address, "/api/v1/apps?account=globex", key).await;
@@ -566,9 +582,12 @@ async fn a_tenant_sees_its_own_apps_and_others_only_by_host_when_public() {
         assert_eq!(refused.status, 403, "{}", refused.body);
         assert_eq!(refused.body["error"]["metadata"]["reason"], "operator_only");
         // Public: any key reads it, by host only: no path, no title.
-        let hosts = until(public, "/api/v1/apps?account=*&period=week", &acme, |body| {
-            body["data"]["apps"].as_array().unwrap().len() == 2
-        })
+        let hosts = until(
+            public,
+            "/api/v1/apps?account=*&period=week",
+            &acme,
+            |body| body["data"]["apps"].as_array().unwrap().len() == 2,
+        )
         .await;
         let mut ids: Vec<&str> = hosts["data"]["apps"]
             .as_array()
@@ -589,7 +608,11 @@ async fn a_tenant_sees_its_own_apps_and_others_only_by_host_when_public() {
         }
         // The operator still sees it whole on the public gateway.
         let whole = get(public, "/api/v1/apps?account=*", &operator).await;
-        assert!(whole.body.to_string().contains("secret-merger"), "{}", whole.body);
+        assert!(
+            whole.body.to_string().contains("secret-merger"),
+            "{}",
+            whole.body
+        );
     })
     .await;
 }

@@ -42,6 +42,13 @@
 //! the providers [`KeyRoutesLayer::byok_providers`] names (any, by
 //! default): those the service below really sends it to.
 //!
+//! Every request an account's management key makes to these routes counts
+//! against its account's management rate, decided in the store so it
+//! holds across instances ([`KeyRoutesLayer::management_rate`], default
+//! [`DEFAULT_MANAGEMENT_RATE`]: 600 a minute, bursts of 60); past it, 429
+//! with `limit_source` `management_rate` and `Retry-After`. The operator's
+//! key is not counted: it must still work while a tenant floods the API.
+//!
 //! Each key shows `last_used_at` (written at most once a minute, so it may
 //! lag that much) and `leak` (`null`, or when, where and by whom it was
 //! reported leaked).
