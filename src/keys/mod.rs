@@ -15,7 +15,7 @@
 //! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key` |
 //! | `POST /api/v1/keys/{hash}/leaked` `{url?, source?}` | management key | `{"data": {…}}`: the key revoked and disabled for good, its owner told ([`KeyRoutesLayer::leak_notifier`]) |
-//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method?, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key | 201 `{"data": {id, created_at, expires_at}}`: an app's OAuth code ([`oauth`](crate::oauth), whose `CodeExchange` answers `POST /api/v1/auth/keys`) |
+//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key | 201 `{"data": {id, created_at, expires_at}}`: an app's OAuth code ([`oauth`](crate::oauth), whose `CodeExchange` answers `POST /api/v1/auth/keys`) |
 //! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
 //! | `GET /api/v1/accounts?offset=` | management key | `{"data": [{…}, …]}`: every account for the operator, its own for an account's key |
 //! | `GET /api/v1/accounts/{id}` | operator, or that account's management key | `{"data": {…, is_free_tier, free_model_daily_requests}}` |

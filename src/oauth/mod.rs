@@ -20,7 +20,7 @@
 //! | method and path | who | answer |
 //! |---|---|---|
 //! | `GET /auth?callback_url=&code_challenge=&code_challenge_method=` | a person's browser | the consent page (`SettingsPage`) |
-//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method?, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key (behind BearerAuth, answered by [`KeyRoutes`](crate::keys::KeyRoutes)) | 201 `{"data": {"id": "<code>", "created_at", "expires_at"}}` |
+//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key (behind BearerAuth, answered by [`KeyRoutes`](crate::keys::KeyRoutes)) | 201 `{"data": {"id": "<code>", "created_at", "expires_at"}}` |
 //! | `POST /api/v1/auth/keys` `{code, code_verifier, code_challenge_method?}` | anyone holding a code and its verifier ([`CodeExchange`], before BearerAuth) | 200 `{"key": "<plaintext, shown once>", "user_id": "<account>"}` |
 //!
 //! **Approving** (`…/code`): `callback_url` must be `https://`, or
