@@ -169,6 +169,9 @@ pub enum LimitSource {
     FreePerDay,
     /// 429: the upstream's own rate limit, passed on.
     Upstream,
+    /// 429: the rate of an account's management calls
+    /// ([`KeyRoutes`](crate::keys::KeyRoutes) with a management key).
+    ManagementRate,
 }
 
 impl LimitSource {
@@ -182,6 +185,7 @@ impl LimitSource {
             LimitSource::FreePerMinute => "free_per_minute",
             LimitSource::FreePerDay => "free_per_day",
             LimitSource::Upstream => "upstream",
+            LimitSource::ManagementRate => "management_rate",
         }
     }
 }

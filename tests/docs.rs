@@ -615,6 +615,7 @@ fn the_configuration_page_names_every_section_and_flag() {
         "pub struct CreditSection {",
         "pub struct ProviderSection {",
         "pub struct GenerationsSection {",
+        "pub struct OAuthSection {",
         "pub struct LeakScanningSection {",
         "pub struct NotifyWebhookSection {",
         "pub struct EmailSection {",

@@ -730,9 +730,19 @@ async fn the_approval_route_refuses_what_it_must() {
     assert_eq!(me["data"]["label"], "CLI");
     assert_eq!(me["data"]["limit"], Value::Null);
 
-    // `plain`, and no method at all (plain, as RFC 7636 says).
+    // S256 only: `plain`, and no method at all (which RFC 7636 reads as
+    // plain), are 400s saying to use S256.
+    plain_pkce_is_refused(&gateway).await;
+}
+
+/// `plain` and an approval naming no method are 400s naming the method
+/// and S256, and make no code.
+async fn plain_pkce_is_refused(gateway: &Gateway) {
     let (verifier, _) = pkce();
-    for method in [json!("plain"), Value::Null] {
+    for (method, expected) in [
+        (json!("plain"), "plain_pkce_refused"),
+        (Value::Null, "pkce_method_required"),
+    ] {
         let (status, body) = gateway
             .approve(
                 0,
@@ -740,11 +750,172 @@ async fn the_approval_route_refuses_what_it_must() {
                 &json!({"callback_url": CALLBACK, "code_challenge": verifier, "code_challenge_method": method}),
             )
             .await;
+        assert_bad_request(status, &body, Some("code_challenge_method"), "plain PKCE");
+        assert_eq!(reason(&body), expected, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("S256"), "{message}");
+    }
+}
+
+/// `plain` (and an approval naming no method) only where the operator
+/// allows it: `oauth.allow_plain_pkce`.
+#[tokio::test]
+async fn plain_pkce_only_where_the_operator_allows_it() {
+    let config = |allowed: bool| {
+        let mut config: Value = serde_json::from_str(CONFIG).unwrap();
+        config["oauth"] = json!({"allow_plain_pkce": allowed});
+        config.to_string()
+    };
+    let refusing = Gateway::start(&[Arc::new(MemoryStore::new())], &config(false)).await;
+    plain_pkce_is_refused(&refusing).await;
+    let allowing = Gateway::start(&[Arc::new(MemoryStore::new())], &config(true)).await;
+    let (verifier, _) = pkce();
+    for method in [json!("plain"), Value::Null] {
+        let (status, body) = allowing
+            .approve(
+                0,
+                &allowing.manager,
+                &json!({"callback_url": CALLBACK, "code_challenge": verifier, "code_challenge_method": method}),
+            )
+            .await;
         assert_eq!(status, 201, "{body}");
-        let (status, answer) = gateway
+        let (status, answer) = allowing
             .exchange(0, &json!({"code": body["data"]["id"], "code_verifier": verifier, "code_challenge_method": "plain"}))
             .await;
         assert_eq!(status, 200, "{answer}");
+    }
+}
+
+/// One account fills its cap of waiting codes (3 here) over both
+/// instances: its next approval is 429 with `Retry-After` and nothing
+/// made, while another account's are still approved; an exchange frees a
+/// place at once.
+async fn an_account_fills_its_cap_of_waiting_codes(gateway: &Gateway) {
+    let directory = KeyDirectory::builder(gateway.store.clone())
+        .clock(gateway.clock.clone())
+        .build();
+    directory
+        .create_account(NewAccount {
+            id: "globex".into(),
+            name: "Globex".into(),
+            email: None,
+        })
+        .await
+        .unwrap();
+    let (other_manager, _) = directory
+        .create_key(NewKey {
+            account: "globex".into(),
+            management: true,
+            scoped_to_account: true,
+            ..NewKey::named("globex admin")
+        })
+        .await
+        .unwrap();
+    let instances = gateway.addresses.len();
+    let mut made = Vec::new();
+    for index in 0..3 {
+        let (verifier, challenge) = pkce();
+        let code = gateway.code(index % instances, &challenge, json!({})).await;
+        made.push((code, verifier));
+    }
+    let approval = || {
+        let (_, challenge) = pkce();
+        json!({"callback_url": CALLBACK, "code_challenge": challenge, "code_challenge_method": "S256"})
+    };
+    for instance in 0..instances {
+        let (status, headers, body) = gateway
+            .post_raw(
+                instance,
+                "/api/v1/auth/keys/code",
+                Some(&gateway.manager),
+                &approval().to_string(),
+            )
+            .await;
+        assert_eq!(
+            (status, reason(&body)),
+            (429, "too_many_pending_codes_for_account"),
+            "{body}"
+        );
+        let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=600).contains(&retry_after), "{retry_after}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains('3'),
+            "{body}"
+        );
+    }
+    // Another account is not held up, on either instance.
+    for instance in 0..instances {
+        let (status, body) = gateway
+            .approve(instance, other_manager.expose(), &approval())
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    // An exchange (on the last instance) frees one place, on every instance.
+    let (code, verifier) = made.pop().unwrap();
+    let (status, answer) = gateway
+        .exchange(
+            instances - 1,
+            &json!({"code": code, "code_verifier": verifier}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, body) = gateway.approve(0, &gateway.manager, &approval()).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = gateway
+        .approve(instances - 1, &gateway.manager, &approval())
+        .await;
+    assert_eq!(status, 429, "{body}");
+    // The codes made before still work.
+    for (code, verifier) in made {
+        let (status, answer) = gateway
+            .exchange(0, &json!({"code": code, "code_verifier": verifier}))
+            .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+}
+
+fn capped_config() -> String {
+    let mut config: Value = serde_json::from_str(CONFIG).unwrap();
+    config["oauth"] = json!({"max_pending_codes_per_account": 3});
+    config.to_string()
+}
+
+#[tokio::test]
+async fn an_account_fills_its_cap_of_waiting_codes_on_memory() {
+    let gateway = Gateway::start(&[Arc::new(MemoryStore::new())], &capped_config()).await;
+    an_account_fills_its_cap_of_waiting_codes(&gateway).await;
+}
+
+#[tokio::test]
+async fn an_account_fills_its_cap_of_waiting_codes_on_two_instances_sharing_redis() {
+    let redis = RedisServer::start();
+    let stores = [redis_store(&redis).await, redis_store(&redis).await];
+    let gateway = Gateway::start(&stores, &capped_config()).await;
+    an_account_fills_its_cap_of_waiting_codes(&gateway).await;
+}
+
+/// Approvals racing on two instances sharing Redis never make more codes
+/// than the account's cap.
+#[tokio::test]
+async fn racing_approvals_never_pass_the_account_s_cap_across_instances() {
+    let redis = RedisServer::start();
+    let stores = [redis_store(&redis).await, redis_store(&redis).await];
+    let gateway = Gateway::start(&stores, &capped_config()).await;
+    let approvals = (0..16).map(|index| {
+        let (_, challenge) = pkce();
+        let body = json!({"callback_url": CALLBACK, "code_challenge": challenge, "code_challenge_method": "S256"});
+        let gateway = &gateway;
+        async move { gateway.approve(index % 2, &gateway.manager, &body).await }
+    });
+    let answers = join_all(approvals).await;
+    let made = answers.iter().filter(|(status, _)| *status == 201).count();
+    assert_eq!(made, 3, "{answers:?}");
+    for (status, body) in &answers {
+        assert!(
+            *status == 201
+                || (*status == 429 && reason(body) == "too_many_pending_codes_for_account"),
+            "{status}: {body}"
+        );
     }
 }
 
@@ -978,5 +1149,32 @@ async fn a_bad_request_shows_an_error_and_no_authorize_button() {
     );
     assert_eq!(response.headers()["x-frame-options"], "DENY");
     assert_eq!(response.headers()["referrer-policy"], "no-referrer");
+
+    // An app that names no method (plain, by RFC 7636) or plain is well
+    // formed, but this gateway takes S256 only: Authorize says so, and the
+    // browser stays on the page with no code made.
+    let (verifier, _) = pkce();
+    for method in ["", "&code_challenge_method=plain"] {
+        let url = format!(
+            "http://{address}/auth?callback_url=https://app.example.com/cb&code_challenge={verifier}{method}"
+        );
+        browser.goto(&url).await;
+        browser.wait_shown("consent", true).await;
+        browser.click(Some("consent"), "Authorize").await;
+        let message = browser
+            .wait_for_text("message", "the gateway's refusal", |text| {
+                text.contains("S256")
+            })
+            .await;
+        assert!(
+            message.contains("code_challenge_method"),
+            "{method}: {message}"
+        );
+        let at = browser.client.current_url().await.unwrap();
+        assert!(
+            at.as_str().starts_with(&format!("http://{address}/auth")),
+            "{at}"
+        );
+    }
     browser.close().await;
 }

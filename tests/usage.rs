@@ -397,6 +397,7 @@ async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
         }
         let acme = new_key(&first, "acme", false, None).await;
         let globex = new_key(&first, "globex", false, None).await;
+        let operator = new_key(&first, "default", true, None).await;
         let big = "many words ".repeat(40);
         let sent: [Sent<'_>; 6] = [
             (
@@ -440,7 +441,8 @@ async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
             assert_eq!(reply.status, 200, "{}", reply.body);
         }
         // The other instance's counts arrive within its flush interval.
-        let ranking = until(b, "/api/v1/apps?period=day", &acme, |body| {
+        // The gateway-wide ranking is the operator's.
+        let ranking = until(b, "/api/v1/apps?period=day", &operator, |body| {
             let apps = body["data"]["apps"].as_array().unwrap();
             apps.len() == 3
                 && apps
@@ -472,7 +474,7 @@ async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
             let same = until(
                 a,
                 &format!("/api/v1/apps?period={period}"),
-                &globex,
+                &operator,
                 |body| body["data"]["apps"].as_array().unwrap().len() == 3,
             )
             .await;
@@ -494,6 +496,128 @@ async fn apps_are_ranked_by_tokens_per_period_on_every_instance() {
             assert_eq!(refused.status, 422, "{path}");
             assert_eq!(refused.body["error"]["type"], "invalid_parameter", "{path}");
         }
+    })
+    .await;
+}
+
+/// A key's ranking shows its own account's apps, paths and titles
+/// included; the gateway-wide one is the operator's, and with
+/// `generations.public_ranking` any key's, by host only.
+#[tokio::test]
+async fn a_tenant_sees_its_own_apps_and_others_only_by_host_when_public() {
+    on_every_store(|first, second| async move {
+        let base = mock::start(mock::MockConfig::default()).await;
+        let private = instance(first.clone(), &base, CONFIG).await;
+        let public = instance(
+            second.clone(),
+            &base,
+            r#"{"retry": {"max_attempts": 1}, "generations": {"public_ranking": true}}"#,
+        )
+        .await;
+        for account in ["acme", "globex"] {
+            KeyDirectory::new(first.clone())
+                .top_up(account, 100 * NANOS_PER_CREDIT)
+                .await
+                .unwrap();
+        }
+        let acme = new_key(&first, "acme", false, None).await;
+        let acme_manager = new_key(&first, "acme", true, None).await;
+        let globex = new_key(&first, "globex", false, None).await;
+        let operator = new_key(&first, "default", true, None).await;
+        let apps: [(&str, &str, &str); 2] = [
+            (
+                &acme,
+                "https://chat.example.com/acme/secret-merger",
+                "Acme Merger Plan",
+            ),
+            (
+                &globex,
+                "https://tools.example.org/globex/layoffs",
+                "Globex Layoffs",
+            ),
+        ];
+        for (key, referer, title) in apps {
+            let reply = chat(
+                private,
+                key,
+                &[("http-referer", referer), ("x-title", title)],
+                &paid("Hi"),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+        // The operator sees every app, as it was named.
+        let everything = until(private, "/api/v1/apps", &operator, |body| {
+            body["data"]["apps"].as_array().unwrap().len() == 2
+        })
+        .await
+        .to_string();
+        for words in [
+            "secret-merger",
+            "Acme Merger Plan",
+            "globex/layoffs",
+            "Globex Layoffs",
+        ] {
+            assert!(everything.contains(words), "{words}: {everything}");
+        }
+        // A key of acme, and its manager, on either gateway: acme's own
+        // app only, in full, whether or not it names the account.
+        for (address, key) in [(private, &acme), (public, &acme), (private, &acme_manager)] {
+            for path in ["/api/v1/apps", "/api/v1/apps?account=acme"] {
+                let own = until(address, path, key, |body| {
+                    body["data"]["apps"].as_array().unwrap().len() == 1
+                })
+                .await;
+                let app = &own["data"]["apps"][0];
+                assert_eq!(app["id"], "chat.example.com/acme/secret-merger", "{own}");
+                assert_eq!(app["title"], "Acme Merger Plan");
+                let text = own.to_string();
+                assert!(
+                    !text.contains("globex") && !text.contains("Globex"),
+                    "{text}"
+                );
+            }
+            // Another account's ranking: 403 other_account.
+            let theirs = get(address, "/api/v1/apps?account=globex", key).await;
+            assert_eq!(theirs.status, 403, "{}", theirs.body);
+            assert_eq!(theirs.body["error"]["metadata"]["reason"], "other_account");
+        }
+        // The gateway-wide ranking is the operator's where it is not public.
+        let refused = get(private, "/api/v1/apps?account=*", &acme).await;
+        assert_eq!(refused.status, 403, "{}", refused.body);
+        assert_eq!(refused.body["error"]["metadata"]["reason"], "operator_only");
+        // Public: any key reads it, by host only: no path, no title.
+        let hosts = until(
+            public,
+            "/api/v1/apps?account=*&period=week",
+            &acme,
+            |body| body["data"]["apps"].as_array().unwrap().len() == 2,
+        )
+        .await;
+        let mut ids: Vec<&str> = hosts["data"]["apps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|app| app["id"].as_str().unwrap())
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["chat.example.com", "tools.example.org"], "{hosts}");
+        for app in hosts["data"]["apps"].as_array().unwrap() {
+            assert_eq!(app["title"], Value::Null, "{hosts}");
+            let url = app["url"].as_str().unwrap();
+            assert_eq!(url, format!("https://{}", app["id"].as_str().unwrap()));
+        }
+        let text = hosts.to_string();
+        for hidden in ["secret-merger", "Merger", "layoffs", "Layoffs"] {
+            assert!(!text.contains(hidden), "{hidden}: {text}");
+        }
+        // The operator still sees it whole on the public gateway.
+        let whole = get(public, "/api/v1/apps?account=*", &operator).await;
+        assert!(
+            whole.body.to_string().contains("secret-merger"),
+            "{}",
+            whole.body
+        );
     })
     .await;
 }

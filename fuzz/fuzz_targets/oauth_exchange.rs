@@ -1,6 +1,7 @@
 //! The OAuth routes' inputs on arbitrary bytes: the exchange body, the
 //! approval body, the callback URL, the code and the PKCE checks never
-//! panic; refusals are 400 (the exchange) or 400 and 422 (the approval);
+//! panic; refusals are 400 (the exchange) or 400 and 422 (the approval,
+//! read with `plain` refused and allowed: only allowed gives a plain code);
 //! what they accept keeps its bounds: a callback URL is `https://` or
 //! loopback `http://` and reads the same parsed again, a challenge is well
 //! formed for its method, a verifier is 43 to 128 unreserved characters,
@@ -17,7 +18,7 @@ use modelgate::oauth::input::{
 };
 use modelgate::oauth::{
     is_valid_challenge, is_valid_verifier, s256_challenge, verifier_matches, AuthCode, CallbackUrl,
-    ChallengeMethod,
+    ChallengeMethod, PlainPkce,
 };
 use modelgate::store::NANOS_PER_CREDIT;
 
@@ -67,27 +68,34 @@ fuzz_target!(|data: &[u8]| {
         Err(error) => assert_eq!(error.status().as_u16(), 400, "{}", error.message()),
     }
 
-    match code_request(data, now) {
-        Ok(request) => {
-            check_callback(&request.callback_url);
-            assert!(is_valid_challenge(
-                request.code_challenge_method,
-                &request.code_challenge
-            ));
-            assert!(request
-                .limit_nanos
-                .is_none_or(|nanos| (0..=MAX_CREDITS * NANOS_PER_CREDIT).contains(&nanos)));
-            assert!(request.expires_at.is_none_or(|expires_at| expires_at > now));
-            assert!(request.key_label.is_none_or(|label| {
-                !label.is_empty() && label.chars().count() <= MAX_KEY_NAME_CHARS
-            }));
+    for plain in [PlainPkce::Refused, PlainPkce::Allowed] {
+        match code_request(data, now, plain) {
+            Ok(request) => {
+                check_callback(&request.callback_url);
+                assert!(is_valid_challenge(
+                    request.code_challenge_method,
+                    &request.code_challenge
+                ));
+                // `plain` only where the operator allows it.
+                assert!(
+                    plain == PlainPkce::Allowed
+                        || request.code_challenge_method == ChallengeMethod::S256
+                );
+                assert!(request
+                    .limit_nanos
+                    .is_none_or(|nanos| (0..=MAX_CREDITS * NANOS_PER_CREDIT).contains(&nanos)));
+                assert!(request.expires_at.is_none_or(|expires_at| expires_at > now));
+                assert!(request.key_label.is_none_or(|label| {
+                    !label.is_empty() && label.chars().count() <= MAX_KEY_NAME_CHARS
+                }));
+            }
+            Err(error) => assert!(
+                matches!(error.status().as_u16(), 400 | 422),
+                "{}: {}",
+                error.status(),
+                error.message()
+            ),
         }
-        Err(error) => assert!(
-            matches!(error.status().as_u16(), 400 | 422),
-            "{}: {}",
-            error.status(),
-            error.message()
-        ),
     }
 
     let text = String::from_utf8_lossy(data);

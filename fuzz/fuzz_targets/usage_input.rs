@@ -1,14 +1,16 @@
 //! The usage routes' outside input on arbitrary bytes: the app headers
-//! (`HTTP-Referer`, `X-Gateway-Title`, `X-Title`), the query string and the
-//! generation id. Never a panic; a refusal is a 400; what is accepted keeps
-//! its bounds and never keeps a URL's query or a local address.
+//! (`HTTP-Referer`, `X-Gateway-Title`, `X-Title`), the query string (an
+//! `account` is one id or `*`) and the generation id. Never a panic; a
+//! refusal is a 400; what is accepted keeps its bounds and never keeps a
+//! URL's query or a local address.
 #![no_main]
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
+use modelgate::keys::is_valid_account_id;
 use modelgate::usage::{
     app_from_headers, parse_generation_id, usage_query, LEGACY_TITLE_HEADER, MAX_RECENT_GENERATIONS,
-    MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER, TITLE_HEADER,
+    MAX_REFERER_BYTES, MAX_TITLE_CHARS, PUBLIC_SCOPE, REFERER_HEADER, TITLE_HEADER,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -49,6 +51,11 @@ fuzz_target!(|data: &[u8]| {
     match usage_query(Some(&query)) {
         Ok(parsed) => {
             assert!((1..=MAX_RECENT_GENERATIONS).contains(&parsed.limit));
+            // An account is one id, or `*` (the whole gateway), never a list.
+            assert!(parsed
+                .account
+                .iter()
+                .all(|account| account == PUBLIC_SCOPE || is_valid_account_id(account)));
             if let Some(id) = parsed.id {
                 if let Some(reservation) = parse_generation_id(&id) {
                     assert_eq!(reservation.len(), 32);

@@ -207,6 +207,10 @@ pub(crate) async fn handle(
     if call.route.needs_management_key() && !principal.management {
         return Err(call.route.management_key_required());
     }
+    // Before any other store call: a flooding account costs one counter step.
+    if let Some(rate) = &config.management_rate {
+        rate.admit(&principal).await?;
+    }
     let body = || {
         call.body
             .as_deref()
@@ -228,13 +232,16 @@ pub(crate) async fn handle(
             usage::apps(
                 directory.store(),
                 config.app_ranking.as_ref(),
+                config.public_ranking,
                 &principal,
                 call.query.as_deref(),
                 now,
             )
             .await
         }
-        (Route::AuthCode, _) => crate::oauth::issue_code(directory, &principal, body()?).await,
+        (Route::AuthCode, _) => {
+            crate::oauth::issue_code(directory, config.approval_rules, &principal, body()?).await
+        }
         (Route::Credits, _) => {
             let balance = directory
                 .store()

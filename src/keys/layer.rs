@@ -4,7 +4,11 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use crate::notify::Notifier;
+use crate::oauth::{ApprovalRules, PlainPkce};
+use crate::rate_limit::RateRule;
 use crate::usage::AppRanking;
+
+use super::management_rate::{ManagementRate, DEFAULT_MANAGEMENT_RATE};
 
 use super::{ByokDirectory, KeyDirectory, KeyRoutes};
 use crate::free_quota::FreeQuotaRules;
@@ -26,6 +30,11 @@ pub(crate) struct KeyRoutesConfig {
     pub(crate) byok_providers: ByokProviders,
     pub(crate) leak_notifier: Notifier,
     pub(crate) app_ranking: Option<AppRanking>,
+    /// Whether any key may read the gateway-wide app ranking (by host only).
+    pub(crate) public_ranking: bool,
+    pub(crate) approval_rules: ApprovalRules,
+    /// `None`: management calls are not rated.
+    pub(crate) management_rate: Option<ManagementRate>,
 }
 
 /// The providers an account may set its own key for through
@@ -80,6 +89,7 @@ impl KeyRoutesLayer {
         let byok = ByokDirectory::builder(directory.store().clone())
             .clock(directory.clock().clone())
             .build();
+        let management_rate = Some(ManagementRate::new(&directory, DEFAULT_MANAGEMENT_RATE));
         KeyRoutesLayer {
             config: Arc::new(KeyRoutesConfig {
                 directory,
@@ -88,8 +98,51 @@ impl KeyRoutesLayer {
                 byok_providers: ByokProviders::Any,
                 leak_notifier: Notifier::disabled(),
                 app_ranking: None,
+                public_ranking: false,
+                approval_rules: ApprovalRules::default(),
+                management_rate,
             }),
         }
+    }
+
+    /// Lets every key read the gateway-wide app ranking
+    /// (`GET /api/v1/apps?account=*`), each app shown by its address's host
+    /// only: no path, no title (either may carry a tenant's data). Default:
+    /// off, the gateway-wide ranking is the operator's alone; other keys
+    /// read their own account's.
+    pub fn public_ranking(mut self, public: bool) -> Self {
+        Arc::make_mut(&mut self.config).public_ranking = public;
+        self
+    }
+
+    /// Whether an app may approve with a `plain` PKCE challenge
+    /// (`POST /api/v1/auth/keys/code`). Default: [`PlainPkce::Refused`],
+    /// S256 only.
+    pub fn plain_pkce(mut self, plain: PlainPkce) -> Self {
+        Arc::make_mut(&mut self.config).approval_rules.plain = plain;
+        self
+    }
+
+    /// At most `most` (at least 1) OAuth codes of one account wait for
+    /// their exchange at once; past it an approval is 429
+    /// `too_many_pending_codes_for_account`. Default:
+    /// [`DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT`](crate::oauth::DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT).
+    pub fn max_pending_codes_per_account(mut self, most: u64) -> Self {
+        Arc::make_mut(&mut self.config)
+            .approval_rules
+            .max_pending_codes_per_account = most.max(1);
+        self
+    }
+
+    /// The rate of each account's management calls (every request of an
+    /// account's management key to these routes; the operator's key is not
+    /// counted), decided in the store so it holds across instances; past
+    /// it, 429 with `limit_source` `management_rate`. `None` turns it off.
+    /// Default: [`DEFAULT_MANAGEMENT_RATE`] (600 a minute, bursts of 60).
+    pub fn management_rate(mut self, rule: Option<RateRule>) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.management_rate = rule.map(|rule| ManagementRate::new(&config.directory, rule));
+        self
     }
 
     /// Serves the accounts' provider keys (BYOK) from `byok`. Give

@@ -15,7 +15,7 @@
 //! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key` |
 //! | `POST /api/v1/keys/{hash}/leaked` `{url?, source?}` | management key | `{"data": {…}}`: the key revoked and disabled for good, its owner told ([`KeyRoutesLayer::leak_notifier`]) |
-//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method?, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key | 201 `{"data": {id, created_at, expires_at}}`: an app's OAuth code ([`oauth`](crate::oauth), whose `CodeExchange` answers `POST /api/v1/auth/keys`) |
+//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key | 201 `{"data": {id, created_at, expires_at}}`: an app's OAuth code ([`oauth`](crate::oauth), whose `CodeExchange` answers `POST /api/v1/auth/keys`) |
 //! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
 //! | `GET /api/v1/accounts?offset=` | management key | `{"data": [{…}, …]}`: every account for the operator, its own for an account's key |
 //! | `GET /api/v1/accounts/{id}` | operator, or that account's management key | `{"data": {…, is_free_tier, free_model_daily_requests}}` |
@@ -42,6 +42,13 @@
 //! the providers [`KeyRoutesLayer::byok_providers`] names (any, by
 //! default): those the service below really sends it to in place of its
 //! own credential (the proxy: those with `"byok": true`).
+//!
+//! Every request an account's management key makes to these routes counts
+//! against its account's management rate, decided in the store so it
+//! holds across instances ([`KeyRoutesLayer::management_rate`], default
+//! [`DEFAULT_MANAGEMENT_RATE`]: 600 a minute, bursts of 60); past it, 429
+//! with `limit_source` `management_rate` and `Retry-After`. The operator's
+//! key is not counted: it must still work while a tenant floods the API.
 //!
 //! Each key shows `last_used_at` (written at most once a minute, so it may
 //! lag that much) and `leak` (`null`, or when, where and by whom it was
@@ -115,6 +122,7 @@ pub mod input;
 mod layer;
 mod leak;
 mod lookup_cache;
+mod management_rate;
 mod record;
 mod service;
 
@@ -125,6 +133,7 @@ pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, Sh
 pub(crate) use handlers::Route;
 pub use layer::{ByokProviders, KeyRoutesLayer};
 pub(crate) use leak::report_leak;
+pub use management_rate::DEFAULT_MANAGEMENT_RATE;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,

@@ -32,6 +32,20 @@ pub const CODE_LIFETIME: Duration = Duration::from_secs(600);
 /// it, new approvals are refused (503) until codes are used or expire.
 pub const MAX_PENDING_CODES: u64 = 100_000;
 
+/// The most codes one account may have waiting for their exchange, unless
+/// configured otherwise ([`AuthCodes::max_pending_per_account`]): one
+/// account cannot take the gateway-wide [`MAX_PENDING_CODES`] from the
+/// others. People approve apps one click at a time; 100 in ten minutes is
+/// far more than any of them needs.
+pub const DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT: u64 = 100;
+
+/// The record collection of `account`'s codes waiting for their exchange,
+/// by the same id as in [`AUTH_CODES`]: each holds the code's place in
+/// the account's cap until it is exchanged or expires.
+pub fn pending_codes(account: &str) -> String {
+    format!("{AUTH_CODES}/{account}")
+}
+
 /// An authorization code: 256 random bits as 43 base64url characters.
 ///
 /// `Debug` hides it; [`expose`](Self::expose) gives the text.
@@ -130,6 +144,15 @@ pub enum IssueError {
     /// [`MAX_PENDING_CODES`] codes are waiting already.
     #[error("{MAX_PENDING_CODES} authorization codes are waiting for their exchange already")]
     TooManyPending,
+    /// The account has as many codes waiting as it may
+    /// ([`AuthCodes::max_pending_per_account`]).
+    #[error("the account has {most} authorization codes waiting for their exchange already")]
+    TooManyPendingForAccount {
+        /// The account's cap.
+        most: u64,
+        /// When its oldest waiting code expires, freeing a place.
+        retry_after: Duration,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -195,55 +218,164 @@ pub enum ExchangeError {
 #[derive(Clone, Debug)]
 pub struct AuthCodes {
     directory: KeyDirectory,
+    max_pending_per_account: u64,
+}
+
+/// A code's place in its account's cap, in [`pending_codes`]: when it
+/// expires, so a refusal can say when a place frees.
+#[derive(Serialize, Deserialize)]
+struct PendingPlace {
+    expires_at: DateTime<Utc>,
 }
 
 impl AuthCodes {
-    /// Codes kept in `directory`'s store, for keys of `directory`.
+    /// Codes kept in `directory`'s store, for keys of `directory`, at most
+    /// [`DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT`] waiting per account.
     pub fn new(directory: KeyDirectory) -> Self {
-        AuthCodes { directory }
+        AuthCodes {
+            directory,
+            max_pending_per_account: DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+        }
+    }
+
+    /// At most `most` codes (at least 1) of one account wait for their
+    /// exchange at once; past it, [`issue`](Self::issue) is refused until
+    /// one is exchanged or expires. Decided by the store in one atomic
+    /// write, so it holds under concurrency and across instances.
+    pub fn max_pending_per_account(mut self, most: u64) -> Self {
+        self.max_pending_per_account = most.max(1);
+        self
     }
 
     /// Makes a code for `approval`, valid for [`CODE_LIFETIME`]. Nothing is
     /// created in the account until the code is exchanged.
+    ///
+    /// The code first takes a place among its account's waiting codes
+    /// ([`pending_codes`], capped per account), then is written among all
+    /// codes ([`AUTH_CODES`], capped at [`MAX_PENDING_CODES`]); a place
+    /// taken for a code that was then not written is given back (or, if
+    /// the store fails meanwhile, frees itself when the code would have
+    /// expired).
     pub async fn issue(&self, approval: Approval) -> Result<IssuedCode, IssueError> {
         let now = self.directory.now();
         let expires_at = now + CODE_LIFETIME;
+        let account = approval.account.clone();
         let stored = StoredCode {
             approval,
             created_at: now,
             expires_at,
             used_at: None,
         };
-        let options = PutOptions::expiring(CODE_LIFETIME).max_records(MAX_PENDING_CODES);
         // 256 random bits do not collide; a conflict means a broken random
         // source, tried once more all the same.
         for _ in 0..2 {
             let code = AuthCode::generate();
-            match self
+            let id = code.hash_hex();
+            if !self.take_place(&account, &id, expires_at, now).await? {
+                continue;
+            }
+            let written = self
                 .directory
                 .store()
                 .put_json_at(
                     AUTH_CODES,
-                    &code.hash_hex(),
+                    &id,
                     &stored,
                     Expect::Absent,
-                    options,
+                    PutOptions::expiring(CODE_LIFETIME).max_records(MAX_PENDING_CODES),
                     now,
                 )
-                .await?
-            {
-                PutOutcome::Write(WriteOutcome::Written { .. }) => {
+                .await;
+            match written {
+                Ok(PutOutcome::Write(WriteOutcome::Written { .. })) => {
                     return Ok(IssuedCode {
                         code,
                         created_at: now,
                         expires_at,
                     })
                 }
-                PutOutcome::Write(WriteOutcome::Conflict { .. }) => continue,
-                PutOutcome::Full { .. } => return Err(IssueError::TooManyPending),
+                Ok(PutOutcome::Write(WriteOutcome::Conflict { .. })) => {
+                    self.give_back_place(&account, &id, now).await;
+                }
+                Ok(PutOutcome::Full { .. }) => {
+                    self.give_back_place(&account, &id, now).await;
+                    return Err(IssueError::TooManyPending);
+                }
+                Err(error) => {
+                    self.give_back_place(&account, &id, now).await;
+                    return Err(error.into());
+                }
             }
         }
         Err(StoreError::corrupt("put_record", "every new authorization code collided").into())
+    }
+
+    /// Takes a place for code `id` among `account`'s waiting codes: false
+    /// when the id has one already (a collision), an error when the
+    /// account has no place left.
+    async fn take_place(
+        &self,
+        account: &str,
+        id: &str,
+        expires_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, IssueError> {
+        let store = self.directory.store();
+        let collection = pending_codes(account);
+        let options = PutOptions::expiring(CODE_LIFETIME).max_records(self.max_pending_per_account);
+        match store
+            .put_json_at(
+                &collection,
+                id,
+                &PendingPlace { expires_at },
+                Expect::Absent,
+                options,
+                now,
+            )
+            .await?
+        {
+            PutOutcome::Write(WriteOutcome::Written { .. }) => Ok(true),
+            PutOutcome::Write(WriteOutcome::Conflict { .. }) => Ok(false),
+            PutOutcome::Full { records } => {
+                // All places share one lifetime, so the oldest (the last
+                // listed, newest first) frees first. A failed read only
+                // costs the precision of the wait.
+                let oldest = store
+                    .list_records_at(&collection, records.saturating_sub(1) as usize, 1, now)
+                    .await
+                    .ok()
+                    .and_then(|listed| listed.into_iter().next())
+                    .and_then(|(_, place)| {
+                        serde_json::from_slice::<PendingPlace>(&place.value).ok()
+                    });
+                let retry_after = oldest
+                    .and_then(|place| (place.expires_at - now).to_std().ok())
+                    .unwrap_or(CODE_LIFETIME)
+                    .clamp(Duration::from_secs(1), CODE_LIFETIME);
+                Err(IssueError::TooManyPendingForAccount {
+                    most: self.max_pending_per_account,
+                    retry_after,
+                })
+            }
+        }
+    }
+
+    /// Frees code `id`'s place among `account`'s waiting codes: it was
+    /// exchanged, or never written. A failure is logged; the place frees
+    /// itself when the code would have expired.
+    async fn give_back_place(&self, account: &str, id: &str, now: DateTime<Utc>) {
+        if let Err(error) = self
+            .directory
+            .store()
+            .delete_record_at(&pending_codes(account), id, Expect::Any, now)
+            .await
+        {
+            tracing::warn!(
+                %account,
+                %error,
+                "an authorization code's place in its account's cap was not freed; it frees itself within 10 minutes"
+            );
+        }
     }
 
     /// Exchanges `request`'s code for a new key of the approved account,
@@ -326,6 +458,9 @@ impl AuthCodes {
                 return refused(ExchangeRefusal::InvalidCode)
             }
         }
+        // No longer waiting: its place in the account's cap is free.
+        self.give_back_place(&stored.approval.account, &id, now)
+            .await;
         let approval = used.approval;
         let new = NewKey {
             account: approval.account.clone(),
@@ -539,6 +674,63 @@ mod tests {
                 ));
             }
         }
+    }
+
+    #[tokio::test]
+    async fn an_account_has_its_own_cap_on_waiting_codes_and_an_exchange_frees_a_place() {
+        let (codes, clock, store) = setup();
+        let codes = codes.max_pending_per_account(3);
+        let mut issued = Vec::new();
+        for _ in 0..3 {
+            issued.push(codes.issue(approval(ChallengeMethod::S256)).await.unwrap());
+            clock.advance(Duration::from_secs(60));
+        }
+        // Full: the wait is until the oldest expires (10 min after it was
+        // made, 3 min ago).
+        match codes.issue(approval(ChallengeMethod::S256)).await {
+            Err(IssueError::TooManyPendingForAccount { most, retry_after }) => {
+                assert_eq!(most, 3);
+                assert_eq!(retry_after, CODE_LIFETIME - Duration::from_secs(180));
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+        // Nothing of the refused one was kept.
+        let all = store
+            .list_records_at(AUTH_CODES, 0, 10, clock.now())
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 3);
+        // Another account is not affected.
+        let other = Approval {
+            account: "globex".into(),
+            ..approval(ChallengeMethod::S256)
+        };
+        codes.issue(other).await.unwrap();
+        // An exchanged code no longer waits: its place is free at once.
+        codes
+            .exchange(&exchange_of(issued[0].code.expose(), VERIFIER, None))
+            .await
+            .unwrap();
+        codes.issue(approval(ChallengeMethod::S256)).await.unwrap();
+        assert!(matches!(
+            codes.issue(approval(ChallengeMethod::S256)).await,
+            Err(IssueError::TooManyPendingForAccount { .. })
+        ));
+        // And an expired one frees its place by itself.
+        clock.advance(CODE_LIFETIME - Duration::from_secs(119));
+        codes.issue(approval(ChallengeMethod::S256)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn concurrent_issues_never_pass_the_account_s_cap() {
+        let (codes, _, _) = setup();
+        let codes = codes.max_pending_per_account(5);
+        let results = futures_util::future::join_all(
+            (0..20).map(|_| codes.issue(approval(ChallengeMethod::S256))),
+        )
+        .await;
+        let made = results.iter().filter(|result| result.is_ok()).count();
+        assert_eq!(made, 5);
     }
 
     proptest::proptest! {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use url::{Host, Url};
 
-use super::pkce::{is_valid_challenge, is_valid_verifier, ChallengeMethod};
+use super::pkce::{is_valid_challenge, is_valid_verifier, ChallengeMethod, PlainPkce};
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::input::{
@@ -167,8 +167,8 @@ pub struct CodeRequest {
     pub callback_url: CallbackUrl,
     /// The app's PKCE challenge, well formed for its method.
     pub code_challenge: String,
-    /// How the challenge was made; `plain` when the request named none, as
-    /// RFC 7636 says.
+    /// How the challenge was made: `S256`, or `plain` where the gateway
+    /// allows it (then also when the request named none, as RFC 7636 says).
     pub code_challenge_method: ChallengeMethod,
     /// The app key's credit limit in nano-credits; `None`: no limit.
     pub limit_nanos: Option<i64>,
@@ -196,10 +196,18 @@ const CODE_REQUEST_FIELDS: [&str; 8] = [
 ];
 
 /// Reads the body of `POST /api/v1/auth/keys/code`; `now` bounds
-/// `expires_at`. A body that is no JSON object, an unknown field or a
-/// missing `callback_url` or `code_challenge` is 400; a field of the wrong
-/// type or value is 422. Both name the field in `metadata.param`.
-pub fn code_request(body: &[u8], now: DateTime<Utc>) -> Result<CodeRequest, GatewayError> {
+/// `expires_at`, `plain` says whether the `plain` PKCE method is taken. A
+/// body that is no JSON object, an unknown field, a missing
+/// `callback_url` or `code_challenge`, and (unless `plain` is
+/// [`PlainPkce::Allowed`]) a `code_challenge_method` that is absent or
+/// `plain` are 400 (the last two with `metadata.reason`
+/// `pkce_method_required`, `plain_pkce_refused`); a field of the wrong type
+/// or value is 422. Both name the field in `metadata.param`.
+pub fn code_request(
+    body: &[u8],
+    now: DateTime<Utc>,
+    plain: PlainPkce,
+) -> Result<CodeRequest, GatewayError> {
     let mut fields = Fields::parse(body, &CODE_REQUEST_FIELDS)?;
     let callback_url = fields.take("callback_url").ok_or_else(|| {
         missing(
@@ -219,7 +227,14 @@ pub fn code_request(body: &[u8], now: DateTime<Utc>) -> Result<CodeRequest, Gate
         )
     })?;
     let code_challenge_method = match fields.take("code_challenge_method") {
-        None | Some(Value::Null) => ChallengeMethod::Plain,
+        None | Some(Value::Null) if plain == PlainPkce::Allowed => ChallengeMethod::Plain,
+        None | Some(Value::Null) => {
+            return Err(missing(
+                "code_challenge_method",
+                "this gateway takes S256 challenges only; send \"code_challenge_method\": \"S256\" with code_challenge = base64url(SHA-256(code_verifier))",
+            )
+            .with_metadata("reason", "pkce_method_required"))
+        }
         Some(Value::String(text)) => ChallengeMethod::parse(&text).ok_or_else(|| {
             invalid(
                 "code_challenge_method",
@@ -233,6 +248,13 @@ pub fn code_request(body: &[u8], now: DateTime<Utc>) -> Result<CodeRequest, Gate
             ))
         }
     };
+    if code_challenge_method == ChallengeMethod::Plain && plain == PlainPkce::Refused {
+        return Err(bad_request(
+            "code_challenge_method",
+            "`code_challenge_method` plain is refused on this gateway: with plain the verifier itself travels in the /auth URL. Use \"S256\" with code_challenge = base64url(SHA-256(code_verifier))",
+        )
+        .with_metadata("reason", "plain_pkce_refused"));
+    }
     let code_challenge = match code_challenge {
         Value::String(text) if is_valid_challenge(code_challenge_method, &text) => text,
         _ => {
@@ -511,7 +533,7 @@ mod tests {
             "key_label": " Example app ",
             "account": "acme",
         });
-        let request = code_request(body.to_string().as_bytes(), now()).unwrap();
+        let request = code_request(body.to_string().as_bytes(), now(), PlainPkce::Refused).unwrap();
         assert_eq!(request.callback_url.as_str(), "https://app.example.com/cb");
         assert_eq!(request.code_challenge, challenge);
         assert_eq!(request.code_challenge_method, ChallengeMethod::S256);
@@ -524,10 +546,12 @@ mod tests {
         assert_eq!(request.key_label.as_deref(), Some("Example app"));
         assert_eq!(request.account.as_deref(), Some("acme"));
 
-        // The method defaults to plain, as RFC 7636 says.
+        // Where the operator allows plain, the method defaults to it, as
+        // RFC 7636 says.
         let minimal =
             json!({"callback_url": "http://localhost:3000/cb", "code_challenge": VERIFIER});
-        let request = code_request(minimal.to_string().as_bytes(), now()).unwrap();
+        let request =
+            code_request(minimal.to_string().as_bytes(), now(), PlainPkce::Allowed).unwrap();
         assert_eq!(request.code_challenge_method, ChallengeMethod::Plain);
         assert_eq!(
             (request.limit_nanos, request.limit_reset, request.expires_at),
@@ -552,7 +576,11 @@ mod tests {
                     body[field] = value.clone();
                 }
             }
-            refusal(code_request(body.to_string().as_bytes(), now()))
+            refusal(code_request(
+                body.to_string().as_bytes(),
+                now(),
+                PlainPkce::Refused,
+            ))
         };
         for (change, status, param) in [
             (json!({"callback_url": "<absent>"}), 400, "callback_url"),
@@ -611,7 +639,61 @@ mod tests {
         assert_eq!(status, 422);
         assert!(message.starts_with("`key_label`"), "{message}");
         for body in [&b""[..], b"[]", b"{", b"null"] {
-            assert_eq!(refusal(code_request(body, now())).0, 400);
+            assert_eq!(
+                refusal(code_request(body, now(), PlainPkce::Refused)).0,
+                400
+            );
+        }
+    }
+
+    #[test]
+    fn plain_and_an_absent_method_are_400s_unless_the_operator_allows_plain() {
+        let approval = |method: Option<&str>| {
+            let mut body =
+                json!({"callback_url": "https://app.example.com/cb", "code_challenge": VERIFIER});
+            if let Some(method) = method {
+                body["code_challenge_method"] = json!(method);
+            }
+            body.to_string()
+        };
+        let reason = |result: Result<CodeRequest, GatewayError>| {
+            let error = result.unwrap_err();
+            assert_eq!(error.status().as_u16(), 400, "{}", error.message());
+            assert_eq!(error.metadata()["param"], "code_challenge_method");
+            assert!(error.message().contains("S256"), "{}", error.message());
+            error.metadata()["reason"].as_str().unwrap().to_owned()
+        };
+        let refused = |method| code_request(approval(method).as_bytes(), now(), PlainPkce::Refused);
+        assert_eq!(reason(refused(None)), "pkce_method_required");
+        assert_eq!(reason(refused(Some("plain"))), "plain_pkce_refused");
+        // A JSON null is no method either.
+        let null = json!({"callback_url": "https://app.example.com/cb",
+                          "code_challenge": VERIFIER, "code_challenge_method": null});
+        assert_eq!(
+            reason(code_request(
+                null.to_string().as_bytes(),
+                now(),
+                PlainPkce::Refused
+            )),
+            "pkce_method_required"
+        );
+        let allowed = |method| code_request(approval(method).as_bytes(), now(), PlainPkce::Allowed);
+        for method in [None, Some("plain")] {
+            let request = allowed(method).unwrap();
+            assert_eq!(request.code_challenge_method, ChallengeMethod::Plain);
+            assert_eq!(request.code_challenge, VERIFIER);
+        }
+        // S256 is taken either way; an unknown method stays a 422.
+        for plain in [PlainPkce::Refused, PlainPkce::Allowed] {
+            let body = json!({"callback_url": "https://app.example.com/cb",
+                              "code_challenge": s256_challenge(VERIFIER), "code_challenge_method": "S256"});
+            assert!(code_request(body.to_string().as_bytes(), now(), plain).is_ok());
+            let (status, param, _) = refusal(code_request(
+                approval(Some("S512")).as_bytes(),
+                now(),
+                plain,
+            ));
+            assert_eq!((status, param.as_str()), (422, "code_challenge_method"));
         }
     }
 
@@ -702,8 +784,10 @@ mod tests {
 
         #[test]
         fn no_body_panics_the_parsers(body in proptest::collection::vec(any::<u8>(), 0..200)) {
-            if let Err(error) = code_request(&body, now()) {
-                prop_assert!(matches!(error.status().as_u16(), 400 | 422));
+            for plain in [PlainPkce::Refused, PlainPkce::Allowed] {
+                if let Err(error) = code_request(&body, now(), plain) {
+                    prop_assert!(matches!(error.status().as_u16(), 400 | 422));
+                }
             }
             if let Err(error) = exchange_request(&body) {
                 prop_assert_eq!(error.status().as_u16(), 400);
@@ -714,19 +798,26 @@ mod tests {
         fn json_shaped_bodies_never_panic_the_parsers(
             callback in "\\PC{0,40}",
             challenge in "[A-Za-z0-9._~+/=-]{0,130}",
-            method in "(S256|plain|s256|)",
+            method in proptest::option::of("(S256|plain|s256|)"),
             limit in proptest::option::of(-5.0f64..1e12),
         ) {
             let body = json!({
                 "callback_url": callback, "code_challenge": challenge,
                 "code_challenge_method": method, "limit": limit,
             });
-            match code_request(body.to_string().as_bytes(), now()) {
-                Ok(request) => {
-                    prop_assert!(is_valid_challenge(request.code_challenge_method, &request.code_challenge));
-                    prop_assert!(request.limit_nanos.is_none_or(|nanos| nanos >= 0));
+            for plain in [PlainPkce::Refused, PlainPkce::Allowed] {
+                match code_request(body.to_string().as_bytes(), now(), plain) {
+                    Ok(request) => {
+                        prop_assert!(is_valid_challenge(request.code_challenge_method, &request.code_challenge));
+                        prop_assert!(request.limit_nanos.is_none_or(|nanos| nanos >= 0));
+                        // Only an operator who allows plain gets a plain code.
+                        prop_assert!(
+                            plain == PlainPkce::Allowed
+                                || request.code_challenge_method == ChallengeMethod::S256
+                        );
+                    }
+                    Err(error) => prop_assert!(matches!(error.status().as_u16(), 400 | 422)),
                 }
-                Err(error) => prop_assert!(matches!(error.status().as_u16(), 400 | 422)),
             }
             let exchange = json!({"code": callback, "code_verifier": challenge, "code_challenge_method": method});
             match exchange_request(exchange.to_string().as_bytes()) {

@@ -7,8 +7,11 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::json;
 
-use super::code::{app_key_name, Approval, AuthCodes, IssueError};
+use super::code::{
+    app_key_name, Approval, AuthCodes, IssueError, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+};
 use super::input::code_request;
+use super::pkce::PlainPkce;
 use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
@@ -16,15 +19,34 @@ use crate::keys::input::invalid;
 use crate::keys::KeyDirectory;
 use crate::store::FailurePolicy;
 
+/// What the operator decides about approvals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ApprovalRules {
+    /// Whether `plain` PKCE challenges are taken.
+    pub(crate) plain: PlainPkce,
+    /// The most codes of one account waiting for their exchange.
+    pub(crate) max_pending_codes_per_account: u64,
+}
+
+impl Default for ApprovalRules {
+    fn default() -> Self {
+        ApprovalRules {
+            plain: PlainPkce::Refused,
+            max_pending_codes_per_account: DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+        }
+    }
+}
+
 /// Answers one approval: 201 `{"data": {"id": <code>, "created_at",
 /// "expires_at"}}`. The caller checked that `principal` is a management
 /// key.
 pub(crate) async fn issue_code(
     directory: &KeyDirectory,
+    rules: ApprovalRules,
     principal: &Principal,
     body: &[u8],
 ) -> Result<Answer, GatewayError> {
-    let request = code_request(body, directory.now())?;
+    let request = code_request(body, directory.now(), rules.plain)?;
     let account = approved_account(principal, request.account.as_deref())?;
     let refuse = |error| FailurePolicy::refusal("KeyRoutes", &error);
     // The operator may name any account, but only one that exists: a
@@ -48,6 +70,7 @@ pub(crate) async fn issue_code(
         code_challenge_method: request.code_challenge_method,
     };
     let issued = AuthCodes::new(directory.clone())
+        .max_pending_per_account(rules.max_pending_codes_per_account)
         .issue(approval)
         .await
         .map_err(|error| match error {
@@ -57,6 +80,14 @@ pub(crate) async fn issue_code(
             )
             .with_metadata("reason", "too_many_pending_codes")
             .with_retry_after(Duration::from_secs(60)),
+            IssueError::TooManyPendingForAccount { most, retry_after } => GatewayError::new(
+                ErrorKind::RateLimited,
+                format!(
+                    "this account has {most} authorization codes waiting for their exchange, as many as it may; a place frees when an app exchanges its code or a code expires (10 minutes after it was made)"
+                ),
+            )
+            .with_metadata("reason", "too_many_pending_codes_for_account")
+            .with_retry_after(retry_after),
             IssueError::Store(error) => refuse(error),
         })?;
     let timestamp = |instant: chrono::DateTime<chrono::Utc>| {

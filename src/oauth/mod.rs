@@ -20,20 +20,29 @@
 //! | method and path | who | answer |
 //! |---|---|---|
 //! | `GET /auth?callback_url=&code_challenge=&code_challenge_method=` | a person's browser | the consent page (`SettingsPage`) |
-//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method?, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key (behind BearerAuth, answered by [`KeyRoutes`](crate::keys::KeyRoutes)) | 201 `{"data": {"id": "<code>", "created_at", "expires_at"}}` |
+//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key (behind BearerAuth, answered by [`KeyRoutes`](crate::keys::KeyRoutes)) | 201 `{"data": {"id": "<code>", "created_at", "expires_at"}}` |
 //! | `POST /api/v1/auth/keys` `{code, code_verifier, code_challenge_method?}` | anyone holding a code and its verifier ([`CodeExchange`], before BearerAuth) | 200 `{"key": "<plaintext, shown once>", "user_id": "<account>"}` |
 //!
 //! **Approving** (`…/code`): `callback_url` must be `https://`, or
 //! `http://` on `localhost`, `127.0.0.1` or `[::1]` ([`CallbackUrl`]);
-//! `code_challenge_method` is `S256` or `plain` and defaults to `plain`
-//! when absent, as RFC 7636 says (the consent page always sends it);
+//! `code_challenge_method` must be `S256`: `plain`, or no method (which
+//! RFC 7636 reads as `plain`), is 400 (`plain_pkce_refused`,
+//! `pkce_method_required`), since with `plain` the verifier itself
+//! travels in the consent page's URL, unless the operator allows it
+//! ([`KeyRoutesLayer::plain_pkce`](crate::keys::KeyRoutesLayer::plain_pkce));
+//! the consent page sends the method the app named;
 //! `limit`, `limit_reset` and `expires_at` read as in
 //! `POST /api/v1/keys`; `key_label` names the key (default: the callback
 //! URL's host). The operator's key must name the `account` (422
 //! `account_required`, or `unknown_account` for one that does not exist);
 //! an account's management key approves for its own account only (403
 //! `other_account`). An inference key gets 403. Nothing is created in the
-//! account yet.
+//! account yet. One account has at most
+//! [`DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT`] (100) codes waiting for their
+//! exchange ([`KeyRoutesLayer::max_pending_codes_per_account`](crate::keys::KeyRoutesLayer::max_pending_codes_per_account));
+//! past it an approval is 429 `too_many_pending_codes_for_account` with
+//! `Retry-After` (until its oldest code expires), so one account cannot
+//! take the gateway-wide [`MAX_PENDING_CODES`] from the others.
 //!
 //! **Exchanging** (`POST /api/v1/auth/keys`): a body that is no JSON
 //! object, a missing `code` or `code_verifier`, a verifier that is not 43
@@ -55,7 +64,9 @@
 //! characters. The store keeps only their SHA-256, as records of
 //! [`AUTH_CODES`] written with a lifetime of [`CODE_LIFETIME`] (10
 //! minutes; the gateway's clock is checked too), so they work across every
-//! instance sharing a Redis. A code is exchanged once: the exchange marks
+//! instance sharing a Redis; each also holds a place among its account's
+//! waiting codes ([`pending_codes`], capped by the store's atomic write)
+//! until it is exchanged or expires. A code is exchanged once: the exchange marks
 //! it used by a compare-and-set write on the revision it read, and only
 //! then creates the key, so two exchanges racing for one code (on one
 //! instance or two) give exactly one key; the other is told `code_used`.
@@ -170,15 +181,16 @@ mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use code::{
-    Approval, AuthCode, AuthCodes, ExchangeError, ExchangeRefusal, IssueError, IssuedCode,
-    AUTH_CODES, CODE_LIFETIME, MAX_PENDING_CODES,
+    pending_codes, Approval, AuthCode, AuthCodes, ExchangeError, ExchangeRefusal, IssueError,
+    IssuedCode, AUTH_CODES, CODE_LIFETIME, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+    MAX_PENDING_CODES,
 };
 pub use input::{CallbackUrl, CallbackUrlError, CodeRequest, ExchangeRequest};
-pub(crate) use issue::issue_code;
+pub(crate) use issue::{issue_code, ApprovalRules};
 pub use layer::CodeExchangeLayer;
 pub use pkce::{
     is_valid_challenge, is_valid_verifier, s256_challenge, verifier_matches, ChallengeMethod,
-    MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, S256_CHALLENGE_CHARS,
+    PlainPkce, MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, S256_CHALLENGE_CHARS,
 };
 pub use service::CodeExchange;
 

@@ -60,6 +60,21 @@ impl fmt::Display for ChallengeMethod {
     }
 }
 
+/// Whether approvals may use the `plain` method. Off by default: with
+/// `plain` the verifier itself travels in the consent page's URL (browser
+/// history, logs, the `Referer` of anything the page loads), so whoever
+/// sees that URL can exchange the code. RFC 7636 keeps `plain` only for
+/// clients that cannot hash, and every browser and language can.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlainPkce {
+    /// Only `S256`: `plain`, or an approval that names no method, is a 400.
+    #[default]
+    Refused,
+    /// `S256` or `plain`; an approval that names no method is `plain`, as
+    /// RFC 7636 reads it.
+    Allowed,
+}
+
 /// RFC 7636's unreserved characters, the alphabet of a verifier (and of a
 /// `plain` challenge): `A-Z a-z 0-9 - . _ ~`.
 fn is_unreserved(byte: u8) -> bool {

@@ -101,7 +101,8 @@ use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, Sh
 use crate::leaks::{LeakAlertsLayer, ScanningKeys};
 use crate::notify::{EmailSettings, Notifier, WebhookSettings};
 use crate::oauth::CodeExchangeLayer;
-use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
+use crate::oauth::PlainPkce;
+use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules, RateRule};
 use crate::response_body::{BoxError, ResponseBody};
 use crate::settings::SettingsPageLayer;
 use crate::usage::{AppRanking, Generations};
@@ -136,7 +137,9 @@ use crate::webhook::{
 ///                     "notify_webhook": {"url": "https://ops.example.com/hooks/leaks",
 ///                                        "secret": {"env": "LEAK_WEBHOOK_SECRET"}}},
 ///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"},
-///   "generations": {"retention_days": 30, "max_per_account": 100000}
+///   "generations": {"retention_days": 30, "max_per_account": 100000, "public_ranking": false},
+///   "oauth": {"allow_plain_pkce": false, "max_pending_codes_per_account": 100},
+///   "management_rate": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}}
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -194,6 +197,27 @@ pub struct GatewayConfig {
     /// Generation records (`X-Generation-Id`, `GET /api/v1/generation`)
     /// and the app ranking (`GET /api/v1/apps`).
     pub generations: GenerationsSection,
+    /// OAuth keys for apps: the PKCE methods approvals may use and how many
+    /// codes of one account may wait for their exchange.
+    pub oauth: OAuthSection,
+    /// The rate of each account's management calls (every request of an
+    /// account's management key to the key routes; the operator's key is
+    /// not counted), as a rate rule (`{"gcra": {…}}` or `{"rolling": {…}}`).
+    /// Absent: 600 a minute, in bursts of 60.
+    pub management_rate: Option<RateRule>,
+}
+
+/// `oauth` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OAuthSection {
+    /// Whether an approval may use the `plain` PKCE method (and an approval
+    /// naming no method means `plain`). Absent: `false`, S256 only; with
+    /// `plain` the verifier itself travels in the consent page's URL.
+    pub allow_plain_pkce: bool,
+    /// The most OAuth codes of one account waiting for their exchange at
+    /// once: at least 1. Absent: 100.
+    pub max_pending_codes_per_account: Option<u64>,
 }
 
 /// `generations` in [`GatewayConfig`]: how long each chat request's record
@@ -206,6 +230,10 @@ pub struct GenerationsSection {
     /// The most records an account keeps (the oldest go first): at least
     /// 1. Absent: 100,000 (about 50 MB of Redis memory per account).
     pub max_per_account: Option<u64>,
+    /// Whether every key may read the gateway-wide app ranking
+    /// (`GET /api/v1/apps?account=*`), each app shown by host only (no
+    /// path, no title). Absent: `false`, it is the operator's alone.
+    pub public_ranking: bool,
 }
 
 impl GenerationsSection {
@@ -367,6 +395,9 @@ impl std::fmt::Debug for GatewayConfig {
             .field("trusted_proxies", &self.trusted_proxies)
             .field("leak_scanning", &self.leak_scanning)
             .field("email", &self.email)
+            .field("generations", &self.generations)
+            .field("oauth", &self.oauth)
+            .field("management_rate", &self.management_rate)
             .finish()
     }
 }
@@ -643,6 +674,21 @@ impl GatewayConfig {
         }
     }
 
+    /// `management_rate`, checked as an account rule is; the default when
+    /// absent.
+    fn management_rate_rule(&self) -> Result<RateRule, ConfigError> {
+        let Some(rule) = self.management_rate else {
+            return Ok(crate::keys::DEFAULT_MANAGEMENT_RATE);
+        };
+        RateLimitRules {
+            account: Some(rule),
+            ..RateLimitRules::default()
+        }
+        .validate()
+        .map_err(|error| ConfigError::new(format!("management_rate: {error}")))?;
+        Ok(rule)
+    }
+
     fn retry_policy(&self) -> Result<RetryPolicy, ConfigError> {
         let policy = RetryPolicy::new(
             self.retry
@@ -831,6 +877,21 @@ where
             .unwrap_or(BodyLimitLayer::DEFAULT_MAX_BODY_BYTES) as u64,
         Duration::from_secs(10),
     );
+    let management_rate = config.management_rate_rule()?;
+    let max_pending_codes = match config.oauth.max_pending_codes_per_account {
+        Some(0) => {
+            return Err(ConfigError::new(
+                "oauth.max_pending_codes_per_account must be at least 1",
+            ))
+        }
+        Some(most) => most,
+        None => crate::oauth::DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+    };
+    let plain_pkce = if config.oauth.allow_plain_pkce {
+        PlainPkce::Allowed
+    } else {
+        PlainPkce::Refused
+    };
     let service = ServiceBuilder::new()
         .map_response(boxed_response)
         .layer(drain)
@@ -854,7 +915,11 @@ where
                 .free_quota_rules(config.free_quota)
                 .byok_directory(byok)
                 .byok_providers(byok_providers)
-                .app_ranking(app_ranking.clone()),
+                .app_ranking(app_ranking.clone())
+                .public_ranking(config.generations.public_ranking)
+                .plain_pkce(plain_pkce)
+                .max_pending_codes_per_account(max_pending_codes)
+                .management_rate(Some(management_rate)),
         )
         .layer(FallbackLayer::new(catalog))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))

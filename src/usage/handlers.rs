@@ -5,7 +5,7 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::query::usage_query;
-use super::ranking::{ranking_json, AppRanking, PUBLIC_SCOPE};
+use super::ranking::{by_host, ranking_json, AppRanking, PUBLIC_SCOPE};
 use super::record::{parse_generation_id, readable_by};
 use crate::answer::Answer;
 use crate::auth::Principal;
@@ -36,6 +36,11 @@ fn account_asked(
     asked: Option<String>,
 ) -> Result<Option<String>, GatewayError> {
     match asked {
+        Some(account) if account == PUBLIC_SCOPE => Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "account=* names the whole gateway, which only GET /api/v1/apps ranks; name one account",
+        )
+        .with_metadata("param", "account")),
         Some(account) if principal.operator || account == principal.account_id => Ok(Some(account)),
         Some(_) => Err(GatewayError::new(
             ErrorKind::Forbidden,
@@ -134,18 +139,41 @@ pub(crate) async fn recent_generations(
 }
 
 /// `GET /api/v1/apps?period=&account=`: apps by tokens in the current
-/// UTC period, in the whole gateway, or in one account with `account`.
+/// UTC period, in one account (a key's own by default; any for the
+/// operator) or in the whole gateway (`account=*`; the operator's by
+/// default). The whole gateway's is the operator's alone, unless
+/// `public_ranking`: then any key reads it, by host only.
 pub(crate) async fn apps(
     store: &SharedStore,
     ranking: Option<&AppRanking>,
+    public_ranking: bool,
     principal: &Principal,
     query: Option<&str>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Answer, GatewayError> {
     let query = usage_query(query)?;
-    let scope = match query.account {
-        Some(asked) => account_asked(principal, Some(asked))?.unwrap_or_default(),
-        None => PUBLIC_SCOPE.to_owned(),
+    let whole_gateway = match &query.account {
+        Some(asked) => asked == PUBLIC_SCOPE,
+        None => principal.operator,
+    };
+    let (scope, hosts_only) = if whole_gateway {
+        if !principal.operator && !public_ranking {
+            return Err(GatewayError::new(
+                ErrorKind::Forbidden,
+                format!(
+                    "the gateway-wide app ranking is the operator's on this gateway; read your account's with GET /api/v1/apps (or account={})",
+                    principal.account_id
+                ),
+            )
+            .with_metadata("reason", "operator_only"));
+        }
+        // Other tenants' apps reach a tenant by host only: a path or a
+        // title may say what a tenant is working on.
+        (PUBLIC_SCOPE.to_owned(), !principal.operator)
+    } else {
+        let account = account_asked(principal, query.account)?
+            .unwrap_or_else(|| principal.account_id.clone());
+        (account, false)
     };
     if let Some(ranking) = ranking {
         // This instance's latest counts first, so a client sees its own
@@ -154,9 +182,12 @@ pub(crate) async fn apps(
             tracing::warn!(%error, "app ranking: counts not written before a read");
         }
     }
-    let rows = store
+    let mut rows = store
         .app_usage(&scope, query.period, now)
         .await
         .map_err(refuse)?;
+    if hosts_only {
+        rows = by_host(rows);
+    }
     Ok(ok(json!({ "data": ranking_json(rows, query.period, now) })))
 }

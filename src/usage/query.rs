@@ -8,6 +8,7 @@ use url::form_urlencoded;
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::is_valid_account_id;
+use crate::usage::PUBLIC_SCOPE;
 
 /// Records a `GET /api/v1/generations` answers by default, and at most.
 pub const DEFAULT_RECENT_GENERATIONS: usize = 20;
@@ -24,8 +25,9 @@ pub struct UsageQuery {
     /// `limit`: how many records, 1 to [`MAX_RECENT_GENERATIONS`].
     pub limit: usize,
     /// `account`: whose records or apps; the operator's key may name any
-    /// account, other keys only their own. Absent: the key's own account
-    /// for records, the whole gateway for the app ranking.
+    /// account, other keys only their own. `*` ([`PUBLIC_SCOPE`]) names the
+    /// whole gateway, which only the app ranking reads. Absent: the key's
+    /// own account (the whole gateway for the operator's app ranking).
     pub account: Option<String>,
 }
 
@@ -83,8 +85,11 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
                     .ok_or_else(|| bad(name, "must be a whole number from 1 to 100"))?;
             }
             _ => {
-                if !is_valid_account_id(&value) {
-                    return Err(bad(name, "must be 1 to 64 characters of A-Z a-z 0-9 . _ -"));
+                if value != PUBLIC_SCOPE && !is_valid_account_id(&value) {
+                    return Err(bad(
+                        name,
+                        "must be 1 to 64 characters of A-Z a-z 0-9 . _ -, or * for the whole gateway",
+                    ));
                 }
                 parsed.account = Some(value.into_owned());
             }
@@ -115,6 +120,8 @@ mod tests {
         assert_eq!(query.period, Period::Month);
         assert_eq!(query.limit, 5);
         assert_eq!(query.account.as_deref(), Some("acme"));
+        let gateway = usage_query(Some("account=%2A")).unwrap();
+        assert_eq!(gateway.account.as_deref(), Some(PUBLIC_SCOPE));
     }
 
     #[test]
@@ -125,6 +132,7 @@ mod tests {
             ("limit=101", "limit", 422),
             ("limit=x", "limit", 422),
             ("account=a%20b", "account", 422),
+            ("account=**", "account", 422),
             ("id=", "id", 422),
             ("period=day&period=week", "period", 400),
         ] {
@@ -144,7 +152,10 @@ mod tests {
         fn any_query_gives_an_answer_never_a_panic(query in ".{0,200}") {
             if let Ok(parsed) = usage_query(Some(&query)) {
                 prop_assert!((1..=MAX_RECENT_GENERATIONS).contains(&parsed.limit));
-                prop_assert!(parsed.account.iter().all(|account| is_valid_account_id(account)));
+                prop_assert!(parsed
+                    .account
+                    .iter()
+                    .all(|account| account == PUBLIC_SCOPE || is_valid_account_id(account)));
             }
         }
     }

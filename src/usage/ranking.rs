@@ -237,6 +237,39 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// `rows` with each app reduced to its address's host (and port): its id
+/// the host, its `url` the origin (`https://host[:port]`), no title; rows
+/// of one host and model added together. Apps known only by a title are
+/// left out: the title is all there is of them.
+pub(crate) fn by_host(rows: Vec<AppUsage>) -> Vec<AppUsage> {
+    let mut hosts: HashMap<(String, String), AppUsage> = HashMap::new();
+    for row in rows {
+        let url = serde_json::from_str::<Value>(&row.details)
+            .ok()
+            .and_then(|details| details.get("url")?.as_str().map(str::to_owned))
+            .and_then(|url| url::Url::parse(&url).ok());
+        let Some(url) = url else { continue };
+        let Some(host) = url.host_str() else { continue };
+        let id = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        };
+        let merged = hosts
+            .entry((id.clone(), row.model.clone()))
+            .or_insert_with(|| AppUsage {
+                details: json!({"url": url.origin().ascii_serialization(), "title": Value::Null})
+                    .to_string(),
+                app: id,
+                model: row.model,
+                requests: 0,
+                tokens: 0,
+            });
+        merged.requests = merged.requests.saturating_add(row.requests);
+        merged.tokens = merged.tokens.saturating_add(row.tokens);
+    }
+    hosts.into_values().collect()
+}
+
 /// Rows grouped by app and ranked by tokens (then requests, then id, so
 /// the order is stable), at most [`MAX_RANKED_APPS`].
 pub(crate) fn ranking_json(rows: Vec<AppUsage>, period: Period, now: DateTime<Utc>) -> Value {
@@ -342,6 +375,87 @@ mod tests {
         ranking.flush().await.unwrap();
         let again = ranking.ranking(PUBLIC_SCOPE, Period::Day).await.unwrap();
         assert_eq!(again["apps"][0]["tokens"], 40);
+    }
+
+    #[test]
+    fn by_host_keeps_hosts_only_and_adds_their_paths_up() {
+        let now = Utc.with_ymd_and_hms(2024, 3, 5, 12, 0, 0).unwrap();
+        let row = |app: &str, details: Value, model: &str, tokens: u64| AppUsage {
+            app: app.into(),
+            details: details.to_string(),
+            model: model.into(),
+            requests: 1,
+            tokens,
+        };
+        let rows = vec![
+            row(
+                "chat.example.com/acme/secret-project",
+                json!({"url": "https://chat.example.com/acme/secret-project", "title": "Acme's plan"}),
+                "m1",
+                10,
+            ),
+            row(
+                "chat.example.com/globex",
+                json!({"url": "https://chat.example.com/globex", "title": "Globex"}),
+                "m1",
+                5,
+            ),
+            row(
+                "tool.example.org:8443/x",
+                json!({"url": "https://tool.example.org:8443/x", "title": null}),
+                "m2",
+                1,
+            ),
+            row(
+                "title:Local Tool",
+                json!({"url": null, "title": "Local Tool"}),
+                "m1",
+                50,
+            ),
+            row("broken", json!("not an object"), "m1", 50),
+        ];
+        let ranked = ranking_json(by_host(rows), Period::Day, now);
+        let apps = ranked["apps"].as_array().unwrap();
+        assert_eq!(apps.len(), 2, "{ranked}");
+        assert_eq!(apps[0]["id"], "chat.example.com");
+        assert_eq!(apps[0]["url"], "https://chat.example.com");
+        assert_eq!(apps[0]["title"], Value::Null);
+        assert_eq!(
+            (apps[0]["requests"].as_u64(), apps[0]["tokens"].as_u64()),
+            (Some(2), Some(15))
+        );
+        assert_eq!(apps[0]["models"].as_array().unwrap().len(), 1);
+        assert_eq!(apps[1]["id"], "tool.example.org:8443");
+        assert_eq!(apps[1]["url"], "https://tool.example.org:8443");
+        let text = ranked.to_string();
+        for hidden in ["secret-project", "globex", "Acme", "Local Tool", "/x"] {
+            assert!(!text.contains(hidden), "{hidden} in {text}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn by_host_never_shows_a_path_or_title(
+            host in "[a-z]{1,10}\\.(com|org)",
+            path in "(/[a-z0-9]{1,8}){1,3}",
+            title in "[A-Za-z ]{1,20}",
+        ) {
+            let url = format!("https://{host}{path}");
+            let rows = vec![AppUsage {
+                app: format!("{host}{path}"),
+                details: json!({"url": url, "title": title}).to_string(),
+                model: "m".into(),
+                requests: 1,
+                tokens: 1,
+            }];
+            let hosts = by_host(rows);
+            proptest::prop_assert_eq!(hosts.len(), 1);
+            proptest::prop_assert_eq!(&hosts[0].app, &host);
+            let details: Value = serde_json::from_str(&hosts[0].details).unwrap();
+            let origin = format!("https://{host}");
+            proptest::prop_assert_eq!(details["url"].as_str(), Some(origin.as_str()));
+            proptest::prop_assert_eq!(&details["title"], &Value::Null);
+        }
     }
 
     #[test]

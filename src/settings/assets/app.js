@@ -461,7 +461,8 @@
   // sections follow the account chosen in the Accounts table (the
   // operator's own, "default", until another is chosen), so switching
   // accounts switches them too. `account` is always named, even for a
-  // scoped key: without it /api/v1/apps ranks the whole gateway's apps.
+  // scoped key: without it the operator's key gets the whole gateway's
+  // app ranking.
   // With no account known (a gateway too old to say) or no usage routes
   // (older still), the sections stay hidden.
   async function loadUsage() {

@@ -24,7 +24,8 @@
 
   const $ = (id) => document.getElementById(id);
 
-  // The checked request: { callback: URL, challenge, method }.
+  // The checked request: { callback: URL, challenge, method } (method
+  // null when the app named none).
   let request = null;
   // Who is signed in: { key, operator, account }.
   let session = null;
@@ -72,8 +73,12 @@
   function readRequest() {
     const params = new URLSearchParams(location.search);
     const callback = callbackUrl(single(params, 'callback_url'));
-    // RFC 7636: no method named means plain.
-    const method = single(params, 'code_challenge_method') || 'plain';
+    // RFC 7636: no method named means plain. Whether the gateway takes
+    // plain is the operator's choice (by default it takes S256 only), so
+    // the approval carries what the app named, and the gateway's answer
+    // says what to do.
+    const named = single(params, 'code_challenge_method');
+    const method = named || 'plain';
     if (!Object.hasOwn(CHALLENGES, method)) throw new RequestError('code_challenge_method must be S256 or plain.');
     const challenge = single(params, 'code_challenge');
     if (challenge === null || challenge === '') throw new RequestError('code_challenge is missing: the app must send its PKCE challenge.');
@@ -82,7 +87,7 @@
         ? 'code_challenge must be 43 base64url characters: the SHA-256 of the app\'s code_verifier.'
         : 'code_challenge must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~.');
     }
-    return { callback, challenge, method };
+    return { callback, challenge, method: named };
   }
 
   // ---- the API ------------------------------------------------------
@@ -142,8 +147,8 @@
     const body = {
       callback_url: request.callback.href,
       code_challenge: request.challenge,
-      code_challenge_method: request.method,
     };
+    if (request.method !== null) body.code_challenge_method = request.method;
     const name = $('consent-name').value.trim();
     if (name) body.key_label = name;
     const limit = limitField($('consent-limit'));

@@ -1,0 +1,123 @@
+//! The rate of an account's management calls: every request an account's
+//! management key makes to [`KeyRoutes`](super::KeyRoutes) counts in one
+//! counter of that account, kept in the store (so the rate holds across
+//! instances); past the rule, 429 `management_rate` with `Retry-After`.
+//! The operator's key is not counted: it is the one that must still work
+//! while a tenant floods the API.
+
+use super::KeyDirectory;
+use crate::auth::Principal;
+use crate::error::{GatewayError, LimitSource};
+use crate::limiter::{Limiter, Verdict};
+use crate::rate_limit::RateRule;
+use crate::store::{Check, FailurePolicy};
+
+/// The default rate of one account's management calls: 600 a minute, in
+/// bursts of at most 60 (a settings page loading makes a handful).
+pub const DEFAULT_MANAGEMENT_RATE: RateRule = RateRule::Gcra {
+    requests: 600,
+    period_seconds: 60,
+    burst: 60,
+};
+
+/// The counter's name in the account's scope.
+const COUNTER: &str = "management";
+
+/// One rule, checked per account in the store.
+#[derive(Clone, Debug)]
+pub(crate) struct ManagementRate {
+    rule: RateRule,
+    limiter: Limiter,
+}
+
+impl ManagementRate {
+    /// `rule` per account, in `directory`'s store at its clock. Like every
+    /// other step of the key routes, a failed store refuses (503).
+    pub(crate) fn new(directory: &KeyDirectory, rule: RateRule) -> Self {
+        let mut limiter = Limiter::new(directory.store().clone(), "KeyRoutes");
+        limiter.clock = directory.clock().clone();
+        limiter.policy = FailurePolicy::FailClosed;
+        ManagementRate { rule, limiter }
+    }
+
+    /// Counts one call of `principal` when it is an account's management
+    /// key; the 429 when its account is past the rule (nothing counted).
+    pub(crate) async fn admit(&self, principal: &Principal) -> Result<(), GatewayError> {
+        if !principal.management || principal.operator {
+            return Ok(());
+        }
+        let check = Check::new(COUNTER, self.rule.limit(), 1);
+        match self
+            .limiter
+            .check(&principal.account_id, &[check], None)
+            .await?
+        {
+            Verdict::Rejected { retry_after, .. } => Err(GatewayError::rate_limited(
+                LimitSource::ManagementRate,
+                format!(
+                    "the account {} made more management calls than this gateway allows ({}); retry after the wait in Retry-After",
+                    principal.account_id, self.rule
+                ),
+                retry_after,
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::KeyHash;
+    use crate::clock::ManualClock;
+    use crate::keys::SharedStore;
+    use crate::store::MemoryStore;
+    use chrono::{TimeZone, Utc};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn manager(account: &str, operator: bool) -> Principal {
+        Principal {
+            key_hash: KeyHash::of(account),
+            management: true,
+            operator,
+            ..Principal::for_tests(account)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_account_past_its_rate_is_refused_alone_and_the_operator_never() {
+        let clock = Arc::new(ManualClock::new(
+            Utc.with_ymd_and_hms(2026, 11, 26, 12, 0, 0).unwrap(),
+        ));
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let directory = KeyDirectory::builder(store).clock(clock.clone()).build();
+        let rate = ManagementRate::new(
+            &directory,
+            RateRule::Gcra {
+                requests: 3,
+                period_seconds: 60,
+                burst: 3,
+            },
+        );
+        let acme = manager("acme", false);
+        for _ in 0..3 {
+            rate.admit(&acme).await.unwrap();
+        }
+        let refused = rate.admit(&acme).await.unwrap_err();
+        assert_eq!(refused.status().as_u16(), 429);
+        assert_eq!(refused.metadata()["limit_source"], "management_rate");
+        assert_eq!(refused.retry_after(), Some(Duration::from_secs(20)));
+        assert!(refused.message().contains("acme"), "{}", refused.message());
+        // Another account, the operator and inference keys are not held up.
+        rate.admit(&manager("globex", false)).await.unwrap();
+        for _ in 0..10 {
+            rate.admit(&manager("default", true)).await.unwrap();
+            rate.admit(&Principal::for_tests("acme")).await.unwrap();
+        }
+        // One call's worth back after a third of the period.
+        clock.advance(Duration::from_secs(20));
+        rate.admit(&acme).await.unwrap();
+        assert!(rate.admit(&acme).await.is_err());
+    }
+}
