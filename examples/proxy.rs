@@ -96,7 +96,8 @@ async fn main() {
 async fn run() -> Result<(), String> {
     let (command, arguments) = args::Args::command();
     match command.as_deref() {
-        None => serve_gateway(arguments).await,
+        // No command: every argument is a flag of the gateway.
+        None => serve_gateway().await,
         Some("keygen") => keygen(arguments),
         Some("reset-operator-key") => reset_operator_key(arguments).await,
         Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
@@ -132,9 +133,8 @@ async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve_gateway(arguments: Vec<String>) -> Result<(), String> {
-    let args = args::Args::parse_from(
-        arguments,
+async fn serve_gateway() -> Result<(), String> {
+    let args = args::Args::parse(
         &[
             "listen",
             "admin-listen",

@@ -434,7 +434,14 @@ async fn the_operators_key_is_out_of_every_accounts_reach() {
 
         let me = get_as(gateway.address, "/api/v1/key", &gateway.admin).await;
         assert_eq!(me.body["data"]["account"], ":operator", "{name}");
-        let listed = send(gateway.address, "GET", "/api/v1/keys?include_disabled=true", Some(&manager), None).await;
+        let listed = send(
+            gateway.address,
+            "GET",
+            "/api/v1/keys?include_disabled=true",
+            Some(&manager),
+            None,
+        )
+        .await;
         assert_eq!(listed.status, 200, "{name}: {}", listed.body);
         let hashes: Vec<&str> = listed.body["data"]
             .as_array()
@@ -442,7 +449,11 @@ async fn the_operators_key_is_out_of_every_accounts_reach() {
             .iter()
             .map(|key| key["hash"].as_str().unwrap())
             .collect();
-        assert_eq!(hashes, [manager_hash.as_str()], "{name}: only its own account's keys");
+        assert_eq!(
+            hashes,
+            [manager_hash.as_str()],
+            "{name}: only its own account's keys"
+        );
 
         // Every action on the operator's key answers as on another
         // account's key, and changes nothing.
@@ -469,7 +480,11 @@ async fn the_operators_key_is_out_of_every_accounts_reach() {
                 body,
             )
             .await;
-            assert!(operators.status >= 400, "{name} {method}{suffix}: {}", operators.body);
+            assert!(
+                operators.status >= 400,
+                "{name} {method}{suffix}: {}",
+                operators.body
+            );
             assert_eq!(
                 (operators.status, &operators.body["error"]["metadata"]),
                 (foreign.status, &foreign.body["error"]["metadata"]),
@@ -504,7 +519,11 @@ async fn the_operators_key_is_out_of_every_accounts_reach() {
             .await;
         assert_refused(&taken, 422, "reserved_account", name);
         let keyed = gateway
-            .manage("POST", "/api/v1/keys", Some(json!({"name": "x", "account": ":operator"})))
+            .manage(
+                "POST",
+                "/api/v1/keys",
+                Some(json!({"name": "x", "account": ":operator"})),
+            )
             .await;
         assert_refused(&keyed, 422, "reserved_account", name);
         let accounts = gateway.manage("GET", "/api/v1/accounts", None).await;
@@ -537,9 +556,17 @@ async fn no_key_disables_deletes_or_reports_itself() {
         ] {
             for (method, suffix, body) in [
                 ("PATCH", "", Some(json!({"disabled": true}))),
-                ("PATCH", "", Some(json!({"name": "renamed", "disabled": true}))),
+                (
+                    "PATCH",
+                    "",
+                    Some(json!({"name": "renamed", "disabled": true})),
+                ),
                 ("DELETE", "", None),
-                ("POST", "/leaked", Some(json!({"url": "https://example.com/x"}))),
+                (
+                    "POST",
+                    "/leaked",
+                    Some(json!({"url": "https://example.com/x"})),
+                ),
             ] {
                 let reply = send(
                     gateway.address,
@@ -620,14 +647,21 @@ async fn a_key_for_an_account_that_does_not_exist_is_refused() {
                 "{name}: {message}"
             );
         }
-        assert!(!gateway.directory.account_exists("acmee").await.unwrap(), "{name}");
+        assert!(
+            !gateway.directory.account_exists("acmee").await.unwrap(),
+            "{name}"
+        );
         let accounts = gateway.manage("GET", "/api/v1/accounts", None).await;
         assert!(!accounts.body.to_string().contains("acmee"), "{name}");
         let listed = gateway.manage("GET", "/api/v1/keys", None).await;
         assert!(!listed.body.to_string().contains("typo"), "{name}");
 
         let plain = gateway
-            .manage("POST", "/api/v1/keys", Some(json!({"name": "d", "account": "default"})))
+            .manage(
+                "POST",
+                "/api/v1/keys",
+                Some(json!({"name": "d", "account": "default"})),
+            )
             .await;
         assert_eq!(plain.status, 201, "{name}: {}", plain.body);
         let made = gateway
@@ -635,7 +669,11 @@ async fn a_key_for_an_account_that_does_not_exist_is_refused() {
             .await;
         assert_eq!(made.status, 201, "{name}: {}", made.body);
         let key = gateway
-            .manage("POST", "/api/v1/keys", Some(json!({"name": "a", "account": "acme"})))
+            .manage(
+                "POST",
+                "/api/v1/keys",
+                Some(json!({"name": "a", "account": "acme"})),
+            )
             .await;
         assert_eq!(key.status, 201, "{name}: {}", key.body);
         assert_eq!(key.body["data"]["account"], "acme");

@@ -64,8 +64,18 @@ fn finish(mut command: Command) -> (Option<i32>, String, String) {
         std::thread::sleep(Duration::from_millis(20));
     };
     let (mut stdout, mut stderr) = (String::new(), String::new());
-    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     (status.code(), stdout, stderr)
 }
 
@@ -147,7 +157,11 @@ async fn a_second_start_on_a_shared_store_mints_no_key_and_the_first_still_works
         "{log}"
     );
     assert!(!log.contains("mg-v1-"), "no key in the log: {log}");
-    assert_eq!(second.printed_before, Vec::<String>::new(), "no key printed");
+    assert_eq!(
+        second.printed_before,
+        Vec::<String>::new(),
+        "no key printed"
+    );
     let (status, me) = whoami(&second.proxy, &key).await;
     assert_eq!(status, 200, "the first key works on the second: {me}");
     let operators = KeyDirectory::new(redis_store(&server).await)
@@ -172,7 +186,11 @@ async fn keygen_prints_a_key_the_proxy_takes_as_its_operators() {
     assert!(stderr.contains("unknown flag --redis"), "{stderr}");
 
     let watched = ProxyProcess::spawn_watched(proxy(None, Some(key)));
-    assert!(watched.printed_before.is_empty(), "{:?}", watched.printed_before);
+    assert!(
+        watched.printed_before.is_empty(),
+        "{:?}",
+        watched.printed_before
+    );
     let (status, me) = whoami(&watched.proxy, key).await;
     assert_eq!(status, 200, "{me}");
     assert_eq!(me["data"]["operator"], true);

@@ -627,14 +627,27 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     browser.click(Some("edit-key"), "Cancel").await;
     save_limit(&browser, "acme admin", "5").await;
     let own = api.key_named(&manager, "acme admin").await.unwrap();
-    assert_eq!((own["limit"].clone(), own["disabled"].clone()), (json!(5), json!(false)));
+    assert_eq!(
+        (own["limit"].clone(), own["disabled"].clone()),
+        (json!(5), json!(false))
+    );
 
     // Another key keeps both actions, with no note.
     browser.click(Some("edit-key"), "Cancel").await;
     edit(&browser, "acme app").await;
     assert!(!browser.displayed("edit-current-note").await);
-    assert!(browser.by_id("edit-disabled").await.is_enabled().await.unwrap());
-    assert!(browser.by_id("delete-key").await.is_enabled().await.unwrap());
+    assert!(browser
+        .by_id("edit-disabled")
+        .await
+        .is_enabled()
+        .await
+        .unwrap());
+    assert!(browser
+        .by_id("delete-key")
+        .await
+        .is_enabled()
+        .await
+        .unwrap());
 
     // The API refuses what the page does not offer.
     let hash = own["hash"].as_str().unwrap();
@@ -643,7 +656,12 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
         (reqwest::Method::DELETE, None),
     ] {
         let (status, body) = api
-            .send(method.clone(), &format!("/api/v1/keys/{hash}"), &manager, body)
+            .send(
+                method.clone(),
+                &format!("/api/v1/keys/{hash}"),
+                &manager,
+                body,
+            )
             .await;
         assert_eq!(status, 409, "{method} {body}");
         assert_eq!(body["error"]["metadata"]["reason"], "own_key");

@@ -1021,7 +1021,9 @@ mod tests {
         for old in [&first, &second] {
             assert!(is_disabled(directory.lookup(&old.hash()).await.unwrap()));
         }
-        assert!(!is_disabled(directory.lookup(&client.hash()).await.unwrap()));
+        assert!(!is_disabled(
+            directory.lookup(&client.hash()).await.unwrap()
+        ));
         match directory.lookup(&new.hash()).await.unwrap() {
             KeyState::Active(record) => assert!(record.is_operator() && !record.disabled),
             other => panic!("{other:?}"),
