@@ -998,7 +998,11 @@ mod tests {
             .await
             .unwrap();
         let listed = directory.list(0, true, Some("default"), 100).await.unwrap();
-        assert_eq!(listed, [manager.clone()], "never listed as default's");
+        assert_eq!(
+            listed,
+            std::slice::from_ref(&manager),
+            "never listed as default's"
+        );
         assert_eq!(directory.move_operator_keys().await.unwrap(), 1);
         assert_eq!(directory.move_operator_keys().await.unwrap(), 0);
         let hash = KeyHash::from_hex(&old.hash).unwrap();
