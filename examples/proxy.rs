@@ -3,6 +3,8 @@
 //!
 //! ```sh
 //! cargo run --release --example proxy -- [--listen ADDR] [--upstream URL] [--redis URL] [--config FILE]
+//! cargo run --release --example proxy -- keygen
+//! cargo run --release --example proxy -- reset-operator-key --redis URL
 //! ```
 //!
 //! - `--listen`: where to serve (default `127.0.0.1:8080`).
@@ -20,8 +22,19 @@
 //!   `plugins.entries.webhooks` routes are served too, and every SecretRef
 //!   in it reads from its `secrets.providers`.
 //!
-//! The management key comes from `MODELGATE_ADMIN_KEY`; when that is unset
-//! one is generated and printed once. Ctrl-C or SIGTERM stops accepting,
+//! The operator's key comes from `MODELGATE_ADMIN_KEY`; when that is unset
+//! and the store has no operator's key yet, one is generated and printed
+//! once (a later start prints none and says how to set one). At start,
+//! operator keys an older store keeps on a tenant account move to the
+//! operator's own account.
+//!
+//! - `keygen`: prints a new well-formed key for `MODELGATE_ADMIN_KEY` and
+//!   exits; touches no store.
+//! - `reset-operator-key --redis URL`: when the operator's key is lost or
+//!   leaked, disables every operator key in that store and prints one new
+//!   key, once.
+//!
+//! Ctrl-C or SIGTERM stops accepting,
 //! lets requests in flight finish, waits (up to 30 s) for every settlement
 //! to reach the store, logs any it could not record with its account, key
 //! hash prefix and amount, then exits.
@@ -40,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use modelgate::auth::ApiKey;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore, DEFAULT_ACCOUNT};
 use std::convert::Infallible;
 
 use bytes::Bytes;
@@ -57,7 +70,12 @@ use tokio::net::TcpListener;
 /// requests (a store outage shorter than this loses nothing).
 const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
-const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]";
+const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]
+       proxy keygen                           print a new key for MODELGATE_ADMIN_KEY
+       proxy reset-operator-key --redis URL   disable every operator key, print a new one";
+
+/// The name of the operator's keys the proxy makes.
+const OPERATOR_KEY_NAME: &str = "operator";
 
 // Every request allocates on whichever worker runs it: glibc's malloc
 // spent about a sixth of the proxy's CPU under load, part of it waiting on
@@ -76,6 +94,46 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
+    let (command, arguments) = args::Args::command();
+    match command.as_deref() {
+        // No command: every argument is a flag of the gateway.
+        None => serve_gateway().await,
+        Some("keygen") => keygen(arguments),
+        Some("reset-operator-key") => reset_operator_key(arguments).await,
+        Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
+    }
+}
+
+/// `proxy keygen`: a new key, for `MODELGATE_ADMIN_KEY`; no store.
+fn keygen(arguments: Vec<String>) -> Result<(), String> {
+    args::Args::parse_from(arguments, &[], USAGE)?;
+    println!("{}", ApiKey::generate().expose());
+    Ok(())
+}
+
+/// `proxy reset-operator-key --redis URL`: every operator key in the store
+/// disabled, one new one printed once.
+async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
+    let args = args::Args::parse_from(arguments, &["redis"], USAGE)?;
+    let Some(url) = args.get("redis") else {
+        return Err(format!(
+            "reset-operator-key changes the store the proxies share: name it with --redis URL (a proxy without --redis keeps its keys in memory; restart it instead)\n{USAGE}"
+        ));
+    };
+    let store = serve::open_store(Some(url)).await?;
+    let (key, disabled) = KeyDirectory::new(store)
+        .replace_operator_keys(OPERATOR_KEY_NAME)
+        .await
+        .map_err(|error| format!("cannot replace the operator's key: {error}"))?;
+    // Shown once, on stdout for the operator; never logged.
+    println!("operator key (shown once): {}", key.expose());
+    eprintln!(
+        "disabled {disabled} operator key(s); running proxies refuse them within a second. Set MODELGATE_ADMIN_KEY to the new key before the proxies start again."
+    );
+    Ok(())
+}
+
+async fn serve_gateway() -> Result<(), String> {
     let args = args::Args::parse(
         &[
             "listen",
@@ -137,7 +195,7 @@ async fn run() -> Result<(), String> {
             Some(gateway.app_ranking),
         )
     };
-    admin_key(&store).await?;
+    operator_key(&store).await?;
 
     let listener = TcpListener::bind(listen)
         .await
@@ -201,35 +259,71 @@ fn bare(upstream: Upstream) -> GatewayService<Incoming> {
     tower::util::BoxCloneService::new(service)
 }
 
-/// Registers `MODELGATE_ADMIN_KEY`, or makes and prints a management key.
-async fn admin_key(store: &SharedStore) -> Result<(), String> {
+/// Registers `MODELGATE_ADMIN_KEY` as an operator's key; without it,
+/// makes and prints one only when the store has none, so that restarts on
+/// a shared store do not pile up full-power keys in the container log.
+async fn operator_key(store: &SharedStore) -> Result<(), String> {
     let directory = KeyDirectory::new(store.clone());
+    // `default` exists from the start (keys without `account` go there);
+    // every other account is made by POST /api/v1/accounts.
+    directory
+        .ensure_account(DEFAULT_ACCOUNT)
+        .await
+        .map_err(|error| format!("cannot record the default account: {error}"))?;
+    let moved = directory
+        .move_operator_keys()
+        .await
+        .map_err(|error| format!("cannot move the operator's keys off the accounts: {error}"))?;
+    if moved > 0 {
+        tracing::info!(
+            moved,
+            "operator keys moved off the tenant accounts: no account's key reaches them now"
+        );
+    }
     let admin = NewKey {
         management: true,
-        ..NewKey::named("operator")
+        ..NewKey::named(OPERATOR_KEY_NAME)
     };
     match std::env::var("MODELGATE_ADMIN_KEY") {
         Ok(text) => {
-            let key = ApiKey::parse(text.trim())
-                .map_err(|error| format!("MODELGATE_ADMIN_KEY is not a modelgate key: {error}"))?;
+            let key = ApiKey::parse(text.trim()).map_err(|error| {
+                format!("MODELGATE_ADMIN_KEY is not a modelgate key: {error}; make one with `proxy keygen`")
+            })?;
             let record = directory
                 .register_key(&key, admin)
                 .await
                 .map_err(|error| format!("cannot register MODELGATE_ADMIN_KEY: {error}"))?;
-            if !record.management {
+            if !record.is_operator() {
                 return Err(
-                    "MODELGATE_ADMIN_KEY is registered as a normal key, not a management key"
+                    "MODELGATE_ADMIN_KEY is registered as an account's key, not the operator's; make a new one with `proxy keygen`"
+                        .into(),
+                );
+            }
+            if record.disabled {
+                return Err(
+                    "MODELGATE_ADMIN_KEY is disabled (replaced by `proxy reset-operator-key`, or by hand); set it to the operator's current key"
                         .into(),
                 );
             }
         }
         Err(_) => {
-            let (key, _) = directory
-                .create_key(admin)
+            let existing = directory
+                .operator_keys()
                 .await
-                .map_err(|error| format!("cannot create a management key: {error}"))?;
-            // Shown once, on stdout for the operator; never logged.
-            println!("management key (shown once): {}", key.expose());
+                .map_err(|error| format!("cannot read the operator's keys: {error}"))?;
+            if existing.is_empty() {
+                let (key, _) = directory
+                    .create_key(admin)
+                    .await
+                    .map_err(|error| format!("cannot create a management key: {error}"))?;
+                // Shown once, on stdout for the operator; never logged.
+                println!("management key (shown once): {}", key.expose());
+            } else {
+                tracing::warn!(
+                    operator_keys = existing.len(),
+                    "MODELGATE_ADMIN_KEY is unset and the store has an operator's key already, so none is made or printed: set MODELGATE_ADMIN_KEY to that key (or to a new one from `proxy keygen`); if it is lost, run `proxy reset-operator-key --redis URL`"
+                );
+            }
         }
     }
     Ok(())

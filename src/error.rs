@@ -56,6 +56,9 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// 408: the request body did not arrive in time.
     RequestTimeout,
+    /// 409: the request contradicts the state it would change (a key
+    /// deleting or disabling itself).
+    Conflict,
     /// 413: the request body is larger than allowed.
     PayloadTooLarge,
     /// 422: a parameter is out of range or of the wrong type.
@@ -74,7 +77,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in status order.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::InvalidRequest,
         ErrorKind::Authentication,
         ErrorKind::InsufficientCredits,
@@ -82,6 +85,7 @@ impl ErrorKind {
         ErrorKind::NotFound,
         ErrorKind::MethodNotAllowed,
         ErrorKind::RequestTimeout,
+        ErrorKind::Conflict,
         ErrorKind::PayloadTooLarge,
         ErrorKind::InvalidParameter,
         ErrorKind::RateLimited,
@@ -101,6 +105,7 @@ impl ErrorKind {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::InvalidParameter => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -121,6 +126,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::Conflict => "conflict_error",
             ErrorKind::PayloadTooLarge => "payload_too_large",
             ErrorKind::InvalidParameter => "invalid_parameter",
             ErrorKind::RateLimited => "rate_limit_error",
@@ -420,6 +426,7 @@ mod tests {
             (404, "not_found_error"),
             (405, "method_not_allowed"),
             (408, "request_timeout"),
+            (409, "conflict_error"),
             (413, "payload_too_large"),
             (422, "invalid_parameter"),
             (429, "rate_limit_error"),

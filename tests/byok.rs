@@ -255,6 +255,11 @@ fn byok_path(account: &str, provider: Option<&str>) -> String {
 impl Gateway {
     /// A normal key on `account`, whose balance gets 100 credits.
     async fn key(&self, account: &str, limit: Option<u64>) -> (String, String) {
+        // Keys go only to accounts that exist.
+        KeyDirectory::new(self.store.clone())
+            .ensure_account(account)
+            .await
+            .unwrap();
         let body = json!({"name": "app", "account": account, "limit": limit}).to_string();
         let reply = send(
             self.address,

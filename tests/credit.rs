@@ -278,6 +278,13 @@ async fn chat(address: SocketAddr, key: &str, model: &str, max_tokens: u64) -> R
 
 impl Gateway {
     async fn key(&self, body: Value) -> (String, String) {
+        // Keys go only to accounts that exist.
+        if let Some(account) = body["account"].as_str() {
+            KeyDirectory::new(self.store.clone())
+                .ensure_account(account)
+                .await
+                .unwrap();
+        }
         let reply = call(
             self.addresses[0],
             "POST",

@@ -194,7 +194,15 @@ async fn chat_as(address: SocketAddr, key: &str) -> Reply {
     .await
 }
 
+/// A key made by the operator; its account, when named, is made first
+/// (a key for an account that does not exist is refused).
 async fn create(gateway: &Gateway, body: Value) -> (String, Value) {
+    if let Some(account) = body["account"].as_str().filter(|id| *id != "default") {
+        let made = gateway
+            .manage("POST", "/api/v1/accounts", Some(json!({ "id": account })))
+            .await;
+        assert!(matches!(made.status, 201 | 422), "{}", made.body);
+    }
     let reply = gateway.manage("POST", "/api/v1/keys", Some(body)).await;
     assert_eq!(reply.status, 201, "{}", reply.body);
     assert_eq!(reply.headers["cache-control"], "no-store");
@@ -408,6 +416,275 @@ async fn an_account_management_key_manages_its_account_only() {
             200,
             "{name}"
         );
+    }
+}
+
+/// Point 3 of issue 34: the operator's key belongs to no tenant account.
+/// To an account's management key (of `default`, where older stores kept
+/// it) the operator's key answers as another account's key does: not
+/// listed, not read, changed, deleted or reported. The reserved id is
+/// no account's.
+#[tokio::test]
+async fn the_operators_key_is_out_of_every_accounts_reach() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let operator_hash = KeyHash::of(&gateway.admin).to_hex();
+        let (manager, data) = create(
+            &gateway,
+            json!({"name": "default admin", "account": "default", "management": true}),
+        )
+        .await;
+        let manager_hash = data["hash"].as_str().unwrap().to_owned();
+        let manager = bearer(&manager);
+        let (_, acme_key) = create(&gateway, json!({"name": "acme app", "account": "acme"})).await;
+        let acme_hash = acme_key["hash"].as_str().unwrap();
+
+        let me = get_as(gateway.address, "/api/v1/key", &gateway.admin).await;
+        assert_eq!(me.body["data"]["account"], ":operator", "{name}");
+        let listed = send(
+            gateway.address,
+            "GET",
+            "/api/v1/keys?include_disabled=true",
+            Some(&manager),
+            None,
+        )
+        .await;
+        assert_eq!(listed.status, 200, "{name}: {}", listed.body);
+        let hashes: Vec<&str> = listed.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|key| key["hash"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            hashes,
+            [manager_hash.as_str()],
+            "{name}: only its own account's keys"
+        );
+
+        // Every action on the operator's key answers as on another
+        // account's key, and changes nothing.
+        for (method, suffix, body) in [
+            ("GET", "", None),
+            ("PATCH", "", Some(json!({"disabled": true}))),
+            ("PATCH", "", Some(json!({"name": "mine now"}))),
+            ("DELETE", "", None),
+            ("POST", "/leaked", Some(json!({}))),
+        ] {
+            let foreign = send(
+                gateway.address,
+                method,
+                &format!("/api/v1/keys/{acme_hash}{suffix}"),
+                Some(&manager),
+                body.clone(),
+            )
+            .await;
+            let operators = send(
+                gateway.address,
+                method,
+                &format!("/api/v1/keys/{operator_hash}{suffix}"),
+                Some(&manager),
+                body,
+            )
+            .await;
+            assert!(
+                operators.status >= 400,
+                "{name} {method}{suffix}: {}",
+                operators.body
+            );
+            assert_eq!(
+                (operators.status, &operators.body["error"]["metadata"]),
+                (foreign.status, &foreign.body["error"]["metadata"]),
+                "{name} {method}{suffix}: as another account's key"
+            );
+        }
+        let me = get_as(gateway.address, "/api/v1/key", &gateway.admin).await;
+        assert_eq!(me.status, 200, "{name}: {}", me.body);
+        assert_eq!(me.body["data"]["label"], "operator");
+        assert_eq!(me.body["data"]["operator"], true);
+
+        // The operator sees it, marked as the key in use.
+        let all = gateway.manage("GET", "/api/v1/keys", None).await;
+        let own = all.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|key| key["hash"] == operator_hash.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("{name}: {}", all.body));
+        assert_eq!(own["account"], ":operator");
+        assert_eq!(own["current"], true);
+        assert!(all.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|key| key["current"] == (key["hash"] == operator_hash.as_str())));
+
+        // No account takes the reserved id, and it is no account.
+        let taken = gateway
+            .manage("POST", "/api/v1/accounts", Some(json!({"id": ":operator"})))
+            .await;
+        assert_refused(&taken, 422, "reserved_account", name);
+        let keyed = gateway
+            .manage(
+                "POST",
+                "/api/v1/keys",
+                Some(json!({"name": "x", "account": ":operator"})),
+            )
+            .await;
+        assert_refused(&keyed, 422, "reserved_account", name);
+        let accounts = gateway.manage("GET", "/api/v1/accounts", None).await;
+        assert!(
+            !accounts.body.to_string().contains(":operator"),
+            "{name}: {}",
+            accounts.body
+        );
+    }
+}
+
+/// Point 3 of issue 34: no key disables, deletes or reports its own record
+/// (409 `own_key`, saying how to rotate); other changes to it, and the
+/// same actions on another key, go through.
+#[tokio::test]
+async fn no_key_disables_deletes_or_reports_itself() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (manager, data) = create(
+            &gateway,
+            json!({"name": "acme admin", "account": "acme", "management": true}),
+        )
+        .await;
+        let manager_hash = data["hash"].as_str().unwrap().to_owned();
+        let operator_hash = KeyHash::of(&gateway.admin).to_hex();
+        for (key, hash, rotate) in [
+            (&gateway.admin, &operator_hash, "MODELGATE_ADMIN_KEY"),
+            (&manager, &manager_hash, "create a new key, switch to it"),
+        ] {
+            for (method, suffix, body) in [
+                ("PATCH", "", Some(json!({"disabled": true}))),
+                (
+                    "PATCH",
+                    "",
+                    Some(json!({"name": "renamed", "disabled": true})),
+                ),
+                ("DELETE", "", None),
+                (
+                    "POST",
+                    "/leaked",
+                    Some(json!({"url": "https://example.com/x"})),
+                ),
+            ] {
+                let reply = send(
+                    gateway.address,
+                    method,
+                    &format!("/api/v1/keys/{hash}{suffix}"),
+                    Some(&bearer(key)),
+                    body,
+                )
+                .await;
+                let context = format!("{name} {rotate} {method}{suffix}");
+                assert_refused(&reply, 409, "own_key", &context);
+                assert_eq!(reply.body["error"]["type"], "conflict_error");
+                let message = reply.body["error"]["message"].as_str().unwrap();
+                assert!(message.contains(rotate), "{context}: {message}");
+            }
+            // Nothing changed: the key works, under its old name.
+            let me = get_as(gateway.address, "/api/v1/key", key).await;
+            assert_eq!(me.status, 200, "{name}: {}", me.body);
+            assert_ne!(me.body["data"]["label"], "renamed");
+            // A change that locks nobody out is made.
+            let renamed = send(
+                gateway.address,
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                Some(&bearer(key)),
+                Some(json!({"name": "still me", "disabled": false})),
+            )
+            .await;
+            assert_eq!(renamed.status, 200, "{name}: {}", renamed.body);
+            assert_eq!(renamed.body["data"]["current"], true);
+        }
+        let operator_reply = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{operator_hash}"),
+            Some(&bearer(&gateway.admin)),
+            Some(json!({"disabled": true})),
+        )
+        .await;
+        assert!(operator_reply.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("proxy reset-operator-key"));
+        // The operator disables and deletes the manager, another key.
+        let disabled = gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{manager_hash}"),
+                Some(json!({"disabled": true})),
+            )
+            .await;
+        assert_eq!(disabled.status, 200, "{name}: {}", disabled.body);
+        let deleted = gateway
+            .manage("DELETE", &format!("/api/v1/keys/{manager_hash}"), None)
+            .await;
+        assert_eq!(deleted.status, 200, "{name}: {}", deleted.body);
+    }
+}
+
+/// Point 5 of issue 34: a key for an account that does not exist is 422
+/// `unknown_account` and makes nothing; `default` always exists; an
+/// account made by `POST /api/v1/accounts` takes keys.
+#[tokio::test]
+async fn a_key_for_an_account_that_does_not_exist_is_refused() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        for body in [
+            json!({"name": "typo", "account": "acmee"}),
+            json!({"name": "typo admin", "account": "acmee", "management": true}),
+        ] {
+            let reply = gateway.manage("POST", "/api/v1/keys", Some(body)).await;
+            assert_refused(&reply, 422, "unknown_account", name);
+            assert_eq!(reply.body["error"]["metadata"]["param"], "account");
+            let message = reply.body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("acmee") && message.contains("POST /api/v1/accounts"),
+                "{name}: {message}"
+            );
+        }
+        assert!(
+            !gateway.directory.account_exists("acmee").await.unwrap(),
+            "{name}"
+        );
+        let accounts = gateway.manage("GET", "/api/v1/accounts", None).await;
+        assert!(!accounts.body.to_string().contains("acmee"), "{name}");
+        let listed = gateway.manage("GET", "/api/v1/keys", None).await;
+        assert!(!listed.body.to_string().contains("typo"), "{name}");
+
+        let plain = gateway
+            .manage(
+                "POST",
+                "/api/v1/keys",
+                Some(json!({"name": "d", "account": "default"})),
+            )
+            .await;
+        assert_eq!(plain.status, 201, "{name}: {}", plain.body);
+        let made = gateway
+            .manage("POST", "/api/v1/accounts", Some(json!({"id": "acme"})))
+            .await;
+        assert_eq!(made.status, 201, "{name}: {}", made.body);
+        let key = gateway
+            .manage(
+                "POST",
+                "/api/v1/keys",
+                Some(json!({"name": "a", "account": "acme"})),
+            )
+            .await;
+        assert_eq!(key.status, 201, "{name}: {}", key.body);
+        assert_eq!(key.body["data"]["account"], "acme");
     }
 }
 

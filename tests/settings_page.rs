@@ -9,8 +9,9 @@
 //! manages accounts. A key reported leaked is marked so, with a notice of
 //! where it was found, and is replaced and deleted from that notice. An
 //! account sees its recent generations and its apps ranked (markup in an
-//! app title stays text). The page's responses carry their security
-//! headers, and the API allows no other origin.
+//! app title stays text). The key in use offers no Disable or Delete, and
+//! says why. The page's responses carry their security headers, and the
+//! API allows no other origin.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`, which
 //! `./scripts/test.sh` installs. The run writes a screenshot of the
@@ -465,7 +466,7 @@ async fn the_operator_manages_a_key_on_the_page() {
     let admin = admin.expose();
     let proxy = start_proxy(admin);
     let api = Api::new(&proxy);
-    // The operator's key belongs to the default account; its keys too.
+    // The operator's page starts on the default account; its keys go there.
     api.top_up(admin, "default", 10.0).await;
     let driver = Chromedriver::start();
     let browser = driver.browser().await;
@@ -563,6 +564,110 @@ async fn an_account_manager_manages_a_key_on_the_page() {
             balance < 12.5 && balance > 12.0
         })
         .await;
+    browser.close().await;
+}
+
+/// The key in use, as its holder meets it on the page (issue 34, point 3):
+/// marked "in use"; its editor offers no Disable and no Delete, and says
+/// why and how to rotate before anything is clicked; its other settings
+/// still save; another key keeps both. The API refuses anyway (409
+/// `own_key`).
+#[tokio::test]
+async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    let manager = api.account_with_manager(admin, "acme").await;
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            &manager,
+            Some(json!({"name": "acme app"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+
+    sign_in(&browser, &proxy, &manager).await;
+    wait_for_cell(&browser, "acme admin", "status", "in use", |text| {
+        text.is_some_and(|text| text.contains("in use"))
+    })
+    .await;
+    let app_status = cell(&browser, "acme app", "status").await.unwrap();
+    assert!(!app_status.contains("in use"), "{app_status}");
+
+    edit(&browser, "acme admin").await;
+    let note = browser.text("edit-current-note").await;
+    assert!(browser.displayed("edit-current-note").await);
+    assert!(
+        note.contains("the key you are signed in with")
+            && note.contains("cannot disable or delete itself")
+            && note.contains("create a new key, sign in with it, then delete this one"),
+        "{note}"
+    );
+    let disabled_switch = browser.by_id("edit-disabled").await;
+    let delete = browser.by_id("delete-key").await;
+    for (control, what) in [(&disabled_switch, "Disabled"), (&delete, "Delete")] {
+        assert!(!control.is_enabled().await.unwrap(), "{what} is offered");
+        assert_eq!(
+            control.attr("aria-describedby").await.unwrap().as_deref(),
+            Some("edit-current-note"),
+            "{what}"
+        );
+    }
+    // A click on Delete does nothing: no confirmation, nothing deleted.
+    let _ = delete.click().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!browser.displayed("confirm-delete").await);
+    // Its other settings still save.
+    browser.click(Some("edit-key"), "Cancel").await;
+    save_limit(&browser, "acme admin", "5").await;
+    let own = api.key_named(&manager, "acme admin").await.unwrap();
+    assert_eq!(
+        (own["limit"].clone(), own["disabled"].clone()),
+        (json!(5), json!(false))
+    );
+
+    // Another key keeps both actions, with no note.
+    browser.click(Some("edit-key"), "Cancel").await;
+    edit(&browser, "acme app").await;
+    assert!(!browser.displayed("edit-current-note").await);
+    assert!(browser
+        .by_id("edit-disabled")
+        .await
+        .is_enabled()
+        .await
+        .unwrap());
+    assert!(browser
+        .by_id("delete-key")
+        .await
+        .is_enabled()
+        .await
+        .unwrap());
+
+    // The API refuses what the page does not offer.
+    let hash = own["hash"].as_str().unwrap();
+    for (method, body) in [
+        (reqwest::Method::PATCH, Some(json!({"disabled": true}))),
+        (reqwest::Method::DELETE, None),
+    ] {
+        let (status, body) = api
+            .send(
+                method.clone(),
+                &format!("/api/v1/keys/{hash}"),
+                &manager,
+                body,
+            )
+            .await;
+        assert_eq!(status, 409, "{method} {body}");
+        assert_eq!(body["error"]["metadata"]["reason"], "own_key");
+    }
+    assert_eq!(api.check_key(&manager).await.0, 200);
+    assert_eq!(browser.csp_violations().await, json!([]));
     browser.close().await;
 }
 

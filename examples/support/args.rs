@@ -1,5 +1,5 @@
 //! A small `--flag value` parser for the examples: clear messages for bad
-//! flags, no dependency for four options.
+//! flags, no dependency for a few options and subcommands.
 
 #![allow(dead_code)]
 
@@ -14,8 +14,30 @@ impl Args {
     /// Reads the process's arguments; `allowed` are the flag names without
     /// `--`. `--help` prints `usage` and exits 0.
     pub fn parse(allowed: &[&str], usage: &str) -> Result<Args, String> {
+        Self::parse_from(std::env::args().skip(1), allowed, usage)
+    }
+
+    /// The first argument when it is a word, not a flag (a subcommand such
+    /// as `keygen`), and the arguments after it.
+    pub fn command() -> (Option<String>, Vec<String>) {
+        let mut arguments: Vec<String> = std::env::args().skip(1).collect();
+        match arguments.first() {
+            Some(first) if !first.starts_with('-') => {
+                let command = arguments.remove(0);
+                (Some(command), arguments)
+            }
+            _ => (None, arguments),
+        }
+    }
+
+    /// [`parse`](Self::parse) over `arguments` (without the program name).
+    pub fn parse_from(
+        arguments: impl IntoIterator<Item = String>,
+        allowed: &[&str],
+        usage: &str,
+    ) -> Result<Args, String> {
         let mut values = HashMap::new();
-        let mut arguments = std::env::args().skip(1);
+        let mut arguments = arguments.into_iter();
         while let Some(argument) = arguments.next() {
             if argument == "--help" || argument == "-h" {
                 println!("{usage}");

@@ -6,7 +6,9 @@
 use chrono::{TimeZone, Utc};
 use libfuzzer_sys::fuzz_target;
 use modelgate::keys::byok::{hint, MAX_BYOK_KEY_BYTES, MAX_PROVIDER_CHARS, MIN_BYOK_KEY_BYTES};
-use modelgate::keys::{input, is_valid_account_id, MAX_CREDITS, MAX_KEY_NAME_CHARS};
+use modelgate::keys::{
+    input, is_valid_account_id, MAX_CREDITS, MAX_KEY_NAME_CHARS, OPERATOR_ACCOUNT,
+};
 use modelgate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT};
 
 fuzz_target!(|body: &[u8]| {
@@ -17,6 +19,8 @@ fuzz_target!(|body: &[u8]| {
             assert!(!new.name.is_empty() && new.name.chars().count() <= MAX_KEY_NAME_CHARS);
             assert_eq!(new.name.trim(), new.name);
             assert!(is_valid_account_id(&new.account));
+            // No key is made on the operator's account through the API.
+            assert_ne!(new.account, OPERATOR_ACCOUNT);
             // The API makes a management key for one account only.
             assert_eq!(new.management, new.scoped_to_account);
             assert!(new
@@ -29,6 +33,7 @@ fuzz_target!(|body: &[u8]| {
     match input::new_account(body) {
         Ok(account) => {
             assert!(is_valid_account_id(&account.id));
+            assert_ne!(account.id, OPERATOR_ACCOUNT);
             assert!(account.name.chars().count() <= MAX_KEY_NAME_CHARS);
             assert!(account.email.is_none_or(|email| {
                 email.len() <= input::MAX_EMAIL_BYTES && email.contains('@')

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use super::lookup_cache::LookupCache;
 use super::record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
-    NewKey, DELETED_KEYS,
+    NewKey, DELETED_KEYS, OPERATOR_ACCOUNT,
 };
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
@@ -242,9 +242,10 @@ impl KeyDirectory {
     }
 
     /// Creates a key and its account if new; returns the plaintext (to be
-    /// shown once) and the stored record.
+    /// shown once) and the stored record. An operator's key goes on
+    /// [`OPERATOR_ACCOUNT`], whatever `new.account` says.
     pub async fn create_key(&self, new: NewKey) -> Result<(ApiKey, KeyRecord), StoreError> {
-        self.ensure_account(&new.account).await?;
+        let new = self.place(new).await?;
         let now = self.now();
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let key = ApiKey::generate();
@@ -303,7 +304,7 @@ impl KeyDirectory {
                 "this key was deleted; a deleted key cannot be registered again",
             ));
         }
-        self.ensure_account(&new.account).await?;
+        let new = self.place(new).await?;
         let record = KeyRecord {
             hash: hash.to_hex(),
             name: new.name,
@@ -332,6 +333,107 @@ impl KeyDirectory {
                 current: Some(current),
             } => Ok(crate::store::decode::<KeyRecord>("get_record", current)?.value),
             WriteOutcome::Conflict { current: None } => Err(too_contended("put_record")),
+        }
+    }
+
+    /// `new` on the account its key belongs to: an operator's key on
+    /// [`OPERATOR_ACCOUNT`] (no account record: it is no tenant's), any
+    /// other on its account, recorded if new.
+    async fn place(&self, mut new: NewKey) -> Result<NewKey, StoreError> {
+        if new.management && !new.scoped_to_account {
+            new.account = OPERATOR_ACCOUNT.to_owned();
+        } else {
+            self.ensure_account(&new.account).await?;
+        }
+        Ok(new)
+    }
+
+    /// Every operator's key ([`KeyRecord::is_operator`]) in the store,
+    /// disabled ones included.
+    pub async fn operator_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut found = Vec::new();
+        self.each_key(|record| {
+            if record.is_operator() {
+                found.push(record);
+            }
+        })
+        .await?;
+        Ok(found)
+    }
+
+    /// Moves every operator's key recorded on a tenant account (as stores
+    /// written before [`OPERATOR_ACCOUNT`] have them, on `default`) to
+    /// [`OPERATOR_ACCOUNT`], so that account's management keys no longer
+    /// reach it. Returns how many moved; run at start-up, idempotent.
+    pub async fn move_operator_keys(&self) -> Result<usize, StoreError> {
+        let mut moved = 0;
+        for record in self.operator_keys().await? {
+            if record.account == OPERATOR_ACCOUNT {
+                continue;
+            }
+            let Some(hash) = KeyHash::from_hex(&record.hash) else {
+                continue;
+            };
+            let edited = self
+                .edit(&hash, |record| {
+                    let misplaced = record.is_operator() && record.account != OPERATOR_ACCOUNT;
+                    if misplaced {
+                        record.account = OPERATOR_ACCOUNT.to_owned();
+                    }
+                    misplaced
+                })
+                .await?;
+            if matches!(edited, Some((_, true))) {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Disables every operator's key and creates one new one, named
+    /// `name`: the way back in when the operator's key is lost (or leaked).
+    /// Returns the new key (to be shown once) and how many were disabled.
+    pub async fn replace_operator_keys(&self, name: &str) -> Result<(ApiKey, usize), StoreError> {
+        self.move_operator_keys().await?;
+        let disable = KeyUpdate {
+            disabled: Some(true),
+            ..KeyUpdate::default()
+        };
+        let mut disabled = 0;
+        for record in self.operator_keys().await? {
+            if record.disabled {
+                continue;
+            }
+            let Some(hash) = KeyHash::from_hex(&record.hash) else {
+                continue;
+            };
+            if self.update(&hash, &disable).await?.is_some() {
+                disabled += 1;
+            }
+        }
+        let (key, _) = self
+            .create_key(NewKey {
+                management: true,
+                ..NewKey::named(name)
+            })
+            .await?;
+        Ok((key, disabled))
+    }
+
+    /// Calls `visit` with every key record, in the store's order.
+    async fn each_key(&self, mut visit: impl FnMut(KeyRecord)) -> Result<(), StoreError> {
+        const BATCH: usize = 500;
+        let mut cursor = 0;
+        loop {
+            let batch = self.inner.store.list_records(KEYS, cursor, BATCH).await?;
+            let fetched = batch.len();
+            for (_, record) in batch {
+                visit(crate::store::decode::<KeyRecord>("list_records", record)?.value);
+            }
+            if fetched < BATCH {
+                return Ok(());
+            }
+            cursor += fetched;
         }
     }
 
@@ -538,7 +640,8 @@ impl KeyDirectory {
 
     /// Keys in the store's order, skipping `offset` of those shown;
     /// disabled keys only when `include_disabled`; only the keys of
-    /// `account` when one is named. At most `page_size` records.
+    /// `account` when one is named ([`KeyRecord::belongs_to`]: never an
+    /// operator's key). At most `page_size` records.
     pub async fn list(
         &self,
         offset: usize,
@@ -556,7 +659,7 @@ impl KeyDirectory {
             for (_, record) in batch {
                 let record = crate::store::decode::<KeyRecord>("list_records", record)?.value;
                 if (record.disabled && !include_disabled)
-                    || account.is_some_and(|account| record.account != account)
+                    || account.is_some_and(|account| !record.belongs_to(account))
                 {
                     continue;
                 }
@@ -864,6 +967,73 @@ mod tests {
         ));
         directory.delete(&key.hash()).await.unwrap();
         assert!(directory.register_key(&key, admin).await.is_err());
+    }
+
+    fn operator(name: &str) -> NewKey {
+        NewKey {
+            management: true,
+            ..NewKey::named(name)
+        }
+    }
+
+    #[tokio::test]
+    async fn operator_keys_belong_to_no_account_and_older_ones_move_off_theirs() {
+        let (directory, _clock) = directory(Duration::ZERO);
+        let (_, record) = directory.create_key(operator("operator")).await.unwrap();
+        assert_eq!(record.account, OPERATOR_ACCOUNT);
+        assert!(!directory.account_exists(OPERATOR_ACCOUNT).await.unwrap());
+        // An older store's operator key, recorded on `default`.
+        let (_, mut old) = directory.create_key(NewKey::named("old")).await.unwrap();
+        old.management = true;
+        directory
+            .store()
+            .put_json(KEYS, &old.hash, &old, Expect::Any)
+            .await
+            .unwrap();
+        let (_, manager) = directory
+            .create_key(NewKey {
+                scoped_to_account: true,
+                ..operator("default admin")
+            })
+            .await
+            .unwrap();
+        let listed = directory.list(0, true, Some("default"), 100).await.unwrap();
+        assert_eq!(
+            listed,
+            std::slice::from_ref(&manager),
+            "never listed as default's"
+        );
+        assert_eq!(directory.move_operator_keys().await.unwrap(), 1);
+        assert_eq!(directory.move_operator_keys().await.unwrap(), 0);
+        let hash = KeyHash::from_hex(&old.hash).unwrap();
+        let moved = directory.get(&hash).await.unwrap().unwrap().value;
+        assert_eq!(moved.account, OPERATOR_ACCOUNT);
+        assert_eq!(directory.operator_keys().await.unwrap().len(), 2);
+        let hash = KeyHash::from_hex(&manager.hash).unwrap();
+        let stayed = directory.get(&hash).await.unwrap().unwrap().value;
+        assert_eq!(stayed.account, "default", "an account's manager stays");
+    }
+
+    #[tokio::test]
+    async fn replacing_the_operators_keys_disables_every_one_and_makes_one() {
+        let (directory, _clock) = directory(Duration::ZERO);
+        let (first, _) = directory.create_key(operator("a")).await.unwrap();
+        let (second, _) = directory.create_key(operator("b")).await.unwrap();
+        let (client, _) = directory.create_key(NewKey::named("client")).await.unwrap();
+        let (new, disabled) = directory.replace_operator_keys("operator").await.unwrap();
+        assert_eq!(disabled, 2);
+        for old in [&first, &second] {
+            assert!(is_disabled(directory.lookup(&old.hash()).await.unwrap()));
+        }
+        assert!(!is_disabled(
+            directory.lookup(&client.hash()).await.unwrap()
+        ));
+        match directory.lookup(&new.hash()).await.unwrap() {
+            KeyState::Active(record) => assert!(record.is_operator() && !record.disabled),
+            other => panic!("{other:?}"),
+        }
+        let (_, disabled) = directory.replace_operator_keys("operator").await.unwrap();
+        assert_eq!(disabled, 1, "only the one still enabled");
     }
 
     #[tokio::test]

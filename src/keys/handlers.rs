@@ -292,13 +292,22 @@ pub(crate) async fn handle(
                 }
                 // An account's management key makes keys for its account.
                 new.account = principal.account_id.clone();
+            } else if new.account != DEFAULT_ACCOUNT
+                && !directory
+                    .account_exists(&new.account)
+                    .await
+                    .map_err(refuse)?
+            {
+                // Accounts are made by POST /api/v1/accounts only: a
+                // mistyped id must not make a new free-tier account.
+                return Err(unknown_account(&new.account));
             }
             let (key, record) = directory.create_key(new).await.map_err(refuse)?;
             Ok(Answer {
                 status: StatusCode::CREATED,
                 body: json!({
                     "key": key.expose(),
-                    "data": key_json(&record, &KeyUsage::default()),
+                    "data": key_json(&record, &KeyUsage::default(), false),
                 }),
                 // The plaintext is shown once; every answer is `no-store`.
                 headers: Vec::new(),
@@ -335,13 +344,14 @@ pub(crate) async fn handle(
             let data: Vec<Value> = records
                 .iter()
                 .zip(&usages)
-                .map(|(record, usage)| key_json(record, usage))
+                .map(|(record, usage)| key_json(record, usage, is_current(&principal, record)))
                 .collect();
             Ok(Answer::ok(json!({ "data": data })))
         }
         (Route::KeyLeaked(hash), _) => {
             let hash = path_hash(hash)?;
             let (url, source) = input::leak_report(body()?)?;
+            refuse_own_key(&principal, &hash, "report itself leaked")?;
             readable_key(directory, &principal, &hash)
                 .await
                 .map_err(refuse)??;
@@ -368,7 +378,10 @@ pub(crate) async fn handle(
                 .key_usage(&record.account, &record.hash, now)
                 .await
                 .map_err(refuse)?;
-            Ok(Answer::ok(json!({ "data": key_json(&record, &usage) })))
+            let current = is_current(&principal, &record);
+            Ok(Answer::ok(
+                json!({ "data": key_json(&record, &usage, current) }),
+            ))
         }
         (Route::Key(hash), method) => {
             let hash = path_hash(hash)?;
@@ -379,6 +392,15 @@ pub(crate) async fn handle(
                 Method::PATCH => Some(input::key_update(body()?)?),
                 _ => None,
             };
+            if *method == Method::DELETE {
+                refuse_own_key(&principal, &hash, "delete itself")?;
+            }
+            if update
+                .as_ref()
+                .is_some_and(|update| update.disabled == Some(true))
+            {
+                refuse_own_key(&principal, &hash, "disable itself")?;
+            }
             if update
                 .as_ref()
                 .is_some_and(|update| update.disabled == Some(false))
@@ -411,7 +433,10 @@ pub(crate) async fn handle(
                 .key_usage(&record.account, &record.hash, now)
                 .await
                 .map_err(refuse)?;
-            Ok(Answer::ok(json!({ "data": key_json(&record, &usage) })))
+            let current = is_current(&principal, &record);
+            Ok(Answer::ok(
+                json!({ "data": key_json(&record, &usage, current) }),
+            ))
         }
         (Route::Accounts, &Method::POST) => {
             if !principal.operator {
@@ -658,6 +683,42 @@ fn other_account(principal: &Principal) -> GatewayError {
     .with_metadata("reason", "other_account")
 }
 
+/// 422: a key for an account that does not exist. Accounts are made by
+/// `POST /api/v1/accounts`; only `default` exists without it.
+pub(crate) fn unknown_account(account: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::InvalidParameter,
+        format!("there is no account {account}; create it first with POST /api/v1/accounts"),
+    )
+    .with_metadata("param", "account")
+    .with_metadata("reason", "unknown_account")
+}
+
+/// 409 when the key `hash` is the calling key itself: a key that disabled,
+/// deleted or reported itself would lock out whoever uses it (the
+/// operator's, everyone). `what` is the refused action, as in "a key cannot
+/// {what}".
+fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(), GatewayError> {
+    if principal.key_hash != *hash {
+        return Ok(());
+    }
+    let rotate = if principal.operator {
+        "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`"
+    } else {
+        "To rotate it, create a new key, switch to it, then disable or delete this one with the new key"
+    };
+    Err(GatewayError::new(
+        ErrorKind::Conflict,
+        format!("a key cannot {what}: it is the key this request was made with. {rotate}."),
+    )
+    .with_metadata("reason", "own_key"))
+}
+
+/// Whether `record` is the key `principal` called with.
+fn is_current(principal: &Principal, record: &KeyRecord) -> bool {
+    KeyHash::from_hex(&record.hash).is_some_and(|hash| hash == principal.key_hash)
+}
+
 /// 403: what only the operator's management key may do.
 fn operator_only(what: &str) -> GatewayError {
     GatewayError::new(
@@ -778,8 +839,9 @@ async fn key_status(
     Ok(Answer::ok(json!({ "data": data })))
 }
 
-/// A key as the management API shows it.
-fn key_json(record: &KeyRecord, usage: &KeyUsage) -> Value {
+/// A key as the management API shows it; `current` when it is the key the
+/// request was made with (a settings page keeps it from disabling itself).
+fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
     let mut data = Map::new();
     data.insert("hash".into(), Value::from(record.hash.clone()));
     data.insert("name".into(), Value::from(record.name.clone()));
@@ -788,6 +850,7 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage) -> Value {
     data.insert("management".into(), Value::from(record.management));
     data.insert("operator".into(), Value::from(record.is_operator()));
     data.insert("disabled".into(), Value::from(record.disabled));
+    data.insert("current".into(), Value::from(current));
     limit_and_usage(
         &mut data,
         record.limit_nanos,
@@ -867,10 +930,10 @@ fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
     })
 }
 
-/// An account's management key reads the key first: another account's key
-/// is answered as no key at all (a key never changes account, so the check
-/// holds for a write that follows). The operator reads nothing here:
-/// `Ok(Ok(None))`.
+/// An account's management key reads the key first: another account's key,
+/// and an operator's key (which belongs to no account), is answered as no
+/// key at all (a key never changes account, so the check holds for a write
+/// that follows). The operator reads nothing here: `Ok(Ok(None))`.
 async fn readable_key(
     directory: &KeyDirectory,
     principal: &Principal,
@@ -880,7 +943,7 @@ async fn readable_key(
         return Ok(Ok(None));
     }
     Ok(match directory.get(hash).await? {
-        Some(record) if record.value.account == principal.account_id => Ok(Some(record.value)),
+        Some(record) if record.value.belongs_to(&principal.account_id) => Ok(Some(record.value)),
         _ => Err(no_such_key()),
     })
 }

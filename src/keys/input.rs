@@ -13,6 +13,7 @@ use super::byok::{check_api_key, provider_id, ByokError};
 use super::credits::{nanos_from_json, AmountError};
 use super::record::{
     is_valid_account_id, KeyUpdate, NewAccount, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS,
+    OPERATOR_ACCOUNT,
 };
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
@@ -255,6 +256,7 @@ pub fn new_account(body: &[u8]) -> Result<NewAccount, GatewayError> {
     })?;
     let id = match id {
         Value::String(id) if is_valid_account_id(&id) => id,
+        Value::String(id) if id == OPERATOR_ACCOUNT => return Err(reserved_account("id")),
         _ => {
             return Err(invalid(
                 "id",
@@ -409,6 +411,7 @@ pub(crate) fn account_id(value: Value) -> Result<String, GatewayError> {
     match value {
         Value::Null => Ok(DEFAULT_ACCOUNT.to_owned()),
         Value::String(id) if is_valid_account_id(&id) => Ok(id),
+        Value::String(id) if id == OPERATOR_ACCOUNT => Err(reserved_account("account")),
         _ => Err(invalid(
             "account",
             "must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
@@ -487,6 +490,15 @@ pub(crate) fn expiry(
 pub(crate) fn invalid(field: &str, problem: &str) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidParameter, format!("`{field}` {problem}"))
         .with_metadata("param", field)
+}
+
+/// 422: the operator's account id, which no tenant account may take.
+fn reserved_account(field: &str) -> GatewayError {
+    invalid(
+        field,
+        &format!("{OPERATOR_ACCOUNT} is reserved for the operator's keys, which belong to no account; choose another id (1 to 64 characters of A-Z a-z 0-9 . _ -)"),
+    )
+    .with_metadata("reason", "reserved_account")
 }
 
 /// 400 about one field.
@@ -597,6 +609,18 @@ mod tests {
                 (status, param),
                 "{message}"
             );
+        }
+    }
+
+    #[test]
+    fn no_account_or_key_takes_the_operators_account_id() {
+        let account = new_account(br#"{"id": ":operator"}"#).unwrap_err();
+        let key = new_key(br#"{"name": "k", "account": ":operator"}"#, now()).unwrap_err();
+        for (error, param) in [(account, "id"), (key, "account")] {
+            assert_eq!(error.status(), 422);
+            assert_eq!(error.metadata()["param"], param);
+            assert_eq!(error.metadata()["reason"], "reserved_account");
+            assert!(error.message().contains("reserved"), "{}", error.message());
         }
     }
 

@@ -11,10 +11,10 @@
 //! | `GET /api/v1/generation?id=`, `GET /api/v1/generations`, `GET /api/v1/apps` | see [`crate::usage`] | a request's record, the account's newest, the app ranking |
 //! | `GET /api/v1/credits` | any key | `{"data": {total_credits, total_usage}}` of the key's account |
 //! | `GET /user/balance` | any key | `{is_available, balance_infos: [{currency, total_balance, granted_balance, topped_up_balance}]}` |
-//! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}` |
+//! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}`; an `account` that does not exist is 422 `unknown_account` (accounts are made by `POST /api/v1/accounts`; `default` always exists) |
 //! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
-//! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key` |
-//! | `POST /api/v1/keys/{hash}/leaked` `{url?, source?}` | management key | `{"data": {…}}`: the key revoked and disabled for good, its owner told ([`KeyRoutesLayer::leak_notifier`]) |
+//! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key`; disabling or deleting the calling key itself is 409 `own_key` |
+//! | `POST /api/v1/keys/{hash}/leaked` `{url?, source?}` | management key | `{"data": {…}}`: the key revoked and disabled for good, its owner told ([`KeyRoutesLayer::leak_notifier`]); the calling key itself is 409 `own_key` |
 //! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key | 201 `{"data": {id, created_at, expires_at}}`: an app's OAuth code ([`oauth`](crate::oauth), whose `CodeExchange` answers `POST /api/v1/auth/keys`) |
 //! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
 //! | `GET /api/v1/accounts?offset=` | management key | `{"data": [{…}, …]}`: every account for the operator, its own for an account's key |
@@ -27,12 +27,19 @@
 //! There are two kinds of management key. The **operator's** (the proxy's
 //! `MODELGATE_ADMIN_KEY`, or one made with [`KeyDirectory::create_key`])
 //! manages every account: it creates and tops up accounts and creates an
-//! account's management key (`"management": true` with `"account"`). An
+//! account's management key (`"management": true` with `"account"`). It
+//! belongs to no tenant account: it is recorded on [`OPERATOR_ACCOUNT`],
+//! an id no account can take, so only an operator's key lists, reads,
+//! changes or reports it ([`KeyDirectory::move_operator_keys`] moves those
+//! an older store keeps on `default`). An
 //! **account's** management key manages that account only: its keys
 //! (created in it whatever `account` says, else 403 `other_account`), its
 //! provider keys, its balance and usage; another account's keys are 404
 //! to it, and what only the operator does is 403 `operator_only`. Neither
-//! kind can call models. Inference keys read only themselves.
+//! kind can call models. Inference keys read only themselves. Every key
+//! listed says whether it is the `current` one, the calling key, which
+//! cannot disable, delete or report itself (409 `own_key`: whoever uses it
+//! would be locked out; rotate instead).
 //!
 //! The BYOK routes keep an account's own provider keys in a
 //! [`ByokDirectory`]; once set, a key is never answered again, only its
@@ -130,12 +137,13 @@ pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use byok::{ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError};
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, SharedStore};
-pub(crate) use handlers::Route;
+pub(crate) use handlers::{unknown_account, Route};
 pub use layer::{ByokProviders, KeyRoutesLayer};
 pub(crate) use leak::report_leak;
 pub use management_rate::DEFAULT_MANAGEMENT_RATE;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
+    OPERATOR_ACCOUNT,
 };
 pub use service::KeyRoutes;

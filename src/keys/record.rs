@@ -15,6 +15,12 @@ pub const DELETED_KEYS: &str = "deleted_keys";
 /// The account new keys belong to when none is named.
 pub const DEFAULT_ACCOUNT: &str = "default";
 
+/// The account every operator's key ([`KeyRecord::is_operator`]) is
+/// recorded on: no tenant's. Its `:` is outside what an account id may
+/// hold ([`is_valid_account_id`]), so no account can ever take it, and no
+/// account's management key can name, list or reach its keys.
+pub const OPERATOR_ACCOUNT: &str = ":operator";
+
 /// Longest account id and key name accepted.
 pub const MAX_ACCOUNT_ID_CHARS: usize = 64;
 /// Longest key name accepted.
@@ -114,6 +120,13 @@ impl KeyRecord {
         self.management && !self.scoped_to_account
     }
 
+    /// Whether the key is one of `account`'s: never for an operator's key,
+    /// which belongs to no tenant account, even on a store that still
+    /// records it on one (written before [`OPERATOR_ACCOUNT`]).
+    pub fn belongs_to(&self, account: &str) -> bool {
+        self.account == account && !self.is_operator()
+    }
+
     /// Whether the key has expired at `now`.
     pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
         self.expires_at.is_some_and(|expires_at| expires_at <= now)
@@ -160,7 +173,10 @@ pub struct NewAccount {
 pub struct NewKey {
     /// The key's name; required, shown as its label.
     pub name: String,
-    /// The owning account; created on first use.
+    /// The owning account, which must exist ([`DEFAULT_ACCOUNT`] is made
+    /// on first use). An operator's key (`management` without
+    /// `scoped_to_account`) is recorded on [`OPERATOR_ACCOUNT`] whatever
+    /// this says.
     pub account: String,
     /// A management key may use the management API and may not call models.
     pub management: bool,
@@ -278,6 +294,10 @@ mod tests {
         assert!(!is_valid_account_id("a b"));
         assert!(!is_valid_account_id("ümlaut"));
         assert!(!is_valid_account_id(&"a".repeat(65)));
+        assert!(
+            !is_valid_account_id(OPERATOR_ACCOUNT),
+            "no account can take the operator's id"
+        );
     }
 
     proptest! {

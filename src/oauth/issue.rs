@@ -52,12 +52,7 @@ pub(crate) async fn issue_code(
     // The operator may name any account, but only one that exists: a
     // mistyped id must not make an empty account with an app key in it.
     if principal.operator && !directory.account_exists(&account).await.map_err(refuse)? {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
-            format!("there is no account {account}; create it first with POST /api/v1/accounts"),
-        )
-        .with_metadata("param", "account")
-        .with_metadata("reason", "unknown_account"));
+        return Err(crate::keys::unknown_account(&account));
     }
     let approval = Approval {
         key_name: app_key_name(request.key_label.as_deref(), request.callback_url.host()),

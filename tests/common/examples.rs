@@ -64,22 +64,83 @@ pub struct ProxyProcess {
     pub admin: String,
 }
 
+/// A proxy started with [`ProxyProcess::spawn_watched`], and what it said.
+pub struct WatchedProxy {
+    /// The running proxy.
+    pub proxy: ProxyProcess,
+    /// What it printed on stdout before its address (a key shown once).
+    pub printed_before: Vec<String>,
+    /// Its stderr (the log) so far, read as it comes.
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl WatchedProxy {
+    /// Waits (up to 10 s) until the log holds `text`; the log.
+    pub fn wait_for_log(&self, text: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let log = self.stderr.lock().unwrap().clone();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log never said {text:?}: {log}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
 impl ProxyProcess {
     /// Runs `command` (the proxy, or a wrapper such as `faketime` running
     /// it) with its output piped, and waits for the address it prints.
-    pub fn spawn(mut command: std::process::Command) -> ProxyProcess {
-        use std::io::{BufRead, BufReader};
+    pub fn spawn(command: std::process::Command) -> ProxyProcess {
+        Self::start(command, false).proxy
+    }
+
+    /// [`spawn`](Self::spawn), keeping what the proxy prints before its
+    /// address and its log.
+    pub fn spawn_watched(command: std::process::Command) -> WatchedProxy {
+        Self::start(command, true)
+    }
+
+    fn start(mut command: std::process::Command, watched: bool) -> WatchedProxy {
+        use std::io::{BufRead, BufReader, Read};
         use std::os::unix::process::CommandExt;
         // Its own process group, so that dropping it also ends what a
         // wrapper (faketime forks the proxy) started.
         command.process_group(0);
+        let stderr_pipe = if watched {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        };
         let mut child = command
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr_pipe)
             .spawn()
             .unwrap();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let stderr = stderr.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0; 4096];
+                while let Ok(read @ 1..) = pipe.read(&mut buffer) {
+                    stderr
+                        .lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buffer[..read]));
+                }
+            });
+        }
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
+        let mut printed_before = Vec::new();
+        let mut first = lines.next().unwrap().unwrap();
+        while watched && !first.starts_with("modelgate listening on ") {
+            printed_before.push(first);
+            first = lines.next().unwrap().unwrap();
+        }
         let address = first
             .strip_prefix("modelgate listening on ")
             .unwrap_or_else(|| panic!("unexpected first line: {first}"))
@@ -91,10 +152,14 @@ impl ProxyProcess {
             .to_owned();
         // Drained as it comes: a full pipe would stall the proxy.
         std::thread::spawn(move || for _ in lines {});
-        ProxyProcess {
-            child,
-            address,
-            admin,
+        WatchedProxy {
+            proxy: ProxyProcess {
+                child,
+                address,
+                admin,
+            },
+            printed_before,
+            stderr,
         }
     }
 

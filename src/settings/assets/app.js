@@ -9,6 +9,16 @@
   const { STORAGE_KEY, ApiError, say, limitField, expiresField } = globalThis.modelgateApi;
   const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
   const MAX_PAGES = 50;
+  // The account every gateway has; the operator's page starts on it (the
+  // operator's own key belongs to no account).
+  const DEFAULT_ACCOUNT = 'default';
+  // Why the key in use cannot be disabled or deleted here (the API
+  // answers 409 own_key): whoever uses it would be locked out.
+  const OWN_KEY = 'This is the key you are signed in with: it cannot disable or delete itself. ' +
+    'To rotate it, create a new key, sign in with it, then delete this one.';
+  const OWN_OPERATOR_KEY = 'This is the operator\'s key you are signed in with: it cannot disable or delete itself. ' +
+    'To replace it, make a new key with "proxy keygen", set it as MODELGATE_ADMIN_KEY and restart the gateway, ' +
+    'then delete this one signed in with the new key. If it is lost or leaked, run "proxy reset-operator-key".';
   const INFERENCE_KEY =
     'This is an inference key: it calls models but cannot manage keys. ' +
     'Sign in with a management key: the operator\'s key, or an account management key the operator made for you.';
@@ -158,11 +168,12 @@
       }
     }
     sessionStorage.setItem(STORAGE_KEY, key);
+    const operator = me.operator === true;
     session = {
       key,
       me,
-      operator: me.operator === true,
-      account: typeof me.account === 'string' ? me.account : null,
+      operator,
+      account: operator ? DEFAULT_ACCOUNT : (typeof me.account === 'string' ? me.account : null),
     };
     $('management-key').value = '';
     $('sign-in').hidden = true;
@@ -316,6 +327,7 @@
       const state = keyStatus(key);
       status.append(element('span', state, 'badge ' + state));
       if (key.management) status.append(element('span', 'management', 'badge management'));
+      if (key.current) status.append(element('span', 'in use', 'badge current'));
       row.append(status);
       const actions = element('td');
       actions.append(button('Edit', 'secondary', 'Edit key ' + key.name, () => openEditor(key.hash)));
@@ -458,8 +470,8 @@
   // The usage sections show the account shown above them. For a key
   // scoped to an account that is its own account. The operator's key
   // manages every account, and the API wants it to name one: the
-  // sections follow the account chosen in the Accounts table (the
-  // operator's own, "default", until another is chosen), so switching
+  // sections follow the account chosen in the Accounts table
+  // ("default" until another is chosen), so switching
   // accounts switches them too. `account` is always named, even for a
   // scoped key: without it the operator's key gets the whole gateway's
   // app ranking.
@@ -610,10 +622,20 @@
     // A leaked key cannot be enabled again (the API answers 422): the
     // switch is not offered, and the note says why.
     const leaked = Boolean(key.leak);
-    disabled.disabled = leaked;
+    // Nor can the key in use disable or delete itself (409 own_key).
+    const current = key.current === true;
+    disabled.disabled = leaked || current;
     $('edit-disabled-note').hidden = !leaked;
-    if (leaked) disabled.setAttribute('aria-describedby', 'edit-disabled-note');
-    else disabled.removeAttribute('aria-describedby');
+    const note = $('edit-current-note');
+    note.hidden = !current;
+    note.textContent = current ? (session.operator ? OWN_OPERATOR_KEY : OWN_KEY) : '';
+    $('delete-key').disabled = current;
+    const describe = (control, noteId) => {
+      if (noteId) control.setAttribute('aria-describedby', noteId);
+      else control.removeAttribute('aria-describedby');
+    };
+    describe(disabled, leaked ? 'edit-disabled-note' : current ? 'edit-current-note' : null);
+    describe($('delete-key'), current ? 'edit-current-note' : null);
   }
 
   function openEditor(hash) {
@@ -641,7 +663,8 @@
       limit_reset: $('edit-reset').value || null,
       include_byok_in_limit: $('edit-byok').checked,
     };
-    if (!key.leak) update.disabled = $('edit-disabled').checked;
+    // A leaked key and the key in use keep their state (see fillEditor).
+    if (!key.leak && !key.current) update.disabled = $('edit-disabled').checked;
     if (!update.name) throw new Error('Name must not be empty.');
     const saved = (await api('PATCH', '/api/v1/keys/' + key.hash, { body: update })).data;
     sayDone('Saved the key “' + saved.name + '”' +
@@ -652,6 +675,8 @@
   // The in-page confirmation every deletion goes through.
   function confirmDeletion() {
     if (!editing) return;
+    const key = keys.find((candidate) => candidate.hash === editing);
+    if (key && key.current) return;
     $('confirm-delete').hidden = false;
     $('confirm-delete-no').focus();
   }

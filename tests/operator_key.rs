@@ -1,0 +1,317 @@
+//! The operator's key as the proxy example makes, takes and replaces it,
+//! run as a process on a real `redis-server` (issue 34, points 3 and 4):
+//! a start mints a key only when the store has none, so restarts on a
+//! shared store do not pile up full-power keys in the log; `proxy keygen`
+//! prints a key to set as `MODELGATE_ADMIN_KEY`; `proxy
+//! reset-operator-key` replaces a lost one; a start moves an operator key
+//! an older store keeps on `default` to the operator's own account.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::examples::ProxyProcess;
+use common::redis_server::RedisServer;
+use modelgate::auth::ApiKey;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore, OPERATOR_ACCOUNT};
+use modelgate::store::{Expect, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS};
+use serde_json::{json, Value};
+
+/// The proxy on `redis` (in memory when `None`), with `admin_key` as
+/// `MODELGATE_ADMIN_KEY` when given (unset otherwise).
+fn proxy(redis: Option<&str>, admin_key: Option<&str>) -> Command {
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env_remove("MODELGATE_ADMIN_KEY");
+    if let Some(url) = redis {
+        command.args(["--redis", url]);
+    }
+    if let Some(key) = admin_key {
+        command.env("MODELGATE_ADMIN_KEY", key);
+    }
+    command
+}
+
+/// `proxy <arguments>` run to its end: exit code, stdout, stderr.
+fn run(arguments: &[&str]) -> (Option<i32>, String, String) {
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command.args(arguments).env_remove("MODELGATE_ADMIN_KEY");
+    finish(command)
+}
+
+/// Runs `command` to its end (killed after 20 s: a proxy that starts
+/// serving instead fails the test): exit code, stdout, stderr.
+fn finish(mut command: Command) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{command:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code(), stdout, stderr)
+}
+
+/// The key in a "… (shown once): mg-v1-…" line.
+fn shown_key(line: &str) -> String {
+    let key = line
+        .split_once("(shown once): ")
+        .unwrap_or_else(|| panic!("no key shown in {line:?}"))
+        .1
+        .trim();
+    ApiKey::parse(key).unwrap_or_else(|error| panic!("{key:?}: {error}"));
+    key.to_owned()
+}
+
+async fn redis_store(server: &RedisServer) -> SharedStore {
+    Arc::new(
+        RedisStore::connect(&server.url(), RedisStoreConfig::default())
+            .await
+            .unwrap(),
+    )
+}
+
+/// `GET /api/v1/key` through `proxy` with `key`: status and body.
+async fn whoami(proxy: &ProxyProcess, key: &str) -> (u16, Value) {
+    call(proxy, "GET", "/api/v1/key", key, None).await
+}
+
+async fn call(
+    proxy: &ProxyProcess,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .request(method.parse().unwrap(), format!("{}{path}", proxy.address))
+        .bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let reply = request.send().await.unwrap();
+    let status = reply.status().as_u16();
+    (status, reply.json().await.unwrap())
+}
+
+/// Asks with `key` until the answer's status is `status` (a change made
+/// by another process is seen within the key cache's second).
+async fn until_status(proxy: &ProxyProcess, key: &str, status: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (got, body) = whoami(proxy, key).await;
+        if got == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "still {got}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_second_start_on_a_shared_store_mints_no_key_and_the_first_still_works() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let first = ProxyProcess::spawn_watched(proxy(Some(&url), None));
+    assert_eq!(first.printed_before.len(), 1, "{:?}", first.printed_before);
+    assert!(first.printed_before[0].starts_with("management key (shown once): "));
+    let key = shown_key(&first.printed_before[0]);
+    let (status, me) = whoami(&first.proxy, &key).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["data"]["operator"], true);
+    assert_eq!(me["data"]["account"], OPERATOR_ACCOUNT);
+
+    let second = ProxyProcess::spawn_watched(proxy(Some(&url), None));
+    let log = second.wait_for_log("none is made or printed");
+    assert!(
+        log.contains("MODELGATE_ADMIN_KEY")
+            && log.contains("proxy keygen")
+            && log.contains("proxy reset-operator-key"),
+        "{log}"
+    );
+    assert!(!log.contains("mg-v1-"), "no key in the log: {log}");
+    assert_eq!(
+        second.printed_before,
+        Vec::<String>::new(),
+        "no key printed"
+    );
+    let (status, me) = whoami(&second.proxy, &key).await;
+    assert_eq!(status, 200, "the first key works on the second: {me}");
+    let operators = KeyDirectory::new(redis_store(&server).await)
+        .operator_keys()
+        .await
+        .unwrap();
+    assert_eq!(operators.len(), 1, "{operators:?}");
+    drop(first);
+}
+
+#[tokio::test]
+async fn keygen_prints_a_key_the_proxy_takes_as_its_operators() {
+    let (code, first, stderr) = run(&["keygen"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (_, second, _) = run(&["keygen"]);
+    let key = first.trim_end();
+    assert_eq!(first.lines().count(), 1, "{first}");
+    ApiKey::parse(key).unwrap();
+    assert_ne!(first, second, "a new key each time");
+    let (code, _, stderr) = run(&["keygen", "--redis", "redis://127.0.0.1:1"]);
+    assert_eq!(code, Some(2), "keygen takes no store: {stderr}");
+    assert!(stderr.contains("unknown flag --redis"), "{stderr}");
+
+    let watched = ProxyProcess::spawn_watched(proxy(None, Some(key)));
+    assert!(
+        watched.printed_before.is_empty(),
+        "{:?}",
+        watched.printed_before
+    );
+    let (status, me) = whoami(&watched.proxy, key).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["data"]["operator"], true);
+}
+
+#[tokio::test]
+async fn reset_operator_key_disables_the_lost_key_and_prints_a_new_one_once() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let lost = ApiKey::generate();
+    let lost = lost.expose();
+    let running = ProxyProcess::spawn(proxy(Some(&url), Some(lost)));
+    let (status, _) = whoami(&running, lost).await;
+    assert_eq!(status, 200);
+
+    let (code, stdout, stderr) = run(&["reset-operator-key", "--redis", &url]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let new = shown_key(&stdout);
+    assert!(stderr.contains("disabled 1 operator key"), "{stderr}");
+    assert!(!stderr.contains("mg-v1-"), "{stderr}");
+
+    // The running proxy refuses the old key and takes the new one.
+    let refused = until_status(&running, lost, 401).await;
+    assert_eq!(refused["error"]["metadata"]["reason"], "disabled_key");
+    let (status, me) = whoami(&running, &new).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["data"]["operator"], true);
+    let (status, _) = call(&running, "GET", "/api/v1/accounts", &new, None).await;
+    assert_eq!(status, 200);
+
+    // A start with the old key stops, saying why.
+    let (code, _, stderr) = finish(proxy(Some(&url), Some(lost)));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("MODELGATE_ADMIN_KEY is disabled"),
+        "{stderr}"
+    );
+    // Without a shared store there is nothing to reset.
+    let (code, _, stderr) = run(&["reset-operator-key"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--redis"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_start_moves_an_older_stores_operator_keys_off_default() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let store = redis_store(&server).await;
+    let directory = KeyDirectory::new(store.clone());
+    // As a proxy before the operator's own account left them: operator
+    // keys (management, not scoped) on `default`.
+    let admin = ApiKey::generate();
+    let admin = admin.expose().to_owned();
+    let old_admin = directory
+        .register_key(&ApiKey::parse(&admin).unwrap(), NewKey::named("operator"))
+        .await
+        .unwrap();
+    let (_, old_other) = directory
+        .create_key(NewKey::named("another operator"))
+        .await
+        .unwrap();
+    for mut record in [old_admin, old_other] {
+        record.management = true;
+        store
+            .put_json(KEYS, &record.hash.clone(), &record, Expect::Any)
+            .await
+            .unwrap();
+    }
+
+    let running = ProxyProcess::spawn(proxy(Some(&url), Some(&admin)));
+    let (status, me) = whoami(&running, &admin).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["data"]["account"], OPERATOR_ACCOUNT);
+    assert_eq!(me["data"]["operator"], true);
+    let operators = directory.operator_keys().await.unwrap();
+    assert_eq!(operators.len(), 2);
+    assert!(
+        operators
+            .iter()
+            .all(|record| record.account == OPERATOR_ACCOUNT),
+        "{operators:?}"
+    );
+
+    // `default`'s manager no longer sees or reaches them.
+    let (status, made) = call(
+        &running,
+        "POST",
+        "/api/v1/keys",
+        &admin,
+        Some(json!({"name": "default admin", "account": "default", "management": true})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let manager = made["key"].as_str().unwrap();
+    let (_, listed) = call(
+        &running,
+        "GET",
+        "/api/v1/keys?include_disabled=true",
+        manager,
+        None,
+    )
+    .await;
+    let names: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["default admin"], "{listed}");
+    for record in &operators {
+        let (status, body) = call(
+            &running,
+            "DELETE",
+            &format!("/api/v1/keys/{}", record.hash),
+            manager,
+            None,
+        )
+        .await;
+        assert!(status == 403 || status == 404, "{status} {body}");
+    }
+    let (status, _) = whoami(&running, &admin).await;
+    assert_eq!(status, 200);
+}
