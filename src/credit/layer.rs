@@ -187,9 +187,11 @@ impl CreditGuardLayer {
 
 impl CreditGuardLayer {
     /// Whether the service below marks the [`SentUpstream`](super::SentUpstream)
-    /// each metered request carries when it sends it upstream (the proxy's
-    /// upstream client does). On, a request dropped before it was marked is
-    /// released at no cost; off (the default), a request dropped before
+    /// each metered request carries once the upstream has it, and clears
+    /// it while a retry waits (the proxy's upstream client and retry policy
+    /// do). On, a request that ends unmarked (dropped, or answered by an
+    /// error the service below made itself) is released at no cost and has
+    /// no generation record; off (the default), a request dropped before
     /// its response is charged what its bound allows, as the upstream may
     /// be working on it.
     pub fn upstream_reports_sending(mut self, reports: bool) -> Self {
