@@ -136,11 +136,12 @@ async fn a_client_leaving_while_connects_fail_and_retries_wait_pays_nothing() {
         // Its hold is gone: a request needing more than half the balance
         // is admitted, and when no attempt connects, answered 502 for
         // nothing, without a record to name.
-        let reply = chat(address, &key, Duration::from_secs(30))
-            .await
-            .unwrap();
+        let reply = chat(address, &key, Duration::from_secs(30)).await.unwrap();
         assert_eq!(reply.status, 502, "{reply:?}");
-        assert_eq!(reply.body["error"]["metadata"]["upstream_failure"], "connect");
+        assert_eq!(
+            reply.body["error"]["metadata"]["upstream_failure"],
+            "connect"
+        );
         assert_eq!(reply.generation_id, None, "no record: nothing was sent");
         assert_charged_nothing(&store, address, &key, "every attempt refused").await;
     })
@@ -172,9 +173,7 @@ async fn a_client_leaving_while_a_retry_waits_after_a_503_pays_nothing() {
         })
         .await;
         let address = instance(store.clone(), &recovering, CONFIG).await;
-        let reply = chat(address, &key, Duration::from_secs(30))
-            .await
-            .unwrap();
+        let reply = chat(address, &key, Duration::from_secs(30)).await.unwrap();
         assert_eq!(reply.status, 200, "{reply:?}");
         let id = reply.generation_id.expect("a record's id");
         let usage = key_settled(&store, &key, chrono::Utc::now()).await;

@@ -176,7 +176,7 @@ where
                                 future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
                                 // may be working, so the hold is charged,
-                                // unless it is known never to have been sent.
+                                // unless the request is not at the upstream.
                                 meter: Unsettled::new(meter, Ending::Abandoned).unless_unsent(sent),
                                 max_scanned_body_bytes: *max_scanned_body_bytes,
                                 response_headers,

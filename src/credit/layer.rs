@@ -107,7 +107,8 @@ impl CreditGuardLayer {
 
     /// Records each chat request it admits (see [`crate::usage`]): its
     /// response carries `X-Generation-Id`, and its record is kept with its
-    /// settlement. The app headers are then checked (a malformed one is a
+    /// settlement (none for a request that never reached the upstream, see
+    /// [`upstream_reports_sending`](Self::upstream_reports_sending)). The app headers are then checked (a malformed one is a
     /// 400 before admission) and, with an
     /// [`AppRanking`](crate::usage::AppRanking), counted.
     pub fn generations(mut self, generations: Generations) -> Self {
