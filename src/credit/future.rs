@@ -176,7 +176,7 @@ where
                                 future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
                                 // may be working, so the hold is charged,
-                                // unless it is known never to have been sent.
+                                // unless the request is not at the upstream.
                                 meter: Unsettled::new(meter, Ending::Abandoned).unless_unsent(sent),
                                 max_scanned_body_bytes: *max_scanned_body_bytes,
                                 response_headers,
@@ -198,12 +198,23 @@ where
                     let response = match ready!(future.poll(cx)) {
                         Ok(response) => response,
                         Err(error) => {
+                            let ending = meter.ending(Ending::InnerFailed);
                             if let Some(meter) = meter.take() {
-                                meter.settle_in_background(None, Ending::InnerFailed);
+                                meter.settle_in_background(None, ending);
                             }
                             return Poll::Ready(Err(error));
                         }
                     };
+                    if meter.ending(Ending::Complete) == Ending::NotSent {
+                        // An answer the layers below made themselves (the
+                        // upstream could not be reached): nothing reached
+                        // the upstream, so nothing is owed and no record
+                        // is kept, nor named.
+                        if let Some(meter) = meter.take() {
+                            meter.settle_in_background(None, Ending::NotSent);
+                        }
+                        generation_id.take();
+                    }
                     let success = response.status().is_success();
                     let (mut parts, body) = response.into_parts();
                     // Each deferring layer's headers, the tightest limit kept.

@@ -107,7 +107,8 @@ impl CreditGuardLayer {
 
     /// Records each chat request it admits (see [`crate::usage`]): its
     /// response carries `X-Generation-Id`, and its record is kept with its
-    /// settlement. The app headers are then checked (a malformed one is a
+    /// settlement (none for a request that never reached the upstream, see
+    /// [`upstream_reports_sending`](Self::upstream_reports_sending)). The app headers are then checked (a malformed one is a
     /// 400 before admission) and, with an
     /// [`AppRanking`](crate::usage::AppRanking), counted.
     pub fn generations(mut self, generations: Generations) -> Self {
@@ -187,9 +188,11 @@ impl CreditGuardLayer {
 
 impl CreditGuardLayer {
     /// Whether the service below marks the [`SentUpstream`](super::SentUpstream)
-    /// each metered request carries when it sends it upstream (the proxy's
-    /// upstream client does). On, a request dropped before it was marked is
-    /// released at no cost; off (the default), a request dropped before
+    /// each metered request carries once the upstream has it, and clears
+    /// it while a retry waits (the proxy's upstream client and retry policy
+    /// do). On, a request that ends unmarked (dropped, or answered by an
+    /// error the service below made itself) is released at no cost and has
+    /// no generation record; off (the default), a request dropped before
     /// its response is charged what its bound allows, as the upstream may
     /// be working on it.
     pub fn upstream_reports_sending(mut self, reports: bool) -> Self {

@@ -24,7 +24,9 @@ pub(crate) enum Ending {
     Abandoned,
     /// The inner service failed without a response.
     InnerFailed,
-    /// The request never went upstream (admission was cut short).
+    /// The request never reached the upstream (admission was cut short,
+    /// or the [`SentUpstream`] mark was not set when it ended): no cost, no
+    /// generation record.
     NotSent,
 }
 
@@ -297,7 +299,7 @@ pub(crate) struct Unsettled {
     meter: Option<Meter>,
     ending: Ending,
     /// When the upstream client reports sending: unmarked, the request
-    /// never left, whatever `ending` says.
+    /// is not at the upstream, whatever `ending` says.
     sent: Option<SentUpstream>,
 }
 
@@ -316,6 +318,18 @@ impl Unsettled {
         self
     }
 
+    /// How a request that ended `ending` settles: as never sent when the
+    /// service below reports sending and the request is not at the
+    /// upstream (never sent, or cleared by a failed connect or a retry's
+    /// wait).
+    pub(crate) fn ending(&self, ending: Ending) -> Ending {
+        if self.sent.as_ref().is_some_and(|sent| !sent.is_marked()) {
+            Ending::NotSent
+        } else {
+            ending
+        }
+    }
+
     pub(crate) fn take(&mut self) -> Option<Meter> {
         self.meter.take()
     }
@@ -328,12 +342,7 @@ impl Unsettled {
 impl Drop for Unsettled {
     fn drop(&mut self) {
         if let Some(meter) = self.meter.take() {
-            let never_sent = self.sent.as_ref().is_some_and(|sent| !sent.is_marked());
-            let ending = if never_sent {
-                Ending::NotSent
-            } else {
-                self.ending
-            };
+            let ending = self.ending(self.ending);
             meter.settle_in_background(None, ending);
         }
     }

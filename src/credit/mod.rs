@@ -144,7 +144,7 @@ pub use bound::{edit_request_body, BodyEdits, BoundField};
 pub use future::ResponseFuture;
 pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
-pub use pending::{PendingSettlements, SentUpstream, Unrecorded};
+pub use pending::{PendingSettlements, SentUpstream, Unrecorded, UpstreamAttempt};
 pub use pricing::{PriceTable, Pricing, PricingError, TokenPrice, MAX_CREDITS_PER_MILLION_TOKENS};
 pub use service::{estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard};
 pub use usage::{BodyKind, Usage, UsageScanner};

@@ -9,6 +9,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::retry::Policy;
 
+use crate::credit::SentUpstream;
 use crate::error::GatewayError;
 use crate::rate_limit::X_RATELIMIT_RESET;
 
@@ -18,6 +19,10 @@ use crate::rate_limit::X_RATELIMIT_RESET;
 /// (or `X-RateLimit-Reset`) is honoured up to `max_wait`; a 429 that asks
 /// for longer (a daily cap) is not retried at all, and neither is a
 /// response once it is passed on, so a stream is never replayed.
+///
+/// While it waits it clears the request's
+/// [`SentUpstream`](crate::credit::SentUpstream) mark: the request is at
+/// no upstream then, so a client that leaves during the wait pays nothing.
 ///
 /// ```
 /// use std::time::Duration;
@@ -172,6 +177,13 @@ impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy 
             return None;
         }
         let wait = self.wait_for(outcome)?;
+        // While it waits the request is at no upstream (the last attempt
+        // failed to connect, or was answered with an error and no usage):
+        // a client that leaves now owes nothing. The next attempt marks it
+        // again once sent.
+        if let Some(sent) = request.extensions().get::<SentUpstream>() {
+            sent.clear();
+        }
         self.attempts += 1;
         metrics::counter!(crate::telemetry::UPSTREAM_RETRIES_TOTAL).increment(1);
         tracing::info!(
@@ -328,6 +340,49 @@ mod tests {
             "after the last attempt the 503 is passed on"
         );
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sent_mark_is_cleared_while_waiting_and_set_again_by_the_next_attempt() {
+        let sent = SentUpstream::default();
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = calls.clone();
+        let service = ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(RetryPolicy::new(3).unwrap()))
+            .service(service_fn(move |request: Request<Full<Bytes>>| {
+                let seen = seen.clone();
+                async move {
+                    let sent = request.extensions().get::<SentUpstream>().unwrap();
+                    assert!(!sent.is_marked(), "each attempt starts unsent");
+                    match seen.fetch_add(1, Ordering::SeqCst) {
+                        // Sent, and answered with an error status.
+                        0 => {
+                            sent.attempt().mark();
+                            Ok(response(503, &[]))
+                        }
+                        // Never connected.
+                        1 => Err(GatewayError::new(ErrorKind::Upstream, "x")
+                            .with_metadata("upstream_failure", "connect")),
+                        _ => {
+                            sent.attempt().mark();
+                            Ok(response(200, &[]))
+                        }
+                    }
+                }
+            }));
+        let mut request = Request::post("/")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        request.extensions_mut().insert(sent.clone());
+        let calling = tokio::spawn(service.oneshot(request));
+        for (after, attempts) in [(500, 1), (1_000 + 500, 2)] {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            assert_eq!(calls.load(Ordering::SeqCst), attempts);
+            assert!(!sent.is_marked(), "waiting after attempt {attempts}");
+        }
+        assert_eq!(calling.await.unwrap().unwrap().status(), 200);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert!(sent.is_marked(), "the last attempt reached the upstream");
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,8 +2,10 @@
 //! buffered request to an OpenAI-compatible upstream and streaming its
 //! response back.
 
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,6 +13,7 @@ use futures_util::future::BoxFuture;
 use http::header::{HeaderValue, AUTHORIZATION};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -21,7 +24,7 @@ use tower_service::Service;
 use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 use super::providers::CallerKey;
 use crate::body::normalized_segments;
-use crate::credit::SentUpstream;
+use crate::credit::{SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
 
 /// Where and how to reach the upstream. `Debug` never shows the key.
@@ -112,6 +115,16 @@ pub struct UpstreamConfigError(String);
 /// (502, or 504 for a response-header timeout) with
 /// `metadata.upstream_failure` `connect`, `timeout` or `request`, which the
 /// retry policy reads.
+///
+/// A request's [`SentUpstream`] is marked once the upstream has it: when
+/// a live connection (TLS done) starts writing its body, or at the latest
+/// when a response arrives. It stays unmarked through a failed or slow
+/// connect and is cleared on a connect error, so a client that leaves then
+/// pays nothing. A pooled connection found dead before the request was
+/// written is replaced by a fresh one unmarked; one that fails after the
+/// body was handed to it (`request`) or a response that never comes
+/// (`timeout`) leave the mark set: the upstream may have read the request
+/// and be working on it.
 #[derive(Clone, Debug)]
 pub struct Upstream {
     inner: Arc<Inner>,
@@ -119,7 +132,7 @@ pub struct Upstream {
 
 #[derive(Debug)]
 struct Inner {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, SendingBody>,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     base_path: String,
@@ -354,12 +367,15 @@ impl Service<Request<Full<Bytes>>> for Upstream {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let report = request.extensions().get::<SentUpstream>().cloned();
+            let attempt = request
+                .extensions()
+                .get::<SentUpstream>()
+                .map(SentUpstream::attempt);
             let (request, id) = inner.outgoing(request)?;
-            // From here the upstream may be working on it: it is charged.
-            if let Some(report) = report {
-                report.mark();
-            }
+            let request = request.map(|body| SendingBody {
+                inner: body,
+                attempt: attempt.clone(),
+            });
             let sent = inner.client.request(request);
             let started = std::time::Instant::now();
             let outcome = tokio::time::timeout(inner.response_header_timeout, sent).await;
@@ -391,6 +407,10 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                     ))
                 }
                 Ok(Err(error)) if error.is_connect() => {
+                    // No connection, so nothing of the request left.
+                    if let Some(attempt) = &attempt {
+                        attempt.clear();
+                    }
                     tracing::warn!(%error, "cannot connect to the upstream");
                     return Err(upstream_failure(
                         ErrorKind::Upstream,
@@ -406,12 +426,50 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                         "the upstream request failed; retry with backoff".to_owned(),
                     ));
                 }
-                Ok(Ok(response)) => response,
+                Ok(Ok(response)) => {
+                    // An answer: the upstream had it, whatever it read.
+                    if let Some(attempt) = &attempt {
+                        attempt.mark();
+                    }
+                    response
+                }
             };
             *response.headers_mut() = client_response_headers(response.headers());
             response.headers_mut().insert(X_REQUEST_ID.clone(), id);
             Ok(response)
         })
+    }
+}
+
+/// The request body as the upstream connection reads it: the connection
+/// polls it only once it is established and has taken the request, so its
+/// first frame marks the request's attempt sent.
+struct SendingBody {
+    inner: Full<Bytes>,
+    attempt: Option<UpstreamAttempt>,
+}
+
+impl Body for SendingBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(attempt) = self.attempt.take() {
+            attempt.mark();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -574,6 +632,74 @@ mod tests {
                 proptest::prop_assert!(byok.get(name.as_str()).is_none(), "{} sent", name);
             }
         }
+    }
+
+    /// A loopback upstream that reads each request and answers `answer`
+    /// (nothing at all when `None`); its base URL.
+    async fn loopback(answer: Option<&'static [u8]>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 4096];
+                    let _ = stream.read(&mut buffer).await;
+                    match answer {
+                        Some(answer) => {
+                            let _ = stream.write_all(answer).await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                });
+            }
+        });
+        base
+    }
+
+    /// Sends one chat request through an `Upstream` at `base`: whether it
+    /// answered, and whether the request was marked sent.
+    async fn send_marked(base: &str) -> (Result<u16, String>, bool) {
+        let mut config = UpstreamConfig::new(base);
+        config.response_header_timeout = Duration::from_millis(300);
+        let mut upstream = Upstream::new(&config).unwrap();
+        let sent = SentUpstream::default();
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(b"{\"model\":\"m\"}")))
+            .unwrap();
+        request.extensions_mut().insert(sent.clone());
+        let outcome = upstream.call(request).await;
+        let outcome = outcome
+            .map(|response| response.status().as_u16())
+            .map_err(|error| {
+                error.metadata()["upstream_failure"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            });
+        (outcome, sent.is_marked())
+    }
+
+    #[tokio::test]
+    async fn a_request_is_marked_sent_only_once_a_connection_takes_it() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused = format!("http://{}/v1", closed.local_addr().unwrap());
+        drop(closed);
+        assert_eq!(
+            send_marked(&refused).await,
+            (Err("connect".to_owned()), false),
+            "no connection: nothing left"
+        );
+        assert_eq!(
+            send_marked(&loopback(None).await).await,
+            (Err("timeout".to_owned()), true),
+            "written, then no answer: the upstream may be working on it"
+        );
+        let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(
+            send_marked(&loopback(Some(answer)).await).await,
+            (Ok(503), true)
+        );
     }
 
     #[test]
