@@ -197,6 +197,16 @@ impl KeyDirectory {
         Ok(state)
     }
 
+    /// Whether this instance's cache holds `hash` as a live key now; never
+    /// reads the store. For refusing a blocked address cheaply while still
+    /// serving its good keys.
+    pub fn is_cached_live(&self, hash: &KeyHash) -> bool {
+        matches!(
+            self.inner.cache.get(hash, self.now()),
+            Some(KeyState::Active(_))
+        )
+    }
+
     /// [`lookup`](Self::lookup), except that a live key is always read
     /// from the store, so that a change made on another instance (a leak,
     /// a disable) counts at once; unknown and deleted keys still come from

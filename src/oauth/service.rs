@@ -133,9 +133,17 @@ where
         .extensions()
         .get::<ClientAddr>()
         .map(|client| client.0);
-    let body = read_bounded(request, config.max_body_bytes, config.body_timeout)
+    // Past its failure limit an address gets no store read and no place.
+    if let Some(failures) = &config.failures {
+        if let Some(retry_after) = failures.blocked(client) {
+            return Err(too_many_failures(failures, retry_after));
+        }
+    }
+    let _place = config.places.enter(client)?;
+    let pace = config.places.limits().body_pace();
+    let body = read_bounded(request, config.max_body_bytes, config.body_timeout, pace)
         .await
-        .map_err(|error| unread(error, config))?;
+        .map_err(|error| unread(error, config, client))?;
     let exchange = exchange_request(&body)?;
     match config.codes.exchange(&exchange).await {
         Ok((key, record)) => Ok(json!({
@@ -177,7 +185,7 @@ fn too_many_failures(failures: &AuthFailures, retry_after: Duration) -> GatewayE
     .with_retry_after(retry_after.max(Duration::from_secs(1)))
 }
 
-fn unread(error: ReadError, config: &CodeExchangeConfig) -> GatewayError {
+fn unread(error: ReadError, config: &CodeExchangeConfig, client: Option<IpAddr>) -> GatewayError {
     match error {
         ReadError::TooLarge => GatewayError::new(
             ErrorKind::PayloadTooLarge,
@@ -186,13 +194,24 @@ fn unread(error: ReadError, config: &CodeExchangeConfig) -> GatewayError {
                 config.max_body_bytes
             ),
         ),
-        ReadError::TimedOut => GatewayError::new(
-            ErrorKind::RequestTimeout,
-            format!(
-                "the exchange body did not arrive within {} s",
-                config.body_timeout.as_secs_f64()
-            ),
-        ),
+        ReadError::TimedOut => {
+            // Holding a place with a trickle is what a flood does: it
+            // counts as a failed authentication.
+            if let Some(failures) = &config.failures {
+                if let Some(retry_after) = failures.record_failure(client) {
+                    return too_many_failures(failures, retry_after);
+                }
+            }
+            GatewayError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the exchange body did not arrive in time: send it whole within {} s, {}",
+                    config.body_timeout.as_secs_f64(),
+                    config.places.limits().body_pace().describe()
+                ),
+            )
+            .with_metadata("reason", "slow_body")
+        }
         ReadError::Broken => GatewayError::new(
             ErrorKind::InvalidRequest,
             "the exchange body could not be read to its end",

@@ -10,6 +10,7 @@ use super::routes::WebhookRoute;
 use super::service::WebhookSecret;
 use crate::auth::AuthFailures;
 use crate::clock::{Clock, SystemClock};
+use crate::in_flight::{UnauthenticatedLimits, UnauthenticatedPlaces};
 use crate::keys::SharedStore;
 use crate::store::FailurePolicy;
 
@@ -83,6 +84,7 @@ pub(crate) struct WebhookConfig {
     pub(crate) limits: WebhookLimits,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) auth_failures: Option<AuthFailures>,
+    pub(crate) places: UnauthenticatedPlaces,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -115,6 +117,10 @@ impl WebhookSecretLayer {
                 limits: WebhookLimits::default(),
                 failure_policy: FailurePolicy::FailOpen,
                 auth_failures: None,
+                places: UnauthenticatedPlaces::new(
+                    "the webhook routes",
+                    UnauthenticatedLimits::default(),
+                ),
             }),
         }
     }
@@ -137,6 +143,17 @@ impl WebhookSecretLayer {
     /// so a client guessing both counts once.
     pub fn failure_limit(mut self, failures: AuthFailures) -> Self {
         Arc::make_mut(&mut self.config).auth_failures = Some(failures);
+        self
+    }
+
+    /// Bounds the requests reading their body on the routes, in all and per
+    /// client address, and the least rate a body must arrive at (default:
+    /// [`UnauthenticatedLimits::default`]); these places are the routes'
+    /// own, none of the gateway's. A body too slow (408) counts as a failed
+    /// authentication.
+    pub fn unauthenticated_limits(mut self, limits: UnauthenticatedLimits) -> Self {
+        Arc::make_mut(&mut self.config).places =
+            UnauthenticatedPlaces::new("the webhook routes", limits);
         self
     }
 
