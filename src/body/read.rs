@@ -58,12 +58,13 @@ impl BodyPace {
 
 /// The whole body of `request`: refused unread when `Content-Length`
 /// declares more than `max_bytes`, cut off as soon as more arrives, and
-/// given up after `max_time` or as soon as it falls behind `pace`.
+/// given up after `max_time` or as soon as it falls behind `pace` (when
+/// given).
 pub(crate) async fn read_bounded<B>(
     request: Request<B>,
     max_bytes: usize,
     max_time: Duration,
-    pace: BodyPace,
+    pace: Option<BodyPace>,
 ) -> Result<Bytes, ReadError>
 where
     B: Body,
@@ -86,7 +87,7 @@ where
         // A declared length is due whole; an open one byte by byte as it
         // comes, so a body that stalls is given up once it falls behind.
         let owed = declared.unwrap_or(0).max(received.len() as u64);
-        let deadline = pace.due(start, owed).min(last_moment);
+        let deadline = pace.map_or(last_moment, |pace| pace.due(start, owed).min(last_moment));
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(ReadError::TimedOut),
             Ok(None) => return Ok(received.freeze()),
@@ -99,5 +100,106 @@ where
             }
             received.put(data);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use std::convert::Infallible;
+
+    const PACE: BodyPace = BodyPace {
+        min_bytes_per_second: 1000,
+        grace: Duration::from_secs(1),
+    };
+
+    /// A body sending `chunks`, each `(bytes, delay before it)`, then
+    /// ending; `stall`: never ending after the last chunk.
+    fn paced(
+        chunks: Vec<(usize, Duration)>,
+        stall: bool,
+        length: Option<usize>,
+    ) -> Request<StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>>>
+    {
+        let frames = stream::unfold((chunks.into_iter(), stall), |(mut chunks, stall)| async move {
+            match chunks.next() {
+                Some((bytes, delay)) => {
+                    tokio::time::sleep(delay).await;
+                    Some((Ok(Frame::data(Bytes::from(vec![b'x'; bytes]))), (chunks, stall)))
+                }
+                None if stall => std::future::pending().await,
+                None => None,
+            }
+        });
+        let mut request = Request::new(StreamBody::new(frames));
+        if let Some(length) = length {
+            request
+                .headers_mut()
+                .insert(CONTENT_LENGTH, length.to_string().parse().unwrap());
+        }
+        request
+    }
+
+    const ALL_DAY: Duration = Duration::from_secs(86_400);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_declared_body_is_due_whole_after_the_grace_and_its_length_at_the_rate() {
+        // 4000 bytes at 1000 B/s after 1 s: due at 5 s.
+        let start = Instant::now();
+        let stalled = paced(vec![(1, Duration::ZERO)], true, Some(4000));
+        assert_eq!(
+            read_bounded(stalled, 8192, ALL_DAY, Some(PACE)).await,
+            Err(ReadError::TimedOut)
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        // All of it at 4.9 s is in time.
+        let late = paced(vec![(4000, Duration::from_millis(4900))], false, Some(4000));
+        assert_eq!(read_bounded(late, 8192, ALL_DAY, Some(PACE)).await.unwrap().len(), 4000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_body_must_keep_the_rate_as_it_comes() {
+        // 500 bytes every 1.2 s falls behind 1000 B/s: 1000 bytes are due
+        // at 2 s, the third chunk comes at 2.4 s.
+        let start = Instant::now();
+        let mut chunks = vec![(500, Duration::ZERO)];
+        chunks.extend([(500, Duration::from_millis(1200)); 20]);
+        let trickle = paced(chunks, false, None);
+        assert_eq!(
+            read_bounded(trickle, 1 << 20, ALL_DAY, Some(PACE)).await,
+            Err(ReadError::TimedOut)
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        let mut chunks = vec![(1000, Duration::ZERO)];
+        chunks.extend([(1000, Duration::from_secs(1)); 9]);
+        let steady = paced(chunks, false, None);
+        assert_eq!(
+            read_bounded(steady, 1 << 20, ALL_DAY, Some(PACE)).await.unwrap().len(),
+            10_000
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_time_and_size_bounds_still_hold() {
+        let start = Instant::now();
+        let stalled = paced(vec![(10, Duration::ZERO)], true, Some(1 << 20));
+        assert_eq!(
+            read_bounded(stalled, 1 << 21, Duration::from_secs(3), Some(PACE)).await,
+            Err(ReadError::TimedOut)
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        let declared = paced(vec![], false, Some(101));
+        assert_eq!(
+            read_bounded(declared, 100, ALL_DAY, Some(PACE)).await,
+            Err(ReadError::TooLarge)
+        );
+        let sent = paced(vec![(60, Duration::ZERO), (60, Duration::ZERO)], false, None);
+        assert_eq!(
+            read_bounded(sent, 100, ALL_DAY, Some(PACE)).await,
+            Err(ReadError::TooLarge)
+        );
     }
 }

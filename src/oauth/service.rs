@@ -141,7 +141,7 @@ where
     }
     let _place = config.places.enter(client)?;
     let pace = config.places.limits().body_pace();
-    let body = read_bounded(request, config.max_body_bytes, config.body_timeout, pace)
+    let body = read_bounded(request, config.max_body_bytes, config.body_timeout, Some(pace))
         .await
         .map_err(|error| unread(error, config, client))?;
     let exchange = exchange_request(&body)?;
@@ -237,6 +237,7 @@ mod tests {
     struct Setup {
         directory: KeyDirectory,
         layer: CodeExchangeLayer,
+        clock: Arc<ManualClock>,
     }
 
     fn setup(max_failures: u32) -> Setup {
@@ -248,13 +249,18 @@ mod tests {
         let failures = AuthFailures::with_clock(
             AuthFailureLimit {
                 max_failures,
+                window_seconds: 60,
                 ..AuthFailureLimit::default()
             },
-            clock,
+            clock.clone(),
         )
         .unwrap();
         let layer = CodeExchangeLayer::new(directory.clone()).failure_limit(failures);
-        Setup { directory, layer }
+        Setup {
+            directory,
+            layer,
+            clock,
+        }
     }
 
     async fn call(
@@ -383,8 +389,13 @@ mod tests {
         assert_eq!(status, 429, "{answer}");
         assert_eq!(answer["error"]["metadata"]["reason"], "auth_failures");
         assert!(headers.contains_key("retry-after"));
-        // The right verifier still gets its key.
+        // A blocked address is refused before the store is read: even the
+        // right verifier waits for the window's end, and its code is kept.
         let right = json!({"code": code, "code_verifier": VERIFIER}).to_string();
+        let (status, _, answer) =
+            call(&setup.layer, Method::POST, "/api/v1/auth/keys", &right).await;
+        assert_eq!(status, 429, "{answer}");
+        setup.clock.advance(Duration::from_secs(60));
         let (status, _, answer) =
             call(&setup.layer, Method::POST, "/api/v1/auth/keys", &right).await;
         assert_eq!(status, 200, "{answer}");

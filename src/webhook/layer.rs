@@ -84,7 +84,7 @@ pub(crate) struct WebhookConfig {
     pub(crate) limits: WebhookLimits,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) auth_failures: Option<AuthFailures>,
-    pub(crate) places: UnauthenticatedPlaces,
+    pub(crate) places: Option<UnauthenticatedPlaces>,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -117,10 +117,7 @@ impl WebhookSecretLayer {
                 limits: WebhookLimits::default(),
                 failure_policy: FailurePolicy::FailOpen,
                 auth_failures: None,
-                places: UnauthenticatedPlaces::new(
-                    "the webhook routes",
-                    UnauthenticatedLimits::default(),
-                ),
+                places: None,
             }),
         }
     }
@@ -146,14 +143,15 @@ impl WebhookSecretLayer {
         self
     }
 
-    /// Bounds the requests reading their body on the routes, in all and per
-    /// client address, and the least rate a body must arrive at (default:
-    /// [`UnauthenticatedLimits::default`]); these places are the routes'
-    /// own, none of the gateway's. A body too slow (408) counts as a failed
-    /// authentication.
+    /// Bounds the requests on the routes from the secret's check until
+    /// their body is read, in all and per client address, and sets the
+    /// least rate a body must arrive at; a body too slow (408) counts as a
+    /// failed authentication. Default: none of these, only
+    /// [`WebhookLimits`] (the proxy sets them from its `unauthenticated`
+    /// section, so a trickled body there holds none of its places).
     pub fn unauthenticated_limits(mut self, limits: UnauthenticatedLimits) -> Self {
         Arc::make_mut(&mut self.config).places =
-            UnauthenticatedPlaces::new("the webhook routes", limits);
+            Some(UnauthenticatedPlaces::new("the webhook routes", limits));
         self
     }
 

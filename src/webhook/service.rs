@@ -34,8 +34,9 @@ pub use crate::client_addr::ClientAddr;
 
 /// Answers the configured webhook routes (exact paths, `POST` only) after
 /// checking, in order: the method (405), the secret (401), the routes'
-/// own places (503 `overloaded` when full, 429 `too_many_in_flight` past
-/// the address's share, see [`UnauthenticatedLimits`](crate::in_flight::UnauthenticatedLimits)),
+/// own places when set (503 `overloaded` when full, 429
+/// `too_many_in_flight` past the address's share, see
+/// [`WebhookSecretLayer::unauthenticated_limits`](super::WebhookSecretLayer::unauthenticated_limits)),
 /// the client's rate window (429), the content type (415), the client's
 /// requests in flight (429), the body's size (413) and time and pace to
 /// arrive (408), and the payload (400). Every other request goes to the inner service untouched.
@@ -206,12 +207,16 @@ where
         .extensions()
         .get::<ClientAddr>()
         .map(|client| client.0);
-    // The routes' own places, held until the body is read: a client with
-    // the secret that trickles its body holds none of the gateway's.
-    let _place = config
-        .places
-        .enter(address)
-        .map_err(|refusal| crowded(route, &refusal))?;
+    // The routes' own places (when set), held until the body is read: a
+    // client that trickles its body holds none of the gateway's.
+    let _place = match &config.places {
+        Some(places) => Some(
+            places
+                .enter(address)
+                .map_err(|refusal| crowded(route, &refusal))?,
+        ),
+        None => None,
+    };
     let client = match request.extensions().get::<ClientAddr>() {
         Some(client) => client.0.to_string(),
         None => {
@@ -361,7 +366,10 @@ where
             &format!("the body is over {max_body_bytes} bytes"),
         )
     };
-    let pace = config.places.limits().body_pace();
+    let pace = config
+        .places
+        .as_ref()
+        .map(|places| places.limits().body_pace());
     match read_bounded(request, max_body_bytes, body_timeout, pace).await {
         Ok(body) => Ok(body),
         Err(ReadError::TooLarge) => Err(too_large()),
@@ -385,11 +393,17 @@ where
                 route,
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
-                &format!(
-                    "the body did not arrive in time: send it whole within {} s, {}",
-                    body_timeout.as_secs_f64(),
-                    pace.describe()
-                ),
+                &match pace {
+                    Some(pace) => format!(
+                        "the body did not arrive in time: send it whole within {} s, {}",
+                        body_timeout.as_secs_f64(),
+                        pace.describe()
+                    ),
+                    None => format!(
+                        "the body did not arrive within {} s",
+                        body_timeout.as_secs_f64()
+                    ),
+                },
             ))
         }
         Err(ReadError::Broken) => Err(refused(
