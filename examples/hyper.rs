@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
         .layer(ErrorMapperLayer::new())
         // The key before the body; an address past 20 failures in 10
-        // minutes gets 429 without a lookup, but for keys just seen live.
+        // minutes gets 429 without a lookup, but for keys already in use.
         .layer(
             BearerAuthLayer::new(directory.clone())
                 .failure_limit(AuthFailures::new(AuthFailureLimit::default())?),

@@ -20,7 +20,6 @@ use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::auth::ApiKey;
-use modelgate::clock::SystemClock;
 use modelgate::keys::SharedStore;
 use modelgate::oauth::AuthCode;
 use modelgate::store::{RedisStore, RedisStoreConfig};
@@ -245,6 +244,17 @@ async fn an_address_sending_bad_keys_meets_429_while_its_good_key_is_served() {
     let key = proxy.create_key(admin_key.expose(), "good").await;
     let good = format!("Bearer {key}");
     let client = reqwest::Client::new();
+    // The key in use: once blocked, the address's keys are looked up only
+    // when the instance has found them live before.
+    let served = chat(
+        &client,
+        &proxy,
+        Some(&good),
+        hello("openai/gpt-4o-mini:free"),
+        None,
+    )
+    .await;
+    assert_eq!(served.0, 200, "{served:?}");
 
     let mut answers = Vec::new();
     for batch in 0..20 {
@@ -620,7 +630,8 @@ fn scanning_keys_file(identifier: &str) -> tempfile::NamedTempFile {
         .to_public_key_pem(LineEnding::LF)
         .unwrap();
     let file = tempfile::NamedTempFile::new().unwrap();
-    let document = json!({"public_keys": [{"key_identifier": identifier, "key": pem, "is_current": true}]});
+    let document =
+        json!({"public_keys": [{"key_identifier": identifier, "key": pem, "is_current": true}]});
     std::fs::write(file.path(), document.to_string()).unwrap();
     file
 }
@@ -654,7 +665,10 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
     let bearer = format!("Bearer {SECRET}");
     let leak_headers = [
         ("github-public-key-identifier", identifier.as_str()),
-        ("github-public-key-signature", "MEUCIQDnot-checked-before-the-body"),
+        (
+            "github-public-key-signature",
+            "MEUCIQDnot-checked-before-the-body",
+        ),
     ];
 
     // One address holds its 4 places on the exchange; its fifth is
@@ -678,8 +692,14 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
     for n in 0..80u8 {
         let from = address(10 + n % 20);
         let (endpoint, stream) = match n {
-            0..50 => ("exchange", slow_body(from, &proxy, "/api/v1/auth/keys", &[]).await),
-            50..65 => ("leaks", slow_body(from, &proxy, "/api/v1/leaks", &leak_headers).await),
+            0..50 => (
+                "exchange",
+                slow_body(from, &proxy, "/api/v1/auth/keys", &[]).await,
+            ),
+            50..65 => (
+                "leaks",
+                slow_body(from, &proxy, "/api/v1/leaks", &leak_headers).await,
+            ),
             _ => (
                 "webhook",
                 slow_body(
@@ -759,7 +779,11 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
             None,
         )
         .await;
-        assert_eq!((status, reason_of(&body)), (429, "auth_failures"), "{from}: {body}");
+        assert_eq!(
+            (status, reason_of(&body)),
+            (429, "auth_failures"),
+            "{from}: {body}"
+        );
     }
 }
 
@@ -792,14 +816,12 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
             .unwrap(),
     );
     let base = mock::start(mock::MockConfig::default()).await;
-    // The key cache trusts a lookup for a minute, so the good key stays
-    // known for the whole test.
-    let gateway = common::gateway::instance_with_cache(
+    // The default key cache (1 s): the good key stays known as found live
+    // after its entry is stale.
+    let gateway = common::gateway::instance(
         store.clone(),
         &base,
         r#"{"auth_failures": {"max_failures": 5, "window_seconds": 600}, "retry": {"max_attempts": 1}}"#,
-        Arc::new(SystemClock),
-        Duration::from_secs(60),
     )
     .await;
     let good = common::gateway::key_of(&store, "default", None).await;
@@ -835,7 +857,9 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
                 .bearer_auth(guess.expose())
                 .json(&free)
         } else {
-            client.get(format!("http://{gateway}/api/v1/key")).bearer_auth(guess.expose())
+            client
+                .get(format!("http://{gateway}/api/v1/key"))
+                .bearer_auth(guess.expose())
         }
         .send()
         .await
@@ -845,7 +869,8 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
         assert_eq!(reason_of(&body), "auth_failures", "{body}");
     }
     for _ in 0..200 {
-        let exchange = json!({"code": AuthCode::generate().expose(), "code_verifier": "v".repeat(43)});
+        let exchange =
+            json!({"code": AuthCode::generate().expose(), "code_verifier": "v".repeat(43)});
         let reply = client
             .post(format!("http://{gateway}/api/v1/auth/keys"))
             .json(&exchange)
@@ -863,7 +888,7 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
         "400 refusals of a blocked address cost {} Redis commands",
         after - before - 1
     );
-    // The key the instance knows live is still served.
+    // The key the instance found live, seconds ago, is still served.
     let (status, body) = common::gateway::chat(gateway, &good, &free).await;
     assert_eq!(status, 200, "{body}");
 }

@@ -67,7 +67,7 @@ where
         // into a log of forwarded headers.
         request.headers_mut().remove(AUTHORIZATION);
         // An address past its failure limit costs no store read: only a key
-        // this instance already knows live is served, as before the block.
+        // this instance has found live before is looked up and served.
         if let Some(failures) = &self.failures {
             if let Some(retry_after) = failures.blocked(client) {
                 if !self.directory.is_cached_live(&hash) {

@@ -124,16 +124,22 @@ mod tests {
         length: Option<usize>,
     ) -> Request<StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>>>
     {
-        let frames = stream::unfold((chunks.into_iter(), stall), |(mut chunks, stall)| async move {
-            match chunks.next() {
-                Some((bytes, delay)) => {
-                    tokio::time::sleep(delay).await;
-                    Some((Ok(Frame::data(Bytes::from(vec![b'x'; bytes]))), (chunks, stall)))
+        let frames = stream::unfold(
+            (chunks.into_iter(), stall),
+            |(mut chunks, stall)| async move {
+                match chunks.next() {
+                    Some((bytes, delay)) => {
+                        tokio::time::sleep(delay).await;
+                        Some((
+                            Ok(Frame::data(Bytes::from(vec![b'x'; bytes]))),
+                            (chunks, stall),
+                        ))
+                    }
+                    None if stall => std::future::pending().await,
+                    None => None,
                 }
-                None if stall => std::future::pending().await,
-                None => None,
-            }
-        });
+            },
+        );
         let mut request = Request::new(StreamBody::new(frames));
         if let Some(length) = length {
             request
@@ -157,7 +163,13 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(5));
         // All of it at 4.9 s is in time.
         let late = paced(vec![(4000, Duration::from_millis(4900))], false, Some(4000));
-        assert_eq!(read_bounded(late, 8192, ALL_DAY, Some(PACE)).await.unwrap().len(), 4000);
+        assert_eq!(
+            read_bounded(late, 8192, ALL_DAY, Some(PACE))
+                .await
+                .unwrap()
+                .len(),
+            4000
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -177,7 +189,10 @@ mod tests {
         chunks.extend([(1000, Duration::from_secs(1)); 9]);
         let steady = paced(chunks, false, None);
         assert_eq!(
-            read_bounded(steady, 1 << 20, ALL_DAY, Some(PACE)).await.unwrap().len(),
+            read_bounded(steady, 1 << 20, ALL_DAY, Some(PACE))
+                .await
+                .unwrap()
+                .len(),
             10_000
         );
     }
@@ -196,7 +211,11 @@ mod tests {
             read_bounded(declared, 100, ALL_DAY, Some(PACE)).await,
             Err(ReadError::TooLarge)
         );
-        let sent = paced(vec![(60, Duration::ZERO), (60, Duration::ZERO)], false, None);
+        let sent = paced(
+            vec![(60, Duration::ZERO), (60, Duration::ZERO)],
+            false,
+            None,
+        );
         assert_eq!(
             read_bounded(sent, 100, ALL_DAY, Some(PACE)).await,
             Err(ReadError::TooLarge)

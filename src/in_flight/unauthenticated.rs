@@ -131,7 +131,10 @@ impl UnauthenticatedPlaces {
 
     /// Requests holding a place now.
     pub fn in_flight(&self) -> usize {
-        self.inner.limits.max_in_flight.clamp(1, Semaphore::MAX_PERMITS)
+        self.inner
+            .limits
+            .max_in_flight
+            .clamp(1, Semaphore::MAX_PERMITS)
             - self.inner.permits.available_permits()
     }
 

@@ -108,9 +108,14 @@ where
     // Signed by a known key so far: only now a place and a body read.
     let _place = config.places.enter(client)?;
     let pace = config.places.limits().body_pace();
-    let body = read_bounded(request, config.max_body_bytes, config.body_timeout, Some(pace))
-        .await
-        .map_err(|error| unread(error, config, client))?;
+    let body = read_bounded(
+        request,
+        config.max_body_bytes,
+        config.body_timeout,
+        Some(pace),
+    )
+    .await
+    .map_err(|error| unread(error, config, client))?;
     config
         .keys
         .verify(&identifier, &signature, &body)

@@ -141,9 +141,14 @@ where
     }
     let _place = config.places.enter(client)?;
     let pace = config.places.limits().body_pace();
-    let body = read_bounded(request, config.max_body_bytes, config.body_timeout, Some(pace))
-        .await
-        .map_err(|error| unread(error, config, client))?;
+    let body = read_bounded(
+        request,
+        config.max_body_bytes,
+        config.body_timeout,
+        Some(pace),
+    )
+    .await
+    .map_err(|error| unread(error, config, client))?;
     let exchange = exchange_request(&body)?;
     match config.codes.exchange(&exchange).await {
         Ok((key, record)) => Ok(json!({
