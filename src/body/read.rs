@@ -37,13 +37,16 @@ pub(crate) struct BodyPace {
 }
 
 impl BodyPace {
-    /// When the first `bytes` of a body begun at `start` must be in.
-    fn due(&self, start: Instant, bytes: u64) -> Instant {
+    /// When the first `bytes` of a body begun at `start` must be in;
+    /// `None` past what an `Instant` holds (never, in practice).
+    fn due(&self, start: Instant, bytes: u64) -> Option<Instant> {
         let rate = self.min_bytes_per_second.max(1);
-        // Whole seconds and the rest apart: no overflow for any u64.
+        // Whole seconds and the rest apart, the rest in u128: no overflow
+        // for any u64.
+        let rest_nanos = u128::from(bytes % rate) * 1_000_000_000 / u128::from(rate);
         let transfer = Duration::from_secs(bytes / rate)
-            + Duration::from_nanos((bytes % rate) * 1_000_000_000 / rate);
-        start + self.grace + transfer
+            .checked_add(Duration::from_nanos(rest_nanos as u64))?;
+        start.checked_add(self.grace)?.checked_add(transfer)
     }
 
     /// The pace in words, for a 408's message.
@@ -87,7 +90,9 @@ where
         // A declared length is due whole; an open one byte by byte as it
         // comes, so a body that stalls is given up once it falls behind.
         let owed = declared.unwrap_or(0).max(received.len() as u64);
-        let deadline = pace.map_or(last_moment, |pace| pace.due(start, owed).min(last_moment));
+        let deadline = pace
+            .and_then(|pace| pace.due(start, owed))
+            .map_or(last_moment, |due| due.min(last_moment));
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(ReadError::TimedOut),
             Ok(None) => return Ok(received.freeze()),
@@ -150,6 +155,34 @@ mod tests {
     }
 
     const ALL_DAY: Duration = Duration::from_secs(86_400);
+
+    proptest::proptest! {
+        #[test]
+        fn the_due_time_grows_with_the_bytes_and_never_overflows(
+            rate in 1u64..,
+            grace_ms in 0u64..=60_000,
+            bytes in 0u64..,
+            more in 0u64..,
+        ) {
+            let pace = BodyPace {
+                min_bytes_per_second: rate,
+                grace: Duration::from_millis(grace_ms),
+            };
+            let start = Instant::now();
+            if let (Some(first), Some(then)) =
+                (pace.due(start, bytes), pace.due(start, bytes.saturating_add(more)))
+            {
+                proptest::prop_assert!(first <= then);
+                proptest::prop_assert!(first >= start + pace.grace);
+                // Exact to the nanosecond: bytes / rate after the grace.
+                let expected_nanos = u128::from(bytes) * 1_000_000_000 / u128::from(rate);
+                proptest::prop_assert_eq!(
+                    (first - start - pace.grace).as_nanos(),
+                    expected_nanos
+                );
+            }
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_declared_body_is_due_whole_after_the_grace_and_its_length_at_the_rate() {
