@@ -39,7 +39,8 @@ pub use crate::client_addr::ClientAddr;
 /// [`WebhookSecretLayer::unauthenticated_limits`](super::WebhookSecretLayer::unauthenticated_limits)),
 /// the client's rate window (429), the content type (415), the client's
 /// requests in flight (429), the body's size (413) and time and pace to
-/// arrive (408), and the payload (400). Every other request goes to the inner service untouched.
+/// arrive (408), and the payload (400). Every other request goes to the
+/// inner service untouched.
 ///
 /// The secret comes before everything kept in the store: a request without
 /// it costs no store round trip and counts in neither the client's rate
@@ -217,8 +218,8 @@ where
         ),
         None => None,
     };
-    let client = match request.extensions().get::<ClientAddr>() {
-        Some(client) => client.0.to_string(),
+    let client = match address {
+        Some(address) => address.to_string(),
         None => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
