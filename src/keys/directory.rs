@@ -197,6 +197,15 @@ impl KeyDirectory {
         Ok(state)
     }
 
+    /// Whether this instance's cache holds `hash` as a key it found live,
+    /// however long ago (a stale entry is read afresh by the next lookup);
+    /// never reads the store. Made-up keys are never among them, so a
+    /// blocked address's guesses can be refused without a store read while
+    /// its keys in use are still looked up and served.
+    pub fn is_cached_live(&self, hash: &KeyHash) -> bool {
+        self.inner.cache.holds_found(hash)
+    }
+
     /// [`lookup`](Self::lookup), except that a live key is always read
     /// from the store, so that a change made on another instance (a leak,
     /// a disable) counts at once; unknown and deleted keys still come from
@@ -917,6 +926,27 @@ mod tests {
         assert!(live
             .iter()
             .all(|hash| directory.inner.cache.get(hash, now).is_some()));
+    }
+
+    #[tokio::test]
+    async fn keys_found_live_stay_known_past_their_freshness_and_guesses_never_are() {
+        let (directory, clock) = directory(Duration::from_secs(1));
+        let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let guess = KeyHash::of("made up");
+        assert!(!directory.is_cached_live(&key.hash()));
+        directory.lookup(&key.hash()).await.unwrap();
+        directory.lookup(&guess).await.unwrap();
+        clock.advance(Duration::from_secs(60));
+        assert!(directory.is_cached_live(&key.hash()));
+        assert!(!directory.is_cached_live(&guess));
+        // Deleted behind this instance's back: the next lookup learns it.
+        let other = KeyDirectory::new(directory.store().clone());
+        assert!(other.delete(&key.hash()).await.unwrap());
+        assert!(matches!(
+            directory.lookup(&key.hash()).await.unwrap(),
+            KeyState::Deleted
+        ));
+        assert!(!directory.is_cached_live(&key.hash()));
     }
 
     #[tokio::test]
