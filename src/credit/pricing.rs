@@ -105,7 +105,7 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 /// let table = PriceTable::from_json(r#"{
 ///     "models": {
 ///         "openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10,
-///                           "context_length": 128000, "max_tokens_per_image": 1105},
+///                           "context_length": 128000, "max_tokens_per_image": 1445},
 ///         "openai/gpt-4o:extended": {"prompt_per_million": 6, "completion_per_million": 18}
 ///     },
 ///     "free_models": ["meta/llama:free"],
@@ -479,7 +479,7 @@ mod tests {
         let table = PriceTable::from_json(
             r#"{"models": {
                     "a/b": {"prompt_per_million": 1, "completion_per_million": 2,
-                            "context_length": 128000, "max_tokens_per_image": 1105},
+                            "context_length": 128000, "max_tokens_per_image": 1445},
                     "a/b:long": {"prompt_per_million": 1, "completion_per_million": 2,
                                  "context_length": 1000000, "max_tokens_per_file": null},
                     "c/d": {"prompt_per_million": 1, "completion_per_million": 2},
@@ -493,7 +493,7 @@ mod tests {
         let bounds = |id: &str| table.prompt_bounds(&ModelId::parse(id).unwrap());
         let base = PromptBounds {
             context_length_tokens: Some(128_000),
-            max_tokens_per_image: Some(1105),
+            max_tokens_per_image: Some(1445),
             max_tokens_per_file: None,
         };
         assert_eq!(bounds("A/B"), base);

@@ -191,9 +191,9 @@ pub const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
 /// let chat = ChatRequest::parse(r#"{"model": "a/b", "messages": [{"role": "user", "content": [
 ///     {"type": "text", "text": "Qu'est-ce que c'est ?"},
 ///     {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}"#.as_bytes()).unwrap();
-/// let bounds = PromptBounds { max_tokens_per_image: Some(1105), ..PromptBounds::default() };
-/// // 22 bytes of text, one message and the reply's header, one image.
-/// assert_eq!(estimate_prompt_tokens(&chat, &bounds).unwrap(), 22 + 2 * MESSAGE_OVERHEAD_TOKENS + 1105);
+/// let bounds = PromptBounds { max_tokens_per_image: Some(1445), ..PromptBounds::default() };
+/// // 21 bytes of text, one message and the reply's header, one image.
+/// assert_eq!(estimate_prompt_tokens(&chat, &bounds).unwrap(), 21 + 2 * MESSAGE_OVERHEAD_TOKENS + 1445);
 /// let error = estimate_prompt_tokens(&chat, &PromptBounds::default()).unwrap_err();
 /// assert_eq!(error.status(), 400);
 /// assert!(error.message().contains("max_tokens_per_image"));
