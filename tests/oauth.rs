@@ -44,11 +44,13 @@ use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CRED
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::{json, Value};
 
-/// One credit per token, limits far away, no retries. Refusals are counted
-/// per address but the limit is far too (one test lowers it); the racing
-/// exchanges all come from one address.
+/// A credit per completion token and 0.1 per prompt token (a request of
+/// `paid()` holds 40 × 0.1 + 5 = 9 credits and costs 2 × 0.1 + 5 = 5.2),
+/// limits far away, no retries. Refusals are counted per address but the
+/// limit is far too (one test lowers it); the racing exchanges all come
+/// from one address.
 const CONFIG: &str = r#"{
-    "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}},
+    "pricing": {"default": {"prompt_per_million": 100000, "completion_per_million": 1000000}},
     "rate_limits": {"account": {"gcra": {"requests": 60000, "period_seconds": 60, "burst": 6000}}},
     "auth_failures": {"max_failures": 1000, "window_seconds": 600},
     "unauthenticated": {"max_in_flight_per_address": 64},
