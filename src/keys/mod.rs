@@ -144,6 +144,6 @@ pub use management_rate::DEFAULT_MANAGEMENT_RATE;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
-    OPERATOR_ACCOUNT,
+    OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
 };
 pub use service::KeyRoutes;
