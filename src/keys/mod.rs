@@ -24,6 +24,11 @@
 //! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | operator, or that account's management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
 //! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | operator, or that account's management key | `{"deleted": true}`, or 404 |
 //!
+//! On every `/api/v1/accounts/{id}…` route an `id` that no account has
+//! (made by `POST /api/v1/accounts`; `default` always exists) is 404
+//! `unknown_account`: no route but that one makes an account, so nothing
+//! is credited or stored for a mistyped id.
+//!
 //! There are two kinds of management key. The **operator's** (the proxy's
 //! `MODELGATE_ADMIN_KEY`, or one made with [`KeyDirectory::create_key`])
 //! manages every account: it creates and tops up accounts and creates an
