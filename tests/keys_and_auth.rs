@@ -21,8 +21,8 @@ use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeQuotaRules;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::store::{
-    AccountBalance, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement,
-    TimeSource, NANOS_PER_CREDIT,
+    AccountBalance, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
+    Settlement, TimeSource, NANOS_PER_CREDIT,
 };
 use serde_json::{json, Value};
 use tower::ServiceBuilder;
@@ -698,7 +698,11 @@ async fn an_account_path_naming_no_account_is_404_and_makes_nothing() {
         let gateway = gateway(backend.store.clone()).await;
         let name = backend.name;
         let calls = [
-            ("POST", "/api/v1/accounts/acmee/credits", Some(json!({"amount": 5}))),
+            (
+                "POST",
+                "/api/v1/accounts/acmee/credits",
+                Some(json!({"amount": 5})),
+            ),
             ("GET", "/api/v1/accounts/acmee", None),
             ("GET", "/api/v1/accounts/acmee/byok", None),
             (

@@ -345,13 +345,21 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
     assert_eq!(operators[0].account, OPERATOR_ACCOUNT);
     assert!(!operators[0].disabled);
     // Later starts make none, before and after a reset.
-    assert!(directories[1].mint_operator_key("operator").await.unwrap().is_none());
+    assert!(directories[1]
+        .mint_operator_key("operator")
+        .await
+        .unwrap()
+        .is_none());
     let (new, disabled) = directories[1]
         .replace_operator_keys("operator")
         .await
         .unwrap();
     assert_eq!(disabled, 1);
-    assert!(directories[0].mint_operator_key("operator").await.unwrap().is_none());
+    assert!(directories[0]
+        .mint_operator_key("operator")
+        .await
+        .unwrap()
+        .is_none());
     let live: Vec<String> = directories[0]
         .operator_keys()
         .await

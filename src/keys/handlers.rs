@@ -560,7 +560,8 @@ pub(crate) async fn handle(
             Ok(Answer::ok(json!({ "data": data })))
         }
         (Route::ByokKey(account, provider), method) => {
-            let account = existing_account(directory, managed_account(&principal, account)?).await?;
+            let account =
+                existing_account(directory, managed_account(&principal, account)?).await?;
             let provider = input::path_provider(provider)?;
             if *method == Method::DELETE {
                 return if config
