@@ -371,6 +371,8 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
     assert_eq!(live, vec![new.hash().to_hex()]);
 }
 
+// MemoryStore's calls rarely yield between the check and the write, so
+// this guards the outcome; the Redis case below is the one that races.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_starts_on_memory_mint_exactly_one_operator_key() {
     let store: SharedStore = Arc::new(MemoryStore::new());
