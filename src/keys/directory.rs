@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use super::lookup_cache::LookupCache;
 use super::record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
-    NewKey, DELETED_KEYS, OPERATOR_ACCOUNT,
+    NewKey, DELETED_KEYS, OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
 };
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
@@ -397,6 +398,38 @@ impl KeyDirectory {
             }
         }
         Ok(moved)
+    }
+
+    /// Makes an operator's key named `name` when the store has none and
+    /// none was ever made this way: the key a first start prints. The
+    /// decision is one create-if-absent write of a marker, so of any number
+    /// of callers at once (proxies starting together on an empty store)
+    /// exactly one gets `Some`; the others, and every later call, `None`.
+    /// After a loss the way back is
+    /// [`replace_operator_keys`](Self::replace_operator_keys).
+    pub async fn mint_operator_key(&self, name: &str) -> Result<Option<ApiKey>, StoreError> {
+        if !self.operator_keys().await?.is_empty() {
+            return Ok(None);
+        }
+        let key = ApiKey::generate();
+        let marker = OperatorKeyMinted {
+            hash: key.hash().to_hex(),
+            minted_at: self.now(),
+        };
+        let outcome = self
+            .inner
+            .store
+            .put_json(OPERATOR_KEY_MINTED, MINTED_ID, &marker, Expect::Absent)
+            .await?;
+        if let WriteOutcome::Conflict { .. } = outcome {
+            return Ok(None);
+        }
+        let new = NewKey {
+            management: true,
+            ..NewKey::named(name)
+        };
+        self.register_key(&key, new).await?;
+        Ok(Some(key))
     }
 
     /// Disables every operator's key and creates one new one, named
@@ -790,6 +823,17 @@ impl KeyDirectory {
             .top_up_once(id, amount_nanos, idempotency_key, self.now())
             .await
     }
+}
+
+/// The id of the one record in [`OPERATOR_KEY_MINTED`].
+const MINTED_ID: &str = "first";
+
+/// What [`KeyDirectory::mint_operator_key`] writes: which key it made,
+/// when (the plaintext is never stored).
+#[derive(Serialize, Deserialize)]
+struct OperatorKeyMinted {
+    hash: String,
+    minted_at: DateTime<Utc>,
 }
 
 fn last_use_is_stale(last_used_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
