@@ -929,7 +929,16 @@ where
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
         // before anything is buffered or parsed.
-        .layer(BearerAuthLayer::new(directory.clone()).failure_limit(auth_failures))
+        .layer(
+            BearerAuthLayer::new(directory.clone())
+                .failure_limit(auth_failures)
+                .max_concurrent_lookups(
+                    config
+                        .unauthenticated
+                        .max_concurrent_key_lookups
+                        .unwrap_or(max_in_flight),
+                ),
+        )
         // The gateway's places go to authenticated requests only: a flood
         // of requests without a good key, or of bodies trickled to the
         // routes before it, cannot take them from good keys.
