@@ -190,7 +190,8 @@ pub struct GatewayConfig {
     /// The bounds of each endpoint that reads a body before anyone is
     /// authenticated (the OAuth code exchange, secret-scanning alerts, the
     /// webhook routes): requests in flight in all and per client address,
-    /// and the least rate a body must arrive at. See
+    /// and the least rate a body must arrive at; and the store lookups
+    /// BearerAuth makes at once for keys not found live. See
     /// [`UnauthenticatedLimits`] for the defaults.
     pub unauthenticated: UnauthenticatedLimits,
     /// Failed authentications (bearer keys and webhook secrets) one client
