@@ -190,6 +190,15 @@ async fn past_the_in_flight_bound_requests_are_answered_503_at_once() {
     let key = proxy.create_key(admin_key.expose(), "load").await;
     let authorization = format!("Bearer {key}");
     let client = reqwest::Client::new();
+    // The key is found live once first: its chats then skip the bound on
+    // lookups of keys not known live, and only `max_in_flight` sheds them.
+    let known = client
+        .get(format!("{}/api/v1/key", proxy.address))
+        .header("authorization", &authorization)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(known.status(), 200);
 
     // 50 chats at once; the upstream holds the 8 admitted until released.
     let mut pending: FuturesUnordered<_> = (0..50)
@@ -231,6 +240,13 @@ async fn past_the_in_flight_bound_requests_are_answered_503_at_once() {
         assert_eq!(retry_after.as_deref(), Some("1"), "{body}");
         assert_eq!(body["error"]["type"], "service_unavailable", "{body}");
         assert_eq!(reason_of(body), "overloaded", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("8 requests are already in flight"),
+            "{body}"
+        );
     }
     // The places are free again once the answers have ended.
     let again = chat(
