@@ -1,5 +1,9 @@
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
+use super::service::LookupBound;
 use super::{AuthFailures, BearerAuth};
 use crate::keys::KeyDirectory;
 
@@ -11,6 +15,7 @@ use crate::keys::KeyDirectory;
 pub struct BearerAuthLayer {
     directory: KeyDirectory,
     failures: Option<AuthFailures>,
+    lookups: Option<LookupBound>,
 }
 
 impl BearerAuthLayer {
@@ -19,6 +24,7 @@ impl BearerAuthLayer {
         BearerAuthLayer {
             directory,
             failures: None,
+            lookups: None,
         }
     }
 
@@ -33,6 +39,20 @@ impl BearerAuthLayer {
         self.failures = Some(failures);
         self
     }
+
+    /// Bounds the store reads made at once for keys the directory's cache
+    /// has not found live: past `max_concurrent` (at least 1), such a key
+    /// is answered 503 `overloaded` with `Retry-After: 1` without a read,
+    /// so unknown keys from many addresses cannot pile reads on the store.
+    /// A key the cache has found live never waits for nor is refused by it.
+    pub fn max_concurrent_lookups(mut self, max_concurrent: usize) -> Self {
+        let max_concurrent = max_concurrent.clamp(1, Semaphore::MAX_PERMITS);
+        self.lookups = Some(LookupBound {
+            permits: Arc::new(Semaphore::new(max_concurrent)),
+            max_concurrent,
+        });
+        self
+    }
 }
 
 impl<S> Layer<S> for BearerAuthLayer {
@@ -43,6 +63,7 @@ impl<S> Layer<S> for BearerAuthLayer {
             inner,
             directory: self.directory.clone(),
             failures: self.failures.clone(),
+            lookups: self.lookups.clone(),
         }
     }
 }

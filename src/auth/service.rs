@@ -1,7 +1,10 @@
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{HeaderMap, Request, Response};
+use tokio::sync::Semaphore;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
@@ -33,6 +36,30 @@ pub struct BearerAuth<S> {
     pub(crate) inner: S,
     pub(crate) directory: KeyDirectory,
     pub(crate) failures: Option<AuthFailures>,
+    pub(crate) lookups: Option<LookupBound>,
+}
+
+/// The bound on store reads made at once for keys not found live.
+#[derive(Clone, Debug)]
+pub(crate) struct LookupBound {
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) max_concurrent: usize,
+}
+
+impl LookupBound {
+    /// The 503 of a lookup past the bound.
+    fn refusal(&self) -> GatewayError {
+        crate::telemetry::request_shed();
+        GatewayError::new(
+            ErrorKind::ServiceUnavailable,
+            format!(
+                "the gateway is overloaded: {} keys it does not know are already being looked up; retry in a moment",
+                self.max_concurrent
+            ),
+        )
+        .with_metadata("reason", "overloaded")
+        .with_retry_after(Duration::from_secs(1))
+    }
 }
 
 impl<S, B, ResBody> Service<Request<B>> for BearerAuth<S>
@@ -68,13 +95,24 @@ where
         request.headers_mut().remove(AUTHORIZATION);
         // An address past its failure limit costs no store read: only a key
         // this instance has found live before is looked up and served.
+        let known_live = self.directory.is_cached_live(&hash);
         if let Some(failures) = &self.failures {
             if let Some(retry_after) = failures.blocked(client) {
-                if !self.directory.is_cached_live(&hash) {
+                if !known_live {
                     return ResponseFuture::rejected(LAYER, failures.refusal(retry_after));
                 }
             }
         }
+        // Reads for keys not known live are bounded: many addresses each
+        // under their failure limit cannot pile up store reads. One try,
+        // never a wait; the place is held until the lookup has answered.
+        let lookup_place = match (&self.lookups, known_live) {
+            (Some(lookups), false) => match Arc::clone(&lookups.permits).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return ResponseFuture::rejected(LAYER, lookups.refusal()),
+            },
+            _ => None,
+        };
         let path = request.uri().path();
         let chat = is_chat_completions_call(request.method(), path);
         // The chat path is no key route: its path is read once.
@@ -88,6 +126,7 @@ where
             let principal = authenticate(&directory, hash, route)
                 .await
                 .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
+            drop(lookup_place);
             let mut admission = Admission::default();
             admission.extensions.insert(principal);
             Ok(admission)

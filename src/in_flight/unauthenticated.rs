@@ -39,6 +39,11 @@ pub struct UnauthenticatedLimits {
     /// The time, in ms, a body may take before the rate counts. Default
     /// 1000: a 4 KiB body has 2 s.
     pub body_grace_ms: u64,
+    /// Store reads BearerAuth makes at once for keys this instance has not
+    /// found live (unknown keys, guesses, keys not yet cached); past it,
+    /// 503 `overloaded` with `Retry-After: 1`. Keys found live are never
+    /// refused by it. Default (`None`): the gateway's `max_in_flight`.
+    pub max_concurrent_key_lookups: Option<usize>,
 }
 
 impl Default for UnauthenticatedLimits {
@@ -48,6 +53,7 @@ impl Default for UnauthenticatedLimits {
             max_in_flight_per_address: 4,
             min_body_bytes_per_second: 4096,
             body_grace_ms: 1000,
+            max_concurrent_key_lookups: None,
         }
     }
 }
@@ -64,6 +70,9 @@ impl UnauthenticatedLimits {
         }
         if self.min_body_bytes_per_second < 64 {
             return Err("unauthenticated.min_body_bytes_per_second must be at least 64".into());
+        }
+        if self.max_concurrent_key_lookups == Some(0) {
+            return Err("unauthenticated.max_concurrent_key_lookups must be at least 1".into());
         }
         if self.body_grace_ms > 60_000 {
             return Err("unauthenticated.body_grace_ms must be at most 60000".into());
@@ -285,6 +294,13 @@ mod tests {
                     ..UnauthenticatedLimits::default()
                 },
                 "body_grace_ms",
+            ),
+            (
+                UnauthenticatedLimits {
+                    max_concurrent_key_lookups: Some(0),
+                    ..UnauthenticatedLimits::default()
+                },
+                "max_concurrent_key_lookups",
             ),
         ] {
             let error = limits.validate().unwrap_err();

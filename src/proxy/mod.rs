@@ -190,7 +190,8 @@ pub struct GatewayConfig {
     /// The bounds of each endpoint that reads a body before anyone is
     /// authenticated (the OAuth code exchange, secret-scanning alerts, the
     /// webhook routes): requests in flight in all and per client address,
-    /// and the least rate a body must arrive at. See
+    /// and the least rate a body must arrive at; and the store lookups
+    /// BearerAuth makes at once for keys not found live. See
     /// [`UnauthenticatedLimits`] for the defaults.
     pub unauthenticated: UnauthenticatedLimits,
     /// Failed authentications (bearer keys and webhook secrets) one client
@@ -929,7 +930,16 @@ where
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
         // before anything is buffered or parsed.
-        .layer(BearerAuthLayer::new(directory.clone()).failure_limit(auth_failures))
+        .layer(
+            BearerAuthLayer::new(directory.clone())
+                .failure_limit(auth_failures)
+                .max_concurrent_lookups(
+                    config
+                        .unauthenticated
+                        .max_concurrent_key_lookups
+                        .unwrap_or(max_in_flight),
+                ),
+        )
         // The gateway's places go to authenticated requests only: a flood
         // of requests without a good key, or of bodies trickled to the
         // routes before it, cannot take them from good keys.
