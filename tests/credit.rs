@@ -19,12 +19,15 @@ use futures::StreamExt;
 use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
+use modelgate::admission::AdmissionLayers;
 use modelgate::auth::BearerAuthLayer;
 use modelgate::body::{BodyLimitLayer, ChatRequest, MessageContent};
 use modelgate::clock::{Clock, ManualClock};
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
-use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::free_quota::FreeModelQuotaLayer;
+use modelgate::keys::{ByokDirectory, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{
     FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,
 };
@@ -53,8 +56,9 @@ fn prices() -> PriceTable {
                                "max_tokens_per_image": 700, "context_length": 128000},
                 "context/hang": {"prompt_per_million": 1000, "completion_per_million": 0,
                                  "context_length": 5000},
-                "unbounded/hang": {"prompt_per_million": 1000, "completion_per_million": 0}},
-            "free_models": ["meta-llama/llama-3-8b:free", "test/charges:free"]}"#,
+                "unbounded/hang": {"prompt_per_million": 1000, "completion_per_million": 0},
+                "unpriced-prompt/hang": {"prompt_per_million": 0, "completion_per_million": 1000}},
+            "free_models": ["meta-llama/llama-3-8b:free", "test/charges:free", "unbounded/hang:free"]}"#,
     )
     .unwrap()
 }
@@ -175,24 +179,53 @@ struct Gateway {
     _server: Option<RedisServer>,
 }
 
+/// What some tests add to the gateway: the rate and free-quota layers,
+/// deciding with CreditGuard in one step ([`AdmissionLayers`]), and the
+/// accounts' own provider keys (BYOK).
+#[derive(Clone, Default)]
+struct Extras {
+    rate_rules: Option<RateLimitRules>,
+    byok: bool,
+}
+
 async fn instance(
     store: SharedStore,
     clock: &ManualClock,
     configure: fn(CreditGuardLayer) -> CreditGuardLayer,
+    extras: &Extras,
 ) -> SocketAddr {
     let clock: Arc<ManualClock> = Arc::new(clock.clone());
     let directory = KeyDirectory::builder(store.clone())
         .clock(clock.clone())
         .build();
-    let credit = configure(CreditGuardLayer::new(store, Arc::new(prices())).clock(clock));
-    let service = ServiceBuilder::new()
+    let mut credit =
+        configure(CreditGuardLayer::new(store.clone(), Arc::new(prices())).clock(clock.clone()));
+    let mut routes = KeyRoutesLayer::new(directory.clone());
+    if extras.byok {
+        let byok = ByokDirectory::builder(store.clone())
+            .clock(clock.clone())
+            .build();
+        credit = credit.byok_directory(byok.clone());
+        routes = routes.byok_directory(byok);
+    }
+    let front = ServiceBuilder::new()
         .layer(ErrorMapperLayer::new())
         .layer(BodyLimitLayer::new())
-        .layer(BearerAuthLayer::new(directory.clone()))
-        .layer(KeyRoutesLayer::new(directory))
-        .layer(credit)
-        .service(service_fn(upstream));
-    serve(service).await
+        .layer(BearerAuthLayer::new(directory))
+        .layer(routes);
+    match &extras.rate_rules {
+        None => serve(front.layer(credit).service(service_fn(upstream))).await,
+        Some(rules) => {
+            let admission = AdmissionLayers::new(
+                GlobalRateLimitLayer::new(store.clone(), rules.clone())
+                    .unwrap()
+                    .clock(clock.clone()),
+                FreeModelQuotaLayer::new(store).clock(clock),
+                credit,
+            );
+            serve(front.layer(admission).service(service_fn(upstream))).await
+        }
+    }
 }
 
 async fn redis(server: &RedisServer) -> SharedStore {
@@ -215,6 +248,16 @@ async fn gateway(
     instances: usize,
     configure: fn(CreditGuardLayer) -> CreditGuardLayer,
 ) -> Gateway {
+    gateway_with(redis_backed, instances, configure, &Extras::default()).await
+}
+
+/// [`gateway`] with `extras` on every instance.
+async fn gateway_with(
+    redis_backed: bool,
+    instances: usize,
+    configure: fn(CreditGuardLayer) -> CreditGuardLayer,
+    extras: &Extras,
+) -> Gateway {
     let clock = ManualClock::new(t0());
     let (stores, server): (Vec<SharedStore>, _) = if redis_backed {
         let server = RedisServer::start();
@@ -229,7 +272,7 @@ async fn gateway(
     };
     let mut addresses = Vec::new();
     for store in &stores {
-        addresses.push(instance(store.clone(), &clock, configure).await);
+        addresses.push(instance(store.clone(), &clock, configure, extras).await);
     }
     // The default account has money; tests of the balance use others.
     stores[0]
@@ -708,8 +751,8 @@ async fn a_store_failure_refuses_by_default_and_admits_when_set_to_fail_open() {
     };
     let store: SharedStore = Arc::new(RedisStore::connect(&server.url(), config).await.unwrap());
     let clock = ManualClock::new(t0());
-    let closed = instance(store.clone(), &clock, as_is).await;
-    let opened = instance(store.clone(), &clock, open).await;
+    let closed = instance(store.clone(), &clock, as_is, &Extras::default()).await;
+    let opened = instance(store.clone(), &clock, open, &Extras::default()).await;
     let (key, _) = KeyDirectory::new(store.clone())
         .create_key(NewKey::named("k"))
         .await
@@ -875,13 +918,17 @@ async fn a_burst_of_two_byte_prompts_never_overdraws_the_balance_across_two_inst
     two_byte_prompts_never_overdraw(true, 2).await;
 }
 
-/// What the key holds while a stream of `model` with `content` is open.
+/// What a new key made of `key_body` holds while a stream of `model` with
+/// `content` is open; the reply, when refused.
 async fn held_while_streaming(
     gateway: &Gateway,
+    key_body: Value,
     model: &str,
     content: Value,
 ) -> Result<i64, Reply> {
-    let (key, hash) = gateway.key(json!({"name": model.replace('/', "-")})).await;
+    let account = key_body["account"].as_str().unwrap_or("default").to_owned();
+    let (key, hash) = gateway.key(key_body).await;
+    let balance_before = gateway.store.account_balance(&account).await.unwrap();
     let body = json!({"model": model, "max_tokens": 10, "stream": true,
                       "messages": [{"role": "user", "content": content}]});
     let mut response = reqwest::Client::new()
@@ -898,20 +945,23 @@ async fn held_while_streaming(
     if response.status() != 200 {
         let status = response.status().as_u16();
         let body = response.bytes().await.unwrap();
-        // Refused before anything was held or counted.
+        // Refused before anything was held or counted (the rates too: see
+        // a_refused_prompt_costs_no_rate_and_no_hold).
         let usage = gateway
             .store
-            .key_usage("default", &hash, gateway.clock.now())
+            .key_usage(&account, &hash, gateway.clock.now())
             .await
             .unwrap();
         assert_eq!((usage.total_nanos, usage.reserved_nanos), (0, 0));
+        let balance = gateway.store.account_balance(&account).await.unwrap();
+        assert_eq!(balance, balance_before);
         return Err(Reply { status, body });
     }
     // The stream's first chunk: admitted and held; then it hangs.
     assert!(response.chunk().await.unwrap().is_some());
     let usage = gateway
         .store
-        .key_usage("default", &hash, gateway.clock.now())
+        .key_usage(&account, &hash, gateway.clock.now())
         .await
         .unwrap();
     drop(response);
@@ -929,14 +979,26 @@ async fn a_non_text_part_holds_its_models_bound_or_is_refused_naming_the_field_t
     // is the prompt's 11 bytes of text, one message and the reply's
     // header, and the image at the model's bound.
     let token_nanos = NANOS_PER_CREDIT / 1000;
-    let held = held_while_streaming(&gateway, "image/hang", content.clone()).await;
+    let held = held_while_streaming(
+        &gateway,
+        json!({"name": "image"}),
+        "image/hang",
+        content.clone(),
+    )
+    .await;
     assert_eq!(
         held.ok(),
         Some((11 + 2 * MESSAGE_OVERHEAD_TOKENS as i64 + 700) * token_nanos),
         "max_tokens_per_image"
     );
     // No image bound: the context length, which bounds the whole prompt.
-    let held = held_while_streaming(&gateway, "context/hang", content.clone()).await;
+    let held = held_while_streaming(
+        &gateway,
+        json!({"name": "context"}),
+        "context/hang",
+        content.clone(),
+    )
+    .await;
     assert_eq!(held.ok(), Some(5000 * token_nanos), "context_length");
     // Neither: 400, naming the field to set; nothing held or counted.
     for (part, field) in [
@@ -955,9 +1017,14 @@ async fn a_non_text_part_holds_its_models_bound_or_is_refused_naming_the_field_t
         ),
     ] {
         let content = json!([{"type": "text", "text": "What is it?"}, part]);
-        let refused = held_while_streaming(&gateway, "unbounded/hang", content)
-            .await
-            .expect_err("refused");
+        let refused = held_while_streaming(
+            &gateway,
+            json!({"name": "unbounded"}),
+            "unbounded/hang",
+            content,
+        )
+        .await
+        .expect_err("refused");
         let error = &refused.json()["error"];
         assert_eq!(refused.status, 400, "{error}");
         assert_eq!(error["type"], "invalid_request_error");
@@ -968,5 +1035,140 @@ async fn a_non_text_part_holds_its_models_bound_or_is_refused_naming_the_field_t
             message.contains(field) && message.contains("messages[0].content[1]"),
             "{message}"
         );
+    }
+}
+
+/// The image part of the tests of prompt bounds.
+fn image_prompt() -> Value {
+    json!([{"type": "text", "text": "What is it?"},
+           {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}])
+}
+
+/// Invariant 1: a request refused for a prompt its model cannot bound
+/// counts nowhere. Under an account rule of one request a day, decided
+/// with the hold in one step, three refusals leave the day's one request
+/// to the next good one; and with 2 credits, where each refusal's hold
+/// (0.743) would leave too little for it, it is held and admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_prompt_costs_no_rate_and_no_hold() {
+    let rules = RateLimitRules::from_json(
+        r#"{"account": {"rolling": {"requests": 1, "window_seconds": 86400}}}"#,
+    )
+    .unwrap();
+    for redis_backed in [false, true] {
+        let extras = Extras {
+            rate_rules: Some(rules.clone()),
+            byok: false,
+        };
+        let gateway = gateway_with(redis_backed, 1, as_is, &extras).await;
+        KeyDirectory::new(gateway.store.clone())
+            .ensure_account("rated")
+            .await
+            .unwrap();
+        gateway
+            .store
+            .top_up("rated", 2 * NANOS_PER_CREDIT)
+            .await
+            .unwrap();
+        let key = json!({"name": "rated", "account": "rated"});
+        for _ in 0..3 {
+            let refused =
+                held_while_streaming(&gateway, key.clone(), "unbounded/hang", image_prompt())
+                    .await
+                    .expect_err("unbounded");
+            assert_eq!(
+                refused.json()["error"]["metadata"]["reason"],
+                "unbounded_prompt_part",
+                "redis: {redis_backed}"
+            );
+        }
+        let held = held_while_streaming(&gateway, key.clone(), "image/hang", image_prompt()).await;
+        assert_eq!(
+            held.ok(),
+            Some((11 + 2 * 16 + 700) * (NANOS_PER_CREDIT / 1000)),
+            "redis: {redis_backed}"
+        );
+        // The rule counts: the day's one request is spent.
+        let refused = held_while_streaming(&gateway, key, "image/hang", image_prompt())
+            .await
+            .expect_err("over the rate");
+        assert_eq!(refused.status, 429, "redis: {redis_backed}");
+    }
+}
+
+/// The prompt's bound matters only when the prompt holds credits: a
+/// `:free` model, a model whose prompt tokens cost nothing and a BYOK
+/// request its key's limit does not count admit an image no bound
+/// covers; a BYOK request counted against its key's limit
+/// (`include_byok_in_limit`) is refused as a paid one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_part_is_refused_only_when_the_prompt_holds_credits() {
+    let token_nanos = NANOS_PER_CREDIT / 1000;
+    for redis_backed in [false, true] {
+        let extras = Extras {
+            rate_rules: None,
+            byok: true,
+        };
+        let gateway = gateway_with(redis_backed, 1, as_is, &extras).await;
+        let case = format!("redis: {redis_backed}");
+        // Free: nothing held, nothing to bound.
+        let held = held_while_streaming(
+            &gateway,
+            json!({"name": "free"}),
+            "unbounded/hang:free",
+            image_prompt(),
+        )
+        .await;
+        assert_eq!(held.map_err(|reply| reply.json()), Ok(0), "{case}");
+        // Prompt tokens free: the hold is the completion bound alone.
+        let held = held_while_streaming(
+            &gateway,
+            json!({"name": "unpriced"}),
+            "unpriced-prompt/hang",
+            image_prompt(),
+        )
+        .await;
+        assert_eq!(
+            held.map_err(|reply| reply.json()),
+            Ok(10 * token_nanos),
+            "{case}"
+        );
+        // The account's own key for the provider.
+        KeyDirectory::new(gateway.store.clone())
+            .ensure_account("own")
+            .await
+            .unwrap();
+        let set = gateway
+            .manage(
+                "PUT",
+                "/api/v1/accounts/own/byok/unbounded",
+                json!({"key": "sk-own-provider-key-0001"}),
+            )
+            .await;
+        assert!((200..300).contains(&set.status), "{:?}", set.json());
+        let held = held_while_streaming(
+            &gateway,
+            json!({"name": "byok", "account": "own"}),
+            "unbounded/hang",
+            image_prompt(),
+        )
+        .await;
+        assert_eq!(held.map_err(|reply| reply.json()), Ok(0), "{case}");
+        // Counted against the key's limit: the hold must bound the prompt.
+        let refused = held_while_streaming(
+            &gateway,
+            json!({"name": "byok-counted", "account": "own", "limit": 5, "include_byok_in_limit": true}),
+            "unbounded/hang",
+            image_prompt(),
+        )
+        .await
+        .expect_err("counted");
+        let error = &refused.json()["error"];
+        assert_eq!(refused.status, 400, "{case}: {error}");
+        assert_eq!(
+            error["metadata"]["reason"], "unbounded_prompt_part",
+            "{case}"
+        );
+        assert_eq!(error["metadata"]["param"], "max_tokens_per_image", "{case}");
     }
 }

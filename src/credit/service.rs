@@ -96,12 +96,7 @@ where
                 .with_metadata("param", "model"),
             );
         };
-        // Before anything counts: a prompt the hold cannot bound is refused.
-        let prompt_tokens =
-            match estimate_prompt_tokens(chat, &config.pricing.prompt_bounds(&chat.model_id)) {
-                Ok(tokens) => tokens,
-                Err(error) => return ResponseFuture::rejected(error),
-            };
+        let prompt = count_prompt(chat, &config.pricing.prompt_bounds(&chat.model_id));
         let provider = chat.model_id.provider().to_owned();
         let generation = match &config.generations {
             Some(settings) => {
@@ -132,7 +127,8 @@ where
         let charge = Charge {
             generation,
             principal: principal.clone(),
-            prompt_tokens,
+            prompt_tokens: prompt.tokens,
+            unbounded_prompt: prompt.unbounded,
             client_bound_tokens: chat.max_tokens,
             choices: chat.n.unwrap_or(1).max(1),
             ask_stream_usage: chat.stream && !chat.stream_usage_requested,
@@ -182,7 +178,9 @@ pub const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
 ///
 /// A part the bounds cannot bound is refused: 400, `metadata.reason`
 /// `unbounded_prompt_part`, whose `metadata.param` names the pricing field
-/// to set.
+/// to set. [`CreditGuard`] refuses it only when the prompt holds credits:
+/// not for a `:free` model, a model whose prompt tokens cost nothing, or a
+/// BYOK request its key's limit does not count.
 ///
 /// ```
 /// use modelgate::body::ChatRequest;
@@ -202,6 +200,24 @@ pub fn estimate_prompt_tokens(
     chat: &ChatRequest,
     bounds: &PromptBounds,
 ) -> Result<u64, GatewayError> {
+    let prompt = count_prompt(chat, bounds);
+    match prompt.unbounded {
+        Some(error) => Err(error),
+        None => Ok(prompt.tokens),
+    }
+}
+
+/// A prompt's count ([`estimate_prompt_tokens`]), and the refusal of its
+/// first part the bounds cannot bound, if any. Such a part counts its JSON
+/// size here: a figure for the records of a request whose prompt holds
+/// nothing, never a bound.
+struct PromptCount {
+    tokens: u64,
+    unbounded: Option<GatewayError>,
+}
+
+fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
+    let mut unbounded = None;
     // The reply's header.
     let mut tokens = MESSAGE_OVERHEAD_TOKENS;
     for (message_index, message) in chat.messages.iter().enumerate() {
@@ -210,9 +226,12 @@ pub fn estimate_prompt_tokens(
             Some(MessageContent::Text(text)) => tokens = tokens.saturating_add(text.len() as u64),
             Some(MessageContent::Parts(parts)) => {
                 for (part_index, part) in parts.iter().enumerate() {
-                    let part_tokens = part_tokens(part, bounds).map_err(|missing| {
-                        unbounded_part(chat, message_index, part_index, part, missing)
-                    })?;
+                    let part_tokens = part_tokens(part, bounds).unwrap_or_else(|missing| {
+                        unbounded.get_or_insert_with(|| {
+                            unbounded_part(chat, message_index, part_index, part, missing)
+                        });
+                        json_bytes(part)
+                    });
                     tokens = tokens.saturating_add(part_tokens);
                 }
             }
@@ -233,9 +252,12 @@ pub fn estimate_prompt_tokens(
     if !chat.extra.is_empty() {
         tokens = tokens.saturating_add(json_bytes(&chat.extra));
     }
-    Ok(bounds
-        .context_length_tokens
-        .map_or(tokens, |context| tokens.min(context)))
+    PromptCount {
+        tokens: bounds
+            .context_length_tokens
+            .map_or(tokens, |context| tokens.min(context)),
+        unbounded,
+    }
 }
 
 /// The pricing field whose absence leaves a part unbounded.
@@ -349,6 +371,9 @@ struct Charge {
     /// The model's provider, as the request spells it.
     provider: String,
     prompt_tokens: u64,
+    /// The refusal of a prompt the model's bounds cannot bound, given only
+    /// when the prompt holds credits ([`Charge::holds_prompt`]).
+    unbounded_prompt: Option<GatewayError>,
     /// The completion bound the client set, if any.
     client_bound_tokens: Option<u64>,
     /// `n`: every choice may use the whole bound.
@@ -363,6 +388,19 @@ struct Charge {
 }
 
 impl Charge {
+    /// Whether the request's usage counts: always, but BYOK usage only
+    /// against a key with `include_byok_in_limit`.
+    fn counted(&self, byok: bool) -> bool {
+        !byok || self.principal.include_byok_in_limit
+    }
+
+    /// Whether the prompt's estimate is part of the hold: a counted
+    /// request to a model that charges for prompt tokens. Only then must
+    /// every part be bounded.
+    fn holds_prompt(&self, byok: bool) -> bool {
+        self.counted(byok) && !self.free && self.price.prompt_nanos_per_million_tokens > 0
+    }
+
     /// The cost of the prompt and `tokens` completion tokens per choice.
     fn cost_nanos(&self, tokens: u64) -> i64 {
         self.price
@@ -445,6 +483,14 @@ async fn decide(
     };
     // BYOK only when the account's own key goes upstream with the request.
     let byok = credential.is_some();
+    let mut charge = charge;
+    if let Some(charge) = charge.as_mut().filter(|charge| charge.holds_prompt(byok)) {
+        // Before anything counts (rates, quotas, the hold): a prompt the
+        // hold cannot bound is refused.
+        if let Some(error) = charge.unbounded_prompt.take() {
+            return Err(error);
+        }
+    }
     let held = charge
         .as_ref()
         .map(|charge| hold_request(config, &account, charge, byok));
@@ -554,7 +600,7 @@ fn hold_request(
     let principal = &charge.principal;
     // BYOK usage that does not count against the key's limit neither
     // holds nor is checked against it.
-    let counted = !byok || principal.include_byok_in_limit;
+    let counted = charge.counted(byok);
     let bound_tokens = charge
         .client_bound_tokens
         .unwrap_or(config.default_max_tokens);
@@ -886,6 +932,55 @@ mod tests {
             estimate_with(&user(json!([image, image])), wide),
             overhead(1) + 1400 + 10
         );
+    }
+
+    #[test]
+    fn an_unbounded_part_is_counted_at_its_size_and_refused_only_if_the_prompt_holds_credits() {
+        let image = json!({"type": "image_url", "image_url": {"url": "https://x/y.png"}});
+        let chat = parse(&user(json!([{"type": "text", "text": "abc"}, image])));
+        let count = count_prompt(&chat, &PromptBounds::default());
+        let image_bytes = image.to_string().len() as u64;
+        assert_eq!(count.tokens, 3 + image_bytes + 2 * MESSAGE_OVERHEAD_TOKENS);
+        assert_eq!(
+            count.unbounded,
+            estimate_prompt_tokens(&chat, &PromptBounds::default()).err()
+        );
+        let charge = |price: TokenPrice, free: bool, include_byok_in_limit: bool| Charge {
+            principal: Principal {
+                include_byok_in_limit,
+                ..Principal::for_tests("a")
+            },
+            generation: None,
+            provider: "a".to_owned(),
+            prompt_tokens: count.tokens,
+            unbounded_prompt: count.unbounded.clone(),
+            client_bound_tokens: Some(10),
+            choices: 1,
+            ask_stream_usage: false,
+            bound_field: BoundField::default(),
+            default_bound_tokens: 100,
+            price,
+            free,
+        };
+        let prompt_free = TokenPrice {
+            prompt_nanos_per_million_tokens: 0,
+            ..NANO_A_TOKEN
+        };
+        // (price, free model, include_byok_in_limit, byok) → holds the prompt.
+        for (price, free, include, byok, holds) in [
+            (NANO_A_TOKEN, false, false, false, true),
+            (NANO_A_TOKEN, false, true, true, true),
+            (NANO_A_TOKEN, false, false, true, false),
+            (TokenPrice::FREE, true, false, false, false),
+            (prompt_free, false, false, false, false),
+            (prompt_free, false, true, true, false),
+        ] {
+            assert_eq!(
+                charge(price, free, include).holds_prompt(byok),
+                holds,
+                "{price:?} free {free} include {include} byok {byok}"
+            );
+        }
     }
 
     #[test]
