@@ -219,14 +219,12 @@ mod tests {
         }
     }
 
+    type UpstreamFrames = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>,
+    >;
+
     /// An upstream stream that sends `chunks` and then waits forever.
-    fn stalling(
-        chunks: &'static [&'static str],
-    ) -> StreamBody<
-        std::pin::Pin<
-            Box<dyn futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>,
-        >,
-    > {
+    fn stalling(chunks: &'static [&'static str]) -> StreamBody<UpstreamFrames> {
         let sent = futures_util::stream::iter(
             chunks
                 .iter()

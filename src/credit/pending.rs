@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
@@ -45,6 +45,10 @@ pub(crate) struct StreamsEnd {
     /// Made at the first wait, so that a body that never waits allocates
     /// nothing for it.
     notified: Option<Pin<Box<OwnedNotified>>>,
+    /// The waker `notified` was last polled with: polling it again takes
+    /// the `Notify`'s lock, shared by every body, so it is polled again
+    /// only for another waker.
+    registered: Option<Waker>,
 }
 
 impl std::fmt::Debug for StreamsEnd {
@@ -75,7 +79,16 @@ impl Future for StreamsEnd {
         if this.inner.streams_ended.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        notified.as_mut().poll(cx)
+        if this
+            .registered
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
+        let polled = notified.as_mut().poll(cx);
+        this.registered = Some(cx.waker().clone());
+        polled
     }
 }
 
@@ -236,6 +249,7 @@ impl PendingSettlements {
         StreamsEnd {
             inner: Arc::clone(&self.inner),
             notified: None,
+            registered: None,
         }
     }
 
