@@ -1,7 +1,9 @@
 //! No settlement lost, no request kept waiting on a sick store: the proxy
 //! as a process on a real redis-server, with streams in flight through a
 //! slow upstream. SIGTERM lets every stream
-//! finish and every cost land before the process exits; Redis stopped
+//! finish and every cost land before the process exits; a stream still
+//! open after `shutdown_grace_seconds` is ended with a last error event
+//! and charged its prompt and what it streamed; Redis stopped
 //! mid-stream and back 10 s later (its data kept) still gets every cost,
 //! once. Charges are read back through a store connection of their own,
 //! as a second instance would. A frozen Redis (SIGSTOP) is answered fast

@@ -1309,6 +1309,15 @@ mod tests {
     }
 
     #[test]
+    fn the_shutdown_grace_is_read_and_defaults_to_30_seconds() {
+        let config = GatewayConfig::from_json(r#"{"shutdown_grace_seconds": 2}"#).unwrap();
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(2));
+        let config = GatewayConfig::from_json("{}").unwrap();
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(30));
+        assert!(GatewayConfig::from_json(r#"{"shutdown_grace_seconds": -1}"#).is_err());
+    }
+
+    #[test]
     fn the_other_credit_fields_are_read_and_unknown_ones_refused() {
         let config = GatewayConfig::from_json(
             r#"{"credit": {"default_max_tokens": 7, "reservation_ttl_seconds": 60}}"#,
