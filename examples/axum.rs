@@ -53,11 +53,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/api/v1/chat/completions", post(chat))
         .layer(
             ServiceBuilder::new()
-                // Past 256 requests at once: 503 at once, not a queue.
-                .layer(InFlightLimitLayer::new(256))
                 .layer(ErrorMapperLayer::new())
                 // The key before the body: no buffering without one.
                 .layer(BearerAuthLayer::new(directory.clone()))
+                // Past 256 keyed requests at once: 503 at once, not a queue.
+                .layer(InFlightLimitLayer::new(256))
                 .layer(BodyLimitLayer::new())
                 .layer(KeyRoutesLayer::new(directory))
                 // One atomic admission: a refusal spends no rate, quota or credit.

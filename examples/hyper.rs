@@ -34,14 +34,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A body refused unread is read into nothing after the answer, so
         // the client can read the answer.
         .layer(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
-        .layer(InFlightLimitLayer::new(256))
         .layer(ErrorMapperLayer::new())
         // The key before the body; an address past 20 failures in 10
-        // minutes gets 429 for its failures, its good keys still served.
+        // minutes gets 429 without a lookup, but for keys already in use.
         .layer(
             BearerAuthLayer::new(directory.clone())
                 .failure_limit(AuthFailures::new(AuthFailureLimit::default())?),
         )
+        // Places in flight for keyed requests only.
+        .layer(InFlightLimitLayer::new(256))
         .layer(BodyLimitLayer::new())
         .layer(KeyRoutesLayer::new(directory))
         .service(service_fn(|request: Request<Full<Bytes>>| async move {

@@ -315,22 +315,18 @@ async fn operator_key(store: &SharedStore) -> Result<(), String> {
             }
         }
         Err(_) => {
-            let existing = directory
-                .operator_keys()
+            // One create-if-absent write decides, so proxies starting
+            // together on an empty store print one key between them.
+            let minted = directory
+                .mint_operator_key(OPERATOR_KEY_NAME)
                 .await
-                .map_err(|error| format!("cannot read the operator's keys: {error}"))?;
-            if existing.is_empty() {
-                let (key, _) = directory
-                    .create_key(admin)
-                    .await
-                    .map_err(|error| format!("cannot create a management key: {error}"))?;
+                .map_err(|error| format!("cannot create the operator's key: {error}"))?;
+            match minted {
                 // Shown once, on stdout for the operator; never logged.
-                println!("management key (shown once): {}", key.expose());
-            } else {
-                tracing::warn!(
-                    operator_keys = existing.len(),
-                    "MODELGATE_ADMIN_KEY is unset and the store has an operator's key already, so none is made or printed: set MODELGATE_ADMIN_KEY to that key (or to a new one from `proxy keygen`); if it is lost, run `proxy reset-operator-key --redis URL`"
-                );
+                Some(key) => println!("management key (shown once): {}", key.expose()),
+                None => tracing::warn!(
+                    "MODELGATE_ADMIN_KEY is unset and the store has (or another start just made) an operator's key, so none is made or printed: set MODELGATE_ADMIN_KEY to that key (or to a new one from `proxy keygen`); if it is lost, run `proxy reset-operator-key --redis URL`"
+                ),
             }
         }
     }

@@ -188,6 +188,17 @@ pub(crate) fn canonical(address: IpAddr) -> IpAddr {
     }
 }
 
+/// The group `address` counts in for per-client limits: an IPv4 address
+/// alone, an IPv6 address by its /64 (which one host usually holds
+/// whole); `None` for requests without an address, which share one group.
+pub(crate) fn address_group(address: Option<IpAddr>) -> Option<u128> {
+    address.map(|address| match canonical(address) {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        // The /64, tagged so it never equals an IPv4 group.
+        IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | 1,
+    })
+}
+
 /// Applies [`ClientAddrService`]: behind trusted proxies, the client's
 /// address comes from `X-Forwarded-For`.
 ///

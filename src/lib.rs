@@ -10,12 +10,12 @@
 //! The layers go in this order, outermost first:
 //!
 //! ```text
-//! ClientAddr -> InFlightLimit -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes
+//! ClientAddr -> ErrorMapper -> BearerAuth -> InFlightLimit -> BodyLimit -> KeyRoutes
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
 //! ```
 //!
 //! The key is checked before the body is read, so a request without one
-//! costs no buffering and no parse. The last three are best stacked by
+//! costs no buffering and no parse, and holds no place in flight. The last three are best stacked by
 //! [`admission::AdmissionLayers`], so that they decide together.
 //!
 //! Each reads what the layers before it put into the request's extensions
@@ -25,7 +25,8 @@
 //! - [`client_addr`]: the client's address, from the connection or, behind
 //!   trusted proxies, from `X-Forwarded-For`.
 //! - [`in_flight`]: `InFlightLimit`, a bound on requests in flight; past
-//!   it, 503 at once instead of a queue.
+//!   it, 503 at once instead of a queue. `UnauthenticatedLimits`: the own
+//!   bounds of the routes that read a body before authentication.
 //! - [`settings`]: `SettingsPage`, the key settings page at `/settings`.
 //! - [`error_mapper`]: every failure leaves in the canonical body.
 //! - [`body`]: the body buffered once, size and time bounded; chat requests

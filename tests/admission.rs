@@ -37,8 +37,9 @@ fn credits(amount: i64) -> i64 {
     amount * NANOS_PER_CREDIT
 }
 
-/// "Hi there" is held as 7 prompt tokens (8 bytes / 3, plus 4 for the
-/// message); the mock charges 2 prompt tokens and one per word it says.
+/// "Hi there" is held as 40 prompt tokens (8 bytes, a token each, plus
+/// `MESSAGE_OVERHEAD_TOKENS` (16) for the message and 16 for the reply);
+/// the mock charges 2 prompt tokens and one per word it says.
 fn paid(max_tokens: Option<u64>, stream: bool) -> Value {
     let mut body = json!({"model": "openai/gpt-4o-mini", "stream": stream,
                           "messages": [{"role": "user", "content": "Hi there"}]});
@@ -83,8 +84,8 @@ fn source(body: &Value) -> &str {
 async fn burst_never_overdraws(stores: Vec<SharedStore>) {
     let addresses = instances(&stores).await;
     let store = &stores[0];
-    // Each request holds 7 + 16 = 23 credits; 230 pay for ten at once.
-    store.top_up("acme", credits(230)).await.unwrap();
+    // Each request holds 40 + 16 = 56 credits; 560 pay for ten at once.
+    store.top_up("acme", credits(560)).await.unwrap();
     let key = key_of(store, "acme", None).await;
     let replies = join_all((0..200).map(|index| {
         let key = key.clone();
@@ -107,7 +108,7 @@ async fn burst_never_overdraws(stores: Vec<SharedStore>) {
     // Each answered request cost 9 credits: 2 prompt tokens and 7 words.
     assert_eq!(
         balance.balance_nanos,
-        credits(230) - credits(9) * admitted as i64
+        credits(560) - credits(9) * admitted as i64
     );
     assert_eq!(usage.reserved_nanos, 0, "every hold was released");
 }
@@ -169,7 +170,9 @@ async fn refusals_cost_nothing(store: SharedStore) {
         let (status, reply) = chat(address, &key, body).await;
         assert_eq!((status, source(&reply)), (402, "credits"), "{reply}");
     }
-    store.top_up("acme", credits(100)).await.unwrap();
+    // Back to 190: the holds of 40 + 16 of the paid requests below fit,
+    // two at once (a settlement lands after its answer).
+    store.top_up("acme", credits(200)).await.unwrap();
     // The free quota (3 a minute) and the rate (5 a minute) are whole.
     for _ in 0..3 {
         assert_eq!(chat(address, &key, &free()).await.0, 200);
@@ -248,7 +251,7 @@ async fn the_upstream_always_receives_a_bound_the_hold_covers() {
     };
     let limited = key_of(&store, "acme", Some(limit)).await;
     let seen = upstream_saw(address, &limited, paid(None, false)).await;
-    assert_eq!(seen["max_tokens"], 100 - 7, "{seen}");
+    assert_eq!(seen["max_tokens"], 100 - 40, "{seen}");
     // A client bound it cannot pay for is refused, saying what it can (once
     // the echo's cost has replaced its hold).
     settled(
@@ -261,8 +264,8 @@ async fn the_upstream_always_receives_a_bound_the_hold_covers() {
     let (status, body) = chat(address, &limited, &paid(Some(500), false)).await;
     assert_eq!((status, source(&body)), (402, "key_limit"), "{body}");
     assert_eq!(body["error"]["metadata"]["requested_tokens"], 500);
-    // 2 credits were used by the echo: 98 left, 7 of them the prompt.
-    assert_eq!(body["error"]["metadata"]["affordable_tokens"], 91, "{body}");
+    // 2 credits were used by the echo: 98 left, 40 of them the prompt.
+    assert_eq!(body["error"]["metadata"]["affordable_tokens"], 58, "{body}");
 }
 
 #[tokio::test]
@@ -317,7 +320,7 @@ async fn a_stream_is_charged_its_usage_and_the_client_gets_what_it_asked_for() {
         String::from_utf8_lossy(&direct)
     );
     assert!(!String::from_utf8_lossy(&streamed).contains("usage"));
-    // Charged what it used (2 + 7 tokens), not its hold (7 + 16).
+    // Charged what it used (2 + 7 tokens), not its hold (40 + 16).
     settled(
         store.as_ref(),
         "acme",
@@ -377,8 +380,10 @@ async fn served_until_the_limit(stores: Vec<SharedStore>) {
         served += 1;
         assert!(served < 100, "never refused");
     }
-    // 9 credits a request: five fit in 50, and 5 left cannot pay 7 + 1.
-    assert_eq!(served, 5);
+    // The first is bounded at 10 tokens (50 less its prompt's 40) and pays
+    // 9 (2 + 7 words); the second at 1 token (41 left) and pays 3; 38 left
+    // cannot pay 40 + 1.
+    assert_eq!(served, 2);
     // Concurrently, the limit holds too.
     let fresh = key_of(store, "acme", Some(limit)).await;
     let replies = join_all((0..40).map(|index| {
@@ -528,10 +533,10 @@ async fn a_stream_the_client_left_is_charged_what_it_streamed_not_its_hold() {
             .unwrap();
     }
     assert_eq!(usage.reserved_nanos, 0, "the hold was released");
-    // The prompt (7 tokens held) and a token a chunk streamed: far less
-    // than the hold of 7 + 16.
+    // The prompt (40 tokens held) and a token a chunk streamed: less than
+    // the hold of 40 + 16.
     assert!(
-        (credits(8)..credits(7 + 5)).contains(&usage.total_nanos),
+        (credits(41)..credits(40 + 5)).contains(&usage.total_nanos),
         "{usage:?}"
     );
 }
@@ -604,6 +609,6 @@ async fn a_request_dropped_before_it_was_sent_costs_nothing() {
     // Once sent, the upstream may be working: charged what its bound allows.
     assert_eq!(
         dropped_while_waiting(true).await.total_nanos,
-        credits(7 + 16)
+        credits(40 + 16)
     );
 }

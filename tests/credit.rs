@@ -20,7 +20,7 @@ use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use modelgate::auth::BearerAuthLayer;
-use modelgate::body::{BodyLimitLayer, ChatRequest};
+use modelgate::body::{BodyLimitLayer, ChatRequest, MessageContent};
 use modelgate::clock::{Clock, ManualClock};
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
@@ -40,10 +40,20 @@ fn t0() -> DateTime<Utc> {
 }
 
 /// 1000 credits per million completion tokens: `max_tokens` 1000 is one
-/// credit. Prompts are free, so a request's estimate is exact.
+/// credit. Prompts are free, so a request's estimate is exact. Except for
+/// the models that test the prompt's part of the hold: 1000 credits per
+/// million prompt tokens too (a token is 0.001 credit), with the prompt
+/// bounds their names say (none for `unbounded/…`).
 fn prices() -> PriceTable {
     PriceTable::from_json(
         r#"{"default": {"prompt_per_million": 0, "completion_per_million": 1000},
+            "models": {
+                "test/bytes": {"prompt_per_million": 1000, "completion_per_million": 1000},
+                "image/hang": {"prompt_per_million": 1000, "completion_per_million": 0,
+                               "max_tokens_per_image": 700, "context_length": 128000},
+                "context/hang": {"prompt_per_million": 1000, "completion_per_million": 0,
+                                 "context_length": 5000},
+                "unbounded/hang": {"prompt_per_million": 1000, "completion_per_million": 0}},
             "free_models": ["meta-llama/llama-3-8b:free", "test/charges:free"]}"#,
     )
     .unwrap()
@@ -74,7 +84,9 @@ fn stream_of(chunks: Vec<Result<Bytes, BoxError>>, then_hang: bool) -> UpstreamB
 }
 
 /// The upstream stand-in. The model's name says how it behaves; it
-/// reports `max_tokens` completion tokens (×1.5 for `test/overrun`).
+/// reports `max_tokens` completion tokens (×1.5 for `test/overrun`), and
+/// 3 prompt tokens, or for `test/bytes` one per byte of the prompt's text
+/// (a tokenizer that splits a 2-byte script into bytes).
 async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody>, Infallible> {
     let chat = request
         .extensions()
@@ -119,6 +131,25 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
         "slow" => {
             tokio::time::sleep(Duration::from_secs(30)).await;
             Response::builder().body(json_body(json!({"choices": []})))
+        }
+        "bytes" => {
+            let text_bytes: usize = chat
+                .messages
+                .iter()
+                .map(|message| match &message.content {
+                    Some(MessageContent::Text(text)) => text.len(),
+                    Some(MessageContent::Parts(parts)) => parts
+                        .iter()
+                        .filter_map(|part| part["text"].as_str())
+                        .map(str::len)
+                        .sum(),
+                    None => 0,
+                })
+                .sum();
+            Response::builder().body(json_body(json!({
+                "choices": [{"message": {"role": "assistant", "content": "Hi"}}],
+                "usage": {"prompt_tokens": text_bytes, "completion_tokens": tokens},
+            })))
         }
         "stream-no-usage" => {
             let mut chunks = sse(tokens);
@@ -771,4 +802,171 @@ async fn the_response_decides_how_it_is_read_and_free_models_are_never_charged()
         200
     );
     assert_eq!(gateway.status(&key).await["usage"], 0.5);
+}
+
+/// A 40-request burst of prompts in a 2-byte script on a 10-credit balance,
+/// spread over `instances`: the upstream counts a prompt token per byte,
+/// and the hold covers it, so the balance never goes below zero.
+async fn two_byte_prompts_never_overdraw(redis_backed: bool, instances: usize) {
+    let gateway = gateway(redis_backed, instances, as_is).await;
+    let (key, hash) = gateway
+        .key(json!({"name": "cyrillic", "account": "burst"}))
+        .await;
+    let topped = gateway
+        .manage(
+            "POST",
+            "/api/v1/accounts/burst/credits",
+            json!({"amount": 10}),
+        )
+        .await;
+    assert!((200..300).contains(&topped.status), "{:?}", topped.json());
+    // 1000 bytes of text: "я" is 2 bytes of UTF-8. The upstream charges
+    // 1000 prompt and 10 completion tokens, 1.01 credits; counting a token
+    // per 3 bytes, the hold would be a third of the prompt.
+    let body = json!({"model": "test/bytes", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "я".repeat(500)}]});
+    let replies = join_all((0..40).map(|index| {
+        let address = gateway.addresses[index % instances];
+        let (key, body) = (key.clone(), body.clone());
+        async move {
+            call(
+                address,
+                "POST",
+                "/api/v1/chat/completions",
+                &key,
+                Some(body),
+            )
+            .await
+        }
+    }))
+    .await;
+    let admitted = replies.iter().filter(|reply| reply.status == 200).count() as i64;
+    for refused in replies.iter().filter(|reply| reply.status != 200) {
+        assert_eq!(
+            (refused.status, limit_source(refused)),
+            (402, json!("credits")),
+            "{:?}",
+            refused.json()
+        );
+    }
+    common::settle::settled(gateway.store.as_ref(), "burst", &hash, gateway.clock.now()).await;
+    let balance = gateway.store.account_balance("burst").await.unwrap();
+    assert!(
+        balance.balance_nanos >= 0,
+        "{admitted} admitted took the balance to {balance:?}"
+    );
+    // Each admitted request was charged its real cost, 1.01 credits; a
+    // hold of 1.042 (the prompt's 1000 bytes and 32 of overhead, 10
+    // completion tokens) admits at most 9 of them in 10 credits.
+    assert_eq!(
+        balance.balance_nanos,
+        10 * NANOS_PER_CREDIT - admitted * 1_010_000_000
+    );
+    assert!((1..=9).contains(&admitted), "{admitted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_two_byte_prompts_never_overdraws_the_balance_on_memory() {
+    two_byte_prompts_never_overdraw(false, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_two_byte_prompts_never_overdraws_the_balance_across_two_instances() {
+    two_byte_prompts_never_overdraw(true, 2).await;
+}
+
+/// What the key holds while a stream of `model` with `content` is open.
+async fn held_while_streaming(
+    gateway: &Gateway,
+    model: &str,
+    content: Value,
+) -> Result<i64, Reply> {
+    let (key, hash) = gateway.key(json!({"name": model.replace('/', "-")})).await;
+    let body = json!({"model": model, "max_tokens": 10, "stream": true,
+                      "messages": [{"role": "user", "content": content}]});
+    let mut response = reqwest::Client::new()
+        .post(format!(
+            "http://{}/api/v1/chat/completions",
+            gateway.addresses[0]
+        ))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    if response.status() != 200 {
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap();
+        // Refused before anything was held or counted.
+        let usage = gateway
+            .store
+            .key_usage("default", &hash, gateway.clock.now())
+            .await
+            .unwrap();
+        assert_eq!((usage.total_nanos, usage.reserved_nanos), (0, 0));
+        return Err(Reply { status, body });
+    }
+    // The stream's first chunk: admitted and held; then it hangs.
+    assert!(response.chunk().await.unwrap().is_some());
+    let usage = gateway
+        .store
+        .key_usage("default", &hash, gateway.clock.now())
+        .await
+        .unwrap();
+    drop(response);
+    Ok(usage.reserved_nanos)
+}
+
+#[tokio::test]
+async fn a_non_text_part_holds_its_models_bound_or_is_refused_naming_the_field_to_set() {
+    use modelgate::credit::MESSAGE_OVERHEAD_TOKENS;
+    let gateway = gateway(false, 1, as_is).await;
+    let image =
+        json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}});
+    let content = json!([{"type": "text", "text": "What is it?"}, image]);
+    // A prompt token is 0.001 credit, completions are free here: the hold
+    // is the prompt's 11 bytes of text, one message and the reply's
+    // header, and the image at the model's bound.
+    let token_nanos = NANOS_PER_CREDIT / 1000;
+    let held = held_while_streaming(&gateway, "image/hang", content.clone()).await;
+    assert_eq!(
+        held.ok(),
+        Some((11 + 2 * MESSAGE_OVERHEAD_TOKENS as i64 + 700) * token_nanos),
+        "max_tokens_per_image"
+    );
+    // No image bound: the context length, which bounds the whole prompt.
+    let held = held_while_streaming(&gateway, "context/hang", content.clone()).await;
+    assert_eq!(held.ok(), Some(5000 * token_nanos), "context_length");
+    // Neither: 400, naming the field to set; nothing held or counted.
+    for (part, field) in [
+        (image, "max_tokens_per_image"),
+        (
+            json!({"type": "file", "file": {"file_id": "file-1"}}),
+            "max_tokens_per_file",
+        ),
+        (
+            json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+            "max_tokens_per_file",
+        ),
+        (
+            json!({"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}}),
+            "context_length",
+        ),
+    ] {
+        let content = json!([{"type": "text", "text": "What is it?"}, part]);
+        let refused = held_while_streaming(&gateway, "unbounded/hang", content)
+            .await
+            .expect_err("refused");
+        let error = &refused.json()["error"];
+        assert_eq!(refused.status, 400, "{error}");
+        assert_eq!(error["type"], "invalid_request_error");
+        assert_eq!(error["metadata"]["param"], field, "{error}");
+        assert_eq!(error["metadata"]["reason"], "unbounded_prompt_part");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains(field) && message.contains("messages[0].content[1]"),
+            "{message}"
+        );
+    }
 }

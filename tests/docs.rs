@@ -622,6 +622,20 @@ fn the_configuration_page_names_every_section_and_flag() {
     ] {
         names.extend(struct_fields(&config, declaration));
     }
+    // The price table's fields are private, read by serde all the same.
+    let pricing = std::fs::read_to_string(root().join("src/credit/pricing.rs")).unwrap();
+    for declaration in ["struct ConfiguredPrice {", "struct ConfiguredTable {"] {
+        let start = pricing.find(declaration).unwrap();
+        let body = &pricing[start..];
+        let body = &body[declaration.len()..body.find("\n}").unwrap()];
+        names.extend(
+            body.lines()
+                .map(str::trim)
+                .filter(|line| !line.starts_with("//") && !line.starts_with('#'))
+                .filter_map(|line| line.split_once(':').map(|(name, _)| name.to_owned())),
+        );
+    }
+    assert!(names.contains("max_tokens_per_image") && names.contains("free_models"));
     let quota = std::fs::read_to_string(root().join("src/free_quota/mod.rs")).unwrap();
     names.extend(struct_fields(&quota, "pub struct FreeQuotaRules {"));
     let failures = std::fs::read_to_string(root().join("src/auth/failures.rs")).unwrap();

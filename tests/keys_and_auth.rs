@@ -21,8 +21,8 @@ use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeQuotaRules;
 use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
 use modelgate::store::{
-    MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement,
-    TimeSource, NANOS_PER_CREDIT,
+    AccountBalance, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
+    Settlement, TimeSource, NANOS_PER_CREDIT,
 };
 use serde_json::{json, Value};
 use tower::ServiceBuilder;
@@ -688,6 +688,76 @@ async fn a_key_for_an_account_that_does_not_exist_is_refused() {
     }
 }
 
+/// No route with an account in its path makes that account: a top-up,
+/// a read or a provider key for an id never made by `POST
+/// /api/v1/accounts` is 404 `unknown_account` and writes nothing (no
+/// account, no balance, no provider key); `default` always exists.
+#[tokio::test]
+async fn an_account_path_naming_no_account_is_404_and_makes_nothing() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store.clone()).await;
+        let name = backend.name;
+        let calls = [
+            (
+                "POST",
+                "/api/v1/accounts/acmee/credits",
+                Some(json!({"amount": 5})),
+            ),
+            ("GET", "/api/v1/accounts/acmee", None),
+            ("GET", "/api/v1/accounts/acmee/byok", None),
+            (
+                "PUT",
+                "/api/v1/accounts/acmee/byok/openai",
+                Some(json!({"key": "sk-acmee-0123456789"})),
+            ),
+            ("DELETE", "/api/v1/accounts/acmee/byok/openai", None),
+        ];
+        for (method, path, body) in calls {
+            let reply = gateway.manage(method, path, body).await;
+            let context = format!("{name} {method} {path}");
+            assert_refused(&reply, 404, "unknown_account", &context);
+            assert_eq!(reply.body["error"]["type"], "not_found_error", "{context}");
+            let message = reply.body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("acmee") && message.contains("POST /api/v1/accounts"),
+                "{context}: {message}"
+            );
+        }
+        // A retried purchase with its Idempotency-Key is refused alike.
+        let keyed = top_up_with_keys(&gateway, "acmee", 5.0, &[b"order-1"]).await;
+        assert_refused(&keyed, 404, "unknown_account", name);
+
+        assert!(
+            !gateway.directory.account_exists("acmee").await.unwrap(),
+            "{name}"
+        );
+        let accounts = gateway.manage("GET", "/api/v1/accounts", None).await;
+        assert!(!accounts.body.to_string().contains("acmee"), "{name}");
+        let balance = backend.store.account_balance("acmee").await.unwrap();
+        assert_eq!(balance, AccountBalance::default(), "{name}");
+
+        // Made by POST /api/v1/accounts, it starts empty: nothing refused
+        // above was kept for it, and the same calls now work.
+        let made = gateway
+            .manage("POST", "/api/v1/accounts", Some(json!({"id": "acmee"})))
+            .await;
+        assert_eq!(made.status, 201, "{name}: {}", made.body);
+        assert_eq!(made.body["data"]["total_credits"], 0, "{name}");
+        let provider_keys = gateway
+            .manage("GET", "/api/v1/accounts/acmee/byok", None)
+            .await;
+        assert_eq!(provider_keys.body, json!({"data": []}), "{name}");
+        let keyed = top_up_with_keys(&gateway, "acmee", 5.0, &[b"order-1"]).await;
+        assert_eq!(keyed.status, 200, "{name}: {}", keyed.body);
+        assert!(keyed.headers.get("idempotent-replayed").is_none(), "{name}");
+        assert_eq!(keyed.body["data"]["total_credits"], 5, "{name}");
+
+        // `default` needs no making.
+        let default = top_up_with_keys(&gateway, "default", 2.0, &[]).await;
+        assert_eq!(default.status, 200, "{name}: {}", default.body);
+    }
+}
+
 #[tokio::test]
 async fn the_seed_lifecycle_create_use_delete() {
     for backend in backends().await {
@@ -1242,6 +1312,10 @@ async fn a_top_up_retried_with_its_idempotency_key_credits_once() {
     for backend in backends().await {
         let gateway = gateway(backend.store.clone()).await;
         let name = backend.name;
+        let made = gateway
+            .manage("POST", "/api/v1/accounts", Some(json!({"id": "shop"})))
+            .await;
+        assert_eq!(made.status, 201, "{name}: {}", made.body);
         let key: &[u8] = b"5b7e0c2a-1f4d-4e8b-9c3a-7d2e6f1a0b94";
         let first = top_up_with_keys(&gateway, "shop", 12.5, &[key]).await;
         let expected = json!({"data": {"account": "shop", "total_credits": 12.5, "total_usage": 0, "balance": 12.5}});

@@ -44,12 +44,16 @@ use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CRED
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::{json, Value};
 
-/// One credit per token, limits far away, no retries. Refusals are counted
-/// per address but the limit is far too (one test lowers it).
+/// A credit per completion token and 0.1 per prompt token (a request of
+/// `paid()` holds 40 × 0.1 + 5 = 9 credits and costs 2 × 0.1 + 5 = 5.2),
+/// limits far away, no retries. Refusals are counted per address but the
+/// limit is far too (one test lowers it); the racing exchanges all come
+/// from one address.
 const CONFIG: &str = r#"{
-    "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}},
+    "pricing": {"default": {"prompt_per_million": 100000, "completion_per_million": 1000000}},
     "rate_limits": {"account": {"gcra": {"requests": 60000, "period_seconds": 60, "burst": 6000}}},
     "auth_failures": {"max_failures": 1000, "window_seconds": 600},
+    "unauthenticated": {"max_in_flight_per_address": 64},
     "retry": {"max_attempts": 1}
 }"#;
 
@@ -556,7 +560,10 @@ async fn racing_exchanges_of_one_code_give_one_key_on_two_instances_sharing_redi
 
 #[tokio::test]
 async fn refused_exchanges_count_against_the_address_until_429() {
-    let config = CONFIG.replace(r#""max_failures": 1000"#, r#""max_failures": 3"#);
+    let config = CONFIG.replace(
+        r#""max_failures": 1000, "window_seconds": 600"#,
+        r#""max_failures": 3, "window_seconds": 2"#,
+    );
     let gateway = Gateway::start(&[Arc::new(MemoryStore::new())], &config).await;
     let (verifier, challenge) = pkce();
     let code = gateway.code(0, &challenge, json!({})).await;
@@ -571,10 +578,13 @@ async fn refused_exchanges_count_against_the_address_until_429() {
         .await;
     assert_eq!((status, reason(&body)), (429, "auth_failures"), "{body}");
     assert!(headers.contains_key("retry-after"));
-    // The right code and verifier are still exchanged.
-    let (status, answer) = gateway
-        .exchange(0, &json!({"code": code, "code_verifier": verifier}))
-        .await;
+    // Past the limit nothing is read from the store, the right code
+    // included; it is kept, and exchanged once the window has ended.
+    let right = json!({"code": code, "code_verifier": verifier});
+    let (status, body) = gateway.exchange(0, &right).await;
+    assert_eq!((status, reason(&body)), (429, "auth_failures"), "{body}");
+    gateway.clock.advance(Duration::from_secs(2));
+    let (status, answer) = gateway.exchange(0, &right).await;
     assert_eq!(status, 200, "{answer}");
 }
 

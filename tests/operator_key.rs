@@ -16,7 +16,7 @@ use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
 use modelgate::auth::ApiKey;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore, OPERATOR_ACCOUNT};
-use modelgate::store::{Expect, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS};
+use modelgate::store::{Expect, MemoryStore, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS};
 use serde_json::{json, Value};
 
 /// The proxy on `redis` (in memory when `None`), with `admin_key` as
@@ -314,4 +314,115 @@ async fn a_start_moves_an_older_stores_operator_keys_off_default() {
     }
     let (status, _) = whoami(&running, &admin).await;
     assert_eq!(status, 200);
+}
+
+/// `callers` first starts at once, each with its own directory (on Redis
+/// its own connection, as separate proxies have) over `stores`: exactly
+/// one is given a key, that key is the store's one operator's key, and a
+/// reset still replaces it.
+async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
+    let directories: Vec<KeyDirectory> = stores.into_iter().map(KeyDirectory::new).collect();
+    // Each in its own task, released together, on several threads.
+    let barrier = Arc::new(tokio::sync::Barrier::new(directories.len()));
+    let starts: Vec<_> = directories
+        .iter()
+        .map(|directory| {
+            let (directory, barrier) = (directory.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                directory.mint_operator_key("operator").await.unwrap()
+            })
+        })
+        .collect();
+    let mut keys = Vec::new();
+    for start in starts {
+        keys.extend(start.await.unwrap());
+    }
+    assert_eq!(keys.len(), 1, "one key among {} starts", directories.len());
+    let operators = directories[0].operator_keys().await.unwrap();
+    assert_eq!(operators.len(), 1, "{operators:?}");
+    assert_eq!(operators[0].hash, keys[0].hash().to_hex());
+    assert_eq!(operators[0].account, OPERATOR_ACCOUNT);
+    assert!(!operators[0].disabled);
+    // Later starts make none, before and after a reset.
+    assert!(directories[1]
+        .mint_operator_key("operator")
+        .await
+        .unwrap()
+        .is_none());
+    let (new, disabled) = directories[1]
+        .replace_operator_keys("operator")
+        .await
+        .unwrap();
+    assert_eq!(disabled, 1);
+    assert!(directories[0]
+        .mint_operator_key("operator")
+        .await
+        .unwrap()
+        .is_none());
+    let live: Vec<String> = directories[0]
+        .operator_keys()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|record| !record.disabled)
+        .map(|record| record.hash)
+        .collect();
+    assert_eq!(live, vec![new.hash().to_hex()]);
+}
+
+// MemoryStore's calls rarely yield between the check and the write, so
+// this guards the outcome; the Redis case below is the one that races.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_starts_on_memory_mint_exactly_one_operator_key() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    concurrent_mints_make_one_key(vec![store; 16]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_starts_on_redis_mint_exactly_one_operator_key() {
+    let server = RedisServer::start();
+    let mut stores = Vec::new();
+    for _ in 0..16 {
+        stores.push(redis_store(&server).await);
+    }
+    concurrent_mints_make_one_key(stores).await;
+}
+
+#[tokio::test]
+async fn two_proxies_starting_at_once_on_an_empty_redis_print_one_key() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let starts: Vec<_> = (0..2)
+        .map(|_| {
+            let command = proxy(Some(&url), None);
+            std::thread::spawn(move || ProxyProcess::spawn_watched(command))
+        })
+        .collect();
+    let started: Vec<_> = starts
+        .into_iter()
+        .map(|start| start.join().unwrap())
+        .collect();
+    let printed: Vec<&String> = started
+        .iter()
+        .flat_map(|watched| &watched.printed_before)
+        .collect();
+    assert_eq!(printed.len(), 1, "{printed:?}");
+    let key = shown_key(printed[0]);
+    let silent = started
+        .iter()
+        .find(|watched| watched.printed_before.is_empty())
+        .unwrap();
+    let log = silent.wait_for_log("none is made or printed");
+    assert!(log.contains("MODELGATE_ADMIN_KEY"), "{log}");
+    for watched in &started {
+        let (status, me) = whoami(&watched.proxy, &key).await;
+        assert_eq!(status, 200, "{me}");
+        assert_eq!(me["data"]["operator"], true);
+    }
+    let operators = KeyDirectory::new(redis_store(&server).await)
+        .operator_keys()
+        .await
+        .unwrap();
+    assert_eq!(operators.len(), 1, "{operators:?}");
 }

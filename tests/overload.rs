@@ -1,21 +1,34 @@
 //! Overload and flood protection through the proxy process over real HTTP:
 //! a request without a key costs no body buffering; past `max_in_flight`
-//! requests are answered 503 at once; an address sending bad keys meets
-//! 429 while its good keys are served; invented model names add no metric
-//! series.
+//! requests are answered 503 at once; slow bodies sent before
+//! authentication hold none of those places; an address sending bad keys
+//! meets 429 while its good keys are served, and once blocked costs no
+//! store read; invented model names add no metric series.
 
 mod common;
 #[path = "../examples/support/mock.rs"]
 mod mock;
 
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::examples::ProxyProcess;
+use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::auth::ApiKey;
+use modelgate::keys::SharedStore;
+use modelgate::oauth::AuthCode;
+use modelgate::store::{RedisStore, RedisStoreConfig};
+use p256::ecdsa::SigningKey;
+use p256::elliptic_curve::Generate as _;
+use p256::pkcs8::{EncodePublicKey as _, LineEnding};
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
 
 /// The proxy on the embedded store, in front of `upstream` (the built-in
 /// mock when `None`), configured by `config`.
@@ -231,6 +244,17 @@ async fn an_address_sending_bad_keys_meets_429_while_its_good_key_is_served() {
     let key = proxy.create_key(admin_key.expose(), "good").await;
     let good = format!("Bearer {key}");
     let client = reqwest::Client::new();
+    // The key in use: once blocked, the address's keys are looked up only
+    // when the instance has found them live before.
+    let served = chat(
+        &client,
+        &proxy,
+        Some(&good),
+        hello("openai/gpt-4o-mini:free"),
+        None,
+    )
+    .await;
+    assert_eq!(served.0, 200, "{served:?}");
 
     let mut answers = Vec::new();
     for batch in 0..20 {
@@ -530,4 +554,341 @@ async fn wrong_webhook_secrets_and_wrong_keys_count_together() {
     )
     .await;
     assert_eq!(wrong_key.0, 429, "{wrong_key:?}");
+}
+
+/// A request from `from` that declares a 4000-byte JSON body and sends
+/// only its first byte, `{`, on a raw connection held open until read.
+async fn slow_body(
+    from: IpAddr,
+    proxy: &ProxyProcess,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let target: SocketAddr = proxy.address.trim_start_matches("http://").parse().unwrap();
+    let mut stream = socket.connect(target).await.unwrap();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {target}\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n"
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n{");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// The answer on a raw connection: status, `Retry-After`, JSON body.
+async fn raw_answer(stream: &mut TcpStream) -> (u16, Option<String>, Value) {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let read_all = async {
+        loop {
+            if let Some(end) = received.windows(4).position(|window| window == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&received[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .map_or(0, |value| value.trim().parse().unwrap());
+                if received.len() >= end + 4 + length {
+                    return (head, received[end + 4..end + 4 + length].to_vec());
+                }
+            }
+            let read = stream.read(&mut buffer).await.unwrap();
+            assert!(read > 0, "the connection closed before the answer");
+            received.extend_from_slice(&buffer[..read]);
+        }
+    };
+    let (head, body) = tokio::time::timeout(Duration::from_secs(30), read_all)
+        .await
+        .expect("an answer within 30 s");
+    let status = head[9..12].parse().unwrap();
+    let retry_after = head
+        .lines()
+        .find_map(|line| line.strip_prefix("retry-after:"))
+        .map(|value| value.trim().to_owned());
+    (
+        status,
+        retry_after,
+        serde_json::from_slice(&body).unwrap_or(Value::Null),
+    )
+}
+
+/// `metadata.reason` of a canonical error, or a webhook answer's `code`.
+fn reason_of(body: &Value) -> &str {
+    body["error"]["metadata"]["reason"]
+        .as_str()
+        .or_else(|| body["code"].as_str())
+        .unwrap_or_default()
+}
+
+/// A file of code-host public keys in GitHub's shape, with `identifier`.
+fn scanning_keys_file(identifier: &str) -> tempfile::NamedTempFile {
+    let pem = SigningKey::generate()
+        .verifying_key()
+        .to_public_key_pem(LineEnding::LF)
+        .unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let document =
+        json!({"public_keys": [{"key_identifier": identifier, "key": pem, "is_current": true}]});
+    std::fs::write(file.path(), document.to_string()).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
+    const SECRET: &str = "overload-webhook-secret-0123456789";
+    let identifier = "b2".repeat(32);
+    let keys_file = scanning_keys_file(&identifier);
+    let admin_key = ApiKey::generate();
+    // 40 places per unauthenticated endpoint, 4 per address; a body of
+    // 4000 bytes is due within 2 s + 4 s.
+    let proxy = start_proxy(
+        &json!({
+            "max_in_flight": 64,
+            "unauthenticated": {"max_in_flight": 40, "max_in_flight_per_address": 4,
+                                "min_body_bytes_per_second": 1000, "body_grace_ms": 2000},
+            "auth_failures": {"max_failures": 3, "window_seconds": 600},
+            "leak_scanning": {"public_keys": {"file": keys_file.path()}},
+            "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+                "ops": {"sessionKey": "agent:ops", "secret": SECRET}
+            }}}}},
+            "retry": {"max_attempts": 1}
+        }),
+        None,
+        admin_key.expose(),
+    );
+    let key = proxy.create_key(admin_key.expose(), "good").await;
+    let client = reqwest::Client::new();
+    let address = |n: u8| IpAddr::from([127, 0, 0, n]);
+    let bearer = format!("Bearer {SECRET}");
+    let leak_headers = [
+        ("github-public-key-identifier", identifier.as_str()),
+        (
+            "github-public-key-signature",
+            "MEUCIQDnot-checked-before-the-body",
+        ),
+    ];
+
+    // One address holds its 4 places on the exchange; its fifth is
+    // refused at once.
+    let mut crowd = Vec::new();
+    for _ in 0..4 {
+        crowd.push(slow_body(address(50), &proxy, "/api/v1/auth/keys", &[]).await);
+    }
+    let mut fifth = slow_body(address(50), &proxy, "/api/v1/auth/keys", &[]).await;
+    let refused_at = Instant::now();
+    let (status, retry_after, body) = raw_answer(&mut fifth).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(reason_of(&body), "too_many_in_flight", "{body}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert!(refused_at.elapsed() < Duration::from_secs(1));
+
+    // 80 more from 20 addresses: 50 exchanges (36 places left), 15 alerts,
+    // 15 webhook calls; 70 held, more than `max_in_flight`.
+    let started = Instant::now();
+    let mut slow = Vec::new();
+    for n in 0..80u8 {
+        let from = address(10 + n % 20);
+        let (endpoint, stream) = match n {
+            0..50 => (
+                "exchange",
+                slow_body(from, &proxy, "/api/v1/auth/keys", &[]).await,
+            ),
+            50..65 => (
+                "leaks",
+                slow_body(from, &proxy, "/api/v1/leaks", &leak_headers).await,
+            ),
+            _ => (
+                "webhook",
+                slow_body(
+                    from,
+                    &proxy,
+                    "/plugins/webhooks/ops",
+                    &[("authorization", bearer.as_str())],
+                )
+                .await,
+            ),
+        };
+        slow.push((from, endpoint, stream));
+    }
+    // Every held body is in; the good key is served while they wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..3 {
+        let served = chat(
+            &client,
+            &proxy,
+            Some(&format!("Bearer {key}")),
+            hello("openai/gpt-4o-mini:free"),
+            None,
+        )
+        .await;
+        assert_eq!(served.0, 200, "{served:?}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the chats came too late to meet the held bodies: {:?}",
+        started.elapsed()
+    );
+
+    let mut slow_per_address: HashMap<IpAddr, usize> = HashMap::new();
+    let mut shed = 0;
+    for (from, endpoint, mut stream) in slow {
+        let (status, retry_after, body) = raw_answer(&mut stream).await;
+        match (status, reason_of(&body)) {
+            (503, "overloaded") => {
+                assert_eq!(endpoint, "exchange", "{body}");
+                assert_eq!(retry_after.as_deref(), Some("1"));
+                shed += 1;
+            }
+            (408, _) | (429, "auth_failures") => {
+                let elapsed = started.elapsed();
+                assert!(
+                    elapsed >= Duration::from_secs(5) && elapsed < Duration::from_secs(10),
+                    "a body due at 6 s was answered at {elapsed:?}"
+                );
+                *slow_per_address.entry(from).or_default() += 1;
+            }
+            _ => panic!("{endpoint} from {from}: {status} {body}"),
+        }
+    }
+    assert_eq!(shed, 14, "the exchange's 40 places, 4 of them the crowd's");
+    assert_eq!(slow_per_address.values().sum::<usize>(), 66);
+    for mut held in crowd {
+        assert!(matches!(raw_answer(&mut held).await.0, 408 | 429));
+    }
+    // Each body too slow counted as a failed authentication: an address
+    // with more than 3 is refused at once now, whatever it sends.
+    let blocked: Vec<_> = slow_per_address
+        .iter()
+        .filter(|(_, &count)| count > 3)
+        .map(|(from, _)| *from)
+        .collect();
+    assert!(!blocked.is_empty(), "{slow_per_address:?}");
+    for from in blocked.into_iter().chain([address(50)]) {
+        let client = reqwest::Client::builder()
+            .local_address(from)
+            .build()
+            .unwrap();
+        let (status, _, body) = chat(
+            &client,
+            &proxy,
+            Some(&format!("Bearer {}", ApiKey::generate().expose())),
+            hello("a/b:free"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, reason_of(&body)),
+            (429, "auth_failures"),
+            "{from}: {body}"
+        );
+    }
+}
+
+/// Commands the Redis server on `port` has processed, as `INFO stats`
+/// counts them (each INFO counts once, after it answers).
+fn redis_commands_processed(port: u16) -> u64 {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(b"INFO stats\r\n").unwrap();
+    let mut text = String::new();
+    let mut buffer = [0u8; 8192];
+    loop {
+        let read = stream.read(&mut buffer).unwrap();
+        assert!(read > 0);
+        text.push_str(&String::from_utf8_lossy(&buffer[..read]));
+        if let Some(rest) = text.split("total_commands_processed:").nth(1) {
+            if let Some((count, _)) = rest.split_once("\r\n") {
+                return count.parse().unwrap();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
+    let redis = RedisServer::start();
+    let store: SharedStore = Arc::new(
+        RedisStore::connect(&redis.url(), RedisStoreConfig::default())
+            .await
+            .unwrap(),
+    );
+    let base = mock::start(mock::MockConfig::default()).await;
+    // The default key cache (1 s): the good key stays known as found live
+    // after its entry is stale.
+    let gateway = common::gateway::instance(
+        store.clone(),
+        &base,
+        r#"{"auth_failures": {"max_failures": 5, "window_seconds": 600}, "retry": {"max_attempts": 1}}"#,
+    )
+    .await;
+    let good = common::gateway::key_of(&store, "default", None).await;
+    let free = json!({"model": "openai/gpt-4o-mini:free", "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, body) = common::gateway::chat(gateway, &good, &free).await;
+    assert_eq!(status, 200, "{body}");
+    // Past the limit with malformed keys (no lookup needed to refuse them).
+    for _ in 0..6 {
+        let (status, _) = common::gateway::chat(gateway, "mg-v1-guess", &free).await;
+        assert!(matches!(status, 401 | 429));
+    }
+    // What the good chat left to write in the background (its settlement,
+    // last use, app counts) is written before the count starts.
+    let mut before = redis_commands_processed(redis.port());
+    let quiet_by = Instant::now() + Duration::from_secs(15);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = redis_commands_processed(redis.port());
+        if now == before + 1 {
+            before = now;
+            break;
+        }
+        assert!(Instant::now() < quiet_by, "Redis never went quiet");
+        before = now;
+    }
+
+    let client = reqwest::Client::new();
+    for n in 0..200 {
+        let guess = ApiKey::generate();
+        let reply = if n % 2 == 0 {
+            client
+                .post(format!("http://{gateway}/api/v1/chat/completions"))
+                .bearer_auth(guess.expose())
+                .json(&free)
+        } else {
+            client
+                .get(format!("http://{gateway}/api/v1/key"))
+                .bearer_auth(guess.expose())
+        }
+        .send()
+        .await
+        .unwrap();
+        assert_eq!(reply.status(), 429);
+        let body: Value = reply.json().await.unwrap();
+        assert_eq!(reason_of(&body), "auth_failures", "{body}");
+    }
+    for _ in 0..200 {
+        let exchange =
+            json!({"code": AuthCode::generate().expose(), "code_verifier": "v".repeat(43)});
+        let reply = client
+            .post(format!("http://{gateway}/api/v1/auth/keys"))
+            .json(&exchange)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 429);
+        let body: Value = reply.json().await.unwrap();
+        assert_eq!(reason_of(&body), "auth_failures", "{body}");
+    }
+    let after = redis_commands_processed(redis.port());
+    assert_eq!(
+        after - before,
+        1,
+        "400 refusals of a blocked address cost {} Redis commands",
+        after - before - 1
+    );
+    // The key the instance found live, seconds ago, is still served.
+    let (status, body) = common::gateway::chat(gateway, &good, &free).await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::client_addr::canonical;
+use crate::client_addr::address_group;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ErrorKind, GatewayError};
 
@@ -156,6 +156,22 @@ impl AuthFailures {
         })
     }
 
+    /// How long until `address`'s window ends when it is past its limit
+    /// now, without counting anything: a request from a blocked address
+    /// is refused before it costs a store read.
+    pub fn blocked(&self, address: Option<IpAddr>) -> Option<Duration> {
+        let now = crate::clock::unix_micros(self.inner.clock.now());
+        let window_micros = self.inner.limit.window_seconds as i64 * 1_000_000;
+        let key = address_key(address);
+        let shard = self.shard(key);
+        let window = shard.get(&key)?;
+        let live = now >= window.started_micros && now - window.started_micros < window_micros;
+        (live && window.failures > self.inner.limit.max_failures).then(|| {
+            let left = window.started_micros + window_micros - now;
+            Duration::from_micros(u64::try_from(left).unwrap_or(0))
+        })
+    }
+
     /// Addresses tracked now (expired windows included until swept).
     pub fn tracked_addresses(&self) -> usize {
         self.inner
@@ -213,11 +229,7 @@ impl AuthFailures {
 }
 
 fn address_key(address: Option<IpAddr>) -> AddressKey {
-    address.map(|address| match canonical(address) {
-        IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        // The /64, tagged so it never equals an IPv4 key.
-        IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | 1,
-    })
+    address_group(address)
 }
 
 #[cfg(test)]
@@ -257,6 +269,27 @@ mod tests {
         assert_eq!(failures.record_failure(ip("192.0.2.2")), None);
         clock.advance(Duration::from_secs(40));
         assert_eq!(failures.record_failure(ip("192.0.2.1")), None);
+    }
+
+    #[test]
+    fn blocked_reads_without_counting() {
+        let (failures, clock) = limiter(2, 60);
+        for _ in 0..2 {
+            failures.record_failure(ip("192.0.2.1"));
+        }
+        // At the limit, not past it: the next failure is the first 429.
+        for _ in 0..5 {
+            assert_eq!(failures.blocked(ip("192.0.2.1")), None);
+        }
+        assert!(failures.record_failure(ip("192.0.2.1")).is_some());
+        clock.advance(Duration::from_secs(15));
+        assert_eq!(
+            failures.blocked(ip("192.0.2.1")),
+            Some(Duration::from_secs(45))
+        );
+        assert_eq!(failures.blocked(ip("192.0.2.2")), None);
+        clock.advance(Duration::from_secs(45));
+        assert_eq!(failures.blocked(ip("192.0.2.1")), None);
     }
 
     #[test]

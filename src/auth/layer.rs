@@ -24,7 +24,9 @@ impl BearerAuthLayer {
 
     /// Counts failed authentications per [`ClientAddr`](crate::client_addr::ClientAddr):
     /// past the limit, an address's failures are answered 429 with
-    /// `Retry-After` instead of 401, while its good keys are still served.
+    /// `Retry-After` instead of 401, and its keys are looked up no more
+    /// (no store read): only a key the directory's cache has found live is
+    /// still served.
     /// Share one [`AuthFailures`] between the layers that check secrets
     /// (the webhook routes take it too) so they count together.
     pub fn failure_limit(mut self, failures: AuthFailures) -> Self {

@@ -21,7 +21,9 @@
 //! [`BearerAuthLayer::failure_limit`], failed authentications count per
 //! client address ([`AuthFailures`]): past the limit they are answered 429
 //! `rate_limit_error` with `metadata.reason` `auth_failures` and
-//! `Retry-After`, while the address's good keys are still served.
+//! `Retry-After`. Past it, a key is looked up only when this instance's
+//! key cache has found it live before, so a key in use is still served
+//! while a blocked address's guesses cost no store read.
 //!
 //! A management key gets 403 on every route but the key management API and
 //! the key queries; a store that cannot answer gives 503, since

@@ -66,6 +66,15 @@ where
         // The key is read; it must not travel further, to an upstream or
         // into a log of forwarded headers.
         request.headers_mut().remove(AUTHORIZATION);
+        // An address past its failure limit costs no store read: only a key
+        // this instance has found live before is looked up and served.
+        if let Some(failures) = &self.failures {
+            if let Some(retry_after) = failures.blocked(client) {
+                if !self.directory.is_cached_live(&hash) {
+                    return ResponseFuture::rejected(LAYER, failures.refusal(retry_after));
+                }
+            }
+        }
         let path = request.uri().path();
         let chat = is_chat_completions_call(request.method(), path);
         // The chat path is no key route: its path is read once.

@@ -66,7 +66,7 @@ pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
 pub use model_id::ModelId;
-pub(crate) use read::{read_bounded, ReadError};
+pub(crate) use read::{read_bounded, BodyPace, ReadError};
 pub use service::BodyLimit;
 
 use crate::error::{ErrorKind, GatewayError};

@@ -15,8 +15,10 @@
 //!   the account's requests in flight hold (on every key) does not cover
 //!   this one: an account that bought nothing uses free models only.
 //!
-//! The hold is the prompt ([`estimate_prompt_tokens`]: generously counted
-//! from its size) and the completion bound, at the model's [`Pricing`].
+//! The hold is the prompt ([`estimate_prompt_tokens`]: one token per byte
+//! of text, whatever the tokenizer, and for an image, a file or audio the
+//! model's bound in its pricing, [`PromptBounds`]) and the completion
+//! bound, at the model's [`Pricing`].
 //! The bound is the client's `max_tokens` or `max_completion_tokens` (the
 //! larger when both are sent); a client that sets none gets one written
 //! into the request ([`CreditGuardLayer::default_max_tokens`], in the field
@@ -25,8 +27,8 @@
 //! for: such a client is served until it cannot afford its prompt and one
 //! token. So the upstream never receives an unbounded request, and admitted
 //! requests take the balance below zero or a key past its limit only when
-//! the upstream ignores the bound (or the prompt costs more than its
-//! generous estimate). A
+//! the upstream ignores the bound (or counts an image, a file or the
+//! context past the bounds its pricing states). A
 //! stream whose client did not ask for usage is sent with
 //! `stream_options.include_usage`, and the usage chunk that brings is kept
 //! from the client, who gets the bytes it would have got.
@@ -145,6 +147,11 @@ pub use future::ResponseFuture;
 pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
 pub use pending::{PendingSettlements, SentUpstream, Unrecorded, UpstreamAttempt};
-pub use pricing::{PriceTable, Pricing, PricingError, TokenPrice, MAX_CREDITS_PER_MILLION_TOKENS};
-pub use service::{estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard};
+pub use pricing::{
+    PriceTable, Pricing, PricingError, PromptBounds, TokenPrice, MAX_BOUND_TOKENS,
+    MAX_CREDITS_PER_MILLION_TOKENS,
+};
+pub use service::{
+    estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard, MESSAGE_OVERHEAD_TOKENS,
+};
 pub use usage::{BodyKind, Usage, UsageScanner};

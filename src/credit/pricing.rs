@@ -1,6 +1,9 @@
 //! What requests cost: a [`Pricing`] trait and a [`PriceTable`] read from
 //! JSON. Prices are credits per million tokens on the wire and integer
 //! nano-credits inside; the `:free` variants a table names cost nothing.
+//! Beside its prices, a model may have [`PromptBounds`]: the most tokens
+//! its upstream counts for its context, an image, or a file, which bound
+//! what the hold counts for the parts of a prompt that are not text.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,6 +16,11 @@ use crate::store::NANOS_PER_CREDIT;
 /// The most a model may cost per million tokens, in credits: far above any
 /// real price, and small enough that a request's cost never overflows.
 pub const MAX_CREDITS_PER_MILLION_TOKENS: f64 = 1_000_000.0;
+
+/// The largest token bound a price table may set (`context_length`,
+/// `max_tokens_per_image`, `max_tokens_per_file`): far above any real
+/// model's context.
+pub const MAX_BOUND_TOKENS: u64 = 1_000_000_000;
 
 /// Prices of one model, in nano-credits per million tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,11 +53,47 @@ impl TokenPrice {
     }
 }
 
+/// The most tokens a model's upstream counts for parts of a prompt the
+/// gateway cannot measure, and for the whole prompt: the upper bounds the
+/// hold uses ([`estimate_prompt_tokens`](super::estimate_prompt_tokens)).
+/// Each is `None` when not configured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromptBounds {
+    /// The model's context length: no prompt is counted as more, and a
+    /// part without a bound of its own counts this much.
+    pub context_length_tokens: Option<u64>,
+    /// The most one image part (`image_url`) counts.
+    pub max_tokens_per_image: Option<u64>,
+    /// The most one file part (`file`) or audio part (`input_audio`) counts.
+    pub max_tokens_per_file: Option<u64>,
+}
+
+impl PromptBounds {
+    /// Each bound this one lacks, taken from `fallback`.
+    pub fn or(self, fallback: PromptBounds) -> PromptBounds {
+        PromptBounds {
+            context_length_tokens: self
+                .context_length_tokens
+                .or(fallback.context_length_tokens),
+            max_tokens_per_image: self.max_tokens_per_image.or(fallback.max_tokens_per_image),
+            max_tokens_per_file: self.max_tokens_per_file.or(fallback.max_tokens_per_file),
+        }
+    }
+}
+
 /// Where CreditGuard gets prices from.
 pub trait Pricing: Send + Sync + fmt::Debug + 'static {
     /// The price of `model`; `None` when the gateway has none, which
     /// refuses the request (400) rather than guessing.
     fn price(&self, model: &ModelId) -> Option<TokenPrice>;
+
+    /// What bounds `model`'s prompt. None by default: then a request with
+    /// an image, a file, audio or another part that is not text is refused
+    /// (400), as its cost could not be bounded.
+    fn prompt_bounds(&self, model: &ModelId) -> PromptBounds {
+        let _ = model;
+        PromptBounds::default()
+    }
 }
 
 /// Prices by model id, from JSON:
@@ -60,7 +104,8 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 ///
 /// let table = PriceTable::from_json(r#"{
 ///     "models": {
-///         "openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
+///         "openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10,
+///                           "context_length": 128000, "max_tokens_per_image": 1445},
 ///         "openai/gpt-4o:extended": {"prompt_per_million": 6, "completion_per_million": 18}
 ///     },
 ///     "free_models": ["meta/llama:free"],
@@ -74,24 +119,45 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 /// // A free variant the table does not name is not served: an upstream
 /// // that ignored the suffix would serve the paid model for nothing.
 /// assert!(table.price(&ModelId::parse("openai/gpt-4o:free").unwrap()).is_none());
+/// // The variant takes its base's bounds, as it sets none of its own.
+/// let bounds = table.prompt_bounds(&ModelId::parse("openai/gpt-4o:extended").unwrap());
+/// assert_eq!(bounds.context_length_tokens, Some(128_000));
+/// assert_eq!(bounds.max_tokens_per_file, None);
 /// ```
 ///
 /// A model id with a variant is looked up as given, then without its
 /// variant, then `default` applies; ids compare in any ASCII case. A
 /// `:free` variant is served only when named, in `free_models` (or in
 /// `models` at price 0), and then costs nothing.
+///
+/// Each entry (and `default`) may also set `context_length`,
+/// `max_tokens_per_image` and `max_tokens_per_file`, whole numbers of
+/// tokens from 1 to [`MAX_BOUND_TOKENS`] ([`PromptBounds`]). A variant
+/// takes each bound it does not set from its base model's entry; the
+/// `default` entry's bounds apply to the models it prices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PriceTable {
     models: HashMap<String, TokenPrice>,
+    /// By model id, for the entries that set any.
+    bounds: HashMap<String, PromptBounds>,
     default: Option<TokenPrice>,
+    default_bounds: PromptBounds,
 }
 
 /// One model's prices as configured.
-#[derive(Clone, Copy, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfiguredPrice {
     prompt_per_million: f64,
     completion_per_million: f64,
+    // Any JSON, so that 0, 1.5 or "8k" is refused naming the field rather
+    // than by serde's type error, which names none.
+    #[serde(default)]
+    context_length: Option<serde_json::Value>,
+    #[serde(default)]
+    max_tokens_per_image: Option<serde_json::Value>,
+    #[serde(default)]
+    max_tokens_per_file: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,14 +188,19 @@ impl PriceTable {
                     "{id:?} is not a model id (provider/model[:variant])"
                 )));
             }
+            let bounds = prompt_bounds(&price)
+                .map_err(|error| PricingError(format!("models[{id:?}].{error}")))?;
             let price =
-                token_price(price).map_err(|error| PricingError(format!("{id}: {error}")))?;
+                token_price(&price).map_err(|error| PricingError(format!("{id}: {error}")))?;
             if is_free_id(&id) && price != TokenPrice::FREE {
                 return Err(PricingError(format!(
                     "{id}: a :free variant costs nothing: price it 0, or name it in free_models"
                 )));
             }
             table.models.insert(id.to_ascii_lowercase(), price);
+            if bounds != PromptBounds::default() {
+                table.bounds.insert(id.to_ascii_lowercase(), bounds);
+            }
         }
         for id in configured.free_models {
             if !is_free_id(&id) {
@@ -141,12 +212,30 @@ impl PriceTable {
                 .models
                 .insert(id.to_ascii_lowercase(), TokenPrice::FREE);
         }
+        if let Some(default) = &configured.default {
+            table.default_bounds =
+                prompt_bounds(default).map_err(|error| PricingError(format!("default.{error}")))?;
+        }
         table.default = configured
             .default
+            .as_ref()
             .map(token_price)
             .transpose()
             .map_err(|error| PricingError(format!("default: {error}")))?;
         Ok(table)
+    }
+
+    /// Sets what bounds the prompt of `model` (a model id, any case);
+    /// its variants take the bounds they lack from it.
+    pub fn with_prompt_bounds(mut self, model: &str, bounds: PromptBounds) -> Self {
+        self.bounds.insert(model.to_ascii_lowercase(), bounds);
+        self
+    }
+
+    /// What bounds the prompt of the models the default prices.
+    pub fn with_default_prompt_bounds(mut self, bounds: PromptBounds) -> Self {
+        self.default_bounds = bounds;
+        self
     }
 
     /// Sets the price of `model` (a model id, any case). A `:free`
@@ -196,13 +285,52 @@ impl Pricing for PriceTable {
             .copied()
             .or(self.default)
     }
+
+    fn prompt_bounds(&self, model: &ModelId) -> PromptBounds {
+        let id = model.as_str().to_ascii_lowercase();
+        let base = model.base().to_ascii_lowercase();
+        let named = |id: &str| self.models.contains_key(id) || self.bounds.contains_key(id);
+        if !named(&id) && !named(&base) {
+            return self.default_bounds;
+        }
+        let bounds = |id: &str| self.bounds.get(id).copied().unwrap_or_default();
+        bounds(&id).or(bounds(&base))
+    }
 }
 
 fn is_free_id(id: &str) -> bool {
     ModelId::parse(id).is_ok_and(|model| model.is_free())
 }
 
-fn token_price(price: ConfiguredPrice) -> Result<TokenPrice, String> {
+/// The bounds `price` sets; an error names the field, for the caller to
+/// prefix with the entry.
+fn prompt_bounds(price: &ConfiguredPrice) -> Result<PromptBounds, String> {
+    Ok(PromptBounds {
+        context_length_tokens: bound_tokens("context_length", price.context_length.as_ref())?,
+        max_tokens_per_image: bound_tokens(
+            "max_tokens_per_image",
+            price.max_tokens_per_image.as_ref(),
+        )?,
+        max_tokens_per_file: bound_tokens(
+            "max_tokens_per_file",
+            price.max_tokens_per_file.as_ref(),
+        )?,
+    })
+}
+
+fn bound_tokens(field: &str, tokens: Option<&serde_json::Value>) -> Result<Option<u64>, String> {
+    let Some(tokens) = tokens else {
+        return Ok(None);
+    };
+    match tokens.as_u64() {
+        Some(tokens) if (1..=MAX_BOUND_TOKENS).contains(&tokens) => Ok(Some(tokens)),
+        _ => Err(format!(
+            "{field} must be a whole number of tokens from 1 to {MAX_BOUND_TOKENS}, not {tokens}"
+        )),
+    }
+}
+
+fn token_price(price: &ConfiguredPrice) -> Result<TokenPrice, String> {
     Ok(TokenPrice {
         prompt_nanos_per_million_tokens: nanos_per_million(
             "prompt_per_million",
@@ -346,6 +474,116 @@ mod tests {
         }
     }
 
+    #[test]
+    fn prompt_bounds_go_variant_then_base_field_by_field_then_default() {
+        let table = PriceTable::from_json(
+            r#"{"models": {
+                    "a/b": {"prompt_per_million": 1, "completion_per_million": 2,
+                            "context_length": 128000, "max_tokens_per_image": 1445},
+                    "a/b:long": {"prompt_per_million": 1, "completion_per_million": 2,
+                                 "context_length": 1000000, "max_tokens_per_file": null},
+                    "c/d": {"prompt_per_million": 1, "completion_per_million": 2},
+                    "e/f:free": {"prompt_per_million": 0, "completion_per_million": 0,
+                                 "max_tokens_per_file": 7}},
+                "free_models": ["a/b:free"],
+                "default": {"prompt_per_million": 9, "completion_per_million": 9,
+                            "context_length": 8192}}"#,
+        )
+        .unwrap();
+        let bounds = |id: &str| table.prompt_bounds(&ModelId::parse(id).unwrap());
+        let base = PromptBounds {
+            context_length_tokens: Some(128_000),
+            max_tokens_per_image: Some(1445),
+            max_tokens_per_file: None,
+        };
+        assert_eq!(bounds("A/B"), base);
+        // A variant priced by its base, and a free one, take its bounds.
+        assert_eq!(bounds("a/b:nitro"), base);
+        assert_eq!(bounds("a/b:free"), base);
+        // A variant's own bound wins; what it lacks comes from its base.
+        assert_eq!(
+            bounds("a/b:long"),
+            PromptBounds {
+                context_length_tokens: Some(1_000_000),
+                ..base
+            }
+        );
+        assert_eq!(
+            bounds("e/f:free").max_tokens_per_file,
+            Some(7),
+            "a free variant priced 0 may set its own"
+        );
+        // A named model never takes the default's bounds; the models the
+        // default prices do.
+        assert_eq!(bounds("c/d"), PromptBounds::default());
+        assert_eq!(bounds("x/y").context_length_tokens, Some(8192));
+        assert_eq!(bounds("x/y:beta").context_length_tokens, Some(8192));
+        // Built in code: the same rules.
+        let built = PriceTable::default()
+            .with_price("g/h", TokenPrice::FREE)
+            .with_prompt_bounds("g/h", base)
+            .with_default_prompt_bounds(PromptBounds {
+                max_tokens_per_file: Some(3),
+                ..PromptBounds::default()
+            });
+        assert_eq!(built.prompt_bounds(&ModelId::parse("g/h:x").unwrap()), base);
+        assert_eq!(
+            built
+                .prompt_bounds(&ModelId::parse("i/j").unwrap())
+                .max_tokens_per_file,
+            Some(3)
+        );
+        // Pricing of its own makes no bounds: every part needs one set.
+        #[derive(Debug)]
+        struct Flat;
+        impl Pricing for Flat {
+            fn price(&self, _: &ModelId) -> Option<TokenPrice> {
+                Some(TokenPrice::FREE)
+            }
+        }
+        assert_eq!(
+            Flat.prompt_bounds(&ModelId::parse("a/b").unwrap()),
+            PromptBounds::default()
+        );
+    }
+
+    #[test]
+    fn bad_bounds_are_refused_naming_the_field_path() {
+        for (text, words) in [
+            (
+                r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 1, "context_length": 0}}}"#,
+                r#"models["a/b"].context_length must be a whole number of tokens from 1 to 1000000000, not 0"#,
+            ),
+            (
+                r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 1, "max_tokens_per_image": -5}}}"#,
+                r#"models["a/b"].max_tokens_per_image must be"#,
+            ),
+            (
+                r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 1, "max_tokens_per_file": 1.5}}}"#,
+                r#"models["a/b"].max_tokens_per_file must be"#,
+            ),
+            (
+                r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 1, "context_length": "128k"}}}"#,
+                r#"models["a/b"].context_length must be a whole number of tokens from 1 to 1000000000, not "128k""#,
+            ),
+            (
+                r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 1, "context_length": 1000000001}}}"#,
+                r#"models["a/b"].context_length"#,
+            ),
+            (
+                r#"{"default": {"prompt_per_million": 1, "completion_per_million": 1, "max_tokens_per_image": true}}"#,
+                "default.max_tokens_per_image must be",
+            ),
+            (
+                r#"{"models": {"a/b": {"prompt_per_million": 1, "completion_per_million": 1, "context_lenght": 8}}}"#,
+                "unknown field `context_lenght`",
+            ),
+        ] {
+            let error = PriceTable::from_json(text).unwrap_err().to_string();
+            assert!(error.contains(words), "{text}: {error}");
+        }
+    }
+
     proptest! {
         #[test]
         fn cost_is_monotonic_and_never_negative(
@@ -364,6 +602,43 @@ mod tests {
         #[test]
         fn no_table_text_panics(text in "\\PC{0,80}") {
             let _ = PriceTable::from_json(&text);
+        }
+
+        #[test]
+        fn bounds_in_range_are_kept_and_others_refused_naming_them(
+            tokens in prop_oneof![
+                1u64..=MAX_BOUND_TOKENS,
+                Just(MAX_BOUND_TOKENS),
+                Just(MAX_BOUND_TOKENS + 1),
+                any::<u64>(),
+            ].prop_map(i128::from),
+            negative in any::<bool>(),
+            field in prop::sample::select(vec!["context_length", "max_tokens_per_image", "max_tokens_per_file"]),
+            variant in any::<bool>(),
+        ) {
+            let tokens = if negative { -tokens } else { tokens };
+            let id = if variant { "a/b:beta" } else { "a/b" };
+            let text = format!(
+                r#"{{"models": {{"{id}": {{"prompt_per_million": 1, "completion_per_million": 1, "{field}": {tokens}}}}}}}"#
+            );
+            let valid = (1..=i128::from(MAX_BOUND_TOKENS)).contains(&tokens);
+            match PriceTable::from_json(&text) {
+                Ok(table) => {
+                    prop_assert!(valid, "{text} accepted");
+                    let bounds = table.prompt_bounds(&ModelId::parse(id).unwrap());
+                    let kept = match field {
+                        "context_length" => bounds.context_length_tokens,
+                        "max_tokens_per_image" => bounds.max_tokens_per_image,
+                        _ => bounds.max_tokens_per_file,
+                    };
+                    prop_assert_eq!(kept.map(i128::from), Some(tokens));
+                }
+                Err(error) => {
+                    prop_assert!(!valid, "{text}: {error}");
+                    let path = format!("models[{id:?}].{field} must be");
+                    prop_assert!(error.to_string().contains(&path), "{error}");
+                }
+            }
         }
     }
 }

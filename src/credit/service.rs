@@ -12,7 +12,7 @@ use super::future::ResponseFuture;
 use super::layer::CreditGuardConfig;
 use super::meter::{Ending, Meter, Unsettled};
 use super::pending::SentUpstream;
-use super::pricing::TokenPrice;
+use super::pricing::{PromptBounds, TokenPrice};
 use crate::admission::{Admission, AdmissionPlan};
 use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
@@ -96,6 +96,12 @@ where
                 .with_metadata("param", "model"),
             );
         };
+        // Before anything counts: a prompt the hold cannot bound is refused.
+        let prompt_tokens =
+            match estimate_prompt_tokens(chat, &config.pricing.prompt_bounds(&chat.model_id)) {
+                Ok(tokens) => tokens,
+                Err(error) => return ResponseFuture::rejected(error),
+            };
         let provider = chat.model_id.provider().to_owned();
         let generation = match &config.generations {
             Some(settings) => {
@@ -126,7 +132,7 @@ where
         let charge = Charge {
             generation,
             principal: principal.clone(),
-            prompt_tokens: estimate_prompt_tokens(chat),
+            prompt_tokens,
             client_bound_tokens: chat.max_tokens,
             choices: chat.n.unwrap_or(1).max(1),
             ask_stream_usage: chat.stream && !chat.stream_usage_requested,
@@ -154,64 +160,185 @@ where
     }
 }
 
-/// The prompt's tokens, estimated generously at one token per 3 bytes of
-/// UTF-8 (a CJK character is 3 bytes) plus 4 per message; a non-text part
-/// (an image, audio, a file) counts its size the same way and at least
-/// 1000; tool definitions, a response format, other message fields (tool
-/// calls) and other top-level fields count by their JSON size. The hold
-/// covers this, so an estimate short of the real prompt is money the
-/// balance could not cover: every byte the upstream may read is counted.
-pub fn estimate_prompt_tokens(chat: &ChatRequest) -> u64 {
-    let json_bytes = |value: &serde_json::Value| value.to_string().len() as u64;
-    let mut prompt_bytes: u64 = 0;
-    let mut part_tokens: u64 = 0;
-    for message in &chat.messages {
+/// Tokens counted for each message beside its content, and once more for
+/// the reply's header: a chat template's markers and the role's name (the
+/// longest, `developer`, is 9 bytes), at a token each.
+pub const MESSAGE_OVERHEAD_TOKENS: u64 = 16;
+
+/// The most tokens the prompt can count, whatever the upstream's tokenizer:
+/// the hold covers this, so an estimate short of the real prompt would be
+/// money the balance could not cover.
+///
+/// Text counts one token per byte of UTF-8 (no tokenizer makes more tokens
+/// than bytes), and each message [`MESSAGE_OVERHEAD_TOKENS`] more, the
+/// reply's header too; tool definitions, a response format, a message's
+/// other fields (tool calls, names) and other top-level fields count by
+/// their JSON size. A part that is not text counts the model's bound
+/// ([`PromptBounds`]): an image (`image_url`) its `max_tokens_per_image`, a
+/// file (`file`) or audio (`input_audio`) its `max_tokens_per_file`, else,
+/// and for any other kind of part, its `context_length`. With a
+/// `context_length`, the prompt counts at most that: the upstream reads no
+/// more.
+///
+/// A part the bounds cannot bound is refused: 400, `metadata.reason`
+/// `unbounded_prompt_part`, whose `metadata.param` names the pricing field
+/// to set.
+///
+/// ```
+/// use modelgate::body::ChatRequest;
+/// use modelgate::credit::{estimate_prompt_tokens, PromptBounds, MESSAGE_OVERHEAD_TOKENS};
+///
+/// let chat = ChatRequest::parse(r#"{"model": "a/b", "messages": [{"role": "user", "content": [
+///     {"type": "text", "text": "Qu'est-ce que c'est ?"},
+///     {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}"#.as_bytes()).unwrap();
+/// let bounds = PromptBounds { max_tokens_per_image: Some(1445), ..PromptBounds::default() };
+/// // 21 bytes of text, one message and the reply's header, one image.
+/// assert_eq!(estimate_prompt_tokens(&chat, &bounds).unwrap(), 21 + 2 * MESSAGE_OVERHEAD_TOKENS + 1445);
+/// let error = estimate_prompt_tokens(&chat, &PromptBounds::default()).unwrap_err();
+/// assert_eq!(error.status(), 400);
+/// assert!(error.message().contains("max_tokens_per_image"));
+/// ```
+pub fn estimate_prompt_tokens(
+    chat: &ChatRequest,
+    bounds: &PromptBounds,
+) -> Result<u64, GatewayError> {
+    // The reply's header.
+    let mut tokens = MESSAGE_OVERHEAD_TOKENS;
+    for (message_index, message) in chat.messages.iter().enumerate() {
+        tokens = tokens.saturating_add(MESSAGE_OVERHEAD_TOKENS);
         match &message.content {
-            Some(MessageContent::Text(text)) => prompt_bytes += text.len() as u64,
+            Some(MessageContent::Text(text)) => tokens = tokens.saturating_add(text.len() as u64),
             Some(MessageContent::Parts(parts)) => {
-                for part in parts {
-                    match part.get("text").and_then(serde_json::Value::as_str) {
-                        Some(text) => prompt_bytes += text.len() as u64,
-                        None => part_tokens += json_bytes(part).div_ceil(3).max(1000),
-                    }
+                for (part_index, part) in parts.iter().enumerate() {
+                    let part_tokens = part_tokens(part, bounds).map_err(|missing| {
+                        unbounded_part(chat, message_index, part_index, part, missing)
+                    })?;
+                    tokens = tokens.saturating_add(part_tokens);
                 }
             }
             None => {}
         }
         if !message.extra.is_empty() {
-            prompt_bytes += serde_json::Value::Object(message.extra.clone())
-                .to_string()
-                .len() as u64;
+            tokens = tokens.saturating_add(json_bytes(&message.extra));
         }
     }
-    prompt_bytes += chat
+    for value in chat
         .tools
         .iter()
         .flatten()
         .chain(chat.response_format.iter())
-        .map(json_bytes)
-        .sum::<u64>();
-    if !chat.extra.is_empty() {
-        prompt_bytes += serde_json::Value::Object(chat.extra.clone())
-            .to_string()
-            .len() as u64;
+    {
+        tokens = tokens.saturating_add(json_bytes(value));
     }
-    prompt_bytes.div_ceil(3) + 4 * chat.messages.len() as u64 + part_tokens
+    if !chat.extra.is_empty() {
+        tokens = tokens.saturating_add(json_bytes(&chat.extra));
+    }
+    Ok(bounds
+        .context_length_tokens
+        .map_or(tokens, |context| tokens.min(context)))
+}
+
+/// The pricing field whose absence leaves a part unbounded.
+#[derive(Clone, Copy, Debug)]
+enum MissingBound {
+    Image,
+    File,
+    Context,
+}
+
+impl MissingBound {
+    fn field(self) -> &'static str {
+        match self {
+            MissingBound::Image => "max_tokens_per_image",
+            MissingBound::File => "max_tokens_per_file",
+            MissingBound::Context => "context_length",
+        }
+    }
+}
+
+/// The most tokens one content part counts (see [`estimate_prompt_tokens`]).
+fn part_tokens(part: &serde_json::Value, bounds: &PromptBounds) -> Result<u64, MissingBound> {
+    let text_bytes = |field: &str| match part.get(field) {
+        Some(serde_json::Value::String(text)) => text.len() as u64,
+        // Not text as the gateway knows it: whatever the upstream makes
+        // of it is in these bytes.
+        _ => json_bytes(part),
+    };
+    match part.get("type").and_then(serde_json::Value::as_str) {
+        Some("text") => Ok(text_bytes("text")),
+        Some("refusal") => Ok(text_bytes("refusal")),
+        Some("image_url") => bounds
+            .max_tokens_per_image
+            .or(bounds.context_length_tokens)
+            .ok_or(MissingBound::Image),
+        Some("file" | "input_audio") => bounds
+            .max_tokens_per_file
+            .or(bounds.context_length_tokens)
+            .ok_or(MissingBound::File),
+        _ => bounds.context_length_tokens.ok_or(MissingBound::Context),
+    }
+}
+
+/// The 400 of a part whose model's pricing does not bound it.
+fn unbounded_part(
+    chat: &ChatRequest,
+    message_index: usize,
+    part_index: usize,
+    part: &serde_json::Value,
+    missing: MissingBound,
+) -> GatewayError {
+    let field = missing.field();
+    let kind = part
+        .get("type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("?");
+    let unset = match missing {
+        MissingBound::Context => "no `context_length`".to_owned(),
+        _ => format!("neither `{field}` nor `context_length`"),
+    };
+    GatewayError::new(
+        ErrorKind::InvalidRequest,
+        format!(
+            "`messages[{message_index}].content[{part_index}]` is a `{kind}` part, and this gateway's pricing of {} sets {unset}, so what the part may cost has no bound and cannot be held; the gateway's operator sets `{field}` in the model's pricing. Send the request without such parts, or use another model",
+            chat.model_id
+        ),
+    )
+    .with_metadata("reason", "unbounded_prompt_part")
+    .with_metadata("param", field)
+}
+
+/// The size of `value` as JSON, without writing it anywhere.
+fn json_bytes(value: &impl serde::Serialize) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Serializing JSON values into a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 /// The most a request can cost: its prompt ([`estimate_prompt_tokens`])
 /// and `max_tokens` (or the default) completion tokens for each of its `n`
-/// choices.
+/// choices; the 400 of a prompt `bounds` cannot bound.
 pub fn estimate_max_cost_nanos(
     chat: &ChatRequest,
     price: &TokenPrice,
+    bounds: &PromptBounds,
     default_max_tokens: u64,
-) -> i64 {
+) -> Result<i64, GatewayError> {
     let completion_tokens = chat
         .max_tokens
         .unwrap_or(default_max_tokens)
         .saturating_mul(chat.n.unwrap_or(1));
-    price.cost_nanos(estimate_prompt_tokens(chat), completion_tokens)
+    Ok(price.cost_nanos(estimate_prompt_tokens(chat, bounds)?, completion_tokens))
 }
 
 /// What admission needs to know of one chat request.
@@ -628,55 +755,256 @@ fn new_reservation_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
 
-    fn estimate(body: &str) -> i64 {
-        // One nano per token, both ways.
-        let price = TokenPrice {
-            prompt_nanos_per_million_tokens: 1_000_000,
-            completion_nanos_per_million_tokens: 1_000_000,
-        };
-        estimate_max_cost_nanos(&ChatRequest::parse(body.as_bytes()).unwrap(), &price, 100)
+    /// One nano per token, both ways.
+    const NANO_A_TOKEN: TokenPrice = TokenPrice {
+        prompt_nanos_per_million_tokens: 1_000_000,
+        completion_nanos_per_million_tokens: 1_000_000,
+    };
+
+    fn parse(body: &Value) -> ChatRequest {
+        ChatRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    fn estimate_with(body: &Value, bounds: PromptBounds) -> i64 {
+        estimate_max_cost_nanos(&parse(body), &NANO_A_TOKEN, &bounds, 100).unwrap()
+    }
+
+    fn estimate(body: &Value) -> i64 {
+        estimate_with(body, PromptBounds::default())
+    }
+
+    /// The overhead of `messages` messages and the reply's header.
+    fn overhead(messages: u64) -> i64 {
+        ((messages + 1) * MESSAGE_OVERHEAD_TOKENS) as i64
+    }
+
+    fn user(content: Value) -> Value {
+        json!({"model": "a/b", "max_tokens": 10, "messages": [{"role": "user", "content": content}]})
     }
 
     #[test]
-    fn estimates_are_generous_for_every_kind_of_prompt() {
-        // 9 ASCII bytes: 3 tokens, 4 for the message, 100 default completion.
-        assert_eq!(
-            estimate(r#"{"model": "a/b", "messages": [{"role": "user", "content": "123456789"}]}"#),
-            107
-        );
-        // 3 CJK characters are 9 bytes: at least a token each.
-        assert_eq!(
-            estimate(r#"{"model": "a/b", "messages": [{"role": "user", "content": "你好吗"}]}"#),
-            107
-        );
-        // An image part counts 1000 tokens; max_tokens × n completions.
-        let image = r#"{"model": "a/b", "max_tokens": 10, "n": 2, "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "abc"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}"#;
-        assert_eq!(estimate(image), 1 + 4 + 1000 + 20);
+    fn text_counts_a_token_per_byte_whatever_the_script() {
+        // 9 ASCII bytes, one message, 100 default completion tokens.
+        let ascii = json!({"model": "a/b", "messages": [{"role": "user", "content": "123456789"}]});
+        assert_eq!(estimate(&ascii), 9 + overhead(1) + 100);
+        // 3 CJK characters are 9 bytes, 4 Cyrillic ones 8: a token a byte,
+        // which no tokenizer exceeds.
+        let cjk = json!({"model": "a/b", "messages": [{"role": "user", "content": "你好吗"}]});
+        assert_eq!(estimate(&cjk), 9 + overhead(1) + 100);
+        let cyrillic = json!({"model": "a/b", "messages": [
+            {"role": "system", "content": "Да"}, {"role": "user", "content": "да"}]});
+        assert_eq!(estimate(&cyrillic), 8 + overhead(2) + 100);
+        // Text parts and refusals count their text.
+        let parts =
+            user(json!([{"type": "text", "text": "é"}, {"type": "refusal", "refusal": "no"}]));
+        assert_eq!(estimate(&parts), 4 + overhead(1) + 10);
+    }
+
+    #[test]
+    fn everything_else_the_upstream_reads_counts_by_its_json_size() {
         // Tool calls in a message's other fields count too.
-        let tool = r#"{"model": "a/b", "max_tokens": 1, "messages": [{"role": "assistant", "content": "",
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}"#;
-        assert!(estimate(tool) > 1 + 4 + 10);
-        // A large inline file counts by its size, not as 1000 tokens.
-        let file = format!(
-            r#"{{"model": "a/b", "max_tokens": 1, "messages": [{{"role": "user", "content": [
-            {{"type": "file", "file": {{"file_data": "{}"}}}}]}}]}}"#,
-            "A".repeat(30_000)
+        let calls = json!({"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        let tool = json!({"model": "a/b", "max_tokens": 1, "messages": [
+            {"role": "assistant", "content": "", "tool_calls": calls["tool_calls"]}]});
+        assert_eq!(
+            estimate(&tool),
+            calls.to_string().len() as i64 + overhead(1) + 1
         );
-        assert!(estimate(&file) > 10_000, "{}", estimate(&file));
         // A response format and other top-level fields count too.
-        let schema = format!(
-            r#"{{"model": "a/b", "max_tokens": 1, "messages": [{{"role": "user", "content": "x"}}],
-            "response_format": {{"type": "json_schema", "json_schema": {{"name": "n", "schema": {{"description": "{}"}}}}}}}}"#,
-            "d".repeat(3000)
+        let schema = json!({"model": "a/b", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"description": "d".repeat(3000)}}}});
+        assert!(
+            estimate(&schema) > 3000 + overhead(1),
+            "{}",
+            estimate(&schema)
         );
-        assert!(estimate(&schema) > 1000, "{}", estimate(&schema));
-        let legacy = format!(
-            r#"{{"model": "a/b", "max_tokens": 1, "messages": [{{"role": "user", "content": "x"}}],
-            "functions": [{{"name": "f", "description": "{}"}}]}}"#,
-            "d".repeat(3000)
+        let legacy = json!({"model": "a/b", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+            "functions": [{"name": "f", "description": "d".repeat(3000)}]});
+        assert!(
+            estimate(&legacy) > 3000 + overhead(1),
+            "{}",
+            estimate(&legacy)
         );
-        assert!(estimate(&legacy) > 1000, "{}", estimate(&legacy));
+        // A text part whose text is not a string: its whole JSON.
+        let odd = user(json!([{"type": "text", "text": {"nested": "abc"}}]));
+        let part_bytes = json!({"type": "text", "text": {"nested": "abc"}})
+            .to_string()
+            .len() as i64;
+        assert_eq!(estimate(&odd), part_bytes + overhead(1) + 10);
+    }
+
+    #[test]
+    fn parts_that_are_not_text_count_their_models_bound() {
+        let image = json!({"type": "image_url", "image_url": {"url": "https://x/y.png"}});
+        let file = json!({"type": "file", "file": {"file_data": "A".repeat(30_000)}});
+        let audio =
+            json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}});
+        let video = json!({"type": "video_url", "video_url": {"url": "https://x/y.mp4"}});
+        let per_part = PromptBounds {
+            context_length_tokens: Some(100_000),
+            max_tokens_per_image: Some(700),
+            max_tokens_per_file: Some(5000),
+        };
+        let context_only = PromptBounds {
+            context_length_tokens: Some(20_000),
+            ..PromptBounds::default()
+        };
+        // max_tokens × n completions besides.
+        let mut body = user(json!([{"type": "text", "text": "abc"}, image]));
+        body["n"] = json!(2);
+        assert_eq!(estimate_with(&body, per_part), 3 + overhead(1) + 700 + 20);
+        assert_eq!(
+            estimate_with(&body, context_only),
+            20_000 + 20,
+            "the context length, and the prompt never counts past it"
+        );
+        // A file counts its bound, not its size; audio is a file.
+        for part in [&file, &audio] {
+            assert_eq!(
+                estimate_with(&user(json!([part])), per_part),
+                overhead(1) + 5000 + 10
+            );
+        }
+        // A kind of part the gateway does not know: the context length.
+        assert_eq!(
+            estimate_with(
+                &user(json!([video, {"type": "text", "text": "x"}])),
+                per_part
+            ),
+            100_000 + 10,
+            "capped at the context length"
+        );
+        // Two images under a large context.
+        let wide = PromptBounds {
+            context_length_tokens: Some(1_000_000),
+            ..per_part
+        };
+        assert_eq!(
+            estimate_with(&user(json!([image, image])), wide),
+            overhead(1) + 1400 + 10
+        );
+    }
+
+    #[test]
+    fn a_part_without_a_bound_is_refused_naming_the_field_to_set() {
+        let cases = [
+            (
+                json!({"type": "image_url", "image_url": {"url": "https://x/y.png"}}),
+                "max_tokens_per_image",
+            ),
+            (
+                json!({"type": "file", "file": {"file_id": "f1"}}),
+                "max_tokens_per_file",
+            ),
+            (
+                json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}),
+                "max_tokens_per_file",
+            ),
+            (
+                json!({"type": "video_url", "video_url": {"url": "https://x/y.mp4"}}),
+                "context_length",
+            ),
+        ];
+        for (part, field) in cases {
+            let chat = parse(&user(json!([{"type": "text", "text": "see"}, part])));
+            let error = estimate_prompt_tokens(&chat, &PromptBounds::default()).unwrap_err();
+            assert_eq!(error.status(), 400);
+            assert_eq!(error.metadata()["param"], field);
+            assert_eq!(error.metadata()["reason"], "unbounded_prompt_part");
+            assert!(
+                error.message().contains(field)
+                    && error.message().contains("messages[0].content[1]"),
+                "{}",
+                error.message()
+            );
+            // Only the bound named is missing: set it and the part counts.
+            let bounds = match field {
+                "max_tokens_per_image" => PromptBounds {
+                    max_tokens_per_image: Some(9),
+                    ..PromptBounds::default()
+                },
+                "max_tokens_per_file" => PromptBounds {
+                    max_tokens_per_file: Some(9),
+                    ..PromptBounds::default()
+                },
+                _ => PromptBounds {
+                    context_length_tokens: Some(9_999),
+                    ..PromptBounds::default()
+                },
+            };
+            assert!(estimate_prompt_tokens(&chat, &bounds).is_ok(), "{field}");
+        }
+    }
+
+    /// A request of `texts`, each a message of plain text or (when its
+    /// flag is set) a text part.
+    fn conversation(texts: &[(String, bool)], image: bool) -> Value {
+        let mut messages: Vec<Value> = texts
+            .iter()
+            .map(|(text, as_part)| {
+                let content = if *as_part {
+                    json!([{"type": "text", "text": text}])
+                } else {
+                    json!(text)
+                };
+                json!({"role": "user", "content": content})
+            })
+            .collect();
+        if image {
+            messages.push(json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}));
+        }
+        json!({"model": "a/b", "messages": messages})
+    }
+
+    fn bounds_from(context: Option<u64>) -> PromptBounds {
+        PromptBounds {
+            context_length_tokens: context,
+            max_tokens_per_image: Some(765),
+            max_tokens_per_file: None,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_estimate_is_never_below_the_texts_utf8_bytes(
+            texts in prop::collection::vec(("\\PC{0,40}", any::<bool>()), 1..6),
+            image in any::<bool>(),
+            context in prop::option::of(1u64..400),
+        ) {
+            let bounds = bounds_from(context);
+            let tokens = estimate_prompt_tokens(&parse(&conversation(&texts, image)), &bounds).unwrap();
+            let bytes: u64 = texts.iter().map(|(text, _)| text.len() as u64).sum();
+            let floor = bytes + u64::from(image) * 765;
+            prop_assert!(tokens >= context.map_or(floor, |context| floor.min(context)), "{tokens} < {floor}");
+            if let Some(context) = context {
+                prop_assert!(tokens <= context);
+            }
+        }
+
+        #[test]
+        fn the_estimate_grows_with_content(
+            texts in prop::collection::vec(("\\PC{0,40}", any::<bool>()), 1..6),
+            more in "\\PC{0,40}",
+            which in any::<prop::sample::Index>(),
+            image in any::<bool>(),
+            context in prop::option::of(1u64..400),
+        ) {
+            let bounds = bounds_from(context);
+            let tokens = |texts: &[(String, bool)], image: bool| {
+                estimate_prompt_tokens(&parse(&conversation(texts, image)), &bounds).unwrap()
+            };
+            let before = tokens(&texts, image);
+            // More text in a message, another message, an image.
+            let mut longer = texts.clone();
+            longer[which.index(texts.len())].0.push_str(&more);
+            prop_assert!(tokens(&longer, image) >= before);
+            let mut added = texts.clone();
+            added.push((more.clone(), false));
+            prop_assert!(tokens(&added, image) >= before);
+            prop_assert!(tokens(&texts, true) >= before);
+        }
     }
 }

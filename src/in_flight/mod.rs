@@ -12,6 +12,13 @@
 //! fails with an error rather than answering; this layer answers with the
 //! canonical error body and counts the whole response.
 //!
+//! In the proxy the places are taken after authentication, so requests
+//! without a good key never hold one. The endpoints that must read a body
+//! before anyone is authenticated (the OAuth code exchange, secret-scanning
+//! alerts, the webhook routes) each have their own small bound instead,
+//! a bound per client address, and a least rate for the body:
+//! [`UnauthenticatedLimits`], held through [`UnauthenticatedPlaces`].
+//!
 //! ```
 //! use std::time::Duration;
 //! use bytes::Bytes;
@@ -47,8 +54,10 @@ mod body;
 mod future;
 mod layer;
 mod service;
+mod unauthenticated;
 
 pub use body::InFlightBody;
 pub use future::ResponseFuture;
 pub use layer::InFlightLimitLayer;
 pub use service::InFlightLimit;
+pub use unauthenticated::{UnauthenticatedLimits, UnauthenticatedPlace, UnauthenticatedPlaces};

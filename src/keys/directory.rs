@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use super::lookup_cache::LookupCache;
 use super::record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
-    NewKey, DELETED_KEYS, OPERATOR_ACCOUNT,
+    NewKey, DELETED_KEYS, OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
 };
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
@@ -195,6 +196,15 @@ impl KeyDirectory {
         let live = matches!(state, KeyState::Active(_));
         cache.remember(*hash, &state, live, now, generation);
         Ok(state)
+    }
+
+    /// Whether this instance's cache holds `hash` as a key it found live,
+    /// however long ago (a stale entry is read afresh by the next lookup);
+    /// never reads the store. Made-up keys are never among them, so a
+    /// blocked address's guesses can be refused without a store read while
+    /// its keys in use are still looked up and served.
+    pub fn is_cached_live(&self, hash: &KeyHash) -> bool {
+        self.inner.cache.holds_found(hash)
     }
 
     /// [`lookup`](Self::lookup), except that a live key is always read
@@ -388,6 +398,38 @@ impl KeyDirectory {
             }
         }
         Ok(moved)
+    }
+
+    /// Makes an operator's key named `name` when the store has none and
+    /// none was ever made this way: the key a first start prints. The
+    /// decision is one create-if-absent write of a marker, so of any number
+    /// of callers at once (proxies starting together on an empty store)
+    /// exactly one gets `Some`; the others, and every later call, `None`.
+    /// After a loss the way back is
+    /// [`replace_operator_keys`](Self::replace_operator_keys).
+    pub async fn mint_operator_key(&self, name: &str) -> Result<Option<ApiKey>, StoreError> {
+        if !self.operator_keys().await?.is_empty() {
+            return Ok(None);
+        }
+        let key = ApiKey::generate();
+        let marker = OperatorKeyMinted {
+            hash: key.hash().to_hex(),
+            minted_at: self.now(),
+        };
+        let outcome = self
+            .inner
+            .store
+            .put_json(OPERATOR_KEY_MINTED, MINTED_ID, &marker, Expect::Absent)
+            .await?;
+        if let WriteOutcome::Conflict { .. } = outcome {
+            return Ok(None);
+        }
+        let new = NewKey {
+            management: true,
+            ..NewKey::named(name)
+        };
+        self.register_key(&key, new).await?;
+        Ok(Some(key))
     }
 
     /// Disables every operator's key and creates one new one, named
@@ -783,6 +825,17 @@ impl KeyDirectory {
     }
 }
 
+/// The id of the one record in [`OPERATOR_KEY_MINTED`].
+const MINTED_ID: &str = "first";
+
+/// What [`KeyDirectory::mint_operator_key`] writes: which key it made,
+/// when (the plaintext is never stored).
+#[derive(Serialize, Deserialize)]
+struct OperatorKeyMinted {
+    hash: String,
+    minted_at: DateTime<Utc>,
+}
+
 fn last_use_is_stale(last_used_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
     last_used_at.is_none_or(|at| {
         (now - at)
@@ -917,6 +970,27 @@ mod tests {
         assert!(live
             .iter()
             .all(|hash| directory.inner.cache.get(hash, now).is_some()));
+    }
+
+    #[tokio::test]
+    async fn keys_found_live_stay_known_past_their_freshness_and_guesses_never_are() {
+        let (directory, clock) = directory(Duration::from_secs(1));
+        let (key, _) = directory.create_key(NewKey::named("k")).await.unwrap();
+        let guess = KeyHash::of("made up");
+        assert!(!directory.is_cached_live(&key.hash()));
+        directory.lookup(&key.hash()).await.unwrap();
+        directory.lookup(&guess).await.unwrap();
+        clock.advance(Duration::from_secs(60));
+        assert!(directory.is_cached_live(&key.hash()));
+        assert!(!directory.is_cached_live(&guess));
+        // Deleted behind this instance's back: the next lookup learns it.
+        let other = KeyDirectory::new(directory.store().clone());
+        assert!(other.delete(&key.hash()).await.unwrap());
+        assert!(matches!(
+            directory.lookup(&key.hash()).await.unwrap(),
+            KeyState::Deleted
+        ));
+        assert!(!directory.is_cached_live(&key.hash()));
     }
 
     #[tokio::test]

@@ -500,14 +500,7 @@ pub(crate) async fn handle(
                 .account(&account)
                 .await
                 .map_err(refuse)?
-                .ok_or_else(|| {
-                    GatewayError::new(
-                        ErrorKind::NotFound,
-                        format!(
-                            "no account {account}; list the accounts with GET /api/v1/accounts"
-                        ),
-                    )
-                })?;
+                .ok_or_else(|| no_such_account(&account))?;
             let (balance, free) = free_model_requests(config, &account, now).await?;
             let mut data = account_json(&record, &balance);
             if let Value::Object(fields) = &mut data {
@@ -523,6 +516,7 @@ pub(crate) async fn handle(
             let amount_nanos = input::purchase_nanos(body()?)?;
             let idempotency_key =
                 input::idempotency_key(call.idempotency_keys.iter().map(HeaderValue::as_bytes))?;
+            let account = existing_account(directory, account).await?;
             let (balance, repeated) = match idempotency_key {
                 None => (
                     directory
@@ -560,13 +554,14 @@ pub(crate) async fn handle(
             })
         }
         (Route::ByokKeys(account), _) => {
-            let account = own_account(&principal, account)?;
+            let account = existing_account(directory, own_account(&principal, account)?).await?;
             let entries = config.byok.list(&account).await.map_err(refuse)?;
             let data: Vec<Value> = entries.iter().map(byok_json).collect();
             Ok(Answer::ok(json!({ "data": data })))
         }
         (Route::ByokKey(account, provider), method) => {
-            let account = managed_account(&principal, account)?;
+            let account =
+                existing_account(directory, managed_account(&principal, account)?).await?;
             let provider = input::path_provider(provider)?;
             if *method == Method::DELETE {
                 return if config
@@ -691,6 +686,35 @@ pub(crate) fn unknown_account(account: &str) -> GatewayError {
         format!("there is no account {account}; create it first with POST /api/v1/accounts"),
     )
     .with_metadata("param", "account")
+    .with_metadata("reason", "unknown_account")
+}
+
+/// `account` (a path's) when it exists: no route but `POST
+/// /api/v1/accounts` makes an account, so a mistyped id in a path is 404
+/// rather than credits or provider keys kept for nobody. `default` always
+/// exists.
+async fn existing_account(
+    directory: &KeyDirectory,
+    account: String,
+) -> Result<String, GatewayError> {
+    let exists = account == DEFAULT_ACCOUNT
+        || directory
+            .account_exists(&account)
+            .await
+            .map_err(|error| FailurePolicy::refusal("KeyRoutes", &error))?;
+    if exists {
+        Ok(account)
+    } else {
+        Err(no_such_account(&account))
+    }
+}
+
+/// 404: an account's path naming an account that does not exist.
+fn no_such_account(account: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::NotFound,
+        format!("there is no account {account}; create it first with POST /api/v1/accounts"),
+    )
     .with_metadata("reason", "unknown_account")
 }
 

@@ -69,6 +69,12 @@ impl<K: Hash + Eq, V: Clone> LookupCache<K, V> {
         is_fresh(entry, now, self.ttl).then(|| entry.value.clone())
     }
 
+    /// Whether `key` is among the entries found, fresh or not: a lookup
+    /// that found it was made, and nothing since dropped it.
+    pub(crate) fn holds_found(&self, key: &K) -> bool {
+        self.sides().found.contains_key(key)
+    }
+
     /// Taken before a lookup and given to [`remember`](Self::remember).
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -90,6 +96,10 @@ impl<K: Hash + Eq, V: Clone> LookupCache<K, V> {
         let mut sides = self.sides();
         if self.generation.load(Ordering::Acquire) != generation {
             return;
+        }
+        if !found {
+            // Found no more: no stale entry may still say it was.
+            sides.found.remove(&key);
         }
         let (map, bound) = if found {
             (&mut sides.found, self.max_found)

@@ -2,6 +2,10 @@
 //! management key makes to [`KeyRoutes`](super::KeyRoutes) counts in one
 //! counter of that account, kept in the store (so the rate holds across
 //! instances); past the rule, 429 `management_rate` with `Retry-After`.
+//! A call is counted before the route looks at it, so one the route then
+//! refuses (a bad body, another account) counts too: this bounds the work
+//! an account makes the store do, and a call the rate refuses counts
+//! nothing.
 //! The operator's key is not counted: it is the one that must still work
 //! while a tenant floods the API.
 

@@ -24,6 +24,11 @@
 //! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | operator, or that account's management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
 //! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | operator, or that account's management key | `{"deleted": true}`, or 404 |
 //!
+//! On every `/api/v1/accounts/{id}…` route an `id` that no account has
+//! (made by `POST /api/v1/accounts`; `default` always exists) is 404
+//! `unknown_account`: no route but that one makes an account, so nothing
+//! is credited or stored for a mistyped id.
+//!
 //! There are two kinds of management key. The **operator's** (the proxy's
 //! `MODELGATE_ADMIN_KEY`, or one made with [`KeyDirectory::create_key`])
 //! manages every account: it creates and tops up accounts and creates an
@@ -144,6 +149,6 @@ pub use management_rate::DEFAULT_MANAGEMENT_RATE;
 pub use record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
-    OPERATOR_ACCOUNT,
+    OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
 };
 pub use service::KeyRoutes;

@@ -21,6 +21,14 @@ pub const DEFAULT_ACCOUNT: &str = "default";
 /// account's management key can name, list or reach its keys.
 pub const OPERATOR_ACCOUNT: &str = ":operator";
 
+/// The collection of the one record saying the store's first operator's
+/// key was made ([`KeyDirectory::mint_operator_key`]): written only where
+/// absent, so of the proxies that start at once on an empty store one
+/// makes a key and the others none.
+///
+/// [`KeyDirectory::mint_operator_key`]: super::KeyDirectory::mint_operator_key
+pub const OPERATOR_KEY_MINTED: &str = "operator_key_minted";
+
 /// Longest account id and key name accepted.
 pub const MAX_ACCOUNT_ID_CHARS: usize = 64;
 /// Longest key name accepted.

@@ -5,6 +5,7 @@ use tower_layer::Layer;
 
 use super::{LeakAlerts, ScanningKeys};
 use crate::auth::AuthFailures;
+use crate::in_flight::{UnauthenticatedLimits, UnauthenticatedPlaces};
 use crate::keys::KeyDirectory;
 use crate::notify::Notifier;
 
@@ -23,6 +24,7 @@ pub(crate) struct LeakAlertsConfig {
     pub(crate) failures: Option<AuthFailures>,
     pub(crate) max_body_bytes: usize,
     pub(crate) body_timeout: Duration,
+    pub(crate) places: UnauthenticatedPlaces,
 }
 
 impl LeakAlertsLayer {
@@ -43,6 +45,10 @@ impl LeakAlertsLayer {
                 failures: None,
                 max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
                 body_timeout: Self::DEFAULT_BODY_TIMEOUT,
+                places: UnauthenticatedPlaces::new(
+                    "secret-scanning alerts",
+                    UnauthenticatedLimits::default(),
+                ),
             })),
         }
     }
@@ -80,6 +86,17 @@ impl LeakAlertsLayer {
     /// Waits at most `body_timeout` for an alert's body (408 past it).
     pub fn body_timeout(self, body_timeout: Duration) -> Self {
         self.configure(|config| config.body_timeout = body_timeout)
+    }
+
+    /// Bounds the alerts in flight, in all and per client address, and the
+    /// least rate their bodies must arrive at (default:
+    /// [`UnauthenticatedLimits::default`]); these places are the route's
+    /// own, none of the gateway's. A body too slow (408) counts as a failed
+    /// authentication.
+    pub fn unauthenticated_limits(self, limits: UnauthenticatedLimits) -> Self {
+        self.configure(|config| {
+            config.places = UnauthenticatedPlaces::new("secret-scanning alerts", limits)
+        })
     }
 }
 

@@ -105,9 +105,17 @@ where
     if !config.keys.identifiers().any(|known| known == identifier) {
         return Err(counted(unsigned(SignatureError::UnknownIdentifier)));
     }
-    let body = read_bounded(request, config.max_body_bytes, config.body_timeout)
-        .await
-        .map_err(|error| unread(error, config))?;
+    // Signed by a known key so far: only now a place and a body read.
+    let _place = config.places.enter(client)?;
+    let pace = config.places.limits().body_pace();
+    let body = read_bounded(
+        request,
+        config.max_body_bytes,
+        config.body_timeout,
+        Some(pace),
+    )
+    .await
+    .map_err(|error| unread(error, config, client))?;
     config
         .keys
         .verify(&identifier, &signature, &body)
@@ -208,19 +216,30 @@ fn unsigned(error: SignatureError) -> GatewayError {
     .with_metadata("reason", reason)
 }
 
-fn unread(error: ReadError, config: &LeakAlertsConfig) -> GatewayError {
+fn unread(error: ReadError, config: &LeakAlertsConfig, client: Option<IpAddr>) -> GatewayError {
     match error {
         ReadError::TooLarge => GatewayError::new(
             ErrorKind::PayloadTooLarge,
             format!("the alert is over {} bytes", config.max_body_bytes),
         ),
-        ReadError::TimedOut => GatewayError::new(
-            ErrorKind::RequestTimeout,
-            format!(
-                "the alert's body did not arrive within {} s",
-                config.body_timeout.as_secs_f64()
-            ),
-        ),
+        ReadError::TimedOut => {
+            // A trickled body holds a place as a flood does: it counts as
+            // a failed authentication.
+            if let Some(failures) = &config.failures {
+                if let Some(retry_after) = failures.record_failure(client) {
+                    return failures.refusal(retry_after);
+                }
+            }
+            GatewayError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the alert's body did not arrive in time: send it whole within {} s, {}",
+                    config.body_timeout.as_secs_f64(),
+                    config.places.limits().body_pace().describe()
+                ),
+            )
+            .with_metadata("reason", "slow_body")
+        }
         ReadError::Broken => GatewayError::new(
             ErrorKind::InvalidRequest,
             "the alert's body could not be read to its end",

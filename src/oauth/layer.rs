@@ -5,6 +5,7 @@ use tower_layer::Layer;
 
 use super::{AuthCodes, CodeExchange};
 use crate::auth::AuthFailures;
+use crate::in_flight::{UnauthenticatedLimits, UnauthenticatedPlaces};
 use crate::keys::KeyDirectory;
 
 /// Applies [`CodeExchange`] to a service: answers `POST /api/v1/auth/keys`
@@ -23,6 +24,7 @@ pub(crate) struct CodeExchangeConfig {
     pub(crate) failures: Option<AuthFailures>,
     pub(crate) max_body_bytes: usize,
     pub(crate) body_timeout: Duration,
+    pub(crate) places: UnauthenticatedPlaces,
 }
 
 impl CodeExchangeLayer {
@@ -42,6 +44,10 @@ impl CodeExchangeLayer {
                 failures: None,
                 max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
                 body_timeout: Self::DEFAULT_BODY_TIMEOUT,
+                places: UnauthenticatedPlaces::new(
+                    "the OAuth code exchange",
+                    UnauthenticatedLimits::default(),
+                ),
             }),
         }
     }
@@ -50,8 +56,9 @@ impl CodeExchangeLayer {
     /// wrong verifier) as a failed authentication of the client's address
     /// in `failures` (shared with BearerAuth): past its limit the address's
     /// refusals become 429 `auth_failures` with `Retry-After`, so codes
-    /// cannot be tried at speed. A right code and verifier are still
-    /// exchanged.
+    /// cannot be tried at speed; from then on its exchanges are refused
+    /// 429 before the store is read, until its window ends. A body that
+    /// arrives too slowly (408) counts too.
     pub fn failure_limit(mut self, failures: AuthFailures) -> Self {
         Arc::make_mut(&mut self.config).failures = Some(failures);
         self
@@ -66,6 +73,16 @@ impl CodeExchangeLayer {
     /// Waits at most `body_timeout` for an exchange's body (408 past it).
     pub fn body_timeout(mut self, body_timeout: Duration) -> Self {
         Arc::make_mut(&mut self.config).body_timeout = body_timeout;
+        self
+    }
+
+    /// Bounds the exchanges in flight, in all and per client address, and
+    /// the least rate their bodies must arrive at (default:
+    /// [`UnauthenticatedLimits::default`]); these places are the
+    /// exchange's own, none of the gateway's.
+    pub fn unauthenticated_limits(mut self, limits: UnauthenticatedLimits) -> Self {
+        Arc::make_mut(&mut self.config).places =
+            UnauthenticatedPlaces::new("the OAuth code exchange", limits);
         self
     }
 }

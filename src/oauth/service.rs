@@ -133,9 +133,22 @@ where
         .extensions()
         .get::<ClientAddr>()
         .map(|client| client.0);
-    let body = read_bounded(request, config.max_body_bytes, config.body_timeout)
-        .await
-        .map_err(|error| unread(error, config))?;
+    // Past its failure limit an address gets no store read and no place.
+    if let Some(failures) = &config.failures {
+        if let Some(retry_after) = failures.blocked(client) {
+            return Err(too_many_failures(failures, retry_after));
+        }
+    }
+    let _place = config.places.enter(client)?;
+    let pace = config.places.limits().body_pace();
+    let body = read_bounded(
+        request,
+        config.max_body_bytes,
+        config.body_timeout,
+        Some(pace),
+    )
+    .await
+    .map_err(|error| unread(error, config, client))?;
     let exchange = exchange_request(&body)?;
     match config.codes.exchange(&exchange).await {
         Ok((key, record)) => Ok(json!({
@@ -177,7 +190,7 @@ fn too_many_failures(failures: &AuthFailures, retry_after: Duration) -> GatewayE
     .with_retry_after(retry_after.max(Duration::from_secs(1)))
 }
 
-fn unread(error: ReadError, config: &CodeExchangeConfig) -> GatewayError {
+fn unread(error: ReadError, config: &CodeExchangeConfig, client: Option<IpAddr>) -> GatewayError {
     match error {
         ReadError::TooLarge => GatewayError::new(
             ErrorKind::PayloadTooLarge,
@@ -186,13 +199,24 @@ fn unread(error: ReadError, config: &CodeExchangeConfig) -> GatewayError {
                 config.max_body_bytes
             ),
         ),
-        ReadError::TimedOut => GatewayError::new(
-            ErrorKind::RequestTimeout,
-            format!(
-                "the exchange body did not arrive within {} s",
-                config.body_timeout.as_secs_f64()
-            ),
-        ),
+        ReadError::TimedOut => {
+            // Holding a place with a trickle is what a flood does: it
+            // counts as a failed authentication.
+            if let Some(failures) = &config.failures {
+                if let Some(retry_after) = failures.record_failure(client) {
+                    return too_many_failures(failures, retry_after);
+                }
+            }
+            GatewayError::new(
+                ErrorKind::RequestTimeout,
+                format!(
+                    "the exchange body did not arrive in time: send it whole within {} s, {}",
+                    config.body_timeout.as_secs_f64(),
+                    config.places.limits().body_pace().describe()
+                ),
+            )
+            .with_metadata("reason", "slow_body")
+        }
         ReadError::Broken => GatewayError::new(
             ErrorKind::InvalidRequest,
             "the exchange body could not be read to its end",
@@ -218,6 +242,7 @@ mod tests {
     struct Setup {
         directory: KeyDirectory,
         layer: CodeExchangeLayer,
+        clock: Arc<ManualClock>,
     }
 
     fn setup(max_failures: u32) -> Setup {
@@ -229,13 +254,18 @@ mod tests {
         let failures = AuthFailures::with_clock(
             AuthFailureLimit {
                 max_failures,
+                window_seconds: 60,
                 ..AuthFailureLimit::default()
             },
-            clock,
+            clock.clone(),
         )
         .unwrap();
         let layer = CodeExchangeLayer::new(directory.clone()).failure_limit(failures);
-        Setup { directory, layer }
+        Setup {
+            directory,
+            layer,
+            clock,
+        }
     }
 
     async fn call(
@@ -364,8 +394,13 @@ mod tests {
         assert_eq!(status, 429, "{answer}");
         assert_eq!(answer["error"]["metadata"]["reason"], "auth_failures");
         assert!(headers.contains_key("retry-after"));
-        // The right verifier still gets its key.
+        // A blocked address is refused before the store is read: even the
+        // right verifier waits for the window's end, and its code is kept.
         let right = json!({"code": code, "code_verifier": VERIFIER}).to_string();
+        let (status, _, answer) =
+            call(&setup.layer, Method::POST, "/api/v1/auth/keys", &right).await;
+        assert_eq!(status, 429, "{answer}");
+        setup.clock.advance(Duration::from_secs(60));
         let (status, _, answer) =
             call(&setup.layer, Method::POST, "/api/v1/auth/keys", &right).await;
         assert_eq!(status, 200, "{answer}");

@@ -6,8 +6,8 @@
 //! The stack, outermost first:
 //!
 //! ```text
-//! DrainUnread -> AccessLog -> ClientAddr -> InFlightLimit -> SettingsPage -> LeakAlerts
-//!   -> CodeExchange -> WebhookSecret -> ErrorMapper -> BearerAuth -> BodyLimit -> KeyRoutes -> Fallback
+//! DrainUnread -> AccessLog -> ClientAddr -> SettingsPage -> LeakAlerts -> CodeExchange
+//!   -> WebhookSecret -> ErrorMapper -> BearerAuth -> InFlightLimit -> BodyLimit -> KeyRoutes -> Fallback
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> chat completions only
 //!   -> Retry -> Providers -> Upstream
 //! ```
@@ -19,7 +19,9 @@
 //! [`LeakAlerts`](crate::leaks::LeakAlerts): they are signed, not keyed.
 //! So is an app's exchange of its OAuth code for a key
 //! (`POST /api/v1/auth/keys`), by [`CodeExchange`](crate::oauth::CodeExchange):
-//! the app has no key yet.
+//! the app has no key yet. None of these three takes one of the
+//! `max_in_flight` places, which only authenticated requests hold; each
+//! has its own bounds (`unauthenticated`, [`UnauthenticatedLimits`]).
 //!
 //! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
 //! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
@@ -96,7 +98,7 @@ use crate::credit::{BoundField, CreditGuardLayer, PendingSettlements, PriceTable
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
-use crate::in_flight::InFlightLimitLayer;
+use crate::in_flight::{InFlightLimitLayer, UnauthenticatedLimits};
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
 use crate::leaks::{LeakAlertsLayer, ScanningKeys};
 use crate::notify::{EmailSettings, Notifier, WebhookSettings};
@@ -131,6 +133,8 @@ use crate::webhook::{
 ///                            "model_prefix": "strip"}},
 ///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
 ///   "max_in_flight": 512,
+///   "unauthenticated": {"max_in_flight": 64, "max_in_flight_per_address": 4,
+///                       "min_body_bytes_per_second": 4096, "body_grace_ms": 1000},
 ///   "auth_failures": {"max_failures": 20, "window_seconds": 600},
 ///   "trusted_proxies": ["10.0.0.0/8"],
 ///   "leak_scanning": {"public_keys": {"file": "/etc/modelgate/github-secret-scanning-keys.json"},
@@ -178,10 +182,18 @@ pub struct GatewayConfig {
     /// account or key (account-wide or free-model 429, 402, a failed
     /// store's 503). See [`Fallback`].
     pub fallbacks: HashMap<String, Vec<String>>,
-    /// Requests the gateway works on at once, streams included until they
-    /// end; past it a request is answered 503 at once with `Retry-After`.
-    /// Absent: [`InFlightLimitLayer::default_max_in_flight`] (256 per core).
+    /// Authenticated requests the gateway works on at once, streams
+    /// included until they end; past it a request is answered 503 at once
+    /// with `Retry-After`. A place is taken once the key is known good, so
+    /// requests without one never hold a place. Absent:
+    /// [`InFlightLimitLayer::default_max_in_flight`] (256 per core).
     pub max_in_flight: Option<usize>,
+    /// The bounds of each endpoint that reads a body before anyone is
+    /// authenticated (the OAuth code exchange, secret-scanning alerts, the
+    /// webhook routes): requests in flight in all and per client address,
+    /// and the least rate a body must arrive at. See
+    /// [`UnauthenticatedLimits`] for the defaults.
+    pub unauthenticated: UnauthenticatedLimits,
     /// Failed authentications (bearer keys and webhook secrets) one client
     /// address may make before its refusals turn into 429 with
     /// `Retry-After`; its good keys are still served. Default: 20 in 600 s.
@@ -408,6 +420,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("providers", &self.providers)
             .field("fallbacks", &self.fallbacks)
             .field("max_in_flight", &self.max_in_flight)
+            .field("unauthenticated", &self.unauthenticated)
             .field("auth_failures", &self.auth_failures)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("leak_scanning", &self.leak_scanning)
@@ -539,9 +552,10 @@ impl ConfigError {
 /// The prices the demo uses when the config has none: paid models the
 /// built-in mock serves, and the free variants it serves.
 pub const DEMO_PRICING: &str = r#"{"models": {
-    "openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6},
-    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000}
-}, "free_models": ["openai/gpt-4o-mini:free", "meta-llama/llama-3.1-8b-instruct:free"]}"#;
+    "openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6, "context_length": 128000},
+    "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000, "context_length": 128000},
+    "meta-llama/llama-3.1-8b-instruct:free": {"prompt_per_million": 0, "completion_per_million": 0, "context_length": 131072}
+}, "free_models": ["openai/gpt-4o-mini:free"]}"#;
 
 /// The account rule the demo uses when the config has none.
 pub const DEMO_RATE_LIMITS: &str =
@@ -808,6 +822,10 @@ where
     if max_in_flight == 0 {
         return Err(ConfigError::new("max_in_flight must be at least 1"));
     }
+    config
+        .unauthenticated
+        .validate()
+        .map_err(ConfigError::new)?;
     let auth_failures =
         AuthFailures::with_clock(config.auth_failures, clock.clone()).map_err(ConfigError::new)?;
     let trusted_proxies =
@@ -821,12 +839,14 @@ where
         None => WebhookSecretLayer::new(store.clone(), Vec::new()),
     }
     .clock(clock.clone())
-    .failure_limit(auth_failures.clone());
+    .failure_limit(auth_failures.clone())
+    .unauthenticated_limits(config.unauthenticated);
     let notifier = config.leak_notifier()?;
     let leak_alerts = match config.scanning_keys()? {
         Some(keys) => LeakAlertsLayer::new(directory.clone(), keys)
             .notifier(notifier.clone())
-            .failure_limit(auth_failures.clone()),
+            .failure_limit(auth_failures.clone())
+            .unauthenticated_limits(config.unauthenticated),
         None => LeakAlertsLayer::off(),
     };
     let mut body = BodyLimitLayer::new();
@@ -914,16 +934,23 @@ where
         .layer(drain)
         .layer(AccessLogLayer::new(Arc::clone(&catalog)))
         .layer(ClientAddrLayer::new(trusted_proxies))
-        .layer(InFlightLimitLayer::new(max_in_flight))
         .layer(SettingsPageLayer::new())
         .layer(leak_alerts)
         // Before BearerAuth: an app exchanging its code has no key yet.
-        .layer(CodeExchangeLayer::new(directory.clone()).failure_limit(auth_failures.clone()))
+        .layer(
+            CodeExchangeLayer::new(directory.clone())
+                .failure_limit(auth_failures.clone())
+                .unauthenticated_limits(config.unauthenticated),
+        )
         .layer(webhooks)
         .layer(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
         // before anything is buffered or parsed.
         .layer(BearerAuthLayer::new(directory.clone()).failure_limit(auth_failures))
+        // The gateway's places go to authenticated requests only: a flood
+        // of requests without a good key, or of bodies trickled to the
+        // routes before it, cannot take them from good keys.
+        .layer(InFlightLimitLayer::new(max_in_flight))
         .layer(body)
         .layer(AccessLogLayer::annotate())
         .layer(

@@ -229,6 +229,8 @@ impl ModelCatalog {
                     "object": "model",
                     "created": created,
                     "owned_by": model.provider(),
+                    // As OpenRouter gives it; null when the pricing sets none.
+                    "context_length": self.prices.prompt_bounds(&model).context_length_tokens,
                     "pricing": {
                         "prompt": per_token(price.prompt_nanos_per_million_tokens),
                         "completion": per_token(price.completion_nanos_per_million_tokens),
@@ -271,7 +273,8 @@ mod tests {
 
     fn catalog(providers: Option<&[&str]>) -> ModelCatalog {
         let prices = PriceTable::from_json(
-            r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10},
+            r#"{"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10,
+                                            "context_length": 128000},
                            "acme/big": {"prompt_per_million": 1, "completion_per_million": 2}},
                 "free_models": ["acme/big:free"]}"#,
         )
@@ -430,6 +433,7 @@ mod tests {
         assert_eq!(gpt["pricing"]["prompt_per_million"], "2.5");
         assert_eq!(gpt["pricing"]["prompt"], "0.0000025");
         assert_eq!(gpt["pricing"]["completion"], "0.00001");
+        assert_eq!(gpt["context_length"], 128_000);
         assert_eq!(gpt["limits"]["model_rates"][0]["match"], "openai/");
         assert_eq!(gpt["fallbacks"], json!(["acme/big"]));
         // A provider that is not configured hides its models.

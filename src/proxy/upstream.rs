@@ -26,6 +26,7 @@ use super::providers::CallerKey;
 use crate::body::normalized_segments;
 use crate::credit::{SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
+use crate::keys::ByokCredential;
 
 /// Where and how to reach the upstream. `Debug` never shows the key.
 #[derive(Clone)]
@@ -328,6 +329,17 @@ impl Inner {
             Some(CallerKey(caller)) => {
                 headers.insert(AUTHORIZATION, caller.clone());
             }
+            // Accounted as the account's own key (unpaid), yet nothing put
+            // that key here: sending the gateway's credentials instead would
+            // serve it free. Refused before anything is sent, so its hold is
+            // released at no cost (a library stack whose CreditGuard finds
+            // account keys but whose routing does not send them).
+            None if parts.extensions.get::<ByokCredential>().is_some() => {
+                return Err(GatewayError::new(
+                    ErrorKind::Internal,
+                    "this request was accounted to the account's own provider key, which this upstream was not given; nothing was sent, and the operator must route account keys to their provider (a `providers` section with `\"byok\": true`)",
+                ));
+            }
             None => {
                 if let Some(authorization) = &self.authorization {
                     headers.insert(AUTHORIZATION, authorization.clone());
@@ -585,6 +597,25 @@ mod tests {
             assert!(byok.get(name).is_none(), "{name} was sent: {byok:?}");
         }
         assert_eq!(byok["x-title"], "modelgate", "not a credential: sent");
+    }
+
+    #[test]
+    fn a_request_accounted_to_an_accounts_key_never_goes_with_the_gateways_instead() {
+        let inner = with_credential_headers();
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
+        let error = inner.outgoing(request).unwrap_err();
+        assert_eq!(error.status(), 500);
+        assert!(
+            error.message().contains("nothing was sent"),
+            "{}",
+            error.message()
+        );
+        assert!(!error.message().contains("sk-"), "{}", error.message());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use super::routes::WebhookRoute;
 use super::service::WebhookSecret;
 use crate::auth::AuthFailures;
 use crate::clock::{Clock, SystemClock};
+use crate::in_flight::{UnauthenticatedLimits, UnauthenticatedPlaces};
 use crate::keys::SharedStore;
 use crate::store::FailurePolicy;
 
@@ -83,6 +84,7 @@ pub(crate) struct WebhookConfig {
     pub(crate) limits: WebhookLimits,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) auth_failures: Option<AuthFailures>,
+    pub(crate) places: Option<UnauthenticatedPlaces>,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -115,6 +117,7 @@ impl WebhookSecretLayer {
                 limits: WebhookLimits::default(),
                 failure_policy: FailurePolicy::FailOpen,
                 auth_failures: None,
+                places: None,
             }),
         }
     }
@@ -137,6 +140,18 @@ impl WebhookSecretLayer {
     /// so a client guessing both counts once.
     pub fn failure_limit(mut self, failures: AuthFailures) -> Self {
         Arc::make_mut(&mut self.config).auth_failures = Some(failures);
+        self
+    }
+
+    /// Bounds the requests on the routes from the secret's check until
+    /// their body is read, in all and per client address, and sets the
+    /// least rate a body must arrive at; a body too slow (408) counts as a
+    /// failed authentication. Default: none of these, only
+    /// [`WebhookLimits`] (the proxy sets them from its `unauthenticated`
+    /// section, so a trickled body there holds none of its places).
+    pub fn unauthenticated_limits(mut self, limits: UnauthenticatedLimits) -> Self {
+        Arc::make_mut(&mut self.config).places =
+            Some(UnauthenticatedPlaces::new("the webhook routes", limits));
         self
     }
 

@@ -16,7 +16,7 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::actions::ActionReply;
-use super::layer::WebhookConfig;
+use super::layer::{WebhookConfig, WebhookLimits};
 use super::payload::FlowAction;
 use super::routes::WebhookRoute;
 use crate::answer::Answer;
@@ -33,10 +33,14 @@ pub const SECRET_HEADER: &str = "x-gateway-webhook-secret";
 pub use crate::client_addr::ClientAddr;
 
 /// Answers the configured webhook routes (exact paths, `POST` only) after
-/// checking, in order: the method (405), the secret (401), the client's
-/// rate window (429), the content type (415), the client's requests in
-/// flight (429), the body's size (413) and time to arrive (408), and the
-/// payload (400). Every other request goes to the inner service untouched.
+/// checking, in order: the method (405), the secret (401), the routes'
+/// own places when set (503 `overloaded` when full, 429
+/// `too_many_in_flight` past the address's share, see
+/// [`WebhookSecretLayer::unauthenticated_limits`](super::WebhookSecretLayer::unauthenticated_limits)),
+/// the client's rate window (429), the content type (415), the client's
+/// requests in flight (429), the body's size (413) and time and pace to
+/// arrive (408), and the payload (400). Every other request goes to the
+/// inner service untouched.
 ///
 /// The secret comes before everything kept in the store: a request without
 /// it costs no store round trip and counts in neither the client's rate
@@ -200,8 +204,22 @@ where
             HeaderValue::from_static("Bearer"),
         ));
     }
-    let client = match request.extensions().get::<ClientAddr>() {
-        Some(client) => client.0.to_string(),
+    let address = request
+        .extensions()
+        .get::<ClientAddr>()
+        .map(|client| client.0);
+    // The routes' own places (when set), held until the body is read: a
+    // client that trickles its body holds none of the gateway's.
+    let _place = match &config.places {
+        Some(places) => Some(
+            places
+                .enter(address)
+                .map_err(|refusal| crowded(route, &refusal))?,
+        ),
+        None => None,
+    };
+    let client = match address {
+        Some(address) => address.to_string(),
         None => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
@@ -250,7 +268,7 @@ where
         ));
     }
     *slot = Some(InFlightSlot::acquire(config, route, scope, now).await?);
-    let body = read_body(route, limits.max_body_bytes, limits.body_timeout, request).await?;
+    let body = read_body(config, route, address, request).await?;
     match FlowAction::parse(&body) {
         Ok(action) => Ok(action),
         Err(error) => Err(refused(
@@ -309,16 +327,38 @@ fn presents_secret(route: &WebhookRoute, headers: &HeaderMap) -> bool {
     presented.is_some_and(|secret| !secret.is_empty() && route.secret.matches(secret))
 }
 
+/// The 503 or 429 of a place refused, in the route's envelope.
+fn crowded(route: &WebhookRoute, refusal: &crate::error::GatewayError) -> Answer {
+    let message = refusal.message();
+    match refusal.kind() {
+        crate::error::ErrorKind::RateLimited => {
+            too_many(route, "too_many_in_flight", message, Duration::from_secs(1))
+        }
+        _ => refused(
+            route,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            message,
+        )
+        .with_header(RETRY_AFTER, HeaderValue::from_static("1")),
+    }
+}
+
 async fn read_body<B>(
+    config: &WebhookConfig,
     route: &WebhookRoute,
-    max_body_bytes: usize,
-    body_timeout: Duration,
+    address: Option<std::net::IpAddr>,
     request: Request<B>,
 ) -> Result<Bytes, Answer>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    let WebhookLimits {
+        max_body_bytes,
+        body_timeout,
+        ..
+    } = config.limits;
     let too_large = || {
         refused(
             route,
@@ -327,18 +367,46 @@ where
             &format!("the body is over {max_body_bytes} bytes"),
         )
     };
-    match read_bounded(request, max_body_bytes, body_timeout).await {
+    let pace = config
+        .places
+        .as_ref()
+        .map(|places| places.limits().body_pace());
+    match read_bounded(request, max_body_bytes, body_timeout, pace).await {
         Ok(body) => Ok(body),
         Err(ReadError::TooLarge) => Err(too_large()),
-        Err(ReadError::TimedOut) => Err(refused(
-            route,
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            &format!(
-                "the body did not arrive within {} s",
-                body_timeout.as_secs_f64()
-            ),
-        )),
+        Err(ReadError::TimedOut) => {
+            // A trickled body holds a place as a flood does: it counts with
+            // the address's failed authentications.
+            if let Some(retry_after) = config
+                .auth_failures
+                .as_ref()
+                .and_then(|failures| failures.record_failure(address))
+            {
+                return Err(too_many(
+                    route,
+                    "auth_failures",
+                    "too many failed authentications or bodies too slow from this address; \
+                     retry after the Retry-After seconds",
+                    retry_after,
+                ));
+            }
+            Err(refused(
+                route,
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                &match pace {
+                    Some(pace) => format!(
+                        "the body did not arrive in time: send it whole within {} s, {}",
+                        body_timeout.as_secs_f64(),
+                        pace.describe()
+                    ),
+                    None => format!(
+                        "the body did not arrive within {} s",
+                        body_timeout.as_secs_f64()
+                    ),
+                },
+            ))
+        }
         Err(ReadError::Broken) => Err(refused(
             route,
             StatusCode::BAD_REQUEST,
