@@ -211,8 +211,16 @@ async fn serve_gateway() -> Result<(), String> {
     println!("modelgate listening on http://{address}");
     println!("admin (metrics, healthz, readyz) on http://{admin_address}");
 
-    serve::serve(listener, service, serve::shutdown_signal()).await;
-    // The requests have ended; what they cost must reach the store before
+    serve::serve(
+        listener,
+        service,
+        serve::shutdown_signal(),
+        config.shutdown_grace(),
+        &settlements,
+    )
+    .await;
+    // The requests have ended (those past the grace were ended and
+    // charged for what they used); what they cost must reach the store before
     // the process does. Those that cannot are logged for booking by hand.
     let pending = settlements.len();
     let unrecorded = settlements.flush(SETTLEMENT_DEADLINE).await;

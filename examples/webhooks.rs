@@ -99,6 +99,8 @@ async fn run() -> Result<(), String> {
         listener,
         BoxCloneService::new(service),
         serve::shutdown_signal(),
+        modelgate::proxy::DEFAULT_SHUTDOWN_GRACE,
+        &modelgate::credit::PendingSettlements::default(),
     )
     .await;
     Ok(())

@@ -1,7 +1,9 @@
 //! No settlement lost, no request kept waiting on a sick store: the proxy
 //! as a process on a real redis-server, with streams in flight through a
 //! slow upstream. SIGTERM lets every stream
-//! finish and every cost land before the process exits; Redis stopped
+//! finish and every cost land before the process exits; a stream still
+//! open after `shutdown_grace_seconds` is ended with a last error event
+//! and charged its prompt and what it streamed; Redis stopped
 //! mid-stream and back 10 s later (its data kept) still gets every cost,
 //! once. Charges are read back through a store connection of their own,
 //! as a second instance would. A frozen Redis (SIGSTOP) is answered fast
@@ -286,4 +288,189 @@ async fn a_frozen_redis_answers_fast_under_the_policy_and_recovers_without_a_res
         }
     }
     assert!(answered, "the same gateway answers again after SIGCONT");
+}
+
+/// An upstream whose streams send one chunk of two bytes every 200 ms and
+/// no usage until their end: 5 chunks and usage (3 prompt tokens) for a
+/// prompt saying "short", 225 chunks (45 s) for any other. Counts the
+/// requests it receives.
+async fn slow_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use axum::body::Body;
+    use axum::routing::post;
+
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = received.clone();
+    let chat = move |body: axum::body::Bytes| {
+        let received = counted.clone();
+        async move {
+            received.fetch_add(1, Ordering::SeqCst);
+            let short = String::from_utf8_lossy(&body).contains("short");
+            let chunks: u64 = if short { 5 } else { 225 };
+            let events = futures::stream::unfold(0u64, move |sent| async move {
+                let event = match sent {
+                    _ if sent < chunks => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        json!({"object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": {"content": "ab"}}]})
+                        .to_string()
+                    }
+                    _ if sent == chunks => json!({"object": "chat.completion.chunk", "choices": [],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": chunks}})
+                    .to_string(),
+                    _ if sent == chunks + 1 => "[DONE]".to_owned(),
+                    _ => return None,
+                };
+                let frame = axum::body::Bytes::from(format!("data: {event}\n\n"));
+                Some((Ok::<_, std::convert::Infallible>(frame), sent + 1))
+            });
+            http::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(events))
+                .unwrap()
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", post(chat));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (base, received)
+}
+
+/// A streamed chat request saying `prompt`: its status and whole text.
+async fn stream_saying(address: &str, key: &str, prompt: &str) -> (u16, String) {
+    let reply = reqwest::Client::new()
+        .post(format!("{address}/api/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(
+            &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 300,
+                      "messages": [{"role": "user", "content": prompt}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = reply.status().as_u16();
+    (status, reply.text().await.unwrap_or_default())
+}
+
+/// A record's `total_cost` (credits) in nano-credits.
+fn record_cost_nanos(record: &serde_json::Value) -> i64 {
+    (record["total_cost"].as_f64().unwrap() * NANOS_PER_CREDIT as f64).round() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
+    let server = RedisServer::start();
+    let (upstream, received) = slow_upstream().await;
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    std::fs::write(
+        &config,
+        json!({"pricing": {"default": price}, "shutdown_grace_seconds": 2}).to_string(),
+    )
+    .unwrap();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let mut proxy = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let key = proxy.create_key(admin_key.expose(), "shutdown").await;
+    let funded = reqwest::Client::new()
+        .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"amount": 10000}))
+        .send()
+        .await
+        .unwrap();
+    assert!(funded.status().is_success());
+
+    let long = tokio::spawn({
+        let (address, key) = (proxy.address.clone(), key.clone());
+        async move { stream_saying(&address, &key, "a long story").await }
+    });
+    wait_for(&received, 1).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // About a second long: it ends within the grace.
+    let short = tokio::spawn({
+        let (address, key) = (proxy.address.clone(), key.clone());
+        async move { stream_saying(&address, &key, "short").await }
+    });
+    wait_for(&received, 2).await;
+    let terminated = std::time::Instant::now();
+    proxy.terminate();
+
+    let (status, text) = short.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "the short stream ends whole: {text}"
+    );
+    let (status, text) = long.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let ended_at = terminated.elapsed();
+    assert!(
+        ended_at >= Duration::from_millis(1900) && ended_at < Duration::from_secs(5),
+        "the long stream ends at the grace's end, not before nor at its own: {ended_at:?}"
+    );
+    let last = text
+        .trim_end()
+        .rsplit("\n\n")
+        .next()
+        .unwrap()
+        .strip_prefix("data: ")
+        .unwrap_or_else(|| panic!("a last event: {text}"));
+    let last: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(
+        last["error"]["metadata"]["reason"], "shutting_down",
+        "{text}"
+    );
+    assert_eq!(last["error"]["code"], 503);
+    let streamed_chunks = text.matches("\"content\":\"ab\"").count() as u64;
+    assert!(
+        streamed_chunks >= 10,
+        "about 3 s of chunks: {streamed_chunks}"
+    );
+    assert_eq!(
+        proxy.wait(Duration::from_secs(8)),
+        Some(0),
+        "exits within the grace and a few seconds"
+    );
+
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let records: Vec<serde_json::Value> = store
+        .recent_generations("default", 10, chrono::Utc::now())
+        .await
+        .unwrap()
+        .iter()
+        .map(|record| serde_json::from_slice(record).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2, "one record each: {records:?}");
+    let record_of = |basis: &str| {
+        records
+            .iter()
+            .find(|record| record["cost_basis"] == basis)
+            .unwrap_or_else(|| panic!("a record by {basis}: {records:?}"))
+    };
+    let short_record = record_of("usage");
+    assert_eq!(record_cost_nanos(short_record), 8 * NANOS_PER_CREDIT);
+    let long_record = record_of("streamed");
+    let prompt_tokens = long_record["tokens_prompt"].as_u64().unwrap();
+    let completion_tokens = long_record["tokens_completion"].as_u64().unwrap();
+    assert!(prompt_tokens >= 1, "{long_record}");
+    assert!(
+        completion_tokens >= streamed_chunks,
+        "at least what the client read: {long_record}"
+    );
+    assert_eq!(
+        record_cost_nanos(long_record),
+        (prompt_tokens + completion_tokens) as i64 * NANOS_PER_CREDIT,
+        "its prompt and what it streamed, at a credit a token"
+    );
+    assert_eq!(
+        charged(&server, &key).await,
+        (
+            record_cost_nanos(short_record) + record_cost_nanos(long_record),
+            0
+        ),
+        "each charged once, as its record says; no hold left"
+    );
 }

@@ -1,6 +1,7 @@
 //! The examples' server loop: HTTP/1 and HTTP/2 over TCP, the client's
 //! address in each request's extensions, and a graceful stop on Ctrl-C or
-//! SIGTERM.
+//! SIGTERM that ends the responses still open after a grace period, so
+//! that each is settled before the process exits.
 
 #![allow(dead_code)]
 
@@ -13,27 +14,40 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use modelgate::credit::PendingSettlements;
 use modelgate::keys::SharedStore;
 use modelgate::proxy::GatewayService;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
 use modelgate::webhook::ClientAddr;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 
 /// Largest read buffer of one HTTP/1 connection, headers included.
 pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 
-/// How long requests in flight may take to finish after a shutdown signal.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How long the connections whose responses the gateway ended after the
+/// grace have to close before they are dropped.
+const ENDED_RESPONSES_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
-/// Serves `service` on `listener` until `shutdown` completes, then lets
-/// requests in flight finish for up to [`SHUTDOWN_GRACE`].
+/// Serves `service` on `listener` until `shutdown` completes, then stops
+/// accepting and lets requests in flight finish for up to `grace`. The
+/// responses still open after it are ended
+/// ([`PendingSettlements::end_streams`] of `open_responses`: each settles
+/// as cut short), and the connections that still do not close are dropped
+/// (their responses settle as abandoned). Returns once every connection
+/// is gone: every settlement is then pending or recorded.
 pub async fn serve(
     listener: TcpListener,
     service: GatewayService<Incoming>,
     shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    open_responses: &PendingSettlements,
 ) {
     let graceful = GracefulShutdown::new();
+    // Owned here so that connections still open at the end can be dropped
+    // while the runtime runs, which settles their responses.
+    let mut connections = JoinSet::new();
     let mut builder = Builder::new(TokioExecutor::new());
     // A client that never finishes its headers cannot hold a connection;
     // each connection's read buffer stays small (hyper's default grows to
@@ -71,19 +85,41 @@ pub async fn serve(
                     TowerToHyperService::new(service),
                 );
                 let connection = graceful.watch(connection.into_owned());
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let _ = connection.await;
                 });
             }
+            // Closed connections leave the set: it holds the open ones only.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             () = &mut shutdown => break,
         }
     }
     drop(listener);
-    tracing::info!("shutting down: finishing requests in flight");
-    tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
-        () = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::warn!("requests still in flight after the grace period"),
+    tracing::info!(
+        grace_seconds = grace.as_secs_f64(),
+        "shutting down: finishing requests in flight"
+    );
+    let closed = graceful.shutdown();
+    tokio::pin!(closed);
+    if tokio::time::timeout(grace, &mut closed).await.is_ok() {
+        tracing::info!("all connections closed");
+        return;
     }
+    tracing::warn!("requests still in flight after the grace period: ending their responses");
+    open_responses.end_streams();
+    if tokio::time::timeout(ENDED_RESPONSES_CLOSE_WAIT, &mut closed)
+        .await
+        .is_ok()
+    {
+        tracing::info!("all connections closed");
+        return;
+    }
+    tracing::warn!(
+        open = connections.len(),
+        "connections still open after their responses were ended: dropping them"
+    );
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
 }
 
 /// Redis at `redis_url` (`--redis`), or the in-process store.

@@ -3,17 +3,23 @@
 //!
 //! The end reaches the client at once: the settlement goes on its own
 //! (tracked in [`PendingSettlements`](super::PendingSettlements)), and the
-//! request's hold keeps every limit exact until it lands.
+//! request's hold keeps every limit exact until it lands. A gateway that
+//! stops ends the bodies still open
+//! ([`PendingSettlements::end_streams`](super::PendingSettlements::end_streams)),
+//! so that each settles before the process exits.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::meter::{Ending, Meter};
+use super::pending::StreamsEnd;
 use super::usage::UsageScanner;
+use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::BoxError;
 
 pin_project! {
@@ -24,6 +30,10 @@ pin_project! {
         #[pin]
         inner: B,
         metering: Option<Metering>,
+        // Completes when the gateway stopping ends the bodies still open.
+        streams_end: Option<StreamsEnd>,
+        // Ended by the gateway: nothing more is sent.
+        cut_short: bool,
     }
 
     impl<B> PinnedDrop for MeteredBody<B> {
@@ -59,7 +69,9 @@ impl<B> MeteredBody<B> {
     pub(crate) fn metered(inner: B, meter: Meter, scanner: UsageScanner) -> Self {
         MeteredBody {
             inner,
+            streams_end: Some(meter.pending.streams_end()),
             metering: Some(Metering { meter, scanner }),
+            cut_short: false,
         }
     }
 
@@ -68,8 +80,24 @@ impl<B> MeteredBody<B> {
         MeteredBody {
             inner,
             metering: None,
+            streams_end: None,
+            cut_short: false,
         }
     }
+}
+
+/// What a stream the gateway ends while stopping says last, as OpenAI-style
+/// clients expect a failure told in a stream: one `data:` event with the
+/// error body. `between_events` false: the upstream's last event is
+/// unfinished, and is closed first so that this one stays whole.
+fn shutting_down_event(between_events: bool) -> Bytes {
+    let error = GatewayError::new(
+        ErrorKind::ServiceUnavailable,
+        "the gateway is shutting down: this stream was ended early and is charged for what it streamed",
+    )
+    .with_metadata("reason", "shutting_down");
+    let opening = if between_events { "" } else { "\n\n" };
+    Bytes::from(format!("{opening}data: {}\n\n", error.to_json()))
 }
 
 impl<B> Body for MeteredBody<B>
@@ -85,7 +113,39 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        let next = ready!(this.inner.as_mut().poll_frame(cx));
+        if *this.cut_short {
+            return Poll::Ready(None);
+        }
+        // The gateway stopping ends the body at a frame boundary: at once
+        // if told before this frame, else when the upstream makes it wait.
+        let ended = this.streams_end.as_ref().is_some_and(StreamsEnd::has_ended);
+        let next = match ended {
+            true => None,
+            false => match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(next) => Some(next),
+                Poll::Pending => {
+                    match this.streams_end.as_mut().map(|end| Pin::new(end).poll(cx)) {
+                        Some(Poll::Ready(())) => None,
+                        _ => return Poll::Pending,
+                    }
+                }
+            },
+        };
+        let Some(next) = next else {
+            *this.streams_end = None;
+            *this.cut_short = true;
+            return Poll::Ready(this.metering.take().map(|metering| {
+                let last = metering
+                    .scanner
+                    .is_event_stream()
+                    .then(|| shutting_down_event(metering.scanner.between_events()));
+                let (meter, usage) = metering.finish();
+                meter.settle_in_background(usage, Ending::ShutDown);
+                // Any other body cannot say it was cut: its connection is.
+                last.map(Frame::data)
+                    .ok_or_else(|| BoxError::from("the gateway is shutting down"))
+            }));
+        };
         let Some(metering) = this.metering.as_mut() else {
             return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
         };
@@ -99,6 +159,7 @@ where
             Some(Err(_)) => Ending::Interrupted,
             None => Ending::Complete,
         };
+        *this.streams_end = None;
         if let Some(metering) = this.metering.take() {
             let (meter, usage) = metering.finish();
             meter.settle_in_background(usage, ending);
@@ -107,10 +168,164 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.cut_short || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, Full, StreamBody};
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::credit::group_commit::GroupCommit;
+    use crate::credit::pricing::TokenPrice;
+    use crate::credit::usage::BodyKind;
+    use crate::credit::PendingSettlements;
+    use crate::store::{LedgerStore, MemoryStore, NANOS_PER_CREDIT};
+
+    const PROMPT_TOKENS: u64 = 5;
+
+    /// A meter of a 5-token prompt held for 100 credits, at a credit a token.
+    fn meter(store: &Arc<MemoryStore>, pending: &PendingSettlements) -> Meter {
+        Meter {
+            ledger: GroupCommit::new(store.clone(), Arc::new(SystemClock)),
+            account: "acme".into(),
+            key: "0123456789abcdef".into(),
+            reservation_id: "r1".into(),
+            hold_granted: false,
+            estimate_nanos: 100 * NANOS_PER_CREDIT,
+            price: TokenPrice {
+                prompt_nanos_per_million_tokens: NANOS_PER_CREDIT * 1_000_000,
+                completion_nanos_per_million_tokens: NANOS_PER_CREDIT * 1_000_000,
+            },
+            free: false,
+            byok: false,
+            response_success: Some(true),
+            prompt_tokens: PROMPT_TOKENS,
+            streamed_tokens: None,
+            pending: pending.clone(),
+            hold_expires_at: tokio::time::Instant::now() + Duration::from_secs(900),
+            generation: None,
+        }
+    }
+
+    type UpstreamFrames = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>,
+    >;
+
+    /// An upstream stream that sends `chunks` and then waits forever.
+    fn stalling(chunks: &'static [&'static str]) -> StreamBody<UpstreamFrames> {
+        let sent = futures_util::stream::iter(
+            chunks
+                .iter()
+                .map(|chunk| Ok(Frame::data(Bytes::from_static(chunk.as_bytes())))),
+        );
+        StreamBody::new(Box::pin(sent.chain(futures_util::stream::pending())))
+    }
+
+    async fn charged_nanos(store: &MemoryStore) -> i64 {
+        store
+            .key_usage("acme", "0123456789abcdef", chrono::Utc::now())
+            .await
+            .unwrap()
+            .total_nanos
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_the_gateway_ends_says_why_and_is_charged_what_it_streamed() {
+        let store = Arc::new(MemoryStore::new());
+        let pending = PendingSettlements::default();
+        const CHUNK: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\n";
+        let mut body = MeteredBody::metered(
+            stalling(&[CHUNK, CHUNK, "data: {\"choi"]),
+            meter(&store, &pending),
+            UsageScanner::new(BodyKind::EventStream, 64 * 1024),
+        );
+        for _ in 0..3 {
+            body.frame().await.unwrap().unwrap();
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), body.frame())
+                .await
+                .is_err(),
+            "a stalled stream waits while the gateway runs"
+        );
+        assert_eq!(charged_nanos(&store).await, 0);
+
+        pending.end_streams();
+        let last = tokio::time::timeout(Duration::from_secs(1), body.frame())
+            .await
+            .expect("ended at once")
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        let last = std::str::from_utf8(&last).unwrap();
+        let event = last
+            .strip_prefix("\n\ndata: ")
+            .and_then(|event| event.strip_suffix("\n\n"))
+            .unwrap_or_else(|| panic!("the unfinished event closed, then one event: {last:?}"));
+        let event: serde_json::Value = serde_json::from_str(event).unwrap();
+        assert_eq!(event["error"]["metadata"]["reason"], "shutting_down");
+        assert_eq!(event["error"]["code"], 503);
+        assert!(body.frame().await.is_none(), "then the stream ends");
+        assert!(body.is_end_stream());
+        // Two chunks of two bytes: two tokens streamed, and the prompt.
+        assert_eq!(
+            charged_nanos(&store).await,
+            (PROMPT_TOKENS + 2) as i64 * NANOS_PER_CREDIT
+        );
+        assert!(pending.is_empty(), "recorded at once on MemoryStore");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bodies_made_after_the_end_end_at_once_and_a_json_body_is_cut() {
+        let store = Arc::new(MemoryStore::new());
+        let pending = PendingSettlements::default();
+        pending.end_streams();
+        let mut stream = MeteredBody::metered(
+            stalling(&["data: {\"choices\":[]}\n\n"]),
+            meter(&store, &pending),
+            UsageScanner::new(BodyKind::EventStream, 64 * 1024),
+        );
+        let last = tokio::time::timeout(Duration::from_secs(1), stream.frame())
+            .await
+            .expect("ended at once")
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        assert!(
+            last.starts_with(b"data: {\"error\""),
+            "between events: nothing to close first"
+        );
+        assert!(stream.frame().await.is_none());
+
+        let mut json = MeteredBody::metered(
+            Full::new(Bytes::from_static(b"{\"choices\": []}")),
+            meter(&store, &pending),
+            UsageScanner::new(BodyKind::Json, 64 * 1024),
+        );
+        assert!(
+            json.frame().await.unwrap().is_err(),
+            "a JSON body cannot say it was cut: its connection is"
+        );
+        assert!(json.frame().await.is_none());
+
+        let mut unmetered = MeteredBody::unmetered(Full::new(Bytes::from_static(b"{}")));
+        assert!(
+            unmetered.frame().await.unwrap().is_ok(),
+            "a body not metered is not the gateway's to end"
+        );
     }
 }

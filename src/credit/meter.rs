@@ -22,6 +22,10 @@ pub(crate) enum Ending {
     Interrupted,
     /// The client went away before the end.
     Abandoned,
+    /// The gateway, stopping, ended the response before its end
+    /// ([`PendingSettlements::end_streams`]): charged like a response cut
+    /// short.
+    ShutDown,
     /// The inner service failed without a response.
     InnerFailed,
     /// The request never reached the upstream (admission was cut short,

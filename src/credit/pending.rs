@@ -1,12 +1,16 @@
 //! [`PendingSettlements`]: every settlement not yet recorded, so that a
-//! gateway stopping can wait for them and name the ones it could not
-//! record.
+//! gateway stopping can end the streams still open, wait for their
+//! settlements and name the ones it could not record.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 use crate::store::Settlement;
@@ -15,8 +19,9 @@ use crate::store::Settlement;
 /// that have not reached the store yet: those retried in the background
 /// after a failure, and those of clients that went away. Clones share them.
 ///
-/// A gateway that stops calls [`flush`](Self::flush) once it has stopped
-/// taking requests and those in flight have ended.
+/// A gateway that stops waits for the requests in flight, calls
+/// [`end_streams`](Self::end_streams) for those still open after its
+/// grace period, then [`flush`](Self::flush) once the last has ended.
 #[derive(Clone, Debug, Default)]
 pub struct PendingSettlements {
     inner: Arc<Inner>,
@@ -27,6 +32,64 @@ struct Inner {
     next: AtomicU64,
     pending: Mutex<HashMap<u64, Settlement>>,
     emptied: Notify,
+    /// Set by [`PendingSettlements::end_streams`]; `streams_end` wakes the
+    /// bodies waiting at that moment, those made later see the flag.
+    streams_ended: AtomicBool,
+    streams_end: Arc<Notify>,
+}
+
+/// Completes once [`PendingSettlements::end_streams`] has been called:
+/// what a metered body waits on beside its upstream.
+pub(crate) struct StreamsEnd {
+    inner: Arc<Inner>,
+    /// Made at the first wait, so that a body that never waits allocates
+    /// nothing for it.
+    notified: Option<Pin<Box<OwnedNotified>>>,
+    /// The waker `notified` was last polled with: polling it again takes
+    /// the `Notify`'s lock, shared by every body, so it is polled again
+    /// only for another waker.
+    registered: Option<Waker>,
+}
+
+impl std::fmt::Debug for StreamsEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamsEnd")
+            .field("ended", &self.has_ended())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamsEnd {
+    /// Whether the streams have been ended: one atomic load.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.inner.streams_ended.load(Ordering::Acquire)
+    }
+}
+
+impl Future for StreamsEnd {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let notified = this
+            .notified
+            .get_or_insert_with(|| Box::pin(Arc::clone(&this.inner.streams_end).notified_owned()));
+        // Checked after the wait is registered: `notify_waiters` wakes every
+        // wait registered before it, and the flag is set before it.
+        if this.inner.streams_ended.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if this
+            .registered
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
+        let polled = notified.as_mut().poll(cx);
+        this.registered = Some(cx.waker().clone());
+        polled
+    }
 }
 
 /// Put into each metered request's extensions when
@@ -165,6 +228,28 @@ impl PendingSettlements {
         Tracked {
             inner: Arc::clone(&self.inner),
             id,
+        }
+    }
+
+    /// Ends every metered response body still open, at once and for good:
+    /// each stops at its next frame boundary (an event stream with a last
+    /// `data: {"error": …}` event whose `metadata.reason` is
+    /// `shutting_down`, any other body with an error that cuts its
+    /// connection), and settles as a response cut short: a stream is
+    /// charged its prompt and what it streamed, with its generation record.
+    /// Their settlements are then pending: [`flush`](Self::flush) them.
+    pub fn end_streams(&self) {
+        self.inner.streams_ended.store(true, Ordering::Release);
+        self.inner.streams_end.notify_waiters();
+    }
+
+    /// A future that completes once [`end_streams`](Self::end_streams) is
+    /// called, even if it was called before.
+    pub(crate) fn streams_end(&self) -> StreamsEnd {
+        StreamsEnd {
+            inner: Arc::clone(&self.inner),
+            notified: None,
+            registered: None,
         }
     }
 
@@ -316,5 +401,34 @@ mod tests {
         );
         drop(stuck);
         assert!(pending.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ending_the_streams_wakes_every_wait_made_before_and_after() {
+        let pending = PendingSettlements::default();
+        let polled = pending.streams_end();
+        let unpolled = pending.streams_end();
+        let waiting = tokio::spawn(polled);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), pending.streams_end())
+                .await
+                .is_err(),
+            "nothing ends while the gateway runs"
+        );
+        assert!(!unpolled.has_ended());
+        pending.end_streams();
+        let at_once = Duration::from_secs(1);
+        tokio::time::timeout(at_once, waiting)
+            .await
+            .expect("a wait polled before is woken")
+            .unwrap();
+        assert!(unpolled.has_ended());
+        tokio::time::timeout(at_once, unpolled)
+            .await
+            .expect("a wait made before, polled after, completes");
+        // Made after: complete at once, by a clone too.
+        tokio::time::timeout(at_once, pending.clone().streams_end())
+            .await
+            .expect("a wait made after completes");
     }
 }

@@ -234,6 +234,12 @@ impl UsageScanner {
             .max(self.streamed_text_bytes.div_ceil(3))
     }
 
+    /// Whether an event stream's bytes so far end between two events: a
+    /// line the gateway adds there cannot join the upstream's last one.
+    pub fn between_events(&self) -> bool {
+        self.buffer.is_empty() && self.event_data.is_empty() && !self.overflowed && !self.after_cr
+    }
+
     /// Whether the body is read as an event stream.
     pub fn is_event_stream(&self) -> bool {
         self.kind == BodyKind::EventStream
@@ -770,6 +776,23 @@ mod tests {
                 scanner.feed(&bytes[split..]);
                 let _ = scanner.finish();
             }
+        }
+    }
+
+    #[test]
+    fn between_events_is_true_only_where_a_new_event_can_start() {
+        let mut scanner = UsageScanner::new(BodyKind::EventStream, 64);
+        assert!(scanner.between_events(), "nothing read yet");
+        for (chunk, between) in [
+            (&b"data: {\"a\""[..], false),
+            (b"}\n", false),
+            (b"\n", true),
+            (b": keep-alive\r", false),
+            (b"\n\r", false),
+            (b"\n", true),
+        ] {
+            scanner.feed(chunk);
+            assert_eq!(scanner.between_events(), between, "after {chunk:?}");
         }
     }
 }

@@ -143,7 +143,8 @@ use crate::webhook::{
 ///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"},
 ///   "generations": {"retention_days": 30, "max_per_account": 100000, "public_ranking": false},
 ///   "oauth": {"allow_plain_pkce": false, "max_pending_codes_per_account": 100},
-///   "management_rate": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}}
+///   "management_rate": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}},
+///   "shutdown_grace_seconds": 30
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -218,6 +219,22 @@ pub struct GatewayConfig {
     /// not counted), as a rate rule (`{"gcra": {…}}` or `{"rolling": {…}}`).
     /// Absent: 600 a minute, in bursts of 60.
     pub management_rate: Option<RateRule>,
+    /// After SIGTERM, how long the requests in flight may take to end
+    /// before the gateway ends the responses still open, each charged for
+    /// what it used. Absent: [`DEFAULT_SHUTDOWN_GRACE`] (30 s).
+    pub shutdown_grace_seconds: Option<u64>,
+}
+
+/// How long requests in flight may take to end after SIGTERM, unless
+/// `shutdown_grace_seconds` says otherwise.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+impl GatewayConfig {
+    /// `shutdown_grace_seconds`, or [`DEFAULT_SHUTDOWN_GRACE`].
+    pub fn shutdown_grace(&self) -> Duration {
+        self.shutdown_grace_seconds
+            .map_or(DEFAULT_SHUTDOWN_GRACE, Duration::from_secs)
+    }
 }
 
 /// `oauth` in [`GatewayConfig`].
@@ -1326,6 +1343,15 @@ mod tests {
             assert!(error.contains(words), "{json}: {error}");
         }
         assert!(GatewayConfig::from_json(r#"{"generations": {"days": 1}}"#).is_err());
+    }
+
+    #[test]
+    fn the_shutdown_grace_is_read_and_defaults_to_30_seconds() {
+        let config = GatewayConfig::from_json(r#"{"shutdown_grace_seconds": 2}"#).unwrap();
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(2));
+        let config = GatewayConfig::from_json("{}").unwrap();
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(30));
+        assert!(GatewayConfig::from_json(r#"{"shutdown_grace_seconds": -1}"#).is_err());
     }
 
     #[test]
