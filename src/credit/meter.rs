@@ -53,9 +53,10 @@ pub(crate) struct Meter {
     pub(crate) byok: bool,
     /// Whether the response's status was 2xx, once there is a response.
     pub(crate) response_success: Option<bool>,
-    /// The prompt's estimated tokens, and the completion tokens a stream
-    /// carried (once its body has been read): what a stream that reports
-    /// no usage is charged.
+    /// The prompt's likely tokens (its text at a token per 3 bytes, as a
+    /// stream's text is counted; parts at their bound; never above the
+    /// held bound), and the completion tokens a stream carried (once its
+    /// body has been read): what a stream that reports no usage is charged.
     pub(crate) prompt_tokens: u64,
     pub(crate) streamed_tokens: Option<u64>,
     /// Where a settlement not yet recorded is known until it is.

@@ -128,6 +128,7 @@ where
             generation,
             principal: principal.clone(),
             prompt_tokens: prompt.tokens,
+            likely_prompt_tokens: prompt.likely_tokens,
             unbounded_prompt: prompt.unbounded,
             client_bound_tokens: chat.max_tokens,
             choices: chat.n.unwrap_or(1).max(1),
@@ -212,33 +213,47 @@ pub fn estimate_prompt_tokens(
 /// size here: a figure for the records of a request whose prompt holds
 /// nothing, never a bound.
 struct PromptCount {
+    /// The bound the hold covers: a token per byte of text.
     tokens: u64,
+    /// What a request that reports no usage is charged for its prompt: its
+    /// text at a token per 3 bytes, as a stream's text is counted
+    /// ([`UsageScanner`](super::UsageScanner)), 4 tokens a message, parts at
+    /// their bound; never above `tokens`.
+    likely_tokens: u64,
     unbounded: Option<GatewayError>,
 }
 
 fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
     let mut unbounded = None;
-    // The reply's header.
-    let mut tokens = MESSAGE_OVERHEAD_TOKENS;
+    // Text (and JSON the upstream reads as text), in bytes; apart from the
+    // non-text parts' bounds, in tokens.
+    let mut text_bytes: u64 = 0;
+    let mut part_tokens: u64 = 0;
     for (message_index, message) in chat.messages.iter().enumerate() {
-        tokens = tokens.saturating_add(MESSAGE_OVERHEAD_TOKENS);
         match &message.content {
-            Some(MessageContent::Text(text)) => tokens = tokens.saturating_add(text.len() as u64),
+            Some(MessageContent::Text(text)) => {
+                text_bytes = text_bytes.saturating_add(text.len() as u64)
+            }
             Some(MessageContent::Parts(parts)) => {
                 for (part_index, part) in parts.iter().enumerate() {
-                    let part_tokens = part_tokens(part, bounds).unwrap_or_else(|missing| {
-                        unbounded.get_or_insert_with(|| {
-                            unbounded_part(chat, message_index, part_index, part, missing)
-                        });
-                        json_bytes(part)
-                    });
-                    tokens = tokens.saturating_add(part_tokens);
+                    match part_size(part, bounds) {
+                        Ok(PartSize::Bytes(bytes)) => text_bytes = text_bytes.saturating_add(bytes),
+                        Ok(PartSize::Tokens(tokens)) => {
+                            part_tokens = part_tokens.saturating_add(tokens)
+                        }
+                        Err(missing) => {
+                            unbounded.get_or_insert_with(|| {
+                                unbounded_part(chat, message_index, part_index, part, missing)
+                            });
+                            text_bytes = text_bytes.saturating_add(json_bytes(part));
+                        }
+                    }
                 }
             }
             None => {}
         }
         if !message.extra.is_empty() {
-            tokens = tokens.saturating_add(json_bytes(&message.extra));
+            text_bytes = text_bytes.saturating_add(json_bytes(&message.extra));
         }
     }
     for value in chat
@@ -247,17 +262,44 @@ fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
         .flatten()
         .chain(chat.response_format.iter())
     {
-        tokens = tokens.saturating_add(json_bytes(value));
+        text_bytes = text_bytes.saturating_add(json_bytes(value));
     }
     if !chat.extra.is_empty() {
-        tokens = tokens.saturating_add(json_bytes(&chat.extra));
+        text_bytes = text_bytes.saturating_add(json_bytes(&chat.extra));
     }
-    PromptCount {
-        tokens: bounds
+    let capped = |tokens: u64| {
+        bounds
             .context_length_tokens
-            .map_or(tokens, |context| tokens.min(context)),
+            .map_or(tokens, |context| tokens.min(context))
+    };
+    let messages = chat.messages.len() as u64;
+    // The reply's header counts as a message.
+    let overhead = |per_message: u64| per_message.saturating_mul(messages.saturating_add(1));
+    PromptCount {
+        tokens: capped(
+            text_bytes
+                .saturating_add(part_tokens)
+                .saturating_add(overhead(MESSAGE_OVERHEAD_TOKENS)),
+        ),
+        likely_tokens: capped(
+            text_bytes
+                .div_ceil(3)
+                .saturating_add(part_tokens)
+                .saturating_add(overhead(LIKELY_MESSAGE_OVERHEAD_TOKENS)),
+        ),
         unbounded,
     }
+}
+
+/// The tokens a message's framing likely takes, for a charge made without
+/// usage; [`MESSAGE_OVERHEAD_TOKENS`] bounds it for the hold.
+const LIKELY_MESSAGE_OVERHEAD_TOKENS: u64 = 4;
+
+/// How one content part counts: its bytes, read as text, or a number of
+/// tokens (a non-text part's bound).
+enum PartSize {
+    Bytes(u64),
+    Tokens(u64),
 }
 
 /// The pricing field whose absence leaves a part unbounded.
@@ -278,8 +320,8 @@ impl MissingBound {
     }
 }
 
-/// The most tokens one content part counts (see [`estimate_prompt_tokens`]).
-fn part_tokens(part: &serde_json::Value, bounds: &PromptBounds) -> Result<u64, MissingBound> {
+/// How one content part counts (see [`estimate_prompt_tokens`]).
+fn part_size(part: &serde_json::Value, bounds: &PromptBounds) -> Result<PartSize, MissingBound> {
     let text_bytes = |field: &str| match part.get(field) {
         Some(serde_json::Value::String(text)) => text.len() as u64,
         // Not text as the gateway knows it: whatever the upstream makes
@@ -287,17 +329,22 @@ fn part_tokens(part: &serde_json::Value, bounds: &PromptBounds) -> Result<u64, M
         _ => json_bytes(part),
     };
     match part.get("type").and_then(serde_json::Value::as_str) {
-        Some("text") => Ok(text_bytes("text")),
-        Some("refusal") => Ok(text_bytes("refusal")),
+        Some("text") => Ok(PartSize::Bytes(text_bytes("text"))),
+        Some("refusal") => Ok(PartSize::Bytes(text_bytes("refusal"))),
         Some("image_url") => bounds
             .max_tokens_per_image
             .or(bounds.context_length_tokens)
+            .map(PartSize::Tokens)
             .ok_or(MissingBound::Image),
         Some("file" | "input_audio") => bounds
             .max_tokens_per_file
             .or(bounds.context_length_tokens)
+            .map(PartSize::Tokens)
             .ok_or(MissingBound::File),
-        _ => bounds.context_length_tokens.ok_or(MissingBound::Context),
+        _ => bounds
+            .context_length_tokens
+            .map(PartSize::Tokens)
+            .ok_or(MissingBound::Context),
     }
 }
 
@@ -370,7 +417,10 @@ struct Charge {
     generation: Option<Box<GenerationContext>>,
     /// The model's provider, as the request spells it.
     provider: String,
+    /// The prompt's bound, held.
     prompt_tokens: u64,
+    /// What the prompt is charged when no usage comes.
+    likely_prompt_tokens: u64,
     /// The refusal of a prompt the model's bounds cannot bound, given only
     /// when the prompt holds credits ([`Charge::holds_prompt`]).
     unbounded_prompt: Option<GatewayError>,
@@ -634,7 +684,7 @@ fn hold_request(
         free: charge.free,
         byok,
         response_success: None,
-        prompt_tokens: charge.prompt_tokens,
+        prompt_tokens: charge.likely_prompt_tokens,
         streamed_tokens: None,
         pending: config.pending.clone(),
         hold_expires_at: tokio::time::Instant::now() + config.reservation_ttl,
@@ -941,6 +991,11 @@ mod tests {
         let count = count_prompt(&chat, &PromptBounds::default());
         let image_bytes = image.to_string().len() as u64;
         assert_eq!(count.tokens, 3 + image_bytes + 2 * MESSAGE_OVERHEAD_TOKENS);
+        // Charged without usage: its bytes as a stream's text is counted.
+        assert_eq!(
+            count.likely_tokens,
+            (3 + image_bytes).div_ceil(3) + 2 * LIKELY_MESSAGE_OVERHEAD_TOKENS
+        );
         assert_eq!(
             count.unbounded,
             estimate_prompt_tokens(&chat, &PromptBounds::default()).err()
@@ -953,6 +1008,7 @@ mod tests {
             generation: None,
             provider: "a".to_owned(),
             prompt_tokens: count.tokens,
+            likely_prompt_tokens: count.likely_tokens,
             unbounded_prompt: count.unbounded.clone(),
             client_bound_tokens: Some(10),
             choices: 1,
@@ -1077,6 +1133,10 @@ mod tests {
             if let Some(context) = context {
                 prop_assert!(tokens <= context);
             }
+            // What is charged without usage never passes what was held.
+            let count = count_prompt(&parse(&conversation(&texts, image)), &bounds);
+            prop_assert!(count.likely_tokens <= count.tokens);
+            prop_assert!(count.likely_tokens >= bytes.div_ceil(3).min(count.tokens));
         }
 
         #[test]

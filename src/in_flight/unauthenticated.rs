@@ -138,6 +138,20 @@ impl UnauthenticatedPlaces {
         self.inner.limits
     }
 
+    /// The 408 `slow_body` for `what` (such as `the alert's body`), which
+    /// did not arrive within `timeout` at this endpoint's pace.
+    pub(crate) fn slow_body(&self, what: &str, timeout: Duration) -> GatewayError {
+        GatewayError::new(
+            ErrorKind::RequestTimeout,
+            format!(
+                "{what} did not arrive in time: send it whole within {} s, {}",
+                timeout.as_secs_f64(),
+                self.inner.limits.body_pace().describe()
+            ),
+        )
+        .with_metadata("reason", "slow_body")
+    }
+
     /// Requests holding a place now.
     pub fn in_flight(&self) -> usize {
         self.inner

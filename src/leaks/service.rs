@@ -230,15 +230,9 @@ fn unread(error: ReadError, config: &LeakAlertsConfig, client: Option<IpAddr>) -
                     return failures.refusal(retry_after);
                 }
             }
-            GatewayError::new(
-                ErrorKind::RequestTimeout,
-                format!(
-                    "the alert's body did not arrive in time: send it whole within {} s, {}",
-                    config.body_timeout.as_secs_f64(),
-                    config.places.limits().body_pace().describe()
-                ),
-            )
-            .with_metadata("reason", "slow_body")
+            config
+                .places
+                .slow_body("the alert's body", config.body_timeout)
         }
         ReadError::Broken => GatewayError::new(
             ErrorKind::InvalidRequest,

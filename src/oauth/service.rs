@@ -207,15 +207,7 @@ fn unread(error: ReadError, config: &CodeExchangeConfig, client: Option<IpAddr>)
                     return too_many_failures(failures, retry_after);
                 }
             }
-            GatewayError::new(
-                ErrorKind::RequestTimeout,
-                format!(
-                    "the exchange body did not arrive in time: send it whole within {} s, {}",
-                    config.body_timeout.as_secs_f64(),
-                    config.places.limits().body_pace().describe()
-                ),
-            )
-            .with_metadata("reason", "slow_body")
+            config.places.slow_body("the exchange body", config.body_timeout)
         }
         ReadError::Broken => GatewayError::new(
             ErrorKind::InvalidRequest,
