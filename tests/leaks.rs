@@ -771,3 +771,38 @@ async fn without_leak_scanning_the_route_is_not_served() {
     let body: Value = reply.json().await.unwrap();
     assert_eq!(body["error"]["type"], "not_found_error", "{body}");
 }
+
+/// An address past its failed authentications is refused before its
+/// alert's body is read or its signature checked, as for keys and codes:
+/// even a well-signed alert waits for the window's end.
+#[tokio::test]
+async fn a_blocked_address_gets_no_alert_read() {
+    let scanner = Scanner::new();
+    let config = json!({
+        "leak_scanning": {"public_keys": {"file": scanner.keys_path}},
+        "auth_failures": {"max_failures": 2, "window_seconds": 600},
+    })
+    .to_string();
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instances_with(&[store], &config).await[0];
+    let body = b"[]";
+    let signature = scanner.sign(body);
+    // Signed right, from an address in good standing: read and verified
+    // (then refused for listing no token, which counts no failure).
+    let (status, answer) =
+        post_alert(address, body, Some(&scanner.identifier), Some(&signature)).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("lists no tokens"), "{answer}");
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(post_alert(address, body, None, None).await.0);
+    }
+    assert_eq!(statuses, [401, 401, 429]);
+    let (status, refused) =
+        post_alert(address, body, Some(&scanner.identifier), Some(&signature)).await;
+    assert_eq!(
+        (status, reason(&refused)),
+        (429, "auth_failures"),
+        "{refused}"
+    );
+}

@@ -99,6 +99,13 @@ where
     let counted = |rejection: GatewayError| {
         AuthFailures::counted(config.failures.as_ref(), client, rejection)
     };
+    // Past its failure limit an address gets no place, no body read and no
+    // signature check (the keys' identifiers are public).
+    if let Some(failures) = &config.failures {
+        if let Some(retry_after) = failures.blocked(client) {
+            return Err(failures.refusal(retry_after));
+        }
+    }
     // The headers first: an unsigned request or an unknown key costs no
     // body read and no verification.
     let (identifier, signature) = signature_headers(request.headers()).map_err(counted)?;

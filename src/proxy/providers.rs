@@ -162,8 +162,9 @@ impl Service<Request<Full<Bytes>>> for Providers {
                     request.extensions_mut().insert(CallerKey(value));
                 }
                 // Booked as unpaid BYOK, yet only the gateway's credentials
-                // could go: refused before anything is sent, so the hold is
-                // released at no cost.
+                // could go: refused before anything is sent (with
+                // `upstream_reports_sending`, as the proxy sets it, it
+                // settles as never sent).
                 _ => {
                     return Box::pin(async move {
                         Err(GatewayError::new(

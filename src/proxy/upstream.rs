@@ -331,9 +331,10 @@ impl Inner {
             }
             // Accounted as the account's own key (unpaid), yet nothing put
             // that key here: sending the gateway's credentials instead would
-            // serve it free. Refused before anything is sent, so its hold is
-            // released at no cost (a library stack whose CreditGuard finds
-            // account keys but whose routing does not send them).
+            // serve it free. Refused before anything is sent, so with
+            // `upstream_reports_sending` it settles as never sent (a library
+            // stack whose CreditGuard finds account keys but whose routing
+            // does not send them).
             None if parts.extensions.get::<ByokCredential>().is_some() => {
                 return Err(GatewayError::new(
                     ErrorKind::Internal,
