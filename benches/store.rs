@@ -120,6 +120,7 @@ fn bench_store<S: Store>(
         min_amount_nanos: None,
         check_balance: true,
         covered_by_balance: false,
+        lapse_record: None,
         ttl: Duration::from_secs(60),
     };
     // Reserving one id again replaces it, so the key's reservations stay one.

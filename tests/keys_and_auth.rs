@@ -1157,6 +1157,7 @@ async fn key_status_reports_the_ledger_by_utc_period() {
                     min_amount_nanos: None,
                     check_balance: false,
                     covered_by_balance: false,
+                    lapse_record: None,
                     ttl: Duration::from_secs(60),
                 };
                 assert!(matches!(
@@ -1509,6 +1510,7 @@ async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
             min_amount_nanos: None,
             check_balance: false,
             covered_by_balance: false,
+            lapse_record: None,
             ttl: Duration::from_secs(60),
         };
         let seen = chat_as(gateway.address, &key).await.body["limit_nanos"]

@@ -39,6 +39,7 @@ fn reserve_request() -> ReserveRequest {
         min_amount_nanos: None,
         check_balance: true,
         covered_by_balance: false,
+        lapse_record: None,
         ttl: Duration::from_secs(60),
     }
 }
@@ -431,6 +432,7 @@ async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
         min_amount_nanos: None,
         check_balance: false,
         covered_by_balance: false,
+        lapse_record: None,
         ..reserve_request()
     };
     let reserved = || async {
@@ -706,6 +708,7 @@ async fn settled_holds_leave_no_ids_in_redis() {
         let hold = ReserveRequest {
             reservation_id: id.clone(),
             covered_by_balance: true,
+            lapse_record: None,
             ..reserve_request()
         };
         assert!(store.reserve(&hold, t0()).await.unwrap().is_reserved());
@@ -785,6 +788,7 @@ async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
     let hold = ReserveRequest {
         ttl: Duration::from_secs(1),
         covered_by_balance: true,
+        lapse_record: None,
         ..reserve_request()
     };
     assert!(store
@@ -1110,6 +1114,7 @@ fn reserve_of(args: &ReserveArgs) -> ReserveRequest {
             .map(|permille| args.amount_nanos / 1000 * permille),
         check_balance: args.check_balance,
         covered_by_balance: args.covered_by_balance,
+        lapse_record: None,
         ttl: Duration::from_secs(args.ttl_secs),
     }
 }

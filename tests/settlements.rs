@@ -304,8 +304,14 @@ async fn slow_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64
         let received = counted.clone();
         async move {
             received.fetch_add(1, Ordering::SeqCst);
-            let short = String::from_utf8_lossy(&body).contains("short");
-            let chunks: u64 = if short { 5 } else { 225 };
+            let text = String::from_utf8_lossy(&body);
+            let chunks: u64 = if text.contains("short") {
+                5
+            } else if text.contains("eight seconds") {
+                40
+            } else {
+                225
+            };
             let events = futures::stream::unfold(0u64, move |sent| async move {
                 let event = match sent {
                     _ if sent < chunks => {
@@ -473,4 +479,140 @@ async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
         ),
         "each charged once, as its record says; no hold left"
     );
+}
+
+/// A proxy on `server` whose holds last `hold_seconds` unless renewed, in
+/// front of the slow upstream, with a key and an account of `credits`.
+async fn short_holds(
+    server: &RedisServer,
+    hold_seconds: u64,
+    credits: u64,
+) -> (
+    ProxyProcess,
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tempfile::TempDir,
+) {
+    let (upstream, received) = slow_upstream().await;
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    std::fs::write(
+        &config,
+        json!({"pricing": {"default": price},
+               "credit": {"reservation_ttl_seconds": hold_seconds}})
+        .to_string(),
+    )
+    .unwrap();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let proxy = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let key = proxy.create_key(admin_key.expose(), "holds").await;
+    let funded = reqwest::Client::new()
+        .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({ "amount": credits }))
+        .send()
+        .await
+        .unwrap();
+    assert!(funded.status().is_success());
+    (proxy, key, received, directory)
+}
+
+async fn balance_nanos(server: &RedisServer) -> i64 {
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    store
+        .account_balance("default")
+        .await
+        .unwrap()
+        .balance_nanos
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_its_hold_keeps_it_renewed() {
+    // 3 s holds, an 8 s stream: its hold is renewed while it runs, so a
+    // second request is refused for the balance it holds, and the stream
+    // is charged once, its real cost, at its end.
+    let server = RedisServer::start();
+    let (proxy, key, received, _config) = short_holds(&server, 3, 500).await;
+    let long = tokio::spawn({
+        let (address, key) = (proxy.address.clone(), key.clone());
+        async move { stream_saying(&address, &key, "eight seconds").await }
+    });
+    wait_for(&received, 1).await;
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let (used, held) = charged(&server, &key).await;
+    assert_eq!(used, 0, "nothing charged while it streams");
+    assert!(
+        held > 250 * NANOS_PER_CREDIT,
+        "past its first lifetime, its hold is still held: {held}"
+    );
+    let second = stream_saying(&proxy.address, &key, "short").await;
+    assert_eq!(second.0, 402, "{}", second.1);
+    let (status, text) = long.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let cost = 43 * NANOS_PER_CREDIT;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while charged(&server, &key).await != (cost, 0) {
+        assert!(std::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT - cost);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_s_hold_lapses_charged_in_full_with_a_record_saying_so() {
+    let server = RedisServer::start();
+    let (proxy, key, received, _config) = short_holds(&server, 3, 1000).await;
+    let reply = reqwest::Client::new()
+        .post(format!("{}/api/v1/chat/completions", proxy.address))
+        .bearer_auth(&key)
+        .json(
+            &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 300,
+                      "messages": [{"role": "user", "content": "a long story"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let generation = reply.headers()["x-generation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    wait_for(&received, 1).await;
+    let (_, held) = charged(&server, &key).await;
+    assert!(held > 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = Command::new("kill")
+        .args(["-KILL", &proxy.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    drop(reply);
+    // Renewed no more: a lifetime after its last renewal, it lapses, and
+    // the first call that finds it (here a usage read, as a second
+    // instance would make) charges it in full, once.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for _ in 0..2 {
+        assert_eq!(charged(&server, &key).await, (held, 0));
+        assert_eq!(balance_nanos(&server).await, 1000 * NANOS_PER_CREDIT - held);
+    }
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let reservation = generation.strip_prefix("gen-").unwrap();
+    let record: serde_json::Value = serde_json::from_slice(
+        &store
+            .generation("default", reservation, chrono::Utc::now())
+            .await
+            .unwrap()
+            .expect("the lapse's record"),
+    )
+    .unwrap();
+    assert_eq!(record["id"], generation);
+    assert_eq!(record["cost_basis"], "lapsed");
+    assert_eq!(record["lapsed"], true);
+    assert_eq!(record_cost_nanos(&record), held);
 }

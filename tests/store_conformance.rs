@@ -15,11 +15,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AccountBalance, AdmitRequest, AppUsage, Check, Expect, KeyLimit, Limit, MemoryStore,
-    PurchaseTier, PutOptions, PutOutcome, RedisStore, RedisStoreConfig, ReserveOutcome,
-    ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store, StoreErrorKind, TimeSource,
-    TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS, MAX_APP_USAGE_ROWS,
-    MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
+    AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, KeyLimit, Limit,
+    MemoryStore, PurchaseTier, PutOptions, PutOutcome, RecordKeeping, RedisStore, RedisStoreConfig,
+    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store,
+    StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
+    MAX_APP_USAGE_ROWS, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -819,6 +819,7 @@ fn reservation(id: &str, amount_nanos: i64, key_limit: Option<KeyLimit>) -> Rese
         min_amount_nanos: None,
         check_balance: true,
         covered_by_balance: false,
+        lapse_record: None,
         ttl: Duration::from_secs(60),
     }
 }
@@ -1107,6 +1108,7 @@ async fn negative_balance_rejects_until_topped_up<S: Store>(store: Arc<S>) {
         min_amount_nanos: None,
         check_balance: false,
         covered_by_balance: false,
+        lapse_record: None,
         ..reservation("c", 0, None)
     };
     assert!(matches!(
@@ -1392,8 +1394,10 @@ async fn a_granted_hold_is_settled_by_its_first_settlement_only<S: Store>(store:
 }
 
 async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: Arc<S>) {
-    // A request that outlives its hold: the hold stops counting at its
-    // expiry, and its settlement, when it comes, is recorded once.
+    // A hold that reaches its expiry unsettled (its instance died, or lost
+    // the store for longer than the hold) lapses: the first call that
+    // finds it charges its held amount, once; its settlement, if one ever
+    // comes, replaces that charge with the real cost, once.
     store.top_up("acct", credits(10)).await.unwrap();
     let on_other_key = |request: ReserveRequest| ReserveRequest {
         key: "other-key".into(),
@@ -1404,14 +1408,20 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         .await
         .unwrap()
         .is_reserved());
-    // Nothing reads the other key until its settlement: it lapses then.
+    // Nothing reads the other key until its settlement: its usage is
+    // charged then, its balance by any call on the account.
     assert!(store
         .reserve(&on_other_key(paid_hold("slow", credits(4), None)), t0())
         .await
         .unwrap()
         .is_reserved());
     let expired = after(61 * SECOND);
-    assert_eq!(account_totals(&*store, expired).await, (0, 0, credits(10)));
+    for _ in 0..2 {
+        assert_eq!(
+            account_totals(&*store, expired).await,
+            (credits(4), 0, credits(2))
+        );
+    }
     let late = after(3600 * SECOND);
     for _ in 0..2 {
         let slow = Settlement {
@@ -1430,14 +1440,18 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
     );
     let other = store.key_usage("acct", "other-key", late).await.unwrap();
     assert_eq!((other.total_nanos, other.reserved_nanos), (credits(3), 0));
-    // A lapsed id reserved again holds again, and is settled once.
+    // A lapsed id reserved again holds again; its settlement replaces the
+    // lapse's charge and takes the new hold, once.
     assert!(store
         .reserve(&paid_hold("again", credits(1), None), late)
         .await
         .unwrap()
         .is_reserved());
     let relapsed = late + chrono::Duration::seconds(61);
-    assert_eq!(account_totals(&*store, relapsed).await.1, 0);
+    assert_eq!(
+        account_totals(&*store, relapsed).await,
+        (credits(2), 0, credits(5))
+    );
     assert!(store
         .reserve(&paid_hold("again", credits(2), None), relapsed)
         .await
@@ -1481,31 +1495,28 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         account_totals(&*store, kept_lapsed).await,
         (credits(4), 0, credits(3))
     );
-    // A lapsed hold is known until LAPSED_HOLD_MEMORY after its expiry,
-    // seen lapsing or not, and forgotten from then on: a settlement then
-    // finds nothing and records nothing.
+    // A lapse's charge is known for LAPSED_HOLD_MEMORY from when a call
+    // found it: a settlement within that replaces it, one after it finds
+    // nothing, and the lapse's charge (the whole hold) stands.
     let lapsed = chrono::Duration::from_std(modelgate::store::LAPSED_HOLD_MEMORY).unwrap();
     let start = kept_lapsed;
     store.top_up("acct", credits(10)).await.unwrap();
     let expiry = start + chrono::Duration::seconds(60);
     let mut charged = 0;
-    for (id, seen, settled_at) in [
+    for (id, seen, settled_at, expected) in [
         (
             "last-moment",
             true,
             lapsed - chrono::Duration::milliseconds(1),
+            credits(1) / 2,
         ),
-        (
-            "last-moment-unseen",
-            false,
-            lapsed - chrono::Duration::milliseconds(1),
-        ),
-        ("forgotten", true, lapsed),
-        ("forgotten-unseen", false, lapsed),
+        ("forgotten", true, lapsed, credits(1)),
+        // Found lapsing by its own settlement: replaced at once.
+        ("unseen", false, lapsed, credits(1) / 2),
     ] {
         let hold = Settlement {
             key: format!("key-{id}"),
-            ..granted(id, credits(1))
+            ..granted(id, credits(1) / 2)
         };
         assert!(store
             .reserve(
@@ -1519,22 +1530,220 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
             .unwrap()
             .is_reserved());
         if seen {
-            store
-                .key_usage("acct", &hold.key, expiry + chrono::Duration::seconds(1))
-                .await
-                .unwrap();
+            store.key_usage("acct", &hold.key, expiry).await.unwrap();
         }
-        store.settle(&hold, expiry + settled_at).await.unwrap();
+        for _ in 0..2 {
+            store.settle(&hold, expiry + settled_at).await.unwrap();
+        }
         let usage = store
             .key_usage("acct", &hold.key, expiry + settled_at)
             .await
             .unwrap();
-        let expected = if settled_at < lapsed { credits(1) } else { 0 };
         assert_eq!(usage.total_nanos, expected, "{id}");
         charged += expected;
     }
     let balance = store.account_balance("acct").await.unwrap().balance_nanos;
     assert_eq!(balance, credits(13) - charged);
+}
+
+async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
+    // A stream far longer than the hold's lifetime: renewed every 20 s,
+    // its hold keeps counting, so the balance is never promised twice.
+    store.top_up("acct", credits(5)).await.unwrap();
+    assert!(store
+        .reserve(&paid_hold("long", credits(4), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    let renewal = |id: &str| HoldRenewal {
+        key: "key-hash".into(),
+        reservation_id: id.into(),
+    };
+    let ttl = Duration::from_secs(60);
+    for tick in 1..=30 {
+        let now = after(tick * 20 * SECOND);
+        let renewed = store
+            .renew_holds("acct", &[renewal("long"), renewal("unknown")], ttl, now)
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1, "tick {tick}");
+        assert!(matches!(
+            store
+                .reserve(&paid_hold(&format!("other-{tick}"), credits(2), None), now)
+                .await
+                .unwrap(),
+            ReserveOutcome::BalanceInsufficient { .. }
+        ));
+    }
+    // Ten minutes in, nothing charged, the hold still held.
+    let end = after(600 * SECOND + 1);
+    assert_eq!(
+        account_totals(&*store, end).await,
+        (0, credits(4), credits(5))
+    );
+    store
+        .settle(&granted("long", credits(3)), end)
+        .await
+        .unwrap();
+    assert_eq!(
+        account_totals(&*store, end).await,
+        (credits(3), 0, credits(2))
+    );
+    // Settled: nothing left to renew, and a renewal brings nothing back.
+    assert_eq!(
+        store
+            .renew_holds("acct", &[renewal("long")], ttl, end)
+            .await
+            .unwrap(),
+        0
+    );
+    // A hold renewed no more (its instance died) lapses a lifetime after
+    // its last renewal, charged in full; a renewal then is too late.
+    assert!(store
+        .reserve(&paid_hold("orphan", credits(1), None), end)
+        .await
+        .unwrap()
+        .is_reserved());
+    let renewed_at = end + chrono::Duration::seconds(20);
+    store
+        .renew_holds("acct", &[renewal("orphan")], ttl, renewed_at)
+        .await
+        .unwrap();
+    let still = renewed_at + chrono::Duration::seconds(59);
+    assert_eq!(
+        account_totals(&*store, still).await,
+        (credits(3), credits(1), credits(2))
+    );
+    let lapsed = renewed_at + chrono::Duration::seconds(60);
+    assert_eq!(
+        store
+            .renew_holds("acct", &[renewal("orphan")], ttl, lapsed)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        account_totals(&*store, lapsed).await,
+        (credits(4), 0, credits(1))
+    );
+    // A renewal never shortens a hold.
+    assert!(store
+        .reserve(&paid_hold("short", credits(1), None), lapsed)
+        .await
+        .unwrap()
+        .is_reserved());
+    store
+        .renew_holds("acct", &[renewal("short")], Duration::from_secs(1), lapsed)
+        .await
+        .unwrap();
+    let soon = lapsed + chrono::Duration::seconds(30);
+    assert_eq!(account_totals(&*store, soon).await.1, credits(1));
+    // Invalid lifetimes are refused.
+    for bad in [Duration::ZERO, Duration::from_secs(366 * 86_400)] {
+        assert!(store
+            .renew_holds("acct", &[renewal("short")], bad, soon)
+            .await
+            .is_err());
+    }
+}
+
+async fn a_lapse_leaves_a_generation_record_its_settlement_replaces<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    let keeping = RecordKeeping {
+        retention: Duration::from_secs(3600),
+        max_per_account: 100,
+    };
+    let with_record = |id: &str, key: &str| ReserveRequest {
+        key: key.into(),
+        lapse_record: Some(keeping),
+        ..paid_hold(id, credits(2), None)
+    };
+    let byok = ReserveRequest {
+        covered_by_balance: false,
+        ..with_record("byok-orphan", "key-b")
+    };
+    for request in [
+        with_record("orphan", "key-a"),
+        with_record("late", "key-a"),
+        byok,
+    ] {
+        assert!(store.reserve(&request, t0()).await.unwrap().is_reserved());
+    }
+    // A hold without the setting leaves no record.
+    assert!(store
+        .reserve(&paid_hold("silent", credits(1), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    let lapsed_at = after(61 * SECOND);
+    store.key_usage("acct", "key-a", lapsed_at).await.unwrap();
+    store.key_usage("acct", "key-b", lapsed_at).await.unwrap();
+    store
+        .key_usage("acct", "key-hash", lapsed_at)
+        .await
+        .unwrap();
+    let record = |bytes: Option<bytes::Bytes>| -> serde_json::Value {
+        serde_json::from_slice(&bytes.expect("a record")).unwrap()
+    };
+    let orphan = record(store.generation("acct", "orphan", lapsed_at).await.unwrap());
+    assert_eq!(orphan["id"], "gen-orphan");
+    assert_eq!(orphan["total_cost"], 2);
+    assert_eq!(orphan["usage"], 2);
+    assert_eq!(orphan["cost_basis"], "lapsed");
+    assert_eq!(orphan["lapsed"], true);
+    assert_eq!(orphan["is_byok"], false);
+    assert_eq!(orphan["user_id"], "acct");
+    assert_eq!(orphan["key_hash"], "key-a");
+    assert_eq!(
+        orphan["created_at"],
+        lapsed_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    let byok = record(
+        store
+            .generation("acct", "byok-orphan", lapsed_at)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(byok["is_byok"], true);
+    assert!(store
+        .generation("acct", "silent", lapsed_at)
+        .await
+        .unwrap()
+        .is_none());
+    // Each backend writes the same record, to the byte.
+    assert_eq!(
+        store.generation("acct", "orphan", lapsed_at).await.unwrap(),
+        Some(modelgate::store::lapse_record(
+            "acct",
+            "key-a",
+            "orphan",
+            credits(2),
+            false,
+            lapsed_at
+        ))
+    );
+    // The late settlement's own record replaces the lapse's.
+    let late = with_record_of(
+        Settlement {
+            key: "key-a".into(),
+            ..granted("late", credits(1))
+        },
+        r#"{"id":"gen-late","total_cost":1}"#,
+    );
+    store.settle(&late, lapsed_at).await.unwrap();
+    assert_eq!(
+        record(store.generation("acct", "late", lapsed_at).await.unwrap())["total_cost"],
+        1
+    );
+    // Balance: 10 - 2 (orphan) - 1 (late, replaced) - 1 (silent).
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    assert_eq!(balance, credits(6));
+    let usage = store.key_usage("acct", "key-b", lapsed_at).await.unwrap();
+    assert_eq!(usage.byok_total_nanos, credits(2));
+}
+
+fn with_record_of(settlement: Settlement, body: &str) -> Settlement {
+    with_record(settlement, body, 3600, 100)
 }
 
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {
@@ -1980,6 +2189,7 @@ fn paid_hold(id: &str, amount_nanos: i64, least_nanos: Option<i64>) -> ReserveRe
     ReserveRequest {
         min_amount_nanos: least_nanos,
         covered_by_balance: true,
+        lapse_record: None,
         ..reservation(id, amount_nanos, None)
     }
 }
@@ -2436,16 +2646,38 @@ async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
     // A BYOK hold (not covered by the balance) is not bounded by it.
     let byok = ReserveRequest {
         covered_by_balance: false,
+        lapse_record: None,
         ..paid_hold("f", credits(100), None)
     };
     assert!(store.reserve(&byok, t0()).await.unwrap().is_reserved());
-    // Holds expire: after their lifetime the whole balance is free again.
+    // Holds that reach their expiry unsettled (their instance died) lapse,
+    // charged in full: the balance has paid a, c and e, and nothing is left.
     let later = after(61 * SECOND);
+    assert_eq!(
+        store
+            .reserve(&paid_hold("g", credits(1), None), later)
+            .await
+            .unwrap(),
+        ReserveOutcome::BalanceInsufficient {
+            balance_nanos: 0,
+            held_nanos: 0
+        }
+    );
+    // A late settlement gives back what its request did not use.
+    store
+        .settle(&granted("a", credits(1) / 2), later)
+        .await
+        .unwrap();
+    let balance = store.account_balance("acct").await.unwrap();
+    assert_eq!(balance.balance_nanos, credits(3) / 2);
     assert!(store
-        .reserve(&paid_hold("g", credits(4), None), later)
+        .reserve(&paid_hold("g", credits(3) / 2, None), later)
         .await
         .unwrap()
         .is_reserved());
+    // The BYOK hold lapsed into the key's BYOK usage, not the balance.
+    let usage = store.key_usage("acct", "key-hash", later).await.unwrap();
+    assert_eq!(usage.byok_total_nanos, credits(100));
 }
 
 async fn a_flexible_hold_takes_what_the_key_limit_leaves<S: Store>(store: Arc<S>) {
@@ -2546,6 +2778,7 @@ async fn a_hold_whose_settlement_came_first_holds_nothing<S: Store>(store: Arc<S
             include_byok: false,
         }),
         covered_by_balance: false,
+        lapse_record: None,
         ..paid_hold("zero-least", credits(5), Some(0))
     };
     assert_eq!(
@@ -3369,6 +3602,8 @@ conformance!(
     a_settled_id_is_remembered_while_its_hold_could_be_retried,
     a_granted_hold_is_settled_by_its_first_settlement_only,
     a_lapsed_hold_is_charged_once_by_its_late_settlement,
+    a_renewed_hold_lasts_as_long_as_its_request,
+    a_lapse_leaves_a_generation_record_its_settlement_replaces,
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,
     concurrent_reservations_admit_exactly_the_limit,

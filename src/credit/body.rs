@@ -215,6 +215,7 @@ mod tests {
             streamed_tokens: None,
             pending: pending.clone(),
             hold_expires_at: tokio::time::Instant::now() + Duration::from_secs(900),
+            renewal: None,
             generation: None,
         }
     }

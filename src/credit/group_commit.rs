@@ -466,6 +466,20 @@ mod tests {
                 .await
         }
 
+        async fn renew_holds(
+            &self,
+            account: &str,
+            holds: &[crate::store::HoldRenewal],
+            ttl: Duration,
+            now: DateTime<Utc>,
+        ) -> Result<u64, StoreError> {
+            self.call(
+                "renew_holds".into(),
+                self.inner.renew_holds(account, holds, ttl, now),
+            )
+            .await
+        }
+
         async fn settle_many(
             &self,
             settlements: &[Settlement],
@@ -576,6 +590,7 @@ mod tests {
             min_amount_nanos: None,
             check_balance: false,
             covered_by_balance: false,
+            lapse_record: None,
             ttl: Duration::from_secs(60),
         }
     }

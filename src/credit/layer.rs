@@ -8,6 +8,7 @@ use super::bound::BoundField;
 use super::group_commit::GroupCommit;
 use super::pending::{PendingSettlements, Unrecorded};
 use super::pricing::Pricing;
+use super::renewal::HoldRenewals;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
 use crate::keys::{ByokDirectory, ByokProviders, SharedStore};
@@ -31,7 +32,8 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policy: FailurePolicy,
     pub(crate) default_max_tokens: u64,
-    pub(crate) reservation_ttl: Duration,
+    /// The holds of requests in flight, renewed; their lifetime.
+    pub(crate) renewals: HoldRenewals,
     pub(crate) max_scanned_body_bytes: usize,
     /// Per provider (lower case), the request field that carries the
     /// completion bound; `max_tokens` for the others.
@@ -56,7 +58,7 @@ impl std::fmt::Debug for CreditGuardConfig {
             .field("clock", &self.clock)
             .field("policy", &self.policy)
             .field("default_max_tokens", &self.default_max_tokens)
-            .field("reservation_ttl", &self.reservation_ttl)
+            .field("reservation_ttl", &self.renewals.hold_ttl())
             .field("max_scanned_body_bytes", &self.max_scanned_body_bytes)
             .field("bound_fields", &self.bound_fields)
             .field("byok_directory", &self.byok_directory)
@@ -69,8 +71,11 @@ impl CreditGuardLayer {
     /// The completion bound written into a request without `max_tokens`,
     /// when the key's limit and the balance pay for it.
     pub const DEFAULT_MAX_TOKENS: u64 = 4096;
-    /// How long a reservation holds if its request is never settled.
-    pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(15 * 60);
+    /// How long a hold lasts without renewal: its request's instance renews
+    /// it every third of this while the request is in flight, so a hold
+    /// that reaches it belongs to an instance that died (or lost the store
+    /// that long) and lapses, charged in full.
+    pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(60);
     /// The largest JSON response body read for its usage.
     pub const DEFAULT_MAX_SCANNED_BODY_BYTES: usize = 8 * 1024 * 1024;
 
@@ -80,12 +85,16 @@ impl CreditGuardLayer {
         CreditGuardLayer {
             config: Arc::new(CreditGuardConfig {
                 ledger: GroupCommit::new(store.clone(), clock.clone()),
+                renewals: HoldRenewals::new(
+                    store.clone(),
+                    clock.clone(),
+                    Self::DEFAULT_RESERVATION_TTL,
+                ),
                 store,
                 pricing,
                 clock,
                 policy: FailurePolicy::FailClosed,
                 default_max_tokens: Self::DEFAULT_MAX_TOKENS,
-                reservation_ttl: Self::DEFAULT_RESERVATION_TTL,
                 max_scanned_body_bytes: Self::DEFAULT_MAX_SCANNED_BODY_BYTES,
                 bound_fields: HashMap::new(),
                 byok_directory: None,
@@ -101,6 +110,11 @@ impl CreditGuardLayer {
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         let config = Arc::make_mut(&mut self.config);
         config.ledger = GroupCommit::new(config.store.clone(), clock.clone());
+        config.renewals = HoldRenewals::new(
+            config.store.clone(),
+            clock.clone(),
+            config.renewals.hold_ttl(),
+        );
         config.clock = clock;
         self
     }
@@ -129,10 +143,16 @@ impl CreditGuardLayer {
         self
     }
 
-    /// How long a reservation holds if never settled (an instance that died
-    /// mid-request): longer than the longest stream.
+    /// How long a hold lasts without renewal (default
+    /// [`DEFAULT_RESERVATION_TTL`](Self::DEFAULT_RESERVATION_TTL)). While
+    /// its request is in flight the layer renews it every third of this,
+    /// one store call per account, so a stream of any length keeps its
+    /// hold; a hold whose instance died lapses this long after its last
+    /// renewal and is charged in full, until its settlement (if one ever
+    /// comes) replaces that with the real cost.
     pub fn reservation_ttl(mut self, ttl: Duration) -> Self {
-        Arc::make_mut(&mut self.config).reservation_ttl = ttl;
+        let config = Arc::make_mut(&mut self.config);
+        config.renewals = HoldRenewals::new(config.store.clone(), config.clock.clone(), ttl);
         self
     }
 

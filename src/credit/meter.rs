@@ -11,6 +11,7 @@ use crate::usage::{GenerationContext, GenerationEnd};
 use super::group_commit::GroupCommit;
 use super::pending::{PendingSettlements, SentUpstream, Tracked};
 use super::pricing::TokenPrice;
+use super::renewal::RenewalTicket;
 use super::usage::Usage;
 
 /// How a metered request ended.
@@ -61,9 +62,12 @@ pub(crate) struct Meter {
     pub(crate) streamed_tokens: Option<u64>,
     /// Where a settlement not yet recorded is known until it is.
     pub(crate) pending: PendingSettlements,
-    /// When the hold expires: retrying a settlement of a hold the store
-    /// did not grant is pointless after that.
+    /// When the hold expires unless renewed: retrying a settlement of a
+    /// hold the store did not grant is pointless after that.
     pub(crate) hold_expires_at: tokio::time::Instant,
+    /// Keeps a granted hold renewed until the settlement is recorded or
+    /// given up (dropped with the last clone of the meter).
+    pub(crate) renewal: Option<Arc<RenewalTicket>>,
     /// What the request's generation record needs, when one is kept.
     pub(crate) generation: Option<Box<GenerationContext>>,
 }
@@ -142,7 +146,13 @@ impl Meter {
     /// Redis with the account's next ledger call (see [`GroupCommit`]),
     /// then again with backoff should it fail. Pending until recorded (see
     /// [`PendingSettlements`]).
-    pub(crate) fn settle_in_background(self, usage: Option<Usage>, ending: Ending) {
+    pub(crate) fn settle_in_background(mut self, usage: Option<Usage>, ending: Ending) {
+        if let Some(renewal) = &self.renewal {
+            // Renewed until now, and on while the settlement is retried.
+            self.hold_expires_at = self
+                .hold_expires_at
+                .max(tokio::time::Instant::now() + renewal.hold_ttl);
+        }
         let settlement = self.settlement(usage, ending);
         let tracked = self.pending.track(&settlement);
         self.retry_in_background(settlement, tracked, Duration::ZERO);
@@ -217,9 +227,10 @@ impl Meter {
     }
 
     /// Until when a settlement is worth retrying: while the store knows the
-    /// hold (a granted hold lapses, and is known, for [`LAPSED_HOLD_MEMORY`]
-    /// after its expiry) or, without one, while the id it remembers would
-    /// be (see [`Settlement::hold_granted`]).
+    /// hold (a granted hold is renewed while its settlement is retried;
+    /// once it lapses, its charge is known for [`LAPSED_HOLD_MEMORY`]) or,
+    /// without one, while the id it remembers would be (see
+    /// [`Settlement::hold_granted`]).
     fn retry_until(&self) -> tokio::time::Instant {
         if self.hold_granted {
             self.hold_expires_at + LAPSED_HOLD_MEMORY

@@ -138,6 +138,7 @@ mod layer;
 mod meter;
 mod pending;
 mod pricing;
+mod renewal;
 mod service;
 mod usage;
 

@@ -21,6 +21,7 @@ use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::ByokCredential;
 use crate::limiter::Verdict;
 use crate::response_body::ResponseBody;
+use crate::store::RecordKeeping;
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 use crate::usage::{GenerationContext, RequestedModel};
 
@@ -617,8 +618,14 @@ async fn decide(
     }
     match (outcome.hold, charge) {
         (Some(ReserveOutcome::Reserved { held_nanos, .. }), Some(charge)) => {
+            // Granted: renewed from now on, until its settlement is recorded.
             let meter = pending.take().map(|meter| Meter {
                 hold_granted: true,
+                renewal: Some(Arc::new(config.renewals.track(
+                    &meter.account,
+                    &meter.key,
+                    &meter.reservation_id,
+                ))),
                 ..meter
             });
             Ok(admitted(
@@ -670,7 +677,14 @@ fn hold_request(
         key_limit: principal.key_limit.filter(|_| counted),
         check_balance: true,
         covered_by_balance: !byok && !charge.free,
-        ttl: config.reservation_ttl,
+        ttl: config.renewals.hold_ttl(),
+        lapse_record: config
+            .generations
+            .as_ref()
+            .map(|generations| RecordKeeping {
+                retention: generations.retention,
+                max_per_account: generations.max_per_account,
+            }),
     };
     let meter = Meter {
         ledger: config.ledger.clone(),
@@ -687,7 +701,8 @@ fn hold_request(
         prompt_tokens: charge.likely_prompt_tokens,
         streamed_tokens: None,
         pending: config.pending.clone(),
-        hold_expires_at: tokio::time::Instant::now() + config.reservation_ttl,
+        hold_expires_at: tokio::time::Instant::now() + config.renewals.hold_ttl(),
+        renewal: None,
         generation: charge.generation.clone(),
     };
     (reservation, meter)

@@ -124,7 +124,7 @@ use crate::webhook::{
 ///   "free_quota": {"requests_per_minute": 20, "requests_per_day": 50},
 ///   "body": {"max_body_bytes": 4194304, "read_timeout_ms": 30000},
 ///   "retry": {"max_attempts": 3, "max_wait_ms": 10000},
-///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 900},
+///   "credit": {"default_max_tokens": 4096, "reservation_ttl_seconds": 60},
 ///   "secrets": {"providers": {"vault": {"source": "file", "path": "/run/secrets/modelgate.json", "mode": "json"}}},
 ///   "plugins": {"entries": {"webhooks": {"enabled": false}}},
 ///   "providers": {"openai": {"base_url": "https://api.openai.com/v1",
@@ -506,7 +506,8 @@ pub struct RetrySection {
 pub struct CreditSection {
     /// Completion tokens assumed without `max_tokens`.
     pub default_max_tokens: Option<u64>,
-    /// How long an unsettled reservation holds, in seconds.
+    /// How long a hold lasts unless renewed, in seconds (renewed every
+    /// third of it while its request is in flight).
     pub reservation_ttl_seconds: Option<u64>,
 }
 

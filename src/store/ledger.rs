@@ -51,9 +51,78 @@ pub struct ReserveRequest {
     /// when the balance less every hold of the account's requests in flight
     /// covers it, and then held account-wide until settled.
     pub covered_by_balance: bool,
-    /// How long the reservation holds if never settled (a gateway instance
-    /// that died mid-request).
+    /// How long the hold lasts unless renewed ([`LedgerStore::renew_holds`])
+    /// or settled. A hold that reaches its expiry unsettled (its instance
+    /// died) lapses: it is charged in full, once.
     pub ttl: Duration,
+    /// When set, a hold that lapses leaves a generation record saying so
+    /// ([`lapse_record`]), kept as these settings say.
+    pub lapse_record: Option<RecordKeeping>,
+}
+
+/// How a generation record is kept: for how long, and how many an account
+/// keeps at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordKeeping {
+    /// How long it is kept: it reads as absent after this and is removed.
+    pub retention: Duration,
+    /// The most records the account keeps: writing one more removes the
+    /// oldest.
+    pub max_per_account: u64,
+}
+
+/// A hold to keep while its request is in flight ([`LedgerStore::renew_holds`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldRenewal {
+    /// The key (its hash) the request came with.
+    pub key: String,
+    /// The request's reservation id.
+    pub reservation_id: String,
+}
+
+/// The generation record a lapsed hold leaves ([`ReserveRequest::lapse_record`]):
+/// JSON with the request's id, its charge (the held amount) as
+/// `total_cost` and `usage`, `cost_basis` `"lapsed"`, `is_byok`,
+/// `lapsed: true`, when it lapsed (`created_at`, RFC 3339), the account
+/// (`user_id`) and the key (`key_hash`). A late settlement of the request
+/// replaces it with the full record. Every backend writes the same fields.
+pub fn lapse_record(
+    account: &str,
+    key: &str,
+    reservation_id: &str,
+    charged_nanos: i64,
+    byok: bool,
+    lapsed_at: DateTime<Utc>,
+) -> bytes::Bytes {
+    let cost = credits_text(charged_nanos);
+    let created_at = lapsed_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let text = format!(
+        "{{\"id\":{},\"total_cost\":{cost},\"usage\":{cost},\"cost_basis\":\"lapsed\",\
+         \"is_byok\":{byok},\"lapsed\":true,\"created_at\":{},\"user_id\":{},\"key_hash\":{}}}",
+        json_string(&format!("{GENERATION_ID_PREFIX}{reservation_id}")),
+        json_string(&created_at),
+        json_string(account),
+        json_string(key),
+    );
+    bytes::Bytes::from(text)
+}
+
+/// What a generation id starts with, before its reservation id.
+pub(crate) const GENERATION_ID_PREFIX: &str = "gen-";
+
+/// Non-negative nano-credits as exact decimal credits: `0.4`, `12`, `0.000000001`.
+fn credits_text(nanos: i64) -> String {
+    let whole = nanos / NANOS_PER_CREDIT;
+    let fraction = nanos % NANOS_PER_CREDIT;
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{fraction:09}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+fn json_string(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
 }
 
 /// What admission decided.
@@ -384,6 +453,20 @@ pub trait LedgerStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Extends every live hold of `holds` (all of `account`) to `ttl` from
+    /// now, as one atomic step, and says how many were live. A hold already
+    /// settled, lapsed or never granted is left as it is. An instance calls
+    /// this for its requests in flight, one call per account, at a fraction
+    /// of the hold's lifetime: so a hold lasts as long as its request,
+    /// however long, and lapses soon after its instance dies.
+    async fn renew_holds(
+        &self,
+        account: &str,
+        holds: &[HoldRenewal],
+        ttl: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError>;
+
     /// Settles `settlements` and then decides the hold `request`, as
     /// [`admit_after_settling`](Self::admit_after_settling) with no checks.
     async fn reserve_after_settling(
@@ -560,7 +643,23 @@ pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreErro
             "limit_nanos must not be negative",
         ));
     }
-    if request.ttl.is_zero() || request.ttl > MAX_RESERVATION_TTL {
+    validate_renewals(request.ttl)?;
+    if let Some(keeping) = request.lapse_record {
+        validate_record(
+            "reserve",
+            Some(&SettlementRecord {
+                bytes: bytes::Bytes::new(),
+                retention: keeping.retention,
+                max_per_account: keeping.max_per_account,
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+/// A hold's lifetime: positive and at most [`MAX_RESERVATION_TTL`].
+pub(crate) fn validate_renewals(ttl: Duration) -> Result<(), StoreError> {
+    if ttl.is_zero() || ttl > MAX_RESERVATION_TTL {
         return Err(StoreError::invalid(
             "reserve",
             "ttl must be positive and at most a year",
@@ -645,11 +744,11 @@ pub(crate) fn top_up_overflow() -> StoreError {
 /// own settlement (a request given up on), which then holds nothing.
 pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(2 * 60);
 
-/// How long past its expiry a hold that was never settled is still known:
-/// the first settlement of its id within that time (a request that outlived
-/// its hold) is recorded, as if the hold were live. Only holds that expire
-/// unsettled are kept this way: the memory is for requests that outlive
-/// their hold and for those of an instance that died.
+/// How long a lapsed hold (one that reached its expiry unsettled, and was
+/// charged in full) is known: the first settlement of its id within that
+/// time replaces the lapse's charge with its own cost. Only holds that
+/// lapse are kept this way: the memory is for requests of an instance that
+/// died, or cut off from the store for longer than their hold.
 pub const LAPSED_HOLD_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
 /// The key-limit refusal for a reservation of `amount_nanos`, if any: the

@@ -13,16 +13,16 @@ use super::counter::{
     duration_micros, micros_duration, validate_checks, validate_slot, window_bounds_micros,
 };
 use super::ledger::{
-    idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
-    validate_amount, validate_settlements, validate_top_up_once, LAPSED_HOLD_MEMORY,
-    SETTLEMENT_MEMORY,
+    idempotency_key_ttl, key_limit_outcome, lapse_record, period_starts_micros, top_up_overflow,
+    validate_admit, validate_amount, validate_renewals, validate_settlements, validate_top_up_once,
+    RecordKeeping, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
-    ReserveRequest, Settlement, SettlementRecord, SlotOutcome, StoreError, TopUpOutcome, Versioned,
-    WriteOutcome,
+    Expect, HoldRenewal, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore,
+    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, StoreError,
+    TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::{unix_micros, Period};
 
@@ -529,6 +529,9 @@ struct AccountLedger {
     balance_nanos: i64,
     /// Holds taken from the balance, on every key, by reservation id.
     holds: Holds,
+    /// Holds of `holds` that lapsed, charged to the balance, until their
+    /// settlement or [`LAPSED_HOLD_MEMORY`].
+    lapsed: LapsedHolds,
     keys: FastMap<Box<str>, KeyLedger>,
     /// Idempotency keys of recent top-ups, and when each is forgotten
     /// (µs), oldest first: every key lives equally long, so forgetting
@@ -644,9 +647,106 @@ impl AccountLedger {
 
     /// What the account's live holds other than `id`'s take from the balance.
     fn held_besides(&mut self, id: &str, now_micros: i64) -> i64 {
-        // A key's lapsed holds are known to its own ledger.
-        self.holds.expire(now_micros, |_, _| {});
+        self.lapse_account_holds(now_micros);
         self.holds.total_besides(id)
+    }
+
+    /// Charges the balance each hold of the account that has reached its
+    /// expiry unsettled, and keeps it as lapsed.
+    fn lapse_account_holds(&mut self, now_micros: i64) {
+        let AccountLedger {
+            holds,
+            lapsed,
+            balance_nanos,
+            ..
+        } = self;
+        holds.expire(now_micros, |id, hold| {
+            *balance_nanos = balance_nanos.saturating_sub(hold.amount_nanos);
+            lapsed.insert(id, lapsed_charge(&hold, [0; 3]), now_micros);
+        });
+        lapsed.forget(now_micros);
+    }
+
+    /// The key's ledger, created empty if new, once every hold of it and
+    /// of the account that has reached its expiry unsettled has lapsed:
+    /// charged in full (to the balance when the account held it, else to
+    /// the key's BYOK usage) and kept as lapsed, with a generation record
+    /// when the hold asked for one.
+    fn key_ledger(&mut self, account: &str, key: &str, now_micros: i64) -> &mut KeyLedger {
+        self.lapse_account_holds(now_micros);
+        let AccountLedger {
+            keys,
+            lapsed: account_lapsed,
+            generations,
+            ..
+        } = self;
+        if !keys.contains_key(key) {
+            keys.insert(key.into(), KeyLedger::default());
+        }
+        let ledger = keys.get_mut(key).expect("inserted above");
+        if ledger
+            .reservations
+            .next_expiry()
+            .is_some_and(|at| at <= now_micros)
+        {
+            let now = micros_instant(now_micros);
+            let starts = period_starts_micros(now);
+            let KeyLedger {
+                reservations,
+                lapsed,
+                ..
+            } = ledger;
+            let mut charges = Vec::new();
+            reservations.expire(now_micros, |id, hold| {
+                let byok = !account_lapsed.contains(&id, now_micros);
+                if let Some(keeping) = hold.lapse_record {
+                    let record = lapse_record(account, key, &id, hold.amount_nanos, byok, now);
+                    generations.put(
+                        &id,
+                        &SettlementRecord {
+                            bytes: record,
+                            retention: keeping.retention,
+                            max_per_account: keeping.max_per_account,
+                        },
+                        now_micros,
+                    );
+                }
+                let mut charge = lapsed_charge(&hold, starts);
+                charge.byok = byok;
+                charges.push((hold.amount_nanos, byok));
+                lapsed.insert(id, charge, now_micros);
+            });
+            for (amount_nanos, byok) in charges {
+                ledger.record(amount_nanos, byok, starts);
+            }
+        }
+        ledger.lapsed.forget(now_micros);
+        ledger.settled.sweep(now_micros);
+        ledger
+    }
+
+    /// Extends the live holds of `renewals` to `expires_at_micros`; how
+    /// many were live.
+    fn renew(
+        &mut self,
+        account: &str,
+        renewals: &[HoldRenewal],
+        expires_at_micros: i64,
+        now_micros: i64,
+    ) -> u64 {
+        let mut renewed = 0;
+        for renewal in renewals {
+            let id = renewal.reservation_id.as_str();
+            if self
+                .key_ledger(account, &renewal.key, now_micros)
+                .reservations
+                .renew(id, expires_at_micros)
+            {
+                self.holds.renew(id, expires_at_micros);
+                renewed += 1;
+            }
+        }
+        renewed
     }
 
     /// Records `settlement` once per reservation id and releases its holds.
@@ -658,12 +758,16 @@ impl AccountLedger {
         starts: [i64; 3],
     ) {
         let id = settlement.reservation_id.as_str();
-        let account_hold_expiry = self.holds.remove(id);
-        let key = key_ledger(self, &settlement.key, now_micros);
+        let key = self.key_ledger(&settlement.account, &settlement.key, now_micros);
         // Released even when settled already: a late admission of a
         // request given up on must not leave a hold behind.
         let key_hold_expiry = key.reservations.remove(id);
-        let lapsed = key.lapsed.take(id, now_micros);
+        let lapsed = key.lapsed.contains(id, now_micros);
+        let account_hold_expiry = self.holds.remove(id);
+        let key = self
+            .keys
+            .get_mut(settlement.key.as_str())
+            .expect("made above");
         if settlement.hold_granted {
             // The first settlement takes the hold, live or lapsed; a retry
             // finds none and records nothing more.
@@ -682,6 +786,17 @@ impl AccountLedger {
                 return;
             }
         }
+        // A lapsed hold's charge gives way to the real cost.
+        if let Some(charge) = key.lapsed.take(id) {
+            key.unrecord(&charge);
+        }
+        if let Some(charge) = self.lapsed.take(id) {
+            self.balance_nanos = self.balance_nanos.saturating_add(charge.amount_nanos);
+        }
+        let key = self
+            .keys
+            .get_mut(settlement.key.as_str())
+            .expect("made above");
         key.record(settlement.cost_nanos, settlement.byok, starts);
         if let Some(record) = &settlement.record {
             self.generations
@@ -703,13 +818,15 @@ impl AccountLedger {
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
         let id = request.reservation_id.as_str();
-        let balance_nanos = self.balance_nanos;
+        // Lapsed holds are charged first: the balance is read after them.
         let account_held_nanos = if request.covered_by_balance {
             self.held_besides(id, now_micros)
         } else {
+            self.lapse_account_holds(now_micros);
             0
         };
-        let key = key_ledger(self, &request.key, now_micros);
+        let balance_nanos = self.balance_nanos;
+        let key = self.key_ledger(&request.account, &request.key, now_micros);
         let mut usage = key.usage(starts);
         if key.settled.contains(fingerprint, now_micros) {
             // Its settlement came first (the caller gave up on it): the
@@ -749,13 +866,12 @@ impl AccountLedger {
             granted_nanos = granted_nanos.min(available_nanos);
         }
         let expires_at_micros = now_micros.saturating_add(duration_micros(request.ttl));
-        // Granted: a lapsed hold of the id is replaced, as a live one is.
-        key.lapsed.take(id, now_micros);
         key.reservations.insert(
             id,
             Reservation {
                 amount_nanos: granted_nanos,
                 expires_at_micros,
+                lapse_record: request.lapse_record,
             },
         );
         let outcome = ReserveOutcome::Reserved {
@@ -771,6 +887,7 @@ impl AccountLedger {
                 Reservation {
                     amount_nanos: granted_nanos,
                     expires_at_micros,
+                    lapse_record: None,
                 },
             );
         }
@@ -816,6 +933,8 @@ impl Default for PeriodUsage {
 struct Reservation {
     amount_nanos: i64,
     expires_at_micros: i64,
+    /// How the generation record of its lapse is kept, when it has one.
+    lapse_record: Option<RecordKeeping>,
 }
 
 /// Holds by reservation id, with their sum and their order by expiry: an
@@ -831,20 +950,42 @@ struct Holds {
 }
 
 impl Holds {
-    /// Drops the holds whose time is up at `now_micros`, handing each id
-    /// and its expiry to `lapse`.
-    fn expire(&mut self, now_micros: i64, mut lapse: impl FnMut(Box<str>, i64)) {
+    /// Drops the holds whose time is up at `now_micros`, handing each to
+    /// `lapse`.
+    fn expire(&mut self, now_micros: i64, mut lapse: impl FnMut(Box<str>, Reservation)) {
         while let Some((expires_at_micros, _)) = self.by_expiry.first() {
             if *expires_at_micros > now_micros {
                 break;
             }
-            if let Some((expires_at_micros, id)) = self.by_expiry.pop_first() {
+            if let Some((_, id)) = self.by_expiry.pop_first() {
                 if let Some(hold) = self.by_id.remove(&id) {
                     self.total_nanos -= i128::from(hold.amount_nanos);
+                    lapse(id, hold);
                 }
-                lapse(id, expires_at_micros);
             }
         }
+    }
+
+    /// When the first hold expires.
+    fn next_expiry(&self) -> Option<i64> {
+        self.by_expiry
+            .first()
+            .map(|(expires_at_micros, _)| *expires_at_micros)
+    }
+
+    /// Extends `id`'s hold, if it has one, to `expires_at_micros` (never
+    /// shortens it); whether it had one.
+    fn renew(&mut self, id: &str, expires_at_micros: i64) -> bool {
+        let Some(hold) = self.by_id.get_mut(id) else {
+            return false;
+        };
+        if hold.expires_at_micros < expires_at_micros {
+            let id: Box<str> = id.into();
+            self.by_expiry.remove(&(hold.expires_at_micros, id.clone()));
+            self.by_expiry.insert((expires_at_micros, id));
+            hold.expires_at_micros = expires_at_micros;
+        }
+        true
     }
 
     /// Takes `hold` for `id`, in place of any hold `id` had.
@@ -875,30 +1016,60 @@ impl Holds {
     }
 }
 
-/// Ids of holds that expired before their settlement came, each until
-/// when (µs) it is known, in that order (each key's holds lapse in order of
-/// expiry, and all are kept equally long).
+/// What a hold's lapse charged: given back when its settlement comes.
+#[derive(Debug, Clone, Copy)]
+struct LapsedCharge {
+    amount_nanos: i64,
+    byok: bool,
+    /// The starts of the day, week and month it was charged in.
+    starts: [i64; 3],
+    /// Until when (µs) the charge is known.
+    forget_at_micros: i64,
+}
+
+fn lapsed_charge(hold: &Reservation, starts: [i64; 3]) -> LapsedCharge {
+    LapsedCharge {
+        amount_nanos: hold.amount_nanos,
+        byok: false,
+        starts,
+        forget_at_micros: 0,
+    }
+}
+
+fn micros_instant(micros: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(micros).unwrap_or_default()
+}
+
+/// Holds that lapsed before their settlement came, each known for
+/// [`LAPSED_HOLD_MEMORY`] after its lapse, in that order.
 #[derive(Debug, Default)]
 struct LapsedHolds {
-    forget_at_micros: FastMap<Box<str>, i64>,
+    by_id: FastMap<Box<str>, LapsedCharge>,
     order: VecDeque<(i64, Box<str>)>,
 }
 
 impl LapsedHolds {
-    fn insert(&mut self, id: Box<str>, forget_at_micros: i64) {
-        self.forget_at_micros.insert(id.clone(), forget_at_micros);
-        self.order.push_back((forget_at_micros, id));
+    fn insert(&mut self, id: Box<str>, mut charge: LapsedCharge, now_micros: i64) {
+        charge.forget_at_micros = now_micros.saturating_add(duration_micros(LAPSED_HOLD_MEMORY));
+        self.by_id.insert(id.clone(), charge);
+        self.order.push_back((charge.forget_at_micros, id));
     }
 
-    /// Whether `id` had lapsed and is not forgotten by `now_micros`; it
-    /// no longer is.
-    fn take(&mut self, id: &str, now_micros: i64) -> bool {
-        // Its place in `order` goes when forgotten, as a no-op.
-        !self.forget_at_micros.is_empty()
+    fn contains(&self, id: &str, now_micros: i64) -> bool {
+        !self.by_id.is_empty()
             && self
-                .forget_at_micros
-                .remove(id)
-                .is_some_and(|forget_at_micros| forget_at_micros > now_micros)
+                .by_id
+                .get(id)
+                .is_some_and(|charge| charge.forget_at_micros > now_micros)
+    }
+
+    /// `id`'s lapse charge, no longer kept. Its place in `order` goes when
+    /// forgotten, as a no-op.
+    fn take(&mut self, id: &str) -> Option<LapsedCharge> {
+        if self.by_id.is_empty() {
+            return None;
+        }
+        self.by_id.remove(id)
     }
 
     fn forget(&mut self, now_micros: i64) {
@@ -907,8 +1078,12 @@ impl LapsedHolds {
                 break;
             }
             if let Some((forget_at_micros, id)) = self.order.pop_front() {
-                if self.forget_at_micros.get(&id) == Some(&forget_at_micros) {
-                    self.forget_at_micros.remove(&id);
+                if self
+                    .by_id
+                    .get(&id)
+                    .is_some_and(|charge| charge.forget_at_micros == forget_at_micros)
+                {
+                    self.by_id.remove(&id);
                 }
             }
         }
@@ -1009,20 +1184,23 @@ fn saturate(nanos: i128) -> i64 {
 }
 
 impl KeyLedger {
-    /// Drops the expired holds from the key's reserved sum, keeping their
-    /// ids as lapsed.
-    fn drop_expired_reservations(&mut self, now_micros: i64) {
-        let lapsed = &mut self.lapsed;
-        self.reservations
-            .expire(now_micros, |id, expires_at_micros| {
-                let forget_at_micros =
-                    expires_at_micros.saturating_add(duration_micros(LAPSED_HOLD_MEMORY));
-                if forget_at_micros > now_micros {
-                    lapsed.insert(id, forget_at_micros);
+    /// Takes back a lapse's charge: from the all-time total, and from each
+    /// period still the one it was charged in.
+    fn unrecord(&mut self, charge: &LapsedCharge) {
+        for (period, start_micros) in self.periods.iter_mut().zip(charge.starts) {
+            if period.start_micros == start_micros {
+                if charge.byok {
+                    period.byok_nanos = period.byok_nanos.saturating_sub(charge.amount_nanos);
+                } else {
+                    period.nanos = period.nanos.saturating_sub(charge.amount_nanos);
                 }
-            });
-        lapsed.forget(now_micros);
-        self.settled.sweep(now_micros);
+            }
+        }
+        if charge.byok {
+            self.byok_total_nanos = self.byok_total_nanos.saturating_sub(charge.amount_nanos);
+        } else {
+            self.total_nanos = self.total_nanos.saturating_sub(charge.amount_nanos);
+        }
     }
 
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
@@ -1103,15 +1281,6 @@ fn tiered_checks(request: &AdmitRequest, purchased_nanos: i64) -> std::borrow::C
         }
         _ => std::borrow::Cow::Borrowed(&request.checks),
     }
-}
-
-fn key_ledger<'a>(account: &'a mut AccountLedger, key: &str, now_micros: i64) -> &'a mut KeyLedger {
-    if !account.keys.contains_key(key) {
-        account.keys.insert(key.into(), KeyLedger::default());
-    }
-    let ledger = account.keys.get_mut(key).expect("inserted above");
-    ledger.drop_expired_reservations(now_micros);
-    ledger
 }
 
 #[async_trait]
@@ -1195,12 +1364,25 @@ impl LedgerStore for MemoryStore {
         let usage = shard
             .ledgers
             .get_mut(account)
-            .and_then(|ledger| ledger.keys.get_mut(key))
-            .map(|ledger| {
-                ledger.drop_expired_reservations(now_micros);
-                ledger.usage(starts)
-            });
+            .filter(|ledger| ledger.keys.contains_key(key))
+            .map(|ledger| ledger.key_ledger(account, key, now_micros).usage(starts));
         Ok(usage.unwrap_or_default())
+    }
+
+    async fn renew_holds(
+        &self,
+        account: &str,
+        holds: &[HoldRenewal],
+        ttl: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        validate_renewals(ttl)?;
+        let now_micros = unix_micros(now);
+        let expires_at_micros = now_micros.saturating_add(duration_micros(ttl));
+        let mut shard = self.shard(account);
+        Ok(shard.ledgers.get_mut(account).map_or(0, |ledger| {
+            ledger.renew(account, holds, expires_at_micros, now_micros)
+        }))
     }
 
     async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
@@ -1257,7 +1439,7 @@ impl LedgerStore for MemoryStore {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         self.with_account(account, |ledger| {
-            key_ledger(ledger, key, unix_micros(now)).revoked = true;
+            ledger.key_ledger(account, key, unix_micros(now)).revoked = true;
         });
         Ok(())
     }
@@ -1659,7 +1841,7 @@ mod tests {
             .fold((0, 0, 0), |(settled, lapsed, live), key| {
                 (
                     settled + key.settled.until_micros.len(),
-                    lapsed + key.lapsed.forget_at_micros.len() + key.lapsed.order.len(),
+                    lapsed + key.lapsed.by_id.len() + key.lapsed.order.len(),
                     live + key.reservations.by_id.len() + key.reservations.by_expiry.len(),
                 )
             });
@@ -1688,6 +1870,7 @@ mod tests {
             key_limit: None,
             check_balance: true,
             covered_by_balance: true,
+            lapse_record: None,
             ttl,
         }
     }
@@ -1726,6 +1909,11 @@ mod tests {
         assert_eq!(settlement_memory(&store, "acct"), ((0, 0, 2), 1));
         let expiry = start + chrono::Duration::from_std(ttl).unwrap();
         store.key_usage("acct", "key", expiry).await.unwrap();
+        // Lapsed: charged its hold, once, on the balance and the key.
+        let lapsed_balance = store.account_balance("acct").await.unwrap().balance_nanos;
+        assert_eq!(lapsed_balance, balance - 10);
+        let usage = store.key_usage("acct", "key", expiry).await.unwrap();
+        assert_eq!(usage.total_nanos, 7 * 10_000 + 10);
         let lapsed = chrono::Duration::from_std(LAPSED_HOLD_MEMORY).unwrap();
         store
             .key_usage(

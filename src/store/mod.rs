@@ -59,10 +59,11 @@ pub use apps::{
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
-    is_valid_idempotency_key, AccountBalance, AdmitOutcome, AdmitRequest, KeyLimit, KeyUsage,
-    LedgerStore, PurchaseTier, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord,
-    TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS, LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES,
-    MAX_RECORD_RETENTION, MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
+    is_valid_idempotency_key, lapse_record, AccountBalance, AdmitOutcome, AdmitRequest,
+    HoldRenewal, KeyLimit, KeyUsage, LedgerStore, PurchaseTier, RecordKeeping, ReserveOutcome,
+    ReserveRequest, Settlement, SettlementRecord, TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
+    LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION, MAX_RESERVATION_TTL,
+    NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;

@@ -58,14 +58,15 @@ use super::apps::{
 use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
-    top_up_overflow, validate_admit, validate_amount, validate_settlements, validate_top_up_once,
-    LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+    top_up_overflow, validate_admit, validate_amount, validate_renewals, validate_settlements,
+    validate_top_up_once, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore, ReserveOutcome,
-    Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome, Versioned, WriteOutcome,
+    Expect, HoldRenewal, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore,
+    ReserveOutcome, Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome, Versioned,
+    WriteOutcome,
 };
 use crate::clock::{unix_micros, Period};
 
@@ -497,13 +498,28 @@ impl RedisStore {
 
     fn ledger_keys(&self, account: &str, key: &str) -> [String; 5] {
         let scoped = self.scoped(account);
-        let [usage, reservations, amounts, settled] = key_ledger_keys(&scoped, key);
+        let [usage, reservations, amounts, settled, _] = key_ledger_keys(&scoped, key);
         [
             format!("{scoped}acct"),
             usage,
             reservations,
             amounts,
             settled,
+        ]
+    }
+
+    /// The account's keys every ledger script names first: its hash, its
+    /// holds zset and amounts hash, the amounts its lapsed holds took, and
+    /// its generation records (see `ledger_write.lua`).
+    fn account_ledger_keys(&self, scoped: &str) -> [String; 6] {
+        let [records, expiries] = self.generation_keys(scoped);
+        [
+            format!("{scoped}acct"),
+            format!("{scoped}holds"),
+            format!("{scoped}holdamt"),
+            format!("{scoped}lapsed"),
+            records,
+            expiries,
         ]
     }
 
@@ -573,6 +589,7 @@ impl RedisStore {
         operation: &'static str,
         account: &str,
         settlements: &[Settlement],
+        renewals: Option<(&[HoldRenewal], Duration)>,
         request: Option<&AdmitRequest>,
         now: DateTime<Utc>,
     ) -> Result<Value, StoreError> {
@@ -583,13 +600,18 @@ impl RedisStore {
             .iter()
             .map(|settlement| ledger_number(&mut keys, &settlement.key))
             .collect();
+        let renewal_ledgers: Vec<usize> = renewals
+            .map(|(renewals, _)| renewals)
+            .unwrap_or_default()
+            .iter()
+            .map(|renewal| ledger_number(&mut keys, &renewal.key))
+            .collect();
         let hold_ledger = hold.map(|hold| ledger_number(&mut keys, &hold.key));
         let scoped = self.scoped(account);
         let mut invocation = self.scripts.ledger_write.prepare_invoke();
-        invocation
-            .key(format!("{scoped}acct"))
-            .key(format!("{scoped}holds"))
-            .key(format!("{scoped}holdamt"));
+        for name in self.account_ledger_keys(&scoped) {
+            invocation.key(name);
+        }
         for key in &keys {
             for name in key_ledger_keys(&scoped, key) {
                 invocation.key(name);
@@ -601,7 +623,11 @@ impl RedisStore {
             .arg(duration_micros(LAPSED_HOLD_MEMORY))
             .arg(keys.len())
             .arg(self.slack_millis())
-            .arg(settlements.len());
+            .arg(account);
+        for key in &keys {
+            invocation.arg(*key);
+        }
+        invocation.arg(settlements.len());
         for (settlement, ledger) in settlements.iter().zip(settlement_ledgers) {
             invocation
                 .arg(ledger)
@@ -617,23 +643,25 @@ impl RedisStore {
                 None => invocation.arg("").arg(0).arg(0),
             };
         }
-        // The account's generation records, last of the keys, only when
-        // a settlement keeps one.
-        let generation_keys = settlements
-            .iter()
-            .any(|settlement| settlement.record.is_some())
-            .then(|| self.generation_keys(&scoped));
-        let Some(request) = request else {
-            if let Some([values, expiries]) = generation_keys {
-                invocation.key(values).key(expiries);
+        match renewals {
+            Some((renewals, ttl)) => {
+                invocation
+                    .arg(renewals.len())
+                    .arg(duration_micros(ttl))
+                    .arg(self.ttl_millis(ttl));
+                for (renewal, ledger) in renewals.iter().zip(renewal_ledgers) {
+                    invocation.arg(ledger).arg(&renewal.reservation_id);
+                }
             }
+            None => {
+                invocation.arg(0).arg(0).arg(0);
+            }
+        }
+        let Some(request) = request else {
             return self.run(operation, &invocation).await;
         };
         invocation.arg(request.checks.len());
         self.add_checks(&mut invocation, &scoped, &request.checks);
-        if let Some([values, expiries]) = generation_keys {
-            invocation.key(values).key(expiries);
-        }
         match request.purchase_tier {
             Some(tier) => invocation
                 .arg(tier.check_index + 1)
@@ -668,6 +696,12 @@ impl RedisStore {
                 .arg(u8::from(include_byok))
                 .arg(u8::from(hold.check_balance))
                 .arg(u8::from(hold.covered_by_balance));
+            match hold.lapse_record {
+                Some(keeping) => invocation
+                    .arg(duration_micros(keeping.retention))
+                    .arg(keeping.max_per_account),
+                None => invocation.arg("").arg(0),
+            };
         }
         self.run(operation, &invocation).await
     }
@@ -748,12 +782,12 @@ enum GenerationRead<'a> {
 /// A key's ledger under an account's `scoped` prefix: usage hash,
 /// reservations zset, reservation amounts hash (which also keeps their
 /// sum, so admitting a request reads one field however many are in
-/// flight), and the zset of ids known without a live hold (settled
-/// without a granted hold, or lapsed).
-fn key_ledger_keys(scoped: &str, key: &str) -> [String; 4] {
+/// flight), the zset of ids known without a live hold (settled without a
+/// granted hold, or lapsed), and what each lapse charged.
+fn key_ledger_keys(scoped: &str, key: &str) -> [String; 5] {
     let mut key_base = format!("{scoped}k:");
     escape_into(&mut key_base, key);
-    ["use", "res", "resamt", "settled"].map(|name| format!("{key_base}:{name}"))
+    ["use", "res", "resamt", "settled", "lapsed"].map(|name| format!("{key_base}:{name}"))
 }
 
 /// `key`'s number (from 1) among `keys`, added at the end when new. A
@@ -1067,7 +1101,14 @@ impl LedgerStore for RedisStore {
         const OPERATION: &str = "admit";
         validate_admit(settlements, request)?;
         let reply = self
-            .write_ledger(OPERATION, &request.account, settlements, Some(request), now)
+            .write_ledger(
+                OPERATION,
+                &request.account,
+                settlements,
+                None,
+                Some(request),
+                now,
+            )
             .await?;
         admit_outcome(OPERATION, reply, request)
     }
@@ -1079,6 +1120,7 @@ impl LedgerStore for RedisStore {
             OPERATION,
             &settlement.account,
             std::slice::from_ref(settlement),
+            None,
             None,
             now,
         )
@@ -1096,9 +1138,33 @@ impl LedgerStore for RedisStore {
         let Some(first) = settlements.first() else {
             return Ok(());
         };
-        self.write_ledger(OPERATION, &first.account, settlements, None, now)
+        self.write_ledger(OPERATION, &first.account, settlements, None, None, now)
             .await?;
         Ok(())
+    }
+
+    async fn renew_holds(
+        &self,
+        account: &str,
+        holds: &[HoldRenewal],
+        ttl: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        const OPERATION: &str = "renew_holds";
+        validate_renewals(ttl)?;
+        if holds.is_empty() {
+            return Ok(0);
+        }
+        let reply = self
+            .write_ledger(OPERATION, account, &[], Some((holds, ttl)), None, now)
+            .await?;
+        match array(OPERATION, reply)?.as_slice() {
+            [_, renewed] => unsigned(OPERATION, renewed),
+            other => Err(StoreError::corrupt(
+                OPERATION,
+                format!("reply of {} values", other.len()),
+            )),
+        }
     }
 
     fn batches_settlements(&self) -> bool {
@@ -1112,13 +1178,20 @@ impl LedgerStore for RedisStore {
         now: DateTime<Utc>,
     ) -> Result<KeyUsage, StoreError> {
         const OPERATION: &str = "key_usage";
+        let scoped = self.scoped(account);
         let mut invocation = self.scripts.key_usage.prepare_invoke();
-        for key in self.ledger_keys(account, key) {
-            invocation.key(key);
+        for name in self.account_ledger_keys(&scoped) {
+            invocation.key(name);
+        }
+        for name in key_ledger_keys(&scoped, key) {
+            invocation.key(name);
         }
         invocation
             .arg(self.now_arg(now))
-            .arg(duration_micros(LAPSED_HOLD_MEMORY));
+            .arg(duration_micros(LAPSED_HOLD_MEMORY))
+            .arg(self.slack_millis())
+            .arg(account)
+            .arg(key);
         let reply = array(OPERATION, self.run(OPERATION, &invocation).await?)?;
         if reply.len() != 9 {
             return Err(StoreError::corrupt(

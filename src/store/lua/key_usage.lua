@@ -1,11 +1,19 @@
--- A key's usage in the current periods and its live reservations.
--- KEYS: account hash, usage hash, reservations zset, amounts hash, the
--- zset of ids settled without a granted hold and of lapsed holds.
--- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its expiry
--- a lapsed hold is kept.
+-- A key's usage in the current periods and its live reservations, once
+-- the holds expired by now have lapsed (charged, as every ledger script
+-- does).
+-- KEYS: the account's six keys (as in ledger_write.lua: hash, holds zset,
+-- amounts hash, lapse charges, generation records and their expiries),
+-- then the key's five (usage hash, reservations zset, amounts hash, the
+-- zset of settled and lapsed ids, the hash of lapse charges).
+-- ARGV: now (µs, or '' for Redis's clock), how long (µs) a lapse is kept,
+-- counter TTL slack (ms), the account's name, the key's name.
 -- Returns the eight usage fields and the reserved sum, as decimal strings.
-local now = clock_now(ARGV[1])
-local k = { use = KEYS[2], res = KEYS[3], amt = KEYS[4], settled = KEYS[5], lapse = tonumber(ARGV[2]) }
+now = clock_now(ARGV[1])
+lapse = tonumber(ARGV[2])
+ACCT = { acct = KEYS[1], res = KEYS[2], amt = KEYS[3], lapsed = KEYS[4], gen = KEYS[5], genexp = KEYS[6],
+  name = ARGV[4], lapse = lapse, slack_ms = tonumber(ARGV[3]) }
+drop_expired(ACCT, now)
+local k = { use = KEYS[7], res = KEYS[8], amt = KEYS[9], settled = KEYS[10], lapsed = KEYS[11], lapse = lapse, name = ARGV[5] }
 drop_expired(k, now)
 local reserved = live_reserved(k)
 local starts = period_starts(now)

@@ -1,17 +1,26 @@
 -- Shared by the ledger scripts (prepended to each).
--- A key's ledger is four Redis keys, passed to the helpers as a table `k`:
+-- A key's ledger is five Redis keys, passed to the helpers as a table `k`:
 -- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
--- reservation amounts hash (id -> amount, and their sum and count under
--- TOTAL and COUNT);
+-- reservation amounts hash (id -> amount, or 'amount:retention µs:most
+-- records' for a hold whose lapse leaves a generation record; and their
+-- sum and count under TOTAL and COUNT);
 -- k.settled zset of ids known without a live hold: a settlement made
 -- without a granted hold (id -> forget at µs, positive), and a hold that
--- expired unsettled (id -> minus the µs it is forgotten at), which its
--- first settlement still takes; k.lapse how long (µs) the latter are kept.
--- The account hash {purchased, balance} is KEYS[1] in every ledger script.
+-- lapsed (id -> minus the µs it is forgotten at); k.lapsed hash of what
+-- each lapse charged (id -> 'amount:byok 0/1:day start:week start:month
+-- start'), which its settlement gives back; k.lapse how long (µs) lapses
+-- are kept.
+-- The account's side is the table ACCT: acct (hash {purchased, balance}),
+-- res and amt (its holds on the balance, as a key's), lapsed (hash id ->
+-- amount its lapse took from the balance), gen and genexp (generation
+-- records, see keep_generation); `now` and `lapse` are set by the script.
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
 -- a double, exact only up to 2^53 nano-credits (9 million credits), and a
 -- key's all-time usage may grow beyond that.
+-- Set by each script before it calls anything here (see the top).
+local now, lapse, ACCT
+
 local BASE = 1000000000
 local function big(s)
   s = s or '0'
@@ -44,6 +53,13 @@ end
 -- counted afresh.
 local TOTAL, COUNT = '\255total', '\255count'
 
+-- The amount of a hold's stored value (see the top).
+local function amount_of(value)
+  local colon = string.find(value, ':', 1, true)
+  if colon then return string.sub(value, 1, colon - 1) end
+  return value
+end
+
 -- The kept sum and count (strings, or false when none are kept) less the
 -- holds `amounts` (strings, or false for holds already gone), stored
 -- back; when they would go negative (they no longer match) they are
@@ -53,7 +69,7 @@ local function take_held(k, total, count, amounts)
   local sum, holds = big(total), tonumber(count)
   for _, amount in ipairs(amounts) do
     if amount then
-      local held = big(amount)
+      local held = big(amount_of(amount))
       if holds < 1 or not big_ge(sum, held) then
         redis.call('HDEL', k.amt, TOTAL, COUNT)
         return
@@ -87,44 +103,186 @@ local function keep_settled_for(k, ttl_ms)
   end
 end
 
--- Forgets, once per call, the ids of `k.settled` whose time is up.
+-- Forgets, once per call, the ids of `k.settled` whose time is up, and
+-- the charges of the lapses among them.
 local function forget_settled(k, now)
   if k.forgotten then return end
   redis.call('ZREMRANGEBYSCORE', k.settled, 0, int(now))
-  redis.call('ZREMRANGEBYSCORE', k.settled, int(-now), '(0')
+  local lapsed = redis.call('ZRANGEBYSCORE', k.settled, int(-now), '(0', 'LIMIT', 0, 1000)
+  if #lapsed > 0 then
+    redis.call('HDEL', k.lapsed, unpack(lapsed))
+    redis.call('HDEL', ACCT.lapsed, unpack(lapsed))
+    redis.call('ZREM', k.settled, unpack(lapsed))
+  end
   k.forgotten = true
 end
 
--- Drops reservations expired by `now` (every ledger script does, as the
--- in-process store does on every access, so both agree on what is live).
--- A key's expired holds lapse: their ids stay in `k.settled` until
--- `k.lapse` past their expiry.
-local function drop_expired(k, now)
-  local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now), 'WITHSCORES')
-  local any_lapsed = false
-  -- In slices: unpack() fails past a few thousand values.
-  for i = 1, #expired, 2000 do
-    local slice, lapsed = {}, {}
-    for j = i, math.min(i + 1998, #expired - 1), 2 do
-      local id, forget_at = expired[j], tonumber(expired[j + 1]) + (k.lapse or 0)
-      table.insert(slice, id)
-      if k.settled and forget_at > now then
-        table.insert(lapsed, int(-forget_at))
-        table.insert(lapsed, id)
-      end
+-- Per period (day, week, month): the usage hash's fields for its start,
+-- own usage and BYOK usage.
+local PERIOD_FIELDS = { 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
+
+-- Adds `cost` (decimal text) to the key's usage in the periods containing
+-- `now`, own or BYOK. Periods only roll forward: a cost stamped in a
+-- period that has already rolled over (a clock a moment behind) counts in
+-- the all-time totals only.
+local function add_usage(k, cost, byok)
+  if not k.current then
+    local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
+    k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
+  end
+  local period_start = period_starts(now)
+  for p = 1, 3 do
+    local start = tonumber(period_start[p])
+    local current = k.current[p]
+    local n = (p - 1) * 3
+    if current == nil or start > current then
+      redis.call('HSET', k.use, PERIOD_FIELDS[n + 1], period_start[p], PERIOD_FIELDS[n + 2], '0', PERIOD_FIELDS[n + 3], '0')
+      current = start
+      k.current[p] = start
     end
-    local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
-    take_held(k, kept[1], kept[2], redis.call('HMGET', k.amt, unpack(slice)))
-    redis.call('HDEL', k.amt, unpack(slice))
-    if #lapsed > 0 then
-      redis.call('ZADD', k.settled, unpack(lapsed))
-      any_lapsed = true
+    if start == current then
+      redis.call('HINCRBY', k.use, byok and PERIOD_FIELDS[n + 3] or PERIOD_FIELDS[n + 2], cost)
     end
   end
-  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now)) end
-  if any_lapsed then
+  redis.call('HINCRBY', k.use, byok and 'bt' or 't', cost)
+end
+
+-- Nano-credits (decimal text) as decimal credits: '0.4', '12'.
+local function credits_text(nanos)
+  local n = #nanos
+  if n <= 9 then nanos = string.rep('0', 10 - n) .. nanos; n = 10 end
+  local whole, fraction = string.sub(nanos, 1, n - 9), string.gsub(string.sub(nanos, n - 8), '0+$', '')
+  if fraction == '' then return whole end
+  return whole .. '.' .. fraction
+end
+
+-- RFC 3339 (to the second) of `micros`.
+local function rfc3339(micros)
+  local seconds = fdiv(micros, 1000000)
+  local day = fdiv(seconds, 86400)
+  local y, m = civil_from_days(day)
+  local d = day - days_from_civil(y, m) + 1
+  local s = seconds - day * 86400
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02dZ', y, m, d, fdiv(s, 3600), fdiv(s % 3600, 60), s % 60)
+end
+
+-- Keeps generation record `record` of `id` (kept `retention` µs) in the
+-- account's records, removing the expired ones and the oldest past `most`.
+local function keep_generation(id, record, retention, most)
+  if not ACCT.swept then
+    local expired = redis.call('ZRANGEBYSCORE', ACCT.genexp, '-inf', int(now), 'LIMIT', 0, 256)
+    if #expired > 0 then
+      redis.call('HDEL', ACCT.gen, unpack(expired))
+      redis.call('ZREM', ACCT.genexp, unpack(expired))
+    end
+    ACCT.swept = true
+  end
+  redis.call('HSET', ACCT.gen, id, record)
+  redis.call('ZADD', ACCT.genexp, int(now + retention), id)
+  -- Past the cap the earliest-expiring go, in slices (unpack() fails past
+  -- a few thousand values).
+  local over = redis.call('ZCARD', ACCT.genexp) - most
+  while over > 0 do
+    local popped = redis.call('ZPOPMIN', ACCT.genexp, math.min(over, 1000))
+    local ids = {}
+    for j = 1, #popped, 2 do ids[#ids + 1] = popped[j] end
+    redis.call('HDEL', ACCT.gen, unpack(ids))
+    over = over - #ids
+  end
+  -- The keys live as long as their longest-kept record.
+  keep_alive(math.ceil(retention / 1000) + ACCT.slack_ms, ACCT.genexp, ACCT.gen)
+end
+
+-- The generation record a lapse leaves (as `lapse_record` in ledger.rs).
+local function lapse_record(k, id, amount, byok)
+  local cost = credits_text(amount)
+  return '{"id":' .. cjson.encode('gen-' .. id) .. ',"total_cost":' .. cost .. ',"usage":' .. cost
+    .. ',"cost_basis":"lapsed","is_byok":' .. (byok and 'true' or 'false') .. ',"lapsed":true,"created_at":"'
+    .. rfc3339(now) .. '","user_id":' .. cjson.encode(ACCT.name) .. ',"key_hash":' .. cjson.encode(k.name) .. '}'
+end
+
+-- Lapses the holds expired by `now` (every ledger script does, as the
+-- in-process store does on every access, so both agree on what is live):
+-- each is charged its held amount, kept in `k.lapsed` with their ids in
+-- `k.settled` until `k.lapse` past now. The account's side (`k` is ACCT)
+-- charges the balance; a key's the key's usage: own when the account held
+-- it too (lapsed first, by the scripts), else BYOK; and writes the lapse's
+-- generation record when the hold asked for one.
+local function drop_expired(k, now)
+  local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now), 'WITHSCORES')
+  if #expired == 0 then return end
+  local forget_at = now + k.lapse
+  local starts = nil
+  -- In slices: unpack() fails past a few thousand values.
+  for i = 1, #expired, 2000 do
+    local slice, lapsed, charges = {}, {}, {}
+    for j = i, math.min(i + 1998, #expired - 1), 2 do
+      table.insert(slice, expired[j])
+      table.insert(lapsed, int(-forget_at))
+      table.insert(lapsed, expired[j])
+    end
+    local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
+    local values = redis.call('HMGET', k.amt, unpack(slice))
+    take_held(k, kept[1], kept[2], values)
+    redis.call('HDEL', k.amt, unpack(slice))
+    for j, id in ipairs(slice) do
+      local value = values[j]
+      if value then
+        local amount = amount_of(value)
+        if k == ACCT then
+          if amount ~= '0' then redis.call('HINCRBY', ACCT.acct, 'balance', '-' .. amount) end
+          table.insert(charges, id)
+          table.insert(charges, amount)
+        else
+          local byok = redis.call('HEXISTS', ACCT.lapsed, id) == 0
+          if amount ~= '0' then add_usage(k, amount, byok) end
+          starts = starts or period_starts(now)
+          table.insert(charges, id)
+          table.insert(charges, amount .. ':' .. (byok and '1' or '0') .. ':' .. starts[1] .. ':' .. starts[2] .. ':' .. starts[3])
+          local _, _, retention, most = string.find(value, '^%d+:(%d+):(%d+)$')
+          if retention then
+            keep_generation(id, lapse_record(k, id, amount, byok), tonumber(retention), tonumber(most))
+          end
+        end
+      end
+    end
+    if #charges > 0 then redis.call('HSET', k.lapsed, unpack(charges)) end
+    if k ~= ACCT then redis.call('ZADD', k.settled, unpack(lapsed)) end
+  end
+  redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now))
+  local lapse_ms = math.ceil(k.lapse / 1000)
+  if k == ACCT then
+    if redis.call('PTTL', ACCT.lapsed) < lapse_ms then redis.call('PEXPIRE', ACCT.lapsed, lapse_ms) end
+  else
     forget_settled(k, now)
-    keep_settled_for(k, math.ceil(k.lapse / 1000))
+    keep_settled_for(k, lapse_ms)
+    if redis.call('PTTL', k.lapsed) < lapse_ms then redis.call('PEXPIRE', k.lapsed, lapse_ms) end
+  end
+end
+
+-- Gives back what the lapse of `id` charged, if it did and is still
+-- known, to the key's usage (the all-time total, and each period still
+-- the one it was charged in) and to the balance.
+local function undo_lapse(k, id)
+  local charge = redis.call('HGET', k.lapsed, id)
+  if charge then
+    redis.call('HDEL', k.lapsed, id)
+    local _, _, amount, byok, ds, ws, ms = string.find(charge, '^(%d+):(%d):(%d+):(%d+):(%d+)$')
+    if amount and amount ~= '0' then
+      local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
+      local charged_in = { ds, ws, ms }
+      for p = 1, 3 do
+        if stored[p] == charged_in[p] then
+          redis.call('HINCRBY', k.use, PERIOD_FIELDS[(p - 1) * 3 + (byok == '1' and 3 or 2)], '-' .. amount)
+        end
+      end
+      redis.call('HINCRBY', k.use, byok == '1' and 'bt' or 't', '-' .. amount)
+    end
+  end
+  local taken = redis.call('HGET', ACCT.lapsed, id)
+  if taken then
+    redis.call('HDEL', ACCT.lapsed, id)
+    if taken ~= '0' then redis.call('HINCRBY', ACCT.acct, 'balance', taken) end
   end
 end
 
@@ -150,7 +308,7 @@ local function live_reserved(k, id)
   local fields = redis.call('HGETALL', k.amt)
   for i = 1, #fields, 2 do
     if fields[i] ~= TOTAL and fields[i] ~= COUNT then
-      reserved, holds = big_add(reserved, big(fields[i + 1])), holds + 1
+      reserved, holds = big_add(reserved, big(amount_of(fields[i + 1]))), holds + 1
     end
   end
   return reserved, holds, kept[3]

@@ -3,38 +3,49 @@
 -- a credit hold together), all as one atomic step. So a request's rate
 -- limits, free quota and hold are decided at once (a refusal by any of them
 -- counts in none), and the settlements waiting for the account go along.
--- KEYS[1]: the account hash; KEYS[2], KEYS[3]: the account's holds zset
--- (id -> expiry µs) and their amounts hash; then four keys per key ledger
--- (usage hash, reservations zset, amounts hash, and the zset of ids
--- settled without a granted hold and of lapsed holds); then
--- two keys per counter check (see counters.lua); last, when any settlement
--- carries a generation record, the account's records hash (id -> record)
--- and their expiries zset (id -> µs).
+-- KEYS[1]: the account hash; KEYS[2], KEYS[3], KEYS[4]: the account's
+-- holds zset (id -> expiry µs), their amounts hash and the amounts its
+-- lapsed holds took (see ledger_common.lua); KEYS[5], KEYS[6]: the
+-- account's generation records hash (id -> record) and their expiries zset
+-- (id -> µs); then five keys per key ledger (usage hash, reservations
+-- zset, amounts hash, the zset of ids settled without a granted hold and
+-- of lapsed holds, the hash of lapse charges); then two keys per counter
+-- check (see counters.lua).
 -- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its hold's
 --   expiry the id of a settlement without a granted hold is remembered,
---   how long (µs) past its expiry a lapsed hold is kept, key ledger count
---   L, counter TTL slack (ms), settlement count N; then N times: ledger
---   (1-based index of its four keys), reservation id, cost, byok (0/1),
---   hold granted (0/1), generation record ('' for none), how long it is
---   kept (µs), the most records the account keeps; then counter count C
---   and C times the four arguments of a check; then the purchase tier:
---   index of the check it raises (0 for none), purchased threshold,
---   raised capacity; then, when a hold follows: ledger, reservation id,
---   amount, least amount ('' for exactly the amount), lifetime (µs), key
---   TTL (ms), has limit (0/1), limit, reset ('n' never, 'd', 'w', 'm'),
---   include BYOK (0/1), check balance (0/1), covered by balance (0/1).
--- Returns, with neither counters nor a hold, how many settlements were new.
+--   how long (µs) a lapse is kept, key ledger count L, counter TTL slack
+--   (ms), the account's name, then L key names (hashes), settlement count
+--   N; then N times: ledger (1-based index of its keys), reservation id,
+--   cost, byok (0/1), hold granted (0/1), generation record ('' for none),
+--   how long it is kept (µs), the most records the account keeps; then
+--   renewal count R, the renewed holds' lifetime (µs) and key TTL (ms),
+--   and R times: ledger, reservation id; then, when an admission follows,
+--   counter count C and C times the four arguments of a check; then the
+--   purchase tier: index of the check it raises (0 for none), purchased
+--   threshold, raised capacity; then, when a hold follows: ledger,
+--   reservation id, amount, least amount ('' for exactly the amount),
+--   lifetime (µs), key TTL (ms), has limit (0/1), limit, reset ('n' never,
+--   'd', 'w', 'm'), include BYOK (0/1), check balance (0/1), covered by
+--   balance (0/1), lapse record retention (µs, '' for none), most records.
+-- Returns, with neither counters nor a hold, {settlements recorded, holds
+-- renewed}.
 -- Otherwise {status, now, a, b, c, then six per check: fits, used,
 -- remaining, retry µs, reset µs, capacity}; status 0 admitted (a used, b
 -- the key's holds, c held), 1 over the key limit (a used with holds),
 -- 2 balance negative (a balance), 3 balance short (a balance, b the
 -- account's holds), 4 a counter refused, 5 the key is revoked (its usage
 -- hash has `rv`). Amounts are decimal strings.
-local now = clock_now(ARGV[1])
+now = clock_now(ARGV[1])
 local memory = tonumber(ARGV[2])
-local lapse = tonumber(ARGV[3])
+lapse = tonumber(ARGV[3])
 local ledger_count = tonumber(ARGV[4])
 local slack_ms = tonumber(ARGV[5])
+ACCT = { acct = KEYS[1], res = KEYS[2], amt = KEYS[3], lapsed = KEYS[4], gen = KEYS[5], genexp = KEYS[6],
+  name = ARGV[6], lapse = lapse, slack_ms = slack_ms }
+local acct = ACCT
+-- The account's expired holds lapse first: a key's lapse asks whether the
+-- account held it.
+drop_expired(ACCT, now)
 -- The current periods' starts, worked out when first needed (an admission
 -- of a key whose limit never resets needs none).
 local current_starts
@@ -42,51 +53,18 @@ local function starts()
   if not current_starts then current_starts = period_starts(now) end
   return current_starts
 end
-local acct = { res = KEYS[2], amt = KEYS[3] }
 
--- Each key ledger once per call: its expired reservations dropped.
+-- Each key ledger once per call: its expired reservations lapsed.
 local ledgers = {}
 local function ledger(index)
   local k = ledgers[index]
   if k then return k end
-  local base = 3 + (tonumber(index) - 1) * 4
-  k = { use = KEYS[base + 1], res = KEYS[base + 2], amt = KEYS[base + 3], settled = KEYS[base + 4], lapse = lapse }
+  local base = 6 + (tonumber(index) - 1) * 5
+  k = { use = KEYS[base + 1], res = KEYS[base + 2], amt = KEYS[base + 3], settled = KEYS[base + 4],
+    lapsed = KEYS[base + 5], lapse = lapse, name = ARGV[6 + tonumber(index)] }
   drop_expired(k, now)
   ledgers[index] = k
   return k
-end
-
--- Per period (day, week, month): its start, own usage and BYOK usage.
-local names = { 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
-
--- Keeps a settlement's generation record (`record`, kept `retention` µs) in
--- the account's records, removing the expired ones and the oldest past
--- `most` records.
-local generations_swept = false
-local function keep_generation(id, record, retention, most)
-  local values, expiries = KEYS[#KEYS - 1], KEYS[#KEYS]
-  if not generations_swept then
-    local expired = redis.call('ZRANGEBYSCORE', expiries, '-inf', int(now), 'LIMIT', 0, 256)
-    if #expired > 0 then
-      redis.call('HDEL', values, unpack(expired))
-      redis.call('ZREM', expiries, unpack(expired))
-    end
-    generations_swept = true
-  end
-  redis.call('HSET', values, id, record)
-  redis.call('ZADD', expiries, int(now + retention), id)
-  -- Past the cap the earliest-expiring go, in slices (unpack() fails past
-  -- a few thousand values).
-  local over = redis.call('ZCARD', expiries) - most
-  while over > 0 do
-    local popped = redis.call('ZPOPMIN', expiries, math.min(over, 1000))
-    local ids = {}
-    for j = 1, #popped, 2 do ids[#ids + 1] = popped[j] end
-    redis.call('HDEL', values, unpack(ids))
-    over = over - #ids
-  end
-  -- The keys live as long as their longest-kept record.
-  keep_alive(math.ceil(retention / 1000) + slack_ms, expiries, values)
 end
 
 -- Records a request's real cost and releases its holds, once per
@@ -104,45 +82,23 @@ local function settle(k, id, cost, byok, granted)
   local held = redis.call('ZREM', k.res, id) == 1
   release(acct, id)
   redis.call('ZREM', acct.res, id)
+  -- Lapses whose time is up are forgotten first: their charges stand.
+  forget_settled(k, now)
   if granted then
-    if not held then
-      -- Lapsed, and not yet forgotten.
-      local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
-      if not (known < 0 and -known > now) then return 0 end
-      redis.call('ZREM', k.settled, id)
-      -- Its last member gone, the zset is gone, and its TTL with it.
-      k.settled_ms = nil
-    end
+    -- The first settlement finds the hold, live or lapsed (charged and
+    -- not yet forgotten); a retry finds neither.
+    if not held and redis.call('HEXISTS', k.lapsed, id) == 0 then return 0 end
   else
     local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
     if known > now then return 0 end
-    forget_settled(k, now)
     local forget_at = math.max(now, tonumber(expiry or now)) + memory
     redis.call('ZADD', k.settled, int(forget_at), id)
     -- Only ever extend the zset's lifetime: the latest deadline sets it.
     keep_settled_for(k, math.ceil((forget_at - now) / 1000))
   end
-  if not k.current then
-    local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
-    k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
-  end
-  local period_start = starts()
-  for p = 1, 3 do
-    -- Periods only roll forward: a cost stamped in a period that has already
-    -- rolled over (a clock a moment behind) counts in the all-time totals only.
-    local start = tonumber(period_start[p])
-    local current = k.current[p]
-    local n = (p - 1) * 3
-    if current == nil or start > current then
-      redis.call('HSET', k.use, names[n + 1], period_start[p], names[n + 2], '0', names[n + 3], '0')
-      current = start
-      k.current[p] = start
-    end
-    if start == current then
-      redis.call('HINCRBY', k.use, byok and names[n + 3] or names[n + 2], cost)
-    end
-  end
-  redis.call('HINCRBY', k.use, byok and 'bt' or 't', cost)
+  -- A lapse's charge gives way to the real cost.
+  undo_lapse(k, id)
+  add_usage(k, cost, byok)
   -- '-0' is not an integer to Redis, so a zero cost skips the balance.
   if not byok and cost ~= '0' then redis.call('HINCRBY', KEYS[1], 'balance', '-' .. cost) end
   return 1
@@ -153,7 +109,7 @@ end
 local function holds_besides(k, id)
   local reserved, holds, previous = live_reserved(k, id)
   if previous then
-    local held = big(previous)
+    local held = big(amount_of(previous))
     if not big_ge(reserved, held) then
       -- A kept sum that no longer matches its holds: count them again.
       redis.call('HDEL', k.amt, TOTAL, COUNT)
@@ -166,9 +122,9 @@ end
 
 -- Holds `amount` (big) for `id` in `k` on top of `others` (its other
 -- holds, `count` of them) until `expires_at`.
-local function put_hold(k, id, amount, others, count, expires_at, key_ttl)
+local function put_hold(k, id, amount, others, count, expires_at, key_ttl, suffix)
   local total = big_add(others, amount)
-  local added = redis.call('HSET', k.amt, id, big_str(amount), TOTAL, big_str(total), COUNT, int(count + 1))
+  local added = redis.call('HSET', k.amt, id, big_str(amount) .. (suffix or ''), TOTAL, big_str(total), COUNT, int(count + 1))
   redis.call('ZADD', k.res, int(expires_at), id)
   -- A key's hold outlives its expiry by `k.lapse`: the settlement of a
   -- request that outlived its hold still finds it there, to lapse.
@@ -227,7 +183,6 @@ local function hold(k, a, usage)
     local balance = redis.call('HGET', KEYS[1], 'balance') or '0'
     if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
     if covered then
-      drop_expired(acct, now)
       account_held, account_holds = holds_besides(acct, id)
       local available = big(balance)
       if not big_ge(available, big_add(account_held, least)) then
@@ -236,21 +191,20 @@ local function hold(k, a, usage)
       grant = big_min(grant, big_sub(available, account_held))
     end
   end
-  -- Granted: a lapsed hold of the id is replaced, as a live one is.
-  if known < 0 then
-    redis.call('ZREM', k.settled, id)
-    k.settled_ms = nil
-  end
-  local total = put_hold(k, id, grant, reserved, holds, expires_at, key_ttl)
+  -- A hold whose lapse asks for a generation record says how it is kept.
+  local suffix = nil
+  if ARGV[a + 12] ~= '' then suffix = ':' .. ARGV[a + 12] .. ':' .. ARGV[a + 13] end
+  local total = put_hold(k, id, grant, reserved, holds, expires_at, key_ttl, suffix)
   if covered then put_hold(acct, id, grant, account_held, account_holds, expires_at, key_ttl) end
   return { 0, big_str(used), big_str(total), big_str(grant) }
 end
 
 -- The settlements first, so the admission sees their costs and not their holds.
-local count = tonumber(ARGV[6])
+local count = tonumber(ARGV[7 + ledger_count])
 local recorded = 0
+local first = 8 + ledger_count
 for i = 0, count - 1 do
-  local a = 7 + i * 8
+  local a = first + i * 8
   local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1', ARGV[a + 4] == '1')
   -- A record goes with the first settlement of its id only, as its cost does.
   if new == 1 and ARGV[a + 5] ~= '' then
@@ -258,9 +212,32 @@ for i = 0, count - 1 do
   end
   recorded = recorded + new
 end
-local c = 7 + count * 8
--- Settlements alone: nothing follows them.
-if ARGV[c] == nil then return recorded end
+-- Then the renewals: each live hold lasts `lifetime` from now, on the key
+-- and on the account (never shortened).
+local r = first + count * 8
+local renewals = tonumber(ARGV[r])
+local renewed = 0
+if renewals > 0 then
+  local expires_at = now + tonumber(ARGV[r + 1])
+  local key_ttl = tonumber(ARGV[r + 2]) + math.ceil(lapse / 1000)
+  for i = 0, renewals - 1 do
+    local k = ledger(ARGV[r + 3 + i * 2])
+    local id = ARGV[r + 4 + i * 2]
+    local expiry = redis.call('ZSCORE', k.res, id)
+    if expiry then
+      renewed = renewed + 1
+      if tonumber(expiry) < expires_at then
+        redis.call('ZADD', k.res, 'XX', int(expires_at), id)
+        redis.call('ZADD', acct.res, 'XX', int(expires_at), id)
+        keep_alive(key_ttl, k.res, k.amt)
+        keep_alive(key_ttl, acct.res, acct.amt)
+      end
+    end
+  end
+end
+local c = r + 3 + renewals * 2
+-- Settlements and renewals alone: nothing follows them.
+if ARGV[c] == nil then return { recorded, renewed } end
 local checks = tonumber(ARGV[c])
 local tier = c + checks * 4
 local h = tier + 3
@@ -271,7 +248,7 @@ if raised > 0 then
   local purchased = big(redis.call('HGET', KEYS[1], 'purchased') or '0')
   if big_ge(purchased, big(ARGV[tier + 2])) then capacities[raised] = tonumber(ARGV[tier + 3]) end
 end
-local counter_keys = 3 + ledger_count * 4
+local counter_keys = 6 + ledger_count * 5
 local function reply(head, outcomes)
   for _, o in ipairs(outcomes) do
     for j = 1, 6 do table.insert(head, o[j]) end
