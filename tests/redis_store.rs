@@ -692,7 +692,7 @@ async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn settled_holds_leave_no_ids_in_redis() {
+async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
     let (_server, store, mut connection) = funded_store().await;
     let settle = |id: &str, hold_granted| Settlement {
         reservation_id: id.into(),
@@ -716,16 +716,32 @@ async fn settled_holds_leave_no_ids_in_redis() {
         store.settle(&settle(&id, true), t0()).await.unwrap();
         store.settle(&settle(&id, true), t0()).await.unwrap();
     }
-    assert_eq!(settled_ids(&mut connection).await, []);
+    // Each id's marker, written with its cost, until SETTLEMENT_MEMORY has
+    // passed; the zset lives that long too.
+    let memory = chrono::Duration::from_std(modelgate::store::SETTLEMENT_MEMORY).unwrap();
+    let forget_at = (t0() + memory).timestamp_micros();
+    let markers = settled_ids(&mut connection).await;
+    assert_eq!(markers.len(), 200);
+    assert!(
+        markers.iter().all(|(_, score)| *score == forget_at),
+        "{markers:?}"
+    );
+    let ttls = settled_ttls_ms(&mut connection).await;
+    let memory_ms = memory.num_milliseconds();
+    assert!(
+        ttls.len() == 1 && ttls[0] > memory_ms - 60_000 && ttls[0] <= memory_ms,
+        "{ttls:?}"
+    );
     let balance = store.account_balance("acct").await.unwrap().balance_nanos;
     assert_eq!(balance, 1_000_000 - 7 * 200);
-    // Without a granted hold the id is remembered, as it must be.
-    store.settle(&settle("unheld", false), t0()).await.unwrap();
+    // The next call past that time forgets them.
+    store
+        .settle(&settle("unheld", false), t0() + memory)
+        .await
+        .unwrap();
     let remembered = settled_ids(&mut connection).await;
     assert_eq!(remembered.len(), 1, "{remembered:?}");
     assert_eq!(remembered[0].0, "unheld");
-    let ttls = settled_ttls_ms(&mut connection).await;
-    assert!(ttls.len() == 1 && ttls[0] > 0, "{ttls:?}");
     // A hold that expires unsettled lapses: known (a negative score) until
     // its settlement takes it.
     assert!(store
@@ -746,8 +762,12 @@ async fn settled_holds_leave_no_ids_in_redis() {
     assert!(ttls.len() == 1 && ttls[0] > lapsed_ms - 60_000, "{ttls:?}");
     store.settle(&settle("r", true), expired).await.unwrap();
     store.settle(&settle("r", true), expired).await.unwrap();
+    // Its lapse gave way to its settlement's marker.
     let known = settled_ids(&mut connection).await;
-    assert!(known.iter().all(|(id, _)| id != "r"), "{known:?}");
+    assert!(
+        known.iter().any(|(id, score)| id == "r" && *score > 0),
+        "{known:?}"
+    );
     // Lapsed, emptied of its last lapsed hold and written again, all in
     // one call: it still expires.
     assert!(store

@@ -1272,10 +1272,11 @@ async fn a_settlement_retried_records_once<S: Store>(store: Arc<S>) {
     );
 }
 
-async fn a_settled_id_is_remembered_while_its_hold_could_be_retried<S: Store>(store: Arc<S>) {
-    // A settlement is retried until its hold expires: a hold of a whole
-    // day outlives SETTLEMENT_MEMORY many times over, and a retry an hour
-    // before its expiry still records nothing twice.
+async fn a_settled_id_is_remembered_longer_than_its_retries<S: Store>(store: Arc<S>) {
+    // A hold of a whole day, settled at once: a retry at the end of its
+    // retry window still records nothing twice, and past the marker's time
+    // (ids are random per request; no retry comes that late) the id is
+    // forgotten.
     store.top_up("acct", credits(10)).await.unwrap();
     let day = Duration::from_secs(86_400);
     let request = ReserveRequest {
@@ -1298,7 +1299,7 @@ async fn a_settled_id_is_remembered_while_its_hold_could_be_retried<S: Store>(st
         .settle(&settlement("long", credits(2), false), t0())
         .await
         .unwrap();
-    let retried = at(day - Duration::from_secs(3600));
+    let retried = at(modelgate::store::SETTLEMENT_RETRY_WINDOW);
     store
         .settle(&settlement("long", credits(2), false), retried)
         .await
@@ -1308,8 +1309,7 @@ async fn a_settled_id_is_remembered_while_its_hold_could_be_retried<S: Store>(st
         store.account_balance("acct").await.unwrap().balance_nanos,
         credits(8)
     );
-    // Past the hold's lifetime and the margin the id is forgotten.
-    let forgotten = at(day + modelgate::store::SETTLEMENT_MEMORY + Duration::from_secs(1));
+    let forgotten = at(modelgate::store::SETTLEMENT_MEMORY + Duration::from_secs(1));
     store
         .settle(&settlement("long", credits(1), false), forgotten)
         .await
@@ -1330,10 +1330,12 @@ async fn account_totals<S: Store>(store: &S, when: DateTime<Utc>) -> (i64, i64, 
     (usage.total_nanos, usage.reserved_nanos, balance)
 }
 
-async fn a_granted_hold_is_settled_by_its_first_settlement_only<S: Store>(store: Arc<S>) {
-    // A hold the store granted is taken by its first settlement: every
-    // later one, at once or long after (a retry after a lost reply), finds
-    // no hold and records nothing, with nothing remembered per settlement.
+async fn a_settlement_is_recorded_once_hold_or_not<S: Store>(store: Arc<S>) {
+    // Each settlement leaves a marker, written with its cost and kept
+    // SETTLEMENT_MEMORY, longer than any retry of it comes: every copy
+    // within that time records nothing more. One that finds neither its
+    // hold nor a marker (a hold Redis lost with its data) is recorded all
+    // the same: lost data costs a late charge, never a free request.
     store.top_up("acct", credits(10)).await.unwrap();
     let outcome = store
         .reserve(&paid_hold("g", credits(3), None), t0())
@@ -1358,7 +1360,8 @@ async fn a_granted_hold_is_settled_by_its_first_settlement_only<S: Store>(store:
         account_totals(&*store, t0()).await,
         (credits(2), 0, credits(8))
     );
-    for later in [SECOND, 3600 * SECOND, 3 * 86_400 * SECOND] {
+    let memory = modelgate::store::SETTLEMENT_MEMORY.as_secs() as i64;
+    for later in [SECOND, 60 * SECOND, (memory - 1) * SECOND] {
         store
             .settle(&granted("g", credits(2)), after(later))
             .await
@@ -1368,20 +1371,22 @@ async fn a_granted_hold_is_settled_by_its_first_settlement_only<S: Store>(store:
             (credits(2), 0, credits(8))
         );
     }
-    // A granted settlement of an id the store holds nothing of is a repeat.
-    store
-        .settle(&granted("never-held", credits(4)), t0())
-        .await
-        .unwrap();
+    // No hold and no marker: a hold the store lost is charged, once.
+    for _ in 0..2 {
+        store
+            .settle(&granted("lost-hold", credits(4)), t0())
+            .await
+            .unwrap();
+    }
     assert_eq!(
         account_totals(&*store, t0()).await,
-        (credits(2), 0, credits(8))
+        (credits(6), 0, credits(4))
     );
-    // The same, carried with an admission.
+    // The same, carried with an admission: nothing more.
     let outcome = store
         .admit_after_settling(
-            &[granted("g", credits(2)), granted("never-held", credits(1))],
-            &admission(vec![], Some(paid_hold("h", credits(8), None))),
+            &[granted("g", credits(2)), granted("lost-hold", credits(1))],
+            &admission(vec![], Some(paid_hold("h", credits(4), None))),
             t0(),
         )
         .await
@@ -1389,7 +1394,7 @@ async fn a_granted_hold_is_settled_by_its_first_settlement_only<S: Store>(store:
     assert!(outcome.admitted, "{outcome:?}");
     assert_eq!(
         account_totals(&*store, t0()).await,
-        (credits(2), credits(8), credits(8))
+        (credits(6), credits(4), credits(4))
     );
 }
 
@@ -1496,8 +1501,9 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         (credits(4), 0, credits(3))
     );
     // A lapse's charge is known for LAPSED_HOLD_MEMORY from when a call
-    // found it: a settlement within that replaces it, one after it finds
-    // nothing, and the lapse's charge (the whole hold) stands.
+    // found it (or a renewal last asked for it): a settlement within that
+    // replaces it. One after it finds neither hold, marker nor lapse and is
+    // recorded as any such settlement is: the lapse's charge stands.
     let lapsed = chrono::Duration::from_std(modelgate::store::LAPSED_HOLD_MEMORY).unwrap();
     let start = kept_lapsed;
     store.top_up("acct", credits(10)).await.unwrap();
@@ -1510,7 +1516,7 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
             lapsed - chrono::Duration::milliseconds(1),
             credits(1) / 2,
         ),
-        ("forgotten", true, lapsed, credits(1)),
+        ("forgotten", true, lapsed, credits(1) + credits(1) / 2),
         // Found lapsing by its own settlement: replaced at once.
         ("unseen", false, lapsed, credits(1) / 2),
     ] {
@@ -1638,6 +1644,43 @@ async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
         .unwrap();
     let soon = lapsed + chrono::Duration::seconds(30);
     assert_eq!(account_totals(&*store, soon).await.1, credits(1));
+    // A hold that lapsed while its request went on (its instance cut off
+    // from the store for longer than the hold) keeps its charge known for
+    // as long as renewals ask for it: its settlement, two days on, still
+    // replaces it.
+    store.top_up("acct", credits(5)).await.unwrap();
+    assert!(store
+        .reserve(&paid_hold("cut-off", credits(1), None), soon)
+        .await
+        .unwrap()
+        .is_reserved());
+    let cut_off_lapsed = soon + chrono::Duration::seconds(61);
+    let (used, _, balance) = account_totals(&*store, cut_off_lapsed).await;
+    for hours in [20, 40] {
+        let renewed = store
+            .renew_holds(
+                "acct",
+                &[renewal("cut-off")],
+                ttl,
+                cut_off_lapsed + chrono::Duration::hours(hours),
+            )
+            .await
+            .unwrap();
+        assert_eq!(renewed, 0);
+    }
+    let settled_at = cut_off_lapsed + chrono::Duration::hours(48);
+    store
+        .settle(&granted("cut-off", credits(1) / 4), settled_at)
+        .await
+        .unwrap();
+    assert_eq!(
+        account_totals(&*store, settled_at).await,
+        (
+            used - credits(1) + credits(1) / 4,
+            0,
+            balance + credits(1) - credits(1) / 4
+        )
+    );
     // Invalid lifetimes are refused.
     for bad in [Duration::ZERO, Duration::from_secs(366 * 86_400)] {
         assert!(store
@@ -3599,8 +3642,8 @@ conformance!(
     ledger_rolls_periods_and_keeps_byok_apart,
     reservations_count_against_the_key_limit_and_expire,
     a_settlement_retried_records_once,
-    a_settled_id_is_remembered_while_its_hold_could_be_retried,
-    a_granted_hold_is_settled_by_its_first_settlement_only,
+    a_settled_id_is_remembered_longer_than_its_retries,
+    a_settlement_is_recorded_once_hold_or_not,
     a_lapsed_hold_is_charged_once_by_its_late_settlement,
     a_renewed_hold_lasts_as_long_as_its_request,
     a_lapse_leaves_a_generation_record_its_settlement_replaces,

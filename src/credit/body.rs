@@ -214,7 +214,6 @@ mod tests {
             prompt_tokens: PROMPT_TOKENS,
             streamed_tokens: None,
             pending: pending.clone(),
-            hold_expires_at: tokio::time::Instant::now() + Duration::from_secs(900),
             renewal: None,
             generation: None,
         }

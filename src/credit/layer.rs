@@ -221,10 +221,9 @@ impl CreditGuardLayer {
     }
 
     /// The settlements of this layer (and its clones) not recorded yet:
-    /// settlements retried after a failure (for as long as the store
-    /// knows their hold: a granted one until
-    /// [`LAPSED_HOLD_MEMORY`](crate::store::LAPSED_HOLD_MEMORY) past its
-    /// expiry) and those of clients that went away.
+    /// settlements retried after a failure (for at most
+    /// [`SETTLEMENT_RETRY_WINDOW`](crate::store::SETTLEMENT_RETRY_WINDOW))
+    /// and those of clients that went away.
     pub fn pending_settlements(&self) -> PendingSettlements {
         self.config.pending.clone()
     }

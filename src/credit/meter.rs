@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{Settlement, LAPSED_HOLD_MEMORY};
+use crate::store::{Settlement, SETTLEMENT_RETRY_WINDOW};
 use crate::usage::{GenerationContext, GenerationEnd};
 
 use super::group_commit::GroupCommit;
@@ -62,11 +62,9 @@ pub(crate) struct Meter {
     pub(crate) streamed_tokens: Option<u64>,
     /// Where a settlement not yet recorded is known until it is.
     pub(crate) pending: PendingSettlements,
-    /// When the hold expires unless renewed: retrying a settlement of a
-    /// hold the store did not grant is pointless after that.
-    pub(crate) hold_expires_at: tokio::time::Instant,
     /// Keeps a granted hold renewed until the settlement is recorded or
     /// given up (dropped with the last clone of the meter).
+    #[allow(dead_code, reason = "held for its Drop, which ends the renewals")]
     pub(crate) renewal: Option<Arc<RenewalTicket>>,
     /// What the request's generation record needs, when one is kept.
     pub(crate) generation: Option<Box<GenerationContext>>,
@@ -86,12 +84,12 @@ impl std::fmt::Debug for Meter {
 }
 
 /// Waits between settlement attempts that run after the response is gone,
-/// then [`LONGEST_RETRY_WAIT`] between the others, for as long as the store
-/// knows the request's hold: while it lasts, and for
-/// [`LAPSED_HOLD_MEMORY`] after it when the store granted it, so a store
-/// outage shorter than that loses nothing. Settling is idempotent by
-/// reservation id, so retrying after a reply that was lost can never
-/// charge twice.
+/// then [`LONGEST_RETRY_WAIT`] between the others, for
+/// [`SETTLEMENT_RETRY_WINDOW`] from the first: a store outage shorter than
+/// that loses nothing, and one longer lets the hold lapse, charged in full.
+/// Settling is idempotent by reservation id (the store keeps a marker
+/// longer than the window), so retrying after a reply that was lost can
+/// never charge twice.
 const BACKGROUND_RETRY_WAITS: [Duration; 5] = [
     Duration::from_millis(100),
     Duration::from_millis(500),
@@ -146,13 +144,7 @@ impl Meter {
     /// Redis with the account's next ledger call (see [`GroupCommit`]),
     /// then again with backoff should it fail. Pending until recorded (see
     /// [`PendingSettlements`]).
-    pub(crate) fn settle_in_background(mut self, usage: Option<Usage>, ending: Ending) {
-        if let Some(renewal) = &self.renewal {
-            // Renewed until now, and on while the settlement is retried.
-            self.hold_expires_at = self
-                .hold_expires_at
-                .max(tokio::time::Instant::now() + renewal.hold_ttl);
-        }
+    pub(crate) fn settle_in_background(self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
         let tracked = self.pending.track(&settlement);
         self.retry_in_background(settlement, tracked, Duration::ZERO);
@@ -226,19 +218,6 @@ impl Meter {
         }
     }
 
-    /// Until when a settlement is worth retrying: while the store knows the
-    /// hold (a granted hold is renewed while its settlement is retried;
-    /// once it lapses, its charge is known for [`LAPSED_HOLD_MEMORY`]) or,
-    /// without one, while the id it remembers would be (see
-    /// [`Settlement::hold_granted`]).
-    fn retry_until(&self) -> tokio::time::Instant {
-        if self.hold_granted {
-            self.hold_expires_at + LAPSED_HOLD_MEMORY
-        } else {
-            self.hold_expires_at
-        }
-    }
-
     /// Attempts `settlement` after `first_wait`, then again with backoff
     /// until it is recorded or the store no longer knows its hold;
     /// `tracked` keeps it pending meanwhile.
@@ -247,6 +226,7 @@ impl Meter {
             unrecorded(&settlement, "no runtime to settle on");
             return;
         };
+        let retry_until = tokio::time::Instant::now() + first_wait + SETTLEMENT_RETRY_WINDOW;
         let mut attempts = Box::pin(async move {
             let _pending = tracked;
             let mut waits = BACKGROUND_RETRY_WAITS
@@ -264,11 +244,10 @@ impl Meter {
                     }
                 }
                 let now = tokio::time::Instant::now();
-                let retry_until = self.retry_until();
                 if now >= retry_until {
                     unrecorded(
                         &settlement,
-                        "the store no longer knows the hold, and never took its settlement",
+                        "the store never took the settlement within its retry window; its hold lapses, charged in full",
                     );
                     return;
                 }

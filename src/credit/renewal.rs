@@ -85,7 +85,6 @@ impl HoldRenewals {
         self.start_renewing();
         RenewalTicket {
             inner: Arc::downgrade(&self.inner),
-            hold_ttl: self.inner.hold_ttl,
             account: account.to_owned(),
             reservation_id: reservation_id.to_owned(),
         }
@@ -174,8 +173,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Keeps one hold renewed while it lives.
 pub(crate) struct RenewalTicket {
     inner: Weak<Inner>,
-    /// What each renewal extends the hold to.
-    pub(crate) hold_ttl: Duration,
     account: String,
     reservation_id: String,
 }

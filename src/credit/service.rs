@@ -701,7 +701,6 @@ fn hold_request(
         prompt_tokens: charge.likely_prompt_tokens,
         streamed_tokens: None,
         pending: config.pending.clone(),
-        hold_expires_at: tokio::time::Instant::now() + config.renewals.hold_ttl(),
         renewal: None,
         generation: charge.generation.clone(),
     };

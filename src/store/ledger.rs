@@ -229,20 +229,13 @@ pub struct Settlement {
     /// The reservation to release.
     pub reservation_id: String,
     /// Whether the store granted this reservation a hold: its admission
-    /// answered [`ReserveOutcome::Reserved`]. Such a hold stays, live or
-    /// [lapsed](LAPSED_HOLD_MEMORY), until its first settlement takes it;
-    /// a later settlement of the id (a retry after a reply that was lost)
-    /// finds none and records nothing, so nothing is remembered per
-    /// settlement. `false` when the caller knows of no hold (the
-    /// admission's answer never came, or the request went ahead while the
-    /// store was down): the cost is then recorded once per id however the
-    /// settlement is retried, the id remembered for [`SETTLEMENT_MEMORY`]
-    /// past its hold's expiry.
-    ///
-    /// Every retry of a settlement carries the same value. A hold the
-    /// store lost with its data (a Redis restart from an older snapshot, a
-    /// failover to a replica that had not received it) cannot be told from
-    /// one settled already: its settlement records nothing.
+    /// answered [`ReserveOutcome::Reserved`]. The store records a
+    /// settlement the same way either way: once per reservation id within
+    /// [`SETTLEMENT_MEMORY`] (its marker is written with its cost), hold or
+    /// not, so a hold the store lost with its data (a Redis restart from an
+    /// older snapshot, a failover to a replica that had not received it)
+    /// still has its cost recorded. The caller retries a settlement for at
+    /// most [`SETTLEMENT_RETRY_WINDOW`].
     pub hold_granted: bool,
     /// The cost in nano-credits.
     pub cost_nanos: i64,
@@ -735,14 +728,17 @@ pub(crate) fn top_up_overflow() -> StoreError {
     )
 }
 
-/// How long past its hold's expiry the id of a settlement made without a
-/// [granted hold](Settlement::hold_granted) is remembered (past its
-/// settlement, when it had no hold left), so that settling it again records
-/// nothing twice. A settlement whose reply never arrived is retried until
-/// its hold expires; this margin covers the caller's and the store's clocks
-/// reading that moment differently, and an admission that arrives after its
-/// own settlement (a request given up on), which then holds nothing.
-pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(2 * 60);
+/// How long a caller retries a settlement that failed (or whose reply was
+/// lost) before giving it up. A settlement given up stops its hold's
+/// renewals: the hold lapses and is charged in full, so a cost the store
+/// never took is overcharged, never lost.
+pub const SETTLEMENT_RETRY_WINDOW: Duration = Duration::from_secs(2 * 60);
+
+/// How long a settlement's marker is kept: the store records each
+/// reservation id once within this time, however often its settlement
+/// comes. Longer than [`SETTLEMENT_RETRY_WINDOW`] by a minute, for clocks
+/// that run at slightly different rates and a last attempt in flight.
+pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(3 * 60);
 
 /// How long a lapsed hold (one that reached its expiry unsettled, and was
 /// charged in full) is known: the first settlement of its id within that

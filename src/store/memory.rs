@@ -529,9 +529,9 @@ struct AccountLedger {
     balance_nanos: i64,
     /// Holds taken from the balance, on every key, by reservation id.
     holds: Holds,
-    /// Holds of `holds` that lapsed, charged to the balance, until their
-    /// settlement or [`LAPSED_HOLD_MEMORY`].
-    lapsed: LapsedHolds,
+    /// Holds of `holds` that lapsed, charged to the balance, by what they
+    /// took, until their key's lapse of the same hold takes them over.
+    lapsed: FastMap<Box<str>, i64>,
     keys: FastMap<Box<str>, KeyLedger>,
     /// Idempotency keys of recent top-ups, and when each is forgotten
     /// (µs), oldest first: every key lives equally long, so forgetting
@@ -662,9 +662,8 @@ impl AccountLedger {
         } = self;
         holds.expire(now_micros, |id, hold| {
             *balance_nanos = balance_nanos.saturating_sub(hold.amount_nanos);
-            lapsed.insert(id, lapsed_charge(&hold, [0; 3]), now_micros);
+            lapsed.insert(id, hold.amount_nanos);
         });
-        lapsed.forget(now_micros);
     }
 
     /// The key's ledger, created empty if new, once every hold of it and
@@ -698,7 +697,9 @@ impl AccountLedger {
             } = ledger;
             let mut charges = Vec::new();
             reservations.expire(now_micros, |id, hold| {
-                let byok = !account_lapsed.contains(&id, now_micros);
+                // Held on the balance too: the account's lapse (first)
+                // charged it there, and the key's charge now says so.
+                let byok = account_lapsed.remove(&id).is_none();
                 if let Some(keeping) = hold.lapse_record {
                     let record = lapse_record(account, key, &id, hold.amount_nanos, byok, now);
                     generations.put(
@@ -737,13 +738,14 @@ impl AccountLedger {
         let mut renewed = 0;
         for renewal in renewals {
             let id = renewal.reservation_id.as_str();
-            if self
-                .key_ledger(account, &renewal.key, now_micros)
-                .reservations
-                .renew(id, expires_at_micros)
-            {
+            let key = self.key_ledger(account, &renewal.key, now_micros);
+            if key.reservations.renew(id, expires_at_micros) {
                 self.holds.renew(id, expires_at_micros);
                 renewed += 1;
+            } else {
+                // Lapsed while its request goes on: its charge is kept for
+                // its settlement.
+                key.lapsed.refresh(id, now_micros);
             }
         }
         renewed
@@ -761,37 +763,29 @@ impl AccountLedger {
         let key = self.key_ledger(&settlement.account, &settlement.key, now_micros);
         // Released even when settled already: a late admission of a
         // request given up on must not leave a hold behind.
-        let key_hold_expiry = key.reservations.remove(id);
-        let lapsed = key.lapsed.contains(id, now_micros);
-        let account_hold_expiry = self.holds.remove(id);
+        key.reservations.remove(id);
+        // Its marker, kept longer than any retry can come: a retry records
+        // nothing more. Without a marker it is recorded, hold or not (a
+        // hold the store lost costs a late charge, never a free request).
+        let marked = key.settled.insert(
+            fingerprint,
+            now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
+            now_micros,
+        );
+        self.holds.remove(id);
+        if !marked {
+            return;
+        }
         let key = self
             .keys
             .get_mut(settlement.key.as_str())
             .expect("made above");
-        if settlement.hold_granted {
-            // The first settlement takes the hold, live or lapsed; a retry
-            // finds none and records nothing more.
-            if key_hold_expiry.is_none() && !lapsed {
-                return;
-            }
-        } else {
-            // No hold to go by: a retried settlement of the same request
-            // records nothing more while its id is remembered.
-            let remember_until_micros =
-                settled_id_deadline_micros(key_hold_expiry.max(account_hold_expiry), now_micros);
-            if !key
-                .settled
-                .insert(fingerprint, remember_until_micros, now_micros)
-            {
-                return;
-            }
-        }
         // A lapsed hold's charge gives way to the real cost.
         if let Some(charge) = key.lapsed.take(id) {
             key.unrecord(&charge);
-        }
-        if let Some(charge) = self.lapsed.take(id) {
-            self.balance_nanos = self.balance_nanos.saturating_add(charge.amount_nanos);
+            if !charge.byok {
+                self.balance_nanos = self.balance_nanos.saturating_add(charge.amount_nanos);
+            }
         }
         let key = self
             .keys
@@ -1055,12 +1049,12 @@ impl LapsedHolds {
         self.order.push_back((charge.forget_at_micros, id));
     }
 
-    fn contains(&self, id: &str, now_micros: i64) -> bool {
-        !self.by_id.is_empty()
-            && self
-                .by_id
-                .get(id)
-                .is_some_and(|charge| charge.forget_at_micros > now_micros)
+    /// Keeps `id`'s charge, if known, for [`LAPSED_HOLD_MEMORY`] from now.
+    fn refresh(&mut self, id: &str, now_micros: i64) {
+        if let Some((id, charge)) = self.by_id.get_key_value(id) {
+            let (id, charge) = (id.clone(), *charge);
+            self.insert(id, charge, now_micros);
+        }
     }
 
     /// `id`'s lapse charge, no longer kept. Its place in `order` goes when
@@ -1088,17 +1082,6 @@ impl LapsedHolds {
             }
         }
     }
-}
-
-/// Until when (µs) a reservation settled at `now_micros` is remembered:
-/// [`SETTLEMENT_MEMORY`] past its hold's expiry, since its settlement may
-/// be retried (after a reply that never arrived) until then; past now when
-/// it had no hold left.
-fn settled_id_deadline_micros(hold_expires_at_micros: Option<i64>, now_micros: i64) -> i64 {
-    hold_expires_at_micros
-        .unwrap_or(now_micros)
-        .max(now_micros)
-        .saturating_add(duration_micros(SETTLEMENT_MEMORY))
 }
 
 /// Settled reservation ids of one key, by fingerprint, each with until when
@@ -1895,12 +1878,16 @@ mod tests {
                 store.settle(&granted(id.clone(), 7), now).await.unwrap();
             }
         }
-        assert_eq!(settlement_memory(&store, "acct"), ((0, 0, 0), 0));
+        // Each leaves its marker (16 bytes) until SETTLEMENT_MEMORY has
+        // passed, and then nothing.
+        assert_eq!(settlement_memory(&store, "acct"), ((10_000, 0, 0), 0));
         let balance = store.account_balance("acct").await.unwrap().balance_nanos;
         assert_eq!(balance, 1_000_000 - 7 * 10_000);
-        // A hold left unsettled (an instance that died) is known, lapsed,
-        // for LAPSED_HOLD_MEMORY past its expiry, then forgotten.
-        let start = at(20 * SECOND);
+        let start = at(10 * SECOND) + chrono::Duration::from_std(SETTLEMENT_MEMORY).unwrap();
+        store.key_usage("acct", "key", start).await.unwrap();
+        assert_eq!(settlement_memory(&store, "acct"), ((0, 0, 0), 0));
+        // A hold left unsettled (an instance that died) lapses, charged,
+        // and its charge is known for LAPSED_HOLD_MEMORY, then forgotten.
         let outcome = store
             .reserve(&paid_hold("orphan".into(), ttl), start)
             .await

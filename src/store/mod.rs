@@ -63,7 +63,7 @@ pub use ledger::{
     HoldRenewal, KeyLimit, KeyUsage, LedgerStore, PurchaseTier, RecordKeeping, ReserveOutcome,
     ReserveRequest, Settlement, SettlementRecord, TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
     LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION, MAX_RESERVATION_TTL,
-    NANOS_PER_CREDIT, SETTLEMENT_MEMORY,
+    NANOS_PER_CREDIT, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;

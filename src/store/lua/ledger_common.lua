@@ -4,15 +4,16 @@
 -- reservation amounts hash (id -> amount, or 'amount:retention µs:most
 -- records' for a hold whose lapse leaves a generation record; and their
 -- sum and count under TOTAL and COUNT);
--- k.settled zset of ids known without a live hold: a settlement made
--- without a granted hold (id -> forget at µs, positive), and a hold that
--- lapsed (id -> minus the µs it is forgotten at); k.lapsed hash of what
+-- k.settled zset of ids known without a live hold: a settlement's marker
+-- (id -> forget at µs, positive), and a hold that lapsed (id -> minus the
+-- µs it is forgotten at); k.lapsed hash of what
 -- each lapse charged (id -> 'amount:byok 0/1:day start:week start:month
 -- start'), which its settlement gives back; k.lapse how long (µs) lapses
 -- are kept.
 -- The account's side is the table ACCT: acct (hash {purchased, balance}),
 -- res and amt (its holds on the balance, as a key's), lapsed (hash id ->
--- amount its lapse took from the balance), gen and genexp (generation
+-- amount its lapse took from the balance, until the key's lapse of the
+-- same hold takes it over), gen and genexp (generation
 -- records, see keep_generation); `now` and `lapse` are set by the script.
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
@@ -111,7 +112,6 @@ local function forget_settled(k, now)
   local lapsed = redis.call('ZRANGEBYSCORE', k.settled, int(-now), '(0', 'LIMIT', 0, 1000)
   if #lapsed > 0 then
     redis.call('HDEL', k.lapsed, unpack(lapsed))
-    redis.call('HDEL', ACCT.lapsed, unpack(lapsed))
     redis.call('ZREM', k.settled, unpack(lapsed))
   end
   k.forgotten = true
@@ -234,7 +234,9 @@ local function drop_expired(k, now)
           table.insert(charges, id)
           table.insert(charges, amount)
         else
-          local byok = redis.call('HEXISTS', ACCT.lapsed, id) == 0
+          -- Held on the balance too: the account's lapse (first) charged
+          -- it there, and the key's charge now says so.
+          local byok = redis.call('HDEL', ACCT.lapsed, id) == 0
           if amount ~= '0' then add_usage(k, amount, byok) end
           starts = starts or period_starts(now)
           table.insert(charges, id)
@@ -262,7 +264,7 @@ end
 
 -- Gives back what the lapse of `id` charged, if it did and is still
 -- known, to the key's usage (the all-time total, and each period still
--- the one it was charged in) and to the balance.
+-- the one it was charged in) and, unless BYOK, to the balance.
 local function undo_lapse(k, id)
   local charge = redis.call('HGET', k.lapsed, id)
   if charge then
@@ -277,12 +279,8 @@ local function undo_lapse(k, id)
         end
       end
       redis.call('HINCRBY', k.use, byok == '1' and 'bt' or 't', '-' .. amount)
+      if byok == '0' then redis.call('HINCRBY', ACCT.acct, 'balance', amount) end
     end
-  end
-  local taken = redis.call('HGET', ACCT.lapsed, id)
-  if taken then
-    redis.call('HDEL', ACCT.lapsed, id)
-    if taken ~= '0' then redis.call('HINCRBY', ACCT.acct, 'balance', taken) end
   end
 end
 

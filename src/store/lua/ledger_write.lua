@@ -11,12 +11,12 @@
 -- zset, amounts hash, the zset of ids settled without a granted hold and
 -- of lapsed holds, the hash of lapse charges); then two keys per counter
 -- check (see counters.lua).
--- ARGV: now (µs, or '' for Redis's clock), how long (µs) past its hold's
---   expiry the id of a settlement without a granted hold is remembered,
+-- ARGV: now (µs, or '' for Redis's clock), how long (µs) a settlement's
+--   marker is kept,
 --   how long (µs) a lapse is kept, key ledger count L, counter TTL slack
 --   (ms), the account's name, then L key names (hashes), settlement count
 --   N; then N times: ledger (1-based index of its keys), reservation id,
---   cost, byok (0/1), hold granted (0/1), generation record ('' for none),
+--   cost, byok (0/1), hold granted (0/1, unused), generation record ('' for none),
 --   how long it is kept (µs), the most records the account keeps; then
 --   renewal count R, the renewed holds' lifetime (µs) and key TTL (ms),
 --   and R times: ledger, reservation id; then, when an admission follows,
@@ -68,34 +68,25 @@ local function ledger(index)
 end
 
 -- Records a request's real cost and releases its holds, once per
--- reservation id: a retried settlement records nothing more. With its hold
--- granted, the first settlement is the one that finds the hold, live or
--- lapsed, and nothing is remembered; without, the id is remembered
--- `memory` past its hold's expiry (past now when no hold is left), since
--- the settlement may be retried until then. Returns 1 when recorded, 0
--- when the id was settled already.
-local function settle(k, id, cost, byok, granted)
-  local expiry = (not granted) and redis.call('ZSCORE', k.res, id)
+-- reservation id: its marker in `k.settled` (kept `memory` µs, longer
+-- than any retry of it can come) is written in the same step as its cost,
+-- and a settlement that finds it records nothing. One that finds neither
+-- its hold nor its marker (a hold Redis lost with its data) still records
+-- its cost: lost data costs a late charge, never a free request. One that
+-- finds its lapsed hold replaces the lapse's charge. Returns 1 when
+-- recorded, 0 when the id was settled already.
+local function settle(k, id, cost, byok)
+  -- Markers and lapses whose time is up are forgotten first.
+  forget_settled(k, now)
   -- Released even when settled already: a late admission of a request
   -- given up on must not leave a hold behind.
   release(k, id)
-  local held = redis.call('ZREM', k.res, id) == 1
+  redis.call('ZREM', k.res, id)
   release(acct, id)
   redis.call('ZREM', acct.res, id)
-  -- Lapses whose time is up are forgotten first: their charges stand.
-  forget_settled(k, now)
-  if granted then
-    -- The first settlement finds the hold, live or lapsed (charged and
-    -- not yet forgotten); a retry finds neither.
-    if not held and redis.call('HEXISTS', k.lapsed, id) == 0 then return 0 end
-  else
-    local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
-    if known > now then return 0 end
-    local forget_at = math.max(now, tonumber(expiry or now)) + memory
-    redis.call('ZADD', k.settled, int(forget_at), id)
-    -- Only ever extend the zset's lifetime: the latest deadline sets it.
-    keep_settled_for(k, math.ceil((forget_at - now) / 1000))
-  end
+  if tonumber(redis.call('ZSCORE', k.settled, id) or '0') > now then return 0 end
+  redis.call('ZADD', k.settled, int(now + memory), id)
+  keep_settled_for(k, math.ceil(memory / 1000))
   -- A lapse's charge gives way to the real cost.
   undo_lapse(k, id)
   add_usage(k, cost, byok)
@@ -205,7 +196,7 @@ local recorded = 0
 local first = 8 + ledger_count
 for i = 0, count - 1 do
   local a = first + i * 8
-  local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1', ARGV[a + 4] == '1')
+  local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
   -- A record goes with the first settlement of its id only, as its cost does.
   if new == 1 and ARGV[a + 5] ~= '' then
     keep_generation(ARGV[a + 1], ARGV[a + 5], tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
@@ -232,6 +223,12 @@ if renewals > 0 then
         keep_alive(key_ttl, k.res, k.amt)
         keep_alive(key_ttl, acct.res, acct.amt)
       end
+    elseif redis.call('HEXISTS', k.lapsed, id) == 1 then
+      -- Lapsed while its request goes on (its instance lost the store for
+      -- longer than the hold): its charge is kept for its settlement.
+      redis.call('ZADD', k.settled, 'XX', int(-(now + lapse)), id)
+      keep_settled_for(k, math.ceil(lapse / 1000))
+      if redis.call('PTTL', k.lapsed) < math.ceil(lapse / 1000) then redis.call('PEXPIRE', k.lapsed, math.ceil(lapse / 1000)) end
     end
   end
 end
