@@ -395,7 +395,11 @@ async fn a_top_up_sent_twice_is_credited_once() {
     let seconds = relay.second_replies();
     assert_eq!(seconds.len(), 1);
     // The script ran the second time too (a reply array, not NOSCRIPT).
-    assert!(seconds[0].starts_with(b"*"), "{:?}", String::from_utf8_lossy(&seconds[0]));
+    assert!(
+        seconds[0].starts_with(b"*"),
+        "{:?}",
+        String::from_utf8_lossy(&seconds[0])
+    );
     assert_eq!(balance.purchased_nanos, 1 + 5);
     let balance = store.account_balance("twice").await.unwrap();
     assert_eq!(balance.purchased_nanos, 1 + 5, "credited once");
@@ -488,7 +492,10 @@ async fn connect_says_what_a_restart_or_crash_can_lose() {
     assert!(logged.contains("WARN"), "{logged}");
     assert!(logged.contains("appendonly no"), "{logged}");
     assert!(logged.contains("since the last RDB snapshot"), "{logged}");
-    assert!(logged.contains("appendonly yes"), "says how to turn AOF on: {logged}");
+    assert!(
+        logged.contains("appendonly yes"),
+        "says how to turn AOF on: {logged}"
+    );
 
     let logged = connect_and_log(RedisServer::start_with_args(&[
         "--appendonly",

@@ -206,7 +206,10 @@ impl RedisCluster {
     /// names only those; the cluster bus keeps its own ports.
     pub fn announce_ports(&self, ports: &[u16]) {
         for (node, port) in self.nodes.iter().zip(ports) {
-            let reply = command(node.port, &format!("CONFIG SET cluster-announce-port {port}"));
+            let reply = command(
+                node.port,
+                &format!("CONFIG SET cluster-announce-port {port}"),
+            );
             assert_eq!(reply, "+OK\r\n", "CONFIG SET cluster-announce-port");
         }
         let deadline = Instant::now() + Duration::from_secs(30);

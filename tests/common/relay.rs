@@ -106,7 +106,9 @@ impl Drop for Relay {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|window| window == needle)
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 /// Takes the armed marker if `request` contains it.
@@ -123,7 +125,12 @@ fn take_if_contained(armed: &Mutex<Option<Vec<u8>>>, request: &[u8]) -> bool {
     }
 }
 
-async fn pump(mut client: TcpStream, mut server: TcpStream, upstream_port: u16, shared: Arc<Shared>) {
+async fn pump(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    upstream_port: u16,
+    shared: Arc<Shared>,
+) {
     let mut from_client = vec![0u8; 64 * 1024];
     let mut from_server = vec![0u8; 64 * 1024];
     let mut lose_next_reply = false;
