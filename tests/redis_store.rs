@@ -410,13 +410,32 @@ async fn a_top_up_sent_twice_is_credited_once() {
     assert_eq!(balance.purchased_nanos, 1 + 5 + 5);
 }
 
-/// An in-memory log that a test's tracing subscriber writes to.
+/// What the calling thread logs (INFO and above) from now on.
+///
+/// One subscriber for the whole test binary, installed once, writes each
+/// line to its thread's capture: a subscriber per test (`set_default`)
+/// would race with the tests that connect on other threads meanwhile,
+/// since while it is the only one registered, tracing-core judges a
+/// callsite first reached on another thread by that thread's (no)
+/// subscriber and caches it as unwanted for every thread.
 #[derive(Clone, Default)]
 struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
-impl std::io::Write for CapturedLogs {
+thread_local! {
+    static THIS_THREADS_LOGS: std::cell::RefCell<Option<CapturedLogs>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Writes to the capture of the thread that logs, if it has one.
+struct ThreadsCapture;
+
+impl std::io::Write for ThreadsCapture {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
+        THIS_THREADS_LOGS.with(|logs| {
+            if let Some(logs) = logs.borrow().as_ref() {
+                logs.0.lock().unwrap().extend_from_slice(bytes);
+            }
+        });
         Ok(bytes.len())
     }
 
@@ -426,6 +445,23 @@ impl std::io::Write for CapturedLogs {
 }
 
 impl CapturedLogs {
+    /// Starts capturing this thread's logs (the test runs on a
+    /// current-thread runtime, so the store logs on it).
+    fn of_this_thread() -> CapturedLogs {
+        static SUBSCRIBER: std::sync::Once = std::sync::Once::new();
+        SUBSCRIBER.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(|| ThreadsCapture)
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+        });
+        let logs = CapturedLogs::default();
+        THIS_THREADS_LOGS.with(|capture| *capture.borrow_mut() = Some(logs.clone()));
+        logs
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
@@ -433,15 +469,7 @@ impl CapturedLogs {
 
 #[tokio::test]
 async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
-    let logs = CapturedLogs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    // This thread only: the test runs on a current-thread runtime.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = CapturedLogs::of_this_thread();
 
     let evicting = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"]);
     RedisStore::connect(&evicting.url(), RedisStoreConfig::default())
@@ -452,7 +480,8 @@ async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
     assert!(warned.contains("allkeys-lru"), "{warned}");
     assert!(warned.contains("noeviction"), "{warned}");
 
-    // With an append-only file, so that no warning about it comes either.
+    // With an append-only file flushed on every write, so that nothing is
+    // said about it either.
     let safe = RedisServer::start_persistent();
     let before = logs.text().len();
     RedisStore::connect(&safe.url(), RedisStoreConfig::default())
@@ -469,14 +498,7 @@ async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
 /// What each append-only setting logs at connect, from real servers.
 #[tokio::test]
 async fn connect_says_what_a_restart_or_crash_can_lose() {
-    let logs = CapturedLogs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = CapturedLogs::of_this_thread();
     let connect_and_log = |server: RedisServer| {
         let logs = logs.clone();
         async move {
