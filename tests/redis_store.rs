@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use common::redis_server::{CommandWatch, RedisServer};
+use common::redis_server::{CommandWatch, RedisCluster, RedisServer};
+use common::relay::Relay;
 use modelgate::clock::Period;
 use modelgate::store::{
     Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, PutOptions, RecordStore,
@@ -245,13 +246,197 @@ async fn refused_arguments_do_not_open_the_breaker() {
     store.ping().await.unwrap();
 }
 
-/// An in-memory log that a test's tracing subscriber writes to.
+/// Two admissions a minute, counted in a fixed window.
+fn two_per_minute() -> Check {
+    Check::new(
+        "two",
+        Limit::FixedWindow {
+            limit: 2,
+            window: Duration::from_secs(60),
+        },
+        1,
+    )
+}
+
+/// Waits until the store answers again after a dropped connection, with
+/// a read of `account` (no counter, no purchase).
+async fn wait_until_answering(store: &RedisStore, account: &str) {
+    for _ in 0..100 {
+        if store.account_balance(account).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the store did not reconnect within 10 s");
+}
+
+/// How many requests that contain `marker` the relays forwarded.
+fn sent_containing(relays: &[Relay], marker: &[u8]) -> usize {
+    relays
+        .iter()
+        .map(|relay| relay.requests_containing(marker))
+        .sum()
+}
+
+/// Redis runs an admission and a top-up but their replies are lost (the
+/// relays drop the connection): each call fails, nothing sends it again,
+/// and each counted exactly once.
+async fn lost_replies_count_once(store: &RedisStore, relays: &[Relay]) {
+    // The scripts loaded on the accounts' nodes, so that each marked call
+    // is one EVALSHA that runs: another counter, a first purchase.
+    let mut warm = minute_check();
+    warm.name = "warm".into();
+    store
+        .check_and_add("lost-admission", &[warm], t0())
+        .await
+        .unwrap();
+    store.top_up("lost-top-up", 3).await.unwrap();
+
+    let marker = b"lost-admission";
+    let sent_before = sent_containing(relays, marker);
+    for relay in relays {
+        relay.lose_reply_to(marker);
+    }
+    let error = store
+        .check_and_add("lost-admission", &[two_per_minute()], t0())
+        .await
+        .expect_err("a call whose reply was lost must fail, not be resent");
+    assert!(error.is_unavailable(), "{error}");
+    for relay in relays {
+        relay.disarm();
+    }
+    let lost: usize = relays.iter().map(Relay::lost_replies).sum();
+    assert_eq!(lost, 1);
+    let sent = sent_containing(relays, marker) - sent_before;
+    assert_eq!(sent, 1, "the admission was sent to Redis {sent} times");
+    wait_until_answering(store, "lost-admission").await;
+    // Counted once: one more of the two fits, then none.
+    let second = store
+        .check_and_add("lost-admission", &[two_per_minute()], t0())
+        .await
+        .unwrap();
+    assert!(second.admitted, "the lost admission was counted twice");
+    let third = store
+        .check_and_add("lost-admission", &[two_per_minute()], t0())
+        .await
+        .unwrap();
+    assert!(!third.admitted, "the lost admission was not counted");
+
+    let marker = b"lost-top-up";
+    for relay in relays {
+        relay.lose_reply_to(marker);
+    }
+    let error = store
+        .top_up("lost-top-up", 7)
+        .await
+        .expect_err("a top-up whose reply was lost must fail");
+    assert!(error.is_unavailable(), "{error}");
+    for relay in relays {
+        relay.disarm();
+    }
+    let lost: usize = relays.iter().map(Relay::lost_replies).sum();
+    assert_eq!(lost, 2);
+    wait_until_answering(store, "lost-top-up").await;
+    let balance = store.account_balance("lost-top-up").await.unwrap();
+    assert_eq!(balance.purchased_nanos, 3 + 7, "credited once");
+    assert_eq!(balance.balance_nanos, 3 + 7);
+}
+
+/// Through a relay that drops the connection after Redis answered: the
+/// connection manager reconnects but never sends the call again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_reply_is_lost_fails_and_counts_once() {
+    let server = RedisServer::start();
+    let relay = Relay::start(server.port()).await;
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&relay.url(), config).await.unwrap();
+    lost_replies_count_once(&store, std::slice::from_ref(&relay)).await;
+}
+
+/// The same on a 3-node Cluster, each node behind a relay that it
+/// announces as its address (`cluster-announce-port`), so that every
+/// connection of the Cluster client goes through one. The Cluster client
+/// with retries would send the script again on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_call_whose_reply_is_lost_fails_and_counts_once() {
+    let cluster = RedisCluster::start();
+    let mut relays = Vec::new();
+    for port in cluster.ports() {
+        relays.push(Relay::start(port).await);
+    }
+    let ports: Vec<u16> = relays.iter().map(Relay::port).collect();
+    tokio::task::block_in_place(|| cluster.announce_ports(&ports));
+    let urls: Vec<String> = relays.iter().map(Relay::url).collect();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect_cluster(&nodes, config).await.unwrap();
+    lost_replies_count_once(&store, &relays).await;
+}
+
+/// A top-up without a key of the caller's, sent to Redis twice (the relay
+/// sends the same bytes again, as a client resending after a lost reply
+/// would): credited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_top_up_sent_twice_is_credited_once() {
+    let server = RedisServer::start();
+    let relay = Relay::start(server.port()).await;
+    let store = RedisStore::connect(&relay.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    store.top_up("twice", 1).await.unwrap();
+
+    relay.send_twice(b"twice");
+    let balance = store.top_up("twice", 5).await.unwrap();
+    let seconds = relay.second_replies();
+    assert_eq!(seconds.len(), 1);
+    // The script ran the second time too (a reply array, not NOSCRIPT).
+    assert!(
+        seconds[0].starts_with(b"*"),
+        "{:?}",
+        String::from_utf8_lossy(&seconds[0])
+    );
+    assert_eq!(balance.purchased_nanos, 1 + 5);
+    let balance = store.account_balance("twice").await.unwrap();
+    assert_eq!(balance.purchased_nanos, 1 + 5, "credited once");
+    assert_eq!(balance.balance_nanos, 1 + 5);
+
+    // Each call is still a purchase of its own.
+    let balance = store.top_up("twice", 5).await.unwrap();
+    assert_eq!(balance.purchased_nanos, 1 + 5 + 5);
+}
+
+/// What the calling thread logs (INFO and above) from now on.
+///
+/// One subscriber for the whole test binary, installed once, writes each
+/// line to its thread's capture: a subscriber per test (`set_default`)
+/// would race with the tests that connect on other threads meanwhile,
+/// since while it is the only one registered, tracing-core judges a
+/// callsite first reached on another thread by that thread's (no)
+/// subscriber and caches it as unwanted for every thread.
 #[derive(Clone, Default)]
 struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
-impl std::io::Write for CapturedLogs {
+thread_local! {
+    static THIS_THREADS_LOGS: std::cell::RefCell<Option<CapturedLogs>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Writes to the capture of the thread that logs, if it has one.
+struct ThreadsCapture;
+
+impl std::io::Write for ThreadsCapture {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
+        THIS_THREADS_LOGS.with(|logs| {
+            if let Some(logs) = logs.borrow().as_ref() {
+                logs.0.lock().unwrap().extend_from_slice(bytes);
+            }
+        });
         Ok(bytes.len())
     }
 
@@ -261,6 +446,23 @@ impl std::io::Write for CapturedLogs {
 }
 
 impl CapturedLogs {
+    /// Starts capturing this thread's logs (the test runs on a
+    /// current-thread runtime, so the store logs on it).
+    fn of_this_thread() -> CapturedLogs {
+        static SUBSCRIBER: std::sync::Once = std::sync::Once::new();
+        SUBSCRIBER.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(|| ThreadsCapture)
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+        });
+        let logs = CapturedLogs::default();
+        THIS_THREADS_LOGS.with(|capture| *capture.borrow_mut() = Some(logs.clone()));
+        logs
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
@@ -268,15 +470,7 @@ impl CapturedLogs {
 
 #[tokio::test]
 async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
-    let logs = CapturedLogs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    // This thread only: the test runs on a current-thread runtime.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = CapturedLogs::of_this_thread();
 
     let evicting = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"]);
     RedisStore::connect(&evicting.url(), RedisStoreConfig::default())
@@ -287,7 +481,9 @@ async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
     assert!(warned.contains("allkeys-lru"), "{warned}");
     assert!(warned.contains("noeviction"), "{warned}");
 
-    let safe = RedisServer::start();
+    // With an append-only file flushed on every write, so that nothing is
+    // said about it either.
+    let safe = RedisServer::start_persistent();
     let before = logs.text().len();
     RedisStore::connect(&safe.url(), RedisStoreConfig::default())
         .await
@@ -297,6 +493,60 @@ async fn connect_warns_when_redis_may_evict_the_gateways_keys() {
         before,
         "no warning with the default noeviction: {}",
         logs.text()
+    );
+}
+
+/// What each append-only setting logs at connect, from real servers.
+#[tokio::test]
+async fn connect_says_what_a_restart_or_crash_can_lose() {
+    let logs = CapturedLogs::of_this_thread();
+    let connect_and_log = |server: RedisServer| {
+        let logs = logs.clone();
+        async move {
+            let before = logs.text().len();
+            RedisStore::connect(&server.url(), RedisStoreConfig::default())
+                .await
+                .unwrap();
+            logs.text()[before..].to_owned()
+        }
+    };
+
+    let logged = connect_and_log(RedisServer::start()).await;
+    assert!(logged.contains("WARN"), "{logged}");
+    assert!(logged.contains("appendonly no"), "{logged}");
+    assert!(logged.contains("since the last RDB snapshot"), "{logged}");
+    assert!(
+        logged.contains("appendonly yes"),
+        "says how to turn AOF on: {logged}"
+    );
+
+    let logged = connect_and_log(RedisServer::start_with_args(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "no",
+    ]))
+    .await;
+    assert!(logged.contains("WARN"), "{logged}");
+    assert!(logged.contains("appendfsync no"), "{logged}");
+    assert!(logged.contains("30 s"), "{logged}");
+    assert!(!logged.contains("appendonly no"), "{logged}");
+
+    let logged = connect_and_log(RedisServer::start_with_args(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+    ]))
+    .await;
+    assert!(!logged.contains("WARN"), "{logged}");
+    assert!(logged.contains("INFO"), "{logged}");
+    assert!(logged.contains("up to 1 s"), "{logged}");
+
+    let logged = connect_and_log(RedisServer::start_persistent()).await;
+    assert!(
+        !logged.contains("append"),
+        "nothing to say with appendfsync always: {logged}"
     );
 }
 

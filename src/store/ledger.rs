@@ -503,8 +503,14 @@ pub trait LedgerStore: Send + Sync + 'static {
 
     /// Records a purchase: the purchased total and the balance rise.
     ///
-    /// Not idempotent: a caller that may send the same purchase twice (a
-    /// retry after a lost reply) uses [`top_up_once`](Self::top_up_once).
+    /// Each call is a new purchase: a caller that may call twice for the
+    /// same purchase (its own retry after an error) uses
+    /// [`top_up_once`](Self::top_up_once) with a key of its own. The call
+    /// itself is safe to resend: a store across a network gives it a
+    /// random key of its own (128 bits) and credits it through the same
+    /// atomic step as `top_up_once`, so the same call reaching the store
+    /// twice (a lost reply, a connection dropped and resent) is credited
+    /// once. An error says nothing of whether it was credited.
     async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError>;
 
     /// Records a purchase once per `idempotency_key` of the account, as one

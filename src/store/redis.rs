@@ -33,8 +33,17 @@
 //! On connect the store reads `maxmemory-policy` and warns unless it is
 //! `noeviction`: an evicted hold or counter lets requests past their
 //! limits, the request of an evicted hold goes uncharged, and evicted
-//! usage is lost. (A Redis that refuses `CONFIG`, as managed ones do, is
-//! not checked.)
+//! usage is lost. It also reads `appendonly` and `appendfsync`: without
+//! an append-only file it warns that a restart loses every write since the
+//! last RDB snapshot (balances, usage, holds, records); with `appendfsync
+//! no` that a crash of the machine loses about 30 s of writes, and with
+//! `everysec` says (at info) up to 1 s. (A Redis that refuses `CONFIG`, as
+//! managed ones do, is not checked.)
+//!
+//! No call is sent twice by the client: the connection manager retries
+//! only connecting, and the Cluster client is built with no retries, since
+//! it would resend a script whose connection dropped after it ran. A call
+//! whose reply is lost fails; the next one reconnects.
 //!
 //! Numbers: counters are exact up to 2^53 (limits and amounts above are
 //! refused); ledger amounts are stored with Redis' own 64-bit integer
@@ -139,7 +148,10 @@ impl Default for RedisStoreConfig {
 /// [`breaker_cool_down`](RedisStoreConfig::breaker_cool_down); then one
 /// call probes, and its success closes it. [`RedisStore::circuit_open`]
 /// tells a readiness check. On connect, a `maxmemory-policy` other than
-/// `noeviction` is logged as a warning.
+/// `noeviction`, and a Redis without an append-only file (`appendonly
+/// no`) or one that leaves its flushing to the system (`appendfsync no`),
+/// are logged as warnings. No call is resent by the client after a lost
+/// reply: it fails, and the next call reconnects.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
@@ -329,8 +341,56 @@ fn warn_if_evicting(reply: redis::RedisResult<Vec<String>>) {
         },
         Err(error) => tracing::debug!(
             %error,
-            "cannot read maxmemory-policy (CONFIG refused, as on managed Redis); not checked"
+            "cannot read maxmemory-policy (CONFIG refused, as on managed Redis, or timed out); \
+             not checked"
         ),
+    }
+}
+
+/// Says what a restart or a crash loses given the append-only file's
+/// settings (`CONFIG GET append*`): without AOF, every write since the last
+/// RDB snapshot (a warning); with `appendfsync no`, about 30 s of writes on
+/// a crash of the machine (a warning); with `everysec`, up to 1 s (info).
+fn warn_if_not_durable(reply: redis::RedisResult<Vec<String>>) {
+    let settings = match reply {
+        Ok(settings) => settings,
+        Err(error) => {
+            tracing::debug!(
+                %error,
+                "cannot read appendonly (CONFIG refused, as on managed Redis, or timed out); \
+                 not checked"
+            );
+            return;
+        }
+    };
+    let setting = |name: &str| {
+        settings
+            .chunks_exact(2)
+            .find(|pair| pair[0].eq_ignore_ascii_case(name))
+            .map(|pair| pair[1].as_str())
+    };
+    match (setting("appendonly"), setting("appendfsync")) {
+        (Some("no"), _) => tracing::warn!(
+            appendonly = "no",
+            "Redis keeps no append-only file (appendonly no): a restart, or a failover to a \
+             replica that had not received them, loses every write since the last RDB \
+             snapshot (all of them without snapshots): balances and purchases, usage, the \
+             holds of requests in flight (which then go uncharged) and generation records; \
+             turn AOF on with appendonly yes in redis.conf (CONFIG SET appendonly yes on a \
+             running server)"
+        ),
+        (Some("yes"), Some("no")) => tracing::warn!(
+            appendfsync = "no",
+            "Redis leaves flushing its append-only file to the system (appendfsync no): a \
+             crash of the machine loses up to about 30 s of writes (balances, usage, holds); \
+             set appendfsync everysec (up to 1 s) or always (none)"
+        ),
+        (Some("yes"), Some("everysec")) => tracing::info!(
+            appendfsync = "everysec",
+            "Redis flushes its append-only file each second (appendfsync everysec): a crash \
+             of the machine loses up to 1 s of writes; appendfsync always loses none"
+        ),
+        _ => {}
     }
 }
 
@@ -346,6 +406,10 @@ impl RedisStore {
             .set_connection_timeout(Some(config.call_timeout))
             .set_response_timeout(Some(config.call_timeout))
             .set_max_delay(Duration::from_secs(1))
+            // Retries of connecting only: a command whose connection drops
+            // fails with the dropped connection and is never sent again (a
+            // script that ran would run twice), while the manager connects
+            // afresh for the next call.
             .set_number_of_retries(2);
         let connecting = ConnectionManager::new_with_config(client, manager_config);
         let connection = tokio::time::timeout(config.call_timeout, connecting)
@@ -353,7 +417,7 @@ impl RedisStore {
             .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
             .map_err(|error| backend("connect", error))?;
         let store = RedisStore::with_connection(Connection::Single(connection), config);
-        store.check_eviction_policy().await;
+        store.check_settings().await;
         Ok(store)
     }
 
@@ -367,7 +431,14 @@ impl RedisStore {
             .connection_timeout(config.call_timeout)
             .response_timeout(config.call_timeout)
             .tcp_settings(low_latency_tcp())
-            .retries(2)
+            // None: the client would resend a command after any error,
+            // a dropped connection included, so a script that ran but whose
+            // reply was lost would run twice (an admission counted twice).
+            // The crate cannot limit retries to replies that prove the
+            // command did not run (MOVED, ASK, TRYAGAIN), so such a call
+            // fails too; the client still refreshes its slot map and
+            // reconnects for the next call.
+            .retries(0)
             .build()
             .map_err(|error| backend("connect", error))?;
         let connection = tokio::time::timeout(config.call_timeout, client.get_async_connection())
@@ -375,7 +446,7 @@ impl RedisStore {
             .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
             .map_err(|error| backend("connect", error))?;
         let store = RedisStore::with_connection(Connection::Cluster(connection), config);
-        store.check_eviction_policy().await;
+        store.check_settings().await;
         Ok(store)
     }
 
@@ -391,19 +462,26 @@ impl RedisStore {
         }
     }
 
-    /// Reads `maxmemory-policy` (of one node, on a Cluster) and warns when
-    /// Redis may evict the gateway's keys. Never fails the connect: a
-    /// refused `CONFIG` (managed Redis) is logged at debug.
-    async fn check_eviction_policy(&self) {
+    /// Reads `maxmemory-policy` and the append-only file's settings (of
+    /// one node, on a Cluster) and logs what they can cost: evicted keys,
+    /// writes a restart loses. Never fails the connect: a refused `CONFIG`
+    /// (managed Redis) is logged at debug.
+    async fn check_settings(&self) {
+        warn_if_evicting(self.config_get("maxmemory-policy").await);
+        warn_if_not_durable(self.config_get("append*").await);
+    }
+
+    /// `CONFIG GET pattern`: name, value, name, value….
+    async fn config_get(&self, pattern: &str) -> redis::RedisResult<Vec<String>> {
         let mut connection = self.connection.clone();
-        let command = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("maxmemory-policy")
-            .to_owned();
+        let command = redis::cmd("CONFIG").arg("GET").arg(pattern).to_owned();
         let query = command.query_async(&mut connection);
         match tokio::time::timeout(self.config.call_timeout, query).await {
-            Ok(reply) => warn_if_evicting(reply),
-            Err(_) => tracing::debug!("CONFIG GET maxmemory-policy timed out; not checked"),
+            Ok(reply) => reply,
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "CONFIG GET timed out",
+            ))),
         }
     }
 
@@ -770,6 +848,51 @@ impl RedisStore {
     fn ttl_millis(&self, lifetime: Duration) -> u64 {
         let with_slack = lifetime.saturating_add(self.config.expiry_slack);
         u64::try_from(with_slack.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Credits `amount_nanos` once per `purchase` (a key already escaped)
+    /// of the account, remembering it for a day: `top_up.lua`, one atomic
+    /// step. `now` as [`now_arg`](Self::now_arg) gives it.
+    async fn credit_once(
+        &self,
+        account: &str,
+        amount_nanos: i64,
+        purchase: &str,
+        now: String,
+    ) -> Result<TopUpOutcome, StoreError> {
+        const OPERATION: &str = "top_up";
+        // `mg:{acct}:topup:<key>`: in the account's slot, beside its hash.
+        let mut record = self.scoped(account);
+        let account_key = format!("{record}acct");
+        record.push_str("topup:");
+        record.push_str(purchase);
+        let memory = super::ledger::idempotency_key_ttl();
+        let mut invocation = self.scripts.top_up.prepare_invoke();
+        invocation
+            .key(account_key)
+            .key(record)
+            .arg(amount_nanos)
+            .arg(now)
+            .arg(duration_micros(memory))
+            .arg(self.ttl_millis(memory));
+        let reply = self.run(OPERATION, &invocation).await?;
+        if let Value::BulkString(text) = &reply {
+            if text.as_slice() == b"overflow" {
+                return Err(top_up_overflow());
+            }
+        }
+        let reply = array(OPERATION, reply)?;
+        let Some((verdict, figures)) = reply.split_first() else {
+            return Err(StoreError::corrupt(OPERATION, "an empty reply"));
+        };
+        match (bytes(OPERATION, verdict.clone())?.as_slice(), figures) {
+            (b"credited", _) => Ok(TopUpOutcome::Credited(balance_from(OPERATION, figures)?)),
+            (b"repeated", _) => Ok(TopUpOutcome::Repeated(balance_from(OPERATION, figures)?)),
+            (b"reused", [first]) => Ok(TopUpOutcome::KeyReused {
+                first_amount_nanos: integer(OPERATION, first)?,
+            }),
+            _ => Err(StoreError::corrupt(OPERATION, format!("{reply:?}"))),
+        }
     }
 }
 
@@ -1216,16 +1339,22 @@ impl LedgerStore for RedisStore {
     async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
         const OPERATION: &str = "top_up";
         validate_amount(OPERATION, amount_nanos)?;
-        let [account_key, ..] = self.ledger_keys(account, "");
-        let mut invocation = self.scripts.top_up.prepare_invoke();
-        invocation.key(account_key).arg(amount_nanos);
-        let reply = self.run(OPERATION, &invocation).await?;
-        if let Value::BulkString(text) = &reply {
-            if text.as_slice() == b"overflow" {
-                return Err(top_up_overflow());
-            }
+        // A key of its own (128 random bits), so that the same call sent
+        // twice (a resend after a lost reply) is credited once. `~` keeps it
+        // apart from callers' keys, whose escaped form never has one.
+        let purchase = format!("~{:032x}", rand::random::<u128>());
+        // Redis's clock: the key is this call's alone, so no caller's time
+        // need agree with it.
+        match self
+            .credit_once(account, amount_nanos, &purchase, String::new())
+            .await?
+        {
+            TopUpOutcome::Credited(balance) | TopUpOutcome::Repeated(balance) => Ok(balance),
+            TopUpOutcome::KeyReused { .. } => Err(StoreError::corrupt(
+                OPERATION,
+                "a fresh purchase key was found used for another amount",
+            )),
         }
-        balance_from(OPERATION, &array(OPERATION, reply)?)
     }
 
     async fn top_up_once(
@@ -1235,40 +1364,11 @@ impl LedgerStore for RedisStore {
         idempotency_key: &str,
         now: DateTime<Utc>,
     ) -> Result<TopUpOutcome, StoreError> {
-        const OPERATION: &str = "top_up";
         validate_top_up_once(amount_nanos, idempotency_key)?;
-        // `mg:{acct}:topup:<key>`: in the account's slot, beside its hash.
-        let mut record = self.scoped(account);
-        let account_key = format!("{record}acct");
-        record.push_str("topup:");
-        escape_into(&mut record, idempotency_key);
-        let memory = super::ledger::idempotency_key_ttl();
-        let mut invocation = self.scripts.top_up.prepare_invoke();
-        invocation
-            .key(account_key)
-            .key(record)
-            .arg(amount_nanos)
-            .arg(self.now_arg(now))
-            .arg(duration_micros(memory))
-            .arg(self.ttl_millis(memory));
-        let reply = self.run(OPERATION, &invocation).await?;
-        if let Value::BulkString(text) = &reply {
-            if text.as_slice() == b"overflow" {
-                return Err(top_up_overflow());
-            }
-        }
-        let reply = array(OPERATION, reply)?;
-        let Some((verdict, figures)) = reply.split_first() else {
-            return Err(StoreError::corrupt(OPERATION, "an empty reply"));
-        };
-        match (bytes(OPERATION, verdict.clone())?.as_slice(), figures) {
-            (b"credited", _) => Ok(TopUpOutcome::Credited(balance_from(OPERATION, figures)?)),
-            (b"repeated", _) => Ok(TopUpOutcome::Repeated(balance_from(OPERATION, figures)?)),
-            (b"reused", [first]) => Ok(TopUpOutcome::KeyReused {
-                first_amount_nanos: integer(OPERATION, first)?,
-            }),
-            _ => Err(StoreError::corrupt(OPERATION, format!("{reply:?}"))),
-        }
+        let mut purchase = String::with_capacity(idempotency_key.len());
+        escape_into(&mut purchase, idempotency_key);
+        self.credit_once(account, amount_nanos, &purchase, self.now_arg(now))
+            .await
     }
 
     async fn revoke_key(

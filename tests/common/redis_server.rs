@@ -195,6 +195,45 @@ impl RedisCluster {
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+
+    /// The port of every node.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// Makes each node announce `ports[i]` to clients (`cluster-announce-port`,
+    /// as behind a relay) and waits until every node's `CLUSTER SLOTS`
+    /// names only those; the cluster bus keeps its own ports.
+    pub fn announce_ports(&self, ports: &[u16]) {
+        for (node, port) in self.nodes.iter().zip(ports) {
+            let reply = command(
+                node.port,
+                &format!("CONFIG SET cluster-announce-port {port}"),
+            );
+            assert_eq!(reply, "+OK\r\n", "CONFIG SET cluster-announce-port");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let slots = command(node.port, "CLUSTER SLOTS");
+                let announced = ports
+                    .iter()
+                    .all(|port| slots.contains(&format!(":{port}\r\n")));
+                let real = self
+                    .nodes
+                    .iter()
+                    .any(|other| slots.contains(&format!(":{}\r\n", other.port)));
+                if announced && !real {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the nodes did not announce their new ports: {slots}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
 }
 
 /// A port nothing listens on, whose cluster bus port (+10000) is free too.
