@@ -121,6 +121,7 @@ fn bench_store<S: Store>(
         check_balance: true,
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ttl: Duration::from_secs(60),
     };
     // Reserving one id again replaces it, so the key's reservations stay one.

@@ -613,3 +613,92 @@ async fn a_request_dropped_before_it_was_sent_costs_nothing() {
         credits(40 + 16)
     );
 }
+
+#[tokio::test]
+async fn a_key_expires_by_the_store_s_clock_not_the_instance_s() {
+    // An instance whose clock is an hour behind still takes the key for
+    // live: the admission step, by Redis's clock, refuses it.
+    let server = RedisServer::start();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let behind = skewed_proxy("-1h", &server.url(), admin_key.expose());
+    let client = reqwest::Client::new();
+    let expires_at = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let created: Value = client
+        .post(format!("{}/api/v1/keys", behind.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"name": "short-lived",
+                      "expires_at": expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["key"].as_str().unwrap().to_owned();
+    let chat = || {
+        client
+            .post(format!("{}/api/v1/chat/completions", behind.address))
+            .bearer_auth(&key)
+            .json(&free())
+            .send()
+    };
+    assert_eq!(chat().await.unwrap().status(), 200);
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let reply = chat().await.unwrap();
+    assert_eq!(reply.status(), 401);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["error"]["metadata"]["reason"], "expired_key", "{body}");
+}
+
+#[tokio::test]
+async fn a_lowered_key_limit_holds_at_once_on_every_instance() {
+    // Instance B has just read the key (its cache keeps it a second); the
+    // limit is lowered through instance A; B's next request is refused by
+    // the new limit, not admitted by its copy of the old one.
+    let server = RedisServer::start();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let first = skewed_proxy("+0s", &server.url(), admin_key.expose());
+    let second = skewed_proxy("+0s", &server.url(), admin_key.expose());
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{}/api/v1/keys", first.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"name": "limited", "limit": 1000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["key"].as_str().unwrap().to_owned();
+    let hash = created["data"]["hash"].as_str().unwrap().to_owned();
+    let funded = client
+        .post(format!("{}/api/v1/accounts/default/credits", first.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"amount": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert!(funded.status().is_success());
+    let chat = |address: String| {
+        client
+            .post(format!("{address}/api/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&paid(Some(16), false))
+            .send()
+    };
+    for _ in 0..2 {
+        let reply = chat(second.address.clone()).await.unwrap();
+        assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
+    }
+    let lowered = client
+        .patch(format!("{}/api/v1/keys/{hash}", first.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"limit": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert!(lowered.status().is_success());
+    let reply = chat(second.address.clone()).await.unwrap();
+    assert_eq!(reply.status(), 402, "{}", reply.text().await.unwrap());
+}

@@ -1158,6 +1158,7 @@ async fn key_status_reports_the_ledger_by_utc_period() {
                     check_balance: false,
                     covered_by_balance: false,
                     lapse_record: None,
+                    counts_against_key_limit: true,
                     ttl: Duration::from_secs(60),
                 };
                 assert!(matches!(
@@ -1511,6 +1512,7 @@ async fn raising_the_limit_of_a_key_over_its_limit_makes_it_valid_again() {
             check_balance: false,
             covered_by_balance: false,
             lapse_record: None,
+            counts_against_key_limit: true,
             ttl: Duration::from_secs(60),
         };
         let seen = chat_as(gateway.address, &key).await.body["limit_nanos"]

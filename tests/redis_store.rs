@@ -41,6 +41,7 @@ fn reserve_request() -> ReserveRequest {
         check_balance: true,
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ttl: Duration::from_secs(60),
     }
 }
@@ -683,6 +684,7 @@ async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
         check_balance: false,
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ..reserve_request()
     };
     let reserved = || async {
@@ -959,6 +961,7 @@ async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
             reservation_id: id.clone(),
             covered_by_balance: true,
             lapse_record: None,
+            counts_against_key_limit: true,
             ..reserve_request()
         };
         assert!(store.reserve(&hold, t0()).await.unwrap().is_reserved());
@@ -1059,6 +1062,7 @@ async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
         ttl: Duration::from_secs(1),
         covered_by_balance: true,
         lapse_record: None,
+        counts_against_key_limit: true,
         ..reserve_request()
     };
     assert!(store
@@ -1385,6 +1389,7 @@ fn reserve_of(args: &ReserveArgs) -> ReserveRequest {
         check_balance: args.check_balance,
         covered_by_balance: args.covered_by_balance,
         lapse_record: None,
+        counts_against_key_limit: true,
         ttl: Duration::from_secs(args.ttl_secs),
     }
 }

@@ -15,7 +15,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, KeyLimit, Limit,
+    AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, KeyLimit, KeyTerms, Limit,
     MemoryStore, PurchaseTier, PutOptions, PutOutcome, RecordKeeping, RedisStore, RedisStoreConfig,
     ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store,
     StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
@@ -820,6 +820,7 @@ fn reservation(id: &str, amount_nanos: i64, key_limit: Option<KeyLimit>) -> Rese
         check_balance: true,
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ttl: Duration::from_secs(60),
     }
 }
@@ -1109,6 +1110,7 @@ async fn negative_balance_rejects_until_topped_up<S: Store>(store: Arc<S>) {
         check_balance: false,
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ..reservation("c", 0, None)
     };
     assert!(matches!(
@@ -1789,6 +1791,101 @@ fn with_record_of(settlement: Settlement, body: &str) -> Settlement {
     with_record(settlement, body, 3600, 100)
 }
 
+async fn a_key_s_own_terms_decide_its_admission<S: Store>(store: Arc<S>) {
+    // Once the store keeps a key's terms, every admission decides by them
+    // and by its own clock, whatever limit the request carries (an
+    // instance's copy of the key, up to a second old).
+    store.top_up("acct", credits(100)).await.unwrap();
+    let terms = KeyTerms {
+        limit: Some(KeyLimit {
+            limit_nanos: credits(3),
+            reset: Some(Period::Day),
+            include_byok: false,
+        }),
+        expires_at: Some(after(3600 * SECOND)),
+    };
+    store
+        .set_key_terms("acct", "key-hash", &terms)
+        .await
+        .unwrap();
+    let stale = KeyLimit {
+        limit_nanos: credits(10),
+        reset: None,
+        include_byok: false,
+    };
+    assert_eq!(
+        store
+            .reserve(&reservation("a", credits(4), Some(stale)), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached {
+            used_nanos: 0,
+            limit_nanos: credits(3),
+            resets_at: Some(Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap()),
+        }
+    );
+    assert!(store
+        .reserve(&reservation("b", credits(2), None), t0())
+        .await
+        .unwrap()
+        .is_reserved());
+    assert!(matches!(
+        store
+            .reserve(&reservation("c", credits(2), None), t0())
+            .await
+            .unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+    // BYOK usage the limit leaves out is not bounded by it.
+    let uncounted = ReserveRequest {
+        counts_against_key_limit: false,
+        ..reservation("d", credits(2), None)
+    };
+    assert!(store.reserve(&uncounted, t0()).await.unwrap().is_reserved());
+    // Past its expiry by the store's clock: refused, and nothing counted.
+    let expiry = after(3600 * SECOND);
+    let checks = vec![Check::new("rpm", rolling(10, 60), 1)];
+    let outcome = store
+        .admit(
+            &admission(checks.clone(), Some(reservation("e", 1, None))),
+            expiry,
+        )
+        .await
+        .unwrap();
+    assert!(!outcome.admitted);
+    assert_eq!(
+        outcome.hold,
+        Some(ReserveOutcome::KeyExpired { expired_at: expiry })
+    );
+    assert_eq!(outcome.checks[0].used, 0);
+    // New terms replace the old at once: no limit, no expiry.
+    store
+        .set_key_terms("acct", "key-hash", &KeyTerms::default())
+        .await
+        .unwrap();
+    let outcome = store
+        .admit(
+            &admission(checks, Some(reservation("f", credits(50), Some(stale)))),
+            expiry,
+        )
+        .await
+        .unwrap();
+    assert!(outcome.admitted, "{outcome:?}");
+    // Invalid terms are refused.
+    let negative = KeyTerms {
+        limit: Some(KeyLimit {
+            limit_nanos: -1,
+            reset: None,
+            include_byok: false,
+        }),
+        expires_at: None,
+    };
+    assert!(store
+        .set_key_terms("acct", "key-hash", &negative)
+        .await
+        .is_err());
+}
+
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {
     let midnight = Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap();
     let just_before = midnight - chrono::Duration::microseconds(1);
@@ -2233,6 +2330,7 @@ fn paid_hold(id: &str, amount_nanos: i64, least_nanos: Option<i64>) -> ReserveRe
         min_amount_nanos: least_nanos,
         covered_by_balance: true,
         lapse_record: None,
+        counts_against_key_limit: true,
         ..reservation(id, amount_nanos, None)
     }
 }
@@ -2690,6 +2788,7 @@ async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
     let byok = ReserveRequest {
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ..paid_hold("f", credits(100), None)
     };
     assert!(store.reserve(&byok, t0()).await.unwrap().is_reserved());
@@ -2822,6 +2921,7 @@ async fn a_hold_whose_settlement_came_first_holds_nothing<S: Store>(store: Arc<S
         }),
         covered_by_balance: false,
         lapse_record: None,
+        counts_against_key_limit: true,
         ..paid_hold("zero-least", credits(5), Some(0))
     };
     assert_eq!(
@@ -3646,6 +3746,7 @@ conformance!(
     a_settlement_is_recorded_once_hold_or_not,
     a_lapsed_hold_is_charged_once_by_its_late_settlement,
     a_renewed_hold_lasts_as_long_as_its_request,
+    a_key_s_own_terms_decide_its_admission,
     a_lapse_leaves_a_generation_record_its_settlement_replaces,
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,

@@ -97,5 +97,5 @@ pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTE
 pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use layer::BearerAuthLayer;
 pub use principal::Principal;
-pub(crate) use service::leaked_key;
 pub use service::BearerAuth;
+pub(crate) use service::{expired_key, leaked_key};

@@ -208,13 +208,7 @@ async fn authenticate(
     }
     let now = directory.now();
     if let Some(expires_at) = record.expires_at.filter(|_| record.is_expired(now)) {
-        return Err(unauthenticated(
-            "expired_key",
-            format!(
-                "this API key expired at {}; create a new key",
-                expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ),
-        ));
+        return Err(expired_key(expires_at));
     }
     if record.disabled {
         return Err(unauthenticated(
@@ -237,6 +231,18 @@ async fn authenticate(
 
 /// The 401 of a key reported leaked (`reported_at`, when known): it is
 /// disabled for good.
+/// The 401 for a key past its expiry: BearerAuth's, or the store's when
+/// it decides so in the admission step.
+pub(crate) fn expired_key(expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
+    unauthenticated(
+        "expired_key",
+        format!(
+            "this API key expired at {}; create a new key",
+            expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ),
+    )
+}
+
 pub(crate) fn leaked_key(reported_at: Option<chrono::DateTime<chrono::Utc>>) -> GatewayError {
     let when = reported_at.map_or_else(String::new, |at| {
         format!(

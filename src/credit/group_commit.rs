@@ -466,6 +466,15 @@ mod tests {
                 .await
         }
 
+        async fn set_key_terms(
+            &self,
+            account: &str,
+            key: &str,
+            terms: &crate::store::KeyTerms,
+        ) -> Result<(), StoreError> {
+            self.inner.set_key_terms(account, key, terms).await
+        }
+
         async fn renew_holds(
             &self,
             account: &str,
@@ -591,6 +600,7 @@ mod tests {
             check_balance: false,
             covered_by_balance: false,
             lapse_record: None,
+            counts_against_key_limit: true,
             ttl: Duration::from_secs(60),
         }
     }

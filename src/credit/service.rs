@@ -599,10 +599,14 @@ async fn decide(
         // Refused: nothing was counted or held.
         pending.take();
     }
-    if outcome.hold == Some(ReserveOutcome::KeyRevoked) {
-        // Before the parts' verdicts: a revoked key is refused as such, not
-        // as over a rate it would also have passed.
-        return Err(crate::auth::leaked_key(None));
+    // Before the parts' verdicts: a revoked or expired key is refused as
+    // such, not as over a rate it would also have passed.
+    match outcome.hold {
+        Some(ReserveOutcome::KeyRevoked) => return Err(crate::auth::leaked_key(None)),
+        Some(ReserveOutcome::KeyExpired { expired_at }) => {
+            return Err(crate::auth::expired_key(expired_at))
+        }
+        _ => {}
     }
     let mut additions = Vec::with_capacity(plan.parts.len());
     for (part, range) in plan.parts.iter().zip(ranges) {
@@ -675,6 +679,7 @@ fn hold_request(
         amount_nanos,
         min_amount_nanos: (flexible && amount_nanos > 0).then(|| charge.cost_nanos(1)),
         key_limit: principal.key_limit.filter(|_| counted),
+        counts_against_key_limit: counted,
         check_balance: true,
         covered_by_balance: !byok && !charge.free,
         ttl: config.renewals.hold_ttl(),
@@ -851,6 +856,8 @@ fn refused(config: &CreditGuardConfig, charge: &Charge, refusal: ReserveOutcome)
         // Revoked after this instance cached the key: the same 401 BearerAuth
         // gives once its cache catches up.
         ReserveOutcome::KeyRevoked => crate::auth::leaked_key(None),
+        // Expired by the store's clock before this instance's noticed.
+        ReserveOutcome::KeyExpired { expired_at } => crate::auth::expired_key(expired_at),
         ReserveOutcome::Reserved { .. } => GatewayError::new(
             ErrorKind::Internal,
             "a granted hold was read as a refusal; retry",

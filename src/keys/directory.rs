@@ -17,7 +17,7 @@ use super::record::{
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{
-    AccountBalance, Expect, RecordStoreExt, Store, StoreError, TopUpOutcome, Versioned,
+    AccountBalance, Expect, KeyTerms, RecordStoreExt, Store, StoreError, TopUpOutcome, Versioned,
     WriteOutcome, ACCOUNTS, KEYS,
 };
 
@@ -284,6 +284,7 @@ impl KeyDirectory {
             {
                 WriteOutcome::Written { .. } => {
                     self.forget(&hash);
+                    self.keep_terms(&record).await?;
                     return Ok((key, record));
                 }
                 // Two keys with one hash: 256 random bits make this a
@@ -338,12 +339,30 @@ impl KeyDirectory {
             .await?;
         self.forget(&hash);
         match outcome {
-            WriteOutcome::Written { .. } => Ok(record),
+            WriteOutcome::Written { .. } => {
+                self.keep_terms(&record).await?;
+                Ok(record)
+            }
             WriteOutcome::Conflict {
                 current: Some(current),
             } => Ok(crate::store::decode::<KeyRecord>("get_record", current)?.value),
             WriteOutcome::Conflict { current: None } => Err(too_contended("put_record")),
         }
+    }
+
+    /// Gives the ledger the key's limit and expiry, which every admission
+    /// of the key then decides by, by the store's clock: a change is in
+    /// force on every instance at once, not when their caches of the
+    /// record catch up.
+    async fn keep_terms(&self, record: &KeyRecord) -> Result<(), StoreError> {
+        let terms = KeyTerms {
+            limit: record.key_limit(),
+            expires_at: record.expires_at,
+        };
+        self.inner
+            .store
+            .set_key_terms(&record.account, &record.hash, &terms)
+            .await
     }
 
     /// `new` on the account its key belongs to: an operator's key on
@@ -526,6 +545,7 @@ impl KeyDirectory {
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
+                self.keep_terms(&record).await?;
                 return Ok(Some((record, true)));
             }
         }

@@ -43,8 +43,13 @@ pub struct ReserveRequest {
     /// the balance leave, and refuses only when that is below this. The
     /// caller then bounds the request by what was held.
     pub min_amount_nanos: Option<i64>,
-    /// The key's limit; `None` when the key has none.
+    /// The key's limit; `None` when the key has none. The key's own terms
+    /// ([`LedgerStore::set_key_terms`]), once set, are used instead.
     pub key_limit: Option<KeyLimit>,
+    /// Whether the hold counts against the key's limit at all: `false` for
+    /// BYOK usage a key's limit leaves out, which neither the request's
+    /// limit nor the key's terms then bound.
+    pub counts_against_key_limit: bool,
     /// Whether a negative account balance rejects (402 `credits`).
     pub check_balance: bool,
     /// Whether the hold is taken from the account's balance: admitted only
@@ -69,6 +74,18 @@ pub struct RecordKeeping {
     /// The most records the account keeps: writing one more removes the
     /// oldest.
     pub max_per_account: u64,
+}
+
+/// A key's terms as the store keeps them beside its usage
+/// ([`LedgerStore::set_key_terms`]): once set, every admission of the key
+/// decides by them, by the store's clock, in place of what the request
+/// says (an instance's copy of the key may be a second old).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyTerms {
+    /// The key's credit limit; `None` for none.
+    pub limit: Option<KeyLimit>,
+    /// When the key stops being accepted; `None` never.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// A hold to keep while its request is in flight ([`LedgerStore::renew_holds`]).
@@ -163,6 +180,12 @@ pub enum ReserveOutcome {
     /// The key was revoked ([`LedgerStore::revoke_key`]): no hold of it is
     /// ever granted again.
     KeyRevoked,
+    /// The key is past the expiry its terms give ([`LedgerStore::set_key_terms`]),
+    /// by the store's clock.
+    KeyExpired {
+        /// When it expired.
+        expired_at: DateTime<Utc>,
+    },
 }
 
 impl ReserveOutcome {
@@ -541,6 +564,19 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// The account's purchased total and balance.
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError>;
 
+    /// Keeps `terms` as the key's own, replacing any it had: from the moment
+    /// this returns, every admission of the key (on any instance sharing
+    /// the store) checks its hold against this limit and refuses the key
+    /// past this expiry ([`ReserveOutcome::KeyExpired`]), whatever the
+    /// request's [`ReserveRequest::key_limit`] says. Until a key's terms
+    /// are first set, the request's limit is used.
+    async fn set_key_terms(
+        &self,
+        account: &str,
+        key: &str,
+        terms: &KeyTerms,
+    ) -> Result<(), StoreError>;
+
     /// Revokes the key `key` of `account` for good: from the moment this
     /// returns, every hold of the key (so every admission of a chat request
     /// made with it, on any instance sharing the store) is refused with
@@ -652,6 +688,17 @@ pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreErro
                 max_per_account: keeping.max_per_account,
             }),
         )?;
+    }
+    Ok(())
+}
+
+/// A key's terms: a limit that is not negative.
+pub(crate) fn validate_key_terms(terms: &KeyTerms) -> Result<(), StoreError> {
+    if terms.limit.is_some_and(|limit| limit.limit_nanos < 0) {
+        return Err(StoreError::invalid(
+            "set_key_terms",
+            "limit_nanos must not be negative",
+        ));
     }
     Ok(())
 }

@@ -14,15 +14,15 @@ use super::counter::{
 };
 use super::ledger::{
     idempotency_key_ttl, key_limit_outcome, lapse_record, period_starts_micros, top_up_overflow,
-    validate_admit, validate_amount, validate_renewals, validate_settlements, validate_top_up_once,
-    RecordKeeping, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+    validate_admit, validate_amount, validate_key_terms, validate_renewals, validate_settlements,
+    validate_top_up_once, RecordKeeping, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, HoldRenewal, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore,
-    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, StoreError,
-    TopUpOutcome, Versioned, WriteOutcome,
+    Expect, HoldRenewal, KeyTerms, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome,
+    RecordStore, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome,
+    StoreError, TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::{unix_micros, Period};
 
@@ -821,12 +821,17 @@ impl AccountLedger {
         };
         let balance_nanos = self.balance_nanos;
         let key = self.key_ledger(&request.account, &request.key, now_micros);
+        // The store's copy of the key's terms, once set, over the request's.
+        let key_limit = key
+            .terms
+            .map_or(request.key_limit, |terms| terms.limit)
+            .filter(|_| request.counts_against_key_limit);
         let mut usage = key.usage(starts);
         if key.settled.contains(fingerprint, now_micros) {
             // Its settlement came first (the caller gave up on it): the
             // request was never sent, and nothing must stay held.
             return ReserveOutcome::Reserved {
-                used_nanos: request.key_limit.map_or(usage.total_nanos, |limit| {
+                used_nanos: key_limit.map_or(usage.total_nanos, |limit| {
                     usage.in_period(limit.reset, limit.include_byok)
                 }),
                 reserved_nanos: usage.reserved_nanos,
@@ -837,7 +842,7 @@ impl AccountLedger {
         usage.reserved_nanos = key.reservations.total_besides(id);
         let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
         let mut granted_nanos = request.amount_nanos;
-        if let Some(limit) = &request.key_limit {
+        if let Some(limit) = &key_limit {
             if let Some(rejection) = key_limit_outcome(&usage, limit, least_nanos, now) {
                 return rejection;
             }
@@ -869,7 +874,7 @@ impl AccountLedger {
             },
         );
         let outcome = ReserveOutcome::Reserved {
-            used_nanos: request.key_limit.map_or(usage.total_nanos, |limit| {
+            used_nanos: key_limit.map_or(usage.total_nanos, |limit| {
                 usage.in_period(limit.reset, limit.include_byok)
             }),
             reserved_nanos: usage.reserved_nanos + granted_nanos,
@@ -904,6 +909,8 @@ struct KeyLedger {
     settled: SettledIds,
     /// Revoked for good (`revoke_key`): every hold is refused.
     revoked: bool,
+    /// Its terms (`set_key_terms`), once set.
+    terms: Option<KeyTerms>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1252,6 +1259,15 @@ impl MemoryStore {
     }
 }
 
+/// When the key's terms say it expired, if they do by `now`.
+fn expired_terms(ledger: &AccountLedger, key: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    ledger
+        .keys
+        .get(key)
+        .and_then(|key| key.terms?.expires_at)
+        .filter(|expires_at| *expires_at <= now)
+}
+
 /// The request's checks, its purchase tier's capacity in force when the
 /// account has bought `purchased_nanos` (read under the checks' lock).
 fn tiered_checks(request: &AdmitRequest, purchased_nanos: i64) -> std::borrow::Cow<'_, [Check]> {
@@ -1303,6 +1319,12 @@ impl LedgerStore for MemoryStore {
                     .is_some_and(|key| key.revoked) =>
             {
                 Some(ReserveOutcome::KeyRevoked)
+            }
+            // Past its expiry by the store's clock, whatever the request
+            // (an instance's copy of the key) says.
+            (Some(hold), _) if expired_terms(ledger, &hold.key, now).is_some() => {
+                expired_terms(ledger, &hold.key, now)
+                    .map(|expired_at| ReserveOutcome::KeyExpired { expired_at })
             }
             (Some(hold), true) => {
                 let fingerprint = self.settlement_fingerprint(&hold.reservation_id);
@@ -1413,6 +1435,19 @@ impl LedgerStore for MemoryStore {
                 .push_back((forget_at_micros, idempotency_key.into()));
             Ok(TopUpOutcome::Credited(after))
         })
+    }
+
+    async fn set_key_terms(
+        &self,
+        account: &str,
+        key: &str,
+        terms: &KeyTerms,
+    ) -> Result<(), StoreError> {
+        validate_key_terms(terms)?;
+        self.with_account(account, |ledger| {
+            get_or_default(&mut ledger.keys, key).terms = Some(*terms);
+        });
+        Ok(())
     }
 
     async fn revoke_key(
@@ -1854,6 +1889,7 @@ mod tests {
             check_balance: true,
             covered_by_balance: true,
             lapse_record: None,
+            counts_against_key_limit: true,
             ttl,
         }
     }

@@ -60,10 +60,10 @@ pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcom
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
     is_valid_idempotency_key, lapse_record, AccountBalance, AdmitOutcome, AdmitRequest,
-    HoldRenewal, KeyLimit, KeyUsage, LedgerStore, PurchaseTier, RecordKeeping, ReserveOutcome,
-    ReserveRequest, Settlement, SettlementRecord, TopUpOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
-    LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION, MAX_RESERVATION_TTL,
-    NANOS_PER_CREDIT, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW,
+    HoldRenewal, KeyLimit, KeyTerms, KeyUsage, LedgerStore, PurchaseTier, RecordKeeping,
+    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, TopUpOutcome,
+    IDEMPOTENCY_KEY_TTL_HOURS, LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION,
+    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW,
 };
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;

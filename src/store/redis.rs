@@ -67,15 +67,15 @@ use super::apps::{
 use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
-    top_up_overflow, validate_admit, validate_amount, validate_renewals, validate_settlements,
-    validate_top_up_once, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+    top_up_overflow, validate_admit, validate_amount, validate_key_terms, validate_renewals,
+    validate_settlements, validate_top_up_once, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, HoldRenewal, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome, RecordStore,
-    ReserveOutcome, Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome, Versioned,
-    WriteOutcome,
+    Expect, HoldRenewal, KeyTerms, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome,
+    RecordStore, ReserveOutcome, Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome,
+    Versioned, WriteOutcome,
 };
 use crate::clock::{unix_micros, Period};
 
@@ -773,7 +773,8 @@ impl RedisStore {
                 .arg(reset)
                 .arg(u8::from(include_byok))
                 .arg(u8::from(hold.check_balance))
-                .arg(u8::from(hold.covered_by_balance));
+                .arg(u8::from(hold.covered_by_balance))
+                .arg(u8::from(hold.counts_against_key_limit));
             match hold.lapse_record {
                 Some(keeping) => invocation
                     .arg(duration_micros(keeping.retention))
@@ -953,7 +954,6 @@ fn admit_outcome(
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let key_limit = request.hold.as_ref().and_then(|hold| hold.key_limit);
     let (admitted, hold) = match field(0)? {
         0 => (
             true,
@@ -965,14 +965,20 @@ fn admit_outcome(
                 })
             }),
         ),
+        // The limit the store decided by (the key's own terms, or the
+        // request's): its amount, and its reset's letter.
         1 => (
             false,
             Some(Ok(ReserveOutcome::KeyLimitReached {
                 used_nanos: field(2)?,
-                limit_nanos: key_limit.map_or(0, |limit| limit.limit_nanos),
-                resets_at: key_limit
-                    .and_then(|limit| limit.reset)
-                    .map(|period| period.end_of(decided_at)),
+                limit_nanos: field(3)?,
+                resets_at: match bytes(operation, reply[4].clone())?.as_slice() {
+                    b"d" => Some(Period::Day),
+                    b"w" => Some(Period::Week),
+                    b"m" => Some(Period::Month),
+                    _ => None,
+                }
+                .map(|period| period.end_of(decided_at)),
             })),
         ),
         2 => (
@@ -990,6 +996,12 @@ fn admit_outcome(
         ),
         4 => (false, None),
         5 => (false, Some(Ok(ReserveOutcome::KeyRevoked))),
+        6 => (
+            false,
+            Some(Ok(ReserveOutcome::KeyExpired {
+                expired_at: crate::clock::from_unix_micros(field(2)?),
+            })),
+        ),
         other => {
             return Err(StoreError::corrupt(
                 operation,
@@ -1369,6 +1381,48 @@ impl LedgerStore for RedisStore {
         escape_into(&mut purchase, idempotency_key);
         self.credit_once(account, amount_nanos, &purchase, self.now_arg(now))
             .await
+    }
+
+    async fn set_key_terms(
+        &self,
+        account: &str,
+        key: &str,
+        terms: &KeyTerms,
+    ) -> Result<(), StoreError> {
+        const OPERATION: &str = "set_key_terms";
+        validate_key_terms(terms)?;
+        // In the key's usage hash, which every admission of the key reads
+        // in the same script: `tl` the limit ('-' for none), `tr` its
+        // reset, `tb` whether BYOK counts, `tx` the expiry (µs, '' never).
+        let [_, usage, ..] = self.ledger_keys(account, key);
+        let (limit, reset, include_byok) = match terms.limit {
+            Some(limit) => (
+                limit.limit_nanos.to_string(),
+                limit.reset.map_or("n", |period| &period.as_str()[..1]),
+                limit.include_byok,
+            ),
+            None => ("-".to_owned(), "n", false),
+        };
+        let expiry = terms
+            .expires_at
+            .map(|at| unix_micros(at).to_string())
+            .unwrap_or_default();
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("HSET")
+            .arg(usage)
+            .arg("tl")
+            .arg(limit)
+            .arg("tr")
+            .arg(reset)
+            .arg("tb")
+            .arg(u8::from(include_byok))
+            .arg("tx")
+            .arg(expiry)
+            .to_owned();
+        let _added: i64 = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        Ok(())
     }
 
     async fn revoke_key(

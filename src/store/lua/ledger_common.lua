@@ -315,6 +315,11 @@ end
 -- A usage hash's fields, as one HMGET reads them: all-time own and BYOK
 -- usage, then per period (day, week, month) its start, own and BYOK usage.
 local USAGE_FIELDS = { 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
+-- What an admission reads of the key before its usage: `rv` (revoked at),
+-- then its terms (set_key_terms): `tl` limit ('-' none), `tr` reset
+-- (n/d/w/m), `tb` BYOK counted (0/1), `tx` expiry (µs, '' never).
+local KEY_FIELDS = { 'rv', 'tl', 'tr', 'tb', 'tx' }
+local KEY_FIELDS_AND_USAGE = { 'rv', 'tl', 'tr', 'tb', 'tx', 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
 
 -- Own and BYOK usage (strings) in period `p` (0 all time, 1 day, 2 week,
 -- 3 month) from `f`, the values of USAGE_FIELDS from `f[at + 1]` on; a

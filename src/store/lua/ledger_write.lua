@@ -26,7 +26,8 @@
 --   reservation id, amount, least amount ('' for exactly the amount),
 --   lifetime (µs), key TTL (ms), has limit (0/1), limit, reset ('n' never,
 --   'd', 'w', 'm'), include BYOK (0/1), check balance (0/1), covered by
---   balance (0/1), lapse record retention (µs, '' for none), most records.
+--   balance (0/1), counts against the key's limit (0/1), lapse record
+--   retention (µs, '' for none), most records.
 -- Returns, with neither counters nor a hold, {settlements recorded, holds
 -- renewed}.
 -- Otherwise {status, now, a, b, c, then six per check: fits, used,
@@ -131,10 +132,11 @@ local function big_min(a, b) if big_ge(a, b) then return b end return a end
 local function is_zero(a) return a[1] == 0 and a[2] == 0 end
 
 -- Decides the hold whose arguments start after ARGV[a], for the key whose
--- usage hash read `usage` (its `rv`, then USAGE_FIELDS): refuses on the key
--- limit, a negative balance or (covered by balance) a balance that the
--- account's holds leave short; else holds as much of the amount as the
--- limit and balance allow, at least the least amount.
+-- usage hash read `usage` (KEY_FIELDS, then USAGE_FIELDS): refuses on the
+-- key limit (its own terms once set, else the request's), a negative
+-- balance or (covered by balance) a balance that the account's holds leave
+-- short; else holds as much of the amount as the limit and balance allow,
+-- at least the least amount.
 local function hold(k, a, usage)
   local id = ARGV[a + 1]
   local amount = big(ARGV[a + 2])
@@ -143,10 +145,16 @@ local function hold(k, a, usage)
   local expires_at = now + tonumber(ARGV[a + 4])
   local key_ttl = tonumber(ARGV[a + 5])
   local reserved, holds = holds_besides(k, id)
-  local p = ({ n = 0, d = 1, w = 2, m = 3 })[ARGV[a + 8]]
-  local own, byok = usage_in(usage, 1, p, p > 0 and starts() or nil)
+  local has_limit, limit_text, reset, include_byok = ARGV[a + 6] == '1', ARGV[a + 7], ARGV[a + 8], ARGV[a + 9] == '1'
+  if usage[2] then
+    has_limit, limit_text, reset, include_byok = usage[2] ~= '-', usage[2], usage[3], usage[4] == '1'
+  end
+  -- BYOK usage the key's limit leaves out is bounded by no limit.
+  if ARGV[a + 12] == '0' then has_limit = false end
+  local p = ({ n = 0, d = 1, w = 2, m = 3 })[reset]
+  local own, byok = usage_in(usage, #KEY_FIELDS, p, p > 0 and starts() or nil)
   local used = big(own)
-  if ARGV[a + 9] == '1' then used = big_add(used, big(byok)) end
+  if include_byok then used = big_add(used, big(byok)) end
   -- Its settlement came first (the caller gave up on it): the request was
   -- never sent, and nothing must stay held.
   local known = tonumber(redis.call('ZSCORE', k.settled, id) or '0')
@@ -156,15 +164,15 @@ local function hold(k, a, usage)
   end
   local committed = big_add(used, reserved)
   local grant = amount
-  if ARGV[a + 6] == '1' then
-    local limit = big(ARGV[a + 7])
+  if has_limit then
+    local limit = big(limit_text)
     -- A request that holds nothing is refused once usage has reached the
     -- limit; one that holds, when even its least amount would pass it.
     if is_zero(least) then
-      if big_ge(committed, limit) then return { 1, big_str(committed) } end
+      if big_ge(committed, limit) then return { 1, big_str(committed), limit_text, reset } end
       grant = big_min(grant, big_sub(limit, committed))
     else
-      if not big_ge(limit, big_add(committed, least)) then return { 1, big_str(committed) } end
+      if not big_ge(limit, big_add(committed, least)) then return { 1, big_str(committed), limit_text, reset } end
       grant = big_min(grant, big_sub(limit, committed))
     end
   end
@@ -184,7 +192,7 @@ local function hold(k, a, usage)
   end
   -- A hold whose lapse asks for a generation record says how it is kept.
   local suffix = nil
-  if ARGV[a + 12] ~= '' then suffix = ':' .. ARGV[a + 12] .. ':' .. ARGV[a + 13] end
+  if ARGV[a + 13] ~= '' then suffix = ':' .. ARGV[a + 13] .. ':' .. ARGV[a + 14] end
   local total = put_hold(k, id, grant, reserved, holds, expires_at, key_ttl, suffix)
   if covered then put_hold(acct, id, grant, account_held, account_holds, expires_at, key_ttl) end
   return { 0, big_str(used), big_str(total), big_str(grant) }
@@ -253,18 +261,22 @@ local function reply(head, outcomes)
   return head
 end
 local fit, states = counters_check(now, checks, counter_keys, c, capacities)
--- The held key's usage hash, read once: `rv` (revoked), then USAGE_FIELDS.
-local usage = ARGV[h + 1] ~= nil and redis.call('HMGET', ledger(ARGV[h + 1]).use, 'rv', unpack(USAGE_FIELDS))
--- A revoked key is refused first, whatever its counters say.
+-- The held key's usage hash, read once: KEY_FIELDS, then USAGE_FIELDS.
+local usage = ARGV[h + 1] ~= nil and redis.call('HMGET', ledger(ARGV[h + 1]).use, unpack(KEY_FIELDS_AND_USAGE))
+-- A revoked key is refused first, whatever its counters say; then one past
+-- its expiry by this clock.
 if usage and usage[1] then
   return reply({ 5, int(now), '0', '0', '0' }, counters_outcomes(states))
+end
+if usage and usage[5] and usage[5] ~= '' and tonumber(usage[5]) <= now then
+  return reply({ 6, int(now), usage[5], '0', '0' }, counters_outcomes(states))
 end
 if not fit then return reply({ 4, int(now), '0', '0', '0' }, counters_outcomes(states)) end
 local decided = { 0, '0', '0', '0' }
 if usage then
   decided = hold(ledger(ARGV[h + 1]), h + 1, usage)
   if decided[1] ~= 0 then
-    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', '0' }, counters_outcomes(states))
+    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', decided[4] or '0' }, counters_outcomes(states))
   end
 end
 counters_commit(now, slack_ms, states)
