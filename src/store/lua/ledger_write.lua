@@ -222,6 +222,9 @@ if renewals > 0 then
   for i = 0, renewals - 1 do
     local k = ledger(ARGV[r + 3 + i * 2])
     local id = ARGV[r + 4 + i * 2]
+    -- Lapses whose time is up are forgotten first: a renewal never brings
+    -- one back.
+    forget_settled(k, now)
     local expiry = redis.call('ZSCORE', k.res, id)
     if expiry then
       renewed = renewed + 1
