@@ -1539,14 +1539,14 @@ fn settlement_of(args: &SettleArgs) -> Settlement {
 
 /// The reservations of a ledger workload so far, for renewals to name.
 #[derive(Default)]
-struct Reserved {
+struct Reservations {
     /// The key each id was last reserved with.
     keys_of_ids: [u8; LEDGER_IDS as usize],
     /// Ids reserved, the latest last, each once.
     recent_ids: Vec<u8>,
 }
 
-impl Reserved {
+impl Reservations {
     fn note(&mut self, op: &LedgerOp) {
         if let LedgerOp::Reserve(args) | LedgerOp::ReserveAfterSettling(_, args) = op {
             self.keys_of_ids[usize::from(args.id)] = args.key;
@@ -1573,7 +1573,7 @@ async fn apply_ledger_op<S: LedgerStore>(
     store: &S,
     op: &LedgerOp,
     now: DateTime<Utc>,
-    reserved: &Reserved,
+    reserved: &Reservations,
 ) -> String {
     match op {
         LedgerOp::Reserve(args) => {
@@ -1635,7 +1635,7 @@ async fn apply_ledger_op<S: LedgerStore>(
 differential_test!(redis_ledger_answers_exactly_as_memory_does, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |redis, memory| {
     // Near a month end, so days, weeks and months roll over.
     let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap();
-    let mut reserved = Reserved::default();
+    let mut reserved = Reservations::default();
     for (advance_micros, op) in &steps {
         now += chrono::Duration::microseconds(*advance_micros);
         let expected = apply_ledger_op(&memory, op, now, &reserved).await;
