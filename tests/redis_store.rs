@@ -10,8 +10,9 @@ use common::redis_server::{CommandWatch, RedisCluster, RedisServer};
 use common::relay::Relay;
 use modelgate::clock::Period;
 use modelgate::store::{
-    Check, CounterStore, Expect, LedgerStore, Limit, MemoryStore, PutOptions, RecordStore,
-    RedisStore, RedisStoreConfig, ReserveRequest, Settlement, StoreErrorKind, TimeSource,
+    Check, CounterStore, Expect, HoldRenewal, LedgerStore, Limit, MemoryStore, PutOptions,
+    RecordKeeping, RecordStore, RedisStore, RedisStoreConfig, ReserveRequest, Settlement,
+    SettlementRecord, StoreErrorKind, TimeSource,
 };
 use proptest::prelude::*;
 
@@ -1087,6 +1088,88 @@ async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
     assert_eq!(balance, 1_000 - 7);
 }
 
+/// A lapse forgotten (`LAPSED_HOLD_MEMORY` after it) and then a renewal of
+/// its hold, then its settlement: what each store says the account paid
+/// (balance, the key's all-time usage).
+async fn settled_after_a_forgotten_lapse<S: LedgerStore>(store: &S, renew: bool) -> (i64, i64) {
+    store.top_up("acct", 100).await.unwrap();
+    let hold = ReserveRequest {
+        amount_nanos: 7,
+        ttl: Duration::from_secs(1),
+        covered_by_balance: true,
+        ..reserve_request()
+    };
+    assert!(store.reserve(&hold, t0()).await.unwrap().is_reserved());
+    let renewal = [HoldRenewal {
+        key: "key".into(),
+        reservation_id: "r".into(),
+    }];
+    let ttl = Duration::from_secs(60);
+    // Its instance died: the first renewal of the account's other requests
+    // finds it lapsed, and charges it.
+    let lapsed_at = t0() + chrono::Duration::seconds(5);
+    assert_eq!(
+        store
+            .renew_holds("acct", &renewal, ttl, lapsed_at)
+            .await
+            .unwrap(),
+        0
+    );
+    let memory = chrono::Duration::from_std(modelgate::store::LAPSED_HOLD_MEMORY).unwrap();
+    let forgotten = lapsed_at + memory + chrono::Duration::seconds(60);
+    if renew {
+        assert_eq!(
+            store
+                .renew_holds("acct", &renewal, ttl, forgotten)
+                .await
+                .unwrap(),
+            0
+        );
+    }
+    let settlement = Settlement {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: "r".into(),
+        hold_granted: true,
+        cost_nanos: 3,
+        byok: false,
+        record: None,
+    };
+    let settled_at = forgotten + chrono::Duration::seconds(1);
+    store.settle(&settlement, settled_at).await.unwrap();
+    let balance = store.account_balance("acct").await.unwrap().balance_nanos;
+    let usage = store.key_usage("acct", "key", settled_at).await.unwrap();
+    (balance, usage.total_nanos)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_after_a_lapse_is_forgotten_does_not_bring_its_charge_back() {
+    // Found by `redis_ledger_answers_exactly_as_memory_does`: a lapse's
+    // charge is known for LAPSED_HOLD_MEMORY, after which a settlement of
+    // its request is a charge of its own (the lapse stays charged). A
+    // renewal past that time must not make the lapse known again.
+    let server = RedisServer::start();
+    for renew in [false, true] {
+        let config = RedisStoreConfig {
+            key_prefix: format!("renew{renew}"),
+            time_source: TimeSource::Caller,
+            ..RedisStoreConfig::default()
+        };
+        let redis = RedisStore::connect(&server.url(), config).await.unwrap();
+        let expected = (100 - 7 - 3, 7 + 3);
+        assert_eq!(
+            settled_after_a_forgotten_lapse(&MemoryStore::new(), renew).await,
+            expected,
+            "memory, renewed after the lapse was forgotten: {renew}"
+        );
+        assert_eq!(
+            settled_after_a_forgotten_lapse(&redis, renew).await,
+            expected,
+            "Redis, renewed after the lapse was forgotten: {renew}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn slot_sets_live_as_long_as_their_longest_lease_in_the_scope_hash_tag() {
     let server = RedisServer::start();
@@ -1261,6 +1344,8 @@ struct ReserveArgs {
     check_balance: bool,
     covered_by_balance: bool,
     ttl_secs: u64,
+    /// A lapse record's retention (s) and cap per account, when asked.
+    lapse_record: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -1270,6 +1355,8 @@ struct SettleArgs {
     cost_nanos: i64,
     byok: bool,
     hold_granted: bool,
+    /// The settlement's record's retention (s) and cap per account, when it has one.
+    record: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -1287,7 +1374,23 @@ enum LedgerOp {
         key: u8,
     },
     Balance,
+    /// Renewals of a few ids: the `n`th most recently reserved (live,
+    /// settled or lapsed by now), else one never reserved; each with the
+    /// key of its last reservation or (false) the other one.
+    Renew {
+        holds: Vec<(u8, bool)>,
+        ttl_secs: u64,
+    },
+    /// The generation record of an id: a lapse's or a settlement's.
+    Generation {
+        id: u8,
+    },
 }
+
+/// How many reservation ids the ledger workloads use (`r0`, `r1`, ...):
+/// few enough that settlements, renewals and reservations meet the same
+/// ones, enough that some are live while others wait out their markers.
+const LEDGER_IDS: u8 = 8;
 
 fn period_strategy() -> impl Strategy<Value = Option<Period>> {
     prop_oneof![
@@ -1300,7 +1403,7 @@ fn period_strategy() -> impl Strategy<Value = Option<Period>> {
 
 fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
     (
-        0u8..4,
+        0u8..LEDGER_IDS,
         0u8..2,
         0i64..3_000_000_000,
         proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
@@ -1308,6 +1411,7 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
         1u64..120,
         proptest::option::of(0i64..=1000),
         any::<bool>(),
+        proptest::option::of((1u64..400_000, 1u64..4)),
     )
         .prop_map(
             |(
@@ -1319,6 +1423,7 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
                 ttl_secs,
                 least_permille,
                 covered_by_balance,
+                lapse_record,
             )| {
                 ReserveArgs {
                     id,
@@ -1329,6 +1434,7 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
                     check_balance,
                     covered_by_balance,
                     ttl_secs,
+                    lapse_record,
                 }
             },
         )
@@ -1336,37 +1442,56 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
 
 fn settle_strategy() -> impl Strategy<Value = SettleArgs> {
     (
-        0u8..4,
+        0u8..LEDGER_IDS,
         0u8..2,
         0i64..3_000_000_000,
         any::<bool>(),
         any::<bool>(),
+        proptest::option::of((1u64..400_000, 1u64..4)),
     )
-        .prop_map(|(id, key, cost_nanos, byok, hold_granted)| SettleArgs {
-            id,
-            key,
-            cost_nanos,
-            byok,
-            hold_granted,
-        })
+        .prop_map(
+            |(id, key, cost_nanos, byok, hold_granted, record)| SettleArgs {
+                id,
+                key,
+                cost_nanos,
+                byok,
+                hold_granted,
+                record,
+            },
+        )
 }
 
 fn ledger_op_strategy() -> impl Strategy<Value = LedgerOp> {
+    // Weighted so that holds are taken, renewed, left to lapse and settled
+    // late within a few dozen steps.
     prop_oneof![
-        reserve_strategy().prop_map(LedgerOp::Reserve),
-        settle_strategy().prop_map(LedgerOp::Settle),
-        proptest::collection::vec(settle_strategy(), 0..5).prop_map(LedgerOp::SettleMany),
-        (
-            proptest::collection::vec(settle_strategy(), 0..4),
+        4 => reserve_strategy().prop_map(LedgerOp::Reserve),
+        2 => settle_strategy().prop_map(LedgerOp::Settle),
+        1 => proptest::collection::vec(settle_strategy(), 0..4).prop_map(LedgerOp::SettleMany),
+        2 => (
+            proptest::collection::vec(settle_strategy(), 0..3),
             reserve_strategy()
         )
             .prop_map(|(settlements, reserve)| LedgerOp::ReserveAfterSettling(
                 settlements,
                 reserve
             )),
-        (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
-        (0u8..2).prop_map(|key| LedgerOp::Usage { key }),
-        Just(LedgerOp::Balance),
+        1 => (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
+        1 => (0u8..2).prop_map(|key| LedgerOp::Usage { key }),
+        1 => Just(LedgerOp::Balance),
+        3 => (
+            proptest::collection::btree_map(
+                0u8..4,
+                prop_oneof![5 => Just(true), 1 => Just(false)],
+                1..5
+            ),
+            1u64..120,
+        )
+            .prop_map(|(holds, ttl_secs)| LedgerOp::Renew {
+                holds: holds.into_iter().collect(),
+                ttl_secs
+            }),
+        2 => (0u8..LEDGER_IDS).prop_map(|id| LedgerOp::Generation { id }),
     ]
 }
 
@@ -1388,7 +1513,12 @@ fn reserve_of(args: &ReserveArgs) -> ReserveRequest {
             .map(|permille| args.amount_nanos / 1000 * permille),
         check_balance: args.check_balance,
         covered_by_balance: args.covered_by_balance,
-        lapse_record: None,
+        lapse_record: args
+            .lapse_record
+            .map(|(retention_secs, max_per_account)| RecordKeeping {
+                retention: Duration::from_secs(retention_secs),
+                max_per_account,
+            }),
         counts_against_key_limit: true,
         ttl: Duration::from_secs(args.ttl_secs),
     }
@@ -1402,12 +1532,54 @@ fn settlement_of(args: &SettleArgs) -> Settlement {
         hold_granted: args.hold_granted,
         cost_nanos: args.cost_nanos,
         byok: args.byok,
-        record: None,
+        record: args
+            .record
+            .map(|(retention_secs, max_per_account)| SettlementRecord {
+                bytes: format!("settled r{} at {}", args.id, args.cost_nanos).into(),
+                retention: Duration::from_secs(retention_secs),
+                max_per_account,
+            }),
+    }
+}
+
+/// The reservations of a ledger workload so far, for renewals to name.
+#[derive(Default)]
+struct Reservations {
+    /// The key each id was last reserved with.
+    keys_of_ids: [u8; LEDGER_IDS as usize],
+    /// Ids reserved, the latest last, each once.
+    recent_ids: Vec<u8>,
+}
+
+impl Reservations {
+    fn note(&mut self, op: &LedgerOp) {
+        if let LedgerOp::Reserve(args) | LedgerOp::ReserveAfterSettling(_, args) = op {
+            self.keys_of_ids[usize::from(args.id)] = args.key;
+            self.recent_ids.retain(|id| *id != args.id);
+            self.recent_ids.push(args.id);
+        }
+    }
+
+    /// The renewal `(nth, its_key)` of a [`LedgerOp::Renew`].
+    fn renewal(&self, nth: u8, its_key: bool) -> HoldRenewal {
+        let (id, key) = match self.recent_ids.iter().rev().nth(usize::from(nth)) {
+            Some(id) => (*id, self.keys_of_ids[usize::from(*id)]),
+            None => (LEDGER_IDS + nth, 0),
+        };
+        HoldRenewal {
+            key: format!("key{}", key ^ u8::from(!its_key)),
+            reservation_id: format!("r{id}"),
+        }
     }
 }
 
 /// Runs `op` on a store and renders what it answered, for comparison.
-async fn apply_ledger_op<S: LedgerStore>(store: &S, op: &LedgerOp, now: DateTime<Utc>) -> String {
+async fn apply_ledger_op<S: LedgerStore>(
+    store: &S,
+    op: &LedgerOp,
+    now: DateTime<Utc>,
+    reserved: &Reservations,
+) -> String {
     match op {
         LedgerOp::Reserve(args) => {
             format!("{:?}", store.reserve(&reserve_of(args), now).await.unwrap())
@@ -1441,23 +1613,54 @@ async fn apply_ledger_op<S: LedgerStore>(store: &S, op: &LedgerOp, now: DateTime
                 .unwrap()
         ),
         LedgerOp::Balance => format!("{:?}", store.account_balance("acct").await.unwrap()),
+        LedgerOp::Renew { holds, ttl_secs } => {
+            let renewals: Vec<HoldRenewal> = holds
+                .iter()
+                .map(|(nth, its_key)| reserved.renewal(*nth, *its_key))
+                .collect();
+            let renewed = store
+                .renew_holds("acct", &renewals, Duration::from_secs(*ttl_secs), now)
+                .await
+                .unwrap();
+            format!("renewed {renewed}")
+        }
+        LedgerOp::Generation { id } => {
+            let record = store
+                .generation("acct", &format!("r{id}"), now)
+                .await
+                .unwrap();
+            format!(
+                "{:?}",
+                record.map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            )
+        }
     }
 }
 
 differential_test!(redis_ledger_answers_exactly_as_memory_does, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |redis, memory| {
     // Near a month end, so days, weeks and months roll over.
     let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap();
+    let mut reserved = Reservations::default();
     for (advance_micros, op) in &steps {
         now += chrono::Duration::microseconds(*advance_micros);
-        let expected = apply_ledger_op(&memory, op, now).await;
-        let actual = apply_ledger_op(&redis, op, now).await;
+        let expected = apply_ledger_op(&memory, op, now, &reserved).await;
+        let actual = apply_ledger_op(&redis, op, now, &reserved).await;
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
+        reserved.note(op);
     }
 });
 
 fn ledger_step_strategy() -> impl Strategy<Value = (i64, LedgerOp)> {
     (
-        prop_oneof![4 => 0i64..30_000_000, 2 => 0i64..200_000_000_000, 1 => -2_000_000i64..0],
+        // Within a hold's lifetime, past it (a lapse), past a settlement's
+        // marker and past days (a lapse forgotten, periods rolled), or back.
+        prop_oneof![
+            8 => 0i64..3_000_000,
+            2 => 3_000_000i64..120_000_000,
+            1 => 120_000_000i64..400_000_000,
+            1 => 0i64..200_000_000_000,
+            1 => -2_000_000i64..0
+        ],
         ledger_op_strategy(),
     )
 }
@@ -1833,5 +2036,331 @@ async fn the_scripts_write_integers_exactly() {
             format!("{value:.0}")
         };
         assert_eq!(written, &expected, "{value:e}");
+    }
+}
+
+/// The money arithmetic of the hold lifecycle against a model small enough
+/// to read: each request is finally charged its settled cost when settled
+/// (the first settlement; its retries within the marker's time add
+/// nothing), else its held amount once its hold lapsed, and nothing while
+/// it is held. Random reservations (covered by the balance), renewals,
+/// time passing, settlements (at most the hold; some retried, some never
+/// made) and top-ups on a `MemoryStore`, checked after every step.
+mod money_model {
+    use super::*;
+    use modelgate::store::{
+        AccountBalance, KeyUsage, ReserveOutcome, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+        SETTLEMENT_RETRY_WINDOW,
+    };
+    use proptest::sample::Index;
+
+    const ACCOUNT: &str = "acct";
+    const KEY: &str = "key";
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// A new request, holding `amount_nanos` for `ttl_secs` unless renewed.
+        Reserve {
+            amount_nanos: i64,
+            ttl_secs: u64,
+        },
+        /// Its instance renews the holds of the requests picked.
+        Renew {
+            picks: Vec<Index>,
+            ttl_secs: u64,
+        },
+        /// Time passes; a usage read finds what lapsed meanwhile.
+        Advance {
+            micros: i64,
+        },
+        /// A request picked (one held, or lapsed) ends and is settled at
+        /// `cost_permille` of what it held.
+        Settle {
+            pick: Index,
+            cost_permille: i64,
+        },
+        /// A settlement picked is sent again (a reply lost), within the
+        /// caller's retry window.
+        Retry {
+            pick: Index,
+        },
+        TopUp {
+            amount_nanos: i64,
+        },
+    }
+
+    fn step_strategy() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (1i64..3_000_000_000, 1u64..60)
+                .prop_map(|(amount_nanos, ttl_secs)| Step::Reserve { amount_nanos, ttl_secs }),
+            3 => (proptest::collection::vec(any::<Index>(), 1..4), 1u64..60)
+                .prop_map(|(picks, ttl_secs)| Step::Renew { picks, ttl_secs }),
+            4 => prop_oneof![
+                6 => 0i64..3_000_000,
+                3 => 0i64..90_000_000,
+                1 => 90_000_000i64..400_000_000,
+                1 => 20 * 3_600_000_000i64..30 * 3_600_000_000,
+            ]
+            .prop_map(|micros| Step::Advance { micros }),
+            3 => (any::<Index>(), 0i64..=1000)
+                .prop_map(|(pick, cost_permille)| Step::Settle { pick, cost_permille }),
+            1 => any::<Index>().prop_map(|pick| Step::Retry { pick }),
+            1 => (0i64..4_000_000_000).prop_map(|amount_nanos| Step::TopUp { amount_nanos }),
+        ]
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum State {
+        /// Refused: never held, never charged.
+        Refused,
+        Held {
+            expires_at: DateTime<Utc>,
+        },
+        /// Charged its held amount; a settlement until `forget_at` replaces that.
+        Lapsed {
+            forget_at: DateTime<Utc>,
+        },
+        /// Charged its held amount for good.
+        LapseForgotten,
+        /// Charged its cost; copies of its settlement add nothing until `marker_until`.
+        Settled {
+            cost_nanos: i64,
+            settled_at: DateTime<Utc>,
+            marker_until: DateTime<Utc>,
+        },
+    }
+
+    #[derive(Debug)]
+    struct Request {
+        id: String,
+        held_nanos: i64,
+        state: State,
+    }
+
+    impl Request {
+        fn charged_nanos(&self) -> i64 {
+            match self.state {
+                State::Refused | State::Held { .. } => 0,
+                State::Lapsed { .. } | State::LapseForgotten => self.held_nanos,
+                State::Settled { cost_nanos, .. } => cost_nanos,
+            }
+        }
+
+        fn settlement(&self, cost_nanos: i64) -> Settlement {
+            Settlement {
+                account: ACCOUNT.into(),
+                key: KEY.into(),
+                reservation_id: self.id.clone(),
+                hold_granted: true,
+                cost_nanos,
+                byok: false,
+                record: None,
+            }
+        }
+    }
+
+    #[derive(Debug, Default)]
+    struct Model {
+        topped_up_nanos: i64,
+        requests: Vec<Request>,
+    }
+
+    fn after(now: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
+        now + chrono::Duration::from_std(duration).unwrap()
+    }
+
+    impl Model {
+        /// What the first call at `now` finds: holds past their expiry
+        /// lapse, lapses past their memory are forgotten.
+        fn lapse(&mut self, now: DateTime<Utc>) {
+            for request in &mut self.requests {
+                if let State::Held { expires_at } = request.state {
+                    if expires_at <= now {
+                        request.state = State::Lapsed {
+                            forget_at: after(now, LAPSED_HOLD_MEMORY),
+                        };
+                    }
+                }
+                if let State::Lapsed { forget_at } = request.state {
+                    if forget_at <= now {
+                        request.state = State::LapseForgotten;
+                    }
+                }
+            }
+        }
+
+        fn charged_nanos(&self) -> i64 {
+            self.requests.iter().map(Request::charged_nanos).sum()
+        }
+
+        fn balance_nanos(&self) -> i64 {
+            self.topped_up_nanos - self.charged_nanos()
+        }
+
+        fn held_nanos(&self) -> i64 {
+            self.requests
+                .iter()
+                .filter(|request| matches!(request.state, State::Held { .. }))
+                .map(|request| request.held_nanos)
+                .sum()
+        }
+
+        /// The requests in a state `wanted` says, for a pick among them.
+        fn pick(&self, pick: &Index, wanted: impl Fn(&State) -> bool) -> Option<usize> {
+            let candidates: Vec<usize> = (0..self.requests.len())
+                .filter(|index| wanted(&self.requests[*index].state))
+                .collect();
+            (!candidates.is_empty()).then(|| candidates[pick.index(candidates.len())])
+        }
+    }
+
+    async fn read(store: &MemoryStore, now: DateTime<Utc>) -> (AccountBalance, KeyUsage) {
+        (
+            store.account_balance(ACCOUNT).await.unwrap(),
+            store.key_usage(ACCOUNT, KEY, now).await.unwrap(),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_request_is_charged_its_cost_or_its_lapsed_hold_once(
+            steps in proptest::collection::vec(step_strategy(), 1..60)
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(async {
+                let store = MemoryStore::new();
+                // Funded enough for a few holds at once.
+                store.top_up(ACCOUNT, 4_000_000_000).await.unwrap();
+                let mut model = Model { topped_up_nanos: 4_000_000_000, ..Model::default() };
+                let mut now = t0();
+                for step in &steps {
+                    if let Step::Advance { micros } = step {
+                        now += chrono::Duration::microseconds(*micros);
+                    }
+                    // Every step calls the store at `now`: it finds the lapses.
+                    let (before_balance, before_usage) = read(&store, now).await;
+                    model.lapse(now);
+                    match step {
+                        Step::Advance { .. } => {}
+                        Step::TopUp { amount_nanos } => {
+                            store.top_up(ACCOUNT, *amount_nanos).await.unwrap();
+                            model.topped_up_nanos += amount_nanos;
+                        }
+                        Step::Reserve { amount_nanos, ttl_secs } => {
+                            let id = format!("q{}", model.requests.len());
+                            let request = ReserveRequest {
+                                account: ACCOUNT.into(),
+                                key: KEY.into(),
+                                reservation_id: id.clone(),
+                                amount_nanos: *amount_nanos,
+                                min_amount_nanos: None,
+                                key_limit: None,
+                                check_balance: true,
+                                covered_by_balance: true,
+                                ttl: Duration::from_secs(*ttl_secs),
+                                lapse_record: None,
+                                counts_against_key_limit: true,
+                            };
+                            let outcome = store.reserve(&request, now).await.unwrap();
+                            let (balance_nanos, held_nanos) = (model.balance_nanos(), model.held_nanos());
+                            let expected = if balance_nanos < 0 {
+                                ReserveOutcome::BalanceNegative { balance_nanos }
+                            } else if balance_nanos - held_nanos < *amount_nanos {
+                                ReserveOutcome::BalanceInsufficient { balance_nanos, held_nanos }
+                            } else {
+                                ReserveOutcome::Reserved {
+                                    used_nanos: model.charged_nanos(),
+                                    reserved_nanos: held_nanos + amount_nanos,
+                                    held_nanos: *amount_nanos,
+                                }
+                            };
+                            prop_assert_eq!(outcome, expected, "at {} after {:?}", now, step);
+                            let state = if outcome.is_reserved() {
+                                State::Held { expires_at: after(now, request.ttl) }
+                            } else {
+                                State::Refused
+                            };
+                            model.requests.push(Request { id, held_nanos: *amount_nanos, state });
+                            if !outcome.is_reserved() {
+                                prop_assert_eq!(
+                                    read(&store, now).await,
+                                    (before_balance, before_usage),
+                                    "a refusal changes nothing"
+                                );
+                            }
+                        }
+                        Step::Renew { picks, ttl_secs } => {
+                            let ttl = Duration::from_secs(*ttl_secs);
+                            let mut picked: Vec<usize> = picks
+                                .iter()
+                                .filter_map(|pick| model.pick(pick, |state| *state != State::Refused))
+                                .collect();
+                            picked.sort_unstable();
+                            picked.dedup();
+                            let renewals: Vec<HoldRenewal> = picked
+                                .iter()
+                                .map(|index| HoldRenewal {
+                                    key: KEY.into(),
+                                    reservation_id: model.requests[*index].id.clone(),
+                                })
+                                .collect();
+                            let renewed = store.renew_holds(ACCOUNT, &renewals, ttl, now).await.unwrap();
+                            let mut live = 0;
+                            for index in picked {
+                                let request = &mut model.requests[index];
+                                match &mut request.state {
+                                    State::Held { expires_at } => {
+                                        *expires_at = (*expires_at).max(after(now, ttl));
+                                        live += 1;
+                                    }
+                                    State::Lapsed { forget_at } => *forget_at = after(now, LAPSED_HOLD_MEMORY),
+                                    _ => {}
+                                }
+                            }
+                            prop_assert_eq!(renewed, live, "at {} after {:?}", now, step);
+                        }
+                        Step::Settle { pick, cost_permille } => {
+                            // Its request still held, or lapsed (its instance
+                            // lost the store longer than its hold).
+                            let wanted = |state: &State| matches!(state, State::Held { .. } | State::Lapsed { .. });
+                            if let Some(index) = model.pick(pick, wanted) {
+                                let request = &mut model.requests[index];
+                                let cost_nanos = request.held_nanos / 1000 * cost_permille;
+                                store.settle(&request.settlement(cost_nanos), now).await.unwrap();
+                                request.state = State::Settled {
+                                    cost_nanos,
+                                    settled_at: now,
+                                    marker_until: after(now, SETTLEMENT_MEMORY),
+                                };
+                            }
+                        }
+                        Step::Retry { pick } => {
+                            let wanted = |state: &State| matches!(state,
+                                State::Settled { settled_at, .. } if now < after(*settled_at, SETTLEMENT_RETRY_WINDOW));
+                            if let Some(index) = model.pick(pick, wanted) {
+                                let request = &model.requests[index];
+                                let State::Settled { cost_nanos, marker_until, .. } = request.state else {
+                                    unreachable!()
+                                };
+                                prop_assert!(now < marker_until);
+                                store.settle(&request.settlement(cost_nanos), now).await.unwrap();
+                            }
+                        }
+                    }
+                    let (balance, usage) = read(&store, now).await;
+                    let context = format!("at {now} after {step:?}: {model:?}");
+                    prop_assert_eq!(balance.balance_nanos, model.balance_nanos(), "{}", context);
+                    prop_assert_eq!(balance.purchased_nanos, model.topped_up_nanos, "{}", context);
+                    prop_assert_eq!(usage.total_nanos, model.charged_nanos(), "{}", context);
+                    prop_assert_eq!(usage.reserved_nanos, model.held_nanos(), "{}", context);
+                    // No admission, nor anything after it, takes what the
+                    // balance leaves past the holds below zero.
+                    prop_assert!(balance.balance_nanos - usage.reserved_nanos >= 0, "{}", context);
+                }
+                Ok(())
+            })?;
+        }
     }
 }

@@ -5,7 +5,10 @@
 //! open after `shutdown_grace_seconds` is ended with a last error event
 //! and charged its prompt and what it streamed; Redis stopped
 //! mid-stream and back 10 s later (its data kept) still gets every cost,
-//! once. Charges are read back through a store connection of their own,
+//! once; Redis restarted from files older than a stream's admission (its
+//! hold lost) still gets the stream's cost, once. A killed instance's hold
+//! lapses and the next admission, on another instance, charges it first.
+//! Charges are read back through a store connection of their own,
 //! as a second instance would. A frozen Redis (SIGSTOP) is answered fast
 //! under the failure policy once the store's breaker opens, and the same
 //! gateway answers again after SIGCONT.
@@ -133,8 +136,9 @@ async fn charged(server: &RedisServer, key: &str) -> (i64, i64) {
     (usage.total_nanos, usage.reserved_nanos)
 }
 
-/// How many reservation ids Redis remembers: none when every settlement
-/// came with the hold the store granted, however often it was retried.
+/// How many reservation ids Redis remembers: each settlement leaves its
+/// marker (for `SETTLEMENT_MEMORY`), so one per request settled, however
+/// often its settlement was retried.
 async fn remembered_ids(server: &RedisServer) -> usize {
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
@@ -182,7 +186,7 @@ async fn sigterm_lets_every_stream_finish_and_records_every_cost() {
         (STREAMS as i64 * STREAM_COST_NANOS, 0),
         "every stream charged once, no hold left"
     );
-    assert_eq!(remembered_ids(&server).await, 0);
+    assert_eq!(remembered_ids(&server).await, STREAMS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +216,7 @@ async fn redis_down_for_ten_seconds_mid_stream_loses_no_cost() {
     // And no retry records one twice later.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(charged(&server, &setup.key).await, last);
-    assert_eq!(remembered_ids(&server).await, 0);
+    assert_eq!(remembered_ids(&server).await, STREAMS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,7 +246,7 @@ async fn redis_down_past_the_holds_lifetime_still_loses_no_cost() {
     assert_eq!(last, (STREAMS as i64 * STREAM_COST_NANOS, 0));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(charged(&server, &setup.key).await, last);
-    assert_eq!(remembered_ids(&server).await, 0);
+    assert_eq!(remembered_ids(&server).await, STREAMS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,4 +619,179 @@ async fn a_killed_instance_s_hold_lapses_charged_in_full_with_a_record_saying_so
     assert_eq!(record["cost_basis"], "lapsed");
     assert_eq!(record["lapsed"], true);
     assert_eq!(record_cost_nanos(&record), held);
+}
+
+/// Copies the files of directory `from` (one level, as Redis's
+/// `appendonlydir/` is) into `to`, created if missing.
+fn copy_files(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Waits (up to `bound`) until the key's usage and holds read `expected`.
+async fn wait_until_charged(
+    server: &RedisServer,
+    key: &str,
+    expected: (i64, i64),
+    bound: Duration,
+) {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        let now_charged = charged(server, key).await;
+        if now_charged == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "charged {now_charged:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_from_an_older_aof_still_charges_the_stream_once() {
+    // Redis restarts from files older than a stream's admission (a restore,
+    // a crash with lazy fsync, a failover to a replica behind): its hold is
+    // gone. Its settlement finds neither hold nor marker, and charges its
+    // cost all the same, once.
+    let mut server = RedisServer::start_persistent();
+    let (proxy, key, received, _config) = short_holds(&server, 60, 500).await;
+    let aof = server.data_dir().join("appendonlydir");
+    let older = tempfile::tempdir().unwrap();
+    // Every write is in the files before it is answered (appendfsync
+    // always): the account is funded in this copy, and nothing is held.
+    copy_files(&aof, older.path());
+    let long = tokio::spawn({
+        let (address, key) = (proxy.address.clone(), key.clone());
+        async move { stream_saying(&address, &key, "eight seconds").await }
+    });
+    wait_for(&received, 1).await;
+    let (used, held) = charged(&server, &key).await;
+    assert_eq!(used, 0);
+    assert!(held > 0, "the stream holds");
+
+    server.stop();
+    std::fs::remove_dir_all(&aof).unwrap();
+    copy_files(older.path(), &aof);
+    server.start_again();
+    assert_eq!(charged(&server, &key).await, (0, 0), "its hold is lost");
+    assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT);
+
+    let (status, text) = long.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    // 3 prompt and 40 completion tokens, at a credit each.
+    let cost = 43 * NANOS_PER_CREDIT;
+    wait_until_charged(&server, &key, (cost, 0), Duration::from_secs(30)).await;
+    assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT - cost);
+    // Nothing lapses nor settles again later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(charged(&server, &key).await, (cost, 0));
+    assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT - cost);
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let records = store
+        .recent_generations("default", 10, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1, "one record: {records:?}");
+    let record: serde_json::Value = serde_json::from_slice(&records[0]).unwrap();
+    assert_eq!(record_cost_nanos(&record), cost, "{record}");
+    assert_eq!(remembered_ids(&server).await, 1, "its settlement's marker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_another() {
+    // Two instances on one Redis, holds of 3 s. A stream on A, A killed:
+    // its hold is renewed no more, and B's next admission, the first call
+    // to find it lapsed, charges it before deciding. The account holds
+    // enough for one such request and not two: B is refused exactly when
+    // the lapse was charged, and served once the balance is topped up.
+    const FUNDS: i64 = 400 * NANOS_PER_CREDIT;
+    let server = RedisServer::start();
+    let (upstream, received) = slow_upstream().await;
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    std::fs::write(
+        &config,
+        json!({"pricing": {"default": price}, "credit": {"reservation_ttl_seconds": 3}})
+            .to_string(),
+    )
+    .unwrap();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let first = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let second = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let key = first.create_key(admin_key.expose(), "two instances").await;
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    store.top_up("default", FUNDS).await.unwrap();
+
+    let reply = reqwest::Client::new()
+        .post(format!("{}/api/v1/chat/completions", first.address))
+        .bearer_auth(&key)
+        .json(
+            &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 300,
+                      "messages": [{"role": "user", "content": "a long story"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let generation = reply.headers()["x-generation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    wait_for(&received, 1).await;
+    let (_, held) = charged(&server, &key).await;
+    assert!(
+        held <= FUNDS && 2 * held > FUNDS,
+        "the funds cover one such hold and not two: {held}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = Command::new("kill")
+        .args(["-KILL", &first.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    drop(reply);
+    // Its last renewal at most 1 s before the kill: a hold's lifetime and
+    // more later it has lapsed. Nothing reads the ledger meanwhile.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+
+    let (status, text) = stream_saying(&second.address, &key, "a long story").await;
+    assert_eq!(status, 402, "B refused for the lapse's charge: {text}");
+    assert_eq!(
+        charged(&server, &key).await,
+        (held, 0),
+        "the lapse charged once to the key, no hold left"
+    );
+    assert_eq!(balance_nanos(&server).await, FUNDS - held);
+    let reservation = generation.strip_prefix("gen-").unwrap();
+    let record: serde_json::Value = serde_json::from_slice(
+        &store
+            .generation("default", reservation, chrono::Utc::now())
+            .await
+            .unwrap()
+            .expect("the lapse's record"),
+    )
+    .unwrap();
+    assert_eq!(record["cost_basis"], "lapsed", "{record}");
+    assert_eq!(record_cost_nanos(&record), held);
+
+    // With the lapse's charge made good, the balance covers B's request.
+    store.top_up("default", held).await.unwrap();
+    let (status, text) = stream_saying(&second.address, &key, "short").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    // 3 prompt and 5 completion tokens.
+    let cost = 8 * NANOS_PER_CREDIT;
+    wait_until_charged(&server, &key, (held + cost, 0), Duration::from_secs(10)).await;
+    assert_eq!(balance_nanos(&server).await, FUNDS - cost);
 }

@@ -69,6 +69,12 @@ impl RedisServer {
         self.port
     }
 
+    /// Its data directory (`--dir`): a persistent server keeps its
+    /// append-only files in `appendonlydir/` there, read at each start.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// Kills the server (as a crash would) and waits for it to exit.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
