@@ -9,8 +9,8 @@
 # second half of the run (after the first half has filled what is bounded
 # by time or count). Generation records are capped as bench/common.sh
 # says (KEEP_RECORDS=1 keeps the default).
-# RESERVATION_TTL_SECONDS (default: the proxy's 900) sets the hold's
-# lifetime.
+# RESERVATION_TTL_SECONDS (default: the proxy's 60) sets the hold's
+# lifetime without renewal.
 # Installs and builds as bench/load.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
