@@ -33,6 +33,9 @@
 //! - `reset-operator-key --redis URL`: when the operator's key is lost or
 //!   leaked, disables every operator key in that store and prints one new
 //!   key, once.
+//! - `migrate-store --redis URL`: moves a store an older version wrote to
+//!   this version's layout (a proxy refuses such a store and names this
+//!   command); run once, with the older instances stopped.
 //!
 //! Ctrl-C or SIGTERM stops accepting,
 //! lets requests in flight finish, waits (up to 30 s) for every settlement
@@ -72,7 +75,8 @@ const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
 const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]
        proxy keygen                           print a new key for MODELGATE_ADMIN_KEY
-       proxy reset-operator-key --redis URL   disable every operator key, print a new one";
+       proxy reset-operator-key --redis URL   disable every operator key, print a new one
+       proxy migrate-store --redis URL        move a store an older version wrote to this version's layout";
 
 /// The name of the operator's keys the proxy makes.
 const OPERATOR_KEY_NAME: &str = "operator";
@@ -100,6 +104,7 @@ async fn run() -> Result<(), String> {
         None => serve_gateway().await,
         Some("keygen") => keygen(arguments),
         Some("reset-operator-key") => reset_operator_key(arguments).await,
+        Some("migrate-store") => migrate_store(arguments).await,
         Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
     }
 }
@@ -129,6 +134,43 @@ async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
     println!("operator key (shown once): {}", key.expose());
     eprintln!(
         "disabled {disabled} operator key(s); running proxies refuse them within a second. Set MODELGATE_ADMIN_KEY to the new key before the proxies start again."
+    );
+    Ok(())
+}
+
+/// `proxy migrate-store --redis URL`: a store in an older layout moved to
+/// this version's, once, with every older instance stopped.
+async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
+    let args = args::Args::parse_from(arguments, &["redis"], USAGE)?;
+    let Some(url) = args.get("redis") else {
+        return Err(format!(
+            "migrate-store moves the data of a shared store: name it with --redis URL\n{USAGE}"
+        ));
+    };
+    let redis = serve::open_store_to_migrate(url).await?;
+    let before = redis
+        .layout()
+        .await
+        .map_err(|error| format!("cannot read the layout: {error}"))?
+        .unwrap_or(1);
+    if before > modelgate::store::LEDGER_LAYOUT {
+        return Err(format!(
+            "this store is in layout {before}, newer than this version's {}: run the newer version",
+            modelgate::store::LEDGER_LAYOUT
+        ));
+    }
+    let store: modelgate::keys::SharedStore = std::sync::Arc::new(redis.clone());
+    let keys = KeyDirectory::new(store)
+        .write_every_key_s_terms()
+        .await
+        .map_err(|error| format!("cannot write the keys' terms: {error}"))?;
+    redis
+        .mark_layout_current()
+        .await
+        .map_err(|error| format!("cannot record the layout: {error}"))?;
+    eprintln!(
+        "migrated from layout {before} to {}: wrote the terms of {keys} key(s)",
+        modelgate::store::LEDGER_LAYOUT
     );
     Ok(())
 }

@@ -426,3 +426,123 @@ async fn two_proxies_starting_at_once_on_an_empty_redis_print_one_key() {
         .unwrap();
     assert_eq!(operators.len(), 1, "{operators:?}");
 }
+
+#[tokio::test]
+async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // What an older version leaves: key records, no layout recorded, no
+    // terms in the ledger.
+    let unchecked = RedisStoreConfig {
+        check_layout: false,
+        ..RedisStoreConfig::default()
+    };
+    let old = RedisStore::connect(&url, unchecked).await.unwrap();
+    let key = ApiKey::generate();
+    let record = modelgate::keys::KeyRecord {
+        hash: key.hash().to_hex(),
+        name: "old".into(),
+        account: "default".into(),
+        management: false,
+        scoped_to_account: false,
+        disabled: false,
+        limit_nanos: Some(2 * modelgate::store::NANOS_PER_CREDIT),
+        limit_reset: None,
+        include_byok_in_limit: false,
+        created_at: chrono::Utc::now(),
+        updated_at: None,
+        expires_at: None,
+        last_used_at: None,
+        leak: None,
+    };
+    old.put_json(KEYS, &record.hash, &record, Expect::Absent)
+        .await
+        .unwrap();
+    assert_eq!(old.layout().await.unwrap(), None);
+
+    // A new instance refuses it, naming the command.
+    let refused = RedisStore::connect(&url, RedisStoreConfig::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.kind(), modelgate::store::StoreErrorKind::Layout(_)),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("proxy migrate-store --redis URL"),
+        "{refused}"
+    );
+    let (code, _, stderr) = finish(proxy(Some(&url), Some(key.expose())));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("proxy migrate-store --redis URL"),
+        "{stderr}"
+    );
+
+    // Migrated once: every key's terms written, the layout recorded; again
+    // changes nothing.
+    for _ in 0..2 {
+        let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(stderr.contains("wrote the terms of 1 key(s)"), "{stderr}");
+    }
+    let store = RedisStore::connect(&url, RedisStoreConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.layout().await.unwrap(),
+        Some(modelgate::store::LEDGER_LAYOUT)
+    );
+    // The key's limit now decides in the store, whatever a request says.
+    use modelgate::store::{LedgerStore, ReserveOutcome, ReserveRequest};
+    store
+        .top_up("default", 10 * modelgate::store::NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let request = ReserveRequest {
+        account: "default".into(),
+        key: record.hash.clone(),
+        reservation_id: "r".into(),
+        amount_nanos: 3 * modelgate::store::NANOS_PER_CREDIT,
+        min_amount_nanos: None,
+        key_limit: None,
+        counts_against_key_limit: true,
+        check_balance: true,
+        covered_by_balance: true,
+        ttl: Duration::from_secs(60),
+        lapse_record: None,
+    };
+    assert!(matches!(
+        store.reserve(&request, chrono::Utc::now()).await.unwrap(),
+        ReserveOutcome::KeyLimitReached { .. }
+    ));
+    // A layout newer than this version's is refused as such.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg("mg:{layout}:version")
+        .arg(modelgate::store::LEDGER_LAYOUT + 1)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let newer = RedisStore::connect(&url, RedisStoreConfig::default())
+        .await
+        .unwrap_err();
+    assert!(newer.to_string().contains("newer"), "{newer}");
+    let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
+    assert_eq!(code, Some(2), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_fresh_store_is_given_the_current_layout() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.layout().await.unwrap(),
+        Some(modelgate::store::LEDGER_LAYOUT)
+    );
+}

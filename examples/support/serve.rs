@@ -122,6 +122,17 @@ pub async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
+/// Redis at `url` for a migration: its layout not checked.
+pub async fn open_store_to_migrate(url: &str) -> Result<RedisStore, String> {
+    let config = RedisStoreConfig {
+        check_layout: false,
+        ..RedisStoreConfig::default()
+    };
+    RedisStore::connect(url, config)
+        .await
+        .map_err(|error| format!("cannot use --redis {url}: {error}"))
+}
+
 /// Redis at `redis_url` (`--redis`), or the in-process store.
 pub async fn open_store(redis_url: Option<&str>) -> Result<SharedStore, String> {
     Ok(match redis_url {

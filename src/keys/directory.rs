@@ -365,6 +365,19 @@ impl KeyDirectory {
             .await
     }
 
+    /// Writes every key's terms into the ledger (as each key write does
+    /// since the ledger's layout 2); how many keys. Run once when moving a
+    /// store from layout 1, with no older instance running; running it
+    /// again changes nothing.
+    pub async fn write_every_key_s_terms(&self) -> Result<usize, StoreError> {
+        let mut records = Vec::new();
+        self.each_key(|record| records.push(record)).await?;
+        for record in &records {
+            self.keep_terms(record).await?;
+        }
+        Ok(records.len())
+    }
+
     /// `new` on the account its key belongs to: an operator's key on
     /// [`OPERATOR_ACCOUNT`] (no account record: it is no tenant's), any
     /// other on its account, recorded if new.

@@ -71,7 +71,7 @@ pub use records::{
     byok_keys, decode, flows, Expect, PutOptions, PutOutcome, RecordStore, RecordStoreExt,
     Versioned, WriteOutcome, ACCOUNTS, KEYS, MAX_RECORD_TTL,
 };
-pub use redis::{RedisStore, RedisStoreConfig, TimeSource};
+pub use redis::{RedisStore, RedisStoreConfig, TimeSource, LEDGER_LAYOUT};
 
 /// Everything a gateway keeps in its store.
 pub trait Store: CounterStore + LedgerStore + RecordStore + AppUsageStore {}
@@ -107,6 +107,10 @@ pub enum StoreErrorKind {
     /// The call's arguments are unusable (a zero window, a duplicate name).
     #[error("invalid arguments: {0}")]
     Invalid(String),
+    /// The store holds data in a layout this version does not use: written
+    /// by an older version (migrate it once) or a newer one.
+    #[error("{0}")]
+    Layout(String),
 }
 
 impl StoreError {

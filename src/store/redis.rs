@@ -107,6 +107,10 @@ pub struct RedisStoreConfig {
     /// call goes through as a probe: its success closes the breaker, its
     /// failure opens it for another cool-down.
     pub breaker_cool_down: Duration,
+    /// Whether [`connect`](RedisStore::connect) refuses a Redis whose data
+    /// is in another layout than [`LEDGER_LAYOUT`] (on by default; only a
+    /// migration turns it off).
+    pub check_layout: bool,
 }
 
 /// Whose clock a [`RedisStore`] decides time by.
@@ -132,9 +136,18 @@ impl Default for RedisStoreConfig {
             time_source: TimeSource::Redis,
             breaker_failures: 3,
             breaker_cool_down: Duration::from_secs(1),
+            check_layout: true,
         }
     }
 }
+
+/// The layout of the data this version keeps in Redis, recorded under
+/// `{prefix}:{layout}:version`. Layout 2 keeps each key's terms beside its
+/// usage ([`LedgerStore::set_key_terms`]), settlement markers and lapse
+/// charges; layout 1 (no version recorded) did not. A store in layout 1 is
+/// migrated once with [`RedisStore::mark_layout_current`] after every key's
+/// terms are written (`proxy migrate-store --redis URL` does both).
+pub const LEDGER_LAYOUT: u32 = 2;
 
 /// Every store trait on Redis (through a [`ConnectionManager`], which
 /// reconnects by itself) or on Redis Cluster.
@@ -418,6 +431,7 @@ impl RedisStore {
             .map_err(|error| backend("connect", error))?;
         let store = RedisStore::with_connection(Connection::Single(connection), config);
         store.check_settings().await;
+        store.check_layout().await?;
         Ok(store)
     }
 
@@ -447,6 +461,7 @@ impl RedisStore {
             .map_err(|error| backend("connect", error))?;
         let store = RedisStore::with_connection(Connection::Cluster(connection), config);
         store.check_settings().await;
+        store.check_layout().await?;
         Ok(store)
     }
 
@@ -466,6 +481,94 @@ impl RedisStore {
     /// one node, on a Cluster) and logs what they can cost: evicted keys,
     /// writes a restart loses. Never fails the connect: a refused `CONFIG`
     /// (managed Redis) is logged at debug.
+    /// The layout version Redis records; `None` when none is.
+    pub async fn layout(&self) -> Result<Option<u32>, StoreError> {
+        const OPERATION: &str = "layout";
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("GET").arg(self.layout_key()).to_owned();
+        let version: Option<String> = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        version
+            .map(|text| {
+                text.parse()
+                    .map_err(|_| StoreError::corrupt(OPERATION, format!("layout {text:?}")))
+            })
+            .transpose()
+    }
+
+    /// Records that the data is in [`LEDGER_LAYOUT`]: the last step of a
+    /// migration, once every key's terms are written.
+    pub async fn mark_layout_current(&self) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("SET")
+            .arg(self.layout_key())
+            .arg(LEDGER_LAYOUT)
+            .to_owned();
+        let () = self
+            .bounded("layout", command.query_async(&mut connection))
+            .await?;
+        Ok(())
+    }
+
+    fn layout_key(&self) -> String {
+        format!("{}:{{layout}}:version", self.config.key_prefix)
+    }
+
+    /// Refuses a Redis whose data is in another layout: one recorded as
+    /// older or newer, or none recorded over a gateway's data (layout 1,
+    /// which recorded none). A Redis with no gateway data is given the
+    /// current layout.
+    async fn check_layout(&self) -> Result<(), StoreError> {
+        const OPERATION: &str = "connect";
+        if !self.config.check_layout {
+            return Ok(());
+        }
+        let version = match self.layout().await? {
+            Some(version) => version,
+            None => {
+                // A gateway's data always has its key records.
+                let [values, ..] = self.collection_keys(super::KEYS);
+                let mut connection = self.connection.clone();
+                let command = redis::cmd("EXISTS").arg(values).to_owned();
+                let existing: i64 = self
+                    .bounded(OPERATION, command.query_async(&mut connection))
+                    .await?;
+                if existing == 0 {
+                    let command = redis::cmd("SET")
+                        .arg(self.layout_key())
+                        .arg(LEDGER_LAYOUT)
+                        .arg("NX")
+                        .to_owned();
+                    let _set: Option<String> = self
+                        .bounded(OPERATION, command.query_async(&mut connection))
+                        .await?;
+                    return Ok(());
+                }
+                1
+            }
+        };
+        match version.cmp(&LEDGER_LAYOUT) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Less => Err(StoreError::new(
+                OPERATION,
+                StoreErrorKind::Layout(format!(
+                    "this Redis holds the gateway's data in layout {version}, written by an older \
+                     version; this version uses layout {LEDGER_LAYOUT}. Stop the older instances \
+                     and run `proxy migrate-store --redis URL` once (it writes each key's terms \
+                     into the ledger, then records layout {LEDGER_LAYOUT})"
+                )),
+            )),
+            std::cmp::Ordering::Greater => Err(StoreError::new(
+                OPERATION,
+                StoreErrorKind::Layout(format!(
+                    "this Redis holds the gateway's data in layout {version}, newer than this \
+                     version's {LEDGER_LAYOUT}: run the newer version"
+                )),
+            )),
+        }
+    }
+
     async fn check_settings(&self) {
         warn_if_evicting(self.config_get("maxmemory-policy").await);
         warn_if_not_durable(self.config_get("append*").await);
