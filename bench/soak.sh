@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Resident memory of the proxy with every layer on the in-process store
-# over a long run at a fixed rate: does anything grow without bound
-# (settled reservations, caches, metrics)?
+# (or, with STORE=redis, on a Redis of its own, whose memory is sampled
+# too) over a long run at a fixed rate: does anything grow without bound
+# (settlement markers, holds, caches, metrics)?
 #
 #   bench/soak.sh [MINUTES=10] [REQUESTS_PER_SECOND=500] [CONNECTIONS=64]
 #
@@ -31,9 +32,19 @@ json.dump(config, open(sys.argv[1], "w"))
 PY
 fi
 
-url="$(start_proxy memory)"
-key="$(client_key memory "$url")"
-pid="$(cat "$work/memory.pid")"
+store="${STORE:-memory}"
+redis_port=""
+if [ "$store" = redis ]; then
+  redis_port="$(free_port)"
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$work" >"$work/redis.out" 2>&1 &
+  echo $! >>"$work/pids"
+  url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
+else
+  url="$(start_proxy memory)"
+fi
+key="$(client_key "$store" "$url")"
+pid="$(cat "$work/$store.pid")"
 
 # Each connection waits connections/rate seconds between requests: the
 # rate holds while responses take far less than that.
@@ -46,7 +57,7 @@ wrk.headers["authorization"] = "Bearer $key"
 function delay() return $delay_ms end
 LUA
 
-echo "==> soak: ${minutes} min at about $rate requests/s over $connections connections"
+echo "==> soak ($store): ${minutes} min at about $rate requests/s over $connections connections"
 wrk -t 2 -c "$connections" -d "${minutes}m" -s "$work/soak.lua" "$url/api/v1/chat/completions" >"$work/soak.wrk" &
 wrk_pid=$!
 samples=()
@@ -54,7 +65,12 @@ elapsed=0
 while kill -0 "$wrk_pid" 2>/dev/null; do
   rss="$(awk '/^VmRSS:/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status")"
   samples+=("$rss")
-  printf '%5ds  RSS %6s MiB\n' "$elapsed" "$rss"
+  if [ -n "$redis_port" ]; then
+    redis_mib="$(redis-cli -p "$redis_port" INFO memory | awk -F: '/^used_memory:/ { printf "%.1f", $2 / 1048576 }')"
+    printf '%5ds  RSS %6s MiB  Redis used_memory %6s MiB\n' "$elapsed" "$rss" "$redis_mib"
+  else
+    printf '%5ds  RSS %6s MiB\n' "$elapsed" "$rss"
+  fi
   sleep 30
   elapsed=$((elapsed + 30))
 done
