@@ -1886,6 +1886,95 @@ async fn a_key_s_own_terms_decide_its_admission<S: Store>(store: Arc<S>) {
         .is_err());
 }
 
+async fn every_ledger_call_lapses_what_has_expired_alike<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    let keeping = RecordKeeping {
+        retention: Duration::from_secs(3600),
+        max_per_account: 100,
+    };
+    let orphan = ReserveRequest {
+        lapse_record: Some(keeping),
+        ..paid_hold("orphan", credits(1), None)
+    };
+    assert!(store.reserve(&orphan, t0()).await.unwrap().is_reserved());
+    let lapsed_at = after(61 * SECOND);
+    // A read of a key the account never used lapses the account's side.
+    let other = store
+        .key_usage("acct", "never-used", lapsed_at)
+        .await
+        .unwrap();
+    assert_eq!(other.total_nanos, 0);
+    assert_eq!(
+        store.account_balance("acct").await.unwrap().balance_nanos,
+        credits(9)
+    );
+    // An admission its counters refuse still lapses its key's side first.
+    let full = Check::new("full", rolling(0, 60), 1);
+    let refused = store
+        .admit(
+            &admission(vec![full], Some(paid_hold("refused", credits(1), None))),
+            lapsed_at,
+        )
+        .await
+        .unwrap();
+    assert!(!refused.admitted);
+    assert!(store
+        .generation("acct", "orphan", lapsed_at)
+        .await
+        .unwrap()
+        .is_some());
+    let usage = store
+        .key_usage("acct", "key-hash", lapsed_at)
+        .await
+        .unwrap();
+    assert_eq!((usage.total_nanos, usage.reserved_nanos), (credits(1), 0));
+    // Its settlement as never sent gives the charge back, and its record
+    // goes with it.
+    store
+        .settle(&granted("orphan", 0), lapsed_at)
+        .await
+        .unwrap();
+    assert!(store
+        .generation("acct", "orphan", lapsed_at)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        account_totals(&*store, lapsed_at).await,
+        (0, 0, credits(10))
+    );
+    // Usage uncounted by the limit is answered all time, own only.
+    let terms = KeyTerms {
+        limit: Some(KeyLimit {
+            limit_nanos: credits(100),
+            reset: Some(Period::Day),
+            include_byok: true,
+        }),
+        expires_at: None,
+    };
+    store
+        .set_key_terms("acct", "key-hash", &terms)
+        .await
+        .unwrap();
+    store
+        .settle(&granted("yesterday", credits(2)), lapsed_at)
+        .await
+        .unwrap();
+    let tomorrow = Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap();
+    let uncounted = ReserveRequest {
+        counts_against_key_limit: false,
+        ..reservation("uncounted", 0, None)
+    };
+    assert_eq!(
+        store.reserve(&uncounted, tomorrow).await.unwrap(),
+        ReserveOutcome::Reserved {
+            used_nanos: credits(2),
+            reserved_nanos: 0,
+            held_nanos: 0,
+        }
+    );
+}
+
 async fn ledger_periods_only_roll_forward<S: Store>(store: Arc<S>) {
     let midnight = Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap();
     let just_before = midnight - chrono::Duration::microseconds(1);
@@ -3747,6 +3836,7 @@ conformance!(
     a_lapsed_hold_is_charged_once_by_its_late_settlement,
     a_renewed_hold_lasts_as_long_as_its_request,
     a_key_s_own_terms_decide_its_admission,
+    every_ledger_call_lapses_what_has_expired_alike,
     a_lapse_leaves_a_generation_record_its_settlement_replaces,
     negative_balance_rejects_until_topped_up,
     ledger_sums_are_exact_under_concurrency,

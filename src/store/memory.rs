@@ -529,9 +529,6 @@ struct AccountLedger {
     balance_nanos: i64,
     /// Holds taken from the balance, on every key, by reservation id.
     holds: Holds,
-    /// Holds of `holds` that lapsed, charged to the balance, by what they
-    /// took, until their key's lapse of the same hold takes them over.
-    lapsed: FastMap<Box<str>, i64>,
     keys: FastMap<Box<str>, KeyLedger>,
     /// Idempotency keys of recent top-ups, and when each is forgotten
     /// (µs), oldest first: every key lives equally long, so forgetting
@@ -581,6 +578,12 @@ impl Generations {
                 break;
             };
             self.records.remove(&oldest);
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((_, order)) = self.records.remove(id) {
+            self.order.remove(&order);
         }
     }
 
@@ -656,13 +659,11 @@ impl AccountLedger {
     fn lapse_account_holds(&mut self, now_micros: i64) {
         let AccountLedger {
             holds,
-            lapsed,
             balance_nanos,
             ..
         } = self;
-        holds.expire(now_micros, |id, hold| {
+        holds.expire(now_micros, |_, hold| {
             *balance_nanos = balance_nanos.saturating_sub(hold.amount_nanos);
-            lapsed.insert(id, hold.amount_nanos);
         });
     }
 
@@ -674,10 +675,7 @@ impl AccountLedger {
     fn key_ledger(&mut self, account: &str, key: &str, now_micros: i64) -> &mut KeyLedger {
         self.lapse_account_holds(now_micros);
         let AccountLedger {
-            keys,
-            lapsed: account_lapsed,
-            generations,
-            ..
+            keys, generations, ..
         } = self;
         if !keys.contains_key(key) {
             keys.insert(key.into(), KeyLedger::default());
@@ -697,9 +695,8 @@ impl AccountLedger {
             } = ledger;
             let mut charges = Vec::new();
             reservations.expire(now_micros, |id, hold| {
-                // Held on the balance too: the account's lapse (first)
-                // charged it there, and the key's charge now says so.
-                let byok = account_lapsed.remove(&id).is_none();
+                // Held on the balance too: its account's lapse charged it there.
+                let byok = !hold.covered;
                 if let Some(keeping) = hold.lapse_record {
                     let record = lapse_record(account, key, &id, hold.amount_nanos, byok, now);
                     generations.put(
@@ -786,6 +783,8 @@ impl AccountLedger {
             if !charge.byok {
                 self.balance_nanos = self.balance_nanos.saturating_add(charge.amount_nanos);
             }
+            // Its record too, to the settlement's or (never sent) to none.
+            self.generations.remove(id);
         }
         let key = self
             .keys
@@ -871,6 +870,7 @@ impl AccountLedger {
                 amount_nanos: granted_nanos,
                 expires_at_micros,
                 lapse_record: request.lapse_record,
+                covered: request.covered_by_balance,
             },
         );
         let outcome = ReserveOutcome::Reserved {
@@ -887,6 +887,7 @@ impl AccountLedger {
                     amount_nanos: granted_nanos,
                     expires_at_micros,
                     lapse_record: None,
+                    covered: true,
                 },
             );
         }
@@ -936,6 +937,9 @@ struct Reservation {
     expires_at_micros: i64,
     /// How the generation record of its lapse is kept, when it has one.
     lapse_record: Option<RecordKeeping>,
+    /// Whether the account's balance holds it too (a key's hold): its
+    /// lapse is then the key's own usage, else BYOK.
+    covered: bool,
 }
 
 /// Holds by reservation id, with their sum and their order by expiry: an
@@ -1304,8 +1308,14 @@ impl LedgerStore for MemoryStore {
             counters, ledgers, ..
         } = &mut *shard;
         let ledger = get_or_default(ledgers, account);
+        // What lapses, lapses first, whatever is decided after: the
+        // account's holds, then each key the call names (as on Redis).
+        ledger.lapse_account_holds(now_micros);
         for (settlement, fingerprint) in settlements.iter().zip(fingerprints) {
             ledger.settle(settlement, fingerprint, now_micros, starts);
+        }
+        if let Some(hold) = &request.hold {
+            ledger.key_ledger(account, &hold.key, now_micros);
         }
         let checks = tiered_checks(request, ledger.purchased_nanos);
         let counters = get_or_default(counters, account);
@@ -1366,11 +1376,14 @@ impl LedgerStore for MemoryStore {
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
         let mut shard = self.shard(account);
-        let usage = shard
-            .ledgers
-            .get_mut(account)
-            .filter(|ledger| ledger.keys.contains_key(key))
-            .map(|ledger| ledger.key_ledger(account, key, now_micros).usage(starts));
+        let usage = shard.ledgers.get_mut(account).and_then(|ledger| {
+            // As every ledger call on Redis does, whatever key it names.
+            ledger.lapse_account_holds(now_micros);
+            ledger
+                .keys
+                .contains_key(key)
+                .then(|| ledger.key_ledger(account, key, now_micros).usage(starts))
+        });
         Ok(usage.unwrap_or_default())
     }
 
@@ -1454,10 +1467,11 @@ impl LedgerStore for MemoryStore {
         &self,
         account: &str,
         key: &str,
-        now: DateTime<Utc>,
+        _now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         self.with_account(account, |ledger| {
-            ledger.key_ledger(account, key, unix_micros(now)).revoked = true;
+            // A mark beside the key's usage, as on Redis: nothing lapses.
+            get_or_default(&mut ledger.keys, key).revoked = true;
         });
         Ok(())
     }

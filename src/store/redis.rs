@@ -690,15 +690,14 @@ impl RedisStore {
     }
 
     /// The account's keys every ledger script names first: its hash, its
-    /// holds zset and amounts hash, the amounts its lapsed holds took, and
-    /// its generation records (see `ledger_write.lua`).
-    fn account_ledger_keys(&self, scoped: &str) -> [String; 6] {
+    /// holds zset and amounts hash, and its generation records (see
+    /// `ledger_write.lua`).
+    fn account_ledger_keys(&self, scoped: &str) -> [String; 5] {
         let [records, expiries] = self.generation_keys(scoped);
         [
             format!("{scoped}acct"),
             format!("{scoped}holds"),
             format!("{scoped}holdamt"),
-            format!("{scoped}lapsed"),
             records,
             expiries,
         ]

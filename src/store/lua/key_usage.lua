@@ -1,8 +1,8 @@
 -- A key's usage in the current periods and its live reservations, once
 -- the holds expired by now have lapsed (charged, as every ledger script
 -- does).
--- KEYS: the account's six keys (as in ledger_write.lua: hash, holds zset,
--- amounts hash, lapse charges, generation records and their expiries),
+-- KEYS: the account's five keys (as in ledger_write.lua: hash, holds zset,
+-- amounts hash, generation records and their expiries),
 -- then the key's five (usage hash, reservations zset, amounts hash, the
 -- zset of settled and lapsed ids, the hash of lapse charges).
 -- ARGV: now (µs, or '' for Redis's clock), how long (µs) a lapse is kept,
@@ -10,10 +10,10 @@
 -- Returns the eight usage fields and the reserved sum, as decimal strings.
 now = clock_now(ARGV[1])
 lapse = tonumber(ARGV[2])
-ACCT = { acct = KEYS[1], res = KEYS[2], amt = KEYS[3], lapsed = KEYS[4], gen = KEYS[5], genexp = KEYS[6],
+ACCT = { acct = KEYS[1], res = KEYS[2], amt = KEYS[3], gen = KEYS[4], genexp = KEYS[5],
   name = ARGV[4], lapse = lapse, slack_ms = tonumber(ARGV[3]) }
 drop_expired(ACCT, now)
-local k = { use = KEYS[7], res = KEYS[8], amt = KEYS[9], settled = KEYS[10], lapsed = KEYS[11], lapse = lapse, name = ARGV[5] }
+local k = { use = KEYS[6], res = KEYS[7], amt = KEYS[8], settled = KEYS[9], lapsed = KEYS[10], lapse = lapse, name = ARGV[5] }
 drop_expired(k, now)
 local reserved = live_reserved(k)
 local starts = period_starts(now)

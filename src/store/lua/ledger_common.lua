@@ -1,20 +1,19 @@
 -- Shared by the ledger scripts (prepended to each).
 -- A key's ledger is five Redis keys, passed to the helpers as a table `k`:
 -- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
--- reservation amounts hash (id -> amount, or 'amount:retention µs:most
--- records' for a hold whose lapse leaves a generation record; and their
--- sum and count under TOTAL and COUNT);
+-- reservation amounts hash (id -> 'amount:c' when the balance holds it
+-- too, 'amount:b' when not (BYOK or free), then ':retention µs:most
+-- records' when its lapse leaves a generation record; and their sum and
+-- count under TOTAL and COUNT);
 -- k.settled zset of ids known without a live hold: a settlement's marker
 -- (id -> forget at µs, positive), and a hold that lapsed (id -> minus the
--- µs it is forgotten at); k.lapsed hash of what
--- each lapse charged (id -> 'amount:byok 0/1:day start:week start:month
--- start'), which its settlement gives back; k.lapse how long (µs) lapses
--- are kept.
+-- µs it is forgotten at); k.lapsed hash of what each lapse charged (id ->
+-- 'amount:byok 0/1:day start:week start:month start'), which its
+-- settlement gives back; k.lapse how long (µs) lapses are kept.
 -- The account's side is the table ACCT: acct (hash {purchased, balance}),
--- res and amt (its holds on the balance, as a key's), lapsed (hash id ->
--- amount its lapse took from the balance, until the key's lapse of the
--- same hold takes it over), gen and genexp (generation
--- records, see keep_generation); `now` and `lapse` are set by the script.
+-- res and amt (its holds on the balance, id -> amount), gen and genexp
+-- (generation records, see keep_generation); `now` and `lapse` are set by
+-- the script.
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
 -- a double, exact only up to 2^53 nano-credits (9 million credits), and a
@@ -53,6 +52,11 @@ end
 -- the sum (an earlier version during a rolling upgrade) are noticed and
 -- counted afresh.
 local TOTAL, COUNT = '\255total', '\255count'
+
+-- How long hold keys outlive their last hold: an orphan hold (its
+-- instance died) is still there, to lapse and be charged, at the
+-- account's next call within this time (30 days).
+local ORPHAN_HOLD_MS = 30 * 86400000
 
 -- The amount of a hold's stored value (see the top).
 local function amount_of(value)
@@ -109,11 +113,14 @@ end
 local function forget_settled(k, now)
   if k.forgotten then return end
   redis.call('ZREMRANGEBYSCORE', k.settled, 0, int(now))
-  local lapsed = redis.call('ZRANGEBYSCORE', k.settled, int(-now), '(0', 'LIMIT', 0, 1000)
-  if #lapsed > 0 then
-    redis.call('HDEL', k.lapsed, unpack(lapsed))
-    redis.call('ZREM', k.settled, unpack(lapsed))
-  end
+  -- In slices: unpack() fails past a few thousand values.
+  repeat
+    local lapsed = redis.call('ZRANGEBYSCORE', k.settled, int(-now), '(0', 'LIMIT', 0, 1000)
+    if #lapsed > 0 then
+      redis.call('HDEL', k.lapsed, unpack(lapsed))
+      redis.call('ZREM', k.settled, unpack(lapsed))
+    end
+  until #lapsed < 1000
   k.forgotten = true
 end
 
@@ -205,9 +212,9 @@ end
 -- in-process store does on every access, so both agree on what is live):
 -- each is charged its held amount, kept in `k.lapsed` with their ids in
 -- `k.settled` until `k.lapse` past now. The account's side (`k` is ACCT)
--- charges the balance; a key's the key's usage: own when the account held
--- it too (lapsed first, by the scripts), else BYOK; and writes the lapse's
--- generation record when the hold asked for one.
+-- charges the balance; a key's the key's usage: own when its value says
+-- the balance held it too, else BYOK; and writes the lapse's generation
+-- record when the hold asked for one.
 local function drop_expired(k, now)
   local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now), 'WITHSCORES')
   if #expired == 0 then return end
@@ -231,17 +238,15 @@ local function drop_expired(k, now)
         local amount = amount_of(value)
         if k == ACCT then
           if amount ~= '0' then redis.call('HINCRBY', ACCT.acct, 'balance', '-' .. amount) end
-          table.insert(charges, id)
-          table.insert(charges, amount)
         else
-          -- Held on the balance too: the account's lapse (first) charged
-          -- it there, and the key's charge now says so.
-          local byok = redis.call('HDEL', ACCT.lapsed, id) == 0
+          -- Held on the balance too ('c'; a hold an older version wrote
+          -- says nothing, and was): its account's lapse charged it there.
+          local byok = string.sub(value, #amount + 1, #amount + 2) == ':b'
           if amount ~= '0' then add_usage(k, amount, byok) end
           starts = starts or period_starts(now)
           table.insert(charges, id)
           table.insert(charges, amount .. ':' .. (byok and '1' or '0') .. ':' .. starts[1] .. ':' .. starts[2] .. ':' .. starts[3])
-          local _, _, retention, most = string.find(value, '^%d+:(%d+):(%d+)$')
+          local _, _, retention, most = string.find(value, '^%d+:[cb]:(%d+):(%d+)$')
           if retention then
             keep_generation(id, lapse_record(k, id, amount, byok), tonumber(retention), tonumber(most))
           end
@@ -253,9 +258,7 @@ local function drop_expired(k, now)
   end
   redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now))
   local lapse_ms = math.ceil(k.lapse / 1000)
-  if k == ACCT then
-    if redis.call('PTTL', ACCT.lapsed) < lapse_ms then redis.call('PEXPIRE', ACCT.lapsed, lapse_ms) end
-  else
+  if k ~= ACCT then
     forget_settled(k, now)
     keep_settled_for(k, lapse_ms)
     if redis.call('PTTL', k.lapsed) < lapse_ms then redis.call('PEXPIRE', k.lapsed, lapse_ms) end
@@ -264,7 +267,8 @@ end
 
 -- Gives back what the lapse of `id` charged, if it did and is still
 -- known, to the key's usage (the all-time total, and each period still
--- the one it was charged in) and, unless BYOK, to the balance.
+-- the one it was charged in) and, unless BYOK, to the balance; whether it
+-- did.
 local function undo_lapse(k, id)
   local charge = redis.call('HGET', k.lapsed, id)
   if charge then
@@ -282,6 +286,7 @@ local function undo_lapse(k, id)
       if byok == '0' then redis.call('HINCRBY', ACCT.acct, 'balance', amount) end
     end
   end
+  return charge ~= nil and charge ~= false
 end
 
 -- Releases the hold of reservation `id`, if it still has one.

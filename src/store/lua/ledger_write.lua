@@ -3,9 +3,8 @@
 -- a credit hold together), all as one atomic step. So a request's rate
 -- limits, free quota and hold are decided at once (a refusal by any of them
 -- counts in none), and the settlements waiting for the account go along.
--- KEYS[1]: the account hash; KEYS[2], KEYS[3], KEYS[4]: the account's
--- holds zset (id -> expiry µs), their amounts hash and the amounts its
--- lapsed holds took (see ledger_common.lua); KEYS[5], KEYS[6]: the
+-- KEYS[1]: the account hash; KEYS[2], KEYS[3]: the account's holds zset
+-- (id -> expiry µs) and their amounts hash; KEYS[4], KEYS[5]: the
 -- account's generation records hash (id -> record) and their expiries zset
 -- (id -> µs); then five keys per key ledger (usage hash, reservations
 -- zset, amounts hash, the zset of ids settled without a granted hold and
@@ -41,7 +40,7 @@ local memory = tonumber(ARGV[2])
 lapse = tonumber(ARGV[3])
 local ledger_count = tonumber(ARGV[4])
 local slack_ms = tonumber(ARGV[5])
-ACCT = { acct = KEYS[1], res = KEYS[2], amt = KEYS[3], lapsed = KEYS[4], gen = KEYS[5], genexp = KEYS[6],
+ACCT = { acct = KEYS[1], res = KEYS[2], amt = KEYS[3], gen = KEYS[4], genexp = KEYS[5],
   name = ARGV[6], lapse = lapse, slack_ms = slack_ms }
 local acct = ACCT
 -- The account's expired holds lapse first: a key's lapse asks whether the
@@ -60,7 +59,7 @@ local ledgers = {}
 local function ledger(index)
   local k = ledgers[index]
   if k then return k end
-  local base = 6 + (tonumber(index) - 1) * 5
+  local base = 5 + (tonumber(index) - 1) * 5
   k = { use = KEYS[base + 1], res = KEYS[base + 2], amt = KEYS[base + 3], settled = KEYS[base + 4],
     lapsed = KEYS[base + 5], lapse = lapse, name = ARGV[6 + tonumber(index)] }
   drop_expired(k, now)
@@ -88,8 +87,12 @@ local function settle(k, id, cost, byok)
   if tonumber(redis.call('ZSCORE', k.settled, id) or '0') > now then return 0 end
   redis.call('ZADD', k.settled, int(now + memory), id)
   keep_settled_for(k, math.ceil(memory / 1000))
-  -- A lapse's charge gives way to the real cost.
-  undo_lapse(k, id)
+  -- A lapse's charge gives way to the real cost; its record too, to the
+  -- settlement's or (never sent) to none.
+  if undo_lapse(k, id) then
+    redis.call('HDEL', ACCT.gen, id)
+    redis.call('ZREM', ACCT.genexp, id)
+  end
   add_usage(k, cost, byok)
   -- '-0' is not an integer to Redis, so a zero cost skips the balance.
   if not byok and cost ~= '0' then redis.call('HINCRBY', KEYS[1], 'balance', '-' .. cost) end
@@ -118,9 +121,9 @@ local function put_hold(k, id, amount, others, count, expires_at, key_ttl, suffi
   local total = big_add(others, amount)
   local added = redis.call('HSET', k.amt, id, big_str(amount) .. (suffix or ''), TOTAL, big_str(total), COUNT, int(count + 1))
   redis.call('ZADD', k.res, int(expires_at), id)
-  -- A key's hold outlives its expiry by `k.lapse`: the settlement of a
-  -- request that outlived its hold still finds it there, to lapse.
-  if k.lapse then key_ttl = key_ttl + math.ceil(k.lapse / 1000) end
+  -- Hold keys outlive their last hold by ORPHAN_HOLD_MS: a hold whose
+  -- instance died is still there, to lapse, at the account's next call.
+  key_ttl = key_ttl + ORPHAN_HOLD_MS
   -- Only ever extended: a shorter TTL must not cut a longer hold. A kept
   -- sum written afresh (the amounts hash emptied by a recount, and so
   -- perhaps new) has its own lifetime set too.
@@ -149,8 +152,9 @@ local function hold(k, a, usage)
   if usage[2] then
     has_limit, limit_text, reset, include_byok = usage[2] ~= '-', usage[2], usage[3], usage[4] == '1'
   end
-  -- BYOK usage the key's limit leaves out is bounded by no limit.
-  if ARGV[a + 12] == '0' then has_limit = false end
+  -- BYOK usage the key's limit leaves out is bounded by no limit (and its
+  -- usage is answered all time, own only).
+  if ARGV[a + 12] == '0' then has_limit, reset, include_byok = false, 'n', false end
   local p = ({ n = 0, d = 1, w = 2, m = 3 })[reset]
   local own, byok = usage_in(usage, #KEY_FIELDS, p, p > 0 and starts() or nil)
   local used = big(own)
@@ -190,11 +194,13 @@ local function hold(k, a, usage)
       grant = big_min(grant, big_sub(available, account_held))
     end
   end
-  -- A hold whose lapse asks for a generation record says how it is kept.
-  local suffix = nil
-  if ARGV[a + 13] ~= '' then suffix = ':' .. ARGV[a + 13] .. ':' .. ARGV[a + 14] end
+  -- A key's hold says whether the balance holds it too (its lapse is then
+  -- own usage, else BYOK) and, when its lapse leaves a generation record,
+  -- how that is kept.
+  local suffix = covered and ':c' or ':b'
+  if ARGV[a + 13] ~= '' then suffix = suffix .. ':' .. ARGV[a + 13] .. ':' .. ARGV[a + 14] end
   local total = put_hold(k, id, grant, reserved, holds, expires_at, key_ttl, suffix)
-  if covered then put_hold(acct, id, grant, account_held, account_holds, expires_at, key_ttl) end
+  if covered then put_hold(acct, id, grant, account_held, account_holds, expires_at, key_ttl, nil) end
   return { 0, big_str(used), big_str(total), big_str(grant) }
 end
 
@@ -218,7 +224,7 @@ local renewals = tonumber(ARGV[r])
 local renewed = 0
 if renewals > 0 then
   local expires_at = now + tonumber(ARGV[r + 1])
-  local key_ttl = tonumber(ARGV[r + 2]) + math.ceil(lapse / 1000)
+  local key_ttl = tonumber(ARGV[r + 2]) + ORPHAN_HOLD_MS
   for i = 0, renewals - 1 do
     local k = ledger(ARGV[r + 3 + i * 2])
     local id = ARGV[r + 4 + i * 2]
@@ -256,7 +262,7 @@ if raised > 0 then
   local purchased = big(redis.call('HGET', KEYS[1], 'purchased') or '0')
   if big_ge(purchased, big(ARGV[tier + 2])) then capacities[raised] = tonumber(ARGV[tier + 3]) end
 end
-local counter_keys = 6 + ledger_count * 5
+local counter_keys = 5 + ledger_count * 5
 local function reply(head, outcomes)
   for _, o in ipairs(outcomes) do
     for j = 1, 6 do table.insert(head, o[j]) end
