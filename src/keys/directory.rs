@@ -276,6 +276,9 @@ impl KeyDirectory {
                 last_used_at: None,
                 leak: None,
             };
+            // The ledger's terms first: a key is never live with terms the
+            // ledger does not have.
+            self.keep_terms(&record).await?;
             match self
                 .inner
                 .store
@@ -284,7 +287,6 @@ impl KeyDirectory {
             {
                 WriteOutcome::Written { .. } => {
                     self.forget(&hash);
-                    self.keep_terms(&record).await?;
                     return Ok((key, record));
                 }
                 // Two keys with one hash: 256 random bits make this a
@@ -343,9 +345,15 @@ impl KeyDirectory {
                 self.keep_terms(&record).await?;
                 Ok(record)
             }
+            // The stored record stands, and its terms are written again
+            // (repairing any a failed write left behind).
             WriteOutcome::Conflict {
                 current: Some(current),
-            } => Ok(crate::store::decode::<KeyRecord>("get_record", current)?.value),
+            } => {
+                let record = crate::store::decode::<KeyRecord>("get_record", current)?.value;
+                self.keep_terms(&record).await?;
+                Ok(record)
+            }
             WriteOutcome::Conflict { current: None } => Err(too_contended("put_record")),
         }
     }
@@ -551,6 +559,9 @@ impl KeyDirectory {
             if !change(&mut record) {
                 return Ok(Some((record, false)));
             }
+            // The ledger's terms before the record: a failure leaves the
+            // key as it was, and the caller's retry writes both.
+            self.keep_terms(&record).await?;
             let outcome = self
                 .inner
                 .store
@@ -558,7 +569,6 @@ impl KeyDirectory {
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
-                self.keep_terms(&record).await?;
                 return Ok(Some((record, true)));
             }
         }
