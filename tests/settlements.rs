@@ -570,30 +570,12 @@ async fn a_stream_longer_than_its_hold_keeps_it_renewed() {
 async fn a_killed_instance_s_hold_lapses_charged_in_full_with_a_record_saying_so() {
     let server = RedisServer::start();
     let (proxy, key, received, _config) = short_holds(&server, 3, 1000).await;
-    let reply = reqwest::Client::new()
-        .post(format!("{}/api/v1/chat/completions", proxy.address))
-        .bearer_auth(&key)
-        .json(
-            &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 300,
-                      "messages": [{"role": "user", "content": "a long story"}]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(reply.status(), 200);
-    let generation = reply.headers()["x-generation-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let (reply, generation) = long_story(&proxy.address, &key).await;
     wait_for(&received, 1).await;
     let (_, held) = charged(&server, &key).await;
     assert!(held > 0);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let killed = Command::new("kill")
-        .args(["-KILL", &proxy.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    kill_9(&proxy);
     drop(reply);
     // Renewed no more: a lifetime after its last renewal, it lapses, and
     // the first call that finds it (here a usage read, as a second
@@ -733,21 +715,7 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
         .unwrap();
     store.top_up("default", FUNDS).await.unwrap();
 
-    let reply = reqwest::Client::new()
-        .post(format!("{}/api/v1/chat/completions", first.address))
-        .bearer_auth(&key)
-        .json(
-            &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 300,
-                      "messages": [{"role": "user", "content": "a long story"}]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(reply.status(), 200);
-    let generation = reply.headers()["x-generation-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let (reply, generation) = long_story(&first.address, &key).await;
     wait_for(&received, 1).await;
     let (_, held) = charged(&server, &key).await;
     assert!(
@@ -755,11 +723,7 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
         "the funds cover one such hold and not two: {held}"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let killed = Command::new("kill")
-        .args(["-KILL", &first.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    kill_9(&first);
     drop(reply);
     // Its last renewal at most 1 s before the kill: a hold's lifetime and
     // more later it has lapsed. Nothing reads the ledger meanwhile.
@@ -794,4 +758,34 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
     let cost = 8 * NANOS_PER_CREDIT;
     wait_until_charged(&server, &key, (held + cost, 0), Duration::from_secs(10)).await;
     assert_eq!(balance_nanos(&server).await, FUNDS - cost);
+}
+
+/// A 45 s stream started on the proxy at `address` (its headers read): the
+/// response, and its generation id.
+async fn long_story(address: &str, key: &str) -> (reqwest::Response, String) {
+    let reply = reqwest::Client::new()
+        .post(format!("{address}/api/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(
+            &json!({"model": "openai/gpt-4o-mini", "stream": true, "max_tokens": 300,
+                      "messages": [{"role": "user", "content": "a long story"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let generation = reply.headers()["x-generation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (reply, generation)
+}
+
+/// `kill -9` of the proxy: an instance that dies, settling nothing.
+fn kill_9(proxy: &ProxyProcess) {
+    let killed = Command::new("kill")
+        .args(["-KILL", &proxy.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
 }
