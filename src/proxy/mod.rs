@@ -511,6 +511,9 @@ pub struct CreditSection {
     pub reservation_ttl_seconds: Option<u64>,
 }
 
+/// The longest hold lifetime, in seconds: [`MAX_RESERVATION_TTL`](crate::store::MAX_RESERVATION_TTL).
+const MAX_RESERVATION_TTL_SECONDS: u64 = crate::store::MAX_RESERVATION_TTL.as_secs();
+
 /// `credit` as written, so a retired field gets a message that says what
 /// to do instead of serde's "unknown field".
 #[derive(Default, Deserialize)]
@@ -532,6 +535,17 @@ impl TryFrom<CreditSectionInput> for CreditSection {
                 "credit.byok is no longer accepted: it booked an account's requests as BYOK (not charged to its balance) while the gateway's own provider key was sent. Remove it; to let an account bring its own key, add a `providers` section naming the provider and set the account's key with PUT /api/v1/accounts/{id}/byok/{provider} using a management key"
                     .to_owned(),
             );
+        }
+        // A hold renewed every third of its lifetime, in whole seconds:
+        // below 3 s renewals would come faster than a store answers under
+        // load, and 0 would hold nothing.
+        if let Some(seconds) = input
+            .reservation_ttl_seconds
+            .filter(|seconds| !(3..=MAX_RESERVATION_TTL_SECONDS).contains(seconds))
+        {
+            return Err(format!(
+                "credit.reservation_ttl_seconds must be from 3 to {MAX_RESERVATION_TTL_SECONDS} (a year), not {seconds}: a hold lasts that long unless renewed, and is renewed every third of it while its request runs"
+            ));
         }
         Ok(CreditSection {
             default_max_tokens: input.default_max_tokens,
@@ -1363,6 +1377,17 @@ mod tests {
         .unwrap();
         assert_eq!(config.credit.default_max_tokens, Some(7));
         assert_eq!(config.credit.reservation_ttl_seconds, Some(60));
+        for bad in ["0", "2", "31536001"] {
+            let error = GatewayConfig::from_json(&format!(
+                r#"{{"credit": {{"reservation_ttl_seconds": {bad}}}}}"#
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains("credit.reservation_ttl_seconds must be from 3"),
+                "{error}"
+            );
+        }
         let config = GatewayConfig::from_json(r#"{"credit": {}}"#).unwrap();
         assert_eq!(config.credit.default_max_tokens, None);
         let error = GatewayConfig::from_json(r#"{"credit": {"max_tokens": 7}}"#)
