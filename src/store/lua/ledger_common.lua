@@ -103,7 +103,11 @@ end
 -- Keeps `k.settled` for at least `ttl_ms` more.
 local function keep_settled_for(k, ttl_ms)
   if (k.settled_ms or 0) < ttl_ms then
-    if redis.call('PTTL', k.settled) < ttl_ms then redis.call('PEXPIRE', k.settled, ttl_ms) end
+    -- An eighth more than asked (at most an hour), as keep_alive gives: a
+    -- steady flow of settlements extends it once in that margin.
+    if redis.call('PTTL', k.settled) < ttl_ms then
+      redis.call('PEXPIRE', k.settled, ttl_ms + math.min(math.ceil(ttl_ms / 8), 3600000))
+    end
     k.settled_ms = ttl_ms
   end
 end
