@@ -138,6 +138,22 @@ impl UnauthenticatedPlaces {
         self.inner.limits
     }
 
+    /// The body of `request`, at most `max_bytes` within `timeout` and at
+    /// this endpoint's pace (read while holding a place).
+    pub(crate) async fn read_body<B>(
+        &self,
+        request: http::Request<B>,
+        max_bytes: usize,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, crate::body::ReadError>
+    where
+        B: http_body::Body,
+        B::Error: Into<tower::BoxError>,
+    {
+        let pace = self.inner.limits.body_pace();
+        crate::body::read_bounded(request, max_bytes, timeout, Some(pace)).await
+    }
+
     /// The 408 `slow_body` for `what` (such as `the alert's body`), which
     /// did not arrive within `timeout` at this endpoint's pace.
     pub(crate) fn slow_body(&self, what: &str, timeout: Duration) -> GatewayError {

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::{ApiKey, AuthFailures};
-use crate::body::{path_is, read_bounded, ReadError};
+use crate::body::{path_is, ReadError};
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{LeakOutcome, LeakReport};
@@ -114,15 +114,11 @@ where
     }
     // Signed by a known key so far: only now a place and a body read.
     let _place = config.places.enter(client)?;
-    let pace = config.places.limits().body_pace();
-    let body = read_bounded(
-        request,
-        config.max_body_bytes,
-        config.body_timeout,
-        Some(pace),
-    )
-    .await
-    .map_err(|error| unread(error, config, client))?;
+    let body = config
+        .places
+        .read_body(request, config.max_body_bytes, config.body_timeout)
+        .await
+        .map_err(|error| unread(error, config, client))?;
     config
         .keys
         .verify(&identifier, &signature, &body)

@@ -19,7 +19,7 @@ use super::input::exchange_request;
 use super::layer::CodeExchangeConfig;
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::AuthFailures;
-use crate::body::{path_is, read_bounded, ReadError};
+use crate::body::{path_is, ReadError};
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::{BoxError, ResponseBody};
@@ -140,15 +140,11 @@ where
         }
     }
     let _place = config.places.enter(client)?;
-    let pace = config.places.limits().body_pace();
-    let body = read_bounded(
-        request,
-        config.max_body_bytes,
-        config.body_timeout,
-        Some(pace),
-    )
-    .await
-    .map_err(|error| unread(error, config, client))?;
+    let body = config
+        .places
+        .read_body(request, config.max_body_bytes, config.body_timeout)
+        .await
+        .map_err(|error| unread(error, config, client))?;
     let exchange = exchange_request(&body)?;
     match config.codes.exchange(&exchange).await {
         Ok((key, record)) => Ok(json!({
