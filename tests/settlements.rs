@@ -588,15 +588,7 @@ async fn a_killed_instance_s_hold_lapses_charged_in_full_with_a_record_saying_so
     let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
         .await
         .unwrap();
-    let reservation = generation.strip_prefix("gen-").unwrap();
-    let record: serde_json::Value = serde_json::from_slice(
-        &store
-            .generation("default", reservation, chrono::Utc::now())
-            .await
-            .unwrap()
-            .expect("the lapse's record"),
-    )
-    .unwrap();
+    let record = generation_record(&store, &generation).await;
     assert_eq!(record["id"], generation);
     assert_eq!(record["cost_basis"], "lapsed");
     assert_eq!(record["lapsed"], true);
@@ -737,15 +729,7 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
         "the lapse charged once to the key, no hold left"
     );
     assert_eq!(balance_nanos(&server).await, FUNDS - held);
-    let reservation = generation.strip_prefix("gen-").unwrap();
-    let record: serde_json::Value = serde_json::from_slice(
-        &store
-            .generation("default", reservation, chrono::Utc::now())
-            .await
-            .unwrap()
-            .expect("the lapse's record"),
-    )
-    .unwrap();
+    let record = generation_record(&store, &generation).await;
     assert_eq!(record["cost_basis"], "lapsed", "{record}");
     assert_eq!(record_cost_nanos(&record), held);
 
@@ -788,4 +772,15 @@ fn kill_9(proxy: &ProxyProcess) {
         .status()
         .unwrap();
     assert!(killed.success());
+}
+
+/// The record of the generation `generation` (`gen-…`) of `default`.
+async fn generation_record(store: &RedisStore, generation: &str) -> serde_json::Value {
+    let reservation = generation.strip_prefix("gen-").unwrap();
+    let bytes = store
+        .generation("default", reservation, chrono::Utc::now())
+        .await
+        .unwrap()
+        .expect("the generation's record");
+    serde_json::from_slice(&bytes).unwrap()
 }

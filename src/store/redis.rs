@@ -813,8 +813,7 @@ impl RedisStore {
                 .arg(ledger)
                 .arg(&settlement.reservation_id)
                 .arg(settlement.cost_nanos)
-                .arg(u8::from(settlement.byok))
-                .arg(u8::from(settlement.hold_granted));
+                .arg(u8::from(settlement.byok));
             match &settlement.record {
                 Some(record) => invocation
                     .arg(record.bytes.as_ref())

@@ -15,7 +15,7 @@
 --   how long (µs) a lapse is kept, key ledger count L, counter TTL slack
 --   (ms), the account's name, then L key names (hashes), settlement count
 --   N; then N times: ledger (1-based index of its keys), reservation id,
---   cost, byok (0/1), hold granted (0/1, unused), generation record ('' for none),
+--   cost, byok (0/1), generation record ('' for none),
 --   how long it is kept (µs), the most records the account keeps; then
 --   renewal count R, the renewed holds' lifetime (µs) and key TTL (ms),
 --   and R times: ledger, reservation id; then, when an admission follows,
@@ -209,17 +209,17 @@ local count = tonumber(ARGV[7 + ledger_count])
 local recorded = 0
 local first = 8 + ledger_count
 for i = 0, count - 1 do
-  local a = first + i * 8
+  local a = first + i * 7
   local new = settle(ledger(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
   -- A record goes with the first settlement of its id only, as its cost does.
-  if new == 1 and ARGV[a + 5] ~= '' then
-    keep_generation(ARGV[a + 1], ARGV[a + 5], tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
+  if new == 1 and ARGV[a + 4] ~= '' then
+    keep_generation(ARGV[a + 1], ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]))
   end
   recorded = recorded + new
 end
 -- Then the renewals: each live hold lasts `lifetime` from now, on the key
 -- and on the account (never shortened).
-local r = first + count * 8
+local r = first + count * 7
 local renewals = tonumber(ARGV[r])
 local renewed = 0
 if renewals > 0 then
