@@ -160,7 +160,21 @@ async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
         ));
     }
     let store: modelgate::keys::SharedStore = std::sync::Arc::new(redis.clone());
-    let keys = KeyDirectory::new(store)
+    let directory = KeyDirectory::new(store);
+    let mut holds = 0;
+    if before < modelgate::store::LEDGER_LAYOUT {
+        let every_key = directory
+            .every_key_s_account()
+            .await
+            .map_err(|error| format!("cannot list the keys: {error}"))?;
+        for (account, key) in &every_key {
+            holds += redis
+                .move_key_ledger(account, key)
+                .await
+                .map_err(|error| format!("cannot move the ledger of key {key}: {error}"))?;
+        }
+    }
+    let keys = directory
         .write_every_key_s_terms()
         .await
         .map_err(|error| format!("cannot write the keys' terms: {error}"))?;
@@ -169,7 +183,8 @@ async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
         .await
         .map_err(|error| format!("cannot record the layout: {error}"))?;
     eprintln!(
-        "migrated from layout {before} to {}: wrote the terms of {keys} key(s)",
+        "migrated from layout {before} to {}: moved the ledger and wrote the terms of {keys} \
+         key(s), with {holds} hold(s) in flight",
         modelgate::store::LEDGER_LAYOUT
     );
     Ok(())

@@ -666,132 +666,6 @@ async fn every_operation_is_one_round_trip() {
 /// keep it (an earlier version, during a rolling upgrade), or with a sum
 /// below its holds is counted afresh.
 #[tokio::test]
-async fn the_kept_sum_of_reservations_is_rebuilt_when_missing_or_wrong() {
-    let server = RedisServer::start();
-    let store = RedisStore::connect(
-        &server.url(),
-        RedisStoreConfig {
-            time_source: TimeSource::Caller,
-            ..RedisStoreConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let reserve = |id: &str, amount_nanos: i64| ReserveRequest {
-        reservation_id: id.into(),
-        amount_nanos,
-        // The settlement below leaves the balance negative.
-        min_amount_nanos: None,
-        check_balance: false,
-        covered_by_balance: false,
-        lapse_record: None,
-        counts_against_key_limit: true,
-        ..reserve_request()
-    };
-    let reserved = || async {
-        store
-            .key_usage("acct", "key", t0())
-            .await
-            .unwrap()
-            .reserved_nanos
-    };
-    store.reserve(&reserve("r1", 100), t0()).await.unwrap();
-    store.reserve(&reserve("r2", 200), t0()).await.unwrap();
-    assert_eq!(reserved().await, 300);
-
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let amounts: Vec<String> = redis::cmd("KEYS")
-        .arg("*:resamt")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    let [amounts] = <[String; 1]>::try_from(amounts).unwrap();
-    let total_field: &[u8] = b"\xfftotal";
-    let count_field: &[u8] = b"\xffcount";
-    let kept = |connection: &mut redis::aio::MultiplexedConnection| {
-        let mut get = redis::cmd("HGET");
-        get.arg(&amounts).arg(total_field);
-        let connection = connection.clone();
-        async move {
-            let mut connection = connection;
-            get.query_async::<Option<String>>(&mut connection)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(kept(&mut connection).await.as_deref(), Some("300"));
-
-    // An earlier version's instance holds and releases beside this one,
-    // leaving the kept sum behind.
-    let old_instance = |command: &str, fields: &[&str]| {
-        let mut command = redis::cmd(command);
-        command.arg(&amounts).arg(fields);
-        let mut connection = connection.clone();
-        async move { command.query_async::<i64>(&mut connection).await.unwrap() }
-    };
-    old_instance("HSET", &["old", "1000"]).await;
-    assert_eq!(reserved().await, 1300);
-    old_instance("HDEL", &["old"]).await;
-    assert_eq!(reserved().await, 300);
-    old_instance("HDEL", &["r2"]).await;
-    assert_eq!(reserved().await, 100);
-    old_instance("HSET", &["r2", "200"]).await;
-    assert_eq!(reserved().await, 300);
-
-    // As an earlier version left it: holds, and no sum.
-    let _: i64 = redis::cmd("HDEL")
-        .arg(&amounts)
-        .arg(total_field)
-        .arg(count_field)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert_eq!(reserved().await, 300);
-    store.reserve(&reserve("r3", 50), t0()).await.unwrap();
-    assert_eq!(kept(&mut connection).await.as_deref(), Some("350"));
-
-    // A sum below its holds is dropped at the next release and counted again.
-    let _: i64 = redis::cmd("HSET")
-        .arg(&amounts)
-        .arg(total_field)
-        .arg("10")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    store
-        .settle(
-            &Settlement {
-                account: "acct".into(),
-                key: "key".into(),
-                reservation_id: "r1".into(),
-                hold_granted: false,
-                cost_nanos: 7,
-                byok: false,
-                record: None,
-            },
-            t0(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(reserved().await, 250);
-    store.reserve(&reserve("r4", 1), t0()).await.unwrap();
-    assert_eq!(kept(&mut connection).await.as_deref(), Some("251"));
-
-    // Expired holds leave the sum too.
-    let later = t0() + chrono::Duration::seconds(61);
-    assert_eq!(
-        store
-            .key_usage("acct", "key", later)
-            .await
-            .unwrap()
-            .reserved_nanos,
-        0
-    );
-    assert_eq!(kept(&mut connection).await.as_deref(), Some("0"));
-}
-
-#[tokio::test]
 async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
     let server = RedisServer::start();
     let config = RedisStoreConfig {
@@ -843,45 +717,31 @@ async fn counter_keys_expire_and_carry_the_prefix_and_hash_tag() {
     }
 }
 
-/// The TTL (ms) of every settled zset: each must have one.
-async fn settled_ttls_ms(connection: &mut redis::aio::MultiplexedConnection) -> Vec<i64> {
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*:settled")
+/// The ids the account's ledger tracks (its `ids` zset), with their
+/// scores: a live hold's expiry, or minus when a settled or lapsed id is
+/// forgotten.
+async fn tracked_ids(connection: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
+    redis::cmd("ZRANGE")
+        .arg("mg:{acct}:ids")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
         .query_async(connection)
         .await
-        .unwrap();
-    let mut ttls = Vec::new();
-    for key in keys {
-        let ttl_ms: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(connection)
-            .await
-            .unwrap();
-        ttls.push(ttl_ms);
-    }
-    ttls
+        .unwrap()
 }
 
-/// The ids in the key's settled zset, with their scores.
-async fn settled_ids(connection: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*:settled")
+/// The request fields (`i:<id>`, `l:<id>`) of the account's ledger hash.
+async fn request_fields(connection: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("mg:{acct}:acct")
         .query_async(connection)
         .await
         .unwrap();
-    let mut ids = Vec::new();
-    for key in keys {
-        let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(connection)
-            .await
-            .unwrap();
-        ids.extend(members);
-    }
-    ids
+    fields
+        .into_iter()
+        .filter(|field| field.starts_with("i:") || field.starts_with("l:"))
+        .collect()
 }
 
 /// A store on a Redis of its own, at the caller's clock, with `acct`
@@ -897,53 +757,6 @@ async fn funded_store() -> (RedisServer, RedisStore, redis::aio::MultiplexedConn
     let connection = client.get_multiplexed_async_connection().await.unwrap();
     store.top_up("acct", 1_000_000).await.unwrap();
     (server, store, connection)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_keys_always_expire_even_when_one_is_written_afresh() {
-    // Hold keys are extended only when they run short, by the first one's
-    // TTL; an amounts hash written afresh (emptied by a recount, or lost)
-    // while its zset still has long to live gets a lifetime all the same.
-    let (_server, store, mut connection) = funded_store().await;
-    let hold = |id: &str| ReserveRequest {
-        reservation_id: id.into(),
-        ..reserve_request()
-    };
-    assert!(store
-        .reserve(&hold("r1"), t0())
-        .await
-        .unwrap()
-        .is_reserved());
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*:resamt")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    let pttl = |mut connection: redis::aio::MultiplexedConnection, key: String| async move {
-        let ttl_ms: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        ttl_ms
-    };
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert!(store
-        .reserve(&hold("r2"), t0())
-        .await
-        .unwrap()
-        .is_reserved());
-    let zset = keys[0].replace(":resamt", ":res");
-    let lapse_ms = i64::try_from(modelgate::store::LAPSED_HOLD_MEMORY.as_millis()).unwrap();
-    for key in [zset, keys[0].clone()] {
-        let ttl_ms = pttl(connection.clone(), key.clone()).await;
-        assert!(ttl_ms > lapse_ms, "{key} has TTL {ttl_ms} ms");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -973,81 +786,53 @@ async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
         store.settle(&settle(&id, true), t0()).await.unwrap();
     }
     // Each id's marker, written with its cost, until SETTLEMENT_MEMORY has
-    // passed; the zset lives that long too.
+    // passed.
     let memory = chrono::Duration::from_std(modelgate::store::SETTLEMENT_MEMORY).unwrap();
     let forget_at = (t0() + memory).timestamp_micros();
-    let markers = settled_ids(&mut connection).await;
+    let markers = tracked_ids(&mut connection).await;
     assert_eq!(markers.len(), 200);
     assert!(
-        markers.iter().all(|(_, score)| *score == forget_at),
+        markers.iter().all(|(_, score)| *score == -forget_at),
         "{markers:?}"
     );
-    let ttls = settled_ttls_ms(&mut connection).await;
-    let memory_ms = memory.num_milliseconds();
-    assert!(
-        ttls.len() == 1 && ttls[0] > memory_ms - 60_000 && ttls[0] <= memory_ms * 9 / 8,
-        "{ttls:?}"
-    );
+    assert_eq!(request_fields(&mut connection).await.len(), 200);
     let balance = store.account_balance("acct").await.unwrap().balance_nanos;
     assert_eq!(balance, 1_000_000 - 7 * 200);
-    // The next call past that time forgets them.
+    // The next call past that time forgets them, fields and ids: a busy
+    // account's ledger holds only what is in flight or may still be retried.
     store
         .settle(&settle("unheld", false), t0() + memory)
         .await
         .unwrap();
-    let remembered = settled_ids(&mut connection).await;
+    let remembered = tracked_ids(&mut connection).await;
     assert_eq!(remembered.len(), 1, "{remembered:?}");
     assert_eq!(remembered[0].0, "unheld");
-    // A hold that expires unsettled lapses: known (a negative score) until
-    // its settlement takes it.
+    assert_eq!(request_fields(&mut connection).await, ["i:unheld"]);
+    // A hold that expires unsettled lapses: known until its settlement
+    // takes it, which replaces it with its marker.
+    let later = t0() + memory;
     assert!(store
-        .reserve(&reserve_request(), t0())
+        .reserve(&reserve_request(), later)
         .await
         .unwrap()
         .is_reserved());
-    let expired = t0() + chrono::Duration::seconds(60);
+    let expired = later + chrono::Duration::seconds(60);
     store.key_usage("acct", "key", expired).await.unwrap();
-    let known = settled_ids(&mut connection).await;
-    assert!(
-        known.iter().any(|(id, score)| id == "r" && *score < 0),
-        "{known:?}"
-    );
-    // Kept as long as a lapsed hold is known.
-    let lapsed_ms = i64::try_from(modelgate::store::LAPSED_HOLD_MEMORY.as_millis()).unwrap();
-    let ttls = settled_ttls_ms(&mut connection).await;
-    assert!(ttls.len() == 1 && ttls[0] > lapsed_ms - 60_000, "{ttls:?}");
+    let state = |mut connection: redis::aio::MultiplexedConnection| async move {
+        let value: String = redis::cmd("HGET")
+            .arg("mg:{acct}:acct")
+            .arg("i:r")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        value
+    };
+    assert!(state(connection.clone()).await.starts_with("L:"));
     store.settle(&settle("r", true), expired).await.unwrap();
     store.settle(&settle("r", true), expired).await.unwrap();
-    // Its lapse gave way to its settlement's marker.
-    let known = settled_ids(&mut connection).await;
-    assert!(
-        known.iter().any(|(id, score)| id == "r" && *score > 0),
-        "{known:?}"
-    );
-    // Lapsed, emptied of its last lapsed hold and written again, all in
-    // one call: it still expires.
-    assert!(store
-        .reserve(
-            &ReserveRequest {
-                reservation_id: "r2".into(),
-                ..reserve_request()
-            },
-            expired
-        )
-        .await
-        .unwrap()
-        .is_reserved());
-    let lapsing = expired + chrono::Duration::seconds(60);
-    store
-        .settle_many(&[settle("r2", true), settle("unheld-2", false)], lapsing)
-        .await
-        .unwrap();
-    assert!(settled_ttls_ms(&mut connection)
-        .await
-        .iter()
-        .all(|ttl| *ttl > 0));
+    assert!(state(connection.clone()).await.starts_with("S:"));
     let balance = store.account_balance("acct").await.unwrap().balance_nanos;
-    assert_eq!(balance, 1_000_000 - 7 * 204);
+    assert_eq!(balance, 1_000_000 - 7 * 202);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1429,9 +1214,12 @@ fn reserve_strategy() -> impl Strategy<Value = ReserveArgs> {
                 covered_by_balance,
                 lapse_record,
             )| {
+                // A reservation id names one request of an account, made
+                // with one key (the ledger tracks ids per account).
+                let _ = key;
                 ReserveArgs {
                     id,
-                    key,
+                    key: id % 2,
                     amount_nanos,
                     key_limit,
                     least_permille,
@@ -1454,9 +1242,9 @@ fn settle_strategy() -> impl Strategy<Value = SettleArgs> {
         proptest::option::of((1u64..400_000, 1u64..4)),
     )
         .prop_map(
-            |(id, key, cost_nanos, byok, hold_granted, record)| SettleArgs {
+            |(id, _key, cost_nanos, byok, hold_granted, record)| SettleArgs {
                 id,
-                key,
+                key: id % 2,
                 cost_nanos,
                 byok,
                 hold_granted,

@@ -386,6 +386,15 @@ impl KeyDirectory {
         Ok(records.len())
     }
 
+    /// The account and hash of every key in the store: what a migration of
+    /// the ledger's layout moves, key by key.
+    pub async fn every_key_s_account(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut keys = Vec::new();
+        self.each_key(|record| keys.push((record.account, record.hash)))
+            .await?;
+        Ok(keys)
+    }
+
     /// `new` on the account its key belongs to: an operator's key on
     /// [`OPERATOR_ACCOUNT`] (no account record: it is no tenant's), any
     /// other on its account, recorded if new.

@@ -39,6 +39,10 @@ const SHARD_COUNT: usize = 64;
 /// How often (in store time) a shard drops counters whose windows have ended
 /// and slot leases that have ended.
 const SWEEP_INTERVAL_MICROS: i64 = 1_000_000;
+
+/// How often an account's records past their time or cap are removed (as
+/// on Redis, where each removal costs a few commands).
+const TIDY_INTERVAL_MICROS: i64 = 1_000_000;
 /// How long a counter outlives its window, as `RedisStoreConfig::expiry_slack`
 /// does: a caller whose clock reads a little earlier still finds it.
 const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
@@ -540,11 +544,16 @@ struct AccountLedger {
 
 /// An account's generation records by reservation id, and their order by
 /// expiry (then by write) for removing the oldest and listing the newest.
+/// As on Redis, the cap (the `max_per_account` of the last record kept)
+/// hides the records past it at once and removes them when the account is
+/// next tidied (at most once a second, at the end of a ledger call).
 #[derive(Debug, Default)]
 struct Generations {
     records: FastMap<Box<str>, (bytes::Bytes, (i64, u64))>,
     order: BTreeMap<(i64, u64), Box<str>>,
     writes: u64,
+    most: Option<u64>,
+    tidy_at_micros: i64,
 }
 
 impl Generations {
@@ -573,12 +582,35 @@ impl Generations {
             self.order.remove(&previous);
         }
         self.order.insert(order, id.into());
-        while self.records.len() as u64 > record.max_per_account {
+        self.most = Some(record.max_per_account);
+    }
+
+    /// At most once a second: removes the records past their time or the
+    /// cap (which no reader sees meanwhile).
+    fn tidy(&mut self, now_micros: i64) {
+        if self.tidy_at_micros > now_micros {
+            return;
+        }
+        self.tidy_at_micros = now_micros.saturating_add(TIDY_INTERVAL_MICROS);
+        self.purge(now_micros);
+        let most = self.most.unwrap_or(u64::MAX);
+        while self.records.len() as u64 > most {
             let Some((_, oldest)) = self.order.pop_first() else {
                 break;
             };
             self.records.remove(&oldest);
         }
+    }
+
+    /// Whether the record ordered at `order` is among the newest `most`.
+    fn within_cap(&self, order: (i64, u64)) -> bool {
+        self.most.is_none_or(|most| {
+            (self
+                .order
+                .range((std::ops::Bound::Excluded(order), std::ops::Bound::Unbounded))
+                .count() as u64)
+                < most
+        })
     }
 
     fn remove(&mut self, id: &str) {
@@ -590,7 +622,7 @@ impl Generations {
     fn get(&self, id: &str, now_micros: i64) -> Option<bytes::Bytes> {
         self.records
             .get(id)
-            .filter(|(_, (expires_at_micros, _))| *expires_at_micros > now_micros)
+            .filter(|(_, order)| order.0 > now_micros && self.within_cap(*order))
             .map(|(bytes, _)| bytes.clone())
     }
 
@@ -599,7 +631,7 @@ impl Generations {
             .iter()
             .rev()
             .take_while(|((expires_at_micros, _), _)| *expires_at_micros > now_micros)
-            .take(limit)
+            .take(limit.min(usize::try_from(self.most.unwrap_or(u64::MAX)).unwrap_or(usize::MAX)))
             .filter_map(|(_, id)| self.records.get(id).map(|(bytes, _)| bytes.clone()))
             .collect()
     }
@@ -667,60 +699,66 @@ impl AccountLedger {
         });
     }
 
-    /// The key's ledger, created empty if new, once every hold of it and
-    /// of the account that has reached its expiry unsettled has lapsed:
-    /// charged in full (to the balance when the account held it, else to
-    /// the key's BYOK usage) and kept as lapsed, with a generation record
-    /// when the hold asked for one.
+    /// The key's ledger, created empty if new, once every hold of the
+    /// account that has reached its expiry unsettled has lapsed (see
+    /// [`lapse_key_holds`](Self::lapse_key_holds)).
     fn key_ledger(&mut self, account: &str, key: &str, now_micros: i64) -> &mut KeyLedger {
         self.lapse_account_holds(now_micros);
-        let AccountLedger {
-            keys, generations, ..
-        } = self;
-        if !keys.contains_key(key) {
-            keys.insert(key.into(), KeyLedger::default());
+        self.lapse_key_holds(account, now_micros);
+        if !self.keys.contains_key(key) {
+            self.keys.insert(key.into(), KeyLedger::default());
         }
-        let ledger = keys.get_mut(key).expect("inserted above");
-        if ledger
-            .reservations
-            .next_expiry()
-            .is_some_and(|at| at <= now_micros)
-        {
-            let now = micros_instant(now_micros);
-            let starts = period_starts_micros(now);
-            let KeyLedger {
-                reservations,
-                lapsed,
-                ..
-            } = ledger;
-            let mut charges = Vec::new();
-            reservations.expire(now_micros, |id, hold| {
-                // Held on the balance too: its account's lapse charged it there.
-                let byok = !hold.covered;
-                if let Some(keeping) = hold.lapse_record {
-                    let record = lapse_record(account, key, &id, hold.amount_nanos, byok, now);
-                    generations.put(
-                        &id,
-                        &SettlementRecord {
-                            bytes: record,
-                            retention: keeping.retention,
-                            max_per_account: keeping.max_per_account,
-                        },
-                        now_micros,
-                    );
-                }
-                let mut charge = lapsed_charge(&hold, starts);
-                charge.byok = byok;
-                charges.push((hold.amount_nanos, byok));
-                lapsed.insert(id, charge, now_micros);
-            });
-            for (amount_nanos, byok) in charges {
-                ledger.record(amount_nanos, byok, starts);
-            }
-        }
+        let ledger = self.keys.get_mut(key).expect("inserted above");
         ledger.lapsed.forget(now_micros);
         ledger.settled.sweep(now_micros);
         ledger
+    }
+
+    /// Lapses every hold of the account's keys that has reached its expiry
+    /// unsettled, whichever key the call is about, in the order of their
+    /// expiries (then ids), as Redis does: each is charged in full (to the
+    /// balance when the account held it, else to the key's BYOK usage) and
+    /// kept as lapsed, with a generation record when the hold asked for one.
+    fn lapse_key_holds(&mut self, account: &str, now_micros: i64) {
+        let mut expired: Vec<(i64, Box<str>, Box<str>, Reservation)> = Vec::new();
+        for (key, ledger) in self.keys.iter_mut() {
+            if ledger
+                .reservations
+                .next_expiry()
+                .is_some_and(|at| at <= now_micros)
+            {
+                ledger.reservations.expire(now_micros, |id, hold| {
+                    expired.push((hold.expires_at_micros, id, key.clone(), hold));
+                });
+            }
+        }
+        if expired.is_empty() {
+            return;
+        }
+        expired.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let now = micros_instant(now_micros);
+        let starts = period_starts_micros(now);
+        for (_, id, key, hold) in expired {
+            // Held on the balance too: its account's lapse charged it there.
+            let byok = !hold.covered;
+            if let Some(keeping) = hold.lapse_record {
+                let record = lapse_record(account, &key, &id, hold.amount_nanos, byok, now);
+                self.generations.put(
+                    &id,
+                    &SettlementRecord {
+                        bytes: record,
+                        retention: keeping.retention,
+                        max_per_account: keeping.max_per_account,
+                    },
+                    now_micros,
+                );
+            }
+            let ledger = self.keys.get_mut(&key).expect("a key whose hold lapsed");
+            let mut charge = lapsed_charge(&hold, starts);
+            charge.byok = byok;
+            ledger.lapsed.insert(id, charge, now_micros);
+            ledger.record(hold.amount_nanos, byok, starts);
+        }
     }
 
     /// Extends the live holds of `renewals` to `expires_at_micros`; how
@@ -890,6 +928,9 @@ impl AccountLedger {
                     covered: true,
                 },
             );
+        } else {
+            // A hold of the same id the balance covered is replaced whole.
+            self.holds.remove(&request.reservation_id);
         }
         outcome
     }
@@ -1308,9 +1349,10 @@ impl LedgerStore for MemoryStore {
             counters, ledgers, ..
         } = &mut *shard;
         let ledger = get_or_default(ledgers, account);
-        // What lapses, lapses first, whatever is decided after: the
-        // account's holds, then each key the call names (as on Redis).
+        // What lapses, lapses first, whatever is decided after: every hold
+        // of the account (as on Redis).
         ledger.lapse_account_holds(now_micros);
+        ledger.lapse_key_holds(account, now_micros);
         for (settlement, fingerprint) in settlements.iter().zip(fingerprints) {
             ledger.settle(settlement, fingerprint, now_micros, starts);
         }
@@ -1342,6 +1384,7 @@ impl LedgerStore for MemoryStore {
             }
             _ => None,
         };
+        ledger.generations.tidy(now_micros);
         let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
         let outcomes = if admitted && !checks.is_empty() {
             check_all(counters, &checks, now, true).1
@@ -1357,13 +1400,34 @@ impl LedgerStore for MemoryStore {
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
-        validate_settlements("settle", std::slice::from_ref(settlement), None)?;
+        self.settle_many(std::slice::from_ref(settlement), now)
+            .await
+    }
+
+    async fn settle_many(
+        &self,
+        settlements: &[Settlement],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        validate_settlements("settle_many", settlements, None)?;
         let now_micros = unix_micros(now);
         let starts = period_starts_micros(now);
-        let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
-        self.with_account(&settlement.account, |account| {
-            account.settle(settlement, fingerprint, now_micros, starts)
-        });
+        for settlement in settlements {
+            let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
+            self.with_account(&settlement.account, |account| {
+                account.settle(settlement, fingerprint, now_micros, starts);
+            });
+        }
+        // Tidied once the call's records are all kept, as on Redis.
+        let mut tidied: Vec<&str> = Vec::new();
+        for settlement in settlements {
+            if !tidied.contains(&settlement.account.as_str()) {
+                tidied.push(&settlement.account);
+                self.with_account(&settlement.account, |account| {
+                    account.generations.tidy(now_micros);
+                });
+            }
+        }
         Ok(())
     }
 
@@ -1379,10 +1443,13 @@ impl LedgerStore for MemoryStore {
         let usage = shard.ledgers.get_mut(account).and_then(|ledger| {
             // As every ledger call on Redis does, whatever key it names.
             ledger.lapse_account_holds(now_micros);
-            ledger
+            ledger.lapse_key_holds(account, now_micros);
+            let usage = ledger
                 .keys
                 .contains_key(key)
-                .then(|| ledger.key_ledger(account, key, now_micros).usage(starts))
+                .then(|| ledger.key_ledger(account, key, now_micros).usage(starts));
+            ledger.generations.tidy(now_micros);
+            usage
         });
         Ok(usage.unwrap_or_default())
     }
@@ -1399,7 +1466,11 @@ impl LedgerStore for MemoryStore {
         let expires_at_micros = now_micros.saturating_add(duration_micros(ttl));
         let mut shard = self.shard(account);
         Ok(shard.ledgers.get_mut(account).map_or(0, |ledger| {
-            ledger.renew(account, holds, expires_at_micros, now_micros)
+            let renewed = ledger.renew(account, holds, expires_at_micros, now_micros);
+            if !holds.is_empty() {
+                ledger.generations.tidy(now_micros);
+            }
+            renewed
         }))
     }
 

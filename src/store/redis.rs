@@ -142,12 +142,16 @@ impl Default for RedisStoreConfig {
 }
 
 /// The layout of the data this version keeps in Redis, recorded under
-/// `{prefix}:{layout}:version`. Layout 2 keeps each key's terms beside its
-/// usage ([`LedgerStore::set_key_terms`]), settlement markers and lapse
-/// charges; layout 1 (no version recorded) did not. A store in layout 1 is
-/// migrated once with [`RedisStore::mark_layout_current`] after every key's
-/// terms are written (`proxy migrate-store --redis URL` does both).
-pub const LEDGER_LAYOUT: u32 = 2;
+/// `{prefix}:{layout}:version`. Layout 3 keeps an account's whole ledger
+/// (the account, its keys' usage and terms, the requests it tracks) in one
+/// hash and one sorted set, run by one script a call; layouts 1 and 2
+/// kept five keys per key and two per account. A store in an older layout
+/// is migrated once, with every instance stopped: each key's ledger moved
+/// ([`RedisStore::move_key_ledger`]), every key's terms written
+/// ([`LedgerStore::set_key_terms`]), then
+/// [`RedisStore::mark_layout_current`] (`proxy migrate-store --redis URL`
+/// does all three).
+pub const LEDGER_LAYOUT: u32 = 3;
 
 /// Every store trait on Redis (through a [`ConnectionManager`], which
 /// reconnects by itself) or on Redis Cluster.
@@ -200,6 +204,7 @@ struct Scripts {
     generations: Script,
     app_usage_add: Script,
     app_usage_read: Script,
+    migrate_key: Script,
 }
 
 /// A script with `int` (lua/int.lua) and the shared parts it uses
@@ -242,6 +247,7 @@ impl Scripts {
             generations: script!("lua/time.lua", "lua/generations.lua"),
             app_usage_add: script!("lua/time.lua", "lua/app_usage_add.lua"),
             app_usage_read: script!("lua/time.lua", "lua/app_usage_read.lua"),
+            migrate_key: script!("lua/migrate_key.lua"),
         }
     }
 }
@@ -511,6 +517,28 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Moves one key's ledger from an older layout into the current one
+    /// (`migrate_key.lua`): its usage and terms into its account's ledger
+    /// hash, its live holds with them. Part of a migration, run with every
+    /// gateway instance stopped; running it again moves nothing. Returns
+    /// how many holds moved.
+    pub async fn move_key_ledger(&self, account: &str, key: &str) -> Result<u64, StoreError> {
+        const OPERATION: &str = "migrate";
+        let scoped = self.scoped(account);
+        let [ledger, ids, ..] = self.account_ledger_keys(&scoped);
+        let mut invocation = self.scripts.migrate_key.prepare_invoke();
+        invocation.key(ledger).key(ids);
+        for name in key_ledger_keys(&scoped, key) {
+            invocation.key(name);
+        }
+        invocation
+            .key(format!("{scoped}holds"))
+            .key(format!("{scoped}holdamt"))
+            .arg(key);
+        let reply = self.run(OPERATION, &invocation).await?;
+        unsigned(OPERATION, &reply)
+    }
+
     fn layout_key(&self) -> String {
         format!("{}:{{layout}}:version", self.config.key_prefix)
     }
@@ -555,8 +583,8 @@ impl RedisStore {
                 StoreErrorKind::Layout(format!(
                     "this Redis holds the gateway's data in layout {version}, written by an older \
                      version; this version uses layout {LEDGER_LAYOUT}. Stop the older instances \
-                     and run `proxy migrate-store --redis URL` once (it writes each key's terms \
-                     into the ledger, then records layout {LEDGER_LAYOUT})"
+                     and run `proxy migrate-store --redis URL` once (it moves each key's ledger \
+                     and terms into its account's, then records layout {LEDGER_LAYOUT})"
                 )),
             )),
             std::cmp::Ordering::Greater => Err(StoreError::new(
@@ -677,27 +705,21 @@ impl RedisStore {
         key
     }
 
-    fn ledger_keys(&self, account: &str, key: &str) -> [String; 5] {
-        let scoped = self.scoped(account);
-        let [usage, reservations, amounts, settled, _] = key_ledger_keys(&scoped, key);
-        [
-            format!("{scoped}acct"),
-            usage,
-            reservations,
-            amounts,
-            settled,
-        ]
+    /// An account's ledger hash (see `ledger_common.lua`).
+    fn ledger_hash(&self, account: &str) -> String {
+        let mut hash = self.scoped(account);
+        hash.push_str("acct");
+        hash
     }
 
-    /// The account's keys every ledger script names first: its hash, its
-    /// holds zset and amounts hash, and its generation records (see
-    /// `ledger_write.lua`).
-    fn account_ledger_keys(&self, scoped: &str) -> [String; 5] {
+    /// An account's ledger keys, every ledger script names first: its
+    /// hash (the account, its keys and the requests it tracks), its ids
+    /// zset, and its generation records (see `ledger_common.lua`).
+    fn account_ledger_keys(&self, scoped: &str) -> [String; 4] {
         let [records, expiries] = self.generation_keys(scoped);
         [
             format!("{scoped}acct"),
-            format!("{scoped}holds"),
-            format!("{scoped}holdamt"),
+            format!("{scoped}ids"),
             records,
             expiries,
         ]
@@ -773,44 +795,21 @@ impl RedisStore {
         request: Option<&AdmitRequest>,
         now: DateTime<Utc>,
     ) -> Result<Value, StoreError> {
-        let hold = request.and_then(|request| request.hold.as_ref());
-        // Each key's ledger once, numbered from 1 in the order first named.
-        let mut keys: Vec<&str> = Vec::new();
-        let settlement_ledgers: Vec<usize> = settlements
-            .iter()
-            .map(|settlement| ledger_number(&mut keys, &settlement.key))
-            .collect();
-        let renewal_ledgers: Vec<usize> = renewals
-            .map(|(renewals, _)| renewals)
-            .unwrap_or_default()
-            .iter()
-            .map(|renewal| ledger_number(&mut keys, &renewal.key))
-            .collect();
-        let hold_ledger = hold.map(|hold| ledger_number(&mut keys, &hold.key));
         let scoped = self.scoped(account);
         let mut invocation = self.scripts.ledger_write.prepare_invoke();
         for name in self.account_ledger_keys(&scoped) {
             invocation.key(name);
         }
-        for key in &keys {
-            for name in key_ledger_keys(&scoped, key) {
-                invocation.key(name);
-            }
-        }
         invocation
             .arg(self.now_arg(now))
             .arg(duration_micros(SETTLEMENT_MEMORY))
             .arg(duration_micros(LAPSED_HOLD_MEMORY))
-            .arg(keys.len())
             .arg(self.slack_millis())
-            .arg(account);
-        for key in &keys {
-            invocation.arg(*key);
-        }
-        invocation.arg(settlements.len());
-        for (settlement, ledger) in settlements.iter().zip(settlement_ledgers) {
+            .arg(account)
+            .arg(settlements.len());
+        for settlement in settlements {
             invocation
-                .arg(ledger)
+                .arg(&settlement.key)
                 .arg(&settlement.reservation_id)
                 .arg(settlement.cost_nanos)
                 .arg(u8::from(settlement.byok));
@@ -824,16 +823,13 @@ impl RedisStore {
         }
         match renewals {
             Some((renewals, ttl)) => {
-                invocation
-                    .arg(renewals.len())
-                    .arg(duration_micros(ttl))
-                    .arg(self.ttl_millis(ttl));
-                for (renewal, ledger) in renewals.iter().zip(renewal_ledgers) {
-                    invocation.arg(ledger).arg(&renewal.reservation_id);
+                invocation.arg(renewals.len()).arg(duration_micros(ttl));
+                for renewal in renewals {
+                    invocation.arg(&renewal.key).arg(&renewal.reservation_id);
                 }
             }
             None => {
-                invocation.arg(0).arg(0).arg(0);
+                invocation.arg(0).arg(0);
             }
         }
         let Some(request) = request else {
@@ -848,7 +844,7 @@ impl RedisStore {
                 .arg(tier.raised_capacity),
             None => invocation.arg(0).arg(0).arg(0),
         };
-        if let (Some(hold), Some(ledger)) = (hold, hold_ledger) {
+        if let Some(hold) = &request.hold {
             let (has_limit, limit_nanos, reset, include_byok) = match hold.key_limit {
                 Some(limit) => (
                     1,
@@ -859,7 +855,7 @@ impl RedisStore {
                 None => (0, 0, "n", false),
             };
             invocation
-                .arg(ledger)
+                .arg(&hold.key)
                 .arg(&hold.reservation_id)
                 .arg(hold.amount_nanos)
                 .arg(
@@ -868,7 +864,6 @@ impl RedisStore {
                         .unwrap_or_default(),
                 )
                 .arg(duration_micros(hold.ttl))
-                .arg(self.ttl_millis(hold.ttl))
                 .arg(has_limit)
                 .arg(limit_nanos)
                 .arg(reset)
@@ -895,7 +890,8 @@ impl RedisStore {
         wanted: GenerationRead<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<Bytes>, StoreError> {
-        let [values, expiries] = self.generation_keys(&self.scoped(account));
+        let scoped = self.scoped(account);
+        let [values, expiries] = self.generation_keys(&scoped);
         let (mode, argument) = match wanted {
             GenerationRead::One(id) => ("one", id.to_owned()),
             GenerationRead::Newest(count) => ("newest", count.to_string()),
@@ -904,6 +900,7 @@ impl RedisStore {
         invocation
             .key(values)
             .key(expiries)
+            .key(format!("{scoped}acct"))
             .arg(self.now_arg(now))
             .arg(mode)
             .arg(argument);
@@ -1004,27 +1001,13 @@ enum GenerationRead<'a> {
     Newest(usize),
 }
 
-/// A key's ledger under an account's `scoped` prefix: usage hash,
-/// reservations zset, reservation amounts hash (which also keeps their
-/// sum, so admitting a request reads one field however many are in
-/// flight), the zset of ids known without a live hold (settled without a
-/// granted hold, or lapsed), and what each lapse charged.
+/// A key's ledger in layouts 1 and 2, under an account's `scoped` prefix
+/// (read only to migrate it): usage hash, holds zset, hold amounts hash,
+/// the zset of settled and lapsed ids, and what each lapse charged.
 fn key_ledger_keys(scoped: &str, key: &str) -> [String; 5] {
     let mut key_base = format!("{scoped}k:");
     escape_into(&mut key_base, key);
     ["use", "res", "resamt", "settled", "lapsed"].map(|name| format!("{key_base}:{name}"))
-}
-
-/// `key`'s number (from 1) among `keys`, added at the end when new. A
-/// batch is small: a linear search is cheaper than hashing.
-fn ledger_number<'a>(keys: &mut Vec<&'a str>, key: &'a str) -> usize {
-    match keys.iter().position(|known| *known == key) {
-        Some(index) => index + 1,
-        None => {
-            keys.push(key);
-            keys.len()
-        }
-    }
 }
 
 /// The reply of the ledger script to an admission.
@@ -1419,9 +1402,6 @@ impl LedgerStore for RedisStore {
         for name in self.account_ledger_keys(&scoped) {
             invocation.key(name);
         }
-        for name in key_ledger_keys(&scoped, key) {
-            invocation.key(name);
-        }
         invocation
             .arg(self.now_arg(now))
             .arg(duration_micros(LAPSED_HOLD_MEMORY))
@@ -1492,10 +1472,11 @@ impl LedgerStore for RedisStore {
     ) -> Result<(), StoreError> {
         const OPERATION: &str = "set_key_terms";
         validate_key_terms(terms)?;
-        // In the key's usage hash, which every admission of the key reads
-        // in the same script: `tl` the limit ('-' for none), `tr` its
-        // reset, `tb` whether BYOK counts, `tx` the expiry (µs, '' never).
-        let [_, usage, ..] = self.ledger_keys(account, key);
+        // In the account's ledger hash, which every admission of the key
+        // reads in the same script: `<key>:tl` the limit ('-' for none),
+        // `:tr` its reset, `:tb` whether BYOK counts, `:tx` the expiry (µs,
+        // '' never).
+        let ledger = self.ledger_hash(account);
         let (limit, reset, include_byok) = match terms.limit {
             Some(limit) => (
                 limit.limit_nanos.to_string(),
@@ -1510,14 +1491,14 @@ impl LedgerStore for RedisStore {
             .unwrap_or_default();
         let mut connection = self.connection.clone();
         let command = redis::cmd("HSET")
-            .arg(usage)
-            .arg("tl")
+            .arg(ledger)
+            .arg(format!("{key}:tl"))
             .arg(limit)
-            .arg("tr")
+            .arg(format!("{key}:tr"))
             .arg(reset)
-            .arg("tb")
+            .arg(format!("{key}:tb"))
             .arg(u8::from(include_byok))
-            .arg("tx")
+            .arg(format!("{key}:tx"))
             .arg(expiry)
             .to_owned();
         let _added: i64 = self
@@ -1533,13 +1514,12 @@ impl LedgerStore for RedisStore {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         const OPERATION: &str = "revoke_key";
-        // `rv` in the key's usage hash, in the account's slot, where every
-        // admission of the key reads it in the same script.
-        let [_, usage, ..] = self.ledger_keys(account, key);
+        // `<key>:rv` in the account's ledger hash, where every admission of
+        // the key reads it in the same script.
         let mut connection = self.connection.clone();
         let command = redis::cmd("HSET")
-            .arg(usage)
-            .arg("rv")
+            .arg(self.ledger_hash(account))
+            .arg(format!("{key}:rv"))
             .arg(unix_micros(now))
             .to_owned();
         let _added: i64 = self
@@ -1585,10 +1565,9 @@ impl LedgerStore for RedisStore {
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
         const OPERATION: &str = "account_balance";
-        let [account_key, ..] = self.ledger_keys(account, "");
         let mut connection = self.connection.clone();
         let command = redis::cmd("HMGET")
-            .arg(account_key)
+            .arg(self.ledger_hash(account))
             .arg("purchased")
             .arg("balance")
             .to_owned();

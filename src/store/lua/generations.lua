@@ -1,16 +1,23 @@
 -- Reads an account's generation records. KEYS[1]: records hash (id ->
--- record), KEYS[2]: their expiries zset (id -> µs). ARGV: now (µs, or ''
--- for Redis's clock), 'one' and a reservation id, or 'newest' and a count.
--- Returns the live records asked for (newest first), expired ones left out.
+-- record), KEYS[2]: their expiries zset (id -> µs), KEYS[3]: the account's
+-- ledger hash (its `gmax`: records past the newest that many are removed
+-- at the account's next tidying, and never answered meanwhile). ARGV: now
+-- (µs, or '' for Redis's clock), 'one' and a reservation id, or 'newest'
+-- and a count. Returns the live records asked for (newest first).
 local now = clock_now(ARGV[1])
+local most = tonumber(redis.call('HGET', KEYS[3], 'gmax') or '')
 if ARGV[2] == 'one' then
   local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
   if not expires or tonumber(expires) <= now then return {} end
+  if most and redis.call('ZREVRANK', KEYS[2], ARGV[3]) >= most then return {} end
   local record = redis.call('HGET', KEYS[1], ARGV[3])
   if not record then return {} end
   return { record }
 end
-local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. int(now), 'LIMIT', 0, tonumber(ARGV[3]))
+local count = tonumber(ARGV[3])
+if most and most < count then count = most end
+if count <= 0 then return {} end
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. int(now), 'LIMIT', 0, count)
 if #ids == 0 then return {} end
 local records = redis.call('HMGET', KEYS[1], unpack(ids))
 local found = {}

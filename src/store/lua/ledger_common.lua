@@ -1,29 +1,43 @@
--- Shared by the ledger scripts (prepended to each).
--- A key's ledger is five Redis keys, passed to the helpers as a table `k`:
--- k.use usage hash; k.res reservations zset (id -> expiry µs); k.amt
--- reservation amounts hash (id -> 'amount:c' when the balance holds it
--- too, 'amount:b' when not (BYOK or free), then ':retention µs:most
--- records' when its lapse leaves a generation record; and their sum and
--- count under TOTAL and COUNT);
--- k.settled zset of ids known without a live hold: a settlement's marker
--- (id -> forget at µs, positive), and a hold that lapsed (id -> minus the
--- µs it is forgotten at); k.lapsed hash of what each lapse charged (id ->
--- 'amount:byok 0/1:day start:week start:month start'), which its
--- settlement gives back; k.lapse how long (µs) lapses are kept.
--- The account's side is the table ACCT: acct (hash {purchased, balance}),
--- res and amt (its holds on the balance, id -> amount), gen and genexp
--- (generation records, see keep_generation); `now` and `lapse` are set by
--- the script.
+-- Shared by the ledger functions: the ledger's layout 3.
+--
+-- An account's whole ledger is one hash (A) and one sorted set (X), plus
+-- its generation records (a hash of id -> record and a sorted set of id ->
+-- expiry µs). A holds, as fields:
+--   balance, purchased  nano-credits, decimal (the balance may be negative)
+--   held                the sum of the live holds its balance covers
+--   next                µs: no live hold expires before it ('' when none)
+--   tidy                µs: when forgotten ids and records are next removed
+--   gmax                the most generation records kept (the last asked)
+--   gttl                µs until which the record keys are known to live
+--   <key>:rv            the key revoked at (µs), absent while it works
+--   <key>:tl tr tb tx   its terms: limit ('-' none), reset (n/d/w/m), BYOK
+--                       counted (0/1), expiry (µs, '' never)
+--   <key>:t bt          its usage all time, own and BYOK
+--   <key>:ds d bd, ws w bw, ms m bm
+--                       per period (day, week, month) its start and usage
+--   <key>:h             the sum of the key's live holds
+--   i:<id>              a request the ledger tracks:
+--     'H:<amount>:<c|b>:<retention>:<most>:<key>' while it holds (c: the
+--       balance covers it too; retention and most, when not empty, say how
+--       its lapse's generation record is kept);
+--     'S:<forget at>' once settled (its marker);
+--     'L:<forget at>:<amount>:<byok 0/1>:<ds>:<ws>:<ms>:<key>' once its
+--       hold lapsed, charged that amount in those periods.
+--   l:<id>              the lapse of an id admitted again (its 'L' value),
+--                       for the new hold's settlement to undo as well
+-- X orders the tracked ids in time: a live hold by its expiry (a positive
+-- score), a settled or lapsed id by minus the µs it is forgotten at. A
+-- settled or lapsed id whose time is up counts as gone before it is
+-- removed (in bulk, at most once a second), so removing it late changes
+-- no answer. An admission and the settlements it carries read A with one
+-- HMGET and write it with one HSET.
 
 -- Exact non-negative integers as {high, low} in base 10^9: a Lua number is
 -- a double, exact only up to 2^53 nano-credits (9 million credits), and a
--- key's all-time usage may grow beyond that.
--- Set by each script before it calls anything here (see the top).
-local now, lapse, ACCT
-
+-- balance or a key's all-time usage may grow beyond that.
 local BASE = 1000000000
 local function big(s)
-  s = s or '0'
+  if not s or s == '' then return { 0, 0 } end
   local n = #s
   if n <= 9 then return { 0, tonumber(s) } end
   return { tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8)) }
@@ -33,129 +47,39 @@ local function big_add(a, b)
   if low >= BASE then high, low = high + 1, low - BASE end
   return { high, low }
 end
+local function big_ge(a, b) return a[1] > b[1] or (a[1] == b[1] and a[2] >= b[2]) end
 local function big_sub(a, b) -- a >= b
   local high, low = a[1] - b[1], a[2] - b[2]
   if low < 0 then high, low = high - 1, low + BASE end
   return { high, low }
 end
-local function big_ge(a, b) return a[1] > b[1] or (a[1] == b[1] and a[2] >= b[2]) end
+-- a - b, or zero when b is larger (a kept sum never goes below nothing).
+local function big_less(a, b)
+  if big_ge(a, b) then return big_sub(a, b) end
+  return { 0, 0 }
+end
+local function big_min(a, b) if big_ge(a, b) then return b end return a end
+local function is_zero(a) return a[1] == 0 and a[2] == 0 end
 local function big_str(a)
   if a[1] == 0 then return int(a[2]) end
   return int(a[1]) .. string.format('%09d', a[2])
 end
-
--- The amounts hash also keeps the sum of its holds and how many there
--- are, so a reservation need not add up every hold in flight. No
--- reservation id can be one of these fields: ids are UTF-8 text, and a
--- lone 0xFF byte never is. The count is checked against the hash's
--- length on every read, so holds written by something that did not keep
--- the sum (an earlier version during a rolling upgrade) are noticed and
--- counted afresh.
-local TOTAL, COUNT = '\255total', '\255count'
-
--- How long hold keys outlive their last hold: an orphan hold (its
--- instance died) is still there, to lapse and be charged, at the
--- account's next call within this time (30 days).
-local ORPHAN_HOLD_MS = 30 * 86400000
-
--- The amount of a hold's stored value (see the top).
-local function amount_of(value)
-  local colon = string.find(value, ':', 1, true)
-  if colon then return string.sub(value, 1, colon - 1) end
-  return value
-end
-
--- The kept sum and count (strings, or false when none are kept) less the
--- holds `amounts` (strings, or false for holds already gone), stored
--- back; when they would go negative (they no longer match) they are
--- dropped instead, and live_reserved counts the holds afresh.
-local function take_held(k, total, count, amounts)
-  if not (total and count) then return end
-  local sum, holds = big(total), tonumber(count)
-  for _, amount in ipairs(amounts) do
-    if amount then
-      local held = big(amount_of(amount))
-      if holds < 1 or not big_ge(sum, held) then
-        redis.call('HDEL', k.amt, TOTAL, COUNT)
-        return
-      end
-      sum, holds = big_sub(sum, held), holds - 1
-    end
+-- A signed decimal (the balance) plus or, when `subtract`, minus `b`.
+local function signed_add(text, b, subtract)
+  text = text or '0'
+  local negative, magnitude = false, nil
+  if string.sub(text, 1, 1) == '-' then negative, magnitude = true, big(string.sub(text, 2)) else magnitude = big(text) end
+  local result, result_negative
+  if negative == subtract then
+    result, result_negative = big_add(magnitude, b), negative
+  elseif big_ge(magnitude, b) then
+    result, result_negative = big_sub(magnitude, b), negative
+  else
+    result, result_negative = big_sub(b, magnitude), subtract
   end
-  redis.call('HSET', k.amt, TOTAL, big_str(sum), COUNT, int(holds))
-end
-
--- Keeps `first` and `second` for at least `ttl_ms` more, never shortening
--- them: the first's TTL stands for both, unless `check_second` says the
--- second may be new. When they have less left they get an eighth more
--- than asked (at most an hour), so the write that extends them comes once
--- in that margin, not with every call.
-local function keep_alive(ttl_ms, first, second, check_second)
-  local extended = ttl_ms + math.min(math.ceil(ttl_ms / 8), 3600000)
-  if redis.call('PTTL', first) < ttl_ms then
-    redis.call('PEXPIRE', first, extended)
-    redis.call('PEXPIRE', second, extended)
-  elseif check_second and redis.call('PTTL', second) < ttl_ms then
-    redis.call('PEXPIRE', second, extended)
-  end
-end
-
--- Keeps `k.settled` for at least `ttl_ms` more.
-local function keep_settled_for(k, ttl_ms)
-  if (k.settled_ms or 0) < ttl_ms then
-    -- An eighth more than asked (at most an hour), as keep_alive gives: a
-    -- steady flow of settlements extends it once in that margin.
-    if redis.call('PTTL', k.settled) < ttl_ms then
-      redis.call('PEXPIRE', k.settled, ttl_ms + math.min(math.ceil(ttl_ms / 8), 3600000))
-    end
-    k.settled_ms = ttl_ms
-  end
-end
-
--- Forgets, once per call, the ids of `k.settled` whose time is up, and
--- the charges of the lapses among them.
-local function forget_settled(k, now)
-  if k.forgotten then return end
-  redis.call('ZREMRANGEBYSCORE', k.settled, 0, int(now))
-  -- In slices: unpack() fails past a few thousand values.
-  repeat
-    local lapsed = redis.call('ZRANGEBYSCORE', k.settled, int(-now), '(0', 'LIMIT', 0, 1000)
-    if #lapsed > 0 then
-      redis.call('HDEL', k.lapsed, unpack(lapsed))
-      redis.call('ZREM', k.settled, unpack(lapsed))
-    end
-  until #lapsed < 1000
-  k.forgotten = true
-end
-
--- Per period (day, week, month): the usage hash's fields for its start,
--- own usage and BYOK usage.
-local PERIOD_FIELDS = { 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
-
--- Adds `cost` (decimal text) to the key's usage in the periods containing
--- `now`, own or BYOK. Periods only roll forward: a cost stamped in a
--- period that has already rolled over (a clock a moment behind) counts in
--- the all-time totals only.
-local function add_usage(k, cost, byok)
-  if not k.current then
-    local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
-    k.current = { tonumber(stored[1] or ''), tonumber(stored[2] or ''), tonumber(stored[3] or '') }
-  end
-  local period_start = period_starts(now)
-  for p = 1, 3 do
-    local start = tonumber(period_start[p])
-    local current = k.current[p]
-    local n = (p - 1) * 3
-    if current == nil or start > current then
-      redis.call('HSET', k.use, PERIOD_FIELDS[n + 1], period_start[p], PERIOD_FIELDS[n + 2], '0', PERIOD_FIELDS[n + 3], '0')
-      current = start
-      k.current[p] = start
-    end
-    if start == current then
-      redis.call('HINCRBY', k.use, byok and PERIOD_FIELDS[n + 3] or PERIOD_FIELDS[n + 2], cost)
-    end
-  end
-  redis.call('HINCRBY', k.use, byok and 'bt' or 't', cost)
+  local out = big_str(result)
+  if result_negative and out ~= '0' then return '-' .. out end
+  return out
 end
 
 -- Nano-credits (decimal text) as decimal credits: '0.4', '12'.
@@ -177,166 +101,298 @@ local function rfc3339(micros)
   return string.format('%04d-%02d-%02dT%02d:%02d:%02dZ', y, m, d, fdiv(s, 3600), fdiv(s % 3600, 60), s % 60)
 end
 
--- Keeps generation record `record` of `id` (kept `retention` µs) in the
--- account's records, removing the expired ones and the oldest past `most`.
-local function keep_generation(id, record, retention, most)
-  if not ACCT.swept then
-    local expired = redis.call('ZRANGEBYSCORE', ACCT.genexp, '-inf', int(now), 'LIMIT', 0, 256)
-    if #expired > 0 then
-      redis.call('HDEL', ACCT.gen, unpack(expired))
-      redis.call('ZREM', ACCT.genexp, unpack(expired))
+-- How often (µs) forgotten ids and records past their time or the cap are
+-- removed: each removal is a few commands, so at most once a second.
+local TIDY_US = 1000000
+
+-- The call's state, set afresh by ledger_begin: the account's keys and
+-- name, the instant it decides at, how long markers and lapses are kept,
+-- the fields of A read (false when absent) and changed, the X scores and
+-- records (by id: record and expiry) to write.
+local C = {}
+
+local function ledger_begin(keys, now, memory_us, lapse_us, slack_ms, account)
+  C = { A = keys[1], X = keys[2], gen = keys[3], genexp = keys[4], now = now, memory = memory_us,
+    lapse = lapse_us, slack_ms = slack_ms, name = account, F = {}, dirty = {}, scores = {},
+    records = {} }
+end
+
+-- Reads the fields of `names` not read yet, with one HMGET.
+local function load(names)
+  local F, wanted = C.F, {}
+  for _, name in ipairs(names) do
+    if F[name] == nil then table.insert(wanted, name); F[name] = false end
+  end
+  -- In slices: unpack() fails past a few thousand values.
+  for i = 1, #wanted, 1000 do
+    local slice = { unpack(wanted, i, math.min(i + 999, #wanted)) }
+    local values = redis.call('HMGET', C.A, unpack(slice))
+    for j, name in ipairs(slice) do F[name] = values[j] or false end
+  end
+end
+local function get(name)
+  if C.F[name] == nil then load({ name }) end
+  return C.F[name]
+end
+local function put(name, value) C.F[name] = value; C.dirty[name] = true end
+-- Gives `id` score `score` in X when the call ends.
+local function track(id, score) table.insert(C.scores, int(score)); table.insert(C.scores, id) end
+
+-- Per key: the fields an admission reads (terms, then usage and holds),
+-- and those a charge or a release touches.
+local KEY_TERMS = { 'rv', 'tl', 'tr', 'tb', 'tx' }
+local KEY_USAGE = { 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm', 'h' }
+local function key_field_names(key, list, into)
+  for _, field in ipairs(list) do table.insert(into, key .. ':' .. field) end
+  return into
+end
+
+-- The current periods' starts (day, week, month) as decimal text.
+local function starts()
+  if not C.starts then C.starts = period_starts(C.now) end
+  return C.starts
+end
+
+-- Own and BYOK usage (strings) of `key` in period `p` (0 all time, 1 day,
+-- 2 week, 3 month): a period's sums count only while its stored start is
+-- the current one.
+local PERIOD = { 'd', 'w', 'm' }
+local function usage_in(key, p)
+  if p == 0 then return get(key .. ':t') or '0', get(key .. ':bt') or '0' end
+  local period = PERIOD[p]
+  if get(key .. ':' .. period .. 's') ~= starts()[p] then return '0', '0' end
+  return get(key .. ':' .. period) or '0', get(key .. ':b' .. period) or '0'
+end
+
+-- Adds `cost` (decimal text) to `key`'s usage in the current periods, own
+-- or BYOK, and all time. Periods only roll forward: a cost stamped in a
+-- period that has already rolled over (a caller's clock a moment behind)
+-- counts in the all-time sums only.
+local function add_usage(key, cost, byok)
+  local amount = big(cost)
+  for p = 1, 3 do
+    local period = PERIOD[p]
+    local start_field = key .. ':' .. period .. 's'
+    local start = starts()[p]
+    local current = get(start_field)
+    if not current or tonumber(start) > tonumber(current) then
+      put(start_field, start)
+      put(key .. ':' .. period, '0')
+      put(key .. ':b' .. period, '0')
+      current = start
     end
-    ACCT.swept = true
+    if current == start then
+      local field = key .. ':' .. (byok and 'b' or '') .. period
+      put(field, big_str(big_add(big(get(field)), amount)))
+    end
   end
-  redis.call('HSET', ACCT.gen, id, record)
-  redis.call('ZADD', ACCT.genexp, int(now + retention), id)
-  -- Past the cap the earliest-expiring go, in slices (unpack() fails past
-  -- a few thousand values).
-  local over = redis.call('ZCARD', ACCT.genexp) - most
-  while over > 0 do
-    local popped = redis.call('ZPOPMIN', ACCT.genexp, math.min(over, 1000))
-    local ids = {}
-    for j = 1, #popped, 2 do ids[#ids + 1] = popped[j] end
-    redis.call('HDEL', ACCT.gen, unpack(ids))
-    over = over - #ids
-  end
-  -- The keys live as long as their longest-kept record.
-  keep_alive(math.ceil(retention / 1000) + ACCT.slack_ms, ACCT.genexp, ACCT.gen)
+  local total = key .. (byok and ':bt' or ':t')
+  put(total, big_str(big_add(big(get(total)), amount)))
+end
+
+-- The parts of a hold's value: amount, covered (bool), retention, most
+-- (text, '' when its lapse keeps no record), key.
+local function hold_parts(value)
+  local _, _, amount, flag, retention, most, key = string.find(value, '^H:(%d+):([cb]):(%d*):(%d*):(.*)$')
+  return amount, flag == 'c', retention, most, key
+end
+-- A settled ('S') or lapsed ('L') value whose time is not up yet.
+local function known(value, kind)
+  if not value or string.sub(value, 1, 2) ~= kind .. ':' then return false end
+  local forget_at = string.match(value, '^.:(%d+)')
+  return tonumber(forget_at) > C.now
+end
+
+-- Takes a live hold (its value) off its key's and the account's sums.
+local function release(value)
+  local amount, covered, _, _, key = hold_parts(value)
+  local held = big(amount)
+  put(key .. ':h', big_str(big_less(big(get(key .. ':h')), held)))
+  if covered then put('held', big_str(big_less(big(get('held')), held))) end
+end
+
+-- Keeps generation record `record` of `id` for `retention` µs among the
+-- account's newest `most` (removed past either when the account is next
+-- tidied; readers never see them meanwhile).
+local function keep_generation(id, record, retention, most)
+  C.records[id] = { record, int(C.now + retention) }
+  if get('gmax') ~= most then put('gmax', most) end
+  C.retention = math.max(C.retention or 0, retention)
 end
 
 -- The generation record a lapse leaves (as `lapse_record` in ledger.rs).
-local function lapse_record(k, id, amount, byok)
+local function lapse_record(key, id, amount, byok)
   local cost = credits_text(amount)
   return '{"id":' .. cjson.encode('gen-' .. id) .. ',"total_cost":' .. cost .. ',"usage":' .. cost
     .. ',"cost_basis":"lapsed","is_byok":' .. (byok and 'true' or 'false') .. ',"lapsed":true,"created_at":"'
-    .. rfc3339(now) .. '","user_id":' .. cjson.encode(ACCT.name) .. ',"key_hash":' .. cjson.encode(k.name) .. '}'
+    .. rfc3339(C.now) .. '","user_id":' .. cjson.encode(C.name) .. ',"key_hash":' .. cjson.encode(key) .. '}'
 end
 
--- Lapses the holds expired by `now` (every ledger script does, as the
--- in-process store does on every access, so both agree on what is live):
--- each is charged its held amount, kept in `k.lapsed` with their ids in
--- `k.settled` until `k.lapse` past now. The account's side (`k` is ACCT)
--- charges the balance; a key's the key's usage: own when its value says
--- the balance held it too, else BYOK; and writes the lapse's generation
--- record when the hold asked for one.
-local function drop_expired(k, now)
-  local expired = redis.call('ZRANGEBYSCORE', k.res, '-inf', int(now), 'WITHSCORES')
-  if #expired == 0 then return end
-  local forget_at = now + k.lapse
-  local starts = nil
-  -- In slices: unpack() fails past a few thousand values.
-  for i = 1, #expired, 2000 do
-    local slice, lapsed, charges = {}, {}, {}
-    for j = i, math.min(i + 1998, #expired - 1), 2 do
-      table.insert(slice, expired[j])
-      table.insert(lapsed, int(-forget_at))
-      table.insert(lapsed, expired[j])
-    end
-    local kept = redis.call('HMGET', k.amt, TOTAL, COUNT)
-    local values = redis.call('HMGET', k.amt, unpack(slice))
-    take_held(k, kept[1], kept[2], values)
-    redis.call('HDEL', k.amt, unpack(slice))
-    for j, id in ipairs(slice) do
-      local value = values[j]
-      if value then
-        local amount = amount_of(value)
-        if k == ACCT then
-          if amount ~= '0' then redis.call('HINCRBY', ACCT.acct, 'balance', '-' .. amount) end
+-- Charges the lapse of `id`'s live hold `value`: its key's usage (own when
+-- the balance covers it, and then the balance too, else BYOK), kept as
+-- 'L' for a late settlement to undo, with a record when the hold asked.
+local function lapse(id, value)
+  local amount, covered, retention, most, key = hold_parts(value)
+  release(value)
+  local byok = not covered
+  if amount ~= '0' then add_usage(key, amount, byok) end
+  if covered and amount ~= '0' then put('balance', signed_add(get('balance'), big(amount), true)) end
+  if retention ~= '' then
+    keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), tonumber(most))
+  end
+  -- A lapse before it (the id admitted again over it) gives way to this
+  -- one, as a second lapse of one id replaces the first.
+  if get('l:' .. id) then
+    redis.call('HDEL', C.A, 'l:' .. id)
+    C.F['l:' .. id] = false
+  end
+  local forget_at = C.now + C.lapse
+  local s = starts()
+  put('i:' .. id, 'L:' .. int(forget_at) .. ':' .. amount .. ':' .. (byok and '1' or '0') .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3] .. ':' .. key)
+  return forget_at
+end
+
+-- Lapses every live hold of the account expired by now (each ledger call
+-- does first, as the in-process store does on every access, so both
+-- agree on what is live). Costs nothing until the earliest expiry passes.
+local function sweep()
+  local next_expiry = get('next')
+  if not next_expiry or next_expiry == '' or tonumber(next_expiry) > C.now then return end
+  repeat
+    local ids = redis.call('ZRANGEBYSCORE', C.X, '(0', int(C.now), 'LIMIT', 0, 500)
+    if #ids > 0 then
+      local fields = {}
+      for _, id in ipairs(ids) do
+        table.insert(fields, 'i:' .. id)
+        table.insert(fields, 'l:' .. id)
+      end
+      load(fields)
+      local scores, gone = {}, {}
+      for _, id in ipairs(ids) do
+        local value = get('i:' .. id)
+        if value and string.sub(value, 1, 2) == 'H:' then
+          table.insert(scores, int(-lapse(id, value)))
+          table.insert(scores, id)
         else
-          -- Held on the balance too ('c'; a hold an older version wrote
-          -- says nothing, and was): its account's lapse charged it there.
-          local byok = string.sub(value, #amount + 1, #amount + 2) == ':b'
-          if amount ~= '0' then add_usage(k, amount, byok) end
-          starts = starts or period_starts(now)
-          table.insert(charges, id)
-          table.insert(charges, amount .. ':' .. (byok and '1' or '0') .. ':' .. starts[1] .. ':' .. starts[2] .. ':' .. starts[3])
-          local _, _, retention, most = string.find(value, '^%d+:[cb]:(%d+):(%d+)$')
-          if retention then
-            keep_generation(id, lapse_record(k, id, amount, byok), tonumber(retention), tonumber(most))
-          end
+          table.insert(gone, id)
         end
       end
+      -- Now, not when the call ends: the next slice must not find them.
+      if #scores > 0 then redis.call('ZADD', C.X, unpack(scores)) end
+      if #gone > 0 then redis.call('ZREM', C.X, unpack(gone)) end
     end
-    if #charges > 0 then redis.call('HSET', k.lapsed, unpack(charges)) end
-    if k ~= ACCT then redis.call('ZADD', k.settled, unpack(lapsed)) end
-  end
-  redis.call('ZREMRANGEBYSCORE', k.res, '-inf', int(now))
-  local lapse_ms = math.ceil(k.lapse / 1000)
-  if k ~= ACCT then
-    forget_settled(k, now)
-    keep_settled_for(k, lapse_ms)
-    if redis.call('PTTL', k.lapsed) < lapse_ms then redis.call('PEXPIRE', k.lapsed, lapse_ms) end
-  end
+  until #ids < 500
+  local first = redis.call('ZRANGEBYSCORE', C.X, '(0', '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
+  put('next', first[2] or '')
 end
 
--- Gives back what the lapse of `id` charged, if it did and is still
--- known, to the key's usage (the all-time total, and each period still
--- the one it was charged in) and, unless BYOK, to the balance; whether it
--- did.
-local function undo_lapse(k, id)
-  local charge = redis.call('HGET', k.lapsed, id)
-  if charge then
-    redis.call('HDEL', k.lapsed, id)
-    local _, _, amount, byok, ds, ws, ms = string.find(charge, '^(%d+):(%d):(%d+):(%d+):(%d+)$')
-    if amount and amount ~= '0' then
-      local stored = redis.call('HMGET', k.use, 'ds', 'ws', 'ms')
-      local charged_in = { ds, ws, ms }
-      for p = 1, 3 do
-        if stored[p] == charged_in[p] then
-          redis.call('HINCRBY', k.use, PERIOD_FIELDS[(p - 1) * 3 + (byok == '1' and 3 or 2)], '-' .. amount)
-        end
+-- Gives back what the lapse `value` of `id` charged: to its key's usage
+-- (all time, and each period still the one it was charged in) and, unless
+-- BYOK, to the balance; and removes its record.
+local function undo_lapse(id, value)
+  local _, _, amount, byok, ds, ws, ms, key = string.find(value, '^L:%d+:(%d+):(%d):(%d+):(%d+):(%d+):(.*)$')
+  local held = big(amount)
+  local charged_in = { ds, ws, ms }
+  for p = 1, 3 do
+    local period = PERIOD[p]
+    if get(key .. ':' .. period .. 's') == charged_in[p] then
+      local field = key .. ':' .. (byok == '1' and 'b' or '') .. period
+      put(field, big_str(big_less(big(get(field)), held)))
+    end
+  end
+  local total = key .. (byok == '1' and ':bt' or ':t')
+  put(total, big_str(big_less(big(get(total)), held)))
+  if byok == '0' then put('balance', signed_add(get('balance'), held, false)) end
+  C.records[id] = nil
+  redis.call('HDEL', C.gen, id)
+  redis.call('ZREM', C.genexp, id)
+end
+
+-- Removes the settled and lapsed ids whose time is up.
+local function forget_ids()
+  repeat
+    local ids = redis.call('ZRANGEBYSCORE', C.X, int(-C.now), '(0', 'LIMIT', 0, 1000)
+    if #ids > 0 then
+      local fields = {}
+      for _, id in ipairs(ids) do
+        table.insert(fields, 'i:' .. id)
+        table.insert(fields, 'l:' .. id)
       end
-      redis.call('HINCRBY', k.use, byok == '1' and 'bt' or 't', '-' .. amount)
-      if byok == '0' then redis.call('HINCRBY', ACCT.acct, 'balance', amount) end
+      redis.call('HDEL', C.A, unpack(fields))
+      redis.call('ZREM', C.X, unpack(ids))
+      -- The call's own writes of these ids are written back when it ends.
+      for _, field in ipairs(fields) do
+        if not C.dirty[field] then C.F[field] = nil end
+      end
+    end
+  until #ids < 1000
+end
+
+-- Removes the records past their time or the account's cap.
+local function remove_old_records()
+  repeat
+    local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now), 'LIMIT', 0, 1000)
+    if #expired > 0 then
+      redis.call('HDEL', C.gen, unpack(expired))
+      redis.call('ZREM', C.genexp, unpack(expired))
+    end
+  until #expired < 1000
+  local most = tonumber(get('gmax') or '')
+  if most then
+    local over = redis.call('ZCARD', C.genexp) - most
+    while over > 0 do
+      local popped = redis.call('ZPOPMIN', C.genexp, math.min(over, 1000))
+      local ids = {}
+      for j = 1, #popped, 2 do table.insert(ids, popped[j]) end
+      redis.call('HDEL', C.gen, unpack(ids))
+      over = over - #ids
     end
   end
-  return charge ~= nil and charge ~= false
 end
 
--- Releases the hold of reservation `id`, if it still has one.
-local function release(k, id)
-  local held = redis.call('HMGET', k.amt, id, TOTAL, COUNT)
-  if not held[1] then return end
-  redis.call('HDEL', k.amt, id)
-  take_held(k, held[2], held[3], { held[1] })
-end
-
--- The sum (big) and number of the live reservations, and (read in the
--- same call) the amount held by reservation `id` when one is given and
--- holds; expired ones must be dropped first. The kept sum and count while
--- the count matches the hash's length, else the holds counted.
-local function live_reserved(k, id)
-  local kept
-  if id then kept = redis.call('HMGET', k.amt, TOTAL, COUNT, id) else kept = redis.call('HMGET', k.amt, TOTAL, COUNT) end
-  if kept[1] and kept[2] and tonumber(kept[2]) == redis.call('HLEN', k.amt) - 2 then
-    return big(kept[1]), tonumber(kept[2]), kept[3]
+-- Writes what the call changed: A's fields, X's scores, the records (whose
+-- keys live as long as their longest-kept record, extended an eighth
+-- ahead so that the write comes once in that margin).
+local function ledger_end()
+  -- At most once a second (each removal is a few commands), the call tidies
+  -- the account: ids forgotten, then, once its own records are kept, the
+  -- records past their time or the cap.
+  local tidying = tonumber(get('tidy') or '0') <= C.now
+  if tidying then
+    put('tidy', int(C.now + TIDY_US))
+    forget_ids()
   end
-  local reserved, holds = big('0'), 0
-  local fields = redis.call('HGETALL', k.amt)
-  for i = 1, #fields, 2 do
-    if fields[i] ~= TOTAL and fields[i] ~= COUNT then
-      reserved, holds = big_add(reserved, big(amount_of(fields[i + 1]))), holds + 1
+  local changed = {}
+  for name in pairs(C.dirty) do
+    table.insert(changed, name)
+    table.insert(changed, C.F[name])
+  end
+  for i = 1, #changed, 2000 do
+    redis.call('HSET', C.A, unpack(changed, i, math.min(i + 1999, #changed)))
+  end
+  for i = 1, #C.scores, 2000 do
+    redis.call('ZADD', C.X, unpack(C.scores, i, math.min(i + 1999, #C.scores)))
+  end
+  local records, expiries = {}, {}
+  for id, kept in pairs(C.records) do
+    table.insert(records, id)
+    table.insert(records, kept[1])
+    table.insert(expiries, kept[2])
+    table.insert(expiries, id)
+  end
+  if #records > 0 then
+    for i = 1, #records, 2000 do
+      redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
+      redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
+    end
+    local needed = C.now + C.retention
+    if tonumber(get('gttl') or '0') < needed then
+      local margin = math.min(math.ceil(C.retention / 8), 3600000000)
+      local ttl_ms = math.ceil((C.retention + margin) / 1000) + C.slack_ms
+      redis.call('PEXPIRE', C.gen, ttl_ms)
+      redis.call('PEXPIRE', C.genexp, ttl_ms)
+      redis.call('HSET', C.A, 'gttl', int(C.now + C.retention + margin))
     end
   end
-  return reserved, holds, kept[3]
-end
-
--- A usage hash's fields, as one HMGET reads them: all-time own and BYOK
--- usage, then per period (day, week, month) its start, own and BYOK usage.
-local USAGE_FIELDS = { 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
--- What an admission reads of the key before its usage: `rv` (revoked at),
--- then its terms (set_key_terms): `tl` limit ('-' none), `tr` reset
--- (n/d/w/m), `tb` BYOK counted (0/1), `tx` expiry (µs, '' never).
-local KEY_FIELDS = { 'rv', 'tl', 'tr', 'tb', 'tx' }
-local KEY_FIELDS_AND_USAGE = { 'rv', 'tl', 'tr', 'tb', 'tx', 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm' }
-
--- Own and BYOK usage (strings) in period `p` (0 all time, 1 day, 2 week,
--- 3 month) from `f`, the values of USAGE_FIELDS from `f[at + 1]` on; a
--- period's totals count only while its stored start is `starts[p]`, the
--- current one (see period_starts; not needed for all time).
-local function usage_in(f, at, p, starts)
-  if p == 0 then return f[at + 1] or '0', f[at + 2] or '0' end
-  local i = at + 3 * p
-  if f[i] ~= starts[p] then return '0', '0' end
-  return f[i + 1] or '0', f[i + 2] or '0'
+  if tidying then remove_old_records() end
 end
