@@ -459,6 +459,52 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .await
         .unwrap();
     assert_eq!(old.layout().await.unwrap(), None);
+    // Its ledger in the older layout: five keys per key, holds per
+    // account: 1.5 credits used today, and a request in flight holding 0.5.
+    let credit = modelgate::store::NANOS_PER_CREDIT;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let key_base = format!("mg:{{default}}:k:{}", record.hash);
+    let day_start = chrono::Utc::now()
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
+        .timestamp_micros();
+    let held_until = (chrono::Utc::now() + chrono::Duration::minutes(10)).timestamp_micros();
+    let mut seed = redis::pipe();
+    seed.cmd("HSET")
+        .arg(format!("{key_base}:use"))
+        .arg("t")
+        .arg(3 * credit / 2)
+        .arg("ds")
+        .arg(day_start)
+        .arg("d")
+        .arg(3 * credit / 2)
+        .arg(&b"\xfftotal"[..])
+        .arg(credit / 2)
+        .ignore()
+        .cmd("ZADD")
+        .arg(format!("{key_base}:res"))
+        .arg(held_until)
+        .arg("in-flight")
+        .ignore()
+        .cmd("HSET")
+        .arg(format!("{key_base}:resamt"))
+        .arg("in-flight")
+        .arg(format!("{}:c", credit / 2))
+        .ignore()
+        .cmd("ZADD")
+        .arg("mg:{default}:holds")
+        .arg(held_until)
+        .arg("in-flight")
+        .ignore()
+        .cmd("HSET")
+        .arg("mg:{default}:holdamt")
+        .arg("in-flight")
+        .arg(credit / 2)
+        .ignore();
+    let () = seed.query_async(&mut connection).await.unwrap();
 
     // A new instance refuses it, naming the command.
     let refused = RedisStore::connect(&url, RedisStoreConfig::default())
@@ -481,12 +527,16 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         "{stderr}"
     );
 
-    // Migrated once: every key's terms written, the layout recorded; again
-    // changes nothing.
-    for _ in 0..2 {
+    // Migrated once: every key's ledger moved and terms written, the
+    // layout recorded; again changes nothing.
+    for holds in [1, 0] {
         let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
         assert_eq!(code, Some(0), "{stderr}");
         assert!(stderr.contains("wrote the terms of 1 key(s)"), "{stderr}");
+        assert!(
+            stderr.contains(&format!("with {holds} hold(s) in flight")),
+            "{stderr}"
+        );
     }
     let store = RedisStore::connect(&url, RedisStoreConfig::default())
         .await
@@ -494,6 +544,27 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     assert_eq!(
         store.layout().await.unwrap(),
         Some(modelgate::store::LEDGER_LAYOUT)
+    );
+    // The key's usage and its request in flight came along; the old keys
+    // are gone.
+    let usage = store
+        .key_usage("default", &record.hash, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (usage.total_nanos, usage.day_nanos, usage.reserved_nanos),
+        (3 * credit / 2, 3 * credit / 2, credit / 2)
+    );
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("mg:{default}:*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(
+        left.iter().all(|name| !name.starts_with(&key_base)
+            && name != "mg:{default}:holds"
+            && name != "mg:{default}:holdamt"),
+        "{left:?}"
     );
     // The key's limit now decides in the store, whatever a request says.
     use modelgate::store::{LedgerStore, ReserveOutcome, ReserveRequest};
@@ -518,9 +589,36 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         store.reserve(&request, chrono::Utc::now()).await.unwrap(),
         ReserveOutcome::KeyLimitReached { .. }
     ));
+    // The request in flight settles as any other: its hold released, its
+    // cost charged once.
+    let settlement = modelgate::store::Settlement {
+        account: "default".into(),
+        key: record.hash.clone(),
+        reservation_id: "in-flight".into(),
+        hold_granted: true,
+        cost_nanos: credit / 5,
+        byok: false,
+        record: None,
+    };
+    for _ in 0..2 {
+        store
+            .settle(&settlement, chrono::Utc::now())
+            .await
+            .unwrap();
+    }
+    let usage = store
+        .key_usage("default", &record.hash, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (usage.total_nanos, usage.reserved_nanos),
+        (17 * credit / 10, 0)
+    );
+    assert_eq!(
+        store.account_balance("default").await.unwrap().balance_nanos,
+        10 * credit - credit / 5
+    );
     // A layout newer than this version's is refused as such.
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let () = redis::cmd("SET")
         .arg("mg:{layout}:version")
         .arg(modelgate::store::LEDGER_LAYOUT + 1)

@@ -143,14 +143,17 @@ async fn remembered_ids(server: &RedisServer) -> usize {
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*:settled")
+        .arg("*:ids")
         .query_async(&mut connection)
         .await
         .unwrap();
     let mut count = 0;
     for key in keys {
-        let members: usize = redis::cmd("ZCARD")
+        // Settled ids are scored by minus when they are forgotten.
+        let members: usize = redis::cmd("ZCOUNT")
             .arg(&key)
+            .arg("-inf")
+            .arg("(0")
             .query_async(&mut connection)
             .await
             .unwrap();
