@@ -2047,6 +2047,55 @@ mod tests {
     }
 
     #[test]
+    fn the_library_is_named_after_its_lua_and_registers_every_operation_once() {
+        let library = &*LIBRARY;
+        let hash = library.name.strip_prefix("mg_").unwrap();
+        assert_eq!(hash.len(), 12);
+        assert!(hash.bytes().all(|byte| byte.is_ascii_hexdigit()));
+        assert!(library
+            .text
+            .starts_with(&format!("#!lua name={}\n", library.name)));
+        // The name covers everything but itself.
+        assert_eq!(Library::new().name, library.name);
+        assert_eq!(
+            Library::text(&library.name).replace(&library.name, "mg"),
+            Library::text("mg")
+        );
+        for (operation, _) in OPERATIONS {
+            let registration = format!("redis.register_function('{}_{operation}',", library.name);
+            assert_eq!(
+                library.text.matches(&registration).count(),
+                1,
+                "{operation}"
+            );
+        }
+        assert_eq!(
+            library.text.matches("redis.register_function(").count(),
+            OPERATIONS.len()
+        );
+        for shared in SHARED_LUA {
+            assert_eq!(library.text.matches(shared).count(), 1);
+        }
+        let scripts = Scripts::new(library);
+        assert_eq!(
+            scripts.ledger_write.name,
+            format!("{}_ledger_write", library.name)
+        );
+        let mut call = scripts.top_up.prepare_invoke();
+        call.key("k1").arg("a1").key("k2").arg(2);
+        let packed = call.command().get_packed_command();
+        let expected = redis::cmd("FCALL")
+            .arg(&scripts.top_up.name)
+            .arg(2)
+            .arg("k1")
+            .arg("k2")
+            .arg("a1")
+            .arg(2)
+            .get_packed_command();
+        assert_eq!(packed, expected);
+    }
+
+    #[test]
     fn escaping_keeps_hash_tags_and_separators_unambiguous() {
         assert_eq!(escaped("acct-1_a.b"), "acct-1_a.b");
         assert_eq!(escaped("a}b{c:d"), "a%7Db%7Bc%3Ad");
