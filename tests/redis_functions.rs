@@ -199,6 +199,39 @@ async fn after_function_flush_a_call_loads_the_library_and_runs_once() {
     assert_eq!(watch.client_commands(), ["fcall"]);
 }
 
+/// Calls that find the library missing together load it once: one
+/// `FUNCTION LOAD` for a burst of calls, each sent at most twice and
+/// counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_find_the_library_missing_together_load_it_once() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), config()).await.unwrap();
+    function_flush(&server.url()).await;
+
+    let watch = CommandWatch::start(server.port());
+    let calls: Vec<_> = (0..32)
+        .map(|index| {
+            let store = store.clone();
+            tokio::spawn(async move { store.top_up(&format!("acct{index}"), 5).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    let commands = watch.client_commands();
+    let loads = commands.iter().filter(|name| *name == "function").count();
+    let fcalls = commands.iter().filter(|name| *name == "fcall").count();
+    assert_eq!(loads, 1, "{commands:?}");
+    assert!((32..=64).contains(&fcalls), "{commands:?}");
+    for index in 0..32 {
+        let balance = store
+            .account_balance(&format!("acct{index}"))
+            .await
+            .unwrap();
+        assert_eq!(balance.purchased_nanos, 5, "acct{index}: credited once");
+    }
+}
+
 /// The same on a 3-node Cluster flushed on every node: the accounts on each
 /// node are served, each top-up credited once, and every primary has the
 /// library again.

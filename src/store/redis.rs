@@ -179,6 +179,16 @@ pub struct RedisStore {
     config: Arc<RedisStoreConfig>,
     scripts: Arc<Scripts>,
     breaker: Arc<Breaker>,
+    reloads: Arc<Reloads>,
+}
+
+/// How many times a store (all its clones) has loaded the library again,
+/// and the lock under which one of the calls that found it missing
+/// together loads it.
+#[derive(Default)]
+struct Reloads {
+    done: std::sync::atomic::AtomicU64,
+    loading: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -594,6 +604,7 @@ impl RedisStore {
             )),
             config: Arc::new(config),
             scripts: Arc::new(Scripts::new(&LIBRARY)),
+            reloads: Arc::default(),
         }
     }
 
@@ -814,7 +825,9 @@ impl RedisStore {
     /// restart without persistence, `FUNCTION FLUSH`, a node that never
     /// had it) refuses the call without running it: the library is loaded
     /// again and the call sent once more, within the same timeout. Nothing
-    /// else is ever resent.
+    /// else is ever resent. Of the calls refused together, one loads the
+    /// library and the others wait for it, so a restarted Redis compiles
+    /// it once per instance rather than once per call in flight.
     async fn run(
         &self,
         operation: &'static str,
@@ -823,9 +836,17 @@ impl RedisStore {
         let mut connection = self.connection.clone();
         let command = invocation.command();
         let call = async {
+            use std::sync::atomic::Ordering;
+            let reloads_before = self.reloads.done.load(Ordering::Acquire);
             match command.query_async(&mut connection).await {
                 Err(error) if function_missing(&error) => {
-                    let _: Value = load_library_command().query_async(&mut connection).await?;
+                    let loading = self.reloads.loading.lock().await;
+                    // Unless another call loaded it after this one was sent.
+                    if self.reloads.done.load(Ordering::Acquire) == reloads_before {
+                        let _: Value = load_library_command().query_async(&mut connection).await?;
+                        self.reloads.done.fetch_add(1, Ordering::Release);
+                    }
+                    drop(loading);
                     command.query_async(&mut connection).await
                 }
                 reply => reply,
