@@ -55,21 +55,21 @@ $( [ -n "$key" ] && echo "wrk.headers[\"authorization\"] = \"Bearer $key\"" )
 LUA
 }
 
-# "TOTAL EVALSHA CPU": the commands Redis has run since it started, all
-# but INFO (the snapshots' own); the EVALSHA among them; and the CPU
-# seconds Redis has used. Redis counts the commands a script runs as well
-# as the script call itself, so TOTAL is the work Redis does; the round
-# trips are the EVALSHA (the gateway's other direct commands are not on
-# the chat path).
+# "TOTAL FCALL CPU": the commands Redis has run since it started, all
+# but INFO (the snapshots' own); the FCALL among them; and the CPU
+# seconds Redis has used. Redis counts the commands a function runs as
+# well as the function call itself, so TOTAL is the work Redis does; the
+# round trips are the FCALL (the gateway's other direct commands are not
+# on the chat path).
 redis_calls() {
   redis-cli -p "$redis_port" INFO all | tr -d '\r' | awk -F'[:=,]' '
     /^cmdstat_/ {
       name = substr($1, 9)
       if (name != "info") total += $3
-      if (name == "evalsha") evalsha = $3
+      if (name == "fcall") fcall = $3
     }
     /^used_cpu_(sys|user):/ { cpu += $2 }
-    END { printf "%d %d %.6f\n", total, evalsha, cpu }'
+    END { printf "%d %d %.6f\n", total, fcall, cpu }'
 }
 
 # CPU seconds (user + system) a process has used, in clock ticks.
@@ -80,7 +80,7 @@ ticks_per_second="$(getconf CLK_TCK)"
 
 results=()
 redis_line=""
-# Store round trips per chat request on Redis: the EVALSHA calls (the
+# Store round trips per chat request on Redis: the FCALL calls (the
 # gateway's only store calls on the chat path once the key is cached) over
 # a short run at `$1` connections.
 round_trips() {
@@ -134,7 +134,7 @@ run() {
     requests="$(awk '/requests in/ {print $1}' "$work/$name.wrk")"
     redis_line="$(awk -v b="$before" -v a="$after" -v n="$requests" 'BEGIN {
       split(b, x, " "); split(a, y, " ")
-      printf "redis: %.2f commands per request (evalsha %.2f), those run inside the scripts included; %.1f us of Redis CPU per request; over %d requests", (y[1] - x[1]) / n, (y[2] - x[2]) / n, 1e6 * (y[3] - x[3]) / n, n
+      printf "redis: %.2f commands per request (fcall %.2f), those run inside the functions included; %.1f us of Redis CPU per request; over %d requests", (y[1] - x[1]) / n, (y[2] - x[2]) / n, 1e6 * (y[3] - x[3]) / n, n
     }')"
   fi
   local rps p50 p99 errors

@@ -28,15 +28,6 @@ use modelgate::store::{RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDI
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};
 
-/// The script every ledger write runs, as the store builds it.
-const LEDGER_WRITE: &str = concat!(
-    include_str!("../src/store/lua/int.lua"),
-    include_str!("../src/store/lua/time.lua"),
-    include_str!("../src/store/lua/counters.lua"),
-    include_str!("../src/store/lua/ledger_common.lua"),
-    include_str!("../src/store/lua/ledger_write.lua")
-);
-
 /// 1000 credits per million completion tokens and free prompts: a request
 /// with `max_tokens` 1000 is estimated at exactly one credit.
 fn prices() -> PriceTable {
@@ -133,12 +124,11 @@ async fn chat(client: &reqwest::Client, address: SocketAddr, key: &str) -> (u16,
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
-/// Counts, through MONITOR, the ledger writes (the ledger script's calls)
-/// the server runs from now on.
+/// Counts, through MONITOR, the ledger writes (the calls of the library's
+/// `<library>_ledger_write` function) the server runs from now on.
 struct LedgerWrites {
     reader: BufReader<TcpStream>,
     port: u16,
-    sha: String,
 }
 
 impl LedgerWrites {
@@ -152,7 +142,6 @@ impl LedgerWrites {
         LedgerWrites {
             reader,
             port: server.port(),
-            sha: redis::Script::new(LEDGER_WRITE).get_hash().to_owned(),
         }
     }
 
@@ -170,10 +159,11 @@ impl LedgerWrites {
             if line.contains(marker) {
                 return writes;
             }
-            // `+<time> [<db> <addr>] "evalsha" "<sha>" …`
+            // `+<time> [<db> <addr>] "fcall" "mg_<hash>_ledger_write" …`
             let mut quoted = line.split('"').skip(1).step_by(2);
             let command = quoted.next().unwrap_or_default();
-            if command.eq_ignore_ascii_case("evalsha") && quoted.next() == Some(self.sha.as_str()) {
+            let function = quoted.next().unwrap_or_default();
+            if command.eq_ignore_ascii_case("fcall") && function.ends_with("_ledger_write") {
                 writes += 1;
             }
         }
@@ -188,7 +178,7 @@ async fn two_instances_hold_every_limit_and_record_each_cost_once_in_about_one_w
     let (warm_key, _) = keys(&gateways.stores[0], 1, 1000).await.remove(0);
     let keys = keys(&gateways.stores[0], 10, 15).await;
     let client = reqwest::Client::new();
-    // Warm up: the ledger script is loaded on first use.
+    // Warm up: each instance's first request, outside the count.
     for address in &gateways.addresses {
         assert_eq!(chat(&client, *address, &warm_key).await.0, 200);
     }

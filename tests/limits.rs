@@ -430,7 +430,7 @@ async fn each_layer_costs_one_round_trip_per_request() {
     }
     assert_eq!(
         watch.client_commands(),
-        ["evalsha"; 5],
+        ["fcall"; 5],
         "GlobalRateLimit: one round trip"
     );
     let watch = CommandWatch::start(server.port());
@@ -442,7 +442,7 @@ async fn each_layer_costs_one_round_trip_per_request() {
     }
     assert_eq!(
         watch.client_commands(),
-        ["evalsha"; 10],
+        ["fcall"; 10],
         "plus FreeModelQuota: one more"
     );
 }
@@ -479,7 +479,7 @@ async fn a_full_counter_is_remembered_until_its_wait_ends_and_no_longer() {
     let watch = CommandWatch::start(server.port());
     assert_eq!(chat(&client, address, &keys[0], "x/y").await.status, 200);
     // The key is read again (its cache time is over), then the counter.
-    assert_eq!(watch.client_commands(), ["evalsha", "evalsha"]);
+    assert_eq!(watch.client_commands(), ["fcall", "fcall"]);
 }
 
 #[tokio::test]
@@ -508,5 +508,5 @@ async fn a_full_free_minute_refuses_without_reading_the_purchases() {
         reply.body["error"]["metadata"]["limit_source"],
         "free_per_minute"
     );
-    assert_eq!(watch.client_commands(), ["evalsha"], "only the key lookup");
+    assert_eq!(watch.client_commands(), ["fcall"], "only the key lookup");
 }

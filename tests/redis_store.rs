@@ -90,8 +90,8 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
         .unwrap_err();
     assert_eq!(error.operation(), "get_record");
 
-    // Back on the same port, with an empty script cache: the store
-    // reconnects by itself and reloads its scripts.
+    // Back on the same port, without the function library: the store
+    // reconnects by itself and loads the library again.
     server.restart();
     let mut recovered = false;
     for _ in 0..100 {
@@ -284,8 +284,7 @@ fn sent_containing(relays: &[Relay], marker: &[u8]) -> usize {
 /// relays drop the connection): each call fails, nothing sends it again,
 /// and each counted exactly once.
 async fn lost_replies_count_once(store: &RedisStore, relays: &[Relay]) {
-    // The scripts loaded on the accounts' nodes, so that each marked call
-    // is one EVALSHA that runs: another counter, a first purchase.
+    // Calls before the marked ones: another counter, a first purchase.
     let mut warm = minute_check();
     warm.name = "warm".into();
     store
@@ -361,7 +360,7 @@ async fn a_call_whose_reply_is_lost_fails_and_counts_once() {
 /// The same on a 3-node Cluster, each node behind a relay that it
 /// announces as its address (`cluster-announce-port`), so that every
 /// connection of the Cluster client goes through one. The Cluster client
-/// with retries would send the script again on a new connection.
+/// with retries would send the call again on a new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_call_whose_reply_is_lost_fails_and_counts_once() {
     let cluster = RedisCluster::start();
@@ -397,7 +396,7 @@ async fn a_top_up_sent_twice_is_credited_once() {
     let balance = store.top_up("twice", 5).await.unwrap();
     let seconds = relay.second_replies();
     assert_eq!(seconds.len(), 1);
-    // The script ran the second time too (a reply array, not NOSCRIPT).
+    // The function ran the second time too (a reply array, not an error).
     assert!(
         seconds[0].starts_with(b"*"),
         "{:?}",
@@ -603,7 +602,7 @@ async fn every_operation_is_one_round_trip() {
         byok: false,
         record: None,
     };
-    // Warm up: the first run of each script loads it.
+    // Warm up: a first run of each operation.
     store.check_and_add("acct", &checks, t0()).await.unwrap();
     store.reserve(&reserve_request(), t0()).await.unwrap();
     store.settle(&settlement, t0()).await.unwrap();
@@ -655,9 +654,9 @@ async fn every_operation_is_one_round_trip() {
         .await
         .unwrap();
     let commands = watch.client_commands();
-    let mut expected = vec!["evalsha"; 5];
-    expected.extend(["hmget", "evalsha", "evalsha", "evalsha", "evalsha"]);
-    expected.extend(["evalsha", "zrem", "evalsha", "evalsha"]);
+    let mut expected = vec!["fcall"; 5];
+    expected.extend(["hmget", "fcall", "fcall", "fcall", "fcall"]);
+    expected.extend(["fcall", "zrem", "fcall", "fcall"]);
     assert_eq!(commands, expected);
 }
 

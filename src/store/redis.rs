@@ -1,10 +1,17 @@
 //! The shared store: every trait on Redis or Redis Cluster.
 //!
-//! Each operation is one Lua script run through [`redis::Script`] (EVALSHA,
-//! loading the script again when a restarted Redis has forgotten it), so a
-//! check-and-add is one round trip and atomic. Counter, slot and ledger keys
+//! Each operation is one Lua function of one Redis Functions library
+//! (`FCALL`), so a check-and-add is one round trip and atomic; hence Redis
+//! 7 or later. The store loads the library at connect (`FUNCTION LOAD`, on
+//! every primary of a Cluster), and again when Redis answers that a
+//! function is missing (a restart without persistence, `FUNCTION FLUSH`, a
+//! node that never had it), then sends that call, which did not run, once
+//! more. The library and its functions are named after a hash of its Lua
+//! (`mg_<hash>`, `mg_<hash>_<operation>`), so instances of different
+//! versions sharing a Redis each run their own; an older version's
+//! library stays until deleted (`FUNCTION DELETE`). Counter, slot and ledger keys
 //! are hash-tagged by account (`mg:{acct}:…`) and record keys by collection
-//! (`mg:{r%3Akeys}:…`, the collection percent-escaped), so every script touches one Cluster slot and declares
+//! (`mg:{r%3Akeys}:…`, the collection percent-escaped), so every function call touches one Cluster slot and declares
 //! every key it touches. A record's lifetime is its score in the
 //! collection's `exp` sorted set (Redis has no expiry per hash field before
 //! 7.4): the record scripts remove the expired ones before they read,
@@ -51,7 +58,7 @@
 //! nano-credits stay exact over the whole `i64` range.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -59,7 +66,8 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
+use redis::{Cmd, Pipeline, RedisFuture, ToRedisArgs, Value};
+use sha2::{Digest, Sha256};
 
 use super::apps::{
     validate_app_usage, AppUsage, AppUsageStore, FIELD_SEPARATOR, MAX_APP_USAGE_ROWS,
@@ -175,6 +183,16 @@ pub struct RedisStore {
     config: Arc<RedisStoreConfig>,
     scripts: Arc<Scripts>,
     breaker: Arc<Breaker>,
+    reloads: Arc<Reloads>,
+}
+
+/// How many times a store (all its clones) has loaded the library again,
+/// and the lock under which one of the calls that found it missing
+/// together loads it.
+#[derive(Default)]
+struct Reloads {
+    done: std::sync::atomic::AtomicU64,
+    loading: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -191,65 +209,174 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-struct Scripts {
-    check_and_add: Script,
-    acquire_slot: Script,
-    ledger_write: Script,
-    key_usage: Script,
-    top_up: Script,
-    get_record: Script,
-    put_record: Script,
-    delete_record: Script,
-    list_records: Script,
-    generations: Script,
-    app_usage_add: Script,
-    app_usage_read: Script,
-    migrate_key: Script,
-}
+/// Every operation's Lua, as one Redis Functions library: the shared parts
+/// once, then each operation's file as a function of its own. Adding an
+/// operation is one name here and its file `lua/<name>.lua`.
+macro_rules! library {
+    ($($operation:ident),+ $(,)?) => {
+        /// Each operation's function in the [`LIBRARY`].
+        struct Scripts {
+            $($operation: Function,)+
+        }
 
-/// A script with `int` (lua/int.lua) and the shared parts it uses
-/// prepended, in order.
-macro_rules! script {
-    ($($file:literal),+) => {
-        Script::new(concat!(include_str!("lua/int.lua"), $(include_str!($file)),+))
+        impl Scripts {
+            fn new(library: &Library) -> Self {
+                Scripts {
+                    $($operation: Function::new(library, stringify!($operation)),)+
+                }
+            }
+        }
+
+        /// Each operation's name and its file.
+        const OPERATIONS: &[(&str, &str)] = &[
+            $((
+                stringify!($operation),
+                include_str!(concat!("lua/", stringify!($operation), ".lua")),
+            ),)+
+        ];
     };
 }
 
-impl Scripts {
+library!(
+    check_and_add,
+    acquire_slot,
+    ledger_write,
+    key_usage,
+    top_up,
+    get_record,
+    put_record,
+    delete_record,
+    list_records,
+    generations,
+    app_usage_add,
+    app_usage_read,
+    migrate_key,
+);
+
+/// The shared parts, each defined once in the library, in the order they
+/// build on each other.
+const SHARED_LUA: [&str; 5] = [
+    include_str!("lua/int.lua"),
+    include_str!("lua/time.lua"),
+    include_str!("lua/counters.lua"),
+    include_str!("lua/ledger_common.lua"),
+    include_str!("lua/records_common.lua"),
+];
+
+/// The library this binary loads, built once.
+static LIBRARY: LazyLock<Library> = LazyLock::new(Library::new);
+
+/// A Redis Functions library and its name.
+struct Library {
+    /// `mg_` and the first 12 hex digits of the SHA-256 of the library's
+    /// text (under a placeholder name): binaries with different Lua load
+    /// libraries and functions of different names, so neither replaces the
+    /// other's, and the same Lua keeps its name across restarts.
+    name: String,
+    /// What `FUNCTION LOAD` is given.
+    text: String,
+}
+
+impl Library {
     fn new() -> Self {
-        Scripts {
-            check_and_add: script!("lua/time.lua", "lua/counters.lua", "lua/check_and_add.lua"),
-            acquire_slot: script!("lua/acquire_slot.lua"),
-            ledger_write: script!(
-                "lua/time.lua",
-                "lua/counters.lua",
-                "lua/ledger_common.lua",
-                "lua/ledger_write.lua"
-            ),
-            key_usage: script!("lua/time.lua", "lua/ledger_common.lua", "lua/key_usage.lua"),
-            top_up: script!("lua/top_up.lua"),
-            get_record: script!("lua/time.lua", "lua/get_record.lua"),
-            put_record: script!(
-                "lua/time.lua",
-                "lua/records_common.lua",
-                "lua/put_record.lua"
-            ),
-            delete_record: script!(
-                "lua/time.lua",
-                "lua/records_common.lua",
-                "lua/delete_record.lua"
-            ),
-            list_records: script!(
-                "lua/time.lua",
-                "lua/records_common.lua",
-                "lua/list_records.lua"
-            ),
-            generations: script!("lua/time.lua", "lua/generations.lua"),
-            app_usage_add: script!("lua/time.lua", "lua/app_usage_add.lua"),
-            app_usage_read: script!("lua/time.lua", "lua/app_usage_read.lua"),
-            migrate_key: script!("lua/migrate_key.lua"),
+        let placeholder = Self::text("mg");
+        let digest = hex::encode(Sha256::digest(placeholder.as_bytes()));
+        let name = format!("mg_{}", &digest[..12]);
+        let text = Self::text(&name);
+        Library { name, text }
+    }
+
+    fn text(name: &str) -> String {
+        let mut text = format!(
+            "#!lua name={name}\n\
+             -- The arguments of the running call: the shared parts read them\n\
+             -- too, and a function's own are not visible to them.\n\
+             local KEYS, ARGV\n"
+        );
+        for shared in SHARED_LUA {
+            text.push_str(shared);
+            text.push('\n');
+        }
+        for (operation, body) in OPERATIONS {
+            text.push_str(&format!(
+                "redis.register_function('{name}_{operation}', function(keys, argv)\n\
+                 KEYS, ARGV = keys, argv\n\
+                 {body}\n\
+                 end)\n"
+            ));
+        }
+        text
+    }
+}
+
+/// One operation's function: `FCALL <library>_<operation>`.
+struct Function {
+    name: String,
+}
+
+impl Function {
+    fn new(library: &Library, operation: &str) -> Self {
+        Function {
+            name: format!("{}_{operation}", library.name),
         }
     }
+
+    /// A call to build: its keys and arguments, then [`RedisStore::run`].
+    fn prepare_invoke(&self) -> FunctionCall<'_> {
+        FunctionCall {
+            function: &self.name,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// The keys and arguments of one `FCALL`, in the order they are added.
+struct FunctionCall<'a> {
+    function: &'a str,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl FunctionCall<'_> {
+    fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// `FCALL function numkeys key… arg…`.
+    fn command(&self) -> Cmd {
+        let mut command = redis::cmd("FCALL");
+        command
+            .arg(self.function)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        command
+    }
+}
+
+/// `FUNCTION LOAD REPLACE` of the [`LIBRARY`]; on a Cluster the client
+/// sends it to every primary (each replica gets it from its primary).
+fn load_library_command() -> Cmd {
+    let mut command = redis::cmd("FUNCTION");
+    command.arg("LOAD").arg("REPLACE").arg(&LIBRARY.text);
+    command
+}
+
+/// Whether Redis refused a call for want of its function (restarted
+/// without its functions, `FUNCTION FLUSH`, a node that never had them):
+/// the call did not run.
+fn function_missing(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("Function not found"))
 }
 
 /// One Redis server or a Cluster, behind one `ConnectionLike`.
@@ -436,6 +563,7 @@ impl RedisStore {
             .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
             .map_err(|error| backend("connect", error))?;
         let store = RedisStore::with_connection(Connection::Single(connection), config);
+        store.load_library().await?;
         store.check_settings().await;
         store.check_layout().await?;
         Ok(store)
@@ -466,6 +594,7 @@ impl RedisStore {
             .map_err(|_| StoreError::new("connect", StoreErrorKind::Timeout(config.call_timeout)))?
             .map_err(|error| backend("connect", error))?;
         let store = RedisStore::with_connection(Connection::Cluster(connection), config);
+        store.load_library().await?;
         store.check_settings().await;
         store.check_layout().await?;
         Ok(store)
@@ -479,7 +608,8 @@ impl RedisStore {
                 config.breaker_cool_down,
             )),
             config: Arc::new(config),
-            scripts: Arc::new(Scripts::new()),
+            scripts: Arc::new(Scripts::new(&LIBRARY)),
+            reloads: Arc::default(),
         }
     }
 
@@ -677,14 +807,79 @@ impl RedisStore {
         result
     }
 
+    /// Loads the [`LIBRARY`] (on every primary of a Cluster), refusing a
+    /// Redis without Functions (before 7).
+    async fn load_library(&self) -> Result<(), StoreError> {
+        const OPERATION: &str = "connect";
+        let mut connection = self.connection.clone();
+        let command = load_library_command();
+        // A refused command is an answer, not a sick store.
+        let loading = async {
+            match command.query_async::<Value>(&mut connection).await {
+                Ok(_) => Ok(Ok(())),
+                Err(error)
+                    if error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+                {
+                    Ok(Err(error))
+                }
+                Err(error) => Err(error),
+            }
+        };
+        match self.bounded(OPERATION, loading).await? {
+            Ok(()) => Ok(()),
+            Err(error)
+                if error
+                    .detail()
+                    .is_some_and(|detail| detail.starts_with("unknown command")) =>
+            {
+                Err(backend(
+                    OPERATION,
+                    format!(
+                        "this Redis has no FUNCTION command ({error}): the store runs as a \
+                         Redis Functions library, which needs Redis 7 or later"
+                    ),
+                ))
+            }
+            Err(error) => Err(backend(
+                OPERATION,
+                format!("cannot load the store's function library: {error}"),
+            )),
+        }
+    }
+
+    /// Sends one call as `FCALL`. A Redis that has lost the library (a
+    /// restart without persistence, `FUNCTION FLUSH`, a node that never
+    /// had it) refuses the call without running it: the library is loaded
+    /// again and the call sent once more, within the same timeout. Nothing
+    /// else is ever resent. Of the calls refused together, one loads the
+    /// library and the others wait for it, so a restarted Redis compiles
+    /// it once per instance rather than once per call in flight.
     async fn run(
         &self,
         operation: &'static str,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &FunctionCall<'_>,
     ) -> Result<Value, StoreError> {
         let mut connection = self.connection.clone();
-        self.bounded(operation, invocation.invoke_async(&mut connection))
-            .await
+        let command = invocation.command();
+        let call = async {
+            use std::sync::atomic::Ordering;
+            let reloads_before = self.reloads.done.load(Ordering::Acquire);
+            match command.query_async(&mut connection).await {
+                Err(error) if function_missing(&error) => {
+                    let loading = self.reloads.loading.lock().await;
+                    // Unless another call loaded it after this one was sent.
+                    if self.reloads.done.load(Ordering::Acquire) == reloads_before {
+                        let _: Value = load_library_command().query_async(&mut connection).await?;
+                        self.reloads.done.fetch_add(1, Ordering::Release);
+                    }
+                    drop(loading);
+                    command.query_async(&mut connection).await
+                }
+                reply => reply,
+            }
+        };
+        self.bounded(operation, call).await
     }
 
     /// `{prefix}:{scope}:` — the hash tag keeps one account in one slot.
@@ -770,7 +965,7 @@ impl RedisStore {
     }
 
     /// Each check's two keys and four arguments, as `counters.lua` reads them.
-    fn add_checks(&self, invocation: &mut ScriptInvocation<'_>, scoped: &str, checks: &[Check]) {
+    fn add_checks(&self, invocation: &mut FunctionCall<'_>, scoped: &str, checks: &[Check]) {
         for check in checks {
             let (counter, kind, parameter) = self.counter_key(scoped, check);
             let auxiliary = format!("{counter}:aux");
@@ -1848,6 +2043,55 @@ mod tests {
         let mut out = String::new();
         escape_into(&mut out, part);
         out
+    }
+
+    #[test]
+    fn the_library_is_named_after_its_lua_and_registers_every_operation_once() {
+        let library = &*LIBRARY;
+        let hash = library.name.strip_prefix("mg_").unwrap();
+        assert_eq!(hash.len(), 12);
+        assert!(hash.bytes().all(|byte| byte.is_ascii_hexdigit()));
+        assert!(library
+            .text
+            .starts_with(&format!("#!lua name={}\n", library.name)));
+        // The name covers everything but itself.
+        assert_eq!(Library::new().name, library.name);
+        assert_eq!(
+            Library::text(&library.name).replace(&library.name, "mg"),
+            Library::text("mg")
+        );
+        for (operation, _) in OPERATIONS {
+            let registration = format!("redis.register_function('{}_{operation}',", library.name);
+            assert_eq!(
+                library.text.matches(&registration).count(),
+                1,
+                "{operation}"
+            );
+        }
+        assert_eq!(
+            library.text.matches("redis.register_function(").count(),
+            OPERATIONS.len()
+        );
+        for shared in SHARED_LUA {
+            assert_eq!(library.text.matches(shared).count(), 1);
+        }
+        let scripts = Scripts::new(library);
+        assert_eq!(
+            scripts.ledger_write.name,
+            format!("{}_ledger_write", library.name)
+        );
+        let mut call = scripts.top_up.prepare_invoke();
+        call.key("k1").arg("a1").key("k2").arg(2);
+        let packed = call.command().get_packed_command();
+        let expected = redis::cmd("FCALL")
+            .arg(&scripts.top_up.name)
+            .arg(2)
+            .arg("k1")
+            .arg("k2")
+            .arg("a1")
+            .arg(2)
+            .get_packed_command();
+        assert_eq!(packed, expected);
     }
 
     #[test]

@@ -104,8 +104,8 @@ impl RedisServer {
         assert!(status.success(), "kill {signal} redis-server failed");
     }
 
-    /// Starts the server again on the same port, with an empty script cache
-    /// and, unless it was started persistent, an empty dataset.
+    /// Starts the server again on the same port: unless it was started
+    /// persistent, with no data and no functions.
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
