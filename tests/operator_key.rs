@@ -601,10 +601,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         record: None,
     };
     for _ in 0..2 {
-        store
-            .settle(&settlement, chrono::Utc::now())
-            .await
-            .unwrap();
+        store.settle(&settlement, chrono::Utc::now()).await.unwrap();
     }
     let usage = store
         .key_usage("default", &record.hash, chrono::Utc::now())
@@ -615,7 +612,11 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         (17 * credit / 10, 0)
     );
     assert_eq!(
-        store.account_balance("default").await.unwrap().balance_nanos,
+        store
+            .account_balance("default")
+            .await
+            .unwrap()
+            .balance_nanos,
         10 * credit - credit / 5
     );
     // A layout newer than this version's is refused as such.

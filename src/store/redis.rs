@@ -1668,10 +1668,9 @@ impl LedgerStore for RedisStore {
         const OPERATION: &str = "set_key_terms";
         validate_key_terms(terms)?;
         // In the account's ledger hash, which every admission of the key
-        // reads in the same script: `<key>:tl` the limit ('-' for none),
-        // `:tr` its reset, `:tb` whether BYOK counts, `:tx` the expiry (µs,
-        // '' never).
-        let ledger = self.ledger_hash(account);
+        // reads in the same script: `t:<key>` = 'limit:reset:byok:expiry'
+        // (limit '-' for none, reset n/d/w/m, BYOK counted 0/1, expiry µs
+        // or '' for never).
         let (limit, reset, include_byok) = match terms.limit {
             Some(limit) => (
                 limit.limit_nanos.to_string(),
@@ -1686,15 +1685,12 @@ impl LedgerStore for RedisStore {
             .unwrap_or_default();
         let mut connection = self.connection.clone();
         let command = redis::cmd("HSET")
-            .arg(ledger)
-            .arg(format!("{key}:tl"))
-            .arg(limit)
-            .arg(format!("{key}:tr"))
-            .arg(reset)
-            .arg(format!("{key}:tb"))
-            .arg(u8::from(include_byok))
-            .arg(format!("{key}:tx"))
-            .arg(expiry)
+            .arg(self.ledger_hash(account))
+            .arg(format!("t:{key}"))
+            .arg(format!(
+                "{limit}:{reset}:{}:{expiry}",
+                u8::from(include_byok)
+            ))
             .to_owned();
         let _added: i64 = self
             .bounded(OPERATION, command.query_async(&mut connection))
@@ -1709,12 +1705,12 @@ impl LedgerStore for RedisStore {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         const OPERATION: &str = "revoke_key";
-        // `<key>:rv` in the account's ledger hash, where every admission of
+        // `r:<key>` in the account's ledger hash, where every admission of
         // the key reads it in the same script.
         let mut connection = self.connection.clone();
         let command = redis::cmd("HSET")
             .arg(self.ledger_hash(account))
-            .arg(format!("{key}:rv"))
+            .arg(format!("r:{key}"))
             .arg(unix_micros(now))
             .to_owned();
         let _added: i64 = self

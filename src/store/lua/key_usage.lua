@@ -7,7 +7,7 @@
 -- Returns the eight usage fields and the held sum, as decimal strings.
 ledger_begin(KEYS, clock_now(ARGV[1]), 0, tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
 local key = ARGV[5]
-load(key_field_names(key, KEY_USAGE, { 'balance', 'held', 'next', 'tidy', 'gmax', 'gttl' }))
+load({ 'balance', 's', 'k:' .. key })
 sweep()
 local usage = {}
 for p = 0, 3 do
@@ -15,6 +15,6 @@ for p = 0, 3 do
   table.insert(usage, own)
   table.insert(usage, byok)
 end
-table.insert(usage, big_str(big(get(key .. ':h'))))
+table.insert(usage, text(kget(key, 'h')))
 ledger_end()
 return usage

@@ -2,20 +2,21 @@
 --
 -- An account's whole ledger is one hash (A) and one sorted set (X), plus
 -- its generation records (a hash of id -> record and a sorted set of id ->
--- expiry µs). A holds, as fields:
+-- expiry µs). A holds, as fields (several values packed in one field,
+-- separated by ':', so that a call moves few values between Lua and Redis):
 --   balance, purchased  nano-credits, decimal (the balance may be negative)
---   held                the sum of the live holds its balance covers
---   next                µs: no live hold expires before it ('' when none)
---   tidy                µs: when forgotten ids and records are next removed
---   gmax                the most generation records kept (the last asked)
---   gttl                µs until which the record keys are known to live
---   <key>:rv            the key revoked at (µs), absent while it works
---   <key>:tl tr tb tx   its terms: limit ('-' none), reset (n/d/w/m), BYOK
---                       counted (0/1), expiry (µs, '' never)
---   <key>:t bt          its usage all time, own and BYOK
---   <key>:ds d bd, ws w bw, ms m bm
---                       per period (day, week, month) its start and usage
---   <key>:h             the sum of the key's live holds
+--   s                   'held:next:tidy:gmax:gttl': the sum of the live
+--                       holds its balance covers; µs no live hold expires
+--                       before ('' none); µs when forgotten ids and records
+--                       are next removed; the most generation records kept
+--                       (the last asked); µs until which the record keys
+--                       are known to live
+--   k:<key>             the key's usage and holds: 't:bt:ds:d:bd:ws:w:bw:ms:m:bm:h'
+--                       (all time own and BYOK; per period, day, week and
+--                       month, its start, own and BYOK usage; its live holds)
+--   t:<key>             its terms 'tl:tr:tb:tx': limit ('-' none), reset
+--                       (n/d/w/m), BYOK counted (0/1), expiry (µs, '' never)
+--   r:<key>             revoked at (µs), absent while it works
 --   i:<id>              a request the ledger tracks:
 --     'H:<amount>:<c|b>:<retention>:<most>:<key>' while it holds (c: the
 --       balance covers it too; retention and most, when not empty, say how
@@ -64,18 +65,52 @@ local function big_str(a)
   if a[1] == 0 then return int(a[2]) end
   return int(a[1]) .. string.format('%09d', a[2])
 end
--- A signed decimal (the balance) plus or, when `subtract`, minus `b`.
-local function signed_add(text, b, subtract)
-  text = text or '0'
+-- Decimal texts (nano-credits, no sign unless said) added, subtracted and
+-- compared exactly: as Lua numbers while both have at most 15 digits (their
+-- sum stays below 2^53), else as two-part integers. Absent ('' or false)
+-- counts as 0.
+local function text(a) if not a or a == '' then return '0' end return a end
+local function add(a, b)
+  a, b = text(a), text(b)
+  if #a <= 15 and #b <= 15 then return int(tonumber(a) + tonumber(b)) end
+  return big_str(big_add(big(a), big(b)))
+end
+-- a - b, or 0 when b is larger (a kept sum never goes below nothing).
+local function less(a, b)
+  a, b = text(a), text(b)
+  if #a <= 15 and #b <= 15 then
+    local d = tonumber(a) - tonumber(b)
+    if d < 0 then return '0' end
+    return int(d)
+  end
+  return big_str(big_less(big(a), big(b)))
+end
+local function ge(a, b)
+  a, b = text(a), text(b)
+  if #a <= 15 and #b <= 15 then return tonumber(a) >= tonumber(b) end
+  return big_ge(big(a), big(b))
+end
+local function minimum(a, b) if ge(a, b) then return b end return a end
+
+-- A signed decimal (the balance) plus or, when `subtract`, minus the
+-- decimal text `b`.
+local function signed_add(value, b, subtract)
+  value = text(value)
+  if #value <= 15 and #b <= 15 then
+    local n = tonumber(value)
+    if subtract then n = n - tonumber(b) else n = n + tonumber(b) end
+    return int(n)
+  end
   local negative, magnitude = false, nil
-  if string.sub(text, 1, 1) == '-' then negative, magnitude = true, big(string.sub(text, 2)) else magnitude = big(text) end
+  if string.sub(value, 1, 1) == '-' then negative, magnitude = true, big(string.sub(value, 2)) else magnitude = big(value) end
+  local amount = big(b)
   local result, result_negative
   if negative == subtract then
-    result, result_negative = big_add(magnitude, b), negative
-  elseif big_ge(magnitude, b) then
-    result, result_negative = big_sub(magnitude, b), negative
+    result, result_negative = big_add(magnitude, amount), negative
+  elseif big_ge(magnitude, amount) then
+    result, result_negative = big_sub(magnitude, amount), negative
   else
-    result, result_negative = big_sub(b, magnitude), subtract
+    result, result_negative = big_sub(amount, magnitude), subtract
   end
   local out = big_str(result)
   if result_negative and out ~= '0' then return '-' .. out end
@@ -114,7 +149,7 @@ local C = {}
 local function ledger_begin(keys, now, memory_us, lapse_us, slack_ms, account)
   C = { A = keys[1], X = keys[2], gen = keys[3], genexp = keys[4], now = now, memory = memory_us,
     lapse = lapse_us, slack_ms = slack_ms, name = account, F = {}, dirty = {}, scores = {},
-    records = {} }
+    records = {}, K = {} }
 end
 
 -- Reads the fields of `names` not read yet, with one HMGET.
@@ -138,18 +173,83 @@ local function put(name, value) C.F[name] = value; C.dirty[name] = true end
 -- Gives `id` score `score` in X when the call ends.
 local function track(id, score) table.insert(C.scores, int(score)); table.insert(C.scores, id) end
 
--- Per key: the fields an admission reads (terms, then usage and holds),
--- and those a charge or a release touches.
-local KEY_TERMS = { 'rv', 'tl', 'tr', 'tb', 'tx' }
-local KEY_USAGE = { 't', 'bt', 'ds', 'd', 'bd', 'ws', 'w', 'bw', 'ms', 'm', 'bm', 'h' }
-local function key_field_names(key, list, into)
-  for _, field in ipairs(list) do table.insert(into, key .. ':' .. field) end
-  return into
+-- The parts of a key's packed usage (`k:<key>`) and of the account's
+-- state (`s`), by name.
+local KEY_SLOTS = { t = 1, bt = 2, ds = 3, d = 4, bd = 5, ws = 6, w = 7, bw = 8, ms = 9, m = 10, bm = 11, h = 12 }
+local KEY_PATTERN = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$'
+local STATE_SLOTS = { held = 1, next = 2, tidy = 3, gmax = 4, gttl = 5 }
+
+-- A key's usage, unpacked once per call (absent parts are false).
+local function key_state(key)
+  local k = C.K[key]
+  if k then return k end
+  k = {}
+  local packed = get('k:' .. key)
+  local parts = packed and { string.match(packed, KEY_PATTERN) } or {}
+  for i = 1, 12 do
+    if parts[i] and parts[i] ~= '' then k[i] = parts[i] else k[i] = false end
+  end
+  C.K[key] = k
+  return k
+end
+local function kget(key, name) return key_state(key)[KEY_SLOTS[name]] end
+local function kput(key, name, value)
+  local k = key_state(key)
+  k[KEY_SLOTS[name]] = value
+  k.dirty = true
+end
+-- The account's state, unpacked once per call.
+local function state()
+  if not C.S then
+    local s = { false, false, false, false, false }
+    local packed = get('s')
+    if packed then
+      local parts = { string.match(packed, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$') }
+      for i = 1, 5 do
+        if parts[i] and parts[i] ~= '' then s[i] = parts[i] end
+      end
+    end
+    C.S = s
+  end
+  return C.S
+end
+local function sget(name) return state()[STATE_SLOTS[name]] end
+local function sput(name, value)
+  state()[STATE_SLOTS[name]] = value
+  C.S.dirty = true
+end
+-- A key's terms: its limit text (nil when none is stored), reset, BYOK
+-- counted, expiry.
+local function terms(key)
+  local packed = get('t:' .. key)
+  if not packed then return nil end
+  return string.match(packed, '^([^:]*):([^:]*):([^:]*):([^:]*)$')
+end
+-- Packs what the call changed of the keys' usage and the account's state
+-- into their fields.
+local function pack()
+  for key, k in pairs(C.K) do
+    if k.dirty then
+      local parts = {}
+      for i = 1, 12 do parts[i] = k[i] or '' end
+      put('k:' .. key, table.concat(parts, ':'))
+    end
+  end
+  local s = C.S
+  if s and s.dirty then
+    put('s', (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or ''))
+  end
 end
 
--- The current periods' starts (day, week, month) as decimal text.
+-- The current periods' starts (day, week, month) as decimal text, worked
+-- out once a day: the library's own state outlives a call.
+local STARTS_DAY, STARTS
 local function starts()
-  if not C.starts then C.starts = period_starts(C.now) end
+  if not C.starts then
+    local day = fdiv(C.now, DAY_US)
+    if day ~= STARTS_DAY then STARTS_DAY, STARTS = day, period_starts(C.now) end
+    C.starts = STARTS
+  end
   return C.starts
 end
 
@@ -157,11 +257,12 @@ end
 -- 2 week, 3 month): a period's sums count only while its stored start is
 -- the current one.
 local PERIOD = { 'd', 'w', 'm' }
+local PERIOD_START = { 'ds', 'ws', 'ms' }
+local PERIOD_BYOK = { 'bd', 'bw', 'bm' }
 local function usage_in(key, p)
-  if p == 0 then return get(key .. ':t') or '0', get(key .. ':bt') or '0' end
-  local period = PERIOD[p]
-  if get(key .. ':' .. period .. 's') ~= starts()[p] then return '0', '0' end
-  return get(key .. ':' .. period) or '0', get(key .. ':b' .. period) or '0'
+  if p == 0 then return kget(key, 't') or '0', kget(key, 'bt') or '0' end
+  if kget(key, PERIOD_START[p]) ~= starts()[p] then return '0', '0' end
+  return kget(key, PERIOD[p]) or '0', kget(key, PERIOD_BYOK[p]) or '0'
 end
 
 -- Adds `cost` (decimal text) to `key`'s usage in the current periods, own
@@ -169,25 +270,23 @@ end
 -- period that has already rolled over (a caller's clock a moment behind)
 -- counts in the all-time sums only.
 local function add_usage(key, cost, byok)
-  local amount = big(cost)
   for p = 1, 3 do
     local period = PERIOD[p]
-    local start_field = key .. ':' .. period .. 's'
     local start = starts()[p]
-    local current = get(start_field)
+    local current = kget(key, PERIOD_START[p])
     if not current or tonumber(start) > tonumber(current) then
-      put(start_field, start)
-      put(key .. ':' .. period, '0')
-      put(key .. ':b' .. period, '0')
+      kput(key, PERIOD_START[p], start)
+      kput(key, period, '0')
+      kput(key, PERIOD_BYOK[p], '0')
       current = start
     end
     if current == start then
-      local field = key .. ':' .. (byok and 'b' or '') .. period
-      put(field, big_str(big_add(big(get(field)), amount)))
+      local name = byok and PERIOD_BYOK[p] or period
+      kput(key, name, add(kget(key, name), cost))
     end
   end
-  local total = key .. (byok and ':bt' or ':t')
-  put(total, big_str(big_add(big(get(total)), amount)))
+  local total = byok and 'bt' or 't'
+  kput(key, total, add(kget(key, total), cost))
 end
 
 -- The parts of a hold's value: amount, covered (bool), retention, most
@@ -206,9 +305,8 @@ end
 -- Takes a live hold (its value) off its key's and the account's sums.
 local function release(value)
   local amount, covered, _, _, key = hold_parts(value)
-  local held = big(amount)
-  put(key .. ':h', big_str(big_less(big(get(key .. ':h')), held)))
-  if covered then put('held', big_str(big_less(big(get('held')), held))) end
+  kput(key, 'h', less(kget(key, 'h'), amount))
+  if covered then sput('held', less(sget('held'), amount)) end
 end
 
 -- Keeps generation record `record` of `id` for `retention` µs among the
@@ -216,7 +314,7 @@ end
 -- tidied; readers never see them meanwhile).
 local function keep_generation(id, record, retention, most)
   C.records[id] = { record, int(C.now + retention) }
-  if get('gmax') ~= most then put('gmax', most) end
+  if sget('gmax') ~= most then sput('gmax', most) end
   C.retention = math.max(C.retention or 0, retention)
 end
 
@@ -236,9 +334,9 @@ local function lapse(id, value)
   release(value)
   local byok = not covered
   if amount ~= '0' then add_usage(key, amount, byok) end
-  if covered and amount ~= '0' then put('balance', signed_add(get('balance'), big(amount), true)) end
+  if covered and amount ~= '0' then put('balance', signed_add(get('balance'), amount, true)) end
   if retention ~= '' then
-    keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), tonumber(most))
+    keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), most)
   end
   -- A lapse before it (the id admitted again over it) gives way to this
   -- one, as a second lapse of one id replaces the first.
@@ -256,7 +354,7 @@ end
 -- does first, as the in-process store does on every access, so both
 -- agree on what is live). Costs nothing until the earliest expiry passes.
 local function sweep()
-  local next_expiry = get('next')
+  local next_expiry = sget('next')
   if not next_expiry or next_expiry == '' or tonumber(next_expiry) > C.now then return end
   repeat
     local ids = redis.call('ZRANGEBYSCORE', C.X, '(0', int(C.now), 'LIMIT', 0, 500)
@@ -283,7 +381,7 @@ local function sweep()
     end
   until #ids < 500
   local first = redis.call('ZRANGEBYSCORE', C.X, '(0', '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
-  put('next', first[2] or '')
+  sput('next', first[2] or false)
 end
 
 -- Gives back what the lapse `value` of `id` charged: to its key's usage
@@ -291,18 +389,17 @@ end
 -- BYOK, to the balance; and removes its record.
 local function undo_lapse(id, value)
   local _, _, amount, byok, ds, ws, ms, key = string.find(value, '^L:%d+:(%d+):(%d):(%d+):(%d+):(%d+):(.*)$')
-  local held = big(amount)
   local charged_in = { ds, ws, ms }
   for p = 1, 3 do
     local period = PERIOD[p]
-    if get(key .. ':' .. period .. 's') == charged_in[p] then
-      local field = key .. ':' .. (byok == '1' and 'b' or '') .. period
-      put(field, big_str(big_less(big(get(field)), held)))
+    if kget(key, PERIOD_START[p]) == charged_in[p] then
+      local name = byok == '1' and PERIOD_BYOK[p] or PERIOD[p]
+      kput(key, name, less(kget(key, name), amount))
     end
   end
-  local total = key .. (byok == '1' and ':bt' or ':t')
-  put(total, big_str(big_less(big(get(total)), held)))
-  if byok == '0' then put('balance', signed_add(get('balance'), held, false)) end
+  local total = byok == '1' and 'bt' or 't'
+  kput(key, total, less(kget(key, total), amount))
+  if byok == '0' then put('balance', signed_add(get('balance'), amount, false)) end
   C.records[id] = nil
   redis.call('HDEL', C.gen, id)
   redis.call('ZREM', C.genexp, id)
@@ -337,7 +434,7 @@ local function remove_old_records()
       redis.call('ZREM', C.genexp, unpack(expired))
     end
   until #expired < 1000
-  local most = tonumber(get('gmax') or '')
+  local most = tonumber(sget('gmax') or '')
   if most then
     local over = redis.call('ZCARD', C.genexp) - most
     while over > 0 do
@@ -357,11 +454,16 @@ local function ledger_end()
   -- At most once a second (each removal is a few commands), the call tidies
   -- the account: ids forgotten, then, once its own records are kept, the
   -- records past their time or the cap.
-  local tidying = tonumber(get('tidy') or '0') <= C.now
+  local tidying = tonumber(sget('tidy') or '0') <= C.now
   if tidying then
-    put('tidy', int(C.now + TIDY_US))
+    sput('tidy', int(C.now + TIDY_US))
     forget_ids()
   end
+  if C.retention and tonumber(sget('gttl') or '0') < C.now + C.retention then
+    C.extend = true
+    sput('gttl', int(C.now + C.retention + math.min(math.ceil(C.retention / 8), 3600000000)))
+  end
+  pack()
   local changed = {}
   for name in pairs(C.dirty) do
     table.insert(changed, name)
@@ -385,13 +487,11 @@ local function ledger_end()
       redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
       redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
     end
-    local needed = C.now + C.retention
-    if tonumber(get('gttl') or '0') < needed then
+    if C.extend then
       local margin = math.min(math.ceil(C.retention / 8), 3600000000)
       local ttl_ms = math.ceil((C.retention + margin) / 1000) + C.slack_ms
       redis.call('PEXPIRE', C.gen, ttl_ms)
       redis.call('PEXPIRE', C.genexp, ttl_ms)
-      redis.call('HSET', C.A, 'gttl', int(C.now + C.retention + margin))
     end
   end
   if tidying then remove_old_records() end

@@ -49,18 +49,19 @@ if admission then
 end
 
 -- Everything the call reads of the account's hash, in one HMGET.
-local wanted = { 'balance', 'purchased', 'held', 'next', 'tidy', 'gmax', 'gttl' }
+local wanted = { 'balance', 'purchased', 's' }
 for i = 0, count - 1 do
   local a = first + i * 7
   table.insert(wanted, 'i:' .. ARGV[a + 1])
   table.insert(wanted, 'l:' .. ARGV[a + 1])
-  key_field_names(ARGV[a], KEY_USAGE, wanted)
+  table.insert(wanted, 'k:' .. ARGV[a])
 end
 for i = 0, renewals - 1 do table.insert(wanted, 'i:' .. ARGV[r + 3 + i * 2]) end
 if h then
   table.insert(wanted, 'i:' .. ARGV[h + 2])
-  key_field_names(ARGV[h + 1], KEY_TERMS, wanted)
-  key_field_names(ARGV[h + 1], KEY_USAGE, wanted)
+  table.insert(wanted, 'k:' .. ARGV[h + 1])
+  table.insert(wanted, 't:' .. ARGV[h + 1])
+  table.insert(wanted, 'r:' .. ARGV[h + 1])
 end
 load(wanted)
 sweep()
@@ -91,7 +92,7 @@ local function settle(key, id, cost, byok)
     C.F['l:' .. id] = false
   end
   add_usage(key, cost, byok)
-  if not byok and cost ~= '0' then put('balance', signed_add(get('balance'), big(cost), true)) end
+  if not byok and cost ~= '0' then put('balance', signed_add(get('balance'), cost, true)) end
   put(field, 'S:' .. int(now + memory))
   track(id, -(now + memory))
   return 1
@@ -139,7 +140,7 @@ end
 
 local capacities = {}
 local raised = tonumber(ARGV[tier + 1])
-if raised > 0 and big_ge(big(get('purchased')), big(ARGV[tier + 2])) then
+if raised > 0 and ge(get('purchased'), ARGV[tier + 2]) then
   capacities[raised] = tonumber(ARGV[tier + 3])
 end
 local function reply(head, outcomes)
@@ -156,48 +157,47 @@ end
 -- balance allow, at least the least amount.
 local function hold(key)
   local id = ARGV[h + 2]
-  local amount = big(ARGV[h + 3])
+  local amount = ARGV[h + 3]
   local least = amount
-  if ARGV[h + 4] ~= '' then least = big(ARGV[h + 4]) end
+  if ARGV[h + 4] ~= '' then least = ARGV[h + 4] end
   local expires_at = now + tonumber(ARGV[h + 5])
   local has_limit, limit_text, reset, include_byok = ARGV[h + 6] == '1', ARGV[h + 7], ARGV[h + 8], ARGV[h + 9] == '1'
-  local terms = get(key .. ':tl')
-  if terms then
-    has_limit, limit_text, reset, include_byok = terms ~= '-', terms, get(key .. ':tr'), get(key .. ':tb') == '1'
+  local stored_limit, stored_reset, stored_byok = terms(key)
+  if stored_limit then
+    has_limit, limit_text, reset, include_byok = stored_limit ~= '-', stored_limit, stored_reset, stored_byok == '1'
   end
   -- BYOK usage the key's limit leaves out is bounded by no limit (and its
   -- usage is answered all time, own only).
   if ARGV[h + 12] == '0' then has_limit, reset, include_byok = false, 'n', false end
   local p = ({ n = 0, d = 1, w = 2, m = 3 })[reset]
   local own, byok = usage_in(key, p)
-  local used = big(own)
-  if include_byok then used = big_add(used, big(byok)) end
+  local used = own
+  if include_byok then used = add(own, byok) end
   local field = 'i:' .. id
   local previous = get(field)
   -- Its settlement came first (the caller gave up on it): the request was
   -- never sent, and nothing must stay held.
-  if known(previous, 'S') then return { 0, big_str(used), big_str(big(get(key .. ':h'))), '0' } end
+  if known(previous, 'S') then return { 0, used, text(kget(key, 'h')), '0' } end
   -- The same id held already (an admission is sent once, so never
   -- expected): the new hold replaces it, if granted; its amount is not
   -- among the holds the new one adds to.
-  local replaced, replaced_covered = { 0, 0 }, false
+  local replaced, replaced_covered = '0', false
   if previous and string.sub(previous, 1, 2) == 'H:' then
     local amount_text, covered_before = hold_parts(previous)
-    replaced, replaced_covered = big(amount_text), covered_before
+    replaced, replaced_covered = amount_text, covered_before
   end
-  local reserved = big_less(big(get(key .. ':h')), replaced)
-  local committed = big_add(used, reserved)
+  local reserved = less(kget(key, 'h'), replaced)
+  local committed = add(used, reserved)
   local grant = amount
   if has_limit then
-    local limit = big(limit_text)
     -- A request that holds nothing is refused once usage has reached the
     -- limit; one that holds, when even its least amount would pass it.
-    if is_zero(least) then
-      if big_ge(committed, limit) then return { 1, big_str(committed), limit_text, reset } end
-    elseif not big_ge(limit, big_add(committed, least)) then
-      return { 1, big_str(committed), limit_text, reset }
+    if least == '0' then
+      if ge(committed, limit_text) then return { 1, committed, limit_text, reset } end
+    elseif not ge(limit_text, add(committed, least)) then
+      return { 1, committed, limit_text, reset }
     end
-    grant = big_min(grant, big_sub(limit, committed))
+    grant = minimum(grant, less(limit_text, committed))
   end
   local covered = ARGV[h + 11] == '1'
   local account_held
@@ -205,39 +205,38 @@ local function hold(key)
     local balance = get('balance') or '0'
     if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
     if covered then
-      account_held = big(get('held'))
-      if replaced_covered then account_held = big_less(account_held, replaced) end
-      local available = big(balance)
-      if not big_ge(available, big_add(account_held, least)) then
-        return { 3, balance, big_str(account_held) }
+      account_held = text(sget('held'))
+      if replaced_covered then account_held = less(account_held, replaced) end
+      if not ge(balance, add(account_held, least)) then
+        return { 3, balance, account_held }
       end
-      grant = big_min(grant, big_sub(available, account_held))
+      grant = minimum(grant, less(balance, account_held))
     end
   end
-  local total = big_add(reserved, grant)
-  if replaced_covered and not covered then put('held', big_str(big_less(big(get('held')), replaced))) end
+  local total = add(reserved, grant)
+  if replaced_covered and not covered then sput('held', less(sget('held'), replaced)) end
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
   if known(previous, 'L') then put('l:' .. id, previous) end
-  put(field, 'H:' .. big_str(grant) .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
+  put(field, 'H:' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
     .. (ARGV[h + 13] ~= '' and ARGV[h + 14] or '') .. ':' .. key)
-  put(key .. ':h', big_str(total))
-  if covered then put('held', big_str(big_add(account_held, grant))) end
+  kput(key, 'h', total)
+  if covered then sput('held', add(account_held, grant)) end
   track(id, expires_at)
-  local next_expiry = get('next')
-  if not next_expiry or next_expiry == '' or tonumber(next_expiry) > expires_at then put('next', int(expires_at)) end
-  return { 0, big_str(used), big_str(total), big_str(grant) }
+  local next_expiry = sget('next')
+  if not next_expiry or tonumber(next_expiry) > expires_at then sput('next', int(expires_at)) end
+  return { 0, used, total, grant }
 end
 
 local fit, states = counters_check(now, checks, 4, c, capacities)
 local key = h and ARGV[h + 1]
 -- A revoked key is refused first, whatever its counters say; then one past
 -- its expiry by this clock.
-if key and get(key .. ':rv') then
+if key and get('r:' .. key) then
   ledger_end()
   return reply({ 5, int(now), '0', '0', '0' }, counters_outcomes(states))
 end
-local expiry = key and get(key .. ':tx')
+local expiry = key and select(4, terms(key))
 if expiry and expiry ~= '' and tonumber(expiry) <= now then
   ledger_end()
   return reply({ 6, int(now), expiry, '0', '0' }, counters_outcomes(states))
