@@ -1,11 +1,13 @@
 -- Reads an account's generation records. KEYS[1]: records hash (id ->
 -- record), KEYS[2]: their expiries zset (id -> µs), KEYS[3]: the account's
--- ledger hash (its `gmax`: records past the newest that many are removed
+-- ledger hash (the cap in its state `s`: records past the newest that many are removed
 -- at the account's next tidying, and never answered meanwhile). ARGV: now
 -- (µs, or '' for Redis's clock), 'one' and a reservation id, or 'newest'
 -- and a count. Returns the live records asked for (newest first).
 local now = clock_now(ARGV[1])
-local most = tonumber(redis.call('HGET', KEYS[3], 'gmax') or '')
+-- The account's state is 'held:next:tidy:gmax:gttl' (ledger_common.lua).
+local state = redis.call('HGET', KEYS[3], 's')
+local most = state and tonumber(string.match(state, '^[^:]*:[^:]*:[^:]*:([^:]*)') or '')
 if ARGV[2] == 'one' then
   local expires = redis.call('ZSCORE', KEYS[2], ARGV[3])
   if not expires or tonumber(expires) <= now then return {} end
