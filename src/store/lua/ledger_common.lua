@@ -71,8 +71,9 @@ end
 -- counts as 0.
 local function text(a) if not a or a == '' then return '0' end return a end
 local function add(a, b)
-  a, b = text(a), text(b)
-  if #a <= 15 and #b <= 15 then return int(tonumber(a) + tonumber(b)) end
+  if not a or a == '' then a = '0' end
+  if not b or b == '' then b = '0' end
+  if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
   return big_str(big_add(big(a), big(b)))
 end
 -- a - b, or 0 when b is larger (a kept sum never goes below nothing).
@@ -155,14 +156,16 @@ end
 -- Reads the fields of `names` not read yet, with one HMGET.
 local function load(names)
   local F, wanted = C.F, {}
-  for _, name in ipairs(names) do
-    if F[name] == nil then table.insert(wanted, name); F[name] = false end
+  local n = 0
+  for i = 1, #names do
+    local name = names[i]
+    if F[name] == nil then n = n + 1; wanted[n] = name; F[name] = false end
   end
   -- In slices: unpack() fails past a few thousand values.
   for i = 1, #wanted, 1000 do
-    local slice = { unpack(wanted, i, math.min(i + 999, #wanted)) }
-    local values = redis.call('HMGET', C.A, unpack(slice))
-    for j, name in ipairs(slice) do F[name] = values[j] or false end
+    local last = math.min(i + 999, #wanted)
+    local values = redis.call('HMGET', C.A, unpack(wanted, i, last))
+    for j = i, last do F[wanted[j]] = values[j - i + 1] or false end
   end
 end
 local function get(name)
@@ -178,16 +181,43 @@ local function track(id, score) table.insert(C.scores, int(score)); table.insert
 local KEY_SLOTS = { t = 1, bt = 2, ds = 3, d = 4, bd = 5, ws = 6, w = 7, bw = 8, ms = 9, m = 10, bm = 11, h = 12 }
 local KEY_PATTERN = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$'
 local STATE_SLOTS = { held = 1, next = 2, tidy = 3, gmax = 4, gttl = 5 }
+local STATE_PATTERN = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$'
 
 -- A key's usage, unpacked once per call (absent parts are false).
+-- The parts of the packed values this library wrote or read lately, by
+-- value: a call most often reads what the call before it wrote, and
+-- splitting a value is dear in Lua.
+local UNPACKED, UNPACKED_COUNT = {}, 0
+local function unpacked(packed, pattern, count)
+  local parts = UNPACKED[packed]
+  if not parts then
+    parts = { string.match(packed, pattern) }
+    for i = 1, count do
+      if parts[i] == '' then parts[i] = false end
+    end
+    if UNPACKED_COUNT >= 256 then UNPACKED, UNPACKED_COUNT = {}, 0 end
+    UNPACKED[packed], UNPACKED_COUNT = parts, UNPACKED_COUNT + 1
+  end
+  return parts
+end
+local function remember_packed(packed, parts, count)
+  if UNPACKED[packed] then return end
+  local copy = {}
+  for i = 1, count do copy[i] = parts[i] or false end
+  if UNPACKED_COUNT >= 256 then UNPACKED, UNPACKED_COUNT = {}, 0 end
+  UNPACKED[packed], UNPACKED_COUNT = copy, UNPACKED_COUNT + 1
+end
+
 local function key_state(key)
   local k = C.K[key]
   if k then return k end
   k = {}
   local packed = get('k:' .. key)
-  local parts = packed and { string.match(packed, KEY_PATTERN) } or {}
-  for i = 1, 12 do
-    if parts[i] and parts[i] ~= '' then k[i] = parts[i] else k[i] = false end
+  if packed then
+    local parts = unpacked(packed, KEY_PATTERN, 12)
+    for i = 1, 12 do k[i] = parts[i] or false end
+  else
+    for i = 1, 12 do k[i] = false end
   end
   C.K[key] = k
   return k
@@ -204,10 +234,8 @@ local function state()
     local s = { false, false, false, false, false }
     local packed = get('s')
     if packed then
-      local parts = { string.match(packed, '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$') }
-      for i = 1, 5 do
-        if parts[i] and parts[i] ~= '' then s[i] = parts[i] end
-      end
+      local parts = unpacked(packed, STATE_PATTERN, 5)
+      for i = 1, 5 do s[i] = parts[i] or false end
     end
     C.S = s
   end
@@ -232,12 +260,16 @@ local function pack()
     if k.dirty then
       local parts = {}
       for i = 1, 12 do parts[i] = k[i] or '' end
-      put('k:' .. key, table.concat(parts, ':'))
+      local packed = table.concat(parts, ':')
+      remember_packed(packed, k, 12)
+      put('k:' .. key, packed)
     end
   end
   local s = C.S
   if s and s.dirty then
-    put('s', (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or ''))
+    local packed = (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or '')
+    remember_packed(packed, s, 5)
+    put('s', packed)
   end
 end
 
@@ -270,23 +302,24 @@ end
 -- period that has already rolled over (a caller's clock a moment behind)
 -- counts in the all-time sums only.
 local function add_usage(key, cost, byok)
+  local k, now_starts = key_state(key), starts()
+  -- In the packed usage, period p's start, own and BYOK sums are parts
+  -- 3p, 3p + 1 and 3p + 2.
   for p = 1, 3 do
-    local period = PERIOD[p]
-    local start = starts()[p]
-    local current = kget(key, PERIOD_START[p])
-    if not current or tonumber(start) > tonumber(current) then
-      kput(key, PERIOD_START[p], start)
-      kput(key, period, '0')
-      kput(key, PERIOD_BYOK[p], '0')
+    local at = 3 * p
+    local start, current = now_starts[p], k[at]
+    if not current or (current ~= start and tonumber(start) > tonumber(current)) then
+      k[at], k[at + 1], k[at + 2] = start, '0', '0'
       current = start
     end
     if current == start then
-      local name = byok and PERIOD_BYOK[p] or period
-      kput(key, name, add(kget(key, name), cost))
+      local slot = byok and at + 2 or at + 1
+      k[slot] = add(k[slot], cost)
     end
   end
-  local total = byok and 'bt' or 't'
-  kput(key, total, add(kget(key, total), cost))
+  local total = byok and 2 or 1
+  k[total] = add(k[total], cost)
+  k.dirty = true
 end
 
 -- The parts of a hold's value: amount, covered (bool), retention, most
@@ -296,8 +329,9 @@ local function hold_parts(value)
   return amount, flag == 'c', retention, most, key
 end
 -- A settled ('S') or lapsed ('L') value whose time is not up yet.
+local BYTE = { S = 83, L = 76, H = 72 }
 local function known(value, kind)
-  if not value or string.sub(value, 1, 2) ~= kind .. ':' then return false end
+  if not value or string.byte(value, 1) ~= BYTE[kind] then return false end
   local forget_at = string.match(value, '^.:(%d+)')
   return tonumber(forget_at) > C.now
 end

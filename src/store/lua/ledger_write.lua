@@ -111,7 +111,8 @@ end
 
 -- Each live hold renewed lasts `lifetime` from now (never shortened); a
 -- lapsed one whose request goes on (its instance lost the store for
--- longer than the hold) keeps its charge known for its settlement.
+-- longer than the hold) keeps its charge known for its settlement. Only
+-- the key that holds it renews it.
 local renewed = 0
 if renewals > 0 then
   local expires_at = int(now + tonumber(ARGV[r + 1]))
@@ -124,7 +125,7 @@ if renewals > 0 then
       renewed = renewed + 1
       table.insert(later, expires_at)
       table.insert(later, id)
-    elseif known(value, 'L') then
+    elseif known(value, 'L') and string.match(value, '^L:%d+:%d+:%d:%d+:%d+:%d+:(.*)$') == ARGV[r + 2 + i * 2] then
       local forget_at = now + C.lapse
       put('i:' .. id, 'L:' .. int(forget_at) .. string.match(value, '^L:%d+(:.*)$'))
       track(id, -forget_at)
