@@ -42,7 +42,7 @@ const SWEEP_INTERVAL_MICROS: i64 = 1_000_000;
 
 /// How often an account's records past their time or cap are removed (as
 /// on Redis, where each removal costs a few commands).
-const TIDY_INTERVAL_MICROS: i64 = 1_000_000;
+const TIDY_INTERVAL_MICROS: i64 = 100_000;
 /// How long a counter outlives its window, as `RedisStoreConfig::expiry_slack`
 /// does: a caller whose clock reads a little earlier still finds it.
 const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
@@ -546,7 +546,7 @@ struct AccountLedger {
 /// expiry (then by write) for removing the oldest and listing the newest.
 /// As on Redis, the cap (the `max_per_account` of the last record kept)
 /// hides the records past it at once and removes them when the account is
-/// next tidied (at most once a second, at the end of a ledger call).
+/// next tidied (at most ten times a second, at the end of a ledger call).
 #[derive(Debug, Default)]
 struct Generations {
     records: FastMap<Box<str>, (bytes::Bytes, (i64, u64))>,
@@ -585,7 +585,7 @@ impl Generations {
         self.most = Some(record.max_per_account);
     }
 
-    /// At most once a second: removes the records past their time or the
+    /// At most ten times a second: removes the records past their time or the
     /// cap (which no reader sees meanwhile).
     fn tidy(&mut self, now_micros: i64) {
         if self.tidy_at_micros > now_micros {
