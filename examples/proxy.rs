@@ -173,6 +173,17 @@ async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
                 .await
                 .map_err(|error| format!("cannot move the ledger of key {key}: {error}"))?;
         }
+        let mut accounts: Vec<&String> = every_key.iter().map(|(account, _)| account).collect();
+        accounts.sort();
+        accounts.dedup();
+        for account in accounts {
+            redis
+                .finish_account_ledger(account)
+                .await
+                .map_err(|error| {
+                    format!("cannot finish the ledger of account {account}: {error}")
+                })?;
+        }
     }
     let keys = directory
         .write_every_key_s_terms()

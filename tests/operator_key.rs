@@ -458,6 +458,15 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     old.put_json(KEYS, &record.hash, &record, Expect::Absent)
         .await
         .unwrap();
+    // A second key that has never been charged: holds, but no usage hash.
+    let fresh = modelgate::keys::KeyRecord {
+        hash: ApiKey::generate().hash().to_hex(),
+        name: "fresh".into(),
+        ..record.clone()
+    };
+    old.put_json(KEYS, &fresh.hash, &fresh, Expect::Absent)
+        .await
+        .unwrap();
     assert_eq!(old.layout().await.unwrap(), None);
     // Its ledger in the older layout: five keys per key, holds per
     // account: 1.5 credits used today, and a request in flight holding 0.5.
@@ -504,6 +513,51 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .arg("in-flight")
         .arg(credit / 2)
         .ignore();
+    // A hold whose account side lapsed already (the balance was charged
+    // 0.3), its key's side not yet; one of a deleted key (0.4), on the
+    // account only; and one of the fresh key (0.1), in flight.
+    let long_ago = (chrono::Utc::now() - chrono::Duration::minutes(10)).timestamp_micros();
+    let fresh_base = format!("mg:{{default}}:k:{}", fresh.hash);
+    seed.cmd("ZADD")
+        .arg(format!("{key_base}:res"))
+        .arg(long_ago)
+        .arg("lapsed-on-account")
+        .ignore()
+        .cmd("HSET")
+        .arg(format!("{key_base}:resamt"))
+        .arg("lapsed-on-account")
+        .arg(format!("{}:c", 3 * credit / 10))
+        .ignore()
+        .cmd("ZADD")
+        .arg("mg:{default}:holds")
+        .arg(held_until)
+        .arg("of-a-deleted-key")
+        .ignore()
+        .cmd("HSET")
+        .arg("mg:{default}:holdamt")
+        .arg("of-a-deleted-key")
+        .arg(4 * credit / 10)
+        .ignore()
+        .cmd("ZADD")
+        .arg(format!("{fresh_base}:res"))
+        .arg(held_until)
+        .arg("fresh-in-flight")
+        .ignore()
+        .cmd("HSET")
+        .arg(format!("{fresh_base}:resamt"))
+        .arg("fresh-in-flight")
+        .arg(format!("{}:c", credit / 10))
+        .ignore()
+        .cmd("ZADD")
+        .arg("mg:{default}:holds")
+        .arg(held_until)
+        .arg("fresh-in-flight")
+        .ignore()
+        .cmd("HSET")
+        .arg("mg:{default}:holdamt")
+        .arg("fresh-in-flight")
+        .arg(credit / 10)
+        .ignore();
     let () = seed.query_async(&mut connection).await.unwrap();
 
     // A new instance refuses it, naming the command.
@@ -529,10 +583,10 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
 
     // Migrated once: every key's ledger moved and terms written, the
     // layout recorded; again changes nothing.
-    for holds in [1, 0] {
+    for holds in [2, 0] {
         let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
         assert_eq!(code, Some(0), "{stderr}");
-        assert!(stderr.contains("wrote the terms of 1 key(s)"), "{stderr}");
+        assert!(stderr.contains("wrote the terms of 2 key(s)"), "{stderr}");
         assert!(
             stderr.contains(&format!("with {holds} hold(s) in flight")),
             "{stderr}"
@@ -545,15 +599,34 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         store.layout().await.unwrap(),
         Some(modelgate::store::LEDGER_LAYOUT)
     );
-    // The key's usage and its request in flight came along; the old keys
-    // are gone.
+    // The key's usage and its request in flight came along, with the
+    // lapse its key had not been charged yet; the fresh key's hold too;
+    // the old keys are gone.
     let usage = store
         .key_usage("default", &record.hash, chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(
         (usage.total_nanos, usage.day_nanos, usage.reserved_nanos),
-        (3 * credit / 2, 3 * credit / 2, credit / 2)
+        (18 * credit / 10, 18 * credit / 10, credit / 2)
+    );
+    let fresh_usage = store
+        .key_usage("default", &fresh.hash, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (fresh_usage.total_nanos, fresh_usage.reserved_nanos),
+        (0, credit / 10)
+    );
+    // The deleted key's hold was charged to the balance, once; the lapse
+    // the balance had paid was not charged again.
+    assert_eq!(
+        store
+            .account_balance("default")
+            .await
+            .unwrap()
+            .balance_nanos,
+        -4 * credit / 10
     );
     let left: Vec<String> = redis::cmd("KEYS")
         .arg("mg:{default}:*")
@@ -562,6 +635,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .unwrap();
     assert!(
         left.iter().all(|name| !name.starts_with(&key_base)
+            && !name.starts_with(&fresh_base)
             && name != "mg:{default}:holds"
             && name != "mg:{default}:holdamt"),
         "{left:?}"
@@ -607,17 +681,14 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .key_usage("default", &record.hash, chrono::Utc::now())
         .await
         .unwrap();
-    assert_eq!(
-        (usage.total_nanos, usage.reserved_nanos),
-        (17 * credit / 10, 0)
-    );
+    assert_eq!((usage.total_nanos, usage.reserved_nanos), (2 * credit, 0));
     assert_eq!(
         store
             .account_balance("default")
             .await
             .unwrap()
             .balance_nanos,
-        10 * credit - credit / 5
+        10 * credit - credit / 5 - 4 * credit / 10
     );
     // A layout newer than this version's is refused as such.
     let () = redis::cmd("SET")

@@ -15,7 +15,7 @@ use modelgate::store::{
 use redis::Value;
 
 /// Every operation of the store, each a function of the library.
-const OPERATIONS: [&str; 13] = [
+const OPERATIONS: [&str; 14] = [
     "check_and_add",
     "acquire_slot",
     "ledger_write",
@@ -29,6 +29,7 @@ const OPERATIONS: [&str; 13] = [
     "app_usage_add",
     "app_usage_read",
     "migrate_key",
+    "migrate_account",
 ];
 
 fn t0() -> DateTime<Utc> {

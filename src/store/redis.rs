@@ -251,6 +251,7 @@ library!(
     app_usage_add,
     app_usage_read,
     migrate_key,
+    migrate_account,
 );
 
 /// The shared parts, each defined once in the library, in the order they
@@ -664,7 +665,25 @@ impl RedisStore {
         invocation
             .key(format!("{scoped}holds"))
             .key(format!("{scoped}holdamt"))
-            .arg(key);
+            .arg(key)
+            .arg(duration_micros(LAPSED_HOLD_MEMORY));
+        let reply = self.run(OPERATION, &invocation).await?;
+        unsigned(OPERATION, &reply)
+    }
+
+    /// Ends an account's migration, once every key of it has moved
+    /// ([`move_key_ledger`](Self::move_key_ledger)): the holds on its
+    /// balance the older layout still has belong to keys no longer listed,
+    /// whose requests ended with their instances, and are charged to the
+    /// balance now, as their lapse would have been. Returns how many.
+    pub async fn finish_account_ledger(&self, account: &str) -> Result<u64, StoreError> {
+        const OPERATION: &str = "migrate";
+        let scoped = self.scoped(account);
+        let mut invocation = self.scripts.migrate_account.prepare_invoke();
+        invocation
+            .key(self.ledger_hash(account))
+            .key(format!("{scoped}holds"))
+            .key(format!("{scoped}holdamt"));
         let reply = self.run(OPERATION, &invocation).await?;
         unsigned(OPERATION, &reply)
     }

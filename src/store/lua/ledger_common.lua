@@ -59,6 +59,9 @@ local function big_less(a, b)
   if big_ge(a, b) then return big_sub(a, b) end
   return { 0, 0 }
 end
+-- The bounds of i64, as two-part integers.
+local I64_MAX = { 9223372036, 854775807 }
+local I64_MIN_MAGNITUDE = { 9223372036, 854775808 }
 local function big_min(a, b) if big_ge(a, b) then return b end return a end
 local function is_zero(a) return a[1] == 0 and a[2] == 0 end
 local function big_str(a)
@@ -74,7 +77,10 @@ local function add(a, b)
   if not a or a == '' then a = '0' end
   if not b or b == '' then b = '0' end
   if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
-  return big_str(big_add(big(a), big(b)))
+  -- As the in-process store does, sums stop at the largest i64.
+  local sum = big_add(big(a), big(b))
+  if big_ge(sum, I64_MAX) then return '9223372036854775807' end
+  return big_str(sum)
 end
 -- a - b, or 0 when b is larger (a kept sum never goes below nothing).
 local function less(a, b)
@@ -113,6 +119,9 @@ local function signed_add(value, b, subtract)
   else
     result, result_negative = big_sub(amount, magnitude), subtract
   end
+  -- As the in-process store does, a balance stays within i64.
+  if result_negative and big_ge(result, I64_MIN_MAGNITUDE) then return '-9223372036854775808' end
+  if not result_negative and big_ge(result, I64_MAX) then return '9223372036854775807' end
   local out = big_str(result)
   if result_negative and out ~= '0' then return '-' .. out end
   return out
@@ -152,7 +161,7 @@ local C = {}
 local function ledger_begin(keys, now, memory_us, lapse_us, slack_ms, account)
   C = { A = keys[1], X = keys[2], gen = keys[3], genexp = keys[4], now = now, memory = memory_us,
     lapse = lapse_us, slack_ms = slack_ms, name = account, F = {}, dirty = {}, scores = {},
-    records = {}, K = {} }
+    records = {}, K = {}, gone = {}, deleted = {}, unrecorded = {} }
 end
 
 -- Reads the fields of `names` not read yet, with one HMGET.
@@ -175,6 +184,12 @@ local function get(name)
   return C.F[name]
 end
 local function put(name, value) C.F[name] = value; C.dirty[name] = true end
+-- Removes field `name` when the call ends (unless written again).
+local function forget_field(name)
+  C.F[name] = false
+  C.dirty[name] = nil
+  C.deleted[name] = true
+end
 -- Gives `id` score `score` in X when the call ends.
 local function track(id, score) table.insert(C.scores, int(score)); table.insert(C.scores, id) end
 
@@ -349,9 +364,8 @@ end
 -- account's newest `most` (removed past either when the account is next
 -- tidied; readers never see them meanwhile).
 local function keep_generation(id, record, retention, most)
-  C.records[id] = { record, int(C.now + retention) }
+  C.records[id] = { record, int(C.now + retention), retention }
   if sget('gmax') ~= most then sput('gmax', most) end
-  C.retention = math.max(C.retention or 0, retention)
 end
 
 -- The generation record a lapse leaves (as `lapse_record` in ledger.rs).
@@ -376,10 +390,7 @@ local function lapse(id, value)
   end
   -- A lapse before it (the id admitted again over it) gives way to this
   -- one, as a second lapse of one id replaces the first.
-  if get('l:' .. id) then
-    redis.call('HDEL', C.A, 'l:' .. id)
-    C.F['l:' .. id] = false
-  end
+  if get('l:' .. id) then forget_field('l:' .. id) end
   local forget_at = C.now + C.lapse
   local s = starts()
   put('i:' .. id, 'L:' .. int(forget_at) .. ':' .. amount .. ':' .. (byok and '1' or '0') .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3] .. ':' .. key)
@@ -392,8 +403,12 @@ end
 local function sweep()
   local next_expiry = sget('next')
   if not next_expiry or next_expiry == '' or tonumber(next_expiry) > C.now then return end
+  -- In pages, X unchanged until the call ends: every write waits for
+  -- ledger_end, so a call that fails part way writes nothing.
+  local offset = 0
   repeat
-    local ids = redis.call('ZRANGEBYSCORE', C.X, '(0', int(C.now), 'LIMIT', 0, 500)
+    local ids = redis.call('ZRANGEBYSCORE', C.X, '(0', int(C.now), 'LIMIT', offset, 500)
+    offset = offset + #ids
     if #ids > 0 then
       local fields = {}
       for _, id in ipairs(ids) do
@@ -401,22 +416,18 @@ local function sweep()
         table.insert(fields, 'l:' .. id)
       end
       load(fields)
-      local scores, gone = {}, {}
       for _, id in ipairs(ids) do
         local value = get('i:' .. id)
         if value and string.sub(value, 1, 2) == 'H:' then
-          table.insert(scores, int(-lapse(id, value)))
-          table.insert(scores, id)
+          track(id, -lapse(id, value))
         else
-          table.insert(gone, id)
+          table.insert(C.gone, id)
         end
       end
-      -- Now, not when the call ends: the next slice must not find them.
-      if #scores > 0 then redis.call('ZADD', C.X, unpack(scores)) end
-      if #gone > 0 then redis.call('ZREM', C.X, unpack(gone)) end
     end
   until #ids < 500
-  local first = redis.call('ZRANGEBYSCORE', C.X, '(0', '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
+  -- The earliest hold past those that lapsed (still in X as it was).
+  local first = redis.call('ZRANGEBYSCORE', C.X, '(' .. int(C.now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
   sput('next', first[2] or false)
 end
 
@@ -437,8 +448,7 @@ local function undo_lapse(id, value)
   kput(key, total, less(kget(key, total), amount))
   if byok == '0' then put('balance', signed_add(get('balance'), amount, false)) end
   C.records[id] = nil
-  redis.call('HDEL', C.gen, id)
-  redis.call('ZREM', C.genexp, id)
+  C.unrecorded[id] = true
 end
 
 -- Removes the settled and lapsed ids whose time is up.
@@ -486,7 +496,13 @@ end
 -- Writes what the call changed: A's fields, X's scores, the records (whose
 -- keys live as long as their longest-kept record, extended an eighth
 -- ahead so that the write comes once in that margin).
-local function ledger_end()
+local function ledger_end(admission)
+  -- A read or a renewal of an account the ledger has never seen writes
+  -- nothing (the in-process store keeps nothing for it either).
+  if not admission and not get('s') and not get('balance') and next(C.dirty) == nil
+    and #C.scores == 0 and next(C.records) == nil then
+    return
+  end
   -- At most ten times a second (each removal is a few commands), the call tidies
   -- the account: ids forgotten, then, once its own records are kept, the
   -- records past their time or the cap.
@@ -495,11 +511,26 @@ local function ledger_end()
     sput('tidy', int(C.now + TIDY_US))
     forget_ids()
   end
-  if C.retention and tonumber(sget('gttl') or '0') < C.now + C.retention then
-    C.extend = true
-    sput('gttl', int(C.now + C.retention + math.min(math.ceil(C.retention / 8), 3600000000)))
+  -- The records, and how long the longest of them is kept: their keys live
+  -- that long (extended an eighth ahead, so that the write comes once in
+  -- that margin).
+  local records, expiries, retention = {}, {}, 0
+  for id, kept in pairs(C.records) do
+    table.insert(records, id)
+    table.insert(records, kept[1])
+    table.insert(expiries, kept[2])
+    table.insert(expiries, id)
+    if kept[3] > retention then retention = kept[3] end
   end
+  local margin = math.min(math.ceil(retention / 8), 3600000000)
+  local extend = #records > 0 and tonumber(sget('gttl') or '0') < C.now + retention
+  if extend then sput('gttl', int(C.now + retention + margin)) end
   pack()
+  local deleted = {}
+  for name in pairs(C.deleted) do
+    if not C.dirty[name] then table.insert(deleted, name) end
+  end
+  if #deleted > 0 then redis.call('HDEL', C.A, unpack(deleted)) end
   local changed = {}
   for name in pairs(C.dirty) do
     table.insert(changed, name)
@@ -508,27 +539,28 @@ local function ledger_end()
   for i = 1, #changed, 2000 do
     redis.call('HSET', C.A, unpack(changed, i, math.min(i + 1999, #changed)))
   end
+  for i = 1, #C.gone, 1000 do
+    redis.call('ZREM', C.X, unpack(C.gone, i, math.min(i + 999, #C.gone)))
+  end
   for i = 1, #C.scores, 2000 do
     redis.call('ZADD', C.X, unpack(C.scores, i, math.min(i + 1999, #C.scores)))
   end
-  local records, expiries = {}, {}
-  for id, kept in pairs(C.records) do
-    table.insert(records, id)
-    table.insert(records, kept[1])
-    table.insert(expiries, kept[2])
-    table.insert(expiries, id)
+  local unrecorded = {}
+  for id in pairs(C.unrecorded) do
+    if not C.records[id] then table.insert(unrecorded, id) end
   end
-  if #records > 0 then
-    for i = 1, #records, 2000 do
-      redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
-      redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
-    end
-    if C.extend then
-      local margin = math.min(math.ceil(C.retention / 8), 3600000000)
-      local ttl_ms = math.ceil((C.retention + margin) / 1000) + C.slack_ms
-      redis.call('PEXPIRE', C.gen, ttl_ms)
-      redis.call('PEXPIRE', C.genexp, ttl_ms)
-    end
+  if #unrecorded > 0 then
+    redis.call('HDEL', C.gen, unpack(unrecorded))
+    redis.call('ZREM', C.genexp, unpack(unrecorded))
+  end
+  for i = 1, #records, 2000 do
+    redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
+    redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
+  end
+  if extend then
+    local ttl_ms = math.ceil((retention + margin) / 1000) + C.slack_ms
+    redis.call('PEXPIRE', C.gen, ttl_ms)
+    redis.call('PEXPIRE', C.genexp, ttl_ms)
   end
   if tidying then remove_old_records() end
 end

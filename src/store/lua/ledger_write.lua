@@ -88,8 +88,7 @@ local function settle(key, id, cost, byok)
   local earlier = get('l:' .. id)
   if known(earlier, 'L') then
     undo_lapse(id, earlier)
-    redis.call('HDEL', C.A, 'l:' .. id)
-    C.F['l:' .. id] = false
+    forget_field('l:' .. id)
   end
   add_usage(key, cost, byok)
   if not byok and cost ~= '0' then put('balance', signed_add(get('balance'), cost, true)) end
@@ -131,11 +130,14 @@ if renewals > 0 then
       track(id, -forget_at)
     end
   end
-  if #later > 0 then redis.call('ZADD', C.X, 'XX', 'GT', unpack(later)) end
+  -- In slices: unpack() fails past a few thousand values.
+  for i = 1, #later, 2000 do
+    redis.call('ZADD', C.X, 'XX', 'GT', unpack(later, i, math.min(i + 1999, #later)))
+  end
 end
 
 if not admission then
-  ledger_end()
+  ledger_end(count > 0)
   return { recorded, renewed }
 end
 
@@ -182,12 +184,14 @@ local function hold(key)
   -- The same id held already (an admission is sent once, so never
   -- expected): the new hold replaces it, if granted; its amount is not
   -- among the holds the new one adds to.
-  local replaced, replaced_covered = '0', false
-  if previous and string.sub(previous, 1, 2) == 'H:' then
-    local amount_text, covered_before = hold_parts(previous)
-    replaced, replaced_covered = amount_text, covered_before
+  local replaced, replaced_covered, replaced_key = '0', false, nil
+  local holding = previous and string.sub(previous, 1, 2) == 'H:'
+  if holding then
+    local amount_text, covered_before, _, _, its_key = hold_parts(previous)
+    replaced, replaced_covered, replaced_key = amount_text, covered_before, its_key
   end
-  local reserved = less(kget(key, 'h'), replaced)
+  local reserved = text(kget(key, 'h'))
+  if replaced_key == key then reserved = less(reserved, replaced) end
   local committed = add(used, reserved)
   local grant = amount
   if has_limit then
@@ -214,15 +218,16 @@ local function hold(key)
       grant = minimum(grant, less(balance, account_held))
     end
   end
-  local total = add(reserved, grant)
-  if replaced_covered and not covered then sput('held', less(sget('held'), replaced)) end
+  -- Granted: the hold it replaces is released, on its own key.
+  if holding then release(previous) end
+  local total = add(kget(key, 'h'), grant)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
   if known(previous, 'L') then put('l:' .. id, previous) end
   put(field, 'H:' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
     .. (ARGV[h + 13] ~= '' and ARGV[h + 14] or '') .. ':' .. key)
   kput(key, 'h', total)
-  if covered then sput('held', add(account_held, grant)) end
+  if covered then sput('held', add(sget('held'), grant)) end
   track(id, expires_at)
   local next_expiry = sget('next')
   if not next_expiry or tonumber(next_expiry) > expires_at then sput('next', int(expires_at)) end
@@ -234,26 +239,26 @@ local key = h and ARGV[h + 1]
 -- A revoked key is refused first, whatever its counters say; then one past
 -- its expiry by this clock.
 if key and get('r:' .. key) then
-  ledger_end()
+  ledger_end(true)
   return reply({ 5, int(now), '0', '0', '0' }, counters_outcomes(states))
 end
 local expiry = key and select(4, terms(key))
 if expiry and expiry ~= '' and tonumber(expiry) <= now then
-  ledger_end()
+  ledger_end(true)
   return reply({ 6, int(now), expiry, '0', '0' }, counters_outcomes(states))
 end
 if not fit then
-  ledger_end()
+  ledger_end(true)
   return reply({ 4, int(now), '0', '0', '0' }, counters_outcomes(states))
 end
 local decided = { 0, '0', '0', '0' }
 if key then
   decided = hold(key)
   if decided[1] ~= 0 then
-    ledger_end()
+    ledger_end(true)
     return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', decided[4] or '0' }, counters_outcomes(states))
   end
 end
 counters_commit(now, C.slack_ms, states)
-ledger_end()
+ledger_end(true)
 return reply({ 0, int(now), decided[2], decided[3], decided[4] }, counters_outcomes(states))
