@@ -884,6 +884,65 @@ async fn a_renewal_of_thousands_of_holds_renews_them_all_and_lapses_the_expired(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse() {
+    // A lapse record undone in the call that made it is never written: the
+    // record keys' known lifetime must not move for it, or a later record
+    // that needs a longer one would not get it and vanish early.
+    let (_server, store, mut connection) = funded_store().await;
+    let hour = Duration::from_secs(3600);
+    let settle = |id: &str, retention: Option<Duration>| Settlement {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: id.into(),
+        hold_granted: true,
+        cost_nanos: 7,
+        byok: false,
+        record: retention.map(|retention| SettlementRecord {
+            bytes: format!("record of {id}").into(),
+            retention,
+            max_per_account: 100,
+        }),
+    };
+    store.settle(&settle("s1", Some(hour)), t0()).await.unwrap();
+    let lapsing = ReserveRequest {
+        reservation_id: "r1".into(),
+        ttl: Duration::from_secs(1),
+        lapse_record: Some(RecordKeeping {
+            retention: 10 * hour,
+            max_per_account: 100,
+        }),
+        ..reserve_request()
+    };
+    assert!(store.reserve(&lapsing, t0()).await.unwrap().is_reserved());
+    // Its late settlement is the first call after it lapsed: the lapse and
+    // its record are undone in the same call.
+    store
+        .settle(&settle("r1", None), t0() + chrono::Duration::seconds(2))
+        .await
+        .unwrap();
+    store
+        .settle(
+            &settle("s2", Some(5 * hour)),
+            t0() + chrono::Duration::seconds(3),
+        )
+        .await
+        .unwrap();
+    for key in ["mg:{acct}:gen", "mg:{acct}:genexp"] {
+        let ttl_ms: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(ttl_ms >= 5 * 3_600_000 - 60_000, "{key} lives {ttl_ms} ms");
+    }
+    let kept = store
+        .generation("acct", "s2", t0() + chrono::Duration::seconds(3))
+        .await
+        .unwrap();
+    assert!(kept.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_stop_at_the_i64_bounds_on_both_stores() {
     let server = RedisServer::start();
     let config = RedisStoreConfig {
