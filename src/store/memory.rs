@@ -540,6 +540,9 @@ struct AccountLedger {
     top_ups: HashMap<Box<str>, RememberedTopUp>,
     top_up_order: VecDeque<(i64, Box<str>)>,
     generations: Generations,
+    /// No hold of any key expires before this (µs; `None` when no key
+    /// holds): a call looks through its keys only once it has passed.
+    key_holds_lapse_from_micros: Option<i64>,
 }
 
 /// An account's generation records by reservation id, and their order by
@@ -720,6 +723,12 @@ impl AccountLedger {
     /// balance when the account held it, else to the key's BYOK usage) and
     /// kept as lapsed, with a generation record when the hold asked for one.
     fn lapse_key_holds(&mut self, account: &str, now_micros: i64) {
+        if self
+            .key_holds_lapse_from_micros
+            .is_none_or(|from| from > now_micros)
+        {
+            return;
+        }
         let mut expired: Vec<(i64, Box<str>, Box<str>, Reservation)> = Vec::new();
         for (key, ledger) in self.keys.iter_mut() {
             if ledger
@@ -732,6 +741,11 @@ impl AccountLedger {
                 });
             }
         }
+        self.key_holds_lapse_from_micros = self
+            .keys
+            .values()
+            .filter_map(|key| key.reservations.next_expiry())
+            .min();
         if expired.is_empty() {
             return;
         }
@@ -910,6 +924,10 @@ impl AccountLedger {
                 lapse_record: request.lapse_record,
                 covered: request.covered_by_balance,
             },
+        );
+        self.key_holds_lapse_from_micros = Some(
+            self.key_holds_lapse_from_micros
+                .map_or(expires_at_micros, |from| from.min(expires_at_micros)),
         );
         let outcome = ReserveOutcome::Reserved {
             used_nanos: key_limit.map_or(usage.total_nanos, |limit| {
