@@ -797,10 +797,13 @@ async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
     assert_eq!(request_fields(&mut connection).await.len(), 200);
     let balance = store.account_balance("acct").await.unwrap().balance_nanos;
     assert_eq!(balance, 1_000_000 - 7 * 200);
-    // The next call past that time forgets them, fields and ids: a busy
-    // account's ledger holds only what is in flight or may still be retried.
+    // The next call a minute past that time (what is forgotten stays that
+    // much longer, unseen, for a clock that steps back) removes them,
+    // fields and ids: a busy account's ledger holds only what is in flight
+    // or may still be retried.
+    let removed = t0() + memory + chrono::Duration::seconds(60);
     store
-        .settle(&settle("unheld", false), t0() + memory)
+        .settle(&settle("unheld", false), removed)
         .await
         .unwrap();
     let remembered = tracked_ids(&mut connection).await;
@@ -809,7 +812,7 @@ async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
     assert_eq!(request_fields(&mut connection).await, ["i:unheld"]);
     // A hold that expires unsettled lapses: known until its settlement
     // takes it, which replaces it with its marker.
-    let later = t0() + memory;
+    let later = removed;
     assert!(store
         .reserve(&reserve_request(), later)
         .await

@@ -126,9 +126,13 @@ async fn wait_for(received: &std::sync::atomic::AtomicU64, count: u64) {
 /// What the key was charged, and still holds, read through a connection of
 /// this test's own.
 async fn charged(server: &RedisServer, key: &str) -> (i64, i64) {
-    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
-        .await
-        .unwrap();
+    // The test's own reading: patient, so that a machine busy with other
+    // tests does not fail it.
+    let config = RedisStoreConfig {
+        call_timeout: Duration::from_secs(5),
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect(&server.url(), config).await.unwrap();
     let usage = store
         .key_usage("default", &KeyHash::of(key).to_hex(), chrono::Utc::now())
         .await

@@ -43,6 +43,12 @@ const SWEEP_INTERVAL_MICROS: i64 = 1_000_000;
 /// How often an account's records past their time or cap are removed (as
 /// on Redis, where each removal costs a few commands).
 const TIDY_INTERVAL_MICROS: i64 = 100_000;
+
+/// How long what is forgotten (settled and lapsed ids, records past their
+/// time) is kept, unseen, before it is removed: a clock that steps back
+/// less than that finds what it would have found before. The same on
+/// Redis, so both stores answer alike.
+const FORGOTTEN_KEPT_MICROS: i64 = 60_000_000;
 /// How long a counter outlives its window, as `RedisStoreConfig::expiry_slack`
 /// does: a caller whose clock reads a little earlier still finds it.
 const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
@@ -552,39 +558,40 @@ struct AccountLedger {
 /// next tidied (at most ten times a second, at the end of a ledger call).
 #[derive(Debug, Default)]
 struct Generations {
-    records: FastMap<Box<str>, (bytes::Bytes, (i64, u64))>,
-    order: BTreeMap<(i64, u64), Box<str>>,
-    writes: u64,
+    /// Record and expiry (µs) by id.
+    records: FastMap<Box<str>, (bytes::Bytes, i64)>,
+    /// By expiry, then id (as Redis orders a sorted set's equal scores).
+    order: BTreeSet<(i64, Box<str>)>,
     most: Option<u64>,
     tidy_at_micros: i64,
 }
 
 impl Generations {
     fn purge(&mut self, now_micros: i64) {
-        while let Some(entry) = self.order.first_entry() {
-            if entry.key().0 > now_micros {
-                break;
+        let before_micros = now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
+        while self
+            .order
+            .first()
+            .is_some_and(|(expires_at_micros, _)| *expires_at_micros <= before_micros)
+        {
+            if let Some((_, id)) = self.order.pop_first() {
+                self.records.remove(&id);
             }
-            let id = entry.remove();
-            self.records.remove(&id);
         }
     }
 
-    /// Keeps `record` for `id`, the oldest removed past the account's cap.
+    /// Keeps `record` for `id`; past the account's cap the oldest are
+    /// hidden at once and removed when tidied.
     fn put(&mut self, id: &str, record: &SettlementRecord, now_micros: i64) {
         self.purge(now_micros);
-        self.writes += 1;
-        let order = (
-            now_micros.saturating_add(duration_micros(record.retention)),
-            self.writes,
-        );
+        let expires_at_micros = now_micros.saturating_add(duration_micros(record.retention));
         if let Some((_, previous)) = self
             .records
-            .insert(id.into(), (record.bytes.clone(), order))
+            .insert(id.into(), (record.bytes.clone(), expires_at_micros))
         {
-            self.order.remove(&previous);
+            self.order.remove(&(previous, Box::from(id)));
         }
-        self.order.insert(order, id.into());
+        self.order.insert((expires_at_micros, id.into()));
         self.most = Some(record.max_per_account);
     }
 
@@ -605,36 +612,41 @@ impl Generations {
         }
     }
 
-    /// Whether the record ordered at `order` is among the newest `most`.
-    fn within_cap(&self, order: (i64, u64)) -> bool {
+    /// Whether the record of `id`, expiring at `expires_at_micros`, is
+    /// among the newest `most`.
+    fn within_cap(&self, id: &str, expires_at_micros: i64) -> bool {
         self.most.is_none_or(|most| {
+            let after = (expires_at_micros, Box::<str>::from(id));
             (self
                 .order
-                .range((std::ops::Bound::Excluded(order), std::ops::Bound::Unbounded))
+                .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
                 .count() as u64)
                 < most
         })
     }
 
     fn remove(&mut self, id: &str) {
-        if let Some((_, order)) = self.records.remove(id) {
-            self.order.remove(&order);
+        if let Some((_, expires_at_micros)) = self.records.remove(id) {
+            self.order.remove(&(expires_at_micros, Box::from(id)));
         }
     }
 
     fn get(&self, id: &str, now_micros: i64) -> Option<bytes::Bytes> {
         self.records
             .get(id)
-            .filter(|(_, order)| order.0 > now_micros && self.within_cap(*order))
+            .filter(|(_, expires_at_micros)| {
+                *expires_at_micros > now_micros && self.within_cap(id, *expires_at_micros)
+            })
             .map(|(bytes, _)| bytes.clone())
     }
 
     fn newest(&self, limit: usize, now_micros: i64) -> Vec<bytes::Bytes> {
+        let most = usize::try_from(self.most.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
         self.order
             .iter()
             .rev()
-            .take_while(|((expires_at_micros, _), _)| *expires_at_micros > now_micros)
-            .take(limit.min(usize::try_from(self.most.unwrap_or(u64::MAX)).unwrap_or(usize::MAX)))
+            .take_while(|(expires_at_micros, _)| *expires_at_micros > now_micros)
+            .take(limit.min(most))
             .filter_map(|(_, id)| self.records.get(id).map(|(bytes, _)| bytes.clone()))
             .collect()
     }
@@ -712,7 +724,9 @@ impl AccountLedger {
             self.keys.insert(key.into(), KeyLedger::default());
         }
         let ledger = self.keys.get_mut(key).expect("inserted above");
-        ledger.lapsed.forget(now_micros);
+        ledger
+            .lapsed
+            .forget(now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS));
         ledger.settled.sweep(now_micros);
         ledger
     }
@@ -830,7 +844,7 @@ impl AccountLedger {
             .get_mut(settlement.key.as_str())
             .expect("made above");
         // A lapsed hold's charge gives way to the real cost.
-        if let Some(charge) = key.lapsed.take(id) {
+        if let Some(charge) = key.lapsed.take(id, now_micros) {
             key.unrecord(&charge);
             if !charge.byok {
                 self.balance_nanos = self.balance_nanos.saturating_add(charge.amount_nanos);
@@ -1119,21 +1133,27 @@ impl LapsedHolds {
         self.order.push_back((charge.forget_at_micros, id));
     }
 
-    /// Keeps `id`'s charge, if known, for [`LAPSED_HOLD_MEMORY`] from now.
+    /// Keeps `id`'s charge, if still known, for [`LAPSED_HOLD_MEMORY`]
+    /// from now.
     fn refresh(&mut self, id: &str, now_micros: i64) {
         if let Some((id, charge)) = self.by_id.get_key_value(id) {
-            let (id, charge) = (id.clone(), *charge);
-            self.insert(id, charge, now_micros);
+            if charge.forget_at_micros > now_micros {
+                let (id, charge) = (id.clone(), *charge);
+                self.insert(id, charge, now_micros);
+            }
         }
     }
 
-    /// `id`'s lapse charge, no longer kept. Its place in `order` goes when
-    /// forgotten, as a no-op.
-    fn take(&mut self, id: &str) -> Option<LapsedCharge> {
+    /// `id`'s lapse charge if still known, no longer kept. Its place in
+    /// `order` goes when forgotten, as a no-op.
+    fn take(&mut self, id: &str, now_micros: i64) -> Option<LapsedCharge> {
         if self.by_id.is_empty() {
             return None;
         }
-        self.by_id.remove(id)
+        match self.by_id.get(id) {
+            Some(charge) if charge.forget_at_micros > now_micros => self.by_id.remove(id),
+            _ => None,
+        }
     }
 
     fn forget(&mut self, now_micros: i64) {
@@ -1181,7 +1201,8 @@ impl SettledIds {
         if now_micros < self.next_sweep_micros {
             return;
         }
-        self.until_micros.retain(|_, until| *until > now_micros);
+        let before_micros = now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
+        self.until_micros.retain(|_, until| *until > before_micros);
         // Give back what a burst left behind.
         if self.until_micros.capacity() > 4 * self.until_micros.len().max(64) {
             self.until_micros.shrink_to_fit();
@@ -2018,11 +2039,12 @@ mod tests {
             }
         }
         // Each leaves its marker (16 bytes) until SETTLEMENT_MEMORY has
-        // passed, and then nothing.
+        // passed (and FORGOTTEN_KEPT_MICROS more), and then nothing.
         assert_eq!(settlement_memory(&store, "acct"), ((10_000, 0, 0), 0));
         let balance = store.account_balance("acct").await.unwrap().balance_nanos;
         assert_eq!(balance, 1_000_000 - 7 * 10_000);
-        let start = at(10 * SECOND) + chrono::Duration::from_std(SETTLEMENT_MEMORY).unwrap();
+        let kept = chrono::Duration::microseconds(FORGOTTEN_KEPT_MICROS);
+        let start = at(10 * SECOND) + chrono::Duration::from_std(SETTLEMENT_MEMORY).unwrap() + kept;
         store.key_usage("acct", "key", start).await.unwrap();
         assert_eq!(settlement_memory(&store, "acct"), ((0, 0, 0), 0));
         // A hold left unsettled (an instance that died) lapses, charged,
@@ -2045,13 +2067,13 @@ mod tests {
             .key_usage(
                 "acct",
                 "key",
-                expiry + lapsed - chrono::Duration::microseconds(1),
+                expiry + lapsed + kept - chrono::Duration::microseconds(1),
             )
             .await
             .unwrap();
         assert_eq!(settlement_memory(&store, "acct").0, (0, 2, 0));
         store
-            .key_usage("acct", "key", expiry + lapsed)
+            .key_usage("acct", "key", expiry + lapsed + kept)
             .await
             .unwrap();
         assert_eq!(settlement_memory(&store, "acct").0, (0, 0, 0));

@@ -151,6 +151,10 @@ end
 -- often enough that a busy account's removals stay small (at 10,000
 -- requests a second, about 1,000 records past the cap each time).
 local TIDY_US = 100000
+-- What is forgotten (ids, records past their time) stays a minute more
+-- before it is removed, unseen: a clock that steps back less than that
+-- finds what it would have found before (as the in-process store does).
+local FORGOTTEN_KEPT_US = 60000000
 
 -- The call's state, set afresh by ledger_begin: the account's keys and
 -- name, the instant it decides at, how long markers and lapses are kept,
@@ -454,7 +458,7 @@ end
 -- Removes the settled and lapsed ids whose time is up.
 local function forget_ids()
   repeat
-    local ids = redis.call('ZRANGEBYSCORE', C.X, int(-C.now), '(0', 'LIMIT', 0, 1000)
+    local ids = redis.call('ZRANGEBYSCORE', C.X, int(-(C.now - FORGOTTEN_KEPT_US)), '(0', 'LIMIT', 0, 1000)
     if #ids > 0 then
       local fields = {}
       for _, id in ipairs(ids) do
@@ -474,7 +478,7 @@ end
 -- Removes the records past their time or the account's cap.
 local function remove_old_records()
   repeat
-    local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now), 'LIMIT', 0, 1000)
+    local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now - FORGOTTEN_KEPT_US), 'LIMIT', 0, 1000)
     if #expired > 0 then
       redis.call('HDEL', C.gen, unpack(expired))
       redis.call('ZREM', C.genexp, unpack(expired))
