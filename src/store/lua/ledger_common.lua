@@ -62,8 +62,6 @@ end
 -- The bounds of i64, as two-part integers.
 local I64_MAX = { 9223372036, 854775807 }
 local I64_MIN_MAGNITUDE = { 9223372036, 854775808 }
-local function big_min(a, b) if big_ge(a, b) then return b end return a end
-local function is_zero(a) return a[1] == 0 and a[2] == 0 end
 local function big_str(a)
   if a[1] == 0 then return int(a[2]) end
   return int(a[1]) .. string.format('%09d', a[2])
@@ -401,6 +399,17 @@ local function lapse(id, value)
   return forget_at
 end
 
+-- The fields of requests `ids` in A: each one's state and the lapse it
+-- was admitted again over.
+local function request_fields(ids)
+  local fields = {}
+  for _, id in ipairs(ids) do
+    table.insert(fields, 'i:' .. id)
+    table.insert(fields, 'l:' .. id)
+  end
+  return fields
+end
+
 -- Lapses every live hold of the account expired by now (each ledger call
 -- does first, as the in-process store does on every access, so both
 -- agree on what is live). Costs nothing until the earliest expiry passes.
@@ -414,11 +423,7 @@ local function sweep()
     local ids = redis.call('ZRANGEBYSCORE', C.X, '(0', int(C.now), 'LIMIT', offset, 500)
     offset = offset + #ids
     if #ids > 0 then
-      local fields = {}
-      for _, id in ipairs(ids) do
-        table.insert(fields, 'i:' .. id)
-        table.insert(fields, 'l:' .. id)
-      end
+      local fields = request_fields(ids)
       load(fields)
       for _, id in ipairs(ids) do
         local value = get('i:' .. id)
@@ -442,7 +447,6 @@ local function undo_lapse(id, value)
   local _, _, amount, byok, ds, ws, ms, key = string.find(value, '^L:%d+:(%d+):(%d):(%d+):(%d+):(%d+):(.*)$')
   local charged_in = { ds, ws, ms }
   for p = 1, 3 do
-    local period = PERIOD[p]
     if kget(key, PERIOD_START[p]) == charged_in[p] then
       local name = byok == '1' and PERIOD_BYOK[p] or PERIOD[p]
       kput(key, name, less(kget(key, name), amount))
@@ -460,11 +464,7 @@ local function forget_ids()
   repeat
     local ids = redis.call('ZRANGEBYSCORE', C.X, int(-(C.now - FORGOTTEN_KEPT_US)), '(0', 'LIMIT', 0, 1000)
     if #ids > 0 then
-      local fields = {}
-      for _, id in ipairs(ids) do
-        table.insert(fields, 'i:' .. id)
-        table.insert(fields, 'l:' .. id)
-      end
+      local fields = request_fields(ids)
       redis.call('HDEL', C.A, unpack(fields))
       redis.call('ZREM', C.X, unpack(ids))
       -- The call's own writes of these ids are written back when it ends.
