@@ -173,10 +173,28 @@ async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
                 .await
                 .map_err(|error| format!("cannot move the ledger of key {key}: {error}"))?;
         }
-        let mut accounts: Vec<&String> = every_key.iter().map(|(account, _)| account).collect();
+        // Every account with a key, and every account recorded (one whose
+        // keys were all deleted may still hold on its balance).
+        let mut accounts: Vec<String> = every_key
+            .iter()
+            .map(|(account, _)| account.clone())
+            .collect();
+        let mut offset = 0;
+        loop {
+            let page = directory
+                .accounts(offset, 500)
+                .await
+                .map_err(|error| format!("cannot list the accounts: {error}"))?;
+            offset += page.len();
+            let done = page.len() < 500;
+            accounts.extend(page.into_iter().map(|account| account.id));
+            if done {
+                break;
+            }
+        }
         accounts.sort();
         accounts.dedup();
-        for account in accounts {
+        for account in &accounts {
             redis
                 .finish_account_ledger(account)
                 .await

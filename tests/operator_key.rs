@@ -539,6 +539,18 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .arg(4 * credit / 10)
         .ignore()
         .cmd("ZADD")
+        .arg(format!("{key_base}:res"))
+        .arg(held_until)
+        .arg("legacy-byok")
+        .ignore()
+        // Written by layout 1, which said nothing of the balance: not held
+        // on the account, so not covered by it.
+        .cmd("HSET")
+        .arg(format!("{key_base}:resamt"))
+        .arg("legacy-byok")
+        .arg(credit / 10)
+        .ignore()
+        .cmd("ZADD")
         .arg(format!("{fresh_base}:res"))
         .arg(held_until)
         .arg("fresh-in-flight")
@@ -583,7 +595,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
 
     // Migrated once: every key's ledger moved and terms written, the
     // layout recorded; again changes nothing.
-    for holds in [2, 0] {
+    for holds in [3, 0] {
         let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
         assert_eq!(code, Some(0), "{stderr}");
         assert!(stderr.contains("wrote the terms of 2 key(s)"), "{stderr}");
@@ -608,7 +620,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .unwrap();
     assert_eq!(
         (usage.total_nanos, usage.day_nanos, usage.reserved_nanos),
-        (18 * credit / 10, 18 * credit / 10, credit / 2)
+        (18 * credit / 10, 18 * credit / 10, 6 * credit / 10)
     );
     let fresh_usage = store
         .key_usage("default", &fresh.hash, chrono::Utc::now())
@@ -681,7 +693,10 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .key_usage("default", &record.hash, chrono::Utc::now())
         .await
         .unwrap();
-    assert_eq!((usage.total_nanos, usage.reserved_nanos), (2 * credit, 0));
+    assert_eq!(
+        (usage.total_nanos, usage.reserved_nanos),
+        (2 * credit, credit / 10)
+    );
     assert_eq!(
         store
             .account_balance("default")

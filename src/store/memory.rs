@@ -947,7 +947,7 @@ impl AccountLedger {
             used_nanos: key_limit.map_or(usage.total_nanos, |limit| {
                 usage.in_period(limit.reset, limit.include_byok)
             }),
-            reserved_nanos: usage.reserved_nanos + granted_nanos,
+            reserved_nanos: usage.reserved_nanos.saturating_add(granted_nanos),
             held_nanos: granted_nanos,
         };
         if request.covered_by_balance {

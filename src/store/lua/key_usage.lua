@@ -15,6 +15,6 @@ for p = 0, 3 do
   table.insert(usage, own)
   table.insert(usage, byok)
 end
-table.insert(usage, text(kget(key, 'h')))
+table.insert(usage, as_i64(text(kget(key, 'h'))))
 ledger_end()
 return usage

@@ -96,6 +96,18 @@ local function ge(a, b)
   return big_ge(big(a), big(b))
 end
 local function minimum(a, b) if ge(a, b) then return b end return a end
+-- A sum of holds: exact whatever its size (the in-process store keeps it
+-- in 128 bits), where usage and balance stop at the i64 bounds.
+local function add_held(a, b)
+  a, b = text(a), text(b)
+  if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
+  return big_str(big_add(big(a), big(b)))
+end
+-- `value` as an i64 answer: the largest i64 when it is larger.
+local function as_i64(value)
+  if #value >= 19 and ge(value, '9223372036854775807') then return '9223372036854775807' end
+  return value
+end
 
 -- A signed decimal (the balance) plus or, when `subtract`, minus the
 -- decimal text `b`.
@@ -272,6 +284,14 @@ local function terms(key)
   if not packed then return nil end
   return string.match(packed, '^([^:]*):([^:]*):([^:]*):([^:]*)$')
 end
+-- The account's state packed into its field.
+local function state_text()
+  local s = state()
+  local packed = (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or '')
+  remember_packed(packed, s, 5)
+  return packed
+end
+
 -- Packs what the call changed of the keys' usage and the account's state
 -- into their fields.
 local function pack()
@@ -285,11 +305,7 @@ local function pack()
     end
   end
   local s = C.S
-  if s and s.dirty then
-    local packed = (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or '')
-    remember_packed(packed, s, 5)
-    put('s', packed)
-  end
+  if s and s.dirty then put('s', state_text()) end
 end
 
 -- The current periods' starts (day, week, month) as decimal text, worked
@@ -418,10 +434,18 @@ local function sweep()
   if not next_expiry or next_expiry == '' or tonumber(next_expiry) > C.now then return end
   -- In pages, X unchanged until the call ends: every write waits for
   -- ledger_end, so a call that fails part way writes nothing.
-  local offset = 0
+  -- By rank from the first live hold: an offset would make each page
+  -- walk past all the ones before it.
+  local rank = redis.call('ZCOUNT', C.X, '-inf', '0')
+  local ids
   repeat
-    local ids = redis.call('ZRANGEBYSCORE', C.X, '(0', int(C.now), 'LIMIT', offset, 500)
-    offset = offset + #ids
+    local page = redis.call('ZRANGE', C.X, rank, rank + 499, 'WITHSCORES')
+    rank = rank + 500
+    ids = {}
+    for j = 1, #page, 2 do
+      if tonumber(page[j + 1]) > C.now then break end
+      ids[#ids + 1] = page[j]
+    end
     if #ids > 0 then
       local fields = request_fields(ids)
       load(fields)
@@ -477,11 +501,13 @@ end
 
 -- Removes the records past their time or the account's cap.
 local function remove_old_records()
+  local removed = false
   repeat
     local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now - FORGOTTEN_KEPT_US), 'LIMIT', 0, 1000)
     if #expired > 0 then
       redis.call('HDEL', C.gen, unpack(expired))
       redis.call('ZREM', C.genexp, unpack(expired))
+      removed = true
     end
   until #expired < 1000
   local most = tonumber(sget('gmax') or '')
@@ -493,7 +519,14 @@ local function remove_old_records()
       for j = 1, #popped, 2 do table.insert(ids, popped[j]) end
       redis.call('HDEL', C.gen, unpack(ids))
       over = over - #ids
+      removed = true
     end
+  end
+  -- They may have emptied the keys (Redis then drops them, TTL and all):
+  -- the next records set it again.
+  if removed then
+    state()[5] = false
+    redis.call('HSET', C.A, 's', state_text())
   end
 end
 
@@ -527,6 +560,9 @@ local function ledger_end(admission)
     if kept[3] > retention then retention = kept[3] end
   end
   local margin = math.min(math.ceil(retention / 8), 3600000000)
+  -- Records removed may have emptied the keys (Redis then drops them,
+  -- TTL and all): the next records set it again.
+  if next(C.unrecorded) ~= nil then sput('gttl', false) end
   local extend = #records > 0 and tonumber(sget('gttl') or '0') < C.now + retention
   if extend then sput('gttl', int(C.now + retention + margin)) end
   pack()
@@ -534,7 +570,9 @@ local function ledger_end(admission)
   for name in pairs(C.deleted) do
     if not C.dirty[name] then table.insert(deleted, name) end
   end
-  if #deleted > 0 then redis.call('HDEL', C.A, unpack(deleted)) end
+  for i = 1, #deleted, 1000 do
+    redis.call('HDEL', C.A, unpack(deleted, i, math.min(i + 999, #deleted)))
+  end
   local changed = {}
   for name in pairs(C.dirty) do
     table.insert(changed, name)
@@ -549,20 +587,25 @@ local function ledger_end(admission)
   for i = 1, #C.scores, 2000 do
     redis.call('ZADD', C.X, unpack(C.scores, i, math.min(i + 1999, #C.scores)))
   end
+  -- Renewed holds: each lasts longer, never shorter.
+  local renewed = C.renewed or {}
+  for i = 1, #renewed, 2000 do
+    redis.call('ZADD', C.X, 'XX', 'GT', unpack(renewed, i, math.min(i + 1999, #renewed)))
+  end
   local unrecorded = {}
   for id in pairs(C.unrecorded) do
     if not C.records[id] then table.insert(unrecorded, id) end
   end
-  if #unrecorded > 0 then
-    redis.call('HDEL', C.gen, unpack(unrecorded))
-    redis.call('ZREM', C.genexp, unpack(unrecorded))
+  for i = 1, #unrecorded, 1000 do
+    redis.call('HDEL', C.gen, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
+    redis.call('ZREM', C.genexp, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
   end
   for i = 1, #records, 2000 do
     redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
     redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
   end
   if extend then
-    local ttl_ms = math.ceil((retention + margin) / 1000) + C.slack_ms
+    local ttl_ms = math.ceil((retention + margin + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
     redis.call('PEXPIRE', C.gen, ttl_ms)
     redis.call('PEXPIRE', C.genexp, ttl_ms)
   end

@@ -130,10 +130,7 @@ if renewals > 0 then
       track(id, -forget_at)
     end
   end
-  -- In slices: unpack() fails past a few thousand values.
-  for i = 1, #later, 2000 do
-    redis.call('ZADD', C.X, 'XX', 'GT', unpack(later, i, math.min(i + 1999, #later)))
-  end
+  C.renewed = later
 end
 
 if not admission then
@@ -180,7 +177,7 @@ local function hold(key)
   local previous = get(field)
   -- Its settlement came first (the caller gave up on it): the request was
   -- never sent, and nothing must stay held.
-  if known(previous, 'S') then return { 0, used, text(kget(key, 'h')), '0' } end
+  if known(previous, 'S') then return { 0, used, as_i64(text(kget(key, 'h'))), '0' } end
   -- The same id held already (an admission is sent once, so never
   -- expected): the new hold replaces it, if granted; its amount is not
   -- among the holds the new one adds to.
@@ -192,15 +189,15 @@ local function hold(key)
   end
   local reserved = text(kget(key, 'h'))
   if replaced_key == key then reserved = less(reserved, replaced) end
-  local committed = add(used, reserved)
+  local committed = add_held(used, reserved)
   local grant = amount
   if has_limit then
     -- A request that holds nothing is refused once usage has reached the
     -- limit; one that holds, when even its least amount would pass it.
     if least == '0' then
-      if ge(committed, limit_text) then return { 1, committed, limit_text, reset } end
-    elseif not ge(limit_text, add(committed, least)) then
-      return { 1, committed, limit_text, reset }
+      if ge(committed, limit_text) then return { 1, as_i64(committed), limit_text, reset } end
+    elseif not ge(limit_text, add_held(committed, least)) then
+      return { 1, as_i64(committed), limit_text, reset }
     end
     grant = minimum(grant, less(limit_text, committed))
   end
@@ -212,26 +209,26 @@ local function hold(key)
     if covered then
       account_held = text(sget('held'))
       if replaced_covered then account_held = less(account_held, replaced) end
-      if not ge(balance, add(account_held, least)) then
-        return { 3, balance, account_held }
+      if not ge(balance, add_held(account_held, least)) then
+        return { 3, balance, as_i64(account_held) }
       end
       grant = minimum(grant, less(balance, account_held))
     end
   end
   -- Granted: the hold it replaces is released, on its own key.
   if holding then release(previous) end
-  local total = add(kget(key, 'h'), grant)
+  local total = add_held(kget(key, 'h'), grant)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
   if known(previous, 'L') then put('l:' .. id, previous) end
   put(field, 'H:' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
     .. (ARGV[h + 13] ~= '' and ARGV[h + 14] or '') .. ':' .. key)
   kput(key, 'h', total)
-  if covered then sput('held', add(sget('held'), grant)) end
+  if covered then sput('held', add_held(sget('held'), grant)) end
   track(id, expires_at)
   local next_expiry = sget('next')
   if not next_expiry or tonumber(next_expiry) > expires_at then sput('next', int(expires_at)) end
-  return { 0, used, total, grant }
+  return { 0, used, as_i64(total), grant }
 end
 
 local fit, states = counters_check(now, checks, 4, c, capacities)

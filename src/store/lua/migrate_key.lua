@@ -30,6 +30,7 @@ if old[13] then
 end
 local holds = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
 local moved, key_held, account_held, next_expiry, charged = 0, '0', '0', nil, false
+local moved_ids = {}
 local current = period_starts(now)
 for i = 1, #holds, 2 do
   local id, expiry = holds[i], tonumber(holds[i + 1])
@@ -38,8 +39,11 @@ for i = 1, #holds, 2 do
   local amount, flag, retention, most
   if value then amount, flag, retention, most = string.match(value, '^(%d+):?([cb]?):?(%d*):?(%d*)$') end
   if amount then
-    if flag == '' then flag = 'c' end
-    if flag == 'c' and not redis.call('ZSCORE', KEYS[8], id) then
+    local on_account = redis.call('ZSCORE', KEYS[8], id)
+    -- A hold layout 1 wrote says nothing: the balance covered it exactly
+    -- when the account held it too (layout 1 never lapsed a hold).
+    if flag == '' then flag = on_account and 'c' or 'b' end
+    if flag == 'c' and not on_account then
       -- Own usage in the current periods (each period's sums start afresh
       -- when it has rolled), as a lapse charges it.
       usage[1] = add(usage[1], amount)
@@ -66,8 +70,7 @@ for i = 1, #holds, 2 do
       if not next_expiry or expiry < next_expiry then next_expiry = expiry end
       moved = moved + 1
     end
-    redis.call('ZREM', KEYS[8], id)
-    redis.call('HDEL', KEYS[9], id)
+    table.insert(moved_ids, id)
   end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 or moved > 0 or charged then
@@ -84,7 +87,18 @@ if moved > 0 then
   table.insert(fields, 's')
   table.insert(fields, add(held, account_held) .. ':' .. int(next_expiry) .. ':' .. rest)
 end
-if #fields > 0 then redis.call('HSET', A, unpack(fields)) end
-if #scores > 0 then redis.call('ZADD', X, unpack(scores)) end
+-- Written only now, in slices (unpack() fails past a few thousand
+-- values), and the old keys removed last: a run that fails writes nothing
+-- of its own, and runs again from the start.
+for i = 1, #fields, 1000 do
+  redis.call('HSET', A, unpack(fields, i, math.min(i + 999, #fields)))
+end
+for i = 1, #scores, 1000 do
+  redis.call('ZADD', X, unpack(scores, i, math.min(i + 999, #scores)))
+end
+for i = 1, #moved_ids, 1000 do
+  redis.call('ZREM', KEYS[8], unpack(moved_ids, i, math.min(i + 999, #moved_ids)))
+  redis.call('HDEL', KEYS[9], unpack(moved_ids, i, math.min(i + 999, #moved_ids)))
+end
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 return moved
