@@ -108,6 +108,29 @@ impl MemoryStore {
         self.settlement_hasher.hash_one(reservation_id)
     }
 
+    /// Records `settlements` (validated), each once per reservation id,
+    /// then tidies their accounts once, as a Redis call does.
+    fn record_settlements(&self, settlements: &[Settlement], now: DateTime<Utc>) {
+        let now_micros = unix_micros(now);
+        let starts = period_starts_micros(now);
+        for settlement in settlements {
+            let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
+            self.with_account(&settlement.account, |account| {
+                account.settle(settlement, fingerprint, now_micros, starts);
+            });
+        }
+        // Tidied once the call's records are all kept, as on Redis.
+        let mut tidied: Vec<&str> = Vec::new();
+        for settlement in settlements {
+            if !tidied.contains(&settlement.account.as_str()) {
+                tidied.push(&settlement.account);
+                self.with_account(&settlement.account, |account| {
+                    account.generations.tidy(now_micros);
+                });
+            }
+        }
+    }
+
     /// How many counters are held, expired ones not yet swept included.
     pub fn counter_count(&self) -> usize {
         self.shards
@@ -1439,8 +1462,9 @@ impl LedgerStore for MemoryStore {
     }
 
     async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
-        self.settle_many(std::slice::from_ref(settlement), now)
-            .await
+        validate_settlements("settle", std::slice::from_ref(settlement), None)?;
+        self.record_settlements(std::slice::from_ref(settlement), now);
+        Ok(())
     }
 
     async fn settle_many(
@@ -1449,24 +1473,7 @@ impl LedgerStore for MemoryStore {
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         validate_settlements("settle_many", settlements, None)?;
-        let now_micros = unix_micros(now);
-        let starts = period_starts_micros(now);
-        for settlement in settlements {
-            let fingerprint = self.settlement_fingerprint(&settlement.reservation_id);
-            self.with_account(&settlement.account, |account| {
-                account.settle(settlement, fingerprint, now_micros, starts);
-            });
-        }
-        // Tidied once the call's records are all kept, as on Redis.
-        let mut tidied: Vec<&str> = Vec::new();
-        for settlement in settlements {
-            if !tidied.contains(&settlement.account.as_str()) {
-                tidied.push(&settlement.account);
-                self.with_account(&settlement.account, |account| {
-                    account.generations.tidy(now_micros);
-                });
-            }
-        }
+        self.record_settlements(settlements, now);
         Ok(())
     }
 

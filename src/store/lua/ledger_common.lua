@@ -71,15 +71,21 @@ end
 -- sum stays below 2^53), else as two-part integers. Absent ('' or false)
 -- counts as 0.
 local function text(a) if not a or a == '' then return '0' end return a end
-local function add(a, b)
-  if not a or a == '' then a = '0' end
-  if not b or b == '' then b = '0' end
+-- A sum, exact whatever its size: what holds add up to (the in-process
+-- store keeps that in 128 bits).
+local function add_held(a, b)
+  a, b = text(a), text(b)
   if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
-  -- As the in-process store does, sums stop at the largest i64.
-  local sum = big_add(big(a), big(b))
-  if big_ge(sum, I64_MAX) then return '9223372036854775807' end
-  return big_str(sum)
+  return big_str(big_add(big(a), big(b)))
 end
+-- `value` as an i64: the largest i64 when it is larger.
+local function as_i64(value)
+  if #value >= 19 and big_ge(big(value), I64_MAX) then return '9223372036854775807' end
+  return value
+end
+-- A sum of usage: as the in-process store does, it stops at the largest
+-- i64.
+local function add(a, b) return as_i64(add_held(a, b)) end
 -- a - b, or 0 when b is larger (a kept sum never goes below nothing).
 local function less(a, b)
   a, b = text(a), text(b)
@@ -96,18 +102,6 @@ local function ge(a, b)
   return big_ge(big(a), big(b))
 end
 local function minimum(a, b) if ge(a, b) then return b end return a end
--- A sum of holds: exact whatever its size (the in-process store keeps it
--- in 128 bits), where usage and balance stop at the i64 bounds.
-local function add_held(a, b)
-  a, b = text(a), text(b)
-  if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
-  return big_str(big_add(big(a), big(b)))
-end
--- `value` as an i64 answer: the largest i64 when it is larger.
-local function as_i64(value)
-  if #value >= 19 and ge(value, '9223372036854775807') then return '9223372036854775807' end
-  return value
-end
 
 -- A signed decimal (the balance) plus or, when `subtract`, minus the
 -- decimal text `b`.
@@ -214,7 +208,6 @@ local KEY_PATTERN = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([
 local STATE_SLOTS = { held = 1, next = 2, tidy = 3, gmax = 4, gttl = 5 }
 local STATE_PATTERN = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*)$'
 
--- A key's usage, unpacked once per call (absent parts are false).
 -- The parts of the packed values this library wrote or read lately, by
 -- value: a call most often reads what the call before it wrote, and
 -- splitting a value is dear in Lua.
@@ -239,6 +232,7 @@ local function remember_packed(packed, parts, count)
   UNPACKED[packed], UNPACKED_COUNT = copy, UNPACKED_COUNT + 1
 end
 
+-- A key's usage, unpacked once per call (absent parts are false).
 local function key_state(key)
   local k = C.K[key]
   if k then return k end
@@ -364,7 +358,7 @@ local function hold_parts(value)
   return amount, flag == 'c', retention, most, key
 end
 -- A settled ('S') or lapsed ('L') value whose time is not up yet.
-local BYTE = { S = 83, L = 76, H = 72 }
+local BYTE = { S = 83, L = 76 }
 local function known(value, kind)
   if not value or string.byte(value, 1) ~= BYTE[kind] then return false end
   local forget_at = string.match(value, '^.:(%d+)')
