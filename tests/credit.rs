@@ -965,6 +965,19 @@ async fn held_while_streaming(
         .await
         .unwrap();
     drop(response);
+    // The client gone, its settlement releases the hold: wait for it, so
+    // that the next reading of the balance does not race it.
+    for _ in 0..500 {
+        let now = gateway
+            .store
+            .key_usage(&account, &hash, gateway.clock.now())
+            .await
+            .unwrap();
+        if now.reserved_nanos == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     Ok(usage.reserved_nanos)
 }
 
