@@ -1,5 +1,6 @@
-//! One conformance suite for every store backend: `MemoryStore`, `RedisStore`
-//! on a real `redis-server`, and `RedisStore` on a real 3-node Redis Cluster.
+//! One conformance suite for every store backend: `MemoryStore`,
+//! `SqliteStore` on a file of its own, `RedisStore` on a real `redis-server`,
+//! and `RedisStore` on a real 3-node Redis Cluster.
 //!
 //! Each check below is a plain async function over `S: Store`; the macro at
 //! the bottom runs each against every backend, with time from fixed instants
@@ -3788,6 +3789,21 @@ macro_rules! conformance {
                 async fn $check() {
                     let server = super::RedisServer::start();
                     super::$check(std::sync::Arc::new(super::connect(&server).await)).await;
+                }
+            )*
+        }
+
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let directory = tempfile::tempdir().expect("a temporary directory");
+                    let store = modelgate::store::SqliteStore::open(
+                        directory.path().join("modelgate.db"),
+                        modelgate::store::SqliteStoreConfig::default(),
+                    )
+                    .expect("open the SQLite store");
+                    super::$check(std::sync::Arc::new(store)).await;
                 }
             )*
         }

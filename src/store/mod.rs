@@ -50,6 +50,7 @@ mod memory;
 mod policy;
 mod records;
 mod redis;
+mod sqlite;
 
 use std::fmt;
 
@@ -72,6 +73,7 @@ pub use records::{
     Versioned, WriteOutcome, ACCOUNTS, KEYS, MAX_RECORD_TTL,
 };
 pub use redis::{RedisStore, RedisStoreConfig, TimeSource, LEDGER_LAYOUT};
+pub use sqlite::{SqliteStore, SqliteStoreConfig, SQLITE_SCHEMA_VERSION};
 
 /// Everything a gateway keeps in its store.
 pub trait Store: CounterStore + LedgerStore + RecordStore + AppUsageStore {}
