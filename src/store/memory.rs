@@ -1377,7 +1377,10 @@ fn expired_terms(ledger: &AccountLedger, key: &str, now: DateTime<Utc>) -> Optio
 
 /// The request's checks, its purchase tier's capacity in force when the
 /// account has bought `purchased_nanos` (read under the checks' lock).
-fn tiered_checks(request: &AdmitRequest, purchased_nanos: i64) -> std::borrow::Cow<'_, [Check]> {
+pub(super) fn tiered_checks(
+    request: &AdmitRequest,
+    purchased_nanos: i64,
+) -> std::borrow::Cow<'_, [Check]> {
     match request.purchase_tier {
         Some(tier) if purchased_nanos >= tier.threshold_nanos => {
             let mut checks = request.checks.clone();

@@ -21,7 +21,10 @@ pub(super) fn check_all(
     _now: DateTime<Utc>,
     _commit: bool,
 ) -> Result<(bool, Vec<CheckOutcome>), StoreError> {
-    Err(StoreError::invalid("check_and_add", "TODO(helper): counters on SQLite"))
+    Err(StoreError::invalid(
+        "check_and_add",
+        "TODO(helper): counters on SQLite",
+    ))
 }
 
 #[async_trait]
@@ -47,7 +50,12 @@ impl CounterStore for SqliteStore {
         Err(StoreError::invalid("acquire_slot", "TODO(helper)"))
     }
 
-    async fn release_slot(&self, _scope: &str, _name: &str, _holder: &str) -> Result<(), StoreError> {
+    async fn release_slot(
+        &self,
+        _scope: &str,
+        _name: &str,
+        _holder: &str,
+    ) -> Result<(), StoreError> {
         Err(StoreError::invalid("release_slot", "TODO(helper)"))
     }
 }

@@ -1,93 +1,1373 @@
-//! The ledger in SQLite.
+//! The ledger in SQLite: the same decisions as `MemoryStore`'s, each call
+//! one job of the store's thread (so one atomic step, exact across
+//! processes sharing the file).
+//!
+//! Tables (every amount in nano-credits, every instant in µs):
+//! - `ledger_accounts`: per account, the balance, purchased total, the sum
+//!   of the live holds the balance covers (exact, as decimal text), the
+//!   earliest live hold's expiry, the generation records' cap (the last
+//!   asked) and when it is next tidied.
+//! - `ledger_keys`: per key, its usage all time and per day, week and
+//!   month (with each period's start), the sum of its live holds, its
+//!   terms once set, and whether it is revoked.
+//! - `ledger_requests`: per request id, `H` while it holds (amount, whether
+//!   the balance covers it, how its lapse's record is kept, its expiry),
+//!   `S` once settled (its marker, until it is forgotten) or `L` once its
+//!   hold lapsed (what the lapse charged, until forgotten). An `H` row may
+//!   also carry the lapse it was admitted again over, for its settlement
+//!   to undo.
+//! - `ledger_generations`: the generation records with their expiries.
+//! - `ledger_top_ups`: the idempotency keys of recent top-ups.
+//!
+//! What is forgotten (markers, lapses, records past their time) reads as
+//! gone at once and is deleted a minute later, at most ten times a second
+//! per account, as the other stores do.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::SqliteStore;
+use super::{counters, sql, SqliteStore};
+use crate::clock::{unix_micros, Period};
+use crate::store::counter::duration_micros;
+use crate::store::ledger::{
+    idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
+    validate_amount, validate_key_terms, validate_renewals, validate_settlements,
+    validate_top_up_once,
+};
+use crate::store::memory::tiered_checks;
 use crate::store::{
-    AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, KeyTerms, KeyUsage, LedgerStore,
-    Settlement, StoreError, TopUpOutcome,
+    lapse_record, AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, KeyLimit, KeyTerms,
+    KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, TopUpOutcome,
+    LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 
 /// The ledger's tables.
-pub(super) const SCHEMA: &str = "";
+pub(super) const SCHEMA: &str = "
+CREATE TABLE ledger_accounts (
+    account TEXT PRIMARY KEY,
+    balance_nanos INTEGER NOT NULL,
+    purchased_nanos INTEGER NOT NULL,
+    held_nanos TEXT NOT NULL,
+    next_expiry_micros INTEGER,
+    records_most INTEGER,
+    tidy_at_micros INTEGER NOT NULL
+);
+CREATE TABLE ledger_keys (
+    account TEXT NOT NULL,
+    key TEXT NOT NULL,
+    total_nanos INTEGER NOT NULL,
+    byok_total_nanos INTEGER NOT NULL,
+    day_start_micros INTEGER NOT NULL,
+    day_nanos INTEGER NOT NULL,
+    day_byok_nanos INTEGER NOT NULL,
+    week_start_micros INTEGER NOT NULL,
+    week_nanos INTEGER NOT NULL,
+    week_byok_nanos INTEGER NOT NULL,
+    month_start_micros INTEGER NOT NULL,
+    month_nanos INTEGER NOT NULL,
+    month_byok_nanos INTEGER NOT NULL,
+    held_nanos TEXT NOT NULL,
+    terms_set INTEGER NOT NULL,
+    terms_limit_nanos INTEGER,
+    terms_reset INTEGER,
+    terms_include_byok INTEGER NOT NULL,
+    terms_expires_at_micros INTEGER,
+    revoked INTEGER NOT NULL,
+    PRIMARY KEY (account, key)
+);
+CREATE TABLE ledger_requests (
+    account TEXT NOT NULL,
+    id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    key TEXT NOT NULL,
+    at_micros INTEGER NOT NULL,
+    amount_nanos INTEGER NOT NULL,
+    covered INTEGER NOT NULL,
+    record_retention_micros INTEGER,
+    record_most INTEGER,
+    lapse_forget_at_micros INTEGER,
+    lapse_key TEXT,
+    lapse_amount_nanos INTEGER,
+    lapse_byok INTEGER,
+    lapse_day_start_micros INTEGER,
+    lapse_week_start_micros INTEGER,
+    lapse_month_start_micros INTEGER,
+    PRIMARY KEY (account, id)
+);
+CREATE INDEX ledger_requests_by_time ON ledger_requests (account, state, at_micros);
+CREATE TABLE ledger_generations (
+    account TEXT NOT NULL,
+    id TEXT NOT NULL,
+    record BLOB NOT NULL,
+    expires_at_micros INTEGER NOT NULL,
+    PRIMARY KEY (account, id)
+);
+CREATE INDEX ledger_generations_by_expiry ON ledger_generations (account, expires_at_micros, id);
+CREATE TABLE ledger_top_ups (
+    account TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    amount_nanos INTEGER NOT NULL,
+    purchased_after_nanos INTEGER NOT NULL,
+    balance_after_nanos INTEGER NOT NULL,
+    forget_at_micros INTEGER NOT NULL,
+    PRIMARY KEY (account, idempotency_key)
+);
+CREATE INDEX ledger_top_ups_by_time ON ledger_top_ups (account, forget_at_micros);
+";
 
-fn todo<T>(operation: &'static str) -> Result<T, StoreError> {
-    Err(StoreError::invalid(operation, "TODO: the ledger on SQLite"))
+/// How often an account's forgotten rows are deleted, at most.
+const TIDY_INTERVAL_MICROS: i64 = 100_000;
+/// How long what is forgotten stays, unseen, before it is deleted: a clock
+/// that steps back less than that finds what it found before.
+const FORGOTTEN_KEPT_MICROS: i64 = 60_000_000;
+/// The most rows one tidy deletes of each kind: bounds a call's work.
+const TIDY_BATCH: i64 = 1_000;
+
+fn saturate(nanos: i128) -> i64 {
+    i64::try_from(nanos).unwrap_or(if nanos < 0 { i64::MIN } else { i64::MAX })
+}
+
+fn period_code(period: Option<Period>) -> Option<i64> {
+    period.map(|period| match period {
+        Period::Day => 0,
+        Period::Week => 1,
+        Period::Month => 2,
+    })
+}
+
+fn period_of(code: Option<i64>) -> Option<Period> {
+    match code? {
+        0 => Some(Period::Day),
+        1 => Some(Period::Week),
+        _ => Some(Period::Month),
+    }
+}
+
+fn instant(micros: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(micros).unwrap_or_default()
+}
+
+fn held(text: String) -> i128 {
+    text.parse().unwrap_or(0)
+}
+
+/// An account's row.
+#[derive(Debug, Clone)]
+struct AccountRow {
+    balance_nanos: i64,
+    purchased_nanos: i64,
+    held_nanos: i128,
+    next_expiry_micros: Option<i64>,
+    records_most: Option<i64>,
+    tidy_at_micros: i64,
+}
+
+impl Default for AccountRow {
+    fn default() -> Self {
+        AccountRow {
+            balance_nanos: 0,
+            purchased_nanos: 0,
+            held_nanos: 0,
+            next_expiry_micros: None,
+            records_most: None,
+            tidy_at_micros: i64::MIN,
+        }
+    }
+}
+
+/// A period's start and its own and BYOK usage.
+#[derive(Debug, Clone, Copy)]
+struct PeriodUsage {
+    start_micros: i64,
+    nanos: i64,
+    byok_nanos: i64,
+}
+
+/// A key's row.
+#[derive(Debug, Clone)]
+struct KeyRow {
+    total_nanos: i64,
+    byok_total_nanos: i64,
+    periods: [PeriodUsage; 3],
+    held_nanos: i128,
+    terms: Option<KeyTerms>,
+    revoked: bool,
+    dirty: bool,
+}
+
+impl Default for KeyRow {
+    fn default() -> Self {
+        KeyRow {
+            total_nanos: 0,
+            byok_total_nanos: 0,
+            periods: [PeriodUsage {
+                start_micros: i64::MIN,
+                nanos: 0,
+                byok_nanos: 0,
+            }; 3],
+            held_nanos: 0,
+            terms: None,
+            revoked: false,
+            dirty: false,
+        }
+    }
+}
+
+impl KeyRow {
+    fn usage(&self, starts: [i64; 3]) -> KeyUsage {
+        let current = |index: usize| {
+            let period = self.periods[index];
+            if period.start_micros == starts[index] {
+                (period.nanos, period.byok_nanos)
+            } else {
+                (0, 0)
+            }
+        };
+        let (day_nanos, byok_day_nanos) = current(0);
+        let (week_nanos, byok_week_nanos) = current(1);
+        let (month_nanos, byok_month_nanos) = current(2);
+        KeyUsage {
+            total_nanos: self.total_nanos,
+            day_nanos,
+            week_nanos,
+            month_nanos,
+            byok_total_nanos: self.byok_total_nanos,
+            byok_day_nanos,
+            byok_week_nanos,
+            byok_month_nanos,
+            reserved_nanos: saturate(self.held_nanos),
+        }
+    }
+
+    /// Adds a cost in the current periods (which only roll forward) and
+    /// all time.
+    fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
+        for (period, start_micros) in self.periods.iter_mut().zip(starts) {
+            if start_micros < period.start_micros {
+                continue;
+            }
+            if start_micros > period.start_micros {
+                *period = PeriodUsage {
+                    start_micros,
+                    nanos: 0,
+                    byok_nanos: 0,
+                };
+            }
+            if byok {
+                period.byok_nanos = period.byok_nanos.saturating_add(cost_nanos);
+            } else {
+                period.nanos = period.nanos.saturating_add(cost_nanos);
+            }
+        }
+        if byok {
+            self.byok_total_nanos = self.byok_total_nanos.saturating_add(cost_nanos);
+        } else {
+            self.total_nanos = self.total_nanos.saturating_add(cost_nanos);
+        }
+        self.dirty = true;
+    }
+
+    /// Takes back a lapse's charge: all time, and in each period still the
+    /// one it was charged in.
+    fn unrecord(&mut self, lapse: &Lapse) {
+        for (period, start_micros) in self.periods.iter_mut().zip(lapse.starts) {
+            if period.start_micros == start_micros {
+                if lapse.byok {
+                    period.byok_nanos = period.byok_nanos.saturating_sub(lapse.amount_nanos);
+                } else {
+                    period.nanos = period.nanos.saturating_sub(lapse.amount_nanos);
+                }
+            }
+        }
+        if lapse.byok {
+            self.byok_total_nanos = self.byok_total_nanos.saturating_sub(lapse.amount_nanos);
+        } else {
+            self.total_nanos = self.total_nanos.saturating_sub(lapse.amount_nanos);
+        }
+        self.dirty = true;
+    }
+}
+
+/// What a lapse charged, known until `forget_at_micros`.
+#[derive(Debug, Clone)]
+struct Lapse {
+    forget_at_micros: i64,
+    key: String,
+    amount_nanos: i64,
+    byok: bool,
+    starts: [i64; 3],
+}
+
+/// A request's row.
+#[derive(Debug, Clone)]
+enum Request {
+    Holding {
+        key: String,
+        expires_at_micros: i64,
+        amount_nanos: i64,
+        covered: bool,
+        /// Retention (µs) and cap of its lapse's record, when it has one.
+        record: Option<(i64, i64)>,
+        /// The lapse it was admitted again over.
+        earlier: Option<Lapse>,
+    },
+    Settled {
+        forget_at_micros: i64,
+    },
+    Lapsed(Lapse),
+}
+
+/// One ledger call on one account, inside the store's transaction: rows
+/// read once, the account's and keys' rows written when it ends.
+struct Call<'c> {
+    db: &'c Connection,
+    account: String,
+    now_micros: i64,
+    starts: [i64; 3],
+    row: AccountRow,
+    /// Whether the account has a row (or the call gives it one).
+    exists: bool,
+    row_dirty: bool,
+    keys: HashMap<String, KeyRow>,
+}
+
+const OPERATION: &str = "ledger";
+
+impl<'c> Call<'c> {
+    fn begin(db: &'c Connection, account: &str, now: DateTime<Utc>) -> Result<Self, StoreError> {
+        let row = db
+            .prepare_cached(
+                "SELECT balance_nanos, purchased_nanos, held_nanos, next_expiry_micros,
+                        records_most, tidy_at_micros
+                 FROM ledger_accounts WHERE account = ?1",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row([account], |row| {
+                        Ok(AccountRow {
+                            balance_nanos: row.get(0)?,
+                            purchased_nanos: row.get(1)?,
+                            held_nanos: held(row.get(2)?),
+                            next_expiry_micros: row.get(3)?,
+                            records_most: row.get(4)?,
+                            tidy_at_micros: row.get(5)?,
+                        })
+                    })
+                    .optional()
+            })
+            .map_err(sql(OPERATION))?;
+        Ok(Call {
+            db,
+            account: account.to_owned(),
+            now_micros: unix_micros(now),
+            starts: period_starts_micros(now),
+            exists: row.is_some(),
+            row: row.unwrap_or_default(),
+            row_dirty: false,
+            keys: HashMap::new(),
+        })
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        instant(self.now_micros)
+    }
+
+    fn key(&mut self, key: &str) -> Result<&mut KeyRow, StoreError> {
+        if !self.keys.contains_key(key) {
+            let row = self
+                .db
+                .prepare_cached(
+                    "SELECT total_nanos, byok_total_nanos,
+                            day_start_micros, day_nanos, day_byok_nanos,
+                            week_start_micros, week_nanos, week_byok_nanos,
+                            month_start_micros, month_nanos, month_byok_nanos,
+                            held_nanos, terms_set, terms_limit_nanos, terms_reset,
+                            terms_include_byok, terms_expires_at_micros, revoked
+                     FROM ledger_keys WHERE account = ?1 AND key = ?2",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_row([self.account.as_str(), key], |row| {
+                            let period = |at: usize| -> rusqlite::Result<PeriodUsage> {
+                                Ok(PeriodUsage {
+                                    start_micros: row.get(at)?,
+                                    nanos: row.get(at + 1)?,
+                                    byok_nanos: row.get(at + 2)?,
+                                })
+                            };
+                            let terms_set: bool = row.get(12)?;
+                            let limit_nanos: Option<i64> = row.get(13)?;
+                            let terms = terms_set.then(|| -> rusqlite::Result<KeyTerms> {
+                                Ok(KeyTerms {
+                                    limit: match limit_nanos {
+                                        Some(limit_nanos) => Some(KeyLimit {
+                                            limit_nanos,
+                                            reset: period_of(row.get(14)?),
+                                            include_byok: row.get(15)?,
+                                        }),
+                                        None => None,
+                                    },
+                                    expires_at: row.get::<_, Option<i64>>(16)?.map(instant),
+                                })
+                            });
+                            Ok(KeyRow {
+                                total_nanos: row.get(0)?,
+                                byok_total_nanos: row.get(1)?,
+                                periods: [period(2)?, period(5)?, period(8)?],
+                                held_nanos: held(row.get(11)?),
+                                terms: terms.transpose()?,
+                                revoked: row.get(17)?,
+                                dirty: false,
+                            })
+                        })
+                        .optional()
+                })
+                .map_err(sql(OPERATION))?;
+            self.keys.insert(key.to_owned(), row.unwrap_or_default());
+        }
+        Ok(self.keys.get_mut(key).expect("inserted above"))
+    }
+
+    fn request(&self, id: &str) -> Result<Option<Request>, StoreError> {
+        self.db
+            .prepare_cached(
+                "SELECT state, key, at_micros, amount_nanos, covered, record_retention_micros,
+                        record_most, lapse_forget_at_micros, lapse_key, lapse_amount_nanos,
+                        lapse_byok, lapse_day_start_micros, lapse_week_start_micros,
+                        lapse_month_start_micros
+                 FROM ledger_requests WHERE account = ?1 AND id = ?2",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row([self.account.as_str(), id], |row| {
+                        let state: String = row.get(0)?;
+                        let lapse = match row.get::<_, Option<i64>>(7)? {
+                            Some(forget_at_micros) => Some(Lapse {
+                                forget_at_micros,
+                                key: row.get(8)?,
+                                amount_nanos: row.get(9)?,
+                                byok: row.get(10)?,
+                                starts: [row.get(11)?, row.get(12)?, row.get(13)?],
+                            }),
+                            None => None,
+                        };
+                        let at_micros: i64 = row.get(2)?;
+                        Ok(match state.as_str() {
+                            "H" => {
+                                let retention: Option<i64> = row.get(5)?;
+                                let most: Option<i64> = row.get(6)?;
+                                Request::Holding {
+                                    key: row.get(1)?,
+                                    expires_at_micros: at_micros,
+                                    amount_nanos: row.get(3)?,
+                                    covered: row.get(4)?,
+                                    record: retention.zip(most),
+                                    earlier: lapse,
+                                }
+                            }
+                            "S" => Request::Settled {
+                                forget_at_micros: at_micros,
+                            },
+                            _ => match lapse {
+                                Some(lapse) => Request::Lapsed(lapse),
+                                None => Request::Settled {
+                                    forget_at_micros: i64::MIN,
+                                },
+                            },
+                        })
+                    })
+                    .optional()
+            })
+            .map_err(sql(OPERATION))
+    }
+
+    fn put_request(&self, id: &str, request: &Request) -> Result<(), StoreError> {
+        let none = None::<i64>;
+        let (state, key, at_micros, amount_nanos, covered, record, lapse) = match request {
+            Request::Holding {
+                key,
+                expires_at_micros,
+                amount_nanos,
+                covered,
+                record,
+                earlier,
+            } => (
+                "H",
+                key.as_str(),
+                *expires_at_micros,
+                *amount_nanos,
+                *covered,
+                *record,
+                earlier.as_ref(),
+            ),
+            Request::Settled { forget_at_micros } => {
+                ("S", "", *forget_at_micros, 0, false, None, None)
+            }
+            Request::Lapsed(lapse) => (
+                "L",
+                lapse.key.as_str(),
+                lapse.forget_at_micros,
+                lapse.amount_nanos,
+                false,
+                None,
+                Some(lapse),
+            ),
+        };
+        self.db
+            .prepare_cached(
+                "INSERT OR REPLACE INTO ledger_requests
+                 (account, id, state, key, at_micros, amount_nanos, covered,
+                  record_retention_micros, record_most, lapse_forget_at_micros, lapse_key,
+                  lapse_amount_nanos, lapse_byok, lapse_day_start_micros,
+                  lapse_week_start_micros, lapse_month_start_micros)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )
+            .and_then(|mut statement| {
+                statement.execute(params![
+                    self.account,
+                    id,
+                    state,
+                    key,
+                    at_micros,
+                    amount_nanos,
+                    covered,
+                    record.map(|(retention, _)| retention),
+                    record.map(|(_, most)| most),
+                    lapse.map(|lapse| lapse.forget_at_micros),
+                    lapse.map(|lapse| lapse.key.as_str()),
+                    lapse.map(|lapse| lapse.amount_nanos),
+                    lapse.map(|lapse| lapse.byok),
+                    lapse.map_or(none, |lapse| Some(lapse.starts[0])),
+                    lapse.map_or(none, |lapse| Some(lapse.starts[1])),
+                    lapse.map_or(none, |lapse| Some(lapse.starts[2])),
+                ])
+            })
+            .map_err(sql(OPERATION))?;
+        Ok(())
+    }
+
+    /// Takes a live hold off its key's and (when it covers it) the
+    /// account's sums.
+    fn release(&mut self, key: &str, amount_nanos: i64, covered: bool) -> Result<(), StoreError> {
+        let row = self.key(key)?;
+        row.held_nanos -= i128::from(amount_nanos);
+        row.dirty = true;
+        if covered {
+            self.row.held_nanos -= i128::from(amount_nanos);
+            self.row_dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Charges every hold of the account that has reached its expiry
+    /// unsettled, in the order of their expiries (then ids): in full, to
+    /// the balance when it covers it and to the key's usage (its own, else
+    /// BYOK), kept as lapsed for a late settlement, with a generation
+    /// record when the hold asked for one.
+    fn lapse_expired(&mut self) -> Result<(), StoreError> {
+        if self
+            .row
+            .next_expiry_micros
+            .is_none_or(|next| next > self.now_micros)
+        {
+            return Ok(());
+        }
+        let expired: Vec<String> = self
+            .db
+            .prepare_cached(
+                "SELECT id FROM ledger_requests
+                 WHERE account = ?1 AND state = 'H' AND at_micros <= ?2
+                 ORDER BY at_micros, id",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_map(params![self.account, self.now_micros], |row| row.get(0))?
+                    .collect()
+            })
+            .map_err(sql(OPERATION))?;
+        for id in expired {
+            let Some(Request::Holding {
+                key,
+                amount_nanos,
+                covered,
+                record,
+                ..
+            }) = self.request(&id)?
+            else {
+                continue;
+            };
+            self.release(&key, amount_nanos, covered)?;
+            let byok = !covered;
+            if covered {
+                self.row.balance_nanos = self.row.balance_nanos.saturating_sub(amount_nanos);
+            }
+            let starts = self.starts;
+            self.key(&key)?.record(amount_nanos, byok, starts);
+            if let Some((retention_micros, most)) = record {
+                let bytes = lapse_record(&self.account, &key, &id, amount_nanos, byok, self.now());
+                self.keep_generation(&id, &bytes, retention_micros, most)?;
+            }
+            // A lapse it was admitted again over gives way to this one.
+            let lapse = Lapse {
+                forget_at_micros: self
+                    .now_micros
+                    .saturating_add(duration_micros(LAPSED_HOLD_MEMORY)),
+                key,
+                amount_nanos,
+                byok,
+                starts,
+            };
+            self.put_request(&id, &Request::Lapsed(lapse))?;
+        }
+        self.row.next_expiry_micros = self
+            .db
+            .prepare_cached(
+                "SELECT MIN(at_micros) FROM ledger_requests WHERE account = ?1 AND state = 'H'",
+            )
+            .and_then(|mut statement| statement.query_row([&self.account], |row| row.get(0)))
+            .map_err(sql(OPERATION))?;
+        self.row_dirty = true;
+        Ok(())
+    }
+
+    /// Gives back what `lapse` of `id` charged, and removes its record.
+    fn undo_lapse(&mut self, id: &str, lapse: &Lapse) -> Result<(), StoreError> {
+        self.key(&lapse.key)?.unrecord(lapse);
+        if !lapse.byok {
+            self.row.balance_nanos = self.row.balance_nanos.saturating_add(lapse.amount_nanos);
+            self.row_dirty = true;
+        }
+        self.db
+            .prepare_cached("DELETE FROM ledger_generations WHERE account = ?1 AND id = ?2")
+            .and_then(|mut statement| statement.execute([self.account.as_str(), id]))
+            .map_err(sql(OPERATION))?;
+        Ok(())
+    }
+
+    /// Records `settlement` once per reservation id and releases its hold.
+    fn settle(&mut self, settlement: &Settlement) -> Result<(), StoreError> {
+        let id = settlement.reservation_id.as_str();
+        let now_micros = self.now_micros;
+        match self.request(id)? {
+            Some(Request::Settled { forget_at_micros }) if forget_at_micros > now_micros => {
+                return Ok(());
+            }
+            Some(Request::Holding {
+                key,
+                amount_nanos,
+                covered,
+                earlier,
+                ..
+            }) => {
+                self.release(&key, amount_nanos, covered)?;
+                if let Some(lapse) = earlier.filter(|lapse| lapse.forget_at_micros > now_micros) {
+                    self.undo_lapse(id, &lapse)?;
+                }
+            }
+            Some(Request::Lapsed(lapse)) if lapse.forget_at_micros > now_micros => {
+                self.undo_lapse(id, &lapse)?;
+            }
+            _ => {}
+        }
+        let starts = self.starts;
+        self.key(&settlement.key)?
+            .record(settlement.cost_nanos, settlement.byok, starts);
+        if !settlement.byok {
+            self.row.balance_nanos = self.row.balance_nanos.saturating_sub(settlement.cost_nanos);
+        }
+        self.row_dirty = true;
+        if let Some(record) = &settlement.record {
+            self.keep_generation(
+                id,
+                &record.bytes,
+                duration_micros(record.retention),
+                i64::try_from(record.max_per_account).unwrap_or(i64::MAX),
+            )?;
+        }
+        self.put_request(
+            id,
+            &Request::Settled {
+                forget_at_micros: now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
+            },
+        )
+    }
+
+    fn keep_generation(
+        &mut self,
+        id: &str,
+        bytes: &[u8],
+        retention_micros: i64,
+        most: i64,
+    ) -> Result<(), StoreError> {
+        self.db
+            .prepare_cached(
+                "INSERT OR REPLACE INTO ledger_generations (account, id, record, expires_at_micros)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut statement| {
+                statement.execute(params![
+                    self.account,
+                    id,
+                    bytes,
+                    self.now_micros.saturating_add(retention_micros)
+                ])
+            })
+            .map_err(sql(OPERATION))?;
+        self.row.records_most = Some(most);
+        self.row_dirty = true;
+        Ok(())
+    }
+
+    /// Extends `renewal`'s live hold (only the key that holds it does) to
+    /// `expires_at_micros`, never shorter; keeps a lapsed one's charge
+    /// known for its settlement. Whether it was live.
+    fn renew(&mut self, renewal: &HoldRenewal, expires_at_micros: i64) -> Result<bool, StoreError> {
+        let id = renewal.reservation_id.as_str();
+        match self.request(id)? {
+            Some(Request::Holding {
+                key,
+                expires_at_micros: before,
+                amount_nanos,
+                covered,
+                record,
+                earlier,
+            }) if key == renewal.key => {
+                if before < expires_at_micros {
+                    self.put_request(
+                        id,
+                        &Request::Holding {
+                            key,
+                            expires_at_micros,
+                            amount_nanos,
+                            covered,
+                            record,
+                            earlier,
+                        },
+                    )?;
+                }
+                Ok(true)
+            }
+            Some(Request::Lapsed(mut lapse))
+                if lapse.key == renewal.key && lapse.forget_at_micros > self.now_micros =>
+            {
+                lapse.forget_at_micros = self
+                    .now_micros
+                    .saturating_add(duration_micros(LAPSED_HOLD_MEMORY));
+                self.put_request(id, &Request::Lapsed(lapse))?;
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Decides the hold `request` as `MemoryStore` does.
+    fn hold(&mut self, request: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        let id = request.reservation_id.as_str();
+        let now_micros = self.now_micros;
+        let starts = self.starts;
+        let previous = self.request(id)?;
+        // The hold of the same id this one would replace.
+        let (replaced_key, replaced_nanos, replaced_covered) = match &previous {
+            Some(Request::Holding {
+                key,
+                amount_nanos,
+                covered,
+                ..
+            }) => (Some(key.clone()), *amount_nanos, *covered),
+            _ => (None, 0, false),
+        };
+        let account_held_nanos = if request.covered_by_balance {
+            let mut held = self.row.held_nanos;
+            if replaced_covered {
+                held -= i128::from(replaced_nanos);
+            }
+            saturate(held)
+        } else {
+            0
+        };
+        let balance_nanos = self.row.balance_nanos;
+        let key = self.key(&request.key)?;
+        let key_limit = key
+            .terms
+            .map_or(request.key_limit, |terms| terms.limit)
+            .filter(|_| request.counts_against_key_limit);
+        let mut usage = key.usage(starts);
+        let used_nanos = |usage: &KeyUsage| {
+            key_limit.map_or(usage.total_nanos, |limit| {
+                usage.in_period(limit.reset, limit.include_byok)
+            })
+        };
+        if matches!(previous, Some(Request::Settled { forget_at_micros }) if forget_at_micros > now_micros)
+        {
+            // Its settlement came first (the caller gave up on it): the
+            // request was never sent, and nothing must stay held.
+            return Ok(ReserveOutcome::Reserved {
+                used_nanos: used_nanos(&usage),
+                reserved_nanos: usage.reserved_nanos,
+                held_nanos: 0,
+            });
+        }
+        let mut key_held = key.held_nanos;
+        if replaced_key.as_deref() == Some(request.key.as_str()) {
+            key_held -= i128::from(replaced_nanos);
+        }
+        usage.reserved_nanos = saturate(key_held);
+        let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
+        let mut granted_nanos = request.amount_nanos;
+        if let Some(limit) = &key_limit {
+            if let Some(rejection) = key_limit_outcome(&usage, limit, least_nanos, self.now()) {
+                return Ok(rejection);
+            }
+            let committed = usage
+                .in_period(limit.reset, limit.include_byok)
+                .saturating_add(usage.reserved_nanos);
+            granted_nanos = granted_nanos.min(limit.limit_nanos.saturating_sub(committed));
+        }
+        if (request.check_balance || request.covered_by_balance) && balance_nanos < 0 {
+            return Ok(ReserveOutcome::BalanceNegative { balance_nanos });
+        }
+        if request.covered_by_balance {
+            let available_nanos = balance_nanos.saturating_sub(account_held_nanos);
+            if available_nanos < least_nanos {
+                return Ok(ReserveOutcome::BalanceInsufficient {
+                    balance_nanos,
+                    held_nanos: account_held_nanos,
+                });
+            }
+            granted_nanos = granted_nanos.min(available_nanos);
+        }
+        let outcome = ReserveOutcome::Reserved {
+            used_nanos: used_nanos(&usage),
+            reserved_nanos: usage.reserved_nanos.saturating_add(granted_nanos),
+            held_nanos: granted_nanos,
+        };
+        // Granted: the hold it replaces is released; a lapse it is admitted
+        // again over stays known for its settlement.
+        let earlier = match previous {
+            Some(Request::Holding { earlier, .. }) => earlier,
+            Some(Request::Lapsed(lapse)) if lapse.forget_at_micros > now_micros => Some(lapse),
+            _ => None,
+        };
+        if let Some(replaced_key) = replaced_key {
+            self.release(&replaced_key, replaced_nanos, replaced_covered)?;
+        }
+        let expires_at_micros = now_micros.saturating_add(duration_micros(request.ttl));
+        let key = self.key(&request.key)?;
+        key.held_nanos += i128::from(granted_nanos);
+        key.dirty = true;
+        if request.covered_by_balance {
+            self.row.held_nanos += i128::from(granted_nanos);
+        }
+        self.row.next_expiry_micros = Some(
+            self.row
+                .next_expiry_micros
+                .map_or(expires_at_micros, |next| next.min(expires_at_micros)),
+        );
+        self.row_dirty = true;
+        self.put_request(
+            id,
+            &Request::Holding {
+                key: request.key.clone(),
+                expires_at_micros,
+                amount_nanos: granted_nanos,
+                covered: request.covered_by_balance,
+                record: request.lapse_record.map(|keeping| {
+                    (
+                        duration_micros(keeping.retention),
+                        i64::try_from(keeping.max_per_account).unwrap_or(i64::MAX),
+                    )
+                }),
+                earlier,
+            },
+        )?;
+        Ok(outcome)
+    }
+
+    /// At most ten times a second: deletes the forgotten markers and
+    /// lapses, the records past their time or the cap, and the forgotten
+    /// top-up keys (each a bounded batch).
+    fn tidy(&mut self) -> Result<(), StoreError> {
+        if self.row.tidy_at_micros > self.now_micros {
+            return Ok(());
+        }
+        self.row.tidy_at_micros = self.now_micros.saturating_add(TIDY_INTERVAL_MICROS);
+        self.row_dirty = true;
+        let before_micros = self.now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
+        let statements = [
+            "DELETE FROM ledger_requests WHERE rowid IN (SELECT rowid FROM ledger_requests
+             WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3)",
+            "DELETE FROM ledger_generations WHERE rowid IN (SELECT rowid FROM ledger_generations
+             WHERE account = ?1 AND expires_at_micros <= ?2 ORDER BY expires_at_micros LIMIT ?3)",
+        ];
+        for statement in statements {
+            self.db
+                .prepare_cached(statement)
+                .and_then(|mut statement| {
+                    statement.execute(params![self.account, before_micros, TIDY_BATCH])
+                })
+                .map_err(sql(OPERATION))?;
+        }
+        self.db
+            .prepare_cached(
+                "DELETE FROM ledger_top_ups WHERE rowid IN (SELECT rowid FROM ledger_top_ups
+                 WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3)",
+            )
+            .and_then(|mut statement| {
+                statement.execute(params![self.account, self.now_micros, TIDY_BATCH])
+            })
+            .map_err(sql(OPERATION))?;
+        if let Some(most) = self.row.records_most {
+            self.db
+                .prepare_cached(
+                    "DELETE FROM ledger_generations WHERE rowid IN (
+                       SELECT rowid FROM ledger_generations WHERE account = ?1
+                       ORDER BY expires_at_micros, id
+                       LIMIT max(0, min(?3, (SELECT COUNT(*) FROM ledger_generations
+                                             WHERE account = ?1) - ?2)))",
+                )
+                .and_then(|mut statement| {
+                    statement.execute(params![self.account, most, TIDY_BATCH])
+                })
+                .map_err(sql(OPERATION))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the account's and changed keys' rows.
+    fn end(self) -> Result<(), StoreError> {
+        if self.row_dirty || !self.exists && self.keys.values().any(|key| key.dirty) {
+            let row = &self.row;
+            self.db
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO ledger_accounts
+                     (account, balance_nanos, purchased_nanos, held_nanos, next_expiry_micros,
+                      records_most, tidy_at_micros)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .and_then(|mut statement| {
+                    statement.execute(params![
+                        self.account,
+                        row.balance_nanos,
+                        row.purchased_nanos,
+                        row.held_nanos.to_string(),
+                        row.next_expiry_micros,
+                        row.records_most,
+                        row.tidy_at_micros
+                    ])
+                })
+                .map_err(sql(OPERATION))?;
+        }
+        for (key, row) in &self.keys {
+            if !row.dirty {
+                continue;
+            }
+            let [day, week, month] = row.periods;
+            let limit = row.terms.and_then(|terms| terms.limit);
+            self.db
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO ledger_keys
+                     (account, key, total_nanos, byok_total_nanos,
+                      day_start_micros, day_nanos, day_byok_nanos,
+                      week_start_micros, week_nanos, week_byok_nanos,
+                      month_start_micros, month_nanos, month_byok_nanos,
+                      held_nanos, terms_set, terms_limit_nanos, terms_reset,
+                      terms_include_byok, terms_expires_at_micros, revoked)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+                             ?15, ?16, ?17, ?18, ?19, ?20)",
+                )
+                .and_then(|mut statement| {
+                    statement.execute(params![
+                        self.account,
+                        key,
+                        row.total_nanos,
+                        row.byok_total_nanos,
+                        day.start_micros,
+                        day.nanos,
+                        day.byok_nanos,
+                        week.start_micros,
+                        week.nanos,
+                        week.byok_nanos,
+                        month.start_micros,
+                        month.nanos,
+                        month.byok_nanos,
+                        row.held_nanos.to_string(),
+                        row.terms.is_some(),
+                        limit.map(|limit| limit.limit_nanos),
+                        limit.and_then(|limit| period_code(limit.reset)),
+                        limit.is_some_and(|limit| limit.include_byok),
+                        row.terms
+                            .and_then(|terms| terms.expires_at)
+                            .map(unix_micros),
+                        row.revoked,
+                    ])
+                })
+                .map_err(sql(OPERATION))?;
+        }
+        Ok(())
+    }
+}
+
+/// Records settlements (validated, one account) and tidies once.
+fn settle_all(
+    db: &Connection,
+    settlements: &[Settlement],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let Some(first) = settlements.first() else {
+        return Ok(());
+    };
+    let mut call = Call::begin(db, &first.account, now)?;
+    call.lapse_expired()?;
+    for settlement in settlements {
+        call.settle(settlement)?;
+    }
+    call.tidy()?;
+    call.end()
+}
+
+fn balance_of(db: &Connection, account: &str) -> Result<AccountBalance, StoreError> {
+    let row = Call::begin(db, account, Utc::now())?.row;
+    Ok(AccountBalance {
+        purchased_nanos: row.purchased_nanos,
+        balance_nanos: row.balance_nanos,
+    })
+}
+
+/// Credits a purchase; refused (nothing changes) past the i64 bounds.
+fn credit(db: &Connection, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
+    let mut call = Call::begin(db, account, Utc::now())?;
+    let (Some(purchased_nanos), Some(balance_nanos)) = (
+        call.row.purchased_nanos.checked_add(amount_nanos),
+        call.row.balance_nanos.checked_add(amount_nanos),
+    ) else {
+        return Err(top_up_overflow());
+    };
+    call.row.purchased_nanos = purchased_nanos;
+    call.row.balance_nanos = balance_nanos;
+    call.row_dirty = true;
+    call.end()?;
+    Ok(AccountBalance {
+        purchased_nanos,
+        balance_nanos,
+    })
 }
 
 #[async_trait]
 impl LedgerStore for SqliteStore {
     async fn admit_after_settling(
         &self,
-        _settlements: &[Settlement],
-        _request: &AdmitRequest,
-        _now: DateTime<Utc>,
+        settlements: &[Settlement],
+        request: &AdmitRequest,
+        now: DateTime<Utc>,
     ) -> Result<AdmitOutcome, StoreError> {
-        todo("admit")
+        validate_admit(settlements, request)?;
+        let settlements = settlements.to_vec();
+        let request = request.clone();
+        self.call("admit", move |db| {
+            let mut call = Call::begin(db, &request.account, now)?;
+            // What lapses, lapses first, whatever is decided after.
+            call.lapse_expired()?;
+            for settlement in &settlements {
+                call.settle(settlement)?;
+            }
+            let checks = tiered_checks(&request, call.row.purchased_nanos);
+            let (fit, outcomes) =
+                counters::check_all(db, &request.account, &checks[..], now, false)?;
+            let hold = match &request.hold {
+                Some(hold) => {
+                    let key = call.key(&hold.key)?;
+                    let expired_at = key
+                        .terms
+                        .and_then(|terms| terms.expires_at)
+                        .filter(|expires_at| *expires_at <= now);
+                    // A revoked key is refused first, whatever its
+                    // counters say; then one past its expiry.
+                    if key.revoked {
+                        Some(ReserveOutcome::KeyRevoked)
+                    } else if let Some(expired_at) = expired_at {
+                        Some(ReserveOutcome::KeyExpired { expired_at })
+                    } else if fit {
+                        Some(call.hold(hold)?)
+                    } else {
+                        None
+                    }
+                }
+                None => None,
+            };
+            call.tidy()?;
+            call.end()?;
+            let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
+            let outcomes = if admitted && !checks.is_empty() {
+                counters::check_all(db, &request.account, &checks[..], now, true)?.1
+            } else {
+                outcomes
+            };
+            Ok(AdmitOutcome {
+                admitted,
+                checks: outcomes,
+                hold,
+                decided_at: now,
+            })
+        })
+        .await
     }
-    async fn settle(&self, _settlement: &Settlement, _now: DateTime<Utc>) -> Result<(), StoreError> {
-        todo("settle")
+
+    async fn settle(&self, settlement: &Settlement, now: DateTime<Utc>) -> Result<(), StoreError> {
+        validate_settlements("settle", std::slice::from_ref(settlement), None)?;
+        let settlements = vec![settlement.clone()];
+        self.call("settle", move |db| settle_all(db, &settlements, now))
+            .await
     }
+
+    async fn settle_many(
+        &self,
+        settlements: &[Settlement],
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        validate_settlements("settle_many", settlements, None)?;
+        let settlements = settlements.to_vec();
+        self.call("settle_many", move |db| settle_all(db, &settlements, now))
+            .await
+    }
+
     async fn renew_holds(
         &self,
-        _account: &str,
-        _holds: &[HoldRenewal],
-        _ttl: Duration,
-        _now: DateTime<Utc>,
+        account: &str,
+        holds: &[HoldRenewal],
+        ttl: Duration,
+        now: DateTime<Utc>,
     ) -> Result<u64, StoreError> {
-        todo("renew_holds")
+        validate_renewals(ttl)?;
+        let account = account.to_owned();
+        let holds = holds.to_vec();
+        self.call("renew_holds", move |db| {
+            let mut call = Call::begin(db, &account, now)?;
+            if !call.exists {
+                return Ok(0);
+            }
+            call.lapse_expired()?;
+            let expires_at_micros = call.now_micros.saturating_add(duration_micros(ttl));
+            let mut renewed = 0;
+            for hold in &holds {
+                if call.renew(hold, expires_at_micros)? {
+                    renewed += 1;
+                }
+            }
+            if !holds.is_empty() {
+                call.tidy()?;
+            }
+            call.end()?;
+            Ok(renewed)
+        })
+        .await
     }
+
     async fn key_usage(
         &self,
-        _account: &str,
-        _key: &str,
-        _now: DateTime<Utc>,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
     ) -> Result<KeyUsage, StoreError> {
-        todo("key_usage")
+        let (account, key) = (account.to_owned(), key.to_owned());
+        self.call("key_usage", move |db| {
+            let mut call = Call::begin(db, &account, now)?;
+            if !call.exists {
+                return Ok(KeyUsage::default());
+            }
+            call.lapse_expired()?;
+            let known: bool = db
+                .prepare_cached("SELECT COUNT(*) FROM ledger_keys WHERE account = ?1 AND key = ?2")
+                .and_then(|mut statement| {
+                    statement.query_row([account.as_str(), key.as_str()], |row| row.get(0))
+                })
+                .map_err(sql("key_usage"))?;
+            let starts = call.starts;
+            let usage = if known || call.keys.get(&key).is_some_and(|row| row.dirty) {
+                call.key(&key)?.usage(starts)
+            } else {
+                KeyUsage::default()
+            };
+            call.tidy()?;
+            call.end()?;
+            Ok(usage)
+        })
+        .await
     }
-    async fn top_up(&self, _account: &str, _amount_nanos: i64) -> Result<AccountBalance, StoreError> {
-        todo("top_up")
+
+    async fn top_up(&self, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
+        validate_amount("top_up", amount_nanos)?;
+        let account = account.to_owned();
+        self.call("top_up", move |db| credit(db, &account, amount_nanos))
+            .await
     }
+
     async fn top_up_once(
         &self,
-        _account: &str,
-        _amount_nanos: i64,
-        _idempotency_key: &str,
-        _now: DateTime<Utc>,
+        account: &str,
+        amount_nanos: i64,
+        idempotency_key: &str,
+        now: DateTime<Utc>,
     ) -> Result<TopUpOutcome, StoreError> {
-        todo("top_up_once")
+        validate_top_up_once(amount_nanos, idempotency_key)?;
+        let (account, idempotency_key) = (account.to_owned(), idempotency_key.to_owned());
+        self.call("top_up_once", move |db| {
+            let now_micros = unix_micros(now);
+            let remembered: Option<(i64, i64, i64)> = db
+                .prepare_cached(
+                    "SELECT amount_nanos, purchased_after_nanos, balance_after_nanos
+                     FROM ledger_top_ups
+                     WHERE account = ?1 AND idempotency_key = ?2 AND forget_at_micros > ?3",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_row(params![account, idempotency_key, now_micros], |row| {
+                            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                        })
+                        .optional()
+                })
+                .map_err(sql("top_up_once"))?;
+            if let Some((first_amount_nanos, purchased_nanos, balance_nanos)) = remembered {
+                return Ok(if first_amount_nanos == amount_nanos {
+                    TopUpOutcome::Repeated(AccountBalance {
+                        purchased_nanos,
+                        balance_nanos,
+                    })
+                } else {
+                    TopUpOutcome::KeyReused { first_amount_nanos }
+                });
+            }
+            let after = credit(db, &account, amount_nanos)?;
+            db.prepare_cached(
+                "INSERT OR REPLACE INTO ledger_top_ups
+                 (account, idempotency_key, amount_nanos, purchased_after_nanos,
+                  balance_after_nanos, forget_at_micros)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut statement| {
+                statement.execute(params![
+                    account,
+                    idempotency_key,
+                    amount_nanos,
+                    after.purchased_nanos,
+                    after.balance_nanos,
+                    now_micros.saturating_add(duration_micros(idempotency_key_ttl()))
+                ])
+            })
+            .map_err(sql("top_up_once"))?;
+            // Keys whose time has passed go, a batch at a time.
+            db.prepare_cached(
+                "DELETE FROM ledger_top_ups WHERE rowid IN (SELECT rowid FROM ledger_top_ups
+                 WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3)",
+            )
+            .and_then(|mut statement| statement.execute(params![account, now_micros, TIDY_BATCH]))
+            .map_err(sql("top_up_once"))?;
+            Ok(TopUpOutcome::Credited(after))
+        })
+        .await
     }
-    async fn account_balance(&self, _account: &str) -> Result<AccountBalance, StoreError> {
-        todo("account_balance")
+
+    async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {
+        let account = account.to_owned();
+        self.call("account_balance", move |db| balance_of(db, &account))
+            .await
     }
+
     async fn set_key_terms(
         &self,
-        _account: &str,
-        _key: &str,
-        _terms: &KeyTerms,
+        account: &str,
+        key: &str,
+        terms: &KeyTerms,
     ) -> Result<(), StoreError> {
-        todo("set_key_terms")
+        validate_key_terms(terms)?;
+        let (account, key, terms) = (account.to_owned(), key.to_owned(), *terms);
+        self.call("set_key_terms", move |db| {
+            let mut call = Call::begin(db, &account, Utc::now())?;
+            let row = call.key(&key)?;
+            row.terms = Some(terms);
+            row.dirty = true;
+            call.end()
+        })
+        .await
     }
-    async fn revoke_key(&self, _account: &str, _key: &str, _now: DateTime<Utc>) -> Result<(), StoreError> {
-        todo("revoke_key")
+
+    async fn revoke_key(
+        &self,
+        account: &str,
+        key: &str,
+        _now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let (account, key) = (account.to_owned(), key.to_owned());
+        self.call("revoke_key", move |db| {
+            let mut call = Call::begin(db, &account, Utc::now())?;
+            let row = call.key(&key)?;
+            row.revoked = true;
+            row.dirty = true;
+            call.end()
+        })
+        .await
     }
+
     async fn generation(
         &self,
-        _account: &str,
-        _reservation_id: &str,
-        _now: DateTime<Utc>,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
     ) -> Result<Option<bytes::Bytes>, StoreError> {
-        todo("generation")
+        let (account, id) = (account.to_owned(), reservation_id.to_owned());
+        self.call("generation", move |db| {
+            let most = Call::begin(db, &account, now)?.row.records_most;
+            db.prepare_cached(
+                "SELECT record FROM ledger_generations AS g
+                 WHERE account = ?1 AND id = ?2 AND expires_at_micros > ?3
+                   AND (?4 IS NULL OR (SELECT COUNT(*) FROM ledger_generations AS later
+                        WHERE later.account = ?1
+                          AND (later.expires_at_micros > g.expires_at_micros
+                               OR (later.expires_at_micros = g.expires_at_micros
+                                   AND later.id > g.id))) < ?4)",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![account, id, unix_micros(now), most], |row| {
+                        row.get::<_, Vec<u8>>(0)
+                    })
+                    .optional()
+            })
+            .map(|record| record.map(bytes::Bytes::from))
+            .map_err(sql("generation"))
+        })
+        .await
     }
+
     async fn recent_generations(
         &self,
-        _account: &str,
-        _limit: usize,
-        _now: DateTime<Utc>,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
     ) -> Result<Vec<bytes::Bytes>, StoreError> {
-        todo("recent_generations")
+        let account = account.to_owned();
+        self.call("recent_generations", move |db| {
+            let most = Call::begin(db, &account, now)?.row.records_most;
+            let limit = i64::try_from(limit)
+                .unwrap_or(i64::MAX)
+                .min(most.unwrap_or(i64::MAX));
+            db.prepare_cached(
+                "SELECT record FROM ledger_generations
+                 WHERE account = ?1 AND expires_at_micros > ?2
+                 ORDER BY expires_at_micros DESC, id DESC LIMIT ?3",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_map(params![account, unix_micros(now), limit], |row| {
+                        row.get::<_, Vec<u8>>(0).map(bytes::Bytes::from)
+                    })?
+                    .collect()
+            })
+            .map_err(sql("recent_generations"))
+        })
+        .await
     }
 }

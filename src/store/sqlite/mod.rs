@@ -198,7 +198,11 @@ fn migrate(connection: &Connection) -> Result<(), StoreError> {
             .pragma_update(None, "user_version", SQLITE_SCHEMA_VERSION)
             .map_err(sql("open"))
     })();
-    let end = if outcome.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let end = if outcome.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
     connection.execute_batch(end).map_err(sql("open"))?;
     outcome
 }
