@@ -2,9 +2,9 @@
 //! OpenAI-compatible upstream.
 //!
 //! ```sh
-//! cargo run --release --example proxy -- [--listen ADDR] [--upstream URL] [--redis URL] [--config FILE]
+//! cargo run --release --example proxy -- [--listen ADDR] [--upstream URL] [--store memory|sqlite:PATH|redis://…] [--config FILE]
 //! cargo run --release --example proxy -- keygen
-//! cargo run --release --example proxy -- reset-operator-key --redis URL
+//! cargo run --release --example proxy -- reset-operator-key --store sqlite:PATH|redis://…
 //! ```
 //!
 //! - `--listen`: where to serve (default `127.0.0.1:8080`).
@@ -14,8 +14,11 @@
 //!   `https://api.openai.com/v1` (its key from the config's
 //!   `upstream.api_key_env`). Without it the built-in mock upstream runs in
 //!   process.
-//! - `--redis`: share state through Redis (`redis://127.0.0.1:6379`);
-//!   without it everything lives in process.
+//! - `--store`: where the state lives: `memory` (the default: lost when
+//!   the process stops), `sqlite:PATH` (one file on this machine, kept
+//!   across restarts; several proxies on the machine may share it), or a
+//!   Redis URL (`redis://127.0.0.1:6379`, `rediss://…`) for many machines.
+//! - `--redis URL`: the same as `--store URL`.
 //! - `--bare true`: the upstream client with no layer at all, the
 //!   baseline `bench/load.sh` compares against.
 //! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`); its
@@ -30,7 +33,7 @@
 //!
 //! - `keygen`: prints a new well-formed key for `MODELGATE_ADMIN_KEY` and
 //!   exits; touches no store.
-//! - `reset-operator-key --redis URL`: when the operator's key is lost or
+//! - `reset-operator-key --store S` (or `--redis URL`): when the operator's key is lost or
 //!   leaked, disables every operator key in that store and prints one new
 //!   key, once.
 //! - `migrate-store --redis URL`: moves a store an older version wrote to
@@ -73,9 +76,9 @@ use tokio::net::TcpListener;
 /// requests (a store outage shorter than this loses nothing).
 const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
-const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--redis URL] [--config FILE] [--bare true]
+const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--store memory|sqlite:PATH|redis://…] [--redis URL] [--config FILE] [--bare true]
        proxy keygen                           print a new key for MODELGATE_ADMIN_KEY
-       proxy reset-operator-key --redis URL   disable every operator key, print a new one
+       proxy reset-operator-key --store S     disable every operator key, print a new one
        proxy migrate-store --redis URL        move a store an older version wrote to this version's layout";
 
 /// The name of the operator's keys the proxy makes.
@@ -116,16 +119,17 @@ fn keygen(arguments: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-/// `proxy reset-operator-key --redis URL`: every operator key in the store
+/// `proxy reset-operator-key --store S`: every operator key in the store
 /// disabled, one new one printed once.
 async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
-    let args = args::Args::parse_from(arguments, &["redis"], USAGE)?;
-    let Some(url) = args.get("redis") else {
+    let args = args::Args::parse_from(arguments, &["store", "redis"], USAGE)?;
+    let location = serve::store_location(&args)?;
+    if location == modelgate::store::StoreLocation::Memory {
         return Err(format!(
-            "reset-operator-key changes the store the proxies share: name it with --redis URL (a proxy without --redis keeps its keys in memory; restart it instead)\n{USAGE}"
+            "reset-operator-key changes the store the proxies keep their keys in: name it with --store sqlite:PATH or --redis URL (a proxy on --store memory keeps its keys in memory; restart it instead)\n{USAGE}"
         ));
-    };
-    let store = serve::open_store(Some(url)).await?;
+    }
+    let store = serve::open_store(&location).await?;
     let (key, disabled) = KeyDirectory::new(store)
         .replace_operator_keys(OPERATOR_KEY_NAME)
         .await
@@ -225,6 +229,7 @@ async fn serve_gateway() -> Result<(), String> {
             "listen",
             "admin-listen",
             "upstream",
+            "store",
             "redis",
             "config",
             "bare",
@@ -246,7 +251,7 @@ async fn serve_gateway() -> Result<(), String> {
         }
         None => GatewayConfig::default(),
     };
-    let store = serve::open_store(args.get("redis")).await?;
+    let store = serve::open_store(&serve::store_location(&args)?).await?;
     let base_url = match args
         .get("upstream")
         .map(str::to_owned)
@@ -411,7 +416,7 @@ async fn operator_key(store: &SharedStore) -> Result<(), String> {
                 // Shown once, on stdout for the operator; never logged.
                 Some(key) => println!("management key (shown once): {}", key.expose()),
                 None => tracing::warn!(
-                    "MODELGATE_ADMIN_KEY is unset and the store has (or another start just made) an operator's key, so none is made or printed: set MODELGATE_ADMIN_KEY to that key (or to a new one from `proxy keygen`); if it is lost, run `proxy reset-operator-key --redis URL`"
+                    "MODELGATE_ADMIN_KEY is unset and the store has (or another start just made) an operator's key, so none is made or printed: set MODELGATE_ADMIN_KEY to that key (or to a new one from `proxy keygen`); if it is lost, run `proxy reset-operator-key` with this store (`--store` or `--redis`)"
                 ),
             }
         }

@@ -2,7 +2,7 @@
 //! each behind its shared secret and limits.
 //!
 //! ```sh
-//! cargo run --example webhooks -- --config webhooks.json [--listen ADDR] [--redis URL]
+//! cargo run --example webhooks -- --config webhooks.json [--listen ADDR] [--store memory|sqlite:PATH|redis://…]
 //! ```
 //!
 //! The file holds the plugin entry where the gateway's config keeps it,
@@ -42,7 +42,7 @@ use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder};
 
-const USAGE: &str = "usage: webhooks --config FILE [--listen ADDR] [--redis URL]";
+const USAGE: &str = "usage: webhooks --config FILE [--listen ADDR] [--store memory|sqlite:PATH|redis://…] [--redis URL]";
 
 #[tokio::main]
 async fn main() {
@@ -55,7 +55,7 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
-    let args = args::Args::parse(&["listen", "redis", "config"], USAGE)?;
+    let args = args::Args::parse(&["listen", "store", "redis", "config"], USAGE)?;
     let listen: SocketAddr =
         args.parsed("listen", "127.0.0.1:8090".parse().expect("a valid address"))?;
     let path = args
@@ -73,7 +73,7 @@ async fn run() -> Result<(), String> {
             "{path}: the webhooks plugin is disabled (plugins.entries.webhooks.enabled)"
         ));
     }
-    let store = serve::open_store(args.get("redis")).await?;
+    let store = serve::open_store(&serve::store_location(&args)?).await?;
     let (routes, _skipped) = resolve_routes(&webhooks, &config.secrets, &ResolveLimits::default());
 
     let listener = TcpListener::bind(listen)

@@ -17,7 +17,9 @@ use hyper_util::service::TowerToHyperService;
 use modelgate::credit::PendingSettlements;
 use modelgate::keys::SharedStore;
 use modelgate::proxy::GatewayService;
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
+use modelgate::store::{
+    MemoryStore, RedisStore, RedisStoreConfig, SqliteStore, SqliteStoreConfig, StoreLocation,
+};
 use modelgate::webhook::ClientAddr;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -133,15 +135,35 @@ pub async fn open_store_to_migrate(url: &str) -> Result<RedisStore, String> {
         .map_err(|error| format!("cannot use --redis {url}: {error}"))
 }
 
-/// Redis at `redis_url` (`--redis`), or the in-process store.
-pub async fn open_store(redis_url: Option<&str>) -> Result<SharedStore, String> {
-    Ok(match redis_url {
-        Some(url) => Arc::new(
+/// Where the state lives: `--store` (`memory`, `sqlite:PATH`, a Redis
+/// URL), or `--redis URL` (the same as `--store URL`); in memory when
+/// neither is given.
+pub fn store_location(args: &crate::args::Args) -> Result<StoreLocation, String> {
+    match (args.get("store"), args.get("redis")) {
+        (Some(_), Some(_)) => {
+            Err("give --store or --redis, not both (--redis URL means --store URL)".to_owned())
+        }
+        (Some(text), None) => text
+            .parse()
+            .map_err(|error| format!("cannot use --store: {error}")),
+        (None, Some(url)) => Ok(StoreLocation::Redis(url.to_owned())),
+        (None, None) => Ok(StoreLocation::Memory),
+    }
+}
+
+/// The store at `location`.
+pub async fn open_store(location: &StoreLocation) -> Result<SharedStore, String> {
+    Ok(match location {
+        StoreLocation::Redis(url) => Arc::new(
             RedisStore::connect(url, RedisStoreConfig::default())
                 .await
-                .map_err(|error| format!("cannot use --redis {url}: {error}"))?,
+                .map_err(|error| format!("cannot use the store {url}: {error}"))?,
         ),
-        None => Arc::new(MemoryStore::new()),
+        StoreLocation::Sqlite(path) => Arc::new(
+            SqliteStore::open(path, SqliteStoreConfig::default())
+                .map_err(|error| format!("cannot use the store {location}: {error}"))?,
+        ),
+        StoreLocation::Memory => Arc::new(MemoryStore::new()),
     })
 }
 

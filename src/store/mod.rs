@@ -46,6 +46,7 @@ mod apps;
 mod breaker;
 mod counter;
 mod ledger;
+mod location;
 mod memory;
 mod policy;
 mod records;
@@ -66,6 +67,7 @@ pub use ledger::{
     IDEMPOTENCY_KEY_TTL_HOURS, LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION,
     MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW,
 };
+pub use location::{InvalidStoreLocation, StoreLocation};
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
 pub use records::{
