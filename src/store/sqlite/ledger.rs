@@ -102,7 +102,7 @@ CREATE INDEX ledger_requests_by_time ON ledger_requests (account, state, at_micr
 CREATE TABLE ledger_generations (
     account TEXT NOT NULL,
     id TEXT NOT NULL,
-    record BLOB NOT NULL,
+    record TEXT NOT NULL,
     expires_at_micros INTEGER NOT NULL,
     PRIMARY KEY (account, id)
 );
@@ -145,6 +145,11 @@ fn period_of(code: Option<i64>) -> Option<Period> {
         1 => Some(Period::Week),
         _ => Some(Period::Month),
     }
+}
+
+/// A record's bytes, whether kept as text or as a blob.
+fn record_bytes(row: &rusqlite::Row<'_>) -> rusqlite::Result<Vec<u8>> {
+    Ok(row.get_ref(0)?.as_bytes()?.to_vec())
 }
 
 fn instant(micros: i64) -> DateTime<Utc> {
@@ -709,10 +714,17 @@ impl<'c> Call<'c> {
                  VALUES (?1, ?2, ?3, ?4)",
             )
             .and_then(|mut statement| {
+                // As text, so that SQLite's JSON functions read it (they
+                // take a blob for their own binary form); bytes that are
+                // not UTF-8, which the gateway never writes, stay a blob.
+                let record = match std::str::from_utf8(bytes) {
+                    Ok(text) => rusqlite::types::Value::Text(text.to_owned()),
+                    Err(_) => rusqlite::types::Value::Blob(bytes.to_vec()),
+                };
                 statement.execute(params![
                     self.account,
                     id,
-                    bytes,
+                    record,
                     self.now_micros.saturating_add(retention_micros)
                 ])
             })
@@ -1331,9 +1343,7 @@ impl LedgerStore for SqliteStore {
             )
             .and_then(|mut statement| {
                 statement
-                    .query_row(params![account, id, unix_micros(now), most], |row| {
-                        row.get::<_, Vec<u8>>(0)
-                    })
+                    .query_row(params![account, id, unix_micros(now), most], record_bytes)
                     .optional()
             })
             .map(|record| record.map(bytes::Bytes::from))
@@ -1362,7 +1372,7 @@ impl LedgerStore for SqliteStore {
             .and_then(|mut statement| {
                 statement
                     .query_map(params![account, unix_micros(now), limit], |row| {
-                        row.get::<_, Vec<u8>>(0).map(bytes::Bytes::from)
+                        record_bytes(row).map(bytes::Bytes::from)
                     })?
                     .collect()
             })
