@@ -226,7 +226,9 @@ fn decode_state(bytes: &[u8]) -> Result<CounterState, &'static str> {
         TAG_GCRA if body.len() == 8 => Ok(CounterState::Gcra {
             theoretical_arrival_micros: i64::from_le_bytes(word(body)),
         }),
-        TAG_EMPTY | TAG_WINDOWS | TAG_ROLLING | TAG_GCRA => Err("a counter state of the wrong length"),
+        TAG_EMPTY | TAG_WINDOWS | TAG_ROLLING | TAG_GCRA => {
+            Err("a counter state of the wrong length")
+        }
         _ => Err("an unknown counter state"),
     }
 }
@@ -426,8 +428,11 @@ mod tests {
         assert_eq!(row_count(&store, "slot_lease").await, rows);
 
         // Within the slack after their ends, the rows stay.
-        let read = Check::new("other", minute, 0);
-        store.check_and_add("acct", &[read.clone()], at(65)).await.expect("check");
+        let read = [Check::new("other", minute, 0)];
+        store
+            .check_and_add("acct", &read, at(65))
+            .await
+            .expect("check");
         store
             .acquire_slot("acct", "other", "h", 1, Duration::from_secs(1), at(15))
             .await
@@ -437,16 +442,28 @@ mod tests {
 
         // Past it, each call removes one bounded batch.
         let later = at(60 + 11);
-        store.check_and_add("acct", &[read.clone()], later).await.expect("check");
-        assert_eq!(row_count(&store, "counter_state").await, rows - ENDED_ROWS_PER_CALL);
+        store
+            .check_and_add("acct", &read, later)
+            .await
+            .expect("check");
+        assert_eq!(
+            row_count(&store, "counter_state").await,
+            rows - ENDED_ROWS_PER_CALL
+        );
         store
             .acquire_slot("acct", "other", "h", 1, Duration::from_secs(1), at(10 + 11))
             .await
             .expect("acquire");
         // The batch, and "other"'s own ended lease (replaced by its new one).
-        assert_eq!(row_count(&store, "slot_lease").await, rows - ENDED_ROWS_PER_CALL + 1);
+        assert_eq!(
+            row_count(&store, "slot_lease").await,
+            rows - ENDED_ROWS_PER_CALL + 1
+        );
         for _ in 0..2 {
-            store.check_and_add("acct", &[read.clone()], later).await.expect("check");
+            store
+                .check_and_add("acct", &read, later)
+                .await
+                .expect("check");
             store
                 .acquire_slot("acct", "other", "h", 1, Duration::from_secs(1), at(10 + 11))
                 .await
