@@ -31,7 +31,7 @@ use crate::clock::{unix_micros, Period};
 /// foldhash at a fraction of SipHash's cost. Maps whose keys a client names
 /// (app usage rows, webhook records) keep SipHash: foldhash's random seeds
 /// are no defence against someone who can time lookups.
-type FastMap<K, V> = foldhash::HashMap<K, V>;
+pub(super) type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// Shards spread accounts over independent locks, so requests of different
 /// accounts rarely wait for each other.
@@ -51,7 +51,7 @@ const TIDY_INTERVAL_MICROS: i64 = 100_000;
 const FORGOTTEN_KEPT_MICROS: i64 = 60_000_000;
 /// How long a counter outlives its window, as `RedisStoreConfig::expiry_slack`
 /// does: a caller whose clock reads a little earlier still finds it.
-const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
+pub(super) const EXPIRY_SLACK_MICROS: i64 = 10_000_000;
 
 /// Every store trait in process memory: the embedded default.
 ///
@@ -227,22 +227,24 @@ impl Shard {
     }
 }
 
+/// One counter's state; `SqliteStore` keeps it as a row and decides with
+/// the functions below, so both stores answer alike.
 #[derive(Debug)]
-struct Counter {
-    state: CounterState,
+pub(super) struct Counter {
+    pub(super) state: CounterState,
     /// After this instant the counter holds nothing and may be dropped.
-    expires_at_micros: i64,
+    pub(super) expires_at_micros: i64,
 }
 
-#[derive(Debug)]
-struct WindowCount {
-    start_micros: i64,
-    end_micros: i64,
-    used: u64,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct WindowCount {
+    pub(super) start_micros: i64,
+    pub(super) end_micros: i64,
+    pub(super) used: u64,
 }
 
-#[derive(Debug)]
-enum CounterState {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum CounterState {
     Empty,
     /// Fixed and calendar windows, by start, until they end (plus slack).
     Windows(Vec<WindowCount>),
@@ -437,7 +439,7 @@ fn check_one(
 
 /// Checks every counter of `checks` under one lock: whether all fit, and
 /// when they do and `commit`, adds to all; never to some.
-fn check_all(
+pub(super) fn check_all(
     counters: &mut FastMap<Box<str>, Counter>,
     checks: &[Check],
     now: DateTime<Utc>,
