@@ -3772,6 +3772,240 @@ async fn connect(server: &RedisServer) -> RedisStore {
         .expect("connect to redis-server")
 }
 
+/// Two handles on one SQLite file, as two processes sharing it would be:
+/// each call goes to the next handle in turn, each handle with its own
+/// connection and thread, so every check also runs across "instances"
+/// that share nothing but the file.
+struct TwoSqliteHandles {
+    handles: [modelgate::store::SqliteStore; 2],
+    next: AtomicUsize,
+    _directory: tempfile::TempDir,
+}
+
+impl TwoSqliteHandles {
+    fn open() -> Self {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let path = directory.path().join("modelgate.db");
+        let open = || {
+            modelgate::store::SqliteStore::open(
+                &path,
+                modelgate::store::SqliteStoreConfig::default(),
+            )
+            .expect("open the SQLite store")
+        };
+        TwoSqliteHandles {
+            handles: [open(), open()],
+            next: AtomicUsize::new(0),
+            _directory: directory,
+        }
+    }
+
+    fn one(&self) -> &modelgate::store::SqliteStore {
+        &self.handles[self.next.fetch_add(1, Ordering::Relaxed) % 2]
+    }
+}
+
+#[async_trait::async_trait]
+impl modelgate::store::CounterStore for TwoSqliteHandles {
+    async fn check_and_add(
+        &self,
+        scope: &str,
+        checks: &[Check],
+        now: DateTime<Utc>,
+    ) -> Result<modelgate::store::Decision, modelgate::store::StoreError> {
+        self.one().check_and_add(scope, checks, now).await
+    }
+    async fn acquire_slot(
+        &self,
+        scope: &str,
+        name: &str,
+        holder: &str,
+        limit: u64,
+        lease: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<SlotOutcome, modelgate::store::StoreError> {
+        self.one()
+            .acquire_slot(scope, name, holder, limit, lease, now)
+            .await
+    }
+    async fn release_slot(
+        &self,
+        scope: &str,
+        name: &str,
+        holder: &str,
+    ) -> Result<(), modelgate::store::StoreError> {
+        self.one().release_slot(scope, name, holder).await
+    }
+}
+
+#[async_trait::async_trait]
+impl modelgate::store::LedgerStore for TwoSqliteHandles {
+    async fn admit_after_settling(
+        &self,
+        settlements: &[Settlement],
+        request: &AdmitRequest,
+        now: DateTime<Utc>,
+    ) -> Result<modelgate::store::AdmitOutcome, modelgate::store::StoreError> {
+        self.one()
+            .admit_after_settling(settlements, request, now)
+            .await
+    }
+    async fn settle(
+        &self,
+        settlement: &Settlement,
+        now: DateTime<Utc>,
+    ) -> Result<(), modelgate::store::StoreError> {
+        self.one().settle(settlement, now).await
+    }
+    async fn settle_many(
+        &self,
+        settlements: &[Settlement],
+        now: DateTime<Utc>,
+    ) -> Result<(), modelgate::store::StoreError> {
+        self.one().settle_many(settlements, now).await
+    }
+    async fn renew_holds(
+        &self,
+        account: &str,
+        holds: &[HoldRenewal],
+        ttl: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<u64, modelgate::store::StoreError> {
+        self.one().renew_holds(account, holds, ttl, now).await
+    }
+    async fn key_usage(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<modelgate::store::KeyUsage, modelgate::store::StoreError> {
+        self.one().key_usage(account, key, now).await
+    }
+    async fn top_up(
+        &self,
+        account: &str,
+        amount_nanos: i64,
+    ) -> Result<AccountBalance, modelgate::store::StoreError> {
+        self.one().top_up(account, amount_nanos).await
+    }
+    async fn top_up_once(
+        &self,
+        account: &str,
+        amount_nanos: i64,
+        idempotency_key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<TopUpOutcome, modelgate::store::StoreError> {
+        self.one()
+            .top_up_once(account, amount_nanos, idempotency_key, now)
+            .await
+    }
+    async fn account_balance(
+        &self,
+        account: &str,
+    ) -> Result<AccountBalance, modelgate::store::StoreError> {
+        self.one().account_balance(account).await
+    }
+    async fn set_key_terms(
+        &self,
+        account: &str,
+        key: &str,
+        terms: &KeyTerms,
+    ) -> Result<(), modelgate::store::StoreError> {
+        self.one().set_key_terms(account, key, terms).await
+    }
+    async fn revoke_key(
+        &self,
+        account: &str,
+        key: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), modelgate::store::StoreError> {
+        self.one().revoke_key(account, key, now).await
+    }
+    async fn generation(
+        &self,
+        account: &str,
+        reservation_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<bytes::Bytes>, modelgate::store::StoreError> {
+        self.one().generation(account, reservation_id, now).await
+    }
+    async fn recent_generations(
+        &self,
+        account: &str,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bytes::Bytes>, modelgate::store::StoreError> {
+        self.one().recent_generations(account, limit, now).await
+    }
+}
+
+#[async_trait::async_trait]
+impl modelgate::store::RecordStore for TwoSqliteHandles {
+    async fn get_record_at(
+        &self,
+        collection: &str,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Versioned<Vec<u8>>>, modelgate::store::StoreError> {
+        self.one().get_record_at(collection, id, now).await
+    }
+    async fn put_record_at(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &[u8],
+        expect: Expect,
+        options: PutOptions,
+        now: DateTime<Utc>,
+    ) -> Result<PutOutcome, modelgate::store::StoreError> {
+        self.one()
+            .put_record_at(collection, id, value, expect, options, now)
+            .await
+    }
+    async fn delete_record_at(
+        &self,
+        collection: &str,
+        id: &str,
+        expect: Expect,
+        now: DateTime<Utc>,
+    ) -> Result<WriteOutcome, modelgate::store::StoreError> {
+        self.one()
+            .delete_record_at(collection, id, expect, now)
+            .await
+    }
+    async fn list_records_at(
+        &self,
+        collection: &str,
+        offset: usize,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, modelgate::store::StoreError> {
+        self.one()
+            .list_records_at(collection, offset, limit, now)
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl modelgate::store::AppUsageStore for TwoSqliteHandles {
+    async fn add_app_usage(
+        &self,
+        scope: &str,
+        rows: &[AppUsage],
+        now: DateTime<Utc>,
+    ) -> Result<(), modelgate::store::StoreError> {
+        self.one().add_app_usage(scope, rows, now).await
+    }
+    async fn app_usage(
+        &self,
+        scope: &str,
+        period: Period,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<AppUsage>, modelgate::store::StoreError> {
+        self.one().app_usage(scope, period, now).await
+    }
+}
+
 macro_rules! conformance {
     ($($check:ident),* $(,)?) => {
         mod memory {
@@ -3804,6 +4038,17 @@ macro_rules! conformance {
                     )
                     .expect("open the SQLite store");
                     super::$check(std::sync::Arc::new(store)).await;
+                }
+            )*
+        }
+
+        /// Every check across two handles of one file (see
+        /// [`TwoSqliteHandles`]).
+        mod sqlite_two_handles {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    super::$check(std::sync::Arc::new(super::TwoSqliteHandles::open())).await;
                 }
             )*
         }

@@ -1,0 +1,222 @@
+//! The proxy on a SQLite file (`--store sqlite:PATH`), as real processes:
+//! killed mid-burst and started again on the same file, nothing committed
+//! is lost and every cost is there once; two proxies on one file share a
+//! key's limit exactly.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::examples::{binary, ProxyProcess};
+use modelgate::store::{LedgerStore, SqliteStore, SqliteStoreConfig, NANOS_PER_CREDIT};
+use serde_json::json;
+
+/// A gateway config: every price 1 credit per million tokens, 3 s holds.
+fn write_config(directory: &std::path::Path) -> std::path::PathBuf {
+    let config = directory.join("gateway.json");
+    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    std::fs::write(
+        &config,
+        json!({"pricing": {"default": price}, "credit": {"reservation_ttl_seconds": 3}})
+            .to_string(),
+    )
+    .unwrap();
+    config
+}
+
+fn proxy_command(database: &std::path::Path, config: &std::path::Path) -> Command {
+    let mut command = Command::new(binary("proxy"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--store")
+        .arg(format!("sqlite:{}", database.display()))
+        .arg("--config")
+        .arg(config)
+        .env_remove("MODELGATE_ADMIN_KEY");
+    command
+}
+
+/// The operator's key a first start printed.
+fn printed_key(printed: &[String]) -> String {
+    let line = printed
+        .iter()
+        .find(|line| line.starts_with("management key (shown once): "))
+        .unwrap_or_else(|| panic!("no key printed: {printed:?}"));
+    line.rsplit(' ').next().unwrap().to_owned()
+}
+
+async fn chat(client: &reqwest::Client, address: &str, key: &str) -> Option<u16> {
+    client
+        .post(format!("{address}/api/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&json!({"model": "openai/gpt-4o-mini",
+                      "max_tokens": 50, "messages": [{"role": "user", "content": "hello there"}]}))
+        .send()
+        .await
+        .ok()
+        .map(|response| response.status().as_u16())
+}
+
+/// The cost a generation record says, in nano-credits.
+fn record_cost_nanos(record: &[u8]) -> i64 {
+    let record: serde_json::Value = serde_json::from_slice(record).unwrap();
+    (record["total_cost"].as_f64().unwrap() * NANOS_PER_CREDIT as f64).round() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
+    let directory = tempfile::tempdir().unwrap();
+    let database = directory.path().join("modelgate.db");
+    let config = write_config(directory.path());
+    let first = ProxyProcess::spawn_watched(proxy_command(&database, &config));
+    let admin_key = printed_key(&first.printed_before);
+    let key = first.proxy.create_key(&admin_key, "burst").await;
+    let client = reqwest::Client::new();
+    let funded = client
+        .post(format!(
+            "{}/api/v1/accounts/default/credits",
+            first.proxy.address
+        ))
+        .bearer_auth(&admin_key)
+        .json(&json!({ "amount": 1000 }))
+        .send()
+        .await
+        .unwrap();
+    assert!(funded.status().is_success());
+
+    // A burst from 16 clients; the process is killed while it runs.
+    let address = first.proxy.address.clone();
+    let burst: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, address, key) = (client.clone(), address.clone(), key.clone());
+            tokio::spawn(async move {
+                let mut answered = 0;
+                while let Some(status) = chat(&client, &address, &key).await {
+                    assert_eq!(status, 200);
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let killed = Command::new("kill")
+        .args(["-KILL", &first.proxy.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut answered = 0;
+    for client in burst {
+        answered += client.await.unwrap();
+    }
+    assert!(answered > 16, "the burst ran: {answered} answers");
+    drop(first);
+
+    // Started again on the file: no new operator's key; the old one and
+    // the key it made still work, and the balance is what was bought less
+    // what was spent.
+    let second = ProxyProcess::spawn_watched(proxy_command(&database, &config));
+    assert!(
+        second
+            .printed_before
+            .iter()
+            .all(|line| !line.contains("management key")),
+        "{:?}",
+        second.printed_before
+    );
+    assert_eq!(chat(&client, &second.proxy.address, &key).await, Some(200));
+    let listed = client
+        .get(format!("{}/api/v1/keys", second.proxy.address))
+        .bearer_auth(&admin_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status().as_u16(), 200);
+
+    // Once the holds of the requests cut short have lapsed (3 s), the
+    // key's usage is exactly the sum of its generation records: each
+    // request charged once, those cut short at their hold.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let store = SqliteStore::open(&database, SqliteStoreConfig::default()).unwrap();
+    let hash = modelgate::auth::KeyHash::of(&key).to_hex();
+    let usage = common::settle::settled(&store, "default", &hash, chrono::Utc::now()).await;
+    let records = store
+        .recent_generations("default", 1_000_000, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(records.len() > answered / 2, "{} records", records.len());
+    let recorded: i64 = records.iter().map(|record| record_cost_nanos(record)).sum();
+    let tolerance = records.len() as i64; // each record's cost rounds to a nano-credit
+    assert!(
+        (usage.total_nanos - recorded).abs() <= tolerance,
+        "usage {} but the records sum to {recorded}",
+        usage.total_nanos
+    );
+    let balance = store.account_balance("default").await.unwrap();
+    assert_eq!(balance.purchased_nanos, 1000 * NANOS_PER_CREDIT);
+    assert_eq!(
+        balance.balance_nanos,
+        balance.purchased_nanos - usage.total_nanos
+    );
+    drop(second);
+    drop(store);
+
+    let file = rusqlite::Connection::open(&database).unwrap();
+    let integrity: String = file
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(integrity, "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_on_one_file_share_a_key_limit_exactly() {
+    let directory = tempfile::tempdir().unwrap();
+    let database = directory.path().join("modelgate.db");
+    let config = write_config(directory.path());
+    let first = ProxyProcess::spawn_watched(proxy_command(&database, &config));
+    let admin_key = printed_key(&first.printed_before);
+    let second = ProxyProcess::spawn_watched(proxy_command(&database, &config));
+    assert!(second
+        .printed_before
+        .iter()
+        .all(|line| !line.contains("management key")));
+    let client = reqwest::Client::new();
+    // A key whose limit lets only a few requests through.
+    let created: serde_json::Value = client
+        .post(format!("{}/api/v1/keys", first.proxy.address))
+        .bearer_auth(&admin_key)
+        .json(&json!({ "name": "shared", "limit": 0.0005 }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["key"].as_str().unwrap().to_owned();
+    let addresses = [first.proxy.address.clone(), second.proxy.address.clone()];
+    let requests: Vec<_> = (0..60)
+        .map(|index| {
+            let (client, address, key) =
+                (client.clone(), addresses[index % 2].clone(), key.clone());
+            tokio::spawn(async move { chat(&client, &address, &key).await.unwrap() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for request in requests {
+        match request.await.unwrap() {
+            200 => admitted += 1,
+            402 => {}
+            other => panic!("status {other}"),
+        }
+    }
+    assert!(admitted > 0 && admitted < 60, "{admitted} admitted");
+    let store = SqliteStore::open(&database, SqliteStoreConfig::default()).unwrap();
+    let hash = modelgate::auth::KeyHash::of(&key).to_hex();
+    let usage = common::settle::settled(&store, "default", &hash, chrono::Utc::now()).await;
+    assert!(
+        usage.total_nanos <= NANOS_PER_CREDIT / 2000,
+        "the two proxies let the key spend {} of its 500000 nano-credits",
+        usage.total_nanos
+    );
+}
