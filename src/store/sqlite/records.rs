@@ -559,3 +559,318 @@ impl AppUsageStore for SqliteStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::store::{flows, MemoryStore, StoreErrorKind, KEYS};
+
+    const SECOND: i64 = 1_000_000;
+
+    fn at(micros: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(0, 0).unwrap() + chrono::Duration::microseconds(micros)
+    }
+
+    fn open() -> (tempfile::TempDir, SqliteStore) {
+        let directory = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(
+            directory.path().join("modelgate.db"),
+            super::super::SqliteStoreConfig::default(),
+        )
+        .unwrap();
+        (directory, store)
+    }
+
+    /// The record rows in the file, expired ones not yet deleted included.
+    async fn rows_in_file(store: &SqliteStore) -> i64 {
+        store
+            .call("test", |connection| {
+                connection
+                    .query_row("SELECT count(*) FROM record_entry", [], |row| row.get(0))
+                    .map_err(sql("test"))
+            })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn expired_records_are_deleted_from_the_file_by_later_calls_a_batch_at_a_time() {
+        let (_directory, store) = open();
+        let week_micros = 7 * 86_400 * SECOND;
+        let week = PutOptions::expiring(Duration::from_secs(7 * 86_400));
+        for session in 0..100 {
+            let collection = flows(&format!("s{session}"));
+            let outcome = store
+                .put_record_at(&collection, "f", b"v", Expect::Absent, week, at(0))
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                PutOutcome::Write(WriteOutcome::Written { revision: 1 })
+            );
+        }
+        // A write without a lifetime, at the system clock (years after
+        // `at(0)`), deletes nothing: only the clock of the writers that
+        // gave records their lifetime decides, as on `MemoryStore`.
+        store
+            .put_record(KEYS, "k", b"v", Expect::Any)
+            .await
+            .unwrap();
+        assert_eq!(rows_in_file(&store).await, 101);
+        // Each expiring write a week later deletes one batch, of any
+        // collection, until none is left.
+        for (later, rows_left) in [(1, 101 - PURGE_BATCH + 1), (2, 3)] {
+            store
+                .put_record_at(
+                    &flows(&format!("new{later}")),
+                    "f",
+                    b"v",
+                    Expect::Absent,
+                    week,
+                    at(week_micros + later),
+                )
+                .await
+                .unwrap();
+            assert_eq!(rows_in_file(&store).await, rows_left);
+        }
+        // A collection's own calls delete its expired records too.
+        let crowded = flows("crowded");
+        let second = PutOptions::expiring(Duration::from_secs(1));
+        for index in 0..100 {
+            store
+                .put_record_at(
+                    &crowded,
+                    &format!("f{index}"),
+                    b"v",
+                    Expect::Absent,
+                    second,
+                    at(week_micros),
+                )
+                .await
+                .unwrap();
+        }
+        assert_eq!(rows_in_file(&store).await, 103);
+        let later = at(week_micros + SECOND);
+        assert!(store
+            .list_records_at(&crowded, 0, 10, later)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(rows_in_file(&store).await, 103 - PURGE_BATCH);
+        store
+            .delete_record_at(&crowded, "f0", Expect::Any, later)
+            .await
+            .unwrap();
+        assert_eq!(rows_in_file(&store).await, 3);
+    }
+
+    #[tokio::test]
+    async fn records_and_app_usage_outlive_the_store_that_wrote_them() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("modelgate.db");
+        let config = super::super::SqliteStoreConfig::default;
+        let store = SqliteStore::open(&path, config()).unwrap();
+        store
+            .put_record(KEYS, "k", b"v", Expect::Absent)
+            .await
+            .unwrap();
+        let row = AppUsage {
+            app: "a".into(),
+            details: "{}".into(),
+            model: "m".into(),
+            requests: 1,
+            tokens: 7,
+        };
+        store
+            .add_app_usage("*", std::slice::from_ref(&row), at(0))
+            .await
+            .unwrap();
+        drop(store);
+        let store = SqliteStore::open(&path, config()).unwrap();
+        assert_eq!(
+            store.get_record(KEYS, "k").await.unwrap(),
+            Some(Versioned {
+                value: b"v".to_vec(),
+                revision: 1
+            })
+        );
+        assert_eq!(
+            store.app_usage("*", Period::Month, at(0)).await.unwrap(),
+            [row]
+        );
+    }
+
+    #[tokio::test]
+    async fn counts_past_what_sqlite_holds_saturate() {
+        let (_directory, store) = open();
+        let huge = AppUsage {
+            app: "a".into(),
+            details: String::new(),
+            model: "m".into(),
+            requests: crate::store::MAX_EXACT,
+            tokens: crate::store::MAX_EXACT,
+        };
+        let rows = vec![huge; 1100];
+        store.add_app_usage("*", &rows, at(0)).await.unwrap();
+        let counted = store.app_usage("*", Period::Day, at(0)).await.unwrap();
+        assert_eq!(counted[0].requests, i64::MAX as u64);
+    }
+
+    #[derive(Clone, Debug)]
+    enum RecordOp {
+        Get {
+            collection: u8,
+            id: u8,
+        },
+        Put {
+            collection: u8,
+            id: u8,
+            value: u8,
+            expect: Expect,
+            options: PutOptions,
+        },
+        Delete {
+            collection: u8,
+            id: u8,
+            expect: Expect,
+        },
+        List {
+            collection: u8,
+            offset: usize,
+            limit: usize,
+        },
+        Advance {
+            micros: i64,
+        },
+    }
+
+    fn expect() -> impl Strategy<Value = Expect> {
+        prop_oneof![
+            Just(Expect::Any),
+            Just(Expect::Absent),
+            (0u64..4).prop_map(Expect::Revision),
+        ]
+    }
+
+    /// Lifetimes on a 1 s grid (zero now and then, which is refused), so
+    /// records often expire exactly at a call's `now`.
+    fn options() -> impl Strategy<Value = PutOptions> {
+        (prop::option::of(0u64..6), prop::option::of(0u64..4)).prop_map(
+            |(ttl_secs, max_records)| PutOptions {
+                ttl: ttl_secs.map(Duration::from_secs),
+                max_records,
+            },
+        )
+    }
+
+    fn record_op() -> impl Strategy<Value = RecordOp> {
+        prop_oneof![
+            2 => (0u8..2, 0u8..5).prop_map(|(collection, id)| RecordOp::Get { collection, id }),
+            5 => (0u8..2, 0u8..5, any::<u8>(), expect(), options()).prop_map(
+                |(collection, id, value, expect, options)| RecordOp::Put {
+                    collection, id, value, expect, options,
+                }
+            ),
+            2 => (0u8..2, 0u8..5, expect())
+                .prop_map(|(collection, id, expect)| RecordOp::Delete { collection, id, expect }),
+            2 => (0u8..2, 0usize..4, 0usize..7)
+                .prop_map(|(collection, offset, limit)| RecordOp::List { collection, offset, limit }),
+            2 => (0i64..3).prop_map(|seconds| RecordOp::Advance { micros: seconds * SECOND }),
+        ]
+    }
+
+    /// A call's answer, errors by their message, so both stores compare.
+    fn answer<T: std::fmt::Debug>(outcome: Result<T, StoreError>) -> Result<String, String> {
+        outcome.map(|value| format!("{value:?}")).map_err(|error| {
+            assert!(
+                matches!(error.kind(), StoreErrorKind::Invalid(_)),
+                "{error}"
+            );
+            error.to_string()
+        })
+    }
+
+    async fn apply<S: RecordStore>(
+        store: &S,
+        op: &RecordOp,
+        now: DateTime<Utc>,
+    ) -> Result<String, String> {
+        let collection = |index: u8| flows(&format!("s{index}"));
+        match *op {
+            RecordOp::Get {
+                collection: index,
+                id,
+            } => answer(
+                store
+                    .get_record_at(&collection(index), &id.to_string(), now)
+                    .await,
+            ),
+            RecordOp::Put {
+                collection: index,
+                id,
+                value,
+                expect,
+                options,
+            } => answer(
+                store
+                    .put_record_at(
+                        &collection(index),
+                        &id.to_string(),
+                        &[value],
+                        expect,
+                        options,
+                        now,
+                    )
+                    .await,
+            ),
+            RecordOp::Delete {
+                collection: index,
+                id,
+                expect,
+            } => answer(
+                store
+                    .delete_record_at(&collection(index), &id.to_string(), expect, now)
+                    .await,
+            ),
+            RecordOp::List {
+                collection: index,
+                offset,
+                limit,
+            } => answer(
+                store
+                    .list_records_at(&collection(index), offset, limit, now)
+                    .await,
+            ),
+            RecordOp::Advance { .. } => Ok(String::new()),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Random puts, gets, deletes and listings, with conditions,
+        /// lifetimes and caps, in time that moves forward: SqliteStore
+        /// answers every call as MemoryStore does.
+        #[test]
+        fn records_answer_as_memory_does(ops in proptest::collection::vec(record_op(), 1..80)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let (_directory, sqlite) = open();
+            let memory = MemoryStore::new();
+            let mut now_micros = 0i64;
+            for (step, op) in ops.iter().enumerate() {
+                if let RecordOp::Advance { micros } = *op {
+                    now_micros += micros;
+                }
+                let now = at(now_micros);
+                let expected = runtime.block_on(apply(&memory, op, now));
+                let actual = runtime.block_on(apply(&sqlite, op, now));
+                prop_assert_eq!(actual, expected, "step {} {:?} at {}", step, op, now_micros);
+            }
+        }
+    }
+}
