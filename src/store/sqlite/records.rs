@@ -624,7 +624,7 @@ mod tests {
         assert_eq!(rows_in_file(&store).await, 101);
         // Each expiring write a week later deletes one batch, of any
         // collection, until none is left.
-        for (later, rows_left) in [(1, 101 - PURGE_BATCH + 1), (2, 3)] {
+        for (later, rows_left) in [(1, 101 + 1 - PURGE_BATCH), (2, 3)] {
             store
                 .put_record_at(
                     &flows(&format!("new{later}")),
