@@ -1811,11 +1811,13 @@ impl StoredRecord {
     }
 }
 
-fn expectation_holds(current: Option<&StoredRecord>, expect: Expect) -> bool {
-    match (expect, current) {
+/// Whether `expect` holds for a record at `current_revision` (`None`: no
+/// live record). Shared with `SqliteStore`.
+pub(super) fn expectation_holds(current_revision: Option<u64>, expect: Expect) -> bool {
+    match (expect, current_revision) {
         (Expect::Any, _) => true,
         (Expect::Absent, current) => current.is_none(),
-        (Expect::Revision(revision), Some(record)) => record.revision == revision,
+        (Expect::Revision(revision), Some(current)) => current == revision,
         (Expect::Revision(_), None) => false,
     }
 }
@@ -1862,7 +1864,7 @@ impl RecordStore for MemoryStore {
             .or_default();
         collection.purge(now_micros);
         let current = collection.records.get(id);
-        if !expectation_holds(current, expect) {
+        if !expectation_holds(current.map(|record| record.revision), expect) {
             return Ok(PutOutcome::Write(WriteOutcome::Conflict {
                 current: current.map(StoredRecord::versioned),
             }));
@@ -1922,7 +1924,7 @@ impl RecordStore for MemoryStore {
         };
         collection.purge(unix_micros(now));
         let current = collection.records.get(id);
-        if !expectation_holds(current, expect) {
+        if !expectation_holds(current.map(|record| record.revision), expect) {
             return Ok(WriteOutcome::Conflict {
                 current: current.map(StoredRecord::versioned),
             });

@@ -324,7 +324,6 @@ pub fn decode<T: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
 
     #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
     struct Account {
@@ -332,9 +331,35 @@ mod tests {
         byok_providers: Vec<String>,
     }
 
-    #[tokio::test]
-    async fn typed_records_round_trip_through_json() {
-        let store = MemoryStore::new();
+    /// Each check on MemoryStore and on SqliteStore.
+    macro_rules! on_both_embedded_stores {
+        ($($check:ident),*) => {$(
+            mod $check {
+                #[tokio::test]
+                async fn memory() {
+                    super::$check(crate::store::MemoryStore::new()).await;
+                }
+
+                #[tokio::test]
+                async fn sqlite() {
+                    let directory = tempfile::tempdir().unwrap();
+                    let store = crate::store::SqliteStore::open(
+                        directory.path().join("modelgate.db"),
+                        crate::store::SqliteStoreConfig::default(),
+                    )
+                    .unwrap();
+                    super::$check(store).await;
+                }
+            }
+        )*};
+    }
+
+    on_both_embedded_stores!(
+        typed_records_round_trip_through_json,
+        a_record_that_is_not_the_expected_json_is_reported_not_panicked
+    );
+
+    async fn typed_records_round_trip_through_json(store: impl RecordStore) {
         let account = Account {
             id: "acct-1".into(),
             byok_providers: vec!["openai".into()],
@@ -359,9 +384,9 @@ mod tests {
             .is_none());
     }
 
-    #[tokio::test]
-    async fn a_record_that_is_not_the_expected_json_is_reported_not_panicked() {
-        let store = MemoryStore::new();
+    async fn a_record_that_is_not_the_expected_json_is_reported_not_panicked(
+        store: impl RecordStore,
+    ) {
         store
             .put_record(KEYS, "bad", b"not json", Expect::Any)
             .await

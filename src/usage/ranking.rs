@@ -348,10 +348,24 @@ mod tests {
 
     #[tokio::test]
     async fn counts_reach_the_store_per_scope_and_rank_by_tokens() {
+        counts_reach_the_store_per_scope_and_rank_by_tokens_in(Arc::new(MemoryStore::new())).await;
+    }
+
+    #[tokio::test]
+    async fn counts_reach_a_sqlite_store_per_scope_and_rank_by_tokens() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(
+            directory.path().join("modelgate.db"),
+            crate::store::SqliteStoreConfig::default(),
+        )
+        .unwrap();
+        counts_reach_the_store_per_scope_and_rank_by_tokens_in(Arc::new(store)).await;
+    }
+
+    async fn counts_reach_the_store_per_scope_and_rank_by_tokens_in(store: SharedStore) {
         let clock = Arc::new(ManualClock::new(
             Utc.with_ymd_and_hms(2024, 3, 5, 12, 0, 0).unwrap(),
         ));
-        let store: SharedStore = Arc::new(MemoryStore::new());
         let ranking = AppRanking::new(Arc::clone(&store))
             .clock(clock.clone())
             .flush_interval(Duration::from_secs(3600));

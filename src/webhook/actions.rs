@@ -1466,7 +1466,37 @@ mod tests {
 
     /// Actions on a fresh store with a hand-driven clock: flows ended keep
     /// an hour, live ones a day from their last change, three a session.
-    fn bounded() -> (FlowActions, crate::clock::ManualClock) {
+    /// Each check on MemoryStore and on SqliteStore.
+    macro_rules! on_both_embedded_stores {
+        ($($check:ident),*) => {$(
+            mod $check {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn memory() {
+                    super::$check(std::sync::Arc::new(crate::store::MemoryStore::new())).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    let directory = tempfile::tempdir().unwrap();
+                    let store = crate::store::SqliteStore::open(
+                        directory.path().join("modelgate.db"),
+                        crate::store::SqliteStoreConfig::default(),
+                    )
+                    .unwrap();
+                    super::$check(std::sync::Arc::new(store)).await;
+                }
+            }
+        )*};
+    }
+
+    on_both_embedded_stores!(
+        an_ended_flow_is_kept_for_its_retention_and_a_live_one_while_it_changes,
+        a_session_holds_at_most_its_cap_and_an_expired_flow_frees_its_place,
+        concurrent_creates_never_pass_the_cap,
+        of_two_writers_at_one_revision_exactly_one_wins
+    );
+
+    fn bounded(store: SharedStore) -> (FlowActions, crate::clock::ManualClock) {
         use chrono::TimeZone;
         let clock = crate::clock::ManualClock::new(
             chrono::Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap(),
@@ -1477,7 +1507,9 @@ mod tests {
             max_flows_per_session: 3,
             ..WebhookLimits::default()
         };
-        let actions = actions().clock(Arc::new(clock.clone())).limits(limits);
+        let actions = FlowActions::new(store)
+            .clock(Arc::new(clock.clone()))
+            .limits(limits);
         (actions, clock)
     }
 
@@ -1491,9 +1523,10 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn an_ended_flow_is_kept_for_its_retention_and_a_live_one_while_it_changes() {
-        let (actions, clock) = bounded();
+    async fn an_ended_flow_is_kept_for_its_retention_and_a_live_one_while_it_changes(
+        store: SharedStore,
+    ) {
+        let (actions, clock) = bounded(store);
         let route = main_route();
         let ended = created(&actions, &route, "ended").await;
         let live = created(&actions, &route, "live").await;
@@ -1544,9 +1577,10 @@ mod tests {
         assert_eq!((status, &result["code"]), (404, &json!("not_found")));
     }
 
-    #[tokio::test]
-    async fn a_session_holds_at_most_its_cap_and_an_expired_flow_frees_its_place() {
-        let (actions, clock) = bounded();
+    async fn a_session_holds_at_most_its_cap_and_an_expired_flow_frees_its_place(
+        store: SharedStore,
+    ) {
+        let (actions, clock) = bounded(store);
         let main = main_route();
         let mut flows = Vec::new();
         for goal in ["a", "b", "c"] {
@@ -1603,9 +1637,8 @@ mod tests {
         assert_eq!(status, 409);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_creates_never_pass_the_cap() {
-        let (actions, _clock) = bounded();
+    async fn concurrent_creates_never_pass_the_cap(store: SharedStore) {
+        let (actions, _clock) = bounded(store);
         let creates = (0..24).map(|index| {
             let actions = actions.clone();
             tokio::spawn(async move {
@@ -1637,9 +1670,8 @@ mod tests {
         assert_eq!(describe(120), "2 minutes");
     }
 
-    #[tokio::test]
-    async fn of_two_writers_at_one_revision_exactly_one_wins() {
-        let actions = actions();
+    async fn of_two_writers_at_one_revision_exactly_one_wins(store: SharedStore) {
+        let actions = FlowActions::new(store);
         let route = main_route();
         let flow = created(&actions, &route, "g").await;
         let writers = (0..16).map(|index| {
