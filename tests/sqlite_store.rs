@@ -12,14 +12,17 @@ use common::examples::{binary, ProxyProcess};
 use modelgate::store::{LedgerStore, SqliteStore, SqliteStoreConfig, NANOS_PER_CREDIT};
 use serde_json::json;
 
-/// A gateway config: every price 1 credit per million tokens, 3 s holds.
+/// A gateway config: every token costs 1000 nano-credits, 3 s holds, no
+/// account rate limit in the way.
 fn write_config(directory: &std::path::Path) -> std::path::PathBuf {
     let config = directory.join("gateway.json");
-    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    let price = json!({"prompt_per_million": 1, "completion_per_million": 1});
     std::fs::write(
         &config,
-        json!({"pricing": {"default": price}, "credit": {"reservation_ttl_seconds": 3}})
-            .to_string(),
+        json!({"pricing": {"default": price}, "credit": {"reservation_ttl_seconds": 3},
+               "rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1,
+                                                    "burst": 1000000}}}})
+        .to_string(),
     )
     .unwrap();
     config
@@ -58,6 +61,18 @@ async fn chat(client: &reqwest::Client, address: &str, key: &str) -> Option<u16>
         .map(|response| response.status().as_u16())
 }
 
+/// 1000 credits bought for the default account.
+async fn fund(client: &reqwest::Client, address: &str, admin_key: &str) {
+    let funded = client
+        .post(format!("{address}/api/v1/accounts/default/credits"))
+        .bearer_auth(admin_key)
+        .json(&json!({ "amount": 1000 }))
+        .send()
+        .await
+        .unwrap();
+    assert!(funded.status().is_success());
+}
+
 /// The cost a generation record says, in nano-credits.
 fn record_cost_nanos(record: &[u8]) -> i64 {
     let record: serde_json::Value = serde_json::from_slice(record).unwrap();
@@ -73,17 +88,7 @@ async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
     let admin_key = printed_key(&first.printed_before);
     let key = first.proxy.create_key(&admin_key, "burst").await;
     let client = reqwest::Client::new();
-    let funded = client
-        .post(format!(
-            "{}/api/v1/accounts/default/credits",
-            first.proxy.address
-        ))
-        .bearer_auth(&admin_key)
-        .json(&json!({ "amount": 1000 }))
-        .send()
-        .await
-        .unwrap();
-    assert!(funded.status().is_success());
+    fund(&client, &first.proxy.address, &admin_key).await;
 
     // A burst from 16 clients; the process is killed while it runs.
     let address = first.proxy.address.clone();
@@ -182,6 +187,7 @@ async fn two_proxies_on_one_file_share_a_key_limit_exactly() {
         .iter()
         .all(|line| !line.contains("management key")));
     let client = reqwest::Client::new();
+    fund(&client, &first.proxy.address, &admin_key).await;
     // A key whose limit lets only a few requests through.
     let created: serde_json::Value = client
         .post(format!("{}/api/v1/keys", first.proxy.address))
