@@ -80,7 +80,7 @@ echo "==> instructions per request: ${seconds}s under callgrind, 4 connections, 
 printf '\n%-9s %14s %14s %14s\n' body bare memory "layers add"
 for variant in plain streamed; do
   bare="$(measure bare "$variant" --bare true)"
-  memory="$(measure memory "$variant")"
+  memory="$(measure memory "$variant" --store memory)"
   printf '%-9s %14s %14s %14s\n' "$variant" "$bare" "$memory" "+$((memory - bare))"
 done
 echo "(instructions the proxy ran per request, all threads; valgrind runs"

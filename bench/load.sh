@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One load, four targets, side by side: the mock upstream alone; the proxy
+# One load, five targets, side by side: the mock upstream alone; the proxy
 # with no layer (`--bare true`); the proxy with every layer on the
-# in-process store; and on Redis. Each runs twice: a plain JSON chat
+# in-process store, on a SQLite file, and on Redis. Each runs twice: a plain JSON chat
 # completion, then the same request with `"stream": true` (an event
 # stream). Prints requests per second, p50 and p99 latency, CPU per
 # request and what the layers add to it over the no-layer proxy, and the
@@ -37,10 +37,12 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
 echo $! >>"$work/pids"
 
 bare_url="$(start_proxy bare --bare true)"
-memory_url="$(start_proxy memory)"
+memory_url="$(start_proxy memory --store memory)"
+sqlite_url="$(start_proxy sqlite --store "sqlite:$work/modelgate.db")"
 redis_url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
 
 memory_key="$(client_key memory "$memory_url")"
+sqlite_key="$(client_key sqlite "$sqlite_url")"
 redis_key="$(client_key redis "$redis_url")"
 
 plain_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
@@ -150,6 +152,7 @@ for variant in plain streamed; do
   run upstream "$upstream/chat/completions" "" "$variant"
   run bare "$bare_url/api/v1/chat/completions" "" "$variant"
   run memory "$memory_url/api/v1/chat/completions" "$memory_key" "$variant"
+  run sqlite "$sqlite_url/api/v1/chat/completions" "$sqlite_key" "$variant"
   run redis "$redis_url/api/v1/chat/completions" "$redis_key" "$variant"
 done
 
@@ -168,7 +171,7 @@ for line in "${results[@]}"; do
   set -- $line
   ratio="$(awk -v a="$3" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
   added="-"
-  if [ "$2" = memory ] || [ "$2" = redis ]; then
+  if [ "$2" = memory ] || [ "$2" = sqlite ] || [ "$2" = redis ]; then
     added="$(awk -v a="${7%us}" -v b="$base_cpu" 'BEGIN { printf "%+.1fus", a - b }')"
   fi
   printf '%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$ratio" "$7" "$added" "$8"

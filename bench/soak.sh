@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Resident memory of the proxy with every layer on the in-process store
-# (or, with STORE=redis, on a Redis of its own, whose memory is sampled
-# too) over a long run at a fixed rate: does anything grow without bound
+# (or, with STORE=sqlite, on a SQLite file of its own; with STORE=redis, on
+# a Redis of its own, whose memory is sampled too) over a long run at a fixed rate: does anything grow without bound
 # (settlement markers, holds, caches, metrics)?
 #
 #   bench/soak.sh [MINUTES=10] [REQUESTS_PER_SECOND=500] [CONNECTIONS=64]
@@ -40,8 +40,10 @@ if [ "$store" = redis ]; then
     --dir "$work" >"$work/redis.out" 2>&1 &
   echo $! >>"$work/pids"
   url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
+elif [ "$store" = sqlite ]; then
+  url="$(start_proxy sqlite --store "sqlite:$work/modelgate.db")"
 else
-  url="$(start_proxy memory)"
+  url="$(start_proxy memory --store memory)"
 fi
 key="$(client_key "$store" "$url")"
 pid="$(cat "$work/$store.pid")"

@@ -14,10 +14,11 @@
 //!   `https://api.openai.com/v1` (its key from the config's
 //!   `upstream.api_key_env`). Without it the built-in mock upstream runs in
 //!   process.
-//! - `--store`: where the state lives: `memory` (the default: lost when
-//!   the process stops), `sqlite:PATH` (one file on this machine, kept
-//!   across restarts; several proxies on the machine may share it), or a
-//!   Redis URL (`redis://127.0.0.1:6379`, `rediss://…`) for many machines.
+//! - `--store`: where the state lives: `sqlite:PATH` (one file on this
+//!   machine, kept across restarts; several proxies on the machine may
+//!   share it; the default is `sqlite:modelgate.db` in the working
+//!   directory), `memory` (lost when the process stops), or a Redis URL
+//!   (`redis://127.0.0.1:6379`, `rediss://…`) for many machines.
 //! - `--redis URL`: the same as `--store URL`.
 //! - `--bare true`: the upstream client with no layer at all, the
 //!   baseline `bench/load.sh` compares against.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing
-# (redis-server, faketime, chromium, chromium-driver, curl and python3 via apt-get,
+# (redis-server, faketime, chromium, chromium-driver, curl, python3 and sqlite3
+# via apt-get,
 # rustfmt and clippy via rustup), then checks
 # formatting, lints, builds the docs and runs every test against a real
 # redis-server that the tests start on loopback ports.
@@ -21,6 +22,8 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 # The commands of README.md and docs/*.md (tests/docs.rs) run with curl and python3.
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# docs/operating.md's queries of the proxy's file run with the sqlite3 command line.
+command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]} (apt-get)"
   as_root apt-get update -qq

@@ -167,10 +167,14 @@ struct Proxy {
 impl Proxy {
     /// Starts the proxy on free ports, with no management key given, so
     /// that it prints one, as the README's quick start says.
-    fn start(config: Option<&Path>, log: &Path) -> Proxy {
+    /// It runs in `directory` (the page's own), where it keeps its state
+    /// as the README's quick start does: `modelgate.db`, its default store,
+    /// which the page's `sqlite3` examples read.
+    fn start(config: Option<&Path>, log: &Path, directory: &Path) -> Proxy {
         use std::os::unix::process::CommandExt;
         let mut command = Command::new(examples::binary("proxy"));
         command
+            .current_dir(directory)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .env_remove("MODELGATE_ADMIN_KEY")
             .env(WEBHOOK_SECRET.0, WEBHOOK_SECRET.1)
@@ -303,7 +307,7 @@ fn run_page(page: &str) {
         .unwrap();
 
     let log = dir.path().join("proxy.log");
-    let proxy = Proxy::start(config.as_deref(), &log);
+    let proxy = Proxy::start(config.as_deref(), &log, dir.path());
     let output = Command::new("timeout")
         .arg(PAGE_TIMEOUT_SECONDS.to_string())
         .arg("bash")

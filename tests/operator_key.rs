@@ -27,9 +27,10 @@ fn proxy(redis: Option<&str>, admin_key: Option<&str>) -> Command {
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .env("RUST_LOG", "info")
         .env_remove("MODELGATE_ADMIN_KEY");
-    if let Some(url) = redis {
-        command.args(["--redis", url]);
-    }
+    match redis {
+        Some(url) => command.args(["--redis", url]),
+        None => command.args(["--store", "memory"]),
+    };
     if let Some(key) = admin_key {
         command.env("MODELGATE_ADMIN_KEY", key);
     }
@@ -229,10 +230,13 @@ async fn reset_operator_key_disables_the_lost_key_and_prints_a_new_one_once() {
         stderr.contains("MODELGATE_ADMIN_KEY is disabled"),
         "{stderr}"
     );
-    // Without a shared store there is nothing to reset.
-    let (code, _, stderr) = run(&["reset-operator-key"]);
+    // In memory there is nothing to reset.
+    let (code, _, stderr) = run(&["reset-operator-key", "--store", "memory"]);
     assert_eq!(code, Some(2));
-    assert!(stderr.contains("--redis"), "{stderr}");
+    assert!(
+        stderr.contains("--store sqlite:PATH or --redis URL"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

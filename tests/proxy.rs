@@ -285,8 +285,10 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
             "not http or https",
         ),
     ] {
+        let directory = tempfile::tempdir().unwrap();
         let output = Command::new(common::examples::binary("proxy"))
             .args(&args)
+            .current_dir(directory.path())
             .output()
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
@@ -300,6 +302,7 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
 async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
     let mut child = Command::new(common::examples::binary("proxy"))
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--store", "memory"])
         .env_remove("MODELGATE_ADMIN_KEY")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -460,6 +463,8 @@ async fn a_request_in_flight_finishes_when_the_proxy_is_told_to_stop() {
             "127.0.0.1:0",
             "--upstream",
             &base,
+            "--store",
+            "memory",
         ])
         .env("MODELGATE_ADMIN_KEY", admin.expose())
         .stdout(Stdio::piped())
@@ -637,6 +642,7 @@ fn the_proxy_refuses_to_start_with_credit_byok_and_says_what_to_do() {
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--upstream", "http://127.0.0.1:9/v1", "--config"])
         .arg(&config)
+        .current_dir(directory.path())
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));

@@ -80,6 +80,46 @@ fn record_cost_nanos(record: &[u8]) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_no_store_a_proxy_keeps_its_state_in_modelgate_db_where_it_runs() {
+    let directory = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut command = Command::new(binary("proxy"));
+        command
+            .current_dir(directory.path())
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .env_remove("MODELGATE_ADMIN_KEY");
+        ProxyProcess::spawn_watched(command)
+    };
+    let first = start();
+    let admin_key = printed_key(&first.printed_before);
+    let key = first.proxy.create_key(&admin_key, "kept").await;
+    drop(first);
+    assert!(directory.path().join("modelgate.db").exists());
+    // Started again: the operator's key is not printed again, and both
+    // keys still work.
+    let second = start();
+    assert!(
+        second
+            .printed_before
+            .iter()
+            .all(|line| !line.contains("management key")),
+        "{:?}",
+        second.printed_before
+    );
+    let client = reqwest::Client::new();
+    // The operator's key manages keys; the key it made calls models.
+    for (bearer, path) in [(&admin_key, "keys"), (&key, "models")] {
+        let answer = client
+            .get(format!("{}/api/v1/{path}", second.proxy.address))
+            .bearer_auth(bearer)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 200, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
     let directory = tempfile::tempdir().unwrap();
     let database = directory.path().join("modelgate.db");
@@ -172,6 +212,47 @@ async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
         .query_row("PRAGMA integrity_check", [], |row| row.get(0))
         .unwrap();
     assert_eq!(integrity, "ok");
+
+    // The two queries docs/operating.md shows, on this file: the spend per
+    // key per day adds up to the key's usage, and the models' request
+    // counts to its records.
+    let queries = documented_queries();
+    assert_eq!(queries.len(), 2, "{queries:?}");
+    let spend: Vec<(String, String, f64)> = file
+        .prepare(&queries[0])
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(spend
+        .iter()
+        .all(|(spender, day, _)| *spender == hash && day.len() == 10));
+    let spent_nanos: f64 =
+        spend.iter().map(|(_, _, credits)| credits).sum::<f64>() * NANOS_PER_CREDIT as f64;
+    assert!((spent_nanos - usage.total_nanos as f64).abs() <= tolerance as f64);
+    let models: Vec<(Option<String>, i64)> = file
+        .prepare(&queries[1])
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let counted: i64 = models.iter().map(|(_, requests)| requests).sum();
+    assert_eq!(counted, records.len() as i64);
+}
+
+/// The SQL of the `sqlite3` examples in docs/operating.md (each between
+/// `<<'SQL'` and `SQL`).
+fn documented_queries() -> Vec<String> {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operating.md"),
+    )
+    .unwrap();
+    page.split("sqlite3 modelgate.db <<'SQL'\n")
+        .skip(1)
+        .map(|rest| rest[..rest.find("\nSQL\n").unwrap()].to_owned())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

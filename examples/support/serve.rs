@@ -135,9 +135,12 @@ pub async fn open_store_to_migrate(url: &str) -> Result<RedisStore, String> {
         .map_err(|error| format!("cannot use --redis {url}: {error}"))
 }
 
+/// The file a proxy keeps its state in when given no store.
+pub const DEFAULT_STORE_FILE: &str = "modelgate.db";
+
 /// Where the state lives: `--store` (`memory`, `sqlite:PATH`, a Redis
-/// URL), or `--redis URL` (the same as `--store URL`); in memory when
-/// neither is given.
+/// URL), or `--redis URL` (the same as `--store URL`); in
+/// [`DEFAULT_STORE_FILE`] in the working directory when neither is given.
 pub fn store_location(args: &crate::args::Args) -> Result<StoreLocation, String> {
     match (args.get("store"), args.get("redis")) {
         (Some(_), Some(_)) => {
@@ -147,7 +150,7 @@ pub fn store_location(args: &crate::args::Args) -> Result<StoreLocation, String>
             .parse()
             .map_err(|error| format!("cannot use --store: {error}")),
         (None, Some(url)) => Ok(StoreLocation::Redis(url.to_owned())),
-        (None, None) => Ok(StoreLocation::Memory),
+        (None, None) => Ok(StoreLocation::Sqlite(DEFAULT_STORE_FILE.into())),
     }
 }
 

@@ -108,6 +108,15 @@ impl ProxyProcess {
     fn start(mut command: std::process::Command, watched: bool) -> WatchedProxy {
         use std::io::{BufRead, BufReader, Read};
         use std::os::unix::process::CommandExt;
+        // A test that names no store keeps its state in memory, as it did
+        // before the proxy's default became a file in its working directory
+        // (a test that gives it a directory gets that default).
+        let names_a_store = command
+            .get_args()
+            .any(|argument| argument == "--store" || argument == "--redis");
+        if !names_a_store && command.get_current_dir().is_none() {
+            command.args(["--store", "memory"]);
+        }
         // Its own process group, so that dropping it also ends what a
         // wrapper (faketime forks the proxy) started.
         command.process_group(0);
