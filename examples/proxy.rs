@@ -130,7 +130,7 @@ async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
             "reset-operator-key changes the store the proxies keep their keys in: name it with --store sqlite:PATH or --redis URL (a proxy on --store memory keeps its keys in memory; restart it instead)\n{USAGE}"
         ));
     }
-    let store = serve::open_store(&location).await?;
+    let store = serve::open_store(&location, &Default::default()).await?;
     let (key, disabled) = KeyDirectory::new(store)
         .replace_operator_keys(OPERATOR_KEY_NAME)
         .await
@@ -252,7 +252,11 @@ async fn serve_gateway() -> Result<(), String> {
         }
         None => GatewayConfig::default(),
     };
-    let store = serve::open_store(&serve::store_location(&args)?).await?;
+    let sqlite = modelgate::store::SqliteStoreConfig {
+        synchronous_full: config.sqlite.synchronous == modelgate::proxy::SqliteSynchronous::Full,
+        ..Default::default()
+    };
+    let store = serve::open_store(&serve::store_location(&args)?, &sqlite).await?;
     let base_url = match args
         .get("upstream")
         .map(str::to_owned)

@@ -154,8 +154,11 @@ pub fn store_location(args: &crate::args::Args) -> Result<StoreLocation, String>
     }
 }
 
-/// The store at `location`.
-pub async fn open_store(location: &StoreLocation) -> Result<SharedStore, String> {
+/// The store at `location`; a SQLite file opened as `sqlite` says.
+pub async fn open_store(
+    location: &StoreLocation,
+    sqlite: &SqliteStoreConfig,
+) -> Result<SharedStore, String> {
     Ok(match location {
         StoreLocation::Redis(url) => Arc::new(
             RedisStore::connect(url, RedisStoreConfig::default())
@@ -163,7 +166,7 @@ pub async fn open_store(location: &StoreLocation) -> Result<SharedStore, String>
                 .map_err(|error| format!("cannot use the store {url}: {error}"))?,
         ),
         StoreLocation::Sqlite(path) => Arc::new(
-            SqliteStore::open(path, SqliteStoreConfig::default())
+            SqliteStore::open(path, sqlite.clone())
                 .map_err(|error| format!("cannot use the store {location}: {error}"))?,
         ),
         StoreLocation::Memory => Arc::new(MemoryStore::new()),

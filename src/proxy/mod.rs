@@ -144,7 +144,8 @@ use crate::webhook::{
 ///   "generations": {"retention_days": 30, "max_per_account": 100000, "public_ranking": false},
 ///   "oauth": {"allow_plain_pkce": false, "max_pending_codes_per_account": 100},
 ///   "management_rate": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}},
-///   "shutdown_grace_seconds": 30
+///   "shutdown_grace_seconds": 30,
+///   "sqlite": {"synchronous": "normal"}
 /// }
 /// ```
 #[derive(Clone, Default, Deserialize)]
@@ -223,6 +224,30 @@ pub struct GatewayConfig {
     /// before the gateway ends the responses still open, each charged for
     /// what it used. Absent: [`DEFAULT_SHUTDOWN_GRACE`] (30 s).
     pub shutdown_grace_seconds: Option<u64>,
+    /// How a SQLite store (`--store sqlite:PATH`, the proxy's default)
+    /// commits.
+    pub sqlite: SqliteSection,
+}
+
+/// `sqlite` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SqliteSection {
+    /// `"normal"` (absent): a commit survives the process being killed; a
+    /// power loss may lose the last ones. `"full"`: every commit is on disk
+    /// before its request goes on, at a sync per transaction.
+    pub synchronous: SqliteSynchronous,
+}
+
+/// [`SqliteSection::synchronous`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    /// `synchronous=NORMAL`.
+    #[default]
+    Normal,
+    /// `synchronous=FULL`.
+    Full,
 }
 
 /// How long requests in flight may take to end after SIGTERM, unless
@@ -429,6 +454,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("generations", &self.generations)
             .field("oauth", &self.oauth)
             .field("management_rate", &self.management_rate)
+            .field("shutdown_grace_seconds", &self.shutdown_grace_seconds)
+            .field("sqlite", &self.sqlite)
             .finish()
     }
 }

@@ -254,3 +254,114 @@ fn run_jobs(connection: Connection, queue: mpsc::Receiver<Job>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store_in(directory: &tempfile::TempDir) -> SqliteStore {
+        SqliteStore::open(directory.path().join("m.db"), SqliteStoreConfig::default()).unwrap()
+    }
+
+    fn user_version(path: &Path) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_new_file_gets_the_current_schema_and_keeps_it() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
+        // Opened again: nothing is created twice.
+        drop(store_in(&directory));
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
+        let mode: String = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn a_file_a_newer_version_wrote_is_refused_naming_both_schemas() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", SQLITE_SCHEMA_VERSION + 1)
+            .unwrap();
+        let error = SqliteStore::open(&path, SqliteStoreConfig::default()).unwrap_err();
+        assert!(matches!(error.kind(), StoreErrorKind::Layout(_)), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("schema {}", SQLITE_SCHEMA_VERSION + 1))
+                && message.contains(&format!("up to {SQLITE_SCHEMA_VERSION}")),
+            "{message}"
+        );
+        // Refused, not changed.
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION + 1);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_refused() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        std::fs::write(
+            &path,
+            b"not a database, only text that is long enough to matter",
+        )
+        .unwrap();
+        assert!(SqliteStore::open(&path, SqliteStoreConfig::default()).is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_job_leaves_nothing_and_its_neighbours_commit() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(store_in(&directory));
+        let insert = |index: usize| {
+            let store = store.clone();
+            // Every other job writes a row of "lost", then fails.
+            let (account, fail) = (["kept", "lost"][index % 2], index % 2 == 1);
+            tokio::spawn(async move {
+                store
+                    .call("test", move |db| {
+                        db.execute(
+                            "INSERT INTO ledger_top_ups VALUES (?1, ?2, 1, 1, 1, 1)",
+                            rusqlite::params![account, index.to_string()],
+                        )
+                        .map_err(sql("test"))?;
+                        if fail {
+                            return Err(StoreError::invalid("test", "failed on purpose"));
+                        }
+                        Ok(())
+                    })
+                    .await
+            })
+        };
+        let calls: Vec<_> = (0..40).map(insert).collect();
+        for (index, call) in calls.into_iter().enumerate() {
+            let outcome = call.await.unwrap();
+            assert_eq!(outcome.is_ok(), index % 2 == 0, "{outcome:?}");
+        }
+        let accounts: Vec<(String, i64)> = store
+            .call("test", |db| {
+                let mut statement = db
+                    .prepare("SELECT account, count(*) FROM ledger_top_ups GROUP BY account")
+                    .map_err(sql("test"))?;
+                let rows = statement
+                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .map_err(sql("test"))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(sql("test"));
+                rows
+            })
+            .await
+            .unwrap();
+        assert_eq!(accounts, [("kept".to_owned(), 20)]);
+    }
+}
