@@ -55,7 +55,7 @@ CREATE TABLE ledger_accounts (
     next_expiry_micros INTEGER,
     records_most INTEGER,
     tidy_at_micros INTEGER NOT NULL
-);
+) WITHOUT ROWID;
 CREATE TABLE ledger_keys (
     account TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -78,7 +78,7 @@ CREATE TABLE ledger_keys (
     terms_expires_at_micros INTEGER,
     revoked INTEGER NOT NULL,
     PRIMARY KEY (account, key)
-);
+) WITHOUT ROWID;
 CREATE TABLE ledger_requests (
     account TEXT NOT NULL,
     id TEXT NOT NULL,
@@ -97,7 +97,7 @@ CREATE TABLE ledger_requests (
     lapse_week_start_micros INTEGER,
     lapse_month_start_micros INTEGER,
     PRIMARY KEY (account, id)
-);
+) WITHOUT ROWID;
 CREATE INDEX ledger_requests_by_time ON ledger_requests (account, state, at_micros);
 CREATE TABLE ledger_generations (
     account TEXT NOT NULL,
@@ -115,7 +115,7 @@ CREATE TABLE ledger_top_ups (
     balance_after_nanos INTEGER NOT NULL,
     forget_at_micros INTEGER NOT NULL,
     PRIMARY KEY (account, idempotency_key)
-);
+) WITHOUT ROWID;
 CREATE INDEX ledger_top_ups_by_time ON ledger_top_ups (account, forget_at_micros);
 ";
 
@@ -524,12 +524,13 @@ impl<'c> Call<'c> {
         };
         self.db
             .prepare_cached(
-                "INSERT OR REPLACE INTO ledger_requests
-                 (account, id, state, key, at_micros, amount_nanos, covered,
+                "INSERT INTO ledger_requests
+                     (account, id, state, key, at_micros, amount_nanos, covered,
                   record_retention_micros, record_most, lapse_forget_at_micros, lapse_key,
                   lapse_amount_nanos, lapse_byok, lapse_day_start_micros,
                   lapse_week_start_micros, lapse_month_start_micros)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+                     ON CONFLICT (account, id) DO UPDATE SET state = excluded.state, key = excluded.key, at_micros = excluded.at_micros, amount_nanos = excluded.amount_nanos, covered = excluded.covered, record_retention_micros = excluded.record_retention_micros, record_most = excluded.record_most, lapse_forget_at_micros = excluded.lapse_forget_at_micros, lapse_key = excluded.lapse_key, lapse_amount_nanos = excluded.lapse_amount_nanos, lapse_byok = excluded.lapse_byok, lapse_day_start_micros = excluded.lapse_day_start_micros, lapse_week_start_micros = excluded.lapse_week_start_micros, lapse_month_start_micros = excluded.lapse_month_start_micros",
             )
             .and_then(|mut statement| {
                 statement.execute(params![
@@ -910,7 +911,7 @@ impl<'c> Call<'c> {
         self.row_dirty = true;
         let before_micros = self.now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
         let statements = [
-            "DELETE FROM ledger_requests WHERE rowid IN (SELECT rowid FROM ledger_requests
+            "DELETE FROM ledger_requests WHERE account = ?1 AND id IN (SELECT id FROM ledger_requests
              WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3)",
             "DELETE FROM ledger_generations WHERE rowid IN (SELECT rowid FROM ledger_generations
              WHERE account = ?1 AND expires_at_micros <= ?2 ORDER BY expires_at_micros LIMIT ?3)",
@@ -925,7 +926,8 @@ impl<'c> Call<'c> {
         }
         self.db
             .prepare_cached(
-                "DELETE FROM ledger_top_ups WHERE rowid IN (SELECT rowid FROM ledger_top_ups
+                "DELETE FROM ledger_top_ups WHERE account = ?1 AND idempotency_key IN (
+                 SELECT idempotency_key FROM ledger_top_ups
                  WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3)",
             )
             .and_then(|mut statement| {
@@ -955,10 +957,11 @@ impl<'c> Call<'c> {
             let row = &self.row;
             self.db
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO ledger_accounts
+                    "INSERT INTO ledger_accounts
                      (account, balance_nanos, purchased_nanos, held_nanos, next_expiry_micros,
                       records_most, tidy_at_micros)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (account) DO UPDATE SET balance_nanos = excluded.balance_nanos, purchased_nanos = excluded.purchased_nanos, held_nanos = excluded.held_nanos, next_expiry_micros = excluded.next_expiry_micros, records_most = excluded.records_most, tidy_at_micros = excluded.tidy_at_micros",
                 )
                 .and_then(|mut statement| {
                     statement.execute(params![
@@ -981,7 +984,7 @@ impl<'c> Call<'c> {
             let limit = row.terms.and_then(|terms| terms.limit);
             self.db
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO ledger_keys
+                    "INSERT INTO ledger_keys
                      (account, key, total_nanos, byok_total_nanos,
                       day_start_micros, day_nanos, day_byok_nanos,
                       week_start_micros, week_nanos, week_byok_nanos,
@@ -989,7 +992,8 @@ impl<'c> Call<'c> {
                       held_nanos, terms_set, terms_limit_nanos, terms_reset,
                       terms_include_byok, terms_expires_at_micros, revoked)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
-                             ?15, ?16, ?17, ?18, ?19, ?20)",
+                             ?15, ?16, ?17, ?18, ?19, ?20)
+                     ON CONFLICT (account, key) DO UPDATE SET total_nanos = excluded.total_nanos, byok_total_nanos = excluded.byok_total_nanos, day_start_micros = excluded.day_start_micros, day_nanos = excluded.day_nanos, day_byok_nanos = excluded.day_byok_nanos, week_start_micros = excluded.week_start_micros, week_nanos = excluded.week_nanos, week_byok_nanos = excluded.week_byok_nanos, month_start_micros = excluded.month_start_micros, month_nanos = excluded.month_nanos, month_byok_nanos = excluded.month_byok_nanos, held_nanos = excluded.held_nanos, terms_set = excluded.terms_set, terms_limit_nanos = excluded.terms_limit_nanos, terms_reset = excluded.terms_reset, terms_include_byok = excluded.terms_include_byok, terms_expires_at_micros = excluded.terms_expires_at_micros, revoked = excluded.revoked",
                 )
                 .and_then(|mut statement| {
                     statement.execute(params![
@@ -1272,7 +1276,8 @@ impl LedgerStore for SqliteStore {
             .map_err(sql("top_up_once"))?;
             // Keys whose time has passed go, a batch at a time.
             db.prepare_cached(
-                "DELETE FROM ledger_top_ups WHERE rowid IN (SELECT rowid FROM ledger_top_ups
+                "DELETE FROM ledger_top_ups WHERE account = ?1 AND idempotency_key IN (
+                 SELECT idempotency_key FROM ledger_top_ups
                  WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3)",
             )
             .and_then(|mut statement| statement.execute(params![account, now_micros, TIDY_BATCH]))

@@ -57,6 +57,20 @@ pub const SQLITE_SCHEMA_VERSION: i64 = 1;
 /// The most jobs one transaction carries: bounds how long the others wait.
 const MAX_JOBS_PER_TRANSACTION: usize = 256;
 
+/// SQLite's page cache, in KiB.
+const CACHE_KIB: i64 = 32 * 1024;
+/// How much of the file is read through a memory map, in bytes.
+const MMAP_BYTES: i64 = 256 * 1024 * 1024;
+
+/// Prepared statements kept: more than the store has.
+const STATEMENT_CACHE_CAPACITY: usize = 128;
+
+/// Runs one of the store's own fixed statements (`BEGIN IMMEDIATE`,
+/// `SAVEPOINT job`, …), prepared once.
+fn run_fixed(connection: &Connection, statement: &str) -> rusqlite::Result<()> {
+    connection.prepare_cached(statement)?.execute([]).map(drop)
+}
+
 /// How a [`SqliteStore`] opens its file.
 #[derive(Clone, Debug)]
 pub struct SqliteStoreConfig {
@@ -159,6 +173,9 @@ fn open_connection(path: &Path, config: &SqliteStoreConfig) -> Result<Connection
     connection
         .busy_timeout(config.busy_timeout)
         .map_err(sql("open"))?;
+    // Every statement the store runs stays prepared: parsing one costs
+    // more than running it.
+    connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     connection
         .pragma_update(None, "journal_mode", "WAL")
         .map_err(sql("open"))?;
@@ -169,6 +186,15 @@ fn open_connection(path: &Path, config: &SqliteStoreConfig) -> Result<Connection
     };
     connection
         .pragma_update(None, "synchronous", synchronous)
+        .map_err(sql("open"))?;
+    // Pages read from the page cache or the mapped file, not with a
+    // system call each: the working set of a busy gateway (its accounts,
+    // keys and the requests of the last minutes) stays in memory.
+    connection
+        .pragma_update(None, "cache_size", -CACHE_KIB)
+        .map_err(sql("open"))?;
+    connection
+        .pragma_update(None, "mmap_size", MMAP_BYTES)
         .map_err(sql("open"))?;
     migrate(&connection)?;
     Ok(connection)
@@ -230,7 +256,7 @@ fn run_jobs(connection: Connection, queue: mpsc::Receiver<Job>) {
 /// answers every job once the transaction has ended: with the commit's
 /// outcome, or with why nothing of it stayed.
 fn run_batch(connection: &Connection, batch: Vec<Job>) {
-    if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(error) = run_fixed(connection, "BEGIN IMMEDIATE") {
         let error = backend("transaction", error);
         for job in batch {
             job(Err(error.clone())).1(Err(error.clone()));
@@ -249,7 +275,7 @@ fn run_batch(connection: &Connection, batch: Vec<Job>) {
             break;
         }
         // Each job in its own savepoint: one that fails leaves nothing.
-        if let Err(error) = connection.execute_batch("SAVEPOINT job") {
+        if let Err(error) = run_fixed(connection, "SAVEPOINT job") {
             answers.push(job(Err(backend("transaction", error))).1);
             continue;
         }
@@ -264,12 +290,13 @@ fn run_batch(connection: &Connection, batch: Vec<Job>) {
                 (false, None)
             }
         };
-        let end = if keep {
-            "RELEASE job"
+        let ended = if keep {
+            run_fixed(connection, "RELEASE job")
         } else {
-            "ROLLBACK TO job; RELEASE job"
+            run_fixed(connection, "ROLLBACK TO job")
+                .and_then(|()| run_fixed(connection, "RELEASE job"))
         };
-        if let Err(error) = connection.execute_batch(end) {
+        if let Err(error) = ended {
             tracing::warn!(error = %error, "a SQLite savepoint could not end");
         }
         answers.extend(answer);
@@ -286,7 +313,7 @@ fn run_batch(connection: &Connection, batch: Vec<Job>) {
         None if connection.is_autocommit() => {
             Err(backend("transaction", "SQLite rolled the transaction back"))
         }
-        None => connection.execute_batch("COMMIT").map_err(|error| {
+        None => run_fixed(connection, "COMMIT").map_err(|error| {
             let _ = connection.execute_batch("ROLLBACK");
             backend("commit", error)
         }),
