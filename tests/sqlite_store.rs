@@ -307,3 +307,51 @@ async fn two_proxies_on_one_file_share_a_key_limit_exactly() {
         usage.total_nanos
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_operator_key_replaces_the_key_a_file_keeps() {
+    let directory = tempfile::tempdir().unwrap();
+    let database = directory.path().join("modelgate.db");
+    let config = write_config(directory.path());
+    let first = ProxyProcess::spawn_watched(proxy_command(&database, &config));
+    let lost = printed_key(&first.printed_before);
+    drop(first);
+    let output = Command::new(binary("proxy"))
+        .args(["reset-operator-key", "--store"])
+        .arg(format!("sqlite:{}", database.display()))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let new_key = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("operator key (shown once): "))
+        .unwrap_or_else(|| panic!("no new key printed: {stdout}"))
+        .to_owned();
+    // Started again with the new key: it manages keys; the lost one no
+    // longer does.
+    let mut command = proxy_command(&database, &config);
+    command.env("MODELGATE_ADMIN_KEY", &new_key);
+    let second = ProxyProcess::spawn(command);
+    let client = reqwest::Client::new();
+    let status = |key: String| {
+        let (client, address) = (client.clone(), second.address.clone());
+        async move {
+            client
+                .get(format!("{address}/api/v1/keys"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status(new_key.clone()).await, 200);
+    let refused = status(lost).await;
+    assert!(matches!(refused, 401 | 403), "{refused}");
+}

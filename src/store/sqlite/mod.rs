@@ -58,9 +58,7 @@ pub const SQLITE_SCHEMA_VERSION: i64 = 1;
 const MAX_JOBS_PER_TRANSACTION: usize = 256;
 
 /// SQLite's page cache, in KiB.
-const CACHE_KIB: i64 = 32 * 1024;
-/// How much of the file is read through a memory map, in bytes.
-const MMAP_BYTES: i64 = 256 * 1024 * 1024;
+const CACHE_KIB: i64 = 16 * 1024;
 
 /// Prepared statements kept: more than the store has.
 const STATEMENT_CACHE_CAPACITY: usize = 128;
@@ -187,14 +185,13 @@ fn open_connection(path: &Path, config: &SqliteStoreConfig) -> Result<Connection
     connection
         .pragma_update(None, "synchronous", synchronous)
         .map_err(sql("open"))?;
-    // Pages read from the page cache or the mapped file, not with a
-    // system call each: the working set of a busy gateway (its accounts,
-    // keys and the requests of the last minutes) stays in memory.
+    // The working set of a busy gateway (its accounts, keys and the
+    // requests of the last minutes) read from SQLite's page cache, not
+    // with a system call each; bounded, so that resident memory stays flat
+    // however many records the file keeps (hence no memory map either:
+    // its pages would count as resident as the file grows).
     connection
         .pragma_update(None, "cache_size", -CACHE_KIB)
-        .map_err(sql("open"))?;
-    connection
-        .pragma_update(None, "mmap_size", MMAP_BYTES)
         .map_err(sql("open"))?;
     migrate(&connection)?;
     Ok(connection)
