@@ -608,6 +608,116 @@ pub trait LedgerStore: Send + Sync + 'static {
     ) -> Result<Vec<bytes::Bytes>, StoreError>;
 }
 
+/// A key's usage sums as a store keeps them: all time, and per day, week
+/// and month with each period's start, own and BYOK. Periods only roll
+/// forward.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct UsageSums {
+    pub(crate) total_nanos: i64,
+    pub(crate) byok_total_nanos: i64,
+    /// Day, week, month.
+    pub(crate) periods: [PeriodSums; 3],
+}
+
+/// One period's start (µs) and its own and BYOK usage.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeriodSums {
+    pub(crate) start_micros: i64,
+    pub(crate) nanos: i64,
+    pub(crate) byok_nanos: i64,
+}
+
+impl Default for UsageSums {
+    fn default() -> Self {
+        UsageSums {
+            total_nanos: 0,
+            byok_total_nanos: 0,
+            periods: [PeriodSums {
+                start_micros: i64::MIN,
+                nanos: 0,
+                byok_nanos: 0,
+            }; 3],
+        }
+    }
+}
+
+impl UsageSums {
+    /// The usage in the periods starting at `starts` (a stored period that
+    /// is not the current one counts nothing), with `reserved_nanos` held.
+    pub(crate) fn usage(&self, starts: [i64; 3], reserved_nanos: i64) -> KeyUsage {
+        let current = |index: usize| {
+            let period = self.periods[index];
+            if period.start_micros == starts[index] {
+                (period.nanos, period.byok_nanos)
+            } else {
+                (0, 0)
+            }
+        };
+        let (day_nanos, byok_day_nanos) = current(0);
+        let (week_nanos, byok_week_nanos) = current(1);
+        let (month_nanos, byok_month_nanos) = current(2);
+        KeyUsage {
+            total_nanos: self.total_nanos,
+            day_nanos,
+            week_nanos,
+            month_nanos,
+            byok_total_nanos: self.byok_total_nanos,
+            byok_day_nanos,
+            byok_week_nanos,
+            byok_month_nanos,
+            reserved_nanos,
+        }
+    }
+
+    /// Adds a cost in the periods starting at `starts` and all time. A cost
+    /// stamped in a period that has already rolled over (a clock a moment
+    /// behind) counts in the all-time sums only, and never wipes the newer
+    /// period.
+    pub(crate) fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
+        for (period, start_micros) in self.periods.iter_mut().zip(starts) {
+            if start_micros < period.start_micros {
+                continue;
+            }
+            if start_micros > period.start_micros {
+                *period = PeriodSums {
+                    start_micros,
+                    nanos: 0,
+                    byok_nanos: 0,
+                };
+            }
+            if byok {
+                period.byok_nanos = period.byok_nanos.saturating_add(cost_nanos);
+            } else {
+                period.nanos = period.nanos.saturating_add(cost_nanos);
+            }
+        }
+        if byok {
+            self.byok_total_nanos = self.byok_total_nanos.saturating_add(cost_nanos);
+        } else {
+            self.total_nanos = self.total_nanos.saturating_add(cost_nanos);
+        }
+    }
+
+    /// Takes back a cost charged in the periods starting at
+    /// `charged_starts`: all time, and in each period still that one.
+    pub(crate) fn unrecord(&mut self, amount_nanos: i64, byok: bool, charged_starts: [i64; 3]) {
+        for (period, start_micros) in self.periods.iter_mut().zip(charged_starts) {
+            if period.start_micros == start_micros {
+                if byok {
+                    period.byok_nanos = period.byok_nanos.saturating_sub(amount_nanos);
+                } else {
+                    period.nanos = period.nanos.saturating_sub(amount_nanos);
+                }
+            }
+        }
+        if byok {
+            self.byok_total_nanos = self.byok_total_nanos.saturating_sub(amount_nanos);
+        } else {
+            self.total_nanos = self.total_nanos.saturating_sub(amount_nanos);
+        }
+    }
+}
+
 /// The starts of the day, week and month containing `now`, in µs: the
 /// ledger compares them with the stored ones to roll its period totals.
 pub(crate) fn period_starts_micros(now: DateTime<Utc>) -> [i64; 3] {

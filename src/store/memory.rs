@@ -15,7 +15,7 @@ use super::counter::{
 use super::ledger::{
     idempotency_key_ttl, key_limit_outcome, lapse_record, period_starts_micros, top_up_overflow,
     validate_admit, validate_amount, validate_key_terms, validate_renewals, validate_settlements,
-    validate_top_up_once, RecordKeeping, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+    validate_top_up_once, RecordKeeping, UsageSums, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
 };
 use super::records::validate_put;
 use super::{
@@ -995,10 +995,8 @@ impl AccountLedger {
 
 #[derive(Debug, Default)]
 struct KeyLedger {
-    total_nanos: i64,
-    byok_total_nanos: i64,
-    /// Day, week, month: the period's start and its own and BYOK usage.
-    periods: [PeriodUsage; 3],
+    /// Its usage, all time and per period.
+    sums: UsageSums,
     reservations: Holds,
     /// Holds that expired unsettled, until their settlement or
     /// [`LAPSED_HOLD_MEMORY`].
@@ -1010,23 +1008,6 @@ struct KeyLedger {
     revoked: bool,
     /// Its terms (`set_key_terms`), once set.
     terms: Option<KeyTerms>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct PeriodUsage {
-    start_micros: i64,
-    nanos: i64,
-    byok_nanos: i64,
-}
-
-impl Default for PeriodUsage {
-    fn default() -> Self {
-        PeriodUsage {
-            start_micros: i64::MIN,
-            nanos: 0,
-            byok_nanos: 0,
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -1286,72 +1267,16 @@ impl KeyLedger {
     /// Takes back a lapse's charge: from the all-time total, and from each
     /// period still the one it was charged in.
     fn unrecord(&mut self, charge: &LapsedCharge) {
-        for (period, start_micros) in self.periods.iter_mut().zip(charge.starts) {
-            if period.start_micros == start_micros {
-                if charge.byok {
-                    period.byok_nanos = period.byok_nanos.saturating_sub(charge.amount_nanos);
-                } else {
-                    period.nanos = period.nanos.saturating_sub(charge.amount_nanos);
-                }
-            }
-        }
-        if charge.byok {
-            self.byok_total_nanos = self.byok_total_nanos.saturating_sub(charge.amount_nanos);
-        } else {
-            self.total_nanos = self.total_nanos.saturating_sub(charge.amount_nanos);
-        }
+        self.sums
+            .unrecord(charge.amount_nanos, charge.byok, charge.starts);
     }
 
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
-        let current = |index: usize| {
-            let period = self.periods[index];
-            if period.start_micros == starts[index] {
-                (period.nanos, period.byok_nanos)
-            } else {
-                (0, 0)
-            }
-        };
-        let (day_nanos, byok_day_nanos) = current(0);
-        let (week_nanos, byok_week_nanos) = current(1);
-        let (month_nanos, byok_month_nanos) = current(2);
-        KeyUsage {
-            total_nanos: self.total_nanos,
-            day_nanos,
-            week_nanos,
-            month_nanos,
-            byok_total_nanos: self.byok_total_nanos,
-            byok_day_nanos,
-            byok_week_nanos,
-            byok_month_nanos,
-            reserved_nanos: self.reservations.total(),
-        }
+        self.sums.usage(starts, self.reservations.total())
     }
 
     fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
-        for (period, start_micros) in self.periods.iter_mut().zip(starts) {
-            // Periods only roll forward: a settlement stamped in a period
-            // that has already rolled over (a clock a moment behind) counts
-            // in the all-time totals only, and never wipes the newer period.
-            if start_micros < period.start_micros {
-                continue;
-            }
-            if start_micros > period.start_micros {
-                *period = PeriodUsage {
-                    start_micros,
-                    ..PeriodUsage::default()
-                };
-            }
-            if byok {
-                period.byok_nanos = period.byok_nanos.saturating_add(cost_nanos);
-            } else {
-                period.nanos = period.nanos.saturating_add(cost_nanos);
-            }
-        }
-        if byok {
-            self.byok_total_nanos = self.byok_total_nanos.saturating_add(cost_nanos);
-        } else {
-            self.total_nanos = self.total_nanos.saturating_add(cost_nanos);
-        }
+        self.sums.record(cost_nanos, byok, starts);
     }
 }
 

@@ -36,7 +36,7 @@ use crate::store::counter::duration_micros;
 use crate::store::ledger::{
     idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
     validate_amount, validate_key_terms, validate_renewals, validate_settlements,
-    validate_top_up_once,
+    validate_top_up_once, PeriodSums, UsageSums,
 };
 use crate::store::memory::tiered_checks;
 use crate::store::{
@@ -184,20 +184,10 @@ impl Default for AccountRow {
     }
 }
 
-/// A period's start and its own and BYOK usage.
-#[derive(Debug, Clone, Copy)]
-struct PeriodUsage {
-    start_micros: i64,
-    nanos: i64,
-    byok_nanos: i64,
-}
-
 /// A key's row.
 #[derive(Debug, Clone)]
 struct KeyRow {
-    total_nanos: i64,
-    byok_total_nanos: i64,
-    periods: [PeriodUsage; 3],
+    sums: UsageSums,
     held_nanos: i128,
     terms: Option<KeyTerms>,
     revoked: bool,
@@ -207,13 +197,7 @@ struct KeyRow {
 impl Default for KeyRow {
     fn default() -> Self {
         KeyRow {
-            total_nanos: 0,
-            byok_total_nanos: 0,
-            periods: [PeriodUsage {
-                start_micros: i64::MIN,
-                nanos: 0,
-                byok_nanos: 0,
-            }; 3],
+            sums: UsageSums::default(),
             held_nanos: 0,
             terms: None,
             revoked: false,
@@ -224,75 +208,18 @@ impl Default for KeyRow {
 
 impl KeyRow {
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
-        let current = |index: usize| {
-            let period = self.periods[index];
-            if period.start_micros == starts[index] {
-                (period.nanos, period.byok_nanos)
-            } else {
-                (0, 0)
-            }
-        };
-        let (day_nanos, byok_day_nanos) = current(0);
-        let (week_nanos, byok_week_nanos) = current(1);
-        let (month_nanos, byok_month_nanos) = current(2);
-        KeyUsage {
-            total_nanos: self.total_nanos,
-            day_nanos,
-            week_nanos,
-            month_nanos,
-            byok_total_nanos: self.byok_total_nanos,
-            byok_day_nanos,
-            byok_week_nanos,
-            byok_month_nanos,
-            reserved_nanos: saturate(self.held_nanos),
-        }
+        self.sums.usage(starts, saturate(self.held_nanos))
     }
 
-    /// Adds a cost in the current periods (which only roll forward) and
-    /// all time.
     fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
-        for (period, start_micros) in self.periods.iter_mut().zip(starts) {
-            if start_micros < period.start_micros {
-                continue;
-            }
-            if start_micros > period.start_micros {
-                *period = PeriodUsage {
-                    start_micros,
-                    nanos: 0,
-                    byok_nanos: 0,
-                };
-            }
-            if byok {
-                period.byok_nanos = period.byok_nanos.saturating_add(cost_nanos);
-            } else {
-                period.nanos = period.nanos.saturating_add(cost_nanos);
-            }
-        }
-        if byok {
-            self.byok_total_nanos = self.byok_total_nanos.saturating_add(cost_nanos);
-        } else {
-            self.total_nanos = self.total_nanos.saturating_add(cost_nanos);
-        }
+        self.sums.record(cost_nanos, byok, starts);
         self.dirty = true;
     }
 
-    /// Takes back a lapse's charge: all time, and in each period still the
-    /// one it was charged in.
+    /// Takes back a lapse's charge.
     fn unrecord(&mut self, lapse: &Lapse) {
-        for (period, start_micros) in self.periods.iter_mut().zip(lapse.starts) {
-            if period.start_micros == start_micros {
-                if lapse.byok {
-                    period.byok_nanos = period.byok_nanos.saturating_sub(lapse.amount_nanos);
-                } else {
-                    period.nanos = period.nanos.saturating_sub(lapse.amount_nanos);
-                }
-            }
-        }
-        if lapse.byok {
-            self.byok_total_nanos = self.byok_total_nanos.saturating_sub(lapse.amount_nanos);
-        } else {
-            self.total_nanos = self.total_nanos.saturating_sub(lapse.amount_nanos);
-        }
+        self.sums
+            .unrecord(lapse.amount_nanos, lapse.byok, lapse.starts);
         self.dirty = true;
     }
 }
@@ -397,8 +324,8 @@ impl<'c> Call<'c> {
                 .and_then(|mut statement| {
                     statement
                         .query_row([self.account.as_str(), key], |row| {
-                            let period = |at: usize| -> rusqlite::Result<PeriodUsage> {
-                                Ok(PeriodUsage {
+                            let period = |at: usize| -> rusqlite::Result<PeriodSums> {
+                                Ok(PeriodSums {
                                     start_micros: row.get(at)?,
                                     nanos: row.get(at + 1)?,
                                     byok_nanos: row.get(at + 2)?,
@@ -420,9 +347,11 @@ impl<'c> Call<'c> {
                                 })
                             });
                             Ok(KeyRow {
-                                total_nanos: row.get(0)?,
-                                byok_total_nanos: row.get(1)?,
-                                periods: [period(2)?, period(5)?, period(8)?],
+                                sums: UsageSums {
+                                    total_nanos: row.get(0)?,
+                                    byok_total_nanos: row.get(1)?,
+                                    periods: [period(2)?, period(5)?, period(8)?],
+                                },
                                 held_nanos: held(row.get(11)?),
                                 terms: terms.transpose()?,
                                 revoked: row.get(17)?,
@@ -980,7 +909,7 @@ impl<'c> Call<'c> {
             if !row.dirty {
                 continue;
             }
-            let [day, week, month] = row.periods;
+            let [day, week, month] = row.sums.periods;
             let limit = row.terms.and_then(|terms| terms.limit);
             self.db
                 .prepare_cached(
@@ -999,8 +928,8 @@ impl<'c> Call<'c> {
                     statement.execute(params![
                         self.account,
                         key,
-                        row.total_nanos,
-                        row.byok_total_nanos,
+                        row.sums.total_nanos,
+                        row.sums.byok_total_nanos,
                         day.start_micros,
                         day.nanos,
                         day.byok_nanos,
