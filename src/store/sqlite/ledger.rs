@@ -185,25 +185,13 @@ impl Default for AccountRow {
 }
 
 /// A key's row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct KeyRow {
     sums: UsageSums,
     held_nanos: i128,
     terms: Option<KeyTerms>,
     revoked: bool,
     dirty: bool,
-}
-
-impl Default for KeyRow {
-    fn default() -> Self {
-        KeyRow {
-            sums: UsageSums::default(),
-            held_nanos: 0,
-            terms: None,
-            revoked: false,
-            dirty: false,
-        }
-    }
 }
 
 impl KeyRow {
