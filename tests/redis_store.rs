@@ -1,5 +1,6 @@
 //! What only the Redis backend has to show: outages, restarts, round trips,
-//! key expiry, and that it decides exactly as `MemoryStore` does.
+//! key expiry, and that it decides exactly as `MemoryStore` does (those
+//! random workloads run on `SqliteStore` too).
 
 mod common;
 
@@ -1070,7 +1071,7 @@ async fn settled_after_a_forgotten_lapse<S: LedgerStore>(store: &S, renew: bool)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_after_a_lapse_is_forgotten_does_not_bring_its_charge_back() {
-    // Found by `redis_ledger_answers_exactly_as_memory_does`: a lapse's
+    // Found by `ledger_answers_exactly_as_memory_does`: a lapse's
     // charge is known for LAPSED_HOLD_MEMORY, after which a settlement of
     // its request is a charge of its own (the lapse stays charged). A
     // renewal past that time must not make the lapse known again.
@@ -1168,27 +1169,56 @@ async fn slot_sets_live_as_long_as_their_longest_lease_in_the_scope_hash_tag() {
 /// A differential property test: 48 random workloads, each on a fresh key
 /// prefix of one redis-server and on a fresh `MemoryStore`; the body runs
 /// the workload on both and requires identical answers.
+/// A proptest that runs the same random workload on MemoryStore and on a
+/// store under test, answers compared step by step: `$name::redis` on a
+/// real Redis, `$name::sqlite` on a SQLite file (the body names the store
+/// under test `$store`).
 macro_rules! differential_test {
-    ($name:ident, $input:ident in $strategy:expr, |$redis:ident, $memory:ident| $body:block) => {
-        #[test]
-        fn $name() {
-            let server = RedisServer::start();
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let case = std::sync::atomic::AtomicU32::new(0);
-            proptest!(ProptestConfig::with_cases(48), |($input in $strategy)| {
-                let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let key_prefix = format!("{}{case}", stringify!($name));
-                let config = RedisStoreConfig { key_prefix, time_source: TimeSource::Caller, ..RedisStoreConfig::default() };
-                runtime.block_on(async {
-                    let $redis = RedisStore::connect(&server.url(), config).await.unwrap();
-                    let $memory = MemoryStore::new();
-                    $body
-                    Ok(())
-                })?;
-            });
+    ($name:ident, $input:ident in $strategy:expr, |$store:ident, $memory:ident| $body:block) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn redis() {
+                let server = RedisServer::start();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let case = std::sync::atomic::AtomicU32::new(0);
+                proptest!(ProptestConfig::with_cases(48), |($input in $strategy)| {
+                    let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let key_prefix = format!("{}{case}", stringify!($name));
+                    let config = RedisStoreConfig { key_prefix, time_source: TimeSource::Caller, ..RedisStoreConfig::default() };
+                    runtime.block_on(async {
+                        let $store = RedisStore::connect(&server.url(), config).await.unwrap();
+                        let $memory = MemoryStore::new();
+                        $body
+                        Ok(())
+                    })?;
+                });
+            }
+
+            #[test]
+            fn sqlite() {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                proptest!(ProptestConfig::with_cases(48), |($input in $strategy)| {
+                    let directory = tempfile::tempdir().unwrap();
+                    runtime.block_on(async {
+                        let $store = modelgate::store::SqliteStore::open(
+                            directory.path().join("modelgate.db"),
+                            modelgate::store::SqliteStoreConfig::default(),
+                        )
+                        .unwrap();
+                        let $memory = MemoryStore::new();
+                        $body
+                        Ok(())
+                    })?;
+                });
+            }
         }
     };
 }
@@ -1246,7 +1276,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         })
 }
 
-differential_test!(redis_decides_exactly_as_memory_does, steps in proptest::collection::vec(step_strategy(), 1..40), |redis, memory| {
+differential_test!(counters_decide_exactly_as_memory_does, steps in proptest::collection::vec(step_strategy(), 1..40), |store, memory| {
     let mut now = Utc.with_ymd_and_hms(2024, 2, 28, 23, 0, 0).unwrap();
     for step in &steps {
         now += chrono::Duration::microseconds(step.advance_micros);
@@ -1256,7 +1286,7 @@ differential_test!(redis_decides_exactly_as_memory_does, steps in proptest::coll
             .collect();
         let scope = format!("acct{}", step.scope);
         let expected = memory.check_and_add(&scope, &checks, now).await.unwrap();
-        let actual = redis.check_and_add(&scope, &checks, now).await.unwrap();
+        let actual = store.check_and_add(&scope, &checks, now).await.unwrap();
         prop_assert_eq!(&actual, &expected, "at {} with {:?}", now, checks);
     }
 });
@@ -1568,14 +1598,14 @@ async fn apply_ledger_op<S: LedgerStore>(
     }
 }
 
-differential_test!(redis_ledger_answers_exactly_as_memory_does, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |redis, memory| {
+differential_test!(ledger_answers_exactly_as_memory_does, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |store, memory| {
     // Near a month end, so days, weeks and months roll over.
     let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap();
     let mut reserved = Reservations::default();
     for (advance_micros, op) in &steps {
         now += chrono::Duration::microseconds(*advance_micros);
         let expected = apply_ledger_op(&memory, op, now, &reserved).await;
-        let actual = apply_ledger_op(&redis, op, now, &reserved).await;
+        let actual = apply_ledger_op(&store, op, now, &reserved).await;
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
         reserved.note(op);
     }
@@ -1695,12 +1725,12 @@ async fn apply_record_op<S: RecordStore>(store: &S, op: &RecordOp, now: DateTime
     }
 }
 
-differential_test!(redis_records_answer_exactly_as_memory_does, steps in proptest::collection::vec((0i64..3, record_op_strategy()), 1..40), |redis, memory| {
+differential_test!(records_answer_exactly_as_memory_does, steps in proptest::collection::vec((0i64..3, record_op_strategy()), 1..40), |store, memory| {
     let mut now = t0();
     for (advance_seconds, op) in &steps {
         now += chrono::Duration::seconds(*advance_seconds);
         let expected = apply_record_op(&memory, op, now).await;
-        let actual = apply_record_op(&redis, op, now).await;
+        let actual = apply_record_op(&store, op, now).await;
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
     }
 });
@@ -1905,12 +1935,12 @@ async fn apply_slot_op<S: CounterStore>(store: &S, op: &SlotOp, now: DateTime<Ut
     }
 }
 
-differential_test!(redis_slots_answer_exactly_as_memory_does, steps in proptest::collection::vec(slot_step_strategy(), 1..40), |redis, memory| {
+differential_test!(slots_answer_exactly_as_memory_does, steps in proptest::collection::vec(slot_step_strategy(), 1..40), |store, memory| {
     let mut now = t0();
     for (advance_micros, op) in &steps {
         now += chrono::Duration::microseconds(*advance_micros);
         let expected = apply_slot_op(&memory, op, now).await;
-        let actual = apply_slot_op(&redis, op, now).await;
+        let actual = apply_slot_op(&store, op, now).await;
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
     }
 });
