@@ -15,9 +15,9 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
+use modelgate::secrets::{ResolveLimits, SecretProviders};
 use modelgate::webhook::{
-    resolve_routes, FlowAction, ResolveLimits, SecretProviders, WebhookLimits, WebhookSecretLayer,
-    WebhooksConfig,
+    resolve_routes, FlowAction, WebhookLimits, WebhookSecretLayer, WebhooksConfig,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder, ServiceExt};

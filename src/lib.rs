@@ -122,6 +122,7 @@ pub mod oauth;
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
+pub mod secrets;
 pub mod settings;
 pub mod store;
 pub mod telemetry;

@@ -668,7 +668,7 @@ type Received = Arc<std::sync::Mutex<Vec<(u64, String, Vec<u8>)>>>;
 /// An operator's webhook on loopback, recording what it receives.
 struct HookReceiver {
     url: String,
-    secret: modelgate::webhook::Secret,
+    secret: modelgate::secrets::Secret,
     secret_path: String,
     _secret_file: tempfile::NamedTempFile,
     received: Received,
@@ -708,7 +708,7 @@ impl HookReceiver {
         std::fs::write(secret_file.path(), text).unwrap();
         HookReceiver {
             url: format!("http://{address}/hooks/leaks"),
-            secret: modelgate::webhook::Secret::new(text.to_owned()),
+            secret: modelgate::secrets::Secret::new(text.to_owned()),
             secret_path: secret_file.path().to_str().unwrap().to_owned(),
             _secret_file: secret_file,
             received,

@@ -21,7 +21,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use modelgate::notify::{EmailSettings, LeakNotice, Notifier, WebhookSettings};
-use modelgate::webhook::Secret;
+use modelgate::secrets::Secret;
 use sha2::Sha256;
 use tokio::sync::{watch, Semaphore};
 

@@ -22,12 +22,12 @@ use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::clock::ManualClock;
 use modelgate::keys::SharedStore;
+use modelgate::secrets::{ResolveLimits, SecretProviders};
 use modelgate::store::FailurePolicy;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource};
 use modelgate::webhook::{
-    resolve_routes, CancelOutcome, ClientAddr, FlowStatus, ResolveLimits, SecretProviders,
-    TaskLaunch, TaskRunner, TaskRunnerError, TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute,
-    WebhookSecretLayer, WebhooksConfig,
+    resolve_routes, CancelOutcome, ClientAddr, FlowStatus, TaskLaunch, TaskRunner, TaskRunnerError,
+    TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute, WebhookSecretLayer, WebhooksConfig,
 };
 use serde_json::{json, Value};
 use tower::{service_fn, ServiceBuilder};

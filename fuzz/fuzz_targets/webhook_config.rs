@@ -6,11 +6,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use modelgate::webhook::{
-    secret_ref_from_json, SecretProvider, SecretProviders, SecretSpec, WebhooksConfig,
-    DEFAULT_PROVIDER, MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS,
-    MAX_PROVIDER_NAME_CHARS,
+use modelgate::secrets::{
+    SecretProvider, SecretProviders, SecretSpec, DEFAULT_PROVIDER, MAX_ALLOWLIST_ENTRIES,
+    MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS, MAX_PROVIDER_NAME_CHARS,
 };
+use modelgate::webhook::{secret_ref_from_json, WebhooksConfig};
 
 fuzz_target!(|text: &str| {
     let Ok(entry) = serde_json::from_str::<serde_json::Value>(text) else {

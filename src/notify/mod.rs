@@ -56,7 +56,7 @@
 //! ```
 //! use chrono::{TimeZone, Utc};
 //! use modelgate::notify::{verify_webhook_signature, webhook_signature, EmailSettings, LeakNotice, Notifier, WebhookSettings};
-//! use modelgate::webhook::Secret;
+//! use modelgate::secrets::Secret;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {

@@ -427,7 +427,7 @@ mod tests {
     fn without_a_runtime_a_notice_is_dropped_not_panicked_over() {
         let webhook = WebhookSettings::new(
             "http://127.0.0.1:9/hook",
-            crate::webhook::Secret::new("webhook-secret-0123456789".into()),
+            crate::secrets::Secret::new("webhook-secret-0123456789".into()),
         )
         .unwrap();
         let notifier = Notifier::new(None, Some(webhook));

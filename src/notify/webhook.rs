@@ -17,7 +17,7 @@ use sha2::Sha256;
 
 use super::notifier::{Failure, ATTEMPT_TIMEOUT};
 use super::{LeakNotice, NotifyConfigError};
-use crate::webhook::{Secret, MIN_SECRET_BYTES};
+use crate::secrets::{Secret, MIN_SECRET_BYTES};
 
 /// The payload's `type`.
 pub const EVENT_TYPE: &str = "key.leaked";

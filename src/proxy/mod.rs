@@ -106,11 +106,10 @@ use crate::oauth::CodeExchangeLayer;
 use crate::oauth::PlainPkce;
 use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules, RateRule};
 use crate::response_body::{BoxError, ResponseBody};
+use crate::secrets::{ResolveLimits, Secret, SecretProviders};
 use crate::settings::SettingsPageLayer;
 use crate::usage::{AppRanking, Generations};
-use crate::webhook::{
-    resolve_routes, ResolveLimits, Secret, SecretProviders, WebhookSecretLayer, WebhooksConfig,
-};
+use crate::webhook::{resolve_routes, WebhookSecretLayer, WebhooksConfig};
 
 /// The gateway's configuration, as a JSON document; every section is
 /// optional.
@@ -781,7 +780,7 @@ impl GatewayConfig {
     fn read_secret(&self, field: &str, value: &Value) -> Result<Secret, ConfigError> {
         let spec = crate::webhook::secret_ref_from_json(value)
             .map_err(|problem| ConfigError::new(format!("{field} {problem}")))?;
-        crate::webhook::resolve_secret(&spec, &self.secrets, &ResolveLimits::default())
+        crate::secrets::resolve_secret(&spec, &self.secrets, &ResolveLimits::default())
             .map_err(|error| ConfigError::new(format!("{field}: {error}")))
     }
 }

@@ -8,16 +8,14 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use super::layer::WebhookLimits;
-use super::providers::{DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES};
-use super::secret::{Secret, SecretRef, SecretSource, SecretSpec};
 use crate::body::normalized_segments;
+use crate::secrets::{
+    Secret, SecretRef, SecretSource, SecretSpec, DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES,
+    MIN_SECRET_BYTES,
+};
 
 /// Longest route id, session key, controller id or path accepted.
 pub const MAX_FIELD_CHARS: usize = 256;
-/// Shortest inline secret accepted: a guessable one would let anyone drive
-/// the route's flows.
-pub const MIN_SECRET_BYTES: usize = 16;
-
 /// The webhooks plugin entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WebhooksConfig {

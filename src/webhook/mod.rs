@@ -53,7 +53,8 @@
 //! use bytes::Bytes;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use modelgate::store::MemoryStore;
-//! use modelgate::webhook::{resolve_routes, ResolveLimits, SecretProviders, WebhookSecretLayer, WebhooksConfig};
+//! use modelgate::secrets::{ResolveLimits, SecretProviders};
+//! use modelgate::webhook::{resolve_routes, WebhookSecretLayer, WebhooksConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -90,9 +91,7 @@ mod config;
 mod flow;
 mod layer;
 mod payload;
-mod providers;
 mod routes;
-mod secret;
 mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
@@ -102,7 +101,6 @@ pub use actions::{
 };
 pub use config::{
     secret_ref_from_json, RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS,
-    MIN_SECRET_BYTES,
 };
 pub use flow::{Flow, FlowStatus, NotifyPolicy, Task, TaskRuntime, TaskStatus, MAX_TASKS_PER_FLOW};
 pub use layer::{WebhookLimits, WebhookSecretLayer};
@@ -111,13 +109,5 @@ pub use payload::{
     ResumeFlow, RevisedFlowRef, Revision, RunTask, SetWaiting, Text, ACTION_NAMES,
     DEFAULT_LIST_LIMIT, MAX_ID_CHARS, MAX_LIST_LIMIT, MAX_TEXT_CHARS,
 };
-pub use providers::{
-    FileMode, SecretProvider, SecretProviders, SecretProvidersError, DEFAULT_PROVIDER,
-    MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS,
-    MAX_PROVIDER_NAME_CHARS, MAX_PROVIDER_TEXT_BYTES,
-};
 pub use routes::{resolve_routes, SkippedRoute, WebhookRoute};
-pub use secret::{
-    resolve_secret, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource, SecretSpec,
-};
 pub use service::{ClientAddr, WebhookSecret, SECRET_HEADER};

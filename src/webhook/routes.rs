@@ -3,8 +3,7 @@
 
 use super::actions::RouteScope;
 use super::config::WebhooksConfig;
-use super::providers::SecretProviders;
-use super::secret::{resolve_secret, ResolveLimits, Secret};
+use crate::secrets::{resolve_secret, ResolveLimits, Secret, SecretProviders};
 
 /// A route ready to serve: where, as whom, and its resolved secret.
 #[derive(Clone, Debug)]
@@ -37,7 +36,8 @@ pub struct SkippedRoute {
 /// so its path answers as if no route were there.
 ///
 /// ```
-/// use modelgate::webhook::{resolve_routes, ResolveLimits, SecretProviders, WebhooksConfig};
+/// use modelgate::secrets::{ResolveLimits, SecretProviders};
+/// use modelgate::webhook::{resolve_routes, WebhooksConfig};
 ///
 /// let entry = serde_json::json!({"enabled": true, "config": {"routes": {
 ///     "ci": {"sessionKey": "agent:ci", "secret": "a-long-inline-secret-value"},

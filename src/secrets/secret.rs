@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::config::MIN_SECRET_BYTES;
 use super::providers::{is_variable_name, FileMode, SecretProvider, SecretProviders};
+use super::MIN_SECRET_BYTES;
 
 /// A shared secret. `Debug` shows nothing of it.
 #[derive(Clone, PartialEq, Eq)]

@@ -32,7 +32,7 @@
 //! start-up.
 //!
 //! ```
-//! use modelgate::webhook::{resolve_secret, ResolveLimits, SecretProviders, SecretRef, SecretSource, SecretSpec};
+//! use modelgate::secrets::{resolve_secret, ResolveLimits, SecretProviders, SecretRef, SecretSource, SecretSpec};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("secrets.json");
