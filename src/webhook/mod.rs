@@ -4,14 +4,16 @@
 //!
 //! [`WebhooksConfig::from_plugin_entry`] reads `plugins.entries.webhooks`
 //! strictly, naming the route and field of every error; two routes on one
-//! path are refused. Each route's secret is inline text or a [`SecretRef`]
-//! `{source, provider, id}` that [`resolve_routes`] reads at start-up from
-//! the named provider of [`SecretProviders`] (the `secrets.providers`
-//! section): the environment (the built-in `default`, or an allowlist), a
-//! file (a JSON pointer into it, or all of it) or a command (absolute path,
-//! no shell, bounded time and output). A route whose secret cannot be read,
-//! its provider not configured included, is skipped with a warning and its
-//! path is not served. A [`Secret`] compares in constant time and never
+//! path are refused. Each route's secret is inline text or a
+//! [`SecretRef`](crate::secrets::SecretRef) `{source, provider, id}` that
+//! [`resolve_routes`] reads at start-up from the named provider of
+//! [`SecretProviders`](crate::secrets::SecretProviders) (the
+//! `secrets.providers` section): the environment (the built-in `default`,
+//! or an allowlist), a file (a JSON pointer into it, or all of it) or a
+//! command (absolute path, no shell, bounded time and output). A route
+//! whose secret cannot be read, its provider not configured included, is
+//! skipped with a warning and its path is not served. A
+//! [`Secret`](crate::secrets::Secret) compares in constant time and never
 //! prints.
 //!
 //! [`WebhookSecretLayer`] answers each served route's exact path. Before
