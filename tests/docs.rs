@@ -657,7 +657,7 @@ fn the_configuration_page_names_every_section_and_flag() {
         "{webhook_names:?}"
     );
     names.extend(webhook_names);
-    let providers = std::fs::read_to_string(root().join("src/webhook/providers.rs")).unwrap();
+    let providers = std::fs::read_to_string(root().join("src/secrets/providers.rs")).unwrap();
     let provider_names = quoted_after(&providers, &["remove(\""]);
     assert!(provider_names.contains("timeoutMs"), "{provider_names:?}");
     names.extend(provider_names);
