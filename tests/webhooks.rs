@@ -1154,7 +1154,10 @@ async fn the_example_serves_secrets_from_its_providers_and_skips_unresolvable_ro
     });
     let config_path = directory.path().join("webhooks.json");
     std::fs::write(&config_path, config.to_string()).unwrap();
+    // In a directory of its own: with no --store it keeps its state in
+    // modelgate.db where it runs.
     let mut child = std::process::Command::new(common::examples::binary("webhooks"))
+        .current_dir(directory.path())
         .args(["--listen", "127.0.0.1:0", "--config"])
         .arg(&config_path)
         .env("WEBHOOK_TEST_SECRET", "env-secret-0123456789")
