@@ -54,6 +54,7 @@ CREATE TABLE ledger_accounts (
     held_nanos TEXT NOT NULL,
     next_expiry_micros INTEGER,
     records_most INTEGER,
+    records_count INTEGER NOT NULL,
     tidy_at_micros INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE ledger_keys (
@@ -168,6 +169,10 @@ struct AccountRow {
     held_nanos: i128,
     next_expiry_micros: Option<i64>,
     records_most: Option<i64>,
+    /// How many generation records the account has, those past their
+    /// time or the cap not yet removed included: the cap is applied
+    /// without counting them.
+    records_count: i64,
     tidy_at_micros: i64,
 }
 
@@ -179,6 +184,7 @@ impl Default for AccountRow {
             held_nanos: 0,
             next_expiry_micros: None,
             records_most: None,
+            records_count: 0,
             tidy_at_micros: i64::MIN,
         }
     }
@@ -262,7 +268,7 @@ impl<'c> Call<'c> {
         let row = db
             .prepare_cached(
                 "SELECT balance_nanos, purchased_nanos, held_nanos, next_expiry_micros,
-                        records_most, tidy_at_micros
+                        records_most, records_count, tidy_at_micros
                  FROM ledger_accounts WHERE account = ?1",
             )
             .and_then(|mut statement| {
@@ -274,7 +280,8 @@ impl<'c> Call<'c> {
                             held_nanos: held(row.get(2)?),
                             next_expiry_micros: row.get(3)?,
                             records_most: row.get(4)?,
-                            tidy_at_micros: row.get(5)?,
+                            records_count: row.get(5)?,
+                            tidy_at_micros: row.get(6)?,
                         })
                     })
                     .optional()
@@ -564,11 +571,25 @@ impl<'c> Call<'c> {
             self.row.balance_nanos = self.row.balance_nanos.saturating_add(lapse.amount_nanos);
             self.row_dirty = true;
         }
-        self.db
+        self.remove_generation(id)
+    }
+
+    /// Removes the generation record of `id`, if it has one.
+    fn remove_generation(&mut self, id: &str) -> Result<(), StoreError> {
+        let removed = self
+            .db
             .prepare_cached("DELETE FROM ledger_generations WHERE account = ?1 AND id = ?2")
             .and_then(|mut statement| statement.execute([self.account.as_str(), id]))
             .map_err(sql(OPERATION))?;
+        self.count_removed_records(removed);
         Ok(())
+    }
+
+    fn count_removed_records(&mut self, removed: usize) {
+        if removed > 0 {
+            self.row.records_count = self.row.records_count.saturating_sub(removed as i64);
+            self.row_dirty = true;
+        }
     }
 
     /// Records `settlement` once per reservation id and releases its hold.
@@ -626,9 +647,11 @@ impl<'c> Call<'c> {
         retention_micros: i64,
         most: i64,
     ) -> Result<(), StoreError> {
+        // Its earlier record, if any, goes first, so that the count holds.
+        self.remove_generation(id)?;
         self.db
             .prepare_cached(
-                "INSERT OR REPLACE INTO ledger_generations (account, id, record, expires_at_micros)
+                "INSERT INTO ledger_generations (account, id, record, expires_at_micros)
                  VALUES (?1, ?2, ?3, ?4)",
             )
             .and_then(|mut statement| {
@@ -648,6 +671,7 @@ impl<'c> Call<'c> {
             })
             .map_err(sql(OPERATION))?;
         self.row.records_most = Some(most);
+        self.row.records_count = self.row.records_count.saturating_add(1);
         self.row_dirty = true;
         Ok(())
     }
@@ -818,8 +842,8 @@ impl<'c> Call<'c> {
     }
 
     /// At most ten times a second: deletes the forgotten markers and
-    /// lapses, the records past their time or the cap, and the forgotten
-    /// top-up keys (each a bounded batch).
+    /// lapses and the records past their time or the cap (each a bounded
+    /// batch; forgotten top-up keys go with the next top-up).
     fn tidy(&mut self) -> Result<(), StoreError> {
         if self.row.tidy_at_micros > self.now_micros {
             return Ok(());
@@ -827,43 +851,43 @@ impl<'c> Call<'c> {
         self.row.tidy_at_micros = self.now_micros.saturating_add(TIDY_INTERVAL_MICROS);
         self.row_dirty = true;
         let before_micros = self.now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
-        let statements = [
-            "DELETE FROM ledger_requests WHERE account = ?1 AND id IN (SELECT id FROM ledger_requests
-             WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3)",
-            "DELETE FROM ledger_generations WHERE rowid IN (SELECT rowid FROM ledger_generations
-             WHERE account = ?1 AND expires_at_micros <= ?2 ORDER BY expires_at_micros LIMIT ?3)",
-        ];
-        for statement in statements {
-            self.db
-                .prepare_cached(statement)
-                .and_then(|mut statement| {
-                    statement.execute(params![self.account, before_micros, TIDY_BATCH])
-                })
-                .map_err(sql(OPERATION))?;
-        }
         self.db
             .prepare_cached(
-                "DELETE FROM ledger_top_ups WHERE account = ?1 AND idempotency_key IN (
-                 SELECT idempotency_key FROM ledger_top_ups
-                 WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3)",
+                "DELETE FROM ledger_requests WHERE account = ?1 AND id IN (SELECT id FROM ledger_requests
+                 WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3)",
             )
             .and_then(|mut statement| {
-                statement.execute(params![self.account, self.now_micros, TIDY_BATCH])
+                statement.execute(params![self.account, before_micros, TIDY_BATCH])
             })
             .map_err(sql(OPERATION))?;
-        if let Some(most) = self.row.records_most {
-            self.db
+        let expired = self
+            .db
+            .prepare_cached(
+                "DELETE FROM ledger_generations WHERE rowid IN (SELECT rowid FROM ledger_generations
+                 WHERE account = ?1 AND expires_at_micros <= ?2 ORDER BY expires_at_micros LIMIT ?3)",
+            )
+            .and_then(|mut statement| {
+                statement.execute(params![self.account, before_micros, TIDY_BATCH])
+            })
+            .map_err(sql(OPERATION))?;
+        self.count_removed_records(expired);
+        let over = self
+            .row
+            .records_most
+            .map_or(0, |most| self.row.records_count.saturating_sub(most));
+        if over > 0 {
+            let capped = self
+                .db
                 .prepare_cached(
                     "DELETE FROM ledger_generations WHERE rowid IN (
                        SELECT rowid FROM ledger_generations WHERE account = ?1
-                       ORDER BY expires_at_micros, id
-                       LIMIT max(0, min(?3, (SELECT COUNT(*) FROM ledger_generations
-                                             WHERE account = ?1) - ?2)))",
+                       ORDER BY expires_at_micros, id LIMIT ?2)",
                 )
                 .and_then(|mut statement| {
-                    statement.execute(params![self.account, most, TIDY_BATCH])
+                    statement.execute(params![self.account, over.min(TIDY_BATCH)])
                 })
                 .map_err(sql(OPERATION))?;
+            self.count_removed_records(capped);
         }
         Ok(())
     }
@@ -876,9 +900,13 @@ impl<'c> Call<'c> {
                 .prepare_cached(
                     "INSERT INTO ledger_accounts
                      (account, balance_nanos, purchased_nanos, held_nanos, next_expiry_micros,
-                      records_most, tidy_at_micros)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                     ON CONFLICT (account) DO UPDATE SET balance_nanos = excluded.balance_nanos, purchased_nanos = excluded.purchased_nanos, held_nanos = excluded.held_nanos, next_expiry_micros = excluded.next_expiry_micros, records_most = excluded.records_most, tidy_at_micros = excluded.tidy_at_micros",
+                      records_most, records_count, tidy_at_micros)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                     ON CONFLICT (account) DO UPDATE SET balance_nanos = excluded.balance_nanos,
+                       purchased_nanos = excluded.purchased_nanos, held_nanos = excluded.held_nanos,
+                       next_expiry_micros = excluded.next_expiry_micros,
+                       records_most = excluded.records_most, records_count = excluded.records_count,
+                       tidy_at_micros = excluded.tidy_at_micros",
                 )
                 .and_then(|mut statement| {
                     statement.execute(params![
@@ -888,6 +916,7 @@ impl<'c> Call<'c> {
                         row.held_nanos.to_string(),
                         row.next_expiry_micros,
                         row.records_most,
+                        row.records_count,
                         row.tidy_at_micros
                     ])
                 })
@@ -1301,5 +1330,75 @@ impl LedgerStore for SqliteStore {
             .map_err(sql("recent_generations"))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SettlementRecord;
+
+    fn settled(id: usize, most: u64) -> Settlement {
+        Settlement {
+            account: "acct".into(),
+            key: "key".into(),
+            reservation_id: format!("r{id:04}"),
+            hold_granted: false,
+            cost_nanos: 1,
+            byok: false,
+            record: Some(SettlementRecord {
+                bytes: bytes::Bytes::from(format!("{{\"id\":{id}}}")),
+                retention: Duration::from_secs(3600),
+                max_per_account: most,
+            }),
+        }
+    }
+
+    /// The file's record rows and the account's count of them.
+    async fn records(store: &SqliteStore) -> (i64, i64) {
+        store
+            .call("test", |db| {
+                let rows: i64 = db
+                    .query_row("SELECT count(*) FROM ledger_generations", [], |row| {
+                        row.get(0)
+                    })
+                    .map_err(sql("test"))?;
+                let counted: i64 = db
+                    .query_row("SELECT records_count FROM ledger_accounts", [], |row| {
+                        row.get(0)
+                    })
+                    .map_err(sql("test"))?;
+                Ok((rows, counted))
+            })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_past_the_cap_leave_the_file_and_the_count_follows() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
+        let start = Utc::now();
+        let at = |step: i64| start + chrono::Duration::milliseconds(200 * step);
+        for id in 0..10 {
+            store.settle(&settled(id, 3), at(0)).await.unwrap();
+        }
+        // Hidden at once, counted, removed when next tidied.
+        assert_eq!(records(&store).await, (10, 10));
+        assert_eq!(
+            store
+                .recent_generations("acct", 100, at(0))
+                .await
+                .unwrap()
+                .len(),
+            3
+        );
+        // A settlement again (a retry) replaces nothing and counts nothing.
+        store.settle(&settled(9, 3), at(0)).await.unwrap();
+        assert_eq!(records(&store).await, (10, 10));
+        store.settle(&settled(10, 3), at(1)).await.unwrap();
+        assert_eq!(records(&store).await, (3, 3));
+        let newest = store.recent_generations("acct", 100, at(1)).await.unwrap();
+        assert_eq!(newest[0], bytes::Bytes::from("{\"id\":10}"));
     }
 }
