@@ -167,6 +167,7 @@ impl SqliteStore {
 }
 
 fn open_connection(path: &Path, config: &SqliteStoreConfig) -> Result<Connection, StoreError> {
+    create_private(path)?;
     let connection = Connection::open(path).map_err(sql("open"))?;
     connection
         .busy_timeout(config.busy_timeout)
@@ -195,6 +196,22 @@ fn open_connection(path: &Path, config: &SqliteStoreConfig) -> Result<Connection
         .map_err(sql("open"))?;
     migrate(&connection)?;
     Ok(connection)
+}
+
+/// Creates the file at `path`, if absent, readable by its owner alone: it
+/// holds key hashes, balances and the accounts' own provider keys. SQLite
+/// gives its `-wal` and `-shm` files the same permissions.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        // Made already (by an earlier start, or another process now).
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => Err(backend("open", format!("{}: {error}", path.display()))),
+    }
 }
 
 /// Brings the schema to [`SQLITE_SCHEMA_VERSION`] in one transaction.
@@ -349,6 +366,23 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |row| row.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_file_and_its_wal_are_readable_by_their_owner_alone() {
+        use crate::store::LedgerStore;
+        use std::os::unix::fs::PermissionsExt;
+        let directory = tempfile::tempdir().unwrap();
+        let store = store_in(&directory);
+        store.top_up("acct", 1).await.unwrap();
+        for name in ["m.db", "m.db-wal", "m.db-shm"] {
+            let mode = std::fs::metadata(directory.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
+        }
     }
 
     #[test]
