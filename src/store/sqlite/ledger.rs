@@ -1148,7 +1148,8 @@ impl LedgerStore for SqliteStore {
                 })
                 .map_err(sql("key_usage"))?;
             let starts = call.starts;
-            let usage = if known || call.keys.get(&key).is_some_and(|row| row.dirty) {
+            // A key with holds has a row: what lapsed is read from it.
+            let usage = if known {
                 call.key(&key)?.usage(starts)
             } else {
                 KeyUsage::default()
