@@ -110,6 +110,7 @@ pub mod body;
 pub mod client_addr;
 pub mod clock;
 pub mod credit;
+mod edit;
 pub mod error;
 pub mod error_mapper;
 pub mod free_quota;

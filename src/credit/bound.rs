@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::proxy::JsonObject;
+use crate::edit::JsonObject;
 
 /// Which request field carries the completion bound for a provider.
 ///

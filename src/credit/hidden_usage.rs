@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
 
-use crate::proxy::{JsonObject, SseLines, SsePiece, MAX_SSE_LINE_BYTES};
+use crate::edit::{line_content, JsonObject, SseLines, SsePiece, MAX_SSE_LINE_BYTES};
 
 // Searched for in every streamed chunk: built once, not per call.
 static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"usage"));
@@ -213,7 +213,7 @@ impl Filter {
     }
 
     fn line(&mut self, line: &[u8], out: &mut BytesMut) {
-        let blank = content(line).is_empty();
+        let blank = line_content(line).is_empty();
         if self.passing_event {
             out.extend_from_slice(line);
             self.passing_event = !blank;
@@ -241,12 +241,6 @@ impl Filter {
     }
 }
 
-/// A line without its ending (`\n`, `\r\n`).
-fn content(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.strip_suffix(b"\r").unwrap_or(line)
-}
-
 enum Verdict {
     Keep,
     Drop,
@@ -259,7 +253,7 @@ fn verdict(event: &[u8]) -> Verdict {
     let mut data = None;
     let mut start = 0;
     for line in event.split_inclusive(|&byte| byte == b'\n') {
-        let field = content(line);
+        let field = line_content(line);
         if field == b"data" || field.starts_with(b"data:") {
             if data.is_some() {
                 // Data over several lines: no chunk the gateway reads.
@@ -272,7 +266,7 @@ fn verdict(event: &[u8]) -> Verdict {
     let Some((start, line)) = data else {
         return Verdict::Keep;
     };
-    let field = content(line);
+    let field = line_content(line);
     let Some(value) = field.strip_prefix(b"data:") else {
         return Verdict::Keep;
     };

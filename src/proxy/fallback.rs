@@ -14,12 +14,11 @@ use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::model_field::{
-    rewrite_model_json, BodyKind, JsonObject, ReportedModel, MAX_REWRITTEN_JSON_BYTES,
-};
+use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES};
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{BufferedBody, ChatRequest, ModelId};
+use crate::edit::JsonObject;
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
 use crate::usage::RequestedModel;

@@ -75,15 +75,13 @@ use tower::util::BoxCloneService;
 use tower::ServiceBuilder;
 use tower_service::Service;
 
+pub use crate::edit::MAX_SSE_LINE_BYTES;
 pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
 pub use fallback::{Fallback, FallbackLayer, MODEL_HEADER};
 pub use headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 pub use model_field::{
     rewrite_model_json, rewrite_model_sse_line, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES,
-    MAX_SSE_LINE_BYTES,
 };
-// Shared with CreditGuard's request and response edits.
-pub(crate) use model_field::{JsonObject, SseLines, SsePiece};
 pub use models::{ModelCatalog, MAX_MODELS_PER_REQUEST};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
