@@ -2,6 +2,7 @@
 //! killed mid-burst and started again on the same file, nothing committed
 //! is lost and every cost is there once; two proxies on one file share a
 //! key's limit exactly.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 
@@ -117,6 +118,19 @@ async fn given_no_store_a_proxy_keeps_its_state_in_modelgate_db_where_it_runs() 
             .unwrap();
         assert_eq!(answer.status().as_u16(), 200, "{path}");
     }
+    // Its store calls are timed as Redis's are.
+    let metrics = client
+        .get(format!("{}/metrics", second.proxy.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"modelgate_store_call_duration_seconds_count{operation="#),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

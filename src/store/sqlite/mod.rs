@@ -145,6 +145,7 @@ impl SqliteStore {
         operation: &'static str,
         job: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let started = std::time::Instant::now();
         let (sender, receiver) = oneshot::channel();
         let job: Job = Box::new(move |connection| {
             let outcome = connection.and_then(job);
@@ -154,15 +155,17 @@ impl SqliteStore {
             });
             (keep, answer)
         });
-        self.jobs
-            .send(job)
-            .map_err(|_| backend(operation, "the store's thread has ended"))?;
-        receiver.await.map_err(|_| {
-            backend(
-                operation,
-                "the store did not answer (the call failed unexpectedly, or the store's thread ended)",
-            )
-        })?
+        let answered = match self.jobs.send(job) {
+            Ok(()) => receiver.await.unwrap_or_else(|_| {
+                Err(backend(
+                    operation,
+                    "the store did not answer (the call failed unexpectedly, or the store's thread ended)",
+                ))
+            }),
+            Err(_) => Err(backend(operation, "the store's thread has ended")),
+        };
+        crate::telemetry::store_call(operation, started.elapsed(), answered.is_ok());
+        answered
     }
 }
 
