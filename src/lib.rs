@@ -116,10 +116,18 @@ pub mod error_mapper;
 pub mod free_quota;
 pub mod in_flight;
 pub mod keys;
+#[cfg(feature = "leaks")]
+#[cfg_attr(docsrs, doc(cfg(feature = "leaks")))]
 pub mod leaks;
 mod limiter;
+#[cfg(feature = "notify")]
+#[cfg_attr(docsrs, doc(cfg(feature = "notify")))]
 pub mod notify;
+#[cfg(feature = "oauth")]
+#[cfg_attr(docsrs, doc(cfg(feature = "oauth")))]
 pub mod oauth;
+#[cfg(feature = "proxy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
@@ -128,6 +136,8 @@ pub mod settings;
 pub mod store;
 pub mod telemetry;
 pub mod usage;
+#[cfg(feature = "flows")]
+#[cfg_attr(docsrs, doc(cfg(feature = "flows")))]
 pub mod webhook;
 
 // The README's Rust code, compiled by `cargo test --doc` so it cannot

@@ -51,7 +51,6 @@ pub mod otel;
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::{LazyLock, RwLock};
-use std::time::Duration;
 
 use http::HeaderValue;
 use rand::Rng;
@@ -70,7 +69,7 @@ pub const REQUESTS_SHED_TOTAL: &str = "modelgate_requests_shed_total";
 pub const LAYER_DECISIONS_TOTAL: &str = "modelgate_layer_decisions_total";
 /// Decisions a layer took because its store failed.
 pub const STORE_FAILURE_DECISIONS_TOTAL: &str = "modelgate_store_failure_decisions_total";
-/// Store calls (Redis) by operation.
+/// Store calls (Redis, SQLite) by operation.
 pub const STORE_CALL_DURATION_SECONDS: &str = "modelgate_store_call_duration_seconds";
 /// Store calls that failed, by operation.
 pub const STORE_ERRORS_TOTAL: &str = "modelgate_store_errors_total";
@@ -186,6 +185,7 @@ pub(crate) fn request_shed() {
 }
 
 /// Records WebhookSecret's decision: `None` admitted, or the refusal's code.
+#[cfg(feature = "flows")]
 pub(crate) fn webhook_decision(code: Option<&str>) {
     let (decision, reason) = match code {
         None => ("admitted", String::new()),
@@ -203,7 +203,8 @@ pub(crate) fn store_failure_decision(layer: &'static str, decision: &'static str
 }
 
 /// Records one store call.
-pub(crate) fn store_call(operation: &'static str, elapsed: Duration, succeeded: bool) {
+#[cfg(any(feature = "redis", feature = "sqlite"))]
+pub(crate) fn store_call(operation: &'static str, elapsed: std::time::Duration, succeeded: bool) {
     let outcome = if succeeded { "ok" } else { "error" };
     static DURATIONS: HandleCache<(&'static str, bool), metrics::Histogram> = HandleCache::new();
     DURATIONS
@@ -222,12 +223,14 @@ pub(crate) fn store_call(operation: &'static str, elapsed: Duration, succeeded: 
 }
 
 /// Counts a store circuit breaker opening.
+#[cfg(feature = "redis")]
 pub(crate) fn store_circuit_opened() {
     metrics::counter!(STORE_CIRCUIT_OPENS_TOTAL).increment(1);
 }
 
 /// Counts a store call refused by an open circuit breaker: while it is
 /// open every request takes this path, so the handles are kept.
+#[cfg(feature = "redis")]
 pub(crate) fn store_circuit_refusal(operation: &'static str) {
     static REFUSALS: HandleCache<&'static str, metrics::Counter> = HandleCache::new();
     REFUSALS
@@ -328,6 +331,7 @@ fn parse_traceparent(text: &str) -> Option<(&str, &str)> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     #[test]
     fn a_handle_is_registered_once_per_label_set_and_the_cache_is_bounded() {

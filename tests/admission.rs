@@ -4,6 +4,7 @@
 //! spends no rate and no free quota), the balance as a limit, and holds
 //! that bound what a request can cost (the completion bound the upstream
 //! receives, stream usage asked for and kept from the client).
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

@@ -4,6 +4,7 @@
 //! account's own keys too, which may not change them), and never answered
 //! back; a chat of that account to that provider hands the key to the
 //! upstream and is BYOK usage.
+#![cfg(feature = "redis")]
 
 mod common;
 

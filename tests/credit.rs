@@ -2,6 +2,7 @@
 //! Redis, two instances on one Redis), the overspend bound, seed 000's
 //! transitions, streamed usage passing through byte for byte, every way a
 //! request can end being settled, BYOK, and the key status it feeds.
+#![cfg(feature = "redis")]
 
 mod common;
 

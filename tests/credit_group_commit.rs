@@ -2,6 +2,7 @@
 //! instances sharing one `redis-server`: settlements ride with
 //! reservations or go together, and still every limit holds exactly, every
 //! cost is recorded once, and a cost is recorded before its response ends.
+#![cfg(feature = "redis")]
 
 mod common;
 

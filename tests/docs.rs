@@ -20,6 +20,7 @@
 //!   `metadata.reason`, metadata field and webhook code the source uses;
 //!   docs/configuration.md every config section and command-line flag;
 //!   docs/routes.md every route; links between the pages resolve.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 #[path = "common/examples.rs"]
 mod examples;

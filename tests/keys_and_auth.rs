@@ -1,6 +1,7 @@
 //! BearerAuth and KeyRoutes over real HTTP: reqwest against an axum app
 //! behind the layers, on `MemoryStore` and on `RedisStore` with a real
 //! `redis-server`; two instances sharing one Redis for revocation.
+#![cfg(feature = "redis")]
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! on an SMTP server the test runs; forged, replayed-and-changed or
 //! malformed alerts change nothing. The key stays readable, cannot be
 //! enabled again, and records its last use.
+#![cfg(all(feature = "redis", feature = "notify"))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

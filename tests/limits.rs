@@ -2,6 +2,7 @@
 //! `MemoryStore`, on `RedisStore` (a real `redis-server`) and across two
 //! gateway instances sharing one Redis; the daily tiers; failure policies;
 //! the memo of full counters.
+#![cfg(feature = "redis")]
 
 mod common;
 

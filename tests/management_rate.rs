@@ -5,6 +5,7 @@
 //! instance it calls and whatever route (a write changes nothing), while
 //! another account's manager, the operator and the account's inference
 //! keys are served.
+#![cfg(all(feature = "redis", feature = "proxy"))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

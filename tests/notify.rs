@@ -3,6 +3,7 @@
 //! after temporary failures, no retry after a permanent one, a notice
 //! without an address, unreachable servers, the bounds on attempts in
 //! flight and notices waiting, and the metric's outcomes.
+#![cfg(feature = "notify")]
 
 mod common;
 

@@ -16,6 +16,7 @@
 //! of the test's own, with the code; the test exchanges it and uses the
 //! key. Denying sends `error=access_denied`; a request with a
 //! `javascript:` callback shows an error and no Authorize button.
+#![cfg(all(feature = "redis", feature = "oauth"))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

@@ -3,6 +3,7 @@
 //! id on every response and a W3C trace context carried upstream,
 //! `/healthz`, `/readyz` following redis-server down and back up, and no
 //! key or secret anywhere in the logs or the metrics.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 

@@ -5,6 +5,7 @@
 //! prints a key to set as `MODELGATE_ADMIN_KEY`; `proxy
 //! reset-operator-key` replaces a lost one; a start moves an operator key
 //! an older store keeps on `default` to the operator's own account.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 

@@ -4,6 +4,12 @@
 //! authentication hold none of those places; an address sending bad keys
 //! meets 429 while its good keys are served, and once blocked costs no
 //! store read; invented model names add no metric series.
+#![cfg(all(
+    feature = "redis",
+    feature = "sqlite",
+    feature = "proxy",
+    feature = "oauth"
+))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

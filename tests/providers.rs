@@ -7,6 +7,7 @@
 //! under its own model's limits (and none after the gateway's own refusal
 //! of the account or key), 400s that point at the models list, and
 //! `GET /api/v1/models`.
+#![cfg(all(feature = "redis", feature = "proxy"))]
 
 mod common;
 

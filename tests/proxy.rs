@@ -1,6 +1,7 @@
 //! The whole gateway over real HTTP in front of the mock upstream: chat,
 //! streaming byte for byte, every upstream error status, a retry after a
 //! 503, two instances on one Redis; and the proxy example as a process.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

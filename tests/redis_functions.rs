@@ -2,6 +2,7 @@
 //! (on every primary of a Cluster), loaded again when Redis has lost it,
 //! with the refused call sent once more and run once, and a Redis without
 //! Functions refused at connect.
+#![cfg(feature = "redis")]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! What only the Redis backend has to show: outages, restarts, round trips,
 //! key expiry, and that it decides exactly as `MemoryStore` does (those
 //! random workloads run on `SqliteStore` too).
+#![cfg(all(feature = "redis", feature = "sqlite"))]
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! when its upstream cannot be reached, or answers with an error, and its
 //! client leaves while a retry waits; over real HTTP through the whole
 //! gateway, on MemoryStore and on a real redis-server.
+#![cfg(feature = "redis")]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

@@ -18,6 +18,7 @@
 //! signed-in page to `target/tmp/settings-page.png`, never into the
 //! sources: a test run leaves the checkout clean (CI packages it after).
 //! Copy it to `docs/settings-page.png` when the page changes.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 

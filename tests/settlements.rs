@@ -12,6 +12,7 @@
 //! as a second instance would. A frozen Redis (SIGSTOP) is answered fast
 //! under the failure policy once the store's breaker opens, and the same
 //! gateway answers again after SIGCONT.
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

@@ -5,6 +5,7 @@
 //! Each check below is a plain async function over `S: Store`; the macro at
 //! the bottom runs each against every backend, with time from fixed instants
 //! (the manual-clock style: the store never reads the system time).
+#![cfg(all(feature = "redis", feature = "sqlite"))]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Generation records and app attribution over real HTTP: two gateway
 //! instances sharing one store (MemoryStore in process, a real
 //! redis-server), a real client, the built-in mock upstream.
+#![cfg(feature = "redis")]
 
 mod common;
 #[path = "../examples/support/mock.rs"]

@@ -5,6 +5,12 @@
 //! `webhooks` example and the proxy serving secrets from the named
 //! providers of their `secrets` section (env, file, exec) while skipping a
 //! route whose secret cannot be read or whose provider is not declared.
+#![cfg(all(
+    feature = "redis",
+    feature = "sqlite",
+    feature = "proxy",
+    feature = "flows"
+))]
 
 mod common;
 

@@ -58,6 +58,8 @@ use http::request::Parts;
 use http::Method;
 use std::borrow::Cow;
 
+// Shared with the optional parts too (leaks, webhook flows, the proxy).
+#[allow(unused_imports)]
 pub(crate) use chat::{
     invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
 };

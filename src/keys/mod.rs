@@ -144,6 +144,7 @@ pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, SharedStore};
 pub(crate) use handlers::{unknown_account, Route};
 pub use layer::{ByokProviders, KeyRoutesLayer};
+#[cfg(feature = "leaks")]
 pub(crate) use leak::report_leak;
 pub use management_rate::DEFAULT_MANAGEMENT_RATE;
 pub use record::{

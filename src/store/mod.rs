@@ -43,6 +43,7 @@
 //! ```
 
 mod apps;
+#[cfg(feature = "redis")]
 mod breaker;
 mod counter;
 mod ledger;
@@ -50,7 +51,9 @@ mod location;
 mod memory;
 mod policy;
 mod records;
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 use std::fmt;
@@ -74,7 +77,11 @@ pub use records::{
     byok_keys, decode, flows, Expect, PutOptions, PutOutcome, RecordStore, RecordStoreExt,
     Versioned, WriteOutcome, ACCOUNTS, KEYS, MAX_RECORD_TTL,
 };
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisStore, RedisStoreConfig, TimeSource, LEDGER_LAYOUT};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqliteStore, SqliteStoreConfig, SQLITE_SCHEMA_VERSION};
 
 /// Everything a gateway keeps in its store.

@@ -1,5 +1,7 @@
 pub mod browser;
+#[cfg(feature = "proxy")]
 pub mod examples;
+#[cfg(feature = "proxy")]
 pub mod gateway;
 pub mod http_server;
 pub mod redis_server;
