@@ -39,13 +39,19 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
-echo "==> cargo clippy --features otel (the OpenTelemetry export)"
-cargo clippy --lib --features otel --locked -- -D warnings
+echo "==> cargo clippy --no-default-features (the layers alone)"
+cargo clippy --all-targets --no-default-features --locked -- -D warnings
+echo "==> the layers alone bring no Redis, SQLite, lettre or P-256"
+if cargo tree --no-default-features --edges normal --prefix none --locked \
+  | grep -E '^(redis|rusqlite|lettre|p256|hyper-rustls) '; then
+  echo "a crate above is built without any feature asking for it" >&2
+  exit 1
+fi
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
 echo "==> cargo test (unit, integration, benches as smoke tests)"
 cargo test --all-targets --locked
 echo "==> cargo test --doc"
 cargo test --doc --locked
-echo "==> cargo test --features otel --test otel (spans exported over OTLP/HTTP)"
-cargo test --features otel --test otel --locked
+echo "==> cargo test --no-default-features (the layers alone, on the in-process store)"
+cargo test --no-default-features --lib --tests --locked

@@ -43,9 +43,19 @@ fn build_examples(profile_dir: &Path) {
     {
         command.arg("--release");
     }
-    if cfg!(feature = "otel") {
-        command.args(["--features", "otel"]);
-    }
+    // The features this test was built with: the examples must link
+    // against the same library build.
+    command.arg("--no-default-features");
+    let features: Vec<&str> = [
+        ("redis", cfg!(feature = "redis")),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("proxy", cfg!(feature = "proxy")),
+        ("otel", cfg!(feature = "otel")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    command.args(["--features", &features.join(",")]);
     let status = command
         .status()
         .expect("cargo runs (the CARGO variable names it under `cargo test`)");
