@@ -9,7 +9,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use crate::clock::Clock;
 use crate::error::GatewayError;
-use crate::keys::SharedStore;
+use crate::store::SharedStore;
 use crate::store::{AdmitRequest, Check, CheckOutcome, FailurePolicy, Limit, PurchaseTier};
 
 /// How many full counters the memo holds before it sheds expired ones.

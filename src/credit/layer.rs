@@ -11,8 +11,9 @@ use super::pricing::Pricing;
 use super::renewal::HoldRenewals;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
-use crate::keys::{ByokDirectory, ByokProviders, SharedStore};
+use crate::keys::{ByokDirectory, ByokProviders};
 use crate::store::FailurePolicy;
+use crate::store::SharedStore;
 use crate::usage::Generations;
 
 /// Applies [`CreditGuard`] to a service.

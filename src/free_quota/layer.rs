@@ -4,9 +4,9 @@ use tower_layer::Layer;
 
 use super::{FreeModelQuota, FreeQuotaRules, QuotaRulesError};
 use crate::clock::Clock;
-use crate::keys::SharedStore;
 use crate::limiter::Limiter;
 use crate::store::FailurePolicy;
+use crate::store::SharedStore;
 
 /// Applies [`FreeModelQuota`] to a service.
 ///

@@ -13,10 +13,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::directory::{too_contended, SharedStore, MAX_WRITE_ATTEMPTS};
+use super::directory::{too_contended, MAX_WRITE_ATTEMPTS};
 use super::lookup_cache::LookupCache;
 use super::record::is_valid_account_id;
 use crate::clock::{Clock, SystemClock};
+use crate::store::SharedStore;
 use crate::store::{byok_keys, Expect, RecordStoreExt, StoreError, WriteOutcome};
 
 /// Longest provider name accepted.

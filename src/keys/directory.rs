@@ -17,12 +17,9 @@ use super::record::{
 use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{
-    AccountBalance, Expect, KeyTerms, RecordStoreExt, Store, StoreError, TopUpOutcome, Versioned,
-    WriteOutcome, ACCOUNTS, KEYS,
+    AccountBalance, Expect, KeyTerms, RecordStoreExt, SharedStore, StoreError, TopUpOutcome,
+    Versioned, WriteOutcome, ACCOUNTS, KEYS,
 };
-
-/// A store shared by every layer of one gateway.
-pub type SharedStore = Arc<dyn Store>;
 
 /// How often a compare-and-set write is retried when another writer got
 /// there first.

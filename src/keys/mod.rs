@@ -141,7 +141,9 @@ mod service;
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use byok::{ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError};
 pub use credits::MAX_CREDITS;
-pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, SharedStore};
+pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome};
+// Where the layers' examples have always found it.
+pub use crate::store::SharedStore;
 pub(crate) use handlers::{unknown_account, Route};
 pub use layer::{ByokProviders, KeyRoutesLayer};
 #[cfg(feature = "leaks")]

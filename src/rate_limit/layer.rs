@@ -4,9 +4,9 @@ use tower_layer::Layer;
 
 use super::{GlobalRateLimit, RateLimitRules, RulesError};
 use crate::clock::Clock;
-use crate::keys::SharedStore;
 use crate::limiter::Limiter;
 use crate::store::FailurePolicy;
+use crate::store::SharedStore;
 
 /// Applies [`GlobalRateLimit`] to a service.
 ///

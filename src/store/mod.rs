@@ -57,6 +57,10 @@ mod redis;
 mod sqlite;
 
 use std::fmt;
+use std::sync::Arc;
+
+/// A store shared by every layer of one gateway.
+pub type SharedStore = Arc<dyn Store>;
 
 pub use apps::{
     is_valid_app_usage, AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS,

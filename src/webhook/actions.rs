@@ -27,7 +27,7 @@ use super::payload::{
     DEFAULT_LIST_LIMIT,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::keys::SharedStore;
+use crate::store::SharedStore;
 use crate::store::{
     self, Expect, PutOptions, PutOutcome, RecordStoreExt, StoreError, Versioned, WriteOutcome,
 };

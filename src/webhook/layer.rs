@@ -11,8 +11,8 @@ use super::service::WebhookSecret;
 use crate::auth::AuthFailures;
 use crate::clock::{Clock, SystemClock};
 use crate::in_flight::{UnauthenticatedLimits, UnauthenticatedPlaces};
-use crate::keys::SharedStore;
 use crate::store::FailurePolicy;
+use crate::store::SharedStore;
 
 /// The numbers a webhook route enforces; every one can be changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

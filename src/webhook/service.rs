@@ -21,8 +21,8 @@ use super::payload::FlowAction;
 use super::routes::WebhookRoute;
 use crate::answer::Answer;
 use crate::answer::AnswerFuture as ResponseFuture;
-use crate::keys::SharedStore;
 use crate::response_body::BoxError;
+use crate::store::SharedStore;
 use crate::store::{Check, Limit, StoreError};
 
 /// The header a caller may send the route's secret in instead of
