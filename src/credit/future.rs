@@ -19,7 +19,7 @@ use super::service::Admitted;
 use super::usage::{BodyKind, UsageScanner};
 use crate::body::BufferedBody;
 use crate::error::GatewayError;
-use crate::rate_limit::headers::merge_response_headers;
+use crate::limiter::headers::merge_response_headers;
 use crate::response_body::ResponseBody;
 use crate::usage::{generation_id, GENERATION_ID_HEADER};
 

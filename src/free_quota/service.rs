@@ -16,8 +16,8 @@ use crate::body::{is_chat_completions_call, ChatRequest};
 use crate::clock::Period;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::credits::nanos_to_json;
+use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
-use crate::rate_limit::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::response_body::ResponseBody;
 use crate::store::PurchaseTier;
 

@@ -67,13 +67,12 @@
 //! ```
 
 mod future;
-pub(crate) mod headers;
 mod layer;
 mod rules;
 mod service;
 
+pub use crate::limiter::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use future::ResponseFuture;
-pub use headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use layer::GlobalRateLimitLayer;
 pub use rules::{AccountRules, ModelRule, RateLimitRules, RateRule, RulesError};
 pub use service::GlobalRateLimit;

@@ -1,5 +1,8 @@
 //! The counter check both limit layers make: one atomic `check_and_add`,
-//! the layer's failure policy, and a memo of counters known to be full.
+//! the layer's failure policy, and a memo of counters known to be full;
+//! the `X-RateLimit-*` headers they answer with.
+
+pub(crate) mod headers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
