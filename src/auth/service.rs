@@ -9,11 +9,11 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
-use crate::admission::{Admission, Decision};
 use crate::body::is_chat_completions_call;
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState, Route};
+use crate::limiter::{Admission, Decision};
 use crate::response_body::ResponseBody;
 use crate::store::FailurePolicy;
 

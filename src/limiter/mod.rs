@@ -3,6 +3,7 @@
 //! the `X-RateLimit-*` headers they answer with.
 
 pub(crate) mod headers;
+mod plan;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,8 @@ use crate::clock::Clock;
 use crate::error::GatewayError;
 use crate::store::SharedStore;
 use crate::store::{AdmitRequest, Check, CheckOutcome, FailurePolicy, Limit, PurchaseTier};
+pub use plan::AdmissionFuture;
+pub(crate) use plan::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
 
 /// How many full counters the memo holds before it sheds expired ones.
 const MAX_REMEMBERED: usize = 10_000;

@@ -7,12 +7,12 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::GlobalRateLimitConfig;
 use super::rules::RuleCheck;
-use crate::admission::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
 use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest};
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
+use crate::limiter::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
 use crate::store::{Check, CheckOutcome};
 

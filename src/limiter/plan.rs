@@ -1,0 +1,188 @@
+//! The admission plan: how a deciding layer hands its checks to the one
+//! that decides (see [`AdmissionLayers`](crate::admission::AdmissionLayers)),
+//! and the response future of a layer that decides before it calls.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::{Extensions, HeaderMap, Request, Response};
+use pin_project_lite::pin_project;
+use tower::util::Oneshot;
+use tower_service::Service;
+
+use super::headers::merge_response_headers;
+use super::{Limiter, Verdict};
+use crate::error::GatewayError;
+use crate::response_body::ResponseBody;
+use crate::store::{Check, PurchaseTier};
+
+/// How a deferring layer reads the verdict on its checks: its refusal, or
+/// what it adds to the request and response.
+pub(crate) type Finish = Arc<dyn Fn(Verdict) -> Result<Admission, GatewayError> + Send + Sync>;
+
+/// One deferring layer's part of a request's admission.
+#[derive(Clone)]
+pub(crate) struct PlannedChecks {
+    /// Its counters' memo and failure policy.
+    pub(crate) limiter: Limiter,
+    pub(crate) checks: Vec<Check>,
+    /// A purchase tier, its index among `checks`.
+    pub(crate) tier: Option<PurchaseTier>,
+    pub(crate) finish: Finish,
+}
+
+/// The checks the layers before CreditGuard hand it, in layer order.
+#[derive(Clone, Default)]
+pub(crate) struct AdmissionPlan {
+    pub(crate) parts: Vec<PlannedChecks>,
+}
+
+impl AdmissionPlan {
+    /// Adds `part` to the request's plan.
+    pub(crate) fn add<B>(request: &mut Request<B>, part: PlannedChecks) {
+        match request.extensions_mut().get_mut::<AdmissionPlan>() {
+            Some(plan) => plan.parts.push(part),
+            None => {
+                request
+                    .extensions_mut()
+                    .insert(AdmissionPlan { parts: vec![part] });
+            }
+        }
+    }
+}
+
+/// What a layer's decision adds when it admits a request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Admission {
+    /// Added to the request's extensions.
+    pub(crate) extensions: Extensions,
+    /// Added to the response (rate-limit headers keep the tightest limit).
+    pub(crate) response_headers: HeaderMap,
+}
+
+/// A layer's decision: admit with additions, or the response refusing.
+pub(crate) type Decision = BoxFuture<'static, Result<Admission, GatewayError>>;
+
+pin_project! {
+    /// Response future of the admission layers: the decision, then the
+    /// inner service.
+    pub struct AdmissionFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        Rejected {
+            layer: &'static str,
+            error: Option<GatewayError>,
+        },
+        Deciding {
+            layer: &'static str,
+            decision: Decision,
+            request: Option<Request<B>>,
+            inner: Option<S>,
+        },
+        Calling {
+            #[pin]
+            future: Oneshot<S, Request<B>>,
+            response_headers: HeaderMap,
+        },
+    }
+}
+
+impl<S, B> AdmissionFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn rejected(layer: &'static str, error: GatewayError) -> Self {
+        AdmissionFuture {
+            state: State::Rejected {
+                layer,
+                error: Some(error),
+            },
+        }
+    }
+
+    pub(crate) fn deciding(
+        layer: &'static str,
+        decision: Decision,
+        request: Request<B>,
+        inner: S,
+    ) -> Self {
+        AdmissionFuture {
+            state: State::Deciding {
+                layer,
+                decision,
+                request: Some(request),
+                inner: Some(inner),
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for AdmissionFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProjection::Rejected { layer, error } => {
+                    let error = error.take().expect("polled after completion");
+                    crate::telemetry::layer_decision(layer, Some(&error));
+                    return Poll::Ready(Ok(error.to_response()));
+                }
+                StateProjection::Deciding {
+                    layer,
+                    decision,
+                    request,
+                    inner,
+                } => {
+                    let layer = *layer;
+                    let outcome = ready!(decision.as_mut().poll(cx));
+                    let (Some(mut request), Some(inner)) = (request.take(), inner.take()) else {
+                        panic!("polled after completion");
+                    };
+                    match outcome {
+                        Ok(admission) => {
+                            crate::telemetry::layer_decision(layer, None);
+                            request.extensions_mut().extend(admission.extensions);
+                            state.set(State::Calling {
+                                future: Oneshot::new(inner, request),
+                                response_headers: admission.response_headers,
+                            });
+                        }
+                        Err(error) => state.set(State::Rejected {
+                            layer,
+                            error: Some(error),
+                        }),
+                    }
+                }
+                StateProjection::Calling {
+                    future,
+                    response_headers,
+                } => {
+                    let response = ready!(future.poll(cx))?;
+                    let (mut parts, body) = response.into_parts();
+                    merge_response_headers(&mut parts, std::mem::take(response_headers));
+                    return Poll::Ready(Ok(Response::from_parts(parts, ResponseBody::inner(body))));
+                }
+            }
+        }
+    }
+}
