@@ -9,8 +9,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use crate::clock::Clock;
 use crate::error::GatewayError;
-use crate::keys::SharedStore;
-use crate::store::{AdmitRequest, Check, CheckOutcome, FailurePolicy, Limit, PurchaseTier};
+use crate::store::{AdmitRequest, Check, CheckOutcome, FailurePolicy, Limit, PurchaseTier, Store};
 
 /// How many full counters the memo holds before it sheds expired ones.
 const MAX_REMEMBERED: usize = 10_000;
@@ -37,7 +36,8 @@ pub(crate) enum Verdict {
 /// Counter checks for one layer. Clones share the memo.
 #[derive(Clone)]
 pub(crate) struct Limiter {
-    pub(crate) store: SharedStore,
+    // `keys::SharedStore`, spelled out: the limiter sits below `keys`.
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policy: FailurePolicy,
     pub(crate) layer: &'static str,
@@ -69,7 +69,7 @@ struct Full {
 impl Limiter {
     /// A limiter for `layer` on `store`: system clock, fail open, full
     /// counters remembered.
-    pub(crate) fn new(store: SharedStore, layer: &'static str) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, layer: &'static str) -> Self {
         Limiter {
             store,
             clock: Arc::new(crate::clock::SystemClock),
