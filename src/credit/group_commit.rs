@@ -31,6 +31,11 @@
 //!
 //! Stores whose calls are not round trips ([`LedgerStore::batches_settlements`]
 //! is false, as for `MemoryStore`) are called directly, as before.
+//!
+//! One call carries at most [`MAX_BATCH`] (64) settlements. A settlement
+//! is first tried in the request's own task (the meter polls its attempts
+//! once) and moves to a task of its own only when the store makes it wait
+//! or it must retry, so on `MemoryStore` no task is spawned per request.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};

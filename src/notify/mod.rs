@@ -50,6 +50,11 @@
 //! `webhook`) and `outcome` (`sent`, `retried`, `failed`, `dropped`); see
 //! [`telemetry`](crate::telemetry).
 //!
+//! The parts: `notifier.rs` keeps the queue, the retries and the bounds;
+//! `email.rs` writes the message and sends it with lettre over SMTP
+//! (rustls on ring, the webpki roots); `webhook.rs` signs the `POST` and
+//! sends it with hyper.
+//!
 //! [`Notifier::idle`] resolves once nothing is pending: for tests, and for
 //! a graceful shutdown that should let the last notices go out.
 //!

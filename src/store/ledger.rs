@@ -1,5 +1,45 @@
 //! The usage ledger: credits as nano-credits, per key and per account, and
 //! reservations for requests in flight.
+//!
+//! The rules every backend keeps, so that every request that reached an
+//! upstream is charged exactly once:
+//!
+//! - **Admission.** A key's limit, reset and expiry are the store's copy
+//!   ([`KeyTerms`], written with every key record), read in the admission's
+//!   own step and judged by the store's clock; a request's
+//!   [`key_limit`](ReserveRequest::key_limit) (from the instance's cached
+//!   record) counts only for a key whose terms were never written. A paid, non-BYOK request is admitted
+//!   only when the balance less the account's holds and its own stays at
+//!   least zero, and the key's usage in its period plus its holds and its
+//!   own stays within its limit. A zero balance refuses paid models; a
+//!   negative one refuses every model. BYOK requests are not held against
+//!   the balance, only against the key's limit when the key counts BYOK.
+//!   When the most the request may cost cannot be paid, the store holds
+//!   what can be, refusing only below
+//!   [`min_amount_nanos`](ReserveRequest::min_amount_nanos) (the prompt
+//!   and one token); the caller bounds the request by what was held. A revoked
+//!   key ([`LedgerStore::revoke_key`]) is refused by every later hold.
+//! - **A hold lives as long as its request**: its instance renews it
+//!   ([`LedgerStore::renew_holds`]). A hold renewed no more lapses: the
+//!   first call that finds it expired charges its amount, once (the
+//!   account's side on the balance, the key's side on the key's usage, own
+//!   when the balance covered it too, else BYOK), with a generation
+//!   record ([`lapse_record`]) when the hold asked for one
+//!   ([`ReserveRequest::lapse_record`]), and keeps that charge for
+//!   [`LAPSED_HOLD_MEMORY`] (a renewal that finds it refreshes it).
+//! - **Settling is once per id**: each settlement writes a marker with its
+//!   cost, kept [`SETTLEMENT_MEMORY`], longer than a caller retries
+//!   ([`SETTLEMENT_RETRY_WINDOW`]). A copy that finds the marker records
+//!   nothing; one that finds a lapse's charge replaces it with its own
+//!   cost; one that finds neither hold nor marker (a hold the store lost)
+//!   records its cost all the same. A late admission of an id already
+//!   settled holds nothing. A settlement's generation record is kept in
+//!   the same step, only when the settlement is new.
+//! - **Top-ups**: [`LedgerStore::top_up_once`] keeps the idempotency key,
+//!   the amount and the resulting balance in the credit's own atomic step
+//!   for [`IDEMPOTENCY_KEY_TTL_HOURS`], so a retry gets the first answer;
+//!   one that would overflow is refused whole. Usage periods only roll
+//!   forward.
 
 use std::time::Duration;
 

@@ -1,4 +1,16 @@
 //! The embedded store: every trait in process, for a single gateway instance.
+//!
+//! State is sharded by scope (an account) over 64 mutexes; a call takes
+//! one. Ended windows and leases are swept from a shard about once a
+//! second. Expired records read as absent at once and are removed on
+//! their collection's next write or listing, and from every collection at
+//! most once a second by writes that give records a lifetime. Each
+//! account's holds and each key's reservations are kept with their sum and
+//! their order by expiry (`Holds`), so an admission never walks the holds
+//! in flight. Settled and lapsed ids, and records past their time or the
+//! account's cap, are hidden at once and removed a minute later, at most
+//! ten times a second per account, exactly as `RedisStore` does, so the
+//! two answer alike.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault};

@@ -15,10 +15,26 @@
 //! - [`AppUsageStore`]: requests and tokens per calling app and model in the
 //!   current UTC day, week and month, for the app ranking.
 //!
-//! Two backends implement all four: [`MemoryStore`], in process, for one
-//! gateway instance; and [`RedisStore`], for many instances sharing Redis
-//! or Redis Cluster. Time is always passed in, from the layer's
-//! [`Clock`](crate::clock::Clock), so one conformance suite drives both.
+//! Three backends implement all four, their sum being [`Store`]:
+//! [`MemoryStore`], in process, for one gateway instance; [`SqliteStore`],
+//! one file on one machine (processes sharing the file stay exact); and
+//! [`RedisStore`], for many instances sharing Redis or Redis Cluster. Each
+//! answers exactly as the others (one conformance suite,
+//! `tests/store_conformance.rs`, drives all three). Time is always passed
+//! in, from the layer's [`Clock`](crate::clock::Clock); a backend may
+//! decide by its own clock instead ([`TimeSource`]), so that instances
+//! whose clocks differ agree. Where a store can fail, a layer's
+//! [`FailurePolicy`] says whether it admits or refuses; [`StoreLocation`]
+//! is the proxy's `--store`.
+//!
+//! The record collections the crate keeps: `keys`, `accounts`,
+//! `deleted_keys`, `byok/<account>`, `flows/<sessionKey>`, `auth_codes`,
+//! `auth_codes/<account>`, and `operator_key_minted` (one marker: the
+//! first start's operator key, written only if absent). A record written
+//! with [`PutOptions`] may have a lifetime (`ttl`) and its collection a
+//! cap (`max_records`, refused as [`PutOutcome::Full`] in the write's
+//! atomic step); the `…_at` methods take the instant, the others act at
+//! the system clock's and suit records without a lifetime.
 //!
 //! ```
 //! use std::time::Duration;

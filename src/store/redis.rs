@@ -56,6 +56,88 @@
 //! refused); ledger amounts are stored with Redis' own 64-bit integer
 //! commands and compared in the scripts with exact two-part integers, so
 //! nano-credits stay exact over the whole `i64` range.
+//!
+//! # Time
+//!
+//! With [`TimeSource::Redis`] (the default) every window, calendar period,
+//! hold expiry and record lifetime is decided by Redis's own clock (`TIME`
+//! inside the scripts; the UTC calendar is computed in Lua, `time.lua`),
+//! so instances whose clocks differ agree. In-flight slot leases, which
+//! bound concurrency and are no window, take the caller's instant.
+//! [`TimeSource::Caller`] makes Redis take the caller's instant
+//! throughout: the conformance suite drives both backends by hand that
+//! way, which also holds the Lua calendar to the Rust one.
+//!
+//! # Key layout
+//!
+//! Keys are `<key_prefix>:{<tag>}:…` ([`RedisStoreConfig::key_prefix`],
+//! `mg` by default, no braces); parts outside `[A-Za-z0-9._-]` are
+//! percent-escaped. The hash tag keeps an account, a counter scope or a
+//! record collection in one Cluster slot. The data's layout is recorded
+//! under `mg:{layout}:version` ([`LEDGER_LAYOUT`]).
+//!
+//! | key | what |
+//! |---|---|
+//! | `mg:{acct}:acct` | the account's whole ledger, one hash: `balance`, `purchased`, the state `s`, per key its usage and holds (`k:<key hash>`), terms (`t:<key hash>`: limit, reset, BYOK counted, expiry) and revocation (`r:<key hash>`), per request its hold, settlement marker or lapse (`i:<id>`); the packing is described at the top of `lua/ledger_common.lua` |
+//! | `mg:{acct}:ids` | sorted set of the requests the ledger tracks: a live hold's expiry (µs, positive); minus the instant a settled or lapsed id is forgotten |
+//! | `mg:{acct}:gen`, `mg:{acct}:genexp` | generation records: hash id → record JSON; sorted set id → expiry (µs), which is also their order; past the account's cap hidden at once, removed when the account is next tidied |
+//! | `mg:{acct}:topup:<idempotency key>` (`topup:~<32 hex>` for a top-up without one) | hash `amount`, `purchased`, `balance` (after that top-up), `forget_at` (µs) |
+//! | `mg:{apps%3A<scope>}:d`, `:w`, `:m` | app usage in the current day, week, month (`*` the gateway, or an account): `s` the period's start, `n` rows, `r␟app␟model` requests, `t␟app␟model` tokens, `a␟app` details; emptied when the period rolls forward, expiring at its end |
+//! | `mg:{scope}:c:w:<name>` (hash: window start → count), `c:r:<name>`, `c:g:<name>` (+ `:aux`) | fixed or calendar, rolling, GCRA counters |
+//! | `mg:{scope}:s:<name>` | an in-flight slot set (holder → lease end) |
+//! | `mg:{r%3A<collection>}:values`, `revs`, `order`, `seq`, `exp` | records, revisions, creation order, the sequence, and the expiries (id → µs) of records with a lifetime; when every record has one, the five keys expire with the longest-lived (plus [`expiry_slack`](RedisStoreConfig::expiry_slack)) |
+//!
+//! The account's hash and `ids` never expire (they hold money); the record
+//! keys live as long as their longest-kept record.
+//!
+//! One ledger call (`ledger_write.lua`: settlements, renewals, then
+//! optionally an admission) reads the account's hash with one `HMGET` and
+//! writes it with one `HSET`, adds to `ids` with one `ZADD` and writes its
+//! records with one `HSET` and one `ZADD`: about 7 commands with the
+//! counters it checks, however many settlements ride along. Values are
+//! packed a few to a field because what a call costs Redis is mostly
+//! moving values between Lua and Redis and making Lua strings; sums are
+//! added as Lua numbers while both have at most 15 digits, else as
+//! two-part base-10⁹ integers. Holds lapse once `next` (in `s`) has passed;
+//! settled and lapsed ids whose time is up count as gone at once and are
+//! removed a minute later (`FORGOTTEN_KEPT_US`, so a clock that steps back
+//! finds what it found before), at most ten times a second, with the
+//! records past their time or cap: removing them late changes no answer.
+//! A call writes nothing until it ends, so one that fails part way leaves
+//! no half-written hold. [`MemoryStore`](super::MemoryStore) follows the
+//! same rules, so the two answer alike (the conformance suite's
+//! `ledger_answers_exactly_as_memory_does`, on Redis and on SQLite).
+//!
+//! [`LedgerStore::top_up`] credits through
+//! [`top_up_once`](LedgerStore::top_up_once)'s step under a random key of
+//! its own, so a resent top-up cannot credit twice.
+//!
+//! # Scripts
+//!
+//! `lua/`, one library built by the `library!` macro below: the shared
+//! parts once, then each operation's file as the body of its function
+//! (`KEYS` and `ARGV` set for the shared parts too), so every body sees
+//! every shared part. The library's own locals (`KEYS`, `ARGV`, the ledger
+//! call's state `C`) outlive a call, so a function sets those it reads
+//! before anything else (`ledger_begin`).
+//!
+//! - Shared: `int.lua` (`int`: integers as decimal text, `%d`, exact below
+//!   2^63, never Lua's default formatting), `time.lua` (the instant and
+//!   the UTC calendar), `counters.lua` (every counter kind),
+//!   `ledger_common.lua` (layout 3, the call's state, holds, lapses,
+//!   usage, tidying, exact big integers: `big`, `big_add`, `signed_add`,
+//!   …), `records_common.lua` (removing expired records, the collection's
+//!   key lifetime).
+//! - Operations: `check_and_add.lua`, `acquire_slot.lua`,
+//!   `ledger_write.lua` (settlements with their generation records, then
+//!   optionally an admission: counters and a hold), `key_usage.lua`,
+//!   `top_up.lua` (Redis's 64-bit `HINCRBY`), `generations.lua` (a record
+//!   by id, or the newest), `app_usage_add.lua`, `app_usage_read.lua`, the
+//!   record scripts `get_record.lua`, `put_record.lua` (the cap counted
+//!   after the expired records are removed, in the same run),
+//!   `delete_record.lua`, `list_records.lua`, and the migration from
+//!   layouts 1 and 2, `migrate_key.lua` ([`RedisStore::move_key_ledger`])
+//!   and `migrate_account.lua` ([`RedisStore::finish_account_ledger`]).
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};

@@ -17,6 +17,16 @@
 //! on disk before its callers hear of it, at the cost of a sync per
 //! transaction.
 //!
+//! `ledger.rs`, `counters.rs` and `records.rs` each own their tables and
+//! make their decisions with `MemoryStore`'s own functions wherever those
+//! are pure, so the stores answer alike; what is forgotten is deleted as
+//! the other stores do. The schema's version is `PRAGMA user_version`
+//! ([`SQLITE_SCHEMA_VERSION`]): an older file is migrated when opened, a
+//! newer one refused. The file is created readable by its owner alone
+//! (0600; SQLite gives its `-wal` and `-shm` the same): it holds key
+//! hashes, balances and accounts' provider keys. Reservation ids begin
+//! with their millisecond, so the ledger's indexes grow at one end.
+//!
 //! ```
 //! use modelgate::store::{LedgerStore, SqliteStore, SqliteStoreConfig};
 //!
