@@ -98,4 +98,6 @@ pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use layer::BearerAuthLayer;
 pub use principal::Principal;
 pub use service::BearerAuth;
+#[cfg(test)]
+pub(crate) use service::API_PATHS;
 pub(crate) use service::{expired_key, leaked_key};

@@ -131,19 +131,26 @@ pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
             .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
 }
 
-/// `segments` in lower case, borrowed where they already are: route
-/// matching compares fixed segments in any case.
-pub(crate) fn lowercase_segments<'a>(segments: &'a [Cow<'_, str>]) -> Vec<Cow<'a, str>> {
-    segments
-        .iter()
-        .map(|segment| {
-            if segment.bytes().any(|byte| byte.is_ascii_uppercase()) {
-                Cow::Owned(segment.to_ascii_lowercase())
-            } else {
-                Cow::Borrowed(segment.as_ref())
-            }
-        })
-        .collect()
+/// The parameters of `segments` (a path's [normalized
+/// segments](normalized_segments)) when they match `pattern`, a path such
+/// as `/api/v1/keys/{hash}`: each `{name}` takes one segment, as it is;
+/// every other segment must be the same in any case. `None` when they do
+/// not match.
+pub(crate) fn pattern_params<'s>(
+    pattern: &str,
+    segments: &'s [Cow<'_, str>],
+) -> Option<Vec<&'s str>> {
+    let mut params = Vec::new();
+    let mut pattern_segments = pattern.split('/').filter(|segment| !segment.is_empty());
+    for segment in segments {
+        let expected = pattern_segments.next()?;
+        if expected.starts_with('{') && expected.ends_with('}') {
+            params.push(segment.as_ref());
+        } else if !segment.eq_ignore_ascii_case(expected) {
+            return None;
+        }
+    }
+    pattern_segments.next().is_none().then_some(params)
 }
 
 fn normalize_segments<'text, 'out>(

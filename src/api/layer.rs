@@ -1,4 +1,3 @@
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tower_layer::Layer;
@@ -9,9 +8,9 @@ use crate::rate_limit::RateRule;
 use crate::usage::AppRanking;
 
 use super::management_rate::{ManagementRate, DEFAULT_MANAGEMENT_RATE};
-
-use super::{ByokDirectory, KeyDirectory, KeyRoutes};
+use super::KeyRoutes;
 use crate::free_quota::FreeQuotaRules;
+use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory};
 
 /// Applies [`KeyRoutes`] to a service: answers the key management API and
 /// the key, credits and balance queries; passes every other request on.
@@ -35,50 +34,6 @@ pub(crate) struct KeyRoutesConfig {
     pub(crate) approval_rules: ApprovalRules,
     /// `None`: management calls are not rated.
     pub(crate) management_rate: Option<ManagementRate>,
-}
-
-/// The providers an account may set its own key for through
-/// [`KeyRoutes`](super::KeyRoutes), and whose stored key
-/// [`CreditGuard`](crate::credit::CreditGuard) may use: only those the
-/// service below sends such a key to *instead of* the gateway's own
-/// credential, since a key that is never sent, or sent beside the
-/// gateway's, would still make the account's requests BYOK, unpaid.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ByokProviders {
-    /// Any provider: the service below sends each request's
-    /// [`ByokCredential`](super::ByokCredential) to its provider in place
-    /// of its own credential (the default, for a stack built with the
-    /// library).
-    #[default]
-    Any,
-    /// The proxy's `providers` section: keys are taken for the providers in
-    /// `byok` (lower case; those with `"byok": true`); the ones in `others`
-    /// are configured but keep the gateway's credential (422
-    /// `byok_not_allowed`); any other name is no provider of the gateway
-    /// (400 `unknown_provider`).
-    Configured {
-        /// The providers that take an account's key, lower case.
-        byok: BTreeSet<String>,
-        /// The providers that do not, lower case.
-        others: BTreeSet<String>,
-    },
-    /// None: every request goes to one upstream with the gateway's own key.
-    SingleUpstream,
-}
-
-impl ByokProviders {
-    /// Whether an account's key for `provider` (any case) is sent in place
-    /// of the gateway's credential, so a request with it may be BYOK.
-    pub fn accepts(&self, provider: &str) -> bool {
-        match self {
-            ByokProviders::Any => true,
-            ByokProviders::Configured { byok, .. } => {
-                byok.contains(provider.to_ascii_lowercase().as_str())
-            }
-            ByokProviders::SingleUpstream => false,
-        }
-    }
 }
 
 impl KeyRoutesLayer {
