@@ -21,7 +21,7 @@
 //! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
 //! | `GET /api/v1/accounts?offset=` | management key | `{"data": [{…}, …]}`: every account for the operator, its own for an account's key |
 //! | `GET /api/v1/accounts/{id}` | operator, or that account's management key | `{"data": {…, is_free_tier, free_model_daily_requests}}` |
-//! | `POST /api/v1/accounts/{id}/credits` `{amount}`, header `Idempotency-Key?` | operator | `{"data": {account, total_credits, total_usage, balance}}`; with a key, once per key ([`input::idempotency_key`](crate::keys::input::idempotency_key), [`LedgerStore::top_up_once`](crate::store::LedgerStore::top_up_once)): a retry answers the same, another amount is 422 |
+//! | `POST /api/v1/accounts/{id}/credits` `{amount}`, header `Idempotency-Key?` | operator | `{"data": {account, total_credits, total_usage, balance}}`; with a key, once per key ([`input::idempotency_key`], [`LedgerStore::top_up_once`](crate::store::LedgerStore::top_up_once)): a retry answers the same, another amount is 422 |
 //! | `GET /api/v1/accounts/{id}/byok` | operator, or a key of that account | `{"data": [{provider, hint, created_at, updated_at}, …]}` |
 //! | `PUT /api/v1/accounts/{id}/byok/{provider}` `{key}` | operator, or that account's management key | `{"data": {provider, hint, created_at, updated_at}}`, never the key |
 //! | `DELETE /api/v1/accounts/{id}/byok/{provider}` | operator, or that account's management key | `{"deleted": true}`, or 404 |
@@ -41,30 +41,29 @@
 //! is credited or stored for a mistyped id.
 //!
 //! There are two kinds of management key. The **operator's** (the proxy's
-//! `MODELGATE_ADMIN_KEY`, or one made with [`KeyDirectory::create_key`](crate::keys::KeyDirectory::create_key))
+//! `MODELGATE_ADMIN_KEY`, or one made with [`KeyDirectory::create_key`])
 //! manages every account: it creates and tops up accounts and creates an
 //! account's management key (`"management": true` with `"account"`). It
-//! belongs to no tenant account: it is recorded on [`OPERATOR_ACCOUNT`](crate::keys::OPERATOR_ACCOUNT),
-//! an id no account can take, so only an operator's key lists, reads,
-//! changes or reports it ([`KeyDirectory::move_operator_keys`](crate::keys::KeyDirectory::move_operator_keys) moves those
-//! an older store keeps on `default`). An
-//! **account's** management key manages that account only: its keys
-//! (created in it whatever `account` says, else 403 `other_account`), its
-//! provider keys, its balance and usage; another account's keys are 404
-//! to it, and what only the operator does is 403 `operator_only`. Neither
-//! kind can call models. Inference keys read only themselves. Every key
-//! listed says whether it is the `current` one, the calling key, which
-//! cannot disable, delete or report itself (409 `own_key`: whoever uses it
-//! would be locked out; rotate instead).
+//! belongs to no tenant account: it is recorded on [`OPERATOR_ACCOUNT`], an
+//! id no account can take, so only an operator's key lists, reads, changes
+//! or reports it ([`KeyDirectory::move_operator_keys`] moves those an older
+//! store keeps on `default`). An **account's** management key manages that
+//! account only: its keys (created in it whatever `account` says, else 403
+//! `other_account`), its provider keys, its balance and usage; another
+//! account's keys are 404 to it, and what only the operator does is 403
+//! `operator_only`. Neither kind can call models. Inference keys read only
+//! themselves. Every key listed says whether it is the `current` one, the
+//! calling key, which cannot disable, delete or report itself (409
+//! `own_key`: whoever uses it would be locked out; rotate instead).
 //!
 //! The BYOK routes keep an account's own provider keys in a
-//! [`ByokDirectory`](crate::keys::ByokDirectory); once set, a key is never answered again, only its
-//! hint (`sk-…abcd`). [`CreditGuardLayer::byok_directory`](crate::credit::CreditGuardLayer::byok_directory)
-//! makes the account's requests to that provider BYOK and hands the key to
-//! the upstream client as a [`ByokCredential`](crate::keys::ByokCredential). A key is accepted only for
-//! the providers [`KeyRoutesLayer::byok_providers`] names (any, by
-//! default): those the service below really sends it to in place of its
-//! own credential (the proxy: those with `"byok": true`).
+//! [`ByokDirectory`]; once set, a key is never answered again, only its
+//! hint (`sk-…abcd`). [`CreditGuardLayer::byok_directory`] makes the
+//! account's requests to that provider BYOK and hands the key to the
+//! upstream client as a [`ByokCredential`]. A key is accepted only for the
+//! providers [`KeyRoutesLayer::byok_providers`] names (any, by default):
+//! those the service below really sends it to in place of its own
+//! credential (the proxy: those with `"byok": true`).
 //!
 //! Every request an account's management key makes to these routes counts
 //! against its account's management rate, decided in the store so it
@@ -83,7 +82,16 @@
 //! within the directory's cache time (default 1 s) everywhere else. A key
 //! reported leaked is refused at once everywhere: it is revoked in the
 //! ledger, which every chat admission reads, and the other routes read a
-//! live key afresh ([`KeyDirectory::lookup_live`](crate::keys::KeyDirectory::lookup_live)).
+//! live key afresh ([`KeyDirectory::lookup_live`]).
+//!
+//! [`KeyDirectory::create_key`]: crate::keys::KeyDirectory::create_key
+//! [`OPERATOR_ACCOUNT`]: crate::keys::OPERATOR_ACCOUNT
+//! [`KeyDirectory::move_operator_keys`]: crate::keys::KeyDirectory::move_operator_keys
+//! [`ByokDirectory`]: crate::keys::ByokDirectory
+//! [`ByokCredential`]: crate::keys::ByokCredential
+//! [`KeyDirectory::lookup_live`]: crate::keys::KeyDirectory::lookup_live
+//! [`CreditGuardLayer::byok_directory`]: crate::credit::CreditGuardLayer::byok_directory
+//! [`input::idempotency_key`]: crate::keys::input::idempotency_key
 //!
 //! The layers go `BearerAuth -> BodyLimit -> KeyRoutes -> …`:
 //!

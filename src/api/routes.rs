@@ -26,7 +26,8 @@ pub(crate) enum Caller {
     /// Any key: the route answers about the calling key or its account.
     AnyKey,
     /// The operator's key, or any key of the account the path names
-    /// (`{id}`).
+    /// (`{id}`). Its refusal names its one route's action, listing the
+    /// account's provider keys.
     AccountKey,
     /// Any management key: the operator's for every account, an account's
     /// for its own (the handler keeps it there).

@@ -360,7 +360,57 @@ mod tests {
         assert_eq!(response.headers()["x-model"], "a/b");
     }
 
+    #[test]
+    fn a_pattern_matches_its_segments_in_any_case_and_takes_its_parameters_as_sent() {
+        let params = |pattern: &str, path: &str| {
+            let segments = super::normalized_segments(path);
+            super::pattern_params(pattern, &segments).map(|params| {
+                params
+                    .iter()
+                    .map(|param| param.to_string())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let pattern = "/api/v1/accounts/{id}/byok/{provider}";
+        assert_eq!(
+            params(pattern, "/API/v1/Accounts/Team-A/byok/OpenAI"),
+            Some(vec!["Team-A".to_owned(), "OpenAI".to_owned()])
+        );
+        assert_eq!(params(pattern, "/api/v1/accounts/a/byok"), None);
+        assert_eq!(params(pattern, "/api/v1/accounts/a/byok/b/c"), None);
+        assert_eq!(params(pattern, "/api/v1/accounts/a/keys/b"), None);
+        assert_eq!(params("/user/balance", "/user/balance/"), Some(vec![]));
+        assert_eq!(params("/", "/"), Some(vec![]));
+        assert_eq!(params("/user", "/"), None);
+    }
+
     proptest! {
+        #[test]
+        fn a_pattern_matches_every_path_it_describes(
+            parts in proptest::collection::vec(("[a-zA-Z]{1,5}", any::<bool>()), 0..6),
+            values in proptest::collection::vec("[a-zA-Z0-9_-]{1,8}", 6),
+        ) {
+            // Each part a fixed segment or a parameter; the path spells the
+            // fixed ones in upper case and puts a value in each parameter.
+            let mut pattern = String::new();
+            let mut path = String::new();
+            let mut expected = Vec::new();
+            for (index, (name, is_param)) in parts.iter().enumerate() {
+                if *is_param {
+                    pattern.push_str(&format!("/{{{name}}}"));
+                    path.push_str(&format!("/{}", values[index]));
+                    expected.push(values[index].clone());
+                } else {
+                    pattern.push_str(&format!("/{name}"));
+                    path.push_str(&format!("/{}", name.to_ascii_uppercase()));
+                }
+            }
+            let segments = super::normalized_segments(&path);
+            let found = super::pattern_params(&pattern, &segments)
+                .map(|params| params.iter().map(|param| param.to_string()).collect::<Vec<_>>());
+            prop_assert_eq!(found, Some(expected));
+        }
+
         #[test]
         fn json_from_bytes_reads_as_from_slice_does(
             members in proptest::collection::vec(

@@ -112,8 +112,8 @@ impl KeyDirectoryBuilder {
 }
 
 /// Keys and accounts, read and written through the store, shared by
-/// [`BearerAuthLayer`](crate::auth::BearerAuthLayer) and
-/// [`KeyRoutesLayer`](super::KeyRoutesLayer).
+/// [`BearerAuthLayer`](crate::auth::BearerAuthLayer) and the JSON API's
+/// `KeyRoutesLayer`.
 ///
 /// Lookups are cached in process for
 /// [`cache_ttl`](KeyDirectoryBuilder::cache_ttl) (default 1 s). A change made through this directory (update, delete) is
