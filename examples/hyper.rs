@@ -15,12 +15,13 @@ use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
+use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer, Principal};
 use modelgate::body::{BodyLimitLayer, DrainUnreadLayer};
 use modelgate::client_addr::ClientAddr;
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::in_flight::InFlightLimitLayer;
-use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::MemoryStore;
 use tower::{service_fn, ServiceBuilder};
 

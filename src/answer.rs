@@ -44,7 +44,7 @@ impl Answer {
 }
 
 pin_project! {
-    /// Response future of [`KeyRoutes`](crate::keys::KeyRoutes) and
+    /// Response future of the JSON API's `KeyRoutes` and
     /// [`WebhookSecret`](crate::webhook::WebhookSecret).
     pub struct AnswerFuture<S, B>
     where

@@ -176,7 +176,7 @@ pub enum LimitSource {
     /// 429: the upstream's own rate limit, passed on.
     Upstream,
     /// 429: the rate of an account's management calls
-    /// ([`KeyRoutes`](crate::keys::KeyRoutes) with a management key).
+    /// (the JSON API's `KeyRoutes`, with a management key).
     ManagementRate,
 }
 

@@ -36,9 +36,10 @@
 //!   `mg-v1-` key format and its hash; the caller's [`auth::Principal`];
 //!   the per-address limit on failed authentications
 //!   ([`auth::AuthFailures`]).
-//! - [`keys`]: key and account records, the key management API, the
-//!   accounts' own provider keys (BYOK), and the key, credits and balance
-//!   queries (`KeyRoutes`).
+//! - [`keys`]: key and account records, their directory, and the
+//!   accounts' own provider keys (BYOK).
+//! - [`api`]: the JSON API as one route table (`KeyRoutes`): the key
+//!   management API and the key, credits, balance and usage queries.
 //! - [`leaks`]: `LeakAlerts`, which takes GitHub's secret-scanning alerts
 //!   (`POST /api/v1/leaks`): the signature checked with GitHub's published
 //!   keys, every live key among the tokens revoked at once on every
@@ -105,6 +106,7 @@
 
 pub mod admission;
 mod answer;
+pub mod api;
 pub mod auth;
 pub mod body;
 pub mod client_addr;

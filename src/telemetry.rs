@@ -243,6 +243,7 @@ pub(crate) fn store_circuit_refusal(operation: &'static str) {
 
 /// Counts a leaked-key notice's outcome on one channel. Notices are rare,
 /// so the handle is not kept.
+#[cfg(feature = "notify")]
 pub(crate) fn notice_outcome(channel: &'static str, outcome: &'static str) {
     metrics::counter!(NOTICES_TOTAL, "channel" => channel, "outcome" => outcome).increment(1);
 }

@@ -11,9 +11,7 @@
 //!   `crate::<module>` paths (`use crate::{a, b::C}` groups included) on
 //!   lines that are not comments, up to a `#[cfg(test)] mod … {` (the unit
 //!   tests at the end of a file may use anything), and fails naming each
-//!   edge the rules do not allow, with where it occurs;
-//! - keeps [`KNOWN_VIOLATIONS`], the edges that break the rules today, and
-//!   fails when one of them no longer occurs: the list only shrinks.
+//!   edge the rules do not allow, with where it occurs.
 //!
 //! Paths through `super::` never leave a top-level module unless they climb
 //! out of it, which the code does not do; they are not read.
@@ -21,37 +19,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-
-/// Edges that break the rules today, each with why it is there. Empty it:
-/// an entry goes when its edge does (the test fails while a gone edge is
-/// still listed), and a new edge against the rules is not added here.
-const KNOWN_VIOLATIONS: &[(&str, &str, &str)] = &[
-    (
-        "keys",
-        "auth",
-        "the key format (ApiKey, KeyHash) lives in auth/key.rs, and the management API takes a Principal",
-    ),
-    (
-        "keys",
-        "oauth",
-        "KeyRoutes answers the OAuth code approval route and carries its rules",
-    ),
-    (
-        "keys",
-        "usage",
-        "KeyRoutes answers the generation and app ranking routes",
-    ),
-    (
-        "keys",
-        "free_quota",
-        "GET /api/v1/key reports the free quota rules",
-    ),
-    (
-        "keys",
-        "rate_limit",
-        "ManagementRate, the management API's own rate, reads RateRule",
-    ),
-];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -401,43 +368,12 @@ fn the_allowed_graph_has_no_cycle() {
 fn imports_follow_the_rules() {
     let modules = declared_modules();
     let rules = rules();
-    let known: BTreeSet<(&str, &str)> = KNOWN_VIOLATIONS
-        .iter()
-        .map(|(from, to, _)| (*from, *to))
-        .collect();
     let mut errors = Vec::new();
     for ((from, to), places) in real_edges(&modules) {
-        if !allows(&rules, &from, &to) && !known.contains(&(from.as_str(), to.as_str())) {
+        if !allows(&rules, &from, &to) {
             errors.push(format!(
                 "{from} uses {to}, which ARCHITECTURE.md's dependency rules do not allow: {}",
                 places.join(", ")
-            ));
-        }
-    }
-    assert!(errors.is_empty(), "{}", errors.join("\n"));
-}
-
-#[test]
-fn known_violations_are_still_real_and_still_violations() {
-    let modules = declared_modules();
-    let rules = rules();
-    let edges = real_edges(&modules);
-    let mut errors = Vec::new();
-    let mut seen = BTreeSet::new();
-    for (from, to, _why) in KNOWN_VIOLATIONS {
-        if !seen.insert((from, to)) {
-            errors.push(format!(
-                "{from} -> {to} is listed twice in KNOWN_VIOLATIONS"
-            ));
-        }
-        if allows(&rules, from, to) {
-            errors.push(format!(
-                "{from} -> {to} is allowed by the rules: remove it from KNOWN_VIOLATIONS"
-            ));
-        }
-        if !edges.contains_key(&(from.to_string(), to.to_string())) {
-            errors.push(format!(
-                "{from} no longer uses {to}: remove it from KNOWN_VIOLATIONS"
             ));
         }
     }

@@ -19,12 +19,13 @@ use common::http_server::serve;
 use common::redis_server::RedisServer;
 use http::{Request, Response};
 use http_body_util::Full;
+use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::BearerAuthLayer;
 use modelgate::body::{BodyLimitLayer, ChatRequest};
 use modelgate::clock::ManualClock;
 use modelgate::credit::{CreditGuardLayer, PendingSettlements, PriceTable};
 use modelgate::keys::{
-    ByokCredential, ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore,
+    ByokCredential, ByokDirectory, ByokProviders, KeyDirectory, NewKey, SharedStore,
 };
 use modelgate::store::{
     byok_keys, FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource,

@@ -21,13 +21,14 @@ use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use modelgate::admission::AdmissionLayers;
+use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::BearerAuthLayer;
 use modelgate::body::{BodyLimitLayer, ChatRequest, MessageContent};
 use modelgate::clock::{Clock, ManualClock};
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeModelQuotaLayer;
-use modelgate::keys::{ByokDirectory, KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{
     FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,

@@ -15,12 +15,13 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use http::Request;
+use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::{looks_like_key, ApiKey, BearerAuthLayer, KeyHash, Principal};
 use modelgate::body::BodyLimitLayer;
 use modelgate::clock::{Clock, ManualClock};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeQuotaRules;
-use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{
     AccountBalance, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
     Settlement, TimeSource, NANOS_PER_CREDIT,

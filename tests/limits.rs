@@ -16,12 +16,13 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::http_server::serve;
 use common::redis_server::{CommandWatch, RedisServer};
 use futures::future::join_all;
+use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::BearerAuthLayer;
 use modelgate::body::BodyLimitLayer;
 use modelgate::clock::ManualClock;
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeModelQuotaLayer;
-use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{
     FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,

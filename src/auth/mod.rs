@@ -86,7 +86,6 @@
 mod failures;
 mod future;
 mod header;
-mod key;
 mod layer;
 mod principal;
 mod service;
@@ -94,8 +93,11 @@ mod service;
 pub use failures::{AuthFailureLimit, AuthFailures};
 pub use future::ResponseFuture;
 pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTES};
-pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
+// The key format lives with the key records; BearerAuth reads it.
+pub use crate::keys::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use layer::BearerAuthLayer;
 pub use principal::Principal;
 pub use service::BearerAuth;
+#[cfg(test)]
+pub(crate) use service::API_PATHS;
 pub(crate) use service::{expired_key, leaked_key};

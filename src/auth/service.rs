@@ -9,10 +9,10 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
-use crate::body::is_chat_completions_call;
+use crate::body::{is_chat_completions_call, normalized_segments, pattern_params};
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::{KeyDirectory, KeyState, Route};
+use crate::keys::{KeyDirectory, KeyState};
 use crate::limiter::{Admission, Decision};
 use crate::response_body::ResponseBody;
 use crate::store::FailurePolicy;
@@ -26,7 +26,7 @@ const LAYER: &str = "BearerAuth";
 /// Every refusal is a 401 with its own message (missing header, wrong
 /// scheme, malformed value, unknown, deleted, expired or disabled key) and
 /// `WWW-Authenticate: Bearer`. A management key gets 403 anywhere but the
-/// routes [`KeyRoutes`](crate::keys::KeyRoutes) answers; a store that cannot
+/// routes of the JSON API (`KeyRoutes`); a store that cannot
 /// answer gives 503 (auth always fails closed). An admitted request goes on
 /// without its `Authorization` header, so the gateway key can never reach
 /// an upstream or a log of forwarded headers. See the [module docs](super)
@@ -117,7 +117,7 @@ where
         let chat = is_chat_completions_call(request.method(), path);
         // The chat path is no key route: its path is read once.
         let route = RouteKind {
-            management: !chat && Route::of(path).is_some(),
+            management: !chat && is_api_path(path),
             chat,
         };
         let directory = self.directory.clone();
@@ -163,10 +163,42 @@ fn presented_key(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
     }
 }
 
+/// The paths of the JSON API (`KeyRoutes`), the only ones a management
+/// key may use, in the route table's spelling. The table sits above this
+/// module (its handlers take a [`Principal`]), so its paths are named here
+/// too; the table's own test checks that the two agree.
+pub(crate) const API_PATHS: &[&str] = &[
+    "/api/v1/key",
+    "/api/v1/credits",
+    "/user/balance",
+    "/api/v1/generation",
+    "/api/v1/generations",
+    "/api/v1/apps",
+    "/api/v1/keys",
+    "/api/v1/keys/{hash}",
+    "/api/v1/keys/{hash}/leaked",
+    #[cfg(feature = "oauth")]
+    "/api/v1/auth/keys/code",
+    "/api/v1/accounts",
+    "/api/v1/accounts/{id}",
+    "/api/v1/accounts/{id}/credits",
+    "/api/v1/accounts/{id}/byok",
+    "/api/v1/accounts/{id}/byok/{provider}",
+];
+
+/// Whether `path` is one of [`API_PATHS`], read as every route check reads
+/// paths.
+fn is_api_path(path: &str) -> bool {
+    let segments = normalized_segments(path);
+    API_PATHS
+        .iter()
+        .any(|pattern| pattern_params(pattern, &segments).is_some())
+}
+
 /// What BearerAuth's decision depends on in the request's route.
 #[derive(Clone, Copy, Debug)]
 struct RouteKind {
-    /// One of the routes [`KeyRoutes`](crate::keys::KeyRoutes) answers, the
+    /// One of the routes of the JSON API (`KeyRoutes`), the
     /// only ones a management key may use.
     management: bool,
     /// A chat completion: its admission in the ledger refuses a revoked

@@ -49,6 +49,9 @@ mod drain;
 mod future;
 mod layer;
 mod model_id;
+// Bodies read before authentication: the endpoints that carry their own
+// credential (leak alerts, the OAuth exchange, webhook routes).
+#[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
 mod read;
 mod service;
 
@@ -68,6 +71,7 @@ pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
 pub use model_id::ModelId;
+#[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
 pub(crate) use read::{read_bounded, BodyPace, ReadError};
 pub use service::BodyLimit;
 
@@ -124,6 +128,7 @@ pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
 
 /// Whether `path`'s [normalized segments](normalized_segments) are
 /// `expected`, in any case.
+#[cfg(any(feature = "leaks", feature = "oauth"))]
 pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
     let segments = normalized_segments(path);
     segments.len() == expected.len()
@@ -133,19 +138,26 @@ pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
             .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
 }
 
-/// `segments` in lower case, borrowed where they already are: route
-/// matching compares fixed segments in any case.
-pub(crate) fn lowercase_segments<'a>(segments: &'a [Cow<'_, str>]) -> Vec<Cow<'a, str>> {
-    segments
-        .iter()
-        .map(|segment| {
-            if segment.bytes().any(|byte| byte.is_ascii_uppercase()) {
-                Cow::Owned(segment.to_ascii_lowercase())
-            } else {
-                Cow::Borrowed(segment.as_ref())
-            }
-        })
-        .collect()
+/// The parameters of `segments` (a path's [normalized
+/// segments](normalized_segments)) when they match `pattern`, a path such
+/// as `/api/v1/keys/{hash}`: each `{name}` takes one segment, as it is;
+/// every other segment must be the same in any case. `None` when they do
+/// not match.
+pub(crate) fn pattern_params<'s>(
+    pattern: &str,
+    segments: &'s [Cow<'_, str>],
+) -> Option<Vec<&'s str>> {
+    let mut params = Vec::new();
+    let mut pattern_segments = pattern.split('/').filter(|segment| !segment.is_empty());
+    for segment in segments {
+        let expected = pattern_segments.next()?;
+        if expected.starts_with('{') && expected.ends_with('}') {
+            params.push(segment.as_ref());
+        } else if !segment.eq_ignore_ascii_case(expected) {
+            return None;
+        }
+    }
+    pattern_segments.next().is_none().then_some(params)
 }
 
 fn normalize_segments<'text, 'out>(
@@ -355,7 +367,57 @@ mod tests {
         assert_eq!(response.headers()["x-model"], "a/b");
     }
 
+    #[test]
+    fn a_pattern_matches_its_segments_in_any_case_and_takes_its_parameters_as_sent() {
+        let params = |pattern: &str, path: &str| {
+            let segments = super::normalized_segments(path);
+            super::pattern_params(pattern, &segments).map(|params| {
+                params
+                    .iter()
+                    .map(|param| param.to_string())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let pattern = "/api/v1/accounts/{id}/byok/{provider}";
+        assert_eq!(
+            params(pattern, "/API/v1/Accounts/Team-A/byok/OpenAI"),
+            Some(vec!["Team-A".to_owned(), "OpenAI".to_owned()])
+        );
+        assert_eq!(params(pattern, "/api/v1/accounts/a/byok"), None);
+        assert_eq!(params(pattern, "/api/v1/accounts/a/byok/b/c"), None);
+        assert_eq!(params(pattern, "/api/v1/accounts/a/keys/b"), None);
+        assert_eq!(params("/user/balance", "/user/balance/"), Some(vec![]));
+        assert_eq!(params("/", "/"), Some(vec![]));
+        assert_eq!(params("/user", "/"), None);
+    }
+
     proptest! {
+        #[test]
+        fn a_pattern_matches_every_path_it_describes(
+            parts in proptest::collection::vec(("[a-zA-Z]{1,5}", any::<bool>()), 0..6),
+            values in proptest::collection::vec("[a-zA-Z0-9_-]{1,8}", 6),
+        ) {
+            // Each part a fixed segment or a parameter; the path spells the
+            // fixed ones in upper case and puts a value in each parameter.
+            let mut pattern = String::new();
+            let mut path = String::new();
+            let mut expected = Vec::new();
+            for (index, (name, is_param)) in parts.iter().enumerate() {
+                if *is_param {
+                    pattern.push_str(&format!("/{{{name}}}"));
+                    path.push_str(&format!("/{}", values[index]));
+                    expected.push(values[index].clone());
+                } else {
+                    pattern.push_str(&format!("/{name}"));
+                    path.push_str(&format!("/{}", name.to_ascii_uppercase()));
+                }
+            }
+            let segments = super::normalized_segments(&path);
+            let found = super::pattern_params(&pattern, &segments)
+                .map(|params| params.iter().map(|param| param.to_string()).collect::<Vec<_>>());
+            prop_assert_eq!(found, Some(expected));
+        }
+
         #[test]
         fn json_from_bytes_reads_as_from_slice_does(
             members in proptest::collection::vec(

@@ -189,7 +189,7 @@ impl CreditGuardLayer {
     /// own usage, with no credential, when failing open.
     ///
     /// Give it a clone of the directory
-    /// [`KeyRoutesLayer::byok_directory`](crate::keys::KeyRoutesLayer::byok_directory)
+    /// [`KeyRoutesLayer::byok_directory`](crate::api::KeyRoutesLayer::byok_directory)
     /// serves, so changes made there are seen here at once.
     pub fn byok_directory(mut self, directory: ByokDirectory) -> Self {
         Arc::make_mut(&mut self.config).byok_directory = Some(directory);
@@ -199,7 +199,7 @@ impl CreditGuardLayer {
     /// Looks up an account's key only for `providers`: a key stored for
     /// any other (set before the configuration changed) is not used, and
     /// the request is charged as the account's own usage. Give it what
-    /// [`KeyRoutesLayer::byok_providers`](crate::keys::KeyRoutesLayer::byok_providers)
+    /// [`KeyRoutesLayer::byok_providers`](crate::api::KeyRoutesLayer::byok_providers)
     /// is given. Default: [`ByokProviders::Any`].
     pub fn byok_providers(mut self, providers: ByokProviders) -> Self {
         Arc::make_mut(&mut self.config).byok_providers = providers;

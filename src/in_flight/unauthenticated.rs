@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+#[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
 use crate::body::BodyPace;
 use crate::client_addr::address_group;
 use crate::error::{ErrorKind, GatewayError};
@@ -81,6 +82,7 @@ impl UnauthenticatedLimits {
     }
 
     /// The pace a body must keep.
+    #[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
     pub(crate) fn body_pace(&self) -> BodyPace {
         BodyPace {
             min_bytes_per_second: self.min_body_bytes_per_second,
@@ -140,6 +142,7 @@ impl UnauthenticatedPlaces {
 
     /// The body of `request`, at most `max_bytes` within `timeout` and at
     /// this endpoint's pace (read while holding a place).
+    #[cfg(any(feature = "leaks", feature = "oauth"))]
     pub(crate) async fn read_body<B>(
         &self,
         request: http::Request<B>,
@@ -156,6 +159,7 @@ impl UnauthenticatedPlaces {
 
     /// The 408 `slow_body` for `what` (such as `the alert's body`), which
     /// did not arrive within `timeout` at this endpoint's pace.
+    #[cfg(any(feature = "leaks", feature = "oauth"))]
     pub(crate) fn slow_body(&self, what: &str, timeout: Duration) -> GatewayError {
         GatewayError::new(
             ErrorKind::RequestTimeout,

@@ -6,6 +6,7 @@
 //! [`ByokCredential`] for the upstream client; everything shown to people
 //! (the management API, `Debug`) carries a masked [`hint`] at most.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,9 +232,53 @@ impl ByokDirectoryBuilder {
     }
 }
 
+/// The providers an account may set its own key for through the JSON
+/// API (`KeyRoutes`), and whose stored key
+/// [`CreditGuard`](crate::credit::CreditGuard) may use: only those the
+/// service below sends such a key to *instead of* the gateway's own
+/// credential, since a key that is never sent, or sent beside the
+/// gateway's, would still make the account's requests BYOK, unpaid.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ByokProviders {
+    /// Any provider: the service below sends each request's
+    /// [`ByokCredential`] to its provider in place
+    /// of its own credential (the default, for a stack built with the
+    /// library).
+    #[default]
+    Any,
+    /// The proxy's `providers` section: keys are taken for the providers in
+    /// `byok` (lower case; those with `"byok": true`); the ones in `others`
+    /// are configured but keep the gateway's credential (422
+    /// `byok_not_allowed`); any other name is no provider of the gateway
+    /// (400 `unknown_provider`).
+    Configured {
+        /// The providers that take an account's key, lower case.
+        byok: BTreeSet<String>,
+        /// The providers that do not, lower case.
+        others: BTreeSet<String>,
+    },
+    /// None: every request goes to one upstream with the gateway's own key.
+    SingleUpstream,
+}
+
+impl ByokProviders {
+    /// Whether an account's key for `provider` (any case) is sent in place
+    /// of the gateway's credential, so a request with it may be BYOK.
+    pub fn accepts(&self, provider: &str) -> bool {
+        match self {
+            ByokProviders::Any => true,
+            ByokProviders::Configured { byok, .. } => {
+                byok.contains(provider.to_ascii_lowercase().as_str())
+            }
+            ByokProviders::SingleUpstream => false,
+        }
+    }
+}
+
 /// The provider keys accounts bring themselves, per account and provider,
 /// read and written through the store; shared by
-/// [`KeyRoutesLayer`](super::KeyRoutesLayer) (which sets, lists and
+/// the JSON API's `KeyRoutesLayer` (which sets, lists and
 /// deletes them) and [`CreditGuardLayer`](crate::credit::CreditGuardLayer)
 /// (which looks them up for each chat request).
 ///

@@ -9,12 +9,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::key::{ApiKey, KeyHash};
 use super::lookup_cache::LookupCache;
 use super::record::{
     is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
     NewKey, DELETED_KEYS, OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
 };
-use crate::auth::{ApiKey, KeyHash};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{
     AccountBalance, Expect, KeyTerms, RecordStoreExt, SharedStore, StoreError, TopUpOutcome,
@@ -109,8 +109,8 @@ impl KeyDirectoryBuilder {
 }
 
 /// Keys and accounts, read and written through the store, shared by
-/// [`BearerAuthLayer`](crate::auth::BearerAuthLayer) and
-/// [`KeyRoutesLayer`](super::KeyRoutesLayer).
+/// [`BearerAuthLayer`](crate::auth::BearerAuthLayer) and the JSON API's
+/// `KeyRoutesLayer`.
 ///
 /// Lookups are cached in process for
 /// [`cache_ttl`](KeyDirectoryBuilder::cache_ttl) (default 1 s). A change made through this directory (update, delete) is

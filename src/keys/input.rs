@@ -486,6 +486,17 @@ pub(crate) fn expiry(
     Ok(Some(expires_at))
 }
 
+/// 422: a key for an account that does not exist. Accounts are made by
+/// `POST /api/v1/accounts`; only `default` exists without it.
+pub(crate) fn unknown_account(account: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::InvalidParameter,
+        format!("there is no account {account}; create it first with POST /api/v1/accounts"),
+    )
+    .with_metadata("param", "account")
+    .with_metadata("reason", "unknown_account")
+}
+
 /// 422: a field's value is of the wrong type or out of range.
 pub(crate) fn invalid(field: &str, problem: &str) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidParameter, format!("`{field}` {problem}"))

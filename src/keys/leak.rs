@@ -1,24 +1,36 @@
 //! Reporting a leaked key: revoked and disabled at once, its owner told.
 
 use super::directory::{KeyDirectory, LeakOutcome};
+use super::key::KeyHash;
 use super::record::LeakReport;
-use crate::auth::KeyHash;
-use crate::notify::{LeakNotice, Notifier};
 use crate::store::StoreError;
 
 /// The token type a report made through the API names.
 pub(crate) const MODELGATE_TOKEN_TYPE: &str = "modelgate_api_key";
 
-/// How much of a key's hash a notice shows: enough to tell keys apart,
-/// nothing that helps find the key.
-const HASH_PREFIX_CHARS: usize = 12;
+/// Who is told of a leaked key: the notices' sender.
+#[cfg(feature = "notify")]
+pub(crate) type LeakNotifier = crate::notify::Notifier;
+
+/// Who is told of a leaked key: nobody, in a build without notices.
+#[cfg(not(feature = "notify"))]
+#[derive(Clone, Debug)]
+pub(crate) struct LeakNotifier;
+
+#[cfg(not(feature = "notify"))]
+impl LeakNotifier {
+    /// Tells nobody.
+    pub(crate) fn disabled() -> Self {
+        LeakNotifier
+    }
+}
 
 /// Revokes and disables the key `hash`
 /// ([`KeyDirectory::report_leak`]); on its first report, tells its owner
 /// through `notifier` in the background (never waited for).
 pub(crate) async fn report_leak(
     directory: &KeyDirectory,
-    notifier: &Notifier,
+    notifier: &LeakNotifier,
     hash: &KeyHash,
     report: &LeakReport,
     token_type: &str,
@@ -28,6 +40,26 @@ pub(crate) async fn report_leak(
         record,
         first: true,
     } = &outcome
+    {
+        tell_owner(directory, notifier, record, report, token_type).await;
+    }
+    Ok(outcome)
+}
+
+/// How much of a key's hash a notice shows: enough to tell keys apart,
+/// nothing that helps find the key.
+#[cfg(feature = "notify")]
+const HASH_PREFIX_CHARS: usize = 12;
+
+/// Sends the notice of a key's first leak report, in the background.
+#[cfg(feature = "notify")]
+async fn tell_owner(
+    directory: &KeyDirectory,
+    notifier: &LeakNotifier,
+    record: &super::KeyRecord,
+    report: &LeakReport,
+    token_type: &str,
+) {
     {
         // Without the owner's address the webhook is still sent.
         let email = match directory.account(&record.account).await {
@@ -41,7 +73,7 @@ pub(crate) async fn report_leak(
                 None
             }
         };
-        notifier.leak_detected(LeakNotice {
+        notifier.leak_detected(crate::notify::LeakNotice {
             account: record.account.clone(),
             email,
             key_name: record.name.clone(),
@@ -53,5 +85,15 @@ pub(crate) async fn report_leak(
             reported_by: report.reported_by.clone(),
         });
     }
-    Ok(outcome)
+}
+
+/// Tells nobody: a build without notices.
+#[cfg(not(feature = "notify"))]
+async fn tell_owner(
+    _: &KeyDirectory,
+    _: &LeakNotifier,
+    _: &super::KeyRecord,
+    _: &LeakReport,
+    _: &str,
+) {
 }

@@ -54,6 +54,7 @@ impl LeakAlertsLayer {
     }
 
     /// A layer that passes every request on: no alerts are taken.
+    #[cfg(feature = "proxy")]
     pub(crate) fn off() -> Self {
         LeakAlertsLayer { config: None }
     }

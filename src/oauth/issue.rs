@@ -1,6 +1,6 @@
 //! `POST /api/v1/auth/keys/code`: a management key approves an app, and
 //! gets the code the consent page hands the app. Answered by
-//! [`KeyRoutes`](crate::keys::KeyRoutes), behind BearerAuth.
+//! the JSON API's `KeyRoutes`, behind BearerAuth.
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use super::pkce::PlainPkce;
 use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::input::invalid;
+use crate::keys::input::{invalid, unknown_account};
 use crate::keys::KeyDirectory;
 use crate::store::FailurePolicy;
 
@@ -52,7 +52,7 @@ pub(crate) async fn issue_code(
     // The operator may name any account, but only one that exists: a
     // mistyped id must not make an empty account with an app key in it.
     if principal.operator && !directory.account_exists(&account).await.map_err(refuse)? {
-        return Err(crate::keys::unknown_account(&account));
+        return Err(unknown_account(&account));
     }
     let approval = Approval {
         key_name: app_key_name(request.key_label.as_deref(), request.callback_url.host()),

@@ -20,7 +20,7 @@
 //! | method and path | who | answer |
 //! |---|---|---|
 //! | `GET /auth?callback_url=&code_challenge=&code_challenge_method=` | a person's browser | the consent page (`SettingsPage`) |
-//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key (behind BearerAuth, answered by [`KeyRoutes`](crate::keys::KeyRoutes)) | 201 `{"data": {"id": "<code>", "created_at", "expires_at"}}` |
+//! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key (behind BearerAuth, answered by the JSON API's `KeyRoutes`) | 201 `{"data": {"id": "<code>", "created_at", "expires_at"}}` |
 //! | `POST /api/v1/auth/keys` `{code, code_verifier, code_challenge_method?}` | anyone holding a code and its verifier ([`CodeExchange`], before BearerAuth) | 200 `{"key": "<plaintext, shown once>", "user_id": "<account>"}` |
 //!
 //! **Approving** (`…/code`): `callback_url` must be `https://`, or
@@ -29,7 +29,7 @@
 //! RFC 7636 reads as `plain`), is 400 (`plain_pkce_refused`,
 //! `pkce_method_required`), since with `plain` the verifier itself
 //! travels in the consent page's URL, unless the operator allows it
-//! ([`KeyRoutesLayer::plain_pkce`](crate::keys::KeyRoutesLayer::plain_pkce));
+//! (`KeyRoutesLayer::plain_pkce`);
 //! the consent page sends the method the app named;
 //! `limit`, `limit_reset` and `expires_at` read as in
 //! `POST /api/v1/keys`; `key_label` names the key (default: the callback
@@ -39,7 +39,7 @@
 //! `other_account`). An inference key gets 403. Nothing is created in the
 //! account yet. One account has at most
 //! [`DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT`] (100) codes waiting for their
-//! exchange ([`KeyRoutesLayer::max_pending_codes_per_account`](crate::keys::KeyRoutesLayer::max_pending_codes_per_account));
+//! exchange (`KeyRoutesLayer::max_pending_codes_per_account`);
 //! past it an approval is 429 `too_many_pending_codes_for_account` with
 //! `Retry-After` (until its oldest code expires), so one account cannot
 //! take the gateway-wide [`MAX_PENDING_CODES`] from the others.
@@ -81,7 +81,8 @@
 //! use http_body_util::{BodyExt, Full};
 //! use modelgate::auth::BearerAuthLayer;
 //! use modelgate::body::BodyLimitLayer;
-//! use modelgate::keys::{KeyDirectory, KeyRoutesLayer, NewKey, SharedStore};
+//! use modelgate::api::KeyRoutesLayer;
+//! use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 //! use modelgate::oauth::{s256_challenge, CodeExchangeLayer};
 //! use modelgate::store::MemoryStore;
 //! use serde_json::{json, Value};

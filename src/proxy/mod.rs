@@ -24,7 +24,7 @@
 //! has its own bounds (`unauthenticated`, [`UnauthenticatedLimits`]).
 //!
 //! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
-//! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
+//! answered by [`KeyRoutes`](crate::api::KeyRoutes); anything else is a
 //! canonical 404, so no other spelling of a model endpoint slips past the
 //! limits.
 //!
@@ -88,6 +88,7 @@ pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError, DEFAULT_CREDENTIAL_HEADERS};
 
 use crate::admission::AdmissionLayers;
+use crate::api::KeyRoutesLayer;
 use crate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer};
 use crate::body::{BodyLimitLayer, DrainUnreadLayer};
 use crate::client_addr::{ClientAddrLayer, TrustedProxies};
@@ -97,7 +98,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
 use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
 use crate::in_flight::{InFlightLimitLayer, UnauthenticatedLimits};
-use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, KeyRoutesLayer, SharedStore};
+use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, SharedStore};
 use crate::leaks::{LeakAlertsLayer, ScanningKeys};
 use crate::notify::{EmailSettings, Notifier, WebhookSettings};
 use crate::oauth::CodeExchangeLayer;
@@ -749,7 +750,7 @@ impl GatewayConfig {
     /// absent.
     fn management_rate_rule(&self) -> Result<RateRule, ConfigError> {
         let Some(rule) = self.management_rate else {
-            return Ok(crate::keys::DEFAULT_MANAGEMENT_RATE);
+            return Ok(crate::api::DEFAULT_MANAGEMENT_RATE);
         };
         RateLimitRules {
             account: Some(rule),

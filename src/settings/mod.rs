@@ -87,7 +87,7 @@
 //!
 //! In an axum application the layer goes on the router; the page then
 //! calls that application's `/api/v1` routes, so the key routes
-//! ([`KeyRoutesLayer`](crate::keys::KeyRoutesLayer) behind
+//! ([`KeyRoutesLayer`](crate::api::KeyRoutesLayer) behind
 //! [`BearerAuthLayer`](crate::auth::BearerAuthLayer)) must be served there
 //! too:
 //!

@@ -340,6 +340,7 @@ mod tests {
                     super::$check(crate::store::MemoryStore::new()).await;
                 }
 
+                #[cfg(feature = "sqlite")]
                 #[tokio::test]
                 async fn sqlite() {
                     let directory = tempfile::tempdir().unwrap();

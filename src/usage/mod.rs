@@ -37,7 +37,7 @@
 //! |---|---|---|
 //! | `GET /api/v1/generation?id=` | the key that made the request, or a management key of its account (the operator's adds `account=`) | `{"data": {…}}`; 404 to anyone else |
 //! | `GET /api/v1/generations?limit=&account=` | any key of the account | `{"data": [{…}, …]}`: the newest first, 20 by default, at most 100; an inference key's own only, found among the account's 1000 newest |
-//! | `GET /api/v1/apps?period=day\|week\|month&account=` | any key | `{"data": {period, starts_at, ends_at, apps: [{rank, id, url, title, requests, tokens, models: [{model, requests, tokens}]}]}}`: the top 100 apps by tokens of the key's own account (any account the operator names); `account=*`, the whole gateway's: the operator's (the default for its key), or any key's with [`KeyRoutesLayer::public_ranking`](crate::keys::KeyRoutesLayer::public_ranking), then by host only (`id` the host, `url` its origin, no title) |
+//! | `GET /api/v1/apps?period=day\|week\|month&account=` | any key | `{"data": {period, starts_at, ends_at, apps: [{rank, id, url, title, requests, tokens, models: [{model, requests, tokens}]}]}}`: the top 100 apps by tokens of the key's own account (any account the operator names); `account=*`, the whole gateway's: the operator's (the default for its key), or any key's with `api::KeyRoutesLayer::public_ranking`, then by host only (`id` the host, `url` its origin, no title) |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -62,7 +62,6 @@
 //! ```
 
 mod app;
-pub(crate) mod handlers;
 mod query;
 mod ranking;
 mod record;
@@ -74,8 +73,9 @@ pub use app::{
     TITLE_HEADER,
 };
 pub use query::{usage_query, UsageQuery, DEFAULT_RECENT_GENERATIONS, MAX_RECENT_GENERATIONS};
+pub(crate) use ranking::{by_host, ranking_json};
 pub use ranking::{AppRanking, MAX_RANKED_APPS, PUBLIC_SCOPE};
-pub(crate) use record::{generation_id, GenerationContext, GenerationEnd};
+pub(crate) use record::{generation_id, readable_by, GenerationContext, GenerationEnd};
 pub use record::{parse_generation_id, GENERATION_ID_HEADER};
 
 /// The model a client asked for, put into a request's extensions by a

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::app::App;
 use crate::clock::{Clock, Period, SystemClock};
-use crate::keys::SharedStore;
+use crate::store::SharedStore;
 use crate::store::{is_valid_app_usage, AppUsage, StoreError};
 
 /// The scope of the whole gateway's ranking (no account id is `*`).
@@ -351,6 +351,7 @@ mod tests {
         counts_reach_the_store_per_scope_and_rank_by_tokens_in(Arc::new(MemoryStore::new())).await;
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn counts_reach_a_sqlite_store_per_scope_and_rank_by_tokens() {
         let directory = tempfile::tempdir().unwrap();

@@ -1,17 +1,16 @@
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::notify::Notifier;
+#[cfg(feature = "oauth")]
 use crate::oauth::{ApprovalRules, PlainPkce};
 use crate::rate_limit::RateRule;
 use crate::usage::AppRanking;
 
 use super::management_rate::{ManagementRate, DEFAULT_MANAGEMENT_RATE};
-
-use super::{ByokDirectory, KeyDirectory, KeyRoutes};
+use super::KeyRoutes;
 use crate::free_quota::FreeQuotaRules;
+use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, LeakNotifier};
 
 /// Applies [`KeyRoutes`] to a service: answers the key management API and
 /// the key, credits and balance queries; passes every other request on.
@@ -28,57 +27,14 @@ pub(crate) struct KeyRoutesConfig {
     pub(crate) byok: ByokDirectory,
     pub(crate) free_quota: FreeQuotaRules,
     pub(crate) byok_providers: ByokProviders,
-    pub(crate) leak_notifier: Notifier,
+    pub(crate) leak_notifier: LeakNotifier,
     pub(crate) app_ranking: Option<AppRanking>,
     /// Whether any key may read the gateway-wide app ranking (by host only).
     pub(crate) public_ranking: bool,
+    #[cfg(feature = "oauth")]
     pub(crate) approval_rules: ApprovalRules,
     /// `None`: management calls are not rated.
     pub(crate) management_rate: Option<ManagementRate>,
-}
-
-/// The providers an account may set its own key for through
-/// [`KeyRoutes`](super::KeyRoutes), and whose stored key
-/// [`CreditGuard`](crate::credit::CreditGuard) may use: only those the
-/// service below sends such a key to *instead of* the gateway's own
-/// credential, since a key that is never sent, or sent beside the
-/// gateway's, would still make the account's requests BYOK, unpaid.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ByokProviders {
-    /// Any provider: the service below sends each request's
-    /// [`ByokCredential`](super::ByokCredential) to its provider in place
-    /// of its own credential (the default, for a stack built with the
-    /// library).
-    #[default]
-    Any,
-    /// The proxy's `providers` section: keys are taken for the providers in
-    /// `byok` (lower case; those with `"byok": true`); the ones in `others`
-    /// are configured but keep the gateway's credential (422
-    /// `byok_not_allowed`); any other name is no provider of the gateway
-    /// (400 `unknown_provider`).
-    Configured {
-        /// The providers that take an account's key, lower case.
-        byok: BTreeSet<String>,
-        /// The providers that do not, lower case.
-        others: BTreeSet<String>,
-    },
-    /// None: every request goes to one upstream with the gateway's own key.
-    SingleUpstream,
-}
-
-impl ByokProviders {
-    /// Whether an account's key for `provider` (any case) is sent in place
-    /// of the gateway's credential, so a request with it may be BYOK.
-    pub fn accepts(&self, provider: &str) -> bool {
-        match self {
-            ByokProviders::Any => true,
-            ByokProviders::Configured { byok, .. } => {
-                byok.contains(provider.to_ascii_lowercase().as_str())
-            }
-            ByokProviders::SingleUpstream => false,
-        }
-    }
 }
 
 impl KeyRoutesLayer {
@@ -96,9 +52,10 @@ impl KeyRoutesLayer {
                 byok,
                 free_quota: FreeQuotaRules::default(),
                 byok_providers: ByokProviders::Any,
-                leak_notifier: Notifier::disabled(),
+                leak_notifier: LeakNotifier::disabled(),
                 app_ranking: None,
                 public_ranking: false,
+                #[cfg(feature = "oauth")]
                 approval_rules: ApprovalRules::default(),
                 management_rate,
             }),
@@ -118,6 +75,7 @@ impl KeyRoutesLayer {
     /// Whether an app may approve with a `plain` PKCE challenge
     /// (`POST /api/v1/auth/keys/code`). Default: [`PlainPkce::Refused`],
     /// S256 only.
+    #[cfg(feature = "oauth")]
     pub fn plain_pkce(mut self, plain: PlainPkce) -> Self {
         Arc::make_mut(&mut self.config).approval_rules.plain = plain;
         self
@@ -127,6 +85,7 @@ impl KeyRoutesLayer {
     /// their exchange at once; past it an approval is 429
     /// `too_many_pending_codes_for_account`. Default:
     /// [`DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT`](crate::oauth::DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT).
+    #[cfg(feature = "oauth")]
     pub fn max_pending_codes_per_account(mut self, most: u64) -> Self {
         Arc::make_mut(&mut self.config)
             .approval_rules
@@ -169,7 +128,8 @@ impl KeyRoutesLayer {
     /// Tells a key's owner through `notifier` when a management key reports
     /// the key leaked (`POST /api/v1/keys/{hash}/leaked`). Default: nobody
     /// is told.
-    pub fn leak_notifier(mut self, notifier: Notifier) -> Self {
+    #[cfg(feature = "notify")]
+    pub fn leak_notifier(mut self, notifier: crate::notify::Notifier) -> Self {
         Arc::make_mut(&mut self.config).leak_notifier = notifier;
         self
     }

@@ -5,15 +5,16 @@ use http::{Request, Response};
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use super::handlers::{handle, Call, Route};
-use super::input;
 use super::layer::KeyRoutesConfig;
+use super::routes::{dispatch, match_path, Request as ApiRequest};
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::Principal;
 use crate::body::BufferedBody;
+use crate::keys::input;
 use crate::response_body::ResponseBody;
 
-/// Answers the key management API (`/api/v1/keys…`,
+/// Answers the JSON API (the table in the [module docs](super)): the key
+/// management API (`/api/v1/keys…`,
 /// `/api/v1/accounts/{id}/credits`, management keys only), the accounts'
 /// own provider keys (`/api/v1/accounts/{id}/byok…`: set and deleted by
 /// management keys, listed by them and the keys of that account) and the
@@ -45,11 +46,10 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let Some(route) = Route::of(request.uri().path()) else {
+        let Some(matched) = match_path(request.uri().path()) else {
             return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
         };
-        let call = Call {
-            route,
+        let api_request = ApiRequest {
             method: request.method().clone(),
             query: request.uri().query().map(str::to_owned),
             principal: request.extensions().get::<Principal>().cloned(),
@@ -66,7 +66,7 @@ where
         };
         let config = Arc::clone(&self.config);
         ResponseFuture::answering(Box::pin(async move {
-            match handle(&config, call).await {
+            match dispatch(config, matched, api_request).await {
                 Ok(answer) => answer.into_response(),
                 Err(error) => error.to_response(),
             }

@@ -9,9 +9,9 @@
 //! The operator's key is not counted: it is the one that must still work
 //! while a tenant floods the API.
 
-use super::KeyDirectory;
 use crate::auth::Principal;
 use crate::error::{GatewayError, LimitSource};
+use crate::keys::KeyDirectory;
 use crate::limiter::{Limiter, Verdict};
 use crate::rate_limit::RateRule;
 use crate::store::{Check, FailurePolicy};

@@ -1,33 +1,21 @@
-//! The usage routes, answered by [`KeyRoutes`](crate::keys::KeyRoutes):
-//! one generation record, an account's newest, and the app ranking.
+//! The usage routes ([`crate::usage`] keeps the records and the
+//! ranking): one generation record, an account's newest, and the app
+//! ranking.
 
-use http::StatusCode;
 use serde_json::{json, Value};
 
-use super::query::usage_query;
-use super::ranking::{by_host, ranking_json, AppRanking, PUBLIC_SCOPE};
-use super::record::{parse_generation_id, readable_by};
+use super::answers::{ok, refuse};
+use super::routes::Call;
 use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::SharedStore;
-use crate::store::{FailurePolicy, StoreError};
+use crate::usage::{
+    by_host, parse_generation_id, ranking_json, readable_by, usage_query, PUBLIC_SCOPE,
+};
 
 /// How many of its account's newest records an inference key's own are
 /// looked for among in `GET /api/v1/generations`.
 pub(crate) const INFERENCE_KEY_SEARCH_DEPTH: usize = 1_000;
-
-fn refuse(error: StoreError) -> GatewayError {
-    FailurePolicy::refusal("KeyRoutes", &error)
-}
-
-fn ok(body: Value) -> Answer {
-    Answer {
-        status: StatusCode::OK,
-        body,
-        headers: Vec::new(),
-    }
-}
 
 /// The account whose records or apps are asked for: any for the operator
 /// (who must name one for records), the key's own for every other key.
@@ -63,13 +51,9 @@ fn not_found() -> GatewayError {
 /// `GET /api/v1/generation?id=`: the record, to the key that made the
 /// request or a management key of its account (the operator's names the
 /// account with `account`); 404 to any other.
-pub(crate) async fn generation(
-    store: &SharedStore,
-    principal: &Principal,
-    query: Option<&str>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Answer, GatewayError> {
-    let query = usage_query(query)?;
+pub(crate) async fn generation(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let query = usage_query(call.query.as_deref())?;
     let Some(id) = query.id.as_deref() else {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
@@ -87,8 +71,10 @@ pub(crate) async fn generation(
     let Some(account) = account_asked(principal, query.account)? else {
         return Err(not_found());
     };
-    let Some(bytes) = store
-        .generation(&account, reservation, now)
+    let Some(bytes) = call
+        .directory()
+        .store()
+        .generation(&account, reservation, call.now)
         .await
         .map_err(refuse)?
     else {
@@ -104,13 +90,9 @@ pub(crate) async fn generation(
 
 /// `GET /api/v1/generations?limit=&account=`: the account's newest
 /// records (only its own for an inference key).
-pub(crate) async fn recent_generations(
-    store: &SharedStore,
-    principal: &Principal,
-    query: Option<&str>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Answer, GatewayError> {
-    let query = usage_query(query)?;
+pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let query = usage_query(call.query.as_deref())?;
     let Some(account) = account_asked(principal, query.account)? else {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
@@ -126,8 +108,10 @@ pub(crate) async fn recent_generations(
     } else {
         INFERENCE_KEY_SEARCH_DEPTH
     };
-    let records: Vec<Value> = store
-        .recent_generations(&account, depth, now)
+    let records: Vec<Value> = call
+        .directory()
+        .store()
+        .recent_generations(&account, depth, call.now)
         .await
         .map_err(refuse)?
         .into_iter()
@@ -143,15 +127,11 @@ pub(crate) async fn recent_generations(
 /// operator) or in the whole gateway (`account=*`; the operator's by
 /// default). The whole gateway's is the operator's alone, unless
 /// `public_ranking`: then any key reads it, by host only.
-pub(crate) async fn apps(
-    store: &SharedStore,
-    ranking: Option<&AppRanking>,
-    public_ranking: bool,
-    principal: &Principal,
-    query: Option<&str>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Answer, GatewayError> {
-    let query = usage_query(query)?;
+pub(crate) async fn apps(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let public_ranking = call.config.public_ranking;
+    let now = call.now;
+    let query = usage_query(call.query.as_deref())?;
     let whole_gateway = match &query.account {
         Some(asked) => asked == PUBLIC_SCOPE,
         None => principal.operator,
@@ -175,14 +155,16 @@ pub(crate) async fn apps(
             .unwrap_or_else(|| principal.account_id.clone());
         (account, false)
     };
-    if let Some(ranking) = ranking {
+    if let Some(ranking) = &call.config.app_ranking {
         // This instance's latest counts first, so a client sees its own
         // requests; others' arrive within their flush interval.
         if let Err(error) = ranking.flush().await {
             tracing::warn!(%error, "app ranking: counts not written before a read");
         }
     }
-    let mut rows = store
+    let mut rows = call
+        .directory()
+        .store()
         .app_usage(&scope, query.period, now)
         .await
         .map_err(refuse)?;

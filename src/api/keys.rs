@@ -1,0 +1,403 @@
+//! The key routes: the calling key's status, and the management of keys
+//! (list, create, read, change, delete, report leaked, approve an app).
+
+use futures_util::future::{try_join, try_join_all};
+use serde_json::{json, Map, Value};
+
+use super::accounts::free_model_requests;
+use super::answers::{created, ok, refuse, timestamp};
+use super::routes::{operator_only, other_account, Call};
+use crate::answer::Answer;
+use crate::auth::{KeyHash, Principal};
+use crate::error::{ErrorKind, GatewayError};
+use crate::keys::credits::nanos_to_json;
+use crate::keys::input::{self, unknown_account};
+use crate::keys::{
+    report_leak, KeyDirectory, KeyRecord, LeakOutcome, LeakReport, DEFAULT_ACCOUNT,
+    MODELGATE_TOKEN_TYPE,
+};
+use crate::store::{KeyUsage, StoreError};
+
+/// `GET /api/v1/key`: the calling key's limit, usage and free-model quota.
+pub(crate) async fn key_status(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let account = principal.account_id.as_str();
+    // The key's usage and the account's figures go out together.
+    let (usage, (_, free)) = try_join(
+        async {
+            call.directory()
+                .store()
+                .key_usage(account, &principal.key_hash.to_hex(), call.now)
+                .await
+                .map_err(refuse)
+        },
+        free_model_requests(&call.config, account, call.now),
+    )
+    .await?;
+    let mut data = Map::new();
+    data.insert("label".into(), Value::from(principal.label.clone()));
+    data.insert("account".into(), Value::from(account));
+    data.insert("management".into(), Value::from(principal.management));
+    data.insert("operator".into(), Value::from(principal.operator));
+    limit_and_usage(
+        &mut data,
+        principal.key_limit.map(|limit| limit.limit_nanos),
+        principal.key_limit.and_then(|limit| limit.reset),
+        principal.include_byok_in_limit,
+        &usage,
+    );
+    data.extend(free);
+    Ok(ok(json!({ "data": data })))
+}
+
+/// `POST /api/v1/keys`: a new key, its plaintext shown once.
+pub(crate) async fn create_key(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let directory = call.directory();
+    let mut new = match input::new_key(call.body()?, call.now) {
+        // Only the operator names the account of a management key;
+        // anyone else asking for one is told it is not theirs to make.
+        Err(error)
+            if !principal.operator
+                && error.metadata().get("reason") == Some(&Value::from("account_required")) =>
+        {
+            return Err(operator_only("create management keys"));
+        }
+        parsed => parsed?,
+    };
+    if !principal.operator {
+        if new.management {
+            return Err(operator_only("create management keys"));
+        }
+        if new.account != DEFAULT_ACCOUNT && new.account != principal.account_id {
+            return Err(other_account(principal));
+        }
+        // An account's management key makes keys for its account.
+        new.account = principal.account_id.clone();
+    } else if new.account != DEFAULT_ACCOUNT
+        && !directory
+            .account_exists(&new.account)
+            .await
+            .map_err(refuse)?
+    {
+        // Accounts are made by POST /api/v1/accounts only: a mistyped id
+        // must not make a new free-tier account.
+        return Err(unknown_account(&new.account));
+    }
+    let (key, record) = directory.create_key(new).await.map_err(refuse)?;
+    Ok(created(json!({
+        "key": key.expose(),
+        "data": key_json(&record, &KeyUsage::default(), false),
+    })))
+}
+
+/// `GET /api/v1/keys?offset=&include_disabled=&account=`: a page of keys,
+/// an account's management key's own account's only.
+pub(crate) async fn list_keys(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let directory = call.directory();
+    let mut query = input::list_query(call.query.as_deref())?;
+    if !principal.operator {
+        if query
+            .account
+            .as_ref()
+            .is_some_and(|account| *account != principal.account_id)
+        {
+            return Err(other_account(principal));
+        }
+        query.account = Some(principal.account_id.clone());
+    }
+    let records = directory
+        .list(
+            query.offset,
+            query.include_disabled,
+            query.account.as_deref(),
+            input::KEYS_PER_PAGE,
+        )
+        .await
+        .map_err(refuse)?;
+    let usages = try_join_all(records.iter().map(|record| {
+        directory
+            .store()
+            .key_usage(&record.account, &record.hash, call.now)
+    }))
+    .await
+    .map_err(refuse)?;
+    let data: Vec<Value> = records
+        .iter()
+        .zip(&usages)
+        .map(|(record, usage)| key_json(record, usage, is_current(principal, record)))
+        .collect();
+    Ok(ok(json!({ "data": data })))
+}
+
+/// `GET /api/v1/keys/{hash}`.
+pub(crate) async fn get_key(call: Call) -> Result<Answer, GatewayError> {
+    let hash = path_hash(call.param(0))?;
+    let directory = call.directory();
+    let record = match readable_key(directory, &call.principal, &hash)
+        .await
+        .map_err(refuse)??
+    {
+        Some(record) => Some(record),
+        None => directory
+            .get(&hash)
+            .await
+            .map_err(refuse)?
+            .map(|versioned| versioned.value),
+    };
+    key_answer(&call, record).await
+}
+
+/// `PATCH /api/v1/keys/{hash}`: a key that is not the calling one may be
+/// disabled; one reported leaked is never enabled again.
+pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
+    let hash = path_hash(call.param(0))?;
+    let directory = call.directory();
+    let checked = readable_key(directory, &call.principal, &hash)
+        .await
+        .map_err(refuse)??;
+    let update = input::key_update(call.body()?)?;
+    match update.disabled {
+        Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,
+        Some(false) => refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
+            .await
+            .map_err(refuse)??,
+        None => {}
+    }
+    let record = directory.update(&hash, &update).await.map_err(refuse)?;
+    key_answer(&call, record).await
+}
+
+/// `DELETE /api/v1/keys/{hash}`: `{"deleted": true}`; not the calling key.
+pub(crate) async fn delete_key(call: Call) -> Result<Answer, GatewayError> {
+    let hash = path_hash(call.param(0))?;
+    let directory = call.directory();
+    readable_key(directory, &call.principal, &hash)
+        .await
+        .map_err(refuse)??;
+    refuse_own_key(&call.principal, &hash, "delete itself")?;
+    if directory.delete(&hash).await.map_err(refuse)? {
+        Ok(ok(json!({"deleted": true})))
+    } else {
+        Err(no_such_key())
+    }
+}
+
+/// `POST /api/v1/keys/{hash}/leaked`: the key revoked and disabled for
+/// good, its owner told.
+pub(crate) async fn report_leaked(call: Call) -> Result<Answer, GatewayError> {
+    let hash = path_hash(call.param(0))?;
+    let directory = call.directory();
+    let (url, source) = input::leak_report(call.body()?)?;
+    refuse_own_key(&call.principal, &hash, "report itself leaked")?;
+    readable_key(directory, &call.principal, &hash)
+        .await
+        .map_err(refuse)??;
+    let report = LeakReport {
+        reported_at: call.now,
+        reported_by: "operator".to_owned(),
+        url,
+        source,
+    };
+    let outcome = report_leak(
+        directory,
+        &call.config.leak_notifier,
+        &hash,
+        &report,
+        MODELGATE_TOKEN_TYPE,
+    )
+    .await
+    .map_err(refuse)?;
+    let LeakOutcome::Revoked { record, .. } = outcome else {
+        return Err(no_such_key());
+    };
+    key_answer(&call, Some(*record)).await
+}
+
+/// `POST /api/v1/auth/keys/code`: a management key approves an app
+/// ([`crate::oauth`]).
+#[cfg(feature = "oauth")]
+pub(crate) async fn approve_app(call: Call) -> Result<Answer, GatewayError> {
+    crate::oauth::issue_code(
+        call.directory(),
+        call.config.approval_rules,
+        &call.principal,
+        call.body()?,
+    )
+    .await
+}
+
+/// `{"data": {…}}` of `record` with its usage, or 404.
+async fn key_answer(call: &Call, record: Option<KeyRecord>) -> Result<Answer, GatewayError> {
+    let record = record.ok_or_else(no_such_key)?;
+    let usage = call
+        .directory()
+        .store()
+        .key_usage(&record.account, &record.hash, call.now)
+        .await
+        .map_err(refuse)?;
+    let current = is_current(&call.principal, &record);
+    Ok(ok(json!({ "data": key_json(&record, &usage, current) })))
+}
+
+/// A key as the management API shows it; `current` when it is the key the
+/// request was made with (a settings page keeps it from disabling itself).
+fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
+    let mut data = Map::new();
+    data.insert("hash".into(), Value::from(record.hash.clone()));
+    data.insert("name".into(), Value::from(record.name.clone()));
+    data.insert("label".into(), Value::from(record.name.clone()));
+    data.insert("account".into(), Value::from(record.account.clone()));
+    data.insert("management".into(), Value::from(record.management));
+    data.insert("operator".into(), Value::from(record.is_operator()));
+    data.insert("disabled".into(), Value::from(record.disabled));
+    data.insert("current".into(), Value::from(current));
+    limit_and_usage(
+        &mut data,
+        record.limit_nanos,
+        record.limit_reset,
+        record.include_byok_in_limit,
+        usage,
+    );
+    data.insert("created_at".into(), timestamp(Some(record.created_at)));
+    data.insert("updated_at".into(), timestamp(record.updated_at));
+    data.insert("expires_at".into(), timestamp(record.expires_at));
+    data.insert("last_used_at".into(), timestamp(record.last_used_at));
+    data.insert(
+        "leak".into(),
+        record.leak.as_ref().map_or(Value::Null, |leak| {
+            json!({
+                "reported_at": timestamp(Some(leak.reported_at)),
+                "reported_by": leak.reported_by,
+                "url": leak.url,
+                "source": leak.source,
+            })
+        }),
+    );
+    Value::Object(data)
+}
+
+/// The limit fields and the twelve usage figures, in credits.
+fn limit_and_usage(
+    data: &mut Map<String, Value>,
+    limit_nanos: Option<i64>,
+    limit_reset: Option<crate::clock::Period>,
+    include_byok: bool,
+    usage: &KeyUsage,
+) {
+    let counted = usage.in_period(limit_reset, include_byok);
+    data.insert(
+        "limit".into(),
+        limit_nanos.map_or(Value::Null, nanos_to_json),
+    );
+    data.insert(
+        "limit_reset".into(),
+        limit_reset.map_or(Value::Null, |period| Value::from(period.as_str())),
+    );
+    data.insert(
+        "limit_remaining".into(),
+        limit_nanos.map_or(Value::Null, |limit| {
+            nanos_to_json(limit.saturating_sub(counted).max(0))
+        }),
+    );
+    data.insert("include_byok_in_limit".into(), Value::from(include_byok));
+    for (name, nanos) in [
+        ("usage", usage.total_nanos),
+        ("usage_daily", usage.day_nanos),
+        ("usage_weekly", usage.week_nanos),
+        ("usage_monthly", usage.month_nanos),
+        ("byok_usage", usage.byok_total_nanos),
+        ("byok_usage_daily", usage.byok_day_nanos),
+        ("byok_usage_weekly", usage.byok_week_nanos),
+        ("byok_usage_monthly", usage.byok_month_nanos),
+    ] {
+        data.insert(name.into(), nanos_to_json(nanos));
+    }
+}
+
+fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
+    KeyHash::from_hex(&text.to_ascii_lowercase()).ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "the key hash in the path must be 64 hexadecimal characters, as the management API lists it",
+        )
+        .with_metadata("param", "hash")
+    })
+}
+
+/// An account's management key reads the key first: another account's key,
+/// and an operator's key (which belongs to no account), is answered as no
+/// key at all (a key never changes account, so the check holds for a write
+/// that follows). The operator reads nothing here: `Ok(Ok(None))`.
+async fn readable_key(
+    directory: &KeyDirectory,
+    principal: &Principal,
+    hash: &KeyHash,
+) -> Result<Result<Option<KeyRecord>, GatewayError>, StoreError> {
+    if principal.operator {
+        return Ok(Ok(None));
+    }
+    Ok(match directory.get(hash).await? {
+        Some(record) if record.value.belongs_to(&principal.account_id) => Ok(Some(record.value)),
+        _ => Err(no_such_key()),
+    })
+}
+
+/// 422 for enabling a key reported leaked: it stays disabled for good (the
+/// record's update keeps it so even when this check races a report).
+async fn refuse_enabling_a_leaked_key(
+    directory: &KeyDirectory,
+    hash: &KeyHash,
+    read: Option<&KeyRecord>,
+) -> Result<Result<(), GatewayError>, StoreError> {
+    let leaked = match read {
+        Some(record) => record.leak.is_some(),
+        None => directory
+            .get(hash)
+            .await?
+            .is_some_and(|record| record.value.leak.is_some()),
+    };
+    Ok(if leaked {
+        Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "this key was reported leaked and stays disabled; delete it and create a new key",
+        )
+        .with_metadata("param", "disabled")
+        .with_metadata("reason", "leaked_key"))
+    } else {
+        Ok(())
+    })
+}
+
+fn no_such_key() -> GatewayError {
+    GatewayError::new(
+        ErrorKind::NotFound,
+        "no key has this hash; list the keys with GET /api/v1/keys",
+    )
+}
+
+/// 409 when the key `hash` is the calling key itself: a key that disabled,
+/// deleted or reported itself would lock out whoever uses it (the
+/// operator's, everyone). `what` is the refused action, as in "a key cannot
+/// {what}".
+fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(), GatewayError> {
+    if principal.key_hash != *hash {
+        return Ok(());
+    }
+    let rotate = if principal.operator {
+        "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`"
+    } else {
+        "To rotate it, create a new key, switch to it, then disable or delete this one with the new key"
+    };
+    Err(GatewayError::new(
+        ErrorKind::Conflict,
+        format!("a key cannot {what}: it is the key this request was made with. {rotate}."),
+    )
+    .with_metadata("reason", "own_key"))
+}
+
+/// Whether `record` is the key `principal` called with.
+fn is_current(principal: &Principal, record: &KeyRecord) -> bool {
+    KeyHash::from_hex(&record.hash).is_some_and(|hash| hash == principal.key_hash)
+}
