@@ -146,9 +146,25 @@ struct Inner {
     response_header_timeout: Duration,
 }
 
-impl Upstream {
-    /// A client for `config`.
-    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamConfigError> {
+/// What [`Upstream::new`] reads from an [`UpstreamConfig`], checked.
+struct CheckedConfig {
+    base: Uri,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    extra_headers: Vec<(http::HeaderName, HeaderValue)>,
+    credential_headers: Vec<(http::HeaderName, HeaderValue)>,
+}
+
+impl UpstreamConfig {
+    /// Refuses what [`Upstream::new`] would refuse, but for the API key:
+    /// the base URL and the headers. A config reader calls it before the
+    /// key is read.
+    pub fn check(&self) -> Result<(), UpstreamConfigError> {
+        self.checked().map(drop)
+    }
+
+    fn checked(&self) -> Result<CheckedConfig, UpstreamConfigError> {
+        let config = self;
         let base: Uri = config.base_url.parse().map_err(|error| {
             UpstreamConfigError(format!("{:?} is not a URL: {error}", config.base_url))
         })?;
@@ -164,19 +180,6 @@ impl Upstream {
                 "{scheme} is not http or https"
             )));
         }
-        let authorization = config
-            .api_key
-            .as_deref()
-            .map(|key| {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                    UpstreamConfigError(
-                        "the upstream API key has characters a header cannot carry".into(),
-                    )
-                })?;
-                value.set_sensitive(true);
-                Ok(value)
-            })
-            .transpose()?;
         let credential_names = config
             .credential_headers
             .iter()
@@ -232,6 +235,39 @@ impl Upstream {
                 DEFAULT_CREDENTIAL_HEADERS.contains(&name.as_str())
                     || credential_names.contains(name)
             });
+        Ok(CheckedConfig {
+            base,
+            scheme,
+            authority,
+            extra_headers,
+            credential_headers,
+        })
+    }
+}
+
+impl Upstream {
+    /// A client for `config`.
+    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamConfigError> {
+        let CheckedConfig {
+            base,
+            scheme,
+            authority,
+            extra_headers,
+            credential_headers,
+        } = config.checked()?;
+        let authorization = config
+            .api_key
+            .as_deref()
+            .map(|key| {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    UpstreamConfigError(
+                        "the upstream API key has characters a header cannot carry".into(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.connect_timeout));
         http.enforce_http(false);
