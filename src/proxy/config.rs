@@ -715,11 +715,12 @@ impl GatewayConfig {
             .ok_or_else(|| ConfigError::new("upstream.base_url is missing"))?;
         let mut config = UpstreamConfig::new(base_url);
         if let Some(variable) = &self.upstream.api_key_env {
-            config.api_key = Some(std::env::var(variable).map_err(|_| {
+            let key = std::env::var(variable).map_err(|_| {
                 ConfigError::new(format!(
                     "upstream.api_key_env names {variable}, which is not set"
                 ))
-            })?);
+            })?;
+            config.api_key = Some(Redacted(key));
         }
         if let Some(ms) = self.upstream.connect_timeout_ms {
             config.connect_timeout = Duration::from_millis(ms);
@@ -859,11 +860,11 @@ impl ProviderSection {
     /// The provider's upstream settings, with `api_key` once it is read.
     fn upstream_config(&self, api_key: Option<&Secret>) -> UpstreamConfig {
         let mut config = UpstreamConfig::new(self.base_url.clone());
-        config.api_key = api_key.map(|key| key.expose().to_owned());
+        config.api_key = api_key.map(|key| Redacted(key.expose().to_owned()));
         config.extra_headers = self
             .headers
             .iter()
-            .map(|(name, value)| (name.clone(), value.expose().clone()))
+            .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
         config.credential_headers = self.credential_headers.clone();
         if let Some(ms) = self.connect_timeout_ms {

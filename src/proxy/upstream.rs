@@ -27,16 +27,18 @@ use crate::body::normalized_segments;
 use crate::credit::{SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::ByokCredential;
+use crate::secrets::Redacted;
 
-/// Where and how to reach the upstream. `Debug` never shows the key.
-#[derive(Clone)]
+/// Where and how to reach the upstream. `Debug` never shows the key or a
+/// header's value.
+#[derive(Clone, Debug)]
 pub struct UpstreamConfig {
     /// The upstream's base URL, its API version included:
     /// `https://api.openai.com/v1`, `http://127.0.0.1:9000/v1`.
     pub base_url: String,
     /// The upstream's own API key, sent as `Authorization: Bearer`; the
     /// client's gateway key never is.
-    pub api_key: Option<String>,
+    pub api_key: Option<Redacted<String>>,
     /// The gateway's path prefix, replaced by the base URL's path:
     /// `/api/v1/chat/completions` goes to `{base_url}/chat/completions`.
     pub gateway_prefix: String,
@@ -48,7 +50,7 @@ pub struct UpstreamConfig {
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
     /// Headers the upstream receives with every request (name, value).
-    pub extra_headers: Vec<(String, String)>,
+    pub extra_headers: Vec<(String, Redacted<String>)>,
     /// More names of `extra_headers` that carry a credential, beside
     /// [`DEFAULT_CREDENTIAL_HEADERS`]: none of them is sent with a request
     /// that carries an account's own key, which replaces them all.
@@ -59,28 +61,6 @@ pub struct UpstreamConfig {
 /// account's own key (BYOK) is never sent beside one of them.
 /// (`Authorization`, the provider key's own header, cannot be configured.)
 pub const DEFAULT_CREDENTIAL_HEADERS: [&str; 2] = ["x-api-key", "api-key"];
-
-impl std::fmt::Debug for UpstreamConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "…"))
-            .field("gateway_prefix", &self.gateway_prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_header_timeout", &self.response_header_timeout)
-            .field("pool_idle_timeout", &self.pool_idle_timeout)
-            .field(
-                "extra_headers",
-                &self
-                    .extra_headers
-                    .iter()
-                    .map(|(name, _)| name)
-                    .collect::<Vec<_>>(),
-            )
-            .field("credential_headers", &self.credential_headers)
-            .finish()
-    }
-}
 
 impl UpstreamConfig {
     /// Defaults for `base_url`: no key, prefix `/api/v1`, 10 s to connect,
@@ -222,7 +202,7 @@ impl UpstreamConfig {
                         "the header {name} is set by the gateway, not the config"
                     )));
                 }
-                let mut parsed_value = HeaderValue::from_str(value).map_err(|_| {
+                let mut parsed_value = HeaderValue::from_str(value.expose()).map_err(|_| {
                     UpstreamConfigError(format!("the value of header {name} cannot be sent"))
                 })?;
                 // Extra headers often carry credentials (an organisation, a project key).
@@ -257,8 +237,9 @@ impl Upstream {
         } = config.checked()?;
         let authorization = config
             .api_key
-            .as_deref()
+            .as_ref()
             .map(|key| {
+                let key = key.expose();
                 let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
                     UpstreamConfigError(
                         "the upstream API key has characters a header cannot carry".into(),
@@ -689,7 +670,7 @@ mod tests {
                     "authorization" | "host" | "content-length" | "transfer-encoding" | "connection"
                         | "x-request-id" | "accept-encoding"
                 ))
-                .map(|name| (name.clone(), "gateway-value".to_owned()))
+                .map(|name| (name.clone(), "gateway-value".into()))
                 .collect();
             config.credential_headers = names.clone();
             let Ok(upstream) = Upstream::new(&config) else {

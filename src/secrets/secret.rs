@@ -63,6 +63,18 @@ impl<T> Redacted<T> {
     }
 }
 
+impl<T> From<T> for Redacted<T> {
+    fn from(value: T) -> Self {
+        Redacted(value)
+    }
+}
+
+impl From<&str> for Redacted<String> {
+    fn from(text: &str) -> Self {
+        Redacted(text.to_owned())
+    }
+}
+
 impl<T> fmt::Debug for Redacted<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[redacted]")
