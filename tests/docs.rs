@@ -616,6 +616,8 @@ fn the_configuration_page_names_every_section_and_flag() {
         "pub struct LeakScanningSection {",
         "pub struct NotifyWebhookSection {",
         "pub struct EmailSection {",
+        "pub struct PluginsSection {",
+        "pub struct PluginEntries {",
     ] {
         names.extend(struct_fields(&config, declaration));
     }
