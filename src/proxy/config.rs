@@ -119,13 +119,14 @@ pub struct GatewayConfig {
     /// the upstream's own 429 or 5xx, a timeout, a refused connection, or
     /// a per-model rate rule; never after the gateway's refusal of the
     /// account or key (account-wide or free-model 429, 402, a failed
-    /// store's 503). See [`Fallback`].
+    /// store's 503). See [`Fallback`](super::Fallback).
     pub fallbacks: HashMap<String, Vec<String>>,
     /// Authenticated requests the gateway works on at once, streams
     /// included until they end; past it a request is answered 503 at once
     /// with `Retry-After`. A place is taken once the key is known good, so
     /// requests without one never hold a place. Absent:
-    /// [`InFlightLimitLayer::default_max_in_flight`] (256 per core).
+    /// [`InFlightLimitLayer::default_max_in_flight`](crate::in_flight::InFlightLimitLayer::default_max_in_flight)
+    /// (256 per core).
     pub max_in_flight: Option<usize>,
     /// The bounds of each endpoint that reads a body before anyone is
     /// authenticated (the OAuth code exchange, secret-scanning alerts, the

@@ -21,7 +21,8 @@
 //! (`POST /api/v1/auth/keys`), by [`CodeExchange`](crate::oauth::CodeExchange):
 //! the app has no key yet. None of these three takes one of the
 //! `max_in_flight` places, which only authenticated requests hold; each
-//! has its own bounds (`unauthenticated`, [`UnauthenticatedLimits`]).
+//! has its own bounds (`unauthenticated`,
+//! [`UnauthenticatedLimits`](crate::in_flight::UnauthenticatedLimits)).
 //!
 //! Only `POST /api/v1/chat/completions` is forwarded; the key routes are
 //! answered by [`KeyRoutes`](crate::keys::KeyRoutes); anything else is a
@@ -74,8 +75,8 @@ use tower::util::BoxCloneService;
 use tower::ServiceBuilder;
 use tower_service::Service;
 
-/// [`Redacted`](crate::secrets::Redacted), which config types print
-/// values that may be credentials through.
+/// What config types hold a value that may be a credential in: `Debug`
+/// prints it as `[redacted]`.
 pub use crate::secrets::Redacted;
 pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
 pub use config::{
