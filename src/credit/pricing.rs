@@ -135,6 +135,9 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 /// tokens from 1 to [`MAX_BOUND_TOKENS`] ([`PromptBounds`]). A variant
 /// takes each bound it does not set from its base model's entry; the
 /// `default` entry's bounds apply to the models it prices.
+///
+/// It deserializes (serde) from the same JSON as [`from_json`](Self::from_json)
+/// reads, checked the same way: a config holds the table, not its text.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "ConfiguredTable")]
 pub struct PriceTable {
