@@ -67,7 +67,6 @@ async fn run() -> Result<(), String> {
     let config = GatewayConfig::from_json(&text).map_err(|error| format!("{path}: {error}"))?;
     let webhooks = config
         .webhooks()
-        .map_err(|error| format!("{path}: {error}"))?
         .ok_or_else(|| format!("{path}: no plugins.entries.webhooks entry"))?;
     if !webhooks.enabled {
         return Err(format!(
@@ -75,7 +74,7 @@ async fn run() -> Result<(), String> {
         ));
     }
     let store = serve::open_store(&serve::store_location(&args)?, &Default::default()).await?;
-    let (routes, _skipped) = resolve_routes(&webhooks, &config.secrets, &ResolveLimits::default());
+    let (routes, _skipped) = resolve_routes(webhooks, &config.secrets, &ResolveLimits::default());
 
     let listener = TcpListener::bind(listen)
         .await

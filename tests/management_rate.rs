@@ -152,7 +152,7 @@ async fn an_account_past_its_management_rate_is_refused_alone_across_instances_s
 
 #[tokio::test]
 async fn a_bad_management_rate_stops_start_up() {
-    use modelgate::proxy::{gateway, GatewayConfig, Upstream};
+    use modelgate::proxy::{gateway, GatewayConfig, OAuthSection, Upstream};
     for (json, words) in [
         (
             r#"{"management_rate": {"gcra": {"requests": 0, "period_seconds": 60, "burst": 5}}}"#,
@@ -163,19 +163,29 @@ async fn a_bad_management_rate_stops_start_up() {
             "max_pending_codes_per_account",
         ),
     ] {
-        let config = GatewayConfig::from_json(json).unwrap();
-        let upstream = Upstream::new(
-            &config
-                .upstream_config(Some("http://127.0.0.1:9/v1"))
-                .unwrap(),
-        )
-        .unwrap();
-        let store: SharedStore = Arc::new(MemoryStore::new());
-        let error = match gateway::<http_body_util::Full<bytes::Bytes>>(&config, store, upstream) {
-            Err(error) => error.to_string(),
-            Ok(_) => panic!("{json} was accepted"),
-        };
+        // Refused as the config is read, naming the field.
+        let error = GatewayConfig::from_json(json).expect_err(json).to_string();
         assert!(error.contains(words), "{json}: {error}");
     }
+    // A config built in code is checked when the gateway is built.
+    let config = GatewayConfig {
+        oauth: OAuthSection {
+            max_pending_codes_per_account: Some(0),
+            ..OAuthSection::default()
+        },
+        ..GatewayConfig::default()
+    };
+    let upstream = Upstream::new(
+        &config
+            .upstream_config(Some("http://127.0.0.1:9/v1"))
+            .unwrap(),
+    )
+    .unwrap();
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let error = match gateway::<http_body_util::Full<bytes::Bytes>>(&config, store, upstream) {
+        Err(error) => error.to_string(),
+        Ok(_) => panic!("max_pending_codes_per_account 0 was accepted"),
+    };
+    assert!(error.contains("max_pending_codes_per_account"), "{error}");
     assert!(GatewayConfig::from_json(r#"{"oauth": {"allow_plain": true}}"#).is_err());
 }

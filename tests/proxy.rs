@@ -635,6 +635,36 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
 }
 
 #[test]
+fn the_proxy_refuses_a_bad_value_naming_its_path_before_it_listens() {
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    for (text, words) in [
+        (
+            r#"{"pricing": {"models": {"openai/gpt-4o": {"prompt_per_million": -1, "completion_per_million": 10}}}}"#,
+            r#"config: pricing.models["openai/gpt-4o"].prompt_per_million must be a number of credits from 0 to 1000000"#,
+        ),
+        (
+            r#"{"providers": {"openai": {"base_url": "https://api.openai.com/v1", "api_key": "sk-inline-0123456789"}}}"#,
+            "config: providers.openai.api_key: must be {\"env\": \"VAR\"}",
+        ),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let output = Command::new(common::examples::binary("proxy"))
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--upstream", "http://127.0.0.1:9/v1", "--config"])
+            .arg(&config)
+            .current_dir(directory.path())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{text}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(words), "{text}: {stderr}");
+        assert!(!stderr.contains("sk-inline"), "{stderr}");
+        assert!(output.stdout.is_empty(), "it never started listening");
+    }
+}
+
+#[test]
 fn the_proxy_refuses_to_start_with_credit_byok_and_says_what_to_do() {
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");

@@ -135,7 +135,11 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 /// tokens from 1 to [`MAX_BOUND_TOKENS`] ([`PromptBounds`]). A variant
 /// takes each bound it does not set from its base model's entry; the
 /// `default` entry's bounds apply to the models it prices.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// It deserializes (serde) from the same JSON as [`from_json`](Self::from_json)
+/// reads, checked the same way: a config holds the table, not its text.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "ConfiguredTable")]
 pub struct PriceTable {
     models: HashMap<String, TokenPrice>,
     /// By model id, for the entries that set any.
@@ -181,48 +185,7 @@ impl PriceTable {
     pub fn from_json(text: &str) -> Result<Self, PricingError> {
         let configured: ConfiguredTable =
             serde_json::from_str(text).map_err(|error| PricingError(error.to_string()))?;
-        let mut table = PriceTable::default();
-        for (id, price) in configured.models {
-            if ModelId::parse(&id).is_err() {
-                return Err(PricingError(format!(
-                    "{id:?} is not a model id (provider/model[:variant])"
-                )));
-            }
-            let bounds = prompt_bounds(&price)
-                .map_err(|error| PricingError(format!("models[{id:?}].{error}")))?;
-            let price =
-                token_price(&price).map_err(|error| PricingError(format!("{id}: {error}")))?;
-            if is_free_id(&id) && price != TokenPrice::FREE {
-                return Err(PricingError(format!(
-                    "{id}: a :free variant costs nothing: price it 0, or name it in free_models"
-                )));
-            }
-            table.models.insert(id.to_ascii_lowercase(), price);
-            if bounds != PromptBounds::default() {
-                table.bounds.insert(id.to_ascii_lowercase(), bounds);
-            }
-        }
-        for id in configured.free_models {
-            if !is_free_id(&id) {
-                return Err(PricingError(format!(
-                    "free_models: {id:?} is not a model id ending in :free (provider/model:free)"
-                )));
-            }
-            table
-                .models
-                .insert(id.to_ascii_lowercase(), TokenPrice::FREE);
-        }
-        if let Some(default) = &configured.default {
-            table.default_bounds =
-                prompt_bounds(default).map_err(|error| PricingError(format!("default.{error}")))?;
-        }
-        table.default = configured
-            .default
-            .as_ref()
-            .map(token_price)
-            .transpose()
-            .map_err(|error| PricingError(format!("default: {error}")))?;
-        Ok(table)
+        PriceTable::try_from(configured).map_err(PricingError)
     }
 
     /// Sets what bounds the prompt of `model` (a model id, any case);
@@ -266,6 +229,56 @@ impl PriceTable {
     pub fn with_default(mut self, price: Option<TokenPrice>) -> Self {
         self.default = price;
         self
+    }
+}
+
+/// The table as a config holds it, checked; errors name the entry and
+/// field (`models["a/b"].prompt_per_million must be …`).
+impl TryFrom<ConfiguredTable> for PriceTable {
+    type Error = String;
+
+    fn try_from(configured: ConfiguredTable) -> Result<Self, String> {
+        let mut table = PriceTable::default();
+        for (id, price) in configured.models {
+            if ModelId::parse(&id).is_err() {
+                return Err(format!(
+                    "models[{id:?}] is not a model id (provider/model[:variant])"
+                ));
+            }
+            let bounds =
+                prompt_bounds(&price).map_err(|error| format!("models[{id:?}].{error}"))?;
+            let price = token_price(&price).map_err(|error| format!("models[{id:?}].{error}"))?;
+            if is_free_id(&id) && price != TokenPrice::FREE {
+                return Err(format!(
+                    "models[{id:?}] is a :free variant, which costs nothing: price it 0, or name it in free_models"
+                ));
+            }
+            table.models.insert(id.to_ascii_lowercase(), price);
+            if bounds != PromptBounds::default() {
+                table.bounds.insert(id.to_ascii_lowercase(), bounds);
+            }
+        }
+        for id in configured.free_models {
+            if !is_free_id(&id) {
+                return Err(format!(
+                    "free_models: {id:?} is not a model id ending in :free (provider/model:free)"
+                ));
+            }
+            table
+                .models
+                .insert(id.to_ascii_lowercase(), TokenPrice::FREE);
+        }
+        if let Some(default) = &configured.default {
+            table.default_bounds =
+                prompt_bounds(default).map_err(|error| format!("default.{error}"))?;
+        }
+        table.default = configured
+            .default
+            .as_ref()
+            .map(token_price)
+            .transpose()
+            .map_err(|error| format!("default.{error}"))?;
+        Ok(table)
     }
 }
 
@@ -451,16 +464,16 @@ mod tests {
             ),
             (
                 r#"{"models": {"a/b": {"prompt_per_million": -1, "completion_per_million": 1}}}"#,
-                "a/b: prompt_per_million",
+                r#"models["a/b"].prompt_per_million must be a number of credits"#,
             ),
             (
                 r#"{"default": {"prompt_per_million": 1, "completion_per_million": 1e300}}"#,
-                "default: completion_per_million",
+                "default.completion_per_million must be",
             ),
             (r#"{"models": {"a/b": {"prompt": 1}}}"#, "unknown field"),
             (
                 r#"{"models": {"a/b:free": {"prompt_per_million": 1, "completion_per_million": 0}}}"#,
-                "a/b:free: a :free variant costs nothing",
+                r#"models["a/b:free"] is a :free variant, which costs nothing"#,
             ),
             (r#"{"free_models": ["a/b"]}"#, "free_models: \"a/b\" is not"),
             (

@@ -107,19 +107,25 @@ impl EmailSettings {
             .map_err(|error| NotifyConfigError::new("smtp_url", format!("refused: {error}")))?
             .timeout(Some(ATTEMPT_TIMEOUT))
             .build();
-        let from = Mailbox::from_str(from).map_err(|error| {
+        let from = Self::check_sender(from)?;
+        Ok(EmailSettings {
+            transport,
+            from,
+            server,
+            settings_page: "/settings".to_owned(),
+        })
+    }
+
+    /// Refuses a sender [`new`](Self::new) would refuse, before the SMTP
+    /// URL is read.
+    pub fn check_sender(from: &str) -> Result<Mailbox, NotifyConfigError> {
+        Mailbox::from_str(from).map_err(|error| {
             NotifyConfigError::new(
                 "from",
                 format!(
                     "{from:?} is not a mailbox such as `modelgate <keys@example.com>`: {error}"
                 ),
             )
-        })?;
-        Ok(EmailSettings {
-            transport,
-            from,
-            server,
-            settings_page: "/settings".to_owned(),
         })
     }
 

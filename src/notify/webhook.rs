@@ -48,11 +48,9 @@ impl fmt::Debug for WebhookSettings {
 }
 
 impl WebhookSettings {
-    /// Settings for posting to `url` (`http` or `https`, no user or
-    /// password in it), signed with `secret` (at least
-    /// [`MIN_SECRET_BYTES`] bytes). `https` is checked against the webpki
-    /// roots.
-    pub fn new(url: &str, secret: Secret) -> Result<Self, NotifyConfigError> {
+    /// Refuses a URL [`new`](Self::new) would refuse, before any secret
+    /// is read.
+    pub fn check_url(url: &str) -> Result<Uri, NotifyConfigError> {
         // The URL is not repeated in errors: its path may hold a token.
         let uri: Uri = url.parse().map_err(|error| {
             NotifyConfigError::new("webhook_url", format!("not a URL: {error}"))
@@ -75,6 +73,15 @@ impl WebhookSettings {
                 "must not carry a user or password: the signature is the credential",
             ));
         }
+        Ok(uri)
+    }
+
+    /// Settings for posting to `url` (`http` or `https`, no user or
+    /// password in it), signed with `secret` (at least
+    /// [`MIN_SECRET_BYTES`] bytes). `https` is checked against the webpki
+    /// roots.
+    pub fn new(url: &str, secret: Secret) -> Result<Self, NotifyConfigError> {
+        let uri = Self::check_url(url)?;
         if secret.expose().len() < MIN_SECRET_BYTES {
             return Err(NotifyConfigError::new(
                 "webhook_secret",

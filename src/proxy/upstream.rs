@@ -27,16 +27,18 @@ use crate::body::normalized_segments;
 use crate::credit::{SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::ByokCredential;
+use crate::secrets::Redacted;
 
-/// Where and how to reach the upstream. `Debug` never shows the key.
-#[derive(Clone)]
+/// Where and how to reach the upstream. `Debug` never shows the key or a
+/// header's value.
+#[derive(Clone, Debug)]
 pub struct UpstreamConfig {
     /// The upstream's base URL, its API version included:
     /// `https://api.openai.com/v1`, `http://127.0.0.1:9000/v1`.
     pub base_url: String,
     /// The upstream's own API key, sent as `Authorization: Bearer`; the
     /// client's gateway key never is.
-    pub api_key: Option<String>,
+    pub api_key: Option<Redacted<String>>,
     /// The gateway's path prefix, replaced by the base URL's path:
     /// `/api/v1/chat/completions` goes to `{base_url}/chat/completions`.
     pub gateway_prefix: String,
@@ -48,7 +50,7 @@ pub struct UpstreamConfig {
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
     /// Headers the upstream receives with every request (name, value).
-    pub extra_headers: Vec<(String, String)>,
+    pub extra_headers: Vec<(String, Redacted<String>)>,
     /// More names of `extra_headers` that carry a credential, beside
     /// [`DEFAULT_CREDENTIAL_HEADERS`]: none of them is sent with a request
     /// that carries an account's own key, which replaces them all.
@@ -59,28 +61,6 @@ pub struct UpstreamConfig {
 /// account's own key (BYOK) is never sent beside one of them.
 /// (`Authorization`, the provider key's own header, cannot be configured.)
 pub const DEFAULT_CREDENTIAL_HEADERS: [&str; 2] = ["x-api-key", "api-key"];
-
-impl std::fmt::Debug for UpstreamConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "…"))
-            .field("gateway_prefix", &self.gateway_prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_header_timeout", &self.response_header_timeout)
-            .field("pool_idle_timeout", &self.pool_idle_timeout)
-            .field(
-                "extra_headers",
-                &self
-                    .extra_headers
-                    .iter()
-                    .map(|(name, _)| name)
-                    .collect::<Vec<_>>(),
-            )
-            .field("credential_headers", &self.credential_headers)
-            .finish()
-    }
-}
 
 impl UpstreamConfig {
     /// Defaults for `base_url`: no key, prefix `/api/v1`, 10 s to connect,
@@ -146,9 +126,25 @@ struct Inner {
     response_header_timeout: Duration,
 }
 
-impl Upstream {
-    /// A client for `config`.
-    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamConfigError> {
+/// What [`Upstream::new`] reads from an [`UpstreamConfig`], checked.
+struct CheckedConfig {
+    base: Uri,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    extra_headers: Vec<(http::HeaderName, HeaderValue)>,
+    credential_headers: Vec<(http::HeaderName, HeaderValue)>,
+}
+
+impl UpstreamConfig {
+    /// Refuses what [`Upstream::new`] would refuse, but for the API key:
+    /// the base URL and the headers. A config reader calls it before the
+    /// key is read.
+    pub fn check(&self) -> Result<(), UpstreamConfigError> {
+        self.checked().map(drop)
+    }
+
+    fn checked(&self) -> Result<CheckedConfig, UpstreamConfigError> {
+        let config = self;
         let base: Uri = config.base_url.parse().map_err(|error| {
             UpstreamConfigError(format!("{:?} is not a URL: {error}", config.base_url))
         })?;
@@ -164,19 +160,6 @@ impl Upstream {
                 "{scheme} is not http or https"
             )));
         }
-        let authorization = config
-            .api_key
-            .as_deref()
-            .map(|key| {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                    UpstreamConfigError(
-                        "the upstream API key has characters a header cannot carry".into(),
-                    )
-                })?;
-                value.set_sensitive(true);
-                Ok(value)
-            })
-            .transpose()?;
         let credential_names = config
             .credential_headers
             .iter()
@@ -219,7 +202,7 @@ impl Upstream {
                         "the header {name} is set by the gateway, not the config"
                     )));
                 }
-                let mut parsed_value = HeaderValue::from_str(value).map_err(|_| {
+                let mut parsed_value = HeaderValue::from_str(value.expose()).map_err(|_| {
                     UpstreamConfigError(format!("the value of header {name} cannot be sent"))
                 })?;
                 // Extra headers often carry credentials (an organisation, a project key).
@@ -232,6 +215,40 @@ impl Upstream {
                 DEFAULT_CREDENTIAL_HEADERS.contains(&name.as_str())
                     || credential_names.contains(name)
             });
+        Ok(CheckedConfig {
+            base,
+            scheme,
+            authority,
+            extra_headers,
+            credential_headers,
+        })
+    }
+}
+
+impl Upstream {
+    /// A client for `config`.
+    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamConfigError> {
+        let CheckedConfig {
+            base,
+            scheme,
+            authority,
+            extra_headers,
+            credential_headers,
+        } = config.checked()?;
+        let authorization = config
+            .api_key
+            .as_ref()
+            .map(|key| {
+                let key = key.expose();
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    UpstreamConfigError(
+                        "the upstream API key has characters a header cannot carry".into(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.connect_timeout));
         http.enforce_http(false);
@@ -653,7 +670,7 @@ mod tests {
                     "authorization" | "host" | "content-length" | "transfer-encoding" | "connection"
                         | "x-request-id" | "accept-encoding"
                 ))
-                .map(|name| (name.clone(), "gateway-value".to_owned()))
+                .map(|name| (name.clone(), "gateway-value".into()))
                 .collect();
             config.credential_headers = names.clone();
             let Ok(upstream) = Upstream::new(&config) else {

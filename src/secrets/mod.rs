@@ -26,6 +26,7 @@
 //! [`SecretProviders`].
 
 mod providers;
+mod reference;
 mod secret;
 
 pub use providers::{
@@ -33,8 +34,10 @@ pub use providers::{
     MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS,
     MAX_PROVIDER_NAME_CHARS, MAX_PROVIDER_TEXT_BYTES,
 };
+pub use reference::{secret_ref_from_json, SecretRefError, MAX_SECRET_REF_FIELD_CHARS};
 pub use secret::{
-    resolve_secret, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource, SecretSpec,
+    resolve_secret, Redacted, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource,
+    SecretSpec,
 };
 
 /// The shortest secret accepted, in bytes, inline or read from a provider:

@@ -47,6 +47,40 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// A value that may be a credential (a header's value, a URL with a
+/// password in it, a command's arguments), deserialized as `T` itself and
+/// printed by `Debug` as `[redacted]`: a config type holding one can
+/// derive `Debug` and show every field without showing it.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Redacted<T>(pub T);
+
+impl<T> Redacted<T> {
+    /// The value, for a caller that must use it (send the header, open
+    /// the connection); never for a log.
+    pub fn expose(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> From<T> for Redacted<T> {
+    fn from(value: T) -> Self {
+        Redacted(value)
+    }
+}
+
+impl From<&str> for Redacted<String> {
+    fn from(text: &str) -> Self {
+        Redacted(text.to_owned())
+    }
+}
+
+impl<T> fmt::Debug for Redacted<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
 /// Where a route's secret comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SecretSpec {
@@ -95,6 +129,42 @@ pub struct SecretRef {
     pub provider: String,
     /// The secret's name within the provider.
     pub id: String,
+}
+
+impl SecretRef {
+    /// The provider this reference names in `providers`, if it has one
+    /// and of the reference's source: what a config can be checked for
+    /// before any secret is read.
+    pub fn provider_in<'a>(
+        &self,
+        providers: &'a SecretProviders,
+    ) -> Result<&'a SecretProvider, ResolveError> {
+        let reference = self;
+        let name = &reference.provider;
+        let Some(provider) = providers.get(name) else {
+            let configured: Vec<&str> = providers.iter().map(|(name, _)| name).collect();
+            // Refs once named a file or command in `provider`; say what to do now.
+            let hint = if name.contains('/') {
+                "; a path is no longer a provider: declare a file or exec provider with that path \
+             under secrets.providers and name it here"
+            } else {
+                ""
+            };
+            return Err(ResolveError(format!(
+                "no secrets provider is named {name:?}: declare it under secrets.providers \
+             (configured: {}){hint}",
+                configured.join(", ")
+            )));
+        };
+        if provider.source() != reference.source {
+            return Err(ResolveError(format!(
+                "secrets provider {name:?} has source {:?}, but the reference's source is {:?}",
+                provider.source().as_str(),
+                reference.source.as_str()
+            )));
+        }
+        Ok(provider)
+    }
 }
 
 /// Bounds on reading a referenced secret.
@@ -164,29 +234,8 @@ fn from_provider(
     providers: &SecretProviders,
     limits: &ResolveLimits,
 ) -> Result<String, ResolveError> {
+    let provider = reference.provider_in(providers)?;
     let name = &reference.provider;
-    let Some(provider) = providers.get(name) else {
-        let configured: Vec<&str> = providers.iter().map(|(name, _)| name).collect();
-        // Refs once named a file or command in `provider`; say what to do now.
-        let hint = if name.contains('/') {
-            "; a path is no longer a provider: declare a file or exec provider with that path \
-             under secrets.providers and name it here"
-        } else {
-            ""
-        };
-        return Err(ResolveError(format!(
-            "no secrets provider is named {name:?}: declare it under secrets.providers \
-             (configured: {}){hint}",
-            configured.join(", ")
-        )));
-    };
-    if provider.source() != reference.source {
-        return Err(ResolveError(format!(
-            "secrets provider {name:?} has source {:?}, but the reference's source is {:?}",
-            provider.source().as_str(),
-            reference.source.as_str()
-        )));
-    }
     let id = &reference.id;
     match provider {
         SecretProvider::Env { allowlist } => from_env(name, allowlist.as_ref(), id),

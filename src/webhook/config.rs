@@ -3,16 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
 use super::layer::WebhookLimits;
 use crate::body::normalized_segments;
-use crate::secrets::{
-    Secret, SecretRef, SecretSource, SecretSpec, DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES,
-    MIN_SECRET_BYTES,
-};
+use crate::secrets::{Secret, SecretRef, SecretSpec, MIN_SECRET_BYTES};
 
 /// Longest route id, session key, controller id or path accepted.
 pub const MAX_FIELD_CHARS: usize = 256;
@@ -228,43 +224,6 @@ fn checked_path(route: Option<&str>, path: String) -> Result<String, WebhookConf
     Ok(path)
 }
 
-/// Where an API key is read from, as the gateway's config writes it:
-/// `{"env": "VAR"}` (the `default` provider's variable), `{"file":
-/// "/path"}` (the whole file, trimmed: [`SecretSpec::File`]), or a
-/// SecretRef `{"source", "provider", "id"}` naming a configured provider.
-/// Never inline text: a key in the config file would be one more copy to
-/// leak.
-pub fn secret_ref_from_json(value: &Value) -> Result<SecretSpec, String> {
-    let Value::Object(fields) = value else {
-        return Err(
-            "must be {\"env\": \"VAR\"}, {\"file\": \"/path\"} or a SecretRef {source, provider, id}, \
-             not inline text"
-                .into(),
-        );
-    };
-    match (fields.len(), fields.get("env"), fields.get("file")) {
-        (1, Some(Value::String(variable)), _) if !variable.is_empty() => {
-            Ok(SecretSpec::Ref(SecretRef {
-                source: SecretSource::Env,
-                provider: DEFAULT_PROVIDER.to_owned(),
-                id: variable.clone(),
-            }))
-        }
-        (1, _, Some(Value::String(path))) if !path.is_empty() => {
-            if path.len() > MAX_PROVIDER_TEXT_BYTES || path.contains('\0') {
-                return Err(format!(
-                    "`file` must be a path of at most {MAX_PROVIDER_TEXT_BYTES} bytes, without NUL"
-                ));
-            }
-            Ok(SecretSpec::File(PathBuf::from(path)))
-        }
-        // An object is never inline text: this is a SecretRef or an error.
-        _ => {
-            secret_spec(None, value).map_err(|error| format!("`{}` {}", error.field, error.problem))
-        }
-    }
-}
-
 fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, WebhookConfigError> {
     match value {
         Value::String(secret) => {
@@ -277,44 +236,9 @@ fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, Webhook
             }
             Ok(SecretSpec::Inline(Secret::new(secret.clone())))
         }
-        Value::Object(_) => {
-            let mut fields = object(value, route, "secret")?;
-            let source = match take_string(&mut fields, route, "secret.source")?.as_deref() {
-                Some("env") => SecretSource::Env,
-                Some("file") => SecretSource::File,
-                Some("exec") => SecretSource::Exec,
-                Some(_) => {
-                    return Err(WebhookConfigError::new(
-                        route,
-                        "secret.source",
-                        "must be \"env\", \"file\" or \"exec\"",
-                    ))
-                }
-                None => {
-                    return Err(WebhookConfigError::new(
-                        route,
-                        "secret.source",
-                        "is required",
-                    ))
-                }
-            };
-            let provider = take_string(&mut fields, route, "secret.provider")?
-                .ok_or_else(|| WebhookConfigError::new(route, "secret.provider", "is required"))?;
-            let id = take_string(&mut fields, route, "secret.id")?
-                .ok_or_else(|| WebhookConfigError::new(route, "secret.id", "is required"))?;
-            if let Some(unknown) = fields.keys().next() {
-                return Err(WebhookConfigError::new(
-                    route,
-                    &format!("secret.{unknown}"),
-                    "is not a SecretRef field (source, provider, id)",
-                ));
-            }
-            Ok(SecretSpec::Ref(SecretRef {
-                source,
-                provider,
-                id,
-            }))
-        }
+        Value::Object(_) => SecretRef::from_json(value)
+            .map(SecretSpec::Ref)
+            .map_err(|error| WebhookConfigError::new(route, error.field(), error.problem())),
         _ => Err(WebhookConfigError::new(
             route,
             "secret",
@@ -466,6 +390,7 @@ fn refuse_unknown(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secrets::SecretSource;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -488,50 +413,6 @@ mod tests {
                 "deploys": {"sessionKey": "agent:main", "secret": secret, "path": path}
             })));
             assert!(refused.is_err(), "{path} was accepted");
-        }
-    }
-
-    #[test]
-    fn api_key_sources_are_env_file_or_a_secret_ref_never_inline() {
-        let env = secret_ref_from_json(&json!({"env": "OPENAI_API_KEY"})).unwrap();
-        assert_eq!(
-            env,
-            SecretSpec::Ref(SecretRef {
-                source: SecretSource::Env,
-                provider: "default".into(),
-                id: "OPENAI_API_KEY".into()
-            })
-        );
-        let file = secret_ref_from_json(&json!({"file": "/run/keys/openai"})).unwrap();
-        assert_eq!(file, SecretSpec::File("/run/keys/openai".into()));
-        let exec =
-            secret_ref_from_json(&json!({"source": "exec", "provider": "keyring", "id": "openai"}))
-                .unwrap();
-        assert_eq!(
-            exec,
-            SecretSpec::Ref(SecretRef {
-                source: SecretSource::Exec,
-                provider: "keyring".into(),
-                id: "openai".into()
-            })
-        );
-        for (value, words) in [
-            (json!("sk-inline-key-0123456789"), "not inline text"),
-            (json!({"env": ""}), "secret.source"),
-            (json!({"env": "A", "file": "/b"}), "secret.source"),
-            (
-                json!({"source": "vault", "provider": "p", "id": "i"}),
-                "secret.source",
-            ),
-            (json!({"source": "env", "id": "i"}), "secret.provider"),
-            (json!(7), "not inline text"),
-            (
-                json!({"file": format!("/{}", "x".repeat(4096))}),
-                "4096 bytes",
-            ),
-        ] {
-            let error = secret_ref_from_json(&value).unwrap_err();
-            assert!(error.contains(words), "{value}: {error}");
         }
     }
 

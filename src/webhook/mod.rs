@@ -97,13 +97,13 @@ mod routes;
 mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
+/// Moved to [`secrets`](crate::secrets); kept here for existing callers.
+pub use crate::secrets::secret_ref_from_json;
 pub use actions::{
     ActionReply, CancelOutcome, FlowActions, RecordOnly, RouteScope, TaskLaunch, TaskRunner,
     TaskRunnerError, TaskUpdate,
 };
-pub use config::{
-    secret_ref_from_json, RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS,
-};
+pub use config::{RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS};
 pub use flow::{Flow, FlowStatus, NotifyPolicy, Task, TaskRuntime, TaskStatus, MAX_TASKS_PER_FLOW};
 pub use layer::{WebhookLimits, WebhookSecretLayer};
 pub use payload::{
