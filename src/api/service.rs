@@ -9,7 +9,7 @@ use super::layer::KeyRoutesConfig;
 use super::routes::{dispatch, match_path, Request as ApiRequest};
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::Principal;
-use crate::body::BufferedBody;
+use crate::body::{BufferedBody, ChatRequest};
 use crate::keys::input;
 use crate::response_body::ResponseBody;
 
@@ -46,6 +46,11 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        // A chat request (BodyLimit parsed it) is none of the table's
+        // routes: passed on without reading its path again.
+        if request.extensions().get::<ChatRequest>().is_some() {
+            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+        }
         let Some(matched) = match_path(request.uri().path()) else {
             return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
         };
