@@ -604,6 +604,11 @@ impl GatewayConfig {
             .validate()
             .map_err(|error| ConfigError::at("free_quota", error))?;
         self.retry_policy()?;
+        if let Some(webhooks) = self.webhooks() {
+            webhooks
+                .check()
+                .map_err(|error| ConfigError::at("plugins.entries.webhooks", error))?;
+        }
         for (name, section) in &self.providers {
             self.validate_provider(name, section)?;
         }
@@ -736,6 +741,9 @@ impl GatewayConfig {
     pub fn provider_upstreams(&self) -> Result<HashMap<String, ProviderUpstream>, ConfigError> {
         let mut upstreams = HashMap::new();
         for (name, section) in &self.providers {
+            // Also when called on a config built in code: a BYOK provider
+            // without its own key would make the gateway's access unpaid.
+            self.validate_provider(name, section)?;
             let api_key = section
                 .api_key
                 .as_ref()
@@ -1343,6 +1351,51 @@ mod tests {
         assert_eq!(
             config.validate().unwrap_err().to_string(),
             "config: max_in_flight must be at least 1"
+        );
+        // Read straight from a config built in code, the providers are
+        // checked all the same: a BYOK provider needs its own key.
+        let config = GatewayConfig {
+            providers: HashMap::from([(
+                "internal".to_owned(),
+                ProviderSection {
+                    base_url: "http://10.0.0.7/v1".into(),
+                    byok: true,
+                    ..ProviderSection::default()
+                },
+            )]),
+            ..GatewayConfig::default()
+        };
+        let error = config.provider_upstreams().unwrap_err().to_string();
+        assert!(
+            error.contains("providers.internal.byok needs providers.internal.api_key"),
+            "{error}"
+        );
+        // And so are the webhook routes.
+        let short = crate::webhook::RouteConfig {
+            route_id: "deploys".into(),
+            enabled: true,
+            path: "/plugins/webhooks/deploys".into(),
+            session_key: "s".into(),
+            secret: SecretSpec::Inline(crate::secrets::Secret::new("short".to_owned())),
+            controller_id: "webhooks/deploys".into(),
+            description: None,
+        };
+        let config = GatewayConfig {
+            plugins: Some(PluginsSection {
+                entries: PluginEntries {
+                    webhooks: Some(WebhooksConfig {
+                        enabled: true,
+                        routes: vec![short],
+                        limits: Default::default(),
+                    }),
+                },
+            }),
+            ..GatewayConfig::default()
+        };
+        let error = config.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("`secret` must be at least 16 bytes"),
+            "{error}"
         );
     }
 

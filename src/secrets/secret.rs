@@ -203,6 +203,12 @@ pub fn resolve_secret(
     limits: &ResolveLimits,
 ) -> Result<Secret, ResolveError> {
     let (text, what) = match spec {
+        // Checked again here for a spec built in code, not read from a file.
+        SecretSpec::Inline(secret) if secret.expose().len() < MIN_SECRET_BYTES => {
+            return Err(ResolveError(format!(
+                "an inline secret is shorter than {MIN_SECRET_BYTES} bytes"
+            )))
+        }
         SecretSpec::Inline(secret) => return Ok(secret.clone()),
         SecretSpec::File(path) => (
             read_file(path, limits)?,
@@ -423,6 +429,26 @@ fn from_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inline_secret_built_in_code_is_as_long_as_a_read_one() {
+        let short = SecretSpec::Inline(Secret::new("short".to_owned()));
+        let error = resolve_secret(
+            &short,
+            &SecretProviders::default(),
+            &ResolveLimits::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(error, "an inline secret is shorter than 16 bytes");
+        let long = SecretSpec::Inline(Secret::new("0123456789abcdef".to_owned()));
+        assert!(resolve_secret(
+            &long,
+            &SecretProviders::default(),
+            &ResolveLimits::default()
+        )
+        .is_ok());
+    }
     use serde_json::json;
 
     fn reference(source: SecretSource, provider: &str, id: &str) -> SecretSpec {

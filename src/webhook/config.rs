@@ -128,12 +128,39 @@ impl WebhooksConfig {
         };
         // BTreeMap: routes in id order, so errors and listings are stable.
         let ordered: BTreeMap<&String, &Value> = routes.iter().collect();
-        let mut parsed: Vec<RouteConfig> = Vec::new();
-        for (route_id, route) in ordered {
-            let route = RouteConfig::parse(route_id, route)?;
-            if let Some(other) = parsed.iter().find(|other| other.path == route.path) {
+        let routes = ordered
+            .into_iter()
+            .map(|(route_id, route)| RouteConfig::parse(route_id, route))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = WebhooksConfig {
+            enabled,
+            routes,
+            limits,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Checks the routes as [`from_plugin_entry`](Self::from_plugin_entry)
+    /// does, for a configuration built in code: each id, each path in its
+    /// plain form and served by one route alone, each inline secret at
+    /// least [`MIN_SECRET_BYTES`] long.
+    pub fn check(&self) -> Result<(), WebhookConfigError> {
+        for (at, route) in self.routes.iter().enumerate() {
+            let id = Some(route.route_id.as_str());
+            if !is_identifier(&route.route_id) {
+                return Err(WebhookConfigError::new(id, "routeId", ROUTE_ID_RULE));
+            }
+            checked_path(id, route.path.clone())?;
+            if let SecretSpec::Inline(secret) = &route.secret {
+                check_inline_secret(id, secret.expose())?;
+            }
+            if let Some(other) = self.routes[..at]
+                .iter()
+                .find(|other| other.path == route.path)
+            {
                 return Err(WebhookConfigError::new(
-                    Some(&route.route_id),
+                    id,
                     "path",
                     format!(
                         "{:?} is also the path of route `{}`; give each route its own",
@@ -141,25 +168,29 @@ impl WebhooksConfig {
                     ),
                 ));
             }
-            parsed.push(route);
         }
-        Ok(WebhooksConfig {
-            enabled,
-            routes: parsed,
-            limits,
-        })
+        Ok(())
     }
+}
+
+const ROUTE_ID_RULE: &str = "must be 1 to 64 characters of A-Z a-z 0-9 _ -";
+
+fn check_inline_secret(route: Option<&str>, secret: &str) -> Result<(), WebhookConfigError> {
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(WebhookConfigError::new(
+            route,
+            "secret",
+            format!("must be at least {MIN_SECRET_BYTES} bytes; prefer a SecretRef to inline text"),
+        ));
+    }
+    Ok(())
 }
 
 impl RouteConfig {
     fn parse(route_id: &str, value: &Value) -> Result<Self, WebhookConfigError> {
         let route = Some(route_id);
         if !is_identifier(route_id) {
-            return Err(WebhookConfigError::new(
-                route,
-                "routeId",
-                "must be 1 to 64 characters of A-Z a-z 0-9 _ -",
-            ));
+            return Err(WebhookConfigError::new(route, "routeId", ROUTE_ID_RULE));
         }
         let mut fields = object(value, route, "route")?;
         let enabled = take_bool(&mut fields, route, "enabled")?.unwrap_or(true);
@@ -227,13 +258,7 @@ fn checked_path(route: Option<&str>, path: String) -> Result<String, WebhookConf
 fn secret_spec(route: Option<&str>, value: &Value) -> Result<SecretSpec, WebhookConfigError> {
     match value {
         Value::String(secret) => {
-            if secret.len() < MIN_SECRET_BYTES {
-                return Err(WebhookConfigError::new(
-                    route,
-                    "secret",
-                    format!("must be at least {MIN_SECRET_BYTES} bytes; prefer a SecretRef to inline text"),
-                ));
-            }
+            check_inline_secret(route, secret)?;
             Ok(SecretSpec::Inline(Secret::new(secret.clone())))
         }
         Value::Object(_) => SecretRef::from_json(value)
