@@ -535,6 +535,22 @@ mod tests {
                 }
             }
         }
+        for route in ROUTES {
+            // `admit` reads the path's account as its first parameter.
+            let reads_account = matches!(route.caller, Caller::AccountKey | Caller::AccountManager)
+                || route.management_key_message.is_some();
+            assert!(
+                !reads_account
+                    || route.path.split('/').find(|part| part.starts_with('{')) == Some("{id}"),
+                "{route:?} reads the account from its first parameter, which is not {{id}}"
+            );
+            // KeyRoutes passes a parsed chat request on unmatched.
+            assert!(
+                !(route.methods.contains(&Method::POST)
+                    && route.path.ends_with("chat/completions")),
+                "{route:?} would be skipped as a chat request"
+            );
+        }
         // The check itself tells overlapping paths apart.
         assert!(overlap("/api/v1/keys/{hash}", "/API/v1/keys/abc"));
         assert!(!overlap(
