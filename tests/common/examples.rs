@@ -43,9 +43,10 @@ fn build_examples(profile_dir: &Path) {
     {
         command.arg("--release");
     }
-    // The features this test was built with: the examples must link
-    // against the same library build.
-    command.arg("--no-default-features");
+    // The features this test was built with, so that the examples link
+    // against the same library build. The defaults are left as such: cargo
+    // counts `default` among the features, and the same set spelled out
+    // would build the library and the examples a second time.
     let features: Vec<&str> = [
         ("redis", cfg!(feature = "redis")),
         ("sqlite", cfg!(feature = "sqlite")),
@@ -55,7 +56,10 @@ fn build_examples(profile_dir: &Path) {
     .into_iter()
     .filter_map(|(name, on)| on.then_some(name))
     .collect();
-    command.args(["--features", &features.join(",")]);
+    if !cfg!(feature = "default") {
+        command.arg("--no-default-features");
+        command.args(["--features", &features.join(",")]);
+    }
     let status = command
         .status()
         .expect("cargo runs (the CARGO variable names it under `cargo test`)");
@@ -130,41 +134,55 @@ impl ProxyProcess {
         // Its own process group, so that dropping it also ends what a
         // wrapper (faketime forks the proxy) started.
         command.process_group(0);
-        let stderr_pipe = if watched {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        };
         let mut child = command
             .stdout(std::process::Stdio::piped())
-            .stderr(stderr_pipe)
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // Kept whole for a watched proxy; otherwise its last 64 KiB, to say
+        // why a proxy that ended before listening did.
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         if let Some(mut pipe) = child.stderr.take() {
             let stderr = stderr.clone();
             std::thread::spawn(move || {
                 let mut buffer = [0; 4096];
                 while let Ok(read @ 1..) = pipe.read(&mut buffer) {
-                    stderr
-                        .lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&buffer[..read]));
+                    let mut kept = stderr.lock().unwrap();
+                    kept.push_str(&String::from_utf8_lossy(&buffer[..read]));
+                    if !watched && kept.len() > 64 * 1024 {
+                        let cut = kept.len() - 32 * 1024;
+                        let cut = (cut..kept.len())
+                            .find(|&at| kept.is_char_boundary(at))
+                            .unwrap_or(kept.len());
+                        kept.drain(..cut);
+                    }
                 }
             });
         }
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut next_line = |child: &mut std::process::Child| match lines.next() {
+            Some(line) => line.unwrap(),
+            None => {
+                let status = child.wait().unwrap();
+                // The reader thread has the last of it once the pipe closes.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                panic!(
+                    "the proxy ended ({status}) before it printed its address; its stderr:\n{}",
+                    stderr.lock().unwrap()
+                )
+            }
+        };
         let mut printed_before = Vec::new();
-        let mut first = lines.next().unwrap().unwrap();
+        let mut first = next_line(&mut child);
         while watched && !first.starts_with("modelgate listening on ") {
             printed_before.push(first);
-            first = lines.next().unwrap().unwrap();
+            first = next_line(&mut child);
         }
         let address = first
             .strip_prefix("modelgate listening on ")
             .unwrap_or_else(|| panic!("unexpected first line: {first}"))
             .to_owned();
-        let second = lines.next().unwrap().unwrap();
+        let second = next_line(&mut child);
         let admin = second
             .strip_prefix("admin (metrics, healthz, readyz) on ")
             .unwrap_or_else(|| panic!("unexpected second line: {second}"))
