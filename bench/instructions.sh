@@ -79,7 +79,7 @@ measure() {
 echo "==> instructions per request: ${seconds}s under callgrind, 4 connections, upstream answering at once"
 printf '\n%-9s %14s %14s %14s\n' body bare memory "layers add"
 for variant in plain streamed; do
-  bare="$(measure bare "$variant" --bare true)"
+  bare="$(measure bare "$variant" --bare true --store memory)"
   memory="$(measure memory "$variant" --store memory)"
   printf '%-9s %14s %14s %14s\n' "$variant" "$bare" "$memory" "+$((memory - bare))"
 done

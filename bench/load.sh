@@ -36,7 +36,7 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$work" >"$work/redis.out" 2>&1 &
 echo $! >>"$work/pids"
 
-bare_url="$(start_proxy bare --bare true)"
+bare_url="$(start_proxy bare --bare true --store memory)"
 memory_url="$(start_proxy memory --store memory)"
 sqlite_url="$(start_proxy sqlite --store "sqlite:$work/modelgate.db")"
 redis_url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
