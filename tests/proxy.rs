@@ -634,10 +634,26 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
     assert!(balance.balance_nanos < 100 * NANOS_PER_CREDIT);
 }
 
-#[test]
-fn the_proxy_refuses_a_bad_value_naming_its_path_before_it_listens() {
+/// What the proxy says on stderr when `config_text` keeps it from starting:
+/// it exits 2 and never listens.
+fn refused_start(config_text: &str) -> String {
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");
+    std::fs::write(&config, config_text).unwrap();
+    let output = Command::new(common::examples::binary("proxy"))
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--upstream", "http://127.0.0.1:9/v1", "--config"])
+        .arg(&config)
+        .current_dir(directory.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{config_text}");
+    assert!(output.stdout.is_empty(), "it never started listening");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn the_proxy_refuses_a_bad_value_naming_its_path_before_it_listens() {
     for (text, words) in [
         (
             r#"{"pricing": {"models": {"openai/gpt-4o": {"prompt_per_million": -1, "completion_per_million": 10}}}}"#,
@@ -648,41 +664,19 @@ fn the_proxy_refuses_a_bad_value_naming_its_path_before_it_listens() {
             "config: providers.openai.api_key: must be {\"env\": \"VAR\"}",
         ),
     ] {
-        std::fs::write(&config, text).unwrap();
-        let output = Command::new(common::examples::binary("proxy"))
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(["--upstream", "http://127.0.0.1:9/v1", "--config"])
-            .arg(&config)
-            .current_dir(directory.path())
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(2), "{text}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = refused_start(text);
         assert!(stderr.contains(words), "{text}: {stderr}");
         assert!(!stderr.contains("sk-inline"), "{stderr}");
-        assert!(output.stdout.is_empty(), "it never started listening");
     }
 }
 
 #[test]
 fn the_proxy_refuses_to_start_with_credit_byok_and_says_what_to_do() {
-    let directory = tempfile::tempdir().unwrap();
-    let config = directory.path().join("gateway.json");
-    std::fs::write(&config, r#"{"credit": {"byok": {"acme": ["openai"]}}}"#).unwrap();
-    let output = Command::new(common::examples::binary("proxy"))
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(["--upstream", "http://127.0.0.1:9/v1", "--config"])
-        .arg(&config)
-        .current_dir(directory.path())
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_start(r#"{"credit": {"byok": {"acme": ["openai"]}}}"#);
     assert!(
         stderr.contains("credit.byok is no longer accepted")
             && stderr.contains("`providers` section")
             && stderr.contains("PUT /api/v1/accounts/{id}/byok/{provider}"),
         "{stderr}"
     );
-    assert!(output.stdout.is_empty(), "it never started listening");
 }

@@ -17,12 +17,7 @@ use crate::store::{AccountBalance, TopUpOutcome};
 
 /// `GET /api/v1/credits`: the calling key's account's credits and usage.
 pub(crate) async fn credits(call: Call) -> Result<Answer, GatewayError> {
-    let balance = call
-        .directory()
-        .store()
-        .account_balance(&call.principal.account_id)
-        .await
-        .map_err(refuse)?;
+    let balance = callers_balance(&call).await?;
     Ok(ok(json!({"data": {
         "total_credits": nanos_to_json(balance.purchased_nanos),
         "total_usage": nanos_to_json(balance.purchased_nanos.saturating_sub(balance.balance_nanos)),
@@ -32,12 +27,7 @@ pub(crate) async fn credits(call: Call) -> Result<Answer, GatewayError> {
 /// `GET /user/balance`: the calling key's account's balance, as
 /// DeepSeek-style clients read it.
 pub(crate) async fn user_balance(call: Call) -> Result<Answer, GatewayError> {
-    let balance = call
-        .directory()
-        .store()
-        .account_balance(&call.principal.account_id)
-        .await
-        .map_err(refuse)?;
+    let balance = callers_balance(&call).await?;
     let total = decimal_string(balance.balance_nanos, 2);
     Ok(ok(json!({
         "is_available": balance.balance_nanos > 0,
@@ -48,6 +38,15 @@ pub(crate) async fn user_balance(call: Call) -> Result<Answer, GatewayError> {
             "topped_up_balance": total,
         }],
     })))
+}
+
+/// The balance of the calling key's account.
+async fn callers_balance(call: &Call) -> Result<AccountBalance, GatewayError> {
+    call.directory()
+        .store()
+        .account_balance(&call.principal.account_id)
+        .await
+        .map_err(refuse)
 }
 
 /// `POST /api/v1/accounts`: a new account; 422 `account_exists`.
