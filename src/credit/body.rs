@@ -12,20 +12,22 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::meter::{Ending, Meter};
 use super::pending::StreamsEnd;
-use super::usage::UsageScanner;
+use super::usage::{Usage, UsageScanner};
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::BoxError;
 
 pin_project! {
     /// A response body that settles its request's cost when it ends, fails
-    /// or is dropped. Frames pass through as they come; nothing is held
-    /// back or changed.
+    /// or is dropped. Frames pass through as they come, unless the stream
+    /// is edited ([`StreamEdits`]): then each event goes on whole, as
+    /// edited, once its blank line has come.
     pub struct MeteredBody<B> {
         #[pin]
         inner: B,
@@ -34,6 +36,11 @@ pin_project! {
         streams_end: Option<StreamsEnd>,
         // Ended by the gateway: nothing more is sent.
         cut_short: bool,
+        // An edited stream's trailers, held until the data before them
+        // has gone.
+        trailers: Option<HeaderMap>,
+        // The inner body has ended (an edited stream's last bytes go first).
+        inner_ended: bool,
     }
 
     impl<B> PinnedDrop for MeteredBody<B> {
@@ -41,7 +48,7 @@ pin_project! {
             let this = this.project();
             // A client that went away: settle with what was seen.
             if let Some(metering) = this.metering.take() {
-                let (meter, usage) = metering.finish();
+                let (meter, usage) = metering.finish(&mut BytesMut::new());
                 meter.settle_in_background(usage, Ending::Abandoned);
             }
         }
@@ -54,24 +61,29 @@ struct Metering {
 }
 
 impl Metering {
-    /// The meter, knowing what an event stream carried, and the usage read.
-    fn finish(self) -> (Meter, Option<super::usage::Usage>) {
+    /// The meter, knowing what an event stream carried, and the usage
+    /// read; an edited stream's last bytes are added to `out`.
+    fn finish(self, out: &mut BytesMut) -> (Meter, Option<Usage>) {
         let Metering { mut meter, scanner } = self;
         if scanner.is_event_stream() {
+            // What the events whole so far carried: an unfinished last
+            // one is read for usage, not counted as a chunk.
             meter.streamed_tokens = Some(scanner.streamed_tokens());
         }
-        (meter, scanner.finish())
+        (meter, scanner.finish_edited(out))
     }
 }
 
 impl<B> MeteredBody<B> {
-    /// A body that settles `meter` with what `scanner` reads.
+    /// A body that settles `meter` with what `scanner` reads (and edits).
     pub(crate) fn metered(inner: B, meter: Meter, scanner: UsageScanner) -> Self {
         MeteredBody {
             inner,
             streams_end: Some(meter.pending.streams_end()),
             metering: Some(Metering { meter, scanner }),
             cut_short: false,
+            trailers: None,
+            inner_ended: false,
         }
     }
 
@@ -82,13 +94,15 @@ impl<B> MeteredBody<B> {
             metering: None,
             streams_end: None,
             cut_short: false,
+            trailers: None,
+            inner_ended: false,
         }
     }
 }
 
 /// What a stream the gateway ends while stopping says last, as OpenAI-style
 /// clients expect a failure told in a stream: one `data:` event with the
-/// error body. `between_events` false: the upstream's last event is
+/// error body. `between_events` false: the stream's last event is
 /// unfinished, and is closed first so that this one stays whole.
 fn shutting_down_event(between_events: bool) -> Bytes {
     let error = GatewayError::new(
@@ -98,6 +112,32 @@ fn shutting_down_event(between_events: bool) -> Bytes {
     .with_metadata("reason", "shutting_down");
     let opening = if between_events { "" } else { "\n\n" };
     Bytes::from(format!("{opening}data: {}\n\n", error.to_json()))
+}
+
+/// The last frame of a body the gateway ends: an event stream says why
+/// (after what an edited one still held); any other body cannot say it
+/// was cut, its connection is.
+fn cut_short(metering: Metering) -> Result<Frame<Bytes>, BoxError> {
+    let mut out = BytesMut::new();
+    let last = metering.scanner.is_event_stream().then(|| {
+        (
+            metering.scanner.between_events(),
+            metering.scanner.is_edited(),
+        )
+    });
+    let (meter, usage) = metering.finish(&mut out);
+    meter.settle_in_background(usage, Ending::ShutDown);
+    let Some((between_events, editing)) = last else {
+        return Err(BoxError::from("the gateway is shutting down"));
+    };
+    // What an edited stream held ends without its blank line, if at all;
+    // a stream read only has given the client every byte already.
+    let closed = match editing {
+        true => out.is_empty(),
+        false => between_events,
+    };
+    out.extend_from_slice(&shutting_down_event(closed));
+    Ok(Frame::data(out.freeze()))
 }
 
 impl<B> Body for MeteredBody<B>
@@ -113,66 +153,103 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if *this.cut_short {
-            return Poll::Ready(None);
-        }
-        // The gateway stopping ends the body at a frame boundary: at once
-        // if told before this frame, else when the upstream makes it wait.
-        let ended = this.streams_end.as_ref().is_some_and(StreamsEnd::has_ended);
-        let next = match ended {
-            true => None,
-            false => match this.inner.as_mut().poll_frame(cx) {
-                Poll::Ready(next) => Some(next),
-                Poll::Pending => {
-                    match this.streams_end.as_mut().map(|end| Pin::new(end).poll(cx)) {
-                        Some(Poll::Ready(())) => None,
-                        _ => return Poll::Pending,
-                    }
-                }
-            },
-        };
-        let Some(next) = next else {
-            *this.streams_end = None;
-            *this.cut_short = true;
-            return Poll::Ready(this.metering.take().map(|metering| {
-                let last = metering
-                    .scanner
-                    .is_event_stream()
-                    .then(|| shutting_down_event(metering.scanner.between_events()));
-                let (meter, usage) = metering.finish();
-                meter.settle_in_background(usage, Ending::ShutDown);
-                // Any other body cannot say it was cut: its connection is.
-                last.map(Frame::data)
-                    .ok_or_else(|| BoxError::from("the gateway is shutting down"))
-            }));
-        };
-        let Some(metering) = this.metering.as_mut() else {
-            return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
-        };
-        let ending = match &next {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    metering.scanner.feed(data);
-                }
-                return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
+        loop {
+            if *this.cut_short {
+                return Poll::Ready(None);
             }
-            Some(Err(_)) => Ending::Interrupted,
-            None => Ending::Complete,
-        };
-        *this.streams_end = None;
-        if let Some(metering) = this.metering.take() {
-            let (meter, usage) = metering.finish();
-            meter.settle_in_background(usage, ending);
+            if *this.inner_ended {
+                *this.cut_short = true;
+                return Poll::Ready(
+                    this.trailers
+                        .take()
+                        .map(|trailers| Ok(Frame::trailers(trailers))),
+                );
+            }
+            // The gateway stopping ends the body at a frame boundary: at once
+            // if told before this frame, else when the upstream makes it wait.
+            let ended = this.streams_end.as_ref().is_some_and(StreamsEnd::has_ended);
+            let next = match ended {
+                true => None,
+                false => match this.inner.as_mut().poll_frame(cx) {
+                    Poll::Ready(next) => Some(next),
+                    Poll::Pending => {
+                        match this.streams_end.as_mut().map(|end| Pin::new(end).poll(cx)) {
+                            Some(Poll::Ready(())) => None,
+                            _ => return Poll::Pending,
+                        }
+                    }
+                },
+            };
+            let Some(next) = next else {
+                *this.streams_end = None;
+                *this.cut_short = true;
+                return Poll::Ready(this.metering.take().map(cut_short));
+            };
+            let Some(metering) = this.metering.as_mut() else {
+                return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
+            };
+            let mut out = BytesMut::new();
+            let ending = match next {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        if !metering.scanner.feed_edited(&data, &mut out) {
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                        if out.is_empty() {
+                            // An edited stream's event is not whole yet.
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                    }
+                    Err(frame) => match frame.into_trailers() {
+                        // Trailers end the body: they go after its data.
+                        Ok(trailers) => {
+                            *this.trailers = Some(trailers);
+                            continue;
+                        }
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    },
+                },
+                Some(Err(error)) => {
+                    *this.streams_end = None;
+                    if let Some(metering) = this.metering.take() {
+                        let (meter, usage) = metering.finish(&mut out);
+                        meter.settle_in_background(usage, Ending::Interrupted);
+                    }
+                    return Poll::Ready(Some(Err(error.into())));
+                }
+                None => Ending::Complete,
+            };
+            *this.streams_end = None;
+            *this.inner_ended = true;
+            if let Some(metering) = this.metering.take() {
+                let (meter, usage) = metering.finish(&mut out);
+                meter.settle_in_background(usage, ending);
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+            }
         }
-        Poll::Ready(next.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.cut_short || self.inner.is_end_stream()
+        if self.cut_short || (self.inner_ended && self.trailers.is_none()) {
+            return true;
+        }
+        // An edited stream may still hold its last event.
+        let holding = self
+            .metering
+            .as_ref()
+            .is_some_and(|metering| metering.scanner.is_edited());
+        !holding && self.trailers.is_none() && !self.inner_ended && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.metering {
+            // What is taken out of an edited stream is not known in advance.
+            Some(metering) if metering.scanner.is_edited() => SizeHint::default(),
+            _ => self.inner.size_hint(),
+        }
     }
 }
 

@@ -13,11 +13,12 @@ use tower_service::Service;
 
 use super::body::MeteredBody;
 use super::bound::edit_request_body;
-use super::hidden_usage::HiddenUsage;
 use super::meter::{Ending, Unsettled};
 use super::service::Admitted;
+use super::stream::StreamEdits;
 use super::usage::{BodyKind, UsageScanner};
 use crate::body::BufferedBody;
+use crate::edit::{ModelNamed, NameModelInStream, ServedModel};
 use crate::error::GatewayError;
 use crate::limiter::headers::merge_response_headers;
 use crate::response_body::ResponseBody;
@@ -57,6 +58,8 @@ pin_project! {
             max_scanned_body_bytes: usize,
             response_headers: Vec<http::HeaderMap>,
             hide_stream_usage: bool,
+            // The model a stream is to name (asked by the layer above).
+            name_model: Option<std::sync::Arc<str>>,
             generation_id: Option<http::HeaderValue>,
         },
     }
@@ -80,6 +83,7 @@ where
                 max_scanned_body_bytes: 0,
                 response_headers: Vec::new(),
                 hide_stream_usage: false,
+                name_model: None,
                 generation_id: None,
             },
         }
@@ -107,7 +111,7 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     B: From<Bytes>,
 {
-    type Output = Result<Response<ResponseBody<HiddenUsage<MeteredBody<ResBody>>>>, S::Error>;
+    type Output = Result<Response<ResponseBody<MeteredBody<ResBody>>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -171,8 +175,13 @@ where
                                 generation.sent = Some(tokio::time::Instant::now());
                                 HeaderValue::from_str(&generation_id(&meter.reservation_id)).ok()
                             });
+                            let name_model = request
+                                .extensions()
+                                .get::<NameModelInStream>()
+                                .map(|NameModelInStream(model)| std::sync::Arc::clone(model));
                             State::Calling {
                                 generation_id,
+                                name_model,
                                 future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
                                 // may be working, so the hold is charged,
@@ -193,6 +202,7 @@ where
                     max_scanned_body_bytes,
                     response_headers,
                     hide_stream_usage,
+                    name_model,
                     generation_id,
                 } => {
                     let response = match ready!(future.poll(cx)) {
@@ -223,11 +233,6 @@ where
                     }
                     // The body is read as what it is, whatever was asked for.
                     let event_stream = is_event_stream(&parts.headers);
-                    let kind = if event_stream {
-                        BodyKind::EventStream
-                    } else {
-                        BodyKind::Json
-                    };
                     if let Some(id) = generation_id.take() {
                         parts.headers.insert(GENERATION_ID_HEADER, id);
                     }
@@ -238,22 +243,35 @@ where
                                 generation.status = Some(parts.status.as_u16());
                                 generation.streamed = event_stream;
                             }
-                            MeteredBody::metered(
-                                body,
-                                meter,
-                                UsageScanner::new(kind, *max_scanned_body_bytes),
-                            )
+                            let scanner = match event_stream {
+                                true => {
+                                    // The usage the gateway asked for is read
+                                    // and kept from the client, who did not
+                                    // ask for it; each chunk names the model
+                                    // the layer above asked for.
+                                    let edits = StreamEdits {
+                                        hide_usage: *hide_stream_usage && success,
+                                        served_model: name_model
+                                            .take()
+                                            .filter(|_| success)
+                                            .map(|model| ServedModel::new(&*model)),
+                                    };
+                                    if edits.served_model.is_some() {
+                                        parts.extensions.insert(ModelNamed);
+                                    }
+                                    if edits.any() {
+                                        // Bytes change: a declared length would be wrong.
+                                        parts.headers.remove(CONTENT_LENGTH);
+                                    }
+                                    UsageScanner::event_stream(edits, *max_scanned_body_bytes)
+                                }
+                                false => UsageScanner::new(BodyKind::Json, *max_scanned_body_bytes),
+                            };
+                            MeteredBody::metered(body, meter, scanner)
                         }
+                        // Not charged (nothing reached the upstream): the
+                        // gateway asked for no usage, and names no model here.
                         None => MeteredBody::unmetered(body),
-                    };
-                    // The usage the gateway asked for is read above and
-                    // kept from the client, who did not ask for it.
-                    let body = if *hide_stream_usage && event_stream && success {
-                        // Bytes are taken out: a declared length would be wrong.
-                        parts.headers.remove(CONTENT_LENGTH);
-                        HiddenUsage::new(body)
-                    } else {
-                        HiddenUsage::passthrough(body)
                     };
                     return Poll::Ready(Ok(Response::from_parts(parts, ResponseBody::inner(body))));
                 }

@@ -2,21 +2,15 @@
 //! the gateway not asked the upstream for usage on its behalf.
 
 use std::pin::Pin;
-use std::sync::LazyLock;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use memchr::memmem::Finder;
 use pin_project_lite::pin_project;
 
-use crate::edit::{line_content, JsonObject, SseLines, SsePiece, MAX_SSE_LINE_BYTES};
-
-// Searched for in every streamed chunk: built once, not per call.
-static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"usage"));
-/// A `\u` escape, the only one that can spell a name's letters.
-pub(super) static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+use super::stream::{StreamEdits, StreamReader};
+use crate::edit::{SseEvents, MAX_SSE_LINE_BYTES};
 
 pin_project! {
     /// A server-sent event stream of chat completion chunks with the usage
@@ -167,146 +161,39 @@ where
     }
 }
 
-/// The filter's state between chunks.
-#[derive(Debug, Default)]
+/// The filter's state between chunks: the events, and the reader that
+/// takes the usage out of them.
+#[derive(Debug)]
 struct Filter {
-    lines: SseLines,
-    // The lines of the event being read, up to its blank line.
-    event: BytesMut,
-    // The event had a line too long to hold: it passes as it is.
-    passing_event: bool,
+    events: SseEvents,
+    reader: StreamReader,
+}
+
+impl Default for Filter {
+    fn default() -> Self {
+        let edits = StreamEdits {
+            hide_usage: true,
+            served_model: None,
+        };
+        Filter {
+            events: SseEvents::editing(),
+            reader: StreamReader::new(edits, MAX_SSE_LINE_BYTES),
+        }
+    }
 }
 
 impl Filter {
     fn feed(&mut self, data: &[u8], out: &mut BytesMut) {
-        self.lines.push(data);
-        while let Some(piece) = self.lines.next_piece() {
-            self.piece(piece, out);
-        }
+        self.events.feed(data, &mut self.reader, out);
     }
 
-    /// At the body's end: the last line, and an event that was not ended
-    /// by a blank line, filtered all the same.
     fn finish(&mut self, out: &mut BytesMut) {
-        if let Some(piece) = self.lines.finish() {
-            self.piece(piece, out);
-        }
-        if !self.event.is_empty() {
-            self.end_event(b"", out);
-        }
-        self.passing_event = false;
+        self.events.finish(&mut self.reader, out);
     }
 
     fn is_empty(&self) -> bool {
-        self.lines.is_empty() && self.event.is_empty()
+        self.events.between_events()
     }
-
-    fn piece(&mut self, piece: SsePiece, out: &mut BytesMut) {
-        match piece {
-            SsePiece::Long(part) => {
-                out.extend_from_slice(&self.event.split());
-                out.extend_from_slice(&part);
-                self.passing_event = true;
-            }
-            SsePiece::Line(line) => self.line(&line, out),
-        }
-    }
-
-    fn line(&mut self, line: &[u8], out: &mut BytesMut) {
-        let blank = line_content(line).is_empty();
-        if self.passing_event {
-            out.extend_from_slice(line);
-            self.passing_event = !blank;
-        } else if blank {
-            self.end_event(line, out);
-        } else if self.event.is_empty() && line.starts_with(b":") {
-            out.extend_from_slice(line);
-        } else {
-            self.event.extend_from_slice(line);
-            if self.event.len() > MAX_SSE_LINE_BYTES {
-                out.extend_from_slice(&self.event.split());
-                self.passing_event = true;
-            }
-        }
-    }
-
-    fn end_event(&mut self, blank: &[u8], out: &mut BytesMut) {
-        let event = self.event.split();
-        match verdict(&event) {
-            Verdict::Keep => out.extend_from_slice(&event),
-            Verdict::Drop => return,
-            Verdict::Rewrite(event) => out.extend_from_slice(&event),
-        }
-        out.extend_from_slice(blank);
-    }
-}
-
-enum Verdict {
-    Keep,
-    Drop,
-    Rewrite(Vec<u8>),
-}
-
-/// What becomes of an event (its lines, without the blank line).
-fn verdict(event: &[u8]) -> Verdict {
-    // The one `data` line, and where it starts.
-    let mut data = None;
-    let mut start = 0;
-    for line in event.split_inclusive(|&byte| byte == b'\n') {
-        let field = line_content(line);
-        if field == b"data" || field.starts_with(b"data:") {
-            if data.is_some() {
-                // Data over several lines: no chunk the gateway reads.
-                return Verdict::Keep;
-            }
-            data = Some((start, line));
-        }
-        start += line.len();
-    }
-    let Some((start, line)) = data else {
-        return Verdict::Keep;
-    };
-    let field = line_content(line);
-    let Some(value) = field.strip_prefix(b"data:") else {
-        return Verdict::Keep;
-    };
-    let payload = value.strip_prefix(b" ").unwrap_or(value);
-    // `usage` is spelled out, or escaped (`\u0075sage`): a chunk that has
-    // neither is not read at all.
-    if USAGE.find(payload).is_none() && ESCAPE.find(payload).is_none() {
-        return Verdict::Keep;
-    }
-    let Some(mut object) = JsonObject::parse(payload) else {
-        return Verdict::Keep;
-    };
-    match object.get("usage") {
-        Ok(Some("null")) => {
-            if object.remove("usage").is_err() {
-                return Verdict::Keep;
-            }
-            let prefix = &field[..field.len() - payload.len()];
-            let mut rewritten = Vec::with_capacity(event.len());
-            rewritten.extend_from_slice(&event[..start]);
-            rewritten.extend_from_slice(prefix);
-            rewritten.extend_from_slice(&object.to_bytes());
-            rewritten.extend_from_slice(&line[field.len()..]);
-            rewritten.extend_from_slice(&event[start + line.len()..]);
-            Verdict::Rewrite(rewritten)
-        }
-        Ok(Some(_)) if no_choices(object.get("choices").ok().flatten()) => Verdict::Drop,
-        _ => Verdict::Keep,
-    }
-}
-
-/// Whether `choices` is there (once) and an empty array.
-fn no_choices(choices: Option<&str>) -> bool {
-    let Some(choices) = choices else {
-        return false;
-    };
-    choices
-        .strip_prefix('[')
-        .and_then(|inside| inside.strip_suffix(']'))
-        .is_some_and(|inside| inside.trim().is_empty())
 }
 
 #[cfg(test)]

@@ -33,9 +33,10 @@
 //! `stream_options.include_usage`, and the usage chunk that brings is kept
 //! from the client, who gets the bytes it would have got.
 //!
-//! The response passes through untouched, unbuffered, while a
-//! [`UsageScanner`] reads the upstream's `usage` (from the JSON body, or
-//! the SSE chunk before `data: [DONE]`). When the response ends, the real
+//! The response passes through unbuffered while its `usage` is read (from
+//! the JSON body, or the SSE chunk before `data: [DONE]`; each event is
+//! parsed once, by the one reader that also hides the usage the gateway
+//! asked for and names the model the layer above asks it to). When the response ends, the real
 //! cost is recorded and the hold released in one step: `usage.cost` when
 //! the upstream states it, else the tokens priced; `:free` variants cost 0,
 //! whatever the upstream says. A cost above the bound (an upstream that
@@ -140,7 +141,11 @@ mod pending;
 mod pricing;
 mod renewal;
 mod service;
+mod stream;
 mod usage;
+
+#[cfg(test)]
+pub(crate) use stream::{StreamEdits, StreamReader};
 
 pub use body::MeteredBody;
 pub use bound::{edit_request_body, BodyEdits, BoundField};

@@ -26,7 +26,6 @@ use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 use crate::usage::{GenerationContext, RequestedModel};
 
 use super::body::MeteredBody;
-use super::hidden_usage::HiddenUsage;
 
 /// Admits a chat request only when what its key's limit and (for a paid
 /// model) its account's balance leave pays for it, holding what it can
@@ -48,7 +47,7 @@ where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
     B: From<Bytes>,
 {
-    type Response = Response<ResponseBody<HiddenUsage<MeteredBody<ResBody>>>>;
+    type Response = Response<ResponseBody<MeteredBody<ResBody>>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 

@@ -4,8 +4,12 @@
 
 use std::sync::LazyLock;
 
+use bytes::BytesMut;
 use memchr::memmem::Finder;
 use serde_json::Value;
+
+use super::stream::{StreamEdits, StreamReader};
+use crate::edit::SseEvents;
 
 use crate::keys::credits::nanos_from_json;
 
@@ -64,165 +68,100 @@ pub enum BodyKind {
     EventStream,
 }
 
-const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
-
 /// Reads usage out of a body fed chunk by chunk, in bounded memory.
 #[derive(Debug)]
 pub struct UsageScanner {
-    kind: BodyKind,
-    max_buffered_bytes: usize,
-    /// The JSON body so far, or the current SSE line.
-    buffer: Vec<u8>,
-    /// The data lines of the SSE event being read.
-    event_data: Vec<u8>,
-    /// A line or body over the bound: skipped to its end.
-    overflowed: bool,
-    /// A CR ended the last chunk; an LF starting the next belongs to it.
-    after_cr: bool,
-    /// The event being read lost data to the bound: it is not parsed.
-    event_overflowed: bool,
-    /// A line has ended: a byte-order mark can only open the first.
-    started: bool,
-    usage: Option<Usage>,
-    done: bool,
-    /// Chunks streamed (events other than `[DONE]`), and the bytes of the
-    /// text they carried: what a stream that reports no usage is charged by.
-    streamed_chunks: u64,
-    streamed_text_bytes: u64,
+    reading: Reading,
+}
+
+#[derive(Debug)]
+enum Reading {
+    Json {
+        max_buffered_bytes: usize,
+        /// The body so far.
+        buffer: Vec<u8>,
+        /// Over the bound: not read.
+        overflowed: bool,
+    },
+    /// Each event read once, by the reader that also makes the stream's
+    /// edits (boxed: a JSON body's scanner stays small).
+    EventStream(Box<StreamScan>),
+}
+
+#[derive(Debug)]
+struct StreamScan {
+    events: SseEvents,
+    reader: StreamReader,
 }
 
 impl UsageScanner {
     /// A scanner for a body of `kind`, holding at most `max_buffered_bytes`
-    /// (a JSON body larger than that, or an SSE line, is not read for usage).
+    /// (a JSON body larger than that, or an SSE event's data, is not read
+    /// for usage; an SSE line longer than
+    /// [`MAX_SSE_LINE_BYTES`](crate::edit::MAX_SSE_LINE_BYTES) is counted,
+    /// not read).
     pub fn new(kind: BodyKind, max_buffered_bytes: usize) -> Self {
+        let reading = match kind {
+            BodyKind::Json => Reading::Json {
+                max_buffered_bytes,
+                buffer: Vec::new(),
+                overflowed: false,
+            },
+            BodyKind::EventStream => {
+                return UsageScanner::event_stream(StreamEdits::default(), max_buffered_bytes)
+            }
+        };
+        UsageScanner { reading }
+    }
+
+    /// An event stream's scanner that also makes `edits`: then what goes
+    /// on is what [`UsageScanner::feed_edited`] gives.
+    pub(crate) fn event_stream(edits: StreamEdits, max_buffered_bytes: usize) -> Self {
+        let events = match edits.any() {
+            true => SseEvents::editing(),
+            false => SseEvents::reading(),
+        };
         UsageScanner {
-            kind,
-            max_buffered_bytes,
-            buffer: Vec::new(),
-            event_data: Vec::new(),
-            overflowed: false,
-            after_cr: false,
-            event_overflowed: false,
-            started: false,
-            usage: None,
-            done: false,
-            streamed_chunks: 0,
-            streamed_text_bytes: 0,
+            reading: Reading::EventStream(Box::new(StreamScan {
+                events,
+                reader: StreamReader::new(edits, max_buffered_bytes),
+            })),
         }
     }
 
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
-        match self.kind {
-            BodyKind::Json => {
-                if self.buffer.len() + chunk.len() > self.max_buffered_bytes {
-                    self.overflowed = true;
-                    self.buffer = Vec::new();
-                } else if !self.overflowed {
-                    self.buffer.extend_from_slice(chunk);
+        self.feed_edited(chunk, &mut BytesMut::new());
+    }
+
+    /// Reads the next chunk; an edited stream's bytes that may go on are
+    /// added to `out`. `false`: the chunk goes on as it is.
+    pub(crate) fn feed_edited(&mut self, chunk: &[u8], out: &mut BytesMut) -> bool {
+        match &mut self.reading {
+            Reading::Json {
+                max_buffered_bytes,
+                buffer,
+                overflowed,
+            } => {
+                if buffer.len() + chunk.len() > *max_buffered_bytes {
+                    *overflowed = true;
+                    *buffer = Vec::new();
+                } else if !*overflowed {
+                    buffer.extend_from_slice(chunk);
                 }
+                false
             }
-            BodyKind::EventStream => self.feed_event_stream(chunk),
-        }
-    }
-
-    fn feed_event_stream(&mut self, mut chunk: &[u8]) {
-        if chunk.is_empty() {
-            return;
-        }
-        if self.after_cr && chunk.first() == Some(&b'\n') {
-            chunk = &chunk[1..];
-        }
-        self.after_cr = false;
-        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
-            self.push_line_part(&chunk[..end]);
-            self.end_line();
-            let crlf = chunk[end] == b'\r' && chunk.get(end + 1) == Some(&b'\n');
-            if chunk[end] == b'\r' && end + 1 == chunk.len() {
-                self.after_cr = true;
-            }
-            chunk = &chunk[end + if crlf { 2 } else { 1 }..];
-        }
-        self.push_line_part(chunk);
-    }
-
-    fn push_line_part(&mut self, part: &[u8]) {
-        if self.overflowed {
-            return;
-        }
-        if self.buffer.len() + part.len() > self.max_buffered_bytes {
-            self.overflowed = true;
-            self.buffer.clear();
-        } else {
-            self.buffer.extend_from_slice(part);
-        }
-    }
-
-    fn end_line(&mut self) {
-        let first_line = !std::mem::replace(&mut self.started, true);
-        // Taken to read while the event grows, then given back emptied:
-        // its capacity serves the next line, with no allocation per line.
-        let mut line = std::mem::take(&mut self.buffer);
-        if std::mem::take(&mut self.overflowed) {
-            // A line too long to keep: if it was data, its event is lost.
-            self.event_overflowed = true;
-        } else {
-            self.read_line(first_line, &line);
-        }
-        line.clear();
-        self.buffer = line;
-    }
-
-    fn read_line(&mut self, first_line: bool, line: &[u8]) {
-        // A byte-order mark may open the stream. It is stripped from the
-        // whole first line, not from the first chunk: the chunks may split it.
-        let line = match first_line {
-            true => line.strip_prefix(BYTE_ORDER_MARK).unwrap_or(line),
-            false => line,
-        };
-        if line.is_empty() {
-            self.dispatch_event();
-            return;
-        }
-        // Lines starting with ':' are comments (keep-alives); other fields
-        // than `data` do not carry chunks.
-        let Some(value) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        let value = value.strip_prefix(b" ").unwrap_or(value);
-        if !self.event_data.is_empty() {
-            self.event_data.push(b'\n');
-        }
-        if self.event_data.len() + value.len() <= self.max_buffered_bytes {
-            self.event_data.extend_from_slice(value);
-        } else {
-            self.event_data.clear();
-            self.event_overflowed = true;
-        }
-    }
-
-    fn dispatch_event(&mut self) {
-        // Part of this event was dropped: what is left is not the event.
-        if std::mem::take(&mut self.event_overflowed) || self.event_data.is_empty() {
-            self.event_data.clear();
-            return;
-        }
-        let data = &self.event_data[..];
-        if data.trim_ascii() == b"[DONE]" {
-            self.done = true;
-        } else {
-            self.streamed_chunks += 1;
-            self.streamed_text_bytes += text_bytes(data);
-            // Most chunks carry no usage; only those naming it with a value
-            // that can be one are parsed. Asked for usage, an upstream names
-            // it in every chunk, as `"usage":null` until the last.
-            if USAGE_FIELD.find(data).is_some() && !names_only_null_usage(data) {
-                if let Some(usage) = usage_of(data) {
-                    self.usage = Some(usage);
-                }
+            Reading::EventStream(scan) => {
+                let StreamScan { events, reader } = &mut **scan;
+                events.feed(chunk, reader, out);
+                events.is_editing()
             }
         }
-        self.event_data.clear();
+    }
+
+    /// Whether the stream's bytes are edited (and held to each event's end).
+    pub(crate) fn is_edited(&self) -> bool {
+        matches!(&self.reading, Reading::EventStream(scan) if scan.events.is_editing())
     }
 
     /// The completion tokens an event stream has carried so far, estimated
@@ -230,43 +169,58 @@ impl UsageScanner {
     /// at least one per 3 bytes of the text its chunks carried (content,
     /// reasoning, tool-call arguments).
     pub fn streamed_tokens(&self) -> u64 {
-        self.streamed_chunks
-            .max(self.streamed_text_bytes.div_ceil(3))
+        match &self.reading {
+            Reading::Json { .. } => 0,
+            Reading::EventStream(scan) => scan.reader.streamed_tokens(),
+        }
     }
 
     /// Whether an event stream's bytes so far end between two events: a
     /// line the gateway adds there cannot join the upstream's last one.
     pub fn between_events(&self) -> bool {
-        self.buffer.is_empty() && self.event_data.is_empty() && !self.overflowed && !self.after_cr
+        match &self.reading {
+            Reading::Json { buffer, .. } => buffer.is_empty(),
+            Reading::EventStream(scan) => scan.events.between_events(),
+        }
     }
 
     /// Whether the body is read as an event stream.
     pub fn is_event_stream(&self) -> bool {
-        self.kind == BodyKind::EventStream
+        matches!(self.reading, Reading::EventStream(_))
     }
 
     /// Whether an event stream said `data: [DONE]`.
     pub fn saw_done(&self) -> bool {
-        self.done
+        match &self.reading {
+            Reading::Json { .. } => false,
+            Reading::EventStream(scan) => scan.reader.saw_done(),
+        }
     }
 
     /// The usage the body reported, read at its end. For an event stream
     /// the last chunk with usage wins; a final event not followed by a
     /// blank line still counts.
-    pub fn finish(mut self) -> Option<Usage> {
-        match self.kind {
-            BodyKind::Json => {
-                if self.overflowed {
-                    return None;
-                }
-                usage_of(&self.buffer)
-            }
-            BodyKind::EventStream => {
-                if !self.buffer.is_empty() || self.overflowed {
-                    self.end_line();
-                }
-                self.dispatch_event();
-                self.usage
+    pub fn finish(self) -> Option<Usage> {
+        self.finish_edited(&mut BytesMut::new())
+    }
+
+    /// [`UsageScanner::finish`]; an edited stream's last bytes are added to
+    /// `out`.
+    pub(crate) fn finish_edited(self, out: &mut BytesMut) -> Option<Usage> {
+        match self.reading {
+            Reading::Json {
+                buffer, overflowed, ..
+            } => match overflowed {
+                true => None,
+                false => usage_of(&buffer),
+            },
+            Reading::EventStream(scan) => {
+                let StreamScan {
+                    mut events,
+                    mut reader,
+                } = *scan;
+                events.finish(&mut reader, out);
+                reader.usage()
             }
         }
     }
@@ -274,7 +228,7 @@ impl UsageScanner {
 
 /// The bytes of the text strings a chunk carries (`content`, `reasoning`,
 /// `arguments`), escapes counted as written: a scan, no parse.
-fn text_bytes(chunk: &[u8]) -> u64 {
+pub(super) fn text_bytes(chunk: &[u8]) -> u64 {
     let mut total = 0u64;
     for field in TEXT_FIELDS.iter() {
         let mut rest = chunk;
@@ -307,9 +261,9 @@ fn text_bytes(chunk: &[u8]) -> u64 {
 /// top-level `usage` is among the plain `"usage"`s; a string `"usage"`, not
 /// followed by `:`, sends the document to the parser, and so does an array,
 /// which [`usage_of`] reads as the fields in order.)
-fn names_only_null_usage(document: &[u8]) -> bool {
+pub(super) fn names_only_null_usage(document: &[u8]) -> bool {
     if document.trim_ascii_start().starts_with(b"[")
-        || super::hidden_usage::ESCAPE.find(document).is_some()
+        || super::stream::ESCAPE.find(document).is_some()
     {
         return false;
     }
@@ -324,7 +278,7 @@ fn names_only_null_usage(document: &[u8]) -> bool {
 /// The usage of one JSON document: only the three fields of its top-level
 /// `usage` that count are built; everything else is skipped unparsed into
 /// values (a completion's text, say), so a body costs no allocation.
-fn usage_of(document: &[u8]) -> Option<Usage> {
+pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
     #[derive(serde::Deserialize)]
     struct UsageOnly {
         usage: Option<UsageFields>,
@@ -332,6 +286,17 @@ fn usage_of(document: &[u8]) -> Option<Usage> {
     let usage = crate::body::json_from_bytes::<UsageOnly>(document)
         .ok()?
         .usage?;
+    Usage::from_fields(
+        usage.prompt_tokens.as_ref(),
+        usage.completion_tokens.as_ref(),
+        usage.cost.as_ref(),
+    )
+}
+
+/// The usage of a `usage` member's JSON text, by the rules of
+/// [`usage_of`].
+pub(super) fn usage_of_value(usage: &str) -> Option<Usage> {
+    let usage = serde_json::from_str::<UsageFields>(usage).ok()?;
     Usage::from_fields(
         usage.prompt_tokens.as_ref(),
         usage.completion_tokens.as_ref(),
@@ -461,7 +426,8 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
 // Every streamed chunk is searched for these: their searchers are built
 // once, as `memmem::find` would build one per call at more than the cost
 // of searching a chunk.
-static USAGE_FIELD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+pub(super) static USAGE_FIELD: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"usage\""));
 static TEXT_FIELDS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
     [
         b"\"content\":\"" as &[u8],

@@ -29,6 +29,13 @@ enum MemberEdit {
     Remove,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread has parsed an object: what shows a
+    /// reader parses each chunk once.
+    pub(crate) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// A top-level name that appears more than once: which one an edit means
 /// is unclear (and the next reader may take the other), so it is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +45,8 @@ impl<'a> JsonObject<'a> {
     /// `text` read as one JSON object (whitespace around it allowed);
     /// `None` when it is anything else.
     pub(crate) fn parse(text: &'a [u8]) -> Option<JsonObject<'a>> {
+        #[cfg(test)]
+        PARSES.with(|parses| parses.set(parses.get() + 1));
         let RawMembers(raw) = crate::body::json_from_bytes(text).ok()?;
         // The raw values are slices of `text`: their place in it, without
         // `unsafe`, is the distance between the two addresses.

@@ -9,12 +9,15 @@ pub const MAX_SSE_LINE_BYTES: usize = 1024 * 1024;
 /// A piece of a server-sent event stream, as [`SseLines`] cuts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SsePiece {
-    /// One whole line, its line ending included (none on a body's last
-    /// line when the body ends without one).
+    /// One whole line, its line ending (`\n`, `\r\n` or `\r`) included
+    /// (none on a body's last line when the body ends without one).
     Line(Bytes),
     /// Part of a line longer than [`MAX_SSE_LINE_BYTES`], to pass on as it
-    /// is; the piece that holds the line's end ends with `\n`.
+    /// is; the piece that holds the line's end ends with its line ending.
     Long(Bytes),
+    /// The `\n` of a `\r\n` whose `\r` ended the last chunk (and so the
+    /// line before, at once): it belongs to that line.
+    LineEnd(Bytes),
 }
 
 /// Cuts an event stream into lines however its chunks fall, holding at
@@ -26,6 +29,9 @@ pub(crate) struct SseLines {
     // by byte is not searched again from its start each time.
     scanned: usize,
     in_long_line: bool,
+    // The last line ended with a `\r` that ended what was held: a `\n`
+    // next belongs to it.
+    after_cr: bool,
 }
 
 impl SseLines {
@@ -40,10 +46,28 @@ impl SseLines {
         if self.held.is_empty() {
             return None;
         }
+        if std::mem::take(&mut self.after_cr) && self.held[0] == b'\n' {
+            return Some(SsePiece::LineEnd(self.held.split_to(1).freeze()));
+        }
         let unscanned = self.held.get(self.scanned..).unwrap_or_default();
-        match unscanned.iter().position(|&byte| byte == b'\n') {
-            Some(at) => {
-                let line = self.held.split_to(self.scanned + at + 1).freeze();
+        // A line ends at `\n`, `\r\n` or a lone `\r`; a `\r` that ends
+        // what is held ends its line at once (a client would act on it),
+        // and a `\n` that comes next is told apart.
+        let end = match memchr::memchr2(b'\n', b'\r', unscanned) {
+            Some(at) if unscanned[at] == b'\n' => Some(at + 1),
+            Some(at) => match unscanned.get(at + 1) {
+                Some(b'\n') => Some(at + 2),
+                Some(_) => Some(at + 1),
+                None => {
+                    self.after_cr = true;
+                    Some(at + 1)
+                }
+            },
+            None => None,
+        };
+        match end {
+            Some(end) => {
+                let line = self.held.split_to(self.scanned + end).freeze();
                 self.scanned = 0;
                 if std::mem::take(&mut self.in_long_line) {
                     Some(SsePiece::Long(line))
@@ -65,6 +89,7 @@ impl SseLines {
 
     /// At the body's end: what is left, a last line without its ending.
     pub(crate) fn finish(&mut self) -> Option<SsePiece> {
+        self.after_cr = false;
         if self.held.is_empty() {
             return None;
         }
@@ -80,6 +105,12 @@ impl SseLines {
     /// Whether nothing is held.
     pub(crate) fn is_empty(&self) -> bool {
         self.held.is_empty()
+    }
+
+    /// Whether the last line ended with a `\r` that may yet be followed
+    /// by its `\n`.
+    pub(crate) fn after_cr(&self) -> bool {
+        self.after_cr
     }
 }
 
@@ -128,6 +159,42 @@ mod tests {
         );
         assert!(lines.is_empty());
         assert_eq!(lines.finish(), None);
+    }
+
+    #[test]
+    fn a_lone_carriage_return_ends_a_line_and_a_late_line_feed_is_told_apart() {
+        let mut lines = SseLines::default();
+        lines.push(b"a\rb\r");
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Line(Bytes::from_static(b"a\r")))
+        );
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Line(Bytes::from_static(b"b\r")))
+        );
+        assert!(lines.after_cr());
+        lines.push(b"\n\nc\r");
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::LineEnd(Bytes::from_static(b"\n")))
+        );
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Line(Bytes::from_static(b"\n"))),
+            "a blank line"
+        );
+        assert_eq!(
+            lines.next_piece(),
+            Some(SsePiece::Line(Bytes::from_static(b"c\r")))
+        );
+        lines.push(b"d");
+        assert_eq!(lines.next_piece(), None);
+        assert!(!lines.after_cr(), "not followed by `\\n`");
+        assert_eq!(
+            lines.finish(),
+            Some(SsePiece::Line(Bytes::from_static(b"d")))
+        );
     }
 
     #[test]

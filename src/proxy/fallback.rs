@@ -18,7 +18,7 @@ use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRIT
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{BufferedBody, ChatRequest, ModelId};
-use crate::edit::JsonObject;
+use crate::edit::{JsonObject, ModelNamed, NameModelInStream};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
 use crate::usage::RequestedModel;
@@ -138,6 +138,10 @@ where
             // Nothing to fall back to: the request goes on as it is, its
             // parsed body not copied.
             let model = candidates.swap_remove(0);
+            let mut request = request;
+            request
+                .extensions_mut()
+                .insert(NameModelInStream(model.as_str().into()));
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
                 Ok(reported(response, &model).await)
@@ -160,6 +164,9 @@ where
                     .extensions_mut()
                     .insert(RequestedModel(chat.model.clone()));
                 attempt.extensions_mut().insert(BufferedBody(body.clone()));
+                attempt
+                    .extensions_mut()
+                    .insert(NameModelInStream(model.as_str().into()));
                 if index < last {
                     // The next model is the better retry.
                     attempt.extensions_mut().insert(SkipRetries);
@@ -221,6 +228,11 @@ where
     // The length changes when `model` is rewritten.
     parts.headers.remove(http::header::CONTENT_LENGTH);
     if kind == BodyKind::EventStream {
+        // The layer below that reads each chunk may have named it already.
+        let kind = match parts.extensions.get::<ModelNamed>() {
+            Some(ModelNamed) => BodyKind::Other,
+            None => kind,
+        };
         return Response::from_parts(
             parts,
             ReportedModel::new(ResponseBody::inner(body), model.as_str(), kind),

@@ -11,7 +11,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::edit::{JsonObject, SseLines, SsePiece};
+use crate::edit::{JsonObject, ServedModel, SseLines, SsePiece};
 
 /// Largest JSON body rewritten; a larger one passes on unchanged.
 pub const MAX_REWRITTEN_JSON_BYTES: usize = 8 * 1024 * 1024;
@@ -53,22 +53,6 @@ pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
     rewrite_json(text, &ServedModel::new(model))
 }
 
-/// The model a response is to name, with a searcher for its bytes built
-/// once per response rather than once per event.
-#[derive(Debug)]
-pub(crate) struct ServedModel {
-    name: String,
-    finder: memchr::memmem::Finder<'static>,
-}
-
-impl ServedModel {
-    pub(crate) fn new(name: impl Into<String>) -> ServedModel {
-        let name = name.into();
-        let finder = memchr::memmem::Finder::new(name.as_bytes()).into_owned();
-        ServedModel { name, finder }
-    }
-}
-
 fn rewrite_json(text: &[u8], served: &ServedModel) -> Option<Vec<u8>> {
     // An answer that already names the served model is told by one pass
     // that builds nothing; anything it cannot read (a duplicate `model`,
@@ -81,28 +65,18 @@ fn rewrite_json(text: &[u8], served: &ServedModel) -> Option<Vec<u8>> {
         #[serde(borrow)]
         model: Option<std::borrow::Cow<'a, str>>,
     }
-    let model = served.name.as_str();
-    if served.finder.find(text).is_some() {
+    if served.appears_in(text) {
         if let Ok(ModelOnly {
             model: Some(current),
         }) = crate::body::json_from_bytes(text)
         {
-            if current == model {
+            if current == served.name() {
                 return None;
             }
         }
     }
     let mut object = JsonObject::parse(text)?;
-    // A repeated `model` would leave one unrewritten: refused.
-    let current = object.get("model").ok()??;
-    let current: String = serde_json::from_str(current).ok()?;
-    if current == model {
-        return None;
-    }
-    object
-        .set("model", serde_json::to_string(model).ok()?)
-        .ok()?;
-    Some(object.to_bytes())
+    served.name_in(&mut object).then(|| object.to_bytes())
 }
 
 /// One SSE line (its line ending included) with the `model` of its
@@ -188,7 +162,7 @@ impl<B> ReportedModel<B> {
 fn rewrite_piece(piece: SsePiece, model: &ServedModel) -> Bytes {
     match piece {
         SsePiece::Line(line) => Bytes::from(rewrite_sse_line(&line, model)),
-        SsePiece::Long(part) => part,
+        SsePiece::Long(part) | SsePiece::LineEnd(part) => part,
     }
 }
 
@@ -421,6 +395,51 @@ mod tests {
         let (long, rest) = out.split_at(MAX_SSE_LINE_BYTES + 18);
         assert_eq!(long, &stream[..MAX_SSE_LINE_BYTES + 18]);
         assert_eq!(rest, b"data: {\"model\":\"openai/gpt-4o\"}\n\n");
+    }
+
+    /// CreditGuard's one pass over a stream, hiding usage and naming
+    /// `model`.
+    fn one_pass(stream: &[u8], model: &str) -> Vec<u8> {
+        use crate::credit::{StreamEdits, StreamReader};
+        let edits = StreamEdits {
+            hide_usage: true,
+            served_model: Some(crate::edit::ServedModel::new(model)),
+        };
+        let mut events = crate::edit::SseEvents::editing();
+        let mut reader = StreamReader::new(edits, usize::MAX);
+        let mut out = BytesMut::new();
+        events.feed(stream, &mut reader, &mut out);
+        events.finish(&mut reader, &mut out);
+        out.to_vec()
+    }
+
+    proptest! {
+        /// The one pass that parses each chunk once gives the client what
+        /// the two layers' own passes give: the usage hidden, then each
+        /// `data` line naming the model.
+        #[test]
+        fn the_one_pass_equals_hiding_then_naming(
+            events in proptest::collection::vec("(: ka\n\n|event: x\n|data: \\{\"model\":\"(up|m)\",\"choices\":\\[(\\{\"d\":1\\})?\\],\"usage\":(null|\\{\"prompt_tokens\":[0-9]\\})\\}\n\n|data: \\{\"model\":1\\}\n\n|data: \\[DONE\\]\n\n|data: x\n\n)", 0..10),
+            crlf: bool,
+        ) {
+            let mut stream = events.concat();
+            if crlf {
+                stream = stream.replace('\n', "\r\n");
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let hidden = runtime.block_on(async {
+                crate::credit::HiddenUsage::new(http_body_util::Full::new(Bytes::from(stream.clone())))
+                    .collect()
+                    .await
+                    .unwrap()
+                    .to_bytes()
+            });
+            let two_passes = runtime.block_on(through(vec![&hidden], BodyKind::EventStream));
+            prop_assert_eq!(
+                String::from_utf8(one_pass(stream.as_bytes(), "openai/gpt-4o")).unwrap(),
+                String::from_utf8(two_passes).unwrap()
+            );
+        }
     }
 
     proptest! {

@@ -1,0 +1,341 @@
+//! [`StreamReader`]: the one reader of a metered event stream. Each event
+//! is parsed at most once, and that parse serves the three things the
+//! gateway wants of it: the usage it reports, the usage the client must
+//! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
+
+use memchr::memmem::Finder;
+use std::sync::LazyLock;
+
+use super::usage::{
+    names_only_null_usage, text_bytes, usage_of, usage_of_value, Usage, USAGE_FIELD,
+};
+use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
+
+/// A `\u` escape, the only one that can spell a name's letters: a chunk
+/// that has one is parsed whatever its plain bytes say.
+pub(super) static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+static MODEL_FIELD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"model\""));
+
+/// What a metered event stream's reader does to each event, besides
+/// reading its usage.
+#[derive(Debug, Default)]
+pub(crate) struct StreamEdits {
+    /// Take out the usage the gateway asked for on the client's behalf.
+    pub(crate) hide_usage: bool,
+    /// Name this model in each chunk's `model`.
+    pub(crate) served_model: Option<ServedModel>,
+}
+
+impl StreamEdits {
+    /// Whether any event may change.
+    pub(crate) fn any(&self) -> bool {
+        self.hide_usage || self.served_model.is_some()
+    }
+}
+
+/// Reads the usage an event stream reports, and what it carried, as its
+/// events pass through [`SseEvents`](crate::edit::SseEvents); makes the
+/// [`StreamEdits`] on the way.
+#[derive(Debug)]
+pub(crate) struct StreamReader {
+    edits: StreamEdits,
+    max_read_bytes: usize,
+    usage: Option<Usage>,
+    done: bool,
+    // Chunks streamed (events other than `[DONE]`), and the bytes of the
+    // text they carried: what a stream that reports no usage is charged by.
+    streamed_chunks: u64,
+    streamed_text_bytes: u64,
+}
+
+impl StreamReader {
+    /// A reader that parses no event's data longer than `max_read_bytes`.
+    pub(crate) fn new(edits: StreamEdits, max_read_bytes: usize) -> Self {
+        StreamReader {
+            edits,
+            max_read_bytes,
+            usage: None,
+            done: false,
+            streamed_chunks: 0,
+            streamed_text_bytes: 0,
+        }
+    }
+
+    /// The usage the stream reported: the last chunk with usage wins.
+    pub(crate) fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// Whether the stream said `data: [DONE]`.
+    pub(crate) fn saw_done(&self) -> bool {
+        self.done
+    }
+
+    /// The completion tokens the stream has carried so far, estimated
+    /// generously for one that reports no usage: at least one a chunk, and
+    /// at least one per 3 bytes of the text its chunks carried (content,
+    /// reasoning, tool-call arguments).
+    pub(crate) fn streamed_tokens(&self) -> u64 {
+        self.streamed_chunks
+            .max(self.streamed_text_bytes.div_ceil(3))
+    }
+
+    /// Counts a chunk; `false` for `[DONE]`, an empty one and one too long
+    /// to read, which carry nothing to read.
+    fn count(&mut self, data: &[u8]) -> bool {
+        if data.is_empty() || data.len() > self.max_read_bytes {
+            return false;
+        }
+        if data.trim_ascii() == b"[DONE]" {
+            self.done = true;
+            return false;
+        }
+        self.streamed_chunks += 1;
+        self.streamed_text_bytes += text_bytes(data);
+        true
+    }
+
+    /// The usage in `data` that is not an object (an array, read as the
+    /// fields in order, as [`usage_of`] reads a document).
+    fn read_usage_of_document(&mut self, data: &[u8]) {
+        if USAGE_FIELD.find(data).is_some() && !names_only_null_usage(data) {
+            if let Some(usage) = usage_of(data) {
+                self.usage = Some(usage);
+            }
+        }
+    }
+
+    /// The usual event: one `data` line.
+    fn one(&mut self, lines: &[u8], data: &DataLine<'_>) -> Verdict {
+        let value = data.value;
+        if !self.count(value) {
+            return Verdict::Keep;
+        }
+        // Most chunks name neither plainly nor escaped: not parsed at all.
+        let escaped = ESCAPE.find(value).is_some();
+        let names_usage = escaped || USAGE_FIELD.find(value).is_some();
+        let names_model =
+            self.edits.served_model.is_some() && (escaped || MODEL_FIELD.find(value).is_some());
+        if !names_usage && !names_model {
+            return Verdict::Keep;
+        }
+        let Some(mut object) = JsonObject::parse(value) else {
+            self.read_usage_of_document(value);
+            return Verdict::Keep;
+        };
+        let mut edited = false;
+        match object.get("usage") {
+            Ok(Some("null")) if self.edits.hide_usage => {
+                edited |= object.remove("usage").is_ok();
+            }
+            Ok(Some("null")) | Ok(None) | Err(_) => {}
+            Ok(Some(usage)) => {
+                if let Some(usage) = usage_of_value(usage) {
+                    self.usage = Some(usage);
+                }
+                // The chunk the gateway asked for: usage and no choices.
+                if self.edits.hide_usage && no_choices(object.get("choices").ok().flatten()) {
+                    return Verdict::Drop;
+                }
+            }
+        }
+        if let Some(served) = &self.edits.served_model {
+            edited |= served.name_in(&mut object);
+        }
+        match edited {
+            true => Verdict::Rewrite(data.replaced_in(lines, &object.to_bytes())),
+            false => Verdict::Keep,
+        }
+    }
+
+    /// An event with several `data` lines: its data (their values joined)
+    /// is read for usage; each line names the model on its own.
+    fn many(&mut self, lines: &[u8], data: &[DataLine<'_>]) -> Verdict {
+        let joined = data
+            .iter()
+            .map(|line| line.value)
+            .collect::<Vec<_>>()
+            .join(&b'\n');
+        if self.count(&joined) {
+            match JsonObject::parse(&joined) {
+                Some(object) => {
+                    if let Ok(Some(usage)) = object.get("usage") {
+                        if let Some(usage) = usage_of_value(usage) {
+                            self.usage = Some(usage);
+                        }
+                    }
+                }
+                None => self.read_usage_of_document(&joined),
+            }
+        }
+        let Some(served) = &self.edits.served_model else {
+            return Verdict::Keep;
+        };
+        // From the last line back, so each line's place is still right.
+        let mut rewritten: Option<Vec<u8>> = None;
+        for line in data.iter().rev() {
+            let Some(mut object) = JsonObject::parse(line.value) else {
+                continue;
+            };
+            if served.name_in(&mut object) {
+                let current = rewritten.as_deref().unwrap_or(lines);
+                rewritten = Some(line.replaced_in(current, &object.to_bytes()));
+            }
+        }
+        rewritten.map_or(Verdict::Keep, Verdict::Rewrite)
+    }
+}
+
+impl EventEditor for StreamReader {
+    fn event(&mut self, event: &Event<'_>) -> Verdict {
+        match &event.data {
+            EventData::None => Verdict::Keep,
+            EventData::One(data) => self.one(event.lines, data),
+            EventData::Many(data) => self.many(event.lines, data),
+        }
+    }
+
+    fn long_piece(&mut self, piece: &[u8]) {
+        // Not read, but what it carried is counted all the same.
+        self.streamed_text_bytes += text_bytes(piece);
+    }
+}
+
+/// Whether `choices` is there (once) and an empty array.
+fn no_choices(choices: Option<&str>) -> bool {
+    let Some(choices) = choices else {
+        return false;
+    };
+    choices
+        .strip_prefix('[')
+        .and_then(|inside| inside.strip_suffix(']'))
+        .is_some_and(|inside| inside.trim().is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edit::{SseEvents, PARSES};
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    /// What `edits` make of `stream` fed in `chunks`, and what was read.
+    fn read(stream: &[u8], cuts: &[usize], edits: StreamEdits) -> (Vec<u8>, StreamReader) {
+        let mut events = match edits.any() {
+            true => SseEvents::editing(),
+            false => SseEvents::reading(),
+        };
+        let mut reader = StreamReader::new(edits, 64 * 1024);
+        let mut out = BytesMut::new();
+        let mut cuts: Vec<usize> = cuts.iter().map(|cut| cut % (stream.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut start = 0;
+        for cut in cuts.into_iter().chain([stream.len()]) {
+            events.feed(&stream[start..cut], &mut reader, &mut out);
+            start = cut;
+        }
+        events.finish(&mut reader, &mut out);
+        (out.to_vec(), reader)
+    }
+
+    fn both(model: &str) -> StreamEdits {
+        StreamEdits {
+            hide_usage: true,
+            served_model: Some(ServedModel::new(model)),
+        }
+    }
+
+    const ASKED: &str = concat!(
+        ": keep-alive\n\n",
+        "data: {\"id\":\"c1\",\"model\":\"gpt-4o-2024\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+        "id: 7\ndata: {\"model\":\"gpt-4o-2024\",\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n",
+        "data: {\"model\":\"gpt-4o-2024\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n",
+        "data: [DONE]\n\n",
+    );
+
+    #[test]
+    fn one_pass_reads_the_usage_hides_it_and_names_the_model() {
+        let (out, reader) = read(ASKED.as_bytes(), &[], both("openai/gpt-4o"));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            concat!(
+                ": keep-alive\n\n",
+                "data: {\"id\":\"c1\",\"model\":\"openai/gpt-4o\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+                "id: 7\ndata: {\"model\":\"openai/gpt-4o\",\"choices\":[{\"delta\":{}}]}\n\n",
+                "data: [DONE]\n\n",
+            )
+        );
+        assert_eq!(
+            reader.usage(),
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 1,
+                cost_nanos: None
+            })
+        );
+        assert!(reader.saw_done());
+        assert_eq!(
+            reader.streamed_tokens(),
+            3,
+            "three chunks, two bytes of text"
+        );
+    }
+
+    #[test]
+    fn each_chunk_is_parsed_once_for_all_three_readings() {
+        let parses = || PARSES.with(|parses| parses.get());
+        let before = parses();
+        read(ASKED.as_bytes(), &[5, 40, 90, 200], both("openai/gpt-4o"));
+        assert_eq!(parses() - before, 3, "three JSON chunks, one parse each");
+
+        // A chunk that names neither usage nor the model is not parsed.
+        let before = parses();
+        let plain = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        let (out, reader) = read(plain.as_bytes(), &[], both("openai/gpt-4o"));
+        assert_eq!(parses() - before, 0);
+        assert_eq!(out, plain.as_bytes());
+        assert_eq!(reader.streamed_tokens(), 1);
+    }
+
+    #[test]
+    fn a_model_already_served_and_usage_asked_for_leave_every_byte() {
+        let asked = ASKED.replace("gpt-4o-2024", "openai/gpt-4o");
+        let edits = StreamEdits {
+            hide_usage: false,
+            served_model: Some(ServedModel::new("openai/gpt-4o")),
+        };
+        let (out, reader) = read(asked.as_bytes(), &[17, 33], edits);
+        assert_eq!(out, asked.as_bytes());
+        assert!(reader.usage().is_some());
+    }
+
+    #[test]
+    fn several_data_lines_are_read_joined_and_named_line_by_line() {
+        let stream = "data: {\"model\":\"a\",\ndata: \"usage\":{\"prompt_tokens\":2}}\n\ndata: {\"model\":\"a\"}\r\ndata: {\"model\":\"b\"}\r\n\r\n";
+        let (out, reader) = read(stream.as_bytes(), &[], both("m"));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "data: {\"model\":\"a\",\ndata: \"usage\":{\"prompt_tokens\":2}}\n\ndata: {\"model\":\"m\"}\r\ndata: {\"model\":\"m\"}\r\n\r\n"
+        );
+        assert_eq!(reader.usage().map(|usage| usage.prompt_tokens), Some(2));
+    }
+
+    const EVENT: &str = "(: ka\n\n|id: 1\n|data: \\{\"model\":\"(up|m)\",\"choices\":\\[(\\{\"d\":1\\})?\\],\"usage\":(null|\\{\"prompt_tokens\":[0-9]\\})\\}\n\n|data: \\{\"choices\":\\[\\],\"content\":\"ab\"\\}\n\n|data: \\[DONE\\]\n\n|data: x\n\n|\n)";
+
+    proptest! {
+        /// Reading only, nothing is written; editing, a stream none of
+        /// whose events need a change comes back byte for byte.
+        #[test]
+        fn what_needs_no_change_passes_byte_for_byte(
+            events in proptest::collection::vec(EVENT, 0..10),
+            cuts in proptest::collection::vec(0usize..400, 0..8),
+        ) {
+            let stream = events.concat();
+            let (out, _) = read(stream.as_bytes(), &cuts, StreamEdits::default());
+            prop_assert!(out.is_empty());
+            let served = StreamEdits { hide_usage: false, served_model: Some(ServedModel::new("up")) };
+            let (out, _) = read(stream.as_bytes(), &cuts, served);
+            prop_assert_eq!(out, stream.replace("\"m\"", "\"up\"").into_bytes());
+        }
+    }
+}
