@@ -144,7 +144,7 @@ mod service;
 mod stream;
 mod usage;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "proxy"))]
 pub(crate) use stream::{StreamEdits, StreamReader};
 
 pub use body::MeteredBody;

@@ -20,6 +20,7 @@ pub(crate) use events::{DataLine, Event, EventData, EventEditor, SseEvents, Verd
 pub(crate) use json::JsonObject;
 pub(crate) use model::ServedModel;
 pub use sse::MAX_SSE_LINE_BYTES;
+#[cfg(feature = "proxy")]
 pub(crate) use sse::{SseLines, SsePiece};
 
 /// In a request's extensions: the layer that meters its answer names this

@@ -1,5 +1,6 @@
 //! [`ServedModel`]: the model an answer is to name in its `model` field.
 
+#[cfg(feature = "proxy")]
 use memchr::memmem::Finder;
 
 use super::JsonObject;
@@ -11,29 +12,32 @@ pub(crate) struct ServedModel {
     name: String,
     // The name as a JSON string: an answer that spells it so names it.
     quoted: String,
+    #[cfg(feature = "proxy")]
     finder: Finder<'static>,
 }
 
 impl ServedModel {
     pub(crate) fn new(name: impl Into<String>) -> ServedModel {
         let name = name.into();
-        let finder = Finder::new(name.as_bytes()).into_owned();
         // A `String` always serialises.
         let quoted = serde_json::to_string(&name).unwrap_or_default();
         ServedModel {
+            #[cfg(feature = "proxy")]
+            finder: Finder::new(name.as_bytes()).into_owned(),
             name,
             quoted,
-            finder,
         }
     }
 
     /// The model's name.
+    #[cfg(feature = "proxy")]
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Whether `text` holds the name's bytes (an answer that does not
     /// cannot name it plainly).
+    #[cfg(feature = "proxy")]
     pub(crate) fn appears_in(&self, text: &[u8]) -> bool {
         self.finder.find(text).is_some()
     }
