@@ -1,7 +1,5 @@
 //! [`JsonObject`]: a JSON object edited at its top level only.
 
-use serde_json::value::RawValue;
-
 /// A JSON object edited at its top level only: the members it leaves
 /// alone, and the bytes between them, are copied from the text as they
 /// were, so a message's or a completion's text is never rebuilt.
@@ -47,45 +45,59 @@ impl<'a> JsonObject<'a> {
     pub(crate) fn parse(text: &'a [u8]) -> Option<JsonObject<'a>> {
         #[cfg(test)]
         PARSES.with(|parses| parses.set(parses.get() + 1));
-        let RawMembers(raw) = crate::body::json_from_bytes(text).ok()?;
-        // The raw values are slices of `text`: their place in it, without
-        // `unsafe`, is the distance between the two addresses.
-        let offset = |part: &str| (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize);
-        let open = text.iter().position(|&byte| byte == b'{')?;
-        let mut members = Vec::with_capacity(raw.len());
-        for (key, value) in raw {
-            let key = key.get();
-            let value = value.get();
-            let key_start = offset(key)?;
-            let value_end = offset(value)?.checked_add(value.len())?;
-            // In order and inside `text`, as serde_json reads them: checked
-            // so that `to_bytes` can slice without a doubt.
-            let after_previous = members
-                .last()
-                .map_or(open < key_start, |previous: &Member<'_>| {
-                    previous.value_end <= key_start
+        // Valid JSON is UTF-8 throughout, so every slice taken below is text.
+        let source = std::str::from_utf8(text).ok()?;
+        let mut scan = Scan { bytes: text, at: 0 };
+        scan.whitespace();
+        if scan.peek()? != b'{' {
+            return None;
+        }
+        scan.at += 1;
+        let open_end = scan.at;
+        let mut members = Vec::new();
+        scan.whitespace();
+        if scan.peek()? == b'}' {
+            scan.at += 1;
+        } else {
+            loop {
+                scan.whitespace();
+                let key_start = scan.at;
+                let escaped = scan.string()?;
+                let key = &source[key_start..scan.at];
+                scan.whitespace();
+                scan.expect(b':')?;
+                scan.whitespace();
+                let value_start = scan.at;
+                scan.value()?;
+                let value_end = scan.at;
+                let quoted = &key[1..key.len() - 1];
+                let name = match escaped {
+                    true => std::borrow::Cow::Owned(serde_json::from_str::<String>(key).ok()?),
+                    false => std::borrow::Cow::Borrowed(quoted),
+                };
+                members.push(Member {
+                    name,
+                    key_start,
+                    value: &source[value_start..value_end],
+                    value_end,
+                    edit: None,
                 });
-            if !after_previous || key_start + key.len() > value_end || value_end > text.len() {
-                return None;
+                scan.whitespace();
+                match scan.next()? {
+                    b',' => continue,
+                    b'}' => break,
+                    _ => return None,
+                }
             }
-            let quoted = key.strip_prefix('"')?.strip_suffix('"')?;
-            let name = if quoted.contains('\\') {
-                std::borrow::Cow::Owned(serde_json::from_str::<String>(key).ok()?)
-            } else {
-                std::borrow::Cow::Borrowed(quoted)
-            };
-            members.push(Member {
-                name,
-                key_start,
-                value,
-                value_end,
-                edit: None,
-            });
+        }
+        scan.whitespace();
+        if scan.at != text.len() {
+            return None;
         }
         Some(JsonObject {
             text,
             members,
-            open_end: open + 1,
+            open_end,
             added: Vec::new(),
         })
     }
@@ -182,33 +194,168 @@ impl<'a> JsonObject<'a> {
     }
 }
 
-/// A JSON object's top-level members in order, names and values unparsed.
-struct RawMembers<'a>(Vec<(&'a RawValue, &'a RawValue)>);
+/// A strict JSON reader that checks values without building them, as
+/// serde_json checks a value it skips: every object, array, string,
+/// escape, number and literal as RFC 8259 spells it, at any depth.
+struct Scan<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
 
-impl<'de: 'a, 'a> serde::Deserialize<'de> for RawMembers<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+impl Scan<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
 
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
-            type Value = RawMembers<'a>;
+    fn next(&mut self) -> Option<u8> {
+        let byte = self.peek()?;
+        self.at += 1;
+        Some(byte)
+    }
 
-            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                formatter.write_str("a JSON object")
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        (self.next()? == byte).then_some(())
+    }
+
+    fn whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    /// Digits, and how many.
+    fn digits(&mut self) -> usize {
+        let start = self.at;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.at += 1;
+        }
+        self.at - start
+    }
+
+    /// A string, from its opening quote; whether it has an escape.
+    fn string(&mut self) -> Option<bool> {
+        self.expect(b'"')?;
+        let mut escaped = false;
+        loop {
+            let rest = &self.bytes[self.at..];
+            let stop = memchr::memchr2(b'"', b'\\', rest)?;
+            // A control character must be escaped.
+            if rest[..stop].iter().any(|&byte| byte < 0x20) {
+                return None;
             }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<RawMembers<'a>, A::Error> {
-                let mut members = Vec::new();
-                while let Some(name) = map.next_key()? {
-                    members.push((name, map.next_value()?));
+            self.at += stop + 1;
+            if rest[stop] == b'"' {
+                return Some(escaped);
+            }
+            escaped = true;
+            match self.next()? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                b'u' => {
+                    for _ in 0..4 {
+                        if !self.next()?.is_ascii_hexdigit() {
+                            return None;
+                        }
+                    }
                 }
-                Ok(RawMembers(members))
+                _ => return None,
             }
         }
+    }
 
-        deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+    fn number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        match self.next()? {
+            // One leading zero only.
+            b'0' if matches!(self.peek(), Some(b'0'..=b'9')) => return None,
+            b'0' => {}
+            b'1'..=b'9' => {
+                self.digits();
+            }
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.at += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.at += 1;
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        Some(())
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        self.bytes[self.at..]
+            .starts_with(word)
+            .then(|| self.at += word.len())
+    }
+
+    /// An object's member name and its colon.
+    fn key(&mut self) -> Option<()> {
+        self.string()?;
+        self.whitespace();
+        self.expect(b':')
+    }
+
+    /// One value, however deep, without recursion: `closers` holds what
+    /// each open object or array waits for.
+    fn value(&mut self) -> Option<()> {
+        let mut closers = Vec::new();
+        loop {
+            self.whitespace();
+            match self.peek()? {
+                open @ (b'{' | b'[') => {
+                    self.at += 1;
+                    self.whitespace();
+                    let close = if open == b'{' { b'}' } else { b']' };
+                    if self.peek()? != close {
+                        closers.push(close);
+                        if close == b'}' {
+                            self.key()?;
+                        }
+                        continue;
+                    }
+                    self.at += 1;
+                }
+                b'"' => {
+                    self.string()?;
+                }
+                b't' => self.literal(b"true")?,
+                b'f' => self.literal(b"false")?,
+                b'n' => self.literal(b"null")?,
+                b'-' | b'0'..=b'9' => self.number()?,
+                _ => return None,
+            }
+            // After a value: close what it ends, or go on to the next one.
+            loop {
+                let Some(&close) = closers.last() else {
+                    return Some(());
+                };
+                self.whitespace();
+                match self.next()? {
+                    b',' => {
+                        if close == b'}' {
+                            self.whitespace();
+                            self.key()?;
+                        }
+                        break;
+                    }
+                    byte if byte == close => {
+                        closers.pop();
+                    }
+                    _ => return None,
+                }
+            }
+        }
     }
 }
 
@@ -288,6 +435,160 @@ mod tests {
         assert_eq!(repeated.get("b"), Ok(Some("2")));
         for not_an_object in [&b"[1]"[..], b"", b"{", b"{\"a\":1}x", b"null", b"\"{}\""] {
             assert!(JsonObject::parse(not_an_object).is_none());
+        }
+    }
+
+    /// What serde_json reads of `text` as an object's members: each name
+    /// and where its key starts, and each value's text. The oracle the
+    /// reader above must agree with.
+    fn serde_members(text: &[u8]) -> Option<Vec<(String, usize, String)>> {
+        use serde_json::value::RawValue;
+        struct RawMembers<'a>(Vec<(&'a RawValue, &'a RawValue)>);
+        impl<'de: 'a, 'a> serde::Deserialize<'de> for RawMembers<'a> {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+                impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+                    type Value = RawMembers<'a>;
+                    fn expecting(
+                        &self,
+                        formatter: &mut std::fmt::Formatter<'_>,
+                    ) -> std::fmt::Result {
+                        formatter.write_str("a JSON object")
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<RawMembers<'a>, A::Error> {
+                        let mut members = Vec::new();
+                        while let Some(name) = map.next_key()? {
+                            members.push((name, map.next_value()?));
+                        }
+                        Ok(RawMembers(members))
+                    }
+                }
+                deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+            }
+        }
+        let RawMembers(raw) = serde_json::from_slice(text).ok()?;
+        raw.into_iter()
+            .map(|(key, value)| {
+                let name = serde_json::from_str::<String>(key.get()).ok()?;
+                let start = key.get().as_ptr() as usize - text.as_ptr() as usize;
+                Some((name, start, value.get().to_owned()))
+            })
+            .collect()
+    }
+
+    fn members(text: &[u8]) -> Option<Vec<(String, usize, String)>> {
+        let object = JsonObject::parse(text)?;
+        Some(
+            object
+                .members
+                .iter()
+                .map(|member| {
+                    (
+                        member.name.to_string(),
+                        member.key_start,
+                        member.value.to_owned(),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_reader_refuses_what_serde_json_refuses() {
+        for text in [
+            &b"{\"a\":01}"[..],
+            b"{\"a\":1.}",
+            b"{\"a\":1e}",
+            b"{\"a\":-}",
+            b"{\"a\":[1,]}",
+            b"{\"a\":{\"b\":1,}}",
+            b"{\"a\":1,}",
+            b"{\"a\" 1}",
+            b"{\"a\":tru}",
+            b"{\"a\":\"\\x\"}",
+            b"{\"a\":\"\\u12g4\"}",
+            b"{\"a\":\"\x01\"}",
+            b"{\"a\":[}",
+            b"{\"a\":{]}",
+            b"{\"a\":\"\xff\"}",
+            b"{\"\\ud800\":1}",
+            b"{\"a\":1}}",
+            b"{a:1}",
+        ] {
+            assert_eq!(members(text), None, "{}", String::from_utf8_lossy(text));
+            assert_eq!(
+                serde_members(text),
+                None,
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+        let deep = format!("{{\"a\":{}1{}}}", "[".repeat(500), "]".repeat(500));
+        assert_eq!(members(deep.as_bytes()), serde_members(deep.as_bytes()));
+        assert!(
+            members(deep.as_bytes()).is_some(),
+            "no depth limit, as serde_json skips"
+        );
+        let odd = br#" {"a" : -0.5e+3 , "b":[true,false,null,{"c":"\u00e9\n\/"}] ,"\u0061":{} } "#;
+        assert_eq!(members(odd), serde_members(odd));
+        assert!(members(odd).is_some());
+    }
+
+    /// Any JSON value, as text with its whitespace.
+    fn json_text() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            "-?(0|[1-9][0-9]{0,3})(\\.[0-9]{1,3})?([eE][+-]?[0-9]{1,2})?",
+            "\"([a-z \u{e9}\u{1F600}]|\\\\[nt\"/\\\\]|\\\\u00[0-9a-f]{2}){0,6}\"",
+        ];
+        leaf.prop_recursive(4, 24, 4, |inner| {
+            let spaced =
+                (inner, "[ \n]{0,1}").prop_map(|(value, space)| format!("{space}{value}{space}"));
+            prop_oneof![
+                proptest::collection::vec(spaced.clone(), 0..4)
+                    .prop_map(|values| format!("[{}]", values.join(","))),
+                proptest::collection::vec(("[a-z]{0,3}", spaced), 0..4).prop_map(|members| {
+                    let members: Vec<String> = members
+                        .into_iter()
+                        .map(|(name, value)| format!("\"{name}\":{value}"))
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        /// The reader reads what serde_json reads, and refuses what it
+        /// refuses: valid objects, and the same with one byte broken.
+        #[test]
+        fn the_reader_agrees_with_serde_json(
+            members_text in proptest::collection::vec(("[a-z\"\\\\]{0,3}", json_text()), 0..5),
+            cut in any::<proptest::sample::Index>(),
+            byte in prop_oneof![Just(b'"'), Just(b'\\'), Just(b','), Just(b':'), Just(b'{'), Just(b'}'), Just(b'['), Just(b']'), Just(b'0'), Just(b'e'), Just(b'.'), Just(b'-'), Just(0x01u8), Just(0xffu8), any::<u8>()],
+            how in 0u8..4,
+        ) {
+            let members_text: Vec<String> = members_text
+                .into_iter()
+                .map(|(name, value)| format!("{}:{value}", serde_json::to_string(&name).unwrap()))
+                .collect();
+            let text = format!(" {{{}}} ", members_text.join(" , "));
+            prop_assert!(members(text.as_bytes()).is_some(), "{}", text);
+            prop_assert_eq!(members(text.as_bytes()), serde_members(text.as_bytes()));
+            let mut broken = text.into_bytes();
+            let at = cut.index(broken.len());
+            match how {
+                0 => broken[at] = byte,
+                1 => broken.insert(at, byte),
+                2 => { broken.remove(at); }
+                _ => broken.truncate(at),
+            }
+            prop_assert_eq!(members(&broken), serde_members(&broken), "{}", String::from_utf8_lossy(&broken));
         }
     }
 
