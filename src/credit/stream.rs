@@ -3,18 +3,10 @@
 //! gateway wants of it: the usage it reports, the usage the client must
 //! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
 
-use memchr::memmem::Finder;
-use std::sync::LazyLock;
-
 use super::usage::{
     names_only_null_usage, text_bytes, usage_of, usage_of_value, Usage, USAGE_FIELD,
 };
 use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
-
-/// A `\u` escape, the only one that can spell a name's letters: a chunk
-/// that has one is parsed whatever its plain bytes say.
-pub(super) static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
-static MODEL_FIELD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"model\""));
 
 /// What a metered event stream's reader does to each event, besides
 /// reading its usage.
@@ -105,24 +97,27 @@ impl StreamReader {
         }
     }
 
-    /// The usual event: one `data` line.
+    /// The usual event: one `data` line, parsed once for everything read
+    /// or changed in it.
     fn one(&mut self, lines: &[u8], data: &DataLine<'_>) -> Verdict {
         let value = data.value;
-        if !self.count(value) {
+        if value.is_empty() || value.len() > self.max_read_bytes {
             return Verdict::Keep;
         }
-        // Most chunks name neither plainly nor escaped: not parsed at all.
-        let escaped = ESCAPE.find(value).is_some();
-        let names_usage = escaped || USAGE_FIELD.find(value).is_some();
-        let names_model =
-            self.edits.served_model.is_some() && (escaped || MODEL_FIELD.find(value).is_some());
-        if !names_usage && !names_model {
+        if value.trim_ascii() == b"[DONE]" {
+            self.done = true;
             return Verdict::Keep;
         }
-        let Some(mut object) = JsonObject::parse(value) else {
+        self.streamed_chunks += 1;
+        let mut text = 0;
+        let Some(mut object) = JsonObject::parse_counting_text(value, &mut text) else {
+            // Not an object: its text found by its bytes, and an array's
+            // usage read as the fields in order, as a document is read.
+            self.streamed_text_bytes += text_bytes(value);
             self.read_usage_of_document(value);
             return Verdict::Keep;
         };
+        self.streamed_text_bytes += text;
         let mut edited = false;
         match object.get("usage") {
             Ok(Some("null")) if self.edits.hide_usage => {
@@ -288,13 +283,14 @@ mod tests {
         read(ASKED.as_bytes(), &[5, 40, 90, 200], both("openai/gpt-4o"));
         assert_eq!(parses() - before, 3, "three JSON chunks, one parse each");
 
-        // A chunk that names neither usage nor the model is not parsed.
+        // A chunk that names neither usage nor the model: the same parse
+        // counts its text.
         let before = parses();
-        let plain = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        let plain = "data: {\"choices\":[{\"delta\":{\"content\": \"Hello\"}}]}\n\n";
         let (out, reader) = read(plain.as_bytes(), &[], both("openai/gpt-4o"));
-        assert_eq!(parses() - before, 0);
+        assert_eq!(parses() - before, 1);
         assert_eq!(out, plain.as_bytes());
-        assert_eq!(reader.streamed_tokens(), 1);
+        assert_eq!(reader.streamed_tokens(), 2, "5 bytes of text");
     }
 
     #[test]
@@ -323,6 +319,22 @@ mod tests {
     const EVENT: &str = "(: ka\n\n|id: 1\n|data: \\{\"model\":\"(up|m)\",\"choices\":\\[(\\{\"d\":1\\})?\\],\"usage\":(null|\\{\"prompt_tokens\":[0-9]\\})\\}\n\n|data: \\{\"choices\":\\[\\],\"content\":\"ab\"\\}\n\n|data: \\[DONE\\]\n\n|data: x\n\n|\n)";
 
     proptest! {
+        /// The parse counts a chunk's text as the byte scan a chunk that
+        /// is not an object falls back on counts it.
+        #[test]
+        fn the_parse_counts_the_text_the_byte_scan_counts(
+            texts in proptest::collection::vec("([a-z \u{e9}\u{1F600}]|\\\\[nt\"\\\\]|\\\\u00[0-9a-f]{2}){0,8}", 4),
+            other in "[a-z]{0,6}",
+        ) {
+            let chunk = format!(
+                "{{\"choices\":[{{\"delta\":{{\"content\":\"{}\",\"tool_calls\":[{{\"function\":{{\"arguments\":\"{}\"}}}}]}}}}],\"x\":{{\"reasoning\":\"{}\",\"{other}\":\"{}\"}},\"content\":[\"{}\"]}}",
+                texts[0], texts[1], texts[2], texts[3], texts[0]
+            );
+            let mut counted = 0;
+            prop_assert!(JsonObject::parse_counting_text(chunk.as_bytes(), &mut counted).is_some(), "{}", chunk);
+            prop_assert_eq!(counted, text_bytes(chunk.as_bytes()));
+        }
+
         /// Reading only, nothing is written; editing, a stream none of
         /// whose events need a change comes back byte for byte.
         #[test]

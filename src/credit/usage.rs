@@ -262,9 +262,7 @@ pub(super) fn text_bytes(chunk: &[u8]) -> u64 {
 /// followed by `:`, sends the document to the parser, and so does an array,
 /// which [`usage_of`] reads as the fields in order.)
 pub(super) fn names_only_null_usage(document: &[u8]) -> bool {
-    if document.trim_ascii_start().starts_with(b"[")
-        || super::stream::ESCAPE.find(document).is_some()
-    {
+    if document.trim_ascii_start().starts_with(b"[") || ESCAPE.find(document).is_some() {
         return false;
     }
     USAGE_FIELD.find_iter(document).all(|start| {
@@ -426,6 +424,8 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
 // Every streamed chunk is searched for these: their searchers are built
 // once, as `memmem::find` would build one per call at more than the cost
 // of searching a chunk.
+/// A `\u` escape, the only one that can spell a name's letters.
+static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
 pub(super) static USAGE_FIELD: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(b"\"usage\""));
 static TEXT_FIELDS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {

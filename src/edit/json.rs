@@ -43,11 +43,27 @@ impl<'a> JsonObject<'a> {
     /// `text` read as one JSON object (whitespace around it allowed);
     /// `None` when it is anything else.
     pub(crate) fn parse(text: &'a [u8]) -> Option<JsonObject<'a>> {
+        JsonObject::parse_counting_text(text, &mut 0)
+    }
+
+    /// [`JsonObject::parse`], adding to `text_bytes` the bytes of the
+    /// strings that a member named `content`, `reasoning` or `arguments`
+    /// holds at any depth (escapes counted as written): the text a
+    /// streamed chunk carries.
+    pub(crate) fn parse_counting_text(
+        text: &'a [u8],
+        text_bytes: &mut u64,
+    ) -> Option<JsonObject<'a>> {
         #[cfg(test)]
         PARSES.with(|parses| parses.set(parses.get() + 1));
         // Valid JSON is UTF-8 throughout, so every slice taken below is text.
         let source = std::str::from_utf8(text).ok()?;
-        let mut scan = Scan { bytes: text, at: 0 };
+        let mut scan = Scan {
+            bytes: text,
+            at: 0,
+            text_bytes: 0,
+            text_key: false,
+        };
         scan.whitespace();
         if scan.peek()? != b'{' {
             return None;
@@ -64,6 +80,7 @@ impl<'a> JsonObject<'a> {
                 let key_start = scan.at;
                 let escaped = scan.string()?;
                 let key = &source[key_start..scan.at];
+                scan.text_key = is_text_key(key.as_bytes());
                 scan.whitespace();
                 scan.expect(b':')?;
                 scan.whitespace();
@@ -94,6 +111,7 @@ impl<'a> JsonObject<'a> {
         if scan.at != text.len() {
             return None;
         }
+        *text_bytes += scan.text_bytes;
         Some(JsonObject {
             text,
             members,
@@ -200,6 +218,15 @@ impl<'a> JsonObject<'a> {
 struct Scan<'a> {
     bytes: &'a [u8],
     at: usize,
+    // The bytes of the strings text members hold.
+    text_bytes: u64,
+    // The member whose value comes next is a text member.
+    text_key: bool,
+}
+
+/// The members whose strings are a chunk's text.
+fn is_text_key(quoted: &[u8]) -> bool {
+    matches!(quoted, b"\"content\"" | b"\"reasoning\"" | b"\"arguments\"")
 }
 
 impl Scan<'_> {
@@ -218,7 +245,7 @@ impl Scan<'_> {
     }
 
     fn whitespace(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
             self.at += 1;
         }
     }
@@ -226,7 +253,7 @@ impl Scan<'_> {
     /// Digits, and how many.
     fn digits(&mut self) -> usize {
         let start = self.at;
-        while let Some(b'0'..=b'9') = self.peek() {
+        while let Some(b'0'..=b'9') = self.bytes.get(self.at) {
             self.at += 1;
         }
         self.at - start
@@ -237,27 +264,29 @@ impl Scan<'_> {
         self.expect(b'"')?;
         let mut escaped = false;
         loop {
-            let rest = &self.bytes[self.at..];
-            let stop = memchr::memchr2(b'"', b'\\', rest)?;
-            // A control character must be escaped.
-            if rest[..stop].iter().any(|&byte| byte < 0x20) {
-                return None;
-            }
-            self.at += stop + 1;
-            if rest[stop] == b'"' {
-                return Some(escaped);
-            }
-            escaped = true;
-            match self.next()? {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
-                b'u' => {
-                    for _ in 0..4 {
-                        if !self.next()?.is_ascii_hexdigit() {
-                            return None;
+            match *self.bytes.get(self.at)? {
+                b'"' => {
+                    self.at += 1;
+                    return Some(escaped);
+                }
+                b'\\' => {
+                    self.at += 1;
+                    escaped = true;
+                    match self.next()? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                        b'u' => {
+                            let hex = self.bytes.get(self.at..self.at + 4)?;
+                            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                                return None;
+                            }
+                            self.at += 4;
                         }
+                        _ => return None,
                     }
                 }
-                _ => return None,
+                // A control character must be escaped.
+                0..=0x1f => return None,
+                _ => self.at += 1,
             }
         }
     }
@@ -301,25 +330,30 @@ impl Scan<'_> {
 
     /// An object's member name and its colon.
     fn key(&mut self) -> Option<()> {
+        let start = self.at;
         self.string()?;
+        self.text_key = is_text_key(&self.bytes[start..self.at]);
         self.whitespace();
         self.expect(b':')
     }
 
     /// One value, however deep, without recursion: `closers` holds what
-    /// each open object or array waits for.
+    /// each open object or array waits for (the first 64 as bits, `true`
+    /// for an object, without an allocation).
     fn value(&mut self) -> Option<()> {
-        let mut closers = Vec::new();
+        let mut closers = Closers::default();
         loop {
             self.whitespace();
+            let text_key = std::mem::take(&mut self.text_key);
             match self.peek()? {
                 open @ (b'{' | b'[') => {
                     self.at += 1;
                     self.whitespace();
-                    let close = if open == b'{' { b'}' } else { b']' };
+                    let object = open == b'{';
+                    let close = if object { b'}' } else { b']' };
                     if self.peek()? != close {
-                        closers.push(close);
-                        if close == b'}' {
+                        closers.push(object);
+                        if object {
                             self.key()?;
                         }
                         continue;
@@ -327,7 +361,11 @@ impl Scan<'_> {
                     self.at += 1;
                 }
                 b'"' => {
+                    let start = self.at;
                     self.string()?;
+                    if text_key {
+                        self.text_bytes += (self.at - start - 2) as u64;
+                    }
                 }
                 b't' => self.literal(b"true")?,
                 b'f' => self.literal(b"false")?,
@@ -337,24 +375,55 @@ impl Scan<'_> {
             }
             // After a value: close what it ends, or go on to the next one.
             loop {
-                let Some(&close) = closers.last() else {
+                let Some(object) = closers.last() else {
                     return Some(());
                 };
                 self.whitespace();
                 match self.next()? {
                     b',' => {
-                        if close == b'}' {
+                        if object {
                             self.whitespace();
                             self.key()?;
                         }
                         break;
                     }
-                    byte if byte == close => {
-                        closers.pop();
-                    }
+                    b'}' if object => closers.pop(),
+                    b']' if !object => closers.pop(),
                     _ => return None,
                 }
             }
+        }
+    }
+}
+
+/// The open objects (`true`) and arrays of a value being read.
+#[derive(Default)]
+struct Closers {
+    // The innermost 64, as bits; deeper ones spill into `deeper`.
+    bits: u64,
+    depth: usize,
+    deeper: Vec<bool>,
+}
+
+impl Closers {
+    fn push(&mut self, object: bool) {
+        if self.depth >= 64 {
+            self.deeper.push(self.bits >> 63 == 1);
+        }
+        self.bits = (self.bits << 1) | u64::from(object);
+        self.depth += 1;
+    }
+
+    fn last(&self) -> Option<bool> {
+        (self.depth > 0).then_some(self.bits & 1 == 1)
+    }
+
+    fn pop(&mut self) {
+        self.depth -= 1;
+        self.bits >>= 1;
+        if self.depth >= 64 {
+            let spilled = self.deeper.pop().unwrap_or(false);
+            self.bits |= u64::from(spilled) << 63;
         }
     }
 }
