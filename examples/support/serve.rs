@@ -327,10 +327,34 @@ mod plain_log {
         }
     }
 
+    impl PlainVisitor<'_> {
+        /// `name="value"` for a value with nothing to escape (what `{:?}`
+        /// prints for it), written without the formatter.
+        fn plain_str(&mut self, field: &Field, value: &str) {
+            if self.result.is_err() {
+                return;
+            }
+            if !std::mem::take(&mut self.first) {
+                self.result = self.writer.write_char(' ');
+            }
+            let name = field.name();
+            for part in [name.strip_prefix("r#").unwrap_or(name), "=\"", value, "\""] {
+                if self.result.is_ok() {
+                    self.result = self.writer.write_str(part);
+                }
+            }
+        }
+    }
+
     impl Visit for PlainVisitor<'_> {
         fn record_str(&mut self, field: &Field, value: &str) {
             if field.name() == "message" {
                 self.field(field, format_args!("{value}"));
+            } else if value
+                .bytes()
+                .all(|byte| (b' '..=b'~').contains(&byte) && byte != b'"' && byte != b'\\')
+            {
+                self.plain_str(field, value);
             } else {
                 self.field(field, format_args!("{value:?}"));
             }

@@ -9,7 +9,7 @@ use memchr::memmem::Finder;
 use serde_json::Value;
 
 use super::stream::{StreamEdits, StreamReader};
-use crate::edit::SseEvents;
+use crate::edit::{JsonObject, SseEvents};
 
 use crate::keys::credits::nanos_from_json;
 
@@ -277,6 +277,10 @@ pub(super) fn names_only_null_usage(document: &[u8]) -> bool {
 /// `usage` that count are built; everything else is skipped unparsed into
 /// values (a completion's text, say), so a body costs no allocation.
 pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
+    // An object (the usual answer): its `usage` member read alone.
+    if let Some(object) = JsonObject::parse(document) {
+        return usage_of_value(object.get("usage").ok()??);
+    }
     #[derive(serde::Deserialize)]
     struct UsageOnly {
         usage: Option<UsageFields>,

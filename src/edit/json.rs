@@ -224,6 +224,20 @@ struct Scan<'a> {
     text_key: bool,
 }
 
+/// The bytes that end a string's plain run: its closing quote, an escape,
+/// and the control characters that must be escaped.
+static STRING_STOPS: [bool; 256] = {
+    let mut stops = [false; 256];
+    let mut byte = 0;
+    while byte < 0x20 {
+        stops[byte] = true;
+        byte += 1;
+    }
+    stops[b'"' as usize] = true;
+    stops[b'\\' as usize] = true;
+    stops
+};
+
 /// The members whose strings are a chunk's text.
 fn is_text_key(quoted: &[u8]) -> bool {
     matches!(quoted, b"\"content\"" | b"\"reasoning\"" | b"\"arguments\"")
@@ -262,31 +276,35 @@ impl Scan<'_> {
     /// A string, from its opening quote; whether it has an escape.
     fn string(&mut self) -> Option<bool> {
         self.expect(b'"')?;
+        let bytes = self.bytes;
+        let mut at = self.at;
         let mut escaped = false;
         loop {
-            match *self.bytes.get(self.at)? {
+            // Most bytes are plain: passed over by a table, not a match.
+            while at < bytes.len() && !STRING_STOPS[usize::from(bytes[at])] {
+                at += 1;
+            }
+            match *bytes.get(at)? {
                 b'"' => {
-                    self.at += 1;
+                    self.at = at + 1;
                     return Some(escaped);
                 }
                 b'\\' => {
-                    self.at += 1;
                     escaped = true;
-                    match self.next()? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                    match *bytes.get(at + 1)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => at += 2,
                         b'u' => {
-                            let hex = self.bytes.get(self.at..self.at + 4)?;
+                            let hex = bytes.get(at + 2..at + 6)?;
                             if !hex.iter().all(u8::is_ascii_hexdigit) {
                                 return None;
                             }
-                            self.at += 4;
+                            at += 6;
                         }
                         _ => return None,
                     }
                 }
                 // A control character must be escaped.
-                0..=0x1f => return None,
-                _ => self.at += 1,
+                _ => return None,
             }
         }
     }

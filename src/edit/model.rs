@@ -1,19 +1,14 @@
 //! [`ServedModel`]: the model an answer is to name in its `model` field.
 
-#[cfg(feature = "proxy")]
-use memchr::memmem::Finder;
-
 use super::JsonObject;
 
-/// The model an answer is to name, with what finding it costs built once
-/// per answer rather than once per event.
+/// The model an answer is to name, quoted once per answer rather than
+/// once per event.
 #[derive(Debug)]
 pub(crate) struct ServedModel {
     name: String,
     // The name as a JSON string: an answer that spells it so names it.
     quoted: String,
-    #[cfg(feature = "proxy")]
-    finder: Finder<'static>,
 }
 
 impl ServedModel {
@@ -21,25 +16,7 @@ impl ServedModel {
         let name = name.into();
         // A `String` always serialises.
         let quoted = serde_json::to_string(&name).unwrap_or_default();
-        ServedModel {
-            #[cfg(feature = "proxy")]
-            finder: Finder::new(name.as_bytes()).into_owned(),
-            name,
-            quoted,
-        }
-    }
-
-    /// The model's name.
-    #[cfg(feature = "proxy")]
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Whether `text` holds the name's bytes (an answer that does not
-    /// cannot name it plainly).
-    #[cfg(feature = "proxy")]
-    pub(crate) fn appears_in(&self, text: &[u8]) -> bool {
-        self.finder.find(text).is_some()
+        ServedModel { name, quoted }
     }
 
     /// Sets `object`'s `model` to this one when it names another string;

@@ -138,10 +138,13 @@ where
             // Nothing to fall back to: the request goes on as it is, its
             // parsed body not copied.
             let model = candidates.swap_remove(0);
+            let stream = chat.stream;
             let mut request = request;
-            request
-                .extensions_mut()
-                .insert(NameModelInStream(model.as_str().into()));
+            if stream {
+                request
+                    .extensions_mut()
+                    .insert(NameModelInStream(model.as_str().into()));
+            }
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
                 Ok(reported(response, &model).await)
@@ -164,9 +167,11 @@ where
                     .extensions_mut()
                     .insert(RequestedModel(chat.model.clone()));
                 attempt.extensions_mut().insert(BufferedBody(body.clone()));
-                attempt
-                    .extensions_mut()
-                    .insert(NameModelInStream(model.as_str().into()));
+                if chat.stream {
+                    attempt
+                        .extensions_mut()
+                        .insert(NameModelInStream(model.as_str().into()));
+                }
                 if index < last {
                     // The next model is the better retry.
                     attempt.extensions_mut().insert(SkipRetries);

@@ -54,27 +54,6 @@ pub fn rewrite_model_json(text: &[u8], model: &str) -> Option<Vec<u8>> {
 }
 
 fn rewrite_json(text: &[u8], served: &ServedModel) -> Option<Vec<u8>> {
-    // An answer that already names the served model is told by one pass
-    // that builds nothing; anything it cannot read (a duplicate `model`,
-    // say) takes the full path below. An answer whose bytes do not hold
-    // the name at all (a provider's own, the usual case) cannot name it
-    // plainly, so it goes straight there; one that names it escaped is
-    // still found equal below.
-    #[derive(serde::Deserialize)]
-    struct ModelOnly<'a> {
-        #[serde(borrow)]
-        model: Option<std::borrow::Cow<'a, str>>,
-    }
-    if served.appears_in(text) {
-        if let Ok(ModelOnly {
-            model: Some(current),
-        }) = crate::body::json_from_bytes(text)
-        {
-            if current == served.name() {
-                return None;
-            }
-        }
-    }
     let mut object = JsonObject::parse(text)?;
     served.name_in(&mut object).then(|| object.to_bytes())
 }
