@@ -18,7 +18,7 @@ use super::service::Admitted;
 use super::stream::StreamEdits;
 use super::usage::{BodyKind, UsageScanner};
 use crate::body::BufferedBody;
-use crate::edit::{ModelNamed, NameModelInStream, ServedModel};
+use crate::edit::{ModelNamed, NameModel, ServedModel};
 use crate::error::GatewayError;
 use crate::limiter::headers::merge_response_headers;
 use crate::response_body::ResponseBody;
@@ -177,8 +177,8 @@ where
                             });
                             let name_model = request
                                 .extensions()
-                                .get::<NameModelInStream>()
-                                .map(|NameModelInStream(model)| std::sync::Arc::clone(model));
+                                .get::<NameModel>()
+                                .map(|NameModel(model)| std::sync::Arc::clone(model));
                             State::Calling {
                                 generation_id,
                                 name_model,
@@ -265,7 +265,22 @@ where
                                     }
                                     UsageScanner::event_stream(edits, *max_scanned_body_bytes)
                                 }
-                                false => UsageScanner::new(BodyKind::Json, *max_scanned_body_bytes),
+                                false => match name_model.take().filter(|_| success) {
+                                    // Named here, in the one parse that
+                                    // reads the usage; the layer above
+                                    // gives the answer its length.
+                                    Some(model) => {
+                                        parts.extensions.insert(ModelNamed);
+                                        parts.headers.remove(CONTENT_LENGTH);
+                                        UsageScanner::json_naming(
+                                            ServedModel::new(&*model),
+                                            *max_scanned_body_bytes,
+                                        )
+                                    }
+                                    None => {
+                                        UsageScanner::new(BodyKind::Json, *max_scanned_body_bytes)
+                                    }
+                                },
                             };
                             MeteredBody::metered(body, meter, scanner)
                         }

@@ -9,7 +9,7 @@ use memchr::memmem::Finder;
 use serde_json::Value;
 
 use super::stream::{StreamEdits, StreamReader};
-use crate::edit::{JsonObject, SseEvents};
+use crate::edit::{JsonObject, ServedModel, SseEvents, MAX_NAMED_JSON_BYTES};
 
 use crate::keys::credits::nanos_from_json;
 
@@ -82,6 +82,9 @@ enum Reading {
         buffer: Vec<u8>,
         /// Over the bound: not read.
         overflowed: bool,
+        /// The model to name in the answer, which is held until its end
+        /// (up to [`MAX_NAMED_JSON_BYTES`]) to be parsed once for both.
+        naming: Option<ServedModel>,
     },
     /// Each event read once, by the reader that also makes the stream's
     /// edits (boxed: a JSON body's scanner stays small).
@@ -106,6 +109,7 @@ impl UsageScanner {
                 max_buffered_bytes,
                 buffer: Vec::new(),
                 overflowed: false,
+                naming: None,
             },
             BodyKind::EventStream => {
                 return UsageScanner::event_stream(StreamEdits::default(), max_buffered_bytes)
@@ -129,6 +133,20 @@ impl UsageScanner {
         }
     }
 
+    /// A JSON answer's scanner that also names `model` in it: then what
+    /// goes on is what [`UsageScanner::feed_edited`] and
+    /// [`UsageScanner::finish_edited`] give (the answer, at its end).
+    pub(crate) fn json_naming(model: ServedModel, max_buffered_bytes: usize) -> Self {
+        UsageScanner {
+            reading: Reading::Json {
+                max_buffered_bytes,
+                buffer: Vec::new(),
+                overflowed: false,
+                naming: Some(model),
+            },
+        }
+    }
+
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         self.feed_edited(chunk, &mut BytesMut::new());
@@ -142,14 +160,30 @@ impl UsageScanner {
                 max_buffered_bytes,
                 buffer,
                 overflowed,
+                naming,
             } => {
+                if naming.is_some() {
+                    if buffer.len() + chunk.len() <= MAX_NAMED_JSON_BYTES.max(*max_buffered_bytes) {
+                        buffer.extend_from_slice(chunk);
+                        return true;
+                    }
+                    // Too large to hold: what was held goes first, the rest
+                    // passes as it comes, its model as the upstream wrote it.
+                    *naming = None;
+                    out.extend_from_slice(buffer);
+                    out.extend_from_slice(chunk);
+                    if buffer.len() > *max_buffered_bytes {
+                        *overflowed = true;
+                        *buffer = Vec::new();
+                    }
+                }
                 if buffer.len() + chunk.len() > *max_buffered_bytes {
                     *overflowed = true;
                     *buffer = Vec::new();
                 } else if !*overflowed {
                     buffer.extend_from_slice(chunk);
                 }
-                false
+                !out.is_empty()
             }
             Reading::EventStream(scan) => {
                 let StreamScan { events, reader } = &mut **scan;
@@ -161,7 +195,10 @@ impl UsageScanner {
 
     /// Whether the stream's bytes are edited (and held to each event's end).
     pub(crate) fn is_edited(&self) -> bool {
-        matches!(&self.reading, Reading::EventStream(scan) if scan.events.is_editing())
+        match &self.reading {
+            Reading::Json { naming, .. } => naming.is_some(),
+            Reading::EventStream(scan) => scan.events.is_editing(),
+        }
     }
 
     /// The completion tokens an event stream has carried so far, estimated
@@ -208,6 +245,28 @@ impl UsageScanner {
     /// `out`.
     pub(crate) fn finish_edited(self, out: &mut BytesMut) -> Option<Usage> {
         match self.reading {
+            Reading::Json {
+                buffer,
+                overflowed,
+                naming: Some(served),
+                max_buffered_bytes,
+            } => {
+                let read = !overflowed && buffer.len() <= max_buffered_bytes;
+                // One parse for the usage and the model.
+                let Some(mut object) = JsonObject::parse(&buffer) else {
+                    out.extend_from_slice(&buffer);
+                    return read.then(|| usage_of(&buffer)).flatten();
+                };
+                let usage = match object.get("usage") {
+                    Ok(Some(usage)) if read => usage_of_value(usage),
+                    _ => None,
+                };
+                match served.name_in(&mut object) {
+                    true => out.extend_from_slice(&object.to_bytes()),
+                    false => out.extend_from_slice(&buffer),
+                }
+                usage
+            }
             Reading::Json {
                 buffer, overflowed, ..
             } => match overflowed {
@@ -747,6 +806,50 @@ mod tests {
                 let _ = scanner.finish();
             }
         }
+    }
+
+    #[test]
+    fn a_json_answer_named_in_the_parse_that_reads_its_usage() {
+        let answer =
+            br#"{"model":"up","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        let mut scanner = UsageScanner::json_naming(ServedModel::new("p/m"), 1 << 20);
+        let mut out = BytesMut::new();
+        for chunk in answer.chunks(7) {
+            assert!(scanner.feed_edited(chunk, &mut out), "held");
+            assert!(out.is_empty(), "nothing goes before the end");
+        }
+        assert!(scanner.is_edited());
+        let usage = scanner.finish_edited(&mut out);
+        assert_eq!(usage.map(|usage| usage.prompt_tokens), Some(3));
+        assert_eq!(
+            &out[..],
+            br#"{"model":"p/m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#
+        );
+
+        // Already named, or not JSON: the bytes as they came.
+        for body in [&br#"{"model":"p/m","usage":null}"#[..], b"not json"] {
+            let mut scanner = UsageScanner::json_naming(ServedModel::new("p/m"), 1 << 20);
+            let mut out = BytesMut::new();
+            scanner.feed_edited(body, &mut out);
+            assert_eq!(scanner.finish_edited(&mut out), None);
+            assert_eq!(&out[..], body);
+        }
+
+        // Past the bound on holding: what was held goes at once, the rest
+        // as it comes, unnamed; the usage bound is the scanner's own.
+        let mut scanner = UsageScanner::json_naming(ServedModel::new("p/m"), 16);
+        let mut out = BytesMut::new();
+        let big = vec![b' '; MAX_NAMED_JSON_BYTES];
+        let head = b"{\"model\":\"up\"";
+        assert!(scanner.feed_edited(head, &mut out));
+        assert!(scanner.feed_edited(&big, &mut out));
+        assert_eq!(out.len(), head.len() + big.len());
+        assert!(!scanner.is_edited());
+        assert!(
+            !scanner.feed_edited(b"}", &mut BytesMut::new()),
+            "then passed on"
+        );
+        assert_eq!(scanner.finish(), None, "over the usage bound");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRIT
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{BufferedBody, ChatRequest, ModelId};
-use crate::edit::{JsonObject, ModelNamed, NameModelInStream};
+use crate::edit::{JsonObject, ModelNamed, NameModel};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
 use crate::usage::RequestedModel;
@@ -138,13 +138,10 @@ where
             // Nothing to fall back to: the request goes on as it is, its
             // parsed body not copied.
             let model = candidates.swap_remove(0);
-            let stream = chat.stream;
             let mut request = request;
-            if stream {
-                request
-                    .extensions_mut()
-                    .insert(NameModelInStream(model.as_str().into()));
-            }
+            request
+                .extensions_mut()
+                .insert(NameModel(model.as_str().into()));
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
                 Ok(reported(response, &model).await)
@@ -167,11 +164,9 @@ where
                     .extensions_mut()
                     .insert(RequestedModel(chat.model.clone()));
                 attempt.extensions_mut().insert(BufferedBody(body.clone()));
-                if chat.stream {
-                    attempt
-                        .extensions_mut()
-                        .insert(NameModelInStream(model.as_str().into()));
-                }
+                attempt
+                    .extensions_mut()
+                    .insert(NameModel(model.as_str().into()));
                 if index < last {
                     // The next model is the better retry.
                     attempt.extensions_mut().insert(SkipRetries);
@@ -232,12 +227,10 @@ where
     }
     // The length changes when `model` is rewritten.
     parts.headers.remove(http::header::CONTENT_LENGTH);
+    let named = parts.extensions.get::<ModelNamed>().is_some();
     if kind == BodyKind::EventStream {
         // The layer below that reads each chunk may have named it already.
-        let kind = match parts.extensions.get::<ModelNamed>() {
-            Some(ModelNamed) => BodyKind::Other,
-            None => kind,
-        };
+        let kind = if named { BodyKind::Other } else { kind };
         return Response::from_parts(
             parts,
             ReportedModel::new(ResponseBody::inner(body), model.as_str(), kind),
@@ -272,9 +265,13 @@ where
             }
         }
     }
-    let bytes = rewrite_model_json(&held, model.as_str())
-        .map(Bytes::from)
-        .unwrap_or_else(|| held.freeze());
+    // The layer below that read the answer may have named it already.
+    let bytes = match named {
+        true => held.freeze(),
+        false => rewrite_model_json(&held, model.as_str())
+            .map(Bytes::from)
+            .unwrap_or_else(|| held.freeze()),
+    };
     parts
         .headers
         .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));

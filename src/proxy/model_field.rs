@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use crate::edit::{JsonObject, ServedModel, SseLines, SsePiece};
 
 /// Largest JSON body rewritten; a larger one passes on unchanged.
-pub const MAX_REWRITTEN_JSON_BYTES: usize = 8 * 1024 * 1024;
+pub const MAX_REWRITTEN_JSON_BYTES: usize = crate::edit::MAX_NAMED_JSON_BYTES;
 
 /// How a body's `model` field is rewritten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
