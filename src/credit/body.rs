@@ -119,21 +119,24 @@ fn shutting_down_event(between_events: bool) -> Bytes {
 /// was cut, its connection is.
 fn cut_short(metering: Metering) -> Result<Frame<Bytes>, BoxError> {
     let mut out = BytesMut::new();
-    let last = metering.scanner.is_event_stream().then(|| {
+    let scanner = &metering.scanner;
+    let last = scanner.is_event_stream().then(|| {
         (
-            metering.scanner.between_events(),
-            metering.scanner.is_edited(),
+            scanner.between_events(),
+            scanner.is_edited(),
+            scanner.is_passing(),
         )
     });
     let (meter, usage) = metering.finish(&mut out);
     meter.settle_in_background(usage, Ending::ShutDown);
-    let Some((between_events, editing)) = last else {
+    let Some((between_events, editing, passing)) = last else {
         return Err(BoxError::from("the gateway is shutting down"));
     };
-    // What an edited stream held ends without its blank line, if at all;
-    // a stream read only has given the client every byte already.
+    // What an edited stream held ends without its blank line, if at all
+    // (and an event too long to hold has partly gone already); a stream
+    // read only has given the client every byte already.
     let closed = match editing {
-        true => out.is_empty(),
+        true => out.is_empty() && !passing,
         false => between_events,
     };
     out.extend_from_slice(&shutting_down_event(closed));
@@ -266,6 +269,7 @@ mod tests {
     use crate::clock::SystemClock;
     use crate::credit::group_commit::GroupCommit;
     use crate::credit::pricing::TokenPrice;
+    use crate::credit::stream::StreamEdits;
     use crate::credit::usage::BodyKind;
     use crate::credit::PendingSettlements;
     use crate::store::{LedgerStore, MemoryStore, NANOS_PER_CREDIT};
@@ -363,6 +367,38 @@ mod tests {
             (PROMPT_TOKENS + 2) as i64 * NANOS_PER_CREDIT
         );
         assert!(pending.is_empty(), "recorded at once on MemoryStore");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_edited_stream_ended_in_a_long_event_closes_it_before_saying_why() {
+        let store = Arc::new(MemoryStore::new());
+        let pending = PendingSettlements::default();
+        let long: &'static str = Box::leak(
+            format!(
+                "data: {}\n",
+                "y".repeat(crate::edit::MAX_SSE_LINE_BYTES + 10)
+            )
+            .into_boxed_str(),
+        );
+        let chunks: &'static [&'static str] = Box::leak(vec![long].into_boxed_slice());
+        let edits = StreamEdits {
+            hide_usage: true,
+            served_model: None,
+        };
+        let mut body = MeteredBody::metered(
+            stalling(chunks),
+            meter(&store, &pending),
+            UsageScanner::event_stream(edits, 64 * 1024),
+        );
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.len(), long.len(), "too long to hold: passed on");
+        pending.end_streams();
+        let last = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(
+            last.starts_with(b"\n\ndata: {\"error\""),
+            "the long event closed first: {:?}",
+            String::from_utf8_lossy(&last[..40.min(last.len())])
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -176,7 +176,7 @@ impl Default for Filter {
             served_model: None,
         };
         Filter {
-            events: SseEvents::editing(),
+            events: SseEvents::editing(MAX_SSE_LINE_BYTES),
             reader: StreamReader::new(edits, MAX_SSE_LINE_BYTES),
         }
     }

@@ -101,9 +101,11 @@ impl StreamReader {
     /// or changed in it.
     fn one(&mut self, lines: &[u8], data: &DataLine<'_>) -> Verdict {
         let value = data.value;
-        if value.is_empty() || value.len() > self.max_read_bytes {
+        if value.is_empty() {
             return Verdict::Keep;
         }
+        // Past the bound the usage is not read; the edits are made all the same.
+        let read = value.len() <= self.max_read_bytes;
         if value.trim_ascii() == b"[DONE]" {
             self.done = true;
             return Verdict::Keep;
@@ -114,7 +116,9 @@ impl StreamReader {
             // Not an object: its text found by its bytes, and an array's
             // usage read as the fields in order, as a document is read.
             self.streamed_text_bytes += text_bytes(value);
-            self.read_usage_of_document(value);
+            if read {
+                self.read_usage_of_document(value);
+            }
             return Verdict::Keep;
         };
         self.streamed_text_bytes += text;
@@ -125,7 +129,7 @@ impl StreamReader {
             }
             Ok(Some("null")) | Ok(None) | Err(_) => {}
             Ok(Some(usage)) => {
-                if let Some(usage) = usage_of_value(usage) {
+                if let Some(usage) = usage_of_value(usage).filter(|_| read) {
                     self.usage = Some(usage);
                 }
                 // The chunk the gateway asked for: usage and no choices.
@@ -191,8 +195,8 @@ impl EventEditor for StreamReader {
     }
 
     fn long_piece(&mut self, piece: &[u8]) {
-        // Not read, but what it carried is counted all the same.
-        self.streamed_text_bytes += text_bytes(piece);
+        // Too long to hold and read: every byte counts as text, generously.
+        self.streamed_text_bytes += piece.len() as u64;
     }
 }
 
@@ -217,8 +221,8 @@ mod tests {
     /// What `edits` make of `stream` fed in `chunks`, and what was read.
     fn read(stream: &[u8], cuts: &[usize], edits: StreamEdits) -> (Vec<u8>, StreamReader) {
         let mut events = match edits.any() {
-            true => SseEvents::editing(),
-            false => SseEvents::reading(),
+            true => SseEvents::editing(64 * 1024),
+            false => SseEvents::reading(64 * 1024),
         };
         let mut reader = StreamReader::new(edits, 64 * 1024);
         let mut out = BytesMut::new();

@@ -9,7 +9,7 @@ use memchr::memmem::Finder;
 use serde_json::Value;
 
 use super::stream::{StreamEdits, StreamReader};
-use crate::edit::{JsonObject, ServedModel, SseEvents, MAX_NAMED_JSON_BYTES};
+use crate::edit::{JsonObject, ServedModel, SseEvents, MAX_NAMED_JSON_BYTES, MAX_SSE_LINE_BYTES};
 
 use crate::keys::credits::nanos_from_json;
 
@@ -100,9 +100,8 @@ struct StreamScan {
 impl UsageScanner {
     /// A scanner for a body of `kind`, holding at most `max_buffered_bytes`
     /// (a JSON body larger than that, or an SSE event's data, is not read
-    /// for usage; an SSE line longer than
-    /// [`MAX_SSE_LINE_BYTES`](crate::edit::MAX_SSE_LINE_BYTES) is counted,
-    /// not read).
+    /// for usage; an SSE event is held up to the larger of that and
+    /// [`MAX_SSE_LINE_BYTES`], and a longer one is counted, not read).
     pub fn new(kind: BodyKind, max_buffered_bytes: usize) -> Self {
         let reading = match kind {
             BodyKind::Json => Reading::Json {
@@ -121,9 +120,11 @@ impl UsageScanner {
     /// An event stream's scanner that also makes `edits`: then what goes
     /// on is what [`UsageScanner::feed_edited`] gives.
     pub(crate) fn event_stream(edits: StreamEdits, max_buffered_bytes: usize) -> Self {
+        // An event is held as long as its data may be read for usage.
+        let max_event_bytes = MAX_SSE_LINE_BYTES.max(max_buffered_bytes);
         let events = match edits.any() {
-            true => SseEvents::editing(),
-            false => SseEvents::reading(),
+            true => SseEvents::editing(max_event_bytes),
+            false => SseEvents::reading(max_event_bytes),
         };
         UsageScanner {
             reading: Reading::EventStream(Box::new(StreamScan {
@@ -193,7 +194,13 @@ impl UsageScanner {
         }
     }
 
-    /// Whether the stream's bytes are edited (and held to each event's end).
+    /// Whether an event stream is passing an event too long to hold.
+    pub(crate) fn is_passing(&self) -> bool {
+        matches!(&self.reading, Reading::EventStream(scan) if scan.events.is_passing())
+    }
+
+    /// Whether the body's bytes are edited (and held to each event's end,
+    /// or a JSON answer's).
     pub(crate) fn is_edited(&self) -> bool {
         match &self.reading {
             Reading::Json { naming, .. } => naming.is_some(),
@@ -850,6 +857,38 @@ mod tests {
             "then passed on"
         );
         assert_eq!(scanner.finish(), None, "over the usage bound");
+    }
+
+    #[test]
+    fn an_event_past_a_line_of_a_mebibyte_is_still_read_up_to_the_bound() {
+        let text = "x".repeat(2 * MAX_SSE_LINE_BYTES);
+        let event = format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}],\"usage\":{{\"prompt_tokens\":4,\"completion_tokens\":9}}}}\n\n"
+        );
+        for edits in [
+            StreamEdits::default(),
+            StreamEdits {
+                hide_usage: true,
+                served_model: None,
+            },
+        ] {
+            let mut scanner = UsageScanner::event_stream(edits, 8 * MAX_SSE_LINE_BYTES);
+            for chunk in event.as_bytes().chunks(16 * 1024) {
+                scanner.feed_edited(chunk, &mut BytesMut::new());
+            }
+            assert_eq!(
+                scanner.finish().map(|usage| usage.completion_tokens),
+                Some(9)
+            );
+        }
+
+        // Past the bound: not read, and every byte counted as text.
+        let mut scanner = UsageScanner::new(BodyKind::EventStream, 1024);
+        for chunk in event.as_bytes().chunks(16 * 1024) {
+            scanner.feed(chunk);
+        }
+        assert!(scanner.streamed_tokens() >= (text.len() as u64).div_ceil(3));
+        assert_eq!(scanner.finish(), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::sse::{line_content, SseLines, SsePiece, MAX_SSE_LINE_BYTES};
+use super::sse::{line_content, SseLines, SsePiece};
 
 const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
 
@@ -75,16 +75,17 @@ pub(crate) trait EventEditor {
 }
 
 /// Cuts an event stream into events however its chunks fall and hands
-/// each, whole, to an [`EventEditor`] once, holding at most
-/// [`MAX_SSE_LINE_BYTES`] of an event.
+/// each, whole, to an [`EventEditor`] once, holding at most the bound it
+/// is made with of an event.
 ///
 /// Editing ([`SseEvents::editing`]), an event is held until its blank line
 /// (a client acts on nothing sooner) and what the editor says goes out; a
 /// comment between events passes at once, so keep-alives still keep the
 /// connection alive. Reading only ([`SseEvents::reading`]), the caller
 /// passes the bytes on as they come and nothing is written out. Either
-/// way, an event with a line longer than [`MAX_SSE_LINE_BYTES`] passes
-/// unread, and lines end at `\n`, `\r\n` or a lone `\r`.
+/// way, an event longer than the bound passes unread (the editor is shown
+/// its pieces: [`EventEditor::long_piece`]), and lines end at `\n`,
+/// `\r\n` or a lone `\r`.
 #[derive(Debug)]
 pub(crate) struct SseEvents {
     lines: SseLines,
@@ -98,6 +99,7 @@ pub(crate) struct SseEvents {
     // with a byte-order mark).
     event_opens_stream: bool,
     editing: bool,
+    max_event_bytes: usize,
     // What became of the last line: where the `\n` of its `\r\n`, cut
     // off by the chunk's end, goes.
     last_line: LineFate,
@@ -111,19 +113,22 @@ enum LineFate {
 }
 
 impl SseEvents {
-    /// Events the editor may change, drop or keep.
-    pub(crate) fn editing() -> Self {
-        SseEvents::new(true)
+    /// Events of at most `max_event_bytes` the editor may change, drop or
+    /// keep.
+    pub(crate) fn editing(max_event_bytes: usize) -> Self {
+        SseEvents::new(true, max_event_bytes)
     }
 
-    /// Events the editor reads only; its verdicts are not asked for.
-    pub(crate) fn reading() -> Self {
-        SseEvents::new(false)
+    /// Events of at most `max_event_bytes` the editor reads only; its
+    /// verdicts are not asked for.
+    pub(crate) fn reading(max_event_bytes: usize) -> Self {
+        SseEvents::new(false, max_event_bytes)
     }
 
-    fn new(editing: bool) -> Self {
+    fn new(editing: bool, max_event_bytes: usize) -> Self {
         SseEvents {
-            lines: SseLines::default(),
+            max_event_bytes,
+            lines: SseLines::with_max(max_event_bytes),
             event: BytesMut::new(),
             passing_event: false,
             started: false,
@@ -131,6 +136,11 @@ impl SseEvents {
             editing,
             last_line: LineFate::Written,
         }
+    }
+
+    /// Whether an event too long to hold is passing.
+    pub(crate) fn is_passing(&self) -> bool {
+        self.passing_event
     }
 
     /// Whether events are held and edited.
@@ -211,7 +221,7 @@ impl SseEvents {
             }
             self.event.extend_from_slice(&line);
             self.last_line = LineFate::Held;
-            if self.event.len() > MAX_SSE_LINE_BYTES {
+            if self.event.len() > self.max_event_bytes {
                 let held = self.event.split();
                 editor.long_piece(&held);
                 self.write(out, &held);

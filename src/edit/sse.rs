@@ -12,7 +12,7 @@ pub(crate) enum SsePiece {
     /// One whole line, its line ending (`\n`, `\r\n` or `\r`) included
     /// (none on a body's last line when the body ends without one).
     Line(Bytes),
-    /// Part of a line longer than [`MAX_SSE_LINE_BYTES`], to pass on as it
+    /// Part of a line longer than the bound, to pass on as it
     /// is; the piece that holds the line's end ends with its line ending.
     Long(Bytes),
     /// The `\n` of a `\r\n` whose `\r` ended the last chunk (and so the
@@ -21,9 +21,11 @@ pub(crate) enum SsePiece {
 }
 
 /// Cuts an event stream into lines however its chunks fall, holding at
-/// most [`MAX_SSE_LINE_BYTES`] of a line while waiting for its end.
-#[derive(Debug, Default)]
+/// most [`MAX_SSE_LINE_BYTES`] of a line while waiting for its end
+/// (or the bound [`SseLines::with_max`] sets).
+#[derive(Debug)]
 pub(crate) struct SseLines {
+    max_line_bytes: usize,
     held: BytesMut,
     // How far `held` is known to have no `\n`: a line that arrives byte
     // by byte is not searched again from its start each time.
@@ -34,7 +36,24 @@ pub(crate) struct SseLines {
     after_cr: bool,
 }
 
+impl Default for SseLines {
+    fn default() -> Self {
+        SseLines::with_max(MAX_SSE_LINE_BYTES)
+    }
+}
+
 impl SseLines {
+    /// Lines held up to `max_line_bytes` while waiting for their end.
+    pub(crate) fn with_max(max_line_bytes: usize) -> Self {
+        SseLines {
+            max_line_bytes,
+            held: BytesMut::new(),
+            scanned: 0,
+            in_long_line: false,
+            after_cr: false,
+        }
+    }
+
     /// Adds the next bytes of the stream; take the pieces out with
     /// [`SseLines::next_piece`] before the next push.
     pub(crate) fn push(&mut self, data: &[u8]) {
@@ -75,7 +94,7 @@ impl SseLines {
                     Some(SsePiece::Line(line))
                 }
             }
-            None if self.in_long_line || self.held.len() > MAX_SSE_LINE_BYTES => {
+            None if self.in_long_line || self.held.len() > self.max_line_bytes => {
                 self.in_long_line = true;
                 self.scanned = 0;
                 Some(SsePiece::Long(self.held.split().freeze()))

@@ -384,7 +384,7 @@ mod tests {
             hide_usage: true,
             served_model: Some(crate::edit::ServedModel::new(model)),
         };
-        let mut events = crate::edit::SseEvents::editing();
+        let mut events = crate::edit::SseEvents::editing(MAX_SSE_LINE_BYTES);
         let mut reader = StreamReader::new(edits, usize::MAX);
         let mut out = BytesMut::new();
         events.feed(stream, &mut reader, &mut out);
