@@ -6,6 +6,8 @@
 use super::usage::{
     names_only_null_usage, text_bytes, usage_of, usage_of_value, Usage, USAGE_FIELD,
 };
+use bytes::BytesMut;
+
 use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
 
 /// What a metered event stream's reader does to each event, besides
@@ -99,7 +101,7 @@ impl StreamReader {
 
     /// The usual event: one `data` line, parsed once for everything read
     /// or changed in it.
-    fn one(&mut self, lines: &[u8], data: &DataLine<'_>) -> Verdict {
+    fn one(&mut self, lines: &[u8], data: &DataLine<'_>, out: &mut BytesMut) -> Verdict {
         let value = data.value;
         if value.is_empty() {
             return Verdict::Keep;
@@ -141,10 +143,11 @@ impl StreamReader {
         if let Some(served) = &self.edits.served_model {
             edited |= served.name_in(&mut object);
         }
-        match edited {
-            true => Verdict::Rewrite(data.replaced_in(lines, &object.to_bytes())),
-            false => Verdict::Keep,
+        if !edited {
+            return Verdict::Keep;
         }
+        data.write_replaced(lines, out, |out| object.write_to(out));
+        Verdict::Written
     }
 
     /// An event with several `data` lines: its data (their values joined)
@@ -186,10 +189,10 @@ impl StreamReader {
 }
 
 impl EventEditor for StreamReader {
-    fn event(&mut self, event: &Event<'_>) -> Verdict {
+    fn event(&mut self, event: &Event<'_>, out: &mut BytesMut) -> Verdict {
         match &event.data {
             EventData::None => Verdict::Keep,
-            EventData::One(data) => self.one(event.lines, data),
+            EventData::One(data) => self.one(event.lines, data, out),
             EventData::Many(data) => self.many(event.lines, data),
         }
     }

@@ -269,7 +269,7 @@ impl UsageScanner {
                     _ => None,
                 };
                 match served.name_in(&mut object) {
-                    true => out.extend_from_slice(&object.to_bytes()),
+                    true => object.write_to(out),
                     false => out.extend_from_slice(&buffer),
                 }
                 usage

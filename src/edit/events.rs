@@ -1,7 +1,7 @@
 //! [`SseEvents`]: a server-sent event stream cut into whole events, each
 //! handed to an [`EventEditor`] once.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::sse::{line_content, SseLines, SsePiece};
 
@@ -43,13 +43,24 @@ pub(crate) struct DataLine<'a> {
 impl DataLine<'_> {
     /// The event's lines with this line's value replaced by `value`.
     pub(crate) fn replaced_in(&self, lines: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(lines.len() + value.len());
+        self.write_replaced(lines, &mut out, |out| out.put_slice(value));
+        out
+    }
+
+    /// Writes the event's `lines` to `out` with this line's value as
+    /// `write_value` writes it.
+    pub(crate) fn write_replaced<B: BufMut>(
+        &self,
+        lines: &[u8],
+        out: &mut B,
+        write_value: impl FnOnce(&mut B),
+    ) {
         let value_start = self.value.as_ptr() as usize - self.line.as_ptr() as usize;
         let value_end = value_start + self.value.len();
-        let mut out = Vec::with_capacity(lines.len() + value.len());
-        out.extend_from_slice(&lines[..self.start + value_start]);
-        out.extend_from_slice(value);
-        out.extend_from_slice(&lines[self.start + value_end..]);
-        out
+        out.put_slice(&lines[..self.start + value_start]);
+        write_value(out);
+        out.put_slice(&lines[self.start + value_end..]);
     }
 }
 
@@ -62,12 +73,16 @@ pub(crate) enum Verdict {
     Drop,
     /// These lines go in its place (its blank line follows).
     Rewrite(Vec<u8>),
+    /// The editor wrote the lines that go in its place to the output it
+    /// was given (its blank line follows).
+    Written,
 }
 
 /// Reads, and may change, each event of a stream.
 pub(crate) trait EventEditor {
-    /// What becomes of `event`.
-    fn event(&mut self, event: &Event<'_>) -> Verdict;
+    /// What becomes of `event`; an editor that rewrites it may write the
+    /// new lines to `out` itself ([`Verdict::Written`]).
+    fn event(&mut self, event: &Event<'_>, out: &mut BytesMut) -> Verdict;
 
     /// A piece of an event too long to hold, passing as it is: the editor
     /// may count what it carries.
@@ -238,10 +253,11 @@ impl SseEvents {
             lines: &lines,
         };
         if !self.editing {
-            editor.event(&event);
+            editor.event(&event, &mut BytesMut::new());
             return;
         }
-        match editor.event(&event) {
+        match editor.event(&event, out) {
+            Verdict::Written => {}
             Verdict::Keep => out.extend_from_slice(&lines),
             Verdict::Drop => {
                 self.last_line = LineFate::Dropped;

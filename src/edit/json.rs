@@ -163,20 +163,26 @@ impl<'a> JsonObject<'a> {
 
     /// The object's text with the edits made.
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        let text = self.text;
         let extra: usize = self
             .added
             .iter()
             .map(|(name, json)| name.len() + json.len() + 8)
             .sum();
-        let mut out = Vec::with_capacity(text.len() + extra);
+        let mut out = Vec::with_capacity(self.text.len() + extra);
+        self.write_to(&mut out);
+        out
+    }
+
+    /// Writes the object's text with the edits made to `out`.
+    pub(crate) fn write_to(&self, out: &mut impl bytes::BufMut) {
+        let text = self.text;
         // Up to the first member (or the `{` of an empty object), and from
         // the end of the last one: `}` and any whitespace, as they were.
         let (head_end, tail_start) = match (self.members.first(), self.members.last()) {
             (Some(first), Some(last)) => (first.key_start, last.value_end),
             _ => (self.open_end, self.open_end),
         };
-        out.extend_from_slice(&text[..head_end]);
+        out.put_slice(&text[..head_end]);
         let mut wrote_any = false;
         let mut previous_end = head_end;
         for member in &self.members {
@@ -191,24 +197,23 @@ impl<'a> JsonObject<'a> {
             // A kept member keeps the separator (comma and whitespace) that
             // stood before it, unless everything before it was removed.
             if wrote_any {
-                out.extend_from_slice(separator);
+                out.put_slice(separator);
             }
-            out.extend_from_slice(&text[member.key_start..value_start]);
-            out.extend_from_slice(value);
+            out.put_slice(&text[member.key_start..value_start]);
+            out.put_slice(value);
             wrote_any = true;
         }
         for (name, json) in &self.added {
             if wrote_any {
-                out.push(b',');
+                out.put_u8(b',');
             }
             // A `String` always serialises.
-            out.extend_from_slice(serde_json::to_string(name).unwrap_or_default().as_bytes());
-            out.push(b':');
-            out.extend_from_slice(json.as_bytes());
+            out.put_slice(serde_json::to_string(name).unwrap_or_default().as_bytes());
+            out.put_u8(b':');
+            out.put_slice(json.as_bytes());
             wrote_any = true;
         }
-        out.extend_from_slice(&text[tail_start..]);
-        out
+        out.put_slice(&text[tail_start..]);
     }
 }
 

@@ -83,13 +83,27 @@ pub(crate) fn decimal_string(nanos: i64, min_decimals: usize) -> String {
     let magnitude = nanos.unsigned_abs();
     let per_credit = NANOS_PER_CREDIT as u64;
     let whole = magnitude / per_credit;
-    let fraction = format!("{:09}", magnitude % per_credit);
-    let significant = fraction.trim_end_matches('0').len().max(min_decimals);
-    if significant == 0 {
-        format!("{sign}{whole}")
-    } else {
-        format!("{sign}{whole}.{}", &fraction[..significant])
+    // The nine decimals, zero-padded, written without the formatter.
+    let mut fraction = [b'0'; 9];
+    let mut rest = magnitude % per_credit;
+    for digit in fraction.iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
     }
+    let trimmed = fraction
+        .iter()
+        .rposition(|&digit| digit != b'0')
+        .map_or(0, |at| at + 1);
+    let significant = trimmed.max(min_decimals).min(9);
+    let mut text = String::with_capacity(32);
+    text.push_str(sign);
+    text.push_str(itoa::Buffer::new().format(whole));
+    if significant > 0 {
+        text.push('.');
+        // ASCII digits only.
+        text.push_str(std::str::from_utf8(&fraction[..significant]).unwrap_or_default());
+    }
+    text
 }
 
 #[cfg(test)]

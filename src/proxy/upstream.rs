@@ -307,16 +307,21 @@ impl Inner {
         let rest = &segments[self.prefix_segments.len()..];
         // In the case the layers compared them in: OpenAI-style paths are
         // lower case, and an upstream must not read another route.
-        let encoded: Vec<String> = rest
-            .iter()
-            .map(|segment| {
-                percent_encoding::utf8_percent_encode(&segment.to_ascii_lowercase(), SEGMENT)
-                    .to_string()
-            })
-            .collect();
         // No query: nothing a client adds there (a deployment, a version)
         // may steer the upstream past what the layers checked.
-        let path = format!("{}/{}", self.base_path, encoded.join("/"));
+        let mut path = String::with_capacity(self.base_path.len() + 64);
+        path.push_str(&self.base_path);
+        for segment in rest {
+            path.push('/');
+            // The encoder's pieces, pushed without a String for each.
+            path.extend(percent_encoding::utf8_percent_encode(
+                &segment.to_ascii_lowercase(),
+                SEGMENT,
+            ));
+        }
+        if rest.is_empty() {
+            path.push('/');
+        }
         let path_and_query: PathAndQuery = path.parse().map_err(|_| {
             GatewayError::new(
                 ErrorKind::InvalidRequest,

@@ -20,7 +20,10 @@ const ID_PREFIX: &str = "gen-";
 
 /// The generation id of the request held as `reservation_id`.
 pub(crate) fn generation_id(reservation_id: &str) -> String {
-    format!("{ID_PREFIX}{reservation_id}")
+    let mut id = String::with_capacity(ID_PREFIX.len() + reservation_id.len());
+    id.push_str(ID_PREFIX);
+    id.push_str(reservation_id);
+    id
 }
 
 /// The reservation id a generation id names, when it is one the gateway
