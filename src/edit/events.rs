@@ -43,19 +43,20 @@ pub(crate) struct DataLine<'a> {
 impl DataLine<'_> {
     /// The event's lines with this line's value replaced by `value`.
     pub(crate) fn replaced_in(&self, lines: &[u8], value: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(lines.len() + value.len());
+        let mut out = BytesMut::with_capacity(lines.len() + value.len());
         self.write_replaced(lines, &mut out, |out| out.put_slice(value));
-        out
+        out.to_vec()
     }
 
     /// Writes the event's `lines` to `out` with this line's value as
     /// `write_value` writes it.
-    pub(crate) fn write_replaced<B: BufMut>(
+    pub(crate) fn write_replaced(
         &self,
         lines: &[u8],
-        out: &mut B,
-        write_value: impl FnOnce(&mut B),
+        out: &mut BytesMut,
+        write_value: impl FnOnce(&mut BytesMut),
     ) {
+        out.reserve(lines.len() + 64);
         let value_start = self.value.as_ptr() as usize - self.line.as_ptr() as usize;
         let value_end = value_start + self.value.len();
         out.put_slice(&lines[..self.start + value_start]);
@@ -166,6 +167,10 @@ impl SseEvents {
     /// Reads the next bytes of the stream; what may go on is added to
     /// `out` (editing only).
     pub(crate) fn feed(&mut self, data: &[u8], editor: &mut impl EventEditor, out: &mut BytesMut) {
+        if self.editing {
+            // About what goes out: grown once, not event by event.
+            out.reserve(data.len() + self.event.len());
+        }
         self.lines.push(data);
         while let Some(piece) = self.lines.next_piece() {
             self.piece(piece, editor, out);
