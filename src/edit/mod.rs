@@ -8,8 +8,9 @@
 //! bound on `max_tokens`), an upstream's answer (the `model` it reports,
 //! the usage it hides). Each edit keeps every other byte as it was, so a
 //! message's or a completion's text is never parsed into values and
-//! written out again. Used by `proxy` and `credit`; depends on `body` for
-//! its JSON reader only.
+//! written out again. Its JSON reader checks a value as strictly as
+//! serde_json skips one, without building it. Used by `proxy` and
+//! `credit`; depends on no other module.
 
 mod events;
 mod json;
