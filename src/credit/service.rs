@@ -873,7 +873,9 @@ fn new_reservation_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_millis());
     let random = rand::random::<u128>() & ((1 << 80) - 1);
-    format!("{:012x}{random:020x}", millis & ((1 << 48) - 1))
+    // 12 hex digits of milliseconds, then 20 of randomness.
+    let id = ((millis & ((1 << 48) - 1)) << 80) | random;
+    hex::encode(id.to_be_bytes())
 }
 
 #[cfg(test)]

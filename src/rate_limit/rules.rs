@@ -58,11 +58,20 @@ impl RateRule {
     /// The rule's kind and window, for its counter's name: rules that
     /// differ in either count apart (10 a minute and 100 an hour on one
     /// pattern are two counters).
-    fn counter_suffix(&self) -> String {
-        match *self {
-            RateRule::Gcra { period_seconds, .. } => format!("gcra:{period_seconds}s"),
-            RateRule::Rolling { window_seconds, .. } => format!("rolling:{window_seconds}s"),
+    fn counter_name(&self, prefix: &[&str]) -> String {
+        let (kind, seconds) = match *self {
+            RateRule::Gcra { period_seconds, .. } => ("gcra:", period_seconds),
+            RateRule::Rolling { window_seconds, .. } => ("rolling:", window_seconds),
+        };
+        // Built by hand: every admitted request names its counters.
+        let mut name = String::with_capacity(48);
+        for part in prefix {
+            name.push_str(part);
         }
+        name.push_str(kind);
+        name.push_str(itoa::Buffer::new().format(seconds));
+        name.push('s');
+        name
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -270,7 +279,7 @@ impl RateLimitRules {
         if let Some(rule) = account_rule {
             checks.push(RuleCheck {
                 check: Check::new(
-                    format!("rate:account:{}", rule.counter_suffix()),
+                    rule.counter_name(&["rate:account:"]),
                     rule.limit(),
                     1,
                 ),
@@ -301,11 +310,8 @@ impl RateLimitRules {
 
 /// The counter of a model rule: its pattern, kind and window.
 fn model_counter(rule: &ModelRule) -> String {
-    format!(
-        "rate:model:{}:{}",
-        rule.matches.to_ascii_lowercase(),
-        rule.limit.counter_suffix()
-    )
+    let matches = rule.matches.to_ascii_lowercase();
+    rule.limit.counter_name(&["rate:model:", &matches, ":"])
 }
 
 /// `Option<Option<T>>` for a field where absent and `null` differ.
