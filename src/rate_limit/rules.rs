@@ -278,11 +278,7 @@ impl RateLimitRules {
         let mut checks = Vec::new();
         if let Some(rule) = account_rule {
             checks.push(RuleCheck {
-                check: Check::new(
-                    rule.counter_name(&["rate:account:"]),
-                    rule.limit(),
-                    1,
-                ),
+                check: Check::new(rule.counter_name(&["rate:account:"]), rule.limit(), 1),
                 source: LimitSource::AccountRate,
                 rule,
                 matches: None,
