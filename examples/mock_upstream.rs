@@ -8,7 +8,7 @@
 //! `POST {prefix}/chat/completions` answers a deterministic reply with
 //! `usage`; with `"stream": true` it answers SSE: a keep-alive comment,
 //! content chunks, a usage chunk and `data: [DONE]`. A model named
-//! `…/status-NNN` answers status NNN.
+//! `…/status-NNN` answers status NNN; `…/plain-text` answers `text/plain`.
 
 #[path = "support/args.rs"]
 mod args;

@@ -142,6 +142,20 @@ async fn chat_and_stream_pass_through_unchanged() {
 }
 
 #[tokio::test]
+async fn an_answer_neither_json_nor_a_stream_passes_as_it_came() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &base, CONFIG, &t0()).await;
+    let key = funded_key(&store, "acme").await;
+    let url = format!("http://{address}/api/v1/chat/completions");
+    let reply = post(&url, Some(&key), &chat_body("openai/plain-text", false)).await;
+    assert_eq!(reply.status(), 200);
+    assert_eq!(reply.headers()["content-type"], "text/plain");
+    assert_eq!(reply.headers()["x-modelgate-model"], "openai/plain-text");
+    assert_eq!(reply.text().await.unwrap(), "hello");
+}
+
+#[tokio::test]
 async fn every_upstream_error_status_reaches_the_client_in_the_canonical_shape() {
     let base = mock::start(mock::MockConfig::default()).await;
     let store: SharedStore = Arc::new(MemoryStore::new());

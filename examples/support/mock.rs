@@ -226,6 +226,19 @@ impl Mock {
             );
             return Ok(response);
         }
+        // `…/plain-text` answers 200 in `text/plain`: an answer that is
+        // neither JSON nor a stream passes the gateway as is.
+        if model.rsplit('/').next() == Some("plain-text") {
+            return Ok(Response::builder()
+                .header("content-type", "text/plain")
+                .header("content-length", "5")
+                .body(
+                    Full::new(Bytes::from_static(b"hello"))
+                        .map_err(|never| match never {})
+                        .boxed_unsync(),
+                )
+                .expect("a valid response"));
+        }
         // `…/echo-body` answers with the body it received, for tests of
         // what the gateway sends (the completion bound it writes).
         if model.rsplit('/').next() == Some("echo-body") {

@@ -232,7 +232,7 @@ where
                         merge_response_headers(&mut parts, headers);
                     }
                     // The body is read as what it is, whatever was asked for.
-                    let event_stream = is_event_stream(&parts.headers);
+                    let event_stream = content_type_is(&parts.headers, "text/event-stream");
                     if let Some(id) = generation_id.take() {
                         parts.headers.insert(GENERATION_ID_HEADER, id);
                     }
@@ -265,7 +265,11 @@ where
                                     }
                                     UsageScanner::event_stream(edits, *max_scanned_body_bytes)
                                 }
-                                false => match name_model.take().filter(|_| success) {
+                                // A JSON answer only: anything else passes
+                                // as it comes, as the layer above passes it.
+                                false => match name_model.take().filter(|_| {
+                                    success && content_type_is(&parts.headers, "application/json")
+                                }) {
                                     // Named here, in the one parse that
                                     // reads the usage; the layer above
                                     // gives the answer its length.
@@ -295,10 +299,11 @@ where
     }
 }
 
-fn is_event_stream(headers: &http::HeaderMap) -> bool {
+/// Whether `headers` announce a body of media type `essence`.
+fn content_type_is(headers: &http::HeaderMap, essence: &str) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+        .is_some_and(|announced| announced.trim().eq_ignore_ascii_case(essence))
 }
