@@ -25,9 +25,11 @@ use crate::response_body::BoxError;
 
 pin_project! {
     /// A response body that settles its request's cost when it ends, fails
-    /// or is dropped. Frames pass through as they come, unless the stream
-    /// is edited ([`StreamEdits`]): then each event goes on whole, as
-    /// edited, once its blank line has come.
+    /// or is dropped. Frames pass through as they come, unless the body is
+    /// edited (the usage the gateway asked for hidden, or the model named
+    /// that the layer above asked for): then each event of a stream goes
+    /// on whole, as edited, once its blank line has come, and a JSON answer
+    /// at its end.
     pub struct MeteredBody<B> {
         #[pin]
         inner: B,

@@ -3,9 +3,7 @@
 //! gateway wants of it: the usage it reports, the usage the client must
 //! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
 
-use super::usage::{
-    names_only_null_usage, text_bytes, usage_of, usage_of_value, Usage, USAGE_FIELD,
-};
+use super::usage::{names_only_null_usage, text_bytes, usage_in, usage_of, Usage, USAGE_FIELD};
 use bytes::BytesMut;
 
 use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
@@ -74,70 +72,52 @@ impl StreamReader {
             .max(self.streamed_text_bytes.div_ceil(3))
     }
 
-    /// Counts a chunk; `false` for `[DONE]`, an empty one and one too long
-    /// to read, which carry nothing to read.
-    fn count(&mut self, data: &[u8]) -> bool {
-        if data.is_empty() || data.len() > self.max_read_bytes {
-            return false;
+    /// Reads one chunk's data, parsed once: counts it and the text it
+    /// carried, and takes its usage (within the bound). The parsed object,
+    /// for the edits; `None` for `[DONE]`, an empty chunk and data that is
+    /// not a JSON object.
+    fn read<'a>(&mut self, data: &'a [u8]) -> Option<JsonObject<'a>> {
+        if data.is_empty() {
+            return None;
         }
         if data.trim_ascii() == b"[DONE]" {
             self.done = true;
-            return false;
+            return None;
         }
         self.streamed_chunks += 1;
-        self.streamed_text_bytes += text_bytes(data);
-        true
-    }
-
-    /// The usage in `data` that is not an object (an array, read as the
-    /// fields in order, as [`usage_of`] reads a document).
-    fn read_usage_of_document(&mut self, data: &[u8]) {
-        if USAGE_FIELD.find(data).is_some() && !names_only_null_usage(data) {
-            if let Some(usage) = usage_of(data) {
-                self.usage = Some(usage);
-            }
-        }
-    }
-
-    /// The usual event: one `data` line, parsed once for everything read
-    /// or changed in it.
-    fn one(&mut self, lines: &[u8], data: &DataLine<'_>, out: &mut BytesMut) -> Verdict {
-        let value = data.value;
-        if value.is_empty() {
-            return Verdict::Keep;
-        }
         // Past the bound the usage is not read; the edits are made all the same.
-        let read = value.len() <= self.max_read_bytes;
-        if value.trim_ascii() == b"[DONE]" {
-            self.done = true;
-            return Verdict::Keep;
-        }
-        self.streamed_chunks += 1;
+        let read = data.len() <= self.max_read_bytes;
         let mut text = 0;
-        let Some(mut object) = JsonObject::parse_counting_text(value, &mut text) else {
+        let Some(object) = JsonObject::parse_counting_text(data, &mut text) else {
             // Not an object: its text found by its bytes, and an array's
             // usage read as the fields in order, as a document is read.
-            self.streamed_text_bytes += text_bytes(value);
-            if read {
-                self.read_usage_of_document(value);
+            self.streamed_text_bytes += text_bytes(data);
+            if read && USAGE_FIELD.find(data).is_some() && !names_only_null_usage(data) {
+                self.usage = usage_of(data).or(self.usage);
             }
-            return Verdict::Keep;
+            return None;
         };
         self.streamed_text_bytes += text;
+        if read {
+            self.usage = usage_in(&object).or(self.usage);
+        }
+        Some(object)
+    }
+
+    /// The usual event: one `data` line.
+    fn one(&mut self, lines: &[u8], data: &DataLine<'_>, out: &mut BytesMut) -> Verdict {
+        let Some(mut object) = self.read(data.value) else {
+            return Verdict::Keep;
+        };
         let mut edited = false;
-        match object.get("usage") {
-            Ok(Some("null")) if self.edits.hide_usage => {
-                edited |= object.remove("usage").is_ok();
-            }
-            Ok(Some("null")) | Ok(None) | Err(_) => {}
-            Ok(Some(usage)) => {
-                if let Some(usage) = usage_of_value(usage).filter(|_| read) {
-                    self.usage = Some(usage);
-                }
+        if self.edits.hide_usage {
+            match object.get("usage") {
+                Ok(Some("null")) => edited |= object.remove("usage").is_ok(),
                 // The chunk the gateway asked for: usage and no choices.
-                if self.edits.hide_usage && no_choices(object.get("choices").ok().flatten()) {
-                    return Verdict::Drop;
+                Ok(Some(_)) if no_choices(object.get("choices").ok().flatten()) => {
+                    return Verdict::Drop
                 }
+                _ => {}
             }
         }
         if let Some(served) = &self.edits.served_model {
@@ -151,25 +131,14 @@ impl StreamReader {
     }
 
     /// An event with several `data` lines: its data (their values joined)
-    /// is read for usage; each line names the model on its own.
-    fn many(&mut self, lines: &[u8], data: &[DataLine<'_>]) -> Verdict {
+    /// is read; each line names the model on its own.
+    fn many(&mut self, lines: &[u8], data: &[DataLine<'_>], out: &mut BytesMut) -> Verdict {
         let joined = data
             .iter()
             .map(|line| line.value)
             .collect::<Vec<_>>()
             .join(&b'\n');
-        if self.count(&joined) {
-            match JsonObject::parse(&joined) {
-                Some(object) => {
-                    if let Ok(Some(usage)) = object.get("usage") {
-                        if let Some(usage) = usage_of_value(usage) {
-                            self.usage = Some(usage);
-                        }
-                    }
-                }
-                None => self.read_usage_of_document(&joined),
-            }
-        }
+        self.read(&joined);
         let Some(served) = &self.edits.served_model else {
             return Verdict::Keep;
         };
@@ -184,7 +153,11 @@ impl StreamReader {
                 rewritten = Some(line.replaced_in(current, &object.to_bytes()));
             }
         }
-        rewritten.map_or(Verdict::Keep, Verdict::Rewrite)
+        let Some(rewritten) = rewritten else {
+            return Verdict::Keep;
+        };
+        out.extend_from_slice(&rewritten);
+        Verdict::Written
     }
 }
 
@@ -193,7 +166,7 @@ impl EventEditor for StreamReader {
         match &event.data {
             EventData::None => Verdict::Keep,
             EventData::One(data) => self.one(event.lines, data, out),
-            EventData::Many(data) => self.many(event.lines, data),
+            EventData::Many(data) => self.many(event.lines, data, out),
         }
     }
 

@@ -264,10 +264,7 @@ impl UsageScanner {
                     out.extend_from_slice(&buffer);
                     return read.then(|| usage_of(&buffer)).flatten();
                 };
-                let usage = match object.get("usage") {
-                    Ok(Some(usage)) if read => usage_of_value(usage),
-                    _ => None,
-                };
+                let usage = usage_in(&object).filter(|_| read);
                 match served.name_in(&mut object) {
                     true => object.write_to(out),
                     false => out.extend_from_slice(&buffer),
@@ -345,7 +342,7 @@ pub(super) fn names_only_null_usage(document: &[u8]) -> bool {
 pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
     // An object (the usual answer): its `usage` member read alone.
     if let Some(object) = JsonObject::parse(document) {
-        return usage_of_value(object.get("usage").ok()??);
+        return usage_in(&object);
     }
     #[derive(serde::Deserialize)]
     struct UsageOnly {
@@ -361,10 +358,10 @@ pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
     )
 }
 
-/// The usage of a `usage` member's JSON text, by the rules of
-/// [`usage_of`].
-pub(super) fn usage_of_value(usage: &str) -> Option<Usage> {
-    let usage = serde_json::from_str::<UsageFields>(usage).ok()?;
+/// The usage of an object's `usage` member, by the rules of [`usage_of`]
+/// (a repeated `usage` is none).
+pub(super) fn usage_in(object: &JsonObject<'_>) -> Option<Usage> {
+    let usage = serde_json::from_str::<UsageFields>(object.get("usage").ok()??).ok()?;
     Usage::from_fields(
         usage.prompt_tokens.as_ref(),
         usage.completion_tokens.as_ref(),

@@ -72,8 +72,6 @@ pub(crate) enum Verdict {
     Keep,
     /// It is dropped whole, its blank line too.
     Drop,
-    /// These lines go in its place (its blank line follows).
-    Rewrite(Vec<u8>),
     /// The editor wrote the lines that go in its place to the output it
     /// was given (its blank line follows).
     Written,
@@ -268,7 +266,6 @@ impl SseEvents {
                 self.last_line = LineFate::Dropped;
                 return;
             }
-            Verdict::Rewrite(lines) => out.extend_from_slice(&lines),
         }
         out.extend_from_slice(blank);
     }
