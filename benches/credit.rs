@@ -15,7 +15,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
-use modelgate::body::ChatRequest;
+use modelgate::context::RequestContext;
 use modelgate::credit::{BodyKind, CreditGuardLayer, PriceTable, UsageScanner};
 use modelgate::keys::SharedStore;
 use modelgate::store::NANOS_PER_CREDIT;
@@ -51,9 +51,8 @@ fn bench_backend(
         .service(service_fn(move |request: Request<Full<Bytes>>| {
             let stream = stream.clone();
             async move {
-                let streaming = request
-                    .extensions()
-                    .get::<ChatRequest>()
+                let streaming = RequestContext::of(&request)
+                    .and_then(|context| context.chat.as_ref())
                     .is_some_and(|chat| chat.stream);
                 let body = if streaming {
                     stream

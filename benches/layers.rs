@@ -26,8 +26,9 @@ use http_body_util::{BodyExt, Full};
 use modelgate::admission::AdmissionLayers;
 use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::{ApiKey, AuthFailureLimit, AuthFailures, BearerAuthLayer, Principal};
-use modelgate::body::{BodyLimitLayer, BufferedBody, ChatRequest, DrainUnreadLayer};
+use modelgate::body::{BodyLimitLayer, ChatRequest, DrainUnreadLayer};
 use modelgate::client_addr::{ClientAddrLayer, TrustedProxies};
+use modelgate::context::RequestContext;
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error::GatewayError;
 use modelgate::error_mapper::ErrorMapperLayer;
@@ -79,10 +80,10 @@ fn sent(key: &str) -> Request<Full<Bytes>> {
 fn admitted(key: &str, principal: &Principal) -> Request<Full<Bytes>> {
     let mut request = sent(key);
     request.headers_mut().remove("authorization");
-    let extensions = request.extensions_mut();
-    extensions.insert(principal.clone());
-    extensions.insert(ChatRequest::parse(BODY.as_bytes()).expect("a valid chat request"));
-    extensions.insert(BufferedBody(Bytes::from_static(BODY.as_bytes())));
+    let context = RequestContext::of_mut(&mut request);
+    context.principal = Some(principal.clone());
+    context.chat = Some(ChatRequest::parse(BODY.as_bytes()).expect("a valid chat request"));
+    context.body = Some(Bytes::from_static(BODY.as_bytes()));
     request
 }
 

@@ -11,8 +11,9 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use modelgate::admission::AdmissionLayers;
 use modelgate::api::KeyRoutesLayer;
-use modelgate::auth::{BearerAuthLayer, Principal};
-use modelgate::body::{BodyLimitLayer, ChatRequest};
+use modelgate::auth::BearerAuthLayer;
+use modelgate::body::BodyLimitLayer;
+use modelgate::context::RequestContext;
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeModelQuotaLayer;
@@ -23,10 +24,11 @@ use modelgate::store::MemoryStore;
 use tower::ServiceBuilder;
 
 /// Your handler: it sees who called and what they asked, already checked.
-async fn chat(
-    Extension(principal): Extension<Principal>,
-    Extension(chat): Extension<ChatRequest>,
-) -> String {
+async fn chat(Extension(context): Extension<RequestContext>) -> String {
+    // BearerAuth and BodyLimit filled both before any request gets here.
+    let (Some(principal), Some(chat)) = (&context.principal, &context.chat) else {
+        return String::new();
+    };
     serde_json::json!({
         "choices": [{"message": {"role": "assistant", "content": format!("hello, {}", principal.label)}}],
         "model": chat.model,

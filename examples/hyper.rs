@@ -16,9 +16,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use modelgate::api::KeyRoutesLayer;
-use modelgate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer, Principal};
+use modelgate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer};
 use modelgate::body::{BodyLimitLayer, DrainUnreadLayer};
 use modelgate::client_addr::ClientAddr;
+use modelgate::context::RequestContext;
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::in_flight::InFlightLimitLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
@@ -47,9 +48,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(BodyLimitLayer::new())
         .layer(KeyRoutesLayer::new(directory))
         .service(service_fn(|request: Request<Full<Bytes>>| async move {
-            let caller = request
-                .extensions()
-                .get::<Principal>()
+            let caller = RequestContext::of(&request)
+                .and_then(|context| context.principal.as_ref())
                 .map(|p| p.label.clone())
                 .unwrap_or_default();
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(

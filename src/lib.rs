@@ -18,8 +18,8 @@
 //! costs no buffering and no parse, and holds no place in flight. The last three are best stacked by
 //! [`admission::AdmissionLayers`], so that they decide together.
 //!
-//! Each reads what the layers before it put into the request's extensions
-//! and answers its own rejections with the one canonical error body
+//! Each reads what the layers before it put into the request's
+//! [`context::RequestContext`] and answers its own rejections with the one canonical error body
 //! ([`error::GatewayError`]). Available so far:
 //!
 //! - [`client_addr`]: the client's address, from the connection or, behind
@@ -67,6 +67,9 @@
 //!   where a person manages keys in a browser with a management key.
 //! - [`notify`]: e-mail and signed-webhook notices about leaked keys,
 //!   retried in the background.
+//! - [`context`]: the [`context::RequestContext`], what the layers learn
+//!   about a request (the caller, the parsed request, its bytes), in one
+//!   value a service behind them reads too.
 //! - [`store`], [`clock`], [`error`]: the shared state, time and errors the
 //!   layers stand on.
 //!
@@ -74,7 +77,8 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response};
 //! use http_body_util::Full;
-//! use modelgate::body::{BodyLimitLayer, ChatRequest};
+//! use modelgate::body::BodyLimitLayer;
+//! use modelgate::context::RequestContext;
 //! use modelgate::error_mapper::ErrorMapperLayer;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
@@ -82,7 +86,7 @@
 //! # async fn main() {
 //! // Stands in for the upstream; it sees the parsed request and the same bytes.
 //! let upstream = service_fn(|request: Request<Full<Bytes>>| async move {
-//!     let chat = request.extensions().get::<ChatRequest>().cloned();
+//!     let chat = RequestContext::of(&request).and_then(|context| context.chat.clone());
 //!     let reply = format!("{} messages for {}", chat.as_ref().map_or(0, |c| c.messages.len()), chat.map(|c| c.model).unwrap_or_default());
 //!     Ok::<_, std::io::Error>(Response::new(Full::new(Bytes::from(reply))))
 //! });
@@ -111,6 +115,7 @@ pub mod auth;
 pub mod body;
 pub mod client_addr;
 pub mod clock;
+pub mod context;
 pub mod credit;
 mod edit;
 pub mod error;

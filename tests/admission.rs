@@ -550,7 +550,8 @@ async fn dropped_while_waiting(marks_before_waiting: bool) -> modelgate::store::
     use http_body_util::Full;
     use modelgate::auth::BearerAuthLayer;
     use modelgate::body::BodyLimitLayer;
-    use modelgate::credit::{CreditGuardLayer, PriceTable, SentUpstream};
+    use modelgate::context::RequestContext;
+    use modelgate::credit::{CreditGuardLayer, PriceTable};
     use modelgate::keys::KeyDirectory;
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
@@ -569,7 +570,9 @@ async fn dropped_while_waiting(marks_before_waiting: bool) -> modelgate::store::
         )
         .service(service_fn(
             move |request: http::Request<Full<Bytes>>| async move {
-                let sent = request.extensions().get::<SentUpstream>().cloned().unwrap();
+                let sent = RequestContext::of(&request)
+                    .and_then(|context| context.sent.clone())
+                    .unwrap();
                 if marks_before_waiting {
                     sent.mark();
                 }

@@ -430,3 +430,56 @@ fn rules_parse_and_refuse_what_they_should() {
     assert!(parse_rules("## Dependency rules\n```text\na: b\na: c\n```\n").is_err());
     assert!(parse_rules("## Dependency rules\n```text\na b\n```\n").is_err());
 }
+
+/// What the layers learn about a request travels in its `RequestContext`
+/// only: a member looked up as an extension of its own (through an axum
+/// `Extension` too) would compile and find nothing.
+#[test]
+fn the_contexts_members_are_never_extensions_of_their_own() {
+    const MEMBERS: [&str; 5] = [
+        "Principal",
+        "ChatRequest",
+        "ByokCredential",
+        "SentUpstream",
+        "AdmissionPlan",
+    ];
+    let mut files = Vec::new();
+    for folder in ["src", "tests", "examples", "benches"] {
+        rust_files(&root().join(folder), &mut files);
+    }
+    let mut texts: Vec<(String, String)> = files
+        .iter()
+        .map(|file| {
+            let text = fs::read_to_string(file).expect("read a source file");
+            (file.display().to_string(), text)
+        })
+        .collect();
+    texts.push((
+        "README.md".to_owned(),
+        fs::read_to_string(root().join("README.md")).expect("read the README"),
+    ));
+    let mut found = Vec::new();
+    for (name, text) in &texts {
+        // One line per statement is not assumed: whitespace is dropped.
+        let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+        for member in MEMBERS {
+            for pattern in [
+                format!("get::<{member}>"),
+                format!("get_mut::<{member}>"),
+                format!("remove::<{member}>"),
+                format!("Extension<{member}>"),
+                format!("insert({member}"),
+                format!("insert::<{member}>"),
+            ] {
+                if squeezed.contains(&pattern) {
+                    found.push(format!("{name}: {pattern}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "read these from the RequestContext instead:\n{}",
+        found.join("\n")
+    );
+}

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use common::http_server::serve;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
-use modelgate::body::{BodyLimitLayer, BufferedBody, ChatRequest};
+use modelgate::body::BodyLimitLayer;
+use modelgate::context::RequestContext;
 use modelgate::error_mapper::ErrorMapperLayer;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,12 +36,14 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
     };
     Ok(match path.as_str() {
         "/api/v1/chat/completions" | "/echo" => {
-            let model = request
-                .extensions()
-                .get::<ChatRequest>()
+            let context = RequestContext::of(&request);
+            let model = context
+                .and_then(|context| context.chat.as_ref())
                 .map(|chat| chat.model.clone())
                 .unwrap_or_default();
-            let buffered = request.extensions().get::<BufferedBody>().map_or(0, |body| body.0.len());
+            let buffered = context
+                .and_then(|context| context.body.as_ref())
+                .map_or(0, Bytes::len);
             let framing = format!(
                 "content-length={:?} transfer-encoding={:?}",
                 request.headers().get("content-length"),
@@ -399,7 +402,8 @@ async fn axum_serves_the_layers_in_front_of_its_router() {
     use axum::routing::post;
     use axum::{Extension, Router};
 
-    async fn chat(Extension(chat): Extension<ChatRequest>) -> String {
+    async fn chat(Extension(context): Extension<RequestContext>) -> String {
+        let chat = context.chat.expect("BodyLimit parsed it");
         format!("model={} stream={}", chat.model, chat.stream)
     }
 

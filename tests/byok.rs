@@ -21,12 +21,11 @@ use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::BearerAuthLayer;
-use modelgate::body::{BodyLimitLayer, ChatRequest};
+use modelgate::body::BodyLimitLayer;
 use modelgate::clock::ManualClock;
+use modelgate::context::RequestContext;
 use modelgate::credit::{CreditGuardLayer, PendingSettlements, PriceTable};
-use modelgate::keys::{
-    ByokCredential, ByokDirectory, ByokProviders, KeyDirectory, NewKey, SharedStore,
-};
+use modelgate::keys::{ByokDirectory, ByokProviders, KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{
     byok_keys, FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource,
     NANOS_PER_CREDIT,
@@ -113,14 +112,11 @@ async fn instance(
     let upstream = service_fn(move |request: Request<Full<Bytes>>| {
         let seen = seen.clone();
         async move {
-            let chat = request
-                .extensions()
-                .get::<ChatRequest>()
-                .expect("BodyLimit parsed it")
-                .clone();
-            let credential = request
-                .extensions()
-                .get::<ByokCredential>()
+            let context = RequestContext::of(&request).expect("the layers filled it");
+            let chat = context.chat.clone().expect("BodyLimit parsed it");
+            let credential = context
+                .credential
+                .as_ref()
                 .map(|credential| (credential.provider.clone(), credential.api_key().to_owned()));
             seen.lock().unwrap().push((chat.model.clone(), credential));
             let body = json!({

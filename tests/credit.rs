@@ -23,8 +23,9 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use modelgate::admission::AdmissionLayers;
 use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::BearerAuthLayer;
-use modelgate::body::{BodyLimitLayer, ChatRequest, MessageContent};
+use modelgate::body::{BodyLimitLayer, MessageContent};
 use modelgate::clock::{Clock, ManualClock};
+use modelgate::context::RequestContext;
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeModelQuotaLayer;
@@ -94,11 +95,9 @@ fn stream_of(chunks: Vec<Result<Bytes, BoxError>>, then_hang: bool) -> UpstreamB
 /// 3 prompt tokens, or for `test/bytes` one per byte of the prompt's text
 /// (a tokenizer that splits a 2-byte script into bytes).
 async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody>, Infallible> {
-    let chat = request
-        .extensions()
-        .get::<ChatRequest>()
-        .expect("BodyLimit parsed it")
-        .clone();
+    let chat = RequestContext::of(&request)
+        .and_then(|context| context.chat.clone())
+        .expect("BodyLimit parsed it");
     let max_tokens = chat.max_tokens.unwrap_or(100);
     let tokens = if chat.model == "test/overrun" {
         max_tokens * 3 / 2

@@ -16,9 +16,10 @@ use common::http_server::serve;
 use common::redis_server::RedisServer;
 use http::Request;
 use modelgate::api::KeyRoutesLayer;
-use modelgate::auth::{looks_like_key, ApiKey, BearerAuthLayer, KeyHash, Principal};
+use modelgate::auth::{looks_like_key, ApiKey, BearerAuthLayer, KeyHash};
 use modelgate::body::BodyLimitLayer;
 use modelgate::clock::{Clock, ManualClock};
+use modelgate::context::RequestContext;
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeQuotaRules;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
@@ -68,9 +69,10 @@ async fn backends() -> Vec<Backend> {
 
 /// The upstream stand-in: answers chat calls with what BearerAuth said
 /// about the caller.
-async fn chat(Extension(principal): Extension<Principal>, headers: http::HeaderMap) -> String {
+async fn chat(Extension(context): Extension<RequestContext>, headers: http::HeaderMap) -> String {
     // The gateway key must never travel past BearerAuth.
     assert!(!headers.contains_key("authorization"));
+    let principal = context.principal.expect("BearerAuth put it there");
     json!({
         "account": principal.account_id,
         "label": principal.label,

@@ -10,6 +10,7 @@ use http::Request;
 use http_body_util::Full;
 use modelgate::auth::{KeyHash, Principal};
 use modelgate::body::ChatRequest;
+use modelgate::context::RequestContext;
 use modelgate::keys::SharedStore;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
 
@@ -48,7 +49,8 @@ pub fn chat(account: &str, model: &str, stream: bool) -> Request<Full<Bytes>> {
     let mut request = Request::post("/api/v1/chat/completions")
         .body(Full::new(Bytes::from(body.clone())))
         .unwrap();
-    request.extensions_mut().insert(Principal {
+    let context = RequestContext::of_mut(&mut request);
+    context.principal = Some(Principal {
         key_hash: KeyHash::of("bench"),
         account_id: account.into(),
         label: "bench".into(),
@@ -58,8 +60,6 @@ pub fn chat(account: &str, model: &str, stream: bool) -> Request<Full<Bytes>> {
         include_byok_in_limit: false,
         expires_at: None,
     });
-    request
-        .extensions_mut()
-        .insert(ChatRequest::parse(body.as_bytes()).unwrap());
+    context.chat = Some(ChatRequest::parse(body.as_bytes()).unwrap());
     request
 }

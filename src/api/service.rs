@@ -8,8 +8,7 @@ use tower_service::Service;
 use super::layer::KeyRoutesConfig;
 use super::routes::{dispatch, match_path, Request as ApiRequest};
 use crate::answer::AnswerFuture as ResponseFuture;
-use crate::auth::Principal;
-use crate::body::{BufferedBody, ChatRequest};
+use crate::context::RequestContext;
 use crate::keys::input;
 use crate::response_body::ResponseBody;
 
@@ -23,8 +22,9 @@ use crate::response_body::ResponseBody;
 /// other request goes to the inner service untouched.
 ///
 /// Runs after [`BearerAuth`](crate::auth::BearerAuth) (it reads the
-/// [`Principal`]) and after [`BodyLimit`](crate::body::BodyLimit) (it reads
-/// the [`BufferedBody`]); without them its endpoints answer 500 naming the
+/// principal) and after [`BodyLimit`](crate::body::BodyLimit) (it reads
+/// the body's bytes), both from the request's
+/// [`RequestContext`](crate::context::RequestContext); without them its endpoints answer 500 naming the
 /// missing layer. See the [module docs](super) for an example.
 #[derive(Clone, Debug)]
 pub struct KeyRoutes<S> {
@@ -48,7 +48,8 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         // A chat request (BodyLimit parsed it) is none of the table's
         // routes: passed on without reading its path again.
-        if request.extensions().get::<ChatRequest>().is_some() {
+        let context = RequestContext::of(&request);
+        if context.is_some_and(|context| context.chat.is_some()) {
             return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
         }
         let Some(matched) = match_path(request.uri().path()) else {
@@ -57,17 +58,14 @@ where
         let api_request = ApiRequest {
             method: request.method().clone(),
             query: request.uri().query().map(str::to_owned),
-            principal: request.extensions().get::<Principal>().cloned(),
+            principal: context.and_then(|context| context.principal.clone()),
             idempotency_keys: request
                 .headers()
                 .get_all(input::IDEMPOTENCY_KEY_HEADER)
                 .iter()
                 .cloned()
                 .collect(),
-            body: request
-                .extensions()
-                .get::<BufferedBody>()
-                .map(|buffered| buffered.0.clone()),
+            body: context.and_then(|context| context.body.clone()),
         };
         let config = Arc::clone(&self.config);
         ResponseFuture::answering(Box::pin(async move {

@@ -4,7 +4,7 @@
 //! [`BearerAuth`] reads the request's one `Authorization` header with
 //! [`bearer_token`], looks the key up by its [`KeyHash`] in a
 //! [`KeyDirectory`](crate::keys::KeyDirectory) and puts the caller's
-//! [`Principal`] into the request's extensions. Each refusal is a 401 with
+//! [`Principal`] into the request's context. Each refusal is a 401 with
 //! its own message and `metadata.reason`:
 //!
 //! | reason | when |
@@ -48,7 +48,8 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response};
 //! use http_body_util::Full;
-//! use modelgate::auth::{looks_like_key, parse_bearer, ApiKey, BearerAuthLayer, HeaderError, Principal};
+//! use modelgate::auth::{looks_like_key, parse_bearer, ApiKey, BearerAuthLayer, HeaderError};
+//! use modelgate::context::RequestContext;
 //! use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 //! use modelgate::store::MemoryStore;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
@@ -63,7 +64,7 @@
 //! let service = ServiceBuilder::new()
 //!     .layer(BearerAuthLayer::new(directory))
 //!     .service(service_fn(|request: Request<Full<Bytes>>| async move {
-//!         let principal = request.extensions().get::<Principal>().unwrap();
+//!         let principal = RequestContext::of(&request).and_then(|context| context.principal.as_ref()).unwrap();
 //!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(principal.label.clone()))))
 //!     }));
 //!
@@ -87,7 +88,6 @@ mod failures;
 mod future;
 mod header;
 mod layer;
-mod principal;
 mod service;
 
 pub use failures::{AuthFailureLimit, AuthFailures};
@@ -96,7 +96,8 @@ pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTE
 // The key format lives with the key records; BearerAuth reads it.
 pub use crate::keys::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use layer::BearerAuthLayer;
-pub use principal::Principal;
+// The principal travels in the request's context.
+pub use crate::context::Principal;
 pub use service::BearerAuth;
 #[cfg(test)]
 pub(crate) use service::API_PATHS;

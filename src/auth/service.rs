@@ -11,9 +11,10 @@ use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
 use crate::body::{is_chat_completions_call, normalized_segments, pattern_params};
 use crate::client_addr::ClientAddr;
+use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState};
-use crate::limiter::{Admission, Decision};
+use crate::limiter::{Additions, Admission, Decision};
 use crate::response_body::ResponseBody;
 use crate::store::FailurePolicy;
 
@@ -122,16 +123,24 @@ where
         };
         let directory = self.directory.clone();
         let failures = self.failures.clone();
-        let decision: Decision = Box::pin(async move {
+        let decision: Decision<Principal> = Box::pin(async move {
             let principal = authenticate(&directory, hash, route)
                 .await
                 .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
             drop(lookup_place);
-            let mut admission = Admission::default();
-            admission.extensions.insert(principal);
-            Ok(admission)
+            Ok(Admission {
+                additions: principal,
+                response_headers: HeaderMap::new(),
+            })
         });
         ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
+    }
+}
+
+/// The accepted key's principal starts the request's context.
+impl<B> Additions<B> for Principal {
+    fn add_to(self, request: &mut Request<B>) {
+        RequestContext::of_mut(request).principal = Some(self);
     }
 }
 

@@ -9,15 +9,17 @@
 //! upstream see exactly what the client sent.
 //!
 //! For `POST …/chat/completions` the body must be JSON and is parsed once
-//! into a [`ChatRequest`] placed in the request's extensions, with 400 and
-//! 422 answers for bad input (see [`ChatRequest::parse`]). Every request also
-//! gets a [`BufferedBody`] extension.
+//! into a [`ChatRequest`] placed in the request's
+//! [`RequestContext`](crate::context::RequestContext), with 400 and 422
+//! answers for bad input (see [`ChatRequest::parse`]). Every request also
+//! gets its bytes there (`RequestContext::body`).
 //!
 //! ```
 //! use bytes::Bytes;
 //! use http::{Request, Response};
 //! use http_body_util::{BodyExt, Full};
-//! use modelgate::body::{BodyLimitLayer, ChatRequest};
+//! use modelgate::body::BodyLimitLayer;
+//! use modelgate::context::RequestContext;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -25,7 +27,8 @@
 //! let service = ServiceBuilder::new()
 //!     .layer(BodyLimitLayer::new().max_body_bytes(64 * 1024))
 //!     .service(service_fn(|request: Request<Full<Bytes>>| async move {
-//!         let model = request.extensions().get::<ChatRequest>().unwrap().model.clone();
+//!         let chat = RequestContext::of(&request).and_then(|context| context.chat.as_ref());
+//!         let model = chat.unwrap().model.clone();
 //!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(model))))
 //!     }));
 //!
@@ -44,11 +47,9 @@
 //! # }
 //! ```
 
-mod chat;
 mod drain;
 mod future;
 mod layer;
-mod model_id;
 // Bodies read before authentication: the endpoints that carry their own
 // credential (leak alerts, the OAuth exchange, webhook routes).
 #[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
@@ -63,24 +64,20 @@ use std::borrow::Cow;
 
 // Shared with the optional parts too (leaks, webhook flows, the proxy).
 #[allow(unused_imports)]
-pub(crate) use chat::{
+pub(crate) use crate::context::{
     invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
 };
-pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
+// The parsed request lives with the context that carries it.
+pub use crate::context::{ChatMessage, ChatRequest, MessageContent, ModelId, Role};
 pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
-pub use model_id::ModelId;
 #[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
 pub(crate) use read::{read_bounded, BodyPace, ReadError};
 pub use service::BodyLimit;
 
+use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
-
-/// The request body as received, in the request's extensions, for layers
-/// that need the bytes after the body itself has been handed on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BufferedBody(pub Bytes);
 
 fn too_large(max_body_bytes: usize) -> GatewayError {
     GatewayError::new(
@@ -208,25 +205,28 @@ fn is_json(parts: &Parts) -> bool {
             .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
 }
 
-/// Adds the extensions of a buffered request; rejects a chat request that
-/// is not JSON or does not parse.
+/// Fills the request's context from its buffered body; rejects a chat
+/// request that is not JSON or does not parse.
 fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), GatewayError> {
-    if is_chat_completions(parts) {
+    let chat = if is_chat_completions(parts) {
         if !is_json(parts) {
             return Err(GatewayError::new(
                 ErrorKind::InvalidRequest,
                 "chat completions take a JSON body: send `Content-Type: application/json`",
             ));
         }
-        let chat = ChatRequest::parse(bytes)?;
-        parts.extensions.insert(chat);
-    }
+        Some(ChatRequest::parse(bytes)?)
+    } else {
+        None
+    };
     // The body is now exactly these bytes, whatever framing it came in.
     parts.headers.remove(TRANSFER_ENCODING);
     parts
         .headers
         .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-    parts.extensions.insert(BufferedBody(bytes.clone()));
+    let context = RequestContext::in_extensions(&mut parts.extensions);
+    context.chat = chat;
+    context.body = Some(bytes.clone());
     Ok(())
 }
 
@@ -252,9 +252,8 @@ mod tests {
         Future = impl Send,
     > + Clone {
         service_fn(|request: Request<Full<Bytes>>| async move {
-            let model = request
-                .extensions()
-                .get::<ChatRequest>()
+            let model = RequestContext::of(&request)
+                .and_then(|context| context.chat.as_ref())
                 .map(|chat| chat.model.clone());
             let body = request.into_body().collect().await.unwrap().to_bytes();
             let mut response = Response::new(Full::new(body));

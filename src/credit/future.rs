@@ -17,10 +17,11 @@ use super::meter::{Ending, Unsettled};
 use super::service::Admitted;
 use super::stream::StreamEdits;
 use super::usage::{BodyKind, UsageScanner};
-use crate::body::BufferedBody;
+use crate::context::RequestContext;
 use crate::edit::{ModelNamed, NameModel, ServedModel};
 use crate::error::GatewayError;
 use crate::limiter::headers::merge_response_headers;
+use crate::limiter::Additions;
 use crate::response_body::ResponseBody;
 use crate::usage::{generation_id, GENERATION_ID_HEADER};
 
@@ -142,32 +143,29 @@ where
                             sent,
                         }) => {
                             crate::telemetry::layer_decision("CreditGuard", None);
-                            if let Some(credential) = credential {
-                                // For the upstream client, which sends it
-                                // instead of the gateway's own key.
-                                request.extensions_mut().insert(credential);
-                            }
                             let mut response_headers = Vec::with_capacity(additions.len());
                             for admission in additions {
-                                request.extensions_mut().extend(admission.extensions);
+                                admission.additions.add_to(&mut request);
                                 response_headers.push(admission.response_headers);
                             }
-                            if let Some(edits) = body_edits {
-                                let edited = request.extensions().get::<BufferedBody>().and_then(
-                                    |BufferedBody(original)| edit_request_body(original, &edits),
-                                );
-                                if let Some(edited) = edited {
-                                    // Later layers and the upstream read the
-                                    // bytes that go upstream.
-                                    request
-                                        .extensions_mut()
-                                        .insert(BufferedBody(edited.clone()));
-                                    request.headers_mut().remove(CONTENT_LENGTH);
-                                    *request.body_mut() = B::from(edited);
-                                }
+                            let context = RequestContext::of_mut(&mut request);
+                            if credential.is_some() {
+                                // For the upstream client, which sends it
+                                // instead of the gateway's own key.
+                                context.credential = credential;
                             }
-                            if let Some(sent) = &sent {
-                                request.extensions_mut().insert(sent.clone());
+                            if sent.is_some() {
+                                context.sent.clone_from(&sent);
+                            }
+                            let edited = body_edits.and_then(|edits| {
+                                edit_request_body(context.body.as_ref()?, &edits)
+                            });
+                            if let Some(edited) = edited {
+                                // Later layers and the upstream read the
+                                // bytes that go upstream.
+                                context.body = Some(edited.clone());
+                                request.headers_mut().remove(CONTENT_LENGTH);
+                                *request.body_mut() = B::from(edited);
                             }
                             // The record's id, and when the upstream call began.
                             let generation_id = meter.as_mut().and_then(|meter| {

@@ -9,10 +9,11 @@ use crate::store::{Settlement, SETTLEMENT_RETRY_WINDOW};
 use crate::usage::{GenerationContext, GenerationEnd};
 
 use super::group_commit::GroupCommit;
-use super::pending::{PendingSettlements, SentUpstream, Tracked};
+use super::pending::{PendingSettlements, Tracked};
 use super::pricing::TokenPrice;
 use super::renewal::RenewalTicket;
 use super::usage::Usage;
+use crate::context::SentUpstream;
 
 /// How a metered request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

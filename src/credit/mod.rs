@@ -147,12 +147,13 @@ mod usage;
 #[cfg(all(test, feature = "proxy"))]
 pub(crate) use stream::{StreamEdits, StreamReader};
 
+pub use crate::context::{SentUpstream, UpstreamAttempt};
 pub use body::MeteredBody;
 pub use bound::{edit_request_body, BodyEdits, BoundField};
 pub use future::ResponseFuture;
 pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
-pub use pending::{PendingSettlements, SentUpstream, Unrecorded, UpstreamAttempt};
+pub use pending::{PendingSettlements, Unrecorded};
 pub use pricing::{
     PriceTable, Pricing, PricingError, PromptBounds, TokenPrice, MAX_BOUND_TOKENS,
     MAX_CREDITS_PER_MILLION_TOKENS,

@@ -11,10 +11,9 @@ use super::bound::{BodyEdits, BoundField};
 use super::future::ResponseFuture;
 use super::layer::CreditGuardConfig;
 use super::meter::{Ending, Meter, Unsettled};
-use super::pending::SentUpstream;
 use super::pricing::{PromptBounds, TokenPrice};
-use crate::auth::Principal;
 use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
+use crate::context::{Principal, RequestContext, SentUpstream};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::ByokCredential;
@@ -23,7 +22,7 @@ use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
 use crate::store::RecordKeeping;
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
-use crate::usage::{GenerationContext, RequestedModel};
+use crate::usage::GenerationContext;
 
 use super::body::MeteredBody;
 
@@ -59,16 +58,21 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         // The checks of the layers before, when they defer to this one.
-        let plan = request.extensions_mut().remove::<AdmissionPlan>();
-        let principal = request.extensions().get::<Principal>();
-        let Some(chat) = request.extensions().get::<ChatRequest>() else {
+        let plan = request
+            .extensions_mut()
+            .get_mut::<RequestContext>()
+            .map(|context| std::mem::take(&mut context.plan))
+            .unwrap_or_default();
+        let context = RequestContext::of(&request);
+        let principal = context.and_then(|context| context.principal.as_ref());
+        let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
             if is_chat_completions_call(request.method(), request.uri().path()) {
                 return ResponseFuture::rejected(GatewayError::missing_layer(
                     "CreditGuard",
                     "BodyLimit",
                 ));
             }
-            let (Some(plan), Some(principal)) = (plan, principal) else {
+            let (false, Some(principal)) = (plan.parts.is_empty(), principal) else {
                 return ResponseFuture::unmetered(request, inner);
             };
             // Not metered, but the checks handed over are decided here.
@@ -105,10 +109,9 @@ where
                     Ok(app) => app,
                     Err(error) => return ResponseFuture::rejected(error),
                 };
-                let requested_model = request
-                    .extensions()
-                    .get::<RequestedModel>()
-                    .map_or_else(|| chat.model.clone(), |requested| requested.0.clone());
+                let requested_model = context
+                    .and_then(|context| context.requested_model.clone())
+                    .unwrap_or_else(|| chat.model.clone());
                 Some(Box::new(GenerationContext {
                     settings: Arc::clone(settings),
                     app,
@@ -145,9 +148,8 @@ where
         };
         let config = Arc::clone(config);
         let account = charge.principal.account_id.clone();
-        let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> = Box::pin(async move {
-            admit(&config, account, Some(charge), plan.unwrap_or_default()).await
-        });
+        let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> =
+            Box::pin(async move { admit(&config, account, Some(charge), plan).await });
         ResponseFuture::admitting(
             admitting,
             request,

@@ -191,9 +191,8 @@ impl FreeQuotaRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Principal;
-    use crate::body::ChatRequest;
     use crate::clock::{Clock, ManualClock};
+    use crate::context::RequestContext;
     use crate::keys::SharedStore;
     use crate::store::MemoryStore;
     use bytes::Bytes;
@@ -212,10 +211,7 @@ mod tests {
             .unwrap();
         request
             .extensions_mut()
-            .insert(Principal::for_tests("acct"));
-        request
-            .extensions_mut()
-            .insert(ChatRequest::parse(body).unwrap());
+            .insert(RequestContext::chat_for_tests("acct", body));
         request
     }
 

@@ -3,21 +3,20 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use futures_util::future::ready;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::FreeModelQuotaConfig;
 use super::FreeQuotaSnapshot;
-use crate::auth::Principal;
-use crate::body::{is_chat_completions_call, ChatRequest};
+use crate::body::is_chat_completions_call;
 use crate::clock::Period;
+use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::credits::nanos_to_json;
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
-use crate::limiter::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
+use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
 use crate::store::PurchaseTier;
 
@@ -57,30 +56,20 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
-        let chat = request.extensions().get::<ChatRequest>();
-        let Some(chat) = chat else {
+        let context = RequestContext::of(&request);
+        let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
             if is_chat_completions_call(request.method(), request.uri().path()) {
                 return ResponseFuture::rejected(
                     LAYER,
                     GatewayError::missing_layer("FreeModelQuota", "BodyLimit"),
                 );
             }
-            return ResponseFuture::deciding(
-                LAYER,
-                Box::pin(ready(Ok(Admission::default()))),
-                request,
-                inner,
-            );
+            return ResponseFuture::admitted(LAYER, request, inner);
         };
         if !chat.model_id.is_free() {
-            return ResponseFuture::deciding(
-                LAYER,
-                Box::pin(ready(Ok(Admission::default()))),
-                request,
-                inner,
-            );
+            return ResponseFuture::admitted(LAYER, request, inner);
         }
-        let Some(principal) = request.extensions().get::<Principal>() else {
+        let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {
             return ResponseFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("FreeModelQuota", "BearerAuth"),
@@ -110,21 +99,16 @@ where
                 }
             }
             let mut request = request;
-            AdmissionPlan::add(
-                &mut request,
-                PlannedChecks {
+            RequestContext::of_mut(&mut request)
+                .plan
+                .parts
+                .push(PlannedChecks {
                     limiter,
                     checks,
                     tier: Some(tier),
                     finish,
-                },
-            );
-            return ResponseFuture::deciding(
-                LAYER,
-                Box::pin(ready(Ok(Admission::default()))),
-                request,
-                inner,
-            );
+                });
+            return ResponseFuture::admitted(LAYER, request, inner);
         }
         let decision: Decision = Box::pin(async move {
             let verdict = limiter.check(&account, &checks, Some(tier)).await?;
@@ -140,13 +124,13 @@ fn finish(config: &FreeModelQuotaConfig, verdict: Verdict) -> Result<Admission, 
     match verdict {
         Verdict::Unchecked | Verdict::NotCounted(_) => Ok(Admission::default()),
         Verdict::Admitted(outcomes) => {
-            let mut admission = Admission {
+            let mut admission: Admission = Admission {
                 response_headers: tightest(&outcomes)
                     .map(rate_limit_headers)
                     .unwrap_or_default(),
                 ..Admission::default()
             };
-            admission.extensions.insert(FreeQuotaSnapshot {
+            admission.additions.insert(FreeQuotaSnapshot {
                 minute: outcomes[0],
                 day: outcomes[1],
             });

@@ -25,7 +25,7 @@ use crate::error::GatewayError;
 use crate::store::SharedStore;
 use crate::store::{AdmitRequest, Check, CheckOutcome, FailurePolicy, Limit, PurchaseTier};
 pub use plan::AdmissionFuture;
-pub(crate) use plan::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
+pub(crate) use plan::{Additions, Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
 
 /// How many full counters the memo holds before it sheds expired ones.
 const MAX_REMEMBERED: usize = 10_000;

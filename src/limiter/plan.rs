@@ -40,47 +40,45 @@ pub(crate) struct AdmissionPlan {
     pub(crate) parts: Vec<PlannedChecks>,
 }
 
-impl AdmissionPlan {
-    /// Adds `part` to the request's plan.
-    pub(crate) fn add<B>(request: &mut Request<B>, part: PlannedChecks) {
-        match request.extensions_mut().get_mut::<AdmissionPlan>() {
-            Some(plan) => plan.parts.push(part),
-            None => {
-                request
-                    .extensions_mut()
-                    .insert(AdmissionPlan { parts: vec![part] });
-            }
-        }
-    }
-}
-
 /// What a layer's decision adds when it admits a request.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Admission {
-    /// Added to the request's extensions.
-    pub(crate) extensions: Extensions,
+pub(crate) struct Admission<A = Extensions> {
+    /// Added to the request before the inner service is called.
+    pub(crate) additions: A,
     /// Added to the response (rate-limit headers keep the tightest limit).
     pub(crate) response_headers: HeaderMap,
 }
 
+/// What an admitted request gains before the inner service sees it.
+pub(crate) trait Additions<B>: Send + 'static {
+    /// Adds `self` to `request`.
+    fn add_to(self, request: &mut Request<B>);
+}
+
+impl<B> Additions<B> for Extensions {
+    fn add_to(self, request: &mut Request<B>) {
+        request.extensions_mut().extend(self);
+    }
+}
+
 /// A layer's decision: admit with additions, or the response refusing.
-pub(crate) type Decision = BoxFuture<'static, Result<Admission, GatewayError>>;
+pub(crate) type Decision<A = Extensions> = BoxFuture<'static, Result<Admission<A>, GatewayError>>;
 
 pin_project! {
     /// Response future of the admission layers: the decision, then the
     /// inner service.
-    pub struct AdmissionFuture<S, B>
+    pub struct AdmissionFuture<S, B, A = Extensions>
     where
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S, B>,
+        state: State<S, B, A>,
     }
 }
 
 pin_project! {
     #[project = StateProjection]
-    enum State<S, B>
+    enum State<S, B, A>
     where
         S: Service<Request<B>>,
     {
@@ -90,7 +88,7 @@ pin_project! {
         },
         Deciding {
             layer: &'static str,
-            decision: Decision,
+            decision: Decision<A>,
             request: Option<Request<B>>,
             inner: Option<S>,
         },
@@ -102,7 +100,7 @@ pin_project! {
     }
 }
 
-impl<S, B> AdmissionFuture<S, B>
+impl<S, B, A> AdmissionFuture<S, B, A>
 where
     S: Service<Request<B>>,
 {
@@ -115,9 +113,20 @@ where
         }
     }
 
+    /// Admitted with nothing to add: the inner service is called at once.
+    pub(crate) fn admitted(layer: &'static str, request: Request<B>, inner: S) -> Self {
+        crate::telemetry::layer_decision(layer, None);
+        AdmissionFuture {
+            state: State::Calling {
+                future: Oneshot::new(inner, request),
+                response_headers: HeaderMap::new(),
+            },
+        }
+    }
+
     pub(crate) fn deciding(
         layer: &'static str,
-        decision: Decision,
+        decision: Decision<A>,
         request: Request<B>,
         inner: S,
     ) -> Self {
@@ -132,9 +141,10 @@ where
     }
 }
 
-impl<S, B, ResBody> Future for AdmissionFuture<S, B>
+impl<S, B, A, ResBody> Future for AdmissionFuture<S, B, A>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    A: Additions<B>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -161,7 +171,7 @@ where
                     match outcome {
                         Ok(admission) => {
                             crate::telemetry::layer_decision(layer, None);
-                            request.extensions_mut().extend(admission.extensions);
+                            admission.additions.add_to(&mut request);
                             state.set(State::Calling {
                                 future: Oneshot::new(inner, request),
                                 response_headers: admission.response_headers,

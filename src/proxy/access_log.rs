@@ -16,7 +16,8 @@ use super::fallback::MODEL_HEADER;
 use super::headers::{request_id, X_REQUEST_ID};
 use super::models::ModelCatalog;
 use crate::auth::Principal;
-use crate::body::{normalized_segments, ChatRequest};
+use crate::body::normalized_segments;
+use crate::context::RequestContext;
 use crate::error::Refusal;
 use crate::telemetry::{
     HandleCache, TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
@@ -323,11 +324,11 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let principal = request.extensions().get::<Principal>();
+        let context = RequestContext::of(&request);
+        let principal = context.and_then(|context| context.principal.as_ref());
         let key_hash_prefix = principal.map(KeyHashPrefix::of);
-        let model = request
-            .extensions()
-            .get::<ChatRequest>()
+        let model = context
+            .and_then(|context| context.chat.as_ref())
             .map(|chat| chat.model.clone());
         // One record for all three: each record is a lookup and a format
         // in every subscriber layer.

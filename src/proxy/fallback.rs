@@ -17,11 +17,11 @@ use tower_service::Service;
 use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES};
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
-use crate::body::{BufferedBody, ChatRequest, ModelId};
+use crate::body::{ChatRequest, ModelId};
+use crate::context::RequestContext;
 use crate::edit::{JsonObject, ModelNamed, NameModel};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
-use crate::usage::RequestedModel;
 
 /// The response header naming the model that answered, as the gateway
 /// knows it.
@@ -51,8 +51,8 @@ impl<S> Layer<S> for FallbackLayer {
     }
 }
 
-/// For a chat request (a [`ChatRequest`] and [`BufferedBody`] in its
-/// extensions): 400 when its model is not served; otherwise it tries its
+/// For a chat request (a [`ChatRequest`] and the body's bytes in its
+/// [`RequestContext`]): 400 when its model is not served; otherwise it tries its
 /// model, then its `models` list, then the configured fallbacks, each as a
 /// request for that model (body, `ChatRequest`) through the inner service,
 /// so each passes its own model's limits.
@@ -113,11 +113,9 @@ where
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let inner = self.inner.clone();
-        let extensions = request.extensions();
-        let (Some(chat), Some(buffered)) = (
-            extensions.get::<ChatRequest>(),
-            extensions.get::<BufferedBody>(),
-        ) else {
+        let parsed = RequestContext::of(&request)
+            .and_then(|context| Some((context.chat.as_ref()?, context.body.as_ref()?)));
+        let Some((chat, _)) = parsed else {
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
                 Ok(response
@@ -147,23 +145,31 @@ where
                 Ok(reported(response, &model).await)
             });
         }
-        let (chat, buffered) = (chat.clone(), buffered.clone());
         let catalog = Arc::clone(&self.catalog);
         Box::pin(async move {
-            let (parts, _) = request.into_parts();
+            let (mut parts, _) = request.into_parts();
+            // Each attempt gets its own context: this one's, for its model.
+            let mut context = parts
+                .extensions
+                .remove::<RequestContext>()
+                .unwrap_or_default();
+            let (Some(chat), Some(buffered)) = (context.chat.take(), context.body.take()) else {
+                unreachable!("the context was read with both at the top of `call`");
+            };
+            // Each attempt's record names the model the client asked for.
+            context.requested_model = Some(chat.model.clone());
             let last = candidates.len() - 1;
             for (index, model) in candidates.iter().enumerate() {
                 let mut attempt = Request::from_parts(parts.clone(), Full::new(Bytes::new()));
-                let body = for_model(&buffered.0, &chat, model);
+                let body = for_model(&buffered, &chat, model);
                 let mut attempt_chat = chat.clone();
                 attempt_chat.model = model.as_str().to_owned();
                 attempt_chat.model_id = model.clone();
-                attempt.extensions_mut().insert(attempt_chat);
-                // Each attempt's record names the model the client asked for.
-                attempt
-                    .extensions_mut()
-                    .insert(RequestedModel(chat.model.clone()));
-                attempt.extensions_mut().insert(BufferedBody(body.clone()));
+                attempt.extensions_mut().insert(RequestContext {
+                    chat: Some(attempt_chat),
+                    body: Some(body.clone()),
+                    ..context.clone()
+                });
                 attempt
                     .extensions_mut()
                     .insert(NameModel(model.as_str().into()));
@@ -427,9 +433,8 @@ mod tests {
         let inner = tower::service_fn({
             let tried = Arc::clone(&tried);
             move |request: Request<Full<Bytes>>| {
-                let model = request
-                    .extensions()
-                    .get::<ChatRequest>()
+                let model = RequestContext::of(&request)
+                    .and_then(|context| context.chat.as_ref())
                     .unwrap()
                     .model
                     .clone();
@@ -448,10 +453,9 @@ mod tests {
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(body.clone()))
             .unwrap();
-        request
-            .extensions_mut()
-            .insert(ChatRequest::parse(&body).unwrap());
-        request.extensions_mut().insert(BufferedBody(body));
+        let context = RequestContext::of_mut(&mut request);
+        context.chat = Some(ChatRequest::parse(&body).unwrap());
+        context.body = Some(body);
         let response = service.oneshot(request).await.unwrap();
         let status = response.status().as_u16();
         let tried = tried.lock().unwrap().clone();

@@ -452,11 +452,8 @@ where
 fn provider_side(request: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     let (mut parts, body) = request.into_parts();
     let mut kept = http::Extensions::new();
-    move_extension::<crate::body::ChatRequest>(&mut parts.extensions, &mut kept);
-    move_extension::<crate::body::BufferedBody>(&mut parts.extensions, &mut kept);
-    move_extension::<crate::keys::ByokCredential>(&mut parts.extensions, &mut kept);
+    move_extension::<crate::context::RequestContext>(&mut parts.extensions, &mut kept);
     move_extension::<SkipRetries>(&mut parts.extensions, &mut kept);
-    move_extension::<crate::credit::SentUpstream>(&mut parts.extensions, &mut kept);
     parts.extensions = kept;
     Request::from_parts(parts, body)
 }

@@ -14,8 +14,8 @@ use tower_service::Service;
 
 use super::fallback::body_with_model;
 use super::upstream::Upstream;
-use crate::body::{BufferedBody, ChatRequest};
-use crate::keys::{ByokCredential, ByokProviders};
+use crate::context::RequestContext;
+use crate::keys::ByokProviders;
 
 /// The `Authorization` a request carries to its provider instead of the
 /// provider's configured key: the account's own (BYOK).
@@ -117,7 +117,8 @@ impl Service<Request<Full<Bytes>>> for Providers {
             let mut upstream = upstream.clone();
             return upstream.call(request);
         }
-        let Some(chat) = request.extensions().get::<ChatRequest>() else {
+        let context = RequestContext::of(&request);
+        let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
             return Box::pin(async {
                 Err(GatewayError::new(
                     ErrorKind::NotFound,
@@ -142,16 +143,15 @@ impl Service<Request<Full<Bytes>>> for Providers {
         if provider.strip_prefix {
             // What follows `provider/`, variant included.
             let provider_model = chat.model_id.as_str()[provider_name.len() + 1..].to_owned();
-            if let Some(BufferedBody(original)) = request.extensions().get::<BufferedBody>() {
+            if let Some(original) = context.and_then(|context| context.body.as_ref()) {
                 let body = body_with_model(original, &provider_model);
                 *request.body_mut() = Full::new(body);
             }
         }
         // The account's own key for this provider, when it brought one
         // (CreditGuard found it and accounted the request as BYOK).
-        let credential = request
-            .extensions()
-            .get::<ByokCredential>()
+        let credential = RequestContext::of(&request)
+            .and_then(|context| context.credential.as_ref())
             .filter(|credential| credential.provider.eq_ignore_ascii_case(&provider_name));
         if let Some(credential) = credential {
             let caller_key =
@@ -185,6 +185,8 @@ impl Service<Request<Full<Bytes>>> for Providers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::ChatRequest;
+    use crate::keys::ByokCredential;
     use crate::proxy::UpstreamConfig;
 
     /// A provider on a port nothing listens on: a request that reaches it
@@ -208,12 +210,9 @@ mod tests {
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(Bytes::from_static(body)))
             .unwrap();
-        request
-            .extensions_mut()
-            .insert(ChatRequest::parse(body).unwrap());
-        request
-            .extensions_mut()
-            .insert(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
+        let context = RequestContext::of_mut(&mut request);
+        context.chat = Some(ChatRequest::parse(body).unwrap());
+        context.credential = Some(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
         request
     }
 

@@ -9,7 +9,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::retry::Policy;
 
-use crate::credit::SentUpstream;
+use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::rate_limit::X_RATELIMIT_RESET;
 
@@ -181,7 +181,7 @@ impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy 
         // failed to connect, or was answered with an error and no usage):
         // a client that leaves now owes nothing. The next attempt marks it
         // again once sent.
-        if let Some(sent) = request.extensions().get::<SentUpstream>() {
+        if let Some(sent) = RequestContext::of(request).and_then(|context| context.sent.as_ref()) {
             sent.clear();
         }
         self.attempts += 1;
@@ -208,6 +208,7 @@ impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::SentUpstream;
     use crate::error::ErrorKind;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
@@ -352,7 +353,9 @@ mod tests {
             .service(service_fn(move |request: Request<Full<Bytes>>| {
                 let seen = seen.clone();
                 async move {
-                    let sent = request.extensions().get::<SentUpstream>().unwrap();
+                    let sent = RequestContext::of(&request)
+                        .and_then(|context| context.sent.as_ref())
+                        .unwrap();
                     assert!(!sent.is_marked(), "each attempt starts unsent");
                     match seen.fetch_add(1, Ordering::SeqCst) {
                         // Sent, and answered with an error status.
@@ -373,7 +376,7 @@ mod tests {
         let mut request = Request::post("/")
             .body(Full::new(Bytes::from_static(b"{}")))
             .unwrap();
-        request.extensions_mut().insert(sent.clone());
+        RequestContext::of_mut(&mut request).sent = Some(sent.clone());
         let calling = tokio::spawn(service.oneshot(request));
         for (after, attempts) in [(500, 1), (1_000 + 500, 2)] {
             tokio::time::sleep(Duration::from_millis(after)).await;

@@ -24,9 +24,8 @@ use tower_service::Service;
 use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 use super::providers::CallerKey;
 use crate::body::normalized_segments;
-use crate::credit::{SentUpstream, UpstreamAttempt};
+use crate::context::{RequestContext, SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::ByokCredential;
 use crate::secrets::Redacted;
 
 /// Where and how to reach the upstream. `Debug` never shows the key or a
@@ -357,7 +356,11 @@ impl Inner {
             // `upstream_reports_sending` it settles as never sent (a library
             // stack whose CreditGuard finds account keys but whose routing
             // does not send them).
-            None if parts.extensions.get::<ByokCredential>().is_some() => {
+            None if parts
+                .extensions
+                .get::<RequestContext>()
+                .is_some_and(|context| context.credential.is_some()) =>
+            {
                 return Err(GatewayError::new(
                     ErrorKind::Internal,
                     "this request was accounted to the account's own provider key, which this upstream was not given; nothing was sent, and the operator must route account keys to their provider (a `providers` section with `\"byok\": true`)",
@@ -402,9 +405,8 @@ impl Service<Request<Full<Bytes>>> for Upstream {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let attempt = request
-                .extensions()
-                .get::<SentUpstream>()
+            let attempt = RequestContext::of(&request)
+                .and_then(|context| context.sent.as_ref())
                 .map(SentUpstream::attempt);
             let (request, id) = inner.outgoing(request)?;
             let request = request.map(|body| SendingBody {
@@ -515,6 +517,7 @@ fn upstream_failure(kind: ErrorKind, failure: &'static str, message: String) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::ByokCredential;
 
     fn inner(base: &str) -> Arc<Inner> {
         let mut config = UpstreamConfig::new(base);
@@ -628,9 +631,8 @@ mod tests {
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(Bytes::new()))
             .unwrap();
-        request
-            .extensions_mut()
-            .insert(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
+        RequestContext::of_mut(&mut request).credential =
+            Some(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
         let error = inner.outgoing(request).unwrap_err();
         assert_eq!(error.status(), 500);
         assert!(
@@ -721,7 +723,7 @@ mod tests {
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(Bytes::from_static(b"{\"model\":\"m\"}")))
             .unwrap();
-        request.extensions_mut().insert(sent.clone());
+        RequestContext::of_mut(&mut request).sent = Some(sent.clone());
         let outcome = upstream.call(request).await;
         let outcome = outcome
             .map(|response| response.status().as_u16())

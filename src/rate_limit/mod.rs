@@ -80,9 +80,8 @@ pub use service::GlobalRateLimit;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Principal;
-    use crate::body::ChatRequest;
     use crate::clock::{Clock, ManualClock};
+    use crate::context::RequestContext;
     use crate::keys::SharedStore;
     use crate::store::MemoryStore;
     use bytes::Bytes;
@@ -102,10 +101,7 @@ mod tests {
             .unwrap();
         request
             .extensions_mut()
-            .insert(Principal::for_tests("acct"));
-        request
-            .extensions_mut()
-            .insert(ChatRequest::parse(body.as_bytes()).unwrap());
+            .insert(RequestContext::chat_for_tests("acct", body.as_bytes()));
         request
     }
 
@@ -133,10 +129,11 @@ mod tests {
         });
         let without = |remove_principal: bool| {
             let mut request = chat("a/b:free");
+            let context = RequestContext::of_mut(&mut request);
             if remove_principal {
-                request.extensions_mut().remove::<Principal>();
+                context.principal = None;
             } else {
-                request.extensions_mut().remove::<ChatRequest>();
+                context.chat = None;
             }
             request
         };

@@ -7,12 +7,12 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::GlobalRateLimitConfig;
 use super::rules::RuleCheck;
-use crate::auth::Principal;
-use crate::body::{is_chat_completions_call, ChatRequest};
+use crate::body::is_chat_completions_call;
+use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
-use crate::limiter::{Admission, AdmissionPlan, Decision, Finish, PlannedChecks};
+use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
 use crate::store::{Check, CheckOutcome};
 
@@ -50,13 +50,14 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let Some(principal) = request.extensions().get::<Principal>() else {
+        let context = RequestContext::of(&request);
+        let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {
             return ResponseFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("GlobalRateLimit", "BearerAuth"),
             );
         };
-        let chat = request.extensions().get::<ChatRequest>();
+        let chat = context.and_then(|context| context.chat.as_ref());
         if chat.is_none() && is_chat_completions_call(request.method(), request.uri().path()) {
             // Without the parsed request the model rules cannot be applied.
             return ResponseFuture::rejected(
@@ -68,8 +69,7 @@ where
         let rule_checks = self.config.rules.checks_for(&principal.account_id, model);
         let account = principal.account_id.clone();
         if rule_checks.is_empty() {
-            let admitted: Decision = Box::pin(std::future::ready(Ok(Admission::default())));
-            return ResponseFuture::deciding(LAYER, admitted, request, self.inner.clone());
+            return ResponseFuture::admitted(LAYER, request, self.inner.clone());
         }
         let checks: Vec<Check> = rule_checks.iter().map(|rule| rule.check.clone()).collect();
         let limiter = self.config.limiter.clone();
@@ -83,17 +83,16 @@ where
                 }
             }
             let mut request = request;
-            AdmissionPlan::add(
-                &mut request,
-                PlannedChecks {
+            RequestContext::of_mut(&mut request)
+                .plan
+                .parts
+                .push(PlannedChecks {
                     limiter,
                     checks,
                     tier: None,
                     finish,
-                },
-            );
-            let planned: Decision = Box::pin(std::future::ready(Ok(Admission::default())));
-            return ResponseFuture::deciding(LAYER, planned, request, self.inner.clone());
+                });
+            return ResponseFuture::admitted(LAYER, request, self.inner.clone());
         }
         let decision: Decision = Box::pin(async move {
             let verdict = limiter.check(&account, &checks, None).await?;

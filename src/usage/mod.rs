@@ -78,12 +78,6 @@ pub use ranking::{AppRanking, MAX_RANKED_APPS, PUBLIC_SCOPE};
 pub(crate) use record::{generation_id, readable_by, GenerationContext, GenerationEnd};
 pub use record::{parse_generation_id, GENERATION_ID_HEADER};
 
-/// The model a client asked for, put into a request's extensions by a
-/// layer that sends it on for another model (the proxy's `Fallback`), so
-/// the record names both.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestedModel(pub String);
-
 /// How long generation records are kept by default.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 86_400);
 /// How many generation records an account keeps at most, by default.

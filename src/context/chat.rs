@@ -1,5 +1,6 @@
 //! The chat-completions request: parsed once, validated, kept in the
-//! request's extensions for the layers after [`BodyLimit`](super::BodyLimit).
+//! request's [`RequestContext`](super::RequestContext) for the layers
+//! after [`BodyLimit`](crate::body::BodyLimit).
 
 use std::fmt;
 

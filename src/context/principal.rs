@@ -1,11 +1,11 @@
 use chrono::{DateTime, Utc};
 
-use super::KeyHash;
+use crate::keys::KeyHash;
 use crate::keys::KeyRecord;
 use crate::store::KeyLimit;
 
 /// Who is calling: the key BearerAuth accepted, put into the request's
-/// extensions for the layers after it.
+/// [`RequestContext`](super::RequestContext) for the layers after it.
 ///
 /// `Debug` shows no secret: the key hash prints redacted.
 #[derive(Clone, Debug, PartialEq, Eq)]

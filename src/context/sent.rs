@@ -1,0 +1,152 @@
+//! The mark that says whether a request reached the upstream.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Put into each metered request's extensions when
+/// [`CreditGuardLayer::upstream_reports_sending`](super::CreditGuardLayer::upstream_reports_sending)
+/// is on: whether the upstream has received the request, which decides
+/// what a request that ends without usage costs. Clones share the mark.
+///
+/// The service that sends the request marks it once the request is on a
+/// live connection to the upstream, and a retry clears it for the wait
+/// before its next attempt. A request that ends unmarked (a client that
+/// left while a concurrency limit or a buffer held it, while the upstream
+/// could not be reached, or while a retry waited; every attempt failing
+/// to connect) never reached the upstream: its hold is released at no cost
+/// and it has no generation record.
+///
+/// Each clearing starts a new attempt: a mark made through an
+/// [`UpstreamAttempt`] of an earlier one (a connection still writing a
+/// request the upstream already answered) is ignored.
+#[derive(Clone, Debug, Default)]
+pub struct SentUpstream(Arc<AtomicU64>);
+
+/// The bit of [`SentUpstream`]'s state that says the current attempt was
+/// sent; the bits above count the attempts.
+const SENT_BIT: u64 = 1;
+
+impl SentUpstream {
+    /// Records that the request, in its current attempt, reached the upstream.
+    pub fn mark(&self) {
+        self.0.fetch_or(SENT_BIT, Ordering::AcqRel);
+    }
+
+    /// Records that the request is no longer at the upstream (it could not
+    /// connect, or the upstream answered with an error and a retry waits):
+    /// until the next attempt marks it, it is charged as never sent. Later
+    /// marks through an earlier [`UpstreamAttempt`] are ignored.
+    pub fn clear(&self) {
+        // Infallible: the closure always returns `Some`.
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                Some(((state >> 1).wrapping_add(1)) << 1)
+            });
+    }
+
+    /// Whether the request is at the upstream.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(Ordering::Acquire) & SENT_BIT != 0
+    }
+
+    /// The current attempt, to be marked when its request is sent
+    /// (possibly from another task, such as the connection's).
+    pub fn attempt(&self) -> UpstreamAttempt {
+        UpstreamAttempt {
+            sent: self.clone(),
+            attempt: self.0.load(Ordering::Acquire) >> 1,
+        }
+    }
+}
+
+/// One attempt at sending a request: see [`SentUpstream::attempt`].
+#[derive(Clone, Debug)]
+pub struct UpstreamAttempt {
+    sent: SentUpstream,
+    attempt: u64,
+}
+
+impl UpstreamAttempt {
+    /// Marks the request sent if this is still its current attempt;
+    /// whether it is.
+    pub fn mark(&self) -> bool {
+        let unsent = self.attempt << 1;
+        match self.sent.0.compare_exchange(
+            unsent,
+            unsent | SENT_BIT,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(state) => state == unsent | SENT_BIT,
+        }
+    }
+
+    /// Records that this attempt did not reach the upstream (it could not
+    /// connect), unless a later attempt has begun.
+    pub fn clear(&self) {
+        let _ = self
+            .sent
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                (state >> 1 == self.attempt).then(|| self.attempt.wrapping_add(1) << 1)
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sent_mark_follows_each_attempt_and_ignores_stale_ones() {
+        let sent = SentUpstream::default();
+        assert!(!sent.is_marked(), "nothing is sent at admission");
+        let first = sent.attempt();
+        assert!(first.mark());
+        assert!(first.mark(), "marking twice is harmless");
+        assert!(sent.clone().is_marked(), "clones share the mark");
+        // A retry waits: the request is at no upstream.
+        sent.clear();
+        assert!(!sent.is_marked());
+        assert!(!first.mark(), "the first attempt's late write is ignored");
+        assert!(!sent.is_marked());
+        first.clear();
+        let second = sent.attempt();
+        // The second attempt cannot connect.
+        second.clear();
+        assert!(!sent.is_marked());
+        assert!(!second.mark(), "a cleared attempt stays cleared");
+        let third = sent.attempt();
+        second.clear();
+        assert!(third.mark(), "an earlier attempt cannot clear a later one");
+        assert!(sent.is_marked());
+        sent.clear();
+        sent.mark();
+        assert!(sent.is_marked(), "a plain mark marks the current attempt");
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of marks and clears, the request is marked
+        /// exactly when the last attempt begun was marked through itself or
+        /// directly, and not cleared since.
+        #[test]
+        fn the_mark_is_the_current_attempts(steps in proptest::collection::vec(0u8..5, 0..40)) {
+            let sent = SentUpstream::default();
+            let mut attempts = vec![sent.attempt()];
+            let mut marked = false;
+            for step in steps {
+                match step {
+                    0 => { sent.clear(); marked = false; attempts.push(sent.attempt()); }
+                    1 => { sent.mark(); marked = true; }
+                    2 => { let current = attempts.last().unwrap(); marked |= current.mark(); }
+                    // A stale attempt changes nothing.
+                    3 if attempts.len() > 1 => { attempts[0].mark(); attempts[0].clear(); }
+                    _ => { attempts.last().unwrap().clear(); marked = false; attempts.push(sent.attempt()); }
+                }
+                proptest::prop_assert_eq!(sent.is_marked(), marked);
+            }
+        }
+    }
+}
