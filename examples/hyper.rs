@@ -19,7 +19,7 @@ use modelgate::api::KeyRoutesLayer;
 use modelgate::auth::{AuthFailureLimit, AuthFailures, BearerAuthLayer};
 use modelgate::body::{BodyLimitLayer, DrainUnreadLayer};
 use modelgate::client_addr::ClientAddr;
-use modelgate::context::RequestContext;
+use modelgate::context::{CheckedStack, RequestContext};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::in_flight::InFlightLimitLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
@@ -32,11 +32,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let directory = KeyDirectory::new(store);
     let (key, _) = directory.create_key(NewKey::named("hyper-demo")).await?;
 
-    let service = ServiceBuilder::new()
+    // Checked as it is built: a layer stacked without the one it reads
+    // from (KeyRoutes without BearerAuth) is an error here.
+    let service = CheckedStack::new()
         // A body refused unread is read into nothing after the answer, so
         // the client can read the answer.
-        .layer(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
-        .layer(ErrorMapperLayer::new())
+        .plain(DrainUnreadLayer::new(4 << 20, Duration::from_secs(10)))
+        .plain(ErrorMapperLayer::new())
         // The key before the body; an address past 20 failures in 10
         // minutes gets 429 without a lookup, but for keys already in use.
         .layer(
@@ -44,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .failure_limit(AuthFailures::new(AuthFailureLimit::default())?),
         )
         // Places in flight for keyed requests only.
-        .layer(InFlightLimitLayer::new(256))
+        .plain(InFlightLimitLayer::new(256))
         .layer(BodyLimitLayer::new())
         .layer(KeyRoutesLayer::new(directory))
         .service(service_fn(|request: Request<Full<Bytes>>| async move {
@@ -55,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
                 "hello, {caller}\n"
             )))))
-        }));
+        }))?;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
     println!(

@@ -101,3 +101,12 @@ impl<S> tower_layer::Layer<S> for AdmissionLayers {
             .layer(self.free_quota.layer(self.credit.layer(inner)))
     }
 }
+
+impl crate::context::ContextLayer for AdmissionLayers {
+    const NAME: &'static str = "AdmissionLayers";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::Principal, ContextPart::ParsedBody]
+    }
+}

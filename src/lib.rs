@@ -14,6 +14,9 @@
 //!   -> GlobalRateLimit -> FreeModelQuota -> CreditGuard -> upstream
 //! ```
 //!
+//! Built through [`context::CheckedStack`], a stack in which a layer lacks
+//! the one it reads from is refused when it is built.
+//!
 //! The key is checked before the body is read, so a request without one
 //! costs no buffering and no parse, and holds no place in flight. The last three are best stacked by
 //! [`admission::AdmissionLayers`], so that they decide together.

@@ -160,3 +160,12 @@ impl<S> Layer<S> for KeyRoutesLayer {
         }
     }
 }
+
+impl crate::context::ContextLayer for KeyRoutesLayer {
+    const NAME: &'static str = "KeyRoutes";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::Principal, ContextPart::ParsedBody]
+    }
+}

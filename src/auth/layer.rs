@@ -67,3 +67,11 @@ impl<S> Layer<S> for BearerAuthLayer {
         }
     }
 }
+
+impl crate::context::ContextLayer for BearerAuthLayer {
+    const NAME: &'static str = "BearerAuth";
+
+    fn adds(&self) -> &'static [crate::context::ContextPart] {
+        &[crate::context::ContextPart::Principal]
+    }
+}

@@ -67,3 +67,11 @@ impl<S> Layer<S> for BodyLimitLayer {
         }
     }
 }
+
+impl crate::context::ContextLayer for BodyLimitLayer {
+    const NAME: &'static str = "BodyLimit";
+
+    fn adds(&self) -> &'static [crate::context::ContextPart] {
+        &[crate::context::ContextPart::ParsedBody]
+    }
+}

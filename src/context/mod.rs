@@ -43,6 +43,7 @@ mod chat;
 mod model_id;
 mod principal;
 mod sent;
+mod stack;
 
 use std::fmt;
 
@@ -57,6 +58,7 @@ pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use model_id::ModelId;
 pub use principal::Principal;
 pub use sent::{SentUpstream, UpstreamAttempt};
+pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};
 
 use crate::keys::ByokCredential;
 use crate::limiter::AdmissionPlan;

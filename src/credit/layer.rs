@@ -247,3 +247,12 @@ impl<S> Layer<S> for CreditGuardLayer {
         }
     }
 }
+
+impl crate::context::ContextLayer for CreditGuardLayer {
+    const NAME: &'static str = "CreditGuard";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::Principal, ContextPart::ParsedBody]
+    }
+}

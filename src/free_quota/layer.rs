@@ -85,3 +85,12 @@ impl<S> Layer<S> for FreeModelQuotaLayer {
         }
     }
 }
+
+impl crate::context::ContextLayer for FreeModelQuotaLayer {
+    const NAME: &'static str = "FreeModelQuota";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::Principal, ContextPart::ParsedBody]
+    }
+}

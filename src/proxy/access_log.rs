@@ -348,6 +348,15 @@ where
     }
 }
 
+impl crate::context::ContextLayer for AnnotateLayer {
+    const NAME: &'static str = "Annotate";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::Principal, ContextPart::ParsedBody]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -312,6 +312,15 @@ pub(crate) fn body_with_model(original: &Bytes, model: &str) -> Bytes {
     edited.map_or_else(|| original.clone(), Bytes::from)
 }
 
+impl crate::context::ContextLayer for FallbackLayer {
+    const NAME: &'static str = "Fallback";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::ParsedBody]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;

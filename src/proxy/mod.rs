@@ -71,8 +71,9 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
+use tower::layer::layer_fn;
 use tower::util::BoxCloneService;
-use tower::ServiceBuilder;
+use tower::util::MapResponseLayer;
 use tower_service::Service;
 
 pub use crate::edit::MAX_SSE_LINE_BYTES;
@@ -102,6 +103,7 @@ use crate::auth::{AuthFailures, BearerAuthLayer};
 use crate::body::{BodyLimitLayer, DrainUnreadLayer};
 use crate::client_addr::{ClientAddrLayer, TrustedProxies};
 use crate::clock::{Clock, SystemClock};
+use crate::context::CheckedStack;
 use crate::credit::{CreditGuardLayer, PendingSettlements};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
@@ -295,21 +297,23 @@ where
     } else {
         PlainPkce::Refused
     };
-    let service = ServiceBuilder::new()
-        .map_response(boxed_response)
-        .layer(drain)
-        .layer(AccessLogLayer::new(Arc::clone(&catalog)))
-        .layer(ClientAddrLayer::new(trusted_proxies))
-        .layer(SettingsPageLayer::new())
-        .layer(leak_alerts)
+    // Checked as it is built: a layer whose reading of the request's
+    // context no layer outside it adds refuses the stack here.
+    let service = CheckedStack::new()
+        .plain(MapResponseLayer::new(boxed_response))
+        .plain(drain)
+        .plain(AccessLogLayer::new(Arc::clone(&catalog)))
+        .plain(ClientAddrLayer::new(trusted_proxies))
+        .plain(SettingsPageLayer::new())
+        .plain(leak_alerts)
         // Before BearerAuth: an app exchanging its code has no key yet.
-        .layer(
+        .plain(
             CodeExchangeLayer::new(directory.clone())
                 .failure_limit(auth_failures.clone())
                 .unauthenticated_limits(config.unauthenticated),
         )
-        .layer(webhooks)
-        .layer(ErrorMapperLayer::new())
+        .plain(webhooks)
+        .plain(ErrorMapperLayer::new())
         // The key before the body: a request without one is refused
         // before anything is buffered or parsed.
         .layer(
@@ -325,7 +329,7 @@ where
         // The gateway's places go to authenticated requests only: a flood
         // of requests without a good key, or of bodies trickled to the
         // routes before it, cannot take them from good keys.
-        .layer(InFlightLimitLayer::new(max_in_flight))
+        .plain(InFlightLimitLayer::new(max_in_flight))
         .layer(body)
         .layer(AccessLogLayer::annotate())
         .layer(
@@ -342,12 +346,13 @@ where
         )
         .layer(FallbackLayer::new(catalog))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
-        .layer_fn(|inner| ChatOnly {
+        .plain(layer_fn(|inner| ChatOnly {
             inner,
             models_list: Arc::clone(&models_list),
-        })
-        .layer(tower::retry::RetryLayer::new(config.retry_policy()?))
-        .service(bottom);
+        }))
+        .plain(tower::retry::RetryLayer::new(config.retry_policy()?))
+        .service(bottom)
+        .map_err(|missing| ConfigError::new(missing.to_string()))?;
     Ok(Gateway {
         service: BoxCloneService::new(service),
         settlements: credit.pending_settlements(),

@@ -81,3 +81,12 @@ impl<S> Layer<S> for GlobalRateLimitLayer {
         }
     }
 }
+
+impl crate::context::ContextLayer for GlobalRateLimitLayer {
+    const NAME: &'static str = "GlobalRateLimit";
+
+    fn reads(&self) -> &'static [crate::context::ContextPart] {
+        use crate::context::ContextPart;
+        &[ContextPart::Principal, ContextPart::ParsedBody]
+    }
+}
