@@ -5,8 +5,8 @@
 //! A layer's cost is its time minus `no_layer`'s.
 //!
 //! A request reaches each layer as the layers before it leave it: with the
-//! `Principal`, `ChatRequest` and `BufferedBody` that BearerAuth and
-//! BodyLimit add; BodyLimit and BearerAuth themselves get the request as a
+//! principal, parsed request and bytes that BearerAuth and BodyLimit add
+//! to its `RequestContext`; BodyLimit and BearerAuth themselves get the request as a
 //! client sends it. Logs (at `info`, formatted into a sink) and a
 //! Prometheus recorder are on, as in the proxy example.
 //!

@@ -4,7 +4,7 @@
 //! [`CreditGuard`] decides by itself, each in
 //! its own store step. Stacked by [`AdmissionLayers`] (as the proxy does),
 //! the first two do not decide: each hands its checks to CreditGuard in an
-//! admission plan in the request's extensions, and CreditGuard decides
+//! admission plan in the request's context, and CreditGuard decides
 //! every check and its credit hold in one atomic store step
 //! ([`LedgerStore::admit`](crate::store::LedgerStore::admit); on Redis one
 //! script). A request refused by any of them counts in none: no rate, no

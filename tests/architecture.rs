@@ -436,6 +436,37 @@ fn rules_parse_and_refuse_what_they_should() {
 /// `Extension` too) would compile and find nothing.
 #[test]
 fn the_contexts_members_are_never_extensions_of_their_own() {
+    let mut files = Vec::new();
+    for folder in ["src", "tests", "examples", "benches", "docs"] {
+        rust_files(&root().join(folder), &mut files);
+    }
+    files.push(root().join("README.md"));
+    for page in fs::read_dir(root().join("docs")).expect("read docs/") {
+        let page = page.expect("read a docs entry").path();
+        if page.extension().is_some_and(|extension| extension == "md") {
+            files.push(page);
+        }
+    }
+    let mut found = Vec::new();
+    // This file names them as examples of what is looked for.
+    let this_file = root().join("tests/architecture.rs");
+    for file in files.iter().filter(|file| **file != this_file) {
+        let text = fs::read_to_string(file).expect("read a source file");
+        for lookup in extension_lookups_of_context_members(&text) {
+            found.push(format!("{}: {lookup}", file.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "read these from the RequestContext instead:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The context's members that `text` names as extensions of their own:
+/// `get::<Principal>`, `get::<crate::auth::Principal>`, `Extension<…>`,
+/// `Option<&Principal> = ….extensions().get()`, whatever the whitespace.
+fn extension_lookups_of_context_members(text: &str) -> Vec<String> {
     const MEMBERS: [&str; 5] = [
         "Principal",
         "ChatRequest",
@@ -443,43 +474,69 @@ fn the_contexts_members_are_never_extensions_of_their_own() {
         "SentUpstream",
         "AdmissionPlan",
     ];
-    let mut files = Vec::new();
-    for folder in ["src", "tests", "examples", "benches"] {
-        rust_files(&root().join(folder), &mut files);
-    }
-    let mut texts: Vec<(String, String)> = files
-        .iter()
-        .map(|file| {
-            let text = fs::read_to_string(file).expect("read a source file");
-            (file.display().to_string(), text)
-        })
-        .collect();
-    texts.push((
-        "README.md".to_owned(),
-        fs::read_to_string(root().join("README.md")).expect("read the README"),
-    ));
+    const BEFORE: [&str; 6] = [
+        "get::<",
+        "get_mut::<",
+        "remove::<",
+        "insert::<",
+        "Extension<",
+        "Option<&",
+    ];
+    let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
     let mut found = Vec::new();
-    for (name, text) in &texts {
-        // One line per statement is not assumed: whitespace is dropped.
-        let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        for member in MEMBERS {
-            for pattern in [
-                format!("get::<{member}>"),
-                format!("get_mut::<{member}>"),
-                format!("remove::<{member}>"),
-                format!("Extension<{member}>"),
-                format!("insert({member}"),
-                format!("insert::<{member}>"),
-            ] {
-                if squeezed.contains(&pattern) {
-                    found.push(format!("{name}: {pattern}"));
+    for member in MEMBERS {
+        for (at, _) in squeezed.match_indices(member) {
+            let after = &squeezed[at + member.len()..];
+            if !after.starts_with('>') {
+                continue;
+            }
+            // A path before the name (`crate::auth::`) is skipped.
+            let path_start = squeezed[..at]
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .map_or(0, |index| index + 1);
+            let path = &squeezed[path_start..at];
+            if !(path.is_empty() || path.ends_with("::")) {
+                continue;
+            }
+            let before = &squeezed[..path_start];
+            let Some(opening) = BEFORE.iter().find(|opening| before.ends_with(*opening)) else {
+                continue;
+            };
+            if *opening == "Option<&" {
+                // Only a type given to an extension lookup on its right.
+                let statement = after.split(';').next().unwrap_or_default();
+                if !statement.contains("extensions()") && !statement.contains("extensions_mut()") {
+                    continue;
                 }
             }
+            found.push(format!("{opening}{path}{member}>"));
         }
     }
-    assert!(
-        found.is_empty(),
-        "read these from the RequestContext instead:\n{}",
-        found.join("\n")
+    found
+}
+
+#[test]
+fn lookups_of_context_members_are_found_however_written() {
+    let found = extension_lookups_of_context_members(
+        r#"
+        request.extensions().get::<Principal>();
+        request.extensions().get::< crate::auth::ChatRequest >();
+        async fn chat(Extension(p): Extension<modelgate::auth::Principal>) {}
+        let sent: Option<&SentUpstream> = request
+            .extensions()
+            .get();
+        let fine: Option<&Principal> = context.principal.as_ref();
+        context.principal = Some(Principal::for_tests("a"));
+        let chat: Vec<ChatRequest> = Vec::new();
+        "#,
+    );
+    assert_eq!(
+        found,
+        [
+            "get::<Principal>",
+            "Extension<modelgate::auth::Principal>",
+            "get::<crate::auth::ChatRequest>",
+            "Option<&SentUpstream>",
+        ]
     );
 }

@@ -22,7 +22,8 @@ use crate::store::FailurePolicy;
 const LAYER: &str = "BearerAuth";
 
 /// Admits a request only with `Authorization: Bearer <key>` naming a live
-/// modelgate key, and puts its [`Principal`] into the request's extensions.
+/// modelgate key, and puts its [`Principal`] into the request's
+/// [`RequestContext`] (`principal`).
 ///
 /// Every refusal is a 401 with its own message (missing header, wrong
 /// scheme, malformed value, unknown, deleted, expired or disabled key) and

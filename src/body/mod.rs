@@ -10,7 +10,7 @@
 //!
 //! For `POST …/chat/completions` the body must be JSON and is parsed once
 //! into a [`ChatRequest`] placed in the request's
-//! [`RequestContext`](crate::context::RequestContext), with 400 and 422
+//! [`crate::context::RequestContext`], with 400 and 422
 //! answers for bad input (see [`ChatRequest::parse`]). Every request also
 //! gets its bytes there (`RequestContext::body`).
 //!

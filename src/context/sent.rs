@@ -3,8 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Put into each metered request's extensions when
-/// [`CreditGuardLayer::upstream_reports_sending`](super::CreditGuardLayer::upstream_reports_sending)
+/// Put into each metered request's [`RequestContext`](super::RequestContext)
+/// (`sent`) when
+/// [`CreditGuardLayer::upstream_reports_sending`](crate::credit::CreditGuardLayer::upstream_reports_sending)
 /// is on: whether the upstream has received the request, which decides
 /// what a request that ends without usage costs. Clones share the mark.
 ///

@@ -180,7 +180,7 @@ impl CreditGuardLayer {
     /// /api/v1/accounts/{id}/byok/{provider}`): one store read, cached by
     /// the directory. A request with such a key is BYOK usage (kept in its
     /// own totals, not taken from the balance) and carries the key in its
-    /// extensions as a [`ByokCredential`](crate::keys::ByokCredential); the
+    /// context as a [`ByokCredential`](crate::keys::ByokCredential); the
     /// service below must send that key upstream instead of its own (the
     /// proxy's `Providers` does), or the gateway pays for usage booked as
     /// the account's. A store

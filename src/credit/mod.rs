@@ -74,7 +74,8 @@
 //! one cached lookup per request) is BYOK usage: kept in its own totals and
 //! not taken from the balance; whether it counts against (and is held
 //! against) the key limit follows `include_byok_in_limit`. The key goes
-//! into the request's extensions as a [`ByokCredential`](crate::keys::ByokCredential),
+//! into the request's [`RequestContext`](crate::context::RequestContext) as
+//! its [`ByokCredential`](crate::keys::ByokCredential) (`credential`),
 //! for the upstream client to send instead of the gateway's own key. Only
 //! the providers [`CreditGuardLayer::byok_providers`] names are looked up.
 //!

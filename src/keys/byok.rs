@@ -104,7 +104,7 @@ pub fn hint(api_key: &str) -> String {
 }
 
 /// The key an account brought for a provider, as CreditGuard puts it into
-/// a BYOK request's extensions: the upstream client sends it instead of
+/// a BYOK request's context (`RequestContext::credential`): the upstream client sends it instead of
 /// the gateway's own key for that provider.
 ///
 /// `Debug` hides the key.

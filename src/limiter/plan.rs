@@ -56,6 +56,8 @@ pub(crate) trait Additions<B>: Send + 'static {
 }
 
 impl<B> Additions<B> for Extensions {
+    /// Extensions of their own only: the request's context is written
+    /// through its fields, never replaced by `extend`.
     fn add_to(self, request: &mut Request<B>) {
         request.extensions_mut().extend(self);
     }

@@ -40,7 +40,7 @@ pub struct ProviderUpstream {
 
 /// Sends a chat request to its model's provider (`openai/…` to `openai`),
 /// with the account's own key for that provider when it brought one
-/// ([`ByokCredential`]); with no providers configured, everything goes to
+/// ([`ByokCredential`](crate::keys::ByokCredential)); with no providers configured, everything goes to
 /// one upstream as it is, with its key.
 /// A provider that is not configured is a 400 (the catalog refuses such a
 /// model earlier, before any limit counts it).

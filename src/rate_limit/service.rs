@@ -28,7 +28,8 @@ const LAYER: &str = "GlobalRateLimit";
 /// of the tightest rule; refusals are 429 with those, `Retry-After` and
 /// `metadata.limit_source` (`account_rate` or `model_rate`). Needs
 /// [`BearerAuth`](crate::auth::BearerAuth) before it (the account) and
-/// reads the [`ChatRequest`] for the model. See the [module docs](super).
+/// reads the parsed [`ChatRequest`](crate::body::ChatRequest) for the model,
+/// both from the request's [`RequestContext`](crate::context::RequestContext). See the [module docs](super).
 #[derive(Clone, Debug)]
 pub struct GlobalRateLimit<S> {
     pub(crate) inner: S,
