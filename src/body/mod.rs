@@ -100,11 +100,32 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
     if method != Method::POST {
         return false;
     }
+    let is_chat = |chat: &str, completions: &str| {
+        chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+    };
+    if let Some(mut segments) = plain_segments(path) {
+        return match (segments.next_back(), segments.next_back()) {
+            (Some(completions), Some(chat)) => is_chat(chat, completions),
+            _ => false,
+        };
+    }
     matches!(
         normalized_segments(path).as_slice(),
-        [.., chat, completions]
-            if chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+        [.., chat, completions] if is_chat(chat, completions)
     )
+}
+
+/// The segments of a path that normalising would not change but for its
+/// empty segments (nothing to decode, no `.` or `..`), borrowed without
+/// gathering them: the usual path, read several times a request.
+fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &str>> {
+    let bytes = path.as_bytes();
+    // A dot segment starts the path or follows a slash.
+    let dot_segment = bytes.first() == Some(&b'.') || memchr::memmem::find(bytes, b"/.").is_some();
+    if dot_segment || memchr::memchr(b'%', bytes).is_some() {
+        return None;
+    }
+    Some(path.split('/').filter(|segment| !segment.is_empty()))
 }
 
 /// The segments of `path` as an upstream that normalises paths reads them:
@@ -127,12 +148,23 @@ pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
 /// `expected`, in any case.
 #[cfg(any(feature = "leaks", feature = "oauth"))]
 pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
+    let same = |segment: &str, expected: &&str| segment.eq_ignore_ascii_case(expected);
+    if let Some(mut segments) = plain_segments(path) {
+        let mut expected = expected.iter();
+        return loop {
+            match (segments.next(), expected.next()) {
+                (Some(segment), Some(want)) if same(segment, want) => continue,
+                (None, None) => break true,
+                _ => break false,
+            }
+        };
+    }
     let segments = normalized_segments(path);
     segments.len() == expected.len()
         && segments
             .iter()
             .zip(expected)
-            .all(|(segment, expected)| segment.eq_ignore_ascii_case(expected))
+            .all(|(segment, expected)| same(segment, expected))
 }
 
 /// The parameters of `segments` (a path's [normalized
@@ -391,6 +423,27 @@ mod tests {
     }
 
     proptest! {
+        /// The borrowed reading of a plain path says what the full
+        /// normalisation says, for any path: the shortcut changes no route.
+        #[test]
+        fn route_checks_read_any_path_as_normalising_it_does(
+            path in "(/|//|\\.|\\.\\.|%2[eEfF]|%63|chat|CHAT|completions|Completions|api|v1|x){0,12}",
+        ) {
+            let segments = normalized_segments(&path);
+            let chat = matches!(
+                segments.as_slice(),
+                [.., chat, completions]
+                    if chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+            );
+            prop_assert_eq!(is_chat_completions_call(&Method::POST, &path), chat);
+            #[cfg(any(feature = "leaks", feature = "oauth"))]
+            for expected in [&["api", "v1", "chat", "completions"][..], &["chat"][..], &[][..]] {
+                let same = segments.len() == expected.len()
+                    && segments.iter().zip(expected).all(|(a, b)| a.eq_ignore_ascii_case(b));
+                prop_assert_eq!(path_is(&path, expected), same, "{:?} against {:?}", path, expected);
+            }
+        }
+
         #[test]
         fn a_pattern_matches_every_path_it_describes(
             parts in proptest::collection::vec(("[a-zA-Z]{1,5}", any::<bool>()), 0..6),

@@ -361,7 +361,14 @@ pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
 /// The usage of an object's `usage` member, by the rules of [`usage_of`]
 /// (a repeated `usage` is none).
 pub(super) fn usage_in(object: &JsonObject<'_>) -> Option<Usage> {
-    let usage = serde_json::from_str::<UsageFields>(object.get("usage").ok()??).ok()?;
+    let raw = object.get("usage").ok()??;
+    // Only an object counts; the usual other value, a stream chunk's
+    // `"usage": null`, is not handed to serde_json, whose refusal would
+    // format a message each time.
+    if !raw.trim_start().starts_with('{') {
+        return None;
+    }
+    let usage = serde_json::from_str::<UsageFields>(raw).ok()?;
     Usage::from_fields(
         usage.prompt_tokens.as_ref(),
         usage.completion_tokens.as_ref(),

@@ -139,12 +139,11 @@ where
         let route = route_class(uri.path());
         let span = tracing::info_span!(
             "request",
-            // Display, not Debug: these are plain (checked) characters,
-            // nothing for a formatter to escape.
-            request_id = %id.to_str().unwrap_or("-"),
-            trace_id = %trace.trace_id(),
-            %method,
-            %route,
+            // Strings, recorded as they are: no formatter runs for them.
+            request_id = id.to_str().unwrap_or("-"),
+            trace_id = trace.trace_id(),
+            method = method.as_str(),
+            route,
             key = tracing::field::Empty,
             account = tracing::field::Empty,
             model = tracing::field::Empty,
@@ -219,7 +218,7 @@ where
                     .map(|prefix| prefix.as_str());
                 tracing::info!(
                     target: "modelgate::access",
-                    %method,
+                    method = method.as_str(),
                     path = uri.path(),
                     key = key.unwrap_or("-"),
                     model = fields.model.as_deref().unwrap_or("-"),
