@@ -187,8 +187,21 @@ pub fn init_logging() -> LogGuard {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
-    let filter =
+    use modelgate::credit::GEN_AI_SPAN_TARGET;
+    use tracing_subscriber::Layer as _;
+
+    #[cfg(feature = "otel")]
+    let otel_endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
+    #[cfg(not(feature = "otel"))]
+    let otel_endpoint: Option<String> = None;
+    let mut filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if otel_endpoint.is_none() {
+        // The model-call spans are for an OpenTelemetry backend: without
+        // one, none is made at all.
+        let off = format!("{GEN_AI_SPAN_TARGET}=off");
+        filter = filter.add_directive(off.parse().expect("a valid directive"));
+    }
     let (writer, guard) = BatchedStderr::start();
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
@@ -207,9 +220,14 @@ pub fn init_logging() -> LogGuard {
                     .fmt_fields(plain_log::PlainFields),
             )
         };
+    // The log keeps to its own lines: a model call's span goes to the
+    // exporter only.
+    let fmt = fmt.with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
+        metadata.target() != GEN_AI_SPAN_TARGET
+    }));
     let registry = tracing_subscriber::registry().with(filter).with(fmt);
     #[cfg(feature = "otel")]
-    if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+    if let Some(endpoint) = otel_endpoint {
         let traces = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
         match modelgate::telemetry::otel::otlp_layer("modelgate", &traces) {
             Ok((layer, provider)) => {

@@ -299,6 +299,7 @@ mod tests {
             pending: pending.clone(),
             renewal: None,
             generation: None,
+            span: tracing::Span::none(),
         }
     }
 

@@ -69,6 +69,9 @@ pub(crate) struct Meter {
     pub(crate) renewal: Option<Arc<RenewalTicket>>,
     /// What the request's generation record needs, when one is kept.
     pub(crate) generation: Option<Box<GenerationContext>>,
+    /// The call's `chat` span: its usage is recorded at settlement, and it
+    /// ends there.
+    pub(crate) span: tracing::Span,
 }
 
 impl std::fmt::Debug for Meter {
@@ -145,8 +148,10 @@ impl Meter {
     /// Redis with the account's next ledger call (see [`GroupCommit`]),
     /// then again with backoff should it fail. Pending until recorded (see
     /// [`PendingSettlements`]).
-    pub(crate) fn settle_in_background(self, usage: Option<Usage>, ending: Ending) {
+    pub(crate) fn settle_in_background(mut self, usage: Option<Usage>, ending: Ending) {
         let settlement = self.settlement(usage, ending);
+        // The call ends here, however long its settlement takes to record.
+        drop(std::mem::replace(&mut self.span, tracing::Span::none()));
         let tracked = self.pending.track(&settlement);
         self.retry_in_background(settlement, tracked, Duration::ZERO);
     }
@@ -189,12 +194,16 @@ impl Meter {
             .generation
             .as_ref()
             .filter(|_| ending != Ending::NotSent);
+        let tokens = match (usage, self.streamed_tokens) {
+            (Some(usage), _) => Some((usage.prompt_tokens, usage.completion_tokens)),
+            (None, Some(streamed)) => Some((self.prompt_tokens, streamed)),
+            (None, None) => None,
+        };
+        if let Some((prompt, completion)) = tokens.filter(|_| !self.span.is_none()) {
+            self.span.record("gen_ai.usage.input_tokens", prompt);
+            self.span.record("gen_ai.usage.output_tokens", completion);
+        }
         let record = generated.map(|generation| {
-            let tokens = match (usage, self.streamed_tokens) {
-                (Some(usage), _) => Some((usage.prompt_tokens, usage.completion_tokens)),
-                (None, Some(streamed)) => Some((self.prompt_tokens, streamed)),
-                (None, None) => None,
-            };
             generation.finish(
                 &self.account,
                 &self.key,

@@ -79,6 +79,13 @@
 //! for the upstream client to send instead of the gateway's own key. Only
 //! the providers [`CreditGuardLayer::byok_providers`] names are looked up.
 //!
+//! Each admitted request is a call to a model: a `chat` span (target
+//! [`GEN_AI_SPAN_TARGET`]) in OpenTelemetry's GenAI semantic conventions
+//! lasts from its admission to its settlement, named `chat <model>`, of
+//! client kind, with `gen_ai.provider.name`, `gen_ai.request.model`,
+//! `gen_ai.response.model`, `gen_ai.request.max_tokens` and the charged
+//! `gen_ai.usage.input_tokens` / `gen_ai.usage.output_tokens`.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use bytes::Bytes;
@@ -160,6 +167,7 @@ pub use pricing::{
     MAX_CREDITS_PER_MILLION_TOKENS,
 };
 pub use service::{
-    estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard, MESSAGE_OVERHEAD_TOKENS,
+    estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard, GEN_AI_SPAN_TARGET,
+    MESSAGE_OVERHEAD_TOKENS,
 };
 pub use usage::{BodyKind, Usage, UsageScanner};

@@ -130,6 +130,7 @@ where
         let charge = Charge {
             generation,
             principal: principal.clone(),
+            model: chat.model.clone(),
             prompt_tokens: prompt.tokens,
             likely_prompt_tokens: prompt.likely_tokens,
             unbounded_prompt: prompt.unbounded,
@@ -415,6 +416,8 @@ pub fn estimate_max_cost_nanos(
 /// What admission needs to know of one chat request.
 struct Charge {
     principal: Principal,
+    /// The model asked of the upstream, as the request names it.
+    model: String,
     /// What the request's generation record starts from, when kept.
     generation: Option<Box<GenerationContext>>,
     /// The model's provider, as the request spells it.
@@ -626,6 +629,8 @@ async fn decide(
             // Granted: renewed from now on, until its settlement is recorded.
             let meter = pending.take().map(|meter| Meter {
                 hold_granted: true,
+                // Only an admitted request is a call to a model.
+                span: chat_span(&charge),
                 renewal: Some(Arc::new(config.renewals.track(
                     &meter.account,
                     &meter.key,
@@ -647,6 +652,47 @@ async fn decide(
             ErrorKind::Internal,
             "the store refused the request without saying which limit; retry",
         )),
+    }
+}
+
+/// The span of a call to a model, in OpenTelemetry's GenAI semantic
+/// conventions (`gen_ai.*`; a tracing backend shows it as a model call,
+/// named `chat <model>`, of client kind), a child of the current span. Its
+/// usage is recorded when the request settles, and it ends then. Its
+/// target is [`GEN_AI_SPAN_TARGET`], for subscribers to keep it or not.
+fn chat_span(charge: &Charge) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: GEN_AI_SPAN_TARGET,
+        "chat",
+        otel.name = %ChatSpanName(&charge.model),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = charge.provider.as_str(),
+        gen_ai.request.model = charge.model.as_str(),
+        // What the client reads: the gateway names the served model in
+        // every answer.
+        gen_ai.response.model = charge.model.as_str(),
+        gen_ai.request.max_tokens = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+    );
+    if let Some(max_tokens) = charge.client_bound_tokens {
+        span.record("gen_ai.request.max_tokens", max_tokens);
+    }
+    span
+}
+
+/// The target of CreditGuard's `chat` spans (see [`CreditGuard`]): a log
+/// that wants only its own lines filters it out; an OpenTelemetry exporter
+/// keeps it.
+pub const GEN_AI_SPAN_TARGET: &str = "modelgate::gen_ai";
+
+/// `chat <model>`, written when a subscriber reads it.
+struct ChatSpanName<'a>(&'a str);
+
+impl std::fmt::Display for ChatSpanName<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "chat {}", self.0)
     }
 }
 
@@ -708,6 +754,7 @@ fn hold_request(
         streamed_tokens: None,
         pending: config.pending.clone(),
         renewal: None,
+        span: tracing::Span::none(),
         generation: charge.generation.clone(),
     };
     (reservation, meter)
@@ -1055,6 +1102,7 @@ mod tests {
             },
             generation: None,
             provider: "a".to_owned(),
+            model: "a/b".to_owned(),
             prompt_tokens: count.tokens,
             likely_prompt_tokens: count.likely_tokens,
             unbounded_prompt: count.unbounded.clone(),
