@@ -7,6 +7,9 @@
 //! cargo run --release --example proxy -- reset-operator-key --store sqlite:PATH|redis://…
 //! ```
 //!
+//! `proxy --help` lists every flag with its default, the commands and the
+//! environment variables.
+//!
 //! - `--listen`: where to serve (default `127.0.0.1:8080`).
 //! - `--admin-listen`: where `/metrics` (Prometheus), `/healthz` and
 //!   `/readyz` are served (default `127.0.0.1:9091`, loopback only).
@@ -20,8 +23,9 @@
 //!   directory), `memory` (lost when the process stops), or a Redis URL
 //!   (`redis://127.0.0.1:6379`, `rediss://…`) for many machines.
 //! - `--redis URL`: the same as `--store URL`.
-//! - `--bare true`: the upstream client with no layer at all, the
-//!   baseline `bench/load.sh` compares against.
+//! - `--bare` (or `--bare true`): the upstream client with no layer at all,
+//!   the baseline `bench/load.sh` compares against; it warns that no key
+//!   is checked.
 //! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`); its
 //!   `plugins.entries.webhooks` routes are served too, and every SecretRef
 //!   in it reads from its `secrets.providers`.
@@ -48,8 +52,6 @@
 
 #[path = "support/admin.rs"]
 mod admin;
-#[path = "support/args.rs"]
-mod args;
 #[path = "support/mock.rs"]
 mod mock;
 #[path = "support/serve.rs"]
@@ -77,10 +79,88 @@ use tokio::net::TcpListener;
 /// requests (a store outage shorter than this loses nothing).
 const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
-const USAGE: &str = "usage: proxy [--listen ADDR] [--admin-listen ADDR] [--upstream URL] [--store memory|sqlite:PATH|redis://…] [--redis URL] [--config FILE] [--bare true]
-       proxy keygen                           print a new key for MODELGATE_ADMIN_KEY
-       proxy reset-operator-key --store S     disable every operator key, print a new one
-       proxy migrate-store --redis URL        move a store an older version wrote to this version's layout";
+/// The environment the proxy reads, shown under `--help`.
+const ENVIRONMENT: &str = "Environment:
+  MODELGATE_ADMIN_KEY          the operator's key (make one with `proxy keygen`); unset, a
+                               store without one gets a new one, printed once
+  RUST_LOG                     what is logged (default: info), e.g. RUST_LOG=debug
+  OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP there, e.g. http://127.0.0.1:4318
+                               (with the otel feature, on by default)
+  the variable the config's upstream.api_key_env (or a provider's) names
+                               the upstream's key";
+
+/// modelgate's gateway: every layer in front of an OpenAI-compatible
+/// upstream, serving `http://ADDR/api/v1` to any OpenAI-style client.
+#[derive(clap::Parser)]
+#[command(name = "proxy", after_help = ENVIRONMENT, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeFlags,
+}
+
+#[derive(clap::Args)]
+struct ServeFlags {
+    /// Where to serve.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Where /metrics (Prometheus), /healthz and /readyz are served.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9091")]
+    admin_listen: SocketAddr,
+    /// The upstream's base URL, such as https://api.openai.com/v1 (its key
+    /// from the config's upstream.api_key_env) [default: the config's
+    /// upstream.base_url, else a built-in mock upstream]
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+    #[command(flatten)]
+    store: StoreFlags,
+    /// The gateway's JSON configuration (prices, rate limits, providers, …).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// The upstream client alone: no key is checked and no limit holds.
+    /// Only the baseline bench/load.sh measures against.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    bare: bool,
+}
+
+/// Where the state lives.
+#[derive(clap::Args)]
+struct StoreFlags {
+    /// memory (lost on stop), sqlite:PATH (one file on this machine, kept
+    /// across restarts) or a Redis URL (redis://…, rediss://…) shared by
+    /// many machines [default: sqlite:modelgate.db]
+    #[arg(long, value_name = "STORE")]
+    store: Option<String>,
+    /// The same as --store URL.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+}
+
+impl StoreFlags {
+    fn location(&self) -> Result<modelgate::store::StoreLocation, String> {
+        serve::store_location(self.store.as_deref(), self.redis.as_deref())
+    }
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Print a new well-formed key, for MODELGATE_ADMIN_KEY; touches no store.
+    Keygen,
+    /// Disable every operator key in the store and print one new key, once
+    /// (when the operator's key is lost or leaked).
+    ResetOperatorKey {
+        #[command(flatten)]
+        store: StoreFlags,
+    },
+    /// Move a Redis store an older version wrote to this version's layout;
+    /// run once, with the older instances stopped.
+    MigrateStore {
+        /// The Redis to migrate.
+        #[arg(long, value_name = "URL")]
+        redis: String,
+    },
+}
 
 /// The name of the operator's keys the proxy makes.
 const OPERATOR_KEY_NAME: &str = "operator";
@@ -102,33 +182,27 @@ async fn main() {
 }
 
 async fn run() -> Result<(), String> {
-    let (command, arguments) = args::Args::command();
-    match command.as_deref() {
-        // No command: every argument is a flag of the gateway.
-        None => serve_gateway().await,
-        Some("keygen") => keygen(arguments),
-        Some("reset-operator-key") => reset_operator_key(arguments).await,
-        Some("migrate-store") => migrate_store(arguments).await,
-        Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
+    // A bad flag is a usage error: clap says which, with the usage, and
+    // exits 2; `--help` lists every flag with its default.
+    let cli = <Cli as clap::Parser>::parse();
+    match cli.command {
+        None => serve_gateway(cli.serve).await,
+        Some(Command::Keygen) => {
+            println!("{}", ApiKey::generate().expose());
+            Ok(())
+        }
+        Some(Command::ResetOperatorKey { store }) => reset_operator_key(store.location()?).await,
+        Some(Command::MigrateStore { redis }) => migrate_store(&redis).await,
     }
-}
-
-/// `proxy keygen`: a new key, for `MODELGATE_ADMIN_KEY`; no store.
-fn keygen(arguments: Vec<String>) -> Result<(), String> {
-    args::Args::parse_from(arguments, &[], USAGE)?;
-    println!("{}", ApiKey::generate().expose());
-    Ok(())
 }
 
 /// `proxy reset-operator-key --store S`: every operator key in the store
 /// disabled, one new one printed once.
-async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
-    let args = args::Args::parse_from(arguments, &["store", "redis"], USAGE)?;
-    let location = serve::store_location(&args)?;
+async fn reset_operator_key(location: modelgate::store::StoreLocation) -> Result<(), String> {
     if location == modelgate::store::StoreLocation::Memory {
-        return Err(format!(
-            "reset-operator-key changes the store the proxies keep their keys in: name it with --store sqlite:PATH or --redis URL (a proxy on --store memory keeps its keys in memory; restart it instead)\n{USAGE}"
-        ));
+        return Err(
+            "reset-operator-key changes the store the proxies keep their keys in: name it with --store sqlite:PATH or --redis URL (a proxy on --store memory keeps its keys in memory; restart it instead)".to_owned()
+        );
     }
     let store = serve::open_store(&location, &Default::default()).await?;
     let (key, disabled) = KeyDirectory::new(store)
@@ -145,13 +219,7 @@ async fn reset_operator_key(arguments: Vec<String>) -> Result<(), String> {
 
 /// `proxy migrate-store --redis URL`: a store in an older layout moved to
 /// this version's, once, with every older instance stopped.
-async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
-    let args = args::Args::parse_from(arguments, &["redis"], USAGE)?;
-    let Some(url) = args.get("redis") else {
-        return Err(format!(
-            "migrate-store moves the data of a shared store: name it with --redis URL\n{USAGE}"
-        ));
-    };
+async fn migrate_store(url: &str) -> Result<(), String> {
     let redis = serve::open_store_to_migrate(url).await?;
     let before = redis
         .layout()
@@ -224,29 +292,18 @@ async fn migrate_store(arguments: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve_gateway() -> Result<(), String> {
-    let args = args::Args::parse(
-        &[
-            "listen",
-            "admin-listen",
-            "upstream",
-            "store",
-            "redis",
-            "config",
-            "bare",
-        ],
-        USAGE,
-    )?;
-    let listen: SocketAddr =
-        args.parsed("listen", "127.0.0.1:8080".parse().expect("a valid address"))?;
-    let admin_listen: SocketAddr = args.parsed(
-        "admin-listen",
-        "127.0.0.1:9091".parse().expect("a valid address"),
-    )?;
+async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
+    let (listen, admin_listen) = (flags.listen, flags.admin_listen);
+    if flags.bare {
+        tracing::warn!(
+            "--bare: no key is checked and no limit holds; every request goes upstream on the gateway's credentials"
+        );
+    }
     let metrics = admin::install_recorder()?;
-    let config = match args.get("config") {
+    let config = match &flags.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let path = path.display();
+            let text = std::fs::read_to_string(path.to_string())
                 .map_err(|error| format!("cannot read --config {path}: {error}"))?;
             GatewayConfig::from_json(&text).map_err(|error| format!("{path}: {error}"))?
         }
@@ -256,12 +313,8 @@ async fn serve_gateway() -> Result<(), String> {
         synchronous_full: config.sqlite.synchronous == modelgate::proxy::SqliteSynchronous::Full,
         ..Default::default()
     };
-    let store = serve::open_store(&serve::store_location(&args)?, &sqlite).await?;
-    let base_url = match args
-        .get("upstream")
-        .map(str::to_owned)
-        .or(config.upstream.base_url.clone())
-    {
+    let store = serve::open_store(&flags.store.location()?, &sqlite).await?;
+    let base_url = match flags.upstream.clone().or(config.upstream.base_url.clone()) {
         Some(url) => url,
         None => {
             let url = mock::start(mock::MockConfig::default()).await;
@@ -274,7 +327,7 @@ async fn serve_gateway() -> Result<(), String> {
         .map_err(|error| error.to_string())?;
     let upstream = Upstream::new(&upstream_config).map_err(|error| error.to_string())?;
     // `--bare true`: the upstream client alone, no layer: the baseline of bench/load.sh.
-    let (service, settlements, app_ranking) = if args.parsed("bare", false)? {
+    let (service, settlements, app_ranking) = if flags.bare {
         (bare(upstream), PendingSettlements::default(), None)
     } else {
         let gateway = build_gateway(

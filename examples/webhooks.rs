@@ -73,7 +73,11 @@ async fn run() -> Result<(), String> {
             "{path}: the webhooks plugin is disabled (plugins.entries.webhooks.enabled)"
         ));
     }
-    let store = serve::open_store(&serve::store_location(&args)?, &Default::default()).await?;
+    let store = serve::open_store(
+        &serve::store_location(args.get("store"), args.get("redis"))?,
+        &Default::default(),
+    )
+    .await?;
     let (routes, _skipped) = resolve_routes(webhooks, &config.secrets, &ResolveLimits::default());
 
     let listener = TcpListener::bind(listen)

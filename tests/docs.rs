@@ -658,16 +658,22 @@ fn the_configuration_page_names_every_section_and_flag() {
     assert!(provider_names.contains("timeoutMs"), "{provider_names:?}");
     names.extend(provider_names);
 
-    let proxy = std::fs::read_to_string(root().join("examples/proxy.rs")).unwrap();
-    let flags = &proxy[proxy.find("args::Args::parse(").unwrap()..];
-    let flags = &flags[..flags.find(']').unwrap()];
-    let flags: Vec<String> = flags
-        .split('"')
-        .skip(1)
-        .step_by(2)
+    // Every flag `proxy --help` lists, but its own `--help`.
+    let help = Command::new(examples::binary("proxy"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let flags: Vec<String> = help
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("--"))
+        .filter_map(|rest| rest.split([' ', '=']).next())
+        .filter(|flag| *flag != "help")
         .map(|flag| format!("--{flag}"))
         .collect();
     assert!(flags.contains(&"--listen".to_owned()), "{flags:?}");
+    assert!(flags.contains(&"--bare".to_owned()), "{flags:?}");
     names.extend(flags);
     names.extend(["MODELGATE_ADMIN_KEY", "RUST_LOG"].map(str::to_owned));
     let missing = missing_from("docs/configuration.md", &names);

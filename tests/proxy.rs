@@ -289,7 +289,10 @@ async fn two_instances_on_one_redis_share_keys_and_limits() {
 #[test]
 fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
     for (args, words) in [
-        (vec!["--lisen", "127.0.0.1:0"], "unknown flag --lisen"),
+        (
+            vec!["--lisen", "127.0.0.1:0"],
+            "unexpected argument '--lisen'",
+        ),
         (vec!["--listen", "nowhere"], "--listen"),
         (
             vec!["--config", "/nonexistent/modelgate.json"],
@@ -311,6 +314,71 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
         assert!(stderr.contains(words), "{args:?}: {stderr}");
         assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
     }
+}
+
+#[test]
+fn help_lists_every_flag_with_its_default_the_commands_and_the_environment() {
+    let output = Command::new(common::examples::binary("proxy"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let help = String::from_utf8(output.stdout).unwrap();
+    for expected in [
+        "--listen <ADDR>",
+        "[default: 127.0.0.1:8080]",
+        "--admin-listen <ADDR>",
+        "[default: 127.0.0.1:9091]",
+        "--store <STORE>",
+        "[default: sqlite:modelgate.db]",
+        "--upstream <URL>",
+        "--redis <URL>",
+        "--config <FILE>",
+        "--bare",
+        "keygen",
+        "reset-operator-key",
+        "migrate-store",
+        "MODELGATE_ADMIN_KEY",
+        "RUST_LOG",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "upstream.api_key_env",
+    ] {
+        assert!(help.contains(expected), "{expected} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn bare_warns_that_no_key_is_checked() {
+    let mut child = Command::new(common::examples::binary("proxy"))
+        .args([
+            "--bare",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--store", "memory"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let warned = stderr
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("WARN"));
+        let _ = sender.send(warned);
+    });
+    let warned = receiver.recv_timeout(Duration::from_secs(30));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let warned = warned
+        .ok()
+        .flatten()
+        .expect("a warning within 30 s of the start");
+    assert!(warned.contains("--bare: no key is checked"), "{warned}");
 }
 
 #[tokio::test]

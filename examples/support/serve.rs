@@ -141,8 +141,8 @@ pub const DEFAULT_STORE_FILE: &str = "modelgate.db";
 /// Where the state lives: `--store` (`memory`, `sqlite:PATH`, a Redis
 /// URL), or `--redis URL` (the same as `--store URL`); in
 /// [`DEFAULT_STORE_FILE`] in the working directory when neither is given.
-pub fn store_location(args: &crate::args::Args) -> Result<StoreLocation, String> {
-    match (args.get("store"), args.get("redis")) {
+pub fn store_location(store: Option<&str>, redis: Option<&str>) -> Result<StoreLocation, String> {
+    match (store, redis) {
         (Some(_), Some(_)) => {
             Err("give --store or --redis, not both (--redis URL means --store URL)".to_owned())
         }
