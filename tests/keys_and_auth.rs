@@ -894,6 +894,37 @@ async fn every_refusal_is_a_401_with_its_own_message() {
             name,
         );
         assert_eq!(data["expires_at"], "2026-11-18T13:00:00.000Z");
+        // Its hint: the first and last few characters, no more.
+        let hint = format!("{}…{}", &key[..9], &key[key.len() - 4..]);
+        assert_eq!(data["hint"], hint.as_str(), "{name}");
+
+        // A later expiry brings it back; `null` makes it never expire.
+        let path = format!("/api/v1/keys/{}", data["hash"].as_str().unwrap());
+        let later = gateway
+            .manage(
+                "PATCH",
+                &path,
+                Some(json!({"expires_at": "2026-11-18T15:00:00Z"})),
+            )
+            .await;
+        assert_eq!(later.status, 200, "{name}: {:?}", later.body);
+        assert_eq!(later.body["data"]["expires_at"], "2026-11-18T15:00:00.000Z");
+        assert_eq!(chat_as(gateway.address, &key).await.status, 200, "{name}");
+        let past = gateway
+            .manage(
+                "PATCH",
+                &path,
+                Some(json!({"expires_at": "2026-11-18T12:30:00Z"})),
+            )
+            .await;
+        assert_eq!(past.status, 422, "{name}: a past expiry");
+        assert_eq!(past.body["error"]["metadata"]["param"], "expires_at");
+        let never = gateway
+            .manage("PATCH", &path, Some(json!({"expires_at": null})))
+            .await;
+        assert_eq!(never.body["data"]["expires_at"], Value::Null, "{name}");
+        gateway.clock.advance(Duration::from_secs(3 * 3600));
+        assert_eq!(chat_as(gateway.address, &key).await.status, 200, "{name}");
     }
 }
 

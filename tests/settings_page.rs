@@ -224,11 +224,18 @@ async fn sign_in(browser: &Browser, proxy: &ProxyProcess, key: &str) {
     assert!(!url.as_str().contains(key) && url.path() == "/settings");
 }
 
+/// What picks the row of the key named `name` (its name cell also shows
+/// the key's hint).
+fn key_row(name: &str) -> String {
+    format!("td/span[contains(concat(' ', @class, ' '), ' key-name ')][normalize-space()='{name}']")
+}
+
 /// The text of column `class` in the row of the key named `name`, or
 /// `None` while the table has no such row.
 async fn cell(browser: &Browser, name: &str, class: &str) -> Option<String> {
     let xpath = format!(
-        "//tbody[@id='key-rows']/tr[td[contains(concat(' ', @class, ' '), ' name ')][normalize-space()='{name}']]/td[contains(concat(' ', @class, ' '), ' {class} ')]"
+        "//tbody[@id='key-rows']/tr[{}]/td[contains(concat(' ', @class, ' '), ' {class} ')]",
+        key_row(name)
     );
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -377,8 +384,58 @@ async fn a_key_from_creation_to_deletion(
     })
     .await;
     assert_eq!(cell(browser, name, "usage-daily").await.unwrap(), "0");
+    // The row tells the key apart by its hint: its first and last
+    // characters, never more.
+    let hint = format!("{}…{}", &plaintext[..9], &plaintext[plaintext.len() - 4..]);
+    let name_cell = cell(browser, name, "name").await.unwrap();
+    assert_eq!(name_cell, format!("{name}\n{hint}"));
+    assert_eq!(cell(browser, name, "expires").await.unwrap(), "never");
     browser.click(Some("new-key"), "Done").await;
     browser.wait_shown("new-key", false).await;
+
+    // An expiry set in the editor shows in its column and holds in the
+    // API; cleared, the key never expires again.
+    edit(browser, name).await;
+    browser
+        .client
+        .execute(
+            "document.getElementById('edit-expires').value = '2099-06-01T12:00';",
+            vec![],
+        )
+        .await
+        .unwrap();
+    browser.click(Some("edit-key"), "Save").await;
+    wait_for_cell(browser, name, "expires", "the expiry", |text| {
+        text.is_some_and(|text| text.contains("2099"))
+    })
+    .await;
+    let record = api.key_named(manager, name).await.unwrap();
+    assert!(
+        record["expires_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2099-06-01"),
+        "{record}"
+    );
+    assert_eq!(record["hint"], hint.as_str());
+    edit(browser, name).await;
+    browser
+        .client
+        .execute(
+            "document.getElementById('edit-expires').value = '';",
+            vec![],
+        )
+        .await
+        .unwrap();
+    browser.click(Some("edit-key"), "Save").await;
+    wait_for_cell(browser, name, "expires", "never", |text| {
+        text == Some("never")
+    })
+    .await;
+    assert_eq!(
+        api.key_named(manager, name).await.unwrap()["expires_at"],
+        Value::Null
+    );
 
     // Used through the API; its usage shows once the cost has settled.
     let (status, body) = api.chat(&plaintext).await;
@@ -416,7 +473,8 @@ async fn a_key_from_creation_to_deletion(
     let bar = browser
         .client
         .find(fantoccini::Locator::XPath(&format!(
-            "//tbody[@id='key-rows']/tr[td[normalize-space()='{name}']]//progress"
+            "//tbody[@id='key-rows']/tr[{}]//progress",
+            key_row(name)
         )))
         .await
         .unwrap();

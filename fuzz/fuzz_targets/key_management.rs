@@ -41,8 +41,13 @@ fuzz_target!(|body: &[u8]| {
         }
         Err(error) => refused(error.status().as_u16()),
     }
-    match input::key_update(body) {
-        Ok(update) => assert!(update.name.is_none_or(|name| !name.is_empty())),
+    match input::key_update(body, now) {
+        Ok(update) => {
+            assert!(update.name.is_none_or(|name| !name.is_empty()));
+            assert!(update
+                .expires_at
+                .is_none_or(|expiry| expiry.is_none_or(|expires_at| expires_at > now)));
+        }
         Err(error) => refused(error.status().as_u16()),
     }
     match input::purchase_nanos(body) {

@@ -157,7 +157,7 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
     let checked = readable_key(directory, &call.principal, &hash)
         .await
         .map_err(refuse)??;
-    let update = input::key_update(call.body()?)?;
+    let update = input::key_update(call.body()?, call.now)?;
     match update.disabled {
         Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,
         Some(false) => refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
@@ -263,6 +263,13 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
     data.insert("created_at".into(), timestamp(Some(record.created_at)));
     data.insert("updated_at".into(), timestamp(record.updated_at));
     data.insert("expires_at".into(), timestamp(record.expires_at));
+    data.insert(
+        "hint".into(),
+        record
+            .hint
+            .as_ref()
+            .map_or(Value::Null, |hint| Value::from(hint.as_str())),
+    );
     data.insert("last_used_at".into(), timestamp(record.last_used_at));
     data.insert(
         "leak".into(),

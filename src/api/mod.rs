@@ -73,8 +73,11 @@
 //! key is not counted: it must still work while a tenant floods the API.
 //!
 //! Each key shows `last_used_at` (written at most once a minute, so it may
-//! lag that much) and `leak` (`null`, or when, where and by whom it was
-//! reported leaked).
+//! lag that much), `hint` (its first and last few characters,
+//! [`ApiKey::hint`](crate::keys::ApiKey::hint)) and `leak` (`null`, or
+//! when, where and by whom it was reported leaked). `PATCH` takes
+//! `{name?, disabled?, limit?, limit_reset?, include_byok_in_limit?,
+//! expires_at?}`; `expires_at: null` makes the key never expire.
 //!
 //! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
 //! Usage periods are UTC: the day, the week from Monday, the month. A key

@@ -272,6 +272,7 @@ impl KeyDirectory {
                 expires_at: new.expires_at,
                 last_used_at: None,
                 leak: None,
+                hint: Some(key.hint()),
             };
             // The ledger's terms first: a key is never live with terms the
             // ledger does not have.
@@ -330,6 +331,7 @@ impl KeyDirectory {
             expires_at: new.expires_at,
             last_used_at: None,
             leak: None,
+            hint: Some(key.hint()),
         };
         let outcome = self
             .inner

@@ -76,8 +76,9 @@ pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> 
     Ok(new)
 }
 
-/// The body of `PATCH /api/v1/keys/{hash}`.
-pub fn key_update(body: &[u8]) -> Result<KeyUpdate, GatewayError> {
+/// The body of `PATCH /api/v1/keys/{hash}`; `now` bounds `expires_at`
+/// (`null` clears it).
+pub fn key_update(body: &[u8], now: DateTime<Utc>) -> Result<KeyUpdate, GatewayError> {
     let mut fields = Fields::parse(
         body,
         &[
@@ -86,6 +87,7 @@ pub fn key_update(body: &[u8]) -> Result<KeyUpdate, GatewayError> {
             "limit",
             "limit_reset",
             "include_byok_in_limit",
+            "expires_at",
         ],
     )?;
     Ok(KeyUpdate {
@@ -99,6 +101,10 @@ pub fn key_update(body: &[u8]) -> Result<KeyUpdate, GatewayError> {
         include_byok_in_limit: fields
             .take("include_byok_in_limit")
             .map(|value| boolean("include_byok_in_limit", value))
+            .transpose()?,
+        expires_at: fields
+            .take("expires_at")
+            .map(|value| expiry(value, now))
             .transpose()?,
     })
 }
@@ -685,13 +691,34 @@ mod tests {
 
     #[test]
     fn an_update_tells_absent_from_null() {
-        let update = key_update(br#"{"limit": null, "disabled": true}"#).unwrap();
+        let update = key_update(br#"{"limit": null, "disabled": true}"#, now()).unwrap();
         assert_eq!(update.limit_nanos, Some(None));
         assert_eq!(update.limit_reset, None);
         assert_eq!(update.disabled, Some(true));
-        assert_eq!(key_update(b"{}").unwrap(), KeyUpdate::default());
-        assert_eq!(refusal(key_update(br#"{"account": "b"}"#)).1, "account");
-        assert_eq!(refusal(key_update(br#"{"disabled": "no"}"#)).0, 422);
+        assert_eq!(key_update(b"{}", now()).unwrap(), KeyUpdate::default());
+        assert_eq!(
+            refusal(key_update(br#"{"account": "b"}"#, now())).1,
+            "account"
+        );
+        assert_eq!(refusal(key_update(br#"{"disabled": "no"}"#, now())).0, 422);
+        // An expiry is set, moved or cleared; never put in the past.
+        let later = key_update(br#"{"expires_at": "2099-01-01T00:00:00Z"}"#, now()).unwrap();
+        assert_eq!(
+            later.expires_at,
+            Some(Some("2099-01-01T00:00:00Z".parse().unwrap()))
+        );
+        let cleared = key_update(br#"{"expires_at": null}"#, now()).unwrap();
+        assert_eq!(cleared.expires_at, Some(None));
+        assert_eq!(key_update(b"{}", now()).unwrap().expires_at, None);
+        let past = refusal(key_update(
+            br#"{"expires_at": "2001-01-01T00:00:00Z"}"#,
+            now(),
+        ));
+        assert_eq!((past.0, past.1.as_str()), (422, "expires_at"));
+        assert_eq!(
+            refusal(key_update(br#"{"expires_at": 5}"#, now())).1,
+            "expires_at"
+        );
     }
 
     #[test]
@@ -844,7 +871,7 @@ mod tests {
         #[test]
         fn no_body_panics_any_parser(body in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = new_key(&body, now());
-            let _ = key_update(&body);
+            let _ = key_update(&body, now());
             let _ = purchase_nanos(&body);
             let _ = byok_key(&body);
             if let Err(error) = leak_report(&body) {
@@ -855,7 +882,7 @@ mod tests {
 
         #[test]
         fn every_refusal_is_a_4xx(body in "\\{(\"(name|limit|limit_reset|account|expires_at|x)\": (null|1|-1|\"[a-z ]{0,6}\"|true|\\[\\]), ?){0,4}\\}") {
-            for result in [new_key(body.as_bytes(), now()).map(|_| ()), key_update(body.as_bytes()).map(|_| ())] {
+            for result in [new_key(body.as_bytes(), now()).map(|_| ()), key_update(body.as_bytes(), now()).map(|_| ())] {
                 if let Err(error) = result {
                     prop_assert!(error.status().is_client_error(), "{}", error);
                 }

@@ -112,7 +112,22 @@ impl ApiKey {
     pub fn hash(&self) -> KeyHash {
         KeyHash::of(&self.0)
     }
+
+    /// The key's first [`HINT_RANDOM_CHARS`] random characters after its
+    /// prefix and its last [`HINT_END_CHARS`] (`mg-v1-Ab3…x9Qz`): enough to
+    /// tell keys apart in a list, far too little to guess one (3 of its 43
+    /// random characters, and 4 of the checksum they make).
+    pub fn hint(&self) -> String {
+        let start = &self.0[..Self::PREFIX.len() + HINT_RANDOM_CHARS];
+        let end = &self.0[self.0.len() - HINT_END_CHARS..];
+        format!("{start}…{end}")
+    }
 }
+
+/// How many of a key's random characters its [hint](ApiKey::hint) shows.
+pub const HINT_RANDOM_CHARS: usize = 3;
+/// How many of a key's last characters its [hint](ApiKey::hint) shows.
+pub const HINT_END_CHARS: usize = 4;
 
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -271,6 +286,18 @@ impl fmt::Debug for KeyHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hint_shows_three_random_characters_and_the_last_four_only() {
+        let key = ApiKey::generate();
+        let hint = key.hint();
+        let text = key.expose();
+        assert_eq!(hint, format!("{}…{}", &text[..9], &text[text.len() - 4..]));
+        assert!(hint.starts_with(ApiKey::PREFIX));
+        // The prefix, 3 + 4 characters and the ellipsis.
+        assert_eq!(hint.chars().count(), ApiKey::PREFIX.len() + 3 + 1 + 4);
+        assert!(!hint.contains(&text[9..text.len() - 4]));
+    }
     use proptest::prelude::*;
     use std::collections::HashSet;
 

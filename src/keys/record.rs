@@ -74,6 +74,10 @@ pub struct KeyRecord {
     /// refused with 401 `leaked_key`.
     #[serde(default)]
     pub leak: Option<LeakReport>,
+    /// The key's [hint](crate::keys::ApiKey::hint), to tell keys apart;
+    /// none for a key recorded before hints were kept.
+    #[serde(default)]
+    pub hint: Option<String>,
 }
 
 /// Where and when a key was reported leaked, and by whom.
@@ -229,6 +233,8 @@ pub struct KeyUpdate {
     pub limit_reset: Option<Option<Period>>,
     /// Whether usage through the account's own provider keys counts.
     pub include_byok_in_limit: Option<bool>,
+    /// A new expiry: `Some(None)` makes the key never expire.
+    pub expires_at: Option<Option<DateTime<Utc>>>,
 }
 
 impl KeyUpdate {
@@ -248,6 +254,9 @@ impl KeyUpdate {
         }
         if let Some(include) = self.include_byok_in_limit {
             record.include_byok_in_limit = include;
+        }
+        if let Some(expires_at) = self.expires_at {
+            record.expires_at = expires_at;
         }
         record.updated_at = Some(now);
     }
@@ -285,6 +294,7 @@ mod tests {
             expires_at: None,
             last_used_at: None,
             leak: None,
+            hint: None,
         };
         let shown = format!(
             "{record:?} {:?}",

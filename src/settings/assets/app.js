@@ -292,7 +292,11 @@
     const rows = keys.map((key) => {
       const row = document.createElement('tr');
       row.dataset.hash = key.hash;
-      row.append(element('td', key.name, 'name'));
+      const name = element('td', null, 'name');
+      name.append(element('span', key.name, 'key-name'));
+      // Its first and last characters, to tell keys of one name apart.
+      if (key.hint) name.append(element('span', key.hint, 'hint help'));
+      row.append(name);
       const accountCell = element('td', key.account, 'operator-only');
       accountCell.hidden = !session.operator;
       row.append(accountCell);
@@ -302,6 +306,9 @@
       const lastUsed = element('td', key.last_used_at ? null : 'never', 'last-used');
       if (key.last_used_at) lastUsed.append(moment(key.last_used_at));
       row.append(lastUsed);
+      const expires = element('td', key.expires_at ? null : 'never', 'expires');
+      if (key.expires_at) expires.append(moment(key.expires_at));
+      row.append(expires);
 
       const limit = element('td', null, 'limit');
       if (key.limit === null) {
@@ -611,12 +618,21 @@
 
   // ---- editing a key ------------------------------------------------
 
+  // An instant as a datetime-local field shows it: local time, to the minute.
+  function localInput(iso) {
+    const when = new Date(iso);
+    const pad = (number) => String(number).padStart(2, '0');
+    return when.getFullYear() + '-' + pad(when.getMonth() + 1) + '-' + pad(when.getDate()) +
+      'T' + pad(when.getHours()) + ':' + pad(when.getMinutes());
+  }
+
   function fillEditor(key) {
     $('edit-key-title').textContent = 'Edit key “' + key.name + '”';
     $('edit-name').value = key.name;
     $('edit-limit').value = key.limit === null ? '' : String(key.limit);
     $('edit-reset').value = key.limit_reset || '';
     $('edit-byok').checked = Boolean(key.include_byok_in_limit);
+    $('edit-expires').value = key.expires_at ? localInput(key.expires_at) : '';
     const disabled = $('edit-disabled');
     disabled.checked = Boolean(key.disabled);
     // A leaked key cannot be enabled again (the API answers 422): the
@@ -663,6 +679,11 @@
       limit_reset: $('edit-reset').value || null,
       include_byok_in_limit: $('edit-byok').checked,
     };
+    // Sent only when changed: an expiry shown to the minute, saved again
+    // unchanged, would move it to that minute.
+    const expires = expiresField($('edit-expires'));
+    const shown = key.expires_at ? localInput(key.expires_at) : '';
+    if ($('edit-expires').value !== shown) update.expires_at = expires;
     // A leaked key and the key in use keep their state (see fillEditor).
     if (!key.leak && !key.current) update.disabled = $('edit-disabled').checked;
     if (!update.name) throw new Error('Name must not be empty.');
