@@ -1889,3 +1889,105 @@ async fn key_routes_fail_closed_when_the_key_is_cached_but_the_store_is_down() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_rotated_key_works_for_its_grace_then_only_its_successor_does() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (old_key, old) = create(
+            &gateway,
+            json!({"name": "ci", "limit": 5, "limit_reset": "weekly", "expires_at": "2027-01-01T00:00:00Z"}),
+        )
+        .await;
+        let path = format!("/api/v1/keys/{}/rotate", old["hash"].as_str().unwrap());
+        let rotated = gateway
+            .manage("POST", &path, Some(json!({"grace_seconds": 60})))
+            .await;
+        assert_eq!(rotated.status, 201, "{name}: {:?}", rotated.body);
+        let new_key = rotated.body["key"].as_str().unwrap().to_owned();
+        let new = &rotated.body["data"];
+        ApiKey::parse(&new_key).unwrap();
+        assert_ne!(new["hash"], old["hash"], "{name}");
+        // The successor carries the old key's terms.
+        for field in [
+            "name",
+            "account",
+            "limit",
+            "limit_reset",
+            "expires_at",
+            "management",
+        ] {
+            assert_eq!(new[field], old[field], "{name}: {field}");
+        }
+        assert_eq!(rotated.body["rotated"]["hash"], old["hash"]);
+        assert_eq!(
+            rotated.body["rotated"]["expires_at"], "2026-11-18T12:01:00.000Z",
+            "{name}: the grace ends a minute on"
+        );
+
+        // Both work during the grace.
+        assert_eq!(
+            chat_as(gateway.address, &old_key).await.status,
+            200,
+            "{name}"
+        );
+        assert_eq!(
+            chat_as(gateway.address, &new_key).await.status,
+            200,
+            "{name}"
+        );
+        // A key is rotated once.
+        let again = gateway.manage("POST", &path, None).await;
+        assert_refused(&again, 409, "already_rotated", name);
+
+        // After it, the old key is refused as rotated; the new one works.
+        gateway.clock.advance(Duration::from_secs(61));
+        assert_refused(
+            &chat_as(gateway.address, &old_key).await,
+            401,
+            "rotated_key",
+            name,
+        );
+        assert_eq!(
+            chat_as(gateway.address, &new_key).await.status,
+            200,
+            "{name}"
+        );
+
+        // A disabled key is not rotated; nor is an unknown one.
+        let (_, off) = create(&gateway, json!({"name": "off"})).await;
+        let off_path = format!("/api/v1/keys/{}", off["hash"].as_str().unwrap());
+        gateway
+            .manage("PATCH", &off_path, Some(json!({"disabled": true})))
+            .await;
+        let refused = gateway
+            .manage("POST", &format!("{off_path}/rotate"), None)
+            .await;
+        assert_refused(&refused, 422, "disabled_key", name);
+        let unknown = gateway
+            .manage(
+                "POST",
+                &format!("/api/v1/keys/{}/rotate", "ab".repeat(32)),
+                None,
+            )
+            .await;
+        assert_eq!(unknown.status, 404, "{name}");
+        let bad = gateway
+            .manage("POST", &path, Some(json!({"grace_seconds": -5})))
+            .await;
+        assert_eq!(bad.status, 422, "{name}");
+        // The operator's key lives in MODELGATE_ADMIN_KEY: not rotated here.
+        let operator = gateway
+            .manage(
+                "POST",
+                &format!(
+                    "/api/v1/keys/{}/rotate",
+                    KeyHash::of(&gateway.admin).to_hex()
+                ),
+                None,
+            )
+            .await;
+        assert_refused(&operator, 422, "operator_key", name);
+    }
+}

@@ -460,6 +460,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         last_used_at: None,
         leak: None,
         hint: None,
+        rotated_to: None,
     };
     old.put_json(KEYS, &record.hash, &record, Expect::Absent)
         .await

@@ -560,6 +560,110 @@ async fn the_operator_manages_a_key_on_the_page() {
     browser.close().await;
 }
 
+/// Rotate gives a key's successor, shown once as a new key is; the old
+/// key keeps working for its grace and shows as replaced; a replaced key
+/// offers no second rotation.
+#[tokio::test]
+async fn a_key_is_rotated_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    api.top_up(admin, "default", 10.0).await;
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+    sign_in(&browser, &proxy, admin).await;
+    browser.watch_csp().await;
+
+    browser.fill("create-key", "Name", "deploy").await;
+    browser.fill("create-key", "Credit limit", "2").await;
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let old = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    browser.click(Some("new-key"), "Done").await;
+    browser.wait_shown("new-key", false).await;
+    let before = api.key_named(admin, "deploy").await.unwrap();
+
+    click_path(
+        &browser,
+        "//tbody[@id='key-rows']//button[@aria-label='Rotate key deploy']",
+        "Rotate for deploy",
+    )
+    .await;
+    browser.wait_shown("new-key", true).await;
+    let new = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(new.starts_with("mg-v1-") && new != old, "{new}");
+    browser
+        .wait_for_text("message", "the old key's grace", |text| {
+            text.contains("Rotated the key “deploy”") && text.contains("The old key works until")
+        })
+        .await;
+    browser.click(Some("new-key"), "Done").await;
+
+    // Two rows of that name now: the old one replaced, both working.
+    let (status, listed) = api
+        .send(reqwest::Method::GET, "/api/v1/keys", admin, None)
+        .await;
+    assert_eq!(status, 200);
+    let named: Vec<&Value> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|key| key["name"] == "deploy")
+        .collect();
+    assert_eq!(named.len(), 2, "{listed}");
+    let successor = named
+        .iter()
+        .find(|key| key["hash"] != before["hash"])
+        .unwrap();
+    assert_eq!(successor["limit"], before["limit"]);
+    let replaced = named
+        .iter()
+        .find(|key| key["hash"] == before["hash"])
+        .unwrap();
+    assert_eq!(replaced["rotated_to"], successor["hash"]);
+    let replaced_row = format!(
+        "//tbody[@id='key-rows']/tr[@data-hash='{}']",
+        before["hash"].as_str().unwrap()
+    );
+    let badge = browser
+        .client
+        .wait()
+        .for_element(fantoccini::Locator::XPath(&format!(
+            "{replaced_row}//span[contains(@class, 'rotating')]"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(badge.text().await.unwrap(), "replaced");
+    let offered = browser
+        .client
+        .find_all(fantoccini::Locator::XPath(&format!(
+            "{replaced_row}//button[starts-with(@aria-label, 'Rotate')]"
+        )))
+        .await
+        .unwrap();
+    assert!(offered.is_empty(), "a replaced key is rotated once");
+    for key in [&old, &new] {
+        let (status, body) = api.chat(key).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(browser.csp_violations().await, json!([]));
+    browser.close().await;
+}
+
 /// An account's own management key: sees its account's balance, free tier
 /// and free-model requests, and manages that account's keys.
 ///
@@ -665,7 +769,7 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     assert!(
         note.contains("the key you are signed in with")
             && note.contains("cannot disable or delete itself")
-            && note.contains("create a new key, sign in with it, then delete this one"),
+            && note.contains("Rotate it: the new key works at once and this one for an hour more"),
         "{note}"
     );
     let disabled_switch = browser.by_id("edit-disabled").await;

@@ -59,6 +59,7 @@ pub fn chat(account: &str, model: &str, stream: bool) -> Request<Full<Bytes>> {
         key_limit: None,
         include_byok_in_limit: false,
         expires_at: None,
+        rotated: false,
     });
     context.chat = Some(ChatRequest::parse(body.as_bytes()).unwrap());
     request

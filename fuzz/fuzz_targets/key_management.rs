@@ -50,6 +50,10 @@ fuzz_target!(|body: &[u8]| {
         }
         Err(error) => refused(error.status().as_u16()),
     }
+    match input::rotation_grace(body) {
+        Ok(grace) => assert!(grace.as_secs() <= input::MAX_ROTATION_GRACE_SECONDS),
+        Err(error) => refused(error.status().as_u16()),
+    }
     match input::purchase_nanos(body) {
         Ok(nanos) => assert!(nanos > 0 && nanos <= MAX_CREDITS * NANOS_PER_CREDIT),
         Err(error) => refused(error.status().as_u16()),

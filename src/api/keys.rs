@@ -13,7 +13,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::keys::credits::nanos_to_json;
 use crate::keys::input::{self, unknown_account};
 use crate::keys::{
-    report_leak, KeyDirectory, KeyRecord, LeakOutcome, LeakReport, DEFAULT_ACCOUNT,
+    report_leak, KeyDirectory, KeyRecord, LeakOutcome, LeakReport, RotateOutcome, DEFAULT_ACCOUNT,
     MODELGATE_TOKEN_TYPE,
 };
 use crate::store::{KeyUsage, StoreError};
@@ -169,6 +169,73 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
     key_answer(&call, record).await
 }
 
+/// `POST /api/v1/keys/{hash}/rotate {grace_seconds?}`: 201 with a new key
+/// of the same name, account, limit, reset and expiry (shown once), the
+/// old one working for the grace. The calling key may rotate itself: its
+/// grace keeps the caller signed in while it moves over.
+pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
+    let hash = path_hash(call.param(0))?;
+    let directory = call.directory();
+    let grace = input::rotation_grace(call.body()?)?;
+    let record = match readable_key(directory, &call.principal, &hash)
+        .await
+        .map_err(refuse)??
+    {
+        Some(record) => record,
+        None => {
+            directory
+                .get(&hash)
+                .await
+                .map_err(refuse)?
+                .ok_or_else(no_such_key)?
+                .value
+        }
+    };
+    if record.leak.is_some() {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "this key was reported leaked and is disabled for good: create a new key and delete this one",
+        )
+        .with_metadata("reason", "leaked_key"));
+    }
+    if record.disabled {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "this key is disabled: enable it first, or create a new key",
+        )
+        .with_metadata("reason", "disabled_key"));
+    }
+    // The operator's key lives in MODELGATE_ADMIN_KEY, which a rotation
+    // here would leave naming a key that stops.
+    if record.is_operator() {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "the operator's key is not rotated here: make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then delete this one with the new key",
+        )
+        .with_metadata("reason", "operator_key"));
+    }
+    match directory.rotate_key(&hash, grace).await.map_err(refuse)? {
+        RotateOutcome::Rotated {
+            key,
+            record,
+            previous,
+        } => Ok(created(json!({
+            "key": key.expose(),
+            "data": key_json(&record, &KeyUsage::default(), false),
+            "rotated": {
+                "hash": previous.hash,
+                "expires_at": timestamp(previous.expires_at),
+            },
+        }))),
+        RotateOutcome::AlreadyRotated(_) => Err(GatewayError::new(
+            ErrorKind::Conflict,
+            "this key was rotated already: rotate the key that replaced it",
+        )
+        .with_metadata("reason", "already_rotated")),
+        RotateOutcome::NoSuchKey => Err(no_such_key()),
+    }
+}
+
 /// `DELETE /api/v1/keys/{hash}`: `{"deleted": true}`; not the calling key.
 pub(crate) async fn delete_key(call: Call) -> Result<Answer, GatewayError> {
     let hash = path_hash(call.param(0))?;
@@ -269,6 +336,13 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
             .hint
             .as_ref()
             .map_or(Value::Null, |hint| Value::from(hint.as_str())),
+    );
+    data.insert(
+        "rotated_to".into(),
+        record
+            .rotated_to
+            .as_ref()
+            .map_or(Value::Null, |hash| Value::from(hash.as_str())),
     );
     data.insert("last_used_at".into(), timestamp(record.last_used_at));
     data.insert(
@@ -395,7 +469,7 @@ fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(
     let rotate = if principal.operator {
         "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`"
     } else {
-        "To rotate it, create a new key, switch to it, then disable or delete this one with the new key"
+        "To replace it, rotate it (POST /api/v1/keys/{hash}/rotate): its successor works at once, and this key for the grace, time to switch to the new one"
     };
     Err(GatewayError::new(
         ErrorKind::Conflict,

@@ -39,6 +39,7 @@ const MATRIX: &[(&str, &str, &str)] = &[
     ("PATCH", "/api/v1/keys/{hash}", "OMX"),
     ("DELETE", "/api/v1/keys/{hash}", "OMX"),
     ("POST", "/api/v1/keys/{hash}/leaked", "OMX"),
+    ("POST", "/api/v1/keys/{hash}/rotate", "OMX"),
     #[cfg(feature = "oauth")]
     ("POST", "/api/v1/auth/keys/code", "OMX"),
     ("GET", "/api/v1/accounts", "OMX"),

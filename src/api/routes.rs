@@ -169,6 +169,13 @@ pub(crate) static ROUTES: &[Route] = &[
         management_key_message: None,
         handler: |call| Box::pin(keys::report_leaked(call)),
     },
+    Route {
+        path: "/api/v1/keys/{hash}/rotate",
+        methods: &[Method::POST],
+        caller: Caller::Manager,
+        management_key_message: None,
+        handler: |call| Box::pin(keys::rotate_key(call)),
+    },
     #[cfg(feature = "oauth")]
     Route {
         path: "/api/v1/auth/keys/code",

@@ -101,4 +101,4 @@ pub use crate::context::Principal;
 pub use service::BearerAuth;
 #[cfg(test)]
 pub(crate) use service::API_PATHS;
-pub(crate) use service::{expired_key, leaked_key};
+pub(crate) use service::{leaked_key, past_expiry};

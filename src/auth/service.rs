@@ -187,6 +187,7 @@ pub(crate) const API_PATHS: &[&str] = &[
     "/api/v1/keys",
     "/api/v1/keys/{hash}",
     "/api/v1/keys/{hash}/leaked",
+    "/api/v1/keys/{hash}/rotate",
     #[cfg(feature = "oauth")]
     "/api/v1/auth/keys/code",
     "/api/v1/accounts",
@@ -250,7 +251,7 @@ async fn authenticate(
     }
     let now = directory.now();
     if let Some(expires_at) = record.expires_at.filter(|_| record.is_expired(now)) {
-        return Err(expired_key(expires_at));
+        return Err(past_expiry(expires_at, record.rotated_to.is_some()));
     }
     if record.disabled {
         return Err(unauthenticated(
@@ -273,9 +274,27 @@ async fn authenticate(
 
 /// The 401 of a key reported leaked (`reported_at`, when known): it is
 /// disabled for good.
-/// The 401 for a key past its expiry: BearerAuth's, or the store's when
-/// it decides so in the admission step.
-pub(crate) fn expired_key(expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
+/// The 401 for a key past its expiry (BearerAuth's, or the store's when it
+/// decides so in the admission step): `rotated_key` when another key
+/// replaced it and its grace has ended.
+pub(crate) fn past_expiry(
+    expires_at: chrono::DateTime<chrono::Utc>,
+    rotated: bool,
+) -> GatewayError {
+    if !rotated {
+        return expired_key(expires_at);
+    }
+    unauthenticated(
+        "rotated_key",
+        format!(
+            "this API key was rotated: the key that replaced it works instead, and this one stopped at {}",
+            expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ),
+    )
+}
+
+/// The 401 for a key past its expiry.
+fn expired_key(expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
     unauthenticated(
         "expired_key",
         format!(

@@ -28,6 +28,9 @@ pub struct Principal {
     pub include_byok_in_limit: bool,
     /// When the key stops working.
     pub expires_at: Option<DateTime<Utc>>,
+    /// Whether the key was rotated: another replaced it, and it works only
+    /// until its grace ends (`expires_at`).
+    pub rotated: bool,
 }
 
 impl Principal {
@@ -42,6 +45,7 @@ impl Principal {
             key_limit: record.key_limit(),
             include_byok_in_limit: record.include_byok_in_limit,
             expires_at: record.expires_at,
+            rotated: record.rotated_to.is_some(),
         }
     }
 }
@@ -59,6 +63,7 @@ impl Principal {
             key_limit: None,
             include_byok_in_limit: false,
             expires_at: None,
+            rotated: false,
         }
     }
 }

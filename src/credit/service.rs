@@ -519,6 +519,9 @@ async fn decide(
     charge: Option<Charge>,
     plan: AdmissionPlan,
 ) -> Result<Admitted, GatewayError> {
+    let charge_rotated = charge
+        .as_ref()
+        .is_some_and(|charge| charge.principal.rotated);
     let credential = match (&config.byok_directory, &charge) {
         // A key stored for a provider that no longer takes one is not
         // looked up: the request is charged, never BYOK beside the
@@ -608,7 +611,8 @@ async fn decide(
     match outcome.hold {
         Some(ReserveOutcome::KeyRevoked) => return Err(crate::auth::leaked_key(None)),
         Some(ReserveOutcome::KeyExpired { expired_at }) => {
-            return Err(crate::auth::expired_key(expired_at))
+            let rotated = charge_rotated;
+            return Err(crate::auth::past_expiry(expired_at, rotated));
         }
         _ => {}
     }
@@ -905,7 +909,9 @@ fn refused(config: &CreditGuardConfig, charge: &Charge, refusal: ReserveOutcome)
         // gives once its cache catches up.
         ReserveOutcome::KeyRevoked => crate::auth::leaked_key(None),
         // Expired by the store's clock before this instance's noticed.
-        ReserveOutcome::KeyExpired { expired_at } => crate::auth::expired_key(expired_at),
+        ReserveOutcome::KeyExpired { expired_at } => {
+            crate::auth::past_expiry(expired_at, charge.principal.rotated)
+        }
         ReserveOutcome::Reserved { .. } => GatewayError::new(
             ErrorKind::Internal,
             "a granted hold was read as a refusal; retry",

@@ -25,6 +25,29 @@ use crate::store::{
 /// there first.
 pub(super) const MAX_WRITE_ATTEMPTS: usize = 16;
 
+/// What [`KeyDirectory::rotate_key`] did.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per rotation, a management call"
+)]
+pub enum RotateOutcome {
+    /// The new key (its plaintext, to be shown once, and its record) and
+    /// the old key's record as now stored, its grace as its `expires_at`.
+    Rotated {
+        /// The new key's plaintext.
+        key: ApiKey,
+        /// The new key's record.
+        record: KeyRecord,
+        /// The old key's record, rotated.
+        previous: KeyRecord,
+    },
+    /// The key was rotated before: its record.
+    AlreadyRotated(KeyRecord),
+    /// No key has this hash.
+    NoSuchKey,
+}
+
 /// What the store says about a key hash.
 #[derive(Clone, Debug)]
 pub enum KeyState {
@@ -273,6 +296,7 @@ impl KeyDirectory {
                 last_used_at: None,
                 leak: None,
                 hint: Some(key.hint()),
+                rotated_to: None,
             };
             // The ledger's terms first: a key is never live with terms the
             // ledger does not have.
@@ -332,6 +356,7 @@ impl KeyDirectory {
             last_used_at: None,
             leak: None,
             hint: Some(key.hint()),
+            rotated_to: None,
         };
         let outcome = self
             .inner
@@ -581,6 +606,70 @@ impl KeyDirectory {
             }
         }
         Err(too_contended("put_record"))
+    }
+
+    /// Replaces the key `hash` with a new one of the same name, account,
+    /// kind, limit, reset, BYOK rule and expiry. The old key keeps working
+    /// for `grace` (no longer than its own expiry), then is refused with
+    /// 401 `rotated_key`. A key is rotated once: two rotations at once make
+    /// one successor between them.
+    pub async fn rotate_key(
+        &self,
+        hash: &KeyHash,
+        grace: std::time::Duration,
+    ) -> Result<RotateOutcome, StoreError> {
+        let Some(Versioned { value: old, .. }) = self.get(hash).await? else {
+            return Ok(RotateOutcome::NoSuchKey);
+        };
+        if old.rotated_to.is_some() {
+            return Ok(RotateOutcome::AlreadyRotated(old));
+        }
+        let (key, record) = self
+            .create_key(NewKey {
+                name: old.name.clone(),
+                account: old.account.clone(),
+                management: old.management,
+                scoped_to_account: old.scoped_to_account,
+                limit_nanos: old.limit_nanos,
+                limit_reset: old.limit_reset,
+                include_byok_in_limit: old.include_byok_in_limit,
+                expires_at: old.expires_at,
+            })
+            .await?;
+        let now = self.now();
+        let grace_ends =
+            now + chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX / 2);
+        let edited = self
+            .edit(hash, |current| {
+                if current.rotated_to.is_some() {
+                    return false;
+                }
+                current.rotated_to = Some(record.hash.clone());
+                current.expires_at = Some(
+                    current
+                        .expires_at
+                        .map_or(grace_ends, |at| at.min(grace_ends)),
+                );
+                current.updated_at = Some(now);
+                true
+            })
+            .await?;
+        match edited {
+            Some((previous, true)) => Ok(RotateOutcome::Rotated {
+                key,
+                record,
+                previous,
+            }),
+            // Another rotation (or a deletion) came first: the key made for
+            // this one never served and goes.
+            other => {
+                self.delete(&key.hash()).await?;
+                Ok(match other {
+                    Some((current, _)) => RotateOutcome::AlreadyRotated(current),
+                    None => RotateOutcome::NoSuchKey,
+                })
+            }
+        }
     }
 
     /// Deletes the key `hash`, leaving a tombstone so it is answered

@@ -109,6 +109,36 @@ pub fn key_update(body: &[u8], now: DateTime<Utc>) -> Result<KeyUpdate, GatewayE
     })
 }
 
+/// How long a rotated key keeps working when the rotation names no
+/// `grace_seconds`: an hour, for the clients using it to move over.
+pub const DEFAULT_ROTATION_GRACE_SECONDS: u64 = 3600;
+/// The longest grace a rotation may give the old key: 30 days.
+pub const MAX_ROTATION_GRACE_SECONDS: u64 = 30 * 86_400;
+
+/// The body of `POST /api/v1/keys/{hash}/rotate`: `{grace_seconds?}`, how
+/// long the old key keeps working (an empty body: the default hour).
+pub fn rotation_grace(body: &[u8]) -> Result<std::time::Duration, GatewayError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(std::time::Duration::from_secs(
+            DEFAULT_ROTATION_GRACE_SECONDS,
+        ));
+    }
+    let mut fields = Fields::parse(body, &["grace_seconds"])?;
+    let seconds = match fields.take("grace_seconds") {
+        None => DEFAULT_ROTATION_GRACE_SECONDS,
+        Some(value) => value
+            .as_u64()
+            .filter(|seconds| *seconds <= MAX_ROTATION_GRACE_SECONDS)
+            .ok_or_else(|| {
+                invalid(
+                    "grace_seconds",
+                    &format!("must be a whole number of seconds from 0 to {MAX_ROTATION_GRACE_SECONDS} (30 days)"),
+                )
+            })?,
+    };
+    Ok(std::time::Duration::from_secs(seconds))
+}
+
 /// The longest `url` a leak report keeps, in bytes.
 pub const MAX_LEAK_URL_BYTES: usize = 2048;
 /// The longest `source` a leak report keeps, in bytes.
@@ -722,6 +752,38 @@ mod tests {
     }
 
     #[test]
+    fn a_rotation_grace_is_whole_seconds_up_to_30_days() {
+        use std::time::Duration;
+        let default = Duration::from_secs(DEFAULT_ROTATION_GRACE_SECONDS);
+        assert_eq!(rotation_grace(b"").unwrap(), default);
+        assert_eq!(rotation_grace(b" {} ").unwrap(), default);
+        assert_eq!(
+            rotation_grace(br#"{"grace_seconds": 0}"#).unwrap(),
+            Duration::ZERO
+        );
+        assert_eq!(
+            rotation_grace(br#"{"grace_seconds": 2592000}"#).unwrap(),
+            Duration::from_secs(MAX_ROTATION_GRACE_SECONDS)
+        );
+        for bad in [
+            &br#"{"grace_seconds": 2592001}"#[..],
+            br#"{"grace_seconds": -1}"#,
+            br#"{"grace_seconds": 1.5}"#,
+            br#"{"grace_seconds": "60"}"#,
+            br#"{"grace_seconds": null}"#,
+        ] {
+            let (status, param, _) = refusal(rotation_grace(bad));
+            assert_eq!((status, param.as_str()), (422, "grace_seconds"), "{bad:?}");
+        }
+        assert_eq!(
+            refusal(rotation_grace(br#"{"grace": 5}"#)).0,
+            400,
+            "an unknown field"
+        );
+        assert_eq!(refusal(rotation_grace(b"[1]")).0, 400);
+    }
+
+    #[test]
     fn leak_reports_are_optional_text() {
         assert_eq!(leak_report(b"").unwrap(), (None, None));
         assert_eq!(
@@ -886,6 +948,23 @@ mod tests {
                 if let Err(error) = result {
                     prop_assert!(error.status().is_client_error(), "{}", error);
                 }
+            }
+        }
+
+        /// Any seconds within the bound are taken as they are; past it,
+        /// or any other body, a 4xx.
+        #[test]
+        fn a_rotation_grace_is_taken_or_refused(seconds in any::<i64>(), body in "\\PC{0,40}") {
+            let json = format!(r#"{{"grace_seconds": {seconds}}}"#);
+            match rotation_grace(json.as_bytes()) {
+                Ok(grace) => prop_assert_eq!(grace.as_secs() as i64, seconds),
+                Err(error) => {
+                    prop_assert!(seconds < 0 || seconds as u64 > MAX_ROTATION_GRACE_SECONDS);
+                    prop_assert_eq!(error.status().as_u16(), 422);
+                }
+            }
+            if let Err(error) = rotation_grace(body.as_bytes()) {
+                prop_assert!(error.status().is_client_error(), "{}", error);
             }
         }
 

@@ -52,7 +52,7 @@ pub use byok::{
     ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError, ByokProviders,
 };
 pub use credits::MAX_CREDITS;
-pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome};
+pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, RotateOutcome};
 pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 // Where the layers' examples have always found it.
 pub use crate::store::SharedStore;

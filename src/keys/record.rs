@@ -78,6 +78,12 @@ pub struct KeyRecord {
     /// none for a key recorded before hints were kept.
     #[serde(default)]
     pub hint: Option<String>,
+    /// The hash of the key that replaced this one
+    /// ([`KeyDirectory::rotate_key`](super::KeyDirectory::rotate_key)):
+    /// this key then works until its grace ends (its `expires_at`) and is
+    /// refused with 401 `rotated_key` from then on.
+    #[serde(default)]
+    pub rotated_to: Option<String>,
 }
 
 /// Where and when a key was reported leaked, and by whom.
@@ -295,6 +301,7 @@ mod tests {
             last_used_at: None,
             leak: None,
             hint: None,
+            rotated_to: None,
         };
         let shown = format!(
             "{record:?} {:?}",

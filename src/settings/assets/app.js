@@ -15,7 +15,7 @@
   // Why the key in use cannot be disabled or deleted here (the API
   // answers 409 own_key): whoever uses it would be locked out.
   const OWN_KEY = 'This is the key you are signed in with: it cannot disable or delete itself. ' +
-    'To rotate it, create a new key, sign in with it, then delete this one.';
+    'To replace it, Rotate it: the new key works at once and this one for an hour more, time to sign in with the new one.';
   const OWN_OPERATOR_KEY = 'This is the operator\'s key you are signed in with: it cannot disable or delete itself. ' +
     'To replace it, make a new key with "proxy keygen", set it as MODELGATE_ADMIN_KEY and restart the gateway, ' +
     'then delete this one signed in with the new key. If it is lost or leaked, run "proxy reset-operator-key".';
@@ -93,7 +93,7 @@
     // A leaked key is disabled too: say the stronger fact.
     if (key.leak) return 'leaked';
     if (key.disabled) return 'disabled';
-    if (key.expires_at && Date.parse(key.expires_at) <= Date.now()) return 'expired';
+    if (key.expires_at && Date.parse(key.expires_at) <= Date.now()) return key.rotated_to ? 'rotated' : 'expired';
     return 'active';
   }
 
@@ -335,9 +335,19 @@
       status.append(element('span', state, 'badge ' + state));
       if (key.management) status.append(element('span', 'management', 'badge management'));
       if (key.current) status.append(element('span', 'in use', 'badge current'));
+      // Replaced, still working for its grace.
+      if (key.rotated_to && state === 'active') status.append(element('span', 'replaced', 'badge rotating'));
       row.append(status);
       const actions = element('td');
       actions.append(button('Edit', 'secondary', 'Edit key ' + key.name, () => openEditor(key.hash)));
+      // A new key in its place; this one works for an hour more. Not for a
+      // key that is off or was rotated already.
+      if (!key.disabled && !key.leak && !key.rotated_to && !key.operator) {
+        actions.append(button('Rotate', 'secondary', 'Rotate key ' + key.name, () => {
+          say('');
+          attempt(() => rotateKey(key.hash));
+        }));
+      }
       row.append(actions);
       return row;
     });
@@ -731,6 +741,19 @@
     $('new-key').hidden = false;
     $('new-key-title').focus();
     sayDone('Created the key “' + created.data.name + '”. Copy it now: it is not shown again.');
+    await loadKeys();
+  }
+
+  async function rotateKey(hash) {
+    const key = keys.find((candidate) => candidate.hash === hash);
+    if (!key) return;
+    const rotated = await api('POST', '/api/v1/keys/' + hash + '/rotate');
+    $('new-key-value').value = rotated.key;
+    $('new-key').hidden = false;
+    $('new-key-title').focus();
+    const until = new Date(rotated.rotated.expires_at).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' });
+    sayDone('Rotated the key “' + key.name + '”. Copy the new key now: it is not shown again. ' +
+      'The old key works until ' + until + '.');
     await loadKeys();
   }
 
