@@ -21,6 +21,9 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) body: serde_json::Value,
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    /// A body other than JSON (a CSV export): its content type and bytes,
+    /// sent instead of `body`.
+    pub(crate) raw: Option<(&'static str, Bytes)>,
 }
 
 impl Answer {
@@ -30,10 +33,14 @@ impl Answer {
     }
 
     pub(crate) fn into_response(self) -> Response<Bytes> {
-        let mut response = Response::new(Bytes::from(self.body.to_string()));
+        let (content_type, body) = match self.raw {
+            Some((content_type, bytes)) => (content_type, bytes),
+            None => ("application/json", Bytes::from(self.body.to_string())),
+        };
+        let mut response = Response::new(body);
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         // Answers can hold a new key or a flow's state: no cache keeps them.
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         for (name, value) in self.headers {

@@ -664,6 +664,78 @@ async fn a_key_is_rotated_on_the_page() {
     browser.close().await;
 }
 
+/// The generations table pages through the account's records, twenty at a
+/// time, and exports them as one CSV file.
+#[tokio::test]
+async fn generations_are_paged_and_exported_on_the_page() {
+    let _one_browser = BROWSER.lock().await;
+    let admin = ApiKey::generate();
+    let admin = admin.expose();
+    let proxy = start_proxy(admin);
+    let api = Api::new(&proxy);
+    api.top_up(admin, "default", 10.0).await;
+    let (status, created) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            admin,
+            Some(json!({"name": "bot"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let client = created["key"].as_str().unwrap().to_owned();
+    for _ in 0..23 {
+        let (status, body) = api.chat(&client).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+    sign_in(&browser, &proxy, admin).await;
+    browser.watch_csp().await;
+
+    let newest = generations_until(&browser, 20).await;
+    assert!(browser.text("generation-caption").await.contains("1 to 20"));
+    let older = browser.by_id("generations-older").await;
+    let newer = browser.by_id("generations-newer").await;
+    assert!(older.is_enabled().await.unwrap());
+    assert!(!newer.is_enabled().await.unwrap());
+    browser.click(Some("generations"), "Older").await;
+    let rest = generations_until(&browser, 3).await;
+    assert!(browser
+        .text("generation-caption")
+        .await
+        .contains("21 to 23"));
+    assert!(!older.is_enabled().await.unwrap());
+    assert!(newer.is_enabled().await.unwrap());
+    let ids: std::collections::BTreeSet<&str> = newest
+        .iter()
+        .chain(&rest)
+        .map(|row| row["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 23, "every record on one page or the other");
+    browser.click(Some("generations"), "Newer").await;
+    generations_until(&browser, 20).await;
+
+    browser.click(Some("generations"), "Download CSV").await;
+    browser
+        .wait_for_text("message", "the export", |text| {
+            text.contains("Downloaded 23 generations as CSV")
+        })
+        .await;
+    let link = browser.by_id("generations-csv-file").await;
+    assert_eq!(
+        link.attr("download").await.unwrap().as_deref(),
+        Some("generations-default.csv")
+    );
+    assert!(link
+        .attr("href")
+        .await
+        .unwrap()
+        .is_some_and(|href| href.starts_with("blob:")));
+    assert_eq!(browser.csp_violations().await, json!([]));
+    browser.close().await;
+}
+
 /// An account's own management key: sees its account's balance, free tier
 /// and free-model requests, and manages that account's keys.
 ///

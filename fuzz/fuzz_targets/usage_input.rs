@@ -9,7 +9,8 @@ use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use modelgate::keys::is_valid_account_id;
 use modelgate::usage::{
-    app_from_headers, parse_generation_id, usage_query, LEGACY_TITLE_HEADER, MAX_RECENT_GENERATIONS,
+    app_from_headers, parse_generation_id, usage_query, GENERATIONS_SCAN_DEPTH, LEGACY_TITLE_HEADER,
+    MAX_RECENT_GENERATIONS,
     MAX_REFERER_BYTES, MAX_TITLE_CHARS, PUBLIC_SCOPE, REFERER_HEADER, TITLE_HEADER,
 };
 
@@ -51,6 +52,18 @@ fuzz_target!(|data: &[u8]| {
     match usage_query(Some(&query)) {
         Ok(parsed) => {
             assert!((1..=MAX_RECENT_GENERATIONS).contains(&parsed.limit));
+            assert!(parsed.offset + parsed.limit <= GENERATIONS_SCAN_DEPTH);
+            assert!(parsed
+                .key
+                .iter()
+                .all(|key| key.len() == 64 && key.bytes().all(|byte| byte.is_ascii_hexdigit())));
+            assert!(parsed
+                .model
+                .iter()
+                .all(|model| !model.is_empty() && !model.chars().any(char::is_control)));
+            if let (Some(from), Some(to)) = (parsed.from, parsed.to) {
+                assert!(from < to);
+            }
             // An account is one id, or `*` (the whole gateway), never a list.
             assert!(parsed
                 .account

@@ -16,6 +16,7 @@ pub(crate) fn ok(body: Value) -> Answer {
         status: StatusCode::OK,
         body,
         headers: Vec::new(),
+        raw: None,
     }
 }
 
@@ -26,6 +27,7 @@ pub(crate) fn created(body: Value) -> Answer {
         status: StatusCode::CREATED,
         body,
         headers: Vec::new(),
+        raw: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! ranking): one generation record, an account's newest, and the app
 //! ranking.
 
+use chrono::DateTime;
 use serde_json::{json, Value};
 
 use super::answers::{ok, refuse};
@@ -10,12 +11,9 @@ use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::usage::{
-    by_host, parse_generation_id, ranking_json, readable_by, usage_query, PUBLIC_SCOPE,
+    by_host, parse_generation_id, ranking_json, readable_by, usage_query, UsageQuery,
+    GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
 };
-
-/// How many of its account's newest records an inference key's own are
-/// looked for among in `GET /api/v1/generations`.
-pub(crate) const INFERENCE_KEY_SEARCH_DEPTH: usize = 1_000;
 
 /// The account whose records or apps are asked for: any for the operator
 /// (who must name one for records), the key's own for every other key.
@@ -88,12 +86,14 @@ pub(crate) async fn generation(call: Call) -> Result<Answer, GatewayError> {
     Ok(ok(json!({ "data": record })))
 }
 
-/// `GET /api/v1/generations?limit=&account=`: the account's newest
-/// records (only its own for an inference key).
+/// `GET /api/v1/generations?limit=&offset=&key=&model=&from=&to=&format=&account=`:
+/// the account's records, newest first (only its own for an inference key),
+/// a page at a time among its newest [`GENERATIONS_SCAN_DEPTH`], filtered,
+/// as JSON with the `next_offset` of the next page, or as CSV.
 pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayError> {
     let principal = &call.principal;
-    let query = usage_query(call.query.as_deref())?;
-    let Some(account) = account_asked(principal, query.account)? else {
+    let mut query = usage_query(call.query.as_deref())?;
+    let Some(account) = account_asked(principal, query.account.take())? else {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
             "the operator's key names the account with ?account=",
@@ -101,14 +101,17 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
         .with_metadata("param", "account"));
     };
     let key_hash = principal.key_hash.to_hex();
-    // An inference key sees only its own: looked for among the account's
-    // newest, deeper than asked, since other keys' come between.
-    let depth = if principal.management {
-        query.limit
+    // Unfiltered, a management key reads exactly the page; an inference
+    // key (whose own come between other keys') and a filter look among the
+    // account's newest, deeper than asked.
+    // One more than the page says whether another follows.
+    let wanted = query.offset + query.limit + 1;
+    let depth = if principal.management && !query.filters() {
+        wanted
     } else {
-        INFERENCE_KEY_SEARCH_DEPTH
+        GENERATIONS_SCAN_DEPTH
     };
-    let records: Vec<Value> = call
+    let matching = call
         .directory()
         .store()
         .recent_generations(&account, depth, call.now)
@@ -117,9 +120,119 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
         .into_iter()
         .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
         .filter(|record| readable_by(record, &account, &key_hash, principal.management))
-        .take(query.limit)
-        .collect();
-    Ok(ok(json!({ "data": records })))
+        .filter(|record| matches_filters(record, &query));
+    let mut records: Vec<Value> = matching.skip(query.offset).take(query.limit + 1).collect();
+    let more = records.len() > query.limit;
+    records.truncate(query.limit);
+    if query.csv {
+        return Ok(csv_answer(&records));
+    }
+    let next_offset = more.then(|| query.offset + records.len());
+    Ok(ok(json!({ "data": records, "next_offset": next_offset })))
+}
+
+/// Whether `record` passes the query's `key`, `model`, `from` and `to`.
+fn matches_filters(record: &Value, query: &UsageQuery) -> bool {
+    if query
+        .key
+        .as_ref()
+        .is_some_and(|key| record["key_hash"].as_str() != Some(key.as_str()))
+    {
+        return false;
+    }
+    if query
+        .model
+        .as_ref()
+        .is_some_and(|model| record["model"].as_str() != Some(model.as_str()))
+    {
+        return false;
+    }
+    if query.from.is_none() && query.to.is_none() {
+        return true;
+    }
+    let Some(created_at) = record["created_at"]
+        .as_str()
+        .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
+    else {
+        return false;
+    };
+    query.from.is_none_or(|from| created_at >= from) && query.to.is_none_or(|to| created_at < to)
+}
+
+/// The columns of the CSV export, as the records name their fields.
+const CSV_COLUMNS: [&str; 18] = [
+    "id",
+    "created_at",
+    "model",
+    "requested_model",
+    "provider_name",
+    "key_hash",
+    "tokens_prompt",
+    "tokens_completion",
+    "total_cost",
+    "cost_basis",
+    "is_byok",
+    "streamed",
+    "cancelled",
+    "status",
+    "latency",
+    "generation_time",
+    "app_id",
+    "app_title",
+];
+
+/// The records as CSV (RFC 4180): a header, then a row each; a field the
+/// record lacks is empty. A cell a spreadsheet would read as a formula is
+/// quoted behind a `'`, so an app title cannot run one.
+fn csv_answer(records: &[Value]) -> Answer {
+    let mut writer = csv::WriterBuilder::new()
+        .terminator(csv::Terminator::CRLF)
+        .from_writer(Vec::new());
+    let mut write = |row: Vec<String>| writer.write_record(&row);
+    let mut written = write(
+        CSV_COLUMNS
+            .iter()
+            .map(|column| (*column).to_owned())
+            .collect(),
+    );
+    for record in records {
+        if written.is_err() {
+            break;
+        }
+        written = write(
+            CSV_COLUMNS
+                .iter()
+                .map(|column| match &record[*column] {
+                    Value::Null => String::new(),
+                    Value::String(text) => spreadsheet_safe(text),
+                    other => other.to_string(),
+                })
+                .collect(),
+        );
+    }
+    // Writing into memory fails only on a bug: then the JSON error.
+    let bytes = written
+        .and_then(|()| {
+            writer
+                .into_inner()
+                .map_err(|error| error.into_error().into())
+        })
+        .unwrap_or_default();
+    let mut answer = ok(Value::Null);
+    answer.raw = Some(("text/csv; charset=utf-8", bytes::Bytes::from(bytes)));
+    answer.with_header(
+        http::header::CONTENT_DISPOSITION,
+        http::HeaderValue::from_static("attachment; filename=\"generations.csv\""),
+    )
+}
+
+/// `text`, with a leading `'` when a spreadsheet would take it for a
+/// formula (`=`, `+`, `-`, `@`, a tab or a carriage return first).
+fn spreadsheet_safe(text: &str) -> String {
+    match text.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{text}"),
+        _ => text.to_owned(),
+    }
 }
 
 /// `GET /api/v1/apps?period=&account=`: apps by tokens in the current

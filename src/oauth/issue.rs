@@ -98,6 +98,7 @@ pub(crate) async fn issue_code(
         // The code is a secret until exchanged: like every answer of the
         // key routes, this one is `no-store`.
         headers: Vec::new(),
+        raw: None,
     })
 }
 

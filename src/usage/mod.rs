@@ -36,7 +36,7 @@
 //! | route | who | answer |
 //! |---|---|---|
 //! | `GET /api/v1/generation?id=` | the key that made the request, or a management key of its account (the operator's adds `account=`) | `{"data": {…}}`; 404 to anyone else |
-//! | `GET /api/v1/generations?limit=&account=` | any key of the account | `{"data": [{…}, …]}`: the newest first, 20 by default, at most 100; an inference key's own only, found among the account's 1000 newest |
+//! | `GET /api/v1/generations?limit=&offset=&key=&model=&from=&to=&format=&account=` | any key of the account | `{"data": [{…}, …], "next_offset"}`: the newest first, 20 by default, at most 100 a page, paged and filtered among the account's 10,000 newest ([`GENERATIONS_SCAN_DEPTH`]); an inference key's own only; `format=csv` the page as CSV |
 //! | `GET /api/v1/apps?period=day\|week\|month&account=` | any key | `{"data": {period, starts_at, ends_at, apps: [{rank, id, url, title, requests, tokens, models: [{model, requests, tokens}]}]}}`: the top 100 apps by tokens of the key's own account (any account the operator names); `account=*`, the whole gateway's: the operator's (the default for its key), or any key's with `api::KeyRoutesLayer::public_ranking`, then by host only (`id` the host, `url` its origin, no title) |
 //!
 //! ```
@@ -72,7 +72,10 @@ pub use app::{
     app_from_headers, App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER,
     TITLE_HEADER,
 };
-pub use query::{usage_query, UsageQuery, DEFAULT_RECENT_GENERATIONS, MAX_RECENT_GENERATIONS};
+pub use query::{
+    usage_query, UsageQuery, DEFAULT_RECENT_GENERATIONS, GENERATIONS_SCAN_DEPTH,
+    MAX_MODEL_FILTER_CHARS, MAX_RECENT_GENERATIONS,
+};
 pub(crate) use ranking::{by_host, ranking_json};
 pub use ranking::{AppRanking, MAX_RANKED_APPS, PUBLIC_SCOPE};
 pub(crate) use record::{generation_id, readable_by, GenerationContext, GenerationEnd};

@@ -109,6 +109,7 @@ fn refused(route: &WebhookRoute, status: StatusCode, code: &str, error: &str) ->
     Answer {
         status,
         headers: Vec::new(),
+        raw: None,
         body: json!({
             "ok": false,
             "routeId": route.scope.route_id,
@@ -143,6 +144,7 @@ fn from_reply(route: &WebhookRoute, reply: ActionReply) -> Answer {
     Answer {
         status: reply.status(),
         headers: Vec::new(),
+        raw: None,
         body,
     }
 }

@@ -32,6 +32,10 @@
   let editing = null; // the key being edited
   let shownLeaks = ''; // what the leak notice shows (see renderLeaks)
   let generations = []; // the records the Recent generations table shows
+  // Where the page of generations shown starts among the account's newest,
+  // and where the next (older) one starts, if any.
+  let generationsOffset = 0;
+  let generationsNext = null;
   // Counted loads of each usage section: an answer that a later load
   // (another account, another period, signing out) overtook is dropped.
   let generationsLoad = 0;
@@ -198,6 +202,7 @@
     $('leak-list').replaceChildren();
     $('account-rows').replaceChildren();
     generations = [];
+    generationsOffset = 0;
     generationsLoad += 1;
     appsLoad += 1;
     $('generation-rows').replaceChildren();
@@ -469,6 +474,7 @@
       choose.setAttribute('aria-label', 'Show the keys of ' + account.id);
       choose.addEventListener('click', () => attempt(async () => {
         session.account = account.id;
+        generationsOffset = 0;
         closeEditor();
         await refresh();
       }));
@@ -524,18 +530,65 @@
       }
       throw error;
     }
-    return current() ? { account, data: answer.data } : null;
+    return current() ? { account, data: answer.data, nextOffset: answer.next_offset } : null;
   }
 
-  async function loadGenerations() {
+  async function loadGenerations(offset) {
+    if (typeof offset === 'number') generationsOffset = offset;
     const load = ++generationsLoad;
-    const answer = await usage('/api/v1/generations?limit=' + RECENT_GENERATIONS, () => load === generationsLoad);
+    const path = '/api/v1/generations?limit=' + RECENT_GENERATIONS + '&offset=' + generationsOffset;
+    const answer = await usage(path, () => load === generationsLoad);
     if (!answer) return;
     generations = Array.isArray(answer.data) ? answer.data : [];
-    $('generation-caption').textContent = 'The newest requests of the account ' + answer.account +
-      ' (at most ' + RECENT_GENERATIONS + '), the newest first, with their cost in credits.';
+    generationsNext = typeof answer.nextOffset === 'number' ? answer.nextOffset : null;
+    const first = generationsOffset + 1;
+    $('generation-caption').textContent = 'Requests of the account ' + answer.account +
+      (generations.length ? ', ' + first + ' to ' + (generationsOffset + generations.length) : '') +
+      ' counting from the newest, the newest first, with their cost in credits.';
+    $('generations-newer').disabled = generationsOffset === 0;
+    $('generations-older').disabled = generationsNext === null;
     renderGenerations();
     $('generations').hidden = false;
+  }
+
+  // The account's newest records (up to CSV_PAGES pages of 100) as one CSV
+  // file, fetched with the key (a link cannot carry it) and saved.
+  const CSV_PAGES = 10;
+  async function downloadCsv() {
+    const account = session.account;
+    if (account === null) return;
+    const parts = [];
+    for (let page = 0; page < CSV_PAGES; page += 1) {
+      const path = '/api/v1/generations?format=csv&limit=100&offset=' + page * 100 +
+        '&account=' + encodeURIComponent(account);
+      const response = await fetch(path, {
+        headers: { Authorization: 'Bearer ' + session.key },
+        cache: 'no-store',
+        credentials: 'omit',
+        referrerPolicy: 'no-referrer',
+      });
+      if (!response.ok) throw new ApiError(response.status, 'The export failed: the gateway answered ' + response.status + '.');
+      // No field holds a line break (the gateway refuses them in what it
+      // records), so a record is a line.
+      const lines = (await response.text()).split('\r\n').filter((line) => line !== '');
+      // Each page repeats the header; the file has it once.
+      parts.push(...(page === 0 ? lines : lines.slice(1)));
+      if (lines.length - 1 < 100) break;
+    }
+    const file = new Blob([parts.join('\r\n') + '\r\n'], { type: 'text/csv' });
+    const link = document.createElement('a');
+    link.href = URL.createObjectURL(file);
+    link.download = 'generations-' + account + '.csv';
+    link.id = 'generations-csv-file';
+    link.hidden = true;
+    document.body.append(link);
+    link.click();
+    // Kept a moment for the browser to start the download.
+    setTimeout(() => {
+      URL.revokeObjectURL(link.href);
+      link.remove();
+    }, 60000);
+    sayDone('Downloaded ' + (parts.length - 1) + ' generations as CSV.');
   }
 
   // The key that made a request, by its name in the key list; a key not
@@ -766,6 +819,7 @@
     if (session.operator && session.account !== key.account) {
       // New keys go to the account shown: show the leaked key's.
       session.account = key.account;
+      generationsOffset = 0;
       closeEditor();
       await refresh();
     }
@@ -843,6 +897,9 @@
     });
     onClick('refresh', refresh);
     onClick('refresh-usage', loadUsage);
+    onClick('generations-newer', () => loadGenerations(Math.max(0, generationsOffset - RECENT_GENERATIONS)));
+    onClick('generations-older', () => loadGenerations(generationsNext === null ? generationsOffset : generationsNext));
+    onClick('generations-csv', downloadCsv);
     $('apps-period').addEventListener('change', () => {
       say('');
       attempt(loadApps);
