@@ -564,7 +564,7 @@ async fn no_key_disables_deletes_or_reports_itself() {
         let operator_hash = KeyHash::of(&gateway.admin).to_hex();
         for (key, hash, rotate) in [
             (&gateway.admin, &operator_hash, "MODELGATE_ADMIN_KEY"),
-            (&manager, &manager_hash, "create a new key, switch to it"),
+            (&manager, &manager_hash, "rotate it (POST /api/v1/keys/"),
         ] {
             for (method, suffix, body) in [
                 ("PATCH", "", Some(json!({"disabled": true}))),
@@ -1989,5 +1989,208 @@ async fn a_rotated_key_works_for_its_grace_then_only_its_successor_does() {
             )
             .await;
         assert_refused(&operator, 422, "operator_key", name);
+    }
+}
+
+// ---- rotation and expiry changes: what no key may do with them ----------
+
+/// An account `acme` with a management key made by the operator; its
+/// plaintext and data.
+async fn tenant_manager(gateway: &Gateway, extra: Value) -> (String, Value) {
+    let mut body = json!({"name": "acme admin", "account": "acme", "management": true});
+    for (field, value) in extra.as_object().unwrap() {
+        body[field] = value.clone();
+    }
+    create(gateway, body).await
+}
+
+/// A tenant rotates its management key, then clears the old key's expiry
+/// with PATCH: the rotated key never stops, and the tenant holds two
+/// management keys (it may not create one).
+#[tokio::test]
+async fn a_rotated_key_s_grace_cannot_be_extended() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (manager, data) = tenant_manager(&gateway, json!({})).await;
+        let hash = data["hash"].as_str().unwrap().to_owned();
+        let rotated = send(
+            gateway.address,
+            "POST",
+            &format!("/api/v1/keys/{hash}/rotate"),
+            Some(&bearer(&manager)),
+            Some(json!({"grace_seconds": 60})),
+        )
+        .await;
+        assert_eq!(rotated.status, 201, "{name}: {}", rotated.body);
+        assert_eq!(rotated.body["data"]["management"], true);
+        let successor = rotated.body["key"].as_str().unwrap().to_owned();
+        let revived = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&successor)),
+            Some(json!({"expires_at": null})),
+        )
+        .await;
+        gateway.clock.advance(Duration::from_secs(3600));
+        let old = get_as(gateway.address, "/api/v1/keys", &manager).await;
+        assert_eq!(revived.status, 422, "{name}: {}", revived.body);
+        assert_eq!(revived.body["error"]["metadata"]["reason"], "rotated_key");
+        assert_eq!(
+            old.status, 401,
+            "{name}: the rotated key stops with its grace"
+        );
+    }
+}
+
+/// The operator gives a tenant a management key that expires; the tenant
+/// clears that expiry itself.
+#[tokio::test]
+async fn a_tenant_cannot_lift_the_expiry_the_operator_set_on_its_key() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (manager, data) =
+            tenant_manager(&gateway, json!({"expires_at": "2026-11-19T12:00:00Z"})).await;
+        let hash = data["hash"].as_str().unwrap();
+        let lifted = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&manager)),
+            Some(json!({"expires_at": null})),
+        )
+        .await;
+        assert_refused(&lifted, 409, "own_key", name);
+        // Nor through another of its management keys.
+        let (second, _) = create(
+            &gateway,
+            json!({"name": "acme second", "account": "acme", "management": true}),
+        )
+        .await;
+        let by_other = send(
+            gateway.address,
+            "PATCH",
+            &format!("/api/v1/keys/{hash}"),
+            Some(&bearer(&second)),
+            Some(json!({"expires_at": null})),
+        )
+        .await;
+        assert_refused(&by_other, 403, "operator_only", name);
+        gateway.clock.advance(Duration::from_secs(7 * 86_400));
+        let later = get_as(gateway.address, "/api/v1/keys", &manager).await;
+        assert_eq!(later.status, 401, "{name}: the operator's expiry holds");
+    }
+}
+
+/// Rotating a key past its expiry gives a successor born expired.
+#[tokio::test]
+async fn an_expired_key_is_not_rotated_into_a_dead_successor() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (_, data) = create(
+            &gateway,
+            json!({"name": "short", "expires_at": "2026-11-18T13:00:00Z"}),
+        )
+        .await;
+        gateway.clock.advance(Duration::from_secs(2 * 3600));
+        let hash = data["hash"].as_str().unwrap();
+        let rotated = gateway
+            .manage("POST", &format!("/api/v1/keys/{hash}/rotate"), None)
+            .await;
+        assert_refused(&rotated, 422, "expired_key", name);
+    }
+}
+
+/// The directory's rotation checks nothing of the key it edits: a key
+/// reported leaked (or disabled) between the handler's read and the
+/// rotation's write gets a working successor.
+#[tokio::test]
+async fn a_leaked_key_gets_no_successor_whoever_rotates_it() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (_, data) = create(&gateway, json!({"name": "leaky"})).await;
+        let hash = data["hash"].as_str().unwrap();
+        let reported = gateway
+            .manage("POST", &format!("/api/v1/keys/{hash}/leaked"), None)
+            .await;
+        assert_eq!(reported.status, 200, "{name}: {}", reported.body);
+        let outcome = gateway
+            .directory
+            .rotate_key(&KeyHash::from_hex(hash).unwrap(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, modelgate::keys::RotateOutcome::NotRotatable(_)),
+            "{name}: {outcome:?}"
+        );
+    }
+}
+
+/// Two rotations at once: one successor between them, the other refused.
+#[tokio::test]
+async fn two_rotations_at_once_make_one_successor() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        for _ in 0..20 {
+            let (_, data) = create(&gateway, json!({"name": "twice"})).await;
+            let hash = KeyHash::from_hex(data["hash"].as_str().unwrap()).unwrap();
+            let (a, b) = tokio::join!(
+                gateway.directory.rotate_key(&hash, Duration::from_secs(60)),
+                gateway.directory.rotate_key(&hash, Duration::from_secs(60)),
+            );
+            let won = [a.unwrap(), b.unwrap()]
+                .into_iter()
+                .filter(|outcome| matches!(outcome, modelgate::keys::RotateOutcome::Rotated { .. }))
+                .count();
+            assert_eq!(won, 1, "{name}");
+            let listed = gateway
+                .manage("GET", "/api/v1/keys?include_disabled=true", None)
+                .await;
+            let named = listed.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|key| key["name"] == "twice")
+                .count();
+            assert_eq!(named % 2, 0, "{name}: an orphan successor is left");
+            for key in listed.body["data"].as_array().unwrap() {
+                if key["name"] == "twice" {
+                    gateway
+                        .manage(
+                            "DELETE",
+                            &format!("/api/v1/keys/{}", key["hash"].as_str().unwrap()),
+                            None,
+                        )
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+/// PATCH expires_at on the calling key: the lock-out own_key guards
+/// against for disable and delete.
+#[tokio::test]
+async fn no_key_sets_its_own_expiry() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let hash = KeyHash::of(&gateway.admin).to_hex();
+        let set = gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{hash}"),
+                Some(json!({"expires_at": "2026-11-18T12:01:00Z"})),
+            )
+            .await;
+        gateway.clock.advance(Duration::from_secs(120));
+        let after = gateway.manage("GET", "/api/v1/keys", None).await;
+        assert_refused(&set, 409, "own_key", name);
+        assert_eq!(after.status, 200, "{name}: {}", after.body);
     }
 }

@@ -158,6 +158,9 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
         .await
         .map_err(refuse)??;
     let update = input::key_update(call.body()?, call.now)?;
+    if update.expires_at.is_some() {
+        refuse_expiry_change(&call, &hash, checked.as_ref()).await?;
+    }
     match update.disabled {
         Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,
         Some(false) => refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
@@ -167,6 +170,61 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
     }
     let record = directory.update(&hash, &update).await.map_err(refuse)?;
     key_answer(&call, record).await
+}
+
+/// Refuses a change of `hash`'s expiry: by the key itself (it could lock
+/// itself out), of a rotated key (its expiry is the end of its grace), or
+/// of a management key by anyone but the operator (who set it).
+async fn refuse_expiry_change(
+    call: &Call,
+    hash: &KeyHash,
+    checked: Option<&KeyRecord>,
+) -> Result<(), GatewayError> {
+    refuse_own_key(&call.principal, hash, "change its own expiry")?;
+    let record = match checked {
+        Some(record) => record.clone(),
+        None => {
+            call.directory()
+                .get(hash)
+                .await
+                .map_err(refuse)?
+                .ok_or_else(no_such_key)?
+                .value
+        }
+    };
+    if record.rotated_to.is_some() {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidParameter,
+            "this key was rotated: it stops when its grace ends, and its expiry cannot change",
+        )
+        .with_metadata("param", "expires_at")
+        .with_metadata("reason", "rotated_key"));
+    }
+    if record.management && !call.principal.operator {
+        return Err(operator_only("change a management key's expiry"));
+    }
+    Ok(())
+}
+
+/// Why `record` gets no successor: it is leaked, disabled or expired.
+fn not_rotatable(record: &KeyRecord) -> GatewayError {
+    let (reason, message) = if record.leak.is_some() {
+        (
+            "leaked_key",
+            "this key was reported leaked and is disabled for good: create a new key and delete this one",
+        )
+    } else if record.disabled {
+        (
+            "disabled_key",
+            "this key is disabled: enable it first, or create a new key",
+        )
+    } else {
+        (
+            "expired_key",
+            "this key has expired: its successor would be expired too; create a new key",
+        )
+    };
+    GatewayError::new(ErrorKind::InvalidParameter, message).with_metadata("reason", reason)
 }
 
 /// `POST /api/v1/keys/{hash}/rotate {grace_seconds?}`: 201 with a new key
@@ -191,20 +249,6 @@ pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
                 .value
         }
     };
-    if record.leak.is_some() {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
-            "this key was reported leaked and is disabled for good: create a new key and delete this one",
-        )
-        .with_metadata("reason", "leaked_key"));
-    }
-    if record.disabled {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
-            "this key is disabled: enable it first, or create a new key",
-        )
-        .with_metadata("reason", "disabled_key"));
-    }
     // The operator's key lives in MODELGATE_ADMIN_KEY, which a rotation
     // here would leave naming a key that stops.
     if record.is_operator() {
@@ -232,6 +276,7 @@ pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
             "this key was rotated already: rotate the key that replaced it",
         )
         .with_metadata("reason", "already_rotated")),
+        RotateOutcome::NotRotatable(record) => Err(not_rotatable(&record)),
         RotateOutcome::NoSuchKey => Err(no_such_key()),
     }
 }
@@ -467,9 +512,12 @@ fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(
         return Ok(());
     }
     let rotate = if principal.operator {
-        "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`"
+        "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`".to_owned()
     } else {
-        "To replace it, rotate it (POST /api/v1/keys/{hash}/rotate): its successor works at once, and this key for the grace, time to switch to the new one"
+        format!(
+            "To replace it, rotate it (POST /api/v1/keys/{}/rotate): its successor works at once, and this key for the grace, time to switch to the new one",
+            hash.to_hex()
+        )
     };
     Err(GatewayError::new(
         ErrorKind::Conflict,

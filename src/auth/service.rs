@@ -272,8 +272,6 @@ async fn authenticate(
     Ok(Principal::from_record(hash, &record))
 }
 
-/// The 401 of a key reported leaked (`reported_at`, when known): it is
-/// disabled for good.
 /// The 401 for a key past its expiry (BearerAuth's, or the store's when it
 /// decides so in the admission step): `rotated_key` when another key
 /// replaced it and its grace has ended.
@@ -304,6 +302,8 @@ fn expired_key(expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
     )
 }
 
+/// The 401 of a key reported leaked (`reported_at`, when known): it is
+/// disabled for good.
 pub(crate) fn leaked_key(reported_at: Option<chrono::DateTime<chrono::Utc>>) -> GatewayError {
     let when = reported_at.map_or_else(String::new, |at| {
         format!(

@@ -44,6 +44,9 @@ pub enum RotateOutcome {
     },
     /// The key was rotated before: its record.
     AlreadyRotated(KeyRecord),
+    /// The key cannot be rotated: it is disabled, reported leaked or past
+    /// its expiry (its record says which).
+    NotRotatable(KeyRecord),
     /// No key has this hash.
     NoSuchKey,
 }
@@ -624,6 +627,14 @@ impl KeyDirectory {
         if old.rotated_to.is_some() {
             return Ok(RotateOutcome::AlreadyRotated(old));
         }
+        // Only a key that works gets a successor; checked again in the
+        // write, which a disable or a leak report may race.
+        let rotatable = |record: &KeyRecord, now| {
+            !record.disabled && record.leak.is_none() && !record.is_expired(now)
+        };
+        if !rotatable(&old, self.now()) {
+            return Ok(RotateOutcome::NotRotatable(old));
+        }
         let (key, record) = self
             .create_key(NewKey {
                 name: old.name.clone(),
@@ -641,7 +652,7 @@ impl KeyDirectory {
             now + chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX / 2);
         let edited = self
             .edit(hash, |current| {
-                if current.rotated_to.is_some() {
+                if current.rotated_to.is_some() || !rotatable(current, now) {
                     return false;
                 }
                 current.rotated_to = Some(record.hash.clone());
@@ -653,19 +664,46 @@ impl KeyDirectory {
                 current.updated_at = Some(now);
                 true
             })
-            .await?;
+            .await;
+        let edited = match edited {
+            Ok(edited) => edited,
+            // The write may have landed with its answer lost: then the
+            // rotation happened, and its successor must not be lost.
+            Err(error) => {
+                return match self.get(hash).await {
+                    Ok(Some(current))
+                        if current.value.rotated_to.as_ref() == Some(&record.hash) =>
+                    {
+                        Ok(RotateOutcome::Rotated {
+                            key,
+                            record,
+                            previous: current.value,
+                        })
+                    }
+                    _ => {
+                        // Best effort: a successor left behind works until
+                        // deleted, and is listed under the old key's name.
+                        let _ = self.delete(&key.hash()).await;
+                        Err(error)
+                    }
+                };
+            }
+        };
         match edited {
             Some((previous, true)) => Ok(RotateOutcome::Rotated {
                 key,
                 record,
                 previous,
             }),
-            // Another rotation (or a deletion) came first: the key made for
-            // this one never served and goes.
+            // Another rotation, a disable, a leak report or a deletion came
+            // first: the key made for this one never served and goes.
             other => {
                 self.delete(&key.hash()).await?;
                 Ok(match other {
-                    Some((current, _)) => RotateOutcome::AlreadyRotated(current),
+                    Some((current, _)) if current.rotated_to.is_some() => {
+                        RotateOutcome::AlreadyRotated(current)
+                    }
+                    Some((current, _)) => RotateOutcome::NotRotatable(current),
                     None => RotateOutcome::NoSuchKey,
                 })
             }

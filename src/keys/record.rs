@@ -261,7 +261,8 @@ impl KeyUpdate {
         if let Some(include) = self.include_byok_in_limit {
             record.include_byok_in_limit = include;
         }
-        if let Some(expires_at) = self.expires_at {
+        // A rotated key's expiry is the end of its grace: never moved.
+        if let Some(expires_at) = self.expires_at.filter(|_| record.rotated_to.is_none()) {
             record.expires_at = expires_at;
         }
         record.updated_at = Some(now);

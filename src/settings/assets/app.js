@@ -347,7 +347,7 @@
       actions.append(button('Edit', 'secondary', 'Edit key ' + key.name, () => openEditor(key.hash)));
       // A new key in its place; this one works for an hour more. Not for a
       // key that is off or was rotated already.
-      if (!key.disabled && !key.leak && !key.rotated_to && !key.operator) {
+      if (keyStatus(key) === 'active' && !key.rotated_to && !key.operator) {
         actions.append(button('Rotate', 'secondary', 'Rotate key ' + key.name, () => {
           say('');
           attempt(() => rotateKey(key.hash));
@@ -696,6 +696,11 @@
     $('edit-reset').value = key.limit_reset || '';
     $('edit-byok').checked = Boolean(key.include_byok_in_limit);
     $('edit-expires').value = key.expires_at ? localInput(key.expires_at) : '';
+    // A rotated key stops when its grace ends; the key in use keeps its
+    // expiry (it must not lock itself out); a management key's is the
+    // operator's to set.
+    $('edit-expires').disabled = Boolean(key.rotated_to) || key.current === true ||
+      (key.management && !session.operator);
     const disabled = $('edit-disabled');
     disabled.checked = Boolean(key.disabled);
     // A leaked key cannot be enabled again (the API answers 422): the
@@ -746,7 +751,7 @@
     // unchanged, would move it to that minute.
     const expires = expiresField($('edit-expires'));
     const shown = key.expires_at ? localInput(key.expires_at) : '';
-    if ($('edit-expires').value !== shown) update.expires_at = expires;
+    if (!$('edit-expires').disabled && $('edit-expires').value !== shown) update.expires_at = expires;
     // A leaked key and the key in use keep their state (see fillEditor).
     if (!key.leak && !key.current) update.disabled = $('edit-disabled').checked;
     if (!update.name) throw new Error('Name must not be empty.');
