@@ -113,8 +113,8 @@ impl ApiKey {
         KeyHash::of(&self.0)
     }
 
-    /// The key's first [`HINT_RANDOM_CHARS`] random characters after its
-    /// prefix and its last [`HINT_END_CHARS`] (`mg-v1-Ab3…x9Qz`): enough to
+    /// The key's first 3 random characters after its prefix and its last
+    /// 4 (`mg-v1-Ab3…x9Qz`): enough to
     /// tell keys apart in a list, far too little to guess one (3 of its 43
     /// random characters, and 4 of the checksum they make).
     pub fn hint(&self) -> String {
@@ -125,9 +125,9 @@ impl ApiKey {
 }
 
 /// How many of a key's random characters its [hint](ApiKey::hint) shows.
-pub const HINT_RANDOM_CHARS: usize = 3;
+const HINT_RANDOM_CHARS: usize = 3;
 /// How many of a key's last characters its [hint](ApiKey::hint) shows.
-pub const HINT_END_CHARS: usize = 4;
+const HINT_END_CHARS: usize = 4;
 
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
