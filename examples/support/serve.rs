@@ -221,10 +221,17 @@ pub fn init_logging() -> LogGuard {
             )
         };
     // The log keeps to its own lines: a model call's span goes to the
-    // exporter only.
-    let fmt = fmt.with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
-        metadata.target() != GEN_AI_SPAN_TARGET
-    }));
+    // exporter only. Without one none is made (above), and the log needs
+    // no filter of its own, which would cost every line a check.
+    let fmt: Box<dyn tracing_subscriber::Layer<_> + Send + Sync> = if otel_endpoint.is_some() {
+        Box::new(
+            fmt.with_filter(tracing_subscriber::filter::filter_fn(|metadata| {
+                metadata.target() != GEN_AI_SPAN_TARGET
+            })),
+        )
+    } else {
+        fmt
+    };
     let registry = tracing_subscriber::registry().with(filter).with(fmt);
     #[cfg(feature = "otel")]
     if let Some(endpoint) = otel_endpoint {
