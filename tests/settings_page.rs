@@ -560,21 +560,51 @@ async fn the_operator_manages_a_key_on_the_page() {
     browser.close().await;
 }
 
+/// A proxy with a new operator's key, its default account holding 10
+/// credits, and the page signed in with that key, its policy watched.
+struct OperatorPage {
+    // Dropped in this order: the page, its driver, then the browser lock.
+    browser: Browser,
+    _driver: Chromedriver,
+    api: Api,
+    admin: String,
+    _proxy: ProxyProcess,
+    _one_browser: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl OperatorPage {
+    async fn open() -> OperatorPage {
+        let one_browser = BROWSER.lock().await;
+        let admin = ApiKey::generate().expose().to_owned();
+        let proxy = start_proxy(&admin);
+        let api = Api::new(&proxy);
+        api.top_up(&admin, "default", 10.0).await;
+        let driver = Chromedriver::start();
+        let browser = driver.browser().await;
+        sign_in(&browser, &proxy, &admin).await;
+        browser.watch_csp().await;
+        OperatorPage {
+            browser,
+            _driver: driver,
+            api,
+            admin,
+            _proxy: proxy,
+            _one_browser: one_browser,
+        }
+    }
+
+    async fn close(self) {
+        self.browser.close().await;
+    }
+}
+
 /// Rotate gives a key's successor, shown once as a new key is; the old
 /// key keeps working for its grace and shows as replaced; a replaced key
 /// offers no second rotation.
 #[tokio::test]
 async fn a_key_is_rotated_on_the_page() {
-    let _one_browser = BROWSER.lock().await;
-    let admin = ApiKey::generate();
-    let admin = admin.expose();
-    let proxy = start_proxy(admin);
-    let api = Api::new(&proxy);
-    api.top_up(admin, "default", 10.0).await;
-    let driver = Chromedriver::start();
-    let browser = driver.browser().await;
-    sign_in(&browser, &proxy, admin).await;
-    browser.watch_csp().await;
+    let page = OperatorPage::open().await;
+    let (browser, api, admin) = (&page.browser, &page.api, page.admin.as_str());
 
     browser.fill("create-key", "Name", "deploy").await;
     browser.fill("create-key", "Credit limit", "2").await;
@@ -592,7 +622,7 @@ async fn a_key_is_rotated_on_the_page() {
     let before = api.key_named(admin, "deploy").await.unwrap();
 
     click_path(
-        &browser,
+        browser,
         "//tbody[@id='key-rows']//button[@aria-label='Rotate key deploy']",
         "Rotate for deploy",
     )
@@ -661,19 +691,15 @@ async fn a_key_is_rotated_on_the_page() {
         assert_eq!(status, 200, "{body}");
     }
     assert_eq!(browser.csp_violations().await, json!([]));
-    browser.close().await;
+    page.close().await;
 }
 
 /// The generations table pages through the account's records, twenty at a
 /// time, and exports them as one CSV file.
 #[tokio::test]
 async fn generations_are_paged_and_exported_on_the_page() {
-    let _one_browser = BROWSER.lock().await;
-    let admin = ApiKey::generate();
-    let admin = admin.expose();
-    let proxy = start_proxy(admin);
-    let api = Api::new(&proxy);
-    api.top_up(admin, "default", 10.0).await;
+    let page = OperatorPage::open().await;
+    let (browser, api, admin) = (&page.browser, &page.api, page.admin.as_str());
     let (status, created) = api
         .send(
             reqwest::Method::POST,
@@ -688,19 +714,15 @@ async fn generations_are_paged_and_exported_on_the_page() {
         let (status, body) = api.chat(&client).await;
         assert_eq!(status, 200, "{body}");
     }
-    let driver = Chromedriver::start();
-    let browser = driver.browser().await;
-    sign_in(&browser, &proxy, admin).await;
-    browser.watch_csp().await;
-
-    let newest = generations_until(&browser, 20).await;
+    browser.click(Some("generations"), "Refresh").await;
+    let newest = generations_until(browser, 20).await;
     assert!(browser.text("generation-caption").await.contains("1 to 20"));
     let older = browser.by_id("generations-older").await;
     let newer = browser.by_id("generations-newer").await;
     assert!(older.is_enabled().await.unwrap());
     assert!(!newer.is_enabled().await.unwrap());
     browser.click(Some("generations"), "Older").await;
-    let rest = generations_until(&browser, 3).await;
+    let rest = generations_until(browser, 3).await;
     assert!(browser
         .text("generation-caption")
         .await
@@ -714,7 +736,7 @@ async fn generations_are_paged_and_exported_on_the_page() {
         .collect();
     assert_eq!(ids.len(), 23, "every record on one page or the other");
     browser.click(Some("generations"), "Newer").await;
-    generations_until(&browser, 20).await;
+    generations_until(browser, 20).await;
 
     browser.click(Some("generations"), "Download CSV").await;
     browser
@@ -733,7 +755,7 @@ async fn generations_are_paged_and_exported_on_the_page() {
         .unwrap()
         .is_some_and(|href| href.starts_with("blob:")));
     assert_eq!(browser.csp_violations().await, json!([]));
-    browser.close().await;
+    page.close().await;
 }
 
 /// An account's own management key: sees its account's balance, free tier
