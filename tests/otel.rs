@@ -17,11 +17,14 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tracing_subscriber::layer::SubscriberExt;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_spans_are_exported_over_otlp_http() {
-    let received: Arc<Mutex<Vec<(String, String, Bytes)>>> = Arc::default();
+/// What a collector got: each export's path, content type and body.
+type Received = Arc<Mutex<Vec<(String, String, Bytes)>>>;
+
+/// A loopback server standing in for an OTLP/HTTP collector.
+async fn collector() -> (std::net::SocketAddr, Received) {
+    let received: Received = Arc::default();
     let sink = Arc::clone(&received);
-    let collector = serve(tower::service_fn(
+    let address = serve(tower::service_fn(
         move |request: Request<hyper::body::Incoming>| {
             let sink = Arc::clone(&sink);
             async move {
@@ -39,6 +42,12 @@ async fn request_spans_are_exported_over_otlp_http() {
         },
     ))
     .await;
+    (address, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_spans_are_exported_over_otlp_http() {
+    let (collector, received) = collector().await;
     let (layer, provider) = modelgate::telemetry::otel::otlp_layer(
         "modelgate-test",
         &format!("http://{collector}/v1/traces"),
@@ -125,21 +134,7 @@ async fn a_chat_call_is_exported_as_a_genai_span() {
     use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
     use serde_json::json;
 
-    let received: Arc<Mutex<Vec<(String, String, Bytes)>>> = Arc::default();
-    let sink = Arc::clone(&received);
-    let collector = serve(tower::service_fn(
-        move |request: Request<hyper::body::Incoming>| {
-            let sink = Arc::clone(&sink);
-            async move {
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                sink.lock()
-                    .unwrap()
-                    .push((String::new(), String::new(), body));
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-            }
-        },
-    ))
-    .await;
+    let (collector, received) = collector().await;
     let (layer, provider) = modelgate::telemetry::otel::otlp_layer(
         "modelgate-test",
         &format!("http://{collector}/v1/traces"),
