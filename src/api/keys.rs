@@ -134,19 +134,31 @@ pub(crate) async fn list_keys(call: Call) -> Result<Answer, GatewayError> {
 /// `GET /api/v1/keys/{hash}`.
 pub(crate) async fn get_key(call: Call) -> Result<Answer, GatewayError> {
     let hash = path_hash(call.param(0))?;
-    let directory = call.directory();
-    let record = match readable_key(directory, &call.principal, &hash)
+    let checked = readable_key(call.directory(), &call.principal, &hash)
         .await
-        .map_err(refuse)??
-    {
-        Some(record) => Some(record),
-        None => directory
-            .get(&hash)
+        .map_err(refuse)??;
+    let record = key_record(&call, &hash, checked).await?;
+    key_answer(&call, Some(record)).await
+}
+
+/// The record of `hash`: `checked` when [`readable_key`] read it already
+/// (a key of the caller's account), else read now (the operator's call);
+/// 404 when there is none.
+async fn key_record(
+    call: &Call,
+    hash: &KeyHash,
+    checked: Option<KeyRecord>,
+) -> Result<KeyRecord, GatewayError> {
+    match checked {
+        Some(record) => Ok(record),
+        None => Ok(call
+            .directory()
+            .get(hash)
             .await
             .map_err(refuse)?
-            .map(|versioned| versioned.value),
-    };
-    key_answer(&call, record).await
+            .ok_or_else(no_such_key)?
+            .value),
+    }
 }
 
 /// `PATCH /api/v1/keys/{hash}`: a key that is not the calling one may be
@@ -159,7 +171,7 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
         .map_err(refuse)??;
     let update = input::key_update(call.body()?, call.now)?;
     if update.expires_at.is_some() {
-        refuse_expiry_change(&call, &hash, checked.as_ref()).await?;
+        refuse_expiry_change(&call, &hash, checked.clone()).await?;
     }
     match update.disabled {
         Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,
@@ -178,20 +190,10 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
 async fn refuse_expiry_change(
     call: &Call,
     hash: &KeyHash,
-    checked: Option<&KeyRecord>,
+    checked: Option<KeyRecord>,
 ) -> Result<(), GatewayError> {
     refuse_own_key(&call.principal, hash, "change its own expiry")?;
-    let record = match checked {
-        Some(record) => record.clone(),
-        None => {
-            call.directory()
-                .get(hash)
-                .await
-                .map_err(refuse)?
-                .ok_or_else(no_such_key)?
-                .value
-        }
-    };
+    let record = key_record(call, hash, checked).await?;
     if record.rotated_to.is_some() {
         return Err(GatewayError::new(
             ErrorKind::InvalidParameter,
@@ -235,20 +237,10 @@ pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
     let hash = path_hash(call.param(0))?;
     let directory = call.directory();
     let grace = input::rotation_grace(call.body()?)?;
-    let record = match readable_key(directory, &call.principal, &hash)
+    let checked = readable_key(directory, &call.principal, &hash)
         .await
-        .map_err(refuse)??
-    {
-        Some(record) => record,
-        None => {
-            directory
-                .get(&hash)
-                .await
-                .map_err(refuse)?
-                .ok_or_else(no_such_key)?
-                .value
-        }
-    };
+        .map_err(refuse)??;
+    let record = key_record(&call, &hash, checked).await?;
     // The operator's key lives in MODELGATE_ADMIN_KEY, which a rotation
     // here would leave naming a key that stops.
     if record.is_operator() {

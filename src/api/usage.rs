@@ -101,10 +101,10 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
         .with_metadata("param", "account"));
     };
     let key_hash = principal.key_hash.to_hex();
-    // Unfiltered, a management key reads exactly the page; an inference
-    // key (whose own come between other keys') and a filter look among the
+    // Unfiltered, a management key reads exactly the page and one record
+    // more (which says whether another page follows); an inference key
+    // (whose own come between other keys') and a filter look among the
     // account's newest, deeper than asked.
-    // One more than the page says whether another follows.
     let wanted = query.offset + query.limit + 1;
     let depth = if principal.management && !query.filters() {
         wanted
@@ -125,7 +125,7 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
     let more = records.len() > query.limit;
     records.truncate(query.limit);
     if query.csv {
-        return Ok(csv_answer(&records));
+        return csv_answer(&records);
     }
     let next_offset = more.then(|| query.offset + records.len());
     Ok(ok(json!({ "data": records, "next_offset": next_offset })))
@@ -184,46 +184,35 @@ const CSV_COLUMNS: [&str; 18] = [
 /// The records as CSV (RFC 4180): a header, then a row each; a field the
 /// record lacks is empty. A cell a spreadsheet would read as a formula is
 /// quoted behind a `'`, so an app title cannot run one.
-fn csv_answer(records: &[Value]) -> Answer {
+fn csv_answer(records: &[Value]) -> Result<Answer, GatewayError> {
+    // Writing into memory fails only on a bug: then a 500 saying so.
+    let failed = |error: csv::Error| {
+        GatewayError::new(
+            ErrorKind::Internal,
+            format!("the CSV export could not be written: {error}"),
+        )
+    };
     let mut writer = csv::WriterBuilder::new()
         .terminator(csv::Terminator::CRLF)
         .from_writer(Vec::new());
-    let mut write = |row: Vec<String>| writer.write_record(&row);
-    let mut written = write(
-        CSV_COLUMNS
-            .iter()
-            .map(|column| (*column).to_owned())
-            .collect(),
-    );
+    writer.write_record(CSV_COLUMNS).map_err(failed)?;
     for record in records {
-        if written.is_err() {
-            break;
-        }
-        written = write(
-            CSV_COLUMNS
-                .iter()
-                .map(|column| match &record[*column] {
-                    Value::Null => String::new(),
-                    Value::String(text) => spreadsheet_safe(text),
-                    other => other.to_string(),
-                })
-                .collect(),
-        );
+        let cells = CSV_COLUMNS.iter().map(|column| match &record[*column] {
+            Value::Null => String::new(),
+            Value::String(text) => spreadsheet_safe(text),
+            other => other.to_string(),
+        });
+        writer.write_record(cells).map_err(failed)?;
     }
-    // Writing into memory fails only on a bug: then the JSON error.
-    let bytes = written
-        .and_then(|()| {
-            writer
-                .into_inner()
-                .map_err(|error| error.into_error().into())
-        })
-        .unwrap_or_default();
+    let bytes = writer
+        .into_inner()
+        .map_err(|error| failed(error.into_error().into()))?;
     let mut answer = ok(Value::Null);
     answer.raw = Some(("text/csv; charset=utf-8", bytes::Bytes::from(bytes)));
-    answer.with_header(
+    Ok(answer.with_header(
         http::header::CONTENT_DISPOSITION,
         http::HeaderValue::from_static("attachment; filename=\"generations.csv\""),
-    )
+    ))
 }
 
 /// `text`, with a leading `'` when a spreadsheet would take it for a

@@ -611,8 +611,7 @@ async fn decide(
     match outcome.hold {
         Some(ReserveOutcome::KeyRevoked) => return Err(crate::auth::leaked_key(None)),
         Some(ReserveOutcome::KeyExpired { expired_at }) => {
-            let rotated = charge_rotated;
-            return Err(crate::auth::past_expiry(expired_at, rotated));
+            return Err(crate::auth::past_expiry(expired_at, charge_rotated))
         }
         _ => {}
     }

@@ -114,9 +114,9 @@ impl ApiKey {
     }
 
     /// The key's first 3 random characters after its prefix and its last
-    /// 4 (`mg-v1-Ab3…x9Qz`): enough to
-    /// tell keys apart in a list, far too little to guess one (3 of its 43
-    /// random characters, and 4 of the checksum they make).
+    /// 4 (`mg-v1-Ab3…x9Qz`): enough to tell keys apart in a list, far too
+    /// little to guess one (3 of its 43 random characters, and 4 of the
+    /// checksum they make).
     pub fn hint(&self) -> String {
         let start = &self.0[..Self::PREFIX.len() + HINT_RANDOM_CHARS];
         let end = &self.0[self.0.len() - HINT_END_CHARS..];
@@ -286,6 +286,8 @@ impl fmt::Debug for KeyHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
 
     #[test]
     fn a_hint_shows_three_random_characters_and_the_last_four_only() {
@@ -298,8 +300,6 @@ mod tests {
         assert_eq!(hint.chars().count(), ApiKey::PREFIX.len() + 3 + 1 + 4);
         assert!(!hint.contains(&text[9..text.len() - 4]));
     }
-    use proptest::prelude::*;
-    use std::collections::HashSet;
 
     const EXAMPLE: &str = "mg-v1-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefg2p0x4C";
 
