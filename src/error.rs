@@ -178,6 +178,8 @@ pub enum LimitSource {
     /// 429: the rate of an account's management calls
     /// (the JSON API's `KeyRoutes`, with a management key).
     ManagementRate,
+    /// 429: the key's own request rate (its `rate_limit`).
+    Key,
 }
 
 impl LimitSource {
@@ -192,6 +194,7 @@ impl LimitSource {
             LimitSource::FreePerDay => "free_per_day",
             LimitSource::Upstream => "upstream",
             LimitSource::ManagementRate => "management_rate",
+            LimitSource::Key => "key",
         }
     }
 }

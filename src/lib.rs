@@ -130,6 +130,7 @@ pub mod keys;
 #[cfg_attr(docsrs, doc(cfg(feature = "leaks")))]
 pub mod leaks;
 mod limiter;
+mod model_id;
 #[cfg(feature = "notify")]
 #[cfg_attr(docsrs, doc(cfg(feature = "notify")))]
 pub mod notify;

@@ -288,6 +288,62 @@ async fn the_account_rule_is_shared_by_every_key_and_holds_under_load() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_own_rate_and_model_list_hold_under_load_and_refusals_count_nowhere() {
+    let rules = RateLimitRules::from_json(
+        r#"{"account": {"rolling": {"requests": 50, "window_seconds": 60}}}"#,
+    )
+    .unwrap();
+    for (name, addresses, store, clock, _server) in deployments(&rules).await {
+        let directory = KeyDirectory::new(store.clone());
+        let narrow = NewKey {
+            account: "acme".into(),
+            allowed_models: Some(vec!["openai/".into(), "anthropic/claude-3.5-sonnet".into()]),
+            rate_limit: Some(modelgate::keys::KeyRateLimit {
+                requests: 4,
+                window_seconds: 60,
+            }),
+            ..NewKey::named("narrow")
+        };
+        let narrow = vec![directory
+            .create_key(narrow)
+            .await
+            .unwrap()
+            .0
+            .expose()
+            .to_owned()];
+        // Models outside its list: 403, whatever the case or variant.
+        for model in ["mistral/large", "anthropic/claude-3-haiku", "OPENAI-x/gpt"] {
+            let replies = burst(&addresses, &narrow, model, 10).await;
+            assert_eq!(count(&replies, 403), 10, "{name} {model}");
+            for reply in &replies {
+                assert_eq!(
+                    reply.body["error"]["metadata"]["reason"],
+                    "model_not_allowed"
+                );
+            }
+        }
+        // Its own rate: 4 of 40 at once, on any model it may call.
+        let mut replies = burst(&addresses, &narrow, "OpenAI/gpt-4o", 20).await;
+        replies.extend(burst(&addresses, &narrow, "anthropic/claude-3.5-sonnet:beta", 20).await);
+        assert_eq!(count(&replies, 200), 4, "{name}");
+        assert_eq!(count(&replies, 429), 36, "{name}");
+        assert_refusals(&replies, "key");
+        let refused = replies.iter().find(|reply| reply.status == 429).unwrap();
+        assert_eq!(refused.headers["x-ratelimit-limit"], "4", "{name}");
+        // None of the 30 refused by model nor the 36 by rate counted on the
+        // account: of its 50, 46 are left for its other keys.
+        let others = keys(&store, "acme", 2).await;
+        let replies = burst(&addresses, &others, "x/y", 80).await;
+        assert_eq!(count(&replies, 200), 46, "{name}");
+        assert_refusals(&replies, "account_rate");
+        // A minute on, both windows have room again.
+        clock.advance(Duration::from_secs(60));
+        let replies = burst(&addresses, &narrow, "openai/o1", 10).await;
+        assert_eq!(count(&replies, 200), 4, "{name}");
+    }
+}
+
 #[tokio::test]
 async fn the_daily_free_tiers_are_fifty_then_a_thousand_after_ten_credits() {
     for (name, addresses, store, clock, _server) in deployments(&RateLimitRules::default()).await {

@@ -461,6 +461,8 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         leak: None,
         hint: None,
         rotated_to: None,
+        allowed_models: None,
+        rate_limit: None,
     };
     old.put_json(KEYS, &record.hash, &record, Expect::Absent)
         .await

@@ -771,3 +771,176 @@ async fn byok_is_only_for_providers_that_opt_in_and_never_rides_on_the_gateways_
         }
     }
 }
+
+impl Gateway {
+    /// `method path` with the operator's key and `body`; the status and JSON.
+    async fn manage(&self, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
+        let response = reqwest::Client::new()
+            .request(method, format!("http://{}{path}", self.address))
+            .bearer_auth(&self.admin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (
+            response.status().as_u16(),
+            response.json().await.unwrap_or(Value::Null),
+        )
+    }
+
+    async fn models_for(&self, key: &str) -> Vec<String> {
+        let list: Value = reqwest::Client::new()
+            .get(format!("http://{}/api/v1/models", self.address))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|model| model["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
+    for (backend, store, _server) in stores().await {
+        let gateway = start_on(store, json!({})).await;
+        let (status, created) = gateway
+            .manage(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                json!({"name": "narrow", "account": "acme", "allowed_models": ["alpha/m1", "beta/"],
+                       "rate_limit": {"requests": 4, "window_seconds": 60}}),
+            )
+            .await;
+        assert_eq!(status, 201, "{backend}: {created}");
+        assert_eq!(
+            created["data"]["allowed_models"],
+            json!(["alpha/m1", "beta/"])
+        );
+        assert_eq!(
+            created["data"]["rate_limit"],
+            json!({"requests": 4, "window_seconds": 60})
+        );
+        let key = created["key"].as_str().unwrap().to_owned();
+        let hash = created["data"]["hash"].as_str().unwrap().to_owned();
+
+        // The list shows what the key may call: the model in every variant,
+        // the provider in every model; the full list is other keys'.
+        let mut listed = gateway.models_for(&key).await;
+        listed.sort();
+        assert_eq!(
+            listed,
+            ["alpha/m1", "alpha/m1:free", "beta/echo-headers", "beta/m2"],
+            "{backend}"
+        );
+        assert!(gateway.models_for(&gateway.key).await.len() > listed.len());
+
+        // Another model is 403 and costs nothing: no rate, no money.
+        let before = gateway.store.account_balance("acme").await.unwrap();
+        for model in ["alpha/pricey", "gamma/x", "ALPHA/status-429"] {
+            let reply = gateway.chat_with(&key, ask(model)).await;
+            assert_eq!(reply.status, 403, "{backend} {model}: {}", reply.text);
+            assert_eq!(
+                reply.body["error"]["metadata"]["reason"],
+                "model_not_allowed"
+            );
+            assert!(reply.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(model));
+        }
+        assert_eq!(
+            gateway.store.account_balance("acme").await.unwrap(),
+            before,
+            "{backend}"
+        );
+
+        // Fallbacks it may not call are skipped, the request's own and the
+        // configured ones (alpha/status-503 falls back to beta/m2).
+        let reply = gateway
+            .chat_with(&key, ask_with_fallback("alpha/pricey", "beta/m2"))
+            .await;
+        assert_eq!(
+            (reply.status, reply.model_header.as_deref()),
+            (200, Some("beta/m2")),
+            "{backend}: {}",
+            reply.text
+        );
+        let reply = gateway.chat_with(&key, ask("alpha/status-503")).await;
+        assert_eq!(
+            (reply.status, reply.model_header.as_deref()),
+            (200, Some("beta/m2")),
+            "{backend}: {}",
+            reply.text
+        );
+
+        // Its own rate: 4 a minute, three used (the models list is a request
+        // of the key, as for the account's rule); of ten at once one passes.
+        let replies =
+            futures::future::join_all((0..10).map(|_| gateway.chat_with(&key, ask("alpha/m1"))))
+                .await;
+        let admitted = replies.iter().filter(|reply| reply.status == 200).count();
+        assert_eq!(admitted, 1, "{backend}");
+        for reply in replies.iter().filter(|reply| reply.status != 200) {
+            assert_eq!(reply.status, 429, "{}", reply.text);
+            assert_eq!(reply.body["error"]["metadata"]["limit_source"], "key");
+        }
+        // The account's other key is not held back by it.
+        assert_eq!(gateway.chat(ask("alpha/m1")).await.status, 200, "{backend}");
+
+        // Rotation carries both over.
+        let (status, rotated) = gateway
+            .manage(
+                reqwest::Method::POST,
+                &format!("/api/v1/keys/{hash}/rotate"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(status, 201, "{backend}: {rotated}");
+        assert_eq!(
+            rotated["data"]["allowed_models"],
+            created["data"]["allowed_models"]
+        );
+        assert_eq!(rotated["data"]["rate_limit"], created["data"]["rate_limit"]);
+
+        // Lifted with null: every model, no rate of its own.
+        let (status, lifted) = gateway
+            .manage(
+                reqwest::Method::PATCH,
+                &format!("/api/v1/keys/{hash}"),
+                json!({"allowed_models": null, "rate_limit": null}),
+            )
+            .await;
+        assert_eq!(status, 200, "{backend}: {lifted}");
+        assert_eq!(lifted["data"]["allowed_models"], Value::Null);
+        let reply = gateway.chat_with(&key, ask("alpha/pricey")).await;
+        assert_eq!(reply.status, 200, "{backend}: {}", reply.text);
+
+        // Neither is for a management key.
+        let (status, refused) = gateway
+            .manage(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                json!({"name": "m", "account": "acme", "management": true,
+                       "allowed_models": ["alpha/"]}),
+            )
+            .await;
+        assert_eq!(status, 422, "{backend}: {refused}");
+        assert_eq!(refused["error"]["metadata"]["param"], "allowed_models");
+        let (status, refused) = gateway
+            .manage(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                json!({"name": "x", "account": "acme", "allowed_models": []}),
+            )
+            .await;
+        assert_eq!(status, 422, "{backend}: {refused}");
+    }
+}

@@ -60,6 +60,8 @@ pub fn chat(account: &str, model: &str, stream: bool) -> Request<Full<Bytes>> {
         include_byok_in_limit: false,
         expires_at: None,
         rotated: false,
+        allowed_models: None,
+        rate_limit: None,
     });
     context.chat = Some(ChatRequest::parse(body.as_bytes()).unwrap());
     request

@@ -7,7 +7,8 @@ use chrono::{TimeZone, Utc};
 use libfuzzer_sys::fuzz_target;
 use modelgate::keys::byok::{hint, MAX_BYOK_KEY_BYTES, MAX_PROVIDER_CHARS, MIN_BYOK_KEY_BYTES};
 use modelgate::keys::{
-    input, is_valid_account_id, MAX_CREDITS, MAX_KEY_NAME_CHARS, OPERATOR_ACCOUNT,
+    input, is_valid_account_id, MAX_ALLOWED_MODELS, MAX_CREDITS, MAX_KEY_NAME_CHARS,
+    OPERATOR_ACCOUNT,
 };
 use modelgate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT};
 
@@ -27,6 +28,22 @@ fuzz_target!(|body: &[u8]| {
                 .limit_nanos
                 .is_none_or(|nanos| (0..=MAX_CREDITS * NANOS_PER_CREDIT).contains(&nanos)));
             assert!(new.expires_at.is_none_or(|expires_at| expires_at > now));
+            // A model list names 1 to 100 patterns, once each; a rate keeps
+            // its bounds; neither is on a management key.
+            assert!(new.allowed_models.as_ref().is_none_or(|models| {
+                (1..=MAX_ALLOWED_MODELS).contains(&models.len())
+                    && models.iter().all(|pattern| pattern.contains('/'))
+                    && models.iter().enumerate().all(|(index, pattern)| {
+                        !models[..index]
+                            .iter()
+                            .any(|earlier| earlier.eq_ignore_ascii_case(pattern))
+                    })
+            }));
+            assert!(new.rate_limit.is_none_or(|rate| {
+                (1..=input::MAX_KEY_RATE_REQUESTS).contains(&rate.requests)
+                    && (1..=input::MAX_KEY_RATE_WINDOW_SECONDS).contains(&rate.window_seconds)
+            }));
+            assert!(!new.management || (new.allowed_models.is_none() && new.rate_limit.is_none()));
         }
         Err(error) => refused(error.status().as_u16()),
     }

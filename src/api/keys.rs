@@ -173,6 +173,15 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
     if update.expires_at.is_some() {
         refuse_expiry_change(&call, &hash, checked.clone()).await?;
     }
+    let sets_calling = input::calling_field(
+        matches!(update.allowed_models, Some(Some(_))),
+        matches!(update.rate_limit, Some(Some(_))),
+    );
+    if let Some(field) = sets_calling {
+        if key_record(&call, &hash, checked.clone()).await?.management {
+            return Err(input::not_for_management_keys(field));
+        }
+    }
     match update.disabled {
         Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,
         Some(false) => refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
@@ -380,6 +389,20 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
             .rotated_to
             .as_ref()
             .map_or(Value::Null, |hash| Value::from(hash.as_str())),
+    );
+    data.insert(
+        "allowed_models".into(),
+        record
+            .allowed_models
+            .as_ref()
+            .map_or(Value::Null, |models| Value::from(models.clone())),
+    );
+    data.insert(
+        "rate_limit".into(),
+        record.rate_limit.map_or(
+            Value::Null,
+            |rate| json!({"requests": rate.requests, "window_seconds": rate.window_seconds}),
+        ),
     );
     data.insert("last_used_at".into(), timestamp(record.last_used_at));
     data.insert(

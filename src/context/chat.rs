@@ -6,8 +6,8 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use super::ModelId;
 use crate::error::{ErrorKind, GatewayError};
+use crate::model_id::ModelId;
 
 /// A message author's role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

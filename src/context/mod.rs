@@ -40,7 +40,6 @@
 //! ```
 
 mod chat;
-mod model_id;
 mod principal;
 mod sent;
 mod stack;
@@ -50,12 +49,12 @@ use std::fmt;
 use bytes::Bytes;
 use http::{Extensions, Request};
 
+pub use crate::model_id::ModelId;
 #[allow(unused_imports)]
 pub(crate) use chat::{
     invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
 };
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
-pub use model_id::ModelId;
 pub use principal::Principal;
 pub use sent::{SentUpstream, UpstreamAttempt};
 pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};

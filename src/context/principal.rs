@@ -1,7 +1,9 @@
 use chrono::{DateTime, Utc};
 
+use crate::error::{ErrorKind, GatewayError};
 use crate::keys::KeyHash;
-use crate::keys::KeyRecord;
+use crate::keys::{KeyRateLimit, KeyRecord};
+use crate::model_id::{pattern_covers, ModelId};
 use crate::store::KeyLimit;
 
 /// Who is calling: the key BearerAuth accepted, put into the request's
@@ -31,9 +33,38 @@ pub struct Principal {
     /// Whether the key was rotated: another replaced it, and it works only
     /// until its grace ends (`expires_at`).
     pub rotated: bool,
+    /// The models the key may call (model ids or provider prefixes);
+    /// `None`: every model.
+    pub allowed_models: Option<Vec<String>>,
+    /// The key's own request rate, if it has one.
+    pub rate_limit: Option<KeyRateLimit>,
 }
 
 impl Principal {
+    /// Whether the key may call `model`: its `allowed_models` cover it, or
+    /// it has none.
+    pub fn may_call(&self, model: &ModelId) -> bool {
+        self.allowed_models
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|pattern| pattern_covers(pattern, model)))
+    }
+
+    /// [`may_call`](Self::may_call), or the 403 `model_not_allowed` that
+    /// refuses the request.
+    pub fn check_model(&self, model: &ModelId) -> Result<(), GatewayError> {
+        if self.may_call(model) {
+            return Ok(());
+        }
+        Err(GatewayError::new(
+            ErrorKind::Forbidden,
+            format!(
+                "this key may not call {model}: its allowed_models do not cover it; GET /api/v1/models lists the models it may call"
+            ),
+        )
+        .with_metadata("reason", "model_not_allowed")
+        .with_metadata("param", "model"))
+    }
+
     /// The principal of a stored key.
     pub fn from_record(key_hash: KeyHash, record: &KeyRecord) -> Self {
         Principal {
@@ -46,6 +77,8 @@ impl Principal {
             include_byok_in_limit: record.include_byok_in_limit,
             expires_at: record.expires_at,
             rotated: record.rotated_to.is_some(),
+            allowed_models: record.allowed_models.clone(),
+            rate_limit: record.rate_limit,
         }
     }
 }
@@ -64,6 +97,8 @@ impl Principal {
             include_byok_in_limit: false,
             expires_at: None,
             rotated: false,
+            allowed_models: None,
+            rate_limit: None,
         }
     }
 }

@@ -300,6 +300,8 @@ impl KeyDirectory {
                 leak: None,
                 hint: Some(key.hint()),
                 rotated_to: None,
+                allowed_models: new.allowed_models.clone(),
+                rate_limit: new.rate_limit,
             };
             // The ledger's terms first: a key is never live with terms the
             // ledger does not have.
@@ -360,6 +362,8 @@ impl KeyDirectory {
             leak: None,
             hint: Some(key.hint()),
             rotated_to: None,
+            allowed_models: new.allowed_models,
+            rate_limit: new.rate_limit,
         };
         let outcome = self
             .inner
@@ -612,7 +616,7 @@ impl KeyDirectory {
     }
 
     /// Replaces the key `hash` with a new one of the same name, account,
-    /// kind, limit, reset, BYOK rule and expiry. The old key keeps working
+    /// kind, limit, reset, BYOK rule, expiry, model list and rate. The old key keeps working
     /// for `grace` (no longer than its own expiry), then is refused with
     /// 401 `rotated_key`. A key is rotated once: two rotations at once make
     /// one successor between them.
@@ -645,6 +649,8 @@ impl KeyDirectory {
                 limit_reset: old.limit_reset,
                 include_byok_in_limit: old.include_byok_in_limit,
                 expires_at: old.expires_at,
+                allowed_models: old.allowed_models.clone(),
+                rate_limit: old.rate_limit,
             })
             .await?;
         let now = self.now();

@@ -12,11 +12,12 @@ use serde_json::{Map, Value};
 use super::byok::{check_api_key, provider_id, ByokError};
 use super::credits::{nanos_from_json, AmountError};
 use super::record::{
-    is_valid_account_id, KeyUpdate, NewAccount, NewKey, DEFAULT_ACCOUNT, MAX_KEY_NAME_CHARS,
-    OPERATOR_ACCOUNT,
+    is_valid_account_id, KeyRateLimit, KeyUpdate, NewAccount, NewKey, DEFAULT_ACCOUNT,
+    MAX_ALLOWED_MODELS, MAX_KEY_NAME_CHARS, OPERATOR_ACCOUNT,
 };
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
+use crate::model_id::check_pattern;
 use crate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES};
 
 /// Keys listed per page.
@@ -36,6 +37,8 @@ pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> 
             "include_byok_in_limit",
             "expires_at",
             "management",
+            "allowed_models",
+            "rate_limit",
         ],
     )?;
     let name = fields
@@ -73,7 +76,108 @@ pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> 
     if let Some(expires_at) = fields.take("expires_at") {
         new.expires_at = expiry(expires_at, now)?;
     }
+    if let Some(models) = fields.take("allowed_models") {
+        new.allowed_models = allowed_models(models)?;
+    }
+    if let Some(rate) = fields.take("rate_limit") {
+        new.rate_limit = key_rate_limit(rate)?;
+    }
+    if new.management {
+        if let Some(field) = calling_field(new.allowed_models.is_some(), new.rate_limit.is_some()) {
+            return Err(not_for_management_keys(field));
+        }
+    }
     Ok(new)
+}
+
+/// The first of a key's model-calling settings that is set, by its name.
+pub(crate) fn calling_field(allowed_models: bool, rate_limit: bool) -> Option<&'static str> {
+    if allowed_models {
+        Some("allowed_models")
+    } else if rate_limit {
+        Some("rate_limit")
+    } else {
+        None
+    }
+}
+
+/// 422: a setting of model calls on a key that calls no models.
+pub(crate) fn not_for_management_keys(field: &str) -> GatewayError {
+    invalid(
+        field,
+        "applies to keys that call models; a management key calls none",
+    )
+}
+
+/// Most requests of a key's own `rate_limit`: each request of its window
+/// is kept, so the window's log stays small.
+pub const MAX_KEY_RATE_REQUESTS: u64 = 10_000;
+/// Longest window of a key's own `rate_limit`: a day.
+pub const MAX_KEY_RATE_WINDOW_SECONDS: u64 = 86_400;
+
+/// `allowed_models`: a non-empty list of model ids or provider prefixes,
+/// or `null` for every model.
+pub(crate) fn allowed_models(value: Value) -> Result<Option<Vec<String>>, GatewayError> {
+    const EXPECTED: &str =
+        "must be a list of model ids (\"openai/gpt-4o\") or provider prefixes (\"anthropic/\"), or null for every model";
+    let items = match value {
+        Value::Null => return Ok(None),
+        Value::Array(items) => items,
+        _ => return Err(invalid("allowed_models", EXPECTED)),
+    };
+    if items.is_empty() {
+        return Err(invalid(
+            "allowed_models",
+            "must name at least one model or provider; null allows every model",
+        ));
+    }
+    if items.len() > MAX_ALLOWED_MODELS {
+        return Err(invalid(
+            "allowed_models",
+            &format!("must name at most {MAX_ALLOWED_MODELS} models or providers"),
+        ));
+    }
+    let mut models: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::String(pattern) = item else {
+            return Err(invalid("allowed_models", EXPECTED));
+        };
+        check_pattern(&pattern)
+            .map_err(|problem| invalid("allowed_models", &format!("entry {problem}")))?;
+        if !models
+            .iter()
+            .any(|known| known.eq_ignore_ascii_case(&pattern))
+        {
+            models.push(pattern);
+        }
+    }
+    Ok(Some(models))
+}
+
+/// `rate_limit`: `{"requests": n, "window_seconds": s}`, or `null` for none.
+pub(crate) fn key_rate_limit(value: Value) -> Result<Option<KeyRateLimit>, GatewayError> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let rate: KeyRateLimit = serde_json::from_value(value).map_err(|_| {
+        invalid(
+            "rate_limit",
+            "must be {\"requests\": n, \"window_seconds\": s} with whole numbers, or null for none",
+        )
+    })?;
+    if !(1..=MAX_KEY_RATE_REQUESTS).contains(&rate.requests) {
+        return Err(invalid(
+            "rate_limit",
+            &format!("requests must be 1 to {MAX_KEY_RATE_REQUESTS}"),
+        ));
+    }
+    if !(1..=MAX_KEY_RATE_WINDOW_SECONDS).contains(&rate.window_seconds) {
+        return Err(invalid(
+            "rate_limit",
+            &format!("window_seconds must be 1 to {MAX_KEY_RATE_WINDOW_SECONDS} (a day)"),
+        ));
+    }
+    Ok(Some(rate))
 }
 
 /// The body of `PATCH /api/v1/keys/{hash}`; `now` bounds `expires_at`
@@ -88,6 +192,8 @@ pub fn key_update(body: &[u8], now: DateTime<Utc>) -> Result<KeyUpdate, GatewayE
             "limit_reset",
             "include_byok_in_limit",
             "expires_at",
+            "allowed_models",
+            "rate_limit",
         ],
     )?;
     Ok(KeyUpdate {
@@ -106,6 +212,11 @@ pub fn key_update(body: &[u8], now: DateTime<Utc>) -> Result<KeyUpdate, GatewayE
             .take("expires_at")
             .map(|value| expiry(value, now))
             .transpose()?,
+        allowed_models: fields
+            .take("allowed_models")
+            .map(allowed_models)
+            .transpose()?,
+        rate_limit: fields.take("rate_limit").map(key_rate_limit).transpose()?,
     })
 }
 
@@ -720,6 +831,72 @@ mod tests {
     }
 
     #[test]
+    fn a_model_list_and_a_rate_are_read_strictly() {
+        let new = new_key(
+            br#"{"name": "a", "allowed_models": ["openai/gpt-4o", "anthropic/", "OpenAI/GPT-4o", "x/y:free"],
+                 "rate_limit": {"requests": 10, "window_seconds": 60}}"#,
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            new.allowed_models.as_deref(),
+            Some(
+                &[
+                    "openai/gpt-4o".to_owned(),
+                    "anthropic/".to_owned(),
+                    "x/y:free".to_owned()
+                ][..]
+            ),
+            "a repeat in another case is kept once"
+        );
+        assert_eq!(
+            new.rate_limit,
+            Some(KeyRateLimit {
+                requests: 10,
+                window_seconds: 60
+            })
+        );
+        let update = key_update(br#"{"allowed_models": null, "rate_limit": null}"#, now()).unwrap();
+        assert_eq!(update.allowed_models, Some(None));
+        assert_eq!(update.rate_limit, Some(None));
+        let many = format!(
+            r#"{{"name": "a", "allowed_models": [{}]}}"#,
+            (0..=MAX_ALLOWED_MODELS)
+                .map(|index| format!("\"p/m{index}\""))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let refused: [(&[u8], &str, &str); 12] = [
+            (br#"{"name": "a", "allowed_models": []}"#, "allowed_models", "at least one"),
+            (br#"{"name": "a", "allowed_models": "openai/"}"#, "allowed_models", "list"),
+            (br#"{"name": "a", "allowed_models": [1]}"#, "allowed_models", "list"),
+            (br#"{"name": "a", "allowed_models": ["gpt-4o"]}"#, "allowed_models", "neither"),
+            (br#"{"name": "a", "allowed_models": ["/"]}"#, "allowed_models", "neither"),
+            (br#"{"name": "a", "allowed_models": ["a/b c"]}"#, "allowed_models", "neither"),
+            (br#"{"name": "a", "rate_limit": {"requests": 0, "window_seconds": 60}}"#, "rate_limit", "1 to 10000"),
+            (br#"{"name": "a", "rate_limit": {"requests": 10001, "window_seconds": 60}}"#, "rate_limit", "1 to 10000"),
+            (br#"{"name": "a", "rate_limit": {"requests": 1, "window_seconds": 86401}}"#, "rate_limit", "window_seconds"),
+            (br#"{"name": "a", "rate_limit": {"requests": 1.5, "window_seconds": 60}}"#, "rate_limit", "whole numbers"),
+            (br#"{"name": "a", "rate_limit": {"requests": 1, "window": 60}}"#, "rate_limit", "whole numbers"),
+            (
+                br#"{"name": "a", "account": "b", "management": true, "rate_limit": {"requests": 1, "window_seconds": 1}}"#,
+                "rate_limit",
+                "management key",
+            ),
+        ];
+        for (body, field, words) in
+            refused
+                .iter()
+                .copied()
+                .chain([(many.as_bytes(), "allowed_models", "at most 100")])
+        {
+            let (status, param, message) = refusal(new_key(body, now()));
+            assert_eq!((status, param.as_str()), (422, field), "{message}");
+            assert!(message.contains(words), "{message}");
+        }
+    }
+
+    #[test]
     fn an_update_tells_absent_from_null() {
         let update = key_update(br#"{"limit": null, "disabled": true}"#, now()).unwrap();
         assert_eq!(update.limit_nanos, Some(None));
@@ -943,7 +1120,7 @@ mod tests {
         }
 
         #[test]
-        fn every_refusal_is_a_4xx(body in "\\{(\"(name|limit|limit_reset|account|expires_at|x)\": (null|1|-1|\"[a-z ]{0,6}\"|true|\\[\\]), ?){0,4}\\}") {
+        fn every_refusal_is_a_4xx(body in "\\{(\"(name|limit|limit_reset|account|expires_at|allowed_models|rate_limit|x)\": (null|1|-1|\"[a-z/ ]{0,6}\"|true|\\[\\]|\\[\"[a-z:/]{0,6}\"\\]|\\{\"requests\": -?[0-9]{1,6}, \"window_seconds\": -?[0-9]{1,6}\\}), ?){0,4}\\}") {
             for result in [new_key(body.as_bytes(), now()).map(|_| ()), key_update(body.as_bytes(), now()).map(|_| ())] {
                 if let Err(error) = result {
                     prop_assert!(error.status().is_client_error(), "{}", error);

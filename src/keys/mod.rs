@@ -58,7 +58,7 @@ pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use crate::store::SharedStore;
 pub(crate) use leak::{report_leak, LeakNotifier, MODELGATE_TOKEN_TYPE};
 pub use record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
-    NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_KEY_NAME_CHARS,
-    OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
+    is_valid_account_id, AccountRecord, DeletedKey, KeyRateLimit, KeyRecord, KeyUpdate, LeakReport,
+    NewAccount, NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_ALLOWED_MODELS,
+    MAX_KEY_NAME_CHARS, OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
 };

@@ -84,7 +84,30 @@ pub struct KeyRecord {
     /// refused with 401 `rotated_key` from then on.
     #[serde(default)]
     pub rotated_to: Option<String>,
+    /// The models the key may call: model ids (`openai/gpt-4o`, every
+    /// variant; `openai/gpt-4o:free`, that one) or provider prefixes
+    /// (`anthropic/`). `None`: every model. Others are refused with 403
+    /// `model_not_allowed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_models: Option<Vec<String>>,
+    /// The key's own request rate, checked with the account's rules in
+    /// the same admission step; past it 429 with `limit_source: "key"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<KeyRateLimit>,
 }
+
+/// A key's own request rate: at most `requests` in any `window_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRateLimit {
+    /// Most requests in any window.
+    pub requests: u64,
+    /// The window, in seconds.
+    pub window_seconds: u64,
+}
+
+/// Most entries of a key's `allowed_models`.
+pub const MAX_ALLOWED_MODELS: usize = 100;
 
 /// Where and when a key was reported leaked, and by whom.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +142,8 @@ impl fmt::Debug for KeyRecord {
             .field("expires_at", &self.expires_at)
             .field("last_used_at", &self.last_used_at)
             .field("leak", &self.leak)
+            .field("allowed_models", &self.allowed_models)
+            .field("rate_limit", &self.rate_limit)
             .finish()
     }
 }
@@ -208,6 +233,10 @@ pub struct NewKey {
     pub include_byok_in_limit: bool,
     /// When the key stops working.
     pub expires_at: Option<DateTime<Utc>>,
+    /// The models it may call; `None`: every model.
+    pub allowed_models: Option<Vec<String>>,
+    /// Its own request rate, if any.
+    pub rate_limit: Option<KeyRateLimit>,
 }
 
 impl NewKey {
@@ -222,6 +251,8 @@ impl NewKey {
             limit_reset: None,
             include_byok_in_limit: false,
             expires_at: None,
+            allowed_models: None,
+            rate_limit: None,
         }
     }
 }
@@ -241,6 +272,10 @@ pub struct KeyUpdate {
     pub include_byok_in_limit: Option<bool>,
     /// A new expiry: `Some(None)` makes the key never expire.
     pub expires_at: Option<Option<DateTime<Utc>>>,
+    /// A new model list: `Some(None)` allows every model.
+    pub allowed_models: Option<Option<Vec<String>>>,
+    /// A new rate: `Some(None)` removes the key's own rate.
+    pub rate_limit: Option<Option<KeyRateLimit>>,
 }
 
 impl KeyUpdate {
@@ -264,6 +299,12 @@ impl KeyUpdate {
         // A rotated key's expiry is the end of its grace: never moved.
         if let Some(expires_at) = self.expires_at.filter(|_| record.rotated_to.is_none()) {
             record.expires_at = expires_at;
+        }
+        if let Some(allowed_models) = &self.allowed_models {
+            record.allowed_models = allowed_models.clone();
+        }
+        if let Some(rate_limit) = self.rate_limit {
+            record.rate_limit = rate_limit;
         }
         record.updated_at = Some(now);
     }
@@ -303,6 +344,8 @@ mod tests {
             leak: None,
             hint: None,
             rotated_to: None,
+            allowed_models: None,
+            rate_limit: None,
         };
         let shown = format!(
             "{record:?} {:?}",

@@ -18,7 +18,7 @@ use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRIT
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{ChatRequest, ModelId};
-use crate::context::RequestContext;
+use crate::context::{Principal, RequestContext};
 use crate::edit::{JsonObject, ModelNamed, NameModel};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
 use crate::response_body::ResponseBody;
@@ -122,7 +122,12 @@ where
                     .map(|body| ReportedModel::new(ResponseBody::inner(body), "", BodyKind::Other)))
             });
         };
-        let mut candidates = match self.catalog.candidates(chat) {
+        let principal = RequestContext::of(&request).and_then(|context| context.principal.as_ref());
+        let candidates = self
+            .catalog
+            .candidates(chat)
+            .and_then(|candidates| callable(principal, &chat.model_id, candidates));
+        let mut candidates = match candidates {
             Ok(candidates) => candidates,
             Err(error) => {
                 return Box::pin(async move {
@@ -132,7 +137,10 @@ where
                 })
             }
         };
-        if candidates.len() == 1 && !chat.extra.contains_key("models") {
+        if candidates.len() == 1
+            && !chat.extra.contains_key("models")
+            && candidates[0] == chat.model_id
+        {
             // Nothing to fall back to: the request goes on as it is, its
             // parsed body not copied.
             let model = candidates.swap_remove(0);
@@ -319,6 +327,22 @@ impl crate::context::ContextLayer for FallbackLayer {
         use crate::context::ContextPart;
         &[ContextPart::ParsedBody]
     }
+}
+
+/// The candidates the key may call: all of them unless it has a model
+/// list; with none left, the key's refusal of the model asked.
+fn callable(
+    principal: Option<&Principal>,
+    asked: &ModelId,
+    mut candidates: Vec<ModelId>,
+) -> Result<Vec<ModelId>, GatewayError> {
+    if let Some(key) = principal.filter(|key| key.allowed_models.is_some()) {
+        candidates.retain(|model| key.may_call(model));
+        if candidates.is_empty() {
+            key.check_model(asked)?;
+        }
+    }
+    Ok(candidates)
 }
 
 #[cfg(test)]

@@ -103,7 +103,7 @@ use crate::auth::{AuthFailures, BearerAuthLayer};
 use crate::body::{BodyLimitLayer, DrainUnreadLayer};
 use crate::client_addr::{ClientAddrLayer, TrustedProxies};
 use crate::clock::{Clock, SystemClock};
-use crate::context::CheckedStack;
+use crate::context::{CheckedStack, RequestContext};
 use crate::credit::{CreditGuardLayer, PendingSettlements};
 use crate::error::{ErrorKind, GatewayError};
 use crate::error_mapper::ErrorMapperLayer;
@@ -397,9 +397,15 @@ where
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         if is_models_path(request.method(), request.uri().path()) {
-            let mut response = Response::new(ResponseBody::full(Bytes::from(
-                self.models_list.to_string(),
-            )));
+            let principal =
+                RequestContext::of(&request).and_then(|context| context.principal.as_ref());
+            let list = match principal {
+                Some(key) if key.allowed_models.is_some() => {
+                    models::callable_by(&self.models_list, key).to_string()
+                }
+                _ => self.models_list.to_string(),
+            };
+            let mut response = Response::new(ResponseBody::full(Bytes::from(list)));
             response.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),

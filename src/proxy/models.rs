@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::body::{invalid_parameter, wrong_type, ChatRequest, ModelId};
+use crate::context::Principal;
 use crate::credit::{PriceTable, Pricing};
 use crate::error::{ErrorKind, GatewayError};
 use crate::free_quota::FreeQuotaRules;
@@ -253,6 +254,20 @@ impl ModelCatalog {
 /// `units` / 10^`scale` as an exact decimal string: prices are nano-credits
 /// per million tokens, so scale 9 gives credits per million tokens and 15
 /// credits per token.
+/// The models list with only the models `key` may call.
+pub(crate) fn callable_by(list: &Value, key: &Principal) -> Value {
+    let mut list = list.clone();
+    if let Some(Value::Array(models)) = list.get_mut("data") {
+        models.retain(|model| {
+            model["id"]
+                .as_str()
+                .and_then(|id| ModelId::parse(id).ok())
+                .is_some_and(|id| key.may_call(&id))
+        });
+    }
+    list
+}
+
 fn decimal(units: i64, scale: u32) -> String {
     let divisor = 10_u128.pow(scale);
     let magnitude = u128::from(units.unsigned_abs());

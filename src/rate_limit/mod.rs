@@ -13,11 +13,17 @@
 //!   that matches applies;
 //! - per-account overrides of either.
 //!
+//! A key may add its own: a [`KeyRateLimit`](crate::keys::KeyRateLimit)
+//! (its `rate_limit`, at most `requests` in any `window_seconds`, counted
+//! for that key alone) and a model list (`allowed_models`): a model it
+//! does not cover is refused 403 `model_not_allowed` before anything is
+//! counted.
+//!
 //! All of a request's checks are one atomic store step: a refused request
 //! counts nowhere. Refusals are 429 with `Retry-After` (whole seconds,
 //! rounded up, at least 1), `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
 //! `X-RateLimit-Reset` (seconds until the limit is whole again) and
-//! `metadata.limit_source` (`account_rate` or `model_rate`). When the store
+//! `metadata.limit_source` (`account_rate`, `model_rate` or `key`). When the store
 //! fails the layer admits unchecked (logged and counted) unless set to fail
 //! closed. A counter the store reported full is remembered until the wait
 //! it reported ends, so requests that would be refused anyway cost no round

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::body::ModelId;
 use crate::error::LimitSource;
+use crate::model_id::{check_pattern, pattern_covers};
 use crate::store::{Check, Limit};
 
 /// One bound on a request rate.
@@ -58,7 +59,7 @@ impl RateRule {
     /// The rule's kind and window, for its counter's name: rules that
     /// differ in either count apart (10 a minute and 100 an hour on one
     /// pattern are two counters).
-    fn counter_name(&self, prefix: &[&str]) -> String {
+    pub(crate) fn counter_name(&self, prefix: &[&str]) -> String {
         let (kind, seconds) = match *self {
             RateRule::Gcra { period_seconds, .. } => ("gcra:", period_seconds),
             RateRule::Rolling { window_seconds, .. } => ("rolling:", window_seconds),
@@ -138,28 +139,11 @@ pub struct ModelRule {
 impl ModelRule {
     /// Whether the rule covers `model` (ASCII case ignored, as upstreams do).
     pub fn covers(&self, model: &ModelId) -> bool {
-        let pattern = self.matches.as_str();
-        if let Some(provider) = pattern.strip_suffix('/') {
-            return model.provider().eq_ignore_ascii_case(provider);
-        }
-        if pattern.contains(':') {
-            model.as_str().eq_ignore_ascii_case(pattern)
-        } else {
-            model.base().eq_ignore_ascii_case(pattern)
-        }
+        pattern_covers(&self.matches, model)
     }
 
     fn validate(&self) -> Result<(), String> {
-        let pattern = &self.matches;
-        let valid = match pattern.strip_suffix('/') {
-            Some(provider) => ModelId::parse(&format!("{provider}/x")).is_ok(),
-            None => ModelId::parse(pattern).is_ok(),
-        };
-        if !valid {
-            return Err(format!(
-                "match {pattern:?} is neither a model id (provider/model[:variant]) nor a provider prefix (provider/)"
-            ));
-        }
+        check_pattern(&self.matches).map_err(|problem| format!("match {problem}"))?;
         self.limit.validate()
     }
 }

@@ -6,10 +6,11 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::GlobalRateLimitConfig;
-use super::rules::RuleCheck;
+use super::rules::{RateRule, RuleCheck};
 use crate::body::is_chat_completions_call;
 use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
+use crate::keys::{KeyHash, KeyRateLimit};
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
@@ -67,7 +68,13 @@ where
             );
         }
         let model = chat.map(|chat| &chat.model_id);
-        let rule_checks = self.config.rules.checks_for(&principal.account_id, model);
+        if let Some(Err(error)) = model.map(|model| principal.check_model(model)) {
+            return ResponseFuture::rejected(LAYER, error);
+        }
+        let mut rule_checks = self.config.rules.checks_for(&principal.account_id, model);
+        if let Some(rate) = principal.rate_limit {
+            rule_checks.push(key_rate_check(&principal.key_hash, rate));
+        }
         let account = principal.account_id.clone();
         if rule_checks.is_empty() {
             return ResponseFuture::admitted(LAYER, request, self.inner.clone());
@@ -121,6 +128,26 @@ fn finish(rule_checks: &[RuleCheck], verdict: Verdict) -> Result<Admission, Gate
     }
 }
 
+/// The key's own rate as a check on a counter of its own, within the
+/// account's scope so that it is decided in the same atomic step as the
+/// account's rules.
+fn key_rate_check(key: &KeyHash, rate: KeyRateLimit) -> RuleCheck {
+    let rule = RateRule::Rolling {
+        requests: rate.requests,
+        window_seconds: rate.window_seconds,
+    };
+    RuleCheck {
+        check: Check::new(
+            rule.counter_name(&["rate:key:", &key.to_hex(), ":"]),
+            rule.limit(),
+            1,
+        ),
+        source: LimitSource::Key,
+        rule,
+        matches: None,
+    }
+}
+
 fn refusal(
     rule: &RuleCheck,
     outcome: &CheckOutcome,
@@ -130,6 +157,10 @@ fn refusal(
     let message = match (&rule.source, &rule.matches) {
         (LimitSource::ModelRate, Some(matches)) => format!(
             "the rate limit for {matches} is reached: {}; retry in {seconds} s with backoff, or spread the load over other models",
+            rule.rule
+        ),
+        (LimitSource::Key, _) => format!(
+            "this key's rate limit is reached: {}; retry in {seconds} s with backoff",
             rule.rule
         ),
         _ => format!(

@@ -125,6 +125,38 @@ impl fmt::Display for ModelId {
     }
 }
 
+/// Whether the model pattern `pattern` covers `model`: `provider/` covers
+/// every model of the provider, an id with a `:variant` that variant only,
+/// an id without one the model in every variant (a rule or an allow-list
+/// naming `openai/gpt-4o` is not dodged with `:nitro`). ASCII case is
+/// ignored. `pattern` is one [`check_pattern`] accepted.
+pub(crate) fn pattern_covers(pattern: &str, model: &ModelId) -> bool {
+    if let Some(provider) = pattern.strip_suffix('/') {
+        return model.provider().eq_ignore_ascii_case(provider);
+    }
+    if pattern.contains(':') {
+        model.as_str().eq_ignore_ascii_case(pattern)
+    } else {
+        model.base().eq_ignore_ascii_case(pattern)
+    }
+}
+
+/// Checks a model pattern: a model id (`provider/model[:variant]`) or a
+/// provider prefix (`provider/`); what is wrong otherwise.
+pub(crate) fn check_pattern(pattern: &str) -> Result<(), String> {
+    let valid = match pattern.strip_suffix('/') {
+        Some(provider) => ModelId::parse(&format!("{provider}/x")).is_ok(),
+        None => ModelId::parse(pattern).is_ok(),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{pattern:?} is neither a model id (provider/model[:variant]) nor a provider prefix (provider/)"
+        ))
+    }
+}
+
 fn is_model_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/' | ':')
 }
