@@ -694,6 +694,127 @@ async fn a_key_is_rotated_on_the_page() {
     page.close().await;
 }
 
+/// A key's model list and rate are set when it is made, shown in its row,
+/// changed and lifted in the editor, and hold at the API each time; bad
+/// entries get the API's or the form's own message.
+#[tokio::test]
+async fn a_keys_models_and_rate_are_set_and_changed_on_the_page() {
+    let page = OperatorPage::open().await;
+    let (browser, api, admin) = (&page.browser, &page.api, page.admin.as_str());
+
+    browser.fill("create-key", "Name", "narrow").await;
+    browser.fill("create-key", "Allowed models", "other/").await;
+    browser.fill("create-key", "Requests", "2").await;
+    browser.fill("create-key", "per seconds", "60").await;
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    let key = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    browser.click(Some("new-key"), "Done").await;
+    let record = api.key_named(admin, "narrow").await.unwrap();
+    assert_eq!(record["allowed_models"], json!(["other/"]));
+    assert_eq!(
+        record["rate_limit"],
+        json!({"requests": 2, "window_seconds": 60})
+    );
+    wait_for_cell(browser, "narrow", "name", "its bounds", |text| {
+        text.is_some_and(|text| {
+            text.contains("Models: other/") && text.contains("2 requests per 60 s")
+        })
+    })
+    .await;
+    let (status, body) = api.chat(&key).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["metadata"]["reason"], "model_not_allowed");
+
+    // The editor shows both; the model it calls is added.
+    edit(browser, "narrow").await;
+    assert_eq!(
+        browser
+            .by_id("edit-models")
+            .await
+            .prop("value")
+            .await
+            .unwrap()
+            .unwrap(),
+        "other/"
+    );
+    assert_eq!(
+        browser
+            .by_id("edit-rate-requests")
+            .await
+            .prop("value")
+            .await
+            .unwrap()
+            .unwrap(),
+        "2"
+    );
+    browser
+        .fill("edit-key", "Allowed models", "demo/paid, other/")
+        .await;
+    browser.click(Some("edit-key"), "Save").await;
+    wait_for_cell(browser, "narrow", "name", "the new list", |text| {
+        text.is_some_and(|text| text.contains("Models: demo/paid, other/"))
+    })
+    .await;
+    // Two a minute, the refused 403 not among them.
+    for expected in [200, 200, 429] {
+        let (status, body) = api.chat(&key).await;
+        assert_eq!(status, expected, "{body}");
+        if status == 429 {
+            assert_eq!(body["error"]["metadata"]["limit_source"], "key");
+        }
+    }
+
+    // A bad entry is the API's 422, a half rate the form's own message;
+    // neither changes the key.
+    edit(browser, "narrow").await;
+    browser.fill("edit-key", "Allowed models", "gpt-4o").await;
+    browser.click(Some("edit-key"), "Save").await;
+    browser
+        .wait_for_text("message", "the refused entry", |text| {
+            text.contains("allowed_models") && text.contains("gpt-4o")
+        })
+        .await;
+    browser.fill("edit-key", "Allowed models", "demo/").await;
+    browser.fill("edit-key", "per seconds", "").await;
+    browser.click(Some("edit-key"), "Save").await;
+    browser
+        .wait_for_text("message", "the half rate", |text| {
+            text.contains("needs both")
+        })
+        .await;
+    let record = api.key_named(admin, "narrow").await.unwrap();
+    assert_eq!(record["allowed_models"], json!(["demo/paid", "other/"]));
+
+    // Both cleared: every model, no rate of its own.
+    browser.fill("edit-key", "Allowed models", "").await;
+    browser.fill("edit-key", "Requests", "").await;
+    browser.click(Some("edit-key"), "Save").await;
+    browser
+        .wait_for_text("message", "the save", |text| {
+            text.contains("Saved the key “narrow”")
+        })
+        .await;
+    let record = api.key_named(admin, "narrow").await.unwrap();
+    assert_eq!(
+        (
+            record["allowed_models"].clone(),
+            record["rate_limit"].clone()
+        ),
+        (Value::Null, Value::Null)
+    );
+    let (status, body) = api.chat(&key).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(browser.csp_violations().await, json!([]));
+    page.close().await;
+}
+
 /// The generations table pages through the account's records, twenty at a
 /// time, and exports them as one CSV file.
 #[tokio::test]

@@ -59,6 +59,7 @@
   }
 
   const LIMIT_MESSAGE = 'Credit limit must be a number of credits, such as 5 or 0.5.';
+  const RATE_MESSAGE = 'A rate limit needs both a number of requests and a window in seconds, such as 60 per 60; or leave both empty.';
 
   // A Credit limit field: a number of credits, or null when empty.
   function limitField(input) {
@@ -70,6 +71,26 @@
     const value = Number(text);
     if (!Number.isFinite(value) || value < 0) throw new Error(LIMIT_MESSAGE);
     return value;
+  }
+
+  // An Allowed models field: the list the API takes, or null (every
+  // model) when empty. The API checks each entry and names a bad one.
+  function modelsField(input) {
+    const models = input.value.split(/[\s,]+/).filter(Boolean);
+    return models.length ? models : null;
+  }
+
+  // The two fields of a rate limit: {requests, window_seconds}, or null
+  // when both are empty.
+  function rateField(requests, window) {
+    const count = requests.value.trim();
+    const seconds = window.value.trim();
+    if (count === '' && seconds === '') {
+      if (requests.validity.badInput || window.validity.badInput) throw new Error(RATE_MESSAGE);
+      return null;
+    }
+    if (count === '' || seconds === '') throw new Error(RATE_MESSAGE);
+    return { requests: Number(count), window_seconds: Number(seconds) };
   }
 
   // An Expires field (datetime-local): the instant in ISO 8601, or null
@@ -88,5 +109,7 @@
     say,
     limitField,
     expiresField,
+    modelsField,
+    rateField,
   });
 })();

@@ -6,7 +6,7 @@
 'use strict';
 
 (() => {
-  const { STORAGE_KEY, ApiError, say, limitField, expiresField } = globalThis.modelgateApi;
+  const { STORAGE_KEY, ApiError, say, limitField, expiresField, modelsField, rateField } = globalThis.modelgateApi;
   const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
   const MAX_PAGES = 50;
   // The account every gateway has; the operator's page starts on it (the
@@ -301,6 +301,12 @@
       name.append(element('span', key.name, 'key-name'));
       // Its first and last characters, to tell keys of one name apart.
       if (key.hint) name.append(element('span', key.hint, 'hint help'));
+      // What it may call, and how often, when it has its own bounds.
+      if (key.allowed_models) name.append(element('span', 'Models: ' + key.allowed_models.join(', '), 'models help'));
+      if (key.rate_limit) {
+        name.append(element('span', key.rate_limit.requests + ' requests per ' +
+          key.rate_limit.window_seconds + ' s', 'rate help'));
+      }
       row.append(name);
       const accountCell = element('td', key.account, 'operator-only');
       accountCell.hidden = !session.operator;
@@ -696,6 +702,13 @@
     $('edit-reset').value = key.limit_reset || '';
     $('edit-byok').checked = Boolean(key.include_byok_in_limit);
     $('edit-expires').value = key.expires_at ? localInput(key.expires_at) : '';
+    $('edit-models').value = (key.allowed_models || []).join(', ');
+    $('edit-rate-requests').value = key.rate_limit ? String(key.rate_limit.requests) : '';
+    $('edit-rate-window').value = key.rate_limit ? String(key.rate_limit.window_seconds) : '';
+    // A management key calls no models: neither applies to it.
+    for (const id of ['edit-models', 'edit-rate-requests', 'edit-rate-window']) {
+      $(id).disabled = Boolean(key.management);
+    }
     // A rotated key stops when its grace ends; the key in use keeps its
     // expiry (it must not lock itself out); a management key's is the
     // operator's to set.
@@ -752,6 +765,10 @@
     const expires = expiresField($('edit-expires'));
     const shown = key.expires_at ? localInput(key.expires_at) : '';
     if (!$('edit-expires').disabled && $('edit-expires').value !== shown) update.expires_at = expires;
+    if (!key.management) {
+      update.allowed_models = modelsField($('edit-models'));
+      update.rate_limit = rateField($('edit-rate-requests'), $('edit-rate-window'));
+    }
     // A leaked key and the key in use keep their state (see fillEditor).
     if (!key.leak && !key.current) update.disabled = $('edit-disabled').checked;
     if (!update.name) throw new Error('Name must not be empty.');
@@ -790,6 +807,10 @@
     const expires = expiresField($('new-expires'));
     if (expires !== null) body.expires_at = expires;
     if ($('new-byok').checked) body.include_byok_in_limit = true;
+    const models = modelsField($('new-models'));
+    if (models !== null) body.allowed_models = models;
+    const rate = rateField($('new-rate-requests'), $('new-rate-window'));
+    if (rate !== null) body.rate_limit = rate;
     // Only the operator names the account, or asks for a management key.
     if (session.operator && session.account !== null) body.account = session.account;
     if (session.operator && $('new-management').checked) body.management = true;
@@ -833,6 +854,9 @@
     $('new-limit').value = key.limit === null ? '' : String(key.limit);
     $('new-reset').value = key.limit_reset || '';
     $('new-byok').checked = Boolean(key.include_byok_in_limit);
+    $('new-models').value = (key.allowed_models || []).join(', ');
+    $('new-rate-requests').value = key.rate_limit ? String(key.rate_limit.requests) : '';
+    $('new-rate-window').value = key.rate_limit ? String(key.rate_limit.window_seconds) : '';
     if (session.operator) $('new-management').checked = Boolean(key.management);
     $('new-name').focus();
     say('The form below has the settings of the leaked key “' + key.name +
