@@ -596,7 +596,8 @@
       if (row.date < first) first = row.date;
       if (row.date > last) last = row.date;
     }
-    const models = Array.from(new Set(rows.map((row) => row.model))).sort();
+    // The chart's models, each its colour: those that spent credits.
+    const models = Array.from(new Set(rows.filter((row) => Number(row.usage) > 0).map((row) => row.model))).sort();
     const chart = globalThis.modelgateActivity;
     chart.draw($('activity-chart'), rows, models, first, last, credits);
     chart.legend($('activity-legend'), models);
