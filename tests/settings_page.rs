@@ -1623,7 +1623,9 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         [OTHER_PAID, PAID_MODEL].into(),
         "two models spent: {activity:?}"
     );
-    assert!(activity.iter().any(|row| row["model"] == FREE && row["usage"] == 0));
+    assert!(activity
+        .iter()
+        .any(|row| row["model"] == FREE && row["usage"] == 0));
 
     // The page, refreshed, shows the same rows in its table.
     let deadline = Instant::now() + PATIENCE;
@@ -1638,7 +1640,11 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         if rows.as_array().unwrap().len() == activity.len() {
             break rows.as_array().unwrap().clone();
         }
-        assert!(Instant::now() < deadline, "the activity table never had {} rows: {rows}", activity.len());
+        assert!(
+            Instant::now() < deadline,
+            "the activity table never had {} rows: {rows}",
+            activity.len()
+        );
         browser.click(Some("generations"), "Refresh").await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -1646,10 +1652,26 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         assert_eq!(row["date"], figures["date"], "{row}");
         assert_eq!(row["model"], figures["model"], "{row}");
         assert_eq!(row["requests"], figures["requests"].to_string(), "{row}");
-        assert_eq!(row["tokens-in"], figures["prompt_tokens"].to_string(), "{row}");
-        assert_eq!(row["tokens-out"], figures["completion_tokens"].to_string(), "{row}");
-        let shown: f64 = row["usage"].as_str().unwrap().replace(',', "").parse().unwrap();
-        assert!((shown - figures["usage"].as_f64().unwrap()).abs() < 1e-6, "{row}");
+        assert_eq!(
+            row["tokens-in"],
+            figures["prompt_tokens"].to_string(),
+            "{row}"
+        );
+        assert_eq!(
+            row["tokens-out"],
+            figures["completion_tokens"].to_string(),
+            "{row}"
+        );
+        let shown: f64 = row["usage"]
+            .as_str()
+            .unwrap()
+            .replace(',', "")
+            .parse()
+            .unwrap();
+        assert!(
+            (shown - figures["usage"].as_f64().unwrap()).abs() < 1e-6,
+            "{row}"
+        );
         assert_eq!(row["byok"], "0", "{row}");
     }
     assert!(!browser.displayed("no-activity").await);

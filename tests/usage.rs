@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::gateway::{instance, instance_with_clock};
 use common::redis_server::RedisServer;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::clock::ManualClock;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
@@ -754,9 +754,17 @@ fn activity_figures(rows: &Value) -> Figures {
     let rows = rows["data"].as_array().unwrap();
     let keys: Vec<(String, String)> = rows
         .iter()
-        .map(|row| (row["date"].as_str().unwrap().to_owned(), row["model"].as_str().unwrap().to_owned()))
+        .map(|row| {
+            (
+                row["date"].as_str().unwrap().to_owned(),
+                row["model"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    assert!(keys.windows(2).all(|pair| pair[0] < pair[1]), "ordered: {keys:?}");
+    assert!(
+        keys.windows(2).all(|pair| pair[0] < pair[1]),
+        "ordered: {keys:?}"
+    );
     rows.iter()
         .zip(keys)
         .map(|(row, key)| {
@@ -835,7 +843,8 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
                 .and_utc()
         };
         let clock = ManualClock::new(noon(2));
-        let gateway = instance_with_clock(store.clone(), &base, &config, Arc::new(clock.clone())).await;
+        let gateway =
+            instance_with_clock(store.clone(), &base, &config, Arc::new(clock.clone())).await;
         KeyDirectory::new(store.clone())
             .top_up("acme", 100 * NANOS_PER_CREDIT)
             .await
@@ -855,16 +864,25 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
         )
         .await;
         assert_eq!(set.status, 200, "{name}: {}", set.body);
-        let ask = |model: &str, words: &str| {
-            json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": words}]})
-        };
+        let ask = |model: &str, words: &str| json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": words}]});
         // Two days ago, yesterday, today: (key, model, prompt) each.
         let days: [&[(&str, &str, &str)]; 3] = [
-            &[(&one, "demo/paid", "Hi"), (&one, "demo/paid", "Hello there"), (&two, "demo/other", "Hey")],
-            &[(&one, "demo/paid", "Good morning to you"), (&two, "own/model", "Hi")],
+            &[
+                (&one, "demo/paid", "Hi"),
+                (&one, "demo/paid", "Hello there"),
+                (&two, "demo/other", "Hey"),
+            ],
+            &[
+                (&one, "demo/paid", "Good morning to you"),
+                (&two, "own/model", "Hi"),
+            ],
             &[
                 (&two, "demo/other", "Hi"),
-                (&one, "demo/other", "A longer question, with more tokens in it"),
+                (
+                    &one,
+                    "demo/other",
+                    "A longer question, with more tokens in it",
+                ),
                 (&one, "own/model", "Hello"),
                 (&two, "demo/paid", "Hi"),
             ],
@@ -884,11 +902,16 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
             })
             .await;
         }
-        let records = get(gateway, "/api/v1/generations?limit=100", &manager).await.body;
+        let records = get(gateway, "/api/v1/generations?limit=100", &manager)
+            .await
+            .body;
         let records = records["data"].as_array().unwrap();
         assert_eq!(records.len(), 9, "{name}");
         assert_eq!(
-            records.iter().filter(|record| record["is_byok"] == true).count(),
+            records
+                .iter()
+                .filter(|record| record["is_byok"] == true)
+                .count(),
             2,
             "{name}: the account's own key went upstream for own/model"
         );
@@ -896,7 +919,12 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
         let activity = get(gateway, "/api/v1/activity", &manager).await;
         assert_eq!(activity.status, 200, "{name}: {}", activity.body);
         let figures = activity_figures(&activity.body);
-        assert_eq!(figures, record_figures(records), "{name}: {}", activity.body);
+        assert_eq!(
+            figures,
+            record_figures(records),
+            "{name}: {}",
+            activity.body
+        );
         // Not a sum of nothing: three days, seven (day, model) rows, BYOK
         // spend apart from the balance's, tokens counted.
         let dates: std::collections::BTreeSet<&str> =
@@ -912,7 +940,12 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
         assert!(balance_spent > 0, "{name}");
 
         // One day only; the operator names the account and sees the same.
-        let one_day = get(gateway, &format!("/api/v1/activity?date={yesterday}"), &manager).await;
+        let one_day = get(
+            gateway,
+            &format!("/api/v1/activity?date={yesterday}"),
+            &manager,
+        )
+        .await;
         assert_eq!(one_day.status, 200, "{name}: {}", one_day.body);
         let expected: Figures = figures
             .iter()
@@ -926,7 +959,11 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
         // Refusals, each saying why.
         let refusal = |reply: &Reply, status: u16, field: &str, value: &str| {
             assert_eq!(reply.status, status, "{name}: {}", reply.body);
-            assert_eq!(reply.body["error"]["metadata"][field], value, "{name}: {}", reply.body);
+            assert_eq!(
+                reply.body["error"]["metadata"][field], value,
+                "{name}: {}",
+                reply.body
+            );
         };
         let inference = get(gateway, "/api/v1/activity", &one).await;
         refusal(&inference, 403, "reason", "management_key_required");
@@ -936,11 +973,20 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
         refusal(&elsewhere, 403, "reason", "other_account");
         let gateway_wide = get(gateway, "/api/v1/activity?account=*", &operator).await;
         refusal(&gateway_wide, 422, "param", "account");
-        for date in ["2026-1-05", "yesterday", &(today + chrono::Duration::days(1)).to_string()] {
+        for date in [
+            "2026-1-05",
+            "yesterday",
+            &(today + chrono::Duration::days(1)).to_string(),
+        ] {
             let bad = get(gateway, &format!("/api/v1/activity?date={date}"), &manager).await;
             refusal(&bad, 422, "param", "date");
         }
-        let twice = get(gateway, &format!("/api/v1/activity?date={yesterday}&date={yesterday}"), &manager).await;
+        let twice = get(
+            gateway,
+            &format!("/api/v1/activity?date={yesterday}&date={yesterday}"),
+            &manager,
+        )
+        .await;
         refusal(&twice, 400, "param", "date");
         // Another account's manager reads its own: nothing yet.
         let own = get(gateway, "/api/v1/activity", &other_manager).await;

@@ -157,7 +157,9 @@ pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
         .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
         .filter(|record| record["user_id"].as_str() == Some(account.as_str()))
         .collect();
-    Ok(ok(json!({ "data": activity_rows(&records, today, query.date) })))
+    Ok(ok(
+        json!({ "data": activity_rows(&records, today, query.date) }),
+    ))
 }
 
 /// Whether `record` passes the query's `key`, `model`, `from` and `to`.

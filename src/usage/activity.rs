@@ -41,7 +41,10 @@ pub fn activity_window_start(today: NaiveDate) -> NaiveDate {
 /// Reads `GET /api/v1/activity`'s query string, `today` being the current
 /// UTC day: a parameter given twice is a 400, a bad value a 422, each
 /// naming it in `metadata.param`.
-pub fn activity_query(query: Option<&str>, today: NaiveDate) -> Result<ActivityQuery, GatewayError> {
+pub fn activity_query(
+    query: Option<&str>,
+    today: NaiveDate,
+) -> Result<ActivityQuery, GatewayError> {
     let mut parsed = ActivityQuery::default();
     let mut seen: Vec<&'static str> = Vec::new();
     for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
@@ -67,7 +70,10 @@ pub fn activity_query(query: Option<&str>, today: NaiveDate) -> Result<ActivityQ
         }
         let start = activity_window_start(today);
         let date = strict_date(&value).ok_or_else(|| {
-            bad(name, "must be a UTC date written YYYY-MM-DD, such as 2026-11-01")
+            bad(
+                name,
+                "must be a UTC date written YYYY-MM-DD, such as 2026-11-01",
+            )
         })?;
         if date < start || date > today {
             return Err(bad(
@@ -137,7 +143,10 @@ pub fn activity_rows<'a>(
         };
         let row = sums.entry((day, model.to_owned())).or_default();
         if row.provider_name.is_empty() {
-            row.provider_name = record["provider_name"].as_str().unwrap_or_default().to_owned();
+            row.provider_name = record["provider_name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
         }
         row.requests += 1;
         row.prompt_tokens = row
@@ -179,7 +188,10 @@ mod tests {
 
     #[test]
     fn the_query_reads_a_date_in_the_window_and_an_account() {
-        assert_eq!(activity_query(None, today()).unwrap(), ActivityQuery::default());
+        assert_eq!(
+            activity_query(None, today()).unwrap(),
+            ActivityQuery::default()
+        );
         let query = activity_query(Some("date=2026-10-27&account=acme&_=1"), today()).unwrap();
         assert_eq!(query.date, NaiveDate::from_ymd_opt(2026, 10, 27));
         assert_eq!(query.account.as_deref(), Some("acme"));
@@ -210,11 +222,21 @@ mod tests {
             let error = activity_query(Some(query), today()).unwrap_err();
             assert_eq!(error.status().as_u16(), status, "{query}");
             assert_eq!(error.metadata()["param"], param, "{query}");
-            assert!(error.message().contains(param), "{query}: {}", error.message());
+            assert!(
+                error.message().contains(param),
+                "{query}: {}",
+                error.message()
+            );
         }
     }
 
-    fn record(created_at: &str, model: &str, cost: f64, byok: bool, tokens: Option<(u64, u64)>) -> Value {
+    fn record(
+        created_at: &str,
+        model: &str,
+        cost: f64,
+        byok: bool,
+        tokens: Option<(u64, u64)>,
+    ) -> Value {
         json!({
             "created_at": created_at,
             "model": model,
@@ -230,12 +252,36 @@ mod tests {
     #[test]
     fn records_are_summed_per_utc_day_and_model_in_order() {
         let records = [
-            record("2026-11-26T23:59:59.999Z", "b/two", 0.1, false, Some((3, 4))),
-            record("2026-11-26T00:00:00.000Z", "b/two", 0.2, false, Some((1, 1))),
+            record(
+                "2026-11-26T23:59:59.999Z",
+                "b/two",
+                0.1,
+                false,
+                Some((3, 4)),
+            ),
+            record(
+                "2026-11-26T00:00:00.000Z",
+                "b/two",
+                0.2,
+                false,
+                Some((1, 1)),
+            ),
             record("2026-11-26T10:00:00.000Z", "a/one", 0.5, true, None),
             // 23:30 the day before in UTC, though 00:30 where it was sent.
-            record("2026-11-26T00:30:00+01:00", "a/one", 1.0, false, Some((10, 0))),
-            record("2026-10-27T00:00:00.000Z", "a/one", 2.0, false, Some((1, 2))),
+            record(
+                "2026-11-26T00:30:00+01:00",
+                "a/one",
+                1.0,
+                false,
+                Some((10, 0)),
+            ),
+            record(
+                "2026-10-27T00:00:00.000Z",
+                "a/one",
+                2.0,
+                false,
+                Some((1, 2)),
+            ),
             // Outside the window, or unreadable: left out.
             record("2026-10-26T23:59:59.999Z", "a/one", 9.0, false, None),
             record("2026-11-27T00:00:00.000Z", "a/one", 9.0, false, None),
@@ -258,7 +304,15 @@ mod tests {
             })
             .collect();
         let owned = |date, model, requests, prompt, completion, usage: &str, byok: &str| {
-            (date, model, requests, prompt, completion, usage.to_owned(), byok.to_owned())
+            (
+                date,
+                model,
+                requests,
+                prompt,
+                completion,
+                usage.to_owned(),
+                byok.to_owned(),
+            )
         };
         assert_eq!(
             summary,
