@@ -9,7 +9,9 @@
 //! manages accounts. A key reported leaked is marked so, with a notice of
 //! where it was found, and is replaced and deleted from that notice. An
 //! account sees its recent generations and its apps ranked (markup in an
-//! app title stays text). The key in use offers no Disable or Delete, and
+//! app title stays text), and its activity: a chart with a bar per day
+//! and model that spent credits, beside a table of the same figures. The
+//! key in use offers no Disable or Delete, and
 //! says why. The page's responses carry their security headers, and the
 //! API allows no other origin.
 //!
@@ -1668,6 +1670,186 @@ async fn the_account_sees_its_generations_and_apps_on_the_page() {
     browser.close().await;
 }
 
+/// The Activity section after requests on two paid models and a free
+/// one: the chart has exactly one bar per UTC day and model that spent
+/// credits (the free model has a table row, no bar), each titled with
+/// both, and the table's rows are `GET /api/v1/activity`'s, which add up
+/// to the generation records. Nothing breaks the page's CSP.
+///
+/// Needs `GET /api/v1/activity`.
+#[tokio::test]
+async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
+    const OTHER_PAID: &str = "openai/gpt-4o-mini";
+    const FREE: &str = "meta-llama/llama-3.1-8b-instruct:free";
+    let page = OperatorPage::open().await;
+    let (browser, api, admin) = (&page.browser, &page.api, page.admin.as_str());
+    // Before any request: the section is there, and says it is empty.
+    browser.wait_shown("no-activity", true).await;
+    assert!(browser.displayed("activity").await);
+    let (status, created) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            admin,
+            Some(json!({"name": "bot"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let client = created["key"].as_str().unwrap().to_owned();
+    for model in [PAID_MODEL, OTHER_PAID, PAID_MODEL, FREE] {
+        let body = json!({"model": model, "max_tokens": 16,
+                          "messages": [{"role": "user", "content": "Hello"}]});
+        let (status, answer) = api
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/chat/completions",
+                &client,
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, 200, "{model}: {answer}");
+    }
+    // Settled: the activity counts all four.
+    let path = "/api/v1/activity?account=default";
+    let deadline = Instant::now() + PATIENCE;
+    let activity = loop {
+        let (status, activity) = api.send(reqwest::Method::GET, path, admin, None).await;
+        assert_eq!(status, 200, "{activity}");
+        let requests: u64 = activity["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["requests"].as_u64().unwrap())
+            .sum();
+        if requests == 4 {
+            break activity["data"].as_array().unwrap().clone();
+        }
+        assert!(Instant::now() < deadline, "never four requests: {activity}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let spent: std::collections::BTreeSet<(String, String)> = activity
+        .iter()
+        .filter(|row| row["usage"].as_f64().unwrap() > 0.0)
+        .map(|row| {
+            (
+                row["date"].as_str().unwrap().to_owned(),
+                row["model"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let models: std::collections::BTreeSet<&str> =
+        spent.iter().map(|(_, model)| model.as_str()).collect();
+    assert_eq!(
+        models,
+        [OTHER_PAID, PAID_MODEL].into(),
+        "two models spent: {activity:?}"
+    );
+    assert!(activity
+        .iter()
+        .any(|row| row["model"] == FREE && row["usage"] == 0));
+
+    // The page, refreshed, shows the same rows in its table.
+    let deadline = Instant::now() + PATIENCE;
+    let rows = loop {
+        let rows = browser
+            .script(
+                "return Array.from(document.querySelectorAll('#activity-rows > tr'), (row) => \
+                   Object.fromEntries(Array.from(row.cells, (cell) => \
+                     [cell.classList[cell.classList.length - 1], cell.textContent])))",
+            )
+            .await;
+        if rows.as_array().unwrap().len() == activity.len() {
+            break rows.as_array().unwrap().clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the activity table never had {} rows: {rows}",
+            activity.len()
+        );
+        browser.click(Some("generations"), "Refresh").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (row, figures) in rows.iter().zip(&activity) {
+        assert_eq!(row["date"], figures["date"], "{row}");
+        assert_eq!(row["model"], figures["model"], "{row}");
+        assert_eq!(row["requests"], figures["requests"].to_string(), "{row}");
+        assert_eq!(
+            row["tokens-in"],
+            figures["prompt_tokens"].to_string(),
+            "{row}"
+        );
+        assert_eq!(
+            row["tokens-out"],
+            figures["completion_tokens"].to_string(),
+            "{row}"
+        );
+        let shown: f64 = row["usage"]
+            .as_str()
+            .unwrap()
+            .replace(',', "")
+            .parse()
+            .unwrap();
+        assert!(
+            (shown - figures["usage"].as_f64().unwrap()).abs() < 1e-6,
+            "{row}"
+        );
+        assert_eq!(row["byok"], "0", "{row}");
+    }
+    assert!(!browser.displayed("no-activity").await);
+
+    // The chart: exactly one bar per day and model that spent, each named.
+    let bars = browser
+        .script(
+            "return Array.from(document.querySelectorAll('#activity-chart rect'), (bar) => ({ \
+               date: bar.dataset.date, model: bar.dataset.model, \
+               height: Number(bar.getAttribute('height')), \
+               title: bar.querySelector('title') ? bar.querySelector('title').textContent : null }))",
+        )
+        .await;
+    let bars = bars.as_array().unwrap();
+    assert_eq!(bars.len(), spent.len(), "{bars:?}");
+    let drawn: std::collections::BTreeSet<(String, String)> = bars
+        .iter()
+        .map(|bar| {
+            (
+                bar["date"].as_str().unwrap().to_owned(),
+                bar["model"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(drawn, spent);
+    for bar in bars {
+        let title = bar["title"].as_str().unwrap();
+        assert!(
+            title.contains(bar["date"].as_str().unwrap())
+                && title.contains(bar["model"].as_str().unwrap()),
+            "{bar}"
+        );
+        assert!(bar["height"].as_f64().unwrap() >= 1.0, "{bar}");
+    }
+    // The legend names the two that spent; the chart is an image named for
+    // screen readers, which read the table.
+    let legend = browser.text("activity-legend").await;
+    assert!(
+        legend.contains(PAID_MODEL) && legend.contains(OTHER_PAID) && !legend.contains(FREE),
+        "{legend}"
+    );
+    let label = browser
+        .by_id("activity-chart")
+        .await
+        .attr("aria-label")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(label.contains("table"), "{label}");
+    // A picture of the section, beside the page's, for a person to look at.
+    let picture = browser.by_id("activity").await.screenshot().await.unwrap();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("settings-activity.png");
+    std::fs::write(path, picture).unwrap();
+    assert_eq!(browser.csp_violations().await, json!([]));
+    page.close().await;
+}
+
 /// The operator sees every account, creates one, tops it up and makes its
 /// management key, all on the page; that key then signs in to its account.
 ///
@@ -1857,6 +2039,7 @@ async fn the_page_is_served_with_its_security_headers() {
         ("/settings", "text/html; charset=utf-8"),
         ("/settings/", "text/html; charset=utf-8"),
         ("/settings/app.js", "text/javascript; charset=utf-8"),
+        ("/settings/activity.js", "text/javascript; charset=utf-8"),
         ("/settings/app.css", "text/css; charset=utf-8"),
         ("/settings/icon.svg", "image/svg+xml; charset=utf-8"),
     ] {

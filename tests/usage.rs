@@ -1,5 +1,5 @@
-//! Generation records and app attribution over real HTTP: two gateway
-//! instances sharing one store (MemoryStore in process, a real
+//! Generation records, app attribution and activity over real HTTP: two
+//! gateway instances sharing one store (MemoryStore in process, a real
 //! redis-server), a real client, the built-in mock upstream.
 #![cfg(feature = "redis")]
 
@@ -11,10 +11,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::gateway::instance;
+use common::gateway::{instance, instance_with_clock};
 use common::redis_server::RedisServer;
+use modelgate::clock::ManualClock;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
@@ -736,4 +737,260 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
 
 fn urlencode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// Credits of a JSON number as nano-credits (records and activity write
+/// at most nine decimals).
+fn nanos(value: &Value) -> i64 {
+    (value.as_f64().unwrap() * NANOS_PER_CREDIT as f64).round() as i64
+}
+
+/// Per (UTC day, model): requests, prompt and completion tokens, usage
+/// and BYOK usage in nanos.
+type Figures = std::collections::BTreeMap<(String, String), (u64, u64, u64, i64, i64)>;
+
+/// The activity rows as [`Figures`], checking they come by day, then model.
+fn activity_figures(rows: &Value) -> Figures {
+    let rows = rows["data"].as_array().unwrap();
+    let keys: Vec<(String, String)> = rows
+        .iter()
+        .map(|row| {
+            (
+                row["date"].as_str().unwrap().to_owned(),
+                row["model"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        keys.windows(2).all(|pair| pair[0] < pair[1]),
+        "ordered: {keys:?}"
+    );
+    rows.iter()
+        .zip(keys)
+        .map(|(row, key)| {
+            let figures = (
+                row["requests"].as_u64().unwrap(),
+                row["prompt_tokens"].as_u64().unwrap(),
+                row["completion_tokens"].as_u64().unwrap(),
+                nanos(&row["usage"]),
+                nanos(&row["byok_usage_inference"]),
+            );
+            (key, figures)
+        })
+        .collect()
+}
+
+/// The same sums worked out here from the generation records.
+fn record_figures(records: &[Value]) -> Figures {
+    let mut figures = Figures::new();
+    for record in records {
+        let day = record["created_at"].as_str().unwrap()[..10].to_owned();
+        let model = record["model"].as_str().unwrap().to_owned();
+        let entry = figures.entry((day, model)).or_default();
+        entry.0 += 1;
+        entry.1 += record["tokens_prompt"].as_u64().unwrap();
+        entry.2 += record["tokens_completion"].as_u64().unwrap();
+        if record["is_byok"] == true {
+            entry.4 += nanos(&record["total_cost"]);
+        } else {
+            entry.3 += nanos(&record["total_cost"]);
+        }
+    }
+    figures
+}
+
+/// `GET /api/v1/activity` on memory and on Redis: requests over three UTC
+/// days (the clock moved a day at a time), on two paid models and one
+/// through the account's own provider key, sum per day and model to
+/// exactly what the generation records say; `date` keeps one day. Only
+/// management keys read it: an inference key is refused, the operator
+/// names the account, another account's manager is refused it.
+#[tokio::test]
+async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
+    let server = RedisServer::start();
+    // The gateway's clock decides every time, on Redis too: the records'
+    // days are the ones the test sets.
+    let redis: SharedStore = Arc::new(
+        RedisStore::connect(
+            &server.url(),
+            RedisStoreConfig {
+                time_source: TimeSource::Caller,
+                ..RedisStoreConfig::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let memory: SharedStore = Arc::new(MemoryStore::new());
+    std::env::set_var("MODELGATE_TEST_USAGE_OWN_KEY", "sk-gateways-own-0123456789");
+    for (name, store) in [("memory", memory), ("redis", redis)] {
+        let base = mock::start(mock::MockConfig::default()).await;
+        let price = json!({"prompt_per_million": 1000, "completion_per_million": 3000});
+        let config = json!({
+            "retry": {"max_attempts": 1},
+            // A provider takes an account's own key in place of its own.
+            "providers": {"demo": {"base_url": base},
+                          "own": {"base_url": base, "byok": true,
+                                  "api_key": {"env": "MODELGATE_TEST_USAGE_OWN_KEY"}}},
+            "pricing": {"models": {"demo/paid": price, "demo/other": price, "own/model": price}},
+        })
+        .to_string();
+        let today = chrono::Utc::now().date_naive();
+        let noon = |days_ago: i64| {
+            (today - chrono::Duration::days(days_ago))
+                .and_hms_opt(12, 0, 0)
+                .unwrap()
+                .and_utc()
+        };
+        let clock = ManualClock::new(noon(2));
+        let gateway =
+            instance_with_clock(store.clone(), &base, &config, Arc::new(clock.clone())).await;
+        KeyDirectory::new(store.clone())
+            .top_up("acme", 100 * NANOS_PER_CREDIT)
+            .await
+            .unwrap();
+        let one = new_key(&store, "acme", false, None).await;
+        let two = new_key(&store, "acme", false, None).await;
+        let manager = new_key(&store, "acme", true, None).await;
+        let other_manager = new_key(&store, "globex", true, None).await;
+        let operator = new_key(&store, "default", true, None).await;
+        let set = send(
+            gateway,
+            reqwest::Method::PUT,
+            "/api/v1/accounts/acme/byok/own",
+            &manager,
+            &[],
+            Some(&json!({"key": "sk-acme-own-0123456789"})),
+        )
+        .await;
+        assert_eq!(set.status, 200, "{name}: {}", set.body);
+        let ask = |model: &str, words: &str| json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": words}]});
+        // Two days ago, yesterday, today: (key, model, prompt) each.
+        let days: [&[(&str, &str, &str)]; 3] = [
+            &[
+                (&one, "demo/paid", "Hi"),
+                (&one, "demo/paid", "Hello there"),
+                (&two, "demo/other", "Hey"),
+            ],
+            &[
+                (&one, "demo/paid", "Good morning to you"),
+                (&two, "own/model", "Hi"),
+            ],
+            &[
+                (&two, "demo/other", "Hi"),
+                (
+                    &one,
+                    "demo/other",
+                    "A longer question, with more tokens in it",
+                ),
+                (&one, "own/model", "Hello"),
+                (&two, "demo/paid", "Hi"),
+            ],
+        ];
+        let mut sent = 0;
+        for (at, requests) in days.iter().enumerate() {
+            clock.set(noon(2 - at as i64));
+            for (key, model, words) in requests.iter() {
+                let reply = chat(gateway, key, &[], &ask(model, words)).await;
+                assert_eq!(reply.status, 200, "{name} {model}: {}", reply.body);
+                sent += 1;
+            }
+            // Settled before the clock moves on: a record takes its day
+            // from its admission, but its settlement reads the clock too.
+            until(gateway, "/api/v1/generations?limit=100", &manager, |body| {
+                body["data"].as_array().unwrap().len() == sent
+            })
+            .await;
+        }
+        let records = get(gateway, "/api/v1/generations?limit=100", &manager)
+            .await
+            .body;
+        let records = records["data"].as_array().unwrap();
+        assert_eq!(records.len(), 9, "{name}");
+        assert_eq!(
+            records
+                .iter()
+                .filter(|record| record["is_byok"] == true)
+                .count(),
+            2,
+            "{name}: the account's own key went upstream for own/model"
+        );
+
+        let activity = get(gateway, "/api/v1/activity", &manager).await;
+        assert_eq!(activity.status, 200, "{name}: {}", activity.body);
+        let figures = activity_figures(&activity.body);
+        assert_eq!(
+            figures,
+            record_figures(records),
+            "{name}: {}",
+            activity.body
+        );
+        // Not a sum of nothing: three days, seven (day, model) rows, BYOK
+        // spend apart from the balance's, tokens counted.
+        let dates: std::collections::BTreeSet<&str> =
+            figures.keys().map(|(date, _)| date.as_str()).collect();
+        assert_eq!(dates.len(), 3, "{name}: {dates:?}");
+        assert_eq!(figures.len(), 7, "{name}: {figures:?}");
+        let yesterday = (today - chrono::Duration::days(1)).to_string();
+        let byok = figures[&(yesterday.clone(), "own/model".to_owned())];
+        assert!(byok.3 == 0 && byok.4 > 0 && byok.2 > 0, "{name}: {byok:?}");
+        let paid = figures[&(noon(2).date_naive().to_string(), "demo/paid".to_owned())];
+        assert!(paid.0 == 2 && paid.3 > 0 && paid.4 == 0, "{name}: {paid:?}");
+        let balance_spent: i64 = figures.values().map(|figures| figures.3).sum();
+        assert!(balance_spent > 0, "{name}");
+
+        // One day only; the operator names the account and sees the same.
+        let one_day = get(
+            gateway,
+            &format!("/api/v1/activity?date={yesterday}"),
+            &manager,
+        )
+        .await;
+        assert_eq!(one_day.status, 200, "{name}: {}", one_day.body);
+        let expected: Figures = figures
+            .iter()
+            .filter(|((date, _), _)| *date == yesterday)
+            .map(|(key, value)| (key.clone(), *value))
+            .collect();
+        assert_eq!(activity_figures(&one_day.body), expected, "{name}");
+        let by_operator = get(gateway, "/api/v1/activity?account=acme", &operator).await;
+        assert_eq!(by_operator.body, activity.body, "{name}");
+
+        // Refusals, each saying why.
+        let refusal = |reply: &Reply, status: u16, field: &str, value: &str| {
+            assert_eq!(reply.status, status, "{name}: {}", reply.body);
+            assert_eq!(
+                reply.body["error"]["metadata"][field], value,
+                "{name}: {}",
+                reply.body
+            );
+        };
+        let inference = get(gateway, "/api/v1/activity", &one).await;
+        refusal(&inference, 403, "reason", "management_key_required");
+        let unnamed = get(gateway, "/api/v1/activity", &operator).await;
+        refusal(&unnamed, 400, "param", "account");
+        let elsewhere = get(gateway, "/api/v1/activity?account=acme", &other_manager).await;
+        refusal(&elsewhere, 403, "reason", "other_account");
+        let gateway_wide = get(gateway, "/api/v1/activity?account=*", &operator).await;
+        refusal(&gateway_wide, 422, "param", "account");
+        for date in [
+            "2026-1-05",
+            "yesterday",
+            &(today + chrono::Duration::days(1)).to_string(),
+        ] {
+            let bad = get(gateway, &format!("/api/v1/activity?date={date}"), &manager).await;
+            refusal(&bad, 422, "param", "date");
+        }
+        let twice = get(
+            gateway,
+            &format!("/api/v1/activity?date={yesterday}&date={yesterday}"),
+            &manager,
+        )
+        .await;
+        refusal(&twice, 400, "param", "date");
+        // Another account's manager reads its own: nothing yet.
+        let own = get(gateway, "/api/v1/activity", &other_manager).await;
+        assert_eq!(own.status, 200, "{name}: {}", own.body);
+        assert_eq!(own.body["data"], json!([]), "{name}");
+    }
 }

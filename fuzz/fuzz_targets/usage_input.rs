@@ -1,6 +1,7 @@
 //! The usage routes' outside input on arbitrary bytes: the app headers
 //! (`HTTP-Referer`, `X-Gateway-Title`, `X-Title`), the query string (an
-//! `account` is one id or `*`) and the generation id. Never a panic; a
+//! `account` is one id or `*`), the activity's query (a `date` within the
+//! window) and the generation id. Never a panic; a
 //! refusal is a 400 (a query value out of range: 422); what is accepted
 //! keeps its bounds and never keeps a URL's query or a local address.
 #![no_main]
@@ -9,7 +10,7 @@ use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use modelgate::keys::is_valid_account_id;
 use modelgate::usage::{
-    app_from_headers, parse_generation_id, usage_query, GENERATIONS_SCAN_DEPTH, LEGACY_TITLE_HEADER,
+    activity_query, activity_window_start, app_from_headers, parse_generation_id, usage_query, GENERATIONS_SCAN_DEPTH, LEGACY_TITLE_HEADER,
     MAX_RECENT_GENERATIONS,
     MAX_REFERER_BYTES, MAX_TITLE_CHARS, PUBLIC_SCOPE, REFERER_HEADER, TITLE_HEADER,
 };
@@ -78,6 +79,20 @@ fuzz_target!(|data: &[u8]| {
         }
         // A repeated parameter is 400; a value out of range or of the
         // wrong type 422, as a body's field.
+        Err(error) => assert!(matches!(error.status().as_u16(), 400 | 422), "{error:?}"),
+    }
+
+    // The activity's query, on a fixed today: a date is in the window,
+    // an account one id (never `*`).
+    let today = chrono::NaiveDate::from_ymd_opt(2026, 11, 26).unwrap();
+    match activity_query(Some(&query), today) {
+        Ok(parsed) => {
+            assert!(parsed
+                .date
+                .iter()
+                .all(|date| activity_window_start(today) <= *date && *date <= today));
+            assert!(parsed.account.iter().all(|account| is_valid_account_id(account)));
+        }
         Err(error) => assert!(matches!(error.status().as_u16(), 400 | 422), "{error:?}"),
     }
 });

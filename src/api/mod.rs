@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `GET /api/v1/key` | any key | `{"data": {label, limit, limit_reset, limit_remaining, include_byok_in_limit, usage…, byok_usage…, is_free_tier, free_model_daily_requests}}` |
 //! | `GET /api/v1/generation?id=`, `GET /api/v1/generations`, `GET /api/v1/apps` | see [`crate::usage`] | a request's record, the account's newest, the app ranking |
+//! | `GET /api/v1/activity?date=&account=` | management key (the operator's names the account) | the account's requests, tokens and spend per UTC day and model ([`crate::usage`]) |
 //! | `GET /api/v1/credits` | any key | `{"data": {total_credits, total_usage}}` of the key's account |
 //! | `GET /user/balance` | any key | `{is_available, balance_infos: [{currency, total_balance, granted_balance, topped_up_balance}]}` |
 //! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}`; an `account` that does not exist is 422 `unknown_account` (accounts are made by `POST /api/v1/accounts`; `default` always exists) |

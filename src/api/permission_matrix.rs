@@ -32,6 +32,7 @@ const MATRIX: &[(&str, &str, &str)] = &[
     ("GET", "/user/balance", "OMmXx"),
     ("GET", "/api/v1/generation", "OMmXx"),
     ("GET", "/api/v1/generations", "OMmXx"),
+    ("GET", "/api/v1/activity", "OMX"),
     ("GET", "/api/v1/apps", "OMmXx"),
     ("GET", "/api/v1/keys", "OMX"),
     ("POST", "/api/v1/keys", "OMX"),

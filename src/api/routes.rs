@@ -121,6 +121,13 @@ pub(crate) static ROUTES: &[Route] = &[
         handler: |call| Box::pin(usage::recent_generations(call)),
     },
     Route {
+        path: "/api/v1/activity",
+        methods: &[Method::GET],
+        caller: Caller::Manager,
+        management_key_message: None,
+        handler: |call| Box::pin(usage::activity(call)),
+    },
+    Route {
         path: "/api/v1/apps",
         methods: &[Method::GET],
         caller: Caller::AnyKey,
@@ -475,6 +482,7 @@ mod tests {
             ("/API/v1/Key", route("/api/v1/key", &[])),
             ("/api/v1/credits", route("/api/v1/credits", &[])),
             ("/user/balance", route("/user/balance", &[])),
+            ("/api/v1/Activity/", route("/api/v1/activity", &[])),
             ("//api/./v1/keys", route("/api/v1/keys", &[])),
             ("/api/v1/%6beys", route("/api/v1/keys", &[])),
             #[cfg(feature = "oauth")]

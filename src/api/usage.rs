@@ -1,6 +1,6 @@
 //! The usage routes ([`crate::usage`] keeps the records and the
-//! ranking): one generation record, an account's newest, and the app
-//! ranking.
+//! ranking): one generation record, an account's newest, its activity
+//! per day and model, and the app ranking.
 
 use chrono::DateTime;
 use serde_json::{json, Value};
@@ -11,8 +11,8 @@ use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::usage::{
-    by_host, parse_generation_id, ranking_json, readable_by, usage_query, UsageQuery,
-    GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
+    activity_query, activity_rows, by_host, parse_generation_id, ranking_json, readable_by,
+    usage_query, UsageQuery, GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
 };
 
 /// The account whose records or apps are asked for: any for the operator
@@ -129,6 +129,37 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
     }
     let next_offset = more.then(|| query.offset + records.len());
     Ok(ok(json!({ "data": records, "next_offset": next_offset })))
+}
+
+/// `GET /api/v1/activity?date=&account=`: the account's requests, tokens
+/// and spend per UTC day and model over the last 30 days and today,
+/// summed from its newest [`GENERATIONS_SCAN_DEPTH`] records. The route
+/// is for management keys (as OpenRouter's); the operator's names the
+/// account.
+pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
+    let principal = &call.principal;
+    let today = call.now.date_naive();
+    let query = activity_query(call.query.as_deref(), today)?;
+    let Some(account) = account_asked(principal, query.account)? else {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "the operator's key names the account with ?account=",
+        )
+        .with_metadata("param", "account"));
+    };
+    let records: Vec<Value> = call
+        .directory()
+        .store()
+        .recent_generations(&account, GENERATIONS_SCAN_DEPTH, call.now)
+        .await
+        .map_err(refuse)?
+        .into_iter()
+        .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .filter(|record| record["user_id"].as_str() == Some(account.as_str()))
+        .collect();
+    Ok(ok(
+        json!({ "data": activity_rows(&records, today, query.date) }),
+    ))
 }
 
 /// Whether `record` passes the query's `key`, `model`, `from` and `to`.

@@ -183,6 +183,7 @@ pub(crate) const API_PATHS: &[&str] = &[
     "/user/balance",
     "/api/v1/generation",
     "/api/v1/generations",
+    "/api/v1/activity",
     "/api/v1/apps",
     "/api/v1/keys",
     "/api/v1/keys/{hash}",

@@ -9,7 +9,9 @@
 //! replacement and one that deletes it; it is never offered to be
 //! enabled again. With the operator's key it also lists
 //! the accounts, tops them up and creates accounts and their management
-//! keys. Below the keys, the account's recent generations (time, key,
+//! keys. Below the keys, the account's activity (credits spent per UTC
+//! day and model over 30 days, an SVG chart beside a table of the same
+//! figures), its recent generations (time, key,
 //! model, tokens, cost, status, app) and its own apps ranked for today,
 //! this week or this month ([`usage`](crate::usage)); with the operator's
 //! key, those of the account it chose to show.
@@ -26,7 +28,7 @@
 //! | method and path | answer |
 //! |---|---|
 //! | `GET`, `HEAD /settings` | the page, `text/html; charset=utf-8` |
-//! | `GET`, `HEAD /settings/app.js`, `/settings/app.css`, `/settings/icon.svg` | its script, style sheet and icon |
+//! | `GET`, `HEAD /settings/app.js`, `/settings/api.js`, `/settings/activity.js`, `/settings/app.css`, `/settings/icon.svg` | its scripts, style sheet and icon |
 //! | `GET`, `HEAD /auth?callback_url=…&code_challenge=…&code_challenge_method=…`, `/settings/auth.js` | the OAuth consent page and its script ([`oauth`](crate::oauth)): the same sign-in and key, then **Authorize** or **Deny** for the app |
 //! | another method on those paths | 405 with `Allow: GET, HEAD` |
 //! | any other path under `/settings/` | 404 |

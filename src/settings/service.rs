@@ -29,7 +29,7 @@ struct Asset {
     bytes: &'static [u8],
 }
 
-const ASSETS: [Asset; 6] = [
+const ASSETS: [Asset; 7] = [
     Asset {
         name: "",
         content_type: "text/html; charset=utf-8",
@@ -64,6 +64,12 @@ const ASSETS: [Asset; 6] = [
         name: "api.js",
         content_type: "text/javascript; charset=utf-8",
         bytes: include_bytes!("assets/api.js"),
+    },
+    // The Activity chart's drawing, which app.js calls.
+    Asset {
+        name: "activity.js",
+        content_type: "text/javascript; charset=utf-8",
+        bytes: include_bytes!("assets/activity.js"),
     },
 ];
 
@@ -222,6 +228,11 @@ mod tests {
                 "text/javascript; charset=utf-8",
                 "// What the settings page and the OAuth consent page share",
             ),
+            (
+                "/settings/activity.js",
+                "text/javascript; charset=utf-8",
+                "// The settings page's Activity chart",
+            ),
             ("/settings/app.css", "text/css; charset=utf-8", "/* The key"),
             ("/settings/icon.svg", "image/svg+xml; charset=utf-8", "<svg"),
             (
@@ -319,11 +330,14 @@ mod tests {
             html.matches(r#"<script src="/settings/api.js" defer></script>"#)
                 .count()
                 + html
+                    .matches(r#"<script src="/settings/activity.js" defer></script>"#)
+                    .count()
+                + html
                     .matches(r#"<script src="/settings/app.js" defer></script>"#)
                     .count(),
             "every script is the page's own file"
         );
-        let script = [ASSETS[1].bytes, ASSETS[5].bytes]
+        let script = [ASSETS[1].bytes, ASSETS[5].bytes, ASSETS[6].bytes]
             .map(|bytes| std::str::from_utf8(bytes).unwrap())
             .concat();
         for forbidden in [

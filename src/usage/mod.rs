@@ -37,6 +37,7 @@
 //! |---|---|---|
 //! | `GET /api/v1/generation?id=` | the key that made the request, or a management key of its account (the operator's adds `account=`) | `{"data": {…}}`; 404 to anyone else |
 //! | `GET /api/v1/generations?limit=&offset=&key=&model=&from=&to=&format=&account=` | any key of the account | `{"data": [{…}, …], "next_offset"}`: the newest first, 20 by default, at most 100 a page, paged and filtered among the account's 10,000 newest ([`GENERATIONS_SCAN_DEPTH`]); an inference key's own only; `format=csv` the page as CSV |
+//! | `GET /api/v1/activity?date=&account=` | a management key of the account (the operator's names it with `account=`) | `{"data": [{date, model, provider_name, requests, prompt_tokens, completion_tokens, usage, byok_usage_inference}, …]}`: per UTC day (the last [`ACTIVITY_DAYS`] and today, or the one `date`) and model, by day then model, summed from the records as `generations` scans them ([`activity_rows`]) |
 //! | `GET /api/v1/apps?period=day\|week\|month&account=` | any key | `{"data": {period, starts_at, ends_at, apps: [{rank, id, url, title, requests, tokens, models: [{model, requests, tokens}]}]}}`: the top 100 apps by tokens of the key's own account (any account the operator names); `account=*`, the whole gateway's: the operator's (the default for its key), or any key's with `api::KeyRoutesLayer::public_ranking`, then by host only (`id` the host, `url` its origin, no title) |
 //!
 //! ```
@@ -61,6 +62,7 @@
 //! assert_eq!(app.url.as_deref(), Some("https://chat.example.com/"));
 //! ```
 
+mod activity;
 mod app;
 mod query;
 mod ranking;
@@ -68,6 +70,9 @@ mod record;
 
 use std::time::Duration;
 
+pub use activity::{
+    activity_query, activity_rows, activity_window_start, ActivityQuery, ACTIVITY_DAYS,
+};
 pub use app::{
     app_from_headers, App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER,
     TITLE_HEADER,

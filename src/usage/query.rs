@@ -195,7 +195,7 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
 }
 
 /// 422: a value out of range or of the wrong type, as for a body's field.
-fn bad(param: &str, problem: &str) -> GatewayError {
+pub(super) fn bad(param: &str, problem: &str) -> GatewayError {
     GatewayError::new(
         ErrorKind::InvalidParameter,
         format!("the query parameter `{param}` {problem}"),

@@ -40,6 +40,7 @@
   // (another account, another period, signing out) overtook is dropped.
   let generationsLoad = 0;
   let appsLoad = 0;
+  let activityLoad = 0;
 
   // ---- the API ------------------------------------------------------
 
@@ -205,9 +206,13 @@
     generationsOffset = 0;
     generationsLoad += 1;
     appsLoad += 1;
+    activityLoad += 1;
     $('generation-rows').replaceChildren();
     $('app-rows').replaceChildren();
-    for (const id of ['account', 'keys', 'leaks', 'accounts', 'edit-key', 'new-key', 'generations', 'apps', 'sign-out', 'who']) {
+    $('activity-rows').replaceChildren();
+    $('activity-chart').replaceChildren();
+    $('activity-legend').replaceChildren();
+    for (const id of ['account', 'keys', 'leaks', 'accounts', 'edit-key', 'new-key', 'activity', 'generations', 'apps', 'sign-out', 'who']) {
       $(id).hidden = true;
     }
     $('new-key-value').value = '';
@@ -507,10 +512,11 @@
   // With no account known (a gateway too old to say) or no usage routes
   // (older still), the sections stay hidden.
   async function loadUsage() {
-    await Promise.all([loadGenerations(), loadApps()]);
+    await Promise.all([loadActivity(), loadGenerations(), loadApps()]);
   }
 
   function hideUsage() {
+    $('activity').hidden = true;
     $('generations').hidden = true;
     $('apps').hidden = true;
   }
@@ -555,6 +561,69 @@
     $('generations-older').disabled = generationsNext === null;
     renderGenerations();
     $('generations').hidden = false;
+  }
+
+  // The account's spend per UTC day and model: a chart (activity.js)
+  // and a table of the same figures. A gateway without the route (an
+  // older one) leaves the other usage sections as they are.
+  const ACTIVITY_DAYS = 30;
+  async function loadActivity() {
+    const load = ++activityLoad;
+    const account = session.account;
+    if (account === null) {
+      $('activity').hidden = true;
+      return;
+    }
+    let answer;
+    try {
+      answer = await api('GET', '/api/v1/activity?account=' + encodeURIComponent(account));
+    } catch (error) {
+      if (load !== activityLoad) return;
+      if (missingRoute(error)) {
+        $('activity').hidden = true;
+        return;
+      }
+      throw error;
+    }
+    if (load !== activityLoad) return;
+    renderActivity(Array.isArray(answer.data) ? answer.data : [], account);
+    $('activity').hidden = false;
+  }
+
+  function renderActivity(rows, account) {
+    // The window as this browser's clock sees it, widened to any day the
+    // gateway answered (its clock decides).
+    const today = new Date();
+    const start = new Date(today);
+    start.setUTCDate(start.getUTCDate() - ACTIVITY_DAYS);
+    let first = start.toISOString().slice(0, 10);
+    let last = today.toISOString().slice(0, 10);
+    for (const row of rows) {
+      if (row.date < first) first = row.date;
+      if (row.date > last) last = row.date;
+    }
+    // The chart's models, each its colour: those that spent credits.
+    const models = Array.from(new Set(rows.filter((row) => Number(row.usage) > 0).map((row) => row.model))).sort();
+    const chart = globalThis.modelgateActivity;
+    chart.draw($('activity-chart'), rows, models, first, last, credits);
+    chart.legend($('activity-legend'), models);
+    $('activity-caption').textContent = 'Credits the account ' + account + ' spent per UTC day from ' + first +
+      ' to ' + last + ', by model (BYOK requests are in the table only).';
+    const body = rows.map((row) => {
+      const line = document.createElement('tr');
+      line.dataset.date = row.date;
+      line.dataset.model = row.model;
+      line.append(element('td', row.date, 'date'));
+      line.append(element('td', row.model, 'model'));
+      line.append(element('td', count(row.requests), 'num requests'));
+      line.append(element('td', count(row.prompt_tokens), 'num tokens-in'));
+      line.append(element('td', count(row.completion_tokens), 'num tokens-out'));
+      line.append(element('td', credits(row.usage), 'num usage'));
+      line.append(element('td', credits(row.byok_usage_inference), 'num byok'));
+      return line;
+    });
+    $('activity-rows').replaceChildren(...body);
+    $('no-activity').hidden = body.length > 0;
   }
 
   // The account's newest records (up to CSV_PAGES pages of 100) as one CSV
