@@ -127,9 +127,9 @@ impl fmt::Display for ModelId {
 
 /// Whether the model pattern `pattern` covers `model`: `provider/` covers
 /// every model of the provider, an id with a `:variant` that variant only,
-/// an id without one the model in every variant (a rule or an allow-list
-/// naming `openai/gpt-4o` is not dodged with `:nitro`). ASCII case is
-/// ignored. `pattern` is one [`check_pattern`] accepted.
+/// an id without one the model in every variant (a rate rule naming
+/// `openai/gpt-4o` is not dodged with `:nitro`). ASCII case is ignored.
+/// `pattern` is one [`check_pattern`] accepted.
 pub(crate) fn pattern_covers(pattern: &str, model: &ModelId) -> bool {
     if let Some(provider) = pattern.strip_suffix('/') {
         return model.provider().eq_ignore_ascii_case(provider);
@@ -138,6 +138,17 @@ pub(crate) fn pattern_covers(pattern: &str, model: &ModelId) -> bool {
         model.as_str().eq_ignore_ascii_case(pattern)
     } else {
         model.base().eq_ignore_ascii_case(pattern)
+    }
+}
+
+/// Whether an allow-list entry `pattern` lets a key call `model`: a
+/// provider prefix (`provider/`) every model of the provider; a model id
+/// that exact id only (a variant such as `:online` may cost more or do
+/// more, so it is allowed by naming it). ASCII case is ignored.
+pub(crate) fn pattern_allows(pattern: &str, model: &ModelId) -> bool {
+    match pattern.strip_suffix('/') {
+        Some(provider) => model.provider().eq_ignore_ascii_case(provider),
+        None => model.as_str().eq_ignore_ascii_case(pattern),
     }
 }
 
@@ -169,6 +180,35 @@ fn bad_model(message: String) -> GatewayError {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_rule_covers_variants_an_allow_list_only_what_it_names() {
+        let id = |text| ModelId::parse(text).unwrap();
+        for (pattern, model, covers, allows) in [
+            ("openai/gpt-4o", "OpenAI/GPT-4o", true, true),
+            ("openai/gpt-4o", "openai/gpt-4o:online", true, false),
+            ("openai/gpt-4o:free", "openai/gpt-4o:FREE", true, true),
+            ("openai/gpt-4o:free", "openai/gpt-4o", false, false),
+            ("openai/", "OPENAI/o1:beta", true, true),
+            ("openai/", "openaix/o1", false, false),
+            ("openai/gpt-4o", "openai/gpt-4o-mini", false, false),
+        ] {
+            assert_eq!(
+                pattern_covers(pattern, &id(model)),
+                covers,
+                "{pattern} {model}"
+            );
+            assert_eq!(
+                pattern_allows(pattern, &id(model)),
+                allows,
+                "{pattern} {model}"
+            );
+        }
+        assert!(check_pattern("anthropic/").is_ok() && check_pattern("a/b:c").is_ok());
+        for bad in ["/", "a", "a//", "a/b c", "a/b:", ":x/y", ""] {
+            assert!(check_pattern(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn real_ids_parse_into_their_parts() {

@@ -312,8 +312,14 @@ async fn a_keys_own_rate_and_model_list_hold_under_load_and_refusals_count_nowhe
             .0
             .expose()
             .to_owned()];
-        // Models outside its list: 403, whatever the case or variant.
-        for model in ["mistral/large", "anthropic/claude-3-haiku", "OPENAI-x/gpt"] {
+        // Models outside its list: 403, in any case, and a variant it
+        // does not name.
+        for model in [
+            "mistral/large",
+            "ANTHROPIC/claude-3-haiku",
+            "OPENAI-x/gpt",
+            "anthropic/claude-3.5-sonnet:beta",
+        ] {
             let replies = burst(&addresses, &narrow, model, 10).await;
             assert_eq!(count(&replies, 403), 10, "{name} {model}");
             for reply in &replies {
@@ -325,13 +331,13 @@ async fn a_keys_own_rate_and_model_list_hold_under_load_and_refusals_count_nowhe
         }
         // Its own rate: 4 of 40 at once, on any model it may call.
         let mut replies = burst(&addresses, &narrow, "OpenAI/gpt-4o", 20).await;
-        replies.extend(burst(&addresses, &narrow, "anthropic/claude-3.5-sonnet:beta", 20).await);
+        replies.extend(burst(&addresses, &narrow, "Anthropic/Claude-3.5-Sonnet", 20).await);
         assert_eq!(count(&replies, 200), 4, "{name}");
         assert_eq!(count(&replies, 429), 36, "{name}");
         assert_refusals(&replies, "key");
         let refused = replies.iter().find(|reply| reply.status == 429).unwrap();
         assert_eq!(refused.headers["x-ratelimit-limit"], "4", "{name}");
-        // None of the 30 refused by model nor the 36 by rate counted on the
+        // None of the 40 refused by model nor the 36 by rate counted on the
         // account: of its 50, 46 are left for its other keys.
         let others = keys(&store, "acme", 2).await;
         let replies = burst(&addresses, &others, "x/y", 80).await;

@@ -815,37 +815,72 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
             .manage(
                 reqwest::Method::POST,
                 "/api/v1/keys",
-                json!({"name": "narrow", "account": "acme", "allowed_models": ["alpha/m1", "beta/"],
-                       "rate_limit": {"requests": 4, "window_seconds": 60}}),
+                json!({"name": "narrow", "account": "acme",
+                       "allowed_models": ["alpha/m1", "gpt-4o"],
+                       "rate_limit": {"requests": 5, "window_seconds": 60}}),
+            )
+            .await;
+        assert_eq!(status, 422, "{backend}: {created}");
+        assert_eq!(created["error"]["metadata"]["param"], "allowed_models");
+        let (status, created) = gateway
+            .manage(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                json!({"name": "narrow", "account": "acme",
+                       "allowed_models": ["alpha/m1", "ALPHA/status-503", "beta/echo-headers"],
+                       "rate_limit": {"requests": 6, "window_seconds": 60}}),
             )
             .await;
         assert_eq!(status, 201, "{backend}: {created}");
         assert_eq!(
             created["data"]["allowed_models"],
-            json!(["alpha/m1", "beta/"])
+            json!(["alpha/m1", "ALPHA/status-503", "beta/echo-headers"])
         );
         assert_eq!(
             created["data"]["rate_limit"],
-            json!({"requests": 4, "window_seconds": 60})
+            json!({"requests": 6, "window_seconds": 60})
         );
         let key = created["key"].as_str().unwrap().to_owned();
         let hash = created["data"]["hash"].as_str().unwrap().to_owned();
 
-        // The list shows what the key may call: the model in every variant,
-        // the provider in every model; the full list is other keys'.
+        // The list shows what the key may call, exactly (not the `:free`
+        // variant it does not name), with only the fallbacks it may call.
         let mut listed = gateway.models_for(&key).await;
         listed.sort();
         assert_eq!(
             listed,
-            ["alpha/m1", "alpha/m1:free", "beta/echo-headers", "beta/m2"],
+            ["alpha/m1", "alpha/status-503", "beta/echo-headers"],
             "{backend}"
         );
         assert!(gateway.models_for(&gateway.key).await.len() > listed.len());
+        let list: Value = reqwest::Client::new()
+            .get(format!("http://{}/api/v1/models", gateway.address))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let degraded = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|model| model["id"] == "alpha/status-503")
+            .unwrap();
+        assert_eq!(degraded["fallbacks"], json!([]), "{backend}");
 
-        // Another model is 403 and costs nothing: no rate, no money.
+        // Another model is 403, a fallback it may call does not change that,
+        // and none of it costs anything: no rate, no money.
         let before = gateway.store.account_balance("acme").await.unwrap();
-        for model in ["alpha/pricey", "gamma/x", "ALPHA/status-429"] {
-            let reply = gateway.chat_with(&key, ask(model)).await;
+        for body in [
+            ask("alpha/pricey"),
+            ask("gamma/x"),
+            ask("alpha/m1:free"),
+            ask_with_fallback("beta/m2", "alpha/m1"),
+        ] {
+            let model = body["model"].as_str().unwrap().to_owned();
+            let reply = gateway.chat_with(&key, body).await;
             assert_eq!(reply.status, 403, "{backend} {model}: {}", reply.text);
             assert_eq!(
                 reply.body["error"]["metadata"]["reason"],
@@ -854,7 +889,7 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
             assert!(reply.body["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains(model));
+                .contains(&model));
         }
         assert_eq!(
             gateway.store.account_balance("acme").await.unwrap(),
@@ -862,27 +897,28 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
             "{backend}"
         );
 
-        // Fallbacks it may not call are skipped, the request's own and the
-        // configured ones (alpha/status-503 falls back to beta/m2).
+        // Fallbacks it may not call are skipped: alpha/status-503's
+        // configured beta/m2 is not tried, so the upstream's 503 stands; the
+        // request's own fallback it may call is tried.
+        let reply = gateway.chat_with(&key, ask("alpha/status-503")).await;
+        assert_eq!(reply.status, 503, "{backend}: {}", reply.text);
+        assert_eq!(gateway.beta_received.load(Ordering::SeqCst), 0, "{backend}");
         let reply = gateway
-            .chat_with(&key, ask_with_fallback("alpha/pricey", "beta/m2"))
+            .chat_with(
+                &key,
+                ask_with_fallback("alpha/status-503", "beta/echo-headers"),
+            )
             .await;
         assert_eq!(
             (reply.status, reply.model_header.as_deref()),
-            (200, Some("beta/m2")),
-            "{backend}: {}",
-            reply.text
-        );
-        let reply = gateway.chat_with(&key, ask("alpha/status-503")).await;
-        assert_eq!(
-            (reply.status, reply.model_header.as_deref()),
-            (200, Some("beta/m2")),
+            (200, Some("beta/echo-headers")),
             "{backend}: {}",
             reply.text
         );
 
-        // Its own rate: 4 a minute, three used (the models list is a request
-        // of the key, as for the account's rule); of ten at once one passes.
+        // Its own rate: 6 a minute, five used (each models list is a request
+        // of the key, as for the account's rule, and each attempt of a
+        // fallback is one); of ten at once one passes.
         let replies =
             futures::future::join_all((0..10).map(|_| gateway.chat_with(&key, ask("alpha/m1"))))
                 .await;
@@ -934,6 +970,23 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
             .await;
         assert_eq!(status, 422, "{backend}: {refused}");
         assert_eq!(refused["error"]["metadata"]["param"], "allowed_models");
+        let (status, manager) = gateway
+            .manage(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                json!({"name": "m", "account": "acme", "management": true}),
+            )
+            .await;
+        assert_eq!(status, 201, "{backend}: {manager}");
+        let (status, refused) = gateway
+            .manage(
+                reqwest::Method::PATCH,
+                &format!("/api/v1/keys/{}", manager["data"]["hash"].as_str().unwrap()),
+                json!({"rate_limit": {"requests": 1, "window_seconds": 1}}),
+            )
+            .await;
+        assert_eq!(status, 422, "{backend}: {refused}");
+        assert_eq!(refused["error"]["metadata"]["param"], "rate_limit");
         let (status, refused) = gateway
             .manage(
                 reqwest::Method::POST,

@@ -321,6 +321,19 @@ async fn click_path(browser: &Browser, xpath: &str, what: &str) {
     }
 }
 
+/// Clicks Create key and reads the new key, shown once.
+async fn create_on_page(browser: &Browser) -> String {
+    browser.click(Some("create-key"), "Create key").await;
+    browser.wait_shown("new-key", true).await;
+    browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// Opens the editor of the key `name`.
 async fn edit(browser: &Browser, name: &str) {
     let xpath = format!("//tbody[@id='key-rows']//button[@aria-label='Edit key {name}']");
@@ -362,15 +375,7 @@ async fn a_key_from_creation_to_deletion(
     browser.fill("create-key", "Name", name).await;
     browser.fill("create-key", "Credit limit", "1").await;
     browser.select("create-key", "Limit reset", "daily").await;
-    browser.click(Some("create-key"), "Create key").await;
-    browser.wait_shown("new-key", true).await;
-    let plaintext = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
+    let plaintext = create_on_page(browser).await;
     assert!(plaintext.starts_with("mg-v1-"), "{plaintext}");
     assert!(browser.text("message").await.contains("not shown again"));
     let record = api
@@ -610,15 +615,7 @@ async fn a_key_is_rotated_on_the_page() {
 
     browser.fill("create-key", "Name", "deploy").await;
     browser.fill("create-key", "Credit limit", "2").await;
-    browser.click(Some("create-key"), "Create key").await;
-    browser.wait_shown("new-key", true).await;
-    let old = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
+    let old = create_on_page(browser).await;
     browser.click(Some("new-key"), "Done").await;
     browser.wait_shown("new-key", false).await;
     let before = api.key_named(admin, "deploy").await.unwrap();
@@ -708,15 +705,7 @@ async fn a_keys_models_and_rate_are_set_and_changed_on_the_page() {
     browser.fill("create-key", "Allowed models", "other/").await;
     browser.fill("create-key", "Requests", "2").await;
     browser.fill("create-key", "per seconds", "60").await;
-    browser.click(Some("create-key"), "Create key").await;
-    browser.wait_shown("new-key", true).await;
-    let key = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
+    let key = create_on_page(browser).await;
     browser.click(Some("new-key"), "Done").await;
     let record = api.key_named(admin, "narrow").await.unwrap();
     assert_eq!(record["allowed_models"], json!(["other/"]));
@@ -1073,15 +1062,7 @@ async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
     browser.fill("create-key", "Name", "acme app").await;
     browser.fill("create-key", "Credit limit", "2").await;
     browser.select("create-key", "Limit reset", "weekly").await;
-    browser.click(Some("create-key"), "Create key").await;
-    browser.wait_shown("new-key", true).await;
-    let leaked = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
+    let leaked = create_on_page(&browser).await;
     browser.click(Some("new-key"), "Done").await;
     wait_for_cell(&browser, "acme app", "last-used", "never", |text| {
         text == Some("never")
@@ -1275,15 +1256,7 @@ async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
             "{id}"
         );
     }
-    browser.click(Some("create-key"), "Create key").await;
-    browser.wait_shown("new-key", true).await;
-    let replacement = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
+    let replacement = create_on_page(&browser).await;
     assert!(replacement.starts_with("mg-v1-") && replacement != leaked);
     assert!(browser.text("message").await.contains("not shown again"));
     assert_eq!(api.check_key(&replacement).await.0, 200);
@@ -1955,15 +1928,7 @@ async fn the_operator_manages_accounts_on_the_page() {
         .click()
         .await
         .unwrap();
-    browser.click(Some("create-key"), "Create key").await;
-    browser.wait_shown("new-key", true).await;
-    let manager = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
+    let manager = create_on_page(&browser).await;
     let (status, me) = api
         .send(reqwest::Method::GET, "/api/v1/key", &manager, None)
         .await;

@@ -11,9 +11,15 @@ use modelgate::secrets::SecretSpec;
 fuzz_target!(|text: &str| {
     match GatewayConfig::from_json(text) {
         Ok(config) => {
-            config.validate().expect("what from_json accepts, validate accepts");
+            config
+                .validate()
+                .expect("what from_json accepts, validate accepts");
             let shown = format!("{config:?}");
-            for route in config.webhooks().into_iter().flat_map(|webhooks| &webhooks.routes) {
+            for route in config
+                .webhooks()
+                .into_iter()
+                .flat_map(|webhooks| &webhooks.routes)
+            {
                 if let SecretSpec::Inline(_) = &route.secret {
                     assert!(shown.contains("Inline(Secret(…))"));
                 }

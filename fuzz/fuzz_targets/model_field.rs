@@ -23,12 +23,18 @@ struct AnyModel<'a> {
 }
 
 fuzz_target!(|bytes: &[u8]| {
-    let another_model = serde_json::from_slice::<AnyModel>(bytes)
+    let another_model =
+        serde_json::from_slice::<AnyModel>(bytes)
         .is_ok_and(|object| object.model != "p/m")
         // Any object: its values unbuilt, so numbers beyond f64 are valid.
         && serde_json::from_slice::<std::collections::BTreeMap<String, &serde_json::value::RawValue>>(bytes).is_ok();
     let rewritten = rewrite_model_json(bytes, "p/m");
-    assert_eq!(rewritten.is_some(), another_model, "{}", String::from_utf8_lossy(bytes));
+    assert_eq!(
+        rewritten.is_some(),
+        another_model,
+        "{}",
+        String::from_utf8_lossy(bytes)
+    );
     if let Some(rewritten) = rewritten {
         serde_json::from_slice::<&serde_json::value::RawValue>(&rewritten).expect("valid JSON out");
         let out: ModelOnly = serde_json::from_slice(&rewritten).expect("a model out");

@@ -10,9 +10,9 @@ use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use modelgate::keys::is_valid_account_id;
 use modelgate::usage::{
-    activity_query, activity_window_start, app_from_headers, parse_generation_id, usage_query, GENERATIONS_SCAN_DEPTH, LEGACY_TITLE_HEADER,
-    MAX_RECENT_GENERATIONS,
-    MAX_REFERER_BYTES, MAX_TITLE_CHARS, PUBLIC_SCOPE, REFERER_HEADER, TITLE_HEADER,
+    activity_query, activity_window_start, app_from_headers, parse_generation_id, usage_query,
+    GENERATIONS_SCAN_DEPTH, LEGACY_TITLE_HEADER, MAX_RECENT_GENERATIONS, MAX_REFERER_BYTES,
+    MAX_TITLE_CHARS, PUBLIC_SCOPE, REFERER_HEADER, TITLE_HEADER,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -27,7 +27,11 @@ fuzz_target!(|data: &[u8]| {
         headers.insert(REFERER_HEADER, value);
     }
     if let Ok(value) = HeaderValue::from_bytes(title) {
-        let name = if rest.first() == Some(&b'x') { LEGACY_TITLE_HEADER } else { TITLE_HEADER };
+        let name = if rest.first() == Some(&b'x') {
+            LEGACY_TITLE_HEADER
+        } else {
+            TITLE_HEADER
+        };
         headers.insert(name, value);
     }
     match app_from_headers(&headers) {
@@ -91,7 +95,10 @@ fuzz_target!(|data: &[u8]| {
                 .date
                 .iter()
                 .all(|date| activity_window_start(today) <= *date && *date <= today));
-            assert!(parsed.account.iter().all(|account| is_valid_account_id(account)));
+            assert!(parsed
+                .account
+                .iter()
+                .all(|account| is_valid_account_id(account)));
         }
         Err(error) => assert!(matches!(error.status().as_u16(), 400 | 422), "{error:?}"),
     }

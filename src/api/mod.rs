@@ -14,7 +14,7 @@
 //! | `GET /api/v1/activity?date=&account=` | management key (the operator's names the account) | the account's requests, tokens and spend per UTC day and model ([`crate::usage`]) |
 //! | `GET /api/v1/credits` | any key | `{"data": {total_credits, total_usage}}` of the key's account |
 //! | `GET /user/balance` | any key | `{is_available, balance_infos: [{currency, total_balance, granted_balance, topped_up_balance}]}` |
-//! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}`; an `account` that does not exist is 422 `unknown_account` (accounts are made by `POST /api/v1/accounts`; `default` always exists) |
+//! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?, allowed_models?, rate_limit?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}`; an `account` that does not exist is 422 `unknown_account` (accounts are made by `POST /api/v1/accounts`; `default` always exists) |
 //! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key`; disabling or deleting the calling key itself is 409 `own_key` |
 //! | `POST /api/v1/keys/{hash}/rotate` `{grace_seconds?}` | management key | 201 `{"key": "<the new key, shown once>", "data": {…}, "rotated": {hash, expires_at}}`: a key of the same name, account and terms; the old one works for the grace (default an hour), then is refused 401 `rotated_key`; 409 `already_rotated`; 422 for a disabled or leaked key |
@@ -79,7 +79,9 @@
 //! [`ApiKey::hint`](crate::keys::ApiKey::hint)) and `leak` (`null`, or
 //! when, where and by whom it was reported leaked). `PATCH` takes
 //! `{name?, disabled?, limit?, limit_reset?, include_byok_in_limit?,
-//! expires_at?}`; `expires_at: null` makes the key never expire.
+//! expires_at?, allowed_models?, rate_limit?}`; `expires_at: null` makes
+//! the key never expire, `allowed_models: null` lets it call every model
+//! and `rate_limit: null` leaves it the account's rules only.
 //!
 //! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
 //! Usage periods are UTC: the day, the week from Monday, the month. A key

@@ -3,7 +3,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::KeyHash;
 use crate::keys::{KeyRateLimit, KeyRecord};
-use crate::model_id::{pattern_covers, ModelId};
+use crate::model_id::{pattern_allows, ModelId};
 use crate::store::KeyLimit;
 
 /// Who is calling: the key BearerAuth accepted, put into the request's
@@ -46,7 +46,7 @@ impl Principal {
     pub fn may_call(&self, model: &ModelId) -> bool {
         self.allowed_models
             .as_ref()
-            .is_none_or(|allowed| allowed.iter().any(|pattern| pattern_covers(pattern, model)))
+            .is_none_or(|allowed| allowed.iter().any(|pattern| pattern_allows(pattern, model)))
     }
 
     /// [`may_call`](Self::may_call), or the 403 `model_not_allowed` that

@@ -84,10 +84,11 @@ pub struct KeyRecord {
     /// refused with 401 `rotated_key` from then on.
     #[serde(default)]
     pub rotated_to: Option<String>,
-    /// The models the key may call: model ids (`openai/gpt-4o`, every
-    /// variant; `openai/gpt-4o:free`, that one) or provider prefixes
+    /// The models the key may call: exact model ids (`openai/gpt-4o`,
+    /// `openai/gpt-4o:free`; ASCII case ignored) or provider prefixes
     /// (`anthropic/`). `None`: every model. Others are refused with 403
-    /// `model_not_allowed`.
+    /// `model_not_allowed` by [`GlobalRateLimit`](crate::rate_limit::GlobalRateLimit),
+    /// which a stack needs for this and for `rate_limit`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_models: Option<Vec<String>>,
     /// The key's own request rate, checked with the account's rules in

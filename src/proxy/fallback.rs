@@ -52,10 +52,12 @@ impl<S> Layer<S> for FallbackLayer {
 }
 
 /// For a chat request (a [`ChatRequest`] and the body's bytes in its
-/// [`RequestContext`]): 400 when its model is not served; otherwise it tries its
-/// model, then its `models` list, then the configured fallbacks, each as a
-/// request for that model (body, `ChatRequest`) through the inner service,
-/// so each passes its own model's limits.
+/// [`RequestContext`]): 400 when its model is not served, 403
+/// `model_not_allowed` when the caller's key may not call it; otherwise it
+/// tries its model, then its `models` list, then the configured fallbacks
+/// (those the key may call), each as a request for that model (body,
+/// `ChatRequest`) through the inner service, so each passes its own
+/// model's limits.
 ///
 /// It moves on only when that model is what failed: after the upstream's
 /// own 429 or 5xx, an upstream timeout (the gateway's 504), an upstream it
@@ -137,10 +139,7 @@ where
                 })
             }
         };
-        if candidates.len() == 1
-            && !chat.extra.contains_key("models")
-            && candidates[0] == chat.model_id
-        {
+        if candidates.len() == 1 && !chat.extra.contains_key("models") {
             // Nothing to fall back to: the request goes on as it is, its
             // parsed body not copied.
             let model = candidates.swap_remove(0);
@@ -325,22 +324,21 @@ impl crate::context::ContextLayer for FallbackLayer {
 
     fn reads(&self) -> &'static [crate::context::ContextPart] {
         use crate::context::ContextPart;
-        &[ContextPart::ParsedBody]
+        &[ContextPart::Principal, ContextPart::ParsedBody]
     }
 }
 
-/// The candidates the key may call: all of them unless it has a model
-/// list; with none left, the key's refusal of the model asked.
+/// The candidates of a key with a model list: the model asked must be on
+/// it (403 otherwise, never served by a fallback instead); fallbacks that
+/// are not are skipped.
 fn callable(
     principal: Option<&Principal>,
     asked: &ModelId,
     mut candidates: Vec<ModelId>,
 ) -> Result<Vec<ModelId>, GatewayError> {
     if let Some(key) = principal.filter(|key| key.allowed_models.is_some()) {
+        key.check_model(asked)?;
         candidates.retain(|model| key.may_call(model));
-        if candidates.is_empty() {
-            key.check_model(asked)?;
-        }
     }
     Ok(candidates)
 }

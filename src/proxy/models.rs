@@ -251,23 +251,29 @@ impl ModelCatalog {
     }
 }
 
-/// `units` / 10^`scale` as an exact decimal string: prices are nano-credits
-/// per million tokens, so scale 9 gives credits per million tokens and 15
-/// credits per token.
 /// The models list with only the models `key` may call.
 pub(crate) fn callable_by(list: &Value, key: &Principal) -> Value {
     let mut list = list.clone();
     if let Some(Value::Array(models)) = list.get_mut("data") {
-        models.retain(|model| {
-            model["id"]
-                .as_str()
+        let callable = |id: &Value| {
+            id.as_str()
                 .and_then(|id| ModelId::parse(id).ok())
                 .is_some_and(|id| key.may_call(&id))
-        });
+        };
+        models.retain(|model| callable(&model["id"]));
+        // Fallbacks it may not call are never tried for it.
+        for model in models.iter_mut() {
+            if let Some(Value::Array(fallbacks)) = model.get_mut("fallbacks") {
+                fallbacks.retain(callable);
+            }
+        }
     }
     list
 }
 
+/// `units` / 10^`scale` as an exact decimal string: prices are nano-credits
+/// per million tokens, so scale 9 gives credits per million tokens and 15
+/// credits per token.
 fn decimal(units: i64, scale: u32) -> String {
     let divisor = 10_u128.pow(scale);
     let magnitude = u128::from(units.unsigned_abs());

@@ -21,13 +21,15 @@ use crate::store::{Check, CheckOutcome};
 const LAYER: &str = "GlobalRateLimit";
 
 /// Limits the request rate of each account, across every key and every
-/// gateway instance sharing the store: an account-wide rule and per-model
-/// rules, all checked and counted as one atomic step (a refused request
-/// counts nowhere).
+/// gateway instance sharing the store: an account-wide rule, per-model
+/// rules and the key's own `rate_limit`, all checked and counted as one
+/// atomic step (a refused request counts nowhere). A model outside the
+/// key's `allowed_models` is refused 403 `model_not_allowed` before any
+/// of them.
 ///
 /// Admitted responses carry `X-RateLimit-Limit`, `-Remaining` and `-Reset`
 /// of the tightest rule; refusals are 429 with those, `Retry-After` and
-/// `metadata.limit_source` (`account_rate` or `model_rate`). Needs
+/// `metadata.limit_source` (`account_rate`, `model_rate` or `key`). Needs
 /// [`BearerAuth`](crate::auth::BearerAuth) before it (the account) and
 /// reads the parsed [`ChatRequest`](crate::body::ChatRequest) for the model,
 /// both from the request's [`RequestContext`](crate::context::RequestContext). See the [module docs](super).

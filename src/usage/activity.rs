@@ -14,8 +14,8 @@ use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde_json::{json, Value};
 use url::form_urlencoded;
 
-use super::query::bad;
-use crate::error::{ErrorKind, GatewayError};
+use super::query::{bad, given_once};
+use crate::error::GatewayError;
 use crate::keys::credits::{nanos_from_json, nanos_to_json};
 use crate::keys::is_valid_account_id;
 
@@ -53,14 +53,7 @@ pub fn activity_query(
             "account" => "account",
             _ => continue,
         };
-        if seen.contains(&name) {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("the query parameter `{name}` may be given once"),
-            )
-            .with_metadata("param", name));
-        }
-        seen.push(name);
+        given_once(&mut seen, name)?;
         if name == "account" {
             if !is_valid_account_id(&value) {
                 return Err(bad(name, "must be 1 to 64 characters of A-Z a-z 0-9 . _ -"));
@@ -141,7 +134,8 @@ pub fn activity_rows<'a>(
         ) else {
             continue;
         };
-        let row = sums.entry((day, model.to_owned())).or_default();
+        // One row per model however clients spell it (ids ignore case).
+        let row = sums.entry((day, model.to_ascii_lowercase())).or_default();
         if row.provider_name.is_empty() {
             row.provider_name = record["provider_name"]
                 .as_str()

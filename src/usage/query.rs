@@ -91,14 +91,7 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
             "format" => "format",
             _ => continue,
         };
-        if seen.contains(&name) {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("the query parameter `{name}` may be given once"),
-            )
-            .with_metadata("param", name));
-        }
-        seen.push(name);
+        given_once(&mut seen, name)?;
         match name {
             "id" => {
                 if value.is_empty() || value.len() > 64 {
@@ -192,6 +185,22 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
         }
     }
     Ok(parsed)
+}
+
+/// Notes `name` as given; a 400 naming it when it was given already.
+pub(super) fn given_once(
+    seen: &mut Vec<&'static str>,
+    name: &'static str,
+) -> Result<(), GatewayError> {
+    if seen.contains(&name) {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("the query parameter `{name}` may be given once"),
+        )
+        .with_metadata("param", name));
+    }
+    seen.push(name);
+    Ok(())
 }
 
 /// 422: a value out of range or of the wrong type, as for a body's field.
