@@ -330,3 +330,129 @@ fn failed(account: &str, operation: &str, error: &crate::store::StoreError) {
     telemetry::alert_outcome("check_failed");
     tracing::warn!(%error, account, operation, "alert check failed");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{ManualClock, Period};
+    use crate::store::{LedgerStore, MemoryStore, RecordStore, Settlement, NANOS_PER_CREDIT};
+    use chrono::TimeZone;
+    use serde_json::json;
+
+    const ACCOUNT: &str = "acct";
+    const KEY: &str = "3f9a0c1b2d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8";
+
+    /// Records `credits` of the key's usage at `now`, as a settlement does.
+    async fn spend(store: &MemoryStore, credits: i64, now: DateTime<Utc>) {
+        let settlement = Settlement {
+            account: ACCOUNT.into(),
+            key: KEY.into(),
+            reservation_id: hex::encode(rand::random::<[u8; 8]>()),
+            hold_granted: false,
+            cost_nanos: credits * NANOS_PER_CREDIT,
+            byok: false,
+            record: None,
+        };
+        store.settle(&settlement, now).await.unwrap();
+    }
+
+    async fn markers(store: &MemoryStore, now: DateTime<Utc>) -> Vec<String> {
+        let mut ids: Vec<String> = store
+            .list_records_at(ALERTS_COLLECTION, 0, 100, now)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn each_crossing_is_claimed_once_across_instances_remembered_and_armed_by_a_new_period() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let metrics = recorder.handle();
+        // A local recorder and a current-thread runtime: the task counts
+        // on this thread.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let store = Arc::new(MemoryStore::new());
+                let march = Utc.with_ymd_and_hms(2025, 3, 10, 12, 0, 0).unwrap();
+                let clock = Arc::new(ManualClock::new(march));
+                let directory = KeyDirectory::builder(store.clone())
+                    .clock(clock.clone())
+                    .build();
+                let rules = AlertRules::from_json(&[json!(50)], &[json!(50)]).unwrap();
+                let [first, second] = [(), ()]
+                    .map(|_| Alerts::new(rules.clone(), directory.clone(), Notifier::disabled()));
+                let limit = Some(KeyLimit {
+                    limit_nanos: 100 * NANOS_PER_CREDIT,
+                    reset: Some(Period::Month),
+                    include_byok: false,
+                });
+                store.top_up(ACCOUNT, 100 * NANOS_PER_CREDIT).await.unwrap();
+                // 40 credits left, 60% of the key's limit used.
+                spend(&store, 60, march).await;
+                for _ in 0..3 {
+                    first.settled(ACCOUNT, KEY, limit);
+                    second.settled(ACCOUNT, KEY, limit);
+                    first.idle().await;
+                    second.idle().await;
+                }
+                let march_start = Period::Month.start_of(march).timestamp();
+                assert_eq!(
+                    markers(&store, march).await,
+                    vec![
+                        format!(
+                            "balance/{ACCOUNT}/{}/{}",
+                            50 * NANOS_PER_CREDIT,
+                            100 * NANOS_PER_CREDIT
+                        ),
+                        format!("key/{KEY}/50/{march_start}/{}", 100 * NANOS_PER_CREDIT),
+                    ]
+                );
+
+                // April: the key's usage starts again; 60 more is a new
+                // crossing of its 50%. The top-up keeps the balance above 50.
+                let april = Utc.with_ymd_and_hms(2025, 4, 2, 8, 0, 0).unwrap();
+                clock.set(april);
+                store.top_up(ACCOUNT, 100 * NANOS_PER_CREDIT).await.unwrap();
+                spend(&store, 60, april).await;
+                first.settled(ACCOUNT, KEY, limit);
+                second.settled(ACCOUNT, KEY, limit);
+                first.idle().await;
+                second.idle().await;
+                let april_start = Period::Month.start_of(april).timestamp();
+                assert_eq!(markers(&store, april).await.len(), 3);
+                assert!(markers(&store, april).await.contains(&format!(
+                    "key/{KEY}/50/{april_start}/{}",
+                    100 * NANOS_PER_CREDIT
+                )));
+
+                // A key without a limit, or a queue that is full, checks
+                // nothing more and never waits.
+                let small =
+                    Alerts::with_max_queued_checks(rules, directory, Notifier::disabled(), 1);
+                small.settled(ACCOUNT, KEY, None);
+                small.settled(ACCOUNT, KEY, None);
+                small.idle().await;
+                assert_eq!(markers(&store, april).await.len(), 3);
+            });
+        });
+        let text = metrics.render();
+        for expected in [
+            // One instance claimed each crossing, the other found it
+            // claimed once and then remembered it: no more store writes.
+            r#"modelgate_alerts_total{outcome="claimed"} 3"#,
+            r#"modelgate_alerts_total{outcome="claimed_elsewhere"} 3"#,
+            r#"modelgate_alerts_total{outcome="check_dropped"} 1"#,
+        ] {
+            assert!(text.contains(expected), "missing {expected} in\n{text}");
+        }
+        assert!(!text.contains("check_failed"), "{text}");
+    }
+}
