@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -56,6 +57,7 @@ struct Inner {
     queue: mpsc::Sender<Check>,
     /// Taken by the task when the first check starts it.
     receiver: Mutex<Option<mpsc::Receiver<Check>>>,
+    started: AtomicBool,
     /// Checks queued and not yet done: `idle` waits for 0.
     waiting: watch::Sender<usize>,
 }
@@ -94,6 +96,7 @@ impl Alerts {
                 notifier,
                 queue,
                 receiver: Mutex::new(Some(receiver)),
+                started: AtomicBool::new(false),
                 waiting: watch::Sender::new(0),
             }),
         }
@@ -125,6 +128,11 @@ impl Alerts {
             tracing::debug!(account, "alert check dropped: the queue is full");
             return;
         }
+        // Started by the first check, so building needs no runtime; the
+        // flag spares every later settlement the lock.
+        if self.inner.started.load(Ordering::Acquire) {
+            return;
+        }
         let receiver = self
             .inner
             .receiver
@@ -132,6 +140,7 @@ impl Alerts {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
         if let Some(receiver) = receiver {
+            self.inner.started.store(true, Ordering::Release);
             runtime.spawn(Arc::clone(&self.inner).run(receiver));
         }
     }
