@@ -112,12 +112,13 @@ struct Setup {
     hooks: Arc<Mutex<Vec<Hook>>>,
     store: SharedStore,
     key: String,
+    email: Option<String>,
     _secret_file: tempfile::NamedTempFile,
 }
 
 /// One gateway per store (all one account's), alerting below 950 and 920
 /// credits and at 20% and 25% of the key's monthly 400-credit limit.
-async fn setup(stores: Vec<SharedStore>) -> Setup {
+async fn setup(stores: Vec<SharedStore>, email: Option<&str>) -> Setup {
     let smtp = SmtpServer::start().await;
     let (hook_address, hooks) = receiver().await;
     let secret_file = tempfile::NamedTempFile::new().unwrap();
@@ -154,7 +155,7 @@ async fn setup(stores: Vec<SharedStore>) -> Setup {
         .create_account(NewAccount {
             id: "acme".into(),
             name: "Acme".into(),
-            email: Some(OWNER.into()),
+            email: email.map(str::to_owned),
         })
         .await
         .unwrap();
@@ -172,6 +173,7 @@ async fn setup(stores: Vec<SharedStore>) -> Setup {
         hooks,
         store,
         key,
+        email: email.map(str::to_owned),
         _secret_file: secret_file,
     }
 }
@@ -247,7 +249,7 @@ impl Setup {
             assert!(ids.insert(event["id"].to_string()), "repeated id: {event}");
             let data = &event["data"];
             assert_eq!(data["account"], "acme");
-            assert_eq!(data["email"], OWNER);
+            assert_eq!(data["email"], json!(self.email));
             let crossed = match event["type"].as_str().unwrap() {
                 "balance.below" => {
                     assert!(
@@ -289,7 +291,7 @@ fn subjects(entries: &[(&str, usize)]) -> HashMap<String, usize> {
 }
 
 async fn exactly_once_per_crossing(stores: Vec<SharedStore>) {
-    let setup = setup(stores).await;
+    let setup = setup(stores, Some(OWNER)).await;
     // Below 920 takes 9 requests; 25% of 400 (100 credits) takes 12.
     setup.drive(920, 100).await;
     setup.settle().await;
@@ -367,4 +369,22 @@ async fn alerts_exactly_once_with_two_instances_on_redis_and_a_loopback_smtp_ser
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_exactly_once_on_memory_with_one_instance() {
     exactly_once_per_crossing(vec![Arc::new(MemoryStore::new())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_without_an_address_is_alerted_by_webhook_only() {
+    let setup = setup(vec![Arc::new(MemoryStore::new())], None).await;
+    setup.drive(920, 100).await;
+    setup.settle().await;
+    assert_eq!(
+        setup.events(),
+        counted(&[
+            ("balance.below", "950", 1),
+            ("balance.below", "920", 1),
+            ("key.limit_percent", "20", 1),
+            ("key.limit_percent", "25", 1),
+        ])
+    );
+    assert!(setup.smtp.messages().is_empty());
+    assert_eq!(setup.smtp.connections(), 0, "no e-mail was even tried");
 }
