@@ -79,6 +79,10 @@ use tokio::net::TcpListener;
 /// requests (a store outage shorter than this loses nothing).
 const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long a stopping proxy waits for its last alerts to go out (no
+/// money rides on them; a send still retrying is given up).
+const ALERTS_DEADLINE: Duration = Duration::from_secs(5);
+
 /// The environment the proxy reads, shown under `--help`.
 const ENVIRONMENT: &str = "Environment:
   MODELGATE_ADMIN_KEY          the operator's key (make one with `proxy keygen`); unset, a
@@ -327,8 +331,8 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
         .map_err(|error| error.to_string())?;
     let upstream = Upstream::new(&upstream_config).map_err(|error| error.to_string())?;
     // `--bare true`: the upstream client alone, no layer: the baseline of bench/load.sh.
-    let (service, settlements, app_ranking) = if flags.bare {
-        (bare(upstream), PendingSettlements::default(), None)
+    let (service, settlements, app_ranking, alerts) = if flags.bare {
+        (bare(upstream), PendingSettlements::default(), None, None)
     } else {
         let gateway = build_gateway(
             &config,
@@ -342,6 +346,7 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
             gateway.service,
             gateway.settlements,
             Some(gateway.app_ranking),
+            gateway.alerts,
         )
     };
     operator_key(&store).await?;
@@ -382,6 +387,15 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
     if let Some(ranking) = app_ranking {
         if let Err(error) = ranking.flush().await {
             tracing::warn!(%error, "app ranking: the last counts were not written");
+        }
+    }
+    // The last settlements' alerts, best effort.
+    if let Some(alerts) = alerts {
+        if tokio::time::timeout(ALERTS_DEADLINE, alerts.idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!("alerts: the last ones were not all sent before stopping");
         }
     }
     Ok(())

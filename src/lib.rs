@@ -112,6 +112,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admission;
+#[cfg(feature = "notify")]
+#[cfg_attr(docsrs, doc(cfg(feature = "notify")))]
+pub mod alerts;
 mod answer;
 pub mod api;
 pub mod auth;

@@ -31,6 +31,7 @@
 //! | `modelgate_cost_over_hold_nanocredits_total` | counter | — |
 //! | `modelgate_settlements_unrecorded_total` | counter | — |
 //! | `modelgate_notices_total` | counter | `channel` (`email`, `webhook`), `outcome` (`sent`, `retried`, `failed`, `dropped`) |
+//! | `modelgate_alerts_total` | counter | `outcome` (`claimed`, `claimed_elsewhere`, `check_dropped`, `check_failed`) |
 //!
 //! ```
 //! use http::HeaderValue;
@@ -98,6 +99,11 @@ pub const SETTLEMENTS_UNRECORDED_TOTAL: &str = "modelgate_settlements_unrecorded
 /// `sent`, `retried` (an attempt failed, another follows), `failed` (given
 /// up: to be sent by hand) or `dropped` (never queued).
 pub const NOTICES_TOTAL: &str = "modelgate_notices_total";
+/// Alert checks ([`alerts`](crate::alerts)) by outcome: a crossing
+/// `claimed` here (its notice sent) or `claimed_elsewhere` (by another
+/// instance: not sent here), a check dropped from a full queue
+/// (`check_dropped`) or failed by the store (`check_failed`).
+pub const ALERTS_TOTAL: &str = "modelgate_alerts_total";
 
 /// The most label sets a [`HandleCache`] keeps; past it, handles are
 /// looked up each time (labels are from small sets: a full cache means a
@@ -246,6 +252,13 @@ pub(crate) fn store_circuit_refusal(operation: &'static str) {
 #[cfg(feature = "notify")]
 pub(crate) fn notice_outcome(channel: &'static str, outcome: &'static str) {
     metrics::counter!(NOTICES_TOTAL, "channel" => channel, "outcome" => outcome).increment(1);
+}
+
+/// Counts an alert check's outcome. Rare (a crossing, a full queue, a
+/// store failure), so the handle is not kept.
+#[cfg(feature = "notify")]
+pub(crate) fn alert_outcome(outcome: &'static str) {
+    metrics::counter!(ALERTS_TOTAL, "outcome" => outcome).increment(1);
 }
 
 /// The W3C trace context a request carries upstream: the client's trace

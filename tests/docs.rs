@@ -617,6 +617,7 @@ fn the_configuration_page_names_every_section_and_flag() {
         "pub struct LeakScanningSection {",
         "pub struct NotifyWebhookSection {",
         "pub struct EmailSection {",
+        "pub struct AlertsSection {",
         "pub struct PluginsSection {",
         "pub struct PluginEntries {",
     ] {

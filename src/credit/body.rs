@@ -300,6 +300,8 @@ mod tests {
             renewal: None,
             generation: None,
             span: tracing::Span::none(),
+            key_limit: None,
+            on_settled: None,
         }
     }
 

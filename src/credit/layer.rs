@@ -6,14 +6,15 @@ use tower_layer::Layer;
 
 use super::bound::BoundField;
 use super::group_commit::GroupCommit;
+use super::meter::SettledHook;
 use super::pending::{PendingSettlements, Unrecorded};
 use super::pricing::Pricing;
 use super::renewal::HoldRenewals;
 use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
 use crate::keys::{ByokDirectory, ByokProviders};
-use crate::store::FailurePolicy;
 use crate::store::SharedStore;
+use crate::store::{FailurePolicy, KeyLimit};
 use crate::usage::Generations;
 
 /// Applies [`CreditGuard`] to a service.
@@ -50,6 +51,8 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) upstream_reports_sending: bool,
     /// What is recorded of each chat request, when anything is.
     pub(crate) generations: Option<Arc<Generations>>,
+    /// Told of each recorded settlement with a cost.
+    pub(crate) on_settled: Option<SettledHook>,
 }
 
 impl std::fmt::Debug for CreditGuardConfig {
@@ -103,6 +106,7 @@ impl CreditGuardLayer {
                 pending: PendingSettlements::default(),
                 upstream_reports_sending: false,
                 generations: None,
+                on_settled: None,
             }),
         }
     }
@@ -234,6 +238,21 @@ impl CreditGuardLayer {
     /// gateway that stops calls this once the requests in flight have ended.
     pub async fn flush(&self, deadline: Duration) -> Vec<Unrecorded> {
         self.config.pending.flush(deadline).await
+    }
+}
+
+impl CreditGuardLayer {
+    /// Calls `hook` with the account, the key's hash (hex) and the key's
+    /// limit each time a settlement that cost something has been recorded
+    /// (the proxy's `alerts` check balances and limits so). It runs on the settling task after the
+    /// fact: it must return at once (queue, never wait), and nothing it
+    /// does can change the request or its settlement.
+    pub fn on_settled(
+        mut self,
+        hook: impl Fn(&str, &str, Option<KeyLimit>) + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).on_settled = Some(Arc::new(hook));
+        self
     }
 }
 

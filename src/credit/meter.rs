@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{Settlement, SETTLEMENT_RETRY_WINDOW};
+use crate::store::{KeyLimit, Settlement, SETTLEMENT_RETRY_WINDOW};
 use crate::usage::{GenerationContext, GenerationEnd};
 
 use super::group_commit::GroupCommit;
@@ -72,7 +72,16 @@ pub(crate) struct Meter {
     /// The call's `chat` span: its usage is recorded at settlement, and it
     /// ends there.
     pub(crate) span: tracing::Span,
+    /// The key's limit, handed to `on_settled` with the account and key.
+    pub(crate) key_limit: Option<KeyLimit>,
+    /// Told of each settlement with a cost once it is recorded
+    /// ([`CreditGuardLayer::on_settled`](super::CreditGuardLayer::on_settled)).
+    pub(crate) on_settled: Option<SettledHook>,
 }
+
+/// What [`CreditGuardLayer::on_settled`](super::CreditGuardLayer::on_settled)
+/// calls: the account, the key's hash (hex) and its limit.
+pub type SettledHook = Arc<dyn Fn(&str, &str, Option<KeyLimit>) + Send + Sync>;
 
 impl std::fmt::Debug for Meter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -248,7 +257,18 @@ impl Meter {
                     tokio::time::sleep(wait).await;
                 }
                 match self.ledger.settle(&settlement).await {
-                    Ok(()) => return,
+                    Ok(()) => {
+                        // Told after the fact and never waited for: the
+                        // hook only queues.
+                        if let Some(hook) = self
+                            .on_settled
+                            .as_ref()
+                            .filter(|_| settlement.cost_nanos > 0)
+                        {
+                            hook(&settlement.account, &settlement.key, self.key_limit);
+                        }
+                        return;
+                    }
                     Err(error) => {
                         tracing::warn!(%error, reservation = %settlement.reservation_id, "settlement attempt failed")
                     }

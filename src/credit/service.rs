@@ -759,6 +759,8 @@ fn hold_request(
         renewal: None,
         span: tracing::Span::none(),
         generation: charge.generation.clone(),
+        key_limit: principal.key_limit,
+        on_settled: config.on_settled.clone(),
     };
     (reservation, meter)
 }

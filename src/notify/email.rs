@@ -10,9 +10,9 @@ use lettre::message::Mailbox;
 use lettre::{Address, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
 use super::notifier::{Failure, ATTEMPT_TIMEOUT};
-use super::{LeakNotice, NotifyConfigError};
+use super::{AlertNotice, LeakNotice, NotifyConfigError};
 
-/// Where leak e-mails go out and whom they come from. `Debug` shows the
+/// Where notice e-mails go out and whom they come from. `Debug` shows the
 /// server without its password.
 #[derive(Clone)]
 pub struct EmailSettings {
@@ -138,6 +138,23 @@ impl EmailSettings {
 
     /// The message for `notice`, to `to`.
     pub(super) fn compose(&self, notice: &LeakNotice, to: Mailbox) -> Result<Message, String> {
+        self.compose_text(subject(notice), body(notice, &self.settings_page), to)
+    }
+
+    /// The message for an alert, to `to`.
+    pub(super) fn compose_alert(
+        &self,
+        notice: &AlertNotice,
+        to: Mailbox,
+    ) -> Result<Message, String> {
+        self.compose_text(
+            super::alert::subject(notice),
+            super::alert::body(notice, &self.settings_page),
+            to,
+        )
+    }
+
+    fn compose_text(&self, subject: String, body: String, to: Mailbox) -> Result<Message, String> {
         // lettre adds no Message-ID of its own; some filters frown on mail
         // without one.
         let message_id = format!(
@@ -148,10 +165,10 @@ impl EmailSettings {
         Message::builder()
             .from(self.from.clone())
             .to(to)
-            .subject(subject(notice))
+            .subject(subject)
             .message_id(Some(message_id))
             .header(ContentType::TEXT_PLAIN)
-            .body(body(notice, &self.settings_page))
+            .body(body)
             .map_err(|error| format!("the message cannot be built: {error}"))
     }
 
@@ -272,7 +289,7 @@ fn hash_prefix(prefix: &str) -> String {
 /// become spaces (no forged lines, no reordered text), at most
 /// `max_chars` characters are kept, and anything shaped like a modelgate
 /// key is redacted.
-fn clean(text: &str, max_chars: usize) -> String {
+pub(super) fn clean(text: &str, max_chars: usize) -> String {
     let mut chars = text.trim().chars().map(|c| {
         let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
         if c.is_control() || bidi {

@@ -1,5 +1,12 @@
-//! Notices about leaked API keys: an e-mail to the account's owner and a
-//! signed webhook to the operator, sent and retried in the background.
+//! Notices about leaked API keys and alerts (a low balance, a key near its
+//! limit): an e-mail to the account's owner and a signed webhook to the
+//! operator, sent and retried in the background.
+//!
+//! Alerts ([`Notifier::alert`] with an [`AlertNotice`], decided by
+//! [`alerts`](crate::alerts)) go the same way as leak notices, with the
+//! same retries, bounds and metric; their webhook's `type` is
+//! [`BALANCE_BELOW_EVENT`] or [`KEY_LIMIT_PERCENT_EVENT`] and its `id`
+//! the crossing's own, the same from every instance.
 //!
 //! When a modelgate key is found leaked (GitHub secret scanning reports it,
 //! or an operator does), the gateway disables it and calls
@@ -97,6 +104,7 @@
 //! # }
 //! ```
 
+mod alert;
 mod email;
 mod notifier;
 mod webhook;
@@ -104,6 +112,7 @@ mod webhook;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use alert::{Alert, AlertNotice, BALANCE_BELOW_EVENT, KEY_LIMIT_PERCENT_EVENT};
 pub use email::EmailSettings;
 pub use notifier::{
     Notifier, ATTEMPT_TIMEOUT, DEFAULT_MAX_PENDING_NOTICES, DEFAULT_RETRY_WAITS,

@@ -11,7 +11,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::email::{self, EmailSettings};
 use super::webhook::WebhookSettings;
-use super::LeakNotice;
+use super::{AlertNotice, LeakNotice};
 use crate::telemetry;
 
 /// The waits between attempts, by default: 1 s, 5 s, 30 s, 2 min, 10 min
@@ -116,13 +116,25 @@ impl Notifier {
     /// when [`with_max_pending_notices`](Self::with_max_pending_notices)
     /// notices are already waiting.
     pub fn leak_detected(&self, notice: LeakNotice) {
+        self.take(Notice::Leak(notice));
+    }
+
+    /// Tells the account's owner (by e-mail) and the webhook about an
+    /// alert, as [`leak_detected`](Self::leak_detected) does a leak: in the
+    /// background, with the same retries, bounds and metric. The webhook's
+    /// `type` is [`AlertNotice::event_type`], its `id` the notice's `id`.
+    pub fn alert(&self, notice: AlertNotice) {
+        self.take(Notice::Alert(notice));
+    }
+
+    fn take(&self, notice: Notice) {
         let channels = self.channels(&notice);
         if self.config.email.is_none() && self.config.webhook.is_none() {
             tracing::info!(
-                account = %notice.account,
-                key = logged_key(&notice),
-                key_name = ?notice.key_name,
-                "leaked key: no notice sent, none is configured"
+                account = %notice.account(),
+                key = notice.logged_key(),
+                notice = notice.kind(),
+                "no notice sent, none is configured"
             );
             return;
         }
@@ -151,9 +163,9 @@ impl Notifier {
     }
 
     /// The channels `notice` would go out on.
-    fn channels(&self, notice: &LeakNotice) -> Vec<Channel> {
+    fn channels(&self, notice: &Notice) -> Vec<Channel> {
         let mut channels = Vec::with_capacity(2);
-        if self.config.email.is_some() && notice.email.is_some() {
+        if self.config.email.is_some() && notice.email().is_some() {
             channels.push(Channel::Email);
         }
         if self.config.webhook.is_some() {
@@ -162,7 +174,7 @@ impl Notifier {
         channels
     }
 
-    async fn deliver(&self, notice: LeakNotice) {
+    async fn deliver(&self, notice: Notice) {
         let email = async {
             if let Some(settings) = &self.config.email {
                 self.deliver_email(settings, &notice).await;
@@ -176,27 +188,32 @@ impl Notifier {
         futures_util::future::join(email, webhook).await;
     }
 
-    async fn deliver_email(&self, settings: &EmailSettings, notice: &LeakNotice) {
-        let Some(address) = notice.email.as_deref() else {
+    async fn deliver_email(&self, settings: &EmailSettings, notice: &Notice) {
+        let Some(address) = notice.email() else {
             tracing::info!(
-                account = %notice.account,
-                key = logged_key(notice),
-                "leaked key: the account has no e-mail address, so no e-mail is sent"
+                account = %notice.account(),
+                key = notice.logged_key(),
+                notice = notice.kind(),
+                "the account has no e-mail address, so no e-mail is sent"
             );
             return;
         };
-        let message = email::recipient(address).and_then(|to| settings.compose(notice, to));
+        let message = email::recipient(address).and_then(|to| match notice {
+            Notice::Leak(leak) => settings.compose(leak, to),
+            Notice::Alert(alert) => settings.compose_alert(alert, to),
+        });
         let message = match message {
             Ok(message) => message,
             Err(reason) => {
                 // Retrying would build the same message: nothing to wait for.
                 tracing::warn!(
                     channel = Channel::Email.name(),
-                    account = %notice.account,
-                    key = logged_key(notice),
+                    account = %notice.account(),
+                    key = notice.logged_key(),
+                    notice = notice.kind(),
                     email = ?address,
                     error = %reason,
-                    "leak e-mail not sent"
+                    "notice e-mail not sent"
                 );
                 telemetry::notice_outcome(Channel::Email.name(), "failed");
                 return;
@@ -206,9 +223,15 @@ impl Notifier {
             .await;
     }
 
-    async fn deliver_webhook(&self, settings: &WebhookSettings, notice: &LeakNotice) {
-        let delivery_id = hex::encode(rand::random::<[u8; 16]>());
-        let body = match WebhookSettings::payload(notice, &delivery_id) {
+    async fn deliver_webhook(&self, settings: &WebhookSettings, notice: &Notice) {
+        let body = match notice {
+            Notice::Leak(leak) => {
+                WebhookSettings::payload(leak, &hex::encode(rand::random::<[u8; 16]>()))
+            }
+            // The crossing's own id: every instance and attempt sends the same.
+            Notice::Alert(alert) => WebhookSettings::event(alert.event_type(), &alert.id, alert),
+        };
+        let body = match body {
             Ok(body) => body,
             Err(reason) => {
                 give_up(Channel::Webhook, notice, 0, &reason);
@@ -222,7 +245,7 @@ impl Notifier {
     /// Runs `attempt` until it succeeds, fails permanently, or the retry
     /// waits run out. Each attempt holds one of the
     /// [`MAX_SENDS_IN_FLIGHT`] places; the waits between hold none.
-    async fn with_retries<F, Fut>(&self, channel: Channel, notice: &LeakNotice, mut attempt: F)
+    async fn with_retries<F, Fut>(&self, channel: Channel, notice: &Notice, mut attempt: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<(), Failure>>,
@@ -246,10 +269,12 @@ impl Notifier {
                 Ok(()) => {
                     tracing::info!(
                         channel = channel.name(),
-                        account = %notice.account,
-                        key = logged_key(notice),
+                        account = %notice.account(),
+                        key = notice.logged_key(),
+                        notice = notice.kind(),
                         attempts,
-                        "leak notice sent"
+                        "{} sent",
+                        notice.kind()
                     );
                     telemetry::notice_outcome(channel.name(), "sent");
                     return;
@@ -267,12 +292,14 @@ impl Notifier {
             };
             tracing::warn!(
                 channel = channel.name(),
-                account = %notice.account,
-                key = logged_key(notice),
+                account = %notice.account(),
+                key = notice.logged_key(),
+                notice = notice.kind(),
                 attempt = attempts,
                 retry_in_ms = wait.as_millis() as u64,
                 error = %failure.reason,
-                "leak notice not delivered; will retry"
+                "{} not delivered; will retry",
+                notice.kind()
             );
             telemetry::notice_outcome(channel.name(), "retried");
             tokio::time::sleep(*wait).await;
@@ -280,15 +307,50 @@ impl Notifier {
     }
 }
 
-/// The key as logs name it: as the access log does, by the first 8 hex
-/// digits of its hash (the notice carries 12), so the lines of one key
-/// can be found together.
-fn logged_key(notice: &LeakNotice) -> &str {
-    let prefix = notice.key_hash_prefix.as_str();
-    prefix
-        .char_indices()
-        .nth(8)
-        .map_or(prefix, |(end, _)| &prefix[..end])
+/// What a notifier carries: a leak notice or an alert, each sent on the
+/// same channels with the same retries and bounds.
+#[derive(Clone, Debug)]
+enum Notice {
+    Leak(LeakNotice),
+    Alert(AlertNotice),
+}
+
+impl Notice {
+    fn account(&self) -> &str {
+        match self {
+            Notice::Leak(leak) => &leak.account,
+            Notice::Alert(alert) => &alert.account,
+        }
+    }
+
+    fn email(&self) -> Option<&str> {
+        match self {
+            Notice::Leak(leak) => leak.email.as_deref(),
+            Notice::Alert(alert) => alert.email.as_deref(),
+        }
+    }
+
+    /// Its name in logs: `leak notice` or the alert's event type.
+    fn kind(&self) -> &'static str {
+        match self {
+            Notice::Leak(_) => "leak notice",
+            Notice::Alert(alert) => alert.event_type(),
+        }
+    }
+
+    /// The key as logs name it: as the access log does, by the first 8 hex
+    /// digits of its hash (the notice carries 12), so the lines of one key
+    /// can be found together; empty for an account's alert.
+    fn logged_key(&self) -> &str {
+        let prefix = match self {
+            Notice::Leak(leak) => leak.key_hash_prefix.as_str(),
+            Notice::Alert(alert) => alert.key_hash_prefix(),
+        };
+        prefix
+            .char_indices()
+            .nth(8)
+            .map_or(prefix, |(end, _)| &prefix[..end])
+    }
 }
 
 /// One of a notice's channels.
@@ -378,14 +440,14 @@ impl Drop for Pending {
 
 /// Logs, with everything needed to tell the owner by hand, a notice that
 /// will not be delivered on `channel`, and counts it as `failed`.
-fn give_up(channel: Channel, notice: &LeakNotice, attempts: u32, reason: &str) {
+fn give_up(channel: Channel, notice: &Notice, attempts: u32, reason: &str) {
     log_undelivered(notice, Some(channel), Some(attempts), reason, "failed");
     telemetry::notice_outcome(channel.name(), "failed");
 }
 
 /// Logs in full, and counts as `dropped` on each of `channels`, a notice
 /// that was not even queued.
-fn drop_notice(notice: &LeakNotice, channels: &[Channel], reason: &str) {
+fn drop_notice(notice: &Notice, channels: &[Channel], reason: &str) {
     log_undelivered(notice, None, None, reason, "dropped");
     for channel in channels {
         telemetry::notice_outcome(channel.name(), "dropped");
@@ -394,28 +456,45 @@ fn drop_notice(notice: &LeakNotice, channels: &[Channel], reason: &str) {
 
 /// One error line with every field of `notice` but the key itself.
 fn log_undelivered(
-    notice: &LeakNotice,
+    notice: &Notice,
     channel: Option<Channel>,
     attempts: Option<u32>,
     reason: &str,
     outcome: &'static str,
 ) {
-    tracing::error!(
-        channel = channel.map(Channel::name),
-        attempts,
-        outcome,
-        error = %reason,
-        account = %notice.account,
-        email = ?notice.email,
-        key_name = ?notice.key_name,
-        key = logged_key(notice),
-        token_type = ?notice.token_type,
-        url = ?notice.url,
-        source = ?notice.source,
-        reported_at = %notice.reported_at.to_rfc3339(),
-        reported_by = %notice.reported_by,
-        "leak notice NOT delivered: tell the account's owner by hand"
-    );
+    let key = notice.logged_key();
+    match notice {
+        Notice::Leak(notice) => tracing::error!(
+            channel = channel.map(Channel::name),
+            attempts,
+            outcome,
+            error = %reason,
+            account = %notice.account,
+            email = ?notice.email,
+            key_name = ?notice.key_name,
+            key,
+            token_type = ?notice.token_type,
+            url = ?notice.url,
+            source = ?notice.source,
+            reported_at = %notice.reported_at.to_rfc3339(),
+            reported_by = %notice.reported_by,
+            "leak notice NOT delivered: tell the account's owner by hand"
+        ),
+        // The notice names a key by its hash prefix only.
+        Notice::Alert(alert) => tracing::error!(
+            channel = channel.map(Channel::name),
+            attempts,
+            outcome,
+            error = %reason,
+            account = %alert.account,
+            email = ?alert.email,
+            id = %alert.id,
+            alert = ?alert.alert,
+            detected_at = %alert.detected_at.to_rfc3339(),
+            "{} alert NOT delivered",
+            alert.event_type()
+        ),
+    }
 }
 
 #[cfg(test)]

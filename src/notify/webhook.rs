@@ -19,7 +19,7 @@ use super::notifier::{Failure, ATTEMPT_TIMEOUT};
 use super::{LeakNotice, NotifyConfigError};
 use crate::secrets::{Secret, MIN_SECRET_BYTES};
 
-/// The payload's `type`.
+/// The leak notice's payload `type`.
 pub const EVENT_TYPE: &str = "key.leaked";
 /// The header carrying the attempt's time, in Unix seconds.
 pub const TIMESTAMP_HEADER: &str = "x-modelgate-timestamp";
@@ -28,7 +28,7 @@ pub const SIGNATURE_HEADER: &str = "x-modelgate-signature";
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Where leak notices are posted and the secret they are signed with.
+/// Where notices are posted and the secret they are signed with.
 /// `Debug` shows only the URL's scheme and host: the secret never, and
 /// the path neither, since many hook URLs carry a token in it.
 #[derive(Clone)]
@@ -110,17 +110,27 @@ impl WebhookSettings {
 
     /// The webhook body for `notice`: the same bytes on every attempt.
     pub(super) fn payload(notice: &LeakNotice, delivery_id: &str) -> Result<Bytes, String> {
+        Self::event(EVENT_TYPE, delivery_id, notice)
+    }
+
+    /// The webhook body `{"type", "id", "data"}`: the same bytes on every
+    /// attempt.
+    pub(super) fn event<T: Serialize>(
+        kind: &'static str,
+        delivery_id: &str,
+        data: &T,
+    ) -> Result<Bytes, String> {
         #[derive(Serialize)]
-        struct Payload<'a> {
+        struct Payload<'a, T> {
             #[serde(rename = "type")]
             kind: &'static str,
             id: &'a str,
-            data: &'a LeakNotice,
+            data: &'a T,
         }
         serde_json::to_vec(&Payload {
-            kind: EVENT_TYPE,
+            kind,
             id: delivery_id,
-            data: notice,
+            data,
         })
         .map(Bytes::from)
         .map_err(|error| format!("the notice cannot be written as JSON: {error}"))

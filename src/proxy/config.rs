@@ -35,6 +35,7 @@ use super::models::ModelCatalog;
 use super::providers::ProviderUpstream;
 use super::retry::RetryPolicy;
 use super::upstream::{Upstream, UpstreamConfig};
+use crate::alerts::AlertRules;
 use crate::auth::AuthFailureLimit;
 use crate::client_addr::TrustedProxies;
 use crate::credit::{BoundField, PriceTable};
@@ -79,6 +80,9 @@ use crate::webhook::WebhooksConfig;
 ///                     "notify_webhook": {"url": "https://ops.example.com/hooks/leaks",
 ///                                        "secret": {"env": "LEAK_WEBHOOK_SECRET"}}},
 ///   "email": {"smtp": "smtp://localhost:25", "from": "modelgate <keys@example.com>"},
+///   "alerts": {"balance_below": [5, 1], "key_limit_percent": [80, 100],
+///              "webhook": {"url": "https://ops.example.com/hooks/alerts",
+///                          "secret": {"env": "ALERT_WEBHOOK_SECRET"}}},
 ///   "generations": {"retention_days": 30, "max_per_account": 100000, "public_ranking": false},
 ///   "oauth": {"allow_plain_pkce": false, "max_pending_codes_per_account": 100},
 ///   "management_rate": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}},
@@ -146,8 +150,14 @@ pub struct GatewayConfig {
     /// Secret-scanning alerts (`POST /api/v1/leaks`). Absent: that route
     /// is not served; an operator can still report a key leaked.
     pub leak_scanning: Option<LeakScanningSection>,
-    /// Outbound e-mail: a leaked key's owner is told. Absent: no e-mail.
+    /// Outbound e-mail: a leaked key's owner is told, and alerts go out.
+    /// Absent: no e-mail.
     pub email: Option<EmailSection>,
+    /// Alerts to an account's owner (by `email`) and to `alerts.webhook`:
+    /// a balance below each of `balance_below`, a key past each share of
+    /// its limit in `key_limit_percent`, once per crossing across
+    /// instances (see [`crate::alerts`]). Absent: none.
+    pub alerts: Option<AlertsSection>,
     /// Generation records (`X-Generation-Id`, `GET /api/v1/generation`)
     /// and the app ranking (`GET /api/v1/apps`).
     pub generations: GenerationsSection,
@@ -255,6 +265,21 @@ pub struct NotifyWebhookSection {
     /// SecretRef; at least 16 bytes.
     #[serde(deserialize_with = "secret_spec")]
     pub secret: SecretSpec,
+}
+
+/// `alerts` in [`GatewayConfig`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertsSection {
+    /// Balances, in credits (above 0), below which the owner is told;
+    /// each crossing once, again after a top-up.
+    pub balance_below: Vec<Value>,
+    /// Shares of a key's limit, whole percentages from 1 to 100, at which
+    /// the owner is told; each once per limit period, again after the
+    /// limit's reset or change.
+    pub key_limit_percent: Vec<Value>,
+    /// A webhook told of every alert, signed as leak notices are.
+    pub webhook: Option<NotifyWebhookSection>,
 }
 
 /// `email` in [`GatewayConfig`].
@@ -654,6 +679,24 @@ impl GatewayConfig {
                 }
             }
         }
+        if let Some(section) = &self.alerts {
+            let rules = AlertRules::from_json(&section.balance_below, &section.key_limit_percent)
+                .map_err(|error| ConfigError::at("alerts", error))?;
+            if rules.is_empty() {
+                return Err(ConfigError::new(
+                    "alerts: names no threshold; set balance_below or key_limit_percent",
+                ));
+            }
+            if let Some(webhook) = &section.webhook {
+                WebhookSettings::check_url(webhook.url.expose())
+                    .map_err(|error| ConfigError::at("alerts.webhook", error))?;
+                self.check_reference("alerts.webhook.secret", &webhook.secret)?;
+            } else if self.email.is_none() {
+                return Err(ConfigError::new(
+                    "alerts: nothing to send them with; set the email section or alerts.webhook",
+                ));
+            }
+        }
         self.generations.validate()?;
         if self.oauth.max_pending_codes_per_account == Some(0) {
             return Err(ConfigError::new(
@@ -779,6 +822,48 @@ impl GatewayConfig {
     /// Who is told of a leaked key: the owner by e-mail (`email`) and the
     /// `leak_scanning.notify_webhook`, each when configured.
     pub fn leak_notifier(&self) -> Result<Notifier, ConfigError> {
+        let webhook = match self
+            .leak_scanning
+            .as_ref()
+            .and_then(|section| section.notify_webhook.as_ref())
+        {
+            None => None,
+            Some(section) => Some(self.notify_webhook("leak_scanning.notify_webhook", section)?),
+        };
+        Ok(Notifier::new(self.email_settings()?, webhook))
+    }
+
+    /// The alert rules and who is told of alerts (the owner by e-mail and
+    /// `alerts.webhook`); `None` without an `alerts` section.
+    pub fn alerts(&self) -> Result<Option<(AlertRules, Notifier)>, ConfigError> {
+        let Some(section) = &self.alerts else {
+            return Ok(None);
+        };
+        let rules = AlertRules::from_json(&section.balance_below, &section.key_limit_percent)
+            .map_err(|error| ConfigError::at("alerts", error))?;
+        let webhook = match &section.webhook {
+            None => None,
+            Some(webhook) => Some(self.notify_webhook("alerts.webhook", webhook)?),
+        };
+        Ok(Some((
+            rules,
+            Notifier::new(self.email_settings()?, webhook),
+        )))
+    }
+
+    /// A notice webhook's settings, its secret read now; errors name `field`.
+    fn notify_webhook(
+        &self,
+        field: &str,
+        section: &NotifyWebhookSection,
+    ) -> Result<WebhookSettings, ConfigError> {
+        let secret = self.read_secret(&format!("{field}.secret"), &section.secret)?;
+        WebhookSettings::new(section.url.expose(), secret)
+            .map_err(|error| ConfigError::new(format!("{field}: {error}")))
+    }
+
+    /// The `email` section's settings, its SMTP URL read now.
+    fn email_settings(&self) -> Result<Option<EmailSettings>, ConfigError> {
         let email = match &self.email {
             None => None,
             Some(section) => {
@@ -795,23 +880,7 @@ impl GatewayConfig {
                 )
             }
         };
-        let webhook = match self
-            .leak_scanning
-            .as_ref()
-            .and_then(|section| section.notify_webhook.as_ref())
-        {
-            None => None,
-            Some(section) => {
-                let secret =
-                    self.read_secret("leak_scanning.notify_webhook.secret", &section.secret)?;
-                Some(
-                    WebhookSettings::new(section.url.expose(), secret).map_err(|error| {
-                        ConfigError::new(format!("leak_scanning.notify_webhook: {error}"))
-                    })?,
-                )
-            }
-        };
-        Ok(Notifier::new(email, webhook))
+        Ok(email)
     }
 
     /// `pricing`, or [`DEMO_PRICING`].
@@ -1245,6 +1314,34 @@ mod tests {
                 r#"{"retry": {"max_attempts": 9}}"#,
                 "config: retry.max_attempts: ",
             ),
+            (
+                r#"{"email": {"smtp": "smtp://127.0.0.1:25", "from": "m <m@example.com>"}, "alerts": {"balance_below": [5, -1]}}"#,
+                "config: alerts.balance_below[1]: must not be negative",
+            ),
+            (
+                r#"{"email": {"smtp": "smtp://127.0.0.1:25", "from": "m <m@example.com>"}, "alerts": {"key_limit_percent": [80, 120]}}"#,
+                "config: alerts.key_limit_percent[1]: must be a whole number from 1 to 100, not 120",
+            ),
+            (
+                r#"{"email": {"smtp": "smtp://127.0.0.1:25", "from": "m <m@example.com>"}, "alerts": {}}"#,
+                "config: alerts: names no threshold; set balance_below or key_limit_percent",
+            ),
+            (
+                r#"{"alerts": {"balance_below": [5]}}"#,
+                "config: alerts: nothing to send them with; set the email section or alerts.webhook",
+            ),
+            (
+                r#"{"alerts": {"balance_below": [5], "webhook": {"url": "ftp://ops.example.com/h", "secret": {"env": "ALERT_SECRET"}}}}"#,
+                "config: alerts.webhook: notify webhook_url: ftp is not http or https",
+            ),
+            (
+                r#"{"alerts": {"balance_below": [5], "webhook": {"url": "https://ops.example.com/h", "secret": "0123456789abcdef0123"}}}"#,
+                "config: alerts.webhook.secret: must be {\"env\": \"VAR\"}",
+            ),
+            (
+                r#"{"alerts": {"balance_below": 5}}"#,
+                "config: alerts.balance_below: invalid type",
+            ),
             (r#"{"max_in_flight": 0}"#, "config: max_in_flight must be at least 1"),
             (
                 r#"{"unauthenticated": {"max_in_flight": 0}}"#,
@@ -1448,6 +1545,9 @@ mod tests {
                                                  "secret": {"env": "LEAK_WEBHOOK_SECRET"}}},
             "email": {"smtp": format!("smtps://user:{}@mail.example.com", secrets[1]),
                       "from": "modelgate <keys@example.com>"},
+            "alerts": {"balance_below": [5], "key_limit_percent": [80],
+                       "webhook": {"url": format!("https://ops.example.com/alerts/{}", secrets[2]),
+                                   "secret": {"env": "ALERT_WEBHOOK_SECRET"}}},
             "generations": {"retention_days": 30, "max_per_account": 10, "public_ranking": true},
             "oauth": {"allow_plain_pkce": true, "max_pending_codes_per_account": 5},
             "management_rate": {"gcra": {"requests": 60, "period_seconds": 60, "burst": 6}},
@@ -1472,6 +1572,7 @@ mod tests {
             "pub struct LeakScanningSection {",
             "pub struct NotifyWebhookSection {",
             "pub struct EmailSection {",
+            "pub struct AlertsSection {",
             "pub struct PluginsSection {",
             "pub struct PluginEntries {",
             "pub struct SqliteSection {",
@@ -1515,6 +1616,10 @@ mod tests {
             "trusted_proxies",
             "leak_scanning",
             "email",
+            "alerts",
+            "balance_below",
+            "key_limit_percent",
+            "webhook",
             "generations",
             "oauth",
             "management_rate",

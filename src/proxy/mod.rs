@@ -98,6 +98,7 @@ pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError, DEFAULT_CREDENTIAL_HEADERS};
 
 use crate::admission::AdmissionLayers;
+use crate::alerts::Alerts;
 use crate::api::KeyRoutesLayer;
 use crate::auth::{AuthFailures, BearerAuthLayer};
 use crate::body::{BodyLimitLayer, DrainUnreadLayer};
@@ -170,6 +171,9 @@ pub struct Gateway<B> {
     pub settlements: PendingSettlements,
     /// Its app counts not written yet: [`AppRanking::flush`] them too.
     pub app_ranking: AppRanking,
+    /// Its alerts, with an `alerts` section: [`Alerts::idle`] lets the
+    /// last ones go out.
+    pub alerts: Option<Alerts>,
 }
 
 /// [`gateway_with_clock`], with the handle on its pending settlements.
@@ -273,6 +277,13 @@ where
     if let Some(seconds) = config.credit.reservation_ttl_seconds {
         credit = credit.reservation_ttl(Duration::from_secs(seconds));
     }
+    // Told after each recorded settlement; it only queues.
+    let alerts = config
+        .alerts()?
+        .map(|(rules, notifier)| Alerts::new(rules, directory.clone(), notifier));
+    if let Some(alerts) = alerts.clone() {
+        credit = credit.on_settled(move |account, key, limit| alerts.settled(account, key, limit));
+    }
     for (name, section) in &config.providers {
         if let Some(field) = section.completion_bound_field {
             credit = credit.completion_bound_field(name, field);
@@ -357,6 +368,7 @@ where
         service: BoxCloneService::new(service),
         settlements: credit.pending_settlements(),
         app_ranking,
+        alerts,
     })
 }
 

@@ -29,7 +29,8 @@
 //!
 //! The record collections the crate keeps: `keys`, `accounts`,
 //! `deleted_keys`, `byok/<account>`, `flows/<sessionKey>`, `auth_codes`,
-//! `auth_codes/<account>`, and `operator_key_minted` (one marker: the
+//! `auth_codes/<account>`, `alerts` (each alert crossing's marker, written
+//! only if absent, for 40 days), and `operator_key_minted` (one marker: the
 //! first start's operator key, written only if absent). A record written
 //! with [`PutOptions`] may have a lifetime (`ttl`) and its collection a
 //! cap (`max_records`, refused as [`PutOutcome::Full`] in the write's
