@@ -11,8 +11,8 @@ use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::usage::{
-    activity_query, activity_rows, by_host, parse_generation_id, ranking_json, readable_by,
-    usage_query, UsageQuery, GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
+    activity_query, activity_rows, by_host, complete_from, parse_generation_id, ranking_json,
+    readable_by, record_day, usage_query, UsageQuery, GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
 };
 
 /// The account whose records or apps are asked for: any for the operator
@@ -147,19 +147,29 @@ pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
         )
         .with_metadata("param", "account"));
     };
-    let records: Vec<Value> = call
+    let stored = call
         .directory()
         .store()
         .recent_generations(&account, GENERATIONS_SCAN_DEPTH, call.now)
         .await
-        .map_err(refuse)?
+        .map_err(refuse)?;
+    let scan_cut = stored.len() >= GENERATIONS_SCAN_DEPTH;
+    let mut records: Vec<Value> = stored
         .into_iter()
         .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
         .filter(|record| record["user_id"].as_str() == Some(account.as_str()))
         .collect();
-    Ok(ok(
-        json!({ "data": activity_rows(&records, today, query.date) }),
-    ))
+    // A scan cut short leaves its oldest days short: they are left out,
+    // and the answer says from which day it is whole.
+    let complete_from = scan_cut.then(|| complete_from(&records)).flatten();
+    if let Some(from) = complete_from {
+        records.retain(|record| record_day(record).is_some_and(|day| day >= from));
+    }
+    let mut answer = json!({ "data": activity_rows(&records, today, query.date) });
+    if let Some(from) = complete_from {
+        answer["complete_from"] = Value::from(from.to_string());
+    }
+    Ok(ok(answer))
 }
 
 /// Whether `record` passes the query's `key`, `model`, `from` and `to`.

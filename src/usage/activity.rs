@@ -4,9 +4,11 @@
 //!
 //! It is summed from the same records `GET /api/v1/generations` pages
 //! through, among the account's newest
-//! [`GENERATIONS_SCAN_DEPTH`](super::GENERATIONS_SCAN_DEPTH): an
-//! account with more in the window sees its oldest days short, and a day
-//! older than the records' retention (30 days by default) is partly gone.
+//! [`GENERATIONS_SCAN_DEPTH`](super::GENERATIONS_SCAN_DEPTH): for an
+//! account with more in the window, the days the scan did not read whole
+//! are left out and the answer says from which day it is whole
+//! ([`complete_from`]); a day older than the records' retention (30 days
+//! by default) is partly gone.
 
 use std::collections::BTreeMap;
 
@@ -104,6 +106,22 @@ struct Sums {
     byok_usage_nanos: i64,
 }
 
+/// For a scan that stopped at its depth before the window's start: the
+/// first day it read whole, the day after its oldest record's. Days before
+/// it would be short, so the answer leaves them out and says so
+/// (`complete_from`) rather than show them wrong.
+pub fn complete_from<'a>(records: impl IntoIterator<Item = &'a Value>) -> Option<NaiveDate> {
+    records.into_iter().filter_map(record_day).min()?.succ_opt()
+}
+
+/// The UTC day a record was made, from its `created_at`.
+pub fn record_day(record: &Value) -> Option<NaiveDate> {
+    record["created_at"]
+        .as_str()
+        .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
+        .map(|instant| instant.with_timezone(&Utc).date_naive())
+}
+
 /// The activity rows of `records` (generation records as stored) whose
 /// UTC day is within the window ending `today` (only `date`, when given),
 /// ordered by day, then model. `usage` is what was taken from the balance,
@@ -118,11 +136,7 @@ pub fn activity_rows<'a>(
     let start = activity_window_start(today);
     let mut sums: BTreeMap<(NaiveDate, String), Sums> = BTreeMap::new();
     for record in records {
-        let Some(day) = record["created_at"]
-            .as_str()
-            .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
-            .map(|instant| instant.with_timezone(&Utc).date_naive())
-        else {
+        let Some(day) = record_day(record) else {
             continue;
         };
         if day < start || day > today || date.is_some_and(|date| date != day) {
@@ -323,6 +337,26 @@ mod tests {
         assert_eq!(one_day.len(), 1);
         assert_eq!(one_day[0]["date"], "2026-11-25");
         assert!(activity_rows(&Vec::<Value>::new(), today(), None).is_empty());
+    }
+
+    #[test]
+    fn a_scan_cut_short_is_whole_from_the_day_after_its_oldest_record() {
+        let records = [
+            record("2026-11-26T10:00:00Z", "a/one", 1.0, false, None),
+            record("2026-11-20T23:59:59+02:00", "a/one", 1.0, false, None),
+            record("not a time", "a/one", 1.0, false, None),
+            record("2026-11-24T00:00:00Z", "a/one", 1.0, false, None),
+        ];
+        // The oldest is 2026-11-20 21:59:59 UTC: the 20th may be short.
+        assert_eq!(
+            complete_from(&records),
+            NaiveDate::from_ymd_opt(2026, 11, 21)
+        );
+        assert_eq!(complete_from(&records[2..3]), None);
+        assert_eq!(
+            record_day(&records[1]),
+            NaiveDate::from_ymd_opt(2026, 11, 20)
+        );
     }
 
     proptest! {

@@ -71,7 +71,8 @@ mod record;
 use std::time::Duration;
 
 pub use activity::{
-    activity_query, activity_rows, activity_window_start, ActivityQuery, ACTIVITY_DAYS,
+    activity_query, activity_rows, activity_window_start, complete_from, record_day, ActivityQuery,
+    ACTIVITY_DAYS,
 };
 pub use app::{
     app_from_headers, App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER,
