@@ -207,7 +207,7 @@ impl Inner {
                             threshold: nanos_to_json(threshold),
                             balance: nanos_to_json(balance.balance_nanos),
                         };
-                        self.claim(account, marker, alert, now, memo).await;
+                        self.claim(account, None, marker, alert, now, memo).await;
                     }
                 }
                 Ok(_) => {}
@@ -235,9 +235,6 @@ impl Inner {
                     continue;
                 }
                 let marker = key_marker(key_hash, percent, period_start, limit.limit_nanos);
-                if memo.contains(&marker) {
-                    continue;
-                }
                 let alert = Alert::KeyLimitPercent {
                     key_name: String::new(),
                     key_hash_prefix: key_hash.chars().take(HASH_PREFIX_CHARS).collect(),
@@ -247,16 +244,18 @@ impl Inner {
                     period: limit.reset.map(|period| period.as_str().to_owned()),
                     period_start,
                 };
-                self.claim(account, marker, alert, now, memo).await;
+                self.claim(account, Some(key_hash), marker, alert, now, memo)
+                    .await;
             }
         }
     }
 
     /// Creates `marker` in the store if absent; only the instance whose
-    /// write creates it sends the notice.
+    /// write creates it sends the notice (naming `key`, when it is a key's).
     async fn claim(
         &self,
         account: &str,
+        key: Option<&str>,
         marker: String,
         mut alert: Alert,
         now: DateTime<Utc>,
@@ -309,7 +308,7 @@ impl Inner {
             ..
         } = &mut alert
         {
-            if let Some(hash) = marker.split('/').nth(1).and_then(KeyHash::from_hex) {
+            if let Some(hash) = key.and_then(KeyHash::from_hex) {
                 match self.directory.get(&hash).await {
                     Ok(Some(record)) => *key_name = record.value.name,
                     Ok(None) => {}
