@@ -8,7 +8,7 @@
 //! `cargo bench --bench auth`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
-#[path = "../tests/common/redis_server.rs"]
+#[path = "../tests/it/common/redis_server.rs"]
 mod redis_server;
 
 use std::convert::Infallible;

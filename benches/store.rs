@@ -4,7 +4,7 @@
 //! `cargo bench --bench store`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
-#[path = "../tests/common/redis_server.rs"]
+#[path = "../tests/it/common/redis_server.rs"]
 mod redis_server;
 
 use std::sync::atomic::{AtomicI64, Ordering};

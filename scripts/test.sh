@@ -35,6 +35,11 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "==> installing cargo-nextest"
+  cargo install cargo-nextest --locked
+fi
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
@@ -49,9 +54,14 @@ if cargo tree --no-default-features --edges normal --prefix none --locked \
 fi
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
-echo "==> cargo test (unit, integration, benches as smoke tests)"
-cargo test --all-targets --locked
+echo "==> build the tests, then the examples they run as processes"
+cargo test --lib --tests --no-run --locked
+cargo build --examples --locked
+echo "==> cargo nextest run (unit and integration tests, each a process)"
+cargo nextest run --lib --tests --locked
+echo "==> cargo test --benches (each benchmark once, as a smoke test)"
+cargo test --benches --locked
 echo "==> cargo test --doc"
 cargo test --doc --locked
-echo "==> cargo test --no-default-features (the layers alone, on the in-process store)"
-cargo test --no-default-features --lib --tests --locked
+echo "==> the layers alone, on the in-process store (--no-default-features)"
+cargo nextest run --lib --tests --no-default-features --locked

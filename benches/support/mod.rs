@@ -14,7 +14,7 @@ use modelgate::context::RequestContext;
 use modelgate::keys::SharedStore;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
 
-#[path = "../../tests/common/redis_server.rs"]
+#[path = "../../tests/it/common/redis_server.rs"]
 pub mod redis_server;
 
 /// Runs `bench` on a current-thread runtime, once with `MemoryStore` and

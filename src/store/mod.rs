@@ -20,7 +20,7 @@
 //! one file on one machine (processes sharing the file stay exact); and
 //! [`RedisStore`], for many instances sharing Redis or Redis Cluster. Each
 //! answers exactly as the others (one conformance suite,
-//! `tests/store_conformance.rs`, drives all three). Time is always passed
+//! `tests/it/store_conformance.rs`, drives all three). Time is always passed
 //! in, from the layer's [`Clock`](crate::clock::Clock); a backend may
 //! decide by its own clock instead ([`TimeSource`]), so that instances
 //! whose clocks differ agree. Where a store can fail, a layer's

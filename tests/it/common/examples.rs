@@ -1,0 +1,270 @@
+//! The example binaries, which some tests run as processes.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The path of the example `name`, built first if it may be out of date:
+/// `cargo test` alone builds the library and the tests, not the examples
+/// these tests run as processes. An example newer than this test binary
+/// was built from the same library (`scripts/test.sh` builds the examples
+/// after the tests), so no `cargo` is run then: under nextest every test
+/// is a process of its own, and each would wait on cargo's lock.
+pub fn binary(name: &str) -> PathBuf {
+    let this_test = std::env::current_exe().expect("the test's own path");
+    let profile_dir = this_test
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let binary = profile_dir.join("examples").join(name);
+    static BUILT: OnceLock<()> = OnceLock::new();
+    if !newer_than(&binary, &this_test) {
+        BUILT.get_or_init(|| build_examples(profile_dir));
+    }
+    assert!(
+        binary.exists(),
+        "{} is missing after `cargo build --examples`",
+        binary.display()
+    );
+    binary
+}
+
+/// Whether `path` exists and was written after `than`.
+fn newer_than(path: &Path, than: &Path) -> bool {
+    let modified = |path: &Path| {
+        std::fs::metadata(path)
+            .and_then(|meta| meta.modified())
+            .ok()
+    };
+    matches!((modified(path), modified(than)), (Some(path), Some(than)) if path > than)
+}
+
+/// `cargo build --examples` into the tests' own target directory and
+/// profile, with the features the tests were built with. Cheap when the
+/// examples are fresh; several test binaries at once wait on cargo's lock.
+fn build_examples(profile_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command
+        .args(["build", "--examples", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if let Some(target_dir) = profile_dir.parent() {
+        command.env("CARGO_TARGET_DIR", target_dir);
+    }
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
+        command.arg("--release");
+    }
+    // The features this test was built with, so that the examples link
+    // against the same library build. The defaults are left as such: cargo
+    // counts `default` among the features, and the same set spelled out
+    // would build the library and the examples a second time.
+    let features: Vec<&str> = [
+        ("redis", cfg!(feature = "redis")),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("proxy", cfg!(feature = "proxy")),
+        ("otel", cfg!(feature = "otel")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    if !cfg!(feature = "default") {
+        command.arg("--no-default-features");
+        command.args(["--features", &features.join(",")]);
+    }
+    let status = command
+        .status()
+        .expect("cargo runs (the CARGO variable names it under `cargo test`)");
+    assert!(
+        status.success(),
+        "`cargo build --examples` failed: {status}"
+    );
+}
+
+/// The proxy example running as a process, killed when dropped.
+pub struct ProxyProcess {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`, as it printed.
+    pub address: String,
+    /// Where `/metrics`, `/healthz` and `/readyz` are, as it printed.
+    pub admin: String,
+}
+
+/// A proxy started with [`ProxyProcess::spawn_watched`], and what it said.
+pub struct WatchedProxy {
+    /// The running proxy.
+    pub proxy: ProxyProcess,
+    /// What it printed on stdout before its address (a key shown once).
+    pub printed_before: Vec<String>,
+    /// Its stderr (the log) so far, read as it comes.
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl WatchedProxy {
+    /// Waits (up to 10 s) until the log holds `text`; the log.
+    pub fn wait_for_log(&self, text: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let log = self.stderr.lock().unwrap().clone();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log never said {text:?}: {log}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl ProxyProcess {
+    /// Runs `command` (the proxy, or a wrapper such as `faketime` running
+    /// it) with its output piped, and waits for the address it prints.
+    pub fn spawn(command: std::process::Command) -> ProxyProcess {
+        Self::start(command, false).proxy
+    }
+
+    /// [`spawn`](Self::spawn), keeping what the proxy prints before its
+    /// address and its log.
+    pub fn spawn_watched(command: std::process::Command) -> WatchedProxy {
+        Self::start(command, true)
+    }
+
+    fn start(mut command: std::process::Command, watched: bool) -> WatchedProxy {
+        use std::io::{BufRead, BufReader, Read};
+        use std::os::unix::process::CommandExt;
+        // A test that names no store keeps its state in memory, as it did
+        // before the proxy's default became a file in its working directory
+        // (a test that gives it a directory gets that default).
+        let names_a_store = command
+            .get_args()
+            .any(|argument| argument == "--store" || argument == "--redis");
+        if !names_a_store && command.get_current_dir().is_none() {
+            command.args(["--store", "memory"]);
+        }
+        // Its own process group, so that dropping it also ends what a
+        // wrapper (faketime forks the proxy) started.
+        command.process_group(0);
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Kept whole for a watched proxy; otherwise its last 64 KiB, to say
+        // why a proxy that ended before listening did.
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let stderr = stderr.clone();
+            std::thread::spawn(move || {
+                let mut buffer = [0; 4096];
+                while let Ok(read @ 1..) = pipe.read(&mut buffer) {
+                    let mut kept = stderr.lock().unwrap();
+                    kept.push_str(&String::from_utf8_lossy(&buffer[..read]));
+                    if !watched && kept.len() > 64 * 1024 {
+                        let cut = kept.len() - 32 * 1024;
+                        let cut = (cut..kept.len())
+                            .find(|&at| kept.is_char_boundary(at))
+                            .unwrap_or(kept.len());
+                        kept.drain(..cut);
+                    }
+                }
+            });
+        }
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut next_line = |child: &mut std::process::Child| match lines.next() {
+            Some(line) => line.unwrap(),
+            None => {
+                let status = child.wait().unwrap();
+                // The reader thread has the last of it once the pipe closes.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                panic!(
+                    "the proxy ended ({status}) before it printed its address; its stderr:\n{}",
+                    stderr.lock().unwrap()
+                )
+            }
+        };
+        let mut printed_before = Vec::new();
+        let mut first = next_line(&mut child);
+        while watched && !first.starts_with("modelgate listening on ") {
+            printed_before.push(first);
+            first = next_line(&mut child);
+        }
+        let address = first
+            .strip_prefix("modelgate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_owned();
+        let second = next_line(&mut child);
+        let admin = second
+            .strip_prefix("admin (metrics, healthz, readyz) on ")
+            .unwrap_or_else(|| panic!("unexpected second line: {second}"))
+            .to_owned();
+        // Drained as it comes: a full pipe would stall the proxy.
+        std::thread::spawn(move || for _ in lines {});
+        WatchedProxy {
+            proxy: ProxyProcess {
+                child,
+                address,
+                admin,
+            },
+            printed_before,
+            stderr,
+        }
+    }
+
+    /// A new key named `name`, made through the management API with
+    /// `admin_key`; its plaintext.
+    pub async fn create_key(&self, admin_key: &str, name: &str) -> String {
+        let created: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/api/v1/keys", self.address))
+            .bearer_auth(admin_key)
+            .json(&serde_json::json!({ "name": name }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["key"].as_str().unwrap().to_owned()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM, as an orchestrator stopping it would.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself; its exit code.
+    pub fn wait(&mut self, bound: std::time::Duration) -> Option<i32> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the proxy did not exit within {bound:?}");
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

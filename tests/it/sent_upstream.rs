@@ -1,0 +1,197 @@
+//! "Sent" means the upstream received the request: what a request costs
+//! when its upstream cannot be reached, or answers with an error, and its
+//! client leaves while a retry waits; over real HTTP through the whole
+//! gateway, on MemoryStore and on a real redis-server.
+
+use crate::common;
+use crate::mock;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::gateway::{instance, key_of};
+use common::redis_server::RedisServer;
+use common::settle::key_settled;
+use modelgate::keys::SharedStore;
+use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use serde_json::{json, Value};
+
+/// One credit a token, three attempts (waits of 1 and 2 s between them).
+const CONFIG: &str = r#"{
+    "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}},
+    "retry": {"max_attempts": 3}
+}"#;
+
+/// The account's balance, in credits: room for one request bounded at
+/// [`MAX_TOKENS`] and its prompt, never two.
+const BALANCE_CREDITS: i64 = 1000;
+const MAX_TOKENS: u64 = 600;
+
+/// Runs `test` on a MemoryStore, then on a real redis-server.
+async fn on_every_store<F, Fut>(test: F)
+where
+    F: Fn(SharedStore) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    test(Arc::new(MemoryStore::new())).await;
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    test(Arc::new(redis)).await;
+}
+
+/// What a client sees of one chat request.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    generation_id: Option<String>,
+    body: Value,
+}
+
+/// A chat request bounded at [`MAX_TOKENS`]; `None` when the client gave
+/// up after `patience` (its connection closed, the request dropped).
+async fn chat(address: SocketAddr, key: &str, patience: Duration) -> Option<Reply> {
+    let body = json!({"model": "openai/gpt-4o-mini", "max_tokens": MAX_TOKENS,
+                      "messages": [{"role": "user", "content": "Hi there"}]});
+    let sent = reqwest::Client::new()
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .timeout(patience)
+        .send()
+        .await;
+    let reply = match sent {
+        Ok(reply) => reply,
+        Err(error) if error.is_timeout() => return None,
+        Err(error) => panic!("{error}"),
+    };
+    let status = reply.status().as_u16();
+    let generation_id = reply
+        .headers()
+        .get("x-generation-id")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let body = reply.json().await.unwrap_or(Value::Null);
+    Some(Reply {
+        status,
+        generation_id,
+        body,
+    })
+}
+
+/// A funded account's new key.
+async fn funded_key(store: &SharedStore) -> String {
+    store
+        .top_up("acme", BALANCE_CREDITS * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    key_of(store, "acme", None).await
+}
+
+/// Once every hold of `key` is released: nothing was charged, the balance
+/// is whole, and the key has no generation record.
+async fn assert_charged_nothing(store: &SharedStore, address: SocketAddr, key: &str, what: &str) {
+    let usage = key_settled(store, key, chrono::Utc::now()).await;
+    assert_eq!(usage.total_nanos, 0, "{what}: {usage:?}");
+    let balance = store.account_balance("acme").await.unwrap();
+    assert_eq!(
+        balance.balance_nanos,
+        BALANCE_CREDITS * NANOS_PER_CREDIT,
+        "{what}"
+    );
+    let records: Value = reqwest::Client::new()
+        .get(format!("http://{address}/api/v1/generations"))
+        .header("authorization", format!("Bearer {key}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(records["data"], json!([]), "{what}: {records}");
+}
+
+/// The base URL of a port nothing listens on.
+fn refusing_upstream() -> String {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    base
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_while_connects_fail_and_retries_wait_pays_nothing() {
+    on_every_store(|store| async move {
+        let address = instance(store.clone(), &refusing_upstream(), CONFIG).await;
+        let key = funded_key(&store).await;
+        // Refused at once, then the first wait (1 to 1.2 s): the client
+        // leaves during it.
+        let gone = chat(address, &key, Duration::from_millis(500)).await;
+        assert!(gone.is_none(), "{gone:?}");
+        assert_charged_nothing(&store, address, &key, "left during the wait").await;
+
+        // Its hold is gone: a request needing more than half the balance
+        // is admitted, and when no attempt connects, answered 502 for
+        // nothing, without a record to name.
+        let reply = chat(address, &key, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(reply.status, 502, "{reply:?}");
+        assert_eq!(
+            reply.body["error"]["metadata"]["upstream_failure"],
+            "connect"
+        );
+        assert_eq!(reply.generation_id, None, "no record: nothing was sent");
+        assert_charged_nothing(&store, address, &key, "every attempt refused").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_while_a_retry_waits_after_a_503_pays_nothing() {
+    on_every_store(|store| async move {
+        // Every request answered 503 with `Retry-After: 1`.
+        let failing = mock::start(mock::MockConfig {
+            fail_first: u64::MAX,
+            error_status: 503,
+            ..mock::MockConfig::default()
+        })
+        .await;
+        let address = instance(store.clone(), &failing, CONFIG).await;
+        let key = funded_key(&store).await;
+        let gone = chat(address, &key, Duration::from_millis(500)).await;
+        assert!(gone.is_none(), "{gone:?}");
+        assert_charged_nothing(&store, address, &key, "left after a 503").await;
+
+        // Answered after a 503 and a wait: charged once, for its usage,
+        // with one record.
+        let recovering = mock::start(mock::MockConfig {
+            fail_first: 1,
+            error_status: 503,
+            ..mock::MockConfig::default()
+        })
+        .await;
+        let address = instance(store.clone(), &recovering, CONFIG).await;
+        let reply = chat(address, &key, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let id = reply.generation_id.expect("a record's id");
+        let usage = key_settled(&store, &key, chrono::Utc::now()).await;
+        let tokens = &reply.body["usage"];
+        let used = tokens["prompt_tokens"].as_i64().unwrap()
+            + tokens["completion_tokens"].as_i64().unwrap();
+        assert_eq!(usage.total_nanos, used * NANOS_PER_CREDIT);
+        let records: Value = reqwest::Client::new()
+            .get(format!("http://{address}/api/v1/generations"))
+            .header("authorization", format!("Bearer {key}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let records = records["data"].as_array().unwrap();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0]["id"], id.as_str());
+    })
+    .await;
+}
