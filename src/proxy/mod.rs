@@ -1,7 +1,8 @@
 //! The standalone gateway: an [`Upstream`] client at the bottom, a
 //! [`RetryPolicy`] above it, and every layer of the crate stacked in front,
-//! configured from one JSON document ([`GatewayConfig`]).
-//! `examples/proxy.rs` serves [`gateway`] over HTTP.
+//! configured from one JSON document ([`GatewayConfig`]), checked and
+//! read once into a [`GatewayPlan`]. `examples/proxy.rs` serves [`gateway`]
+//! over HTTP.
 //!
 //! The stack, outermost first:
 //!
@@ -32,7 +33,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use modelgate::keys::SharedStore;
-//! use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+//! use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream};
 //! use modelgate::store::MemoryStore;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,9 +41,12 @@
 //!     "upstream": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},
 //!     "pricing": {"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10}}}
 //! }"#)?;
+//! // Once, at start-up: the config checked, its secrets read.
+//! let plan = GatewayPlan::new(&config)?;
 //! let store: SharedStore = Arc::new(MemoryStore::new());
 //! let upstream = Upstream::new(&config.upstream_config(None)?)?;
-//! let service = gateway::<hyper::body::Incoming>(&config, store, upstream)?;
+//! // Wiring only: it cannot fail.
+//! let service = gateway::<hyper::body::Incoming>(&plan, store, upstream);
 //! // Serve `service` with hyper (see examples/proxy.rs).
 //! # let _ = service;
 //! # Ok(()) }
@@ -67,9 +71,10 @@ pub use crate::secrets::Redacted;
 pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
 pub use config::{
     AlertsSection, BodySection, ConfigError, CreditSection, EmailSection, GatewayConfig,
-    GenerationsSection, LeakScanningSection, ModelPrefix, NotifyWebhookSection, OAuthSection,
-    PluginEntries, PluginsSection, ProviderSection, RetrySection, SmtpServer, SqliteSection,
-    SqliteSynchronous, UpstreamSection, DEFAULT_SHUTDOWN_GRACE, DEMO_PRICING, DEMO_RATE_LIMITS,
+    GatewayPlan, GenerationsSection, LeakScanningSection, ModelPrefix, NotifyWebhookSection,
+    OAuthSection, PluginEntries, PluginsSection, ProviderSection, RetrySection, SmtpServer,
+    SqliteSection, SqliteSynchronous, UpstreamSection, DEFAULT_SHUTDOWN_GRACE, DEMO_PRICING,
+    DEMO_RATE_LIMITS,
 };
 pub use fallback::{Fallback, FallbackLayer, MODEL_HEADER};
 pub use headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};

@@ -1,7 +1,11 @@
 //! The gateway's assembly: every layer of the crate stacked in the
-//! documented order over a [`GatewayConfig`], in front of an [`Upstream`].
+//! documented order over a [`GatewayPlan`], in front of an [`Upstream`].
+//!
+//! Wiring only: every value was checked, and every secret read, when the
+//! plan was made, so building a gateway cannot fail.
 
 use std::convert::Infallible;
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,9 +20,8 @@ use tower::util::MapResponseLayer;
 
 use super::access_log::AccessLogLayer;
 use super::chat_only::ChatOnly;
-use super::config::{ConfigError, GatewayConfig};
+use super::config::GatewayPlan;
 use super::fallback::FallbackLayer;
-use super::models::ModelCatalog;
 use super::providers::Providers;
 use super::upstream::Upstream;
 use crate::admission::AdmissionLayers;
@@ -26,7 +29,7 @@ use crate::alerts::Alerts;
 use crate::api::KeyRoutesLayer;
 use crate::auth::{AuthFailures, BearerAuthLayer};
 use crate::body::{BodyLimitLayer, DrainUnreadLayer};
-use crate::client_addr::{ClientAddrLayer, TrustedProxies};
+use crate::client_addr::ClientAddrLayer;
 use crate::clock::{Clock, SystemClock};
 use crate::context::CheckedStack;
 use crate::credit::{CreditGuardLayer, PendingSettlements};
@@ -36,13 +39,11 @@ use crate::in_flight::InFlightLimitLayer;
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, SharedStore};
 use crate::leaks::LeakAlertsLayer;
 use crate::oauth::CodeExchangeLayer;
-use crate::oauth::PlainPkce;
 use crate::rate_limit::GlobalRateLimitLayer;
 use crate::response_body::BoxError;
-use crate::secrets::ResolveLimits;
 use crate::settings::SettingsPageLayer;
 use crate::usage::AppRanking;
-use crate::webhook::{resolve_routes, WebhookSecretLayer};
+use crate::webhook::WebhookSecretLayer;
 
 /// The response body of the whole gateway.
 pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -50,19 +51,15 @@ pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
 /// The whole gateway as one service.
 pub type GatewayService<B> = BoxCloneService<Request<B>, Response<GatewayBody>, Infallible>;
 
-/// The gateway: every layer over `store`, in front of `upstream`, with the
-/// system clock. Refuses a configuration any layer would refuse.
-pub fn gateway<B>(
-    config: &GatewayConfig,
-    store: SharedStore,
-    upstream: Upstream,
-) -> Result<GatewayService<B>, ConfigError>
+/// The gateway: every layer over `store`, in front of `upstream` (unused
+/// when the plan has providers), with the system clock.
+pub fn gateway<B>(plan: &GatewayPlan, store: SharedStore, upstream: Upstream) -> GatewayService<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
     gateway_with_clock(
-        config,
+        plan,
         store,
         upstream,
         Arc::new(SystemClock),
@@ -72,17 +69,17 @@ where
 
 /// [`gateway`] with a given clock (a manual one in tests) and key cache time.
 pub fn gateway_with_clock<B>(
-    config: &GatewayConfig,
+    plan: &GatewayPlan,
     store: SharedStore,
     upstream: Upstream,
     clock: Arc<dyn Clock>,
     key_cache_ttl: Duration,
-) -> Result<GatewayService<B>, ConfigError>
+) -> GatewayService<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
-    build_gateway(config, store, upstream, clock, key_cache_ttl).map(|gateway| gateway.service)
+    build_gateway(plan, store, upstream, clock, key_cache_ttl).service
 }
 
 /// The gateway, and what a server stopping it waits for.
@@ -99,18 +96,20 @@ pub struct Gateway<B> {
     pub alerts: Option<Alerts>,
 }
 
-/// [`gateway_with_clock`], with the handle on its pending settlements.
+/// [`gateway_with_clock`], with the handles a server stopping it waits for.
 pub fn build_gateway<B>(
-    config: &GatewayConfig,
+    plan: &GatewayPlan,
     store: SharedStore,
     upstream: Upstream,
     clock: Arc<dyn Clock>,
     key_cache_ttl: Duration,
-) -> Result<Gateway<B>, ConfigError>
+) -> Gateway<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
+    let checked = &plan.checked;
+    let loaded = &plan.loaded;
     let directory = KeyDirectory::builder(store.clone())
         .clock(clock.clone())
         .cache_ttl(key_cache_ttl)
@@ -120,72 +119,49 @@ where
     let byok = ByokDirectory::builder(store.clone())
         .clock(clock.clone())
         .build();
-    // A config read by `from_json` was checked then; one built in code
-    // is checked now, so what follows fails only for what is outside it.
-    config.validate()?;
-    let max_in_flight = config
-        .max_in_flight
-        .unwrap_or_else(InFlightLimitLayer::default_max_in_flight);
-    let auth_failures =
-        AuthFailures::with_clock(config.auth_failures, clock.clone()).map_err(ConfigError::new)?;
-    let trusted_proxies =
-        TrustedProxies::parse(&config.trusted_proxies).map_err(ConfigError::new)?;
-    let webhooks = match config.webhooks() {
-        Some(webhooks) => {
-            let (routes, _skipped) =
-                resolve_routes(webhooks, &config.secrets, &ResolveLimits::default());
-            WebhookSecretLayer::new(store.clone(), routes).limits(webhooks.limits)
-        }
-        None => WebhookSecretLayer::new(store.clone(), Vec::new()),
+    let auth_failures = checked_at_load(AuthFailures::with_clock(
+        checked.auth_failures,
+        clock.clone(),
+    ));
+    let mut webhooks = WebhookSecretLayer::new(store.clone(), loaded.webhook_routes.clone());
+    if let Some(limits) = checked.webhook_limits {
+        webhooks = webhooks.limits(limits);
     }
-    .clock(clock.clone())
-    .failure_limit(auth_failures.clone())
-    .unauthenticated_limits(config.unauthenticated);
-    let notifier = config.leak_notifier()?;
-    let leak_alerts = match config.scanning_keys()? {
-        Some(keys) => LeakAlertsLayer::new(directory.clone(), keys)
+    let webhooks = webhooks
+        .clock(clock.clone())
+        .failure_limit(auth_failures.clone())
+        .unauthenticated_limits(checked.unauthenticated);
+    let notifier = loaded.leak_notices.notifier();
+    let leak_alerts = match &loaded.scanning_keys {
+        Some(keys) => LeakAlertsLayer::new(directory.clone(), keys.clone())
             .notifier(notifier.clone())
             .failure_limit(auth_failures.clone())
-            .unauthenticated_limits(config.unauthenticated),
+            .unauthenticated_limits(checked.unauthenticated),
         None => LeakAlertsLayer::off(),
     };
-    let mut body = BodyLimitLayer::new();
-    if let Some(max_body_bytes) = config.body.max_body_bytes {
-        body = body.max_body_bytes(max_body_bytes);
-    }
-    if let Some(ms) = config.body.read_timeout_ms {
-        body = body.read_timeout(Duration::from_millis(ms));
-    }
-    let rate_limit = GlobalRateLimitLayer::new(store.clone(), config.rate_rules())
-        .map_err(ConfigError::new)?
-        .clock(clock.clone());
-    let free_quota = FreeModelQuotaLayer::new(store.clone())
-        .rules(config.free_quota)
-        .map_err(ConfigError::new)?
-        .clock(clock.clone());
-    let prices = Arc::new(config.price_table());
-    let bottom = if config.providers.is_empty() {
-        Providers::single(upstream)
-    } else {
-        Providers::by_name(config.provider_upstreams()?)
+    let body = BodyLimitLayer::new()
+        .max_body_bytes(checked.max_body_bytes)
+        .read_timeout(checked.body_read_timeout);
+    let rate_limit = checked_at_load(GlobalRateLimitLayer::new(
+        store.clone(),
+        checked.rate_rules.clone(),
+    ))
+    .clock(clock.clone());
+    let free_quota =
+        checked_at_load(FreeModelQuotaLayer::new(store.clone()).rules(checked.free_quota))
+            .clock(clock.clone());
+    let bottom = match &loaded.providers {
+        Some(providers) => Providers::by_name(providers.clone()),
+        None => Providers::single(upstream),
     };
-    let catalog = ModelCatalog::new(
-        Arc::clone(&prices),
-        bottom.names(),
-        &config.fallbacks,
-        &config.rate_rules(),
-        &config.free_quota,
-    )
-    .map_err(ConfigError::new)?;
-    let models_list = Arc::new(catalog.models_list().clone());
-    let catalog = Arc::new(catalog);
+    let models_list = Arc::new(checked.catalog.models_list().clone());
     // The upstream client marks each request as it sends it: one dropped
     // before that costs nothing.
     let app_ranking = AppRanking::new(store.clone()).clock(clock.clone());
-    let mut credit = CreditGuardLayer::new(store, prices)
+    let mut credit = CreditGuardLayer::new(store, checked.prices.clone())
         .clock(clock)
         .upstream_reports_sending(true)
-        .generations(config.generations.settings(app_ranking.clone()));
+        .generations(checked.generations.clone().app_ranking(app_ranking.clone()));
     // A request is BYOK only when the account's key is what gets sent in
     // place of the gateway's credentials: only to providers with `byok`.
     let byok_providers = bottom.byok_providers();
@@ -194,57 +170,41 @@ where
             .byok_directory(byok.clone())
             .byok_providers(byok_providers.clone());
     }
-    if let Some(tokens) = config.credit.default_max_tokens {
+    if let Some(tokens) = checked.default_max_tokens {
         credit = credit.default_max_tokens(tokens);
     }
-    if let Some(seconds) = config.credit.reservation_ttl_seconds {
-        credit = credit.reservation_ttl(Duration::from_secs(seconds));
+    if let Some(ttl) = checked.reservation_ttl {
+        credit = credit.reservation_ttl(ttl);
     }
     // Told after each recorded settlement; it only queues.
-    let alerts = config
-        .alerts()?
-        .map(|(rules, notifier)| Alerts::new(rules, directory.clone(), notifier));
+    let alerts = checked
+        .alert_rules
+        .clone()
+        .zip(loaded.alert_notices.as_ref())
+        .map(|(rules, notices)| Alerts::new(rules, directory.clone(), notices.notifier()));
     if let Some(alerts) = alerts.clone() {
         credit = credit.on_settled(move |account, key, limit| alerts.settled(account, key, limit));
     }
-    for (name, section) in &config.providers {
-        if let Some(field) = section.completion_bound_field {
-            credit = credit.completion_bound_field(name, field);
-        }
+    for (name, field) in &checked.completion_bound_fields {
+        credit = credit.completion_bound_field(name, *field);
     }
     // A body refused unread is read to its end after the answer (within
     // the body limit and 10 s), so the client can read the answer.
-    let drain = DrainUnreadLayer::new(
-        config
-            .body
-            .max_body_bytes
-            .unwrap_or(BodyLimitLayer::DEFAULT_MAX_BODY_BYTES) as u64,
-        Duration::from_secs(10),
-    );
-    let management_rate = config.management_rate_rule()?;
-    let max_pending_codes = config
-        .oauth
-        .max_pending_codes_per_account
-        .unwrap_or(crate::oauth::DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT);
-    let plain_pkce = if config.oauth.allow_plain_pkce {
-        PlainPkce::Allowed
-    } else {
-        PlainPkce::Refused
-    };
+    let drain = DrainUnreadLayer::new(checked.max_body_bytes as u64, Duration::from_secs(10));
     // Checked as it is built: a layer whose reading of the request's
     // context no layer outside it adds refuses the stack here.
     let service = CheckedStack::new()
         .plain(MapResponseLayer::new(boxed_response))
         .plain(drain)
-        .plain(AccessLogLayer::new(Arc::clone(&catalog)))
-        .plain(ClientAddrLayer::new(trusted_proxies))
+        .plain(AccessLogLayer::new(Arc::clone(&checked.catalog)))
+        .plain(ClientAddrLayer::new(checked.trusted_proxies.clone()))
         .plain(SettingsPageLayer::new())
         .plain(leak_alerts)
         // Before BearerAuth: an app exchanging its code has no key yet.
         .plain(
             CodeExchangeLayer::new(directory.clone())
                 .failure_limit(auth_failures.clone())
-                .unauthenticated_limits(config.unauthenticated),
+                .unauthenticated_limits(checked.unauthenticated),
         )
         .plain(webhooks)
         .plain(ErrorMapperLayer::new())
@@ -253,45 +213,48 @@ where
         .layer(
             BearerAuthLayer::new(directory.clone())
                 .failure_limit(auth_failures)
-                .max_concurrent_lookups(
-                    config
-                        .unauthenticated
-                        .max_concurrent_key_lookups
-                        .unwrap_or(max_in_flight),
-                ),
+                .max_concurrent_lookups(checked.max_concurrent_key_lookups),
         )
         // The gateway's places go to authenticated requests only: a flood
         // of requests without a good key, or of bodies trickled to the
         // routes before it, cannot take them from good keys.
-        .plain(InFlightLimitLayer::new(max_in_flight))
+        .plain(InFlightLimitLayer::new(checked.max_in_flight))
         .layer(body)
         .layer(AccessLogLayer::annotate())
         .layer(
             KeyRoutesLayer::new(directory)
                 .leak_notifier(notifier)
-                .free_quota_rules(config.free_quota)
+                .free_quota_rules(checked.free_quota)
                 .byok_directory(byok)
                 .byok_providers(byok_providers)
                 .app_ranking(app_ranking.clone())
-                .public_ranking(config.generations.public_ranking)
-                .plain_pkce(plain_pkce)
-                .max_pending_codes_per_account(max_pending_codes)
-                .management_rate(Some(management_rate)),
+                .public_ranking(checked.public_ranking)
+                .plain_pkce(checked.plain_pkce)
+                .max_pending_codes_per_account(checked.max_pending_codes_per_account)
+                .management_rate(Some(checked.management_rate)),
         )
-        .layer(FallbackLayer::new(catalog))
+        .layer(FallbackLayer::new(Arc::clone(&checked.catalog)))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
         .plain(layer_fn(|inner| {
             ChatOnly::new(inner, Arc::clone(&models_list))
         }))
-        .plain(tower::retry::RetryLayer::new(config.retry_policy()?))
+        .plain(tower::retry::RetryLayer::new(checked.retry.clone()))
         .service(bottom)
-        .map_err(|missing| ConfigError::new(missing.to_string()))?;
-    Ok(Gateway {
+        // The order above is this function's, the same for every plan: a
+        // layer out of place is a bug any test building a gateway finds.
+        .unwrap_or_else(|missing| panic!("the gateway's stack is out of order: {missing}"));
+    Gateway {
         service: BoxCloneService::new(service),
         settlements: credit.pending_settlements(),
         app_ranking,
         alerts,
-    })
+    }
+}
+
+/// A layer's constructor that checks its input again, given a value the
+/// plan checked with the same rule when it was made: it cannot fail.
+fn checked_at_load<T, E: Display>(built: Result<T, E>) -> T {
+    built.unwrap_or_else(|error| unreachable!("checked when the plan was made: {error}"))
 }
 
 fn boxed_response<B>(response: Response<B>) -> Response<GatewayBody>
@@ -300,4 +263,44 @@ where
     B::Error: Into<BoxError>,
 {
     response.map(|body| body.map_err(Into::into).boxed_unsync())
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::Full;
+
+    use super::*;
+    use crate::proxy::{GatewayConfig, UpstreamConfig};
+    use crate::store::MemoryStore;
+
+    #[tokio::test]
+    async fn any_plan_builds_a_gateway() {
+        std::env::set_var("MODELGATE_UNIT_STACK_KEY", "sk-unit-stack-0001");
+        for json in [
+            "{}",
+            r#"{"providers": {"p": {"base_url": "http://127.0.0.1:9/v1",
+                                    "api_key": {"env": "MODELGATE_UNIT_STACK_KEY"}, "byok": true,
+                                    "completion_bound_field": "max_completion_tokens"}},
+                "pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 1}},
+                "fallbacks": {"p/a": ["p/b"]},
+                "trusted_proxies": ["10.0.0.0/8"], "max_in_flight": 4,
+                "body": {"max_body_bytes": 1024, "read_timeout_ms": 500},
+                "credit": {"default_max_tokens": 7, "reservation_ttl_seconds": 60},
+                "alerts": {"balance_below": [5],
+                           "webhook": {"url": "http://127.0.0.1:9/hooks",
+                                       "secret": {"env": "MODELGATE_UNIT_STACK_KEY"}}}}"#,
+        ] {
+            let plan = GatewayPlan::new(&GatewayConfig::from_json(json).unwrap()).unwrap();
+            let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
+            let store: SharedStore = Arc::new(MemoryStore::new());
+            let built = build_gateway::<Full<Bytes>>(
+                &plan,
+                store,
+                upstream,
+                Arc::new(SystemClock),
+                Duration::from_secs(1),
+            );
+            assert_eq!(built.alerts.is_some(), json.contains("alerts"), "{json}");
+        }
+    }
 }

@@ -60,3 +60,62 @@ impl TryFrom<CreditSectionInput> for CreditSection {
         })
     }
 }
+
+impl CreditSection {
+    /// `reservation_ttl_seconds` as a lifetime.
+    pub(super) fn reservation_ttl(&self) -> Option<std::time::Duration> {
+        self.reservation_ttl_seconds
+            .map(std::time::Duration::from_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::proxy::GatewayConfig;
+
+    #[test]
+    fn credit_byok_is_refused_with_what_to_do_instead() {
+        let error = GatewayConfig::from_json(r#"{"credit": {"byok": {"acme": ["openai"]}}}"#)
+            .expect_err("credit.byok is refused");
+        let message = error.to_string();
+        for words in [
+            "credit.byok is no longer accepted",
+            "`providers` section",
+            "PUT /api/v1/accounts/{id}/byok/{provider}",
+            "management key",
+        ] {
+            assert!(message.contains(words), "{words:?} missing: {message}");
+        }
+        // Even empty: the field itself is what is retired.
+        assert!(GatewayConfig::from_json(r#"{"credit": {"byok": {}}}"#).is_err());
+    }
+
+    #[test]
+    fn the_other_credit_fields_are_read_and_unknown_ones_refused() {
+        let config = GatewayConfig::from_json(
+            r#"{"credit": {"default_max_tokens": 7, "reservation_ttl_seconds": 60}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.credit.default_max_tokens, Some(7));
+        assert_eq!(config.credit.reservation_ttl_seconds, Some(60));
+        for bad in ["0", "2", "31536001"] {
+            let error = GatewayConfig::from_json(&format!(
+                r#"{{"credit": {{"reservation_ttl_seconds": {bad}}}}}"#
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains("credit.reservation_ttl_seconds must be from 3"),
+                "{error}"
+            );
+        }
+        let config = GatewayConfig::from_json(r#"{"credit": {}}"#).unwrap();
+        assert_eq!(config.credit.default_max_tokens, None);
+        let error = GatewayConfig::from_json(r#"{"credit": {"max_tokens": 7}}"#)
+            .expect_err("unknown fields are refused");
+        assert!(
+            error.to_string().contains("unknown field `max_tokens`"),
+            "{error}"
+        );
+    }
+}

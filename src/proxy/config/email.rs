@@ -3,7 +3,10 @@
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::secrets::{secret_ref_from_json, Redacted, SecretSpec};
+use super::secret_fields::{check_reference, read_secret};
+use super::ConfigError;
+use crate::notify::EmailSettings;
+use crate::secrets::{secret_ref_from_json, Redacted, SecretProviders, SecretSpec};
 
 /// `email` in [`GatewayConfig`](super::GatewayConfig).
 #[derive(Clone, Debug, Deserialize)]
@@ -39,5 +42,35 @@ impl<'de> Deserialize<'de> for SmtpServer {
                     ))
                 }),
         }
+    }
+}
+
+impl EmailSection {
+    /// The SMTP URL when it is written here, else the secrets provider it
+    /// is read from; the sender.
+    pub(super) fn check(&self, secrets: &SecretProviders) -> Result<(), ConfigError> {
+        match &self.smtp {
+            SmtpServer::Url(url) => EmailSettings::new(url.expose(), &self.from)
+                .map(drop)
+                .map_err(|error| ConfigError::at("email", error)),
+            SmtpServer::Secret(reference) => {
+                check_reference("email.smtp", reference, secrets)?;
+                EmailSettings::check_sender(&self.from)
+                    .map(drop)
+                    .map_err(|error| ConfigError::at("email", error))
+            }
+        }
+    }
+
+    /// The settings, the SMTP URL read now when it is a secret.
+    pub(super) fn settings(&self, secrets: &SecretProviders) -> Result<EmailSettings, ConfigError> {
+        let url = match &self.smtp {
+            SmtpServer::Url(url) => url.expose().clone(),
+            SmtpServer::Secret(reference) => read_secret("email.smtp", reference, secrets)?
+                .expose()
+                .to_owned(),
+        };
+        EmailSettings::new(&url, &self.from)
+            .map_err(|error| ConfigError::new(format!("email: {error}")))
     }
 }

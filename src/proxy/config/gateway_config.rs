@@ -1,36 +1,30 @@
 //! [`GatewayConfig`]: the whole document, its sections, and the checks
 //! that run when it is read.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::error::written_path;
+use super::plan::CheckedConfig;
 use super::{
     AlertsSection, BodySection, ConfigError, CreditSection, EmailSection, GenerationsSection,
-    LeakScanningSection, ModelPrefix, NotifyWebhookSection, OAuthSection, PluginsSection,
-    ProviderSection, RetrySection, SmtpServer, SqliteSection, UpstreamSection, DEMO_PRICING,
-    DEMO_RATE_LIMITS,
+    LeakScanningSection, OAuthSection, PluginsSection, ProviderSection, RetrySection,
+    SqliteSection, UpstreamSection, DEMO_PRICING, DEMO_RATE_LIMITS,
 };
-use crate::alerts::AlertRules;
 use crate::auth::AuthFailureLimit;
-use crate::client_addr::TrustedProxies;
 use crate::credit::PriceTable;
 use crate::free_quota::FreeQuotaRules;
 use crate::in_flight::UnauthenticatedLimits;
-use crate::leaks::ScanningKeys;
-use crate::notify::{EmailSettings, Notifier, WebhookSettings};
-use crate::proxy::{ModelCatalog, ProviderUpstream, RetryPolicy, Upstream, UpstreamConfig};
+use crate::proxy::UpstreamConfig;
 use crate::rate_limit::{RateLimitRules, RateRule};
-use crate::secrets::{
-    resolve_secret, Redacted, ResolveLimits, Secret, SecretProviders, SecretSpec,
-};
+use crate::secrets::SecretProviders;
 use crate::webhook::WebhooksConfig;
 
 /// The gateway's configuration, as a JSON document; every section is
-/// optional.
+/// optional. A gateway is built from its [`GatewayPlan`](super::GatewayPlan), made once the
+/// config is read.
 ///
 /// ```json
 /// {
@@ -166,9 +160,7 @@ impl GatewayConfig {
         self.shutdown_grace_seconds
             .map_or(DEFAULT_SHUTDOWN_GRACE, Duration::from_secs)
     }
-}
 
-impl GatewayConfig {
     /// Reads a JSON configuration and checks it all: unknown fields, and
     /// values any layer would refuse, are errors naming their path.
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
@@ -180,140 +172,15 @@ impl GatewayConfig {
         Ok(config)
     }
 
-    /// Checks what the sections' own types cannot: each value against what
-    /// its layer accepts, and the sections against each other (a fallback's
-    /// provider and price, a BYOK provider's key, the secrets providers a
-    /// reference names). [`from_json`](Self::from_json) calls it; so does
-    /// [`build_gateway`](crate::proxy::build_gateway), for a config built in code.
+    /// Checks what the sections' own types cannot, reading nothing outside
+    /// the config: each value against what its layer accepts, and the
+    /// sections against each other (a fallback's provider and price, a BYOK
+    /// provider's key, the secrets providers a reference names).
+    /// [`from_json`](Self::from_json) calls it; [`GatewayPlan::new`](super::GatewayPlan::new) makes
+    /// the same checks, so a config built in code reaches a gateway only
+    /// checked.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(base_url) = &self.upstream.base_url {
-            UpstreamConfig::new(base_url.clone())
-                .check()
-                .map_err(|error| ConfigError::at("upstream.base_url", error))?;
-        }
-        let rate_rules = self.rate_rules();
-        rate_rules
-            .validate()
-            .map_err(|error| ConfigError::at("rate_limits", error))?;
-        self.free_quota
-            .validate()
-            .map_err(|error| ConfigError::at("free_quota", error))?;
-        self.retry_policy()?;
-        if let Some(webhooks) = self.webhooks() {
-            webhooks
-                .check()
-                .map_err(|error| ConfigError::at("plugins.entries.webhooks", error))?;
-        }
-        for (name, section) in &self.providers {
-            self.validate_provider(name, section)?;
-        }
-        let providers = (!self.providers.is_empty())
-            .then(|| self.providers.keys().cloned().collect::<HashSet<String>>());
-        ModelCatalog::new(
-            Arc::new(self.price_table()),
-            providers,
-            &self.fallbacks,
-            &rate_rules,
-            &self.free_quota,
-        )
-        .map_err(|error| ConfigError::at("fallbacks", error))?;
-        if self.max_in_flight == Some(0) {
-            return Err(ConfigError::new("max_in_flight must be at least 1"));
-        }
-        self.unauthenticated
-            .validate()
-            .map_err(|error| ConfigError::at("unauthenticated", error))?;
-        self.auth_failures
-            .validate()
-            .map_err(|error| ConfigError::at("auth_failures", error))?;
-        TrustedProxies::parse(&self.trusted_proxies)
-            .map_err(|error| ConfigError::at("trusted_proxies", error))?;
-        if let Some(section) = &self.leak_scanning {
-            self.check_reference("leak_scanning.public_keys", &section.public_keys)?;
-            if let Some(webhook) = &section.notify_webhook {
-                WebhookSettings::check_url(webhook.url.expose())
-                    .map_err(|error| ConfigError::at("leak_scanning.notify_webhook", error))?;
-                self.check_reference("leak_scanning.notify_webhook.secret", &webhook.secret)?;
-            }
-        }
-        if let Some(section) = &self.email {
-            match &section.smtp {
-                SmtpServer::Url(url) => {
-                    EmailSettings::new(url.expose(), &section.from)
-                        .map_err(|error| ConfigError::at("email", error))?;
-                }
-                SmtpServer::Secret(reference) => {
-                    self.check_reference("email.smtp", reference)?;
-                    EmailSettings::check_sender(&section.from)
-                        .map_err(|error| ConfigError::at("email", error))?;
-                }
-            }
-        }
-        if let Some(section) = &self.alerts {
-            let rules = AlertRules::from_json(&section.balance_below, &section.key_limit_percent)
-                .map_err(|error| ConfigError::at("alerts", error))?;
-            if rules.is_empty() {
-                return Err(ConfigError::new(
-                    "alerts: names no threshold; set balance_below or key_limit_percent",
-                ));
-            }
-            if let Some(webhook) = &section.webhook {
-                WebhookSettings::check_url(webhook.url.expose())
-                    .map_err(|error| ConfigError::at("alerts.webhook", error))?;
-                self.check_reference("alerts.webhook.secret", &webhook.secret)?;
-            } else if self.email.is_none() {
-                return Err(ConfigError::new(
-                    "alerts: nothing to send them with; set the email section or alerts.webhook",
-                ));
-            }
-        }
-        self.generations.validate()?;
-        if self.oauth.max_pending_codes_per_account == Some(0) {
-            return Err(ConfigError::new(
-                "oauth.max_pending_codes_per_account must be at least 1",
-            ));
-        }
-        self.management_rate_rule()?;
-        Ok(())
-    }
-
-    fn validate_provider(&self, name: &str, section: &ProviderSection) -> Result<(), ConfigError> {
-        let valid_name = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.'));
-        if !valid_name {
-            return Err(ConfigError::new(format!(
-                "providers: {name:?} must be 1 to 64 characters of A-Z a-z 0-9 - _ ."
-            )));
-        }
-        if section.byok && section.api_key.is_none() {
-            // Its credential, if any, is not the header an account's
-            // key replaces: the key would ride on the gateway's access.
-            return Err(ConfigError::new(format!(
-                "providers.{name}.byok needs providers.{name}.api_key: an account's own key is sent in place of the provider's api_key, and this provider has none (it is trusted by its network or by a configured header), so a request with an account's key would still be the gateway's. Remove \"byok\", or give the provider its api_key"
-            )));
-        }
-        if let Some(key) = &section.api_key {
-            self.check_reference(&format!("providers.{name}.api_key"), key)?;
-        }
-        section
-            .upstream_config(None)
-            .check()
-            .map_err(|error| ConfigError::at(&format!("providers.{name}"), error))
-    }
-
-    /// A reference to a secrets provider names one this config declares,
-    /// of the reference's source; a file or an inline text needs nothing.
-    fn check_reference(&self, field: &str, spec: &SecretSpec) -> Result<(), ConfigError> {
-        match spec {
-            SecretSpec::Ref(reference) => reference
-                .provider_in(&self.secrets)
-                .map(drop)
-                .map_err(|error| ConfigError::at(field, error)),
-            SecretSpec::Inline(_) | SecretSpec::File(_) => Ok(()),
-        }
+        CheckedConfig::new(self).map(drop)
     }
 
     /// Whether the config enables the webhooks plugin.
@@ -326,135 +193,14 @@ impl GatewayConfig {
         self.plugins.as_ref()?.entries.webhooks.as_ref()
     }
 
-    /// The upstream client's settings; `base_url` overrides the config's.
+    /// The upstream client's settings, its key read from the environment
+    /// now; `base_url` overrides the config's.
     pub fn upstream_config(&self, base_url: Option<&str>) -> Result<UpstreamConfig, ConfigError> {
-        let base_url = base_url
-            .map(str::to_owned)
-            .or_else(|| self.upstream.base_url.clone())
-            .ok_or_else(|| ConfigError::new("upstream.base_url is missing"))?;
-        let mut config = UpstreamConfig::new(base_url);
-        if let Some(variable) = &self.upstream.api_key_env {
-            let key = std::env::var(variable).map_err(|_| {
-                ConfigError::new(format!(
-                    "upstream.api_key_env names {variable}, which is not set"
-                ))
-            })?;
-            config.api_key = Some(Redacted(key));
-        }
-        if let Some(ms) = self.upstream.connect_timeout_ms {
-            config.connect_timeout = Duration::from_millis(ms);
-        }
-        if let Some(ms) = self.upstream.response_header_timeout_ms {
-            config.response_header_timeout = Duration::from_millis(ms);
-        }
-        Ok(config)
-    }
-
-    /// Each configured provider's upstream, its key read now.
-    pub fn provider_upstreams(&self) -> Result<HashMap<String, ProviderUpstream>, ConfigError> {
-        let mut upstreams = HashMap::new();
-        for (name, section) in &self.providers {
-            // Also when called on a config built in code: a BYOK provider
-            // without its own key would make the gateway's access unpaid.
-            self.validate_provider(name, section)?;
-            let api_key = section
-                .api_key
-                .as_ref()
-                .map(|key| self.read_secret(&format!("providers.{name}.api_key"), key))
-                .transpose()?;
-            let config = section.upstream_config(api_key.as_ref());
-            let upstream = Upstream::new(&config)
-                .map_err(|error| ConfigError::new(format!("providers.{name}: {error}")))?;
-            upstreams.insert(
-                name.clone(),
-                ProviderUpstream {
-                    upstream,
-                    strip_prefix: section.model_prefix != Some(ModelPrefix::Keep),
-                    byok: section.byok,
-                },
-            );
-        }
-        Ok(upstreams)
-    }
-
-    /// The public keys secret-scanning alerts are checked with, read now;
-    /// `None` without a `leak_scanning` section.
-    pub fn scanning_keys(&self) -> Result<Option<ScanningKeys>, ConfigError> {
-        let Some(section) = &self.leak_scanning else {
-            return Ok(None);
-        };
-        let text = self.read_secret("leak_scanning.public_keys", &section.public_keys)?;
-        ScanningKeys::from_json(text.expose().as_bytes())
-            .map(Some)
-            .map_err(|error| ConfigError::new(format!("leak_scanning.public_keys: {error}")))
-    }
-
-    /// Who is told of a leaked key: the owner by e-mail (`email`) and the
-    /// `leak_scanning.notify_webhook`, each when configured.
-    pub fn leak_notifier(&self) -> Result<Notifier, ConfigError> {
-        let webhook = match self
-            .leak_scanning
-            .as_ref()
-            .and_then(|section| section.notify_webhook.as_ref())
-        {
-            None => None,
-            Some(section) => Some(self.notify_webhook("leak_scanning.notify_webhook", section)?),
-        };
-        Ok(Notifier::new(self.email_settings()?, webhook))
-    }
-
-    /// The alert rules and who is told of alerts (the owner by e-mail and
-    /// `alerts.webhook`); `None` without an `alerts` section.
-    pub fn alerts(&self) -> Result<Option<(AlertRules, Notifier)>, ConfigError> {
-        let Some(section) = &self.alerts else {
-            return Ok(None);
-        };
-        let rules = AlertRules::from_json(&section.balance_below, &section.key_limit_percent)
-            .map_err(|error| ConfigError::at("alerts", error))?;
-        let webhook = match &section.webhook {
-            None => None,
-            Some(webhook) => Some(self.notify_webhook("alerts.webhook", webhook)?),
-        };
-        Ok(Some((
-            rules,
-            Notifier::new(self.email_settings()?, webhook),
-        )))
-    }
-
-    /// A notice webhook's settings, its secret read now; errors name `field`.
-    fn notify_webhook(
-        &self,
-        field: &str,
-        section: &NotifyWebhookSection,
-    ) -> Result<WebhookSettings, ConfigError> {
-        let secret = self.read_secret(&format!("{field}.secret"), &section.secret)?;
-        WebhookSettings::new(section.url.expose(), secret)
-            .map_err(|error| ConfigError::new(format!("{field}: {error}")))
-    }
-
-    /// The `email` section's settings, its SMTP URL read now.
-    fn email_settings(&self) -> Result<Option<EmailSettings>, ConfigError> {
-        let email = match &self.email {
-            None => None,
-            Some(section) => {
-                let url = match &section.smtp {
-                    SmtpServer::Url(url) => url.expose().clone(),
-                    SmtpServer::Secret(reference) => self
-                        .read_secret("email.smtp", reference)?
-                        .expose()
-                        .to_owned(),
-                };
-                Some(
-                    EmailSettings::new(&url, &section.from)
-                        .map_err(|error| ConfigError::new(format!("email: {error}")))?,
-                )
-            }
-        };
-        Ok(email)
+        self.upstream.upstream_config(base_url)
     }
 
     /// `pricing`, or [`DEMO_PRICING`].
-    pub(crate) fn price_table(&self) -> PriceTable {
+    pub(super) fn price_table(&self) -> PriceTable {
         match &self.pricing {
             Some(pricing) => pricing.clone(),
             None => PriceTable::from_json(DEMO_PRICING).expect("the demo prices are valid"),
@@ -462,44 +208,24 @@ impl GatewayConfig {
     }
 
     /// `rate_limits`, or [`DEMO_RATE_LIMITS`].
-    pub(crate) fn rate_rules(&self) -> RateLimitRules {
+    pub(super) fn rate_rules(&self) -> RateLimitRules {
         match &self.rate_limits {
             Some(rules) => rules.clone(),
             None => RateLimitRules::from_json(DEMO_RATE_LIMITS).expect("the demo rules are valid"),
         }
     }
+}
 
-    /// `management_rate`, checked as an account rule is; the default when
-    /// absent.
-    pub(crate) fn management_rate_rule(&self) -> Result<RateRule, ConfigError> {
-        let Some(rule) = self.management_rate else {
-            return Ok(crate::api::DEFAULT_MANAGEMENT_RATE);
-        };
-        RateLimitRules {
-            account: Some(rule),
-            ..RateLimitRules::default()
-        }
-        .validate()
-        .map_err(|error| ConfigError::new(format!("management_rate: {error}")))?;
-        Ok(rule)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    pub(crate) fn retry_policy(&self) -> Result<RetryPolicy, ConfigError> {
-        let policy = RetryPolicy::new(
-            self.retry
-                .max_attempts
-                .unwrap_or(RetryPolicy::DEFAULT_ATTEMPTS),
-        )
-        .map_err(|error| ConfigError::at("retry.max_attempts", error))?;
-        Ok(match self.retry.max_wait_ms {
-            Some(ms) => policy.max_wait(Duration::from_millis(ms)),
-            None => policy,
-        })
-    }
-
-    /// The secret `spec` names, read now; errors name `field`.
-    fn read_secret(&self, field: &str, spec: &SecretSpec) -> Result<Secret, ConfigError> {
-        resolve_secret(spec, &self.secrets, &ResolveLimits::default())
-            .map_err(|error| ConfigError::new(format!("{field}: {error}")))
+    #[test]
+    fn the_shutdown_grace_is_read_and_defaults_to_30_seconds() {
+        let config = GatewayConfig::from_json(r#"{"shutdown_grace_seconds": 2}"#).unwrap();
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(2));
+        let config = GatewayConfig::from_json("{}").unwrap();
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(30));
+        assert!(GatewayConfig::from_json(r#"{"shutdown_grace_seconds": -1}"#).is_err());
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ConfigError;
-use crate::usage::{AppRanking, Generations};
+use crate::usage::Generations;
 
 /// `generations` in [`GatewayConfig`](super::GatewayConfig): how long each chat request's record
 /// is kept in the store.
@@ -25,20 +25,9 @@ pub struct GenerationsSection {
 }
 
 impl GenerationsSection {
-    /// The settings: the config was checked when read
-    /// ([`GatewayConfig::validate`](super::GatewayConfig::validate)).
-    pub(crate) fn settings(&self, ranking: AppRanking) -> Generations {
-        let mut generations = Generations::new().app_ranking(ranking);
-        if let Some(days) = self.retention_days {
-            generations = generations.retention(Duration::from_secs(days * 86_400));
-        }
-        if let Some(most) = self.max_per_account {
-            generations = generations.max_per_account(most);
-        }
-        generations
-    }
-
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    /// The settings CreditGuard records with (the app ranking is the
+    /// gateway's, added as it is built).
+    pub(super) fn generations(&self) -> Result<Generations, ConfigError> {
         if let Some(days) = self
             .retention_days
             .filter(|days| !(1..=3650).contains(days))
@@ -52,6 +41,53 @@ impl GenerationsSection {
                 "generations.max_per_account must be at least 1",
             ));
         }
-        Ok(())
+        let mut generations = Generations::new();
+        if let Some(days) = self.retention_days {
+            generations = generations.retention(Duration::from_secs(days * 86_400));
+        }
+        if let Some(most) = self.max_per_account {
+            generations = generations.max_per_account(most);
+        }
+        Ok(generations)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::GatewayConfig;
+
+    #[test]
+    fn generations_settings_are_checked_at_load() {
+        let settings = |json: &str| {
+            GatewayConfig::from_json(json)
+                .unwrap()
+                .generations
+                .generations()
+                .unwrap()
+        };
+        let kept = settings(r#"{"generations": {"retention_days": 7, "max_per_account": 10}}"#);
+        assert_eq!(kept.retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(kept.max_per_account, 10);
+        let default = settings("{}");
+        assert_eq!(default.retention, crate::usage::DEFAULT_RETENTION);
+        for (json, words) in [
+            (
+                r#"{"generations": {"retention_days": 0}}"#,
+                "config: generations.retention_days must be from 1 to 3650, not 0",
+            ),
+            (
+                r#"{"generations": {"retention_days": 3651}}"#,
+                "config: generations.retention_days must be from 1 to 3650, not 3651",
+            ),
+            (
+                r#"{"generations": {"max_per_account": 0}}"#,
+                "config: generations.max_per_account must be at least 1",
+            ),
+        ] {
+            let error = GatewayConfig::from_json(json).unwrap_err().to_string();
+            assert_eq!(error, words, "{json}");
+        }
+        assert!(GatewayConfig::from_json(r#"{"generations": {"days": 1}}"#).is_err());
     }
 }

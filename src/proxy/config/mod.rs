@@ -1,12 +1,11 @@
 //! [`GatewayConfig`]: the gateway's JSON configuration, typed and checked
-//! when it is read.
+//! when it is read; [`GatewayPlan`]: the config made ready to build a
+//! gateway from.
 //!
 //! [`GatewayConfig::from_json`] reads every section into its own type
 //! (prices, secret references, the webhook routes, the SMTP server) and
-//! checks each value, so a gateway built from a config it accepted fails
-//! only for what is outside the text: a secret that cannot be read, a
-//! public-keys file that is missing. Errors name the value's path and what
-//! is expected:
+//! checks each value, reading nothing outside the text. Errors name the
+//! value's path and what is expected:
 //!
 //! ```
 //! use modelgate::proxy::GatewayConfig;
@@ -20,9 +19,17 @@
 //! ));
 //! ```
 //!
-//! Every type here derives `Debug`; what may be a credential is a
-//! [`Redacted`](crate::secrets::Redacted) or a [`Secret`](crate::secrets::Secret), printed as
-//! neither, so a new field is always shown and never leaks.
+//! [`GatewayPlan::new`] then makes the same checks, keeps each value as
+//! its layer takes it, and reads what the config names outside itself (the
+//! secrets, the public keys, a client per provider), so it fails only for
+//! what is outside the text: a secret that cannot be read, a public-keys
+//! file that is missing. Building a gateway from a plan cannot fail.
+//!
+//! One file per section holds its type, its checks and what it reads at
+//! load. Every type here derives `Debug`; what may be a credential is a
+//! [`Redacted`](crate::secrets::Redacted) or a
+//! [`Secret`](crate::secrets::Secret), printed as neither, so a new field
+//! is always shown and never leaks.
 
 mod alerts;
 mod body;
@@ -35,6 +42,7 @@ mod generations;
 mod leak_scanning;
 mod notify_webhook;
 mod oauth;
+mod plan;
 mod plugins;
 mod providers;
 mod retry;
@@ -56,6 +64,7 @@ pub use generations::GenerationsSection;
 pub use leak_scanning::LeakScanningSection;
 pub use notify_webhook::NotifyWebhookSection;
 pub use oauth::OAuthSection;
+pub use plan::GatewayPlan;
 pub use plugins::{PluginEntries, PluginsSection};
 pub use providers::{ModelPrefix, ProviderSection};
 pub use retry::RetrySection;

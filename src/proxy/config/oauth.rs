@@ -2,6 +2,9 @@
 
 use serde::Deserialize;
 
+use super::ConfigError;
+use crate::oauth::{PlainPkce, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT};
+
 /// `oauth` in [`GatewayConfig`](super::GatewayConfig).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -13,4 +16,26 @@ pub struct OAuthSection {
     /// The most OAuth codes of one account waiting for their exchange at
     /// once: at least 1. Absent: 100.
     pub max_pending_codes_per_account: Option<u64>,
+}
+
+impl OAuthSection {
+    /// `allow_plain_pkce` as the approvals read it.
+    pub(super) fn plain_pkce(&self) -> PlainPkce {
+        if self.allow_plain_pkce {
+            PlainPkce::Allowed
+        } else {
+            PlainPkce::Refused
+        }
+    }
+
+    /// `max_pending_codes_per_account`, at least 1, or the default.
+    pub(super) fn max_pending_codes_per_account(&self) -> Result<u64, ConfigError> {
+        match self.max_pending_codes_per_account {
+            Some(0) => Err(ConfigError::new(
+                "oauth.max_pending_codes_per_account must be at least 1",
+            )),
+            Some(most) => Ok(most),
+            None => Ok(DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT),
+        }
+    }
 }
