@@ -16,7 +16,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use modelgate::keys::{KeyDirectory, NewKey};
-use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
 use modelgate::store::NANOS_PER_CREDIT;
 use tower::{Service, ServiceExt};
 
@@ -41,7 +41,8 @@ fn bench_gateway(c: &mut Criterion) {
         )
         .unwrap();
         let upstream = Upstream::new(&UpstreamConfig::new(base.clone())).unwrap();
-        let service = gateway::<Full<Bytes>>(&config, store.clone(), upstream.clone()).unwrap();
+        let plan = GatewayPlan::new(&config).unwrap();
+        let service = gateway::<Full<Bytes>>(&plan, store.clone(), upstream.clone());
         let directory = KeyDirectory::new(store);
         let key = runtime.block_on(async {
             let (key, _) = directory.create_key(NewKey::named("bench")).await.unwrap();

@@ -72,7 +72,9 @@ use hyper::body::Incoming;
 use modelgate::clock::SystemClock;
 use modelgate::credit::PendingSettlements;
 use modelgate::error::{ErrorKind, GatewayError};
-use modelgate::proxy::{build_gateway, GatewayBody, GatewayConfig, GatewayService, Upstream};
+use modelgate::proxy::{
+    build_gateway, GatewayBody, GatewayConfig, GatewayPlan, GatewayService, Upstream,
+};
 use tokio::net::TcpListener;
 
 /// How long a stopping proxy waits for the settlements of its last
@@ -334,14 +336,16 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
     let (service, settlements, app_ranking, alerts) = if flags.bare {
         (bare(upstream), PendingSettlements::default(), None, None)
     } else {
+        // The config's secrets are read and its provider clients built
+        // here, once: what the gateway cannot use stops start-up.
+        let plan = GatewayPlan::new(&config).map_err(|error| error.to_string())?;
         let gateway = build_gateway(
-            &config,
+            &plan,
             store.clone(),
             upstream,
             Arc::new(SystemClock),
             KeyDirectory::DEFAULT_CACHE_TTL,
-        )
-        .map_err(|error| error.to_string())?;
+        );
         (
             gateway.service,
             gateway.settlements,

@@ -27,7 +27,7 @@ use hyper::body::Incoming;
 use modelgate::alerts::Alerts;
 use modelgate::clock::{Period, SystemClock};
 use modelgate::keys::{KeyDirectory, KeyHash, NewAccount, SharedStore};
-use modelgate::proxy::{build_gateway, GatewayConfig, Upstream};
+use modelgate::proxy::{build_gateway, GatewayConfig, GatewayPlan, Upstream};
 use modelgate::store::{KeyLimit, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 use sha2::Sha256;
@@ -132,19 +132,19 @@ async fn setup(stores: Vec<SharedStore>, email: Option<&str>) -> Setup {
     })
     .to_string();
     let config = GatewayConfig::from_json(&config).unwrap();
+    let plan = GatewayPlan::new(&config).unwrap();
     let base = mock::start(mock::MockConfig::default()).await;
     let mut addresses = Vec::new();
     let mut alerts = Vec::new();
     for store in &stores {
         let upstream = Upstream::new(&config.upstream_config(Some(&base)).unwrap()).unwrap();
         let gateway = build_gateway(
-            &config,
+            &plan,
             store.clone(),
             upstream,
             Arc::new(SystemClock),
             Duration::from_secs(1),
-        )
-        .unwrap();
+        );
         alerts.push(gateway.alerts.expect("an alerts section gives alerts"));
         addresses.push(serve(gateway.service).await);
     }

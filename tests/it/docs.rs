@@ -601,7 +601,15 @@ fn struct_fields(source: &str, declaration: &str) -> Vec<String> {
 
 #[test]
 fn the_configuration_page_names_every_section_and_flag() {
-    let config = std::fs::read_to_string(root().join("src/proxy/config.rs")).unwrap();
+    // The sections' files, one after another (not the unit tests, which
+    // name the declarations too).
+    let mut config = String::new();
+    for entry in std::fs::read_dir(root().join("src/proxy/config")).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.ends_with("tests.rs") {
+            config += &std::fs::read_to_string(path).unwrap();
+        }
+    }
     let mut names: BTreeSet<String> = BTreeSet::new();
     for declaration in [
         "pub struct GatewayConfig {",

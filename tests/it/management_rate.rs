@@ -150,7 +150,7 @@ async fn an_account_past_its_management_rate_is_refused_alone_across_instances_s
 
 #[tokio::test]
 async fn a_bad_management_rate_stops_start_up() {
-    use modelgate::proxy::{gateway, GatewayConfig, OAuthSection, Upstream};
+    use modelgate::proxy::{GatewayConfig, GatewayPlan, OAuthSection};
     for (json, words) in [
         (
             r#"{"management_rate": {"gcra": {"requests": 0, "period_seconds": 60, "burst": 5}}}"#,
@@ -165,7 +165,8 @@ async fn a_bad_management_rate_stops_start_up() {
         let error = GatewayConfig::from_json(json).expect_err(json).to_string();
         assert!(error.contains(words), "{json}: {error}");
     }
-    // A config built in code is checked when the gateway is built.
+    // A config built in code is checked when its plan is made, which a
+    // gateway is built from.
     let config = GatewayConfig {
         oauth: OAuthSection {
             max_pending_codes_per_account: Some(0),
@@ -173,14 +174,7 @@ async fn a_bad_management_rate_stops_start_up() {
         },
         ..GatewayConfig::default()
     };
-    let upstream = Upstream::new(
-        &config
-            .upstream_config(Some("http://127.0.0.1:9/v1"))
-            .unwrap(),
-    )
-    .unwrap();
-    let store: SharedStore = Arc::new(MemoryStore::new());
-    let error = match gateway::<http_body_util::Full<bytes::Bytes>>(&config, store, upstream) {
+    let error = match GatewayPlan::new(&config) {
         Err(error) => error.to_string(),
         Ok(_) => panic!("max_pending_codes_per_account 0 was accepted"),
     };

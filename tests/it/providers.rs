@@ -19,7 +19,7 @@ use std::sync::Arc;
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{build_gateway, GatewayConfig, Upstream, UpstreamConfig};
+use modelgate::proxy::{build_gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
@@ -81,13 +81,12 @@ async fn start_on(store: SharedStore, extra: Value) -> Gateway {
     // Unused: with providers configured, each model goes to its provider.
     let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
     let built = build_gateway::<hyper::body::Incoming>(
-        &config,
+        &GatewayPlan::new(&config).unwrap(),
         store.clone(),
         upstream,
         Arc::new(modelgate::clock::SystemClock),
         KeyDirectory::DEFAULT_CACHE_TTL,
-    )
-    .unwrap();
+    );
     let address = serve(built.service).await;
     let directory = KeyDirectory::new(store.clone());
     let new = NewKey {

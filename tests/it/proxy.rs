@@ -16,7 +16,7 @@ use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::clock::ManualClock;
 use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{gateway_with_clock, GatewayConfig, Upstream};
+use modelgate::proxy::{gateway_with_clock, GatewayConfig, GatewayPlan, Upstream};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
@@ -32,13 +32,12 @@ async fn instance(store: SharedStore, base: &str, config: &str, clock: &ManualCl
     let config = GatewayConfig::from_json(config).unwrap();
     let upstream = Upstream::new(&config.upstream_config(Some(base)).unwrap()).unwrap();
     let service = gateway_with_clock(
-        &config,
+        &GatewayPlan::new(&config).unwrap(),
         store,
         upstream,
         Arc::new(clock.clone()),
         Duration::from_secs(1),
-    )
-    .unwrap();
+    );
     serve(service).await
 }
 
@@ -441,13 +440,12 @@ async fn only_the_checked_path_and_allowed_headers_reach_the_upstream() {
     let mut upstream_config = config.upstream_config(Some(&base)).unwrap();
     upstream_config.api_key = Some("sk-upstream".into());
     let service = gateway_with_clock(
-        &config,
+        &GatewayPlan::new(&config).unwrap(),
         store.clone(),
         Upstream::new(&upstream_config).unwrap(),
         Arc::new(t0()),
         Duration::from_secs(1),
-    )
-    .unwrap();
+    );
     let address = serve(service).await;
     let key = funded_key(&store, "acme").await;
     let reply = reqwest::Client::new()
@@ -629,13 +627,12 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
     let mut upstream_config = config.upstream_config(Some(&base)).unwrap();
     upstream_config.api_key = Some("sk-upstream".into());
     let built = modelgate::proxy::build_gateway(
-        &config,
+        &GatewayPlan::new(&config).unwrap(),
         store.clone(),
         Upstream::new(&upstream_config).unwrap(),
         Arc::new(t0()),
         Duration::from_secs(1),
-    )
-    .unwrap();
+    );
     let address = serve(built.service).await;
     let key = funded_key(&store, "acme").await;
     let admin = management_key(&store).await;

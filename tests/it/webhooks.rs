@@ -1267,7 +1267,7 @@ async fn the_example_serves_secrets_from_its_providers_and_skips_unresolvable_ro
 
 #[tokio::test]
 async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_layers() {
-    use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+    use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
 
     let config = GatewayConfig::from_json(
         &json!({"plugins": {"entries": {"webhooks": {"enabled": true, "config": {
@@ -1278,7 +1278,8 @@ async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_la
     )
     .unwrap();
     let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
-    let service = gateway::<hyper::body::Incoming>(&config, memory(), upstream).unwrap();
+    let service =
+        gateway::<hyper::body::Incoming>(&GatewayPlan::new(&config).unwrap(), memory(), upstream);
     let address = serve(service).await;
     let created = post(
         address,
@@ -1325,7 +1326,7 @@ async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_la
 
 #[tokio::test]
 async fn the_proxy_reads_route_secrets_from_its_secrets_providers_and_hides_an_undeclared_one() {
-    use modelgate::proxy::{gateway, GatewayConfig, Upstream, UpstreamConfig};
+    use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
 
     let directory = tempfile::tempdir().unwrap();
     let vault = directory.path().join("secrets.json");
@@ -1348,7 +1349,8 @@ async fn the_proxy_reads_route_secrets_from_its_secrets_providers_and_hides_an_u
     )
     .unwrap();
     let upstream = Upstream::new(&UpstreamConfig::new("http://127.0.0.1:9/v1")).unwrap();
-    let service = gateway::<hyper::body::Incoming>(&config, memory(), upstream).unwrap();
+    let service =
+        gateway::<hyper::body::Incoming>(&GatewayPlan::new(&config).unwrap(), memory(), upstream);
     let address = serve(service).await;
     let created = post(
         address,

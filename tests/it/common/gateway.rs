@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use modelgate::clock::{Clock, SystemClock};
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{gateway_with_clock, GatewayConfig, Upstream};
+use modelgate::proxy::{gateway_with_clock, GatewayConfig, GatewayPlan, Upstream};
 use modelgate::store::KeyLimit;
 use serde_json::Value;
 
@@ -40,8 +40,9 @@ pub async fn instance_with_cache(
     key_cache_ttl: Duration,
 ) -> SocketAddr {
     let config = GatewayConfig::from_json(config).unwrap();
+    let plan = GatewayPlan::new(&config).unwrap();
     let upstream = Upstream::new(&config.upstream_config(Some(base)).unwrap()).unwrap();
-    let service = gateway_with_clock(&config, store, upstream, clock, key_cache_ttl).unwrap();
+    let service = gateway_with_clock(&plan, store, upstream, clock, key_cache_ttl);
     serve(service).await
 }
 

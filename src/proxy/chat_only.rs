@@ -1,0 +1,148 @@
+//! [`ChatOnly`]: the gateway's last policy step before the provider side.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tower_service::Service;
+
+use super::models;
+use super::retry::SkipRetries;
+use crate::context::RequestContext;
+use crate::error::{ErrorKind, GatewayError};
+use crate::response_body::ResponseBody;
+
+/// Forwards `POST /api/v1/chat/completions` only; every other path is a
+/// canonical 404. Upstream failures and credential refusals become
+/// complete canonical responses here, below CreditGuard, so they are
+/// settled as errors (at no cost).
+#[derive(Clone, Debug)]
+pub(super) struct ChatOnly<S> {
+    inner: S,
+    /// `GET /api/v1/models`, built once.
+    models_list: Arc<Value>,
+}
+
+impl<S> ChatOnly<S> {
+    /// Serves `models_list` as `GET /api/v1/models` and forwards chat
+    /// completions to `inner`.
+    pub(super) fn new(inner: S, models_list: Arc<Value>) -> Self {
+        ChatOnly { inner, models_list }
+    }
+}
+
+impl<S> Service<Request<Full<Bytes>>> for ChatOnly<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<Incoming>, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody<Incoming>>;
+    type Error = GatewayError;
+    type Future = BoxFuture<'static, Result<Self::Response, GatewayError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        if is_models_path(request.method(), request.uri().path()) {
+            let principal =
+                RequestContext::of(&request).and_then(|context| context.principal.as_ref());
+            let list = match principal {
+                Some(key) if key.allowed_models.is_some() => {
+                    models::callable_by(&self.models_list, key).to_string()
+                }
+                _ => self.models_list.to_string(),
+            };
+            let mut response = Response::new(ResponseBody::full(Bytes::from(list)));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return Box::pin(async move { Ok(response) });
+        }
+        if !is_chat_completions_path(request.method(), request.uri().path()) {
+            let error = GatewayError::new(
+                ErrorKind::NotFound,
+                format!(
+                    "no such endpoint: {} {}; this gateway serves POST /api/v1/chat/completions and the key routes",
+                    request.method(),
+                    request.uri().path()
+                ),
+            );
+            return Box::pin(async move { Ok(error.to_response()) });
+        }
+        let request = provider_side(request);
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            let outcome = match tower::ServiceExt::ready(&mut inner).await {
+                Ok(ready) => ready.call(request).await,
+                Err(error) => Err(error),
+            };
+            Ok(match outcome {
+                // An upstream that could not be reached or did not answer
+                // becomes a complete error response: CreditGuard charges
+                // nothing for it.
+                Err(error) => error.to_response(),
+                Ok(response) if matches!(response.status().as_u16(), 401..=403) => {
+                    // The upstream refused the gateway's own credentials or
+                    // account, not the client's: a 502, and its words (which
+                    // may name the operator's key) only in the log.
+                    let status = response.status().as_u16();
+                    tracing::warn!(
+                        upstream_status = status,
+                        "the upstream refused the gateway's credentials"
+                    );
+                    GatewayError::new(
+                        ErrorKind::Upstream,
+                        "the upstream refused this gateway's credentials; the operator must check the upstream key and account",
+                    )
+                    .with_metadata("upstream_status", status)
+                    .to_response()
+                }
+                Ok(response) => response.map(ResponseBody::inner),
+            })
+        })
+    }
+}
+
+/// The request with only the extensions the provider side reads (the
+/// retry policy, [`Providers`], [`Upstream`]): the retry keeps a copy of
+/// every request it sends, and the layers above have their own.
+fn provider_side(request: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let (mut parts, body) = request.into_parts();
+    let mut kept = http::Extensions::new();
+    move_extension::<RequestContext>(&mut parts.extensions, &mut kept);
+    move_extension::<SkipRetries>(&mut parts.extensions, &mut kept);
+    parts.extensions = kept;
+    Request::from_parts(parts, body)
+}
+
+fn move_extension<T: Clone + Send + Sync + 'static>(
+    from: &mut http::Extensions,
+    to: &mut http::Extensions,
+) {
+    if let Some(value) = from.remove::<T>() {
+        to.insert(value);
+    }
+}
+
+/// Exactly `POST /api/v1/chat/completions`, in any case and spelling of
+/// the same segments: nothing in front of or between them.
+fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
+    method == http::Method::POST
+        && crate::body::path_is(path, &["api", "v1", "chat", "completions"])
+}
+
+/// `GET /api/v1/models`, spelled the same way.
+fn is_models_path(method: &http::Method, path: &str) -> bool {
+    method == http::Method::GET && crate::body::path_is(path, &["api", "v1", "models"])
+}

@@ -1,0 +1,64 @@
+//! `upstream`: the one upstream every model goes to without `providers`.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+use crate::proxy::UpstreamConfig;
+use crate::secrets::Redacted;
+
+/// `upstream` in [`GatewayConfig`](super::GatewayConfig).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamSection {
+    /// The upstream's base URL, its version path included.
+    pub base_url: Option<String>,
+    /// The environment variable holding the upstream's API key.
+    pub api_key_env: Option<String>,
+    /// Longest wait for a connection, in ms.
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest wait for the response headers, in ms.
+    pub response_header_timeout_ms: Option<u64>,
+}
+
+impl UpstreamSection {
+    /// `base_url` is one an upstream client takes, even when the command
+    /// line overrides it.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        match &self.base_url {
+            Some(base_url) => UpstreamConfig::new(base_url.clone())
+                .check()
+                .map_err(|error| ConfigError::at("upstream.base_url", error)),
+            None => Ok(()),
+        }
+    }
+
+    /// The upstream client's settings, its key read from the environment
+    /// now; `base_url` overrides the section's.
+    pub(super) fn upstream_config(
+        &self,
+        base_url: Option<&str>,
+    ) -> Result<UpstreamConfig, ConfigError> {
+        let base_url = base_url
+            .map(str::to_owned)
+            .or_else(|| self.base_url.clone())
+            .ok_or_else(|| ConfigError::new("upstream.base_url is missing"))?;
+        let mut config = UpstreamConfig::new(base_url);
+        if let Some(variable) = &self.api_key_env {
+            let key = std::env::var(variable).map_err(|_| {
+                ConfigError::new(format!(
+                    "upstream.api_key_env names {variable}, which is not set"
+                ))
+            })?;
+            config.api_key = Some(Redacted(key));
+        }
+        if let Some(ms) = self.connect_timeout_ms {
+            config.connect_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.response_header_timeout_ms {
+            config.response_header_timeout = Duration::from_millis(ms);
+        }
+        Ok(config)
+    }
+}
