@@ -47,7 +47,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{Check, CheckOutcome, StoreError};
-use crate::clock::{unix_micros, Period};
+use crate::clock::Period;
 
 /// One credit in nano-credits: the ledger never stores floats.
 pub const NANOS_PER_CREDIT: i64 = 1_000_000_000;
@@ -648,123 +648,6 @@ pub trait LedgerStore: Send + Sync + 'static {
     ) -> Result<Vec<bytes::Bytes>, StoreError>;
 }
 
-/// A key's usage sums as a store keeps them: all time, and per day, week
-/// and month with each period's start, own and BYOK. Periods only roll
-/// forward.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct UsageSums {
-    pub(crate) total_nanos: i64,
-    pub(crate) byok_total_nanos: i64,
-    /// Day, week, month.
-    pub(crate) periods: [PeriodSums; 3],
-}
-
-/// One period's start (µs) and its own and BYOK usage.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct PeriodSums {
-    pub(crate) start_micros: i64,
-    pub(crate) nanos: i64,
-    pub(crate) byok_nanos: i64,
-}
-
-impl Default for UsageSums {
-    fn default() -> Self {
-        UsageSums {
-            total_nanos: 0,
-            byok_total_nanos: 0,
-            periods: [PeriodSums {
-                start_micros: i64::MIN,
-                nanos: 0,
-                byok_nanos: 0,
-            }; 3],
-        }
-    }
-}
-
-impl UsageSums {
-    /// The usage in the periods starting at `starts` (a stored period that
-    /// is not the current one counts nothing), with `reserved_nanos` held.
-    pub(crate) fn usage(&self, starts: [i64; 3], reserved_nanos: i64) -> KeyUsage {
-        let current = |index: usize| {
-            let period = self.periods[index];
-            if period.start_micros == starts[index] {
-                (period.nanos, period.byok_nanos)
-            } else {
-                (0, 0)
-            }
-        };
-        let (day_nanos, byok_day_nanos) = current(0);
-        let (week_nanos, byok_week_nanos) = current(1);
-        let (month_nanos, byok_month_nanos) = current(2);
-        KeyUsage {
-            total_nanos: self.total_nanos,
-            day_nanos,
-            week_nanos,
-            month_nanos,
-            byok_total_nanos: self.byok_total_nanos,
-            byok_day_nanos,
-            byok_week_nanos,
-            byok_month_nanos,
-            reserved_nanos,
-        }
-    }
-
-    /// Adds a cost in the periods starting at `starts` and all time. A cost
-    /// stamped in a period that has already rolled over (a clock a moment
-    /// behind) counts in the all-time sums only, and never wipes the newer
-    /// period.
-    pub(crate) fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
-        for (period, start_micros) in self.periods.iter_mut().zip(starts) {
-            if start_micros < period.start_micros {
-                continue;
-            }
-            if start_micros > period.start_micros {
-                *period = PeriodSums {
-                    start_micros,
-                    nanos: 0,
-                    byok_nanos: 0,
-                };
-            }
-            if byok {
-                period.byok_nanos = period.byok_nanos.saturating_add(cost_nanos);
-            } else {
-                period.nanos = period.nanos.saturating_add(cost_nanos);
-            }
-        }
-        if byok {
-            self.byok_total_nanos = self.byok_total_nanos.saturating_add(cost_nanos);
-        } else {
-            self.total_nanos = self.total_nanos.saturating_add(cost_nanos);
-        }
-    }
-
-    /// Takes back a cost charged in the periods starting at
-    /// `charged_starts`: all time, and in each period still that one.
-    pub(crate) fn unrecord(&mut self, amount_nanos: i64, byok: bool, charged_starts: [i64; 3]) {
-        for (period, start_micros) in self.periods.iter_mut().zip(charged_starts) {
-            if period.start_micros == start_micros {
-                if byok {
-                    period.byok_nanos = period.byok_nanos.saturating_sub(amount_nanos);
-                } else {
-                    period.nanos = period.nanos.saturating_sub(amount_nanos);
-                }
-            }
-        }
-        if byok {
-            self.byok_total_nanos = self.byok_total_nanos.saturating_sub(amount_nanos);
-        } else {
-            self.total_nanos = self.total_nanos.saturating_sub(amount_nanos);
-        }
-    }
-}
-
-/// The starts of the day, week and month containing `now`, in µs: the
-/// ledger compares them with the stored ones to roll its period totals.
-pub(crate) fn period_starts_micros(now: DateTime<Utc>) -> [i64; 3] {
-    let now_micros = unix_micros(now);
-    [Period::Day, Period::Week, Period::Month].map(|period| period.bounds_micros(now_micros).0)
-}
-
 /// An admission's arguments: its checks, its tier and its hold, all of its
 /// account, and its settlements too.
 pub(crate) fn validate_admit(
@@ -949,28 +832,3 @@ pub const SETTLEMENT_MEMORY: Duration = Duration::from_secs(3 * 60);
 /// lapse are kept this way: the memory is for requests of an instance that
 /// died, or cut off from the store for longer than their hold.
 pub const LAPSED_HOLD_MEMORY: Duration = Duration::from_secs(24 * 3600);
-
-/// The key-limit refusal for a reservation of `amount_nanos`, if any: the
-/// request could take usage past the limit (so overspend is bounded by how
-/// far real costs exceed their estimates), or, for a free request, usage
-/// has reached the limit.
-pub(crate) fn key_limit_outcome(
-    usage: &KeyUsage,
-    limit: &KeyLimit,
-    amount_nanos: i64,
-    now: DateTime<Utc>,
-) -> Option<ReserveOutcome> {
-    let used_nanos = usage
-        .in_period(limit.reset, limit.include_byok)
-        .saturating_add(usage.reserved_nanos);
-    let over = if amount_nanos == 0 {
-        used_nanos >= limit.limit_nanos
-    } else {
-        used_nanos.saturating_add(amount_nanos) > limit.limit_nanos
-    };
-    over.then(|| ReserveOutcome::KeyLimitReached {
-        used_nanos,
-        limit_nanos: limit.limit_nanos,
-        resets_at: limit.reset.map(|period| period.end_of(now)),
-    })
-}

@@ -1,8 +1,8 @@
 //! Counters and slots in SQLite.
 //!
 //! A counter is a row per (scope, name) holding its state in a compact
-//! blob; every decision is made by `MemoryStore`'s own functions over the
-//! rows a call reads, so both stores answer alike. A slot set is a row per
+//! blob; every decision is made by the rules (`store::rules`) over the rows
+//! a call reads, as `MemoryStore` decides over its maps. A slot set is a row per
 //! lease. A file has no TTLs: each call removes a bounded batch of rows
 //! that have ended.
 
@@ -13,11 +13,10 @@ use std::time::Duration;
 
 use super::{sql, SqliteStore};
 use crate::clock::unix_micros;
-use crate::store::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
-use crate::store::memory::{
-    self, Counter, CounterState, FastMap, WindowCount, EXPIRY_SLACK_MICROS,
-};
-use crate::store::{Check, CheckOutcome, CounterStore, Decision, SlotOutcome, StoreError};
+use crate::store::counter::{duration_micros, validate_checks, validate_slot};
+use crate::store::rules::counter::{self, Counter, CounterState, WindowCount, EXPIRY_SLACK_MICROS};
+use crate::store::rules::slots::{self, SlotsView};
+use crate::store::{Check, CheckOutcome, CounterStore, Decision, FastMap, SlotOutcome, StoreError};
 
 /// The tables of counters and slots.
 pub(super) const SCHEMA: &str = "
@@ -47,7 +46,7 @@ const ENDED_ROWS_PER_CALL: i64 = 32;
 const COUNTER_OPERATION: &str = "check_and_add";
 
 /// Decides `checks` of `scope` at `now` inside the caller's transaction,
-/// as `MemoryStore` does: whether all fit and each one's outcome; when all
+/// by the rules: whether all fit and each one's outcome; when all
 /// fit and `commit`, adds every amount.
 pub(super) fn check_all(
     connection: &Connection,
@@ -92,7 +91,7 @@ pub(super) fn check_all(
             read.push(row);
         }
     }
-    let (admitted, outcomes) = memory::check_all(&mut counters, checks, now, commit);
+    let (admitted, outcomes) = counter::check_all(&mut counters, checks, now, commit);
     let mut upsert = connection
         .prepare_cached(
             "INSERT INTO counter_state (scope, name, state, expires_at_micros) \
@@ -251,7 +250,7 @@ fn remove_ended_leases(connection: &Connection, now_micros: i64) -> Result<(), S
     Ok(())
 }
 
-/// `MemoryStore::acquire_slot` over the rows of one slot set.
+/// The rules' acquisition over the rows of one slot set.
 fn acquire(
     connection: &Connection,
     (scope, name, holder): (&str, &str, &str),
@@ -265,7 +264,7 @@ fn acquire(
             "DELETE FROM slot_lease WHERE scope = ?1 AND name = ?2 AND ends_at_micros <= ?3",
         )?
         .execute(params![scope, name, now_micros])?;
-    let (held, earliest_micros, renewing): (i64, Option<i64>, bool) = connection
+    let (held, earliest_end_micros, renewing): (i64, Option<i64>, bool) = connection
         .prepare_cached(
             "SELECT count(*), min(ends_at_micros), coalesce(max(holder = ?3), 0) \
              FROM slot_lease WHERE scope = ?1 AND name = ?2",
@@ -273,33 +272,21 @@ fn acquire(
         .query_row(params![scope, name, holder], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
         })?;
-    let held = held as u64;
-    if !renewing && held >= limit {
-        let earliest_micros = earliest_micros.unwrap_or(now_micros);
-        return Ok(SlotOutcome {
-            acquired: false,
-            held,
-            limit,
-            retry_after: micros_duration(earliest_micros.saturating_sub(now_micros)),
-        });
+    let view = SlotsView {
+        held: held as u64,
+        earliest_end_micros,
+        renewing,
+    };
+    let (outcome, lease_end) = slots::acquire(view, limit, lease_micros, now_micros);
+    if let Some(ends_at_micros) = lease_end {
+        connection
+            .prepare_cached(
+                "INSERT INTO slot_lease (scope, name, holder, ends_at_micros) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (scope, name, holder) DO UPDATE SET ends_at_micros = excluded.ends_at_micros",
+            )?
+            .execute(params![scope, name, holder, ends_at_micros])?;
     }
-    connection
-        .prepare_cached(
-            "INSERT INTO slot_lease (scope, name, holder, ends_at_micros) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (scope, name, holder) DO UPDATE SET ends_at_micros = excluded.ends_at_micros",
-        )?
-        .execute(params![
-            scope,
-            name,
-            holder,
-            now_micros.saturating_add(lease_micros)
-        ])?;
-    Ok(SlotOutcome {
-        acquired: true,
-        held: if renewing { held } else { held + 1 },
-        limit,
-        retry_after: Duration::ZERO,
-    })
+    Ok(outcome)
 }
 
 #[async_trait]

@@ -1,6 +1,6 @@
-//! The ledger in SQLite: the same decisions as `MemoryStore`'s, each call
-//! one job of the store's thread (so one atomic step, exact across
-//! processes sharing the file).
+//! The ledger in SQLite: the rules' decisions (`store::rules::ledger`) over
+//! rows, each call one job of the store's thread (so one atomic step, exact
+//! across processes sharing the file).
 //!
 //! Tables (every amount in nano-credits, every instant in µs):
 //! - `ledger_accounts`: per account, the balance, purchased total, the sum
@@ -34,15 +34,18 @@ use super::{counters, sql, SqliteStore};
 use crate::clock::{unix_micros, Period};
 use crate::store::counter::duration_micros;
 use crate::store::ledger::{
-    idempotency_key_ttl, key_limit_outcome, period_starts_micros, top_up_overflow, validate_admit,
-    validate_amount, validate_key_terms, validate_renewals, validate_settlements,
-    validate_top_up_once, PeriodSums, UsageSums,
+    idempotency_key_ttl, validate_admit, validate_amount, validate_key_terms, validate_renewals,
+    validate_settlements, validate_top_up_once,
 };
-use crate::store::memory::tiered_checks;
+use crate::store::rules::ledger::{
+    self as rules, decide_hold, decide_renewal, decide_settlement, instant, key_refusal,
+    period_starts_micros, tiered_checks, Charged, Hold, HoldDecision, HoldView, Lapse, PeriodSums,
+    RenewDecision, RenewedView, SettleDecision, SettledView, UsageSums,
+};
 use crate::store::{
-    lapse_record, AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, KeyLimit, KeyTerms,
-    KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement, StoreError, TopUpOutcome,
-    LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+    AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, KeyLimit, KeyTerms, KeyUsage,
+    LedgerStore, RecordKeeping, ReserveOutcome, ReserveRequest, Settlement, StoreError,
+    TopUpOutcome,
 };
 
 /// The ledger's tables.
@@ -153,10 +156,6 @@ fn record_bytes(row: &rusqlite::Row<'_>) -> rusqlite::Result<Vec<u8>> {
     Ok(row.get_ref(0)?.as_bytes()?.to_vec())
 }
 
-fn instant(micros: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(micros).unwrap_or_default()
-}
-
 fn held(text: String) -> i128 {
     text.parse().unwrap_or(0)
 }
@@ -204,40 +203,13 @@ impl KeyRow {
     fn usage(&self, starts: [i64; 3]) -> KeyUsage {
         self.sums.usage(starts, saturate(self.held_nanos))
     }
-
-    fn record(&mut self, cost_nanos: i64, byok: bool, starts: [i64; 3]) {
-        self.sums.record(cost_nanos, byok, starts);
-        self.dirty = true;
-    }
-
-    /// Takes back a lapse's charge.
-    fn unrecord(&mut self, lapse: &Lapse) {
-        self.sums
-            .unrecord(lapse.amount_nanos, lapse.byok, lapse.starts);
-        self.dirty = true;
-    }
-}
-
-/// What a lapse charged, known until `forget_at_micros`.
-#[derive(Debug, Clone)]
-struct Lapse {
-    forget_at_micros: i64,
-    key: String,
-    amount_nanos: i64,
-    byok: bool,
-    starts: [i64; 3],
 }
 
 /// A request's row.
 #[derive(Debug, Clone)]
 enum Request {
     Holding {
-        key: String,
-        expires_at_micros: i64,
-        amount_nanos: i64,
-        covered: bool,
-        /// Retention (µs) and cap of its lapse's record, when it has one.
-        record: Option<(i64, i64)>,
+        hold: Hold,
         /// The lapse it was admitted again over.
         earlier: Option<Lapse>,
     },
@@ -248,12 +220,11 @@ enum Request {
 }
 
 /// One ledger call on one account, inside the store's transaction: rows
-/// read once, the account's and keys' rows written when it ends.
+/// read once, the account's and keys' rows written when it ends. Time is
+/// what each step is given: the store's `now`, never the system clock.
 struct Call<'c> {
     db: &'c Connection,
     account: String,
-    now_micros: i64,
-    starts: [i64; 3],
     row: AccountRow,
     /// Whether the account has a row (or the call gives it one).
     exists: bool,
@@ -264,7 +235,7 @@ struct Call<'c> {
 const OPERATION: &str = "ledger";
 
 impl<'c> Call<'c> {
-    fn begin(db: &'c Connection, account: &str, now: DateTime<Utc>) -> Result<Self, StoreError> {
+    fn begin(db: &'c Connection, account: &str) -> Result<Self, StoreError> {
         let row = db
             .prepare_cached(
                 "SELECT balance_nanos, purchased_nanos, held_nanos, next_expiry_micros,
@@ -290,17 +261,11 @@ impl<'c> Call<'c> {
         Ok(Call {
             db,
             account: account.to_owned(),
-            now_micros: unix_micros(now),
-            starts: period_starts_micros(now),
             exists: row.is_some(),
             row: row.unwrap_or_default(),
             row_dirty: false,
             keys: HashMap::new(),
         })
-    }
-
-    fn now(&self) -> DateTime<Utc> {
-        instant(self.now_micros)
     }
 
     fn key(&mut self, key: &str) -> Result<&mut KeyRow, StoreError> {
@@ -361,6 +326,18 @@ impl<'c> Call<'c> {
         Ok(self.keys.get_mut(key).expect("inserted above"))
     }
 
+    /// The key's usage and the account's balance, for the rules to charge.
+    fn charged(&mut self, key: &str) -> Result<Charged<'_>, StoreError> {
+        self.key(key)?;
+        let row = self.keys.get_mut(key).expect("read above");
+        row.dirty = true;
+        self.row_dirty = true;
+        Ok(Charged {
+            key_sums: &mut row.sums,
+            balance_nanos: &mut self.row.balance_nanos,
+        })
+    }
+
     fn request(&self, id: &str) -> Result<Option<Request>, StoreError> {
         self.db
             .prepare_cached(
@@ -377,7 +354,7 @@ impl<'c> Call<'c> {
                         let lapse = match row.get::<_, Option<i64>>(7)? {
                             Some(forget_at_micros) => Some(Lapse {
                                 forget_at_micros,
-                                key: row.get(8)?,
+                                key: row.get::<_, String>(8)?.into(),
                                 amount_nanos: row.get(9)?,
                                 byok: row.get(10)?,
                                 starts: [row.get(11)?, row.get(12)?, row.get(13)?],
@@ -390,11 +367,20 @@ impl<'c> Call<'c> {
                                 let retention: Option<i64> = row.get(5)?;
                                 let most: Option<i64> = row.get(6)?;
                                 Request::Holding {
-                                    key: row.get(1)?,
-                                    expires_at_micros: at_micros,
-                                    amount_nanos: row.get(3)?,
-                                    covered: row.get(4)?,
-                                    record: retention.zip(most),
+                                    hold: Hold {
+                                        key: row.get::<_, String>(1)?.into(),
+                                        expires_at_micros: at_micros,
+                                        amount_nanos: row.get(3)?,
+                                        covered: row.get(4)?,
+                                        lapse_record: retention.zip(most).map(
+                                            |(retention_micros, most)| RecordKeeping {
+                                                retention: Duration::from_micros(
+                                                    retention_micros.max(0) as u64,
+                                                ),
+                                                max_per_account: most.max(0) as u64,
+                                            },
+                                        ),
+                                    },
                                     earlier: lapse,
                                 }
                             }
@@ -417,20 +403,18 @@ impl<'c> Call<'c> {
     fn put_request(&self, id: &str, request: &Request) -> Result<(), StoreError> {
         let none = None::<i64>;
         let (state, key, at_micros, amount_nanos, covered, record, lapse) = match request {
-            Request::Holding {
-                key,
-                expires_at_micros,
-                amount_nanos,
-                covered,
-                record,
-                earlier,
-            } => (
+            Request::Holding { hold, earlier } => (
                 "H",
-                key.as_str(),
-                *expires_at_micros,
-                *amount_nanos,
-                *covered,
-                *record,
+                &*hold.key,
+                hold.expires_at_micros,
+                hold.amount_nanos,
+                hold.covered,
+                hold.lapse_record.map(|keeping| {
+                    (
+                        duration_micros(keeping.retention),
+                        i64::try_from(keeping.max_per_account).unwrap_or(i64::MAX),
+                    )
+                }),
                 earlier.as_ref(),
             ),
             Request::Settled { forget_at_micros } => {
@@ -438,7 +422,7 @@ impl<'c> Call<'c> {
             }
             Request::Lapsed(lapse) => (
                 "L",
-                lapse.key.as_str(),
+                &*lapse.key,
                 lapse.forget_at_micros,
                 lapse.amount_nanos,
                 false,
@@ -468,7 +452,7 @@ impl<'c> Call<'c> {
                     record.map(|(retention, _)| retention),
                     record.map(|(_, most)| most),
                     lapse.map(|lapse| lapse.forget_at_micros),
-                    lapse.map(|lapse| lapse.key.as_str()),
+                    lapse.map(|lapse| &*lapse.key),
                     lapse.map(|lapse| lapse.amount_nanos),
                     lapse.map(|lapse| lapse.byok),
                     lapse.map_or(none, |lapse| Some(lapse.starts[0])),
@@ -482,27 +466,25 @@ impl<'c> Call<'c> {
 
     /// Takes a live hold off its key's and (when it covers it) the
     /// account's sums.
-    fn release(&mut self, key: &str, amount_nanos: i64, covered: bool) -> Result<(), StoreError> {
-        let row = self.key(key)?;
-        row.held_nanos -= i128::from(amount_nanos);
+    fn release(&mut self, hold: &Hold) -> Result<(), StoreError> {
+        let row = self.key(&hold.key)?;
+        row.held_nanos -= i128::from(hold.amount_nanos);
         row.dirty = true;
-        if covered {
-            self.row.held_nanos -= i128::from(amount_nanos);
+        if hold.covered {
+            self.row.held_nanos -= i128::from(hold.amount_nanos);
             self.row_dirty = true;
         }
         Ok(())
     }
 
-    /// Charges every hold of the account that has reached its expiry
-    /// unsettled, in the order of their expiries (then ids): in full, to
-    /// the balance when it covers it and to the key's usage (its own, else
-    /// BYOK), kept as lapsed for a late settlement, with a generation
-    /// record when the hold asked for one.
-    fn lapse_expired(&mut self) -> Result<(), StoreError> {
+    /// Lapses every hold of the account that has reached its expiry
+    /// unsettled, in the order of their expiries (then ids), as the rules
+    /// charge a lapse, keeping each as lapsed for a late settlement.
+    fn lapse_expired(&mut self, now_micros: i64) -> Result<(), StoreError> {
         if self
             .row
             .next_expiry_micros
-            .is_none_or(|next| next > self.now_micros)
+            .is_none_or(|next| next > now_micros)
         {
             return Ok(());
         }
@@ -515,42 +497,28 @@ impl<'c> Call<'c> {
             )
             .and_then(|mut statement| {
                 statement
-                    .query_map(params![self.account, self.now_micros], |row| row.get(0))?
+                    .query_map(params![self.account, now_micros], |row| row.get(0))?
                     .collect()
             })
             .map_err(sql(OPERATION))?;
         for id in expired {
-            let Some(Request::Holding {
-                key,
-                amount_nanos,
-                covered,
-                record,
-                ..
-            }) = self.request(&id)?
-            else {
+            let Some(Request::Holding { hold, .. }) = self.request(&id)? else {
                 continue;
             };
-            self.release(&key, amount_nanos, covered)?;
-            let byok = !covered;
-            if covered {
-                self.row.balance_nanos = self.row.balance_nanos.saturating_sub(amount_nanos);
-            }
-            let starts = self.starts;
-            self.key(&key)?.record(amount_nanos, byok, starts);
-            if let Some((retention_micros, most)) = record {
-                let bytes = lapse_record(&self.account, &key, &id, amount_nanos, byok, self.now());
-                self.keep_generation(&id, &bytes, retention_micros, most)?;
+            self.release(&hold)?;
+            let account = self.account.clone();
+            let (lapse, record) =
+                rules::lapse(&account, &id, &hold, self.charged(&hold.key)?, now_micros);
+            if let Some(record) = record {
+                self.keep_generation(
+                    &id,
+                    &record.bytes,
+                    duration_micros(record.retention),
+                    i64::try_from(record.max_per_account).unwrap_or(i64::MAX),
+                    now_micros,
+                )?;
             }
             // A lapse it was admitted again over gives way to this one.
-            let lapse = Lapse {
-                forget_at_micros: self
-                    .now_micros
-                    .saturating_add(duration_micros(LAPSED_HOLD_MEMORY)),
-                key,
-                amount_nanos,
-                byok,
-                starts,
-            };
             self.put_request(&id, &Request::Lapsed(lapse))?;
         }
         self.row.next_expiry_micros = self
@@ -562,16 +530,6 @@ impl<'c> Call<'c> {
             .map_err(sql(OPERATION))?;
         self.row_dirty = true;
         Ok(())
-    }
-
-    /// Gives back what `lapse` of `id` charged, and removes its record.
-    fn undo_lapse(&mut self, id: &str, lapse: &Lapse) -> Result<(), StoreError> {
-        self.key(&lapse.key)?.unrecord(lapse);
-        if !lapse.byok {
-            self.row.balance_nanos = self.row.balance_nanos.saturating_add(lapse.amount_nanos);
-            self.row_dirty = true;
-        }
-        self.remove_generation(id)
     }
 
     /// Removes the generation record of `id`, if it has one.
@@ -592,50 +550,53 @@ impl<'c> Call<'c> {
         }
     }
 
-    /// Records `settlement` once per reservation id and releases its hold.
-    fn settle(&mut self, settlement: &Settlement) -> Result<(), StoreError> {
+    /// Records `settlement` once per reservation id and releases its hold,
+    /// as the rules decide.
+    fn settle(&mut self, settlement: &Settlement, now_micros: i64) -> Result<(), StoreError> {
         let id = settlement.reservation_id.as_str();
-        let now_micros = self.now_micros;
-        match self.request(id)? {
-            Some(Request::Settled { forget_at_micros }) if forget_at_micros > now_micros => {
-                return Ok(());
+        let (settled, lapse) = match self.request(id)? {
+            Some(Request::Settled { forget_at_micros }) => (forget_at_micros > now_micros, None),
+            Some(Request::Holding { hold, earlier }) => {
+                self.release(&hold)?;
+                (false, earlier)
             }
-            Some(Request::Holding {
-                key,
-                amount_nanos,
-                covered,
-                earlier,
-                ..
-            }) => {
-                self.release(&key, amount_nanos, covered)?;
-                if let Some(lapse) = earlier.filter(|lapse| lapse.forget_at_micros > now_micros) {
-                    self.undo_lapse(id, &lapse)?;
-                }
-            }
-            Some(Request::Lapsed(lapse)) if lapse.forget_at_micros > now_micros => {
-                self.undo_lapse(id, &lapse)?;
-            }
-            _ => {}
+            Some(Request::Lapsed(lapse)) => (false, Some(lapse)),
+            None => (false, None),
+        };
+        let view = SettledView {
+            settled,
+            lapse: lapse.as_ref(),
+        };
+        let SettleDecision::Record {
+            undo,
+            marker_until_micros,
+        } = decide_settlement(view, now_micros)
+        else {
+            return Ok(());
+        };
+        if let Some(lapse) = undo {
+            rules::undo_lapse(&lapse, self.charged(&lapse.key)?);
+            self.remove_generation(id)?;
         }
-        let starts = self.starts;
-        self.key(&settlement.key)?
-            .record(settlement.cost_nanos, settlement.byok, starts);
-        if !settlement.byok {
-            self.row.balance_nanos = self.row.balance_nanos.saturating_sub(settlement.cost_nanos);
-        }
-        self.row_dirty = true;
+        rules::charge(
+            settlement.cost_nanos,
+            settlement.byok,
+            self.charged(&settlement.key)?,
+            now_micros,
+        );
         if let Some(record) = &settlement.record {
             self.keep_generation(
                 id,
                 &record.bytes,
                 duration_micros(record.retention),
                 i64::try_from(record.max_per_account).unwrap_or(i64::MAX),
+                now_micros,
             )?;
         }
         self.put_request(
             id,
             &Request::Settled {
-                forget_at_micros: now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
+                forget_at_micros: marker_until_micros,
             },
         )
     }
@@ -646,6 +607,7 @@ impl<'c> Call<'c> {
         bytes: &[u8],
         retention_micros: i64,
         most: i64,
+        now_micros: i64,
     ) -> Result<(), StoreError> {
         // Its earlier record, if any, goes first, so that the count holds.
         self.remove_generation(id)?;
@@ -666,7 +628,7 @@ impl<'c> Call<'c> {
                     self.account,
                     id,
                     record,
-                    self.now_micros.saturating_add(retention_micros)
+                    now_micros.saturating_add(retention_micros)
                 ])
             })
             .map_err(sql(OPERATION))?;
@@ -676,181 +638,126 @@ impl<'c> Call<'c> {
         Ok(())
     }
 
-    /// Extends `renewal`'s live hold (only the key that holds it does) to
-    /// `expires_at_micros`, never shorter; keeps a lapsed one's charge
-    /// known for its settlement. Whether it was live.
-    fn renew(&mut self, renewal: &HoldRenewal, expires_at_micros: i64) -> Result<bool, StoreError> {
+    /// Extends `renewal`'s live hold to `expires_at_micros` or keeps a
+    /// lapsed one's charge known, as the rules decide. Whether it was live.
+    fn renew(
+        &mut self,
+        renewal: &HoldRenewal,
+        expires_at_micros: i64,
+        now_micros: i64,
+    ) -> Result<bool, StoreError> {
         let id = renewal.reservation_id.as_str();
-        match self.request(id)? {
-            Some(Request::Holding {
-                key,
-                expires_at_micros: before,
-                amount_nanos,
-                covered,
-                record,
-                earlier,
-            }) if key == renewal.key => {
-                if before < expires_at_micros {
-                    self.put_request(
-                        id,
-                        &Request::Holding {
-                            key,
-                            expires_at_micros,
-                            amount_nanos,
-                            covered,
-                            record,
-                            earlier,
-                        },
-                    )?;
-                }
-                Ok(true)
+        let request = self.request(id)?;
+        let view = match &request {
+            Some(Request::Holding { hold, .. }) => RenewedView::Holding {
+                on_its_key: *hold.key == *renewal.key,
+                expires_at_micros: hold.expires_at_micros,
+            },
+            Some(Request::Lapsed(lapse)) => RenewedView::Lapsed {
+                on_its_key: *lapse.key == *renewal.key,
+                lapse,
+            },
+            _ => RenewedView::Other,
+        };
+        let decision = decide_renewal(view, expires_at_micros, now_micros);
+        match (decision, request) {
+            (
+                RenewDecision::Extend { expires_at_micros },
+                Some(Request::Holding { mut hold, earlier }),
+            ) if hold.expires_at_micros != expires_at_micros => {
+                hold.expires_at_micros = expires_at_micros;
+                self.put_request(id, &Request::Holding { hold, earlier })?;
             }
-            Some(Request::Lapsed(mut lapse))
-                if lapse.key == renewal.key && lapse.forget_at_micros > self.now_micros =>
-            {
-                lapse.forget_at_micros = self
-                    .now_micros
-                    .saturating_add(duration_micros(LAPSED_HOLD_MEMORY));
+            (RenewDecision::KeepLapse { forget_at_micros }, Some(Request::Lapsed(mut lapse))) => {
+                lapse.forget_at_micros = forget_at_micros;
                 self.put_request(id, &Request::Lapsed(lapse))?;
-                Ok(false)
             }
-            _ => Ok(false),
+            _ => {}
         }
+        Ok(decision.renewed())
     }
 
-    /// Decides the hold `request` as `MemoryStore` does.
-    fn hold(&mut self, request: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+    /// Decides the hold `request` by the rules, and keeps it when granted.
+    fn hold(
+        &mut self,
+        request: &ReserveRequest,
+        now: DateTime<Utc>,
+    ) -> Result<ReserveOutcome, StoreError> {
         let id = request.reservation_id.as_str();
-        let now_micros = self.now_micros;
-        let starts = self.starts;
         let previous = self.request(id)?;
+        let now_micros = unix_micros(now);
         // The hold of the same id this one would replace.
-        let (replaced_key, replaced_nanos, replaced_covered) = match &previous {
-            Some(Request::Holding {
-                key,
-                amount_nanos,
-                covered,
-                ..
-            }) => (Some(key.clone()), *amount_nanos, *covered),
-            _ => (None, 0, false),
+        let replaced = match &previous {
+            Some(Request::Holding { hold, .. }) => Some(hold.clone()),
+            _ => None,
         };
         let account_held_nanos = if request.covered_by_balance {
             let mut held = self.row.held_nanos;
-            if replaced_covered {
-                held -= i128::from(replaced_nanos);
+            if let Some(replaced) = replaced.as_ref().filter(|hold| hold.covered) {
+                held -= i128::from(replaced.amount_nanos);
             }
             saturate(held)
         } else {
             0
         };
+        let own_held_on_key_nanos = replaced
+            .as_ref()
+            .filter(|hold| *hold.key == *request.key)
+            .map_or(0, |hold| hold.amount_nanos);
+        let settled = matches!(previous, Some(Request::Settled { forget_at_micros }) if forget_at_micros > now_micros);
         let balance_nanos = self.row.balance_nanos;
         let key = self.key(&request.key)?;
-        let key_limit = key
-            .terms
-            .map_or(request.key_limit, |terms| terms.limit)
-            .filter(|_| request.counts_against_key_limit);
-        let mut usage = key.usage(starts);
-        let used_nanos = |usage: &KeyUsage| {
-            key_limit.map_or(usage.total_nanos, |limit| {
-                usage.in_period(limit.reset, limit.include_byok)
-            })
+        let view = HoldView {
+            balance_nanos,
+            account_held_nanos,
+            key_sums: &key.sums,
+            key_held_nanos: saturate(key.held_nanos - i128::from(own_held_on_key_nanos)),
+            own_held_on_key_nanos,
+            key_terms: key.terms,
+            settled,
         };
-        if matches!(previous, Some(Request::Settled { forget_at_micros }) if forget_at_micros > now_micros)
-        {
-            // Its settlement came first (the caller gave up on it): the
-            // request was never sent, and nothing must stay held.
-            return Ok(ReserveOutcome::Reserved {
-                used_nanos: used_nanos(&usage),
-                reserved_nanos: usage.reserved_nanos,
-                held_nanos: 0,
-            });
-        }
-        let mut key_held = key.held_nanos;
-        if replaced_key.as_deref() == Some(request.key.as_str()) {
-            key_held -= i128::from(replaced_nanos);
-        }
-        usage.reserved_nanos = saturate(key_held);
-        let least_nanos = request.min_amount_nanos.unwrap_or(request.amount_nanos);
-        let mut granted_nanos = request.amount_nanos;
-        if let Some(limit) = &key_limit {
-            if let Some(rejection) = key_limit_outcome(&usage, limit, least_nanos, self.now()) {
-                return Ok(rejection);
-            }
-            let committed = usage
-                .in_period(limit.reset, limit.include_byok)
-                .saturating_add(usage.reserved_nanos);
-            granted_nanos = granted_nanos.min(limit.limit_nanos.saturating_sub(committed));
-        }
-        if (request.check_balance || request.covered_by_balance) && balance_nanos < 0 {
-            return Ok(ReserveOutcome::BalanceNegative { balance_nanos });
-        }
-        if request.covered_by_balance {
-            let available_nanos = balance_nanos.saturating_sub(account_held_nanos);
-            if available_nanos < least_nanos {
-                return Ok(ReserveOutcome::BalanceInsufficient {
-                    balance_nanos,
-                    held_nanos: account_held_nanos,
-                });
-            }
-            granted_nanos = granted_nanos.min(available_nanos);
-        }
-        let outcome = ReserveOutcome::Reserved {
-            used_nanos: used_nanos(&usage),
-            reserved_nanos: usage.reserved_nanos.saturating_add(granted_nanos),
-            held_nanos: granted_nanos,
+        let (outcome, hold) = match decide_hold(request, view, now) {
+            HoldDecision::Unchanged(outcome) => return Ok(outcome),
+            HoldDecision::Granted { outcome, hold } => (outcome, hold),
         };
         // Granted: the hold it replaces is released; a lapse it is admitted
         // again over stays known for its settlement.
         let earlier = match previous {
             Some(Request::Holding { earlier, .. }) => earlier,
-            Some(Request::Lapsed(lapse)) if lapse.forget_at_micros > now_micros => Some(lapse),
+            Some(Request::Lapsed(lapse)) if lapse.is_known(now_micros) => Some(lapse),
             _ => None,
         };
-        if let Some(replaced_key) = replaced_key {
-            self.release(&replaced_key, replaced_nanos, replaced_covered)?;
+        if let Some(replaced) = &replaced {
+            self.release(replaced)?;
         }
-        let expires_at_micros = now_micros.saturating_add(duration_micros(request.ttl));
-        let key = self.key(&request.key)?;
-        key.held_nanos += i128::from(granted_nanos);
+        let key = self.key(&hold.key)?;
+        key.held_nanos += i128::from(hold.amount_nanos);
         key.dirty = true;
-        if request.covered_by_balance {
-            self.row.held_nanos += i128::from(granted_nanos);
+        if hold.covered {
+            self.row.held_nanos += i128::from(hold.amount_nanos);
         }
         self.row.next_expiry_micros = Some(
             self.row
                 .next_expiry_micros
-                .map_or(expires_at_micros, |next| next.min(expires_at_micros)),
+                .map_or(hold.expires_at_micros, |next| {
+                    next.min(hold.expires_at_micros)
+                }),
         );
         self.row_dirty = true;
-        self.put_request(
-            id,
-            &Request::Holding {
-                key: request.key.clone(),
-                expires_at_micros,
-                amount_nanos: granted_nanos,
-                covered: request.covered_by_balance,
-                record: request.lapse_record.map(|keeping| {
-                    (
-                        duration_micros(keeping.retention),
-                        i64::try_from(keeping.max_per_account).unwrap_or(i64::MAX),
-                    )
-                }),
-                earlier,
-            },
-        )?;
+        self.put_request(id, &Request::Holding { hold, earlier })?;
         Ok(outcome)
     }
 
     /// At most ten times a second: deletes the forgotten markers and
     /// lapses and the records past their time or the cap (each a bounded
     /// batch; forgotten top-up keys go with the next top-up).
-    fn tidy(&mut self) -> Result<(), StoreError> {
-        if self.row.tidy_at_micros > self.now_micros {
+    fn tidy(&mut self, now_micros: i64) -> Result<(), StoreError> {
+        if self.row.tidy_at_micros > now_micros {
             return Ok(());
         }
-        self.row.tidy_at_micros = self.now_micros.saturating_add(TIDY_INTERVAL_MICROS);
+        self.row.tidy_at_micros = now_micros.saturating_add(TIDY_INTERVAL_MICROS);
         self.row_dirty = true;
-        let before_micros = self.now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
+        let before_micros = now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
         self.db
             .prepare_cached(
                 "DELETE FROM ledger_requests WHERE account = ?1 AND id IN (SELECT id FROM ledger_requests
@@ -982,17 +889,18 @@ fn settle_all(
     let Some(first) = settlements.first() else {
         return Ok(());
     };
-    let mut call = Call::begin(db, &first.account, now)?;
-    call.lapse_expired()?;
+    let now_micros = unix_micros(now);
+    let mut call = Call::begin(db, &first.account)?;
+    call.lapse_expired(now_micros)?;
     for settlement in settlements {
-        call.settle(settlement)?;
+        call.settle(settlement, now_micros)?;
     }
-    call.tidy()?;
+    call.tidy(now_micros)?;
     call.end()
 }
 
 fn balance_of(db: &Connection, account: &str) -> Result<AccountBalance, StoreError> {
-    let row = Call::begin(db, account, Utc::now())?.row;
+    let row = Call::begin(db, account)?.row;
     Ok(AccountBalance {
         purchased_nanos: row.purchased_nanos,
         balance_nanos: row.balance_nanos,
@@ -1001,21 +909,19 @@ fn balance_of(db: &Connection, account: &str) -> Result<AccountBalance, StoreErr
 
 /// Credits a purchase; refused (nothing changes) past the i64 bounds.
 fn credit(db: &Connection, account: &str, amount_nanos: i64) -> Result<AccountBalance, StoreError> {
-    let mut call = Call::begin(db, account, Utc::now())?;
-    let (Some(purchased_nanos), Some(balance_nanos)) = (
-        call.row.purchased_nanos.checked_add(amount_nanos),
-        call.row.balance_nanos.checked_add(amount_nanos),
-    ) else {
-        return Err(top_up_overflow());
-    };
-    call.row.purchased_nanos = purchased_nanos;
-    call.row.balance_nanos = balance_nanos;
+    let mut call = Call::begin(db, account)?;
+    let after = rules::credit(
+        AccountBalance {
+            purchased_nanos: call.row.purchased_nanos,
+            balance_nanos: call.row.balance_nanos,
+        },
+        amount_nanos,
+    )?;
+    call.row.purchased_nanos = after.purchased_nanos;
+    call.row.balance_nanos = after.balance_nanos;
     call.row_dirty = true;
     call.end()?;
-    Ok(AccountBalance {
-        purchased_nanos,
-        balance_nanos,
-    })
+    Ok(after)
 }
 
 #[async_trait]
@@ -1030,11 +936,12 @@ impl LedgerStore for SqliteStore {
         let settlements = settlements.to_vec();
         let request = request.clone();
         self.call("admit", move |db| {
-            let mut call = Call::begin(db, &request.account, now)?;
+            let now_micros = unix_micros(now);
+            let mut call = Call::begin(db, &request.account)?;
             // What lapses, lapses first, whatever is decided after.
-            call.lapse_expired()?;
+            call.lapse_expired(now_micros)?;
             for settlement in &settlements {
-                call.settle(settlement)?;
+                call.settle(settlement, now_micros)?;
             }
             let checks = tiered_checks(&request, call.row.purchased_nanos);
             let (fit, outcomes) =
@@ -1042,25 +949,17 @@ impl LedgerStore for SqliteStore {
             let hold = match &request.hold {
                 Some(hold) => {
                     let key = call.key(&hold.key)?;
-                    let expired_at = key
-                        .terms
-                        .and_then(|terms| terms.expires_at)
-                        .filter(|expires_at| *expires_at <= now);
-                    // A revoked key is refused first, whatever its
-                    // counters say; then one past its expiry.
-                    if key.revoked {
-                        Some(ReserveOutcome::KeyRevoked)
-                    } else if let Some(expired_at) = expired_at {
-                        Some(ReserveOutcome::KeyExpired { expired_at })
-                    } else if fit {
-                        Some(call.hold(hold)?)
-                    } else {
-                        None
+                    // A revoked or expired key is refused first, whatever
+                    // its counters say.
+                    match key_refusal(key.revoked, key.terms.as_ref(), now) {
+                        Some(refusal) => Some(refusal),
+                        None if fit => Some(call.hold(hold, now)?),
+                        None => None,
                     }
                 }
                 None => None,
             };
-            call.tidy()?;
+            call.tidy(now_micros)?;
             call.end()?;
             let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
             let outcomes = if admitted && !checks.is_empty() {
@@ -1107,20 +1006,21 @@ impl LedgerStore for SqliteStore {
         let account = account.to_owned();
         let holds = holds.to_vec();
         self.call("renew_holds", move |db| {
-            let mut call = Call::begin(db, &account, now)?;
+            let now_micros = unix_micros(now);
+            let mut call = Call::begin(db, &account)?;
             if !call.exists {
                 return Ok(0);
             }
-            call.lapse_expired()?;
-            let expires_at_micros = call.now_micros.saturating_add(duration_micros(ttl));
+            call.lapse_expired(now_micros)?;
+            let expires_at_micros = now_micros.saturating_add(duration_micros(ttl));
             let mut renewed = 0;
             for hold in &holds {
-                if call.renew(hold, expires_at_micros)? {
+                if call.renew(hold, expires_at_micros, now_micros)? {
                     renewed += 1;
                 }
             }
             if !holds.is_empty() {
-                call.tidy()?;
+                call.tidy(now_micros)?;
             }
             call.end()?;
             Ok(renewed)
@@ -1136,25 +1036,25 @@ impl LedgerStore for SqliteStore {
     ) -> Result<KeyUsage, StoreError> {
         let (account, key) = (account.to_owned(), key.to_owned());
         self.call("key_usage", move |db| {
-            let mut call = Call::begin(db, &account, now)?;
+            let now_micros = unix_micros(now);
+            let mut call = Call::begin(db, &account)?;
             if !call.exists {
                 return Ok(KeyUsage::default());
             }
-            call.lapse_expired()?;
+            call.lapse_expired(now_micros)?;
             let known: bool = db
                 .prepare_cached("SELECT COUNT(*) FROM ledger_keys WHERE account = ?1 AND key = ?2")
                 .and_then(|mut statement| {
                     statement.query_row([account.as_str(), key.as_str()], |row| row.get(0))
                 })
                 .map_err(sql("key_usage"))?;
-            let starts = call.starts;
             // A key with holds has a row: what lapsed is read from it.
             let usage = if known {
-                call.key(&key)?.usage(starts)
+                call.key(&key)?.usage(period_starts_micros(now))
             } else {
                 KeyUsage::default()
             };
-            call.tidy()?;
+            call.tidy(now_micros)?;
             call.end()?;
             Ok(usage)
         })
@@ -1194,14 +1094,15 @@ impl LedgerStore for SqliteStore {
                 })
                 .map_err(sql("top_up_once"))?;
             if let Some((first_amount_nanos, purchased_nanos, balance_nanos)) = remembered {
-                return Ok(if first_amount_nanos == amount_nanos {
-                    TopUpOutcome::Repeated(AccountBalance {
-                        purchased_nanos,
-                        balance_nanos,
-                    })
-                } else {
-                    TopUpOutcome::KeyReused { first_amount_nanos }
-                });
+                let after = AccountBalance {
+                    purchased_nanos,
+                    balance_nanos,
+                };
+                return Ok(rules::repeated_top_up(
+                    first_amount_nanos,
+                    after,
+                    amount_nanos,
+                ));
             }
             let after = credit(db, &account, amount_nanos)?;
             db.prepare_cached(
@@ -1249,7 +1150,7 @@ impl LedgerStore for SqliteStore {
         validate_key_terms(terms)?;
         let (account, key, terms) = (account.to_owned(), key.to_owned(), *terms);
         self.call("set_key_terms", move |db| {
-            let mut call = Call::begin(db, &account, Utc::now())?;
+            let mut call = Call::begin(db, &account)?;
             let row = call.key(&key)?;
             row.terms = Some(terms);
             row.dirty = true;
@@ -1266,7 +1167,7 @@ impl LedgerStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let (account, key) = (account.to_owned(), key.to_owned());
         self.call("revoke_key", move |db| {
-            let mut call = Call::begin(db, &account, Utc::now())?;
+            let mut call = Call::begin(db, &account)?;
             let row = call.key(&key)?;
             row.revoked = true;
             row.dirty = true;
@@ -1283,7 +1184,7 @@ impl LedgerStore for SqliteStore {
     ) -> Result<Option<bytes::Bytes>, StoreError> {
         let (account, id) = (account.to_owned(), reservation_id.to_owned());
         self.call("generation", move |db| {
-            let most = Call::begin(db, &account, now)?.row.records_most;
+            let most = Call::begin(db, &account)?.row.records_most;
             db.prepare_cached(
                 "SELECT record FROM ledger_generations AS g
                  WHERE account = ?1 AND id = ?2 AND expires_at_micros > ?3
@@ -1312,7 +1213,7 @@ impl LedgerStore for SqliteStore {
     ) -> Result<Vec<bytes::Bytes>, StoreError> {
         let account = account.to_owned();
         self.call("recent_generations", move |db| {
-            let most = Call::begin(db, &account, now)?.row.records_most;
+            let most = Call::begin(db, &account)?.row.records_most;
             let limit = i64::try_from(limit)
                 .unwrap_or(i64::MAX)
                 .min(most.unwrap_or(i64::MAX));

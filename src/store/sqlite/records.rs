@@ -17,9 +17,9 @@ use super::{sql, SqliteStore};
 use crate::clock::{unix_micros, Period};
 use crate::store::apps::{validate_app_usage, MAX_APP_USAGE_ROWS};
 use crate::store::counter::duration_micros;
-use crate::store::ledger::period_starts_micros;
-use crate::store::memory::expectation_holds;
 use crate::store::records::validate_put;
+use crate::store::rules::ledger::period_starts_micros;
+use crate::store::rules::records::expectation_holds;
 use crate::store::{
     AppUsage, AppUsageStore, Expect, PutOptions, PutOutcome, RecordStore, StoreError, Versioned,
     WriteOutcome,
