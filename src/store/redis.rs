@@ -104,9 +104,11 @@
 //! finds what it found before), at most ten times a second, with the
 //! records past their time or cap: removing them late changes no answer.
 //! A call writes nothing until it ends, so one that fails part way leaves
-//! no half-written hold. [`MemoryStore`](super::MemoryStore) follows the
-//! same rules, so the two answer alike (the conformance suite's
-//! `ledger_answers_exactly_as_memory_does`, on Redis and on SQLite).
+//! no half-written hold. The Functions decide as the Rust rules
+//! (`store::rules`) do, which `MemoryStore` and `SqliteStore` call: a
+//! differential test (`ledger_answers_and_state_exactly_as_the_rules_do`
+//! in `tests/it/redis_store.rs`) runs the same random operations through
+//! both and compares every answer and the state left.
 //!
 //! [`LedgerStore::top_up`] credits through
 //! [`top_up_once`](LedgerStore::top_up_once)'s step under a random key of

@@ -11,9 +11,9 @@ use common::redis_server::{CommandWatch, RedisCluster, RedisServer};
 use common::relay::Relay;
 use modelgate::clock::Period;
 use modelgate::store::{
-    Check, CounterStore, Expect, HoldRenewal, LedgerStore, Limit, MemoryStore, PutOptions,
-    RecordKeeping, RecordStore, RedisStore, RedisStoreConfig, ReserveRequest, Settlement,
-    SettlementRecord, StoreErrorKind, TimeSource,
+    AdmitRequest, Check, CounterStore, Expect, HoldRenewal, KeyLimit, KeyTerms, LedgerStore, Limit,
+    MemoryStore, PurchaseTier, PutOptions, RecordKeeping, RecordStore, RedisStore,
+    RedisStoreConfig, ReserveRequest, Settlement, SettlementRecord, StoreErrorKind, TimeSource,
 };
 use proptest::prelude::*;
 
@@ -1071,7 +1071,7 @@ async fn settled_after_a_forgotten_lapse<S: LedgerStore>(store: &S, renew: bool)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_after_a_lapse_is_forgotten_does_not_bring_its_charge_back() {
-    // Found by `ledger_answers_exactly_as_memory_does`: a lapse's
+    // Found by `ledger_answers_and_state_exactly_as_the_rules_do`: a lapse's
     // charge is known for LAPSED_HOLD_MEMORY, after which a settlement of
     // its request is a charge of its own (the lapse stays charged). A
     // renewal past that time must not make the lapse known again.
@@ -1166,13 +1166,12 @@ async fn slot_sets_live_as_long_as_their_longest_lease_in_the_scope_hash_tag() {
     assert_eq!(pttl(connection).await, -2);
 }
 
-/// A differential property test: 48 random workloads, each on a fresh key
-/// prefix of one redis-server and on a fresh `MemoryStore`; the body runs
-/// the workload on both and requires identical answers.
-/// A proptest that runs the same random workload on MemoryStore and on a
-/// store under test, answers compared step by step: `$name::redis` on a
-/// real Redis, `$name::sqlite` on a SQLite file (the body names the store
-/// under test `$store`).
+/// A differential property test: 48 random workloads, each run through the
+/// Rust rules (`MemoryStore`, which keeps its state in maps and decides
+/// nothing itself) and through a store under test, answers compared step
+/// by step: `$name::redis` on the Redis Functions of a real `redis-server`
+/// (a fresh key prefix each), `$name::sqlite` on a SQLite file (the body
+/// names the store under test `$store`, the rules `$memory`).
 macro_rules! differential_test {
     ($name:ident, $input:ident in $strategy:expr, |$store:ident, $memory:ident| $body:block) => {
         mod $name {
@@ -1276,7 +1275,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         })
 }
 
-differential_test!(counters_decide_exactly_as_memory_does, steps in proptest::collection::vec(step_strategy(), 1..40), |store, memory| {
+differential_test!(counters_decide_exactly_as_the_rules_do, steps in proptest::collection::vec(step_strategy(), 1..40), |store, memory| {
     let mut now = Utc.with_ymd_and_hms(2024, 2, 28, 23, 0, 0).unwrap();
     for step in &steps {
         now += chrono::Duration::microseconds(step.advance_micros);
@@ -1342,6 +1341,29 @@ enum LedgerOp {
     /// The generation record of an id: a lapse's or a settlement's.
     Generation {
         id: u8,
+    },
+    /// A whole admission: settlements carried, counters of the account
+    /// (one per name; one may be raised by the purchased total) and a hold.
+    Admit {
+        settlements: Vec<SettleArgs>,
+        checks: Vec<(u8, Limit, u64)>,
+        tier: Option<(i64, u64)>,
+        hold: Option<ReserveArgs>,
+    },
+    /// A purchase once per idempotency key (a few keys, so they repeat).
+    TopUpOnce {
+        idempotency_key: u8,
+        amount_nanos: i64,
+    },
+    /// A key's own terms: its limit, and an expiry some seconds from now
+    /// (past when negative).
+    SetTerms {
+        key: u8,
+        limit: Option<(i64, Option<Period>, bool)>,
+        expires_in_secs: Option<i64>,
+    },
+    Revoke {
+        key: u8,
     },
 }
 
@@ -1453,6 +1475,27 @@ fn ledger_op_strategy() -> impl Strategy<Value = LedgerOp> {
                 ttl_secs
             }),
         2 => (0u8..LEDGER_IDS).prop_map(|id| LedgerOp::Generation { id }),
+        3 => (
+            proptest::collection::vec(settle_strategy(), 0..3),
+            proptest::collection::vec((0u8..3, limit_strategy(), 0u64..3), 0..3),
+            proptest::option::of((0i64..6_000_000_000, 2u64..9)),
+            proptest::option::of(reserve_strategy()),
+        )
+            .prop_map(|(settlements, mut checks, tier, hold)| {
+                checks.sort_by_key(|(name, _, _)| *name);
+                checks.dedup_by_key(|(name, _, _)| *name);
+                LedgerOp::Admit { settlements, checks, tier, hold }
+            }),
+        1 => (0u8..3, 0i64..3_000_000_000).prop_map(|(idempotency_key, amount_nanos)| {
+            LedgerOp::TopUpOnce { idempotency_key, amount_nanos }
+        }),
+        1 => (
+            0u8..2,
+            proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
+            proptest::option::of(-60i64..600),
+        )
+            .prop_map(|(key, limit, expires_in_secs)| LedgerOp::SetTerms { key, limit, expires_in_secs }),
+        1 => (0u8..2).prop_map(|key| LedgerOp::Revoke { key }),
     ]
 }
 
@@ -1514,7 +1557,12 @@ struct Reservations {
 
 impl Reservations {
     fn note(&mut self, op: &LedgerOp) {
-        if let LedgerOp::Reserve(args) | LedgerOp::ReserveAfterSettling(_, args) = op {
+        if let LedgerOp::Reserve(args)
+        | LedgerOp::ReserveAfterSettling(_, args)
+        | LedgerOp::Admit {
+            hold: Some(args), ..
+        } = op
+        {
             self.keys_of_ids[usize::from(args.id)] = args.key;
             self.recent_ids.retain(|id| *id != args.id);
             self.recent_ids.push(args.id);
@@ -1595,10 +1643,108 @@ async fn apply_ledger_op<S: LedgerStore>(
                 record.map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             )
         }
+        LedgerOp::Admit {
+            settlements,
+            checks,
+            tier,
+            hold,
+        } => {
+            let settlements: Vec<Settlement> = settlements.iter().map(settlement_of).collect();
+            // A counter keeps its kind: the name carries the limit's shape.
+            let checks: Vec<Check> = checks
+                .iter()
+                .map(|(name, limit, amount)| {
+                    Check::new(format!("{name}-{limit:?}"), *limit, *amount)
+                })
+                .collect();
+            let purchase_tier = tier
+                .filter(|_| {
+                    checks
+                        .first()
+                        .is_some_and(|check| !matches!(check.limit, Limit::Gcra { .. }))
+                })
+                .map(|(threshold_nanos, raised_capacity)| PurchaseTier {
+                    check_index: 0,
+                    threshold_nanos,
+                    raised_capacity,
+                });
+            let request = AdmitRequest {
+                account: "acct".into(),
+                checks,
+                purchase_tier,
+                hold: hold.as_ref().map(reserve_of),
+            };
+            let mut outcome = store
+                .admit_after_settling(&settlements, &request, now)
+                .await
+                .unwrap();
+            assert_eq!(outcome.decided_at, now, "the caller's clock decides");
+            outcome.decided_at = DateTime::<Utc>::UNIX_EPOCH;
+            format!("{outcome:?}")
+        }
+        LedgerOp::TopUpOnce {
+            idempotency_key,
+            amount_nanos,
+        } => {
+            let outcome = store
+                .top_up_once(
+                    "acct",
+                    *amount_nanos,
+                    &format!("purchase-{idempotency_key}"),
+                    now,
+                )
+                .await
+                .unwrap();
+            format!("{outcome:?}")
+        }
+        LedgerOp::SetTerms {
+            key,
+            limit,
+            expires_in_secs,
+        } => {
+            let terms = KeyTerms {
+                limit: limit.map(|(limit_nanos, reset, include_byok)| KeyLimit {
+                    limit_nanos,
+                    reset,
+                    include_byok,
+                }),
+                expires_at: expires_in_secs.map(|secs| now + chrono::Duration::seconds(secs)),
+            };
+            store
+                .set_key_terms("acct", &format!("key{key}"), &terms)
+                .await
+                .unwrap();
+            "terms set".to_owned()
+        }
+        LedgerOp::Revoke { key } => {
+            store
+                .revoke_key("acct", &format!("key{key}"), now)
+                .await
+                .unwrap();
+            "revoked".to_owned()
+        }
     }
 }
 
-differential_test!(ledger_answers_exactly_as_memory_does, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |store, memory| {
+/// What a store holds of the workload's account after a step: its
+/// balance, both keys' usage and holds, and its newest records.
+async fn ledger_state<S: LedgerStore>(store: &S, now: DateTime<Utc>) -> String {
+    let balance = store.account_balance("acct").await.unwrap();
+    let mut keys = Vec::new();
+    for key in ["key0", "key1"] {
+        keys.push(store.key_usage("acct", key, now).await.unwrap());
+    }
+    let records: Vec<String> = store
+        .recent_generations("acct", 20, now)
+        .await
+        .unwrap()
+        .iter()
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+        .collect();
+    format!("{balance:?} {keys:?} {records:?}")
+}
+
+differential_test!(ledger_answers_and_state_exactly_as_the_rules_do, steps in proptest::collection::vec(ledger_step_strategy(), 1..40), |store, memory| {
     // Near a month end, so days, weeks and months roll over.
     let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap();
     let mut reserved = Reservations::default();
@@ -1607,6 +1753,10 @@ differential_test!(ledger_answers_exactly_as_memory_does, steps in proptest::col
         let expected = apply_ledger_op(&memory, op, now, &reserved).await;
         let actual = apply_ledger_op(&store, op, now, &reserved).await;
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
+        // And the state each leaves: every answer and every sum the same.
+        let expected = ledger_state(&memory, now).await;
+        let actual = ledger_state(&store, now).await;
+        prop_assert_eq!(actual, expected, "the state at {} after {:?}", now, op);
         reserved.note(op);
     }
 });
