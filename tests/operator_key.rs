@@ -16,8 +16,11 @@ use std::time::{Duration, Instant};
 use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
 use modelgate::auth::ApiKey;
+use modelgate::clock::{Clock, SystemClock};
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore, OPERATOR_ACCOUNT};
-use modelgate::store::{Expect, MemoryStore, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS};
+use modelgate::store::{
+    Expect, MemoryStore, PutOptions, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS,
+};
 use serde_json::{json, Value};
 
 /// The proxy on `redis` (in memory when `None`), with `admin_key` as
@@ -261,7 +264,14 @@ async fn a_start_moves_an_older_stores_operator_keys_off_default() {
     for mut record in [old_admin, old_other] {
         record.management = true;
         store
-            .put_json(KEYS, &record.hash.clone(), &record, Expect::Any)
+            .put_json_at(
+                KEYS,
+                &record.hash.clone(),
+                &record,
+                Expect::Any,
+                PutOptions::default(),
+                SystemClock.now(),
+            )
             .await
             .unwrap();
     }
@@ -464,18 +474,32 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         allowed_models: None,
         rate_limit: None,
     };
-    old.put_json(KEYS, &record.hash, &record, Expect::Absent)
-        .await
-        .unwrap();
+    old.put_json_at(
+        KEYS,
+        &record.hash,
+        &record,
+        Expect::Absent,
+        PutOptions::default(),
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     // A second key that has never been charged: holds, but no usage hash.
     let fresh = modelgate::keys::KeyRecord {
         hash: ApiKey::generate().hash().to_hex(),
         name: "fresh".into(),
         ..record.clone()
     };
-    old.put_json(KEYS, &fresh.hash, &fresh, Expect::Absent)
-        .await
-        .unwrap();
+    old.put_json_at(
+        KEYS,
+        &fresh.hash,
+        &fresh,
+        Expect::Absent,
+        PutOptions::default(),
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(old.layout().await.unwrap(), None);
     // Its ledger in the older layout: five keys per key, holds per
     // account: 1.5 credits used today, and a request in flight holding 0.5.

@@ -34,12 +34,11 @@
 //! first start's operator key, written only if absent). A record written
 //! with [`PutOptions`] may have a lifetime (`ttl`) and its collection a
 //! cap (`max_records`, refused as [`PutOutcome::Full`] in the write's
-//! atomic step); the `…_at` methods take the instant, the others act at
-//! the system clock's and suit records without a lifetime.
+//! atomic step); every record method takes the instant it acts at.
 //!
 //! ```
 //! use std::time::Duration;
-//! use chrono::Utc;
+//! use modelgate::clock::{Clock, SystemClock};
 //! use modelgate::store::{Check, CounterStore, Limit, MemoryStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -47,7 +46,7 @@
 //! let store = MemoryStore::new();
 //! let per_minute = Check::new("free:minute", Limit::Rolling { limit: 2, window: Duration::from_secs(60) }, 1);
 //! let per_day = Check::new("free:day", Limit::Calendar { limit: 50, period: modelgate::clock::Period::Day }, 1);
-//! let now = Utc::now();
+//! let now = SystemClock.now();
 //! for _ in 0..2 {
 //!     assert!(store.check_and_add("acct-1", &[per_minute.clone(), per_day.clone()], now).await?.admitted);
 //! }
