@@ -236,9 +236,14 @@ fn address_key(address: Option<IpAddr>) -> AddressKey {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use chrono::TimeZone;
+
+    fn start() -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+    }
 
     fn limiter(max_failures: u32, window_seconds: u64) -> (AuthFailures, Arc<ManualClock>) {
-        let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+        let clock = Arc::new(ManualClock::new(start()));
         let limit = AuthFailureLimit {
             max_failures,
             window_seconds,
@@ -307,7 +312,7 @@ mod tests {
 
     #[test]
     fn the_table_never_grows_past_its_bound() {
-        let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+        let clock = Arc::new(ManualClock::new(start()));
         let limit = AuthFailureLimit {
             max_failures: 1,
             window_seconds: 600,

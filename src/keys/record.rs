@@ -323,6 +323,7 @@ pub fn is_valid_account_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
     use proptest::prelude::*;
 
     #[test]
@@ -338,7 +339,7 @@ mod tests {
             limit_nanos: None,
             limit_reset: None,
             include_byok_in_limit: false,
-            created_at: Utc::now(),
+            created_at: Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap(),
             updated_at: None,
             expires_at: None,
             last_used_at: None,

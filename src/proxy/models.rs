@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::body::{invalid_parameter, wrong_type, ChatRequest, ModelId};
+use crate::clock::{Clock, SystemClock};
 use crate::context::Principal;
 use crate::credit::{PriceTable, Pricing};
 use crate::error::{ErrorKind, GatewayError};
@@ -202,7 +203,9 @@ impl ModelCatalog {
     }
 
     fn list(&self, rules: &RateLimitRules, quota: &FreeQuotaRules) -> Value {
-        let created = chrono::Utc::now().timestamp();
+        // The list is built once, when the gateway starts: its `created`
+        // is that moment, on the system clock.
+        let created = SystemClock.now().timestamp();
         // Every model the table names and the gateway serves, the `:free`
         // variants it names among them.
         let data: Vec<Value> = self
