@@ -11,10 +11,17 @@
 //!   `crate::<module>` paths (`use crate::{a, b::C}` groups included) on
 //!   lines that are not comments, up to a `#[cfg(test)] mod … {` (the unit
 //!   tests at the end of a file may use anything), and fails naming each
-//!   edge the rules do not allow, with where it occurs.
+//!   edge the rules do not allow, with where it occurs;
+//! - fails naming each edge the rules allow that no such path uses, so the
+//!   block says what the code does, not what it once did.
 //!
 //! Paths through `super::` never leave a top-level module unless they climb
 //! out of it, which the code does not do; they are not read.
+//!
+//! It also holds ARCHITECTURE.md's "layers never read the system time":
+//! no line of `src/` outside `src/clock.rs` reads the wall clock
+//! (`Utc::now`, `SystemTime::now`, …; monotonic `Instant::now` is fine),
+//! doc examples and unit tests included.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -378,6 +385,124 @@ fn imports_follow_the_rules() {
         }
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn every_allowed_edge_is_used() {
+    let modules = declared_modules();
+    let used = real_edges(&modules);
+    let mut errors = Vec::new();
+    for (from, allowed) in rules() {
+        for to in allowed.iter().flatten() {
+            if !used.contains_key(&(from.clone(), to.clone())) {
+                errors.push(format!(
+                    "ARCHITECTURE.md's dependency rules let {from} use {to}, which no \
+                     `crate::{to}` path in src/{from} does: take it off {from}'s line"
+                ));
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// What reads the wall clock; a layer asks its `Clock` instead.
+const WALL_CLOCK_READS: [&str; 4] = [
+    "Utc::now",
+    "SystemTime::now",
+    "Local::now",
+    "OffsetDateTime::now",
+];
+
+/// The one file that reads the wall clock: `SystemClock`.
+const THE_CLOCK: &str = "src/clock.rs";
+
+/// TRANSITIONAL, to be emptied: files still reading the wall clock while
+/// their rewrite (the ledger rules, issue 47) is under way. Each entry
+/// must still read it (the test says when one no longer does), so the
+/// list only shrinks.
+///
+/// - `src/store/sqlite/ledger.rs`: `revoke_key` and the top-ups ignore the
+///   `now` they are given or take none.
+///
+/// (`src/store/memory.rs` reads none itself; its unit test still writes
+/// through `RecordStore::put_record`, a test-only method of
+/// `src/store/records.rs` at `SystemClock`'s time, which goes with it.)
+const STILL_READING_THE_WALL_CLOCK: [&str; 1] = ["src/store/sqlite/ledger.rs"];
+
+/// Each line of `source` that reads the wall clock: its number and text.
+fn wall_clock_reads(source: &str) -> Vec<(usize, String)> {
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            WALL_CLOCK_READS.iter().any(|read| {
+                line.match_indices(read).any(|(at, _)| {
+                    // `MyUtc::now` is not `Utc::now`.
+                    !line[..at].chars().next_back().is_some_and(is_ident_char)
+                })
+            })
+        })
+        .map(|(index, line)| (index + 1, line.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn only_the_clock_reads_the_wall_clock() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut errors = Vec::new();
+    let mut allowed_and_reading = BTreeSet::new();
+    for file in files {
+        let shown = file
+            .strip_prefix(root())
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        if shown == THE_CLOCK {
+            continue;
+        }
+        let source = fs::read_to_string(&file).expect("read a source file");
+        let reads = wall_clock_reads(&source);
+        if STILL_READING_THE_WALL_CLOCK.contains(&shown.as_str()) {
+            if !reads.is_empty() {
+                allowed_and_reading.insert(shown);
+            }
+            continue;
+        }
+        for (line, text) in reads {
+            errors.push(format!(
+                "{shown}:{line} reads the wall clock (`{text}`): take the instant from the \
+                 `Clock` given (`crate::clock`) or a `now` argument; tests use a fixed \
+                 instant or a `ManualClock`"
+            ));
+        }
+    }
+    for allowed in STILL_READING_THE_WALL_CLOCK {
+        if !allowed_and_reading.contains(allowed) {
+            errors.push(format!(
+                "{allowed} no longer reads the wall clock: take it off \
+                 STILL_READING_THE_WALL_CLOCK in tests/architecture.rs"
+            ));
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn wall_clock_reads_are_found_wherever_they_are() {
+    let source = r#"use chrono::Utc;
+/// let now = Utc::now();
+fn f() -> u64 { std::time::SystemTime::now().elapsed().unwrap().as_secs() }
+let local = chrono::Local::now();
+let fine = clock.now();
+let fine_too = std::time::Instant::now();
+let not_chrono = MyUtc::now();
+"#;
+    let lines: Vec<usize> = wall_clock_reads(source)
+        .into_iter()
+        .map(|(line, _)| line)
+        .collect();
+    assert_eq!(lines, [2, 3, 4]);
 }
 
 /// The reader itself, on a made-up file: what it must find and skip.
