@@ -7,14 +7,13 @@ use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
 use crate::body::{is_chat_completions_call, normalized_segments, pattern_params};
 use crate::client_addr::ClientAddr;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState};
-use crate::limiter::{Additions, Admission, Decision};
+use crate::limiter::{Additions, Admission, AdmissionFuture, Decision};
 use crate::response_body::ResponseBody;
 use crate::store::FailurePolicy;
 
@@ -64,13 +63,17 @@ impl LookupBound {
     }
 }
 
+/// [`BearerAuth`]'s response future: the key lookup, then the inner
+/// service (the deciding layers' future, deciding a [`Principal`]).
+pub type ResponseFuture<S, B> = AdmissionFuture<S, B, Principal>;
+
 impl<S, B, ResBody> Service<Request<B>> for BearerAuth<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = AdmissionFuture<S, B, Principal>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // The inner service is asked for readiness only once the key is
@@ -89,7 +92,7 @@ where
             Ok(hash) => hash,
             Err(rejection) => {
                 let rejection = AuthFailures::counted(self.failures.as_ref(), client, rejection);
-                return ResponseFuture::rejected(LAYER, rejection);
+                return AdmissionFuture::rejected(LAYER, rejection);
             }
         };
         // The key is read; it must not travel further, to an upstream or
@@ -101,7 +104,7 @@ where
         if let Some(failures) = &self.failures {
             if let Some(retry_after) = failures.blocked(client) {
                 if !known_live {
-                    return ResponseFuture::rejected(LAYER, failures.refusal(retry_after));
+                    return AdmissionFuture::rejected(LAYER, failures.refusal(retry_after));
                 }
             }
         }
@@ -111,7 +114,7 @@ where
         let lookup_place = match (&self.lookups, known_live) {
             (Some(lookups), false) => match Arc::clone(&lookups.permits).try_acquire_owned() {
                 Ok(permit) => Some(permit),
-                Err(_) => return ResponseFuture::rejected(LAYER, lookups.refusal()),
+                Err(_) => return AdmissionFuture::rejected(LAYER, lookups.refusal()),
             },
             _ => None,
         };
@@ -134,7 +137,7 @@ where
                 response_headers: HeaderMap::new(),
             })
         });
-        ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
+        AdmissionFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 

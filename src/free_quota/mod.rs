@@ -60,11 +60,12 @@
 //! # }
 //! ```
 
-mod future;
 mod layer;
 mod service;
 
-pub use future::ResponseFuture;
+/// [`FreeModelQuota`]'s response future: the quota check, then the inner
+/// service.
+pub use crate::limiter::AdmissionFuture as ResponseFuture;
 pub use layer::FreeModelQuotaLayer;
 
 pub use service::FreeModelQuota;

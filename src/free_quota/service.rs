@@ -6,7 +6,6 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::layer::FreeModelQuotaConfig;
 use super::FreeQuotaSnapshot;
 use crate::body::is_chat_completions_call;
@@ -16,7 +15,7 @@ use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::credits::nanos_to_json;
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
-use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
+use crate::limiter::{Admission, AdmissionFuture, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
 use crate::store::PurchaseTier;
 
@@ -47,7 +46,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = AdmissionFuture<S, B>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Refused requests never need the inner service.
@@ -59,18 +58,18 @@ where
         let context = RequestContext::of(&request);
         let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
             if is_chat_completions_call(request.method(), request.uri().path()) {
-                return ResponseFuture::rejected(
+                return AdmissionFuture::rejected(
                     LAYER,
                     GatewayError::missing_layer("FreeModelQuota", "BodyLimit"),
                 );
             }
-            return ResponseFuture::admitted(LAYER, request, inner);
+            return AdmissionFuture::admitted(LAYER, request, inner);
         };
         if !chat.model_id.is_free() {
-            return ResponseFuture::admitted(LAYER, request, inner);
+            return AdmissionFuture::admitted(LAYER, request, inner);
         }
         let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {
-            return ResponseFuture::rejected(
+            return AdmissionFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("FreeModelQuota", "BearerAuth"),
             );
@@ -95,7 +94,7 @@ where
                 limiter.known_full(&account, &checks, Some(tier.check_index), limiter.now())
             {
                 if let Err(error) = finish(verdict) {
-                    return ResponseFuture::rejected(LAYER, error);
+                    return AdmissionFuture::rejected(LAYER, error);
                 }
             }
             let mut request = request;
@@ -108,13 +107,13 @@ where
                     tier: Some(tier),
                     finish,
                 });
-            return ResponseFuture::admitted(LAYER, request, inner);
+            return AdmissionFuture::admitted(LAYER, request, inner);
         }
         let decision: Decision = Box::pin(async move {
             let verdict = limiter.check(&account, &checks, Some(tier)).await?;
             finish(verdict)
         });
-        ResponseFuture::deciding(LAYER, decision, request, inner)
+        AdmissionFuture::deciding(LAYER, decision, request, inner)
     }
 }
 

@@ -4,7 +4,6 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::layer::GlobalRateLimitConfig;
 use super::rules::{RateRule, RuleCheck};
 use crate::body::is_chat_completions_call;
@@ -12,8 +11,8 @@ use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::{KeyHash, KeyRateLimit};
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
-use crate::limiter::Verdict;
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
+use crate::limiter::{AdmissionFuture, Verdict};
 use crate::response_body::ResponseBody;
 use crate::store::{Check, CheckOutcome};
 
@@ -45,7 +44,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = AdmissionFuture<S, B>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Refused requests never need the inner service; it is asked for
@@ -56,7 +55,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let context = RequestContext::of(&request);
         let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {
-            return ResponseFuture::rejected(
+            return AdmissionFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("GlobalRateLimit", "BearerAuth"),
             );
@@ -64,14 +63,14 @@ where
         let chat = context.and_then(|context| context.chat.as_ref());
         if chat.is_none() && is_chat_completions_call(request.method(), request.uri().path()) {
             // Without the parsed request the model rules cannot be applied.
-            return ResponseFuture::rejected(
+            return AdmissionFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("GlobalRateLimit", "BodyLimit"),
             );
         }
         let model = chat.map(|chat| &chat.model_id);
         if let Some(Err(error)) = model.map(|model| principal.check_model(model)) {
-            return ResponseFuture::rejected(LAYER, error);
+            return AdmissionFuture::rejected(LAYER, error);
         }
         let mut rule_checks = self.config.rules.checks_for(&principal.account_id, model);
         if let Some(rate) = principal.rate_limit {
@@ -79,7 +78,7 @@ where
         }
         let account = principal.account_id.clone();
         if rule_checks.is_empty() {
-            return ResponseFuture::admitted(LAYER, request, self.inner.clone());
+            return AdmissionFuture::admitted(LAYER, request, self.inner.clone());
         }
         let checks: Vec<Check> = rule_checks.iter().map(|rule| rule.check.clone()).collect();
         let limiter = self.config.limiter.clone();
@@ -89,7 +88,7 @@ where
             // A counter known full refuses now, with no store step at all.
             if let Some(verdict) = limiter.known_full(&account, &checks, None, limiter.now()) {
                 if let Err(error) = finish(verdict) {
-                    return ResponseFuture::rejected(LAYER, error);
+                    return AdmissionFuture::rejected(LAYER, error);
                 }
             }
             let mut request = request;
@@ -102,13 +101,13 @@ where
                     tier: None,
                     finish,
                 });
-            return ResponseFuture::admitted(LAYER, request, self.inner.clone());
+            return AdmissionFuture::admitted(LAYER, request, self.inner.clone());
         }
         let decision: Decision = Box::pin(async move {
             let verdict = limiter.check(&account, &checks, None).await?;
             finish(verdict)
         });
-        ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
+        AdmissionFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 
