@@ -266,7 +266,7 @@ async fn a_start_moves_an_older_stores_operator_keys_off_default() {
         store
             .put_json_at(
                 KEYS,
-                &record.hash.clone(),
+                &record.hash.to_hex(),
                 &record,
                 Expect::Any,
                 PutOptions::default(),
@@ -320,7 +320,7 @@ async fn a_start_moves_an_older_stores_operator_keys_off_default() {
         let (status, body) = call(
             &running,
             "DELETE",
-            &format!("/api/v1/keys/{}", record.hash),
+            &format!("/api/v1/keys/{}", record.hash.to_hex()),
             manager,
             None,
         )
@@ -356,7 +356,7 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
     assert_eq!(keys.len(), 1, "one key among {} starts", directories.len());
     let operators = directories[0].operator_keys().await.unwrap();
     assert_eq!(operators.len(), 1, "{operators:?}");
-    assert_eq!(operators[0].hash, keys[0].hash().to_hex());
+    assert_eq!(operators[0].hash.to_hex(), keys[0].hash().to_hex());
     assert_eq!(operators[0].account, OPERATOR_ACCOUNT);
     assert!(!operators[0].disabled);
     // Later starts make none, before and after a reset.
@@ -381,7 +381,7 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
         .unwrap()
         .into_iter()
         .filter(|record| !record.disabled)
-        .map(|record| record.hash)
+        .map(|record| record.hash.to_hex())
         .collect();
     assert_eq!(live, vec![new.hash().to_hex()]);
 }
@@ -455,7 +455,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     let old = RedisStore::connect(&url, unchecked).await.unwrap();
     let key = ApiKey::generate();
     let record = modelgate::keys::KeyRecord {
-        hash: key.hash().to_hex(),
+        hash: key.hash(),
         name: "old".into(),
         account: "default".into(),
         management: false,
@@ -476,7 +476,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     };
     old.put_json_at(
         KEYS,
-        &record.hash,
+        &record.hash.to_hex(),
         &record,
         Expect::Absent,
         PutOptions::default(),
@@ -486,13 +486,13 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     .unwrap();
     // A second key that has never been charged: holds, but no usage hash.
     let fresh = modelgate::keys::KeyRecord {
-        hash: ApiKey::generate().hash().to_hex(),
+        hash: ApiKey::generate().hash(),
         name: "fresh".into(),
         ..record.clone()
     };
     old.put_json_at(
         KEYS,
-        &fresh.hash,
+        &fresh.hash.to_hex(),
         &fresh,
         Expect::Absent,
         PutOptions::default(),
@@ -506,7 +506,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     let credit = modelgate::store::NANOS_PER_CREDIT;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let key_base = format!("mg:{{default}}:k:{}", record.hash);
+    let key_base = format!("mg:{{default}}:k:{}", record.hash.to_hex());
     let day_start = chrono::Utc::now()
         .date_naive()
         .and_hms_opt(0, 0, 0)
@@ -550,7 +550,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     // 0.3), its key's side not yet; one of a deleted key (0.4), on the
     // account only; and one of the fresh key (0.1), in flight.
     let long_ago = (chrono::Utc::now() - chrono::Duration::minutes(10)).timestamp_micros();
-    let fresh_base = format!("mg:{{default}}:k:{}", fresh.hash);
+    let fresh_base = format!("mg:{{default}}:k:{}", fresh.hash.to_hex());
     seed.cmd("ZADD")
         .arg(format!("{key_base}:res"))
         .arg(long_ago)
@@ -648,7 +648,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     // lapse its key had not been charged yet; the fresh key's hold too;
     // the old keys are gone.
     let usage = store
-        .key_usage("default", &record.hash, chrono::Utc::now())
+        .key_usage("default", &record.hash.to_hex(), chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -656,7 +656,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         (18 * credit / 10, 18 * credit / 10, 6 * credit / 10)
     );
     let fresh_usage = store
-        .key_usage("default", &fresh.hash, chrono::Utc::now())
+        .key_usage("default", &fresh.hash.to_hex(), chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -693,7 +693,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .unwrap();
     let request = ReserveRequest {
         account: "default".into(),
-        key: record.hash.clone(),
+        key: record.hash.to_hex(),
         reservation_id: "r".into(),
         amount_nanos: 3 * modelgate::store::NANOS_PER_CREDIT,
         min_amount_nanos: None,
@@ -712,7 +712,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     // cost charged once.
     let settlement = modelgate::store::Settlement {
         account: "default".into(),
-        key: record.hash.clone(),
+        key: record.hash.to_hex(),
         reservation_id: "in-flight".into(),
         hold_granted: true,
         cost_nanos: credit / 5,
@@ -723,7 +723,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         store.settle(&settlement, chrono::Utc::now()).await.unwrap();
     }
     let usage = store
-        .key_usage("default", &record.hash, chrono::Utc::now())
+        .key_usage("default", &record.hash.to_hex(), chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(

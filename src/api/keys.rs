@@ -116,10 +116,11 @@ pub(crate) async fn list_keys(call: Call) -> Result<Answer, GatewayError> {
         )
         .await
         .map_err(refuse)?;
-    let usages = try_join_all(records.iter().map(|record| {
+    let usages = try_join_all(records.iter().map(|record| async move {
         directory
             .store()
-            .key_usage(&record.account, &record.hash, call.now)
+            .key_usage(&record.account, &record.hash.to_hex(), call.now)
+            .await
     }))
     .await
     .map_err(refuse)?;
@@ -268,7 +269,7 @@ pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
             "key": key.expose(),
             "data": key_json(&record, &KeyUsage::default(), false),
             "rotated": {
-                "hash": previous.hash,
+                "hash": previous.hash.to_hex(),
                 "expires_at": timestamp(previous.expires_at),
             },
         }))),
@@ -347,7 +348,7 @@ async fn key_answer(call: &Call, record: Option<KeyRecord>) -> Result<Answer, Ga
     let usage = call
         .directory()
         .store()
-        .key_usage(&record.account, &record.hash, call.now)
+        .key_usage(&record.account, &record.hash.to_hex(), call.now)
         .await
         .map_err(refuse)?;
     let current = is_current(&call.principal, &record);
@@ -358,7 +359,7 @@ async fn key_answer(call: &Call, record: Option<KeyRecord>) -> Result<Answer, Ga
 /// request was made with (a settings page keeps it from disabling itself).
 fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
     let mut data = Map::new();
-    data.insert("hash".into(), Value::from(record.hash.clone()));
+    data.insert("hash".into(), Value::from(record.hash.to_hex()));
     data.insert("name".into(), Value::from(record.name.clone()));
     data.insert("label".into(), Value::from(record.name.clone()));
     data.insert("account".into(), Value::from(record.account.clone()));
@@ -388,7 +389,7 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
         record
             .rotated_to
             .as_ref()
-            .map_or(Value::Null, |hash| Value::from(hash.as_str())),
+            .map_or(Value::Null, |hash| Value::from(hash.to_hex())),
     );
     data.insert(
         "allowed_models".into(),
@@ -543,5 +544,5 @@ fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(
 
 /// Whether `record` is the key `principal` called with.
 fn is_current(principal: &Principal, record: &KeyRecord) -> bool {
-    KeyHash::from_hex(&record.hash).is_some_and(|hash| hash == principal.key_hash)
+    record.hash == principal.key_hash
 }

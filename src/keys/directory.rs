@@ -278,13 +278,13 @@ impl KeyDirectory {
         if let Some(record) = store.get_json_at::<KeyRecord>(KEYS, &id, now).await? {
             // The record is found by its hash; comparing again, in constant
             // time, guards against a store that answers for the wrong id.
-            return match KeyHash::from_hex(&record.value.hash) {
-                Some(stored) if stored == *hash => Ok(KeyState::Active(Arc::new(record.value))),
-                _ => Err(StoreError::corrupt(
+            if record.value.hash != *hash {
+                return Err(StoreError::corrupt(
                     "get_record",
                     "a key record's hash does not match its id",
-                )),
-            };
+                ));
+            }
+            return Ok(KeyState::Active(Arc::new(record.value)));
         }
         if store.get_record_at(DELETED_KEYS, &id, now).await?.is_some() {
             return Ok(KeyState::Deleted);
@@ -308,7 +308,7 @@ impl KeyDirectory {
             let key = ApiKey::generate();
             let hash = key.hash();
             let record = KeyRecord {
-                hash: hash.to_hex(),
+                hash,
                 name: new.name.clone(),
                 account: new.account.clone(),
                 management: new.management,
@@ -331,7 +331,7 @@ impl KeyDirectory {
             // ledger does not have.
             self.keep_terms(&record).await?;
             match self
-                .write_json(KEYS, &record.hash, &record, Expect::Absent)
+                .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Absent)
                 .await?
             {
                 WriteOutcome::Written { .. } => {
@@ -368,7 +368,7 @@ impl KeyDirectory {
         }
         let new = self.place(new).await?;
         let record = KeyRecord {
-            hash: hash.to_hex(),
+            hash,
             name: new.name,
             account: new.account,
             management: new.management,
@@ -388,7 +388,7 @@ impl KeyDirectory {
             rate_limit: new.rate_limit,
         };
         let outcome = self
-            .write_json(KEYS, &record.hash, &record, Expect::Absent)
+            .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Absent)
             .await?;
         self.forget(&hash);
         match outcome {
@@ -420,7 +420,7 @@ impl KeyDirectory {
         };
         self.inner
             .store
-            .set_key_terms(&record.account, &record.hash, &terms)
+            .set_key_terms(&record.account, &record.hash.to_hex(), &terms)
             .await
     }
 
@@ -441,7 +441,7 @@ impl KeyDirectory {
     /// the ledger's layout moves, key by key.
     pub async fn every_key_s_account(&self) -> Result<Vec<(String, String)>, StoreError> {
         let mut keys = Vec::new();
-        self.each_key(|record| keys.push((record.account, record.hash)))
+        self.each_key(|record| keys.push((record.account, record.hash.to_hex())))
             .await?;
         Ok(keys)
     }
@@ -481,9 +481,7 @@ impl KeyDirectory {
             if record.account == OPERATOR_ACCOUNT {
                 continue;
             }
-            let Some(hash) = KeyHash::from_hex(&record.hash) else {
-                continue;
-            };
+            let hash = record.hash;
             let edited = self
                 .edit(&hash, |record| {
                     let misplaced = record.is_operator() && record.account != OPERATOR_ACCOUNT;
@@ -544,9 +542,7 @@ impl KeyDirectory {
             if record.disabled {
                 continue;
             }
-            let Some(hash) = KeyHash::from_hex(&record.hash) else {
-                continue;
-            };
+            let hash = record.hash;
             if self.update(&hash, &disable).await?.is_some() {
                 disabled += 1;
             }
@@ -628,7 +624,12 @@ impl KeyDirectory {
             // key as it was, and the caller's retry writes both.
             self.keep_terms(&record).await?;
             let outcome = self
-                .write_json(KEYS, &record.hash, &record, Expect::Revision(revision))
+                .write_json(
+                    KEYS,
+                    &record.hash.to_hex(),
+                    &record,
+                    Expect::Revision(revision),
+                )
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
@@ -684,7 +685,7 @@ impl KeyDirectory {
                 if current.rotated_to.is_some() || !rotatable(current, now) {
                     return false;
                 }
-                current.rotated_to = Some(record.hash.clone());
+                current.rotated_to = Some(record.hash);
                 current.expires_at = Some(
                     current
                         .expires_at
@@ -862,7 +863,12 @@ impl KeyDirectory {
         if last_use_is_stale(record.last_used_at, now) {
             record.last_used_at = Some(now);
             let outcome = self
-                .write_json(KEYS, &record.hash, &record, Expect::Revision(revision))
+                .write_json(
+                    KEYS,
+                    &record.hash.to_hex(),
+                    &record,
+                    Expect::Revision(revision),
+                )
                 .await?;
             // A conflict means another writer (another instance's note, a
             // change) got there first: the next use reads again.
@@ -1090,7 +1096,7 @@ mod tests {
         let mut record = directory.get(hash).await.unwrap().unwrap().value;
         record.disabled = true;
         directory
-            .write_json(KEYS, &record.hash, &record, Expect::Any)
+            .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Any)
             .await
             .unwrap();
     }
@@ -1266,7 +1272,7 @@ mod tests {
         let (_, mut old) = directory.create_key(NewKey::named("old")).await.unwrap();
         old.management = true;
         directory
-            .write_json(KEYS, &old.hash, &old, Expect::Any)
+            .write_json(KEYS, &old.hash.to_hex(), &old, Expect::Any)
             .await
             .unwrap();
         let (_, manager) = directory
@@ -1284,11 +1290,11 @@ mod tests {
         );
         assert_eq!(directory.move_operator_keys().await.unwrap(), 1);
         assert_eq!(directory.move_operator_keys().await.unwrap(), 0);
-        let hash = KeyHash::from_hex(&old.hash).unwrap();
+        let hash = old.hash;
         let moved = directory.get(&hash).await.unwrap().unwrap().value;
         assert_eq!(moved.account, OPERATOR_ACCOUNT);
         assert_eq!(directory.operator_keys().await.unwrap().len(), 2);
-        let hash = KeyHash::from_hex(&manager.hash).unwrap();
+        let hash = manager.hash;
         let stayed = directory.get(&hash).await.unwrap().unwrap().value;
         assert_eq!(stayed.account, "default", "an account's manager stays");
     }
