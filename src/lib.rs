@@ -145,6 +145,7 @@ pub mod oauth;
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
+mod routing;
 pub mod secrets;
 pub mod settings;
 pub mod store;

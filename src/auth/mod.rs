@@ -96,7 +96,5 @@ pub use crate::keys::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use layer::BearerAuthLayer;
 // The principal travels in the request's context.
 pub use crate::context::Principal;
-#[cfg(test)]
-pub(crate) use service::API_PATHS;
 pub(crate) use service::{leaked_key, past_expiry};
 pub use service::{BearerAuth, ResponseFuture};

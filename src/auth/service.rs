@@ -8,13 +8,13 @@ use tokio::sync::Semaphore;
 use tower_service::Service;
 
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
-use crate::body::{is_chat_completions_call, normalized_segments, pattern_params};
 use crate::client_addr::ClientAddr;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState};
 use crate::limiter::{Additions, Admission, AdmissionFuture, Decision};
 use crate::response_body::ResponseBody;
+use crate::routing::{is_api_path, is_chat_completions_call};
 use crate::store::FailurePolicy;
 
 /// This layer's name in metrics and logs.
@@ -174,40 +174,6 @@ fn presented_key(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
             ),
         )),
     }
-}
-
-/// The paths of the JSON API (`KeyRoutes`), the only ones a management
-/// key may use, in the route table's spelling. The table sits above this
-/// module (its handlers take a [`Principal`]), so its paths are named here
-/// too; the table's own test checks that the two agree.
-pub(crate) const API_PATHS: &[&str] = &[
-    "/api/v1/key",
-    "/api/v1/credits",
-    "/user/balance",
-    "/api/v1/generation",
-    "/api/v1/generations",
-    "/api/v1/activity",
-    "/api/v1/apps",
-    "/api/v1/keys",
-    "/api/v1/keys/{hash}",
-    "/api/v1/keys/{hash}/leaked",
-    "/api/v1/keys/{hash}/rotate",
-    #[cfg(feature = "oauth")]
-    "/api/v1/auth/keys/code",
-    "/api/v1/accounts",
-    "/api/v1/accounts/{id}",
-    "/api/v1/accounts/{id}/credits",
-    "/api/v1/accounts/{id}/byok",
-    "/api/v1/accounts/{id}/byok/{provider}",
-];
-
-/// Whether `path` is one of [`API_PATHS`], read as every route check reads
-/// paths.
-fn is_api_path(path: &str) -> bool {
-    let segments = normalized_segments(path);
-    API_PATHS
-        .iter()
-        .any(|pattern| pattern_params(pattern, &segments).is_some())
 }
 
 /// What BearerAuth's decision depends on in the request's route.

@@ -8,7 +8,6 @@ use tower_service::Service;
 
 use super::layer::FreeModelQuotaConfig;
 use super::FreeQuotaSnapshot;
-use crate::body::is_chat_completions_call;
 use crate::clock::Period;
 use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
@@ -17,6 +16,7 @@ use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_head
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionFuture, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
+use crate::routing::is_chat_completions_call;
 use crate::store::PurchaseTier;
 
 /// This layer's name in metrics and logs.

@@ -6,7 +6,6 @@ use tower_service::Service;
 
 use super::layer::GlobalRateLimitConfig;
 use super::rules::{RateRule, RuleCheck};
-use crate::body::is_chat_completions_call;
 use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::{KeyHash, KeyRateLimit};
@@ -14,6 +13,7 @@ use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_head
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
 use crate::limiter::{AdmissionFuture, Verdict};
 use crate::response_body::ResponseBody;
+use crate::routing::is_chat_completions_call;
 use crate::store::{Check, CheckOutcome};
 
 /// This layer's name in metrics and logs.

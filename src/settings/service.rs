@@ -10,8 +10,8 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::ResponseFuture;
-use crate::body::normalized_segments;
 use crate::error::{ErrorKind, GatewayError};
+use crate::routing::normalized_segments;
 
 /// Answers `/settings` and the paths under it with the key settings page
 /// and its files; passes every other request to the inner service

@@ -7,7 +7,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use super::layer::WebhookLimits;
-use crate::body::normalized_segments;
+use crate::routing::normalized_segments;
 use crate::secrets::{Secret, SecretRef, SecretSpec, MIN_SECRET_BYTES};
 
 /// Longest route id, session key, controller id or path accepted.
