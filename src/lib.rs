@@ -128,6 +128,7 @@ pub mod error;
 pub mod error_mapper;
 pub mod free_quota;
 pub mod in_flight;
+mod json_input;
 pub mod keys;
 #[cfg(feature = "leaks")]
 #[cfg_attr(docsrs, doc(cfg(feature = "leaks")))]

@@ -10,6 +10,7 @@ use super::routes::{operator_only, other_account, Call};
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::error::{ErrorKind, GatewayError};
+use crate::json_input::{bad_request, invalid_parameter};
 use crate::keys::credits::nanos_to_json;
 use crate::keys::input::{self, unknown_account};
 use crate::keys::{
@@ -205,11 +206,10 @@ async fn refuse_expiry_change(
     refuse_own_key(&call.principal, hash, "change its own expiry")?;
     let record = key_record(call, hash, checked).await?;
     if record.rotated_to.is_some() {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
+        return Err(invalid_parameter(
+            "expires_at",
             "this key was rotated: it stops when its grace ends, and its expiry cannot change",
         )
-        .with_metadata("param", "expires_at")
         .with_metadata("reason", "rotated_key"));
     }
     if record.management && !call.principal.operator {
@@ -460,11 +460,7 @@ fn limit_and_usage(
 
 fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
     KeyHash::from_hex(&text.to_ascii_lowercase()).ok_or_else(|| {
-        GatewayError::new(
-            ErrorKind::InvalidRequest,
-            "the key hash in the path must be 64 hexadecimal characters, as the management API lists it",
-        )
-        .with_metadata("param", "hash")
+        bad_request("hash", "the key hash in the path must be 64 hexadecimal characters, as the management API lists it")
     })
 }
 
@@ -501,11 +497,10 @@ async fn refuse_enabling_a_leaked_key(
             .is_some_and(|record| record.value.leak.is_some()),
     };
     Ok(if leaked {
-        Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
+        Err(invalid_parameter(
+            "disabled",
             "this key was reported leaked and stays disabled; delete it and create a new key",
         )
-        .with_metadata("param", "disabled")
         .with_metadata("reason", "leaked_key"))
     } else {
         Ok(())

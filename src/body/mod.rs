@@ -60,11 +60,6 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
 
-// Shared with the optional parts too (leaks, webhook flows, the proxy).
-#[allow(unused_imports)]
-pub(crate) use crate::context::{
-    invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
-};
 // The parsed request lives with the context that carries it.
 pub use crate::context::{ChatMessage, ChatRequest, MessageContent, ModelId, Role};
 pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
@@ -88,20 +83,6 @@ fn too_large(max_body_bytes: usize) -> GatewayError {
         format!("the request body is larger than the limit of {max_body_bytes} bytes; send a shorter request"),
     )
     .with_metadata("max_body_bytes", max_body_bytes)
-}
-
-/// `serde_json::from_slice`, with the UTF-8 checked once for the whole
-/// text rather than string by string, which costs a streamed chunk several
-/// times more. A text that is not UTF-8 takes the byte-wise path, so the
-/// result is always `from_slice`'s (which lets an ignored string through
-/// unchecked).
-pub(crate) fn json_from_bytes<'de, T: serde::Deserialize<'de>>(
-    bytes: &'de [u8],
-) -> serde_json::Result<T> {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => serde_json::from_str(text),
-        Err(_) => serde_json::from_slice(bytes),
-    }
 }
 
 /// `application/json`, with parameters, or any `…+json` type.
@@ -282,44 +263,6 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn json_from_bytes_reads_as_from_slice_does(
-            members in proptest::collection::vec(
-                ("[a-c]", r#"[a-c"\\é]{0,4}"#, proptest::option::of((0usize..4, 0x80u8..=0xff))),
-                0..4,
-            ),
-            stray in proptest::option::of((0usize..60, 0x80u8..=0xff)),
-        ) {
-            // Objects of string members, some strings with a byte that is
-            // not UTF-8 in them (read by one type, skipped by the other),
-            // and sometimes such a byte anywhere.
-            let mut bytes = b"{".to_vec();
-            for (index, (name, value, bad)) in members.iter().enumerate() {
-                if index > 0 {
-                    bytes.push(b',');
-                }
-                bytes.extend_from_slice(format!("\"{name}\":\"").as_bytes());
-                let mut value = value.clone().into_bytes();
-                if let Some((at, byte)) = bad {
-                    value.insert((*at).min(value.len()), *byte);
-                }
-                bytes.extend_from_slice(&value);
-                bytes.push(b'"');
-            }
-            bytes.push(b'}');
-            if let Some((at, byte)) = stray {
-                bytes.insert(at.min(bytes.len()), byte);
-            }
-            #[derive(Debug, PartialEq, serde::Deserialize)]
-            struct OnlyA {
-                a: Option<String>,
-            }
-            let ours = json_from_bytes::<serde_json::Value>(&bytes).ok();
-            prop_assert_eq!(ours, serde_json::from_slice::<serde_json::Value>(&bytes).ok());
-            let ours = json_from_bytes::<OnlyA>(&bytes).ok();
-            prop_assert_eq!(ours, serde_json::from_slice::<OnlyA>(&bytes).ok());
-        }
-
         #[test]
         fn valid_requests_reach_the_inner_service_byte_identical(
             model in "[a-z]{1,8}/[a-z0-9.-]{1,12}",

@@ -50,10 +50,6 @@ use bytes::Bytes;
 use http::{Extensions, Request};
 
 pub use crate::model_id::ModelId;
-#[allow(unused_imports)]
-pub(crate) use chat::{
-    invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
-};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use principal::Principal;
 pub use sent::{SentUpstream, UpstreamAttempt};

@@ -15,6 +15,7 @@ use super::pricing::{PromptBounds, TokenPrice};
 use crate::body::{ChatRequest, MessageContent};
 use crate::context::{Principal, RequestContext, SentUpstream};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
+use crate::json_input::bad_request;
 use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::ByokCredential;
 use crate::limiter::Verdict;
@@ -369,15 +370,14 @@ fn unbounded_part(
         MissingBound::Context => "no `context_length`".to_owned(),
         _ => format!("neither `{field}` nor `context_length`"),
     };
-    GatewayError::new(
-        ErrorKind::InvalidRequest,
+    bad_request(
+        field,
         format!(
             "`messages[{message_index}].content[{part_index}]` is a `{kind}` part, and this gateway's pricing of {} sets {unset}, so what the part may cost has no bound and cannot be held; the gateway's operator sets `{field}` in the model's pricing. Send the request without such parts, or use another model",
             chat.model_id
         ),
     )
     .with_metadata("reason", "unbounded_prompt_part")
-    .with_metadata("param", field)
 }
 
 /// The size of `value` as JSON, without writing it anywhere.

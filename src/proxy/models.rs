@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::body::{invalid_parameter, wrong_type, ChatRequest, ModelId};
+use crate::body::{ChatRequest, ModelId};
 use crate::clock::{Clock, SystemClock};
 use crate::context::Principal;
 use crate::credit::{PriceTable, Pricing};
 use crate::error::{ErrorKind, GatewayError};
 use crate::free_quota::FreeQuotaRules;
+use crate::json_input::{invalid_parameter, wrong_type};
 use crate::rate_limit::RateLimitRules;
 
 /// Most models one request tries: its own and its fallbacks.
