@@ -175,3 +175,155 @@ fn refusal(
     }
     with_rate_limit_headers(error, outcome)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::clock::{Clock, ManualClock};
+    use crate::context::RequestContext;
+    use crate::keys::SharedStore;
+    use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
+    use crate::store::MemoryStore;
+    use bytes::Bytes;
+    use chrono::{DateTime, TimeZone, Utc};
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    fn chat(model: &str) -> Request<Full<Bytes>> {
+        let body =
+            format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "x"}}]}}"#);
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(RequestContext::chat_for_tests("acct", body.as_bytes()));
+        request
+    }
+
+    fn within(
+        admitted: &[(DateTime<Utc>, bool)],
+        now: DateTime<Utc>,
+        seconds: i64,
+        only_a: bool,
+    ) -> usize {
+        admitted
+            .iter()
+            .filter(|(at, is_a)| {
+                *at > now - chrono::Duration::seconds(seconds) && (*is_a || !only_a)
+            })
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_stack_without_the_layers_before_it_is_a_500_naming_them() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let rate = GlobalRateLimitLayer::new(store.clone(), RateLimitRules::default()).unwrap();
+        let free = crate::free_quota::FreeModelQuotaLayer::new(store);
+        let upstream = service_fn(|_: Request<Full<Bytes>>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let without = |remove_principal: bool| {
+            let mut request = chat("a/b:free");
+            let context = RequestContext::of_mut(&mut request);
+            if remove_principal {
+                context.principal = None;
+            } else {
+                context.chat = None;
+            }
+            request
+        };
+        let cases = [
+            (
+                ServiceBuilder::new()
+                    .layer(rate.clone())
+                    .service(upstream)
+                    .boxed_clone(),
+                without(true),
+                "GlobalRateLimit needs BearerAuth",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(rate)
+                    .service(upstream)
+                    .boxed_clone(),
+                without(false),
+                "GlobalRateLimit needs BodyLimit",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(free.clone())
+                    .service(upstream)
+                    .boxed_clone(),
+                without(false),
+                "FreeModelQuota needs BodyLimit",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(free)
+                    .service(upstream)
+                    .boxed_clone(),
+                without(true),
+                "FreeModelQuota needs BearerAuth",
+            ),
+        ];
+        for (service, request, words) in cases {
+            let response = service.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 500, "{words}");
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            assert!(String::from_utf8_lossy(&body).contains(words), "{words}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The account rule and the model rule hold exactly, and a request
+        /// one of them refuses counts in neither.
+        #[test]
+        fn admits_exactly_what_every_rule_allows(
+            calls in proptest::collection::vec((0u64..4_000, any::<bool>()), 1..80),
+            remember in any::<bool>(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+            let store: SharedStore = Arc::new(MemoryStore::new());
+            let rules = RateLimitRules::from_json(
+                r#"{"account": {"rolling": {"requests": 5, "window_seconds": 10}},
+                    "models": [{"match": "a/", "limit": {"rolling": {"requests": 3, "window_seconds": 5}}}]}"#,
+            ).unwrap();
+            let service = ServiceBuilder::new()
+                .layer(
+                    GlobalRateLimitLayer::new(store, rules)
+                        .unwrap()
+                        .clock(Arc::new(clock.clone()))
+                        .remember_full_counters(remember),
+                )
+                .service(service_fn(|_: Request<Full<Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+            let mut admitted = Vec::new();
+            for (gap_ms, is_a) in calls {
+                clock.advance(Duration::from_millis(gap_ms));
+                let now = clock.now();
+                let expected = within(&admitted, now, 10, false) < 5
+                    && (!is_a || within(&admitted, now, 5, true) < 3);
+                let model = if is_a { "a/x" } else { "b/y" };
+                let response = runtime.block_on(service.clone().oneshot(chat(model))).unwrap();
+                prop_assert_eq!(response.status() == 200, expected, "{} at {}", model, now);
+                if response.status() == 200 {
+                    admitted.push((now, is_a));
+                } else {
+                    prop_assert_eq!(response.status(), 429);
+                    prop_assert!(response.headers().contains_key("retry-after"));
+                }
+            }
+        }
+    }
+}
