@@ -1,7 +1,7 @@
 //! `BodyLimit`: the request body buffered once, bounded in size and time,
 //! and chat-completions requests parsed into a [`ChatRequest`].
 //!
-//! The layer reads the whole body into one [`Bytes`] (a declared
+//! The layer reads the whole body into one [`Bytes`](bytes::Bytes) (a declared
 //! `Content-Length` over the limit gets 413 before anything is read; a body
 //! that runs over while streaming gets 413 too; a body not complete within
 //! the read timeout gets 408), then calls the inner service with those same
