@@ -20,6 +20,9 @@ use crate::keys::input::unknown_account;
 use crate::keys::KeyDirectory;
 use crate::store::FailurePolicy;
 
+/// Where the consent page is served.
+pub const CONSENT_PATH: &str = "/auth";
+
 /// What the operator decides about approvals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ApprovalRules {
