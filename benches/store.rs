@@ -15,8 +15,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use criterion::{criterion_group, criterion_main, Criterion};
 use modelgate::clock::Period;
 use modelgate::store::{
-    Check, Expect, KeyLimit, Limit, MemoryStore, RedisStore, RedisStoreConfig, ReserveRequest,
-    Settlement, Store,
+    Check, Expect, KeyLimit, Limit, MemoryStore, PutOptions, RedisStore, RedisStoreConfig,
+    ReserveRequest, Settlement, Store,
 };
 
 /// Time that moves 1 µs per call, so windows keep a steady size however
@@ -191,20 +191,39 @@ fn bench_store<S: Store>(
         })
     });
     runtime
-        .block_on(store.put_record("keys", "k", b"{\"label\":\"bench\"}", Expect::Any))
+        .block_on(store.put_record_at(
+            "keys",
+            "k",
+            b"{\"label\":\"bench\"}",
+            Expect::Any,
+            PutOptions::default(),
+            ticks.next(),
+        ))
         .unwrap();
     group.bench_function("get_record", |b| {
         b.to_async(runtime).iter(|| {
-            let store = Arc::clone(&store);
-            async move { store.get_record("keys", "k").await.unwrap() }
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
+            async move {
+                store
+                    .get_record_at("keys", "k", ticks.next())
+                    .await
+                    .unwrap()
+            }
         })
     });
     group.bench_function("put_record", |b| {
         b.to_async(runtime).iter(|| {
-            let store = Arc::clone(&store);
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
             async move {
                 store
-                    .put_record("keys", "k", b"{\"label\":\"bench\"}", Expect::Any)
+                    .put_record_at(
+                        "keys",
+                        "k",
+                        b"{\"label\":\"bench\"}",
+                        Expect::Any,
+                        PutOptions::default(),
+                        ticks.next(),
+                    )
                     .await
                     .unwrap()
             }
@@ -212,10 +231,10 @@ fn bench_store<S: Store>(
     });
     group.bench_function("delete_record", |b| {
         b.to_async(runtime).iter(|| {
-            let store = Arc::clone(&store);
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
             async move {
                 store
-                    .delete_record("keys", "absent", Expect::Any)
+                    .delete_record_at("keys", "absent", Expect::Any, ticks.next())
                     .await
                     .unwrap()
             }
@@ -224,13 +243,25 @@ fn bench_store<S: Store>(
     for index in 0..20 {
         let id = format!("listed-{index}");
         runtime
-            .block_on(store.put_record("list", &id, b"{}", Expect::Any))
+            .block_on(store.put_record_at(
+                "list",
+                &id,
+                b"{}",
+                Expect::Any,
+                PutOptions::default(),
+                ticks.next(),
+            ))
             .unwrap();
     }
     group.bench_function("list_records/10", |b| {
         b.to_async(runtime).iter(|| {
-            let store = Arc::clone(&store);
-            async move { store.list_records("list", 5, 10).await.unwrap() }
+            let (store, ticks) = (Arc::clone(&store), Arc::clone(&ticks));
+            async move {
+                store
+                    .list_records_at("list", 5, 10, ticks.next())
+                    .await
+                    .unwrap()
+            }
         })
     });
     group.finish();

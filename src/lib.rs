@@ -128,6 +128,7 @@ pub mod error;
 pub mod error_mapper;
 pub mod free_quota;
 pub mod in_flight;
+mod json_input;
 pub mod keys;
 #[cfg(feature = "leaks")]
 #[cfg_attr(docsrs, doc(cfg(feature = "leaks")))]
@@ -145,6 +146,7 @@ pub mod oauth;
 pub mod proxy;
 pub mod rate_limit;
 pub mod response_body;
+mod routing;
 pub mod secrets;
 pub mod settings;
 pub mod store;

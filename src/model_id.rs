@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::GatewayError;
+use crate::json_input::bad_request;
 
 /// A model id as seed 000 shapes it: `<provider>/<model>`, optionally
 /// followed by `:variant` (`:free` marks a free variant with its own
@@ -173,7 +174,7 @@ fn is_model_char(c: char) -> bool {
 }
 
 fn bad_model(message: String) -> GatewayError {
-    GatewayError::new(ErrorKind::InvalidRequest, message).with_metadata("param", "model")
+    bad_request("model", message)
 }
 
 #[cfg(test)]

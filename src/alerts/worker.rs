@@ -10,7 +10,8 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 
-use super::{balance_marker, key_marker, past_percent, AlertRules, ALERTS_COLLECTION, MARKER_TTL};
+use super::marker::{balance_marker, key_marker, ALERTS_COLLECTION, MARKER_TTL};
+use super::rules::{past_percent, AlertRules};
 use crate::clock::Clock;
 use crate::keys::credits::nanos_to_json;
 use crate::keys::{KeyDirectory, KeyHash};

@@ -10,7 +10,8 @@ use super::answers::{created, existing_account, no_such_account, ok, refuse, tim
 use super::layer::KeyRoutesConfig;
 use super::routes::Call;
 use crate::answer::Answer;
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::GatewayError;
+use crate::json_input::invalid_parameter;
 use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::{input, AccountRecord};
 use crate::store::{AccountBalance, TopUpOutcome};
@@ -55,11 +56,10 @@ pub(crate) async fn create_account(call: Call) -> Result<Answer, GatewayError> {
     let new = input::new_account(call.body()?)?;
     let id = new.id.clone();
     let Some(account) = directory.create_account(new).await.map_err(refuse)? else {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
+        return Err(invalid_parameter(
+            "id",
             format!("the account {id} exists already; read it with GET /api/v1/accounts/{id}"),
         )
-        .with_metadata("param", "id")
         .with_metadata("reason", "account_exists"));
     };
     let balance = directory
@@ -169,14 +169,10 @@ pub(crate) async fn top_up(call: Call) -> Result<Answer, GatewayError> {
 /// 422: an `Idempotency-Key` sent again with another amount. Nothing was
 /// credited; the key stays bound to its first amount until forgotten.
 fn idempotency_key_reused(account: &str, first_amount_nanos: i64) -> GatewayError {
-    GatewayError::new(
-        ErrorKind::InvalidParameter,
-        format!(
+    invalid_parameter(input::IDEMPOTENCY_KEY_HEADER, format!(
             "this Idempotency-Key was already used for a top-up of {} credits to the account {account}; nothing was credited. A retry must send the same amount; a new purchase needs a new key",
             decimal_string(first_amount_nanos, 0)
-        ),
-    )
-    .with_metadata("param", input::IDEMPOTENCY_KEY_HEADER)
+        ))
     .with_metadata("reason", "idempotency_key_reused")
 }
 

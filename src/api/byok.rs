@@ -7,6 +7,7 @@ use super::answers::{existing_account, ok, refuse, timestamp};
 use super::routes::Call;
 use crate::answer::Answer;
 use crate::error::{ErrorKind, GatewayError};
+use crate::json_input::{bad_request, invalid, invalid_parameter};
 use crate::keys::{input, ByokEntry, ByokError, ByokProviders};
 
 /// `GET /api/v1/accounts/{id}/byok`: the account's provider keys, hints
@@ -32,14 +33,8 @@ pub(crate) async fn set_provider_key(call: Call) -> Result<Answer, GatewayError>
         .await
         .map_err(|error| match error {
             ByokError::Store(error) => refuse(error),
-            ByokError::TooManyKeys => {
-                GatewayError::new(ErrorKind::InvalidRequest, error.to_string())
-                    .with_metadata("param", "provider")
-            }
-            ByokError::InvalidKey(problem) => {
-                GatewayError::new(ErrorKind::InvalidParameter, format!("`key` {problem}"))
-                    .with_metadata("param", "key")
-            }
+            ByokError::TooManyKeys => bad_request("provider", error.to_string()),
+            ByokError::InvalidKey(problem) => invalid("key", problem),
             // The path was checked above; kept exact all the same.
             other => GatewayError::new(ErrorKind::InvalidRequest, other.to_string()),
         })?;
@@ -95,13 +90,9 @@ fn accepts_byok_key(providers: &ByokProviders, provider: &str) -> Result<(), Gat
                 let names = byok.iter().map(String::as_str).collect::<Vec<_>>();
                 format!("it takes keys for: {}", names.join(", "))
             };
-            Err(GatewayError::new(
-                ErrorKind::InvalidParameter,
-                format!(
+            Err(invalid_parameter("provider", format!(
                     "the provider {provider} is reached with the gateway's own credential and does not take an account's key, so nothing was stored; {what_to_do}. The operator can allow it with \"byok\": true in the provider's section of the config, where its credential is its api_key"
-                ),
-            )
-            .with_metadata("param", "provider")
+                ))
             .with_metadata("reason", "byok_not_allowed"))
         }
         ByokProviders::Configured { byok, .. } => {
@@ -111,22 +102,14 @@ fn accepts_byok_key(providers: &ByokProviders, provider: &str) -> Result<(), Gat
                 let names = byok.iter().map(String::as_str).collect::<Vec<_>>();
                 format!("set a key for one of the providers that take one: {}", names.join(", "))
             };
-            Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!(
+            Err(bad_request("provider", format!(
                     "the provider {provider} is not configured on this gateway, so its key would never be sent; {what_to_do}"
-                ),
-            )
-            .with_metadata("param", "provider")
+                ))
             .with_metadata("reason", "unknown_provider"))
         }
-        ByokProviders::SingleUpstream => Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
-            format!(
+        ByokProviders::SingleUpstream => Err(bad_request("provider", format!(
                 "this gateway sends every request to its one upstream with its own upstream key, so a provider key for {provider} would never be sent; to let accounts bring their own keys, the operator must add a `providers` section to the gateway's config naming the provider {provider}"
-            ),
-        )
-        .with_metadata("param", "provider")
+            ))
         .with_metadata("reason", "byok_needs_providers")),
     }
 }

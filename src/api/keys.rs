@@ -10,6 +10,7 @@ use super::routes::{operator_only, other_account, Call};
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::error::{ErrorKind, GatewayError};
+use crate::json_input::{bad_request, invalid_parameter};
 use crate::keys::credits::nanos_to_json;
 use crate::keys::input::{self, unknown_account};
 use crate::keys::{
@@ -116,10 +117,11 @@ pub(crate) async fn list_keys(call: Call) -> Result<Answer, GatewayError> {
         )
         .await
         .map_err(refuse)?;
-    let usages = try_join_all(records.iter().map(|record| {
+    let usages = try_join_all(records.iter().map(|record| async move {
         directory
             .store()
-            .key_usage(&record.account, &record.hash, call.now)
+            .key_usage(&record.account, &record.hash.to_hex(), call.now)
+            .await
     }))
     .await
     .map_err(refuse)?;
@@ -204,11 +206,10 @@ async fn refuse_expiry_change(
     refuse_own_key(&call.principal, hash, "change its own expiry")?;
     let record = key_record(call, hash, checked).await?;
     if record.rotated_to.is_some() {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
+        return Err(invalid_parameter(
+            "expires_at",
             "this key was rotated: it stops when its grace ends, and its expiry cannot change",
         )
-        .with_metadata("param", "expires_at")
         .with_metadata("reason", "rotated_key"));
     }
     if record.management && !call.principal.operator {
@@ -268,7 +269,7 @@ pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
             "key": key.expose(),
             "data": key_json(&record, &KeyUsage::default(), false),
             "rotated": {
-                "hash": previous.hash,
+                "hash": previous.hash.to_hex(),
                 "expires_at": timestamp(previous.expires_at),
             },
         }))),
@@ -347,7 +348,7 @@ async fn key_answer(call: &Call, record: Option<KeyRecord>) -> Result<Answer, Ga
     let usage = call
         .directory()
         .store()
-        .key_usage(&record.account, &record.hash, call.now)
+        .key_usage(&record.account, &record.hash.to_hex(), call.now)
         .await
         .map_err(refuse)?;
     let current = is_current(&call.principal, &record);
@@ -358,7 +359,7 @@ async fn key_answer(call: &Call, record: Option<KeyRecord>) -> Result<Answer, Ga
 /// request was made with (a settings page keeps it from disabling itself).
 fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
     let mut data = Map::new();
-    data.insert("hash".into(), Value::from(record.hash.clone()));
+    data.insert("hash".into(), Value::from(record.hash.to_hex()));
     data.insert("name".into(), Value::from(record.name.clone()));
     data.insert("label".into(), Value::from(record.name.clone()));
     data.insert("account".into(), Value::from(record.account.clone()));
@@ -388,7 +389,7 @@ fn key_json(record: &KeyRecord, usage: &KeyUsage, current: bool) -> Value {
         record
             .rotated_to
             .as_ref()
-            .map_or(Value::Null, |hash| Value::from(hash.as_str())),
+            .map_or(Value::Null, |hash| Value::from(hash.to_hex())),
     );
     data.insert(
         "allowed_models".into(),
@@ -459,11 +460,7 @@ fn limit_and_usage(
 
 fn path_hash(text: &str) -> Result<KeyHash, GatewayError> {
     KeyHash::from_hex(&text.to_ascii_lowercase()).ok_or_else(|| {
-        GatewayError::new(
-            ErrorKind::InvalidRequest,
-            "the key hash in the path must be 64 hexadecimal characters, as the management API lists it",
-        )
-        .with_metadata("param", "hash")
+        bad_request("hash", "the key hash in the path must be 64 hexadecimal characters, as the management API lists it")
     })
 }
 
@@ -500,11 +497,10 @@ async fn refuse_enabling_a_leaked_key(
             .is_some_and(|record| record.value.leak.is_some()),
     };
     Ok(if leaked {
-        Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
+        Err(invalid_parameter(
+            "disabled",
             "this key was reported leaked and stays disabled; delete it and create a new key",
         )
-        .with_metadata("param", "disabled")
         .with_metadata("reason", "leaked_key"))
     } else {
         Ok(())
@@ -543,5 +539,5 @@ fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(
 
 /// Whether `record` is the key `principal` called with.
 fn is_current(principal: &Principal, record: &KeyRecord) -> bool {
-    KeyHash::from_hex(&record.hash).is_some_and(|hash| hash == principal.key_hash)
+    record.hash == principal.key_hash
 }

@@ -14,9 +14,9 @@ use super::layer::KeyRoutesConfig;
 use super::{accounts, byok, keys, usage};
 use crate::answer::Answer;
 use crate::auth::Principal;
-use crate::body::pattern_params;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{input, KeyDirectory};
+use crate::routing::{api_path, normalized_segments, pattern_params};
 
 /// Who may call a route. The dispatcher checks it once, before the
 /// handler runs; a handler only narrows what an allowed caller sees (an
@@ -57,7 +57,7 @@ pub(crate) type Handler = fn(Call) -> BoxFuture<'static, Result<Answer, GatewayE
 #[derive(Clone, Copy)]
 pub(crate) struct Route {
     /// The path: `{name}` takes one segment; other segments match in any
-    /// case, after [normalization](crate::body::normalized_segments).
+    /// case, after [normalization](crate::routing::normalized_segments).
     pub(crate) path: &'static str,
     /// The methods this entry answers (`HEAD` is answered as `GET`). A
     /// path may have several entries, each for its own methods.
@@ -86,98 +86,98 @@ impl std::fmt::Debug for Route {
 /// names their methods.
 pub(crate) static ROUTES: &[Route] = &[
     Route {
-        path: "/api/v1/key",
+        path: api_path::KEY,
         methods: &[Method::GET],
         caller: Caller::AnyKey,
         management_key_message: None,
         handler: |call| Box::pin(keys::key_status(call)),
     },
     Route {
-        path: "/api/v1/credits",
+        path: api_path::CREDITS,
         methods: &[Method::GET],
         caller: Caller::AnyKey,
         management_key_message: None,
         handler: |call| Box::pin(accounts::credits(call)),
     },
     Route {
-        path: "/user/balance",
+        path: api_path::USER_BALANCE,
         methods: &[Method::GET],
         caller: Caller::AnyKey,
         management_key_message: None,
         handler: |call| Box::pin(accounts::user_balance(call)),
     },
     Route {
-        path: "/api/v1/generation",
+        path: api_path::GENERATION,
         methods: &[Method::GET],
         caller: Caller::AnyKey,
         management_key_message: None,
         handler: |call| Box::pin(usage::generation(call)),
     },
     Route {
-        path: "/api/v1/generations",
+        path: api_path::GENERATIONS,
         methods: &[Method::GET],
         caller: Caller::AnyKey,
         management_key_message: None,
         handler: |call| Box::pin(usage::recent_generations(call)),
     },
     Route {
-        path: "/api/v1/activity",
+        path: api_path::ACTIVITY,
         methods: &[Method::GET],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(usage::activity(call)),
     },
     Route {
-        path: "/api/v1/apps",
+        path: api_path::APPS,
         methods: &[Method::GET],
         caller: Caller::AnyKey,
         management_key_message: None,
         handler: |call| Box::pin(usage::apps(call)),
     },
     Route {
-        path: "/api/v1/keys",
+        path: api_path::KEYS,
         methods: &[Method::GET],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::list_keys(call)),
     },
     Route {
-        path: "/api/v1/keys",
+        path: api_path::KEYS,
         methods: &[Method::POST],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::create_key(call)),
     },
     Route {
-        path: "/api/v1/keys/{hash}",
+        path: api_path::KEYS_HASH,
         methods: &[Method::GET],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::get_key(call)),
     },
     Route {
-        path: "/api/v1/keys/{hash}",
+        path: api_path::KEYS_HASH,
         methods: &[Method::PATCH],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::update_key(call)),
     },
     Route {
-        path: "/api/v1/keys/{hash}",
+        path: api_path::KEYS_HASH,
         methods: &[Method::DELETE],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::delete_key(call)),
     },
     Route {
-        path: "/api/v1/keys/{hash}/leaked",
+        path: api_path::KEYS_HASH_LEAKED,
         methods: &[Method::POST],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::report_leaked(call)),
     },
     Route {
-        path: "/api/v1/keys/{hash}/rotate",
+        path: api_path::KEYS_HASH_ROTATE,
         methods: &[Method::POST],
         caller: Caller::Manager,
         management_key_message: None,
@@ -185,21 +185,21 @@ pub(crate) static ROUTES: &[Route] = &[
     },
     #[cfg(feature = "oauth")]
     Route {
-        path: "/api/v1/auth/keys/code",
+        path: api_path::AUTH_KEYS_CODE,
         methods: &[Method::POST],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(keys::approve_app(call)),
     },
     Route {
-        path: "/api/v1/accounts",
+        path: api_path::ACCOUNTS,
         methods: &[Method::GET],
         caller: Caller::Manager,
         management_key_message: None,
         handler: |call| Box::pin(accounts::list_accounts(call)),
     },
     Route {
-        path: "/api/v1/accounts",
+        path: api_path::ACCOUNTS,
         methods: &[Method::POST],
         caller: Caller::Operator {
             what: "create accounts",
@@ -208,14 +208,14 @@ pub(crate) static ROUTES: &[Route] = &[
         handler: |call| Box::pin(accounts::create_account(call)),
     },
     Route {
-        path: "/api/v1/accounts/{id}",
+        path: api_path::ACCOUNTS_ID,
         methods: &[Method::GET],
         caller: Caller::AccountManager,
         management_key_message: None,
         handler: |call| Box::pin(accounts::get_account(call)),
     },
     Route {
-        path: "/api/v1/accounts/{id}/credits",
+        path: api_path::ACCOUNTS_ID_CREDITS,
         methods: &[Method::POST],
         caller: Caller::Operator {
             what: "add credits to an account",
@@ -224,21 +224,21 @@ pub(crate) static ROUTES: &[Route] = &[
         handler: |call| Box::pin(accounts::top_up(call)),
     },
     Route {
-        path: "/api/v1/accounts/{id}/byok",
+        path: api_path::ACCOUNTS_ID_BYOK,
         methods: &[Method::GET],
         caller: Caller::AccountKey,
         management_key_message: None,
         handler: |call| Box::pin(byok::list_provider_keys(call)),
     },
     Route {
-        path: "/api/v1/accounts/{id}/byok/{provider}",
+        path: api_path::ACCOUNTS_ID_BYOK_PROVIDER,
         methods: &[Method::PUT],
         caller: Caller::AccountManager,
         management_key_message: Some(BYOK_NEEDS_MANAGEMENT_KEY),
         handler: |call| Box::pin(byok::set_provider_key(call)),
     },
     Route {
-        path: "/api/v1/accounts/{id}/byok/{provider}",
+        path: api_path::ACCOUNTS_ID_BYOK_PROVIDER,
         methods: &[Method::DELETE],
         caller: Caller::AccountManager,
         management_key_message: Some(BYOK_NEEDS_MANAGEMENT_KEY),
@@ -311,7 +311,7 @@ pub(crate) struct Matched {
 /// crate reads paths: percent-decoded, dot segments applied; fixed
 /// segments in any case); `None` when no route has this path.
 pub(crate) fn match_path(path: &str) -> Option<Matched> {
-    let segments = crate::body::normalized_segments(path);
+    let segments = normalized_segments(path);
     let mut matched: Option<Matched> = None;
     for route in ROUTES {
         if let Some(params) = pattern_params(route.path, &segments) {
@@ -462,7 +462,6 @@ pub(crate) fn operator_only(what: &str) -> GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::body::normalized_segments;
     use proptest::prelude::*;
 
     /// The route `path` names, as its table path and parameters.
@@ -583,7 +582,7 @@ mod tests {
         let table: std::collections::BTreeSet<&str> =
             ROUTES.iter().map(|route| route.path).collect();
         let bearer: std::collections::BTreeSet<&str> =
-            crate::auth::API_PATHS.iter().copied().collect();
+            crate::routing::API_PATHS.iter().copied().collect();
         assert_eq!(table, bearer);
     }
 

@@ -10,6 +10,7 @@ use super::routes::Call;
 use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
+use crate::json_input::{bad_request, invalid_parameter};
 use crate::usage::{
     activity_query, activity_rows, by_host, complete_from, parse_generation_id, ranking_json,
     readable_by, record_day, usage_query, UsageQuery, GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
@@ -22,11 +23,7 @@ fn account_asked(
     asked: Option<String>,
 ) -> Result<Option<String>, GatewayError> {
     match asked {
-        Some(account) if account == PUBLIC_SCOPE => Err(GatewayError::new(
-            ErrorKind::InvalidParameter,
-            "account=* names the whole gateway, which only GET /api/v1/apps ranks; name one account",
-        )
-        .with_metadata("param", "account")),
+        Some(account) if account == PUBLIC_SCOPE => Err(invalid_parameter("account", "account=* names the whole gateway, which only GET /api/v1/apps ranks; name one account")),
         Some(account) if principal.operator || account == principal.account_id => Ok(Some(account)),
         Some(_) => Err(GatewayError::new(
             ErrorKind::Forbidden,
@@ -53,18 +50,13 @@ pub(crate) async fn generation(call: Call) -> Result<Answer, GatewayError> {
     let principal = &call.principal;
     let query = usage_query(call.query.as_deref())?;
     let Some(id) = query.id.as_deref() else {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
+        return Err(bad_request(
+            "id",
             "name the generation with ?id=, the X-Generation-Id of its response",
-        )
-        .with_metadata("param", "id"));
+        ));
     };
     let reservation = parse_generation_id(id).ok_or_else(|| {
-        GatewayError::new(
-            ErrorKind::InvalidRequest,
-            "the query parameter `id` must be a generation id: gen- and 32 hex digits, as X-Generation-Id gives it",
-        )
-        .with_metadata("param", "id")
+        bad_request("id", "the query parameter `id` must be a generation id: gen- and 32 hex digits, as X-Generation-Id gives it")
     })?;
     let Some(account) = account_asked(principal, query.account)? else {
         return Err(not_found());
@@ -94,11 +86,10 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
     let principal = &call.principal;
     let mut query = usage_query(call.query.as_deref())?;
     let Some(account) = account_asked(principal, query.account.take())? else {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
+        return Err(bad_request(
+            "account",
             "the operator's key names the account with ?account=",
-        )
-        .with_metadata("param", "account"));
+        ));
     };
     let key_hash = principal.key_hash.to_hex();
     // Unfiltered, a management key reads exactly the page and one record
@@ -141,11 +132,10 @@ pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
     let today = call.now.date_naive();
     let query = activity_query(call.query.as_deref(), today)?;
     let Some(account) = account_asked(principal, query.account)? else {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
+        return Err(bad_request(
+            "account",
             "the operator's key names the account with ?account=",
-        )
-        .with_metadata("param", "account"));
+        ));
     };
     let stored = call
         .directory()

@@ -101,13 +101,20 @@ impl AuthFailures {
     /// Counts under `limit` with `clock` (a manual one in tests).
     pub fn with_clock(limit: AuthFailureLimit, clock: Arc<dyn Clock>) -> Result<Self, String> {
         limit.validate()?;
-        Ok(AuthFailures {
+        Ok(Self::with_checked_limit(limit, clock))
+    }
+
+    /// [`with_clock`](Self::with_clock) with a limit checked already (the
+    /// proxy's `GatewayPlan` checks it once, at load).
+    pub(crate) fn with_checked_limit(limit: AuthFailureLimit, clock: Arc<dyn Clock>) -> Self {
+        debug_assert!(limit.validate().is_ok(), "limit not checked");
+        AuthFailures {
             inner: Arc::new(Inner {
                 limit,
                 clock,
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             }),
-        })
+        }
     }
 
     /// The limit counted against.
@@ -236,9 +243,14 @@ fn address_key(address: Option<IpAddr>) -> AddressKey {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use chrono::TimeZone;
+
+    fn start() -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+    }
 
     fn limiter(max_failures: u32, window_seconds: u64) -> (AuthFailures, Arc<ManualClock>) {
-        let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+        let clock = Arc::new(ManualClock::new(start()));
         let limit = AuthFailureLimit {
             max_failures,
             window_seconds,
@@ -307,7 +319,7 @@ mod tests {
 
     #[test]
     fn the_table_never_grows_past_its_bound() {
-        let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+        let clock = Arc::new(ManualClock::new(start()));
         let limit = AuthFailureLimit {
             max_failures: 1,
             window_seconds: 600,

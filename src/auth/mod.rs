@@ -85,20 +85,16 @@
 //! ```
 
 mod failures;
-mod future;
 mod header;
 mod layer;
 mod service;
 
 pub use failures::{AuthFailureLimit, AuthFailures};
-pub use future::ResponseFuture;
 pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTES};
 // The key format lives with the key records; BearerAuth reads it.
 pub use crate::keys::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
 pub use layer::BearerAuthLayer;
 // The principal travels in the request's context.
 pub use crate::context::Principal;
-pub use service::BearerAuth;
-#[cfg(test)]
-pub(crate) use service::API_PATHS;
 pub(crate) use service::{leaked_key, past_expiry};
+pub use service::{BearerAuth, ResponseFuture};

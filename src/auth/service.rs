@@ -7,15 +7,14 @@ use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
-use crate::body::{is_chat_completions_call, normalized_segments, pattern_params};
 use crate::client_addr::ClientAddr;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState};
-use crate::limiter::{Additions, Admission, Decision};
+use crate::limiter::{Additions, Admission, AdmissionFuture, Decision};
 use crate::response_body::ResponseBody;
+use crate::routing::{is_api_path, is_chat_completions_call};
 use crate::store::FailurePolicy;
 
 /// This layer's name in metrics and logs.
@@ -64,13 +63,17 @@ impl LookupBound {
     }
 }
 
+/// [`BearerAuth`]'s response future: the key lookup, then the inner
+/// service (the deciding layers' future, deciding a [`Principal`]).
+pub type ResponseFuture<S, B> = AdmissionFuture<S, B, Principal>;
+
 impl<S, B, ResBody> Service<Request<B>> for BearerAuth<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = AdmissionFuture<S, B, Principal>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // The inner service is asked for readiness only once the key is
@@ -89,7 +92,7 @@ where
             Ok(hash) => hash,
             Err(rejection) => {
                 let rejection = AuthFailures::counted(self.failures.as_ref(), client, rejection);
-                return ResponseFuture::rejected(LAYER, rejection);
+                return AdmissionFuture::rejected(LAYER, rejection);
             }
         };
         // The key is read; it must not travel further, to an upstream or
@@ -101,7 +104,7 @@ where
         if let Some(failures) = &self.failures {
             if let Some(retry_after) = failures.blocked(client) {
                 if !known_live {
-                    return ResponseFuture::rejected(LAYER, failures.refusal(retry_after));
+                    return AdmissionFuture::rejected(LAYER, failures.refusal(retry_after));
                 }
             }
         }
@@ -111,7 +114,7 @@ where
         let lookup_place = match (&self.lookups, known_live) {
             (Some(lookups), false) => match Arc::clone(&lookups.permits).try_acquire_owned() {
                 Ok(permit) => Some(permit),
-                Err(_) => return ResponseFuture::rejected(LAYER, lookups.refusal()),
+                Err(_) => return AdmissionFuture::rejected(LAYER, lookups.refusal()),
             },
             _ => None,
         };
@@ -134,7 +137,7 @@ where
                 response_headers: HeaderMap::new(),
             })
         });
-        ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
+        AdmissionFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 
@@ -171,40 +174,6 @@ fn presented_key(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
             ),
         )),
     }
-}
-
-/// The paths of the JSON API (`KeyRoutes`), the only ones a management
-/// key may use, in the route table's spelling. The table sits above this
-/// module (its handlers take a [`Principal`]), so its paths are named here
-/// too; the table's own test checks that the two agree.
-pub(crate) const API_PATHS: &[&str] = &[
-    "/api/v1/key",
-    "/api/v1/credits",
-    "/user/balance",
-    "/api/v1/generation",
-    "/api/v1/generations",
-    "/api/v1/activity",
-    "/api/v1/apps",
-    "/api/v1/keys",
-    "/api/v1/keys/{hash}",
-    "/api/v1/keys/{hash}/leaked",
-    "/api/v1/keys/{hash}/rotate",
-    #[cfg(feature = "oauth")]
-    "/api/v1/auth/keys/code",
-    "/api/v1/accounts",
-    "/api/v1/accounts/{id}",
-    "/api/v1/accounts/{id}/credits",
-    "/api/v1/accounts/{id}/byok",
-    "/api/v1/accounts/{id}/byok/{provider}",
-];
-
-/// Whether `path` is one of [`API_PATHS`], read as every route check reads
-/// paths.
-fn is_api_path(path: &str) -> bool {
-    let segments = normalized_segments(path);
-    API_PATHS
-        .iter()
-        .any(|pattern| pattern_params(pattern, &segments).is_some())
 }
 
 /// What BearerAuth's decision depends on in the request's route.

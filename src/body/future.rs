@@ -14,7 +14,7 @@ use tokio::time::Sleep;
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use super::{prepare_request, too_large};
+use super::prepare::{prepare_request, too_large};
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::{causes, BoxError, ResponseBody};
 

@@ -7,6 +7,9 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use crate::error::{ErrorKind, GatewayError};
+use crate::json_input::{
+    bad_request, invalid_parameter, top_level_fields, wrong_type, JsonBodyError,
+};
 use crate::model_id::ModelId;
 
 /// A message author's role.
@@ -165,23 +168,23 @@ impl ChatRequest {
                 )))
             }
             Err(JsonBodyError::Duplicate(key)) => {
-                return Err(invalid_request(format!(
+                return Err(bad_request(
+                    &key,
+                    format!(
                     "the request body has a duplicate field `{key}`: each field may appear once"
+                ),
                 ))
-                .with_metadata("param", key))
             }
         };
         let model = match fields.remove("model") {
             None | Some(Value::Null) => {
-                return Err(invalid_request(
+                return Err(bad_request(
+                    "model",
                     "`model` is required: name a model such as \"openai/gpt-4o\"",
-                )
-                .with_metadata("param", "model"))
+                ))
             }
             Some(Value::String(model)) if model.trim().is_empty() => {
-                return Err(
-                    invalid_request("`model` must not be empty").with_metadata("param", "model")
-                )
+                return Err(bad_request("model", "`model` must not be empty"))
             }
             Some(Value::String(model)) => model,
             Some(other) => return Err(wrong_type("model", "a string", &other)),
@@ -240,10 +243,6 @@ fn invalid_request(message: impl Into<String>) -> GatewayError {
     GatewayError::new(ErrorKind::InvalidRequest, message.into())
 }
 
-pub(crate) fn invalid_parameter(param: &str, message: String) -> GatewayError {
-    GatewayError::new(ErrorKind::InvalidParameter, message).with_metadata("param", param)
-}
-
 /// `value` when it is of the `expected` type (its words, and the check):
 /// 400 `invalid_request_error` with `missing` when absent or null, 422
 /// when of another type; both name `param`.
@@ -255,139 +254,27 @@ fn required<'v>(
 ) -> Result<&'v Value, GatewayError> {
     match value {
         Some(value) if is_expected(value) => Ok(value),
-        None | Some(Value::Null) => {
-            Err(invalid_request(format!("`{param}` {missing}")).with_metadata("param", param))
-        }
+        None | Some(Value::Null) => Err(bad_request(param, format!("`{param}` {missing}"))),
         Some(other) => Err(wrong_type(param, expected, other)),
-    }
-}
-
-/// 422 for a value present but of the wrong JSON type (a missing one is a
-/// 400 `invalid_request_error` instead), naming the field.
-pub(crate) fn wrong_type(param: &str, expected: &str, found: &Value) -> GatewayError {
-    invalid_parameter(
-        param,
-        format!("`{param}` must be {expected}, not {}", json_type(found)),
-    )
-}
-
-/// What a JSON value is, as messages name it: `a string`, `null`, ….
-pub(crate) fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// Why a body is not a JSON object with distinct top-level keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum JsonBodyError {
-    /// Not JSON: what is wrong and where (`… at line L, column C`).
-    NotJson(String),
-    /// JSON, but not an object: what it is instead (`an array`, …).
-    NotObject(&'static str),
-    /// A top-level key appears twice.
-    Duplicate(String),
-}
-
-/// The top-level fields of a JSON object body. A repeated key is refused:
-/// the gateway and whoever reads the body next could each take a different
-/// one of the two (`"model"` twice would let one spelling dodge the quota).
-pub(crate) fn top_level_fields(body: &[u8]) -> Result<Map<String, Value>, JsonBodyError> {
-    match serde_json::from_slice::<UniqueKeys>(body) {
-        Ok(UniqueKeys(fields)) => Ok(fields),
-        Err(error) if error.is_data() => {
-            let text = error.to_string();
-            if let Some(key) = text.strip_prefix(DUPLICATE_MARK) {
-                let key = key.rfind("` at line ").map_or(key, |end| &key[..end]);
-                return Err(JsonBodyError::Duplicate(key.to_owned()));
-            }
-            // Valid JSON that is not an object says what it is instead.
-            match serde_json::from_slice::<Value>(body) {
-                Ok(value) => Err(JsonBodyError::NotObject(json_type(&value))),
-                Err(error) => Err(not_json(&error)),
-            }
-        }
-        Err(error) => Err(not_json(&error)),
-    }
-}
-
-const DUPLICATE_MARK: &str = "duplicate top-level key `";
-
-fn not_json(error: &serde_json::Error) -> JsonBodyError {
-    JsonBodyError::NotJson(json_error_reason(error))
-}
-
-/// What serde_json found wrong and where: `… at line L, column C`.
-pub(crate) fn json_error_reason(error: &serde_json::Error) -> String {
-    // serde_json appends " at line L column C"; say it once, with a comma.
-    let text = error.to_string();
-    let reason = match text.rfind(" at line ") {
-        Some(index) => &text[..index],
-        None => &text,
-    };
-    format!(
-        "{reason} at line {}, column {}",
-        error.line(),
-        error.column()
-    )
-}
-
-struct UniqueKeys(Map<String, Value>);
-
-impl<'de> serde::Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = UniqueKeys;
-
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a JSON object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<UniqueKeys, A::Error> {
-                let mut fields = Map::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if fields.contains_key(&key) {
-                        return Err(serde::de::Error::custom(format_args!(
-                            "{DUPLICATE_MARK}{key}`"
-                        )));
-                    }
-                    let value: Value = map.next_value()?;
-                    fields.insert(key, value);
-                }
-                Ok(UniqueKeys(fields))
-            }
-        }
-
-        deserializer.deserialize_map(Visitor)
     }
 }
 
 fn parse_messages(messages: Option<Value>) -> Result<Vec<ChatMessage>, GatewayError> {
     let messages = match messages {
         None | Some(Value::Null) => {
-            return Err(invalid_request(
+            return Err(bad_request(
+                "messages",
                 "`messages` is required: an array of {\"role\", \"content\"} objects",
-            )
-            .with_metadata("param", "messages"))
+            ))
         }
         Some(Value::Array(messages)) => messages,
         Some(other) => return Err(wrong_type("messages", "an array", &other)),
     };
     if messages.is_empty() {
-        return Err(
-            invalid_request("`messages` must contain at least one message")
-                .with_metadata("param", "messages"),
-        );
+        return Err(bad_request(
+            "messages",
+            "`messages` must contain at least one message",
+        ));
     }
     messages
         .into_iter()
@@ -408,14 +295,12 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
     };
     let role = match fields.remove("role") {
         Some(Value::String(name)) => Role::parse(&name).ok_or_else(|| {
-            invalid_request(format!(
+            bad_request(&format!("{at}.role"), format!(
                 "`{at}.role` is {name:?}, which is not a role; use one of system, developer, user, assistant, tool, function"
             ))
-            .with_metadata("param", format!("{at}.role"))
         })?,
         None | Some(Value::Null) => {
-            return Err(invalid_request(format!("`{at}.role` is required"))
-                .with_metadata("param", format!("{at}.role")))
+            return Err(bad_request(&format!("{at}.role"), format!("`{at}.role` is required")))
         }
         Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", &other)),
     };
@@ -429,14 +314,16 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
         Some(Value::Array(parts)) => Some(MessageContent::Parts(check_parts(&at, parts)?)),
         None | Some(Value::Null) if calls_tools => None,
         Some(Value::Null) => {
-            return Err(invalid_request(format!(
-                "`{at}.content` must not be null: send a string (use \"\" for nothing)"
+            return Err(bad_request(
+                &format!("{at}.content"),
+                format!("`{at}.content` must not be null: send a string (use \"\" for nothing)"),
             ))
-            .with_metadata("param", format!("{at}.content")))
         }
         None => {
-            return Err(invalid_request(format!("`{at}.content` is required"))
-                .with_metadata("param", format!("{at}.content")))
+            return Err(bad_request(
+                &format!("{at}.content"),
+                format!("`{at}.content` is required"),
+            ))
         }
         Some(other) => {
             return Err(wrong_type(
@@ -627,8 +514,10 @@ fn parse_tools(tools: Option<Value>) -> Result<Option<Vec<Value>>, GatewayError>
             "is required",
         )?;
         if name.as_str().is_some_and(str::is_empty) {
-            return Err(invalid_request(format!("`{name_param}` is required"))
-                .with_metadata("param", name_param));
+            return Err(bad_request(
+                &name_param,
+                format!("`{name_param}` is required"),
+            ));
         }
         if function.get("strict") == Some(&Value::Bool(true)) {
             if let Some(schema) = function.get("parameters") {
@@ -681,10 +570,10 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
         None => None,
         Some(Value::Object(properties)) => Some(properties),
         Some(_) => {
-            return Err(invalid_request(format!(
-                "strict schema at `{path}`: `properties` must be an object"
+            return Err(bad_request(
+                path,
+                format!("strict schema at `{path}`: `properties` must be an object"),
             ))
-            .with_metadata("param", path.to_owned()))
         }
     };
     let is_object = schema.get("type").is_some_and(|kind| {
@@ -693,10 +582,8 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
                 .as_array()
                 .is_some_and(|kinds| kinds.iter().any(|k| k == "object"))
     });
-    let strict_error = |reason: String| {
-        invalid_request(format!("strict schema at `{path}`: {reason}"))
-            .with_metadata("param", path.to_owned())
-    };
+    let strict_error =
+        |reason: String| bad_request(path, format!("strict schema at `{path}`: {reason}"));
     if is_object || properties.is_some() {
         if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
             return Err(strict_error(

@@ -41,96 +41,13 @@
 
 mod chat;
 mod principal;
+mod request;
 mod sent;
 mod stack;
 
-use std::fmt;
-
-use bytes::Bytes;
-use http::{Extensions, Request};
-
 pub use crate::model_id::ModelId;
-#[allow(unused_imports)]
-pub(crate) use chat::{
-    invalid_parameter, json_error_reason, json_type, top_level_fields, wrong_type, JsonBodyError,
-};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use principal::Principal;
+pub use request::RequestContext;
 pub use sent::{SentUpstream, UpstreamAttempt};
 pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};
-
-use crate::keys::ByokCredential;
-use crate::limiter::AdmissionPlan;
-
-/// What the layers know about one request; see the [module docs](self).
-///
-/// `Debug` shows no secret: the key hash and the BYOK key print redacted.
-#[derive(Clone, Default)]
-pub struct RequestContext {
-    /// Who is calling: the key BearerAuth accepted.
-    pub principal: Option<Principal>,
-    /// The chat-completions request BodyLimit parsed, for a chat call.
-    pub chat: Option<ChatRequest>,
-    /// The body as received (or as CreditGuard edited it for the
-    /// upstream), for layers that need the bytes after the body itself has
-    /// been handed on. BodyLimit sets it for every request it buffers.
-    pub body: Option<Bytes>,
-    /// The account's own provider key, when CreditGuard admitted the
-    /// request as BYOK: the upstream client sends it instead of the
-    /// gateway's key.
-    pub credential: Option<ByokCredential>,
-    /// The model the client asked for, when a layer sends the request on
-    /// for another (the proxy's `Fallback`), so the record names both.
-    pub requested_model: Option<String>,
-    /// Whether the upstream has received the request: set by CreditGuard
-    /// when it meters a request whose upstream reports sending.
-    pub sent: Option<SentUpstream>,
-    /// The checks the deciding layers hand CreditGuard, in layer order.
-    pub(crate) plan: AdmissionPlan,
-}
-
-impl RequestContext {
-    /// The context of `request`, if a layer has started one.
-    pub fn of<B>(request: &Request<B>) -> Option<&RequestContext> {
-        request.extensions().get()
-    }
-
-    /// The context of `request`, started empty if no layer has.
-    pub fn of_mut<B>(request: &mut Request<B>) -> &mut RequestContext {
-        Self::in_extensions(request.extensions_mut())
-    }
-
-    /// The context in `extensions`, started empty if there is none.
-    pub fn in_extensions(extensions: &mut Extensions) -> &mut RequestContext {
-        extensions.get_or_insert_default()
-    }
-}
-
-#[cfg(test)]
-impl RequestContext {
-    /// A chat request's context for layer tests: a normal key of
-    /// `account`, `body` parsed and kept.
-    pub(crate) fn chat_for_tests(account: &str, body: &[u8]) -> Self {
-        RequestContext {
-            principal: Some(Principal::for_tests(account)),
-            chat: Some(ChatRequest::parse(body).expect("a valid chat request")),
-            body: Some(Bytes::copy_from_slice(body)),
-            ..RequestContext::default()
-        }
-    }
-}
-
-impl fmt::Debug for RequestContext {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter
-            .debug_struct("RequestContext")
-            .field("principal", &self.principal)
-            .field("chat", &self.chat)
-            .field("body_bytes", &self.body.as_ref().map(Bytes::len))
-            .field("credential", &self.credential)
-            .field("requested_model", &self.requested_model)
-            .field("sent", &self.sent)
-            .field("planned_checks", &self.plan.parts.len())
-            .finish()
-    }
-}

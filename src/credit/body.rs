@@ -268,7 +268,7 @@ mod tests {
     use http_body_util::{BodyExt, Full, StreamBody};
 
     use super::*;
-    use crate::clock::SystemClock;
+    use crate::clock::{Clock, SystemClock};
     use crate::credit::group_commit::GroupCommit;
     use crate::credit::pricing::TokenPrice;
     use crate::credit::stream::StreamEdits;
@@ -321,7 +321,7 @@ mod tests {
 
     async fn charged_nanos(store: &MemoryStore) -> i64 {
         store
-            .key_usage("acme", "0123456789abcdef", chrono::Utc::now())
+            .key_usage("acme", "0123456789abcdef", SystemClock.now())
             .await
             .unwrap()
             .total_nanos

@@ -93,6 +93,7 @@
 //! use http_body_util::{BodyExt, Full};
 //! use modelgate::auth::BearerAuthLayer;
 //! use modelgate::body::BodyLimitLayer;
+//! use modelgate::clock::{Clock, SystemClock};
 //! use modelgate::credit::{CreditGuardLayer, PriceTable};
 //! use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 //! use modelgate::store::{LedgerStore, MemoryStore, NANOS_PER_CREDIT};
@@ -130,7 +131,7 @@
 //! assert_eq!(first.status(), 200);
 //! first.into_body().collect().await.unwrap(); // the end of the body settles the cost…
 //! credit.flush(std::time::Duration::from_secs(5)).await; // …which lands just after
-//! let usage = store.key_usage("default", &record.hash, chrono::Utc::now()).await.unwrap();
+//! let usage = store.key_usage("default", &record.hash.to_hex(), SystemClock.now()).await.unwrap();
 //! assert_eq!(usage.total_nanos, 600_000_000); // 600 tokens at 1000 credits per million
 //! // 0.6 credits used, and the next request may cost 0.8 more: past the
 //! // 1-credit limit, so it is refused before it goes upstream.

@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use chrono::SecondsFormat;
+use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use tower_service::Service;
@@ -12,14 +12,16 @@ use super::future::ResponseFuture;
 use super::layer::CreditGuardConfig;
 use super::meter::{Ending, Meter, Unsettled};
 use super::pricing::{PromptBounds, TokenPrice};
-use crate::body::{is_chat_completions_call, ChatRequest, MessageContent};
+use crate::body::{ChatRequest, MessageContent};
 use crate::context::{Principal, RequestContext, SentUpstream};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
+use crate::json_input::bad_request;
 use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::ByokCredential;
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
+use crate::routing::is_chat_completions_call;
 use crate::store::RecordKeeping;
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 use crate::usage::GenerationContext;
@@ -368,15 +370,14 @@ fn unbounded_part(
         MissingBound::Context => "no `context_length`".to_owned(),
         _ => format!("neither `{field}` nor `context_length`"),
     };
-    GatewayError::new(
-        ErrorKind::InvalidRequest,
+    bad_request(
+        field,
         format!(
             "`messages[{message_index}].content[{part_index}]` is a `{kind}` part, and this gateway's pricing of {} sets {unset}, so what the part may cost has no bound and cannot be held; the gateway's operator sets `{field}` in the model's pricing. Send the request without such parts, or use another model",
             chat.model_id
         ),
     )
     .with_metadata("reason", "unbounded_prompt_part")
-    .with_metadata("param", field)
 }
 
 /// The size of `value` as JSON, without writing it anywhere.
@@ -725,7 +726,7 @@ fn hold_request(
     let reservation = ReserveRequest {
         account: account.to_owned(),
         key: principal.key_hash.to_hex(),
-        reservation_id: new_reservation_id(),
+        reservation_id: new_reservation_id(config.clock.now()),
         amount_nanos,
         min_amount_nanos: (flexible && amount_nanos > 0).then(|| charge.cost_nanos(1)),
         key_limit: principal.key_limit.filter(|_| counted),
@@ -920,14 +921,12 @@ fn refused(config: &CreditGuardConfig, charge: &Charge, refusal: ReserveOutcome)
     }
 }
 
-/// 32 hex digits: the milliseconds since 1970 (12), then 80 random bits
-/// (20). Ids made later sort later, so a store that indexes them (SQLite's
-/// B-trees) adds and removes them at one end instead of in a page
-/// anywhere: a request writes far fewer pages.
-fn new_reservation_id() -> String {
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis());
+/// 32 hex digits: the milliseconds since 1970 at `now` (12), then 80
+/// random bits (20). Ids made later sort later, so a store that indexes
+/// them (SQLite's B-trees) adds and removes them at one end instead of in
+/// a page anywhere: a request writes far fewer pages.
+fn new_reservation_id(now: DateTime<Utc>) -> String {
+    let millis = u128::try_from(now.timestamp_millis()).unwrap_or(0);
     let random = rand::random::<u128>() & ((1 << 80) - 1);
     // 12 hex digits of milliseconds, then 20 of randomness.
     let id = ((millis & ((1 << 48) - 1)) << 80) | random;
@@ -937,14 +936,15 @@ fn new_reservation_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
     #[test]
     fn reservation_ids_are_32_hex_digits_and_later_ones_sort_later() {
-        let first = new_reservation_id();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let second = new_reservation_id();
+        let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let first = new_reservation_id(now);
+        let second = new_reservation_id(now + chrono::Duration::milliseconds(1));
         for id in [&first, &second] {
             assert_eq!(id.len(), 32);
             assert!(id.bytes().all(|byte| byte.is_ascii_hexdigit()));
@@ -952,7 +952,7 @@ mod tests {
         assert!(first < second, "{first} then {second}");
         // The random part keeps ids of one millisecond apart.
         let ids: std::collections::HashSet<String> =
-            (0..1000).map(|_| new_reservation_id()).collect();
+            (0..1000).map(|_| new_reservation_id(now)).collect();
         assert_eq!(ids.len(), 1000);
     }
 

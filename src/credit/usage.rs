@@ -348,7 +348,7 @@ pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
     struct UsageOnly {
         usage: Option<UsageFields>,
     }
-    let usage = crate::body::json_from_bytes::<UsageOnly>(document)
+    let usage = crate::json_input::json_from_bytes::<UsageOnly>(document)
         .ok()?
         .usage?;
     Usage::from_fields(

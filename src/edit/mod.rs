@@ -19,27 +19,10 @@ mod sse;
 
 pub(crate) use events::{DataLine, Event, EventData, EventEditor, SseEvents, Verdict};
 pub(crate) use json::JsonObject;
-pub(crate) use model::ServedModel;
+pub(crate) use model::{ModelNamed, NameModel, ServedModel, MAX_NAMED_JSON_BYTES};
 pub use sse::MAX_SSE_LINE_BYTES;
-
-/// Largest JSON answer held to name its model; a larger one passes on
-/// unchanged.
-pub(crate) const MAX_NAMED_JSON_BYTES: usize = 8 * 1024 * 1024;
 #[cfg(feature = "proxy")]
 pub(crate) use sse::{SseLines, SsePiece};
-
-/// In a request's extensions: the layer that meters its answer names this
-/// model in its `model` (each streamed chunk's, or the JSON answer's) and
-/// says so with [`ModelNamed`] in the response's, so that the answer is
-/// parsed once. The layer that asks names it itself when the answer lacks
-/// the mark.
-#[derive(Clone, Debug)]
-pub(crate) struct NameModel(pub(crate) std::sync::Arc<str>);
-
-/// In a response's extensions: its body names the model that
-/// [`NameModel`] asked for.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ModelNamed;
 
 #[cfg(test)]
 pub(crate) use json::PARSES;

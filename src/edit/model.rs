@@ -1,6 +1,25 @@
-//! [`ServedModel`]: the model an answer is to name in its `model` field.
+//! [`ServedModel`]: the model an answer is to name in its `model` field,
+//! and the marks by which the layer that asks for it and the layer that
+//! does it agree to parse the answer once.
 
 use super::JsonObject;
+
+/// Largest JSON answer held to name its model; a larger one passes on
+/// unchanged.
+pub(crate) const MAX_NAMED_JSON_BYTES: usize = 8 * 1024 * 1024;
+
+/// In a request's extensions: the layer that meters its answer names this
+/// model in its `model` (each streamed chunk's, or the JSON answer's) and
+/// says so with [`ModelNamed`] in the response's, so that the answer is
+/// parsed once. The layer that asks names it itself when the answer lacks
+/// the mark.
+#[derive(Clone, Debug)]
+pub(crate) struct NameModel(pub(crate) std::sync::Arc<str>);
+
+/// In a response's extensions: its body names the model that
+/// [`NameModel`] asked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ModelNamed;
 
 /// The model an answer is to name, quoted once per answer rather than
 /// once per event.

@@ -16,8 +16,9 @@ use tokio::time::Sleep;
 
 use pin_project_lite::pin_project;
 
+use super::inner::{inner_error, panicked};
 use super::layer::ErrorMapperConfig;
-use super::{inner_error, panicked, rewrite_error_response};
+use super::upstream::rewrite_error_response;
 use crate::response_body::{BoxError, ResponseBody};
 
 pin_project! {

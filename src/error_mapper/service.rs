@@ -10,8 +10,8 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+use super::inner::{inner_error, panicked};
 use super::layer::ErrorMapperConfig;
-use super::{inner_error, panicked};
 use crate::error::GatewayError;
 use crate::response_body::{BoxError, ResponseBody};
 
@@ -74,5 +74,89 @@ where
             Ok(future) => ResponseFuture::calling(AssertUnwindSafe(future).catch_unwind(), config),
             Err(_) => ResponseFuture::ready(panicked().to_response()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use http::{Response, StatusCode};
+
+    use crate::error_mapper::ErrorMapperLayer;
+
+    /// A service whose readiness fails or panics, or whose `call` panics outright.
+    #[derive(Clone)]
+    struct Broken {
+        ready_fails: bool,
+        ready_panics: bool,
+    }
+
+    impl tower::Service<Request<Full<Bytes>>> for Broken {
+        type Response = Response<Full<Bytes>>;
+        type Error = io::Error;
+        type Future = std::future::Ready<Result<Self::Response, io::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+            if self.ready_panics {
+                panic!("poll_ready panicked");
+            }
+            if self.ready_fails {
+                Poll::Ready(Err(io::Error::from(io::ErrorKind::ConnectionRefused)))
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        }
+
+        fn call(&mut self, _: Request<Full<Bytes>>) -> Self::Future {
+            panic!("call panicked before returning a future")
+        }
+    }
+
+    async fn answer(service: Broken) -> (StatusCode, serde_json::Value) {
+        let service = ServiceBuilder::new()
+            .layer(ErrorMapperLayer::new())
+            .service(service);
+        let response = service
+            .oneshot(Request::new(Full::new(Bytes::new())))
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_panic_inside_call_is_500() {
+        let (status, body) = answer(Broken {
+            ready_fails: false,
+            ready_panics: false,
+        })
+        .await;
+        assert_eq!(status, 500);
+        assert_eq!(body["error"]["type"], "api_error");
+    }
+
+    #[tokio::test]
+    async fn a_readiness_error_is_answered_not_returned() {
+        let (status, body) = answer(Broken {
+            ready_fails: true,
+            ready_panics: false,
+        })
+        .await;
+        assert_eq!(status, 502);
+        assert_eq!(body["error"]["code"], 502);
+        let (status, _) = answer(Broken {
+            ready_fails: false,
+            ready_panics: true,
+        })
+        .await;
+        assert_eq!(status, 500);
     }
 }

@@ -40,10 +40,17 @@ impl FreeModelQuotaLayer {
 
     /// Other numbers than the seed's; refused when a counter could not
     /// hold them.
-    pub fn rules(mut self, rules: FreeQuotaRules) -> Result<Self, QuotaRulesError> {
+    pub fn rules(self, rules: FreeQuotaRules) -> Result<Self, QuotaRulesError> {
         rules.validate()?;
+        Ok(self.checked_rules(rules))
+    }
+
+    /// [`rules`](Self::rules) checked already (the proxy's `GatewayPlan`
+    /// checks them once, at load).
+    pub(crate) fn checked_rules(mut self, rules: FreeQuotaRules) -> Self {
+        debug_assert!(rules.validate().is_ok(), "rules not checked");
         Arc::make_mut(&mut self.config).rules = rules;
-        Ok(self)
+        self
     }
 
     /// Reads time from `clock` (a manual clock in tests).

@@ -6,19 +6,34 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::layer::FreeModelQuotaConfig;
-use super::FreeQuotaSnapshot;
-use crate::body::is_chat_completions_call;
 use crate::clock::Period;
 use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::credits::nanos_to_json;
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
-use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
+use crate::limiter::{Admission, AdmissionFuture, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
-use crate::store::PurchaseTier;
+use crate::routing::is_chat_completions_call;
+use crate::store::{CheckOutcome, PurchaseTier};
+
+/// The quota's counters after an admitted free request, in the request's
+/// extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeQuotaSnapshot {
+    /// The rolling minute.
+    pub minute: CheckOutcome,
+    /// The UTC day.
+    pub day: CheckOutcome,
+}
+
+impl FreeQuotaSnapshot {
+    /// Requests left under the tighter of the two limits.
+    pub fn remaining(&self) -> u64 {
+        self.minute.remaining.min(self.day.remaining)
+    }
+}
 
 /// This layer's name in metrics and logs.
 const LAYER: &str = "FreeModelQuota";
@@ -47,7 +62,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = AdmissionFuture<S, B>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Refused requests never need the inner service.
@@ -59,18 +74,18 @@ where
         let context = RequestContext::of(&request);
         let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
             if is_chat_completions_call(request.method(), request.uri().path()) {
-                return ResponseFuture::rejected(
+                return AdmissionFuture::rejected(
                     LAYER,
                     GatewayError::missing_layer("FreeModelQuota", "BodyLimit"),
                 );
             }
-            return ResponseFuture::admitted(LAYER, request, inner);
+            return AdmissionFuture::admitted(LAYER, request, inner);
         };
         if !chat.model_id.is_free() {
-            return ResponseFuture::admitted(LAYER, request, inner);
+            return AdmissionFuture::admitted(LAYER, request, inner);
         }
         let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {
-            return ResponseFuture::rejected(
+            return AdmissionFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("FreeModelQuota", "BearerAuth"),
             );
@@ -95,7 +110,7 @@ where
                 limiter.known_full(&account, &checks, Some(tier.check_index), limiter.now())
             {
                 if let Err(error) = finish(verdict) {
-                    return ResponseFuture::rejected(LAYER, error);
+                    return AdmissionFuture::rejected(LAYER, error);
                 }
             }
             let mut request = request;
@@ -108,13 +123,13 @@ where
                     tier: Some(tier),
                     finish,
                 });
-            return ResponseFuture::admitted(LAYER, request, inner);
+            return AdmissionFuture::admitted(LAYER, request, inner);
         }
         let decision: Decision = Box::pin(async move {
             let verdict = limiter.check(&account, &checks, Some(tier)).await?;
             finish(verdict)
         });
-        ResponseFuture::deciding(LAYER, decision, request, inner)
+        AdmissionFuture::deciding(LAYER, decision, request, inner)
     }
 }
 
@@ -196,4 +211,80 @@ fn per_day(
     GatewayError::rate_limited(LimitSource::FreePerDay, message, retry_after)
         .with_metadata("limit", limit)
         .with_metadata("resets_at", reset)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::clock::{Clock, ManualClock};
+    use crate::context::RequestContext;
+    use crate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
+    use crate::keys::SharedStore;
+    use crate::store::MemoryStore;
+    use bytes::Bytes;
+    use chrono::{TimeZone, Utc};
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    fn free_chat() -> Request<Full<Bytes>> {
+        let body = br#"{"model": "a/b:free", "messages": [{"role": "user", "content": "x"}]}"#;
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(RequestContext::chat_for_tests("acct", body));
+        request
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Admitted exactly when fewer than the per-minute limit were
+        /// admitted in the 60 s before, and fewer than the daily limit in
+        /// the UTC day: never more, never fewer.
+        #[test]
+        fn admits_exactly_what_the_rolling_minute_and_the_day_allow(
+            gaps_ms in proptest::collection::vec(0u64..45_000, 1..80),
+            remember in any::<bool>(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let start = Utc.with_ymd_and_hms(2026, 11, 18, 23, 50, 0).unwrap();
+            let clock = ManualClock::new(start);
+            let store: SharedStore = Arc::new(MemoryStore::new());
+            let rules = FreeQuotaRules {
+                requests_per_minute: 4,
+                requests_per_day: 9,
+                ..FreeQuotaRules::default()
+            };
+            let service = ServiceBuilder::new()
+                .layer(
+                    FreeModelQuotaLayer::new(store)
+                        .rules(rules)
+                        .unwrap()
+                        .clock(Arc::new(clock.clone()))
+                        .remember_full_counters(remember),
+                )
+                .service(service_fn(|_: Request<Full<Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+            let mut admitted: Vec<chrono::DateTime<Utc>> = Vec::new();
+            for gap in gaps_ms {
+                clock.advance(Duration::from_millis(gap));
+                let now = clock.now();
+                let in_minute = admitted.iter().filter(|at| **at > now - chrono::Duration::seconds(60)).count() as u64;
+                let today = admitted.iter().filter(|at| crate::clock::Period::Day.start_of(**at) == crate::clock::Period::Day.start_of(now)).count() as u64;
+                let expected = in_minute < rules.requests_per_minute && today < rules.requests_per_day;
+                let status = runtime.block_on(service.clone().oneshot(free_chat())).unwrap().status();
+                prop_assert_eq!(status == 200, expected, "at {} with {} in the minute, {} today", now, in_minute, today);
+                prop_assert!(status == 200 || status == 429);
+                if status == 200 {
+                    admitted.push(now);
+                }
+            }
+        }
+    }
 }

@@ -19,7 +19,7 @@ use super::lookup_cache::LookupCache;
 use super::record::is_valid_account_id;
 use crate::clock::{Clock, SystemClock};
 use crate::store::SharedStore;
-use crate::store::{byok_keys, Expect, RecordStoreExt, StoreError, WriteOutcome};
+use crate::store::{byok_keys, Expect, PutOptions, RecordStoreExt, StoreError, WriteOutcome};
 
 /// Longest provider name accepted.
 pub const MAX_PROVIDER_CHARS: usize = 64;
@@ -391,19 +391,21 @@ impl ByokDirectory {
         let store = &self.inner.store;
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let now = self.now();
-            let (created_at, expect) =
-                match store.get_json::<StoredKey>(&collection, &provider).await? {
-                    Some(current) => (current.value.created_at, Expect::Revision(current.revision)),
-                    None => {
-                        let held = store
-                            .list_records(&collection, 0, MAX_BYOK_KEYS_PER_ACCOUNT)
-                            .await?;
-                        if held.len() >= MAX_BYOK_KEYS_PER_ACCOUNT {
-                            return Err(ByokError::TooManyKeys);
-                        }
-                        (now, Expect::Absent)
+            let (created_at, expect) = match store
+                .get_json_at::<StoredKey>(&collection, &provider, now)
+                .await?
+            {
+                Some(current) => (current.value.created_at, Expect::Revision(current.revision)),
+                None => {
+                    let held = store
+                        .list_records_at(&collection, 0, MAX_BYOK_KEYS_PER_ACCOUNT, now)
+                        .await?;
+                    if held.len() >= MAX_BYOK_KEYS_PER_ACCOUNT {
+                        return Err(ByokError::TooManyKeys);
                     }
-                };
+                    (now, Expect::Absent)
+                }
+            };
             let stored = StoredKey {
                 provider: provider.clone(),
                 api_key: api_key.to_owned(),
@@ -412,8 +414,16 @@ impl ByokDirectory {
                 updated_at: now,
             };
             if let WriteOutcome::Written { .. } = store
-                .put_json(&collection, &provider, &stored, expect)
+                .put_json_at(
+                    &collection,
+                    &provider,
+                    &stored,
+                    expect,
+                    PutOptions::default(),
+                    now,
+                )
                 .await?
+                .uncapped()?
             {
                 self.forget(account, &provider);
                 return Ok(stored.entry());
@@ -431,14 +441,20 @@ impl ByokDirectory {
         let collection = byok_keys(&account);
         let store = &self.inner.store;
         for _ in 0..MAX_WRITE_ATTEMPTS {
-            let Some(current) = store.get_record(&collection, &provider).await? else {
+            let now = self.now();
+            let Some(current) = store.get_record_at(&collection, &provider, now).await? else {
                 // Gone already, perhaps through another instance: this
                 // instance stops using it at once all the same.
                 self.forget(&account, &provider);
                 return Ok(false);
             };
             let outcome = store
-                .delete_record(&collection, &provider, Expect::Revision(current.revision))
+                .delete_record_at(
+                    &collection,
+                    &provider,
+                    Expect::Revision(current.revision),
+                    now,
+                )
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(&account, &provider);
@@ -461,7 +477,7 @@ impl ByokDirectory {
             let batch = self
                 .inner
                 .store
-                .list_records(&collection, offset, BATCH)
+                .list_records_at(&collection, offset, BATCH, self.now())
                 .await?;
             let fetched = batch.len();
             for (_, record) in batch {
@@ -507,7 +523,7 @@ impl ByokDirectory {
         let Some(stored) = self
             .inner
             .store
-            .get_json::<StoredKey>(&byok_keys(account), provider)
+            .get_json_at::<StoredKey>(&byok_keys(account), provider, self.now())
             .await?
         else {
             return Ok(None);
@@ -708,7 +724,7 @@ mod tests {
         directory.set("acme", "openai", SECRET).await.unwrap();
         let record = directory
             .store()
-            .get_record(&byok_keys("acme"), "openai")
+            .get_record_at(&byok_keys("acme"), "openai", t0())
             .await
             .unwrap()
             .unwrap();
@@ -844,13 +860,20 @@ mod tests {
         directory.set("acme", "openai", SECRET).await.unwrap();
         let record = directory
             .store()
-            .get_record(&byok_keys("acme"), "openai")
+            .get_record_at(&byok_keys("acme"), "openai", t0())
             .await
             .unwrap()
             .unwrap();
         directory
             .store()
-            .put_record(&byok_keys("acme"), "anthropic", &record.value, Expect::Any)
+            .put_record_at(
+                &byok_keys("acme"),
+                "anthropic",
+                &record.value,
+                Expect::Any,
+                PutOptions::default(),
+                t0(),
+            )
             .await
             .unwrap();
         assert!(directory.lookup("acme", "anthropic").await.is_err());

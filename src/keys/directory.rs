@@ -17,8 +17,8 @@ use super::record::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::store::{
-    AccountBalance, Expect, KeyTerms, RecordStoreExt, SharedStore, StoreError, TopUpOutcome,
-    Versioned, WriteOutcome, ACCOUNTS, KEYS,
+    AccountBalance, Expect, KeyTerms, PutOptions, RecordStoreExt, SharedStore, StoreError,
+    TopUpOutcome, Versioned, WriteOutcome, ACCOUNTS, KEYS,
 };
 
 /// How often a compare-and-set write is retried when another writer got
@@ -207,6 +207,29 @@ impl KeyDirectory {
         self.inner.clock.now()
     }
 
+    /// Writes one of the directory's records (none of them expires) when
+    /// `expect` holds, at the directory's instant.
+    async fn write_json<T: Serialize + Sync>(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &T,
+        expect: Expect,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.inner
+            .store
+            .put_json_at(
+                collection,
+                id,
+                value,
+                expect,
+                PutOptions::default(),
+                self.now(),
+            )
+            .await?
+            .uncapped()
+    }
+
     /// What the store says about `hash`, from the cache when fresh.
     pub async fn lookup(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
         let now = self.now();
@@ -251,18 +274,19 @@ impl KeyDirectory {
     async fn fetch(&self, hash: &KeyHash) -> Result<KeyState, StoreError> {
         let id = hash.to_hex();
         let store = &self.inner.store;
-        if let Some(record) = store.get_json::<KeyRecord>(KEYS, &id).await? {
+        let now = self.now();
+        if let Some(record) = store.get_json_at::<KeyRecord>(KEYS, &id, now).await? {
             // The record is found by its hash; comparing again, in constant
             // time, guards against a store that answers for the wrong id.
-            return match KeyHash::from_hex(&record.value.hash) {
-                Some(stored) if stored == *hash => Ok(KeyState::Active(Arc::new(record.value))),
-                _ => Err(StoreError::corrupt(
+            if record.value.hash != *hash {
+                return Err(StoreError::corrupt(
                     "get_record",
                     "a key record's hash does not match its id",
-                )),
-            };
+                ));
+            }
+            return Ok(KeyState::Active(Arc::new(record.value)));
         }
-        if store.get_record(DELETED_KEYS, &id).await?.is_some() {
+        if store.get_record_at(DELETED_KEYS, &id, now).await?.is_some() {
             return Ok(KeyState::Deleted);
         }
         Ok(KeyState::Unknown)
@@ -284,7 +308,7 @@ impl KeyDirectory {
             let key = ApiKey::generate();
             let hash = key.hash();
             let record = KeyRecord {
-                hash: hash.to_hex(),
+                hash,
                 name: new.name.clone(),
                 account: new.account.clone(),
                 management: new.management,
@@ -307,9 +331,7 @@ impl KeyDirectory {
             // ledger does not have.
             self.keep_terms(&record).await?;
             match self
-                .inner
-                .store
-                .put_json(KEYS, &record.hash, &record, Expect::Absent)
+                .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Absent)
                 .await?
             {
                 WriteOutcome::Written { .. } => {
@@ -335,7 +357,7 @@ impl KeyDirectory {
         if self
             .inner
             .store
-            .get_record(DELETED_KEYS, &hash.to_hex())
+            .get_record_at(DELETED_KEYS, &hash.to_hex(), self.now())
             .await?
             .is_some()
         {
@@ -346,7 +368,7 @@ impl KeyDirectory {
         }
         let new = self.place(new).await?;
         let record = KeyRecord {
-            hash: hash.to_hex(),
+            hash,
             name: new.name,
             account: new.account,
             management: new.management,
@@ -366,9 +388,7 @@ impl KeyDirectory {
             rate_limit: new.rate_limit,
         };
         let outcome = self
-            .inner
-            .store
-            .put_json(KEYS, &record.hash, &record, Expect::Absent)
+            .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Absent)
             .await?;
         self.forget(&hash);
         match outcome {
@@ -400,7 +420,7 @@ impl KeyDirectory {
         };
         self.inner
             .store
-            .set_key_terms(&record.account, &record.hash, &terms)
+            .set_key_terms(&record.account, &record.hash.to_hex(), &terms)
             .await
     }
 
@@ -421,7 +441,7 @@ impl KeyDirectory {
     /// the ledger's layout moves, key by key.
     pub async fn every_key_s_account(&self) -> Result<Vec<(String, String)>, StoreError> {
         let mut keys = Vec::new();
-        self.each_key(|record| keys.push((record.account, record.hash)))
+        self.each_key(|record| keys.push((record.account, record.hash.to_hex())))
             .await?;
         Ok(keys)
     }
@@ -461,9 +481,7 @@ impl KeyDirectory {
             if record.account == OPERATOR_ACCOUNT {
                 continue;
             }
-            let Some(hash) = KeyHash::from_hex(&record.hash) else {
-                continue;
-            };
+            let hash = record.hash;
             let edited = self
                 .edit(&hash, |record| {
                     let misplaced = record.is_operator() && record.account != OPERATOR_ACCOUNT;
@@ -497,9 +515,7 @@ impl KeyDirectory {
             minted_at: self.now(),
         };
         let outcome = self
-            .inner
-            .store
-            .put_json(OPERATOR_KEY_MINTED, MINTED_ID, &marker, Expect::Absent)
+            .write_json(OPERATOR_KEY_MINTED, MINTED_ID, &marker, Expect::Absent)
             .await?;
         if let WriteOutcome::Conflict { .. } = outcome {
             return Ok(None);
@@ -526,9 +542,7 @@ impl KeyDirectory {
             if record.disabled {
                 continue;
             }
-            let Some(hash) = KeyHash::from_hex(&record.hash) else {
-                continue;
-            };
+            let hash = record.hash;
             if self.update(&hash, &disable).await?.is_some() {
                 disabled += 1;
             }
@@ -547,7 +561,11 @@ impl KeyDirectory {
         const BATCH: usize = 500;
         let mut cursor = 0;
         loop {
-            let batch = self.inner.store.list_records(KEYS, cursor, BATCH).await?;
+            let batch = self
+                .inner
+                .store
+                .list_records_at(KEYS, cursor, BATCH, self.now())
+                .await?;
             let fetched = batch.len();
             for (_, record) in batch {
                 visit(crate::store::decode::<KeyRecord>("list_records", record)?.value);
@@ -561,7 +579,10 @@ impl KeyDirectory {
 
     /// The stored record of `hash`, read from the store (not the cache).
     pub async fn get(&self, hash: &KeyHash) -> Result<Option<Versioned<KeyRecord>>, StoreError> {
-        self.inner.store.get_json(KEYS, &hash.to_hex()).await
+        self.inner
+            .store
+            .get_json_at(KEYS, &hash.to_hex(), self.now())
+            .await
     }
 
     /// Applies `update` to the key `hash`; `None` when there is no such key.
@@ -603,9 +624,12 @@ impl KeyDirectory {
             // key as it was, and the caller's retry writes both.
             self.keep_terms(&record).await?;
             let outcome = self
-                .inner
-                .store
-                .put_json(KEYS, &record.hash, &record, Expect::Revision(revision))
+                .write_json(
+                    KEYS,
+                    &record.hash.to_hex(),
+                    &record,
+                    Expect::Revision(revision),
+                )
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
@@ -661,7 +685,7 @@ impl KeyDirectory {
                 if current.rotated_to.is_some() || !rotatable(current, now) {
                     return false;
                 }
-                current.rotated_to = Some(record.hash.clone());
+                current.rotated_to = Some(record.hash);
                 current.expires_at = Some(
                     current
                         .expires_at
@@ -730,14 +754,12 @@ impl KeyDirectory {
                 account: current.value.account.clone(),
                 deleted_at: self.now(),
             };
-            self.inner
-                .store
-                .put_json(DELETED_KEYS, &id, &tombstone, Expect::Any)
+            self.write_json(DELETED_KEYS, &id, &tombstone, Expect::Any)
                 .await?;
             let outcome = self
                 .inner
                 .store
-                .delete_record(KEYS, &id, Expect::Revision(current.revision))
+                .delete_record_at(KEYS, &id, Expect::Revision(current.revision), self.now())
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
@@ -841,9 +863,12 @@ impl KeyDirectory {
         if last_use_is_stale(record.last_used_at, now) {
             record.last_used_at = Some(now);
             let outcome = self
-                .inner
-                .store
-                .put_json(KEYS, &record.hash, &record, Expect::Revision(revision))
+                .write_json(
+                    KEYS,
+                    &record.hash.to_hex(),
+                    &record,
+                    Expect::Revision(revision),
+                )
                 .await?;
             // A conflict means another writer (another instance's note, a
             // change) got there first: the next use reads again.
@@ -880,7 +905,11 @@ impl KeyDirectory {
         let mut page = Vec::new();
         let mut cursor = 0;
         while page.len() < page_size {
-            let batch = self.inner.store.list_records(KEYS, cursor, BATCH).await?;
+            let batch = self
+                .inner
+                .store
+                .list_records_at(KEYS, cursor, BATCH, self.now())
+                .await?;
             let fetched = batch.len();
             for (_, record) in batch {
                 let record = crate::store::decode::<KeyRecord>("list_records", record)?.value;
@@ -915,9 +944,7 @@ impl KeyDirectory {
             created_at: self.now(),
         };
         // A conflict means the account exists already, which is the goal.
-        self.inner
-            .store
-            .put_json(ACCOUNTS, id, &account, Expect::Absent)
+        self.write_json(ACCOUNTS, id, &account, Expect::Absent)
             .await?;
         Ok(())
     }
@@ -939,9 +966,7 @@ impl KeyDirectory {
         };
         Ok(
             match self
-                .inner
-                .store
-                .put_json(ACCOUNTS, &account.id, &account, Expect::Absent)
+                .write_json(ACCOUNTS, &account.id, &account, Expect::Absent)
                 .await?
             {
                 WriteOutcome::Written { .. } => Some(account),
@@ -955,7 +980,7 @@ impl KeyDirectory {
         Ok(self
             .inner
             .store
-            .get_json::<AccountRecord>(ACCOUNTS, id)
+            .get_json_at::<AccountRecord>(ACCOUNTS, id, self.now())
             .await?
             .map(|versioned| versioned.value))
     }
@@ -969,7 +994,7 @@ impl KeyDirectory {
     ) -> Result<Vec<AccountRecord>, StoreError> {
         self.inner
             .store
-            .list_records(ACCOUNTS, offset, page_size)
+            .list_records_at(ACCOUNTS, offset, page_size, self.now())
             .await?
             .into_iter()
             .map(|(_, record)| {
@@ -981,7 +1006,12 @@ impl KeyDirectory {
 
     /// Whether the account `id` has been used.
     pub async fn account_exists(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.inner.store.get_record(ACCOUNTS, id).await?.is_some())
+        Ok(self
+            .inner
+            .store
+            .get_record_at(ACCOUNTS, id, self.now())
+            .await?
+            .is_some())
     }
 
     /// Records a purchase of `amount_nanos` for the account `id` (created if
@@ -1066,8 +1096,7 @@ mod tests {
         let mut record = directory.get(hash).await.unwrap().unwrap().value;
         record.disabled = true;
         directory
-            .store()
-            .put_json(KEYS, &record.hash, &record, Expect::Any)
+            .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Any)
             .await
             .unwrap();
     }
@@ -1196,8 +1225,7 @@ mod tests {
         let (key, record) = directory.create_key(NewKey::named("k")).await.unwrap();
         let other = KeyHash::of("another key");
         directory
-            .store()
-            .put_json(KEYS, &other.to_hex(), &record, Expect::Any)
+            .write_json(KEYS, &other.to_hex(), &record, Expect::Any)
             .await
             .unwrap();
         assert!(directory.lookup(&other).await.is_err());
@@ -1244,8 +1272,7 @@ mod tests {
         let (_, mut old) = directory.create_key(NewKey::named("old")).await.unwrap();
         old.management = true;
         directory
-            .store()
-            .put_json(KEYS, &old.hash, &old, Expect::Any)
+            .write_json(KEYS, &old.hash.to_hex(), &old, Expect::Any)
             .await
             .unwrap();
         let (_, manager) = directory
@@ -1263,11 +1290,11 @@ mod tests {
         );
         assert_eq!(directory.move_operator_keys().await.unwrap(), 1);
         assert_eq!(directory.move_operator_keys().await.unwrap(), 0);
-        let hash = KeyHash::from_hex(&old.hash).unwrap();
+        let hash = old.hash;
         let moved = directory.get(&hash).await.unwrap().unwrap().value;
         assert_eq!(moved.account, OPERATOR_ACCOUNT);
         assert_eq!(directory.operator_keys().await.unwrap().len(), 2);
-        let hash = KeyHash::from_hex(&manager.hash).unwrap();
+        let hash = manager.hash;
         let stayed = directory.get(&hash).await.unwrap().unwrap().value;
         assert_eq!(stayed.account, "default", "an account's manager stays");
     }

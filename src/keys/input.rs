@@ -7,7 +7,7 @@
 //! same way, and so the fuzz target reaches them.
 
 use chrono::{DateTime, Utc};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::byok::{check_api_key, provider_id, ByokError};
 use super::credits::{nanos_from_json, AmountError};
@@ -17,6 +17,7 @@ use super::record::{
 };
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
+use crate::json_input::{bad_request, invalid, missing, Fields};
 use crate::model_id::check_pattern;
 use crate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES};
 
@@ -326,7 +327,7 @@ pub fn idempotency_key<'a>(
     let refused = || {
         bad_request(
             IDEMPOTENCY_KEY_HEADER,
-            &format!(
+            format!(
                 "the {IDEMPOTENCY_KEY_HEADER} header must be sent once, as 1 to {MAX_IDEMPOTENCY_KEY_BYTES} visible ASCII characters (a UUID is a good choice)"
             ),
         )
@@ -491,49 +492,6 @@ pub fn list_query(query: Option<&str>) -> Result<ListQuery, GatewayError> {
     Ok(list)
 }
 
-/// A JSON object whose every field is taken at most once; fields it was
-/// not asked for are refused.
-pub(crate) struct Fields {
-    object: Map<String, Value>,
-}
-
-impl Fields {
-    pub(crate) fn parse(body: &[u8], allowed: &[&str]) -> Result<Fields, GatewayError> {
-        if body.iter().all(u8::is_ascii_whitespace) {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                "the request body is empty; send a JSON object",
-            ));
-        }
-        let value: Value = serde_json::from_slice(body).map_err(|error| {
-            GatewayError::new(
-                ErrorKind::InvalidRequest,
-                format!("the request body is not valid JSON: {error}"),
-            )
-        })?;
-        let Value::Object(object) = value else {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                "the request body must be a JSON object",
-            ));
-        };
-        if let Some(unknown) = object.keys().find(|key| !allowed.contains(&key.as_str())) {
-            return Err(bad_request(
-                unknown,
-                &format!(
-                    "unknown field `{unknown}`; the fields are {}",
-                    allowed.join(", ")
-                ),
-            ));
-        }
-        Ok(Fields { object })
-    }
-
-    pub(crate) fn take(&mut self, name: &str) -> Option<Value> {
-        self.object.remove(name)
-    }
-}
-
 pub(crate) fn key_name(value: Value) -> Result<String, GatewayError> {
     let Value::String(name) = value else {
         return Err(invalid("name", "must be a string"));
@@ -644,12 +602,6 @@ pub(crate) fn unknown_account(account: &str) -> GatewayError {
     .with_metadata("reason", "unknown_account")
 }
 
-/// 422: a field's value is of the wrong type or out of range.
-pub(crate) fn invalid(field: &str, problem: &str) -> GatewayError {
-    GatewayError::new(ErrorKind::InvalidParameter, format!("`{field}` {problem}"))
-        .with_metadata("param", field)
-}
-
 /// 422: the operator's account id, which no tenant account may take.
 fn reserved_account(field: &str) -> GatewayError {
     invalid(
@@ -657,16 +609,6 @@ fn reserved_account(field: &str) -> GatewayError {
         &format!("{OPERATOR_ACCOUNT} is reserved for the operator's keys, which belong to no account; choose another id (1 to 64 characters of A-Z a-z 0-9 . _ -)"),
     )
     .with_metadata("reason", "reserved_account")
-}
-
-/// 400 about one field.
-pub(crate) fn bad_request(field: &str, message: &str) -> GatewayError {
-    GatewayError::new(ErrorKind::InvalidRequest, message.to_owned()).with_metadata("param", field)
-}
-
-/// 400: a required field is absent.
-pub(crate) fn missing(field: &str, why: &str) -> GatewayError {
-    bad_request(field, &format!("`{field}` is required: {why}"))
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ async fn tell_owner(
             account: record.account.clone(),
             email,
             key_name: record.name.clone(),
-            key_hash_prefix: record.hash.chars().take(HASH_PREFIX_CHARS).collect(),
+            key_hash_prefix: record.hash.to_hex()[..HASH_PREFIX_CHARS].to_owned(),
             token_type: token_type.to_owned(),
             url: report.url.clone(),
             source: report.source.clone(),

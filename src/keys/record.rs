@@ -1,10 +1,9 @@
 //! What the store keeps about keys and accounts.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::key::KeyHash;
 use crate::clock::Period;
 use crate::store::KeyLimit;
 
@@ -36,11 +35,14 @@ pub const MAX_KEY_NAME_CHARS: usize = 256;
 
 /// One API key as stored, under the hex SHA-256 hash of its plaintext.
 ///
-/// `Debug` leaves the hash out, as every type holding a key or its hash does.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `Debug` shows every field; the hashes print as [`KeyHash`]'s own
+/// `Debug` does, redacted, as every type holding a key or its hash does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyRecord {
-    /// Hex SHA-256 of the plaintext key; the key's id.
-    pub hash: String,
+    /// SHA-256 of the plaintext key; the key's id (stored as its
+    /// [hex](KeyHash::to_hex)).
+    #[serde(with = "hex_key_hash")]
+    pub hash: KeyHash,
     /// The name given at creation (the `label` of the key status endpoint).
     pub name: String,
     /// The account whose balance and rate limits the key shares.
@@ -82,8 +84,8 @@ pub struct KeyRecord {
     /// ([`KeyDirectory::rotate_key`](super::KeyDirectory::rotate_key)):
     /// this key then works until its grace ends (its `expires_at`) and is
     /// refused with 401 `rotated_key` from then on.
-    #[serde(default)]
-    pub rotated_to: Option<String>,
+    #[serde(default, with = "hex_key_hash::optional")]
+    pub rotated_to: Option<KeyHash>,
     /// The models the key may call: exact model ids (`openai/gpt-4o`,
     /// `openai/gpt-4o:free`; ASCII case ignored) or provider prefixes
     /// (`anthropic/`). `None`: every model. Others are refused with 403
@@ -126,26 +128,51 @@ pub struct LeakReport {
     pub source: Option<String>,
 }
 
-impl fmt::Debug for KeyRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyRecord")
-            .field("hash", &format_args!("…"))
-            .field("name", &self.name)
-            .field("account", &self.account)
-            .field("management", &self.management)
-            .field("scoped_to_account", &self.scoped_to_account)
-            .field("disabled", &self.disabled)
-            .field("limit_nanos", &self.limit_nanos)
-            .field("limit_reset", &self.limit_reset)
-            .field("include_byok_in_limit", &self.include_byok_in_limit)
-            .field("created_at", &self.created_at)
-            .field("updated_at", &self.updated_at)
-            .field("expires_at", &self.expires_at)
-            .field("last_used_at", &self.last_used_at)
-            .field("leak", &self.leak)
-            .field("allowed_models", &self.allowed_models)
-            .field("rate_limit", &self.rate_limit)
-            .finish()
+/// A [`KeyHash`] as stored records hold it: its 64 lowercase hex digits,
+/// the key's id in the store.
+mod hex_key_hash {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    use super::KeyHash;
+
+    pub(super) fn serialize<S: Serializer>(
+        hash: &KeyHash,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&hash.to_hex())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<KeyHash, D::Error> {
+        let hex = String::deserialize(deserializer)?;
+        KeyHash::from_hex(&hex)
+            .ok_or_else(|| de::Error::custom("a key hash must be 64 lowercase hex digits"))
+    }
+
+    /// The same for an optional hash (`null` when absent).
+    pub(super) mod optional {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        use super::KeyHash;
+
+        pub(in super::super) fn serialize<S: Serializer>(
+            hash: &Option<KeyHash>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            match hash {
+                Some(hash) => serializer.serialize_some(&hash.to_hex()),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<KeyHash>, D::Error> {
+            #[derive(Deserialize)]
+            struct Hex(#[serde(deserialize_with = "super::deserialize")] KeyHash);
+            Ok(Option::<Hex>::deserialize(deserializer)?.map(|Hex(hash)| hash))
+        }
     }
 }
 
@@ -323,13 +350,12 @@ pub fn is_valid_account_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
     use proptest::prelude::*;
 
-    #[test]
-    fn debug_never_shows_the_hash() {
-        let hash = "ab".repeat(32);
-        let record = KeyRecord {
-            hash: hash.clone(),
+    fn a_record() -> KeyRecord {
+        KeyRecord {
+            hash: KeyHash::from_hex(&"ab".repeat(32)).unwrap(),
             name: "n".into(),
             account: DEFAULT_ACCOUNT.into(),
             management: false,
@@ -338,7 +364,7 @@ mod tests {
             limit_nanos: None,
             limit_reset: None,
             include_byok_in_limit: false,
-            created_at: Utc::now(),
+            created_at: Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap(),
             updated_at: None,
             expires_at: None,
             last_used_at: None,
@@ -347,12 +373,52 @@ mod tests {
             rotated_to: None,
             allowed_models: None,
             rate_limit: None,
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_the_hash() {
+        let record = KeyRecord {
+            rotated_to: Some(KeyHash::from_hex(&"cd".repeat(32)).unwrap()),
+            hint: Some("mg-v1-Ab…xyz".into()),
+            ..a_record()
         };
         let shown = format!(
             "{record:?} {:?}",
             crate::keys::KeyState::Active(record.clone().into())
         );
-        assert!(!shown.contains("abab"), "{shown}");
+        assert!(
+            !shown.contains("abab") && !shown.contains("cdcd"),
+            "{shown}"
+        );
+        assert!(shown.contains("hash: KeyHash(…)"), "{shown}");
+        // Derived: every field shows, a new one too.
+        assert!(shown.contains("mg-v1-Ab…xyz"), "{shown}");
+    }
+
+    /// Stores hold these records: the hashes stay 64 hex digits, and a
+    /// record written before this type held `KeyHash`es reads the same.
+    #[test]
+    fn the_stored_form_of_the_hashes_is_their_hex() {
+        let record = KeyRecord {
+            rotated_to: Some(KeyHash::from_hex(&"cd".repeat(32)).unwrap()),
+            ..a_record()
+        };
+        let stored: serde_json::Value = serde_json::to_value(&record).unwrap();
+        assert_eq!(stored["hash"], "ab".repeat(32));
+        assert_eq!(stored["rotated_to"], "cd".repeat(32));
+        assert_eq!(serde_json::from_value::<KeyRecord>(stored).unwrap(), record);
+        let never_rotated = serde_json::to_value(a_record()).unwrap();
+        assert_eq!(never_rotated["rotated_to"], serde_json::Value::Null);
+        let mut older = never_rotated;
+        older.as_object_mut().unwrap().remove("rotated_to");
+        assert_eq!(
+            serde_json::from_value::<KeyRecord>(older).unwrap(),
+            a_record()
+        );
+        let mut upper = serde_json::to_value(a_record()).unwrap();
+        upper["hash"] = "AB".repeat(32).into();
+        assert!(serde_json::from_value::<KeyRecord>(upper).is_err());
     }
 
     #[test]

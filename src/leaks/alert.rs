@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::body::{json_error_reason, json_type, top_level_fields, JsonBodyError};
+use crate::json_input::{json_error_reason, json_type, top_level_fields, JsonBodyError};
 
 /// Most tokens read from one alert; a longer alert is refused whole.
 pub const MAX_TOKENS_PER_ALERT: usize = 1000;

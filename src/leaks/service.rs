@@ -17,11 +17,12 @@ use super::{
 };
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::{ApiKey, AuthFailures};
-use crate::body::{path_is, ReadError};
+use crate::body::ReadError;
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{LeakOutcome, LeakReport};
 use crate::response_body::{BoxError, ResponseBody};
+use crate::routing::path_is;
 use crate::store::FailurePolicy;
 
 /// How many of an alert's tokens are looked up at once.

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::body::{json_error_reason, json_type, top_level_fields, JsonBodyError};
+use crate::json_input::{json_error_reason, json_type, top_level_fields, JsonBodyError};
 
 /// The header naming the key GitHub signed an alert with.
 pub const GITHUB_KEY_IDENTIFIER: HeaderName =

@@ -67,8 +67,8 @@ impl<B> Additions<B> for Extensions {
 pub(crate) type Decision<A = Extensions> = BoxFuture<'static, Result<Admission<A>, GatewayError>>;
 
 pin_project! {
-    /// Response future of the admission layers: the decision, then the
-    /// inner service.
+    /// Response future of the admission layers (and of BearerAuth): the
+    /// decision, then the inner service.
     pub struct AdmissionFuture<S, B, A = Extensions>
     where
         S: Service<Request<B>>,

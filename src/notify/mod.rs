@@ -106,14 +106,15 @@
 
 mod alert;
 mod email;
+mod error;
+mod leak;
 mod notifier;
 mod webhook;
 
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-
 pub use alert::{Alert, AlertNotice, BALANCE_BELOW_EVENT, KEY_LIMIT_PERCENT_EVENT};
 pub use email::EmailSettings;
+pub use error::NotifyConfigError;
+pub use leak::LeakNotice;
 pub use notifier::{
     Notifier, ATTEMPT_TIMEOUT, DEFAULT_MAX_PENDING_NOTICES, DEFAULT_RETRY_WAITS,
     MAX_SENDS_IN_FLIGHT,
@@ -122,48 +123,3 @@ pub use webhook::{
     verify_webhook_signature, webhook_signature, WebhookSettings, EVENT_TYPE, SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
 };
-
-/// A leaked key, as its owner and the operator are told about it. It is
-/// also the webhook's `data`, serialised as is (`reported_at` in RFC 3339,
-/// absent options as `null`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeakNotice {
-    /// The account's id.
-    pub account: String,
-    /// The account owner's address; `None` sends no e-mail (the webhook
-    /// still goes).
-    pub email: Option<String>,
-    /// The key's human name.
-    pub key_name: String,
-    /// The first 12 hex digits of the key's SHA-256 hash: never the key.
-    pub key_hash_prefix: String,
-    /// The kind of secret found, such as `modelgate_api_key`.
-    pub token_type: String,
-    /// Where it was found (a GitHub URL), when known.
-    pub url: Option<String>,
-    /// What kind of place that is (`content`, `commit`, `npm`, …), when
-    /// known.
-    pub source: Option<String>,
-    /// When the leak was reported.
-    pub reported_at: DateTime<Utc>,
-    /// Who reported it: `secret_scanning` or `operator`.
-    pub reported_by: String,
-}
-
-/// Why notice settings were refused: the setting and the reason, never a
-/// password or a secret.
-#[derive(Debug, thiserror::Error)]
-#[error("notify {0}: {1}")]
-pub struct NotifyConfigError(&'static str, String);
-
-impl NotifyConfigError {
-    fn new(setting: &'static str, reason: impl Into<String>) -> Self {
-        NotifyConfigError(setting, reason.into())
-    }
-
-    /// The setting refused: `smtp_url`, `from`, `webhook_url` or
-    /// `webhook_secret`.
-    pub fn setting(&self) -> &'static str {
-        self.0
-    }
-}

@@ -12,6 +12,7 @@ use tokio::sync::{watch, Semaphore};
 use super::email::{self, EmailSettings};
 use super::webhook::WebhookSettings;
 use super::{AlertNotice, LeakNotice};
+use crate::clock::{Clock, SystemClock};
 use crate::telemetry;
 
 /// The waits between attempts, by default: 1 s, 5 s, 30 s, 2 min, 10 min
@@ -50,6 +51,8 @@ struct Config {
     webhook: Option<WebhookSettings>,
     retry_waits: Vec<Duration>,
     max_pending_notices: usize,
+    /// The time each webhook attempt is signed with.
+    clock: Arc<dyn Clock>,
 }
 
 struct State {
@@ -65,6 +68,7 @@ impl fmt::Debug for Notifier {
             .field("webhook", &self.config.webhook)
             .field("retry_waits", &self.config.retry_waits)
             .field("max_pending_notices", &self.config.max_pending_notices)
+            .field("clock", &self.config.clock)
             .field("pending", &*self.state.pending.borrow())
             .finish()
     }
@@ -86,6 +90,7 @@ impl Notifier {
                 webhook,
                 retry_waits: DEFAULT_RETRY_WAITS.to_vec(),
                 max_pending_notices: DEFAULT_MAX_PENDING_NOTICES,
+                clock: Arc::new(SystemClock),
             }),
             state: Arc::new(State {
                 pending: watch::Sender::new(0),
@@ -105,6 +110,13 @@ impl Notifier {
     /// 1).
     pub fn with_max_pending_notices(mut self, notices: usize) -> Self {
         Arc::make_mut(&mut self.config).max_pending_notices = notices.max(1);
+        self
+    }
+
+    /// The clock each webhook attempt's timestamp is read from; the system
+    /// clock by default (receivers check the timestamp against theirs).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        Arc::make_mut(&mut self.config).clock = clock;
         self
     }
 
@@ -238,8 +250,11 @@ impl Notifier {
                 return;
             }
         };
-        self.with_retries(Channel::Webhook, notice, || settings.post(body.clone()))
-            .await;
+        let clock = &self.config.clock;
+        self.with_retries(Channel::Webhook, notice, || {
+            settings.post(body.clone(), clock.now())
+        })
+        .await;
     }
 
     /// Runs `attempt` until it succeeds, fails permanently, or the retry

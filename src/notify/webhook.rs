@@ -2,9 +2,9 @@
 //! to deliver it.
 
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use http::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use http::{Request, Uri};
@@ -136,12 +136,9 @@ impl WebhookSettings {
         .map_err(|error| format!("the notice cannot be written as JSON: {error}"))
     }
 
-    /// One attempt to post `body`, signed now.
-    pub(super) async fn post(&self, body: Bytes) -> Result<(), Failure> {
-        let timestamp_seconds = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|since| since.as_secs())
-            .unwrap_or(0);
+    /// One attempt to post `body`, signed at `now`.
+    pub(super) async fn post(&self, body: Bytes, now: DateTime<Utc>) -> Result<(), Failure> {
+        let timestamp_seconds = u64::try_from(now.timestamp()).unwrap_or(0);
         let mut signature =
             HeaderValue::from_str(&webhook_signature(&self.secret, timestamp_seconds, &body))
                 .map_err(|_| Failure::permanent("the signature is not a header value"))?;

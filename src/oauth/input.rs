@@ -16,9 +16,8 @@ use url::{Host, Url};
 use super::pkce::{is_valid_challenge, is_valid_verifier, ChallengeMethod, PlainPkce};
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::input::{
-    bad_request, expiry, invalid, key_name, limit_nanos, limit_reset, missing, Fields,
-};
+use crate::json_input::{bad_request, invalid, missing, Fields};
+use crate::keys::input::{expiry, key_name, limit_nanos, limit_reset};
 use crate::keys::is_valid_account_id;
 
 /// The longest callback URL accepted, in bytes.
@@ -383,7 +382,7 @@ pub fn exchange_request(body: &[u8]) -> Result<ExchangeRequest, GatewayError> {
         Some(Value::String(_)) => {
             return Err(bad_request(
                 "code",
-                &format!("`code` must be at most {MAX_CODE_BYTES} bytes"),
+                format!("`code` must be at most {MAX_CODE_BYTES} bytes"),
             ))
         }
         Some(_) => return Err(bad_request("code", "`code` must be a string")),

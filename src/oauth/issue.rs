@@ -15,9 +15,13 @@ use super::pkce::PlainPkce;
 use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::input::{invalid, unknown_account};
+use crate::json_input::invalid;
+use crate::keys::input::unknown_account;
 use crate::keys::KeyDirectory;
 use crate::store::FailurePolicy;
+
+/// Where the consent page is served.
+pub const CONSENT_PATH: &str = "/auth";
 
 /// What the operator decides about approvals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -187,6 +187,7 @@ pub use code::{
     MAX_PENDING_CODES,
 };
 pub use input::{CallbackUrl, CallbackUrlError, CodeRequest, ExchangeRequest};
+pub use issue::CONSENT_PATH;
 pub(crate) use issue::{issue_code, ApprovalRules};
 pub use layer::CodeExchangeLayer;
 pub use pkce::{
@@ -194,6 +195,3 @@ pub use pkce::{
     PlainPkce, MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, S256_CHALLENGE_CHARS,
 };
 pub use service::CodeExchange;
-
-/// Where the consent page is served.
-pub const CONSENT_PATH: &str = "/auth";

@@ -19,10 +19,11 @@ use super::input::exchange_request;
 use super::layer::CodeExchangeConfig;
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::AuthFailures;
-use crate::body::{path_is, ReadError};
+use crate::body::ReadError;
 use crate::client_addr::ClientAddr;
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::{BoxError, ResponseBody};
+use crate::routing::path_is;
 use crate::store::FailurePolicy;
 
 /// This layer's name in logs and 503s.

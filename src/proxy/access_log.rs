@@ -16,9 +16,9 @@ use super::fallback::MODEL_HEADER;
 use super::headers::{request_id, X_REQUEST_ID};
 use super::models::ModelCatalog;
 use crate::auth::Principal;
-use crate::body::normalized_segments;
 use crate::context::RequestContext;
 use crate::error::Refusal;
+use crate::routing::normalized_segments;
 use crate::telemetry::{
     HandleCache, TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
 };

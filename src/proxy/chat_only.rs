@@ -139,10 +139,10 @@ fn move_extension<T: Clone + Send + Sync + 'static>(
 /// the same segments: nothing in front of or between them.
 fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
     method == http::Method::POST
-        && crate::body::path_is(path, &["api", "v1", "chat", "completions"])
+        && crate::routing::path_is(path, &["api", "v1", "chat", "completions"])
 }
 
 /// `GET /api/v1/models`, spelled the same way.
 fn is_models_path(method: &http::Method, path: &str) -> bool {
-    method == http::Method::GET && crate::body::path_is(path, &["api", "v1", "models"])
+    method == http::Method::GET && crate::routing::path_is(path, &["api", "v1", "models"])
 }

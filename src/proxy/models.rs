@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::body::{invalid_parameter, wrong_type, ChatRequest, ModelId};
+use crate::body::{ChatRequest, ModelId};
+use crate::clock::{Clock, SystemClock};
 use crate::context::Principal;
 use crate::credit::{PriceTable, Pricing};
 use crate::error::{ErrorKind, GatewayError};
 use crate::free_quota::FreeQuotaRules;
+use crate::json_input::{invalid_parameter, wrong_type};
 use crate::rate_limit::RateLimitRules;
 
 /// Most models one request tries: its own and its fallbacks.
@@ -202,7 +204,9 @@ impl ModelCatalog {
     }
 
     fn list(&self, rules: &RateLimitRules, quota: &FreeQuotaRules) -> Value {
-        let created = chrono::Utc::now().timestamp();
+        // The list is built once, when the gateway starts: its `created`
+        // is that moment, on the system clock.
+        let created = SystemClock.now().timestamp();
         // Every model the table names and the gateway serves, the `:free`
         // variants it names among them.
         let data: Vec<Value> = self

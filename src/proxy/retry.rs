@@ -1,6 +1,7 @@
 //! [`RetryPolicy`]: seed 002's advice as a tower retry policy.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -9,6 +10,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::retry::Policy;
 
+use crate::clock::{Clock, SystemClock};
 use crate::context::RequestContext;
 use crate::error::GatewayError;
 use crate::rate_limit::X_RATELIMIT_RESET;
@@ -38,6 +40,9 @@ pub struct RetryPolicy {
     attempts: u32,
     first_backoff: Duration,
     max_wait: Duration,
+    /// What an HTTP date or Unix time the upstream asks to wait until is
+    /// measured from.
+    clock: Arc<dyn Clock>,
 }
 
 /// Why a retry policy was refused.
@@ -71,7 +76,15 @@ impl RetryPolicy {
             attempts: 1,
             first_backoff: Duration::from_secs(1),
             max_wait: Self::DEFAULT_MAX_WAIT,
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// The clock the waits an upstream asks for until a time (an HTTP
+    /// date, a Unix time) are measured from; the system clock by default.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The longest wait before a retry; a 429 asking for longer is passed on.
@@ -100,7 +113,7 @@ impl RetryPolicy {
                 if !matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504) {
                     return None;
                 }
-                match asked_wait(response.headers(), SystemTime::now()) {
+                match asked_wait(response.headers(), SystemTime::from(self.clock.now())) {
                     Some(wait)
                         if wait > self.max_wait && status == StatusCode::TOO_MANY_REQUESTS =>
                     {
@@ -208,6 +221,7 @@ impl<B> Policy<Request<Full<Bytes>>, Response<B>, GatewayError> for RetryPolicy 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::context::SentUpstream;
     use crate::error::ErrorKind;
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -250,9 +264,11 @@ mod tests {
 
     #[test]
     fn waits_honour_retry_after_up_to_the_cap_and_a_daily_429_is_passed_on() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_767_225_600);
         let policy = RetryPolicy::new(5)
             .unwrap()
-            .max_wait(Duration::from_secs(10));
+            .max_wait(Duration::from_secs(10))
+            .clock(Arc::new(ManualClock::new(now.into())));
         assert_eq!(
             policy.wait_for(&Ok(response(503, &[("retry-after", "3")]))),
             Some(Duration::from_secs(3))
@@ -269,7 +285,7 @@ mod tests {
             policy.wait_for(&Ok(response(429, &[("x-ratelimit-reset", "86400")]))),
             None
         );
-        let in_a_day_ms = (SystemTime::now() + Duration::from_secs(86_400))
+        let in_a_day_ms = (now + Duration::from_secs(86_400))
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_millis()

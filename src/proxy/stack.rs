@@ -5,7 +5,6 @@
 //! plan was made, so building a gateway cannot fail.
 
 use std::convert::Infallible;
-use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,10 +118,7 @@ where
     let byok = ByokDirectory::builder(store.clone())
         .clock(clock.clone())
         .build();
-    let auth_failures = checked_at_load(AuthFailures::with_clock(
-        checked.auth_failures,
-        clock.clone(),
-    ));
+    let auth_failures = AuthFailures::with_checked_limit(checked.auth_failures, clock.clone());
     let mut webhooks = WebhookSecretLayer::new(store.clone(), loaded.webhook_routes.clone());
     if let Some(limits) = checked.webhook_limits {
         webhooks = webhooks.limits(limits);
@@ -131,7 +127,7 @@ where
         .clock(clock.clone())
         .failure_limit(auth_failures.clone())
         .unauthenticated_limits(checked.unauthenticated);
-    let notifier = loaded.leak_notices.notifier();
+    let notifier = loaded.leak_notices.notifier(clock.clone());
     let leak_alerts = match &loaded.scanning_keys {
         Some(keys) => LeakAlertsLayer::new(directory.clone(), keys.clone())
             .notifier(notifier.clone())
@@ -142,14 +138,12 @@ where
     let body = BodyLimitLayer::new()
         .max_body_bytes(checked.max_body_bytes)
         .read_timeout(checked.body_read_timeout);
-    let rate_limit = checked_at_load(GlobalRateLimitLayer::new(
-        store.clone(),
-        checked.rate_rules.clone(),
-    ))
-    .clock(clock.clone());
-    let free_quota =
-        checked_at_load(FreeModelQuotaLayer::new(store.clone()).rules(checked.free_quota))
+    let rate_limit =
+        GlobalRateLimitLayer::with_checked_rules(store.clone(), checked.rate_rules.clone())
             .clock(clock.clone());
+    let free_quota = FreeModelQuotaLayer::new(store.clone())
+        .checked_rules(checked.free_quota)
+        .clock(clock.clone());
     let bottom = match &loaded.providers {
         Some(providers) => Providers::by_name(providers.clone()),
         None => Providers::single(upstream),
@@ -159,7 +153,7 @@ where
     // before that costs nothing.
     let app_ranking = AppRanking::new(store.clone()).clock(clock.clone());
     let mut credit = CreditGuardLayer::new(store, checked.prices.clone())
-        .clock(clock)
+        .clock(clock.clone())
         .upstream_reports_sending(true)
         .generations(checked.generations.clone().app_ranking(app_ranking.clone()));
     // A request is BYOK only when the account's key is what gets sent in
@@ -181,7 +175,9 @@ where
         .alert_rules
         .clone()
         .zip(loaded.alert_notices.as_ref())
-        .map(|(rules, notices)| Alerts::new(rules, directory.clone(), notices.notifier()));
+        .map(|(rules, notices)| {
+            Alerts::new(rules, directory.clone(), notices.notifier(clock.clone()))
+        });
     if let Some(alerts) = alerts.clone() {
         credit = credit.on_settled(move |account, key, limit| alerts.settled(account, key, limit));
     }
@@ -238,7 +234,9 @@ where
         .plain(layer_fn(|inner| {
             ChatOnly::new(inner, Arc::clone(&models_list))
         }))
-        .plain(tower::retry::RetryLayer::new(checked.retry.clone()))
+        .plain(tower::retry::RetryLayer::new(
+            checked.retry.clone().clock(clock.clone()),
+        ))
         .service(bottom)
         // The order above is this function's, the same for every plan: a
         // layer out of place is a bug any test building a gateway finds.
@@ -249,12 +247,6 @@ where
         app_ranking,
         alerts,
     }
-}
-
-/// A layer's constructor that checks its input again, given a value the
-/// plan checked with the same rule when it was made: it cannot fail.
-fn checked_at_load<T, E: Display>(built: Result<T, E>) -> T {
-    built.unwrap_or_else(|error| unreachable!("checked when the plan was made: {error}"))
 }
 
 fn boxed_response<B>(response: Response<B>) -> Response<GatewayBody>

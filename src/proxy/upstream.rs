@@ -23,9 +23,9 @@ use tower_service::Service;
 
 use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
 use super::providers::CallerKey;
-use crate::body::normalized_segments;
 use crate::context::{RequestContext, SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
+use crate::routing::normalized_segments;
 use crate::secrets::Redacted;
 
 /// Where and how to reach the upstream. `Debug` never shows the key or a

@@ -31,13 +31,20 @@ impl GlobalRateLimitLayer {
     /// are refused here, not on every request.
     pub fn new(store: SharedStore, rules: RateLimitRules) -> Result<Self, RulesError> {
         rules.validate()?;
-        Ok(GlobalRateLimitLayer {
+        Ok(Self::with_checked_rules(store, rules))
+    }
+
+    /// [`new`](Self::new) with rules checked already (the proxy's
+    /// `GatewayPlan` checks them once, at load).
+    pub(crate) fn with_checked_rules(store: SharedStore, rules: RateLimitRules) -> Self {
+        debug_assert!(rules.validate().is_ok(), "rules not checked");
+        GlobalRateLimitLayer {
             config: Arc::new(GlobalRateLimitConfig {
                 rules,
                 limiter: Limiter::new(store, "GlobalRateLimit"),
                 deferred: false,
             }),
-        })
+        }
     }
 
     /// Reads time from `clock` (a manual clock in tests).

@@ -4,17 +4,16 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::layer::GlobalRateLimitConfig;
 use super::rules::{RateRule, RuleCheck};
-use crate::body::is_chat_completions_call;
 use crate::context::RequestContext;
 use crate::error::{retry_after_seconds, GatewayError, LimitSource};
 use crate::keys::{KeyHash, KeyRateLimit};
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
-use crate::limiter::Verdict;
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
+use crate::limiter::{AdmissionFuture, Verdict};
 use crate::response_body::ResponseBody;
+use crate::routing::is_chat_completions_call;
 use crate::store::{Check, CheckOutcome};
 
 /// This layer's name in metrics and logs.
@@ -45,7 +44,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = AdmissionFuture<S, B>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Refused requests never need the inner service; it is asked for
@@ -56,7 +55,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let context = RequestContext::of(&request);
         let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {
-            return ResponseFuture::rejected(
+            return AdmissionFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("GlobalRateLimit", "BearerAuth"),
             );
@@ -64,14 +63,14 @@ where
         let chat = context.and_then(|context| context.chat.as_ref());
         if chat.is_none() && is_chat_completions_call(request.method(), request.uri().path()) {
             // Without the parsed request the model rules cannot be applied.
-            return ResponseFuture::rejected(
+            return AdmissionFuture::rejected(
                 LAYER,
                 GatewayError::missing_layer("GlobalRateLimit", "BodyLimit"),
             );
         }
         let model = chat.map(|chat| &chat.model_id);
         if let Some(Err(error)) = model.map(|model| principal.check_model(model)) {
-            return ResponseFuture::rejected(LAYER, error);
+            return AdmissionFuture::rejected(LAYER, error);
         }
         let mut rule_checks = self.config.rules.checks_for(&principal.account_id, model);
         if let Some(rate) = principal.rate_limit {
@@ -79,7 +78,7 @@ where
         }
         let account = principal.account_id.clone();
         if rule_checks.is_empty() {
-            return ResponseFuture::admitted(LAYER, request, self.inner.clone());
+            return AdmissionFuture::admitted(LAYER, request, self.inner.clone());
         }
         let checks: Vec<Check> = rule_checks.iter().map(|rule| rule.check.clone()).collect();
         let limiter = self.config.limiter.clone();
@@ -89,7 +88,7 @@ where
             // A counter known full refuses now, with no store step at all.
             if let Some(verdict) = limiter.known_full(&account, &checks, None, limiter.now()) {
                 if let Err(error) = finish(verdict) {
-                    return ResponseFuture::rejected(LAYER, error);
+                    return AdmissionFuture::rejected(LAYER, error);
                 }
             }
             let mut request = request;
@@ -102,13 +101,13 @@ where
                     tier: None,
                     finish,
                 });
-            return ResponseFuture::admitted(LAYER, request, self.inner.clone());
+            return AdmissionFuture::admitted(LAYER, request, self.inner.clone());
         }
         let decision: Decision = Box::pin(async move {
             let verdict = limiter.check(&account, &checks, None).await?;
             finish(verdict)
         });
-        ResponseFuture::deciding(LAYER, decision, request, self.inner.clone())
+        AdmissionFuture::deciding(LAYER, decision, request, self.inner.clone())
     }
 }
 
@@ -175,4 +174,156 @@ fn refusal(
         error = error.with_metadata("model_rule", matches.clone());
     }
     with_rate_limit_headers(error, outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::clock::{Clock, ManualClock};
+    use crate::context::RequestContext;
+    use crate::keys::SharedStore;
+    use crate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
+    use crate::store::MemoryStore;
+    use bytes::Bytes;
+    use chrono::{DateTime, TimeZone, Utc};
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    fn chat(model: &str) -> Request<Full<Bytes>> {
+        let body =
+            format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "x"}}]}}"#);
+        let mut request = Request::post("/api/v1/chat/completions")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(RequestContext::chat_for_tests("acct", body.as_bytes()));
+        request
+    }
+
+    fn within(
+        admitted: &[(DateTime<Utc>, bool)],
+        now: DateTime<Utc>,
+        seconds: i64,
+        only_a: bool,
+    ) -> usize {
+        admitted
+            .iter()
+            .filter(|(at, is_a)| {
+                *at > now - chrono::Duration::seconds(seconds) && (*is_a || !only_a)
+            })
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_stack_without_the_layers_before_it_is_a_500_naming_them() {
+        let store: SharedStore = Arc::new(MemoryStore::new());
+        let rate = GlobalRateLimitLayer::new(store.clone(), RateLimitRules::default()).unwrap();
+        let free = crate::free_quota::FreeModelQuotaLayer::new(store);
+        let upstream = service_fn(|_: Request<Full<Bytes>>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let without = |remove_principal: bool| {
+            let mut request = chat("a/b:free");
+            let context = RequestContext::of_mut(&mut request);
+            if remove_principal {
+                context.principal = None;
+            } else {
+                context.chat = None;
+            }
+            request
+        };
+        let cases = [
+            (
+                ServiceBuilder::new()
+                    .layer(rate.clone())
+                    .service(upstream)
+                    .boxed_clone(),
+                without(true),
+                "GlobalRateLimit needs BearerAuth",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(rate)
+                    .service(upstream)
+                    .boxed_clone(),
+                without(false),
+                "GlobalRateLimit needs BodyLimit",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(free.clone())
+                    .service(upstream)
+                    .boxed_clone(),
+                without(false),
+                "FreeModelQuota needs BodyLimit",
+            ),
+            (
+                ServiceBuilder::new()
+                    .layer(free)
+                    .service(upstream)
+                    .boxed_clone(),
+                without(true),
+                "FreeModelQuota needs BearerAuth",
+            ),
+        ];
+        for (service, request, words) in cases {
+            let response = service.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 500, "{words}");
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            assert!(String::from_utf8_lossy(&body).contains(words), "{words}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The account rule and the model rule hold exactly, and a request
+        /// one of them refuses counts in neither.
+        #[test]
+        fn admits_exactly_what_every_rule_allows(
+            calls in proptest::collection::vec((0u64..4_000, any::<bool>()), 1..80),
+            remember in any::<bool>(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
+            let store: SharedStore = Arc::new(MemoryStore::new());
+            let rules = RateLimitRules::from_json(
+                r#"{"account": {"rolling": {"requests": 5, "window_seconds": 10}},
+                    "models": [{"match": "a/", "limit": {"rolling": {"requests": 3, "window_seconds": 5}}}]}"#,
+            ).unwrap();
+            let service = ServiceBuilder::new()
+                .layer(
+                    GlobalRateLimitLayer::new(store, rules)
+                        .unwrap()
+                        .clock(Arc::new(clock.clone()))
+                        .remember_full_counters(remember),
+                )
+                .service(service_fn(|_: Request<Full<Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+            let mut admitted = Vec::new();
+            for (gap_ms, is_a) in calls {
+                clock.advance(Duration::from_millis(gap_ms));
+                let now = clock.now();
+                let expected = within(&admitted, now, 10, false) < 5
+                    && (!is_a || within(&admitted, now, 5, true) < 3);
+                let model = if is_a { "a/x" } else { "b/y" };
+                let response = runtime.block_on(service.clone().oneshot(chat(model))).unwrap();
+                prop_assert_eq!(response.status() == 200, expected, "{} at {}", model, now);
+                if response.status() == 200 {
+                    admitted.push((now, is_a));
+                } else {
+                    prop_assert_eq!(response.status(), 429);
+                    prop_assert!(response.headers().contains_key("retry-after"));
+                }
+            }
+        }
+    }
 }

@@ -37,10 +37,5 @@ pub use providers::{
 pub use reference::{secret_ref_from_json, SecretRefError, MAX_SECRET_REF_FIELD_CHARS};
 pub use secret::{
     resolve_secret, Redacted, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource,
-    SecretSpec,
+    SecretSpec, MIN_SECRET_BYTES,
 };
-
-/// The shortest secret accepted, in bytes, inline or read from a provider:
-/// a guessable one would let anyone drive a webhook route's flows or sign
-/// a leak notice.
-pub const MIN_SECRET_BYTES: usize = 16;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use super::{SecretRef, SecretSource, SecretSpec, DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES};
+use crate::json_input::take_short_text;
 
 /// The longest `source`, `provider` or `id` of a SecretRef, in characters.
 pub const MAX_SECRET_REF_FIELD_CHARS: usize = 256;
@@ -94,26 +95,8 @@ fn take_string(
     fields: &mut Map<String, Value>,
     name: &str,
 ) -> Result<Option<String>, SecretRefError> {
-    let field = format!("secret.{name}");
-    match fields.remove(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(text)) => {
-            let trimmed = text.trim();
-            if trimmed.is_empty()
-                || trimmed.chars().count() > MAX_SECRET_REF_FIELD_CHARS
-                || trimmed.chars().any(char::is_control)
-            {
-                return Err(SecretRefError::new(
-                    field,
-                    format!(
-                        "must be 1 to {MAX_SECRET_REF_FIELD_CHARS} characters without control characters"
-                    ),
-                ));
-            }
-            Ok(Some(trimmed.to_owned()))
-        }
-        Some(_) => Err(SecretRefError::new(field, "must be a string")),
-    }
+    take_short_text(fields, name, MAX_SECRET_REF_FIELD_CHARS)
+        .map_err(|problem| SecretRefError::new(format!("secret.{name}"), problem))
 }
 
 /// Where an API key or another secret of the gateway's config is read

@@ -13,7 +13,11 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::providers::{is_variable_name, FileMode, SecretProvider, SecretProviders};
-use super::MIN_SECRET_BYTES;
+
+/// The shortest secret accepted, in bytes, inline or read from a provider:
+/// a guessable one would let anyone drive a webhook route's flows or sign
+/// a leak notice.
+pub const MIN_SECRET_BYTES: usize = 16;
 
 /// A shared secret. `Debug` shows nothing of it.
 #[derive(Clone, PartialEq, Eq)]

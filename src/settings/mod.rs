@@ -117,12 +117,4 @@ mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use layer::SettingsPageLayer;
-pub use service::SettingsPage;
-
-/// Where the page is served.
-pub const PATH: &str = "/settings";
-
-/// The `Content-Security-Policy` of every response the page layer writes:
-/// everything from the gateway's own origin only, nothing inline, no
-/// framing, no form posts, no `<base>`.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub use service::{SettingsPage, CONTENT_SECURITY_POLICY, PATH};

@@ -2,16 +2,24 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{
-    HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY,
-    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+    HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
+    X_FRAME_OPTIONS,
 };
 use http::{Method, Request, Response};
 use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::ResponseFuture;
-use crate::body::normalized_segments;
 use crate::error::{ErrorKind, GatewayError};
+use crate::routing::normalized_segments;
+
+/// Where the page is served.
+pub const PATH: &str = "/settings";
+
+/// The `Content-Security-Policy` of every response the page layer writes:
+/// everything from the gateway's own origin only, nothing inline, no
+/// framing, no form posts, no `<base>`.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// Answers `/settings` and the paths under it with the key settings page
 /// and its files; passes every other request to the inner service
@@ -136,8 +144,8 @@ fn answer(target: Target, method: &Method) -> Response<Bytes> {
     };
     let headers = response.headers_mut();
     headers.insert(
-        CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(super::CONTENT_SECURITY_POLICY),
+        http::header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
     );
     headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
@@ -199,7 +207,7 @@ mod tests {
         let headers = response.headers();
         assert_eq!(
             headers["content-security-policy"],
-            super::super::CONTENT_SECURITY_POLICY
+            super::CONTENT_SECURITY_POLICY
         );
         assert_eq!(headers["x-content-type-options"], "nosniff");
         assert_eq!(headers["referrer-policy"], "no-referrer");

@@ -34,12 +34,11 @@
 //! first start's operator key, written only if absent). A record written
 //! with [`PutOptions`] may have a lifetime (`ttl`) and its collection a
 //! cap (`max_records`, refused as [`PutOutcome::Full`] in the write's
-//! atomic step); the `…_at` methods take the instant, the others act at
-//! the system clock's and suit records without a lifetime.
+//! atomic step); every record method takes the instant it acts at.
 //!
 //! ```
 //! use std::time::Duration;
-//! use chrono::Utc;
+//! use modelgate::clock::{Clock, SystemClock};
 //! use modelgate::store::{Check, CounterStore, Limit, MemoryStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -47,7 +46,7 @@
 //! let store = MemoryStore::new();
 //! let per_minute = Check::new("free:minute", Limit::Rolling { limit: 2, window: Duration::from_secs(60) }, 1);
 //! let per_day = Check::new("free:day", Limit::Calendar { limit: 50, period: modelgate::clock::Period::Day }, 1);
-//! let now = Utc::now();
+//! let now = SystemClock.now();
 //! for _ in 0..2 {
 //!     assert!(store.check_and_add("acct-1", &[per_minute.clone(), per_day.clone()], now).await?.admitted);
 //! }
@@ -63,6 +62,7 @@ mod apps;
 #[cfg(feature = "redis")]
 mod breaker;
 mod counter;
+mod error;
 mod ledger;
 mod location;
 mod memory;
@@ -71,26 +71,15 @@ mod records;
 #[cfg(feature = "redis")]
 mod redis;
 mod rules;
+mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-
-use std::fmt;
-use std::sync::Arc;
-
-/// The maps every request reads and writes a few times, by scope, key hash,
-/// reservation or holder id: ids the gateway made or checked, hashed with
-/// foldhash at a fraction of SipHash's cost. Maps whose keys a client names
-/// (app usage rows, webhook records) keep SipHash: foldhash's random seeds
-/// are no defence against someone who can time lookups.
-pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
-
-/// A store shared by every layer of one gateway.
-pub type SharedStore = Arc<dyn Store>;
 
 pub use apps::{
     is_valid_app_usage, AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS,
 };
 pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
+pub use error::{StoreError, StoreErrorKind};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
     is_valid_idempotency_key, lapse_record, AccountBalance, AdmitOutcome, AdmitRequest,
@@ -109,80 +98,8 @@ pub use records::{
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisStore, RedisStoreConfig, TimeSource, LEDGER_LAYOUT};
+pub(crate) use shared::FastMap;
+pub use shared::{SharedStore, Store};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqliteStore, SqliteStoreConfig, SQLITE_SCHEMA_VERSION};
-
-/// Everything a gateway keeps in its store.
-pub trait Store: CounterStore + LedgerStore + RecordStore + AppUsageStore {}
-
-impl<T: CounterStore + LedgerStore + RecordStore + AppUsageStore> Store for T {}
-
-/// A store call that failed, naming the operation.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("store operation `{operation}` failed: {kind}")]
-pub struct StoreError {
-    operation: &'static str,
-    kind: StoreErrorKind,
-}
-
-/// Why a store call failed.
-#[derive(Clone, Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// No answer within the configured timeout.
-    #[error("timed out after {0:?}")]
-    Timeout(std::time::Duration),
-    /// The backend failed (connection refused, reset, server error).
-    #[error("backend error: {0}")]
-    Backend(String),
-    /// Not sent: the store failed its last calls in a row, and its circuit
-    /// breaker refuses calls at once for a cool-down
-    /// ([`RedisStoreConfig::breaker_failures`]).
-    #[error("circuit open: the store failed repeatedly, calls are refused until it answers again")]
-    CircuitOpen,
-    /// The backend answered something this crate did not write.
-    #[error("unexpected data: {0}")]
-    Corrupt(String),
-    /// The call's arguments are unusable (a zero window, a duplicate name).
-    #[error("invalid arguments: {0}")]
-    Invalid(String),
-    /// The store holds data in a layout this version does not use: written
-    /// by an older version (migrate it once) or a newer one.
-    #[error("{0}")]
-    Layout(String),
-}
-
-impl StoreError {
-    /// The operation that failed (`check_and_add`, `reserve`, …).
-    pub fn operation(&self) -> &'static str {
-        self.operation
-    }
-
-    /// Why it failed.
-    pub fn kind(&self) -> &StoreErrorKind {
-        &self.kind
-    }
-
-    /// Whether the store could not be reached in time (as opposed to bad
-    /// arguments): a timeout, a backend error, or an open circuit breaker.
-    /// Each layer applies its [`FailurePolicy`] to these.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self.kind,
-            StoreErrorKind::Timeout(_) | StoreErrorKind::Backend(_) | StoreErrorKind::CircuitOpen
-        )
-    }
-
-    pub(crate) fn new(operation: &'static str, kind: StoreErrorKind) -> Self {
-        StoreError { operation, kind }
-    }
-
-    pub(crate) fn invalid(operation: &'static str, reason: impl fmt::Display) -> Self {
-        StoreError::new(operation, StoreErrorKind::Invalid(reason.to_string()))
-    }
-
-    pub(crate) fn corrupt(operation: &'static str, reason: impl fmt::Display) -> Self {
-        StoreError::new(operation, StoreErrorKind::Corrupt(reason.to_string()))
-    }
-}

@@ -69,8 +69,8 @@ pub const MAX_RECORD_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// What a write asks for besides its [`Expect`]: how long the record
 /// lives, and how many live records its collection may hold.
 ///
-/// The default is what [`RecordStore::put_record`] writes: a record that
-/// never expires, in a collection of any size.
+/// The default is a plain write: a record that never expires, in a
+/// collection of any size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PutOptions {
     /// The record expires this long after the write: from then on it reads
@@ -118,7 +118,7 @@ pub(crate) fn validate_put(options: &PutOptions) -> Result<(), StoreError> {
 /// The result of [`RecordStore::put_record_at`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PutOutcome {
-    /// Written, or refused by its [`Expect`]: as [`RecordStore::put_record`].
+    /// Written, or refused by its [`Expect`].
     Write(WriteOutcome),
     /// Not written: the record is new and the collection already holds
     /// [`PutOptions::max_records`] live records.
@@ -149,9 +149,9 @@ impl PutOutcome {
 /// the store judges it by the instant each `…_at` call passes (on
 /// [`RedisStore`](super::RedisStore) by Redis's own clock unless it takes
 /// the caller's, [`TimeSource`](super::TimeSource)), as it judges windows.
-/// The methods without an instant call them at the system clock's; records
-/// without a lifetime do not depend on it, and a caller that keeps time by
-/// a [`Clock`](crate::clock::Clock) passes its own instant instead.
+/// Every call takes its instant: a caller passes its
+/// [`Clock`](crate::clock::Clock)'s, so no record is judged by a time the
+/// caller did not choose. Records without a lifetime do not depend on it.
 #[async_trait]
 pub trait RecordStore: Send + Sync + 'static {
     /// The live record `id` of `collection` at `now`.
@@ -194,88 +194,11 @@ pub trait RecordStore: Send + Sync + 'static {
         limit: usize,
         now: DateTime<Utc>,
     ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError>;
-
-    /// The record `id` of `collection`.
-    async fn get_record(
-        &self,
-        collection: &str,
-        id: &str,
-    ) -> Result<Option<Versioned<Vec<u8>>>, StoreError> {
-        self.get_record_at(collection, id, Utc::now()).await
-    }
-
-    /// Writes `value` when `expect` holds, as one atomic step: a record
-    /// that never expires.
-    async fn put_record(
-        &self,
-        collection: &str,
-        id: &str,
-        value: &[u8],
-        expect: Expect,
-    ) -> Result<WriteOutcome, StoreError> {
-        self.put_record_at(
-            collection,
-            id,
-            value,
-            expect,
-            PutOptions::default(),
-            Utc::now(),
-        )
-        .await?
-        .uncapped()
-    }
-
-    /// Deletes `id` when `expect` holds; deleting nothing with `Expect::Any` is `Written`.
-    async fn delete_record(
-        &self,
-        collection: &str,
-        id: &str,
-        expect: Expect,
-    ) -> Result<WriteOutcome, StoreError> {
-        self.delete_record_at(collection, id, expect, Utc::now())
-            .await
-    }
-
-    /// Up to `limit` records after skipping `offset`, newest first.
-    async fn list_records(
-        &self,
-        collection: &str,
-        offset: usize,
-        limit: usize,
-    ) -> Result<Vec<(String, Versioned<Vec<u8>>)>, StoreError> {
-        self.list_records_at(collection, offset, limit, Utc::now())
-            .await
-    }
 }
 
 /// Typed access to a [`RecordStore`] through serde JSON.
 #[async_trait]
 pub trait RecordStoreExt: RecordStore {
-    /// The record `id`, decoded.
-    async fn get_json<T: DeserializeOwned>(
-        &self,
-        collection: &str,
-        id: &str,
-    ) -> Result<Option<Versioned<T>>, StoreError> {
-        match self.get_record(collection, id).await? {
-            None => Ok(None),
-            Some(record) => Ok(Some(decode("get_record", record)?)),
-        }
-    }
-
-    /// Encodes and writes `value` when `expect` holds.
-    async fn put_json<T: Serialize + Sync>(
-        &self,
-        collection: &str,
-        id: &str,
-        value: &T,
-        expect: Expect,
-    ) -> Result<WriteOutcome, StoreError> {
-        let bytes =
-            serde_json::to_vec(value).map_err(|error| StoreError::invalid("put_record", error))?;
-        self.put_record(collection, id, &bytes, expect).await
-    }
-
     /// The record `id` live at `now`, decoded.
     async fn get_json_at<T: DeserializeOwned>(
         &self,
@@ -324,6 +247,12 @@ pub fn decode<T: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
+
+    /// Any instant will do: these records never expire.
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap()
+    }
 
     #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
     struct Account {
@@ -366,11 +295,25 @@ mod tests {
             byok_providers: vec!["openai".into()],
         };
         let written = store
-            .put_json(ACCOUNTS, "acct-1", &account, Expect::Absent)
+            .put_json_at(
+                ACCOUNTS,
+                "acct-1",
+                &account,
+                Expect::Absent,
+                PutOptions::default(),
+                now(),
+            )
             .await
             .unwrap();
-        assert_eq!(written, WriteOutcome::Written { revision: 1 });
-        let read: Versioned<Account> = store.get_json(ACCOUNTS, "acct-1").await.unwrap().unwrap();
+        assert_eq!(
+            written,
+            PutOutcome::Write(WriteOutcome::Written { revision: 1 })
+        );
+        let read: Versioned<Account> = store
+            .get_json_at(ACCOUNTS, "acct-1", now())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             read,
             Versioned {
@@ -379,7 +322,7 @@ mod tests {
             }
         );
         assert!(store
-            .get_json::<Account>(ACCOUNTS, "none")
+            .get_json_at::<Account>(ACCOUNTS, "none", now())
             .await
             .unwrap()
             .is_none());
@@ -389,10 +332,20 @@ mod tests {
         store: impl RecordStore,
     ) {
         store
-            .put_record(KEYS, "bad", b"not json", Expect::Any)
+            .put_record_at(
+                KEYS,
+                "bad",
+                b"not json",
+                Expect::Any,
+                PutOptions::default(),
+                now(),
+            )
             .await
             .unwrap();
-        let error = store.get_json::<Account>(KEYS, "bad").await.unwrap_err();
+        let error = store
+            .get_json_at::<Account>(KEYS, "bad", now())
+            .await
+            .unwrap_err();
         assert_eq!(error.operation(), "get_record");
         assert!(matches!(
             error.kind(),

@@ -5,7 +5,8 @@ use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName};
 
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::GatewayError;
+use crate::json_input::bad_request;
 
 /// The header naming the app's address.
 pub const REFERER_HEADER: HeaderName = HeaderName::from_static("http-referer");
@@ -80,11 +81,10 @@ fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a [u
 }
 
 fn bad_header(name: &HeaderName, why: &str) -> GatewayError {
-    GatewayError::new(
-        ErrorKind::InvalidRequest,
+    bad_request(
+        name.as_str(),
         format!("the {name} header is not valid: {why}"),
     )
-    .with_metadata("param", name.as_str())
     .with_metadata("reason", "invalid_app_header")
 }
 

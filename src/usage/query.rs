@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use url::form_urlencoded;
 
 use crate::clock::Period;
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::GatewayError;
+use crate::json_input::{bad_request, invalid_parameter};
 use crate::keys::is_valid_account_id;
 use crate::usage::PUBLIC_SCOPE;
 
@@ -193,11 +194,10 @@ pub(super) fn given_once(
     name: &'static str,
 ) -> Result<(), GatewayError> {
     if seen.contains(&name) {
-        return Err(GatewayError::new(
-            ErrorKind::InvalidRequest,
+        return Err(bad_request(
+            name,
             format!("the query parameter `{name}` may be given once"),
-        )
-        .with_metadata("param", name));
+        ));
     }
     seen.push(name);
     Ok(())
@@ -205,11 +205,7 @@ pub(super) fn given_once(
 
 /// 422: a value out of range or of the wrong type, as for a body's field.
 pub(super) fn bad(param: &str, problem: &str) -> GatewayError {
-    GatewayError::new(
-        ErrorKind::InvalidParameter,
-        format!("the query parameter `{param}` {problem}"),
-    )
-    .with_metadata("param", param)
+    invalid_parameter(param, format!("the query parameter `{param}` {problem}"))
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use super::layer::WebhookLimits;
-use crate::body::normalized_segments;
+use crate::json_input::take_short_text;
+use crate::routing::normalized_segments;
 use crate::secrets::{Secret, SecretRef, SecretSpec, MIN_SECRET_BYTES};
 
 /// Longest route id, session key, controller id or path accepted.
@@ -378,24 +379,8 @@ fn take_string(
     name: &str,
 ) -> Result<Option<String>, WebhookConfigError> {
     let key = name.rsplit('.').next().unwrap_or(name);
-    match fields.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(text)) => {
-            let trimmed = text.trim();
-            if trimmed.is_empty()
-                || trimmed.chars().count() > MAX_FIELD_CHARS
-                || trimmed.chars().any(char::is_control)
-            {
-                return Err(WebhookConfigError::new(
-                    route,
-                    name,
-                    format!("must be 1 to {MAX_FIELD_CHARS} characters without control characters"),
-                ));
-            }
-            Ok(Some(trimmed.to_owned()))
-        }
-        Some(_) => Err(WebhookConfigError::new(route, name, "must be a string")),
-    }
+    take_short_text(fields, key, MAX_FIELD_CHARS)
+        .map_err(|problem| WebhookConfigError::new(route, name, problem))
 }
 
 fn refuse_unknown(

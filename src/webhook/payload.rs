@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::flow::{FlowStatus, NotifyPolicy, TaskRuntime};
-use crate::body::{top_level_fields, JsonBodyError};
+use crate::json_input::{top_level_fields, JsonBodyError};
 
 /// Longest identifier accepted (`flowId`, `runId`, `childSessionKey`, …), in characters.
 pub const MAX_ID_CHARS: usize = 256;

@@ -11,10 +11,18 @@
 //!   `crate::<module>` paths (`use crate::{a, b::C}` groups included) on
 //!   lines that are not comments, up to a `#[cfg(test)] mod … {` (the unit
 //!   tests at the end of a file may use anything), and fails naming each
-//!   edge the rules do not allow, with where it occurs.
+//!   edge the rules do not allow, with where it occurs;
+//! - fails naming each edge the rules allow that no such path uses, so the
+//!   block says what the code does, not what it once did.
 //!
 //! Paths through `super::` never leave a top-level module unless they climb
 //! out of it, which the code does not do; they are not read.
+//!
+//! It also holds two more of ARCHITECTURE.md's rules: a `mod.rs` holds its
+//! module's docs and its `mod` and `use` lines only; and layers never read
+//! the system time, so no line of `src/` outside `src/clock.rs` reads the
+//! wall clock (`Utc::now`, `SystemTime::now`, …; monotonic `Instant::now`
+//! is fine), doc examples and unit tests included.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -378,6 +386,214 @@ fn imports_follow_the_rules() {
         }
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn every_allowed_edge_is_used() {
+    let modules = declared_modules();
+    let used = real_edges(&modules);
+    let mut errors = Vec::new();
+    for (from, allowed) in rules() {
+        for to in allowed.iter().flatten() {
+            if !used.contains_key(&(from.clone(), to.clone())) {
+                errors.push(format!(
+                    "ARCHITECTURE.md's dependency rules let {from} use {to}, which no \
+                     `crate::{to}` path in src/{from} does: take it off {from}'s line"
+                ));
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// What reads the wall clock; a layer asks its `Clock` instead.
+const WALL_CLOCK_READS: [&str; 4] = [
+    "Utc::now",
+    "SystemTime::now",
+    "Local::now",
+    "OffsetDateTime::now",
+];
+
+/// The one file that reads the wall clock: `SystemClock`.
+const THE_CLOCK: &str = "src/clock.rs";
+
+/// Each line of `source` that reads the wall clock: its number and text.
+fn wall_clock_reads(source: &str) -> Vec<(usize, String)> {
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            WALL_CLOCK_READS.iter().any(|read| {
+                line.match_indices(read).any(|(at, _)| {
+                    // `MyUtc::now` is not `Utc::now`.
+                    !line[..at].chars().next_back().is_some_and(is_ident_char)
+                })
+            })
+        })
+        .map(|(index, line)| (index + 1, line.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn only_the_clock_reads_the_wall_clock() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut errors = Vec::new();
+    for file in files {
+        let shown = file
+            .strip_prefix(root())
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        if shown == THE_CLOCK {
+            continue;
+        }
+        let source = fs::read_to_string(&file).expect("read a source file");
+        for (line, text) in wall_clock_reads(&source) {
+            errors.push(format!(
+                "{shown}:{line} reads the wall clock (`{text}`): take the instant from the \
+                 `Clock` given (`crate::clock`) or a `now` argument; tests use a fixed \
+                 instant or a `ManualClock`"
+            ));
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn wall_clock_reads_are_found_wherever_they_are() {
+    let source = r#"use chrono::Utc;
+/// let now = Utc::now();
+fn f() -> u64 { std::time::SystemTime::now().elapsed().unwrap().as_secs() }
+let local = chrono::Local::now();
+let fine = clock.now();
+let fine_too = std::time::Instant::now();
+let not_chrono = MyUtc::now();
+"#;
+    let lines: Vec<usize> = wall_clock_reads(source)
+        .into_iter()
+        .map(|(line, _)| line)
+        .collect();
+    assert_eq!(lines, [2, 3, 4]);
+}
+
+/// The items of a `mod.rs` that are neither `mod` nor `use` lines (nor
+/// docs, comments or attributes), with the line each starts on: a `mod.rs`
+/// holds its module's docs and says what the module is made of, and the
+/// rest lives in files named for what they hold.
+fn items_besides_mod_and_use(source: &str) -> Vec<(usize, String)> {
+    let mut items = Vec::new();
+    let mut statement = String::new();
+    let mut starts_on = 0;
+    let mut depth = 0usize;
+    for (index, line) in source.lines().enumerate() {
+        let code = match line.find("//") {
+            Some(comment) => &line[..comment],
+            None => line,
+        };
+        let code = code.trim();
+        if code.is_empty() || (depth == 0 && code.starts_with("#[")) {
+            continue;
+        }
+        if statement.trim().is_empty() {
+            statement.clear();
+            starts_on = index + 1;
+        }
+        for c in code.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            statement.push(c);
+            // An item ends at its `;`, or at the `}` closing its block; the
+            // braces of a `use` group are followed by its `;`.
+            let ends =
+                depth == 0 && (c == ';' || (c == '}' && !keyword(&statement).starts_with("use ")));
+            if ends {
+                let item = statement.trim().to_string();
+                statement.clear();
+                let words = keyword(&item);
+                let declares =
+                    (words.starts_with("mod ") || words.starts_with("use ")) && item.ends_with(';');
+                if !declares {
+                    items.push((starts_on, item.chars().take(60).collect()));
+                }
+            }
+        }
+        statement.push(' ');
+    }
+    if !statement.trim().is_empty() {
+        items.push((starts_on, statement.trim().chars().take(60).collect()));
+    }
+    items
+}
+
+/// `item` from its first keyword on: past `pub` or `pub(…)`.
+fn keyword(item: &str) -> &str {
+    let item = item.trim_start();
+    let rest = match item.strip_prefix("pub") {
+        Some(rest) => match rest.strip_prefix('(') {
+            Some(scoped) => scoped.split_once(')').map_or(rest, |(_, after)| after),
+            None => rest,
+        },
+        None => item,
+    };
+    rest.trim_start()
+}
+
+#[test]
+fn mod_rs_files_hold_docs_and_declarations_only() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut errors = Vec::new();
+    for file in files
+        .iter()
+        .filter(|file| file.file_name().is_some_and(|name| name == "mod.rs"))
+    {
+        let shown = file
+            .strip_prefix(root())
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let source = fs::read_to_string(file).expect("read a source file");
+        for (line, item) in items_besides_mod_and_use(&source) {
+            errors.push(format!(
+                "{shown}:{line} holds `{item}`: a mod.rs holds its module's docs and its \
+                 mod and use lines; move this into a file named for what it holds"
+            ));
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn declarations_are_told_from_items() {
+    let source = r#"//! Docs.
+//! ```
+//! fn in_the_docs() {}
+//! ```
+
+mod a;
+#[cfg(feature = "x")]
+pub(crate) mod b;
+pub use a::{
+    One, // the first
+    Two,
+};
+use std::fmt; // a trailing comment with fn in it
+/// A constant.
+pub const C: u8 = 1;
+#[cfg(test)]
+mod tests {
+    fn f() {}
+}
+"#;
+    let lines: Vec<usize> = items_besides_mod_and_use(source)
+        .into_iter()
+        .map(|(line, _)| line)
+        .collect();
+    assert_eq!(lines, [15, 17]);
 }
 
 /// The reader itself, on a made-up file: what it must find and skip.

@@ -428,7 +428,7 @@ async fn provider_keys_are_set_and_deleted_by_management_keys_and_listed_by_own_
         // The store holds the key, in the documented record.
         let record = gateway
             .store
-            .get_record(&byok_keys("team-a"), "openai")
+            .get_record_at(&byok_keys("team-a"), "openai", t0())
             .await
             .unwrap()
             .unwrap();

@@ -103,7 +103,7 @@ async fn keys(store: &SharedStore, count: usize, limit: i64) -> Vec<(String, Str
             ..NewKey::named(format!("worker {index}"))
         };
         let (key, record) = directory.create_key(new).await.unwrap();
-        keys.push((key.expose().to_owned(), record.hash.clone()));
+        keys.push((key.expose().to_owned(), record.hash.to_hex()));
     }
     keys
 }

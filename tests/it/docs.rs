@@ -643,7 +643,7 @@ fn the_configuration_page_names_every_section_and_flag() {
         );
     }
     assert!(names.contains("max_tokens_per_image") && names.contains("free_models"));
-    let quota = std::fs::read_to_string(root().join("src/free_quota/mod.rs")).unwrap();
+    let quota = std::fs::read_to_string(root().join("src/free_quota/rules.rs")).unwrap();
     names.extend(struct_fields(&quota, "pub struct FreeQuotaRules {"));
     let failures = std::fs::read_to_string(root().join("src/auth/failures.rs")).unwrap();
     names.extend(struct_fields(&failures, "pub struct AuthFailureLimit {"));
@@ -709,13 +709,15 @@ fn quoted_after(source: &str, openers: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn the_routes_page_names_every_route() {
-    // Every `path: "…"` of the JSON API's route table, `{name}` as `{}`.
-    let table = std::fs::read_to_string(root().join("src/api/routes.rs")).unwrap();
+    // Every path of the JSON API, as `src/routing.rs` names them once
+    // (`NAME = "…";`) for the route table, `{name}` as `{}`.
+    let table = std::fs::read_to_string(root().join("src/routing.rs")).unwrap();
     let mut routes = BTreeSet::new();
     for line in table.lines() {
-        let Some(path) = line.trim().strip_prefix("path: \"") else {
+        let Some((_, path)) = line.trim().split_once(" = \"/") else {
             continue;
         };
+        let path = format!("/{path}");
         let Some((path, _)) = path.split_once('"') else {
             continue;
         };

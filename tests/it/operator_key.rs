@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
 use modelgate::auth::ApiKey;
+use modelgate::clock::{Clock, SystemClock};
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore, OPERATOR_ACCOUNT};
-use modelgate::store::{Expect, MemoryStore, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS};
+use modelgate::store::{
+    Expect, MemoryStore, PutOptions, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS,
+};
 use serde_json::{json, Value};
 
 /// The proxy on `redis` (in memory when `None`), with `admin_key` as
@@ -260,7 +263,14 @@ async fn a_start_moves_an_older_stores_operator_keys_off_default() {
     for mut record in [old_admin, old_other] {
         record.management = true;
         store
-            .put_json(KEYS, &record.hash.clone(), &record, Expect::Any)
+            .put_json_at(
+                KEYS,
+                &record.hash.to_hex(),
+                &record,
+                Expect::Any,
+                PutOptions::default(),
+                SystemClock.now(),
+            )
             .await
             .unwrap();
     }
@@ -309,7 +319,7 @@ async fn a_start_moves_an_older_stores_operator_keys_off_default() {
         let (status, body) = call(
             &running,
             "DELETE",
-            &format!("/api/v1/keys/{}", record.hash),
+            &format!("/api/v1/keys/{}", record.hash.to_hex()),
             manager,
             None,
         )
@@ -345,7 +355,7 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
     assert_eq!(keys.len(), 1, "one key among {} starts", directories.len());
     let operators = directories[0].operator_keys().await.unwrap();
     assert_eq!(operators.len(), 1, "{operators:?}");
-    assert_eq!(operators[0].hash, keys[0].hash().to_hex());
+    assert_eq!(operators[0].hash.to_hex(), keys[0].hash().to_hex());
     assert_eq!(operators[0].account, OPERATOR_ACCOUNT);
     assert!(!operators[0].disabled);
     // Later starts make none, before and after a reset.
@@ -370,7 +380,7 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
         .unwrap()
         .into_iter()
         .filter(|record| !record.disabled)
-        .map(|record| record.hash)
+        .map(|record| record.hash.to_hex())
         .collect();
     assert_eq!(live, vec![new.hash().to_hex()]);
 }
@@ -444,7 +454,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     let old = RedisStore::connect(&url, unchecked).await.unwrap();
     let key = ApiKey::generate();
     let record = modelgate::keys::KeyRecord {
-        hash: key.hash().to_hex(),
+        hash: key.hash(),
         name: "old".into(),
         account: "default".into(),
         management: false,
@@ -463,25 +473,39 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         allowed_models: None,
         rate_limit: None,
     };
-    old.put_json(KEYS, &record.hash, &record, Expect::Absent)
-        .await
-        .unwrap();
+    old.put_json_at(
+        KEYS,
+        &record.hash.to_hex(),
+        &record,
+        Expect::Absent,
+        PutOptions::default(),
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     // A second key that has never been charged: holds, but no usage hash.
     let fresh = modelgate::keys::KeyRecord {
-        hash: ApiKey::generate().hash().to_hex(),
+        hash: ApiKey::generate().hash(),
         name: "fresh".into(),
         ..record.clone()
     };
-    old.put_json(KEYS, &fresh.hash, &fresh, Expect::Absent)
-        .await
-        .unwrap();
+    old.put_json_at(
+        KEYS,
+        &fresh.hash.to_hex(),
+        &fresh,
+        Expect::Absent,
+        PutOptions::default(),
+        SystemClock.now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(old.layout().await.unwrap(), None);
     // Its ledger in the older layout: five keys per key, holds per
     // account: 1.5 credits used today, and a request in flight holding 0.5.
     let credit = modelgate::store::NANOS_PER_CREDIT;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let key_base = format!("mg:{{default}}:k:{}", record.hash);
+    let key_base = format!("mg:{{default}}:k:{}", record.hash.to_hex());
     let day_start = chrono::Utc::now()
         .date_naive()
         .and_hms_opt(0, 0, 0)
@@ -525,7 +549,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     // 0.3), its key's side not yet; one of a deleted key (0.4), on the
     // account only; and one of the fresh key (0.1), in flight.
     let long_ago = (chrono::Utc::now() - chrono::Duration::minutes(10)).timestamp_micros();
-    let fresh_base = format!("mg:{{default}}:k:{}", fresh.hash);
+    let fresh_base = format!("mg:{{default}}:k:{}", fresh.hash.to_hex());
     seed.cmd("ZADD")
         .arg(format!("{key_base}:res"))
         .arg(long_ago)
@@ -623,7 +647,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     // lapse its key had not been charged yet; the fresh key's hold too;
     // the old keys are gone.
     let usage = store
-        .key_usage("default", &record.hash, chrono::Utc::now())
+        .key_usage("default", &record.hash.to_hex(), chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -631,7 +655,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         (18 * credit / 10, 18 * credit / 10, 6 * credit / 10)
     );
     let fresh_usage = store
-        .key_usage("default", &fresh.hash, chrono::Utc::now())
+        .key_usage("default", &fresh.hash.to_hex(), chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -668,7 +692,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .unwrap();
     let request = ReserveRequest {
         account: "default".into(),
-        key: record.hash.clone(),
+        key: record.hash.to_hex(),
         reservation_id: "r".into(),
         amount_nanos: 3 * modelgate::store::NANOS_PER_CREDIT,
         min_amount_nanos: None,
@@ -687,7 +711,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     // cost charged once.
     let settlement = modelgate::store::Settlement {
         account: "default".into(),
-        key: record.hash.clone(),
+        key: record.hash.to_hex(),
         reservation_id: "in-flight".into(),
         hold_granted: true,
         cost_nanos: credit / 5,
@@ -698,7 +722,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         store.settle(&settlement, chrono::Utc::now()).await.unwrap();
     }
     let usage = store
-        .key_usage("default", &record.hash, chrono::Utc::now())
+        .key_usage("default", &record.hash.to_hex(), chrono::Utc::now())
         .await
         .unwrap();
     assert_eq!(

@@ -85,7 +85,7 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
         .unwrap_err();
     // A hold alone is an admission with no counter checks.
     assert_eq!(error.operation(), "admit");
-    let error = tokio::time::timeout(bound, store.get_record("keys", "k"))
+    let error = tokio::time::timeout(bound, store.get_record_at("keys", "k", t0()))
         .await
         .expect("get_record returned")
         .unwrap_err();
@@ -179,7 +179,7 @@ async fn a_frozen_redis_opens_the_breaker_and_calls_fail_fast_until_it_answers_a
     let started = std::time::Instant::now();
     for call in 0..50 {
         let error = if call % 2 == 0 {
-            clone.get_record("keys", "k").await.unwrap_err()
+            clone.get_record_at("keys", "k", t0()).await.unwrap_err()
         } else {
             store.reserve(&reserve_request(), t0()).await.unwrap_err()
         };
@@ -214,7 +214,7 @@ async fn a_frozen_redis_opens_the_breaker_and_calls_fail_fast_until_it_answers_a
     );
     assert!(!store.circuit_open() && !clone.circuit_open());
     store.ping().await.unwrap();
-    store.get_record("keys", "k").await.unwrap();
+    store.get_record_at("keys", "k", t0()).await.unwrap();
 }
 
 /// Arguments the store refuses never reach Redis and never open the breaker.
@@ -610,12 +610,15 @@ async fn every_operation_is_one_round_trip() {
     store.key_usage("acct", "key", t0()).await.unwrap();
     store.top_up("acct", 1).await.unwrap();
     store
-        .put_record("keys", "k", b"v", Expect::Any)
+        .put_record_at("keys", "k", b"v", Expect::Any, PutOptions::default(), t0())
         .await
         .unwrap();
-    store.get_record("keys", "k").await.unwrap();
-    store.delete_record("keys", "k", Expect::Any).await.unwrap();
-    store.list_records("keys", 0, 10).await.unwrap();
+    store.get_record_at("keys", "k", t0()).await.unwrap();
+    store
+        .delete_record_at("keys", "k", Expect::Any, t0())
+        .await
+        .unwrap();
+    store.list_records_at("keys", 0, 10, t0()).await.unwrap();
     store
         .acquire_slot("acct", "s", "h", 1, Duration::from_secs(1), t0())
         .await
@@ -629,12 +632,15 @@ async fn every_operation_is_one_round_trip() {
     store.top_up("acct", 1).await.unwrap();
     store.account_balance("acct").await.unwrap();
     store
-        .put_record("keys", "k", b"v", Expect::Any)
+        .put_record_at("keys", "k", b"v", Expect::Any, PutOptions::default(), t0())
         .await
         .unwrap();
-    store.get_record("keys", "k").await.unwrap();
-    store.delete_record("keys", "k", Expect::Any).await.unwrap();
-    store.list_records("keys", 0, 10).await.unwrap();
+    store.get_record_at("keys", "k", t0()).await.unwrap();
+    store
+        .delete_record_at("keys", "k", Expect::Any, t0())
+        .await
+        .unwrap();
+    store.list_records_at("keys", 0, 10, t0()).await.unwrap();
     store
         .acquire_slot("acct", "s", "h", 1, Duration::from_secs(1), t0())
         .await

@@ -18,7 +18,7 @@ use modelgate::clock::Period;
 use modelgate::store::{
     AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, KeyLimit, KeyTerms, Limit,
     MemoryStore, PurchaseTier, PutOptions, PutOutcome, RecordKeeping, RedisStore, RedisStoreConfig,
-    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store,
+    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store, StoreError,
     StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
     MAX_APP_USAGE_ROWS, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
 };
@@ -3044,17 +3044,15 @@ async fn concurrent_paid_holds_never_overdraw_the_balance<S: Store>(store: Arc<S
 
 async fn records_compare_and_set<S: Store>(store: Arc<S>) {
     let keys = modelgate::store::KEYS;
-    assert_eq!(store.get_record(keys, "k1").await.unwrap(), None);
+    assert_eq!(store.get_record_at(keys, "k1", t0()).await.unwrap(), None);
     assert_eq!(
-        store
-            .put_record(keys, "k1", b"one", Expect::Absent)
+        put(&*store, keys, "k1", b"one", Expect::Absent)
             .await
             .unwrap(),
         WriteOutcome::Written { revision: 1 }
     );
     assert_eq!(
-        store
-            .put_record(keys, "k1", b"again", Expect::Absent)
+        put(&*store, keys, "k1", b"again", Expect::Absent)
             .await
             .unwrap(),
         WriteOutcome::Conflict {
@@ -3065,15 +3063,13 @@ async fn records_compare_and_set<S: Store>(store: Arc<S>) {
         }
     );
     assert_eq!(
-        store
-            .put_record(keys, "k1", b"two", Expect::Revision(1))
+        put(&*store, keys, "k1", b"two", Expect::Revision(1))
             .await
             .unwrap(),
         WriteOutcome::Written { revision: 2 }
     );
     assert_eq!(
-        store
-            .put_record(keys, "k1", b"stale", Expect::Revision(1))
+        put(&*store, keys, "k1", b"stale", Expect::Revision(1))
             .await
             .unwrap(),
         WriteOutcome::Conflict {
@@ -3084,22 +3080,20 @@ async fn records_compare_and_set<S: Store>(store: Arc<S>) {
         }
     );
     assert_eq!(
-        store
-            .put_record(keys, "k1", b"three", Expect::Any)
+        put(&*store, keys, "k1", b"three", Expect::Any)
             .await
             .unwrap(),
         WriteOutcome::Written { revision: 3 }
     );
     assert_eq!(
-        store.get_record(keys, "k1").await.unwrap(),
+        store.get_record_at(keys, "k1", t0()).await.unwrap(),
         Some(Versioned {
             value: b"three".to_vec(),
             revision: 3
         })
     );
     assert_eq!(
-        store
-            .put_record(keys, "nope", b"x", Expect::Revision(1))
+        put(&*store, keys, "nope", b"x", Expect::Revision(1))
             .await
             .unwrap(),
         WriteOutcome::Conflict { current: None }
@@ -3107,34 +3101,37 @@ async fn records_compare_and_set<S: Store>(store: Arc<S>) {
     // Binary values and awkward ids survive.
     let odd_id = "id with spaces/ü:{x}";
     let binary = [0u8, 255, 10, 13, b'"'];
-    store
-        .put_record(keys, odd_id, &binary, Expect::Absent)
+    put(&*store, keys, odd_id, &binary, Expect::Absent)
         .await
         .unwrap();
     assert_eq!(
-        store.get_record(keys, odd_id).await.unwrap().unwrap().value,
+        store
+            .get_record_at(keys, odd_id, t0())
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
         binary.to_vec()
     );
     // Deletes honour their condition.
     assert!(matches!(
         store
-            .delete_record(keys, "k1", Expect::Revision(2))
+            .delete_record_at(keys, "k1", Expect::Revision(2), t0())
             .await
             .unwrap(),
         WriteOutcome::Conflict { .. }
     ));
     assert_eq!(
         store
-            .delete_record(keys, "k1", Expect::Revision(3))
+            .delete_record_at(keys, "k1", Expect::Revision(3), t0())
             .await
             .unwrap(),
         WriteOutcome::Written { revision: 0 }
     );
-    assert_eq!(store.get_record(keys, "k1").await.unwrap(), None);
+    assert_eq!(store.get_record_at(keys, "k1", t0()).await.unwrap(), None);
     // Re-created after delete: revision starts again at 1.
     assert_eq!(
-        store
-            .put_record(keys, "k1", b"new", Expect::Absent)
+        put(&*store, keys, "k1", b"new", Expect::Absent)
             .await
             .unwrap(),
         WriteOutcome::Written { revision: 1 }
@@ -3144,26 +3141,25 @@ async fn records_compare_and_set<S: Store>(store: Arc<S>) {
 async fn records_list_newest_first<S: Store>(store: Arc<S>) {
     let flows = modelgate::store::flows("session:main");
     for index in 0..5 {
-        store
-            .put_record(
-                &flows,
-                &format!("f{index}"),
-                format!("v{index}").as_bytes(),
-                Expect::Absent,
-            )
-            .await
-            .unwrap();
+        put(
+            &*store,
+            &flows,
+            &format!("f{index}"),
+            format!("v{index}").as_bytes(),
+            Expect::Absent,
+        )
+        .await
+        .unwrap();
     }
     // An update keeps the record's place; a delete removes it.
-    store
-        .put_record(&flows, "f1", b"v1b", Expect::Revision(1))
+    put(&*store, &flows, "f1", b"v1b", Expect::Revision(1))
         .await
         .unwrap();
     store
-        .delete_record(&flows, "f3", Expect::Any)
+        .delete_record_at(&flows, "f3", Expect::Any, t0())
         .await
         .unwrap();
-    let page = store.list_records(&flows, 0, 10).await.unwrap();
+    let page = store.list_records_at(&flows, 0, 10, t0()).await.unwrap();
     let ids: Vec<_> = page.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, ["f4", "f2", "f1", "f0"]);
     assert_eq!(
@@ -3173,7 +3169,7 @@ async fn records_list_newest_first<S: Store>(store: Arc<S>) {
             revision: 2
         }
     );
-    let second_page = store.list_records(&flows, 1, 2).await.unwrap();
+    let second_page = store.list_records_at(&flows, 1, 2, t0()).await.unwrap();
     assert_eq!(
         second_page
             .iter()
@@ -3181,14 +3177,36 @@ async fn records_list_newest_first<S: Store>(store: Arc<S>) {
             .collect::<Vec<_>>(),
         ["f2", "f1"]
     );
-    assert!(store.list_records(&flows, 0, 0).await.unwrap().is_empty());
-    assert!(store.list_records(&flows, 10, 5).await.unwrap().is_empty());
-    // Another session's collection is separate.
     assert!(store
-        .list_records(&modelgate::store::flows("session:other"), 0, 10)
+        .list_records_at(&flows, 0, 0, t0())
         .await
         .unwrap()
         .is_empty());
+    assert!(store
+        .list_records_at(&flows, 10, 5, t0())
+        .await
+        .unwrap()
+        .is_empty());
+    // Another session's collection is separate.
+    assert!(store
+        .list_records_at(&modelgate::store::flows("session:other"), 0, 10, t0())
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A write with no lifetime and no cap, at `t0()`.
+async fn put<S: Store>(
+    store: &S,
+    collection: &str,
+    id: &str,
+    value: &[u8],
+    expect: Expect,
+) -> Result<WriteOutcome, StoreError> {
+    store
+        .put_record_at(collection, id, value, expect, PutOptions::default(), t0())
+        .await?
+        .uncapped()
 }
 
 /// `put_record_at` with `options`, at `now`.
@@ -3519,8 +3537,7 @@ async fn concurrent_creators_never_pass_a_collection_cap<S: Store>(store: Arc<S>
 
 async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: Arc<S>) {
     let accounts = modelgate::store::ACCOUNTS;
-    store
-        .put_record(accounts, "a1", b"v1", Expect::Absent)
+    put(&*store, accounts, "a1", b"v1", Expect::Absent)
         .await
         .unwrap();
     for round in 1..=5u64 {
@@ -3529,10 +3546,15 @@ async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: 
                 let store = Arc::clone(&store);
                 tokio::spawn(async move {
                     let value = format!("round {round} writer {writer}");
-                    store
-                        .put_record(accounts, "a1", value.as_bytes(), Expect::Revision(round))
-                        .await
-                        .unwrap()
+                    put(
+                        &*store,
+                        accounts,
+                        "a1",
+                        value.as_bytes(),
+                        Expect::Revision(round),
+                    )
+                    .await
+                    .unwrap()
                 })
             })
             .collect();
@@ -3553,8 +3575,7 @@ async fn concurrent_writers_with_one_revision_exactly_one_wins<S: Store>(store: 
         .map(|_| {
             let store = Arc::clone(&store);
             tokio::spawn(async move {
-                store
-                    .put_record(accounts, "new", b"x", Expect::Absent)
+                put(&*store, accounts, "new", b"x", Expect::Absent)
                     .await
                     .unwrap()
             })

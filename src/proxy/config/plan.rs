@@ -10,6 +10,7 @@ use super::{ConfigError, GatewayConfig};
 use crate::alerts::AlertRules;
 use crate::auth::AuthFailureLimit;
 use crate::client_addr::TrustedProxies;
+use crate::clock::Clock;
 use crate::credit::{BoundField, PriceTable};
 use crate::free_quota::FreeQuotaRules;
 use crate::in_flight::{InFlightLimitLayer, UnauthenticatedLimits};
@@ -306,9 +307,9 @@ pub(in crate::proxy) struct NoticeChannels {
 
 impl NoticeChannels {
     /// A notifier of its own for each gateway: its pending notices and
-    /// sends are that gateway's.
-    pub(in crate::proxy) fn notifier(&self) -> Notifier {
-        Notifier::new(self.email.clone(), self.webhook.clone())
+    /// sends are that gateway's, its webhooks dated by its clock.
+    pub(in crate::proxy) fn notifier(&self, clock: Arc<dyn Clock>) -> Notifier {
+        Notifier::new(self.email.clone(), self.webhook.clone()).with_clock(clock)
     }
 }
 

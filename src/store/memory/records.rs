@@ -272,11 +272,17 @@ mod tests {
                 PutOutcome::Write(WriteOutcome::Written { revision: 1 })
             );
         }
-        // A write without a lifetime, at the system clock (years after
-        // `at(0)`), removes nothing: only the clock of the writers that
-        // gave records their lifetime decides.
+        // A write without a lifetime, a year after `at(0)`, removes
+        // nothing: only the writers that give records a lifetime sweep.
         store
-            .put_record(crate::store::KEYS, "k", b"v", Expect::Any)
+            .put_record_at(
+                crate::store::KEYS,
+                "k",
+                b"v",
+                Expect::Any,
+                PutOptions::default(),
+                at(365 * 86_400 * SECOND),
+            )
             .await
             .unwrap();
         assert_eq!(store.record_count(), 101);

@@ -1237,6 +1237,8 @@ impl LedgerStore for SqliteStore {
 
 #[cfg(test)]
 mod tests {
+    use chrono::TimeZone;
+
     use super::*;
     use crate::store::SettlementRecord;
 
@@ -1280,7 +1282,7 @@ mod tests {
     async fn records_past_the_cap_leave_the_file_and_the_count_follows() {
         let directory = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
-        let start = Utc::now();
+        let start = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
         let at = |step: i64| start + chrono::Duration::milliseconds(200 * step);
         for id in 0..10 {
             store.settle(&settled(id, 3), at(0)).await.unwrap();

@@ -614,11 +614,19 @@ mod tests {
                 PutOutcome::Write(WriteOutcome::Written { revision: 1 })
             );
         }
-        // A write without a lifetime, at the system clock (years after
-        // `at(0)`), deletes nothing: only the clock of the writers that
-        // gave records their lifetime decides, as on `MemoryStore`.
+        // A write without a lifetime, years after `at(0)`, deletes
+        // nothing: only the clock of the writers that gave records their
+        // lifetime decides, as on `MemoryStore`.
+        let years_later = at(520 * week_micros);
         store
-            .put_record(KEYS, "k", b"v", Expect::Any)
+            .put_record_at(
+                KEYS,
+                "k",
+                b"v",
+                Expect::Any,
+                PutOptions::default(),
+                years_later,
+            )
             .await
             .unwrap();
         assert_eq!(rows_in_file(&store).await, 101);
@@ -676,7 +684,14 @@ mod tests {
         let config = super::super::SqliteStoreConfig::default;
         let store = SqliteStore::open(&path, config()).unwrap();
         store
-            .put_record(KEYS, "k", b"v", Expect::Absent)
+            .put_record_at(
+                KEYS,
+                "k",
+                b"v",
+                Expect::Absent,
+                PutOptions::default(),
+                at(0),
+            )
             .await
             .unwrap();
         let row = AppUsage {
@@ -693,7 +708,7 @@ mod tests {
         drop(store);
         let store = SqliteStore::open(&path, config()).unwrap();
         assert_eq!(
-            store.get_record(KEYS, "k").await.unwrap(),
+            store.get_record_at(KEYS, "k", at(0)).await.unwrap(),
             Some(Versioned {
                 value: b"v".to_vec(),
                 revision: 1

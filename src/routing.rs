@@ -1,0 +1,278 @@
+//! Which path is which endpoint: a request's path read as an upstream that
+//! normalises paths would read it, the route checks every layer makes on
+//! it, and the paths of the JSON API.
+//!
+//! Every route check in the crate reads the path through
+//! [`normalized_segments`] (percent-decoded, empty and `.` segments
+//! dropped, `..` applied, fixed segments compared in any ASCII case), so no
+//! spelling of a path routes around a check: `/api/v1//Chat/./completions`
+//! and `/api/v1/chat/completions` are one endpoint to every layer.
+
+use std::borrow::Cow;
+
+use http::request::Parts;
+use http::Method;
+
+/// Names each path of the JSON API once, as a constant its route in the
+/// table uses, and gathers them into [`API_PATHS`].
+macro_rules! api_paths {
+    ($($(#[$attribute:meta])* $name:ident = $path:literal;)*) => {
+        /// The patterns of the JSON API's routes (`KeyRoutes`' table names
+        /// its paths from here): `{name}` takes one segment.
+        pub(crate) mod api_path {
+            $(
+                $(#[$attribute])*
+                #[doc = concat!("`", $path, "`")]
+                pub(crate) const $name: &str = $path;
+            )*
+        }
+
+        /// Every path of the JSON API: the only ones BearerAuth lets a
+        /// management key use. The route table (above BearerAuth, since its
+        /// handlers take a `Principal`) takes its paths from [`api_path`].
+        pub(crate) const API_PATHS: &[&str] = &[$($(#[$attribute])* api_path::$name,)*];
+    };
+}
+
+api_paths! {
+    KEY = "/api/v1/key";
+    CREDITS = "/api/v1/credits";
+    USER_BALANCE = "/user/balance";
+    GENERATION = "/api/v1/generation";
+    GENERATIONS = "/api/v1/generations";
+    ACTIVITY = "/api/v1/activity";
+    APPS = "/api/v1/apps";
+    KEYS = "/api/v1/keys";
+    KEYS_HASH = "/api/v1/keys/{hash}";
+    KEYS_HASH_LEAKED = "/api/v1/keys/{hash}/leaked";
+    KEYS_HASH_ROTATE = "/api/v1/keys/{hash}/rotate";
+    #[cfg(feature = "oauth")]
+    AUTH_KEYS_CODE = "/api/v1/auth/keys/code";
+    ACCOUNTS = "/api/v1/accounts";
+    ACCOUNTS_ID = "/api/v1/accounts/{id}";
+    ACCOUNTS_ID_CREDITS = "/api/v1/accounts/{id}/credits";
+    ACCOUNTS_ID_BYOK = "/api/v1/accounts/{id}/byok";
+    ACCOUNTS_ID_BYOK_PROVIDER = "/api/v1/accounts/{id}/byok/{provider}";
+}
+
+/// Whether `path` is one of [`API_PATHS`].
+pub(crate) fn is_api_path(path: &str) -> bool {
+    let segments = normalized_segments(path);
+    API_PATHS
+        .iter()
+        .any(|pattern| pattern_params(pattern, &segments).is_some())
+}
+
+/// Whether `parts` is a chat-completions call: a POST whose path, read as
+/// an upstream that normalises paths would read it (percent-decoded, any
+/// case, empty and `.` segments dropped, `..` applied), ends in
+/// `chat/completions`. So no spelling of the path slips past parsing.
+pub(crate) fn is_chat_completions(parts: &Parts) -> bool {
+    is_chat_completions_call(&parts.method, parts.uri.path())
+}
+
+/// [`is_chat_completions`] on a method and path.
+pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
+    if method != Method::POST {
+        return false;
+    }
+    let is_chat = |chat: &str, completions: &str| {
+        chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+    };
+    if let Some(mut segments) = plain_segments(path) {
+        return match (segments.next_back(), segments.next_back()) {
+            (Some(completions), Some(chat)) => is_chat(chat, completions),
+            _ => false,
+        };
+    }
+    matches!(
+        normalized_segments(path).as_slice(),
+        [.., chat, completions] if is_chat(chat, completions)
+    )
+}
+
+/// The segments of a path that normalising would not change but for its
+/// empty segments (nothing to decode, no `.` or `..`), borrowed without
+/// gathering them: the usual path, read several times a request.
+fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &str>> {
+    let bytes = path.as_bytes();
+    // A dot segment starts the path or follows a slash.
+    let dot_segment = bytes.first() == Some(&b'.') || memchr::memmem::find(bytes, b"/.").is_some();
+    if dot_segment || memchr::memchr(b'%', bytes).is_some() {
+        return None;
+    }
+    Some(path.split('/').filter(|segment| !segment.is_empty()))
+}
+
+/// The segments of `path` as an upstream that normalises paths reads them:
+/// percent-decoded, empty and `.` segments dropped, `..` applied. Every
+/// route check in the crate matches on these, so no spelling of a path
+/// routes around a check. Every request's path is read this way several
+/// times, so a path with nothing to decode is only borrowed.
+pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
+    // Nothing to decode (the usual case): the path is already text.
+    if memchr::memchr(b'%', path.as_bytes()).is_none() {
+        return normalize_segments(path, Cow::Borrowed);
+    }
+    match percent_encoding::percent_decode_str(path).decode_utf8_lossy() {
+        Cow::Borrowed(text) => normalize_segments(text, Cow::Borrowed),
+        Cow::Owned(text) => normalize_segments(&text, |segment| Cow::Owned(segment.to_owned())),
+    }
+}
+
+/// Whether `path`'s [normalized segments](normalized_segments) are
+/// `expected`, in any case.
+#[cfg(any(feature = "leaks", feature = "oauth"))]
+pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
+    let same = |segment: &str, expected: &&str| segment.eq_ignore_ascii_case(expected);
+    if let Some(mut segments) = plain_segments(path) {
+        let mut expected = expected.iter();
+        return loop {
+            match (segments.next(), expected.next()) {
+                (Some(segment), Some(want)) if same(segment, want) => continue,
+                (None, None) => break true,
+                _ => break false,
+            }
+        };
+    }
+    let segments = normalized_segments(path);
+    segments.len() == expected.len()
+        && segments
+            .iter()
+            .zip(expected)
+            .all(|(segment, expected)| same(segment, expected))
+}
+
+/// The parameters of `segments` (a path's [normalized
+/// segments](normalized_segments)) when they match `pattern`, a path such
+/// as `/api/v1/keys/{hash}`: each `{name}` takes one segment, as it is;
+/// every other segment must be the same in any case. `None` when they do
+/// not match.
+pub(crate) fn pattern_params<'s>(
+    pattern: &str,
+    segments: &'s [Cow<'_, str>],
+) -> Option<Vec<&'s str>> {
+    let mut params = Vec::new();
+    let mut pattern_segments = pattern.split('/').filter(|segment| !segment.is_empty());
+    for segment in segments {
+        let expected = pattern_segments.next()?;
+        if expected.starts_with('{') && expected.ends_with('}') {
+            params.push(segment.as_ref());
+        } else if !segment.eq_ignore_ascii_case(expected) {
+            return None;
+        }
+    }
+    pattern_segments.next().is_none().then_some(params)
+}
+
+fn normalize_segments<'text, 'out>(
+    text: &'text str,
+    keep: impl Fn(&'text str) -> Cow<'out, str>,
+) -> Vec<Cow<'out, str>> {
+    // One allocation for any usual path: routes are a few segments deep.
+    let mut segments = Vec::with_capacity(8);
+    for segment in text.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            segment => segments.push(keep(segment)),
+        }
+    }
+    segments
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn a_pattern_matches_its_segments_in_any_case_and_takes_its_parameters_as_sent() {
+        let params = |pattern: &str, path: &str| {
+            let segments = normalized_segments(path);
+            pattern_params(pattern, &segments).map(|params| {
+                params
+                    .iter()
+                    .map(|param| param.to_string())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let pattern = "/api/v1/accounts/{id}/byok/{provider}";
+        assert_eq!(
+            params(pattern, "/API/v1/Accounts/Team-A/byok/OpenAI"),
+            Some(vec!["Team-A".to_owned(), "OpenAI".to_owned()])
+        );
+        assert_eq!(params(pattern, "/api/v1/accounts/a/byok"), None);
+        assert_eq!(params(pattern, "/api/v1/accounts/a/byok/b/c"), None);
+        assert_eq!(params(pattern, "/api/v1/accounts/a/keys/b"), None);
+        assert_eq!(params("/user/balance", "/user/balance/"), Some(vec![]));
+        assert_eq!(params("/", "/"), Some(vec![]));
+        assert_eq!(params("/user", "/"), None);
+    }
+
+    proptest! {
+        /// The borrowed reading of a plain path says what the full
+        /// normalisation says, for any path: the shortcut changes no route.
+        #[test]
+        fn route_checks_read_any_path_as_normalising_it_does(
+            path in "(/|//|\\.|\\.\\.|%2[eEfF]|%63|chat|CHAT|completions|Completions|api|v1|x){0,12}",
+        ) {
+            let segments = normalized_segments(&path);
+            let chat = matches!(
+                segments.as_slice(),
+                [.., chat, completions]
+                    if chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+            );
+            prop_assert_eq!(is_chat_completions_call(&Method::POST, &path), chat);
+            #[cfg(any(feature = "leaks", feature = "oauth"))]
+            for expected in [&["api", "v1", "chat", "completions"][..], &["chat"][..], &[][..]] {
+                let same = segments.len() == expected.len()
+                    && segments.iter().zip(expected).all(|(a, b)| a.eq_ignore_ascii_case(b));
+                prop_assert_eq!(path_is(&path, expected), same, "{:?} against {:?}", path, expected);
+            }
+        }
+
+        #[test]
+        fn a_pattern_matches_every_path_it_describes(
+            parts in proptest::collection::vec(("[a-zA-Z]{1,5}", any::<bool>()), 0..6),
+            values in proptest::collection::vec("[a-zA-Z0-9_-]{1,8}", 6),
+        ) {
+            // Each part a fixed segment or a parameter; the path spells the
+            // fixed ones in upper case and puts a value in each parameter.
+            let mut pattern = String::new();
+            let mut path = String::new();
+            let mut expected = Vec::new();
+            for (index, (name, is_param)) in parts.iter().enumerate() {
+                if *is_param {
+                    pattern.push_str(&format!("/{{{name}}}"));
+                    path.push_str(&format!("/{}", values[index]));
+                    expected.push(values[index].clone());
+                } else {
+                    pattern.push_str(&format!("/{name}"));
+                    path.push_str(&format!("/{}", name.to_ascii_uppercase()));
+                }
+            }
+            let segments = normalized_segments(&path);
+            let found = pattern_params(&pattern, &segments)
+                .map(|params| params.iter().map(|param| param.to_string()).collect::<Vec<_>>());
+            prop_assert_eq!(found, Some(expected));
+        }
+
+        #[test]
+        fn a_path_without_escapes_reads_as_its_decoding_would(
+            path in "[a-zA-Z0-9./%é_-]{0,40}",
+        ) {
+            // The shortcut for a path with no `%` must split exactly as
+            // the full percent-decoding would.
+            let decoded = percent_encoding::percent_decode_str(&path).decode_utf8_lossy();
+            let expected: Vec<String> =
+                normalize_segments(&decoded, Cow::Borrowed).iter().map(|s| s.to_string()).collect();
+            let got: Vec<String> = normalized_segments(&path).iter().map(|s| s.to_string()).collect();
+            prop_assert_eq!(got, expected);
+        }
+
+    }
+}

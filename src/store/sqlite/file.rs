@@ -1,0 +1,193 @@
+//! The store's file: created readable by its owner alone, opened with the
+//! store's pragmas, its schema migrated to [`SQLITE_SCHEMA_VERSION`] or
+//! refused when newer.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use super::store::{backend, sql, SqliteStoreConfig};
+use super::{counters, ledger, records};
+use crate::store::{StoreError, StoreErrorKind};
+
+/// The schema this version writes (`PRAGMA user_version`). A file at an
+/// older version is migrated when opened; a newer one is refused.
+pub const SQLITE_SCHEMA_VERSION: i64 = 1;
+
+/// SQLite's page cache, in KiB.
+const CACHE_KIB: i64 = 16 * 1024;
+
+/// Prepared statements kept: more than the store has.
+const STATEMENT_CACHE_CAPACITY: usize = 128;
+
+/// Opens the file at `path` (created private if absent) with the store's
+/// pragmas and its schema brought up to date.
+pub(super) fn open_connection(
+    path: &Path,
+    config: &SqliteStoreConfig,
+) -> Result<Connection, StoreError> {
+    create_private(path)?;
+    let connection = Connection::open(path).map_err(sql("open"))?;
+    connection
+        .busy_timeout(config.busy_timeout)
+        .map_err(sql("open"))?;
+    // Every statement the store runs stays prepared: parsing one costs
+    // more than running it.
+    connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
+    connection
+        .pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql("open"))?;
+    let synchronous = if config.synchronous_full {
+        "FULL"
+    } else {
+        "NORMAL"
+    };
+    connection
+        .pragma_update(None, "synchronous", synchronous)
+        .map_err(sql("open"))?;
+    // The working set of a busy gateway (its accounts, keys and the
+    // requests of the last minutes) read from SQLite's page cache, not
+    // with a system call each; bounded, so that resident memory stays flat
+    // however many records the file keeps (hence no memory map either:
+    // its pages would count as resident as the file grows).
+    connection
+        .pragma_update(None, "cache_size", -CACHE_KIB)
+        .map_err(sql("open"))?;
+    migrate(&connection)?;
+    Ok(connection)
+}
+
+/// Creates the file at `path`, if absent, readable by its owner alone: it
+/// holds key hashes, balances and the accounts' own provider keys. SQLite
+/// gives its `-wal` and `-shm` files the same permissions.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        // Made already (by an earlier start, or another process now).
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => Err(backend("open", format!("{}: {error}", path.display()))),
+    }
+}
+
+/// Brings the schema to [`SQLITE_SCHEMA_VERSION`] in one transaction.
+fn migrate(connection: &Connection) -> Result<(), StoreError> {
+    connection
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(sql("open"))?;
+    let outcome = (|| {
+        let version: i64 = connection
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(sql("open"))?;
+        if version > SQLITE_SCHEMA_VERSION {
+            return Err(StoreError::new(
+                "open",
+                StoreErrorKind::Layout(format!(
+                    "this file was written by a newer modelgate (schema {version}; this version \
+                     reads up to {SQLITE_SCHEMA_VERSION}): run that version, or start from a new file"
+                )),
+            ));
+        }
+        if version < 1 {
+            for schema in [counters::SCHEMA, ledger::SCHEMA, records::SCHEMA] {
+                connection.execute_batch(schema).map_err(sql("open"))?;
+            }
+        }
+        connection
+            .pragma_update(None, "user_version", SQLITE_SCHEMA_VERSION)
+            .map_err(sql("open"))
+    })();
+    let end = if outcome.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    connection.execute_batch(end).map_err(sql("open"))?;
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+
+    fn store_in(directory: &tempfile::TempDir) -> SqliteStore {
+        SqliteStore::open(directory.path().join("m.db"), SqliteStoreConfig::default()).unwrap()
+    }
+
+    fn user_version(path: &Path) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_new_file_gets_the_current_schema_and_keeps_it() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
+        // Opened again: nothing is created twice.
+        drop(store_in(&directory));
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
+        let mode: String = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_file_and_its_wal_are_readable_by_their_owner_alone() {
+        use crate::store::LedgerStore;
+        use std::os::unix::fs::PermissionsExt;
+        let directory = tempfile::tempdir().unwrap();
+        let store = store_in(&directory);
+        store.top_up("acct", 1).await.unwrap();
+        for name in ["m.db", "m.db-wal", "m.db-shm"] {
+            let mode = std::fs::metadata(directory.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
+        }
+    }
+
+    #[test]
+    fn a_file_a_newer_version_wrote_is_refused_naming_both_schemas() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", SQLITE_SCHEMA_VERSION + 1)
+            .unwrap();
+        let error = SqliteStore::open(&path, SqliteStoreConfig::default()).unwrap_err();
+        assert!(matches!(error.kind(), StoreErrorKind::Layout(_)), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("schema {}", SQLITE_SCHEMA_VERSION + 1))
+                && message.contains(&format!("up to {SQLITE_SCHEMA_VERSION}")),
+            "{message}"
+        );
+        // Refused, not changed.
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION + 1);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_refused() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        std::fs::write(
+            &path,
+            b"not a database, only text that is long enough to matter",
+        )
+        .unwrap();
+        assert!(SqliteStore::open(&path, SqliteStoreConfig::default()).is_err());
+    }
+}
