@@ -11,6 +11,12 @@ use std::sync::OnceLock;
 /// was built from the same library (`scripts/test.sh` builds the examples
 /// after the tests), so no `cargo` is run then: under nextest every test
 /// is a process of its own, and each would wait on cargo's lock.
+///
+/// An example older than the test binary may still be fresh (cargo links
+/// an example again only when the library changed, a test binary whenever
+/// a test did): the first test to find it so runs cargo, and leaves a stamp
+/// saying the examples were checked after this test binary was built, so
+/// that the tests after it (each a process under nextest) do not.
 pub fn binary(name: &str) -> PathBuf {
     let this_test = std::env::current_exe().expect("the test's own path");
     let profile_dir = this_test
@@ -18,9 +24,14 @@ pub fn binary(name: &str) -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps");
     let binary = profile_dir.join("examples").join(name);
+    let stamp = profile_dir.join("examples").join(".checked-after-the-tests");
     static BUILT: OnceLock<()> = OnceLock::new();
-    if !newer_than(&binary, &this_test) {
-        BUILT.get_or_init(|| build_examples(profile_dir));
+    if !newer_than(&binary, &this_test) && !newer_than(&stamp, &this_test) {
+        BUILT.get_or_init(|| {
+            build_examples(profile_dir);
+            // Written after cargo answered: newer than this test binary.
+            let _ = std::fs::write(&stamp, "");
+        });
     }
     assert!(
         binary.exists(),
@@ -51,6 +62,31 @@ fn build_examples(profile_dir: &Path) {
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     if let Some(target_dir) = profile_dir.parent() {
         command.env("CARGO_TARGET_DIR", target_dir);
+    }
+    // What cargo told this test about its own package is no setting for
+    // the build: build scripts (ring's, among others) ask cargo to build
+    // again when such a variable changes, so a cargo run with them would
+    // compile ring, rustls and the crate again here, and the next plain
+    // `cargo build` again back (about 40 s each time, under the lock every
+    // other test waits on).
+    for (variable, _) in std::env::vars_os() {
+        let Some(name) = variable.to_str() else {
+            continue;
+        };
+        let set_for_the_test = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CFG_"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&name);
+        if set_for_the_test {
+            command.env_remove(&variable);
+        }
     }
     if profile_dir
         .file_name()
