@@ -24,7 +24,9 @@ pub fn binary(name: &str) -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps");
     let binary = profile_dir.join("examples").join(name);
-    let stamp = profile_dir.join("examples").join(".checked-after-the-tests");
+    let stamp = profile_dir
+        .join("examples")
+        .join(".checked-after-the-tests");
     static BUILT: OnceLock<()> = OnceLock::new();
     if !newer_than(&binary, &this_test) && !newer_than(&stamp, &this_test) {
         BUILT.get_or_init(|| {
@@ -140,20 +142,35 @@ pub struct WatchedProxy {
 }
 
 impl WatchedProxy {
-    /// Waits (up to 10 s) until the log holds `text`; the log.
+    /// Waits until the log holds `text`; the log.
     pub fn wait_for_log(&self, text: &str) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let log = self.stderr.lock().unwrap().clone();
+        super::wait::wait_for_blocking(super::wait::PATIENCE, || {
+            let log = self.log();
             if log.contains(text) {
-                return log;
+                Ok(log)
+            } else {
+                Err(format!("the log never said {text:?}: {log}"))
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the log never said {text:?}: {log}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        })
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl std::ops::Deref for WatchedProxy {
+    type Target = ProxyProcess;
+
+    fn deref(&self) -> &ProxyProcess {
+        &self.proxy
+    }
+}
+
+impl std::ops::DerefMut for WatchedProxy {
+    fn deref_mut(&mut self) -> &mut ProxyProcess {
+        &mut self.proxy
     }
 }
 
@@ -283,14 +300,10 @@ impl ProxyProcess {
 
     /// Waits for the process to exit by itself; its exit code.
     pub fn wait(&mut self, bound: std::time::Duration) -> Option<i32> {
-        let started = std::time::Instant::now();
-        while started.elapsed() < bound {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the proxy did not exit within {bound:?}");
+        super::wait::wait_for_blocking(bound, || match self.child.try_wait().unwrap() {
+            Some(status) => Ok(status.code()),
+            None => Err("the proxy did not exit".to_owned()),
+        })
     }
 }
 
