@@ -248,15 +248,6 @@ async fn hold_expiries(server: &RedisServer) -> Vec<i64> {
     expiries
 }
 
-/// Redis's clock, in µs.
-async fn redis_now(server: &RedisServer) -> i64 {
-    let (seconds, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut connection(server).await)
-        .await
-        .unwrap();
-    seconds * 1_000_000 + micros
-}
-
 /// The one live hold's expiry.
 async fn the_hold_expiry(server: &RedisServer) -> i64 {
     match hold_expiries(server).await.as_slice() {
@@ -271,7 +262,7 @@ async fn redis_clock_past(server: &RedisServer, expiry: i64) {
     wait_until(
         PATIENCE,
         format_args!("Redis's clock past {expiry}"),
-        || async { redis_now(server).await > expiry },
+        || async { server.clock().timestamp_micros() > expiry },
     )
     .await;
 }

@@ -69,6 +69,26 @@ impl RedisServer {
         self.port
     }
 
+    /// The server's own clock (`TIME`), which decides its windows, hold
+    /// expiries and key expiries; read without touching any data.
+    pub fn clock(&self) -> chrono::DateTime<chrono::Utc> {
+        let reply = command(self.port, "TIME");
+        // *2\r\n$10\r\n<seconds>\r\n$6\r\n<micros>\r\n
+        let numbers: Vec<i64> = reply
+            .split("\r\n")
+            .filter(|part| !part.starts_with(['*', '$']) && !part.is_empty())
+            .map(|part| {
+                part.parse()
+                    .unwrap_or_else(|_| panic!("TIME said {reply:?}"))
+            })
+            .collect();
+        let [seconds, micros] = numbers[..] else {
+            panic!("TIME said {reply:?}");
+        };
+        chrono::DateTime::from_timestamp(seconds, u32::try_from(micros * 1000).unwrap())
+            .expect("a time Redis can have")
+    }
+
     /// Its data directory (`--dir`): a persistent server keeps its
     /// append-only files in `appendonlydir/` there, read at each start.
     pub fn data_dir(&self) -> &Path {
