@@ -28,6 +28,8 @@ struct Shared {
     send_twice: Mutex<Option<Vec<u8>>>,
     /// Every request forwarded, as read from its client.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// All each connection's client sent, in order, by connection.
+    sent: Mutex<Vec<Vec<u8>>>,
     lost_replies: AtomicUsize,
     /// What Redis answered to each request the relay sent a second time.
     second_replies: Mutex<Vec<Vec<u8>>>,
@@ -52,7 +54,18 @@ impl Relay {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
                     continue;
                 };
-                tokio::spawn(pump(client, server, upstream_port, accepting.clone()));
+                let connection = {
+                    let mut sent = accepting.sent.lock().unwrap();
+                    sent.push(Vec::new());
+                    sent.len() - 1
+                };
+                tokio::spawn(pump(
+                    client,
+                    server,
+                    upstream_port,
+                    accepting.clone(),
+                    connection,
+                ));
             }
         });
         Relay { port, shared, task }
@@ -103,6 +116,22 @@ impl Relay {
         self.shared.cut.send_replace(false);
     }
 
+    /// How many times `marker` occurs in what the clients sent so far (each
+    /// connection's bytes whole, however they were split into reads).
+    pub fn sent_occurrences(&self, marker: &[u8]) -> usize {
+        self.shared
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|sent| {
+                sent.windows(marker.len())
+                    .filter(|window| *window == marker)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Stops losing a reply or sending a request twice, if still armed.
     pub fn disarm(&self) {
         *self.shared.lose_reply_to.lock().unwrap() = None;
@@ -151,6 +180,7 @@ async fn pump(
     mut server: TcpStream,
     upstream_port: u16,
     shared: Arc<Shared>,
+    connection: usize,
 ) {
     let mut from_client = vec![0u8; 64 * 1024];
     let mut from_server = vec![0u8; 64 * 1024];
@@ -166,6 +196,7 @@ async fn pump(
                 let Ok(read @ 1..) = read else { return };
                 let request = &from_client[..read];
                 shared.requests.lock().unwrap().push(request.to_vec());
+                shared.sent.lock().unwrap()[connection].extend_from_slice(request);
                 if take_if_contained(&shared.lose_reply_to, request) {
                     lose_next_reply = true;
                 }
