@@ -647,18 +647,19 @@ async fn a_stream_passes_byte_for_byte_and_is_charged_its_reported_usage() {
 /// Waits (bounded) for a key's holds to be released: settlement in the
 /// background after a client went away.
 async fn settled(gateway: &Gateway, hash: &str) -> modelgate::store::KeyUsage {
-    for _ in 0..100 {
+    common::wait::wait_for(common::wait::PATIENCE, || async {
         let usage = gateway
             .store
             .key_usage("default", hash, gateway.clock.now())
             .await
             .unwrap();
         if usage.reserved_nanos == 0 {
-            return usage;
+            Ok(usage)
+        } else {
+            Err(format!("the reservation was never settled: {usage:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the reservation was never settled");
+    })
+    .await
 }
 
 #[tokio::test]
@@ -967,17 +968,16 @@ async fn held_while_streaming(
     drop(response);
     // The client gone, its settlement releases the hold: wait for it, so
     // that the next reading of the balance does not race it.
-    for _ in 0..500 {
-        let now = gateway
+    common::wait::wait_until(common::wait::PATIENCE, "the hold released", || async {
+        gateway
             .store
             .key_usage(&account, &hash, gateway.clock.now())
             .await
-            .unwrap();
-        if now.reserved_nanos == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+            .unwrap()
+            .reserved_nanos
+            == 0
+    })
+    .await;
     Ok(usage.reserved_nanos)
 }
 
