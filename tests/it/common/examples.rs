@@ -210,9 +210,10 @@ impl ProxyProcess {
         // Kept whole for a watched proxy; otherwise its last 64 KiB, to say
         // why a proxy that ended before listening did.
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut reader = None;
         if let Some(mut pipe) = child.stderr.take() {
             let stderr = stderr.clone();
-            std::thread::spawn(move || {
+            reader = Some(std::thread::spawn(move || {
                 let mut buffer = [0; 4096];
                 while let Ok(read @ 1..) = pipe.read(&mut buffer) {
                     let mut kept = stderr.lock().unwrap();
@@ -225,15 +226,20 @@ impl ProxyProcess {
                         kept.drain(..cut);
                     }
                 }
-            });
+            }));
         }
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut next_line = |child: &mut std::process::Child| match lines.next() {
             Some(line) => line.unwrap(),
             None => {
                 let status = child.wait().unwrap();
-                // The reader thread has the last of it once the pipe closes.
-                std::thread::sleep(std::time::Duration::from_millis(200));
+                // The reader thread has the last of it once the pipe closes
+                // (a process the proxy started may still hold it open).
+                if let Some(reader) = &reader {
+                    super::wait::waited_blocking(std::time::Duration::from_secs(5), || {
+                        reader.is_finished()
+                    });
+                }
                 panic!(
                     "the proxy ended ({status}) before it printed its address; its stderr:\n{}",
                     stderr.lock().unwrap()

@@ -10,7 +10,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Its own copy: the benchmarks include this file alone.
+#[path = "wait.rs"]
+mod wait;
+
+use wait::{wait_for_blocking, wait_until_blocking, PATIENCE};
 
 const INSTALL_HINT: &str = "redis-server is not on PATH. Run the README's test command, \
 `./scripts/test.sh`, which installs it (apt-get install redis-server) and runs the tests.";
@@ -207,12 +213,10 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in &nodes {
-            while !command(node.port, "CLUSTER INFO").contains("cluster_state:ok") {
-                assert!(Instant::now() < deadline, "cluster did not become ready");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_until_blocking(PATIENCE, "the cluster to become ready", || {
+                command(node.port, "CLUSTER INFO").contains("cluster_state:ok")
+            });
         }
         RedisCluster { nodes }
     }
@@ -238,9 +242,8 @@ impl RedisCluster {
             );
             assert_eq!(reply, "+OK\r\n", "CONFIG SET cluster-announce-port");
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in &self.nodes {
-            loop {
+            wait_for_blocking(PATIENCE, || {
                 let slots = command(node.port, "CLUSTER SLOTS");
                 let announced = ports
                     .iter()
@@ -250,14 +253,13 @@ impl RedisCluster {
                     .iter()
                     .any(|other| slots.contains(&format!(":{}\r\n", other.port)));
                 if announced && !real {
-                    break;
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the nodes did not announce their new ports: {slots}"
+                    ))
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "the nodes did not announce their new ports: {slots}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            });
         }
     }
 }
@@ -274,14 +276,11 @@ fn free_port() -> u16 {
 }
 
 fn wait_until_ready(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while command(port, "PING") != "+PONG\r\n" {
-        assert!(
-            Instant::now() < deadline,
-            "redis-server on port {port} did not answer PING within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_blocking(
+        PATIENCE,
+        format_args!("redis-server on port {port} to answer PING"),
+        || command(port, "PING") == "+PONG\r\n",
+    );
 }
 
 /// Sends one inline command and returns what arrives within a moment.

@@ -65,6 +65,22 @@ pub fn wait_until_blocking(within: Duration, what: impl Display, mut holds: impl
     }
 }
 
+/// Whether `holds` came to answer true within `within`, asking every
+/// [`POLL`], without failing the test: for a wait whose end is only a
+/// courtesy (reading the rest of a pipe before failing anyway).
+pub fn waited_blocking(within: Duration, mut holds: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if holds() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
 /// [`wait_for`] without a runtime.
 pub fn wait_for_blocking<T>(within: Duration, mut look: impl FnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + within;
