@@ -737,6 +737,9 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
         let mut stream = slow_body(address(50), &proxy, "/api/v1/auth/keys", &[]).await;
         crowd.push(tokio::spawn(async move { raw_answer(&mut stream).await }));
     }
+    // The four are held before the fifth comes (each connection is read
+    // apart: the fifth could otherwise be taken in before the last of them).
+    in_flight_to_be(&proxy, 4).await;
     let mut fifth = slow_body(address(50), &proxy, "/api/v1/auth/keys", &[]).await;
     let (status, retry_after, body) = raw_answer(&mut fifth).await;
     assert_eq!(status, 429, "{body}");
