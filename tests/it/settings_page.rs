@@ -1732,7 +1732,7 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         .any(|row| row["model"] == FREE && row["usage"] == 0));
 
     // The page, refreshed, shows the same rows in its table.
-    let rows = refreshing_until(&browser, "generations", || async {
+    let rows = refreshing_until(browser, "generations", || async {
         let rows = browser
             .script(
                 "return Array.from(document.querySelectorAll('#activity-rows > tr'), (row) => \

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-// Its own copy: the benchmarks include this file alone.
+// Its own copy: the benchmarks include this file alone (the tests also
+// have it as `common::wait`).
+#[allow(clippy::duplicate_mod)]
 #[path = "wait.rs"]
 mod wait;
 
