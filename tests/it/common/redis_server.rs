@@ -190,11 +190,6 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts three cluster-enabled servers, joins them and waits until the
     /// cluster reports `cluster_state:ok` on every node.
-    ///
-    /// Joined by hand (slots, distinct config epochs, `CLUSTER MEET`), not
-    /// by `redis-cli --cluster create`, which checks the join once a second:
-    /// the cluster is ok as soon as the nodes' own start-up delay (2 s for
-    /// a master) allows, about a second sooner.
     pub fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
@@ -205,36 +200,24 @@ impl RedisCluster {
                 )
             })
             .collect();
-        const SLOTS: u32 = 16384;
-        let count = nodes.len() as u32;
-        for (index, node) in (0u32..).zip(&nodes) {
-            let (first, last) = (SLOTS * index / count, SLOTS * (index + 1) / count - 1);
-            for line in [
-                format!("CLUSTER ADDSLOTSRANGE {first} {last}"),
-                format!("CLUSTER SET-CONFIG-EPOCH {}", index + 1),
-            ] {
-                let reply = command(node.port, &line);
-                assert_eq!(reply, "+OK\r\n", "{line} on port {}", node.port);
-            }
-        }
-        for other in &nodes[1..] {
-            let line = format!("CLUSTER MEET 127.0.0.1 {}", other.port);
-            assert_eq!(command(nodes[0].port, &line), "+OK\r\n", "{line}");
-        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
         for node in &nodes {
-            wait_for_blocking(PATIENCE, || {
-                let info = command(node.port, "CLUSTER INFO");
-                let slots = command(node.port, "CLUSTER SLOTS");
-                let joined = info.contains("cluster_state:ok")
-                    && info.contains(&format!("cluster_known_nodes:{}", nodes.len()))
-                    && nodes
-                        .iter()
-                        .all(|each| slots.contains(&format!(":{}\r\n", each.port)));
-                if joined {
-                    Ok(())
-                } else {
-                    Err(format!("the cluster did not become ready: {info}"))
-                }
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let output = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|error| panic!("cannot run redis-cli ({error}); {INSTALL_HINT}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        for node in &nodes {
+            wait_until_blocking(PATIENCE, "the cluster to become ready", || {
+                command(node.port, "CLUSTER INFO").contains("cluster_state:ok")
             });
         }
         RedisCluster { nodes }
