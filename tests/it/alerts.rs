@@ -18,6 +18,7 @@ use bytes::Bytes;
 use common::gateway::{chat, key_of};
 use common::http_server::serve;
 use common::redis_server::RedisServer;
+use common::settle::settled;
 use common::smtp::SmtpServer;
 use futures_util::future::join_all;
 use hmac::{Hmac, Mac};
@@ -26,6 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use modelgate::alerts::Alerts;
 use modelgate::clock::{Period, SystemClock};
+use modelgate::credit::PendingSettlements;
 use modelgate::keys::{KeyDirectory, KeyHash, NewAccount, SharedStore};
 use modelgate::proxy::{build_gateway, GatewayConfig, GatewayPlan, Upstream};
 use modelgate::store::{KeyLimit, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
@@ -36,8 +38,6 @@ const WEBHOOK_SECRET: &str = "alerts-test-webhook-secret-0123";
 const OWNER: &str = "owner@example.com";
 /// Long enough for any delivery on a loaded machine.
 const PATIENCE: Duration = Duration::from_secs(30);
-/// How long to keep watching for a second notice after the first.
-const QUIET: Duration = Duration::from_millis(700);
 
 fn credits(amount: i64) -> i64 {
     amount * NANOS_PER_CREDIT
@@ -106,6 +106,7 @@ fn signature_holds(hook: &Hook) -> bool {
 struct Setup {
     addresses: Vec<SocketAddr>,
     alerts: Vec<Alerts>,
+    settlements: Vec<PendingSettlements>,
     smtp: SmtpServer,
     hooks: Arc<Mutex<Vec<Hook>>>,
     store: SharedStore,
@@ -136,6 +137,7 @@ async fn setup(stores: Vec<SharedStore>, email: Option<&str>) -> Setup {
     let base = mock::start(mock::MockConfig::default()).await;
     let mut addresses = Vec::new();
     let mut alerts = Vec::new();
+    let mut settlements = Vec::new();
     for store in &stores {
         let upstream = Upstream::new(&config.upstream_config(Some(&base)).unwrap()).unwrap();
         let gateway = build_gateway(
@@ -146,6 +148,7 @@ async fn setup(stores: Vec<SharedStore>, email: Option<&str>) -> Setup {
             Duration::from_secs(1),
         );
         alerts.push(gateway.alerts.expect("an alerts section gives alerts"));
+        settlements.push(gateway.settlements);
         addresses.push(serve(gateway.service).await);
     }
     let store = stores[0].clone();
@@ -167,6 +170,7 @@ async fn setup(stores: Vec<SharedStore>, email: Option<&str>) -> Setup {
     Setup {
         addresses,
         alerts,
+        settlements,
         smtp,
         hooks,
         store,
@@ -204,22 +208,28 @@ impl Setup {
             for (status, body) in replies {
                 assert!(status == 200 || status == 402, "{status} {body}");
             }
-            // Let the settlements land before the next look.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // The settlements land before the next look.
+            settled(self.store.as_ref(), "acme", &hash, chrono::Utc::now()).await;
         }
         panic!("the balance never fell below {balance_below} credits");
     }
 
-    /// Waits until every instance's alerts are checked and delivered, then
-    /// a while more (a second notice would come in it), then again.
+    /// Waits until every alert the requests so far can cause is out: each
+    /// settlement recorded (the key holds nothing), each settlement's task
+    /// over on every instance (its alert check queued: a settlement is
+    /// tracked before it is sent, and tells the alerts before its task
+    /// ends), then every instance's checks made and notices delivered.
     async fn settle(&self) {
-        for _ in 0..2 {
-            for alerts in &self.alerts {
-                tokio::time::timeout(PATIENCE, alerts.idle())
-                    .await
-                    .expect("alerts go out");
-            }
-            tokio::time::sleep(QUIET).await;
+        let hash = KeyHash::of(&self.key).to_hex();
+        settled(self.store.as_ref(), "acme", &hash, chrono::Utc::now()).await;
+        for settlements in &self.settlements {
+            let unrecorded = settlements.flush(PATIENCE).await;
+            assert!(unrecorded.is_empty(), "{unrecorded:?}");
+        }
+        for alerts in &self.alerts {
+            tokio::time::timeout(PATIENCE, alerts.idle())
+                .await
+                .expect("alerts go out");
         }
     }
 

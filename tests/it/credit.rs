@@ -89,6 +89,9 @@ fn stream_of(chunks: Vec<Result<Bytes, BoxError>>, then_hang: bool) -> UpstreamB
     }
 }
 
+/// Requests the upstream stand-in received for `test/slow`.
+static SLOW_ARRIVALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The upstream stand-in. The model's name says how it behaves; it
 /// reports `max_tokens` completion tokens (×1.5 for `test/overrun`), and
 /// 3 prompt tokens, or for `test/bytes` one per byte of the prompt's text
@@ -133,8 +136,10 @@ async fn upstream(request: Request<Full<Bytes>>) -> Result<Response<UpstreamBody
             "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "cost": 5.0},
         }))),
         "slow" => {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            Response::builder().body(json_body(json!({"choices": []})))
+            // At work and never answering: its client gives up.
+            SLOW_ARRIVALS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<()>().await;
+            unreachable!()
         }
         "bytes" => {
             let text_bytes: usize = chat
@@ -647,18 +652,19 @@ async fn a_stream_passes_byte_for_byte_and_is_charged_its_reported_usage() {
 /// Waits (bounded) for a key's holds to be released: settlement in the
 /// background after a client went away.
 async fn settled(gateway: &Gateway, hash: &str) -> modelgate::store::KeyUsage {
-    for _ in 0..100 {
+    common::wait::wait_for(common::wait::PATIENCE, || async {
         let usage = gateway
             .store
             .key_usage("default", hash, gateway.clock.now())
             .await
             .unwrap();
         if usage.reserved_nanos == 0 {
-            return usage;
+            Ok(usage)
+        } else {
+            Err(format!("the reservation was never settled: {usage:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the reservation was never settled");
+    })
+    .await
 }
 
 #[tokio::test]
@@ -704,15 +710,24 @@ async fn every_ending_is_settled_never_silently_zero() {
     // A client that gives up before the response starts: the upstream may
     // be working, so it is charged its estimate, and the hold released.
     let (key, hash) = gateway.key(json!({"name": "impatient"})).await;
-    let gave_up = reqwest::Client::new()
-        .post(format!("http://{address}/api/v1/chat/completions"))
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .timeout(Duration::from_millis(300))
-        .body(chat_body("test/slow", 1000, false).to_string())
-        .send()
-        .await;
-    assert!(gave_up.is_err());
+    let arrived_before = SLOW_ARRIVALS.load(std::sync::atomic::Ordering::SeqCst);
+    let impatient = tokio::spawn(
+        reqwest::Client::new()
+            .post(format!("http://{address}/api/v1/chat/completions"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(chat_body("test/slow", 1000, false).to_string())
+            .send(),
+    );
+    // It gives up once the request is at the upstream, which is at work.
+    common::wait::wait_until(
+        common::wait::PATIENCE,
+        "the request at the upstream",
+        || async { SLOW_ARRIVALS.load(std::sync::atomic::Ordering::SeqCst) > arrived_before },
+    )
+    .await;
+    impatient.abort();
+    assert!(impatient.await.unwrap_err().is_cancelled());
     let usage = settled(&gateway, &hash).await;
     assert_eq!(
         usage.total_nanos, NANOS_PER_CREDIT,
@@ -967,17 +982,16 @@ async fn held_while_streaming(
     drop(response);
     // The client gone, its settlement releases the hold: wait for it, so
     // that the next reading of the balance does not race it.
-    for _ in 0..500 {
-        let now = gateway
+    common::wait::wait_until(common::wait::PATIENCE, "the hold released", || async {
+        gateway
             .store
             .key_usage(&account, &hash, gateway.clock.now())
             .await
-            .unwrap();
-        if now.reserved_nanos == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+            .unwrap()
+            .reserved_nanos
+            == 0
+    })
+    .await;
     Ok(usage.reserved_nanos)
 }
 

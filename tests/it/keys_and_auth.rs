@@ -1815,14 +1815,15 @@ async fn a_store_that_cannot_answer_gives_503_never_a_pass() {
     assert_eq!(status.body["error"]["metadata"]["layer"], "BearerAuth");
     // After a restart without persistence the key is gone: unknown, not a pass.
     server.restart();
-    let mut reply = chat_as(address, key.expose()).await;
-    for _ in 0..50 {
-        if reply.status != 503 {
-            break;
+    let reply = common::wait::wait_for(common::wait::PATIENCE, || async {
+        let reply = chat_as(address, key.expose()).await;
+        if reply.status == 503 {
+            Err(format!("still 503 after the restart: {}", reply.body))
+        } else {
+            Ok(reply)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        reply = chat_as(address, key.expose()).await;
-    }
+    })
+    .await;
     assert_refused(&reply, 401, "unknown_key", "after restart");
 }
 

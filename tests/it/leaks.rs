@@ -17,6 +17,7 @@ use base64::Engine as _;
 use common::gateway::{chat, instance_with_cache, key_of};
 use common::redis_server::RedisServer;
 use common::smtp::SmtpServer;
+use common::wait::{wait_for, wait_until, PATIENCE};
 use modelgate::clock::SystemClock;
 use modelgate::keys::{KeyDirectory, NewAccount, NewKey, SharedStore};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
@@ -250,11 +251,20 @@ async fn a_reported_key_is_refused_at_once_on_two_instances_sharing_redis() {
 async fn a_key_records_its_last_use_coarsely() {
     let server = RedisServer::start();
     let store = redis_store(&server).await;
-    let addresses = instances(std::slice::from_ref(&store)).await;
+    // The gateway's clock moves when told.
+    let clock = modelgate::clock::ManualClock::new(chrono::Utc::now());
+    let base = mock::start(mock::MockConfig::default()).await;
+    let address = instance_with_cache(
+        store.clone(),
+        &base,
+        CONFIG,
+        Arc::new(clock.clone()),
+        LONG_CACHE,
+    )
+    .await;
     let admin = operator_key(&store).await;
     let key = key_of(&store, "default", None).await;
-    let hash = hash_of(addresses[0], &admin, "client").await;
-    let address = addresses[0];
+    let hash = hash_of(address, &admin, "client").await;
     let read = |hash: String| last_used(address, admin.clone(), hash);
     assert_eq!(read(hash.clone()).await, Value::Null, "never used yet");
     for _ in 0..20 {
@@ -262,34 +272,44 @@ async fn a_key_records_its_last_use_coarsely() {
         assert_eq!(status, 200);
     }
     // The write happens in the background.
-    let mut first = Value::Null;
-    for _ in 0..100 {
-        first = read(hash.clone()).await;
+    let first = wait_for(PATIENCE, || async {
+        let first = read(hash.clone()).await;
         if first.is_string() {
-            break;
+            Ok(first)
+        } else {
+            Err(format!("no last use written: {first}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(first.is_string(), "{first}");
+    })
+    .await;
     let revision_before = redis_revision(&server, &hash);
-    assert!(
-        revision_before.parse::<u64>().is_ok(),
-        "the key record's revision is read: {revision_before:?}"
-    );
+    let revision_before: u64 = revision_before
+        .parse()
+        .unwrap_or_else(|_| panic!("the key record's revision is read: {revision_before:?}"));
     for _ in 0..20 {
         let (status, _) = call(reqwest::Method::GET, address, "/api/v1/key", &key, None).await;
         assert_eq!(status, 200);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        read(hash.clone()).await,
-        first,
-        "written once a minute at most"
-    );
+    // A minute later one use writes again: once that write is in, any
+    // write the uses within the minute had made would be too.
+    clock.advance(Duration::from_secs(61));
+    let (status, _) = call(reqwest::Method::GET, address, "/api/v1/key", &key, None).await;
+    assert_eq!(status, 200);
+    let second = wait_for(PATIENCE, || async {
+        let second = read(hash.clone()).await;
+        if second != first {
+            Ok(second)
+        } else {
+            Err(format!(
+                "the last use of a minute later never written: {second}"
+            ))
+        }
+    })
+    .await;
+    assert!(second.is_string(), "{second}");
     assert_eq!(
         redis_revision(&server, &hash),
-        revision_before,
-        "no store write within the minute"
+        (revision_before + 1).to_string(),
+        "no store write within the minute, one after it"
     );
 }
 
@@ -656,9 +676,42 @@ async fn alerts_revoke_live_keys_and_tell_their_owners(stores: [SharedStore; 2])
     )
     .await;
     assert_eq!((status, &again), (200, &answer));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(smtp.messages().len(), 1, "the owner is told once");
-    assert_eq!(hook.received().len(), 1, "one event per leak");
+    // Then a leak of another key: its notices are taken after any the
+    // repeat could have made, so once they are in, a second notice of the
+    // first leak would be in too.
+    let next = acme_key(&stores[0], "next leak").await;
+    let next_alert = serde_json::to_vec(&json!([{"token": next, "type": "modelgate_api_key",
+        "url": "https://github.com/acme/app/blob/main/.env", "source": "content"}]))
+    .unwrap();
+    let (status, _) = post_alert(
+        b,
+        &next_alert,
+        Some(&scanner.identifier),
+        Some(&scanner.sign(&next_alert)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let about = |text: &str| {
+        if text.contains("next leak") {
+            "next leak"
+        } else if text.contains("ci deploy") {
+            "ci deploy"
+        } else {
+            "other"
+        }
+    };
+    let messages = smtp.wait_for(2, Duration::from_secs(10)).await;
+    let told: Vec<&str> = messages
+        .iter()
+        .map(|message| about(&message.data.replace("=\r\n", "")))
+        .collect();
+    assert_eq!(told, ["ci deploy", "next leak"], "the owner is told once");
+    let events = hook.wait_for(2).await;
+    let events: Vec<&str> = events
+        .iter()
+        .map(|(_, _, event)| about(std::str::from_utf8(event).unwrap()))
+        .collect();
+    assert_eq!(events, ["ci deploy", "next leak"], "one event per leak");
 }
 
 /// (timestamp, signature header, body) of each event received.
@@ -719,12 +772,10 @@ impl HookReceiver {
     }
 
     async fn wait_for(&self, count: usize) -> Vec<(u64, String, Vec<u8>)> {
-        for _ in 0..500 {
-            if self.received().len() >= count {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(PATIENCE, format_args!("{count} events"), || async {
+            self.received().len() >= count
+        })
+        .await;
         self.received()
     }
 }

@@ -427,7 +427,13 @@ async fn at_most_four_attempts_are_in_flight_at_once() {
         notifier.leak_detected(notice(None));
     }
     receiver.wait_for_arrivals(4).await;
+    // Until the runtime (this test's one thread) has nothing left to do:
+    // with the clock paused, a sleep ends only once every task waits and
+    // no I/O is ready, so the other two, were they sent, would have
+    // arrived at the receiver on loopback by then.
+    tokio::time::pause();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::resume();
     assert_eq!(receiver.arrived(), 4, "the other two wait for a place");
 
     receiver.release();

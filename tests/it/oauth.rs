@@ -23,7 +23,7 @@ use crate::mock;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::Utc;
@@ -956,21 +956,19 @@ async fn callback_server() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 
 /// Waits until the browser is at a URL starting with `prefix`; that URL.
 async fn wait_for_url(browser: &Browser, prefix: &str) -> url::Url {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    common::wait::wait_for(PATIENCE, || async {
         let url = browser.client.current_url().await.unwrap();
         if url.as_str().starts_with(prefix) {
-            return url;
+            return Ok(url);
         }
         let message = browser
             .script("const m = document.getElementById('message'); return m ? m.textContent : null")
             .await;
-        assert!(
-            Instant::now() < deadline,
+        Err(format!(
             "the browser never reached {prefix}; it is at {url} and the page says {message}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ))
+    })
+    .await
 }
 
 /// The consent page's address for `callback` and `challenge` (S256).

@@ -9,9 +9,9 @@ use crate::common;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use common::redis_server::RedisServer;
+use common::wait::{wait_for, wait_until, PATIENCE};
 use serde_json::{json, Value};
 
 const WEBHOOK_SECRET: &str = "ops-webhook-secret-0123456789";
@@ -238,44 +238,37 @@ async fn metrics_tracing_health_and_readiness() {
 
     // Readiness follows the store.
     redis.stop();
-    let mut unready = None;
-    for _ in 0..50 {
-        let (status, body) = get(&format!("{}/readyz", proxy.admin)).await;
-        if status == 503 {
-            unready = Some(body);
-            break;
+    let readyz = format!("{}/readyz", proxy.admin);
+    let unready = wait_for(PATIENCE, || async {
+        match get(&readyz).await {
+            (503, body) => Ok(body),
+            (status, body) => Err(format!("ready with redis down: {status} {body}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let unready: Value = serde_json::from_str(&unready.expect("unready with redis down")).unwrap();
+    })
+    .await;
+    let unready: Value = serde_json::from_str(&unready).unwrap();
     assert_ne!(unready["store"], "ok");
     // The failed pings open the store's circuit breaker, and readiness says so.
-    let mut circuit_open = false;
-    for _ in 0..50 {
-        let (status, body) = get(&format!("{}/readyz", proxy.admin)).await;
+    let status = wait_for(PATIENCE, || async {
+        let (status, body) = get(&readyz).await;
         if serde_json::from_str::<Value>(&body).unwrap()["store"] == "circuit_open" {
-            assert_eq!(status, 503);
-            circuit_open = true;
-            break;
+            Ok(status)
+        } else {
+            Err(format!("readiness never reports the open circuit: {body}"))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(circuit_open, "readiness reports the open circuit");
+    })
+    .await;
+    assert_eq!(status, 503);
     assert_eq!(
         get(&format!("{}/healthz", proxy.admin)).await.0,
         200,
         "alive all the same"
     );
     redis.restart();
-    let mut ready_again = false;
-    for _ in 0..100 {
-        if get(&format!("{}/readyz", proxy.admin)).await.0 == 200 {
-            ready_again = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(ready_again, "ready again once redis is back");
+    wait_until(PATIENCE, "ready again once redis is back", || async {
+        get(&readyz).await.0 == 200
+    })
+    .await;
     let (_, metrics) = get(&format!("{}/metrics", proxy.admin)).await;
     for expected in [
         "modelgate_store_errors_total{operation=\"ping\"}",
@@ -289,15 +282,10 @@ async fn metrics_tracing_health_and_readiness() {
     }
     // The breaker's warning and its all-clear (the pipe is drained by a thread).
     for expected in ["store circuit opened", "store circuit closed"] {
-        let mut logged = false;
-        for _ in 0..50 {
-            logged = proxy.logs().contains(expected);
-            if logged {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(logged, "missing {expected} in the logs");
+        wait_until(PATIENCE, format_args!("{expected} in the logs"), || async {
+            proxy.logs().contains(expected)
+        })
+        .await;
     }
 
     // Nothing secret in what an operator collects.

@@ -10,10 +10,11 @@ use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
+use common::wait::{wait_for, wait_for_blocking, PATIENCE};
 use modelgate::auth::ApiKey;
 use modelgate::clock::{Clock, SystemClock};
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore, OPERATOR_ACCOUNT};
@@ -51,30 +52,38 @@ fn run(arguments: &[&str]) -> (Option<i32>, String, String) {
 /// serving instead fails the test): exit code, stdout, stderr.
 fn finish(mut command: Command) -> (Option<i32>, String, String) {
     use std::io::Read;
-    let mut child = command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
+    /// Killed when dropped: also when the wait below fails the test.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{command:?} did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+    let mut child = Killed(
+        command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_for_blocking(Duration::from_secs(20), || {
+        child
+            .0
+            .try_wait()
+            .unwrap()
+            .ok_or_else(|| format!("{command:?} did not exit"))
+    });
     let (mut stdout, mut stderr) = (String::new(), String::new());
     child
+        .0
         .stdout
         .take()
         .unwrap()
         .read_to_string(&mut stdout)
         .unwrap();
     child
+        .0
         .stderr
         .take()
         .unwrap()
@@ -128,15 +137,15 @@ async fn call(
 /// Asks with `key` until the answer's status is `status` (a change made
 /// by another process is seen within the key cache's second).
 async fn until_status(proxy: &ProxyProcess, key: &str, status: u16) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    wait_for(PATIENCE, || async {
         let (got, body) = whoami(proxy, key).await;
         if got == status {
-            return body;
+            Ok(body)
+        } else {
+            Err(format!("still {got}: {body}"))
         }
-        assert!(Instant::now() < deadline, "still {got}: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]

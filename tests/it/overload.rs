@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
+use common::wait::{wait_for, wait_until, PATIENCE};
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use modelgate::auth::ApiKey;
@@ -505,7 +506,10 @@ async fn invented_model_names_add_no_metric_series() {
     .await;
     assert_eq!(listed.0, 200);
     let before = series(&scrape().await);
-    send(10..1010).await;
+    // Labels come from a fixed set (the configured models, else "other"),
+    // not from a count: 250 more names, each new, show it as well as more
+    // would.
+    send(10..260).await;
     let after_text = scrape().await;
     let after = series(&after_text);
     let added: Vec<_> = after.difference(&before).collect();
@@ -642,6 +646,32 @@ async fn raw_answer(stream: &mut TcpStream) -> (u16, Option<String>, Value) {
     )
 }
 
+/// The value of the metric line `series` (its name and labels, as the
+/// proxy's `/metrics` writes them), if there is one.
+async fn metric(proxy: &ProxyProcess, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{}/metrics", proxy.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().unwrap())
+}
+
+/// Waits until the proxy has `count` requests in flight (begun and not yet
+/// answered).
+async fn in_flight_to_be(proxy: &ProxyProcess, count: u32) {
+    wait_for(PATIENCE, || async {
+        match metric(proxy, "modelgate_requests_in_flight").await {
+            Some(now) if now == f64::from(count) => Ok(()),
+            other => Err(format!("{other:?} requests in flight, not {count}")),
+        }
+    })
+    .await;
+}
+
 /// `metadata.reason` of a canonical error, or a webhook answer's `code`.
 fn reason_of(body: &Value) -> &str {
     body["error"]["metadata"]["reason"]
@@ -670,13 +700,14 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
     let keys_file = scanning_keys_file(&identifier);
     let admin_key = ApiKey::generate();
     // 40 places per unauthenticated endpoint, 4 per address; a body of
-    // 4000 bytes is due within 8 s + 4 s: room enough for the chats below
-    // to come first on a loaded machine.
+    // 4000 bytes is due within 2 s + 2 s: room enough for the chats below
+    // to come first on a loaded machine (all is held, and the chats done,
+    // about 0.2 s after the first body, with two cores busy with builds).
     let proxy = start_proxy(
         &json!({
             "max_in_flight": 64,
             "unauthenticated": {"max_in_flight": 40, "max_in_flight_per_address": 4,
-                                "min_body_bytes_per_second": 1000, "body_grace_ms": 8000},
+                                "min_body_bytes_per_second": 2000, "body_grace_ms": 2000},
             "auth_failures": {"max_failures": 3, "window_seconds": 600},
             "leak_scanning": {"public_keys": {"file": keys_file.path()}},
             "plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
@@ -706,6 +737,9 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
         let mut stream = slow_body(address(50), &proxy, "/api/v1/auth/keys", &[]).await;
         crowd.push(tokio::spawn(async move { raw_answer(&mut stream).await }));
     }
+    // The four are held before the fifth comes (each connection is read
+    // apart: the fifth could otherwise be taken in before the last of them).
+    in_flight_to_be(&proxy, 4).await;
     let mut fifth = slow_body(address(50), &proxy, "/api/v1/auth/keys", &[]).await;
     let (status, retry_after, body) = raw_answer(&mut fifth).await;
     assert_eq!(status, 429, "{body}");
@@ -768,8 +802,9 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
         assert_eq!(retry_after.as_deref(), Some("1"));
         shed += 1;
     }
-    // Lets the alerts and webhook calls sent last reach their endpoints.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The alerts and webhook calls sent last have reached their endpoints:
+    // the 4 and the 66 bodies are all held.
+    in_flight_to_be(&proxy, 70).await;
     // The good key is served while the bodies are held.
     for _ in 0..3 {
         let served = chat(
@@ -881,11 +916,13 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
     );
     let base = mock::start(mock::MockConfig::default()).await;
     // The default key cache (1 s): the good key stays known as found live
-    // after its entry is stale.
-    let gateway = common::gateway::instance(
+    // after its entry is stale. The gateway's clock moves when told.
+    let clock = modelgate::clock::ManualClock::new(chrono::Utc::now());
+    let gateway = common::gateway::instance_with_clock(
         store.clone(),
         &base,
         r#"{"auth_failures": {"max_failures": 5, "window_seconds": 600}, "retry": {"max_attempts": 1}}"#,
+        Arc::new(clock.clone()),
     )
     .await;
     let good = common::gateway::key_of(&store, "default", None).await;
@@ -939,7 +976,7 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
     }
     // The key the instance found live is still served once its 1 s cache
     // entry is stale: the entry is read again, which the watch must see.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    clock.advance(Duration::from_millis(1500));
     let (status, body) = common::gateway::chat(gateway, &good, &free).await;
     assert_eq!(status, 200, "{body}");
     let lines = monitor.lines();
@@ -962,11 +999,13 @@ async fn a_blocked_address_costs_no_store_read_and_its_cached_key_is_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lookups_of_unknown_keys_are_bounded_and_a_live_key_is_never_refused_by_it() {
     let redis = RedisServer::start();
+    // The gateway's calls go through a relay that shows what they sent.
+    let relay = common::relay::Relay::start(redis.port()).await;
     // Calls wait for a frozen Redis rather than time out: the lookups held
     // below are held until it thaws.
     let store: SharedStore = Arc::new(
         RedisStore::connect(
-            &redis.url(),
+            &relay.url(),
             RedisStoreConfig {
                 call_timeout: Duration::from_secs(120),
                 ..RedisStoreConfig::default()
@@ -1021,12 +1060,20 @@ async fn lookups_of_unknown_keys_are_bounded_and_a_live_key_is_never_refused_by_
     }
     // The bound is full; the live key takes no part of it: its chat waits
     // for the frozen ledger, not refused, and is served once Redis thaws.
+    let good_hash = ApiKey::parse(&good).unwrap().hash().to_hex();
+    let admissions_before = relay.sent_occurrences(good_hash.as_bytes());
     let live = tokio::spawn({
         let (good, free) = (good.clone(), free.clone());
         async move { common::gateway::chat(gateway, &good, &free).await }
     });
-    // Lets the live chat reach the gateway while the bound is full.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The live chat is past authentication while the bound is full: its
+    // admission, naming its key, is sent to the frozen Redis.
+    wait_until(
+        PATIENCE,
+        "the live chat's admission sent to Redis",
+        || async { relay.sent_occurrences(good_hash.as_bytes()) > admissions_before },
+    )
+    .await;
     let still_full = guess(&client).await.unwrap();
     assert_eq!(still_full.status(), 503);
     redis.thaw();

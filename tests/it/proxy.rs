@@ -586,9 +586,12 @@ async fn a_request_in_flight_finishes_when_the_proxy_is_told_to_stop() {
         }
     });
     // The signal arrives once the request is at the slow upstream.
-    while received.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait::wait_until(
+        common::wait::PATIENCE,
+        "the request at the slow upstream",
+        || async { received.load(std::sync::atomic::Ordering::SeqCst) > 0 },
+    )
+    .await;
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{CommandWatch, RedisCluster, RedisServer};
 use common::relay::Relay;
+use common::wait::{wait_for, wait_until, PATIENCE};
 use modelgate::clock::Period;
 use modelgate::store::{
     AdmitRequest, Check, CounterStore, Expect, HoldRenewal, KeyLimit, KeyTerms, LedgerStore, Limit,
@@ -94,19 +95,14 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
     // Back on the same port, without the function library: the store
     // reconnects by itself and loads the library again.
     server.restart();
-    let mut recovered = false;
-    for _ in 0..100 {
-        if let Ok(decision) = store.check_and_add("acct", &[minute_check()], t0()).await {
-            assert!(decision.admitted);
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        recovered,
-        "the store did not recover within 10 s of the restart"
-    );
+    let decision = wait_for(PATIENCE, || async {
+        store
+            .check_and_add("acct", &[minute_check()], t0())
+            .await
+            .map_err(|error| format!("the store did not recover after the restart: {error}"))
+    })
+    .await;
+    assert!(decision.admitted);
     store.reserve(&reserve_request(), t0()).await.unwrap();
     store.top_up("acct", 7).await.unwrap();
     assert_eq!(
@@ -122,14 +118,15 @@ async fn calls_fail_within_their_timeout_while_redis_is_down_and_recover_after_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_opens_the_breaker_and_calls_fail_fast_until_it_answers_again() {
     let server = RedisServer::start();
-    let call_timeout = Duration::from_millis(500);
+    let call_timeout = Duration::from_millis(300);
     let breaker_failures = 3;
     let config = RedisStoreConfig {
         call_timeout,
         breaker_failures,
-        // Long enough that the fast calls below all fall inside it even on
-        // a loaded machine; a probe would wait the timeout.
-        breaker_cool_down: Duration::from_secs(3),
+        // Long enough that the fast calls below (some 70, a few ms in all)
+        // all fall inside it even on a loaded machine; a probe would wait
+        // the timeout. The test waits it out once Redis is thawed.
+        breaker_cool_down: Duration::from_millis(1500),
         time_source: TimeSource::Caller,
         ..RedisStoreConfig::default()
     };
@@ -199,19 +196,14 @@ async fn a_frozen_redis_opens_the_breaker_and_calls_fail_fast_until_it_answers_a
     // Thawed: after the cool-down a probe gets through and closes the
     // breaker; the same store answers again, no reconnect by hand.
     server.thaw();
-    let mut recovered = false;
-    for _ in 0..150 {
-        if let Ok(decision) = clone.check_and_add("acct", &[minute_check()], t0()).await {
-            assert!(decision.admitted);
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        recovered,
-        "the store did not answer within 15 s of the thaw"
-    );
+    let decision = wait_for(PATIENCE, || async {
+        clone
+            .check_and_add("acct", &[minute_check()], t0())
+            .await
+            .map_err(|error| format!("the store did not answer after the thaw: {error}"))
+    })
+    .await;
+    assert!(decision.admitted);
     assert!(!store.circuit_open() && !clone.circuit_open());
     store.ping().await.unwrap();
     store.get_record_at("keys", "k", t0()).await.unwrap();
@@ -264,13 +256,10 @@ fn two_per_minute() -> Check {
 /// Waits until the store answers again after a dropped connection, with
 /// a read of `account` (no counter, no purchase).
 async fn wait_until_answering(store: &RedisStore, account: &str) {
-    for _ in 0..100 {
-        if store.account_balance(account).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the store did not reconnect within 10 s");
+    wait_until(PATIENCE, "the store to reconnect", || async {
+        store.account_balance(account).await.is_ok()
+    })
+    .await;
 }
 
 /// How many requests that contain `marker` the relays forwarded.
@@ -993,7 +982,7 @@ async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
     let store = RedisStore::connect(&server.url(), config).await.unwrap();
     store.top_up("acct", 1_000).await.unwrap();
     let hold = ReserveRequest {
-        ttl: Duration::from_secs(1),
+        ttl: Duration::from_millis(200),
         covered_by_balance: true,
         lapse_record: None,
         counts_against_key_limit: true,
@@ -1004,7 +993,14 @@ async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
         .await
         .unwrap()
         .is_reserved());
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Past the hold's lifetime and the slack, by Redis's own clock.
+    let outlived = server.clock() + Duration::from_millis(200 + 100);
+    wait_until(
+        PATIENCE,
+        "Redis's clock past the hold and its slack",
+        || async { server.clock() > outlived },
+    )
+    .await;
     let settlement = Settlement {
         account: "acct".into(),
         key: "key".into(),
@@ -1904,7 +1900,7 @@ async fn a_collection_of_expiring_records_leaves_redis_by_itself() {
     };
     let store = RedisStore::connect(&server.url(), config).await.unwrap();
     let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let connection = client.get_multiplexed_async_connection().await.unwrap();
     let collection = modelgate::store::flows("agent:main");
     let lifetimes = |connection: &redis::aio::MultiplexedConnection| {
         let mut connection = connection.clone();
@@ -2000,22 +1996,26 @@ async fn a_collection_of_expiring_records_leaves_redis_by_itself() {
         )
         .await
         .unwrap();
-    let mut left = false;
-    for _ in 0..100 {
-        let keys = without_layout(
-            redis::cmd("KEYS")
-                .arg("short:*")
-                .query_async(&mut connection)
-                .await
-                .unwrap(),
-        );
-        if keys.is_empty() {
-            left = true;
-            break;
+    wait_for(PATIENCE, || {
+        let mut connection = connection.clone();
+        async move {
+            let keys = without_layout(
+                redis::cmd("KEYS")
+                    .arg("short:*")
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap(),
+            );
+            if keys.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the expired collection's keys stayed in Redis: {keys:?}"
+                ))
+            }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(left, "the expired collection's keys stayed in Redis");
+    })
+    .await;
 }
 
 #[derive(Clone, Debug)]

@@ -17,11 +17,14 @@ use modelgate::keys::SharedStore;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
 use serde_json::{json, Value};
 
-/// One credit a token, three attempts (waits of 1 and 2 s between them).
+/// One credit a token, three attempts, each wait before a retry cut to
+/// [`RETRY_WAIT`] (a backoff of 1 s and more, or an upstream's 1 s
+/// `Retry-After`, would only make the test longer).
 const CONFIG: &str = r#"{
     "pricing": {"default": {"prompt_per_million": 1000000, "completion_per_million": 1000000}},
-    "retry": {"max_attempts": 3}
+    "retry": {"max_attempts": 3, "max_wait_ms": 600}
 }"#;
+const RETRY_WAIT: Duration = Duration::from_millis(600);
 
 /// The account's balance, in credits: room for one request bounded at
 /// [`MAX_TOKENS`] and its prompt, never two.
@@ -126,9 +129,9 @@ async fn a_client_leaving_while_connects_fail_and_retries_wait_pays_nothing() {
     on_every_store(|store| async move {
         let address = instance(store.clone(), &refusing_upstream(), CONFIG).await;
         let key = funded_key(&store).await;
-        // Refused at once, then the first wait (1 to 1.2 s): the client
-        // leaves during it.
-        let gone = chat(address, &key, Duration::from_millis(500)).await;
+        // Refused at once, then the first wait (0.6 s): the client leaves
+        // during it, half-way.
+        let gone = chat(address, &key, RETRY_WAIT / 2).await;
         assert!(gone.is_none(), "{gone:?}");
         assert_charged_nothing(&store, address, &key, "left during the wait").await;
 
@@ -151,7 +154,7 @@ async fn a_client_leaving_while_connects_fail_and_retries_wait_pays_nothing() {
 async fn a_client_leaving_while_a_retry_waits_after_a_503_pays_nothing() {
     on_every_store(|store| async move {
         // Every request answered 503 with `Retry-After: 1`.
-        let failing = mock::start(mock::MockConfig {
+        let (failing, received) = mock::start_counted(mock::MockConfig {
             fail_first: u64::MAX,
             error_status: 503,
             ..mock::MockConfig::default()
@@ -159,8 +162,23 @@ async fn a_client_leaving_while_a_retry_waits_after_a_503_pays_nothing() {
         .await;
         let address = instance(store.clone(), &failing, CONFIG).await;
         let key = funded_key(&store).await;
-        let gone = chat(address, &key, Duration::from_millis(500)).await;
-        assert!(gone.is_none(), "{gone:?}");
+        // The client leaves once the first attempt has had its 503, while
+        // the retry waits.
+        let leaving = tokio::spawn({
+            let key = key.clone();
+            async move { chat(address, &key, Duration::from_secs(30)).await }
+        });
+        common::wait::wait_until(
+            common::wait::PATIENCE,
+            "the first attempt's 503",
+            || async { received.load(std::sync::atomic::Ordering::SeqCst) >= 1 },
+        )
+        .await;
+        leaving.abort();
+        assert!(
+            leaving.await.unwrap_err().is_cancelled(),
+            "left during the wait"
+        );
         assert_charged_nothing(&store, address, &key, "left after a 503").await;
 
         // Answered after a 503 and a wait: charged once, for its usage,

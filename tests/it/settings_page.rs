@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::browser::{Browser, Chromedriver, PATIENCE};
 use common::examples::ProxyProcess;
+use common::wait::{wait_for, wait_until};
 use modelgate::auth::ApiKey;
 use modelgate::settings::CONTENT_SECURITY_POLICY;
 use serde_json::{json, Value};
@@ -121,15 +122,12 @@ impl Api {
             .unwrap()
             .to_owned();
         response.bytes().await.unwrap();
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let path = format!("/api/v1/generation?id={id}");
-            if self.send(reqwest::Method::GET, &path, key, None).await.0 == 200 {
-                return id;
-            }
-            assert!(Instant::now() < deadline, "{id} is never recorded");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let path = format!("/api/v1/generation?id={id}");
+        wait_until(PATIENCE, format_args!("{id} recorded"), || async {
+            self.send(reqwest::Method::GET, &path, key, None).await.0 == 200
+        })
+        .await;
+        id
     }
 
     /// Credits bought for `account` by the operator.
@@ -238,19 +236,21 @@ async fn cell(browser: &Browser, name: &str, class: &str) -> Option<String> {
         "//tbody[@id='key-rows']/tr[{}]/td[contains(concat(' ', @class, ' '), ' {class} ')]",
         key_row(name)
     );
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let element = browser
+    // The table may be drawn anew between finding the cell and reading it.
+    wait_for(PATIENCE, || async {
+        let Ok(element) = browser
             .client
             .find(fantoccini::Locator::XPath(&xpath))
             .await
-            .ok()?;
-        // The table may be drawn anew between finding the cell and reading it.
+        else {
+            return Ok(None);
+        };
         match element.text().await {
-            Ok(text) => return Some(text),
-            Err(error) => assert!(Instant::now() < deadline, "{error}"),
+            Ok(text) => Ok(Some(text)),
+            Err(error) => Err(error.to_string()),
         }
-    }
+    })
+    .await
 }
 
 /// Waits until the table shows what `check` wants in column `class` of
@@ -263,18 +263,44 @@ async fn wait_for_cell(
     what: &str,
     check: impl Fn(Option<&str>) -> bool,
 ) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    wait_for(PATIENCE, || async {
         let text = cell(browser, name, class).await;
         if check(text.as_deref()) {
-            return;
+            Ok(())
+        } else {
+            Err(format!(
+                "the key {name} never showed {what} in {class}: {text:?}"
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the key {name} never showed {what} in {class}: {text:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+}
+
+/// How long a Refresh is given to draw its answer before it is clicked
+/// again: a load started later overtakes one still under way, so clicking
+/// at every look could keep a slow one from ever showing.
+const REFRESH_EVERY: Duration = Duration::from_millis(300);
+
+/// Waits until `look` answers `Ok`, clicking the Refresh button of `scope`
+/// while it does not (at most every [`REFRESH_EVERY`]); its value.
+async fn refreshing_until<T, Fut>(browser: &Browser, scope: &str, look: impl Fn() -> Fut) -> T
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let clicked = std::cell::Cell::new(None::<Instant>);
+    wait_for(PATIENCE, || async {
+        match look().await {
+            Ok(value) => Ok(value),
+            Err(seen) => {
+                if clicked.get().is_none_or(|at| at.elapsed() >= REFRESH_EVERY) {
+                    browser.click(Some(scope), "Refresh").await;
+                    clicked.set(Some(Instant::now()));
+                }
+                Err(seen)
+            }
+        }
+    })
+    .await
 }
 
 /// Clicks Refresh until the row of `name` shows `check` in column `class`.
@@ -285,39 +311,31 @@ async fn refresh_until(
     what: &str,
     check: impl Fn(&str) -> bool,
 ) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(text) = cell(browser, name, class).await {
-            if check(&text) {
-                return text;
-            }
-            assert!(
-                Instant::now() < deadline,
+    refreshing_until(browser, "keys", || async {
+        match cell(browser, name, class).await {
+            Some(text) if check(&text) => Ok(text),
+            Some(text) => Err(format!(
                 "the key {name} never showed {what} in {class}: {text:?}"
-            );
-        } else {
-            assert!(Instant::now() < deadline, "no row for the key {name}");
+            )),
+            None => Err(format!("no row for the key {name}")),
         }
-        browser.click(Some("keys"), "Refresh").await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// Clicks the element at `xpath` (`what`, for the failure message).
 async fn click_path(browser: &Browser, xpath: &str, what: &str) {
-    let deadline = Instant::now() + PATIENCE;
     // The table may be drawn anew between finding the button and clicking it.
-    loop {
-        let clicked = match browser.client.find(fantoccini::Locator::XPath(xpath)).await {
-            Ok(button) => button.click().await.map_err(|error| error.to_string()),
-            Err(error) => Err(error.to_string()),
-        };
-        match clicked {
-            Ok(()) => return,
-            Err(error) => assert!(Instant::now() < deadline, "no {what}: {error}"),
+    wait_for(PATIENCE, || async {
+        match browser.client.find(fantoccini::Locator::XPath(xpath)).await {
+            Ok(button) => button
+                .click()
+                .await
+                .map_err(|error| format!("no {what}: {error}")),
+            Err(error) => Err(format!("no {what}: {error}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// Clicks Create key and reads the new key, shown once.
@@ -987,9 +1005,10 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
             "{what}"
         );
     }
-    // A click on Delete does nothing: no confirmation, nothing deleted.
+    // A click on Delete does nothing: no confirmation, nothing deleted
+    // (once the page has run whatever the click queued).
     let _ = delete.click().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    browser.settled().await;
     assert!(!browser.displayed("confirm-delete").await);
     // Its other settings still save.
     browser.click(Some("edit-key"), "Cancel").await;
@@ -1307,16 +1326,15 @@ async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
             text.contains("Deleted the key “acme app”")
         })
         .await;
-    let deadline = Instant::now() + PATIENCE;
-    while browser
-        .client
-        .find(fantoccini::Locator::XPath(&format!("{row} | {item}")))
-        .await
-        .is_ok()
-    {
-        assert!(Instant::now() < deadline, "the leaked key is still shown");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let shown = format!("{row} | {item}");
+    wait_until(PATIENCE, "the leaked key no longer shown", || async {
+        browser
+            .client
+            .find(fantoccini::Locator::XPath(&shown))
+            .await
+            .is_err()
+    })
+    .await;
     assert_eq!(api.check_key(&leaked).await, (401, json!("deleted_key")));
     assert_eq!(api.check_key(&replacement).await.0, 200);
     // The other leaked key is still there, and so is the notice about it.
@@ -1392,37 +1410,31 @@ async fn usage_rows(browser: &Browser, tbody: &str) -> Vec<Value> {
 /// Clicks the usage sections' Refresh until the generations table shows
 /// `count` rows; those rows.
 async fn generations_until(browser: &Browser, count: usize) -> Vec<Value> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    refreshing_until(browser, "generations", || async {
         let rows = usage_rows(browser, "generation-rows").await;
         if rows.len() == count {
-            return rows;
+            Ok(rows)
+        } else {
+            Err(format!(
+                "the generations table never had {count} rows: {rows:?} (the message says {:?})",
+                browser.text("message").await
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the generations table never had {count} rows: {rows:?} (the message says {:?})",
-            browser.text("message").await
-        );
-        browser.click(Some("generations"), "Refresh").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the apps table shows what `check` wants of its rows; them.
 async fn apps_until(browser: &Browser, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    refreshing_until(browser, "generations", || async {
         let rows = usage_rows(browser, "app-rows").await;
         if check(&rows) {
-            return rows;
+            Ok(rows)
+        } else {
+            Err(format!("the apps table never showed {what}: {rows:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the apps table never showed {what}: {rows:?}"
-        );
-        browser.click(Some("generations"), "Refresh").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// An account's usage on the page, as its manager sees it: empty at
@@ -1600,16 +1612,15 @@ async fn the_account_sees_its_generations_and_apps_on_the_page() {
         .await;
     assert!(status == 200 || status == 204, "{status} {body}");
     let prefix = format!("{}…", &client_hash[..12]);
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    refreshing_until(&browser, "keys", || async {
         let rows = usage_rows(&browser, "generation-rows").await;
         if rows.len() == 4 && rows.iter().all(|row| row["key"] == prefix.as_str()) {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{rows:?}"))
         }
-        assert!(Instant::now() < deadline, "{rows:?}");
-        browser.click(Some("keys"), "Refresh").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 
     // The operator sees its own (empty) account first, then acme's.
     browser.click(None, "Sign out").await;
@@ -1683,8 +1694,7 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
     }
     // Settled: the activity counts all four.
     let path = "/api/v1/activity?account=default";
-    let deadline = Instant::now() + PATIENCE;
-    let activity = loop {
+    let activity = wait_for(PATIENCE, || async {
         let (status, activity) = api.send(reqwest::Method::GET, path, admin, None).await;
         assert_eq!(status, 200, "{activity}");
         let requests: u64 = activity["data"]
@@ -1694,11 +1704,12 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
             .map(|row| row["requests"].as_u64().unwrap())
             .sum();
         if requests == 4 {
-            break activity["data"].as_array().unwrap().clone();
+            Ok(activity["data"].as_array().unwrap().clone())
+        } else {
+            Err(format!("never four requests: {activity}"))
         }
-        assert!(Instant::now() < deadline, "never four requests: {activity}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     let spent: std::collections::BTreeSet<(String, String)> = activity
         .iter()
         .filter(|row| row["usage"].as_f64().unwrap() > 0.0)
@@ -1721,8 +1732,7 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         .any(|row| row["model"] == FREE && row["usage"] == 0));
 
     // The page, refreshed, shows the same rows in its table.
-    let deadline = Instant::now() + PATIENCE;
-    let rows = loop {
+    let rows = refreshing_until(browser, "generations", || async {
         let rows = browser
             .script(
                 "return Array.from(document.querySelectorAll('#activity-rows > tr'), (row) => \
@@ -1731,16 +1741,15 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
             )
             .await;
         if rows.as_array().unwrap().len() == activity.len() {
-            break rows.as_array().unwrap().clone();
+            Ok(rows.as_array().unwrap().clone())
+        } else {
+            Err(format!(
+                "the activity table never had {} rows: {rows}",
+                activity.len()
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the activity table never had {} rows: {rows}",
-            activity.len()
-        );
-        browser.click(Some("generations"), "Refresh").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     for (row, figures) in rows.iter().zip(&activity) {
         assert_eq!(row["date"], figures["date"], "{row}");
         assert_eq!(row["model"], figures["model"], "{row}");

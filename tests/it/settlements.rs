@@ -4,14 +4,22 @@
 //! finish and every cost land before the process exits; a stream still
 //! open after `shutdown_grace_seconds` is ended with a last error event
 //! and charged its prompt and what it streamed; Redis stopped
-//! mid-stream and back 10 s later (its data kept) still gets every cost,
-//! once; Redis restarted from files older than a stream's admission (its
+//! mid-stream and back once every settlement has failed twice (its data
+//! kept) still gets every cost, once; Redis out of the proxy's reach until
+//! the holds have lapsed still gets every cost, once; Redis restarted from
+//! files older than a stream's admission (its
 //! hold lost) still gets the stream's cost, once. A killed instance's hold
 //! lapses and the next admission, on another instance, charges it first.
 //! Charges are read back through a store connection of their own,
 //! as a second instance would. A frozen Redis (SIGSTOP) is answered fast
 //! under the failure policy once the store's breaker opens, and the same
 //! gateway answers again after SIGCONT.
+//!
+//! Nothing here waits a fixed time: each step waits for what it needs to
+//! have happened (the proxy's log says every settlement failed, Redis's
+//! clock is past a hold's expiry, the ledger shows the charge), and "no
+//! retry records it twice later" is shown by stopping the proxy, which
+//! exits only once no settlement is pending, and reading the ledger after.
 
 use crate::common;
 use crate::mock;
@@ -20,8 +28,10 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::examples::ProxyProcess;
+use common::examples::{ProxyProcess, WatchedProxy};
 use common::redis_server::RedisServer;
+use common::relay::Relay;
+use common::wait::{wait_for, wait_until, PATIENCE};
 use futures::future::join_all;
 use modelgate::auth::KeyHash;
 use modelgate::store::{LedgerStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
@@ -29,24 +39,25 @@ use serde_json::json;
 
 const STREAMS: usize = 20;
 
-/// The proxy on `redis_url` in front of `upstream`, configured by `config`.
+/// The proxy on `redis_url` in front of `upstream`, configured by `config`,
+/// its log kept.
 fn start_proxy(
     redis_url: &str,
     upstream: &str,
     config: &std::path::Path,
     admin_key: &str,
-) -> ProxyProcess {
+) -> WatchedProxy {
     let mut command = Command::new(common::examples::binary("proxy"));
     command
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--redis", redis_url, "--upstream", upstream, "--config"])
         .arg(config)
         .env("MODELGATE_ADMIN_KEY", admin_key);
-    ProxyProcess::spawn(command)
+    ProxyProcess::spawn_watched(command)
 }
 
 struct Setup {
-    proxy: ProxyProcess,
+    proxy: WatchedProxy,
     key: String,
     received: std::sync::Arc<std::sync::atomic::AtomicU64>,
     _config: tempfile::TempDir,
@@ -55,11 +66,12 @@ struct Setup {
 /// A proxy on `server` in front of a mock whose streams take about two
 /// seconds, a key, and an account with credits.
 async fn setup(server: &RedisServer) -> Setup {
-    setup_with(server, json!({})).await
+    setup_with(&server.url(), json!({})).await
 }
 
-/// [`setup`] with `credit` as the config's `credit` section.
-async fn setup_with(server: &RedisServer, credit: serde_json::Value) -> Setup {
+/// [`setup`] on the Redis at `redis_url`, with `credit` as the config's
+/// `credit` section.
+async fn setup_with(redis_url: &str, credit: serde_json::Value) -> Setup {
     let (base, received) = mock::start_counted(mock::MockConfig {
         event_delay: Duration::from_millis(200),
         ..mock::MockConfig::default()
@@ -74,7 +86,7 @@ async fn setup_with(server: &RedisServer, credit: serde_json::Value) -> Setup {
     )
     .unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
-    let proxy = start_proxy(&server.url(), &base, &config, admin_key.expose());
+    let proxy = start_proxy(redis_url, &base, &config, admin_key.expose());
     let client = reqwest::Client::new();
     let key = proxy.create_key(admin_key.expose(), "streams").await;
     let response = client
@@ -116,10 +128,61 @@ async fn streams(address: &str, key: &str) -> Vec<(u16, String)> {
     .await
 }
 
-async fn wait_for(received: &std::sync::atomic::AtomicU64, count: u64) {
-    while received.load(Ordering::SeqCst) < count {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// Waits until the upstream has received `count` requests.
+async fn received_at_least(received: &std::sync::atomic::AtomicU64, count: u64) {
+    wait_until(
+        PATIENCE,
+        format_args!("{count} requests at the upstream"),
+        || async { received.load(Ordering::SeqCst) >= count },
+    )
+    .await;
+}
+
+/// How many times the proxy logged that each settlement's attempt failed,
+/// by reservation id.
+fn failed_settlements(proxy: &WatchedProxy) -> std::collections::HashMap<String, usize> {
+    let mut failed = std::collections::HashMap::new();
+    for line in proxy.log().lines() {
+        if !line.contains("settlement attempt failed") {
+            continue;
+        }
+        let reservation = line
+            .split(' ')
+            .find_map(|field| field.strip_prefix("reservation="))
+            .unwrap_or_else(|| panic!("a reservation in {line:?}"));
+        *failed.entry(reservation.to_owned()).or_default() += 1;
     }
+    failed
+}
+
+/// Waits until the proxy has logged `times` failed attempts of `count`
+/// settlements each: they were tried, and are being retried.
+async fn settlements_failed(proxy: &WatchedProxy, count: usize, times: usize) {
+    wait_for(PATIENCE, || async {
+        let failed = failed_settlements(proxy);
+        if failed.len() >= count && failed.values().all(|attempts| *attempts >= times) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{count} settlements failed {times} times each: {failed:?}"
+            ))
+        }
+    })
+    .await;
+}
+
+/// Stops the proxy (SIGTERM) and waits for it to exit, which it does only
+/// once it has no settlement pending (or has logged those it gave up,
+/// which must be none): no retry can record anything after this.
+fn stop_with_nothing_pending(proxy: &mut WatchedProxy) {
+    proxy.terminate();
+    assert_eq!(proxy.wait(PATIENCE), Some(0));
+    let log = proxy.wait_for_log("settlements flushed; stopping");
+    let flushed = log
+        .lines()
+        .find(|line| line.contains("settlements flushed; stopping"))
+        .unwrap();
+    assert!(flushed.contains("unrecorded=0"), "{flushed}");
 }
 
 /// What the key was charged, and still holds, read through a connection of
@@ -137,6 +200,80 @@ async fn charged(server: &RedisServer, key: &str) -> (i64, i64) {
         .await
         .unwrap();
     (usage.total_nanos, usage.reserved_nanos)
+}
+
+/// Waits until the key's usage and holds read `expected`.
+async fn charged_to_be(server: &RedisServer, key: &str, expected: (i64, i64)) {
+    wait_for(PATIENCE, || async {
+        let now_charged = charged(server, key).await;
+        if now_charged == expected {
+            Ok(())
+        } else {
+            Err(format!("charged {now_charged:?}, expected {expected:?}"))
+        }
+    })
+    .await;
+}
+
+async fn connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The expiries (µs, by Redis's clock) of the live holds Redis keeps: the
+/// positive scores of the ledgers' `ids` sets. Read as they are, so that
+/// reading them lapses nothing (a ledger call would).
+async fn hold_expiries(server: &RedisServer) -> Vec<i64> {
+    let mut connection = connection(server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:ids")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut expiries = Vec::new();
+    for key in keys {
+        let scored: Vec<(String, i64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&key)
+            .arg("(0")
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        expiries.extend(scored.into_iter().map(|(_, expiry)| expiry));
+    }
+    expiries
+}
+
+/// The one live hold's expiry.
+async fn the_hold_expiry(server: &RedisServer) -> i64 {
+    match hold_expiries(server).await.as_slice() {
+        [expiry] => *expiry,
+        other => panic!("one live hold, not {other:?}"),
+    }
+}
+
+/// Waits until Redis's clock has passed `expiry`: a hold that expired then
+/// and was not renewed has lapsed, though nothing has charged it yet.
+async fn redis_clock_past(server: &RedisServer, expiry: i64) {
+    wait_until(
+        PATIENCE,
+        format_args!("Redis's clock past {expiry}"),
+        || async { server.clock().timestamp_micros() > expiry },
+    )
+    .await;
+}
+
+/// Waits until the one live hold has been renewed: its expiry moved past
+/// `first`.
+async fn renewed_past(server: &RedisServer, first: i64) {
+    wait_until(PATIENCE, "the hold renewed", || async {
+        the_hold_expiry(server).await > first
+    })
+    .await;
 }
 
 /// How many reservation ids Redis remembers: each settlement leaves its
@@ -182,7 +319,7 @@ async fn sigterm_lets_every_stream_finish_and_records_every_cost() {
     let address = setup.proxy.address.clone();
     let key = setup.key.clone();
     let running = tokio::spawn(async move { streams(&address, &key).await });
-    wait_for(&setup.received, STREAMS as u64).await;
+    received_at_least(&setup.received, STREAMS as u64).await;
     setup.proxy.terminate();
     let replies = running.await.unwrap();
     assert_complete(&replies);
@@ -196,62 +333,67 @@ async fn sigterm_lets_every_stream_finish_and_records_every_cost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_down_for_ten_seconds_mid_stream_loses_no_cost() {
+async fn redis_down_mid_stream_while_settlements_retry_loses_no_cost() {
     let mut server = RedisServer::start_persistent();
-    let setup = setup(&server).await;
+    let mut setup = setup(&server).await;
     let address = setup.proxy.address.clone();
     let key = setup.key.clone();
     let running = tokio::spawn(async move { streams(&address, &key).await });
-    wait_for(&setup.received, STREAMS as u64).await;
+    received_at_least(&setup.received, STREAMS as u64).await;
     // Every stream was admitted; Redis goes away before any can settle.
     server.stop();
     let replies = running.await.unwrap();
     assert_complete(&replies);
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Down until every settlement has failed and been retried and failed
+    // again: each is waiting for a retry when Redis comes back.
+    settlements_failed(&setup.proxy, STREAMS, 2).await;
     server.start_again();
     // The retries find it back: every cost lands, exactly once.
-    let mut last = (0, 0);
-    for _ in 0..300 {
-        last = charged(&server, &setup.key).await;
-        if last == (STREAMS as i64 * STREAM_COST_NANOS, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(last, (STREAMS as i64 * STREAM_COST_NANOS, 0));
-    // And no retry records one twice later.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(charged(&server, &setup.key).await, last);
+    charged_to_be(&server, &setup.key, (STREAMS as i64 * STREAM_COST_NANOS, 0)).await;
+    // And no retry records one twice later: once the proxy has stopped
+    // with nothing pending, the ledger still says the same.
+    stop_with_nothing_pending(&mut setup.proxy);
+    assert_eq!(
+        charged(&server, &setup.key).await,
+        (STREAMS as i64 * STREAM_COST_NANOS, 0)
+    );
     assert_eq!(remembered_ids(&server).await, STREAMS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_past_the_holds_lifetime_still_loses_no_cost() {
-    // Holds of 3 s, Redis away for 10 s: every hold expires before any
-    // settlement can land. They lapse, and the settlements retried once
-    // Redis is back take them, each once.
-    let mut server = RedisServer::start_persistent();
-    let setup = setup_with(&server, json!({"reservation_ttl_seconds": 3})).await;
+    // Holds of 3 s; Redis out of the proxy's reach (through a relay the
+    // test cuts) until every hold has lapsed, before any settlement can
+    // land. The test, reading Redis directly as a second instance would,
+    // finds them lapsed and charges them in full; the settlements retried
+    // once Redis is back take their place, each once.
+    let server = RedisServer::start();
+    let relay = Relay::start(server.port()).await;
+    let mut setup = setup_with(&relay.url(), json!({"reservation_ttl_seconds": 3})).await;
     let address = setup.proxy.address.clone();
     let key = setup.key.clone();
     let running = tokio::spawn(async move { streams(&address, &key).await });
-    wait_for(&setup.received, STREAMS as u64).await;
-    server.stop();
+    received_at_least(&setup.received, STREAMS as u64).await;
+    let (used, held) = charged(&server, &setup.key).await;
+    assert_eq!(used, 0);
+    relay.cut();
     let replies = running.await.unwrap();
     assert_complete(&replies);
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    server.start_again();
-    let mut last = (0, 0);
-    for _ in 0..400 {
-        last = charged(&server, &setup.key).await;
-        if last == (STREAMS as i64 * STREAM_COST_NANOS, 0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(last, (STREAMS as i64 * STREAM_COST_NANOS, 0));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(charged(&server, &setup.key).await, last);
+    settlements_failed(&setup.proxy, STREAMS, 1).await;
+    // Renewed no more, every hold lapses a lifetime after its last
+    // renewal: the first ledger read after that charges each in full.
+    charged_to_be(&server, &setup.key, (held, 0)).await;
+    assert!(
+        held > STREAMS as i64 * STREAM_COST_NANOS,
+        "the lapses charged more than the streams cost: {held}"
+    );
+    relay.restore();
+    charged_to_be(&server, &setup.key, (STREAMS as i64 * STREAM_COST_NANOS, 0)).await;
+    stop_with_nothing_pending(&mut setup.proxy);
+    assert_eq!(
+        charged(&server, &setup.key).await,
+        (STREAMS as i64 * STREAM_COST_NANOS, 0)
+    );
     assert_eq!(remembered_ids(&server).await, STREAMS);
 }
 
@@ -289,55 +431,76 @@ async fn a_frozen_redis_answers_fast_under_the_policy_and_recovers_without_a_res
     let slow = latencies_ms.iter().filter(|ms| **ms >= 400.0).count();
     assert!(slow <= 4, "{slow} requests waited: {latencies_ms:.1?}");
     server.thaw();
-    let mut answered = false;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if chat(address, &key, &body).await.0 == 200 {
-            answered = true;
-            break;
-        }
-    }
-    assert!(answered, "the same gateway answers again after SIGCONT");
+    wait_until(
+        PATIENCE,
+        "the same gateway to answer again after SIGCONT",
+        || async { chat(address, &key, &body).await.0 == 200 },
+    )
+    .await;
 }
 
 /// An upstream whose streams send one chunk of two bytes every 200 ms and
 /// no usage until their end: 5 chunks and usage (3 prompt tokens) for a
-/// prompt saying "short", 225 chunks (45 s) for any other. Counts the
-/// requests it receives.
-async fn slow_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+/// prompt saying "short", chunks until the test releases it for one saying
+/// "until released", 225 chunks (45 s) for any other. Counts the requests
+/// it receives.
+struct SlowUpstream {
+    base: String,
+    received: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    release: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowUpstream {
+    /// Lets the streams saying "until released" end after their next chunk.
+    fn release(&self) {
+        self.release.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn slow_upstream() -> SlowUpstream {
     use axum::body::Body;
     use axum::routing::post;
 
     let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let release = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let counted = received.clone();
+    let released = release.clone();
     let chat = move |body: axum::body::Bytes| {
         let received = counted.clone();
+        let released = released.clone();
         async move {
             received.fetch_add(1, Ordering::SeqCst);
             let text = String::from_utf8_lossy(&body);
-            let chunks: u64 = if text.contains("short") {
-                5
-            } else if text.contains("eight seconds") {
-                40
+            let chunks: Option<u64> = if text.contains("short") {
+                Some(5)
+            } else if text.contains("until released") {
+                None
             } else {
-                225
+                Some(225)
             };
-            let events = futures::stream::unfold(0u64, move |sent| async move {
-                let event = match sent {
-                    _ if sent < chunks => {
+            // (chunks sent, whether the usage was sent)
+            let events = futures::stream::unfold((0u64, false), move |(sent, ended)| {
+                let released = released.clone();
+                async move {
+                    let more = match chunks {
+                        Some(chunks) => sent < chunks,
+                        None => sent == 0 || !released.load(Ordering::SeqCst),
+                    };
+                    let (event, next) = if ended {
+                        return None;
+                    } else if more {
                         tokio::time::sleep(Duration::from_millis(200)).await;
-                        json!({"object": "chat.completion.chunk",
-                               "choices": [{"index": 0, "delta": {"content": "ab"}}]})
-                        .to_string()
-                    }
-                    _ if sent == chunks => json!({"object": "chat.completion.chunk", "choices": [],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": chunks}})
-                    .to_string(),
-                    _ if sent == chunks + 1 => "[DONE]".to_owned(),
-                    _ => return None,
-                };
-                let frame = axum::body::Bytes::from(format!("data: {event}\n\n"));
-                Some((Ok::<_, std::convert::Infallible>(frame), sent + 1))
+                        let chunk = json!({"object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": {"content": "ab"}}]});
+                        (chunk.to_string(), (sent + 1, false))
+                    } else {
+                        let usage = json!({"object": "chat.completion.chunk", "choices": [],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": sent}});
+                        (format!("{usage}\n\ndata: [DONE]"), (sent, true))
+                    };
+                    let frame = axum::body::Bytes::from(format!("data: {event}\n\n"));
+                    Some((Ok::<_, std::convert::Infallible>(frame), next))
+                }
             });
             http::Response::builder()
                 .header("content-type", "text/event-stream")
@@ -349,12 +512,33 @@ async fn slow_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (base, received)
+    SlowUpstream {
+        base,
+        received,
+        release,
+    }
+}
+
+/// The chunks of text in a stream's `text`: its completion tokens, as the
+/// slow upstream counts them.
+fn chunks_in(text: &str) -> u64 {
+    text.matches("\"content\":\"ab\"").count() as u64
 }
 
 /// A streamed chat request saying `prompt`: its status and whole text.
 async fn stream_saying(address: &str, key: &str, prompt: &str) -> (u16, String) {
-    let reply = reqwest::Client::new()
+    stream_counted(address, key, prompt, &std::sync::atomic::AtomicU64::new(0)).await
+}
+
+/// [`stream_saying`], counting in `read` the chunks of text the client has
+/// read so far.
+async fn stream_counted(
+    address: &str,
+    key: &str,
+    prompt: &str,
+    read: &std::sync::atomic::AtomicU64,
+) -> (u16, String) {
+    let mut reply = reqwest::Client::new()
         .post(format!("{address}/api/v1/chat/completions"))
         .bearer_auth(key)
         .json(
@@ -365,7 +549,12 @@ async fn stream_saying(address: &str, key: &str, prompt: &str) -> (u16, String) 
         .await
         .unwrap();
     let status = reply.status().as_u16();
-    (status, reply.text().await.unwrap_or_default())
+    let mut text = Vec::new();
+    while let Ok(Some(chunk)) = reply.chunk().await {
+        text.extend_from_slice(&chunk);
+        read.store(chunks_in(&String::from_utf8_lossy(&text)), Ordering::SeqCst);
+    }
+    (status, String::from_utf8_lossy(&text).into_owned())
 }
 
 /// A record's `total_cost` (credits) in nano-credits.
@@ -376,7 +565,7 @@ fn record_cost_nanos(record: &serde_json::Value) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
     let server = RedisServer::start();
-    let (upstream, received) = slow_upstream().await;
+    let upstream = slow_upstream().await;
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");
     let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
@@ -386,7 +575,7 @@ async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
     )
     .unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
-    let mut proxy = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let mut proxy = start_proxy(&server.url(), &upstream.base, &config, admin_key.expose());
     let key = proxy.create_key(admin_key.expose(), "shutdown").await;
     let funded = reqwest::Client::new()
         .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
@@ -397,18 +586,23 @@ async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
         .unwrap();
     assert!(funded.status().is_success());
 
+    let long_read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let long = tokio::spawn({
-        let (address, key) = (proxy.address.clone(), key.clone());
-        async move { stream_saying(&address, &key, "a long story").await }
+        let (address, key, read) = (proxy.address.clone(), key.clone(), long_read.clone());
+        async move { stream_counted(&address, &key, "a long story", &read).await }
     });
-    wait_for(&received, 1).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The long stream well under way before the stop: with the grace's
+    // chunks, more than its first few reach the client.
+    wait_until(PATIENCE, "4 chunks of the long stream read", || async {
+        long_read.load(Ordering::SeqCst) >= 4
+    })
+    .await;
     // About a second long: it ends within the grace.
     let short = tokio::spawn({
         let (address, key) = (proxy.address.clone(), key.clone());
         async move { stream_saying(&address, &key, "short").await }
     });
-    wait_for(&received, 2).await;
+    received_at_least(&upstream.received, 2).await;
     let terminated = std::time::Instant::now();
     proxy.terminate();
 
@@ -438,7 +632,7 @@ async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
         "{text}"
     );
     assert_eq!(last["error"]["code"], 503);
-    let streamed_chunks = text.matches("\"content\":\"ab\"").count() as u64;
+    let streamed_chunks = chunks_in(&text);
     assert!(
         streamed_chunks >= 10,
         "about 3 s of chunks: {streamed_chunks}"
@@ -493,17 +687,15 @@ async fn sigterm_ends_a_stream_past_the_grace_and_charges_what_it_streamed() {
 
 /// A proxy on `server` whose holds last `hold_seconds` unless renewed, in
 /// front of the slow upstream, with a key and an account of `credits`.
-async fn short_holds(
-    server: &RedisServer,
-    hold_seconds: u64,
-    credits: u64,
-) -> (
-    ProxyProcess,
-    String,
-    std::sync::Arc<std::sync::atomic::AtomicU64>,
-    tempfile::TempDir,
-) {
-    let (upstream, received) = slow_upstream().await;
+struct ShortHolds {
+    proxy: WatchedProxy,
+    key: String,
+    upstream: SlowUpstream,
+    _config: tempfile::TempDir,
+}
+
+async fn short_holds(server: &RedisServer, hold_seconds: u64, credits: u64) -> ShortHolds {
+    let upstream = slow_upstream().await;
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");
     let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
@@ -515,7 +707,7 @@ async fn short_holds(
     )
     .unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
-    let proxy = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let proxy = start_proxy(&server.url(), &upstream.base, &config, admin_key.expose());
     let key = proxy.create_key(admin_key.expose(), "holds").await;
     let funded = reqwest::Client::new()
         .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
@@ -525,7 +717,12 @@ async fn short_holds(
         .await
         .unwrap();
     assert!(funded.status().is_success());
-    (proxy, key, received, directory)
+    ShortHolds {
+        proxy,
+        key,
+        upstream,
+        _config: directory,
+    }
 }
 
 async fn balance_nanos(server: &RedisServer) -> i64 {
@@ -541,17 +738,24 @@ async fn balance_nanos(server: &RedisServer) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_longer_than_its_hold_keeps_it_renewed() {
-    // 3 s holds, an 8 s stream: its hold is renewed while it runs, so a
-    // second request is refused for the balance it holds, and the stream
-    // is charged once, its real cost, at its end.
+    // 3 s holds, a stream that runs until Redis's clock is past its hold's
+    // first expiry: its hold is renewed while it runs, so a second request
+    // is refused for the balance it holds, and the stream is charged once,
+    // its real cost, at its end.
     let server = RedisServer::start();
-    let (proxy, key, received, _config) = short_holds(&server, 3, 500).await;
+    let ShortHolds {
+        proxy,
+        key,
+        upstream,
+        _config,
+    } = short_holds(&server, 3, 500).await;
     let long = tokio::spawn({
         let (address, key) = (proxy.address.clone(), key.clone());
-        async move { stream_saying(&address, &key, "eight seconds").await }
+        async move { stream_saying(&address, &key, "until released").await }
     });
-    wait_for(&received, 1).await;
-    tokio::time::sleep(Duration::from_millis(5500)).await;
+    received_at_least(&upstream.received, 1).await;
+    let first_expiry = the_hold_expiry(&server).await;
+    redis_clock_past(&server, first_expiry).await;
     let (used, held) = charged(&server, &key).await;
     assert_eq!(used, 0, "nothing charged while it streams");
     assert!(
@@ -560,33 +764,37 @@ async fn a_stream_longer_than_its_hold_keeps_it_renewed() {
     );
     let second = stream_saying(&proxy.address, &key, "short").await;
     assert_eq!(second.0, 402, "{}", second.1);
+    upstream.release();
     let (status, text) = long.await.unwrap();
     assert_eq!(status, 200, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    let cost = 43 * NANOS_PER_CREDIT;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while charged(&server, &key).await != (cost, 0) {
-        assert!(std::time::Instant::now() < deadline, "never settled");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // 3 prompt tokens and a completion token a chunk, at a credit each.
+    let cost = (3 + chunks_in(&text) as i64) * NANOS_PER_CREDIT;
+    charged_to_be(&server, &key, (cost, 0)).await;
     assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT - cost);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_s_hold_lapses_charged_in_full_with_a_record_saying_so() {
     let server = RedisServer::start();
-    let (proxy, key, received, _config) = short_holds(&server, 3, 1000).await;
+    let ShortHolds {
+        proxy,
+        key,
+        upstream,
+        _config,
+    } = short_holds(&server, 3, 1000).await;
     let (reply, generation) = long_story(&proxy.address, &key).await;
-    wait_for(&received, 1).await;
+    received_at_least(&upstream.received, 1).await;
     let (_, held) = charged(&server, &key).await;
     assert!(held > 0);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Renewed once, then the instance dies.
+    renewed_past(&server, the_hold_expiry(&server).await).await;
     kill_9(&proxy);
     drop(reply);
     // Renewed no more: a lifetime after its last renewal, it lapses, and
     // the first call that finds it (here a usage read, as a second
     // instance would make) charges it in full, once.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    charged_to_be(&server, &key, (held, 0)).await;
     for _ in 0..2 {
         assert_eq!(charged(&server, &key).await, (held, 0));
         assert_eq!(balance_nanos(&server).await, 1000 * NANOS_PER_CREDIT - held);
@@ -611,27 +819,6 @@ fn copy_files(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// Waits (up to `bound`) until the key's usage and holds read `expected`.
-async fn wait_until_charged(
-    server: &RedisServer,
-    key: &str,
-    expected: (i64, i64),
-    bound: Duration,
-) {
-    let deadline = std::time::Instant::now() + bound;
-    loop {
-        let now_charged = charged(server, key).await;
-        if now_charged == expected {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "charged {now_charged:?}, expected {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restarted_from_an_older_aof_still_charges_the_stream_once() {
     // Redis restarts from files older than a stream's admission (a restore,
@@ -639,7 +826,12 @@ async fn a_redis_restarted_from_an_older_aof_still_charges_the_stream_once() {
     // gone. Its settlement finds neither hold nor marker, and charges its
     // cost all the same, once.
     let mut server = RedisServer::start_persistent();
-    let (proxy, key, received, _config) = short_holds(&server, 60, 500).await;
+    let ShortHolds {
+        mut proxy,
+        key,
+        upstream,
+        _config,
+    } = short_holds(&server, 60, 500).await;
     let aof = server.data_dir().join("appendonlydir");
     let older = tempfile::tempdir().unwrap();
     // Every write is in the files before it is answered (appendfsync
@@ -647,9 +839,9 @@ async fn a_redis_restarted_from_an_older_aof_still_charges_the_stream_once() {
     copy_files(&aof, older.path());
     let long = tokio::spawn({
         let (address, key) = (proxy.address.clone(), key.clone());
-        async move { stream_saying(&address, &key, "eight seconds").await }
+        async move { stream_saying(&address, &key, "until released").await }
     });
-    wait_for(&received, 1).await;
+    received_at_least(&upstream.received, 1).await;
     let (used, held) = charged(&server, &key).await;
     assert_eq!(used, 0);
     assert!(held > 0, "the stream holds");
@@ -661,15 +853,18 @@ async fn a_redis_restarted_from_an_older_aof_still_charges_the_stream_once() {
     assert_eq!(charged(&server, &key).await, (0, 0), "its hold is lost");
     assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT);
 
+    // The stream ends after the restart.
+    upstream.release();
     let (status, text) = long.await.unwrap();
     assert_eq!(status, 200, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    // 3 prompt and 40 completion tokens, at a credit each.
-    let cost = 43 * NANOS_PER_CREDIT;
-    wait_until_charged(&server, &key, (cost, 0), Duration::from_secs(30)).await;
+    // 3 prompt tokens and a completion token a chunk, at a credit each.
+    let cost = (3 + chunks_in(&text) as i64) * NANOS_PER_CREDIT;
+    charged_to_be(&server, &key, (cost, 0)).await;
     assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT - cost);
-    // Nothing lapses nor settles again later.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing settles again later: the proxy stops with nothing pending,
+    // and no hold is left to lapse.
+    stop_with_nothing_pending(&mut proxy);
     assert_eq!(charged(&server, &key).await, (cost, 0));
     assert_eq!(balance_nanos(&server).await, 500 * NANOS_PER_CREDIT - cost);
     let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
@@ -694,7 +889,7 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
     // the lapse was charged, and served once the balance is topped up.
     const FUNDS: i64 = 400 * NANOS_PER_CREDIT;
     let server = RedisServer::start();
-    let (upstream, received) = slow_upstream().await;
+    let upstream = slow_upstream().await;
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");
     let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
@@ -705,8 +900,8 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
     )
     .unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
-    let first = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
-    let second = start_proxy(&server.url(), &upstream, &config, admin_key.expose());
+    let first = start_proxy(&server.url(), &upstream.base, &config, admin_key.expose());
+    let second = start_proxy(&server.url(), &upstream.base, &config, admin_key.expose());
     let key = first.create_key(admin_key.expose(), "two instances").await;
     let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
         .await
@@ -714,18 +909,20 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
     store.top_up("default", FUNDS).await.unwrap();
 
     let (reply, generation) = long_story(&first.address, &key).await;
-    wait_for(&received, 1).await;
+    received_at_least(&upstream.received, 1).await;
     let (_, held) = charged(&server, &key).await;
     assert!(
         held <= FUNDS && 2 * held > FUNDS,
         "the funds cover one such hold and not two: {held}"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Renewed once, then A dies.
+    renewed_past(&server, the_hold_expiry(&server).await).await;
     kill_9(&first);
     drop(reply);
-    // Its last renewal at most 1 s before the kill: a hold's lifetime and
-    // more later it has lapsed. Nothing reads the ledger meanwhile.
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    // Renewed no more, it has lapsed once Redis's clock is past its last
+    // expiry. Nothing reads the ledger meanwhile (Redis's own clock and
+    // the hold's expiry are read as they are, which lapses nothing).
+    redis_clock_past(&server, the_hold_expiry(&server).await).await;
 
     let (status, text) = stream_saying(&second.address, &key, "a long story").await;
     assert_eq!(status, 402, "B refused for the lapse's charge: {text}");
@@ -746,7 +943,7 @@ async fn a_killed_instance_s_lapsed_hold_is_charged_by_the_next_admission_on_ano
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     // 3 prompt and 5 completion tokens.
     let cost = 8 * NANOS_PER_CREDIT;
-    wait_until_charged(&server, &key, (held + cost, 0), Duration::from_secs(10)).await;
+    charged_to_be(&server, &key, (held + cost, 0)).await;
     assert_eq!(balance_nanos(&server).await, FUNDS - cost);
 }
 

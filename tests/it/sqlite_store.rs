@@ -6,9 +6,9 @@
 use crate::common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use common::examples::{binary, ProxyProcess};
+use common::wait::{wait_for, wait_until, PATIENCE};
 use modelgate::store::{LedgerStore, SqliteStore, SqliteStoreConfig, NANOS_PER_CREDIT};
 use serde_json::json;
 
@@ -143,22 +143,29 @@ async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
     let client = reqwest::Client::new();
     fund(&client, &first.proxy.address, &admin_key).await;
 
-    // A burst from 16 clients; the process is killed while it runs.
+    // A burst from 16 clients; the process is killed while it runs (once
+    // it has answered twice as many requests as there are clients).
     let address = first.proxy.address.clone();
+    let answered_so_far = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let burst: Vec<_> = (0..16)
         .map(|_| {
             let (client, address, key) = (client.clone(), address.clone(), key.clone());
+            let answered_so_far = answered_so_far.clone();
             tokio::spawn(async move {
                 let mut answered = 0;
                 while let Some(status) = chat(&client, &address, &key).await {
                     assert_eq!(status, 200);
                     answered += 1;
+                    answered_so_far.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
                 answered
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_until(PATIENCE, "32 answers of the burst", || async {
+        answered_so_far.load(std::sync::atomic::Ordering::SeqCst) >= 32
+    })
+    .await;
     let killed = Command::new("kill")
         .args(["-KILL", &first.proxy.pid().to_string()])
         .status()
@@ -192,13 +199,24 @@ async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
         .unwrap();
     assert_eq!(listed.status().as_u16(), 200);
 
-    // Once the holds of the requests cut short have lapsed (3 s), the
+    // Once the holds of the requests cut short have lapsed (3 s after
+    // their last renewal; the first read after that charges them), the
     // key's usage is exactly the sum of its generation records: each
     // request charged once, those cut short at their hold.
-    tokio::time::sleep(Duration::from_secs(4)).await;
     let store = SqliteStore::open(&database, SqliteStoreConfig::default()).unwrap();
     let hash = modelgate::auth::KeyHash::of(&key).to_hex();
-    let usage = common::settle::settled(&store, "default", &hash, chrono::Utc::now()).await;
+    let usage = wait_for(PATIENCE, || async {
+        let usage = store
+            .key_usage("default", &hash, chrono::Utc::now())
+            .await
+            .unwrap();
+        if usage.reserved_nanos == 0 {
+            Ok(usage)
+        } else {
+            Err(format!("the holds cut short never lapsed: {usage:?}"))
+        }
+    })
+    .await;
     let records = store
         .recent_generations("default", 1_000_000, chrono::Utc::now())
         .await

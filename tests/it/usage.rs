@@ -7,10 +7,10 @@ use crate::mock;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::gateway::{instance, instance_with_clock};
 use common::redis_server::RedisServer;
+use common::wait::{wait_for, wait_until, PATIENCE};
 use modelgate::clock::ManualClock;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT};
@@ -82,38 +82,54 @@ fn paid(content: &str) -> Value {
            "messages": [{"role": "user", "content": content}]})
 }
 
-/// Waits (at most 10 s) until `GET path` answers 200: a record appears
-/// once its request is settled, just after the response ends.
+/// Waits until `GET path` answers 200: a record appears once its request
+/// is settled, just after the response ends.
 async fn eventually(address: SocketAddr, path: &str, key: &str) -> Value {
-    for _ in 0..200 {
+    wait_for(PATIENCE, || async {
         let reply = get(address, path, key).await;
         if reply.status == 200 {
-            return reply.body;
+            return Ok(reply.body);
         }
         assert_eq!(reply.status, 404, "{}", reply.body);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{path} never answered 200");
+        Err(format!("{path} never answered 200"))
+    })
+    .await
 }
 
-/// Waits (at most 10 s) until `check` holds for the answer of `GET path`.
+/// Waits until `check` holds for the answer of `GET path`.
 async fn until(
     address: SocketAddr,
     path: &str,
     key: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
-    let mut last = Value::Null;
-    for _ in 0..200 {
+    wait_for(PATIENCE, || async {
         let reply = get(address, path, key).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         if check(&reply.body) {
-            return reply.body;
+            Ok(reply.body)
+        } else {
+            Err(format!(
+                "{path} never answered as expected; last: {}",
+                reply.body
+            ))
         }
-        last = reply.body;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{path} never answered as expected; last: {last}");
+    })
+    .await
+}
+
+/// The first whole millisecond after now, once the clock has passed it:
+/// a record of a request admitted before the call has a `created_at` (in
+/// ms, never later than its admission) before it, one admitted after the
+/// call, at or after it.
+async fn millisecond_boundary() -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now();
+    let boundary = chrono::DateTime::from_timestamp_millis(now.timestamp_millis() + 1).unwrap();
+    wait_until(PATIENCE, "the clock past the next millisecond", || async {
+        chrono::Utc::now() >= boundary
+    })
+    .await;
+    boundary
 }
 
 async fn new_key(
@@ -642,9 +658,7 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
             let reply = chat([a, b][index % 2], &one, &[], &paid("Hi")).await;
             assert_eq!(reply.status, 200, "{}", reply.body);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let split = chrono::Utc::now();
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let split = millisecond_boundary().await;
         let mini = json!({"model": "openai/gpt-4o-mini", "max_tokens": 5,
                           "messages": [{"role": "user", "content": "Hi"}]});
         for index in 0..5 {

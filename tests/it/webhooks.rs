@@ -724,13 +724,19 @@ type Held = (
 /// instance they are on. A held request that raced a probe for the last
 /// slot was itself refused (correctly) and is sent again. The refused probe.
 async fn hold_slots(addresses: &[SocketAddr], count: usize) -> (Vec<Held>, Reply) {
-    let mut held: Vec<Held> = (0..count)
-        .map(|index| stalled(addresses[index % addresses.len()]))
-        .collect();
-    for _ in 0..200 {
-        if let Some(index) = held.iter().position(|(_, reply)| reply.is_finished()) {
+    let held: std::cell::RefCell<Vec<Held>> = std::cell::RefCell::new(
+        (0..count)
+            .map(|index| stalled(addresses[index % addresses.len()]))
+            .collect(),
+    );
+    let probe = common::wait::wait_for(common::wait::PATIENCE, || async {
+        let finished = held
+            .borrow()
+            .iter()
+            .position(|(_, reply)| reply.is_finished());
+        if let Some(index) = finished {
             let replacement = stalled(addresses[index % addresses.len()]);
-            let (_, finished) = std::mem::replace(&mut held[index], replacement);
+            let (_, finished) = std::mem::replace(&mut held.borrow_mut()[index], replacement);
             let finished = finished.await.unwrap();
             assert_eq!(
                 (finished.status, &finished.body["code"]),
@@ -744,13 +750,15 @@ async fn hold_slots(addresses: &[SocketAddr], count: usize) -> (Vec<Held>, Reply
             json!({"action": "list_flows"}),
         )
         .await;
-        if probe.status == 429 && held.iter().all(|(_, reply)| !reply.is_finished()) {
-            return (held, probe);
-        }
         assert!(matches!(probe.status, 200 | 429), "{}", probe.body);
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{count} stalled requests never held every slot");
+        if probe.status == 429 && held.borrow().iter().all(|(_, reply)| !reply.is_finished()) {
+            Ok(probe)
+        } else {
+            Err(format!("{count} stalled requests never held every slot"))
+        }
+    })
+    .await;
+    (held.into_inner(), probe)
 }
 
 async fn in_flight_bound_holds(addresses: &[SocketAddr]) {
@@ -845,22 +853,17 @@ async fn a_client_that_leaves_mid_body_gives_its_slot_back() {
     let (sender, reply) = held.pop().unwrap();
     reply.abort();
     drop(sender);
-    let mut freed = false;
-    for _ in 0..200 {
-        if post(address, DEPLOYS, SECRET, json!({"action": "list_flows"}))
-            .await
-            .status
-            == 200
-        {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(
-        freed,
-        "the slot of a request that was abandoned is given back"
-    );
+    common::wait::wait_until(
+        common::wait::PATIENCE,
+        "the slot of a request that was abandoned given back",
+        || async {
+            post(address, DEPLOYS, SECRET, json!({"action": "list_flows"}))
+                .await
+                .status
+                == 200
+        },
+    )
+    .await;
 }
 
 fn flow_bounded(max_flows_per_session: u64) -> WebhookLimits {

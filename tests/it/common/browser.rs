@@ -13,12 +13,14 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{json, Value};
+
+use super::wait::wait_for;
 
 const INSTALL_HINT: &str = "is not on PATH. Run the README's test command, `./scripts/test.sh`, \
 which installs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver).";
@@ -87,6 +89,17 @@ impl Chromedriver {
                     "--no-first-run",
                     "--no-default-browser-check",
                     "--disable-extensions",
+                    // Nothing but the loopback pages under test: Chromium
+                    // otherwise reaches for Google's hosts at every start
+                    // (updates, sync, field trials, its DNS probes), which a
+                    // machine without internet answers with failed lookups
+                    // and refused connections, many at a time.
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--disable-quic",
+                    "--disable-default-apps",
+                    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
                     "--window-size=1280,1000",
                     format!("--user-data-dir={}", profile.path().display()),
                 ],
@@ -143,19 +156,15 @@ impl Browser {
     pub async fn button(&self, scope: Option<&str>, text: &str) -> Element {
         let prefix = scope.map_or(String::new(), |id| format!("//*[@id='{id}']"));
         let xpath = format!("{prefix}//button[normalize-space()='{text}']");
-        let deadline = Instant::now() + PATIENCE;
-        loop {
+        wait_for(PATIENCE, || async {
             for button in self.client.find_all(Locator::XPath(&xpath)).await.unwrap() {
                 if button.is_displayed().await.unwrap_or(false) {
-                    return button;
+                    return Ok(button);
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "no visible button {text:?} in {scope:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Err(format!("no visible button {text:?} in {scope:?}"))
+        })
+        .await
     }
 
     pub async fn click(&self, scope: Option<&str>, text: &str) {
@@ -213,32 +222,45 @@ impl Browser {
         what: &str,
         check: impl Fn(&str) -> bool,
     ) -> String {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
+        wait_for(PATIENCE, || async {
             let text = self.text(id).await;
             if check(&text) {
-                return text;
+                Ok(text)
+            } else {
+                Err(format!("#{id} never showed {what}; it shows {text:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "#{id} never showed {what}; it shows {text:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until the element `id` is shown (or hidden, when `shown` is false).
     pub async fn wait_shown(&self, id: &str, shown: bool) {
-        let deadline = Instant::now() + PATIENCE;
-        while self.displayed(id).await != shown {
-            assert!(
-                Instant::now() < deadline,
-                "#{id} is still {} (the message says {:?})",
-                if shown { "hidden" } else { "shown" },
-                self.text("message").await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for(PATIENCE, || async {
+            if self.displayed(id).await == shown {
+                Ok(())
+            } else {
+                Err(format!(
+                    "#{id} is still {} (the message says {:?})",
+                    if shown { "hidden" } else { "shown" },
+                    self.text("message").await
+                ))
+            }
+        })
+        .await
+    }
+
+    /// Waits until the page has run what is queued now: the tasks an event
+    /// (a click) queued, and the next frame's drawing. What a click does
+    /// in the page, it has done by then.
+    pub async fn settled(&self) {
+        self.client
+            .execute_async(
+                "const done = arguments[arguments.length - 1]; \
+                 requestAnimationFrame(() => setTimeout(done, 0));",
+                Vec::new(),
+            )
+            .await
+            .unwrap();
     }
 
     /// Runs `script` in the page; its JSON result.

@@ -11,6 +11,12 @@ use std::sync::OnceLock;
 /// was built from the same library (`scripts/test.sh` builds the examples
 /// after the tests), so no `cargo` is run then: under nextest every test
 /// is a process of its own, and each would wait on cargo's lock.
+///
+/// An example older than the test binary may still be fresh (cargo links
+/// an example again only when the library changed, a test binary whenever
+/// a test did): the first test to find it so runs cargo, and leaves a stamp
+/// saying the examples were checked after this test binary was built, so
+/// that the tests after it (each a process under nextest) do not.
 pub fn binary(name: &str) -> PathBuf {
     let this_test = std::env::current_exe().expect("the test's own path");
     let profile_dir = this_test
@@ -18,9 +24,16 @@ pub fn binary(name: &str) -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps");
     let binary = profile_dir.join("examples").join(name);
+    let stamp = profile_dir
+        .join("examples")
+        .join(".checked-after-the-tests");
     static BUILT: OnceLock<()> = OnceLock::new();
-    if !newer_than(&binary, &this_test) {
-        BUILT.get_or_init(|| build_examples(profile_dir));
+    if !newer_than(&binary, &this_test) && !newer_than(&stamp, &this_test) {
+        BUILT.get_or_init(|| {
+            build_examples(profile_dir);
+            // Written after cargo answered: newer than this test binary.
+            let _ = std::fs::write(&stamp, "");
+        });
     }
     assert!(
         binary.exists(),
@@ -51,6 +64,31 @@ fn build_examples(profile_dir: &Path) {
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     if let Some(target_dir) = profile_dir.parent() {
         command.env("CARGO_TARGET_DIR", target_dir);
+    }
+    // What cargo told this test about its own package is no setting for
+    // the build: build scripts (ring's, among others) ask cargo to build
+    // again when such a variable changes, so a cargo run with them would
+    // compile ring, rustls and the crate again here, and the next plain
+    // `cargo build` again back (about 40 s each time, under the lock every
+    // other test waits on).
+    for (variable, _) in std::env::vars_os() {
+        let Some(name) = variable.to_str() else {
+            continue;
+        };
+        let set_for_the_test = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CFG_"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&name);
+        if set_for_the_test {
+            command.env_remove(&variable);
+        }
     }
     if profile_dir
         .file_name()
@@ -104,20 +142,35 @@ pub struct WatchedProxy {
 }
 
 impl WatchedProxy {
-    /// Waits (up to 10 s) until the log holds `text`; the log.
+    /// Waits until the log holds `text`; the log.
     pub fn wait_for_log(&self, text: &str) -> String {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let log = self.stderr.lock().unwrap().clone();
+        super::wait::wait_for_blocking(super::wait::PATIENCE, || {
+            let log = self.log();
             if log.contains(text) {
-                return log;
+                Ok(log)
+            } else {
+                Err(format!("the log never said {text:?}: {log}"))
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the log never said {text:?}: {log}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        })
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl std::ops::Deref for WatchedProxy {
+    type Target = ProxyProcess;
+
+    fn deref(&self) -> &ProxyProcess {
+        &self.proxy
+    }
+}
+
+impl std::ops::DerefMut for WatchedProxy {
+    fn deref_mut(&mut self) -> &mut ProxyProcess {
+        &mut self.proxy
     }
 }
 
@@ -157,9 +210,10 @@ impl ProxyProcess {
         // Kept whole for a watched proxy; otherwise its last 64 KiB, to say
         // why a proxy that ended before listening did.
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut reader = None;
         if let Some(mut pipe) = child.stderr.take() {
             let stderr = stderr.clone();
-            std::thread::spawn(move || {
+            reader = Some(std::thread::spawn(move || {
                 let mut buffer = [0; 4096];
                 while let Ok(read @ 1..) = pipe.read(&mut buffer) {
                     let mut kept = stderr.lock().unwrap();
@@ -172,15 +226,20 @@ impl ProxyProcess {
                         kept.drain(..cut);
                     }
                 }
-            });
+            }));
         }
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut next_line = |child: &mut std::process::Child| match lines.next() {
             Some(line) => line.unwrap(),
             None => {
                 let status = child.wait().unwrap();
-                // The reader thread has the last of it once the pipe closes.
-                std::thread::sleep(std::time::Duration::from_millis(200));
+                // The reader thread has the last of it once the pipe closes
+                // (a process the proxy started may still hold it open).
+                if let Some(reader) = &reader {
+                    super::wait::waited_blocking(std::time::Duration::from_secs(5), || {
+                        reader.is_finished()
+                    });
+                }
                 panic!(
                     "the proxy ended ({status}) before it printed its address; its stderr:\n{}",
                     stderr.lock().unwrap()
@@ -247,14 +306,10 @@ impl ProxyProcess {
 
     /// Waits for the process to exit by itself; its exit code.
     pub fn wait(&mut self, bound: std::time::Duration) -> Option<i32> {
-        let started = std::time::Instant::now();
-        while started.elapsed() < bound {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the proxy did not exit within {bound:?}");
+        super::wait::wait_for_blocking(bound, || match self.child.try_wait().unwrap() {
+            Some(status) => Ok(status.code()),
+            None => Err("the proxy did not exit".to_owned()),
+        })
     }
 }
 

@@ -8,3 +8,4 @@ pub mod redis_server;
 pub mod relay;
 pub mod settle;
 pub mod smtp;
+pub mod wait;

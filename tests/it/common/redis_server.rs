@@ -10,7 +10,15 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Its own copy: the benchmarks include this file alone (the tests also
+// have it as `common::wait`).
+#[allow(clippy::duplicate_mod)]
+#[path = "wait.rs"]
+mod wait;
+
+use wait::{wait_for_blocking, wait_until_blocking, PATIENCE};
 
 const INSTALL_HINT: &str = "redis-server is not on PATH. Run the README's test command, \
 `./scripts/test.sh`, which installs it (apt-get install redis-server) and runs the tests.";
@@ -67,6 +75,26 @@ impl RedisServer {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The server's own clock (`TIME`), which decides its windows, hold
+    /// expiries and key expiries; read without touching any data.
+    pub fn clock(&self) -> chrono::DateTime<chrono::Utc> {
+        let reply = command(self.port, "TIME");
+        // *2\r\n$10\r\n<seconds>\r\n$6\r\n<micros>\r\n
+        let numbers: Vec<i64> = reply
+            .split("\r\n")
+            .filter(|part| !part.starts_with(['*', '$']) && !part.is_empty())
+            .map(|part| {
+                part.parse()
+                    .unwrap_or_else(|_| panic!("TIME said {reply:?}"))
+            })
+            .collect();
+        let [seconds, micros] = numbers[..] else {
+            panic!("TIME said {reply:?}");
+        };
+        chrono::DateTime::from_timestamp(seconds, u32::try_from(micros * 1000).unwrap())
+            .expect("a time Redis can have")
     }
 
     /// Its data directory (`--dir`): a persistent server keeps its
@@ -187,12 +215,10 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in &nodes {
-            while !command(node.port, "CLUSTER INFO").contains("cluster_state:ok") {
-                assert!(Instant::now() < deadline, "cluster did not become ready");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_until_blocking(PATIENCE, "the cluster to become ready", || {
+                command(node.port, "CLUSTER INFO").contains("cluster_state:ok")
+            });
         }
         RedisCluster { nodes }
     }
@@ -218,9 +244,8 @@ impl RedisCluster {
             );
             assert_eq!(reply, "+OK\r\n", "CONFIG SET cluster-announce-port");
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
         for node in &self.nodes {
-            loop {
+            wait_for_blocking(PATIENCE, || {
                 let slots = command(node.port, "CLUSTER SLOTS");
                 let announced = ports
                     .iter()
@@ -230,14 +255,13 @@ impl RedisCluster {
                     .iter()
                     .any(|other| slots.contains(&format!(":{}\r\n", other.port)));
                 if announced && !real {
-                    break;
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the nodes did not announce their new ports: {slots}"
+                    ))
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "the nodes did not announce their new ports: {slots}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            });
         }
     }
 }
@@ -254,14 +278,11 @@ fn free_port() -> u16 {
 }
 
 fn wait_until_ready(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while command(port, "PING") != "+PONG\r\n" {
-        assert!(
-            Instant::now() < deadline,
-            "redis-server on port {port} did not answer PING within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_blocking(
+        PATIENCE,
+        format_args!("redis-server on port {port} to answer PING"),
+        || command(port, "PING") == "+PONG\r\n",
+    );
 }
 
 /// Sends one inline command and returns what arrives within a moment.

@@ -1,6 +1,8 @@
 //! A loopback TCP relay between a client and a `redis-server`, which can
 //! lose a reply after Redis ran the request, or send a request to Redis a
-//! second time, as a dropped connection and a client's resend would.
+//! second time, as a dropped connection and a client's resend would; or
+//! cut the client off Redis altogether, as Redis going down would, while
+//! the test still reads Redis directly.
 
 #![allow(dead_code)]
 
@@ -26,9 +28,14 @@ struct Shared {
     send_twice: Mutex<Option<Vec<u8>>>,
     /// Every request forwarded, as read from its client.
     requests: Mutex<Vec<Vec<u8>>>,
+    /// All each connection's client sent, in order, by connection.
+    sent: Mutex<Vec<Vec<u8>>>,
     lost_replies: AtomicUsize,
     /// What Redis answered to each request the relay sent a second time.
     second_replies: Mutex<Vec<Vec<u8>>>,
+    /// Whether clients are cut off: open connections are closed and new
+    /// ones closed as soon as they are accepted.
+    cut: tokio::sync::watch::Sender<bool>,
 }
 
 impl Relay {
@@ -40,10 +47,25 @@ impl Relay {
         let accepting = shared.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *accepting.cut.borrow() {
+                    drop(client);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
                     continue;
                 };
-                tokio::spawn(pump(client, server, upstream_port, accepting.clone()));
+                let connection = {
+                    let mut sent = accepting.sent.lock().unwrap();
+                    sent.push(Vec::new());
+                    sent.len() - 1
+                };
+                tokio::spawn(pump(
+                    client,
+                    server,
+                    upstream_port,
+                    accepting.clone(),
+                    connection,
+                ));
             }
         });
         Relay { port, shared, task }
@@ -80,6 +102,34 @@ impl Relay {
             .iter()
             .filter(|request| contains(request, marker))
             .count()
+    }
+
+    /// Cuts every client off Redis, as Redis going down would: the open
+    /// connections close, and each new one is closed once accepted, until
+    /// [`restore`](Self::restore).
+    pub fn cut(&self) {
+        self.shared.cut.send_replace(true);
+    }
+
+    /// Relays again after [`cut`](Self::cut).
+    pub fn restore(&self) {
+        self.shared.cut.send_replace(false);
+    }
+
+    /// How many times `marker` occurs in what the clients sent so far (each
+    /// connection's bytes whole, however they were split into reads).
+    pub fn sent_occurrences(&self, marker: &[u8]) -> usize {
+        self.shared
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|sent| {
+                sent.windows(marker.len())
+                    .filter(|window| *window == marker)
+                    .count()
+            })
+            .sum()
     }
 
     /// Stops losing a reply or sending a request twice, if still armed.
@@ -130,16 +180,23 @@ async fn pump(
     mut server: TcpStream,
     upstream_port: u16,
     shared: Arc<Shared>,
+    connection: usize,
 ) {
     let mut from_client = vec![0u8; 64 * 1024];
     let mut from_server = vec![0u8; 64 * 1024];
     let mut lose_next_reply = false;
+    let mut cut = shared.cut.subscribe();
     loop {
+        if *cut.borrow_and_update() {
+            return;
+        }
         tokio::select! {
+            _ = cut.changed() => continue,
             read = client.read(&mut from_client) => {
                 let Ok(read @ 1..) = read else { return };
                 let request = &from_client[..read];
                 shared.requests.lock().unwrap().push(request.to_vec());
+                shared.sent.lock().unwrap()[connection].extend_from_slice(request);
                 if take_if_contained(&shared.lose_reply_to, request) {
                     lose_next_reply = true;
                 }

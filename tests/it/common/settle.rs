@@ -5,27 +5,30 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
-
 use modelgate::store::{KeyUsage, LedgerStore};
+
+use super::wait::{wait_for, PATIENCE};
 
 /// The key's usage once none of its requests holds anything: every
 /// settlement of its requests so far has landed. `now` is the gateway's
-/// time (a manual clock's, in tests that set one). Fails after 10 s.
+/// time (a manual clock's, in tests that set one).
 pub async fn settled<S: LedgerStore + ?Sized>(
     store: &S,
     account: &str,
     key_hash: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> KeyUsage {
-    for _ in 0..500 {
+    wait_for(PATIENCE, || async {
         let usage = store.key_usage(account, key_hash, now).await.unwrap();
         if usage.reserved_nanos == 0 {
-            return usage;
+            Ok(usage)
+        } else {
+            Err(format!(
+                "the key {key_hash} of {account} still holds credits: {usage:?}"
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the key {key_hash} of {account} still holds credits after 10 s");
+    })
+    .await
 }
 
 /// [`settled`] for the plaintext `key`, its account looked up.
