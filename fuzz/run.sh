@@ -2,9 +2,10 @@
 # Runs every fuzz target for SECONDS (default 20) with the nightly
 # toolchain, installing cargo-fuzz when it is missing. All targets are
 # built once, in one profile (`cargo fuzz build`: release with debug
-# assertions and coverage tracing, no sanitizer: the crate forbids unsafe
-# code, and AddressSanitizer would double the build and slow each run),
-# then run from that build, FUZZ_JOBS at a time (default: the cores). The committed seeds in
+# assertions and coverage tracing; no sanitizer, since the crate forbids
+# unsafe code and AddressSanitizer would double the build and slow each
+# run; eight codegen units instead of one, so both cores compile), then
+# run from that build, FUZZ_JOBS at a time (default: the cores). The committed seeds in
 # fuzz/seeds/<target> start each run; new inputs go to fuzz/corpus.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,7 +20,7 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 echo "==> building every fuzz target"
-cargo +nightly fuzz build --sanitizer none
+cargo +nightly fuzz build --sanitizer none --codegen-units 8
 triple="$(rustc +nightly -vV | sed -n 's/^host: //p')"
 built="target/$triple/release"
 logs="$(mktemp -d)"
