@@ -267,7 +267,7 @@ mod tests {
 
     #[tokio::test]
     async fn any_plan_builds_a_gateway() {
-        std::env::set_var("MODELGATE_UNIT_STACK_KEY", "sk-unit-stack-0001");
+        // MODELGATE_UNIT_STACK_KEY is set for the tests in .cargo/config.toml.
         for json in [
             "{}",
             r#"{"providers": {"p": {"base_url": "http://127.0.0.1:9/v1",

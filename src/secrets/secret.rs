@@ -489,8 +489,7 @@ mod tests {
 
     #[test]
     fn env_secrets_must_be_set_and_not_empty() {
-        std::env::set_var("MODELGATE_TEST_HOOK_SECRET", " from-env-0123456789 \n");
-        std::env::set_var("MODELGATE_TEST_HOOK_EMPTY", "  ");
+        // The variables are set for the tests in .cargo/config.toml.
         let secret = resolve(&reference(
             SecretSource::Env,
             "default",
@@ -512,7 +511,6 @@ mod tests {
         ))
         .unwrap_err();
         assert!(empty.to_string().contains("empty"));
-        std::env::set_var("MODELGATE_TEST_HOOK_SHORT", "guessable");
         let short = resolve(&reference(
             SecretSource::Env,
             "default",
@@ -537,11 +535,7 @@ mod tests {
 
     #[test]
     fn an_env_provider_reads_only_its_allowlist() {
-        std::env::set_var("MODELGATE_TEST_ALLOWED_SECRET", "allowed-secret-0123456789");
-        std::env::set_var(
-            "MODELGATE_TEST_FORBIDDEN_SECRET",
-            "forbidden-secret-0123456789",
-        );
+        // Both are set for the tests in .cargo/config.toml.
         let providers = providers(json!({
             "ci": {"source": "env", "allowlist": ["MODELGATE_TEST_ALLOWED_SECRET"]}
         }));

@@ -60,7 +60,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! std::env::set_var("DOC_HOOK_SECRET", "s3cret-value-for-the-doc");
+// The route's secret is read from the environment: DOC_HOOK_SECRET.
 //! let entry = serde_json::json!({"enabled": true, "config": {"routes": {
 //!     "deploys": {"sessionKey": "agent:main", "secret": {"source": "env", "provider": "default", "id": "DOC_HOOK_SECRET"}}
 //! }}});

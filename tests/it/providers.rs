@@ -53,7 +53,7 @@ async fn start_on(store: SharedStore, extra: Value) -> Gateway {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let gamma = format!("http://{}/v1", closed.local_addr().unwrap());
     drop(closed);
-    std::env::set_var("MODELGATE_TEST_ALPHA_KEY", ALPHA_KEY);
+    // MODELGATE_TEST_ALPHA_KEY (ALPHA_KEY) is set for the tests in .cargo/config.toml.
     let secrets = tempfile::tempdir().unwrap();
     let beta_key_file = secrets.path().join("beta-key");
     std::fs::write(&beta_key_file, format!("{BETA_KEY}\n")).unwrap();

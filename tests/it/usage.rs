@@ -834,7 +834,7 @@ async fn activity_is_the_sum_of_the_generation_records_per_day_and_model() {
         .unwrap(),
     );
     let memory: SharedStore = Arc::new(MemoryStore::new());
-    std::env::set_var("MODELGATE_TEST_USAGE_OWN_KEY", "sk-gateways-own-0123456789");
+    // MODELGATE_TEST_USAGE_OWN_KEY is set for the tests in .cargo/config.toml.
     for (name, store) in [("memory", memory), ("redis", redis)] {
         let base = mock::start(mock::MockConfig::default()).await;
         let price = json!({"prompt_per_million": 1000, "completion_per_million": 3000});

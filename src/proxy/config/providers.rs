@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn byok_is_off_unless_a_provider_with_an_api_key_opts_in() {
-        std::env::set_var("MODELGATE_UNIT_BYOK_KEY", "sk-unit-provider-0001");
+        // MODELGATE_UNIT_BYOK_KEY is set for the tests in .cargo/config.toml.
         let key = serde_json::json!({"env": "MODELGATE_UNIT_BYOK_KEY"});
         let config = providers_config(serde_json::json!({
             "keyed": {"base_url": "http://127.0.0.1:9/v1", "api_key": key},
@@ -238,7 +238,6 @@ mod tests {
             headers in proptest::collection::btree_map("[A-Za-z0-9 -]{0,10}", "[ -~]{0,10}", 0..3),
             credential_headers in proptest::collection::vec("[A-Za-z0-9 -]{0,10}", 0..3),
         ) {
-            std::env::set_var("MODELGATE_UNIT_BYOK_KEY", "sk-unit-provider-0001");
             let mut section = serde_json::json!({
                 "base_url": "http://127.0.0.1:9/v1", "byok": byok,
                 "headers": headers, "credential_headers": credential_headers,
