@@ -16,16 +16,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::api::KeyRoutesLayer;
-use modelgate::auth::{parse_bearer, ApiKey, BearerAuthLayer};
+use modelgate::auth::{ApiKey, BearerAuthLayer, parse_bearer};
 use modelgate::body::BodyLimitLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::leaks::{parse_alert, ScanningKeys};
+use modelgate::leaks::{ScanningKeys, parse_alert};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 fn request(path: &str, authorization: &str) -> Request<Full<Bytes>> {
     let method = if path.ends_with("/chat/completions") {

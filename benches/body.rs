@@ -8,11 +8,11 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::{Full, StreamBody};
 use modelgate::body::{BodyLimitLayer, ChatRequest};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 /// A chat body of about `target_bytes`: a conversation of 500-byte messages
 /// with non-ASCII text and escapes, as real prompts have.

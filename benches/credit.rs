@@ -12,14 +12,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use modelgate::context::RequestContext;
 use modelgate::credit::{BodyKind, CreditGuardLayer, PriceTable, UsageScanner};
 use modelgate::keys::SharedStore;
 use modelgate::store::NANOS_PER_CREDIT;
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 const REPLY: &str = r#"{"choices": [{"message": {"role": "assistant", "content": "Hello there"}}], "usage": {"prompt_tokens": 12, "completion_tokens": 40}}"#;
 

@@ -12,11 +12,11 @@ mod support;
 mod mock;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use modelgate::keys::{KeyDirectory, NewKey};
-use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
+use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, UpstreamConfig, gateway};
 use modelgate::store::NANOS_PER_CREDIT;
 use tower::{Service, ServiceExt};
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
@@ -40,7 +40,7 @@ use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{MemoryStore, NANOS_PER_CREDIT};
 use modelgate::usage::{AppRanking, Generations};
 use modelgate::webhook::WebhookSecretLayer;
-use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 const BODY: &str = r#"{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}"#;
 const REPLY: &str = r#"{"id": "chatcmpl-1", "object": "chat.completion", "model": "openai/gpt-4o-mini", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}}"#;
@@ -55,8 +55,8 @@ fn answer() -> impl Service<
     Error = GatewayError,
     Future = impl Future<Output = Result<Response<Full<Bytes>>, GatewayError>> + Send,
 > + Clone
-       + Send
-       + 'static {
++ Send
++ 'static {
     service_fn(|_: Request<Full<Bytes>>| async {
         Ok::<_, GatewayError>(
             Response::builder()

@@ -11,14 +11,14 @@ mod support;
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::free_quota::{FreeModelQuotaLayer, FreeQuotaRules};
 use modelgate::keys::SharedStore;
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::NANOS_PER_CREDIT;
-use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
 fn upstream() -> impl Service<
     Request<Full<Bytes>>,

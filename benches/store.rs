@@ -7,12 +7,12 @@
 #[path = "../tests/it/common/redis_server.rs"]
 mod redis_server;
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use modelgate::clock::Period;
 use modelgate::store::{
     Check, Expect, KeyLimit, Limit, MemoryStore, PutOptions, RedisStore, RedisStoreConfig,

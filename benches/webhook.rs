@@ -12,15 +12,15 @@ mod support;
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use modelgate::secrets::{ResolveLimits, SecretProviders};
 use modelgate::webhook::{
-    resolve_routes, FlowAction, WebhookLimits, WebhookSecretLayer, WebhooksConfig,
+    FlowAction, WebhookLimits, WebhookSecretLayer, WebhooksConfig, resolve_routes,
 };
-use serde_json::{json, Value};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use serde_json::{Value, json};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 const SECRET: &str = "bench-secret-0123456789";
 

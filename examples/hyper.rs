@@ -24,7 +24,7 @@ use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::in_flight::InFlightLimitLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::MemoryStore;
-use tower::{service_fn, ServiceBuilder};
+use tower::{ServiceBuilder, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -62,7 +62,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use modelgate::auth::ApiKey;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore, DEFAULT_ACCOUNT};
+use modelgate::keys::{DEFAULT_ACCOUNT, KeyDirectory, NewKey, SharedStore};
 use std::convert::Infallible;
 
 use bytes::Bytes;
@@ -73,7 +73,7 @@ use modelgate::clock::SystemClock;
 use modelgate::credit::PendingSettlements;
 use modelgate::error::{ErrorKind, GatewayError};
 use modelgate::proxy::{
-    build_gateway, GatewayBody, GatewayConfig, GatewayPlan, GatewayService, Upstream,
+    GatewayBody, GatewayConfig, GatewayPlan, GatewayService, Upstream, build_gateway,
 };
 use tokio::net::TcpListener;
 
@@ -388,19 +388,18 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
         "settlements flushed; stopping"
     );
     // The app ranking's last second of counts, best effort: no money.
-    if let Some(ranking) = app_ranking {
-        if let Err(error) = ranking.flush().await {
-            tracing::warn!(%error, "app ranking: the last counts were not written");
-        }
+    if let Some(ranking) = app_ranking
+        && let Err(error) = ranking.flush().await
+    {
+        tracing::warn!(%error, "app ranking: the last counts were not written");
     }
     // The last settlements' alerts, best effort.
-    if let Some(alerts) = alerts {
-        if tokio::time::timeout(ALERTS_DEADLINE, alerts.idle())
+    if let Some(alerts) = alerts
+        && tokio::time::timeout(ALERTS_DEADLINE, alerts.idle())
             .await
             .is_err()
-        {
-            tracing::warn!("alerts: the last ones were not all sent before stopping");
-        }
+    {
+        tracing::warn!("alerts: the last ones were not all sent before stopping");
     }
     Ok(())
 }

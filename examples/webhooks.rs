@@ -38,10 +38,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use modelgate::proxy::GatewayConfig;
 use modelgate::secrets::ResolveLimits;
-use modelgate::webhook::{resolve_routes, WebhookSecretLayer};
+use modelgate::webhook::{WebhookSecretLayer, resolve_routes};
 use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
-use tower::{service_fn, ServiceBuilder};
+use tower::{ServiceBuilder, service_fn};
 
 const USAGE: &str = "usage: webhooks --config FILE [--listen ADDR] [--store memory|sqlite:PATH|redis://…] [--redis URL]";
 

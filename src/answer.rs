@@ -4,11 +4,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::util::Oneshot;

@@ -254,21 +254,21 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        if !self.trusted.is_empty() {
-            if let Some(ClientAddr(peer)) = request.extensions().get::<ClientAddr>().copied() {
-                match self.trusted.client(peer, request.headers()) {
-                    Ok(client) => {
-                        request.extensions_mut().insert(ClientAddr(client));
-                    }
-                    Err(error) => {
-                        let response = GatewayError::new(
+        if !self.trusted.is_empty()
+            && let Some(ClientAddr(peer)) = request.extensions().get::<ClientAddr>().copied()
+        {
+            match self.trusted.client(peer, request.headers()) {
+                Ok(client) => {
+                    request.extensions_mut().insert(ClientAddr(client));
+                }
+                Err(error) => {
+                    let response = GatewayError::new(
                             ErrorKind::InvalidRequest,
                             format!("{error}; the proxy in front of the gateway must send one address per hop"),
                         )
                         .with_metadata("reason", "malformed_forwarded_for")
                         .to_response();
-                        return AnswerFuture::answering(Box::pin(std::future::ready(response)));
-                    }
+                    return AnswerFuture::answering(Box::pin(std::future::ready(response)));
                 }
             }
         }

@@ -277,10 +277,12 @@ mod tests {
             );
         }
         let long = format!("p/{}", "m".repeat(ModelId::MAX_LEN));
-        assert!(ModelId::parse(&long)
-            .unwrap_err()
-            .message()
-            .contains("longer"));
+        assert!(
+            ModelId::parse(&long)
+                .unwrap_err()
+                .message()
+                .contains("longer")
+        );
     }
 
     proptest! {

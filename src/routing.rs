@@ -10,8 +10,8 @@
 
 use std::borrow::Cow;
 
-use http::request::Parts;
 use http::Method;
+use http::request::Parts;
 
 /// Names each path of the JSON API once, as a constant its route in the
 /// table uses, and gathers them into [`API_PATHS`].

@@ -138,10 +138,10 @@ impl<K: Hash + Eq, H: Clone> HandleCache<K, H> {
             return handle;
         }
         let (key, handle) = register();
-        if let Ok(mut handles) = self.handles.write() {
-            if handles.len() < MAX_CACHED_HANDLES {
-                handles.entry(key).or_insert_with(|| handle.clone());
-            }
+        if let Ok(mut handles) = self.handles.write()
+            && handles.len() < MAX_CACHED_HANDLES
+        {
+            handles.entry(key).or_insert_with(|| handle.clone());
         }
         handle
     }

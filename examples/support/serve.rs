@@ -290,10 +290,10 @@ mod plain_log {
             if let Some(scope) = ctx.event_scope() {
                 for span in scope.from_root() {
                     writer.write_str(span.metadata().name())?;
-                    if let Some(fields) = span.extensions().get::<FormattedFields<N>>() {
-                        if !fields.is_empty() {
-                            write!(writer, "{{{fields}}}")?;
-                        }
+                    if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
+                        && !fields.is_empty()
+                    {
+                        write!(writer, "{{{fields}}}")?;
                     }
                     writer.write_char(':')?;
                 }

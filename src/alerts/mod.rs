@@ -58,6 +58,6 @@ mod marker;
 mod rules;
 mod worker;
 
-pub use marker::{balance_marker, key_marker, ALERTS_COLLECTION, MARKER_TTL};
+pub use marker::{ALERTS_COLLECTION, MARKER_TTL, balance_marker, key_marker};
 pub use rules::{AlertRules, AlertRulesError, MAX_THRESHOLDS};
 pub use worker::{Alerts, DEFAULT_MAX_QUEUED_CHECKS};

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 
-use super::marker::{balance_marker, key_marker, ALERTS_COLLECTION, MARKER_TTL};
-use super::rules::{past_percent, AlertRules};
+use super::marker::{ALERTS_COLLECTION, MARKER_TTL, balance_marker, key_marker};
+use super::rules::{AlertRules, past_percent};
 use crate::clock::Clock;
 use crate::keys::credits::nanos_to_json;
 use crate::keys::{KeyDirectory, KeyHash};
@@ -308,14 +308,13 @@ impl Inner {
             key_hash_prefix,
             ..
         } = &mut alert
+            && let Some(hash) = key.and_then(KeyHash::from_hex)
         {
-            if let Some(hash) = key.and_then(KeyHash::from_hex) {
-                match self.directory.get(&hash).await {
-                    Ok(Some(record)) => *key_name = record.value.name,
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::warn!(%error, account, key = %&key_hash_prefix[..key_hash_prefix.len().min(8)], "the key could not be read; its alert names it by hash prefix only")
-                    }
+            match self.directory.get(&hash).await {
+                Ok(Some(record)) => *key_name = record.value.name,
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(%error, account, key = %&key_hash_prefix[..key_hash_prefix.len().min(8)], "the key could not be read; its alert names it by hash prefix only")
                 }
             }
         }
@@ -344,7 +343,7 @@ fn failed(account: &str, operation: &str, error: &crate::store::StoreError) {
 mod tests {
     use super::*;
     use crate::clock::{ManualClock, Period};
-    use crate::store::{LedgerStore, MemoryStore, RecordStore, Settlement, NANOS_PER_CREDIT};
+    use crate::store::{LedgerStore, MemoryStore, NANOS_PER_CREDIT, RecordStore, Settlement};
     use chrono::TimeZone;
     use serde_json::json;
 

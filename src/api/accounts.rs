@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use futures_util::future::{try_join, try_join_all};
 use http::header::{HeaderName, HeaderValue};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::answers::{created, existing_account, no_such_account, ok, refuse, timestamp};
 use super::layer::KeyRoutesConfig;
@@ -13,7 +13,7 @@ use crate::answer::Answer;
 use crate::error::GatewayError;
 use crate::json_input::invalid_parameter;
 use crate::keys::credits::{decimal_string, nanos_to_json};
-use crate::keys::{input, AccountRecord};
+use crate::keys::{AccountRecord, input};
 use crate::store::{AccountBalance, TopUpOutcome};
 
 /// `GET /api/v1/credits`: the calling key's account's credits and usage.

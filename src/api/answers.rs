@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::answer::Answer;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::{KeyDirectory, DEFAULT_ACCOUNT};
+use crate::keys::{DEFAULT_ACCOUNT, KeyDirectory};
 use crate::store::{FailurePolicy, StoreError};
 
 /// 200 with `body`.

@@ -1,14 +1,14 @@
 //! The routes of an account's own provider keys (BYOK): list, set, delete.
 //! A key, once set, is never answered again, only its hint.
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::answers::{existing_account, ok, refuse, timestamp};
 use super::routes::Call;
 use crate::answer::Answer;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json_input::{bad_request, invalid, invalid_parameter};
-use crate::keys::{input, ByokEntry, ByokError, ByokProviders};
+use crate::keys::{ByokEntry, ByokError, ByokProviders, input};
 
 /// `GET /api/v1/accounts/{id}/byok`: the account's provider keys, hints
 /// only.

@@ -2,11 +2,11 @@
 //! (list, create, read, change, delete, report leaked, approve an app).
 
 use futures_util::future::{try_join, try_join_all};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::accounts::free_model_requests;
 use super::answers::{created, ok, refuse, timestamp};
-use super::routes::{operator_only, other_account, Call};
+use super::routes::{Call, operator_only, other_account};
 use crate::answer::Answer;
 use crate::auth::{KeyHash, Principal};
 use crate::error::{ErrorKind, GatewayError};
@@ -14,8 +14,8 @@ use crate::json_input::{bad_request, invalid_parameter};
 use crate::keys::credits::nanos_to_json;
 use crate::keys::input::{self, unknown_account};
 use crate::keys::{
-    report_leak, KeyDirectory, KeyRecord, LeakOutcome, LeakReport, RotateOutcome, DEFAULT_ACCOUNT,
-    MODELGATE_TOKEN_TYPE,
+    DEFAULT_ACCOUNT, KeyDirectory, KeyRecord, LeakOutcome, LeakReport, MODELGATE_TOKEN_TYPE,
+    RotateOutcome, report_leak,
 };
 use crate::store::{KeyUsage, StoreError};
 
@@ -179,10 +179,10 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
         matches!(update.allowed_models, Some(Some(_))),
         matches!(update.rate_limit, Some(Some(_))),
     );
-    if let Some(field) = sets_calling {
-        if key_record(&call, &hash, checked.clone()).await?.management {
-            return Err(input::not_for_management_keys(field));
-        }
+    if let Some(field) = sets_calling
+        && key_record(&call, &hash, checked.clone()).await?.management
+    {
+        return Err(input::not_for_management_keys(field));
     }
     match update.disabled {
         Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,

@@ -7,8 +7,8 @@ use crate::oauth::{ApprovalRules, PlainPkce};
 use crate::rate_limit::RateRule;
 use crate::usage::AppRanking;
 
-use super::management_rate::{ManagementRate, DEFAULT_MANAGEMENT_RATE};
 use super::KeyRoutes;
+use super::management_rate::{DEFAULT_MANAGEMENT_RATE, ManagementRate};
 use crate::free_quota::FreeQuotaRules;
 use crate::keys::{ByokDirectory, ByokProviders, KeyDirectory, LeakNotifier};
 

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 
-use super::routes::ROUTES;
 use super::KeyRoutesLayer;
+use super::routes::ROUTES;
 use crate::auth::BearerAuthLayer;
 use crate::body::BodyLimitLayer;
 use crate::keys::{KeyDirectory, NewAccount, NewKey, SharedStore};

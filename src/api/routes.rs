@@ -7,15 +7,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use http::header::{HeaderValue, ALLOW};
 use http::Method;
+use http::header::{ALLOW, HeaderValue};
 
 use super::layer::KeyRoutesConfig;
 use super::{accounts, byok, keys, usage};
 use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
-use crate::keys::{input, KeyDirectory};
+use crate::keys::{KeyDirectory, input};
 use crate::routing::{api_path, normalized_segments, pattern_params};
 
 /// Who may call a route. The dispatcher checks it once, before the

@@ -6,7 +6,7 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::layer::KeyRoutesConfig;
-use super::routes::{dispatch, match_path, Request as ApiRequest};
+use super::routes::{Request as ApiRequest, dispatch, match_path};
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::context::RequestContext;
 use crate::keys::input;

@@ -3,7 +3,7 @@
 //! per day and model, and the app ranking.
 
 use chrono::DateTime;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::answers::{ok, refuse};
 use super::routes::Call;
@@ -12,8 +12,8 @@ use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json_input::{bad_request, invalid_parameter};
 use crate::usage::{
-    activity_query, activity_rows, by_host, complete_from, parse_generation_id, ranking_json,
-    readable_by, record_day, usage_query, UsageQuery, GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE,
+    GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE, UsageQuery, activity_query, activity_rows, by_host,
+    complete_from, parse_generation_id, ranking_json, readable_by, record_day, usage_query,
 };
 
 /// The account whose records or apps are asked for: any for the operator
@@ -23,7 +23,10 @@ fn account_asked(
     asked: Option<String>,
 ) -> Result<Option<String>, GatewayError> {
     match asked {
-        Some(account) if account == PUBLIC_SCOPE => Err(invalid_parameter("account", "account=* names the whole gateway, which only GET /api/v1/apps ranks; name one account")),
+        Some(account) if account == PUBLIC_SCOPE => Err(invalid_parameter(
+            "account",
+            "account=* names the whole gateway, which only GET /api/v1/apps ranks; name one account",
+        )),
         Some(account) if principal.operator || account == principal.account_id => Ok(Some(account)),
         Some(_) => Err(GatewayError::new(
             ErrorKind::Forbidden,

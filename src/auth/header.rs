@@ -7,8 +7,8 @@
 
 use std::fmt;
 
-use http::header::AUTHORIZATION;
 use http::HeaderMap;
+use http::header::AUTHORIZATION;
 
 /// The longest `Authorization` value read, in bytes. A modelgate key is 55
 /// bytes; the bound leaves room for other bearer tokens while keeping a
@@ -346,9 +346,11 @@ mod tests {
                 "{value:?}"
             );
         }
-        assert!(HeaderError::ControlCharacter
-            .to_string()
-            .contains("line break"));
+        assert!(
+            HeaderError::ControlCharacter
+                .to_string()
+                .contains("line break")
+        );
     }
 
     #[test]

@@ -90,11 +90,11 @@ mod layer;
 mod service;
 
 pub use failures::{AuthFailureLimit, AuthFailures};
-pub use header::{bearer_token, parse_bearer, HeaderError, MAX_AUTHORIZATION_BYTES};
+pub use header::{HeaderError, MAX_AUTHORIZATION_BYTES, bearer_token, parse_bearer};
 // The key format lives with the key records; BearerAuth reads it.
-pub use crate::keys::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
+pub use crate::keys::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
 pub use layer::BearerAuthLayer;
 // The principal travels in the request's context.
 pub use crate::context::Principal;
-pub(crate) use service::{leaked_key, past_expiry};
 pub use service::{BearerAuth, ResponseFuture};
+pub(crate) use service::{leaked_key, past_expiry};

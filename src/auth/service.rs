@@ -2,12 +2,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
 use tower_service::Service;
 
-use super::{bearer_token, ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal};
+use super::{ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal, bearer_token};
 use crate::client_addr::ClientAddr;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
@@ -101,12 +101,11 @@ where
         // An address past its failure limit costs no store read: only a key
         // this instance has found live before is looked up and served.
         let known_live = self.directory.is_cached_live(&hash);
-        if let Some(failures) = &self.failures {
-            if let Some(retry_after) = failures.blocked(client) {
-                if !known_live {
-                    return AdmissionFuture::rejected(LAYER, failures.refusal(retry_after));
-                }
-            }
+        if let Some(failures) = &self.failures
+            && let Some(retry_after) = failures.blocked(client)
+            && !known_live
+        {
+            return AdmissionFuture::rejected(LAYER, failures.refusal(retry_after));
         }
         // Reads for keys not known live are bounded: many addresses each
         // under their failure limit cannot pile up store reads. One try,
@@ -201,20 +200,21 @@ async fn authenticate(
         directory.lookup_live(&hash).await
     }
     .map_err(|error| FailurePolicy::refusal("BearerAuth", &error))?;
-    let record =
-        match state {
-            KeyState::Active(record) => record,
-            KeyState::Deleted => {
-                return Err(unauthenticated(
-                    "deleted_key",
-                    "this API key was deleted; create a new key",
-                ))
-            }
-            KeyState::Unknown => return Err(unauthenticated(
+    let record = match state {
+        KeyState::Active(record) => record,
+        KeyState::Deleted => {
+            return Err(unauthenticated(
+                "deleted_key",
+                "this API key was deleted; create a new key",
+            ));
+        }
+        KeyState::Unknown => {
+            return Err(unauthenticated(
                 "unknown_key",
                 "unknown API key: no key with this value exists; check the key or create a new one",
-            )),
-        };
+            ));
+        }
+    };
     // Before expiry: a leaked key is named so, whatever else is wrong with it.
     if let Some(leak) = &record.leak {
         return Err(leaked_key(Some(leak.reported_at)));

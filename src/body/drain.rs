@@ -199,8 +199,8 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use http_body_util::StreamBody;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A body of `chunks` chunks that counts the ones read.
     fn counted(

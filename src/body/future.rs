@@ -1,6 +1,6 @@
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +16,7 @@ use tower_service::Service;
 
 use super::prepare::{prepare_request, too_large};
 use crate::error::{ErrorKind, GatewayError};
-use crate::response_body::{causes, BoxError, ResponseBody};
+use crate::response_body::{BoxError, ResponseBody, causes};
 
 pin_project! {
     /// Response future of [`BodyLimit`](super::BodyLimit).

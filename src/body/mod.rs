@@ -63,5 +63,5 @@ pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;
 #[cfg(any(feature = "flows", feature = "leaks", feature = "oauth"))]
-pub(crate) use read::{read_bounded, BodyPace, ReadError};
+pub(crate) use read::{BodyPace, ReadError, read_bounded};
 pub use service::BodyLimit;

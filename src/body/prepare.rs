@@ -3,7 +3,7 @@
 //! made to say exactly those bytes.
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 
 use super::ChatRequest;

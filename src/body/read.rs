@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
 use http::Request;
+use http::header::CONTENT_LENGTH;
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::time::Instant;

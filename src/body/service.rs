@@ -87,7 +87,7 @@ mod tests {
     use http::{Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full, StreamBody};
     use proptest::prelude::*;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     use crate::body::BodyLimitLayer;
     use crate::context::RequestContext;

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{ErrorKind, GatewayError};
 use crate::json_input::{
-    bad_request, invalid_parameter, top_level_fields, wrong_type, JsonBodyError,
+    JsonBodyError, bad_request, invalid_parameter, top_level_fields, wrong_type,
 };
 use crate::model_id::ModelId;
 
@@ -160,20 +160,20 @@ impl ChatRequest {
                 return Err(invalid_request(format!(
                     "the request body is not valid JSON: {reason}; \
                      check the escaping of quotes, backslashes and non-ASCII characters"
-                )))
+                )));
             }
             Err(JsonBodyError::NotObject(found)) => {
                 return Err(invalid_request(format!(
                     "the request body must be a JSON object, not {found}"
-                )))
+                )));
             }
             Err(JsonBodyError::Duplicate(key)) => {
                 return Err(bad_request(
                     &key,
                     format!(
-                    "the request body has a duplicate field `{key}`: each field may appear once"
-                ),
-                ))
+                        "the request body has a duplicate field `{key}`: each field may appear once"
+                    ),
+                ));
             }
         };
         let model = match fields.remove("model") {
@@ -181,10 +181,10 @@ impl ChatRequest {
                 return Err(bad_request(
                     "model",
                     "`model` is required: name a model such as \"openai/gpt-4o\"",
-                ))
+                ));
             }
             Some(Value::String(model)) if model.trim().is_empty() => {
-                return Err(bad_request("model", "`model` must not be empty"))
+                return Err(bad_request("model", "`model` must not be empty"));
             }
             Some(Value::String(model)) => model,
             Some(other) => return Err(wrong_type("model", "a string", &other)),
@@ -265,7 +265,7 @@ fn parse_messages(messages: Option<Value>) -> Result<Vec<ChatMessage>, GatewayEr
             return Err(bad_request(
                 "messages",
                 "`messages` is required: an array of {\"role\", \"content\"} objects",
-            ))
+            ));
         }
         Some(Value::Array(messages)) => messages,
         Some(other) => return Err(wrong_type("messages", "an array", &other)),
@@ -317,20 +317,20 @@ fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayErr
             return Err(bad_request(
                 &format!("{at}.content"),
                 format!("`{at}.content` must not be null: send a string (use \"\" for nothing)"),
-            ))
+            ));
         }
         None => {
             return Err(bad_request(
                 &format!("{at}.content"),
                 format!("`{at}.content` is required"),
-            ))
+            ));
         }
         Some(other) => {
             return Err(wrong_type(
                 &format!("{at}.content"),
                 "a string or an array of content parts",
                 &other,
-            ))
+            ));
         }
     };
     if role == Role::Tool {
@@ -519,10 +519,10 @@ fn parse_tools(tools: Option<Value>) -> Result<Option<Vec<Value>>, GatewayError>
                 format!("`{name_param}` is required"),
             ));
         }
-        if function.get("strict") == Some(&Value::Bool(true)) {
-            if let Some(schema) = function.get("parameters") {
-                check_strict_schema(schema, &format!("{at}.function.parameters"))?;
-            }
+        if function.get("strict") == Some(&Value::Bool(true))
+            && let Some(schema) = function.get("parameters")
+        {
+            check_strict_schema(schema, &format!("{at}.function.parameters"))?;
         }
     }
     Ok(Some(tools))
@@ -543,10 +543,10 @@ fn parse_response_format(format: Option<Value>) -> Result<Option<Value>, Gateway
                 ("an object", Value::is_object),
                 "is required when `response_format.type` is \"json_schema\"",
             )?;
-            if json_schema.get("strict") == Some(&Value::Bool(true)) {
-                if let Some(schema) = json_schema.get("schema") {
-                    check_strict_schema(schema, "response_format.json_schema.schema")?;
-                }
+            if json_schema.get("strict") == Some(&Value::Bool(true))
+                && let Some(schema) = json_schema.get("schema")
+            {
+                check_strict_schema(schema, "response_format.json_schema.schema")?;
             }
         }
         _ => {
@@ -554,7 +554,7 @@ fn parse_response_format(format: Option<Value>) -> Result<Option<Value>, Gateway
                 "response_format.type",
                 "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\""
                     .to_owned(),
-            ))
+            ));
         }
     }
     Ok(Some(format))
@@ -573,7 +573,7 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
             return Err(bad_request(
                 path,
                 format!("strict schema at `{path}`: `properties` must be an object"),
-            ))
+            ));
         }
     };
     let is_object = schema.get("type").is_some_and(|kind| {
@@ -596,7 +596,7 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
             Some(_) => {
                 return Err(strict_error(
                     "`required` must be an array of names".to_owned(),
-                ))
+                ));
             }
         };
         if let Some(properties) = properties {
@@ -1123,9 +1123,11 @@ mod tests {
             json!([{"type": "function", "function": {"parameters": {}}}]),
         ))
         .unwrap_err();
-        assert!(error
-            .message()
-            .contains("`tools[0].function.name` is required"));
+        assert!(
+            error
+                .message()
+                .contains("`tools[0].function.name` is required")
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::KeyHash;
 use crate::keys::{KeyRateLimit, KeyRecord};
-use crate::model_id::{pattern_allows, ModelId};
+use crate::model_id::{ModelId, pattern_allows};
 use crate::store::KeyLimit;
 
 /// Who is calling: the key BearerAuth accepted, put into the request's

@@ -1,7 +1,7 @@
 //! The mark that says whether a request reached the upstream.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Put into each metered request's [`RequestContext`](super::RequestContext)
 /// (`sent`) when

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use tower::layer::util::{Identity, Stack};
 use tower::ServiceBuilder;
+use tower::layer::util::{Identity, Stack};
 use tower_layer::Layer;
 
 /// A part of the [`RequestContext`](super::RequestContext) one layer adds
@@ -256,11 +256,13 @@ mod tests {
             .layer(Reads(&[ContextPart::Principal]))
             .service(());
         assert_eq!(first_error_kept.unwrap_err().part, ContextPart::ParsedBody);
-        assert!(CheckedStack::new()
-            .layer(Adds(&[ContextPart::Principal]))
-            .layer(Adds(&[ContextPart::ParsedBody]))
-            .layer(Reads(BOTH))
-            .service(())
-            .is_ok());
+        assert!(
+            CheckedStack::new()
+                .layer(Adds(&[ContextPart::Principal]))
+                .layer(Adds(&[ContextPart::ParsedBody]))
+                .layer(Reads(BOTH))
+                .service(())
+                .is_ok()
+        );
     }
 }

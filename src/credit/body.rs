@@ -269,11 +269,11 @@ mod tests {
 
     use super::*;
     use crate::clock::{Clock, SystemClock};
+    use crate::credit::PendingSettlements;
     use crate::credit::group_commit::GroupCommit;
     use crate::credit::pricing::TokenPrice;
     use crate::credit::stream::StreamEdits;
     use crate::credit::usage::BodyKind;
-    use crate::credit::PendingSettlements;
     use crate::store::{LedgerStore, MemoryStore, NANOS_PER_CREDIT};
 
     const PROMPT_TOKENS: u64 = 5;

@@ -82,11 +82,11 @@ pub fn edit_request_body(body: &[u8], edits: &BodyEdits) -> Option<Bytes> {
             changed = true;
         }
     }
-    if edits.ask_stream_usage {
-        if let Some(options) = stream_options_with_usage(object.get("stream_options").ok()?) {
-            object.set("stream_options", options).ok()?;
-            changed = true;
-        }
+    if edits.ask_stream_usage
+        && let Some(options) = stream_options_with_usage(object.get("stream_options").ok()?)
+    {
+        object.set("stream_options", options).ok()?;
+        changed = true;
     }
     changed.then(|| Bytes::from(object.to_bytes()))
 }
@@ -120,8 +120,8 @@ mod tests {
     use super::*;
     use crate::body::ChatRequest;
     use proptest::prelude::*;
-    use serde_json::value::RawValue;
     use serde_json::Value;
+    use serde_json::value::RawValue;
     use std::collections::BTreeMap;
 
     const BOUND: BodyEdits = BodyEdits {

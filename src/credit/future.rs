@@ -1,11 +1,11 @@
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 
 use futures_util::future::BoxFuture;
-use http::header::{HeaderValue, CONTENT_LENGTH};
+use http::header::{CONTENT_LENGTH, HeaderValue};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::util::Oneshot;
@@ -20,10 +20,10 @@ use super::usage::{BodyKind, UsageScanner};
 use crate::context::RequestContext;
 use crate::edit::{ModelNamed, NameModel, ServedModel};
 use crate::error::GatewayError;
-use crate::limiter::headers::merge_response_headers;
 use crate::limiter::Additions;
+use crate::limiter::headers::merge_response_headers;
 use crate::response_body::ResponseBody;
-use crate::usage::{generation_id, GENERATION_ID_HEADER};
+use crate::usage::{GENERATION_ID_HEADER, generation_id};
 
 pin_project! {
     /// Response future of [`CreditGuard`](super::CreditGuard): the

@@ -45,7 +45,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::store::{
-    validate_admit, AdmitOutcome, AdmitRequest, LedgerStore, Settlement, StoreError, StoreErrorKind,
+    AdmitOutcome, AdmitRequest, LedgerStore, Settlement, StoreError, StoreErrorKind, validate_admit,
 };
 
 /// The most settlements one call carries: bounds how long one script runs.

@@ -2,7 +2,7 @@
 //! the gateway not asked the upstream for usage on its behalf.
 
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
@@ -10,7 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::stream::{StreamEdits, StreamReader};
-use crate::edit::{SseEvents, MAX_SSE_LINE_BYTES};
+use crate::edit::{MAX_SSE_LINE_BYTES, SseEvents};
 
 pin_project! {
     /// A server-sent event stream of chat completion chunks with the usage

@@ -4,13 +4,13 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::CreditGuard;
 use super::bound::BoundField;
 use super::group_commit::GroupCommit;
 use super::meter::SettledHook;
 use super::pending::{PendingSettlements, Unrecorded};
 use super::pricing::Pricing;
 use super::renewal::HoldRenewals;
-use super::CreditGuard;
 use crate::clock::{Clock, SystemClock};
 use crate::keys::{ByokDirectory, ByokProviders};
 use crate::store::SharedStore;

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{KeyLimit, Settlement, SETTLEMENT_RETRY_WINDOW};
+use crate::store::{KeyLimit, SETTLEMENT_RETRY_WINDOW, Settlement};
 use crate::usage::{GenerationContext, GenerationEnd};
 
 use super::group_commit::GroupCommit;

@@ -158,17 +158,17 @@ pub(crate) use stream::{StreamEdits, StreamReader};
 
 pub use crate::context::{SentUpstream, UpstreamAttempt};
 pub use body::MeteredBody;
-pub use bound::{edit_request_body, BodyEdits, BoundField};
+pub use bound::{BodyEdits, BoundField, edit_request_body};
 pub use future::ResponseFuture;
 pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
 pub use pending::{PendingSettlements, Unrecorded};
 pub use pricing::{
-    PriceTable, Pricing, PricingError, PromptBounds, TokenPrice, MAX_BOUND_TOKENS,
-    MAX_CREDITS_PER_MILLION_TOKENS,
+    MAX_BOUND_TOKENS, MAX_CREDITS_PER_MILLION_TOKENS, PriceTable, Pricing, PricingError,
+    PromptBounds, TokenPrice,
 };
 pub use service::{
-    estimate_max_cost_nanos, estimate_prompt_tokens, CreditGuard, GEN_AI_SPAN_TARGET,
-    MESSAGE_OVERHEAD_TOKENS,
+    CreditGuard, GEN_AI_SPAN_TARGET, MESSAGE_OVERHEAD_TOKENS, estimate_max_cost_nanos,
+    estimate_prompt_tokens,
 };
 pub use usage::{BodyKind, Usage, UsageScanner};

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 
 use crate::store::Settlement;
 

@@ -16,8 +16,8 @@ use crate::body::{ChatRequest, MessageContent};
 use crate::context::{Principal, RequestContext, SentUpstream};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::json_input::bad_request;
-use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::keys::ByokCredential;
+use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
@@ -612,7 +612,7 @@ async fn decide(
     match outcome.hold {
         Some(ReserveOutcome::KeyRevoked) => return Err(crate::auth::leaked_key(None)),
         Some(ReserveOutcome::KeyExpired { expired_at }) => {
-            return Err(crate::auth::past_expiry(expired_at, charge_rotated))
+            return Err(crate::auth::past_expiry(expired_at, charge_rotated));
         }
         _ => {}
     }
@@ -938,7 +938,7 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
     use proptest::prelude::*;
-    use serde_json::{json, Value};
+    use serde_json::{Value, json};
 
     #[test]
     fn reservation_ids_are_32_hex_digits_and_later_ones_sort_later() {

@@ -3,7 +3,7 @@
 //! gateway wants of it: the usage it reports, the usage the client must
 //! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
 
-use super::usage::{names_only_null_usage, text_bytes, usage_in, usage_of, Usage, USAGE_FIELD};
+use super::usage::{USAGE_FIELD, Usage, names_only_null_usage, text_bytes, usage_in, usage_of};
 use bytes::BytesMut;
 
 use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
@@ -115,7 +115,7 @@ impl StreamReader {
                 Ok(Some("null")) => edited |= object.remove("usage").is_ok(),
                 // The chunk the gateway asked for: usage and no choices.
                 Ok(Some(_)) if no_choices(object.get("choices").ok().flatten()) => {
-                    return Verdict::Drop
+                    return Verdict::Drop;
                 }
                 _ => {}
             }
@@ -190,7 +190,7 @@ fn no_choices(choices: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::edit::{SseEvents, PARSES};
+    use crate::edit::{PARSES, SseEvents};
     use bytes::BytesMut;
     use proptest::prelude::*;
 

@@ -9,7 +9,7 @@ use memchr::memmem::Finder;
 use serde_json::Value;
 
 use super::stream::{StreamEdits, StreamReader};
-use crate::edit::{JsonObject, ServedModel, SseEvents, MAX_NAMED_JSON_BYTES, MAX_SSE_LINE_BYTES};
+use crate::edit::{JsonObject, MAX_NAMED_JSON_BYTES, MAX_SSE_LINE_BYTES, ServedModel, SseEvents};
 
 use crate::keys::credits::nanos_from_json;
 
@@ -111,7 +111,7 @@ impl UsageScanner {
                 naming: None,
             },
             BodyKind::EventStream => {
-                return UsageScanner::event_stream(StreamEdits::default(), max_buffered_bytes)
+                return UsageScanner::event_stream(StreamEdits::default(), max_buffered_bytes);
             }
         };
         UsageScanner { reading }

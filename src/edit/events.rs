@@ -3,7 +3,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::sse::{line_content, SseLines, SsePiece};
+use super::sse::{SseLines, SsePiece, line_content};
 
 const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
 

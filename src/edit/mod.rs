@@ -19,7 +19,7 @@ mod sse;
 
 pub(crate) use events::{DataLine, Event, EventData, EventEditor, SseEvents, Verdict};
 pub(crate) use json::JsonObject;
-pub(crate) use model::{ModelNamed, NameModel, ServedModel, MAX_NAMED_JSON_BYTES};
+pub(crate) use model::{MAX_NAMED_JSON_BYTES, ModelNamed, NameModel, ServedModel};
 pub use sse::MAX_SSE_LINE_BYTES;
 #[cfg(feature = "proxy")]
 pub(crate) use sse::{SseLines, SsePiece};

@@ -2,13 +2,13 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use futures_util::future::CatchUnwind;
 use futures_util::FutureExt;
-use http::response::Parts;
+use futures_util::future::CatchUnwind;
 use http::Response;
+use http::response::Parts;
 use http_body::Body;
 use http_body_util::combinators::Collect;
 use http_body_util::{BodyExt, Limited};

@@ -4,7 +4,7 @@
 use std::io;
 
 use crate::error::{ErrorKind, GatewayError};
-use crate::response_body::{causes, BoxError};
+use crate::response_body::{BoxError, causes};
 
 /// 500 for an inner service that panicked; the log says so.
 pub(super) fn panicked() -> GatewayError {
@@ -41,13 +41,13 @@ pub(super) fn inner_error(error: BoxError) -> GatewayError {
                     return GatewayError::new(
                         ErrorKind::UpstreamTimeout,
                         "the upstream did not answer in time; retry with backoff",
-                    )
+                    );
                 }
                 io::ErrorKind::ConnectionRefused => {
                     return GatewayError::new(
                         ErrorKind::Upstream,
                         "the upstream refused the connection; retry with backoff",
-                    )
+                    );
                 }
                 io::ErrorKind::ConnectionReset
                 | io::ErrorKind::ConnectionAborted
@@ -55,7 +55,7 @@ pub(super) fn inner_error(error: BoxError) -> GatewayError {
                     return GatewayError::new(
                         ErrorKind::Upstream,
                         "the connection to the upstream broke; retry with backoff",
-                    )
+                    );
                 }
                 _ => {}
             }

@@ -3,7 +3,7 @@
 //! say when to retry, and (cut short) the upstream's own words.
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::response::Parts;
 use http::{Response, StatusCode};
 use serde_json::Value;

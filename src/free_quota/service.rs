@@ -9,10 +9,10 @@ use tower_service::Service;
 use super::layer::FreeModelQuotaConfig;
 use crate::clock::Period;
 use crate::context::RequestContext;
-use crate::error::{retry_after_seconds, GatewayError, LimitSource};
+use crate::error::{GatewayError, LimitSource, retry_after_seconds};
 use crate::keys::credits::nanos_to_json;
-use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::Verdict;
+use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::{Admission, AdmissionFuture, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
 use crate::routing::is_chat_completions_call;
@@ -108,10 +108,9 @@ where
             // A counter known full refuses now, with no store step at all.
             if let Some(verdict) =
                 limiter.known_full(&account, &checks, Some(tier.check_index), limiter.now())
+                && let Err(error) = finish(verdict)
             {
-                if let Err(error) = finish(verdict) {
-                    return AdmissionFuture::rejected(LAYER, error);
-                }
+                return AdmissionFuture::rejected(LAYER, error);
             }
             let mut request = request;
             RequestContext::of_mut(&mut request)
@@ -227,7 +226,7 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
     use std::time::Duration;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     fn free_chat() -> Request<Full<Bytes>> {
         let body = br#"{"model": "a/b:free", "messages": [{"role": "user", "content": "x"}]}"#;

@@ -14,12 +14,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::directory::{too_contended, MAX_WRITE_ATTEMPTS};
+use super::directory::{MAX_WRITE_ATTEMPTS, too_contended};
 use super::lookup_cache::LookupCache;
 use super::record::is_valid_account_id;
 use crate::clock::{Clock, SystemClock};
 use crate::store::SharedStore;
-use crate::store::{byok_keys, Expect, PutOptions, RecordStoreExt, StoreError, WriteOutcome};
+use crate::store::{Expect, PutOptions, RecordStoreExt, StoreError, WriteOutcome, byok_keys};
 
 /// Longest provider name accepted.
 pub const MAX_PROVIDER_CHARS: usize = 64;

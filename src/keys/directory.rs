@@ -12,13 +12,13 @@ use serde::{Deserialize, Serialize};
 use super::key::{ApiKey, KeyHash};
 use super::lookup_cache::LookupCache;
 use super::record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount,
-    NewKey, DELETED_KEYS, OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
+    AccountRecord, DELETED_KEYS, DeletedKey, KeyRecord, KeyUpdate, LeakReport, NewAccount, NewKey,
+    OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED, is_valid_account_id,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::store::{
-    AccountBalance, Expect, KeyTerms, PutOptions, RecordStoreExt, SharedStore, StoreError,
-    TopUpOutcome, Versioned, WriteOutcome, ACCOUNTS, KEYS,
+    ACCOUNTS, AccountBalance, Expect, KEYS, KeyTerms, PutOptions, RecordStoreExt, SharedStore,
+    StoreError, TopUpOutcome, Versioned, WriteOutcome,
 };
 
 /// How often a compare-and-set write is retried when another writer got
@@ -1180,9 +1180,10 @@ mod tests {
             assert_eq!(live_cached, 8);
         }
         let now = directory.now();
-        assert!(live
-            .iter()
-            .all(|hash| directory.inner.cache.get(hash, now).is_some()));
+        assert!(
+            live.iter()
+                .all(|hash| directory.inner.cache.get(hash, now).is_some())
+        );
     }
 
     #[tokio::test]

@@ -9,17 +9,17 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::byok::{check_api_key, provider_id, ByokError};
-use super::credits::{nanos_from_json, AmountError};
+use super::byok::{ByokError, check_api_key, provider_id};
+use super::credits::{AmountError, nanos_from_json};
 use super::record::{
-    is_valid_account_id, KeyRateLimit, KeyUpdate, NewAccount, NewKey, DEFAULT_ACCOUNT,
-    MAX_ALLOWED_MODELS, MAX_KEY_NAME_CHARS, OPERATOR_ACCOUNT,
+    DEFAULT_ACCOUNT, KeyRateLimit, KeyUpdate, MAX_ALLOWED_MODELS, MAX_KEY_NAME_CHARS, NewAccount,
+    NewKey, OPERATOR_ACCOUNT, is_valid_account_id,
 };
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
-use crate::json_input::{bad_request, invalid, missing, Fields};
+use crate::json_input::{Fields, bad_request, invalid, missing};
 use crate::model_id::check_pattern;
-use crate::store::{is_valid_idempotency_key, MAX_IDEMPOTENCY_KEY_BYTES};
+use crate::store::{MAX_IDEMPOTENCY_KEY_BYTES, is_valid_idempotency_key};
 
 /// Keys listed per page.
 pub const KEYS_PER_PAGE: usize = 100;
@@ -83,10 +83,10 @@ pub fn new_key(body: &[u8], now: DateTime<Utc>) -> Result<NewKey, GatewayError> 
     if let Some(rate) = fields.take("rate_limit") {
         new.rate_limit = key_rate_limit(rate)?;
     }
-    if new.management {
-        if let Some(field) = calling_field(new.allowed_models.is_some(), new.rate_limit.is_some()) {
-            return Err(not_for_management_keys(field));
-        }
+    if new.management
+        && let Some(field) = calling_field(new.allowed_models.is_some(), new.rate_limit.is_some())
+    {
+        return Err(not_for_management_keys(field));
     }
     Ok(new)
 }
@@ -119,8 +119,7 @@ pub const MAX_KEY_RATE_WINDOW_SECONDS: u64 = 86_400;
 /// `allowed_models`: a non-empty list of model ids or provider prefixes,
 /// or `null` for every model.
 pub(crate) fn allowed_models(value: Value) -> Result<Option<Vec<String>>, GatewayError> {
-    const EXPECTED: &str =
-        "must be a list of model ids (\"openai/gpt-4o\") or provider prefixes (\"anthropic/\"), or null for every model";
+    const EXPECTED: &str = "must be a list of model ids (\"openai/gpt-4o\") or provider prefixes (\"anthropic/\"), or null for every model";
     let items = match value {
         Value::Null => return Ok(None),
         Value::Array(items) => items,
@@ -409,7 +408,7 @@ pub fn new_account(body: &[u8]) -> Result<NewAccount, GatewayError> {
             return Err(invalid(
                 "id",
                 "must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
-            ))
+            ));
         }
     };
     let name = match fields.take("name") {
@@ -447,7 +446,9 @@ fn email_address(text: &str) -> Result<String, GatewayError> {
     } else {
         Err(invalid(
             "email",
-            &format!("must be an e-mail address such as ops@example.com, at most {MAX_EMAIL_BYTES} characters"),
+            &format!(
+                "must be an e-mail address such as ops@example.com, at most {MAX_EMAIL_BYTES} characters"
+            ),
         ))
     }
 }
@@ -574,7 +575,7 @@ pub(crate) fn expiry(
             return Err(invalid(
                 "expires_at",
                 "must be an RFC 3339 date-time such as 2027-01-31T23:59:59Z, or null",
-            ))
+            ));
         }
     };
     let expires_at = DateTime::parse_from_rfc3339(&text)

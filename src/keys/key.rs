@@ -5,8 +5,8 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use rand::distr::Alphanumeric;
 use rand::Rng;
+use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 

@@ -53,12 +53,12 @@ pub use byok::{
 };
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, RotateOutcome};
-pub use key::{looks_like_key, ApiKey, KeyFormatError, KeyHash};
+pub use key::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
 // Where the layers' examples have always found it.
 pub use crate::store::SharedStore;
-pub(crate) use leak::{report_leak, LeakNotifier, MODELGATE_TOKEN_TYPE};
+pub(crate) use leak::{LeakNotifier, MODELGATE_TOKEN_TYPE, report_leak};
 pub use record::{
-    is_valid_account_id, AccountRecord, DeletedKey, KeyRateLimit, KeyRecord, KeyUpdate, LeakReport,
-    NewAccount, NewKey, DEFAULT_ACCOUNT, DELETED_KEYS, MAX_ACCOUNT_ID_CHARS, MAX_ALLOWED_MODELS,
-    MAX_KEY_NAME_CHARS, OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED,
+    AccountRecord, DEFAULT_ACCOUNT, DELETED_KEYS, DeletedKey, KeyRateLimit, KeyRecord, KeyUpdate,
+    LeakReport, MAX_ACCOUNT_ID_CHARS, MAX_ALLOWED_MODELS, MAX_KEY_NAME_CHARS, NewAccount, NewKey,
+    OPERATOR_ACCOUNT, OPERATOR_KEY_MINTED, is_valid_account_id,
 };

@@ -131,7 +131,7 @@ pub struct LeakReport {
 /// A [`KeyHash`] as stored records hold it: its 64 lowercase hex digits,
 /// the key's id in the store.
 mod hex_key_hash {
-    use serde::{de, Deserialize, Deserializer, Serializer};
+    use serde::{Deserialize, Deserializer, Serializer, de};
 
     use super::KeyHash;
 

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::json_input::{json_error_reason, json_type, top_level_fields, JsonBodyError};
+use crate::json_input::{JsonBodyError, json_error_reason, json_type, top_level_fields};
 
 /// Most tokens read from one alert; a longer alert is refused whole.
 pub const MAX_TOKENS_PER_ALERT: usize = 1000;
@@ -79,9 +79,7 @@ pub enum AlertError {
     #[error("the alert lists no tokens")]
     NoTokens,
     /// More items than [`MAX_TOKENS_PER_ALERT`]: how many.
-    #[error(
-        "the alert lists {0} tokens; at most {MAX_TOKENS_PER_ALERT} are accepted in one alert"
-    )]
+    #[error("the alert lists {0} tokens; at most {MAX_TOKENS_PER_ALERT} are accepted in one alert")]
     TooManyTokens(usize),
     /// An item is not an object.
     #[error("item {index} must be an object with `token` and `type`, not {found}")]
@@ -711,14 +709,18 @@ mod tests {
         for token in tokens {
             assert!((1..=MAX_TOKEN_BYTES).contains(&token.token.len()));
             assert!((1..=MAX_TOKEN_TYPE_BYTES).contains(&token.token_type.len()));
-            assert!(token
-                .url
-                .as_ref()
-                .is_none_or(|url| url.len() <= MAX_URL_BYTES));
-            assert!(token
-                .source
-                .as_ref()
-                .is_none_or(|source| source.len() <= MAX_SOURCE_BYTES));
+            assert!(
+                token
+                    .url
+                    .as_ref()
+                    .is_none_or(|url| url.len() <= MAX_URL_BYTES)
+            );
+            assert!(
+                token
+                    .source
+                    .as_ref()
+                    .is_none_or(|source| source.len() <= MAX_SOURCE_BYTES)
+            );
         }
         // Written out again as GitHub would, the alert reads the same.
         assert_eq!(parse_alert(&alert_json(tokens)).as_deref(), Ok(tokens));

@@ -110,12 +110,12 @@ mod service;
 mod signature;
 
 pub use alert::{
-    alert_answer, parse_alert, AlertError, LeakLabel, ReportedToken, MAX_SOURCE_BYTES,
-    MAX_TOKENS_PER_ALERT, MAX_TOKEN_BYTES, MAX_TOKEN_TYPE_BYTES, MAX_URL_BYTES,
+    AlertError, LeakLabel, MAX_SOURCE_BYTES, MAX_TOKEN_BYTES, MAX_TOKEN_TYPE_BYTES,
+    MAX_TOKENS_PER_ALERT, MAX_URL_BYTES, ReportedToken, alert_answer, parse_alert,
 };
 pub use layer::LeakAlertsLayer;
 pub use service::LeakAlerts;
 pub use signature::{
-    ScanningKeys, ScanningKeysError, SignatureError, GITHUB_KEY_IDENTIFIER, GITHUB_KEY_SIGNATURE,
-    MAX_KEY_IDENTIFIER_CHARS,
+    GITHUB_KEY_IDENTIFIER, GITHUB_KEY_SIGNATURE, MAX_KEY_IDENTIFIER_CHARS, ScanningKeys,
+    ScanningKeysError, SignatureError,
 };

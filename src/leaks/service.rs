@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::future::try_join_all;
-use http::header::{HeaderName, HeaderValue, ALLOW, CONTENT_TYPE};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
 use tower::util::Oneshot;
@@ -12,8 +12,8 @@ use tower_service::Service;
 
 use super::layer::LeakAlertsConfig;
 use super::{
-    alert_answer, parse_alert, LeakLabel, ReportedToken, SignatureError, GITHUB_KEY_IDENTIFIER,
-    GITHUB_KEY_SIGNATURE,
+    GITHUB_KEY_IDENTIFIER, GITHUB_KEY_SIGNATURE, LeakLabel, ReportedToken, SignatureError,
+    alert_answer, parse_alert,
 };
 use crate::answer::AnswerFuture as ResponseFuture;
 use crate::auth::{ApiKey, AuthFailures};
@@ -102,10 +102,10 @@ where
     };
     // Past its failure limit an address gets no place, no body read and no
     // signature check (the keys' identifiers are public).
-    if let Some(failures) = &config.failures {
-        if let Some(retry_after) = failures.blocked(client) {
-            return Err(failures.refusal(retry_after));
-        }
+    if let Some(failures) = &config.failures
+        && let Some(retry_after) = failures.blocked(client)
+    {
+        return Err(failures.refusal(retry_after));
     }
     // The headers first: an unsigned request or an unknown key costs no
     // body read and no verification.
@@ -229,10 +229,10 @@ fn unread(error: ReadError, config: &LeakAlertsConfig, client: Option<IpAddr>) -
         ReadError::TimedOut => {
             // A trickled body holds a place as a flood does: it counts as
             // a failed authentication.
-            if let Some(failures) = &config.failures {
-                if let Some(retry_after) = failures.record_failure(client) {
-                    return failures.refusal(retry_after);
-                }
+            if let Some(failures) = &config.failures
+                && let Some(retry_after) = failures.record_failure(client)
+            {
+                return failures.refusal(retry_after);
             }
             config
                 .places

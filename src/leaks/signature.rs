@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use http::HeaderName;
 use p256::ecdsa::signature::Verifier as _;
 use p256::ecdsa::{Signature, VerifyingKey};
@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::json_input::{json_error_reason, json_type, top_level_fields, JsonBodyError};
+use crate::json_input::{JsonBodyError, json_error_reason, json_type, top_level_fields};
 
 /// The header naming the key GitHub signed an alert with.
 pub const GITHUB_KEY_IDENTIFIER: HeaderName =
@@ -196,7 +196,7 @@ impl ScanningKeys {
         match top.remove("public_keys") {
             None => return Err(ScanningKeysError::MissingKeys),
             Some(Value::Array(entries)) if entries.is_empty() => {
-                return Err(ScanningKeysError::NoKeys)
+                return Err(ScanningKeysError::NoKeys);
             }
             Some(Value::Array(_)) => {}
             Some(other) => return Err(ScanningKeysError::KeysNotAnArray(json_type(&other))),
@@ -301,7 +301,7 @@ fn parse_entry(index: usize, entry: &RawValue) -> Result<ScanningKey, ScanningKe
                 field: "is_current",
                 expected: "a boolean",
                 found: json_type(&other),
-            })
+            });
         }
     }
     // Hand-written configuration may indent or end the PEM differently.
@@ -337,8 +337,8 @@ mod tests {
     use super::*;
     use p256::ecdsa::signature::Signer as _;
     use p256::ecdsa::{DerSignature, SigningKey};
-    use p256::elliptic_curve::ff::PrimeField as _;
     use p256::elliptic_curve::Generate as _;
+    use p256::elliptic_curve::ff::PrimeField as _;
     use p256::pkcs8::{EncodePublicKey as _, LineEnding};
     use proptest::prelude::*;
     use serde_json::json;
@@ -543,22 +543,67 @@ mod tests {
     #[test]
     fn the_key_document_must_have_githubs_shape() {
         let cases = [
-            ("{", "the secret-scanning keys are not valid JSON: EOF while parsing an object at line 1, column 1"),
-            ("[]", "the secret-scanning keys must be a JSON object with a `public_keys` array, as GitHub publishes them, not an array"),
-            (r#"{"public_keys": [], "public_keys": []}"#, "the secret-scanning keys have the field `public_keys` twice; each field may appear once"),
-            (r#"{"keys": []}"#, "the secret-scanning keys have no `public_keys` array"),
-            (r#"{"public_keys": {}}"#, "`public_keys` must be an array, not an object"),
-            (r#"{"public_keys": null}"#, "`public_keys` must be an array, not null"),
+            (
+                "{",
+                "the secret-scanning keys are not valid JSON: EOF while parsing an object at line 1, column 1",
+            ),
+            (
+                "[]",
+                "the secret-scanning keys must be a JSON object with a `public_keys` array, as GitHub publishes them, not an array",
+            ),
+            (
+                r#"{"public_keys": [], "public_keys": []}"#,
+                "the secret-scanning keys have the field `public_keys` twice; each field may appear once",
+            ),
+            (
+                r#"{"keys": []}"#,
+                "the secret-scanning keys have no `public_keys` array",
+            ),
+            (
+                r#"{"public_keys": {}}"#,
+                "`public_keys` must be an array, not an object",
+            ),
+            (
+                r#"{"public_keys": null}"#,
+                "`public_keys` must be an array, not null",
+            ),
             (r#"{"public_keys": []}"#, "`public_keys` lists no keys"),
-            (r#"{"public_keys": ["k"]}"#, "public_keys[0] must be an object with `key_identifier` and `key`, not a string"),
-            (r#"{"public_keys": [{"key": "k"}]}"#, "public_keys[0]: `key_identifier` is required"),
-            (r#"{"public_keys": [{"key_identifier": 1, "key": "k"}]}"#, "public_keys[0]: `key_identifier` must be a string, not a number"),
-            (r#"{"public_keys": [{"key_identifier": "a"}]}"#, "public_keys[0]: `key` is required"),
-            (r#"{"public_keys": [{"key_identifier": "a", "key": null}]}"#, "public_keys[0]: `key` must be a string, not null"),
-            (r#"{"public_keys": [{"key_identifier": "a", "key": "k", "key": "k"}]}"#, "public_keys[0] has the field `key` twice; each field may appear once"),
-            (r#"{"public_keys": [{"key_identifier": "", "key": "k"}]}"#, "public_keys[0]: `key_identifier` must be 1 to 256 visible ASCII characters"),
-            (r#"{"public_keys": [{"key_identifier": "a b", "key": "k"}]}"#, "public_keys[0]: `key_identifier` must be 1 to 256 visible ASCII characters"),
-            (r#"{"public_keys": [{"key_identifier": "é", "key": "k"}]}"#, "public_keys[0]: `key_identifier` must be 1 to 256 visible ASCII characters"),
+            (
+                r#"{"public_keys": ["k"]}"#,
+                "public_keys[0] must be an object with `key_identifier` and `key`, not a string",
+            ),
+            (
+                r#"{"public_keys": [{"key": "k"}]}"#,
+                "public_keys[0]: `key_identifier` is required",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": 1, "key": "k"}]}"#,
+                "public_keys[0]: `key_identifier` must be a string, not a number",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": "a"}]}"#,
+                "public_keys[0]: `key` is required",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": "a", "key": null}]}"#,
+                "public_keys[0]: `key` must be a string, not null",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": "a", "key": "k", "key": "k"}]}"#,
+                "public_keys[0] has the field `key` twice; each field may appear once",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": "", "key": "k"}]}"#,
+                "public_keys[0]: `key_identifier` must be 1 to 256 visible ASCII characters",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": "a b", "key": "k"}]}"#,
+                "public_keys[0]: `key_identifier` must be 1 to 256 visible ASCII characters",
+            ),
+            (
+                r#"{"public_keys": [{"key_identifier": "é", "key": "k"}]}"#,
+                "public_keys[0]: `key_identifier` must be 1 to 256 visible ASCII characters",
+            ),
         ];
         for (document, message) in cases {
             assert_eq!(keys_error(document), message, "{document}");

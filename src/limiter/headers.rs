@@ -1,10 +1,10 @@
 //! `X-RateLimit-*` headers: what a limit layer tells the client about the
 //! tightest limit it checked.
 
-use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
 
-use crate::error::{retry_after_seconds, GatewayError};
+use crate::error::{GatewayError, retry_after_seconds};
 use crate::store::CheckOutcome;
 
 /// The limit's capacity (requests).

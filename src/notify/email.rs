@@ -5,11 +5,11 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use lettre::message::header::ContentType;
 use lettre::message::Mailbox;
+use lettre::message::header::ContentType;
 use lettre::{Address, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
-use super::notifier::{Failure, ATTEMPT_TIMEOUT};
+use super::notifier::{ATTEMPT_TIMEOUT, Failure};
 use super::{AlertNotice, LeakNotice, NotifyConfigError};
 
 /// Where notice e-mails go out and whom they come from. `Debug` shows the
@@ -63,7 +63,7 @@ impl EmailSettings {
                         "scheme {scheme:?} with tls={tls:?} is not one of smtps://host, \
                          smtp://host?tls=required or smtp://host (plain, a relay on this machine)"
                     ),
-                ))
+                ));
             }
         };
         let Some(host) = url.host_str().filter(|host| !host.is_empty()) else {

@@ -116,10 +116,10 @@ pub use email::EmailSettings;
 pub use error::NotifyConfigError;
 pub use leak::LeakNotice;
 pub use notifier::{
-    Notifier, ATTEMPT_TIMEOUT, DEFAULT_MAX_PENDING_NOTICES, DEFAULT_RETRY_WAITS,
-    MAX_SENDS_IN_FLIGHT,
+    ATTEMPT_TIMEOUT, DEFAULT_MAX_PENDING_NOTICES, DEFAULT_RETRY_WAITS, MAX_SENDS_IN_FLIGHT,
+    Notifier,
 };
 pub use webhook::{
-    verify_webhook_signature, webhook_signature, WebhookSettings, EVENT_TYPE, SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
+    EVENT_TYPE, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookSettings, verify_webhook_signature,
+    webhook_signature,
 };

@@ -6,18 +6,18 @@ use std::fmt;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
-use http::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
+use http::header::{CONTENT_TYPE, HeaderValue, USER_AGENT};
 use http::{Request, Uri};
 use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use sha2::Sha256;
 
-use super::notifier::{Failure, ATTEMPT_TIMEOUT};
+use super::notifier::{ATTEMPT_TIMEOUT, Failure};
 use super::{LeakNotice, NotifyConfigError};
-use crate::secrets::{Secret, MIN_SECRET_BYTES};
+use crate::secrets::{MIN_SECRET_BYTES, Secret};
 
 /// The leak notice's payload `type`.
 pub const EVENT_TYPE: &str = "key.leaked";
@@ -229,9 +229,11 @@ mod tests {
         let signature = webhook_signature(&secret(), 1_700_000_000, b"{\"a\":1}");
         let digits = signature.strip_prefix("sha256=").unwrap();
         assert_eq!(digits.len(), 64);
-        assert!(digits
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        assert!(
+            digits
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
         // Computed apart: HMAC-SHA256(secret, "1700000000.{\"a\":1}").
         let mut expected =
             <Hmac<Sha256> as Mac>::new_from_slice(b"webhook-secret-0123456789").unwrap();

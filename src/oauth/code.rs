@@ -5,18 +5,18 @@
 use std::fmt;
 use std::time::Duration;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::input::ExchangeRequest;
-use super::pkce::{verifier_matches, ChallengeMethod};
+use super::pkce::{ChallengeMethod, verifier_matches};
 use crate::auth::ApiKey;
 use crate::clock::Period;
-use crate::keys::{KeyDirectory, KeyRecord, NewKey, MAX_KEY_NAME_CHARS};
+use crate::keys::{KeyDirectory, KeyRecord, MAX_KEY_NAME_CHARS, NewKey};
 use crate::store::{Expect, PutOptions, PutOutcome, RecordStoreExt, StoreError, WriteOutcome};
 
 /// The record collection of authorization codes, by the hex SHA-256 of
@@ -292,7 +292,7 @@ impl AuthCodes {
                         code,
                         created_at: now,
                         expires_at,
-                    })
+                    });
                 }
                 Ok(PutOutcome::Write(WriteOutcome::Conflict { .. })) => {
                     self.give_back_place(&account, &id, now).await;
@@ -451,11 +451,11 @@ impl AuthCodes {
         {
             WriteOutcome::Written { .. } => {}
             WriteOutcome::Conflict { current: Some(_) } => {
-                return refused(ExchangeRefusal::CodeUsed)
+                return refused(ExchangeRefusal::CodeUsed);
             }
             // Expired between the read and the write.
             WriteOutcome::Conflict { current: None } => {
-                return refused(ExchangeRefusal::InvalidCode)
+                return refused(ExchangeRefusal::InvalidCode);
             }
         }
         // No longer waiting: its place in the account's cap is free.

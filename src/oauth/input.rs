@@ -13,10 +13,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use url::{Host, Url};
 
-use super::pkce::{is_valid_challenge, is_valid_verifier, ChallengeMethod, PlainPkce};
+use super::pkce::{ChallengeMethod, PlainPkce, is_valid_challenge, is_valid_verifier};
 use crate::clock::Period;
 use crate::error::{ErrorKind, GatewayError};
-use crate::json_input::{bad_request, invalid, missing, Fields};
+use crate::json_input::{Fields, bad_request, invalid, missing};
 use crate::keys::input::{expiry, key_name, limit_nanos, limit_reset};
 use crate::keys::is_valid_account_id;
 
@@ -267,7 +267,7 @@ pub fn code_request(
                         "must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~ (the code_verifier itself, with plain)"
                     }
                 },
-            ))
+            ));
         }
     };
     let limit_nanos = match fields.take("limit") {
@@ -293,7 +293,7 @@ pub fn code_request(
             return Err(invalid(
                 "account",
                 "must be 1 to 64 characters of A-Z a-z 0-9 . _ -",
-            ))
+            ));
         }
     };
     Ok(CodeRequest {
@@ -376,14 +376,14 @@ pub fn exchange_request(body: &[u8]) -> Result<ExchangeRequest, GatewayError> {
             return Err(missing(
                 "code",
                 "the code the browser brought back to the callback URL",
-            ))
+            ));
         }
         Some(Value::String(code)) if code.len() <= MAX_CODE_BYTES => code,
         Some(Value::String(_)) => {
             return Err(bad_request(
                 "code",
                 format!("`code` must be at most {MAX_CODE_BYTES} bytes"),
-            ))
+            ));
         }
         Some(_) => return Err(bad_request("code", "`code` must be a string")),
     };
@@ -392,14 +392,14 @@ pub fn exchange_request(body: &[u8]) -> Result<ExchangeRequest, GatewayError> {
             return Err(missing(
                 "code_verifier",
                 "the PKCE verifier whose challenge the app sent to the consent page",
-            ))
+            ));
         }
         Some(Value::String(verifier)) if is_valid_verifier(&verifier) => verifier,
         Some(_) => {
             return Err(bad_request(
                 "code_verifier",
                 "`code_verifier` must be a string of 43 to 128 characters of A-Z a-z 0-9 - . _ ~ (RFC 7636)",
-            ))
+            ));
         }
     };
     let code_challenge_method = match raw.code_challenge_method {

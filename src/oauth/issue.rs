@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde_json::json;
 
 use super::code::{
-    app_key_name, Approval, AuthCodes, IssueError, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
+    Approval, AuthCodes, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT, IssueError, app_key_name,
 };
 use super::input::code_request;
 use super::pkce::PlainPkce;
@@ -16,8 +16,8 @@ use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json_input::invalid;
-use crate::keys::input::unknown_account;
 use crate::keys::KeyDirectory;
+use crate::keys::input::unknown_account;
 use crate::store::FailurePolicy;
 
 /// Where the consent page is served.

@@ -182,16 +182,16 @@ mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use code::{
-    pending_codes, Approval, AuthCode, AuthCodes, ExchangeError, ExchangeRefusal, IssueError,
-    IssuedCode, AUTH_CODES, CODE_LIFETIME, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT,
-    MAX_PENDING_CODES,
+    AUTH_CODES, Approval, AuthCode, AuthCodes, CODE_LIFETIME,
+    DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT, ExchangeError, ExchangeRefusal, IssueError, IssuedCode,
+    MAX_PENDING_CODES, pending_codes,
 };
 pub use input::{CallbackUrl, CallbackUrlError, CodeRequest, ExchangeRequest};
 pub use issue::CONSENT_PATH;
-pub(crate) use issue::{issue_code, ApprovalRules};
+pub(crate) use issue::{ApprovalRules, issue_code};
 pub use layer::CodeExchangeLayer;
 pub use pkce::{
-    is_valid_challenge, is_valid_verifier, s256_challenge, verifier_matches, ChallengeMethod,
-    PlainPkce, MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, S256_CHALLENGE_CHARS,
+    ChallengeMethod, MAX_VERIFIER_CHARS, MIN_VERIFIER_CHARS, PlainPkce, S256_CHALLENGE_CHARS,
+    is_valid_challenge, is_valid_verifier, s256_challenge, verifier_matches,
 };
 pub use service::CodeExchange;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{
-    HeaderValue, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
-    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE, ALLOW, CACHE_CONTROL, CONTENT_TYPE,
+    ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
+    ACCESS_CONTROL_MAX_AGE, ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue,
 };
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -135,10 +135,10 @@ where
         .get::<ClientAddr>()
         .map(|client| client.0);
     // Past its failure limit an address gets no store read and no place.
-    if let Some(failures) = &config.failures {
-        if let Some(retry_after) = failures.blocked(client) {
-            return Err(too_many_failures(failures, retry_after));
-        }
+    if let Some(failures) = &config.failures
+        && let Some(retry_after) = failures.blocked(client)
+    {
+        return Err(too_many_failures(failures, retry_after));
     }
     let _place = config.places.enter(client)?;
     let body = config
@@ -164,10 +164,10 @@ fn counted(
     client: Option<IpAddr>,
     refusal: ExchangeRefusal,
 ) -> GatewayError {
-    if let Some(failures) = &config.failures {
-        if let Some(retry_after) = failures.record_failure(client) {
-            return too_many_failures(failures, retry_after);
-        }
+    if let Some(failures) = &config.failures
+        && let Some(retry_after) = failures.record_failure(client)
+    {
+        return too_many_failures(failures, retry_after);
     }
     GatewayError::new(ErrorKind::Forbidden, refusal.message())
         .with_metadata("reason", refusal.reason())
@@ -199,12 +199,14 @@ fn unread(error: ReadError, config: &CodeExchangeConfig, client: Option<IpAddr>)
         ReadError::TimedOut => {
             // Holding a place with a trickle is what a flood does: it
             // counts as a failed authentication.
-            if let Some(failures) = &config.failures {
-                if let Some(retry_after) = failures.record_failure(client) {
-                    return too_many_failures(failures, retry_after);
-                }
+            if let Some(failures) = &config.failures
+                && let Some(retry_after) = failures.record_failure(client)
+            {
+                return too_many_failures(failures, retry_after);
             }
-            config.places.slow_body("the exchange body", config.body_timeout)
+            config
+                .places
+                .slow_body("the exchange body", config.body_timeout)
         }
         ReadError::Broken => GatewayError::new(
             ErrorKind::InvalidRequest,
@@ -219,12 +221,12 @@ mod tests {
     use crate::auth::AuthFailureLimit;
     use crate::clock::ManualClock;
     use crate::keys::{KeyDirectory, SharedStore};
-    use crate::oauth::{s256_challenge, Approval, AuthCodes, ChallengeMethod, CodeExchangeLayer};
+    use crate::oauth::{Approval, AuthCodes, ChallengeMethod, CodeExchangeLayer, s256_challenge};
     use crate::store::MemoryStore;
     use chrono::{TimeZone, Utc};
     use http_body_util::{BodyExt, Full};
     use std::net::Ipv4Addr;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
 

@@ -13,14 +13,14 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::fallback::MODEL_HEADER;
-use super::headers::{request_id, X_REQUEST_ID};
+use super::headers::{X_REQUEST_ID, request_id};
 use super::models::ModelCatalog;
 use crate::auth::Principal;
 use crate::context::RequestContext;
 use crate::error::Refusal;
 use crate::routing::normalized_segments;
 use crate::telemetry::{
-    HandleCache, TraceContext, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
+    HandleCache, REQUEST_DURATION_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, TraceContext,
 };
 
 /// The W3C trace context header, sent upstream.
@@ -337,11 +337,11 @@ where
             account = principal.map(|principal| principal.account_id.as_str()),
             model = model.as_deref()
         );
-        if let Some(slot) = request.extensions().get::<Slot>() {
-            if let Ok(mut fields) = slot.0.lock() {
-                fields.key_hash_prefix = key_hash_prefix;
-                fields.model = model;
-            }
+        if let Some(slot) = request.extensions().get::<Slot>()
+            && let Ok(mut fields) = slot.0.lock()
+        {
+            fields.key_hash_prefix = key_hash_prefix;
+            fields.model = model;
         }
         self.inner.call(request)
     }

@@ -14,7 +14,7 @@ use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::model_field::{rewrite_model_json, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES};
+use super::model_field::{BodyKind, MAX_REWRITTEN_JSON_BYTES, ReportedModel, rewrite_model_json};
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
 use crate::body::{ChatRequest, ModelId};
@@ -136,7 +136,7 @@ where
                     Ok(error
                         .to_response::<ResponseBody<ResBody>>()
                         .map(|body| ReportedModel::new(body, "", BodyKind::Other)))
-                })
+                });
             }
         };
         if candidates.len() == 1 && !chat.extra.contains_key("models") {

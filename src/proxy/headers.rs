@@ -1,7 +1,7 @@
 //! Header handling between client, gateway and upstream.
 
-use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
 
 /// The request id header the proxy adds (or keeps) and echoes.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

@@ -70,19 +70,19 @@ pub use crate::edit::MAX_SSE_LINE_BYTES;
 pub use crate::secrets::Redacted;
 pub use access_log::{AccessLog, AccessLogLayer, Annotate, AnnotateLayer};
 pub use config::{
-    AlertsSection, BodySection, ConfigError, CreditSection, EmailSection, GatewayConfig,
-    GatewayPlan, GenerationsSection, LeakScanningSection, ModelPrefix, NotifyWebhookSection,
-    OAuthSection, PluginEntries, PluginsSection, ProviderSection, RetrySection, SmtpServer,
-    SqliteSection, SqliteSynchronous, UpstreamSection, DEFAULT_SHUTDOWN_GRACE, DEMO_PRICING,
-    DEMO_RATE_LIMITS,
+    AlertsSection, BodySection, ConfigError, CreditSection, DEFAULT_SHUTDOWN_GRACE, DEMO_PRICING,
+    DEMO_RATE_LIMITS, EmailSection, GatewayConfig, GatewayPlan, GenerationsSection,
+    LeakScanningSection, ModelPrefix, NotifyWebhookSection, OAuthSection, PluginEntries,
+    PluginsSection, ProviderSection, RetrySection, SmtpServer, SqliteSection, SqliteSynchronous,
+    UpstreamSection,
 };
 pub use fallback::{Fallback, FallbackLayer, MODEL_HEADER};
-pub use headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
+pub use headers::{X_REQUEST_ID, client_response_headers, request_id, upstream_request_headers};
 pub use model_field::{
-    rewrite_model_json, rewrite_model_sse_line, BodyKind, ReportedModel, MAX_REWRITTEN_JSON_BYTES,
+    BodyKind, MAX_REWRITTEN_JSON_BYTES, ReportedModel, rewrite_model_json, rewrite_model_sse_line,
 };
-pub use models::{ModelCatalog, MAX_MODELS_PER_REQUEST};
+pub use models::{MAX_MODELS_PER_REQUEST, ModelCatalog};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
-pub use stack::{build_gateway, gateway, gateway_with_clock, Gateway, GatewayBody, GatewayService};
-pub use upstream::{Upstream, UpstreamConfig, UpstreamConfigError, DEFAULT_CREDENTIAL_HEADERS};
+pub use stack::{Gateway, GatewayBody, GatewayService, build_gateway, gateway, gateway_with_clock};
+pub use upstream::{DEFAULT_CREDENTIAL_HEADERS, Upstream, UpstreamConfig, UpstreamConfigError};

@@ -4,7 +4,7 @@
 //! server-sent event stream, passed on event by event.
 
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::body::{ChatRequest, ModelId};
 use crate::clock::{Clock, SystemClock};
@@ -86,18 +86,18 @@ impl ModelCatalog {
     /// 400 unless the gateway serves `model`: its provider is configured
     /// and it has a price.
     pub fn check(&self, model: &ModelId) -> Result<(), GatewayError> {
-        if let Some(providers) = &self.providers {
-            if !providers.contains(&model.provider().to_ascii_lowercase()) {
-                return Err(GatewayError::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "no provider {:?} is configured on this gateway (model {model}); \
+        if let Some(providers) = &self.providers
+            && !providers.contains(&model.provider().to_ascii_lowercase())
+        {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "no provider {:?} is configured on this gateway (model {model}); \
                          GET /api/v1/models lists the models it serves",
-                        model.provider()
-                    ),
-                )
-                .with_metadata("param", "model"));
-            }
+                    model.provider()
+                ),
+            )
+            .with_metadata("param", "model"));
         }
         if self.prices.price(model).is_none() {
             let problem = if model.is_free() {
@@ -437,9 +437,11 @@ mod tests {
             }
         }
         // Without configured providers any provider goes to the one upstream.
-        assert!(catalog(None)
-            .check(&ModelId::parse("acme/big").unwrap())
-            .is_ok());
+        assert!(
+            catalog(None)
+                .check(&ModelId::parse("acme/big").unwrap())
+                .is_ok()
+        );
     }
 
     #[test]
@@ -483,14 +485,16 @@ mod tests {
             .collect();
         assert_eq!(ids, [&json!("openai/gpt-4o")]);
         // A fallback the gateway cannot serve is a configuration error.
-        assert!(ModelCatalog::new(
-            Arc::new(PriceTable::default()),
-            Some(HashSet::new()),
-            &HashMap::from([("a/b".to_owned(), vec!["c/d".to_owned()])]),
-            &RateLimitRules::default(),
-            &FreeQuotaRules::default()
-        )
-        .is_err());
+        assert!(
+            ModelCatalog::new(
+                Arc::new(PriceTable::default()),
+                Some(HashSet::new()),
+                &HashMap::from([("a/b".to_owned(), vec!["c/d".to_owned()])]),
+                &RateLimitRules::default(),
+                &FreeQuotaRules::default()
+            )
+            .is_err()
+        );
     }
 
     #[test]

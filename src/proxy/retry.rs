@@ -224,9 +224,9 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::context::SentUpstream;
     use crate::error::ErrorKind;
-    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     fn response(status: u16, headers: &[(&str, &str)]) -> Response<()> {
         let mut response = Response::builder().status(status);

@@ -5,23 +5,23 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::header::{HeaderValue, AUTHORIZATION};
+use http::header::{AUTHORIZATION, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_service::Service;
 
-use super::headers::{client_response_headers, request_id, upstream_request_headers, X_REQUEST_ID};
+use super::headers::{X_REQUEST_ID, client_response_headers, request_id, upstream_request_headers};
 use super::providers::CallerKey;
 use crate::context::{RequestContext, SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
@@ -441,7 +441,7 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                             "the upstream sent no response within {} s; retry with backoff",
                             inner.response_header_timeout.as_secs()
                         ),
-                    ))
+                    ));
                 }
                 Ok(Err(error)) if error.is_connect() => {
                     // No connection, so nothing of the request left.

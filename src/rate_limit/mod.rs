@@ -76,10 +76,10 @@ mod layer;
 mod rules;
 mod service;
 
-pub use crate::limiter::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 /// [`GlobalRateLimit`]'s response future: the counter check, then the
 /// inner service.
 pub use crate::limiter::AdmissionFuture as ResponseFuture;
+pub use crate::limiter::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 pub use layer::GlobalRateLimitLayer;
 pub use rules::{AccountRules, ModelRule, RateLimitRules, RateRule, RulesError};
 pub use service::GlobalRateLimit;

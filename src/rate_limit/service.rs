@@ -7,7 +7,7 @@ use tower_service::Service;
 use super::layer::GlobalRateLimitConfig;
 use super::rules::{RateRule, RuleCheck};
 use crate::context::RequestContext;
-use crate::error::{retry_after_seconds, GatewayError, LimitSource};
+use crate::error::{GatewayError, LimitSource, retry_after_seconds};
 use crate::keys::{KeyHash, KeyRateLimit};
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
@@ -86,10 +86,10 @@ where
         let finish: Finish = Arc::new(move |verdict| finish(&rule_checks, verdict));
         if self.config.deferred {
             // A counter known full refuses now, with no store step at all.
-            if let Some(verdict) = limiter.known_full(&account, &checks, None, limiter.now()) {
-                if let Err(error) = finish(verdict) {
-                    return AdmissionFuture::rejected(LAYER, error);
-                }
+            if let Some(verdict) = limiter.known_full(&account, &checks, None, limiter.now())
+                && let Err(error) = finish(verdict)
+            {
+                return AdmissionFuture::rejected(LAYER, error);
             }
             let mut request = request;
             RequestContext::of_mut(&mut request)
@@ -190,7 +190,7 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
     use std::time::Duration;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     fn chat(model: &str) -> Request<Full<Bytes>> {
         let body =

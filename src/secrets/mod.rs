@@ -30,12 +30,12 @@ mod reference;
 mod secret;
 
 pub use providers::{
-    FileMode, SecretProvider, SecretProviders, SecretProvidersError, DEFAULT_PROVIDER,
-    MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS, MAX_PROVIDERS,
-    MAX_PROVIDER_NAME_CHARS, MAX_PROVIDER_TEXT_BYTES,
+    DEFAULT_PROVIDER, FileMode, MAX_ALLOWLIST_ENTRIES, MAX_EXEC_ARGS, MAX_EXEC_TIMEOUT_MS,
+    MAX_PROVIDER_NAME_CHARS, MAX_PROVIDER_TEXT_BYTES, MAX_PROVIDERS, SecretProvider,
+    SecretProviders, SecretProvidersError,
 };
-pub use reference::{secret_ref_from_json, SecretRefError, MAX_SECRET_REF_FIELD_CHARS};
+pub use reference::{MAX_SECRET_REF_FIELD_CHARS, SecretRefError, secret_ref_from_json};
 pub use secret::{
-    resolve_secret, Redacted, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource,
-    SecretSpec, MIN_SECRET_BYTES,
+    MIN_SECRET_BYTES, Redacted, ResolveError, ResolveLimits, Secret, SecretRef, SecretSource,
+    SecretSpec, resolve_secret,
 };

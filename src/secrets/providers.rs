@@ -303,13 +303,13 @@ fn parse_provider(field: &str, value: &Value) -> Result<SecretProvider, SecretPr
             return Err(SecretProvidersError::new(
                 format!("{field}.source"),
                 "is required: \"env\", \"file\" or \"exec\"",
-            ))
+            ));
         }
         Some(_) => {
             return Err(SecretProvidersError::new(
                 format!("{field}.source"),
                 "must be \"env\", \"file\" or \"exec\"",
-            ))
+            ));
         }
     };
     let provider = match source.as_str() {
@@ -326,7 +326,7 @@ fn parse_provider(field: &str, value: &Value) -> Result<SecretProvider, SecretPr
                     return Err(SecretProvidersError::new(
                         format!("{field}.mode"),
                         "must be \"json\" (the default) or \"singleValue\"",
-                    ))
+                    ));
                 }
             };
             SecretProvider::File { path, mode }
@@ -340,7 +340,7 @@ fn parse_provider(field: &str, value: &Value) -> Result<SecretProvider, SecretPr
             return Err(SecretProvidersError::new(
                 format!("{field}.source"),
                 "must be \"env\", \"file\" or \"exec\"",
-            ))
+            ));
         }
     };
     if let Some(unknown) = fields.keys().next() {
@@ -369,7 +369,7 @@ fn allowlist(
             return Err(SecretProvidersError::new(
                 field,
                 format!("must be a list of at most {MAX_ALLOWLIST_ENTRIES} variable names"),
-            ))
+            ));
         }
     };
     let mut names = BTreeSet::new();
@@ -385,7 +385,7 @@ fn allowlist(
                         "must hold variable names: 1 to {MAX_PROVIDER_TEXT_BYTES} bytes, \
                          without `=` or NUL"
                     ),
-                ))
+                ));
             }
         }
     }
@@ -431,7 +431,7 @@ fn args(field: &str, value: Option<Value>) -> Result<Vec<String>, SecretProvider
             return Err(SecretProvidersError::new(
                 field,
                 format!("must be a list of at most {MAX_EXEC_ARGS} strings"),
-            ))
+            ));
         }
     };
     items

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::{SecretRef, SecretSource, SecretSpec, DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES};
+use super::{DEFAULT_PROVIDER, MAX_PROVIDER_TEXT_BYTES, SecretRef, SecretSource, SecretSpec};
 use crate::json_input::take_short_text;
 
 /// The longest `source`, `provider` or `id` of a SecretRef, in characters.
@@ -67,7 +67,7 @@ impl SecretRef {
                 return Err(SecretRefError::new(
                     "secret.source",
                     "must be \"env\", \"file\" or \"exec\"",
-                ))
+                ));
             }
             None => return Err(SecretRefError::new("secret.source", "is required")),
         };

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::providers::{is_variable_name, FileMode, SecretProvider, SecretProviders};
+use super::providers::{FileMode, SecretProvider, SecretProviders, is_variable_name};
 
 /// The shortest secret accepted, in bytes, inline or read from a provider:
 /// a guessable one would let anyone drive a webhook route's flows or sign
@@ -211,7 +211,7 @@ pub fn resolve_secret(
         SecretSpec::Inline(secret) if secret.expose().len() < MIN_SECRET_BYTES => {
             return Err(ResolveError(format!(
                 "an inline secret is shorter than {MIN_SECRET_BYTES} bytes"
-            )))
+            )));
         }
         SecretSpec::Inline(secret) => return Ok(secret.clone()),
         SecretSpec::File(path) => (
@@ -255,13 +255,13 @@ fn from_provider(
                     return Err(ResolveError(format!(
                         "secrets provider {name:?} reads its whole file (singleValue mode): \
                          the reference's id must be \"value\", not {id:?}"
-                    )))
+                    )));
                 }
                 FileMode::Json if !id.starts_with('/') => {
                     return Err(ResolveError(format!(
                         "secrets provider {name:?} reads a JSON file (json mode): the \
                          reference's id must be a JSON pointer such as /hooks/ci, not {id:?}"
-                    )))
+                    )));
                 }
                 _ => {}
             }
@@ -446,12 +446,14 @@ mod tests {
         .to_string();
         assert_eq!(error, "an inline secret is shorter than 16 bytes");
         let long = SecretSpec::Inline(Secret::new("0123456789abcdef".to_owned()));
-        assert!(resolve_secret(
-            &long,
-            &SecretProviders::default(),
-            &ResolveLimits::default()
-        )
-        .is_ok());
+        assert!(
+            resolve_secret(
+                &long,
+                &SecretProviders::default(),
+                &ResolveLimits::default()
+            )
+            .is_ok()
+        );
     }
     use serde_json::json;
 
@@ -546,9 +548,11 @@ mod tests {
                 &limits(),
             )
         };
-        assert!(read("MODELGATE_TEST_ALLOWED_SECRET")
-            .unwrap()
-            .matches(b"allowed-secret-0123456789"));
+        assert!(
+            read("MODELGATE_TEST_ALLOWED_SECRET")
+                .unwrap()
+                .matches(b"allowed-secret-0123456789")
+        );
         let refused = read("MODELGATE_TEST_FORBIDDEN_SECRET")
             .unwrap_err()
             .to_string();
@@ -623,16 +627,22 @@ mod tests {
                 &limits(),
             )
         };
-        assert!(read("whole", "value")
-            .unwrap()
-            .matches(b"file-secret-0123456789"));
-        assert!(read("vault", "/hooks/deploy")
-            .unwrap()
-            .matches(b"json-secret-0123456789"));
+        assert!(
+            read("whole", "value")
+                .unwrap()
+                .matches(b"file-secret-0123456789")
+        );
+        assert!(
+            read("vault", "/hooks/deploy")
+                .unwrap()
+                .matches(b"json-secret-0123456789")
+        );
         // json is the default mode.
-        assert!(read("implicit", "/hooks/deploy")
-            .unwrap()
-            .matches(b"json-secret-0123456789"));
+        assert!(
+            read("implicit", "/hooks/deploy")
+                .unwrap()
+                .matches(b"json-secret-0123456789")
+        );
         for (provider, id, words) in [
             ("vault", "/hooks/missing", "no string at"),
             ("vault", "/hooks/n", "no string at"),
@@ -651,9 +661,11 @@ mod tests {
             assert!(!error.contains("0123456789"), "{error}");
         }
         // The `{"file": "/path"}` shorthand: the whole file.
-        assert!(resolve(&SecretSpec::File(plain))
-            .unwrap()
-            .matches(b"file-secret-0123456789"));
+        assert!(
+            resolve(&SecretSpec::File(plain))
+                .unwrap()
+                .matches(b"file-secret-0123456789")
+        );
         let short = dir.path().join("short");
         std::fs::write(&short, "tiny\n").unwrap();
         let error = resolve(&SecretSpec::File(short)).unwrap_err().to_string();
@@ -704,9 +716,11 @@ read request; case "$request" in *'"provider":"keyring"'*'"ids":["deploy"]'*|*'"
                 &limits(),
             )
         };
-        assert!(read("keyring", "deploy")
-            .unwrap()
-            .matches(b"exec-secret-0123456789"));
+        assert!(
+            read("keyring", "deploy")
+                .unwrap()
+                .matches(b"exec-secret-0123456789")
+        );
         for (provider, id, words) in [
             ("keyring", "other", "exited with"),
             ("noargs", "deploy", "exited with"),

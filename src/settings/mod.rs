@@ -117,4 +117,4 @@ mod service;
 
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use layer::SettingsPageLayer;
-pub use service::{SettingsPage, CONTENT_SECURITY_POLICY, PATH};
+pub use service::{CONTENT_SECURITY_POLICY, PATH, SettingsPage};

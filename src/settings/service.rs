@@ -2,7 +2,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{
-    HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
+    ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
     X_FRAME_OPTIONS,
 };
 use http::{Method, Request, Response};
@@ -184,7 +184,7 @@ where
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full};
-    use tower::{service_fn, ServiceExt};
+    use tower::{ServiceExt, service_fn};
 
     async fn call(method: Method, path: &str) -> Response<Bytes> {
         let page = SettingsPage {

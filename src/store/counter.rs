@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::StoreError;
-use crate::clock::{unix_micros, Period};
+use crate::clock::{Period, unix_micros};
 
 /// The largest limit or amount a counter takes: every integer up to 2^53 is
 /// exact in a Lua number (a double), so Redis and memory agree on them all.

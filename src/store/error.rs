@@ -22,7 +22,7 @@ pub enum StoreErrorKind {
     Backend(String),
     /// Not sent: the store failed its last calls in a row, and its circuit
     /// breaker refuses calls at once for a cool-down
-    /// ([`RedisStoreConfig::breaker_failures`]).
+    /// ([`RedisStoreConfig::breaker_failures`](super::RedisStoreConfig::breaker_failures)).
     #[error("circuit open: the store failed repeatedly, calls are refused until it answers again")]
     CircuitOpen,
     /// The backend answered something this crate did not write.
@@ -50,7 +50,7 @@ impl StoreError {
 
     /// Whether the store could not be reached in time (as opposed to bad
     /// arguments): a timeout, a backend error, or an open circuit breaker.
-    /// Each layer applies its [`FailurePolicy`] to these.
+    /// Each layer applies its [`FailurePolicy`](super::FailurePolicy) to these.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.kind,

@@ -76,30 +76,30 @@ mod shared;
 mod sqlite;
 
 pub use apps::{
-    is_valid_app_usage, AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS,
+    AppUsage, AppUsageStore, MAX_APP_USAGE_FIELD_BYTES, MAX_APP_USAGE_ROWS, is_valid_app_usage,
 };
-pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, SlotOutcome, MAX_EXACT};
+pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, MAX_EXACT, SlotOutcome};
 pub use error::{StoreError, StoreErrorKind};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
-    is_valid_idempotency_key, lapse_record, AccountBalance, AdmitOutcome, AdmitRequest,
-    HoldRenewal, KeyLimit, KeyTerms, KeyUsage, LedgerStore, PurchaseTier, RecordKeeping,
-    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, TopUpOutcome,
-    IDEMPOTENCY_KEY_TTL_HOURS, LAPSED_HOLD_MEMORY, MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION,
-    MAX_RESERVATION_TTL, NANOS_PER_CREDIT, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW,
+    AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, IDEMPOTENCY_KEY_TTL_HOURS, KeyLimit,
+    KeyTerms, KeyUsage, LAPSED_HOLD_MEMORY, LedgerStore, MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_RECORD_RETENTION, MAX_RESERVATION_TTL, NANOS_PER_CREDIT, PurchaseTier, RecordKeeping,
+    ReserveOutcome, ReserveRequest, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW, Settlement,
+    SettlementRecord, TopUpOutcome, is_valid_idempotency_key, lapse_record,
 };
 pub use location::{InvalidStoreLocation, StoreLocation};
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
 pub use records::{
-    byok_keys, decode, flows, Expect, PutOptions, PutOutcome, RecordStore, RecordStoreExt,
-    Versioned, WriteOutcome, ACCOUNTS, KEYS, MAX_RECORD_TTL,
+    ACCOUNTS, Expect, KEYS, MAX_RECORD_TTL, PutOptions, PutOutcome, RecordStore, RecordStoreExt,
+    Versioned, WriteOutcome, byok_keys, decode, flows,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisStore, RedisStoreConfig, TimeSource, LEDGER_LAYOUT};
+pub use redis::{LEDGER_LAYOUT, RedisStore, RedisStoreConfig, TimeSource};
 pub(crate) use shared::FastMap;
 pub use shared::{SharedStore, Store};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use sqlite::{SqliteStore, SqliteStoreConfig, SQLITE_SCHEMA_VERSION};
+pub use sqlite::{SQLITE_SCHEMA_VERSION, SqliteStore, SqliteStoreConfig};

@@ -86,9 +86,11 @@ mod tests {
             StoreErrorKind::Timeout(std::time::Duration::from_millis(50)),
         );
         let before = FailurePolicy::fail_open_decisions();
-        assert!(FailurePolicy::FailOpen
-            .on_store_error("GlobalRateLimit", &error)
-            .is_ok());
+        assert!(
+            FailurePolicy::FailOpen
+                .on_store_error("GlobalRateLimit", &error)
+                .is_ok()
+        );
         assert!(FailurePolicy::fail_open_decisions() > before);
     }
 

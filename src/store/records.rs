@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::StoreError;
 
@@ -109,7 +109,9 @@ pub(crate) fn validate_put(options: &PutOptions) -> Result<(), StoreError> {
     match options.ttl {
         Some(ttl) if ttl.is_zero() || ttl > MAX_RECORD_TTL => Err(StoreError::invalid(
             "put_record",
-            format!("a record's lifetime must be above zero and at most {MAX_RECORD_TTL:?}, not {ttl:?}"),
+            format!(
+                "a record's lifetime must be above zero and at most {MAX_RECORD_TTL:?}, not {ttl:?}"
+            ),
         )),
         _ => Ok(()),
     }
@@ -321,11 +323,13 @@ mod tests {
                 revision: 1
             }
         );
-        assert!(store
-            .get_json_at::<Account>(ACCOUNTS, "none", now())
-            .await
-            .unwrap()
-            .is_none());
+        assert!(
+            store
+                .get_json_at::<Account>(ACCOUNTS, "none", now())
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 
     async fn a_record_that_is_not_the_expected_json_is_reported_not_panicked(

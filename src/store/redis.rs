@@ -154,13 +154,13 @@ use redis::{Cmd, Pipeline, RedisFuture, ToRedisArgs, Value};
 use sha2::{Digest, Sha256};
 
 use super::apps::{
-    validate_app_usage, AppUsage, AppUsageStore, FIELD_SEPARATOR, MAX_APP_USAGE_ROWS,
+    AppUsage, AppUsageStore, FIELD_SEPARATOR, MAX_APP_USAGE_ROWS, validate_app_usage,
 };
 use super::breaker::Breaker;
 use super::counter::{duration_micros, micros_duration, validate_checks, validate_slot};
 use super::ledger::{
-    top_up_overflow, validate_admit, validate_amount, validate_key_terms, validate_renewals,
-    validate_settlements, validate_top_up_once, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+    LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY, top_up_overflow, validate_admit, validate_amount,
+    validate_key_terms, validate_renewals, validate_settlements, validate_top_up_once,
 };
 use super::records::validate_put;
 use super::{
@@ -169,7 +169,7 @@ use super::{
     RecordStore, ReserveOutcome, Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome,
     Versioned, WriteOutcome,
 };
-use crate::clock::{unix_micros, Period};
+use crate::clock::{Period, unix_micros};
 
 /// How a [`RedisStore`] names its keys and bounds its calls.
 #[derive(Clone, Debug)]
@@ -1273,10 +1273,10 @@ impl RedisStore {
             .arg(duration_micros(memory))
             .arg(self.ttl_millis(memory));
         let reply = self.run(OPERATION, &invocation).await?;
-        if let Value::BulkString(text) = &reply {
-            if text.as_slice() == b"overflow" {
-                return Err(top_up_overflow());
-            }
+        if let Value::BulkString(text) = &reply
+            && text.as_slice() == b"overflow"
+        {
+            return Err(top_up_overflow());
         }
         let reply = array(OPERATION, reply)?;
         let Some((verdict, figures)) = reply.split_first() else {
@@ -1388,7 +1388,7 @@ fn admit_outcome(
             return Err(StoreError::corrupt(
                 operation,
                 format!("unknown outcome {other}"),
-            ))
+            ));
         }
     };
     Ok(AdmitOutcome {
@@ -2054,12 +2054,12 @@ impl RecordStore for RedisStore {
             )
             .arg(self.slack_millis());
         let reply = self.run(OPERATION, &invocation).await?;
-        if let Value::Array(fields) = &reply {
-            if let [Value::Int(2), records] = fields.as_slice() {
-                return Ok(PutOutcome::Full {
-                    records: unsigned(OPERATION, records)?,
-                });
-            }
+        if let Value::Array(fields) = &reply
+            && let [Value::Int(2), records] = fields.as_slice()
+        {
+            return Ok(PutOutcome::Full {
+                records: unsigned(OPERATION, records)?,
+            });
         }
         write_outcome(OPERATION, reply).map(PutOutcome::Write)
     }
@@ -2150,9 +2150,11 @@ mod tests {
         let hash = library.name.strip_prefix("mg_").unwrap();
         assert_eq!(hash.len(), 12);
         assert!(hash.bytes().all(|byte| byte.is_ascii_hexdigit()));
-        assert!(library
-            .text
-            .starts_with(&format!("#!lua name={}\n", library.name)));
+        assert!(
+            library
+                .text
+                .starts_with(&format!("#!lua name={}\n", library.name))
+        );
         // The name covers everything but itself.
         assert_eq!(Library::new().name, library.name);
         assert_eq!(

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, NaiveDate, Utc};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use url::form_urlencoded;
 
 use super::query::{bad, given_once};
@@ -73,7 +73,9 @@ pub fn activity_query(
         if date < start || date > today {
             return Err(bad(
                 name,
-                &format!("must be a day of the last {ACTIVITY_DAYS} days or today: from {start} to {today}"),
+                &format!(
+                    "must be a day of the last {ACTIVITY_DAYS} days or today: from {start} to {today}"
+                ),
             ));
         }
         parsed.date = Some(date);

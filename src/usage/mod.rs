@@ -70,19 +70,19 @@ mod ranking;
 mod record;
 
 pub use activity::{
-    activity_query, activity_rows, activity_window_start, complete_from, record_day, ActivityQuery,
-    ACTIVITY_DAYS,
+    ACTIVITY_DAYS, ActivityQuery, activity_query, activity_rows, activity_window_start,
+    complete_from, record_day,
 };
 pub use app::{
-    app_from_headers, App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER,
-    TITLE_HEADER,
+    App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER, TITLE_HEADER,
+    app_from_headers,
 };
-pub use generations::{Generations, DEFAULT_MAX_PER_ACCOUNT, DEFAULT_RETENTION};
+pub use generations::{DEFAULT_MAX_PER_ACCOUNT, DEFAULT_RETENTION, Generations};
 pub use query::{
-    usage_query, UsageQuery, DEFAULT_RECENT_GENERATIONS, GENERATIONS_SCAN_DEPTH,
-    MAX_MODEL_FILTER_CHARS, MAX_RECENT_GENERATIONS,
+    DEFAULT_RECENT_GENERATIONS, GENERATIONS_SCAN_DEPTH, MAX_MODEL_FILTER_CHARS,
+    MAX_RECENT_GENERATIONS, UsageQuery, usage_query,
 };
-pub(crate) use ranking::{by_host, ranking_json};
 pub use ranking::{AppRanking, MAX_RANKED_APPS, PUBLIC_SCOPE};
-pub(crate) use record::{generation_id, readable_by, GenerationContext, GenerationEnd};
-pub use record::{parse_generation_id, GENERATION_ID_HEADER};
+pub(crate) use ranking::{by_host, ranking_json};
+pub use record::{GENERATION_ID_HEADER, parse_generation_id};
+pub(crate) use record::{GenerationContext, GenerationEnd, generation_id, readable_by};

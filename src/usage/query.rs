@@ -180,10 +180,10 @@ pub fn usage_query(query: Option<&str>) -> Result<UsageQuery, GatewayError> {
             "with limit must stay within the newest 10000 records: narrow the records with key, model, from or to",
         ));
     }
-    if let (Some(from), Some(to)) = (parsed.from, parsed.to) {
-        if from >= to {
-            return Err(bad("to", "must be later than from"));
-        }
+    if let (Some(from), Some(to)) = (parsed.from, parsed.to)
+        && from >= to
+    {
+        return Err(bad("to", "must be later than from"));
     }
     Ok(parsed)
 }

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::app::App;
 use crate::clock::{Clock, Period, SystemClock};
 use crate::store::SharedStore;
-use crate::store::{is_valid_app_usage, AppUsage, StoreError};
+use crate::store::{AppUsage, StoreError, is_valid_app_usage};
 
 /// The scope of the whole gateway's ranking (no account id is `*`).
 pub const PUBLIC_SCOPE: &str = "*";

@@ -7,8 +7,8 @@ use http::HeaderName;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::app::App;
 use super::Generations;
+use super::app::App;
 use crate::keys::credits::nanos_to_json;
 use crate::store::SettlementRecord;
 

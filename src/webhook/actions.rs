@@ -16,15 +16,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use http::StatusCode;
-use rand::distr::Alphanumeric;
 use rand::Rng;
-use serde_json::{json, Value};
+use rand::distr::Alphanumeric;
+use serde_json::{Value, json};
 
-use super::flow::{Flow, FlowStatus, Task, TaskStatus, MAX_TASKS_PER_FLOW};
+use super::flow::{Flow, FlowStatus, MAX_TASKS_PER_FLOW, Task, TaskStatus};
 use super::layer::WebhookLimits;
 use super::payload::{
-    CreateFlow, EndFlow, FindLatestFlow, FlowAction, ListFlows, ResumeFlow, RunTask, SetWaiting,
-    DEFAULT_LIST_LIMIT,
+    CreateFlow, DEFAULT_LIST_LIMIT, EndFlow, FindLatestFlow, FlowAction, ListFlows, ResumeFlow,
+    RunTask, SetWaiting,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::store::SharedStore;
@@ -526,14 +526,14 @@ impl FlowActions {
             set.flow_id.as_str(),
             set.expected_revision.0,
             |flow| {
-                if let Some(task_id) = &blocked_task_id {
-                    if !flow.tasks.iter().any(|task| &task.task_id == task_id) {
-                        return Err(ActionReply::refused(
-                            StatusCode::NOT_FOUND,
-                            "not_found",
-                            format!("task {task_id:?} is not a task of this flow"),
-                        ));
-                    }
+                if let Some(task_id) = &blocked_task_id
+                    && !flow.tasks.iter().any(|task| &task.task_id == task_id)
+                {
+                    return Err(ActionReply::refused(
+                        StatusCode::NOT_FOUND,
+                        "not_found",
+                        format!("task {task_id:?} is not a task of this flow"),
+                    ));
                 }
                 flow.status = if blocked_task_id.is_some() || blocked_summary.is_some() {
                     FlowStatus::Blocked
@@ -821,7 +821,7 @@ impl FlowActions {
                 return Ok(ActionReply::done(
                     StatusCode::CREATED,
                     json!({ "created": true, "task": task.view(), "flow": flow.value.view(flow.revision) }),
-                ))
+                ));
             }
             Ok(Some(status)) => (status, None),
             Err(error) => (FlowStatus::Failed, Some(error.0)),

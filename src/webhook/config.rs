@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use super::layer::WebhookLimits;
 use crate::json_input::take_short_text;
 use crate::routing::normalized_segments;
-use crate::secrets::{Secret, SecretRef, SecretSpec, MIN_SECRET_BYTES};
+use crate::secrets::{MIN_SECRET_BYTES, Secret, SecretRef, SecretSpec};
 
 /// Longest route id, session key, controller id or path accepted.
 pub const MAX_FIELD_CHARS: usize = 256;
@@ -203,7 +203,7 @@ impl RouteConfig {
             .ok_or_else(|| WebhookConfigError::new(route, "sessionKey", "is required"))?;
         let secret = match fields.remove("secret") {
             None | Some(Value::Null) => {
-                return Err(WebhookConfigError::new(route, "secret", "is required"))
+                return Err(WebhookConfigError::new(route, "secret", "is required"));
             }
             Some(secret) => secret_spec(route, &secret)?,
         };

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 /// Most child tasks one flow keeps: the flow is one record, so this bounds
 /// its size (and the work of every write to it).

@@ -103,13 +103,13 @@ pub use actions::{
     ActionReply, CancelOutcome, FlowActions, RecordOnly, RouteScope, TaskLaunch, TaskRunner,
     TaskRunnerError, TaskUpdate,
 };
-pub use config::{RouteConfig, WebhookConfigError, WebhooksConfig, MAX_FIELD_CHARS};
-pub use flow::{Flow, FlowStatus, NotifyPolicy, Task, TaskRuntime, TaskStatus, MAX_TASKS_PER_FLOW};
+pub use config::{MAX_FIELD_CHARS, RouteConfig, WebhookConfigError, WebhooksConfig};
+pub use flow::{Flow, FlowStatus, MAX_TASKS_PER_FLOW, NotifyPolicy, Task, TaskRuntime, TaskStatus};
 pub use layer::{WebhookLimits, WebhookSecretLayer};
 pub use payload::{
-    CreateFlow, EndFlow, FindLatestFlow, FlowAction, FlowRef, ListFlows, PayloadError, ResolveFlow,
-    ResumeFlow, RevisedFlowRef, Revision, RunTask, SetWaiting, Text, ACTION_NAMES,
-    DEFAULT_LIST_LIMIT, MAX_ID_CHARS, MAX_LIST_LIMIT, MAX_TEXT_CHARS,
+    ACTION_NAMES, CreateFlow, DEFAULT_LIST_LIMIT, EndFlow, FindLatestFlow, FlowAction, FlowRef,
+    ListFlows, MAX_ID_CHARS, MAX_LIST_LIMIT, MAX_TEXT_CHARS, PayloadError, ResolveFlow, ResumeFlow,
+    RevisedFlowRef, Revision, RunTask, SetWaiting, Text,
 };
-pub use routes::{resolve_routes, SkippedRoute, WebhookRoute};
-pub use service::{ClientAddr, WebhookSecret, SECRET_HEADER};
+pub use routes::{SkippedRoute, WebhookRoute, resolve_routes};
+pub use service::{ClientAddr, SECRET_HEADER, WebhookSecret};

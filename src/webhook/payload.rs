@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::flow::{FlowStatus, NotifyPolicy, TaskRuntime};
-use crate::json_input::{top_level_fields, JsonBodyError};
+use crate::json_input::{JsonBodyError, top_level_fields};
 
 /// Longest identifier accepted (`flowId`, `runId`, `childSessionKey`, …), in characters.
 pub const MAX_ID_CHARS: usize = 256;
@@ -324,14 +324,14 @@ impl FlowAction {
                 return Err(PayloadError::new(
                     Some("action"),
                     format!("is required: one of {}", ACTION_NAMES.join(", ")),
-                ))
+                ));
             }
             Some(Value::String(action)) => action,
             Some(_) => {
                 return Err(PayloadError::new(
                     Some("action"),
                     format!("must be a string: one of {}", ACTION_NAMES.join(", ")),
-                ))
+                ));
             }
         };
         let parsed = match action.trim() {
@@ -356,7 +356,7 @@ impl FlowAction {
                         truncated(other),
                         ACTION_NAMES.join(", ")
                     ),
-                ))
+                ));
             }
         };
         parsed.validate()?;
@@ -394,13 +394,13 @@ impl FlowAction {
             FlowAction::ResumeFlow(resume) => (&resume.status, &[Queued, Running]),
             FlowAction::RunTask(run) => (&run.status, &[Queued, Running]),
             FlowAction::ListFlows(list) => {
-                if let Some(limit) = list.limit {
-                    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-                        return Err(PayloadError::new(
-                            Some("limit"),
-                            format!("must be from 1 to {MAX_LIST_LIMIT}"),
-                        ));
-                    }
+                if let Some(limit) = list.limit
+                    && !(1..=MAX_LIST_LIMIT).contains(&limit)
+                {
+                    return Err(PayloadError::new(
+                        Some("limit"),
+                        format!("must be from 1 to {MAX_LIST_LIMIT}"),
+                    ));
                 }
                 return Ok(());
             }
@@ -408,7 +408,7 @@ impl FlowAction {
                 return Err(PayloadError::new(
                     Some("error"),
                     "is for fail_flow: a finished flow succeeded",
-                ))
+                ));
             }
             _ => return Ok(()),
         };

@@ -3,7 +3,7 @@
 
 use super::actions::RouteScope;
 use super::config::WebhooksConfig;
-use crate::secrets::{resolve_secret, ResolveLimits, Secret, SecretProviders};
+use crate::secrets::{ResolveLimits, Secret, SecretProviders, resolve_secret};
 
 /// A route ready to serve: where, as whom, and its resolved secret.
 #[derive(Clone, Debug)]

@@ -4,13 +4,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::body::{read_bounded, ReadError};
+use crate::body::{ReadError, read_bounded};
 use bytes::Bytes;
-use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
-use rand::distr::Alphanumeric;
 use rand::Rng;
+use rand::distr::Alphanumeric;
 use serde_json::json;
 use tower::util::Oneshot;
 use tower_service::Service;

@@ -20,9 +20,9 @@ use futures::future::join_all;
 use modelgate::auth::KeyHash;
 use modelgate::keys::SharedStore;
 use modelgate::store::{
-    KeyLimit, MemoryStore, RedisStore, RedisStoreConfig, Settlement, NANOS_PER_CREDIT,
+    KeyLimit, MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, Settlement,
 };
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// One credit per token, both ways; generous rate limits.
 const CONFIG: &str = r#"{
@@ -397,9 +397,11 @@ async fn served_until_the_limit(stores: Vec<SharedStore>) {
     let fresh_hash = KeyHash::of(&fresh).to_hex();
     let usage = settled(store.as_ref(), "acme", &fresh_hash, chrono::Utc::now()).await;
     assert!(usage.total_nanos <= credits(50), "{usage:?} {replies:?}");
-    assert!(replies
-        .iter()
-        .all(|status| *status == 200 || *status == 402));
+    assert!(
+        replies
+            .iter()
+            .all(|status| *status == 200 || *status == 402)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -541,7 +543,7 @@ async fn dropped_while_waiting(marks_before_waiting: bool) -> modelgate::store::
     use modelgate::context::RequestContext;
     use modelgate::credit::{CreditGuardLayer, PriceTable};
     use modelgate::keys::KeyDirectory;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     let store: SharedStore = Arc::new(MemoryStore::new());
     store.top_up("acme", credits(1000)).await.unwrap();

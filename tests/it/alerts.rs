@@ -29,9 +29,9 @@ use modelgate::alerts::Alerts;
 use modelgate::clock::{Period, SystemClock};
 use modelgate::credit::PendingSettlements;
 use modelgate::keys::{KeyDirectory, KeyHash, NewAccount, SharedStore};
-use modelgate::proxy::{build_gateway, GatewayConfig, GatewayPlan, Upstream};
-use modelgate::store::{KeyLimit, MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
+use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, build_gateway};
+use modelgate::store::{KeyLimit, MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
+use serde_json::{Value, json};
 use sha2::Sha256;
 
 const WEBHOOK_SECRET: &str = "alerts-test-webhook-secret-0123";

@@ -628,7 +628,9 @@ mod tests {
         .collect();
     assert_eq!(
         names,
-        ["alpha", "beta", "gamma", "delta", "epsilon", "eta", "theta", "iota", "kappa"]
+        [
+            "alpha", "beta", "gamma", "delta", "epsilon", "eta", "theta", "iota", "kappa"
+        ]
     );
     let lines: Vec<usize> = crate_paths(&production_code(source))
         .into_iter()

@@ -14,10 +14,10 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use modelgate::body::BodyLimitLayer;
 use modelgate::context::RequestContext;
 use modelgate::error_mapper::ErrorMapperLayer;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower::{service_fn, BoxError, ServiceBuilder};
+use tower::{BoxError, ServiceBuilder, service_fn};
 
 type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 
@@ -205,10 +205,12 @@ async fn bad_chat_requests_get_specific_400_and_422() {
     )
     .await;
     assert_eq!(status, 400);
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("content"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("content")
+    );
 
     let (status, _, body) = canonical(
         post(
@@ -226,10 +228,12 @@ async fn bad_chat_requests_get_specific_400_and_422() {
     let (status, _, body) =
         canonical(post(r#"{"model":"p/m"}"#, "text/plain").await.unwrap()).await;
     assert_eq!(status, 400);
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("Content-Type: application/json"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Content-Type: application/json")
+    );
 }
 
 /// Sends raw bytes and reads the whole response (the server closes or
@@ -373,10 +377,12 @@ async fn upstream_error_bodies_are_rewritten_keeping_status_and_retry_after() {
 
     let (status, _, body) = canonical(get(address, "/upstream/huge").await).await;
     assert_eq!(status, 500);
-    assert!(body["error"]["metadata"]["upstream_message"]
-        .as_str()
-        .unwrap()
-        .contains("too large"));
+    assert!(
+        body["error"]["metadata"]["upstream_message"]
+            .as_str()
+            .unwrap()
+            .contains("too large")
+    );
 }
 
 #[tokio::test]
@@ -581,10 +587,12 @@ async fn a_compressed_error_body_is_not_shown_and_its_encoding_dropped() {
     assert!(response.headers().get("content-encoding").is_none());
     let (status, _, body) = canonical(response).await;
     assert_eq!(status, 500);
-    assert!(body["error"]["metadata"]["upstream_message"]
-        .as_str()
-        .unwrap()
-        .contains("compressed"));
+    assert!(
+        body["error"]["metadata"]["upstream_message"]
+            .as_str()
+            .unwrap()
+            .contains("compressed")
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -592,8 +600,10 @@ async fn a_stalled_error_body_is_answered_after_its_timeout() {
     let address = gateway().await;
     let (status, _, body) = canonical(get(address, "/upstream/stalled").await).await;
     assert_eq!(status, 503);
-    assert!(body["error"]["metadata"]["upstream_message"]
-        .as_str()
-        .unwrap()
-        .contains("too slow"));
+    assert!(
+        body["error"]["metadata"]["upstream_message"]
+            .as_str()
+            .unwrap()
+            .contains("too slow")
+    );
 }

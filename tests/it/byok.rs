@@ -26,11 +26,11 @@ use modelgate::context::RequestContext;
 use modelgate::credit::{CreditGuardLayer, PendingSettlements, PriceTable};
 use modelgate::keys::{ByokDirectory, ByokProviders, KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{
-    byok_keys, FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource,
-    NANOS_PER_CREDIT,
+    FailurePolicy, MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, TimeSource,
+    byok_keys,
 };
-use serde_json::{json, Value};
-use tower::{service_fn, ServiceBuilder};
+use serde_json::{Value, json};
+use tower::{ServiceBuilder, service_fn};
 
 /// The provider keys the tests set. Every one has `SECRET` in the middle,
 /// which no hint shows: no response may ever contain it.

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use common::http_server::serve;
 use common::redis_server::RedisServer;
-use futures::future::join_all;
 use futures::StreamExt;
+use futures::future::join_all;
 use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -31,10 +31,10 @@ use modelgate::free_quota::FreeModelQuotaLayer;
 use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{
-    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,
+    FailurePolicy, MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, TimeSource,
 };
-use serde_json::{json, Value};
-use tower::{service_fn, ServiceBuilder};
+use serde_json::{Value, json};
+use tower::{ServiceBuilder, service_fn};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -538,10 +538,12 @@ async fn seed_transitions_limit_reached_raised_and_balance_negative_then_topped_
             (refused.status, limit_source(&refused)),
             (402, json!("credits"))
         );
-        assert!(refused.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("top up"));
+        assert!(
+            refused.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("top up")
+        );
         // A top-up above zero makes it usable again; free models cost nothing.
         gateway
             .manage(

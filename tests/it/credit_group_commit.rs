@@ -24,9 +24,9 @@ use modelgate::body::BodyLimitLayer;
 use modelgate::credit::{CreditGuardLayer, PriceTable};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::store::{RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
-use tower::{service_fn, ServiceBuilder};
+use modelgate::store::{NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, TimeSource};
+use serde_json::{Value, json};
+use tower::{ServiceBuilder, service_fn};
 
 /// 1000 credits per million completion tokens and free prompts: a request
 /// with `max_tokens` 1000 is estimated at exactly one credit.

@@ -362,15 +362,15 @@ fn run_page(page: &str) {
     }
     let mut mismatches = Vec::new();
     for (index, step) in steps.iter().enumerate() {
-        if let Some(expected) = &step.expected {
-            if !output_matches(&expected.text, &printed[index]) {
-                mismatches.push(format!(
-                    "the output shown at {page}:{} is not what the command prints: {}\nexpected:\n{}",
-                    expected.line,
-                    describe(index),
-                    expected.text
-                ));
-            }
+        if let Some(expected) = &step.expected
+            && !output_matches(&expected.text, &printed[index])
+        {
+            mismatches.push(format!(
+                "the output shown at {page}:{} is not what the command prints: {}\nexpected:\n{}",
+                expected.line,
+                describe(index),
+                expected.text
+            ));
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n\n"));
@@ -467,12 +467,12 @@ fn literals_after(source: &str, marker: &str) -> Vec<String> {
                 _ => break,
             }
         }
-        if let Some(literal) = text.strip_prefix('"') {
-            if let Some(end) = literal.find('"') {
-                let word = &literal[..end];
-                if !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
-                    found.push(word.to_owned());
-                }
+        if let Some(literal) = text.strip_prefix('"')
+            && let Some(end) = literal.find('"')
+        {
+            let word = &literal[..end];
+            if !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+                found.push(word.to_owned());
             }
         }
     }
@@ -697,10 +697,11 @@ fn quoted_after(source: &str, openers: &[&str]) -> BTreeSet<String> {
     for opener in openers {
         for (at, _) in source.match_indices(opener) {
             let rest = &source[at + opener.len()..];
-            if let Some((name, _)) = rest.split_once('"') {
-                if !name.is_empty() && !name.contains('.') {
-                    names.insert(name.to_owned());
-                }
+            if let Some((name, _)) = rest.split_once('"')
+                && !name.is_empty()
+                && !name.contains('.')
+            {
+                names.insert(name.to_owned());
             }
         }
     }

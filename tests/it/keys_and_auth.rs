@@ -15,7 +15,7 @@ use common::http_server::serve;
 use common::redis_server::RedisServer;
 use http::Request;
 use modelgate::api::KeyRoutesLayer;
-use modelgate::auth::{looks_like_key, ApiKey, BearerAuthLayer, KeyHash};
+use modelgate::auth::{ApiKey, BearerAuthLayer, KeyHash, looks_like_key};
 use modelgate::body::BodyLimitLayer;
 use modelgate::clock::{Clock, ManualClock};
 use modelgate::context::RequestContext;
@@ -23,10 +23,10 @@ use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::free_quota::FreeQuotaRules;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{
-    AccountBalance, MemoryStore, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest,
-    Settlement, TimeSource, NANOS_PER_CREDIT,
+    AccountBalance, MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, ReserveOutcome,
+    ReserveRequest, Settlement, TimeSource,
 };
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tower::ServiceBuilder;
 
 /// A Wednesday, mid-month, mid-day.
@@ -518,11 +518,13 @@ async fn the_operators_key_is_out_of_every_accounts_reach() {
             .unwrap_or_else(|| panic!("{name}: {}", all.body));
         assert_eq!(own["account"], ":operator");
         assert_eq!(own["current"], true);
-        assert!(all.body["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|key| key["current"] == (key["hash"] == operator_hash.as_str())));
+        assert!(
+            all.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|key| key["current"] == (key["hash"] == operator_hash.as_str()))
+        );
 
         // No account takes the reserved id, and it is no account.
         let taken = gateway
@@ -617,10 +619,12 @@ async fn no_key_disables_deletes_or_reports_itself() {
             Some(json!({"disabled": true})),
         )
         .await;
-        assert!(operator_reply.body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("proxy reset-operator-key"));
+        assert!(
+            operator_reply.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("proxy reset-operator-key")
+        );
         // The operator disables and deletes the manager, another key.
         let disabled = gateway
             .manage(
@@ -1400,10 +1404,12 @@ async fn a_top_up_retried_with_its_idempotency_key_credits_once() {
                 refused.body["error"]["metadata"]["param"],
                 "Idempotency-Key"
             );
-            assert!(refused.body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("Idempotency-Key"));
+            assert!(
+                refused.body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Idempotency-Key")
+            );
         }
         let balance = gateway
             .directory
@@ -1502,11 +1508,13 @@ async fn credits_and_balance_follow_purchases_and_spending() {
         );
         // An account is created on first use, with nothing purchased.
         assert!(gateway.directory.account_exists("shop").await.unwrap());
-        assert!(!gateway
-            .directory
-            .account_exists("never-used")
-            .await
-            .unwrap());
+        assert!(
+            !gateway
+                .directory
+                .account_exists("never-used")
+                .await
+                .unwrap()
+        );
     }
 }
 
@@ -1856,10 +1864,12 @@ async fn the_layers_work_without_axum_in_plain_tower() {
         .unwrap()
         .to_bytes();
     let body: Value = serde_json::from_slice(&body).unwrap();
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("BearerAuth"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("BearerAuth")
+    );
 }
 
 #[tokio::test]

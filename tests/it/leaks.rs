@@ -12,20 +12,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use common::gateway::{chat, instance_with_cache, key_of};
 use common::redis_server::RedisServer;
 use common::smtp::SmtpServer;
-use common::wait::{wait_for, wait_until, PATIENCE};
+use common::wait::{PATIENCE, wait_for, wait_until};
 use modelgate::clock::SystemClock;
 use modelgate::keys::{KeyDirectory, NewAccount, NewKey, SharedStore};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
 use p256::ecdsa::signature::Signer as _;
 use p256::ecdsa::{DerSignature, SigningKey};
 use p256::elliptic_curve::Generate as _;
 use p256::pkcs8::{EncodePublicKey as _, LineEnding};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
 

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::post;
 use axum::Router;
+use axum::routing::post;
 use chrono::{DateTime, TimeZone, Utc};
 use common::http_server::serve;
 use common::redis_server::{CommandWatch, RedisServer};
@@ -24,9 +24,9 @@ use modelgate::free_quota::FreeModelQuotaLayer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
 use modelgate::store::{
-    FailurePolicy, MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT,
+    FailurePolicy, MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, TimeSource,
 };
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tower::ServiceBuilder;
 
 /// 2026-11-18 12:00:30 UTC, a Wednesday.
@@ -257,10 +257,12 @@ async fn the_account_rule_is_shared_by_every_key_and_holds_under_load() {
         assert_refusals(&replies, "model_rate");
         let refused = replies.iter().find(|reply| reply.status == 429).unwrap();
         assert_eq!(refused.headers["x-ratelimit-limit"], "5", "{name}");
-        assert!(refused.body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("openai/gpt-4o"));
+        assert!(
+            refused.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("openai/gpt-4o")
+        );
         // The 35 refusals counted nowhere: the account has 25 left of 30.
         let replies = burst(&addresses, &keys, "anthropic/claude-3.5-sonnet", 100).await;
         assert_eq!(count(&replies, 200), 25, "{name}");
@@ -304,13 +306,15 @@ async fn a_keys_own_rate_and_model_list_hold_under_load_and_refusals_count_nowhe
             }),
             ..NewKey::named("narrow")
         };
-        let narrow = vec![directory
-            .create_key(narrow)
-            .await
-            .unwrap()
-            .0
-            .expose()
-            .to_owned()];
+        let narrow = vec![
+            directory
+                .create_key(narrow)
+                .await
+                .unwrap()
+                .0
+                .expose()
+                .to_owned(),
+        ];
         // Models outside its list: 403, in any case, and a variant it
         // does not name.
         for model in [

@@ -16,7 +16,7 @@ use common::gateway::{instance, key_of};
 use common::redis_server::RedisServer;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// 5 management calls per account, then one each 12 s.
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1},

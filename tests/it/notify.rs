@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use chrono::{TimeZone, Utc};
 use common::http_server::serve;
-use common::smtp::{closed_address, SmtpServer};
+use common::smtp::{SmtpServer, closed_address};
 use hmac::{Hmac, Mac};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use modelgate::notify::{EmailSettings, LeakNotice, Notifier, WebhookSettings};
 use modelgate::secrets::Secret;
 use sha2::Sha256;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{Semaphore, watch};
 
 const FROM: &str = "modelgate <keys@example.com>";
 const WEBHOOK_SECRET: &str = "notify-test-webhook-secret-0123";

@@ -37,11 +37,11 @@ use http::{Request, Response};
 use http_body_util::Full;
 use modelgate::clock::{Clock, ManualClock};
 use modelgate::keys::{KeyDirectory, NewAccount, NewKey, SharedStore};
-use modelgate::oauth::{s256_challenge, AuthCode, CODE_LIFETIME};
+use modelgate::oauth::{AuthCode, CODE_LIFETIME, s256_challenge};
 use modelgate::settings::CONTENT_SECURITY_POLICY;
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
 use rand::distr::{Alphanumeric, SampleString};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// A credit per completion token and 0.1 per prompt token (a request of
 /// `paid()` holds 40 × 0.1 + 5 = 9 credits and costs 2 × 0.1 + 5 = 5.2),
@@ -1006,12 +1006,14 @@ async fn a_person_authorizes_an_app_in_a_browser_and_the_app_uses_its_key() {
         browser.text("app-origin").await,
         format!("http://127.0.0.1:{}", app.port())
     );
-    assert!(browser
-        .button(None, "Sign in")
-        .await
-        .is_displayed()
-        .await
-        .unwrap());
+    assert!(
+        browser
+            .button(None, "Sign in")
+            .await
+            .is_displayed()
+            .await
+            .unwrap()
+    );
     assert!(!browser.displayed("consent").await);
 
     // Signed in as on the key settings page.
@@ -1107,13 +1109,30 @@ async fn a_bad_request_shows_an_error_and_no_authorize_button() {
     browser.button(Some("consent"), "Authorize").await;
 
     let bad_requests = [
-        (consent_url(address, "javascript:alert(document.domain)", &challenge), "callback_url must start with https://"),
-        (consent_url(address, "http://app.example.com/cb", &challenge), "http:// only for localhost"),
-        (consent_url(address, "https://app.example.com/cb#x", &challenge), "#fragment"),
-        (consent_url(address, "https://app.example.com/cb", "short"), "code_challenge must be 43"),
-        (format!("http://{address}/auth?code_challenge={challenge}"), "callback_url is missing"),
         (
-            format!("http://{address}/auth?callback_url=https://a.example/&code_challenge={challenge}&code_challenge_method=S512"),
+            consent_url(address, "javascript:alert(document.domain)", &challenge),
+            "callback_url must start with https://",
+        ),
+        (
+            consent_url(address, "http://app.example.com/cb", &challenge),
+            "http:// only for localhost",
+        ),
+        (
+            consent_url(address, "https://app.example.com/cb#x", &challenge),
+            "#fragment",
+        ),
+        (
+            consent_url(address, "https://app.example.com/cb", "short"),
+            "code_challenge must be 43",
+        ),
+        (
+            format!("http://{address}/auth?code_challenge={challenge}"),
+            "callback_url is missing",
+        ),
+        (
+            format!(
+                "http://{address}/auth?callback_url=https://a.example/&code_challenge={challenge}&code_challenge_method=S512"
+            ),
             "code_challenge_method must be S256 or plain",
         ),
     ];

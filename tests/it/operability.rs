@@ -11,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use common::redis_server::RedisServer;
-use common::wait::{wait_for, wait_until, PATIENCE};
-use serde_json::{json, Value};
+use common::wait::{PATIENCE, wait_for, wait_until};
+use serde_json::{Value, json};
 
 const WEBHOOK_SECRET: &str = "ops-webhook-secret-0123456789";
 

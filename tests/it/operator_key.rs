@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
-use common::wait::{wait_for, wait_for_blocking, PATIENCE};
+use common::wait::{PATIENCE, wait_for, wait_for_blocking};
 use modelgate::auth::ApiKey;
 use modelgate::clock::{Clock, SystemClock};
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore, OPERATOR_ACCOUNT};
+use modelgate::keys::{KeyDirectory, NewKey, OPERATOR_ACCOUNT, SharedStore};
 use modelgate::store::{
-    Expect, MemoryStore, PutOptions, RecordStoreExt, RedisStore, RedisStoreConfig, KEYS,
+    Expect, KEYS, MemoryStore, PutOptions, RecordStoreExt, RedisStore, RedisStoreConfig,
 };
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// The proxy on `redis` (in memory when `None`), with `admin_key` as
 /// `MODELGATE_ADMIN_KEY` when given (unset otherwise).
@@ -368,21 +368,25 @@ async fn concurrent_mints_make_one_key(stores: Vec<SharedStore>) {
     assert_eq!(operators[0].account, OPERATOR_ACCOUNT);
     assert!(!operators[0].disabled);
     // Later starts make none, before and after a reset.
-    assert!(directories[1]
-        .mint_operator_key("operator")
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        directories[1]
+            .mint_operator_key("operator")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let (new, disabled) = directories[1]
         .replace_operator_keys("operator")
         .await
         .unwrap();
     assert_eq!(disabled, 1);
-    assert!(directories[0]
-        .mint_operator_key("operator")
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        directories[0]
+            .mint_operator_key("operator")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let live: Vec<String> = directories[0]
         .operator_keys()
         .await

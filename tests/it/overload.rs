@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::examples::ProxyProcess;
 use common::redis_server::RedisServer;
-use common::wait::{wait_for, wait_until, PATIENCE};
+use common::wait::{PATIENCE, wait_for, wait_until};
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use modelgate::auth::ApiKey;
@@ -27,7 +27,7 @@ use modelgate::store::{RedisStore, RedisStoreConfig};
 use p256::ecdsa::SigningKey;
 use p256::elliptic_curve::Generate as _;
 use p256::pkcs8::{EncodePublicKey as _, LineEnding};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -842,7 +842,7 @@ async fn slow_unauthenticated_bodies_hold_no_place_of_a_good_key() {
     // with more than 3 is refused at once now, whatever it sends.
     let blocked: Vec<_> = slow_per_address
         .iter()
-        .filter(|(_, &count)| count > 3)
+        .filter(|&(_, &count)| count > 3)
         .map(|(from, _)| *from)
         .collect();
     assert!(!blocked.is_empty(), "{slow_per_address:?}");

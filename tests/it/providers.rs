@@ -13,15 +13,15 @@ use crate::common;
 use crate::mock;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{build_gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
+use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, UpstreamConfig, build_gateway};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
+use serde_json::{Value, json};
 
 const ALPHA_KEY: &str = "alpha-provider-key-0123456789";
 const BETA_KEY: &str = "beta-provider-key-0123456789";
@@ -153,11 +153,12 @@ impl Gateway {
         let text = response.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::Null);
         // Its cost lands just after its answer: tests read it next.
-        assert!(self
-            .settlements
-            .flush(std::time::Duration::from_secs(10))
-            .await
-            .is_empty());
+        assert!(
+            self.settlements
+                .flush(std::time::Duration::from_secs(10))
+                .await
+                .is_empty()
+        );
         Reply {
             status,
             model_header,
@@ -883,10 +884,12 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
                 reply.body["error"]["metadata"]["reason"],
                 "model_not_allowed"
             );
-            assert!(reply.body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains(&model));
+            assert!(
+                reply.body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&model)
+            );
         }
         assert_eq!(
             gateway.store.account_balance("acme").await.unwrap(),

@@ -16,9 +16,9 @@ use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::clock::ManualClock;
 use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{gateway_with_clock, GatewayConfig, GatewayPlan, Upstream};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
+use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, gateway_with_clock};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
+use serde_json::{Value, json};
 
 const CONFIG: &str = r#"{
     "pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 2},
@@ -88,10 +88,12 @@ async fn chat_and_stream_pass_through_unchanged() {
 
     let reply = post(&url, Some(&key), &chat_body("openai/gpt-4o-mini", false)).await;
     assert_eq!(reply.status(), 200);
-    assert!(reply.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .starts_with("mg-"));
+    assert!(
+        reply.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .starts_with("mg-")
+    );
     let body: Value = reply.json().await.unwrap();
     assert_eq!(
         body["choices"][0]["message"]["content"],
@@ -230,10 +232,12 @@ async fn a_503_is_retried_and_the_retry_answers() {
     .await;
     assert_eq!(reply.status(), 200, "the second attempt answered");
     let body: Value = reply.json().await.unwrap();
-    assert!(body["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .starts_with("Hello"));
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Hello")
+    );
 }
 
 #[tokio::test]
@@ -694,11 +698,13 @@ async fn with_one_upstream_no_account_key_is_taken_and_nothing_is_byok() {
     let seen: Value =
         serde_json::from_str(body["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
     assert_eq!(seen["authorization"], "Bearer sk-upstream");
-    assert!(built
-        .settlements
-        .flush(Duration::from_secs(10))
-        .await
-        .is_empty());
+    assert!(
+        built
+            .settlements
+            .flush(Duration::from_secs(10))
+            .await
+            .is_empty()
+    );
     let status: Value = client
         .get(format!("http://{address}/api/v1/key"))
         .bearer_auth(&key)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{CommandWatch, RedisCluster, RedisServer};
 use common::relay::Relay;
-use common::wait::{wait_for, wait_until, PATIENCE};
+use common::wait::{PATIENCE, wait_for, wait_until};
 use modelgate::clock::Period;
 use modelgate::store::{
     AdmitRequest, Check, CounterStore, Expect, HoldRenewal, KeyLimit, KeyTerms, LedgerStore, Limit,
@@ -809,11 +809,13 @@ async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
     // A hold that expires unsettled lapses: known until its settlement
     // takes it, which replaces it with its marker.
     let later = removed;
-    assert!(store
-        .reserve(&reserve_request(), later)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&reserve_request(), later)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let expired = later + chrono::Duration::seconds(60);
     store.key_usage("acct", "key", expired).await.unwrap();
     let state = |mut connection: redis::aio::MultiplexedConnection| async move {
@@ -847,19 +849,23 @@ async fn a_renewal_of_thousands_of_holds_renews_them_all_and_lapses_the_expired(
         ttl: Duration::from_secs(ttl_secs),
         ..reserve_request()
     };
-    assert!(store
-        .reserve(&hold("old".into(), 1), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&hold("old".into(), 1), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let mut renewals = Vec::new();
     for request in 0..4_100 {
         let id = format!("r{request}");
-        assert!(store
-            .reserve(&hold(id.clone(), 60), t0())
-            .await
-            .unwrap()
-            .is_reserved());
+        assert!(
+            store
+                .reserve(&hold(id.clone(), 60), t0())
+                .await
+                .unwrap()
+                .is_reserved()
+        );
         renewals.push(HoldRenewal {
             key: "key".into(),
             reservation_id: id,
@@ -988,11 +994,13 @@ async fn a_hold_outlived_on_an_idle_key_is_still_charged() {
         counts_against_key_limit: true,
         ..reserve_request()
     };
-    assert!(store
-        .reserve(&hold, chrono::Utc::now())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&hold, chrono::Utc::now())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     // Past the hold's lifetime and the slack, by Redis's own clock.
     let outlived = server.clock() + Duration::from_millis(200 + 100);
     wait_until(
@@ -1951,10 +1959,12 @@ async fn a_collection_of_expiring_records_leaves_redis_by_itself() {
         assert!((60_000..=65_000).contains(pttl), "{name}: {pttl}");
     }
     put("kept", PutOptions::default(), t0()).await;
-    assert!(lifetimes(&connection)
-        .await
-        .iter()
-        .all(|(_, pttl)| *pttl == -1));
+    assert!(
+        lifetimes(&connection)
+            .await
+            .iter()
+            .all(|(_, pttl)| *pttl == -1)
+    );
     store
         .delete_record_at(&collection, "kept", Expect::Any, t0())
         .await
@@ -2170,7 +2180,7 @@ async fn the_scripts_write_integers_exactly() {
 mod money_model {
     use super::*;
     use modelgate::store::{
-        AccountBalance, KeyUsage, ReserveOutcome, LAPSED_HOLD_MEMORY, SETTLEMENT_MEMORY,
+        AccountBalance, KeyUsage, LAPSED_HOLD_MEMORY, ReserveOutcome, SETTLEMENT_MEMORY,
         SETTLEMENT_RETRY_WINDOW,
     };
     use proptest::sample::Index;
@@ -2295,17 +2305,17 @@ mod money_model {
         /// lapse, lapses past their memory are forgotten.
         fn lapse(&mut self, now: DateTime<Utc>) {
             for request in &mut self.requests {
-                if let State::Held { expires_at } = request.state {
-                    if expires_at <= now {
-                        request.state = State::Lapsed {
-                            forget_at: after(now, LAPSED_HOLD_MEMORY),
-                        };
-                    }
+                if let State::Held { expires_at } = request.state
+                    && expires_at <= now
+                {
+                    request.state = State::Lapsed {
+                        forget_at: after(now, LAPSED_HOLD_MEMORY),
+                    };
                 }
-                if let State::Lapsed { forget_at } = request.state {
-                    if forget_at <= now {
-                        request.state = State::LapseForgotten;
-                    }
+                if let State::Lapsed { forget_at } = request.state
+                    && forget_at <= now
+                {
+                    request.state = State::LapseForgotten;
                 }
             }
         }

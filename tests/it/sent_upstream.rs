@@ -14,8 +14,8 @@ use common::gateway::{instance, key_of};
 use common::redis_server::RedisServer;
 use common::settle::key_settled;
 use modelgate::keys::SharedStore;
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
+use serde_json::{Value, json};
 
 /// One credit a token, three attempts, each wait before a retry cut to
 /// [`RETRY_WAIT`] (a backoff of 1 s and more, or an upstream's 1 s

@@ -31,7 +31,7 @@ use common::examples::ProxyProcess;
 use common::wait::{wait_for, wait_until};
 use modelgate::auth::ApiKey;
 use modelgate::settings::CONTENT_SECURITY_POLICY;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// One Chromium at a time: the machine has two cores.
 static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -852,10 +852,12 @@ async fn generations_are_paged_and_exported_on_the_page() {
     assert!(!newer.is_enabled().await.unwrap());
     browser.click(Some("generations"), "Older").await;
     let rest = generations_until(browser, 3).await;
-    assert!(browser
-        .text("generation-caption")
-        .await
-        .contains("21 to 23"));
+    assert!(
+        browser
+            .text("generation-caption")
+            .await
+            .contains("21 to 23")
+    );
     assert!(!older.is_enabled().await.unwrap());
     assert!(newer.is_enabled().await.unwrap());
     let ids: std::collections::BTreeSet<&str> = newest
@@ -878,11 +880,12 @@ async fn generations_are_paged_and_exported_on_the_page() {
         link.attr("download").await.unwrap().as_deref(),
         Some("generations-default.csv")
     );
-    assert!(link
-        .attr("href")
-        .await
-        .unwrap()
-        .is_some_and(|href| href.starts_with("blob:")));
+    assert!(
+        link.attr("href")
+            .await
+            .unwrap()
+            .is_some_and(|href| href.starts_with("blob:"))
+    );
     assert_eq!(browser.csp_violations().await, json!([]));
     page.close().await;
 }
@@ -1023,18 +1026,22 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     browser.click(Some("edit-key"), "Cancel").await;
     edit(&browser, "acme app").await;
     assert!(!browser.displayed("edit-current-note").await);
-    assert!(browser
-        .by_id("edit-disabled")
-        .await
-        .is_enabled()
-        .await
-        .unwrap());
-    assert!(browser
-        .by_id("delete-key")
-        .await
-        .is_enabled()
-        .await
-        .unwrap());
+    assert!(
+        browser
+            .by_id("edit-disabled")
+            .await
+            .is_enabled()
+            .await
+            .unwrap()
+    );
+    assert!(
+        browser
+            .by_id("delete-key")
+            .await
+            .is_enabled()
+            .await
+            .unwrap()
+    );
 
     // The API refuses what the page does not offer.
     let hash = own["hash"].as_str().unwrap();
@@ -1727,9 +1734,11 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         [OTHER_PAID, PAID_MODEL].into(),
         "two models spent: {activity:?}"
     );
-    assert!(activity
-        .iter()
-        .any(|row| row["model"] == FREE && row["usage"] == 0));
+    assert!(
+        activity
+            .iter()
+            .any(|row| row["model"] == FREE && row["usage"] == 0)
+    );
 
     // The page, refreshed, shows the same rows in its table.
     let rows = refreshing_until(browser, "generations", || async {

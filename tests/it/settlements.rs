@@ -31,10 +31,10 @@ use std::time::Duration;
 use common::examples::{ProxyProcess, WatchedProxy};
 use common::redis_server::RedisServer;
 use common::relay::Relay;
-use common::wait::{wait_for, wait_until, PATIENCE};
+use common::wait::{PATIENCE, wait_for, wait_until};
 use futures::future::join_all;
 use modelgate::auth::KeyHash;
-use modelgate::store::{LedgerStore, RedisStore, RedisStoreConfig, NANOS_PER_CREDIT};
+use modelgate::store::{LedgerStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig};
 use serde_json::json;
 
 const STREAMS: usize = 20;

@@ -7,9 +7,9 @@ use crate::common;
 
 use std::process::Command;
 
-use common::examples::{binary, ProxyProcess};
-use common::wait::{wait_for, wait_until, PATIENCE};
-use modelgate::store::{LedgerStore, SqliteStore, SqliteStoreConfig, NANOS_PER_CREDIT};
+use common::examples::{ProxyProcess, binary};
+use common::wait::{PATIENCE, wait_for, wait_until};
+use modelgate::store::{LedgerStore, NANOS_PER_CREDIT, SqliteStore, SqliteStoreConfig};
 use serde_json::json;
 
 /// A gateway config: every token costs 1000 nano-credits, 3 s holds, no
@@ -256,9 +256,11 @@ async fn killed_mid_burst_and_started_again_nothing_committed_is_lost() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert!(spend
-        .iter()
-        .all(|(spender, day, _)| *spender == hash && day.len() == 10));
+    assert!(
+        spend
+            .iter()
+            .all(|(spender, day, _)| *spender == hash && day.len() == 10)
+    );
     let spent_nanos: f64 =
         spend.iter().map(|(_, _, credits)| credits).sum::<f64>() * NANOS_PER_CREDIT as f64;
     assert!((spent_nanos - usage.total_nanos as f64).abs() <= tolerance as f64);
@@ -294,10 +296,12 @@ async fn two_proxies_on_one_file_share_a_key_limit_exactly() {
     let first = ProxyProcess::spawn_watched(proxy_command(&database, &config));
     let admin_key = printed_key(&first.printed_before);
     let second = ProxyProcess::spawn_watched(proxy_command(&database, &config));
-    assert!(second
-        .printed_before
-        .iter()
-        .all(|line| !line.contains("management key")));
+    assert!(
+        second
+            .printed_before
+            .iter()
+            .all(|line| !line.contains("management key"))
+    );
     let client = reqwest::Client::new();
     fund(&client, &first.proxy.address, &admin_key).await;
     // A key whose limit lets only a few requests through.

@@ -8,19 +8,19 @@
 
 use crate::common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, KeyLimit, KeyTerms, Limit,
-    MemoryStore, PurchaseTier, PutOptions, PutOutcome, RecordKeeping, RedisStore, RedisStoreConfig,
-    ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome, Store, StoreError,
-    StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome, IDEMPOTENCY_KEY_TTL_HOURS,
-    MAX_APP_USAGE_ROWS, MAX_IDEMPOTENCY_KEY_BYTES, NANOS_PER_CREDIT,
+    AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, IDEMPOTENCY_KEY_TTL_HOURS,
+    KeyLimit, KeyTerms, Limit, MAX_APP_USAGE_ROWS, MAX_IDEMPOTENCY_KEY_BYTES, MemoryStore,
+    NANOS_PER_CREDIT, PurchaseTier, PutOptions, PutOutcome, RecordKeeping, RedisStore,
+    RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome,
+    Store, StoreError, StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -299,10 +299,12 @@ async fn invalid_checks_are_refused<S: Store>(store: Arc<S>) {
         },
         1,
     )];
-    assert!(store
-        .check_and_add("acct", &zero_window, t0())
-        .await
-        .is_err());
+    assert!(
+        store
+            .check_and_add("acct", &zero_window, t0())
+            .await
+            .is_err()
+    );
     let zero_rate = [Check::new(
         "g",
         Limit::Gcra {
@@ -324,10 +326,12 @@ async fn invalid_checks_are_refused<S: Store>(store: Arc<S>) {
         fixed(1, 1),
         modelgate::store::MAX_EXACT + 1,
     )];
-    assert!(store
-        .check_and_add("acct", &huge_amount, t0())
-        .await
-        .is_err());
+    assert!(
+        store
+            .check_and_add("acct", &huge_amount, t0())
+            .await
+            .is_err()
+    );
     // Nothing was counted by the refused calls.
     assert_eq!(
         add(&*store, "acct", "a", fixed(1, 1), 0, t0())
@@ -1411,18 +1415,22 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         key: "other-key".into(),
         ..request
     };
-    assert!(store
-        .reserve(&paid_hold("seen-lapsing", credits(4), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("seen-lapsing", credits(4), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     // Nothing reads the other key until its settlement: its usage is
     // charged then, its balance by any call on the account.
-    assert!(store
-        .reserve(&on_other_key(paid_hold("slow", credits(4), None)), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&on_other_key(paid_hold("slow", credits(4), None)), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let expired = after(61 * SECOND);
     for _ in 0..2 {
         assert_eq!(
@@ -1450,21 +1458,25 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
     assert_eq!((other.total_nanos, other.reserved_nanos), (credits(3), 0));
     // A lapsed id reserved again holds again; its settlement replaces the
     // lapse's charge and takes the new hold, once.
-    assert!(store
-        .reserve(&paid_hold("again", credits(1), None), late)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("again", credits(1), None), late)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let relapsed = late + chrono::Duration::seconds(61);
     assert_eq!(
         account_totals(&*store, relapsed).await,
         (credits(2), 0, credits(5))
     );
-    assert!(store
-        .reserve(&paid_hold("again", credits(2), None), relapsed)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("again", credits(2), None), relapsed)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     assert_eq!(account_totals(&*store, relapsed).await.1, credits(2));
     for _ in 0..2 {
         store
@@ -1477,11 +1489,13 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
         (credits(3), 0, credits(4))
     );
     // A refused re-reservation leaves a lapsed hold as it was.
-    assert!(store
-        .reserve(&paid_hold("kept", credits(1), None), relapsed)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("kept", credits(1), None), relapsed)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let kept_lapsed = relapsed + chrono::Duration::seconds(61);
     let over_limit = ReserveRequest {
         key_limit: Some(KeyLimit {
@@ -1527,17 +1541,19 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
             key: format!("key-{id}"),
             ..granted(id, credits(1) / 2)
         };
-        assert!(store
-            .reserve(
-                &ReserveRequest {
-                    key: hold.key.clone(),
-                    ..paid_hold(id, credits(1), None)
-                },
-                start
-            )
-            .await
-            .unwrap()
-            .is_reserved());
+        assert!(
+            store
+                .reserve(
+                    &ReserveRequest {
+                        key: hold.key.clone(),
+                        ..paid_hold(id, credits(1), None)
+                    },
+                    start
+                )
+                .await
+                .unwrap()
+                .is_reserved()
+        );
         if seen {
             store.key_usage("acct", &hold.key, expiry).await.unwrap();
         }
@@ -1559,11 +1575,13 @@ async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
     // A stream far longer than the hold's lifetime: renewed every 20 s,
     // its hold keeps counting, so the balance is never promised twice.
     store.top_up("acct", credits(5)).await.unwrap();
-    assert!(store
-        .reserve(&paid_hold("long", credits(4), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("long", credits(4), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let renewal = |id: &str| HoldRenewal {
         key: "key-hash".into(),
         reservation_id: id.into(),
@@ -1608,11 +1626,13 @@ async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
     );
     // A hold renewed no more (its instance died) lapses a lifetime after
     // its last renewal, charged in full; a renewal then is too late.
-    assert!(store
-        .reserve(&paid_hold("orphan", credits(1), None), end)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("orphan", credits(1), None), end)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let renewed_at = end + chrono::Duration::seconds(20);
     store
         .renew_holds("acct", &[renewal("orphan")], ttl, renewed_at)
@@ -1636,11 +1656,13 @@ async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
         (credits(4), 0, credits(1))
     );
     // A renewal never shortens a hold.
-    assert!(store
-        .reserve(&paid_hold("short", credits(1), None), lapsed)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("short", credits(1), None), lapsed)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     store
         .renew_holds("acct", &[renewal("short")], Duration::from_secs(1), lapsed)
         .await
@@ -1652,11 +1674,13 @@ async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
     // as long as renewals ask for it: its settlement, two days on, still
     // replaces it.
     store.top_up("acct", credits(5)).await.unwrap();
-    assert!(store
-        .reserve(&paid_hold("cut-off", credits(1), None), soon)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("cut-off", credits(1), None), soon)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let cut_off_lapsed = soon + chrono::Duration::seconds(61);
     let (used, _, balance) = account_totals(&*store, cut_off_lapsed).await;
     for hours in [20, 40] {
@@ -1686,10 +1710,12 @@ async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
     );
     // Invalid lifetimes are refused.
     for bad in [Duration::ZERO, Duration::from_secs(366 * 86_400)] {
-        assert!(store
-            .renew_holds("acct", &[renewal("short")], bad, soon)
-            .await
-            .is_err());
+        assert!(
+            store
+                .renew_holds("acct", &[renewal("short")], bad, soon)
+                .await
+                .is_err()
+        );
     }
 }
 
@@ -1716,11 +1742,13 @@ async fn a_lapse_leaves_a_generation_record_its_settlement_replaces<S: Store>(st
         assert!(store.reserve(&request, t0()).await.unwrap().is_reserved());
     }
     // A hold without the setting leaves no record.
-    assert!(store
-        .reserve(&paid_hold("silent", credits(1), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("silent", credits(1), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     let lapsed_at = after(61 * SECOND);
     store.key_usage("acct", "key-a", lapsed_at).await.unwrap();
     store.key_usage("acct", "key-b", lapsed_at).await.unwrap();
@@ -1751,11 +1779,13 @@ async fn a_lapse_leaves_a_generation_record_its_settlement_replaces<S: Store>(st
             .unwrap(),
     );
     assert_eq!(byok["is_byok"], true);
-    assert!(store
-        .generation("acct", "silent", lapsed_at)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        store
+            .generation("acct", "silent", lapsed_at)
+            .await
+            .unwrap()
+            .is_none()
+    );
     // Each backend writes the same record, to the byte.
     assert_eq!(
         store.generation("acct", "orphan", lapsed_at).await.unwrap(),
@@ -1825,11 +1855,13 @@ async fn a_key_s_own_terms_decide_its_admission<S: Store>(store: Arc<S>) {
             resets_at: Some(Utc.with_ymd_and_hms(2024, 1, 2, 0, 0, 0).unwrap()),
         }
     );
-    assert!(store
-        .reserve(&reservation("b", credits(2), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&reservation("b", credits(2), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     assert!(matches!(
         store
             .reserve(&reservation("c", credits(2), None), t0())
@@ -1881,10 +1913,12 @@ async fn a_key_s_own_terms_decide_its_admission<S: Store>(store: Arc<S>) {
         }),
         expires_at: None,
     };
-    assert!(store
-        .set_key_terms("acct", "key-hash", &negative)
-        .await
-        .is_err());
+    assert!(
+        store
+            .set_key_terms("acct", "key-hash", &negative)
+            .await
+            .is_err()
+    );
 }
 
 async fn every_ledger_call_lapses_what_has_expired_alike<S: Store>(store: Arc<S>) {
@@ -1919,11 +1953,13 @@ async fn every_ledger_call_lapses_what_has_expired_alike<S: Store>(store: Arc<S>
         .await
         .unwrap();
     assert!(!refused.admitted);
-    assert!(store
-        .generation("acct", "orphan", lapsed_at)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(
+        store
+            .generation("acct", "orphan", lapsed_at)
+            .await
+            .unwrap()
+            .is_some()
+    );
     let usage = store
         .key_usage("acct", "key-hash", lapsed_at)
         .await
@@ -1935,11 +1971,13 @@ async fn every_ledger_call_lapses_what_has_expired_alike<S: Store>(store: Arc<S>
         .settle(&granted("orphan", 0), lapsed_at)
         .await
         .unwrap();
-    assert!(store
-        .generation("acct", "orphan", lapsed_at)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        store
+            .generation("acct", "orphan", lapsed_at)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(
         account_totals(&*store, lapsed_at).await,
         (0, 0, credits(10))
@@ -2086,20 +2124,22 @@ async fn ledger_limits_are_exact_beyond_two_to_the_53<S: Store>(store: Arc<S>) {
         (usage.total_nanos, usage.reserved_nanos),
         (limit_nanos - 2, 1)
     );
-    assert!(store
-        .reserve(
-            &reservation(
-                "bad",
-                1,
-                Some(KeyLimit {
-                    limit_nanos: -1,
-                    ..limit
-                })
-            ),
-            t0()
-        )
-        .await
-        .is_err());
+    assert!(
+        store
+            .reserve(
+                &reservation(
+                    "bad",
+                    1,
+                    Some(KeyLimit {
+                        limit_nanos: -1,
+                        ..limit
+                    })
+                ),
+                t0()
+            )
+            .await
+            .is_err()
+    );
     let forever = ReserveRequest {
         ttl: Duration::MAX,
         ..reservation("ttl", 1, None)
@@ -2562,11 +2602,13 @@ async fn a_revoked_key_is_refused_before_its_counters_and_costs_nothing<S: Store
         account: "acct2".into(),
         ..paid_hold("e", credits(1), None)
     };
-    assert!(store
-        .reserve(&other_account, t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&other_account, t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     assert_eq!(
         store
             .reserve(&paid_hold("f", credits(1), None), t0())
@@ -2755,9 +2797,11 @@ async fn app_usage_counts_per_period_and_rolls_forward<S: Store>(store: Arc<S>) 
         assert_eq!(app_rows(&*store, "*", period, wednesday).await, expected);
     }
     // Scopes are apart.
-    assert!(app_rows(&*store, "acct", Period::Day, wednesday)
-        .await
-        .is_empty());
+    assert!(
+        app_rows(&*store, "acct", Period::Day, wednesday)
+            .await
+            .is_empty()
+    );
     // The next day (and month): only the week goes on.
     let thursday = wednesday + chrono::Duration::hours(2);
     store
@@ -2780,9 +2824,11 @@ async fn app_usage_counts_per_period_and_rolls_forward<S: Store>(store: Arc<S>) 
     assert_eq!(app_rows(&*store, "*", Period::Day, thursday).await, only_b);
     // Nothing read for a period not written yet.
     let next_week = thursday + chrono::Duration::days(7);
-    assert!(app_rows(&*store, "*", Period::Week, next_week)
-        .await
-        .is_empty());
+    assert!(
+        app_rows(&*store, "*", Period::Week, next_week)
+            .await
+            .is_empty()
+    );
     // Bad rows are refused whole.
     let bad = [app_row("", "m1", 1, 1), app_row("x\u{1f}y", "m1", 1, 1)];
     for row in bad {
@@ -2810,9 +2856,11 @@ async fn app_usage_keeps_at_most_its_rows<S: Store>(store: Arc<S>) {
         .unwrap();
     let counted = store.app_usage("*", Period::Day, t0()).await.unwrap();
     assert_eq!(counted.len(), MAX_APP_USAGE_ROWS);
-    assert!(counted
-        .iter()
-        .any(|row| row.app == "app0" && row.requests == 2));
+    assert!(
+        counted
+            .iter()
+            .any(|row| row.app == "app0" && row.requests == 2)
+    );
 }
 
 async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
@@ -2820,16 +2868,20 @@ async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
     // Holds on two keys of the account draw on the one balance.
     let mut on_other_key = paid_hold("k2-a", credits(2), None);
     on_other_key.key = "other-key".into();
-    assert!(store
-        .reserve(&on_other_key, t0())
-        .await
-        .unwrap()
-        .is_reserved());
-    assert!(store
-        .reserve(&paid_hold("a", credits(2), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&on_other_key, t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
+    assert!(
+        store
+            .reserve(&paid_hold("a", credits(2), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     assert_eq!(
         store
             .reserve(&paid_hold("b", credits(2), None), t0())
@@ -2869,11 +2921,13 @@ async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
         .unwrap();
     let balance = store.account_balance("acct").await.unwrap();
     assert_eq!(balance.balance_nanos, credits(4));
-    assert!(store
-        .reserve(&paid_hold("e", credits(1), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("e", credits(1), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     // A BYOK hold (not covered by the balance) is not bounded by it.
     let byok = ReserveRequest {
         covered_by_balance: false,
@@ -2902,11 +2956,13 @@ async fn the_balance_bounds_the_account_holds<S: Store>(store: Arc<S>) {
         .unwrap();
     let balance = store.account_balance("acct").await.unwrap();
     assert_eq!(balance.balance_nanos, credits(3) / 2);
-    assert!(store
-        .reserve(&paid_hold("g", credits(3) / 2, None), later)
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("g", credits(3) / 2, None), later)
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     // The BYOK hold lapsed into the key's BYOK usage, not the balance.
     let usage = store.key_usage("acct", "key-hash", later).await.unwrap();
     assert_eq!(usage.byok_total_nanos, credits(100));
@@ -2923,11 +2979,13 @@ async fn a_flexible_hold_takes_what_the_key_limit_leaves<S: Store>(store: Arc<S>
         key_limit: Some(limit),
         ..paid_hold(id, amount, least)
     };
-    assert!(store
-        .reserve(&hold("a", credits(2), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&hold("a", credits(2), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     assert_eq!(
         store
             .reserve(&hold("b", credits(2), Some(1)), t0())
@@ -2997,11 +3055,13 @@ async fn a_hold_whose_settlement_came_first_holds_nothing<S: Store>(store: Arc<S
     let usage = store.key_usage("acct", "key-hash", t0()).await.unwrap();
     assert_eq!(usage.reserved_nanos, 0);
     // The whole balance is still there for others.
-    assert!(store
-        .reserve(&paid_hold("other", credits(10), None), t0())
-        .await
-        .unwrap()
-        .is_reserved());
+    assert!(
+        store
+            .reserve(&paid_hold("other", credits(10), None), t0())
+            .await
+            .unwrap()
+            .is_reserved()
+    );
     // A least amount of zero still stops at the key's limit.
     let limited = ReserveRequest {
         key_limit: Some(KeyLimit {
@@ -3177,22 +3237,28 @@ async fn records_list_newest_first<S: Store>(store: Arc<S>) {
             .collect::<Vec<_>>(),
         ["f2", "f1"]
     );
-    assert!(store
-        .list_records_at(&flows, 0, 0, t0())
-        .await
-        .unwrap()
-        .is_empty());
-    assert!(store
-        .list_records_at(&flows, 10, 5, t0())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        store
+            .list_records_at(&flows, 0, 0, t0())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .list_records_at(&flows, 10, 5, t0())
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // Another session's collection is separate.
-    assert!(store
-        .list_records_at(&modelgate::store::flows("session:other"), 0, 10, t0())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        store
+            .list_records_at(&modelgate::store::flows("session:other"), 0, 10, t0())
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// A write with no lifetime and no cap, at `t0()`.
@@ -3302,11 +3368,13 @@ async fn records_expire_after_their_lifetime<S: Store>(store: Arc<S>) {
         .await,
         written(2)
     );
-    assert!(store
-        .get_record_at(&flows, "b", after(17 * SECOND))
-        .await
-        .unwrap()
-        .is_some());
+    assert!(
+        store
+            .get_record_at(&flows, "b", after(17 * SECOND))
+            .await
+            .unwrap()
+            .is_some()
+    );
     // An expired record is absent: a revision no longer matches, and a
     // create takes its id again from revision 1.
     assert_eq!(
@@ -3691,10 +3759,12 @@ async fn a_top_up_with_an_idempotency_key_credits_once<S: Store>(store: Arc<S>) 
         store.top_up_once("rich", huge, "big", t0()).await.unwrap(),
         TopUpOutcome::Repeated(balance(huge, huge))
     );
-    assert!(store
-        .top_up_once("rich", i64::MAX, "too-big", t0())
-        .await
-        .is_err());
+    assert!(
+        store
+            .top_up_once("rich", i64::MAX, "too-big", t0())
+            .await
+            .is_err()
+    );
     assert_eq!(
         store.top_up_once("rich", 1, "too-big", t0()).await.unwrap(),
         TopUpOutcome::Credited(balance(huge + 1, huge + 1))

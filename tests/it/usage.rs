@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use common::gateway::{instance, instance_with_clock};
 use common::redis_server::RedisServer;
-use common::wait::{wait_for, wait_until, PATIENCE};
+use common::wait::{PATIENCE, wait_for, wait_until};
 use modelgate::clock::ManualClock;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource, NANOS_PER_CREDIT};
-use serde_json::{json, Value};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, TimeSource};
+use serde_json::{Value, json};
 
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
 
@@ -662,7 +662,11 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
         let mini = json!({"model": "openai/gpt-4o-mini", "max_tokens": 5,
                           "messages": [{"role": "user", "content": "Hi"}]});
         for index in 0..5 {
-            let title: &[(&str, &str)] = if index == 4 { &[("x-title", "=1+1")] } else { &[] };
+            let title: &[(&str, &str)] = if index == 4 {
+                &[("x-title", "=1+1")]
+            } else {
+                &[]
+            };
             let reply = chat([a, b][index % 2], &two, title, &mini).await;
             assert_eq!(reply.status, 200, "{}", reply.body);
         }
@@ -676,7 +680,12 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
         let mut offset = Some(0);
         let mut pages = 0;
         while let Some(at) = offset {
-            let page = get(b, &format!("/api/v1/generations?limit=5&offset={at}"), &manager).await;
+            let page = get(
+                b,
+                &format!("/api/v1/generations?limit=5&offset={at}"),
+                &manager,
+            )
+            .await;
             assert_eq!(page.status, 200, "{}", page.body);
             ids.extend(
                 page.body["data"]
@@ -696,23 +705,43 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
 
         // Filters, alone and together.
         let count = |body: &Value| body["data"].as_array().unwrap().len();
-        let by_key = get(a, &format!("/api/v1/generations?limit=100&key={}", hash(&two)), &manager).await;
+        let by_key = get(
+            a,
+            &format!("/api/v1/generations?limit=100&key={}", hash(&two)),
+            &manager,
+        )
+        .await;
         assert_eq!(count(&by_key.body), 5);
-        assert!(by_key.body["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|record| record["key_hash"] == hash(&two).as_str()));
+        assert!(
+            by_key.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|record| record["key_hash"] == hash(&two).as_str())
+        );
         let by_model = get(a, "/api/v1/generations?limit=100&model=demo/paid", &manager).await;
         assert_eq!(count(&by_model.body), 7);
         let since = urlencode(&split.to_rfc3339());
-        let later = get(a, &format!("/api/v1/generations?limit=100&from={since}"), &manager).await;
+        let later = get(
+            a,
+            &format!("/api/v1/generations?limit=100&from={since}"),
+            &manager,
+        )
+        .await;
         assert_eq!(count(&later.body), 5);
-        let earlier = get(a, &format!("/api/v1/generations?limit=100&to={since}"), &manager).await;
+        let earlier = get(
+            a,
+            &format!("/api/v1/generations?limit=100&to={since}"),
+            &manager,
+        )
+        .await;
         assert_eq!(count(&earlier.body), 7);
         let none = get(
             a,
-            &format!("/api/v1/generations?limit=100&to={since}&key={}", hash(&two)),
+            &format!(
+                "/api/v1/generations?limit=100&to={since}&key={}",
+                hash(&two)
+            ),
             &manager,
         )
         .await;
@@ -726,21 +755,27 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
 
         // The CSV: a header, a row per record, formulas defused.
         let csv = reqwest::Client::new()
-            .get(format!("http://{a}/api/v1/generations?limit=100&format=csv"))
+            .get(format!(
+                "http://{a}/api/v1/generations?limit=100&format=csv"
+            ))
             .bearer_auth(&manager)
             .send()
             .await
             .unwrap();
         assert_eq!(csv.status(), 200);
         assert_eq!(csv.headers()["content-type"], "text/csv; charset=utf-8");
-        assert!(csv.headers()["content-disposition"]
-            .to_str()
-            .unwrap()
-            .contains("generations.csv"));
+        assert!(
+            csv.headers()["content-disposition"]
+                .to_str()
+                .unwrap()
+                .contains("generations.csv")
+        );
         let text = csv.text().await.unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 13, "{text}");
-        assert!(lines[0].starts_with("id,created_at,model,requested_model,provider_name,key_hash,"));
+        assert!(
+            lines[0].starts_with("id,created_at,model,requested_model,provider_name,key_hash,")
+        );
         assert!(lines[1].starts_with(&ids[0]), "newest first: {}", lines[1]);
         assert!(lines[1].ends_with(",'=1+1"), "{}", lines[1]);
     })

@@ -26,11 +26,11 @@ use modelgate::secrets::{ResolveLimits, SecretProviders};
 use modelgate::store::FailurePolicy;
 use modelgate::store::{MemoryStore, RedisStore, RedisStoreConfig, TimeSource};
 use modelgate::webhook::{
-    resolve_routes, CancelOutcome, ClientAddr, FlowStatus, TaskLaunch, TaskRunner, TaskRunnerError,
-    TaskStatus, TaskUpdate, WebhookLimits, WebhookRoute, WebhookSecretLayer, WebhooksConfig,
+    CancelOutcome, ClientAddr, FlowStatus, TaskLaunch, TaskRunner, TaskRunnerError, TaskStatus,
+    TaskUpdate, WebhookLimits, WebhookRoute, WebhookSecretLayer, WebhooksConfig, resolve_routes,
 };
-use serde_json::{json, Value};
-use tower::{service_fn, ServiceBuilder};
+use serde_json::{Value, json};
+use tower::{ServiceBuilder, service_fn};
 
 const SECRET: &str = "deploys-secret-0123456789";
 const AUDIT_SECRET: &str = "audit-secret-0123456789ab";
@@ -250,9 +250,11 @@ async fn every_rejection(address: SocketAddr) {
         assert_eq!(reply.body["ok"], false, "{code}");
         assert_eq!(reply.body["code"], code);
         assert_eq!(reply.body["routeId"], "deploys");
-        assert!(reply.body["error"]
-            .as_str()
-            .is_some_and(|error| !error.is_empty()));
+        assert!(
+            reply.body["error"]
+                .as_str()
+                .is_some_and(|error| !error.is_empty())
+        );
         assert!(reply.body["result"].is_object());
         reply
     };
@@ -359,10 +361,12 @@ async fn every_rejection(address: SocketAddr) {
     )
     .await;
     let bad_json = check(bad_json, 400, "invalid_request");
-    assert!(bad_json.body["error"]
-        .as_str()
-        .unwrap()
-        .contains("not valid JSON"));
+    assert!(
+        bad_json.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
     let bad_field = check(
         post(
             address,
@@ -386,10 +390,12 @@ async fn every_rejection(address: SocketAddr) {
         400,
         "invalid_request",
     );
-    assert!(bad_revision.body["error"]
-        .as_str()
-        .unwrap()
-        .contains("expectedRevision"));
+    assert!(
+        bad_revision.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("expectedRevision")
+    );
 
     check(
         post(
@@ -1270,7 +1276,7 @@ async fn the_example_serves_secrets_from_its_providers_and_skips_unresolvable_ro
 
 #[tokio::test]
 async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_layers() {
-    use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
+    use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, UpstreamConfig, gateway};
 
     let config = GatewayConfig::from_json(
         &json!({"plugins": {"entries": {"webhooks": {"enabled": true, "config": {
@@ -1329,7 +1335,7 @@ async fn the_proxy_serves_the_webhook_routes_of_its_config_before_the_gateway_la
 
 #[tokio::test]
 async fn the_proxy_reads_route_secrets_from_its_secrets_providers_and_hides_an_undeclared_one() {
-    use modelgate::proxy::{gateway, GatewayConfig, GatewayPlan, Upstream, UpstreamConfig};
+    use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, UpstreamConfig, gateway};
 
     let directory = tempfile::tempdir().unwrap();
     let vault = directory.path().join("secrets.json");
@@ -1539,8 +1545,10 @@ async fn a_store_that_is_down_gives_503_closed_or_open() {
         (unanswered.status, &unanswered.body["code"]),
         (503, &json!("unavailable"))
     );
-    assert!(unanswered.body["error"]
-        .as_str()
-        .unwrap()
-        .contains("flow store"));
+    assert!(
+        unanswered.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("flow store")
+    );
 }

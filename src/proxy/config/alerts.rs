@@ -42,7 +42,7 @@ impl AlertsSection {
             None if !with_email => {
                 return Err(ConfigError::new(
                     "alerts: nothing to send them with; set the email section or alerts.webhook",
-                ))
+                ));
             }
             None => {}
         }

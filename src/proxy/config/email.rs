@@ -3,10 +3,10 @@
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::secret_fields::{check_reference, read_secret};
 use super::ConfigError;
+use super::secret_fields::{check_reference, read_secret};
 use crate::notify::EmailSettings;
-use crate::secrets::{secret_ref_from_json, Redacted, SecretProviders, SecretSpec};
+use crate::secrets::{Redacted, SecretProviders, SecretSpec, secret_ref_from_json};
 
 /// `email` in [`GatewayConfig`](super::GatewayConfig).
 #[derive(Clone, Debug, Deserialize)]

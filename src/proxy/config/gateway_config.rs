@@ -9,9 +9,9 @@ use serde::Deserialize;
 use super::error::written_path;
 use super::plan::CheckedConfig;
 use super::{
-    AlertsSection, BodySection, ConfigError, CreditSection, EmailSection, GenerationsSection,
-    LeakScanningSection, OAuthSection, PluginsSection, ProviderSection, RetrySection,
-    SqliteSection, UpstreamSection, DEMO_PRICING, DEMO_RATE_LIMITS,
+    AlertsSection, BodySection, ConfigError, CreditSection, DEMO_PRICING, DEMO_RATE_LIMITS,
+    EmailSection, GenerationsSection, LeakScanningSection, OAuthSection, PluginsSection,
+    ProviderSection, RetrySection, SqliteSection, UpstreamSection,
 };
 use crate::auth::AuthFailureLimit;
 use crate::credit::PriceTable;

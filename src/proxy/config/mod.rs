@@ -59,7 +59,7 @@ pub use credit::CreditSection;
 pub use demo::{DEMO_PRICING, DEMO_RATE_LIMITS};
 pub use email::{EmailSection, SmtpServer};
 pub use error::ConfigError;
-pub use gateway_config::{GatewayConfig, DEFAULT_SHUTDOWN_GRACE};
+pub use gateway_config::{DEFAULT_SHUTDOWN_GRACE, GatewayConfig};
 pub use generations::GenerationsSection;
 pub use leak_scanning::LeakScanningSection;
 pub use notify_webhook::NotifyWebhookSection;

@@ -3,8 +3,8 @@
 
 use serde::Deserialize;
 
-use super::secret_fields::{check_reference, read_secret, secret_spec};
 use super::ConfigError;
+use super::secret_fields::{check_reference, read_secret, secret_spec};
 use crate::notify::WebhookSettings;
 use crate::secrets::{Redacted, SecretProviders, SecretSpec};
 

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 
 use super::ConfigError;
-use crate::oauth::{PlainPkce, DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT};
+use crate::oauth::{DEFAULT_MAX_PENDING_CODES_PER_ACCOUNT, PlainPkce};
 
 /// `oauth` in [`GatewayConfig`](super::GatewayConfig).
 #[derive(Clone, Debug, Default, Deserialize)]

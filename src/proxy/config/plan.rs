@@ -21,7 +21,7 @@ use crate::proxy::{ModelCatalog, ProviderUpstream, RetryPolicy};
 use crate::rate_limit::{RateLimitRules, RateRule};
 use crate::secrets::ResolveLimits;
 use crate::usage::Generations;
-use crate::webhook::{resolve_routes, WebhookLimits, WebhookRoute};
+use crate::webhook::{WebhookLimits, WebhookRoute, resolve_routes};
 
 /// A gateway's configuration made ready to build from, once, at load: the
 /// config checked (the same checks and errors as

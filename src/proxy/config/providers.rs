@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::secret_fields::{check_reference, optional_secret_spec, read_secret};
 use super::ConfigError;
+use super::secret_fields::{check_reference, optional_secret_spec, read_secret};
 use crate::credit::BoundField;
 use crate::proxy::{ProviderUpstream, Upstream, UpstreamConfig};
 use crate::secrets::{Redacted, Secret, SecretProviders, SecretSpec};

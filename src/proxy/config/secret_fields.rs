@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::ConfigError;
 use crate::secrets::{
-    resolve_secret, secret_ref_from_json, ResolveLimits, Secret, SecretProviders, SecretSpec,
+    ResolveLimits, Secret, SecretProviders, SecretSpec, resolve_secret, secret_ref_from_json,
 };
 
 /// A secret's place: `{"env"}`, `{"file"}` or a SecretRef, never inline.

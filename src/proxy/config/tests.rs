@@ -91,7 +91,10 @@ fn each_section_refuses_a_bad_value_naming_its_path_and_what_is_expected() {
             r#"{"alerts": {"balance_below": 5}}"#,
             "config: alerts.balance_below: invalid type",
         ),
-        (r#"{"max_in_flight": 0}"#, "config: max_in_flight must be at least 1"),
+        (
+            r#"{"max_in_flight": 0}"#,
+            "config: max_in_flight must be at least 1",
+        ),
         (
             r#"{"unauthenticated": {"max_in_flight": 0}}"#,
             "config: unauthenticated.max_in_flight must be at least 1",
@@ -168,10 +171,16 @@ fn each_section_refuses_a_bad_value_naming_its_path_and_what_is_expected() {
             r#"{"sqlite": {"synchronous": "off"}}"#,
             "config: sqlite.synchronous: unknown variant `off`",
         ),
-        (r#"{"upstream": {}} trailing"#, "config: trailing characters"),
+        (
+            r#"{"upstream": {}} trailing"#,
+            "config: trailing characters",
+        ),
     ] {
         let error = refusal(json);
-        assert!(error.starts_with(expected), "{json}:\n  got {error}\n  not {expected}");
+        assert!(
+            error.starts_with(expected),
+            "{json}:\n  got {error}\n  not {expected}"
+        );
     }
 }
 

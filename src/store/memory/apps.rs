@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::store::{get_or_default, lock, MemoryStore};
+use super::store::{MemoryStore, get_or_default, lock};
 use crate::clock::Period;
-use crate::store::apps::{validate_app_usage, AppUsage, AppUsageStore, MAX_APP_USAGE_ROWS};
-use crate::store::rules::ledger::period_starts_micros;
 use crate::store::StoreError;
+use crate::store::apps::{AppUsage, AppUsageStore, MAX_APP_USAGE_ROWS, validate_app_usage};
+use crate::store::rules::ledger::period_starts_micros;
 
 /// One scope's app usage in one period (day, week or month).
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::store::{get_or_default, MemoryStore};
+use super::store::{MemoryStore, get_or_default};
 use crate::clock::unix_micros;
 use crate::store::counter::{duration_micros, validate_checks, validate_slot};
 use crate::store::rules::counter::check_all;
@@ -146,10 +146,12 @@ mod tests {
         assert_eq!(slots_held(&store), (500, 500));
         store.evict_expired(at(5 * SECOND + EXPIRY_SLACK_MICROS));
         assert_eq!(slots_held(&store), (0, 0));
-        assert!(store
-            .shards
-            .iter()
-            .all(|shard| lock(shard).slots.is_empty()));
+        assert!(
+            store
+                .shards
+                .iter()
+                .all(|shard| lock(shard).slots.is_empty())
+        );
     }
 
     #[tokio::test]

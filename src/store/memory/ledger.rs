@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::store::{get_or_default, MemoryStore};
+use super::store::{MemoryStore, get_or_default};
 use crate::clock::unix_micros;
 use crate::store::counter::duration_micros;
 use crate::store::ledger::{
@@ -25,9 +25,9 @@ use crate::store::ledger::{
 };
 use crate::store::rules::counter::check_all;
 use crate::store::rules::ledger::{
-    self as rules, decide_hold, decide_renewal, decide_settlement, key_refusal,
-    period_starts_micros, tiered_checks, Charged, Hold, HoldDecision, HoldView, Lapse,
-    RenewDecision, RenewedView, SettleDecision, SettledView, UsageSums,
+    self as rules, Charged, Hold, HoldDecision, HoldView, Lapse, RenewDecision, RenewedView,
+    SettleDecision, SettledView, UsageSums, decide_hold, decide_renewal, decide_settlement,
+    key_refusal, period_starts_micros, tiered_checks,
 };
 use crate::store::{
     AccountBalance, AdmitOutcome, AdmitRequest, FastMap, HoldRenewal, KeyTerms, KeyUsage,
@@ -190,14 +190,13 @@ impl Lapses {
             if *forget_at_micros > before_micros {
                 break;
             }
-            if let Some((forget_at_micros, id)) = self.order.pop_front() {
-                if self
+            if let Some((forget_at_micros, id)) = self.order.pop_front()
+                && self
                     .by_id
                     .get(&id)
                     .is_some_and(|lapse| lapse.forget_at_micros == forget_at_micros)
-                {
-                    self.by_id.remove(&id);
-                }
+            {
+                self.by_id.remove(&id);
             }
         }
     }
@@ -385,14 +384,13 @@ impl AccountLedger {
             if *forget_at_micros > now_micros {
                 break;
             }
-            if let Some((forget_at_micros, key)) = self.top_up_order.pop_front() {
-                if self
+            if let Some((forget_at_micros, key)) = self.top_up_order.pop_front()
+                && self
                     .top_ups
                     .get(&key)
                     .is_some_and(|remembered| remembered.forget_at_micros == forget_at_micros)
-                {
-                    self.top_ups.remove(&key);
-                }
+            {
+                self.top_ups.remove(&key);
             }
         }
     }

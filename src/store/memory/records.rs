@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::store::{lock, sweep_due, MemoryStore, SWEEP_INTERVAL_MICROS};
+use super::store::{MemoryStore, SWEEP_INTERVAL_MICROS, lock, sweep_due};
 use crate::clock::unix_micros;
 use crate::store::counter::duration_micros;
 use crate::store::records::validate_put;
@@ -61,10 +61,10 @@ impl Collection {
             .first()
             .is_some_and(|(expires_at_micros, _)| *expires_at_micros <= now_micros)
         {
-            if let Some((_, id)) = self.expiring.pop_first() {
-                if let Some(record) = self.records.remove(&id) {
-                    self.order.remove(&record.sequence);
-                }
+            if let Some((_, id)) = self.expiring.pop_first()
+                && let Some(record) = self.records.remove(&id)
+            {
+                self.order.remove(&record.sequence);
             }
         }
     }

@@ -10,10 +10,10 @@ use super::apps::AppPeriod;
 use super::ledger::AccountLedger;
 use super::records::Records;
 use crate::clock::unix_micros;
-use crate::store::rules::counter::{Counter, EXPIRY_SLACK_MICROS};
 use crate::store::FastMap;
 #[cfg(doc)]
 use crate::store::SETTLEMENT_MEMORY;
+use crate::store::rules::counter::{Counter, EXPIRY_SLACK_MICROS};
 
 /// Shards spread accounts over independent locks, so requests of different
 /// accounts rarely wait for each other.

@@ -13,13 +13,13 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::clock::{unix_micros, Period};
+use crate::clock::{Period, unix_micros};
 use crate::store::counter::duration_micros;
 use crate::store::ledger::{lapse_record, top_up_overflow};
 use crate::store::{
-    AccountBalance, AdmitRequest, Check, KeyLimit, KeyTerms, KeyUsage, RecordKeeping,
-    ReserveOutcome, ReserveRequest, SettlementRecord, StoreError, TopUpOutcome, LAPSED_HOLD_MEMORY,
-    SETTLEMENT_MEMORY,
+    AccountBalance, AdmitRequest, Check, KeyLimit, KeyTerms, KeyUsage, LAPSED_HOLD_MEMORY,
+    RecordKeeping, ReserveOutcome, ReserveRequest, SETTLEMENT_MEMORY, SettlementRecord, StoreError,
+    TopUpOutcome,
 };
 
 /// What a request in flight holds, as the ledger tracks it by its id.

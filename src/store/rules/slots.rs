@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::store::counter::micros_duration;
 use crate::store::SlotOutcome;
+use crate::store::counter::micros_duration;
 
 /// What one slot set holds at the instant of a call, its ended leases left
 /// out (a lease ending at `t` is held while `now < t`).

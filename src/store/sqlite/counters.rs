@@ -8,13 +8,13 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, params};
 use std::time::Duration;
 
-use super::{sql, SqliteStore};
+use super::{SqliteStore, sql};
 use crate::clock::unix_micros;
 use crate::store::counter::{duration_micros, validate_checks, validate_slot};
-use crate::store::rules::counter::{self, Counter, CounterState, WindowCount, EXPIRY_SLACK_MICROS};
+use crate::store::rules::counter::{self, Counter, CounterState, EXPIRY_SLACK_MICROS, WindowCount};
 use crate::store::rules::slots::{self, SlotsView};
 use crate::store::{Check, CheckOutcome, CounterStore, Decision, FastMap, SlotOutcome, StoreError};
 

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::store::{backend, sql, SqliteStoreConfig};
+use super::store::{SqliteStoreConfig, backend, sql};
 use super::{counters, ledger, records};
 use crate::store::{StoreError, StoreErrorKind};
 

@@ -265,12 +265,12 @@ mod tests {
                 let mut statement = db
                     .prepare("SELECT account, count(*) FROM ledger_top_ups GROUP BY account")
                     .map_err(sql("test"))?;
-                let rows = statement
+
+                statement
                     .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
                     .map_err(sql("test"))?
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(sql("test"));
-                rows
+                    .map_err(sql("test"))
             })
             .await
             .unwrap();

@@ -28,19 +28,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{counters, sql, SqliteStore};
-use crate::clock::{unix_micros, Period};
+use super::{SqliteStore, counters, sql};
+use crate::clock::{Period, unix_micros};
 use crate::store::counter::duration_micros;
 use crate::store::ledger::{
     idempotency_key_ttl, validate_admit, validate_amount, validate_key_terms, validate_renewals,
     validate_settlements, validate_top_up_once,
 };
 use crate::store::rules::ledger::{
-    self as rules, decide_hold, decide_renewal, decide_settlement, instant, key_refusal,
-    period_starts_micros, tiered_checks, Charged, Hold, HoldDecision, HoldView, Lapse, PeriodSums,
-    RenewDecision, RenewedView, SettleDecision, SettledView, UsageSums,
+    self as rules, Charged, Hold, HoldDecision, HoldView, Lapse, PeriodSums, RenewDecision,
+    RenewedView, SettleDecision, SettledView, UsageSums, decide_hold, decide_renewal,
+    decide_settlement, instant, key_refusal, period_starts_micros, tiered_checks,
 };
 use crate::store::{
     AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, KeyLimit, KeyTerms, KeyUsage,

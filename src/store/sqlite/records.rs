@@ -11,11 +11,11 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{sql, SqliteStore};
-use crate::clock::{unix_micros, Period};
-use crate::store::apps::{validate_app_usage, MAX_APP_USAGE_ROWS};
+use super::{SqliteStore, sql};
+use crate::clock::{Period, unix_micros};
+use crate::store::apps::{MAX_APP_USAGE_ROWS, validate_app_usage};
 use crate::store::counter::duration_micros;
 use crate::store::records::validate_put;
 use crate::store::rules::ledger::period_starts_micros;
@@ -226,12 +226,12 @@ fn put(
             current: current.map(|row| row.versioned),
         }));
     }
-    if current.is_none() {
-        if let Some(max_records) = options.max_records {
-            let live = live_count(connection, collection, now_micros)?;
-            if live >= max_records {
-                return Ok(PutOutcome::Full { records: live });
-            }
+    if current.is_none()
+        && let Some(max_records) = options.max_records
+    {
+        let live = live_count(connection, collection, now_micros)?;
+        if live >= max_records {
+            return Ok(PutOutcome::Full { records: live });
         }
     }
     let expires_at_micros = options
@@ -568,7 +568,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::store::{flows, MemoryStore, StoreErrorKind, KEYS};
+    use crate::store::{KEYS, MemoryStore, StoreErrorKind, flows};
 
     const SECOND: i64 = 1_000_000;
 
@@ -664,11 +664,13 @@ mod tests {
         }
         assert_eq!(rows_in_file(&store).await, 103);
         let later = at(week_micros + SECOND);
-        assert!(store
-            .list_records_at(&crowded, 0, 10, later)
-            .await
-            .unwrap()
-            .is_empty());
+        assert!(
+            store
+                .list_records_at(&crowded, 0, 10, later)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(rows_in_file(&store).await, 103 - PURGE_BATCH);
         store
             .delete_record_at(&crowded, "f0", Expect::Any, later)

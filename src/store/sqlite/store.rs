@@ -10,7 +10,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::file::open_connection;
-use super::jobs::{run_jobs, Answer, Job};
+use super::jobs::{Answer, Job, run_jobs};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// How a [`SqliteStore`] opens its file.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::wait::wait_for;
 

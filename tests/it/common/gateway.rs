@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use modelgate::clock::{Clock, SystemClock};
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::proxy::{gateway_with_clock, GatewayConfig, GatewayPlan, Upstream};
+use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, gateway_with_clock};
 use modelgate::store::KeyLimit;
 use serde_json::Value;
 

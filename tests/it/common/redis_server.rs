@@ -18,7 +18,7 @@ use std::time::Duration;
 #[path = "wait.rs"]
 mod wait;
 
-use wait::{wait_for_blocking, wait_until_blocking, PATIENCE};
+use wait::{PATIENCE, wait_for_blocking, wait_until_blocking};
 
 const INSTALL_HINT: &str = "redis-server is not on PATH. Run the README's test command, \
 `./scripts/test.sh`, which installs it (apt-get install redis-server) and runs the tests.";

@@ -7,7 +7,7 @@
 
 use modelgate::store::{KeyUsage, LedgerStore};
 
-use super::wait::{wait_for, PATIENCE};
+use super::wait::{PATIENCE, wait_for};
 
 /// The key's usage once none of its requests holds anything: every
 /// settlement of its requests so far has landed. `now` is the gateway's

@@ -7,8 +7,8 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -53,10 +53,10 @@ impl Message {
                 Some(value) if line.starts_with([' ', '\t']) => value.push_str(line),
                 Some(_) => break,
                 None => {
-                    if let Some((field, value)) = line.split_once(':') {
-                        if field.eq_ignore_ascii_case(name) {
-                            found = Some(value.trim_start().to_owned());
-                        }
+                    if let Some((field, value)) = line.split_once(':')
+                        && field.eq_ignore_ascii_case(name)
+                    {
+                        found = Some(value.trim_start().to_owned());
                     }
                 }
             }
