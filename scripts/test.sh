@@ -2,9 +2,9 @@
 # The whole test suite on a fresh machine: installs what is missing
 # (redis-server, faketime, chromium, chromium-driver, curl, python3 and sqlite3
 # via apt-get,
-# rustfmt and clippy via rustup), then checks
-# formatting, lints, builds the docs and runs every test against a real
-# redis-server that the tests start on loopback ports.
+# rustfmt and clippy via rustup), then checks formatting, lints every target
+# as it is built, runs every test against a real redis-server that the tests
+# start on loopback ports, and builds the docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,26 +42,37 @@ fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
-cargo clippy --all-targets --locked -- -D warnings
-echo "==> cargo clippy --no-default-features (the layers alone)"
-cargo clippy --all-targets --no-default-features --locked -- -D warnings
+
+# Clippy lints the crate while it is compiled for the tests, instead of in a
+# check build of its own: `cargo clippy` is `cargo check` with
+# clippy-driver wrapping rustc for this package's crates, and that driver
+# compiles as rustc does. So every dependency is compiled once, for the
+# tests, and every target of the package (the library, its unit tests, the
+# integration tests, the benchmarks, the examples; with and without the
+# default features) is linted as it is built, warnings denied.
+CLIPPY_DRIVER="$(rustc --print sysroot)/bin/clippy-driver"
+if [ ! -x "$CLIPPY_DRIVER" ]; then
+  echo "clippy-driver is missing: rustup component add clippy" >&2
+  exit 1
+fi
+export RUSTC_WORKSPACE_WRAPPER="$CLIPPY_DRIVER"
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+
+echo "==> build and lint the tests and benchmarks, then the examples the tests run as processes"
+cargo test --lib --tests --benches --no-run --locked
+cargo build --examples --locked
+echo "==> cargo nextest run (unit and integration tests, and each benchmark once as a test)"
+cargo nextest run --lib --tests --benches --locked
+echo "==> cargo test --doc"
+cargo test --doc --locked
 echo "==> the layers alone bring no Redis, SQLite, lettre or P-256"
 if cargo tree --no-default-features --edges normal --prefix none --locked \
   | grep -E '^(redis|rusqlite|lettre|p256|hyper-rustls) '; then
   echo "a crate above is built without any feature asking for it" >&2
   exit 1
 fi
+echo "==> the layers alone, linted and tested on the in-process store (--no-default-features)"
+cargo build --examples --no-default-features --locked
+cargo nextest run --lib --tests --benches --no-default-features --locked
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
-echo "==> build the tests, then the examples they run as processes"
-cargo test --lib --tests --no-run --locked
-cargo build --examples --locked
-echo "==> cargo nextest run (unit and integration tests, each a process)"
-cargo nextest run --lib --tests --locked
-echo "==> cargo test --benches (each benchmark once, as a smoke test)"
-cargo test --benches --locked
-echo "==> cargo test --doc"
-cargo test --doc --locked
-echo "==> the layers alone, on the in-process store (--no-default-features)"
-cargo nextest run --lib --tests --no-default-features --locked
