@@ -1571,6 +1571,81 @@ async fn a_lapsed_hold_is_charged_once_by_its_late_settlement<S: Store>(store: A
     assert_eq!(balance, credits(13) - charged);
 }
 
+async fn a_cost_counts_in_the_periods_its_hold_was_admitted_in<S: Store>(store: Arc<S>) {
+    // Sunday 2024-03-31, a minute before midnight: the next minute is a new
+    // day, week and month. A request admitted then and charged after
+    // midnight (lapsed, settled late over its lapse, or settled on time)
+    // counts in the periods that held it, never in those that follow,
+    // which another request may have filled to their limit meanwhile.
+    let before_midnight = Utc.with_ymd_and_hms(2024, 3, 31, 23, 59, 0).unwrap();
+    let at = |seconds: i64| before_midnight + chrono::Duration::seconds(seconds);
+    store.top_up("acct", credits(10)).await.unwrap();
+    let limits = [Period::Day, Period::Week, Period::Month].map(|period| KeyLimit {
+        limit_nanos: credits(1),
+        reset: Some(period),
+        include_byok: false,
+    });
+    let hold = |id: &str, key: &str, amount_nanos: i64, limit: KeyLimit| ReserveRequest {
+        key: key.into(),
+        covered_by_balance: true,
+        ..reservation(id, amount_nanos, Some(limit))
+    };
+    let settled = |id: &str, key: &str, cost_nanos: i64| Settlement {
+        key: key.into(),
+        ..granted(id, cost_nanos)
+    };
+    for (index, limit) in limits.into_iter().enumerate() {
+        let key = format!("key-{index}");
+        let (late, on_time, filler) = (
+            format!("late-{index}"),
+            format!("on-time-{index}"),
+            format!("filler-{index}"),
+        );
+        for id in [&late, &on_time] {
+            let outcome = store
+                .reserve(&hold(id, &key, credits(1) / 4, limit), at(0))
+                .await
+                .unwrap();
+            assert!(outcome.is_reserved(), "{id}: {outcome:?}");
+        }
+        // After midnight, on time: it counts before midnight.
+        store
+            .settle(&settled(&on_time, &key, credits(1) / 5), at(30))
+            .await
+            .unwrap();
+        // The other hold lapses unsettled (its instance stopped), charged
+        // before midnight too; the new period is free to be filled.
+        let lapsed = store.key_usage("acct", &key, at(61)).await.unwrap();
+        assert_eq!(
+            (lapsed.total_nanos, lapsed.in_period(limit.reset, false)),
+            (credits(1) / 5 + credits(1) / 4, 0),
+            "{limit:?}"
+        );
+        let outcome = store
+            .reserve(&hold(&filler, &key, credits(1), limit), at(62))
+            .await
+            .unwrap();
+        assert!(outcome.is_reserved(), "{limit:?}: {outcome:?}");
+        store
+            .settle(&settled(&filler, &key, credits(1)), at(63))
+            .await
+            .unwrap();
+        // The lapsed request's settlement comes at last and replaces its
+        // lapse's charge, in the period that held it: the new one stays
+        // at its limit, not past it.
+        store
+            .settle(&settled(&late, &key, credits(1) / 2), at(64))
+            .await
+            .unwrap();
+        let usage = store.key_usage("acct", &key, at(65)).await.unwrap();
+        assert_eq!(
+            (usage.total_nanos, usage.in_period(limit.reset, false)),
+            (credits(1) / 5 + credits(1) + credits(1) / 2, credits(1)),
+            "{limit:?}"
+        );
+    }
+}
+
 async fn a_renewed_hold_lasts_as_long_as_its_request<S: Store>(store: Arc<S>) {
     // A stream far longer than the hold's lifetime: renewed every 20 s,
     // its hold keeps counting, so the balance is never promised twice.
@@ -4186,6 +4261,7 @@ conformance!(
     a_settled_id_is_remembered_longer_than_its_retries,
     a_settlement_is_recorded_once_hold_or_not,
     a_lapsed_hold_is_charged_once_by_its_late_settlement,
+    a_cost_counts_in_the_periods_its_hold_was_admitted_in,
     a_renewed_hold_lasts_as_long_as_its_request,
     a_key_s_own_terms_decide_its_admission,
     every_ledger_call_lapses_what_has_expired_alike,

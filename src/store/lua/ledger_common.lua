@@ -18,9 +18,12 @@
 --                       (n/d/w/m), BYOK counted (0/1), expiry (µs, '' never)
 --   r:<key>             revoked at (µs), absent while it works
 --   i:<id>              a request the ledger tracks:
---     'H:<amount>:<c|b>:<retention>:<most>:<key>' while it holds (c: the
---       balance covers it too; retention and most, when not empty, say how
---       its lapse's generation record is kept);
+--     'A:<admitted at>:<amount>:<c|b>:<retention>:<most>:<key>' while it
+--       holds (c: the balance covers it too; retention and most, when not
+--       empty, say how its lapse's generation record is kept; its cost
+--       counts in the periods containing the µs it was admitted at), or
+--       'H:<amount>:<c|b>:<retention>:<most>:<key>' for a hold an older
+--       version wrote (its cost counts in the periods it ends in);
 --     'S:<forget at>' once settled (its marker);
 --     'L:<forget at>:<amount>:<byok 0/1>:<ds>:<ws>:<ms>:<key>' once its
 --       hold lapsed, charged that amount in those periods.
@@ -326,12 +329,14 @@ local function usage_in(key, p)
   return kget(key, PERIOD[p]) or '0', kget(key, PERIOD_BYOK[p]) or '0'
 end
 
--- Adds `cost` (decimal text) to `key`'s usage in the current periods, own
--- or BYOK, and all time. Periods only roll forward: a cost stamped in a
--- period that has already rolled over (a caller's clock a moment behind)
--- counts in the all-time sums only.
-local function add_usage(key, cost, byok)
-  local k, now_starts = key_state(key), starts()
+-- Adds `cost` (decimal text) to `key`'s usage in the periods starting at
+-- `in_starts` (those its hold was admitted in; the current ones when
+-- nil), own or BYOK, and all time. Periods only roll forward: a cost
+-- stamped in a period that has already rolled over (a hold admitted
+-- before the period turned, a caller's clock a moment behind) counts in
+-- the all-time sums only.
+local function add_usage(key, cost, byok, in_starts)
+  local k, now_starts = key_state(key), in_starts or starts()
   -- In the packed usage, period p's start, own and BYOK sums are parts
   -- 3p, 3p + 1 and 3p + 2.
   for p = 1, 3 do
@@ -351,11 +356,22 @@ local function add_usage(key, cost, byok)
   k.dirty = true
 end
 
+-- Whether `value` is a live hold's ('A', or 'H' as an older version wrote).
+local function holds(value)
+  if not value or string.byte(value, 2) ~= 58 then return false end
+  local kind = string.byte(value, 1)
+  return kind == 65 or kind == 72
+end
 -- The parts of a hold's value: amount, covered (bool), retention, most
--- (text, '' when its lapse keeps no record), key.
+-- (text, '' when its lapse keeps no record), key, and the periods' starts
+-- of its admission (nil for an 'H' hold).
 local function hold_parts(value)
-  local _, _, amount, flag, retention, most, key = string.find(value, '^H:(%d+):([cb]):(%d*):(%d*):(.*)$')
-  return amount, flag == 'c', retention, most, key
+  local _, _, admitted, amount, flag, retention, most, key =
+    string.find(value, '^A:(%d+):(%d+):([cb]):(%d*):(%d*):(.*)$')
+  if not admitted then
+    _, _, amount, flag, retention, most, key = string.find(value, '^H:(%d+):([cb]):(%d*):(%d*):(.*)$')
+  end
+  return amount, flag == 'c', retention, most, key, admitted and period_starts(tonumber(admitted))
 end
 -- A settled ('S') or lapsed ('L') value whose time is not up yet.
 local BYTE = { S = 83, L = 76 }
@@ -392,10 +408,11 @@ end
 -- the balance covers it, and then the balance too, else BYOK), kept as
 -- 'L' for a late settlement to undo, with a record when the hold asked.
 local function lapse(id, value)
-  local amount, covered, retention, most, key = hold_parts(value)
+  local amount, covered, retention, most, key, admitted_in = hold_parts(value)
   release(value)
   local byok = not covered
-  if amount ~= '0' then add_usage(key, amount, byok) end
+  local s = admitted_in or starts()
+  if amount ~= '0' then add_usage(key, amount, byok, s) end
   if covered and amount ~= '0' then put('balance', signed_add(get('balance'), amount, true)) end
   if retention ~= '' then
     keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), most)
@@ -404,7 +421,6 @@ local function lapse(id, value)
   -- one, as a second lapse of one id replaces the first.
   if get('l:' .. id) then forget_field('l:' .. id) end
   local forget_at = C.now + C.lapse
-  local s = starts()
   put('i:' .. id, 'L:' .. int(forget_at) .. ':' .. amount .. ':' .. (byok and '1' or '0') .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3] .. ':' .. key)
   return forget_at
 end
@@ -445,7 +461,7 @@ local function sweep()
       load(fields)
       for _, id in ipairs(ids) do
         local value = get('i:' .. id)
-        if value and string.sub(value, 1, 2) == 'H:' then
+        if holds(value) then
           track(id, -lapse(id, value))
         else
           table.insert(C.gone, id)
@@ -460,7 +476,8 @@ end
 
 -- Gives back what the lapse `value` of `id` charged: to its key's usage
 -- (all time, and each period still the one it was charged in) and, unless
--- BYOK, to the balance; and removes its record.
+-- BYOK, to the balance; and removes its record. Returns the starts of the
+-- periods it was charged in.
 local function undo_lapse(id, value)
   local _, _, amount, byok, ds, ws, ms, key = string.find(value, '^L:%d+:(%d+):(%d):(%d+):(%d+):(%d+):(.*)$')
   local charged_in = { ds, ws, ms }
@@ -475,6 +492,7 @@ local function undo_lapse(id, value)
   if byok == '0' then put('balance', signed_add(get('balance'), amount, false)) end
   C.records[id] = nil
   C.unrecorded[id] = true
+  return charged_in
 end
 
 -- Removes the settled and lapsed ids whose time is up.

@@ -72,25 +72,29 @@ sweep()
 -- records nothing. One that finds neither its hold nor its marker (a hold
 -- Redis lost with its data) still records its cost: lost data costs a
 -- late charge, never a free request. One that finds its lapsed hold
--- replaces the lapse's charge. Returns 1 when recorded, 0 when the id was
--- settled already.
+-- replaces the lapse's charge. The cost counts in the periods its hold was
+-- admitted in (else those of the lapse it replaces, else the current
+-- ones). Returns 1 when recorded, 0 when the id was settled already.
 local function settle(key, id, cost, byok)
   local field = 'i:' .. id
   local value = get(field)
-  if value and string.sub(value, 1, 2) == 'H:' then
+  local charge_starts
+  if holds(value) then
+    charge_starts = select(6, hold_parts(value))
     release(value)
   elseif known(value, 'S') then
     return 0
   elseif known(value, 'L') then
-    undo_lapse(id, value)
+    charge_starts = undo_lapse(id, value)
   end
   -- A lapse its id was admitted again over (see hold) is undone too.
   local earlier = get('l:' .. id)
   if known(earlier, 'L') then
-    undo_lapse(id, earlier)
+    local earlier_starts = undo_lapse(id, earlier)
+    charge_starts = charge_starts or earlier_starts
     forget_field('l:' .. id)
   end
-  add_usage(key, cost, byok)
+  add_usage(key, cost, byok, charge_starts)
   if not byok and cost ~= '0' then put('balance', signed_add(get('balance'), cost, true)) end
   put(field, 'S:' .. int(now + memory))
   track(id, -(now + memory))
@@ -120,7 +124,7 @@ if renewals > 0 then
     local id = ARGV[r + 3 + i * 2]
     local value = get('i:' .. id)
     -- Renewed only by the key that holds it.
-    if value and string.sub(value, 1, 2) == 'H:' and select(5, hold_parts(value)) == ARGV[r + 2 + i * 2] then
+    if holds(value) and select(5, hold_parts(value)) == ARGV[r + 2 + i * 2] then
       renewed = renewed + 1
       table.insert(later, expires_at)
       table.insert(later, id)
@@ -182,7 +186,7 @@ local function hold(key)
   -- expected): the new hold replaces it, if granted; its amount is not
   -- among the holds the new one adds to.
   local replaced, replaced_covered, replaced_key = '0', false, nil
-  local holding = previous and string.sub(previous, 1, 2) == 'H:'
+  local holding = holds(previous)
   if holding then
     local amount_text, covered_before, _, _, its_key = hold_parts(previous)
     replaced, replaced_covered, replaced_key = amount_text, covered_before, its_key
@@ -221,7 +225,7 @@ local function hold(key)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
   if known(previous, 'L') then put('l:' .. id, previous) end
-  put(field, 'H:' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
+  put(field, 'A:' .. int(now) .. ':' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
     .. (ARGV[h + 13] ~= '' and ARGV[h + 14] or '') .. ':' .. key)
   kput(key, 'h', total)
   if covered then sput('held', add_held(sget('held'), grant)) end

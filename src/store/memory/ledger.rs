@@ -261,10 +261,10 @@ impl AccountLedger {
     }
 
     /// Releases `id`'s hold, if it has one, whichever key holds it.
-    fn release(&mut self, id: &str) {
-        if let Some(hold) = self.holds.remove(id) {
-            self.key(&hold.key).held_nanos -= i128::from(hold.amount_nanos);
-        }
+    fn release(&mut self, id: &str) -> Option<Hold> {
+        let hold = self.holds.remove(id)?;
+        self.key(&hold.key).held_nanos -= i128::from(hold.amount_nanos);
+        Some(hold)
     }
 
     /// Decides the hold `request` by the rules; a request whose id
@@ -314,13 +314,15 @@ impl AccountLedger {
     /// Records `settlement` once per reservation id and releases its hold.
     fn settle(&mut self, settlement: &Settlement, fingerprint: u64, now_micros: i64) {
         let id = settlement.reservation_id.as_str();
-        self.release(id);
+        let released = self.release(id);
         let view = SettledView {
             settled: self.settled.contains(fingerprint, now_micros),
+            hold_admitted_at_micros: released.and_then(|hold| hold.admitted_at_micros),
             lapse: self.lapses.get(id),
         };
         let SettleDecision::Record {
             undo,
+            charge_starts,
             marker_until_micros,
         } = decide_settlement(view, now_micros)
         else {
@@ -338,7 +340,7 @@ impl AccountLedger {
             settlement.cost_nanos,
             settlement.byok,
             self.charged(&settlement.key),
-            now_micros,
+            charge_starts,
         );
         if let Some(record) = &settlement.record {
             self.generations.put(id, record, now_micros);

@@ -28,6 +28,10 @@ pub(crate) struct Hold {
     /// The key (its hash) whose limit the hold counts against.
     pub(crate) key: Box<str>,
     pub(crate) amount_nanos: i64,
+    /// When it was admitted: its cost counts in the day, week and month
+    /// containing this instant, whenever it settles or lapses. `None` for a
+    /// hold an older version wrote, which counts in the periods it ends in.
+    pub(crate) admitted_at_micros: Option<i64>,
     /// When it lapses unless renewed or settled first.
     pub(crate) expires_at_micros: i64,
     /// Whether the account's balance holds it too: its lapse is then the
@@ -344,6 +348,7 @@ pub(crate) fn decide_hold(
         hold: Hold {
             key: request.key.as_str().into(),
             amount_nanos: granted_nanos,
+            admitted_at_micros: Some(now_micros),
             expires_at_micros: now_micros.saturating_add(duration_micros(request.ttl)),
             covered: request.covered_by_balance,
             lapse_record: request.lapse_record,
@@ -359,8 +364,9 @@ pub(crate) struct Charged<'a> {
 }
 
 /// Charges a hold that reached its expiry unsettled (its instance stopped
-/// renewing it): in full, to the key's own usage and the balance when the
-/// balance covered it, else to the key's BYOK usage. Returns the lapse to
+/// renewing it): in full, in the periods it was admitted in, to the key's
+/// own usage and the balance when the balance covered it, else to the
+/// key's BYOK usage. Returns the lapse to
 /// remember, for [`LAPSED_HOLD_MEMORY`], and its generation record when the
 /// hold asked for one. The caller has released the hold already.
 pub(crate) fn lapse(
@@ -371,7 +377,7 @@ pub(crate) fn lapse(
     now_micros: i64,
 ) -> (Lapse, Option<SettlementRecord>) {
     let byok = !hold.covered;
-    let starts = period_starts_micros(instant(now_micros));
+    let starts = period_starts_micros(instant(hold.admitted_at_micros.unwrap_or(now_micros)));
     charged.key_sums.record(hold.amount_nanos, byok, starts);
     if hold.covered {
         *charged.balance_nanos = charged.balance_nanos.saturating_sub(hold.amount_nanos);
@@ -410,12 +416,11 @@ pub(crate) fn undo_lapse(lapse: &Lapse, charged: Charged<'_>) {
     }
 }
 
-/// Records a settlement's cost: the key's usage in the current periods
-/// (own or BYOK) and, unless BYOK, the balance.
-pub(crate) fn charge(cost_nanos: i64, byok: bool, charged: Charged<'_>, now_micros: i64) {
-    charged
-        .key_sums
-        .record(cost_nanos, byok, period_starts_micros(instant(now_micros)));
+/// Records a settlement's cost: the key's usage (own or BYOK) in the
+/// periods starting at `starts`, those its hold was admitted in (see
+/// [`SettleDecision::Record`]), and, unless BYOK, the balance.
+pub(crate) fn charge(cost_nanos: i64, byok: bool, charged: Charged<'_>, starts: [i64; 3]) {
+    charged.key_sums.record(cost_nanos, byok, starts);
     if !byok {
         *charged.balance_nanos = charged.balance_nanos.saturating_sub(cost_nanos);
     }
@@ -426,6 +431,8 @@ pub(crate) fn charge(cost_nanos: i64, byok: bool, charged: Charged<'_>, now_micr
 pub(crate) struct SettledView<'a> {
     /// Its marker is live: settled already.
     pub(crate) settled: bool,
+    /// When its live hold was admitted, if it has one.
+    pub(crate) hold_admitted_at_micros: Option<i64>,
     /// The lapse it replaces, if one is known: its own, or the one its hold
     /// was admitted again over.
     pub(crate) lapse: Option<&'a Lapse>,
@@ -439,11 +446,17 @@ pub(crate) enum SettleDecision {
     /// Its marker says it was recorded: nothing more.
     Repeated,
     /// New: undo the lapse it replaces (with its record), if any, then
-    /// [`charge`] its cost, keep its record, and mark it settled until
-    /// `marker_until_micros`. A settlement that finds neither hold nor
-    /// marker (a hold the store lost) is recorded all the same.
+    /// [`charge`] its cost in the periods starting at `charge_starts`, keep
+    /// its record, and mark it settled until `marker_until_micros`. A
+    /// settlement that finds neither hold nor marker (a hold the store
+    /// lost) is recorded all the same.
     Record {
         undo: Option<Lapse>,
+        /// The day, week and month its hold was admitted in (the live
+        /// hold's, else the lapse's it replaces), so that a late
+        /// settlement never counts against a period that did not hold it;
+        /// the current ones when the store knows neither.
+        charge_starts: [i64; 3],
         marker_until_micros: i64,
     },
 }
@@ -454,11 +467,18 @@ pub(crate) fn decide_settlement(view: SettledView<'_>, now_micros: i64) -> Settl
     if view.settled {
         return SettleDecision::Repeated;
     }
+    let undo = view
+        .lapse
+        .filter(|lapse| lapse.is_known(now_micros))
+        .cloned();
+    let charge_starts = match (view.hold_admitted_at_micros, &undo) {
+        (Some(admitted_at_micros), _) => period_starts_micros(instant(admitted_at_micros)),
+        (None, Some(lapse)) => lapse.starts,
+        (None, None) => period_starts_micros(instant(now_micros)),
+    };
     SettleDecision::Record {
-        undo: view
-            .lapse
-            .filter(|lapse| lapse.is_known(now_micros))
-            .cloned(),
+        undo,
+        charge_starts,
         marker_until_micros: now_micros.saturating_add(duration_micros(SETTLEMENT_MEMORY)),
     }
 }
@@ -666,6 +686,7 @@ mod tests {
         let hold = Hold {
             key: "k".into(),
             amount_nanos: 300,
+            admitted_at_micros: Some(unix_micros(now())),
             expires_at_micros: unix_micros(now()),
             covered: true,
             lapse_record: None,
@@ -686,6 +707,7 @@ mod tests {
         let decision = decide_settlement(
             SettledView {
                 settled: false,
+                hold_admitted_at_micros: None,
                 lapse: Some(&lapse),
             },
             now_micros + 1,
@@ -707,6 +729,7 @@ mod tests {
         let repeated = decide_settlement(
             SettledView {
                 settled: true,
+                hold_admitted_at_micros: None,
                 lapse: None,
             },
             now_micros,

@@ -12,7 +12,7 @@ use crate::store::{StoreError, StoreErrorKind};
 
 /// The schema this version writes (`PRAGMA user_version`). A file at an
 /// older version is migrated when opened; a newer one is refused.
-pub const SQLITE_SCHEMA_VERSION: i64 = 1;
+pub const SQLITE_SCHEMA_VERSION: i64 = 2;
 
 /// SQLite's page cache, in KiB.
 const CACHE_KIB: i64 = 16 * 1024;
@@ -95,6 +95,10 @@ fn migrate(connection: &Connection) -> Result<(), StoreError> {
             for schema in [counters::SCHEMA, ledger::SCHEMA, records::SCHEMA] {
                 connection.execute_batch(schema).map_err(sql("open"))?;
             }
+        } else if version < 2 {
+            connection
+                .execute_batch(ledger::SCHEMA_2)
+                .map_err(sql("open"))?;
         }
         connection
             .pragma_update(None, "user_version", SQLITE_SCHEMA_VERSION)
@@ -156,6 +160,35 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
         }
+    }
+
+    #[test]
+    fn a_schema_1_file_is_migrated_and_keeps_its_rows() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        // Schema 1 is schema 2 without the holds' admission instants.
+        let connection = Connection::open(&path).unwrap();
+        connection
+            .execute_batch(
+                "ALTER TABLE ledger_requests DROP COLUMN admitted_at_micros;
+                 INSERT INTO ledger_requests (account, id, state, key, at_micros, amount_nanos, covered)
+                     VALUES ('acct', 'r1', 'H', 'k', 5, 7, 1);
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        drop(connection);
+        drop(store_in(&directory));
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
+        let (amount_nanos, admitted_at_micros): (i64, Option<i64>) = Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT amount_nanos, admitted_at_micros FROM ledger_requests WHERE id = 'r1'",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((amount_nanos, admitted_at_micros), (7, None));
     }
 
     #[test]

@@ -100,6 +100,7 @@ CREATE TABLE ledger_requests (
     lapse_day_start_micros INTEGER,
     lapse_week_start_micros INTEGER,
     lapse_month_start_micros INTEGER,
+    admitted_at_micros INTEGER,
     PRIMARY KEY (account, id)
 ) WITHOUT ROWID;
 CREATE INDEX ledger_requests_by_time ON ledger_requests (account, state, at_micros);
@@ -121,6 +122,12 @@ CREATE TABLE ledger_top_ups (
     PRIMARY KEY (account, idempotency_key)
 ) WITHOUT ROWID;
 CREATE INDEX ledger_top_ups_by_time ON ledger_top_ups (account, forget_at_micros);
+";
+
+/// Schema 2: a hold remembers when it was admitted (`NULL` in the rows of
+/// holds schema 1 wrote).
+pub(super) const SCHEMA_2: &str = "
+ALTER TABLE ledger_requests ADD COLUMN admitted_at_micros INTEGER;
 ";
 
 /// How often an account's forgotten rows are deleted, at most.
@@ -344,7 +351,7 @@ impl<'c> Call<'c> {
                 "SELECT state, key, at_micros, amount_nanos, covered, record_retention_micros,
                         record_most, lapse_forget_at_micros, lapse_key, lapse_amount_nanos,
                         lapse_byok, lapse_day_start_micros, lapse_week_start_micros,
-                        lapse_month_start_micros
+                        lapse_month_start_micros, admitted_at_micros
                  FROM ledger_requests WHERE account = ?1 AND id = ?2",
             )
             .and_then(|mut statement| {
@@ -369,6 +376,7 @@ impl<'c> Call<'c> {
                                 Request::Holding {
                                     hold: Hold {
                                         key: row.get::<_, String>(1)?.into(),
+                                        admitted_at_micros: row.get(14)?,
                                         expires_at_micros: at_micros,
                                         amount_nanos: row.get(3)?,
                                         covered: row.get(4)?,
@@ -402,6 +410,10 @@ impl<'c> Call<'c> {
 
     fn put_request(&self, id: &str, request: &Request) -> Result<(), StoreError> {
         let none = None::<i64>;
+        let admitted_at_micros = match request {
+            Request::Holding { hold, .. } => hold.admitted_at_micros,
+            _ => None,
+        };
         let (state, key, at_micros, amount_nanos, covered, record, lapse) = match request {
             Request::Holding { hold, earlier } => (
                 "H",
@@ -436,9 +448,9 @@ impl<'c> Call<'c> {
                      (account, id, state, key, at_micros, amount_nanos, covered,
                   record_retention_micros, record_most, lapse_forget_at_micros, lapse_key,
                   lapse_amount_nanos, lapse_byok, lapse_day_start_micros,
-                  lapse_week_start_micros, lapse_month_start_micros)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
-                     ON CONFLICT (account, id) DO UPDATE SET state = excluded.state, key = excluded.key, at_micros = excluded.at_micros, amount_nanos = excluded.amount_nanos, covered = excluded.covered, record_retention_micros = excluded.record_retention_micros, record_most = excluded.record_most, lapse_forget_at_micros = excluded.lapse_forget_at_micros, lapse_key = excluded.lapse_key, lapse_amount_nanos = excluded.lapse_amount_nanos, lapse_byok = excluded.lapse_byok, lapse_day_start_micros = excluded.lapse_day_start_micros, lapse_week_start_micros = excluded.lapse_week_start_micros, lapse_month_start_micros = excluded.lapse_month_start_micros",
+                  lapse_week_start_micros, lapse_month_start_micros, admitted_at_micros)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+                     ON CONFLICT (account, id) DO UPDATE SET state = excluded.state, key = excluded.key, at_micros = excluded.at_micros, amount_nanos = excluded.amount_nanos, covered = excluded.covered, record_retention_micros = excluded.record_retention_micros, record_most = excluded.record_most, lapse_forget_at_micros = excluded.lapse_forget_at_micros, lapse_key = excluded.lapse_key, lapse_amount_nanos = excluded.lapse_amount_nanos, lapse_byok = excluded.lapse_byok, lapse_day_start_micros = excluded.lapse_day_start_micros, lapse_week_start_micros = excluded.lapse_week_start_micros, lapse_month_start_micros = excluded.lapse_month_start_micros, admitted_at_micros = excluded.admitted_at_micros",
             )
             .and_then(|mut statement| {
                 statement.execute(params![
@@ -458,6 +470,7 @@ impl<'c> Call<'c> {
                     lapse.map_or(none, |lapse| Some(lapse.starts[0])),
                     lapse.map_or(none, |lapse| Some(lapse.starts[1])),
                     lapse.map_or(none, |lapse| Some(lapse.starts[2])),
+                    admitted_at_micros,
                 ])
             })
             .map_err(sql(OPERATION))?;
@@ -554,21 +567,25 @@ impl<'c> Call<'c> {
     /// as the rules decide.
     fn settle(&mut self, settlement: &Settlement, now_micros: i64) -> Result<(), StoreError> {
         let id = settlement.reservation_id.as_str();
-        let (settled, lapse) = match self.request(id)? {
-            Some(Request::Settled { forget_at_micros }) => (forget_at_micros > now_micros, None),
+        let (settled, hold_admitted_at_micros, lapse) = match self.request(id)? {
+            Some(Request::Settled { forget_at_micros }) => {
+                (forget_at_micros > now_micros, None, None)
+            }
             Some(Request::Holding { hold, earlier }) => {
                 self.release(&hold)?;
-                (false, earlier)
+                (false, hold.admitted_at_micros, earlier)
             }
-            Some(Request::Lapsed(lapse)) => (false, Some(lapse)),
-            None => (false, None),
+            Some(Request::Lapsed(lapse)) => (false, None, Some(lapse)),
+            None => (false, None, None),
         };
         let view = SettledView {
             settled,
+            hold_admitted_at_micros,
             lapse: lapse.as_ref(),
         };
         let SettleDecision::Record {
             undo,
+            charge_starts,
             marker_until_micros,
         } = decide_settlement(view, now_micros)
         else {
@@ -582,7 +599,7 @@ impl<'c> Call<'c> {
             settlement.cost_nanos,
             settlement.byok,
             self.charged(&settlement.key)?,
-            now_micros,
+            charge_starts,
         );
         if let Some(record) = &settlement.record {
             self.keep_generation(
