@@ -27,14 +27,25 @@ impl BoundField {
             BoundField::MaxCompletionTokens => "max_completion_tokens",
         }
     }
+
+    /// The field a provider reading this one may ignore.
+    fn other(self) -> BoundField {
+        match self {
+            BoundField::MaxTokens => BoundField::MaxCompletionTokens,
+            BoundField::MaxCompletionTokens => BoundField::MaxTokens,
+        }
+    }
 }
 
 /// What the gateway must change in a chat request body before it goes
 /// upstream. The default changes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BodyEdits {
-    /// Sets this field to this many tokens: for a request that set no
-    /// completion bound of its own.
+    /// Sets this field to this many tokens, and removes the other bound
+    /// field: the bound the hold pays for goes in the one field the
+    /// provider reads, whichever field the client used (a provider that
+    /// reads only `max_tokens` would ignore a `max_completion_tokens`
+    /// bound, and generate up to its own default).
     pub write_bound: Option<(BoundField, u64)>,
     /// Makes `stream_options.include_usage` true: for a streamed request
     /// whose client did not ask for usage.
@@ -47,7 +58,8 @@ pub struct BodyEdits {
 /// [`ChatRequest::parse`](crate::body::ChatRequest::parse) refuses before).
 ///
 /// `write_bound` sets that top-level field (in its place when the body has
-/// it, as a `null`, say; else last). `ask_stream_usage` makes
+/// it, as a `null`, say; else last) and removes the other bound field when
+/// the body has it. `ask_stream_usage` makes
 /// `stream_options.include_usage` true: it creates `stream_options`, or
 /// merges into the client's object, keeping its other fields (a
 /// `stream_options` that is not an object, which the parser refuses, is
@@ -79,6 +91,10 @@ pub fn edit_request_body(body: &[u8], edits: &BodyEdits) -> Option<Bytes> {
         let tokens = tokens.to_string();
         if object.get(field.name()).ok()? != Some(tokens.as_str()) {
             object.set(field.name(), tokens).ok()?;
+            changed = true;
+        }
+        if object.get(field.other().name()).ok()?.is_some() {
+            object.remove(field.other().name()).ok()?;
             changed = true;
         }
     }
@@ -155,6 +171,37 @@ mod tests {
             edit(r#"{"model":"p/m"}"#, edits).unwrap(),
             r#"{"model":"p/m","max_completion_tokens":7}"#
         );
+    }
+
+    #[test]
+    fn the_bound_moves_to_the_field_the_provider_reads() {
+        // A client that bounds only `max_completion_tokens` sent to a
+        // provider that reads `max_tokens`: the bound it was held for goes
+        // where that provider reads it, and the field it would ignore goes.
+        assert_eq!(
+            edit(
+                r#"{"model":"p/m","max_completion_tokens":1}"#,
+                BodyEdits {
+                    write_bound: Some((BoundField::MaxTokens, 1)),
+                    ask_stream_usage: false,
+                }
+            )
+            .unwrap(),
+            r#"{"model":"p/m","max_tokens":1}"#
+        );
+        let to_completion = BodyEdits {
+            write_bound: Some((BoundField::MaxCompletionTokens, 9)),
+            ask_stream_usage: false,
+        };
+        assert_eq!(
+            edit(
+                r#"{"max_tokens":9,"max_completion_tokens":9,"model":"p/m"}"#,
+                to_completion
+            )
+            .unwrap(),
+            r#"{"max_completion_tokens":9,"model":"p/m"}"#
+        );
+        assert_eq!(edit(r#"{"max_completion_tokens":9}"#, to_completion), None);
     }
 
     #[test]
@@ -300,12 +347,19 @@ mod tests {
             completion_field: bool,
             ask_stream_usage: bool,
             write_bound: bool,
+            client_bounds in proptest::option::of((proptest::option::of(1u64..1000), proptest::option::of(1u64..1000))),
         ) {
             let mut parts: Vec<String> = fields
                 .iter()
                 .filter(|(name, _)| !matches!(name.as_str(), "max_tokens" | "max_completion_tokens" | "stream_options"))
                 .map(|(name, value)| format!("\"{name}\": {value}"))
                 .collect();
+            let (client_max_tokens, client_max_completion_tokens) = client_bounds.unwrap_or_default();
+            for (name, value) in [("max_tokens", client_max_tokens), ("max_completion_tokens", client_max_completion_tokens)] {
+                if let Some(value) = value {
+                    parts.push(format!("\"{name}\": {value}"));
+                }
+            }
             if let Some(options) = &options {
                 let options: Vec<String> = options.iter().map(|(name, value)| format!("\"{name}\":{value}")).collect();
                 parts.push(format!("\"stream_options\": {{ {} }}", options.join(", ")));
@@ -315,19 +369,23 @@ mod tests {
             let edits = BodyEdits { write_bound: write_bound.then_some((field, tokens)), ask_stream_usage };
             let already_asked = options.as_ref().and_then(|o| o.get("include_usage")).is_some_and(|v| v == "true");
             let out = edit_request_body(body.as_bytes(), &edits);
+            let before = members(body.as_bytes());
             let Some(out) = out else {
-                prop_assert!(!write_bound && (!ask_stream_usage || already_asked));
+                let bound_in_place = before.get(field.name()).is_some_and(|value| value.get() == tokens.to_string())
+                    && !before.contains_key(field.other().name());
+                prop_assert!((!write_bound || bound_in_place) && (!ask_stream_usage || already_asked));
                 return Ok(());
             };
-            let before = members(body.as_bytes());
             let after = members(&out);
+            let bound_fields = ["max_tokens", "max_completion_tokens"];
             for (name, value) in &before {
-                if name != "stream_options" {
+                if name != "stream_options" && !(write_bound && bound_fields.contains(&name.as_str())) {
                     prop_assert_eq!(after[name].get(), value.get(), "{} changed", name);
                 }
             }
             if write_bound {
                 prop_assert_eq!(after[field.name()].get(), tokens.to_string());
+                prop_assert!(!after.contains_key(field.other().name()), "the other bound field stays");
             }
             let value: Value = serde_json::from_slice(&out).unwrap();
             if ask_stream_usage {
@@ -342,8 +400,10 @@ mod tests {
                     }
                 }
             }
-            let expected_names = before.len()
-                + usize::from(write_bound)
+            let bounds_before = bound_fields.iter().filter(|name| before.contains_key(**name)).count();
+            // With a bound written, exactly one bound field is left.
+            let names_before = if write_bound { before.len() + 1 - bounds_before } else { before.len() };
+            let expected_names = names_before
                 + usize::from(ask_stream_usage && !before.contains_key("stream_options"));
             prop_assert_eq!(after.len(), expected_names);
         }

@@ -20,9 +20,10 @@
 //! model's bound in its pricing, [`PromptBounds`]) and the completion
 //! bound, at the model's [`Pricing`].
 //! The bound is the client's `max_tokens` or `max_completion_tokens` (the
-//! larger when both are sent); a client that sets none gets one written
-//! into the request ([`CreditGuardLayer::default_max_tokens`], in the field
-//! [`CreditGuardLayer::completion_bound_field`] names), or, when the key's
+//! larger when both are sent), always sent in the one field the provider
+//! reads ([`CreditGuardLayer::completion_bound_field`]; the other is
+//! removed), so that a provider never ignores it; a client that sets none
+//! gets one written ([`CreditGuardLayer::default_max_tokens`]), or, when the key's
 //! limit or the balance cannot pay for that, as many tokens as they pay
 //! for: such a client is served until it cannot afford its prompt and one
 //! token. So the upstream never receives an unbounded request, and admitted

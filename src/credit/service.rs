@@ -767,8 +767,9 @@ fn hold_request(
 }
 
 /// The admitted request's additions, with the body edits its hold implies:
-/// a completion bound written when the client set none (what `held_nanos`
-/// pays for, up to the default), and a stream's usage asked for.
+/// the completion bound in the provider's field (the client's, or when the
+/// client set none what `held_nanos` pays for, up to the default), and a
+/// stream's usage asked for.
 fn admitted(
     meter: Option<Meter>,
     charge: Option<Charge>,
@@ -786,17 +787,19 @@ fn admitted(
             sent: None,
         };
     };
-    let write_bound = match charge.client_bound_tokens {
-        Some(_) => None,
-        None => Some(match held_nanos {
+    // Written whether or not the client set one: in the field the
+    // provider reads, which may not be the one the client used.
+    let write_bound = Some(match charge.client_bound_tokens {
+        Some(client_bound_tokens) => client_bound_tokens,
+        None => match held_nanos {
             // What the hold pays for, up to the default; the store held at
             // least the prompt and one token.
             Some(held_nanos) if held_nanos > 0 => charge
                 .affordable_tokens(held_nanos, charge.default_bound_tokens)
                 .max(1),
             _ => charge.default_bound_tokens,
-        }),
-    };
+        },
+    });
     let mut meter = meter;
     if let Some(meter) = &mut meter {
         // A request that ends without usage is charged what it could cost.

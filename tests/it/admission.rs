@@ -226,16 +226,19 @@ async fn the_upstream_always_receives_a_bound_the_hold_covers() {
     // The client's own bound goes as it is.
     let seen = upstream_saw(address, &key, paid(Some(10), false)).await;
     assert_eq!(seen["max_tokens"], 10);
+    // In the field this provider reads (`max_tokens`), whichever field the
+    // client used: a bound in a field it ignores would bound nothing.
+    let mut other_field = paid(None, false);
+    other_field["max_completion_tokens"] = json!(1);
+    let seen = upstream_saw(address, &key, other_field).await;
+    assert_eq!(seen["max_tokens"], 1, "{seen}");
+    assert!(seen.get("max_completion_tokens").is_none(), "{seen}");
+    // Both sent: the larger is what was held for, and what goes.
     let mut both = paid(Some(10), false);
     both["max_completion_tokens"] = json!(20);
     let seen = upstream_saw(address, &key, both).await;
-    assert_eq!(
-        (
-            seen["max_tokens"].clone(),
-            seen["max_completion_tokens"].clone()
-        ),
-        (json!(10), json!(20))
-    );
+    assert_eq!(seen["max_tokens"], 20, "{seen}");
+    assert!(seen.get("max_completion_tokens").is_none(), "{seen}");
     // A stream asks for usage, keeping the client's other stream options.
     let mut stream = paid(None, true);
     stream["stream_options"] = json!({"include_usage": false, "other": 1});
@@ -285,6 +288,10 @@ async fn a_provider_can_take_the_bound_as_max_completion_tokens() {
     let key = key_of(&store, "acme", None).await;
     let seen = upstream_saw(address, &key, paid(None, false)).await;
     assert_eq!(seen["max_completion_tokens"], 4096, "{seen}");
+    assert!(seen.get("max_tokens").is_none(), "{seen}");
+    // A client's `max_tokens` goes where this provider reads it.
+    let seen = upstream_saw(address, &key, paid(Some(7), false)).await;
+    assert_eq!(seen["max_completion_tokens"], 7, "{seen}");
     assert!(seen.get("max_tokens").is_none(), "{seen}");
 }
 
