@@ -4,8 +4,10 @@
 # built once, in one profile (`cargo fuzz build`: release with debug
 # assertions and coverage tracing; no sanitizer, since the crate forbids
 # unsafe code and AddressSanitizer would double the build and slow each
-# run; eight codegen units instead of one, so both cores compile), then
-# run from that build, FUZZ_JOBS at a time (default: the cores). The committed seeds in
+# run; eight codegen units instead of one, so both cores compile; and
+# opt-level 1, FUZZ_OPT_LEVEL to change it: these runs last seconds, so
+# the build is most of their cost), then run from that build, FUZZ_JOBS
+# at a time (default: the cores). The committed seeds in
 # fuzz/seeds/<target> start each run; new inputs go to fuzz/corpus.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -20,7 +22,8 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 echo "==> building every fuzz target"
-cargo +nightly fuzz build --sanitizer none --codegen-units 8
+CARGO_PROFILE_RELEASE_OPT_LEVEL="${FUZZ_OPT_LEVEL:-1}" \
+  cargo +nightly fuzz build --sanitizer none --codegen-units 8
 triple="$(rustc +nightly -vV | sed -n 's/^host: //p')"
 built="target/$triple/release"
 logs="$(mktemp -d)"
