@@ -51,6 +51,7 @@ cargo fmt --all -- --check
 # integration tests, the benchmarks, the examples; with and without the
 # default features) is linted as it is built, warnings denied.
 CLIPPY_DRIVER="$(rustc --print sysroot)/bin/clippy-driver"
+[ -x "$CLIPPY_DRIVER" ] || CLIPPY_DRIVER="$(command -v clippy-driver || true)"
 if [ ! -x "$CLIPPY_DRIVER" ]; then
   echo "clippy-driver is missing: rustup component add clippy" >&2
   exit 1
