@@ -175,8 +175,8 @@ pub enum LimitSource {
     FreePerDay,
     /// 429: the upstream's own rate limit, passed on.
     Upstream,
-    /// 429: the rate of an account's management calls
-    /// (the JSON API's `KeyRoutes`, with a management key).
+    /// 429: the rate of an account's calls to the JSON API's `KeyRoutes`
+    /// (its management keys', and its inference keys' usage reads).
     ManagementRate,
     /// 429: the key's own request rate (its `rate_limit`).
     Key,

@@ -93,9 +93,9 @@ impl KeyRoutesLayer {
         self
     }
 
-    /// The rate of each account's management calls (every request of an
-    /// account's management key to these routes; the operator's key is not
-    /// counted), decided in the store so it holds across instances; past
+    /// The rate of each account's calls to these routes (every request of
+    /// its management keys, and of its inference keys to the usage routes;
+    /// the operator's key is not counted), decided in the store so it holds across instances; past
     /// it, 429 with `limit_source` `management_rate`. `None` turns it off.
     /// Default: [`DEFAULT_MANAGEMENT_RATE`] (600 a minute, bursts of 60).
     pub fn management_rate(mut self, rule: Option<RateRule>) -> Self {

@@ -1,7 +1,11 @@
-//! The rate of an account's management calls: every request an account's
-//! management key makes to [`KeyRoutes`](super::KeyRoutes) counts in one
-//! counter of that account, kept in the store (so the rate holds across
-//! instances); past the rule, 429 `management_rate` with `Retry-After`.
+//! The rate of an account's calls to the API: every request an account's
+//! keys make to [`KeyRoutes`](super::KeyRoutes) (a management key's to any
+//! route, an inference key's to the usage routes it may read) counts in
+//! one counter of that account, kept in the store (so the rate holds
+//! across instances); past the rule, 429 `management_rate` with
+//! `Retry-After`. An inference key is counted too: what a call costs the
+//! store (a page of records read and parsed) follows the account that
+//! asks, not every tenant sharing the store.
 //! A call is counted before the route looks at it, so one the route then
 //! refuses (a bad body, another account) counts too: this bounds the work
 //! an account makes the store do, and a call the rate refuses counts
@@ -44,10 +48,10 @@ impl ManagementRate {
         ManagementRate { rule, limiter }
     }
 
-    /// Counts one call of `principal` when it is an account's management
-    /// key; the 429 when its account is past the rule (nothing counted).
+    /// Counts one call of `principal` unless it is the operator's key; the
+    /// 429 when its account is past the rule (nothing counted).
     pub(crate) async fn admit(&self, principal: &Principal) -> Result<(), GatewayError> {
-        if !principal.management || principal.operator {
+        if principal.operator {
             return Ok(());
         }
         let check = Check::new(COUNTER, self.rule.limit(), 1);
@@ -59,7 +63,7 @@ impl ManagementRate {
             Verdict::Rejected { retry_after, .. } => Err(GatewayError::rate_limited(
                 LimitSource::ManagementRate,
                 format!(
-                    "the account {} made more management calls than this gateway allows ({}); retry after the wait in Retry-After",
+                    "the account {} made more calls to the API than this gateway allows ({}); retry after the wait in Retry-After",
                     principal.account_id, self.rule
                 ),
                 retry_after,
@@ -113,11 +117,15 @@ mod tests {
         assert_eq!(refused.metadata()["limit_source"], "management_rate");
         assert_eq!(refused.retry_after(), Some(Duration::from_secs(20)));
         assert!(refused.message().contains("acme"), "{}", refused.message());
-        // Another account, the operator and inference keys are not held up.
+        // The account's inference keys share its count; another account
+        // and the operator are not held up.
+        let inference = Principal::for_tests("acme");
+        assert!(!inference.management);
+        assert!(rate.admit(&inference).await.is_err());
         rate.admit(&manager("globex", false)).await.unwrap();
+        rate.admit(&Principal::for_tests("globex")).await.unwrap();
         for _ in 0..10 {
             rate.admit(&manager("default", true)).await.unwrap();
-            rate.admit(&Principal::for_tests("acme")).await.unwrap();
         }
         // One call's worth back after a third of the period.
         clock.advance(Duration::from_secs(20));

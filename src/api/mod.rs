@@ -67,8 +67,9 @@
 //! those the service below really sends it to in place of its own
 //! credential (the proxy: those with `"byok": true`).
 //!
-//! Every request an account's management key makes to these routes counts
-//! against its account's management rate, decided in the store so it
+//! Every request an account's keys make to these routes (an inference
+//! key's to the usage routes) counts against its account's management
+//! rate, decided in the store so it
 //! holds across instances ([`KeyRoutesLayer::management_rate`], default
 //! [`DEFAULT_MANAGEMENT_RATE`]: 600 a minute, bursts of 60); past it, 429
 //! with `limit_source` `management_rate` and `Retry-After`. The operator's

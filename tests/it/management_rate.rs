@@ -1,10 +1,11 @@
-//! The rate of an account's management calls over real HTTP: on a
+//! The rate of an account's calls to the API over real HTTP: on a
 //! `MemoryStore` shared by two instances and on two instances sharing a
 //! real redis-server, an account's management key gets 429
 //! `management_rate` with `Retry-After` past the configured rate, whatever
 //! instance it calls and whatever route (a write changes nothing), while
-//! another account's manager, the operator and the account's inference
-//! keys are served.
+//! another account's keys and the operator are served. An account's
+//! inference keys share its count on the usage routes: one scanning its
+//! records is held up alone.
 
 use crate::common;
 use crate::mock;
@@ -105,8 +106,8 @@ async fn an_account_past_its_rate_is_refused_alone(first: SharedStore, second: S
             reply.body
         );
     }
-    // Another account's manager, the operator and acme's own inference key
-    // are served meanwhile.
+    // Another account's manager and the operator are served meanwhile;
+    // acme's own inference key shares acme's count.
     for address in instances {
         let reply = call(address, get.clone(), "/api/v1/keys", &globex).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
@@ -115,8 +116,37 @@ async fn an_account_past_its_rate_is_refused_alone(first: SharedStore, second: S
             assert_eq!(reply.status, 200, "{}", reply.body);
         }
         let reply = call(address, get.clone(), "/api/v1/key", &acme_client).await;
-        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.status, 429, "{}", reply.body);
     }
+    // An inference key that scans its records is held up at its account's
+    // rate, over both instances, while another tenant reads its credits.
+    let scanner = key_of(&first, "initech", None).await;
+    let reader = key_of(&first, "globex", None).await;
+    for index in 0..5 {
+        let reply = call(
+            instances[index % 2],
+            get.clone(),
+            "/api/v1/generations?limit=100",
+            &scanner,
+        )
+        .await;
+        assert_eq!(reply.status, 200, "scan {index}: {}", reply.body);
+    }
+    let reply = call(
+        instances[1],
+        get.clone(),
+        "/api/v1/generations?limit=100",
+        &scanner,
+    )
+    .await;
+    assert_eq!(reply.status, 429, "{}", reply.body);
+    assert_eq!(
+        reply.body["error"]["metadata"]["limit_source"], "management_rate",
+        "{}",
+        reply.body
+    );
+    let reply = call(instances[0], get.clone(), "/api/v1/credits", &reader).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
     // The refused write made nothing.
     let listed = call(instances[0], get, "/api/v1/keys?account=acme", &operator).await;
     let names: Vec<&str> = listed.body["data"]

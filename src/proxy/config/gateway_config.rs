@@ -136,9 +136,9 @@ pub struct GatewayConfig {
     /// OAuth keys for apps: the PKCE methods approvals may use and how many
     /// codes of one account may wait for their exchange.
     pub oauth: OAuthSection,
-    /// The rate of each account's management calls (every request of an
-    /// account's management key to the key routes; the operator's key is
-    /// not counted), as a rate rule (`{"gcra": {…}}` or `{"rolling": {…}}`).
+    /// The rate of each account's calls to the key routes (every request of
+    /// its management keys, and of its inference keys to the usage routes;
+    /// the operator's key is not counted), as a rate rule (`{"gcra": {…}}` or `{"rolling": {…}}`).
     /// Absent: 600 a minute, in bursts of 60.
     pub management_rate: Option<RateRule>,
     /// After SIGTERM, how long the requests in flight may take to end
