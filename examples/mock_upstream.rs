@@ -53,6 +53,7 @@ async fn run() -> Result<(), String> {
         error_rate: args.parsed("error-rate", 0.0f64)?,
         fail_first: args.parsed("fail-first", 0u64)?,
         event_delay: Duration::from_millis(args.parsed("event-delay-ms", 0u64)?),
+        ..mock::MockConfig::default()
     };
     if !(0.0..=1.0).contains(&config.error_rate) {
         return Err("--error-rate must be between 0 and 1".to_owned());

@@ -46,9 +46,10 @@
 //!   command); run once, with the older instances stopped.
 //!
 //! Ctrl-C or SIGTERM stops accepting,
-//! lets requests in flight finish, waits (up to 30 s) for every settlement
-//! to reach the store, logs any it could not record with its account, key
-//! hash prefix and amount, then exits.
+//! lets requests in flight finish, waits for every settlement to reach the
+//! store (as long as each is retried, 2 minutes, and no longer than
+//! `shutdown_grace_seconds`), logs any it could not record with its
+//! account, key hash prefix and amount, then exits.
 
 #[path = "support/admin.rs"]
 mod admin;
@@ -75,11 +76,8 @@ use modelgate::error::{ErrorKind, GatewayError};
 use modelgate::proxy::{
     GatewayBody, GatewayConfig, GatewayPlan, GatewayService, Upstream, build_gateway,
 };
+use modelgate::store::SETTLEMENT_RETRY_WINDOW;
 use tokio::net::TcpListener;
-
-/// How long a stopping proxy waits for the settlements of its last
-/// requests (a store outage shorter than this loses nothing).
-const SETTLEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How long a stopping proxy waits for its last alerts to go out (no
 /// money rides on them; a send still retrying is given up).
@@ -379,9 +377,14 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
     .await;
     // The requests have ended (those past the grace were ended and
     // charged for what they used); what they cost must reach the store before
-    // the process does. Those that cannot are logged for booking by hand.
+    // the process does: waited for as long as each is retried, within the
+    // grace the operator gives a stop. A granted hold that is not settled
+    // lapses and is charged; only a cost without one is logged for booking
+    // by hand.
     let pending = settlements.len();
-    let unrecorded = settlements.flush(SETTLEMENT_DEADLINE).await;
+    let unrecorded = settlements
+        .flush(SETTLEMENT_RETRY_WINDOW.min(config.shutdown_grace()))
+        .await;
     tracing::info!(
         pending,
         unrecorded = unrecorded.len(),

@@ -29,7 +29,7 @@
 //! | `modelgate_fallbacks_total` | counter | `from`, `to` |
 //! | `modelgate_charged_nanocredits_total` | counter | `byok` |
 //! | `modelgate_cost_over_hold_nanocredits_total` | counter | — |
-//! | `modelgate_settlements_unrecorded_total` | counter | — |
+//! | `modelgate_settlements_unrecorded_total` | counter | `hold` (`lapses`, `none`) |
 //! | `modelgate_notices_total` | counter | `channel` (`email`, `webhook`), `outcome` (`sent`, `retried`, `failed`, `dropped`) |
 //! | `modelgate_alerts_total` | counter | `outcome` (`claimed`, `claimed_elsewhere`, `check_dropped`, `check_failed`) |
 //!
@@ -92,8 +92,11 @@ pub const CHARGED_NANOCREDITS_TOTAL: &str = "modelgate_charged_nanocredits_total
 /// upstream that ignored `max_tokens`), in nano-credits: charged in full,
 /// and counted here because no limit could stop it.
 pub const COST_OVER_HOLD_NANOCREDITS_TOTAL: &str = "modelgate_cost_over_hold_nanocredits_total";
-/// Settlements the store did not take before their hold expired, or before
-/// a stopping gateway's deadline: costs to book by hand (each is logged).
+/// Settlements the store did not take within their retry window, or before
+/// a stopping gateway's deadline, by `hold`: `lapses` (the request's hold
+/// lapses and is charged in full, unless an attempt landed: nothing to
+/// book) or `none` (admitted without a hold while the store failed open:
+/// to book by hand, from the log line that gives its figures).
 pub const SETTLEMENTS_UNRECORDED_TOTAL: &str = "modelgate_settlements_unrecorded_total";
 /// Leaked-key notices ([`notify`](crate::notify)) by channel and outcome:
 /// `sent`, `retried` (an attempt failed, another follows), `failed` (given

@@ -5,7 +5,6 @@
 
 #![allow(dead_code)]
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +39,9 @@ pub struct MockConfig {
     pub fail_first: u64,
     /// Between the events of a stream: a model that takes its time.
     pub event_delay: Duration,
+    /// Chat requests are read, then (after `latency`) their connection is
+    /// closed without an answer: an upstream that fails mid-request.
+    pub reset_chats: bool,
 }
 
 impl Default for MockConfig {
@@ -51,6 +53,7 @@ impl Default for MockConfig {
             error_rate: 0.0,
             fail_first: 0,
             event_delay: Duration::ZERO,
+            reset_chats: false,
         }
     }
 }
@@ -131,7 +134,10 @@ fn openai_error(status: u16, message: &str, kind: &str) -> Response<MockBody> {
 }
 
 impl Mock {
-    async fn answer(&self, request: Request<Incoming>) -> Result<Response<MockBody>, Infallible> {
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+    ) -> Result<Response<MockBody>, std::io::Error> {
         self.received.fetch_add(1, Ordering::SeqCst);
         if !self.config.latency.is_zero() {
             tokio::time::sleep(self.config.latency).await;
@@ -176,6 +182,10 @@ impl Mock {
                 ));
             }
         };
+        if self.config.reset_chats {
+            // An error from the service: the connection closes unanswered.
+            return Err(std::io::Error::other("reset"));
+        }
         let Ok(chat) = serde_json::from_slice::<Value>(&body) else {
             return Ok(openai_error(400, "invalid JSON", "invalid_request_error"));
         };

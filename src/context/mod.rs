@@ -49,5 +49,5 @@ pub use crate::model_id::ModelId;
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use principal::Principal;
 pub use request::RequestContext;
-pub use sent::{SentUpstream, UpstreamAttempt};
+pub use sent::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};
 pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};

@@ -1,7 +1,11 @@
 //! The mark that says whether a request reached the upstream.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http_body_util::combinators::UnsyncBoxBody;
 
 /// Put into each metered request's [`RequestContext`](super::RequestContext)
 /// (`sent`) when
@@ -20,8 +24,58 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Each clearing starts a new attempt: a mark made through an
 /// [`UpstreamAttempt`] of an earlier one (a connection still writing a
 /// request the upstream already answered) is ignored.
+///
+/// A sent attempt that the service below answers with an error before the
+/// upstream answered (a response-header timeout, a connection reset) may
+/// leave a [`LateAnswer`] here ([`UpstreamAttempt::answer_late`]): CreditGuard
+/// takes it ([`SentUpstream::take_late_answer`]) and settles the request
+/// on what the upstream still answers, so that a request the upstream
+/// worked on is never free.
 #[derive(Clone, Debug, Default)]
-pub struct SentUpstream(Arc<AtomicU64>);
+pub struct SentUpstream(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The attempt count and the sent bit.
+    state: AtomicU64,
+    /// The answer a sent attempt may still get, with that attempt's number.
+    late: Mutex<Option<(u64, LateAnswer)>>,
+}
+
+/// The body of an answer that comes late.
+pub type LateBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What a request that reached the upstream may still be answered, once
+/// its client got an error at once: see [`SentUpstream`].
+pub enum LateAnswer {
+    /// None can come: the connection failed after the upstream had the
+    /// request, or no place was free to wait for one. What the upstream
+    /// did is unknown, so the request's hold is charged.
+    Lost,
+    /// The upstream's answer, still to come until `deadline`: `response`
+    /// yields it (`None` when its connection fails). `permit` bounds the
+    /// answers waited for at once, and is held until this one is read.
+    Coming {
+        /// When waiting (for the response and its body) stops.
+        deadline: tokio::time::Instant,
+        /// The response, as it comes.
+        response: BoxFuture<'static, Option<http::Response<LateBody>>>,
+        /// A place among the answers waited for at once.
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    },
+}
+
+impl std::fmt::Debug for LateAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LateAnswer::Lost => f.write_str("Lost"),
+            LateAnswer::Coming { deadline, .. } => f
+                .debug_struct("Coming")
+                .field("deadline", deadline)
+                .finish_non_exhaustive(),
+        }
+    }
+}
 
 /// The bit of [`SentUpstream`]'s state that says the current attempt was
 /// sent; the bits above count the attempts.
@@ -30,7 +84,7 @@ const SENT_BIT: u64 = 1;
 impl SentUpstream {
     /// Records that the request, in its current attempt, reached the upstream.
     pub fn mark(&self) {
-        self.0.fetch_or(SENT_BIT, Ordering::AcqRel);
+        self.0.state.fetch_or(SENT_BIT, Ordering::AcqRel);
     }
 
     /// Records that the request is no longer at the upstream (it could not
@@ -41,6 +95,7 @@ impl SentUpstream {
         // Infallible: the closure always returns `Some`.
         let _ = self
             .0
+            .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
                 Some(((state >> 1).wrapping_add(1)) << 1)
             });
@@ -48,7 +103,18 @@ impl SentUpstream {
 
     /// Whether the request is at the upstream.
     pub fn is_marked(&self) -> bool {
-        self.0.load(Ordering::Acquire) & SENT_BIT != 0
+        self.0.state.load(Ordering::Acquire) & SENT_BIT != 0
+    }
+
+    /// The late answer the current attempt left, if it is still sent;
+    /// taken once.
+    pub fn take_late_answer(&self) -> Option<LateAnswer> {
+        let state = self.0.state.load(Ordering::Acquire);
+        let mut late = lock(&self.0.late);
+        match late.take() {
+            Some((attempt, answer)) if state == (attempt << 1) | SENT_BIT => Some(answer),
+            _ => None,
+        }
     }
 
     /// The current attempt, to be marked when its request is sent
@@ -56,9 +122,16 @@ impl SentUpstream {
     pub fn attempt(&self) -> UpstreamAttempt {
         UpstreamAttempt {
             sent: self.clone(),
-            attempt: self.0.load(Ordering::Acquire) >> 1,
+            attempt: self.0.state.load(Ordering::Acquire) >> 1,
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing panics while holding it.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One attempt at sending a request: see [`SentUpstream::attempt`].
@@ -73,7 +146,7 @@ impl UpstreamAttempt {
     /// whether it is.
     pub fn mark(&self) -> bool {
         let unsent = self.attempt << 1;
-        match self.sent.0.compare_exchange(
+        match self.sent.0.state.compare_exchange(
             unsent,
             unsent | SENT_BIT,
             Ordering::AcqRel,
@@ -90,9 +163,22 @@ impl UpstreamAttempt {
         let _ = self
             .sent
             .0
+            .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
                 (state >> 1 == self.attempt).then(|| self.attempt.wrapping_add(1) << 1)
             });
+    }
+
+    /// Leaves `late` for CreditGuard, when this attempt is the request's
+    /// current one and reached the upstream; whether it was left (else it
+    /// is dropped, and a coming answer with it).
+    pub fn answer_late(&self, late: LateAnswer) -> bool {
+        let sent = (self.attempt << 1) | SENT_BIT;
+        if self.sent.0.state.load(Ordering::Acquire) != sent {
+            return false;
+        }
+        *lock(&self.sent.0.late) = Some((self.attempt, late));
+        true
     }
 }
 

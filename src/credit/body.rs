@@ -294,6 +294,7 @@ mod tests {
             free: false,
             byok: false,
             response_success: Some(true),
+            late: false,
             prompt_tokens: PROMPT_TOKENS,
             streamed_tokens: None,
             pending: pending.clone(),

@@ -207,12 +207,34 @@ where
                         Ok(response) => response,
                         Err(error) => {
                             let ending = meter.ending(Ending::InnerFailed);
+                            let late = meter.late_answer();
                             if let Some(meter) = meter.take() {
-                                meter.settle_in_background(None, ending);
+                                match late {
+                                    Some(late) => meter.settle_late(late, *max_scanned_body_bytes),
+                                    None => meter.settle_in_background(None, ending),
+                                }
                             }
                             return Poll::Ready(Err(error));
                         }
                     };
+                    // An error answered before the upstream answered (a
+                    // timeout, a connection failed once it was sent): the
+                    // client has it at once, and the request is settled on
+                    // what the upstream still answers. Its record is named.
+                    if let Some(late) = meter.late_answer() {
+                        if let Some(meter) = meter.take() {
+                            meter.settle_late(late, *max_scanned_body_bytes);
+                        }
+                        let (mut parts, body) = response.into_parts();
+                        for headers in response_headers.drain(..) {
+                            merge_response_headers(&mut parts, headers);
+                        }
+                        if let Some(id) = generation_id.take() {
+                            parts.headers.insert(GENERATION_ID_HEADER, id);
+                        }
+                        let body = ResponseBody::inner(MeteredBody::unmetered(body));
+                        return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                    }
                     if meter.ending(Ending::Complete) == Ending::NotSent {
                         // An answer the layers below made themselves (the
                         // upstream could not be reached): nothing reached

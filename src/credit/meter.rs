@@ -30,6 +30,11 @@ pub(crate) enum Ending {
     ShutDown,
     /// The inner service failed without a response.
     InnerFailed,
+    /// The upstream had the request and gave no answer that says what it
+    /// used: none came in time (a late answer's deadline), its connection
+    /// failed, or no place was free to wait for one. Charged its hold, as a
+    /// lapse is.
+    Unanswered,
     /// The request never reached the upstream (admission was cut short,
     /// or the [`SentUpstream`] mark was not set when it ended): no cost, no
     /// generation record.
@@ -55,6 +60,10 @@ pub(crate) struct Meter {
     pub(crate) byok: bool,
     /// Whether the response's status was 2xx, once there is a response.
     pub(crate) response_success: Option<bool>,
+    /// Whether the response metered is a late answer, read after the
+    /// client was answered with an error: one that ends without usage
+    /// before its end is charged its hold.
+    pub(crate) late: bool,
     /// The prompt's likely tokens (its text at a token per 3 bytes, as a
     /// stream's text is counted; parts at their bound; never above the
     /// held bound), and the completion tokens a stream carried (once its
@@ -125,7 +134,11 @@ impl Meter {
     ///   ([`UsageScanner::streamed_tokens`](super::UsageScanner::streamed_tokens)),
     ///   at most what its bound allows;
     /// - no usage otherwise (a JSON body cut short, an inner failure): what
-    ///   its bound allows, since tokens may have been spent.
+    ///   its bound allows, since tokens may have been spent;
+    /// - a late answer (read after the client was answered an error): its
+    ///   usage on basis `late_answer`; none by its deadline, a connection
+    ///   that failed, or an answer cut short: its hold (`unanswered`), as
+    ///   a lapse is charged.
     pub(crate) fn cost_nanos(&self, usage: Option<Usage>, ending: Ending) -> (i64, &'static str) {
         if self.free {
             return (0, "free_model");
@@ -136,9 +149,12 @@ impl Meter {
                     self.price
                         .cost_nanos(usage.prompt_tokens, usage.completion_tokens)
                 }),
-                "usage",
+                if self.late { "late_answer" } else { "usage" },
             ),
             None if ending == Ending::NotSent => (0, "not_sent"),
+            None if ending == Ending::Unanswered || (self.late && ending != Ending::Complete) => {
+                (self.estimate_nanos, "unanswered")
+            }
             None if self.response_success == Some(false) => (0, "upstream_error_without_usage"),
             // What was streamed, within the bound the request was held for.
             None => match self.streamed_tokens {
@@ -277,7 +293,7 @@ impl Meter {
                 if now >= retry_until {
                     unrecorded(
                         &settlement,
-                        "the store never took the settlement within its retry window; its hold lapses, charged in full",
+                        "the store never took the settlement within its retry window",
                     );
                     return;
                 }
@@ -302,17 +318,16 @@ impl Meter {
 static CHARGED: crate::telemetry::HandleCache<bool, metrics::Counter> =
     crate::telemetry::HandleCache::new();
 
-/// Logs, at error level and with every figure an operator needs to book it
-/// by hand, a cost the store could not record, and counts it.
+/// Logs and counts a settlement the store could not record (see
+/// [`super::pending::report_unrecorded`]).
 fn unrecorded(settlement: &Settlement, why: &str) {
-    metrics::counter!(crate::telemetry::SETTLEMENTS_UNRECORDED_TOTAL).increment(1);
-    tracing::error!(
-        account = %settlement.account,
-        key = %settlement.key.chars().take(8).collect::<String>(),
-        reservation = %settlement.reservation_id,
-        cost_nanos = settlement.cost_nanos,
-        byok = settlement.byok,
-        "{why}; this cost is unrecorded: book it by hand"
+    super::pending::report_unrecorded(
+        &settlement.account,
+        &settlement.key,
+        Some(&settlement.reservation_id),
+        settlement.cost_nanos,
+        settlement.hold_granted,
+        why,
     );
 }
 
@@ -353,6 +368,13 @@ impl Unsettled {
         } else {
             ending
         }
+    }
+
+    /// The late answer the service below left for a request still at the
+    /// upstream (see [`SentUpstream`]), when a meter is there to settle it.
+    pub(crate) fn late_answer(&self) -> Option<crate::context::LateAnswer> {
+        self.meter.as_ref()?;
+        self.sent.as_ref()?.take_late_answer()
     }
 
     pub(crate) fn take(&mut self) -> Option<Meter> {

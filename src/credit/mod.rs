@@ -145,6 +145,7 @@ mod bound;
 mod future;
 mod group_commit;
 mod hidden_usage;
+mod late;
 mod layer;
 mod meter;
 mod pending;
@@ -157,7 +158,7 @@ mod usage;
 #[cfg(all(test, feature = "proxy"))]
 pub(crate) use stream::{StreamEdits, StreamReader};
 
-pub use crate::context::{SentUpstream, UpstreamAttempt};
+pub use crate::context::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};
 pub use body::MeteredBody;
 pub use bound::{BodyEdits, BoundField, edit_request_body};
 pub use future::ResponseFuture;

@@ -102,6 +102,54 @@ pub struct Unrecorded {
     pub key_hash_prefix: String,
     /// The cost, in nano-credits.
     pub cost_nanos: i64,
+    /// Whether the store holds the request's hold: then either an earlier
+    /// attempt landed (only its reply was lost) or the hold lapses and is
+    /// charged in full, and a settlement that lands later replaces that
+    /// charge; nothing is to be booked by hand. `false` (admitted while
+    /// the store failed open, no hold): the cost is booked nowhere unless
+    /// by hand.
+    pub held: bool,
+}
+
+/// Logs and counts a settlement not recorded in time, in
+/// `modelgate_settlements_unrecorded_total` by `hold`: `lapses` (a granted
+/// hold, which lapses and is charged unless the settlement landed; a
+/// warning, nothing to book) or `none` (no hold: at error level with every
+/// figure needed to book it by hand, since nothing else will).
+pub(crate) fn report_unrecorded(
+    account: &str,
+    key: &str,
+    reservation: Option<&str>,
+    cost_nanos: i64,
+    held: bool,
+    why: &str,
+) {
+    let key = key.get(..8).unwrap_or(key);
+    let reservation = reservation.unwrap_or("");
+    match held {
+        true => {
+            metrics::counter!(crate::telemetry::SETTLEMENTS_UNRECORDED_TOTAL, "hold" => "lapses")
+                .increment(1);
+            tracing::warn!(
+                account,
+                key,
+                reservation,
+                cost_nanos,
+                "{why}: either an earlier attempt landed and only its reply was lost, or the request's hold lapses and is charged what it held, with a generation record (a settlement that lands later replaces that charge); do not book it by hand, which would charge it twice"
+            );
+        }
+        false => {
+            metrics::counter!(crate::telemetry::SETTLEMENTS_UNRECORDED_TOTAL, "hold" => "none")
+                .increment(1);
+            tracing::error!(
+                account,
+                key,
+                reservation,
+                cost_nanos,
+                "{why}: the request was admitted without a hold (the store was failing and CreditGuard fails open), so no lapse will charge it: book this cost by hand"
+            );
+        }
+    }
 }
 
 /// A settlement registered as pending until this is dropped.
@@ -171,12 +219,13 @@ impl PendingSettlements {
         self.len() == 0
     }
 
-    /// Waits until every pending settlement is recorded, or `deadline`
-    /// has passed. Those still pending then are logged at error level with
-    /// their account, key hash prefix and amount, counted in
-    /// `modelgate_settlements_unrecorded_total`, and returned: their holds
-    /// expire, and their costs must be booked by hand. Their retries go on
-    /// while the process does.
+    /// Waits until every pending settlement is recorded or given up (each
+    /// is retried for [`SETTLEMENT_RETRY_WINDOW`](crate::store::SETTLEMENT_RETRY_WINDOW)),
+    /// or `deadline` has passed. Those still pending then are returned,
+    /// logged and counted in `modelgate_settlements_unrecorded_total` (see
+    /// [`Unrecorded::held`]): a granted hold lapses and is charged in full,
+    /// so only a cost admitted without a hold is to be booked by hand.
+    /// Their retries go on while the process does.
     pub async fn flush(&self, deadline: Duration) -> Vec<Unrecorded> {
         let waited = tokio::time::timeout(deadline, async {
             loop {
@@ -191,25 +240,26 @@ impl PendingSettlements {
         if waited.is_ok() {
             return Vec::new();
         }
-        let unrecorded: Vec<Unrecorded> = lock(&self.inner.pending)
-            .values()
-            .map(|settlement| Unrecorded {
-                account: settlement.account.clone(),
-                key_hash_prefix: settlement.key.chars().take(8).collect(),
-                cost_nanos: settlement.cost_nanos,
+        let pending: Vec<Settlement> = lock(&self.inner.pending).values().cloned().collect();
+        pending
+            .into_iter()
+            .map(|settlement| {
+                report_unrecorded(
+                    &settlement.account,
+                    &settlement.key,
+                    Some(&settlement.reservation_id),
+                    settlement.cost_nanos,
+                    settlement.hold_granted,
+                    "a settlement was not recorded before the gateway stopped",
+                );
+                Unrecorded {
+                    account: settlement.account,
+                    key_hash_prefix: settlement.key.chars().take(8).collect(),
+                    cost_nanos: settlement.cost_nanos,
+                    held: settlement.hold_granted,
+                }
             })
-            .collect();
-        for settlement in &unrecorded {
-            tracing::error!(
-                account = %settlement.account,
-                key = %settlement.key_hash_prefix,
-                cost_nanos = settlement.cost_nanos,
-                "a settlement was not recorded before the deadline; its cost must be booked by hand"
-            );
-        }
-        metrics::counter!(crate::telemetry::SETTLEMENTS_UNRECORDED_TOTAL)
-            .increment(unrecorded.len() as u64);
-        unrecorded
+            .collect()
     }
 }
 
@@ -253,7 +303,8 @@ mod tests {
             vec![Unrecorded {
                 account: "acme".into(),
                 key_hash_prefix: "01234567".into(),
-                cost_nanos: 9
+                cost_nanos: 9,
+                held: false,
             }]
         );
         drop(stuck);

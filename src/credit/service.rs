@@ -754,6 +754,7 @@ fn hold_request(
         free: charge.free,
         byok,
         response_success: None,
+        late: false,
         prompt_tokens: charge.likely_prompt_tokens,
         streamed_tokens: None,
         pending: config.pending.clone(),

@@ -14,7 +14,7 @@ use http::header::{AUTHORIZATION, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -23,7 +23,7 @@ use tower_service::Service;
 
 use super::headers::{X_REQUEST_ID, client_response_headers, request_id, upstream_request_headers};
 use super::providers::CallerKey;
-use crate::context::{RequestContext, SentUpstream, UpstreamAttempt};
+use crate::context::{LateAnswer, RequestContext, SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
 use crate::routing::normalized_segments;
 use crate::secrets::Redacted;
@@ -44,8 +44,17 @@ pub struct UpstreamConfig {
     /// Longest wait for a connection.
     pub connect_timeout: Duration,
     /// Longest wait for the response's status and headers (the body may
-    /// stream for longer).
+    /// stream for longer). Past it the client is answered 504 at once, and
+    /// the answer is still read for `late_answer`.
     pub response_header_timeout: Duration,
+    /// After the client was answered 504 (`response_header_timeout`), how
+    /// long the upstream's answer is still waited for and read, so that
+    /// the request is charged what it used; none by then, the request's
+    /// hold is charged. Zero: not waited for (the hold is charged at once).
+    pub late_answer: Duration,
+    /// The most late answers of this upstream waited for at once; past
+    /// it, a request that timed out is charged its hold at once.
+    pub max_late_answers: usize,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Duration,
     /// Headers the upstream receives with every request (name, value).
@@ -62,21 +71,35 @@ pub struct UpstreamConfig {
 pub const DEFAULT_CREDENTIAL_HEADERS: [&str; 2] = ["x-api-key", "api-key"];
 
 impl UpstreamConfig {
+    /// The default `response_header_timeout`: as long as OpenAI's SDKs
+    /// wait, so that a reasoning model's long answer is not cut.
+    pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(600);
+    /// The default `late_answer`.
+    pub const DEFAULT_LATE_ANSWER: Duration = Duration::from_secs(600);
+    /// The default `max_late_answers`.
+    pub const DEFAULT_MAX_LATE_ANSWERS: usize = 1024;
+
     /// Defaults for `base_url`: no key, prefix `/api/v1`, 10 s to connect,
-    /// 120 s to the first byte of the response, 90 s idle.
+    /// 600 s to the first byte of the response and 600 s more for a late
+    /// answer (1024 at once), 90 s idle.
     pub fn new(base_url: impl Into<String>) -> Self {
         UpstreamConfig {
             base_url: base_url.into(),
             api_key: None,
             gateway_prefix: "/api/v1".to_owned(),
             connect_timeout: Duration::from_secs(10),
-            response_header_timeout: Duration::from_secs(120),
+            response_header_timeout: Self::DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            late_answer: Self::DEFAULT_LATE_ANSWER,
+            max_late_answers: Self::DEFAULT_MAX_LATE_ANSWERS,
             pool_idle_timeout: Duration::from_secs(90),
             extra_headers: Vec::new(),
             credential_headers: Vec::new(),
         }
     }
 }
+
+/// The longest [`UpstreamConfig::late_answer`]: a day.
+pub const MAX_LATE_ANSWER: Duration = Duration::from_secs(86_400);
 
 /// Why an upstream configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +128,14 @@ pub struct UpstreamConfigError(String);
 /// body was handed to it (`request`) or a response that never comes
 /// (`timeout`) leave the mark set: the upstream may have read the request
 /// and be working on it.
+///
+/// Such a request is not free. After a timeout the client is answered 504
+/// at once, and the response still coming is left as a
+/// [`LateAnswer::Coming`] on the request's [`SentUpstream`], waited for
+/// and read by CreditGuard for [`UpstreamConfig::late_answer`]
+/// (at most [`UpstreamConfig::max_late_answers`] at once; past that, and
+/// after a connection failure once the request was sent, a
+/// [`LateAnswer::Lost`]: the hold is charged).
 #[derive(Clone, Debug)]
 pub struct Upstream {
     inner: Arc<Inner>,
@@ -123,6 +154,9 @@ struct Inner {
     /// Sent only with the gateway's own key: an account's key replaces them.
     credential_headers: Vec<(http::HeaderName, HeaderValue)>,
     response_header_timeout: Duration,
+    late_answer: Duration,
+    /// Places for the late answers waited for at once.
+    late_answers: Arc<tokio::sync::Semaphore>,
 }
 
 /// What [`Upstream::new`] reads from an [`UpstreamConfig`], checked.
@@ -157,6 +191,13 @@ impl UpstreamConfig {
         if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
             return Err(UpstreamConfigError(format!(
                 "{scheme} is not http or https"
+            )));
+        }
+        if config.late_answer > MAX_LATE_ANSWER {
+            return Err(UpstreamConfigError(format!(
+                "late_answer_seconds: at most {} (a day), not {}",
+                MAX_LATE_ANSWER.as_secs(),
+                config.late_answer.as_secs()
             )));
         }
         let credential_names = config
@@ -275,6 +316,12 @@ impl Upstream {
                 extra_headers,
                 credential_headers,
                 response_header_timeout: config.response_header_timeout,
+                late_answer: config.late_answer,
+                late_answers: Arc::new(tokio::sync::Semaphore::new(
+                    config
+                        .max_late_answers
+                        .min(tokio::sync::Semaphore::MAX_PERMITS),
+                )),
             }),
         })
     }
@@ -413,9 +460,9 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                 inner: body,
                 attempt: attempt.clone(),
             });
-            let sent = inner.client.request(request);
+            let mut sent = Box::pin(inner.client.request(request));
             let started = std::time::Instant::now();
-            let outcome = tokio::time::timeout(inner.response_header_timeout, sent).await;
+            let outcome = tokio::time::timeout(inner.response_header_timeout, sent.as_mut()).await;
             let label = match &outcome {
                 Err(_) => "timeout",
                 Ok(Err(error)) if error.is_connect() => "connect",
@@ -434,11 +481,21 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                 .record(started.elapsed().as_secs_f64());
             let mut response = match outcome {
                 Err(_) => {
+                    let left = attempt
+                        .as_ref()
+                        .is_some_and(|attempt| inner.leave_late_answer(attempt, sent));
+                    let charged = match left {
+                        true => format!(
+                            "; the upstream had the request and may still answer it: it is charged what the upstream reports it used within {} s, else what it was held for (see its generation record, named by the X-Generation-Id header, or your activity)",
+                            inner.late_answer.as_secs()
+                        ),
+                        false => String::new(),
+                    };
                     return Err(upstream_failure(
                         ErrorKind::UpstreamTimeout,
                         "timeout",
                         format!(
-                            "the upstream sent no response within {} s; retry with backoff",
+                            "the upstream sent no response within {} s{charged}; retry with backoff",
                             inner.response_header_timeout.as_secs()
                         ),
                     ));
@@ -457,10 +514,21 @@ impl Service<Request<Full<Bytes>>> for Upstream {
                 }
                 Ok(Err(error)) => {
                     tracing::warn!(%error, "the upstream request failed");
+                    // Sent, then the connection failed: the upstream may
+                    // have worked on it, and no answer can tell what it used.
+                    let lost = attempt
+                        .as_ref()
+                        .is_some_and(|attempt| attempt.answer_late(LateAnswer::Lost));
+                    let charged = match lost {
+                        true => {
+                            "; the upstream had the request, so it is charged what it was held for (see its generation record, named by the X-Generation-Id header, or your activity)"
+                        }
+                        false => "",
+                    };
                     return Err(upstream_failure(
                         ErrorKind::Upstream,
                         "request",
-                        "the upstream request failed; retry with backoff".to_owned(),
+                        format!("the upstream request failed{charged}; retry with backoff"),
                     ));
                 }
                 Ok(Ok(response)) => {
@@ -475,6 +543,42 @@ impl Service<Request<Full<Bytes>>> for Upstream {
             response.headers_mut().insert(X_REQUEST_ID.clone(), id);
             Ok(response)
         })
+    }
+}
+
+impl Inner {
+    /// Leaves the response still coming for `attempt` (sent, and timed
+    /// out) to be read late, when a place is free; else a lost answer.
+    /// Whether anything was left (the attempt was sent).
+    fn leave_late_answer(
+        &self,
+        attempt: &UpstreamAttempt,
+        coming: Pin<Box<hyper_util::client::legacy::ResponseFuture>>,
+    ) -> bool {
+        let permit = match self.late_answer.is_zero() {
+            true => None,
+            false => Arc::clone(&self.late_answers).try_acquire_owned().ok(),
+        };
+        let late = match permit {
+            Some(permit) => LateAnswer::Coming {
+                deadline: tokio::time::Instant::now() + self.late_answer,
+                response: Box::pin(async move {
+                    let mut response = coming.await.ok()?;
+                    *response.headers_mut() = client_response_headers(response.headers());
+                    Some(response.map(|body| body.map_err(Into::into).boxed_unsync()))
+                }),
+                permit: Some(permit),
+            },
+            None => {
+                if !self.late_answer.is_zero() {
+                    tracing::warn!(
+                        "too many late answers waited for at once: this request is charged what it was held for"
+                    );
+                }
+                LateAnswer::Lost
+            }
+        };
+        attempt.answer_late(late)
     }
 }
 

@@ -29,7 +29,8 @@ use crate::webhook::WebhooksConfig;
 /// ```json
 /// {
 ///   "upstream": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY",
-///                "connect_timeout_ms": 10000, "response_header_timeout_ms": 120000},
+///                "connect_timeout_ms": 10000, "response_header_timeout_ms": 600000,
+///                "late_answer_seconds": 600, "max_late_answers": 1024},
 ///   "pricing": {"models": {"openai/gpt-4o": {"prompt_per_million": 2.5, "completion_per_million": 10}}},
 ///   "rate_limits": {"account": {"gcra": {"requests": 600, "period_seconds": 60, "burst": 60}}},
 ///   "free_quota": {"requests_per_minute": 20, "requests_per_day": 50},
@@ -143,7 +144,10 @@ pub struct GatewayConfig {
     pub management_rate: Option<RateRule>,
     /// After SIGTERM, how long the requests in flight may take to end
     /// before the gateway ends the responses still open, each charged for
-    /// what it used. Absent: [`DEFAULT_SHUTDOWN_GRACE`] (30 s).
+    /// what it used; then, how long it waits at most for their settlements
+    /// to reach the store (each is retried for 2 minutes,
+    /// [`SETTLEMENT_RETRY_WINDOW`](crate::store::SETTLEMENT_RETRY_WINDOW)).
+    /// Absent: [`DEFAULT_SHUTDOWN_GRACE`] (30 s).
     pub shutdown_grace_seconds: Option<u64>,
     /// How a SQLite store (`--store sqlite:PATH`, the proxy's default)
     /// commits.

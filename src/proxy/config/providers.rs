@@ -41,8 +41,18 @@ pub struct ProviderSection {
     pub byok: bool,
     /// Longest wait for a connection, in ms.
     pub connect_timeout_ms: Option<u64>,
-    /// Longest wait for the response headers, in ms.
+    /// Longest wait for the response headers, in ms (default 600 000:
+    /// as long as OpenAI's SDKs wait). Past it the client gets 504 at once.
     pub response_header_timeout_ms: Option<u64>,
+    /// After such a 504, how long the upstream's answer is still read, in
+    /// seconds (default 600): the request is charged the usage it reports
+    /// (`cost_basis` `late_answer`), or, with none by then or a connection
+    /// that fails, what it was held for (`unanswered`). 0: not read, the
+    /// hold is charged at once.
+    pub late_answer_seconds: Option<u64>,
+    /// The most late answers read at once (default 1024); past it, a
+    /// request that timed out is charged what it was held for at once.
+    pub max_late_answers: Option<usize>,
     /// `"strip"` (the default) sends `model` without the `provider/`
     /// prefix; `"keep"` sends the gateway's whole id.
     pub model_prefix: Option<ModelPrefix>,
@@ -128,6 +138,12 @@ impl ProviderSection {
         }
         if let Some(ms) = self.response_header_timeout_ms {
             config.response_header_timeout = Duration::from_millis(ms);
+        }
+        if let Some(seconds) = self.late_answer_seconds {
+            config.late_answer = Duration::from_secs(seconds);
+        }
+        if let Some(max) = self.max_late_answers {
+            config.max_late_answers = max;
         }
         config
     }

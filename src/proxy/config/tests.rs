@@ -247,6 +247,7 @@ fn debug_shows_every_field_and_no_secret() {
                                  "headers": {"x-goog-api-key": secrets[0]},
                                  "credential_headers": ["x-goog-api-key"], "byok": true,
                                  "connect_timeout_ms": 1, "response_header_timeout_ms": 2,
+                                 "late_answer_seconds": 3, "max_late_answers": 4,
                                  "model_prefix": "keep", "completion_bound_field": "max_completion_tokens"}},
         "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o"]},
         "max_in_flight": 8,
