@@ -79,6 +79,10 @@ use modelgate::proxy::{
 use modelgate::store::SETTLEMENT_RETRY_WINDOW;
 use tokio::net::TcpListener;
 
+/// How long a stopping proxy waits, after its deadline, for the
+/// settlements of what it ended then (late answers given up).
+const LAST_SETTLEMENTS_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a stopping proxy waits for its last alerts to go out (no
 /// money rides on them; a send still retrying is given up).
 const ALERTS_DEADLINE: Duration = Duration::from_secs(5);
@@ -382,9 +386,13 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
     // lapses and is charged; only a cost without one is logged for booking
     // by hand.
     let pending = settlements.len();
-    let unrecorded = settlements
-        .flush(SETTLEMENT_RETRY_WINDOW.min(config.shutdown_grace()))
-        .await;
+    let deadline = SETTLEMENT_RETRY_WINDOW.min(config.shutdown_grace());
+    if !settlements.settled_within(deadline).await {
+        // Late answers still awaited are given up, charged their holds
+        // (as are any responses still open).
+        settlements.end_streams();
+    }
+    let unrecorded = settlements.flush(LAST_SETTLEMENTS_WAIT).await;
     tracing::info!(
         pending,
         unrecorded = unrecorded.len(),

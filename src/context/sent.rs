@@ -214,6 +214,34 @@ mod tests {
         assert!(sent.is_marked(), "a plain mark marks the current attempt");
     }
 
+    #[test]
+    fn a_late_answer_is_left_only_by_the_current_sent_attempt_and_taken_once() {
+        let sent = SentUpstream::default();
+        let first = sent.attempt();
+        assert!(
+            !first.answer_late(LateAnswer::Lost),
+            "not sent: nothing to charge"
+        );
+        assert!(first.mark());
+        assert!(first.answer_late(LateAnswer::Lost));
+        assert!(matches!(sent.take_late_answer(), Some(LateAnswer::Lost)));
+        assert!(sent.take_late_answer().is_none(), "taken once");
+        // Left, then a retry cleared the mark: the next attempt's request
+        // is not charged for the first's.
+        assert!(first.answer_late(LateAnswer::Lost));
+        sent.clear();
+        let second = sent.attempt();
+        assert!(
+            !first.answer_late(LateAnswer::Lost),
+            "a stale attempt leaves nothing"
+        );
+        assert!(second.mark());
+        assert!(
+            sent.take_late_answer().is_none(),
+            "the first attempt's is not the second's"
+        );
+    }
+
     proptest::proptest! {
         /// Whatever the order of marks and clears, the request is marked
         /// exactly when the last attempt begun was marked through itself or

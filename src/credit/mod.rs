@@ -44,7 +44,12 @@
 //! ignored it) is charged in full and counted in
 //! `modelgate_cost_over_hold_nanocredits_total`. A request that ends
 //! without usage is charged what its bound allows (tokens may have been
-//! spent), except after an error status, which is charged nothing. A
+//! spent), except after an error status, which is charged nothing. An
+//! error the service below answered before the upstream did (a timeout, a
+//! connection that failed once the request was sent) is charged on the
+//! [`LateAnswer`] it leaves on the request's [`SentUpstream`]: the answer
+//! still read in the background, its usage (`cost_basis` `late_answer`),
+//! else the hold (`unanswered`). A
 //! client that goes away, a body that breaks and an inner error are
 //! settled too, in the background when no one waits; settlement is
 //! idempotent per request, so retrying it never charges twice; a hold that

@@ -219,15 +219,12 @@ impl PendingSettlements {
         self.len() == 0
     }
 
-    /// Waits until every pending settlement is recorded or given up (each
-    /// is retried for [`SETTLEMENT_RETRY_WINDOW`](crate::store::SETTLEMENT_RETRY_WINDOW)),
-    /// or `deadline` has passed. Those still pending then are returned,
-    /// logged and counted in `modelgate_settlements_unrecorded_total` (see
-    /// [`Unrecorded::held`]): a granted hold lapses and is charged in full,
-    /// so only a cost admitted without a hold is to be booked by hand.
-    /// Their retries go on while the process does.
-    pub async fn flush(&self, deadline: Duration) -> Vec<Unrecorded> {
-        let waited = tokio::time::timeout(deadline, async {
+    /// Waits until none is pending, for at most `deadline`; whether none is.
+    /// A late answer still read then is one: a gateway that stops can end
+    /// it ([`end_streams`](Self::end_streams): it is charged its hold) and
+    /// [`flush`](Self::flush) what is left.
+    pub async fn settled_within(&self, deadline: Duration) -> bool {
+        tokio::time::timeout(deadline, async {
             loop {
                 let emptied = self.inner.emptied.notified();
                 if self.is_empty() {
@@ -236,8 +233,19 @@ impl PendingSettlements {
                 emptied.await;
             }
         })
-        .await;
-        if waited.is_ok() {
+        .await
+        .is_ok()
+    }
+
+    /// Waits until every pending settlement is recorded or given up (each
+    /// is retried for [`SETTLEMENT_RETRY_WINDOW`](crate::store::SETTLEMENT_RETRY_WINDOW)),
+    /// or `deadline` has passed. Those still pending then are returned,
+    /// logged and counted in `modelgate_settlements_unrecorded_total` (see
+    /// [`Unrecorded::held`]): a granted hold lapses and is charged in full,
+    /// so only a cost admitted without a hold is to be booked by hand.
+    /// Their retries go on while the process does.
+    pub async fn flush(&self, deadline: Duration) -> Vec<Unrecorded> {
+        if self.settled_within(deadline).await {
             return Vec::new();
         }
         let pending: Vec<Settlement> = lock(&self.inner.pending).values().cloned().collect();
@@ -309,6 +317,16 @@ mod tests {
         );
         drop(stuck);
         assert!(pending.is_empty());
+
+        // A granted hold lapses and is charged: reported as such.
+        let held = pending.track(&Settlement {
+            hold_granted: true,
+            ..settlement(11)
+        });
+        let unrecorded = pending.flush(Duration::from_secs(3)).await;
+        assert_eq!(unrecorded.len(), 1);
+        assert!(unrecorded[0].held);
+        drop(held);
     }
 
     #[tokio::test(start_paused = true)]

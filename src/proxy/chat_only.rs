@@ -20,7 +20,9 @@ use crate::response_body::ResponseBody;
 /// Forwards `POST /api/v1/chat/completions` only; every other path is a
 /// canonical 404. Upstream failures and credential refusals become
 /// complete canonical responses here, below CreditGuard, so they are
-/// settled as errors (at no cost).
+/// settled as errors: at no cost, unless the upstream had the request
+/// (a timeout, a connection failed once sent), whose late answer the
+/// [`Upstream`](super::Upstream) leaves for CreditGuard to charge.
 #[derive(Clone, Debug)]
 pub(super) struct ChatOnly<S> {
     inner: S,
@@ -90,7 +92,8 @@ where
             Ok(match outcome {
                 // An upstream that could not be reached or did not answer
                 // becomes a complete error response: CreditGuard charges
-                // nothing for it.
+                // nothing for it, or what the late answer the upstream
+                // client left reports.
                 Err(error) => error.to_response(),
                 Ok(response) if matches!(response.status().as_u16(), 401..=403) => {
                     // The upstream refused the gateway's own credentials or
