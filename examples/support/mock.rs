@@ -1,6 +1,7 @@
 //! An OpenAI-compatible upstream for demos, tests and benchmarks: a
-//! deterministic reply with `usage`, SSE when asked, and injected latency
-//! and errors. Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
+//! deterministic reply with `usage`, SSE when asked, `n` choices, a tool
+//! call when `tools` is given and `tool_choice` allows one, a new id per
+//! answer, and injected latency and errors. Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
 //! (which runs it in process when no upstream is given) and the tests.
 
 #![allow(dead_code)]
@@ -58,11 +59,17 @@ impl Default for MockConfig {
     }
 }
 
+/// The most choices a request may ask for (`n`), as OpenAI's API.
+const MAX_CHOICES: u64 = 128;
+
 /// A running mock's state.
 #[derive(Debug)]
 struct Mock {
     config: MockConfig,
+    /// Chat requests so far; with `id_seed`, each answer's own id.
     chats: AtomicU64,
+    /// Random per mock, so two mocks (or two runs) give no id twice.
+    id_seed: u64,
     /// Requests received, counted before any latency.
     received: Arc<AtomicU64>,
 }
@@ -76,6 +83,7 @@ async fn serve_counted(listener: TcpListener, config: MockConfig, received: Arc<
     let mock = Arc::new(Mock {
         config,
         chats: AtomicU64::new(0),
+        id_seed: rand::random::<u64>(),
         received,
     });
     loop {
@@ -293,6 +301,20 @@ impl Mock {
             .or_else(|| chat["max_tokens"].as_u64())
             .unwrap_or(64) as usize;
         let ignores_bound = model.rsplit('/').next() == Some("ignores-bound");
+        let choices = match &chat["n"] {
+            Value::Null => 1,
+            n => match n.as_u64() {
+                Some(n @ 1..=MAX_CHOICES) => n as usize,
+                _ => {
+                    return Ok(openai_error(
+                        400,
+                        &format!("n must be an integer from 1 to {MAX_CHOICES}"),
+                        "invalid_request_error",
+                    ));
+                }
+            },
+        };
+        let tool = tool_called(&chat);
         let words: Vec<String> = format!("Hello from {model}! You said: {last}")
             .split_whitespace()
             .take(max_tokens.max(1))
@@ -301,21 +323,34 @@ impl Mock {
         let completion_tokens = if ignores_bound {
             1_000_000
         } else {
-            words.len()
+            words.len() * choices
         };
         let usage = json!({
             "prompt_tokens": prompt.len().div_ceil(4),
             "completion_tokens": completion_tokens,
             "total_tokens": prompt.len().div_ceil(4) + completion_tokens,
         });
-        // Deterministic per conversation, so a test can compare bytes.
-        let id = format!("chatcmpl-mock-{}", prompt.len());
+        // A new id per answer, as a real upstream gives.
+        let id = format!("chatcmpl-mock-{:016x}{count:08x}", self.id_seed);
+        let answer = Answer {
+            words,
+            choices,
+            tool,
+        };
         if chat["stream"].as_bool() == Some(true) {
             // As OpenAI: usage only when asked for, in a last chunk of its
             // own, and `"usage": null` in every other chunk then.
             let with_usage = chat["stream_options"]["include_usage"].as_bool() == Some(true);
-            return Ok(self.stream(&id, &model, &words, with_usage.then_some(usage)));
+            return Ok(self.stream(&id, &model, &answer, with_usage.then_some(usage)));
         }
+        let message = match &answer.tool {
+            Some(name) => json!({"role": "assistant", "content": null,
+                "tool_calls": [tool_call_json(&id, name)]}),
+            None => json!({"role": "assistant", "content": answer.words.join(" ")}),
+        };
+        let choices: Vec<Value> = (0..answer.choices)
+            .map(|index| json!({"index": index, "message": message, "finish_reason": answer.finish_reason()}))
+            .collect();
         Ok(json_response(
             200,
             json!({
@@ -323,7 +358,7 @@ impl Mock {
                 "object": "chat.completion",
                 "created": 1_767_225_600,
                 "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": words.join(" ")}, "finish_reason": "stop"}],
+                "choices": choices,
                 "usage": usage,
             }),
         ))
@@ -333,34 +368,59 @@ impl Mock {
         &self,
         id: &str,
         model: &str,
-        words: &[String],
+        answer: &Answer,
         usage: Option<Value>,
     ) -> Response<MockBody> {
-        let chunk = |delta: Value, finish: Value| {
+        let words = &answer.words;
+        let chunk = |choice: usize, delta: Value, finish: Value| {
             let mut chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                   "choices": [{"index": choice, "delta": delta, "finish_reason": finish}]});
             if usage.is_some() {
                 chunk["usage"] = Value::Null;
             }
             chunk
         };
         let mut events = vec![": keep-alive\n\n".to_owned()];
-        events.push(format!(
-            "data: {}\n\n",
-            chunk(json!({"role": "assistant", "content": ""}), Value::Null)
-        ));
-        for (index, word) in words.iter().enumerate() {
-            let text = if index == 0 {
-                word.clone()
-            } else {
-                format!(" {word}")
-            };
+        for choice in 0..answer.choices {
+            if let Some(name) = &answer.tool {
+                let mut call = tool_call_json(id, name);
+                call["index"] = json!(0);
+                events.push(format!(
+                    "data: {}\n\n",
+                    chunk(
+                        choice,
+                        json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+                        Value::Null
+                    )
+                ));
+                continue;
+            }
             events.push(format!(
                 "data: {}\n\n",
-                chunk(json!({"content": text}), Value::Null)
+                chunk(
+                    choice,
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null
+                )
+            ));
+            for (index, word) in words.iter().enumerate() {
+                let text = if index == 0 {
+                    word.clone()
+                } else {
+                    format!(" {word}")
+                };
+                events.push(format!(
+                    "data: {}\n\n",
+                    chunk(choice, json!({"content": text}), Value::Null)
+                ));
+            }
+        }
+        for choice in 0..answer.choices {
+            events.push(format!(
+                "data: {}\n\n",
+                chunk(choice, json!({}), json!(answer.finish_reason()))
             ));
         }
-        events.push(format!("data: {}\n\n", chunk(json!({}), json!("stop"))));
         if let Some(usage) = usage {
             events.push(format!(
                 "data: {}\n\n",
@@ -381,4 +441,50 @@ impl Mock {
             .body(StreamBody::new(frames).boxed_unsync())
             .expect("a valid response")
     }
+}
+
+/// What the mock answers a chat request with.
+struct Answer {
+    /// The words of each choice's text.
+    words: Vec<String>,
+    /// How many choices (`n`).
+    choices: usize,
+    /// The function each choice calls instead, when one is.
+    tool: Option<String>,
+}
+
+impl Answer {
+    fn finish_reason(&self) -> &'static str {
+        if self.tool.is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        }
+    }
+}
+
+/// The function a request's `tools` and `tool_choice` have the mock call,
+/// as an OpenAI model would: the one `tool_choice` names, else the first
+/// function when `tool_choice` is absent, `"auto"` or `"required"`; none
+/// for `"none"` or without tools.
+fn tool_called(chat: &Value) -> Option<String> {
+    let tools = chat["tools"].as_array()?;
+    let first = tools
+        .iter()
+        .find_map(|tool| tool["function"]["name"].as_str())?;
+    match &chat["tool_choice"] {
+        Value::Null => Some(first.to_owned()),
+        Value::String(choice) if choice == "auto" || choice == "required" => Some(first.to_owned()),
+        Value::Object(choice) => choice
+            .get("function")
+            .and_then(|function| function["name"].as_str())
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// A call of the function `name` with no arguments, its id from the answer's.
+fn tool_call_json(answer_id: &str, name: &str) -> Value {
+    let call_id = format!("call_{}", answer_id.trim_start_matches("chatcmpl-"));
+    json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}})
 }

@@ -11,9 +11,11 @@ use crate::answer::Answer;
 use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json_input::{bad_request, invalid_parameter};
+use crate::keys::credits::{decimal_string, nanos_from_json};
 use crate::usage::{
     GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE, UsageQuery, activity_query, activity_rows, by_host,
-    complete_from, parse_generation_id, ranking_json, readable_by, record_day, usage_query,
+    complete_from, cost_note, parse_generation_id, ranking_json, readable_by, record_day,
+    usage_query,
 };
 
 /// The account whose records or apps are asked for: any for the operator
@@ -193,8 +195,10 @@ fn matches_filters(record: &Value, query: &UsageQuery) -> bool {
     query.from.is_none_or(|from| created_at >= from) && query.to.is_none_or(|to| created_at < to)
 }
 
-/// The columns of the CSV export, as the records name their fields.
-const CSV_COLUMNS: [&str; 18] = [
+/// The columns of the CSV export, as the records name their fields, but
+/// the last: `cost_note`, why the cost is what it is when a person would
+/// not guess it ([`cost_note`]).
+const CSV_COLUMNS: [&str; 19] = [
     "id",
     "created_at",
     "model",
@@ -213,11 +217,16 @@ const CSV_COLUMNS: [&str; 18] = [
     "generation_time",
     "app_id",
     "app_title",
+    "cost_note",
 ];
 
+/// The columns that hold credits: written as plain decimals.
+const CSV_CREDIT_COLUMNS: [&str; 1] = ["total_cost"];
+
 /// The records as CSV (RFC 4180): a header, then a row each; a field the
-/// record lacks is empty. A cell a spreadsheet would read as a formula is
-/// quoted behind a `'`, so an app title cannot run one.
+/// record lacks is empty. Credits are plain decimals (`0.00000375`, never
+/// `3.75e-6`), exact to the nano-credit. A cell a spreadsheet would read
+/// as a formula is quoted behind a `'`, so an app title cannot run one.
 fn csv_answer(records: &[Value]) -> Result<Answer, GatewayError> {
     // Writing into memory fails only on a bug: then a 500 saying so.
     let failed = |error: csv::Error| {
@@ -231,11 +240,7 @@ fn csv_answer(records: &[Value]) -> Result<Answer, GatewayError> {
         .from_writer(Vec::new());
     writer.write_record(CSV_COLUMNS).map_err(failed)?;
     for record in records {
-        let cells = CSV_COLUMNS.iter().map(|column| match &record[*column] {
-            Value::Null => String::new(),
-            Value::String(text) => spreadsheet_safe(text),
-            other => other.to_string(),
-        });
+        let cells = CSV_COLUMNS.iter().map(|column| csv_cell(record, column));
         writer.write_record(cells).map_err(failed)?;
     }
     let bytes = writer
@@ -247,6 +252,24 @@ fn csv_answer(records: &[Value]) -> Result<Answer, GatewayError> {
         http::header::CONTENT_DISPOSITION,
         http::HeaderValue::from_static("attachment; filename=\"generations.csv\""),
     ))
+}
+
+/// One cell of `record`'s row.
+fn csv_cell(record: &Value, column: &str) -> String {
+    if column == "cost_note" {
+        return cost_note(record).unwrap_or_default().to_owned();
+    }
+    match &record[column] {
+        Value::Null => String::new(),
+        Value::String(text) => spreadsheet_safe(text),
+        number @ Value::Number(_) if CSV_CREDIT_COLUMNS.contains(&column) => {
+            match nanos_from_json(number) {
+                Ok(nanos) => decimal_string(nanos, 0),
+                Err(_) => number.to_string(),
+            }
+        }
+        other => other.to_string(),
+    }
 }
 
 /// `text`, with a leading `'` when a spreadsheet would take it for a
@@ -308,4 +331,36 @@ pub(crate) async fn apps(call: Call) -> Result<Answer, GatewayError> {
         rows = by_host(rows);
     }
     Ok(ok(json!({ "data": ranking_json(rows, query.period, now) })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_credits_are_plain_decimals_and_notes_are_words() {
+        let record = json!({
+            "id": "gen-1",
+            "total_cost": 0.00000375,
+            "cost_basis": "usage",
+            "tokens_prompt": 12,
+            "is_byok": false,
+            "app_title": "=HYPERLINK(\"x\")",
+        });
+        assert_eq!(csv_cell(&record, "total_cost"), "0.00000375");
+        assert_eq!(csv_cell(&json!({"total_cost": 12}), "total_cost"), "12");
+        assert_eq!(
+            csv_cell(&json!({"total_cost": 1e-9}), "total_cost"),
+            "0.000000001"
+        );
+        assert_eq!(csv_cell(&record, "tokens_prompt"), "12");
+        assert_eq!(csv_cell(&record, "is_byok"), "false");
+        assert_eq!(csv_cell(&record, "app_title"), "'=HYPERLINK(\"x\")");
+        assert_eq!(csv_cell(&record, "model"), "");
+        assert_eq!(csv_cell(&record, "cost_note"), "");
+        let lapsed = json!({"total_cost": 0.134, "cost_basis": "lapsed", "lapsed": true});
+        assert!(csv_cell(&lapsed, "cost_note").starts_with("charged its whole hold"));
+        let unanswered = json!({"total_cost": 0.134, "cost_basis": "unanswered"});
+        assert!(csv_cell(&unanswered, "cost_note").contains("never answered"));
+    }
 }

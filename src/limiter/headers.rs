@@ -11,8 +11,14 @@ use crate::store::CheckOutcome;
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// Requests that may still be made now.
 pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-/// Whole seconds (rounded up) until the limit is fully available again.
+/// Whole seconds (rounded up) until the limit is fully available again;
+/// on a refusal, until a request fits again (the same as `Retry-After`).
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// The rule the other three describe, as configured, in the IETF
+/// `RateLimit-Policy` form: `600;w=60;burst=60` (600 requests per 60 s,
+/// at most 60 at once: `X-RateLimit-Limit` is then 60), `10;w=60` (at most
+/// 10 in any 60 s).
+pub static X_RATELIMIT_POLICY: HeaderName = HeaderName::from_static("x-ratelimit-policy");
 
 /// The three headers for `outcome`.
 pub(crate) fn rate_limit_headers(outcome: &CheckOutcome) -> HeaderMap {
@@ -38,15 +44,41 @@ pub(crate) fn tightest<'a>(
     outcomes.into_iter().min_by_key(|outcome| outcome.remaining)
 }
 
-/// Puts the headers of `outcome` on a refusal.
+/// Puts the headers of `outcome` on a refusal. Its `X-RateLimit-Reset`
+/// is the refusal's `Retry-After`: when the client may send again, which
+/// a client reading either header learns alike (the limit is full again
+/// only later, which matters to no client that was refused).
 pub(crate) fn with_rate_limit_headers(
     mut error: GatewayError,
     outcome: &CheckOutcome,
 ) -> GatewayError {
+    let retry_after = error.retry_after_seconds();
     for (name, value) in &rate_limit_headers(outcome) {
-        error = error.with_header(name.clone(), value.clone());
+        let value = match retry_after {
+            Some(seconds) if name == X_RATELIMIT_RESET => HeaderValue::from(seconds),
+            _ => value.clone(),
+        };
+        error = error.with_header(name.clone(), value);
     }
     error
+}
+
+/// The `X-RateLimit-Policy` of a counter limit, when it is a rate
+/// (GCRA or a rolling window): see [`X_RATELIMIT_POLICY`].
+pub(crate) fn policy_value(limit: &crate::store::Limit) -> Option<HeaderValue> {
+    use crate::store::Limit;
+    let text = match *limit {
+        Limit::Gcra {
+            rate,
+            period,
+            burst,
+        } => format!("{rate};w={};burst={burst}", period.as_secs()),
+        Limit::Rolling { limit, window } | Limit::FixedWindow { limit, window } => {
+            format!("{limit};w={}", window.as_secs())
+        }
+        Limit::Calendar { .. } => return None,
+    };
+    HeaderValue::from_str(&text).ok()
 }
 
 /// The remaining count of the rate-limit headers a gateway layer put on a
@@ -72,8 +104,10 @@ pub(crate) fn merge_response_headers(response: &mut http::response::Parts, ours:
     }
     for (name, value) in ours {
         let Some(name) = name else { continue };
-        let is_rate_limit =
-            name == X_RATELIMIT_LIMIT || name == X_RATELIMIT_REMAINING || name == X_RATELIMIT_RESET;
+        let is_rate_limit = name == X_RATELIMIT_LIMIT
+            || name == X_RATELIMIT_REMAINING
+            || name == X_RATELIMIT_RESET
+            || name == X_RATELIMIT_POLICY;
         if !(is_rate_limit && keep_reported) {
             response.headers.insert(name, value);
         }
@@ -106,6 +140,49 @@ mod tests {
             rate_limit_headers(&outcome(20, 20, 0))[&X_RATELIMIT_RESET],
             "0"
         );
+    }
+
+    #[test]
+    fn a_refusals_reset_is_its_retry_after() {
+        let mut refused = outcome(60, 0, 6_000);
+        refused.admitted = false;
+        let error = with_rate_limit_headers(
+            GatewayError::rate_limited(
+                crate::error::LimitSource::AccountRate,
+                "full",
+                Duration::from_millis(100),
+            ),
+            &refused,
+        );
+        let response: http::Response<bytes::Bytes> = error.to_response();
+        assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
+        assert_eq!(response.headers()[&X_RATELIMIT_RESET], "1");
+        assert_eq!(response.headers()[&X_RATELIMIT_LIMIT], "60");
+        assert_eq!(response.headers()[&X_RATELIMIT_REMAINING], "0");
+        assert_eq!(
+            response
+                .headers()
+                .get_all(&X_RATELIMIT_RESET)
+                .iter()
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_policy_names_the_rule() {
+        use crate::store::Limit;
+        let gcra = Limit::Gcra {
+            rate: 600,
+            period: Duration::from_secs(60),
+            burst: 60,
+        };
+        assert_eq!(policy_value(&gcra).unwrap(), "600;w=60;burst=60");
+        let rolling = Limit::Rolling {
+            limit: 10,
+            window: Duration::from_secs(3600),
+        };
+        assert_eq!(policy_value(&rolling).unwrap(), "10;w=3600");
     }
 
     #[test]

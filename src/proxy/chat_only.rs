@@ -149,3 +149,9 @@ fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
 fn is_models_path(method: &http::Method, path: &str) -> bool {
     method == http::Method::GET && crate::routing::path_is(path, &["api", "v1", "models"])
 }
+
+/// Whether ChatOnly serves the request (every other is its 404): the
+/// routes the admission counts.
+pub(super) fn serves(method: &http::Method, path: &str) -> bool {
+    is_chat_completions_path(method, path) || is_models_path(method, path)
+}

@@ -138,9 +138,11 @@ where
     let body = BodyLimitLayer::new()
         .max_body_bytes(checked.max_body_bytes)
         .read_timeout(checked.body_read_timeout);
+    // ChatOnly answers every other route 404: those spend no rate.
     let rate_limit =
         GlobalRateLimitLayer::with_checked_rules(store.clone(), checked.rate_rules.clone())
-            .clock(clock.clone());
+            .clock(clock.clone())
+            .served_routes(super::chat_only::serves);
     let free_quota = FreeModelQuotaLayer::new(store.clone())
         .checked_rules(checked.free_quota)
         .clock(clock.clone());

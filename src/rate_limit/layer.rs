@@ -23,7 +23,13 @@ pub(crate) struct GlobalRateLimitConfig {
     /// Hands its checks to CreditGuard instead of deciding them (set by
     /// [`AdmissionLayers`](crate::admission::AdmissionLayers)).
     pub(crate) deferred: bool,
+    /// Which requests count: the others pass through uncounted.
+    pub(crate) counts: Option<ServedRoutes>,
 }
+
+/// Whether a request (its method and path) is one the service below
+/// serves: see [`GlobalRateLimitLayer::served_routes`].
+pub type ServedRoutes = fn(&http::Method, &str) -> bool;
 
 impl GlobalRateLimitLayer {
     /// Limits requests by `rules`, counted in `store`; system clock, fail
@@ -43,6 +49,7 @@ impl GlobalRateLimitLayer {
                 rules,
                 limiter: Limiter::new(store, "GlobalRateLimit"),
                 deferred: false,
+                counts: None,
             }),
         }
     }
@@ -57,6 +64,15 @@ impl GlobalRateLimitLayer {
     /// answer 503.
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         Arc::make_mut(&mut self.config).limiter.policy = policy;
+        self
+    }
+
+    /// Counts only the requests `served` says the service below serves,
+    /// passing the others on uncounted (it answers them 404 at no cost):
+    /// a request to a path nobody serves then spends no rate. Without it,
+    /// every request that reaches the layer counts.
+    pub fn served_routes(mut self, served: ServedRoutes) -> Self {
+        Arc::make_mut(&mut self.config).counts = Some(served);
         self
     }
 

@@ -20,10 +20,16 @@
 //! counted.
 //!
 //! All of a request's checks are one atomic store step: a refused request
-//! counts nowhere. Refusals are 429 with `Retry-After` (whole seconds,
-//! rounded up, at least 1), `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
-//! `X-RateLimit-Reset` (seconds until the limit is whole again) and
-//! `metadata.limit_source` (`account_rate`, `model_rate` or `key`). When the store
+//! counts nowhere. Admitted responses carry `X-RateLimit-Limit` (the most
+//! admitted at once: a GCRA rule's burst, a window's requests),
+//! `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the limit
+//! is whole again) and `X-RateLimit-Policy` (the rule itself:
+//! `600;w=60;burst=60`, `10;w=60`) of the tightest rule. Refusals are 429
+//! with `Retry-After` (whole seconds, rounded up, at least 1), the same
+//! four, their `X-RateLimit-Reset` equal to `Retry-After` (when a request
+//! fits again), and `metadata.limit_source` (`account_rate`, `model_rate`
+//! or `key`). With [`GlobalRateLimitLayer::served_routes`], a request the
+//! service below does not serve (a 404) counts nowhere. When the store
 //! fails the layer admits unchecked (logged and counted) unless set to fail
 //! closed. A counter the store reported full is remembered until the wait
 //! it reported ends, so requests that would be refused anyway cost no round
@@ -79,7 +85,9 @@ mod service;
 /// [`GlobalRateLimit`]'s response future: the counter check, then the
 /// inner service.
 pub use crate::limiter::AdmissionFuture as ResponseFuture;
-pub use crate::limiter::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-pub use layer::GlobalRateLimitLayer;
+pub use crate::limiter::headers::{
+    X_RATELIMIT_LIMIT, X_RATELIMIT_POLICY, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use layer::{GlobalRateLimitLayer, ServedRoutes};
 pub use rules::{AccountRules, ModelRule, RateLimitRules, RateRule, RulesError};
 pub use service::GlobalRateLimit;

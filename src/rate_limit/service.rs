@@ -9,7 +9,9 @@ use super::rules::{RateRule, RuleCheck};
 use crate::context::RequestContext;
 use crate::error::{GatewayError, LimitSource, retry_after_seconds};
 use crate::keys::{KeyHash, KeyRateLimit};
-use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
+use crate::limiter::headers::{
+    X_RATELIMIT_POLICY, policy_value, rate_limit_headers, tightest, with_rate_limit_headers,
+};
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
 use crate::limiter::{AdmissionFuture, Verdict};
 use crate::response_body::ResponseBody;
@@ -68,6 +70,14 @@ where
                 GatewayError::missing_layer("GlobalRateLimit", "BodyLimit"),
             );
         }
+        if self
+            .config
+            .counts
+            .is_some_and(|served| !served(request.method(), request.uri().path()))
+        {
+            // Answered 404 below: refused, so it costs no rate.
+            return AdmissionFuture::admitted(LAYER, request, self.inner.clone());
+        }
         let model = chat.map(|chat| &chat.model_id);
         if let Some(Err(error)) = model.map(|model| principal.check_model(model)) {
             return AdmissionFuture::rejected(LAYER, error);
@@ -115,12 +125,28 @@ where
 fn finish(rule_checks: &[RuleCheck], verdict: Verdict) -> Result<Admission, GatewayError> {
     match verdict {
         Verdict::Unchecked | Verdict::NotCounted(_) => Ok(Admission::default()),
-        Verdict::Admitted(outcomes) => Ok(Admission {
-            response_headers: tightest(&outcomes)
+        Verdict::Admitted(outcomes) => {
+            let mut response_headers = tightest(&outcomes)
                 .map(rate_limit_headers)
-                .unwrap_or_default(),
-            ..Admission::default()
-        }),
+                .unwrap_or_default();
+            // The rule of the tightest outcome (the first of the least
+            // remaining, as `tightest` picks it).
+            let tightest_index = outcomes
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, outcome)| outcome.remaining)
+                .map(|(index, _)| index);
+            if let Some(policy) = tightest_index
+                .and_then(|index| rule_checks.get(index))
+                .and_then(|rule| policy_value(&rule.rule.limit()))
+            {
+                response_headers.insert(X_RATELIMIT_POLICY.clone(), policy);
+            }
+            Ok(Admission {
+                response_headers,
+                ..Admission::default()
+            })
+        }
         Verdict::Rejected {
             index,
             outcome,
@@ -172,6 +198,9 @@ fn refusal(
     let mut error = GatewayError::rate_limited(rule.source, message, retry_after);
     if let Some(matches) = &rule.matches {
         error = error.with_metadata("model_rule", matches.clone());
+    }
+    if let Some(policy) = policy_value(&rule.rule.limit()) {
+        error = error.with_header(X_RATELIMIT_POLICY.clone(), policy);
     }
     with_rate_limit_headers(error, outcome)
 }

@@ -106,7 +106,15 @@ struct Sums {
     completion_tokens: u64,
     usage_nanos: i64,
     byok_usage_nanos: i64,
+    /// Of `requests`, those charged their whole hold (usage never known).
+    hold_charged_requests: u64,
+    /// Their cost, within `usage_nanos` and `byok_usage_nanos`.
+    hold_charged_nanos: i64,
 }
+
+/// The activity row of a record that names no model: a lapse's record
+/// (written by the store, which does not know the model).
+pub const UNKNOWN_MODEL: &str = "unknown";
 
 /// For a scan that stopped at its depth before the window's start: the
 /// first day it read whole, the day after its oldest record's. Days before
@@ -128,8 +136,12 @@ pub fn record_day(record: &Value) -> Option<NaiveDate> {
 /// UTC day is within the window ending `today` (only `date`, when given),
 /// ordered by day, then model. `usage` is what was taken from the balance,
 /// `byok_usage_inference` what went through the account's own provider
-/// keys, both in credits summed exactly in nano-credits. A record whose
-/// time or cost cannot be read (none the gateway writes) is left out.
+/// keys, both in credits summed exactly in nano-credits. Every record
+/// counts, a charged hold's too ([`charged_hold`]: a lapsed or unanswered
+/// request): those are also counted apart, in `hold_charged_requests` and
+/// `hold_charged_usage`, and one naming no model (a lapse's) counts under
+/// [`UNKNOWN_MODEL`]. A record whose time or cost cannot be read (none the
+/// gateway writes) is left out.
 pub fn activity_rows<'a>(
     records: impl IntoIterator<Item = &'a Value>,
     today: NaiveDate,
@@ -144,12 +156,15 @@ pub fn activity_rows<'a>(
         if day < start || day > today || date.is_some_and(|date| date != day) {
             continue;
         }
-        let (Some(model), Ok(cost_nanos)) = (
-            record["model"].as_str(),
-            nanos_from_json(&record["total_cost"]),
-        ) else {
+        let Ok(cost_nanos) = nanos_from_json(&record["total_cost"]) else {
             continue;
         };
+        // A lapse's record names no model: the store that writes it does
+        // not know it. Its charge counts all the same.
+        let model = record["model"]
+            .as_str()
+            .or_else(|| record["requested_model"].as_str())
+            .unwrap_or(UNKNOWN_MODEL);
         // One row per model however clients spell it (ids ignore case).
         let row = sums.entry((day, model.to_ascii_lowercase())).or_default();
         if row.provider_name.is_empty() {
@@ -170,6 +185,10 @@ pub fn activity_rows<'a>(
         } else {
             row.usage_nanos = row.usage_nanos.saturating_add(cost_nanos);
         }
+        if charged_hold(record) {
+            row.hold_charged_requests += 1;
+            row.hold_charged_nanos = row.hold_charged_nanos.saturating_add(cost_nanos);
+        }
     }
     sums.into_iter()
         .map(|((day, model), row)| {
@@ -182,9 +201,48 @@ pub fn activity_rows<'a>(
                 "completion_tokens": row.completion_tokens,
                 "usage": nanos_to_json(row.usage_nanos),
                 "byok_usage_inference": nanos_to_json(row.byok_usage_nanos),
+                "hold_charged_requests": row.hold_charged_requests,
+                "hold_charged_usage": nanos_to_json(row.hold_charged_nanos),
             })
         })
         .collect()
+}
+
+/// Whether `record` is of a request charged its whole hold because its
+/// usage can never be known: its `cost_basis` is `lapsed` (its instance
+/// stopped renewing it) or `unanswered` (the upstream took it and never
+/// answered), or it says `"lapsed": true`.
+pub fn charged_hold(record: &Value) -> bool {
+    record["lapsed"].as_bool() == Some(true)
+        || matches!(
+            record["cost_basis"].as_str(),
+            Some(LAPSED_BASIS | UNANSWERED_BASIS)
+        )
+}
+
+/// The `cost_basis` of a lapsed hold's record.
+pub const LAPSED_BASIS: &str = "lapsed";
+/// The `cost_basis` of a request the upstream took and never answered.
+pub const UNANSWERED_BASIS: &str = "unanswered";
+/// The `cost_basis` of a request whose usage came after its client's error.
+pub const LATE_ANSWER_BASIS: &str = "late_answer";
+
+/// Why a record's cost is what it is, in words, for the cost bases a
+/// person would not guess (`None` for the others): the CSV's `cost_note`
+/// and the settings page say it.
+pub fn cost_note(record: &Value) -> Option<&'static str> {
+    match record["cost_basis"].as_str() {
+        Some(UNANSWERED_BASIS) => Some(
+            "charged its whole hold: the upstream took the request but never answered, so its usage is unknown",
+        ),
+        Some(LATE_ANSWER_BASIS) => Some(
+            "charged the usage the upstream reported after the gateway had answered the client with an error",
+        ),
+        _ if charged_hold(record) => Some(
+            "charged its whole hold: the hold lapsed (the gateway instance serving the request stopped, or could not record its cost in time), so its usage is unknown; a late settlement replaces this charge",
+        ),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -339,6 +397,62 @@ mod tests {
         assert_eq!(one_day.len(), 1);
         assert_eq!(one_day[0]["date"], "2026-11-25");
         assert!(activity_rows(&Vec::<Value>::new(), today(), None).is_empty());
+    }
+
+    /// A lapse's record, as the store writes it (`store::lapse_record`): no
+    /// model, no tokens.
+    fn lapse(created_at: &str, cost: f64, byok: bool) -> Value {
+        let record = crate::store::lapse_record(
+            "acme",
+            "00ff",
+            &format!("{:032x}", 7),
+            nanos_from_json(&json!(cost)).unwrap(),
+            byok,
+            DateTime::parse_from_rfc3339(created_at)
+                .unwrap()
+                .with_timezone(&Utc),
+        );
+        serde_json::from_slice(&record).unwrap()
+    }
+
+    #[test]
+    fn charged_holds_count_in_their_day_marked_apart() {
+        let mut unanswered = record("2026-11-26T09:00:00Z", "a/one", 0.134, false, Some((5, 0)));
+        unanswered["cost_basis"] = json!("unanswered");
+        let mut late = record("2026-11-26T09:30:00Z", "a/one", 0.01, false, Some((5, 3)));
+        late["cost_basis"] = json!("late_answer");
+        let records = [
+            lapse("2026-11-26T10:00:00Z", 0.134, false),
+            lapse("2026-11-26T10:00:01Z", 0.134, false),
+            lapse("2026-11-26T10:00:02Z", 0.134, true),
+            unanswered,
+            late,
+        ];
+        let rows = activity_rows(&records, today(), None);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        let one = &rows[0];
+        assert_eq!(one["model"], "a/one");
+        assert_eq!(one["requests"], 2);
+        assert_eq!(one["hold_charged_requests"], 1);
+        assert_eq!(one["hold_charged_usage"], json!(0.134));
+        assert_eq!(one["usage"], json!(0.144));
+        let unknown = &rows[1];
+        assert_eq!(unknown["model"], UNKNOWN_MODEL);
+        assert_eq!(unknown["requests"], 3);
+        assert_eq!(unknown["hold_charged_requests"], 3);
+        // 0.268 from the balance, 0.134 through the account's own key.
+        assert_eq!(unknown["usage"], json!(0.268));
+        assert_eq!(unknown["byok_usage_inference"], json!(0.134));
+        assert_eq!(unknown["hold_charged_usage"], json!(0.402));
+        // Each marked record says why in words; a plain one says nothing.
+        assert!(cost_note(&records[0]).unwrap().contains("lapsed"));
+        assert!(cost_note(&records[3]).unwrap().contains("never answered"));
+        assert!(cost_note(&records[4]).unwrap().contains("after"));
+        assert!(!charged_hold(&records[4]));
+        assert_eq!(
+            cost_note(&record("2026-11-26T10:00:00Z", "a/one", 1.0, false, None)),
+            None
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@
 //! |---|---|---|
 //! | `GET /api/v1/generation?id=` | the key that made the request, or a management key of its account (the operator's adds `account=`) | `{"data": {…}}`; 404 to anyone else |
 //! | `GET /api/v1/generations?limit=&offset=&key=&model=&from=&to=&format=&account=` | any key of the account | `{"data": [{…}, …], "next_offset"}`: the newest first, 20 by default, at most 100 a page, paged and filtered among the account's 10,000 newest ([`GENERATIONS_SCAN_DEPTH`]); an inference key's own only; `format=csv` the page as CSV |
-//! | `GET /api/v1/activity?date=&account=` | a management key of the account (the operator's names it with `account=`) | `{"data": [{date, model, provider_name, requests, prompt_tokens, completion_tokens, usage, byok_usage_inference}, …]}`: per UTC day (the last [`ACTIVITY_DAYS`] and today, or the one `date`) and model, by day then model, summed from the records as `generations` scans them ([`activity_rows`]) |
+//! | `GET /api/v1/activity?date=&account=` | a management key of the account (the operator's names it with `account=`) | `{"data": [{date, model, provider_name, requests, prompt_tokens, completion_tokens, usage, byok_usage_inference, hold_charged_requests, hold_charged_usage}, …]}`: per UTC day (the last [`ACTIVITY_DAYS`] and today, or the one `date`) and model, by day then model, summed from the records as `generations` scans them ([`activity_rows`]), a lapsed or unanswered request's charged hold included and counted apart ([`charged_hold`]) |
 //! | `GET /api/v1/apps?period=day\|week\|month&account=` | any key | `{"data": {period, starts_at, ends_at, apps: [{rank, id, url, title, requests, tokens, models: [{model, requests, tokens}]}]}}`: the top 100 apps by tokens of the key's own account (any account the operator names); `account=*`, the whole gateway's: the operator's (the default for its key), or any key's with `api::KeyRoutesLayer::public_ranking`, then by host only (`id` the host, `url` its origin, no title) |
 //!
 //! ```
@@ -70,8 +70,9 @@ mod ranking;
 mod record;
 
 pub use activity::{
-    ACTIVITY_DAYS, ActivityQuery, activity_query, activity_rows, activity_window_start,
-    complete_from, record_day,
+    ACTIVITY_DAYS, ActivityQuery, LAPSED_BASIS, LATE_ANSWER_BASIS, UNANSWERED_BASIS, UNKNOWN_MODEL,
+    activity_query, activity_rows, activity_window_start, charged_hold, complete_from, cost_note,
+    record_day,
 };
 pub use app::{
     App, LEGACY_TITLE_HEADER, MAX_REFERER_BYTES, MAX_TITLE_CHARS, REFERER_HEADER, TITLE_HEADER,

@@ -14,6 +14,8 @@ mod architecture;
 mod body_and_error_mapper;
 #[cfg(feature = "redis")]
 mod byok;
+#[cfg(feature = "proxy")]
+mod charges_shown;
 #[cfg(feature = "redis")]
 mod credit;
 #[cfg(feature = "redis")]

@@ -229,11 +229,12 @@ fn key_row(name: &str) -> String {
     format!("td/span[contains(concat(' ', @class, ' '), ' key-name ')][normalize-space()='{name}']")
 }
 
-/// The text of column `class` in the row of the key named `name`, or
-/// `None` while the table has no such row.
+/// The text of the part `class` (a cell, or a value within one: `created`,
+/// `usage-daily`, …) in the row of the key named `name`, or `None` while
+/// the table has no such row.
 async fn cell(browser: &Browser, name: &str, class: &str) -> Option<String> {
     let xpath = format!(
-        "//tbody[@id='key-rows']/tr[{}]/td[contains(concat(' ', @class, ' '), ' {class} ')]",
+        "//tbody[@id='key-rows']/tr[{}]//*[contains(concat(' ', @class, ' '), ' {class} ')]",
         key_row(name)
     );
     // The table may be drawn anew between finding the cell and reading it.
@@ -637,12 +638,41 @@ async fn a_key_is_rotated_on_the_page() {
     browser.wait_shown("new-key", false).await;
     let before = api.key_named(admin, "deploy").await.unwrap();
 
-    click_path(
-        browser,
-        "//tbody[@id='key-rows']//button[@aria-label='Rotate key deploy']",
-        "Rotate for deploy",
-    )
-    .await;
+    // Rotate asks first, and says what becomes of the key; kept, nothing
+    // changes.
+    let rotate = "//tbody[@id='key-rows']//button[@aria-label='Rotate key deploy']";
+    click_path(browser, rotate, "Rotate for deploy").await;
+    browser.wait_shown("confirm-rotate", true).await;
+    let asked = browser.text("confirm-rotate-text").await;
+    assert!(
+        asked.contains("Rotate the key “deploy”")
+            && asked.contains("keeps working for an hour")
+            && !asked.contains("signed in with"),
+        "{asked}"
+    );
+    browser
+        .click(Some("confirm-rotate"), "Keep the key as it is")
+        .await;
+    browser.wait_shown("confirm-rotate", false).await;
+    let (_, listed) = api
+        .send(reqwest::Method::GET, "/api/v1/keys", admin, None)
+        .await;
+    assert_eq!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|key| key["name"] == "deploy")
+            .count(),
+        1,
+        "nothing rotated before the confirmation: {listed}"
+    );
+    assert!(!browser.displayed("new-key").await);
+    click_path(browser, rotate, "Rotate for deploy").await;
+    browser.wait_shown("confirm-rotate", true).await;
+    browser
+        .click(Some("confirm-rotate"), "Yes, rotate the key")
+        .await;
     browser.wait_shown("new-key", true).await;
     let new = browser
         .by_id("new-key-value")
@@ -654,7 +684,9 @@ async fn a_key_is_rotated_on_the_page() {
     assert!(new.starts_with("mg-v1-") && new != old, "{new}");
     browser
         .wait_for_text("message", "the old key's grace", |text| {
-            text.contains("Rotated the key “deploy”") && text.contains("The old key works until")
+            text.contains("Rotated the key “deploy”")
+                && text.contains("The old key works until")
+                && text.contains(" UTC.")
         })
         .await;
     browser.click(Some("new-key"), "Done").await;
@@ -995,7 +1027,7 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     assert!(
         note.contains("the key you are signed in with")
             && note.contains("cannot disable or delete itself")
-            && note.contains("Rotate it: the new key works at once and this one for an hour more"),
+            && note.contains("Rotate it: the new key works at once and this page signs in with it"),
         "{note}"
     );
     let disabled_switch = browser.by_id("edit-disabled").await;
@@ -1061,6 +1093,68 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
         assert_eq!(body["error"]["metadata"]["reason"], "own_key");
     }
     assert_eq!(api.check_key(&manager).await.0, 200);
+
+    // Rotating the key in use asks first, saying so; once confirmed the
+    // page goes on with the new key, and the old one works for its grace.
+    browser.click(Some("edit-key"), "Cancel").await;
+    click_path(
+        &browser,
+        "//tbody[@id='key-rows']//button[@aria-label='Rotate key acme admin']",
+        "Rotate for acme admin",
+    )
+    .await;
+    browser.wait_shown("confirm-rotate", true).await;
+    let asked = browser.text("confirm-rotate-text").await;
+    assert!(
+        asked.contains("the key this page is signed in with")
+            && asked.contains("signs in with the new key"),
+        "{asked}"
+    );
+    assert_eq!(
+        api.key_named(&manager, "acme admin").await.unwrap()["rotated_to"],
+        Value::Null,
+        "nothing rotated before the confirmation"
+    );
+    browser
+        .click(Some("confirm-rotate"), "Yes, rotate the key")
+        .await;
+    browser
+        .wait_for_text("message", "the rotation", |text| {
+            text.contains("This page is now signed in with the new key")
+        })
+        .await;
+    let successor = browser
+        .by_id("new-key-value")
+        .await
+        .prop("value")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(successor, manager);
+    assert_eq!(
+        browser
+            .script("return sessionStorage.getItem('modelgate.managementKey')")
+            .await,
+        successor.as_str()
+    );
+    // The page reads with the new key; the new row is the one in use.
+    browser.click(Some("keys"), "Refresh").await;
+    let old_hash = hash.to_owned();
+    wait_for(PATIENCE, || async {
+        let in_use = browser
+            .script(
+                "return Array.from(document.querySelectorAll('#key-rows > tr'), (row) => \
+                   row.querySelector('.badge.current') ? row.dataset.hash : null).filter(Boolean)",
+            )
+            .await;
+        match in_use.as_array().map(Vec::as_slice) {
+            Some([one]) if one.as_str() != Some(old_hash.as_str()) => Ok(()),
+            _ => Err(format!("the successor is never the key in use: {in_use}")),
+        }
+    })
+    .await;
+    assert_eq!(api.check_key(&successor).await.0, 200);
+    assert_eq!(api.check_key(&manager).await.0, 200, "the old key's grace");
     assert_eq!(browser.csp_violations().await, json!([]));
     browser.close().await;
 }
@@ -1106,7 +1200,7 @@ async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
     let last_used = browser
         .client
         .find(fantoccini::Locator::XPath(&format!(
-            "{row}/td[contains(@class, 'last-used')]/time"
+            "{row}//*[contains(@class, 'last-used')]/time"
         )))
         .await
         .unwrap();
@@ -1226,15 +1320,15 @@ async fn a_leaked_key_is_replaced_and_deleted_on_the_page() {
         "the report's markup stays text"
     );
 
-    // On a narrow window the page still fits: the table scrolls in its
-    // box, the notice wraps.
+    // On a narrow window the page still fits: the table is stacked, a
+    // card per key, and scrolls nowhere; the notice wraps.
     browser.client.set_window_size(400, 900).await.unwrap();
     assert_eq!(
         browser
             .script(
                 "const page = document.documentElement; \
                  const wrap = document.querySelector('#keys .table-wrap'); \
-                 return [page.scrollWidth <= page.clientWidth, wrap.scrollWidth > wrap.clientWidth]"
+                 return [page.scrollWidth <= page.clientWidth, wrap.scrollWidth <= wrap.clientWidth]"
             )
             .await,
         json!([true, true])
@@ -2124,4 +2218,193 @@ async fn the_api_allows_no_other_origin() {
     for header in answer.headers().keys() {
         assert!(!header.as_str().starts_with("access-control-"), "{header}");
     }
+}
+
+/// Resizes the window until the page's viewport is `width` px wide (the
+/// window's frame, if any, added).
+async fn viewport_width(browser: &Browser, width: u32) {
+    browser.client.set_window_size(width, 900).await.unwrap();
+    let inner = browser.script("return window.innerWidth").await;
+    let frame = 900u32.min(u32::try_from(width as i64 - inner.as_i64().unwrap()).unwrap_or(0));
+    if frame > 0 {
+        browser
+            .client
+            .set_window_size(width + frame, 900)
+            .await
+            .unwrap();
+    }
+    browser.settled().await;
+    assert_eq!(
+        browser.script("return window.innerWidth").await,
+        width,
+        "the viewport"
+    );
+}
+
+/// What at the window's width is wider than where it is shown: the page
+/// itself, each table's container, the Rotate buttons (clipped when past
+/// the window's or their container's right edge), a model of a key's list
+/// broken within its name, a key's dates on more than a line each.
+const OVERFLOWS: &str = r#"
+const found = [];
+const over = (element, what) => {
+  if (element.scrollWidth > element.clientWidth + 1) {
+    found.push(what + ' is ' + element.scrollWidth + ' px wide in ' + element.clientWidth + ' px');
+  }
+};
+over(document.documentElement, 'the page');
+over(document.body, 'the body');
+for (const wrap of document.querySelectorAll('.table-wrap')) {
+  if (wrap.offsetParent !== null) over(wrap, 'the table #' + wrap.querySelector('table').id);
+}
+for (const button of document.querySelectorAll('#key-rows button')) {
+  const box = button.getBoundingClientRect();
+  const wrap = button.closest('.table-wrap').getBoundingClientRect();
+  if (box.right > Math.min(window.innerWidth, wrap.right) + 1 || box.left < wrap.left - 1) {
+    found.push(button.getAttribute('aria-label') + ' is cut off at ' + box.left + '..' + box.right);
+  }
+}
+for (const item of document.querySelectorAll('#key-rows .models .item, #key-rows .rate .item')) {
+  const line = parseFloat(getComputedStyle(item).lineHeight);
+  if (item.getBoundingClientRect().height > line * 1.5) {
+    found.push('"' + item.textContent + '" is broken within');
+  }
+}
+for (const line of document.querySelectorAll('#key-rows .dates .line')) {
+  const height = parseFloat(getComputedStyle(line).lineHeight);
+  if (line.getBoundingClientRect().height > height * 2.5) {
+    found.push('"' + line.textContent + '" takes more than two lines');
+  }
+}
+return found;
+"#;
+
+/// The page at the widths people use, with keys that have long names,
+/// model lists and rates, used (so dates and generations show) and the
+/// operator's Account column: nothing wider than the window at 1400 and
+/// 1024 px; at 800 px every table stacked, a card per row, still nothing
+/// wider. Fails on the page before it was fitted (a table 1,500 px wide
+/// in 1,100). Writes a picture of each width to `target/tmp`.
+#[tokio::test]
+async fn the_page_fits_the_window_at_1400_1024_and_800_px() {
+    let page = OperatorPage::open().await;
+    let (browser, api, admin) = (&page.browser, &page.api, page.admin.as_str());
+    for (name, models, rate) in [
+        (
+            "Production chatbot for the customer support team",
+            json!([
+                "demo/paid",
+                "openai/gpt-4o-mini",
+                "meta-llama/llama-3.1-8b-instruct:free",
+                "anthropic/"
+            ]),
+            json!({"requests": 600, "window_seconds": 60}),
+        ),
+        (
+            "batch",
+            json!(["demo/", "mistralai/mistral-small-3.2-24b-instruct"]),
+            json!({"requests": 10000, "window_seconds": 86400}),
+        ),
+    ] {
+        let (status, created) = api
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                admin,
+                Some(json!({"name": name, "limit": 5, "limit_reset": "monthly",
+                            "expires_at": "2099-06-01T12:00:00Z",
+                            "allowed_models": models, "rate_limit": rate})),
+            )
+            .await;
+        assert_eq!(status, 201, "{created}");
+        let key = created["key"].as_str().unwrap().to_owned();
+        for _ in 0..2 {
+            let (status, body) = api.chat(&key).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    refresh_until(
+        browser,
+        "Production chatbot for the customer support team",
+        "last-used",
+        "its last use",
+        |text| text != "never",
+    )
+    .await;
+    generations_until(browser, 4).await;
+    for width in [1400, 1024, 800, 480] {
+        viewport_width(browser, width).await;
+        let found = browser.script(OVERFLOWS).await;
+        let picture = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("settings-page-{width}.png"));
+        browser.screenshot(&picture).await;
+        assert_eq!(found, json!([]), "at {width} px");
+        let stacked = browser
+            .script("return getComputedStyle(document.querySelector('#key-rows > tr')).display")
+            .await;
+        assert_eq!(
+            stacked,
+            if width <= 800 { "block" } else { "table-row" },
+            "at {width} px"
+        );
+        if width <= 800 {
+            // Each value under its column's name.
+            let label = browser
+                .script(
+                    "return getComputedStyle(document.querySelector('#key-rows td.limit'), '::before').content",
+                )
+                .await;
+            assert_eq!(label, "\"Limit\"", "at {width} px");
+        }
+    }
+    // One date format: every moment shown is UTC, ISO-like.
+    let moments = browser
+        .script("return Array.from(document.querySelectorAll('time'), (time) => time.textContent)")
+        .await;
+    let moments = moments.as_array().unwrap();
+    assert!(moments.len() >= 6, "{moments:?}");
+    for moment in moments {
+        let text = moment.as_str().unwrap();
+        let shaped = text.len() >= 20
+            && text.ends_with(" UTC")
+            && text.as_bytes()[4] == b'-'
+            && text.as_bytes()[7] == b'-'
+            && text.as_bytes()[10] == b' '
+            && text.as_bytes()[13] == b':';
+        assert!(shaped, "{text:?}");
+    }
+    assert_eq!(browser.csp_violations().await, json!([]));
+    page.close().await;
+}
+
+/// The page's formatting, run in the page itself: every time in UTC,
+/// ISO-like, and the Expires fields read and written in UTC.
+#[tokio::test]
+async fn times_are_written_one_way_in_utc() {
+    let page = OperatorPage::open().await;
+    let formatted = page
+        .browser
+        .script(
+            "const { utcText, utcDay, utcInput, expiresField } = globalThis.modelgateApi; \
+             const field = document.createElement('input'); field.value = '2099-06-01T12:00'; \
+             const empty = document.createElement('input'); \
+             return [utcText('2026-11-29T07:45:59.999Z'), utcText('2026-11-29T08:45:12+01:00', true), \
+                     utcText(null), utcText('not a time'), utcDay('2026-11-29T23:59:59-01:00'), \
+                     utcInput('2099-06-01T12:00:00Z'), expiresField(field), expiresField(empty)]",
+        )
+        .await;
+    assert_eq!(
+        formatted,
+        json!([
+            "2026-11-29 07:45 UTC",
+            "2026-11-29 07:45:12 UTC",
+            "–",
+            "–",
+            "2026-11-30",
+            "2099-06-01T12:00",
+            "2099-06-01T12:00:00.000Z",
+            null
+        ])
+    );
+    page.close().await;
 }

@@ -93,11 +93,39 @@
     return { requests: Number(count), window_seconds: Number(seconds) };
   }
 
-  // An Expires field (datetime-local): the instant in ISO 8601, or null
-  // when empty.
+  // Every time on the page is written one way: UTC, ISO-like, to the
+  // minute ('2026-11-29 07:45 UTC') or, with `seconds`, to the second;
+  // '–' for none or an unreadable one.
+  function utcText(timestamp, seconds) {
+    const iso = isoOf(timestamp);
+    return iso ? iso.slice(0, 10) + ' ' + iso.slice(11, seconds ? 19 : 16) + ' UTC' : '–';
+  }
+
+  // The UTC day of an instant, 'YYYY-MM-DD'; '–' for none.
+  function utcDay(timestamp) {
+    const iso = isoOf(timestamp);
+    return iso ? iso.slice(0, 10) : '–';
+  }
+
+  // What a datetime-local field shows for an instant: its UTC time, to
+  // the minute (the Expires fields are in UTC, as every time here).
+  function utcInput(timestamp) {
+    const iso = isoOf(timestamp);
+    return iso ? iso.slice(0, 16) : '';
+  }
+
+  // The instant in ISO 8601 (toISOString), or null.
+  function isoOf(timestamp) {
+    if (timestamp === null || timestamp === undefined || timestamp === '') return null;
+    const when = new Date(timestamp);
+    return Number.isNaN(when.getTime()) ? null : when.toISOString();
+  }
+
+  // An Expires field (datetime-local, in UTC): the instant in ISO 8601,
+  // or null when empty.
   function expiresField(input) {
     if (!input.value) return null;
-    const when = new Date(input.value);
+    const when = new Date(input.value + 'Z');
     if (Number.isNaN(when.getTime())) throw new Error('Expires must be a date and time.');
     return when.toISOString();
   }
@@ -111,5 +139,8 @@
     expiresField,
     modelsField,
     rateField,
+    utcText,
+    utcDay,
+    utcInput,
   });
 })();

@@ -6,7 +6,9 @@
 'use strict';
 
 (() => {
-  const { STORAGE_KEY, ApiError, say, limitField, expiresField, modelsField, rateField } = globalThis.modelgateApi;
+  const {
+    STORAGE_KEY, ApiError, say, limitField, expiresField, modelsField, rateField, utcText, utcDay, utcInput,
+  } = globalThis.modelgateApi;
   const PAGE_SIZE = 100; // per page of GET /api/v1/keys and /api/v1/accounts
   const MAX_PAGES = 50;
   // The account every gateway has; the operator's page starts on it (the
@@ -15,7 +17,7 @@
   // Why the key in use cannot be disabled or deleted here (the API
   // answers 409 own_key): whoever uses it would be locked out.
   const OWN_KEY = 'This is the key you are signed in with: it cannot disable or delete itself. ' +
-    'To replace it, Rotate it: the new key works at once and this one for an hour more, time to sign in with the new one.';
+    'To replace it, Rotate it: the new key works at once and this page signs in with it; this one works for an hour more.';
   const OWN_OPERATOR_KEY = 'This is the operator\'s key you are signed in with: it cannot disable or delete itself. ' +
     'To replace it, make a new key with "proxy keygen", set it as MODELGATE_ADMIN_KEY and restart the gateway, ' +
     'then delete this one signed in with the new key. If it is lost or leaked, run "proxy reset-operator-key".';
@@ -30,6 +32,7 @@
   let session = null;
   let keys = [];
   let editing = null; // the key being edited
+  let rotating = null; // the key whose Rotate asks for confirmation
   let shownLeaks = ''; // what the leak notice shows (see renderLeaks)
   let generations = []; // the records the Recent generations table shows
   // Where the page of generations shown starts among the account's newest,
@@ -77,19 +80,34 @@
 
   // ---- formatting ---------------------------------------------------
 
+  // Credits to the nano-credit, as the gateway counts them.
   function credits(value) {
     if (value === null || value === undefined) return '–';
-    return Number(value).toLocaleString('en-US', { maximumFractionDigits: 6 });
+    return Number(value).toLocaleString('en-US', { maximumFractionDigits: 9 });
   }
-  const day = (timestamp) => (timestamp ? String(timestamp).slice(0, 10) : '–');
+  const day = utcDay;
   // A count (tokens, requests); '–' when unknown.
   const count = (value) => (value === null || value === undefined
     ? '–'
     : Number(value).toLocaleString('en-US'));
   // "1 request", "2 requests".
   const counted = (value, noun) => count(value) + ' ' + noun + (Number(value) === 1 ? '' : 's');
-  const RESETS = { daily: 'Daily', weekly: 'Weekly', monthly: 'Monthly' };
+  // A limit's period as it follows the amount: "1 a day".
+  const RESETS = { daily: 'a day', weekly: 'a week', monthly: 'a month' };
   const PERIOD_WORDS = { daily: 'today', weekly: 'this week', monthly: 'this month' };
+
+  // Why a generation cost what it did, for the cost bases a person would
+  // not guess (the CSV's cost_note says the same).
+  const COST_NOTES = {
+    lapsed: 'Charged its whole hold: the hold lapsed (the gateway instance serving the request stopped, ' +
+      'or could not record its cost in time), so its usage is unknown. A late settlement replaces this charge.',
+    unanswered: 'Charged its whole hold: the upstream took the request but never answered, so its usage is unknown.',
+    late_answer: 'Charged the usage the upstream reported after the gateway had answered the client with an error.',
+  };
+  const COST_MARKS = { lapsed: 'lapsed', unanswered: 'unanswered', late_answer: 'late answer' };
+  // The cost basis of a record whose hold was charged whole.
+  const chargedHold = (record) => record.lapsed === true || record.cost_basis === 'lapsed' ||
+    record.cost_basis === 'unanswered';
 
   // Who may report a key leaked (`leak.reported_by`), in words.
   const REPORTERS = { secret_scanning: 'secret scanning', operator: 'the operator' };
@@ -116,16 +134,42 @@
     return node;
   }
 
-  // A moment in the person's own time zone, to the minute (last use is
-  // written at most once a minute anyway), or to the second when
-  // `seconds`; the exact value stays in the element, and shows as its
-  // tooltip.
+  // A moment in UTC as the page writes every time (utcText), to the
+  // minute (last use is written at most once a minute anyway), or to the
+  // second when `seconds`: its day and its time each kept whole, so a
+  // narrow column breaks it only between them. The exact value stays in
+  // the element, and shows as its tooltip.
   function moment(timestamp, seconds) {
-    const timeStyle = seconds ? 'medium' : 'short';
-    const node = element('time', new Date(timestamp).toLocaleString(undefined, { dateStyle: 'medium', timeStyle }));
+    const node = document.createElement('time');
+    const text = utcText(timestamp, seconds);
+    const gap = text.indexOf(' ');
+    node.append(element('span', text.slice(0, gap), 'day'), ' ', element('span', text.slice(gap + 1), 'clock'));
     node.dateTime = timestamp;
     node.title = timestamp;
     return node;
+  }
+
+  // Items that wrap only between each other (a model list, a rate): each
+  // kept whole unless it alone is wider than its column.
+  function items(label, parts, separator, className) {
+    const node = element('span', label, className);
+    if (label) node.append(' ');
+    parts.forEach((part, index) => {
+      node.append(element('span', part + (index < parts.length - 1 ? separator : ''), 'item'));
+      if (index < parts.length - 1) node.append(' ');
+    });
+    return node;
+  }
+
+  // Each cell of the table's body labelled with its column's header, for
+  // the stacked layout of a narrow window (app.css shows the label).
+  function labelCells(table) {
+    const headers = Array.from(table.tHead.rows[0].cells, (cell) => cell.textContent.trim());
+    for (const row of table.tBodies[0].rows) {
+      Array.from(row.cells).forEach((cell, index) => {
+        if (headers[index] && headers[index] !== 'Actions') cell.dataset.label = headers[index];
+      });
+    }
   }
 
   function button(text, className, label, action) {
@@ -198,6 +242,8 @@
     session = null;
     keys = [];
     editing = null;
+    rotating = null;
+    $('confirm-rotate').hidden = true;
     shownLeaks = '';
     $('key-rows').replaceChildren();
     $('leak-list').replaceChildren();
@@ -307,24 +353,29 @@
       // Its first and last characters, to tell keys of one name apart.
       if (key.hint) name.append(element('span', key.hint, 'hint help'));
       // What it may call, and how often, when it has its own bounds.
-      if (key.allowed_models) name.append(element('span', 'Models: ' + key.allowed_models.join(', '), 'models help'));
+      if (key.allowed_models) name.append(items('Models:', key.allowed_models, ',', 'models help'));
       if (key.rate_limit) {
-        name.append(element('span', key.rate_limit.requests + ' requests per ' +
-          key.rate_limit.window_seconds + ' s', 'rate help'));
+        name.append(items(null, [key.rate_limit.requests + ' requests', 'per ' + key.rate_limit.window_seconds + ' s'],
+          '', 'rate help'));
       }
       row.append(name);
       const accountCell = element('td', key.account, 'operator-only');
       accountCell.hidden = !session.operator;
       row.append(accountCell);
-      const created = element('td', day(key.created_at), 'created');
-      created.title = key.created_at || '';
-      row.append(created);
-      const lastUsed = element('td', key.last_used_at ? null : 'never', 'last-used');
-      if (key.last_used_at) lastUsed.append(moment(key.last_used_at));
-      row.append(lastUsed);
-      const expires = element('td', key.expires_at ? null : 'never', 'expires');
-      if (key.expires_at) expires.append(moment(key.expires_at));
-      row.append(expires);
+      // Made, last used, expires: a line each, in one column.
+      const dates = element('td', null, 'dates');
+      const dateLine = (words, className, timestamp, whole) => {
+        const line = element('span', null, 'line');
+        const value = element('span', timestamp ? null : 'never', className);
+        if (timestamp) value.append(whole ? element('span', day(timestamp), 'day') : moment(timestamp));
+        if (timestamp) value.title = timestamp;
+        line.append(element('span', words, 'help'), ' ', value);
+        dates.append(line);
+      };
+      dateLine('made', 'created', key.created_at, true);
+      dateLine('used', 'last-used', key.last_used_at, false);
+      dateLine('expires', 'expires', key.expires_at, false);
+      row.append(dates);
 
       const limit = element('td', null, 'limit');
       if (key.limit === null) {
@@ -332,7 +383,7 @@
       } else {
         const used = limitUsed(key);
         const period = PERIOD_WORDS[key.limit_reset] || 'in all';
-        limit.append(element('span', credits(key.limit)));
+        limit.append(element('span', credits(key.limit) + ' ' + (RESETS[key.limit_reset] || 'in all')));
         const bar = document.createElement('progress');
         bar.max = key.limit > 0 ? key.limit : 1;
         bar.value = Math.min(used, bar.max);
@@ -342,10 +393,18 @@
         limit.append(element('span', credits(key.limit_remaining) + ' left ' + period, 'help'));
       }
       row.append(limit);
-      row.append(element('td', RESETS[key.limit_reset] || 'None'));
-      row.append(element('td', credits(key.usage_daily), 'num usage-daily'));
-      row.append(element('td', credits(key.usage_weekly), 'num usage-weekly'));
-      row.append(element('td', credits(key.usage_monthly), 'num usage-monthly'));
+      // The three periods in one column, each named.
+      const usage = element('td', null, 'usage');
+      for (const [words, value, className] of [
+        ['day', key.usage_daily, 'usage-daily'],
+        ['week', key.usage_weekly, 'usage-weekly'],
+        ['month', key.usage_monthly, 'usage-monthly'],
+      ]) {
+        const line = element('span', null, 'period');
+        line.append(element('span', credits(value), 'num ' + className), ' ', element('span', words, 'help'));
+        usage.append(line);
+      }
+      row.append(usage);
       const status = element('td', null, 'status');
       const state = keyStatus(key);
       status.append(element('span', state, 'badge ' + state));
@@ -354,25 +413,27 @@
       // Replaced, still working for its grace.
       if (key.rotated_to && state === 'active') status.append(element('span', 'replaced', 'badge rotating'));
       row.append(status);
-      const actions = element('td');
+      const actions = element('td', null, 'key-actions');
       actions.append(button('Edit', 'secondary', 'Edit key ' + key.name, () => openEditor(key.hash)));
       // A new key in its place; this one works for an hour more. Not for a
-      // key that is off or was rotated already.
+      // key that is off or was rotated already. Asked first (confirmRotation).
       if (keyStatus(key) === 'active' && !key.rotated_to && !key.operator) {
         actions.append(button('Rotate', 'secondary', 'Rotate key ' + key.name, () => {
           say('');
-          attempt(() => rotateKey(key.hash));
+          confirmRotation(key.hash);
         }));
       }
       row.append(actions);
       return row;
     });
     $('key-rows').replaceChildren(...rows);
+    labelCells($('key-table'));
     $('no-keys').hidden = keys.length > 0;
+    if (rotating && !keys.some((key) => key.hash === rotating)) closeRotation();
     $('key-caption').textContent = (session.operator && session.account === null
       ? 'Every key'
       : 'The keys of ' + (session.account ? 'the account ' + session.account : 'this account')) +
-      ', with their last use (to within a minute) and their usage in the current UTC day, week (from Monday) and month, in credits.';
+      ', with their last use (to within a minute, in UTC) and their usage in the current UTC day, week (from Monday) and month, in credits.';
     const note = $('create-key-account');
     note.hidden = !session.operator;
     note.textContent = session.account === null
@@ -494,6 +555,7 @@
       return row;
     });
     $('account-rows').replaceChildren(...rows);
+    labelCells($('account-table'));
   }
 
   // ---- usage: recent generations and the account's apps -------------
@@ -607,14 +669,25 @@
     const chart = globalThis.modelgateActivity;
     chart.draw($('activity-chart'), rows, models, first, last, credits);
     chart.legend($('activity-legend'), models);
+    const held = rows.reduce((sum, row) => sum + (Number(row.hold_charged_requests) || 0), 0);
     $('activity-caption').textContent = 'Credits the account ' + account + ' spent per UTC day from ' + first +
-      ' to ' + last + ', by model (BYOK requests are in the table only).';
+      ' to ' + last + ', by model (BYOK requests are in the table only).' +
+      (held > 0 ? ' ' + counted(held, 'request') + ' were charged their whole hold, their usage never known ' +
+        '(lapsed or unanswered): the table says which.' : '');
     const body = rows.map((row) => {
       const line = document.createElement('tr');
       line.dataset.date = row.date;
       line.dataset.model = row.model;
       line.append(element('td', row.date, 'date'));
-      line.append(element('td', row.model, 'model'));
+      const model = element('td', null, 'model');
+      model.append(element('span', row.model === 'unknown' ? 'unknown (lapsed requests)' : row.model, 'model-name'));
+      // Charged holds counted in the row: said in words beside it.
+      const held = Number(row.hold_charged_requests) || 0;
+      if (held > 0) {
+        model.append(element('span', counted(held, 'request') + ' charged whole holds (' +
+          credits(row.hold_charged_usage) + ' credits): usage never known', 'help held'));
+      }
+      line.append(model);
       line.append(element('td', count(row.requests), 'num requests'));
       line.append(element('td', count(row.prompt_tokens), 'num tokens-in'));
       line.append(element('td', count(row.completion_tokens), 'num tokens-out'));
@@ -623,6 +696,7 @@
       return line;
     });
     $('activity-rows').replaceChildren(...body);
+    labelCells($('activity-table'));
     $('no-activity').hidden = body.length > 0;
   }
 
@@ -692,14 +766,17 @@
       row.append(time);
       row.append(keyCell(record.key_hash, names));
       const model = element('td', null, 'model');
-      model.append(element('span', record.model || '–'));
+      model.append(element('span', record.model || (chargedHold(record) ? 'not recorded' : '–')));
       if (record.requested_model && record.requested_model !== record.model) {
         model.append(element('span', 'asked for ' + record.requested_model, 'help requested'));
       }
       row.append(model);
       row.append(element('td', count(record.tokens_prompt), 'num tokens-in'));
       row.append(element('td', count(record.tokens_completion), 'num tokens-out'));
-      row.append(element('td', credits(record.total_cost), 'num cost'));
+      const cost = element('td', credits(record.total_cost), 'num cost');
+      const note = COST_NOTES[record.cost_basis] || (chargedHold(record) ? COST_NOTES.lapsed : null);
+      if (note) cost.title = note;
+      row.append(cost);
       row.append(element('td', record.status === null || record.status === undefined ? '–' : String(record.status), 'status'));
       const app = element('td', record.app_title || record.app_id || '–', 'app');
       if (typeof record.origin === 'string') app.title = record.origin;
@@ -708,10 +785,16 @@
       if (record.streamed) marks.append(element('span', 'streamed', 'badge streamed'));
       if (record.cancelled) marks.append(element('span', 'cancelled', 'badge cancelled'));
       if (record.is_byok) marks.append(element('span', 'BYOK', 'badge byok'));
+      if (note) {
+        const basis = COST_MARKS[record.cost_basis] || 'lapsed';
+        marks.append(element('span', basis, 'badge charged ' + basis.replace(' ', '-')));
+        marks.append(element('span', note, 'help note'));
+      }
       row.append(marks);
       return row;
     });
     $('generation-rows').replaceChildren(...rows);
+    labelCells($('generation-table'));
     $('no-generations').hidden = rows.length > 0;
   }
 
@@ -751,18 +834,14 @@
       return row;
     });
     $('app-rows').replaceChildren(...rows);
+    labelCells($('app-table'));
     $('no-apps').hidden = rows.length > 0;
   }
 
   // ---- editing a key ------------------------------------------------
 
-  // An instant as a datetime-local field shows it: local time, to the minute.
-  function localInput(iso) {
-    const when = new Date(iso);
-    const pad = (number) => String(number).padStart(2, '0');
-    return when.getFullYear() + '-' + pad(when.getMonth() + 1) + '-' + pad(when.getDate()) +
-      'T' + pad(when.getHours()) + ':' + pad(when.getMinutes());
-  }
+  // An instant as a datetime-local field shows it: UTC, to the minute.
+  const localInput = utcInput;
 
   function fillEditor(key) {
     $('edit-key-title').textContent = 'Edit key “' + key.name + '”';
@@ -892,16 +971,46 @@
     await loadKeys();
   }
 
-  async function rotateKey(hash) {
+  // Rotate asks first, saying what becomes of the key and of whoever
+  // uses it; for the key this page is signed in with, that the page moves
+  // to the new key.
+  function confirmRotation(hash) {
     const key = keys.find((candidate) => candidate.hash === hash);
     if (!key) return;
-    const rotated = await api('POST', '/api/v1/keys/' + hash + '/rotate');
+    rotating = hash;
+    const current = key.current === true;
+    $('confirm-rotate-text').textContent = 'Rotate the key “' + key.name + '”? A new key with the same settings ' +
+      'is made and shown once. This key keeps working for an hour, then is refused: put the new key ' +
+      'wherever this one is used before then.' +
+      (current
+        ? ' This is the key this page is signed in with: the page signs in with the new key at once.'
+        : '');
+    $('confirm-rotate').hidden = false;
+    $('confirm-rotate-no').focus();
+  }
+
+  function closeRotation() {
+    rotating = null;
+    $('confirm-rotate').hidden = true;
+  }
+
+  async function rotateKey() {
+    const key = keys.find((candidate) => candidate.hash === rotating);
+    closeRotation();
+    if (!key) return;
+    const rotated = await api('POST', '/api/v1/keys/' + key.hash + '/rotate');
+    // The page's own key: it goes on with the new one.
+    const own = key.current === true;
+    if (own) {
+      session.key = rotated.key;
+      sessionStorage.setItem(STORAGE_KEY, rotated.key);
+    }
     $('new-key-value').value = rotated.key;
     $('new-key').hidden = false;
     $('new-key-title').focus();
-    const until = new Date(rotated.rotated.expires_at).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' });
+    const until = utcText(rotated.rotated.expires_at);
     sayDone('Rotated the key “' + key.name + '”. Copy the new key now: it is not shown again. ' +
-      'The old key works until ' + until + '.');
+      'The old key works until ' + until + '.' + (own ? ' This page is now signed in with the new key.' : ''));
     await loadKeys();
   }
 
@@ -1010,6 +1119,8 @@
       $('confirm-delete').hidden = true;
     });
     onClick('confirm-delete-yes', deleteKey);
+    onClick('confirm-rotate-no', async () => closeRotation());
+    onClick('confirm-rotate-yes', rotateKey);
     onClick('copy-key', copyKey);
     onClick('new-key-done', async () => {
       $('new-key-value').value = '';

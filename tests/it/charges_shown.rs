@@ -1,0 +1,469 @@
+//! Every charge shows where charges are shown, and the small edges of what
+//! a client reads, over real HTTP against a gateway in process (memory
+//! store, the test's clock, the built-in mock upstream):
+//!
+//! - a lapsed hold's charge counts in `GET /api/v1/activity` (under the
+//!   model `unknown`, marked as a charged hold), in the generations and in
+//!   their CSV (with the reason in words);
+//! - the CSV writes credits as plain decimals, never `4e-6`;
+//! - a 429's `X-RateLimit-Reset` is its `Retry-After`, and every response
+//!   of a rate rule names the rule in `X-RateLimit-Policy`;
+//! - a request to a path nobody serves (a 404) spends no rate;
+//! - the mock upstream answers `n` choices, calls a tool when asked, and
+//!   gives each answer its own id.
+
+use crate::common;
+use crate::mock;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::TimeZone;
+use common::gateway::instance_with_clock;
+use common::wait::{PATIENCE, wait_for};
+use modelgate::clock::{Clock, ManualClock};
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RecordKeeping, ReserveRequest};
+use serde_json::{Value, json};
+
+fn noon() -> ManualClock {
+    ManualClock::new(
+        chrono::Utc
+            .with_ymd_and_hms(2026, 11, 29, 12, 0, 0)
+            .unwrap(),
+    )
+}
+
+/// A key of `account` (a management key when `management`): its plaintext
+/// and its hash.
+async fn key(store: &SharedStore, account: &str, management: bool) -> (String, String) {
+    let new = NewKey {
+        account: account.to_owned(),
+        management,
+        scoped_to_account: management,
+        ..NewKey::named(if management { "manager" } else { "client" })
+    };
+    let (key, record) = KeyDirectory::new(store.clone())
+        .create_key(new)
+        .await
+        .unwrap();
+    (key.expose().to_owned(), record.hash.to_hex())
+}
+
+async fn send(
+    address: SocketAddr,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+    body: Option<&Value>,
+) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("http://{address}{path}"))
+        .bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    request.send().await.unwrap()
+}
+
+async fn get_json(address: SocketAddr, path: &str, key: &str) -> Value {
+    let reply = send(address, reqwest::Method::GET, path, key, None).await;
+    assert_eq!(reply.status(), 200, "{path}");
+    reply.json().await.unwrap()
+}
+
+fn ask(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+}
+
+/// Three requests cut by a crash (their holds renewed no more) lapse and
+/// are charged in full: the activity counts them, marked, and the
+/// generations and their CSV say why in words. Before, the activity
+/// answered `{"data": []}` (the lapse's record names no model).
+#[tokio::test]
+async fn lapsed_holds_count_in_activity_and_the_csv_says_why() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let clock = noon();
+    let base = mock::start(mock::MockConfig::default()).await;
+    let gateway = instance_with_clock(
+        store.clone(),
+        &base,
+        r#"{"retry": {"max_attempts": 1}}"#,
+        Arc::new(clock.clone()),
+    )
+    .await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", 10 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let (_, client_hash) = key(&store, "acme", false).await;
+    let (manager, _) = key(&store, "acme", true).await;
+    let held = 134_000_000; // 0.134 credits each
+    for id in 0..3u128 {
+        let hold = ReserveRequest {
+            account: "acme".to_owned(),
+            key: client_hash.clone(),
+            reservation_id: format!("{:032x}", 0xabc0 + id),
+            amount_nanos: held,
+            min_amount_nanos: None,
+            key_limit: None,
+            counts_against_key_limit: true,
+            check_balance: true,
+            covered_by_balance: true,
+            ttl: Duration::from_secs(3),
+            lapse_record: Some(RecordKeeping {
+                retention: Duration::from_secs(30 * 86_400),
+                max_per_account: 1000,
+            }),
+        };
+        store.reserve(&hold, clock.now()).await.unwrap();
+    }
+    // Its instance died: nothing renews the holds. Past their lifetime the
+    // next ledger call charges them.
+    clock.advance(Duration::from_secs(10));
+    let usage = store
+        .key_usage("acme", &client_hash, clock.now())
+        .await
+        .unwrap();
+    assert_eq!(usage.total_nanos, 3 * held, "{usage:?}");
+
+    let activity = get_json(gateway, "/api/v1/activity", &manager).await;
+    let rows = activity["data"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{activity}");
+    let row = &rows[0];
+    assert_eq!(row["date"], "2026-11-29");
+    assert_eq!(row["model"], "unknown");
+    assert_eq!(row["requests"], 3);
+    assert_eq!(row["usage"], json!(0.402));
+    assert_eq!(row["hold_charged_requests"], 3);
+    assert_eq!(row["hold_charged_usage"], json!(0.402));
+
+    let generations = get_json(gateway, "/api/v1/generations?limit=10", &manager).await;
+    let records = generations["data"].as_array().unwrap();
+    assert_eq!(records.len(), 3, "{generations}");
+    assert!(
+        records
+            .iter()
+            .all(|record| record["cost_basis"] == "lapsed")
+    );
+
+    let csv = send(
+        gateway,
+        reqwest::Method::GET,
+        "/api/v1/generations?limit=10&format=csv",
+        &manager,
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let headers = reader.headers().unwrap().clone();
+    let column = |name: &str| headers.iter().position(|header| header == name).unwrap();
+    let (cost, note) = (column("total_cost"), column("cost_note"));
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 3, "{csv}");
+    for row in &rows {
+        assert_eq!(&row[cost], "0.134", "{csv}");
+        assert!(row[note].contains("charged its whole hold"), "{csv}");
+        assert!(row[note].contains("lapsed"), "{csv}");
+    }
+}
+
+/// A request costing a few millionths of a credit is `0.000004` in the CSV,
+/// as in the JSON's meaning, never `4e-6`.
+#[tokio::test]
+async fn the_csv_gives_credits_as_plain_decimals() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let clock = noon();
+    let base = mock::start(mock::MockConfig::default()).await;
+    let config = json!({
+        "retry": {"max_attempts": 1},
+        "pricing": {"models": {"demo/cheap": {"prompt_per_million": 1, "completion_per_million": 1}}},
+    })
+    .to_string();
+    let gateway = instance_with_clock(store.clone(), &base, &config, Arc::new(clock)).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let (client, _) = key(&store, "acme", false).await;
+    let (manager, _) = key(&store, "acme", true).await;
+    let reply = send(
+        gateway,
+        reqwest::Method::POST,
+        "/api/v1/chat/completions",
+        &client,
+        Some(&ask("demo/cheap")),
+    )
+    .await;
+    assert_eq!(reply.status(), 200);
+    reply.bytes().await.unwrap();
+    let record = wait_for(PATIENCE, || async {
+        let page = get_json(gateway, "/api/v1/generations", &manager).await;
+        match page["data"].as_array().unwrap().first() {
+            Some(record) => Ok(record.clone()),
+            None => Err(format!("never recorded: {page}")),
+        }
+    })
+    .await;
+    let cost = record["total_cost"].as_f64().unwrap();
+    assert!(
+        cost > 0.0 && cost < 1e-5,
+        "a cost serde writes with an exponent: {record}"
+    );
+    let csv = send(
+        gateway,
+        reqwest::Method::GET,
+        "/api/v1/generations?format=csv",
+        &manager,
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let cost_at = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|header| header == "total_cost")
+        .unwrap();
+    let row = reader.records().next().unwrap().unwrap();
+    let written = &row[cost_at];
+    assert!(
+        written.starts_with("0.00000") && !written.contains('e'),
+        "{written} in {csv}"
+    );
+    let parsed: f64 = written.parse().unwrap();
+    assert!((parsed - cost).abs() < 1e-12, "{written} for {cost}");
+    assert_eq!(row.get(row.len() - 1), Some(""), "no note for a plain cost");
+}
+
+/// A rule of 6 requests per 60 s in bursts of 2: the third request at once
+/// is refused for 10 s (a request's worth of rate), and its
+/// `X-RateLimit-Reset` says the same as its `Retry-After` (before: 20, the
+/// time until the burst is whole again). Each answer names the rule.
+#[tokio::test]
+async fn a_429s_headers_agree_with_each_other_and_the_rule() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let clock = noon();
+    let base = mock::start(mock::MockConfig::default()).await;
+    let config = json!({
+        "retry": {"max_attempts": 1},
+        "rate_limits": {"account": {"gcra": {"requests": 6, "period_seconds": 60, "burst": 2}}},
+    })
+    .to_string();
+    let gateway = instance_with_clock(store.clone(), &base, &config, Arc::new(clock)).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let (client, _) = key(&store, "acme", false).await;
+    let header = |reply: &reqwest::Response, name: &str| {
+        reply
+            .headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+    };
+    for remaining in ["1", "0"] {
+        let reply = send(
+            gateway,
+            reqwest::Method::POST,
+            "/api/v1/chat/completions",
+            &client,
+            Some(&ask("demo/paid")),
+        )
+        .await;
+        assert_eq!(reply.status(), 200);
+        assert_eq!(header(&reply, "x-ratelimit-limit").as_deref(), Some("2"));
+        assert_eq!(
+            header(&reply, "x-ratelimit-remaining").as_deref(),
+            Some(remaining)
+        );
+        assert_eq!(
+            header(&reply, "x-ratelimit-policy").as_deref(),
+            Some("6;w=60;burst=2")
+        );
+    }
+    let refused = send(
+        gateway,
+        reqwest::Method::POST,
+        "/api/v1/chat/completions",
+        &client,
+        Some(&ask("demo/paid")),
+    )
+    .await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(header(&refused, "retry-after").as_deref(), Some("10"));
+    assert_eq!(header(&refused, "x-ratelimit-reset").as_deref(), Some("10"));
+    assert_eq!(
+        header(&refused, "x-ratelimit-remaining").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        header(&refused, "x-ratelimit-policy").as_deref(),
+        Some("6;w=60;burst=2")
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["metadata"]["limit_source"], "account_rate");
+}
+
+/// Requests to paths the gateway does not serve are 404s and spend none
+/// of the account's rate: after ten of them the account's 3 a minute are
+/// all there (before, the 404s had spent them and the chats were 429s).
+#[tokio::test]
+async fn a_404_spends_no_rate() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let clock = noon();
+    let base = mock::start(mock::MockConfig::default()).await;
+    let config = json!({
+        "retry": {"max_attempts": 1},
+        "rate_limits": {"account": {"rolling": {"requests": 3, "window_seconds": 60}}},
+    })
+    .to_string();
+    let gateway = instance_with_clock(store.clone(), &base, &config, Arc::new(clock)).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let (client, _) = key(&store, "acme", false).await;
+    for (method, path) in [
+        (reqwest::Method::POST, "/api/v1/embeddings"),
+        (reqwest::Method::GET, "/api/v1/no-such-route"),
+        (reqwest::Method::POST, "/v1/chat/completions"),
+        (reqwest::Method::GET, "/api/v1/chat/completions"),
+        (reqwest::Method::POST, "/api/v1/completions"),
+    ] {
+        for _ in 0..2 {
+            let reply = send(
+                gateway,
+                method.clone(),
+                path,
+                &client,
+                Some(&ask("demo/paid")),
+            )
+            .await;
+            assert_eq!(reply.status(), 404, "{method} {path}");
+            assert!(reply.headers().get("x-ratelimit-remaining").is_none());
+        }
+    }
+    for remaining in ["2", "1", "0"] {
+        let reply = send(
+            gateway,
+            reqwest::Method::POST,
+            "/api/v1/chat/completions",
+            &client,
+            Some(&ask("demo/paid")),
+        )
+        .await;
+        assert_eq!(reply.status(), 200, "{:?}", reply.text().await);
+        assert_eq!(reply.headers()["x-ratelimit-remaining"], remaining);
+    }
+    let refused = send(
+        gateway,
+        reqwest::Method::POST,
+        "/api/v1/chat/completions",
+        &client,
+        Some(&ask("demo/paid")),
+    )
+    .await;
+    assert_eq!(refused.status(), 429, "the rule still holds");
+}
+
+/// The mock answers `n` choices (usage for all of them), a tool call when
+/// `tools` is given and `tool_choice` allows one (streamed too), and a new
+/// id each time.
+#[tokio::test]
+async fn the_mock_honours_n_and_tools_with_an_id_per_answer() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let post = |body: Value| {
+        let url = format!("{base}/chat/completions");
+        async move {
+            let reply = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (reply.status().as_u16(), reply.text().await.unwrap())
+        }
+    };
+    let parse = |text: &str| serde_json::from_str::<Value>(text).unwrap();
+    let one = parse(&post(ask("a/b")).await.1);
+    let three = {
+        let mut body = ask("a/b");
+        body["n"] = json!(3);
+        parse(&post(body).await.1)
+    };
+    assert_eq!(one["choices"].as_array().unwrap().len(), 1);
+    let choices = three["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{three}");
+    for (index, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], index);
+        assert_eq!(
+            choice["message"]["content"],
+            one["choices"][0]["message"]["content"]
+        );
+    }
+    assert_eq!(
+        three["usage"]["completion_tokens"].as_u64().unwrap(),
+        3 * one["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let again = parse(&post(ask("a/b")).await.1);
+    assert_ne!(one["id"], again["id"], "an id per answer");
+    assert_ne!(one["id"], three["id"]);
+    let mut zero = ask("a/b");
+    zero["n"] = json!(0);
+    assert_eq!(post(zero).await.0, 400);
+
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+    ]);
+    for (choice, called) in [
+        (Value::Null, Some("get_weather")),
+        (json!("auto"), Some("get_weather")),
+        (json!("required"), Some("get_weather")),
+        (
+            json!({"type": "function", "function": {"name": "get_time"}}),
+            Some("get_time"),
+        ),
+        (json!("none"), None),
+    ] {
+        let mut body = ask("a/b");
+        body["tools"] = tools.clone();
+        if !choice.is_null() {
+            body["tool_choice"] = choice.clone();
+        }
+        let answer = parse(&post(body.clone()).await.1);
+        let first = &answer["choices"][0];
+        match called {
+            Some(name) => {
+                assert_eq!(first["finish_reason"], "tool_calls", "{choice}: {answer}");
+                let call = &first["message"]["tool_calls"][0];
+                assert_eq!(call["function"]["name"], name, "{choice}");
+                assert_eq!(call["type"], "function");
+                assert!(call["id"].as_str().unwrap().starts_with("call_"));
+                assert!(first["message"]["content"].is_null());
+            }
+            None => {
+                assert_eq!(first["finish_reason"], "stop", "{choice}: {answer}");
+                assert!(first["message"]["tool_calls"].is_null());
+            }
+        }
+        if called.is_some() {
+            body["stream"] = json!(true);
+            let streamed = post(body).await.1;
+            assert!(streamed.contains("\"tool_calls\""), "{streamed}");
+            assert!(
+                streamed.contains("\"finish_reason\":\"tool_calls\""),
+                "{streamed}"
+            );
+            assert!(streamed.ends_with("data: [DONE]\n\n"));
+        }
+    }
+}
