@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::http_server::serve;
+use common::mock_ids::{mock_ids, without_ids};
 use common::redis_server::RedisServer;
 use futures::future::join_all;
 use modelgate::clock::ManualClock;
@@ -76,23 +77,6 @@ fn t0() -> ManualClock {
     ManualClock::new(
         chrono::TimeZone::with_ymd_and_hms(&chrono::Utc, 2026, 11, 18, 12, 0, 0).unwrap(),
     )
-}
-
-/// The mock's answer ids (`chatcmpl-mock-` and 24 hex digits) in `bytes`.
-fn mock_ids(bytes: &[u8]) -> Vec<String> {
-    let text = String::from_utf8_lossy(bytes);
-    text.match_indices("chatcmpl-mock-")
-        .map(|(at, prefix)| text[at..at + prefix.len() + 24].to_owned())
-        .collect()
-}
-
-/// `bytes` with each of the mock's answer ids written as `ID`.
-fn without_ids(bytes: &[u8]) -> String {
-    let mut text = String::from_utf8_lossy(bytes).into_owned();
-    for id in mock_ids(bytes) {
-        text = text.replace(&id, "ID");
-    }
-    text
 }
 
 #[tokio::test]

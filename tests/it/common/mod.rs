@@ -4,6 +4,7 @@ pub mod examples;
 #[cfg(feature = "proxy")]
 pub mod gateway;
 pub mod http_server;
+pub mod mock_ids;
 pub mod redis_server;
 pub mod relay;
 pub mod settle;
