@@ -473,6 +473,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         management: false,
         scoped_to_account: false,
         disabled: false,
+        disabled_by_operator: false,
         limit_nanos: Some(2 * modelgate::store::NANOS_PER_CREDIT),
         limit_reset: None,
         include_byok_in_limit: false,
