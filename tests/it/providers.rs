@@ -830,14 +830,19 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
                 reqwest::Method::POST,
                 "/api/v1/keys",
                 json!({"name": "narrow", "account": "acme",
-                       "allowed_models": ["alpha/m1", "ALPHA/status-503", "beta/echo-headers"],
+                       "allowed_models": ["alpha/m1", "alpha/status-503", "beta/echo-headers", "ALPHA/pricey"],
                        "rate_limit": {"requests": 6, "window_seconds": 60}}),
             )
             .await;
         assert_eq!(status, 201, "{backend}: {created}");
         assert_eq!(
             created["data"]["allowed_models"],
-            json!(["alpha/m1", "ALPHA/status-503", "beta/echo-headers"])
+            json!([
+                "alpha/m1",
+                "alpha/status-503",
+                "beta/echo-headers",
+                "ALPHA/pricey"
+            ])
         );
         assert_eq!(
             created["data"]["rate_limit"],
@@ -847,7 +852,8 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
         let hash = created["data"]["hash"].as_str().unwrap().to_owned();
 
         // The list shows what the key may call, exactly (not the `:free`
-        // variant it does not name), with only the fallbacks it may call.
+        // variant it does not name, nor a model named in another case),
+        // with only the fallbacks it may call.
         let mut listed = gateway.models_for(&key).await;
         listed.sort();
         assert_eq!(
