@@ -551,10 +551,9 @@ fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(
     let rotate = if principal.operator {
         "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`".to_owned()
     } else {
-        format!(
-            "To replace it, rotate it (POST /api/v1/keys/{}/rotate): its successor works at once, and this key for the grace, time to switch to the new one",
-            hash.to_hex()
-        )
+        // Only the operator rotates a management key (every key that
+        // calls these routes is one).
+        "To replace it, ask the gateway's operator to rotate it: its successor works at once, and this key for the grace, time to switch to the new one".to_owned()
     };
     Err(GatewayError::new(
         ErrorKind::Conflict,

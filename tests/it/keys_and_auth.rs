@@ -565,7 +565,11 @@ async fn no_key_disables_deletes_or_reports_itself() {
         let operator_hash = KeyHash::of(&gateway.admin).to_hex();
         for (key, hash, rotate) in [
             (&gateway.admin, &operator_hash, "MODELGATE_ADMIN_KEY"),
-            (&manager, &manager_hash, "rotate it (POST /api/v1/keys/"),
+            (
+                &manager,
+                &manager_hash,
+                "ask the gateway's operator to rotate it",
+            ),
         ] {
             for (method, suffix, body) in [
                 ("PATCH", "", Some(json!({"disabled": true}))),
