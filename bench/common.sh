@@ -88,7 +88,7 @@ start_proxy() {
 client_key() {
   local name="$1" url="$2"
   local admin
-  admin="$(wait_for_line "$work/$name.out" "management key (shown once): ")"
+  admin="$(wait_for_line "$work/$name.out" "operator key (shown once): ")"
   local key
   key="$(curl -sf "$url/api/v1/keys" -H "authorization: Bearer $admin" \
     -H 'content-type: application/json' -d '{"name": "load"}' |

@@ -355,8 +355,8 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
             gateway.alerts,
         )
     };
-    operator_key(&store).await?;
-
+    // Both ports before the operator's key: a start that cannot listen
+    // must not make (and print, once) a key it then never serves.
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|error| format!("cannot listen on {listen}: {error}"))?;
@@ -367,6 +367,7 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
     let admin_address = admin_listener
         .local_addr()
         .map_err(|error| error.to_string())?;
+    operator_key(&store).await?;
     tokio::spawn(admin::serve(admin_listener, metrics, store.clone(), true));
     println!("modelgate listening on http://{address}");
     println!("admin (metrics, healthz, readyz) on http://{admin_address}");
@@ -500,7 +501,7 @@ async fn operator_key(store: &SharedStore) -> Result<(), String> {
                 .map_err(|error| format!("cannot create the operator's key: {error}"))?;
             match minted {
                 // Shown once, on stdout for the operator; never logged.
-                Some(key) => println!("management key (shown once): {}", key.expose()),
+                Some(key) => println!("operator key (shown once): {}", key.expose()),
                 None => tracing::warn!(
                     "MODELGATE_ADMIN_KEY is unset and the store has (or another start just made) an operator's key, so none is made or printed: set MODELGATE_ADMIN_KEY to that key (or to a new one from `proxy keygen`); if it is lost, run `proxy reset-operator-key` with this store (`--store` or `--redis`)"
                 ),

@@ -145,8 +145,19 @@ pub(crate) fn pattern_covers(pattern: &str, model: &ModelId) -> bool {
 /// Whether an allow-list entry `pattern` lets a key call `model`: a
 /// provider prefix (`provider/`) every model of the provider; a model id
 /// that exact id only (a variant such as `:online` may cost more or do
-/// more, so it is allowed by naming it). ASCII case is ignored.
+/// more, so it is allowed by naming it). Spelled exactly as listed: the
+/// request goes upstream as the client spelled it, and an upstream that
+/// tells models apart by case must get only what the list names.
 pub(crate) fn pattern_allows(pattern: &str, model: &ModelId) -> bool {
+    match pattern.strip_suffix('/') {
+        Some(provider) => model.provider() == provider,
+        None => model.as_str() == pattern,
+    }
+}
+
+/// The allow-list entry `pattern` would allow `model` spelled in another
+/// ASCII case: the spelling to tell a refused client.
+pub(crate) fn pattern_allows_in_other_case(pattern: &str, model: &ModelId) -> bool {
     match pattern.strip_suffix('/') {
         Some(provider) => model.provider().eq_ignore_ascii_case(provider),
         None => model.as_str().eq_ignore_ascii_case(pattern),
@@ -186,11 +197,14 @@ mod tests {
     fn a_rule_covers_variants_an_allow_list_only_what_it_names() {
         let id = |text| ModelId::parse(text).unwrap();
         for (pattern, model, covers, allows) in [
-            ("openai/gpt-4o", "OpenAI/GPT-4o", true, true),
+            ("openai/gpt-4o", "OpenAI/GPT-4o", true, false),
+            ("openai/gpt-4o", "openai/gpt-4o", true, true),
             ("openai/gpt-4o", "openai/gpt-4o:online", true, false),
-            ("openai/gpt-4o:free", "openai/gpt-4o:FREE", true, true),
+            ("openai/gpt-4o:free", "openai/gpt-4o:FREE", true, false),
+            ("openai/gpt-4o:free", "openai/gpt-4o:free", true, true),
             ("openai/gpt-4o:free", "openai/gpt-4o", false, false),
-            ("openai/", "OPENAI/o1:beta", true, true),
+            ("openai/", "OPENAI/o1:beta", true, false),
+            ("openai/", "openai/o1:beta", true, true),
             ("openai/", "openaix/o1", false, false),
             ("openai/gpt-4o", "openai/gpt-4o-mini", false, false),
         ] {

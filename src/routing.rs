@@ -63,6 +63,66 @@ pub(crate) fn is_api_path(path: &str) -> bool {
         .any(|pattern| pattern_params(pattern, &segments).is_some())
 }
 
+/// How many hex digits of a key hash a log shows.
+const LOGGED_HASH_DIGITS: usize = 8;
+
+/// A run of this many hex digits or more is logged as if it were a hash.
+const MIN_HASH_LIKE_DIGITS: usize = 16;
+
+/// `path` as the access log shows it: normalised ([`normalized_segments`]),
+/// a JSON API path as its route's pattern with the key hash cut to its
+/// first 8 hex digits (`/api/v1/keys/1a2b3c4d…/rotate`), and any other
+/// run of 16 hex digits or more cut the same way: a log line never carries a whole key hash (the operator key's
+/// hash is a path of the API like any other).
+pub(crate) fn loggable_path(path: &str) -> String {
+    let segments = normalized_segments(path);
+    let mut logged = String::with_capacity(path.len().min(256));
+    let pattern = API_PATHS
+        .iter()
+        .find(|pattern| pattern_params(pattern, &segments).is_some());
+    let mut push = |segment: &str| {
+        logged.push('/');
+        // Each run of hex digits long enough to be a hash, cut.
+        let mut rest = segment;
+        while !rest.is_empty() {
+            let start = rest
+                .find(|c: char| c.is_ascii_hexdigit())
+                .unwrap_or(rest.len());
+            logged.push_str(&rest[..start]);
+            rest = &rest[start..];
+            let run = rest
+                .find(|c: char| !c.is_ascii_hexdigit())
+                .unwrap_or(rest.len());
+            if run >= MIN_HASH_LIKE_DIGITS {
+                // Lowercase, as every log shows a hash prefix.
+                logged.push_str(&rest[..LOGGED_HASH_DIGITS].to_ascii_lowercase());
+                logged.push('…');
+            } else {
+                logged.push_str(&rest[..run]);
+            }
+            rest = &rest[run..];
+        }
+    };
+    match pattern {
+        // The route's own spelling, its parameters as sent but for a hash.
+        Some(pattern) => {
+            let parts = pattern.split('/').filter(|part| !part.is_empty());
+            for (part, segment) in parts.zip(&segments) {
+                if part.starts_with('{') {
+                    push(segment);
+                } else {
+                    push(part);
+                }
+            }
+        }
+        None => segments.iter().for_each(|segment| push(segment)),
+    }
+    if logged.is_empty() {
+        logged.push('/');
+    }
+    logged
+}
+
 /// Whether `parts` is a chat-completions call: a POST whose path, read as
 /// an upstream that normalises paths would read it (percent-decoded, any
 /// case, empty and `.` segments dropped, `..` applied), ends in
@@ -188,6 +248,58 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_logged_path_carries_a_hash_prefix_only() {
+        let hash = "0123456789abcdef".repeat(4);
+        for (path, logged) in [
+            (format!("/api/v1/keys/{hash}"), "/api/v1/keys/01234567…"),
+            (
+                format!("/API/v1//Keys/./{hash}/rotate"),
+                "/api/v1/keys/01234567…/rotate",
+            ),
+            (
+                format!("/api/v1/keys/{hash}/leaked"),
+                "/api/v1/keys/01234567…/leaked",
+            ),
+            (
+                format!("/api/v1/keys/{}", "ABCDEF0123456789".repeat(4)),
+                "/api/v1/keys/abcdef01…",
+            ),
+            // Percent-encoded, or on a path no route has.
+            (
+                format!("/api/v1/keys/%30{}", &hash[1..]),
+                "/api/v1/keys/01234567…",
+            ),
+            (format!("/nowhere/{hash}/x"), "/nowhere/01234567…/x"),
+            (format!("/x/key-{hash}.txt"), "/x/key-01234567….txt"),
+            ("/x/cafe-0123".to_owned(), "/x/cafe-0123"),
+            (
+                "/api/v1/chat/completions".to_owned(),
+                "/api/v1/chat/completions",
+            ),
+            (
+                "/api/v1/accounts/acme/byok/openai".to_owned(),
+                "/api/v1/accounts/acme/byok/openai",
+            ),
+            ("".to_owned(), "/"),
+        ] {
+            assert_eq!(loggable_path(&path), logged, "{path}");
+        }
+    }
+
+    proptest! {
+        /// No path logs a run of 16 hex digits or more, nor panics.
+        #[test]
+        fn no_logged_path_carries_a_long_hex_run(path in "(/[a-fA-F0-9%./]{0,70}){0,4}") {
+            let logged = loggable_path(&path);
+            let mut run = 0;
+            for byte in logged.bytes() {
+                run = if byte.is_ascii_hexdigit() { run + 1 } else { 0 };
+                prop_assert!(run < 16, "{logged}");
+            }
+        }
+    }
 
     #[test]
     fn a_pattern_matches_its_segments_in_any_case_and_takes_its_parameters_as_sent() {

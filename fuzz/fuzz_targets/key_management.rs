@@ -33,11 +33,10 @@ fuzz_target!(|body: &[u8]| {
             assert!(new.allowed_models.as_ref().is_none_or(|models| {
                 (1..=MAX_ALLOWED_MODELS).contains(&models.len())
                     && models.iter().all(|pattern| pattern.contains('/'))
-                    && models.iter().enumerate().all(|(index, pattern)| {
-                        !models[..index]
-                            .iter()
-                            .any(|earlier| earlier.eq_ignore_ascii_case(pattern))
-                    })
+                    && models
+                        .iter()
+                        .enumerate()
+                        .all(|(index, pattern)| !models[..index].contains(pattern))
             }));
             assert!(new.rate_limit.is_none_or(|rate| {
                 (1..=input::MAX_KEY_RATE_REQUESTS).contains(&rate.requests)

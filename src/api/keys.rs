@@ -186,12 +186,25 @@ pub(crate) async fn update_key(call: Call) -> Result<Answer, GatewayError> {
     }
     match update.disabled {
         Some(true) => refuse_own_key(&call.principal, &hash, "disable itself")?,
-        Some(false) => refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
-            .await
-            .map_err(refuse)??,
+        Some(false) => {
+            refuse_enabling_a_leaked_key(directory, &hash, checked.as_ref())
+                .await
+                .map_err(refuse)??;
+            // The operator's disable is the operator's to lift (the
+            // record's update keeps it so even when this check races one).
+            if checked
+                .as_ref()
+                .is_some_and(|record| record.disabled_by_operator)
+            {
+                return Err(operator_only("enable a key the operator disabled"));
+            }
+        }
         None => {}
     }
-    let record = directory.update(&hash, &update).await.map_err(refuse)?;
+    let record = directory
+        .update_as(&hash, &update, call.principal.operator)
+        .await
+        .map_err(refuse)?;
     key_answer(&call, record).await
 }
 
@@ -240,9 +253,9 @@ fn not_rotatable(record: &KeyRecord) -> GatewayError {
 }
 
 /// `POST /api/v1/keys/{hash}/rotate {grace_seconds?}`: 201 with a new key
-/// of the same name, account, limit, reset and expiry (shown once), the
-/// old one working for the grace. The calling key may rotate itself: its
-/// grace keeps the caller signed in while it moves over.
+/// of the same name, account, kind, limit, reset and expiry (shown once;
+/// never wider than the old one's), the old one working for the grace.
+/// A management key is rotated by the operator alone.
 pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
     let hash = path_hash(call.param(0))?;
     let directory = call.directory();
@@ -259,6 +272,12 @@ pub(crate) async fn rotate_key(call: Call) -> Result<Answer, GatewayError> {
             "the operator's key is not rotated here: make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then delete this one with the new key",
         )
         .with_metadata("reason", "operator_key"));
+    }
+    // A management key's successor is a new management key, which only
+    // the operator makes: else a manager could keep its own alive past a
+    // disable or an expiry, or take over another manager's.
+    if record.management && !call.principal.operator {
+        return Err(operator_only("rotate a management key"));
     }
     match directory.rotate_key(&hash, grace).await.map_err(refuse)? {
         RotateOutcome::Rotated {
@@ -308,9 +327,16 @@ pub(crate) async fn report_leaked(call: Call) -> Result<Answer, GatewayError> {
     readable_key(directory, &call.principal, &hash)
         .await
         .map_err(refuse)??;
+    let reported_by = if call.principal.operator {
+        "operator".to_owned()
+    } else {
+        // The account's management key that reported it, by its hash
+        // prefix, as the logs name keys.
+        format!("manager:{}", &call.principal.key_hash.to_hex()[..8])
+    };
     let report = LeakReport {
         reported_at: call.now,
-        reported_by: "operator".to_owned(),
+        reported_by,
         url,
         source,
     };
@@ -525,10 +551,9 @@ fn refuse_own_key(principal: &Principal, hash: &KeyHash, what: &str) -> Result<(
     let rotate = if principal.operator {
         "To replace the operator's key, make a new one with `proxy keygen`, set it as MODELGATE_ADMIN_KEY and restart, then disable or delete this one with the new key; if the key is lost or leaked, run `proxy reset-operator-key`".to_owned()
     } else {
-        format!(
-            "To replace it, rotate it (POST /api/v1/keys/{}/rotate): its successor works at once, and this key for the grace, time to switch to the new one",
-            hash.to_hex()
-        )
+        // Only the operator rotates a management key (every key that
+        // calls these routes is one).
+        "To replace it, ask the gateway's operator to rotate it: its successor works at once, and this key for the grace, time to switch to the new one".to_owned()
     };
     Err(GatewayError::new(
         ErrorKind::Conflict,

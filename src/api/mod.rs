@@ -17,7 +17,7 @@
 //! | `POST /api/v1/keys` `{name, account?, management?, limit?, limit_reset?, include_byok_in_limit?, expires_at?, allowed_models?, rate_limit?}` | management key | 201 `{"key": "<plaintext, shown once>", "data": {…}}`; an `account` that does not exist is 422 `unknown_account` (accounts are made by `POST /api/v1/accounts`; `default` always exists) |
 //! | `GET /api/v1/keys?offset=&include_disabled=&account=` | management key | `{"data": [{…}, …]}`, 100 a page |
 //! | `GET`, `PATCH`, `DELETE /api/v1/keys/{hash}` | management key | `{"data": {…}}`; delete gives `{"deleted": true}`; enabling a leaked key is 422 `leaked_key`; disabling or deleting the calling key itself is 409 `own_key` |
-//! | `POST /api/v1/keys/{hash}/rotate` `{grace_seconds?}` | management key | 201 `{"key": "<the new key, shown once>", "data": {…}, "rotated": {hash, expires_at}}`: a key of the same name, account and terms; the old one works for the grace (default an hour), then is refused 401 `rotated_key`; 409 `already_rotated`; 422 for a disabled or leaked key |
+//! | `POST /api/v1/keys/{hash}/rotate` `{grace_seconds?}` | management key | 201 `{"key": "<the new key, shown once>", "data": {…}, "rotated": {hash, expires_at}}`: a key of the same name, account and terms; the old one works for the grace (default an hour), then is refused 401 `rotated_key`; a management key's only by the operator (else 403 `operator_only`); 409 `already_rotated`; 422 for a disabled or leaked key |
 //! | `POST /api/v1/keys/{hash}/leaked` `{url?, source?}` | management key | `{"data": {…}}`: the key revoked and disabled for good, its owner told ([`KeyRoutesLayer::leak_notifier`]); the calling key itself is 409 `own_key` |
 //! | `POST /api/v1/auth/keys/code` `{callback_url, code_challenge, code_challenge_method, limit?, limit_reset?, expires_at?, key_label?, account?}` | management key | 201 `{"data": {id, created_at, expires_at}}`: an app's OAuth code ([`oauth`](crate::oauth), whose `CodeExchange` answers `POST /api/v1/auth/keys`) |
 //! | `POST /api/v1/accounts` `{id, name?, email?}` | operator | 201 `{"data": {id, name, email, created_at, balance, total_credits, total_usage}}`; 422 `account_exists` |
@@ -82,7 +82,11 @@
 //! `{name?, disabled?, limit?, limit_reset?, include_byok_in_limit?,
 //! expires_at?, allowed_models?, rate_limit?}`; `expires_at: null` makes
 //! the key never expire, `allowed_models: null` lets it call every model
-//! and `rate_limit: null` leaves it the account's rules only.
+//! and `rate_limit: null` leaves it the account's rules only. A key the
+//! operator disabled is enabled again by the operator only (403
+//! `operator_only`). Disabling or reporting leaked a rotated key still in
+//! its grace does the same to its successors: whoever holds it may have
+//! made them.
 //!
 //! Credits are JSON numbers (`12.5`); in the store they are nano-credits.
 //! Usage periods are UTC: the day, the week from Monday, the month. A key

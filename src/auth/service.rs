@@ -224,10 +224,15 @@ async fn authenticate(
         return Err(past_expiry(expires_at, record.rotated_to.is_some()));
     }
     if record.disabled {
-        return Err(unauthenticated(
-            "disabled_key",
-            "this API key is disabled; enable it through the key management API or use another key",
-        ));
+        // Who can lift it: the operator's own key has nobody above it.
+        let message = if record.is_operator() {
+            "this operator key is disabled (replaced by `proxy reset-operator-key`, or by another operator key); use the current operator key, or run `proxy reset-operator-key` with the gateway's store to make a new one"
+        } else if record.disabled_by_operator {
+            "this API key was disabled by the gateway's operator; ask the operator to enable it, or use another key"
+        } else {
+            "this API key is disabled; an account's management key can enable it (PATCH /api/v1/keys/{hash} with {\"disabled\": false}), or use another key"
+        };
+        return Err(unauthenticated("disabled_key", message));
     }
     // An allow-list, not a list of model paths: no spelling of a model
     // endpoint, known or yet to come, is open to a management key.

@@ -3,7 +3,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{ErrorKind, GatewayError};
 use crate::keys::KeyHash;
 use crate::keys::{KeyRateLimit, KeyRecord};
-use crate::model_id::{ModelId, pattern_allows};
+use crate::model_id::{ModelId, pattern_allows, pattern_allows_in_other_case};
 use crate::store::KeyLimit;
 
 /// Who is calling: the key BearerAuth accepted, put into the request's
@@ -55,14 +55,23 @@ impl Principal {
         if self.may_call(model) {
             return Ok(());
         }
-        Err(GatewayError::new(
-            ErrorKind::Forbidden,
-            format!(
+        // Spelled in another case: say how the list spells it.
+        let spelled = self
+            .allowed_models
+            .iter()
+            .flatten()
+            .find(|pattern| pattern_allows_in_other_case(pattern, model));
+        let message = match spelled {
+            Some(pattern) => format!(
+                "this key may not call {model}: its allowed_models name {pattern}, spelled exactly so (model ids are case-sensitive); GET /api/v1/models lists the models it may call"
+            ),
+            None => format!(
                 "this key may not call {model}: its allowed_models do not cover it; GET /api/v1/models lists the models it may call"
             ),
-        )
-        .with_metadata("reason", "model_not_allowed")
-        .with_metadata("param", "model"))
+        };
+        Err(GatewayError::new(ErrorKind::Forbidden, message)
+            .with_metadata("reason", "model_not_allowed")
+            .with_metadata("param", "model"))
     }
 
     /// The principal of a stored key.

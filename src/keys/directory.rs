@@ -25,6 +25,10 @@ use crate::store::{
 /// there first.
 pub(super) const MAX_WRITE_ATTEMPTS: usize = 16;
 
+/// Most successors a disable or a leak report follows from one key: far
+/// more than rotations made within one grace, a bound on a damaged chain.
+const MAX_SUCCESSORS: usize = 64;
+
 /// What [`KeyDirectory::rotate_key`] did.
 #[derive(Debug)]
 #[allow(
@@ -314,6 +318,7 @@ impl KeyDirectory {
                 management: new.management,
                 scoped_to_account: new.management && new.scoped_to_account,
                 disabled: false,
+                disabled_by_operator: false,
                 limit_nanos: new.limit_nanos,
                 limit_reset: new.limit_reset,
                 include_byok_in_limit: new.include_byok_in_limit,
@@ -374,6 +379,7 @@ impl KeyDirectory {
             management: new.management,
             scoped_to_account: new.management && new.scoped_to_account,
             disabled: false,
+            disabled_by_operator: false,
             limit_nanos: new.limit_nanos,
             limit_reset: new.limit_reset,
             include_byok_in_limit: new.include_byok_in_limit,
@@ -585,19 +591,71 @@ impl KeyDirectory {
             .await
     }
 
-    /// Applies `update` to the key `hash`; `None` when there is no such key.
+    /// Applies `update` to the key `hash`, as the operator; `None` when
+    /// there is no such key. See [`update_as`](Self::update_as).
     pub async fn update(
         &self,
         hash: &KeyHash,
         update: &KeyUpdate,
     ) -> Result<Option<KeyRecord>, StoreError> {
+        self.update_as(hash, update, true).await
+    }
+
+    /// Applies `update` to the key `hash`, made by the operator when
+    /// `by_operator`, else by an account's management key (which cannot
+    /// enable a key the operator disabled); `None` when there is no such
+    /// key. A disable of a rotated key still in its grace reaches its
+    /// successors: whoever holds the key may have made them.
+    pub async fn update_as(
+        &self,
+        hash: &KeyHash,
+        update: &KeyUpdate,
+        by_operator: bool,
+    ) -> Result<Option<KeyRecord>, StoreError> {
         let edited = self
             .edit(hash, |record| {
-                update.apply(record, self.now());
+                update.apply(record, self.now(), by_operator);
                 true
             })
             .await?;
+        if let Some((record, _)) = &edited
+            && update.disabled == Some(true)
+        {
+            for successor in self.successors_in_grace(record).await? {
+                self.edit(&successor, |record| {
+                    if record.disabled && (record.disabled_by_operator || !by_operator) {
+                        return false;
+                    }
+                    super::record::disable(record, by_operator);
+                    record.updated_at = Some(self.now());
+                    true
+                })
+                .await?;
+            }
+        }
         Ok(edited.map(|(record, _)| record))
+    }
+
+    /// The keys that succeed `record` through rotations made while each
+    /// predecessor was still in its grace: its successor while `record`'s
+    /// grace runs, that one's while its own runs, and so on (a chain
+    /// bounded by [`MAX_SUCCESSORS`], which rotations make one at a time).
+    async fn successors_in_grace(&self, record: &KeyRecord) -> Result<Vec<KeyHash>, StoreError> {
+        let now = self.now();
+        let mut successors = Vec::new();
+        let mut current = record.clone();
+        while let Some(next) = current.rotated_to
+            && !current.is_expired(now)
+            && successors.len() < MAX_SUCCESSORS
+            && !successors.contains(&next)
+        {
+            successors.push(next);
+            match self.get(&next).await? {
+                Some(found) => current = found.value,
+                None => break,
+            }
+        }
+        Ok(successors)
     }
 
     /// Reads the key `hash`, lets `change` edit it, and writes it back when
@@ -789,10 +847,31 @@ impl KeyDirectory {
                 _ => LeakOutcome::Unknown,
             });
         };
+        // Whoever holds a key in its grace may have made its successors
+        // (a management key rotating itself): they leak with it.
+        let successors = self.successors_in_grace(&current.value).await?;
+        let outcome = self.revoke(hash, &current.value.account, report).await?;
+        for successor in successors {
+            if let Some(found) = self.get(&successor).await? {
+                self.revoke(&successor, &found.value.account, report)
+                    .await?;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Revokes the key `hash` of `account` in the ledger, then records its
+    /// leak and disables it (the first report stands).
+    async fn revoke(
+        &self,
+        hash: &KeyHash,
+        account: &str,
+        report: &LeakReport,
+    ) -> Result<LeakOutcome, StoreError> {
         // A key never changes account: the revocation stays in the right ledger.
         self.inner
             .store
-            .revoke_key(&current.value.account, &hash.to_hex(), self.now())
+            .revoke_key(account, &hash.to_hex(), self.now())
             .await?;
         let edited = self
             .edit(hash, |record| {

@@ -144,10 +144,8 @@ pub(crate) fn allowed_models(value: Value) -> Result<Option<Vec<String>>, Gatewa
         };
         check_pattern(&pattern)
             .map_err(|problem| invalid("allowed_models", &format!("entry {problem}")))?;
-        if !models
-            .iter()
-            .any(|known| known.eq_ignore_ascii_case(&pattern))
-        {
+        // Entries match exactly, case included: only an exact repeat is one.
+        if !models.contains(&pattern) {
             models.push(pattern);
         }
     }
@@ -776,7 +774,7 @@ mod tests {
     #[test]
     fn a_model_list_and_a_rate_are_read_strictly() {
         let new = new_key(
-            br#"{"name": "a", "allowed_models": ["openai/gpt-4o", "anthropic/", "OpenAI/GPT-4o", "x/y:free"],
+            br#"{"name": "a", "allowed_models": ["openai/gpt-4o", "anthropic/", "OpenAI/GPT-4o", "x/y:free", "openai/gpt-4o"],
                  "rate_limit": {"requests": 10, "window_seconds": 60}}"#,
             now(),
         )
@@ -787,10 +785,11 @@ mod tests {
                 &[
                     "openai/gpt-4o".to_owned(),
                     "anthropic/".to_owned(),
+                    "OpenAI/GPT-4o".to_owned(),
                     "x/y:free".to_owned()
                 ][..]
             ),
-            "a repeat in another case is kept once"
+            "an exact repeat is kept once; another case is another entry"
         );
         assert_eq!(
             new.rate_limit,

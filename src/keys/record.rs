@@ -56,6 +56,11 @@ pub struct KeyRecord {
     pub scoped_to_account: bool,
     /// A disabled key is refused with 401 until enabled again.
     pub disabled: bool,
+    /// Whether the operator disabled it (or a disable of a key it succeeds
+    /// reached it): then only the operator enables it again, never an
+    /// account's management key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled_by_operator: bool,
     /// Credit limit in nano-credits; `None` means no limit.
     pub limit_nanos: Option<i64>,
     /// When usage counted against the limit starts again; `None` never.
@@ -87,7 +92,7 @@ pub struct KeyRecord {
     #[serde(default, with = "hex_key_hash::optional")]
     pub rotated_to: Option<KeyHash>,
     /// The models the key may call: exact model ids (`openai/gpt-4o`,
-    /// `openai/gpt-4o:free`; ASCII case ignored) or provider prefixes
+    /// `openai/gpt-4o:free`; spelled exactly, case included) or provider prefixes
     /// (`anthropic/`). `None`: every model. Others are refused with 403
     /// `model_not_allowed` by [`GlobalRateLimit`](crate::rate_limit::GlobalRateLimit),
     /// which a stack needs for this and for `rate_limit`.
@@ -117,8 +122,9 @@ pub const MAX_ALLOWED_MODELS: usize = 100;
 pub struct LeakReport {
     /// When the report reached the gateway.
     pub reported_at: DateTime<Utc>,
-    /// Who reported it: `secret_scanning` (a code host's alert) or
-    /// `operator`.
+    /// Who reported it: `secret_scanning` (a code host's alert),
+    /// `operator`, or `manager:` and the first 8 hex digits of the hash of
+    /// the account's management key that reported it.
     pub reported_by: String,
     /// Where it was found (a URL), when the report said.
     #[serde(default)]
@@ -307,13 +313,23 @@ pub struct KeyUpdate {
 }
 
 impl KeyUpdate {
-    pub(crate) fn apply(&self, record: &mut KeyRecord, now: DateTime<Utc>) {
+    /// Applies the change, made by the operator when `by_operator`, else by
+    /// an account's management key.
+    pub(crate) fn apply(&self, record: &mut KeyRecord, now: DateTime<Utc>, by_operator: bool) {
         if let Some(name) = &self.name {
             record.name = name.clone();
         }
-        if let Some(disabled) = self.disabled {
-            // A leaked key stays disabled, whatever a change asks.
-            record.disabled = disabled || record.leak.is_some();
+        match self.disabled {
+            Some(true) => disable(record, by_operator),
+            // A leaked key stays disabled, whatever a change asks; one the
+            // operator disabled, unless the operator asks.
+            Some(false)
+                if record.leak.is_none() && (by_operator || !record.disabled_by_operator) =>
+            {
+                record.disabled = false;
+                record.disabled_by_operator = false;
+            }
+            Some(false) | None => {}
         }
         if let Some(limit_nanos) = self.limit_nanos {
             record.limit_nanos = limit_nanos;
@@ -336,6 +352,13 @@ impl KeyUpdate {
         }
         record.updated_at = Some(now);
     }
+}
+
+/// Disables `record`, remembering when the operator did (a disable by an
+/// account's manager of a key the operator disabled leaves it the operator's).
+pub(crate) fn disable(record: &mut KeyRecord, by_operator: bool) {
+    record.disabled = true;
+    record.disabled_by_operator |= by_operator;
 }
 
 /// Whether `id` can name an account: 1 to 64 characters of `A-Z a-z 0-9 . _ -`,
@@ -361,6 +384,7 @@ mod tests {
             management: false,
             scoped_to_account: false,
             disabled: false,
+            disabled_by_operator: false,
             limit_nanos: None,
             limit_reset: None,
             include_byok_in_limit: false,

@@ -310,7 +310,7 @@ pub(super) fn clean(text: &str, max_chars: usize) -> String {
 /// The text with the characters after each `mg-v1-` (any case) replaced:
 /// a notice names a key by its name and hash, so a key pasted into a name
 /// must not travel on by e-mail.
-fn redact_keys(text: &str) -> String {
+pub(super) fn redact_keys(text: &str) -> String {
     const KEY_PREFIX: &str = "mg-v1-";
     // ASCII lower-casing keeps every byte offset.
     let lower = text.to_ascii_lowercase();

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 
+use super::email::redact_keys;
 use super::email::{self, EmailSettings};
 use super::webhook::WebhookSettings;
-use super::{AlertNotice, LeakNotice};
+use super::{Alert, AlertNotice, LeakNotice};
 use crate::clock::{Clock, SystemClock};
 use crate::telemetry;
 
@@ -236,12 +237,24 @@ impl Notifier {
     }
 
     async fn deliver_webhook(&self, settings: &WebhookSettings, notice: &Notice) {
+        // A key pasted into a key's name is redacted as in the e-mail: the
+        // webhook's receiver is no more trusted with it.
         let body = match notice {
             Notice::Leak(leak) => {
-                WebhookSettings::payload(leak, &hex::encode(rand::random::<[u8; 16]>()))
+                let leak = LeakNotice {
+                    key_name: redact_keys(&leak.key_name),
+                    ..leak.clone()
+                };
+                WebhookSettings::payload(&leak, &hex::encode(rand::random::<[u8; 16]>()))
             }
             // The crossing's own id: every instance and attempt sends the same.
-            Notice::Alert(alert) => WebhookSettings::event(alert.event_type(), &alert.id, alert),
+            Notice::Alert(alert) => {
+                let mut alert = alert.clone();
+                if let Alert::KeyLimitPercent { key_name, .. } = &mut alert.alert {
+                    *key_name = redact_keys(key_name);
+                }
+                WebhookSettings::event(alert.event_type(), &alert.id, &alert)
+            }
         };
         let body = match body {
             Ok(body) => body,

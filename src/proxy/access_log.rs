@@ -18,7 +18,7 @@ use super::models::ModelCatalog;
 use crate::auth::Principal;
 use crate::context::RequestContext;
 use crate::error::Refusal;
-use crate::routing::normalized_segments;
+use crate::routing::{loggable_path, normalized_segments};
 use crate::telemetry::{
     HandleCache, REQUEST_DURATION_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL, TraceContext,
 };
@@ -219,7 +219,8 @@ where
                 tracing::info!(
                     target: "modelgate::access",
                     method = method.as_str(),
-                    path = uri.path(),
+                    // The route, never a whole key hash (8 hex digits).
+                    path = loggable_path(uri.path()),
                     key = key.unwrap_or("-"),
                     model = fields.model.as_deref().unwrap_or("-"),
                     status,

@@ -63,6 +63,10 @@ pub struct UpstreamConfig {
     /// [`DEFAULT_CREDENTIAL_HEADERS`]: none of them is sent with a request
     /// that carries an account's own key, which replaces them all.
     pub credential_headers: Vec<String>,
+    /// Names of `extra_headers` safe to send beside an account's own key
+    /// (BYOK); every other one goes only with the gateway's own key.
+    /// Default: none. A credential header cannot be one.
+    pub byok_headers: Vec<String>,
 }
 
 /// The headers that carry a credential whatever the config says: an
@@ -94,6 +98,7 @@ impl UpstreamConfig {
             pool_idle_timeout: Duration::from_secs(90),
             extra_headers: Vec::new(),
             credential_headers: Vec::new(),
+            byok_headers: Vec::new(),
         }
     }
 }
@@ -149,9 +154,10 @@ struct Inner {
     base_path: String,
     prefix_segments: Vec<String>,
     authorization: Option<HeaderValue>,
-    /// Sent with every request.
+    /// Sent with every request: the ones declared safe for BYOK.
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
-    /// Sent only with the gateway's own key: an account's key replaces them.
+    /// Sent only with the gateway's own key: an account's key replaces
+    /// them (every configured header not declared safe for BYOK).
     credential_headers: Vec<(http::HeaderName, HeaderValue)>,
     response_header_timeout: Duration,
     late_answer: Duration,
@@ -223,6 +229,26 @@ impl UpstreamConfig {
                 Ok(parsed)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let byok_names = config
+            .byok_headers
+            .iter()
+            .map(|name| {
+                let parsed = http::HeaderName::from_bytes(name.as_bytes()).ok();
+                match parsed {
+                    Some(parsed)
+                        if config.extra_headers.iter().any(|(configured, _)| {
+                            configured.eq_ignore_ascii_case(parsed.as_str())
+                        }) && !DEFAULT_CREDENTIAL_HEADERS.contains(&parsed.as_str())
+                            && !credential_names.contains(&parsed) =>
+                    {
+                        Ok(parsed)
+                    }
+                    _ => Err(UpstreamConfigError(format!(
+                        "byok_headers names {name:?}, which is not one of the configured headers, or is a credential"
+                    ))),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let (credential_headers, extra_headers): (Vec<_>, Vec<_>) = config
             .extra_headers
             .iter()
@@ -251,10 +277,10 @@ impl UpstreamConfig {
             })
             .collect::<Result<Vec<_>, UpstreamConfigError>>()?
             .into_iter()
-            .partition(|(name, _)| {
-                DEFAULT_CREDENTIAL_HEADERS.contains(&name.as_str())
-                    || credential_names.contains(name)
-            });
+            // Only a header declared safe goes beside an account's key: an
+            // organisation or a second key header would put the account's
+            // requests on the gateway's access.
+            .partition(|(name, _)| !byok_names.contains(name));
         Ok(CheckedConfig {
             base,
             scheme,
@@ -697,6 +723,7 @@ mod tests {
             ("x-title".into(), "modelgate".into()),
         ];
         config.credential_headers = vec!["X-Goog-Api-Key".into()];
+        config.byok_headers = vec!["x-title".into()];
         Upstream::new(&config).unwrap().inner
     }
 
@@ -726,7 +753,7 @@ mod tests {
         for name in ["x-api-key", "api-key", "x-goog-api-key"] {
             assert!(byok.get(name).is_none(), "{name} was sent: {byok:?}");
         }
-        assert_eq!(byok["x-title"], "modelgate", "not a credential: sent");
+        assert_eq!(byok["x-title"], "modelgate", "declared safe for BYOK: sent");
     }
 
     #[test]

@@ -134,8 +134,9 @@ impl WebhookSecretLayer {
     /// Counts wrong or missing secrets per
     /// [`ClientAddr`](crate::client_addr::ClientAddr) in `failures`: past its
     /// limit an address's failures get 429 `auth_failures` with
-    /// `Retry-After` instead of 401, while its requests with the right
-    /// secret are still served. Share the [`AuthFailures`] of
+    /// `Retry-After` instead of 401, and so is every request from it until
+    /// its window ends, a right secret included (checked first, so that a
+    /// guess that comes right among many wrong ones is not served). Share the [`AuthFailures`] of
     /// [`BearerAuthLayer::failure_limit`](crate::auth::BearerAuthLayer::failure_limit)
     /// so a client guessing both counts once.
     pub fn failure_limit(mut self, failures: AuthFailures) -> Self {

@@ -1,5 +1,6 @@
 //! From configured routes to served ones: secrets resolved at start-up, a
-//! route whose secret cannot be resolved skipped with a warning.
+//! route whose secret cannot be resolved skipped with a warning, routes
+//! that share a secret named in a warning.
 
 use super::actions::RouteScope;
 use super::config::WebhooksConfig;
@@ -94,5 +95,56 @@ pub fn resolve_routes(
             }
         }
     }
+    for ids in shared_secrets(&served) {
+        tracing::warn!(
+            routes = %ids.join(", "),
+            "webhook routes share one secret: whoever holds it can act as each of them; give every route a strong secret of its own"
+        );
+    }
     (served, skipped)
+}
+
+/// The ids of the routes in `routes` that share a secret, a group per
+/// secret held by two routes or more (in the routes' order).
+pub(crate) fn shared_secrets(routes: &[WebhookRoute]) -> Vec<Vec<String>> {
+    let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
+    for route in routes {
+        let id = route.scope.route_id.clone();
+        match groups
+            .iter_mut()
+            .find(|(secret, _)| *secret == route.secret.expose())
+        {
+            Some((_, ids)) => ids.push(id),
+            None => groups.push((route.secret.expose(), vec![id])),
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|(_, ids)| ids.len() > 1)
+        .map(|(_, ids)| ids)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_sharing_a_secret_are_named_together() {
+        let entry = serde_json::json!({"enabled": true, "config": {"routes": {
+            "a": {"sessionKey": "agent:a", "secret": "one-long-secret-value-0123"},
+            "b": {"sessionKey": "agent:b", "secret": "two-long-secret-value-0123"},
+            "c": {"sessionKey": "agent:c", "secret": "one-long-secret-value-0123"},
+        }}});
+        let config = WebhooksConfig::from_plugin_entry(&entry).unwrap();
+        let (served, _) = resolve_routes(
+            &config,
+            &SecretProviders::default(),
+            &ResolveLimits::default(),
+        );
+        let mut groups = shared_secrets(&served);
+        groups.iter_mut().for_each(|ids| ids.sort());
+        assert_eq!(groups, vec![vec!["a".to_owned(), "c".to_owned()]]);
+        assert!(shared_secrets(&served[..1]).is_empty());
+    }
 }

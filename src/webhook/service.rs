@@ -33,7 +33,9 @@ pub const SECRET_HEADER: &str = "x-gateway-webhook-secret";
 pub use crate::client_addr::ClientAddr;
 
 /// Answers the configured webhook routes (exact paths, `POST` only) after
-/// checking, in order: the method (405), the secret (401), the routes'
+/// checking, in order: the method (405), the address's failed
+/// authentications (429 `auth_failures`, before the secret is compared),
+/// the secret (401), the routes'
 /// own places when set (503 `overloaded` when full, 429
 /// `too_many_in_flight` past the address's share, see
 /// [`WebhookSecretLayer::unauthenticated_limits`](super::WebhookSecretLayer::unauthenticated_limits)),
@@ -172,15 +174,30 @@ where
         )
         .with_header(ALLOW, HeaderValue::from_static("POST")));
     }
+    // Counted with the bearer keys' failures from the same address.
+    let address = request
+        .extensions()
+        .get::<ClientAddr>()
+        .map(|client| client.0);
+    // An address blocked for its failures is refused before its secret is
+    // compared: else a right guess among many wrong ones would still pass.
+    if let Some(retry_after) = config
+        .auth_failures
+        .as_ref()
+        .and_then(|failures| failures.blocked(address))
+    {
+        return Err(too_many(
+            route,
+            "auth_failures",
+            "too many requests with a missing or wrong secret from this address; \
+             check the secret and retry after the Retry-After seconds",
+            retry_after,
+        ));
+    }
     // Before anything the store counts: a caller without the secret costs
     // one constant-time comparison, no round trip, and can neither spend
     // the client's rate window nor hold its in-flight slots.
     if !presents_secret(route, request.headers()) {
-        // Counted with the bearer keys' failures from the same address.
-        let address = request
-            .extensions()
-            .get::<ClientAddr>()
-            .map(|client| client.0);
         if let Some(retry_after) = config
             .auth_failures
             .as_ref()
@@ -206,10 +223,6 @@ where
             HeaderValue::from_static("Bearer"),
         ));
     }
-    let address = request
-        .extensions()
-        .get::<ClientAddr>()
-        .map(|client| client.0);
     // The routes' own places (when set), held until the body is read: a
     // client that trickles its body holds none of the gateway's.
     let _place = match &config.places {

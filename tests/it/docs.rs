@@ -200,7 +200,7 @@ impl Proxy {
                 .to_owned()
         };
         // The order the README's quick start shows.
-        let admin_key = next("management key (shown once): ");
+        let admin_key = next("operator key (shown once): ");
         let address = next("modelgate listening on ");
         let ops = next("admin (metrics, healthz, readyz) on ");
         std::thread::spawn(move || for _ in lines {});

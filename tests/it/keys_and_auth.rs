@@ -565,7 +565,11 @@ async fn no_key_disables_deletes_or_reports_itself() {
         let operator_hash = KeyHash::of(&gateway.admin).to_hex();
         for (key, hash, rotate) in [
             (&gateway.admin, &operator_hash, "MODELGATE_ADMIN_KEY"),
-            (&manager, &manager_hash, "rotate it (POST /api/v1/keys/"),
+            (
+                &manager,
+                &manager_hash,
+                "ask the gateway's operator to rotate it",
+            ),
         ] {
             for (method, suffix, body) in [
                 ("PATCH", "", Some(json!({"disabled": true}))),
@@ -2014,9 +2018,9 @@ async fn tenant_manager(gateway: &Gateway, extra: Value) -> (String, Value) {
     create(gateway, body).await
 }
 
-/// A tenant rotates its management key, then clears the old key's expiry
-/// with PATCH: the rotated key never stops, and the tenant holds two
-/// management keys (it may not create one).
+/// The operator rotates a tenant's management key; the successor then
+/// clears the old key's expiry with PATCH: the rotated key would never
+/// stop, and the tenant would hold two management keys.
 #[tokio::test]
 async fn a_rotated_key_s_grace_cannot_be_extended() {
     for backend in backends().await {
@@ -2024,14 +2028,13 @@ async fn a_rotated_key_s_grace_cannot_be_extended() {
         let name = backend.name;
         let (manager, data) = tenant_manager(&gateway, json!({})).await;
         let hash = data["hash"].as_str().unwrap().to_owned();
-        let rotated = send(
-            gateway.address,
-            "POST",
-            &format!("/api/v1/keys/{hash}/rotate"),
-            Some(&bearer(&manager)),
-            Some(json!({"grace_seconds": 60})),
-        )
-        .await;
+        let rotated = gateway
+            .manage(
+                "POST",
+                &format!("/api/v1/keys/{hash}/rotate"),
+                Some(json!({"grace_seconds": 60})),
+            )
+            .await;
         assert_eq!(rotated.status, 201, "{name}: {}", rotated.body);
         assert_eq!(rotated.body["data"]["management"], true);
         let successor = rotated.body["key"].as_str().unwrap().to_owned();
@@ -2091,6 +2094,268 @@ async fn a_tenant_cannot_lift_the_expiry_the_operator_set_on_its_key() {
         gateway.clock.advance(Duration::from_secs(7 * 86_400));
         let later = get_as(gateway.address, "/api/v1/keys", &manager).await;
         assert_eq!(later.status, 401, "{name}: the operator's expiry holds");
+    }
+}
+
+/// A tenant's management key rotating itself with a month's grace, again
+/// and again, would keep several live management keys; a contractor's
+/// key that expires tomorrow rotating another manager's key with no grace
+/// would get a management key that never expires and lock its owner out.
+/// Management keys are the operator's: both are 403, and nothing changes.
+#[tokio::test]
+async fn an_accounts_manager_rotates_no_management_key() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (manager, data) = tenant_manager(&gateway, json!({})).await;
+        let hash = data["hash"].as_str().unwrap().to_owned();
+        let (contractor, _) = tenant_manager(
+            &gateway,
+            json!({"name": "contractor", "expires_at": "2026-11-19T12:00:00Z"}),
+        )
+        .await;
+        for (caller, grace) in [(&manager, 2_592_000), (&contractor, 0)] {
+            let rotated = send(
+                gateway.address,
+                "POST",
+                &format!("/api/v1/keys/{hash}/rotate"),
+                Some(&bearer(caller)),
+                Some(json!({"grace_seconds": grace})),
+            )
+            .await;
+            assert_refused(&rotated, 403, "operator_only", name);
+        }
+        let listed = get_as(gateway.address, "/api/v1/keys", &manager).await;
+        assert_eq!(listed.status, 200, "{name}: the owner keeps its key");
+        let managers = listed.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|key| key["management"] == true)
+            .count();
+        assert_eq!(managers, 2, "{name}: no management key was made");
+        // An ordinary key of the account is still the manager's to rotate,
+        // into a successor no wider than it.
+        let (_, app) = create(
+            &gateway,
+            json!({"name": "app", "account": "acme", "limit": 3,
+                   "expires_at": "2026-12-01T00:00:00Z"}),
+        )
+        .await;
+        let rotated = send(
+            gateway.address,
+            "POST",
+            &format!("/api/v1/keys/{}/rotate", app["hash"].as_str().unwrap()),
+            Some(&bearer(&contractor)),
+            Some(json!({"grace_seconds": 0})),
+        )
+        .await;
+        assert_eq!(rotated.status, 201, "{name}: {}", rotated.body);
+        for field in ["expires_at", "limit", "management", "account"] {
+            assert_eq!(rotated.body["data"][field], app[field], "{name}: {field}");
+        }
+    }
+}
+
+/// The operator rotates a management key: its successor is a management
+/// key of the same account, ending when it would have, never later.
+#[tokio::test]
+async fn a_management_key_s_successor_never_outlives_nor_outranks_it() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (_, data) =
+            tenant_manager(&gateway, json!({"expires_at": "2026-11-19T12:00:00Z"})).await;
+        let hash = data["hash"].as_str().unwrap();
+        let rotated = gateway
+            .manage(
+                "POST",
+                &format!("/api/v1/keys/{hash}/rotate"),
+                Some(json!({"grace_seconds": 0})),
+            )
+            .await;
+        assert_eq!(rotated.status, 201, "{name}: {}", rotated.body);
+        let successor = &rotated.body["data"];
+        for field in ["expires_at", "management", "operator", "account"] {
+            assert_eq!(successor[field], data[field], "{name}: {field}");
+        }
+        let key = rotated.body["key"].as_str().unwrap();
+        gateway.clock.advance(Duration::from_secs(2 * 86_400));
+        let later = get_as(gateway.address, "/api/v1/keys", key).await;
+        assert_refused(&later, 401, "expired_key", name);
+    }
+}
+
+/// The operator disables a tenant's management key (and an ordinary one);
+/// another manager of the account enables them again. Only the operator
+/// lifts the operator's disable; a manager still lifts its own.
+#[tokio::test]
+async fn only_the_operator_enables_a_key_the_operator_disabled() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (manager, _) = tenant_manager(&gateway, json!({})).await;
+        let (suspended, data) = tenant_manager(&gateway, json!({"name": "suspended"})).await;
+        let (_, app) = create(&gateway, json!({"name": "app", "account": "acme"})).await;
+        let as_manager = |method: &'static str, path: String, body: Value| {
+            let manager = manager.clone();
+            let address = gateway.address;
+            async move { send(address, method, &path, Some(&bearer(&manager)), Some(body)).await }
+        };
+        for key in [&data, &app] {
+            let path = format!("/api/v1/keys/{}", key["hash"].as_str().unwrap());
+            let off = gateway
+                .manage("PATCH", &path, Some(json!({"disabled": true})))
+                .await;
+            assert_eq!(off.status, 200, "{name}: {}", off.body);
+            let enabled = as_manager("PATCH", path.clone(), json!({"disabled": false})).await;
+            assert_refused(&enabled, 403, "operator_only", name);
+            let read = gateway.manage("GET", &path, None).await;
+            assert_eq!(read.body["data"]["disabled"], true, "{name}");
+            // Disabled again by the manager, it is still the operator's.
+            as_manager("PATCH", path.clone(), json!({"disabled": true})).await;
+            let enabled = as_manager("PATCH", path.clone(), json!({"disabled": false})).await;
+            assert_refused(&enabled, 403, "operator_only", name);
+        }
+        assert_refused(
+            &get_as(gateway.address, "/api/v1/keys", &suspended).await,
+            401,
+            "disabled_key",
+            name,
+        );
+        // The operator lifts it; then a manager's own disable is its own.
+        let path = format!("/api/v1/keys/{}", data["hash"].as_str().unwrap());
+        let on = gateway
+            .manage("PATCH", &path, Some(json!({"disabled": false})))
+            .await;
+        assert_eq!(on.body["data"]["disabled"], false, "{name}");
+        assert_eq!(
+            get_as(gateway.address, "/api/v1/keys", &suspended)
+                .await
+                .status,
+            200
+        );
+        let off = as_manager("PATCH", path.clone(), json!({"disabled": true})).await;
+        assert_eq!(off.status, 200, "{name}: {}", off.body);
+        let on = as_manager("PATCH", path.clone(), json!({"disabled": false})).await;
+        assert_eq!(on.status, 200, "{name}: {}", on.body);
+        assert_eq!(on.body["data"]["disabled"], false, "{name}");
+    }
+}
+
+/// A key rotated with a grace, then reported leaked or disabled while the
+/// grace runs: its successor (which whoever held it may have made) goes
+/// with it. Once the grace is over, the old key's fate is its own.
+#[tokio::test]
+async fn a_leak_or_disable_of_a_key_in_its_grace_reaches_its_successors() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let rotate = |hash: String, grace: u64| {
+            let gateway = &gateway;
+            async move {
+                let rotated = gateway
+                    .manage(
+                        "POST",
+                        &format!("/api/v1/keys/{hash}/rotate"),
+                        Some(json!({ "grace_seconds": grace })),
+                    )
+                    .await;
+                assert_eq!(rotated.status, 201, "{}", rotated.body);
+                (
+                    rotated.body["key"].as_str().unwrap().to_owned(),
+                    rotated.body["data"]["hash"].as_str().unwrap().to_owned(),
+                )
+            }
+        };
+        // Leaked: a management key rotated twice, the first two in grace.
+        let (_, data) = tenant_manager(&gateway, json!({})).await;
+        let first = data["hash"].as_str().unwrap().to_owned();
+        let (_, second) = rotate(first.clone(), 3600).await;
+        let (third_key, third) = rotate(second.clone(), 3600).await;
+        let reported = gateway
+            .manage("POST", &format!("/api/v1/keys/{first}/leaked"), None)
+            .await;
+        assert_eq!(reported.status, 200, "{name}: {}", reported.body);
+        for hash in [&second, &third] {
+            let read = gateway
+                .manage("GET", &format!("/api/v1/keys/{hash}"), None)
+                .await;
+            assert_eq!(read.body["data"]["disabled"], true, "{name}");
+            assert_eq!(read.body["data"]["leak"]["reported_by"], "operator");
+        }
+        assert_refused(
+            &get_as(gateway.address, "/api/v1/keys", &third_key).await,
+            401,
+            "leaked_key",
+            name,
+        );
+        // Disabled in its grace: the successor is disabled too, as the
+        // operator's.
+        let (_, app) = create(&gateway, json!({"name": "app", "account": "acme"})).await;
+        let app_hash = app["hash"].as_str().unwrap().to_owned();
+        let (next_key, next) = rotate(app_hash.clone(), 3600).await;
+        gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{app_hash}"),
+                Some(json!({"disabled": true})),
+            )
+            .await;
+        let read = gateway
+            .manage("GET", &format!("/api/v1/keys/{next}"), None)
+            .await;
+        assert_eq!(read.body["data"]["disabled"], true, "{name}");
+        assert_refused(
+            &chat_as(gateway.address, &next_key).await,
+            401,
+            "disabled_key",
+            name,
+        );
+        // Past the grace, a disable of the old key is its own.
+        let (_, late) = create(&gateway, json!({"name": "late"})).await;
+        let late_hash = late["hash"].as_str().unwrap().to_owned();
+        let (late_key, _) = rotate(late_hash.clone(), 60).await;
+        gateway.clock.advance(Duration::from_secs(120));
+        gateway
+            .manage(
+                "PATCH",
+                &format!("/api/v1/keys/{late_hash}"),
+                Some(json!({"disabled": true})),
+            )
+            .await;
+        assert_eq!(
+            chat_as(gateway.address, &late_key).await.status,
+            200,
+            "{name}"
+        );
+    }
+}
+
+/// A leak reported by an account's manager is recorded as that manager's,
+/// not the operator's.
+#[tokio::test]
+async fn a_leak_report_names_its_real_reporter() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (manager, data) = tenant_manager(&gateway, json!({})).await;
+        let (_, app) = create(&gateway, json!({"name": "app", "account": "acme"})).await;
+        let reported = send(
+            gateway.address,
+            "POST",
+            &format!("/api/v1/keys/{}/leaked", app["hash"].as_str().unwrap()),
+            Some(&bearer(&manager)),
+            None,
+        )
+        .await;
+        assert_eq!(reported.status, 200, "{name}: {}", reported.body);
+        let prefix = &data["hash"].as_str().unwrap()[..8];
+        assert_eq!(
+            reported.body["data"]["leak"]["reported_by"],
+            format!("manager:{prefix}"),
+            "{name}"
+        );
     }
 }
 

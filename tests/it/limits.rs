@@ -315,13 +315,16 @@ async fn a_keys_own_rate_and_model_list_hold_under_load_and_refusals_count_nowhe
                 .expose()
                 .to_owned(),
         ];
-        // Models outside its list: 403, in any case, and a variant it
-        // does not name.
+        // Models outside its list: 403, in any case, a variant it does not
+        // name, and a model it names spelled in another case (model ids
+        // are case-sensitive upstream, and go up as the client spells them).
         for model in [
             "mistral/large",
             "ANTHROPIC/claude-3-haiku",
             "OPENAI-x/gpt",
             "anthropic/claude-3.5-sonnet:beta",
+            "OpenAI/gpt-4o",
+            "Anthropic/Claude-3.5-Sonnet",
         ] {
             let replies = burst(&addresses, &narrow, model, 10).await;
             assert_eq!(count(&replies, 403), 10, "{name} {model}");
@@ -332,9 +335,15 @@ async fn a_keys_own_rate_and_model_list_hold_under_load_and_refusals_count_nowhe
                 );
             }
         }
+        let misspelled = burst(&addresses, &narrow, "Anthropic/Claude-3.5-Sonnet", 1).await;
+        let message = misspelled[0].body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("name anthropic/claude-3.5-sonnet, spelled exactly so"),
+            "{message}"
+        );
         // Its own rate: 4 of 40 at once, on any model it may call.
-        let mut replies = burst(&addresses, &narrow, "OpenAI/gpt-4o", 20).await;
-        replies.extend(burst(&addresses, &narrow, "Anthropic/Claude-3.5-Sonnet", 20).await);
+        let mut replies = burst(&addresses, &narrow, "openai/gpt-4o", 20).await;
+        replies.extend(burst(&addresses, &narrow, "anthropic/claude-3.5-sonnet", 20).await);
         assert_eq!(count(&replies, 200), 4, "{name}");
         assert_eq!(count(&replies, 429), 36, "{name}");
         assert_refusals(&replies, "key");

@@ -338,6 +338,46 @@ async fn the_webhook_is_signed_and_a_500_is_retried() {
     assert_eq!(received[0].body, received[1].body);
 }
 
+/// A key pasted into a key's name is redacted in the webhook as in the
+/// e-mail, for an alert and for a leak notice.
+#[tokio::test]
+async fn a_key_pasted_into_a_key_name_is_redacted_in_the_webhook() {
+    let receiver = Receiver::start(&[]).await;
+    let notifier = Notifier::new(None, Some(webhook_settings(receiver.address)));
+    let pasted = "oops mg-v1-AbCdEf0123456789xyz pasted";
+    notifier.leak_detected(LeakNotice {
+        key_name: pasted.into(),
+        ..notice(None)
+    });
+    notifier.alert(modelgate::notify::AlertNotice {
+        id: "fedcba9876543210fedcba9876543210".into(),
+        account: "acct_leaky".into(),
+        email: None,
+        alert: modelgate::notify::Alert::KeyLimitPercent {
+            key_name: pasted.into(),
+            key_hash_prefix: "3f9a0c1b2d4e".into(),
+            percent: 80,
+            usage: serde_json::json!(8),
+            limit: serde_json::json!(10),
+            period: None,
+            period_start: None,
+        },
+        detected_at: Utc.with_ymd_and_hms(2025, 3, 20, 8, 0, 0).unwrap(),
+    });
+    idle(&notifier).await;
+    let received = receiver.received();
+    assert_eq!(received.len(), 2, "{received:#?}");
+    for request in received {
+        let text = String::from_utf8_lossy(&request.body);
+        assert!(!text.contains("AbCdEf0123456789xyz"), "{text}");
+        let json: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        assert_eq!(
+            json["data"]["key_name"], "oops [redacted key] pasted",
+            "{text}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_notice_without_an_address_goes_only_to_the_webhook() {
     let server = SmtpServer::start().await;

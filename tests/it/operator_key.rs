@@ -154,7 +154,7 @@ async fn a_second_start_on_a_shared_store_mints_no_key_and_the_first_still_works
     let url = server.url();
     let first = ProxyProcess::spawn_watched(proxy(Some(&url), None));
     assert_eq!(first.printed_before.len(), 1, "{:?}", first.printed_before);
-    assert!(first.printed_before[0].starts_with("management key (shown once): "));
+    assert!(first.printed_before[0].starts_with("operator key (shown once): "));
     let key = shown_key(&first.printed_before[0]);
     let (status, me) = whoami(&first.proxy, &key).await;
     assert_eq!(status, 200, "{me}");
@@ -473,6 +473,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         management: false,
         scoped_to_account: false,
         disabled: false,
+        disabled_by_operator: false,
         limit_nanos: Some(2 * modelgate::store::NANOS_PER_CREDIT),
         limit_reset: None,
         include_byok_in_limit: false,
@@ -775,4 +776,99 @@ async fn a_fresh_store_is_given_the_current_layout() {
         store.layout().await.unwrap(),
         Some(modelgate::store::LEDGER_LAYOUT)
     );
+}
+
+/// The proxy on the SQLite file `path`, listening on `listen` and `admin`.
+fn proxy_on_file(path: &std::path::Path, listen: &str, admin: &str) -> Command {
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command
+        .args(["--listen", listen, "--admin-listen", admin])
+        .args(["--store", &format!("sqlite:{}", path.display())])
+        .env("RUST_LOG", "info")
+        .env_remove("MODELGATE_ADMIN_KEY");
+    command
+}
+
+/// A first start whose port (or admin port) is taken fails before it makes
+/// the operator's key: nothing printed, nothing stored; the next start on a
+/// free port makes and prints the key, once.
+#[tokio::test]
+async fn a_first_start_that_cannot_listen_makes_and_prints_no_key() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("m.db");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = busy.local_addr().unwrap().to_string();
+    for (listen, admin) in [
+        (busy.as_str(), "127.0.0.1:0"),
+        ("127.0.0.1:0", busy.as_str()),
+    ] {
+        let (code, stdout, stderr) = finish(proxy_on_file(&path, listen, admin));
+        assert_ne!(code, Some(0), "{stdout} {stderr}");
+        assert!(stderr.contains("cannot listen"), "{stderr}");
+        assert!(!stdout.contains("shown once"), "{stdout}");
+        assert!(!stdout.contains("mg-v1-") && !stderr.contains("mg-v1-"));
+    }
+    let started = ProxyProcess::spawn_watched(proxy_on_file(&path, "127.0.0.1:0", "127.0.0.1:0"));
+    assert_eq!(
+        started.printed_before.len(),
+        1,
+        "{:?}",
+        started.printed_before
+    );
+    let key = shown_key(&started.printed_before[0]);
+    assert!(started.printed_before[0].starts_with("operator key (shown once): "));
+    let (status, me) = whoami(&started.proxy, &key).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["data"]["operator"], true);
+}
+
+/// The access log names a key's route by its pattern and an 8-hex-digit
+/// hash prefix, never the whole hash (the operator key's included).
+#[tokio::test]
+async fn the_access_log_carries_no_whole_key_hash() {
+    let started = ProxyProcess::spawn_watched(proxy(None, None));
+    let key = shown_key(&started.printed_before[0]);
+    let hash = modelgate::auth::KeyHash::of(&key).to_hex();
+    for path in [
+        format!("/api/v1/keys/{hash}"),
+        format!("/api/v1/keys/{}/rotate", hash.to_uppercase()),
+        format!("/nowhere/{hash}"),
+    ] {
+        let method = if path.ends_with("rotate") {
+            "POST"
+        } else {
+            "GET"
+        };
+        call(&started.proxy, method, &path, &key, None).await;
+    }
+    let log = started.wait_for_log("/nowhere/");
+    let prefix = &hash[..8];
+    assert!(log.contains(&format!("/api/v1/keys/{prefix}…")), "{log}");
+    assert!(
+        log.contains(&format!("/api/v1/keys/{prefix}…/rotate")),
+        "{log}"
+    );
+    assert!(!log.to_ascii_lowercase().contains(&hash[..16]), "{log}");
+}
+
+/// Two webhook routes with one secret: the start says so, naming both.
+#[tokio::test]
+async fn routes_sharing_a_secret_are_named_in_a_warning_at_start() {
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        json!({"plugins": {"entries": {"webhooks": {"enabled": true, "config": {"routes": {
+            "deploys": {"sessionKey": "agent:main", "secret": "one-shared-secret-0123456789"},
+            "audit": {"sessionKey": "agent:audit", "secret": "one-shared-secret-0123456789"},
+            "other": {"sessionKey": "agent:other", "secret": "its-own-secret-0123456789ab"},
+        }}}}}})
+        .to_string(),
+    )
+    .unwrap();
+    let mut command = proxy(None, None);
+    command.arg("--config").arg(config.path());
+    let started = ProxyProcess::spawn_watched(command);
+    let log = started.wait_for_log("share one secret");
+    assert!(log.contains("audit, deploys"), "{log}");
+    assert!(!log.contains("one-shared-secret"), "{log}");
 }

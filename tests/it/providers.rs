@@ -600,7 +600,9 @@ async fn byok_gateway(store: SharedStore) -> Gateway {
                           "byok": true, "credential_headers": ["x-goog-api-key"],
                           "headers": {"x-api-key": GATEWAY_HEADER_KEY,
                                       "x-goog-api-key": GATEWAY_HEADER_KEY,
-                                      "x-gateway-note": "not-a-credential"}},
+                                      "openai-organization": "org-gateway",
+                                      "x-gateway-note": "not-a-credential"},
+                          "byok_headers": ["x-gateway-note"]},
             },
             "pricing": {"models": {"headed/echo-headers": price, "open/echo-headers": price,
                                    "opted/echo-headers": price}},
@@ -724,7 +726,9 @@ async fn byok_is_only_for_providers_that_opt_in_and_never_rides_on_the_gateways_
         );
         let received = echoed(&reply);
         assert_eq!(received["authorization"], format!("Bearer {TENANT_KEY}"));
-        for name in ["x-api-key", "x-goog-api-key"] {
+        // Neither a credential header nor one the provider did not declare
+        // safe for BYOK (its organisation) rides beside the account's key.
+        for name in ["x-api-key", "x-goog-api-key", "openai-organization"] {
             assert!(
                 received[name].is_null(),
                 "{backend}: {name} went up: {received}"
@@ -739,6 +743,7 @@ async fn byok_is_only_for_providers_that_opt_in_and_never_rides_on_the_gateways_
         assert_eq!(received["authorization"], format!("Bearer {ALPHA_KEY}"));
         assert_eq!(received["x-api-key"], GATEWAY_HEADER_KEY);
         assert_eq!(received["x-goog-api-key"], GATEWAY_HEADER_KEY);
+        assert_eq!(received["openai-organization"], "org-gateway");
 
         // Funded, the stored keys still are not used: charged, and the
         // upstream sees the gateway's credential alone.
@@ -825,14 +830,19 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
                 reqwest::Method::POST,
                 "/api/v1/keys",
                 json!({"name": "narrow", "account": "acme",
-                       "allowed_models": ["alpha/m1", "ALPHA/status-503", "beta/echo-headers"],
+                       "allowed_models": ["alpha/m1", "alpha/status-503", "beta/echo-headers", "ALPHA/pricey"],
                        "rate_limit": {"requests": 6, "window_seconds": 60}}),
             )
             .await;
         assert_eq!(status, 201, "{backend}: {created}");
         assert_eq!(
             created["data"]["allowed_models"],
-            json!(["alpha/m1", "ALPHA/status-503", "beta/echo-headers"])
+            json!([
+                "alpha/m1",
+                "alpha/status-503",
+                "beta/echo-headers",
+                "ALPHA/pricey"
+            ])
         );
         assert_eq!(
             created["data"]["rate_limit"],
@@ -842,7 +852,8 @@ async fn a_keys_model_list_and_own_rate_hold_through_the_whole_gateway() {
         let hash = created["data"]["hash"].as_str().unwrap().to_owned();
 
         // The list shows what the key may call, exactly (not the `:free`
-        // variant it does not name), with only the fallbacks it may call.
+        // variant it does not name, nor a model named in another case),
+        // with only the fallbacks it may call.
         let mut listed = gateway.models_for(&key).await;
         listed.sort();
         assert_eq!(

@@ -398,7 +398,7 @@ async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let admin = lines.next().unwrap().unwrap();
     let admin = admin
-        .strip_prefix("management key (shown once): ")
+        .strip_prefix("operator key (shown once): ")
         .unwrap()
         .to_owned();
     let listening = lines.next().unwrap().unwrap();

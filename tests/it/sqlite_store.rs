@@ -44,7 +44,7 @@ fn proxy_command(database: &std::path::Path, config: &std::path::Path) -> Comman
 fn printed_key(printed: &[String]) -> String {
     let line = printed
         .iter()
-        .find(|line| line.starts_with("management key (shown once): "))
+        .find(|line| line.starts_with("operator key (shown once): "))
         .unwrap_or_else(|| panic!("no key printed: {printed:?}"));
     line.rsplit(' ').next().unwrap().to_owned()
 }

@@ -695,6 +695,49 @@ async fn rate_window_holds(addresses: &[SocketAddr]) {
     assert_eq!(burst(addresses, 1, "10.0.0.2").await, [200]);
 }
 
+/// An address blocked for its wrong secrets is refused before its secret
+/// is compared: a right guess after the block gets 429 too, while another
+/// address with the secret is served.
+#[tokio::test]
+async fn a_blocked_address_is_refused_before_its_secret_is_compared() {
+    let failures = modelgate::auth::AuthFailures::new(modelgate::auth::AuthFailureLimit {
+        max_failures: 3,
+        window_seconds: 3600,
+        ..modelgate::auth::AuthFailureLimit::default()
+    })
+    .unwrap();
+    let address = serve_routes(|routes| {
+        WebhookSecretLayer::new(memory(), routes)
+            .limits(generous())
+            .failure_limit(failures)
+    })
+    .await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.extend(without_the_secret(&[address], 1, Some("10.0.0.9")).await);
+    }
+    assert_eq!(statuses, [401, 401, 401, 429]);
+    let guessed = |from: &'static str| {
+        send(
+            client()
+                .post(format!("http://{address}{DEPLOYS}"))
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {SECRET}"))
+                .header("x-test-client", from)
+                .body(json!({"action": "list_flows"}).to_string()),
+        )
+    };
+    let blocked = guessed("10.0.0.9").await;
+    assert_eq!(
+        (blocked.status, &blocked.body["code"]),
+        (429, &json!("auth_failures")),
+        "{:?}",
+        blocked.body
+    );
+    assert!(blocked.headers.contains_key("retry-after"));
+    assert_eq!(guessed("10.0.0.10").await.status, 200);
+}
+
 #[tokio::test]
 async fn the_rate_window_admits_exactly_its_limit_on_memory() {
     rate_window_holds(&[start(memory(), rate_limited(10)).await]).await;

@@ -31,6 +31,11 @@ pub struct ProviderSection {
     /// `api-key` (always): none of them is sent with an account's own key.
     #[serde(default)]
     pub credential_headers: Vec<String>,
+    /// Which of `headers` are safe to send beside an account's own key
+    /// (BYOK), such as a harmless `x-title`; every other one goes only
+    /// with the gateway's own key. Default: none.
+    #[serde(default)]
+    pub byok_headers: Vec<String>,
     /// Whether accounts may bring their own key for it (BYOK): their key
     /// is then sent as `Authorization: Bearer` in place of `api_key`, and
     /// none of the credential headers goes with it. Needs `api_key`: a
@@ -133,6 +138,7 @@ impl ProviderSection {
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
         config.credential_headers = self.credential_headers.clone();
+        config.byok_headers = self.byok_headers.clone();
         if let Some(ms) = self.connect_timeout_ms {
             config.connect_timeout = Duration::from_millis(ms);
         }
@@ -239,6 +245,21 @@ mod tests {
             error,
             "config: providers.p: upstream: credential_headers names x-goog-apikey, which is not one of the configured headers"
         );
+        // Only a configured header that is no credential is safe for BYOK.
+        for named in ["x-title-typo", "x-api-key", "x-goog-api-key"] {
+            let error = refused(serde_json::json!({"p": {
+                "base_url": "http://127.0.0.1:9/v1",
+                "headers": {"x-goog-api-key": "gateway-g", "x-api-key": "gateway-x",
+                            "x-title": "modelgate"},
+                "credential_headers": ["x-goog-api-key"],
+                "byok_headers": ["x-title", named]}}));
+            assert_eq!(
+                error,
+                format!(
+                    "config: providers.p: upstream: byok_headers names {named:?}, which is not one of the configured headers, or is a credential"
+                )
+            );
+        }
         for bad in [r#""byok": "yes""#, r#""credential_headers": "x-api-key""#] {
             let text = format!(r#"{{"providers": {{"p": {{"base_url": "http://x/v1", {bad}}}}}}}"#);
             let error = GatewayConfig::from_json(&text).unwrap_err().to_string();

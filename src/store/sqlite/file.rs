@@ -59,7 +59,8 @@ pub(super) fn open_connection(
 
 /// Creates the file at `path`, if absent, readable by its owner alone: it
 /// holds key hashes, balances and the accounts' own provider keys. SQLite
-/// gives its `-wal` and `-shm` files the same permissions.
+/// gives its `-wal` and `-shm` files the same permissions. A file made
+/// before (by a version that did not restrict it) is tightened to the same.
 fn create_private(path: &Path) -> Result<(), StoreError> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -68,9 +69,58 @@ fn create_private(path: &Path) -> Result<(), StoreError> {
     match options.open(path) {
         Ok(_) => Ok(()),
         // Made already (by an earlier start, or another process now).
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => tighten(path),
         Err(error) => Err(backend("open", format!("{}: {error}", path.display()))),
     }
+}
+
+/// Makes the existing store file at `path`, and its `-wal` and `-shm` when
+/// present, readable by their owner alone, logging each one changed: a
+/// file made before modelgate restricted it may be readable by everyone.
+#[cfg(unix)]
+fn tighten(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut names = vec![path.to_path_buf()];
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        names.push(name.into());
+    }
+    for (index, name) in names.iter().enumerate() {
+        let mode = match std::fs::metadata(name) {
+            Ok(metadata) => metadata.permissions().mode() & 0o777,
+            // The journal files come and go with the connections.
+            Err(error) if index > 0 && error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(backend("open", format!("{}: {error}", name.display()))),
+        };
+        if mode & 0o077 == 0 {
+            continue;
+        }
+        std::fs::set_permissions(name, std::fs::Permissions::from_mode(mode & 0o700)).map_err(
+            |error| {
+                backend(
+                    "open",
+                    format!(
+                        "{} is readable by others ({mode:o}) and could not be made private: {error}",
+                        name.display()
+                    ),
+                )
+            },
+        )?;
+        tracing::warn!(
+            file = %name.display(),
+            was = %format!("{mode:o}"),
+            now = %format!("{:o}", mode & 0o700),
+            "the store file was readable by others; it holds key hashes, balances and accounts' provider keys, so it is now readable by its owner alone"
+        );
+    }
+    Ok(())
+}
+
+/// Nothing to tighten where files have no Unix modes.
+#[cfg(not(unix))]
+fn tighten(_: &Path) -> Result<(), StoreError> {
+    Ok(())
 }
 
 /// Brings the schema to [`SQLITE_SCHEMA_VERSION`] in one transaction.
@@ -160,6 +210,33 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_made_readable_by_others_is_tightened_at_open_with_its_journal() {
+        use std::os::unix::fs::PermissionsExt;
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        // As a version before the restriction left them, journal included.
+        for name in ["m.db", "m.db-wal", "m.db-shm"] {
+            let name = directory.path().join(name);
+            if !name.exists() {
+                std::fs::write(&name, b"").unwrap();
+            }
+            std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let store = store_in(&directory);
+        for name in ["m.db", "m.db-wal", "m.db-shm"] {
+            let mode = std::fs::metadata(directory.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}: {mode:o}");
+        }
+        drop(store);
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
     }
 
     #[test]
