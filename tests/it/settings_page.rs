@@ -990,9 +990,10 @@ async fn an_account_manager_manages_a_key_on_the_page() {
 
 /// The key in use, as its holder meets it on the page (issue 34, point 3):
 /// marked "in use"; its editor offers no Disable and no Delete, and says
-/// why and how to rotate before anything is clicked; its other settings
-/// still save; another key keeps both. The API refuses anyway (409
-/// `own_key`).
+/// why and whom to ask to rotate it before anything is clicked; its other
+/// settings still save; another key keeps both. The API refuses anyway
+/// (409 `own_key`; 403 for a rotation, a management key being the
+/// operator's to rotate).
 #[tokio::test]
 async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     let _one_browser = BROWSER.lock().await;
@@ -1027,7 +1028,7 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     assert!(
         note.contains("the key you are signed in with")
             && note.contains("cannot disable or delete itself")
-            && note.contains("Rotate it: the new key works at once and this page signs in with it"),
+            && note.contains("the operator's to rotate"),
         "{note}"
     );
     let disabled_switch = browser.by_id("edit-disabled").await;
@@ -1094,67 +1095,34 @@ async fn the_key_in_use_cannot_disable_or_delete_itself_on_the_page() {
     }
     assert_eq!(api.check_key(&manager).await.0, 200);
 
-    // Rotating the key in use asks first, saying so; once confirmed the
-    // page goes on with the new key, and the old one works for its grace.
+    // A management key is the operator's to rotate: the page offers the
+    // account's manager no Rotate on it (its note says whom to ask), and
+    // the API refuses one.
     browser.click(Some("edit-key"), "Cancel").await;
-    click_path(
-        &browser,
-        "//tbody[@id='key-rows']//button[@aria-label='Rotate key acme admin']",
-        "Rotate for acme admin",
-    )
-    .await;
-    browser.wait_shown("confirm-rotate", true).await;
-    let asked = browser.text("confirm-rotate-text").await;
+    let rotate_buttons = browser
+        .script(
+            "return document.querySelectorAll(\"#key-rows button[aria-label='Rotate key acme admin']\").length",
+        )
+        .await;
+    assert_eq!(
+        rotate_buttons,
+        json!(0),
+        "Rotate offered on a management key"
+    );
     assert!(
-        asked.contains("the key this page is signed in with")
-            && asked.contains("signs in with the new key"),
-        "{asked}"
+        note.contains("ask the gateway's operator to rotate it"),
+        "{note}"
     );
-    assert_eq!(
-        api.key_named(&manager, "acme admin").await.unwrap()["rotated_to"],
-        Value::Null,
-        "nothing rotated before the confirmation"
-    );
-    browser
-        .click(Some("confirm-rotate"), "Yes, rotate the key")
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/api/v1/keys/{hash}/rotate"),
+            &manager,
+            Some(json!({})),
+        )
         .await;
-    browser
-        .wait_for_text("message", "the rotation", |text| {
-            text.contains("This page is now signed in with the new key")
-        })
-        .await;
-    let successor = browser
-        .by_id("new-key-value")
-        .await
-        .prop("value")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_ne!(successor, manager);
-    assert_eq!(
-        browser
-            .script("return sessionStorage.getItem('modelgate.managementKey')")
-            .await,
-        successor.as_str()
-    );
-    // The page reads with the new key; the new row is the one in use.
-    browser.click(Some("keys"), "Refresh").await;
-    let old_hash = hash.to_owned();
-    wait_for(PATIENCE, || async {
-        let in_use = browser
-            .script(
-                "return Array.from(document.querySelectorAll('#key-rows > tr'), (row) => \
-                   row.querySelector('.badge.current') ? row.dataset.hash : null).filter(Boolean)",
-            )
-            .await;
-        match in_use.as_array().map(Vec::as_slice) {
-            Some([one]) if one.as_str() != Some(old_hash.as_str()) => Ok(()),
-            _ => Err(format!("the successor is never the key in use: {in_use}")),
-        }
-    })
-    .await;
-    assert_eq!(api.check_key(&successor).await.0, 200);
-    assert_eq!(api.check_key(&manager).await.0, 200, "the old key's grace");
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(api.check_key(&manager).await.0, 200);
     assert_eq!(browser.csp_violations().await, json!([]));
     browser.close().await;
 }

@@ -17,7 +17,8 @@
   // Why the key in use cannot be disabled or deleted here (the API
   // answers 409 own_key): whoever uses it would be locked out.
   const OWN_KEY = 'This is the key you are signed in with: it cannot disable or delete itself. ' +
-    'To replace it, Rotate it: the new key works at once and this page signs in with it; this one works for an hour more.';
+    'A management key is the operator\'s to rotate: to replace it, ask the gateway\'s operator to rotate it ' +
+    '(the new key works at once; this one works for an hour more).';
   const OWN_OPERATOR_KEY = 'This is the operator\'s key you are signed in with: it cannot disable or delete itself. ' +
     'To replace it, make a new key with "proxy keygen", set it as MODELGATE_ADMIN_KEY and restart the gateway, ' +
     'then delete this one signed in with the new key. If it is lost or leaked, run "proxy reset-operator-key".';
@@ -416,8 +417,11 @@
       const actions = element('td', null, 'key-actions');
       actions.append(button('Edit', 'secondary', 'Edit key ' + key.name, () => openEditor(key.hash)));
       // A new key in its place; this one works for an hour more. Not for a
-      // key that is off or was rotated already. Asked first (confirmRotation).
-      if (keyStatus(key) === 'active' && !key.rotated_to && !key.operator) {
+      // key that is off or was rotated already, nor for a management key
+      // unless the operator is signed in (the API answers 403
+      // operator_only). Asked first (confirmRotation).
+      if (keyStatus(key) === 'active' && !key.rotated_to && !key.operator &&
+          (!key.management || session.operator)) {
         actions.append(button('Rotate', 'secondary', 'Rotate key ' + key.name, () => {
           say('');
           confirmRotation(key.hash);
