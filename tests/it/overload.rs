@@ -573,9 +573,12 @@ async fn wrong_webhook_secrets_and_wrong_keys_count_together() {
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["code"], "auth_failures", "{body}");
     assert!(retry_after.is_some());
-    // The right secret is still served; a wrong key is 429 now too.
+    // The address is blocked before its secret is compared: the right
+    // secret is refused too (else a right guess among many wrong ones would
+    // pass); a wrong key is 429 now too.
     let (status, _, body) = hook(SECRET).await;
-    assert_eq!(status, 201, "{body}");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["code"], "auth_failures", "{body}");
     let wrong_key = chat(
         &client,
         &proxy,
