@@ -64,9 +64,11 @@ pub(crate) fn is_api_path(path: &str) -> bool {
 }
 
 /// How many hex digits of a key hash a log shows.
+#[cfg(feature = "proxy")]
 const LOGGED_HASH_DIGITS: usize = 8;
 
 /// A run of this many hex digits or more is logged as if it were a hash.
+#[cfg(feature = "proxy")]
 const MIN_HASH_LIKE_DIGITS: usize = 16;
 
 /// `path` as the access log shows it: normalised ([`normalized_segments`]),
@@ -74,6 +76,7 @@ const MIN_HASH_LIKE_DIGITS: usize = 16;
 /// first 8 hex digits (`/api/v1/keys/1a2b3c4d…/rotate`), and any other
 /// run of 16 hex digits or more cut the same way: a log line never carries a whole key hash (the operator key's
 /// hash is a path of the API like any other).
+#[cfg(feature = "proxy")]
 pub(crate) fn loggable_path(path: &str) -> String {
     let segments = normalized_segments(path);
     let mut logged = String::with_capacity(path.len().min(256));
@@ -249,6 +252,7 @@ mod tests {
 
     use super::*;
 
+    #[cfg(feature = "proxy")]
     #[test]
     fn a_logged_path_carries_a_hash_prefix_only() {
         let hash = "0123456789abcdef".repeat(4);
@@ -288,6 +292,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "proxy")]
     proptest! {
         /// No path logs a run of 16 hex digits or more, nor panics.
         #[test]
