@@ -320,7 +320,7 @@ where
 }
 
 /// Whether `headers` announce a body of media type `essence`.
-fn content_type_is(headers: &http::HeaderMap, essence: &str) -> bool {
+pub(super) fn content_type_is(headers: &http::HeaderMap, essence: &str) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())

@@ -8,6 +8,7 @@ use futures_util::future::{Either, select};
 use http_body_util::BodyExt;
 
 use super::body::MeteredBody;
+use super::future::content_type_is;
 use super::meter::{Ending, Meter};
 use super::usage::{BodyKind, UsageScanner};
 use crate::context::LateAnswer;
@@ -59,12 +60,7 @@ impl Meter {
                 }
             };
             let (parts, body) = response.into_parts();
-            let event_stream = parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.split(';').next())
-                .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
+            let event_stream = content_type_is(&parts.headers, "text/event-stream");
             self.response_success = Some(parts.status.is_success());
             if let Some(generation) = &mut self.generation {
                 generation.status = Some(parts.status.as_u16());
