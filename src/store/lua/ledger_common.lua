@@ -363,15 +363,28 @@ local function holds(value)
   return kind == 65 or kind == 72
 end
 -- The parts of a hold's value: amount, covered (bool), retention, most
--- (text, '' when its lapse keeps no record), key, and the periods' starts
--- of its admission (nil for an 'H' hold).
+-- (text, '' when its lapse keeps no record), key, and the µs it was
+-- admitted at (nil for an 'H' hold).
 local function hold_parts(value)
   local _, _, admitted, amount, flag, retention, most, key =
     string.find(value, '^A:(%d+):(%d+):([cb]):(%d*):(%d*):(.*)$')
   if not admitted then
     _, _, amount, flag, retention, most, key = string.find(value, '^H:(%d+):([cb]):(%d*):(%d*):(.*)$')
   end
-  return amount, flag == 'c', retention, most, key, admitted and period_starts(tonumber(admitted))
+  return amount, flag == 'c', retention, most, key, admitted
+end
+-- The periods' starts of the instant `micros`: the current ones (worked
+-- out once a day) when it is today, as most are.
+local function starts_at(micros)
+  if fdiv(micros, DAY_US) == fdiv(C.now, DAY_US) then return starts() end
+  return period_starts(micros)
+end
+-- The starts of the periods a hold admitted at `admitted` (µs, text) is
+-- charged in: those containing that instant, else (an 'H' hold, nil) the
+-- current ones.
+local function admitted_starts(admitted)
+  if admitted then return starts_at(tonumber(admitted)) end
+  return starts()
 end
 -- A settled ('S') or lapsed ('L') value whose time is not up yet.
 local BYTE = { S = 83, L = 76 }
@@ -408,10 +421,10 @@ end
 -- the balance covers it, and then the balance too, else BYOK), kept as
 -- 'L' for a late settlement to undo, with a record when the hold asked.
 local function lapse(id, value)
-  local amount, covered, retention, most, key, admitted_in = hold_parts(value)
+  local amount, covered, retention, most, key, admitted = hold_parts(value)
   release(value)
   local byok = not covered
-  local s = admitted_in or starts()
+  local s = admitted_starts(admitted)
   if amount ~= '0' then add_usage(key, amount, byok, s) end
   if covered and amount ~= '0' then put('balance', signed_add(get('balance'), amount, true)) end
   if retention ~= '' then

@@ -80,7 +80,8 @@ local function settle(key, id, cost, byok)
   local value = get(field)
   local charge_starts
   if holds(value) then
-    charge_starts = select(6, hold_parts(value))
+    local admitted = select(6, hold_parts(value))
+    if admitted then charge_starts = starts_at(tonumber(admitted)) end
     release(value)
   elseif known(value, 'S') then
     return 0
