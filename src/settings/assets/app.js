@@ -976,19 +976,16 @@
   }
 
   // Rotate asks first, saying what becomes of the key and of whoever
-  // uses it; for the key this page is signed in with, that the page moves
-  // to the new key.
+  // uses it. The key this page is signed in with is never offered one: it
+  // is a management key, which only the operator rotates, or the
+  // operator's own, which is not rotated.
   function confirmRotation(hash) {
     const key = keys.find((candidate) => candidate.hash === hash);
     if (!key) return;
     rotating = hash;
-    const current = key.current === true;
     $('confirm-rotate-text').textContent = 'Rotate the key “' + key.name + '”? A new key with the same settings ' +
       'is made and shown once. This key keeps working for an hour, then is refused: put the new key ' +
-      'wherever this one is used before then.' +
-      (current
-        ? ' This is the key this page is signed in with: the page signs in with the new key at once.'
-        : '');
+      'wherever this one is used before then.';
     $('confirm-rotate').hidden = false;
     $('confirm-rotate-no').focus();
   }
@@ -1003,18 +1000,12 @@
     closeRotation();
     if (!key) return;
     const rotated = await api('POST', '/api/v1/keys/' + key.hash + '/rotate');
-    // The page's own key: it goes on with the new one.
-    const own = key.current === true;
-    if (own) {
-      session.key = rotated.key;
-      sessionStorage.setItem(STORAGE_KEY, rotated.key);
-    }
     $('new-key-value').value = rotated.key;
     $('new-key').hidden = false;
     $('new-key-title').focus();
     const until = utcText(rotated.rotated.expires_at);
     sayDone('Rotated the key “' + key.name + '”. Copy the new key now: it is not shown again. ' +
-      'The old key works until ' + until + '.' + (own ? ' This page is now signed in with the new key.' : ''));
+      'The old key works until ' + until + '.');
     await loadKeys();
   }
 
