@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
+use common::backends::backends;
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use http::{Request, Response};
@@ -55,37 +56,6 @@ fn prices() -> PriceTable {
 /// What the upstream stand-in saw of each chat: the model and the
 /// credential (provider, key), if any.
 type Seen = Arc<Mutex<Vec<(String, Option<(String, String)>)>>>;
-
-struct Backend {
-    name: &'static str,
-    store: SharedStore,
-    _server: Option<RedisServer>,
-}
-
-async fn backends() -> Vec<Backend> {
-    let server = RedisServer::start();
-    let redis = RedisStore::connect(
-        &server.url(),
-        RedisStoreConfig {
-            time_source: TimeSource::Caller,
-            ..RedisStoreConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    vec![
-        Backend {
-            name: "memory",
-            store: Arc::new(MemoryStore::new()),
-            _server: None,
-        },
-        Backend {
-            name: "redis",
-            store: Arc::new(redis),
-            _server: Some(server),
-        },
-    ]
-}
 
 /// BodyLimit -> BearerAuth -> KeyRoutes -> CreditGuard -> an upstream
 /// stand-in that records what it saw and reports `max_tokens` completion

@@ -11,6 +11,7 @@ use std::time::Duration;
 use axum::routing::post;
 use axum::{Extension, Router};
 use chrono::{DateTime, TimeZone, Utc};
+use common::backends::backends;
 use common::http_server::serve;
 use common::redis_server::RedisServer;
 use http::Request;
@@ -32,38 +33,6 @@ use tower::ServiceBuilder;
 /// A Wednesday, mid-month, mid-day.
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 18, 12, 0, 0).unwrap()
-}
-
-/// One store per backend: memory, and Redis on a fresh server.
-struct Backend {
-    name: &'static str,
-    store: SharedStore,
-    _server: Option<RedisServer>,
-}
-
-async fn backends() -> Vec<Backend> {
-    let server = RedisServer::start();
-    let redis = RedisStore::connect(
-        &server.url(),
-        RedisStoreConfig {
-            time_source: TimeSource::Caller,
-            ..RedisStoreConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    vec![
-        Backend {
-            name: "memory",
-            store: Arc::new(MemoryStore::new()),
-            _server: None,
-        },
-        Backend {
-            name: "redis",
-            store: Arc::new(redis),
-            _server: Some(server),
-        },
-    ]
 }
 
 /// The upstream stand-in: answers chat calls with what BearerAuth said

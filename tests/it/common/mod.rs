@@ -1,3 +1,5 @@
+#[cfg(feature = "redis")]
+pub mod backends;
 pub mod browser;
 #[cfg(feature = "proxy")]
 pub mod examples;
