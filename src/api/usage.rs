@@ -12,6 +12,7 @@ use crate::auth::Principal;
 use crate::error::{ErrorKind, GatewayError};
 use crate::json_input::{bad_request, invalid_parameter};
 use crate::keys::credits::{decimal_string, nanos_from_json};
+use crate::store::GenerationsPage;
 use crate::usage::{
     GENERATIONS_SCAN_DEPTH, PUBLIC_SCOPE, UsageQuery, activity_query, activity_rows, by_host,
     complete_from, cost_note, parse_generation_id, ranking_json, readable_by, record_day,
@@ -85,7 +86,8 @@ pub(crate) async fn generation(call: Call) -> Result<Answer, GatewayError> {
 
 /// `GET /api/v1/generations?limit=&offset=&key=&model=&from=&to=&format=&account=`:
 /// the account's records, newest first (only its own for an inference key),
-/// a page at a time among its newest [`GENERATIONS_SCAN_DEPTH`], filtered,
+/// a page at a time, read by the store's index (per account, per key);
+/// filtered by model or time among its newest [`GENERATIONS_SCAN_DEPTH`];
 /// as JSON with the `next_offset` of the next page, or as CSV.
 pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayError> {
     let principal = &call.principal;
@@ -97,27 +99,38 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
         ));
     };
     let key_hash = principal.key_hash.to_hex();
-    // Unfiltered, a management key reads exactly the page and one record
-    // more (which says whether another page follows); an inference key
-    // (whose own come between other keys') and a filter look among the
-    // account's newest, deeper than asked.
-    let wanted = query.offset + query.limit + 1;
-    let depth = if principal.management && !query.filters() {
-        wanted
+    // Read by index: an inference key's own records only (a `key` naming
+    // another then matches none), a management key's account's, or the
+    // key's it names. The page and one record more, which says whether
+    // another page follows; a filter by what only the records say looks
+    // among the newest, deeper than asked.
+    let key = if principal.management {
+        query.key.as_deref()
     } else {
-        GENERATIONS_SCAN_DEPTH
+        Some(key_hash.as_str())
+    };
+    let scanning = query.scans();
+    let page = GenerationsPage {
+        key,
+        skip: if scanning { 0 } else { query.offset },
+        limit: if scanning {
+            GENERATIONS_SCAN_DEPTH
+        } else {
+            query.limit + 1
+        },
     };
     let matching = call
         .directory()
         .store()
-        .recent_generations(&account, depth, call.now)
+        .generations_page(&account, page, call.now)
         .await
         .map_err(refuse)?
         .into_iter()
         .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
         .filter(|record| readable_by(record, &account, &key_hash, principal.management))
         .filter(|record| matches_filters(record, &query));
-    let mut records: Vec<Value> = matching.skip(query.offset).take(query.limit + 1).collect();
+    let passed = if scanning { query.offset } else { 0 };
+    let mut records: Vec<Value> = matching.skip(passed).take(query.limit + 1).collect();
     let more = records.len() > query.limit;
     records.truncate(query.limit);
     if query.csv {

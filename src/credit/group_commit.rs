@@ -555,13 +555,13 @@ mod tests {
             self.inner.generation(account, reservation_id, now).await
         }
 
-        async fn recent_generations(
+        async fn generations_page(
             &self,
             account: &str,
-            limit: usize,
+            page: crate::store::GenerationsPage<'_>,
             now: DateTime<Utc>,
         ) -> Result<Vec<bytes::Bytes>, StoreError> {
-            self.inner.recent_generations(account, limit, now).await
+            self.inner.generations_page(account, page, now).await
         }
 
         fn batches_settlements(&self) -> bool {

@@ -639,13 +639,52 @@ pub trait LedgerStore: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<Option<bytes::Bytes>, StoreError>;
 
+    /// A page of the account's live generation records, newest first: all
+    /// of them, or one key's ([`GenerationsPage`]). Read by index, so a
+    /// page costs about the same however many records the account or the
+    /// store holds.
+    async fn generations_page(
+        &self,
+        account: &str,
+        page: GenerationsPage<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bytes::Bytes>, StoreError>;
+
     /// The account's `limit` newest live generation records, newest first.
     async fn recent_generations(
         &self,
         account: &str,
         limit: usize,
         now: DateTime<Utc>,
-    ) -> Result<Vec<bytes::Bytes>, StoreError>;
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        self.generations_page(account, GenerationsPage::newest(limit), now)
+            .await
+    }
+}
+
+/// Which of an account's generation records [`LedgerStore::generations_page`]
+/// reads: newest first, only `key`'s when it names one, the first `skip`
+/// passed over, then at most `limit`. Records past the account's cap
+/// (`max_per_account`) are never read, whichever key made them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GenerationsPage<'a> {
+    /// The key (its hash) whose records are read; `None`: every key's.
+    pub key: Option<&'a str>,
+    /// How many of the newest (of `key`'s) to pass over.
+    pub skip: usize,
+    /// How many to read at most.
+    pub limit: usize,
+}
+
+impl GenerationsPage<'_> {
+    /// The account's `limit` newest, of any key.
+    pub fn newest(limit: usize) -> Self {
+        GenerationsPage {
+            key: None,
+            skip: 0,
+            limit,
+        }
+    }
 }
 
 /// An admission's arguments: its checks, its tier and its hold, all of its

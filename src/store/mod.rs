@@ -82,11 +82,12 @@ pub use counter::{Check, CheckOutcome, CounterStore, Decision, Limit, MAX_EXACT,
 pub use error::{StoreError, StoreErrorKind};
 pub(crate) use ledger::validate_admit;
 pub use ledger::{
-    AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, IDEMPOTENCY_KEY_TTL_HOURS, KeyLimit,
-    KeyTerms, KeyUsage, LAPSED_HOLD_MEMORY, LedgerStore, MAX_IDEMPOTENCY_KEY_BYTES,
-    MAX_RECORD_RETENTION, MAX_RESERVATION_TTL, NANOS_PER_CREDIT, PurchaseTier, RecordKeeping,
-    ReserveOutcome, ReserveRequest, SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW, Settlement,
-    SettlementRecord, TopUpOutcome, is_valid_idempotency_key, lapse_record,
+    AccountBalance, AdmitOutcome, AdmitRequest, GenerationsPage, HoldRenewal,
+    IDEMPOTENCY_KEY_TTL_HOURS, KeyLimit, KeyTerms, KeyUsage, LAPSED_HOLD_MEMORY, LedgerStore,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
+    PurchaseTier, RecordKeeping, ReserveOutcome, ReserveRequest, SETTLEMENT_MEMORY,
+    SETTLEMENT_RETRY_WINDOW, Settlement, SettlementRecord, TopUpOutcome, is_valid_idempotency_key,
+    lapse_record,
 };
 pub use location::{InvalidStoreLocation, StoreLocation};
 pub use memory::MemoryStore;

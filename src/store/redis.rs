@@ -81,6 +81,7 @@
 //! | `mg:{acct}:acct` | the account's whole ledger, one hash: `balance`, `purchased`, the state `s`, per key its usage and holds (`k:<key hash>`), terms (`t:<key hash>`: limit, reset, BYOK counted, expiry) and revocation (`r:<key hash>`), per request its hold, settlement marker or lapse (`i:<id>`); the packing is described at the top of `lua/ledger_common.lua` |
 //! | `mg:{acct}:ids` | sorted set of the requests the ledger tracks: a live hold's expiry (µs, positive); minus the instant a settled or lapsed id is forgotten |
 //! | `mg:{acct}:gen`, `mg:{acct}:genexp` | generation records: hash id → record JSON; sorted set id → expiry (µs), which is also their order; past the account's cap hidden at once, removed when the account is next tidied |
+//! | `mg:{acct}:genexp:<key hash>`, `mg:{acct}:genkeyed` | each key's own order of its records (id → expiry), cut to the cap when the key writes and kept as long as its newest record, so a key's page skips the other keys'; the mark that records kept before these orders were put in them (at an account's first key page) |
 //! | `mg:{acct}:topup:<idempotency key>` (`topup:~<32 hex>` for a top-up without one) | hash `amount`, `purchased`, `balance` (after that top-up), `forget_at` (µs) |
 //! | `mg:{apps%3A<scope>}:d`, `:w`, `:m` | app usage in the current day, week, month (`*` the gateway, or an account): `s` the period's start, `n` rows, `r␟app␟model` requests, `t␟app␟model` tokens, `a␟app` details; emptied when the period rolls forward, expiring at its end |
 //! | `mg:{scope}:c:w:<name>` (hash: window start → count), `c:r:<name>`, `c:g:<name>` (+ `:aux`) | fixed or calendar, rolling, GCRA counters |
@@ -165,9 +166,9 @@ use super::ledger::{
 use super::records::validate_put;
 use super::{
     AccountBalance, AdmitOutcome, AdmitRequest, Check, CheckOutcome, CounterStore, Decision,
-    Expect, HoldRenewal, KeyTerms, KeyUsage, LedgerStore, Limit, PutOptions, PutOutcome,
-    RecordStore, ReserveOutcome, Settlement, SlotOutcome, StoreError, StoreErrorKind, TopUpOutcome,
-    Versioned, WriteOutcome,
+    Expect, GenerationsPage, HoldRenewal, KeyTerms, KeyUsage, LedgerStore, Limit, PutOptions,
+    PutOutcome, RecordStore, ReserveOutcome, Settlement, SlotOutcome, StoreError, StoreErrorKind,
+    TopUpOutcome, Versioned, WriteOutcome,
 };
 use crate::clock::{Period, unix_micros};
 
@@ -1190,18 +1191,27 @@ impl RedisStore {
     ) -> Result<Vec<Bytes>, StoreError> {
         let scoped = self.scoped(account);
         let [values, expiries] = self.generation_keys(&scoped);
-        let (mode, argument) = match wanted {
-            GenerationRead::One(id) => ("one", id.to_owned()),
-            GenerationRead::Newest(count) => ("newest", count.to_string()),
-        };
         let mut invocation = self.scripts.generations.prepare_invoke();
         invocation
-            .key(values)
-            .key(expiries)
+            .key(&values)
+            .key(&expiries)
             .key(format!("{scoped}acct"))
-            .arg(self.now_arg(now))
-            .arg(mode)
-            .arg(argument);
+            .arg(self.now_arg(now));
+        match wanted {
+            GenerationRead::One(id) => {
+                invocation.arg("one").arg(id);
+            }
+            GenerationRead::Page(page) => {
+                if let Some(key) = page.key {
+                    // The key's own order, and the mark that the account's
+                    // earlier records were put in their keys' orders.
+                    invocation
+                        .key(format!("{expiries}:{key}"))
+                        .key(format!("{scoped}genkeyed"));
+                }
+                invocation.arg("page").arg(page.limit).arg(page.skip);
+            }
+        }
         let reply = self.run(operation, &invocation).await?;
         let Value::Array(records) = reply else {
             return Err(StoreError::corrupt(operation, "expected a list of records"));
@@ -1296,7 +1306,7 @@ impl RedisStore {
 /// What [`RedisStore::read_generations`] reads.
 enum GenerationRead<'a> {
     One(&'a str),
-    Newest(usize),
+    Page(GenerationsPage<'a>),
 }
 
 /// A key's ledger in layouts 1 and 2, under an account's `scoped` prefix
@@ -1839,22 +1849,17 @@ impl LedgerStore for RedisStore {
         Ok(records.pop())
     }
 
-    async fn recent_generations(
+    async fn generations_page(
         &self,
         account: &str,
-        limit: usize,
+        page: GenerationsPage<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<Bytes>, StoreError> {
-        if limit == 0 {
+        if page.limit == 0 {
             return Ok(Vec::new());
         }
-        self.read_generations(
-            "recent_generations",
-            account,
-            GenerationRead::Newest(limit),
-            now,
-        )
-        .await
+        self.read_generations("generations_page", account, GenerationRead::Page(page), now)
+            .await
     }
 
     async fn account_balance(&self, account: &str) -> Result<AccountBalance, StoreError> {

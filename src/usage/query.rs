@@ -51,9 +51,12 @@ pub struct UsageQuery {
 }
 
 impl UsageQuery {
-    /// Whether any filter narrows the records.
-    pub fn filters(&self) -> bool {
-        self.key.is_some() || self.model.is_some() || self.from.is_some() || self.to.is_some()
+    /// Whether a filter narrows the records by what only the records say
+    /// (`model`, `from`, `to`), which no index answers: those are found
+    /// among the newest [`GENERATIONS_SCAN_DEPTH`] (of the key's, when one
+    /// is named).
+    pub fn scans(&self) -> bool {
+        self.model.is_some() || self.from.is_some() || self.to.is_some()
     }
 }
 
@@ -237,7 +240,7 @@ mod tests {
         assert_eq!(filtered.model.as_deref(), Some("openai/gpt-4o"));
         assert_eq!(filtered.from, Some("2026-11-01T00:00:00Z".parse().unwrap()));
         assert_eq!(filtered.to, Some("2026-11-01T23:00:00Z".parse().unwrap()));
-        assert!(filtered.csv && filtered.filters());
+        assert!(filtered.csv && filtered.scans());
         assert!(!usage_query(Some("format=json")).unwrap().csv);
     }
 

@@ -12,9 +12,10 @@ use common::relay::Relay;
 use common::wait::{PATIENCE, wait_for, wait_until};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AdmitRequest, Check, CounterStore, Expect, HoldRenewal, KeyLimit, KeyTerms, LedgerStore, Limit,
-    MemoryStore, PurchaseTier, PutOptions, RecordKeeping, RecordStore, RedisStore,
-    RedisStoreConfig, ReserveRequest, Settlement, SettlementRecord, StoreErrorKind, TimeSource,
+    AdmitRequest, Check, CounterStore, Expect, GenerationsPage, HoldRenewal, KeyLimit, KeyTerms,
+    LedgerStore, Limit, MemoryStore, PurchaseTier, PutOptions, RecordKeeping, RecordStore,
+    RedisStore, RedisStoreConfig, ReserveRequest, Settlement, SettlementRecord, StoreErrorKind,
+    TimeSource,
 };
 use proptest::prelude::*;
 
@@ -889,6 +890,75 @@ async fn a_renewal_of_thousands_of_holds_renews_them_all_and_lapses_the_expired(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_kept_before_keys_had_orders_are_found_on_their_keys_pages() {
+    let (_server, store, mut connection) = funded_store().await;
+    let settle = |id: &str, key: &str| Settlement {
+        account: "acct".into(),
+        key: key.into(),
+        reservation_id: id.into(),
+        hold_granted: false,
+        cost_nanos: 7,
+        byok: false,
+        record: Some(SettlementRecord {
+            bytes: format!(r#"{{"id":"gen-{id}","key_hash":"{key}"}}"#).into(),
+            retention: Duration::from_secs(3600),
+            max_per_account: 100,
+        }),
+    };
+    for (n, key) in ["ka", "kb", "ka"].iter().enumerate() {
+        let at = t0() + chrono::Duration::seconds(n as i64);
+        store
+            .settle(&settle(&format!("r{n}"), key), at)
+            .await
+            .unwrap();
+    }
+    // As a store written before the keys' orders: none of them.
+    let _: () = redis::cmd("DEL")
+        .arg("mg:{acct}:genexp:ka")
+        .arg("mg:{acct}:genexp:kb")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let now = t0() + chrono::Duration::seconds(5);
+    let page_of = |key| GenerationsPage {
+        key: Some(key),
+        skip: 0,
+        limit: 10,
+    };
+    let ids = |records: Vec<bytes::Bytes>| -> Vec<String> {
+        records
+            .iter()
+            .map(|bytes| {
+                serde_json::from_slice::<serde_json::Value>(bytes).unwrap()["id"].to_string()
+            })
+            .collect()
+    };
+    let page = store
+        .generations_page("acct", page_of("ka"), now)
+        .await
+        .unwrap();
+    assert_eq!(ids(page), [r#""gen-r2""#, r#""gen-r0""#]);
+    let page = store
+        .generations_page("acct", page_of("kb"), now)
+        .await
+        .unwrap();
+    assert_eq!(ids(page), [r#""gen-r1""#]);
+    // Put once: the orders live as long as the records, and the mark stays.
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg("mg:{acct}:genexp:ka")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(ttl_ms > 3_500_000, "the order lives {ttl_ms} ms");
+    let marked: bool = redis::cmd("EXISTS")
+        .arg("mg:{acct}:genkeyed")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(marked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse() {
     // A lapse record undone in the call that made it is never written: the
     // record keys' known lifetime must not move for it, or a later record
@@ -1744,13 +1814,26 @@ async fn ledger_state<S: LedgerStore>(store: &S, now: DateTime<Utc>) -> String {
     for key in ["key0", "key1"] {
         keys.push(store.key_usage("acct", key, now).await.unwrap());
     }
-    let records: Vec<String> = store
-        .recent_generations("acct", 20, now)
-        .await
-        .unwrap()
-        .iter()
-        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-        .collect();
+    // The account's page and each key's, as the index of each store reads them.
+    let mut records = Vec::new();
+    for key in [None, Some("key0"), Some("key1")] {
+        let page: Vec<String> = store
+            .generations_page(
+                "acct",
+                GenerationsPage {
+                    key,
+                    skip: 0,
+                    limit: 20,
+                },
+                now,
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+            .collect();
+        records.push(page);
+    }
     format!("{balance:?} {keys:?} {records:?}")
 }
 

@@ -16,11 +16,12 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::redis_server::{RedisCluster, RedisServer};
 use modelgate::clock::Period;
 use modelgate::store::{
-    AccountBalance, AdmitRequest, AppUsage, Check, Expect, HoldRenewal, IDEMPOTENCY_KEY_TTL_HOURS,
-    KeyLimit, KeyTerms, Limit, MAX_APP_USAGE_ROWS, MAX_IDEMPOTENCY_KEY_BYTES, MemoryStore,
-    NANOS_PER_CREDIT, PurchaseTier, PutOptions, PutOutcome, RecordKeeping, RedisStore,
-    RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, SlotOutcome,
-    Store, StoreError, StoreErrorKind, TimeSource, TopUpOutcome, Versioned, WriteOutcome,
+    AccountBalance, AdmitRequest, AppUsage, Check, Expect, GenerationsPage, HoldRenewal,
+    IDEMPOTENCY_KEY_TTL_HOURS, KeyLimit, KeyTerms, Limit, MAX_APP_USAGE_ROWS,
+    MAX_IDEMPOTENCY_KEY_BYTES, MemoryStore, NANOS_PER_CREDIT, PurchaseTier, PutOptions, PutOutcome,
+    RecordKeeping, RedisStore, RedisStoreConfig, ReserveOutcome, ReserveRequest, Settlement,
+    SettlementRecord, SlotOutcome, Store, StoreError, StoreErrorKind, TimeSource, TopUpOutcome,
+    Versioned, WriteOutcome,
 };
 
 /// Monday 2024-01-01 00:00:00 UTC: aligned to every fixed window used here.
@@ -2810,6 +2811,122 @@ async fn generation_records_go_with_their_settlement_once_and_expire<S: Store>(s
     assert_eq!(read("g", after(65_000_000)).await, None);
 }
 
+/// The ids of a page of `account`'s records (their bodies are their ids).
+async fn page<S: Store>(
+    store: &S,
+    key: Option<&str>,
+    skip: usize,
+    limit: usize,
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    store
+        .generations_page("acct", GenerationsPage { key, skip, limit }, now)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|bytes| String::from_utf8(bytes.to_vec()).unwrap())
+        .collect()
+}
+
+async fn a_keys_page_holds_its_own_records_newest_first_within_the_cap<S: Store>(store: Arc<S>) {
+    store.top_up("acct", credits(10)).await.unwrap();
+    let of_key = |id: &str, key: &str| Settlement {
+        key: key.into(),
+        ..with_record(settlement(id, 1, false), id, 60, 6)
+    };
+    // r0..r9, a second apart; even ones by key-a, odd ones by key-b.
+    for n in 0..10 {
+        let key = if n % 2 == 0 { "key-a" } else { "key-b" };
+        store
+            .settle(&of_key(&format!("r{n}"), key), after(n * SECOND))
+            .await
+            .unwrap();
+    }
+    let now = after(10 * SECOND);
+    // The account keeps its newest 6 (r4..r9): a key's page is its own
+    // among them, whatever else the other key wrote.
+    assert_eq!(
+        page(&*store, None, 0, 20, now).await,
+        ["r9", "r8", "r7", "r6", "r5", "r4"]
+    );
+    assert_eq!(
+        page(&*store, Some("key-a"), 0, 20, now).await,
+        ["r8", "r6", "r4"]
+    );
+    assert_eq!(
+        page(&*store, Some("key-b"), 0, 20, now).await,
+        ["r9", "r7", "r5"]
+    );
+    assert_eq!(page(&*store, Some("key-a"), 1, 1, now).await, ["r6"]);
+    assert_eq!(
+        page(&*store, Some("key-a"), 3, 5, now).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(page(&*store, None, 2, 2, now).await, ["r7", "r6"]);
+    assert_eq!(page(&*store, None, 5, 9, now).await, ["r4"]);
+    assert_eq!(
+        page(&*store, Some("key-c"), 0, 20, now).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        page(&*store, Some("key-a"), 0, 0, now).await,
+        Vec::<String>::new()
+    );
+    // A lapse's record is its key's; a late settlement without a record
+    // takes it off that key's page too.
+    let lapsing = ReserveRequest {
+        key: "key-b".into(),
+        lapse_record: Some(RecordKeeping {
+            retention: Duration::from_secs(60),
+            max_per_account: 6,
+        }),
+        ttl: Duration::from_secs(1),
+        ..paid_hold("late", credits(1), None)
+    };
+    assert!(store.reserve(&lapsing, now).await.unwrap().is_reserved());
+    let lapsed = after(12 * SECOND);
+    store.key_usage("acct", "key-b", lapsed).await.unwrap();
+    let newest_of_b = page(&*store, Some("key-b"), 0, 1, lapsed).await;
+    assert_eq!(newest_of_b.len(), 1);
+    assert!(
+        newest_of_b[0].contains("\"lapsed\":true"),
+        "{newest_of_b:?}"
+    );
+    assert_eq!(
+        page(&*store, Some("key-a"), 0, 20, lapsed).await,
+        ["r8", "r6"]
+    );
+    store
+        .settle(
+            &Settlement {
+                key: "key-b".into(),
+                hold_granted: true,
+                ..settlement("late", 1, false)
+            },
+            after(13 * SECOND),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page(&*store, Some("key-b"), 0, 20, after(13 * SECOND)).await,
+        ["r9", "r7", "r5"]
+    );
+    // Records end with their retention, on every page.
+    let later = after(65 * SECOND + 500_000);
+    assert_eq!(
+        page(&*store, None, 0, 20, later).await,
+        ["r9", "r8", "r7", "r6"]
+    );
+    assert_eq!(
+        page(&*store, Some("key-a"), 0, 20, later).await,
+        ["r8", "r6"]
+    );
+    assert_eq!(
+        page(&*store, Some("key-b"), 0, 20, later).await,
+        ["r9", "r7"]
+    );
+}
+
 fn app_row(app: &str, model: &str, requests: u64, tokens: u64) -> AppUsage {
     AppUsage {
         app: app.into(),
@@ -4095,13 +4212,13 @@ impl modelgate::store::LedgerStore for TwoSqliteHandles {
     ) -> Result<Option<bytes::Bytes>, modelgate::store::StoreError> {
         self.one().generation(account, reservation_id, now).await
     }
-    async fn recent_generations(
+    async fn generations_page(
         &self,
         account: &str,
-        limit: usize,
+        page: modelgate::store::GenerationsPage<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<bytes::Bytes>, modelgate::store::StoreError> {
-        self.one().recent_generations(account, limit, now).await
+        self.one().generations_page(account, page, now).await
     }
 }
 
@@ -4275,6 +4392,7 @@ conformance!(
     admission_is_all_or_nothing_across_counters_and_the_hold,
     a_revoked_key_is_refused_before_its_counters_and_costs_nothing,
     generation_records_go_with_their_settlement_once_and_expire,
+    a_keys_page_holds_its_own_records_newest_first_within_the_cap,
     app_usage_counts_per_period_and_rolls_forward,
     app_usage_keeps_at_most_its_rows,
     the_balance_bounds_the_account_holds,

@@ -13,7 +13,10 @@ use common::redis_server::RedisServer;
 use common::wait::{PATIENCE, wait_for, wait_until};
 use modelgate::clock::ManualClock;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, TimeSource};
+use modelgate::store::{
+    MemoryStore, NANOS_PER_CREDIT, RedisStore, RedisStoreConfig, Settlement, SettlementRecord,
+    TimeSource,
+};
 use serde_json::{Value, json};
 
 const CONFIG: &str = r#"{"retry": {"max_attempts": 1}}"#;
@@ -779,6 +782,102 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
         assert!(lines[1].starts_with(&ids[0]), "newest first: {}", lines[1]);
         // The app title defused, then an empty cost_note (a plain cost).
         assert!(lines[1].ends_with(",'=1+1,"), "{}", lines[1]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_keys_records_are_read_by_index_behind_any_number_of_another_keys() {
+    on_every_store(|first, second| async move {
+        let base = mock::start(mock::MockConfig::default()).await;
+        let a = instance(first.clone(), &base, CONFIG).await;
+        let b = instance(second, &base, CONFIG).await;
+        KeyDirectory::new(first.clone())
+            .top_up("acme", 100 * NANOS_PER_CREDIT)
+            .await
+            .unwrap();
+        let quiet = new_key(&first, "acme", false, None).await;
+        let busy = new_key(&first, "acme", false, None).await;
+        let manager = new_key(&first, "acme", true, None).await;
+        let hash = |key: &str| modelgate::auth::KeyHash::of(key).to_hex();
+        for address in [a, b] {
+            let reply = chat(address, &quiet, &[], &paid("Hi")).await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+        until(a, "/api/v1/generations?limit=100", &quiet, |body| {
+            body["data"].as_array().unwrap().len() == 2
+        })
+        .await;
+        // Then more records of another key than any scan of the newest
+        // would pass (written to the store as settlements write them).
+        let busy_hash = hash(&busy);
+        let now = chrono::Utc::now();
+        for chunk in 0..11 {
+            let settlements: Vec<Settlement> = (0..1_000)
+                .map(|n| {
+                    let id = format!("{:032x}", chunk * 1_000 + n);
+                    Settlement {
+                        account: "acme".into(),
+                        key: busy_hash.clone(),
+                        reservation_id: id.clone(),
+                        hold_granted: false,
+                        cost_nanos: 1,
+                        byok: false,
+                        record: Some(SettlementRecord {
+                            bytes: json!({"id": format!("gen-{id}"), "user_id": "acme",
+                                          "key_hash": busy_hash, "model": "openai/gpt-4o"})
+                            .to_string()
+                            .into(),
+                            retention: std::time::Duration::from_secs(3600),
+                            max_per_account: 100_000,
+                        }),
+                    }
+                })
+                .collect();
+            first.settle_many(&settlements, now).await.unwrap();
+        }
+        // The quiet key's own, from either instance; and by a manager
+        // naming it; the busy key's newest page behind it.
+        for (address, key, path) in [
+            (a, &quiet, "/api/v1/generations?limit=100".to_owned()),
+            (
+                b,
+                &quiet,
+                "/api/v1/generations?limit=100&offset=0".to_owned(),
+            ),
+            (
+                b,
+                &manager,
+                format!("/api/v1/generations?limit=100&key={}", hash(&quiet)),
+            ),
+        ] {
+            let page = get(address, &path, key).await;
+            assert_eq!(page.status, 200, "{}", page.body);
+            let records = page.body["data"].as_array().unwrap();
+            assert_eq!(records.len(), 2, "{path}: {}", page.body);
+            assert!(
+                records
+                    .iter()
+                    .all(|record| record["key_hash"] == hash(&quiet))
+            );
+            assert_eq!(page.body["next_offset"], Value::Null);
+        }
+        let page = get(a, "/api/v1/generations?limit=100&offset=10900", &busy).await;
+        assert_eq!(
+            page.status, 422,
+            "offsets stay within the newest 10,000: {}",
+            page.body
+        );
+        let page = get(a, "/api/v1/generations?limit=3&offset=2", &busy).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let ids: Vec<&str> = page.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|record| record["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(page.body["next_offset"], 5);
     })
     .await;
 }

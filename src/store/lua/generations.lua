@@ -1,9 +1,12 @@
 -- Reads an account's generation records. KEYS[1]: records hash (id ->
 -- record), KEYS[2]: their expiries zset (id -> µs), KEYS[3]: the account's
 -- ledger hash (the cap in its state `s`: records past the newest that many are removed
--- at the account's next tidying, and never answered meanwhile). ARGV: now
--- (µs, or '' for Redis's clock), 'one' and a reservation id, or 'newest'
--- and a count. Returns the live records asked for (newest first).
+-- at the account's next tidying, and never answered meanwhile); for a
+-- key's page, KEYS[4]: the key's own order (ledger_common.lua's
+-- keep_key_orders) and KEYS[5]: the mark that the account's records from
+-- before those orders were put in them. ARGV: now (µs, or '' for Redis's
+-- clock), then 'one' and a reservation id, or 'page', a count and how
+-- many to skip. Returns the live records asked for (newest first).
 local now = clock_now(ARGV[1])
 -- The account's state is 'held:next:tidy:gmax:gttl' (ledger_common.lua).
 local state = redis.call('HGET', KEYS[3], 's')
@@ -16,10 +19,57 @@ if ARGV[2] == 'one' then
   if not record then return {} end
   return { record }
 end
-local count = tonumber(ARGV[3])
-if most and most < count then count = most end
-if count <= 0 then return {} end
-local ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. int(now), 'LIMIT', 0, count)
+local count, skip = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ids
+if not KEYS[4] then
+  if most then count = math.min(count, most - skip) end
+  if count <= 0 then return {} end
+  ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. int(now), 'LIMIT', skip, count)
+else
+  if count <= 0 then return {} end
+  -- Records kept before keys had orders of their own are put in them once.
+  if redis.call('EXISTS', KEYS[5]) == 0 then
+    local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local orders = {}
+    for j = 1, #all, 2000 do
+      local chunk_ids, scores = {}, {}
+      for i = j, math.min(j + 1998, #all - 1), 2 do
+        table.insert(chunk_ids, all[i])
+        scores[all[i]] = all[i + 1]
+      end
+      local records = redis.call('HMGET', KEYS[1], unpack(chunk_ids))
+      for i, record in ipairs(records) do
+        local key = record and string.match(record, '"key_hash":"([^"]*)"')
+        if key then
+          orders[KEYS[2] .. ':' .. key] = true
+          redis.call('ZADD', KEYS[2] .. ':' .. key, scores[chunk_ids[i]], chunk_ids[i])
+        end
+      end
+    end
+    -- Kept as long as the account's records are.
+    local ttl_ms = redis.call('PTTL', KEYS[2])
+    if ttl_ms > 0 then
+      for order in pairs(orders) do redis.call('PEXPIRE', order, ttl_ms) end
+    end
+    redis.call('SET', KEYS[5], '1')
+  end
+  -- Past the cap, the records older than the newest `most`'s oldest wait
+  -- for the account's next tidying unseen.
+  local edge_id, edge = nil, nil
+  if most and redis.call('ZCARD', KEYS[2]) > most then
+    local oldest_kept = redis.call('ZREVRANGE', KEYS[2], most - 1, most - 1, 'WITHSCORES')
+    edge_id, edge = oldest_kept[1], tonumber(oldest_kept[2])
+  end
+  local low = '(' .. int(now)
+  if edge and edge > now then low = int(edge) end
+  local entries = redis.call('ZREVRANGEBYSCORE', KEYS[4], '+inf', low, 'WITHSCORES', 'LIMIT', skip, count)
+  ids = {}
+  for j = 1, #entries, 2 do
+    if not (edge and tonumber(entries[j + 1]) == edge and entries[j] < edge_id) then
+      table.insert(ids, entries[j])
+    end
+  end
+end
 if #ids == 0 then return {} end
 local records = redis.call('HMGET', KEYS[1], unpack(ids))
 local found = {}

@@ -166,7 +166,8 @@ local FORGOTTEN_KEPT_US = 60000000
 -- The call's state, set afresh by ledger_begin: the account's keys and
 -- name, the instant it decides at, how long markers and lapses are kept,
 -- the fields of A read (false when absent) and changed, the X scores and
--- records (by id: record and expiry) to write.
+-- records (by id: record, expiry, retention and key) to write, and the
+-- records removed (by id: their key).
 local C = {}
 
 local function ledger_begin(keys, now, memory_us, lapse_us, slack_ms, account)
@@ -401,11 +402,11 @@ local function release(value)
   if covered then sput('held', less(sget('held'), amount)) end
 end
 
--- Keeps generation record `record` of `id` for `retention` µs among the
--- account's newest `most` (removed past either when the account is next
--- tidied; readers never see them meanwhile).
-local function keep_generation(id, record, retention, most)
-  C.records[id] = { record, int(C.now + retention), retention }
+-- Keeps generation record `record` of `id`, made with `key`, for
+-- `retention` µs among the account's newest `most` (removed past either
+-- when the account is next tidied; readers never see them meanwhile).
+local function keep_generation(id, record, retention, most, key)
+  C.records[id] = { record, int(C.now + retention), retention, key }
   if sget('gmax') ~= most then sput('gmax', most) end
 end
 
@@ -428,7 +429,7 @@ local function lapse(id, value)
   if amount ~= '0' then add_usage(key, amount, byok, s) end
   if covered and amount ~= '0' then put('balance', signed_add(get('balance'), amount, true)) end
   if retention ~= '' then
-    keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), most)
+    keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), most, key)
   end
   -- A lapse before it (the id admitted again over it) gives way to this
   -- one, as a second lapse of one id replaces the first.
@@ -504,7 +505,7 @@ local function undo_lapse(id, value)
   kput(key, total, less(kget(key, total), amount))
   if byok == '0' then put('balance', signed_add(get('balance'), amount, false)) end
   C.records[id] = nil
-  C.unrecorded[id] = true
+  C.unrecorded[id] = key
   return charged_in
 end
 
@@ -552,6 +553,31 @@ local function remove_old_records()
   if removed then
     state()[5] = false
     redis.call('HSET', C.A, 's', state_text())
+  end
+end
+
+-- Each key's own order of its records (`genexp:<key>`, in the account's
+-- slot), for reading a key's page without walking the others': the call's
+-- records added, each order cut to the account's cap (what it cuts is
+-- past the cap already) and kept as long as its newest record. Records
+-- that leave by time or cap stay in it, older than every live one, until
+-- cut or expired: readers skip them.
+local function keep_key_orders()
+  local most = tonumber(sget('gmax') or '')
+  local longest = {}
+  for id, kept in pairs(C.records) do
+    local order = C.genexp .. ':' .. kept[4]
+    redis.call('ZADD', order, kept[2], id)
+    if not longest[order] or kept[3] > longest[order] then longest[order] = kept[3] end
+  end
+  for order, retention in pairs(longest) do
+    if most then redis.call('ZREMRANGEBYRANK', order, 0, -most - 1) end
+    local ttl_ms = math.ceil((retention + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
+    -- Never shortened (a shorter-kept record after a longer one), set
+    -- when the order is new.
+    if redis.call('PEXPIRE', order, ttl_ms, 'GT') == 0 then
+      redis.call('PEXPIRE', order, ttl_ms, 'NX')
+    end
   end
 end
 
@@ -618,8 +644,11 @@ local function ledger_end(admission)
     redis.call('ZADD', C.X, 'XX', 'GT', unpack(renewed, i, math.min(i + 1999, #renewed)))
   end
   local unrecorded = {}
-  for id in pairs(C.unrecorded) do
-    if not C.records[id] then table.insert(unrecorded, id) end
+  for id, key in pairs(C.unrecorded) do
+    if not C.records[id] then
+      table.insert(unrecorded, id)
+      redis.call('ZREM', C.genexp .. ':' .. key, id)
+    end
   end
   for i = 1, #unrecorded, 1000 do
     redis.call('HDEL', C.gen, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
@@ -634,5 +663,6 @@ local function ledger_end(admission)
     redis.call('PEXPIRE', C.gen, ttl_ms)
     redis.call('PEXPIRE', C.genexp, ttl_ms)
   end
+  keep_key_orders()
   if tidying then remove_old_records() end
 end

@@ -108,7 +108,7 @@ for i = 0, count - 1 do
   local new = settle(ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
   -- A record goes with the first settlement of its id only, as its cost does.
   if new == 1 and ARGV[a + 4] ~= '' then
-    keep_generation(ARGV[a + 1], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6])
+    keep_generation(ARGV[a + 1], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6], ARGV[a])
   end
   recorded = recorded + new
 end

@@ -30,9 +30,9 @@ use crate::store::rules::ledger::{
     key_refusal, period_starts_micros, tiered_checks,
 };
 use crate::store::{
-    AccountBalance, AdmitOutcome, AdmitRequest, FastMap, HoldRenewal, KeyTerms, KeyUsage,
-    LedgerStore, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord, StoreError,
-    TopUpOutcome,
+    AccountBalance, AdmitOutcome, AdmitRequest, FastMap, GenerationsPage, HoldRenewal, KeyTerms,
+    KeyUsage, LedgerStore, ReserveOutcome, ReserveRequest, Settlement, SettlementRecord,
+    StoreError, TopUpOutcome,
 };
 
 /// How often an account's records past their time or cap are removed (as
@@ -254,7 +254,7 @@ impl AccountLedger {
             let (lapse, record) =
                 rules::lapse(account, &id, &hold, self.charged(&hold.key), now_micros);
             if let Some(record) = record {
-                self.generations.put(&id, &record, now_micros);
+                self.generations.put(&id, &hold.key, &record, now_micros);
             }
             self.lapses.insert(id, lapse);
         }
@@ -343,7 +343,8 @@ impl AccountLedger {
             charge_starts,
         );
         if let Some(record) = &settlement.record {
-            self.generations.put(id, record, now_micros);
+            self.generations
+                .put(id, &settlement.key, record, now_micros);
         }
     }
 
@@ -433,19 +434,30 @@ impl MemoryStore {
     }
 }
 
-/// An account's generation records by reservation id, and their order by
-/// expiry (then by write) for removing the oldest and listing the newest.
-/// As on Redis, the cap (the `max_per_account` of the last record kept)
-/// hides the records past it at once and removes them when the account is
-/// next tidied (at most ten times a second, at the end of a ledger call).
+/// An account's generation records by reservation id, their order by
+/// expiry (then by write) for removing the oldest and listing the newest,
+/// and each key's own order, so that a key's page is read without walking
+/// the other keys' records. As on Redis, the cap (the `max_per_account` of
+/// the last record kept) hides the records past it at once and removes
+/// them when the account is next tidied (at most ten times a second, at
+/// the end of a ledger call).
 #[derive(Debug, Default)]
 pub(super) struct Generations {
-    /// Record and expiry (µs) by id.
-    records: FastMap<Box<str>, (bytes::Bytes, i64)>,
+    /// Record, expiry (µs) and key by id.
+    records: FastMap<Box<str>, Kept>,
     /// By expiry, then id (as Redis orders a sorted set's equal scores).
     order: BTreeSet<(i64, Box<str>)>,
+    /// Each key's records, ordered as `order`.
+    by_key: FastMap<Box<str>, BTreeSet<(i64, Box<str>)>>,
     most: Option<u64>,
     tidy_at_micros: i64,
+}
+
+#[derive(Debug)]
+struct Kept {
+    bytes: bytes::Bytes,
+    expires_at_micros: i64,
+    key: Box<str>,
 }
 
 impl Generations {
@@ -457,23 +469,30 @@ impl Generations {
             .is_some_and(|(expires_at_micros, _)| *expires_at_micros <= before_micros)
         {
             if let Some((_, id)) = self.order.pop_first() {
-                self.records.remove(&id);
+                self.forget(&id);
             }
         }
     }
 
-    /// Keeps `record` for `id`; past the account's cap the oldest are
-    /// hidden at once and removed when tidied.
-    fn put(&mut self, id: &str, record: &SettlementRecord, now_micros: i64) {
+    /// Keeps `record` for `id` of `key`; past the account's cap the oldest
+    /// are hidden at once and removed when tidied.
+    fn put(&mut self, id: &str, key: &str, record: &SettlementRecord, now_micros: i64) {
         self.purge(now_micros);
+        self.remove(id);
         let expires_at_micros = now_micros.saturating_add(duration_micros(record.retention));
-        if let Some((_, previous)) = self
-            .records
-            .insert(id.into(), (record.bytes.clone(), expires_at_micros))
-        {
-            self.order.remove(&(previous, Box::from(id)));
-        }
+        self.records.insert(
+            id.into(),
+            Kept {
+                bytes: record.bytes.clone(),
+                expires_at_micros,
+                key: key.into(),
+            },
+        );
         self.order.insert((expires_at_micros, id.into()));
+        self.by_key
+            .entry(key.into())
+            .or_default()
+            .insert((expires_at_micros, id.into()));
         self.most = Some(record.max_per_account);
     }
 
@@ -490,46 +509,71 @@ impl Generations {
             let Some((_, oldest)) = self.order.pop_first() else {
                 break;
             };
-            self.records.remove(&oldest);
+            self.forget(&oldest);
         }
     }
 
-    /// Whether the record of `id`, expiring at `expires_at_micros`, is
-    /// among the newest `most`.
-    fn within_cap(&self, id: &str, expires_at_micros: i64) -> bool {
-        self.most.is_none_or(|most| {
-            let after = (expires_at_micros, Box::<str>::from(id));
-            (self
-                .order
-                .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-                .count() as u64)
-                < most
-        })
+    /// The oldest (expiry, id) still within the cap, when records past it
+    /// wait for the next tidying; `None` when none do.
+    fn cap_edge(&self) -> Option<&(i64, Box<str>)> {
+        let most = usize::try_from(self.most?).unwrap_or(usize::MAX);
+        if self.records.len() <= most {
+            return None;
+        }
+        // Walks at most the cap, and only between a write and the tidying
+        // that follows it within a tenth of a second.
+        self.order.iter().rev().nth(most.checked_sub(1)?)
+    }
+
+    /// Whether `entry` is among the newest `most` (which `edge` is the
+    /// oldest of; everything is when there is no edge).
+    fn within_cap(entry: &(i64, Box<str>), edge: Option<&(i64, Box<str>)>) -> bool {
+        edge.is_none_or(|edge| entry >= edge)
+    }
+
+    /// Removes `id` from the per-key order and the records (the caller has
+    /// taken it out of `order`).
+    fn forget(&mut self, id: &str) {
+        if let Some(kept) = self.records.remove(id)
+            && let Some(keyed) = self.by_key.get_mut(&kept.key)
+        {
+            keyed.remove(&(kept.expires_at_micros, Box::from(id)));
+            if keyed.is_empty() {
+                self.by_key.remove(&kept.key);
+            }
+        }
     }
 
     fn remove(&mut self, id: &str) {
-        if let Some((_, expires_at_micros)) = self.records.remove(id) {
-            self.order.remove(&(expires_at_micros, Box::from(id)));
+        if let Some(kept) = self.records.get(id) {
+            self.order.remove(&(kept.expires_at_micros, Box::from(id)));
+            self.forget(id);
         }
     }
 
     fn get(&self, id: &str, now_micros: i64) -> Option<bytes::Bytes> {
-        self.records
-            .get(id)
-            .filter(|(_, expires_at_micros)| {
-                *expires_at_micros > now_micros && self.within_cap(id, *expires_at_micros)
-            })
-            .map(|(bytes, _)| bytes.clone())
+        let kept = self.records.get(id)?;
+        let entry = (kept.expires_at_micros, Box::from(id));
+        (kept.expires_at_micros > now_micros && Self::within_cap(&entry, self.cap_edge()))
+            .then(|| kept.bytes.clone())
     }
 
-    fn newest(&self, limit: usize, now_micros: i64) -> Vec<bytes::Bytes> {
-        let most = usize::try_from(self.most.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
-        self.order
+    fn page(&self, page: GenerationsPage<'_>, now_micros: i64) -> Vec<bytes::Bytes> {
+        let order = match page.key {
+            None => &self.order,
+            Some(key) => match self.by_key.get(key) {
+                Some(keyed) => keyed,
+                None => return Vec::new(),
+            },
+        };
+        let edge = self.cap_edge();
+        order
             .iter()
             .rev()
-            .take_while(|(expires_at_micros, _)| *expires_at_micros > now_micros)
-            .take(limit.min(most))
-            .filter_map(|(_, id)| self.records.get(id).map(|(bytes, _)| bytes.clone()))
+            .take_while(|entry| entry.0 > now_micros && Self::within_cap(entry, edge))
+            .skip(page.skip)
+            .take(page.limit)
+            .filter_map(|(_, id)| self.records.get(id).map(|kept| kept.bytes.clone()))
             .collect()
     }
 }
@@ -808,17 +852,17 @@ impl LedgerStore for MemoryStore {
             .and_then(|ledger| ledger.generations.get(reservation_id, unix_micros(now))))
     }
 
-    async fn recent_generations(
+    async fn generations_page(
         &self,
         account: &str,
-        limit: usize,
+        page: GenerationsPage<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<bytes::Bytes>, StoreError> {
         let shard = self.shard(account);
         Ok(shard
             .ledgers
             .get(account)
-            .map(|ledger| ledger.generations.newest(limit, unix_micros(now)))
+            .map(|ledger| ledger.generations.page(page, unix_micros(now)))
             .unwrap_or_default())
     }
 

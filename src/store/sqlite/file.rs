@@ -12,7 +12,7 @@ use crate::store::{StoreError, StoreErrorKind};
 
 /// The schema this version writes (`PRAGMA user_version`). A file at an
 /// older version is migrated when opened; a newer one is refused.
-pub const SQLITE_SCHEMA_VERSION: i64 = 2;
+pub const SQLITE_SCHEMA_VERSION: i64 = 3;
 
 /// SQLite's page cache, in KiB.
 const CACHE_KIB: i64 = 16 * 1024;
@@ -145,10 +145,11 @@ fn migrate(connection: &Connection) -> Result<(), StoreError> {
             for schema in [counters::SCHEMA, ledger::SCHEMA, records::SCHEMA] {
                 connection.execute_batch(schema).map_err(sql("open"))?;
             }
-        } else if version < 2 {
-            connection
-                .execute_batch(ledger::SCHEMA_2)
-                .map_err(sql("open"))?;
+        } else {
+            let steps = [(2, ledger::SCHEMA_2), (3, ledger::SCHEMA_3)];
+            for (_, step) in steps.iter().filter(|(to, _)| version < *to) {
+                connection.execute_batch(step).map_err(sql("open"))?;
+            }
         }
         connection
             .pragma_update(None, "user_version", SQLITE_SCHEMA_VERSION)
@@ -244,11 +245,14 @@ mod tests {
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("m.db");
         drop(store_in(&directory));
-        // Schema 1 is schema 2 without the holds' admission instants.
+        // Schema 1 is schema 3 without the holds' admission instants and
+        // the records' keys.
         let connection = Connection::open(&path).unwrap();
         connection
             .execute_batch(
                 "ALTER TABLE ledger_requests DROP COLUMN admitted_at_micros;
+                 DROP INDEX ledger_generations_by_key;
+                 ALTER TABLE ledger_generations DROP COLUMN key_hash;
                  INSERT INTO ledger_requests (account, id, state, key, at_micros, amount_nanos, covered)
                      VALUES ('acct', 'r1', 'H', 'k', 5, 7, 1);
                  PRAGMA user_version = 1;",
@@ -266,6 +270,43 @@ mod tests {
             )
             .unwrap();
         assert_eq!((amount_nanos, admitted_at_micros), (7, None));
+    }
+
+    #[test]
+    fn a_schema_2_file_is_migrated_and_its_records_name_their_keys() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("m.db");
+        drop(store_in(&directory));
+        // Schema 2 is schema 3 without the records' keys.
+        let connection = Connection::open(&path).unwrap();
+        connection
+            .execute_batch(
+                r#"DROP INDEX ledger_generations_by_key;
+                 ALTER TABLE ledger_generations DROP COLUMN key_hash;
+                 INSERT INTO ledger_generations (account, id, record, expires_at_micros)
+                     VALUES ('acct', 'r1', '{"id":"gen-r1","key_hash":"k1"}', 5),
+                            ('acct', 'r2', 'not json', 6);
+                 PRAGMA user_version = 2;"#,
+            )
+            .unwrap();
+        drop(connection);
+        drop(store_in(&directory));
+        assert_eq!(user_version(&path), SQLITE_SCHEMA_VERSION);
+        let keys: Vec<(String, Option<String>)> = Connection::open(&path)
+            .unwrap()
+            .prepare("SELECT id, key_hash FROM ledger_generations ORDER BY id")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            keys,
+            [
+                ("r1".to_owned(), Some("k1".to_owned())),
+                ("r2".to_owned(), None)
+            ]
+        );
     }
 
     #[test]

@@ -207,7 +207,7 @@ mod tests {
                 store
                     .call("test", |db| {
                         db.execute(
-                            "INSERT INTO ledger_generations VALUES ('a', 'big', ?1, 1)",
+                            "INSERT INTO ledger_generations (account, id, record, expires_at_micros) VALUES ('a', 'big', ?1, 1)",
                             [vec![b'x'; 1 << 20]],
                         )
                         .map_err(sql("test"))

@@ -30,6 +30,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::records::sql_count;
 use super::{SqliteStore, counters, sql};
 use crate::clock::{Period, unix_micros};
 use crate::store::counter::duration_micros;
@@ -43,8 +44,8 @@ use crate::store::rules::ledger::{
     decide_settlement, instant, key_refusal, period_starts_micros, tiered_checks,
 };
 use crate::store::{
-    AccountBalance, AdmitOutcome, AdmitRequest, HoldRenewal, KeyLimit, KeyTerms, KeyUsage,
-    LedgerStore, RecordKeeping, ReserveOutcome, ReserveRequest, Settlement, StoreError,
+    AccountBalance, AdmitOutcome, AdmitRequest, GenerationsPage, HoldRenewal, KeyLimit, KeyTerms,
+    KeyUsage, LedgerStore, RecordKeeping, ReserveOutcome, ReserveRequest, Settlement, StoreError,
     TopUpOutcome,
 };
 
@@ -109,9 +110,11 @@ CREATE TABLE ledger_generations (
     id TEXT NOT NULL,
     record TEXT NOT NULL,
     expires_at_micros INTEGER NOT NULL,
+    key_hash TEXT,
     PRIMARY KEY (account, id)
 );
 CREATE INDEX ledger_generations_by_expiry ON ledger_generations (account, expires_at_micros, id);
+CREATE INDEX ledger_generations_by_key ON ledger_generations (account, key_hash, expires_at_micros, id);
 CREATE TABLE ledger_top_ups (
     account TEXT NOT NULL,
     idempotency_key TEXT NOT NULL,
@@ -128,6 +131,16 @@ CREATE INDEX ledger_top_ups_by_time ON ledger_top_ups (account, forget_at_micros
 /// holds schema 1 wrote).
 pub(super) const SCHEMA_2: &str = "
 ALTER TABLE ledger_requests ADD COLUMN admitted_at_micros INTEGER;
+";
+
+/// Schema 3: each generation record names its key, indexed, so that a
+/// key's page is read without walking the account's other records; the
+/// records schema 2 wrote get theirs from the record.
+pub(super) const SCHEMA_3: &str = "
+ALTER TABLE ledger_generations ADD COLUMN key_hash TEXT;
+UPDATE ledger_generations SET key_hash = json_extract(record, '$.key_hash')
+    WHERE json_valid(record);
+CREATE INDEX ledger_generations_by_key ON ledger_generations (account, key_hash, expires_at_micros, id);
 ";
 
 /// How often an account's forgotten rows are deleted, at most.
@@ -525,6 +538,7 @@ impl<'c> Call<'c> {
             if let Some(record) = record {
                 self.keep_generation(
                     &id,
+                    &hold.key,
                     &record.bytes,
                     duration_micros(record.retention),
                     i64::try_from(record.max_per_account).unwrap_or(i64::MAX),
@@ -604,6 +618,7 @@ impl<'c> Call<'c> {
         if let Some(record) = &settlement.record {
             self.keep_generation(
                 id,
+                &settlement.key,
                 &record.bytes,
                 duration_micros(record.retention),
                 i64::try_from(record.max_per_account).unwrap_or(i64::MAX),
@@ -621,6 +636,7 @@ impl<'c> Call<'c> {
     fn keep_generation(
         &mut self,
         id: &str,
+        key: &str,
         bytes: &[u8],
         retention_micros: i64,
         most: i64,
@@ -630,8 +646,8 @@ impl<'c> Call<'c> {
         self.remove_generation(id)?;
         self.db
             .prepare_cached(
-                "INSERT INTO ledger_generations (account, id, record, expires_at_micros)
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO ledger_generations (account, id, record, expires_at_micros, key_hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .and_then(|mut statement| {
                 // As text, so that SQLite's JSON functions read it (they
@@ -645,7 +661,8 @@ impl<'c> Call<'c> {
                     self.account,
                     id,
                     record,
-                    now_micros.saturating_add(retention_micros)
+                    now_micros.saturating_add(retention_micros),
+                    key
                 ])
             })
             .map_err(sql(OPERATION))?;
@@ -1222,31 +1239,60 @@ impl LedgerStore for SqliteStore {
         .await
     }
 
-    async fn recent_generations(
+    async fn generations_page(
         &self,
         account: &str,
-        limit: usize,
+        page: GenerationsPage<'_>,
         now: DateTime<Utc>,
     ) -> Result<Vec<bytes::Bytes>, StoreError> {
-        let account = account.to_owned();
-        self.call("recent_generations", move |db| {
-            let most = Call::begin(db, &account)?.row.records_most;
-            let limit = i64::try_from(limit)
-                .unwrap_or(i64::MAX)
-                .min(most.unwrap_or(i64::MAX));
-            db.prepare_cached(
-                "SELECT record FROM ledger_generations
-                 WHERE account = ?1 AND expires_at_micros > ?2
-                 ORDER BY expires_at_micros DESC, id DESC LIMIT ?3",
-            )
-            .and_then(|mut statement| {
-                statement
-                    .query_map(params![account, unix_micros(now), limit], |row| {
-                        record_bytes(row).map(bytes::Bytes::from)
-                    })?
-                    .collect()
-            })
-            .map_err(sql("recent_generations"))
+        const OPERATION: &str = "generations_page";
+        let (account, key) = (account.to_owned(), page.key.map(str::to_owned));
+        let (skip, limit) = (sql_count(page.skip), sql_count(page.limit));
+        self.call(OPERATION, move |db| {
+            let row = Call::begin(db, &account)?.row;
+            let now_micros = unix_micros(now);
+            // Past the cap, records wait for the account's next tidying
+            // unseen: none older than the newest `most`'s oldest is read.
+            let edge: (i64, String) = match row.records_most {
+                Some(most) if row.records_count > most => db
+                    .prepare_cached(
+                        "SELECT expires_at_micros, id FROM ledger_generations
+                         WHERE account = ?1 ORDER BY expires_at_micros DESC, id DESC
+                         LIMIT 1 OFFSET ?2",
+                    )
+                    .and_then(|mut statement| {
+                        statement
+                            .query_row(params![account, most.saturating_sub(1)], |row| {
+                                Ok((row.get(0)?, row.get(1)?))
+                            })
+                            .optional()
+                    })
+                    .map_err(sql(OPERATION))?
+                    .unwrap_or((i64::MIN, String::new())),
+                _ => (i64::MIN, String::new()),
+            };
+            // Two statements, so that each walks its own index.
+            let text = if key.is_some() {
+                "SELECT record FROM ledger_generations INDEXED BY ledger_generations_by_key
+                 WHERE account = ?1 AND key_hash = ?2 AND expires_at_micros > ?3
+                   AND (expires_at_micros > ?4 OR (expires_at_micros = ?4 AND id >= ?5))
+                 ORDER BY expires_at_micros DESC, id DESC LIMIT ?6 OFFSET ?7"
+            } else {
+                "SELECT record FROM ledger_generations INDEXED BY ledger_generations_by_expiry
+                 WHERE account = ?1 AND ?2 IS NULL AND expires_at_micros > ?3
+                   AND (expires_at_micros > ?4 OR (expires_at_micros = ?4 AND id >= ?5))
+                 ORDER BY expires_at_micros DESC, id DESC LIMIT ?6 OFFSET ?7"
+            };
+            db.prepare_cached(text)
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(
+                            params![account, key, now_micros, edge.0, edge.1, limit, skip],
+                            |row| record_bytes(row).map(bytes::Bytes::from),
+                        )?
+                        .collect()
+                })
+                .map_err(sql(OPERATION))
         })
         .await
     }

@@ -91,7 +91,7 @@ impl StoredRow {
 }
 
 /// A `usize` as a SQL bound (`LIMIT`, `OFFSET`).
-fn sql_count(count: usize) -> i64 {
+pub(super) fn sql_count(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# What a management call costs when the store is full of other callers'
+# data, on a SQLite file and on Redis: p50 and p99 latency of
+#   1. GET /api/v1/generations?limit=100 by the account's manager, with
+#      RECORDS generation records in the account, and the same page of one
+#      key's records by that key (which shares the account with the rest);
+#   2. GET /api/v1/keys by an account manager, with KEYS keys of other
+#      accounts in the store;
+#   3. another tenant's GET /api/v1/credits, alone and while 8 clients scan
+#      their generation records as fast as they can.
+# The targets (issue 48): each p99 at most 5 ms on this machine.
+#
+#   bench/api.sh [RECORDS=100000] [KEYS=50000] [SECONDS=10]
+#
+# The store is filled through the proxy's own API with wrk (chat requests
+# for the records, key creations for the keys), so the data is what the
+# gateway writes. Installs wrk and redis-server when missing; builds the
+# examples in release mode. Results are printed, not committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+records="${1:-100000}"
+keys="${2:-50000}"
+seconds="${3:-10}"
+upstream_ms=0
+
+# shellcheck source=bench/common.sh
+. bench/common.sh
+
+# Limits far above the load, records kept as the default keeps them.
+cat >"$work/config.json" <<JSON
+{"rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}}},
+ "management_rate": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}},
+ "generations": {"max_per_account": $records},
+ "pricing": {"models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}}}}
+JSON
+
+redis_port="$(free_port)"
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$work" >"$work/redis.out" 2>&1 &
+echo $! >>"$work/pids"
+
+# `api NAME URL ADMIN METHOD PATH [BODY]`: the answer's body.
+api() {
+  local url="$2" admin="$3" method="$4" path="$5" body="${6:-}"
+  if [ -n "$body" ]; then
+    curl -sf -X "$method" "$url$path" -H "authorization: Bearer $admin" \
+      -H 'content-type: application/json' -d "$body"
+  else
+    curl -sf -X "$method" "$url$path" -H "authorization: Bearer $admin"
+  fi
+}
+json_field() {
+  python3 -c "import json,sys; print(json.load(sys.stdin)$1)"
+}
+
+# `wrk_get URL KEY PATH CONNECTIONS`: "p50 p99" in ms over SECONDS.
+wrk_get() {
+  local url="$1" key="$2" path="$3" connections="$4"
+  cat >"$work/get.lua" <<LUA
+wrk.headers["authorization"] = "Bearer $key"
+LUA
+  wrk -t 1 -c "$connections" -d "${seconds}s" --latency -s "$work/get.lua" "$url$path" |
+    python3 -c '
+import re, sys
+text = sys.stdin.read()
+def ms(label):
+    match = re.search(r"^\s*" + label + r"%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    value, unit = float(match.group(1)), match.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+if non2xx:
+    sys.exit("refused: " + non2xx.group(1) + " answers were not 2xx")
+print(f"{ms(\"50\"):.2f} {ms(\"99\"):.2f}")'
+}
+
+# `fill_records URL KEY`: chat requests until RECORDS were answered.
+fill_records() {
+  local url="$1" key="$2" done=0
+  cat >"$work/chat.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model": "openai/gpt-4o-mini", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = "Bearer $key"
+LUA
+  while [ "$done" -lt "$records" ]; do
+    local out
+    out="$(wrk -t 2 -c 32 -d 10s -s "$work/chat.lua" "$url/api/v1/chat/completions")"
+    if grep -q "Non-2xx" <<<"$out"; then
+      echo "$out" >&2
+      echo "the fill was refused" >&2
+      exit 1
+    fi
+    done=$((done + $(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' <<<"$out")))
+  done
+  echo "$done"
+}
+
+# `fill_keys URL ADMIN`: KEYS keys spread over 100 other accounts.
+fill_keys() {
+  local url="$1" admin="$2"
+  for n in $(seq 0 99); do
+    api x "$url" "$admin" POST /api/v1/accounts "{\"id\": \"other-$n\"}" >/dev/null
+  done
+  cat >"$work/keys.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = "Bearer $admin"
+local made = 0
+request = function()
+  made = made + 1
+  local body = '{"name": "k' .. made .. '", "account": "other-' .. (made % 100) .. '"}'
+  return wrk.format(nil, nil, nil, body)
+end
+LUA
+  local done=0
+  while [ "$done" -lt "$keys" ]; do
+    local out
+    out="$(wrk -t 1 -c 8 -d 5s -s "$work/keys.lua" "$url/api/v1/keys")"
+    if grep -q "Non-2xx" <<<"$out"; then
+      echo "$out" >&2
+      echo "the key creations were refused" >&2
+      exit 1
+    fi
+    done=$((done + $(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' <<<"$out")))
+  done
+  echo "$done"
+}
+
+run() {
+  local name="$1"; shift
+  local url
+  url="$(start_proxy "$name" "$@")"
+  local admin
+  admin="$(wait_for_line "$work/$name.out" "operator key (shown once): ")"
+  # The busy account and its keys; a quiet tenant beside it.
+  api x "$url" "$admin" POST /api/v1/accounts '{"id": "busy"}' >/dev/null
+  api x "$url" "$admin" POST /api/v1/accounts '{"id": "quiet"}' >/dev/null
+  api x "$url" "$admin" POST /api/v1/accounts/busy/credits '{"amount": 1000000}' >/dev/null
+  local client manager neighbour lone
+  client="$(api x "$url" "$admin" POST /api/v1/keys '{"name": "client", "account": "busy"}' | json_field '["key"]')"
+  lone="$(api x "$url" "$admin" POST /api/v1/keys '{"name": "lone", "account": "busy"}' | json_field '["key"]')"
+  manager="$(api x "$url" "$admin" POST /api/v1/keys '{"name": "m", "account": "busy", "management": true}' | json_field '["key"]')"
+  neighbour="$(api x "$url" "$admin" POST /api/v1/keys '{"name": "n", "account": "quiet", "management": true}' | json_field '["key"]')"
+  # The lone key's few records, then the client's many after them.
+  cat >"$work/lone.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model": "openai/gpt-4o-mini", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = "Bearer $lone"
+LUA
+  wrk -t 1 -c 1 -d 1s -s "$work/lone.lua" "$url/api/v1/chat/completions" >/dev/null
+  echo "==> $name: filling $records records and $keys keys"
+  local made_records made_keys
+  made_records="$(fill_records "$url" "$client")"
+  made_keys="$(fill_keys "$url" "$admin")"
+  echo "    $made_records chat requests answered, $made_keys keys made"
+  local page own keys_page alone scanned
+  page="$(wrk_get "$url" "$manager" "/api/v1/generations?limit=100" 1)"
+  own="$(wrk_get "$url" "$lone" "/api/v1/generations?limit=100" 1)"
+  keys_page="$(wrk_get "$url" "$manager" "/api/v1/keys" 1)"
+  alone="$(wrk_get "$url" "$neighbour" "/api/v1/credits" 1)"
+  # Eight scanners, and the neighbour measured meanwhile.
+  cat >"$work/scan.lua" <<LUA
+wrk.headers["authorization"] = "Bearer $client"
+LUA
+  wrk -t 1 -c 8 -d "$((seconds + 2))s" -s "$work/scan.lua" \
+    "$url/api/v1/generations?limit=100&model=openai/gpt-4o-mini" >"$work/scan.out" &
+  local scanner=$!
+  sleep 1
+  scanned="$(wrk_get "$url" "$neighbour" "/api/v1/credits" 1)"
+  wait "$scanner"
+  local scans
+  scans="$(sed -n 's/^Requests\/sec: *//p' "$work/scan.out")"
+  printf '    %-58s %8s %8s\n' "call (p50, p99 in ms)" p50 p99
+  printf '    %-58s %8s %8s\n' "generations?limit=100, manager, $records in the account" $page
+  printf '    %-58s %8s %8s\n' "generations?limit=100, a key behind $records of another" $own
+  printf '    %-58s %8s %8s\n' "keys, manager, $keys keys of other accounts" $keys_page
+  printf '    %-58s %8s %8s\n' "another tenant's credits, alone" $alone
+  printf '    %-58s %8s %8s\n' "another tenant's credits, 8 clients scanning" $scanned
+  echo "    (the 8 scanners ran $scans filtered scans a second)"
+  kill "$(cat "$work/$name.pid")" 2>/dev/null || true
+}
+
+run sqlite --store "sqlite:$work/modelgate.db"
+run redis --redis "redis://127.0.0.1:$redis_port"
