@@ -109,28 +109,40 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
     } else {
         Some(key_hash.as_str())
     };
-    let scanning = query.scans();
-    let page = GenerationsPage {
-        key,
-        skip: if scanning { 0 } else { query.offset },
-        limit: if scanning {
-            GENERATIONS_SCAN_DEPTH
-        } else {
-            query.limit + 1
-        },
-    };
-    let matching = call
-        .directory()
-        .store()
-        .generations_page(&account, page, call.now)
-        .await
-        .map_err(refuse)?
-        .into_iter()
-        .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
-        .filter(|record| readable_by(record, &account, &key_hash, principal.management))
-        .filter(|record| matches_filters(record, &query));
-    let passed = if scanning { query.offset } else { 0 };
-    let mut records: Vec<Value> = matching.skip(passed).take(query.limit + 1).collect();
+    let wanted = query.limit + 1;
+    let mut records = Vec::with_capacity(wanted);
+    if query.scans() {
+        let mut passed = 0;
+        scan_generations(&call, &account, key, GENERATIONS_SCAN_DEPTH, |record| {
+            if readable_by(&record, &account, &key_hash, principal.management)
+                && matches_filters(&record, &query)
+            {
+                if passed < query.offset {
+                    passed += 1;
+                } else {
+                    records.push(record);
+                }
+            }
+            records.len() < wanted
+        })
+        .await?;
+    } else {
+        let page = GenerationsPage {
+            key,
+            skip: query.offset,
+            limit: wanted,
+        };
+        records = call
+            .directory()
+            .store()
+            .generations_page(&account, page, call.now)
+            .await
+            .map_err(refuse)?
+            .into_iter()
+            .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            .filter(|record| readable_by(record, &account, &key_hash, principal.management))
+            .collect();
+    }
     let more = records.len() > query.limit;
     records.truncate(query.limit);
     if query.csv {
@@ -155,18 +167,15 @@ pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
             "the operator's key names the account with ?account=",
         ));
     };
-    let stored = call
-        .directory()
-        .store()
-        .recent_generations(&account, GENERATIONS_SCAN_DEPTH, call.now)
-        .await
-        .map_err(refuse)?;
-    let scan_cut = stored.len() >= GENERATIONS_SCAN_DEPTH;
-    let mut records: Vec<Value> = stored
-        .into_iter()
-        .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
-        .filter(|record| record["user_id"].as_str() == Some(account.as_str()))
-        .collect();
+    let mut records = Vec::new();
+    let read = scan_generations(&call, &account, None, GENERATIONS_SCAN_DEPTH, |record| {
+        if record["user_id"].as_str() == Some(account.as_str()) {
+            records.push(record);
+        }
+        true
+    })
+    .await?;
+    let scan_cut = read >= GENERATIONS_SCAN_DEPTH;
     // A scan cut short leaves its oldest days short: they are left out,
     // and the answer says from which day it is whole.
     let complete_from = scan_cut.then(|| complete_from(&records)).flatten();
@@ -178,6 +187,52 @@ pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
         answer["complete_from"] = Value::from(from.to_string());
     }
     Ok(ok(answer))
+}
+
+/// Records a scan reads from the store at a time: each read is short, so
+/// that other tenants' calls on the same store (SQLite's one thread, a
+/// Redis shard) pass between them.
+const SCAN_CHUNK: usize = 500;
+
+/// Reads `account`'s newest records (`key`'s when named), up to `depth`,
+/// in chunks of [`SCAN_CHUNK`], giving each parsed record to `visit` until
+/// it answers `false`. Returns how many records were read. Records written
+/// meanwhile move the later chunks: a scan may see a record twice or miss
+/// one at a chunk's edge, which a page of a live account may anyway.
+async fn scan_generations(
+    call: &Call,
+    account: &str,
+    key: Option<&str>,
+    depth: usize,
+    mut visit: impl FnMut(Value) -> bool,
+) -> Result<usize, GatewayError> {
+    let store = call.directory().store();
+    let mut read = 0;
+    while read < depth {
+        let page = GenerationsPage {
+            key,
+            skip: read,
+            limit: SCAN_CHUNK.min(depth - read),
+        };
+        let chunk = store
+            .generations_page(account, page, call.now)
+            .await
+            .map_err(refuse)?;
+        let full = chunk.len() == page.limit;
+        read += chunk.len();
+        for bytes in chunk {
+            let Ok(record) = serde_json::from_slice::<Value>(&bytes) else {
+                continue;
+            };
+            if !visit(record) {
+                return Ok(read);
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(read)
 }
 
 /// Whether `record` passes the query's `key`, `model`, `from` and `to`.
