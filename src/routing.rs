@@ -74,10 +74,21 @@ const MIN_HASH_LIKE_DIGITS: usize = 16;
 /// `path` as the access log shows it: normalised ([`normalized_segments`]),
 /// a JSON API path as its route's pattern with the key hash cut to its
 /// first 8 hex digits (`/api/v1/keys/1a2b3c4d…/rotate`), and any other
-/// run of 16 hex digits or more cut the same way: a log line never carries a whole key hash (the operator key's
-/// hash is a path of the API like any other).
+/// run of 16 hex digits or more cut the same way: a log line never carries
+/// a whole key hash (the operator key's hash is a path of the API like any
+/// other). A service that logs request paths itself logs this.
+///
+/// ```
+/// use modelgate::proxy::loggable_path;
+///
+/// let hash = "9f".repeat(32);
+/// assert_eq!(
+///     loggable_path(&format!("/api/v1/keys/{hash}/rotate")),
+///     "/api/v1/keys/9f9f9f9f…/rotate"
+/// );
+/// ```
 #[cfg(feature = "proxy")]
-pub(crate) fn loggable_path(path: &str) -> String {
+pub fn loggable_path(path: &str) -> String {
     let segments = normalized_segments(path);
     let mut logged = String::with_capacity(path.len().min(256));
     let pattern = API_PATHS

@@ -65,6 +65,7 @@ mod stack;
 mod upstream;
 
 pub use crate::edit::MAX_SSE_LINE_BYTES;
+pub use crate::routing::loggable_path;
 /// What config types hold a value that may be a credential in: `Debug`
 /// prints it as `[redacted]`.
 pub use crate::secrets::Redacted;
