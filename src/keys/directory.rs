@@ -1263,8 +1263,20 @@ pub(super) fn too_contended(operation: &'static str) -> StoreError {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::MemoryStore;
+    use crate::store::{MemoryStore, RecordStore};
     use chrono::TimeZone;
+
+    /// The ids in `account`'s index of keys.
+    async fn indexed(directory: &KeyDirectory, account: &str) -> Vec<String> {
+        directory
+            .store()
+            .list_records_at(&index::account_keys(account), 0, 100, directory.now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    }
 
     fn directory(ttl: Duration) -> (KeyDirectory, ManualClock) {
         let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
@@ -1476,6 +1488,10 @@ mod tests {
         );
         assert_eq!(directory.move_operator_keys().await.unwrap(), 1);
         assert_eq!(directory.move_operator_keys().await.unwrap(), 0);
+        // Its index entry moved with it.
+        let hex = old.hash.to_hex();
+        assert!(!indexed(&directory, "default").await.contains(&hex));
+        assert!(indexed(&directory, OPERATOR_ACCOUNT).await.contains(&hex));
         let hash = old.hash;
         let moved = directory.get(&hash).await.unwrap().unwrap().value;
         assert_eq!(moved.account, OPERATOR_ACCOUNT);
@@ -1538,6 +1554,50 @@ mod tests {
             directory.list(0, false, None, 100).await.is_err(),
             "the list of every key reads them all"
         );
+    }
+
+    #[tokio::test]
+    async fn a_walk_of_every_key_skips_none_when_others_are_deleted_meanwhile() {
+        let memory = Arc::new(MemoryStore::new());
+        let directory = KeyDirectory::new(memory.clone());
+        let mut made = Vec::new();
+        for _ in 0..1200 {
+            made.push(
+                directory
+                    .create_key(NewKey::named("k"))
+                    .await
+                    .unwrap()
+                    .1
+                    .hash,
+            );
+        }
+        // While the first page is visited, another instance deletes 100 of
+        // its keys: every key older than them moves 100 places forward.
+        let now = directory.now();
+        let mut visited = Vec::new();
+        directory
+            .each_key(|record| {
+                if visited.len() == 10 {
+                    for hash in &made[1100..] {
+                        let id = hash.to_hex();
+                        let deleted = memory.delete_record_at(KEYS, &id, Expect::Any, now);
+                        futures::executor::block_on(deleted).unwrap();
+                    }
+                }
+                visited.push(record.hash);
+            })
+            .await
+            .unwrap();
+        let mut visited: Vec<String> = visited.iter().map(KeyHash::to_hex).collect();
+        visited.sort();
+        let count = visited.len();
+        visited.dedup();
+        assert_eq!(visited.len(), count, "each once");
+        let skipped = made[..1100]
+            .iter()
+            .filter(|hash| visited.binary_search(&hash.to_hex()).is_err())
+            .count();
+        assert_eq!(skipped, 0, "none of those still there skipped");
     }
 
     #[tokio::test]

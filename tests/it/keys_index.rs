@@ -165,6 +165,19 @@ async fn an_account_lists_exactly_its_keys_among_many_of_other_accounts() {
             .unwrap();
         assert_eq!(paged(&directory, "acme", true, 100).await, mine, "{name}");
         assert!(paged(&directory, "nobody", true, 100).await.is_empty());
+        // The index holds no entry of a deleted key nor of the operator's.
+        let mut indexed: Vec<String> = backend
+            .store
+            .list_records_at(&account_keys("acme"), 0, 100, clock.now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        indexed.sort();
+        let mut kept: Vec<String> = mine.iter().map(KeyHash::to_hex).collect();
+        kept.sort();
+        assert_eq!(indexed, kept, "{name}");
     }
 }
 
