@@ -741,12 +741,22 @@ impl KeyDirectory {
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
                 if moved {
-                    index::remove(&*self.inner.store, &account_before, hash, self.now()).await?;
+                    self.unindex(&account_before, hash).await;
                 }
                 return Ok(Some((record, true)));
             }
         }
         Err(too_contended("put_record"))
+    }
+
+    /// Removes `hash` from `account`'s index of keys, once the key's
+    /// record has left it (deleted, or moved to another account): the
+    /// change is made already, so a failure is logged, not returned; the
+    /// entry left is skipped by every listing of `account`.
+    async fn unindex(&self, account: &str, hash: &KeyHash) {
+        if let Err(error) = index::remove(&*self.inner.store, account, hash, self.now()).await {
+            tracing::warn!(%error, account, "a key's entry in its account's index was not removed; listings skip it");
+        }
     }
 
     /// Replaces the key `hash` with a new one of the same name, account,
@@ -873,9 +883,9 @@ impl KeyDirectory {
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
-                // The index entry last: a failure here leaves an entry
-                // naming no key, which listings skip.
-                index::remove(&*self.inner.store, &current.value.account, hash, self.now()).await?;
+                // The index entry last, and the key is deleted whether or
+                // not it goes: one left names no key, and listings skip it.
+                self.unindex(&current.value.account, hash).await;
                 return Ok(true);
             }
         }
