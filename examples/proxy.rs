@@ -456,6 +456,15 @@ async fn operator_key(store: &SharedStore) -> Result<(), String> {
         .ensure_account(DEFAULT_ACCOUNT)
         .await
         .map_err(|error| format!("cannot record the default account: {error}"))?;
+    // A store made before each account's keys were indexed gets its index
+    // here once, not on an account's first listing.
+    let indexed = directory
+        .build_key_index()
+        .await
+        .map_err(|error| format!("cannot index the keys by account: {error}"))?;
+    if indexed > 0 {
+        tracing::info!(indexed, "keys indexed by account, once");
+    }
     let moved = directory
         .move_operator_keys()
         .await

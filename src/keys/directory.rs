@@ -3,12 +3,14 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::index;
 use super::key::{ApiKey, KeyHash};
 use super::lookup_cache::LookupCache;
 use super::record::{
@@ -133,6 +135,7 @@ impl KeyDirectoryBuilder {
                 max_cached_keys: self.max_cached_keys,
                 cache: LookupCache::new(self.cache_ttl, self.max_cached_keys),
                 noting_use: Mutex::default(),
+                key_index_built: AtomicBool::new(false),
             }),
         }
     }
@@ -162,6 +165,9 @@ struct Inner {
     cache: LookupCache<KeyHash, KeyState>,
     // Keys whose last use is being written: one write per key at a time.
     noting_use: Mutex<HashSet<KeyHash>>,
+    // Whether this instance has seen the store's index of each account's
+    // keys complete (`index::is_built`): read once, then never again.
+    key_index_built: AtomicBool,
 }
 
 impl fmt::Debug for KeyDirectory {
@@ -333,8 +339,12 @@ impl KeyDirectory {
                 rate_limit: new.rate_limit,
             };
             // The ledger's terms first: a key is never live with terms the
-            // ledger does not have.
+            // ledger does not have. Then its account's index entry: a key
+            // is never missing from its account's list. (After a collision
+            // below, the entry names another key, listed only by its own
+            // account.)
             self.keep_terms(&record).await?;
+            index::add(&*self.inner.store, &record.account, &hash, now).await?;
             match self
                 .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Absent)
                 .await?
@@ -393,6 +403,9 @@ impl KeyDirectory {
             allowed_models: new.allowed_models,
             rate_limit: new.rate_limit,
         };
+        // The index entry before the record: a key is never missing from
+        // its account's list.
+        index::add(&*self.inner.store, &record.account, &hash, self.now()).await?;
         let outcome = self
             .write_json(KEYS, &record.hash.to_hex(), &record, Expect::Absent)
             .await?;
@@ -402,14 +415,20 @@ impl KeyDirectory {
                 self.keep_terms(&record).await?;
                 Ok(record)
             }
-            // The stored record stands, and its terms are written again
-            // (repairing any a failed write left behind).
+            // The stored record stands, and its terms and index entry are
+            // written again (repairing any a failed write left behind); an
+            // entry just written on another account goes.
             WriteOutcome::Conflict {
                 current: Some(current),
             } => {
-                let record = crate::store::decode::<KeyRecord>("get_record", current)?.value;
-                self.keep_terms(&record).await?;
-                Ok(record)
+                let stored = crate::store::decode::<KeyRecord>("get_record", current)?.value;
+                self.keep_terms(&stored).await?;
+                let now = self.now();
+                index::add(&*self.inner.store, &stored.account, &hash, now).await?;
+                if stored.account != record.account {
+                    index::remove(&*self.inner.store, &record.account, &hash, now).await?;
+                }
+                Ok(stored)
             }
             WriteOutcome::Conflict { current: None } => Err(too_contended("put_record")),
         }
@@ -562,24 +581,46 @@ impl KeyDirectory {
         Ok((key, disabled))
     }
 
-    /// Calls `visit` with every key record, in the store's order.
+    /// Calls `visit` once with every key record in the store through the
+    /// walk, in the store's order (newest first); a key made meanwhile may
+    /// be visited or not.
+    ///
+    /// Pages are read by offset, and a key deleted meanwhile moves every
+    /// older one a place forward: so each page is read from a little
+    /// before where the last one ended, further back until it starts with
+    /// a key visited already, and then no key can have slipped past.
     async fn each_key(&self, mut visit: impl FnMut(KeyRecord)) -> Result<(), StoreError> {
         const BATCH: usize = 500;
-        let mut cursor = 0;
+        const OVERLAP: usize = 32;
+        let store = &self.inner.store;
+        let mut visited = HashSet::new();
+        // How many places of the order the walk has read.
+        let mut cursor: usize = 0;
         loop {
-            let batch = self
-                .inner
-                .store
-                .list_records_at(KEYS, cursor, BATCH, self.now())
-                .await?;
+            let mut back = OVERLAP;
+            let (start, limit, batch) = loop {
+                let start = cursor.saturating_sub(back);
+                let limit = cursor - start + BATCH;
+                let batch = store
+                    .list_records_at(KEYS, start, limit, self.now())
+                    .await?;
+                let anchored =
+                    start == 0 || batch.first().is_some_and(|(id, _)| visited.contains(id));
+                if anchored {
+                    break (start, limit, batch);
+                }
+                back = back.saturating_mul(2);
+            };
             let fetched = batch.len();
-            for (_, record) in batch {
-                visit(crate::store::decode::<KeyRecord>("list_records", record)?.value);
+            for (id, record) in batch {
+                if visited.insert(id) {
+                    visit(crate::store::decode::<KeyRecord>("list_records", record)?.value);
+                }
             }
-            if fetched < BATCH {
+            if fetched < limit {
                 return Ok(());
             }
-            cursor += fetched;
+            cursor = start + fetched;
         }
     }
 
@@ -675,12 +716,20 @@ impl KeyDirectory {
             else {
                 return Ok(None);
             };
+            let account_before = record.account.clone();
             if !change(&mut record) {
                 return Ok(Some((record, false)));
             }
             // The ledger's terms before the record: a failure leaves the
             // key as it was, and the caller's retry writes both.
             self.keep_terms(&record).await?;
+            // A key moved to another account (an operator's key off a
+            // tenant's) is in the new account's index before its record
+            // says so, and leaves the old one's after.
+            let moved = record.account != account_before;
+            if moved {
+                index::add(&*self.inner.store, &record.account, hash, self.now()).await?;
+            }
             let outcome = self
                 .write_json(
                     KEYS,
@@ -691,10 +740,23 @@ impl KeyDirectory {
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
+                if moved {
+                    self.unindex(&account_before, hash).await;
+                }
                 return Ok(Some((record, true)));
             }
         }
         Err(too_contended("put_record"))
+    }
+
+    /// Removes `hash` from `account`'s index of keys, once the key's
+    /// record has left it (deleted, or moved to another account): the
+    /// change is made already, so a failure is logged, not returned; the
+    /// entry left is skipped by every listing of `account`.
+    async fn unindex(&self, account: &str, hash: &KeyHash) {
+        if let Err(error) = index::remove(&*self.inner.store, account, hash, self.now()).await {
+            tracing::warn!(%error, account, "a key's entry in its account's index was not removed; listings skip it");
+        }
     }
 
     /// Replaces the key `hash` with a new one of the same name, account,
@@ -821,6 +883,9 @@ impl KeyDirectory {
                 .await?;
             if let WriteOutcome::Written { .. } = outcome {
                 self.forget(hash);
+                // The index entry last, and the key is deleted whether or
+                // not it goes: one left names no key, and listings skip it.
+                self.unindex(&current.value.account, hash).await;
                 return Ok(true);
             }
         }
@@ -968,10 +1033,16 @@ impl KeyDirectory {
         Ok(())
     }
 
-    /// Keys in the store's order, skipping `offset` of those shown;
-    /// disabled keys only when `include_disabled`; only the keys of
-    /// `account` when one is named ([`KeyRecord::belongs_to`]: never an
-    /// operator's key). At most `page_size` records.
+    /// Keys newest first, skipping `offset` of those shown; disabled keys
+    /// only when `include_disabled`; only the keys of `account` when one is
+    /// named ([`KeyRecord::belongs_to`]: never an operator's key). At most
+    /// `page_size` records.
+    ///
+    /// An account's keys are read through its index of keys, so the call
+    /// costs what the account's keys up to the page do, however many keys
+    /// other accounts have; on a store made before the index, the first
+    /// such call builds it ([`build_key_index`](Self::build_key_index)).
+    /// Without an account, every key in the store is read up to the page.
     pub async fn list(
         &self,
         offset: usize,
@@ -979,6 +1050,18 @@ impl KeyDirectory {
         account: Option<&str>,
         page_size: usize,
     ) -> Result<Vec<KeyRecord>, StoreError> {
+        if let Some(account) = account {
+            self.ensure_key_index().await?;
+            return index::list(
+                &*self.inner.store,
+                account,
+                offset,
+                include_disabled,
+                page_size,
+                self.now(),
+            )
+            .await;
+        }
         const BATCH: usize = 500;
         let mut skipped = 0;
         let mut page = Vec::new();
@@ -992,9 +1075,7 @@ impl KeyDirectory {
             let fetched = batch.len();
             for (_, record) in batch {
                 let record = crate::store::decode::<KeyRecord>("list_records", record)?.value;
-                if (record.disabled && !include_disabled)
-                    || account.is_some_and(|account| !record.belongs_to(account))
-                {
+                if record.disabled && !include_disabled {
                     continue;
                 }
                 if skipped < offset {
@@ -1009,6 +1090,41 @@ impl KeyDirectory {
             cursor += fetched;
         }
         Ok(page)
+    }
+
+    /// Gives every key of a store made before the index of each account's
+    /// keys its entry there, once: when the store records the index built
+    /// ([`KEY_INDEX_BUILT`](super::KEY_INDEX_BUILT)) it does nothing and
+    /// answers 0; else it walks every key, writes the missing entries
+    /// (oldest first, so an account's list keeps its order), records the
+    /// index built, and answers how many keys it walked. Idempotent, and
+    /// safe with other instances doing it at once or making and deleting
+    /// keys meanwhile (each of those writes its own entries). Run at
+    /// start-up; an account's first listing runs it otherwise.
+    pub async fn build_key_index(&self) -> Result<usize, StoreError> {
+        let store = &*self.inner.store;
+        if index::is_built(store, self.now()).await? {
+            self.inner.key_index_built.store(true, Ordering::Release);
+            return Ok(0);
+        }
+        let mut keys = Vec::new();
+        self.each_key(|record| keys.push((record.account, record.hash)))
+            .await?;
+        for (account, hash) in keys.iter().rev() {
+            index::add(store, account, hash, self.now()).await?;
+        }
+        index::mark_built(store, self.now()).await?;
+        self.inner.key_index_built.store(true, Ordering::Release);
+        Ok(keys.len())
+    }
+
+    /// [`build_key_index`](Self::build_key_index) unless this instance has
+    /// seen the index built.
+    async fn ensure_key_index(&self) -> Result<(), StoreError> {
+        if !self.inner.key_index_built.load(Ordering::Acquire) {
+            self.build_key_index().await?;
+        }
+        Ok(())
     }
 
     /// Records the account `id` if it is new, with nothing purchased.
@@ -1157,8 +1273,20 @@ pub(super) fn too_contended(operation: &'static str) -> StoreError {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::MemoryStore;
+    use crate::store::{MemoryStore, RecordStore};
     use chrono::TimeZone;
+
+    /// The ids in `account`'s index of keys.
+    async fn indexed(directory: &KeyDirectory, account: &str) -> Vec<String> {
+        directory
+            .store()
+            .list_records_at(&index::account_keys(account), 0, 100, directory.now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    }
 
     fn directory(ttl: Duration) -> (KeyDirectory, ManualClock) {
         let clock = ManualClock::new(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap());
@@ -1370,6 +1498,10 @@ mod tests {
         );
         assert_eq!(directory.move_operator_keys().await.unwrap(), 1);
         assert_eq!(directory.move_operator_keys().await.unwrap(), 0);
+        // Its index entry moved with it.
+        let hex = old.hash.to_hex();
+        assert!(!indexed(&directory, "default").await.contains(&hex));
+        assert!(indexed(&directory, OPERATOR_ACCOUNT).await.contains(&hex));
         let hash = old.hash;
         let moved = directory.get(&hash).await.unwrap().unwrap().value;
         assert_eq!(moved.account, OPERATOR_ACCOUNT);
@@ -1399,6 +1531,83 @@ mod tests {
         }
         let (_, disabled) = directory.replace_operator_keys("operator").await.unwrap();
         assert_eq!(disabled, 1, "only the one still enabled");
+    }
+
+    #[tokio::test]
+    async fn an_account_s_listing_never_reads_other_keys_records() {
+        let (directory, _clock) = directory(Duration::ZERO);
+        let mut new = NewKey::named("mine");
+        new.account = "acme".into();
+        let (_, mine) = directory.create_key(new).await.unwrap();
+        let listed = directory.list(0, false, Some("acme"), 100).await.unwrap();
+        assert_eq!(listed, std::slice::from_ref(&mine));
+        // Records no listing could read: one that scanned the store's keys
+        // would fail on them.
+        for index in 0..10 {
+            directory
+                .inner
+                .store
+                .put_record_at(
+                    KEYS,
+                    &format!("unreadable{index}"),
+                    b"not json",
+                    Expect::Any,
+                    PutOptions::default(),
+                    directory.now(),
+                )
+                .await
+                .unwrap();
+        }
+        let listed = directory.list(0, false, Some("acme"), 100).await.unwrap();
+        assert_eq!(listed, std::slice::from_ref(&mine));
+        assert!(
+            directory.list(0, false, None, 100).await.is_err(),
+            "the list of every key reads them all"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_walk_of_every_key_skips_none_when_others_are_deleted_meanwhile() {
+        let memory = Arc::new(MemoryStore::new());
+        let directory = KeyDirectory::new(memory.clone());
+        let mut made = Vec::new();
+        for _ in 0..1200 {
+            made.push(
+                directory
+                    .create_key(NewKey::named("k"))
+                    .await
+                    .unwrap()
+                    .1
+                    .hash,
+            );
+        }
+        // While the first page is visited, another instance deletes 100 of
+        // its keys: every key older than them moves 100 places forward.
+        let now = directory.now();
+        let mut visited = Vec::new();
+        directory
+            .each_key(|record| {
+                if visited.len() == 10 {
+                    for hash in &made[1100..] {
+                        let id = hash.to_hex();
+                        let deleted = memory.delete_record_at(KEYS, &id, Expect::Any, now);
+                        futures::executor::block_on(deleted).unwrap();
+                    }
+                }
+                visited.push(record.hash);
+            })
+            .await
+            .unwrap();
+        let mut visited: Vec<String> = visited.iter().map(KeyHash::to_hex).collect();
+        visited.sort();
+        let count = visited.len();
+        visited.dedup();
+        assert_eq!(visited.len(), count, "each once");
+        let skipped = made[..1100]
+            .iter()
+            .filter(|hash| visited.binary_search(&hash.to_hex()).is_err())
+            .count();
+        assert_eq!(skipped, 0, "none of those still there skipped");
     }
 
     #[tokio::test]

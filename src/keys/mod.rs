@@ -23,6 +23,10 @@
 //! reads, and other routes read a live key afresh
 //! ([`KeyDirectory::lookup_live`]).
 //!
+//! Each account's keys are indexed ([`account_keys`]), so listing an
+//! account's keys reads that account's keys only; a store made before the
+//! index gets it once ([`KeyDirectory::build_key_index`]).
+//!
 //! ```
 //! use std::sync::Arc;
 //! use modelgate::keys::{KeyDirectory, KeyState, NewKey, SharedStore};
@@ -42,6 +46,7 @@
 pub mod byok;
 pub(crate) mod credits;
 mod directory;
+mod index;
 pub mod input;
 mod key;
 mod leak;
@@ -53,6 +58,7 @@ pub use byok::{
 };
 pub use credits::MAX_CREDITS;
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, RotateOutcome};
+pub use index::{KEY_INDEX_BUILT, KEY_INDEX_BUILT_ID, account_keys};
 pub use key::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
 // Where the layers' examples have always found it.
 pub use crate::store::SharedStore;

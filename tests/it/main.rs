@@ -24,6 +24,8 @@ mod credit_group_commit;
 mod docs;
 #[cfg(feature = "redis")]
 mod keys_and_auth;
+#[cfg(all(feature = "redis", feature = "sqlite"))]
+mod keys_index;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod late_answers;
 #[cfg(all(feature = "redis", feature = "notify"))]
