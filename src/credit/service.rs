@@ -22,8 +22,8 @@ use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
 use crate::routing::is_chat_completions_call;
-use crate::store::RecordKeeping;
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
+use crate::store::{RecordKeeping, is_lapse_model};
 use crate::usage::GenerationContext;
 
 use super::body::MeteredBody;
@@ -740,6 +740,10 @@ fn hold_request(
             .map(|generations| RecordKeeping {
                 retention: generations.retention,
                 max_per_account: generations.max_per_account,
+                // The model asked for: a lapse counts under it.
+                model: Some(charge.model.as_str())
+                    .filter(|model| is_lapse_model(model))
+                    .map(str::to_owned),
             }),
     };
     let meter = Meter {

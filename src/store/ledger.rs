@@ -105,15 +105,33 @@ pub struct ReserveRequest {
     pub lapse_record: Option<RecordKeeping>,
 }
 
-/// How a generation record is kept: for how long, and how many an account
-/// keeps at most.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a lapse's generation record is kept (for how long, and how many an
+/// account keeps at most) and the model it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordKeeping {
     /// How long it is kept: it reads as absent after this and is removed.
     pub retention: Duration,
     /// The most records the account keeps: writing one more removes the
     /// oldest.
     pub max_per_account: u64,
+    /// The model the request asked for, which the record names (so a
+    /// lapse counts under its model in activity); `None` names none. At
+    /// most [`MAX_LAPSE_MODEL_BYTES`] of printable ASCII, without `"` or
+    /// `\`, as every model id is.
+    pub model: Option<String>,
+}
+
+/// The longest model name a lapse record keeps.
+pub const MAX_LAPSE_MODEL_BYTES: usize = 256;
+
+/// Whether `model` may be named by a lapse record ([`RecordKeeping::model`]):
+/// printable ASCII without `"` or `\`, at most [`MAX_LAPSE_MODEL_BYTES`]
+/// (so each store writes it into the record as it is).
+pub fn is_lapse_model(model: &str) -> bool {
+    model.len() <= MAX_LAPSE_MODEL_BYTES
+        && model
+            .bytes()
+            .all(|byte| byte.is_ascii_graphic() && byte != b'"' && byte != b'\\')
 }
 
 /// A key's terms as the store keeps them beside its usage
@@ -141,8 +159,10 @@ pub struct HoldRenewal {
 /// JSON with the request's id, its charge (the held amount) as
 /// `total_cost` and `usage`, `cost_basis` `"lapsed"`, `is_byok`,
 /// `lapsed: true`, when it lapsed (`created_at`, RFC 3339), the account
-/// (`user_id`) and the key (`key_hash`). A late settlement of the request
-/// replaces it with the full record. Every backend writes the same fields.
+/// (`user_id`), the key (`key_hash`) and, when the hold named one
+/// ([`RecordKeeping::model`]), the model the request asked for (`model`).
+/// A late settlement of the request replaces it with the full record.
+/// Every backend writes the same bytes.
 pub fn lapse_record(
     account: &str,
     key: &str,
@@ -150,12 +170,16 @@ pub fn lapse_record(
     charged_nanos: i64,
     byok: bool,
     lapsed_at: DateTime<Utc>,
+    model: Option<&str>,
 ) -> bytes::Bytes {
     let cost = credits_text(charged_nanos);
     let created_at = lapsed_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let model = model
+        .map(|model| format!(",\"model\":{}", json_string(model)))
+        .unwrap_or_default();
     let text = format!(
         "{{\"id\":{},\"total_cost\":{cost},\"usage\":{cost},\"cost_basis\":\"lapsed\",\
-         \"is_byok\":{byok},\"lapsed\":true,\"created_at\":{},\"user_id\":{},\"key_hash\":{}}}",
+         \"is_byok\":{byok},\"lapsed\":true,\"created_at\":{},\"user_id\":{},\"key_hash\":{}{model}}}",
         json_string(&format!("{GENERATION_ID_PREFIX}{reservation_id}")),
         json_string(&created_at),
         json_string(account),
@@ -751,7 +775,17 @@ pub(crate) fn validate_reserve(request: &ReserveRequest) -> Result<(), StoreErro
         ));
     }
     validate_renewals(request.ttl)?;
-    if let Some(keeping) = request.lapse_record {
+    if let Some(keeping) = &request.lapse_record {
+        if keeping
+            .model
+            .as_deref()
+            .is_some_and(|model| !is_lapse_model(model))
+        {
+            return Err(StoreError::invalid(
+                "reserve",
+                "a lapse record's model must be printable ASCII without quotes or backslashes, at most 256 bytes",
+            ));
+        }
         validate_record(
             "reserve",
             Some(&SettlementRecord {

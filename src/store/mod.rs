@@ -84,10 +84,10 @@ pub(crate) use ledger::validate_admit;
 pub use ledger::{
     AccountBalance, AdmitOutcome, AdmitRequest, GenerationsPage, HoldRenewal,
     IDEMPOTENCY_KEY_TTL_HOURS, KeyLimit, KeyTerms, KeyUsage, LAPSED_HOLD_MEMORY, LedgerStore,
-    MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECORD_RETENTION, MAX_RESERVATION_TTL, NANOS_PER_CREDIT,
-    PurchaseTier, RecordKeeping, ReserveOutcome, ReserveRequest, SETTLEMENT_MEMORY,
-    SETTLEMENT_RETRY_WINDOW, Settlement, SettlementRecord, TopUpOutcome, is_valid_idempotency_key,
-    lapse_record,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_LAPSE_MODEL_BYTES, MAX_RECORD_RETENTION, MAX_RESERVATION_TTL,
+    NANOS_PER_CREDIT, PurchaseTier, RecordKeeping, ReserveOutcome, ReserveRequest,
+    SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW, Settlement, SettlementRecord, TopUpOutcome,
+    is_lapse_model, is_valid_idempotency_key, lapse_record,
 };
 pub use location::{InvalidStoreLocation, StoreLocation};
 pub use memory::MemoryStore;

@@ -1170,11 +1170,12 @@ impl RedisStore {
                 .arg(u8::from(hold.check_balance))
                 .arg(u8::from(hold.covered_by_balance))
                 .arg(u8::from(hold.counts_against_key_limit));
-            match hold.lapse_record {
+            match &hold.lapse_record {
                 Some(keeping) => invocation
                     .arg(duration_micros(keeping.retention))
-                    .arg(keeping.max_per_account),
-                None => invocation.arg("").arg(0),
+                    .arg(keeping.max_per_account)
+                    .arg(keeping.model.as_deref().unwrap_or_default()),
+                None => invocation.arg("").arg(0).arg(""),
             };
         }
         self.run(operation, &invocation).await

@@ -112,8 +112,8 @@ struct Sums {
     hold_charged_nanos: i64,
 }
 
-/// The activity row of a record that names no model: a lapse's record
-/// (written by the store, which does not know the model).
+/// The activity row of a record that names no model: a lapse's record an
+/// older version wrote, or one whose hold named none.
 pub const UNKNOWN_MODEL: &str = "unknown";
 
 /// For a scan that stopped at its depth before the window's start: the
@@ -139,8 +139,8 @@ pub fn record_day(record: &Value) -> Option<NaiveDate> {
 /// keys, both in credits summed exactly in nano-credits. Every record
 /// counts, a charged hold's too ([`charged_hold`]: a lapsed or unanswered
 /// request): those are also counted apart, in `hold_charged_requests` and
-/// `hold_charged_usage`, and one naming no model (a lapse's) counts under
-/// [`UNKNOWN_MODEL`]. A record whose time or cost cannot be read (none the
+/// `hold_charged_usage`, and one naming no model (an older lapse's) counts
+/// under [`UNKNOWN_MODEL`]. A record whose time or cost cannot be read (none the
 /// gateway writes) is left out.
 pub fn activity_rows<'a>(
     records: impl IntoIterator<Item = &'a Value>,
@@ -159,8 +159,8 @@ pub fn activity_rows<'a>(
         let Ok(cost_nanos) = nanos_from_json(&record["total_cost"]) else {
             continue;
         };
-        // A lapse's record names no model: the store that writes it does
-        // not know it. Its charge counts all the same.
+        // A lapse's record names the model asked for, but an older one
+        // none: its charge counts all the same.
         let model = record["model"]
             .as_str()
             .or_else(|| record["requested_model"].as_str())
@@ -399,8 +399,8 @@ mod tests {
         assert!(activity_rows(&Vec::<Value>::new(), today(), None).is_empty());
     }
 
-    /// A lapse's record, as the store writes it (`store::lapse_record`): no
-    /// model, no tokens.
+    /// A lapse's record, as the store writes it (`store::lapse_record`) for
+    /// a hold that named no model: no model, no tokens.
     fn lapse(created_at: &str, cost: f64, byok: bool) -> Value {
         let record = crate::store::lapse_record(
             "acme",
@@ -411,6 +411,7 @@ mod tests {
             DateTime::parse_from_rfc3339(created_at)
                 .unwrap()
                 .with_timezone(&Utc),
+            None,
         );
         serde_json::from_slice(&record).unwrap()
     }

@@ -115,6 +115,7 @@ async fn lapsed_holds_count_in_activity_and_the_csv_says_why() {
             lapse_record: Some(RecordKeeping {
                 retention: Duration::from_secs(30 * 86_400),
                 max_per_account: 1000,
+                model: Some("openai/gpt-4o".to_owned()),
             }),
         };
         store.reserve(&hold, clock.now()).await.unwrap();
@@ -133,7 +134,10 @@ async fn lapsed_holds_count_in_activity_and_the_csv_says_why() {
     assert_eq!(rows.len(), 1, "{activity}");
     let row = &rows[0];
     assert_eq!(row["date"], "2026-11-29");
-    assert_eq!(row["model"], "unknown");
+    assert_eq!(
+        row["model"], "openai/gpt-4o",
+        "a lapse counts under the model it asked for"
+    );
     assert_eq!(row["requests"], 3);
     assert_eq!(row["usage"], json!(0.402));
     assert_eq!(row["hold_charged_requests"], 3);

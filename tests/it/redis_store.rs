@@ -985,6 +985,7 @@ async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse(
         lapse_record: Some(RecordKeeping {
             retention: 10 * hour,
             max_per_account: 100,
+            model: None,
         }),
         ..reserve_request()
     };
@@ -1602,6 +1603,8 @@ fn reserve_of(args: &ReserveArgs) -> ReserveRequest {
             .map(|(retention_secs, max_per_account)| RecordKeeping {
                 retention: Duration::from_secs(retention_secs),
                 max_per_account,
+                // Half name a model, one a colon and a slash in it.
+                model: (max_per_account % 2 == 0).then(|| "p/m:x".to_owned()),
             }),
         counts_against_key_limit: true,
         ttl: Duration::from_secs(args.ttl_secs),

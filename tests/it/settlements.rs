@@ -806,6 +806,10 @@ async fn a_killed_instance_s_hold_lapses_charged_in_full_with_a_record_saying_so
     assert_eq!(record["id"], generation);
     assert_eq!(record["cost_basis"], "lapsed");
     assert_eq!(record["lapsed"], true);
+    assert_eq!(
+        record["model"], "openai/gpt-4o-mini",
+        "the model it asked for"
+    );
     assert_eq!(record_cost_nanos(&record), held);
 }
 

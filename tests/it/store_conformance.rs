@@ -1800,10 +1800,16 @@ async fn a_lapse_leaves_a_generation_record_its_settlement_replaces<S: Store>(st
     let keeping = RecordKeeping {
         retention: Duration::from_secs(3600),
         max_per_account: 100,
+        model: None,
     };
     let with_record = |id: &str, key: &str| ReserveRequest {
         key: key.into(),
-        lapse_record: Some(keeping),
+        // The orphan's record names its model (one with a slash and a
+        // colon, written as it is on every store).
+        lapse_record: Some(RecordKeeping {
+            model: (id == "orphan").then(|| "openai/gpt-4o:free".to_owned()),
+            ..keeping.clone()
+        }),
         ..paid_hold(id, credits(2), None)
     };
     let byok = ReserveRequest {
@@ -1871,7 +1877,8 @@ async fn a_lapse_leaves_a_generation_record_its_settlement_replaces<S: Store>(st
             "orphan",
             credits(2),
             false,
-            lapsed_at
+            lapsed_at,
+            Some("openai/gpt-4o:free"),
         ))
     );
     // The late settlement's own record replaces the lapse's.
@@ -2002,9 +2009,10 @@ async fn every_ledger_call_lapses_what_has_expired_alike<S: Store>(store: Arc<S>
     let keeping = RecordKeeping {
         retention: Duration::from_secs(3600),
         max_per_account: 100,
+        model: None,
     };
     let orphan = ReserveRequest {
-        lapse_record: Some(keeping),
+        lapse_record: Some(keeping.clone()),
         ..paid_hold("orphan", credits(1), None)
     };
     assert!(store.reserve(&orphan, t0()).await.unwrap().is_reserved());
@@ -2879,6 +2887,7 @@ async fn a_keys_page_holds_its_own_records_newest_first_within_the_cap<S: Store>
         lapse_record: Some(RecordKeeping {
             retention: Duration::from_secs(60),
             max_per_account: 6,
+            model: None,
         }),
         ttl: Duration::from_secs(1),
         ..paid_hold("late", credits(1), None)

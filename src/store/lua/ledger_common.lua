@@ -22,6 +22,8 @@
 --       holds (c: the balance covers it too; retention and most, when not
 --       empty, say how its lapse's generation record is kept; its cost
 --       counts in the periods containing the µs it was admitted at), or
+--       'B:<admitted at>:<amount>:<c|b>:<retention>:<most>:<n>:<model><key>'
+--       when its lapse's record names a model (of n bytes), or
 --       'H:<amount>:<c|b>:<retention>:<most>:<key>' for a hold an older
 --       version wrote (its cost counts in the periods it ends in);
 --     'S:<forget at>' once settled (its marker);
@@ -357,16 +359,24 @@ local function add_usage(key, cost, byok, in_starts)
   k.dirty = true
 end
 
--- Whether `value` is a live hold's ('A', or 'H' as an older version wrote).
+-- Whether `value` is a live hold's ('A', 'B', or 'H' as an older version wrote).
 local function holds(value)
   if not value or string.byte(value, 2) ~= 58 then return false end
   local kind = string.byte(value, 1)
-  return kind == 65 or kind == 72
+  return kind == 65 or kind == 66 or kind == 72
 end
 -- The parts of a hold's value: amount, covered (bool), retention, most
--- (text, '' when its lapse keeps no record), key, and the µs it was
--- admitted at (nil for an 'H' hold).
+-- (text, '' when its lapse keeps no record), key, the µs it was
+-- admitted at (nil for an 'H' hold), and the model its lapse record names
+-- (a 'B' hold's).
 local function hold_parts(value)
+  if string.byte(value, 1) == 66 then
+    local _, _, admitted, amount, flag, retention, most, length, rest =
+      string.find(value, '^B:(%d+):(%d+):([cb]):(%d*):(%d*):(%d+):(.*)$')
+    length = tonumber(length)
+    return amount, flag == 'c', retention, most, string.sub(rest, length + 1), admitted,
+      string.sub(rest, 1, length)
+  end
   local _, _, admitted, amount, flag, retention, most, key =
     string.find(value, '^A:(%d+):(%d+):([cb]):(%d*):(%d*):(.*)$')
   if not admitted then
@@ -410,26 +420,29 @@ local function keep_generation(id, record, retention, most, key)
   if sget('gmax') ~= most then sput('gmax', most) end
 end
 
--- The generation record a lapse leaves (as `lapse_record` in ledger.rs).
-local function lapse_record(key, id, amount, byok)
+-- The generation record a lapse leaves (as `lapse_record` in ledger.rs);
+-- its model, printable ASCII without quotes or backslashes (the store
+-- checks), is written as it is.
+local function lapse_record(key, id, amount, byok, model)
   local cost = credits_text(amount)
   return '{"id":' .. cjson.encode('gen-' .. id) .. ',"total_cost":' .. cost .. ',"usage":' .. cost
     .. ',"cost_basis":"lapsed","is_byok":' .. (byok and 'true' or 'false') .. ',"lapsed":true,"created_at":"'
-    .. rfc3339(C.now) .. '","user_id":' .. cjson.encode(C.name) .. ',"key_hash":' .. cjson.encode(key) .. '}'
+    .. rfc3339(C.now) .. '","user_id":' .. cjson.encode(C.name) .. ',"key_hash":' .. cjson.encode(key)
+    .. (model and (',"model":"' .. model .. '"') or '') .. '}'
 end
 
 -- Charges the lapse of `id`'s live hold `value`: its key's usage (own when
 -- the balance covers it, and then the balance too, else BYOK), kept as
 -- 'L' for a late settlement to undo, with a record when the hold asked.
 local function lapse(id, value)
-  local amount, covered, retention, most, key, admitted = hold_parts(value)
+  local amount, covered, retention, most, key, admitted, model = hold_parts(value)
   release(value)
   local byok = not covered
   local s = admitted_starts(admitted)
   if amount ~= '0' then add_usage(key, amount, byok, s) end
   if covered and amount ~= '0' then put('balance', signed_add(get('balance'), amount, true)) end
   if retention ~= '' then
-    keep_generation(id, lapse_record(key, id, amount, byok), tonumber(retention), most, key)
+    keep_generation(id, lapse_record(key, id, amount, byok, model), tonumber(retention), most, key)
   end
   -- A lapse before it (the id admitted again over it) gives way to this
   -- one, as a second lapse of one id replaces the first.

@@ -20,7 +20,8 @@
 --   exactly the amount), lifetime (µs), has limit (0/1), limit, reset ('n'
 --   never, 'd', 'w', 'm'), include BYOK (0/1), check balance (0/1),
 --   covered by balance (0/1), counts against the key's limit (0/1), lapse
---   record retention (µs, '' for none), most records.
+--   record retention (µs, '' for none), most records, the model the lapse
+--   record names ('' for none).
 -- Returns, with neither counters nor a hold, {settlements recorded, holds
 -- renewed}.
 -- Otherwise {status, now, a, b, c, then six per check: fits, used,
@@ -226,8 +227,15 @@ local function hold(key)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
   if known(previous, 'L') then put('l:' .. id, previous) end
-  put(field, 'A:' .. int(now) .. ':' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. ARGV[h + 13] .. ':'
-    .. (ARGV[h + 13] ~= '' and ARGV[h + 14] or '') .. ':' .. key)
+  local retention = ARGV[h + 13]
+  local model = retention ~= '' and ARGV[h + 15] or ''
+  if model == '' then
+    put(field, 'A:' .. int(now) .. ':' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. retention .. ':'
+      .. (retention ~= '' and ARGV[h + 14] or '') .. ':' .. key)
+  else
+    put(field, 'B:' .. int(now) .. ':' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. retention .. ':'
+      .. ARGV[h + 14] .. ':' .. #model .. ':' .. model .. key)
+  end
   kput(key, 'h', total)
   if covered then sput('held', add_held(sget('held'), grant)) end
   track(id, expires_at)

@@ -351,7 +351,7 @@ pub(crate) fn decide_hold(
             admitted_at_micros: Some(now_micros),
             expires_at_micros: now_micros.saturating_add(duration_micros(request.ttl)),
             covered: request.covered_by_balance,
-            lapse_record: request.lapse_record,
+            lapse_record: request.lapse_record.clone(),
         },
     }
 }
@@ -382,7 +382,7 @@ pub(crate) fn lapse(
     if hold.covered {
         *charged.balance_nanos = charged.balance_nanos.saturating_sub(hold.amount_nanos);
     }
-    let record = hold.lapse_record.map(|keeping| SettlementRecord {
+    let record = hold.lapse_record.as_ref().map(|keeping| SettlementRecord {
         bytes: lapse_record(
             account,
             &hold.key,
@@ -390,6 +390,7 @@ pub(crate) fn lapse(
             hold.amount_nanos,
             byok,
             instant(now_micros),
+            keeping.model.as_deref(),
         ),
         retention: keeping.retention,
         max_per_account: keeping.max_per_account,

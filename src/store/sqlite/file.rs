@@ -246,11 +246,12 @@ mod tests {
         let path = directory.path().join("m.db");
         drop(store_in(&directory));
         // Schema 1 is schema 3 without the holds' admission instants and
-        // the records' keys.
+        // models, and the records' keys.
         let connection = Connection::open(&path).unwrap();
         connection
             .execute_batch(
                 "ALTER TABLE ledger_requests DROP COLUMN admitted_at_micros;
+                 ALTER TABLE ledger_requests DROP COLUMN record_model;
                  DROP INDEX ledger_generations_by_key;
                  ALTER TABLE ledger_generations DROP COLUMN key_hash;
                  INSERT INTO ledger_requests (account, id, state, key, at_micros, amount_nanos, covered)
@@ -277,12 +278,14 @@ mod tests {
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("m.db");
         drop(store_in(&directory));
-        // Schema 2 is schema 3 without the records' keys.
+        // Schema 2 is schema 3 without the records' keys and the holds'
+        // models.
         let connection = Connection::open(&path).unwrap();
         connection
             .execute_batch(
                 r#"DROP INDEX ledger_generations_by_key;
                  ALTER TABLE ledger_generations DROP COLUMN key_hash;
+                 ALTER TABLE ledger_requests DROP COLUMN record_model;
                  INSERT INTO ledger_generations (account, id, record, expires_at_micros)
                      VALUES ('acct', 'r1', '{"id":"gen-r1","key_hash":"k1"}', 5),
                             ('acct', 'r2', 'not json', 6);

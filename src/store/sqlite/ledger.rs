@@ -102,6 +102,7 @@ CREATE TABLE ledger_requests (
     lapse_week_start_micros INTEGER,
     lapse_month_start_micros INTEGER,
     admitted_at_micros INTEGER,
+    record_model TEXT,
     PRIMARY KEY (account, id)
 ) WITHOUT ROWID;
 CREATE INDEX ledger_requests_by_time ON ledger_requests (account, state, at_micros);
@@ -134,9 +135,11 @@ ALTER TABLE ledger_requests ADD COLUMN admitted_at_micros INTEGER;
 ";
 
 /// Schema 3: each generation record names its key, indexed, so that a
-/// key's page is read without walking the account's other records; the
-/// records schema 2 wrote get theirs from the record.
+/// key's page is read without walking the account's other records (the
+/// records schema 2 wrote get theirs from the record); a hold keeps the
+/// model its lapse record names.
 pub(super) const SCHEMA_3: &str = "
+ALTER TABLE ledger_requests ADD COLUMN record_model TEXT;
 ALTER TABLE ledger_generations ADD COLUMN key_hash TEXT;
 UPDATE ledger_generations SET key_hash = json_extract(record, '$.key_hash')
     WHERE json_valid(record);
@@ -364,7 +367,7 @@ impl<'c> Call<'c> {
                 "SELECT state, key, at_micros, amount_nanos, covered, record_retention_micros,
                         record_most, lapse_forget_at_micros, lapse_key, lapse_amount_nanos,
                         lapse_byok, lapse_day_start_micros, lapse_week_start_micros,
-                        lapse_month_start_micros, admitted_at_micros
+                        lapse_month_start_micros, admitted_at_micros, record_model
                  FROM ledger_requests WHERE account = ?1 AND id = ?2",
             )
             .and_then(|mut statement| {
@@ -386,6 +389,7 @@ impl<'c> Call<'c> {
                             "H" => {
                                 let retention: Option<i64> = row.get(5)?;
                                 let most: Option<i64> = row.get(6)?;
+                                let model: Option<String> = row.get(15)?;
                                 Request::Holding {
                                     hold: Hold {
                                         key: row.get::<_, String>(1)?.into(),
@@ -399,6 +403,7 @@ impl<'c> Call<'c> {
                                                     retention_micros.max(0) as u64,
                                                 ),
                                                 max_per_account: most.max(0) as u64,
+                                                model: model.clone(),
                                             },
                                         ),
                                     },
@@ -434,10 +439,11 @@ impl<'c> Call<'c> {
                 hold.expires_at_micros,
                 hold.amount_nanos,
                 hold.covered,
-                hold.lapse_record.map(|keeping| {
+                hold.lapse_record.as_ref().map(|keeping| {
                     (
                         duration_micros(keeping.retention),
                         i64::try_from(keeping.max_per_account).unwrap_or(i64::MAX),
+                        keeping.model.as_deref(),
                     )
                 }),
                 earlier.as_ref(),
@@ -461,9 +467,10 @@ impl<'c> Call<'c> {
                      (account, id, state, key, at_micros, amount_nanos, covered,
                   record_retention_micros, record_most, lapse_forget_at_micros, lapse_key,
                   lapse_amount_nanos, lapse_byok, lapse_day_start_micros,
-                  lapse_week_start_micros, lapse_month_start_micros, admitted_at_micros)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
-                     ON CONFLICT (account, id) DO UPDATE SET state = excluded.state, key = excluded.key, at_micros = excluded.at_micros, amount_nanos = excluded.amount_nanos, covered = excluded.covered, record_retention_micros = excluded.record_retention_micros, record_most = excluded.record_most, lapse_forget_at_micros = excluded.lapse_forget_at_micros, lapse_key = excluded.lapse_key, lapse_amount_nanos = excluded.lapse_amount_nanos, lapse_byok = excluded.lapse_byok, lapse_day_start_micros = excluded.lapse_day_start_micros, lapse_week_start_micros = excluded.lapse_week_start_micros, lapse_month_start_micros = excluded.lapse_month_start_micros, admitted_at_micros = excluded.admitted_at_micros",
+                  lapse_week_start_micros, lapse_month_start_micros, admitted_at_micros,
+                  record_model)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+                     ON CONFLICT (account, id) DO UPDATE SET state = excluded.state, key = excluded.key, at_micros = excluded.at_micros, amount_nanos = excluded.amount_nanos, covered = excluded.covered, record_retention_micros = excluded.record_retention_micros, record_most = excluded.record_most, lapse_forget_at_micros = excluded.lapse_forget_at_micros, lapse_key = excluded.lapse_key, lapse_amount_nanos = excluded.lapse_amount_nanos, lapse_byok = excluded.lapse_byok, lapse_day_start_micros = excluded.lapse_day_start_micros, lapse_week_start_micros = excluded.lapse_week_start_micros, lapse_month_start_micros = excluded.lapse_month_start_micros, admitted_at_micros = excluded.admitted_at_micros, record_model = excluded.record_model",
             )
             .and_then(|mut statement| {
                 statement.execute(params![
@@ -474,8 +481,8 @@ impl<'c> Call<'c> {
                     at_micros,
                     amount_nanos,
                     covered,
-                    record.map(|(retention, _)| retention),
-                    record.map(|(_, most)| most),
+                    record.map(|(retention, _, _)| retention),
+                    record.map(|(_, most, _)| most),
                     lapse.map(|lapse| lapse.forget_at_micros),
                     lapse.map(|lapse| &*lapse.key),
                     lapse.map(|lapse| lapse.amount_nanos),
@@ -484,6 +491,7 @@ impl<'c> Call<'c> {
                     lapse.map_or(none, |lapse| Some(lapse.starts[1])),
                     lapse.map_or(none, |lapse| Some(lapse.starts[2])),
                     admitted_at_micros,
+                    record.and_then(|(_, _, model)| model),
                 ])
             })
             .map_err(sql(OPERATION))?;
