@@ -2376,3 +2376,114 @@ async fn times_are_written_one_way_in_utc() {
     );
     page.close().await;
 }
+
+/// A request whose instance died mid-way: its hold lapses and is charged
+/// whole; the page shows it under the model it asked for, marked lapsed,
+/// with why in words, in the generations and the activity tables.
+#[tokio::test]
+async fn a_lapsed_request_shows_on_the_page_under_its_model_and_says_why() {
+    use modelgate::store::{
+        LedgerStore, NANOS_PER_CREDIT, RecordKeeping, ReserveRequest, SqliteStore,
+        SqliteStoreConfig,
+    };
+    let _one_browser = BROWSER.lock().await;
+    let directory = tempfile::tempdir().unwrap();
+    let file = directory.path().join("gateway.db");
+    let admin = ApiKey::generate().expose().to_owned();
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--store")
+        .arg(format!("sqlite:{}", file.display()))
+        .env("MODELGATE_ADMIN_KEY", &admin)
+        .env("RUST_LOG", "warn");
+    let proxy = ProxyProcess::spawn(command);
+    let api = Api::new(&proxy);
+    api.top_up(&admin, "default", 10.0).await;
+    let (status, created) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            &admin,
+            Some(json!({"name": "bot"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let client_hash = modelgate::auth::KeyHash::of(created["key"].as_str().unwrap()).to_hex();
+    // Another instance on the same file admits a request and dies: its
+    // hold, never renewed, lapses a second later.
+    let other_instance = SqliteStore::open(&file, SqliteStoreConfig::default()).unwrap();
+    let held = 134 * NANOS_PER_CREDIT / 1000;
+    let hold = ReserveRequest {
+        account: "default".into(),
+        key: client_hash.clone(),
+        reservation_id: format!("{:032x}", 42),
+        amount_nanos: held,
+        min_amount_nanos: None,
+        key_limit: None,
+        counts_against_key_limit: true,
+        check_balance: true,
+        covered_by_balance: true,
+        ttl: Duration::from_secs(1),
+        lapse_record: Some(RecordKeeping {
+            retention: Duration::from_secs(86_400),
+            max_per_account: 1000,
+            model: Some(PAID_MODEL.to_owned()),
+        }),
+    };
+    let admitted = other_instance
+        .reserve(&hold, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(admitted.is_reserved(), "{admitted:?}");
+    drop(other_instance);
+    // The first call on the account past the hold's life charges it.
+    let path = format!("/api/v1/keys/{client_hash}");
+    wait_until(PATIENCE, "the lapse charged to the key", || async {
+        let (status, key) = api.send(reqwest::Method::GET, &path, &admin, None).await;
+        status == 200 && key["data"]["usage"] == json!(0.134)
+    })
+    .await;
+
+    let driver = Chromedriver::start();
+    let browser = driver.browser().await;
+    sign_in(&browser, &proxy, &admin).await;
+    browser.watch_csp().await;
+    let rows = generations_until(&browser, 1).await;
+    let row = &rows[0];
+    assert!(row["model"].as_str().unwrap().contains(PAID_MODEL), "{row}");
+    assert_eq!(row["cost"], "0.134", "{row}");
+    let marks = row["marks"].as_str().unwrap();
+    assert!(marks.contains("lapsed"), "{row}");
+    assert!(marks.contains("Charged its whole hold"), "{row}");
+    let activity = refreshing_until(&browser, "generations", || async {
+        let rows = browser
+            .script(
+                "return Array.from(document.querySelectorAll('#activity-rows > tr'), (row) => \
+                   Object.fromEntries(Array.from(row.cells, (cell) => \
+                     [cell.classList[cell.classList.length - 1], cell.textContent])))",
+            )
+            .await;
+        match rows.as_array().unwrap().as_slice() {
+            [row] => Ok(row.clone()),
+            other => Err(format!("the activity table never had one row: {other:?}")),
+        }
+    })
+    .await;
+    let model = activity["model"].as_str().unwrap();
+    assert!(model.starts_with(PAID_MODEL), "{activity}");
+    assert!(
+        model.contains("1 request charged whole holds (0.134 credits): usage never known"),
+        "{activity}"
+    );
+    assert_eq!(activity["requests"], "1", "{activity}");
+    assert!(
+        browser
+            .text("activity-caption")
+            .await
+            .contains("charged their whole hold, their usage never known"),
+        "the caption says why"
+    );
+    assert_eq!(browser.csp_violations().await, json!([]));
+    browser.close().await;
+}
