@@ -991,3 +991,76 @@ async fn generation_record(store: &RedisStore, generation: &str) -> serde_json::
         .expect("the generation's record");
     serde_json::from_slice(&bytes).unwrap()
 }
+
+/// SIGTERM while a timed-out request's late answer is still being waited
+/// for: past its grace the proxy ends the wait, charges the request its hold once
+/// (`unanswered`, as with no answer by the deadline), records it before it
+/// exits, and leaves nothing held to lapse and charge again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_late_read_charges_the_hold_once_before_exiting() {
+    let server = RedisServer::start();
+    // Headers in an hour: the request times out, its answer stays coming.
+    let silent = mock::start(mock::MockConfig {
+        latency: Duration::from_secs(3600),
+        ..mock::MockConfig::default()
+    })
+    .await;
+    let directory = tempfile::tempdir().unwrap();
+    let config = directory.path().join("gateway.json");
+    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
+    std::fs::write(
+        &config,
+        // A stop waits for the late answer as long as its grace, then
+        // gives it up.
+        json!({"pricing": {"default": price}, "shutdown_grace_seconds": 2,
+               "upstream": {"response_header_timeout_ms": 300, "late_answer_seconds": 600}})
+        .to_string(),
+    )
+    .unwrap();
+    let admin_key = modelgate::auth::ApiKey::generate();
+    let mut proxy = start_proxy(&server.url(), &silent, &config, admin_key.expose());
+    let key = proxy.create_key(admin_key.expose(), "late").await;
+    let client = reqwest::Client::new();
+    let funded = client
+        .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
+        .bearer_auth(admin_key.expose())
+        .json(&json!({"amount": 10000}))
+        .send()
+        .await
+        .unwrap();
+    assert!(funded.status().is_success());
+    let reply = client
+        .post(format!("{}/api/v1/chat/completions", proxy.address))
+        .bearer_auth(&key)
+        .json(&json!({"model": "openai/gpt-4o-mini", "max_tokens": 600,
+                      "messages": [{"role": "user", "content": "Hi there"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 504);
+    let generation = reply.headers()["x-generation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    // The late read is under way: the hold is still held.
+    let (used, held) = charged(&server, &key).await;
+    assert_eq!(used, 0);
+    assert!(held > 0, "held while the answer may come");
+
+    stop_with_nothing_pending(&mut proxy);
+    assert_eq!(
+        charged(&server, &key).await,
+        (held, 0),
+        "charged its hold once, nothing left held"
+    );
+    let store = RedisStore::connect(&server.url(), RedisStoreConfig::default())
+        .await
+        .unwrap();
+    let record = generation_record(&store, &generation).await;
+    assert_eq!(record["cost_basis"], "unanswered", "{record}");
+    assert_eq!(record_cost_nanos(&record), held);
+    assert_eq!(
+        balance_nanos(&server).await,
+        10000 * NANOS_PER_CREDIT - held
+    );
+}
