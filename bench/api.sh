@@ -18,8 +18,8 @@
 # examples in release mode. Results are printed, not committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-records="${1:-100000}"
-keys="${2:-50000}"
+record_count="${1:-100000}"
+key_count="${2:-50000}"
 seconds="${3:-10}"
 upstream_ms=0
 
@@ -30,7 +30,7 @@ upstream_ms=0
 cat >"$work/config.json" <<JSON
 {"rate_limits": {"account": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}}},
  "management_rate": {"gcra": {"requests": 1000000, "period_seconds": 1, "burst": 1000000}},
- "generations": {"max_per_account": $records},
+ "generations": {"max_per_account": $record_count},
  "pricing": {"models": {"openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6}}}}
 JSON
 
@@ -82,7 +82,7 @@ wrk.body = '{"model": "openai/gpt-4o-mini", "max_tokens": 4, "messages": [{"role
 wrk.headers["content-type"] = "application/json"
 wrk.headers["authorization"] = "Bearer $key"
 LUA
-  while [ "$done" -lt "$records" ]; do
+  while [ "$done" -lt "$record_count" ]; do
     local out
     out="$(wrk -t 2 -c 32 -d 10s -s "$work/chat.lua" "$url/api/v1/chat/completions")"
     if grep -q "Non-2xx" <<<"$out"; then
@@ -113,7 +113,7 @@ request = function()
 end
 LUA
   local done=0
-  while [ "$done" -lt "$keys" ]; do
+  while [ "$done" -lt "$key_count" ]; do
     local out
     out="$(wrk -t 1 -c 8 -d 5s -s "$work/keys.lua" "$url/api/v1/keys")"
     if grep -q "Non-2xx" <<<"$out"; then
@@ -149,7 +149,7 @@ wrk.headers["content-type"] = "application/json"
 wrk.headers["authorization"] = "Bearer $lone"
 LUA
   wrk -t 1 -c 1 -d 1s -s "$work/lone.lua" "$url/api/v1/chat/completions" >/dev/null
-  echo "==> $name: filling $records records and $keys keys"
+  echo "==> $name: filling $record_count records and $key_count keys"
   local made_records made_keys
   made_records="$(fill_records "$url" "$client")"
   made_keys="$(fill_keys "$url" "$admin")"
@@ -172,9 +172,9 @@ LUA
   local scans
   scans="$(sed -n 's/^Requests\/sec: *//p' "$work/scan.out")"
   printf '    %-58s %8s %8s\n' "call (p50, p99 in ms)" p50 p99
-  printf '    %-58s %8s %8s\n' "generations?limit=100, manager, $records in the account" $page
-  printf '    %-58s %8s %8s\n' "generations?limit=100, a key behind $records of another" $own
-  printf '    %-58s %8s %8s\n' "keys, manager, $keys keys of other accounts" $keys_page
+  printf '    %-58s %8s %8s\n' "generations?limit=100, manager, $record_count in the account" $page
+  printf '    %-58s %8s %8s\n' "generations?limit=100, a key behind $record_count of another" $own
+  printf '    %-58s %8s %8s\n' "keys, manager, $key_count keys of other accounts" $keys_page
   printf '    %-58s %8s %8s\n' "another tenant's credits, alone" $alone
   printf '    %-58s %8s %8s\n' "another tenant's credits, 8 clients scanning" $scanned
   echo "    (the 8 scanners ran $scans filtered scans a second)"
