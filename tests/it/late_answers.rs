@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::gateway::{instance, key_of};
 use common::redis_server::RedisServer;
 use common::settle::key_settled;
-use common::wait::{PATIENCE, wait_for};
+use common::wait::{PATIENCE, wait_for, wait_until};
 use modelgate::credit::MESSAGE_OVERHEAD_TOKENS;
 use modelgate::keys::SharedStore;
 use modelgate::store::{
@@ -316,4 +316,55 @@ async fn past_the_cap_of_late_answers_a_timed_out_request_is_charged_its_hold_at
         assert_eq!(records(&store).await.len(), 1);
     })
     .await;
+}
+
+/// A late answer that takes longer than the request's hold lasts: the hold
+/// is renewed while the answer is read, so it never lapses (a lapse would
+/// charge the whole hold to the key meanwhile), and the answer is charged
+/// once, for what it used. On a real redis-server, where a second
+/// instance's call would see a lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_longer_than_the_hold_keeps_its_hold_renewed() {
+    let server = RedisServer::start();
+    let store: SharedStore = Arc::new(
+        RedisStore::connect(&server.url(), RedisStoreConfig::default())
+            .await
+            .unwrap(),
+    );
+    let slow = mock::start(mock::MockConfig {
+        latency: Duration::from_millis(8500),
+        ..mock::MockConfig::default()
+    })
+    .await;
+    // Holds of 3 s, renewed every second while their request runs.
+    let config = json!({
+        "pricing": {"default": {"prompt_per_million": 1_000_000, "completion_per_million": 1_000_000}},
+        "upstream": {"response_header_timeout_ms": 300, "late_answer_seconds": 60},
+        "credit": {"reservation_ttl_seconds": 3},
+    })
+    .to_string();
+    let address = instance(store.clone(), &slow, &config).await;
+    let key = funded_key(&store).await;
+    let sent = chrono::Utc::now();
+    let reply = chat(address, &key, "openai/gpt-4o-mini", false).await;
+    assert_timed_out_and_told(&reply);
+    // Two lifetimes of the hold later, still no answer: held, not lapsed.
+    let past = sent + chrono::Duration::milliseconds(6500);
+    wait_until(PATIENCE, "two of the hold's lifetimes", || async {
+        chrono::Utc::now() >= past
+    })
+    .await;
+    let hash = modelgate::auth::KeyHash::of(&key).to_hex();
+    let usage = store
+        .key_usage("acme", &hash, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(usage.total_nanos, 0, "no lapse charged: {usage:?}");
+    assert_eq!(usage.reserved_nanos, HOLD_NANOS, "still held: {usage:?}");
+    let record = record(&store, &reply.generation_id.unwrap()).await;
+    assert_eq!(record["cost_basis"], "late_answer", "{record}");
+    let cost = cost_nanos(&record);
+    assert!(cost < HOLD_NANOS, "its usage, not its hold: {record}");
+    let usage = key_settled(&store, &key, chrono::Utc::now()).await;
+    assert_eq!(usage.total_nanos, cost, "charged once");
 }
