@@ -10,7 +10,7 @@
 #      their generation records as fast as they can.
 # The targets (issue 48): each p99 at most 5 ms on this machine.
 #
-#   bench/api.sh [RECORDS=100000] [KEYS=50000] [SECONDS=10]
+#   [STORES="sqlite redis"] bench/api.sh [RECORDS=100000] [KEYS=50000] [SECONDS=10]
 #
 # The store is filled through the proxy's own API with wrk (chat requests
 # for the records, key creations for the keys), so the data is what the
@@ -59,7 +59,7 @@ wrk_get() {
   cat >"$work/get.lua" <<LUA
 wrk.headers["authorization"] = "Bearer $key"
 LUA
-  wrk -t 1 -c "$connections" -d "${seconds}s" --latency -s "$work/get.lua" "$url$path" |
+  if ! wrk -t 1 -c "$connections" -d "${seconds}s" --latency -s "$work/get.lua" "$url$path" |
     python3 -c '
 import re, sys
 text = sys.stdin.read()
@@ -70,7 +70,12 @@ def ms(label):
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
 if non2xx:
     sys.exit("refused: " + non2xx.group(1) + " answers were not 2xx")
-print(f"{ms(\"50\"):.2f} {ms(\"99\"):.2f}")'
+print("%.2f %.2f" % (ms("50"), ms("99")))'; then
+    echo "GET $path answered:" >&2
+    curl -s -H "authorization: Bearer $key" "$url$path" | head -c 600 >&2
+    echo >&2
+    return 1
+  fi
 }
 
 # `fill_records URL KEY`: chat requests until RECORDS were answered.
@@ -181,5 +186,10 @@ LUA
   kill "$(cat "$work/$name.pid")" 2>/dev/null || true
 }
 
-run sqlite --store "sqlite:$work/modelgate.db"
-run redis --redis "redis://127.0.0.1:$redis_port"
+# STORES picks the runs (default both).
+for store in ${STORES:-sqlite redis}; do
+  case "$store" in
+    sqlite) run sqlite --store "sqlite:$work/modelgate.db" ;;
+    redis) run redis --redis "redis://127.0.0.1:$redis_port" ;;
+  esac
+done

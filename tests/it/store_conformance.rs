@@ -2934,6 +2934,51 @@ async fn a_keys_page_holds_its_own_records_newest_first_within_the_cap<S: Store>
         page(&*store, Some("key-b"), 0, 20, later).await,
         ["r9", "r7"]
     );
+
+    // Records written past the cap within a tidying's interval wait for it
+    // unseen, on every page.
+    store.top_up("capped", credits(10)).await.unwrap();
+    let capped = |id: &str, key: &str| Settlement {
+        account: "capped".into(),
+        key: key.into(),
+        ..with_record(settlement(id, 1, false), id, 60, 3)
+    };
+    store
+        .settle(&capped("c0", "key-a"), after(70 * SECOND))
+        .await
+        .unwrap();
+    store
+        .settle_many(
+            &[
+                capped("c1", "key-b"),
+                capped("c2", "key-a"),
+                capped("c3", "key-b"),
+                capped("c4", "key-a"),
+            ],
+            after(70 * SECOND + 1),
+        )
+        .await
+        .unwrap();
+    let capped_page = |key| {
+        let store = Arc::clone(&store);
+        async move {
+            let page = GenerationsPage {
+                key,
+                skip: 0,
+                limit: 10,
+            };
+            store
+                .generations_page("capped", page, after(70 * SECOND + 2))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|bytes| String::from_utf8(bytes.to_vec()).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(capped_page(None).await, ["c4", "c3", "c2"]);
+    assert_eq!(capped_page(Some("key-a")).await, ["c4", "c2"]);
+    assert_eq!(capped_page(Some("key-b")).await, ["c3"]);
 }
 
 fn app_row(app: &str, model: &str, requests: u64, tokens: u64) -> AppUsage {

@@ -517,12 +517,14 @@ impl Generations {
     /// wait for the next tidying; `None` when none do.
     fn cap_edge(&self) -> Option<&(i64, Box<str>)> {
         let most = usize::try_from(self.most?).unwrap_or(usize::MAX);
-        if self.records.len() <= most {
-            return None;
-        }
-        // Walks at most the cap, and only between a write and the tidying
-        // that follows it within a tenth of a second.
-        self.order.iter().rev().nth(most.checked_sub(1)?)
+        // From the oldest end: past only the records over the cap (those
+        // written since the last tidying, a tenth of a second at most).
+        let over = self
+            .records
+            .len()
+            .checked_sub(most)
+            .filter(|over| *over > 0)?;
+        self.order.iter().nth(over)
     }
 
     /// Whether `entry` is among the newest `most` (which `edge` is the

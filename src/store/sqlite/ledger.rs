@@ -1261,16 +1261,18 @@ impl LedgerStore for SqliteStore {
             let now_micros = unix_micros(now);
             // Past the cap, records wait for the account's next tidying
             // unseen: none older than the newest `most`'s oldest is read.
+            // Found from the oldest end, past only the records over the
+            // cap (a few between tidyings), not the `most` kept.
             let edge: (i64, String) = match row.records_most {
                 Some(most) if row.records_count > most => db
                     .prepare_cached(
                         "SELECT expires_at_micros, id FROM ledger_generations
-                         WHERE account = ?1 ORDER BY expires_at_micros DESC, id DESC
+                         WHERE account = ?1 ORDER BY expires_at_micros, id
                          LIMIT 1 OFFSET ?2",
                     )
                     .and_then(|mut statement| {
                         statement
-                            .query_row(params![account, most.saturating_sub(1)], |row| {
+                            .query_row(params![account, row.records_count - most], |row| {
                                 Ok((row.get(0)?, row.get(1)?))
                             })
                             .optional()
