@@ -72,8 +72,10 @@ if non2xx:
     sys.exit("refused: " + non2xx.group(1) + " answers were not 2xx")
 print("%.2f %.2f" % (ms("50"), ms("99")))'; then
     echo "GET $path answered:" >&2
-    curl -s -H "authorization: Bearer $key" "$url$path" | head -c 600 >&2
-    echo >&2
+    for _ in 1 2 3; do
+      curl -s -w ' (%{http_code})' -H "authorization: Bearer $key" "$url$path" | tail -c 600 >&2
+      echo >&2
+    done
     return 1
   fi
 }
