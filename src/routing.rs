@@ -71,7 +71,7 @@ const LOGGED_HASH_DIGITS: usize = 8;
 #[cfg(feature = "proxy")]
 const MIN_HASH_LIKE_DIGITS: usize = 16;
 
-/// `path` as the access log shows it: normalised ([`normalized_segments`]),
+/// `path` as the access log shows it: normalised as the routes read it,
 /// a JSON API path as its route's pattern with the key hash cut to its
 /// first 8 hex digits (`/api/v1/keys/1a2b3c4d…/rotate`), and any other
 /// run of 16 hex digits or more cut the same way: a log line never carries

@@ -269,7 +269,17 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     breaker: Arc<Breaker>,
     reloads: Arc<Reloads>,
+    /// Accounts whose records are known to be in their keys' orders
+    /// (`genkeyed` seen), so a key's page checks no more.
+    keyed_accounts: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
+
+/// Records put in their keys' orders per call while an account's older
+/// records are (a few milliseconds of Redis each, never seconds at once).
+const KEY_ORDER_CHUNK: usize = 1000;
+/// How far each chunk reaches back over the last, so that a record
+/// removed meanwhile (shifting those after it) leaves none out.
+const KEY_ORDER_OVERLAP: usize = 32;
 
 /// How many times a store (all its clones) has loaded the library again,
 /// and the lock under which one of the calls that found it missing
@@ -696,6 +706,7 @@ impl RedisStore {
             config: Arc::new(config),
             scripts: Arc::new(Scripts::new(&LIBRARY)),
             reloads: Arc::default(),
+            keyed_accounts: Arc::default(),
         }
     }
 
@@ -1204,11 +1215,8 @@ impl RedisStore {
             }
             GenerationRead::Page(page) => {
                 if let Some(key) = page.key {
-                    // The key's own order, and the mark that the account's
-                    // earlier records were put in their keys' orders.
-                    invocation
-                        .key(format!("{expiries}:{key}"))
-                        .key(format!("{scoped}genkeyed"));
+                    // The key's own order.
+                    invocation.key(format!("{expiries}:{key}"));
                 }
                 invocation.arg("page").arg(page.limit).arg(page.skip);
             }
@@ -1227,6 +1235,53 @@ impl RedisStore {
                 )),
             })
             .collect()
+    }
+
+    /// Puts `account`'s records kept before keys had orders of their own
+    /// in those orders, once: a chunk a call, newest first, then the mark
+    /// `genkeyed`. Records written meanwhile are put there by the ledger.
+    async fn ensure_key_orders(&self, account: &str) -> Result<(), StoreError> {
+        const OPERATION: &str = "generations_page";
+        let known = self
+            .keyed_accounts
+            .lock()
+            .map(|accounts| accounts.contains(account))
+            .unwrap_or(false);
+        if known {
+            return Ok(());
+        }
+        let scoped = self.scoped(account);
+        let [values, expiries] = self.generation_keys(&scoped);
+        let mark = format!("{scoped}genkeyed");
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("EXISTS").arg(&mark).to_owned();
+        let marked: Value = self
+            .bounded(OPERATION, command.query_async(&mut connection))
+            .await?;
+        if integer(OPERATION, &marked)? == 0 {
+            let mut start = 0;
+            loop {
+                let mut invocation = self.scripts.generations.prepare_invoke();
+                invocation
+                    .key(&values)
+                    .key(&expiries)
+                    .key(format!("{scoped}acct"))
+                    .key(&mark)
+                    .arg("")
+                    .arg("order")
+                    .arg(KEY_ORDER_CHUNK)
+                    .arg(start);
+                let read = integer(OPERATION, &self.run(OPERATION, &invocation).await?)?;
+                if read < KEY_ORDER_CHUNK as i64 {
+                    break;
+                }
+                start += KEY_ORDER_CHUNK - KEY_ORDER_OVERLAP;
+            }
+        }
+        if let Ok(mut accounts) = self.keyed_accounts.lock() {
+            accounts.insert(account.to_owned());
+        }
+        Ok(())
     }
 
     /// A scope's app usage hashes for the day, week and month, in one slot.
@@ -1858,6 +1913,9 @@ impl LedgerStore for RedisStore {
     ) -> Result<Vec<Bytes>, StoreError> {
         if page.limit == 0 {
             return Ok(Vec::new());
+        }
+        if page.key.is_some() {
+            self.ensure_key_orders(account).await?;
         }
         self.read_generations("generations_page", account, GenerationRead::Page(page), now)
             .await

@@ -3,10 +3,11 @@
 -- ledger hash (the cap in its state `s`: records past the newest that many are removed
 -- at the account's next tidying, and never answered meanwhile); for a
 -- key's page, KEYS[4]: the key's own order (ledger_common.lua's
--- keep_key_orders) and KEYS[5]: the mark that the account's records from
--- before those orders were put in them. ARGV: now (µs, or '' for Redis's
--- clock), then 'one' and a reservation id, or 'page', a count and how
--- many to skip. Returns the live records asked for (newest first).
+-- keep_key_orders). ARGV: now (µs, or '' for Redis's clock), then 'one'
+-- and a reservation id, or 'page', a count and how many to skip. Returns
+-- the live records asked for (newest first). With 'order' (KEYS[4] then
+-- the account's mark), it puts a chunk of older records in their keys'
+-- orders instead (RedisStore::ensure_key_orders).
 local now = clock_now(ARGV[1])
 -- The account's state is 'held:next:tidy:gmax:gttl' (ledger_common.lua).
 local state = redis.call('HGET', KEYS[3], 's')
@@ -20,6 +21,40 @@ if ARGV[2] == 'one' then
   return { record }
 end
 local count, skip = tonumber(ARGV[3]), tonumber(ARGV[4])
+if ARGV[2] == 'order' then
+  -- Puts the `count` records from rank `skip` (newest first) in their
+  -- keys' orders, kept as long as the account's records; the last chunk
+  -- (fewer than `count`) marks the account (KEYS[4]) done. Returns how
+  -- many records it read.
+  local entries = redis.call('ZREVRANGE', KEYS[2], skip, skip + count - 1, 'WITHSCORES')
+  local ids, scores = {}, {}
+  for j = 1, #entries, 2 do
+    table.insert(ids, entries[j])
+    table.insert(scores, entries[j + 1])
+  end
+  if #ids > 0 then
+    local ttl_ms = redis.call('PTTL', KEYS[2])
+    local records = redis.call('HMGET', KEYS[1], unpack(ids))
+    local orders = {}
+    for i = 1, #ids do
+      local key = records[i] and string.match(records[i], '"key_hash":"([^"]*)"')
+      if key then
+        local order = KEYS[2] .. ':' .. key
+        redis.call('ZADD', order, scores[i], ids[i])
+        orders[order] = true
+      end
+    end
+    if ttl_ms > 0 then
+      for order in pairs(orders) do
+        if redis.call('PEXPIRE', order, ttl_ms, 'GT') == 0 then
+          redis.call('PEXPIRE', order, ttl_ms, 'NX')
+        end
+      end
+    end
+  end
+  if #ids < count then redis.call('SET', KEYS[4], '1') end
+  return #ids
+end
 local ids
 if not KEYS[4] then
   if most then count = math.min(count, most - skip) end
@@ -27,32 +62,6 @@ if not KEYS[4] then
   ids = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', '(' .. int(now), 'LIMIT', skip, count)
 else
   if count <= 0 then return {} end
-  -- Records kept before keys had orders of their own are put in them once.
-  if redis.call('EXISTS', KEYS[5]) == 0 then
-    local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-    local orders = {}
-    for j = 1, #all, 2000 do
-      local chunk_ids, scores = {}, {}
-      for i = j, math.min(j + 1998, #all - 1), 2 do
-        table.insert(chunk_ids, all[i])
-        scores[all[i]] = all[i + 1]
-      end
-      local records = redis.call('HMGET', KEYS[1], unpack(chunk_ids))
-      for i, record in ipairs(records) do
-        local key = record and string.match(record, '"key_hash":"([^"]*)"')
-        if key then
-          orders[KEYS[2] .. ':' .. key] = true
-          redis.call('ZADD', KEYS[2] .. ':' .. key, scores[chunk_ids[i]], chunk_ids[i])
-        end
-      end
-    end
-    -- Kept as long as the account's records are.
-    local ttl_ms = redis.call('PTTL', KEYS[2])
-    if ttl_ms > 0 then
-      for order in pairs(orders) do redis.call('PEXPIRE', order, ttl_ms) end
-    end
-    redis.call('SET', KEYS[5], '1')
-  end
   -- Past the cap, the records older than the newest `most`'s oldest wait
   -- for the account's next tidying unseen.
   local edge_id, edge = nil, nil
