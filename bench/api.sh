@@ -207,6 +207,7 @@ LUA
   # Again with the default management rate, which holds a tenant's scans
   # to its allowance (10 a second, bursts of 60): the same store, restarted.
   kill "$(cat "$work/$name.pid")" 2>/dev/null || true
+  cp "$work/config.json" "$work/config.lifted.json"
   python3 - "$work/config.json" <<'PY'
 import json, sys
 path = sys.argv[1]
@@ -221,6 +222,7 @@ PY
   sleep 1
   throttled="$(paced_get "$url" "$neighbour" "/api/v1/credits")"
   wait "$scanner"
+  mv "$work/config.lifted.json" "$work/config.json"
   printf '    %-58s %8s %8s\n' "call (p50, p99 in ms)" p50 p99
   printf '    %-58s %8s %8s\n' "generations?limit=100, manager, $record_count in the account" $page
   printf '    %-58s %8s %8s\n' "generations?limit=100, a key behind $record_count of another" $own
