@@ -1804,18 +1804,12 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
 
     // The page, refreshed, shows the same rows in its table.
     let rows = refreshing_until(browser, "generations", || async {
-        let rows = browser
-            .script(
-                "return Array.from(document.querySelectorAll('#activity-rows > tr'), (row) => \
-                   Object.fromEntries(Array.from(row.cells, (cell) => \
-                     [cell.classList[cell.classList.length - 1], cell.textContent])))",
-            )
-            .await;
-        if rows.as_array().unwrap().len() == activity.len() {
-            Ok(rows.as_array().unwrap().clone())
+        let rows = usage_rows(browser, "activity-rows").await;
+        if rows.len() == activity.len() {
+            Ok(rows)
         } else {
             Err(format!(
-                "the activity table never had {} rows: {rows}",
+                "the activity table never had {} rows: {rows:?}",
                 activity.len()
             ))
         }
@@ -2457,14 +2451,8 @@ async fn a_lapsed_request_shows_on_the_page_under_its_model_and_says_why() {
     assert!(marks.contains("lapsed"), "{row}");
     assert!(marks.contains("Charged its whole hold"), "{row}");
     let activity = refreshing_until(&browser, "generations", || async {
-        let rows = browser
-            .script(
-                "return Array.from(document.querySelectorAll('#activity-rows > tr'), (row) => \
-                   Object.fromEntries(Array.from(row.cells, (cell) => \
-                     [cell.classList[cell.classList.length - 1], cell.textContent])))",
-            )
-            .await;
-        match rows.as_array().unwrap().as_slice() {
+        let rows = usage_rows(&browser, "activity-rows").await;
+        match rows.as_slice() {
             [row] => Ok(row.clone()),
             other => Err(format!("the activity table never had one row: {other:?}")),
         }

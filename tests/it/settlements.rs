@@ -72,19 +72,30 @@ async fn setup(server: &RedisServer) -> Setup {
 /// [`setup`] on the Redis at `redis_url`, with `credit` as the config's
 /// `credit` section.
 async fn setup_with(redis_url: &str, credit: serde_json::Value) -> Setup {
-    let (base, received) = mock::start_counted(mock::MockConfig {
+    let streams = mock::MockConfig {
         event_delay: Duration::from_millis(200),
         ..mock::MockConfig::default()
-    })
-    .await;
+    };
+    setup_on(redis_url, streams, json!({ "credit": credit })).await
+}
+
+/// A proxy on the Redis at `redis_url` in front of a mock answering as
+/// `upstream` says, a credit a token, with the config's other sections
+/// `sections`; a key, and an account with credits.
+async fn setup_on(
+    redis_url: &str,
+    upstream: mock::MockConfig,
+    sections: serde_json::Value,
+) -> Setup {
+    let (base, received) = mock::start_counted(upstream).await;
     let directory = tempfile::tempdir().unwrap();
     let config = directory.path().join("gateway.json");
     let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
-    std::fs::write(
-        &config,
-        json!({"pricing": {"default": price}, "credit": credit}).to_string(),
-    )
-    .unwrap();
+    let mut written = json!({"pricing": {"default": price}});
+    for (section, value) in sections.as_object().unwrap() {
+        written[section] = value.clone();
+    }
+    std::fs::write(&config, written.to_string()).unwrap();
     let admin_key = modelgate::auth::ApiKey::generate();
     let proxy = start_proxy(redis_url, &base, &config, admin_key.expose());
     let client = reqwest::Client::new();
@@ -1000,35 +1011,21 @@ async fn generation_record(store: &RedisStore, generation: &str) -> serde_json::
 async fn sigterm_during_a_late_read_charges_the_hold_once_before_exiting() {
     let server = RedisServer::start();
     // Headers in an hour: the request times out, its answer stays coming.
-    let silent = mock::start(mock::MockConfig {
+    let silent = mock::MockConfig {
         latency: Duration::from_secs(3600),
         ..mock::MockConfig::default()
-    })
-    .await;
-    let directory = tempfile::tempdir().unwrap();
-    let config = directory.path().join("gateway.json");
-    let price = json!({"prompt_per_million": 1000000, "completion_per_million": 1000000});
-    std::fs::write(
-        &config,
-        // A stop waits for the late answer as long as its grace, then
-        // gives it up.
-        json!({"pricing": {"default": price}, "shutdown_grace_seconds": 2,
-               "upstream": {"response_header_timeout_ms": 300, "late_answer_seconds": 600}})
-        .to_string(),
-    )
-    .unwrap();
-    let admin_key = modelgate::auth::ApiKey::generate();
-    let mut proxy = start_proxy(&server.url(), &silent, &config, admin_key.expose());
-    let key = proxy.create_key(admin_key.expose(), "late").await;
+    };
+    // A stop waits for the late answer as long as its grace, then gives
+    // it up.
+    let sections = json!({"shutdown_grace_seconds": 2,
+        "upstream": {"response_header_timeout_ms": 300, "late_answer_seconds": 600}});
+    let Setup {
+        mut proxy,
+        key,
+        _config,
+        ..
+    } = setup_on(&server.url(), silent, sections).await;
     let client = reqwest::Client::new();
-    let funded = client
-        .post(format!("{}/api/v1/accounts/default/credits", proxy.address))
-        .bearer_auth(admin_key.expose())
-        .json(&json!({"amount": 10000}))
-        .send()
-        .await
-        .unwrap();
-    assert!(funded.status().is_success());
     let reply = client
         .post(format!("{}/api/v1/chat/completions", proxy.address))
         .bearer_auth(&key)
