@@ -141,6 +141,7 @@ pub(crate) async fn recent_generations(call: Call) -> Result<Answer, GatewayErro
             .into_iter()
             .filter_map(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             .filter(|record| readable_by(record, &account, &key_hash, principal.management))
+            .filter(|record| matches_filters(record, &query))
             .collect();
     }
     let more = records.len() > query.limit;

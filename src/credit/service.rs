@@ -741,9 +741,7 @@ fn hold_request(
                 retention: generations.retention,
                 max_per_account: generations.max_per_account,
                 // The model asked for: a lapse counts under it.
-                model: Some(charge.model.as_str())
-                    .filter(|model| is_lapse_model(model))
-                    .map(str::to_owned),
+                model: is_lapse_model(charge.model.as_str()).then(|| charge.model.to_string()),
             }),
     };
     let meter = Meter {

@@ -862,6 +862,12 @@ async fn a_keys_records_are_read_by_index_behind_any_number_of_another_keys() {
             );
             assert_eq!(page.body["next_offset"], Value::Null);
         }
+        // A normal key naming another key's records gets none of them,
+        // nor its own.
+        let path = format!("/api/v1/generations?limit=100&key={}", hash(&quiet));
+        let page = get(a, &path, &busy).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        assert_eq!(page.body["data"], json!([]), "{}", page.body);
         let page = get(a, "/api/v1/generations?limit=100&offset=10900", &busy).await;
         assert_eq!(
             page.status, 422,
