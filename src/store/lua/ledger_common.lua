@@ -538,12 +538,39 @@ local function forget_ids()
   until #ids < 1000
 end
 
+-- Takes records about to be removed out of their keys' orders (below),
+-- and drops what names their keys. Those past the cap must go: a later
+-- record kept for less time sorts below them, so left there they would
+-- hide it from its key's page. A record's key is in field 'k:<id>' beside
+-- it; records kept before that field existed name it in their JSON.
+local function leave_key_orders(ids)
+  local key_fields = {}
+  for i = 1, #ids do key_fields[i] = 'k:' .. ids[i] end
+  local keys = redis.call('HMGET', C.gen, unpack(key_fields))
+  local by_order = {}
+  for i = 1, #ids do
+    local key = keys[i]
+    if not key then
+      local record = redis.call('HGET', C.gen, ids[i])
+      key = record and string.match(record, '"key_hash":"([^"]*)"')
+    end
+    if key then
+      local order = C.genexp .. ':' .. key
+      by_order[order] = by_order[order] or {}
+      table.insert(by_order[order], ids[i])
+    end
+  end
+  for order, members in pairs(by_order) do redis.call('ZREM', order, unpack(members)) end
+  redis.call('HDEL', C.gen, unpack(key_fields))
+end
+
 -- Removes the records past their time or the account's cap.
 local function remove_old_records()
   local removed = false
   repeat
     local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now - FORGOTTEN_KEPT_US), 'LIMIT', 0, 1000)
     if #expired > 0 then
+      leave_key_orders(expired)
       redis.call('HDEL', C.gen, unpack(expired))
       redis.call('ZREM', C.genexp, unpack(expired))
       removed = true
@@ -556,6 +583,7 @@ local function remove_old_records()
       local popped = redis.call('ZPOPMIN', C.genexp, math.min(over, 1000))
       local ids = {}
       for j = 1, #popped, 2 do table.insert(ids, popped[j]) end
+      leave_key_orders(ids)
       redis.call('HDEL', C.gen, unpack(ids))
       over = over - #ids
       removed = true
@@ -571,12 +599,11 @@ end
 
 -- Each key's own order of its records (`genexp:<key>`, in the account's
 -- slot), for reading a key's page without walking the others': the call's
--- records added, each order cut to the account's cap (what it cuts is
--- past the cap already) and kept as long as its newest record. Records
--- that leave by time or cap stay in it, older than every live one, until
--- cut or expired: readers skip them.
+-- records added, each order kept as long as its newest record. Records
+-- leave it when they leave the account (remove_old_records, undo_lapse),
+-- never by a cut of its own: the cap may be raised before the account is
+-- tidied, and what it cut would then be missing from the key's page.
 local function keep_key_orders()
-  local most = tonumber(sget('gmax') or '')
   local longest = {}
   for id, kept in pairs(C.records) do
     local order = C.genexp .. ':' .. kept[4]
@@ -584,7 +611,6 @@ local function keep_key_orders()
     if not longest[order] or kept[3] > longest[order] then longest[order] = kept[3] end
   end
   for order, retention in pairs(longest) do
-    if most then redis.call('ZREMRANGEBYRANK', order, 0, -most - 1) end
     local ttl_ms = math.ceil((retention + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
     -- Never shortened (a shorter-kept record after a longer one), set
     -- when the order is new.
@@ -619,6 +645,8 @@ local function ledger_end(admission)
   for id, kept in pairs(C.records) do
     table.insert(records, id)
     table.insert(records, kept[1])
+    table.insert(records, 'k:' .. id)
+    table.insert(records, kept[4])
     table.insert(expiries, kept[2])
     table.insert(expiries, id)
     if kept[3] > retention then retention = kept[3] end
@@ -656,19 +684,25 @@ local function ledger_end(admission)
   for i = 1, #renewed, 2000 do
     redis.call('ZADD', C.X, 'XX', 'GT', unpack(renewed, i, math.min(i + 1999, #renewed)))
   end
-  local unrecorded = {}
+  local unrecorded, unrecorded_fields = {}, {}
   for id, key in pairs(C.unrecorded) do
     if not C.records[id] then
       table.insert(unrecorded, id)
+      table.insert(unrecorded_fields, id)
+      table.insert(unrecorded_fields, 'k:' .. id)
       redis.call('ZREM', C.genexp .. ':' .. key, id)
     end
   end
+  for i = 1, #unrecorded_fields, 1000 do
+    redis.call('HDEL', C.gen, unpack(unrecorded_fields, i, math.min(i + 999, #unrecorded_fields)))
+  end
   for i = 1, #unrecorded, 1000 do
-    redis.call('HDEL', C.gen, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
     redis.call('ZREM', C.genexp, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
   end
   for i = 1, #records, 2000 do
     redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
+  end
+  for i = 1, #expiries, 2000 do
     redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
   end
   if extend then
