@@ -390,3 +390,30 @@ async fn reset_operator_key_replaces_the_key_a_file_keeps() {
     let refused = status(lost).await;
     assert!(matches!(refused, 401 | 403), "{refused}");
 }
+
+/// Commits are copied into the database file beside the store's calls,
+/// not inside whichever commit crosses SQLite's threshold: with the calls
+/// idle, the file catches up with the WAL while the store stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_checkpointed_beside_the_calls_while_the_store_is_open() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("modelgate.db");
+    let store = SqliteStore::open(&path, SqliteStoreConfig::default()).unwrap();
+    // A few hundred pages of the WAL: far below the store's own bound on
+    // it, so only the checkpointer puts them in the file.
+    for account in 0..2_000 {
+        store
+            .top_up(&format!("account-{account:05}-{}", "x".repeat(100)), 1)
+            .await
+            .unwrap();
+    }
+    let wal_bytes = std::fs::metadata(directory.path().join("modelgate.db-wal"))
+        .unwrap()
+        .len();
+    assert!(wal_bytes > 100 * 4096, "the WAL holds {wal_bytes} bytes");
+    wait_until(PATIENCE, "the database file holds the accounts", || async {
+        std::fs::metadata(&path).unwrap().len() > 50 * 4096
+    })
+    .await;
+    drop(store);
+}

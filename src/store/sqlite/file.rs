@@ -53,6 +53,15 @@ pub(super) fn open_connection(
     connection
         .pragma_update(None, "cache_size", -CACHE_KIB)
         .map_err(sql("open"))?;
+    // Checkpoints are the checkpointer's (checkpoint.rs); this only bounds
+    // the WAL should it fall behind.
+    connection
+        .pragma_update(
+            None,
+            "wal_autocheckpoint",
+            super::checkpoint::WAL_BOUND_PAGES,
+        )
+        .map_err(sql("open"))?;
     migrate(&connection)?;
     Ok(connection)
 }

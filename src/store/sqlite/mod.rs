@@ -46,6 +46,7 @@
 //! # Ok(()) }
 //! ```
 
+mod checkpoint;
 mod counters;
 mod file;
 mod jobs;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::checkpoint::{self, Checkpointer};
 use super::file::open_connection;
 use super::jobs::{Answer, Job, run_jobs};
 use crate::store::{StoreError, StoreErrorKind};
@@ -36,6 +37,7 @@ impl Default for SqliteStoreConfig {
 pub struct SqliteStore {
     jobs: mpsc::Sender<Job>,
     path: PathBuf,
+    _checkpointer: Checkpointer,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -68,7 +70,12 @@ impl SqliteStore {
             .name("modelgate-sqlite".into())
             .spawn(move || run_jobs(connection, queue))
             .map_err(|error| backend("open", error))?;
-        Ok(SqliteStore { jobs, path })
+        let checkpointer = checkpoint::start(&path, &config)?;
+        Ok(SqliteStore {
+            jobs,
+            path,
+            _checkpointer: checkpointer,
+        })
     }
 
     /// The file this store keeps its state in.
