@@ -1,10 +1,17 @@
-//! `parse_bearer` on arbitrary bytes: never panics, and whatever it accepts
-//! is a non-empty key with no whitespace or control bytes, borrowed from the
-//! end of the input; the key functions then take it without panicking.
+//! `parse_bearer` and `parse_api_key` on arbitrary bytes: never panic, and
+//! whatever they accept is a non-empty key with no whitespace or control
+//! bytes, borrowed from the input; the key functions then take it without
+//! panicking. Split at its first NUL, the input is an `Authorization` and
+//! an `x-api-key` header: `presented_key` takes a key only when each
+//! header present gives it, the same.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use modelgate::auth::{looks_like_key, parse_bearer, ApiKey, KeyHash, MAX_AUTHORIZATION_BYTES};
+use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use modelgate::auth::{
+    looks_like_key, parse_api_key, parse_bearer, presented_key, ApiKey, HeaderError, KeyHash,
+    MAX_AUTHORIZATION_BYTES, X_API_KEY,
+};
 
 fuzz_target!(|value: &[u8]| {
     match parse_bearer(value) {
@@ -32,5 +39,45 @@ fuzz_target!(|value: &[u8]| {
     // The key parser on its own, with whatever text the fuzzer finds.
     if let Ok(text) = std::str::from_utf8(value) {
         assert_eq!(ApiKey::parse(text).is_ok(), looks_like_key(text));
+    }
+    if let Ok(key) = parse_api_key(value) {
+        assert_eq!(key.as_bytes(), value);
+        assert!(key.bytes().all(|byte| byte.is_ascii_graphic()));
+        assert!(value.len() <= MAX_AUTHORIZATION_BYTES);
+    }
+    if let Some(split) = value.iter().position(|&byte| byte == 0) {
+        let (authorization, api_key) = (&value[..split], &value[split + 1..]);
+        let mut headers = HeaderMap::new();
+        // An empty part stands for a header left out.
+        for (name, part) in [(AUTHORIZATION, authorization), (X_API_KEY, api_key)] {
+            if !part.is_empty() {
+                match HeaderValue::from_bytes(part) {
+                    Ok(header) => {
+                        headers.insert(name, header);
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+        let bearer = (!authorization.is_empty()).then(|| parse_bearer(authorization));
+        let alone = (!api_key.is_empty()).then(|| parse_api_key(api_key));
+        match presented_key(&headers) {
+            Ok(key) => {
+                assert!(bearer.is_some() || alone.is_some());
+                if let Some(bearer) = bearer {
+                    assert_eq!(bearer, Ok(key));
+                }
+                if let Some(alone) = alone {
+                    assert_eq!(alone, Ok(key));
+                }
+            }
+            Err(HeaderError::ConflictingKeys) => {
+                let (Some(Ok(bearer)), Some(Ok(alone))) = (bearer, alone) else {
+                    panic!("conflicting without two keys");
+                };
+                assert_ne!(bearer, alone);
+            }
+            Err(error) => assert!(!error.to_string().is_empty()),
+        }
     }
 });

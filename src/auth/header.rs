@@ -1,4 +1,6 @@
-//! The `Authorization` header: exactly `Bearer`, one space, the key.
+//! The key a request presents: `Authorization` with exactly `Bearer`, one
+//! space and the key (OpenAI's clients), or `x-api-key` with the key alone
+//! (Anthropic's); both at once only when they name the same key.
 //!
 //! Strict on purpose: a key pasted with a trailing newline, a doubled space
 //! or a second header is a client bug worth a clear 401, not something to
@@ -8,7 +10,11 @@
 use std::fmt;
 
 use http::HeaderMap;
-use http::header::AUTHORIZATION;
+use http::header::{AUTHORIZATION, HeaderName};
+
+/// The header Anthropic's clients (its SDKs, Claude Code with
+/// `ANTHROPIC_API_KEY`) send their key in, with nothing else.
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The longest `Authorization` value read, in bytes. A modelgate key is 55
 /// bytes; the bound leaves room for other bearer tokens while keeping a
@@ -61,6 +67,33 @@ pub enum HeaderError {
     /// `A-Z a-z 0-9 - . _ ~ + /`, with `=` only as trailing padding),
     /// including any non-ASCII byte.
     InvalidCharacter,
+    /// The `x-api-key` header is not one key alone (only from
+    /// [`presented_key`]).
+    ApiKey(ApiKeyFault),
+    /// `Authorization` and `x-api-key` name two different keys (only from
+    /// [`presented_key`]): which one the client meant is a guess.
+    ConflictingKeys,
+}
+
+/// What is wrong with an `x-api-key` header, checked in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ApiKeyFault {
+    /// More than one `x-api-key` header.
+    Repeated,
+    /// Longer than `max_bytes`.
+    TooLong {
+        /// The limit, [`MAX_AUTHORIZATION_BYTES`].
+        max_bytes: usize,
+    },
+    /// A control character (CR, LF, DEL, …).
+    ControlCharacter,
+    /// A space or tab anywhere: the value is the key alone.
+    Whitespace,
+    /// An empty value.
+    Empty,
+    /// A character no key has (as for [`HeaderError::InvalidCharacter`]).
+    InvalidCharacter,
 }
 
 impl fmt::Display for HeaderError {
@@ -68,7 +101,8 @@ impl fmt::Display for HeaderError {
         match self {
             HeaderError::Missing => f.write_str(
                 "the request has no Authorization header; \
-                 send `Authorization: Bearer <your modelgate key>`",
+                 send `Authorization: Bearer <your modelgate key>` \
+                 (or `x-api-key: <your modelgate key>`, as Anthropic's clients do)",
             ),
             HeaderError::Repeated => f.write_str(
                 "the request has more than one Authorization header; send exactly one, \
@@ -101,6 +135,44 @@ impl fmt::Display for HeaderError {
                  copy the whole key and nothing else, and send \
                  `Authorization: Bearer <your modelgate key>`",
             ),
+            HeaderError::ApiKey(fault) => fmt::Display::fmt(fault, f),
+            HeaderError::ConflictingKeys => f.write_str(
+                "the Authorization and x-api-key headers hold two different keys; send one key \
+                 in one of them (for Claude Code, set only one of ANTHROPIC_AUTH_TOKEN and \
+                 ANTHROPIC_API_KEY)",
+            ),
+        }
+    }
+}
+
+impl fmt::Display for ApiKeyFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiKeyFault::Repeated => f.write_str(
+                "the request has more than one x-api-key header; send exactly one, \
+                 `x-api-key: <your modelgate key>`",
+            ),
+            ApiKeyFault::TooLong { max_bytes } => write!(
+                f,
+                "the x-api-key header is longer than {max_bytes} bytes; send your modelgate key \
+                 alone, nothing else"
+            ),
+            ApiKeyFault::ControlCharacter => f.write_str(
+                "the x-api-key header contains a line break or another control character; \
+                 remove it (a newline copied along with the key is the usual cause)",
+            ),
+            ApiKeyFault::Whitespace => f.write_str(
+                "the x-api-key header has spaces or tabs; send the key alone, with no scheme \
+                 and nothing before, after or inside it",
+            ),
+            ApiKeyFault::Empty => f.write_str(
+                "the x-api-key header is empty; send `x-api-key: <your modelgate key>`, or \
+                 leave the header out and send `Authorization: Bearer <your modelgate key>`",
+            ),
+            ApiKeyFault::InvalidCharacter => f.write_str(
+                "the key in the x-api-key header contains characters no key has; \
+                 copy the whole key and nothing else",
+            ),
         }
     }
 }
@@ -131,6 +203,80 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, HeaderError> {
         return Err(HeaderError::Repeated);
     }
     parse_bearer(value.as_bytes())
+}
+
+/// The key the request presents, in its one `Authorization` header
+/// ([`bearer_token`]'s rules) or its one `x-api-key` header
+/// ([`parse_api_key`]'s), or in both when both name the same key.
+///
+/// A fault in either header is reported even when the other is good (the
+/// `Authorization` header's first), and two different keys are
+/// [`HeaderError::ConflictingKeys`]: the client's intent is never guessed.
+///
+/// ```
+/// use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+/// use modelgate::auth::{presented_key, HeaderError, X_API_KEY};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(X_API_KEY, HeaderValue::from_static("abc123"));
+/// assert_eq!(presented_key(&headers), Ok("abc123"));
+/// headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer abc123"));
+/// assert_eq!(presented_key(&headers), Ok("abc123"));
+/// headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer xyz789"));
+/// assert_eq!(presented_key(&headers), Err(HeaderError::ConflictingKeys));
+/// ```
+pub fn presented_key(headers: &HeaderMap) -> Result<&str, HeaderError> {
+    let from_api_key = || -> Result<Option<&str>, HeaderError> {
+        let mut values = headers.get_all(X_API_KEY).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(HeaderError::ApiKey(ApiKeyFault::Repeated));
+        }
+        parse_api_key(value.as_bytes())
+            .map(Some)
+            .map_err(HeaderError::ApiKey)
+    };
+    match bearer_token(headers) {
+        Err(HeaderError::Missing) => from_api_key()?.ok_or(HeaderError::Missing),
+        Err(error) => Err(error),
+        Ok(bearer) => match from_api_key()? {
+            Some(other) if other != bearer => Err(HeaderError::ConflictingKeys),
+            _ => Ok(bearer),
+        },
+    }
+}
+
+/// The key from an `x-api-key` header's value: the key alone, with the
+/// characters and the length [`parse_bearer`] allows a key.
+///
+/// ```
+/// use modelgate::auth::{parse_api_key, ApiKeyFault};
+///
+/// assert_eq!(parse_api_key(b"abc123"), Ok("abc123"));
+/// assert_eq!(parse_api_key(b"Bearer abc123"), Err(ApiKeyFault::Whitespace));
+/// assert_eq!(parse_api_key(b""), Err(ApiKeyFault::Empty));
+/// ```
+pub fn parse_api_key(value: &[u8]) -> Result<&str, ApiKeyFault> {
+    if value.len() > MAX_AUTHORIZATION_BYTES {
+        return Err(ApiKeyFault::TooLong {
+            max_bytes: MAX_AUTHORIZATION_BYTES,
+        });
+    }
+    if value.iter().any(|&byte| is_control(byte)) {
+        return Err(ApiKeyFault::ControlCharacter);
+    }
+    if value.iter().any(|&byte| byte == b' ' || byte == b'\t') {
+        return Err(ApiKeyFault::Whitespace);
+    }
+    if value.is_empty() {
+        return Err(ApiKeyFault::Empty);
+    }
+    if !is_token68(value) {
+        return Err(ApiKeyFault::InvalidCharacter);
+    }
+    std::str::from_utf8(value).map_err(|_| ApiKeyFault::InvalidCharacter)
 }
 
 /// The key from one header value's bytes.
@@ -486,5 +632,144 @@ mod tests {
                 Err(HeaderError::StrayWhitespace | HeaderError::ControlCharacter)
             ));
         }
+
+        #[test]
+        fn a_key_alone_in_x_api_key_is_the_presented_key(key in token68()) {
+            let headers = key_headers(None, &[&key]);
+            prop_assert_eq!(presented_key(&headers), Ok(key.as_str()));
+        }
+
+        #[test]
+        fn both_headers_are_one_key_or_refused(first in token68(), second in token68()) {
+            let headers = key_headers(Some(&format!("Bearer {first}")), &[&second]);
+            let expected = if first == second {
+                Ok(first.as_str())
+            } else {
+                Err(HeaderError::ConflictingKeys)
+            };
+            prop_assert_eq!(presented_key(&headers), expected);
+        }
+
+        #[test]
+        fn whitespace_or_a_line_break_anywhere_in_x_api_key_is_rejected(
+            key in token68(),
+            at in any::<prop::sample::Index>(),
+            inserted in prop::sample::select(vec![" ", "\t", "\r", "\n", "\r\n"]),
+        ) {
+            let mut value = key.clone();
+            value.insert_str(at.index(key.len() + 1), inserted);
+            let expected = if inserted.contains(['\r', '\n']) {
+                ApiKeyFault::ControlCharacter
+            } else {
+                ApiKeyFault::Whitespace
+            };
+            prop_assert_eq!(parse_api_key(value.as_bytes()), Err(expected));
+        }
+
+        #[test]
+        fn a_bad_x_api_key_is_refused_beside_a_good_bearer(key in token68()) {
+            let headers = key_headers(Some(&format!("Bearer {key}")), &[&format!("{key} ")]);
+            prop_assert_eq!(
+                presented_key(&headers),
+                Err(HeaderError::ApiKey(ApiKeyFault::Whitespace))
+            );
+        }
+    }
+
+    /// Headers with `authorization` (when given) and each `x-api-key` value.
+    fn key_headers(authorization: Option<&str>, api_keys: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = authorization {
+            headers.insert(AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        }
+        for value in api_keys {
+            headers.append(X_API_KEY, HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn x_api_key_alone_once_or_refused() {
+        assert_eq!(
+            presented_key(&key_headers(None, &[])),
+            Err(HeaderError::Missing)
+        );
+        assert_eq!(presented_key(&key_headers(None, &["abc"])), Ok("abc"));
+        assert_eq!(
+            presented_key(&key_headers(None, &["abc", "abc"])),
+            Err(HeaderError::ApiKey(ApiKeyFault::Repeated))
+        );
+        assert_eq!(
+            presented_key(&key_headers(None, &[""])),
+            Err(HeaderError::ApiKey(ApiKeyFault::Empty))
+        );
+        assert_eq!(
+            presented_key(&key_headers(None, &["Bearer abc"])),
+            Err(HeaderError::ApiKey(ApiKeyFault::Whitespace))
+        );
+        assert_eq!(
+            presented_key(&key_headers(None, &["abc=d"])),
+            Err(HeaderError::ApiKey(ApiKeyFault::InvalidCharacter))
+        );
+        let long = "a".repeat(MAX_AUTHORIZATION_BYTES + 1);
+        assert_eq!(
+            presented_key(&key_headers(None, &[&long])),
+            Err(HeaderError::ApiKey(ApiKeyFault::TooLong {
+                max_bytes: MAX_AUTHORIZATION_BYTES
+            }))
+        );
+        assert_eq!(
+            parse_api_key(b"abc\x7f"),
+            Err(ApiKeyFault::ControlCharacter)
+        );
+        assert_eq!(
+            parse_api_key("\u{e9}".as_bytes()),
+            Err(ApiKeyFault::InvalidCharacter)
+        );
+    }
+
+    #[test]
+    fn a_fault_in_either_header_is_reported_whatever_the_other_holds() {
+        // A bad Authorization beside a good x-api-key: the Authorization's fault.
+        assert_eq!(
+            presented_key(&key_headers(Some("Basic abc"), &["abc"])),
+            Err(HeaderError::WrongScheme)
+        );
+        assert_eq!(
+            presented_key(&key_headers(Some("Bearer abc"), &["abc", "abc"])),
+            Err(HeaderError::ApiKey(ApiKeyFault::Repeated))
+        );
+        assert_eq!(
+            presented_key(&key_headers(Some("Bearer abc"), &["abc"])),
+            Ok("abc")
+        );
+        assert_eq!(
+            presented_key(&key_headers(Some("Bearer abc"), &["abd"])),
+            Err(HeaderError::ConflictingKeys)
+        );
+    }
+
+    #[test]
+    fn x_api_key_messages_name_their_header_and_differ() {
+        let faults = [
+            ApiKeyFault::Repeated,
+            ApiKeyFault::TooLong { max_bytes: 1024 },
+            ApiKeyFault::ControlCharacter,
+            ApiKeyFault::Whitespace,
+            ApiKeyFault::Empty,
+            ApiKeyFault::InvalidCharacter,
+        ];
+        let messages: std::collections::HashSet<String> = faults
+            .iter()
+            .map(|fault| HeaderError::ApiKey(*fault).to_string())
+            .collect();
+        assert_eq!(messages.len(), faults.len());
+        assert!(messages.iter().all(|message| message.contains("x-api-key")));
+        assert!(
+            HeaderError::ConflictingKeys
+                .to_string()
+                .contains("two different keys")
+        );
+        assert!(HeaderError::Missing.to_string().contains("x-api-key"));
     }
 }

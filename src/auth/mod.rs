@@ -1,17 +1,19 @@
-//! Bearer keys: the [`BearerAuth`] layer, the `Authorization` parser, the
+//! Bearer keys: the [`BearerAuth`] layer, the key headers' parsers, the
 //! key format and its hash.
 //!
-//! [`BearerAuth`] reads the request's one `Authorization` header with
-//! [`bearer_token`], looks the key up by its [`KeyHash`] in a
+//! [`BearerAuth`] reads the key the request presents with
+//! [`presented_key`] (its one `Authorization: Bearer` header, or its one
+//! `x-api-key` header as Anthropic's clients send it), looks the key up by its [`KeyHash`] in a
 //! [`KeyDirectory`](crate::keys::KeyDirectory) and puts the caller's
 //! [`Principal`] into the request's context. Each refusal is a 401 with
 //! its own message and `metadata.reason`:
 //!
 //! | reason | when |
 //! |---|---|
-//! | `missing_authorization` | no `Authorization` header |
+//! | `missing_authorization` | neither `Authorization` nor `x-api-key` |
 //! | `wrong_scheme` | not the `Bearer` scheme (or a bare key) |
-//! | `malformed_authorization` | not exactly `Bearer`, one space, a key: stray spaces, tabs, line breaks, control or non-token characters, repeated header, over 1 KiB |
+//! | `malformed_authorization` | not exactly `Bearer`, one space, a key (or in `x-api-key`, not the key alone): stray spaces, tabs, line breaks, control or non-token characters, repeated header, over 1 KiB |
+//! | `conflicting_keys` | `Authorization` and `x-api-key` hold different keys |
 //! | `unknown_key` | not a modelgate key, a bad checksum, or no such key |
 //! | `deleted_key`, `expired_key`, `disabled_key` | the key's state |
 //!
@@ -90,7 +92,10 @@ mod layer;
 mod service;
 
 pub use failures::{AuthFailureLimit, AuthFailures};
-pub use header::{HeaderError, MAX_AUTHORIZATION_BYTES, bearer_token, parse_bearer};
+pub use header::{
+    ApiKeyFault, HeaderError, MAX_AUTHORIZATION_BYTES, X_API_KEY, bearer_token, parse_api_key,
+    parse_bearer, presented_key,
+};
 // The key format lives with the key records; BearerAuth reads it.
 pub use crate::keys::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
 pub use layer::BearerAuthLayer;

@@ -7,7 +7,9 @@ use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
 use tower_service::Service;
 
-use super::{ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal, bearer_token};
+use super::{
+    ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal, X_API_KEY, presented_key,
+};
 use crate::client_addr::ClientAddr;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
@@ -88,7 +90,7 @@ where
             .extensions()
             .get::<ClientAddr>()
             .map(|client| client.0);
-        let hash = match presented_key(request.headers()) {
+        let hash = match presented_key_hash(request.headers()) {
             Ok(hash) => hash,
             Err(rejection) => {
                 let rejection = AuthFailures::counted(self.failures.as_ref(), client, rejection);
@@ -98,6 +100,7 @@ where
         // The key is read; it must not travel further, to an upstream or
         // into a log of forwarded headers.
         request.headers_mut().remove(AUTHORIZATION);
+        request.headers_mut().remove(X_API_KEY);
         // An address past its failure limit costs no store read: only a key
         // this instance has found live before is looked up and served.
         let known_live = self.directory.is_cached_live(&hash);
@@ -147,13 +150,14 @@ impl<B> Additions<B> for Principal {
     }
 }
 
-/// The hash of the key in the `Authorization` header, or the 401 saying
-/// what is wrong with the header.
-fn presented_key(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
-    let token = bearer_token(headers).map_err(|error| {
+/// The hash of the key the request presents, or the 401 saying what is
+/// wrong with its key headers.
+fn presented_key_hash(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
+    let token = presented_key(headers).map_err(|error| {
         let reason = match error {
             HeaderError::Missing => "missing_authorization",
             HeaderError::WrongScheme => "wrong_scheme",
+            HeaderError::ConflictingKeys => "conflicting_keys",
             _ => "malformed_authorization",
         };
         unauthenticated(reason, error.to_string())

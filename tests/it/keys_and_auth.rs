@@ -40,6 +40,7 @@ fn t0() -> DateTime<Utc> {
 async fn chat(Extension(context): Extension<RequestContext>, headers: http::HeaderMap) -> String {
     // The gateway key must never travel past BearerAuth.
     assert!(!headers.contains_key("authorization"));
+    assert!(!headers.contains_key("x-api-key"));
     let principal = context.principal.expect("BearerAuth put it there");
     json!({
         "account": principal.account_id,
@@ -782,6 +783,102 @@ async fn the_seed_lifecycle_create_use_delete() {
             .manage("DELETE", &format!("/api/v1/keys/{hash}"), None)
             .await;
         assert_eq!(again.status, 404, "{name}");
+    }
+}
+
+/// A chat call with these key headers, as Anthropic's clients send one
+/// (their query string included).
+async fn chat_with_headers(address: SocketAddr, headers: &[(&str, &str)]) -> Reply {
+    let client = reqwest::Client::new();
+    let mut request = client
+        .post(format!(
+            "http://{address}/api/v1/chat/completions?beta=true"
+        ))
+        .header("content-type", "application/json")
+        .body(chat_body().to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.json().await.unwrap();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Anthropic's clients (its SDKs, Claude Code with `ANTHROPIC_API_KEY`)
+/// send the key alone in `x-api-key`: it is taken as the bearer is, never
+/// travels on (the stand-in upstream asserts it), and is as strict.
+#[tokio::test]
+async fn a_key_in_x_api_key_is_taken_as_strictly_as_a_bearer() {
+    for backend in backends().await {
+        let gateway = gateway(backend.store).await;
+        let name = backend.name;
+        let (key, _) = create(&gateway, json!({"name": "claude"})).await;
+        let (other, _) = create(&gateway, json!({"name": "other"})).await;
+        let bearer_key = bearer(&key);
+
+        let alone = chat_with_headers(gateway.address, &[("x-api-key", &key)]).await;
+        assert_eq!(alone.status, 200, "{name}: {}", alone.body);
+        assert_eq!(alone.body["label"], "claude", "{name}");
+        let both = chat_with_headers(
+            gateway.address,
+            &[("x-api-key", &key), ("authorization", &bearer_key)],
+        )
+        .await;
+        assert_eq!(both.status, 200, "{name}: {}", both.body);
+
+        let cases: Vec<(Vec<(&str, String)>, &str)> = vec![
+            (
+                vec![
+                    ("x-api-key", other.clone()),
+                    ("authorization", bearer_key.clone()),
+                ],
+                "conflicting_keys",
+            ),
+            (
+                vec![("x-api-key", key.clone()), ("x-api-key", key.clone())],
+                "malformed_authorization",
+            ),
+            (
+                vec![("x-api-key", String::new())],
+                "malformed_authorization",
+            ),
+            (
+                vec![("x-api-key", bearer_key.clone())],
+                "malformed_authorization",
+            ),
+            (
+                vec![("x-api-key", ApiKey::generate().expose().to_owned())],
+                "unknown_key",
+            ),
+            // A good x-api-key does not excuse a bad Authorization.
+            (
+                vec![
+                    ("x-api-key", key.clone()),
+                    ("authorization", format!("Basic {key}")),
+                ],
+                "wrong_scheme",
+            ),
+        ];
+        for (headers, reason) in &cases {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(header, value)| (*header, value.as_str()))
+                .collect();
+            let reply = chat_with_headers(gateway.address, &headers).await;
+            let context = format!(
+                "{name}: {reason} for {:?}",
+                headers.iter().map(|h| h.0).collect::<Vec<_>>()
+            );
+            assert_refused(&reply, 401, reason, &context);
+            let message = reply.body["error"]["message"].as_str().unwrap();
+            assert!(!message.contains(&key[6..]), "{context}: the key leaked");
+        }
     }
 }
 
