@@ -193,7 +193,7 @@ pub(crate) async fn activity(call: Call) -> Result<Answer, GatewayError> {
 /// Records a scan reads from the store at a time: each read is short, so
 /// that other tenants' calls on the same store (SQLite's one thread, a
 /// Redis shard) pass between them.
-const SCAN_CHUNK: usize = 500;
+const SCAN_CHUNK: usize = 100;
 
 /// Reads `account`'s newest records (`key`'s when named), up to `depth`,
 /// in chunks of [`SCAN_CHUNK`], giving each parsed record to `visit` until
