@@ -325,11 +325,18 @@ impl Mock {
         } else {
             words.len() * choices
         };
-        let usage = json!({
-            "prompt_tokens": prompt.len().div_ceil(4),
+        let prompt_tokens = prompt.len().div_ceil(4);
+        let mut usage = json!({
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
-            "total_tokens": prompt.len().div_ceil(4) + completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         });
+        // A model that caches and reasons: half its prompt read from the
+        // cache, a quarter written to it, half its completion reasoning.
+        if model.rsplit('/').next() == Some("cached-reasoner") {
+            usage["prompt_tokens_details"] = json!({"cached_tokens": prompt_tokens / 2, "cache_write_tokens": prompt_tokens / 4});
+            usage["completion_tokens_details"] = json!({"reasoning_tokens": completion_tokens / 2});
+        }
         // A new id per answer, as a real upstream gives.
         let id = format!("chatcmpl-mock-{:016x}{count:08x}", self.id_seed);
         let answer = Answer {

@@ -145,10 +145,9 @@ impl Meter {
         }
         match usage {
             Some(usage) => (
-                usage.cost_nanos.unwrap_or_else(|| {
-                    self.price
-                        .cost_nanos(usage.prompt_tokens, usage.completion_tokens)
-                }),
+                usage
+                    .cost_nanos
+                    .unwrap_or_else(|| self.price.charge_nanos(&usage)),
                 if self.late { "late_answer" } else { "usage" },
             ),
             None if ending == Ending::NotSent => (0, "not_sent"),

@@ -171,8 +171,8 @@ pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
 pub use pending::{PendingSettlements, Unrecorded};
 pub use pricing::{
-    MAX_BOUND_TOKENS, MAX_CREDITS_PER_MILLION_TOKENS, PriceTable, Pricing, PricingError,
-    PromptBounds, TokenPrice,
+    MAX_BOUND_TOKENS, MAX_CREDITS_PER_MILLION_TOKENS, MAX_PRICE_OVERRIDES, PriceOverride,
+    PriceTable, Pricing, PricingError, PromptBounds, TokenPrice, TokenRates,
 };
 pub use service::{
     CreditGuard, GEN_AI_SPAN_TARGET, MESSAGE_OVERHEAD_TOKENS, estimate_max_cost_nanos,

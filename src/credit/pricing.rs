@@ -10,6 +10,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use super::Usage;
 use crate::body::ModelId;
 use crate::store::NANOS_PER_CREDIT;
 
@@ -22,35 +23,213 @@ pub const MAX_CREDITS_PER_MILLION_TOKENS: f64 = 1_000_000.0;
 /// model's context.
 pub const MAX_BOUND_TOKENS: u64 = 1_000_000_000;
 
-/// Prices of one model, in nano-credits per million tokens.
+/// The most `overrides` a price may have (rates past a prompt size).
+pub const MAX_PRICE_OVERRIDES: usize = 4;
+
+/// Token rates, in nano-credits per million tokens. A rate left `None`
+/// is the one it refines: cache reads and five-minute writes the prompt
+/// rate, one-hour writes the five-minute write rate, reasoning the
+/// completion rate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TokenPrice {
+pub struct TokenRates {
     /// Per million prompt (input) tokens.
     pub prompt_nanos_per_million_tokens: i64,
     /// Per million completion (output) tokens.
     pub completion_nanos_per_million_tokens: i64,
+    /// Per million prompt tokens read from the upstream's cache.
+    pub cache_read_nanos_per_million_tokens: Option<i64>,
+    /// Per million prompt tokens written to the cache for five minutes.
+    pub cache_write_nanos_per_million_tokens: Option<i64>,
+    /// Per million prompt tokens written to the cache for an hour.
+    pub cache_write_1h_nanos_per_million_tokens: Option<i64>,
+    /// Per million reasoning tokens, when priced apart from completion.
+    pub reasoning_nanos_per_million_tokens: Option<i64>,
+}
+
+impl TokenRates {
+    fn cache_read(&self) -> i64 {
+        self.cache_read_nanos_per_million_tokens
+            .unwrap_or(self.prompt_nanos_per_million_tokens)
+    }
+
+    fn cache_write(&self) -> i64 {
+        self.cache_write_nanos_per_million_tokens
+            .unwrap_or(self.prompt_nanos_per_million_tokens)
+    }
+
+    fn cache_write_1h(&self) -> i64 {
+        self.cache_write_1h_nanos_per_million_tokens
+            .unwrap_or_else(|| self.cache_write())
+    }
+
+    fn reasoning(&self) -> i64 {
+        self.reasoning_nanos_per_million_tokens
+            .unwrap_or(self.completion_nanos_per_million_tokens)
+    }
+
+    /// The dearest rate a prompt token can be charged at.
+    fn dearest_prompt(&self) -> i64 {
+        self.prompt_nanos_per_million_tokens
+            .max(self.cache_read())
+            .max(self.cache_write())
+            .max(self.cache_write_1h())
+    }
+
+    /// The dearest rate a completion token can be charged at.
+    fn dearest_completion(&self) -> i64 {
+        self.completion_nanos_per_million_tokens
+            .max(self.reasoning())
+    }
+}
+
+/// Rates that replace a price's own for a prompt of at least
+/// `min_prompt_tokens` (every prompt token counted, cached or not): a
+/// long-context tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PriceOverride {
+    /// The prompt size from which `rates` apply.
+    pub min_prompt_tokens: u64,
+    /// The rates then, each one given (a config's override takes the
+    /// rates it does not name from the price it overrides).
+    pub rates: TokenRates,
+}
+
+/// Prices of one model: token rates, fees, and rates past a prompt size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenPrice {
+    /// The token rates (of a prompt below every override).
+    pub rates: TokenRates,
+    /// Charged once per request answered with usage, in nano-credits.
+    pub request_nanos: i64,
+    /// Charged per web search the upstream reports, in nano-credits.
+    pub web_search_nanos: i64,
+    /// Rates past a prompt size; the override with the largest
+    /// `min_prompt_tokens` the prompt reaches applies.
+    pub overrides: [Option<PriceOverride>; MAX_PRICE_OVERRIDES],
 }
 
 impl TokenPrice {
     /// Nothing: what `:free` variants cost.
-    pub const FREE: TokenPrice = TokenPrice {
-        prompt_nanos_per_million_tokens: 0,
-        completion_nanos_per_million_tokens: 0,
-    };
+    pub const FREE: TokenPrice = TokenPrice::per_million_tokens(0, 0);
 
-    /// The cost of `prompt_tokens` and `completion_tokens`, in nano-credits,
-    /// rounded up (a fraction of a nano is charged as one) and capped at
-    /// `i64::MAX`.
-    pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
-        let part =
-            |tokens: u64, price: i64| i128::from(tokens).saturating_mul(i128::from(price.max(0)));
-        let total = part(prompt_tokens, self.prompt_nanos_per_million_tokens).saturating_add(part(
-            completion_tokens,
-            self.completion_nanos_per_million_tokens,
-        ));
-        let cost = total.saturating_add(999_999) / 1_000_000;
-        i64::try_from(cost).unwrap_or(i64::MAX)
+    /// A price of two rates (nano-credits per million prompt and
+    /// completion tokens), no fee, no other rate.
+    pub const fn per_million_tokens(prompt_nanos: i64, completion_nanos: i64) -> TokenPrice {
+        TokenPrice {
+            rates: TokenRates {
+                prompt_nanos_per_million_tokens: prompt_nanos,
+                completion_nanos_per_million_tokens: completion_nanos,
+                cache_read_nanos_per_million_tokens: None,
+                cache_write_nanos_per_million_tokens: None,
+                cache_write_1h_nanos_per_million_tokens: None,
+                reasoning_nanos_per_million_tokens: None,
+            },
+            request_nanos: 0,
+            web_search_nanos: 0,
+            overrides: [None; MAX_PRICE_OVERRIDES],
+        }
     }
+
+    /// The rates a prompt of `prompt_tokens` is charged at.
+    pub fn rates_for(&self, prompt_tokens: u64) -> &TokenRates {
+        self.overrides
+            .iter()
+            .flatten()
+            .filter(|tier| tier.min_prompt_tokens <= prompt_tokens)
+            .max_by_key(|tier| tier.min_prompt_tokens)
+            .map_or(&self.rates, |tier| &tier.rates)
+    }
+
+    /// Whether any prompt token can cost anything.
+    pub fn charges_prompt(&self) -> bool {
+        std::iter::once(&self.rates)
+            .chain(self.overrides.iter().flatten().map(|tier| &tier.rates))
+            .any(|rates| rates.dearest_prompt() > 0)
+    }
+
+    /// The most a request of up to `prompt_tokens` and `completion_tokens`
+    /// can cost, in nano-credits, rounded up (a fraction of a nano is
+    /// charged as one) and capped at `i64::MAX`: every token at the
+    /// dearest rate it could be charged at (cached or not, reasoning or
+    /// not, under any override a prompt that long can reach), and the
+    /// request's fee. What a hold covers. With two rates alone, it is
+    /// exactly what those tokens cost.
+    pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
+        let most = std::iter::once(&self.rates)
+            .chain(
+                self.overrides
+                    .iter()
+                    .flatten()
+                    .filter(|tier| tier.min_prompt_tokens <= prompt_tokens)
+                    .map(|tier| &tier.rates),
+            )
+            .map(|rates| {
+                [
+                    part(prompt_tokens, rates.dearest_prompt()),
+                    part(completion_tokens, rates.dearest_completion()),
+                ]
+                .iter()
+                .fold(0i128, |sum, part| sum.saturating_add(*part))
+            })
+            .max()
+            .unwrap_or(0);
+        with_fees(most, [(1, self.request_nanos)])
+    }
+
+    /// What `usage` costs, in nano-credits, rounded up once and capped at
+    /// `i64::MAX`: the prompt's uncached, cache-read and cache-written
+    /// tokens and the completion's reasoning and other tokens each at its
+    /// rate (of the override the whole prompt reaches), the request's fee
+    /// and each web search's. Never more than
+    /// [`cost_nanos`](Self::cost_nanos) of its counts, but for searches.
+    pub fn charge_nanos(&self, usage: &Usage) -> i64 {
+        let rates = self.rates_for(usage.prompt_tokens);
+        // The details are within their counts (Usage keeps them so); the
+        // saturating steps only make that plain.
+        let cache_read = usage.cache_read_tokens.min(usage.prompt_tokens);
+        let cache_write_1h = usage
+            .cache_write_1h_tokens
+            .min(usage.prompt_tokens - cache_read);
+        let cache_write = usage
+            .cache_write_tokens
+            .min(usage.prompt_tokens - cache_read - cache_write_1h);
+        let uncached = usage.prompt_tokens - cache_read - cache_write_1h - cache_write;
+        let reasoning = usage.reasoning_tokens.min(usage.completion_tokens);
+        let tokens = [
+            part(uncached, rates.prompt_nanos_per_million_tokens),
+            part(cache_read, rates.cache_read()),
+            part(cache_write, rates.cache_write()),
+            part(cache_write_1h, rates.cache_write_1h()),
+            part(
+                usage.completion_tokens - reasoning,
+                rates.completion_nanos_per_million_tokens,
+            ),
+            part(reasoning, rates.reasoning()),
+        ]
+        .iter()
+        .fold(0i128, |sum, part| sum.saturating_add(*part));
+        with_fees(
+            tokens,
+            [
+                (1, self.request_nanos),
+                (usage.web_search_requests, self.web_search_nanos),
+            ],
+        )
+    }
+}
+
+/// `tokens` at `nanos_per_million`, in millionths of a nano-credit.
+fn part(tokens: u64, nanos_per_million: i64) -> i128 {
+    i128::from(tokens).saturating_mul(i128::from(nanos_per_million.max(0)))
+}
+
+/// `millionths` of a nano-credit rounded up, plus each count of fees.
+fn with_fees<const N: usize>(millionths: i128, fees: [(u64, i64); N]) -> i64 {
+    let fees = fees.iter().fold(0i128, |sum, (count, nanos)| {
+        sum.saturating_add(i128::from(*count).saturating_mul(i128::from((*nanos).max(0))))
+    });
+    let cost = (millionths.saturating_add(999_999) / 1_000_000).saturating_add(fees);
+    i64::try_from(cost).unwrap_or(i64::MAX)
 }
 
 /// The most tokens a model's upstream counts for parts of a prompt the
@@ -154,6 +333,22 @@ pub struct PriceTable {
 struct ConfiguredPrice {
     prompt_per_million: f64,
     completion_per_million: f64,
+    #[serde(default)]
+    input_cache_read_per_million: Option<f64>,
+    #[serde(default)]
+    input_cache_write_per_million: Option<f64>,
+    #[serde(default)]
+    input_cache_write_1h_per_million: Option<f64>,
+    #[serde(default)]
+    internal_reasoning_per_million: Option<f64>,
+    /// Credits per request.
+    #[serde(default)]
+    request: Option<f64>,
+    /// Credits per web search.
+    #[serde(default)]
+    web_search: Option<f64>,
+    #[serde(default)]
+    overrides: Vec<ConfiguredOverride>,
     // Any JSON, so that 0, 1.5 or "8k" is refused naming the field rather
     // than by serde's type error, which names none.
     #[serde(default)]
@@ -162,6 +357,26 @@ struct ConfiguredPrice {
     max_tokens_per_image: Option<serde_json::Value>,
     #[serde(default)]
     max_tokens_per_file: Option<serde_json::Value>,
+}
+
+/// Rates past a prompt size, as configured: those it names replace the
+/// price's own.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfiguredOverride {
+    min_prompt_tokens: serde_json::Value,
+    #[serde(default)]
+    prompt_per_million: Option<f64>,
+    #[serde(default)]
+    completion_per_million: Option<f64>,
+    #[serde(default)]
+    input_cache_read_per_million: Option<f64>,
+    #[serde(default)]
+    input_cache_write_per_million: Option<f64>,
+    #[serde(default)]
+    input_cache_write_1h_per_million: Option<f64>,
+    #[serde(default)]
+    internal_reasoning_per_million: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -344,7 +559,12 @@ fn bound_tokens(field: &str, tokens: Option<&serde_json::Value>) -> Result<Optio
 }
 
 fn token_price(price: &ConfiguredPrice) -> Result<TokenPrice, String> {
-    Ok(TokenPrice {
+    let optional = |field: &str, credits: Option<f64>| {
+        credits
+            .map(|credits| nanos_per_million(field, credits))
+            .transpose()
+    };
+    let rates = TokenRates {
         prompt_nanos_per_million_tokens: nanos_per_million(
             "prompt_per_million",
             price.prompt_per_million,
@@ -353,6 +573,102 @@ fn token_price(price: &ConfiguredPrice) -> Result<TokenPrice, String> {
             "completion_per_million",
             price.completion_per_million,
         )?,
+        cache_read_nanos_per_million_tokens: optional(
+            "input_cache_read_per_million",
+            price.input_cache_read_per_million,
+        )?,
+        cache_write_nanos_per_million_tokens: optional(
+            "input_cache_write_per_million",
+            price.input_cache_write_per_million,
+        )?,
+        cache_write_1h_nanos_per_million_tokens: optional(
+            "input_cache_write_1h_per_million",
+            price.input_cache_write_1h_per_million,
+        )?,
+        reasoning_nanos_per_million_tokens: optional(
+            "internal_reasoning_per_million",
+            price.internal_reasoning_per_million,
+        )?,
+    };
+    if price.overrides.len() > MAX_PRICE_OVERRIDES {
+        return Err(format!(
+            "overrides has {} entries; at most {MAX_PRICE_OVERRIDES}",
+            price.overrides.len()
+        ));
+    }
+    let mut overrides = [None; MAX_PRICE_OVERRIDES];
+    for (index, configured) in price.overrides.iter().enumerate() {
+        let tier = price_override(&rates, configured)
+            .map_err(|error| format!("overrides[{index}].{error}"))?;
+        if overrides
+            .iter()
+            .flatten()
+            .any(|other: &PriceOverride| other.min_prompt_tokens == tier.min_prompt_tokens)
+        {
+            return Err(format!(
+                "overrides[{index}].min_prompt_tokens repeats another override's ({})",
+                tier.min_prompt_tokens
+            ));
+        }
+        overrides[index] = Some(tier);
+    }
+    Ok(TokenPrice {
+        rates,
+        request_nanos: optional("request", price.request)?.unwrap_or(0),
+        web_search_nanos: optional("web_search", price.web_search)?.unwrap_or(0),
+        overrides,
+    })
+}
+
+/// An override's rates: those it names, the rest `base`'s.
+fn price_override(
+    base: &TokenRates,
+    configured: &ConfiguredOverride,
+) -> Result<PriceOverride, String> {
+    let min_prompt_tokens = bound_tokens("min_prompt_tokens", Some(&configured.min_prompt_tokens))?
+        .unwrap_or(MAX_BOUND_TOKENS);
+    let replaced = |field: &str, credits: Option<f64>, own: i64| {
+        credits.map_or(Ok(own), |credits| nanos_per_million(field, credits))
+    };
+    let refined = |field: &str, credits: Option<f64>, own: Option<i64>| {
+        credits.map_or(Ok(own), |credits| {
+            nanos_per_million(field, credits).map(Some)
+        })
+    };
+    Ok(PriceOverride {
+        min_prompt_tokens,
+        rates: TokenRates {
+            prompt_nanos_per_million_tokens: replaced(
+                "prompt_per_million",
+                configured.prompt_per_million,
+                base.prompt_nanos_per_million_tokens,
+            )?,
+            completion_nanos_per_million_tokens: replaced(
+                "completion_per_million",
+                configured.completion_per_million,
+                base.completion_nanos_per_million_tokens,
+            )?,
+            cache_read_nanos_per_million_tokens: refined(
+                "input_cache_read_per_million",
+                configured.input_cache_read_per_million,
+                base.cache_read_nanos_per_million_tokens,
+            )?,
+            cache_write_nanos_per_million_tokens: refined(
+                "input_cache_write_per_million",
+                configured.input_cache_write_per_million,
+                base.cache_write_nanos_per_million_tokens,
+            )?,
+            cache_write_1h_nanos_per_million_tokens: refined(
+                "input_cache_write_1h_per_million",
+                configured.input_cache_write_1h_per_million,
+                base.cache_write_1h_nanos_per_million_tokens,
+            )?,
+            reasoning_nanos_per_million_tokens: refined(
+                "internal_reasoning_per_million",
+                configured.internal_reasoning_per_million,
+                base.reasoning_nanos_per_million_tokens,
+            )?,
+        },
     })
 }
 
@@ -372,10 +688,7 @@ mod tests {
 
     #[test]
     fn costs_round_up_to_the_nano() {
-        let price = TokenPrice {
-            prompt_nanos_per_million_tokens: 1,
-            completion_nanos_per_million_tokens: 3,
-        };
+        let price = TokenPrice::per_million_tokens(1, 3);
         assert_eq!(
             price.cost_nanos(1, 0),
             1,
@@ -383,10 +696,7 @@ mod tests {
         );
         assert_eq!(price.cost_nanos(0, 0), 0);
         assert_eq!(price.cost_nanos(1_000_000, 1_000_000), 4);
-        let dear = TokenPrice {
-            prompt_nanos_per_million_tokens: i64::MAX,
-            completion_nanos_per_million_tokens: i64::MAX,
-        };
+        let dear = TokenPrice::per_million_tokens(i64::MAX, i64::MAX);
         assert_eq!(dear.cost_nanos(u64::MAX, u64::MAX), i64::MAX);
     }
 
@@ -400,19 +710,19 @@ mod tests {
         .unwrap();
         let price = |id: &str| table.price(&ModelId::parse(id).unwrap()).unwrap();
         assert_eq!(
-            price("A/B").prompt_nanos_per_million_tokens,
+            price("A/B").rates.prompt_nanos_per_million_tokens,
             NANOS_PER_CREDIT
         );
         assert_eq!(
-            price("a/b:nitro").prompt_nanos_per_million_tokens,
+            price("a/b:nitro").rates.prompt_nanos_per_million_tokens,
             NANOS_PER_CREDIT
         );
         assert_eq!(
-            price("a/b:beta").prompt_nanos_per_million_tokens,
+            price("a/b:beta").rates.prompt_nanos_per_million_tokens,
             3 * NANOS_PER_CREDIT
         );
         assert_eq!(
-            price("x/y").prompt_nanos_per_million_tokens,
+            price("x/y").rates.prompt_nanos_per_million_tokens,
             9 * NANOS_PER_CREDIT
         );
         // Neither the base's price nor the default serves a free variant.
@@ -436,13 +746,7 @@ mod tests {
         assert_eq!(price("meta/llama"), Some(price("x/y").unwrap()));
         let built = PriceTable::default()
             .with_free_model("e/f:free")
-            .with_price(
-                "g/h:free",
-                TokenPrice {
-                    prompt_nanos_per_million_tokens: 5,
-                    completion_nanos_per_million_tokens: 5,
-                },
-            );
+            .with_price("g/h:free", TokenPrice::per_million_tokens(5, 5));
         assert_eq!(
             built.price(&ModelId::parse("e/f:free").unwrap()),
             Some(TokenPrice::FREE)
@@ -597,6 +901,170 @@ mod tests {
         }
     }
 
+    /// A price with every rate apart, in credits per million tokens:
+    /// prompt 2, completion 8, cache reads 0.2, five-minute writes 2.5,
+    /// one-hour writes 4, reasoning 12; 0.01 a request, 0.005 a search;
+    /// from 1,000 prompt tokens, prompt 4 and completion 16 (the cache
+    /// rates as below it).
+    fn every_rate() -> TokenPrice {
+        PriceTable::from_json(
+            r#"{"models": {"a/b": {
+                "prompt_per_million": 2, "completion_per_million": 8,
+                "input_cache_read_per_million": 0.2, "input_cache_write_per_million": 2.5,
+                "input_cache_write_1h_per_million": 4, "internal_reasoning_per_million": 12,
+                "request": 0.01, "web_search": 0.005,
+                "overrides": [{"min_prompt_tokens": 1000, "prompt_per_million": 4,
+                               "completion_per_million": 16}]}}}"#,
+        )
+        .unwrap()
+        .price(&ModelId::parse("a/b").unwrap())
+        .unwrap()
+    }
+
+    #[test]
+    fn each_kind_of_token_and_fee_is_charged_at_its_own_rate() {
+        let price = every_rate();
+        let usage = |prompt, completion| Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            ..Usage::default()
+        };
+        // Nano-credits, by hand: tokens × credits per million × 1,000
+        // (nanos per credit ÷ tokens per million), plus 10,000,000 a request.
+        let request = 10_000_000;
+        // 100 prompt tokens at 2, 10 completion at 8.
+        assert_eq!(
+            price.charge_nanos(&usage(100, 10)),
+            200_000 + 80_000 + request
+        );
+        // 60 of the 100 read from the cache at 0.2: 40 × 2 + 60 × 0.2.
+        let cached = Usage {
+            cache_read_tokens: 60,
+            ..usage(100, 0)
+        };
+        assert_eq!(price.charge_nanos(&cached), 80_000 + 12_000 + request);
+        // 30 written for five minutes at 2.5, 20 for an hour at 4, 50 plain.
+        let written = Usage {
+            cache_write_tokens: 30,
+            cache_write_1h_tokens: 20,
+            ..usage(100, 0)
+        };
+        assert_eq!(
+            price.charge_nanos(&written),
+            100_000 + 75_000 + 80_000 + request
+        );
+        // 40 of 50 completion tokens reasoning at 12, 10 at 8.
+        let reasoned = Usage {
+            reasoning_tokens: 40,
+            ..usage(0, 50)
+        };
+        assert_eq!(price.charge_nanos(&reasoned), 480_000 + 80_000 + request);
+        // Three searches at 0.005 each.
+        let searched = Usage {
+            web_search_requests: 3,
+            ..usage(0, 0)
+        };
+        assert_eq!(price.charge_nanos(&searched), 15_000_000 + request);
+        // A prompt of 1,000 tokens (cached ones count) is past the
+        // override: 500 plain at 4, 500 cached at 0.2, 10 completion at 16.
+        let long = Usage {
+            cache_read_tokens: 500,
+            ..usage(1_000, 10)
+        };
+        assert_eq!(
+            price.charge_nanos(&long),
+            2_000_000 + 100_000 + 160_000 + request
+        );
+        // Without reasoning or cache rates of its own, a price charges them
+        // as prompt and completion: the two-rate charge of old.
+        let plain = TokenPrice::per_million_tokens(2_000_000_000, 8_000_000_000);
+        let mixed = Usage {
+            cache_read_tokens: 60,
+            cache_write_tokens: 20,
+            reasoning_tokens: 5,
+            ..usage(100, 10)
+        };
+        assert_eq!(plain.charge_nanos(&mixed), plain.cost_nanos(100, 10));
+        assert_eq!(plain.charge_nanos(&mixed), 280_000);
+    }
+
+    #[test]
+    fn the_most_a_request_can_cost_takes_the_dearest_rate_of_each_token() {
+        let price = every_rate();
+        // Below the override: prompt tokens at 4 (one-hour writes), completion at 12.
+        assert_eq!(price.cost_nanos(100, 10), 400_000 + 120_000 + 10_000_000);
+        // A prompt bound that reaches the override: prompt at 4, completion at 16.
+        assert_eq!(
+            price.cost_nanos(1_000, 10),
+            4_000_000 + 160_000 + 10_000_000
+        );
+        assert!(price.charges_prompt());
+        assert!(!TokenPrice::per_million_tokens(0, 5).charges_prompt());
+        let cache_writes_only = TokenPrice {
+            rates: TokenRates {
+                cache_write_nanos_per_million_tokens: Some(1),
+                ..TokenPrice::FREE.rates
+            },
+            ..TokenPrice::FREE
+        };
+        assert!(cache_writes_only.charges_prompt());
+    }
+
+    #[test]
+    fn bad_rates_fees_and_overrides_are_refused_naming_the_field() {
+        let refused = |entry: &str| {
+            PriceTable::from_json(&format!(
+                r#"{{"models": {{"a/b": {{"prompt_per_million": 1, "completion_per_million": 1, {entry}}}}}}}"#
+            ))
+            .unwrap_err()
+            .to_string()
+        };
+        for (entry, field) in [
+            (
+                r#""input_cache_read_per_million": -1"#,
+                "input_cache_read_per_million",
+            ),
+            (
+                r#""input_cache_write_1h_per_million": 1e9"#,
+                "input_cache_write_1h_per_million",
+            ),
+            (
+                r#""internal_reasoning_per_million": -0.5"#,
+                "internal_reasoning_per_million",
+            ),
+            (r#""request": -1"#, "request"),
+            (r#""web_search": 2e6"#, "web_search"),
+            (
+                r#""overrides": [{"min_prompt_tokens": 0}]"#,
+                "overrides[0].min_prompt_tokens",
+            ),
+            (
+                r#""overrides": [{"min_prompt_tokens": "200k"}]"#,
+                "overrides[0].min_prompt_tokens",
+            ),
+            (
+                r#""overrides": [{"min_prompt_tokens": 5, "prompt_per_million": -2}]"#,
+                "overrides[0].prompt_per_million",
+            ),
+            (
+                r#""overrides": [{"min_prompt_tokens": 5}, {"min_prompt_tokens": 5}]"#,
+                "overrides[1].min_prompt_tokens",
+            ),
+        ] {
+            let message = refused(entry);
+            assert!(
+                message.contains(&format!("models[\"a/b\"].{field}")),
+                "{entry}: {message}"
+            );
+        }
+        let five: Vec<String> = (1..=5)
+            .map(|min| format!(r#"{{"min_prompt_tokens": {min}}}"#))
+            .collect();
+        let message = refused(&format!(r#""overrides": [{}]"#, five.join(",")));
+        assert!(message.contains("at most 4"), "{message}");
+        assert!(refused(r#""cache_read": 1"#).contains("unknown field"));
+    }
+
     proptest! {
         #[test]
         fn cost_is_monotonic_and_never_negative(
@@ -606,10 +1074,61 @@ mod tests {
             completion in 0u64..10_000_000,
             more in 0u64..1000,
         ) {
-            let price = TokenPrice { prompt_nanos_per_million_tokens: prompt_price, completion_nanos_per_million_tokens: completion_price };
+            let price = TokenPrice::per_million_tokens(prompt_price, completion_price);
             let cost = price.cost_nanos(prompt, completion);
             prop_assert!(cost >= 0);
             prop_assert!(price.cost_nanos(prompt + more, completion + more) >= cost);
+        }
+
+        /// What a hold covers is never less than what the usage within its
+        /// bounds is charged (searches apart, which their own bound holds).
+        #[test]
+        fn no_usage_within_the_bounds_is_charged_more_than_the_hold(
+            rates in proptest::collection::vec(0i64..1_000_000_000_000, 6),
+            set in proptest::collection::vec(any::<bool>(), 4),
+            tiers in proptest::collection::vec((1u64..20_000, proptest::collection::vec(0i64..1_000_000_000_000, 2)), 0..=4),
+            request in 0i64..1_000_000_000,
+            prompt_bound in 0u64..30_000,
+            completion_bound in 0u64..30_000,
+            shares in proptest::collection::vec(0.0f64..=1.0, 6),
+        ) {
+            let optional = |index: usize| set[index - 2].then_some(rates[index]);
+            let base = TokenRates {
+                prompt_nanos_per_million_tokens: rates[0],
+                completion_nanos_per_million_tokens: rates[1],
+                cache_read_nanos_per_million_tokens: optional(2),
+                cache_write_nanos_per_million_tokens: optional(3),
+                cache_write_1h_nanos_per_million_tokens: optional(4),
+                reasoning_nanos_per_million_tokens: optional(5),
+            };
+            let mut overrides = [None; MAX_PRICE_OVERRIDES];
+            for (slot, (min, tier_rates)) in overrides.iter_mut().zip(&tiers) {
+                *slot = Some(PriceOverride {
+                    min_prompt_tokens: *min,
+                    rates: TokenRates {
+                        prompt_nanos_per_million_tokens: tier_rates[0],
+                        completion_nanos_per_million_tokens: tier_rates[1],
+                        ..base
+                    },
+                });
+            }
+            let price = TokenPrice { rates: base, request_nanos: request, web_search_nanos: 0, overrides };
+            let share = |of: u64, index: usize| (of as f64 * shares[index]) as u64;
+            let prompt = share(prompt_bound, 0);
+            let completion = share(completion_bound, 1);
+            let usage = Usage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+                cache_read_tokens: share(prompt, 2),
+                cache_write_tokens: share(prompt, 3),
+                cache_write_1h_tokens: share(prompt, 4),
+                reasoning_tokens: share(completion, 5),
+                ..Usage::default()
+            };
+            let charged = price.charge_nanos(&usage);
+            prop_assert!(charged >= 0);
+            prop_assert!(charged <= price.cost_nanos(prompt_bound, completion_bound),
+                "{charged} over the hold for {usage:?}");
         }
 
         #[test]

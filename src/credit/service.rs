@@ -454,7 +454,7 @@ impl Charge {
     /// request to a model that charges for prompt tokens. Only then must
     /// every part be bounded.
     fn holds_prompt(&self, byok: bool) -> bool {
-        self.counted(byok) && !self.free && self.price.prompt_nanos_per_million_tokens > 0
+        self.counted(byok) && !self.free && self.price.charges_prompt()
     }
 
     /// The cost of the prompt and `tokens` completion tokens per choice.
@@ -963,10 +963,7 @@ mod tests {
     }
 
     /// One nano per token, both ways.
-    const NANO_A_TOKEN: TokenPrice = TokenPrice {
-        prompt_nanos_per_million_tokens: 1_000_000,
-        completion_nanos_per_million_tokens: 1_000_000,
-    };
+    const NANO_A_TOKEN: TokenPrice = TokenPrice::per_million_tokens(1_000_000, 1_000_000);
 
     fn parse(body: &Value) -> ChatRequest {
         ChatRequest::parse(body.to_string().as_bytes()).unwrap()
@@ -1127,10 +1124,7 @@ mod tests {
             price,
             free,
         };
-        let prompt_free = TokenPrice {
-            prompt_nanos_per_million_tokens: 0,
-            ..NANO_A_TOKEN
-        };
+        let prompt_free = TokenPrice::per_million_tokens(0, 1_000_000);
         // (price, free model, include_byok_in_limit, byok) → holds the prompt.
         for (price, free, include, byok, holds) in [
             (NANO_A_TOKEN, false, false, false, true),

@@ -245,7 +245,8 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 3,
                 completion_tokens: 1,
-                cost_nanos: None
+                cost_nanos: None,
+                ..Usage::default()
             })
         );
         assert!(reader.saw_done());

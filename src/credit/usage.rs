@@ -14,7 +14,11 @@ use crate::edit::{JsonObject, MAX_NAMED_JSON_BYTES, MAX_SSE_LINE_BYTES, ServedMo
 use crate::keys::credits::nanos_from_json;
 
 /// What the upstream reported a request used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// The counts follow OpenAI's convention: `prompt_tokens` includes the
+/// prompt tokens read from or written to the upstream's cache, and
+/// `completion_tokens` includes the reasoning tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// `usage.prompt_tokens`.
     pub prompt_tokens: u64,
@@ -22,6 +26,19 @@ pub struct Usage {
     pub completion_tokens: u64,
     /// `usage.cost` in nano-credits, when the upstream states the cost.
     pub cost_nanos: Option<i64>,
+    /// Of the prompt, the tokens read from the cache
+    /// (`prompt_tokens_details.cached_tokens`).
+    pub cache_read_tokens: u64,
+    /// Of the prompt, the tokens written to the cache for five minutes
+    /// (`prompt_tokens_details.cache_write_tokens`).
+    pub cache_write_tokens: u64,
+    /// Of the prompt, the tokens written to the cache for an hour.
+    pub cache_write_1h_tokens: u64,
+    /// Of the completion, the reasoning tokens
+    /// (`completion_tokens_details.reasoning_tokens`).
+    pub reasoning_tokens: u64,
+    /// Web searches the upstream ran for the request.
+    pub web_search_requests: u64,
 }
 
 impl Usage {
@@ -30,31 +47,53 @@ impl Usage {
     /// fractional one makes the object unusable).
     pub fn from_response(body: &Value) -> Option<Usage> {
         let usage = body.get("usage")?.as_object()?;
-        Usage::from_fields(
-            usage.get("prompt_tokens"),
-            usage.get("completion_tokens"),
-            usage.get("cost"),
-        )
+        Usage::from_fields(&UsageFields {
+            prompt_tokens: usage.get("prompt_tokens").cloned(),
+            completion_tokens: usage.get("completion_tokens").cloned(),
+            cost: usage.get("cost").cloned(),
+            prompt_tokens_details: usage.get("prompt_tokens_details").cloned(),
+            completion_tokens_details: usage.get("completion_tokens_details").cloned(),
+        })
     }
 
-    /// The rules of [`Usage::from_response`], on the three fields a `usage`
-    /// object had (`None`: absent).
-    fn from_fields(
-        prompt_tokens: Option<&Value>,
-        completion_tokens: Option<&Value>,
-        cost: Option<&Value>,
-    ) -> Option<Usage> {
-        if prompt_tokens.is_none() && completion_tokens.is_none() {
+    /// The rules of [`Usage::from_response`], on the fields a `usage`
+    /// object had. A detail that is not a whole number reads as 0; each is
+    /// kept within the count it is part of, so a detail can never make a
+    /// charge larger than its count alone would.
+    fn from_fields(fields: &UsageFields) -> Option<Usage> {
+        if fields.prompt_tokens.is_none() && fields.completion_tokens.is_none() {
             return None;
         }
         let count = |value: Option<&Value>| match value {
             None | Some(Value::Null) => Some(0),
             Some(value) => value.as_u64(),
         };
+        let detail = |details: &Option<Value>, name: &str| {
+            details
+                .as_ref()
+                .and_then(|details| details.get(name))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        let prompt_tokens = count(fields.prompt_tokens.as_ref())?;
+        let completion_tokens = count(fields.completion_tokens.as_ref())?;
+        let cache_read_tokens =
+            detail(&fields.prompt_tokens_details, "cached_tokens").min(prompt_tokens);
+        let cache_write_tokens = detail(&fields.prompt_tokens_details, "cache_write_tokens")
+            .min(prompt_tokens - cache_read_tokens);
         Some(Usage {
-            prompt_tokens: count(prompt_tokens)?,
-            completion_tokens: count(completion_tokens)?,
-            cost_nanos: cost.and_then(|cost| nanos_from_json(cost).ok()),
+            prompt_tokens,
+            completion_tokens,
+            cost_nanos: fields
+                .cost
+                .as_ref()
+                .and_then(|cost| nanos_from_json(cost).ok()),
+            cache_read_tokens,
+            cache_write_tokens,
+            cache_write_1h_tokens: 0,
+            reasoning_tokens: detail(&fields.completion_tokens_details, "reasoning_tokens")
+                .min(completion_tokens),
+            web_search_requests: 0,
         })
     }
 }
@@ -351,11 +390,7 @@ pub(super) fn usage_of(document: &[u8]) -> Option<Usage> {
     let usage = crate::json_input::json_from_bytes::<UsageOnly>(document)
         .ok()?
         .usage?;
-    Usage::from_fields(
-        usage.prompt_tokens.as_ref(),
-        usage.completion_tokens.as_ref(),
-        usage.cost.as_ref(),
-    )
+    Usage::from_fields(&usage)
 }
 
 /// The usage of an object's `usage` member, by the rules of [`usage_of`]
@@ -369,11 +404,7 @@ pub(super) fn usage_in(object: &JsonObject<'_>) -> Option<Usage> {
         return None;
     }
     let usage = serde_json::from_str::<UsageFields>(raw).ok()?;
-    Usage::from_fields(
-        usage.prompt_tokens.as_ref(),
-        usage.completion_tokens.as_ref(),
-        usage.cost.as_ref(),
-    )
+    Usage::from_fields(&usage)
 }
 
 /// A `usage` object's counted fields, as [`Usage::from_response`] reads
@@ -384,6 +415,8 @@ struct UsageFields {
     prompt_tokens: Option<Value>,
     completion_tokens: Option<Value>,
     cost: Option<Value>,
+    prompt_tokens_details: Option<Value>,
+    completion_tokens_details: Option<Value>,
 }
 
 impl<'de> serde::Deserialize<'de> for UsageFields {
@@ -394,6 +427,8 @@ impl<'de> serde::Deserialize<'de> for UsageFields {
             PromptTokens,
             CompletionTokens,
             Cost,
+            PromptTokensDetails,
+            CompletionTokensDetails,
             #[serde(other)]
             Other,
         }
@@ -419,6 +454,12 @@ impl<'de> serde::Deserialize<'de> for UsageFields {
                             fields.completion_tokens = Some(map.next_value()?)
                         }
                         Field::Cost => fields.cost = Some(map.next_value()?),
+                        Field::PromptTokensDetails => {
+                            fields.prompt_tokens_details = Some(map.next_value()?)
+                        }
+                        Field::CompletionTokensDetails => {
+                            fields.completion_tokens_details = Some(map.next_value()?)
+                        }
                         Field::Other => {
                             map.next_value::<CheckedValue>()?;
                         }
@@ -555,6 +596,7 @@ mod tests {
                 prompt_tokens: 12,
                 completion_tokens: 2,
                 cost_nanos: Some(40_000),
+                ..Usage::default()
             })
         );
     }
@@ -650,6 +692,48 @@ mod tests {
     }
 
     #[test]
+    fn cache_and_reasoning_details_are_read_within_their_counts() {
+        let usage = r#"{"prompt_tokens": 100, "completion_tokens": 50,
+            "prompt_tokens_details": {"cached_tokens": 60, "cache_write_tokens": 30},
+            "completion_tokens_details": {"reasoning_tokens": 40}}"#;
+        let expected = Some(Usage {
+            prompt_tokens: 100,
+            completion_tokens: 50,
+            cache_read_tokens: 60,
+            cache_write_tokens: 30,
+            reasoning_tokens: 40,
+            ..Usage::default()
+        });
+        let body = format!(r#"{{"choices": [], "usage": {usage}}}"#);
+        assert_eq!(scan(BodyKind::Json, &[body.as_bytes()]).0, expected);
+        let stream = format!(
+            "data: {{\"choices\": [], \"usage\": {}}}\n\ndata: [DONE]\n\n",
+            usage.replace('\n', " ")
+        );
+        assert_eq!(
+            scan(BodyKind::EventStream, &[stream.as_bytes()]).0,
+            expected
+        );
+        let value: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(Usage::from_response(&value), expected);
+        // A detail past its count is cut to it (writes to what reads left);
+        // one that is not a whole number reads as none.
+        let over = br#"{"usage": {"prompt_tokens": 10, "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 9},
+            "completion_tokens_details": {"reasoning_tokens": -3}}}"#;
+        assert_eq!(
+            scan(BodyKind::Json, &[over]).0,
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+                cache_read_tokens: 8,
+                cache_write_tokens: 2,
+                ..Usage::default()
+            })
+        );
+    }
+
+    #[test]
     fn a_byte_order_mark_split_across_chunks_is_still_stripped() {
         let body =
             b"\xEF\xBB\xBFdata: {\"usage\": {\"prompt_tokens\": 3, \"completion_tokens\": 4}}\n\n";
@@ -657,6 +741,7 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 4,
             cost_nanos: None,
+            ..Usage::default()
         });
         assert_eq!(scan(BodyKind::EventStream, &[body]), (expected, false));
         let bytewise: Vec<&[u8]> = body.chunks(1).collect();

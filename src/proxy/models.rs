@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::body::{ChatRequest, ModelId};
 use crate::clock::{Clock, SystemClock};
 use crate::context::Principal;
-use crate::credit::{PriceTable, Pricing};
+use crate::credit::{PriceTable, Pricing, TokenPrice, TokenRates};
 use crate::error::{ErrorKind, GatewayError};
 use crate::free_quota::FreeQuotaRules;
 use crate::json_input::{invalid_parameter, wrong_type};
@@ -220,10 +220,11 @@ impl ModelCatalog {
                 }
                 // The price charged, not the one stored: `:free` is free.
                 let price = self.prices.price(&model)?;
-                let per_million = |nanos: i64| decimal(nanos, 9);
-                let per_token = |nanos: i64| decimal(nanos, 15);
-                let model_rules: Vec<&crate::rate_limit::ModelRule> =
-                    rules.models.iter().filter(|rule| rule.covers(&model)).collect();
+                let model_rules: Vec<&crate::rate_limit::ModelRule> = rules
+                    .models
+                    .iter()
+                    .filter(|rule| rule.covers(&model))
+                    .collect();
                 let fallbacks: Vec<&str> = self
                     .fallbacks
                     .get(id)
@@ -236,12 +237,7 @@ impl ModelCatalog {
                     "owned_by": model.provider(),
                     // As OpenRouter gives it; null when the pricing sets none.
                     "context_length": self.prices.prompt_bounds(&model).context_length_tokens,
-                    "pricing": {
-                        "prompt": per_token(price.prompt_nanos_per_million_tokens),
-                        "completion": per_token(price.completion_nanos_per_million_tokens),
-                        "prompt_per_million": per_million(price.prompt_nanos_per_million_tokens),
-                        "completion_per_million": per_million(price.completion_nanos_per_million_tokens),
-                    },
+                    "pricing": pricing_json(&price),
                     "limits": {
                         "account_rate": rules.account,
                         "model_rates": model_rules,
@@ -253,6 +249,83 @@ impl ModelCatalog {
             .collect();
         json!({"object": "list", "data": data})
     }
+}
+
+/// A price as OpenRouter's models list gives it: credits per token as
+/// decimal strings (`prompt`, `completion`, and the cache and reasoning
+/// rates a price sets apart), credits per request and per web search when
+/// charged, the two main rates per million as this gateway's config
+/// writes them, and `overrides` past a prompt size.
+fn pricing_json(price: &TokenPrice) -> Value {
+    let per_token = |nanos: i64| Value::from(decimal(nanos, 15));
+    let rates_json = |rates: &TokenRates| {
+        let mut out = serde_json::Map::new();
+        out.insert(
+            "prompt".into(),
+            per_token(rates.prompt_nanos_per_million_tokens),
+        );
+        out.insert(
+            "completion".into(),
+            per_token(rates.completion_nanos_per_million_tokens),
+        );
+        for (name, rate) in [
+            (
+                "input_cache_read",
+                rates.cache_read_nanos_per_million_tokens,
+            ),
+            (
+                "input_cache_write",
+                rates.cache_write_nanos_per_million_tokens,
+            ),
+            (
+                "input_cache_write_1h",
+                rates.cache_write_1h_nanos_per_million_tokens,
+            ),
+            (
+                "internal_reasoning",
+                rates.reasoning_nanos_per_million_tokens,
+            ),
+        ] {
+            if let Some(rate) = rate {
+                out.insert(name.into(), per_token(rate));
+            }
+        }
+        out
+    };
+    let mut pricing = rates_json(&price.rates);
+    for (name, nanos) in [
+        ("request", price.request_nanos),
+        ("web_search", price.web_search_nanos),
+    ] {
+        if nanos > 0 {
+            pricing.insert(name.into(), Value::from(decimal(nanos, 9)));
+        }
+    }
+    pricing.insert(
+        "prompt_per_million".into(),
+        Value::from(decimal(price.rates.prompt_nanos_per_million_tokens, 9)),
+    );
+    pricing.insert(
+        "completion_per_million".into(),
+        Value::from(decimal(price.rates.completion_nanos_per_million_tokens, 9)),
+    );
+    let overrides: Vec<Value> = price
+        .overrides
+        .iter()
+        .flatten()
+        .map(|tier| {
+            let mut out = rates_json(&tier.rates);
+            out.insert(
+                "min_prompt_tokens".into(),
+                Value::from(tier.min_prompt_tokens),
+            );
+            Value::Object(out)
+        })
+        .collect();
+    if !overrides.is_empty() {
+        pricing.insert("overrides".into(), Value::from(overrides));
+    }
+    Value::Object(pricing)
 }
 
 /// The models list with only the models `key` may call.

@@ -471,3 +471,102 @@ async fn the_mock_honours_n_and_tools_with_an_id_per_answer() {
         }
     }
 }
+
+/// A model that reads from and writes to its cache and reasons is charged
+/// each kind of token at its own rate, streamed or not: the charge is
+/// worked out here by hand from the usage the client read.
+#[tokio::test]
+async fn cached_and_reasoning_tokens_are_charged_at_their_own_rates() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let clock = noon();
+    let base = mock::start(mock::MockConfig::default()).await;
+    // Credits per million: prompt 2, completion 8, cache reads 0.5, writes
+    // 3, reasoning 20; 0.001 a request.
+    let config = json!({"retry": {"max_attempts": 1},
+        "pricing": {"models": {"openai/cached-reasoner": {
+            "prompt_per_million": 2, "completion_per_million": 8,
+            "input_cache_read_per_million": 0.5, "input_cache_write_per_million": 3,
+            "internal_reasoning_per_million": 20, "request": 0.001}}}});
+    let gateway = instance_with_clock(
+        store.clone(),
+        &base,
+        &config.to_string(),
+        Arc::new(clock.clone()),
+    )
+    .await;
+    let directory = KeyDirectory::new(store.clone());
+    directory
+        .top_up("acme", 10 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let (client, _) = key(&store, "acme", false).await;
+    let prompt = "Tell me everything about caches and how they are priced, at length.";
+    let body = |stream: bool| {
+        json!({"model": "openai/cached-reasoner", "max_tokens": 12, "stream": stream,
+               "stream_options": {"include_usage": true},
+               "messages": [{"role": "user", "content": prompt}]})
+    };
+    // Nano-credits for a usage: a thousand per token per credit-per-million.
+    let by_hand = |usage: &Value| {
+        let count = |value: &Value| value.as_i64().unwrap_or(0);
+        let prompt = count(&usage["prompt_tokens"]);
+        let completion = count(&usage["completion_tokens"]);
+        let read = count(&usage["prompt_tokens_details"]["cached_tokens"]);
+        let written = count(&usage["prompt_tokens_details"]["cache_write_tokens"]);
+        let reasoning = count(&usage["completion_tokens_details"]["reasoning_tokens"]);
+        assert!(read > 0 && written > 0 && reasoning > 0, "{usage}");
+        let millionths = (prompt - read - written) * 2_000_000_000
+            + read * 500_000_000
+            + written * 3_000_000_000
+            + (completion - reasoning) * 8_000_000_000
+            + reasoning * 20_000_000_000;
+        (millionths + 999_999) / 1_000_000 + 1_000_000
+    };
+    let balance = || async { store.account_balance("acme").await.unwrap().balance_nanos };
+    let before = balance().await;
+    let reply = send(
+        gateway,
+        reqwest::Method::POST,
+        "/api/v1/chat/completions",
+        &client,
+        Some(&body(false)),
+    )
+    .await;
+    assert_eq!(reply.status(), 200);
+    let answer: Value = reply.json().await.unwrap();
+    let expected = by_hand(&answer["usage"]);
+    wait_for(PATIENCE, || async {
+        let spent = before - balance().await;
+        (spent == expected)
+            .then_some(())
+            .ok_or(format!("spent {spent}, expected {expected}"))
+    })
+    .await;
+
+    let before = balance().await;
+    let reply = send(
+        gateway,
+        reqwest::Method::POST,
+        "/api/v1/chat/completions",
+        &client,
+        Some(&body(true)),
+    )
+    .await;
+    assert_eq!(reply.status(), 200);
+    let text = reply.text().await.unwrap();
+    let usage = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .find(|chunk| chunk["usage"].is_object())
+        .map(|chunk| chunk["usage"].clone())
+        .expect("the stream's usage chunk");
+    let expected = by_hand(&usage);
+    wait_for(PATIENCE, || async {
+        let spent = before - balance().await;
+        (spent == expected)
+            .then_some(())
+            .ok_or(format!("spent {spent}, expected {expected}"))
+    })
+    .await;
+}
