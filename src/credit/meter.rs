@@ -234,6 +234,7 @@ impl Meter {
                 &self.reservation_id,
                 GenerationEnd {
                     tokens,
+                    usage,
                     cost_nanos,
                     cost_basis: basis,
                     byok: self.byok,

@@ -64,6 +64,9 @@ pub(crate) struct GenerationEnd {
     /// Tokens of the prompt and of the completion: reported, or counted
     /// from a stream; `None` when neither is known.
     pub(crate) tokens: Option<(u64, u64)>,
+    /// The usage the upstream reported, when it did: its cache, reasoning
+    /// and search counts go in the record.
+    pub(crate) usage: Option<crate::credit::Usage>,
     pub(crate) cost_nanos: i64,
     /// What the cost was worked out from (`usage`, `streamed`, …).
     pub(crate) cost_basis: &'static str,
@@ -99,6 +102,12 @@ impl GenerationContext {
             provider_name: &self.provider,
             tokens_prompt,
             tokens_completion,
+            native_tokens_cached: end.usage.map(|usage| usage.cache_read_tokens),
+            native_tokens_cache_write: end
+                .usage
+                .map(|usage| usage.cache_write_tokens + usage.cache_write_1h_tokens),
+            native_tokens_reasoning: end.usage.map(|usage| usage.reasoning_tokens),
+            web_search_requests: end.usage.map(|usage| usage.web_search_requests),
             total_cost: &cost,
             usage: &cost,
             cost_basis: end.cost_basis,
@@ -141,6 +150,13 @@ struct RecordFields<'a> {
     provider_name: &'a str,
     tokens_prompt: Option<u64>,
     tokens_completion: Option<u64>,
+    /// Of the prompt, read from the cache (as OpenRouter names it).
+    native_tokens_cached: Option<u64>,
+    /// Of the prompt, written to the cache (five minutes and an hour).
+    native_tokens_cache_write: Option<u64>,
+    /// Of the completion, reasoning.
+    native_tokens_reasoning: Option<u64>,
+    web_search_requests: Option<u64>,
     total_cost: &'a Value,
     usage: &'a Value,
     cost_basis: &'static str,

@@ -569,4 +569,26 @@ async fn cached_and_reasoning_tokens_are_charged_at_their_own_rates() {
             .ok_or(format!("spent {spent}, expected {expected}"))
     })
     .await;
+    // The record says what the usage held.
+    let (manager, _) = key(&store, "acme", true).await;
+    let records = get_json(gateway, "/api/v1/generations?limit=1", &manager).await;
+    let record = &records["data"][0];
+    let details = [
+        (
+            "native_tokens_cached",
+            &usage["prompt_tokens_details"]["cached_tokens"],
+        ),
+        (
+            "native_tokens_cache_write",
+            &usage["prompt_tokens_details"]["cache_write_tokens"],
+        ),
+        (
+            "native_tokens_reasoning",
+            &usage["completion_tokens_details"]["reasoning_tokens"],
+        ),
+    ];
+    for (field, reported) in details {
+        assert_eq!(&record[field], reported, "{field} in {record}");
+    }
+    assert_eq!(record["web_search_requests"], 0, "{record}");
 }
