@@ -345,10 +345,28 @@ impl GatewayError {
         })
     }
 
+    /// The body in Anthropic's error shape, for clients of the Messages
+    /// API: `{"type": "error", "error": {"type", "message", "metadata"}}`,
+    /// the type Anthropic gives the status ([`anthropic_error_type`]) and
+    /// the gateway's metadata kept.
+    pub fn to_anthropic_json(&self) -> Value {
+        anthropic_error_json(self.status(), &self.0.message, &self.0.metadata)
+    }
+
     /// Renders the complete response: status, `Content-Type`, `Retry-After`,
     /// extra headers and the canonical body.
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
-        let body = Bytes::from(self.to_json().to_string());
+        self.response_with(&self.to_json())
+    }
+
+    /// [`to_response`](Self::to_response) with the body in Anthropic's
+    /// shape ([`to_anthropic_json`](Self::to_anthropic_json)).
+    pub fn to_anthropic_response<B: From<Bytes>>(&self) -> Response<B> {
+        self.response_with(&self.to_anthropic_json())
+    }
+
+    fn response_with<B: From<Bytes>>(&self, body: &Value) -> Response<B> {
+        let body = Bytes::from(body.to_string());
         let mut response = Response::new(B::from(body));
         *response.status_mut() = self.status();
         response.extensions_mut().insert(Refusal {
@@ -391,6 +409,42 @@ impl fmt::Display for GatewayError {
 }
 
 impl std::error::Error for GatewayError {}
+
+/// The `error.type` Anthropic's API gives `status`, so its SDKs raise the
+/// exception they would (`BadRequestError`, `AuthenticationError`,
+/// `PermissionDeniedError`, `NotFoundError`, `RateLimitError`, …). A 402
+/// is `billing_error`, a 503 `overloaded_error`, a 504 `timeout_error`.
+pub fn anthropic_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// An error body in Anthropic's shape (see
+/// [`GatewayError::to_anthropic_json`]).
+pub(crate) fn anthropic_error_json(
+    status: StatusCode,
+    message: &str,
+    metadata: &Map<String, Value>,
+) -> Value {
+    serde_json::json!({
+        "type": "error",
+        "error": {
+            "type": anthropic_error_type(status),
+            "message": message,
+            "metadata": metadata,
+        }
+    })
+}
 
 /// Whole seconds for `Retry-After`: rounded up, never below 1, so a client
 /// that waits what it is told never arrives early and never busy-loops.

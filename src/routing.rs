@@ -165,6 +165,27 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
     )
 }
 
+/// Whether `path` is one of the Messages API's (`…/messages`,
+/// `…/messages/count_tokens`), read as [`is_chat_completions`] reads one:
+/// its clients read errors in Anthropic's shape.
+pub(crate) fn is_messages_path(path: &str) -> bool {
+    let is_messages = |last: Option<&str>, before: Option<&str>| match (last, before) {
+        (Some(last), _) if last.eq_ignore_ascii_case("messages") => true,
+        (Some(last), Some(before)) => {
+            last.eq_ignore_ascii_case("count_tokens") && before.eq_ignore_ascii_case("messages")
+        }
+        _ => false,
+    };
+    if let Some(mut segments) = plain_segments(path) {
+        let last = segments.next_back();
+        return is_messages(last, segments.next_back());
+    }
+    let segments = normalized_segments(path);
+    let mut from_end = segments.iter().rev().map(|segment| segment.as_ref());
+    let last = from_end.next();
+    is_messages(last, from_end.next())
+}
+
 /// The segments of a path that normalising would not change but for its
 /// empty segments (nothing to decode, no `.` or `..`), borrowed without
 /// gathering them: the usual path, read several times a request.

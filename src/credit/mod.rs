@@ -152,6 +152,7 @@ mod group_commit;
 mod hidden_usage;
 mod late;
 mod layer;
+mod messages_usage;
 mod meter;
 mod pending;
 mod pricing;
@@ -169,6 +170,7 @@ pub use bound::{BodyEdits, BoundField, edit_request_body};
 pub use future::ResponseFuture;
 pub use hidden_usage::HiddenUsage;
 pub use layer::CreditGuardLayer;
+pub use messages_usage::MessagesUsage;
 pub use pending::{PendingSettlements, Unrecorded};
 pub use pricing::{
     MAX_BOUND_TOKENS, MAX_CREDITS_PER_MILLION_TOKENS, MAX_PRICE_OVERRIDES, PriceOverride,

@@ -16,6 +16,7 @@ use tokio::time::Sleep;
 
 use pin_project_lite::pin_project;
 
+use super::anthropic::ErrorShape;
 use super::inner::{inner_error, panicked};
 use super::layer::ErrorMapperConfig;
 use super::upstream::rewrite_error_response;
@@ -47,6 +48,7 @@ pin_project! {
             #[pin]
             future: CatchUnwind<AssertUnwindSafe<F>>,
             config: Arc<ErrorMapperConfig>,
+            shape: ErrorShape,
         },
         ReadingError {
             #[pin]
@@ -55,6 +57,7 @@ pin_project! {
             deadline: Sleep,
             parts: Option<Parts>,
             config: Arc<ErrorMapperConfig>,
+            shape: ErrorShape,
         },
     }
 }
@@ -75,9 +78,14 @@ where
     pub(crate) fn calling(
         future: CatchUnwind<AssertUnwindSafe<F>>,
         config: Arc<ErrorMapperConfig>,
+        shape: ErrorShape,
     ) -> Self {
         ResponseFuture {
-            state: State::Calling { future, config },
+            state: State::Calling {
+                future,
+                config,
+                shape,
+            },
         }
     }
 }
@@ -101,12 +109,16 @@ where
                         .expect("ResponseFuture polled after completion");
                     return Poll::Ready(Ok(response));
                 }
-                StateProjection::Calling { future, config } => match ready!(future.poll(cx)) {
+                StateProjection::Calling {
+                    future,
+                    config,
+                    shape,
+                } => match ready!(future.poll(cx)) {
                     Err(_panic) => State::Ready {
-                        response: Some(panicked().to_response()),
+                        response: Some(shape.render(&panicked())),
                     },
                     Ok(Err(error)) => State::Ready {
-                        response: Some(inner_error(error.into()).to_response()),
+                        response: Some(shape.render(&inner_error(error.into()))),
                     },
                     Ok(Ok(response))
                         if response.status().is_client_error()
@@ -119,6 +131,7 @@ where
                             deadline: tokio::time::sleep(config.error_body_timeout),
                             parts: Some(parts),
                             config: Arc::clone(config),
+                            shape: *shape,
                         }
                     }
                     Ok(Ok(response)) => {
@@ -130,6 +143,7 @@ where
                     deadline,
                     parts,
                     config,
+                    shape,
                 } => {
                     let body = match collect.poll(cx) {
                         Poll::Ready(Ok(collected)) => {
@@ -143,7 +157,7 @@ where
                     };
                     let parts = parts.take().expect("read once");
                     State::Ready {
-                        response: Some(rewrite_error_response(parts, body, config)),
+                        response: Some(rewrite_error_response(parts, body, config, *shape)),
                     }
                 }
             };

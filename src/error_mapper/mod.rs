@@ -10,6 +10,11 @@
 //!   its `Retry-After` and `X-RateLimit-*` headers, and its own message in
 //!   `metadata.upstream_message`, truncated.
 //! - Successful responses stream through untouched.
+//! - On the Messages API's paths (`…/messages`, `…/messages/count_tokens`)
+//!   every error is in Anthropic's shape instead, `{"type": "error",
+//!   "error": {"type", "message", "metadata"}}`, its type the one Anthropic
+//!   gives the status (a 402 `billing_error`), as Anthropic's SDKs read it;
+//!   an upstream's own error in that shape passes as it is.
 //!
 //! Its error type is [`Infallible`](std::convert::Infallible), so it ends
 //! a stack that axum or hyper can serve directly.
@@ -38,6 +43,7 @@
 //! # }
 //! ```
 
+mod anthropic;
 mod future;
 mod inner;
 mod layer;

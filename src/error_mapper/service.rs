@@ -9,6 +9,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use super::anthropic::ErrorShape;
 use super::future::ResponseFuture;
 use super::inner::{inner_error, panicked};
 use super::layer::ErrorMapperConfig;
@@ -67,12 +68,15 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = Arc::clone(&self.config);
+        let shape = ErrorShape::of(request.uri().path());
         if let Some(error) = self.not_ready.take() {
-            return ResponseFuture::ready(error.to_response());
+            return ResponseFuture::ready(shape.render(&error));
         }
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(request))) {
-            Ok(future) => ResponseFuture::calling(AssertUnwindSafe(future).catch_unwind(), config),
-            Err(_) => ResponseFuture::ready(panicked().to_response()),
+            Ok(future) => {
+                ResponseFuture::calling(AssertUnwindSafe(future).catch_unwind(), config, shape)
+            }
+            Err(_) => ResponseFuture::ready(shape.render(&panicked())),
         }
     }
 }

@@ -8,6 +8,7 @@ use http::response::Parts;
 use http::{Response, StatusCode};
 use serde_json::Value;
 
+use super::anthropic::{ErrorShape, in_anthropic_shape, is_anthropic_error};
 use super::layer::ErrorMapperConfig;
 use crate::error::GatewayError;
 use crate::response_body::{BoxError, ResponseBody};
@@ -154,11 +155,12 @@ fn upstream_error(status: StatusCode) -> GatewayError {
 }
 
 /// The response for an upstream error response that was read (or failed
-/// to be read) in full.
+/// to be read) in full, in the error shape its client reads.
 pub(super) fn rewrite_error_response<B>(
     parts: Parts,
     body: Result<Bytes, BoxError>,
     config: &ErrorMapperConfig,
+    shape: ErrorShape,
 ) -> Response<ResponseBody<B>> {
     let status = parts.status;
     let encoded = parts
@@ -171,6 +173,8 @@ pub(super) fn rewrite_error_response<B>(
             "upstream_message",
             "(the error body was compressed and is not shown)",
         )),
+        // An Anthropic upstream's own error, to an Anthropic client: as it is.
+        Ok(bytes) if shape == ErrorShape::Anthropic && is_anthropic_error(bytes) => None,
         Ok(bytes) => canonical_upstream_error(status, bytes, config.max_upstream_message_chars),
         Err(_) => Some(upstream_error(status).with_metadata(
             "upstream_message",
@@ -179,6 +183,10 @@ pub(super) fn rewrite_error_response<B>(
     };
     let Some(mut error) = rewritten else {
         let bytes = body.unwrap_or_default();
+        let bytes = match shape {
+            ErrorShape::Anthropic => in_anthropic_shape(status, bytes),
+            ErrorShape::OpenAi => bytes,
+        };
         let mut response = Response::from_parts(parts, ResponseBody::full(bytes));
         response
             .headers_mut()
@@ -190,7 +198,7 @@ pub(super) fn rewrite_error_response<B>(
             error = error.with_header(name.clone(), value.clone());
         }
     }
-    error.to_response()
+    shape.render(&error)
 }
 
 /// Headers of an upstream error kept on the rewritten response: when to

@@ -882,6 +882,53 @@ async fn a_key_in_x_api_key_is_taken_as_strictly_as_a_bearer() {
     }
 }
 
+/// On the Messages API's paths every refusal is in Anthropic's error shape,
+/// as its SDKs and Claude Code read it; elsewhere in the canonical one.
+#[tokio::test]
+async fn refusals_on_the_messages_paths_are_in_anthropics_shape() {
+    let gateway = gateway(Arc::new(MemoryStore::new())).await;
+    for path in [
+        "/api/v1/messages?beta=true",
+        "/api/v1/messages/count_tokens",
+    ] {
+        let reply = send(gateway.address, "POST", path, None, Some(json!({}))).await;
+        assert_eq!(reply.status, 401, "{path}");
+        assert_eq!(reply.body["type"], "error", "{path}: {}", reply.body);
+        assert_eq!(reply.body["error"]["type"], "authentication_error");
+        assert_eq!(
+            reply.body["error"]["metadata"]["reason"],
+            "missing_authorization"
+        );
+        assert!(
+            reply.headers["www-authenticate"]
+                .to_str()
+                .unwrap()
+                .starts_with("Bearer")
+        );
+        // The operator's management key may not call models: 403.
+        let reply = send(
+            gateway.address,
+            "POST",
+            path,
+            Some(&bearer(&gateway.admin)),
+            Some(json!({})),
+        )
+        .await;
+        assert_eq!(reply.status, 403, "{path}: {}", reply.body);
+        assert_eq!(reply.body["error"]["type"], "permission_error", "{path}");
+    }
+    let chat = send(
+        gateway.address,
+        "POST",
+        "/api/v1/chat/completions",
+        None,
+        Some(chat_body()),
+    )
+    .await;
+    assert_eq!(chat.body["error"]["code"], 401);
+    assert_eq!(chat.body.get("type"), None);
+}
+
 #[tokio::test]
 async fn every_refusal_is_a_401_with_its_own_message() {
     for backend in backends().await {
