@@ -1,7 +1,8 @@
 //! An OpenAI-compatible upstream for demos, tests and benchmarks: a
 //! deterministic reply with `usage`, SSE when asked, `n` choices, a tool
 //! call when `tools` is given and `tool_choice` allows one, a new id per
-//! answer, and injected latency and errors. Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
+//! answer, and injected latency and errors; Anthropic's Messages API
+//! beside it (`mock_messages.rs`). Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
 //! (which runs it in process when no upstream is given) and the tests.
 
 #![allow(dead_code)]
@@ -21,6 +22,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+
+#[path = "mock_messages.rs"]
+mod messages;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type MockBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -161,6 +165,15 @@ impl Mock {
                     {"id": "meta-llama/llama-3.1-8b-instruct:free", "object": "model"},
                 ]}),
             ));
+        }
+        let messages_path = format!("{}/messages", self.config.prefix);
+        if request.method() == Method::POST
+            && (path == messages_path || path == format!("{messages_path}/count_tokens"))
+        {
+            self.chats.fetch_add(1, Ordering::SeqCst);
+            return Ok(
+                messages::answer(request, path != messages_path, self.config.event_delay).await,
+            );
         }
         if path != chat_path || request.method() != Method::POST {
             return Ok(openai_error(

@@ -23,6 +23,7 @@ use chrono::TimeZone;
 use common::gateway::instance_with_clock;
 use common::wait::{PATIENCE, wait_for};
 use modelgate::clock::{Clock, ManualClock};
+use modelgate::credit::MessagesUsage;
 use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
 use modelgate::store::{MemoryStore, NANOS_PER_CREDIT, RecordKeeping, ReserveRequest};
 use serde_json::{Value, json};
@@ -591,4 +592,89 @@ async fn cached_and_reasoning_tokens_are_charged_at_their_own_rates() {
         assert_eq!(&record[field], reported, "{field} in {record}");
     }
     assert_eq!(record["web_search_requests"], 0, "{record}");
+}
+
+/// The mock's Messages API answers as Anthropic does: `anthropic-version`
+/// and `max_tokens` required, a tool call then text once its result is
+/// sent, cache reads and writes for a request with `cache_control`, and
+/// the same usage whether streamed (read by `MessagesUsage`) or not.
+#[tokio::test]
+async fn the_mock_speaks_messages_with_cache_usage_and_tool_turns() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let client = reqwest::Client::new();
+    let post = |body: Value, version: bool| {
+        let mut request = client.post(format!("{base}/messages")).json(&body);
+        if version {
+            request = request.header("anthropic-version", "2023-06-01");
+        }
+        request.send()
+    };
+    let ask = json!({"model": "anthropic/claude", "max_tokens": 50,
+        "system": [{"type": "text", "text": "You are terse and helpful, always.",
+                    "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": "Say hello to the gateway, please."}]});
+    let refused = post(ask.clone(), false).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["type"], "error");
+    let mut unbounded = ask.clone();
+    unbounded.as_object_mut().unwrap().remove("max_tokens");
+    assert_eq!(post(unbounded, true).await.unwrap().status(), 400);
+
+    let answer: Value = post(ask.clone(), true).await.unwrap().json().await.unwrap();
+    assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
+    let usage = &answer["usage"];
+    assert!(
+        usage["cache_read_input_tokens"].as_u64().unwrap() > 0,
+        "{usage}"
+    );
+    assert_eq!(usage["cache_creation"]["ephemeral_5m_input_tokens"], 0);
+    assert_eq!(
+        usage["cache_creation"]["ephemeral_1h_input_tokens"],
+        usage["cache_creation_input_tokens"]
+    );
+    let mut whole = MessagesUsage::default();
+    whole.merge_message(&answer);
+
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let text = post(streamed, true).await.unwrap().text().await.unwrap();
+    let mut read = MessagesUsage::default();
+    for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+        read.merge_event(&serde_json::from_str(data).unwrap());
+    }
+    assert!(text.contains("event: message_stop"), "{text}");
+    assert_eq!(read.usage(), whole.usage());
+    assert!(whole.usage().unwrap().cache_write_1h_tokens > 0);
+
+    // A tool turn: the call, then text once its result comes back.
+    let mut tooled = ask.clone();
+    tooled["tools"] = json!([{"name": "Write", "input_schema": {"type": "object"}}]);
+    let call: Value = post(tooled.clone(), true)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(call["stop_reason"], "tool_use", "{call}");
+    let use_block = &call["content"][0];
+    assert_eq!(use_block["name"], "Write");
+    tooled["messages"] = json!([
+        {"role": "user", "content": "Write it."},
+        {"role": "assistant", "content": [use_block]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use_block["id"], "content": "done"}]},
+    ]);
+    let after: Value = post(tooled, true).await.unwrap().json().await.unwrap();
+    assert_eq!(after["stop_reason"], "end_turn", "{after}");
+    let counted: Value = client
+        .post(format!("{base}/messages/count_tokens"))
+        .header("anthropic-version", "2023-06-01")
+        .json(&ask)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(counted["input_tokens"].as_u64().unwrap() > 0, "{counted}");
 }
