@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{KeyLimit, SETTLEMENT_RETRY_WINDOW, Settlement};
-use crate::usage::{GenerationContext, GenerationEnd};
+use crate::usage::{GenerationContext, GenerationEnd, TokenDetails};
 
 use super::group_commit::GroupCommit;
 use super::pending::{PendingSettlements, Tracked};
@@ -234,7 +234,14 @@ impl Meter {
                 &self.reservation_id,
                 GenerationEnd {
                     tokens,
-                    usage,
+                    details: usage.map(|usage| TokenDetails {
+                        cache_read: usage.cache_read_tokens,
+                        cache_write: usage
+                            .cache_write_tokens
+                            .saturating_add(usage.cache_write_1h_tokens),
+                        reasoning: usage.reasoning_tokens,
+                        web_searches: usage.web_search_requests,
+                    }),
                     cost_nanos,
                     cost_basis: basis,
                     byok: self.byok,

@@ -86,4 +86,6 @@ pub use query::{
 pub use ranking::{AppRanking, MAX_RANKED_APPS, PUBLIC_SCOPE};
 pub(crate) use ranking::{by_host, ranking_json};
 pub use record::{GENERATION_ID_HEADER, parse_generation_id};
-pub(crate) use record::{GenerationContext, GenerationEnd, generation_id, readable_by};
+pub(crate) use record::{
+    GenerationContext, GenerationEnd, TokenDetails, generation_id, readable_by,
+};

@@ -64,15 +64,28 @@ pub(crate) struct GenerationEnd {
     /// Tokens of the prompt and of the completion: reported, or counted
     /// from a stream; `None` when neither is known.
     pub(crate) tokens: Option<(u64, u64)>,
-    /// The usage the upstream reported, when it did: its cache, reasoning
-    /// and search counts go in the record.
-    pub(crate) usage: Option<crate::credit::Usage>,
+    /// What the upstream's usage said of its tokens, when it reported
+    /// usage.
+    pub(crate) details: Option<TokenDetails>,
     pub(crate) cost_nanos: i64,
     /// What the cost was worked out from (`usage`, `streamed`, …).
     pub(crate) cost_basis: &'static str,
     pub(crate) byok: bool,
     /// The client went away before the end.
     pub(crate) cancelled: bool,
+}
+
+/// The parts of the tokens a usage reports apart (as OpenRouter's
+/// generation names them).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TokenDetails {
+    /// Of the prompt, read from the cache.
+    pub(crate) cache_read: u64,
+    /// Of the prompt, written to the cache (for five minutes or an hour).
+    pub(crate) cache_write: u64,
+    /// Of the completion, reasoning.
+    pub(crate) reasoning: u64,
+    pub(crate) web_searches: u64,
 }
 
 impl GenerationContext {
@@ -102,12 +115,10 @@ impl GenerationContext {
             provider_name: &self.provider,
             tokens_prompt,
             tokens_completion,
-            native_tokens_cached: end.usage.map(|usage| usage.cache_read_tokens),
-            native_tokens_cache_write: end
-                .usage
-                .map(|usage| usage.cache_write_tokens + usage.cache_write_1h_tokens),
-            native_tokens_reasoning: end.usage.map(|usage| usage.reasoning_tokens),
-            web_search_requests: end.usage.map(|usage| usage.web_search_requests),
+            native_tokens_cached: end.details.map(|details| details.cache_read),
+            native_tokens_cache_write: end.details.map(|details| details.cache_write),
+            native_tokens_reasoning: end.details.map(|details| details.reasoning),
+            web_search_requests: end.details.map(|details| details.web_searches),
             total_cost: &cost,
             usage: &cost,
             cost_basis: end.cost_basis,
