@@ -58,11 +58,17 @@ where
         if is_models_path(request.method(), request.uri().path()) {
             let principal =
                 RequestContext::of(&request).and_then(|context| context.principal.as_ref());
-            let list = match principal {
+            let callable = match principal {
                 Some(key) if key.allowed_models.is_some() => {
-                    models::callable_by(&self.models_list, key).to_string()
+                    std::borrow::Cow::Owned(models::callable_by(&self.models_list, key))
                 }
-                _ => self.models_list.to_string(),
+                _ => std::borrow::Cow::Borrowed(&*self.models_list),
+            };
+            // Anthropic's clients list models in Anthropic's shape.
+            let list = if request.headers().contains_key("anthropic-version") {
+                models::anthropic_list(&callable).to_string()
+            } else {
+                callable.to_string()
             };
             let mut response = Response::new(ResponseBody::full(Bytes::from(list)));
             response.headers_mut().insert(

@@ -328,6 +328,40 @@ fn pricing_json(price: &TokenPrice) -> Value {
     Value::Object(pricing)
 }
 
+/// The models list in the shape of Anthropic's `GET /v1/models`, for a
+/// client that sends `anthropic-version` (Claude Code discovering a
+/// gateway's models): `type: "model"`, `id`, `display_name`, `created_at`
+/// (RFC 3339), one page (`has_more: false`, `first_id`, `last_id`).
+pub(crate) fn anthropic_list(list: &Value) -> Value {
+    let models: Vec<Value> = list["data"]
+        .as_array()
+        .map(|models| {
+            models
+                .iter()
+                .map(|model| {
+                    let created_at = model["created"]
+                        .as_i64()
+                        .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0))
+                        .unwrap_or_default()
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                    json!({
+                        "type": "model",
+                        "id": model["id"],
+                        "display_name": model["id"],
+                        "created_at": created_at,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "first_id": models.first().map(|model| model["id"].clone()),
+        "last_id": models.last().map(|model| model["id"].clone()),
+        "has_more": false,
+        "data": models,
+    })
+}
+
 /// The models list with only the models `key` may call.
 pub(crate) fn callable_by(list: &Value, key: &Principal) -> Value {
     let mut list = list.clone();

@@ -678,3 +678,45 @@ async fn the_mock_speaks_messages_with_cache_usage_and_tool_turns() {
         .unwrap();
     assert!(counted["input_tokens"].as_u64().unwrap() > 0, "{counted}");
 }
+
+/// A client that sends `anthropic-version` (Claude Code discovering a
+/// gateway's models) gets the list in Anthropic's shape; others OpenAI's.
+#[tokio::test]
+async fn the_models_list_answers_anthropic_clients_in_their_shape() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let base = mock::start(mock::MockConfig::default()).await;
+    let gateway = instance_with_clock(store.clone(), &base, "{}", Arc::new(noon())).await;
+    let (client, _) = key(&store, "acme", false).await;
+    let openai = get_json(gateway, "/api/v1/models", &client).await;
+    let anthropic: Value = reqwest::Client::new()
+        .get(format!("http://{gateway}/api/v1/models"))
+        .header("x-api-key", &client)
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids = |list: &Value| -> Vec<Value> {
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|model| model["id"].clone())
+            .collect()
+    };
+    assert!(!ids(&openai).is_empty());
+    assert_eq!(ids(&anthropic), ids(&openai));
+    assert_eq!(anthropic["has_more"], false);
+    assert_eq!(anthropic["first_id"], ids(&openai)[0]);
+    let first = &anthropic["data"][0];
+    assert_eq!(first["type"], "model");
+    assert_eq!(first["display_name"], first["id"]);
+    let created_at = first["created_at"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(created_at).is_ok(),
+        "{created_at}"
+    );
+    assert_eq!(openai["object"], "list");
+}
