@@ -40,6 +40,7 @@
 //! ```
 
 mod chat;
+mod messages;
 mod principal;
 mod request;
 mod sent;
@@ -47,6 +48,11 @@ mod stack;
 
 pub use crate::model_id::ModelId;
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
+pub use messages::{
+    BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,
+    MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
+    ThinkingConfig, ToolChoice, ToolChoiceKind, ToolKind,
+};
 pub use principal::Principal;
 pub use request::RequestContext;
 pub use sent::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};
