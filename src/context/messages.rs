@@ -390,10 +390,15 @@ pub struct PromptSize {
     pub server_tool_count: u64,
 }
 
-/// A parsed and validated Messages request.
+/// A parsed and validated Messages request (Anthropic's `POST /v1/messages`
+/// body, or `count_tokens`').
 ///
 /// The request's bytes reach the upstream unchanged; this is the gateway's
-/// reading of them, for its own layers.
+/// reading of them, for its own layers. What a hold needs:
+/// [`prompt_size`](MessagesRequest::prompt_size), `max_tokens`,
+/// [`thinking_budget_tokens`](MessagesRequest::thinking_budget_tokens)
+/// (inside `max_tokens`), [`web_search_max_uses`](MessagesRequest::web_search_max_uses)
+/// and [`longest_cache_ttl`](MessagesRequest::longest_cache_ttl).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MessagesRequest {
     /// The endpoint the body was parsed for.
