@@ -9,6 +9,10 @@
 //! proxy's `Fallback` the model the client asked for. Each layer still works
 //! alone: one that finds no context starts one.
 //!
+//! [`MessagesRequest`] is the same reading of an Anthropic Messages body
+//! (`POST /v1/messages`, `count_tokens`), with what a hold needs; no layer
+//! places one in the context yet.
+//!
 //! A service behind the layers reads it with [`RequestContext::of`]:
 //!
 //! ```
