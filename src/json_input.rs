@@ -45,6 +45,114 @@ pub(crate) fn wrong_type(param: &str, expected: &str, found: &Value) -> GatewayE
     )
 }
 
+/// 400 `invalid_request_error` about the body as a whole (no field to name).
+pub(crate) fn invalid_request(message: impl Into<String>) -> GatewayError {
+    GatewayError::new(ErrorKind::InvalidRequest, message.into())
+}
+
+/// The top-level fields of a model request's body (chat completions,
+/// Messages): 400 `invalid_request_error` for a body that is not JSON (with
+/// line and column), not an object, or names a field twice (naming it).
+pub(crate) fn request_body_fields(body: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    match top_level_fields(body) {
+        Ok(fields) => Ok(fields),
+        Err(JsonBodyError::NotJson(reason)) => Err(invalid_request(format!(
+            "the request body is not valid JSON: {reason}; \
+             check the escaping of quotes, backslashes and non-ASCII characters"
+        ))),
+        Err(JsonBodyError::NotObject(found)) => Err(invalid_request(format!(
+            "the request body must be a JSON object, not {found}"
+        ))),
+        Err(JsonBodyError::Duplicate(key)) => Err(bad_request(
+            &key,
+            format!("the request body has a duplicate field `{key}`: each field may appear once"),
+        )),
+    }
+}
+
+/// Takes a model request's `model` as sent: 400 when absent, null or
+/// blank, 422 when not a string. Its syntax is `ModelId::parse`'s, which
+/// readers call last, so each other field's error reads the same whatever
+/// the model.
+pub(crate) fn take_model(fields: &mut Map<String, Value>) -> Result<String, GatewayError> {
+    match fields.remove("model") {
+        None | Some(Value::Null) => Err(bad_request(
+            "model",
+            "`model` is required: name a model such as \"openai/gpt-4o\"",
+        )),
+        Some(Value::String(model)) if model.trim().is_empty() => {
+            Err(bad_request("model", "`model` must not be empty"))
+        }
+        Some(Value::String(model)) => Ok(model),
+        Some(other) => Err(wrong_type("model", "a string", &other)),
+    }
+}
+
+/// An optional integer of at least `min`: absent or null is `None`; 422
+/// naming `param` for another type or a smaller (or fractional) number.
+/// `param` is formatted only on the way to an error.
+pub(crate) fn integer_at_least(
+    value: Option<&Value>,
+    param: impl fmt::Display,
+    min: u64,
+) -> Result<Option<u64>, GatewayError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => match number.as_u64() {
+            Some(value) if value >= min => Ok(Some(value)),
+            _ => Err(invalid(
+                &param.to_string(),
+                &format!("must be an integer of at least {min}, not {number}"),
+            )),
+        },
+        Some(other) => Err(wrong_type(&param.to_string(), "an integer", other)),
+    }
+}
+
+/// An optional number from `min` to `max`: absent or null is `None`; 422
+/// naming `param` for another type or a number outside.
+pub(crate) fn number_in(
+    value: Option<&Value>,
+    param: impl fmt::Display,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, GatewayError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => {
+            let value = number.as_f64().unwrap_or(f64::NAN);
+            if (min..=max).contains(&value) {
+                Ok(Some(value))
+            } else {
+                Err(invalid(
+                    &param.to_string(),
+                    &format!("must be between {min} and {max}, not {number}"),
+                ))
+            }
+        }
+        Some(other) => Err(wrong_type(&param.to_string(), "a number", other)),
+    }
+}
+
+/// The size of `value` as JSON, without writing it anywhere: what a
+/// prompt's bound counts for JSON the upstream reads as text.
+pub(crate) fn json_bytes(value: &impl serde::Serialize) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Serializing JSON values into a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
 /// What a JSON value is, as messages name it: `a string`, `null`, ….
 pub(crate) fn json_type(value: &Value) -> &'static str {
     match value {

@@ -59,6 +59,12 @@ mod service;
 
 // The parsed request lives with the context that carries it.
 pub use crate::context::{ChatMessage, ChatRequest, MessageContent, ModelId, Role};
+// The Messages request, parsed on its own until a route reads it.
+pub use crate::context::{
+    BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,
+    MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
+    ThinkingConfig, ToolChoice, ToolChoiceKind, ToolKind,
+};
 pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;

@@ -6,9 +6,10 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::GatewayError;
 use crate::json_input::{
-    JsonBodyError, bad_request, invalid_parameter, top_level_fields, wrong_type,
+    bad_request, integer_at_least, invalid_parameter, number_in, request_body_fields, take_model,
+    wrong_type,
 };
 use crate::model_id::ModelId;
 
@@ -154,41 +155,8 @@ impl ChatRequest {
     /// assert!(error.message().contains("messages"));
     /// ```
     pub fn parse(body: &[u8]) -> Result<ChatRequest, GatewayError> {
-        let mut fields = match top_level_fields(body) {
-            Ok(fields) => fields,
-            Err(JsonBodyError::NotJson(reason)) => {
-                return Err(invalid_request(format!(
-                    "the request body is not valid JSON: {reason}; \
-                     check the escaping of quotes, backslashes and non-ASCII characters"
-                )));
-            }
-            Err(JsonBodyError::NotObject(found)) => {
-                return Err(invalid_request(format!(
-                    "the request body must be a JSON object, not {found}"
-                )));
-            }
-            Err(JsonBodyError::Duplicate(key)) => {
-                return Err(bad_request(
-                    &key,
-                    format!(
-                        "the request body has a duplicate field `{key}`: each field may appear once"
-                    ),
-                ));
-            }
-        };
-        let model = match fields.remove("model") {
-            None | Some(Value::Null) => {
-                return Err(bad_request(
-                    "model",
-                    "`model` is required: name a model such as \"openai/gpt-4o\"",
-                ));
-            }
-            Some(Value::String(model)) if model.trim().is_empty() => {
-                return Err(bad_request("model", "`model` must not be empty"));
-            }
-            Some(Value::String(model)) => model,
-            Some(other) => return Err(wrong_type("model", "a string", &other)),
-        };
+        let mut fields = request_body_fields(body)?;
+        let model = take_model(&mut fields)?;
         let messages = parse_messages(fields.remove("messages"))?;
         let stream = match fields.remove("stream") {
             None | Some(Value::Null) => false,
@@ -198,8 +166,8 @@ impl ChatRequest {
         let max_completion_tokens = positive_integer(&mut fields, "max_completion_tokens")?;
         let max_tokens = positive_integer(&mut fields, "max_tokens")?;
         let stream_usage_requested = stream_usage_requested(&fields)?;
-        let temperature = number_in(&mut fields, "temperature", 0.0, 2.0)?;
-        let top_p = number_in(&mut fields, "top_p", 0.0, 1.0)?;
+        let temperature = number_taken(&mut fields, "temperature", 0.0, 2.0)?;
+        let top_p = number_taken(&mut fields, "top_p", 0.0, 1.0)?;
         let n = positive_integer(&mut fields, "n")?;
         number_in_kept(&fields, "presence_penalty", -2.0, 2.0)?;
         number_in_kept(&fields, "frequency_penalty", -2.0, 2.0)?;
@@ -237,10 +205,6 @@ impl ChatRequest {
             .map(MessageContent::text_chars)
             .sum()
     }
-}
-
-fn invalid_request(message: impl Into<String>) -> GatewayError {
-    GatewayError::new(ErrorKind::InvalidRequest, message.into())
 }
 
 /// `value` when it is of the `expected` type (its words, and the check):
@@ -374,55 +338,33 @@ fn check_parts(at: &MessageAt, parts: Vec<Value>) -> Result<Vec<Value>, GatewayE
     Ok(parts)
 }
 
+/// Takes `param` from `fields` as an integer of at least 1.
 fn positive_integer(
     fields: &mut Map<String, Value>,
     param: &str,
 ) -> Result<Option<u64>, GatewayError> {
-    match fields.remove(param) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(number)) => match number.as_u64() {
-            Some(value) if value >= 1 => Ok(Some(value)),
-            _ => Err(invalid_parameter(
-                param,
-                format!("`{param}` must be an integer of at least 1, not {number}"),
-            )),
-        },
-        Some(other) => Err(wrong_type(param, "an integer", &other)),
-    }
+    integer_at_least(fields.remove(param).as_ref(), param, 1)
 }
 
-fn number_in(
+/// Takes `param` from `fields` as a number from `min` to `max`.
+fn number_taken(
     fields: &mut Map<String, Value>,
     param: &str,
     min: f64,
     max: f64,
 ) -> Result<Option<f64>, GatewayError> {
-    let value = number_in_kept(fields, param, min, max)?;
-    fields.remove(param);
-    Ok(value)
+    number_in(fields.remove(param).as_ref(), param, min, max)
 }
 
+/// Checks `param` in `fields` as a number from `min` to `max`, leaving it
+/// there to go upstream.
 fn number_in_kept(
     fields: &Map<String, Value>,
     param: &str,
     min: f64,
     max: f64,
 ) -> Result<Option<f64>, GatewayError> {
-    match fields.get(param) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(number)) => {
-            let value = number.as_f64().unwrap_or(f64::NAN);
-            if (min..=max).contains(&value) {
-                Ok(Some(value))
-            } else {
-                Err(invalid_parameter(
-                    param,
-                    format!("`{param}` must be between {min} and {max}, not {number}"),
-                ))
-            }
-        }
-        Some(other) => Err(wrong_type(param, "a number", other)),
-    }
+    number_in(fields.get(param), param, min, max)
 }
 
 fn integer_in_kept(
@@ -657,6 +599,7 @@ fn check_strict_schema(schema: &Value, path: &str) -> Result<(), GatewayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
     use proptest::prelude::*;
     use serde_json::json;
 

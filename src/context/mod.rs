@@ -9,6 +9,10 @@
 //! proxy's `Fallback` the model the client asked for. Each layer still works
 //! alone: one that finds no context starts one.
 //!
+//! [`MessagesRequest`] is the same reading of an Anthropic Messages body
+//! (`POST /v1/messages`, `count_tokens`), with what a hold needs; no layer
+//! places one in the context yet.
+//!
 //! A service behind the layers reads it with [`RequestContext::of`]:
 //!
 //! ```
@@ -40,6 +44,7 @@
 //! ```
 
 mod chat;
+mod messages;
 mod principal;
 mod request;
 mod sent;
@@ -47,6 +52,11 @@ mod stack;
 
 pub use crate::model_id::ModelId;
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
+pub use messages::{
+    BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,
+    MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
+    ThinkingConfig, ToolChoice, ToolChoiceKind, ToolKind,
+};
 pub use principal::Principal;
 pub use request::RequestContext;
 pub use sent::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};

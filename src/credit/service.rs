@@ -15,7 +15,7 @@ use super::pricing::{PromptBounds, TokenPrice};
 use crate::body::{ChatRequest, MessageContent};
 use crate::context::{Principal, RequestContext, SentUpstream};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
-use crate::json_input::bad_request;
+use crate::json_input::{bad_request, json_bytes};
 use crate::keys::ByokCredential;
 use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::limiter::Verdict;
@@ -378,24 +378,6 @@ fn unbounded_part(
         ),
     )
     .with_metadata("reason", "unbounded_prompt_part")
-}
-
-/// The size of `value` as JSON, without writing it anywhere.
-fn json_bytes(value: &impl serde::Serialize) -> u64 {
-    struct Counter(u64);
-    impl std::io::Write for Counter {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len() as u64;
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0);
-    // Serializing JSON values into a writer that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut counter, value);
-    counter.0
 }
 
 /// The most a request can cost: its prompt ([`estimate_prompt_tokens`])
