@@ -1,39 +1,38 @@
-//! [`MessagesUsage`]: the usage of an Anthropic Messages response, read
-//! the way Anthropic reports it.
-//!
-//! A stream reports usage in `message_start` (under `message.usage`) and
-//! again in each `message_delta` (under `usage`). Every value is
-//! cumulative, and any field may come in any of those events (a server
-//! tool sends several deltas; some upstreams give the input only in the
-//! last one): the fields are merged one by one, the last value of each
-//! winning, never summed. A non-streamed answer has one `usage`.
-//!
-//! Anthropic counts `input_tokens` without the tokens read from or written
-//! to the cache; the [`Usage`] this gives counts them in, as OpenAI's
-//! `prompt_tokens` does, with the cache reads and writes (split into
-//! five-minute and one-hour writes when `cache_creation` says) apart.
-//! `output_tokens` includes any thinking.
-//!
-//! ```
-//! use modelgate::credit::MessagesUsage;
-//! use serde_json::json;
-//!
-//! let mut usage = MessagesUsage::default();
-//! usage.merge_event(&json!({"type": "message_start", "message": {"usage": {
-//!     "input_tokens": 0, "output_tokens": 1, "cache_read_input_tokens": 900}}}));
-//! usage.merge_event(&json!({"type": "message_delta", "usage": {
-//!     "input_tokens": 120, "output_tokens": 40, "server_tool_use": {"web_search_requests": 2}}}));
-//! let usage = usage.usage().unwrap();
-//! assert_eq!((usage.prompt_tokens, usage.completion_tokens), (1020, 40));
-//! assert_eq!((usage.cache_read_tokens, usage.web_search_requests), (900, 2));
-//! ```
+//! [`MessagesUsage`]: the usage of an Anthropic Messages response.
 
 use serde_json::{Map, Value};
 
 use super::Usage;
 
-/// The usage fields a Messages response reported so far, each the last
-/// value seen (see the [module docs](self)).
+/// The usage of an Anthropic Messages response, read the way Anthropic
+/// reports it: the fields reported so far, each the last value seen.
+///
+/// A stream reports usage in `message_start` (under `message.usage`) and
+/// again in each `message_delta` (under `usage`). Every value is
+/// cumulative, and any field may come in any of those events (a server
+/// tool sends several deltas; some upstreams give the input only in the
+/// last one): the fields are merged one by one, the last value of each
+/// winning, never summed. A non-streamed answer has one `usage`.
+///
+/// Anthropic counts `input_tokens` without the tokens read from or written
+/// to the cache; the [`Usage`] this gives counts them in, as OpenAI's
+/// `prompt_tokens` does, with the cache reads and writes (split into
+/// five-minute and one-hour writes when `cache_creation` says) apart.
+/// `output_tokens` includes any thinking.
+///
+/// ```
+/// use modelgate::credit::MessagesUsage;
+/// use serde_json::json;
+///
+/// let mut usage = MessagesUsage::default();
+/// usage.merge_event(&json!({"type": "message_start", "message": {"usage": {
+///     "input_tokens": 0, "output_tokens": 1, "cache_read_input_tokens": 900}}}));
+/// usage.merge_event(&json!({"type": "message_delta", "usage": {
+///     "input_tokens": 120, "output_tokens": 40, "server_tool_use": {"web_search_requests": 2}}}));
+/// let usage = usage.usage().unwrap();
+/// assert_eq!((usage.prompt_tokens, usage.completion_tokens), (1020, 40));
+/// assert_eq!((usage.cache_read_tokens, usage.web_search_requests), (900, 2));
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MessagesUsage {
     input_tokens: Option<u64>,
@@ -106,7 +105,7 @@ impl MessagesUsage {
         );
     }
 
-    /// The usage, in OpenAI's convention (see the [module docs](self));
+    /// The usage, in OpenAI's convention (see [`MessagesUsage`]);
     /// `None` before any token count, or after a malformed one.
     pub fn usage(&self) -> Option<Usage> {
         if self.malformed || (self.input_tokens.is_none() && self.output_tokens.is_none()) {
