@@ -267,7 +267,7 @@ fn matches_filters(record: &Value, query: &UsageQuery) -> bool {
 /// The columns of the CSV export, as the records name their fields, but
 /// the last: `cost_note`, why the cost is what it is when a person would
 /// not guess it ([`cost_note`]).
-const CSV_COLUMNS: [&str; 19] = [
+const CSV_COLUMNS: [&str; 23] = [
     "id",
     "created_at",
     "model",
@@ -276,6 +276,10 @@ const CSV_COLUMNS: [&str; 19] = [
     "key_hash",
     "tokens_prompt",
     "tokens_completion",
+    "native_tokens_cached",
+    "native_tokens_cache_write",
+    "native_tokens_reasoning",
+    "web_search_requests",
     "total_cost",
     "cost_basis",
     "is_byok",

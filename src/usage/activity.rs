@@ -104,6 +104,10 @@ struct Sums {
     requests: u64,
     prompt_tokens: u64,
     completion_tokens: u64,
+    /// Of `prompt_tokens`, read from the upstream's cache.
+    cached_tokens: u64,
+    /// Of `completion_tokens`, reasoning.
+    reasoning_tokens: u64,
     usage_nanos: i64,
     byok_usage_nanos: i64,
     /// Of `requests`, those charged their whole hold (usage never known).
@@ -180,6 +184,12 @@ pub fn activity_rows<'a>(
         row.completion_tokens = row
             .completion_tokens
             .saturating_add(record["tokens_completion"].as_u64().unwrap_or(0));
+        row.cached_tokens = row
+            .cached_tokens
+            .saturating_add(record["native_tokens_cached"].as_u64().unwrap_or(0));
+        row.reasoning_tokens = row
+            .reasoning_tokens
+            .saturating_add(record["native_tokens_reasoning"].as_u64().unwrap_or(0));
         if record["is_byok"].as_bool() == Some(true) {
             row.byok_usage_nanos = row.byok_usage_nanos.saturating_add(cost_nanos);
         } else {
@@ -199,6 +209,8 @@ pub fn activity_rows<'a>(
                 "requests": row.requests,
                 "prompt_tokens": row.prompt_tokens,
                 "completion_tokens": row.completion_tokens,
+                "cached_tokens": row.cached_tokens,
+                "reasoning_tokens": row.reasoning_tokens,
                 "usage": nanos_to_json(row.usage_nanos),
                 "byok_usage_inference": nanos_to_json(row.byok_usage_nanos),
                 "hold_charged_requests": row.hold_charged_requests,

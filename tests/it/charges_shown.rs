@@ -592,6 +592,46 @@ async fn cached_and_reasoning_tokens_are_charged_at_their_own_rates() {
         assert_eq!(&record[field], reported, "{field} in {record}");
     }
     assert_eq!(record["web_search_requests"], 0, "{record}");
+    // The activity sums them by day and model; the CSV has their columns.
+    let activity = get_json(gateway, "/api/v1/activity", &manager).await;
+    let row = &activity["data"][0];
+    let detail = |usage: &Value, group: &str, field: &str| usage[group][field].as_u64().unwrap();
+    assert_eq!(
+        row["cached_tokens"],
+        detail(&answer["usage"], "prompt_tokens_details", "cached_tokens")
+            + detail(&usage, "prompt_tokens_details", "cached_tokens"),
+        "{activity}"
+    );
+    assert_eq!(
+        row["reasoning_tokens"],
+        detail(
+            &answer["usage"],
+            "completion_tokens_details",
+            "reasoning_tokens"
+        ) + detail(&usage, "completion_tokens_details", "reasoning_tokens"),
+    );
+    let csv = send(
+        gateway,
+        reqwest::Method::GET,
+        "/api/v1/generations?format=csv",
+        &manager,
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let column = header
+        .iter()
+        .position(|name| *name == "native_tokens_reasoning")
+        .unwrap();
+    let newest: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(
+        newest[column],
+        detail(&usage, "completion_tokens_details", "reasoning_tokens").to_string(),
+        "{csv}"
+    );
 }
 
 /// The mock's Messages API answers as Anthropic does: `anthropic-version`
