@@ -159,7 +159,11 @@ impl Meter {
             None => match self.streamed_tokens {
                 Some(tokens) => (
                     self.price
-                        .cost_nanos(self.prompt_tokens, tokens)
+                        .charge_nanos(&Usage {
+                            prompt_tokens: self.prompt_tokens,
+                            completion_tokens: tokens,
+                            ..Usage::default()
+                        })
                         .min(self.estimate_nanos),
                     "streamed",
                 ),

@@ -140,11 +140,11 @@ impl TokenPrice {
             .map_or(&self.rates, |tier| &tier.rates)
     }
 
-    /// Whether any prompt token can cost anything.
+    /// Whether what a request costs depends on its prompt: a prompt token
+    /// can cost something, or the prompt's size picks an override (whose
+    /// completion rate may be dearer). Then the hold must bound the prompt.
     pub fn charges_prompt(&self) -> bool {
-        std::iter::once(&self.rates)
-            .chain(self.overrides.iter().flatten().map(|tier| &tier.rates))
-            .any(|rates| rates.dearest_prompt() > 0)
+        self.overrides.iter().flatten().next().is_some() || self.rates.dearest_prompt() > 0
     }
 
     /// The most a request of up to `prompt_tokens` and `completion_tokens`
@@ -153,7 +153,9 @@ impl TokenPrice {
     /// dearest rate it could be charged at (cached or not, reasoning or
     /// not, under any override a prompt that long can reach), and the
     /// request's fee. What a hold covers. With two rates alone, it is
-    /// exactly what those tokens cost.
+    /// exactly what those tokens cost. Web searches are not in it: a
+    /// request that may search is held for its searches apart (its
+    /// `max_uses` at [`web_search_nanos`](Self::web_search_nanos)).
     pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
         let most = std::iter::once(&self.rates)
             .chain(
@@ -1000,6 +1002,24 @@ mod tests {
         );
         assert!(price.charges_prompt());
         assert!(!TokenPrice::per_million_tokens(0, 5).charges_prompt());
+        // Free prompts, but an override by prompt size: the prompt decides
+        // the completion's rate, so it must be bounded too.
+        let tiered = TokenPrice {
+            overrides: [
+                Some(PriceOverride {
+                    min_prompt_tokens: 100_000,
+                    rates: TokenRates {
+                        completion_nanos_per_million_tokens: 50,
+                        ..TokenPrice::FREE.rates
+                    },
+                }),
+                None,
+                None,
+                None,
+            ],
+            ..TokenPrice::per_million_tokens(0, 5)
+        };
+        assert!(tiered.charges_prompt());
         let cache_writes_only = TokenPrice {
             rates: TokenRates {
                 cache_write_nanos_per_million_tokens: Some(1),

@@ -924,6 +924,7 @@ fn new_reservation_id(now: DateTime<Utc>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credit::{PriceOverride, TokenRates};
     use chrono::TimeZone;
     use proptest::prelude::*;
     use serde_json::{Value, json};
@@ -1107,6 +1108,16 @@ mod tests {
             free,
         };
         let prompt_free = TokenPrice::per_million_tokens(0, 1_000_000);
+        // Free prompts, but a dearer completion past a prompt size: the
+        // prompt's size decides the charge, so it must be bounded.
+        let mut tiered = prompt_free;
+        tiered.overrides[0] = Some(PriceOverride {
+            min_prompt_tokens: 100_000,
+            rates: TokenRates {
+                completion_nanos_per_million_tokens: 10_000_000,
+                ..prompt_free.rates
+            },
+        });
         // (price, free model, include_byok_in_limit, byok) → holds the prompt.
         for (price, free, include, byok, holds) in [
             (NANO_A_TOKEN, false, false, false, true),
@@ -1115,6 +1126,7 @@ mod tests {
             (TokenPrice::FREE, true, false, false, false),
             (prompt_free, false, false, false, false),
             (prompt_free, false, true, true, false),
+            (tiered, false, false, false, true),
         ] {
             assert_eq!(
                 charge(price, free, include).holds_prompt(byok),

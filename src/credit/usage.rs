@@ -57,9 +57,12 @@ impl Usage {
     }
 
     /// The rules of [`Usage::from_response`], on the fields a `usage`
-    /// object had. A detail that is not a whole number reads as 0; each is
-    /// kept within the count it is part of, so a detail can never make a
-    /// charge larger than its count alone would.
+    /// object had. A detail (`prompt_tokens_details.cached_tokens`,
+    /// `…cache_write_tokens`, `completion_tokens_details.reasoning_tokens`)
+    /// is read as its count is: absent or null is 0, and one that is not a
+    /// whole number, or details past the count they are part of, make the
+    /// usage unusable, as a bad count does. A detail read wrong would
+    /// charge its tokens at another rate.
     fn from_fields(fields: &UsageFields) -> Option<Usage> {
         if fields.prompt_tokens.is_none() && fields.completion_tokens.is_none() {
             return None;
@@ -68,19 +71,21 @@ impl Usage {
             None | Some(Value::Null) => Some(0),
             Some(value) => value.as_u64(),
         };
-        let detail = |details: &Option<Value>, name: &str| {
-            details
-                .as_ref()
-                .and_then(|details| details.get(name))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
+        let detail = |details: &Option<Value>, name: &str| match details {
+            None | Some(Value::Null) => Some(0),
+            Some(Value::Object(details)) => count(details.get(name)),
+            Some(_) => None,
         };
         let prompt_tokens = count(fields.prompt_tokens.as_ref())?;
         let completion_tokens = count(fields.completion_tokens.as_ref())?;
-        let cache_read_tokens =
-            detail(&fields.prompt_tokens_details, "cached_tokens").min(prompt_tokens);
-        let cache_write_tokens = detail(&fields.prompt_tokens_details, "cache_write_tokens")
-            .min(prompt_tokens - cache_read_tokens);
+        let cache_read_tokens = detail(&fields.prompt_tokens_details, "cached_tokens")?;
+        let cache_write_tokens = detail(&fields.prompt_tokens_details, "cache_write_tokens")?;
+        let reasoning_tokens = detail(&fields.completion_tokens_details, "reasoning_tokens")?;
+        if cache_read_tokens.checked_add(cache_write_tokens)? > prompt_tokens
+            || reasoning_tokens > completion_tokens
+        {
+            return None;
+        }
         Some(Usage {
             prompt_tokens,
             completion_tokens,
@@ -91,8 +96,7 @@ impl Usage {
             cache_read_tokens,
             cache_write_tokens,
             cache_write_1h_tokens: 0,
-            reasoning_tokens: detail(&fields.completion_tokens_details, "reasoning_tokens")
-                .min(completion_tokens),
+            reasoning_tokens,
             web_search_requests: 0,
         })
     }
@@ -716,18 +720,29 @@ mod tests {
         );
         let value: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(Usage::from_response(&value), expected);
-        // A detail past its count is cut to it (writes to what reads left);
-        // one that is not a whole number reads as none.
-        let over = br#"{"usage": {"prompt_tokens": 10, "completion_tokens": 5,
-            "prompt_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 9},
-            "completion_tokens_details": {"reasoning_tokens": -3}}}"#;
+        // A detail that is not a whole number, or details past their
+        // count, make the usage unusable (charged as an answer without
+        // usage), as a bad count does.
+        for usage in [
+            r#"{"prompt_tokens": 10, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 9}}"#,
+            r#"{"prompt_tokens": 10, "completion_tokens": 5, "completion_tokens_details": {"reasoning_tokens": 6}}"#,
+            r#"{"prompt_tokens": 10, "completion_tokens": 5, "completion_tokens_details": {"reasoning_tokens": -3}}"#,
+            r#"{"prompt_tokens": 10, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": "4"}}"#,
+            r#"{"prompt_tokens": 10, "completion_tokens": 5, "prompt_tokens_details": 4}"#,
+        ] {
+            let body = format!(r#"{{"usage": {usage}}}"#);
+            assert_eq!(scan(BodyKind::Json, &[body.as_bytes()]).0, None, "{usage}");
+            let value: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(Usage::from_response(&value), None, "{usage}");
+        }
+        // Null details are none.
+        let nulls = br#"{"usage": {"prompt_tokens": 10, "completion_tokens": 5,
+            "prompt_tokens_details": null, "completion_tokens_details": {"reasoning_tokens": null}}}"#;
         assert_eq!(
-            scan(BodyKind::Json, &[over]).0,
+            scan(BodyKind::Json, &[nulls]).0,
             Some(Usage {
                 prompt_tokens: 10,
                 completion_tokens: 5,
-                cache_read_tokens: 8,
-                cache_write_tokens: 2,
                 ..Usage::default()
             })
         );
