@@ -18,28 +18,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{Request, Response};
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use super::{BoxError, MockBody};
-
-fn respond(status: u16, body: &Value) -> Response<MockBody> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(
-            Full::new(Bytes::from(body.to_string()))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
-        .expect("a valid response")
-}
+use super::{BoxError, MockBody, json_response};
 
 fn anthropic_error(status: u16, kind: &str, message: &str) -> Response<MockBody> {
-    respond(
+    json_response(
         status,
-        &json!({"type": "error", "error": {"type": kind, "message": message}}),
+        json!({"type": "error", "error": {"type": kind, "message": message}}),
     )
 }
 
@@ -131,7 +119,7 @@ pub(super) async fn answer(
     let model = body["model"].as_str().unwrap_or("unknown").to_owned();
     let prompt_tokens = prompt_text(&body).len().div_ceil(4) as u64;
     if count_tokens {
-        return respond(200, &json!({"input_tokens": prompt_tokens}));
+        return json_response(200, json!({"input_tokens": prompt_tokens}));
     }
     if let Some(status) = model
         .rsplit('/')
@@ -201,9 +189,9 @@ pub(super) async fn answer(
         ),
     };
     if body["stream"].as_bool() != Some(true) {
-        return respond(
+        return json_response(
             200,
-            &json!({"id": id, "type": "message", "role": "assistant", "model": model,
+            json!({"id": id, "type": "message", "role": "assistant", "model": model,
                     "content": content, "stop_reason": stop_reason, "stop_sequence": null,
                     "usage": usage}),
         );

@@ -566,32 +566,17 @@ fn token_price(price: &ConfiguredPrice) -> Result<TokenPrice, String> {
             .map(|credits| nanos_per_million(field, credits))
             .transpose()
     };
-    let rates = TokenRates {
-        prompt_nanos_per_million_tokens: nanos_per_million(
-            "prompt_per_million",
-            price.prompt_per_million,
-        )?,
-        completion_nanos_per_million_tokens: nanos_per_million(
-            "completion_per_million",
-            price.completion_per_million,
-        )?,
-        cache_read_nanos_per_million_tokens: optional(
-            "input_cache_read_per_million",
-            price.input_cache_read_per_million,
-        )?,
-        cache_write_nanos_per_million_tokens: optional(
-            "input_cache_write_per_million",
-            price.input_cache_write_per_million,
-        )?,
-        cache_write_1h_nanos_per_million_tokens: optional(
-            "input_cache_write_1h_per_million",
-            price.input_cache_write_1h_per_million,
-        )?,
-        reasoning_nanos_per_million_tokens: optional(
-            "internal_reasoning_per_million",
-            price.internal_reasoning_per_million,
-        )?,
-    };
+    let rates = rates_over(
+        TokenRates::default(),
+        NamedRates {
+            prompt: Some(price.prompt_per_million),
+            completion: Some(price.completion_per_million),
+            cache_read: price.input_cache_read_per_million,
+            cache_write: price.input_cache_write_per_million,
+            cache_write_1h: price.input_cache_write_1h_per_million,
+            reasoning: price.internal_reasoning_per_million,
+        },
+    )?;
     if price.overrides.len() > MAX_PRICE_OVERRIDES {
         return Err(format!(
             "overrides has {} entries; at most {MAX_PRICE_OVERRIDES}",
@@ -629,6 +614,37 @@ fn price_override(
 ) -> Result<PriceOverride, String> {
     let min_prompt_tokens = bound_tokens("min_prompt_tokens", Some(&configured.min_prompt_tokens))?
         .unwrap_or(MAX_BOUND_TOKENS);
+    let rates = rates_over(
+        *base,
+        NamedRates {
+            prompt: configured.prompt_per_million,
+            completion: configured.completion_per_million,
+            cache_read: configured.input_cache_read_per_million,
+            cache_write: configured.input_cache_write_per_million,
+            cache_write_1h: configured.input_cache_write_1h_per_million,
+            reasoning: configured.internal_reasoning_per_million,
+        },
+    )?;
+    Ok(PriceOverride {
+        min_prompt_tokens,
+        rates,
+    })
+}
+
+/// The token rates a price or an override names, in credits per million
+/// tokens (`None`: not named).
+struct NamedRates {
+    prompt: Option<f64>,
+    completion: Option<f64>,
+    cache_read: Option<f64>,
+    cache_write: Option<f64>,
+    cache_write_1h: Option<f64>,
+    reasoning: Option<f64>,
+}
+
+/// `base` with each rate `named` names in place of its own; an error
+/// names the field.
+fn rates_over(base: TokenRates, named: NamedRates) -> Result<TokenRates, String> {
     let replaced = |field: &str, credits: Option<f64>, own: i64| {
         credits.map_or(Ok(own), |credits| nanos_per_million(field, credits))
     };
@@ -637,40 +653,37 @@ fn price_override(
             nanos_per_million(field, credits).map(Some)
         })
     };
-    Ok(PriceOverride {
-        min_prompt_tokens,
-        rates: TokenRates {
-            prompt_nanos_per_million_tokens: replaced(
-                "prompt_per_million",
-                configured.prompt_per_million,
-                base.prompt_nanos_per_million_tokens,
-            )?,
-            completion_nanos_per_million_tokens: replaced(
-                "completion_per_million",
-                configured.completion_per_million,
-                base.completion_nanos_per_million_tokens,
-            )?,
-            cache_read_nanos_per_million_tokens: refined(
-                "input_cache_read_per_million",
-                configured.input_cache_read_per_million,
-                base.cache_read_nanos_per_million_tokens,
-            )?,
-            cache_write_nanos_per_million_tokens: refined(
-                "input_cache_write_per_million",
-                configured.input_cache_write_per_million,
-                base.cache_write_nanos_per_million_tokens,
-            )?,
-            cache_write_1h_nanos_per_million_tokens: refined(
-                "input_cache_write_1h_per_million",
-                configured.input_cache_write_1h_per_million,
-                base.cache_write_1h_nanos_per_million_tokens,
-            )?,
-            reasoning_nanos_per_million_tokens: refined(
-                "internal_reasoning_per_million",
-                configured.internal_reasoning_per_million,
-                base.reasoning_nanos_per_million_tokens,
-            )?,
-        },
+    Ok(TokenRates {
+        prompt_nanos_per_million_tokens: replaced(
+            "prompt_per_million",
+            named.prompt,
+            base.prompt_nanos_per_million_tokens,
+        )?,
+        completion_nanos_per_million_tokens: replaced(
+            "completion_per_million",
+            named.completion,
+            base.completion_nanos_per_million_tokens,
+        )?,
+        cache_read_nanos_per_million_tokens: refined(
+            "input_cache_read_per_million",
+            named.cache_read,
+            base.cache_read_nanos_per_million_tokens,
+        )?,
+        cache_write_nanos_per_million_tokens: refined(
+            "input_cache_write_per_million",
+            named.cache_write,
+            base.cache_write_nanos_per_million_tokens,
+        )?,
+        cache_write_1h_nanos_per_million_tokens: refined(
+            "input_cache_write_1h_per_million",
+            named.cache_write_1h,
+            base.cache_write_1h_nanos_per_million_tokens,
+        )?,
+        reasoning_nanos_per_million_tokens: refined(
+            "internal_reasoning_per_million",
+            named.reasoning,
+            base.reasoning_nanos_per_million_tokens,
+        )?,
     })
 }
 

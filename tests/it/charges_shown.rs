@@ -473,6 +473,17 @@ async fn the_mock_honours_n_and_tools_with_an_id_per_answer() {
     }
 }
 
+/// Waits until acme's balance is `expected` below `before`, its request settled.
+async fn spent_exactly(store: &SharedStore, before: i64, expected: i64) {
+    wait_for(PATIENCE, || async {
+        let spent = before - store.account_balance("acme").await.unwrap().balance_nanos;
+        (spent == expected)
+            .then_some(())
+            .ok_or(format!("spent {spent}, expected {expected}"))
+    })
+    .await;
+}
+
 /// A model that reads from and writes to its cache and reasons is charged
 /// each kind of token at its own rate, streamed or not: the charge is
 /// worked out here by hand from the usage the client read.
@@ -536,13 +547,7 @@ async fn cached_and_reasoning_tokens_are_charged_at_their_own_rates() {
     assert_eq!(reply.status(), 200);
     let answer: Value = reply.json().await.unwrap();
     let expected = by_hand(&answer["usage"]);
-    wait_for(PATIENCE, || async {
-        let spent = before - balance().await;
-        (spent == expected)
-            .then_some(())
-            .ok_or(format!("spent {spent}, expected {expected}"))
-    })
-    .await;
+    spent_exactly(&store, before, expected).await;
 
     let before = balance().await;
     let reply = send(
@@ -563,13 +568,7 @@ async fn cached_and_reasoning_tokens_are_charged_at_their_own_rates() {
         .map(|chunk| chunk["usage"].clone())
         .expect("the stream's usage chunk");
     let expected = by_hand(&usage);
-    wait_for(PATIENCE, || async {
-        let spent = before - balance().await;
-        (spent == expected)
-            .then_some(())
-            .ok_or(format!("spent {spent}, expected {expected}"))
-    })
-    .await;
+    spent_exactly(&store, before, expected).await;
     // The record says what the usage held.
     let (manager, _) = key(&store, "acme", true).await;
     let records = get_json(gateway, "/api/v1/generations?limit=1", &manager).await;
