@@ -90,6 +90,38 @@ pub(crate) fn take_model(fields: &mut Map<String, Value>) -> Result<String, Gate
 
 /// An optional integer of at least `min`: absent or null is `None`; 422
 /// naming `param` for another type or a smaller (or fractional) number.
+/// `messages`, taken from a request's fields: a non-empty array of
+/// messages (400 when absent, null or empty; 422 when not an array).
+pub(crate) fn take_messages(fields: &mut Map<String, Value>) -> Result<Vec<Value>, GatewayError> {
+    let messages = match fields.remove("messages") {
+        None | Some(Value::Null) => {
+            return Err(missing(
+                "messages",
+                "an array of {\"role\", \"content\"} objects",
+            ));
+        }
+        Some(Value::Array(messages)) => messages,
+        Some(other) => return Err(wrong_type("messages", "an array", &other)),
+    };
+    if messages.is_empty() {
+        return Err(bad_request(
+            "messages",
+            "`messages` must contain at least one message",
+        ));
+    }
+    Ok(messages)
+}
+
+/// `stream`, taken from a request's fields: false when absent or null,
+/// 422 when not a boolean.
+pub(crate) fn take_stream(fields: &mut Map<String, Value>) -> Result<bool, GatewayError> {
+    match fields.remove("stream") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(stream)) => Ok(stream),
+        Some(other) => Err(wrong_type("stream", "a boolean", &other)),
+    }
+}
+
 /// `param` is formatted only on the way to an error.
 pub(crate) fn integer_at_least(
     value: Option<&Value>,

@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 
 use crate::error::GatewayError;
 use crate::json_input::{
-    bad_request, integer_at_least, invalid_parameter, number_in, request_body_fields, take_model,
-    wrong_type,
+    bad_request, integer_at_least, invalid_parameter, number_in, request_body_fields,
+    take_messages, take_model, take_stream, wrong_type,
 };
 use crate::model_id::ModelId;
 
@@ -157,12 +157,12 @@ impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, GatewayError> {
         let mut fields = request_body_fields(body)?;
         let model = take_model(&mut fields)?;
-        let messages = parse_messages(fields.remove("messages"))?;
-        let stream = match fields.remove("stream") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(stream)) => stream,
-            Some(other) => return Err(wrong_type("stream", "a boolean", &other)),
-        };
+        let messages = take_messages(&mut fields)?
+            .into_iter()
+            .enumerate()
+            .map(|(index, message)| parse_message(index, message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stream = take_stream(&mut fields)?;
         let max_completion_tokens = positive_integer(&mut fields, "max_completion_tokens")?;
         let max_tokens = positive_integer(&mut fields, "max_tokens")?;
         let stream_usage_requested = stream_usage_requested(&fields)?;
@@ -221,30 +221,6 @@ fn required<'v>(
         None | Some(Value::Null) => Err(bad_request(param, format!("`{param}` {missing}"))),
         Some(other) => Err(wrong_type(param, expected, other)),
     }
-}
-
-fn parse_messages(messages: Option<Value>) -> Result<Vec<ChatMessage>, GatewayError> {
-    let messages = match messages {
-        None | Some(Value::Null) => {
-            return Err(bad_request(
-                "messages",
-                "`messages` is required: an array of {\"role\", \"content\"} objects",
-            ));
-        }
-        Some(Value::Array(messages)) => messages,
-        Some(other) => return Err(wrong_type("messages", "an array", &other)),
-    };
-    if messages.is_empty() {
-        return Err(bad_request(
-            "messages",
-            "`messages` must contain at least one message",
-        ));
-    }
-    messages
-        .into_iter()
-        .enumerate()
-        .map(|(index, message)| parse_message(index, message))
-        .collect()
 }
 
 fn parse_message(index: usize, message: Value) -> Result<ChatMessage, GatewayError> {

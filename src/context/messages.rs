@@ -64,7 +64,7 @@ use serde_json::{Map, Value};
 use crate::error::GatewayError;
 use crate::json_input::{
     bad_request, integer_at_least, invalid, json_bytes, missing, number_in, request_body_fields,
-    take_model, wrong_type,
+    take_messages, take_model, take_stream, wrong_type,
 };
 use crate::model_id::ModelId;
 
@@ -713,7 +713,7 @@ impl fmt::Display for At<'_> {
 fn parse_request(body: &[u8], endpoint: MessagesEndpoint) -> Result<MessagesRequest, GatewayError> {
     let mut fields = request_body_fields(body)?;
     let model = take_model(&mut fields)?;
-    let messages = parse_messages(fields.remove("messages"))?;
+    let messages = parse_messages(&mut fields)?;
     if endpoint == MessagesEndpoint::CountTokens {
         for name in ["max_tokens", "stream"] {
             if fields.contains_key(name) {
@@ -728,11 +728,7 @@ fn parse_request(body: &[u8], endpoint: MessagesEndpoint) -> Result<MessagesRequ
     }
     let system = parse_system(fields.remove("system"))?;
     let max_tokens = integer_at_least(fields.remove("max_tokens").as_ref(), "max_tokens", 1)?;
-    let stream = match fields.remove("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => stream,
-        Some(other) => return Err(wrong_type("stream", "a boolean", &other)),
-    };
+    let stream = take_stream(&mut fields)?;
     let temperature = number_in(
         fields.remove("temperature").as_ref(),
         "temperature",
@@ -771,22 +767,9 @@ fn parse_request(body: &[u8], endpoint: MessagesEndpoint) -> Result<MessagesRequ
     })
 }
 
-fn parse_messages(messages: Option<Value>) -> Result<Vec<InputMessage>, GatewayError> {
+fn parse_messages(fields: &mut Map<String, Value>) -> Result<Vec<InputMessage>, GatewayError> {
     let at = At::Top("messages");
-    let messages = match messages {
-        None | Some(Value::Null) => {
-            return Err(at.missing("an array of {\"role\", \"content\"} objects"));
-        }
-        Some(Value::Array(messages)) => messages,
-        Some(other) => return Err(at.wrong_type("an array", &other)),
-    };
-    if messages.is_empty() {
-        return Err(bad_request(
-            "messages",
-            "`messages` must contain at least one message",
-        ));
-    }
-    messages
+    take_messages(fields)?
         .into_iter()
         .enumerate()
         .map(|(index, message)| parse_message(&at.index(index), message))
