@@ -325,7 +325,10 @@ impl UsageScanner {
                 // One parse for the usage and the model.
                 let Some(mut object) = JsonObject::parse(&buffer) else {
                     out.extend_from_slice(&buffer);
-                    return read.then(|| usage_of(&buffer)).flatten().filter(|_| !messages);
+                    return read
+                        .then(|| usage_of(&buffer))
+                        .flatten()
+                        .filter(|_| !messages);
                 };
                 let usage = match messages {
                     true => messages_usage_in(&object),
@@ -345,7 +348,9 @@ impl UsageScanner {
                 ..
             } => match (overflowed, messages) {
                 (true, _) => None,
-                (false, true) => JsonObject::parse(&buffer).and_then(|object| messages_usage_in(&object)),
+                (false, true) => {
+                    JsonObject::parse(&buffer).and_then(|object| messages_usage_in(&object))
+                }
                 (false, false) => usage_of(&buffer),
             },
             Reading::EventStream(scan) => {
