@@ -630,3 +630,91 @@ async fn a_fallback_crosses_from_a_messages_provider_to_a_chat_one() {
     assert_eq!(answer["type"], "message", "{answer}");
     assert_eq!(answer["model"], "openai/gpt-test", "{answer}");
 }
+
+/// An account's own key for a provider that serves Messages goes as
+/// `x-api-key`, alone (no gateway credential beside it), for a Messages
+/// call and for a chat call translated to it; the requests are BYOK, not
+/// charged to the balance.
+#[tokio::test]
+async fn an_accounts_own_key_goes_to_a_messages_provider_as_x_api_key() {
+    use axum::routing::post;
+    let seen = Arc::new(std::sync::Mutex::new(
+        Vec::<(Option<String>, Option<String>)>::new(),
+    ));
+    let recorded = Arc::clone(&seen);
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        post(move |headers: http::HeaderMap| {
+            let recorded = Arc::clone(&recorded);
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .map(|value| value.to_str().unwrap().to_owned())
+                };
+                recorded
+                    .lock()
+                    .unwrap()
+                    .push((header("x-api-key"), header("authorization")));
+                let answer = json!({"id": "msg_1", "type": "message", "role": "assistant",
+                    "model": "claude", "content": [{"type": "text", "text": "Hi"}],
+                    "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 5, "output_tokens": 2}});
+                (
+                    [(http::header::CONTENT_TYPE, "application/json")],
+                    answer.to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let config = json!({
+        "retry": {"max_attempts": 1},
+        "providers": {"anthropic": {"base_url": upstream, "apis": ["messages"], "byok": true,
+                                    "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"}}},
+        "pricing": {"models": {"anthropic/claude-test":
+            {"prompt_per_million": 3000, "completion_per_million": 15000}}},
+    });
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &upstream, &config.to_string()).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    modelgate::keys::ByokDirectory::new(store.clone())
+        .set("acme", "anthropic", "sk-ant-acme-own-0001")
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let messages = client
+        .post(format!("http://{address}/api/v1/messages"))
+        .header("x-api-key", &key)
+        .json(&json!({"model": "anthropic/claude-test", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(messages.status(), 200);
+    let chat = client
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "anthropic/claude-test", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    let answer: Value = chat.json().await.unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], "Hi", "{answer}");
+    let seen = seen.lock().unwrap().clone();
+    let own = (Some("sk-ant-acme-own-0001".to_owned()), None);
+    assert_eq!(seen, vec![own.clone(), own]);
+    let balance = store.account_balance("acme").await.unwrap().balance_nanos;
+    assert_eq!(
+        balance, NANOS_PER_CREDIT,
+        "BYOK is not charged to the balance"
+    );
+}
