@@ -32,8 +32,8 @@ fuzz_target!(|input: (u16, &[u8])| {
     if let Ok(request) = ChatRequest::parse(body) {
         match translate::chat_request_to_messages(body, default_max_tokens) {
             Ok(messages) => {
-                let messages =
-                    MessagesRequest::parse(&messages).expect("the gateway's Messages parser accepts it");
+                let messages = MessagesRequest::parse(&messages)
+                    .expect("the gateway's Messages parser accepts it");
                 assert_eq!(messages.model, request.model);
                 assert_eq!(messages.stream, request.stream);
                 assert_eq!(
