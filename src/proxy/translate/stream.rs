@@ -132,6 +132,9 @@ pub(crate) struct ChatToMessagesEvents {
     stop_reason: Option<&'static str>,
     /// `None` until a usage came; `Some(None)` when it could not be read.
     usage: Option<Option<Tokens>>,
+    /// A usage came with the finish reason or after it: the final one (an
+    /// upstream may report a running usage before).
+    usage_final: bool,
     ended: bool,
 }
 
@@ -232,8 +235,9 @@ impl ChatToMessagesEvents {
         }
         if let Some(usage) = chunk.get("usage").filter(|usage| !usage.is_null()) {
             self.usage = Some(Tokens::from_chat(usage));
+            self.usage_final = self.stop_reason.is_some();
         }
-        if self.stop_reason.is_some() && self.usage.is_some() {
+        if self.usage_final {
             self.end(out);
         }
     }
@@ -879,6 +883,26 @@ mod tests {
                 assert_eq!(usage.usage(), None, "unknown, not zero: {last:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_running_usage_before_the_finish_is_not_taken_for_the_final_one() {
+        let usage = |prompt: u64, completion: u64| json!({"prompt_tokens": prompt, "completion_tokens": completion});
+        let mut first = chat_chunk(json!({"content": "Hi"}), None);
+        first["usage"] = usage(10, 1);
+        let stream = chat_stream(
+            &[
+                first,
+                chat_chunk(json!({}), Some("stop")),
+                json!({"choices": [], "usage": usage(10, 7)}),
+            ],
+            true,
+        );
+        let mut read = MessagesUsage::default();
+        for (_, data) in events(&chat_to_messages(&[&stream])) {
+            read.merge_event(&data);
+        }
+        assert_eq!(read.usage().unwrap().completion_tokens, 7);
     }
 
     #[test]
