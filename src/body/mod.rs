@@ -65,6 +65,12 @@ pub use crate::context::{
     MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
     ThinkingConfig, ToolChoice, ToolChoiceKind, ToolKind,
 };
+// The Responses request, parsed on its own until a route reads it.
+pub use crate::context::{
+    ContentPart, DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS, FileSource, ImageSource, InputItem, ItemKind,
+    PartKind, ReasoningConfig, ResponsesContent, ResponsesInput, ResponsesRequest, ResponsesRole,
+    ResponsesTool, ResponsesToolChoice, ResponsesToolKind, TextConfig, TextFormat,
+};
 pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;

@@ -47,6 +47,7 @@ mod chat;
 mod messages;
 mod principal;
 mod request;
+mod responses;
 mod sent;
 mod stack;
 
@@ -59,5 +60,10 @@ pub use messages::{
 };
 pub use principal::Principal;
 pub use request::{ModelApi, ModelCall, RequestContext};
+pub use responses::{
+    ContentPart, DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS, FileSource, ImageSource, InputItem, ItemKind,
+    PartKind, ReasoningConfig, ResponsesContent, ResponsesInput, ResponsesRequest, ResponsesRole,
+    ResponsesTool, ResponsesToolChoice, ResponsesToolKind, TextConfig, TextFormat,
+};
 pub use sent::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};
 pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};
