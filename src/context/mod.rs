@@ -44,6 +44,7 @@
 //! ```
 
 mod chat;
+mod embeddings;
 mod messages;
 mod principal;
 mod request;
@@ -53,6 +54,9 @@ mod stack;
 
 pub use crate::model_id::ModelId;
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
+pub use embeddings::{
+    EMBEDDING_INPUT_OVERHEAD_TOKENS, EmbeddingsInput, EmbeddingsRequest, MAX_EMBEDDING_INPUTS,
+};
 pub use messages::{
     BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,
     MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
