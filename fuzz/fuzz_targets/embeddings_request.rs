@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use modelgate::body::{
-    EMBEDDING_INPUT_OVERHEAD_TOKENS, EmbeddingsInput, EmbeddingsRequest, MAX_EMBEDDING_INPUTS,
+    EmbeddingsInput, EmbeddingsRequest, EMBEDDING_INPUT_OVERHEAD_TOKENS, MAX_EMBEDDING_INPUTS,
 };
 
 fuzz_target!(|body: &[u8]| {

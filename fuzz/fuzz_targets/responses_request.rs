@@ -9,8 +9,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use modelgate::body::{
-    DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS, ItemKind, PartKind, ResponsesContent, ResponsesInput,
-    ResponsesRequest,
+    ItemKind, PartKind, ResponsesContent, ResponsesInput, ResponsesRequest,
+    DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS,
 };
 use serde_json::Value;
 
@@ -38,7 +38,10 @@ fuzz_target!(|body: &[u8]| {
             assert_ne!(value["background"], Value::Bool(true));
             assert!(value["previous_response_id"].is_null());
             assert!(value["conversation"].is_null());
-            assert_eq!(request.max_output_tokens, value["max_output_tokens"].as_u64());
+            assert_eq!(
+                request.max_output_tokens,
+                value["max_output_tokens"].as_u64()
+            );
             assert!(request.max_output_tokens.is_none_or(|max| max >= 1));
             assert!(request.temperature.is_none_or(|t| (0.0..=2.0).contains(&t)));
             assert!(request.top_p.is_none_or(|p| (0.0..=1.0).contains(&p)));
@@ -55,7 +58,10 @@ fuzz_target!(|body: &[u8]| {
                 request.max_tool_calls_to_add().is_some(),
                 searches && value["max_tool_calls"].is_null()
             );
-            let mut text = request.instructions.as_ref().map_or(0, |text| text.len() as u64);
+            let mut text = request
+                .instructions
+                .as_ref()
+                .map_or(0, |text| text.len() as u64);
             let items = match &request.input {
                 ResponsesInput::Text(input) => {
                     text += input.len() as u64;
