@@ -522,13 +522,14 @@ const AGENT_MODEL: &str = "agent";
 const TOOL_DIRECTIVE: &str = "mock-tool:";
 
 /// The last message that is no system instruction (`system` or
-/// `developer`): Claude Code ends its Messages requests with a `system`
-/// message, after the user's turn.
+/// `developer`), else the last: Claude Code ends its Messages requests
+/// with a `system` message, after the user's turn.
 fn last_turn(messages: &[Value]) -> Option<&Value> {
     messages
         .iter()
         .rev()
         .find(|message| message["role"] != "system" && message["role"] != "developer")
+        .or(messages.last())
 }
 
 /// The text of a message (chat or Messages): its content when a string,
