@@ -16,7 +16,8 @@ stamp="$dir/installed"
 want="python: ${PYTHON_PINS[*]}; npm: ${NPM_PINS[*]}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
   && [ -x "$dir/venv/bin/python" ] \
-  && [ -x "$dir/node_modules/@anthropic-ai/claude-code-linux-x64/claude" ]; then
+  && [ -x "$dir/node_modules/@anthropic-ai/claude-code-linux-x64/claude" ] \
+  && [ -x "$dir/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex" ]; then
   exit 0
 fi
 

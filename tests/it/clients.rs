@@ -657,7 +657,7 @@ async fn claude_code_through_the_gateway(model: &str, bearer: bool) {
         "written through the gateway\n"
     );
     assert!(
-        stdout.starts_with(&format!("Hello from {served_as}! You said: ")),
+        stdout.starts_with(&format!("Hello from {served_as}! You said:")),
         "the answer after the tool's result: {stdout}\n{stderr}"
     );
 
