@@ -186,6 +186,42 @@ pub(crate) fn is_messages_path(path: &str) -> bool {
     is_messages(last, from_end.next())
 }
 
+/// Which Messages API call a request is: a POST whose path
+/// [`is_messages_path`], the model call or its `count_tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MessagesCall {
+    /// `…/messages`
+    Create,
+    /// `…/messages/count_tokens`
+    CountTokens,
+}
+
+/// The Messages API call `method` and `path` make, if any (read as
+/// [`is_messages_path`] reads the path).
+pub(crate) fn messages_call(method: &Method, path: &str) -> Option<MessagesCall> {
+    if method != Method::POST || !is_messages_path(path) {
+        return None;
+    }
+    let last_is_count = match plain_segments(path) {
+        Some(mut segments) => segments
+            .next_back()
+            .is_some_and(|last| last.eq_ignore_ascii_case("count_tokens")),
+        None => normalized_segments(path)
+            .last()
+            .is_some_and(|last| last.eq_ignore_ascii_case("count_tokens")),
+    };
+    Some(match last_is_count {
+        true => MessagesCall::CountTokens,
+        false => MessagesCall::Create,
+    })
+}
+
+/// Whether `method` and `path` call a model: chat completions or the
+/// Messages API (either call).
+pub(crate) fn is_model_call(method: &Method, path: &str) -> bool {
+    is_chat_completions_call(method, path) || messages_call(method, path).is_some()
+}
+
 /// The segments of a path that normalising would not change but for its
 /// empty segments (nothing to decode, no `.` or `..`), borrowed without
 /// gathering them: the usual path, read several times a request.

@@ -46,10 +46,10 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // A chat request (BodyLimit parsed it) is none of the table's
+        // A model call (BodyLimit parsed it) is none of the table's
         // routes: passed on without reading its path again.
         let context = RequestContext::of(&request);
-        if context.is_some_and(|context| context.chat.is_some()) {
+        if context.is_some_and(|context| context.model_call().is_some()) {
             return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
         }
         let Some(matched) = match_path(request.uri().path()) else {

@@ -16,7 +16,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState};
 use crate::limiter::{Additions, Admission, AdmissionFuture, Decision};
 use crate::response_body::ResponseBody;
-use crate::routing::{is_api_path, is_chat_completions_call};
+use crate::routing::{MessagesCall, is_api_path, is_chat_completions_call, messages_call};
 use crate::store::FailurePolicy;
 
 /// This layer's name in metrics and logs.
@@ -121,11 +121,13 @@ where
             _ => None,
         };
         let path = request.uri().path();
-        let chat = is_chat_completions_call(request.method(), path);
-        // The chat path is no key route: its path is read once.
+        let messages = messages_call(request.method(), path);
+        let held = messages == Some(MessagesCall::Create)
+            || (messages.is_none() && is_chat_completions_call(request.method(), path));
+        // A model call is no key route.
         let route = RouteKind {
-            management: !chat && is_api_path(path),
-            chat,
+            management: !held && messages.is_none() && is_api_path(path),
+            held,
         };
         let directory = self.directory.clone();
         let failures = self.failures.clone();
@@ -185,9 +187,10 @@ struct RouteKind {
     /// One of the routes of the JSON API (`KeyRoutes`), the
     /// only ones a management key may use.
     management: bool,
-    /// A chat completion: its admission in the ledger refuses a revoked
-    /// key by itself, so the cached record is enough.
-    chat: bool,
+    /// A call that holds credits (chat completions, a Messages call but
+    /// `count_tokens`): its admission in the ledger refuses a revoked key
+    /// by itself, so the cached record is enough.
+    held: bool,
 }
 
 /// Resolves `hash` to a principal, or the response refusing it.
@@ -198,7 +201,7 @@ async fn authenticate(
 ) -> Result<Principal, GatewayError> {
     // Other routes never reach the ledger: a live key is read afresh, so
     // that a key revoked on another instance is refused there at once too.
-    let state = if route.chat {
+    let state = if route.held {
         directory.lookup(&hash).await
     } else {
         directory.lookup_live(&hash).await

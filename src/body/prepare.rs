@@ -6,10 +6,10 @@ use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 
-use super::ChatRequest;
+use super::{ChatRequest, MessagesRequest};
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
-use crate::routing::is_chat_completions;
+use crate::routing::{MessagesCall, is_chat_completions, messages_call};
 
 /// 413: the body is over `max_body_bytes`.
 pub(super) fn too_large(max_body_bytes: usize) -> GatewayError {
@@ -36,19 +36,29 @@ fn is_json(parts: &Parts) -> bool {
             .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
 }
 
-/// Fills the request's context from its buffered body; rejects a chat
-/// request that is not JSON or does not parse.
+/// Fills the request's context from its buffered body; rejects a model
+/// call (chat completions, Messages) that is not JSON or does not parse.
 pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), GatewayError> {
-    let chat = if is_chat_completions(parts) {
-        if !is_json(parts) {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                "chat completions take a JSON body: send `Content-Type: application/json`",
-            ));
-        }
-        Some(ChatRequest::parse(bytes)?)
-    } else {
-        None
+    let messages_call = messages_call(&parts.method, parts.uri.path());
+    let chat_call = messages_call.is_none() && is_chat_completions(parts);
+    if (chat_call || messages_call.is_some()) && !is_json(parts) {
+        let api = match chat_call {
+            true => "chat completions take",
+            false => "the Messages API takes",
+        };
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!("{api} a JSON body: send `Content-Type: application/json`"),
+        ));
+    }
+    let chat = match chat_call {
+        true => Some(ChatRequest::parse(bytes)?),
+        false => None,
+    };
+    let messages = match messages_call {
+        Some(MessagesCall::Create) => Some(MessagesRequest::parse(bytes)?),
+        Some(MessagesCall::CountTokens) => Some(MessagesRequest::parse_count_tokens(bytes)?),
+        None => None,
     };
     // The body is now exactly these bytes, whatever framing it came in.
     parts.headers.remove(TRANSFER_ENCODING);
@@ -57,6 +67,7 @@ pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), Ga
         .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     let context = RequestContext::in_extensions(&mut parts.extensions);
     context.chat = chat;
+    context.messages = messages;
     context.body = Some(bytes.clone());
     Ok(())
 }

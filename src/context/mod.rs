@@ -10,8 +10,8 @@
 //! alone: one that finds no context starts one.
 //!
 //! [`MessagesRequest`] is the same reading of an Anthropic Messages body
-//! (`POST /v1/messages`, `count_tokens`), with what a hold needs; no layer
-//! places one in the context yet.
+//! (`POST /v1/messages`, `count_tokens`), with what a hold needs;
+//! [`RequestContext::model_call`] gives what either says of its model.
 //!
 //! A service behind the layers reads it with [`RequestContext::of`]:
 //!
@@ -58,6 +58,6 @@ pub use messages::{
     ThinkingConfig, ToolChoice, ToolChoiceKind, ToolKind,
 };
 pub use principal::Principal;
-pub use request::RequestContext;
+pub use request::{ModelApi, ModelCall, RequestContext};
 pub use sent::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};
 pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};

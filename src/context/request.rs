@@ -6,7 +6,7 @@ use std::fmt;
 use bytes::Bytes;
 use http::{Extensions, Request};
 
-use super::{ChatRequest, Principal, SentUpstream};
+use super::{ChatRequest, MessagesRequest, ModelId, Principal, SentUpstream};
 use crate::keys::ByokCredential;
 use crate::limiter::AdmissionPlan;
 
@@ -19,6 +19,9 @@ pub struct RequestContext {
     pub principal: Option<Principal>,
     /// The chat-completions request BodyLimit parsed, for a chat call.
     pub chat: Option<ChatRequest>,
+    /// The Messages API request BodyLimit parsed, for a Messages call
+    /// (`…/messages` or `…/messages/count_tokens`).
+    pub messages: Option<MessagesRequest>,
     /// The body as received (or as CreditGuard edited it for the
     /// upstream), for layers that need the bytes after the body itself has
     /// been handed on. BodyLimit sets it for every request it buffers.
@@ -48,6 +51,25 @@ impl RequestContext {
         Self::in_extensions(request.extensions_mut())
     }
 
+    /// The model call this request makes, whichever API it speaks: what
+    /// the layers that decide by the model read.
+    pub fn model_call(&self) -> Option<ModelCall<'_>> {
+        if let Some(chat) = &self.chat {
+            return Some(ModelCall {
+                api: ModelApi::Chat,
+                model: &chat.model,
+                model_id: &chat.model_id,
+                stream: chat.stream,
+            });
+        }
+        self.messages.as_ref().map(|messages| ModelCall {
+            api: ModelApi::Messages,
+            model: &messages.model,
+            model_id: &messages.model_id,
+            stream: messages.stream,
+        })
+    }
+
     /// The context in `extensions`, started empty if there is none.
     pub fn in_extensions(extensions: &mut Extensions) -> &mut RequestContext {
         extensions.get_or_insert_default()
@@ -68,12 +90,46 @@ impl RequestContext {
     }
 }
 
+/// The API a model call speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModelApi {
+    /// OpenAI's chat completions (`POST /api/v1/chat/completions`).
+    Chat,
+    /// Anthropic's Messages API (`POST /api/v1/messages`).
+    Messages,
+}
+
+impl ModelApi {
+    /// The name records and configuration give it: `chat`, `messages`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelApi::Chat => "chat",
+            ModelApi::Messages => "messages",
+        }
+    }
+}
+
+/// What every model call says, whichever API it speaks
+/// ([`RequestContext::model_call`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ModelCall<'a> {
+    /// The API the request speaks.
+    pub api: ModelApi,
+    /// The model id, as sent.
+    pub model: &'a str,
+    /// The model id, parsed.
+    pub model_id: &'a ModelId,
+    /// Whether the answer is streamed.
+    pub stream: bool,
+}
+
 impl fmt::Debug for RequestContext {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
             .debug_struct("RequestContext")
             .field("principal", &self.principal)
             .field("chat", &self.chat)
+            .field("messages", &self.messages)
             .field("body_bytes", &self.body.as_ref().map(Bytes::len))
             .field("credential", &self.credential)
             .field("requested_model", &self.requested_model)

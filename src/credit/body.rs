@@ -281,6 +281,7 @@ mod tests {
     /// A meter of a 5-token prompt held for 100 credits, at a credit a token.
     fn meter(store: &Arc<MemoryStore>, pending: &PendingSettlements) -> Meter {
         Meter {
+            api: crate::context::ModelApi::Chat,
             ledger: GroupCommit::new(store.clone(), Arc::new(SystemClock)),
             account: "acme".into(),
             key: "0123456789abcdef".into(),

@@ -263,6 +263,7 @@ where
                                 generation.status = Some(parts.status.as_u16());
                                 generation.streamed = event_stream;
                             }
+                            let api = meter.api;
                             let scanner = match event_stream {
                                 true => {
                                     // The usage the gateway asked for is read
@@ -305,7 +306,8 @@ where
                                         UsageScanner::new(BodyKind::Json, *max_scanned_body_bytes)
                                     }
                                 },
-                            };
+                            }
+                            .in_api(api);
                             MeteredBody::metered(body, meter, scanner)
                         }
                         // Not charged (nothing reached the upstream): the

@@ -73,8 +73,8 @@ impl Meter {
             // Read as a response the client reads is, through the same
             // scanner; it settles at its end, when it fails, when the
             // gateway ends it, or when dropped at the deadline.
-            let mut body =
-                MeteredBody::metered(body, self, UsageScanner::new(kind, max_scanned_body_bytes));
+            let scanner = UsageScanner::new(kind, max_scanned_body_bytes).in_api(self.api);
+            let mut body = MeteredBody::metered(body, self, scanner);
             let _ = tokio::time::timeout_at(deadline, async {
                 while let Some(frame) = body.frame().await {
                     if frame.is_err() {
@@ -110,6 +110,7 @@ mod tests {
     /// A meter held for 100 credits, at a credit a token.
     fn meter(store: &Arc<MemoryStore>, pending: &PendingSettlements) -> Meter {
         Meter {
+            api: crate::context::ModelApi::Chat,
             ledger: GroupCommit::new(store.clone(), Arc::new(SystemClock)),
             account: "acme".into(),
             key: "0123456789abcdef".into(),

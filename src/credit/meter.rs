@@ -1,6 +1,7 @@
 //! Settlement: the real cost of a request, recorded once, whatever way the
 //! request ended.
 
+use crate::context::ModelApi;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,8 @@ pub(crate) struct Meter {
     /// than it holds): what one that ends without usage is charged.
     pub(crate) estimate_nanos: i64,
     pub(crate) price: TokenPrice,
+    /// The API the request spoke: how its answer reports usage.
+    pub(crate) api: ModelApi,
     /// A `:free` variant: never charged, whatever the upstream says.
     pub(crate) free: bool,
     pub(crate) byok: bool,

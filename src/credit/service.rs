@@ -13,7 +13,10 @@ use super::layer::CreditGuardConfig;
 use super::meter::{Ending, Meter, Unsettled};
 use super::pricing::{PromptBounds, TokenPrice};
 use crate::body::{ChatRequest, MessageContent};
-use crate::context::{Principal, RequestContext, SentUpstream};
+use crate::context::{
+    MessagesEndpoint, MessagesRequest, ModelApi, ModelCall, Principal, RequestContext,
+    SentUpstream,
+};
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::json_input::{bad_request, json_bytes};
 use crate::keys::ByokCredential;
@@ -21,7 +24,7 @@ use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
-use crate::routing::is_chat_completions_call;
+use crate::routing::{MessagesCall, is_chat_completions_call, messages_call};
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 use crate::store::{RecordKeeping, is_lapse_model};
 use crate::usage::GenerationContext;
@@ -67,8 +70,12 @@ where
             .unwrap_or_default();
         let context = RequestContext::of(&request);
         let principal = context.and_then(|context| context.principal.as_ref());
-        let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
-            if is_chat_completions_call(request.method(), request.uri().path()) {
+        // A Messages `count_tokens` generates nothing: only its checks count.
+        let asked = context.and_then(|context| asked_of(context, &self.config));
+        let Some((call, asked)) = asked else {
+            if is_chat_completions_call(request.method(), request.uri().path())
+                || messages_call(request.method(), request.uri().path()) == Some(MessagesCall::Create)
+            {
                 return ResponseFuture::rejected(GatewayError::missing_layer(
                     "CreditGuard",
                     "BodyLimit",
@@ -90,20 +97,19 @@ where
             ));
         };
         let config = &self.config;
-        let Some(price) = config.pricing.price(&chat.model_id) else {
+        let Some(price) = config.pricing.price(call.model_id) else {
             return ResponseFuture::rejected(
                 GatewayError::new(
                     ErrorKind::InvalidRequest,
                     format!(
                         "the model {} has no price on this gateway; GET /api/v1/models lists the models it serves",
-                        chat.model_id
+                        call.model_id
                     ),
                 )
                 .with_metadata("param", "model"),
             );
         };
-        let prompt = count_prompt(chat, &config.pricing.prompt_bounds(&chat.model_id));
-        let provider = chat.model_id.provider().to_owned();
+        let provider = call.model_id.provider().to_owned();
         let generation = match &config.generations {
             Some(settings) => {
                 // A malformed app header is refused before anything counts.
@@ -113,12 +119,13 @@ where
                 };
                 let requested_model = context
                     .and_then(|context| context.requested_model.clone())
-                    .unwrap_or_else(|| chat.model.clone());
+                    .unwrap_or_else(|| call.model.to_owned());
                 Some(Box::new(GenerationContext {
                     settings: Arc::clone(settings),
                     app,
+                    api: call.api.as_str(),
                     requested_model,
-                    model: chat.model.clone(),
+                    model: call.model.to_owned(),
                     provider: provider.clone(),
                     created_at: config.clock.now(),
                     started: tokio::time::Instant::now(),
@@ -132,22 +139,25 @@ where
         let charge = Charge {
             generation,
             principal: principal.clone(),
-            model: chat.model.clone(),
-            prompt_tokens: prompt.tokens,
-            likely_prompt_tokens: prompt.likely_tokens,
-            unbounded_prompt: prompt.unbounded,
-            client_bound_tokens: chat.max_tokens,
-            choices: chat.n.unwrap_or(1).max(1),
-            ask_stream_usage: chat.stream && !chat.stream_usage_requested,
-            bound_field: config
-                .bound_fields
-                .get(&provider.to_ascii_lowercase())
-                .copied()
-                .unwrap_or_default(),
-            default_bound_tokens: config.default_max_tokens,
+            model: call.model.to_owned(),
+            api: call.api,
+            prompt_tokens: asked.prompt.tokens,
+            likely_prompt_tokens: asked.prompt.likely_tokens,
+            unbounded_prompt: asked.prompt.unbounded,
+            client_bound_tokens: asked.client_bound_tokens,
+            min_bound_tokens: asked.min_bound_tokens,
+            choices: asked.choices,
+            ask_stream_usage: asked.ask_stream_usage,
+            bound_field: asked.bound_field,
+            default_bound_tokens: config.default_max_tokens.max(asked.min_bound_tokens),
+            // Each search the request may make has its fee.
+            fixed_nanos: i64::try_from(
+                i128::from(asked.web_searches).saturating_mul(i128::from(price.web_search_nanos.max(0))),
+            )
+            .unwrap_or(i64::MAX),
             provider,
             price,
-            free: chat.model_id.is_free(),
+            free: call.model_id.is_free(),
         };
         let config = Arc::clone(config);
         let account = charge.principal.account_id.clone();
@@ -160,6 +170,62 @@ where
             self.config.max_scanned_body_bytes,
         )
     }
+}
+
+/// What a model call asks of its hold, whichever API it speaks.
+struct AskedOf {
+    prompt: PromptCount,
+    /// The completion bound the client set, if any.
+    client_bound_tokens: Option<u64>,
+    /// The least bound the request can go with.
+    min_bound_tokens: u64,
+    choices: u64,
+    ask_stream_usage: bool,
+    bound_field: BoundField,
+    /// The most web searches the request may make, each with its fee.
+    web_searches: u64,
+}
+
+/// The model call `context` makes and what it asks of its hold; `None`
+/// for a request that calls no model (a Messages `count_tokens` included:
+/// it generates nothing, so only its checks count).
+fn asked_of<'a>(
+    context: &'a RequestContext,
+    config: &CreditGuardConfig,
+) -> Option<(ModelCall<'a>, AskedOf)> {
+    let call = context.model_call()?;
+    let bounds = config.pricing.prompt_bounds(call.model_id);
+    let asked = match (&context.chat, &context.messages) {
+        (Some(chat), _) => AskedOf {
+            prompt: count_prompt(chat, &bounds),
+            client_bound_tokens: chat.max_tokens,
+            min_bound_tokens: 1,
+            choices: chat.n.unwrap_or(1).max(1),
+            ask_stream_usage: chat.stream && !chat.stream_usage_requested,
+            bound_field: config
+                .bound_fields
+                .get(&call.model_id.provider().to_ascii_lowercase())
+                .copied()
+                .unwrap_or_default(),
+            web_searches: 0,
+        },
+        (None, Some(messages)) if messages.endpoint == MessagesEndpoint::Create => AskedOf {
+            prompt: count_messages_prompt(messages, &bounds),
+            client_bound_tokens: messages.max_tokens,
+            // Thinking counts inside `max_tokens`, which must be above
+            // its budget.
+            min_bound_tokens: messages
+                .thinking_budget_tokens()
+                .map_or(1, |budget| budget.saturating_add(1)),
+            choices: 1,
+            // Anthropic's streams always carry their usage.
+            ask_stream_usage: false,
+            bound_field: BoundField::MaxTokens,
+            web_searches: messages.web_search_max_uses().unwrap_or(0),
+        },
+        _ => return None,
+    };
+    Some((call, asked))
 }
 
 /// Tokens counted for each message beside its content, and once more for
@@ -296,6 +362,72 @@ fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
     }
 }
 
+/// A Messages request's prompt count, by the rules of
+/// [`estimate_prompt_tokens`]: its measured bytes ([`PromptSize`](crate::context::PromptSize))
+/// at a token each, each message and the reply's header
+/// [`MESSAGE_OVERHEAD_TOKENS`] more; an image its `max_tokens_per_image`, a
+/// PDF its `max_tokens_per_file`, a block or a server tool whose cost is not
+/// in its bytes the `context_length` (each else the `context_length`; the
+/// refusal of the first kind the bounds leave unbounded), all at most the
+/// `context_length`.
+fn count_messages_prompt(messages: &MessagesRequest, bounds: &PromptBounds) -> PromptCount {
+    let size = messages.prompt_size();
+    let mut unbounded = None;
+    let mut part_tokens: u64 = 0;
+    let kinds = [
+        (size.image_count, bounds.max_tokens_per_image, MissingBound::Image, "an image"),
+        (size.document_count, bounds.max_tokens_per_file, MissingBound::File, "a PDF document"),
+        (
+            size.unmeasured_block_count.saturating_add(size.server_tool_count),
+            None,
+            MissingBound::Context,
+            "a block or server tool whose size in tokens is not in its bytes",
+        ),
+    ];
+    for (count, own_bound, missing, what) in kinds {
+        if count == 0 {
+            continue;
+        }
+        match own_bound.or(bounds.context_length_tokens) {
+            Some(each) => part_tokens = part_tokens.saturating_add(count.saturating_mul(each)),
+            None => {
+                let field = missing.field();
+                unbounded.get_or_insert_with(|| {
+                    bad_request(
+                        field,
+                        format!(
+                            "the request holds {what}, and this gateway's pricing of {} does not set `{field}`, so what it may cost has no bound and cannot be held; the gateway's operator sets `{field}` in the model's pricing. Send the request without it, or use another model",
+                            messages.model_id
+                        ),
+                    )
+                    .with_metadata("reason", "unbounded_prompt_part")
+                });
+            }
+        }
+    }
+    let capped = |tokens: u64| {
+        bounds
+            .context_length_tokens
+            .map_or(tokens, |context| tokens.min(context))
+    };
+    // The reply's header counts as a message.
+    let overhead = |per_message: u64| per_message.saturating_mul(size.message_count.saturating_add(1));
+    PromptCount {
+        tokens: capped(
+            size.measured_bytes
+                .saturating_add(part_tokens)
+                .saturating_add(overhead(MESSAGE_OVERHEAD_TOKENS)),
+        ),
+        likely_tokens: capped(
+            size.measured_bytes
+                .div_ceil(3)
+                .saturating_add(part_tokens)
+                .saturating_add(overhead(LIKELY_MESSAGE_OVERHEAD_TOKENS)),
+        ),
+        unbounded,
+    }
+}
+
 /// The tokens a message's framing likely takes, for a charge made without
 /// usage; [`MESSAGE_OVERHEAD_TOKENS`] bounds it for the hold.
 const LIKELY_MESSAGE_OVERHEAD_TOKENS: u64 = 4;
@@ -401,6 +533,8 @@ struct Charge {
     principal: Principal,
     /// The model asked of the upstream, as the request names it.
     model: String,
+    /// The API the request speaks.
+    api: ModelApi,
     /// What the request's generation record starts from, when kept.
     generation: Option<Box<GenerationContext>>,
     /// The model's provider, as the request spells it.
@@ -414,6 +548,9 @@ struct Charge {
     unbounded_prompt: Option<GatewayError>,
     /// The completion bound the client set, if any.
     client_bound_tokens: Option<u64>,
+    /// The least bound the request can go with (1, or above a thinking
+    /// budget).
+    min_bound_tokens: u64,
     /// `n`: every choice may use the whole bound.
     choices: u64,
     /// A stream whose client did not ask for usage: the gateway asks.
@@ -421,6 +558,8 @@ struct Charge {
     bound_field: BoundField,
     /// The bound written when the client set none and the hold pays for it.
     default_bound_tokens: u64,
+    /// Fees the request may owe whatever its tokens (web searches).
+    fixed_nanos: i64,
     price: TokenPrice,
     free: bool,
 }
@@ -439,10 +578,12 @@ impl Charge {
         self.counted(byok) && !self.free && self.price.charges_prompt()
     }
 
-    /// The cost of the prompt and `tokens` completion tokens per choice.
+    /// The most the prompt and `tokens` completion tokens per choice can
+    /// cost, with the fees the request may owe.
     fn cost_nanos(&self, tokens: u64) -> i64 {
         self.price
             .cost_nanos(self.prompt_tokens, tokens.saturating_mul(self.choices))
+            .saturating_add(self.fixed_nanos)
     }
 
     /// The most completion tokens per choice that `nanos` pays for with
@@ -632,7 +773,7 @@ async fn decide(
                 additions,
             ))
         }
-        (Some(refusal), Some(charge)) => Err(refused(config, &charge, refusal)),
+        (Some(refusal), Some(charge)) => Err(refused(&charge, refusal)),
         (_, charge) if outcome.admitted => Ok(admitted(None, charge, None, credential, additions)),
         _ => Err(GatewayError::new(
             ErrorKind::Internal,
@@ -697,7 +838,7 @@ fn hold_request(
     let counted = charge.counted(byok);
     let bound_tokens = charge
         .client_bound_tokens
-        .unwrap_or(config.default_max_tokens);
+        .unwrap_or(charge.default_bound_tokens);
     let estimate_nanos = charge.cost_nanos(bound_tokens);
     let flexible = charge.client_bound_tokens.is_none() && !charge.free;
     let amount_nanos = if counted && !charge.free {
@@ -710,7 +851,8 @@ fn hold_request(
         key: principal.key_hash.to_hex(),
         reservation_id: new_reservation_id(config.clock.now()),
         amount_nanos,
-        min_amount_nanos: (flexible && amount_nanos > 0).then(|| charge.cost_nanos(1)),
+        min_amount_nanos: (flexible && amount_nanos > 0)
+            .then(|| charge.cost_nanos(charge.min_bound_tokens)),
         key_limit: principal.key_limit.filter(|_| counted),
         counts_against_key_limit: counted,
         check_balance: true,
@@ -735,6 +877,7 @@ fn hold_request(
         hold_granted: false,
         estimate_nanos,
         price: charge.price,
+        api: charge.api,
         free: charge.free,
         byok,
         response_success: None,
@@ -781,7 +924,7 @@ fn admitted(
             // least the prompt and one token.
             Some(held_nanos) if held_nanos > 0 => charge
                 .affordable_tokens(held_nanos, charge.default_bound_tokens)
-                .max(1),
+                .max(charge.min_bound_tokens),
             _ => charge.default_bound_tokens,
         },
     });
@@ -809,16 +952,21 @@ fn admitted(
 
 /// The 402 of a hold the store refused, saying what was asked for and
 /// what is left.
-fn refused(config: &CreditGuardConfig, charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
+fn refused(charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
     let asked_tokens = charge
         .client_bound_tokens
-        .unwrap_or(config.default_max_tokens);
+        .unwrap_or(charge.default_bound_tokens);
     // What the room left pays for, in completion tokens per choice.
     let tokens_for = |room_nanos: i64| charge.affordable_tokens(room_nanos, asked_tokens);
     let asked = match charge.client_bound_tokens {
         Some(tokens) => format!(
             "this request asks for up to {tokens} completion tokens (max_tokens), which with its prompt could cost {} credits",
             decimal_string(charge.cost_nanos(tokens), 0)
+        ),
+        None if charge.min_bound_tokens > 1 => format!(
+            "this request's prompt and {} completion tokens (one more than its thinking budget) could cost {} credits",
+            charge.min_bound_tokens,
+            decimal_string(charge.cost_nanos(charge.min_bound_tokens), 0)
         ),
         None => format!(
             "this request's prompt and one completion token could cost {} credits",
@@ -1096,10 +1244,13 @@ mod tests {
             generation: None,
             provider: "a".to_owned(),
             model: "a/b".to_owned(),
+            api: ModelApi::Chat,
             prompt_tokens: count.tokens,
             likely_prompt_tokens: count.likely_tokens,
             unbounded_prompt: count.unbounded.clone(),
             client_bound_tokens: Some(10),
+            min_bound_tokens: 1,
+            fixed_nanos: 0,
             choices: 1,
             ask_stream_usage: false,
             bound_field: BoundField::default(),

@@ -3,6 +3,7 @@
 //! gateway wants of it: the usage it reports, the usage the client must
 //! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
 
+use super::MessagesUsage;
 use super::usage::{USAGE_FIELD, Usage, names_only_null_usage, text_bytes, usage_in, usage_of};
 use bytes::BytesMut;
 
@@ -33,6 +34,9 @@ pub(crate) struct StreamReader {
     edits: StreamEdits,
     max_read_bytes: usize,
     usage: Option<Usage>,
+    /// An Anthropic stream's usage, merged event by event; `None` for a
+    /// chat-completions stream.
+    messages_usage: Option<MessagesUsage>,
     done: bool,
     // Chunks streamed (events other than `[DONE]`), and the bytes of the
     // text they carried: what a stream that reports no usage is charged by.
@@ -47,15 +51,26 @@ impl StreamReader {
             edits,
             max_read_bytes,
             usage: None,
+            messages_usage: None,
             done: false,
             streamed_chunks: 0,
             streamed_text_bytes: 0,
         }
     }
 
-    /// The usage the stream reported: the last chunk with usage wins.
+    /// Reads the stream as Anthropic's Messages events: usage merged
+    /// field by field from `message_start` and each `message_delta`.
+    pub(crate) fn read_messages_events(&mut self) {
+        self.messages_usage = Some(MessagesUsage::default());
+    }
+
+    /// The usage the stream reported: the last chunk with usage wins (an
+    /// Anthropic stream's fields merged, each its last value).
     pub(crate) fn usage(&self) -> Option<Usage> {
-        self.usage
+        match &self.messages_usage {
+            Some(merged) => merged.usage(),
+            None => self.usage,
+        }
     }
 
     /// Whether the stream said `data: [DONE]`.
@@ -98,8 +113,12 @@ impl StreamReader {
             return None;
         };
         self.streamed_text_bytes += text;
-        if read {
-            self.usage = usage_in(&object).or(self.usage);
+        if !read {
+            return Some(object);
+        }
+        match &mut self.messages_usage {
+            Some(merged) => merge_messages_event(merged, &object),
+            None => self.usage = usage_in(&object).or(self.usage),
         }
         Some(object)
     }
@@ -173,6 +192,28 @@ impl EventEditor for StreamReader {
     fn long_piece(&mut self, piece: &[u8]) {
         // Too long to hold and read: every byte counts as text, generously.
         self.streamed_text_bytes += piece.len() as u64;
+    }
+}
+
+/// Merges the usage an Anthropic event carries: `message_start`'s
+/// `message.usage`, `message_delta`'s `usage`.
+fn merge_messages_event(merged: &mut MessagesUsage, object: &JsonObject<'_>) {
+    let usage = match object.get("type") {
+        Ok(Some("\"message_start\"")) => object
+            .get("message")
+            .ok()
+            .flatten()
+            .and_then(|message| serde_json::from_str::<serde_json::Value>(message).ok())
+            .and_then(|mut message| message.get_mut("usage").map(serde_json::Value::take)),
+        Ok(Some("\"message_delta\"")) => object
+            .get("usage")
+            .ok()
+            .flatten()
+            .and_then(|usage| serde_json::from_str::<serde_json::Value>(usage).ok()),
+        _ => None,
+    };
+    if let Some(serde_json::Value::Object(usage)) = usage {
+        merged.merge_usage(&usage);
     }
 }
 

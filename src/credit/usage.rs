@@ -11,6 +11,8 @@ use serde_json::Value;
 use super::stream::{StreamEdits, StreamReader};
 use crate::edit::{JsonObject, MAX_NAMED_JSON_BYTES, MAX_SSE_LINE_BYTES, ServedModel, SseEvents};
 
+use super::MessagesUsage;
+use crate::context::ModelApi;
 use crate::keys::credits::nanos_from_json;
 
 /// What the upstream reported a request used.
@@ -128,6 +130,8 @@ enum Reading {
         /// The model to name in the answer, which is held until its end
         /// (up to [`MAX_NAMED_JSON_BYTES`]) to be parsed once for both.
         naming: Option<ServedModel>,
+        /// The answer is Anthropic's: its usage read as [`MessagesUsage`].
+        messages: bool,
     },
     /// Each event read once, by the reader that also makes the stream's
     /// edits (boxed: a JSON body's scanner stays small).
@@ -152,6 +156,7 @@ impl UsageScanner {
                 buffer: Vec::new(),
                 overflowed: false,
                 naming: None,
+                messages: false,
             },
             BodyKind::EventStream => {
                 return UsageScanner::event_stream(StreamEdits::default(), max_buffered_bytes);
@@ -187,8 +192,21 @@ impl UsageScanner {
                 buffer: Vec::new(),
                 overflowed: false,
                 naming: Some(model),
+                messages: false,
             },
         }
+    }
+
+    /// The same scanner reading usage as `api` reports it: Anthropic's
+    /// Messages answers and events by [`MessagesUsage`]'s rules.
+    pub(crate) fn in_api(mut self, api: ModelApi) -> Self {
+        if api == ModelApi::Messages {
+            match &mut self.reading {
+                Reading::Json { messages, .. } => *messages = true,
+                Reading::EventStream(scan) => scan.reader.read_messages_events(),
+            }
+        }
+        self
     }
 
     /// Reads the next chunk of the body.
@@ -205,6 +223,7 @@ impl UsageScanner {
                 buffer,
                 overflowed,
                 naming,
+                ..
             } => {
                 if naming.is_some() {
                     if buffer.len() + chunk.len() <= MAX_NAMED_JSON_BYTES.max(*max_buffered_bytes) {
@@ -300,14 +319,19 @@ impl UsageScanner {
                 overflowed,
                 naming: Some(served),
                 max_buffered_bytes,
+                messages,
             } => {
                 let read = !overflowed && buffer.len() <= max_buffered_bytes;
                 // One parse for the usage and the model.
                 let Some(mut object) = JsonObject::parse(&buffer) else {
                     out.extend_from_slice(&buffer);
-                    return read.then(|| usage_of(&buffer)).flatten();
+                    return read.then(|| usage_of(&buffer)).flatten().filter(|_| !messages);
                 };
-                let usage = usage_in(&object).filter(|_| read);
+                let usage = match messages {
+                    true => messages_usage_in(&object),
+                    false => usage_in(&object),
+                }
+                .filter(|_| read);
                 match served.name_in(&mut object) {
                     true => object.write_to(out),
                     false => out.extend_from_slice(&buffer),
@@ -315,10 +339,14 @@ impl UsageScanner {
                 usage
             }
             Reading::Json {
-                buffer, overflowed, ..
-            } => match overflowed {
-                true => None,
-                false => usage_of(&buffer),
+                buffer,
+                overflowed,
+                messages,
+                ..
+            } => match (overflowed, messages) {
+                (true, _) => None,
+                (false, true) => JsonObject::parse(&buffer).and_then(|object| messages_usage_in(&object)),
+                (false, false) => usage_of(&buffer),
             },
             Reading::EventStream(scan) => {
                 let StreamScan {
@@ -409,6 +437,16 @@ pub(super) fn usage_in(object: &JsonObject<'_>) -> Option<Usage> {
     }
     let usage = serde_json::from_str::<UsageFields>(raw).ok()?;
     Usage::from_fields(&usage)
+}
+
+/// The usage of an Anthropic Messages answer's `usage` member (a
+/// repeated `usage` is none).
+pub(super) fn messages_usage_in(object: &JsonObject<'_>) -> Option<Usage> {
+    let raw = object.get("usage").ok()??;
+    let usage = serde_json::from_str::<serde_json::Map<String, Value>>(raw).ok()?;
+    let mut merged = MessagesUsage::default();
+    merged.merge_usage(&usage);
+    merged.usage()
 }
 
 /// A `usage` object's counted fields, as [`Usage::from_response`] reads
@@ -547,11 +585,14 @@ impl<'de> serde::Deserialize<'de> for CheckedValue {
 static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
 pub(super) static USAGE_FIELD: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(b"\"usage\""));
-static TEXT_FIELDS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
+static TEXT_FIELDS: LazyLock<[Finder<'static>; 6]> = LazyLock::new(|| {
     [
         b"\"content\":\"" as &[u8],
         b"\"reasoning\":\"",
         b"\"arguments\":\"",
+        b"\"text\":\"",
+        b"\"thinking\":\"",
+        b"\"partial_json\":\"",
     ]
     .map(Finder::new)
 });

@@ -245,7 +245,17 @@ static STRING_STOPS: [bool; 256] = {
 
 /// The members whose strings are a chunk's text.
 fn is_text_key(quoted: &[u8]) -> bool {
-    matches!(quoted, b"\"content\"" | b"\"reasoning\"" | b"\"arguments\"")
+    // Chat's delta fields, and Anthropic's (`text_delta`, `thinking_delta`,
+    // `input_json_delta`).
+    matches!(
+        quoted,
+        b"\"content\""
+            | b"\"reasoning\""
+            | b"\"arguments\""
+            | b"\"text\""
+            | b"\"thinking\""
+            | b"\"partial_json\""
+    )
 }
 
 impl Scan<'_> {

@@ -15,7 +15,7 @@ use crate::limiter::Verdict;
 use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
 use crate::limiter::{Admission, AdmissionFuture, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
-use crate::routing::is_chat_completions_call;
+use crate::routing::is_model_call;
 use crate::store::{CheckOutcome, PurchaseTier};
 
 /// The quota's counters after an admitted free request, in the request's
@@ -72,8 +72,8 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let context = RequestContext::of(&request);
-        let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
-            if is_chat_completions_call(request.method(), request.uri().path()) {
+        let Some(call) = context.and_then(RequestContext::model_call) else {
+            if is_model_call(request.method(), request.uri().path()) {
                 return AdmissionFuture::rejected(
                     LAYER,
                     GatewayError::missing_layer("FreeModelQuota", "BodyLimit"),
@@ -81,7 +81,7 @@ where
             }
             return AdmissionFuture::admitted(LAYER, request, inner);
         };
-        if !chat.model_id.is_free() {
+        if !call.model_id.is_free() {
             return AdmissionFuture::admitted(LAYER, request, inner);
         }
         let Some(principal) = context.and_then(|context| context.principal.as_ref()) else {

@@ -328,8 +328,8 @@ where
         let principal = context.and_then(|context| context.principal.as_ref());
         let key_hash_prefix = principal.map(KeyHashPrefix::of);
         let model = context
-            .and_then(|context| context.chat.as_ref())
-            .map(|chat| chat.model.clone());
+            .and_then(RequestContext::model_call)
+            .map(|call| call.model.to_owned());
         // One record for all three: each record is a lookup and a format
         // in every subscriber layer.
         tracing::record_all!(

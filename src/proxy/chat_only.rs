@@ -13,11 +13,16 @@ use tower_service::Service;
 
 use super::models;
 use super::retry::SkipRetries;
-use crate::context::RequestContext;
+use super::providers::Providers;
+use super::upstream::WireApi;
+use crate::context::{ModelApi, RequestContext};
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::ResponseBody;
 
-/// Forwards `POST /api/v1/chat/completions` only; every other path is a
+/// Forwards the model calls only (`POST /api/v1/chat/completions`,
+/// `/api/v1/messages`, `/api/v1/messages/count_tokens`), each in the API
+/// its provider serves ([`ServedApis`](super::ServedApis): translated when
+/// the provider does not serve the client's); every other path is a
 /// canonical 404. Upstream failures and credential refusals become
 /// complete canonical responses here, below CreditGuard, so they are
 /// settled as errors: at no cost, unless the upstream had the request
@@ -28,13 +33,19 @@ pub(super) struct ChatOnly<S> {
     inner: S,
     /// `GET /api/v1/models`, built once.
     models_list: Arc<Value>,
+    /// Which APIs each model's upstream serves.
+    providers: Providers,
 }
 
 impl<S> ChatOnly<S> {
-    /// Serves `models_list` as `GET /api/v1/models` and forwards chat
-    /// completions to `inner`.
-    pub(super) fn new(inner: S, models_list: Arc<Value>) -> Self {
-        ChatOnly { inner, models_list }
+    /// Serves `models_list` as `GET /api/v1/models` and forwards model
+    /// calls to `inner`, each in an API `providers` says its upstream serves.
+    pub(super) fn new(inner: S, models_list: Arc<Value>, providers: Providers) -> Self {
+        ChatOnly {
+            inner,
+            models_list,
+            providers,
+        }
     }
 }
 
@@ -77,18 +88,21 @@ where
             );
             return Box::pin(async move { Ok(response) });
         }
-        if !is_chat_completions_path(request.method(), request.uri().path()) {
+        let Some(route) = model_route(request.method(), request.uri().path()) else {
             let error = GatewayError::new(
                 ErrorKind::NotFound,
                 format!(
-                    "no such endpoint: {} {}; this gateway serves POST /api/v1/chat/completions and the key routes",
+                    "no such endpoint: {} {}; this gateway serves POST /api/v1/chat/completions, POST /api/v1/messages (and its count_tokens) and the key routes",
                     request.method(),
                     request.uri().path()
                 ),
             );
             return Box::pin(async move { Ok(error.to_response()) });
-        }
-        let request = provider_side(request);
+        };
+        let request = match self.to_wire(request, route) {
+            Ok(request) => provider_side(request),
+            Err(error) => return Box::pin(async move { Ok(error.to_response()) }),
+        };
         let mut inner = self.inner.clone();
         Box::pin(async move {
             let outcome = match tower::ServiceExt::ready(&mut inner).await {
@@ -126,11 +140,82 @@ where
 /// The request with only the extensions the provider side reads (the
 /// retry policy, [`Providers`], [`Upstream`]): the retry keeps a copy of
 /// every request it sends, and the layers above have their own.
+/// The model calls ChatOnly forwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ModelRoute {
+    Chat,
+    Messages,
+    CountTokens,
+}
+
+impl ModelRoute {
+    fn api(self) -> ModelApi {
+        match self {
+            ModelRoute::Chat => ModelApi::Chat,
+            ModelRoute::Messages | ModelRoute::CountTokens => ModelApi::Messages,
+        }
+    }
+}
+
+impl<S> ChatOnly<S> {
+    /// The request as its provider takes it: marked with the API it goes
+    /// in ([`WireApi`]), translated when the provider does not serve the
+    /// client's.
+    fn to_wire(
+        &self,
+        mut request: Request<Full<Bytes>>,
+        route: ModelRoute,
+    ) -> Result<Request<Full<Bytes>>, GatewayError> {
+        let served = RequestContext::of(&request)
+            .and_then(RequestContext::model_call)
+            .and_then(|call| self.providers.apis_for(call.model_id));
+        // No provider for the model: Providers answers why.
+        let wire = served.map_or(route.api(), |served| served.wire_api(route.api()));
+        if wire != route.api() {
+            if route == ModelRoute::CountTokens {
+                return Err(GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    "this model's provider does not serve the Messages API, so it cannot count a Messages request's tokens; send the request to /api/v1/messages itself, or use a model whose provider serves Messages",
+                )
+                .with_metadata("param", "model"));
+            }
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "this model's provider does not serve the {} API",
+                    route.api().as_str()
+                ),
+            ));
+        }
+        request.extensions_mut().insert(WireApi(wire));
+        Ok(request)
+    }
+}
+
+/// The model call `method` and `path` make, spelled exactly under
+/// `/api/v1` (in any case and spelling of the same segments).
+fn model_route(method: &http::Method, path: &str) -> Option<ModelRoute> {
+    if method != http::Method::POST {
+        return None;
+    }
+    use crate::routing::path_is;
+    if path_is(path, &["api", "v1", "chat", "completions"]) {
+        Some(ModelRoute::Chat)
+    } else if path_is(path, &["api", "v1", "messages"]) {
+        Some(ModelRoute::Messages)
+    } else if path_is(path, &["api", "v1", "messages", "count_tokens"]) {
+        Some(ModelRoute::CountTokens)
+    } else {
+        None
+    }
+}
+
 fn provider_side(request: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     let (mut parts, body) = request.into_parts();
     let mut kept = http::Extensions::new();
     move_extension::<RequestContext>(&mut parts.extensions, &mut kept);
     move_extension::<SkipRetries>(&mut parts.extensions, &mut kept);
+    move_extension::<WireApi>(&mut parts.extensions, &mut kept);
     parts.extensions = kept;
     Request::from_parts(parts, body)
 }
@@ -144,13 +229,6 @@ fn move_extension<T: Clone + Send + Sync + 'static>(
     }
 }
 
-/// Exactly `POST /api/v1/chat/completions`, in any case and spelling of
-/// the same segments: nothing in front of or between them.
-fn is_chat_completions_path(method: &http::Method, path: &str) -> bool {
-    method == http::Method::POST
-        && crate::routing::path_is(path, &["api", "v1", "chat", "completions"])
-}
-
 /// `GET /api/v1/models`, spelled the same way.
 fn is_models_path(method: &http::Method, path: &str) -> bool {
     method == http::Method::GET && crate::routing::path_is(path, &["api", "v1", "models"])
@@ -159,5 +237,5 @@ fn is_models_path(method: &http::Method, path: &str) -> bool {
 /// Whether ChatOnly serves the request (every other is its 404): the
 /// routes the admission counts.
 pub(super) fn serves(method: &http::Method, path: &str) -> bool {
-    is_chat_completions_path(method, path) || is_models_path(method, path)
+    model_route(method, path).is_some() || is_models_path(method, path)
 }

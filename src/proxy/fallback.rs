@@ -17,7 +17,7 @@ use tower_service::Service;
 use super::model_field::{BodyKind, MAX_REWRITTEN_JSON_BYTES, ReportedModel, rewrite_model_json};
 use super::models::ModelCatalog;
 use super::retry::SkipRetries;
-use crate::body::{ChatRequest, ModelId};
+use crate::body::{ChatRequest, MessagesRequest, ModelId};
 use crate::context::{Principal, RequestContext};
 use crate::edit::{JsonObject, ModelNamed, NameModel};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
@@ -115,9 +115,18 @@ where
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let inner = self.inner.clone();
-        let parsed = RequestContext::of(&request)
-            .and_then(|context| Some((context.chat.as_ref()?, context.body.as_ref()?)));
-        let Some((chat, _)) = parsed else {
+        let context = RequestContext::of(&request);
+        let parsed = context.and_then(|context| {
+            let call = context.model_call()?;
+            context.body.as_ref()?;
+            let models = match (&context.chat, &context.messages) {
+                (Some(chat), _) => chat.extra.get("models"),
+                (None, Some(messages)) => messages.extra.get("models"),
+                (None, None) => None,
+            };
+            Some((call, models))
+        });
+        let Some((call, models)) = parsed else {
             return Box::pin(async move {
                 let response = inner.oneshot(request).await?;
                 Ok(response
@@ -127,8 +136,8 @@ where
         let principal = RequestContext::of(&request).and_then(|context| context.principal.as_ref());
         let candidates = self
             .catalog
-            .candidates(chat)
-            .and_then(|candidates| callable(principal, &chat.model_id, candidates));
+            .candidates(call.model_id, models)
+            .and_then(|candidates| callable(principal, call.model_id, candidates));
         let mut candidates = match candidates {
             Ok(candidates) => candidates,
             Err(error) => {
@@ -139,7 +148,7 @@ where
                 });
             }
         };
-        if candidates.len() == 1 && !chat.extra.contains_key("models") {
+        if candidates.len() == 1 && models.is_none() {
             // Nothing to fall back to: the request goes on as it is, its
             // parsed body not copied.
             let model = candidates.swap_remove(0);
@@ -160,20 +169,36 @@ where
                 .extensions
                 .remove::<RequestContext>()
                 .unwrap_or_default();
-            let (Some(chat), Some(buffered)) = (context.chat.take(), context.body.take()) else {
-                unreachable!("the context was read with both at the top of `call`");
-            };
+            let (chat, messages) = (context.chat.take(), context.messages.take());
+            let buffered = context.body.take().unwrap_or_default();
             // Each attempt's record names the model the client asked for.
-            context.requested_model = Some(chat.model.clone());
+            let asked = chat
+                .as_ref()
+                .map(|chat| &chat.model_id)
+                .or(messages.as_ref().map(|messages| &messages.model_id))
+                .cloned();
+            context.requested_model = asked.as_ref().map(|asked| asked.as_str().to_owned());
             let last = candidates.len() - 1;
             for (index, model) in candidates.iter().enumerate() {
                 let mut attempt = Request::from_parts(parts.clone(), Full::new(Bytes::new()));
-                let body = for_model(&buffered, &chat, model);
-                let mut attempt_chat = chat.clone();
-                attempt_chat.model = model.as_str().to_owned();
-                attempt_chat.model_id = model.clone();
+                // The client's bytes when they already name the model.
+                let body = match asked.as_ref() == Some(model) && models_was_none(&chat, &messages) {
+                    true => buffered.clone(),
+                    false => body_with_model(&buffered, model.as_str()),
+                };
+                let attempt_chat = chat.clone().map(|mut chat| {
+                    chat.model = model.as_str().to_owned();
+                    chat.model_id = model.clone();
+                    chat
+                });
+                let attempt_messages = messages.clone().map(|mut messages| {
+                    messages.model = model.as_str().to_owned();
+                    messages.model_id = model.clone();
+                    messages
+                });
                 attempt.extensions_mut().insert(RequestContext {
-                    chat: Some(attempt_chat),
+                    chat: attempt_chat,
+                    messages: attempt_messages,
                     body: Some(body.clone()),
                     ..context.clone()
                 });
@@ -296,12 +321,10 @@ where
 
 /// The request body for `model`: its `model` field set, and `models`
 /// removed (the upstream gets one model; the gateway did the falling back).
-fn for_model(original: &Bytes, chat: &ChatRequest, model: &ModelId) -> Bytes {
-    let unchanged = chat.model_id.as_str() == model.as_str() && !chat.extra.contains_key("models");
-    if unchanged {
-        return original.clone();
-    }
-    body_with_model(original, model.as_str())
+fn models_was_none(chat: &Option<ChatRequest>, messages: &Option<MessagesRequest>) -> bool {
+    let listed = |extra: &serde_json::Map<String, serde_json::Value>| extra.contains_key("models");
+    !chat.as_ref().is_some_and(|chat| listed(&chat.extra))
+        && !messages.as_ref().is_some_and(|messages| listed(&messages.extra))
 }
 
 /// `original` (a JSON object) with `model` set and no `models` list;

@@ -11,8 +11,10 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// calling application, nothing that could pick the operator's
 /// organisation, carry cookies or credentials, or compress the response
 /// past the usage scanner.
-const FORWARDED_REQUEST: [&str; 8] = [
+const FORWARDED_REQUEST: [&str; 10] = [
     "content-type",
+    "anthropic-version",
+    "anthropic-beta",
     "traceparent",
     "tracestate",
     "accept",

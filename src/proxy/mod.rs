@@ -86,4 +86,6 @@ pub use models::{MAX_MODELS_PER_REQUEST, ModelCatalog};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use stack::{Gateway, GatewayBody, GatewayService, build_gateway, gateway, gateway_with_clock};
-pub use upstream::{DEFAULT_CREDENTIAL_HEADERS, Upstream, UpstreamConfig, UpstreamConfigError};
+pub use upstream::{
+    DEFAULT_CREDENTIAL_HEADERS, ServedApis, Upstream, UpstreamConfig, UpstreamConfigError,
+};

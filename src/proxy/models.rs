@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::body::{ChatRequest, ModelId};
+use crate::body::ModelId;
 use crate::clock::{Clock, SystemClock};
 use crate::context::Principal;
 use crate::credit::{PriceTable, Pricing, TokenPrice, TokenRates};
@@ -122,9 +122,13 @@ impl ModelCatalog {
     /// fallbacks of its model; each once, at most
     /// [`MAX_MODELS_PER_REQUEST`]. 400 for a model not served or a
     /// malformed `models`.
-    pub fn candidates(&self, chat: &ChatRequest) -> Result<Vec<ModelId>, GatewayError> {
-        self.check(&chat.model_id)?;
-        let mut candidates = vec![chat.model_id.clone()];
+    pub fn candidates(
+        &self,
+        model_id: &ModelId,
+        models: Option<&Value>,
+    ) -> Result<Vec<ModelId>, GatewayError> {
+        self.check(model_id)?;
+        let mut candidates = vec![model_id.clone()];
         let push = |candidates: &mut Vec<ModelId>, id: ModelId| {
             if candidates.len() < MAX_MODELS_PER_REQUEST
                 && !candidates
@@ -134,7 +138,7 @@ impl ModelCatalog {
                 candidates.push(id);
             }
         };
-        match chat.extra.get("models") {
+        match models {
             None | Some(Value::Null) => {}
             Some(Value::Array(models)) if models.len() <= MAX_MODELS_PER_REQUEST => {
                 for (index, model) in models.iter().enumerate() {
@@ -176,7 +180,7 @@ impl ModelCatalog {
         }
         if let Some(configured) = self
             .fallbacks
-            .get(&chat.model_id.as_str().to_ascii_lowercase())
+            .get(&model_id.as_str().to_ascii_lowercase())
         {
             for id in configured {
                 push(&mut candidates, id.clone());
@@ -401,6 +405,7 @@ fn decimal(units: i64, scale: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::ChatRequest;
     use crate::credit::TokenPrice;
 
     fn catalog(providers: Option<&[&str]>) -> ModelCatalog {
@@ -451,7 +456,7 @@ mod tests {
             "messages": [{"role": "user", "content": "x"}]}),
         );
         let ids: Vec<String> = catalog
-            .candidates(&request)
+            .candidates(&request.model_id, request.extra.get("models"))
             .unwrap()
             .iter()
             .map(|id| id.as_str().to_owned())
@@ -473,12 +478,12 @@ mod tests {
         models.push("OPENAI/GPT-4O");
         let accepted = chat(json!({"model": "openai/gpt-4o", "models": models,
             "messages": [{"role": "user", "content": "x"}]}));
-        assert_eq!(catalog.candidates(&accepted).unwrap().len(), 5);
+        assert_eq!(catalog.candidates(&accepted.model_id, accepted.extra.get("models")).unwrap().len(), 5);
         let mut six = five.to_vec();
         six.push("openai/gpt-4o:floor");
         let refused = chat(json!({"model": "openai/gpt-4o", "models": six,
             "messages": [{"role": "user", "content": "x"}]}));
-        let error = catalog.candidates(&refused).unwrap_err();
+        let error = catalog.candidates(&refused.model_id, refused.extra.get("models")).unwrap_err();
         assert_eq!(error.status(), 422);
         assert_eq!(error.to_json()["error"]["metadata"]["param"], "models");
         assert!(
@@ -527,7 +532,7 @@ mod tests {
         ] {
             let mut body = body;
             body["messages"] = json!([{"role": "user", "content": "x"}]);
-            let error = served.candidates(&chat(body.clone())).unwrap_err();
+            let error = served.candidates(&chat(body.clone()).model_id, chat(body.clone()).extra.get("models")).unwrap_err();
             assert_eq!(error.status(), status, "{body}");
             assert!(
                 error.message().contains(words),

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use tower_service::Service;
 
 use super::fallback::body_with_model;
-use super::upstream::Upstream;
+use super::upstream::{ServedApis, Upstream};
 use crate::context::RequestContext;
 use crate::keys::ByokProviders;
 
@@ -79,6 +79,18 @@ impl Providers {
             .then(|| self.by_name.keys().cloned().collect())
     }
 
+    /// The APIs the upstream `model` goes to serves natively; `None` when
+    /// no provider serves it.
+    pub fn apis_for(&self, model: &crate::model_id::ModelId) -> Option<ServedApis> {
+        match &self.single {
+            Some(upstream) => Some(upstream.apis()),
+            None => self
+                .by_name
+                .get(&model.provider().to_ascii_lowercase())
+                .map(|provider| provider.upstream.apis()),
+        }
+    }
+
     /// What accounts may bring their own keys for: the providers that take
     /// them ([`ProviderUpstream::byok`]) and those that do not.
     pub fn byok_providers(&self) -> ByokProviders {
@@ -118,17 +130,17 @@ impl Service<Request<Full<Bytes>>> for Providers {
             return upstream.call(request);
         }
         let context = RequestContext::of(&request);
-        let Some(chat) = context.and_then(|context| context.chat.as_ref()) else {
+        let Some(call) = context.and_then(RequestContext::model_call) else {
             return Box::pin(async {
                 Err(GatewayError::new(
                     ErrorKind::NotFound,
-                    "only chat completions are forwarded to a provider",
+                    "only model calls are forwarded to a provider",
                 ))
             });
         };
-        let provider_name = chat.model_id.provider().to_ascii_lowercase();
+        let provider_name = call.model_id.provider().to_ascii_lowercase();
         let Some(provider) = self.by_name.get(&provider_name) else {
-            let model = chat.model_id.to_string();
+            let model = call.model_id.to_string();
             return Box::pin(async move {
                 Err(GatewayError::new(
                     ErrorKind::InvalidRequest,
@@ -142,7 +154,7 @@ impl Service<Request<Full<Bytes>>> for Providers {
         };
         if provider.strip_prefix {
             // What follows `provider/`, variant included.
-            let provider_model = chat.model_id.as_str()[provider_name.len() + 1..].to_owned();
+            let provider_model = call.model_id.as_str()[provider_name.len() + 1..].to_owned();
             if let Some(original) = context.and_then(|context| context.body.as_ref()) {
                 let body = body_with_model(original, &provider_model);
                 *request.body_mut() = Full::new(body);
@@ -154,8 +166,9 @@ impl Service<Request<Full<Bytes>>> for Providers {
             .and_then(|context| context.credential.as_ref())
             .filter(|credential| credential.provider.eq_ignore_ascii_case(&provider_name));
         if let Some(credential) = credential {
-            let caller_key =
-                http::HeaderValue::from_str(&format!("Bearer {}", credential.api_key())).ok();
+            // The key alone: the upstream client writes it as the API it
+            // speaks takes it.
+            let caller_key = http::HeaderValue::from_str(credential.api_key()).ok();
             match caller_key {
                 Some(mut value) if provider.byok => {
                     value.set_sensitive(true);

@@ -151,6 +151,7 @@ where
         None => Providers::single(upstream),
     };
     let models_list = Arc::new(checked.catalog.models_list().clone());
+    let served_apis = bottom.clone();
     // The upstream client marks each request as it sends it: one dropped
     // before that costs nothing.
     let app_ranking = AppRanking::new(store.clone()).clock(clock.clone());
@@ -234,7 +235,7 @@ where
         .layer(FallbackLayer::new(Arc::clone(&checked.catalog)))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
         .plain(layer_fn(|inner| {
-            ChatOnly::new(inner, Arc::clone(&models_list))
+            ChatOnly::new(inner, Arc::clone(&models_list), served_apis.clone())
         }))
         .plain(tower::retry::RetryLayer::new(
             checked.retry.clone().clock(clock.clone()),

@@ -23,7 +23,7 @@ use tower_service::Service;
 
 use super::headers::{X_REQUEST_ID, client_response_headers, request_id, upstream_request_headers};
 use super::providers::CallerKey;
-use crate::context::{LateAnswer, RequestContext, SentUpstream, UpstreamAttempt};
+use crate::context::{LateAnswer, ModelApi, RequestContext, SentUpstream, UpstreamAttempt};
 use crate::error::{ErrorKind, GatewayError};
 use crate::routing::normalized_segments;
 use crate::secrets::Redacted;
@@ -67,7 +67,85 @@ pub struct UpstreamConfig {
     /// (BYOK); every other one goes only with the gateway's own key.
     /// Default: none. A credential header cannot be one.
     pub byok_headers: Vec<String>,
+    /// The APIs the upstream serves natively (default: chat completions
+    /// only); a request in another is translated to one it serves.
+    pub apis: ServedApis,
 }
+
+/// The APIs an upstream serves natively: `"apis": ["chat", "messages"]`
+/// in its configuration. A Messages request to an upstream that serves
+/// only chat completions is translated to chat and its answer back, and
+/// the reverse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServedApis {
+    /// OpenAI's chat completions (`{base_url}/chat/completions`).
+    pub chat: bool,
+    /// Anthropic's Messages API (`{base_url}/messages`, the key as
+    /// `x-api-key`, `anthropic-version` sent).
+    pub messages: bool,
+}
+
+impl Default for ServedApis {
+    fn default() -> Self {
+        ServedApis {
+            chat: true,
+            messages: false,
+        }
+    }
+}
+
+impl ServedApis {
+    /// Whether it serves `api` natively.
+    pub fn serves(self, api: ModelApi) -> bool {
+        match api {
+            ModelApi::Chat => self.chat,
+            ModelApi::Messages => self.messages,
+        }
+    }
+
+    /// The API a request in `api` goes in: its own when served, else the
+    /// other (translated).
+    pub fn wire_api(self, api: ModelApi) -> ModelApi {
+        match (self.serves(api), api) {
+            (true, api) => api,
+            (false, ModelApi::Chat) => ModelApi::Messages,
+            (false, ModelApi::Messages) => ModelApi::Chat,
+        }
+    }
+
+    /// The set `names` (`"chat"`, `"messages"`) make; an empty list or an
+    /// unknown name is refused with what to write instead.
+    pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<Self, String> {
+        let mut served = ServedApis {
+            chat: false,
+            messages: false,
+        };
+        for name in names {
+            match name.as_ref() {
+                "chat" => served.chat = true,
+                "messages" => served.messages = true,
+                other => {
+                    return Err(format!(
+                        "{other:?} is not an API this gateway speaks: write \"chat\" (chat completions) or \"messages\" (Anthropic's Messages API)"
+                    ));
+                }
+            }
+        }
+        if !served.chat && !served.messages {
+            return Err("an empty list serves nothing: write [\"chat\"], [\"messages\"] or both".to_owned());
+        }
+        Ok(served)
+    }
+}
+
+/// The API a request's body goes to the upstream in, when ChatOnly
+/// translated it: the upstream sends its credential as that API takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WireApi(pub(crate) ModelApi);
+
+/// The Anthropic API version sent to a Messages upstream when the client
+/// named none (a chat client's request, translated).
+pub(crate) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// The headers that carry a credential whatever the config says: an
 /// account's own key (BYOK) is never sent beside one of them.
@@ -99,6 +177,7 @@ impl UpstreamConfig {
             extra_headers: Vec::new(),
             credential_headers: Vec::new(),
             byok_headers: Vec::new(),
+            apis: ServedApis::default(),
         }
     }
 }
@@ -154,6 +233,9 @@ struct Inner {
     base_path: String,
     prefix_segments: Vec<String>,
     authorization: Option<HeaderValue>,
+    /// The key alone, for the Messages API's `x-api-key`.
+    api_key: Option<HeaderValue>,
+    apis: ServedApis,
     /// Sent with every request: the ones declared safe for BYOK.
     extra_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// Sent only with the gateway's own key: an account's key replaces
@@ -301,19 +383,24 @@ impl Upstream {
             extra_headers,
             credential_headers,
         } = config.checked()?;
+        let sensitive = |text: &str| {
+            let mut value = HeaderValue::from_str(text).map_err(|_| {
+                UpstreamConfigError(
+                    "the upstream API key has characters a header cannot carry".into(),
+                )
+            })?;
+            value.set_sensitive(true);
+            Ok::<_, UpstreamConfigError>(value)
+        };
         let authorization = config
             .api_key
             .as_ref()
-            .map(|key| {
-                let key = key.expose();
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                    UpstreamConfigError(
-                        "the upstream API key has characters a header cannot carry".into(),
-                    )
-                })?;
-                value.set_sensitive(true);
-                Ok(value)
-            })
+            .map(|key| sensitive(&format!("Bearer {}", key.expose())))
+            .transpose()?;
+        let api_key = config
+            .api_key
+            .as_ref()
+            .map(|key| sensitive(key.expose()))
             .transpose()?;
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(config.connect_timeout));
@@ -339,6 +426,8 @@ impl Upstream {
                     .map(|segment| segment.to_ascii_lowercase())
                     .collect(),
                 authorization,
+                api_key,
+                apis: config.apis,
                 extra_headers,
                 credential_headers,
                 response_header_timeout: config.response_header_timeout,
@@ -417,11 +506,28 @@ impl Inner {
         for (name, value) in &self.extra_headers {
             headers.insert(name.clone(), value.clone());
         }
+        // A Messages upstream takes its key as `x-api-key` and wants the
+        // API's version.
+        let messages_wire = parts.extensions.get::<WireApi>() == Some(&WireApi(ModelApi::Messages));
+        if messages_wire && !headers.contains_key(ANTHROPIC_VERSION) {
+            headers.insert(
+                ANTHROPIC_VERSION,
+                HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION),
+            );
+        }
         match parts.extensions.get::<CallerKey>() {
             // The account's key alone: none of the gateway's credentials
             // rides beside it.
+            Some(CallerKey(caller)) if messages_wire => {
+                headers.insert(X_API_KEY, caller.clone());
+            }
             Some(CallerKey(caller)) => {
-                headers.insert(AUTHORIZATION, caller.clone());
+                let mut bearer = HeaderValue::from_bytes(&[b"Bearer ", caller.as_bytes()].concat())
+                    .map_err(|_| {
+                        GatewayError::new(ErrorKind::Internal, "the account's key cannot be sent")
+                    })?;
+                bearer.set_sensitive(true);
+                headers.insert(AUTHORIZATION, bearer);
             }
             // Accounted as the account's own key (unpaid), yet nothing put
             // that key here: sending the gateway's credentials instead would
@@ -440,8 +546,14 @@ impl Inner {
                 ));
             }
             None => {
-                if let Some(authorization) = &self.authorization {
-                    headers.insert(AUTHORIZATION, authorization.clone());
+                match (messages_wire, &self.api_key, &self.authorization) {
+                    (true, Some(key), _) => {
+                        headers.insert(X_API_KEY, key.clone());
+                    }
+                    (false, _, Some(authorization)) => {
+                        headers.insert(AUTHORIZATION, authorization.clone());
+                    }
+                    _ => {}
                 }
                 for (name, value) in &self.credential_headers {
                     headers.insert(name.clone(), value.clone());
@@ -453,6 +565,18 @@ impl Inner {
         // negotiates HTTP/2 by ALPN where the upstream offers it.
         parts.version = http::Version::HTTP_11;
         Ok((Request::from_parts(parts, body), id))
+    }
+}
+
+/// Anthropic's API key header.
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+/// Anthropic's API version header.
+const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
+
+impl Upstream {
+    /// The APIs this upstream serves natively.
+    pub fn apis(&self) -> ServedApis {
+        self.inner.apis
     }
 }
 
@@ -733,7 +857,7 @@ mod tests {
             .body(Full::new(Bytes::new()))
             .unwrap();
         if let Some(key) = caller {
-            let value = HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
+            let value = HeaderValue::from_str(key).unwrap();
             request.extensions_mut().insert(CallerKey(value));
         }
         inner.outgoing(request).unwrap().0.headers().clone()
@@ -754,6 +878,61 @@ mod tests {
             assert!(byok.get(name).is_none(), "{name} was sent: {byok:?}");
         }
         assert_eq!(byok["x-title"], "modelgate", "declared safe for BYOK: sent");
+    }
+
+    #[test]
+    fn a_messages_upstream_gets_its_key_as_x_api_key_and_a_version() {
+        let inner = inner_for(ServedApis {
+            chat: false,
+            messages: true,
+        });
+        let outgoing = |caller: Option<&str>, version: Option<&str>| {
+            let mut request = Request::post("/api/v1/messages");
+            if let Some(version) = version {
+                request = request.header("anthropic-version", version);
+            }
+            let mut request = request
+                .header("anthropic-beta", "tools-2024")
+                .header("authorization", "Bearer from-the-client")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            request.extensions_mut().insert(WireApi(ModelApi::Messages));
+            if let Some(key) = caller {
+                let value = HeaderValue::from_str(key).unwrap();
+                request.extensions_mut().insert(CallerKey(value));
+            }
+            inner.outgoing(request).unwrap().0
+        };
+        let own = outgoing(None, Some("2023-01-01"));
+        assert_eq!(own.uri().path(), "/v1/messages");
+        assert_eq!(own.headers()["x-api-key"], "sk-upstream");
+        assert!(own.headers()["x-api-key"].is_sensitive());
+        assert!(own.headers().get("authorization").is_none());
+        assert_eq!(own.headers()["anthropic-version"], "2023-01-01");
+        assert_eq!(own.headers()["anthropic-beta"], "tools-2024");
+        let byok = outgoing(Some("sk-ant-tenant"), None);
+        assert_eq!(byok.headers()["x-api-key"], "sk-ant-tenant");
+        assert!(byok.headers().get("authorization").is_none());
+        assert_eq!(byok.headers()["anthropic-version"], DEFAULT_ANTHROPIC_VERSION);
+    }
+
+    fn inner_for(apis: ServedApis) -> Arc<Inner> {
+        let mut config = UpstreamConfig::new("http://127.0.0.1:9/v1");
+        config.api_key = Some(Redacted("sk-upstream".to_owned()));
+        config.apis = apis;
+        Upstream::new(&config).unwrap().inner
+    }
+
+    #[test]
+    fn served_apis_read_from_names() {
+        assert_eq!(ServedApis::from_names(&["chat"]), Ok(ServedApis::default()));
+        let both = ServedApis::from_names(&["messages", "chat"]).unwrap();
+        assert!(both.chat && both.messages);
+        assert_eq!(both.wire_api(ModelApi::Messages), ModelApi::Messages);
+        let chat_only = ServedApis::default();
+        assert_eq!(chat_only.wire_api(ModelApi::Messages), ModelApi::Chat);
+        assert!(ServedApis::from_names::<&str>(&[]).unwrap_err().contains("empty"));
+        assert!(ServedApis::from_names(&["responses"]).unwrap_err().contains("\"responses\""));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::limiter::headers::{
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
 use crate::limiter::{AdmissionFuture, Verdict};
 use crate::response_body::ResponseBody;
-use crate::routing::is_chat_completions_call;
+use crate::routing::is_model_call;
 use crate::store::{Check, CheckOutcome};
 
 /// This layer's name in metrics and logs.
@@ -62,8 +62,8 @@ where
                 GatewayError::missing_layer("GlobalRateLimit", "BearerAuth"),
             );
         };
-        let chat = context.and_then(|context| context.chat.as_ref());
-        if chat.is_none() && is_chat_completions_call(request.method(), request.uri().path()) {
+        let call = context.and_then(RequestContext::model_call);
+        if call.is_none() && is_model_call(request.method(), request.uri().path()) {
             // Without the parsed request the model rules cannot be applied.
             return AdmissionFuture::rejected(
                 LAYER,
@@ -78,7 +78,7 @@ where
             // Answered 404 below: refused, so it costs no rate.
             return AdmissionFuture::admitted(LAYER, request, self.inner.clone());
         }
-        let model = chat.map(|chat| &chat.model_id);
+        let model = call.map(|call| call.model_id);
         if let Some(Err(error)) = model.map(|model| principal.check_model(model)) {
             return AdmissionFuture::rejected(LAYER, error);
         }

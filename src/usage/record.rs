@@ -42,6 +42,8 @@ pub fn parse_generation_id(id: &str) -> Option<&str> {
 pub(crate) struct GenerationContext {
     pub(crate) settings: std::sync::Arc<Generations>,
     pub(crate) app: Option<App>,
+    /// The API the request spoke (`chat`, `messages`).
+    pub(crate) api: &'static str,
     /// The model the client asked for (before any fallback).
     pub(crate) requested_model: String,
     /// The model this attempt went to.
@@ -110,6 +112,7 @@ impl GenerationContext {
         let url = self.app.as_ref().and_then(|app| app.url.as_deref());
         let record = RecordFields {
             id: GenerationIdField(reservation_id),
+            api: self.api,
             model: &self.model,
             requested_model: &self.requested_model,
             provider_name: &self.provider,
@@ -156,6 +159,8 @@ impl GenerationContext {
 #[derive(Serialize)]
 struct RecordFields<'a> {
     id: GenerationIdField<'a>,
+    /// The API the request spoke.
+    api: &'static str,
     model: &'a str,
     requested_model: &'a str,
     provider_name: &'a str,

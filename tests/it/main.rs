@@ -53,6 +53,8 @@ mod otel;
     feature = "oauth"
 ))]
 mod overload;
+#[cfg(feature = "proxy")]
+mod messages;
 #[cfg(all(feature = "redis", feature = "proxy"))]
 mod providers;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::ConfigError;
 use super::secret_fields::{check_reference, optional_secret_spec, read_secret};
 use crate::credit::BoundField;
-use crate::proxy::{ProviderUpstream, Upstream, UpstreamConfig};
+use crate::proxy::{ProviderUpstream, ServedApis, Upstream, UpstreamConfig};
 use crate::secrets::{Redacted, Secret, SecretProviders, SecretSpec};
 
 /// One provider in [`GatewayConfig`](super::GatewayConfig)`.providers`.
@@ -65,6 +65,10 @@ pub struct ProviderSection {
     /// set none: `"max_tokens"` (the default) or `"max_completion_tokens"`
     /// (OpenAI's reasoning models take only that one).
     pub completion_bound_field: Option<BoundField>,
+    /// The APIs it serves natively: `["chat"]` (the default),
+    /// `["messages"]` (Anthropic's) or both. A request in another API is
+    /// translated to one it serves.
+    pub apis: Option<Vec<String>>,
 }
 
 /// What a provider calls a model.
@@ -101,6 +105,10 @@ impl ProviderSection {
         }
         if let Some(key) = &self.api_key {
             check_reference(&format!("providers.{name}.api_key"), key, secrets)?;
+        }
+        if let Some(apis) = &self.apis {
+            ServedApis::from_names(apis)
+                .map_err(|error| ConfigError::new(format!("providers.{name}.apis: {error}")))?;
         }
         self.upstream_config(None)
             .check()
@@ -139,6 +147,9 @@ impl ProviderSection {
             .collect();
         config.credential_headers = self.credential_headers.clone();
         config.byok_headers = self.byok_headers.clone();
+        if let Some(apis) = self.apis.as_deref().and_then(|apis| ServedApis::from_names(apis).ok()) {
+            config.apis = apis;
+        }
         if let Some(ms) = self.connect_timeout_ms {
             config.connect_timeout = Duration::from_millis(ms);
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ConfigError;
-use crate::proxy::UpstreamConfig;
+use crate::proxy::{ServedApis, UpstreamConfig};
 use crate::secrets::Redacted;
 
 /// `upstream` in [`GatewayConfig`](super::GatewayConfig).
@@ -30,12 +30,19 @@ pub struct UpstreamSection {
     /// The most late answers read at once (default 1024); past it, a
     /// request that timed out is charged what it was held for at once.
     pub max_late_answers: Option<usize>,
+    /// The APIs it serves natively: `["chat"]` (the default),
+    /// `["messages"]` or both; a request in another is translated.
+    pub apis: Option<Vec<String>>,
 }
 
 impl UpstreamSection {
     /// `base_url` is one an upstream client takes, even when the command
     /// line overrides it, and so are the timeouts.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
+        if let Some(apis) = &self.apis {
+            ServedApis::from_names(apis)
+                .map_err(|error| ConfigError::new(format!("upstream.apis: {error}")))?;
+        }
         // Any base URL the command line gives: the rest first.
         self.settings("http://127.0.0.1/v1".to_owned())
             .check()
@@ -62,6 +69,9 @@ impl UpstreamSection {
         }
         if let Some(max) = self.max_late_answers {
             config.max_late_answers = max;
+        }
+        if let Some(apis) = self.apis.as_deref().and_then(|apis| ServedApis::from_names(apis).ok()) {
+            config.apis = apis;
         }
         config
     }

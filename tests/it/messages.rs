@@ -1,0 +1,376 @@
+//! The Anthropic Messages API through the whole gateway over real HTTP, in
+//! front of the mock upstream as a provider that serves Messages: `x-api-key`
+//! or a bearer key, the answer and its stream as the upstream sent them, the
+//! charge worked out by hand from the usage the client read (cache reads and
+//! writes at their own rates), `count_tokens` passed on and never charged,
+//! errors in Anthropic's shape with the gateway's statuses, and a burst of
+//! streams that never overdraws the balance.
+
+use crate::common;
+use crate::mock;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::gateway::{instance, key_of};
+use common::wait::wait_for;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::store::{MemoryStore, NANOS_PER_CREDIT};
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Credits per million tokens, large enough that every part of a charge
+/// shows: prompt 3 000, completion 15 000, cache reads 300, five-minute
+/// writes 3 750, one-hour writes 6 000; 0.5 a web search.
+fn config(base: &str) -> String {
+    let rates = json!({
+        "prompt_per_million": 3000, "completion_per_million": 15000,
+        "input_cache_read_per_million": 300, "input_cache_write_per_million": 3750,
+        "input_cache_write_1h_per_million": 6000, "web_search": 0.5});
+    let mut search = rates.clone();
+    search["context_length"] = json!(200);
+    json!({
+        "retry": {"max_attempts": 1},
+        "providers": {
+            "anthropic": {"base_url": base, "apis": ["messages"]},
+        },
+        "pricing": {"models": {
+            "anthropic/claude-test": rates,
+            // A search's results are prompt tokens the request's bytes do
+            // not bound: a model with server tools needs a context length.
+            "anthropic/claude-search": search,
+        }},
+    })
+    .to_string()
+}
+
+struct Gateway {
+    address: SocketAddr,
+    store: SharedStore,
+    key: String,
+}
+
+async fn start(credits: i64) -> Gateway {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let base = mock::start(mock::MockConfig::default()).await;
+    let address = instance(store.clone(), &base, &config(&base)).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", credits * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    Gateway {
+        address,
+        store,
+        key,
+    }
+}
+
+impl Gateway {
+    async fn balance(&self) -> i64 {
+        self.store
+            .account_balance("acme")
+            .await
+            .unwrap()
+            .balance_nanos
+    }
+
+    /// `POST {path}` with the key as `x-api-key`, Anthropic's headers.
+    async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("http://{}{path}", self.address))
+            .header("x-api-key", &self.key)
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", "prompt-caching-2024-07-31")
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn spent_exactly(&self, before: i64, expected: i64) {
+        wait_for(PATIENCE, || async {
+            let spent = before - self.balance().await;
+            (spent == expected)
+                .then_some(())
+                .ok_or(format!("spent {spent}, expected {expected}"))
+        })
+        .await;
+    }
+}
+
+/// What Anthropic's `usage` costs at [`config`]'s rates, in nano-credits:
+/// each kind of token at its rate, rounded up once.
+fn by_hand(usage: &Value) -> i64 {
+    let count = |field: &str| usage[field].as_i64().unwrap_or(0) as i128;
+    let hour = usage["cache_creation"]["ephemeral_1h_input_tokens"]
+        .as_i64()
+        .unwrap_or(0) as i128;
+    let written = count("cache_creation_input_tokens");
+    let millionths = count("input_tokens") * 3000
+        + count("cache_read_input_tokens") * 300
+        + (written - hour) * 3750
+        + hour * 6000
+        + count("output_tokens") * 15000;
+    // Credits per million tokens: nano-credits per token, a thousandth each.
+    let nanos = (millionths * i128::from(NANOS_PER_CREDIT) + 999_999) / 1_000_000;
+    let searches = usage["server_tool_use"]["web_search_requests"]
+        .as_i64()
+        .unwrap_or(0) as i128;
+    (nanos + searches * i128::from(NANOS_PER_CREDIT) / 2) as i64
+}
+
+fn cached_request(stream: bool) -> Value {
+    json!({
+        "model": "anthropic/claude-test",
+        "max_tokens": 64,
+        "stream": stream,
+        "system": [{"type": "text", "text": "You are terse. ".repeat(40),
+                    "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": "Say hello."}],
+    })
+}
+
+/// The usage a stream's events carry, merged field by field as Anthropic
+/// means them (`message_start`, then each `message_delta`).
+fn stream_usage(text: &str) -> Value {
+    let mut usage = json!({});
+    for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+        let event: Value = serde_json::from_str(data).unwrap();
+        let part = match event["type"].as_str() {
+            Some("message_start") => event["message"]["usage"].clone(),
+            Some("message_delta") => event["usage"].clone(),
+            _ => continue,
+        };
+        for (field, value) in part.as_object().unwrap() {
+            usage[field] = value.clone();
+        }
+    }
+    usage
+}
+
+#[tokio::test]
+async fn a_messages_call_goes_natively_and_is_charged_its_cache_usage_exactly() {
+    let gateway = start(100).await;
+    let before = gateway.balance().await;
+    let reply = gateway
+        .post("/api/v1/messages?beta=true", &cached_request(false))
+        .await;
+    assert_eq!(reply.status(), 200);
+    let answer: Value = reply.json().await.unwrap();
+    assert_eq!(answer["type"], "message", "{answer}");
+    assert!(answer["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0);
+    assert!(answer["usage"]["cache_creation"]["ephemeral_1h_input_tokens"].as_u64().unwrap() > 0);
+    let expected = by_hand(&answer["usage"]);
+    gateway.spent_exactly(before, expected).await;
+
+    // Streamed: the events' usage, merged, is what is charged.
+    let before = gateway.balance().await;
+    let reply = gateway
+        .post("/api/v1/messages", &cached_request(true))
+        .await;
+    assert_eq!(reply.status(), 200);
+    assert!(
+        reply.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = reply.text().await.unwrap();
+    assert!(text.contains("event: message_stop"), "{text}");
+    let usage = stream_usage(&text);
+    assert!(usage["output_tokens"].as_u64().unwrap() > 1, "{usage}");
+    gateway.spent_exactly(before, by_hand(&usage)).await;
+
+    // The records say their API and their cache tokens.
+    let (manager, _) = manager_of(&gateway).await;
+    let records: Value = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/generations?limit=2", gateway.address))
+        .bearer_auth(&manager)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let record = &records["data"][0];
+    assert_eq!(record["api"], "messages", "{record}");
+    assert_eq!(record["streamed"], true, "{record}");
+    let read = usage["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!(record["native_tokens_cached"], read, "{record}");
+    let prompt = usage["input_tokens"].as_u64().unwrap()
+        + read
+        + usage["cache_creation_input_tokens"].as_u64().unwrap();
+    assert_eq!(record["tokens_prompt"], prompt, "{record}");
+}
+
+async fn manager_of(gateway: &Gateway) -> (String, String) {
+    let new = NewKey {
+        account: "acme".to_owned(),
+        management: true,
+        scoped_to_account: true,
+        ..NewKey::named("manager")
+    };
+    let (key, record) = KeyDirectory::new(gateway.store.clone())
+        .create_key(new)
+        .await
+        .unwrap();
+    (key.expose().to_owned(), record.hash.to_hex())
+}
+
+#[tokio::test]
+async fn count_tokens_is_passed_on_and_never_charged() {
+    let gateway = start(100).await;
+    let before = gateway.balance().await;
+    let reply = gateway
+        .post(
+            "/api/v1/messages/count_tokens",
+            &json!({"model": "anthropic/claude-test",
+                    "messages": [{"role": "user", "content": "Count me."}]}),
+        )
+        .await;
+    assert_eq!(reply.status(), 200);
+    let counted: Value = reply.json().await.unwrap();
+    assert!(counted["input_tokens"].as_u64().unwrap() > 0, "{counted}");
+    assert_eq!(gateway.balance().await, before);
+}
+
+#[tokio::test]
+async fn refusals_on_the_messages_route_are_in_anthropics_shape() {
+    let gateway = start(1).await;
+    let expect = |status: u16, kind: &'static str| {
+        move |reply: (u16, Value)| {
+            assert_eq!(reply.0, status, "{}", reply.1);
+            assert_eq!(reply.1["type"], "error", "{}", reply.1);
+            assert_eq!(reply.1["error"]["type"], kind, "{}", reply.1);
+            assert!(reply.1["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            reply.1
+        }
+    };
+    let send = |key: &'static str, body: Value| {
+        let address = gateway.address;
+        let key = if key.is_empty() { gateway.key.clone() } else { key.to_owned() };
+        async move {
+            let reply = reqwest::Client::new()
+                .post(format!("http://{address}/api/v1/messages"))
+                .header("x-api-key", key)
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (reply.status().as_u16(), reply.json::<Value>().await.unwrap())
+        }
+    };
+    expect(401, "authentication_error")(send("mg-v1-nope", cached_request(false)).await);
+    let invalid = json!({"model": "anthropic/claude-test", "max_tokens": 0,
+                         "messages": [{"role": "user", "content": "Hi"}]});
+    expect(422, "invalid_request_error")(send("", invalid).await);
+    let unbounded_search = json!({"model": "anthropic/claude-test", "max_tokens": 10,
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let refused = expect(400, "invalid_request_error")(send("", unbounded_search).await);
+    assert!(refused["error"]["message"].as_str().unwrap().contains("max_uses"), "{refused}");
+    // 1 credit pays for about 66 completion tokens: 10 000 000 it does not.
+    let before = gateway.balance().await;
+    let dear = json!({"model": "anthropic/claude-test", "max_tokens": 10_000_000,
+                      "messages": [{"role": "user", "content": "Hi"}]});
+    let refused = expect(402, "billing_error")(send("", dear).await);
+    assert!(refused["error"]["metadata"]["affordable_tokens"].as_u64().is_some(), "{refused}");
+    assert_eq!(gateway.balance().await, before, "a refusal costs nothing");
+}
+
+/// Web searches are held at their fee times `max_uses`, and charged per
+/// search the usage reports.
+#[tokio::test]
+async fn a_web_search_is_held_by_its_max_uses() {
+    let gateway = start(2).await;
+    // 0.5 a search: with the prompt and 10 tokens, 3 searches cannot be
+    // held with 2 credits; 1 can.
+    let searching = |uses: u64| {
+        json!({"model": "anthropic/claude-search", "max_tokens": 10,
+            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": uses}],
+            "tool_choice": {"type": "none"},
+            "messages": [{"role": "user", "content": "Hi"}]})
+    };
+    let refused = gateway.post("/api/v1/messages", &searching(3)).await;
+    assert_eq!(refused.status(), 402);
+    let before = gateway.balance().await;
+    let admitted = gateway.post("/api/v1/messages", &searching(1)).await;
+    assert_eq!(admitted.status(), 200);
+    let answer: Value = admitted.json().await.unwrap();
+    gateway.spent_exactly(before, by_hand(&answer["usage"])).await;
+}
+
+/// Many Messages streams at once, each able to cost more than its share:
+/// the balance is never taken below zero, and what was spent is exactly
+/// what the answered ones' usage costs.
+#[tokio::test]
+async fn a_burst_of_messages_streams_never_overdraws() {
+    let gateway = Arc::new(start(3).await);
+    let mut tasks = Vec::new();
+    for _ in 0..24 {
+        let gateway = Arc::clone(&gateway);
+        tasks.push(tokio::spawn(async move {
+            // Its hold: about 0.3 credits (20 completion tokens at 0.015).
+            let body = json!({"model": "anthropic/claude-test", "max_tokens": 20,
+                "stream": true, "messages": [{"role": "user", "content": "Hi"}]});
+            let reply = gateway.post("/api/v1/messages", &body).await;
+            let status = reply.status().as_u16();
+            let text = reply.text().await.unwrap();
+            (status, text)
+        }));
+    }
+    let mut expected = 0;
+    let mut admitted = 0;
+    for task in tasks {
+        let (status, text) = task.await.unwrap();
+        match status {
+            200 => {
+                admitted += 1;
+                expected += by_hand(&stream_usage(&text));
+            }
+            402 => {}
+            other => panic!("{other}: {text}"),
+        }
+    }
+    // Each holds about 0.45 credits and costs less: a few fit, never all.
+    assert!(admitted >= 2, "the balance holds several at once: {admitted}");
+    assert!(admitted < 24, "not all fit in 3 credits");
+    gateway
+        .spent_exactly(3 * NANOS_PER_CREDIT, expected)
+        .await;
+    assert!(gateway.balance().await >= 0);
+}
+
+/// `Authorization: Bearer` works as well as `x-api-key`; both at once
+/// and different is refused.
+#[tokio::test]
+async fn a_bearer_key_works_and_two_different_keys_are_refused() {
+    let gateway = start(10).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/api/v1/messages", gateway.address);
+    let bearer = client
+        .post(&url)
+        .bearer_auth(&gateway.key)
+        .header("anthropic-version", "2023-06-01")
+        .json(&cached_request(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bearer.status(), 200);
+    let other = key_of(&gateway.store, "acme", None).await;
+    let both = client
+        .post(&url)
+        .bearer_auth(&gateway.key)
+        .header("x-api-key", other)
+        .json(&cached_request(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(both.status(), 401);
+    let body: Value = both.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "authentication_error", "{body}");
+}
