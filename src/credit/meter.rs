@@ -250,6 +250,10 @@ impl Meter {
                         web_searches: usage.web_search_requests,
                     }),
                     cost_nanos,
+                    // Only a charge the gateway priced from the usage has parts.
+                    cost_details: usage
+                        .filter(|usage| usage.cost_nanos.is_none() && !self.free)
+                        .map(|usage| self.price.charge_breakdown(&usage)),
                     cost_basis: basis,
                     byok: self.byok,
                     cancelled: ending == Ending::Abandoned,

@@ -185,6 +185,48 @@ impl TokenPrice {
     /// and each web search's. Never more than
     /// [`cost_nanos`](Self::cost_nanos) of its counts, but for searches.
     pub fn charge_nanos(&self, usage: &Usage) -> i64 {
+        let tokens = self
+            .token_parts(usage)
+            .iter()
+            .fold(0i128, |sum, (_, part)| sum.saturating_add(*part));
+        with_fees(
+            tokens,
+            [
+                (1, self.request_nanos),
+                (usage.web_search_requests, self.web_search_nanos),
+            ],
+        )
+    }
+
+    /// What makes up [`charge_nanos`](Self::charge_nanos): each kind of
+    /// token and each fee, by its name in a generation record's
+    /// `cost_details` (`prompt`, `cache_read`, `cache_write`,
+    /// `cache_write_1h`, `completion`, `reasoning`, `request`,
+    /// `web_search`), in nano-credits, each rounded up on its own: their
+    /// sum may pass the charge, rounded once, by a few nano-credits.
+    pub fn charge_breakdown(&self, usage: &Usage) -> [(&'static str, i64); 8] {
+        let tokens = self
+            .token_parts(usage)
+            .map(|(name, millionths)| (name, with_fees(millionths, [])));
+        let fee = |count: u64, nanos: i64| with_fees(0, [(count, nanos)]);
+        [
+            tokens[0],
+            tokens[1],
+            tokens[2],
+            tokens[3],
+            tokens[4],
+            tokens[5],
+            ("request", fee(1, self.request_nanos)),
+            (
+                "web_search",
+                fee(usage.web_search_requests, self.web_search_nanos),
+            ),
+        ]
+    }
+
+    /// Each kind of token `usage` counts at its rate (of the override the
+    /// whole prompt reaches), in millionths of a nano-credit.
+    fn token_parts(&self, usage: &Usage) -> [(&'static str, i128); 6] {
         let rates = self.rates_for(usage.prompt_tokens);
         // The details are within their counts (Usage keeps them so); the
         // saturating steps only make that plain.
@@ -197,26 +239,26 @@ impl TokenPrice {
             .min(usage.prompt_tokens - cache_read - cache_write_1h);
         let uncached = usage.prompt_tokens - cache_read - cache_write_1h - cache_write;
         let reasoning = usage.reasoning_tokens.min(usage.completion_tokens);
-        let tokens = [
-            part(uncached, rates.prompt_nanos_per_million_tokens),
-            part(cache_read, rates.cache_read()),
-            part(cache_write, rates.cache_write()),
-            part(cache_write_1h, rates.cache_write_1h()),
-            part(
-                usage.completion_tokens - reasoning,
-                rates.completion_nanos_per_million_tokens,
+        [
+            (
+                "prompt",
+                part(uncached, rates.prompt_nanos_per_million_tokens),
             ),
-            part(reasoning, rates.reasoning()),
+            ("cache_read", part(cache_read, rates.cache_read())),
+            ("cache_write", part(cache_write, rates.cache_write())),
+            (
+                "cache_write_1h",
+                part(cache_write_1h, rates.cache_write_1h()),
+            ),
+            (
+                "completion",
+                part(
+                    usage.completion_tokens - reasoning,
+                    rates.completion_nanos_per_million_tokens,
+                ),
+            ),
+            ("reasoning", part(reasoning, rates.reasoning())),
         ]
-        .iter()
-        .fold(0i128, |sum, part| sum.saturating_add(*part));
-        with_fees(
-            tokens,
-            [
-                (1, self.request_nanos),
-                (usage.web_search_requests, self.web_search_nanos),
-            ],
-        )
     }
 }
 

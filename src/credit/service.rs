@@ -14,8 +14,7 @@ use super::meter::{Ending, Meter, Unsettled};
 use super::pricing::{PromptBounds, TokenPrice};
 use crate::body::{ChatRequest, MessageContent};
 use crate::context::{
-    MessagesEndpoint, MessagesRequest, ModelApi, ModelCall, Principal, RequestContext,
-    SentUpstream,
+    MessagesEndpoint, MessagesRequest, ModelApi, ModelCall, Principal, RequestContext, SentUpstream,
 };
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::json_input::{bad_request, json_bytes};
@@ -74,7 +73,8 @@ where
         let asked = context.and_then(|context| asked_of(context, &self.config));
         let Some((call, asked)) = asked else {
             if is_chat_completions_call(request.method(), request.uri().path())
-                || messages_call(request.method(), request.uri().path()) == Some(MessagesCall::Create)
+                || messages_call(request.method(), request.uri().path())
+                    == Some(MessagesCall::Create)
             {
                 return ResponseFuture::rejected(GatewayError::missing_layer(
                     "CreditGuard",
@@ -152,7 +152,8 @@ where
             default_bound_tokens: config.default_max_tokens.max(asked.min_bound_tokens),
             // Each search the request may make has its fee.
             fixed_nanos: i64::try_from(
-                i128::from(asked.web_searches).saturating_mul(i128::from(price.web_search_nanos.max(0))),
+                i128::from(asked.web_searches)
+                    .saturating_mul(i128::from(price.web_search_nanos.max(0))),
             )
             .unwrap_or(i64::MAX),
             provider,
@@ -375,10 +376,21 @@ fn count_messages_prompt(messages: &MessagesRequest, bounds: &PromptBounds) -> P
     let mut unbounded = None;
     let mut part_tokens: u64 = 0;
     let kinds = [
-        (size.image_count, bounds.max_tokens_per_image, MissingBound::Image, "an image"),
-        (size.document_count, bounds.max_tokens_per_file, MissingBound::File, "a PDF document"),
         (
-            size.unmeasured_block_count.saturating_add(size.server_tool_count),
+            size.image_count,
+            bounds.max_tokens_per_image,
+            MissingBound::Image,
+            "an image",
+        ),
+        (
+            size.document_count,
+            bounds.max_tokens_per_file,
+            MissingBound::File,
+            "a PDF document",
+        ),
+        (
+            size.unmeasured_block_count
+                .saturating_add(size.server_tool_count),
             None,
             MissingBound::Context,
             "a block or server tool whose size in tokens is not in its bytes",
@@ -411,7 +423,8 @@ fn count_messages_prompt(messages: &MessagesRequest, bounds: &PromptBounds) -> P
             .map_or(tokens, |context| tokens.min(context))
     };
     // The reply's header counts as a message.
-    let overhead = |per_message: u64| per_message.saturating_mul(size.message_count.saturating_add(1));
+    let overhead =
+        |per_message: u64| per_message.saturating_mul(size.message_count.saturating_add(1));
     PromptCount {
         tokens: capped(
             size.measured_bytes

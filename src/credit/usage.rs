@@ -325,7 +325,10 @@ impl UsageScanner {
                 // One parse for the usage and the model.
                 let Some(mut object) = JsonObject::parse(&buffer) else {
                     out.extend_from_slice(&buffer);
-                    return read.then(|| usage_of(&buffer)).flatten().filter(|_| !messages);
+                    return read
+                        .then(|| usage_of(&buffer))
+                        .flatten()
+                        .filter(|_| !messages);
                 };
                 let usage = match messages {
                     true => messages_usage_in(&object),
@@ -345,7 +348,9 @@ impl UsageScanner {
                 ..
             } => match (overflowed, messages) {
                 (true, _) => None,
-                (false, true) => JsonObject::parse(&buffer).and_then(|object| messages_usage_in(&object)),
+                (false, true) => {
+                    JsonObject::parse(&buffer).and_then(|object| messages_usage_in(&object))
+                }
                 (false, false) => usage_of(&buffer),
             },
             Reading::EventStream(scan) => {
@@ -629,6 +634,59 @@ mod tests {
         }
         let done = scanner.saw_done();
         (scanner.finish(), done)
+    }
+
+    /// Anthropic's answers: a whole message's `usage`, and a stream's
+    /// fields merged from `message_start` and every `message_delta`, the
+    /// last value of each winning, however the bytes are cut.
+    #[test]
+    fn messages_answers_and_streams_are_read_as_anthropic_reports_them() {
+        let whole = br#"{"type":"message","content":[{"type":"text","text":"Hi"}],
+            "usage":{"input_tokens":10,"output_tokens":4,"cache_read_input_tokens":90,
+            "cache_creation_input_tokens":6,"cache_creation":{"ephemeral_1h_input_tokens":6}}}"#;
+        let mut scanner = UsageScanner::new(BodyKind::Json, 1 << 16).in_api(ModelApi::Messages);
+        scanner.feed(whole);
+        let usage = scanner.finish().unwrap();
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (106, 4));
+        assert_eq!(
+            (usage.cache_read_tokens, usage.cache_write_1h_tokens),
+            (90, 6)
+        );
+        // The chat reading finds nothing it trusts there.
+        let mut chat = UsageScanner::new(BodyKind::Json, 1 << 16);
+        chat.feed(whole);
+        assert_eq!(chat.finish().map(|usage| usage.prompt_tokens), None);
+
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":",
+            "{\"input_tokens\":12,\"output_tokens\":1,\"cache_read_input_tokens\":100}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":",
+            "{\"type\":\"text_delta\",\"text\":\"Hello there\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":",
+            "{\"output_tokens\":9,\"server_tool_use\":{\"web_search_requests\":1}}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        )
+        .as_bytes();
+        for cut in [1, 7, 50, stream.len()] {
+            let mut scanner =
+                UsageScanner::new(BodyKind::EventStream, 1 << 16).in_api(ModelApi::Messages);
+            for chunk in stream.chunks(cut) {
+                scanner.feed(chunk);
+            }
+            // The text counts for a stream that would report none.
+            assert!(scanner.streamed_tokens() >= 4);
+            let usage = scanner.finish().unwrap();
+            assert_eq!(
+                (usage.prompt_tokens, usage.completion_tokens),
+                (112, 9),
+                "cut {cut}"
+            );
+            assert_eq!(
+                (usage.cache_read_tokens, usage.web_search_requests),
+                (100, 1)
+            );
+        }
     }
 
     #[test]

@@ -12,8 +12,8 @@ use serde_json::Value;
 use tower_service::Service;
 
 use super::models;
-use super::retry::SkipRetries;
 use super::providers::Providers;
+use super::retry::SkipRetries;
 use super::upstream::WireApi;
 use crate::context::{ModelApi, RequestContext};
 use crate::error::{ErrorKind, GatewayError};

@@ -182,7 +182,8 @@ where
             for (index, model) in candidates.iter().enumerate() {
                 let mut attempt = Request::from_parts(parts.clone(), Full::new(Bytes::new()));
                 // The client's bytes when they already name the model.
-                let body = match asked.as_ref() == Some(model) && models_was_none(&chat, &messages) {
+                let body = match asked.as_ref() == Some(model) && models_was_none(&chat, &messages)
+                {
                     true => buffered.clone(),
                     false => body_with_model(&buffered, model.as_str()),
                 };
@@ -324,7 +325,9 @@ where
 fn models_was_none(chat: &Option<ChatRequest>, messages: &Option<MessagesRequest>) -> bool {
     let listed = |extra: &serde_json::Map<String, serde_json::Value>| extra.contains_key("models");
     !chat.as_ref().is_some_and(|chat| listed(&chat.extra))
-        && !messages.as_ref().is_some_and(|messages| listed(&messages.extra))
+        && !messages
+            .as_ref()
+            .is_some_and(|messages| listed(&messages.extra))
 }
 
 /// `original` (a JSON object) with `model` set and no `models` list;

@@ -62,6 +62,9 @@ mod models;
 mod providers;
 mod retry;
 mod stack;
+// Until the upstream client calls it (issue 49, item 4).
+#[allow(dead_code, unused_imports)]
+mod translate;
 mod upstream;
 
 pub use crate::edit::MAX_SSE_LINE_BYTES;
@@ -86,6 +89,11 @@ pub use models::{MAX_MODELS_PER_REQUEST, ModelCatalog};
 pub use providers::{ProviderUpstream, Providers};
 pub use retry::{RetryPolicy, RetryPolicyError, SkipRetries};
 pub use stack::{Gateway, GatewayBody, GatewayService, build_gateway, gateway, gateway_with_clock};
+/// The translations between the Messages API and chat completions, for
+/// the fuzz targets only (`cargo fuzz` sets `--cfg fuzzing`).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub use translate::fuzzing as translate_fuzzing;
 pub use upstream::{
     DEFAULT_CREDENTIAL_HEADERS, ServedApis, Upstream, UpstreamConfig, UpstreamConfigError,
 };

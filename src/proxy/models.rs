@@ -178,10 +178,7 @@ impl ModelCatalog {
                 });
             }
         }
-        if let Some(configured) = self
-            .fallbacks
-            .get(&model_id.as_str().to_ascii_lowercase())
-        {
+        if let Some(configured) = self.fallbacks.get(&model_id.as_str().to_ascii_lowercase()) {
             for id in configured {
                 push(&mut candidates, id.clone());
             }
@@ -478,12 +475,20 @@ mod tests {
         models.push("OPENAI/GPT-4O");
         let accepted = chat(json!({"model": "openai/gpt-4o", "models": models,
             "messages": [{"role": "user", "content": "x"}]}));
-        assert_eq!(catalog.candidates(&accepted.model_id, accepted.extra.get("models")).unwrap().len(), 5);
+        assert_eq!(
+            catalog
+                .candidates(&accepted.model_id, accepted.extra.get("models"))
+                .unwrap()
+                .len(),
+            5
+        );
         let mut six = five.to_vec();
         six.push("openai/gpt-4o:floor");
         let refused = chat(json!({"model": "openai/gpt-4o", "models": six,
             "messages": [{"role": "user", "content": "x"}]}));
-        let error = catalog.candidates(&refused.model_id, refused.extra.get("models")).unwrap_err();
+        let error = catalog
+            .candidates(&refused.model_id, refused.extra.get("models"))
+            .unwrap_err();
         assert_eq!(error.status(), 422);
         assert_eq!(error.to_json()["error"]["metadata"]["param"], "models");
         assert!(
@@ -532,7 +537,12 @@ mod tests {
         ] {
             let mut body = body;
             body["messages"] = json!([{"role": "user", "content": "x"}]);
-            let error = served.candidates(&chat(body.clone()).model_id, chat(body.clone()).extra.get("models")).unwrap_err();
+            let error = served
+                .candidates(
+                    &chat(body.clone()).model_id,
+                    chat(body.clone()).extra.get("models"),
+                )
+                .unwrap_err();
             assert_eq!(error.status(), status, "{body}");
             assert!(
                 error.message().contains(words),

@@ -132,7 +132,9 @@ impl ServedApis {
             }
         }
         if !served.chat && !served.messages {
-            return Err("an empty list serves nothing: write [\"chat\"], [\"messages\"] or both".to_owned());
+            return Err(
+                "an empty list serves nothing: write [\"chat\"], [\"messages\"] or both".to_owned(),
+            );
         }
         Ok(served)
     }
@@ -913,7 +915,10 @@ mod tests {
         let byok = outgoing(Some("sk-ant-tenant"), None);
         assert_eq!(byok.headers()["x-api-key"], "sk-ant-tenant");
         assert!(byok.headers().get("authorization").is_none());
-        assert_eq!(byok.headers()["anthropic-version"], DEFAULT_ANTHROPIC_VERSION);
+        assert_eq!(
+            byok.headers()["anthropic-version"],
+            DEFAULT_ANTHROPIC_VERSION
+        );
     }
 
     fn inner_for(apis: ServedApis) -> Arc<Inner> {
@@ -931,8 +936,16 @@ mod tests {
         assert_eq!(both.wire_api(ModelApi::Messages), ModelApi::Messages);
         let chat_only = ServedApis::default();
         assert_eq!(chat_only.wire_api(ModelApi::Messages), ModelApi::Chat);
-        assert!(ServedApis::from_names::<&str>(&[]).unwrap_err().contains("empty"));
-        assert!(ServedApis::from_names(&["responses"]).unwrap_err().contains("\"responses\""));
+        assert!(
+            ServedApis::from_names::<&str>(&[])
+                .unwrap_err()
+                .contains("empty")
+        );
+        assert!(
+            ServedApis::from_names(&["responses"])
+                .unwrap_err()
+                .contains("\"responses\"")
+        );
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub(crate) struct GenerationEnd {
     /// usage.
     pub(crate) details: Option<TokenDetails>,
     pub(crate) cost_nanos: i64,
+    /// What the cost is made of (each kind of token and fee, rounded up
+    /// on its own), when the gateway priced it from the usage.
+    pub(crate) cost_details: Option<[(&'static str, i64); 8]>,
     /// What the cost was worked out from (`usage`, `streamed`, …).
     pub(crate) cost_basis: &'static str,
     pub(crate) byok: bool,
@@ -124,6 +127,7 @@ impl GenerationContext {
             web_search_requests: end.details.map(|details| details.web_searches),
             total_cost: &cost,
             usage: &cost,
+            cost_details: end.cost_details.map(CostDetails),
             cost_basis: end.cost_basis,
             streamed: self.streamed,
             is_byok: end.byok,
@@ -175,6 +179,8 @@ struct RecordFields<'a> {
     web_search_requests: Option<u64>,
     total_cost: &'a Value,
     usage: &'a Value,
+    /// What `total_cost` is made of, each part in credits.
+    cost_details: Option<CostDetails>,
     cost_basis: &'static str,
     streamed: bool,
     is_byok: bool,
@@ -189,6 +195,20 @@ struct RecordFields<'a> {
     app_title: Option<&'a str>,
     user_id: &'a str,
     key_hash: &'a str,
+}
+
+/// A charge's parts, written as an object of credits.
+struct CostDetails([(&'static str, i64); 8]);
+
+impl Serialize for CostDetails {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, nanos) in &self.0 {
+            map.serialize_entry(name, &nanos_to_json(*nanos))?;
+        }
+        map.end()
+    }
 }
 
 /// [`generation_id`] written out without building the string first.

@@ -36,6 +36,8 @@ mod leaks;
 mod limits;
 #[cfg(all(feature = "redis", feature = "proxy"))]
 mod management_rate;
+#[cfg(feature = "proxy")]
+mod messages;
 #[cfg(feature = "notify")]
 mod notify;
 #[cfg(all(feature = "redis", feature = "oauth"))]
@@ -53,8 +55,6 @@ mod otel;
     feature = "oauth"
 ))]
 mod overload;
-#[cfg(feature = "proxy")]
-mod messages;
 #[cfg(all(feature = "redis", feature = "proxy"))]
 mod providers;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]

@@ -162,7 +162,12 @@ async fn a_messages_call_goes_natively_and_is_charged_its_cache_usage_exactly() 
     let answer: Value = reply.json().await.unwrap();
     assert_eq!(answer["type"], "message", "{answer}");
     assert!(answer["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0);
-    assert!(answer["usage"]["cache_creation"]["ephemeral_1h_input_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        answer["usage"]["cache_creation"]["ephemeral_1h_input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     let expected = by_hand(&answer["usage"]);
     gateway.spent_exactly(before, expected).await;
 
@@ -187,7 +192,10 @@ async fn a_messages_call_goes_natively_and_is_charged_its_cache_usage_exactly() 
     // The records say their API and their cache tokens.
     let (manager, _) = manager_of(&gateway).await;
     let records: Value = reqwest::Client::new()
-        .get(format!("http://{}/api/v1/generations?limit=2", gateway.address))
+        .get(format!(
+            "http://{}/api/v1/generations?limit=2",
+            gateway.address
+        ))
         .bearer_auth(&manager)
         .send()
         .await
@@ -204,6 +212,18 @@ async fn a_messages_call_goes_natively_and_is_charged_its_cache_usage_exactly() 
         + read
         + usage["cache_creation_input_tokens"].as_u64().unwrap();
     assert_eq!(record["tokens_prompt"], prompt, "{record}");
+    // The cost's parts: each kind of token at its rate, rounded up alone.
+    let details = &record["cost_details"];
+    let nanos = |value: &Value| (value.as_f64().unwrap() * NANOS_PER_CREDIT as f64).round() as i64;
+    let parts: i64 = details.as_object().unwrap().values().map(nanos).sum();
+    let total = nanos(&record["total_cost"]);
+    assert!(
+        parts >= total && parts - total <= 8,
+        "{details} against {total}"
+    );
+    assert!(nanos(&details["cache_write_1h"]) > 0, "{details}");
+    assert!(nanos(&details["cache_read"]) > 0, "{details}");
+    assert_eq!(nanos(&details["web_search"]), 0, "{details}");
 }
 
 async fn manager_of(gateway: &Gateway) -> (String, String) {
@@ -245,13 +265,21 @@ async fn refusals_on_the_messages_route_are_in_anthropics_shape() {
             assert_eq!(reply.0, status, "{}", reply.1);
             assert_eq!(reply.1["type"], "error", "{}", reply.1);
             assert_eq!(reply.1["error"]["type"], kind, "{}", reply.1);
-            assert!(reply.1["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert!(
+                reply.1["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty())
+            );
             reply.1
         }
     };
     let send = |key: &'static str, body: Value| {
         let address = gateway.address;
-        let key = if key.is_empty() { gateway.key.clone() } else { key.to_owned() };
+        let key = if key.is_empty() {
+            gateway.key.clone()
+        } else {
+            key.to_owned()
+        };
         async move {
             let reply = reqwest::Client::new()
                 .post(format!("http://{address}/api/v1/messages"))
@@ -261,7 +289,10 @@ async fn refusals_on_the_messages_route_are_in_anthropics_shape() {
                 .send()
                 .await
                 .unwrap();
-            (reply.status().as_u16(), reply.json::<Value>().await.unwrap())
+            (
+                reply.status().as_u16(),
+                reply.json::<Value>().await.unwrap(),
+            )
         }
     };
     expect(401, "authentication_error")(send("mg-v1-nope", cached_request(false)).await);
@@ -272,13 +303,24 @@ async fn refusals_on_the_messages_route_are_in_anthropics_shape() {
         "tools": [{"type": "web_search_20250305", "name": "web_search"}],
         "messages": [{"role": "user", "content": "Hi"}]});
     let refused = expect(400, "invalid_request_error")(send("", unbounded_search).await);
-    assert!(refused["error"]["message"].as_str().unwrap().contains("max_uses"), "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_uses"),
+        "{refused}"
+    );
     // 1 credit pays for about 66 completion tokens: 10 000 000 it does not.
     let before = gateway.balance().await;
     let dear = json!({"model": "anthropic/claude-test", "max_tokens": 10_000_000,
                       "messages": [{"role": "user", "content": "Hi"}]});
     let refused = expect(402, "billing_error")(send("", dear).await);
-    assert!(refused["error"]["metadata"]["affordable_tokens"].as_u64().is_some(), "{refused}");
+    assert!(
+        refused["error"]["metadata"]["affordable_tokens"]
+            .as_u64()
+            .is_some(),
+        "{refused}"
+    );
     assert_eq!(gateway.balance().await, before, "a refusal costs nothing");
 }
 
@@ -301,7 +343,9 @@ async fn a_web_search_is_held_by_its_max_uses() {
     let admitted = gateway.post("/api/v1/messages", &searching(1)).await;
     assert_eq!(admitted.status(), 200);
     let answer: Value = admitted.json().await.unwrap();
-    gateway.spent_exactly(before, by_hand(&answer["usage"])).await;
+    gateway
+        .spent_exactly(before, by_hand(&answer["usage"]))
+        .await;
 }
 
 /// Many Messages streams at once, each able to cost more than its share:
@@ -337,11 +381,12 @@ async fn a_burst_of_messages_streams_never_overdraws() {
         }
     }
     // Each holds about 0.45 credits and costs less: a few fit, never all.
-    assert!(admitted >= 2, "the balance holds several at once: {admitted}");
+    assert!(
+        admitted >= 2,
+        "the balance holds several at once: {admitted}"
+    );
     assert!(admitted < 24, "not all fit in 3 credits");
-    gateway
-        .spent_exactly(3 * NANOS_PER_CREDIT, expected)
-        .await;
+    gateway.spent_exactly(3 * NANOS_PER_CREDIT, expected).await;
     assert!(gateway.balance().await >= 0);
 }
 
@@ -373,4 +418,37 @@ async fn a_bearer_key_works_and_two_different_keys_are_refused() {
     assert_eq!(both.status(), 401);
     let body: Value = both.json().await.unwrap();
     assert_eq!(body["error"]["type"], "authentication_error", "{body}");
+}
+
+/// `max_tokens` is optional here, as on OpenRouter: the gateway writes the
+/// bound its hold pays for (the mock upstream, as Anthropic, refuses a
+/// request without one). With thinking, the bound stays above its budget,
+/// and a balance that cannot pay for that is refused, naming it.
+#[tokio::test]
+async fn a_missing_max_tokens_is_written_and_stays_above_a_thinking_budget() {
+    let gateway = start(100).await;
+    let reply = gateway
+        .post(
+            "/api/v1/messages",
+            &json!({"model": "anthropic/claude-test",
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
+
+    // 0.015 a completion token: 1 025 of them cost about 15.4 credits.
+    let poor = start(10).await;
+    let thinking = json!({"model": "anthropic/claude-test",
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "messages": [{"role": "user", "content": "Think."}]});
+    let before = poor.balance().await;
+    let refused = poor.post("/api/v1/messages", &thinking).await;
+    assert_eq!(refused.status(), 402);
+    let body: Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("1025 completion tokens"), "{message}");
+    assert_eq!(poor.balance().await, before);
+    let rich = start(100).await;
+    let admitted = rich.post("/api/v1/messages", &thinking).await;
+    assert_eq!(admitted.status(), 200, "{}", admitted.text().await.unwrap());
 }

@@ -1591,6 +1591,17 @@ async fn the_account_sees_its_generations_and_apps_on_the_page() {
         assert_eq!(row["status"], "200", "{row}");
         assert_eq!(row["tokens-in"], record["tokens_prompt"].to_string());
         assert_eq!(row["tokens-out"], record["tokens_completion"].to_string());
+        assert_eq!(row["api"], "Chat", "{row}");
+        assert_eq!(
+            row["tokens-cached"],
+            record["native_tokens_cached"].to_string(),
+            "{row}"
+        );
+        assert_eq!(
+            row["tokens-reasoning"],
+            record["native_tokens_reasoning"].to_string(),
+            "{row}"
+        );
         let cost: f64 = row["cost"].as_str().unwrap().parse().unwrap();
         let charged = record["total_cost"].as_f64().unwrap();
         assert!(
@@ -1827,6 +1838,16 @@ async fn the_activity_chart_has_a_bar_per_day_and_model_that_spent() {
         assert_eq!(
             row["tokens-out"],
             figures["completion_tokens"].to_string(),
+            "{row}"
+        );
+        assert_eq!(
+            row["tokens-cached"],
+            figures["cached_tokens"].to_string(),
+            "{row}"
+        );
+        assert_eq!(
+            row["tokens-reasoning"],
+            figures["reasoning_tokens"].to_string(),
             "{row}"
         );
         let shown: f64 = row["usage"]

@@ -343,6 +343,83 @@ async fn sigterm_lets_every_stream_finish_and_records_every_cost() {
     assert_eq!(remembered_ids(&server).await, STREAMS);
 }
 
+/// The same through the Messages API to an upstream that serves it: every
+/// stream finishes through SIGTERM and is charged once, what its events'
+/// usage (merged field by field) says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_every_messages_stream_finish_and_records_every_cost() {
+    let server = RedisServer::start();
+    let streams_config = mock::MockConfig {
+        event_delay: Duration::from_millis(200),
+        ..mock::MockConfig::default()
+    };
+    let sections = json!({"upstream": {"apis": ["messages"]}});
+    let mut setup = setup_on(&server.url(), streams_config, sections).await;
+    let address = setup.proxy.address.clone();
+    let key = setup.key.clone();
+    let running = tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        join_all((0..STREAMS).map(|_| {
+            let client = client.clone();
+            let (address, key) = (address.clone(), key.clone());
+            async move {
+                let reply = client
+                    .post(format!("{address}/api/v1/messages"))
+                    .header("x-api-key", key)
+                    .header("anthropic-version", "2023-06-01")
+                    .json(&json!({"model": "anthropic/claude-test", "stream": true,
+                        "max_tokens": 16, "messages": [{"role": "user", "content": "Hi there"}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                (
+                    reply.status().as_u16(),
+                    reply.text().await.unwrap_or_default(),
+                )
+            }
+        }))
+        .await
+    });
+    received_at_least(&setup.received, STREAMS as u64).await;
+    setup.proxy.terminate();
+    let replies = running.await.unwrap();
+    // A credit a token: each stream costs its prompt and output tokens.
+    let mut expected = 0;
+    for (status, text) in &replies {
+        assert_eq!(*status, 200, "{text}");
+        assert!(text.contains("event: message_stop"), "{text}");
+        let mut usage = serde_json::Map::new();
+        for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+            let event: serde_json::Value = serde_json::from_str(data).unwrap();
+            let part = match event["type"].as_str() {
+                Some("message_start") => &event["message"]["usage"],
+                Some("message_delta") => &event["usage"],
+                _ => continue,
+            };
+            usage.extend(part.as_object().unwrap().clone());
+        }
+        let count = |field: &str| {
+            usage
+                .get(field)
+                .and_then(|value| value.as_i64())
+                .unwrap_or(0)
+        };
+        expected += (count("input_tokens")
+            + count("cache_read_input_tokens")
+            + count("cache_creation_input_tokens")
+            + count("output_tokens"))
+            * NANOS_PER_CREDIT;
+    }
+    assert!(expected > 0);
+    assert_eq!(setup.proxy.wait(Duration::from_secs(60)), Some(0));
+    assert_eq!(
+        charged(&server, &setup.key).await,
+        (expected, 0),
+        "every stream charged once, no hold left"
+    );
+    assert_eq!(remembered_ids(&server).await, STREAMS);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_mid_stream_while_settlements_retry_loses_no_cost() {
     let mut server = RedisServer::start_persistent();

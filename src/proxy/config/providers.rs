@@ -147,7 +147,11 @@ impl ProviderSection {
             .collect();
         config.credential_headers = self.credential_headers.clone();
         config.byok_headers = self.byok_headers.clone();
-        if let Some(apis) = self.apis.as_deref().and_then(|apis| ServedApis::from_names(apis).ok()) {
+        if let Some(apis) = self
+            .apis
+            .as_deref()
+            .and_then(|apis| ServedApis::from_names(apis).ok())
+        {
             config.apis = apis;
         }
         if let Some(ms) = self.connect_timeout_ms {

@@ -70,7 +70,11 @@ impl UpstreamSection {
         if let Some(max) = self.max_late_answers {
             config.max_late_answers = max;
         }
-        if let Some(apis) = self.apis.as_deref().and_then(|apis| ServedApis::from_names(apis).ok()) {
+        if let Some(apis) = self
+            .apis
+            .as_deref()
+            .and_then(|apis| ServedApis::from_names(apis).ok())
+        {
             config.apis = apis;
         }
         config

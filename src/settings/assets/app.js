@@ -91,6 +91,8 @@
   const count = (value) => (value === null || value === undefined
     ? '–'
     : Number(value).toLocaleString('en-US'));
+  // What a record's `api` is called on the page.
+  const API_NAMES = { chat: 'Chat', messages: 'Messages' };
   // "1 request", "2 requests".
   const counted = (value, noun) => count(value) + ' ' + noun + (Number(value) === 1 ? '' : 's');
   // A limit's period as it follows the amount: "1 a day".
@@ -694,7 +696,9 @@
       line.append(model);
       line.append(element('td', count(row.requests), 'num requests'));
       line.append(element('td', count(row.prompt_tokens), 'num tokens-in'));
+      line.append(element('td', count(row.cached_tokens), 'num tokens-cached'));
       line.append(element('td', count(row.completion_tokens), 'num tokens-out'));
+      line.append(element('td', count(row.reasoning_tokens), 'num tokens-reasoning'));
       line.append(element('td', credits(row.usage), 'num usage'));
       line.append(element('td', credits(row.byok_usage_inference), 'num byok'));
       return line;
@@ -775,8 +779,11 @@
         model.append(element('span', 'asked for ' + record.requested_model, 'help requested'));
       }
       row.append(model);
+      row.append(element('td', API_NAMES[record.api] || '–', 'api'));
       row.append(element('td', count(record.tokens_prompt), 'num tokens-in'));
+      row.append(element('td', count(record.native_tokens_cached), 'num tokens-cached'));
       row.append(element('td', count(record.tokens_completion), 'num tokens-out'));
+      row.append(element('td', count(record.native_tokens_reasoning), 'num tokens-reasoning'));
       const cost = element('td', credits(record.total_cost), 'num cost');
       const note = COST_NOTES[record.cost_basis] || (chargedHold(record) ? COST_NOTES.lapsed : null);
       if (note) cost.title = note;
