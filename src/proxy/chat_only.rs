@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 use tower_service::Service;
@@ -14,6 +14,7 @@ use tower_service::Service;
 use super::models;
 use super::providers::Providers;
 use super::retry::SkipRetries;
+use super::translate::{self, TranslatedBody, Translation};
 use super::upstream::WireApi;
 use crate::context::{ModelApi, RequestContext};
 use crate::error::{ErrorKind, GatewayError};
@@ -57,7 +58,7 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    type Response = Response<ResponseBody<Incoming>>;
+    type Response = Response<ResponseBody<WireBody>>;
     type Error = GatewayError;
     type Future = BoxFuture<'static, Result<Self::Response, GatewayError>>;
 
@@ -99,8 +100,8 @@ where
             );
             return Box::pin(async move { Ok(error.to_response()) });
         };
-        let request = match self.to_wire(request, route) {
-            Ok(request) => provider_side(request),
+        let (request, translation) = match self.to_wire(request, route) {
+            Ok((request, translation)) => (provider_side(request), translation),
             Err(error) => return Box::pin(async move { Ok(error.to_response()) }),
         };
         let mut inner = self.inner.clone();
@@ -131,7 +132,7 @@ where
                     .with_metadata("upstream_status", status)
                     .to_response()
                 }
-                Ok(response) => response.map(ResponseBody::inner),
+                Ok(response) => translated(response, translation).map(ResponseBody::inner),
             })
         })
     }
@@ -160,36 +161,99 @@ impl ModelRoute {
 impl<S> ChatOnly<S> {
     /// The request as its provider takes it: marked with the API it goes
     /// in ([`WireApi`]), translated when the provider does not serve the
-    /// client's.
+    /// client's (and then the translation its answer needs).
     fn to_wire(
         &self,
         mut request: Request<Full<Bytes>>,
         route: ModelRoute,
-    ) -> Result<Request<Full<Bytes>>, GatewayError> {
-        let served = RequestContext::of(&request)
+    ) -> Result<(Request<Full<Bytes>>, Option<TranslateAnswer>), GatewayError> {
+        let context = RequestContext::of(&request);
+        let served = context
             .and_then(RequestContext::model_call)
             .and_then(|call| self.providers.apis_for(call.model_id));
         // No provider for the model: Providers answers why.
         let wire = served.map_or(route.api(), |served| served.wire_api(route.api()));
-        if wire != route.api() {
-            if route == ModelRoute::CountTokens {
-                return Err(GatewayError::new(
-                    ErrorKind::InvalidRequest,
-                    "this model's provider does not serve the Messages API, so it cannot count a Messages request's tokens; send the request to /api/v1/messages itself, or use a model whose provider serves Messages",
-                )
-                .with_metadata("param", "model"));
-            }
+        request.extensions_mut().insert(WireApi(wire));
+        if wire == route.api() {
+            return Ok((request, None));
+        }
+        if route == ModelRoute::CountTokens {
             return Err(GatewayError::new(
                 ErrorKind::InvalidRequest,
-                format!(
-                    "this model's provider does not serve the {} API",
-                    route.api().as_str()
-                ),
-            ));
+                "this model's provider does not serve the Messages API, so it cannot count a Messages request's tokens; send the request to /api/v1/messages itself, or use a model whose provider serves Messages",
+            )
+            .with_metadata("param", "model"));
         }
-        request.extensions_mut().insert(WireApi(wire));
-        Ok(request)
+        // The body as the layers above left it (CreditGuard's bound written).
+        let Some(body) = RequestContext::of(&request).and_then(|context| context.body.clone())
+        else {
+            return Err(GatewayError::missing_layer("ChatOnly", "BodyLimit"));
+        };
+        let (translated, path, answer) = match wire {
+            ModelApi::Chat => (
+                translate::messages_request_to_chat(&body)?,
+                "/api/v1/chat/completions",
+                TranslateAnswer::ChatToMessages,
+            ),
+            ModelApi::Messages => (
+                translate::chat_request_to_messages(&body, DEFAULT_TRANSLATED_MAX_TOKENS)?,
+                "/api/v1/messages",
+                TranslateAnswer::MessagesToChat,
+            ),
+        };
+        let (mut parts, _) = request.into_parts();
+        parts.uri = http::Uri::from_static(path);
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, translated.len().into());
+        RequestContext::in_extensions(&mut parts.extensions).body = Some(translated.clone());
+        Ok((
+            Request::from_parts(parts, Full::new(translated)),
+            Some(answer),
+        ))
     }
+}
+
+/// The bound a chat request translated for a Messages provider goes with
+/// when it has none (Messages requires one); CreditGuard writes one in
+/// every request it meters, so only a stack without it sends this.
+const DEFAULT_TRANSLATED_MAX_TOKENS: u64 = 4096;
+
+/// How a translated request's answer goes back to its client.
+#[derive(Clone, Copy, Debug)]
+enum TranslateAnswer {
+    ChatToMessages,
+    MessagesToChat,
+}
+
+/// The body ChatOnly answers with: the upstream's own, or translated back
+/// into the client's API.
+pub(super) type WireBody = Either<Incoming, TranslatedBody<Incoming>>;
+
+/// `response` in the client's API: a successful answer of a translated
+/// request translated back (a stream event by event), anything else as
+/// the upstream sent it (the ErrorMapper renders an error in the client's
+/// shape).
+fn translated(response: Response<Incoming>, answer: Option<TranslateAnswer>) -> Response<WireBody> {
+    let Some(answer) = answer.filter(|_| response.status().is_success()) else {
+        return response.map(Either::Left);
+    };
+    let stream = super::model_field::BodyKind::of(response.headers())
+        == super::model_field::BodyKind::EventStream;
+    let translation = match answer {
+        TranslateAnswer::ChatToMessages => Translation::ChatToMessages { stream },
+        TranslateAnswer::MessagesToChat => Translation::MessagesToChat { stream },
+    };
+    let (mut parts, body) = response.into_parts();
+    // The bytes change: the upstream's length no longer holds.
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    if !stream {
+        parts.headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+    }
+    Response::from_parts(parts, Either::Right(TranslatedBody::new(body, translation)))
 }
 
 /// The model call `method` and `path` make, spelled exactly under

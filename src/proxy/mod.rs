@@ -62,8 +62,6 @@ mod models;
 mod providers;
 mod retry;
 mod stack;
-// Until the upstream client calls it (issue 49, item 4).
-#[allow(dead_code, unused_imports)]
 mod translate;
 mod upstream;
 

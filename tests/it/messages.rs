@@ -4,7 +4,11 @@
 //! charge worked out by hand from the usage the client read (cache reads and
 //! writes at their own rates), `count_tokens` passed on and never charged,
 //! errors in Anthropic's shape with the gateway's statuses, and a burst of
-//! streams that never overdraws the balance.
+//! streams that never overdraws the balance. A second provider serves only
+//! chat completions: Messages calls to it are translated (tools, streams,
+//! usage) and charged what the translated usage says, chat calls to the
+//! Messages provider the reverse, and a fallback crosses from one to the
+//! other.
 
 use crate::common;
 use crate::mock;
@@ -35,9 +39,14 @@ fn config(base: &str) -> String {
         "retry": {"max_attempts": 1},
         "providers": {
             "anthropic": {"base_url": base, "apis": ["messages"]},
+            // Serves chat completions only: Messages calls are translated.
+            "openai": {"base_url": base},
         },
+        "fallbacks": {"anthropic/status-503": ["openai/gpt-test"]},
         "pricing": {"models": {
-            "anthropic/claude-test": rates,
+            "anthropic/claude-test": rates.clone(),
+            "anthropic/status-503": rates.clone(),
+            "openai/gpt-test": rates.clone(),
             // A search's results are prompt tokens the request's bytes do
             // not bound: a model with server tools needs a context length.
             "anthropic/claude-search": search,
@@ -451,4 +460,261 @@ async fn a_missing_max_tokens_is_written_and_stays_above_a_thinking_budget() {
     let rich = start(100).await;
     let admitted = rich.post("/api/v1/messages", &thinking).await;
     assert_eq!(admitted.status(), 200, "{}", admitted.text().await.unwrap());
+}
+
+/// A Messages call to a provider that serves only chat completions: the
+/// answer comes back in Anthropic's shape, JSON or events, a tool call as
+/// a `tool_use` block and its result sent back as a tool message; each is
+/// charged what the translated usage says.
+#[tokio::test]
+async fn a_messages_call_to_a_chat_provider_is_translated_both_ways() {
+    let gateway = start(100).await;
+    let ask = |stream: bool| {
+        json!({"model": "openai/gpt-test", "max_tokens": 50, "stream": stream,
+               "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]})
+    };
+    let before = gateway.balance().await;
+    let reply = gateway.post("/api/v1/messages", &ask(false)).await;
+    assert_eq!(reply.status(), 200);
+    let answer: Value = reply.json().await.unwrap();
+    assert_eq!(answer["type"], "message", "{answer}");
+    assert_eq!(answer["role"], "assistant", "{answer}");
+    assert_eq!(answer["content"][0]["type"], "text", "{answer}");
+    assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
+    assert!(
+        answer["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{answer}"
+    );
+    gateway
+        .spent_exactly(before, by_hand(&answer["usage"]))
+        .await;
+
+    let before = gateway.balance().await;
+    let reply = gateway.post("/api/v1/messages", &ask(true)).await;
+    assert_eq!(reply.status(), 200);
+    let text = reply.text().await.unwrap();
+    for event in [
+        "message_start",
+        "content_block_delta",
+        "message_delta",
+        "message_stop",
+    ] {
+        assert!(
+            text.contains(&format!("event: {event}")),
+            "{event} in {text}"
+        );
+    }
+    assert!(!text.contains("[DONE]"), "{text}");
+    let usage = stream_usage(&text);
+    assert!(usage["output_tokens"].as_u64().unwrap() > 0, "{usage}");
+    gateway.spent_exactly(before, by_hand(&usage)).await;
+
+    // A tool turn: the chat provider's tool call is a `tool_use` block.
+    let tools = json!([{"name": "get_weather", "description": "The weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let call = json!({"model": "openai/gpt-test", "max_tokens": 50, "tools": tools,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let answer: Value = gateway
+        .post("/api/v1/messages", &call)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["stop_reason"], "tool_use", "{answer}");
+    let tool_use = answer["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|block| block["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("no tool_use in {answer}"))
+        .clone();
+    assert_eq!(tool_use["name"], "get_weather");
+    let result = json!({"model": "openai/gpt-test", "max_tokens": 50, "tools": tools,
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [tool_use.clone()]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use["id"],
+                                          "content": "Sunny, 21 C"}]}]});
+    let answer: Value = gateway
+        .post("/api/v1/messages", &result)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["type"], "message", "{answer}");
+    assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
+}
+
+/// A chat call to a provider that serves only Messages: translated, the
+/// answer a chat completion (or its chunks, ending `[DONE]`), charged what
+/// the Messages usage says, cache reads and writes at their rates.
+#[tokio::test]
+async fn a_chat_call_to_a_messages_provider_is_translated_both_ways() {
+    let gateway = start(100).await;
+    let chat = |stream: bool| {
+        let mut body = json!({"model": "anthropic/claude-test", "max_tokens": 50,
+            "stream": stream,
+            "messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Hi"}]});
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let send = |body: Value| {
+        let address = gateway.address;
+        let key = gateway.key.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("http://{address}/api/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    // Chat's usage at the same rates (cached tokens inside the prompt).
+    let chat_cost = |usage: &Value| {
+        let prompt = usage["prompt_tokens"].as_i64().unwrap();
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_i64()
+            .unwrap_or(0);
+        by_hand(
+            &json!({"input_tokens": prompt - cached, "cache_read_input_tokens": cached,
+                        "output_tokens": usage["completion_tokens"]}),
+        )
+    };
+    let before = gateway.balance().await;
+    let reply = send(chat(false)).await;
+    assert_eq!(reply.status(), 200);
+    let answer: Value = reply.json().await.unwrap();
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    assert_eq!(
+        answer["choices"][0]["message"]["role"], "assistant",
+        "{answer}"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop", "{answer}");
+    gateway
+        .spent_exactly(before, chat_cost(&answer["usage"]))
+        .await;
+
+    let before = gateway.balance().await;
+    let text = send(chat(true)).await.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let usage = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .find(|chunk| chunk["usage"].is_object())
+        .map(|chunk| chunk["usage"].clone())
+        .unwrap_or_else(|| panic!("no usage chunk in {text}"));
+    gateway.spent_exactly(before, chat_cost(&usage)).await;
+}
+
+/// A Messages call whose model fails falls back to the next model, on a
+/// provider of the other API: the client still reads Anthropic's shape.
+#[tokio::test]
+async fn a_fallback_crosses_from_a_messages_provider_to_a_chat_one() {
+    let gateway = start(100).await;
+    let reply = gateway
+        .post(
+            "/api/v1/messages",
+            &json!({"model": "anthropic/status-503", "max_tokens": 20,
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(reply.status(), 200);
+    assert_eq!(reply.headers()["x-modelgate-model"], "openai/gpt-test");
+    let answer: Value = reply.json().await.unwrap();
+    assert_eq!(answer["type"], "message", "{answer}");
+    assert_eq!(answer["model"], "openai/gpt-test", "{answer}");
+}
+
+/// An account's own key for a provider that serves Messages goes as
+/// `x-api-key`, alone (no gateway credential beside it), for a Messages
+/// call and for a chat call translated to it; the requests are BYOK, not
+/// charged to the balance.
+#[tokio::test]
+async fn an_accounts_own_key_goes_to_a_messages_provider_as_x_api_key() {
+    use axum::routing::post;
+    let seen = Arc::new(std::sync::Mutex::new(
+        Vec::<(Option<String>, Option<String>)>::new(),
+    ));
+    let recorded = Arc::clone(&seen);
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        post(move |headers: http::HeaderMap| {
+            let recorded = Arc::clone(&recorded);
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .map(|value| value.to_str().unwrap().to_owned())
+                };
+                recorded
+                    .lock()
+                    .unwrap()
+                    .push((header("x-api-key"), header("authorization")));
+                let answer = json!({"id": "msg_1", "type": "message", "role": "assistant",
+                    "model": "claude", "content": [{"type": "text", "text": "Hi"}],
+                    "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 5, "output_tokens": 2}});
+                (
+                    [(http::header::CONTENT_TYPE, "application/json")],
+                    answer.to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let config = json!({
+        "retry": {"max_attempts": 1},
+        "providers": {"anthropic": {"base_url": upstream, "apis": ["messages"], "byok": true,
+                                    "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"}}},
+        "pricing": {"models": {"anthropic/claude-test":
+            {"prompt_per_million": 3000, "completion_per_million": 15000}}},
+    });
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let address = instance(store.clone(), &upstream, &config.to_string()).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    modelgate::keys::ByokDirectory::new(store.clone())
+        .set("acme", "anthropic", "sk-ant-acme-own-0001")
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let messages = client
+        .post(format!("http://{address}/api/v1/messages"))
+        .header("x-api-key", &key)
+        .json(&json!({"model": "anthropic/claude-test", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(messages.status(), 200);
+    let chat = client
+        .post(format!("http://{address}/api/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "anthropic/claude-test", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "Hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    let answer: Value = chat.json().await.unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], "Hi", "{answer}");
+    let seen = seen.lock().unwrap().clone();
+    let own = (Some("sk-ant-acme-own-0001".to_owned()), None);
+    assert_eq!(seen, vec![own.clone(), own]);
+    let balance = store.account_balance("acme").await.unwrap().balance_nanos;
+    assert_eq!(
+        balance, NANOS_PER_CREDIT,
+        "BYOK is not charged to the balance"
+    );
 }

@@ -33,7 +33,5 @@ mod response;
 mod stream;
 mod usage;
 
-pub(crate) use body::{MAX_TRANSLATED_JSON_BYTES, TranslatedBody, Translation};
+pub(crate) use body::{TranslatedBody, Translation};
 pub(crate) use request::{chat_request_to_messages, messages_request_to_chat};
-pub(crate) use response::{chat_response_to_messages, messages_response_to_chat};
-pub(crate) use stream::{ChatToMessagesEvents, MessagesToChatEvents};
