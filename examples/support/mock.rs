@@ -18,7 +18,8 @@
 //!   a model named `agent` (`…/agent`), is an agent's: it gets a tool call
 //!   only as a directive asks (and `tool_choice` allows), text otherwise.
 //! - Any other request with `tools` keeps the simple rule: a call of the
-//!   tool `tool_choice` names, else of the first tool, input `{}`.
+//!   tool `tool_choice` names, else of the first tool, input `{}`; text
+//!   once the tool's result is back.
 
 #![allow(dead_code)]
 
@@ -594,7 +595,8 @@ fn directed_call(
 /// The function a request's `tools` and `tool_choice` have the mock call,
 /// as an OpenAI model would: the one `tool_choice` names, else the first
 /// function when `tool_choice` is absent, `"auto"` or `"required"`; none
-/// for `"none"` or without tools.
+/// for `"none"`, without tools, or once a tool's result is back; an
+/// agent's as the module docs say.
 fn tool_called(chat: &Value, model: &str) -> Option<ToolCall> {
     let tools = chat["tools"].as_array()?;
     if chat["tool_choice"] == "none" {
@@ -614,6 +616,9 @@ fn tool_called(chat: &Value, model: &str) -> Option<ToolCall> {
     };
     if let Some(directed) = directed_call(model, user_texts, answered, offered) {
         return directed;
+    }
+    if answered {
+        return None;
     }
     let first = tools
         .iter()

@@ -372,6 +372,26 @@ async fn the_mock_calls_the_tool_a_directive_names_and_answers_an_agent_with_tex
             .ends_with("You said: sunny"),
         "{after}"
     );
+    // Without a directive, the first tool, then text once its result is back.
+    let undirected = json!([{"role": "user", "content": "Weather?"}]);
+    let first: Value = post("chat/completions", chat("a/b", undirected.clone()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let call = &first["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_time", "{first}");
+    let mut answered = undirected.as_array().unwrap().clone();
+    answered.push(first["choices"][0]["message"].clone());
+    answered.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "noon"}));
+    let after: Value = post("chat/completions", chat("a/b", json!(answered)))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(after["choices"][0]["finish_reason"], "stop", "{after}");
     // An agent without a directive, and a directive naming no offered tool: text.
     for (model, text) in [("a/agent", "Say hi"), ("a/b", "mock-tool: Bash {}")] {
         let plain: Value = post(
