@@ -31,6 +31,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 redis-server --version
 
+# The real clients the tests drive (tests/it/clients.rs): the OpenAI and
+# Anthropic Python SDKs, Claude Code and Codex, at pinned versions.
+./scripts/clients.sh
+export MODELGATE_CLIENTS_DIR="$PWD/target/clients"
+
 if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi

@@ -4,6 +4,22 @@
 //! answer, and injected latency and errors; Anthropic's Messages API
 //! beside it (`mock_messages.rs`). Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
 //! (which runs it in process when no upstream is given) and the tests.
+//!
+//! Tool calls an agent can live with (Claude Code sends some 40 tools, and
+//! a call of the first with no input would fail forever). In both APIs:
+//!
+//! - A directive `mock-tool: NAME {JSON input}` in the text of the last
+//!   user message has the mock call the offered tool `NAME` with that
+//!   input (the last directive, when there are several); once the tool's
+//!   result comes back (the last message, system messages aside, is a
+//!   `tool` message or a user message holding a `tool_result`), the
+//!   answer is text.
+//! - A conversation with a directive in any user message, or a request for
+//!   a model named `agent` (`…/agent`), is an agent's: it gets a tool call
+//!   only as a directive asks (and `tool_choice` allows), text otherwise.
+//! - Any other request with `tools` keeps the simple rule: a call of the
+//!   tool `tool_choice` names, else of the first tool, input `{}`; text
+//!   once the tool's result is back.
 
 #![allow(dead_code)]
 
@@ -303,9 +319,9 @@ impl Mock {
             .unwrap_or_default();
         let last = chat["messages"]
             .as_array()
-            .and_then(|messages| messages.last())
-            .and_then(|message| message["content"].as_str())
-            .unwrap_or("");
+            .and_then(|messages| last_turn(messages))
+            .map(message_text)
+            .unwrap_or_default();
         // Like an OpenAI upstream: either bound is obeyed; `…/ignores-bound`
         // is an upstream that reports a million completion tokens whatever
         // the bound.
@@ -327,7 +343,7 @@ impl Mock {
                 }
             },
         };
-        let tool = tool_called(&chat);
+        let tool = tool_called(&chat, &model);
         let words: Vec<String> = format!("Hello from {model}! You said: {last}")
             .split_whitespace()
             .take(max_tokens.max(1))
@@ -364,8 +380,8 @@ impl Mock {
             return Ok(self.stream(&id, &model, &answer, with_usage.then_some(usage)));
         }
         let message = match &answer.tool {
-            Some(name) => json!({"role": "assistant", "content": null,
-                "tool_calls": [tool_call_json(&id, name)]}),
+            Some(call) => json!({"role": "assistant", "content": null,
+                "tool_calls": [tool_call_json(&id, call)]}),
             None => json!({"role": "assistant", "content": answer.words.join(" ")}),
         };
         let choices: Vec<Value> = (0..answer.choices)
@@ -402,8 +418,8 @@ impl Mock {
         };
         let mut events = vec![": keep-alive\n\n".to_owned()];
         for choice in 0..answer.choices {
-            if let Some(name) = &answer.tool {
-                let mut call = tool_call_json(id, name);
+            if let Some(tool) = &answer.tool {
+                let mut call = tool_call_json(id, tool);
                 call["index"] = json!(0);
                 events.push(format!(
                     "data: {}\n\n",
@@ -470,7 +486,7 @@ struct Answer {
     /// How many choices (`n`).
     choices: usize,
     /// The function each choice calls instead, when one is.
-    tool: Option<String>,
+    tool: Option<ToolCall>,
 }
 
 impl Answer {
@@ -483,28 +499,147 @@ impl Answer {
     }
 }
 
+/// A tool the mock calls: its name and input.
+#[derive(Clone, Debug, PartialEq)]
+struct ToolCall {
+    name: String,
+    input: Value,
+}
+
+impl ToolCall {
+    /// A call of `name` with no input (`{}`).
+    fn bare(name: &str) -> ToolCall {
+        ToolCall {
+            name: name.to_owned(),
+            input: json!({}),
+        }
+    }
+}
+
+/// The model name (after the last `/`) of an agent's requests (module docs).
+const AGENT_MODEL: &str = "agent";
+
+/// What starts a directive (module docs).
+const TOOL_DIRECTIVE: &str = "mock-tool:";
+
+/// The last message that is no system instruction (`system` or
+/// `developer`), else the last: Claude Code ends its Messages requests
+/// with a `system` message, after the user's turn.
+fn last_turn(messages: &[Value]) -> Option<&Value> {
+    messages
+        .iter()
+        .rev()
+        .find(|message| message["role"] != "system" && message["role"] != "developer")
+        .or(messages.last())
+}
+
+/// The text of a message (chat or Messages): its content when a string,
+/// else its parts' or blocks' `text`, joined.
+fn message_text(message: &Value) -> String {
+    match &message["content"] {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|part| part["text"].as_str())
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// The last `mock-tool: NAME {input}` in `text`; none when it is
+/// malformed (no name, or no JSON object after it).
+fn tool_directive(text: &str) -> Option<ToolCall> {
+    let (_, rest) = text.rsplit_once(TOOL_DIRECTIVE)?;
+    let rest = rest.trim_start();
+    let name_end = rest
+        .find(|c: char| c.is_whitespace() || c == '{')
+        .unwrap_or(rest.len());
+    let (name, rest) = rest.split_at(name_end);
+    // The JSON object alone: text may follow it.
+    let input = serde_json::Deserializer::from_str(rest.trim_start())
+        .into_iter::<Value>()
+        .next()?
+        .ok()?;
+    (!name.is_empty() && input.is_object()).then(|| ToolCall {
+        name: name.to_owned(),
+        input,
+    })
+}
+
+/// The tool an agent's request has the mock call (module docs), given
+/// whether its tool's result is back, its last user message's text and
+/// the tools it offers; `None` when the request is no agent's.
+fn directed_call(
+    model: &str,
+    user_texts: impl Iterator<Item = String>,
+    answered: bool,
+    offered: impl Fn(&str) -> bool,
+) -> Option<Option<ToolCall>> {
+    let texts: Vec<String> = user_texts.collect();
+    let directed = model.rsplit('/').next() == Some(AGENT_MODEL)
+        || texts.iter().any(|text| text.contains(TOOL_DIRECTIVE));
+    if !directed {
+        return None;
+    }
+    if answered {
+        return Some(None);
+    }
+    Some(
+        texts
+            .last()
+            .and_then(|last| tool_directive(last))
+            .filter(|call| offered(&call.name)),
+    )
+}
+
 /// The function a request's `tools` and `tool_choice` have the mock call,
 /// as an OpenAI model would: the one `tool_choice` names, else the first
 /// function when `tool_choice` is absent, `"auto"` or `"required"`; none
-/// for `"none"` or without tools.
-fn tool_called(chat: &Value) -> Option<String> {
+/// for `"none"`, without tools, or once a tool's result is back; an
+/// agent's as the module docs say.
+fn tool_called(chat: &Value, model: &str) -> Option<ToolCall> {
     let tools = chat["tools"].as_array()?;
+    if chat["tool_choice"] == "none" {
+        return None;
+    }
+    let messages = chat["messages"].as_array()?;
+    let user_texts = messages
+        .iter()
+        .filter(|message| message["role"] == "user")
+        .map(message_text);
+    let answered = last_turn(messages)
+        .is_some_and(|last| last["role"] == "tool" || last["role"] == "function");
+    let offered = |name: &str| {
+        tools
+            .iter()
+            .any(|tool| tool["function"]["name"].as_str() == Some(name))
+    };
+    if let Some(directed) = directed_call(model, user_texts, answered, offered) {
+        return directed;
+    }
+    if answered {
+        return None;
+    }
     let first = tools
         .iter()
         .find_map(|tool| tool["function"]["name"].as_str())?;
     match &chat["tool_choice"] {
-        Value::Null => Some(first.to_owned()),
-        Value::String(choice) if choice == "auto" || choice == "required" => Some(first.to_owned()),
+        Value::Null => Some(ToolCall::bare(first)),
+        Value::String(choice) if choice == "auto" || choice == "required" => {
+            Some(ToolCall::bare(first))
+        }
         Value::Object(choice) => choice
             .get("function")
             .and_then(|function| function["name"].as_str())
-            .map(str::to_owned),
+            .map(ToolCall::bare),
         _ => None,
     }
 }
 
-/// A call of the function `name` with no arguments, its id from the answer's.
-fn tool_call_json(answer_id: &str, name: &str) -> Value {
+/// A call of the function `call` names with its input as arguments, its
+/// id from the answer's.
+fn tool_call_json(answer_id: &str, call: &ToolCall) -> Value {
     let call_id = format!("call_{}", answer_id.trim_start_matches("chatcmpl-"));
-    json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}})
+    json!({"id": call_id, "type": "function",
+           "function": {"name": call.name, "arguments": call.input.to_string()}})
 }

@@ -8,7 +8,9 @@
 //! - With `tools` (and `tool_choice` not `none`), a request whose last
 //!   message holds no `tool_result` is answered with a call of the tool
 //!   `tool_choice` names (else the first), input `{}`; the next, holding
-//!   its result, with text.
+//!   its result, with text. An agent's request (a `mock-tool:` directive,
+//!   or the model `agent`: the chat mock's module docs) calls only the
+//!   tool a directive names, with its input.
 //! - A request with `cache_control` anywhere reads half its prompt from
 //!   the cache and writes a quarter (for an hour when a `ttl` of `1h`
 //!   asks).
@@ -22,7 +24,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use super::{BoxError, MockBody, json_response};
+use super::{BoxError, MockBody, ToolCall, directed_call, json_response, last_turn, message_text};
 
 fn anthropic_error(status: u16, kind: &str, message: &str) -> Response<MockBody> {
     json_response(
@@ -77,23 +79,32 @@ fn cache_control(value: &Value) -> (bool, bool) {
 }
 
 /// The tool the model calls, if any (see the module docs).
-fn tool_called(request: &Value) -> Option<String> {
+fn tool_called(request: &Value, model: &str) -> Option<ToolCall> {
     let tools = request["tools"].as_array()?;
-    let answered = request["messages"]
-        .as_array()
-        .and_then(|messages| messages.last())
+    if request["tool_choice"]["type"] == "none" {
+        return None;
+    }
+    let messages = request["messages"].as_array()?;
+    let answered = last_turn(messages)
         .and_then(|last| last["content"].as_array())
         .is_some_and(|blocks| blocks.iter().any(|block| block["type"] == "tool_result"));
+    let user_texts = messages
+        .iter()
+        .filter(|message| message["role"] == "user")
+        .map(message_text);
+    let offered = |name: &str| tools.iter().any(|tool| tool["name"].as_str() == Some(name));
+    if let Some(directed) = directed_call(model, user_texts, answered, offered) {
+        return directed;
+    }
     if answered {
         return None;
     }
     match request["tool_choice"]["type"].as_str() {
-        Some("none") => None,
-        Some("tool") => request["tool_choice"]["name"].as_str().map(str::to_owned),
+        Some("tool") => request["tool_choice"]["name"].as_str().map(ToolCall::bare),
         _ => tools
             .iter()
             .find_map(|tool| tool["name"].as_str())
-            .map(str::to_owned),
+            .map(ToolCall::bare),
     }
 }
 
@@ -135,20 +146,8 @@ pub(super) async fn answer(
     };
     let last_text = body["messages"]
         .as_array()
-        .and_then(|messages| messages.last())
-        .map(|last| {
-            let mut text = String::new();
-            if let Some(content) = last["content"].as_str() {
-                text.push_str(content);
-            } else if let Some(blocks) = last["content"].as_array() {
-                for block in blocks {
-                    if let Some(part) = block["text"].as_str() {
-                        text.push_str(part);
-                    }
-                }
-            }
-            text
-        })
+        .and_then(|messages| last_turn(messages))
+        .map(message_text)
         .unwrap_or_default();
     let (cached, for_an_hour) = cache_control(&body);
     let (read, written) = if cached {
@@ -157,7 +156,7 @@ pub(super) async fn answer(
         (0, 0)
     };
     let input = prompt_tokens - read - written;
-    let tool = tool_called(&body);
+    let tool = tool_called(&body, &model);
     let words: Vec<String> = format!("Hello from {model}! You said: {last_text}")
         .split_whitespace()
         .take(usize::try_from(max_tokens.max(1)).unwrap_or(usize::MAX))
@@ -179,8 +178,8 @@ pub(super) async fn answer(
     let id = format!("msg_mock_{:08x}", rand::random::<u32>());
     let tool_id = format!("toolu_mock_{:08x}", rand::random::<u32>());
     let (content, stop_reason) = match &tool {
-        Some(name) => (
-            json!([{"type": "tool_use", "id": tool_id, "name": name, "input": {}}]),
+        Some(call) => (
+            json!([{"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]),
             "tool_use",
         ),
         None => (
@@ -206,16 +205,16 @@ pub(super) async fn answer(
                "usage": start_usage}}),
     )];
     match &tool {
-        Some(name) => {
+        Some(call) => {
             events.push(event(
                 "content_block_start",
                 json!({"type": "content_block_start", "index": 0, "content_block":
-                       {"type": "tool_use", "id": tool_id, "name": name, "input": {}}}),
+                       {"type": "tool_use", "id": tool_id, "name": call.name, "input": {}}}),
             ));
             events.push(event(
                 "content_block_delta",
                 json!({"type": "content_block_delta", "index": 0,
-                       "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
+                       "delta": {"type": "input_json_delta", "partial_json": call.input.to_string()}}),
             ));
         }
         None => {

@@ -16,6 +16,8 @@ mod body_and_error_mapper;
 mod byok;
 #[cfg(feature = "proxy")]
 mod charges_shown;
+#[cfg(feature = "proxy")]
+mod clients;
 #[cfg(feature = "redis")]
 mod credit;
 #[cfg(feature = "redis")]
