@@ -86,6 +86,9 @@ pub enum MessagesRole {
     User,
     /// `assistant`
     Assistant,
+    /// `system`: instructions among the turns, text only. Claude Code ends
+    /// its requests with one; the top-level `system` stays the usual place.
+    System,
 }
 
 impl MessagesRole {
@@ -94,6 +97,7 @@ impl MessagesRole {
         match self {
             MessagesRole::User => "user",
             MessagesRole::Assistant => "assistant",
+            MessagesRole::System => "system",
         }
     }
 }
@@ -464,7 +468,7 @@ impl MessagesRequest {
     ///     "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
     /// assert_eq!(request.max_tokens, Some(256));
     ///
-    /// let error = MessagesRequest::parse(br#"{"model": "a/b", "messages": [{"role": "system", "content": "Hi"}]}"#).unwrap_err();
+    /// let error = MessagesRequest::parse(br#"{"model": "a/b", "messages": [{"role": "tool", "content": "Hi"}]}"#).unwrap_err();
     /// assert_eq!(error.status(), 400);
     /// assert_eq!(error.metadata()["param"], "messages[0].role");
     /// ```
@@ -737,23 +741,16 @@ fn parse_message(at: &At<'_>, message: Value) -> Result<InputMessage, GatewayErr
         Some(Value::String(name)) => match name.as_str() {
             "user" => MessagesRole::User,
             "assistant" => MessagesRole::Assistant,
-            "system" => {
-                let param = role_at.param();
-                return Err(bad_request(
-                    &param,
-                    format!(
-                        "`{param}` is \"system\": the Messages API takes system instructions in the top-level `system` field; a message's role is user or assistant"
-                    ),
-                ));
-            }
-            other => return Err(role_at.unknown(other, "user or assistant")),
+            "system" => MessagesRole::System,
+            other => return Err(role_at.unknown(other, "user, assistant or system")),
         },
-        None | Some(Value::Null) => return Err(role_at.missing("user or assistant")),
+        None | Some(Value::Null) => return Err(role_at.missing("user, assistant or system")),
         Some(other) => return Err(role_at.wrong_type("a string", &other)),
     };
     let place = match role {
         MessagesRole::User => Place::User,
         MessagesRole::Assistant => Place::Assistant,
+        MessagesRole::System => Place::System,
     };
     let content_at = at.field("content");
     let content = match fields.remove("content") {
@@ -1345,6 +1342,22 @@ mod tests {
         (error.status().as_u16(), param, error.message().to_owned())
     }
 
+    /// Claude Code ends its requests with a system message after the
+    /// user's turn: taken, measured for the hold like any other text.
+    #[test]
+    fn a_system_message_among_the_turns_is_taken_and_measured() {
+        let request = MessagesRequest::parse(
+            br#"{"model": "a/b", "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "system", "content": [{"type": "text", "text": "Reminder: be brief."}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(request.messages[1].role, MessagesRole::System);
+        let size = request.prompt_size();
+        assert_eq!(size.message_count, 2);
+        assert!(size.measured_bytes >= ("Hi".len() + "Reminder: be brief.".len()) as u64);
+    }
+
     #[test]
     fn a_claude_code_body_parses_with_every_field_read() {
         let request = parse(&claude_code()).unwrap();
@@ -1649,9 +1662,14 @@ mod tests {
                 "\"tool\"",
             ),
             (
-                with("messages", json!([{"role": "system", "content": "x"}])),
-                "messages[0].role",
-                "top-level `system`",
+                with(
+                    "messages",
+                    json!([{"role": "user", "content": "x"},
+                           {"role": "system", "content": [{"type": "image",
+                               "source": {"type": "url", "url": "https://example.com/a.png"}}]}]),
+                ),
+                "messages[1].content[0].type",
+                "text blocks only",
             ),
             (
                 with("messages", json!([{"role": "user"}])),

@@ -59,6 +59,14 @@ pub(crate) fn messages_request_to_chat(body: &[u8]) -> Result<Bytes, GatewayErro
         match message.role {
             MessagesRole::User => user_to_chat(&at, &message.content, &mut messages)?,
             MessagesRole::Assistant => messages.push(assistant_to_chat(&at, &message.content)?),
+            // Text only (the parser holds it so): a system message in place.
+            MessagesRole::System => {
+                let text = match &message.content {
+                    MessagesContent::Text(text) => text.clone(),
+                    MessagesContent::Blocks(blocks) => tool_result_text(&at, blocks)?,
+                };
+                messages.push(json!({"role": "system", "content": text}));
+            }
         }
     }
     let mut chat = Map::new();
