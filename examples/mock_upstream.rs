@@ -7,7 +7,9 @@
 //!
 //! `POST {prefix}/chat/completions` answers a deterministic reply with
 //! `usage`; with `"stream": true` it answers SSE: a keep-alive comment,
-//! content chunks, a usage chunk and `data: [DONE]`. A model named
+//! content chunks, a usage chunk and `data: [DONE]`. `{prefix}/messages`
+//! (Anthropic), `{prefix}/responses` and `{prefix}/embeddings` (OpenAI)
+//! answer as those APIs do. A model named
 //! `…/status-NNN` answers status NNN; `…/plain-text` answers `text/plain`.
 
 #[path = "support/args.rs"]

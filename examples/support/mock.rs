@@ -1,19 +1,22 @@
 //! An OpenAI-compatible upstream for demos, tests and benchmarks: a
 //! deterministic reply with `usage`, SSE when asked, `n` choices, a tool
 //! call when `tools` is given and `tool_choice` allows one, a new id per
-//! answer, and injected latency and errors; Anthropic's Messages API
-//! beside it (`mock_messages.rs`). Shared by `examples/mock_upstream.rs`, `examples/proxy.rs`
-//! (which runs it in process when no upstream is given) and the tests.
+//! answer, and injected latency and errors (chat only); beside it
+//! Anthropic's Messages API (`mock_messages.rs`), OpenAI's Responses API
+//! (`mock_responses.rs`) and embeddings (`mock_embeddings.rs`). Shared by
+//! `examples/mock_upstream.rs`, `examples/proxy.rs` (which runs it in
+//! process when no upstream is given) and the tests.
 //!
 //! Tool calls an agent can live with (Claude Code sends some 40 tools, and
-//! a call of the first with no input would fail forever). In both APIs:
+//! a call of the first with no input would fail forever). In the three
+//! APIs (chat, Messages, Responses):
 //!
 //! - A directive `mock-tool: NAME {JSON input}` in the text of the last
 //!   user message has the mock call the offered tool `NAME` with that
 //!   input (the last directive, when there are several); once the tool's
 //!   result comes back (the last message, system messages aside, is a
-//!   `tool` message or a user message holding a `tool_result`), the
-//!   answer is text.
+//!   `tool` message, a user message holding a `tool_result`, or a
+//!   `function_call_output` item), the answer is text.
 //! - A conversation with a directive in any user message, or a request for
 //!   a model named `agent` (`…/agent`), is an agent's: it gets a tool call
 //!   only as a directive asks (and `tool_choice` allows), text otherwise.
@@ -39,8 +42,12 @@ use hyper_util::server::conn::auto::Builder;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+#[path = "mock_embeddings.rs"]
+mod embeddings;
 #[path = "mock_messages.rs"]
 mod messages;
+#[path = "mock_responses.rs"]
+mod responses;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type MockBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -161,6 +168,24 @@ fn openai_error(status: u16, message: &str, kind: &str) -> Response<MockBody> {
     )
 }
 
+/// The answer of a model named `…/status-NNN`: that status, as an OpenAI
+/// error (with `retry-after` on a 429 or a 503), for tests of every error.
+fn status_answer(model: &str) -> Option<Response<MockBody>> {
+    let status = model
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.strip_prefix("status-"))
+        .and_then(|code| code.parse::<u16>().ok())
+        .filter(|code| StatusCode::from_u16(*code).is_ok())?;
+    let mut response = openai_error(status, &format!("mock status {status}"), "server_error");
+    if status == 429 || status == 503 {
+        response
+            .headers_mut()
+            .insert("retry-after", "1".parse().expect("a header value"));
+    }
+    Some(response)
+}
+
 impl Mock {
     async fn answer(
         &self,
@@ -190,6 +215,19 @@ impl Mock {
             return Ok(
                 messages::answer(request, path != messages_path, self.config.event_delay).await,
             );
+        }
+        if request.method() == Method::POST && path == format!("{}/responses", self.config.prefix) {
+            let count = self.chats.fetch_add(1, Ordering::SeqCst);
+            let id = format!("resp_mock_{:016x}{count:08x}", self.id_seed);
+            return Ok(responses::answer(request, id, self.config.event_delay).await);
+        }
+        if request.method() == Method::POST && path == format!("{}/embeddings", self.config.prefix)
+        {
+            self.chats.fetch_add(1, Ordering::SeqCst);
+            return Ok(match request.into_body().collect().await {
+                Ok(body) => embeddings::answer(&body.to_bytes()),
+                Err(_) => openai_error(400, "unreadable body", "invalid_request_error"),
+            });
         }
         if path != chat_path || request.method() != Method::POST {
             return Ok(openai_error(
@@ -236,21 +274,7 @@ impl Mock {
                     .unwrap_or_default(),
             ),
         );
-        // `…/status-NNN` answers that status: for tests of every error.
-        if let Some(status) = model
-            .rsplit('/')
-            .next()
-            .and_then(|name| name.strip_prefix("status-"))
-            .and_then(|code| code.parse::<u16>().ok())
-            .filter(|code| StatusCode::from_u16(*code).is_ok())
-        {
-            let mut response =
-                openai_error(status, &format!("mock status {status}"), "server_error");
-            if status == 429 || status == 503 {
-                response
-                    .headers_mut()
-                    .insert("retry-after", "1".parse().expect("a header value"));
-            }
+        if let Some(response) = status_answer(&model) {
             return Ok(response);
         }
         // `…/echo-headers` answers with what it received (headers, path and

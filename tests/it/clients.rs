@@ -1,9 +1,10 @@
 //! Real clients against the real proxy: the OpenAI and Anthropic Python
 //! SDKs (the scripts in `tests/clients/`, run with the venv that
-//! `scripts/clients.sh` installs) and Claude Code headless, each through
-//! the proxy example running as a process in front of the mock upstream;
-//! and the mock's directives, which give an agent a tool turn it can
-//! finish.
+//! `scripts/clients.sh` installs), Claude Code and Codex headless, each
+//! through the proxy example running as a process in front of the mock
+//! upstream; and the mock itself: its directives, which give an agent a
+//! tool turn it can finish, and its Responses API and embeddings, checked
+//! with the same clients straight against it.
 //!
 //! The clients live in `$MODELGATE_CLIENTS_DIR` (`scripts/test.sh` sets
 //! it), else in `target/clients`; a test that needs one fails, naming
@@ -47,6 +48,10 @@ fn python() -> PathBuf {
 
 fn claude_code() -> PathBuf {
     client("node_modules/@anthropic-ai/claude-code-linux-x64/claude")
+}
+
+fn codex() -> PathBuf {
+    client("node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
 }
 
 /// Runs `command` to its end (within [`CLIENT_PATIENCE`]); its status, stdout and stderr.
@@ -272,8 +277,13 @@ struct Setup {
 
 /// [`Setup`], with the provider `native` serving Messages when `native`.
 async fn setup(native: bool) -> Setup {
+    setup_with(|mock| config(mock, native)).await
+}
+
+/// [`Setup`], the gateway configured with `config(mock's URL)`.
+async fn setup_with(config: impl FnOnce(&str) -> Value) -> Setup {
     let mock = mock::start(mock::MockConfig::default()).await;
-    let gateway = Gateway::start(config(&mock, native)).await;
+    let gateway = Gateway::start(config(&mock)).await;
     gateway.account("acme", 100).await;
     gateway.account("broke", 0).await;
     gateway.account("rated", 100).await;
@@ -713,4 +723,649 @@ async fn claude_code_writes_a_file_through_a_provider_serving_messages() {
 #[tokio::test]
 async fn claude_code_writes_a_file_through_a_chat_only_provider() {
     claude_code_through_the_gateway("chatonly/agent", false).await;
+}
+
+/// The data of each event of an SSE `text`, checking that each names its
+/// `type` in its `event:` line and that their `sequence_number`s count
+/// from 0.
+fn responses_events(text: &str) -> Vec<Value> {
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter(|event| !event.trim().is_empty())
+        .map(|event| {
+            let (kind, data) = event
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("an event without `event:` then `data:`: {event:?}"));
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], kind, "{event}");
+            data
+        })
+        .collect();
+    for (at, event) in events.iter().enumerate() {
+        assert_eq!(event["sequence_number"], at, "{text}");
+    }
+    events
+}
+
+/// The mock's Responses API and embeddings, straight to the mock: a
+/// response object with its usage (cache reads with `prompt_cache_key`,
+/// reasoning with `reasoning`), streamed as OpenAI's events; a directive's
+/// function call, then text once its output is back; an agent's request
+/// answered with text; what needs a stored response refused 400; and
+/// deterministic unit vectors, as numbers or base64.
+#[tokio::test]
+async fn the_mock_answers_the_responses_api_and_embeddings_as_openai() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let request = client.post(format!("{base}/{path}")).json(&body);
+        async move {
+            let reply = request.send().await.unwrap();
+            let status = reply.status().as_u16();
+            (status, reply.text().await.unwrap())
+        }
+    };
+    let json_of = |(status, text): (u16, String)| {
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+
+    // Text, with the usage a cache key and reasoning make.
+    let answer = json_of(
+        post(
+            "responses",
+            json!({"model": "a/b", "input": "Hi there, how are you today?",
+                   "prompt_cache_key": "k", "reasoning": {"effort": "low"}}),
+        )
+        .await,
+    );
+    assert_eq!(answer["object"], "response", "{answer}");
+    assert_eq!(answer["status"], "completed");
+    assert!(answer["id"].as_str().unwrap().starts_with("resp_"));
+    let message = &answer["output"][0];
+    assert_eq!(message["type"], "message", "{answer}");
+    assert_eq!(message["role"], "assistant");
+    assert_eq!(message["content"][0]["type"], "output_text");
+    assert_eq!(
+        message["content"][0]["text"],
+        "Hello from a/b! You said: Hi there, how are you today?"
+    );
+    let usage = &answer["usage"];
+    let input = usage["input_tokens"].as_u64().unwrap();
+    assert_eq!(
+        input,
+        "Hi there, how are you today?".len().div_ceil(4) as u64
+    );
+    assert_eq!(usage["input_tokens_details"]["cached_tokens"], input / 2);
+    assert_eq!(usage["output_tokens"], 11, "a token a word");
+    assert_eq!(usage["output_tokens_details"]["reasoning_tokens"], 5);
+    assert_eq!(usage["total_tokens"], input + 11);
+    // Neither without a cache key or reasoning; the words within the bound.
+    let plain = json_of(
+        post(
+            "responses",
+            json!({"model": "a/b", "input": "Hi there, how are you today?", "max_output_tokens": 16}),
+        )
+        .await,
+    );
+    assert_eq!(plain["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        plain["usage"]["output_tokens_details"]["reasoning_tokens"],
+        0
+    );
+    assert_eq!(plain["max_output_tokens"], 16);
+
+    // Streamed: OpenAI's events in order, the text in deltas, the usage last.
+    let (status, text) = post(
+        "responses",
+        json!({"model": "a/b", "input": "Hi there", "stream": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let events = responses_events(&text);
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|event| event["type"].as_str().unwrap())
+        .collect();
+    let deltas = kinds
+        .iter()
+        .filter(|kind| **kind == "response.output_text.delta")
+        .count();
+    let mut expected = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    expected.extend(std::iter::repeat_n("response.output_text.delta", deltas));
+    expected.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(kinds, expected);
+    assert_eq!(events[0]["response"]["status"], "in_progress");
+    assert_eq!(events[0]["response"]["usage"], Value::Null);
+    let streamed: String = events
+        .iter()
+        .filter_map(|event| event["delta"].as_str())
+        .collect();
+    assert_eq!(streamed, "Hello from a/b! You said: Hi there");
+    let last = events.last().unwrap();
+    assert_eq!(last["response"]["status"], "completed");
+    assert_eq!(
+        last["response"]["output"][0]["content"][0]["text"],
+        streamed
+    );
+    assert_eq!(last["response"]["usage"]["output_tokens"], 7, "{last}");
+
+    // A directive's call, streamed and not, then text after its output.
+    let tools = json!([
+        {"type": "function", "name": "get_time", "parameters": {"type": "object"}},
+        {"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
+    ]);
+    let asked = json!([
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": r#"Weather, please. mock-tool: get_weather {"city": "Paris"}"#}]},
+    ]);
+    let request = |input: &Value| json!({"model": "a/b", "tools": tools, "input": input});
+    let called = json_of(post("responses", request(&asked)).await);
+    let call = &called["output"][0];
+    assert_eq!(call["type"], "function_call", "{called}");
+    assert_eq!(call["name"], "get_weather");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"city": "Paris"}));
+    let mut streamed = request(&asked);
+    streamed["stream"] = json!(true);
+    let (_, text) = post("responses", streamed).await;
+    let events = responses_events(&text);
+    let arguments_done = events
+        .iter()
+        .find(|event| event["type"] == "response.function_call_arguments.done")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(arguments_done["arguments"], call["arguments"]);
+    assert_eq!(
+        events.last().unwrap()["response"]["output"][0]["call_id"]
+            .as_str()
+            .map(|id| id.starts_with("call_")),
+        Some(true),
+        "{text}"
+    );
+    let mut answered = asked.as_array().unwrap().clone();
+    answered.push(call.clone());
+    answered.push(
+        json!({"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}),
+    );
+    let after = json_of(post("responses", request(&json!(answered))).await);
+    assert_eq!(after["output"][0]["type"], "message", "{after}");
+    assert_eq!(
+        after["output"][0]["content"][0]["text"],
+        "Hello from a/b! You said: sunny"
+    );
+    // Without a directive the first function, for anyone but an agent.
+    let undirected = json!([{"role": "user", "content": "Weather?"}]);
+    let first = json_of(post("responses", request(&undirected)).await);
+    assert_eq!(first["output"][0]["name"], "get_time", "{first}");
+    let mut agent = request(&undirected);
+    agent["model"] = json!("a/agent");
+    let text = json_of(post("responses", agent).await);
+    assert_eq!(text["output"][0]["type"], "message", "{text}");
+
+    // What would need a stored response; a status asked for.
+    for (field, value) in [
+        ("store", json!(true)),
+        ("previous_response_id", json!("resp_1")),
+    ] {
+        let mut body = json!({"model": "a/b", "input": "Hi"});
+        body[field] = value;
+        let (status, text) = post("responses", body).await;
+        assert_eq!(status, 400, "{field}: {text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["param"], field, "{text}");
+    }
+    let (status, _) = post(
+        "responses",
+        json!({"model": "a/b", "input": "Hi", "store": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "store: false is stateless");
+    let (status, _) = post("responses", json!({"model": "a/status-429", "input": "Hi"})).await;
+    assert_eq!(status, 429);
+
+    // Embeddings: one per input, in order, of unit length, the same
+    // vector for the same input, `dimensions` long (8 by default).
+    let embed = |body: Value| async { json_of(post("embeddings", body).await) };
+    let both =
+        embed(json!({"model": "a/e", "input": ["The food was delicious", "and the waiter..."]}))
+            .await;
+    assert_eq!(both["object"], "list", "{both}");
+    assert_eq!(both["model"], "a/e");
+    let vectors: Vec<Vec<f64>> = both["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            assert_eq!(item["object"], "embedding");
+            assert_eq!(item["index"], index);
+            serde_json::from_value(item["embedding"].clone()).unwrap()
+        })
+        .collect();
+    assert_eq!(vectors.len(), 2);
+    for vector in &vectors {
+        assert_eq!(vector.len(), 8);
+        let length: f64 = vector.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((length - 1.0).abs() < 1e-5, "{vector:?}");
+    }
+    assert_ne!(vectors[0], vectors[1]);
+    assert_eq!(both["usage"]["prompt_tokens"], 6 + 5, "{both}");
+    assert_eq!(both["usage"]["total_tokens"], 6 + 5);
+    let one = embed(json!({"model": "a/e", "input": "The food was delicious"})).await;
+    assert_eq!(one["data"][0]["embedding"], both["data"][0]["embedding"]);
+    let other = embed(json!({"model": "a/f", "input": "The food was delicious"})).await;
+    assert_ne!(other["data"][0]["embedding"], one["data"][0]["embedding"]);
+    let short =
+        embed(json!({"model": "a/e", "input": "The food was delicious", "dimensions": 3})).await;
+    assert_eq!(short["data"][0]["embedding"].as_array().unwrap().len(), 3);
+    let tokens = embed(json!({"model": "a/e", "input": [[1, 2, 3], [4]]})).await;
+    assert_eq!(tokens["usage"]["prompt_tokens"], 4, "{tokens}");
+    // base64: the little-endian f32s of the same vector.
+    let encoded = embed(
+        json!({"model": "a/e", "input": "The food was delicious", "encoding_format": "base64"}),
+    )
+    .await;
+    let bytes = base64_decode(encoded["data"][0]["embedding"].as_str().unwrap());
+    let decoded: Vec<f64> = bytes
+        .chunks(4)
+        .map(|chunk| f64::from(f32::from_le_bytes(chunk.try_into().unwrap())))
+        .collect();
+    assert_eq!(decoded.len(), 8);
+    for (decoded, number) in decoded.iter().zip(&vectors[0]) {
+        assert!((decoded - number).abs() < 1e-6, "{decoded} {number}");
+    }
+    for (body, param) in [
+        (json!({"model": "a/e", "input": []}), "input"),
+        (json!({"model": "a/e", "input": ""}), "input"),
+        (
+            json!({"model": "a/e", "input": "x", "dimensions": 0}),
+            "dimensions",
+        ),
+        (
+            json!({"model": "a/e", "input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+    ] {
+        let (status, text) = post("embeddings", body).await;
+        assert_eq!(status, 400, "{text}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap()["error"]["param"],
+            param
+        );
+    }
+}
+
+/// Standard base64 (RFC 4648, padded) decoded: the test's own reading,
+/// apart from the mock's encoder.
+fn base64_decode(text: &str) -> Vec<u8> {
+    let sextets: Vec<u32> = text
+        .bytes()
+        .filter(|byte| *byte != b'=')
+        .map(|byte| match byte {
+            b'A'..=b'Z' => u32::from(byte - b'A'),
+            b'a'..=b'z' => u32::from(byte - b'a') + 26,
+            b'0'..=b'9' => u32::from(byte - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {text}"),
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    for group in sextets.chunks(4) {
+        let bits = group
+            .iter()
+            .enumerate()
+            .fold(0u32, |bits, (at, sextet)| bits | sextet << (18 - 6 * at));
+        for at in 0..group.len() - 1 {
+            bytes.push((bits >> (16 - 8 * at)) as u8);
+        }
+    }
+    bytes
+}
+
+/// The gateway's config for the Responses API and embeddings: `native`
+/// serves the Responses API itself, `chatonly` chat only (the gateway
+/// translates), `openai` chat and embeddings (the default); every model
+/// with a context length (Codex sends tools whose size the gateway cannot
+/// measure, which only a context length bounds), and an embeddings model.
+fn responses_config(mock: &str) -> Value {
+    json!({
+        "providers": {
+            "native": {"base_url": mock, "apis": ["responses"]},
+            "chatonly": {"base_url": mock, "apis": ["chat"]},
+            "openai": {"base_url": mock},
+        },
+        "pricing": {
+            "default": {"prompt_per_million": 1, "completion_per_million": 2, "context_length": 200_000},
+            "models": {
+                EMBEDDING_MODEL: {"prompt_per_million": 1, "completion_per_million": 0, "embeddings": true},
+            },
+        },
+        "retry": {"max_attempts": 1},
+    })
+}
+
+/// The embeddings model of [`responses_config`].
+const EMBEDDING_MODEL: &str = "openai/text-embedding-3-small";
+
+/// Runs `tests/clients/openai_responses.py` against `base` as `model`
+/// (`extra`: the keys of the gateway's refusals) and checks what every
+/// answer held: `served_as` is the model the upstream saw; `native` when
+/// the upstream answered the Responses API itself (then its usage has
+/// cache reads and reasoning, and its events are exactly OpenAI's).
+async fn openai_responses_script(
+    base: &str,
+    model: &str,
+    key: &str,
+    extra: &[(&str, &str)],
+    served_as: &str,
+    native: bool,
+) -> Value {
+    let mut env = vec![
+        ("MODELGATE_BASE_URL", base),
+        ("MODELGATE_MODEL", model),
+        ("MODELGATE_EMBEDDING_MODEL", EMBEDDING_MODEL),
+        ("MODELGATE_KEY", key),
+    ];
+    env.extend_from_slice(extra);
+    let out = script("openai_responses.py", &env).await;
+
+    let hello = format!("Hello from {served_as}! You said: Hi there");
+    let create = &out["create"];
+    assert_eq!(create["text"], hello, "{out:#}");
+    assert_eq!(create["status"], "completed");
+    assert_eq!(create["model"], model);
+    let usage = &create["usage"];
+    let (input, output) = (
+        usage["input_tokens"].as_u64().unwrap(),
+        usage["output_tokens"].as_u64().unwrap(),
+    );
+    assert!(input > 0 && output > 0, "{out:#}");
+    assert_eq!(usage["total_tokens"], input + output);
+
+    let stream = &out["stream"];
+    assert_eq!(stream["text"], hello, "{out:#}");
+    let kinds: Vec<&str> = stream["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|kind| kind.as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"response.created"), "{out:#}");
+    assert_eq!(kinds.last(), Some(&"response.completed"), "{out:#}");
+    for kind in [
+        "response.output_item.added",
+        "response.output_text.done",
+        "response.output_item.done",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind}: {out:#}");
+    }
+    let streamed = &stream["usage"];
+    assert_eq!(streamed["output_tokens"], output, "{out:#}");
+    if native {
+        // The cache key and reasoning the streamed request sent.
+        assert_eq!(
+            streamed["input_tokens_details"]["cached_tokens"],
+            streamed["input_tokens"].as_u64().unwrap() / 2,
+            "{out:#}"
+        );
+        assert_eq!(
+            streamed["output_tokens_details"]["reasoning_tokens"],
+            output / 2
+        );
+    }
+    let helper = &out["helper"];
+    assert_eq!(helper["deltas"], hello, "{out:#}");
+    assert_eq!(helper["text"], hello);
+    assert_eq!(helper["usage"], create["usage"]);
+
+    let tool = &out["tool"];
+    assert_eq!(tool["types"], json!(["function_call"]), "{out:#}");
+    assert_eq!(tool["name"], "get_weather");
+    assert_eq!(tool["arguments"], json!({"city": "Paris"}));
+    assert_eq!(tool["after_types"], json!(["message"]), "{out:#}");
+    assert!(
+        tool["after_text"]
+            .as_str()
+            .unwrap()
+            .ends_with("You said: sunny, 21 C"),
+        "{out:#}"
+    );
+
+    let embeddings = &out["embeddings"];
+    let vectors = |name: &str| -> Vec<Vec<f64>> {
+        serde_json::from_value(embeddings[name]["vectors"].clone())
+            .unwrap_or_else(|_| panic!("{name}: {out:#}"))
+    };
+    let (one, list, float) = (vectors("one"), vectors("list"), vectors("float"));
+    assert_eq!(one.len(), 1, "{out:#}");
+    assert_eq!(one[0].len(), 8, "the mock's default dimensions");
+    assert_eq!(list.len(), 2);
+    assert!(list.iter().all(|vector| vector.len() == 4), "{out:#}");
+    assert_eq!(embeddings["list"]["indexes"], json!([0, 1]));
+    // As base64 (the SDK's default) and as numbers, the same vector.
+    for (encoded, number) in one[0].iter().zip(&float[0]) {
+        assert!((encoded - number).abs() < 1e-6, "{out:#}");
+    }
+    assert_eq!(embeddings["one"]["usage"]["prompt_tokens"], 6, "{out:#}");
+    assert_eq!(embeddings["list"]["usage"]["prompt_tokens"], 6 + 5);
+    assert_eq!(embeddings["one"]["model"], EMBEDDING_MODEL);
+
+    let store = raised(&out["errors"], "400");
+    assert_eq!(store["class"], "BadRequestError", "{store:#}");
+    assert!(
+        store["body"]["message"].as_str().unwrap().contains("store"),
+        "{store:#}"
+    );
+    out
+}
+
+/// The OpenAI Python SDK and Codex straight to the mock (no gateway):
+/// the clients take the mock's Responses API and embeddings as OpenAI's,
+/// so that a failure through the gateway is the gateway's.
+#[tokio::test]
+async fn the_openai_sdk_and_codex_take_the_mocks_responses_as_openais() {
+    let base = mock::start(mock::MockConfig::default()).await;
+    let out = openai_responses_script(&base, "a/gpt", "sk-anything", &[], "a/gpt", true).await;
+    assert_eq!(
+        raised(&out["errors"], "400")["body"]["param"],
+        "store",
+        "{out:#}"
+    );
+    codex_turns(&base, "sk-anything", "a/agent", "a/agent").await;
+}
+
+/// The OpenAI Python SDK on `/api/v1/responses` and `/api/v1/embeddings`
+/// as `model`: a response, streamed (events, and the SDK's stream helper),
+/// a function call and the turn with its output, embeddings (one input, a
+/// list, `dimensions`, base64 and floats); refusals raised as the SDK's
+/// classes; the account charged exactly what its records say, each
+/// record saying its API.
+async fn the_openai_sdk_through_the_gateway(model: &str, native: bool) {
+    let setup = setup_with(responses_config).await;
+    let base = format!("{}/api/v1", setup.gateway.address());
+    let out = openai_responses_script(
+        &base,
+        model,
+        &setup.key,
+        &[
+            ("MODELGATE_BROKE_KEY", &setup.broke),
+            ("MODELGATE_LIMITED_KEY", &setup.limited),
+        ],
+        model.rsplit('/').next().unwrap(),
+        native,
+    )
+    .await;
+
+    let errors = &out["errors"];
+    // The gateway refuses `store` itself: the field named in its metadata.
+    assert_eq!(
+        raised(errors, "400")["body"]["metadata"]["param"],
+        "store",
+        "{errors:#}"
+    );
+    for (status, class) in [
+        ("401", "AuthenticationError"),
+        ("402", "APIStatusError"),
+        ("429", "RateLimitError"),
+        ("embeddings 402", "APIStatusError"),
+    ] {
+        let error = raised(errors, status);
+        assert_eq!(error["class"], class, "{status}: {error:#}");
+        assert!(status.ends_with(&error["status"].to_string()), "{error:#}");
+    }
+    assert_eq!(
+        raised(errors, "402")["body"]["metadata"]["limit_source"],
+        "credits"
+    );
+    assert_eq!(
+        raised(errors, "429")["body"]["metadata"]["limit_source"],
+        "key"
+    );
+
+    // Five responses and three embeddings answered, as many records; the
+    // refused `store` made none and cost nothing.
+    let ids = generation_ids(&out);
+    assert_eq!(ids.len(), 8, "{out:#}");
+    let records = setup
+        .gateway
+        .charged_as_recorded("acme", setup.before, &ids)
+        .await;
+    assert_eq!(records.len(), 8, "{records:#?}");
+    for (at, id) in ids.iter().enumerate() {
+        let record = records.iter().find(|record| record["id"] == *id).unwrap();
+        let api = if at < 5 { "responses" } else { "embeddings" };
+        assert_eq!(record["api"], api, "{record:#}");
+    }
+}
+
+/// To a provider that serves the Responses API itself.
+#[tokio::test]
+async fn the_openai_sdk_speaks_responses_and_embeddings_to_a_responses_provider() {
+    the_openai_sdk_through_the_gateway("native/gpt-5", true).await;
+}
+
+/// To a chat-only provider: the gateway translates the Responses API.
+#[tokio::test]
+async fn the_openai_sdk_speaks_responses_to_a_chat_only_provider() {
+    the_openai_sdk_through_the_gateway("chatonly/gpt-5", false).await;
+}
+
+/// Codex headless (`codex exec`) against `base` (the gateway's `/api/v1`
+/// or the mock's own) as `model`: a plain prompt whose answer it prints,
+/// then a turn where the model calls `exec_command` (a directive) with a
+/// command writing a file, Codex runs it in a throwaway folder and sends
+/// its output back as a `function_call_output`, and prints the text the
+/// mock answers only after it. `served_as` is the model the upstream saw.
+async fn codex_turns(base: &str, key: &str, model: &str, served_as: &str) {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let codex_home = home.path().join("codex");
+    std::fs::create_dir(&codex_home).unwrap();
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = {model:?}\nmodel_provider = \"gateway\"\n\n[model_providers.gateway]\n\
+             name = \"gateway\"\nbase_url = {base:?}\nenv_key = \"GATEWAY_KEY\"\nwire_api = \"responses\"\n"
+        ),
+    )
+    .unwrap();
+    let codex = |prompt: &str| {
+        let mut command = tokio::process::Command::new(codex());
+        command
+            .args([
+                "exec",
+                "--skip-git-repo-check",
+                // No sandbox: it needs namespaces a test machine may not give.
+                "--dangerously-bypass-approvals-and-sandbox",
+                prompt,
+            ])
+            .current_dir(work.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home.path())
+            .env("CODEX_HOME", &codex_home)
+            .env("GATEWAY_KEY", key);
+        run(command)
+    };
+
+    let (success, stdout, stderr) = codex("Say hello to the gateway.").await;
+    assert!(success, "codex exec failed:\n{stderr}\n{stdout}");
+    assert_eq!(
+        stdout.trim(),
+        format!("Hello from {served_as}! You said: Say hello to the gateway."),
+        "{stderr}"
+    );
+
+    let file = work.path().join("hello.txt");
+    let input = json!({"cmd": format!("echo written through the gateway > '{}'", file.display())});
+    let (success, stdout, stderr) =
+        codex(&format!("Write the file. mock-tool: exec_command {input}")).await;
+    assert!(success, "codex exec failed:\n{stderr}\n{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap_or_else(|error| panic!(
+            "Codex wrote no {}: {error}\n{stdout}\n{stderr}",
+            file.display()
+        )),
+        "written through the gateway\n"
+    );
+    // The text after the call's output, which names how the command ended.
+    assert!(
+        stdout.starts_with(&format!("Hello from {served_as}! You said:"))
+            && stdout.contains("exited with code 0"),
+        "the answer after the call's output: {stdout}\n{stderr}"
+    );
+}
+
+/// Codex through the gateway as `model`: [`codex_turns`], then at least
+/// its three requests (the prompt; the call, then its output) charged as
+/// their records say, each a `responses` record.
+async fn codex_through_the_gateway(model: &str) {
+    let setup = setup_with(responses_config).await;
+    let base = format!("{}/api/v1", setup.gateway.address());
+    codex_turns(&base, &setup.key, model, model.rsplit('/').next().unwrap()).await;
+    let records = wait_for(PATIENCE, || async {
+        let records = setup.gateway.records("acme").await;
+        if records.len() >= 3 {
+            Ok(records)
+        } else {
+            Err(format!("fewer than 3 records: {records:#?}"))
+        }
+    })
+    .await;
+    let ids: Vec<&str> = records
+        .iter()
+        .map(|record| record["id"].as_str().unwrap())
+        .collect();
+    let records = setup
+        .gateway
+        .charged_as_recorded("acme", setup.before, &ids)
+        .await;
+    for record in &records {
+        assert_eq!(record["api"], "responses", "{record:#}");
+    }
+}
+
+/// Codex to a provider that serves the Responses API itself.
+#[tokio::test]
+async fn codex_runs_a_command_through_a_provider_serving_responses() {
+    codex_through_the_gateway("native/agent").await;
+}
+
+/// Codex to a chat-only provider: the gateway translates.
+#[tokio::test]
+async fn codex_runs_a_command_through_a_chat_only_provider() {
+    codex_through_the_gateway("chatonly/agent").await;
 }
