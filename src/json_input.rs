@@ -88,8 +88,6 @@ pub(crate) fn take_model(fields: &mut Map<String, Value>) -> Result<String, Gate
     }
 }
 
-/// An optional integer of at least `min`: absent or null is `None`; 422
-/// naming `param` for another type or a smaller (or fractional) number.
 /// `messages`, taken from a request's fields: a non-empty array of
 /// messages (400 when absent, null or empty; 422 when not an array).
 pub(crate) fn take_messages(fields: &mut Map<String, Value>) -> Result<Vec<Value>, GatewayError> {
@@ -122,6 +120,8 @@ pub(crate) fn take_stream(fields: &mut Map<String, Value>) -> Result<bool, Gatew
     }
 }
 
+/// An optional integer of at least `min`: absent or null is `None`; 422
+/// naming `param` for another type or a smaller (or fractional) number.
 /// `param` is formatted only on the way to an error.
 pub(crate) fn integer_at_least(
     value: Option<&Value>,
@@ -163,6 +163,104 @@ pub(crate) fn number_in(
             }
         }
         Some(other) => Err(wrong_type(&param.to_string(), "a number", other)),
+    }
+}
+
+/// A field's path (`messages[2].content[0].source`), for messages and
+/// `metadata.param`: built as a parser descends, formatted only on the way
+/// to an error.
+#[derive(Clone, Copy)]
+pub(crate) enum At<'a> {
+    /// The body itself: its fields are named alone (`store`, not `.store`).
+    Root,
+    Top(&'static str),
+    Field(&'a At<'a>, &'static str),
+    Index(&'a At<'a>, usize),
+}
+
+impl At<'_> {
+    pub(crate) fn field(&self, name: &'static str) -> At<'_> {
+        At::Field(self, name)
+    }
+
+    pub(crate) fn index(&self, index: usize) -> At<'_> {
+        At::Index(self, index)
+    }
+
+    pub(crate) fn param(&self) -> String {
+        self.to_string()
+    }
+
+    /// 400: the field is absent or null.
+    pub(crate) fn missing(&self, why: &str) -> GatewayError {
+        missing(&self.param(), why)
+    }
+
+    /// 422: the field is of another type.
+    pub(crate) fn wrong_type(&self, expected: &str, found: &Value) -> GatewayError {
+        wrong_type(&self.param(), expected, found)
+    }
+
+    /// 400: the field holds a value the API does not know.
+    pub(crate) fn unknown(&self, found: &str, known: &str) -> GatewayError {
+        let param = self.param();
+        bad_request(
+            &param,
+            format!("`{param}` is {found:?}, which is not known here; use {known}"),
+        )
+    }
+}
+
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            At::Root => Ok(()),
+            At::Top(name) | At::Field(At::Root, name) => f.write_str(name),
+            At::Field(parent, name) => write!(f, "{parent}.{name}"),
+            At::Index(parent, index) => write!(f, "{parent}[{index}]"),
+        }
+    }
+}
+
+/// Takes the required string `key` of the object at `at`: 400 when absent
+/// or null, 422 when of another type.
+pub(crate) fn take_string(
+    fields: &mut Map<String, Value>,
+    at: &At<'_>,
+    key: &'static str,
+) -> Result<String, GatewayError> {
+    match fields.remove(key) {
+        Some(Value::String(text)) => Ok(text),
+        None | Some(Value::Null) => Err(at.field(key).missing("a string")),
+        Some(other) => Err(at.field(key).wrong_type("a string", &other)),
+    }
+}
+
+/// Takes the optional string `key` of the object at `at`: absent or null
+/// is `None`, another type 422.
+pub(crate) fn take_optional_string(
+    fields: &mut Map<String, Value>,
+    at: &At<'_>,
+    key: &'static str,
+) -> Result<Option<String>, GatewayError> {
+    match fields.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(other) => Err(at.field(key).wrong_type("a string", &other)),
+    }
+}
+
+/// Takes the optional boolean `key` of the object at `at`: absent or null
+/// is `None`, another type 422.
+pub(crate) fn take_optional_bool(
+    fields: &mut Map<String, Value>,
+    at: &At<'_>,
+    key: &'static str,
+) -> Result<Option<bool>, GatewayError> {
+    match fields.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(flag)) => Ok(Some(flag)),
+        Some(other) => Err(at.field(key).wrong_type("a boolean", &other)),
     }
 }
 
@@ -367,6 +465,66 @@ pub(crate) fn json_from_bytes<'de, T: serde::Deserialize<'de>>(
     match std::str::from_utf8(bytes) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(bytes),
+    }
+}
+
+/// Generators the parsers' property tests share.
+#[cfg(test)]
+pub(crate) mod strategies {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// Any JSON value, its strings sometimes one of `words` and its
+    /// objects' keys sometimes one of `keys` (the words a parser reads).
+    pub(crate) fn any_json(
+        words: &'static [&'static str],
+        keys: &'static [&'static str],
+    ) -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |x| x.is_finite())
+                .prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+            proptest::sample::select(words).prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        proptest::sample::select(keys).prop_map(str::to_owned),
+                        "[a-z]{1,4}"
+                    ],
+                    inner,
+                    0..4,
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Every JSON pointer into `value` (but the root).
+    pub(crate) fn collect_pointers(value: &Value, at: String, pointers: &mut Vec<String>) {
+        let children: Vec<(String, &Value)> = match value {
+            Value::Object(fields) => fields
+                .iter()
+                .map(|(key, child)| (key.replace('~', "~0").replace('/', "~1"), child))
+                .collect(),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(index, child)| (index.to_string(), child))
+                .collect(),
+            _ => return,
+        };
+        for (key, child) in children {
+            let pointer = format!("{at}/{key}");
+            pointers.push(pointer.clone());
+            collect_pointers(child, pointer, pointers);
+        }
     }
 }
 

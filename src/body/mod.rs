@@ -65,6 +65,16 @@ pub use crate::context::{
     MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
     ThinkingConfig, ToolChoice, ToolChoiceKind, ToolKind,
 };
+// The Responses and embeddings requests, parsed on their own until a
+// route reads them.
+pub use crate::context::{
+    ContentPart, DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS, FileSource, ImageSource, InputItem, ItemKind,
+    PartKind, ReasoningConfig, ResponsesContent, ResponsesInput, ResponsesRequest, ResponsesRole,
+    ResponsesTool, ResponsesToolChoice, ResponsesToolKind, TextConfig, TextFormat,
+};
+pub use crate::context::{
+    EMBEDDING_INPUT_OVERHEAD_TOKENS, EmbeddingsInput, EmbeddingsRequest, MAX_EMBEDDING_INPUTS,
+};
 pub use drain::{DrainUnread, DrainUnreadLayer, UnreadDrained};
 pub use future::ResponseFuture;
 pub use layer::BodyLimitLayer;

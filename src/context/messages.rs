@@ -63,8 +63,8 @@ use serde_json::{Map, Value};
 
 use crate::error::GatewayError;
 use crate::json_input::{
-    bad_request, integer_at_least, invalid, json_bytes, missing, number_in, request_body_fields,
-    take_messages, take_model, take_stream, wrong_type,
+    At, bad_request, integer_at_least, invalid, json_bytes, number_in, request_body_fields,
+    take_messages, take_model, take_stream, take_string,
 };
 use crate::model_id::ModelId;
 
@@ -361,7 +361,11 @@ pub enum ThinkingConfig {
 }
 
 /// What a prompt's hold is computed from: the prompt as the gateway can
-/// measure it ([`MessagesRequest::prompt_size`]).
+/// measure it ([`MessagesRequest::prompt_size`]; a Responses request's,
+/// [`ResponsesRequest::prompt_size`](super::ResponsesRequest::prompt_size),
+/// counts its items as messages, its files as documents and its items and
+/// parts of unknown types as unmeasured blocks). The field docs say what
+/// a Messages request counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PromptSize {
     /// Bytes the upstream reads as text (at one token per byte, a bound of
@@ -572,11 +576,11 @@ impl MessagesRequest {
 }
 
 impl PromptSize {
-    fn add_bytes(&mut self, bytes: u64) {
+    pub(super) fn add_bytes(&mut self, bytes: u64) {
         self.measured_bytes = self.measured_bytes.saturating_add(bytes);
     }
 
-    fn add_extra(&mut self, extra: &Map<String, Value>) {
+    pub(super) fn add_extra(&mut self, extra: &Map<String, Value>) {
         if !extra.is_empty() {
             self.add_bytes(json_bytes(extra));
         }
@@ -655,58 +659,6 @@ fn visit_blocks(blocks: &[ContentBlock], visit: &mut impl FnMut(&ContentBlock)) 
             _ => continue,
         };
         visit_blocks(inner, visit);
-    }
-}
-
-/// A field's path, for messages and `metadata.param`: built as the parser
-/// descends, formatted only on the way to an error.
-#[derive(Clone, Copy)]
-enum At<'a> {
-    Top(&'static str),
-    Field(&'a At<'a>, &'static str),
-    Index(&'a At<'a>, usize),
-}
-
-impl At<'_> {
-    fn field(&self, name: &'static str) -> At<'_> {
-        At::Field(self, name)
-    }
-
-    fn index(&self, index: usize) -> At<'_> {
-        At::Index(self, index)
-    }
-
-    fn param(&self) -> String {
-        self.to_string()
-    }
-
-    /// 400: the field is absent or null.
-    fn missing(&self, why: &str) -> GatewayError {
-        missing(&self.param(), why)
-    }
-
-    /// 422: the field is of another type.
-    fn wrong_type(&self, expected: &str, found: &Value) -> GatewayError {
-        wrong_type(&self.param(), expected, found)
-    }
-
-    /// 400: the field holds a value the API does not know.
-    fn unknown(&self, found: &str, known: &str) -> GatewayError {
-        let param = self.param();
-        bad_request(
-            &param,
-            format!("`{param}` is {found:?}, which is not known here; use {known}"),
-        )
-    }
-}
-
-impl fmt::Display for At<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            At::Top(name) => f.write_str(name),
-            At::Field(parent, name) => write!(f, "{parent}.{name}"),
-            At::Index(parent, index) => write!(f, "{parent}[{index}]"),
-        }
     }
 }
 
@@ -964,20 +916,6 @@ fn parse_block(at: &At<'_>, block: Value, place: Place) -> Result<ContentBlock, 
         cache_control,
         extra: fields,
     })
-}
-
-/// Takes the required string `key` of the object at `at`: 400 when absent
-/// or null, 422 when of another type.
-fn take_string(
-    fields: &mut Map<String, Value>,
-    at: &At<'_>,
-    key: &'static str,
-) -> Result<String, GatewayError> {
-    match fields.remove(key) {
-        Some(Value::String(text)) => Ok(text),
-        None | Some(Value::Null) => Err(at.field(key).missing("a string")),
-        Some(other) => Err(at.field(key).wrong_type("a string", &other)),
-    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -2434,39 +2372,10 @@ mod tests {
     }
 
     fn any_json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            any::<f64>()
-                .prop_filter("finite", |x| x.is_finite())
-                .prop_map(Value::from),
-            ".{0,8}".prop_map(Value::from),
-            prop_oneof![
-                Just("text"),
-                Just("image"),
-                Just("tool_use"),
-                Just("ephemeral"),
-                Just("base64")
-            ]
-            .prop_map(Value::from),
-        ];
-        leaf.prop_recursive(4, 24, 4, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-                proptest::collection::btree_map(
-                    prop_oneof![
-                        Just("type".to_owned()),
-                        Just("text".to_owned()),
-                        Just("source".to_owned()),
-                        "[a-z]{1,4}"
-                    ],
-                    inner,
-                    0..4,
-                )
-                .prop_map(|map| Value::Object(map.into_iter().collect())),
-            ]
-        })
+        crate::json_input::strategies::any_json(
+            &["text", "image", "tool_use", "ephemeral", "base64"],
+            &["type", "text", "source"],
+        )
     }
 
     /// A JSON pointer, the path errors name, and the check of the type.
@@ -2568,7 +2477,7 @@ mod tests {
         fn arbitrary_json_anywhere_never_panics(value in any_json(), place in 0usize..64) {
             let mut body = claude_code();
             let mut pointers = Vec::new();
-            collect_pointers(&body, String::new(), &mut pointers);
+            crate::json_input::strategies::collect_pointers(&body, String::new(), &mut pointers);
             let pointer = &pointers[place % pointers.len()];
             *body.pointer_mut(pointer).expect("the place exists") = value;
             if let Err(error) = parse(&body) {
@@ -2665,27 +2574,6 @@ mod tests {
             let size = request.prompt_size();
             prop_assert_eq!(size.measured_bytes, text_bytes as u64 + tool_bytes);
             prop_assert_eq!(size.server_tool_count, u64::from(max_uses.is_some()));
-        }
-    }
-
-    /// Every JSON pointer into `value` (but the root).
-    fn collect_pointers(value: &Value, at: String, pointers: &mut Vec<String>) {
-        let children: Vec<(String, &Value)> = match value {
-            Value::Object(fields) => fields
-                .iter()
-                .map(|(key, child)| (key.replace('~', "~0").replace('/', "~1"), child))
-                .collect(),
-            Value::Array(items) => items
-                .iter()
-                .enumerate()
-                .map(|(index, child)| (index.to_string(), child))
-                .collect(),
-            _ => return,
-        };
-        for (key, child) in children {
-            let pointer = format!("{at}/{key}");
-            pointers.push(pointer.clone());
-            collect_pointers(child, pointer, pointers);
         }
     }
 }

@@ -44,14 +44,19 @@
 //! ```
 
 mod chat;
+mod embeddings;
 mod messages;
 mod principal;
 mod request;
+mod responses;
 mod sent;
 mod stack;
 
 pub use crate::model_id::ModelId;
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
+pub use embeddings::{
+    EMBEDDING_INPUT_OVERHEAD_TOKENS, EmbeddingsInput, EmbeddingsRequest, MAX_EMBEDDING_INPUTS,
+};
 pub use messages::{
     BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,
     MessagesEndpoint, MessagesRequest, MessagesRole, MessagesTool, PromptSize, SystemPrompt,
@@ -59,5 +64,10 @@ pub use messages::{
 };
 pub use principal::Principal;
 pub use request::{ModelApi, ModelCall, RequestContext};
+pub use responses::{
+    ContentPart, DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS, FileSource, ImageSource, InputItem, ItemKind,
+    PartKind, ReasoningConfig, ResponsesContent, ResponsesInput, ResponsesRequest, ResponsesRole,
+    ResponsesTool, ResponsesToolChoice, ResponsesToolKind, TextConfig, TextFormat,
+};
 pub use sent::{LateAnswer, LateBody, SentUpstream, UpstreamAttempt};
 pub use stack::{CheckedStack, ContextLayer, ContextPart, MissingLayer};

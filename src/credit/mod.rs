@@ -157,6 +157,7 @@ mod meter;
 mod pending;
 mod pricing;
 mod renewal;
+mod responses_usage;
 mod service;
 mod stream;
 mod usage;
@@ -176,6 +177,7 @@ pub use pricing::{
     MAX_BOUND_TOKENS, MAX_CREDITS_PER_MILLION_TOKENS, MAX_PRICE_OVERRIDES, PriceOverride,
     PriceTable, Pricing, PricingError, PromptBounds, TokenPrice, TokenRates,
 };
+pub use responses_usage::ResponsesUsage;
 pub use service::{
     CreditGuard, GEN_AI_SPAN_TARGET, MESSAGE_OVERHEAD_TOKENS, estimate_max_cost_nanos,
     estimate_prompt_tokens,

@@ -65,7 +65,7 @@ impl Usage {
     /// whole number, or details past the count they are part of, make the
     /// usage unusable, as a bad count does. A detail read wrong would
     /// charge its tokens at another rate.
-    fn from_fields(fields: &UsageFields) -> Option<Usage> {
+    pub(super) fn from_fields(fields: &UsageFields) -> Option<Usage> {
         if fields.prompt_tokens.is_none() && fields.completion_tokens.is_none() {
             return None;
         }
@@ -458,12 +458,12 @@ pub(super) fn messages_usage_in(object: &JsonObject<'_>) -> Option<Usage> {
 /// them from a whole `Value`: a repeated field's last value wins, and
 /// anything but an object is refused.
 #[derive(Default)]
-struct UsageFields {
-    prompt_tokens: Option<Value>,
-    completion_tokens: Option<Value>,
-    cost: Option<Value>,
-    prompt_tokens_details: Option<Value>,
-    completion_tokens_details: Option<Value>,
+pub(super) struct UsageFields {
+    pub(super) prompt_tokens: Option<Value>,
+    pub(super) completion_tokens: Option<Value>,
+    pub(super) cost: Option<Value>,
+    pub(super) prompt_tokens_details: Option<Value>,
+    pub(super) completion_tokens_details: Option<Value>,
 }
 
 impl<'de> serde::Deserialize<'de> for UsageFields {
