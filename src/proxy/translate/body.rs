@@ -260,6 +260,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_chat_answer_is_translated_for_a_responses_client() {
+        let answer = json!({"id": "c", "model": "m", "choices": [{"message": {"content": "Hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2}})
+        .to_string()
+        .into_bytes();
+        let (head, tail) = answer.split_at(7);
+        let out = collect(
+            vec![head.to_vec(), tail.to_vec()],
+            Translation::ChatToResponses { stream: false },
+        )
+        .await
+        .unwrap();
+        let response: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(response["object"], "response");
+        assert_eq!(response["output"][0]["content"][0]["text"], "Hi");
+        assert_eq!(response["usage"]["input_tokens"], 9);
+        let error = collect(
+            vec![b"<html>".to_vec()],
+            Translation::ChatToResponses { stream: false },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(error.downcast_ref::<GatewayError>().unwrap().status(), 502);
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n".to_vec();
+        let pieces: Vec<Vec<u8>> = stream.chunks(5).map(<[u8]>::to_vec).collect();
+        let out = collect(pieces, Translation::ChatToResponses { stream: true })
+            .await
+            .unwrap();
+        let mut direct = ChatToResponsesEvents::new();
+        let mut expected = direct.push(&stream).to_vec();
+        expected.extend_from_slice(&direct.finish());
+        assert_eq!(out.to_vec(), expected);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("event: response.created\n"), "{text}");
+        assert!(text.contains("event: response.completed\n"), "{text}");
+    }
+
+    #[tokio::test]
     async fn a_stream_is_translated_chunk_by_chunk() {
         let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n".to_vec();
         let pieces: Vec<Vec<u8>> = stream.chunks(5).map(<[u8]>::to_vec).collect();
