@@ -216,10 +216,38 @@ pub(crate) fn messages_call(method: &Method, path: &str) -> Option<MessagesCall>
     })
 }
 
-/// Whether `method` and `path` call a model: chat completions or the
-/// Messages API (either call).
+/// Whether `method` and `path` call a model: chat completions, the
+/// Messages API (either call), the Responses API or embeddings.
 pub(crate) fn is_model_call(method: &Method, path: &str) -> bool {
-    is_chat_completions_call(method, path) || messages_call(method, path).is_some()
+    is_chat_completions_call(method, path)
+        || messages_call(method, path).is_some()
+        || is_responses_call(method, path)
+        || is_embeddings_call(method, path)
+}
+
+/// Whether `method` and `path` are a Responses API call: a POST whose path
+/// (read as [`is_chat_completions`] reads one) ends in `responses`.
+pub(crate) fn is_responses_call(method: &Method, path: &str) -> bool {
+    method == Method::POST && last_segment_is(path, "responses")
+}
+
+/// Whether `method` and `path` are an embeddings call: a POST whose path
+/// ends in `embeddings`.
+pub(crate) fn is_embeddings_call(method: &Method, path: &str) -> bool {
+    method == Method::POST && last_segment_is(path, "embeddings")
+}
+
+/// Whether `path`'s last segment, read as an upstream that normalises
+/// paths reads it, is `name` in any case.
+fn last_segment_is(path: &str, name: &str) -> bool {
+    match plain_segments(path) {
+        Some(mut segments) => segments
+            .next_back()
+            .is_some_and(|last| last.eq_ignore_ascii_case(name)),
+        None => normalized_segments(path)
+            .last()
+            .is_some_and(|last| last.eq_ignore_ascii_case(name)),
+    }
 }
 
 /// The segments of a path that normalising would not change but for its

@@ -1,12 +1,13 @@
 //! The request translations on arbitrary bodies: never panic; a body the
 //! gateway's parser accepts translates to a body the other API's parser
-//! accepts with the same model, stream flag and bound on output tokens, or
-//! is refused with a 400 naming the field; the whole-answer translations
+//! accepts with the same model, stream flag and bound on output tokens (a
+//! Responses body to a chat one asking for its stream's usage), or is
+//! refused with a 400 naming the field; the whole-answer translations
 //! never panic on the same bytes, and what they give is JSON.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use modelgate::body::{ChatRequest, MessagesRequest};
+use modelgate::body::{ChatRequest, MessagesRequest, ResponsesRequest};
 use modelgate::proxy::translate_fuzzing as translate;
 
 fn refused_by_name(error: &modelgate::error::GatewayError) {
@@ -44,9 +45,22 @@ fuzz_target!(|input: (u16, &[u8])| {
             Err(error) => refused_by_name(&error),
         }
     }
+    if let Ok(request) = ResponsesRequest::parse(body) {
+        match translate::responses_request_to_chat(body) {
+            Ok(chat) => {
+                let chat = ChatRequest::parse(&chat).expect("the gateway's chat parser accepts it");
+                assert_eq!(chat.model, request.model);
+                assert_eq!(chat.stream, request.stream);
+                assert_eq!(chat.stream_usage_requested, request.stream);
+                assert_eq!(chat.max_tokens, request.max_output_tokens);
+            }
+            Err(error) => refused_by_name(&error),
+        }
+    }
     for translated in [
         translate::chat_response_to_messages(body),
         translate::messages_response_to_chat(body),
+        translate::chat_response_to_responses(body),
     ] {
         match translated {
             Ok(answer) => {

@@ -1,7 +1,7 @@
 //! The stream translations on arbitrary bytes cut into arbitrary chunks:
 //! never panic, give the same events however the bytes are chunked, and
 //! every event they give is whole (ends with a blank line) with JSON data
-//! (or chat's `[DONE]`).
+//! (or chat's `[DONE]`); a chat stream as Responses events ends once.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -44,4 +44,15 @@ fuzz_target!(|input: (Vec<u16>, &[u8])| {
     let chat = translate::messages_stream_to_chat(&pieces);
     assert_eq!(chat, translate::messages_stream_to_chat(&whole));
     check_events(&chat);
+    let responses = translate::chat_stream_to_responses(&pieces);
+    assert_eq!(responses, translate::chat_stream_to_responses(&whole));
+    check_events(&responses);
+    // It ends once: completed, incomplete or failed, last.
+    let text = String::from_utf8_lossy(&responses);
+    let ends = text
+        .matches("event: response.completed\n")
+        .chain(text.matches("event: response.incomplete\n"))
+        .chain(text.matches("event: response.failed\n"))
+        .count();
+    assert_eq!(ends, 1, "{text}");
 });

@@ -16,7 +16,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::keys::{KeyDirectory, KeyState};
 use crate::limiter::{Additions, Admission, AdmissionFuture, Decision};
 use crate::response_body::ResponseBody;
-use crate::routing::{MessagesCall, is_api_path, is_chat_completions_call, messages_call};
+use crate::routing::{MessagesCall, is_api_path, is_model_call, messages_call};
 use crate::store::FailurePolicy;
 
 /// This layer's name in metrics and logs.
@@ -123,7 +123,7 @@ where
         let path = request.uri().path();
         let messages = messages_call(request.method(), path);
         let held = messages == Some(MessagesCall::Create)
-            || (messages.is_none() && is_chat_completions_call(request.method(), path));
+            || (messages.is_none() && is_model_call(request.method(), path));
         // A model call is no key route.
         let route = RouteKind {
             management: !held && messages.is_none() && is_api_path(path),

@@ -6,10 +6,12 @@ use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 
-use super::{ChatRequest, MessagesRequest};
+use super::{ChatRequest, EmbeddingsRequest, MessagesRequest, ResponsesRequest};
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
-use crate::routing::{MessagesCall, is_chat_completions, messages_call};
+use crate::routing::{
+    MessagesCall, is_chat_completions, is_embeddings_call, is_responses_call, messages_call,
+};
 
 /// 413: the body is over `max_body_bytes`.
 pub(super) fn too_large(max_body_bytes: usize) -> GatewayError {
@@ -41,11 +43,20 @@ fn is_json(parts: &Parts) -> bool {
 pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), GatewayError> {
     let messages_call = messages_call(&parts.method, parts.uri.path());
     let chat_call = messages_call.is_none() && is_chat_completions(parts);
-    if (chat_call || messages_call.is_some()) && !is_json(parts) {
-        let api = match chat_call {
-            true => "chat completions take",
-            false => "the Messages API takes",
-        };
+    let responses_call = is_responses_call(&parts.method, parts.uri.path());
+    let embeddings_call = is_embeddings_call(&parts.method, parts.uri.path());
+    let api = if chat_call {
+        Some("chat completions take")
+    } else if messages_call.is_some() {
+        Some("the Messages API takes")
+    } else if responses_call {
+        Some("the Responses API takes")
+    } else if embeddings_call {
+        Some("embeddings take")
+    } else {
+        None
+    };
+    if let Some(api) = api.filter(|_| !is_json(parts)) {
         return Err(GatewayError::new(
             ErrorKind::InvalidRequest,
             format!("{api} a JSON body: send `Content-Type: application/json`"),
@@ -60,6 +71,14 @@ pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), Ga
         Some(MessagesCall::CountTokens) => Some(MessagesRequest::parse_count_tokens(bytes)?),
         None => None,
     };
+    let responses = match responses_call {
+        true => Some(ResponsesRequest::parse(bytes)?),
+        false => None,
+    };
+    let embeddings = match embeddings_call {
+        true => Some(EmbeddingsRequest::parse(bytes)?),
+        false => None,
+    };
     // The body is now exactly these bytes, whatever framing it came in.
     parts.headers.remove(TRANSFER_ENCODING);
     parts
@@ -68,6 +87,8 @@ pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), Ga
     let context = RequestContext::in_extensions(&mut parts.extensions);
     context.chat = chat;
     context.messages = messages;
+    context.responses = responses;
+    context.embeddings = embeddings;
     context.body = Some(bytes.clone());
     Ok(())
 }

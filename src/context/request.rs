@@ -6,7 +6,10 @@ use std::fmt;
 use bytes::Bytes;
 use http::{Extensions, Request};
 
-use super::{ChatRequest, MessagesRequest, ModelId, Principal, SentUpstream};
+use super::{
+    ChatRequest, EmbeddingsRequest, MessagesRequest, ModelId, Principal, ResponsesRequest,
+    SentUpstream,
+};
 use crate::keys::ByokCredential;
 use crate::limiter::AdmissionPlan;
 
@@ -22,6 +25,10 @@ pub struct RequestContext {
     /// The Messages API request BodyLimit parsed, for a Messages call
     /// (`…/messages` or `…/messages/count_tokens`).
     pub messages: Option<MessagesRequest>,
+    /// The Responses API request BodyLimit parsed, for a Responses call.
+    pub responses: Option<ResponsesRequest>,
+    /// The embeddings request BodyLimit parsed, for an embeddings call.
+    pub embeddings: Option<EmbeddingsRequest>,
     /// The body as received (or as CreditGuard edited it for the
     /// upstream), for layers that need the bytes after the body itself has
     /// been handed on. BodyLimit sets it for every request it buffers.
@@ -62,11 +69,27 @@ impl RequestContext {
                 stream: chat.stream,
             });
         }
-        self.messages.as_ref().map(|messages| ModelCall {
-            api: ModelApi::Messages,
-            model: &messages.model,
-            model_id: &messages.model_id,
-            stream: messages.stream,
+        if let Some(messages) = &self.messages {
+            return Some(ModelCall {
+                api: ModelApi::Messages,
+                model: &messages.model,
+                model_id: &messages.model_id,
+                stream: messages.stream,
+            });
+        }
+        if let Some(responses) = &self.responses {
+            return Some(ModelCall {
+                api: ModelApi::Responses,
+                model: &responses.model,
+                model_id: &responses.model_id,
+                stream: responses.stream,
+            });
+        }
+        self.embeddings.as_ref().map(|embeddings| ModelCall {
+            api: ModelApi::Embeddings,
+            model: &embeddings.model,
+            model_id: &embeddings.model_id,
+            stream: false,
         })
     }
 
@@ -97,14 +120,21 @@ pub enum ModelApi {
     Chat,
     /// Anthropic's Messages API (`POST /api/v1/messages`).
     Messages,
+    /// OpenAI's Responses API, stateless (`POST /api/v1/responses`).
+    Responses,
+    /// Embeddings (`POST /api/v1/embeddings`).
+    Embeddings,
 }
 
 impl ModelApi {
-    /// The name records and configuration give it: `chat`, `messages`.
+    /// The name records and configuration give it: `chat`, `messages`,
+    /// `responses`, `embeddings`.
     pub fn as_str(self) -> &'static str {
         match self {
             ModelApi::Chat => "chat",
             ModelApi::Messages => "messages",
+            ModelApi::Responses => "responses",
+            ModelApi::Embeddings => "embeddings",
         }
     }
 }
@@ -130,6 +160,8 @@ impl fmt::Debug for RequestContext {
             .field("principal", &self.principal)
             .field("chat", &self.chat)
             .field("messages", &self.messages)
+            .field("responses", &self.responses)
+            .field("embeddings", &self.embeddings)
             .field("body_bytes", &self.body.as_ref().map(Bytes::len))
             .field("credential", &self.credential)
             .field("requested_model", &self.requested_model)

@@ -18,21 +18,27 @@ pub enum BoundField {
     MaxTokens,
     /// `max_completion_tokens`
     MaxCompletionTokens,
+    /// `max_output_tokens`: the Responses API's, never a provider's choice.
+    #[serde(skip)]
+    MaxOutputTokens,
 }
 
 impl BoundField {
-    fn name(self) -> &'static str {
+    /// The field's name in a request body.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BoundField::MaxTokens => "max_tokens",
             BoundField::MaxCompletionTokens => "max_completion_tokens",
+            BoundField::MaxOutputTokens => "max_output_tokens",
         }
     }
 
     /// The field a provider reading this one may ignore.
-    fn other(self) -> BoundField {
+    fn other(self) -> Option<BoundField> {
         match self {
-            BoundField::MaxTokens => BoundField::MaxCompletionTokens,
-            BoundField::MaxCompletionTokens => BoundField::MaxTokens,
+            BoundField::MaxTokens => Some(BoundField::MaxCompletionTokens),
+            BoundField::MaxCompletionTokens => Some(BoundField::MaxTokens),
+            BoundField::MaxOutputTokens => None,
         }
     }
 }
@@ -50,6 +56,12 @@ pub struct BodyEdits {
     /// Makes `stream_options.include_usage` true: for a streamed request
     /// whose client did not ask for usage.
     pub ask_stream_usage: bool,
+    /// Sets `max_tool_calls`: a Responses request that may search the web
+    /// without a bound of its own gets the one its hold pays for.
+    pub max_tool_calls: Option<u64>,
+    /// Sets `store` to false where the client left it out: a Responses
+    /// upstream stores answers by default, and the gateway is stateless.
+    pub stateless: bool,
 }
 
 /// The request body with `edits` made; `None` when nothing needs changing
@@ -73,6 +85,7 @@ pub struct BodyEdits {
 /// let edits = BodyEdits {
 ///     write_bound: Some((BoundField::MaxCompletionTokens, 4096)),
 ///     ask_stream_usage: true,
+///     ..BodyEdits::default()
 /// };
 /// let edited = edit_request_body(body, &edits).unwrap();
 /// assert_eq!(
@@ -82,7 +95,7 @@ pub struct BodyEdits {
 /// assert_eq!(edit_request_body(body, &BodyEdits::default()), None);
 /// ```
 pub fn edit_request_body(body: &[u8], edits: &BodyEdits) -> Option<Bytes> {
-    if edits.write_bound.is_none() && !edits.ask_stream_usage {
+    if *edits == BodyEdits::default() {
         return None;
     }
     let mut object = JsonObject::parse(body)?;
@@ -93,10 +106,20 @@ pub fn edit_request_body(body: &[u8], edits: &BodyEdits) -> Option<Bytes> {
             object.set(field.name(), tokens).ok()?;
             changed = true;
         }
-        if object.get(field.other().name()).ok()?.is_some() {
-            object.remove(field.other().name()).ok()?;
+        if let Some(other) = field.other()
+            && object.get(other.name()).ok()?.is_some()
+        {
+            object.remove(other.name()).ok()?;
             changed = true;
         }
+    }
+    if let Some(calls) = edits.max_tool_calls {
+        object.set("max_tool_calls", calls.to_string()).ok()?;
+        changed = true;
+    }
+    if edits.stateless && object.get("store").ok()?.is_none() {
+        object.set("store", "false".to_owned()).ok()?;
+        changed = true;
     }
     if edits.ask_stream_usage
         && let Some(options) = stream_options_with_usage(object.get("stream_options").ok()?)
@@ -143,11 +166,37 @@ mod tests {
     const BOUND: BodyEdits = BodyEdits {
         write_bound: Some((BoundField::MaxTokens, 512)),
         ask_stream_usage: false,
+        max_tool_calls: None,
+        stateless: false,
     };
     const USAGE: BodyEdits = BodyEdits {
         write_bound: None,
         ask_stream_usage: true,
+        max_tool_calls: None,
+        stateless: false,
     };
+
+    /// A Responses request's edits: its bound in `max_output_tokens`, the
+    /// searches its hold pays for in `max_tool_calls`, `store: false` where
+    /// the client left it out; every other byte as sent.
+    #[test]
+    fn a_responses_request_gets_its_bound_its_tool_calls_and_store_false() {
+        let edits = BodyEdits {
+            write_bound: Some((BoundField::MaxOutputTokens, 300)),
+            max_tool_calls: Some(8),
+            stateless: true,
+            ..BodyEdits::default()
+        };
+        assert_eq!(
+            edit(r#"{"model": "a/b", "input": "Hi", "max_tokens": 5}"#, edits).unwrap(),
+            r#"{"model": "a/b", "input": "Hi", "max_tokens": 5,"max_output_tokens":300,"max_tool_calls":8,"store":false}"#
+        );
+        // The client's own `store: false` stays as sent.
+        assert_eq!(
+            edit(r#"{"store": false, "max_output_tokens": 300}"#, BodyEdits { max_tool_calls: None, ..edits }),
+            None
+        );
+    }
 
     fn edit(body: &str, edits: BodyEdits) -> Option<String> {
         edit_request_body(body.as_bytes(), &edits)
@@ -166,6 +215,7 @@ mod tests {
         let edits = BodyEdits {
             write_bound: Some((BoundField::MaxCompletionTokens, 7)),
             ask_stream_usage: false,
+            ..BodyEdits::default()
         };
         assert_eq!(
             edit(r#"{"model":"p/m"}"#, edits).unwrap(),
@@ -184,6 +234,7 @@ mod tests {
                 BodyEdits {
                     write_bound: Some((BoundField::MaxTokens, 1)),
                     ask_stream_usage: false,
+                    ..BodyEdits::default()
                 }
             )
             .unwrap(),
@@ -192,6 +243,7 @@ mod tests {
         let to_completion = BodyEdits {
             write_bound: Some((BoundField::MaxCompletionTokens, 9)),
             ask_stream_usage: false,
+            ..BodyEdits::default()
         };
         assert_eq!(
             edit(
@@ -297,6 +349,7 @@ mod tests {
         let edits = BodyEdits {
             write_bound: Some((BoundField::MaxCompletionTokens, 300)),
             ask_stream_usage: true,
+            ..BodyEdits::default()
         };
         let after =
             ChatRequest::parse(&edit_request_body(body.as_bytes(), &edits).unwrap()).unwrap();
@@ -366,13 +419,13 @@ mod tests {
             }
             let body = format!(" {{ {} }}", parts.join(" , "));
             let field = if completion_field { BoundField::MaxCompletionTokens } else { BoundField::MaxTokens };
-            let edits = BodyEdits { write_bound: write_bound.then_some((field, tokens)), ask_stream_usage };
+            let edits = BodyEdits { write_bound: write_bound.then_some((field, tokens)), ask_stream_usage, ..BodyEdits::default() };
             let already_asked = options.as_ref().and_then(|o| o.get("include_usage")).is_some_and(|v| v == "true");
             let out = edit_request_body(body.as_bytes(), &edits);
             let before = members(body.as_bytes());
             let Some(out) = out else {
                 let bound_in_place = before.get(field.name()).is_some_and(|value| value.get() == tokens.to_string())
-                    && !before.contains_key(field.other().name());
+                    && !field.other().is_some_and(|other| before.contains_key(other.name()));
                 prop_assert!((!write_bound || bound_in_place) && (!ask_stream_usage || already_asked));
                 return Ok(());
             };
@@ -385,7 +438,7 @@ mod tests {
             }
             if write_bound {
                 prop_assert_eq!(after[field.name()].get(), tokens.to_string());
-                prop_assert!(!after.contains_key(field.other().name()), "the other bound field stays");
+                prop_assert!(!field.other().is_some_and(|other| after.contains_key(other.name())), "the other bound field stays");
             }
             let value: Value = serde_json::from_slice(&out).unwrap();
             if ask_stream_usage {
@@ -410,7 +463,7 @@ mod tests {
 
         #[test]
         fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200), ask: bool) {
-            let edits = BodyEdits { write_bound: Some((BoundField::MaxTokens, 1)), ask_stream_usage: ask };
+            let edits = BodyEdits { write_bound: Some((BoundField::MaxTokens, 1)), ask_stream_usage: ask, ..BodyEdits::default() };
             if let Some(out) = edit_request_body(&body, &edits) {
                 prop_assert!(serde_json::from_slice::<&RawValue>(&out).is_ok());
             }

@@ -106,6 +106,9 @@ pub struct TokenPrice {
     /// Rates past a prompt size; the override with the largest
     /// `min_prompt_tokens` the prompt reaches applies.
     pub overrides: [Option<PriceOverride>; MAX_PRICE_OVERRIDES],
+    /// An embeddings model (`"embeddings": true`): served on the
+    /// embeddings route only, and no other model there.
+    pub embeddings_only: bool,
 }
 
 impl TokenPrice {
@@ -127,6 +130,7 @@ impl TokenPrice {
             request_nanos: 0,
             web_search_nanos: 0,
             overrides: [None; MAX_PRICE_OVERRIDES],
+            embeddings_only: false,
         }
     }
 
@@ -393,6 +397,9 @@ struct ConfiguredPrice {
     web_search: Option<f64>,
     #[serde(default)]
     overrides: Vec<ConfiguredOverride>,
+    /// An embeddings model.
+    #[serde(default)]
+    embeddings: bool,
     // Any JSON, so that 0, 1.5 or "8k" is refused naming the field rather
     // than by serde's type error, which names none.
     #[serde(default)]
@@ -646,6 +653,7 @@ fn token_price(price: &ConfiguredPrice) -> Result<TokenPrice, String> {
         request_nanos: optional("request", price.request)?.unwrap_or(0),
         web_search_nanos: optional("web_search", price.web_search)?.unwrap_or(0),
         overrides,
+        embeddings_only: price.embeddings,
     })
 }
 
@@ -1187,7 +1195,7 @@ mod tests {
                     },
                 });
             }
-            let price = TokenPrice { rates: base, request_nanos: request, web_search_nanos: 0, overrides };
+            let price = TokenPrice { rates: base, request_nanos: request, web_search_nanos: 0, overrides, embeddings_only: false };
             let share = |of: u64, index: usize| (of as f64 * shares[index]) as u64;
             let prompt = share(prompt_bound, 0);
             let completion = share(completion_bound, 1);

@@ -14,7 +14,8 @@ use super::meter::{Ending, Meter, Unsettled};
 use super::pricing::{PromptBounds, TokenPrice};
 use crate::body::{ChatRequest, MessageContent};
 use crate::context::{
-    MessagesEndpoint, MessagesRequest, ModelApi, ModelCall, Principal, RequestContext, SentUpstream,
+    MessagesEndpoint, ModelApi, ModelCall, ModelId, Principal, PromptSize, RequestContext,
+    SentUpstream,
 };
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::json_input::{bad_request, json_bytes};
@@ -23,7 +24,7 @@ use crate::keys::credits::{decimal_string, nanos_to_json};
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
-use crate::routing::{MessagesCall, is_chat_completions_call, messages_call};
+use crate::routing::{MessagesCall, is_model_call, messages_call};
 use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
 use crate::store::{RecordKeeping, is_lapse_model};
 use crate::usage::GenerationContext;
@@ -72,10 +73,9 @@ where
         // A Messages `count_tokens` generates nothing: only its checks count.
         let asked = context.and_then(|context| asked_of(context, &self.config));
         let Some((call, asked)) = asked else {
-            if is_chat_completions_call(request.method(), request.uri().path())
-                || messages_call(request.method(), request.uri().path())
-                    == Some(MessagesCall::Create)
-            {
+            let (method, path) = (request.method(), request.uri().path());
+            let counts_nothing = messages_call(method, path) == Some(MessagesCall::CountTokens);
+            if is_model_call(method, path) && !counts_nothing {
                 return ResponseFuture::rejected(GatewayError::missing_layer(
                     "CreditGuard",
                     "BodyLimit",
@@ -109,6 +109,23 @@ where
                 .with_metadata("param", "model"),
             );
         };
+        // An embeddings model embeds, and nothing else does.
+        let embeddings_call = call.api == ModelApi::Embeddings;
+        if price.embeddings_only != embeddings_call {
+            let message = match embeddings_call {
+                true => format!(
+                    "the model {} is not an embeddings model on this gateway; send an embeddings model, or call it on a completion route",
+                    call.model_id
+                ),
+                false => format!(
+                    "the model {} is an embeddings model: call it with POST /api/v1/embeddings",
+                    call.model_id
+                ),
+            };
+            return ResponseFuture::rejected(
+                GatewayError::new(ErrorKind::InvalidRequest, message).with_metadata("param", "model"),
+            );
+        }
         let provider = call.model_id.provider().to_owned();
         let generation = match &config.generations {
             Some(settings) => {
@@ -149,6 +166,8 @@ where
             choices: asked.choices,
             ask_stream_usage: asked.ask_stream_usage,
             bound_field: asked.bound_field,
+            max_tool_calls: asked.max_tool_calls,
+            stateless: asked.stateless,
             default_bound_tokens: config.default_max_tokens.max(asked.min_bound_tokens),
             // Each search the request may make has its fee.
             fixed_nanos: i64::try_from(
@@ -182,9 +201,15 @@ struct AskedOf {
     min_bound_tokens: u64,
     choices: u64,
     ask_stream_usage: bool,
-    bound_field: BoundField,
+    /// The field the bound goes in; `None` for a call that generates
+    /// nothing (embeddings).
+    bound_field: Option<BoundField>,
     /// The most web searches the request may make, each with its fee.
     web_searches: u64,
+    /// `max_tool_calls` to write: the web searches held for.
+    max_tool_calls: Option<u64>,
+    /// `store: false` to write where the client left it out.
+    stateless: bool,
 }
 
 /// The model call `context` makes and what it asks of its hold; `None`
@@ -203,15 +228,19 @@ fn asked_of<'a>(
             min_bound_tokens: 1,
             choices: chat.n.unwrap_or(1).max(1),
             ask_stream_usage: chat.stream && !chat.stream_usage_requested,
-            bound_field: config
-                .bound_fields
-                .get(&call.model_id.provider().to_ascii_lowercase())
-                .copied()
-                .unwrap_or_default(),
+            bound_field: Some(
+                config
+                    .bound_fields
+                    .get(&call.model_id.provider().to_ascii_lowercase())
+                    .copied()
+                    .unwrap_or_default(),
+            ),
             web_searches: 0,
+            max_tool_calls: None,
+            stateless: false,
         },
         (None, Some(messages)) if messages.endpoint == MessagesEndpoint::Create => AskedOf {
-            prompt: count_messages_prompt(messages, &bounds),
+            prompt: count_measured_prompt(messages.prompt_size(), call.model_id, &bounds),
             client_bound_tokens: messages.max_tokens,
             // Thinking counts inside `max_tokens`, which must be above
             // its budget.
@@ -221,8 +250,50 @@ fn asked_of<'a>(
             choices: 1,
             // Anthropic's streams always carry their usage.
             ask_stream_usage: false,
-            bound_field: BoundField::MaxTokens,
+            bound_field: Some(BoundField::MaxTokens),
             web_searches: messages.web_search_max_uses().unwrap_or(0),
+            max_tool_calls: None,
+            stateless: false,
+        },
+        (None, None) => match (&context.responses, &context.embeddings) {
+            (Some(responses), _) => AskedOf {
+                prompt: count_measured_prompt(responses.prompt_size(), call.model_id, &bounds),
+                client_bound_tokens: responses.max_output_tokens,
+                // Reasoning counts inside `max_output_tokens`.
+                min_bound_tokens: 1,
+                choices: 1,
+                // Its last event always carries the usage.
+                ask_stream_usage: false,
+                bound_field: Some(BoundField::MaxOutputTokens),
+                web_searches: responses.web_search_max_uses().unwrap_or(0),
+                max_tool_calls: responses.max_tool_calls_to_add(),
+                stateless: true,
+            },
+            (None, Some(embeddings)) => {
+                let capped = |tokens: u64| {
+                    bounds
+                        .context_length_tokens
+                        .map_or(tokens, |context| tokens.min(context))
+                };
+                let tokens = capped(embeddings.prompt_bound_tokens());
+                AskedOf {
+                    prompt: PromptCount {
+                        tokens,
+                        likely_tokens: tokens,
+                        unbounded: None,
+                    },
+                    // Nothing is generated.
+                    client_bound_tokens: Some(0),
+                    min_bound_tokens: 0,
+                    choices: 1,
+                    ask_stream_usage: false,
+                    bound_field: None,
+                    web_searches: 0,
+                    max_tool_calls: None,
+                    stateless: false,
+                }
+            }
+            (None, None) => return None,
         },
         _ => return None,
     };
@@ -363,7 +434,7 @@ fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
     }
 }
 
-/// A Messages request's prompt count, by the rules of
+/// A Messages or Responses request's prompt count, by the rules of
 /// [`estimate_prompt_tokens`]: its measured bytes ([`PromptSize`](crate::context::PromptSize))
 /// at a token each, each message and the reply's header
 /// [`MESSAGE_OVERHEAD_TOKENS`] more; an image its `max_tokens_per_image`, a
@@ -371,8 +442,7 @@ fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
 /// in its bytes the `context_length` (each else the `context_length`; the
 /// refusal of the first kind the bounds leave unbounded), all at most the
 /// `context_length`.
-fn count_messages_prompt(messages: &MessagesRequest, bounds: &PromptBounds) -> PromptCount {
-    let size = messages.prompt_size();
+fn count_measured_prompt(size: PromptSize, model_id: &ModelId, bounds: &PromptBounds) -> PromptCount {
     let mut unbounded = None;
     let mut part_tokens: u64 = 0;
     let kinds = [
@@ -409,7 +479,7 @@ fn count_messages_prompt(messages: &MessagesRequest, bounds: &PromptBounds) -> P
                         field,
                         format!(
                             "the request holds {what}, and this gateway's pricing of {} does not set `{field}`, so what it may cost has no bound and cannot be held; the gateway's operator sets `{field}` in the model's pricing. Send the request without it, or use another model",
-                            messages.model_id
+                            model_id
                         ),
                     )
                     .with_metadata("reason", "unbounded_prompt_part")
@@ -568,7 +638,12 @@ struct Charge {
     choices: u64,
     /// A stream whose client did not ask for usage: the gateway asks.
     ask_stream_usage: bool,
-    bound_field: BoundField,
+    /// The field the bound goes in (`None`: nothing is generated).
+    bound_field: Option<BoundField>,
+    /// `max_tool_calls` to write (the web searches held for).
+    max_tool_calls: Option<u64>,
+    /// `store: false` to write where the client left it out.
+    stateless: bool,
     /// The bound written when the client set none and the hold pays for it.
     default_bound_tokens: u64,
     /// Fees the request may owe whatever its tokens (web searches).
@@ -955,8 +1030,12 @@ fn admitted(
         credential,
         additions,
         body_edits: Some(BodyEdits {
-            write_bound: write_bound.map(|tokens| (charge.bound_field, tokens)),
+            write_bound: write_bound
+                .zip(charge.bound_field)
+                .map(|(tokens, field)| (field, tokens)),
             ask_stream_usage: charge.ask_stream_usage,
+            max_tool_calls: charge.max_tool_calls,
+            stateless: charge.stateless,
         }),
         hide_stream_usage: charge.ask_stream_usage,
         sent: None,
@@ -971,17 +1050,22 @@ fn refused(charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
         .unwrap_or(charge.default_bound_tokens);
     // What the room left pays for, in completion tokens per choice.
     let tokens_for = |room_nanos: i64| charge.affordable_tokens(room_nanos, asked_tokens);
-    let asked = match charge.client_bound_tokens {
-        Some(tokens) => format!(
-            "this request asks for up to {tokens} completion tokens (max_tokens), which with its prompt could cost {} credits",
+    let asked = match (charge.client_bound_tokens, charge.bound_field) {
+        (Some(_), None) => format!(
+            "this request's input could cost {} credits",
+            decimal_string(charge.cost_nanos(0), 0)
+        ),
+        (Some(tokens), Some(field)) => format!(
+            "this request asks for up to {tokens} completion tokens ({}), which with its prompt could cost {} credits",
+            field.name(),
             decimal_string(charge.cost_nanos(tokens), 0)
         ),
-        None if charge.min_bound_tokens > 1 => format!(
+        (None, _) if charge.min_bound_tokens > 1 => format!(
             "this request's prompt and {} completion tokens (one more than its thinking budget) could cost {} credits",
             charge.min_bound_tokens,
             decimal_string(charge.cost_nanos(charge.min_bound_tokens), 0)
         ),
-        None => format!(
+        (None, _) => format!(
             "this request's prompt and one completion token could cost {} credits",
             decimal_string(charge.cost_nanos(1), 0)
         ),
@@ -1266,7 +1350,9 @@ mod tests {
             fixed_nanos: 0,
             choices: 1,
             ask_stream_usage: false,
-            bound_field: BoundField::default(),
+            bound_field: Some(BoundField::default()),
+            max_tool_calls: None,
+            stateless: false,
             default_bound_tokens: 100,
             price,
             free,

@@ -3,7 +3,8 @@
 //! gateway wants of it: the usage it reports, the usage the client must
 //! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
 
-use super::MessagesUsage;
+use super::{MessagesUsage, ResponsesUsage};
+use crate::context::ModelApi;
 use super::usage::{USAGE_FIELD, Usage, names_only_null_usage, text_bytes, usage_in, usage_of};
 use bytes::BytesMut;
 
@@ -34,9 +35,9 @@ pub(crate) struct StreamReader {
     edits: StreamEdits,
     max_read_bytes: usize,
     usage: Option<Usage>,
-    /// An Anthropic stream's usage, merged event by event; `None` for a
-    /// chat-completions stream.
-    messages_usage: Option<MessagesUsage>,
+    /// How an API other than chat completions reports its usage, merged
+    /// event by event.
+    events_usage: EventsUsage,
     done: bool,
     // Chunks streamed (events other than `[DONE]`), and the bytes of the
     // text they carried: what a stream that reports no usage is charged by.
@@ -51,25 +52,31 @@ impl StreamReader {
             edits,
             max_read_bytes,
             usage: None,
-            messages_usage: None,
+            events_usage: EventsUsage::Chat,
             done: false,
             streamed_chunks: 0,
             streamed_text_bytes: 0,
         }
     }
 
-    /// Reads the stream as Anthropic's Messages events: usage merged
-    /// field by field from `message_start` and each `message_delta`.
-    pub(crate) fn read_messages_events(&mut self) {
-        self.messages_usage = Some(MessagesUsage::default());
+    /// Reads the stream as `api`'s events: Anthropic's usage merged field
+    /// by field from `message_start` and each `message_delta`; the
+    /// Responses API's from its last event (`response.completed`, …).
+    pub(crate) fn read_events_of(&mut self, api: ModelApi) {
+        self.events_usage = match api {
+            ModelApi::Chat | ModelApi::Embeddings => EventsUsage::Chat,
+            ModelApi::Messages => EventsUsage::Messages(MessagesUsage::default()),
+            ModelApi::Responses => EventsUsage::Responses(ResponsesUsage::default()),
+        };
     }
 
     /// The usage the stream reported: the last chunk with usage wins (an
     /// Anthropic stream's fields merged, each its last value).
     pub(crate) fn usage(&self) -> Option<Usage> {
-        match &self.messages_usage {
-            Some(merged) => merged.usage(),
-            None => self.usage,
+        match &self.events_usage {
+            EventsUsage::Chat => self.usage,
+            EventsUsage::Messages(merged) => merged.usage(),
+            EventsUsage::Responses(read) => read.usage(),
         }
     }
 
@@ -116,9 +123,24 @@ impl StreamReader {
         if !read {
             return Some(object);
         }
-        match &mut self.messages_usage {
-            Some(merged) => merge_messages_event(merged, &object),
-            None => self.usage = usage_in(&object).or(self.usage),
+        match &mut self.events_usage {
+            EventsUsage::Chat => self.usage = usage_in(&object).or(self.usage),
+            EventsUsage::Messages(merged) => merge_messages_event(merged, &object),
+            EventsUsage::Responses(read) => {
+                // Only the last events carry it: the others are not parsed.
+                let last = matches!(
+                    object.get("type"),
+                    Ok(Some(
+                        "\"response.completed\"" | "\"response.incomplete\"" | "\"response.failed\""
+                    ))
+                );
+                if let Some(event) = last
+                    .then(|| serde_json::from_slice::<serde_json::Value>(data).ok())
+                    .flatten()
+                {
+                    read.merge_event(&event);
+                }
+            }
         }
         Some(object)
     }
@@ -193,6 +215,15 @@ impl EventEditor for StreamReader {
         // Too long to hold and read: every byte counts as text, generously.
         self.streamed_text_bytes += piece.len() as u64;
     }
+}
+
+/// How a stream's usage is read, by its API.
+#[derive(Debug)]
+enum EventsUsage {
+    /// Chat completions: the last chunk with usage.
+    Chat,
+    Messages(MessagesUsage),
+    Responses(ResponsesUsage),
 }
 
 /// Merges the usage an Anthropic event carries: `message_start`'s

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::stream::{StreamEdits, StreamReader};
 use crate::edit::{JsonObject, MAX_NAMED_JSON_BYTES, MAX_SSE_LINE_BYTES, ServedModel, SseEvents};
 
-use super::MessagesUsage;
+use super::{MessagesUsage, ResponsesUsage};
 use crate::context::ModelApi;
 use crate::keys::credits::nanos_from_json;
 
@@ -130,8 +130,8 @@ enum Reading {
         /// The model to name in the answer, which is held until its end
         /// (up to [`MAX_NAMED_JSON_BYTES`]) to be parsed once for both.
         naming: Option<ServedModel>,
-        /// The answer is Anthropic's: its usage read as [`MessagesUsage`].
-        messages: bool,
+        /// The API whose answer this is: how its usage is read.
+        api: ModelApi,
     },
     /// Each event read once, by the reader that also makes the stream's
     /// edits (boxed: a JSON body's scanner stays small).
@@ -156,7 +156,7 @@ impl UsageScanner {
                 buffer: Vec::new(),
                 overflowed: false,
                 naming: None,
-                messages: false,
+                api: ModelApi::Chat,
             },
             BodyKind::EventStream => {
                 return UsageScanner::event_stream(StreamEdits::default(), max_buffered_bytes);
@@ -192,19 +192,18 @@ impl UsageScanner {
                 buffer: Vec::new(),
                 overflowed: false,
                 naming: Some(model),
-                messages: false,
+                api: ModelApi::Chat,
             },
         }
     }
 
     /// The same scanner reading usage as `api` reports it: Anthropic's
-    /// Messages answers and events by [`MessagesUsage`]'s rules.
+    /// Messages answers and events by [`MessagesUsage`]'s rules, the
+    /// Responses API's by [`ResponsesUsage`]'s, embeddings as chat.
     pub(crate) fn in_api(mut self, api: ModelApi) -> Self {
-        if api == ModelApi::Messages {
-            match &mut self.reading {
-                Reading::Json { messages, .. } => *messages = true,
-                Reading::EventStream(scan) => scan.reader.read_messages_events(),
-            }
+        match &mut self.reading {
+            Reading::Json { api: read_as, .. } => *read_as = api,
+            Reading::EventStream(scan) => scan.reader.read_events_of(api),
         }
         self
     }
@@ -319,7 +318,7 @@ impl UsageScanner {
                 overflowed,
                 naming: Some(served),
                 max_buffered_bytes,
-                messages,
+                api,
             } => {
                 let read = !overflowed && buffer.len() <= max_buffered_bytes;
                 // One parse for the usage and the model.
@@ -328,13 +327,9 @@ impl UsageScanner {
                     return read
                         .then(|| usage_of(&buffer))
                         .flatten()
-                        .filter(|_| !messages);
+                        .filter(|_| reads_as_chat(api));
                 };
-                let usage = match messages {
-                    true => messages_usage_in(&object),
-                    false => usage_in(&object),
-                }
-                .filter(|_| read);
+                let usage = usage_in_answer(&object, api).filter(|_| read);
                 match served.name_in(&mut object) {
                     true => object.write_to(out),
                     false => out.extend_from_slice(&buffer),
@@ -344,14 +339,14 @@ impl UsageScanner {
             Reading::Json {
                 buffer,
                 overflowed,
-                messages,
+                api,
                 ..
-            } => match (overflowed, messages) {
-                (true, _) => None,
-                (false, true) => {
-                    JsonObject::parse(&buffer).and_then(|object| messages_usage_in(&object))
+            } => match overflowed {
+                true => None,
+                false if reads_as_chat(api) => usage_of(&buffer),
+                false => {
+                    JsonObject::parse(&buffer).and_then(|object| usage_in_answer(&object, api))
                 }
-                (false, false) => usage_of(&buffer),
             },
             Reading::EventStream(scan) => {
                 let StreamScan {
@@ -444,14 +439,31 @@ pub(super) fn usage_in(object: &JsonObject<'_>) -> Option<Usage> {
     Usage::from_fields(&usage)
 }
 
-/// The usage of an Anthropic Messages answer's `usage` member (a
-/// repeated `usage` is none).
-pub(super) fn messages_usage_in(object: &JsonObject<'_>) -> Option<Usage> {
-    let raw = object.get("usage").ok()??;
-    let usage = serde_json::from_str::<serde_json::Map<String, Value>>(raw).ok()?;
-    let mut merged = MessagesUsage::default();
-    merged.merge_usage(&usage);
-    merged.usage()
+/// Whether `api`'s answers report usage as chat completions do
+/// (embeddings do too).
+fn reads_as_chat(api: ModelApi) -> bool {
+    matches!(api, ModelApi::Chat | ModelApi::Embeddings)
+}
+
+/// The usage of a whole answer of `api` (a repeated `usage` is none).
+fn usage_in_answer(object: &JsonObject<'_>, api: ModelApi) -> Option<Usage> {
+    match api {
+        ModelApi::Chat | ModelApi::Embeddings => usage_in(object),
+        ModelApi::Messages => {
+            let raw = object.get("usage").ok()??;
+            let usage = serde_json::from_str::<serde_json::Map<String, Value>>(raw).ok()?;
+            let mut merged = MessagesUsage::default();
+            merged.merge_usage(&usage);
+            merged.usage()
+        }
+        ModelApi::Responses => {
+            // Its web searches are in its `output`: the whole answer is read.
+            let answer = serde_json::from_slice::<Value>(&object.to_bytes()).ok()?;
+            let mut read = ResponsesUsage::default();
+            read.merge_response(&answer);
+            read.usage()
+        }
+    }
 }
 
 /// A `usage` object's counted fields, as [`Usage::from_response`] reads

@@ -93,7 +93,7 @@ where
             let error = GatewayError::new(
                 ErrorKind::NotFound,
                 format!(
-                    "no such endpoint: {} {}; this gateway serves POST /api/v1/chat/completions, POST /api/v1/messages (and its count_tokens) and the key routes",
+                    "no such endpoint: {} {}; this gateway serves POST /api/v1/chat/completions, /api/v1/messages (and its count_tokens), /api/v1/responses and /api/v1/embeddings, and the key routes",
                     request.method(),
                     request.uri().path()
                 ),
@@ -147,6 +147,8 @@ enum ModelRoute {
     Chat,
     Messages,
     CountTokens,
+    Responses,
+    Embeddings,
 }
 
 impl ModelRoute {
@@ -154,6 +156,8 @@ impl ModelRoute {
         match self {
             ModelRoute::Chat => ModelApi::Chat,
             ModelRoute::Messages | ModelRoute::CountTokens => ModelApi::Messages,
+            ModelRoute::Responses => ModelApi::Responses,
+            ModelRoute::Embeddings => ModelApi::Embeddings,
         }
     }
 }
@@ -172,7 +176,19 @@ impl<S> ChatOnly<S> {
             .and_then(RequestContext::model_call)
             .and_then(|call| self.providers.apis_for(call.model_id));
         // No provider for the model: Providers answers why.
-        let wire = served.map_or(route.api(), |served| served.wire_api(route.api()));
+        let wire = match served {
+            None => route.api(),
+            Some(served) => served.wire_api(route.api()).ok_or_else(|| {
+                GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "this model's provider does not serve the {} API, and the gateway cannot translate it to one the provider serves; use a model whose provider serves it",
+                        route.api().as_str()
+                    ),
+                )
+                .with_metadata("param", "model")
+            })?,
+        };
         request.extensions_mut().insert(WireApi(wire));
         if wire == route.api() {
             return Ok((request, None));
@@ -189,17 +205,27 @@ impl<S> ChatOnly<S> {
         else {
             return Err(GatewayError::missing_layer("ChatOnly", "BodyLimit"));
         };
-        let (translated, path, answer) = match wire {
-            ModelApi::Chat => (
+        let (translated, path, answer) = match (route.api(), wire) {
+            (ModelApi::Messages, ModelApi::Chat) => (
                 translate::messages_request_to_chat(&body)?,
                 "/api/v1/chat/completions",
                 TranslateAnswer::ChatToMessages,
             ),
-            ModelApi::Messages => (
+            (ModelApi::Chat, ModelApi::Messages) => (
                 translate::chat_request_to_messages(&body, DEFAULT_TRANSLATED_MAX_TOKENS)?,
                 "/api/v1/messages",
                 TranslateAnswer::MessagesToChat,
             ),
+            (client, wire) => {
+                return Err(GatewayError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "the gateway cannot translate a {} request to the {} API this model's provider serves",
+                        client.as_str(),
+                        wire.as_str()
+                    ),
+                ));
+            }
         };
         let (mut parts, _) = request.into_parts();
         parts.uri = http::Uri::from_static(path);
@@ -269,6 +295,10 @@ fn model_route(method: &http::Method, path: &str) -> Option<ModelRoute> {
         Some(ModelRoute::Messages)
     } else if path_is(path, &["api", "v1", "messages", "count_tokens"]) {
         Some(ModelRoute::CountTokens)
+    } else if path_is(path, &["api", "v1", "responses"]) {
+        Some(ModelRoute::Responses)
+    } else if path_is(path, &["api", "v1", "embeddings"]) {
+        Some(ModelRoute::Embeddings)
     } else {
         None
     }

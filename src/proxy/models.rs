@@ -239,6 +239,13 @@ impl ModelCatalog {
                     // As OpenRouter gives it; null when the pricing sets none.
                     "context_length": self.prices.prompt_bounds(&model).context_length_tokens,
                     "pricing": pricing_json(&price),
+                    // The routes that call it: an embeddings model is
+                    // called on its own route, the others on the rest
+                    // (translated where their provider serves another).
+                    "supported_apis": match price.embeddings_only {
+                        true => json!(["embeddings"]),
+                        false => json!(["chat", "messages", "responses"]),
+                    },
                     "limits": {
                         "account_rate": rules.account,
                         "model_rates": model_rules,

@@ -73,9 +73,10 @@ pub struct UpstreamConfig {
 }
 
 /// The APIs an upstream serves natively: `"apis": ["chat", "messages"]`
-/// in its configuration. A Messages request to an upstream that serves
-/// only chat completions is translated to chat and its answer back, and
-/// the reverse.
+/// in its configuration (default `["chat", "embeddings"]`). A Messages or
+/// Responses request to an upstream that does not serve its API is
+/// translated to chat completions and its answer back; a chat request to
+/// a Messages-only upstream the reverse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServedApis {
     /// OpenAI's chat completions (`{base_url}/chat/completions`).
@@ -83,6 +84,10 @@ pub struct ServedApis {
     /// Anthropic's Messages API (`{base_url}/messages`, the key as
     /// `x-api-key`, `anthropic-version` sent).
     pub messages: bool,
+    /// OpenAI's Responses API (`{base_url}/responses`).
+    pub responses: bool,
+    /// Embeddings (`{base_url}/embeddings`).
+    pub embeddings: bool,
 }
 
 impl Default for ServedApis {
@@ -90,6 +95,8 @@ impl Default for ServedApis {
         ServedApis {
             chat: true,
             messages: false,
+            responses: false,
+            embeddings: true,
         }
     }
 }
@@ -100,41 +107,51 @@ impl ServedApis {
         match api {
             ModelApi::Chat => self.chat,
             ModelApi::Messages => self.messages,
+            ModelApi::Responses => self.responses,
+            ModelApi::Embeddings => self.embeddings,
         }
     }
 
-    /// The API a request in `api` goes in: its own when served, else the
-    /// other (translated).
-    pub fn wire_api(self, api: ModelApi) -> ModelApi {
-        match (self.serves(api), api) {
-            (true, api) => api,
-            (false, ModelApi::Chat) => ModelApi::Messages,
-            (false, ModelApi::Messages) => ModelApi::Chat,
+    /// The API a request in `api` goes in: its own when served, else one
+    /// it is translated to (chat completions; Messages for a chat request);
+    /// `None` when it serves neither.
+    pub fn wire_api(self, api: ModelApi) -> Option<ModelApi> {
+        if self.serves(api) {
+            return Some(api);
         }
+        let translated = match api {
+            ModelApi::Chat => ModelApi::Messages,
+            ModelApi::Messages | ModelApi::Responses => ModelApi::Chat,
+            ModelApi::Embeddings => return None,
+        };
+        self.serves(translated).then_some(translated)
     }
 
-    /// The set `names` (`"chat"`, `"messages"`) make; an empty list or an
-    /// unknown name is refused with what to write instead.
+    /// The set `names` (`"chat"`, `"messages"`, `"responses"`,
+    /// `"embeddings"`) make; an empty list or an unknown name is refused
+    /// with what to write instead.
     pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<Self, String> {
         let mut served = ServedApis {
             chat: false,
             messages: false,
+            responses: false,
+            embeddings: false,
         };
         for name in names {
             match name.as_ref() {
                 "chat" => served.chat = true,
                 "messages" => served.messages = true,
+                "responses" => served.responses = true,
+                "embeddings" => served.embeddings = true,
                 other => {
                     return Err(format!(
-                        "{other:?} is not an API this gateway speaks: write \"chat\" (chat completions) or \"messages\" (Anthropic's Messages API)"
+                        "{other:?} is not an API this gateway speaks: write \"chat\" (chat completions), \"messages\" (Anthropic's Messages API), \"responses\" (OpenAI's Responses API) or \"embeddings\""
                     ));
                 }
             }
         }
-        if !served.chat && !served.messages {
-            return Err(
-                "an empty list serves nothing: write [\"chat\"], [\"messages\"] or both".to_owned(),
-            );
+        if names.is_empty() {
+            return Err("an empty list serves nothing: write [\"chat\"], [\"messages\"], [\"responses\"], [\"embeddings\"] or several".to_owned());
         }
         Ok(served)
     }
@@ -884,10 +901,7 @@ mod tests {
 
     #[test]
     fn a_messages_upstream_gets_its_key_as_x_api_key_and_a_version() {
-        let inner = inner_for(ServedApis {
-            chat: false,
-            messages: true,
-        });
+        let inner = inner_for(ServedApis::from_names(&["messages"]).unwrap());
         let outgoing = |caller: Option<&str>, version: Option<&str>| {
             let mut request = Request::post("/api/v1/messages");
             if let Some(version) = version {
@@ -930,22 +944,24 @@ mod tests {
 
     #[test]
     fn served_apis_read_from_names() {
-        assert_eq!(ServedApis::from_names(&["chat"]), Ok(ServedApis::default()));
+        assert_eq!(
+            ServedApis::from_names(&["chat", "embeddings"]),
+            Ok(ServedApis::default())
+        );
         let both = ServedApis::from_names(&["messages", "chat"]).unwrap();
-        assert!(both.chat && both.messages);
-        assert_eq!(both.wire_api(ModelApi::Messages), ModelApi::Messages);
-        let chat_only = ServedApis::default();
-        assert_eq!(chat_only.wire_api(ModelApi::Messages), ModelApi::Chat);
-        assert!(
-            ServedApis::from_names::<&str>(&[])
-                .unwrap_err()
-                .contains("empty")
-        );
-        assert!(
-            ServedApis::from_names(&["responses"])
-                .unwrap_err()
-                .contains("\"responses\"")
-        );
+        assert!(both.chat && both.messages && !both.embeddings);
+        assert_eq!(both.wire_api(ModelApi::Messages), Some(ModelApi::Messages));
+        let chat_only = ServedApis::from_names(&["chat"]).unwrap();
+        assert_eq!(chat_only.wire_api(ModelApi::Messages), Some(ModelApi::Chat));
+        assert_eq!(chat_only.wire_api(ModelApi::Responses), Some(ModelApi::Chat));
+        assert_eq!(chat_only.wire_api(ModelApi::Embeddings), None);
+        let messages_only = ServedApis::from_names(&["messages"]).unwrap();
+        assert_eq!(messages_only.wire_api(ModelApi::Chat), Some(ModelApi::Messages));
+        assert_eq!(messages_only.wire_api(ModelApi::Responses), None);
+        let empty = ServedApis::from_names::<&str>(&[]).unwrap_err();
+        assert!(empty.contains("empty"), "{empty}");
+        let unknown = ServedApis::from_names(&["completions"]).unwrap_err();
+        assert!(unknown.contains("\"completions\""), "{unknown}");
     }
 
     #[test]

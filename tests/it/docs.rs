@@ -852,9 +852,11 @@ fn untested_blocks_stay_few() {
                 .map(move |block| format!("{page}:{}", block.line))
         })
         .collect();
+    // The 14th: Claude Code against the proxy (README), which
+    // `clients::claude_code_*` run instead.
     assert!(
-        untested.len() <= 13,
-        "{} blocks are marked untested (at most 13): {untested:?}",
+        untested.len() <= 14,
+        "{} blocks are marked untested (at most 14): {untested:?}",
         untested.len()
     );
 }

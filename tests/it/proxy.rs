@@ -131,16 +131,19 @@ async fn chat_and_stream_pass_through_unchanged() {
         .unwrap();
     assert!(status["data"]["usage"].as_f64().unwrap() > 0.0, "{status}");
 
-    // Anything but chat completions is a canonical 404, not forwarded.
+    // Anything but the model calls is a canonical 404, not forwarded: the
+    // legacy completions route names chat completions.
     let other = post(
-        &format!("http://{address}/api/v1/embeddings"),
+        &format!("http://{address}/api/v1/completions"),
         Some(&key),
-        &json!({"model": "a/b", "input": "x"}),
+        &json!({"model": "a/b", "prompt": "x"}),
     )
     .await;
     assert_eq!(other.status(), 404);
     let body: Value = other.json().await.unwrap();
     assert_eq!(body["error"]["type"], "not_found_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("POST /api/v1/chat/completions"), "{message}");
 }
 
 #[tokio::test]

@@ -10,7 +10,10 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::response::{chat_response_to_messages, messages_response_to_chat, untranslatable};
+use super::responses_response::chat_response_to_responses;
+use super::responses_stream::ChatToResponsesEvents;
 use super::stream::{ChatToMessagesEvents, MessagesToChatEvents};
+use crate::error::GatewayError;
 use crate::response_body::BoxError;
 
 /// Largest whole (non-streamed) answer translated: it is held to its end
@@ -31,13 +34,23 @@ pub(crate) enum Translation {
         /// Whether the answer is a stream of server-sent events.
         stream: bool,
     },
+    /// A chat completion (or its stream) for a Responses client.
+    #[allow(dead_code)] // Until the Responses route is wired (issue 50).
+    ChatToResponses {
+        /// Whether the answer is a stream of server-sent events.
+        stream: bool,
+    },
 }
 
 #[derive(Debug)]
 enum State {
     ChatToMessages(ChatToMessagesEvents),
     MessagesToChat(MessagesToChatEvents),
-    Whole { to_messages: bool, held: BytesMut },
+    ChatToResponses(ChatToResponsesEvents),
+    Whole {
+        translate: fn(&[u8]) -> Result<Bytes, GatewayError>,
+        held: BytesMut,
+    },
 }
 
 pin_project! {
@@ -69,12 +82,19 @@ impl<B> TranslatedBody<B> {
             Translation::MessagesToChat { stream: true } => {
                 State::MessagesToChat(MessagesToChatEvents::new())
             }
+            Translation::ChatToResponses { stream: true } => {
+                State::ChatToResponses(ChatToResponsesEvents::new())
+            }
             Translation::ChatToMessages { stream: false } => State::Whole {
-                to_messages: true,
+                translate: chat_response_to_messages,
                 held: BytesMut::new(),
             },
             Translation::MessagesToChat { stream: false } => State::Whole {
-                to_messages: false,
+                translate: messages_response_to_chat,
+                held: BytesMut::new(),
+            },
+            Translation::ChatToResponses { stream: false } => State::Whole {
+                translate: chat_response_to_responses,
                 held: BytesMut::new(),
             },
         };
@@ -109,14 +129,10 @@ where
                 let out = match this.state {
                     State::ChatToMessages(events) => events.finish(),
                     State::MessagesToChat(events) => events.finish(),
-                    State::Whole { to_messages, held } => {
+                    State::ChatToResponses(events) => events.finish(),
+                    State::Whole { translate, held } => {
                         let whole = held.split().freeze();
-                        let translated = if *to_messages {
-                            chat_response_to_messages(&whole)
-                        } else {
-                            messages_response_to_chat(&whole)
-                        };
-                        match translated {
+                        match translate(&whole) {
                             Ok(bytes) => bytes,
                             Err(error) => return Poll::Ready(Some(Err(Box::new(error)))),
                         }
@@ -140,6 +156,7 @@ where
             let out = match this.state {
                 State::ChatToMessages(events) => events.push(&data),
                 State::MessagesToChat(events) => events.push(&data),
+                State::ChatToResponses(events) => events.push(&data),
                 State::Whole { held, .. } => {
                     if held.len() + data.len() > MAX_TRANSLATED_JSON_BYTES {
                         *this.ended = true;
@@ -172,7 +189,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::GatewayError;
     use http_body_util::{BodyExt, StreamBody};
     use serde_json::{Value, json};
     use std::convert::Infallible;
@@ -241,6 +257,44 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(error.downcast_ref::<GatewayError>().unwrap().status(), 502);
+    }
+
+    #[tokio::test]
+    async fn a_chat_answer_is_translated_for_a_responses_client() {
+        let answer = json!({"id": "c", "model": "m", "choices": [{"message": {"content": "Hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2}})
+        .to_string()
+        .into_bytes();
+        let (head, tail) = answer.split_at(7);
+        let out = collect(
+            vec![head.to_vec(), tail.to_vec()],
+            Translation::ChatToResponses { stream: false },
+        )
+        .await
+        .unwrap();
+        let response: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(response["object"], "response");
+        assert_eq!(response["output"][0]["content"][0]["text"], "Hi");
+        assert_eq!(response["usage"]["input_tokens"], 9);
+        let error = collect(
+            vec![b"<html>".to_vec()],
+            Translation::ChatToResponses { stream: false },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(error.downcast_ref::<GatewayError>().unwrap().status(), 502);
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n".to_vec();
+        let pieces: Vec<Vec<u8>> = stream.chunks(5).map(<[u8]>::to_vec).collect();
+        let out = collect(pieces, Translation::ChatToResponses { stream: true })
+            .await
+            .unwrap();
+        let mut direct = ChatToResponsesEvents::new();
+        let mut expected = direct.push(&stream).to_vec();
+        expected.extend_from_slice(&direct.finish());
+        assert_eq!(out.to_vec(), expected);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("event: response.created\n"), "{text}");
+        assert!(text.contains("event: response.completed\n"), "{text}");
     }
 
     #[tokio::test]

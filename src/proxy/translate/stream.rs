@@ -9,7 +9,7 @@ use crate::edit::{MAX_SSE_LINE_BYTES, SseLines, SsePiece};
 use crate::error::GatewayError;
 
 /// What an event of the upstream's stream held.
-enum Item {
+pub(super) enum Item {
     /// Its `data`, its lines joined by `\n`.
     Data(Vec<u8>),
     /// Data past [`MAX_SSE_LINE_BYTES`], which is not held.
@@ -19,7 +19,7 @@ enum Item {
 /// Cuts an event stream into events' data (`event:`, `id:` and comments
 /// are not needed: each API's data says what it is).
 #[derive(Debug, Default)]
-struct EventReader {
+pub(super) struct EventReader {
     lines: SseLines,
     data: Vec<u8>,
     has_data: bool,
@@ -27,7 +27,7 @@ struct EventReader {
 }
 
 impl EventReader {
-    fn push(&mut self, bytes: &[u8], items: &mut Vec<Item>) {
+    pub(super) fn push(&mut self, bytes: &[u8], items: &mut Vec<Item>) {
         self.lines.push(bytes);
         while let Some(piece) = self.lines.next_piece() {
             self.piece(piece, items);
@@ -36,7 +36,7 @@ impl EventReader {
 
     /// At the body's end: its last line, and an event it did not end with
     /// a blank line.
-    fn finish(&mut self, items: &mut Vec<Item>) {
+    pub(super) fn finish(&mut self, items: &mut Vec<Item>) {
         if let Some(piece) = self.lines.finish() {
             self.piece(piece, items);
         }
@@ -86,13 +86,13 @@ impl EventReader {
 }
 
 /// What went wrong reading a stream, said to the client in its own API.
-fn broken(why: &str) -> GatewayError {
+pub(super) fn broken(why: &str) -> GatewayError {
     super::response::untranslatable(why)
 }
 
-const CUT_SHORT: &str = "the upstream's stream ended before its answer did";
+pub(super) const CUT_SHORT: &str = "the upstream's stream ended before its answer did";
 
-fn event_data(item: Item) -> Result<Value, GatewayError> {
+pub(super) fn event_data(item: Item) -> Result<Value, GatewayError> {
     match item {
         Item::Data(data) => {
             serde_json::from_slice(&data).map_err(|_| broken("an event of its stream is not JSON"))
@@ -379,7 +379,7 @@ impl ChatToMessagesEvents {
     }
 }
 
-fn anthropic_event(out: &mut BytesMut, name: &str, data: &Value) {
+pub(super) fn anthropic_event(out: &mut BytesMut, name: &str, data: &Value) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b"\ndata: ");

@@ -71,6 +71,61 @@ impl Tokens {
     }
 }
 
+/// A chat `usage` object in the Responses API's words: `input_tokens`
+/// with the cache in it (`input_tokens_details.cached_tokens`, and
+/// `cache_write_tokens` when there were writes, which the gateway's reader
+/// takes as chat's), `output_tokens` with the reasoning in it
+/// (`output_tokens_details.reasoning_tokens`), and chat's `cost` as sent.
+/// `None` when the usage cannot be read ([`Tokens::from_chat`], or a
+/// reasoning count that is not a whole number or passes the completion).
+pub(super) fn responses_usage_of_chat(usage: &Value) -> Option<Value> {
+    let tokens = Tokens::from_chat(usage)?;
+    let reasoning = match usage.get("completion_tokens_details") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Object(details)) => match details.get("reasoning_tokens") {
+            None | Some(Value::Null) => 0,
+            Some(count) => count.as_u64()?,
+        },
+        Some(_) => return None,
+    };
+    if reasoning > tokens.completion {
+        return None;
+    }
+    let mut input_details = Map::new();
+    input_details.insert("cached_tokens".into(), tokens.cache_read.into());
+    if tokens.cache_write > 0 {
+        input_details.insert("cache_write_tokens".into(), tokens.cache_write.into());
+    }
+    let mut out = Map::new();
+    out.insert("input_tokens".into(), tokens.prompt.into());
+    out.insert("input_tokens_details".into(), Value::Object(input_details));
+    out.insert("output_tokens".into(), tokens.completion.into());
+    out.insert(
+        "output_tokens_details".into(),
+        json!({"reasoning_tokens": reasoning}),
+    );
+    out.insert(
+        "total_tokens".into(),
+        tokens.prompt.saturating_add(tokens.completion).into(),
+    );
+    if let Some(cost) = usage.get("cost").filter(|cost| !cost.is_null()) {
+        out.insert("cost".into(), cost.clone());
+    }
+    Some(Value::Object(out))
+}
+
+/// A chat `finish_reason` as a Responses answer's `status` and, when
+/// incomplete, its `incomplete_details.reason`.
+pub(super) fn responses_status_of(
+    finish_reason: Option<&str>,
+) -> (&'static str, Option<&'static str>) {
+    match finish_reason {
+        Some("length") => ("incomplete", Some("max_output_tokens")),
+        Some("content_filter") => ("incomplete", Some("content_filter")),
+        _ => ("completed", None),
+    }
+}
+
 /// An Anthropic usage as its events report it: each field the last value
 /// seen (values are cumulative; a stream may give input only at its end).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -253,6 +308,52 @@ mod tests {
             "past u64: not a smaller number"
         );
         assert_eq!(read(&[json!("usage")]), None);
+    }
+
+    #[test]
+    fn chat_usage_becomes_responses_usage_as_the_gateway_reads_it() {
+        let usage = json!({
+            "prompt_tokens": 20000, "completion_tokens": 640, "total_tokens": 20640, "cost": 0.0125,
+            "prompt_tokens_details": {"cached_tokens": 19456, "cache_write_tokens": 300},
+            "completion_tokens_details": {"reasoning_tokens": 512},
+        });
+        let responses = responses_usage_of_chat(&usage).unwrap();
+        assert_eq!(
+            responses,
+            json!({"input_tokens": 20000,
+                   "input_tokens_details": {"cached_tokens": 19456, "cache_write_tokens": 300},
+                   "output_tokens": 640, "output_tokens_details": {"reasoning_tokens": 512},
+                   "total_tokens": 20640, "cost": 0.0125})
+        );
+        // The gateway charges the Responses reading exactly as the chat one.
+        let mut read = crate::credit::ResponsesUsage::default();
+        read.merge_response(&json!({"usage": responses}));
+        assert_eq!(
+            read.usage(),
+            crate::credit::Usage::from_response(&json!({"usage": usage}))
+        );
+        let plain =
+            responses_usage_of_chat(&json!({"prompt_tokens": 12, "completion_tokens": 3})).unwrap();
+        assert_eq!(
+            plain,
+            json!({"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
+                   "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+                   "total_tokens": 15})
+        );
+    }
+
+    #[test]
+    fn an_unreadable_chat_usage_has_no_responses_usage() {
+        for usage in [
+            json!(null),
+            json!({"prompt_tokens": 12}),
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 11}}),
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "completion_tokens_details": {"reasoning_tokens": 4}}),
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "completion_tokens_details": {"reasoning_tokens": 1.5}}),
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "completion_tokens_details": 2}),
+        ] {
+            assert_eq!(responses_usage_of_chat(&usage), None, "{usage}");
+        }
     }
 
     #[test]
