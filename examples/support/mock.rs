@@ -168,6 +168,16 @@ fn openai_error(status: u16, message: &str, kind: &str) -> Response<MockBody> {
     )
 }
 
+/// An OpenAI error naming the request's field `param` (none: the body).
+fn invalid(message: &str, param: &str) -> Response<MockBody> {
+    let param = (!param.is_empty()).then_some(param);
+    json_response(
+        400,
+        json!({"error": {"message": message, "type": "invalid_request_error",
+                          "param": param, "code": null}}),
+    )
+}
+
 /// The answer of a model named `…/status-NNN`: that status, as an OpenAI
 /// error (with `retry-after` on a 429 or a 503), for tests of every error.
 fn status_answer(model: &str) -> Option<Response<MockBody>> {

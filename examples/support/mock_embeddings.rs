@@ -13,21 +13,13 @@
 use http::Response;
 use serde_json::{Value, json};
 
-use super::{MockBody, json_response, status_answer};
+use super::{MockBody, invalid, json_response, status_answer};
 
 /// The vectors' length when the request sets no `dimensions`.
 const DEFAULT_DIMENSIONS: u64 = 8;
 
 /// The longest vector the mock makes (OpenAI's largest model's).
 const MAX_DIMENSIONS: u64 = 3072;
-
-fn invalid(message: &str, param: &str) -> Response<MockBody> {
-    json_response(
-        400,
-        json!({"error": {"message": message, "type": "invalid_request_error",
-                          "param": param, "code": null}}),
-    )
-}
 
 /// One input to embed: its text (a token list as its numbers) and tokens.
 struct Input {

@@ -32,7 +32,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 
 use super::{
-    BoxError, MockBody, ToolCall, directed_call, json_response, last_turn, message_text,
+    BoxError, MockBody, ToolCall, directed_call, invalid, json_response, last_turn, message_text,
     status_answer,
 };
 
@@ -43,15 +43,6 @@ const DEFAULT_MAX_OUTPUT_WORDS: u64 = 64;
 /// The output tokens a function call counts (its arguments are the
 /// directive's, not generated words), within the request's bound.
 const FUNCTION_CALL_OUTPUT_TOKENS: u64 = 8;
-
-/// An OpenAI error naming the request's field `param`.
-fn invalid(message: &str, param: &str) -> Response<MockBody> {
-    json_response(
-        400,
-        json!({"error": {"message": message, "type": "invalid_request_error",
-                          "param": param, "code": null}}),
-    )
-}
 
 /// All the text a request carries (`instructions`, and the input's
 /// texts, arguments and outputs), joined by spaces as the chat mock joins
