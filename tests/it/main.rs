@@ -59,6 +59,8 @@ mod overload;
 mod providers;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod proxy;
+#[cfg(feature = "proxy")]
+mod responses;
 #[cfg(feature = "redis")]
 mod redis_functions;
 #[cfg(all(feature = "redis", feature = "sqlite"))]

@@ -193,11 +193,88 @@ async fn a_responses_call_goes_natively_bounded_stateless_and_charged_exactly() 
     gateway.spent_exactly(before, responses_cost(0)).await;
 
     // The records say their API.
-    let records = gateway
-        .store
-        .list_generations_for_tests("acme")
-        .await;
-    assert!(records.iter().all(|record| record["api"] == "responses"), "{records:?}");
+    let manager = manager_of(&gateway.store).await;
+    let records: Value = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/generations", gateway.address))
+        .bearer_auth(&manager)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let apis: Vec<&Value> = records["data"].as_array().unwrap().iter().map(|r| &r["api"]).collect();
+    assert_eq!(apis, [&json!("responses"), &json!("responses")], "{records}");
+}
+
+async fn manager_of(store: &SharedStore) -> String {
+    let new = modelgate::keys::NewKey {
+        account: "acme".to_owned(),
+        management: true,
+        scoped_to_account: true,
+        ..modelgate::keys::NewKey::named("manager")
+    };
+    let (key, _) = KeyDirectory::new(store.clone()).create_key(new).await.unwrap();
+    key.expose().to_owned()
+}
+
+/// Codex's request to a provider that serves only chat completions:
+/// translated, its answer read back as a response object, charged what
+/// the translated usage says.
+#[tokio::test]
+async fn a_responses_call_to_a_chat_provider_is_translated() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let base = crate::mock::start(crate::mock::MockConfig::default()).await;
+    let config = json!({"retry": {"max_attempts": 1}, "pricing": {"models": {
+        "openai/gpt-test": {"prompt_per_million": 1000, "completion_per_million": 1000,
+                            "context_length": 4000}}}});
+    let address = instance(store.clone(), &base, &config.to_string()).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", 100 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let ask = |stream: bool| {
+        json!({"model": "openai/gpt-test", "instructions": "Be brief.", "stream": stream,
+               "store": false, "input": [{"type": "message", "role": "user",
+               "content": [{"type": "input_text", "text": "Hi"}]}],
+               "tools": [{"type": "web_search"}]})
+    };
+    let before = store.account_balance("acme").await.unwrap().balance_nanos;
+    let answer: Value = client
+        .post(format!("http://{address}/api/v1/responses"))
+        .bearer_auth(&key)
+        .json(&ask(false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["object"], "response", "{answer}");
+    assert_eq!(answer["status"], "completed", "{answer}");
+    let usage = &answer["usage"];
+    let tokens = usage["input_tokens"].as_i64().unwrap() + usage["output_tokens"].as_i64().unwrap();
+    wait_for(PATIENCE, || async {
+        let spent = before - store.account_balance("acme").await.unwrap().balance_nanos;
+        let expected = tokens * 1000 * (NANOS_PER_CREDIT / 1_000_000);
+        (spent == expected).then_some(()).ok_or(format!("spent {spent}, expected {expected}"))
+    })
+    .await;
+    let text = client
+        .post(format!("http://{address}/api/v1/responses"))
+        .bearer_auth(&key)
+        .json(&ask(true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for event in ["response.created", "response.output_text.delta", "response.completed"] {
+        assert!(text.contains(&format!("event: {event}")), "{event} in {text}");
+    }
 }
 
 #[tokio::test]
