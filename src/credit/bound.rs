@@ -193,7 +193,13 @@ mod tests {
         );
         // The client's own `store: false` stays as sent.
         assert_eq!(
-            edit(r#"{"store": false, "max_output_tokens": 300}"#, BodyEdits { max_tool_calls: None, ..edits }),
+            edit(
+                r#"{"store": false, "max_output_tokens": 300}"#,
+                BodyEdits {
+                    max_tool_calls: None,
+                    ..edits
+                }
+            ),
             None
         );
     }

@@ -123,7 +123,8 @@ where
                 ),
             };
             return ResponseFuture::rejected(
-                GatewayError::new(ErrorKind::InvalidRequest, message).with_metadata("param", "model"),
+                GatewayError::new(ErrorKind::InvalidRequest, message)
+                    .with_metadata("param", "model"),
             );
         }
         let provider = call.model_id.provider().to_owned();
@@ -442,7 +443,11 @@ fn count_prompt(chat: &ChatRequest, bounds: &PromptBounds) -> PromptCount {
 /// in its bytes the `context_length` (each else the `context_length`; the
 /// refusal of the first kind the bounds leave unbounded), all at most the
 /// `context_length`.
-fn count_measured_prompt(size: PromptSize, model_id: &ModelId, bounds: &PromptBounds) -> PromptCount {
+fn count_measured_prompt(
+    size: PromptSize,
+    model_id: &ModelId,
+    bounds: &PromptBounds,
+) -> PromptCount {
     let mut unbounded = None;
     let mut part_tokens: u64 = 0;
     let kinds = [

@@ -3,9 +3,9 @@
 //! gateway wants of it: the usage it reports, the usage the client must
 //! not see ([`HiddenUsage`](super::HiddenUsage)), and the `model` it names.
 
+use super::usage::{USAGE_FIELD, Usage, names_only_null_usage, text_bytes, usage_in, usage_of};
 use super::{MessagesUsage, ResponsesUsage};
 use crate::context::ModelApi;
-use super::usage::{USAGE_FIELD, Usage, names_only_null_usage, text_bytes, usage_in, usage_of};
 use bytes::BytesMut;
 
 use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
@@ -131,7 +131,9 @@ impl StreamReader {
                 let last = matches!(
                     object.get("type"),
                     Ok(Some(
-                        "\"response.completed\"" | "\"response.incomplete\"" | "\"response.failed\""
+                        "\"response.completed\""
+                            | "\"response.incomplete\""
+                            | "\"response.failed\""
                     ))
                 );
                 if let Some(event) = last

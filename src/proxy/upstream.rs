@@ -953,10 +953,16 @@ mod tests {
         assert_eq!(both.wire_api(ModelApi::Messages), Some(ModelApi::Messages));
         let chat_only = ServedApis::from_names(&["chat"]).unwrap();
         assert_eq!(chat_only.wire_api(ModelApi::Messages), Some(ModelApi::Chat));
-        assert_eq!(chat_only.wire_api(ModelApi::Responses), Some(ModelApi::Chat));
+        assert_eq!(
+            chat_only.wire_api(ModelApi::Responses),
+            Some(ModelApi::Chat)
+        );
         assert_eq!(chat_only.wire_api(ModelApi::Embeddings), None);
         let messages_only = ServedApis::from_names(&["messages"]).unwrap();
-        assert_eq!(messages_only.wire_api(ModelApi::Chat), Some(ModelApi::Messages));
+        assert_eq!(
+            messages_only.wire_api(ModelApi::Chat),
+            Some(ModelApi::Messages)
+        );
         assert_eq!(messages_only.wire_api(ModelApi::Responses), None);
         let empty = ServedApis::from_names::<&str>(&[]).unwrap_err();
         assert!(empty.contains("empty"), "{empty}");

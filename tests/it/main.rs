@@ -59,12 +59,12 @@ mod overload;
 mod providers;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod proxy;
-#[cfg(feature = "proxy")]
-mod responses;
 #[cfg(feature = "redis")]
 mod redis_functions;
 #[cfg(all(feature = "redis", feature = "sqlite"))]
 mod redis_store;
+#[cfg(feature = "proxy")]
+mod responses;
 #[cfg(feature = "redis")]
 mod sent_upstream;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]

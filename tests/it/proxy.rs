@@ -143,7 +143,10 @@ async fn chat_and_stream_pass_through_unchanged() {
     let body: Value = other.json().await.unwrap();
     assert_eq!(body["error"]["type"], "not_found_error");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("POST /api/v1/chat/completions"), "{message}");
+    assert!(
+        message.contains("POST /api/v1/chat/completions"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

@@ -120,7 +120,11 @@ async fn start() -> Gateway {
 
 impl Gateway {
     async fn balance(&self) -> i64 {
-        self.store.account_balance("acme").await.unwrap().balance_nanos
+        self.store
+            .account_balance("acme")
+            .await
+            .unwrap()
+            .balance_nanos
     }
 
     async fn post(&self, path: &str, body: &Value) -> (u16, String) {
@@ -189,7 +193,10 @@ async fn a_responses_call_goes_natively_bounded_stateless_and_charged_exactly() 
     assert!(text.contains("response.completed"), "{text}");
     let (_, sent) = gateway.last_received();
     assert_eq!(sent["max_output_tokens"], 500, "{sent}");
-    assert_eq!(sent["max_tool_calls"], 2, "the client's own bound stays: {sent}");
+    assert_eq!(
+        sent["max_tool_calls"], 2,
+        "the client's own bound stays: {sent}"
+    );
     gateway.spent_exactly(before, responses_cost(0)).await;
 
     // The records say their API.
@@ -203,8 +210,17 @@ async fn a_responses_call_goes_natively_bounded_stateless_and_charged_exactly() 
         .json()
         .await
         .unwrap();
-    let apis: Vec<&Value> = records["data"].as_array().unwrap().iter().map(|r| &r["api"]).collect();
-    assert_eq!(apis, [&json!("responses"), &json!("responses")], "{records}");
+    let apis: Vec<&Value> = records["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["api"])
+        .collect();
+    assert_eq!(
+        apis,
+        [&json!("responses"), &json!("responses")],
+        "{records}"
+    );
 }
 
 async fn manager_of(store: &SharedStore) -> String {
@@ -214,7 +230,10 @@ async fn manager_of(store: &SharedStore) -> String {
         scoped_to_account: true,
         ..modelgate::keys::NewKey::named("manager")
     };
-    let (key, _) = KeyDirectory::new(store.clone()).create_key(new).await.unwrap();
+    let (key, _) = KeyDirectory::new(store.clone())
+        .create_key(new)
+        .await
+        .unwrap();
     key.expose().to_owned()
 }
 
@@ -259,7 +278,9 @@ async fn a_responses_call_to_a_chat_provider_is_translated() {
     wait_for(PATIENCE, || async {
         let spent = before - store.account_balance("acme").await.unwrap().balance_nanos;
         let expected = tokens * 1000 * (NANOS_PER_CREDIT / 1_000_000);
-        (spent == expected).then_some(()).ok_or(format!("spent {spent}, expected {expected}"))
+        (spent == expected)
+            .then_some(())
+            .ok_or(format!("spent {spent}, expected {expected}"))
     })
     .await;
     let text = client
@@ -272,8 +293,15 @@ async fn a_responses_call_to_a_chat_provider_is_translated() {
         .text()
         .await
         .unwrap();
-    for event in ["response.created", "response.output_text.delta", "response.completed"] {
-        assert!(text.contains(&format!("event: {event}")), "{event} in {text}");
+    for event in [
+        "response.created",
+        "response.output_text.delta",
+        "response.completed",
+    ] {
+        assert!(
+            text.contains(&format!("event: {event}")),
+            "{event} in {text}"
+        );
     }
 }
 
@@ -282,7 +310,10 @@ async fn stateful_requests_and_models_of_the_other_kind_are_refused_and_cost_not
     let gateway = start().await;
     let before = gateway.balance().await;
     for (body, param) in [
-        (json!({"model": "openai/reasoner", "input": "Hi", "store": true}), "store"),
+        (
+            json!({"model": "openai/reasoner", "input": "Hi", "store": true}),
+            "store",
+        ),
         (
             json!({"model": "openai/reasoner", "input": "Hi", "previous_response_id": "resp_0"}),
             "previous_response_id",
@@ -294,7 +325,10 @@ async fn stateful_requests_and_models_of_the_other_kind_are_refused_and_cost_not
         assert_eq!(error["error"]["metadata"]["param"], param, "{error}");
     }
     let (status, text) = gateway
-        .post("/api/v1/embeddings", &json!({"model": "openai/reasoner", "input": "Hi"}))
+        .post(
+            "/api/v1/embeddings",
+            &json!({"model": "openai/reasoner", "input": "Hi"}),
+        )
         .await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("not an embeddings model"), "{text}");
@@ -329,5 +363,7 @@ async fn an_embeddings_call_is_held_by_its_input_and_charged_its_prompt_tokens()
         json!({"model": "embedder", "input": ["one", "two"], "dimensions": 2})
     );
     // 7 prompt tokens at 100 credits a million.
-    gateway.spent_exactly(before, 7 * 100 * NANOS_PER_CREDIT / 1_000_000).await;
+    gateway
+        .spent_exactly(before, 7 * 100 * NANOS_PER_CREDIT / 1_000_000)
+        .await;
 }
