@@ -267,9 +267,10 @@ fn matches_filters(record: &Value, query: &UsageQuery) -> bool {
 /// The columns of the CSV export, as the records name their fields, but
 /// the last: `cost_note`, why the cost is what it is when a person would
 /// not guess it ([`cost_note`]).
-const CSV_COLUMNS: [&str; 23] = [
+const CSV_COLUMNS: [&str; 24] = [
     "id",
     "created_at",
+    "api",
     "model",
     "requested_model",
     "provider_name",

@@ -216,6 +216,11 @@ impl<S> ChatOnly<S> {
                 "/api/v1/messages",
                 TranslateAnswer::MessagesToChat,
             ),
+            (ModelApi::Responses, ModelApi::Chat) => (
+                translate::responses_request_to_chat(&body)?,
+                "/api/v1/chat/completions",
+                TranslateAnswer::ChatToResponses,
+            ),
             (client, wire) => {
                 return Err(GatewayError::new(
                     ErrorKind::InvalidRequest,
@@ -250,6 +255,7 @@ const DEFAULT_TRANSLATED_MAX_TOKENS: u64 = 4096;
 enum TranslateAnswer {
     ChatToMessages,
     MessagesToChat,
+    ChatToResponses,
 }
 
 /// The body ChatOnly answers with: the upstream's own, or translated back
@@ -269,6 +275,7 @@ fn translated(response: Response<Incoming>, answer: Option<TranslateAnswer>) -> 
     let translation = match answer {
         TranslateAnswer::ChatToMessages => Translation::ChatToMessages { stream },
         TranslateAnswer::MessagesToChat => Translation::MessagesToChat { stream },
+        TranslateAnswer::ChatToResponses => Translation::ChatToResponses { stream },
     };
     let (mut parts, body) = response.into_parts();
     // The bytes change: the upstream's length no longer holds.

@@ -63,6 +63,8 @@ mod proxy;
 mod redis_functions;
 #[cfg(all(feature = "redis", feature = "sqlite"))]
 mod redis_store;
+#[cfg(feature = "proxy")]
+mod responses;
 #[cfg(feature = "redis")]
 mod sent_upstream;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]

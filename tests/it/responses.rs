@@ -120,7 +120,11 @@ async fn start() -> Gateway {
 
 impl Gateway {
     async fn balance(&self) -> i64 {
-        self.store.account_balance("acme").await.unwrap().balance_nanos
+        self.store
+            .account_balance("acme")
+            .await
+            .unwrap()
+            .balance_nanos
     }
 
     async fn post(&self, path: &str, body: &Value) -> (u16, String) {
@@ -189,15 +193,116 @@ async fn a_responses_call_goes_natively_bounded_stateless_and_charged_exactly() 
     assert!(text.contains("response.completed"), "{text}");
     let (_, sent) = gateway.last_received();
     assert_eq!(sent["max_output_tokens"], 500, "{sent}");
-    assert_eq!(sent["max_tool_calls"], 2, "the client's own bound stays: {sent}");
+    assert_eq!(
+        sent["max_tool_calls"], 2,
+        "the client's own bound stays: {sent}"
+    );
     gateway.spent_exactly(before, responses_cost(0)).await;
 
     // The records say their API.
-    let records = gateway
-        .store
-        .list_generations_for_tests("acme")
-        .await;
-    assert!(records.iter().all(|record| record["api"] == "responses"), "{records:?}");
+    let manager = manager_of(&gateway.store).await;
+    let records: Value = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/generations", gateway.address))
+        .bearer_auth(&manager)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let apis: Vec<&Value> = records["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["api"])
+        .collect();
+    assert_eq!(
+        apis,
+        [&json!("responses"), &json!("responses")],
+        "{records}"
+    );
+}
+
+async fn manager_of(store: &SharedStore) -> String {
+    let new = modelgate::keys::NewKey {
+        account: "acme".to_owned(),
+        management: true,
+        scoped_to_account: true,
+        ..modelgate::keys::NewKey::named("manager")
+    };
+    let (key, _) = KeyDirectory::new(store.clone())
+        .create_key(new)
+        .await
+        .unwrap();
+    key.expose().to_owned()
+}
+
+/// Codex's request to a provider that serves only chat completions:
+/// translated, its answer read back as a response object, charged what
+/// the translated usage says.
+#[tokio::test]
+async fn a_responses_call_to_a_chat_provider_is_translated() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let base = crate::mock::start(crate::mock::MockConfig::default()).await;
+    let config = json!({"retry": {"max_attempts": 1}, "pricing": {"models": {
+        "openai/gpt-test": {"prompt_per_million": 1000, "completion_per_million": 1000,
+                            "context_length": 4000}}}});
+    let address = instance(store.clone(), &base, &config.to_string()).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", 100 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let ask = |stream: bool| {
+        json!({"model": "openai/gpt-test", "instructions": "Be brief.", "stream": stream,
+               "store": false, "input": [{"type": "message", "role": "user",
+               "content": [{"type": "input_text", "text": "Hi"}]}],
+               "tools": [{"type": "web_search"}]})
+    };
+    let before = store.account_balance("acme").await.unwrap().balance_nanos;
+    let answer: Value = client
+        .post(format!("http://{address}/api/v1/responses"))
+        .bearer_auth(&key)
+        .json(&ask(false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["object"], "response", "{answer}");
+    assert_eq!(answer["status"], "completed", "{answer}");
+    let usage = &answer["usage"];
+    let tokens = usage["input_tokens"].as_i64().unwrap() + usage["output_tokens"].as_i64().unwrap();
+    wait_for(PATIENCE, || async {
+        let spent = before - store.account_balance("acme").await.unwrap().balance_nanos;
+        let expected = tokens * 1000 * (NANOS_PER_CREDIT / 1_000_000);
+        (spent == expected)
+            .then_some(())
+            .ok_or(format!("spent {spent}, expected {expected}"))
+    })
+    .await;
+    let text = client
+        .post(format!("http://{address}/api/v1/responses"))
+        .bearer_auth(&key)
+        .json(&ask(true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for event in [
+        "response.created",
+        "response.output_text.delta",
+        "response.completed",
+    ] {
+        assert!(
+            text.contains(&format!("event: {event}")),
+            "{event} in {text}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -205,7 +310,10 @@ async fn stateful_requests_and_models_of_the_other_kind_are_refused_and_cost_not
     let gateway = start().await;
     let before = gateway.balance().await;
     for (body, param) in [
-        (json!({"model": "openai/reasoner", "input": "Hi", "store": true}), "store"),
+        (
+            json!({"model": "openai/reasoner", "input": "Hi", "store": true}),
+            "store",
+        ),
         (
             json!({"model": "openai/reasoner", "input": "Hi", "previous_response_id": "resp_0"}),
             "previous_response_id",
@@ -217,7 +325,10 @@ async fn stateful_requests_and_models_of_the_other_kind_are_refused_and_cost_not
         assert_eq!(error["error"]["metadata"]["param"], param, "{error}");
     }
     let (status, text) = gateway
-        .post("/api/v1/embeddings", &json!({"model": "openai/reasoner", "input": "Hi"}))
+        .post(
+            "/api/v1/embeddings",
+            &json!({"model": "openai/reasoner", "input": "Hi"}),
+        )
         .await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("not an embeddings model"), "{text}");
@@ -252,5 +363,7 @@ async fn an_embeddings_call_is_held_by_its_input_and_charged_its_prompt_tokens()
         json!({"model": "embedder", "input": ["one", "two"], "dimensions": 2})
     );
     // 7 prompt tokens at 100 credits a million.
-    gateway.spent_exactly(before, 7 * 100 * NANOS_PER_CREDIT / 1_000_000).await;
+    gateway
+        .spent_exactly(before, 7 * 100 * NANOS_PER_CREDIT / 1_000_000)
+        .await;
 }

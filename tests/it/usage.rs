@@ -777,9 +777,10 @@ async fn generations_are_paged_filtered_and_exported_as_csv() {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 13, "{text}");
         assert!(
-            lines[0].starts_with("id,created_at,model,requested_model,provider_name,key_hash,")
+            lines[0].starts_with("id,created_at,api,model,requested_model,provider_name,key_hash,")
         );
         assert!(lines[1].starts_with(&ids[0]), "newest first: {}", lines[1]);
+        assert_eq!(lines[1].split(',').nth(2), Some("chat"), "{}", lines[1]);
         // The app title defused, then an empty cost_note (a plain cost).
         assert!(lines[1].ends_with(",'=1+1,"), "{}", lines[1]);
     })

@@ -35,7 +35,6 @@ pub(crate) enum Translation {
         stream: bool,
     },
     /// A chat completion (or its stream) for a Responses client.
-    #[allow(dead_code)] // Until the Responses route is wired (issue 50).
     ChatToResponses {
         /// Whether the answer is a stream of server-sent events.
         stream: bool,

@@ -38,7 +38,6 @@ pub mod fuzzing;
 mod request;
 mod response;
 // Until the Responses route is wired (issue 50): the lead's part.
-#[allow(dead_code)]
 mod responses_request;
 mod responses_response;
 mod responses_stream;
@@ -47,5 +46,4 @@ mod usage;
 
 pub(crate) use body::{TranslatedBody, Translation};
 pub(crate) use request::{chat_request_to_messages, messages_request_to_chat};
-#[allow(unused_imports)]
 pub(crate) use responses_request::responses_request_to_chat;

@@ -92,7 +92,7 @@
     ? '–'
     : Number(value).toLocaleString('en-US'));
   // What a record's `api` is called on the page.
-  const API_NAMES = { chat: 'Chat', messages: 'Messages' };
+  const API_NAMES = { chat: 'Chat', messages: 'Messages', responses: 'Responses', embeddings: 'Embeddings' };
   // "1 request", "2 requests".
   const counted = (value, noun) => count(value) + ' ' + noun + (Number(value) === 1 ? '' : 's');
   // A limit's period as it follows the amount: "1 a day".
