@@ -189,8 +189,8 @@ mod tests {
         let service = ServiceBuilder::new()
             .layer(BodyLimitLayer::new())
             .service(echo());
-        // Not JSON, not a chat path: passed on untouched.
-        let request = Request::post("/api/v1/embeddings")
+        // Not JSON, not a model call's path: passed on untouched.
+        let request = Request::post("/api/v1/images/generations")
             .body(Full::new(Bytes::from_static(b"not json")))
             .unwrap();
         let response = service.clone().oneshot(request).await.unwrap();

@@ -337,7 +337,7 @@ async fn a_404_spends_no_rate() {
         .unwrap();
     let (client, _) = key(&store, "acme", false).await;
     for (method, path) in [
-        (reqwest::Method::POST, "/api/v1/embeddings"),
+        (reqwest::Method::POST, "/api/v1/images/generations"),
         (reqwest::Method::GET, "/api/v1/no-such-route"),
         (reqwest::Method::POST, "/v1/chat/completions"),
         (reqwest::Method::GET, "/api/v1/chat/completions"),

@@ -1088,7 +1088,7 @@ async fn management_and_model_keys_keep_to_their_own_endpoints() {
         let reply = send(
             gateway.address,
             "POST",
-            "/api/v1/embeddings",
+            "/api/v1/completions",
             Some(&bearer(&key)),
             Some(json!({})),
         )

@@ -367,3 +367,58 @@ async fn an_embeddings_call_is_held_by_its_input_and_charged_its_prompt_tokens()
         .spent_exactly(before, 7 * 100 * NANOS_PER_CREDIT / 1_000_000)
         .await;
 }
+
+/// A Responses call whose model fails falls back to the next, translated
+/// for the chat provider all the same; the models list says which API
+/// each model is called on.
+#[tokio::test]
+async fn a_responses_call_falls_back_and_the_models_list_names_each_models_apis() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let base = crate::mock::start(crate::mock::MockConfig::default()).await;
+    let price = json!({"prompt_per_million": 1000, "completion_per_million": 1000});
+    let config = json!({"retry": {"max_attempts": 1},
+        "fallbacks": {"openai/status-503": ["openai/gpt-test"]},
+        "pricing": {"models": {"openai/status-503": price, "openai/gpt-test": price,
+            "openai/embedder": {"prompt_per_million": 100, "completion_per_million": 0,
+                                "embeddings": true}}}});
+    let address = instance(store.clone(), &base, &config.to_string()).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", 100 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let reply = client
+        .post(format!("http://{address}/api/v1/responses"))
+        .bearer_auth(&key)
+        .json(&json!({"model": "openai/status-503", "input": "Hi", "max_output_tokens": 20}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    assert_eq!(reply.headers()["x-modelgate-model"], "openai/gpt-test");
+    let answer: Value = reply.json().await.unwrap();
+    assert_eq!(answer["object"], "response", "{answer}");
+    let models: Value = client
+        .get(format!("http://{address}/api/v1/models"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let apis = |id: &str| {
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|model| model["id"] == id)
+            .map(|model| model["supported_apis"].clone())
+    };
+    assert_eq!(
+        apis("openai/gpt-test"),
+        Some(json!(["chat", "messages", "responses"]))
+    );
+    assert_eq!(apis("openai/embedder"), Some(json!(["embeddings"])));
+}
