@@ -35,6 +35,8 @@ redis-server --version
 # Anthropic Python SDKs, Claude Code and Codex, at pinned versions.
 ./scripts/clients.sh
 export MODELGATE_CLIENTS_DIR="$PWD/target/clients"
+# The docs' Python blocks run with the clients' venv (its `openai`).
+export PATH="$MODELGATE_CLIENTS_DIR/venv/bin:$PATH"
 
 if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true

@@ -274,6 +274,12 @@ fn route_class(path: &str) -> &'static str {
     };
     if is(&["api", "v1", "chat", "completions"], false) {
         "chat_completions"
+    } else if is(&["api", "v1", "messages"], true) {
+        "messages"
+    } else if is(&["api", "v1", "responses"], false) {
+        "responses"
+    } else if is(&["api", "v1", "embeddings"], false) {
+        "embeddings"
     } else if is(&["api", "v1", "models"], false) {
         "models"
     } else if is(&["api", "v1", "key"], false) {
@@ -366,6 +372,10 @@ mod tests {
     fn each_route_has_its_class_in_any_case_and_spelling() {
         for (path, class) in [
             ("/api/v1/chat/completions", "chat_completions"),
+            ("/api/v1/messages", "messages"),
+            ("/api/v1/messages/count_tokens", "messages"),
+            ("/api/v1/responses", "responses"),
+            ("/api/v1/embeddings", "embeddings"),
             ("/API/V1/Chat/Completions", "chat_completions"),
             ("//api/./v1/chat/%63ompletions", "chat_completions"),
             ("/api/v1/chat/completions/more", "other"),
@@ -392,8 +402,8 @@ mod tests {
         #[test]
         fn any_path_gets_one_of_the_fixed_classes(path in "(/[a-zA-Z0-9%.]{0,12}){0,6}") {
             prop_assert!([
-                "chat_completions", "models", "key", "credits", "balance", "keys",
-                "accounts", "webhooks", "other",
+                "chat_completions", "messages", "responses", "embeddings", "models", "key",
+                "credits", "balance", "keys", "accounts", "webhooks", "other",
             ]
             .contains(&route_class(&path)));
         }

@@ -6,6 +6,7 @@
 pub const DEMO_PRICING: &str = r#"{"models": {
     "openai/gpt-4o-mini": {"prompt_per_million": 0.15, "completion_per_million": 0.6, "context_length": 128000},
     "demo/paid": {"prompt_per_million": 1000, "completion_per_million": 1000, "context_length": 128000},
+    "openai/text-embedding-3-small": {"prompt_per_million": 0.02, "completion_per_million": 0, "embeddings": true},
     "meta-llama/llama-3.1-8b-instruct:free": {"prompt_per_million": 0, "completion_per_million": 0, "context_length": 131072}
 }, "free_models": ["openai/gpt-4o-mini:free"]}"#;
 
