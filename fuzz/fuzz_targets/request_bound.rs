@@ -25,12 +25,15 @@ fuzz_target!(|input: (u8, u64, &[u8])| {
         BoundField::MaxCompletionTokens
     };
     let (name, other) = match field {
-        BoundField::MaxTokens => ("max_tokens", "max_completion_tokens"),
         BoundField::MaxCompletionTokens => ("max_completion_tokens", "max_tokens"),
+        _ => ("max_tokens", "max_completion_tokens"),
     };
     let edits = BodyEdits {
         write_bound: (choice & 2 != 0).then_some((field, tokens)),
         ask_stream_usage: choice & 4 != 0,
+        // A Responses request's edits, on any body.
+        max_tool_calls: (choice & 8 != 0).then_some(tokens % 16),
+        stateless: choice & 16 != 0,
     };
     let Some(out) = edit_request_body(body, &edits) else {
         if let Ok(chat) = ChatRequest::parse(body) {
@@ -49,9 +52,19 @@ fuzz_target!(|input: (u8, u64, &[u8])| {
     let after = members(&out).expect("an object out");
     for (member, value) in &before {
         let bound_field = edits.write_bound.is_some() && (member == name || member == other);
-        if member != "stream_options" && !bound_field {
+        let responses_field = (edits.max_tool_calls.is_some() && member == "max_tool_calls")
+            || (edits.stateless && member == "store");
+        if member != "stream_options" && !bound_field && !responses_field {
             assert_eq!(after[member].get(), value.get(), "{member} changed");
         }
+    }
+    if let Some(calls) = edits.max_tool_calls {
+        assert_eq!(after["max_tool_calls"].get(), calls.to_string());
+    }
+    if edits.stateless {
+        // The client's own `store` stays; none becomes false.
+        let expected = before.get("store").map_or("false", |value| value.get());
+        assert_eq!(after["store"].get(), expected);
     }
     if let Some((_, tokens)) = edits.write_bound {
         assert_eq!(after[name].get(), tokens.to_string());

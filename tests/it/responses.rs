@@ -21,7 +21,8 @@ use serde_json::{Value, json};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
-/// What the upstream received: each request's path and body.
+/// What the upstream received: each request's path and body, with its
+/// `Authorization` under `"authorization"`.
 type Received = Arc<Mutex<Vec<(String, Value)>>>;
 
 /// An upstream serving the Responses API (an answer with cached and
@@ -36,12 +37,16 @@ async fn upstream() -> (String, Received) {
     let app = axum::Router::new()
         .route(
             "/v1/responses",
-            post(move |body: String| {
+            post(move |headers: http::HeaderMap, body: String| {
                 let received = Arc::clone(&on_responses);
                 let usage = usage.clone();
                 async move {
                     let request: Value = serde_json::from_str(&body).unwrap();
-                    received.lock().unwrap().push(("/v1/responses".into(), request.clone()));
+                    let mut seen = request.clone();
+                    seen["authorization"] = json!(headers
+                        .get("authorization")
+                        .map(|value| value.to_str().unwrap().to_owned()));
+                    received.lock().unwrap().push(("/v1/responses".into(), seen));
                     let answer = json!({"id": "resp_1", "object": "response", "status": "completed",
                         "model": "m", "output": [{"type": "message", "role": "assistant",
                         "content": [{"type": "output_text", "text": "Hi"}]}], "usage": usage});
@@ -94,7 +99,8 @@ async fn start() -> Gateway {
     let (base, received) = upstream().await;
     let config = json!({
         "retry": {"max_attempts": 1},
-        "providers": {"openai": {"base_url": base, "apis": ["responses", "embeddings"]}},
+        "providers": {"openai": {"base_url": base, "apis": ["responses", "embeddings"],
+                                 "byok": true, "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"}}},
         "pricing": {"models": {
             "openai/reasoner": {"prompt_per_million": 2000, "completion_per_million": 8000,
                 "input_cache_read_per_million": 500, "internal_reasoning_per_million": 20000,
@@ -421,4 +427,49 @@ async fn a_responses_call_falls_back_and_the_models_list_names_each_models_apis(
         Some(json!(["chat", "messages", "responses"]))
     );
     assert_eq!(apis("openai/embedder"), Some(json!(["embeddings"])));
+}
+
+/// An account's own key for the provider goes in place of the gateway's
+/// on a Responses call, and the call is not charged to the balance.
+#[tokio::test]
+async fn a_responses_call_goes_with_the_accounts_own_key() {
+    let gateway = start().await;
+    modelgate::keys::ByokDirectory::new(gateway.store.clone())
+        .set("acme", "openai", "sk-acme-own-0001")
+        .await
+        .unwrap();
+    let before = gateway.balance().await;
+    let (status, text) = gateway
+        .post(
+            "/api/v1/responses",
+            &json!({"model": "openai/reasoner", "input": "Hi"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let (_, sent) = gateway.last_received();
+    assert_eq!(sent["authorization"], "Bearer sk-acme-own-0001");
+    assert_eq!(
+        gateway.balance().await,
+        before,
+        "BYOK is not charged to the balance"
+    );
+    // Another account's call goes with the gateway's own key.
+    let other = key_of(&gateway.store, "other", None).await;
+    KeyDirectory::new(gateway.store.clone())
+        .top_up("other", NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let reply = reqwest::Client::new()
+        .post(format!("http://{}/api/v1/responses", gateway.address))
+        .bearer_auth(&other)
+        .json(&json!({"model": "openai/reasoner", "input": "Hi", "max_output_tokens": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let (_, sent) = gateway.last_received();
+    assert_eq!(
+        sent["authorization"],
+        "Bearer alpha-provider-key-0123456789"
+    );
 }
