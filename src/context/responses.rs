@@ -351,8 +351,9 @@ pub enum ResponsesToolKind {
         /// The JSON Schema of its arguments.
         parameters: Option<Map<String, Value>>,
     },
-    /// The upstream's web search (`web_search`, `web_search_preview` and
-    /// their dated versions): each search has a fee, bounded by
+    /// The upstream's web search (any type that starts `web_search`:
+    /// `web_search`, `web_search_preview`, their dated versions): each
+    /// search has a fee, bounded by
     /// `max_tool_calls` (see the module docs).
     WebSearch {
         /// The type, as sent.
@@ -1002,10 +1003,9 @@ fn parse_tool(at: &At<'_>, tool: Value) -> Result<ResponsesTool, GatewayError> {
                 parameters,
             }
         }
-        kind if kind == "web_search"
-            || kind == "web_search_preview"
-            || kind.starts_with("web_search_") =>
-        {
+        // Any type the upstream might read as a search holds its fees:
+        // the next dated version as well as a misspelling.
+        kind if kind.starts_with("web_search") => {
             ResponsesToolKind::WebSearch { tool_type }
         }
         _ => ResponsesToolKind::Other { tool_type },
