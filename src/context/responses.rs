@@ -1005,9 +1005,7 @@ fn parse_tool(at: &At<'_>, tool: Value) -> Result<ResponsesTool, GatewayError> {
         }
         // Any type the upstream might read as a search holds its fees:
         // the next dated version as well as a misspelling.
-        kind if kind.starts_with("web_search") => {
-            ResponsesToolKind::WebSearch { tool_type }
-        }
+        kind if kind.starts_with("web_search") => ResponsesToolKind::WebSearch { tool_type },
         _ => ResponsesToolKind::Other { tool_type },
     };
     Ok(ResponsesTool {
