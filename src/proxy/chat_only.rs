@@ -171,77 +171,149 @@ impl<S> ChatOnly<S> {
         mut request: Request<Full<Bytes>>,
         route: ModelRoute,
     ) -> Result<(Request<Full<Bytes>>, Option<TranslateAnswer>), GatewayError> {
-        let context = RequestContext::of(&request);
-        let served = context
-            .and_then(RequestContext::model_call)
-            .and_then(|call| self.providers.apis_for(call.model_id));
-        // No provider for the model: Providers answers why.
-        let wire = match served {
-            None => route.api(),
-            Some(served) => served.wire_api(route.api()).ok_or_else(|| {
-                GatewayError::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "this model's provider does not serve the {} API, and the gateway cannot translate it to one the provider serves; use a model whose provider serves it",
-                        route.api().as_str()
-                    ),
-                )
-                .with_metadata("param", "model")
-            })?,
-        };
-        request.extensions_mut().insert(WireApi(wire));
-        if wire == route.api() {
+        let Some(wire) = on_the_wire(&self.providers, &request, route)? else {
+            request.extensions_mut().insert(WireApi(route.api()));
             return Ok((request, None));
-        }
-        if route == ModelRoute::CountTokens {
-            return Err(GatewayError::new(
-                ErrorKind::InvalidRequest,
-                "this model's provider does not serve the Messages API, so it cannot count a Messages request's tokens; send the request to /api/v1/messages itself, or use a model whose provider serves Messages",
-            )
-            .with_metadata("param", "model"));
-        }
-        // The body as the layers above left it (CreditGuard's bound written).
-        let Some(body) = RequestContext::of(&request).and_then(|context| context.body.clone())
-        else {
-            return Err(GatewayError::missing_layer("ChatOnly", "BodyLimit"));
-        };
-        let (translated, path, answer) = match (route.api(), wire) {
-            (ModelApi::Messages, ModelApi::Chat) => (
-                translate::messages_request_to_chat(&body)?,
-                "/api/v1/chat/completions",
-                TranslateAnswer::ChatToMessages,
-            ),
-            (ModelApi::Chat, ModelApi::Messages) => (
-                translate::chat_request_to_messages(&body, DEFAULT_TRANSLATED_MAX_TOKENS)?,
-                "/api/v1/messages",
-                TranslateAnswer::MessagesToChat,
-            ),
-            (ModelApi::Responses, ModelApi::Chat) => (
-                translate::responses_request_to_chat(&body)?,
-                "/api/v1/chat/completions",
-                TranslateAnswer::ChatToResponses,
-            ),
-            (client, wire) => {
-                return Err(GatewayError::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "the gateway cannot translate a {} request to the {} API this model's provider serves",
-                        client.as_str(),
-                        wire.as_str()
-                    ),
-                ));
-            }
         };
         let (mut parts, _) = request.into_parts();
-        parts.uri = http::Uri::from_static(path);
+        parts.extensions.insert(WireApi(wire.api));
+        parts.uri = http::Uri::from_static(wire.path);
         parts
             .headers
-            .insert(http::header::CONTENT_LENGTH, translated.len().into());
-        RequestContext::in_extensions(&mut parts.extensions).body = Some(translated.clone());
+            .insert(http::header::CONTENT_LENGTH, wire.body.len().into());
+        RequestContext::in_extensions(&mut parts.extensions).body = Some(wire.body.clone());
         Ok((
-            Request::from_parts(parts, Full::new(translated)),
-            Some(answer),
+            Request::from_parts(parts, Full::new(wire.body)),
+            Some(wire.answer),
         ))
+    }
+}
+
+/// A model call translated for its provider.
+struct Translated {
+    api: ModelApi,
+    path: &'static str,
+    body: Bytes,
+    answer: TranslateAnswer,
+}
+
+/// How `request` (a call on `route`) goes to its model's provider: `None`
+/// in its own API (or with no provider, which Providers answers), else
+/// translated; the 400 of a call no provider API can take.
+fn on_the_wire<B>(
+    providers: &Providers,
+    request: &Request<B>,
+    route: ModelRoute,
+) -> Result<Option<Translated>, GatewayError> {
+    let context = RequestContext::of(request);
+    let Some(served) = context
+        .and_then(RequestContext::model_call)
+        .and_then(|call| providers.apis_for(call.model_id))
+    else {
+        return Ok(None);
+    };
+    let wire = served.wire_api(route.api()).ok_or_else(|| {
+        GatewayError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "this model's provider does not serve the {} API, and the gateway cannot translate it to one the provider serves; use a model whose provider serves it",
+                route.api().as_str()
+            ),
+        )
+        .with_metadata("param", "model")
+    })?;
+    if wire == route.api() {
+        return Ok(None);
+    }
+    if route == ModelRoute::CountTokens {
+        return Err(GatewayError::new(
+            ErrorKind::InvalidRequest,
+            "this model's provider does not serve the Messages API, so it cannot count a Messages request's tokens; send the request to /api/v1/messages itself, or use a model whose provider serves Messages",
+        )
+        .with_metadata("param", "model"));
+    }
+    // The body as the layers above left it (CreditGuard's bound written).
+    let Some(body) = context.and_then(|context| context.body.as_ref()) else {
+        return Err(GatewayError::missing_layer("ChatOnly", "BodyLimit"));
+    };
+    let (body, path, answer) = match (route.api(), wire) {
+        (ModelApi::Messages, ModelApi::Chat) => (
+            translate::messages_request_to_chat(body)?,
+            "/api/v1/chat/completions",
+            TranslateAnswer::ChatToMessages,
+        ),
+        (ModelApi::Chat, ModelApi::Messages) => (
+            translate::chat_request_to_messages(body, DEFAULT_TRANSLATED_MAX_TOKENS)?,
+            "/api/v1/messages",
+            TranslateAnswer::MessagesToChat,
+        ),
+        (ModelApi::Responses, ModelApi::Chat) => (
+            translate::responses_request_to_chat(body)?,
+            "/api/v1/chat/completions",
+            TranslateAnswer::ChatToResponses,
+        ),
+        (client, wire) => {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "the gateway cannot translate a {} request to the {} API this model's provider serves",
+                    client.as_str(),
+                    wire.as_str()
+                ),
+            ));
+        }
+    };
+    Ok(Some(Translated {
+        api: wire,
+        path,
+        body,
+        answer,
+    }))
+}
+
+/// Refuses, before the admission counts anything, a model call its
+/// provider cannot take in any API (a translation that cannot say it, a
+/// `count_tokens` for a chat-only provider): such a request spends no
+/// rate and no quota. It sits between Fallback and the admission, so each
+/// attempt is checked for its own model; ChatOnly translates the body the
+/// admission edited.
+#[derive(Clone, Debug)]
+pub(super) struct WireCheck<S> {
+    inner: S,
+    providers: Providers,
+}
+
+impl<S> WireCheck<S> {
+    pub(super) fn new(inner: S, providers: Providers) -> Self {
+        WireCheck { inner, providers }
+    }
+}
+
+impl<S, ResBody> Service<Request<Full<Bytes>>> for WireCheck<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResponseBody<ResBody>>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        futures_util::future::Either<std::future::Ready<Result<S::Response, S::Error>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        let refusal = model_route(request.method(), request.uri().path())
+            .and_then(|route| on_the_wire(&self.providers, &request, route).err());
+        match refusal {
+            Some(error) => {
+                futures_util::future::Either::Left(std::future::ready(Ok(error.to_response())))
+            }
+            None => futures_util::future::Either::Right(self.inner.call(request)),
+        }
     }
 }
 

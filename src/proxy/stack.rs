@@ -18,7 +18,7 @@ use tower::util::BoxCloneService;
 use tower::util::MapResponseLayer;
 
 use super::access_log::AccessLogLayer;
-use super::chat_only::ChatOnly;
+use super::chat_only::{ChatOnly, WireCheck};
 use super::config::GatewayPlan;
 use super::fallback::FallbackLayer;
 use super::providers::Providers;
@@ -233,6 +233,8 @@ where
                 .management_rate(Some(checked.management_rate)),
         )
         .layer(FallbackLayer::new(Arc::clone(&checked.catalog)))
+        // A call no provider API can take is refused before it counts.
+        .plain(layer_fn(|inner| WireCheck::new(inner, served_apis.clone())))
         .layer(AdmissionLayers::new(rate_limit, free_quota, credit.clone()))
         .plain(layer_fn(|inner| {
             ChatOnly::new(inner, Arc::clone(&models_list), served_apis.clone())

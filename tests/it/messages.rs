@@ -718,3 +718,60 @@ async fn an_accounts_own_key_goes_to_a_messages_provider_as_x_api_key() {
         "BYOK is not charged to the balance"
     );
 }
+
+/// A call no provider API can take (here a `count_tokens` for a model whose
+/// provider serves only chat completions, and a server tool a chat model
+/// cannot run) is refused before the admission: it spends no rate, so the
+/// account's one request a minute still admits the next call.
+#[tokio::test]
+async fn a_call_no_provider_can_take_spends_no_rate() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let base = mock::start(mock::MockConfig::default()).await;
+    let mut config: Value = serde_json::from_str(&config(&base)).unwrap();
+    config["rate_limits"] =
+        json!({"account": {"gcra": {"requests": 1, "period_seconds": 60, "burst": 1}}});
+    config["pricing"]["models"]["openai/gpt-test"]["context_length"] = json!(1000);
+    let address = instance(store.clone(), &base, &config.to_string()).await;
+    let key = key_of(&store, "acme", None).await;
+    KeyDirectory::new(store.clone())
+        .top_up("acme", 100 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let gateway = Gateway {
+        address,
+        store,
+        key,
+    };
+    let count = gateway
+        .post(
+            "/api/v1/messages/count_tokens",
+            &json!({"model": "openai/gpt-test", "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(count.status(), 400);
+    let searching = json!({"model": "openai/gpt-test", "max_tokens": 10,
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}],
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let refused = gateway.post("/api/v1/messages", &searching).await;
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+    let before = gateway.balance().await;
+    assert_eq!(before, 100 * NANOS_PER_CREDIT, "nothing held or charged");
+    let admitted = gateway
+        .post(
+            "/api/v1/messages",
+            &json!({"model": "openai/gpt-test", "max_tokens": 10,
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(admitted.status(), 200, "the refusals spent no rate");
+    let limited = gateway
+        .post(
+            "/api/v1/messages",
+            &json!({"model": "openai/gpt-test", "max_tokens": 10,
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(limited.status(), 429, "the rule counts what it admits");
+}

@@ -99,7 +99,7 @@ async fn start() -> Gateway {
     let (base, received) = upstream().await;
     let config = json!({
         "retry": {"max_attempts": 1},
-        "providers": {"openai": {"base_url": base, "apis": ["responses", "embeddings"],
+        "providers": {"openai": {"base_url": base, "apis": ["chat", "responses", "embeddings"],
                                  "byok": true, "api_key": {"env": "MODELGATE_TEST_ALPHA_KEY"}}},
         "pricing": {"models": {
             "openai/reasoner": {"prompt_per_million": 2000, "completion_per_million": 8000,
