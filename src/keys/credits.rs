@@ -62,6 +62,61 @@ fn nanos_from_number(number: &Number) -> Result<i64, AmountError> {
     Ok((credits * NANOS_PER_CREDIT as f64).round() as i64)
 }
 
+/// Why a decimal text is not an amount of credits: see [`nanos_from_credits`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "an amount of credits is a decimal such as \"12.5\", not negative, with at most 9 decimals and at most {MAX_CREDITS} credits; got {given:?}"
+)]
+pub struct InvalidCredits {
+    given: String,
+}
+
+/// Credits written as a decimal (`"10"`, `"0.25"`, `"0.000000001"`) as the
+/// nano-credits the Rust API takes (key limits, top-ups, prices), exactly:
+/// no float on the way. JSON shows the same amounts as numbers of credits.
+///
+/// ```
+/// use modelgate::keys::{credits_from_nanos, nanos_from_credits};
+/// use modelgate::store::NANOS_PER_CREDIT;
+///
+/// assert_eq!(nanos_from_credits("10").unwrap(), 10 * NANOS_PER_CREDIT);
+/// assert_eq!(nanos_from_credits("0.25").unwrap(), 250_000_000);
+/// assert_eq!(credits_from_nanos(250_000_000), "0.25");
+/// assert!(nanos_from_credits("0.0000000001").is_err()); // below one nano-credit
+/// assert!(nanos_from_credits("-1").is_err());
+/// ```
+pub fn nanos_from_credits(text: &str) -> Result<i64, InvalidCredits> {
+    let invalid = || InvalidCredits {
+        given: text.chars().take(40).collect(),
+    };
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |part: &str| part.bytes().all(|byte| byte.is_ascii_digit());
+    if whole.is_empty()
+        || whole.len() > 10
+        || fraction.len() > 9
+        || !digits(whole)
+        || !digits(fraction)
+        || (text.contains('.') && fraction.is_empty())
+    {
+        return Err(invalid());
+    }
+    let whole: i64 = whole.parse().map_err(|_| invalid())?;
+    let mut nanos_part = 0i64;
+    for (place, digit) in fraction.bytes().enumerate() {
+        nanos_part += i64::from(digit - b'0') * 10i64.pow(8 - place as u32);
+    }
+    if whole > MAX_CREDITS || (whole == MAX_CREDITS && nanos_part > 0) {
+        return Err(invalid());
+    }
+    Ok(whole * NANOS_PER_CREDIT + nanos_part)
+}
+
+/// Nano-credits as an exact decimal of credits (`"12.5"`, `"0"`,
+/// `"-0.000000001"`): what JSON shows for the amount.
+pub fn credits_from_nanos(nanos: i64) -> String {
+    decimal_string(nanos, 0)
+}
+
 /// Nano-credits as a JSON number of credits (`12.5`, `0`).
 pub(crate) fn nanos_to_json(nanos: i64) -> Value {
     if nanos % NANOS_PER_CREDIT == 0 {
@@ -111,6 +166,46 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn decimal_credits_are_exact_nanos() {
+        assert_eq!(nanos_from_credits("0"), Ok(0));
+        assert_eq!(nanos_from_credits("1.5"), Ok(1_500_000_000));
+        assert_eq!(nanos_from_credits("0.000000001"), Ok(1));
+        assert_eq!(
+            nanos_from_credits("1000000000"),
+            Ok(MAX_CREDITS * NANOS_PER_CREDIT)
+        );
+        for bad in [
+            "",
+            ".5",
+            "5.",
+            "-1",
+            "+1",
+            "1e3",
+            " 1",
+            "1,5",
+            "1.0000000001",
+            "1000000000.1",
+            "99999999999",
+        ] {
+            assert!(nanos_from_credits(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn credits_round_trip_through_their_decimal(nanos in 0..=MAX_CREDITS * NANOS_PER_CREDIT) {
+            prop_assert_eq!(nanos_from_credits(&credits_from_nanos(nanos)), Ok(nanos));
+        }
+
+        #[test]
+        fn any_text_is_an_amount_or_refused(text in "\\PC{0,24}") {
+            if let Ok(nanos) = nanos_from_credits(&text) {
+                prop_assert!((0..=MAX_CREDITS * NANOS_PER_CREDIT).contains(&nanos));
+            }
+        }
+    }
 
     #[test]
     fn amounts_convert_to_exact_nanos() {

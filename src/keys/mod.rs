@@ -56,7 +56,7 @@ mod record;
 pub use byok::{
     ByokCredential, ByokDirectory, ByokDirectoryBuilder, ByokEntry, ByokError, ByokProviders,
 };
-pub use credits::MAX_CREDITS;
+pub use credits::{InvalidCredits, MAX_CREDITS, credits_from_nanos, nanos_from_credits};
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, RotateOutcome};
 pub use index::{KEY_INDEX_BUILT, KEY_INDEX_BUILT_ID, account_keys};
 pub use key::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
