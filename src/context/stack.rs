@@ -178,6 +178,41 @@ impl<L> CheckedStack<L> {
         }
     }
 
+    /// The checked stack as one layer, to put around a route of one's own
+    /// (axum's `route_layer` or `MethodRouter::layer`, tower's
+    /// `ServiceBuilder::layer`); or the first layer whose reading no layer
+    /// outside it adds.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use axum::{Router, routing::{get, post}};
+    /// use modelgate::auth::BearerAuthLayer;
+    /// use modelgate::body::BodyLimitLayer;
+    /// use modelgate::context::CheckedStack;
+    /// use modelgate::error_mapper::ErrorMapperLayer;
+    /// use modelgate::keys::{KeyDirectory, SharedStore};
+    /// use modelgate::store::MemoryStore;
+    ///
+    /// let store: SharedStore = Arc::new(MemoryStore::new());
+    /// let gate = CheckedStack::new()
+    ///     .plain(ErrorMapperLayer::new())
+    ///     .layer(BearerAuthLayer::new(KeyDirectory::new(store)))
+    ///     .layer(BodyLimitLayer::new())
+    ///     .into_layer()
+    ///     .expect("every part read is added outside its reader");
+    /// // The gate on the chat route only: `/hello` is the service's own.
+    /// let app: Router = Router::new()
+    ///     .route("/hello", get(|| async { "hello" }))
+    ///     .route("/v1/chat/completions", post(|| async { "{}" }).route_layer(gate));
+    /// # let _ = app;
+    /// ```
+    pub fn into_layer(self) -> Result<L, MissingLayer> {
+        match self.missing {
+            Some(missing) => Err(missing),
+            None => Ok(self.builder.into_inner()),
+        }
+    }
+
     /// The stack around `service`, or the first layer whose reading no
     /// layer outside it adds.
     pub fn service<S>(self, service: S) -> Result<L::Service, MissingLayer>
@@ -256,6 +291,11 @@ mod tests {
             .layer(Reads(&[ContextPart::Principal]))
             .service(());
         assert_eq!(first_error_kept.unwrap_err().part, ContextPart::ParsedBody);
+        let as_layer = CheckedStack::new()
+            .layer(Reads(&[ContextPart::Principal]))
+            .layer(Adds(&[ContextPart::Principal]))
+            .into_layer();
+        assert_eq!(as_layer.err().map(|missing| missing.layer), Some("Reads"));
         assert!(
             CheckedStack::new()
                 .layer(Adds(&[ContextPart::Principal]))
