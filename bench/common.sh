@@ -17,8 +17,8 @@ if ! command -v redis-server >/dev/null 2>&1; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
 
-echo "==> cargo build --release --examples"
-cargo build --release --examples --quiet
+echo "==> cargo build --release --examples --features full"
+cargo build --release --examples --features full --quiet
 bin="${CARGO_TARGET_DIR:-target}/release/examples"
 
 work="$(mktemp -d)"

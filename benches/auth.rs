@@ -5,7 +5,7 @@
 //! Also what a secret-scanning alert costs before any lookup: its
 //! signature checked and its body parsed.
 //!
-//! `cargo bench --bench auth`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench auth`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 #[path = "../tests/it/common/redis_server.rs"]

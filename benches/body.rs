@@ -2,7 +2,7 @@
 //! layer for 1 KB, 32 KB and 1 MB chat bodies, next to the floor they are
 //! measured against, one `serde_json::Value` parse and one copy of the body.
 //!
-//! `cargo bench --bench body`
+//! `cargo bench --features full --bench body`
 
 use std::convert::Infallible;
 use std::time::Duration;

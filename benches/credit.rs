@@ -3,7 +3,7 @@
 //! over loopback, one request at a time and 32 at once. Also the usage
 //! scanner alone on a long SSE stream.
 //!
-//! `cargo bench --bench credit`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench credit`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 mod support;

@@ -3,7 +3,7 @@
 //! iteration, on `MemoryStore` and on `RedisStore`; and the bare upstream
 //! client for comparison.
 //!
-//! `cargo bench --bench gateway`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench gateway`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 mod support;

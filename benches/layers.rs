@@ -10,7 +10,7 @@
 //! client sends it. Logs (at `info`, formatted into a sink) and a
 //! Prometheus recorder are on, as in the proxy example.
 //!
-//! `cargo bench --bench layers`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench layers`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 use std::collections::HashMap;

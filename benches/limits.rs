@@ -3,7 +3,7 @@
 //! (one store round trip each), and a refusal answered from the memo of
 //! full counters (none).
 //!
-//! `cargo bench --bench limits`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench limits`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 mod support;

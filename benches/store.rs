@@ -1,7 +1,7 @@
 //! The cost of each store operation on `MemoryStore` and on `RedisStore`
 //! over loopback (a `redis-server` started for the run).
 //!
-//! `cargo bench --bench store`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench store`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 #[path = "../tests/it/common/redis_server.rs"]

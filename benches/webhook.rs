@@ -4,7 +4,7 @@
 //! `resume_flow`, each a compare-and-set), on `MemoryStore` and on
 //! `RedisStore` over loopback.
 //!
-//! `cargo bench --bench webhook`; under `cargo test --all-targets` each
+//! `cargo bench --features full --bench webhook`; under `cargo test --all-targets` each
 //! benchmark runs once as a smoke test.
 
 mod support;

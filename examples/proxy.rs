@@ -2,9 +2,9 @@
 //! OpenAI-compatible upstream.
 //!
 //! ```sh
-//! cargo run --release --example proxy -- [--listen ADDR] [--upstream URL] [--store memory|sqlite:PATH|redis://…] [--config FILE]
-//! cargo run --release --example proxy -- keygen
-//! cargo run --release --example proxy -- reset-operator-key --store sqlite:PATH|redis://…
+//! cargo run --release --features proxy --example proxy -- [--listen ADDR] [--upstream URL] [--store memory|sqlite:PATH|redis://…] [--config FILE]
+//! cargo run --release --features proxy --example proxy -- keygen
+//! cargo run --release --features proxy --example proxy -- reset-operator-key --store sqlite:PATH|redis://…
 //! ```
 //!
 //! `proxy --help` lists every flag with its default, the commands and the

@@ -2,7 +2,7 @@
 //! each behind its shared secret and limits.
 //!
 //! ```sh
-//! cargo run --example webhooks -- --config webhooks.json [--listen ADDR] [--store memory|sqlite:PATH|redis://…]
+//! cargo run --features proxy --example webhooks -- --config webhooks.json [--listen ADDR] [--store memory|sqlite:PATH|redis://…]
 //! ```
 //!
 //! The file holds the plugin entry where the gateway's config keeps it,

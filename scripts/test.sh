@@ -66,21 +66,21 @@ fi
 export RUSTC_WORKSPACE_WRAPPER="$CLIPPY_DRIVER"
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
-echo "==> build and lint the tests and benchmarks, then the examples the tests run as processes"
-cargo test --lib --tests --benches --no-run --locked
-cargo build --examples --locked
+echo "==> build and lint the tests and benchmarks, then the examples the tests run as processes (every feature)"
+cargo test --lib --tests --benches --no-run --all-features --locked
+cargo build --examples --all-features --locked
 echo "==> cargo nextest run (unit and integration tests, and each benchmark once as a test)"
-cargo nextest run --lib --tests --benches --locked
+cargo nextest run --lib --tests --benches --all-features --locked
 echo "==> cargo test --doc"
-cargo test --doc --locked
-echo "==> the layers alone bring no Redis, SQLite, lettre or P-256"
-if cargo tree --no-default-features --edges normal --prefix none --locked \
-  | grep -E '^(redis|rusqlite|lettre|p256|hyper-rustls) '; then
+cargo test --doc --all-features --locked
+echo "==> the default features (the layers alone) bring no HTTP client, store backend, CSV, URL or mail crate"
+if cargo tree --edges normal --prefix none --locked \
+  | grep -E '^(redis|rusqlite|lettre|p256|hyper|hyper-util|hyper-rustls|h2|csv|url|idna) '; then
   echo "a crate above is built without any feature asking for it" >&2
   exit 1
 fi
-echo "==> the layers alone, linted and tested on the in-process store (--no-default-features)"
-cargo build --examples --no-default-features --locked
-cargo nextest run --lib --tests --benches --no-default-features --locked
+echo "==> the layers alone (the default features), linted and tested on the in-process store"
+cargo build --examples --locked
+cargo nextest run --lib --tests --benches --locked
 echo "==> cargo doc"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --locked

@@ -206,15 +206,67 @@ pub(crate) fn address_group(address: Option<IpAddr>) -> Option<u128> {
 #[derive(Clone, Debug, Default)]
 pub struct ClientAddrLayer {
     trusted: Arc<TrustedProxies>,
+    peer_from: Option<PeerFrom>,
 }
+
+/// Reads the peer's address from what a server put into a request's
+/// extensions, for servers that do not insert a [`ClientAddr`] (axum puts
+/// in its `ConnectInfo<SocketAddr>`: [`axum_connect_info`]).
+pub type PeerFrom = fn(&http::Extensions) -> Option<IpAddr>;
 
 impl ClientAddrLayer {
     /// Believes `X-Forwarded-For` from the `trusted` proxies only.
     pub fn new(trusted: TrustedProxies) -> Self {
         ClientAddrLayer {
             trusted: Arc::new(trusted),
+            peer_from: None,
         }
     }
+
+    /// Where the peer's address is when the server put in no
+    /// [`ClientAddr`]: `peer_from` reads it from the request's extensions,
+    /// and the layer inserts it as a `ClientAddr` (then reads
+    /// `X-Forwarded-For` from trusted peers as usual).
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use modelgate::client_addr::{ClientAddrLayer, TrustedProxies};
+    ///
+    /// /// The address a server of one's own put in.
+    /// #[derive(Clone)]
+    /// struct Peer(SocketAddr);
+    ///
+    /// let layer = ClientAddrLayer::new(TrustedProxies::none())
+    ///     .peer_from(|extensions| extensions.get::<Peer>().map(|peer| peer.0.ip()));
+    /// # let _ = layer;
+    /// ```
+    pub fn peer_from(mut self, peer_from: PeerFrom) -> Self {
+        self.peer_from = Some(peer_from);
+        self
+    }
+}
+
+/// The peer's address axum puts in a request served with
+/// `into_make_service_with_connect_info::<SocketAddr>()`, for
+/// [`ClientAddrLayer::peer_from`] (feature `axum`).
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::extract::ConnectInfo;
+/// use modelgate::client_addr::{ClientAddrLayer, TrustedProxies, axum_connect_info};
+///
+/// let layer = ClientAddrLayer::new(TrustedProxies::none()).peer_from(axum_connect_info);
+/// let mut extensions = http::Extensions::new();
+/// extensions.insert(ConnectInfo("192.0.2.1:4000".parse::<SocketAddr>().unwrap()));
+/// assert_eq!(axum_connect_info(&extensions), Some("192.0.2.1".parse().unwrap()));
+/// # let _ = layer;
+/// ```
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub fn axum_connect_info(extensions: &http::Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip())
 }
 
 impl<S> Layer<S> for ClientAddrLayer {
@@ -224,6 +276,7 @@ impl<S> Layer<S> for ClientAddrLayer {
         ClientAddrService {
             inner,
             trusted: Arc::clone(&self.trusted),
+            peer_from: self.peer_from,
         }
     }
 }
@@ -238,6 +291,7 @@ impl<S> Layer<S> for ClientAddrLayer {
 pub struct ClientAddrService<S> {
     inner: S,
     trusted: Arc<TrustedProxies>,
+    peer_from: Option<PeerFrom>,
 }
 
 impl<S, B, ResBody> Service<Request<B>> for ClientAddrService<S>
@@ -254,6 +308,12 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if let Some(peer_from) = self.peer_from
+            && request.extensions().get::<ClientAddr>().is_none()
+            && let Some(peer) = peer_from(request.extensions())
+        {
+            request.extensions_mut().insert(ClientAddr(peer));
+        }
         if !self.trusted.is_empty()
             && let Some(ClientAddr(peer)) = request.extensions().get::<ClientAddr>().copied()
         {

@@ -161,6 +161,8 @@
 mod accounts;
 mod answers;
 mod byok;
+#[cfg(feature = "csv")]
+mod csv_export;
 mod keys;
 mod layer;
 mod management_rate;

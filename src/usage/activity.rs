@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde_json::{Value, json};
-use url::form_urlencoded;
 
 use super::query::{bad, given_once};
 use crate::error::GatewayError;

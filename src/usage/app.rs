@@ -1,11 +1,13 @@
 //! The calling app, from `HTTP-Referer` (its address) and
 //! `X-Gateway-Title` or the older `X-Title` (its name).
 
+#[cfg(feature = "apps")]
 use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName};
 
 use crate::error::GatewayError;
+#[cfg(feature = "apps")]
 use crate::json_input::bad_request;
 
 /// The header naming the app's address.
@@ -38,6 +40,7 @@ pub struct App {
 /// The app `headers` name, or `None` when they name none (no header, or
 /// only a local address without a title: such an app is not ranked).
 /// A header that is there but not well-formed is a 400 naming it.
+#[cfg(feature = "apps")]
 pub fn app_from_headers(headers: &HeaderMap) -> Result<Option<App>, GatewayError> {
     let referer = single(headers, &REFERER_HEADER)?
         .map(|value| parse_referer(value).map_err(|why| bad_header(&REFERER_HEADER, why)))
@@ -53,7 +56,15 @@ pub fn app_from_headers(headers: &HeaderMap) -> Result<Option<App>, GatewayError
     Ok(app(referer, title))
 }
 
+/// Without the `apps` feature no request names an app: the headers are
+/// not read.
+#[cfg(not(feature = "apps"))]
+pub fn app_from_headers(_headers: &HeaderMap) -> Result<Option<App>, GatewayError> {
+    Ok(None)
+}
+
 /// The app a parsed address and title make.
+#[cfg(feature = "apps")]
 fn app(referer: Option<Referer>, title: Option<String>) -> Option<App> {
     match (referer, title) {
         (Some(referer), title) if !referer.local => Some(App {
@@ -70,6 +81,7 @@ fn app(referer: Option<Referer>, title: Option<String>) -> Option<App> {
     }
 }
 
+#[cfg(feature = "apps")]
 /// The header's one value as bytes, `None` when absent; twice is a 400.
 fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a [u8]>, GatewayError> {
     let mut values = headers.get_all(name).iter();
@@ -80,6 +92,7 @@ fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a [u
     Ok(first.map(|value| value.as_bytes()))
 }
 
+#[cfg(feature = "apps")]
 fn bad_header(name: &HeaderName, why: &str) -> GatewayError {
     bad_request(
         name.as_str(),
@@ -88,6 +101,7 @@ fn bad_header(name: &HeaderName, why: &str) -> GatewayError {
     .with_metadata("reason", "invalid_app_header")
 }
 
+#[cfg(feature = "apps")]
 /// A parsed `HTTP-Referer`.
 #[derive(Debug, PartialEq, Eq)]
 struct Referer {
@@ -96,6 +110,7 @@ struct Referer {
     local: bool,
 }
 
+#[cfg(feature = "apps")]
 fn parse_referer(value: &[u8]) -> Result<Referer, &'static str> {
     if value.len() > MAX_REFERER_BYTES {
         return Err("it is longer than 2048 bytes");
@@ -134,6 +149,7 @@ fn parse_referer(value: &[u8]) -> Result<Referer, &'static str> {
     })
 }
 
+#[cfg(feature = "apps")]
 /// Whether `host` is this machine or a private network: an app there has
 /// no public address to rank.
 fn is_local(host: &str) -> bool {
@@ -163,6 +179,7 @@ fn is_local(host: &str) -> bool {
     }
 }
 
+#[cfg(feature = "apps")]
 fn parse_title(value: &[u8]) -> Result<String, &'static str> {
     if value.len() > MAX_TITLE_CHARS * 4 {
         return Err("it is longer than 100 characters");
@@ -181,7 +198,7 @@ fn parse_title(value: &[u8]) -> Result<String, &'static str> {
     Ok(title.to_owned())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "apps"))]
 mod tests {
     use super::*;
     use http::HeaderValue;

@@ -23,7 +23,7 @@
 //! `created_at`, and the app: `origin` / `http_referer`, `app_id`,
 //! `app_title`; `user_id` is the account.
 //!
-//! The app ([`app_from_headers`]) is named by `HTTP-Referer` (an absolute
+//! With the `apps` feature, the app ([`app_from_headers`]) is named by `HTTP-Referer` (an absolute
 //! http(s) URL of at most 2048 bytes, kept without query or fragment) and
 //! `X-Gateway-Title` or the older `X-Title` (1 to 100 printable
 //! characters); a header that is there but malformed is a 400 naming it,
@@ -57,9 +57,11 @@
 //! let mut headers = HeaderMap::new();
 //! headers.insert("http-referer", "https://chat.example.com/?session=1".parse().unwrap());
 //! headers.insert("x-title", "Example Chat".parse().unwrap());
+//! # if cfg!(feature = "apps") {
 //! let app = app_from_headers(&headers).unwrap().unwrap();
 //! assert_eq!(app.id, "chat.example.com");
 //! assert_eq!(app.url.as_deref(), Some("https://chat.example.com/"));
+//! # }
 //! ```
 
 mod activity;

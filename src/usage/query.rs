@@ -4,7 +4,6 @@
 //! `invalid_parameter`, each naming it in `metadata.param`.
 
 use chrono::{DateTime, Utc};
-use url::form_urlencoded;
 
 use crate::clock::Period;
 use crate::error::GatewayError;

@@ -247,18 +247,24 @@ pub(crate) fn by_host(rows: Vec<AppUsage>) -> Vec<AppUsage> {
         let url = serde_json::from_str::<Value>(&row.details)
             .ok()
             .and_then(|details| details.get("url")?.as_str().map(str::to_owned))
-            .and_then(|url| url::Url::parse(&url).ok());
-        let Some(url) = url else { continue };
-        let Some(host) = url.host_str() else { continue };
-        let id = match url.port() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_owned(),
+            .and_then(|url| url.parse::<http::Uri>().ok());
+        // The address was kept as the WHATWG parser wrote it (host in
+        // lower case, a default port dropped): its authority is the host.
+        let (Some(scheme), Some(authority)) = (
+            url.as_ref().and_then(|url| url.scheme_str()),
+            url.as_ref().and_then(|url| url.authority()),
+        ) else {
+            continue;
         };
+        if authority.as_str().contains('@') {
+            continue; // never written so; a name or password is not shown
+        }
+        let id = authority.as_str().to_owned();
+        let origin = format!("{scheme}://{id}");
         let merged = hosts
             .entry((id.clone(), row.model.clone()))
             .or_insert_with(|| AppUsage {
-                details: json!({"url": url.origin().ascii_serialization(), "title": Value::Null})
-                    .to_string(),
+                details: json!({"url": origin, "title": Value::Null}).to_string(),
                 app: id,
                 model: row.model,
                 requests: 0,

@@ -97,20 +97,26 @@ fn build_examples(profile_dir: &Path) {
         command.arg("--release");
     }
     // The features this test was built with, so that the examples link
-    // against the same library build. The defaults are left as such: cargo
-    // counts `default` among the features, and the same set spelled out
-    // would build the library and the examples a second time.
+    // against the same library build.
     let features: Vec<&str> = [
         ("redis", cfg!(feature = "redis")),
         ("sqlite", cfg!(feature = "sqlite")),
         ("proxy", cfg!(feature = "proxy")),
+        ("flows", cfg!(feature = "flows")),
+        ("leaks", cfg!(feature = "leaks")),
+        ("notify", cfg!(feature = "notify")),
+        ("oauth", cfg!(feature = "oauth")),
+        ("apps", cfg!(feature = "apps")),
+        ("csv", cfg!(feature = "csv")),
+        ("http-client", cfg!(feature = "http-client")),
         ("otel", cfg!(feature = "otel")),
+        ("axum", cfg!(feature = "axum")),
+        ("full", cfg!(feature = "full")),
     ]
     .into_iter()
     .filter_map(|(name, on)| on.then_some(name))
     .collect();
-    if !cfg!(feature = "default") {
-        command.arg("--no-default-features");
+    if !features.is_empty() {
         command.args(["--features", &features.join(",")]);
     }
     let status = command
