@@ -25,6 +25,8 @@ mod credit_group_commit;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod docs;
 #[cfg(feature = "redis")]
+mod service_terms;
+#[cfg(feature = "redis")]
 mod keys_and_auth;
 #[cfg(all(feature = "redis", feature = "sqlite"))]
 mod keys_index;
