@@ -25,8 +25,6 @@ mod credit_group_commit;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod docs;
 #[cfg(feature = "redis")]
-mod service_terms;
-#[cfg(feature = "redis")]
 mod keys_and_auth;
 #[cfg(all(feature = "redis", feature = "sqlite"))]
 mod keys_index;
@@ -69,6 +67,8 @@ mod redis_store;
 mod responses;
 #[cfg(feature = "redis")]
 mod sent_upstream;
+#[cfg(feature = "redis")]
+mod service_terms;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod settings_page;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
