@@ -128,7 +128,7 @@ where
 {
     fn verify<'a>(&'a self, token: &'a str) -> Verification<'a> {
         let verified = self(token);
-        Box::pin(std::future::ready(Ok(verified)))
+        Box::pin(std::future::ready(Ok::<_, VerifierError>(verified)))
     }
 }
 
@@ -254,7 +254,8 @@ mod tests {
 
     #[test]
     fn debug_names_the_prefixes_and_hides_the_verifier() {
-        let shapes = ImportedKeys::prefixes(["sk-live-"]).verified_by(|_: &str| None);
+        let shapes =
+            ImportedKeys::prefixes(["sk-live-"]).verified_by(|_: &str| -> Option<KeyHash> { None });
         assert_eq!(
             format!("{shapes:?}"),
             "ImportedKeys { prefixes: Some([\"sk-live-\"]), verifier: Some(\"KeyVerifier(…)\") }"

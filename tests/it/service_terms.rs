@@ -41,18 +41,19 @@ async fn chat(Extension(context): Extension<RequestContext>) -> String {
     .to_string()
 }
 
-/// The service with the layers, authenticating by `auth`.
-async fn service(store: SharedStore, auth: BearerAuthLayer) -> SocketAddr {
-    service_with(store, auth, ErrorMapperLayer::new()).await
+/// The service with the layers, authenticating by `auth` (made on
+/// `directory`, which the key routes share, as one instance's do).
+async fn service(store: SharedStore, directory: KeyDirectory, auth: BearerAuthLayer) -> SocketAddr {
+    service_with(store, directory, auth, ErrorMapperLayer::new()).await
 }
 
 /// [`service`] with `errors` outermost.
 async fn service_with(
     store: SharedStore,
+    directory: KeyDirectory,
     auth: BearerAuthLayer,
     errors: ErrorMapperLayer,
 ) -> SocketAddr {
-    let directory = KeyDirectory::new(store.clone());
     let prices = PriceTable::from_json(
         r#"{"default": {"prompt_per_million": 1, "completion_per_million": 2}}"#,
     )
@@ -165,7 +166,7 @@ async fn an_imported_key_by_its_hash_authenticates_is_charged_and_listed() {
         }
         let auth = BearerAuthLayer::new(directory.clone())
             .imported_keys(ImportedKeys::prefixes(["sk-live-"]));
-        let address = service(store.clone(), auth).await;
+        let address = service(store.clone(), directory.clone(), auth).await;
 
         let reply = chat_with(address, LEGACY_KEY).await;
         assert_eq!(reply.status, 200, "{}: {}", backend.name, reply.body);
@@ -221,7 +222,7 @@ async fn a_key_the_service_verifies_is_looked_up_under_the_identity_it_names() {
         let verifier = move |token: &str| (token == "acme_live_secret42").then_some(identity);
         let auth = BearerAuthLayer::new(directory.clone())
             .imported_keys(ImportedKeys::prefixes(["acme_"]).verified_by(verifier));
-        let address = service(store.clone(), auth).await;
+        let address = service(store.clone(), directory.clone(), auth).await;
 
         let reply = chat_with(address, "acme_live_secret42").await;
         assert_eq!(reply.status, 200, "{}: {}", backend.name, reply.body);
@@ -244,11 +245,11 @@ async fn refusals_speak_the_service_s_words_and_realm() {
         let store = backend.store.clone();
         provision(&store).await;
         let directory = KeyDirectory::new(store.clone());
-        let auth = BearerAuthLayer::new(directory)
+        let auth = BearerAuthLayer::new(directory.clone())
             .realm("acme")
             .product_name("Acme")
             .imported_keys(ImportedKeys::prefixes(["sk-live-"]));
-        let address = service(store.clone(), auth).await;
+        let address = service(store.clone(), directory.clone(), auth).await;
 
         // An imported shape that is no key.
         let unknown = chat_with(address, "sk-live-nosuchkey").await;
@@ -303,7 +304,7 @@ async fn the_handler_s_own_client_error_passes_as_it_wrote_it() {
         let (key, _) = directory.create_key(NewKey::named("client")).await.unwrap();
         let auth = BearerAuthLayer::new(directory.clone());
         let errors = ErrorMapperLayer::new().handler_client_errors_as_written();
-        let address = service_with(store.clone(), auth, errors).await;
+        let address = service_with(store.clone(), directory.clone(), auth, errors).await;
 
         // axum's own 405 for a GET on a POST route: empty, with `Allow`.
         let reply = reqwest::Client::new()
