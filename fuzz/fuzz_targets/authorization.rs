@@ -3,15 +3,34 @@
 //! bytes, borrowed from the input; the key functions then take it without
 //! panicking. Split at its first NUL, the input is an `Authorization` and
 //! an `x-api-key` header: `presented_key` takes a key only when each
-//! header present gives it, the same.
+//! header present gives it, the same. An accepted token is matched
+//! against imported-key prefixes cut from itself and the fuzzer's bytes,
+//! and every refusal's message in another product's words names that
+//! product only.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use modelgate::auth::{
-    looks_like_key, parse_api_key, parse_bearer, presented_key, ApiKey, HeaderError, KeyHash,
-    MAX_AUTHORIZATION_BYTES, X_API_KEY,
+    looks_like_key, parse_api_key, parse_bearer, presented_key, ApiKey, HeaderError,
+    ImportedKeys, KeyHash, MAX_AUTHORIZATION_BYTES, X_API_KEY,
 };
+
+/// Imported shapes: a prefix of the token matches it, any other prefix
+/// only when the token starts with it, and `any_token` every token.
+fn check_imported(token: &str, other: &[u8]) {
+    assert!(ImportedKeys::any_token().matches(token));
+    for cut in [0, 1, token.len() / 2, token.len()] {
+        assert!(ImportedKeys::prefixes([&token[..cut]]).matches(token));
+    }
+    if let Ok(other) = std::str::from_utf8(other) {
+        let shapes = ImportedKeys::prefixes([other]);
+        assert_eq!(shapes.matches(token), token.starts_with(other));
+        // Debug shows the prefixes, which are public, and never the token.
+        let debug = format!("{shapes:?}");
+        assert!(token.len() < 4 || other.contains(token) || !debug.contains(token));
+    }
+}
 
 fuzz_target!(|value: &[u8]| {
     match parse_bearer(value) {
@@ -33,8 +52,13 @@ fuzz_target!(|value: &[u8]| {
                 assert!(!format!("{key:?}").contains(&token[ApiKey::PREFIX.len()..]));
             }
             assert!(KeyHash::from_hex(&hash.to_hex()) == Some(hash));
+            check_imported(token, &value[..value.len().min(12)]);
         }
-        Err(error) => assert!(!error.to_string().is_empty()),
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            let words = error.message_for("Acme");
+            assert!(!words.contains("modelgate"), "{words}");
+        }
     }
     // The key parser on its own, with whatever text the fuzzer finds.
     if let Ok(text) = std::str::from_utf8(value) {

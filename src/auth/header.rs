@@ -12,6 +12,8 @@ use std::fmt;
 use http::HeaderMap;
 use http::header::{AUTHORIZATION, HeaderName};
 
+use super::words::DEFAULT_PRODUCT;
+
 /// The header Anthropic's clients (its SDKs, Claude Code with
 /// `ANTHROPIC_API_KEY`) send their key in, with nothing else.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -96,47 +98,92 @@ pub enum ApiKeyFault {
     InvalidCharacter,
 }
 
+impl HeaderError {
+    /// The 401's message, naming keys as `product`'s (`your acme key`);
+    /// [`Display`](fmt::Display) names them modelgate's.
+    pub fn message_for(&self, product: &str) -> String {
+        Words {
+            error: self,
+            product,
+        }
+        .to_string()
+    }
+}
+
+/// A [`HeaderError`] or [`ApiKeyFault`] told in a product's words.
+struct Words<'a, E> {
+    error: &'a E,
+    product: &'a str,
+}
+
 impl fmt::Display for HeaderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HeaderError::Missing => f.write_str(
+        fmt::Display::fmt(
+            &Words {
+                error: self,
+                product: DEFAULT_PRODUCT,
+            },
+            f,
+        )
+    }
+}
+
+impl fmt::Display for Words<'_, HeaderError> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let product = self.product;
+        match self.error {
+            HeaderError::Missing => write!(
+                f,
                 "the request has no Authorization header; \
-                 send `Authorization: Bearer <your modelgate key>` \
-                 (or `x-api-key: <your modelgate key>`, as Anthropic's clients do)",
+                 send `Authorization: Bearer <your {product} key>` \
+                 (or `x-api-key: <your {product} key>`, as Anthropic's clients do)",
             ),
-            HeaderError::Repeated => f.write_str(
+            HeaderError::Repeated => write!(
+                f,
                 "the request has more than one Authorization header; send exactly one, \
-                 `Authorization: Bearer <your modelgate key>`",
+                 `Authorization: Bearer <your {product} key>`",
             ),
             HeaderError::TooLong { max_bytes } => write!(
                 f,
                 "the Authorization header is longer than {max_bytes} bytes; \
-                 send `Bearer`, one space and your modelgate key, nothing else"
+                 send `Bearer`, one space and your {product} key, nothing else"
             ),
-            HeaderError::WrongScheme => f.write_str(
+            HeaderError::WrongScheme => write!(
+                f,
                 "the Authorization header does not use the Bearer scheme; \
-                 send `Authorization: Bearer <your modelgate key>`",
+                 send `Authorization: Bearer <your {product} key>`",
             ),
-            HeaderError::MissingKey => f.write_str(
+            HeaderError::MissingKey => write!(
+                f,
                 "the Authorization header has no key after `Bearer`; \
-                 send `Authorization: Bearer <your modelgate key>`",
+                 send `Authorization: Bearer <your {product} key>`",
             ),
-            HeaderError::StrayWhitespace => f.write_str(
+            HeaderError::StrayWhitespace => write!(
+                f,
                 "the Authorization header has extra spaces or tabs; send `Bearer`, exactly one \
                  space and the key, with nothing before, after or inside the key",
             ),
-            HeaderError::ControlCharacter => f.write_str(
+            HeaderError::ControlCharacter => write!(
+                f,
                 "the Authorization header contains a line break or another control character; \
                  remove it (a newline copied along with the key is the usual cause) and send \
                  `Bearer`, one space and the key",
             ),
-            HeaderError::InvalidCharacter => f.write_str(
+            HeaderError::InvalidCharacter => write!(
+                f,
                 "the key in the Authorization header contains characters no key has; \
                  copy the whole key and nothing else, and send \
-                 `Authorization: Bearer <your modelgate key>`",
+                 `Authorization: Bearer <your {product} key>`",
             ),
-            HeaderError::ApiKey(fault) => fmt::Display::fmt(fault, f),
-            HeaderError::ConflictingKeys => f.write_str(
+            HeaderError::ApiKey(fault) => fmt::Display::fmt(
+                &Words {
+                    error: fault,
+                    product,
+                },
+                f,
+            ),
+            HeaderError::ConflictingKeys => write!(
+                f,
                 "the Authorization and x-api-key headers hold two different keys; send one key \
                  in one of them (for Claude Code, set only one of ANTHROPIC_AUTH_TOKEN and \
                  ANTHROPIC_API_KEY)",
@@ -147,29 +194,47 @@ impl fmt::Display for HeaderError {
 
 impl fmt::Display for ApiKeyFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApiKeyFault::Repeated => f.write_str(
+        fmt::Display::fmt(
+            &Words {
+                error: self,
+                product: DEFAULT_PRODUCT,
+            },
+            f,
+        )
+    }
+}
+
+impl fmt::Display for Words<'_, ApiKeyFault> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let product = self.product;
+        match self.error {
+            ApiKeyFault::Repeated => write!(
+                f,
                 "the request has more than one x-api-key header; send exactly one, \
-                 `x-api-key: <your modelgate key>`",
+                 `x-api-key: <your {product} key>`",
             ),
             ApiKeyFault::TooLong { max_bytes } => write!(
                 f,
-                "the x-api-key header is longer than {max_bytes} bytes; send your modelgate key \
+                "the x-api-key header is longer than {max_bytes} bytes; send your {product} key \
                  alone, nothing else"
             ),
-            ApiKeyFault::ControlCharacter => f.write_str(
+            ApiKeyFault::ControlCharacter => write!(
+                f,
                 "the x-api-key header contains a line break or another control character; \
                  remove it (a newline copied along with the key is the usual cause)",
             ),
-            ApiKeyFault::Whitespace => f.write_str(
+            ApiKeyFault::Whitespace => write!(
+                f,
                 "the x-api-key header has spaces or tabs; send the key alone, with no scheme \
                  and nothing before, after or inside it",
             ),
-            ApiKeyFault::Empty => f.write_str(
-                "the x-api-key header is empty; send `x-api-key: <your modelgate key>`, or \
-                 leave the header out and send `Authorization: Bearer <your modelgate key>`",
+            ApiKeyFault::Empty => write!(
+                f,
+                "the x-api-key header is empty; send `x-api-key: <your {product} key>`, or \
+                 leave the header out and send `Authorization: Bearer <your {product} key>`",
             ),
-            ApiKeyFault::InvalidCharacter => f.write_str(
+            ApiKeyFault::InvalidCharacter => write!(
+                f,
                 "the key in the x-api-key header contains characters no key has; \
                  copy the whole key and nothing else",
             ),

@@ -88,8 +88,10 @@
 
 mod failures;
 mod header;
+mod imported;
 mod layer;
 mod service;
+mod words;
 
 pub use failures::{AuthFailureLimit, AuthFailures};
 pub use header::{
@@ -98,7 +100,9 @@ pub use header::{
 };
 // The key format lives with the key records; BearerAuth reads it.
 pub use crate::keys::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
+pub use imported::{ImportedKeys, KeyVerifier, Verification, VerifierError};
 pub use layer::BearerAuthLayer;
+pub use words::DEFAULT_PRODUCT;
 // The principal travels in the request's context.
 pub use crate::context::Principal;
 pub use service::{BearerAuth, ResponseFuture};

@@ -2,14 +2,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
 use tower_service::Service;
 
-use super::{
-    ApiKey, AuthFailures, HeaderError, KeyFormatError, KeyHash, Principal, X_API_KEY, presented_key,
-};
+use super::imported::{ImportedKeys, NotAKey, Presented, classify};
+use super::words::AuthWords;
+use super::{ApiKey, AuthFailures, HeaderError, KeyHash, Principal, X_API_KEY, presented_key};
 use crate::client_addr::ClientAddr;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
@@ -40,6 +40,8 @@ pub struct BearerAuth<S> {
     pub(crate) directory: KeyDirectory,
     pub(crate) failures: Option<AuthFailures>,
     pub(crate) lookups: Option<LookupBound>,
+    pub(crate) words: Arc<AuthWords>,
+    pub(crate) imported: Arc<[ImportedKeys]>,
 }
 
 /// The bound on store reads made at once for keys not found live.
@@ -90,8 +92,8 @@ where
             .extensions()
             .get::<ClientAddr>()
             .map(|client| client.0);
-        let hash = match presented_key_hash(request.headers()) {
-            Ok(hash) => hash,
+        let presented = match presented_key_hash(request.headers(), &self.words, &self.imported) {
+            Ok(presented) => presented,
             Err(rejection) => {
                 let rejection = AuthFailures::counted(self.failures.as_ref(), client, rejection);
                 return AdmissionFuture::rejected(LAYER, rejection);
@@ -103,7 +105,13 @@ where
         request.headers_mut().remove(X_API_KEY);
         // An address past its failure limit costs no store read: only a key
         // this instance has found live before is looked up and served.
-        let known_live = self.directory.is_cached_live(&hash);
+        // A verifier's token has no identity until the verifier has run:
+        // it is never known live, so it waits on the same bounds as an
+        // unknown key.
+        let known_live = match &presented {
+            Presented::Hash(hash) => self.directory.is_cached_live(hash),
+            Presented::Verify(..) => false,
+        };
         if let Some(failures) = &self.failures
             && let Some(retry_after) = failures.blocked(client)
             && !known_live
@@ -131,10 +139,14 @@ where
         };
         let directory = self.directory.clone();
         let failures = self.failures.clone();
+        let words = Arc::clone(&self.words);
         let decision: Decision<Principal> = Box::pin(async move {
-            let principal = authenticate(&directory, hash, route)
-                .await
-                .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
+            let principal = async {
+                let hash = identity(presented, &words).await?;
+                authenticate(&directory, hash, route, &words).await
+            }
+            .await
+            .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
             drop(lookup_place);
             Ok(Admission {
                 additions: principal,
@@ -152,9 +164,13 @@ impl<B> Additions<B> for Principal {
     }
 }
 
-/// The hash of the key the request presents, or the 401 saying what is
-/// wrong with its key headers.
-fn presented_key_hash(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
+/// The key the request presents, read before any store read, or the 401
+/// saying what is wrong with its key headers or its key's shape.
+fn presented_key_hash(
+    headers: &HeaderMap,
+    words: &AuthWords,
+    imported: &[ImportedKeys],
+) -> Result<Presented, GatewayError> {
     let token = presented_key(headers).map_err(|error| {
         let reason = match error {
             HeaderError::Missing => "missing_authorization",
@@ -162,23 +178,75 @@ fn presented_key_hash(headers: &HeaderMap) -> Result<KeyHash, GatewayError> {
             HeaderError::ConflictingKeys => "conflicting_keys",
             _ => "malformed_authorization",
         };
-        unauthenticated(reason, error.to_string())
+        refusal(words, reason, error.message_for(&words.product))
     })?;
-    match ApiKey::parse(token) {
-        Ok(key) => Ok(key.hash()),
-        Err(KeyFormatError::BadChecksum) => Err(unauthenticated(
+    classify(token, imported).map_err(|not_a_key| match not_a_key {
+        NotAKey::BadChecksum => refusal(
+            words,
             "unknown_key",
             "unknown API key: its checksum does not match, so it was mistyped or cut short; copy the whole key again",
-        )),
-        Err(_) => Err(unauthenticated(
-            "unknown_key",
-            format!(
-                "unknown API key: modelgate keys start with `{}` and are {} characters long; check that the key is one this gateway issued",
-                ApiKey::PREFIX,
-                ApiKey::LEN
-            ),
-        )),
+        ),
+        NotAKey::UnknownShape => refusal(words, "unknown_key", unknown_shape(words, imported)),
+    })
+}
+
+/// The message for a token of no accepted shape: what the service's keys
+/// look like.
+fn unknown_shape(words: &AuthWords, imported: &[ImportedKeys]) -> String {
+    let ours = format!("`{}` ({} characters)", ApiKey::PREFIX, ApiKey::LEN);
+    let theirs: Vec<String> = imported
+        .iter()
+        .flat_map(ImportedKeys::named_prefixes)
+        .filter(|prefix| !prefix.is_empty())
+        .map(|prefix| format!("`{prefix}`"))
+        .collect();
+    let shapes = match theirs.is_empty() {
+        true => ours,
+        false => format!("{ours} or {}", theirs.join(" or ")),
+    };
+    let issued = match imported.iter().any(ImportedKeys::takes_any_token) {
+        // Only an `mg-v1-` token of the wrong shape gets here.
+        true => "check that the key was copied whole".to_owned(),
+        false => "check that the key is one this service issued".to_owned(),
+    };
+    format!(
+        "unknown API key: {} keys start with {shapes}; {issued}",
+        words.product
+    )
+}
+
+/// The identity of a presented key: its hash, or what the service's
+/// verifier says (a 401 when it is no key, a 503 when the verifier fails).
+async fn identity(presented: Presented, words: &AuthWords) -> Result<KeyHash, GatewayError> {
+    let (verifier, token) = match presented {
+        Presented::Hash(hash) => return Ok(hash),
+        Presented::Verify(verifier, token) => (verifier, token),
+    };
+    match verifier.verify(&token).await {
+        Ok(Some(hash)) => Ok(hash),
+        Ok(None) => Err(no_such_key(words)),
+        Err(error) => {
+            tracing::warn!(%error, "the key verifier failed; the request is refused with 503");
+            Err(GatewayError::new(
+                ErrorKind::ServiceUnavailable,
+                "the service could not check this API key just now; retry in a moment",
+            )
+            .with_metadata("reason", "key_verifier_failed")
+            .with_retry_after(Duration::from_secs(1)))
+        }
     }
+}
+
+/// The 401 of a key the service does not have.
+fn no_such_key(words: &AuthWords) -> GatewayError {
+    refusal(
+        words,
+        "unknown_key",
+        format!(
+            "unknown API key: no {} key with this value exists; check the key or create a new one",
+            words.product
+        ),
+    )
 }
 
 /// What BearerAuth's decision depends on in the request's route.
@@ -198,6 +266,7 @@ async fn authenticate(
     directory: &KeyDirectory,
     hash: KeyHash,
     route: RouteKind,
+    words: &AuthWords,
 ) -> Result<Principal, GatewayError> {
     // Other routes never reach the ledger: a live key is read afresh, so
     // that a key revoked on another instance is refused there at once too.
@@ -210,25 +279,25 @@ async fn authenticate(
     let record = match state {
         KeyState::Active(record) => record,
         KeyState::Deleted => {
-            return Err(unauthenticated(
+            return Err(refusal(
+                words,
                 "deleted_key",
                 "this API key was deleted; create a new key",
             ));
         }
-        KeyState::Unknown => {
-            return Err(unauthenticated(
-                "unknown_key",
-                "unknown API key: no key with this value exists; check the key or create a new one",
-            ));
-        }
+        KeyState::Unknown => return Err(no_such_key(words)),
     };
     // Before expiry: a leaked key is named so, whatever else is wrong with it.
     if let Some(leak) = &record.leak {
-        return Err(leaked_key(Some(leak.reported_at)));
+        return Err(leaked_key_in(words, Some(leak.reported_at)));
     }
     let now = directory.now();
     if let Some(expires_at) = record.expires_at.filter(|_| record.is_expired(now)) {
-        return Err(past_expiry(expires_at, record.rotated_to.is_some()));
+        return Err(past_expiry_in(
+            words,
+            expires_at,
+            record.rotated_to.is_some(),
+        ));
     }
     if record.disabled {
         // Who can lift it: the operator's own key has nobody above it.
@@ -239,7 +308,7 @@ async fn authenticate(
         } else {
             "this API key is disabled; an account's management key can enable it (PATCH /api/v1/keys/{hash} with {\"disabled\": false}), or use another key"
         };
-        return Err(unauthenticated("disabled_key", message));
+        return Err(refusal(words, "disabled_key", message));
     }
     // An allow-list, not a list of model paths: no spelling of a model
     // endpoint, known or yet to come, is open to a management key.
@@ -261,10 +330,20 @@ pub(crate) fn past_expiry(
     expires_at: chrono::DateTime<chrono::Utc>,
     rotated: bool,
 ) -> GatewayError {
+    past_expiry_in(&AuthWords::default(), expires_at, rotated)
+}
+
+/// [`past_expiry`] in a stack's words.
+fn past_expiry_in(
+    words: &AuthWords,
+    expires_at: chrono::DateTime<chrono::Utc>,
+    rotated: bool,
+) -> GatewayError {
     if !rotated {
-        return expired_key(expires_at);
+        return expired_key(words, expires_at);
     }
-    unauthenticated(
+    refusal(
+        words,
         "rotated_key",
         format!(
             "this API key was rotated: the key that replaced it works instead, and this one stopped at {}",
@@ -274,8 +353,9 @@ pub(crate) fn past_expiry(
 }
 
 /// The 401 for a key past its expiry.
-fn expired_key(expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
-    unauthenticated(
+fn expired_key(words: &AuthWords, expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
+    refusal(
+        words,
         "expired_key",
         format!(
             "this API key expired at {}; create a new key",
@@ -287,13 +367,22 @@ fn expired_key(expires_at: chrono::DateTime<chrono::Utc>) -> GatewayError {
 /// The 401 of a key reported leaked (`reported_at`, when known): it is
 /// disabled for good.
 pub(crate) fn leaked_key(reported_at: Option<chrono::DateTime<chrono::Utc>>) -> GatewayError {
+    leaked_key_in(&AuthWords::default(), reported_at)
+}
+
+/// [`leaked_key`] in a stack's words.
+fn leaked_key_in(
+    words: &AuthWords,
+    reported_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> GatewayError {
     let when = reported_at.map_or_else(String::new, |at| {
         format!(
             " at {}",
             at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         )
     });
-    unauthenticated(
+    refusal(
+        words,
         "leaked_key",
         format!(
             "this API key was reported leaked{when} and is disabled for good; delete it and create a new key (the key settings page, /settings, does both), and keep the new one out of code and repositories"
@@ -302,15 +391,16 @@ pub(crate) fn leaked_key(reported_at: Option<chrono::DateTime<chrono::Utc>>) -> 
 }
 
 /// A 401 with a machine-readable `metadata.reason` and the challenge
-/// RFC 6750 asks for.
-fn unauthenticated(
+/// RFC 6750 asks for, in the realm of `words`.
+fn refusal(
+    words: &AuthWords,
     reason: &'static str,
     message: impl Into<std::borrow::Cow<'static, str>>,
 ) -> GatewayError {
     let challenge = if reason == "missing_authorization" {
-        HeaderValue::from_static("Bearer realm=\"modelgate\"")
+        words.challenge.clone()
     } else {
-        HeaderValue::from_static("Bearer realm=\"modelgate\", error=\"invalid_token\"")
+        words.invalid_token.clone()
     };
     GatewayError::new(ErrorKind::Authentication, message)
         .with_metadata("reason", reason)

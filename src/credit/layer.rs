@@ -53,6 +53,9 @@ pub(crate) struct CreditGuardConfig {
     pub(crate) generations: Option<Arc<Generations>>,
     /// Told of each recorded settlement with a cost.
     pub(crate) on_settled: Option<SettledHook>,
+    /// The route listing the models served, named in the 400 of a model
+    /// without a price; `None` names no route.
+    pub(crate) models_route: Option<&'static str>,
 }
 
 impl std::fmt::Debug for CreditGuardConfig {
@@ -83,6 +86,14 @@ impl CreditGuardLayer {
     /// The largest JSON response body read for its usage.
     pub const DEFAULT_MAX_SCANNED_BODY_BYTES: usize = 8 * 1024 * 1024;
 
+    /// Names `route` (such as `GET /api/v1/models`) in the 400 of a model
+    /// without a price, as the route that lists the models served. Without
+    /// it the message names no route: a service need not have one.
+    pub fn models_route(mut self, route: &'static str) -> Self {
+        Arc::make_mut(&mut self.config).models_route = Some(route);
+        self
+    }
+
     /// Charges requests at `pricing`, in `store`; system clock, fails closed.
     pub fn new(store: SharedStore, pricing: Arc<dyn Pricing>) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -107,6 +118,7 @@ impl CreditGuardLayer {
                 upstream_reports_sending: false,
                 generations: None,
                 on_settled: None,
+                models_route: None,
             }),
         }
     }

@@ -101,10 +101,16 @@ where
             return ResponseFuture::rejected(
                 GatewayError::new(
                     ErrorKind::InvalidRequest,
-                    format!(
-                        "the model {} has no price on this gateway; GET /api/v1/models lists the models it serves",
-                        call.model_id
-                    ),
+                    match config.models_route {
+                        Some(route) => format!(
+                            "the model {} has no price on this gateway; {route} lists the models it serves",
+                            call.model_id
+                        ),
+                        None => format!(
+                            "the model {} has no price on this service; send a model it serves",
+                            call.model_id
+                        ),
+                    },
                 )
                 .with_metadata("param", "model"),
             );

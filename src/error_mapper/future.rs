@@ -20,6 +20,7 @@ use super::anthropic::ErrorShape;
 use super::inner::{inner_error, panicked};
 use super::layer::ErrorMapperConfig;
 use super::upstream::rewrite_error_response;
+use crate::error::Refusal;
 use crate::response_body::{BoxError, ResponseBody};
 
 pin_project! {
@@ -120,6 +121,14 @@ where
                     Ok(Err(error)) => State::Ready {
                         response: Some(shape.render(&inner_error(error.into()))),
                     },
+                    // The handler's own 4xx, when it speaks for itself.
+                    Ok(Ok(response))
+                        if config.own_client_errors_pass
+                            && response.status().is_client_error()
+                            && response.extensions().get::<Refusal>().is_none() =>
+                    {
+                        return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    }
                     Ok(Ok(response))
                         if response.status().is_client_error()
                             || response.status().is_server_error() =>

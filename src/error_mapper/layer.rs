@@ -19,6 +19,8 @@ pub(crate) struct ErrorMapperConfig {
     pub(crate) max_error_body_bytes: usize,
     pub(crate) error_body_timeout: Duration,
     pub(crate) max_upstream_message_chars: usize,
+    /// Whether a 4xx the inner service wrote itself passes as it is.
+    pub(crate) own_client_errors_pass: bool,
 }
 
 impl ErrorMapperLayer {
@@ -36,6 +38,7 @@ impl ErrorMapperLayer {
                 max_error_body_bytes: Self::DEFAULT_MAX_ERROR_BODY_BYTES,
                 error_body_timeout: Self::DEFAULT_ERROR_BODY_TIMEOUT,
                 max_upstream_message_chars: Self::DEFAULT_MAX_UPSTREAM_MESSAGE_CHARS,
+                own_client_errors_pass: false,
             }),
         }
     }
@@ -57,6 +60,18 @@ impl ErrorMapperLayer {
     /// Keeps at most this many characters of the upstream's message.
     pub fn max_upstream_message_chars(mut self, max_upstream_message_chars: usize) -> Self {
         Arc::make_mut(&mut self.config).max_upstream_message_chars = max_upstream_message_chars;
+        self
+    }
+
+    /// Lets a 4xx that the service's own handler wrote (a 405 from its
+    /// router, its own 400) reach the client as the handler wrote it,
+    /// instead of rewriting it as an upstream's error. The layers' own
+    /// refusals (which carry [`Refusal`](crate::error::Refusal)) are still
+    /// in the one format, and 5xx are still rewritten. For a service whose
+    /// handler answers itself; a proxy, whose inner service is an
+    /// upstream, leaves it off.
+    pub fn handler_client_errors_as_written(mut self) -> Self {
+        Arc::make_mut(&mut self.config).own_client_errors_pass = true;
         self
     }
 }

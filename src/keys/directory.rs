@@ -368,7 +368,17 @@ impl KeyDirectory {
     /// the environment), with `new`'s settings; when it is recorded already
     /// the stored record stands. A deleted key stays deleted.
     pub async fn register_key(&self, key: &ApiKey, new: NewKey) -> Result<KeyRecord, StoreError> {
-        let hash = key.hash();
+        self.register_hash(key.hash(), Some(key.hint()), new).await
+    }
+
+    /// Records the key whose hash is `hash` (with `hint`, when its text is
+    /// known), as [`register_key`](Self::register_key) says.
+    pub(super) async fn register_hash(
+        &self,
+        hash: KeyHash,
+        hint: Option<String>,
+        new: NewKey,
+    ) -> Result<KeyRecord, StoreError> {
         if self
             .inner
             .store
@@ -398,7 +408,7 @@ impl KeyDirectory {
             expires_at: new.expires_at,
             last_used_at: None,
             leak: None,
-            hint: Some(key.hint()),
+            hint,
             rotated_to: None,
             allowed_models: new.allowed_models,
             rate_limit: new.rate_limit,

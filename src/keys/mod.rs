@@ -46,6 +46,7 @@
 pub mod byok;
 pub(crate) mod credits;
 mod directory;
+mod import;
 mod index;
 pub mod input;
 mod key;

@@ -158,6 +158,7 @@ where
     let mut credit = CreditGuardLayer::new(store, checked.prices.clone())
         .clock(clock.clone())
         .upstream_reports_sending(true)
+        .models_route("GET /api/v1/models")
         .generations(checked.generations.clone().app_ranking(app_ranking.clone()));
     // A request is BYOK only when the account's key is what gets sent in
     // place of the gateway's credentials: only to providers with `byok`.

@@ -67,6 +67,8 @@ mod redis_store;
 mod responses;
 #[cfg(feature = "redis")]
 mod sent_upstream;
+#[cfg(feature = "redis")]
+mod service_terms;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod settings_page;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]

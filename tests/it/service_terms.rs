@@ -1,0 +1,324 @@
+//! The layers on a service's own terms: its own keys beside modelgate's,
+//! BearerAuth in its words, its handler's own 4xx as written. An axum app
+//! behind the layers over real HTTP, on `MemoryStore` and on `RedisStore`
+//! with a real `redis-server`.
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Extension, Router};
+use common::backends::backends;
+use common::http_server::serve;
+use common::wait::wait_until;
+use modelgate::admission::AdmissionLayers;
+use modelgate::api::KeyRoutesLayer;
+use modelgate::auth::{BearerAuthLayer, ImportedKeys, KeyHash};
+use modelgate::body::BodyLimitLayer;
+use modelgate::context::RequestContext;
+use modelgate::credit::{CreditGuardLayer, PriceTable};
+use modelgate::error_mapper::ErrorMapperLayer;
+use modelgate::free_quota::FreeModelQuotaLayer;
+use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
+use modelgate::rate_limit::{GlobalRateLimitLayer, RateLimitRules};
+use modelgate::store::NANOS_PER_CREDIT;
+use serde_json::{Value, json};
+use tower::ServiceBuilder;
+
+/// A key the service issued before it used modelgate.
+const LEGACY_KEY: &str = "sk-live-9fQ2xL7aPz0c";
+
+/// The service's chat handler: answers with the caller's label and usage.
+async fn chat(Extension(context): Extension<RequestContext>) -> String {
+    let label = context.principal.map(|principal| principal.label);
+    json!({
+        "choices": [{"message": {"role": "assistant", "content": label}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 1000},
+    })
+    .to_string()
+}
+
+/// The service with the layers, authenticating by `auth` (made on
+/// `directory`, which the key routes share, as one instance's do).
+async fn service(store: SharedStore, directory: KeyDirectory, auth: BearerAuthLayer) -> SocketAddr {
+    service_with(store, directory, auth, ErrorMapperLayer::new()).await
+}
+
+/// [`service`] with `errors` outermost.
+async fn service_with(
+    store: SharedStore,
+    directory: KeyDirectory,
+    auth: BearerAuthLayer,
+    errors: ErrorMapperLayer,
+) -> SocketAddr {
+    let prices = PriceTable::from_json(
+        r#"{"default": {"prompt_per_million": 1, "completion_per_million": 2}}"#,
+    )
+    .unwrap();
+    let rules = RateLimitRules::from_json(
+        r#"{"account": {"rolling": {"requests": 60, "window_seconds": 60}}}"#,
+    )
+    .unwrap();
+    let router: Router = Router::new().route("/api/v1/chat/completions", post(chat));
+    let stack = ServiceBuilder::new()
+        .layer(errors)
+        .layer(auth)
+        .layer(BodyLimitLayer::new())
+        .layer(KeyRoutesLayer::new(directory))
+        .layer(AdmissionLayers::new(
+            GlobalRateLimitLayer::new(store.clone(), rules).unwrap(),
+            FreeModelQuotaLayer::new(store.clone()),
+            CreditGuardLayer::new(store, Arc::new(prices)),
+        ))
+        .service(router);
+    serve(stack).await
+}
+
+struct Reply {
+    status: u16,
+    challenge: Option<String>,
+    body: Value,
+}
+
+async fn send(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+) -> Reply {
+    let mut request = reqwest::Client::new()
+        .request(method.parse().unwrap(), format!("http://{address}{path}"))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let reply = request.send().await.unwrap();
+    let status = reply.status().as_u16();
+    let challenge = reply
+        .headers()
+        .get("www-authenticate")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let text = reply.text().await.unwrap();
+    Reply {
+        status,
+        challenge,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+async fn chat_with(address: SocketAddr, key: &str) -> Reply {
+    let body = json!({"model": "demo/model", "messages": [{"role": "user", "content": "Hi"}]});
+    send(address, "POST", "/api/v1/chat/completions", key, Some(body)).await
+}
+
+/// The operator's key, and `default` topped up with 10 credits.
+async fn provision(store: &SharedStore) -> String {
+    let directory = KeyDirectory::new(store.clone());
+    store
+        .top_up("default", 10 * NANOS_PER_CREDIT)
+        .await
+        .unwrap();
+    let (admin, _) = directory
+        .create_key(NewKey {
+            management: true,
+            ..NewKey::named("operator")
+        })
+        .await
+        .unwrap();
+    admin.expose().to_owned()
+}
+
+/// Waits until the account has spent `nanos`.
+async fn spent(store: &SharedStore, nanos: i64) {
+    wait_until(
+        Duration::from_secs(10),
+        format!("{nanos} nano-credits charged"),
+        || async {
+            let balance = store.account_balance("default").await.unwrap();
+            balance.purchased_nanos - balance.balance_nanos == nanos
+        },
+    )
+    .await;
+}
+
+/// 1000 prompt tokens at 1 and 1000 completion tokens at 2 per million.
+const ONE_CALL_NANOS: i64 = 3000 * NANOS_PER_CREDIT / 1_000_000;
+
+#[tokio::test]
+async fn an_imported_key_by_its_hash_authenticates_is_charged_and_listed() {
+    for backend in backends().await {
+        let store = backend.store.clone();
+        let admin = provision(&store).await;
+        let directory = KeyDirectory::new(store.clone());
+        let hash = KeyHash::of(LEGACY_KEY);
+        // Imported on every start: the second import changes nothing.
+        for _ in 0..2 {
+            directory
+                .import_key_hash(hash, NewKey::named("legacy"))
+                .await
+                .unwrap();
+        }
+        let auth = BearerAuthLayer::new(directory.clone())
+            .imported_keys(ImportedKeys::prefixes(["sk-live-"]));
+        let address = service(store.clone(), directory.clone(), auth).await;
+
+        let reply = chat_with(address, LEGACY_KEY).await;
+        assert_eq!(reply.status, 200, "{}: {}", backend.name, reply.body);
+        assert_eq!(reply.body["choices"][0]["message"]["content"], "legacy");
+        spent(&store, ONE_CALL_NANOS).await;
+
+        // Listed and shown like any key, without a hint.
+        let path = format!("/api/v1/keys/{}", hash.to_hex());
+        let shown = send(address, "GET", &path, &admin, None).await;
+        assert_eq!(shown.status, 200, "{}: {}", backend.name, shown.body);
+        assert_eq!(shown.body["data"]["name"], "legacy");
+        assert_eq!(shown.body["data"]["hint"], Value::Null);
+        let listed = send(address, "GET", "/api/v1/keys", &admin, None).await;
+        assert!(
+            listed.body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|key| key["hash"] == hash.to_hex()),
+            "{}: {}",
+            backend.name,
+            listed.body
+        );
+        // Disabled through the key routes, it is refused.
+        let patched = send(
+            address,
+            "PATCH",
+            &path,
+            &admin,
+            Some(json!({"disabled": true})),
+        )
+        .await;
+        assert_eq!(patched.status, 200, "{}: {}", backend.name, patched.body);
+        let refused = chat_with(address, LEGACY_KEY).await;
+        assert_eq!(refused.status, 401, "{}: {}", backend.name, refused.body);
+        assert_eq!(refused.body["error"]["metadata"]["reason"], "disabled_key");
+        spent(&store, ONE_CALL_NANOS).await;
+    }
+}
+
+#[tokio::test]
+async fn a_key_the_service_verifies_is_looked_up_under_the_identity_it_names() {
+    for backend in backends().await {
+        let store = backend.store.clone();
+        provision(&store).await;
+        let directory = KeyDirectory::new(store.clone());
+        // The service keeps its keys its own way; it names each key's id.
+        let identity = KeyHash::of("customer-42");
+        directory
+            .import_key_hash(identity, NewKey::named("customer 42"))
+            .await
+            .unwrap();
+        let verifier = move |token: &str| (token == "acme_live_secret42").then_some(identity);
+        let auth = BearerAuthLayer::new(directory.clone())
+            .imported_keys(ImportedKeys::prefixes(["acme_"]).verified_by(verifier));
+        let address = service(store.clone(), directory.clone(), auth).await;
+
+        let reply = chat_with(address, "acme_live_secret42").await;
+        assert_eq!(reply.status, 200, "{}: {}", backend.name, reply.body);
+        assert_eq!(
+            reply.body["choices"][0]["message"]["content"],
+            "customer 42"
+        );
+        spent(&store, ONE_CALL_NANOS).await;
+        // Its SHA-256 is not its identity here: the verifier decides.
+        let refused = chat_with(address, "acme_live_other").await;
+        assert_eq!(refused.status, 401, "{}: {}", backend.name, refused.body);
+        assert_eq!(refused.body["error"]["metadata"]["reason"], "unknown_key");
+        spent(&store, ONE_CALL_NANOS).await;
+    }
+}
+
+#[tokio::test]
+async fn refusals_speak_the_service_s_words_and_realm() {
+    for backend in backends().await {
+        let store = backend.store.clone();
+        provision(&store).await;
+        let directory = KeyDirectory::new(store.clone());
+        let auth = BearerAuthLayer::new(directory.clone())
+            .realm("acme")
+            .product_name("Acme")
+            .imported_keys(ImportedKeys::prefixes(["sk-live-"]));
+        let address = service(store.clone(), directory.clone(), auth).await;
+
+        // An imported shape that is no key.
+        let unknown = chat_with(address, "sk-live-nosuchkey").await;
+        assert_eq!(unknown.status, 401, "{}: {}", backend.name, unknown.body);
+        assert_eq!(unknown.body["error"]["metadata"]["reason"], "unknown_key");
+        let message = unknown.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("no Acme key"), "{message}");
+        assert!(!message.contains("modelgate"), "{message}");
+        assert_eq!(
+            unknown.challenge.as_deref(),
+            Some("Bearer realm=\"acme\", error=\"invalid_token\"")
+        );
+        // A token of no shape: both shapes are named, not `mg-v1-` alone.
+        let other = chat_with(address, "pk-123").await;
+        let message = other.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("unknown API key: Acme keys start with `mg-v1-`"),
+            "{message}"
+        );
+        assert!(message.contains("or `sk-live-`"), "{message}");
+        // A malformed header names the product too.
+        let reply = reqwest::Client::new()
+            .post(format!("http://{address}/api/v1/chat/completions"))
+            .header("authorization", "Basic abc")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 401);
+        let body: Value = reply.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("<your Acme key>"), "{message}");
+        // Without a key, the challenge names the realm.
+        let missing = reqwest::Client::new()
+            .post(format!("http://{address}/api/v1/chat/completions"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            missing.headers()["www-authenticate"],
+            "Bearer realm=\"acme\""
+        );
+        spent(&store, 0).await;
+    }
+}
+
+#[tokio::test]
+async fn the_handler_s_own_client_error_passes_as_it_wrote_it() {
+    for backend in backends().await {
+        let store = backend.store.clone();
+        provision(&store).await;
+        let directory = KeyDirectory::new(store.clone());
+        let (key, _) = directory.create_key(NewKey::named("client")).await.unwrap();
+        let auth = BearerAuthLayer::new(directory.clone());
+        let errors = ErrorMapperLayer::new().handler_client_errors_as_written();
+        let address = service_with(store.clone(), directory.clone(), auth, errors).await;
+
+        // axum's own 405 for a GET on a POST route: empty, with `Allow`.
+        let reply = reqwest::Client::new()
+            .get(format!("http://{address}/api/v1/chat/completions"))
+            .header("authorization", format!("Bearer {}", key.expose()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 405, "{}", backend.name);
+        assert_eq!(reply.headers()["allow"], "POST", "{}", backend.name);
+        assert_eq!(reply.text().await.unwrap(), "", "{}", backend.name);
+        // The layers' own refusals are still in the one format.
+        let refused = chat_with(address, "sk-live-unknown").await;
+        assert_eq!(refused.status, 401);
+        assert_eq!(refused.body["error"]["code"], 401);
+    }
+}
