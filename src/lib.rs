@@ -17,6 +17,43 @@
 //! Built through [`context::CheckedStack`], a stack in which a layer lacks
 //! the one it reads from is refused when it is built.
 //!
+//! ## What the layers ask of the service behind them
+//!
+//! - **Report usage, or the hold is charged.** CreditGuard charges what the
+//!   answer's `usage` says (chat's `prompt_tokens` / `completion_tokens`,
+//!   the Messages and Responses APIs' own fields, `usage.cost` when given;
+//!   a stream's last chunk). A successful answer without usage is charged
+//!   its whole hold (the prompt's bound and the completion bound); an error
+//!   status without usage is charged nothing.
+//! - **The body arrives edited.** CreditGuard writes the completion bound
+//!   (`max_tokens`, or the field [`credit::CreditGuardLayer::completion_bound_field`]
+//!   names; `max_output_tokens` on the Responses API) when the client set
+//!   none, and lowers it to what the key and the balance pay for; a stream
+//!   is sent with `stream_options.include_usage` (the usage chunk is hidden
+//!   from a client that did not ask); a Responses call gets `store: false`
+//!   and `max_tool_calls` when absent. Every other byte stays as sent and
+//!   `Content-Length` says the new length. The [`context::RequestContext`]
+//!   holds the request as parsed, with the model id chosen by
+//!   [`body::ModelNames`].
+//! - **Errors are rewrapped.** [`error_mapper`] renders every failure in
+//!   the one format: the service's `Err`s and 5xx answers always, its own
+//!   4xx too unless
+//!   [`error_mapper::ErrorMapperLayer::handler_client_errors_as_written`].
+//! - **Money is nano-credits in Rust** ([`store::NANOS_PER_CREDIT`] to a
+//!   credit: key limits, top-ups, grants) and credits in JSON (prices per
+//!   million tokens, the API's amounts); [`keys::nanos_from_credits`]
+//!   converts a decimal exactly.
+//! - **Warnings go to [`tracing`].** A store that fails, a settlement
+//!   retried, a layer missing from a stack: install a subscriber
+//!   (`tracing_subscriber::fmt::init()`) to see them. Counters go through
+//!   the `metrics` facade.
+//! - **The client's address is [`client_addr::ClientAddr`]** in the
+//!   request's extensions, which BearerAuth's limit on failed
+//!   authentications counts by; a hyper server inserts it, an axum one
+//!   gets it from `ConnectInfo` with
+//!   [`client_addr::ClientAddrLayer::peer_from`]. Without it failures are
+//!   not counted per address.
+//!
 //! The key is checked before the body is read, so a request without one
 //! costs no buffering and no parse, and holds no place in flight. The last three are best stacked by
 //! [`admission::AdmissionLayers`], so that they decide together.

@@ -306,7 +306,7 @@ async fn authenticate(
         } else if record.disabled_by_operator {
             "this API key was disabled by the gateway's operator; ask the operator to enable it, or use another key"
         } else {
-            "this API key is disabled; an account's management key can enable it (PATCH /api/v1/keys/{hash} with {\"disabled\": false}), or use another key"
+            "this API key is disabled; a management key of its account can enable it (`\"disabled\": false` on the key), or use another key"
         };
         return Err(refusal(words, "disabled_key", message));
     }
@@ -385,7 +385,7 @@ fn leaked_key_in(
         words,
         "leaked_key",
         format!(
-            "this API key was reported leaked{when} and is disabled for good; delete it and create a new key (the key settings page, /settings, does both), and keep the new one out of code and repositories"
+            "this API key was reported leaked{when} and is disabled for good; delete it and create a new key, and keep the new one out of code and repositories"
         ),
     )
 }

@@ -63,10 +63,10 @@ impl Principal {
             .find(|pattern| pattern_allows_in_other_case(pattern, model));
         let message = match spelled {
             Some(pattern) => format!(
-                "this key may not call {model}: its allowed_models name {pattern}, spelled exactly so (model ids are case-sensitive); GET /api/v1/models lists the models it may call"
+                "this key may not call {model}: its allowed_models name {pattern}, spelled exactly so (model ids are case-sensitive)"
             ),
             None => format!(
-                "this key may not call {model}: its allowed_models do not cover it; GET /api/v1/models lists the models it may call"
+                "this key may not call {model}: its allowed_models do not cover it; the key's allowed_models list the models it may call"
             ),
         };
         Err(GatewayError::new(ErrorKind::Forbidden, message)

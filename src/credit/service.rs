@@ -124,7 +124,7 @@ where
                     call.model_id
                 ),
                 false => format!(
-                    "the model {} is an embeddings model: call it with POST /api/v1/embeddings",
+                    "the model {} is an embeddings model: call it on the embeddings route",
                     call.model_id
                 ),
             };

@@ -31,6 +31,15 @@ pub(crate) struct GlobalRateLimitConfig {
 /// serves: see [`GlobalRateLimitLayer::served_routes`].
 pub type ServedRoutes = fn(&http::Method, &str) -> bool;
 
+/// The model calls ([`ServedRoutes`] for a service whose gated routes are
+/// model calls): a POST to chat completions, the Messages API (and its
+/// `count_tokens`), the Responses API or embeddings, read as every check
+/// reads a path. Anything else the service answers itself (a 405 for
+/// another method, its own 404) then spends no rate.
+pub fn model_calls(method: &http::Method, path: &str) -> bool {
+    crate::routing::is_model_call(method, path)
+}
+
 impl GlobalRateLimitLayer {
     /// Limits requests by `rules`, counted in `store`; system clock, fail
     /// open, full counters remembered. Rules a counter store cannot hold

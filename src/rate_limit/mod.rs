@@ -88,6 +88,6 @@ pub use crate::limiter::AdmissionFuture as ResponseFuture;
 pub use crate::limiter::headers::{
     X_RATELIMIT_LIMIT, X_RATELIMIT_POLICY, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-pub use layer::{GlobalRateLimitLayer, ServedRoutes};
+pub use layer::{GlobalRateLimitLayer, ServedRoutes, model_calls};
 pub use rules::{AccountRules, ModelRule, RateLimitRules, RateRule, RulesError};
 pub use service::GlobalRateLimit;
