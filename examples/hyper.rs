@@ -2,11 +2,11 @@
 //! keys and the error format in front of a `service_fn`.
 //!
 //! ```sh
-//! cargo run --example hyper
+//! cargo run --example hyper                                  # in memory
+//! MODELGATE_STORE=sqlite:demo.db cargo run --example hyper   # kept across restarts
 //! ```
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,15 +22,25 @@ use modelgate::client_addr::ClientAddr;
 use modelgate::context::{CheckedStack, RequestContext};
 use modelgate::error_mapper::ErrorMapperLayer;
 use modelgate::in_flight::InFlightLimitLayer;
-use modelgate::keys::{KeyDirectory, NewKey, SharedStore};
-use modelgate::store::MemoryStore;
+use modelgate::keys::{EnsuredKey, KeyDirectory, NewKey};
+use modelgate::store::StoreLocation;
 use tower::{ServiceBuilder, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store: SharedStore = Arc::new(MemoryStore::new());
-    let directory = KeyDirectory::new(store);
-    let (key, _) = directory.create_key(NewKey::named("hyper-demo")).await?;
+    let location: StoreLocation = std::env::var("MODELGATE_STORE")
+        .unwrap_or_else(|_| "memory".to_owned())
+        .parse()?;
+    let directory = KeyDirectory::new(location.open().await?);
+    // Made at the first start only: a restart on a durable store makes none.
+    let key = match directory
+        .ensure_key("hyper-demo", NewKey::named("hyper-demo"))
+        .await?
+    {
+        EnsuredKey::Created(key, _) => key.expose().to_owned(),
+        EnsuredKey::Existing(_) => "<the key printed at the first start>".to_owned(),
+        EnsuredKey::Deleted(_) => return Err("the demo key was deleted".into()),
+    };
 
     // Checked as it is built: a layer stacked without the one it reads
     // from (KeyRoutes without BearerAuth) is an error here.
@@ -66,7 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "curl -s localhost:3001/anything -H 'authorization: Bearer {}'",
-        key.expose()
+        key
     );
     loop {
         let (stream, peer) = listener.accept().await?;

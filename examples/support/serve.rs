@@ -18,7 +18,7 @@ use modelgate::credit::PendingSettlements;
 use modelgate::keys::SharedStore;
 use modelgate::proxy::GatewayService;
 use modelgate::store::{
-    MemoryStore, RedisStore, RedisStoreConfig, SqliteStore, SqliteStoreConfig, StoreLocation,
+    OpenOptions, RedisStore, RedisStoreConfig, SqliteStoreConfig, StoreLocation,
 };
 use modelgate::webhook::ClientAddr;
 use tokio::net::TcpListener;
@@ -159,18 +159,12 @@ pub async fn open_store(
     location: &StoreLocation,
     sqlite: &SqliteStoreConfig,
 ) -> Result<SharedStore, String> {
-    Ok(match location {
-        StoreLocation::Redis(url) => Arc::new(
-            RedisStore::connect(url, RedisStoreConfig::default())
-                .await
-                .map_err(|error| format!("cannot use the store {url}: {error}"))?,
-        ),
-        StoreLocation::Sqlite(path) => Arc::new(
-            SqliteStore::open(path, sqlite.clone())
-                .map_err(|error| format!("cannot use the store {location}: {error}"))?,
-        ),
-        StoreLocation::Memory => Arc::new(MemoryStore::new()),
-    })
+    let mut options = OpenOptions::default();
+    options.sqlite = sqlite.clone();
+    location
+        .open_with(&options)
+        .await
+        .map_err(|error| error.to_string())
 }
 
 /// Logs to stderr at `RUST_LOG` (default `info`); stdout stays for what

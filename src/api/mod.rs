@@ -5,6 +5,10 @@
 //! [`keys`](crate::keys)'s; the usage records [`usage`](crate::usage)'s;
 //! app approvals [`oauth`](crate::oauth)'s.
 //!
+//! A service that wants these routes under a prefix of its own mounts
+//! [`MountedKeyRoutes`] (`Router::nest_service("/billing/v2", …)`): the
+//! same table, each path without `/api/v1`, authenticated by itself.
+//!
 //! Endpoints ([`KeyRoutes`] answers them; everything else passes through):
 //!
 //! | method and path | who | answer |
@@ -166,6 +170,7 @@ mod csv_export;
 mod keys;
 mod layer;
 mod management_rate;
+mod mounted;
 #[cfg(test)]
 mod permission_matrix;
 mod routes;
@@ -175,4 +180,5 @@ mod usage;
 pub use crate::answer::AnswerFuture as ResponseFuture;
 pub use layer::KeyRoutesLayer;
 pub use management_rate::DEFAULT_MANAGEMENT_RATE;
+pub use mounted::{MountedBody, MountedKeyRoutes};
 pub use service::KeyRoutes;

@@ -219,7 +219,7 @@ impl KeyDirectory {
 
     /// Writes one of the directory's records (none of them expires) when
     /// `expect` holds, at the directory's instant.
-    async fn write_json<T: Serialize + Sync>(
+    pub(super) async fn write_json<T: Serialize + Sync>(
         &self,
         collection: &str,
         id: &str,

@@ -27,6 +27,11 @@
 //! account's keys reads that account's keys only; a store made before the
 //! index gets it once ([`KeyDirectory::build_key_index`]).
 //!
+//! A service that starts many times on a durable store provisions its
+//! keys, accounts and grants with [`KeyDirectory::ensure_key`],
+//! [`KeyDirectory::ensure_named_account`] and [`KeyDirectory::grant_once`]:
+//! made once, however often it starts (see [`EnsuredKey`]).
+//!
 //! ```
 //! use std::sync::Arc;
 //! use modelgate::keys::{KeyDirectory, KeyState, NewKey, SharedStore};
@@ -52,6 +57,7 @@ pub mod input;
 mod key;
 mod leak;
 mod lookup_cache;
+mod provision;
 mod record;
 
 pub use byok::{
@@ -61,6 +67,7 @@ pub use credits::{InvalidCredits, MAX_CREDITS, credits_from_nanos, nanos_from_cr
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, RotateOutcome};
 pub use index::{KEY_INDEX_BUILT, KEY_INDEX_BUILT_ID, account_keys};
 pub use key::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
+pub use provision::{EnsuredKey, grants, provisioned_keys};
 // Where the layers' examples have always found it.
 pub use crate::store::SharedStore;
 pub(crate) use leak::{LeakNotifier, MODELGATE_TOKEN_TYPE, report_leak};

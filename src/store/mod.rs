@@ -25,10 +25,11 @@
 //! decide by its own clock instead ([`TimeSource`]), so that instances
 //! whose clocks differ agree. Where a store can fail, a layer's
 //! [`FailurePolicy`] says whether it admits or refuses; [`StoreLocation`]
-//! is the proxy's `--store`.
+//! is the proxy's `--store`, and [`StoreLocation::open`] opens it.
 //!
 //! The record collections the crate keeps: `keys`, `accounts`,
-//! `deleted_keys`, `byok/<account>`, `flows/<sessionKey>`, `auth_codes`,
+//! `deleted_keys`, `provisioned_keys/<account>` and `grants/<account>`
+//! (what `KeyDirectory::ensure_key` and `grant_once` made), `byok/<account>`, `flows/<sessionKey>`, `auth_codes`,
 //! `auth_codes/<account>`, `alerts` (each alert crossing's marker, written
 //! only if absent, for 40 days), and `operator_key_minted` (one marker: the
 //! first start's operator key, written only if absent). A record written
@@ -89,7 +90,7 @@ pub use ledger::{
     SETTLEMENT_MEMORY, SETTLEMENT_RETRY_WINDOW, Settlement, SettlementRecord, TopUpOutcome,
     is_lapse_model, is_valid_idempotency_key, lapse_record,
 };
-pub use location::{InvalidStoreLocation, StoreLocation};
+pub use location::{InvalidStoreLocation, OpenOptions, OpenStoreError, StoreLocation};
 pub use memory::MemoryStore;
 pub use policy::FailurePolicy;
 pub use records::{

@@ -57,6 +57,8 @@ mod otel;
 mod overload;
 #[cfg(all(feature = "redis", feature = "proxy"))]
 mod providers;
+#[cfg(all(feature = "redis", feature = "sqlite"))]
+mod provision;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod proxy;
 #[cfg(feature = "redis")]
