@@ -24,6 +24,8 @@ mod credit;
 mod credit_group_commit;
 #[cfg(all(feature = "redis", feature = "sqlite", feature = "proxy"))]
 mod docs;
+#[cfg(all(feature = "sqlite", feature = "axum"))]
+mod embed;
 #[cfg(feature = "redis")]
 mod keys_and_auth;
 #[cfg(all(feature = "redis", feature = "sqlite"))]
