@@ -58,7 +58,9 @@ mod read;
 mod service;
 
 // The parsed request lives with the context that carries it.
-pub use crate::context::{ChatMessage, ChatRequest, MessageContent, ModelId, Role};
+pub use crate::context::{
+    ChatMessage, ChatRequest, MessageContent, ModelId, ModelNames, ModelNamesError, Role,
+};
 // The Messages request, parsed on its own until a route reads it.
 pub use crate::context::{
     BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,
