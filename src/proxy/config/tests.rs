@@ -231,7 +231,7 @@ fn each_section_refuses_a_bad_value_naming_its_path_and_what_is_expected() {
 }
 
 /// Every file of the config's sections.
-const SOURCES: [&str; 18] = [
+const SOURCES: [&str; 19] = [
     include_str!("alerts.rs"),
     include_str!("body.rs"),
     include_str!("credit.rs"),
