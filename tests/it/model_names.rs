@@ -271,7 +271,10 @@ async fn messages_and_responses_translated_for_a_chat_provider_carry_the_chosen_
 #[tokio::test]
 async fn the_models_list_shows_the_names_of_each_model() {
     let gateway = start(json!({})).await;
-    let list: Value = reqwest::get(format!("http://{}/api/v1/models", gateway.address))
+    let list: Value = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/models", gateway.address))
+        .bearer_auth(&gateway.key)
+        .send()
         .await
         .unwrap()
         .json()
