@@ -1,5 +1,7 @@
-//! [`ModelId`]: `<provider>/<model>` with an optional `:variant`.
+//! [`ModelId`]: `<provider>/<model>` with an optional `:variant`;
+//! [`ModelNames`]: the bare ids and aliases a service accepts for them.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::error::GatewayError;
@@ -124,6 +126,205 @@ impl fmt::Display for ModelId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
     }
+}
+
+/// How a service names models on its own terms: bare ids (`gpt-4o-mini`)
+/// and aliases (`claude-opus-4-8`) resolved to the [`ModelId`] the gateway
+/// prices, limits and records.
+///
+/// An id with a `/` always means itself and is parsed as [`ModelId::parse`]
+/// parses it; only a bare id (no `/`) is resolved, in this order:
+///
+/// 1. an exact alias: `"claude-opus-4-8"` → `"anthropic/claude-opus-4-8"`;
+/// 2. the longest prefix pattern that matches: `"claude-*"` → `"anthropic/"`
+///    makes `claude-haiku-4-5` into `anthropic/claude-haiku-4-5`;
+/// 3. the default provider: `openai` makes `gpt-4o-mini` into
+///    `openai/gpt-4o-mini`;
+/// 4. otherwise a 400 naming the aliases the service accepts.
+///
+/// Matching is exact, ASCII case included (clients send fixed ids). A
+/// `:variant` stays part of the bare id: `llama:free` with the default
+/// provider `meta` is `meta/llama:free`. Empty (the default), it resolves
+/// nothing: every id must be `provider/model`, as without it.
+///
+/// ```
+/// use modelgate::body::ModelNames;
+///
+/// let names = ModelNames::new()
+///     .default_provider("openai").unwrap()
+///     .alias("claude-opus-4-8", "anthropic/claude-opus-4-8").unwrap()
+///     .alias("claude-*", "anthropic/").unwrap();
+/// assert_eq!(names.resolve("claude-opus-4-8").unwrap().as_str(), "anthropic/claude-opus-4-8");
+/// assert_eq!(names.resolve("claude-haiku-4-5").unwrap().as_str(), "anthropic/claude-haiku-4-5");
+/// assert_eq!(names.resolve("gpt-5.5").unwrap().as_str(), "openai/gpt-5.5");
+/// assert_eq!(names.resolve("mistral/small").unwrap().as_str(), "mistral/small");
+/// assert_eq!(ModelNames::new().resolve("gpt-5.5").unwrap_err().status(), 400);
+/// assert!(ModelNames::new().alias("gpt-*", "openai/gpt-4o").is_err());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelNames {
+    default_provider: Option<String>,
+    exact: HashMap<String, ModelId>,
+    /// `(prefix, provider)`, longest prefix first.
+    patterns: Vec<(String, String)>,
+}
+
+/// A [`ModelNames`] setting that cannot be used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelNamesError(String);
+
+impl fmt::Display for ModelNamesError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ModelNamesError {}
+
+/// How many alias names a refusal lists before "…".
+const ALIASES_NAMED: usize = 5;
+
+impl ModelNames {
+    /// No bare ids, no aliases: every id must be `provider/model`.
+    pub fn new() -> Self {
+        ModelNames::default()
+    }
+
+    /// Whether it resolves nothing (ids are taken as [`ModelId::parse`] takes them).
+    pub fn is_empty(&self) -> bool {
+        self.default_provider.is_none() && self.exact.is_empty() && self.patterns.is_empty()
+    }
+
+    /// A bare id no alias names becomes `<provider>/<id>`. `provider` is a
+    /// provider name as in a model id (letters, digits, `.`, `-`, `_`).
+    pub fn default_provider(mut self, provider: &str) -> Result<Self, ModelNamesError> {
+        if provider.contains('/') || ModelId::parse(&format!("{provider}/x")).is_err() {
+            return Err(ModelNamesError(format!(
+                "default_provider: {provider:?} is not a provider name: use letters, digits, '.', '-' and '_', without '/' or ':'"
+            )));
+        }
+        self.default_provider = Some(provider.to_owned());
+        Ok(self)
+    }
+
+    /// An alias: `name` a bare id and `target` a model id
+    /// (`"gpt-5.5"`, `"openai/gpt-5.5"`), or `name` a prefix pattern ending
+    /// in `*` and `target` a provider prefix (`"claude-*"`, `"anthropic/"`),
+    /// the bare id then appended to it. A `name` set twice takes the later
+    /// `target`.
+    pub fn alias(mut self, name: &str, target: &str) -> Result<Self, ModelNamesError> {
+        let error = |why: String| Err(ModelNamesError(format!("model_aliases[{name:?}]: {why}")));
+        if let Some(prefix) = name.strip_suffix('*') {
+            if prefix.is_empty() {
+                return error(
+                    "a pattern needs a prefix before '*' (to map every bare id, set default_provider)"
+                        .to_owned(),
+                );
+            }
+            if let Some(bad) = prefix.chars().find(|c| !is_bare_char(*c)) {
+                return error(format!(
+                    "a pattern is a prefix and one trailing '*'; {bad:?} may not appear in it (letters, digits, '.', '-', '_', ':')"
+                ));
+            }
+            let Some(provider) = target.strip_suffix('/') else {
+                return error(format!(
+                    "a pattern maps to a provider prefix such as \"anthropic/\", not {target:?}"
+                ));
+            };
+            if provider.contains('/') || ModelId::parse(&format!("{provider}/x")).is_err() {
+                return error(format!("{target:?} is not a provider prefix (provider/)"));
+            }
+            self.patterns.retain(|(known, _)| known != prefix);
+            self.patterns.push((prefix.to_owned(), provider.to_owned()));
+            // Longest first; equal lengths by text, so the order is fixed.
+            self.patterns
+                .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+            return Ok(self);
+        }
+        if name.is_empty() || name.len() > ModelId::MAX_LEN {
+            return error(format!(
+                "an alias is 1 to {} characters long",
+                ModelId::MAX_LEN
+            ));
+        }
+        if let Some(bad) = name.chars().find(|c| !is_bare_char(*c)) {
+            return error(format!(
+                "an alias is a bare model id (letters, digits, '.', '-', '_', ':'; an id with '/' always means itself, and '*' only ends a pattern); it contains {bad:?}"
+            ));
+        }
+        let target = ModelId::parse(target).map_err(|problem| {
+            ModelNamesError(format!(
+                "model_aliases[{name:?}]: {target:?} is not a model id (provider/model[:variant]): {}",
+                problem.message()
+            ))
+        })?;
+        self.exact.insert(name.to_owned(), target);
+        Ok(self)
+    }
+
+    /// The model `model` names: see [`ModelNames`] for the order. A 400
+    /// naming `model` when it names none; with no names set, exactly
+    /// [`ModelId::parse`]'s answer.
+    pub fn resolve(&self, model: &str) -> Result<ModelId, GatewayError> {
+        if self.is_empty() || model.contains('/') {
+            return ModelId::parse(model);
+        }
+        if let Some(target) = self.exact.get(model) {
+            return Ok(target.clone());
+        }
+        let provider = self
+            .patterns
+            .iter()
+            .find(|(prefix, _)| model.starts_with(prefix.as_str()))
+            .map(|(_, provider)| provider)
+            .or(self.default_provider.as_ref());
+        match provider {
+            Some(provider) => ModelId::parse(&format!("{provider}/{model}")),
+            None => Err(bad_model(format!(
+                "`model` must look like provider/model, such as \"openai/gpt-4o\", or be one of the model aliases this service accepts ({}); got {model:?}",
+                self.alias_names()
+            ))),
+        }
+    }
+
+    /// The bare ids that resolve to `model`: the aliases naming it, and
+    /// its own bare form when a pattern or the default provider takes it
+    /// there. Sorted.
+    pub fn names_for(&self, model: &ModelId) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .exact
+            .iter()
+            .filter(|(_, target)| *target == model)
+            .map(|(name, _)| name.clone())
+            .collect();
+        let bare = &model.as_str()[model.provider().len() + 1..];
+        if !self.exact.contains_key(bare)
+            && self.resolve(bare).is_ok_and(|resolved| resolved == *model)
+        {
+            names.push(bare.to_owned());
+        }
+        names.sort();
+        names
+    }
+
+    /// The configured names for a refusal: the first few, patterns with their `*`.
+    fn alias_names(&self) -> String {
+        let mut names: Vec<String> = self.exact.keys().cloned().collect();
+        names.sort();
+        names.extend(self.patterns.iter().map(|(prefix, _)| format!("{prefix}*")));
+        let more = names.len() > ALIASES_NAMED;
+        names.truncate(ALIASES_NAMED);
+        let mut listed = names.join(", ");
+        if more {
+            listed.push_str(", …");
+        }
+        listed
+    }
+}
+
+/// A character of a bare id: a model id's, without the `/`.
+fn is_bare_char(c: char) -> bool {
+    c != '/' && is_model_char(c)
 }
 
 /// Whether the model pattern `pattern` covers `model`: `provider/` covers
@@ -297,6 +498,153 @@ mod tests {
                 .message()
                 .contains("longer")
         );
+    }
+
+    fn names() -> ModelNames {
+        ModelNames::new()
+            .default_provider("openai")
+            .unwrap()
+            .alias("claude-opus-4-8", "anthropic/claude-opus-4-8")
+            .unwrap()
+            .alias("claude-*", "anthropic/")
+            .unwrap()
+            .alias("claude-haiku-*", "bedrock/")
+            .unwrap()
+            .alias("sonnet", "anthropic/claude-sonnet-4.5:beta")
+            .unwrap()
+    }
+
+    #[test]
+    fn an_alias_then_the_longest_pattern_then_the_default_provider() {
+        let names = names();
+        for (asked, resolved) in [
+            ("claude-opus-4-8", "anthropic/claude-opus-4-8"),
+            ("claude-opus-4-9", "anthropic/claude-opus-4-9"),
+            ("claude-haiku-4-5", "bedrock/claude-haiku-4-5"),
+            ("claude-haiku-4-5:free", "bedrock/claude-haiku-4-5:free"),
+            ("sonnet", "anthropic/claude-sonnet-4.5:beta"),
+            ("gpt-5.5", "openai/gpt-5.5"),
+            ("Claude-opus-4-8", "openai/Claude-opus-4-8"),
+            ("mistral/small", "mistral/small"),
+            ("claude-x/y", "claude-x/y"),
+        ] {
+            assert_eq!(names.resolve(asked).unwrap().as_str(), resolved, "{asked}");
+        }
+        // What no rule makes valid is still a specific 400.
+        let error = names.resolve("gpt 5").unwrap_err();
+        assert!(error.message().contains("spaces"), "{}", error.message());
+        assert_eq!(names.resolve("a/b/c").unwrap_err().status(), 400);
+    }
+
+    #[test]
+    fn without_a_default_provider_an_unknown_bare_id_names_the_aliases() {
+        let names = ModelNames::new()
+            .alias("claude-*", "anthropic/")
+            .unwrap()
+            .alias("gpt-5.5", "openai/gpt-5.5")
+            .unwrap();
+        let error = names.resolve("llama-3").unwrap_err();
+        assert_eq!(
+            (error.status(), error.metadata()["param"].as_str()),
+            (http::StatusCode::BAD_REQUEST, Some("model"))
+        );
+        assert!(
+            error.message().contains("model aliases")
+                && error.message().contains("gpt-5.5, claude-*"),
+            "{}",
+            error.message()
+        );
+        // Nothing set: today's answer, word for word.
+        assert_eq!(
+            ModelNames::new().resolve("llama-3").unwrap_err().message(),
+            ModelId::parse("llama-3").unwrap_err().message()
+        );
+        let many = (0..9).fold(ModelNames::new(), |names, index| {
+            names.alias(&format!("m{index}"), "a/b").unwrap()
+        });
+        assert!(many.resolve("x").unwrap_err().message().contains("m4, …"));
+    }
+
+    #[test]
+    fn each_bad_setting_is_refused_with_its_reason() {
+        for (name, target, words) in [
+            ("*", "openai/", "default_provider"),
+            ("gpt*-*", "openai/", "'*' may not appear"),
+            ("a/b*", "openai/", "'/' may not appear"),
+            ("gpt-*", "openai/gpt-4o", "provider prefix"),
+            ("gpt-*", "open ai/", "not a provider prefix"),
+            ("gpt-*", "a/b/", "not a provider prefix"),
+            ("gpt", "openai/", "not a model id"),
+            ("gpt", "gpt-4o", "not a model id"),
+            ("openai/gpt", "openai/gpt-4o", "always means itself"),
+            ("g t", "openai/gpt-4o", "' '"),
+            ("", "openai/gpt-4o", "1 to 200"),
+        ] {
+            let error = ModelNames::new()
+                .alias(name, target)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(words), "{name:?} {target:?}: {error}");
+        }
+        for bad in ["", "a/b", "open ai", "a:b"] {
+            assert!(ModelNames::new().default_provider(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_names_of_a_model_are_those_that_resolve_to_it() {
+        let names = names();
+        let id = |text| ModelId::parse(text).unwrap();
+        assert_eq!(
+            names.names_for(&id("anthropic/claude-opus-4-8")),
+            ["claude-opus-4-8"]
+        );
+        assert_eq!(names.names_for(&id("anthropic/claude-3")), ["claude-3"]);
+        // `claude-haiku-4-5` goes to bedrock, not here.
+        assert!(
+            names
+                .names_for(&id("anthropic/claude-haiku-4-5"))
+                .is_empty()
+        );
+        assert_eq!(names.names_for(&id("openai/gpt-4o")), ["gpt-4o"]);
+        assert_eq!(
+            names.names_for(&id("anthropic/claude-sonnet-4.5:beta")),
+            ["claude-sonnet-4.5:beta", "sonnet"]
+        );
+        assert!(ModelNames::new().names_for(&id("openai/gpt-4o")).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn without_names_resolving_is_parsing(text in "\\PC{0,40}|[a-z/:.-]{0,12}") {
+            let names = ModelNames::new();
+            match (names.resolve(&text), ModelId::parse(&text)) {
+                (Ok(resolved), Ok(parsed)) => prop_assert_eq!(resolved, parsed),
+                (Err(resolved), Err(parsed)) => {
+                    prop_assert_eq!(resolved.message(), parsed.message());
+                    prop_assert_eq!(resolved.status(), parsed.status());
+                }
+                (resolved, parsed) => prop_assert!(false, "{:?} {:?}", resolved, parsed),
+            }
+        }
+
+        #[test]
+        fn a_resolved_id_is_a_model_id_or_a_400(text in "\\PC{0,40}|[a-z/:*.-]{0,12}") {
+            match names().resolve(&text) {
+                Ok(id) => prop_assert_eq!(ModelId::parse(id.as_str()).unwrap(), id),
+                Err(error) => prop_assert_eq!(error.status(), 400),
+            }
+        }
+
+        #[test]
+        fn an_id_with_a_slash_is_never_captured(
+            provider in "[a-z-]{1,8}",
+            model in "claude-[a-z0-9.-]{0,8}|sonnet|gpt-[a-z0-9]{1,4}",
+        ) {
+            let text = format!("{provider}/{model}");
+            let resolved = names().resolve(&text).unwrap();
+            prop_assert_eq!(resolved.as_str(), text.as_str());
+        }
     }
 
     proptest! {

@@ -1,5 +1,6 @@
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::prepare::{prepare_request, too_large};
+use crate::context::ModelNames;
 use crate::error::{ErrorKind, GatewayError};
 use crate::response_body::{BoxError, ResponseBody, causes};
 
@@ -49,6 +51,7 @@ pin_project! {
             deadline: Sleep,
             read_timeout: Duration,
             max_body_bytes: usize,
+            names: Arc<ModelNames>,
             parts: Option<Parts>,
             inner: Option<S>,
         },
@@ -76,6 +79,7 @@ where
         collect: Collect<Limited<B>>,
         read_timeout: Duration,
         max_body_bytes: usize,
+        names: Arc<ModelNames>,
         inner: S,
     ) -> Self {
         ResponseFuture {
@@ -84,6 +88,7 @@ where
                 deadline: tokio::time::sleep(read_timeout),
                 read_timeout,
                 max_body_bytes,
+                names,
                 parts: Some(parts),
                 inner: Some(inner),
             },
@@ -119,6 +124,7 @@ where
                     deadline,
                     read_timeout,
                     max_body_bytes,
+                    names,
                     parts,
                     inner,
                 } => {
@@ -142,7 +148,7 @@ where
                         .map_err(|error| body_error(error, *max_body_bytes))
                         .and_then(|collected| {
                             let bytes = collected.to_bytes();
-                            prepare_request(&mut parts, &bytes).map(|()| bytes)
+                            prepare_request(&mut parts, &bytes, names).map(|()| bytes)
                         });
                     match prepared {
                         Err(error) => State::Rejected { error: Some(error) },

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::BodyLimit;
+use super::{BodyLimit, ModelNames};
 
 /// Applies [`BodyLimit`] to a service: buffers each request body once, up to
 /// a size limit and within a time limit, and parses chat-completions
@@ -19,6 +19,7 @@ pub struct BodyLimitLayer {
 pub(crate) struct BodyLimitConfig {
     pub(crate) max_body_bytes: usize,
     pub(crate) read_timeout: Duration,
+    pub(crate) model_names: Arc<ModelNames>,
 }
 
 impl BodyLimitLayer {
@@ -34,6 +35,7 @@ impl BodyLimitLayer {
             config: Arc::new(BodyLimitConfig {
                 max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
                 read_timeout: Self::DEFAULT_READ_TIMEOUT,
+                model_names: Arc::new(ModelNames::new()),
             }),
         }
     }
@@ -41,6 +43,17 @@ impl BodyLimitLayer {
     /// Bodies larger than this get 413.
     pub fn max_body_bytes(mut self, max_body_bytes: usize) -> Self {
         Arc::make_mut(&mut self.config).max_body_bytes = max_body_bytes;
+        self
+    }
+
+    /// The bare ids and aliases a model call may name (see [`ModelNames`]):
+    /// the parsed request's `model_id` is the model they resolve to, so
+    /// prices, limits, quotas and records all see that id, while `model`
+    /// and the body the inner service receives stay as the client sent
+    /// them (a handler that forwards the body keeps the client's
+    /// spelling). Unset, every model id must be `provider/model`.
+    pub fn model_names(mut self, names: ModelNames) -> Self {
+        Arc::make_mut(&mut self.config).model_names = Arc::new(names);
         self
     }
 

@@ -14,6 +14,12 @@
 //! answers for bad input (see [`ChatRequest::parse`]). Every request also
 //! gets its bytes there (`RequestContext::body`).
 //!
+//! Model ids are `provider/model` unless the layer is given
+//! [`ModelNames`] ([`BodyLimitLayer::model_names`]): then a bare id or an
+//! alias is resolved, and the parsed request's `model_id` is the model
+//! chosen (what every later layer prices, limits and records), while its
+//! `model` and the body the handler receives keep the client's spelling.
+//!
 //! ```
 //! use bytes::Bytes;
 //! use http::{Request, Response};
@@ -58,7 +64,9 @@ mod read;
 mod service;
 
 // The parsed request lives with the context that carries it.
-pub use crate::context::{ChatMessage, ChatRequest, MessageContent, ModelId, Role};
+pub use crate::context::{
+    ChatMessage, ChatRequest, MessageContent, ModelId, ModelNames, ModelNamesError, Role,
+};
 // The Messages request, parsed on its own until a route reads it.
 pub use crate::context::{
     BlockKind, CacheControl, CacheTtl, ContentBlock, InputMessage, MediaSource, MessagesContent,

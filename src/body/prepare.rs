@@ -6,7 +6,9 @@ use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
 
-use super::{ChatRequest, EmbeddingsRequest, MessagesRequest, ResponsesRequest};
+use super::{
+    ChatRequest, EmbeddingsRequest, MessagesEndpoint, MessagesRequest, ModelNames, ResponsesRequest,
+};
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
 use crate::routing::{
@@ -38,9 +40,14 @@ fn is_json(parts: &Parts) -> bool {
             .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
 }
 
-/// Fills the request's context from its buffered body; rejects a model
-/// call (chat completions, Messages) that is not JSON or does not parse.
-pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), GatewayError> {
+/// Fills the request's context from its buffered body, the model named by
+/// `names`; rejects a model call (chat completions, Messages, Responses,
+/// embeddings) that is not JSON or does not parse.
+pub(super) fn prepare_request(
+    parts: &mut Parts,
+    bytes: &Bytes,
+    names: &ModelNames,
+) -> Result<(), GatewayError> {
     let messages_call = messages_call(&parts.method, parts.uri.path());
     let chat_call = messages_call.is_none() && is_chat_completions(parts);
     let responses_call = is_responses_call(&parts.method, parts.uri.path());
@@ -63,20 +70,28 @@ pub(super) fn prepare_request(parts: &mut Parts, bytes: &Bytes) -> Result<(), Ga
         ));
     }
     let chat = match chat_call {
-        true => Some(ChatRequest::parse(bytes)?),
+        true => Some(ChatRequest::parse_named(bytes, names)?),
         false => None,
     };
     let messages = match messages_call {
-        Some(MessagesCall::Create) => Some(MessagesRequest::parse(bytes)?),
-        Some(MessagesCall::CountTokens) => Some(MessagesRequest::parse_count_tokens(bytes)?),
+        Some(MessagesCall::Create) => Some(MessagesRequest::parse_named(
+            bytes,
+            MessagesEndpoint::Create,
+            names,
+        )?),
+        Some(MessagesCall::CountTokens) => Some(MessagesRequest::parse_named(
+            bytes,
+            MessagesEndpoint::CountTokens,
+            names,
+        )?),
         None => None,
     };
     let responses = match responses_call {
-        true => Some(ResponsesRequest::parse(bytes)?),
+        true => Some(ResponsesRequest::parse_named(bytes, names)?),
         false => None,
     };
     let embeddings = match embeddings_call {
-        true => Some(EmbeddingsRequest::parse(bytes)?),
+        true => Some(EmbeddingsRequest::parse_named(bytes, names)?),
         false => None,
     };
     // The body is now exactly these bytes, whatever framing it came in.

@@ -55,6 +55,7 @@ where
             collect,
             self.config.read_timeout,
             max_body_bytes,
+            Arc::clone(&self.config.model_names),
             inner,
         )
     }

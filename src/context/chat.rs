@@ -11,7 +11,7 @@ use crate::json_input::{
     bad_request, integer_at_least, invalid_parameter, number_in, request_body_fields,
     take_messages, take_model, take_stream, wrong_type,
 };
-use crate::model_id::ModelId;
+use crate::model_id::{ModelId, ModelNames};
 
 /// A message author's role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -105,9 +105,12 @@ pub struct ChatMessage {
 /// reading of them, for its own layers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatRequest {
-    /// The model id, as sent.
+    /// The model id, as the body names it (a bare id or an alias as the
+    /// client sent it).
     pub model: String,
-    /// The model id, parsed: provider, model name, variant.
+    /// The model the gateway chose: `model` parsed, or what the
+    /// [`ModelNames`] of `BodyLimit` made of a
+    /// bare id or alias. Prices, limits, quotas and records use this one.
     pub model_id: ModelId,
     /// The conversation; never empty.
     pub messages: Vec<ChatMessage>,
@@ -155,6 +158,14 @@ impl ChatRequest {
     /// assert!(error.message().contains("messages"));
     /// ```
     pub fn parse(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+        Self::parse_named(body, &ModelNames::new())
+    }
+
+    /// As [`ChatRequest::parse`], a bare id or alias resolved by `names`.
+    pub(crate) fn parse_named(
+        body: &[u8],
+        names: &ModelNames,
+    ) -> Result<ChatRequest, GatewayError> {
         let mut fields = request_body_fields(body)?;
         let model = take_model(&mut fields)?;
         let messages = take_messages(&mut fields)?
@@ -179,7 +190,7 @@ impl ChatRequest {
         let response_format = parse_response_format(fields.remove("response_format"))?;
         // Checked last, so each other field's error reads the same whatever
         // the model; the limit layers need the parsed id.
-        let model_id = ModelId::parse(&model)?;
+        let model_id = names.resolve(&model)?;
         Ok(ChatRequest {
             model,
             model_id,

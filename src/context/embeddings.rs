@@ -32,7 +32,7 @@ use crate::error::GatewayError;
 use crate::json_input::{
     At, bad_request, integer_at_least, request_body_fields, take_model, take_optional_string,
 };
-use crate::model_id::ModelId;
+use crate::model_id::{ModelId, ModelNames};
 
 /// The most inputs one request may embed, as OpenAI takes.
 pub const MAX_EMBEDDING_INPUTS: usize = 2048;
@@ -47,9 +47,12 @@ pub const EMBEDDING_INPUT_OVERHEAD_TOKENS: u64 = 4;
 /// A parsed and validated embeddings request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmbeddingsRequest {
-    /// The model id, as sent.
+    /// The model id, as the body names it (a bare id or an alias as the
+    /// client sent it).
     pub model: String,
-    /// The model id, parsed: provider, model name, variant.
+    /// The model the gateway chose: `model` parsed, or what the
+    /// [`ModelNames`] of `BodyLimit` made of a
+    /// bare id or alias. Prices, limits, quotas and records use this one.
     pub model_id: ModelId,
     /// What to embed.
     pub input: EmbeddingsInput,
@@ -98,6 +101,14 @@ impl EmbeddingsRequest {
     /// the wrong type (a list mixing texts and tokens included) or out of
     /// range (a token id that is not a whole number, `dimensions` below 1).
     pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, GatewayError> {
+        Self::parse_named(body, &ModelNames::new())
+    }
+
+    /// As [`EmbeddingsRequest::parse`], a bare id or alias resolved by `names`.
+    pub(crate) fn parse_named(
+        body: &[u8],
+        names: &ModelNames,
+    ) -> Result<EmbeddingsRequest, GatewayError> {
         let mut fields = request_body_fields(body)?;
         let model = take_model(&mut fields)?;
         let input = parse_input(fields.remove("input"))?;
@@ -112,7 +123,7 @@ impl EmbeddingsRequest {
             Some(other) => return Err(format_at.wrong_type("a string", &other)),
         };
         let user = take_optional_string(&mut fields, &At::Root, "user")?;
-        let model_id = ModelId::parse(&model)?;
+        let model_id = names.resolve(&model)?;
         Ok(EmbeddingsRequest {
             model,
             model_id,

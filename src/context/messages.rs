@@ -66,7 +66,7 @@ use crate::json_input::{
     At, bad_request, integer_at_least, invalid, json_bytes, number_in, request_body_fields,
     take_messages, take_model, take_stream, take_string,
 };
-use crate::model_id::ModelId;
+use crate::model_id::{ModelId, ModelNames};
 
 /// Which endpoint a Messages body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -411,9 +411,12 @@ pub struct PromptSize {
 pub struct MessagesRequest {
     /// The endpoint the body was parsed for.
     pub endpoint: MessagesEndpoint,
-    /// The model id, as sent.
+    /// The model id, as the body names it (a bare id or an alias as the
+    /// client sent it).
     pub model: String,
-    /// The model id, parsed: provider, model name, variant.
+    /// The model the gateway chose: `model` parsed, or what the
+    /// [`ModelNames`] of `BodyLimit` made of a
+    /// bare id or alias. Prices, limits, quotas and records use this one.
     pub model_id: ModelId,
     /// The conversation; never empty.
     pub messages: Vec<InputMessage>,
@@ -473,7 +476,7 @@ impl MessagesRequest {
     /// assert_eq!(error.metadata()["param"], "messages[0].role");
     /// ```
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, GatewayError> {
-        parse_request(body, MessagesEndpoint::Create)
+        parse_request(body, MessagesEndpoint::Create, &ModelNames::new())
     }
 
     /// Parses and validates the body of `POST /v1/messages/count_tokens`:
@@ -490,7 +493,18 @@ impl MessagesRequest {
     /// assert_eq!(error.metadata()["param"], "max_tokens");
     /// ```
     pub fn parse_count_tokens(body: &[u8]) -> Result<MessagesRequest, GatewayError> {
-        parse_request(body, MessagesEndpoint::CountTokens)
+        parse_request(body, MessagesEndpoint::CountTokens, &ModelNames::new())
+    }
+
+    /// As [`MessagesRequest::parse`] or
+    /// [`parse_count_tokens`](MessagesRequest::parse_count_tokens) for
+    /// `endpoint`, a bare id or alias resolved by `names`.
+    pub(crate) fn parse_named(
+        body: &[u8],
+        endpoint: MessagesEndpoint,
+        names: &ModelNames,
+    ) -> Result<MessagesRequest, GatewayError> {
+        parse_request(body, endpoint, names)
     }
 
     /// The thinking budget, when thinking is enabled with one. It counts
@@ -666,7 +680,11 @@ fn visit_blocks(blocks: &[ContentBlock], visit: &mut impl FnMut(&ContentBlock)) 
     }
 }
 
-fn parse_request(body: &[u8], endpoint: MessagesEndpoint) -> Result<MessagesRequest, GatewayError> {
+fn parse_request(
+    body: &[u8],
+    endpoint: MessagesEndpoint,
+    names: &ModelNames,
+) -> Result<MessagesRequest, GatewayError> {
     let mut fields = request_body_fields(body)?;
     let model = take_model(&mut fields)?;
     let messages = parse_messages(&mut fields)?;
@@ -701,7 +719,7 @@ fn parse_request(body: &[u8], endpoint: MessagesEndpoint) -> Result<MessagesRequ
     let service_tier = parse_service_tier(fields.remove("service_tier"))?;
     // Checked last, as chat does, so each other field's error reads the
     // same whatever the model; the limit layers need the parsed id.
-    let model_id = ModelId::parse(&model)?;
+    let model_id = names.resolve(&model)?;
     Ok(MessagesRequest {
         endpoint,
         model,

@@ -52,7 +52,7 @@ mod responses;
 mod sent;
 mod stack;
 
-pub use crate::model_id::ModelId;
+pub use crate::model_id::{ModelId, ModelNames, ModelNamesError};
 pub use chat::{ChatMessage, ChatRequest, MessageContent, Role};
 pub use embeddings::{
     EMBEDDING_INPUT_OVERHEAD_TOKENS, EmbeddingsInput, EmbeddingsRequest, MAX_EMBEDDING_INPUTS,

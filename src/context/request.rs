@@ -145,9 +145,10 @@ impl ModelApi {
 pub struct ModelCall<'a> {
     /// The API the request speaks.
     pub api: ModelApi,
-    /// The model id, as sent.
+    /// The model id, as the body names it (maybe a bare id or alias).
     pub model: &'a str,
-    /// The model id, parsed.
+    /// The model chosen: `model` parsed, or resolved by the `ModelNames`
+    /// of `BodyLimit`; what the limits, prices and records use.
     pub model_id: &'a ModelId,
     /// Whether the answer is streamed.
     pub stream: bool,

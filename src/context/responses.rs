@@ -85,7 +85,7 @@ use crate::json_input::{
     At, bad_request, integer_at_least, json_bytes, number_in, request_body_fields, take_model,
     take_optional_bool, take_optional_string, take_stream, take_string, wrong_type,
 };
-use crate::model_id::ModelId;
+use crate::model_id::{ModelId, ModelNames};
 
 /// How many web searches a request with a web search tool and no
 /// `max_tool_calls` may make: the gateway holds their fees and writes
@@ -102,9 +102,12 @@ pub const DEFAULT_WEB_SEARCH_MAX_TOOL_CALLS: u64 = 8;
 /// and [`web_search_max_uses`](ResponsesRequest::web_search_max_uses).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResponsesRequest {
-    /// The model id, as sent.
+    /// The model id, as the body names it (a bare id or an alias as the
+    /// client sent it).
     pub model: String,
-    /// The model id, parsed: provider, model name, variant.
+    /// The model the gateway chose: `model` parsed, or what the
+    /// [`ModelNames`] of `BodyLimit` made of a
+    /// bare id or alias. Prices, limits, quotas and records use this one.
     pub model_id: ModelId,
     /// The whole conversation.
     pub input: ResponsesInput,
@@ -466,6 +469,14 @@ impl ResponsesRequest {
     /// assert!(error.message().contains("stateless"));
     /// ```
     pub fn parse(body: &[u8]) -> Result<ResponsesRequest, GatewayError> {
+        Self::parse_named(body, &ModelNames::new())
+    }
+
+    /// As [`ResponsesRequest::parse`], a bare id or alias resolved by `names`.
+    pub(crate) fn parse_named(
+        body: &[u8],
+        names: &ModelNames,
+    ) -> Result<ResponsesRequest, GatewayError> {
         let mut fields = request_body_fields(body)?;
         let model = take_model(&mut fields)?;
         let store = refuse_stored_state(&mut fields)?;
@@ -515,7 +526,7 @@ impl ResponsesRequest {
         )?;
         // Checked last, as chat does, so each other field's error reads the
         // same whatever the model; the limit layers need the parsed id.
-        let model_id = ModelId::parse(&model)?;
+        let model_id = names.resolve(&model)?;
         Ok(ResponsesRequest {
             model,
             model_id,

@@ -143,13 +143,13 @@ where
                 };
                 let requested_model = context
                     .and_then(|context| context.requested_model.clone())
-                    .unwrap_or_else(|| call.model.to_owned());
+                    .unwrap_or_else(|| call.model_id.as_str().to_owned());
                 Some(Box::new(GenerationContext {
                     settings: Arc::clone(settings),
                     app,
                     api: call.api.as_str(),
                     requested_model,
-                    model: call.model.to_owned(),
+                    model: call.model_id.as_str().to_owned(),
                     provider: provider.clone(),
                     created_at: config.clock.now(),
                     started: tokio::time::Instant::now(),
@@ -163,7 +163,7 @@ where
         let charge = Charge {
             generation,
             principal: principal.clone(),
-            model: call.model.to_owned(),
+            model: call.model_id.as_str().to_owned(),
             api: call.api,
             prompt_tokens: asked.prompt.tokens,
             likely_prompt_tokens: asked.prompt.likely_tokens,

@@ -335,7 +335,8 @@ where
         let key_hash_prefix = principal.map(KeyHashPrefix::of);
         let model = context
             .and_then(RequestContext::model_call)
-            .map(|call| call.model.to_owned());
+            // The model chosen, an alias resolved: what was priced.
+            .map(|call| call.model_id.as_str().to_owned());
         // One record for all three: each record is a lookup and a format
         // in every subscriber layer.
         tracing::record_all!(

@@ -133,6 +133,10 @@ where
                     .map(|body| ReportedModel::new(ResponseBody::inner(body), "", BodyKind::Other)))
             });
         };
+        // A bare id or alias the body names: the layers below read the
+        // body (translations, the provider's request), so it names the
+        // model chosen, as if the client had sent that.
+        let aliased = call.model != call.model_id.as_str();
         let principal = RequestContext::of(&request).and_then(|context| context.principal.as_ref());
         let candidates = self
             .catalog
@@ -153,6 +157,9 @@ where
             // parsed body not copied.
             let model = candidates.swap_remove(0);
             let mut request = request;
+            if aliased {
+                name_in_body(&mut request, &model);
+            }
             request
                 .extensions_mut()
                 .insert(NameModel(model.as_str().into()));
@@ -182,7 +189,9 @@ where
             for (index, model) in candidates.iter().enumerate() {
                 let mut attempt = Request::from_parts(parts.clone(), Full::new(Bytes::new()));
                 // The client's bytes when they already name the model.
-                let body = match asked.as_ref() == Some(model) && models_was_none(&chat, &messages)
+                let body = match asked.as_ref() == Some(model)
+                    && models_was_none(&chat, &messages)
+                    && !aliased
                 {
                     true => buffered.clone(),
                     false => body_with_model(&buffered, model.as_str()),
@@ -234,6 +243,20 @@ where
             unreachable!("the last candidate always answers")
         })
     }
+}
+
+/// Makes the body of `request` (and the context's copy) name `model`.
+fn name_in_body(request: &mut Request<Full<Bytes>>, model: &ModelId) {
+    let context = RequestContext::of_mut(request);
+    let Some(original) = context.body.as_ref() else {
+        return;
+    };
+    let body = body_with_model(original, model.as_str());
+    context.body = Some(body.clone());
+    request
+        .headers_mut()
+        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    *request.body_mut() = Full::new(body);
 }
 
 /// The answer of `model`: it names the model in [`MODEL_HEADER`] and, when

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::body::ModelId;
+use crate::body::{ModelId, ModelNames};
 use crate::clock::{Clock, SystemClock};
 use crate::context::Principal;
 use crate::credit::{PriceTable, Pricing, TokenPrice, TokenRates};
@@ -30,6 +30,8 @@ pub struct ModelCatalog {
     /// The listed models' ids by their lower-case form: the only values a
     /// metric's `model` label takes besides `other`.
     listed: HashMap<String, String>,
+    /// What a request's `models` may name besides model ids.
+    names: ModelNames,
 }
 
 impl ModelCatalog {
@@ -55,6 +57,7 @@ impl ModelCatalog {
             fallbacks: HashMap::new(),
             models_list: Value::Null,
             listed: HashMap::new(),
+            names: ModelNames::new(),
         };
         for (model, next) in fallbacks {
             let from = ModelId::parse(model)
@@ -81,6 +84,24 @@ impl ModelCatalog {
             .map(|id| (id.to_ascii_lowercase(), id.to_owned()))
             .collect();
         Ok(catalog)
+    }
+
+    /// The catalog with the bare ids and aliases `names` resolves: a
+    /// request's `models` may name them as its `model` may, and each model
+    /// of the list shows the names that reach it in `aliases`.
+    pub fn with_model_names(mut self, names: ModelNames) -> Self {
+        if let Some(models) = self.models_list["data"].as_array_mut() {
+            for model in models {
+                let aliases = model["id"]
+                    .as_str()
+                    .and_then(|id| ModelId::parse(id).ok())
+                    .map(|id| names.names_for(&id))
+                    .unwrap_or_default();
+                model["aliases"] = json!(aliases);
+            }
+        }
+        self.names = names;
+        self
     }
 
     /// 400 unless the gateway serves `model`: its provider is configured
@@ -146,7 +167,9 @@ impl ModelCatalog {
                     let text = model
                         .as_str()
                         .ok_or_else(|| wrong_type(&param, "a model id string", model))?;
-                    let id = ModelId::parse(text)
+                    let id = self
+                        .names
+                        .resolve(text)
                         .map_err(|error| error.with_metadata("param", param.clone()))?;
                     self.check(&id)
                         .map_err(|error| error.with_metadata("param", param.clone()))?;
@@ -252,6 +275,8 @@ impl ModelCatalog {
                         "free_quota": model.is_free().then_some(quota),
                     },
                     "fallbacks": fallbacks,
+                    // The bare ids and aliases that name it (`with_model_names`).
+                    "aliases": [],
                 }))
             })
             .collect();

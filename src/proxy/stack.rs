@@ -137,7 +137,8 @@ where
     };
     let body = BodyLimitLayer::new()
         .max_body_bytes(checked.max_body_bytes)
-        .read_timeout(checked.body_read_timeout);
+        .read_timeout(checked.body_read_timeout)
+        .model_names(checked.model_names.clone());
     // ChatOnly answers every other route 404: those spend no rate.
     let rate_limit =
         GlobalRateLimitLayer::with_checked_rules(store.clone(), checked.rate_rules.clone())

@@ -1369,3 +1369,151 @@ async fn codex_runs_a_command_through_a_provider_serving_responses() {
 async fn codex_runs_a_command_through_a_chat_only_provider() {
     codex_through_the_gateway("chatonly/agent").await;
 }
+
+/// Claude Code and Codex with their own model names (no model override
+/// for Claude Code; Codex as `gpt-5.5`) through a gateway whose
+/// `model_aliases` send `claude-*` to `anthropic` (serving Messages) and
+/// whose `default_provider` sends bare ids to `openai` (chat only: the
+/// gateway translates Responses). Each writes a file through a tool call;
+/// the records name the ids the aliases chose, charged as recorded.
+#[tokio::test]
+async fn claude_code_and_codex_run_with_their_own_model_names_through_aliases() {
+    let setup = setup_with(|mock| {
+        json!({
+            "providers": {
+                "anthropic": {"base_url": mock, "apis": ["chat", "messages"]},
+                "openai": {"base_url": mock, "apis": ["chat"]},
+            },
+            "pricing": {"default": {"prompt_per_million": 1, "completion_per_million": 2,
+                                    "context_length": 200_000}},
+            "default_provider": "openai",
+            "model_aliases": {"claude-*": "anthropic/"},
+            "retry": {"max_attempts": 1},
+        })
+    })
+    .await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+
+    // Claude Code: its default models, the key as a bearer token.
+    let claude_file = work.path().join("claude.txt");
+    let input = json!({"file_path": claude_file, "content": "written by claude\n"});
+    let mut command = tokio::process::Command::new(claude_code());
+    command
+        .args([
+            "-p",
+            &format!("Write the file. mock-tool: Write {input}"),
+            "--permission-mode",
+            "acceptEdits",
+        ])
+        .current_dir(work.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("DISABLE_TELEMETRY", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env(
+            "ANTHROPIC_BASE_URL",
+            format!("{}/api", setup.gateway.address()),
+        )
+        .env("ANTHROPIC_AUTH_TOKEN", &setup.key)
+        .env("ANTHROPIC_API_KEY", "");
+    let (success, stdout, stderr) = run(command).await;
+    assert!(success, "claude -p failed:\n{stderr}\n{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(&claude_file).ok().as_deref(),
+        Some("written by claude\n"),
+        "{stdout}\n{stderr}"
+    );
+    // The provider got Claude Code's own id, its prefix stripped.
+    assert!(
+        stdout.starts_with("Hello from claude-"),
+        "{stdout}\n{stderr}"
+    );
+
+    // Codex: its own name for the model, over the Responses API.
+    let codex_home = home.path().join("codex");
+    std::fs::create_dir(&codex_home).unwrap();
+    let base = format!("{}/api/v1", setup.gateway.address());
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"gpt-5.5\"\nmodel_provider = \"gateway\"\n\n[model_providers.gateway]\n\
+             name = \"gateway\"\nbase_url = {base:?}\nenv_key = \"GATEWAY_KEY\"\nwire_api = \"responses\"\n"
+        ),
+    )
+    .unwrap();
+    let codex_file = work.path().join("codex.txt");
+    let input = json!({"cmd": format!("echo written by codex > '{}'", codex_file.display())});
+    let mut command = tokio::process::Command::new(codex());
+    command
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            &format!("Write the file. mock-tool: exec_command {input}"),
+        ])
+        .current_dir(work.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("CODEX_HOME", &codex_home)
+        .env("GATEWAY_KEY", &setup.key);
+    let (success, stdout, stderr) = run(command).await;
+    assert!(success, "codex exec failed:\n{stderr}\n{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(&codex_file).ok().as_deref(),
+        Some("written by codex\n"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.starts_with("Hello from gpt-5.5! You said:"),
+        "{stdout}\n{stderr}"
+    );
+
+    // Each request recorded and charged as the model its alias chose.
+    let records = wait_for(PATIENCE, || async {
+        let records = setup.gateway.records("acme").await;
+        let codex_calls = records
+            .iter()
+            .filter(|record| record["api"] == "responses")
+            .count();
+        if records.len() >= 4 && codex_calls >= 2 {
+            Ok(records)
+        } else {
+            Err(format!("not every turn recorded yet: {records:#?}"))
+        }
+    })
+    .await;
+    let ids: Vec<&str> = records
+        .iter()
+        .map(|record| record["id"].as_str().unwrap())
+        .collect();
+    setup
+        .gateway
+        .charged_as_recorded("acme", setup.before, &ids)
+        .await;
+    let models: Vec<(&str, &str)> = records
+        .iter()
+        .map(|record| {
+            (
+                record["api"].as_str().unwrap(),
+                record["model"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for (api, model) in &models {
+        match *api {
+            "messages" => assert!(model.starts_with("anthropic/claude-"), "{models:?}"),
+            "responses" => assert_eq!(*model, "openai/gpt-5.5", "{models:?}"),
+            other => panic!("a {other} call: {models:?}"),
+        }
+    }
+    assert!(
+        models.iter().any(|(api, _)| *api == "messages"),
+        "{models:?}"
+    );
+    // Claude Code's own ids, for whoever reads a failure: the main model
+    // and its small one.
+    eprintln!("models recorded: {models:?}");
+}

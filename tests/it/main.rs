@@ -40,6 +40,8 @@ mod limits;
 mod management_rate;
 #[cfg(feature = "proxy")]
 mod messages;
+#[cfg(feature = "proxy")]
+mod model_names;
 #[cfg(feature = "notify")]
 mod notify;
 #[cfg(all(feature = "redis", feature = "oauth"))]

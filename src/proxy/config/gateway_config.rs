@@ -1,7 +1,7 @@
 //! [`GatewayConfig`]: the whole document, its sections, and the checks
 //! that run when it is read.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -44,6 +44,8 @@ use crate::webhook::WebhooksConfig;
 ///                            "headers": {}, "credential_headers": [], "byok": true,
 ///                            "model_prefix": "strip"}},
 ///   "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o-mini"]},
+///   "default_provider": "openai",
+///   "model_aliases": {"claude-*": "anthropic/", "sonnet": "anthropic/claude-sonnet-4.5"},
 ///   "max_in_flight": 512,
 ///   "unauthenticated": {"max_in_flight": 64, "max_in_flight_per_address": 4,
 ///                       "min_body_bytes_per_second": 4096, "body_grace_ms": 1000},
@@ -91,6 +93,19 @@ pub struct GatewayConfig {
     /// Providers by name: a model `<provider>/<model>` goes to its
     /// provider. Absent: every model goes to `upstream`.
     pub providers: HashMap<String, ProviderSection>,
+    /// The provider of a bare model id (`gpt-4o-mini` is then
+    /// `<default_provider>/gpt-4o-mini`) that no alias names. Absent: a bare
+    /// id is refused, unless an alias names it. See
+    /// [`ModelNames`](crate::body::ModelNames).
+    pub default_provider: Option<String>,
+    /// Bare ids a request's `model` (and `models`) may name, by name: an
+    /// exact alias to a model id (`"claude-opus-4-8":
+    /// "anthropic/claude-opus-4-8"`), or a prefix pattern to a provider
+    /// (`"claude-*": "anthropic/"`, the id appended). An exact alias
+    /// first, then the longest pattern, then `default_provider`. The model
+    /// chosen is what is priced, limited, recorded and sent to the
+    /// provider; an id with a `/` always means itself.
+    pub model_aliases: BTreeMap<String, String>,
     /// Per model id, the models to try after it, after any the request
     /// lists in `models`. The next is tried only when this model failed:
     /// the upstream's own 429 or 5xx, a timeout, a refused connection, or

@@ -40,6 +40,7 @@ mod error;
 mod gateway_config;
 mod generations;
 mod leak_scanning;
+mod model_names;
 mod notify_webhook;
 mod oauth;
 mod plan;

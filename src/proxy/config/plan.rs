@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::{ConfigError, GatewayConfig};
 use crate::alerts::AlertRules;
 use crate::auth::AuthFailureLimit;
+use crate::body::ModelNames;
 use crate::client_addr::TrustedProxies;
 use crate::clock::Clock;
 use crate::credit::{BoundField, PriceTable};
@@ -97,6 +98,8 @@ pub(in crate::proxy) struct CheckedConfig {
     pub(in crate::proxy) max_pending_codes_per_account: u64,
     pub(in crate::proxy) management_rate: RateRule,
     pub(in crate::proxy) max_body_bytes: usize,
+    /// `default_provider` and `model_aliases`.
+    pub(in crate::proxy) model_names: ModelNames,
     pub(in crate::proxy) body_read_timeout: Duration,
     pub(in crate::proxy) default_max_tokens: Option<u64>,
     pub(in crate::proxy) reservation_ttl: Option<Duration>,
@@ -132,6 +135,7 @@ impl CheckedConfig {
         // Without providers, the one upstream serves every provider.
         let providers =
             (!config.providers.is_empty()).then(|| config.providers.keys().cloned().collect());
+        let model_names = config.model_names()?;
         let catalog = ModelCatalog::new(
             Arc::clone(&prices),
             providers,
@@ -139,7 +143,8 @@ impl CheckedConfig {
             &rate_rules,
             &config.free_quota,
         )
-        .map_err(|error| ConfigError::at("fallbacks", error))?;
+        .map_err(|error| ConfigError::at("fallbacks", error))?
+        .with_model_names(model_names.clone());
         if config.max_in_flight == Some(0) {
             return Err(ConfigError::new("max_in_flight must be at least 1"));
         }
@@ -200,6 +205,7 @@ impl CheckedConfig {
             max_pending_codes_per_account,
             management_rate,
             max_body_bytes: config.body.max_body_bytes(),
+            model_names,
             body_read_timeout: config.body.read_timeout(),
             default_max_tokens: config.credit.default_max_tokens,
             reservation_ttl: config.credit.reservation_ttl(),

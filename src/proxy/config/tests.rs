@@ -13,6 +13,52 @@ fn refusal(json: &str) -> String {
 }
 
 #[test]
+fn model_names_are_checked_when_read() {
+    for (json, expected) in [
+        (
+            r#"{"default_provider": "open ai"}"#,
+            "config: default_provider: \"open ai\" is not a provider name",
+        ),
+        (
+            r#"{"model_aliases": {"gpt-*": "openai/gpt-4o"}}"#,
+            r#"config: model_aliases["gpt-*"]: a pattern maps to a provider prefix such as "anthropic/""#,
+        ),
+        (
+            r#"{"model_aliases": {"a*b*": "openai/"}}"#,
+            r#"config: model_aliases["a*b*"]: a pattern is a prefix and one trailing '*'"#,
+        ),
+        (
+            r#"{"model_aliases": {"mini": "gpt-4o-mini"}}"#,
+            r#"config: model_aliases["mini"]: "gpt-4o-mini" is not a model id"#,
+        ),
+        (
+            r#"{"model_aliases": {"openai/gpt-4": "openai/gpt-4o"}}"#,
+            r#"config: model_aliases["openai/gpt-4"]: an alias is a bare model id"#,
+        ),
+    ] {
+        let refused = refusal(json);
+        assert!(refused.starts_with(expected), "{json}: {refused}");
+    }
+    let config = GatewayConfig::from_json(
+        r#"{"default_provider": "openai", "model_aliases": {"claude-*": "anthropic/"}}"#,
+    )
+    .unwrap();
+    let names = config.model_names().unwrap();
+    assert_eq!(
+        names.resolve("claude-x").unwrap().as_str(),
+        "anthropic/claude-x"
+    );
+    assert_eq!(names.resolve("gpt-5.5").unwrap().as_str(), "openai/gpt-5.5");
+    assert!(
+        GatewayConfig::from_json("{}")
+            .unwrap()
+            .model_names()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
 fn each_section_refuses_a_bad_value_naming_its_path_and_what_is_expected() {
     for (json, expected) in [
         (
@@ -185,7 +231,7 @@ fn each_section_refuses_a_bad_value_naming_its_path_and_what_is_expected() {
 }
 
 /// Every file of the config's sections.
-const SOURCES: [&str; 18] = [
+const SOURCES: [&str; 19] = [
     include_str!("alerts.rs"),
     include_str!("body.rs"),
     include_str!("credit.rs"),
@@ -195,6 +241,7 @@ const SOURCES: [&str; 18] = [
     include_str!("gateway_config.rs"),
     include_str!("generations.rs"),
     include_str!("leak_scanning.rs"),
+    include_str!("model_names.rs"),
     include_str!("notify_webhook.rs"),
     include_str!("oauth.rs"),
     include_str!("plan.rs"),
@@ -250,6 +297,8 @@ fn debug_shows_every_field_and_no_secret() {
                                  "late_answer_seconds": 3, "max_late_answers": 4,
                                  "model_prefix": "keep", "completion_bound_field": "max_completion_tokens"}},
         "fallbacks": {"openai/gpt-4o": ["openai/gpt-4o"]},
+        "default_provider": "openai",
+        "model_aliases": {"gpt-*": "openai/", "mini": "openai/gpt-4o-mini"},
         "max_in_flight": 8,
         "unauthenticated": {"max_in_flight": 4},
         "auth_failures": {"max_failures": 3, "window_seconds": 60},
