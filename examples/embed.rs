@@ -40,14 +40,22 @@ use serde_json::{Value, json};
 
 /// The service's model handler: the caller and the request are checked,
 /// and `usage` in the answer is what the caller is charged.
-async fn chat(Extension(context): Extension<RequestContext>) -> (StatusCode, [(http::HeaderName, &'static str); 1], String) {
-    let answer = |status: StatusCode, body: Value| (status, [(CONTENT_TYPE, "application/json")], body.to_string());
+async fn chat(
+    Extension(context): Extension<RequestContext>,
+) -> (StatusCode, [(http::HeaderName, &'static str); 1], String) {
+    let answer = |status: StatusCode, body: Value| {
+        (
+            status,
+            [(CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+    };
     let Some(chat) = &context.chat else {
         return answer(StatusCode::INTERNAL_SERVER_ERROR, json!({}));
     };
     // The service's own refusal: it reaches the client as written, and is
     // charged nothing (an error without usage).
-    if chat.model.ends_with(":unsupported") {
+    if chat.model_id.variant() == Some("unsupported") {
         return answer(
             StatusCode::UNPROCESSABLE_ENTITY,
             json!({"detail": "this service does not run that variant"}),
@@ -58,7 +66,7 @@ async fn chat(Extension(context): Extension<RequestContext>) -> (StatusCode, [(h
         json!({
             "object": "chat.completion",
             // The id the service chose: what it prices, limits and records.
-            "model": chat.model,
+            "model": chat.model_id.as_str(),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": chat.prompt_chars().div_ceil(4), "completion_tokens": 1},
         }),
@@ -98,7 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
 
     let prices = PriceTable::from_json(
-        r#"{"openai/gpt-4o-mini": {"prompt_per_million": 150, "completion_per_million": 600},
+        r#"{"models": {"openai/gpt-4o-mini": {"prompt_per_million": 150, "completion_per_million": 600}},
             "default": {"prompt_per_million": 1000, "completion_per_million": 1000}}"#,
     )?;
     let rules = RateLimitRules::from_json(
@@ -125,7 +133,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             GlobalRateLimitLayer::new(store.clone(), rules)?.served_routes(model_calls),
             FreeModelQuotaLayer::new(store.clone()),
             // Each charged call leaves a record (GET /billing/generations).
-            CreditGuardLayer::new(store, prices.into()).generations(Generations::new()),
+            CreditGuardLayer::new(store, std::sync::Arc::new(prices))
+                .generations(Generations::new()),
         ))
         .into_layer()?;
 

@@ -281,7 +281,6 @@ pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
 
 /// Whether `path`'s [normalized segments](normalized_segments) are
 /// `expected`, in any case.
-#[cfg(any(feature = "leaks", feature = "oauth"))]
 pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
     let same = |segment: &str, expected: &&str| segment.eq_ignore_ascii_case(expected);
     if let Some(mut segments) = plain_segments(path) {

@@ -102,13 +102,19 @@ async fn an_axum_service_gates_its_model_route_on_its_own_terms_and_a_restart_mi
     // A bad key on the gated route: the service's realm and words.
     let refused = chat(&client, &first, "sk-acme-unknown", "gpt-4o-mini").await;
     assert_eq!(refused.status(), 401);
-    assert!(refused.headers()["www-authenticate"].to_str().unwrap().contains("realm=\"acme\""));
+    assert!(
+        refused.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .contains("realm=\"acme\"")
+    );
     let refused: Value = refused.json().await.unwrap();
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(!message.contains("modelgate"), "{message}");
 
     // A bare id the client sends is the aliased model: priced and recorded so.
-    let balance_before = get_json(&client, format!("{}/billing/credits", first.address), &key).await;
+    let balance_before =
+        get_json(&client, format!("{}/billing/credits", first.address), &key).await;
     assert_eq!(balance_before["data"]["total_credits"], json!(10));
     let answered = chat(&client, &first, &key, "gpt-4o-mini").await;
     assert_eq!(answered.status(), 200);
@@ -156,20 +162,35 @@ async fn an_axum_service_gates_its_model_route_on_its_own_terms_and_a_restart_mi
         models
     };
     let generations = format!("{}/billing/generations", first.address);
+    // The refused call reached the handler: it has its record, at no cost.
+    let own_records = get_json(&client, generations.clone(), &key).await;
     assert_eq!(
-        models_recorded(get_json(&client, generations.clone(), &key).await),
-        ["acme/small", "openai/gpt-4o-mini"]
+        models_recorded(own_records.clone()),
+        [
+            "acme/gpt-4o-mini:unsupported",
+            "acme/small",
+            "openai/gpt-4o-mini"
+        ]
     );
+    let refused_record = own_records["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|record| record["status"] == 422)
+        .expect("the handler's 422 is recorded");
+    assert_eq!(refused_record["total_cost"], json!(0), "{refused_record}");
     assert_eq!(
         models_recorded(get_json(&client, generations, imported).await),
         ["anthropic/claude-sonnet"]
     );
-    let usage_nanos = |credits: &Value| (credits["data"]["total_usage"].as_f64().unwrap() * 1e9).round() as i64;
+    let usage_nanos =
+        |credits: &Value| (credits["data"]["total_usage"].as_f64().unwrap() * 1e9).round() as i64;
     crate::common::wait::wait_until(
         crate::common::wait::PATIENCE,
         "the three calls settled",
         || async {
-            let credits = get_json(&client, format!("{}/billing/credits", first.address), &key).await;
+            let credits =
+                get_json(&client, format!("{}/billing/credits", first.address), &key).await;
             usage_nanos(&credits) == spent_nanos
         },
     )
@@ -179,9 +200,19 @@ async fn an_axum_service_gates_its_model_route_on_its_own_terms_and_a_restart_mi
     // A restart on the same file: no new key, no second grant, the old keys live.
     let second = Embedded::start(&store, imported);
     assert_eq!(second.key_shown(), None, "{:?}", second.printed);
-    assert!(second.printed.iter().any(|line| line == "key: made at an earlier start"));
+    assert!(
+        second
+            .printed
+            .iter()
+            .any(|line| line == "key: made at an earlier start")
+    );
     let credits = get_json(&client, format!("{}/billing/credits", second.address), &key).await;
     assert_eq!(credits["data"]["total_credits"], json!(10));
     assert_eq!(usage_nanos(&credits), spent_nanos);
-    assert_eq!(chat(&client, &second, imported, "gpt-4o-mini").await.status(), 200);
+    assert_eq!(
+        chat(&client, &second, imported, "gpt-4o-mini")
+            .await
+            .status(),
+        200
+    );
 }
