@@ -433,11 +433,49 @@ fn json_blocks_parse_and_configs_are_accepted() {
     }
 }
 
+/// A `toml` block is a dependency line: the features it names are the crate's.
+#[test]
+fn every_feature_a_toml_block_names_exists() {
+    let manifest = read("Cargo.toml");
+    let features = &manifest[manifest.find("[features]").expect("a [features] table")..];
+    let declared = |feature: &str| {
+        features
+            .lines()
+            .any(|line| line.starts_with(&format!("{feature} = ")))
+    };
+    let mut checked = 0;
+    for page in PAGES {
+        for block in blocks(&read(page)) {
+            if block.language() != "toml" {
+                continue;
+            }
+            for line in block.text.lines().filter(|line| line.starts_with("modelgate")) {
+                let named = line
+                    .split_once("features = [")
+                    .and_then(|(_, rest)| rest.split_once(']'))
+                    .map_or("", |(list, _)| list);
+                for feature in named.split(',').map(|name| name.trim().trim_matches('"')) {
+                    assert!(
+                        feature.is_empty() || declared(feature),
+                        "{page}:{}: the feature {feature:?} is not in Cargo.toml",
+                        block.line
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 0, "no toml block names a feature");
+}
+
 #[test]
 fn every_block_has_a_known_kind() {
     for page in PAGES {
         for block in blocks(&read(page)) {
-            let known = matches!(block.language(), "sh" | "text" | "json" | "python" | "rust");
+            let known = matches!(
+                block.language(),
+                "sh" | "text" | "json" | "python" | "rust" | "toml"
+            );
             assert!(
                 known,
                 "{page}:{}: a ```{} block: the docs test does not know what to do with it",
@@ -540,6 +578,7 @@ fn the_error_catalogue_names_every_error_the_source_makes() {
     for (path, text) in &source {
         reasons.extend(literals_after(text, "with_metadata(\"reason\","));
         reasons.extend(literals_after(text, "unauthenticated("));
+        reasons.extend(literals_after(text, "refusal("));
         reasons.extend(arms_after(text, "let reason = match"));
         reasons.extend(arms_after(text, "fn reason(self)"));
         metadata.extend(literals_after(text, "with_metadata("));
