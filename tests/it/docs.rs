@@ -449,7 +449,11 @@ fn every_feature_a_toml_block_names_exists() {
             if block.language() != "toml" {
                 continue;
             }
-            for line in block.text.lines().filter(|line| line.starts_with("modelgate")) {
+            for line in block
+                .text
+                .lines()
+                .filter(|line| line.starts_with("modelgate"))
+            {
                 let named = line
                     .split_once("features = [")
                     .and_then(|(_, rest)| rest.split_once(']'))

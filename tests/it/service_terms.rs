@@ -322,3 +322,98 @@ async fn the_handler_s_own_client_error_passes_as_it_wrote_it() {
         assert_eq!(refused.body["error"]["code"], 401);
     }
 }
+
+/// The service's chat handler, which refuses a request it does not like
+/// (`"model": "demo/refused"`) with a 422 of its own.
+async fn picky_chat(Extension(context): Extension<RequestContext>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let refused = context
+        .chat
+        .as_ref()
+        .is_some_and(|chat| chat.model_id.as_str() == "demo/refused");
+    if refused {
+        return (http::StatusCode::UNPROCESSABLE_ENTITY, "no such thing here").into_response();
+    }
+    chat(Extension(context)).await.into_response()
+}
+
+#[tokio::test]
+async fn what_the_service_answers_itself_spends_no_rate_and_no_credit() {
+    for backend in backends().await {
+        let store = backend.store.clone();
+        provision(&store).await;
+        let directory = KeyDirectory::new(store.clone());
+        let (key, _) = directory.create_key(NewKey::named("client")).await.unwrap();
+        let key = key.expose().to_owned();
+        let prices = PriceTable::from_json(
+            r#"{"default": {"prompt_per_million": 1, "completion_per_million": 2}}"#,
+        )
+        .unwrap();
+        // Two model calls a minute for the whole account.
+        let rules = RateLimitRules::from_json(
+            r#"{"account": {"rolling": {"requests": 2, "window_seconds": 60}}}"#,
+        )
+        .unwrap();
+        // The layers around the whole router (not one route), counting only
+        // model calls.
+        let router: Router = Router::new()
+            .route("/api/v1/chat/completions", post(picky_chat))
+            .route("/status", axum::routing::get(|| async { "up" }));
+        let stack = ServiceBuilder::new()
+            .layer(ErrorMapperLayer::new().handler_client_errors_as_written())
+            .layer(BearerAuthLayer::new(directory.clone()))
+            .layer(BodyLimitLayer::new())
+            .layer(AdmissionLayers::new(
+                GlobalRateLimitLayer::new(store.clone(), rules)
+                    .unwrap()
+                    .served_routes(modelgate::rate_limit::model_calls),
+                FreeModelQuotaLayer::new(store.clone()),
+                CreditGuardLayer::new(store.clone(), Arc::new(prices)),
+            ))
+            .service(router);
+        let address = serve(stack).await;
+
+        // The router's own answers: a 405, a 404 and a route of its own,
+        // each many times over.
+        for _ in 0..5 {
+            assert_eq!(
+                send(address, "GET", "/api/v1/chat/completions", &key, None)
+                    .await
+                    .status,
+                405
+            );
+            assert_eq!(
+                send(address, "GET", "/nowhere", &key, None).await.status,
+                404
+            );
+            assert_eq!(
+                send(address, "GET", "/status", &key, None).await.status,
+                200
+            );
+        }
+        // The handler's own refusal of a model call passes as written and
+        // is charged nothing; it is a model call answered, so it counts.
+        let body =
+            json!({"model": "demo/refused", "messages": [{"role": "user", "content": "Hi"}]});
+        let refused = send(
+            address,
+            "POST",
+            "/api/v1/chat/completions",
+            &key,
+            Some(body),
+        )
+        .await;
+        assert_eq!(refused.status, 422, "{}", backend.name);
+        assert_eq!(refused.body, json!("no such thing here"));
+        // One model call of the two is left: none of the above spent it.
+        assert_eq!(
+            chat_with(address, &key).await.status,
+            200,
+            "{}",
+            backend.name
+        );
+        spent(&store, ONE_CALL_NANOS).await;
+        let third = chat_with(address, &key).await;
+        assert_eq!(third.status, 429, "{}: {}", backend.name, third.body);
+    }
+}
