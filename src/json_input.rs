@@ -431,6 +431,7 @@ impl Fields {
 /// a string is trimmed and must then be 1 to `max_chars` characters with
 /// no control character. The error is the problem, as the caller's message
 /// goes on after the field's name.
+#[cfg(any(feature = "flows", feature = "notify", feature = "proxy"))]
 pub(crate) fn take_short_text(
     fields: &mut Map<String, Value>,
     key: &str,
@@ -531,12 +532,13 @@ pub(crate) mod strategies {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
-    use serde_json::json;
 
     use super::*;
 
+    #[cfg(any(feature = "flows", feature = "notify", feature = "proxy"))]
     #[test]
     fn short_texts_are_trimmed_and_bounded() {
+        use serde_json::json;
         let mut fields =
             json!({"a": "  ab ", "b": "", "c": "abc", "d": "a\u{7}", "e": 1, "f": null})
                 .as_object()

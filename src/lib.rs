@@ -181,10 +181,15 @@ pub mod oauth;
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
+mod random;
 pub mod rate_limit;
 pub mod response_body;
 mod routing;
+#[cfg(any(feature = "flows", feature = "notify", feature = "proxy"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "flows", feature = "notify"))))]
 pub mod secrets;
+#[cfg(feature = "settings")]
+#[cfg_attr(docsrs, doc(cfg(feature = "settings")))]
 pub mod settings;
 pub mod store;
 pub mod telemetry;

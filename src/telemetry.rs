@@ -54,7 +54,6 @@ use std::hash::Hash;
 use std::sync::{LazyLock, RwLock};
 
 use http::HeaderValue;
-use rand::Rng;
 
 use crate::error::GatewayError;
 
@@ -280,8 +279,7 @@ impl TraceContext {
     /// Continues a valid `traceparent` (version 00, non-zero ids), or
     /// starts a new sampled trace.
     pub fn continue_or_start(incoming: Option<&HeaderValue>) -> Self {
-        let mut random = [0u8; 24];
-        rand::rng().fill(&mut random[..]);
+        let random: [u8; 24] = crate::random::bytes();
         let mut trace_id = [0u8; 32];
         let mut flags = *b"01";
         match incoming

@@ -355,7 +355,7 @@ mod tests {
         let settlement = Settlement {
             account: ACCOUNT.into(),
             key: KEY.into(),
-            reservation_id: hex::encode(rand::random::<[u8; 8]>()),
+            reservation_id: hex::encode(crate::random::bytes::<8>()),
             hold_granted: false,
             cost_nanos: credits * NANOS_PER_CREDIT,
             byok: false,

@@ -1171,7 +1171,7 @@ fn refused(charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
 /// a page anywhere: a request writes far fewer pages.
 fn new_reservation_id(now: DateTime<Utc>) -> String {
     let millis = u128::try_from(now.timestamp_millis()).unwrap_or(0);
-    let random = rand::random::<u128>() & ((1 << 80) - 1);
+    let random = crate::random::u128() & ((1 << 80) - 1);
     // 12 hex digits of milliseconds, then 20 of randomness.
     let id = ((millis & ((1 << 48) - 1)) << 80) | random;
     hex::encode(id.to_be_bytes())

@@ -5,8 +5,6 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use rand::Rng;
-use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -70,17 +68,12 @@ impl ApiKey {
     /// A key's length, in characters (all ASCII, so also in bytes).
     pub const LEN: usize = Self::PREFIX.len() + RANDOM_CHARS + CHECKSUM_CHARS;
 
-    /// A new key with 43 random base62 characters from [`rand::rng`], a
-    /// CSPRNG reseeded from the operating system.
+    /// A new key with 43 random base62 characters from the operating
+    /// system's CSPRNG.
     pub fn generate() -> ApiKey {
         let mut text = String::with_capacity(Self::LEN);
         text.push_str(Self::PREFIX);
-        text.extend(
-            rand::rng()
-                .sample_iter(Alphanumeric)
-                .take(RANDOM_CHARS)
-                .map(char::from),
-        );
+        text.push_str(&crate::random::alphanumeric(RANDOM_CHARS));
         let checksum = checksum(text.as_bytes());
         text.extend(checksum.iter().map(|&digit| char::from(digit)));
         ApiKey(text)

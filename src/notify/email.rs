@@ -159,7 +159,7 @@ impl EmailSettings {
         // without one.
         let message_id = format!(
             "<{}@{}>",
-            hex::encode(rand::random::<[u8; 16]>()),
+            hex::encode(crate::random::bytes::<16>()),
             self.from.email.domain()
         );
         Message::builder()

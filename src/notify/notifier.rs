@@ -245,7 +245,7 @@ impl Notifier {
                     key_name: redact_keys(&leak.key_name),
                     ..leak.clone()
                 };
-                WebhookSettings::payload(&leak, &hex::encode(rand::random::<[u8; 16]>()))
+                WebhookSettings::payload(&leak, &hex::encode(crate::random::bytes::<16>()))
             }
             // The crossing's own id: every instance and attempt sends the same.
             Notice::Alert(alert) => {

@@ -8,7 +8,6 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -56,11 +55,10 @@ impl AuthCode {
     /// The length of a code, in characters.
     pub const LEN: usize = 43;
 
-    /// A new code from [`rand::rng`], a CSPRNG reseeded from the operating
-    /// system.
+    /// A new code from the operating system's CSPRNG.
     pub fn generate() -> AuthCode {
         let mut bytes = [0u8; 32];
-        rand::rng().fill_bytes(&mut bytes);
+        crate::random::fill(&mut bytes);
         AuthCode(URL_SAFE_NO_PAD.encode(bytes))
     }
 

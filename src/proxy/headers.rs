@@ -77,7 +77,7 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
             // `mg-` and 24 hex digits (96 random bits), written without
             // the formatter.
             let mut id = *b"mg-000000000000000000000000";
-            let random = (rand::random::<u128>() >> 32).to_be_bytes();
+            let random = (crate::random::u128() >> 32).to_be_bytes();
             // 12 bytes always fill 24 hex digits.
             let _ = hex::encode_to_slice(&random[4..], &mut id[3..]);
             HeaderValue::from_bytes(&id).expect("hex is a valid header value")

@@ -97,7 +97,7 @@ impl RetryPolicy {
     /// many clients refused at once do not come back at once.
     fn backoff(&self) -> Duration {
         let doubled = self.first_backoff * 2u32.saturating_pow(self.attempts - 1);
-        let jitter = doubled.mul_f64(rand::random::<f64>() / 5.0);
+        let jitter = doubled.mul_f64(crate::random::fraction() / 5.0);
         (doubled + jitter).min(self.max_wait)
     }
 

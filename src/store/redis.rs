@@ -1799,7 +1799,7 @@ impl LedgerStore for RedisStore {
         // A key of its own (128 random bits), so that the same call sent
         // twice (a resend after a lost reply) is credited once. `~` keeps it
         // apart from callers' keys, whose escaped form never has one.
-        let purchase = format!("~{:032x}", rand::random::<u128>());
+        let purchase = format!("~{:032x}", crate::random::u128());
         // Redis's clock: the key is this call's alone, so no caller's time
         // need agree with it.
         match self

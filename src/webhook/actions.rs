@@ -16,8 +16,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use http::StatusCode;
-use rand::Rng;
-use rand::distr::Alphanumeric;
 use serde_json::{Value, json};
 
 use super::flow::{Flow, FlowStatus, MAX_TASKS_PER_FLOW, Task, TaskStatus};
@@ -1019,11 +1017,7 @@ fn internal(message: &str) -> ActionReply {
 }
 
 fn random_id(kind: &str) -> String {
-    let random: String = rand::rng()
-        .sample_iter(Alphanumeric)
-        .take(24)
-        .map(char::from)
-        .collect();
+    let random = crate::random::alphanumeric(24);
     format!("{kind}-{random}")
 }
 

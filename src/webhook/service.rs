@@ -9,8 +9,6 @@ use bytes::Bytes;
 use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
-use rand::Rng;
-use rand::distr::Alphanumeric;
 use serde_json::json;
 use tower::util::Oneshot;
 use tower_service::Service;
@@ -446,11 +444,7 @@ impl InFlightSlot {
         scope: String,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Self, Answer> {
-        let holder: String = rand::rng()
-            .sample_iter(Alphanumeric)
-            .take(20)
-            .map(char::from)
-            .collect();
+        let holder = crate::random::alphanumeric(20);
         let limits = &config.limits;
         match config
             .store

@@ -106,6 +106,7 @@ fn build_examples(profile_dir: &Path) {
         ("leaks", cfg!(feature = "leaks")),
         ("notify", cfg!(feature = "notify")),
         ("oauth", cfg!(feature = "oauth")),
+        ("settings", cfg!(feature = "settings")),
         ("apps", cfg!(feature = "apps")),
         ("csv", cfg!(feature = "csv")),
         ("http-client", cfg!(feature = "http-client")),
