@@ -125,7 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // error here, not a 500 on each request.
     let gate = CheckedStack::new()
         .plain(ClientAddrLayer::new(TrustedProxies::none()).peer_from(axum_connect_info))
-        .plain(ErrorMapperLayer::new().handler_client_errors_as_written())
+        .plain(ErrorMapperLayer::for_own_handler())
         .layer(auth.clone())
         .plain(InFlightLimitLayer::new(256))
         .layer(BodyLimitLayer::new().model_names(names))

@@ -37,8 +37,9 @@
 //!   [`body::ModelNames`].
 //! - **Errors are rewrapped.** [`error_mapper`] renders every failure in
 //!   the one format: the service's `Err`s and 5xx answers always, its own
-//!   4xx too unless
-//!   [`error_mapper::ErrorMapperLayer::handler_client_errors_as_written`].
+//!   4xx too unless it is built
+//!   [`for_own_handler`](error_mapper::ErrorMapperLayer::for_own_handler)
+//!   (which also names the service, never an upstream, in messages).
 //! - **Money is nano-credits in Rust** ([`store::NANOS_PER_CREDIT`] to a
 //!   credit: key limits, top-ups, grants) and credits in JSON (prices per
 //!   million tokens, the API's amounts); [`keys::nanos_from_credits`]

@@ -119,7 +119,7 @@ where
                         response: Some(shape.render(&panicked())),
                     },
                     Ok(Err(error)) => State::Ready {
-                        response: Some(shape.render(&inner_error(error.into()))),
+                        response: Some(shape.render(&inner_error(error.into(), config.inner_name))),
                     },
                     // The handler's own 4xx, when it speaks for itself.
                     Ok(Ok(response))

@@ -15,8 +15,9 @@ pub(super) fn panicked() -> GatewayError {
     )
 }
 
-/// The response for an inner service's `Err`, by what its source chain says.
-pub(super) fn inner_error(error: BoxError) -> GatewayError {
+/// The response for an inner service's `Err`, by what its source chain
+/// says; `inner` names that service in the message ("the upstream").
+pub(super) fn inner_error(error: BoxError, inner: &str) -> GatewayError {
     if let Some(error) = error.downcast_ref::<GatewayError>() {
         return error.clone();
     }
@@ -26,7 +27,7 @@ pub(super) fn inner_error(error: BoxError) -> GatewayError {
         {
             return GatewayError::new(
                 ErrorKind::UpstreamTimeout,
-                "the upstream did not answer in time; retry with backoff",
+                format!("{inner} did not answer in time; retry with backoff"),
             );
         }
         if current.is::<tower::load_shed::error::Overloaded>() {
@@ -40,13 +41,13 @@ pub(super) fn inner_error(error: BoxError) -> GatewayError {
                 io::ErrorKind::TimedOut => {
                     return GatewayError::new(
                         ErrorKind::UpstreamTimeout,
-                        "the upstream did not answer in time; retry with backoff",
+                        format!("{inner} did not answer in time; retry with backoff"),
                     );
                 }
                 io::ErrorKind::ConnectionRefused => {
                     return GatewayError::new(
                         ErrorKind::Upstream,
-                        "the upstream refused the connection; retry with backoff",
+                        format!("{inner} refused the connection; retry with backoff"),
                     );
                 }
                 io::ErrorKind::ConnectionReset
@@ -54,7 +55,7 @@ pub(super) fn inner_error(error: BoxError) -> GatewayError {
                 | io::ErrorKind::BrokenPipe => {
                     return GatewayError::new(
                         ErrorKind::Upstream,
-                        "the connection to the upstream broke; retry with backoff",
+                        format!("the connection to {inner} broke; retry with backoff"),
                     );
                 }
                 _ => {}
@@ -65,7 +66,7 @@ pub(super) fn inner_error(error: BoxError) -> GatewayError {
     tracing::warn!(%error, "inner service failed; answered 502");
     GatewayError::new(
         ErrorKind::Upstream,
-        "the upstream request failed; retry with backoff",
+        format!("the request to {inner} failed; retry with backoff"),
     )
 }
 
@@ -76,20 +77,20 @@ mod tests {
     #[test]
     fn inner_errors_map_by_cause() {
         let refused: BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionRefused));
-        assert_eq!(inner_error(refused).status(), 502);
+        assert_eq!(inner_error(refused, "the upstream").status(), 502);
         let timed_out: BoxError = Box::new(io::Error::from(io::ErrorKind::TimedOut));
-        assert_eq!(inner_error(timed_out).status(), 504);
+        assert_eq!(inner_error(timed_out, "the upstream").status(), 504);
         let elapsed: BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        assert_eq!(inner_error(elapsed).status(), 504);
+        assert_eq!(inner_error(elapsed, "the upstream").status(), 504);
         let overloaded: BoxError = Box::new(tower::load_shed::error::Overloaded::new());
-        assert_eq!(inner_error(overloaded).status(), 503);
+        assert_eq!(inner_error(overloaded, "the upstream").status(), 503);
         let wrapped: BoxError = Box::new(io::Error::other(io::Error::from(
             io::ErrorKind::ConnectionReset,
         )));
-        assert_eq!(inner_error(wrapped).status(), 502);
+        assert_eq!(inner_error(wrapped, "the upstream").status(), 502);
         let gateway: BoxError = Box::new(GatewayError::new(ErrorKind::ServiceUnavailable, "x"));
-        assert_eq!(inner_error(gateway).status(), 503);
+        assert_eq!(inner_error(gateway, "the upstream").status(), 503);
         let other: BoxError = "something".into();
-        assert_eq!(inner_error(other).status(), 502);
+        assert_eq!(inner_error(other, "the upstream").status(), 502);
     }
 }

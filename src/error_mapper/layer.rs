@@ -21,6 +21,8 @@ pub(crate) struct ErrorMapperConfig {
     pub(crate) max_upstream_message_chars: usize,
     /// Whether a 4xx the inner service wrote itself passes as it is.
     pub(crate) own_client_errors_pass: bool,
+    /// How messages name the inner service: "the upstream", "this service".
+    pub(crate) inner_name: &'static str,
 }
 
 impl ErrorMapperLayer {
@@ -39,8 +41,20 @@ impl ErrorMapperLayer {
                 error_body_timeout: Self::DEFAULT_ERROR_BODY_TIMEOUT,
                 max_upstream_message_chars: Self::DEFAULT_MAX_UPSTREAM_MESSAGE_CHARS,
                 own_client_errors_pass: false,
+                inner_name: super::upstream::UPSTREAM,
             }),
         }
+    }
+
+    /// The layer for a service whose own handler stands behind it, not an
+    /// upstream: its 4xx pass as it wrote them
+    /// ([`handler_client_errors_as_written`](Self::handler_client_errors_as_written)),
+    /// and the messages of its failures name "this service", never an
+    /// upstream it does not have ("this service did not answer in time").
+    pub fn for_own_handler() -> Self {
+        let mut layer = Self::new().handler_client_errors_as_written();
+        Arc::make_mut(&mut layer.config).inner_name = "this service";
+        layer
     }
 
     /// Reads at most this much of an error body; a larger one is rewritten

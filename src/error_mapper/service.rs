@@ -59,7 +59,9 @@ where
             match catch_unwind(AssertUnwindSafe(|| self.inner.poll_ready(cx))) {
                 Ok(Poll::Pending) => return Poll::Pending,
                 Ok(Poll::Ready(Ok(()))) => {}
-                Ok(Poll::Ready(Err(error))) => self.not_ready = Some(inner_error(error.into())),
+                Ok(Poll::Ready(Err(error))) => {
+                    self.not_ready = Some(inner_error(error.into(), self.config.inner_name))
+                }
                 Err(_) => self.not_ready = Some(panicked()),
             }
         }

@@ -91,19 +91,19 @@ fn strip_markup(text: &str) -> String {
     out
 }
 
-fn summary(status: StatusCode) -> String {
+fn summary(status: StatusCode, inner: &str) -> String {
     let reason = status.canonical_reason().unwrap_or("error");
     match status.as_u16() {
         429 => format!(
-            "the upstream answered {} {reason}: it is rate limiting; retry with backoff",
+            "{inner} answered {} {reason}: it is rate limiting; retry with backoff",
             status.as_u16()
         ),
         400..=499 => format!(
-            "the upstream rejected the request with {} {reason}",
+            "{inner} rejected the request with {} {reason}",
             status.as_u16()
         ),
         _ => format!(
-            "the upstream answered {} {reason}; retry with backoff",
+            "{inner} answered {} {reason}; retry with backoff",
             status.as_u16()
         ),
     }
@@ -129,10 +129,23 @@ pub fn canonical_upstream_error(
     body: &[u8],
     max_message_chars: usize,
 ) -> Option<GatewayError> {
+    canonical_error_of(status, body, max_message_chars, UPSTREAM)
+}
+
+/// How an upstream is named in the messages of its errors.
+pub(super) const UPSTREAM: &str = "the upstream";
+
+/// [`canonical_upstream_error`], the inner service named `inner`.
+fn canonical_error_of(
+    status: StatusCode,
+    body: &[u8],
+    max_message_chars: usize,
+    inner: &str,
+) -> Option<GatewayError> {
     if is_canonical(status, body) {
         return None;
     }
-    let error = upstream_error(status);
+    let error = upstream_error(status, inner);
     Some(if body.is_empty() {
         error
     } else {
@@ -144,8 +157,8 @@ pub fn canonical_upstream_error(
 }
 
 /// The canonical error for an upstream status, before its message is known.
-fn upstream_error(status: StatusCode) -> GatewayError {
-    let error = GatewayError::with_upstream_status(status, summary(status))
+fn upstream_error(status: StatusCode, inner: &str) -> GatewayError {
+    let error = GatewayError::with_upstream_status(status, summary(status, inner))
         .with_metadata("upstream_status", status.as_u16());
     if status == StatusCode::TOO_MANY_REQUESTS {
         error.with_limit_source(crate::error::LimitSource::Upstream)
@@ -169,14 +182,19 @@ pub(super) fn rewrite_error_response<B>(
         .is_some_and(|encoding| encoding != "identity");
     let rewritten = match &body {
         // Compressed bytes are neither judged nor shown as text.
-        Ok(_) if encoded => Some(upstream_error(status).with_metadata(
+        Ok(_) if encoded => Some(upstream_error(status, config.inner_name).with_metadata(
             "upstream_message",
             "(the error body was compressed and is not shown)",
         )),
         // An Anthropic upstream's own error, to an Anthropic client: as it is.
         Ok(bytes) if shape == ErrorShape::Anthropic && is_anthropic_error(bytes) => None,
-        Ok(bytes) => canonical_upstream_error(status, bytes, config.max_upstream_message_chars),
-        Err(_) => Some(upstream_error(status).with_metadata(
+        Ok(bytes) => canonical_error_of(
+            status,
+            bytes,
+            config.max_upstream_message_chars,
+            config.inner_name,
+        ),
+        Err(_) => Some(upstream_error(status, config.inner_name).with_metadata(
             "upstream_message",
             "(the error body was too large, too slow or broke off while being read)",
         )),

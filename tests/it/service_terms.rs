@@ -334,6 +334,13 @@ async fn picky_chat(Extension(context): Extension<RequestContext>) -> axum::resp
     if refused {
         return (http::StatusCode::UNPROCESSABLE_ENTITY, "no such thing here").into_response();
     }
+    let broken = context
+        .chat
+        .as_ref()
+        .is_some_and(|chat| chat.model_id.as_str() == "demo/broken");
+    if broken {
+        return (http::StatusCode::INTERNAL_SERVER_ERROR, "oops").into_response();
+    }
     chat(Extension(context)).await.into_response()
 }
 
@@ -349,9 +356,9 @@ async fn what_the_service_answers_itself_spends_no_rate_and_no_credit() {
             r#"{"default": {"prompt_per_million": 1, "completion_per_million": 2}}"#,
         )
         .unwrap();
-        // Two model calls a minute for the whole account.
+        // Three model calls a minute for the whole account.
         let rules = RateLimitRules::from_json(
-            r#"{"account": {"rolling": {"requests": 2, "window_seconds": 60}}}"#,
+            r#"{"account": {"rolling": {"requests": 3, "window_seconds": 60}}}"#,
         )
         .unwrap();
         // The layers around the whole router (not one route), counting only
@@ -360,7 +367,7 @@ async fn what_the_service_answers_itself_spends_no_rate_and_no_credit() {
             .route("/api/v1/chat/completions", post(picky_chat))
             .route("/status", axum::routing::get(|| async { "up" }));
         let stack = ServiceBuilder::new()
-            .layer(ErrorMapperLayer::new().handler_client_errors_as_written())
+            .layer(ErrorMapperLayer::for_own_handler())
             .layer(BearerAuthLayer::new(directory.clone()))
             .layer(BodyLimitLayer::new())
             .layer(AdmissionLayers::new(
@@ -405,7 +412,24 @@ async fn what_the_service_answers_itself_spends_no_rate_and_no_credit() {
         .await;
         assert_eq!(refused.status, 422, "{}", backend.name);
         assert_eq!(refused.body, json!("no such thing here"));
-        // One model call of the two is left: none of the above spent it.
+        // Its 5xx is in the one format, naming this service, no upstream.
+        let body = json!({"model": "demo/broken", "messages": [{"role": "user", "content": "Hi"}]});
+        let broken = send(
+            address,
+            "POST",
+            "/api/v1/chat/completions",
+            &key,
+            Some(body),
+        )
+        .await;
+        assert_eq!(broken.status, 500, "{}", backend.name);
+        let message = broken.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("this service answered 500"),
+            "{message}"
+        );
+        assert!(!message.contains("upstream"), "{message}");
+        // One model call of the three is left: none of the above spent it.
         assert_eq!(
             chat_with(address, &key).await.status,
             200,
