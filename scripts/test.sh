@@ -47,6 +47,16 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+# faketime names its shared memory and semaphore after its process id and
+# leaves them behind when that process is killed (the tests kill -9
+# proxies under faketime); a later faketime with the same id then fails
+# with "sem_open: File exists". Those of processes gone are removed.
+for stale in /dev/shm/faketime_shm_* /dev/shm/sem.faketime_sem_*; do
+  [ -e "$stale" ] || continue
+  pid="${stale##*_}"
+  kill -0 "$pid" 2>/dev/null || rm -f "$stale"
+done
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 

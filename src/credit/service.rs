@@ -124,7 +124,7 @@ where
                     call.model_id
                 ),
                 false => format!(
-                    "the model {} is an embeddings model: call it on the embeddings route",
+                    "the model {} is an embeddings model: call it with a POST to the embeddings route (a path ending in /embeddings)",
                     call.model_id
                 ),
             };

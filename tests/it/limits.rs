@@ -34,12 +34,18 @@ fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 18, 12, 0, 30).unwrap()
 }
 
+/// The layers here fail open, as their defaults do: a store call that
+/// times out (500 ms by default) is admitted unchecked. These tests count
+/// what the store decides, so a call may take as long as a loaded test
+/// machine makes it: a burst of 200 on two busy cores once admitted four
+/// past the quota, as failing open allows.
 async fn redis_store(server: &RedisServer) -> SharedStore {
     Arc::new(
         RedisStore::connect(
             &server.url(),
             RedisStoreConfig {
                 time_source: TimeSource::Caller,
+                call_timeout: Duration::from_secs(30),
                 ..RedisStoreConfig::default()
             },
         )

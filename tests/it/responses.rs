@@ -345,7 +345,7 @@ async fn stateful_requests_and_models_of_the_other_kind_are_refused_and_cost_not
         )
         .await;
     assert_eq!(status, 400, "{text}");
-    assert!(text.contains("POST /api/v1/embeddings"), "{text}");
+    assert!(text.contains("a path ending in /embeddings"), "{text}");
     assert_eq!(gateway.balance().await, before);
     assert!(gateway.received.lock().unwrap().is_empty());
 }
