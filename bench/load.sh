@@ -9,6 +9,11 @@
 #
 #   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2] [UPSTREAM_MS=0]
 #
+# TARGETS narrows the run to some of the five (default all), e.g.
+# `TARGETS="memory sqlite" bench/load.sh 10 1 1` for SQLite's tail at one
+# connection beside the in-process store; STREAMED=0 skips the streamed
+# body. Only the targets named are started.
+#
 # UPSTREAM_MS delays each mock answer: with many connections, many
 # requests are then in flight at once (holds, leases) as with a real model.
 # Usage records are capped as bench/common.sh says (KEEP_RECORDS=1 keeps
@@ -27,23 +32,29 @@ seconds="${1:-10}"
 connections="${2:-32}"
 threads="${3:-2}"
 upstream_ms="${4:-0}"
+targets=" ${TARGETS:-upstream bare memory sqlite redis} "
+bodies="plain streamed"
+[ "${STREAMED:-1}" = 0 ] && bodies="plain"
+wanted() { [[ "$targets" == *" $1 "* ]]; }
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
 
-redis_port="$(free_port)"
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
-  --dir "$work" >"$work/redis.out" 2>&1 &
-echo $! >>"$work/pids"
+if wanted redis; then
+  redis_port="$(free_port)"
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$work" >"$work/redis.out" 2>&1 &
+  echo $! >>"$work/pids"
+fi
 
-bare_url="$(start_proxy bare --bare true --store memory)"
-memory_url="$(start_proxy memory --store memory)"
-sqlite_url="$(start_proxy sqlite --store "sqlite:$work/modelgate.db")"
-redis_url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
+wanted bare && bare_url="$(start_proxy bare --bare true --store memory)"
+wanted memory && memory_url="$(start_proxy memory --store memory)"
+wanted sqlite && sqlite_url="$(start_proxy sqlite --store "sqlite:$work/modelgate.db")"
+wanted redis && redis_url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
 
-memory_key="$(client_key memory "$memory_url")"
-sqlite_key="$(client_key sqlite "$sqlite_url")"
-redis_key="$(client_key redis "$redis_url")"
+wanted memory && memory_key="$(client_key memory "$memory_url")"
+wanted sqlite && sqlite_key="$(client_key sqlite "$sqlite_url")"
+wanted redis && redis_key="$(client_key redis "$redis_url")"
 
 plain_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
 streamed_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "stream": true, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
@@ -148,18 +159,20 @@ run() {
 }
 
 echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request, upstream answering after ${upstream_ms} ms"
-for variant in plain streamed; do
-  run upstream "$upstream/chat/completions" "" "$variant"
-  run bare "$bare_url/api/v1/chat/completions" "" "$variant"
-  run memory "$memory_url/api/v1/chat/completions" "$memory_key" "$variant"
-  run sqlite "$sqlite_url/api/v1/chat/completions" "$sqlite_key" "$variant"
-  run redis "$redis_url/api/v1/chat/completions" "$redis_key" "$variant"
+for variant in $bodies; do
+  wanted upstream && run upstream "$upstream/chat/completions" "" "$variant"
+  wanted bare && run bare "$bare_url/api/v1/chat/completions" "" "$variant"
+  wanted memory && run memory "$memory_url/api/v1/chat/completions" "$memory_key" "$variant"
+  wanted sqlite && run sqlite "$sqlite_url/api/v1/chat/completions" "$sqlite_key" "$variant"
+  wanted redis && run redis "$redis_url/api/v1/chat/completions" "$redis_key" "$variant"
 done
 
 printf '\n%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' body target "requests/s" p50 p99 non-2xx "vs no-layer" CPU/request "CPU added" "RSS MiB"
 for line in "${results[@]}"; do
   set -- $line
   variant="$1"
+  base_rps=""
+  base_cpu=""
   # The bare run of the same body is the baseline of its rows.
   for other in "${results[@]}"; do
     set -- $other
@@ -169,9 +182,10 @@ for line in "${results[@]}"; do
     fi
   done
   set -- $line
-  ratio="$(awk -v a="$3" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
+  ratio="-"
+  [ -n "$base_rps" ] && ratio="$(awk -v a="$3" -v b="$base_rps" 'BEGIN { printf "%.1f%%", 100 * a / b }')"
   added="-"
-  if [ "$2" = memory ] || [ "$2" = sqlite ] || [ "$2" = redis ]; then
+  if [ -n "$base_cpu" ] && { [ "$2" = memory ] || [ "$2" = sqlite ] || [ "$2" = redis ]; }; then
     added="$(awk -v a="${7%us}" -v b="$base_cpu" 'BEGIN { printf "%+.1fus", a - b }')"
   fi
   printf '%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$ratio" "$7" "$added" "$8"
