@@ -93,7 +93,7 @@ const ENVIRONMENT: &str = "Environment:
                                store without one gets a new one, printed once
   RUST_LOG                     what is logged (default: info), e.g. RUST_LOG=debug
   OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP there, e.g. http://127.0.0.1:4318
-                               (with the otel feature, on by default)
+                               (with the otel feature: --features proxy,otel)
   the variable the config's upstream.api_key_env (or a provider's) names
                                the upstream's key";
 
