@@ -101,30 +101,33 @@ impl fmt::Debug for ImportedKeys {
 /// (authentication fails closed), never admitted.
 pub type VerifierError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What a [`KeyVerifier`]'s check returns: the [`KeyHash`] the key is
-/// registered under, `None` for a token that is no key of the service.
+/// What a [`KeyVerifier`]'s check returns: the service's own id of the
+/// key, `None` for a token that is no key of the service.
 pub type Verification<'a> =
-    Pin<Box<dyn Future<Output = Result<Option<KeyHash>, VerifierError>> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = Result<Option<String>, VerifierError>> + Send + 'a>>;
 
-/// Maps a presented token to the [`KeyHash`] its record is registered
-/// under ([`KeyDirectory::import_key_hash`](crate::keys::KeyDirectory::import_key_hash)),
-/// for keys a service hashed its own way.
+/// Maps a presented token to the service's own id of the key, for keys a
+/// service hashed its own way. The key's record is the one imported under
+/// [`KeyHash::verified`] of that id
+/// ([`KeyDirectory::import_key_hash`](crate::keys::KeyDirectory::import_key_hash)):
+/// an identity no token taken by its hash and no `mg-v1-` key has, so a
+/// verifier reaches only the keys imported for it.
 ///
 /// It runs before the key is known good, on every request presenting a
 /// token of its shapes, good or not, so what it costs is the service's:
 /// keep it cheap, or bound it (BearerAuth bounds only how many run at once,
 /// with [`max_concurrent_lookups`](super::BearerAuthLayer::max_concurrent_lookups),
 /// and stops an address past its failure limit before it). Compare secrets
-/// in constant time. A plain function `Fn(&str) -> Option<KeyHash>` is a
+/// in constant time. A plain function `Fn(&str) -> Option<String>` is a
 /// verifier.
 pub trait KeyVerifier: Send + Sync + 'static {
-    /// The identity of `token`, or `None` when it is no key.
+    /// The service's id of the key `token` is, or `None` when it is no key.
     fn verify<'a>(&'a self, token: &'a str) -> Verification<'a>;
 }
 
 impl<F> KeyVerifier for F
 where
-    F: Fn(&str) -> Option<KeyHash> + Send + Sync + 'static,
+    F: Fn(&str) -> Option<String> + Send + Sync + 'static,
 {
     fn verify<'a>(&'a self, token: &'a str) -> Verification<'a> {
         let verified = self(token);
@@ -240,7 +243,7 @@ mod tests {
 
     #[test]
     fn the_first_matching_shape_decides() {
-        let verifier = |token: &str| (token == "sk-live-good").then(|| KeyHash::of("id-1"));
+        let verifier = |token: &str| (token == "sk-live-good").then(|| "id-1".to_owned());
         let imported = [
             ImportedKeys::prefixes(["sk-live-"]).verified_by(verifier),
             ImportedKeys::any_token(),
@@ -250,12 +253,15 @@ mod tests {
             Ok(Presented::Verify(..))
         ));
         assert!(hash_of(classify("other", &imported)) == Some(KeyHash::of("other")));
+        // The verified key's identity is no token's hash: the bare id,
+        // taken by any_token(), is another key.
+        assert!(hash_of(classify("id-1", &imported)) != Some(KeyHash::verified("id-1")));
     }
 
     #[test]
     fn debug_names_the_prefixes_and_hides_the_verifier() {
         let shapes =
-            ImportedKeys::prefixes(["sk-live-"]).verified_by(|_: &str| -> Option<KeyHash> { None });
+            ImportedKeys::prefixes(["sk-live-"]).verified_by(|_: &str| -> Option<String> { None });
         assert_eq!(
             format!("{shapes:?}"),
             "ImportedKeys { prefixes: Some([\"sk-live-\"]), verifier: Some(\"KeyVerifier(…)\") }"
@@ -264,8 +270,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_function_is_a_verifier() {
-        let verifier = |token: &str| (token == "good").then(|| KeyHash::of("id-1"));
-        assert!(verifier.verify("good").await.unwrap() == Some(KeyHash::of("id-1")));
+        let verifier = |token: &str| (token == "good").then(|| "id-1".to_owned());
+        assert_eq!(verifier.verify("good").await.unwrap().as_deref(), Some("id-1"));
         assert!(verifier.verify("bad").await.unwrap().is_none());
     }
 

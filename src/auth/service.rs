@@ -223,7 +223,7 @@ async fn identity(presented: Presented, words: &AuthWords) -> Result<KeyHash, Ga
         Presented::Verify(verifier, token) => (verifier, token),
     };
     match verifier.verify(&token).await {
-        Ok(Some(hash)) => Ok(hash),
+        Ok(Some(id)) => Ok(KeyHash::verified(&id)),
         Ok(None) => Err(no_such_key(words)),
         Err(error) => {
             tracing::warn!(%error, "the key verifier failed; the request is refused with 503");

@@ -11,7 +11,7 @@ impl KeyDirectory {
     /// the SHA-256 of its text ([`KeyHash::of`], or
     /// [`KeyHash::from_hex`] of a stored hex digest) for keys
     /// [`BearerAuthLayer::imported_keys`](crate::auth::BearerAuthLayer::imported_keys)
-    /// takes by hash, or the identity a
+    /// takes by hash, or [`KeyHash::verified`] of the id a
     /// [`KeyVerifier`](crate::auth::KeyVerifier) names. Its record has
     /// `new`'s settings and no hint (its text is never seen).
     ///

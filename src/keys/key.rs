@@ -232,6 +232,19 @@ impl KeyHash {
         KeyHash(Sha256::digest(key_text.as_bytes()).into())
     }
 
+    /// The identity of a key a service's
+    /// [`KeyVerifier`](crate::auth::KeyVerifier) names `id`: a SHA-256 kept
+    /// apart from every key text's (a NUL, which no presented token holds,
+    /// follows a label), so no token taken by its hash, and no `mg-v1-`
+    /// key, has the identity of a verified key, and a verifier can name no
+    /// key but those imported under this.
+    pub fn verified(id: &str) -> KeyHash {
+        let mut digest = Sha256::new();
+        digest.update(b"modelgate verified key\0");
+        digest.update(id.as_bytes());
+        KeyHash(digest.finalize().into())
+    }
+
     /// 64 lowercase hex characters: the key's id in the store and the
     /// management API.
     pub fn to_hex(&self) -> String {

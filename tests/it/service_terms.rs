@@ -214,12 +214,13 @@ async fn a_key_the_service_verifies_is_looked_up_under_the_identity_it_names() {
         provision(&store).await;
         let directory = KeyDirectory::new(store.clone());
         // The service keeps its keys its own way; it names each key's id.
-        let identity = KeyHash::of("customer-42");
+        let identity = KeyHash::verified("customer-42");
         directory
             .import_key_hash(identity, NewKey::named("customer 42"))
             .await
             .unwrap();
-        let verifier = move |token: &str| (token == "acme_live_secret42").then_some(identity);
+        let verifier =
+            |token: &str| (token == "acme_live_secret42").then(|| "customer-42".to_owned());
         let auth = BearerAuthLayer::new(directory.clone())
             .imported_keys(ImportedKeys::prefixes(["acme_"]).verified_by(verifier));
         let address = service(store.clone(), directory.clone(), auth).await;
@@ -231,6 +232,9 @@ async fn a_key_the_service_verifies_is_looked_up_under_the_identity_it_names() {
             "customer 42"
         );
         spent(&store, ONE_CALL_NANOS).await;
+        // The id itself is no key: a verified identity is no token's hash.
+        let imported_shape = chat_with(address, "acme_customer-42").await;
+        assert_eq!(imported_shape.status, 401, "{}", backend.name);
         // Its SHA-256 is not its identity here: the verifier decides.
         let refused = chat_with(address, "acme_live_other").await;
         assert_eq!(refused.status, 401, "{}: {}", backend.name, refused.body);
