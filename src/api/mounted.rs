@@ -73,9 +73,19 @@ pub struct MountedKeyRoutes {
 impl MountedKeyRoutes {
     /// The routes of `directory`, authenticated against it, with
     /// [`KeyRoutesLayer::new`]'s defaults.
+    /// Lookups of unknown keys are bounded
+    /// ([`BearerAuthLayer::max_concurrent_lookups`], [`DEFAULT_CONCURRENT_LOOKUPS`](Self::DEFAULT_CONCURRENT_LOOKUPS)).
     pub fn new(directory: KeyDirectory) -> Self {
-        KeyRoutesLayer::new(directory.clone()).mounted(BearerAuthLayer::new(directory))
+        let auth = BearerAuthLayer::new(directory.clone())
+            .max_concurrent_lookups(Self::DEFAULT_CONCURRENT_LOOKUPS);
+        KeyRoutesLayer::new(directory).mounted(auth)
     }
+
+    /// How many lookups of keys not known live [`new`](Self::new)'s
+    /// authentication runs at once: the management API is reachable
+    /// without a key, so a flood of made-up keys must not become a flood
+    /// of store reads.
+    pub const DEFAULT_CONCURRENT_LOOKUPS: usize = 64;
 
     /// Bodies read as `body` says (default [`BodyLimitLayer::new`]).
     pub fn body_limit(mut self, body: BodyLimitLayer) -> Self {

@@ -307,6 +307,11 @@ pub fn purchase_nanos(body: &[u8]) -> Result<i64, GatewayError> {
     }
 }
 
+/// The start of the idempotency keys the service's own grants
+/// ([`KeyDirectory::grant_once`](super::KeyDirectory::grant_once)) use,
+/// refused in the header so no client's top-up shares one.
+pub(crate) const RESERVED_IDEMPOTENCY_PREFIX: &str = "modelgate:";
+
 /// The request header that makes a top-up idempotent.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
@@ -333,6 +338,12 @@ pub fn idempotency_key<'a>(
         return Err(refused());
     }
     match std::str::from_utf8(value) {
+        Ok(key) if key.starts_with(RESERVED_IDEMPOTENCY_PREFIX) => Err(bad_request(
+            IDEMPOTENCY_KEY_HEADER,
+            format!(
+                "an {IDEMPOTENCY_KEY_HEADER} may not start with `{RESERVED_IDEMPOTENCY_PREFIX}`, which the service's own grants use; send another key (a UUID is a good choice)"
+            ),
+        )),
         Ok(key) if is_valid_idempotency_key(key) => Ok(Some(key.to_owned())),
         _ => Err(refused()),
     }
@@ -1009,6 +1020,13 @@ mod tests {
         );
         let longest = "~".repeat(255);
         assert_eq!(key(&[longest.as_bytes()]), Ok(Some(longest.clone())));
+        // The service's own grants' keys are not a client's to send.
+        let reserved = key(&[b"modelgate:grant:initial-grant"]).unwrap_err();
+        assert!(
+            reserved
+                .message()
+                .contains("may not start with `modelgate:`")
+        );
         let too_long = "k".repeat(256);
         let cases: [&[&[u8]]; 8] = [
             &[b""],

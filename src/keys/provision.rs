@@ -275,7 +275,11 @@ impl KeyDirectory {
                 }
             }
             let outcome = self
-                .top_up_once(id, amount_nanos, &format!("grant:{grant}"))
+                .top_up_once(
+                    id,
+                    amount_nanos,
+                    &format!("{}grant:{grant}", super::input::RESERVED_IDEMPOTENCY_PREFIX),
+                )
                 .await?;
             if let Some(balance) = outcome.balance() {
                 let done = Grant {
