@@ -69,23 +69,14 @@ pub(crate) fn messages_request_to_chat(body: &[u8]) -> Result<Bytes, GatewayErro
             }
         }
     }
-    let mut chat = Map::new();
-    chat.insert("model".into(), Value::String(request.model.clone()));
-    chat.insert("messages".into(), Value::Array(messages));
-    if let Some(max_tokens) = request.max_tokens {
-        chat.insert("max_tokens".into(), max_tokens.into());
-    }
-    if request.stream {
-        chat.insert("stream".into(), Value::Bool(true));
-        // Always: the gateway charges a stream from the usage it ends with.
-        chat.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    if let Some(temperature) = request.temperature {
-        chat.insert("temperature".into(), temperature.into());
-    }
-    if let Some(top_p) = request.top_p {
-        chat.insert("top_p".into(), top_p.into());
-    }
+    let mut chat = chat_base(
+        &request.model,
+        messages,
+        request.max_tokens,
+        request.stream,
+        request.temperature,
+        request.top_p,
+    );
     if let Some(stops) = request.stop_sequences.as_ref().filter(|s| !s.is_empty()) {
         chat.insert("stop".into(), json!(stops));
     }
@@ -826,6 +817,36 @@ fn tool_choice_to_messages(
     let mut out = Map::new();
     out.insert("type".into(), json!(kind));
     Ok(Some(out))
+}
+
+/// The fields every chat completions body the translations write starts
+/// with, in this order; callers add the rest.
+pub(super) fn chat_base(
+    model: &str,
+    messages: Vec<Value>,
+    max_tokens: Option<u64>,
+    stream: bool,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+) -> Map<String, Value> {
+    let mut chat = Map::new();
+    chat.insert("model".into(), Value::String(model.to_owned()));
+    chat.insert("messages".into(), Value::Array(messages));
+    if let Some(max_tokens) = max_tokens {
+        chat.insert("max_tokens".into(), max_tokens.into());
+    }
+    if stream {
+        chat.insert("stream".into(), Value::Bool(true));
+        // Always: the gateway charges a stream from the usage it ends with.
+        chat.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    if let Some(temperature) = temperature {
+        chat.insert("temperature".into(), temperature.into());
+    }
+    if let Some(top_p) = top_p {
+        chat.insert("top_p".into(), top_p.into());
+    }
+    chat
 }
 
 #[cfg(test)]

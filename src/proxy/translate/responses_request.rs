@@ -72,23 +72,14 @@ pub(crate) fn responses_request_to_chat(body: &[u8]) -> Result<Bytes, GatewayErr
             "`input` has no message chat completions can send: this model's provider serves chat completions, which cannot take reasoning alone; send a message",
         ));
     }
-    let mut chat = Map::new();
-    chat.insert("model".into(), Value::String(request.model.clone()));
-    chat.insert("messages".into(), Value::Array(messages));
-    if let Some(max_tokens) = request.max_output_tokens {
-        chat.insert("max_tokens".into(), max_tokens.into());
-    }
-    if request.stream {
-        chat.insert("stream".into(), Value::Bool(true));
-        // Always: the gateway charges a stream from the usage it ends with.
-        chat.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    if let Some(temperature) = request.temperature {
-        chat.insert("temperature".into(), temperature.into());
-    }
-    if let Some(top_p) = request.top_p {
-        chat.insert("top_p".into(), top_p.into());
-    }
+    let mut chat = super::request::chat_base(
+        &request.model,
+        messages,
+        request.max_output_tokens,
+        request.stream,
+        request.temperature,
+        request.top_p,
+    );
     if let Some(user) = &request.user {
         chat.insert("user".into(), Value::String(user.clone()));
     }
