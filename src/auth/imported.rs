@@ -271,7 +271,10 @@ mod tests {
     #[tokio::test]
     async fn a_function_is_a_verifier() {
         let verifier = |token: &str| (token == "good").then(|| "id-1".to_owned());
-        assert_eq!(verifier.verify("good").await.unwrap().as_deref(), Some("id-1"));
+        assert_eq!(
+            verifier.verify("good").await.unwrap().as_deref(),
+            Some("id-1")
+        );
         assert!(verifier.verify("bad").await.unwrap().is_none());
     }
 

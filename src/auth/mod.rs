@@ -105,5 +105,6 @@ pub use layer::BearerAuthLayer;
 pub use words::DEFAULT_PRODUCT;
 // The principal travels in the request's context.
 pub use crate::context::Principal;
-pub use service::{BearerAuth, ResponseFuture};
+pub use service::{Authenticated, BearerAuth, ResponseFuture};
 pub(crate) use service::{leaked_key, past_expiry};
+pub(crate) use words::AuthWords;

@@ -69,7 +69,7 @@ impl LookupBound {
 
 /// [`BearerAuth`]'s response future: the key lookup, then the inner
 /// service (the deciding layers' future, deciding a [`Principal`]).
-pub type ResponseFuture<S, B> = AdmissionFuture<S, B, Principal>;
+pub type ResponseFuture<S, B> = AdmissionFuture<S, B, Authenticated>;
 
 impl<S, B, ResBody> Service<Request<B>> for BearerAuth<S>
 where
@@ -77,7 +77,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = AdmissionFuture<S, B, Principal>;
+    type Future = AdmissionFuture<S, B, Authenticated>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // The inner service is asked for readiness only once the key is
@@ -140,7 +140,7 @@ where
         let directory = self.directory.clone();
         let failures = self.failures.clone();
         let words = Arc::clone(&self.words);
-        let decision: Decision<Principal> = Box::pin(async move {
+        let decision: Decision<Authenticated> = Box::pin(async move {
             let principal = async {
                 let hash = identity(presented, &words).await?;
                 authenticate(&directory, hash, route, &words).await
@@ -148,8 +148,12 @@ where
             .await
             .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
             drop(lookup_place);
+            // A stack in words of its own: the layers below that refuse a
+            // key (CreditGuard, when the store finds it revoked or expired)
+            // speak them too.
+            let words = (!words.are_default()).then_some(words);
             Ok(Admission {
-                additions: principal,
+                additions: Authenticated { principal, words },
                 response_headers: HeaderMap::new(),
             })
         });
@@ -157,10 +161,21 @@ where
     }
 }
 
+/// What BearerAuth adds to a request whose key it accepts: the key's
+/// [`Principal`] in the context, and the stack's words (realm, product)
+/// when they are not the default, for the layers below that refuse a key.
+pub struct Authenticated {
+    principal: Principal,
+    words: Option<Arc<AuthWords>>,
+}
+
 /// The accepted key's principal starts the request's context.
-impl<B> Additions<B> for Principal {
+impl<B> Additions<B> for Authenticated {
     fn add_to(self, request: &mut Request<B>) {
-        RequestContext::of_mut(request).principal = Some(self);
+        RequestContext::of_mut(request).principal = Some(self.principal);
+        if let Some(words) = self.words {
+            request.extensions_mut().insert(words);
+        }
     }
 }
 
@@ -327,10 +342,11 @@ async fn authenticate(
 /// decides so in the admission step): `rotated_key` when another key
 /// replaced it and its grace has ended.
 pub(crate) fn past_expiry(
+    words: Option<&AuthWords>,
     expires_at: chrono::DateTime<chrono::Utc>,
     rotated: bool,
 ) -> GatewayError {
-    past_expiry_in(&AuthWords::default(), expires_at, rotated)
+    past_expiry_in(words.unwrap_or(&AuthWords::default()), expires_at, rotated)
 }
 
 /// [`past_expiry`] in a stack's words.
@@ -366,8 +382,11 @@ fn expired_key(words: &AuthWords, expires_at: chrono::DateTime<chrono::Utc>) -> 
 
 /// The 401 of a key reported leaked (`reported_at`, when known): it is
 /// disabled for good.
-pub(crate) fn leaked_key(reported_at: Option<chrono::DateTime<chrono::Utc>>) -> GatewayError {
-    leaked_key_in(&AuthWords::default(), reported_at)
+pub(crate) fn leaked_key(
+    words: Option<&AuthWords>,
+    reported_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> GatewayError {
+    leaked_key_in(words.unwrap_or(&AuthWords::default()), reported_at)
 }
 
 /// [`leaked_key`] in a stack's words.

@@ -38,6 +38,13 @@ impl AuthWords {
     }
 }
 
+impl AuthWords {
+    /// Whether these are modelgate's own words (no realm or product set).
+    pub(crate) fn are_default(&self) -> bool {
+        self.product == DEFAULT_PRODUCT && self.challenge == AuthWords::default().challenge
+    }
+}
+
 impl Default for AuthWords {
     fn default() -> Self {
         AuthWords {

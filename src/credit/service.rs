@@ -163,6 +163,10 @@ where
         let charge = Charge {
             generation,
             principal: principal.clone(),
+            auth_words: request
+                .extensions()
+                .get::<Arc<crate::auth::AuthWords>>()
+                .cloned(),
             model: call.model_id.as_str().to_owned(),
             api: call.api,
             prompt_tokens: asked.prompt.tokens,
@@ -625,6 +629,8 @@ pub fn estimate_max_cost_nanos(
 /// What admission needs to know of one chat request.
 struct Charge {
     principal: Principal,
+    /// BearerAuth's words when the stack set its own: a 401 here speaks them.
+    auth_words: Option<Arc<crate::auth::AuthWords>>,
     /// The model asked of the upstream, as the request names it.
     model: String,
     /// The API the request speaks.
@@ -745,6 +751,7 @@ async fn decide(
     let charge_rotated = charge
         .as_ref()
         .is_some_and(|charge| charge.principal.rotated);
+    let auth_words = charge.as_ref().and_then(|charge| charge.auth_words.clone());
     let credential = match (&config.byok_directory, &charge) {
         // A key stored for a provider that no longer takes one is not
         // looked up: the request is charged, never BYOK beside the
@@ -832,9 +839,15 @@ async fn decide(
     // Before the parts' verdicts: a revoked or expired key is refused as
     // such, not as over a rate it would also have passed.
     match outcome.hold {
-        Some(ReserveOutcome::KeyRevoked) => return Err(crate::auth::leaked_key(None)),
+        Some(ReserveOutcome::KeyRevoked) => {
+            return Err(crate::auth::leaked_key(auth_words.as_deref(), None));
+        }
         Some(ReserveOutcome::KeyExpired { expired_at }) => {
-            return Err(crate::auth::past_expiry(expired_at, charge_rotated));
+            return Err(crate::auth::past_expiry(
+                auth_words.as_deref(),
+                expired_at,
+                charge_rotated,
+            ));
         }
         _ => {}
     }
@@ -1153,11 +1166,13 @@ fn refused(charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
         }
         // Revoked after this instance cached the key: the same 401 BearerAuth
         // gives once its cache catches up.
-        ReserveOutcome::KeyRevoked => crate::auth::leaked_key(None),
+        ReserveOutcome::KeyRevoked => crate::auth::leaked_key(charge.auth_words.as_deref(), None),
         // Expired by the store's clock before this instance's noticed.
-        ReserveOutcome::KeyExpired { expired_at } => {
-            crate::auth::past_expiry(expired_at, charge.principal.rotated)
-        }
+        ReserveOutcome::KeyExpired { expired_at } => crate::auth::past_expiry(
+            charge.auth_words.as_deref(),
+            expired_at,
+            charge.principal.rotated,
+        ),
         ReserveOutcome::Reserved { .. } => GatewayError::new(
             ErrorKind::Internal,
             "a granted hold was read as a refusal; retry",
@@ -1345,6 +1360,7 @@ mod tests {
             estimate_prompt_tokens(&chat, &PromptBounds::default()).err()
         );
         let charge = |price: TokenPrice, free: bool, include_byok_in_limit: bool| Charge {
+            auth_words: None,
             principal: Principal {
                 include_byok_in_limit,
                 ..Principal::for_tests("a")

@@ -445,3 +445,41 @@ async fn what_the_service_answers_itself_spends_no_rate_and_no_credit() {
         assert_eq!(third.status, 429, "{}: {}", backend.name, third.body);
     }
 }
+
+#[tokio::test]
+async fn a_key_revoked_behind_the_cache_is_refused_in_the_service_s_words() {
+    for backend in backends().await {
+        let store = backend.store.clone();
+        provision(&store).await;
+        let directory = KeyDirectory::new(store.clone());
+        let (key, record) = directory.create_key(NewKey::named("client")).await.unwrap();
+        let auth = BearerAuthLayer::new(directory.clone())
+            .realm("acme")
+            .product_name("Acme");
+        let address = service(store.clone(), directory.clone(), auth).await;
+        // Cached live by this instance's BearerAuth.
+        assert_eq!(chat_with(address, key.expose()).await.status, 200);
+        // Another instance revokes it: only the ledger knows at first, so
+        // CreditGuard's admission is what refuses it.
+        let elsewhere = KeyDirectory::new(store.clone());
+        let report = modelgate::keys::LeakReport {
+            reported_at: elsewhere.now(),
+            reported_by: "operator".to_owned(),
+            url: None,
+            source: None,
+        };
+        elsewhere.report_leak(&record.hash, &report).await.unwrap();
+        let refused = chat_with(address, key.expose()).await;
+        assert_eq!(refused.status, 401, "{}: {}", backend.name, refused.body);
+        assert_eq!(refused.body["error"]["metadata"]["reason"], "leaked_key");
+        assert_eq!(
+            refused.challenge.as_deref(),
+            Some("Bearer realm=\"acme\", error=\"invalid_token\""),
+            "{}",
+            backend.name
+        );
+        let message = refused.body["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("modelgate"), "{message}");
+        spent(&store, ONE_CALL_NANOS).await;
+    }
+}
