@@ -46,6 +46,7 @@
 //! # Ok(()) }
 //! ```
 
+mod busy;
 mod checkpoint;
 mod counters;
 mod file;

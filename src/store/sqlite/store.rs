@@ -9,6 +9,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::busy;
 use super::checkpoint::{self, Checkpointer};
 use super::file::open_connection;
 use super::jobs::{Answer, Job, run_jobs};
@@ -66,9 +67,13 @@ impl SqliteStore {
         let path = path.as_ref().to_path_buf();
         let connection = open_connection(&path, &config)?;
         let (jobs, queue) = mpsc::channel::<Job>();
+        let wait_limit = config.busy_timeout;
         std::thread::Builder::new()
             .name("modelgate-sqlite".into())
-            .spawn(move || run_jobs(connection, queue))
+            .spawn(move || {
+                busy::limit_waits_on_this_thread(wait_limit);
+                run_jobs(connection, queue)
+            })
             .map_err(|error| backend("open", error))?;
         let checkpointer = checkpoint::start(&path, &config)?;
         Ok(SqliteStore {
