@@ -755,6 +755,53 @@ async fn funded_store() -> (RedisServer, RedisStore, redis::aio::MultiplexedConn
     (server, store, connection)
 }
 
+/// How many records and tracked ids the account holds in Redis.
+async fn records_and_ids(connection: &mut redis::aio::MultiplexedConnection) -> (usize, usize) {
+    let records: usize = redis::cmd("ZCARD")
+        .arg("mg:{acct}:genexp")
+        .query_async(connection)
+        .await
+        .unwrap();
+    (records, tracked_ids(connection).await.len())
+}
+
+/// A busy account's cleanup never comes as one long command: each tidying
+/// removes at most 200 forgotten ids and 200 records past the cap (1,000
+/// at once held Redis for about 0.9 ms), and one that leaves some behind
+/// lets the next call go on at once instead of 100 ms later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tidying_removes_a_bounded_batch_and_the_next_call_goes_on() {
+    let (_server, store, mut connection) = funded_store().await;
+    let settled = |id: usize, most: u64| Settlement {
+        reservation_id: format!("r{id}"),
+        hold_granted: false,
+        account: "acct".into(),
+        key: "key".into(),
+        cost_nanos: 1,
+        byok: false,
+        record: Some(SettlementRecord {
+            bytes: bytes::Bytes::from(format!("{{\"id\":{id}}}")),
+            retention: Duration::from_secs(3600),
+            max_per_account: most,
+        }),
+    };
+    let many = 450;
+    for id in 0..many {
+        store.settle(&settled(id, 1_000_000), t0()).await.unwrap();
+    }
+    assert_eq!(records_and_ids(&mut connection).await, (many, many));
+    // Past the ids' memory, with the cap down to 1: each call (all at one
+    // instant) removes 200 of each and adds its own.
+    let memory = chrono::Duration::from_std(modelgate::store::SETTLEMENT_MEMORY).unwrap();
+    let later = t0() + memory + chrono::Duration::seconds(60);
+    let mut left = Vec::new();
+    for id in many..many + 4 {
+        store.settle(&settled(id, 1), later).await.unwrap();
+        left.push(records_and_ids(&mut connection).await);
+    }
+    assert_eq!(left, [(251, 251), (52, 52), (1, 3), (2, 4)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_ids_are_kept_for_their_retries_then_forgotten() {
     let (_server, store, mut connection) = funded_store().await;

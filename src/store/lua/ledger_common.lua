@@ -160,6 +160,10 @@ end
 -- often enough that a busy account's removals stay small (at 10,000
 -- requests a second, about 1,000 records past the cap each time).
 local TIDY_US = 100000
+-- The most ids (and records) one tidying removes of each kind, so that no
+-- call stalls the server (removing 1,000 at once took about 0.9 ms); one
+-- that leaves more behind lets the next call tidy again at once.
+local TIDY_MOST = 200
 -- What is forgotten (ids, records past their time) stays a minute more
 -- before it is removed, unseen: a clock that steps back less than that
 -- finds what it would have found before (as the in-process store does).
@@ -522,20 +526,20 @@ local function undo_lapse(id, value)
   return charged_in
 end
 
--- Removes the settled and lapsed ids whose time is up.
+-- Removes the settled and lapsed ids whose time is up, at most TIDY_MOST;
+-- true when that many were found (more may be left).
 local function forget_ids()
-  repeat
-    local ids = redis.call('ZRANGEBYSCORE', C.X, int(-(C.now - FORGOTTEN_KEPT_US)), '(0', 'LIMIT', 0, 1000)
-    if #ids > 0 then
-      local fields = request_fields(ids)
-      redis.call('HDEL', C.A, unpack(fields))
-      redis.call('ZREM', C.X, unpack(ids))
-      -- The call's own writes of these ids are written back when it ends.
-      for _, field in ipairs(fields) do
-        if not C.dirty[field] then C.F[field] = nil end
-      end
+  local ids = redis.call('ZRANGEBYSCORE', C.X, int(-(C.now - FORGOTTEN_KEPT_US)), '(0', 'LIMIT', 0, TIDY_MOST)
+  if #ids > 0 then
+    local fields = request_fields(ids)
+    redis.call('HDEL', C.A, unpack(fields))
+    redis.call('ZREM', C.X, unpack(ids))
+    -- The call's own writes of these ids are written back when it ends.
+    for _, field in ipairs(fields) do
+      if not C.dirty[field] then C.F[field] = nil end
     end
-  until #ids < 1000
+  end
+  return #ids == TIDY_MOST
 end
 
 -- Takes records about to be removed out of their keys' orders (below),
@@ -564,37 +568,37 @@ local function leave_key_orders(ids)
   redis.call('HDEL', C.gen, unpack(key_fields))
 end
 
--- Removes the records past their time or the account's cap.
-local function remove_old_records()
+-- Removes the records past their time or the account's cap, at most
+-- TIDY_MOST of each; `more` says that the ids removed may have left some
+-- behind: then the next call tidies again.
+local function remove_old_records(more)
   local removed = false
-  repeat
-    local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now - FORGOTTEN_KEPT_US), 'LIMIT', 0, 1000)
-    if #expired > 0 then
-      leave_key_orders(expired)
-      redis.call('HDEL', C.gen, unpack(expired))
-      redis.call('ZREM', C.genexp, unpack(expired))
-      removed = true
-    end
-  until #expired < 1000
+  local expired = redis.call('ZRANGEBYSCORE', C.genexp, '-inf', int(C.now - FORGOTTEN_KEPT_US), 'LIMIT', 0, TIDY_MOST)
+  if #expired > 0 then
+    leave_key_orders(expired)
+    redis.call('HDEL', C.gen, unpack(expired))
+    redis.call('ZREM', C.genexp, unpack(expired))
+    removed = true
+    more = more or #expired == TIDY_MOST
+  end
   local most = tonumber(sget('gmax') or '')
   if most then
     local over = redis.call('ZCARD', C.genexp) - most
-    while over > 0 do
-      local popped = redis.call('ZPOPMIN', C.genexp, math.min(over, 1000))
+    if over > 0 then
+      local popped = redis.call('ZPOPMIN', C.genexp, math.min(over, TIDY_MOST))
       local ids = {}
       for j = 1, #popped, 2 do table.insert(ids, popped[j]) end
       leave_key_orders(ids)
       redis.call('HDEL', C.gen, unpack(ids))
-      over = over - #ids
       removed = true
+      more = more or over > TIDY_MOST
     end
   end
   -- They may have emptied the keys (Redis then drops them, TTL and all):
   -- the next records set it again.
-  if removed then
-    state()[5] = false
-    redis.call('HSET', C.A, 's', state_text())
-  end
+  if removed then state()[5] = false end
+  if more then state()[STATE_SLOTS.tidy] = int(C.now) end
+  if removed or more then redis.call('HSET', C.A, 's', state_text()) end
 end
 
 -- Each key's own order of its records (`genexp:<key>`, in the account's
@@ -630,13 +634,15 @@ local function ledger_end(admission)
     and #C.scores == 0 and next(C.records) == nil then
     return
   end
-  -- At most ten times a second (each removal is a few commands), the call tidies
-  -- the account: ids forgotten, then, once its own records are kept, the
-  -- records past their time or the cap.
+  -- At most ten times a second (each removal is a few commands) unless
+  -- the last one left some behind, the call tidies the account: ids
+  -- forgotten, then, once its own records are kept, the records past
+  -- their time or the cap.
   local tidying = tonumber(sget('tidy') or '0') <= C.now
+  local more_ids = false
   if tidying then
     sput('tidy', int(C.now + TIDY_US))
-    forget_ids()
+    more_ids = forget_ids()
   end
   -- The records, and how long the longest of them is kept: their keys live
   -- that long (extended an eighth ahead, so that the write comes once in
@@ -711,5 +717,5 @@ local function ledger_end(admission)
     redis.call('PEXPIRE', C.genexp, ttl_ms)
   end
   keep_key_orders()
-  if tidying then remove_old_records() end
+  if tidying then remove_old_records(more_ids) end
 end

@@ -151,8 +151,10 @@ const TIDY_INTERVAL_MICROS: i64 = 100_000;
 /// How long what is forgotten stays, unseen, before it is deleted: a clock
 /// that steps back less than that finds what it found before.
 const FORGOTTEN_KEPT_MICROS: i64 = 60_000_000;
-/// The most rows one tidy deletes of each kind: bounds a call's work.
-const TIDY_BATCH: i64 = 1_000;
+/// The most rows one tidy deletes of each kind: bounds a call's work (a
+/// thousand at once held the store's other calls off for milliseconds).
+/// A tidy that finds that many lets the next call tidy again at once.
+const TIDY_BATCH: i64 = 200;
 
 fn saturate(nanos: i128) -> i64 {
     i64::try_from(nanos).unwrap_or(if nanos < 0 { i64::MIN } else { i64::MAX })
@@ -800,7 +802,8 @@ impl<'c> Call<'c> {
         self.row.tidy_at_micros = now_micros.saturating_add(TIDY_INTERVAL_MICROS);
         self.row_dirty = true;
         let before_micros = now_micros.saturating_sub(FORGOTTEN_KEPT_MICROS);
-        self.db
+        let forgotten = self
+            .db
             .prepare_cached(
                 "DELETE FROM ledger_requests WHERE account = ?1 AND id IN (SELECT id FROM ledger_requests
                  WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3)",
@@ -837,6 +840,10 @@ impl<'c> Call<'c> {
                 })
                 .map_err(sql(OPERATION))?;
             self.count_removed_records(capped);
+        }
+        let batch = TIDY_BATCH as usize;
+        if forgotten == batch || expired == batch || over > TIDY_BATCH {
+            self.row.tidy_at_micros = now_micros;
         }
         Ok(())
     }
@@ -1377,5 +1384,31 @@ mod tests {
         assert_eq!(records(&store).await, (3, 3));
         let newest = store.recent_generations("acct", 100, at(1)).await.unwrap();
         assert_eq!(newest[0], bytes::Bytes::from("{\"id\":10}"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_tidy_removes_a_bounded_batch_and_the_next_call_goes_on() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
+        let start = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
+        let at = |step: i64| start + chrono::Duration::milliseconds(200 * step);
+        let past_the_cap = 2 * TIDY_BATCH as usize + 50;
+        for id in 0..past_the_cap {
+            store.settle(&settled(id, 1_000_000), at(0)).await.unwrap();
+        }
+        // The cap falls to 1: the next calls, at the same instant, remove
+        // a batch each until only the cap is left; then the next tidy
+        // waits its interval again (the fourth call's record stays, hidden,
+        // until then).
+        let mut next = past_the_cap;
+        let mut kept = Vec::new();
+        for _ in 0..4 {
+            store.settle(&settled(next, 1), at(1)).await.unwrap();
+            next += 1;
+            kept.push(records(&store).await.0);
+        }
+        let batch = TIDY_BATCH;
+        let all = past_the_cap as i64;
+        assert_eq!(kept, [all + 1 - batch, all + 2 - 2 * batch, 1, 2]);
     }
 }
