@@ -768,7 +768,7 @@ async fn records_and_ids(connection: &mut redis::aio::MultiplexedConnection) -> 
 /// A busy account's cleanup never comes as one long command: each tidying
 /// removes at most 200 forgotten ids and 200 records past the cap (1,000
 /// at once held Redis for about 0.9 ms), and one that leaves some behind
-/// lets the next call go on at once instead of 100 ms later.
+/// lets a call 10 ms later go on instead of 100 ms later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tidying_removes_a_bounded_batch_and_the_next_call_goes_on() {
     let (_server, store, mut connection) = funded_store().await;
@@ -790,16 +790,19 @@ async fn each_tidying_removes_a_bounded_batch_and_the_next_call_goes_on() {
         store.settle(&settled(id, 1_000_000), t0()).await.unwrap();
     }
     assert_eq!(records_and_ids(&mut connection).await, (many, many));
-    // Past the ids' memory, with the cap down to 1: each call (all at one
-    // instant) removes 200 of each and adds its own.
+    // Past the ids' memory, with the cap down to 1: each call, 10 ms after
+    // the one before, removes 200 of each and adds its own; a call sooner
+    // than that removes nothing.
     let memory = chrono::Duration::from_std(modelgate::store::SETTLEMENT_MEMORY).unwrap();
     let later = t0() + memory + chrono::Duration::seconds(60);
     let mut left = Vec::new();
-    for id in many..many + 4 {
-        store.settle(&settled(id, 1), later).await.unwrap();
+    let steps_ms = [0, 10, 15, 20, 30];
+    for (id, after_ms) in (many..).zip(steps_ms) {
+        let then = later + chrono::Duration::milliseconds(after_ms);
+        store.settle(&settled(id, 1), then).await.unwrap();
         left.push(records_and_ids(&mut connection).await);
     }
-    assert_eq!(left, [(251, 251), (52, 52), (1, 3), (2, 4)]);
+    assert_eq!(left, [(251, 251), (52, 52), (53, 53), (1, 4), (2, 5)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
