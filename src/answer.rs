@@ -72,8 +72,11 @@ pin_project! {
             answer: BoxFuture<'static, Response<Bytes>>,
         },
         Passing {
+            // Boxed: the inner stack's future is moved once, into its box, and
+            // never again with this one (moving nested futures by value was a
+            // large share of a request's instructions).
             #[pin]
-            future: Oneshot<S, Request<B>>,
+            future: Pin<Box<Oneshot<S, Request<B>>>>,
         },
     }
 }
@@ -90,7 +93,9 @@ where
 
     pub(crate) fn passing(future: Oneshot<S, Request<B>>) -> Self {
         AnswerFuture {
-            state: State::Passing { future },
+            state: State::Passing {
+                future: Box::pin(future),
+            },
         }
     }
 }

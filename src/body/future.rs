@@ -56,8 +56,11 @@ pin_project! {
             inner: Option<S>,
         },
         Calling {
+            // Boxed: the inner stack's future is moved once, into its box, and
+            // never again with this one (moving nested futures by value was a
+            // large share of a request's instructions).
             #[pin]
-            future: Oneshot<S, Request<Full<Bytes>>>,
+            future: Pin<Box<Oneshot<S, Request<Full<Bytes>>>>>,
         },
     }
 }
@@ -157,7 +160,7 @@ where
                             let request = Request::from_parts(parts, Full::new(bytes));
                             let inner = inner.take().expect("called once");
                             State::Calling {
-                                future: Oneshot::new(inner, request),
+                                future: Box::pin(Oneshot::new(inner, request)),
                             }
                         }
                     }
