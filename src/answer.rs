@@ -72,11 +72,8 @@ pin_project! {
             answer: BoxFuture<'static, Response<Bytes>>,
         },
         Passing {
-            // Boxed: the inner stack's future is moved once, into its box, and
-            // never again with this one (moving nested futures by value was a
-            // large share of a request's instructions).
             #[pin]
-            future: Pin<Box<Oneshot<S, Request<B>>>>,
+            future: Oneshot<S, Request<B>>,
         },
     }
 }
@@ -93,9 +90,7 @@ where
 
     pub(crate) fn passing(future: Oneshot<S, Request<B>>) -> Self {
         AnswerFuture {
-            state: State::Passing {
-                future: Box::pin(future),
-            },
+            state: State::Passing { future },
         }
     }
 }

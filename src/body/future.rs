@@ -56,11 +56,8 @@ pin_project! {
             inner: Option<S>,
         },
         Calling {
-            // Boxed: the inner stack's future is moved once, into its box, and
-            // never again with this one (moving nested futures by value was a
-            // large share of a request's instructions).
             #[pin]
-            future: Pin<Box<Oneshot<S, Request<Full<Bytes>>>>>,
+            future: Oneshot<S, Request<Full<Bytes>>>,
         },
     }
 }
@@ -160,7 +157,7 @@ where
                             let request = Request::from_parts(parts, Full::new(bytes));
                             let inner = inner.take().expect("called once");
                             State::Calling {
-                                future: Box::pin(Oneshot::new(inner, request)),
+                                future: Oneshot::new(inner, request),
                             }
                         }
                     }

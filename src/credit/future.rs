@@ -53,11 +53,8 @@ pin_project! {
             max_scanned_body_bytes: usize,
         },
         Calling {
-            // Boxed: the inner stack's future is moved once, into its box, and
-            // never again with this one (moving nested futures by value was a
-            // large share of a request's instructions).
             #[pin]
-            future: Pin<Box<Oneshot<S, Request<B>>>>,
+            future: Oneshot<S, Request<B>>,
             meter: Unsettled,
             max_scanned_body_bytes: usize,
             response_headers: Vec<http::HeaderMap>,
@@ -82,7 +79,7 @@ where
     pub(crate) fn unmetered(request: Request<B>, inner: S) -> Self {
         ResponseFuture {
             state: State::Calling {
-                future: Box::pin(Oneshot::new(inner, request)),
+                future: Oneshot::new(inner, request),
                 meter: Unsettled::new(None, Ending::Abandoned),
                 max_scanned_body_bytes: 0,
                 response_headers: Vec::new(),
@@ -183,7 +180,7 @@ where
                             State::Calling {
                                 generation_id,
                                 name_model,
-                                future: Box::pin(Oneshot::new(inner, request)),
+                                future: Oneshot::new(inner, request),
                                 // Dropped before the response: the upstream
                                 // may be working, so the hold is charged,
                                 // unless the request is not at the upstream.

@@ -32,11 +32,8 @@ pin_project! {
         S: Service<Request<B>>,
     {
         Admitted {
-            // Boxed: the inner stack's future is moved once, into its box, and
-            // never again with this one (moving nested futures by value was a
-            // large share of a request's instructions).
             #[pin]
-            future: Pin<Box<Oneshot<S, Request<B>>>>,
+            future: Oneshot<S, Request<B>>,
             permit: Option<OwnedSemaphorePermit>,
         },
         Shed {
@@ -52,7 +49,7 @@ where
     pub(super) fn admitted(future: Oneshot<S, Request<B>>, permit: OwnedSemaphorePermit) -> Self {
         ResponseFuture {
             state: State::Admitted {
-                future: Box::pin(future),
+                future,
                 permit: Some(permit),
             },
         }

@@ -95,11 +95,8 @@ pin_project! {
             inner: Option<S>,
         },
         Calling {
-            // Boxed: the inner stack's future is moved once, into its box, and
-            // never again with this one (moving nested futures by value was a
-            // large share of a request's instructions).
             #[pin]
-            future: Pin<Box<Oneshot<S, Request<B>>>>,
+            future: Oneshot<S, Request<B>>,
             response_headers: HeaderMap,
         },
     }
@@ -123,7 +120,7 @@ where
         crate::telemetry::layer_decision(layer, None);
         AdmissionFuture {
             state: State::Calling {
-                future: Box::pin(Oneshot::new(inner, request)),
+                future: Oneshot::new(inner, request),
                 response_headers: HeaderMap::new(),
             },
         }
@@ -178,7 +175,7 @@ where
                             crate::telemetry::layer_decision(layer, None);
                             admission.additions.add_to(&mut request);
                             state.set(State::Calling {
-                                future: Box::pin(Oneshot::new(inner, request)),
+                                future: Oneshot::new(inner, request),
                                 response_headers: admission.response_headers,
                             });
                         }
