@@ -96,26 +96,29 @@ pub fn loggable_path(path: &str) -> String {
         .find(|pattern| pattern_params(pattern, &segments).is_some());
     let mut push = |segment: &str| {
         logged.push('/');
-        // Each run of hex digits long enough to be a hash, cut.
-        let mut rest = segment;
-        while !rest.is_empty() {
-            let start = rest
-                .find(|c: char| c.is_ascii_hexdigit())
-                .unwrap_or(rest.len());
-            logged.push_str(&rest[..start]);
-            rest = &rest[start..];
-            let run = rest
-                .find(|c: char| !c.is_ascii_hexdigit())
-                .unwrap_or(rest.len());
-            if run >= MIN_HASH_LIKE_DIGITS {
-                // Lowercase, as every log shows a hash prefix.
-                logged.push_str(&rest[..LOGGED_HASH_DIGITS].to_ascii_lowercase());
-                logged.push('…');
-            } else {
-                logged.push_str(&rest[..run]);
+        // Each run of hex digits long enough to be a hash, cut. Scanned by
+        // bytes: hex digits are ASCII, so every cut is a char boundary.
+        let bytes = segment.as_bytes();
+        let (mut kept_to, mut at) = (0, 0);
+        while at < bytes.len() {
+            if !bytes[at].is_ascii_hexdigit() {
+                at += 1;
+                continue;
             }
-            rest = &rest[run..];
+            let run_start = at;
+            while at < bytes.len() && bytes[at].is_ascii_hexdigit() {
+                at += 1;
+            }
+            if at - run_start >= MIN_HASH_LIKE_DIGITS {
+                logged.push_str(&segment[kept_to..run_start]);
+                // Lowercase, as every log shows a hash prefix.
+                let prefix = &bytes[run_start..run_start + LOGGED_HASH_DIGITS];
+                logged.extend(prefix.iter().map(|b| char::from(b.to_ascii_lowercase())));
+                logged.push('…');
+                kept_to = at;
+            }
         }
+        logged.push_str(&segment[kept_to..]);
     };
     match pattern {
         // The route's own spelling, its parameters as sent but for a hash.
@@ -310,6 +313,11 @@ pub(crate) fn pattern_params<'s>(
     pattern: &str,
     segments: &'s [Cow<'_, str>],
 ) -> Option<Vec<&'s str>> {
+    // A path of another depth is no match, found without splitting the
+    // pattern: most patterns a path is tried against fail here.
+    if segment_count(pattern) != segments.len() {
+        return None;
+    }
     let mut params = Vec::new();
     let mut pattern_segments = pattern.split('/').filter(|segment| !segment.is_empty());
     for segment in segments {
@@ -321,6 +329,20 @@ pub(crate) fn pattern_params<'s>(
         }
     }
     pattern_segments.next().is_none().then_some(params)
+}
+
+/// How many non-empty segments `path` has (as `split('/')` without the
+/// empty ones counts them).
+fn segment_count(path: &str) -> usize {
+    let mut previous = b'/';
+    let mut count = 0;
+    for &byte in path.as_bytes() {
+        if previous == b'/' && byte != b'/' {
+            count += 1;
+        }
+        previous = byte;
+    }
+    count
 }
 
 fn normalize_segments<'text, 'out>(
@@ -387,8 +409,49 @@ mod tests {
         }
     }
 
+    /// The logged path by `find` over chars, as it was first written: the
+    /// byte scan must log every path the same.
+    #[cfg(feature = "proxy")]
+    fn cut_hex_runs_by_chars(segment: &str) -> String {
+        let mut logged = String::new();
+        let mut rest = segment;
+        while !rest.is_empty() {
+            let start = rest
+                .find(|c: char| c.is_ascii_hexdigit())
+                .unwrap_or(rest.len());
+            logged.push_str(&rest[..start]);
+            rest = &rest[start..];
+            let run = rest
+                .find(|c: char| !c.is_ascii_hexdigit())
+                .unwrap_or(rest.len());
+            if run >= MIN_HASH_LIKE_DIGITS {
+                logged.push_str(&rest[..LOGGED_HASH_DIGITS].to_ascii_lowercase());
+                logged.push('…');
+            } else {
+                logged.push_str(&rest[..run]);
+            }
+            rest = &rest[run..];
+        }
+        logged
+    }
+
     #[cfg(feature = "proxy")]
     proptest! {
+        /// A path of no route logs each segment with its hash-like runs cut,
+        /// exactly as a scan by chars cuts them.
+        #[test]
+        fn the_byte_scan_cuts_as_the_char_scan_did(
+            segments in proptest::collection::vec("[a-fA-F0-9xé…-]{0,40}", 1..4),
+        ) {
+            let path = format!("/zz/{}", segments.join("/"));
+            let expected: String = std::iter::once("zz")
+                .chain(segments.iter().map(String::as_str))
+                .filter(|segment| !segment.is_empty())
+                .map(|segment| format!("/{}", cut_hex_runs_by_chars(segment)))
+                .collect();
+            prop_assert_eq!(loggable_path(&path), expected);
+        }
+
         /// No path logs a run of 16 hex digits or more, nor panics.
         #[test]
         fn no_logged_path_carries_a_long_hex_run(path in "(/[a-fA-F0-9%./]{0,70}){0,4}") {
@@ -445,6 +508,14 @@ mod tests {
                     && segments.iter().zip(expected).all(|(a, b)| a.eq_ignore_ascii_case(b));
                 prop_assert_eq!(path_is(&path, expected), same, "{:?} against {:?}", path, expected);
             }
+        }
+
+        #[test]
+        fn a_segment_count_is_that_of_the_split(path in "[a/]{0,12}") {
+            prop_assert_eq!(
+                segment_count(&path),
+                path.split('/').filter(|segment| !segment.is_empty()).count()
+            );
         }
 
         #[test]

@@ -8,7 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::keys::{ApiKey, KeyFormatError, KeyHash};
+use super::checked::CheckedKeys;
+use crate::keys::{ApiKey, KeyHash, check_shape, checksum_matches};
 
 /// A service's own keys that [`BearerAuthLayer::imported_keys`]
 /// accepts: which presented tokens are the service's, and how such a
@@ -156,23 +157,41 @@ pub(crate) enum NotAKey {
 
 /// Reads a presented `token` (already a bounded token68 value): a
 /// modelgate key, or the first of `imported` whose shape it has.
+#[cfg(test)]
 pub(crate) fn classify(token: &str, imported: &[ImportedKeys]) -> Result<Presented, NotAKey> {
+    classify_checked(token, imported, None).map(|(presented, _)| presented)
+}
+
+/// [`classify`], skipping the checksum of an `mg-v1-` key `checked` holds:
+/// the same text passed it before (the memo is keyed by its SHA-256).
+/// Also says whether a checksum was checked now (an `mg-v1-` key the memo
+/// did not hold), for the caller to remember once the key is found live.
+pub(crate) fn classify_checked(
+    token: &str,
+    imported: &[ImportedKeys],
+    checked: Option<&CheckedKeys>,
+) -> Result<(Presented, bool), NotAKey> {
     if token.starts_with(ApiKey::PREFIX) {
-        return match ApiKey::parse(token) {
-            Ok(key) => Ok(Presented::Hash(key.hash())),
-            Err(KeyFormatError::BadChecksum) => Err(NotAKey::BadChecksum),
-            Err(_) => Err(NotAKey::UnknownShape),
-        };
+        if check_shape(token).is_err() {
+            return Err(NotAKey::UnknownShape);
+        }
+        let hash = KeyHash::of(token);
+        let known = checked.is_some_and(|checked| checked.holds(&hash));
+        if !known && !checksum_matches(token) {
+            return Err(NotAKey::BadChecksum);
+        }
+        return Ok((Presented::Hash(hash), !known));
     }
     let shapes = imported.iter().find(|shapes| shapes.matches(token));
-    match shapes {
-        None => Err(NotAKey::UnknownShape),
+    let presented = match shapes {
+        None => return Err(NotAKey::UnknownShape),
         Some(ImportedKeys {
             verifier: Some(verifier),
             ..
-        }) => Ok(Presented::Verify(Arc::clone(verifier), token.to_owned())),
-        Some(_) => Ok(Presented::Hash(KeyHash::of(token))),
-    }
+        }) => Presented::Verify(Arc::clone(verifier), token.to_owned()),
+        Some(_) => Presented::Hash(KeyHash::of(token)),
+    };
+    Ok((presented, false))
 }
 
 #[cfg(test)]
@@ -189,6 +208,35 @@ mod tests {
 
     fn live() -> Vec<ImportedKeys> {
         vec![ImportedKeys::prefixes(["sk-live-", "sk-test-"])]
+    }
+
+    #[test]
+    fn a_checked_key_skips_only_its_own_checksum() {
+        let key = ApiKey::generate();
+        let checked = CheckedKeys::default();
+        let first = classify_checked(key.expose(), &[], Some(&checked));
+        assert!(matches!(first, Ok((Presented::Hash(hash), true)) if hash == key.hash()));
+        checked.remember(key.hash());
+        let again = classify_checked(key.expose(), &[], Some(&checked));
+        assert!(matches!(again, Ok((Presented::Hash(hash), false)) if hash == key.hash()));
+        // A mistyped copy of a checked key has a hash of its own: checked.
+        let mut mistyped = key.expose().to_owned();
+        let last = mistyped.pop().unwrap();
+        mistyped.push(if last == 'a' { 'b' } else { 'a' });
+        assert_eq!(
+            classify_checked(&mistyped, &[], Some(&checked)).err(),
+            Some(NotAKey::BadChecksum)
+        );
+        // The memo is what skips the checksum: a text it holds is trusted.
+        checked.remember(KeyHash::of(&mistyped));
+        assert!(classify_checked(&mistyped, &[], Some(&checked)).is_ok());
+        // Its shape is checked whatever the memo holds.
+        let short = &key.expose()[..ApiKey::LEN - 1];
+        checked.remember(KeyHash::of(short));
+        assert_eq!(
+            classify_checked(short, &[], Some(&checked)).err(),
+            Some(NotAKey::UnknownShape)
+        );
     }
 
     #[test]

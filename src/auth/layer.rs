@@ -3,6 +3,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
+use super::checked::CheckedKeys;
 use super::imported::ImportedKeys;
 use super::service::LookupBound;
 use super::words::AuthWords;
@@ -23,6 +24,7 @@ pub struct BearerAuthLayer {
     lookups: Option<LookupBound>,
     words: AuthWords,
     imported: Vec<ImportedKeys>,
+    checked: Arc<CheckedKeys>,
 }
 
 impl BearerAuthLayer {
@@ -34,6 +36,7 @@ impl BearerAuthLayer {
             lookups: None,
             words: AuthWords::default(),
             imported: Vec::new(),
+            checked: Arc::default(),
         }
     }
 
@@ -121,6 +124,7 @@ impl<S> Layer<S> for BearerAuthLayer {
             lookups: self.lookups.clone(),
             words: Arc::new(self.words.clone()),
             imported: self.imported.clone().into(),
+            checked: Arc::clone(&self.checked),
         }
     }
 }

@@ -86,6 +86,7 @@
 //! # }
 //! ```
 
+mod checked;
 mod failures;
 mod header;
 mod imported;

@@ -7,7 +7,8 @@ use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
 use tower_service::Service;
 
-use super::imported::{ImportedKeys, NotAKey, Presented, classify};
+use super::checked::CheckedKeys;
+use super::imported::{ImportedKeys, NotAKey, Presented, classify_checked};
 use super::words::AuthWords;
 use super::{ApiKey, AuthFailures, HeaderError, KeyHash, Principal, X_API_KEY, presented_key};
 use crate::client_addr::ClientAddr;
@@ -42,6 +43,8 @@ pub struct BearerAuth<S> {
     pub(crate) lookups: Option<LookupBound>,
     pub(crate) words: Arc<AuthWords>,
     pub(crate) imported: Arc<[ImportedKeys]>,
+    /// Keys whose checksum passed here before: one SHA-256 a request.
+    pub(crate) checked: Arc<CheckedKeys>,
 }
 
 /// The bound on store reads made at once for keys not found live.
@@ -92,7 +95,13 @@ where
             .extensions()
             .get::<ClientAddr>()
             .map(|client| client.0);
-        let presented = match presented_key_hash(request.headers(), &self.words, &self.imported) {
+        let presented = presented_key_hash(
+            request.headers(),
+            &self.words,
+            &self.imported,
+            &self.checked,
+        );
+        let (presented, checked_now) = match presented {
             Ok(presented) => presented,
             Err(rejection) => {
                 let rejection = AuthFailures::counted(self.failures.as_ref(), client, rejection);
@@ -140,6 +149,11 @@ where
         let directory = self.directory.clone();
         let failures = self.failures.clone();
         let words = Arc::clone(&self.words);
+        // Kept only once the key is found live: made-up keys never fill it.
+        let checked = match (&presented, checked_now) {
+            (Presented::Hash(hash), true) => Some((Arc::clone(&self.checked), *hash)),
+            _ => None,
+        };
         let decision: Decision<Authenticated> = Box::pin(async move {
             let principal = async {
                 let hash = identity(presented, &words).await?;
@@ -148,6 +162,9 @@ where
             .await
             .map_err(|rejection| AuthFailures::counted(failures.as_ref(), client, rejection))?;
             drop(lookup_place);
+            if let Some((checked, hash)) = checked {
+                checked.remember(hash);
+            }
             // A stack in words of its own: the layers below that refuse a
             // key (CreditGuard, when the store finds it revoked or expired)
             // speak them too.
@@ -185,7 +202,8 @@ fn presented_key_hash(
     headers: &HeaderMap,
     words: &AuthWords,
     imported: &[ImportedKeys],
-) -> Result<Presented, GatewayError> {
+    checked: &CheckedKeys,
+) -> Result<(Presented, bool), GatewayError> {
     let token = presented_key(headers).map_err(|error| {
         let reason = match error {
             HeaderError::Missing => "missing_authorization",
@@ -195,7 +213,7 @@ fn presented_key_hash(
         };
         refusal(words, reason, error.message_for(&words.product))
     })?;
-    classify(token, imported).map_err(|not_a_key| match not_a_key {
+    classify_checked(token, imported, Some(checked)).map_err(|not_a_key| match not_a_key {
         NotAKey::BadChecksum => refusal(
             words,
             "unknown_key",

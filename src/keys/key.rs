@@ -144,6 +144,16 @@ pub fn looks_like_key(text: &str) -> bool {
 }
 
 fn check(text: &str) -> Result<(), KeyFormatError> {
+    check_shape(text)?;
+    match checksum_matches(text) {
+        true => Ok(()),
+        false => Err(KeyFormatError::BadChecksum),
+    }
+}
+
+/// [`check`]'s every test but the checksum, in its order: what a key must
+/// be before its checksum means anything.
+pub(crate) fn check_shape(text: &str) -> Result<(), KeyFormatError> {
     let rest = text
         .strip_prefix(ApiKey::PREFIX)
         .ok_or(KeyFormatError::WrongPrefix)?;
@@ -153,12 +163,18 @@ fn check(text: &str) -> Result<(), KeyFormatError> {
     if text.len() != ApiKey::LEN {
         return Err(KeyFormatError::WrongLength);
     }
-    // All ASCII and exactly LEN bytes, so this splits on a char boundary.
-    let (body, sum) = text.split_at(ApiKey::LEN - CHECKSUM_CHARS);
-    if checksum(body.as_bytes()) != sum.as_bytes() {
-        return Err(KeyFormatError::BadChecksum);
-    }
     Ok(())
+}
+
+/// Whether the last characters of `text`, a key of the right
+/// [shape](check_shape), are the checksum of the rest.
+pub(crate) fn checksum_matches(text: &str) -> bool {
+    // Split by bytes: any text splits, and a shaped key is all ASCII.
+    let Some(cut) = text.len().checked_sub(CHECKSUM_CHARS) else {
+        return false;
+    };
+    let (body, sum) = text.as_bytes().split_at(cut);
+    checksum(body) == sum
 }
 
 /// The first 32 bits of SHA-256 over `body`, as 6 base62 digits.

@@ -67,6 +67,7 @@ pub use credits::{InvalidCredits, MAX_CREDITS, credits_from_nanos, nanos_from_cr
 pub use directory::{KeyDirectory, KeyDirectoryBuilder, KeyState, LeakOutcome, RotateOutcome};
 pub use index::{KEY_INDEX_BUILT, KEY_INDEX_BUILT_ID, account_keys};
 pub use key::{ApiKey, KeyFormatError, KeyHash, looks_like_key};
+pub(crate) use key::{check_shape, checksum_matches};
 pub use provision::{EnsuredKey, grants, provisioned_keys};
 // Where the layers' examples have always found it.
 pub use crate::store::SharedStore;
