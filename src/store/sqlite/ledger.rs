@@ -1402,12 +1402,10 @@ mod tests {
         // before, remove a batch each until only the cap is left; then the
         // next tidy waits its whole interval again (the fourth call's
         // record stays, hidden, until then).
-        let mut next = past_the_cap;
         let mut kept = Vec::new();
-        for step in 0..4 {
+        for (id, step) in (past_the_cap..).zip(0..4) {
             let then = at(1) + chrono::Duration::microseconds(TIDY_BEHIND_MICROS * step);
-            store.settle(&settled(next, 1), then).await.unwrap();
-            next += 1;
+            store.settle(&settled(id, 1), then).await.unwrap();
             kept.push(records(&store).await.0);
         }
         let batch = TIDY_BATCH;
