@@ -8,6 +8,9 @@ use http::HeaderValue;
 /// The realm and product name a stack has unless it names its own.
 pub const DEFAULT_PRODUCT: &str = "modelgate";
 
+/// The challenge of the default realm.
+const DEFAULT_CHALLENGE: &str = "Bearer realm=\"modelgate\"";
+
 /// The words of BearerAuth's 401s: the challenge's realm and the product
 /// named in messages ("your acme key").
 #[derive(Clone)]
@@ -41,7 +44,8 @@ impl AuthWords {
 impl AuthWords {
     /// Whether these are modelgate's own words (no realm or product set).
     pub(crate) fn are_default(&self) -> bool {
-        self.product == DEFAULT_PRODUCT && self.challenge == AuthWords::default().challenge
+        // Asked on every accepted request: compared, nothing built.
+        self.product == DEFAULT_PRODUCT && self.challenge == DEFAULT_CHALLENGE
     }
 }
 
@@ -49,7 +53,7 @@ impl Default for AuthWords {
     fn default() -> Self {
         AuthWords {
             product: DEFAULT_PRODUCT.to_owned(),
-            challenge: HeaderValue::from_static("Bearer realm=\"modelgate\""),
+            challenge: HeaderValue::from_static(DEFAULT_CHALLENGE),
             invalid_token: HeaderValue::from_static(
                 "Bearer realm=\"modelgate\", error=\"invalid_token\"",
             ),
@@ -82,6 +86,29 @@ mod tests {
             words.invalid_token,
             "Bearer realm=\"modelgate\", error=\"invalid_token\""
         );
+    }
+
+    #[test]
+    fn only_modelgate_s_own_words_are_the_default() {
+        assert!(AuthWords::default().are_default());
+        // Naming the default realm again changes nothing.
+        assert!(
+            AuthWords::default()
+                .with_realm(DEFAULT_PRODUCT)
+                .unwrap()
+                .are_default()
+        );
+        assert!(
+            !AuthWords::default()
+                .with_realm("acme")
+                .unwrap()
+                .are_default()
+        );
+        let renamed = AuthWords {
+            product: "acme".into(),
+            ..AuthWords::default()
+        };
+        assert!(!renamed.are_default());
     }
 
     #[test]
