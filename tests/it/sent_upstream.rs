@@ -31,6 +31,27 @@ const RETRY_WAIT: Duration = Duration::from_millis(600);
 const BALANCE_CREDITS: i64 = 1000;
 const MAX_TOKENS: u64 = 600;
 
+/// How many retries the gateways of this test process have begun to wait
+/// for (`modelgate_upstream_retries_total`): a retry is counted once its
+/// request is marked as at no upstream, so a client leaving after that
+/// owes nothing. The first call installs the process's recorder (each
+/// test runs in a process of its own; none other here installs one).
+fn retries_begun() -> u64 {
+    static RECORDER: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    let handle = RECORDER.get_or_init(|| {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::set_global_recorder(recorder).expect("no other metrics recorder in this process");
+        handle
+    });
+    handle
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix("modelgate_upstream_retries_total "))
+        .map_or(0, |count| count.trim().parse::<f64>().unwrap() as u64)
+}
+
 /// Runs `test` on a MemoryStore, then on a real redis-server.
 async fn on_every_store<F, Fut>(test: F)
 where
@@ -154,24 +175,28 @@ async fn a_client_leaving_while_connects_fail_and_retries_wait_pays_nothing() {
 async fn a_client_leaving_while_a_retry_waits_after_a_503_pays_nothing() {
     on_every_store(|store| async move {
         // Every request answered 503 with `Retry-After: 1`.
-        let (failing, received) = mock::start_counted(mock::MockConfig {
+        let failing = mock::start(mock::MockConfig {
             fail_first: u64::MAX,
             error_status: 503,
             ..mock::MockConfig::default()
         })
         .await;
+        let retries_before = retries_begun();
         let address = instance(store.clone(), &failing, CONFIG).await;
         let key = funded_key(&store).await;
-        // The client leaves once the first attempt has had its 503, while
-        // the retry waits.
+        // The client leaves once the gateway has had the first attempt's
+        // 503 and waits to retry. (The upstream having received the
+        // attempt is not enough: a client leaving before its answer came
+        // back leaves a request sent and unanswered, rightly charged its
+        // hold.)
         let leaving = tokio::spawn({
             let key = key.clone();
             async move { chat(address, &key, Duration::from_secs(30)).await }
         });
         common::wait::wait_until(
             common::wait::PATIENCE,
-            "the first attempt's 503",
-            || async { received.load(std::sync::atomic::Ordering::SeqCst) >= 1 },
+            "the first attempt's 503 and the wait for the retry",
+            || async { retries_begun() > retries_before },
         )
         .await;
         leaving.abort();
