@@ -80,6 +80,9 @@ local function text(a) if not a or a == '' then return '0' end return a end
 -- store keeps that in 128 bits).
 local function add_held(a, b)
   a, b = text(a), text(b)
+  -- Most sums add nothing to one side (texts are canonical decimals).
+  if b == '0' then return a end
+  if a == '0' then return b end
   if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
   return big_str(big_add(big(a), big(b)))
 end
@@ -94,6 +97,8 @@ local function add(a, b) return as_i64(add_held(a, b)) end
 -- a - b, or 0 when b is larger (a kept sum never goes below nothing).
 local function less(a, b)
   a, b = text(a), text(b)
+  if b == '0' then return a end
+  if a == b then return '0' end
   if #a <= 15 and #b <= 15 then
     local d = tonumber(a) - tonumber(b)
     if d < 0 then return '0' end
@@ -211,7 +216,11 @@ local function forget_field(name)
   C.deleted[name] = true
 end
 -- Gives `id` score `score` in X when the call ends.
-local function track(id, score) table.insert(C.scores, int(score)); table.insert(C.scores, id) end
+local function track(id, score)
+  local scores = C.scores
+  local n = #scores
+  scores[n + 1], scores[n + 2] = int(score), id
+end
 
 -- The parts of a key's packed usage (`k:<key>`) and of the account's
 -- state (`s`), by name.
@@ -411,9 +420,9 @@ local function known(value, kind)
   return tonumber(forget_at) > C.now
 end
 
--- Takes a live hold (its value) off its key's and the account's sums.
-local function release(value)
-  local amount, covered, _, _, key = hold_parts(value)
+-- Takes a live hold (its amount, whether the balance covers it, its key:
+-- see hold_parts) off its key's and the account's sums.
+local function release(amount, covered, key)
   kput(key, 'h', less(kget(key, 'h'), amount))
   if covered then sput('held', less(sget('held'), amount)) end
 end
@@ -442,7 +451,7 @@ end
 -- 'L' for a late settlement to undo, with a record when the hold asked.
 local function lapse(id, value)
   local amount, covered, retention, most, key, admitted, model = hold_parts(value)
-  release(value)
+  release(amount, covered, key)
   local byok = not covered
   local s = admitted_starts(admitted)
   if amount ~= '0' then add_usage(key, amount, byok, s) end

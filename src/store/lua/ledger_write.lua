@@ -81,9 +81,9 @@ local function settle(key, id, cost, byok)
   local value = get(field)
   local charge_starts
   if holds(value) then
-    local admitted = select(6, hold_parts(value))
+    local amount, covered, _, _, its_key, admitted = hold_parts(value)
     if admitted then charge_starts = starts_at(tonumber(admitted)) end
-    release(value)
+    release(amount, covered, its_key)
   elseif known(value, 'S') then
     return 0
   elseif known(value, 'L') then
@@ -222,7 +222,7 @@ local function hold(key)
     end
   end
   -- Granted: the hold it replaces is released, on its own key.
-  if holding then release(previous) end
+  if holding then release(replaced, replaced_covered, replaced_key) end
   local total = add_held(kget(key, 'h'), grant)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
