@@ -9,6 +9,11 @@
 #
 #   bench/load.sh [SECONDS=10] [CONNECTIONS=32] [THREADS=2] [UPSTREAM_MS=0]
 #
+# Each figure the project has a target for is printed with it, met or
+# not: Redis CPU and commands per chat request (at the connections given),
+# what Redis adds at one connection, SQLite's p99 over its p50 (when run
+# at one connection).
+#
 # TARGETS narrows the run to some of the five (default all), e.g.
 # `TARGETS="memory sqlite" bench/load.sh 10 1 1` for SQLite's tail at one
 # connection beside the in-process store; STREAMED=0 skips the streamed
@@ -147,7 +152,9 @@ run() {
     requests="$(awk '/requests in/ {print $1}' "$work/$name.wrk")"
     redis_line="$(awk -v b="$before" -v a="$after" -v n="$requests" 'BEGIN {
       split(b, x, " "); split(a, y, " ")
-      printf "redis: %.2f commands per request (fcall %.2f), those run inside the functions included; %.1f us of Redis CPU per request; over %d requests", (y[1] - x[1]) / n, (y[2] - x[2]) / n, 1e6 * (y[3] - x[3]) / n, n
+      commands = (y[1] - x[1]) / n; cpu = 1e6 * (y[3] - x[3]) / n
+      printf "redis: %.2f commands per request (fcall %.2f), those run inside the functions included; %.1f us of Redis CPU per request; over %d requests\n", commands, (y[2] - x[2]) / n, cpu, n
+      printf "  target at 32 connections: <= 25 us of Redis CPU (%s), <= 6 commands (%s)", cpu <= 25 ? "met" : "not met", commands <= 6 ? "met" : "not met"
     }')"
   fi
   local rps p50 p99 errors
@@ -190,6 +197,25 @@ for line in "${results[@]}"; do
   fi
   printf '%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$ratio" "$7" "$added" "$8"
 done
+# wrk's latency (12.5us, 1.2ms, 1.01s) in microseconds.
+micros() {
+  awk -v v="$1" 'BEGIN {
+    unit = v; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", v)
+    printf "%.0f", v * (unit == "ms" ? 1000 : unit == "s" ? 1000000 : 1)
+  }'
+}
+# SQLite's tail at one connection: its p99 within 2 ms of its p50.
+if [ "$connections" = 1 ]; then
+  for line in "${results[@]}"; do
+    set -- $line
+    if [ "$2" = sqlite ] && [ "$1" = plain ]; then
+      spread="$(( $(micros "$5") - $(micros "$4") ))"
+      verdict="not met"
+      [ "$spread" -le 2000 ] && verdict="met"
+      echo "sqlite at one connection: p99 is ${spread}us above p50; target <= 2000us ($verdict)"
+    fi
+  done
+fi
 echo "(CPU/request: user + system time of the process under load: the mock for"
 echo " upstream, else the proxy; CPU added: over the no-layer proxy with the"
 echo " same body; RSS: the process's resident memory after that run; Redis's"
@@ -216,6 +242,9 @@ latency_line() {
     awk -F'"' '/PING_MBULK/ { printf "%.0f", $10 * 1000 }')"
   printf 'one connection: p50 %sus on memory, %sus on redis: Redis adds %sus; one Redis round trip (PING p50) is %sus\n' \
     "$memory_p50" "$redis_p50" "$((redis_p50 - memory_p50))" "$ping_p50"
+  local verdict="not met"
+  [ "$((redis_p50 - memory_p50))" -le "$((4 * ping_p50))" ] && verdict="met"
+  printf '  target: Redis adds <= 4 PINGs (%sus) of p50 (%s)\n' "$((4 * ping_p50))" "$verdict"
 }
 
 if [ -n "$redis_line" ]; then
