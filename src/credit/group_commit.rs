@@ -1,6 +1,7 @@
-//! Group commit: on a store a round trip away, settlements wait a moment
-//! per account to go with a reservation or with each other, so that under
-//! load a request costs about one ledger call instead of two.
+//! Group commit: on a store a round trip away (Redis) or whose every
+//! commit is dear (SQLite), settlements wait a moment per account to go
+//! with a reservation or with each other, so that a request costs about
+//! one ledger call (one transaction) instead of two.
 //!
 //! Per account, a settlement waits in a queue while another settlement of
 //! the account is on its way to the store (a call carrying settlements is
@@ -393,7 +394,9 @@ mod tests {
     /// as it starts, may be held until released, and may lose its reply
     /// (recorded, then answered with an error).
     struct Remote {
-        inner: MemoryStore,
+        inner: Arc<dyn LedgerStore>,
+        /// What `batches_settlements` answers.
+        batches: bool,
         calls: Mutex<Vec<String>>,
         holding: AtomicBool,
         release: Semaphore,
@@ -403,8 +406,14 @@ mod tests {
 
     impl Remote {
         fn new() -> Arc<Self> {
+            Self::over(Arc::new(MemoryStore::new()), true)
+        }
+
+        /// `inner`'s calls, logged; batching when `batches`.
+        fn over(inner: Arc<dyn LedgerStore>, batches: bool) -> Arc<Self> {
             Arc::new(Remote {
-                inner: MemoryStore::new(),
+                inner,
+                batches,
                 calls: Mutex::new(Vec::new()),
                 holding: AtomicBool::new(false),
                 release: Semaphore::new(0),
@@ -565,7 +574,7 @@ mod tests {
         }
 
         fn batches_settlements(&self) -> bool {
-            true
+            self.batches
         }
     }
 
@@ -726,6 +735,34 @@ mod tests {
         assert!(remote.calls().is_empty());
         assert_eq!(usage(&remote).await, (1, 10));
         assert!(group.shard("acct").is_empty());
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn on_sqlite_the_next_admission_carries_a_settlement_in_one_transaction() {
+        // SQLite is no round trip away, but one transaction instead of
+        // two writes the pages both touch (the account's and key's rows,
+        // the requests' index) to the WAL once, and the checkpoint copies
+        // them once: what kept its p99 at one connection 2 to 3 ms above
+        // its p50.
+        let directory = tempfile::tempdir().unwrap();
+        let sqlite = crate::store::SqliteStore::open(
+            directory.path().join("ledger.db"),
+            crate::store::SqliteStoreConfig::default(),
+        )
+        .unwrap();
+        let batches = sqlite.batches_settlements();
+        let remote = Remote::over(Arc::new(sqlite), batches);
+        let group = group(&remote);
+        reserved(&remote, 1).await;
+        let settling = settle_range(&group, 0, 1);
+        settle_down().await;
+        assert!(remote.calls().is_empty(), "waiting for a carrier");
+        let outcome = group.reserve(&request("next")).await.unwrap();
+        assert!(outcome.is_reserved());
+        assert_eq!(remote.calls(), ["reserve_after_settling 1"]);
+        all_ok(settling).await;
+        assert_eq!(usage(&remote).await, (1, 10));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

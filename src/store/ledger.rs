@@ -571,8 +571,10 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// [`admit_after_settling`](Self::admit_after_settling) cost one
     /// call to the backend however many settlements they carry, so that
     /// [`CreditGuard`](crate::credit::CreditGuard) saves round trips by
-    /// grouping settlements: `true` for [`RedisStore`](super::RedisStore);
-    /// `false` (the default) for [`MemoryStore`](super::MemoryStore), where
+    /// grouping settlements: `true` for [`RedisStore`](super::RedisStore)
+    /// and [`SqliteStore`](super::SqliteStore) (one transaction writes the
+    /// pages a settlement and the next admission both touch once); `false`
+    /// (the default) for [`MemoryStore`](super::MemoryStore), where
     /// grouping would only add waiting. Grouping waits on tokio's timer (a
     /// settlement waits about a millisecond for an admission to carry it),
     /// so a store that says `true` needs a runtime with time enabled.

@@ -1035,6 +1035,13 @@ impl LedgerStore for SqliteStore {
             .await
     }
 
+    /// A settlement rides on the account's next admission (one
+    /// transaction, one commit): the rows and index pages both touch are
+    /// written to the WAL, and later checkpointed, once instead of twice.
+    fn batches_settlements(&self) -> bool {
+        true
+    }
+
     async fn settle_many(
         &self,
         settlements: &[Settlement],

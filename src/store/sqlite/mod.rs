@@ -8,7 +8,11 @@
 //! a job that fails leaves nothing), and answers them once it commits:
 //! many settlements cost one commit. Every job reads what it decides on
 //! inside that transaction, so two processes opening the same file (WAL,
-//! a busy timeout) decide each limit exactly as one would.
+//! a busy timeout) decide each limit exactly as one would. CreditGuard's
+//! settlements ride on the account's next admission, as on Redis (a
+//! settlement waits up to a millisecond for one): a client sending one
+//! request after another costs one commit per request, which writes the
+//! pages both touch to the WAL once.
 //!
 //! With `synchronous=NORMAL` (the default) a commit survives the process
 //! being killed at any moment, and a power loss may lose the last commits
