@@ -116,12 +116,8 @@ PY
 # `fill_records URL KEY`: chat requests until RECORDS were answered.
 fill_records() {
   local url="$1" key="$2" done=0
-  cat >"$work/chat.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"model": "openai/gpt-4o-mini", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}'
-wrk.headers["content-type"] = "application/json"
-wrk.headers["authorization"] = "Bearer $key"
-LUA
+  wrk_script "$key" '{"model": "openai/gpt-4o-mini", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}' \
+    >"$work/chat.lua"
   while [ "$done" -lt "$record_count" ]; do
     local out
     out="$(wrk -t 2 -c 32 -d 10s -s "$work/chat.lua" "$url/api/v1/chat/completions")"

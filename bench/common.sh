@@ -83,6 +83,18 @@ start_proxy() {
   echo "http://127.0.0.1:$port"
 }
 
+# A wrk script that posts JSON `BODY`, with `KEY` as bearer when not
+# empty (`wrk_script KEY BODY`), on stdout.
+wrk_script() {
+  local key="$1" body="$2"
+  cat <<LUA
+wrk.method = "POST"
+wrk.body = '$body'
+wrk.headers["content-type"] = "application/json"
+$( [ -n "$key" ] && echo "wrk.headers[\"authorization\"] = \"Bearer $key\"" )
+LUA
+}
+
 # A key with credits on a full proxy (`client_key NAME URL`), through its
 # management API.
 client_key() {

@@ -42,12 +42,8 @@ monitor=$!
 echo "$monitor" >>"$work/pids"
 url="$(start_proxy redis --redis "redis://127.0.0.1:$redis_port")"
 key="$(client_key redis "$url")"
-cat >"$work/chat.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
-wrk.headers["content-type"] = "application/json"
-wrk.headers["authorization"] = "Bearer $key"
-LUA
+wrk_script "$key" '{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}' \
+  >"$work/chat.lua"
 echo "==> recording ${seconds}s at $connections connections"
 wrk -t 2 -c "$connections" -d "${seconds}s" -s "$work/chat.lua" "$url/api/v1/chat/completions" |
   awk '/requests in/ {print "    " $1 " requests"}'
