@@ -41,6 +41,13 @@ targets=" ${TARGETS:-upstream bare memory sqlite redis} "
 bodies="plain streamed"
 [ "${STREAMED:-1}" = 0 ] && bodies="plain"
 wanted() { [[ "$targets" == *" $1 "* ]]; }
+# wrk's latency (12.5us, 1.2ms, 1.01s) in microseconds.
+micros() {
+  awk -v v="$1" 'BEGIN {
+    unit = v; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", v)
+    printf "%.0f", v * (unit == "ms" ? 1000 : unit == "s" ? 1000000 : 1)
+  }'
+}
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
@@ -188,13 +195,6 @@ for line in "${results[@]}"; do
   fi
   printf '%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$ratio" "$7" "$added" "$8"
 done
-# wrk's latency (12.5us, 1.2ms, 1.01s) in microseconds.
-micros() {
-  awk -v v="$1" 'BEGIN {
-    unit = v; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", v)
-    printf "%.0f", v * (unit == "ms" ? 1000 : unit == "s" ? 1000000 : 1)
-  }'
-}
 # SQLite's tail at one connection: its p99 within 2 ms of its p50.
 if [ "$connections" = 1 ]; then
   for line in "${results[@]}"; do
@@ -219,11 +219,7 @@ one_connection_p50_us() {
   wrk_script "$key" "$plain_body" >"$work/one.lua"
   wrk -t 1 -c 1 -d 1s -s "$work/one.lua" "$url" >/dev/null
   wrk -t 1 -c 1 -d 5s --latency -s "$work/one.lua" "$url" >"$work/one.wrk"
-  awk '$1 == "50%" {
-    value = $2; unit = value; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", value)
-    factor = (unit == "ms") ? 1000 : (unit == "s") ? 1000000 : 1
-    printf "%.0f", value * factor
-  }' "$work/one.wrk"
+  micros "$(awk '$1 == "50%" {print $2}' "$work/one.wrk")"
 }
 latency_line() {
   local memory_p50 redis_p50 ping_p50
