@@ -1347,6 +1347,20 @@ mod tests {
         }
     }
 
+    /// A store on a new file (kept while the directory is).
+    fn fresh_store() -> (tempfile::TempDir, SqliteStore) {
+        let directory = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
+        (directory, store)
+    }
+
+    /// The instant `step` tidy intervals and more (200 ms each) after the
+    /// tests' start.
+    fn at(step: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap()
+            + chrono::Duration::milliseconds(200 * step)
+    }
+
     /// The file's record rows and the account's count of them.
     async fn records(store: &SqliteStore) -> (i64, i64) {
         store
@@ -1369,10 +1383,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_past_the_cap_leave_the_file_and_the_count_follows() {
-        let directory = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
-        let start = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
-        let at = |step: i64| start + chrono::Duration::milliseconds(200 * step);
+        let (_directory, store) = fresh_store();
         for id in 0..10 {
             store.settle(&settled(id, 3), at(0)).await.unwrap();
         }
@@ -1397,10 +1408,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_tidy_removes_a_bounded_batch_and_the_next_call_goes_on() {
-        let directory = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
-        let start = Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap();
-        let at = |step: i64| start + chrono::Duration::milliseconds(200 * step);
+        let (_directory, store) = fresh_store();
         let past_the_cap = 2 * TIDY_BATCH as usize + 50;
         for id in 0..past_the_cap {
             store.settle(&settled(id, 1_000_000), at(0)).await.unwrap();
