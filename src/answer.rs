@@ -11,7 +11,6 @@ use futures_util::future::BoxFuture;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
-use tower::util::Oneshot;
 use tower_service::Service;
 
 use crate::response_body::ResponseBody;
@@ -73,7 +72,7 @@ pin_project! {
         },
         Passing {
             #[pin]
-            future: Oneshot<S, Request<B>>,
+            future: S::Future,
         },
     }
 }
@@ -88,7 +87,10 @@ where
         }
     }
 
-    pub(crate) fn passing(future: Oneshot<S, Request<B>>) -> Self {
+    /// The inner service's own future: the layer's `poll_ready` is the
+    /// inner service's, so a request passed on is called at once, with no
+    /// clone of the services below.
+    pub(crate) fn passing(future: S::Future) -> Self {
         AnswerFuture {
             state: State::Passing { future },
         }

@@ -42,7 +42,6 @@ use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderName, Request, Response};
 use ipnet::IpNet;
-use tower::util::Oneshot;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -302,9 +301,10 @@ where
     type Error = S::Error;
     type Future = AnswerFuture<S, B>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // Oneshot asks the inner service when the request is passed on.
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service's readiness: a request passed on is called at
+        // once, with no clone of the services below.
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
@@ -332,7 +332,7 @@ where
                 }
             }
         }
-        AnswerFuture::passing(Oneshot::new(self.inner.clone(), request))
+        AnswerFuture::passing(self.inner.call(request))
     }
 }
 

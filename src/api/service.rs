@@ -2,7 +2,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::layer::KeyRoutesConfig;
@@ -40,9 +39,10 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // Requests this layer answers itself never need the inner service.
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service's readiness: a request passed on is called at
+        // once, with no clone of the services below.
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
@@ -50,10 +50,10 @@ where
         // routes: passed on without reading its path again.
         let context = RequestContext::of(&request);
         if context.is_some_and(|context| context.model_call().is_some()) {
-            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+            return ResponseFuture::passing(self.inner.call(request));
         }
         let Some(matched) = match_path(request.uri().path()) else {
-            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+            return ResponseFuture::passing(self.inner.call(request));
         };
         let api_request = ApiRequest {
             method: request.method().clone(),

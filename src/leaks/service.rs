@@ -7,7 +7,6 @@ use futures_util::future::try_join_all;
 use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
-use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::layer::LeakAlertsConfig;
@@ -51,17 +50,18 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // Alerts are answered here and never need the inner service.
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service's readiness: a request passed on is called at
+        // once, with no clone of the services below.
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let Some(config) = &self.config else {
-            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+            return ResponseFuture::passing(self.inner.call(request));
         };
         if !path_is(request.uri().path(), &["api", "v1", "leaks"]) {
-            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+            return ResponseFuture::passing(self.inner.call(request));
         }
         let config = Arc::clone(config);
         ResponseFuture::answering(Box::pin(async move {

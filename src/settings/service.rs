@@ -6,7 +6,6 @@ use http::header::{
     X_FRAME_OPTIONS,
 };
 use http::{Method, Request, Response};
-use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::ResponseFuture;
@@ -163,10 +162,10 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // The page never needs the inner service; Oneshot asks it for the
-        // requests passed on.
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service's readiness: a request passed on is called at
+        // once, with no clone of the services below.
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
@@ -175,7 +174,7 @@ where
                 let response = answer(target, request.method());
                 ResponseFuture::answering(Box::pin(std::future::ready(response)))
             }
-            None => ResponseFuture::passing(Oneshot::new(self.inner.clone(), request)),
+            None => ResponseFuture::passing(self.inner.call(request)),
         }
     }
 }

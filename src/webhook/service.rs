@@ -10,7 +10,6 @@ use http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER}
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
 use serde_json::json;
-use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::actions::ActionReply;
@@ -65,9 +64,10 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // Requests this layer answers itself never need the inner service.
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service's readiness: a request passed on is called at
+        // once, with no clone of the services below.
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
@@ -78,7 +78,7 @@ where
             .iter()
             .position(|route| route.path == path)
         else {
-            return ResponseFuture::passing(Oneshot::new(self.inner.clone(), request));
+            return ResponseFuture::passing(self.inner.call(request));
         };
         let config = Arc::clone(&self.config);
         ResponseFuture::answering(Box::pin(async move {
