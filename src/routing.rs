@@ -123,7 +123,7 @@ pub fn loggable_path(path: &str) -> String {
     match pattern {
         // The route's own spelling, its parameters as sent but for a hash.
         Some(pattern) => {
-            let parts = pattern.split('/').filter(|part| !part.is_empty());
+            let parts = split_at_slashes(pattern).filter(|part| !part.is_empty());
             for (part, segment) in parts.zip(&segments) {
                 if part.starts_with('{') {
                     push(segment);
@@ -257,13 +257,22 @@ fn last_segment_is(path: &str, name: &str) -> bool {
 /// empty segments (nothing to decode, no `.` or `..`), borrowed without
 /// gathering them: the usual path, read several times a request.
 fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &str>> {
-    let bytes = path.as_bytes();
-    // A dot segment starts the path or follows a slash.
-    let dot_segment = bytes.first() == Some(&b'.') || memchr::memmem::find(bytes, b"/.").is_some();
-    if dot_segment || memchr::memchr(b'%', bytes).is_some() {
-        return None;
+    // One pass over a short path: a `%`, or a dot segment (a `.` starting
+    // the path or following a slash), is for normalizing.
+    let mut previous = b'/';
+    for &byte in path.as_bytes() {
+        if byte == b'%' || (byte == b'.' && previous == b'/') {
+            return None;
+        }
+        previous = byte;
     }
-    Some(path.split('/').filter(|segment| !segment.is_empty()))
+    Some(split_at_slashes(path).filter(|segment| !segment.is_empty()))
+}
+
+/// `path` split at each `/`, char by char: a route's path is short, and
+/// `split('/')` starts a `memchr` search for each segment.
+fn split_at_slashes(path: &str) -> std::str::Split<'_, [char; 1]> {
+    path.split(['/'])
 }
 
 /// The segments of `path` as an upstream that normalises paths reads them:
@@ -319,7 +328,7 @@ pub(crate) fn pattern_params<'s>(
         return None;
     }
     let mut params = Vec::new();
-    let mut pattern_segments = pattern.split('/').filter(|segment| !segment.is_empty());
+    let mut pattern_segments = split_at_slashes(pattern).filter(|segment| !segment.is_empty());
     for segment in segments {
         let expected = pattern_segments.next()?;
         if expected.starts_with('{') && expected.ends_with('}') {
@@ -351,7 +360,7 @@ fn normalize_segments<'text, 'out>(
 ) -> Vec<Cow<'out, str>> {
     // One allocation for any usual path: routes are a few segments deep.
     let mut segments = Vec::with_capacity(8);
-    for segment in text.split('/') {
+    for segment in split_at_slashes(text) {
         match segment {
             "" | "." => {}
             ".." => {

@@ -1,14 +1,13 @@
 //! [`HoldRenewals`]: the holds of the requests in flight, renewed so that
 //! a hold lasts as long as its request, however long it streams.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::store::{HoldRenewal, LedgerStore};
+use crate::store::{FastMap, HoldRenewal, LedgerStore};
 
 /// Shards spread accounts over independent locks: each request takes one
 /// twice (at admission and at its settlement).
@@ -37,8 +36,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     hold_ttl: Duration,
     /// Account -> reservation id -> key (hash).
-    shards: Vec<Mutex<HashMap<String, HashMap<String, String>>>>,
-    hasher: std::collections::hash_map::RandomState,
+    shards: Vec<Mutex<FastMap<String, FastMap<String, String>>>>,
+    hasher: foldhash::fast::RandomState,
     /// Whether the renewing task runs: started with the first hold.
     renewing: AtomicBool,
 }
@@ -96,7 +95,7 @@ impl HoldRenewals {
         self.inner
             .shards
             .iter()
-            .map(|shard| lock(shard).values().map(HashMap::len).sum::<usize>())
+            .map(|shard| lock(shard).values().map(FastMap::len).sum::<usize>())
             .sum()
     }
 
@@ -124,7 +123,7 @@ impl HoldRenewals {
 }
 
 impl Inner {
-    fn shard(&self, account: &str) -> MutexGuard<'_, HashMap<String, HashMap<String, String>>> {
+    fn shard(&self, account: &str) -> MutexGuard<'_, FastMap<String, FastMap<String, String>>> {
         let index = (self.hasher.hash_one(account) % SHARD_COUNT as u64) as usize;
         lock(&self.shards[index])
     }

@@ -1189,7 +1189,7 @@ fn new_reservation_id(now: DateTime<Utc>) -> String {
     let random = crate::random::u128() & ((1 << 80) - 1);
     // 12 hex digits of milliseconds, then 20 of randomness.
     let id = ((millis & ((1 << 48) - 1)) << 80) | random;
-    hex::encode(id.to_be_bytes())
+    format!("{id:032x}")
 }
 
 #[cfg(test)]
