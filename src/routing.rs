@@ -31,6 +31,10 @@ macro_rules! api_paths {
         /// management key use. The route table (above BearerAuth, since its
         /// handlers take a `Principal`) takes its paths from [`api_path`].
         pub(crate) const API_PATHS: &[&str] = &[$($(#[$attribute])* api_path::$name,)*];
+
+        /// How many segments each of [`API_PATHS`] has, in the same order.
+        const API_PATH_DEPTHS: &[usize] =
+            &[$($(#[$attribute])* segment_count(api_path::$name),)*];
     };
 }
 
@@ -57,10 +61,19 @@ api_paths! {
 
 /// Whether `path` is one of [`API_PATHS`].
 pub(crate) fn is_api_path(path: &str) -> bool {
-    let segments = normalized_segments(path);
+    api_pattern(&normalized_segments(path)).is_some()
+}
+
+/// The pattern of [`API_PATHS`] that `segments` match, if any: only those
+/// of their depth are tried (a path is logged by this on every request).
+fn api_pattern(segments: &[Cow<'_, str>]) -> Option<&'static str> {
     API_PATHS
         .iter()
-        .any(|pattern| pattern_params(pattern, &segments).is_some())
+        .zip(API_PATH_DEPTHS)
+        .find(|&(pattern, &depth)| {
+            depth == segments.len() && pattern_params(pattern, segments).is_some()
+        })
+        .map(|(pattern, _)| *pattern)
 }
 
 /// How many hex digits of a key hash a log shows.
@@ -91,9 +104,7 @@ const MIN_HASH_LIKE_DIGITS: usize = 16;
 pub fn loggable_path(path: &str) -> String {
     let segments = normalized_segments(path);
     let mut logged = String::with_capacity(path.len().min(256));
-    let pattern = API_PATHS
-        .iter()
-        .find(|pattern| pattern_params(pattern, &segments).is_some());
+    let pattern = api_pattern(&segments);
     let mut push = |segment: &str| {
         logged.push('/');
         // Each run of hex digits long enough to be a hash, cut. Scanned by
@@ -342,14 +353,16 @@ pub(crate) fn pattern_params<'s>(
 
 /// How many non-empty segments `path` has (as `split('/')` without the
 /// empty ones counts them).
-fn segment_count(path: &str) -> usize {
-    let mut previous = b'/';
-    let mut count = 0;
-    for &byte in path.as_bytes() {
-        if previous == b'/' && byte != b'/' {
+const fn segment_count(path: &str) -> usize {
+    let bytes = path.as_bytes();
+    let (mut at, mut previous, mut count) = (0, b'/', 0);
+    // A `while`: the API's patterns are counted at compile time.
+    while at < bytes.len() {
+        if previous == b'/' && bytes[at] != b'/' {
             count += 1;
         }
-        previous = byte;
+        previous = bytes[at];
+        at += 1;
     }
     count
 }
