@@ -33,7 +33,8 @@ pin_project! {
     pub struct MeteredBody<B> {
         #[pin]
         inner: B,
-        metering: Option<Metering>,
+        // Boxed: each layer above moves the response whole, body and all.
+        metering: Option<Box<Metering>>,
         // Completes when the gateway stopping ends the bodies still open.
         streams_end: Option<StreamsEnd>,
         // Ended by the gateway: nothing more is sent.
@@ -65,8 +66,8 @@ struct Metering {
 impl Metering {
     /// The meter, knowing what an event stream carried, and the usage
     /// read; an edited stream's last bytes are added to `out`.
-    fn finish(self, out: &mut BytesMut) -> (Meter, Option<Usage>) {
-        let Metering { mut meter, scanner } = self;
+    fn finish(self: Box<Self>, out: &mut BytesMut) -> (Meter, Option<Usage>) {
+        let Metering { mut meter, scanner } = *self;
         if scanner.is_event_stream() {
             // What the events whole so far carried: an unfinished last
             // one is read for usage, not counted as a chunk.
@@ -82,7 +83,7 @@ impl<B> MeteredBody<B> {
         MeteredBody {
             inner,
             streams_end: Some(meter.pending.streams_end()),
-            metering: Some(Metering { meter, scanner }),
+            metering: Some(Box::new(Metering { meter, scanner })),
             cut_short: false,
             trailers: None,
             inner_ended: false,
@@ -119,7 +120,7 @@ fn shutting_down_event(between_events: bool) -> Bytes {
 /// The last frame of a body the gateway ends: an event stream says why
 /// (after what an edited one still held); any other body cannot say it
 /// was cut, its connection is.
-fn cut_short(metering: Metering) -> Result<Frame<Bytes>, BoxError> {
+fn cut_short(metering: Box<Metering>) -> Result<Frame<Bytes>, BoxError> {
     let mut out = BytesMut::new();
     let scanner = &metering.scanner;
     let last = scanner.is_event_stream().then(|| {

@@ -160,7 +160,9 @@ where
             }
             None => None,
         };
-        let charge = Charge {
+        // Boxed: the admission's futures hold it across their awaits, and
+        // a future is moved whole at each step.
+        let charge = Box::new(Charge {
             generation,
             principal: principal.clone(),
             auth_words: request
@@ -189,7 +191,7 @@ where
             provider,
             price,
             free: call.model_id.is_free(),
-        };
+        });
         let config = Arc::clone(config);
         let account = charge.principal.account_id.clone();
         let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> =
@@ -731,7 +733,7 @@ pub(crate) struct Admitted {
 async fn admit(
     config: &CreditGuardConfig,
     account: String,
-    charge: Option<Charge>,
+    charge: Option<Box<Charge>>,
     plan: AdmissionPlan,
 ) -> Result<Admitted, GatewayError> {
     let mut admitted = decide(config, account, charge, plan).await?;
@@ -745,7 +747,7 @@ async fn admit(
 async fn decide(
     config: &CreditGuardConfig,
     account: String,
-    charge: Option<Charge>,
+    charge: Option<Box<Charge>>,
     plan: AdmissionPlan,
 ) -> Result<Admitted, GatewayError> {
     let charge_rotated = charge
@@ -1012,7 +1014,7 @@ fn hold_request(
 /// stream's usage asked for.
 fn admitted(
     meter: Option<Meter>,
-    charge: Option<Charge>,
+    charge: Option<Box<Charge>>,
     held_nanos: Option<i64>,
     credential: Option<ByokCredential>,
     additions: Vec<Admission>,
