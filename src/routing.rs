@@ -164,8 +164,8 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
     if method != Method::POST {
         return false;
     }
-    let is_chat = |chat: &str, completions: &str| {
-        chat.eq_ignore_ascii_case("chat") && completions.eq_ignore_ascii_case("completions")
+    let is_chat = |chat: &[u8], completions: &[u8]| {
+        chat.eq_ignore_ascii_case(b"chat") && completions.eq_ignore_ascii_case(b"completions")
     };
     if let Some(mut segments) = plain_segments(path) {
         return match (segments.next_back(), segments.next_back()) {
@@ -175,7 +175,7 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
     }
     matches!(
         normalized_segments(path).as_slice(),
-        [.., chat, completions] if is_chat(chat, completions)
+        [.., chat, completions] if is_chat(chat.as_bytes(), completions.as_bytes())
     )
 }
 
@@ -183,10 +183,10 @@ pub(crate) fn is_chat_completions_call(method: &Method, path: &str) -> bool {
 /// `…/messages/count_tokens`), read as [`is_chat_completions`] reads one:
 /// its clients read errors in Anthropic's shape.
 pub(crate) fn is_messages_path(path: &str) -> bool {
-    let is_messages = |last: Option<&str>, before: Option<&str>| match (last, before) {
-        (Some(last), _) if last.eq_ignore_ascii_case("messages") => true,
+    let is_messages = |last: Option<&[u8]>, before: Option<&[u8]>| match (last, before) {
+        (Some(last), _) if last.eq_ignore_ascii_case(b"messages") => true,
         (Some(last), Some(before)) => {
-            last.eq_ignore_ascii_case("count_tokens") && before.eq_ignore_ascii_case("messages")
+            last.eq_ignore_ascii_case(b"count_tokens") && before.eq_ignore_ascii_case(b"messages")
         }
         _ => false,
     };
@@ -195,7 +195,7 @@ pub(crate) fn is_messages_path(path: &str) -> bool {
         return is_messages(last, segments.next_back());
     }
     let segments = normalized_segments(path);
-    let mut from_end = segments.iter().rev().map(|segment| segment.as_ref());
+    let mut from_end = segments.iter().rev().map(|segment| segment.as_bytes());
     let last = from_end.next();
     is_messages(last, from_end.next())
 }
@@ -219,7 +219,7 @@ pub(crate) fn messages_call(method: &Method, path: &str) -> Option<MessagesCall>
     let last_is_count = match plain_segments(path) {
         Some(mut segments) => segments
             .next_back()
-            .is_some_and(|last| last.eq_ignore_ascii_case("count_tokens")),
+            .is_some_and(|last| last.eq_ignore_ascii_case(b"count_tokens")),
         None => normalized_segments(path)
             .last()
             .is_some_and(|last| last.eq_ignore_ascii_case("count_tokens")),
@@ -257,7 +257,7 @@ fn last_segment_is(path: &str, name: &str) -> bool {
     match plain_segments(path) {
         Some(mut segments) => segments
             .next_back()
-            .is_some_and(|last| last.eq_ignore_ascii_case(name)),
+            .is_some_and(|last| last.eq_ignore_ascii_case(name.as_bytes())),
         None => normalized_segments(path)
             .last()
             .is_some_and(|last| last.eq_ignore_ascii_case(name)),
@@ -267,7 +267,7 @@ fn last_segment_is(path: &str, name: &str) -> bool {
 /// The segments of a path that normalising would not change but for its
 /// empty segments (nothing to decode, no `.` or `..`), borrowed without
 /// gathering them: the usual path, read several times a request.
-fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &str>> {
+fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &[u8]>> {
     // One pass over a short path: a `%`, or a dot segment (a `.` starting
     // the path or following a slash), is for normalizing.
     let mut previous = b'/';
@@ -277,7 +277,9 @@ fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &str>> {
         }
         previous = byte;
     }
-    Some(split_at_slashes(path).filter(|segment| !segment.is_empty()))
+    // Split by bytes: segments are only compared, in ASCII case.
+    let segments = path.as_bytes().split(|&byte| byte == b'/');
+    Some(segments.filter(|segment| !segment.is_empty()))
 }
 
 /// `path` split at each `/`, char by char: a route's path is short, and
@@ -305,7 +307,7 @@ pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
 /// Whether `path`'s [normalized segments](normalized_segments) are
 /// `expected`, in any case.
 pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
-    let same = |segment: &str, expected: &&str| segment.eq_ignore_ascii_case(expected);
+    let same = |segment: &[u8], expected: &&str| segment.eq_ignore_ascii_case(expected.as_bytes());
     if let Some(mut segments) = plain_segments(path) {
         let mut expected = expected.iter();
         return loop {
@@ -321,7 +323,7 @@ pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
         && segments
             .iter()
             .zip(expected)
-            .all(|(segment, expected)| same(segment, expected))
+            .all(|(segment, expected)| same(segment.as_bytes(), expected))
 }
 
 /// The parameters of `segments` (a path's [normalized
