@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::Usage;
 use crate::body::ModelId;
-use crate::store::NANOS_PER_CREDIT;
+use crate::store::{FastMap, NANOS_PER_CREDIT};
 
 /// The most a model may cost per million tokens, in credits: far above any
 /// real price, and small enough that a request's cost never overflows.
@@ -368,9 +368,11 @@ pub trait Pricing: Send + Sync + fmt::Debug + 'static {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "ConfiguredTable")]
 pub struct PriceTable {
-    models: HashMap<String, TokenPrice>,
+    // Looked up on every request; the table is the operator's, so
+    // foldhash (not SipHash) is enough.
+    models: FastMap<String, TokenPrice>,
     /// By model id, for the entries that set any.
-    bounds: HashMap<String, PromptBounds>,
+    bounds: FastMap<String, PromptBounds>,
     default: Option<TokenPrice>,
     default_bounds: PromptBounds,
 }
