@@ -286,6 +286,9 @@ impl<S> Layer<S> for ClientAddrLayer {
 /// every client behind that proxy into one count, or let one choose its
 /// own. `Forwarded` (RFC 7239) is not read; a trusted proxy must send
 /// `X-Forwarded-For`.
+///
+/// Ready when the inner service is: the requests it passes on call it at
+/// once (a limit below it holds its own answers too).
 #[derive(Clone, Debug)]
 pub struct ClientAddrService<S> {
     inner: S,
@@ -295,7 +298,7 @@ pub struct ClientAddrService<S> {
 
 impl<S, B, ResBody> Service<Request<B>> for ClientAddrService<S>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;

@@ -25,6 +25,9 @@ use crate::response_body::ResponseBody;
 /// the body's bytes), both from the request's
 /// [`RequestContext`](crate::context::RequestContext); without them its endpoints answer 500 naming the
 /// missing layer. See the [module docs](super) for an example.
+///
+/// Ready when the inner service is: the requests it passes on call it at
+/// once (a limit below it holds its own answers too).
 #[derive(Clone, Debug)]
 pub struct KeyRoutes<S> {
     pub(crate) inner: S,
@@ -33,7 +36,7 @@ pub struct KeyRoutes<S> {
 
 impl<S, B, ResBody> Service<Request<B>> for KeyRoutes<S>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;

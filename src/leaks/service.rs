@@ -33,6 +33,9 @@ const LOOKUPS_AT_ONCE: usize = 16;
 /// among them (refused with 401 `leaked_key` on every instance at once),
 /// tells their owners, and answers each token's label. Every other request
 /// goes to the inner service untouched. See the [module docs](super).
+///
+/// Ready when the inner service is: the requests it passes on call it at
+/// once (a limit below it holds its own answers too).
 #[derive(Clone, Debug)]
 pub struct LeakAlerts<S> {
     pub(crate) inner: S,
@@ -41,7 +44,7 @@ pub struct LeakAlerts<S> {
 
 impl<S, B, ResBody> Service<Request<B>> for LeakAlerts<S>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>>,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,

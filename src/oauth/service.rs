@@ -35,6 +35,9 @@ const LAYER: &str = "CodeExchange";
 /// it goes before [`BearerAuth`](crate::auth::BearerAuth). Every other
 /// request goes to the inner service untouched. See the
 /// [module docs](super).
+///
+/// Ready when the inner service is: the requests it passes on call it at
+/// once (a limit below it holds its own answers too).
 #[derive(Clone, Debug)]
 pub struct CodeExchange<S> {
     pub(crate) inner: S,
@@ -49,7 +52,7 @@ fn is_exchange(path: &str) -> bool {
 
 impl<S, B, ResBody> Service<Request<B>> for CodeExchange<S>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>>,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,

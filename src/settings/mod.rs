@@ -52,7 +52,7 @@
 //! The page needs nothing from the layers below it, so it goes early in
 //! the stack, before authentication: the gateway
 //! ([`build_gateway`](crate::proxy::build_gateway)) puts it right after
-//! `InFlightLimit`. Open `http://HOST/settings` and paste a management
+//! `ClientAddr`. Open `http://HOST/settings` and paste a management
 //! key.
 //!
 //! ```

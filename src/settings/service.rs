@@ -23,6 +23,9 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
 /// Answers `/settings` and the paths under it with the key settings page
 /// and its files; passes every other request to the inner service
 /// untouched. See the [module docs](super).
+///
+/// Ready when the inner service is: the requests it passes on call it at
+/// once (a limit below it holds its own answers too).
 #[derive(Clone, Debug)]
 pub struct SettingsPage<S> {
     pub(crate) inner: S,
@@ -156,7 +159,7 @@ fn answer(target: Target, method: &Method) -> Response<Bytes> {
 
 impl<S, B, ResBody> Service<Request<B>> for SettingsPage<S>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>>,
 {
     type Response = Response<crate::response_body::ResponseBody<ResBody>>;
     type Error = S::Error;

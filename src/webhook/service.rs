@@ -47,6 +47,9 @@ pub use crate::client_addr::ClientAddr;
 /// lock the route's real caller out.
 ///
 /// See the [module docs](super) for an example.
+///
+/// Ready when the inner service is: the requests it passes on call it at
+/// once (a limit below it holds its own answers too).
 #[derive(Clone, Debug)]
 pub struct WebhookSecret<S> {
     pub(crate) inner: S,
@@ -55,7 +58,7 @@ pub struct WebhookSecret<S> {
 
 impl<S, B, ResBody> Service<Request<B>> for WebhookSecret<S>
 where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>>,
     B: Body + Send + 'static,
     B::Error: Into<BoxError>,
     B::Data: Send,
