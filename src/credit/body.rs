@@ -289,10 +289,10 @@ mod tests {
             reservation_id: "r1".into(),
             hold_granted: false,
             estimate_nanos: 100 * NANOS_PER_CREDIT,
-            price: TokenPrice::per_million_tokens(
+            price: Arc::new(TokenPrice::per_million_tokens(
                 NANOS_PER_CREDIT * 1_000_000,
                 NANOS_PER_CREDIT * 1_000_000,
-            ),
+            )),
             free: false,
             byok: false,
             response_success: Some(true),

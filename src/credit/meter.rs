@@ -55,7 +55,9 @@ pub(crate) struct Meter {
     /// What the request can cost within its completion bound (no more
     /// than it holds): what one that ends without usage is charged.
     pub(crate) estimate_nanos: i64,
-    pub(crate) price: TokenPrice,
+    /// Shared, not copied: a price is hundreds of bytes, and a meter moves
+    /// with its request's futures.
+    pub(crate) price: Arc<TokenPrice>,
     /// The API the request spoke: how its answer reports usage.
     pub(crate) api: ModelApi,
     /// A `:free` variant: never charged, whatever the upstream says.

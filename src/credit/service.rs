@@ -189,7 +189,7 @@ where
             )
             .unwrap_or(i64::MAX),
             provider,
-            price,
+            price: Arc::new(price),
             free: call.model_id.is_free(),
         });
         let config = Arc::clone(config);
@@ -667,7 +667,7 @@ struct Charge {
     default_bound_tokens: u64,
     /// Fees the request may owe whatever its tokens (web searches).
     fixed_nanos: i64,
-    price: TokenPrice,
+    price: Arc<TokenPrice>,
     free: bool,
 }
 
@@ -990,7 +990,7 @@ fn hold_request(
         // Until the store answers that it holds it.
         hold_granted: false,
         estimate_nanos,
-        price: charge.price,
+        price: Arc::clone(&charge.price),
         api: charge.api,
         free: charge.free,
         byok,
@@ -1383,7 +1383,7 @@ mod tests {
             max_tool_calls: None,
             stateless: false,
             default_bound_tokens: 100,
-            price,
+            price: Arc::new(price),
             free,
         };
         let prompt_free = TokenPrice::per_million_tokens(0, 1_000_000);

@@ -149,7 +149,9 @@ where
             model = tracing::field::Empty,
         );
         let in_flight = InFlight::start();
-        let future = span.in_scope(|| self.inner.call(request));
+        // Boxed before the block takes it: the block's first poll would
+        // otherwise move the whole chain's future once more.
+        let future = Box::pin(span.in_scope(|| self.inner.call(request)));
         let catalog = self.catalog.clone();
         Box::pin(
             async move {
