@@ -1191,7 +1191,9 @@ fn new_reservation_id(now: DateTime<Utc>) -> String {
     let random = crate::random::u128() & ((1 << 80) - 1);
     // 12 hex digits of milliseconds, then 20 of randomness.
     let id = ((millis & ((1 << 48) - 1)) << 80) | random;
-    format!("{id:032x}")
+    let mut digits = [0; 32];
+    hex::encode_to_slice(id.to_be_bytes(), &mut digits).expect("32 digits for 16 bytes");
+    String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
 }
 
 #[cfg(test)]

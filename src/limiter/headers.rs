@@ -67,17 +67,27 @@ pub(crate) fn with_rate_limit_headers(
 /// (GCRA or a rolling window): see [`X_RATELIMIT_POLICY`].
 pub(crate) fn policy_value(limit: &crate::store::Limit) -> Option<HeaderValue> {
     use crate::store::Limit;
-    let text = match *limit {
+    // Written by itoa, not `format!`: every admitted request carries one.
+    let (count, window, burst) = match *limit {
         Limit::Gcra {
             rate,
             period,
             burst,
-        } => format!("{rate};w={};burst={burst}", period.as_secs()),
+        } => (rate, period, Some(burst)),
         Limit::Rolling { limit, window } | Limit::FixedWindow { limit, window } => {
-            format!("{limit};w={}", window.as_secs())
+            (limit, window, None)
         }
         Limit::Calendar { .. } => return None,
     };
+    let mut number = itoa::Buffer::new();
+    let mut text = String::with_capacity(48);
+    text.push_str(number.format(count));
+    text.push_str(";w=");
+    text.push_str(number.format(window.as_secs()));
+    if let Some(burst) = burst {
+        text.push_str(";burst=");
+        text.push_str(number.format(burst));
+    }
     HeaderValue::from_str(&text).ok()
 }
 
