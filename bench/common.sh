@@ -6,16 +6,16 @@
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
-if ! command -v wrk >/dev/null 2>&1; then
-  echo "==> installing wrk (apt-get)"
+# `need COMMAND [PACKAGE]`: installs Debian's PACKAGE (default COMMAND)
+# with apt-get when COMMAND is missing.
+need() {
+  command -v "$1" >/dev/null 2>&1 && return
+  echo "==> installing ${2:-$1} (apt-get)"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-fi
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "==> installing redis-server (apt-get)"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${2:-$1}" >/dev/null
+}
+need wrk
+need redis-server
 
 echo "==> cargo build --release --examples --features full"
 cargo build --release --examples --features full --quiet

@@ -17,18 +17,9 @@ cd "$(dirname "$0")/.."
 seconds="${1:-5}"
 upstream_ms=0
 
-if ! command -v valgrind >/dev/null 2>&1; then
-  echo "==> installing valgrind (apt-get)"
-  if [ "$(id -u)" -eq 0 ]; then apt-get update -qq; else sudo apt-get update -qq; fi
-  if [ "$(id -u)" -eq 0 ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-  else
-    sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-  fi
-fi
-
 # shellcheck source=bench/common.sh
 . bench/common.sh
+need valgrind
 
 plain_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
 streamed_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "stream": true, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
@@ -52,12 +43,7 @@ measure() {
   local url="http://127.0.0.1:$port"
   local key=""
   [ "$name" = memory ] && key="$(client_key "$(basename "$out")" "$url")"
-  {
-    echo 'wrk.method = "POST"'
-    echo "wrk.body = '$body'"
-    echo 'wrk.headers["content-type"] = "application/json"'
-    [ -n "$key" ] && echo "wrk.headers[\"authorization\"] = \"Bearer $key\""
-  } >"$out.lua"
+  wrk_script "$key" "$body" >"$out.lua"
   wrk -t 1 -c 4 -d 3s -s "$out.lua" "$url/api/v1/chat/completions" >/dev/null
   callgrind_control -z "$pid" >/dev/null 2>&1
   wrk -t 1 -c 4 -d "${seconds}s" -s "$out.lua" "$url/api/v1/chat/completions" >"$out.wrk"

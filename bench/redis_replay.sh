@@ -25,11 +25,7 @@ upstream_ms=0
 
 # shellcheck source=bench/common.sh
 . bench/common.sh
-if ! command -v valgrind >/dev/null 2>&1; then
-  echo "==> installing valgrind (apt-get)"
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-fi
+need valgrind
 
 # 1. The load, recorded.
 redis_port="$(free_port)"
