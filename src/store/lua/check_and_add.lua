@@ -7,9 +7,6 @@
 local now = clock_now(ARGV[1])
 local all, states = counters_check(now, #KEYS / 2, 0, 2, {})
 if all then counters_commit(now, tonumber(ARGV[2]), states) end
-local outcomes = counters_outcomes(states)
 local result = { all and 1 or 0, int(now) }
-for _, o in ipairs(outcomes) do
-  for j = 1, 5 do table.insert(result, o[j]) end
-end
+counters_outcomes(states, result, 5)
 return result

@@ -11,16 +11,16 @@ local function ttl_ms(now, until_us, slack_ms) return int(math.ceil((until_us - 
 -- 'w' or 'm') counter has at `at`: its start and end (µs).
 local function counter_window(kind, p1, at)
   if kind == 'f' then
-    local length = tonumber(p1)
+    local length = num(p1)
     local start = fdiv(at, length) * length
     return start, start + length
   end
   return period_bounds(p1, at)
 end
-local function amount_of(member) return tonumber(string.match(member, ':(%d+)$')) end
+local function amount_of(member) return num(string.match(member, ':(%d+)$')) end
 
 local function rolling_used(now, key, aux, window)
-  local used = tonumber(redis.call('HGET', aux, 'used') or '0')
+  local used = num(redis.call('HGET', aux, 'used') or '0')
   local cutoff = int(now - window)
   local expired = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff)
   if #expired > 0 then
@@ -42,7 +42,7 @@ local function rolling_retry(now, key, window, used, amount, capacity)
     if #page == 0 then return window end
     for j = 1, #page, 2 do
       freed = freed + amount_of(page[j])
-      if freed >= needed then return tonumber(page[j + 1]) + window - now end
+      if freed >= needed then return num(page[j + 1]) + window - now end
     end
     start = start + 64
   end
@@ -59,23 +59,23 @@ local function counter_read(now, key, aux, kind, capacity, amount, p1)
     -- declared, and a caller whose clock reads a moment earlier counts in
     -- its own window and never resets a newer one.
     s.field, s.stop = int(start), stop
-    s.used = tonumber(redis.call('HGET', key, s.field) or '0')
+    s.used = num(redis.call('HGET', key, s.field) or '0')
     s.fits = s.used + amount <= capacity
     local left = stop - now
     s.retry = s.fits and 0 or left
     s.reset = s.used > 0 and left or 0
   elseif kind == 'r' then
-    local window = tonumber(p1)
+    local window = num(p1)
     s.used = rolling_used(now, key, aux, window)
     s.fits = s.used + amount <= capacity
     s.retry = 0
     if not s.fits then s.retry = rolling_retry(now, key, window, s.used, amount, capacity) end
     s.reset = 0
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if #newest > 0 then s.reset = tonumber(newest[2]) + window - now end
+    if #newest > 0 then s.reset = num(newest[2]) + window - now end
   else
-    local emission = tonumber(p1)
-    local arrival = tonumber(redis.call('GET', key) or '0')
+    local emission = num(p1)
+    local arrival = num(redis.call('GET', key) or '0')
     if arrival < now then arrival = now end
     s.new_arrival = arrival + emission * amount
     s.fits = s.new_arrival - now <= emission * capacity
@@ -95,18 +95,18 @@ local function counter_commit(now, slack_ms, s)
   local key, kind = s.key, s.kind
   if kind == 'f' or kind == 'c' then
     s.used = redis.call('HINCRBY', key, s.field, int(s.amount))
-    local ttl = tonumber(ttl_ms(now, s.stop, slack_ms))
+    local ttl = num(ttl_ms(now, s.stop, slack_ms))
     if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
     -- Windows over (beyond the slack) go as new ones come.
     if redis.call('HLEN', key) > 2 then
       for _, old in ipairs(redis.call('HKEYS', key)) do
-        local _, ended = counter_window(kind, s.p1, tonumber(old))
+        local _, ended = counter_window(kind, s.p1, num(old))
         if ended + slack_ms * 1000 < now then redis.call('HDEL', key, old) end
       end
     end
     s.reset = s.stop - now
   elseif kind == 'r' then
-    local window = tonumber(s.p1)
+    local window = num(s.p1)
     local seq = redis.call('HINCRBY', s.aux, 'seq', 1)
     redis.call('ZADD', key, int(now), int(seq) .. ':' .. int(s.amount))
     s.used = s.used + s.amount
@@ -117,7 +117,7 @@ local function counter_commit(now, slack_ms, s)
     -- later added one after it.
     if s.reset < window then s.reset = window end
   else
-    local emission = tonumber(s.p1)
+    local emission = num(s.p1)
     redis.call('SET', key, int(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
     local backlog = s.new_arrival - now
     s.used = math.ceil(backlog / emission)
@@ -133,9 +133,9 @@ local function counters_check(now, count, key_base, arg_base, capacities)
   local all, states = true, {}
   for i = 1, count do
     local a = arg_base + (i - 1) * 4
-    local capacity = capacities[i] or tonumber(ARGV[a + 2])
+    local capacity = capacities[i] or num(ARGV[a + 2])
     local s = counter_read(now, KEYS[key_base + 2 * i - 1], KEYS[key_base + 2 * i], ARGV[a + 1],
-      capacity, tonumber(ARGV[a + 3]), ARGV[a + 4])
+      capacity, num(ARGV[a + 3]), ARGV[a + 4])
     all = all and s.fits
     states[i] = s
   end
@@ -147,13 +147,16 @@ local function counters_commit(now, slack_ms, states)
   for _, s in ipairs(states) do counter_commit(now, slack_ms, s) end
 end
 
--- Per check: {fits, used, remaining, retry, reset, capacity}.
-local function counters_outcomes(states)
-  local outcomes = {}
-  for i, s in ipairs(states) do
+-- Appends to `into`, per check, the first `width` of: fits, used,
+-- remaining, retry, reset, capacity.
+local function counters_outcomes(states, into, width)
+  local n = #into
+  for _, s in ipairs(states) do
     local remaining = s.capacity - s.used
     if remaining < 0 then remaining = 0 end
-    outcomes[i] = { s.fits and 1 or 0, s.used, remaining, s.retry, s.reset, s.capacity }
+    into[n + 1], into[n + 2], into[n + 3], into[n + 4], into[n + 5] =
+      s.fits and 1 or 0, s.used, remaining, s.retry, s.reset
+    if width == 6 then into[n + 6] = s.capacity end
+    n = n + width
   end
-  return outcomes
 end

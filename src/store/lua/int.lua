@@ -1,10 +1,39 @@
--- Prepended to every script. `int(x)`: the integer `x` as decimal text.
--- Lua's own number formatting would turn large integers into exponent
--- notation; '%d' is exact for any integer a double holds below 2^63 and,
--- unlike '%.0f' (glibc's multi-precision path for doubles this large),
--- cheap: a ledger call formats a few dozen. Anything else (a fraction,
--- inf, nan) keeps '%.0f'.
+-- Prepended to every script: integers between decimal text and Lua
+-- numbers. Both directions go through libc (strtod, printf) and each
+-- costs about 2,000 instructions, dearer than most of a call's logic; a
+-- call mostly reads texts that an earlier call wrote, and formats the
+-- same instant more than once. So each text made or read here is
+-- remembered with its number, both ways, until 4,096 are (then all are
+-- forgotten at once: a table's lookup costs 2 % of a conversion).
+local NUMBERS, TEXTS, REMEMBERED = {}, {}, 0
+local function remember(text, number)
+  if REMEMBERED >= 4096 then NUMBERS, TEXTS, REMEMBERED = {}, {}, 0 end
+  NUMBERS[text], TEXTS[number], REMEMBERED = number, text, REMEMBERED + 1
+end
+-- `int(x)`: the integer `x` as decimal text. Lua's own number formatting
+-- would turn large integers into exponent notation; '%d' is exact for any
+-- integer a double holds below 2^63 and, unlike '%.0f' (glibc's
+-- multi-precision path for doubles this large), cheap. Anything else (a
+-- fraction, inf, nan) keeps '%.0f'.
 local function int(x)
-  if x == math.floor(x) and x > -9.2e18 and x < 9.2e18 then return string.format('%d', x) end
+  local text = TEXTS[x]
+  if text then return text end
+  if x == math.floor(x) and x > -9.2e18 and x < 9.2e18 then
+    text = string.format('%d', x)
+    remember(text, x)
+    return text
+  end
   return string.format('%.0f', x)
+end
+-- `num(s)`: `tonumber(s)`, remembered for texts (one way only: `int`
+-- must give '%d' text back, whatever text a number was read from).
+local function num(s)
+  local n = NUMBERS[s]
+  if n then return n end
+  n = tonumber(s)
+  if n and type(s) == 'string' then
+    if REMEMBERED >= 4096 then NUMBERS, TEXTS, REMEMBERED = {}, {}, 0 end
+    NUMBERS[s], REMEMBERED = n, REMEMBERED + 1
+  end
+  return n
 end

@@ -45,8 +45,8 @@ local BASE = 1000000000
 local function big(s)
   if not s or s == '' then return { 0, 0 } end
   local n = #s
-  if n <= 9 then return { 0, tonumber(s) } end
-  return { tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8)) }
+  if n <= 9 then return { 0, num(s) } end
+  return { num(string.sub(s, 1, n - 9)), num(string.sub(s, n - 8)) }
 end
 local function big_add(a, b)
   local high, low = a[1] + b[1], a[2] + b[2]
@@ -83,7 +83,7 @@ local function add_held(a, b)
   -- Most sums add nothing to one side (texts are canonical decimals).
   if b == '0' then return a end
   if a == '0' then return b end
-  if #a <= 15 and #b <= 15 then return string.format('%d', tonumber(a) + tonumber(b)) end
+  if #a <= 15 and #b <= 15 then return string.format('%d', num(a) + num(b)) end
   return big_str(big_add(big(a), big(b)))
 end
 -- `value` as an i64: the largest i64 when it is larger.
@@ -100,7 +100,7 @@ local function less(a, b)
   if b == '0' then return a end
   if a == b then return '0' end
   if #a <= 15 and #b <= 15 then
-    local d = tonumber(a) - tonumber(b)
+    local d = num(a) - num(b)
     if d < 0 then return '0' end
     return int(d)
   end
@@ -108,7 +108,7 @@ local function less(a, b)
 end
 local function ge(a, b)
   a, b = text(a), text(b)
-  if #a <= 15 and #b <= 15 then return tonumber(a) >= tonumber(b) end
+  if #a <= 15 and #b <= 15 then return num(a) >= num(b) end
   return big_ge(big(a), big(b))
 end
 local function minimum(a, b) if ge(a, b) then return b end return a end
@@ -118,8 +118,8 @@ local function minimum(a, b) if ge(a, b) then return b end return a end
 local function signed_add(value, b, subtract)
   value = text(value)
   if #value <= 15 and #b <= 15 then
-    local n = tonumber(value)
-    if subtract then n = n - tonumber(b) else n = n + tonumber(b) end
+    local n = num(value)
+    if subtract then n = n - num(b) else n = n + num(b) end
     return int(n)
   end
   local negative, magnitude = false, nil
@@ -360,7 +360,7 @@ local function add_usage(key, cost, byok, in_starts)
   for p = 1, 3 do
     local at = 3 * p
     local start, current = now_starts[p], k[at]
-    if not current or (current ~= start and tonumber(start) > tonumber(current)) then
+    if not current or (current ~= start and num(start) > num(current)) then
       k[at], k[at + 1], k[at + 2] = start, '0', '0'
       current = start
     end
@@ -388,7 +388,7 @@ local function hold_parts(value)
   if string.byte(value, 1) == 66 then
     local _, _, admitted, amount, flag, retention, most, length, rest =
       string.find(value, '^B:(%d+):(%d+):([cb]):(%d*):(%d*):(%d+):(.*)$')
-    length = tonumber(length)
+    length = num(length)
     return amount, flag == 'c', retention, most, string.sub(rest, length + 1), admitted,
       string.sub(rest, 1, length)
   end
@@ -409,7 +409,7 @@ end
 -- charged in: those containing that instant, else (an 'H' hold, nil) the
 -- current ones.
 local function admitted_starts(admitted)
-  if admitted then return starts_at(tonumber(admitted)) end
+  if admitted then return starts_at(num(admitted)) end
   return starts()
 end
 -- A settled ('S') or lapsed ('L') value whose time is not up yet.
@@ -417,7 +417,7 @@ local BYTE = { S = 83, L = 76 }
 local function known(value, kind)
   if not value or string.byte(value, 1) ~= BYTE[kind] then return false end
   local forget_at = string.match(value, '^.:(%d+)')
-  return tonumber(forget_at) > C.now
+  return num(forget_at) > C.now
 end
 
 -- Takes a live hold (its amount, whether the balance covers it, its key:
@@ -457,7 +457,7 @@ local function lapse(id, value)
   if amount ~= '0' then add_usage(key, amount, byok, s) end
   if covered and amount ~= '0' then put('balance', signed_add(get('balance'), amount, true)) end
   if retention ~= '' then
-    keep_generation(id, lapse_record(key, id, amount, byok, model), tonumber(retention), most, key)
+    keep_generation(id, lapse_record(key, id, amount, byok, model), num(retention), most, key)
   end
   -- A lapse before it (the id admitted again over it) gives way to this
   -- one, as a second lapse of one id replaces the first.
@@ -471,9 +471,9 @@ end
 -- was admitted again over.
 local function request_fields(ids)
   local fields = {}
-  for _, id in ipairs(ids) do
-    table.insert(fields, 'i:' .. id)
-    table.insert(fields, 'l:' .. id)
+  for i = 1, #ids do
+    local id = ids[i]
+    fields[2 * i - 1], fields[2 * i] = 'i:' .. id, 'l:' .. id
   end
   return fields
 end
@@ -483,7 +483,7 @@ end
 -- agree on what is live). Costs nothing until the earliest expiry passes.
 local function sweep()
   local next_expiry = sget('next')
-  if not next_expiry or next_expiry == '' or tonumber(next_expiry) > C.now then return end
+  if not next_expiry or next_expiry == '' or num(next_expiry) > C.now then return end
   -- In pages, X unchanged until the call ends: every write waits for
   -- ledger_end, so a call that fails part way writes nothing.
   -- By rank from the first live hold: an offset would make each page
@@ -495,7 +495,7 @@ local function sweep()
     rank = rank + 500
     ids = {}
     for j = 1, #page, 2 do
-      if tonumber(page[j + 1]) > C.now then break end
+      if num(page[j + 1]) > C.now then break end
       ids[#ids + 1] = page[j]
     end
     if #ids > 0 then
@@ -506,7 +506,7 @@ local function sweep()
         if holds(value) then
           track(id, -lapse(id, value))
         else
-          table.insert(C.gone, id)
+          C.gone[#C.gone + 1] = id
         end
       end
     end
@@ -572,7 +572,8 @@ local function leave_key_orders(ids)
     if key then
       local order = C.genexp .. ':' .. key
       by_order[order] = by_order[order] or {}
-      table.insert(by_order[order], ids[i])
+      local members = by_order[order]
+      members[#members + 1] = ids[i]
     end
   end
   for order, members in pairs(by_order) do redis.call('ZREM', order, unpack(members)) end
@@ -592,13 +593,13 @@ local function remove_old_records(more)
     removed = true
     more = more or #expired == TIDY_MOST
   end
-  local most = tonumber(sget('gmax') or '')
+  local most = num(sget('gmax') or '')
   if most then
     local over = redis.call('ZCARD', C.genexp) - most
     if over > 0 then
       local popped = redis.call('ZPOPMIN', C.genexp, math.min(over, TIDY_MOST))
       local ids = {}
-      for j = 1, #popped, 2 do table.insert(ids, popped[j]) end
+      for j = 1, #popped, 2 do ids[#ids + 1] = popped[j] end
       leave_key_orders(ids)
       redis.call('HDEL', C.gen, unpack(ids))
       removed = true
@@ -649,7 +650,7 @@ local function ledger_end(admission)
   -- hundred while the last one left some behind, the call tidies the account: ids
   -- forgotten, then, once its own records are kept, the records past
   -- their time or the cap.
-  local tidying = tonumber(sget('tidy') or '0') <= C.now
+  local tidying = num(sget('tidy') or '0') <= C.now
   local more_ids = false
   if tidying then
     sput('tidy', int(C.now + TIDY_US))
@@ -658,34 +659,32 @@ local function ledger_end(admission)
   -- The records, and how long the longest of them is kept: their keys live
   -- that long (extended an eighth ahead, so that the write comes once in
   -- that margin).
-  local records, expiries, retention = {}, {}, 0
+  local records, expiries, retention, n = {}, {}, 0, 0
   for id, kept in pairs(C.records) do
-    table.insert(records, id)
-    table.insert(records, kept[1])
-    table.insert(records, 'k:' .. id)
-    table.insert(records, kept[4])
-    table.insert(expiries, kept[2])
-    table.insert(expiries, id)
+    records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], 'k:' .. id, kept[4]
+    expiries[n + 1], expiries[n + 2] = kept[2], id
+    n = n + 2
     if kept[3] > retention then retention = kept[3] end
   end
   local margin = math.min(math.ceil(retention / 8), 3600000000)
   -- Records removed may have emptied the keys (Redis then drops them,
   -- TTL and all): the next records set it again.
   if next(C.unrecorded) ~= nil then sput('gttl', false) end
-  local extend = #records > 0 and tonumber(sget('gttl') or '0') < C.now + retention
+  local extend = #records > 0 and num(sget('gttl') or '0') < C.now + retention
   if extend then sput('gttl', int(C.now + retention + margin)) end
   pack()
   local deleted = {}
   for name in pairs(C.deleted) do
-    if not C.dirty[name] then table.insert(deleted, name) end
+    if not C.dirty[name] then deleted[#deleted + 1] = name end
   end
   for i = 1, #deleted, 1000 do
     redis.call('HDEL', C.A, unpack(deleted, i, math.min(i + 999, #deleted)))
   end
-  local changed = {}
+  local changed, F = {}, C.F
+  n = 0
   for name in pairs(C.dirty) do
-    table.insert(changed, name)
-    table.insert(changed, C.F[name])
+    changed[n + 1], changed[n + 2] = name, F[name]
+    n = n + 2
   end
   for i = 1, #changed, 2000 do
     redis.call('HSET', C.A, unpack(changed, i, math.min(i + 1999, #changed)))
@@ -704,9 +703,9 @@ local function ledger_end(admission)
   local unrecorded, unrecorded_fields = {}, {}
   for id, key in pairs(C.unrecorded) do
     if not C.records[id] then
-      table.insert(unrecorded, id)
-      table.insert(unrecorded_fields, id)
-      table.insert(unrecorded_fields, 'k:' .. id)
+      unrecorded[#unrecorded + 1] = id
+      unrecorded_fields[#unrecorded_fields + 1] = id
+      unrecorded_fields[#unrecorded_fields + 1] = 'k:' .. id
       redis.call('ZREM', C.genexp .. ':' .. key, id)
     end
   end

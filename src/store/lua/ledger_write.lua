@@ -31,38 +31,39 @@
 -- balance, b the account's holds), 4 a counter refused, 5 the key is
 -- revoked, 6 the key has expired (a its expiry).
 local now = clock_now(ARGV[1])
-ledger_begin(KEYS, now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
-local memory = tonumber(ARGV[2])
+ledger_begin(KEYS, now, num(ARGV[2]), num(ARGV[3]), num(ARGV[4]), ARGV[5])
+local memory = num(ARGV[2])
 
 -- Where each part of ARGV starts.
-local count = tonumber(ARGV[6])
+local count = num(ARGV[6])
 local first = 7
 local r = first + count * 7
-local renewals = tonumber(ARGV[r])
+local renewals = num(ARGV[r])
 local c = r + 2 + renewals * 2
 local admission = ARGV[c] ~= nil
 local checks, tier, h
 if admission then
-  checks = tonumber(ARGV[c])
+  checks = num(ARGV[c])
   tier = c + checks * 4
   h = tier + 3
   if ARGV[h + 1] == nil then h = nil end
 end
 
 -- Everything the call reads of the account's hash, in one HMGET.
-local wanted = { 'balance', 'purchased', 's' }
+local wanted, n = { 'balance', 'purchased', 's' }, 3
 for i = 0, count - 1 do
   local a = first + i * 7
-  table.insert(wanted, 'i:' .. ARGV[a + 1])
-  table.insert(wanted, 'l:' .. ARGV[a + 1])
-  table.insert(wanted, 'k:' .. ARGV[a])
+  local id = ARGV[a + 1]
+  wanted[n + 1], wanted[n + 2], wanted[n + 3] = 'i:' .. id, 'l:' .. id, 'k:' .. ARGV[a]
+  n = n + 3
 end
-for i = 0, renewals - 1 do table.insert(wanted, 'i:' .. ARGV[r + 3 + i * 2]) end
+for i = 0, renewals - 1 do
+  n = n + 1
+  wanted[n] = 'i:' .. ARGV[r + 3 + i * 2]
+end
 if h then
-  table.insert(wanted, 'i:' .. ARGV[h + 2])
-  table.insert(wanted, 'k:' .. ARGV[h + 1])
-  table.insert(wanted, 't:' .. ARGV[h + 1])
-  table.insert(wanted, 'r:' .. ARGV[h + 1])
+  local key = ARGV[h + 1]
+  wanted[n + 1], wanted[n + 2], wanted[n + 3], wanted[n + 4] = 'i:' .. ARGV[h + 2], 'k:' .. key, 't:' .. key, 'r:' .. key
 end
 load(wanted)
 sweep()
@@ -82,7 +83,7 @@ local function settle(key, id, cost, byok)
   local charge_starts
   if holds(value) then
     local amount, covered, _, _, its_key, admitted = hold_parts(value)
-    if admitted then charge_starts = starts_at(tonumber(admitted)) end
+    if admitted then charge_starts = starts_at(num(admitted)) end
     release(amount, covered, its_key)
   elseif known(value, 'S') then
     return 0
@@ -109,7 +110,7 @@ for i = 0, count - 1 do
   local new = settle(ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3] == '1')
   -- A record goes with the first settlement of its id only, as its cost does.
   if new == 1 and ARGV[a + 4] ~= '' then
-    keep_generation(ARGV[a + 1], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6], ARGV[a])
+    keep_generation(ARGV[a + 1], ARGV[a + 4], num(ARGV[a + 5]), ARGV[a + 6], ARGV[a])
   end
   recorded = recorded + new
 end
@@ -120,16 +121,15 @@ end
 -- the key that holds it renews it.
 local renewed = 0
 if renewals > 0 then
-  local expires_at = int(now + tonumber(ARGV[r + 1]))
+  local expires_at = int(now + num(ARGV[r + 1]))
   local later = {}
   for i = 0, renewals - 1 do
     local id = ARGV[r + 3 + i * 2]
     local value = get('i:' .. id)
     -- Renewed only by the key that holds it.
     if holds(value) and select(5, hold_parts(value)) == ARGV[r + 2 + i * 2] then
+      later[2 * renewed + 1], later[2 * renewed + 2] = expires_at, id
       renewed = renewed + 1
-      table.insert(later, expires_at)
-      table.insert(later, id)
     elseif known(value, 'L') and string.match(value, '^L:%d+:%d+:%d:%d+:%d+:%d+:(.*)$') == ARGV[r + 2 + i * 2] then
       local forget_at = now + C.lapse
       put('i:' .. id, 'L:' .. int(forget_at) .. string.match(value, '^L:%d+(:.*)$'))
@@ -145,14 +145,12 @@ if not admission then
 end
 
 local capacities = {}
-local raised = tonumber(ARGV[tier + 1])
+local raised = num(ARGV[tier + 1])
 if raised > 0 and ge(get('purchased'), ARGV[tier + 2]) then
-  capacities[raised] = tonumber(ARGV[tier + 3])
+  capacities[raised] = num(ARGV[tier + 3])
 end
-local function reply(head, outcomes)
-  for _, o in ipairs(outcomes) do
-    for j = 1, 6 do table.insert(head, o[j]) end
-  end
+local function reply(head, states)
+  counters_outcomes(states, head, 6)
   return head
 end
 
@@ -166,7 +164,7 @@ local function hold(key)
   local amount = ARGV[h + 3]
   local least = amount
   if ARGV[h + 4] ~= '' then least = ARGV[h + 4] end
-  local expires_at = now + tonumber(ARGV[h + 5])
+  local expires_at = now + num(ARGV[h + 5])
   local has_limit, limit_text, reset, include_byok = ARGV[h + 6] == '1', ARGV[h + 7], ARGV[h + 8], ARGV[h + 9] == '1'
   local stored_limit, stored_reset, stored_byok = terms(key)
   if stored_limit then
@@ -240,7 +238,7 @@ local function hold(key)
   if covered then sput('held', add_held(sget('held'), grant)) end
   track(id, expires_at)
   local next_expiry = sget('next')
-  if not next_expiry or tonumber(next_expiry) > expires_at then sput('next', int(expires_at)) end
+  if not next_expiry or num(next_expiry) > expires_at then sput('next', int(expires_at)) end
   return { 0, used, as_i64(total), grant }
 end
 
@@ -250,25 +248,25 @@ local key = h and ARGV[h + 1]
 -- its expiry by this clock.
 if key and get('r:' .. key) then
   ledger_end(true)
-  return reply({ 5, int(now), '0', '0', '0' }, counters_outcomes(states))
+  return reply({ 5, int(now), '0', '0', '0' }, states)
 end
 local expiry = key and select(4, terms(key))
-if expiry and expiry ~= '' and tonumber(expiry) <= now then
+if expiry and expiry ~= '' and num(expiry) <= now then
   ledger_end(true)
-  return reply({ 6, int(now), expiry, '0', '0' }, counters_outcomes(states))
+  return reply({ 6, int(now), expiry, '0', '0' }, states)
 end
 if not fit then
   ledger_end(true)
-  return reply({ 4, int(now), '0', '0', '0' }, counters_outcomes(states))
+  return reply({ 4, int(now), '0', '0', '0' }, states)
 end
 local decided = { 0, '0', '0', '0' }
 if key then
   decided = hold(key)
   if decided[1] ~= 0 then
     ledger_end(true)
-    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', decided[4] or '0' }, counters_outcomes(states))
+    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', decided[4] or '0' }, states)
   end
 end
 counters_commit(now, C.slack_ms, states)
 ledger_end(true)
-return reply({ 0, int(now), decided[2], decided[3], decided[4] }, counters_outcomes(states))
+return reply({ 0, int(now), decided[2], decided[3], decided[4] }, states)
