@@ -176,6 +176,25 @@ local TIDY_BEHIND_US = 10000
 -- finds what it would have found before (as the in-process store does).
 local FORGOTTEN_KEPT_US = 60000000
 
+-- Field names ('i:' .. id, 'k:' .. key, ...) remembered, as numbers are
+-- (int.lua): a call names each of its fields several times, and the next
+-- one names the same key and settles the ids this one admitted.
+local FIELD_NAMES, FIELD_NAMES_COUNT = {}, 0
+local function field(prefix, x)
+  local names = FIELD_NAMES[prefix]
+  local name = names and names[x]
+  if name then return name end
+  if FIELD_NAMES_COUNT >= 4096 then FIELD_NAMES, FIELD_NAMES_COUNT = {}, 0 end
+  names = FIELD_NAMES[prefix]
+  if not names then
+    names = {}
+    FIELD_NAMES[prefix] = names
+  end
+  name = prefix .. x
+  names[x], FIELD_NAMES_COUNT = name, FIELD_NAMES_COUNT + 1
+  return name
+end
+
 -- The call's state, set afresh by ledger_begin: the account's keys and
 -- name, the instant it decides at, how long markers and lapses are kept,
 -- the fields of A read (false when absent) and changed, the X scores and
@@ -245,12 +264,12 @@ local function unpacked(packed, pattern, count)
   end
   return parts
 end
-local function remember_packed(packed, parts, count)
+-- `parts` (false where empty) is kept as it is: the caller changes them no
+-- more.
+local function remember_packed(packed, parts)
   if UNPACKED[packed] then return end
-  local copy = {}
-  for i = 1, count do copy[i] = parts[i] or false end
   if UNPACKED_COUNT >= 256 then UNPACKED, UNPACKED_COUNT = {}, 0 end
-  UNPACKED[packed], UNPACKED_COUNT = copy, UNPACKED_COUNT + 1
+  UNPACKED[packed], UNPACKED_COUNT = parts, UNPACKED_COUNT + 1
 end
 
 -- A key's usage, unpacked once per call (absent parts are false).
@@ -258,7 +277,7 @@ local function key_state(key)
   local k = C.K[key]
   if k then return k end
   k = {}
-  local packed = get('k:' .. key)
+  local packed = get(field('k:', key))
   if packed then
     local parts = unpacked(packed, KEY_PATTERN, 12)
     for i = 1, 12 do k[i] = parts[i] or false end
@@ -295,7 +314,7 @@ end
 -- A key's terms: its limit text (nil when none is stored), reset, BYOK
 -- counted, expiry.
 local function terms(key)
-  local packed = get('t:' .. key)
+  local packed = get(field('t:', key))
   if not packed then return nil end
   return string.match(packed, '^([^:]*):([^:]*):([^:]*):([^:]*)$')
 end
@@ -303,7 +322,7 @@ end
 local function state_text()
   local s = state()
   local packed = (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or '')
-  remember_packed(packed, s, 5)
+  remember_packed(packed, { s[1], s[2], s[3], s[4], s[5] })
   return packed
 end
 
@@ -312,11 +331,11 @@ end
 local function pack()
   for key, k in pairs(C.K) do
     if k.dirty then
-      local parts = {}
-      for i = 1, 12 do parts[i] = k[i] or '' end
-      local packed = table.concat(parts, ':')
-      remember_packed(packed, k, 12)
-      put('k:' .. key, packed)
+      local packed = (k[1] or '') .. ':' .. (k[2] or '') .. ':' .. (k[3] or '') .. ':' .. (k[4] or '') .. ':'
+        .. (k[5] or '') .. ':' .. (k[6] or '') .. ':' .. (k[7] or '') .. ':' .. (k[8] or '') .. ':'
+        .. (k[9] or '') .. ':' .. (k[10] or '') .. ':' .. (k[11] or '') .. ':' .. (k[12] or '')
+      remember_packed(packed, k)
+      put(field('k:', key), packed)
     end
   end
   local s = C.S
@@ -339,6 +358,8 @@ end
 -- 2 week, 3 month): a period's sums count only while its stored start is
 -- the current one.
 local PERIOD = { 'd', 'w', 'm' }
+-- A key limit's reset ('n' never) as a period of usage_in.
+local PERIOD_INDEX = { n = 0, d = 1, w = 2, m = 3 }
 local PERIOD_START = { 'ds', 'ws', 'ms' }
 local PERIOD_BYOK = { 'bd', 'bw', 'bm' }
 local function usage_in(key, p)
@@ -384,7 +405,17 @@ end
 -- (text, '' when its lapse keeps no record), key, the µs it was
 -- admitted at (nil for an 'H' hold), and the model its lapse record names
 -- (a 'B' hold's).
+-- The parts of the holds this library wrote lately, by value: most holds
+-- are settled by a call soon after the one that admitted them, and
+-- matching a value's pattern costs as much as 3 conversions (int.lua).
+local HOLD_PARTS, HOLD_PARTS_COUNT = {}, 0
+local function remember_hold(value, parts)
+  if HOLD_PARTS_COUNT >= 1024 then HOLD_PARTS, HOLD_PARTS_COUNT = {}, 0 end
+  HOLD_PARTS[value], HOLD_PARTS_COUNT = parts, HOLD_PARTS_COUNT + 1
+end
 local function hold_parts(value)
+  local parts = HOLD_PARTS[value]
+  if parts then return parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7] end
   if string.byte(value, 1) == 66 then
     local _, _, admitted, amount, flag, retention, most, length, rest =
       string.find(value, '^B:(%d+):(%d+):([cb]):(%d*):(%d*):(%d+):(.*)$')
@@ -461,9 +492,9 @@ local function lapse(id, value)
   end
   -- A lapse before it (the id admitted again over it) gives way to this
   -- one, as a second lapse of one id replaces the first.
-  if get('l:' .. id) then forget_field('l:' .. id) end
+  if get(field('l:', id)) then forget_field(field('l:', id)) end
   local forget_at = C.now + C.lapse
-  put('i:' .. id, 'L:' .. int(forget_at) .. ':' .. amount .. ':' .. (byok and '1' or '0') .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3] .. ':' .. key)
+  put(field('i:', id), 'L:' .. int(forget_at) .. ':' .. amount .. ':' .. (byok and '1' or '0') .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3] .. ':' .. key)
   return forget_at
 end
 
@@ -473,7 +504,7 @@ local function request_fields(ids)
   local fields = {}
   for i = 1, #ids do
     local id = ids[i]
-    fields[2 * i - 1], fields[2 * i] = 'i:' .. id, 'l:' .. id
+    fields[2 * i - 1], fields[2 * i] = field('i:', id), field('l:', id)
   end
   return fields
 end
@@ -502,7 +533,7 @@ local function sweep()
       local fields = request_fields(ids)
       load(fields)
       for _, id in ipairs(ids) do
-        local value = get('i:' .. id)
+        local value = get(field('i:', id))
         if holds(value) then
           track(id, -lapse(id, value))
         else
@@ -560,7 +591,7 @@ end
 -- it; records kept before that field existed name it in their JSON.
 local function leave_key_orders(ids)
   local key_fields = {}
-  for i = 1, #ids do key_fields[i] = 'k:' .. ids[i] end
+  for i = 1, #ids do key_fields[i] = field('k:', ids[i]) end
   local keys = redis.call('HMGET', C.gen, unpack(key_fields))
   local by_order = {}
   for i = 1, #ids do
@@ -661,7 +692,7 @@ local function ledger_end(admission)
   -- that margin).
   local records, expiries, retention, n = {}, {}, 0, 0
   for id, kept in pairs(C.records) do
-    records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], 'k:' .. id, kept[4]
+    records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], field('k:', id), kept[4]
     expiries[n + 1], expiries[n + 2] = kept[2], id
     n = n + 2
     if kept[3] > retention then retention = kept[3] end
@@ -705,7 +736,7 @@ local function ledger_end(admission)
     if not C.records[id] then
       unrecorded[#unrecorded + 1] = id
       unrecorded_fields[#unrecorded_fields + 1] = id
-      unrecorded_fields[#unrecorded_fields + 1] = 'k:' .. id
+      unrecorded_fields[#unrecorded_fields + 1] = field('k:', id)
       redis.call('ZREM', C.genexp .. ':' .. key, id)
     end
   end

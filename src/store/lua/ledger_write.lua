@@ -54,16 +54,16 @@ local wanted, n = { 'balance', 'purchased', 's' }, 3
 for i = 0, count - 1 do
   local a = first + i * 7
   local id = ARGV[a + 1]
-  wanted[n + 1], wanted[n + 2], wanted[n + 3] = 'i:' .. id, 'l:' .. id, 'k:' .. ARGV[a]
+  wanted[n + 1], wanted[n + 2], wanted[n + 3] = field('i:', id), field('l:', id), field('k:', ARGV[a])
   n = n + 3
 end
 for i = 0, renewals - 1 do
   n = n + 1
-  wanted[n] = 'i:' .. ARGV[r + 3 + i * 2]
+  wanted[n] = field('i:', ARGV[r + 3 + i * 2])
 end
 if h then
   local key = ARGV[h + 1]
-  wanted[n + 1], wanted[n + 2], wanted[n + 3], wanted[n + 4] = 'i:' .. ARGV[h + 2], 'k:' .. key, 't:' .. key, 'r:' .. key
+  wanted[n + 1], wanted[n + 2], wanted[n + 3], wanted[n + 4] = field('i:', ARGV[h + 2]), field('k:', key), field('t:', key), field('r:', key)
 end
 load(wanted)
 sweep()
@@ -78,8 +78,8 @@ sweep()
 -- admitted in (else those of the lapse it replaces, else the current
 -- ones). Returns 1 when recorded, 0 when the id was settled already.
 local function settle(key, id, cost, byok)
-  local field = 'i:' .. id
-  local value = get(field)
+  local request = field('i:', id)
+  local value = get(request)
   local charge_starts
   if holds(value) then
     local amount, covered, _, _, its_key, admitted = hold_parts(value)
@@ -91,15 +91,15 @@ local function settle(key, id, cost, byok)
     charge_starts = undo_lapse(id, value)
   end
   -- A lapse its id was admitted again over (see hold) is undone too.
-  local earlier = get('l:' .. id)
+  local earlier = get(field('l:', id))
   if known(earlier, 'L') then
     local earlier_starts = undo_lapse(id, earlier)
     charge_starts = charge_starts or earlier_starts
-    forget_field('l:' .. id)
+    forget_field(field('l:', id))
   end
   add_usage(key, cost, byok, charge_starts)
   if not byok and cost ~= '0' then put('balance', signed_add(get('balance'), cost, true)) end
-  put(field, 'S:' .. int(now + memory))
+  put(request, 'S:' .. int(now + memory))
   track(id, -(now + memory))
   return 1
 end
@@ -125,14 +125,14 @@ if renewals > 0 then
   local later = {}
   for i = 0, renewals - 1 do
     local id = ARGV[r + 3 + i * 2]
-    local value = get('i:' .. id)
+    local value = get(field('i:', id))
     -- Renewed only by the key that holds it.
     if holds(value) and select(5, hold_parts(value)) == ARGV[r + 2 + i * 2] then
       later[2 * renewed + 1], later[2 * renewed + 2] = expires_at, id
       renewed = renewed + 1
     elseif known(value, 'L') and string.match(value, '^L:%d+:%d+:%d:%d+:%d+:%d+:(.*)$') == ARGV[r + 2 + i * 2] then
       local forget_at = now + C.lapse
-      put('i:' .. id, 'L:' .. int(forget_at) .. string.match(value, '^L:%d+(:.*)$'))
+      put(field('i:', id), 'L:' .. int(forget_at) .. string.match(value, '^L:%d+(:.*)$'))
       track(id, -forget_at)
     end
   end
@@ -173,12 +173,12 @@ local function hold(key)
   -- BYOK usage the key's limit leaves out is bounded by no limit (and its
   -- usage is answered all time, own only).
   if ARGV[h + 12] == '0' then has_limit, reset, include_byok = false, 'n', false end
-  local p = ({ n = 0, d = 1, w = 2, m = 3 })[reset]
+  local p = PERIOD_INDEX[reset]
   local own, byok = usage_in(key, p)
   local used = own
   if include_byok then used = add(own, byok) end
-  local field = 'i:' .. id
-  local previous = get(field)
+  local request = field('i:', id)
+  local previous = get(request)
   -- Its settlement came first (the caller gave up on it): the request was
   -- never sent, and nothing must stay held.
   if known(previous, 'S') then return { 0, used, as_i64(text(kget(key, 'h'))), '0' } end
@@ -224,16 +224,22 @@ local function hold(key)
   local total = add_held(kget(key, 'h'), grant)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
-  if known(previous, 'L') then put('l:' .. id, previous) end
+  if known(previous, 'L') then put(field('l:', id), previous) end
   local retention = ARGV[h + 13]
   local model = retention ~= '' and ARGV[h + 15] or ''
+  local admitted, flag = int(now), covered and 'c' or 'b'
+  local most = retention ~= '' and ARGV[h + 14] or ''
+  local value
   if model == '' then
-    put(field, 'A:' .. int(now) .. ':' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. retention .. ':'
-      .. (retention ~= '' and ARGV[h + 14] or '') .. ':' .. key)
+    value = 'A:' .. admitted .. ':' .. grant .. ':' .. flag .. ':' .. retention .. ':' .. most .. ':' .. key
+    model = nil
   else
-    put(field, 'B:' .. int(now) .. ':' .. grant .. ':' .. (covered and 'c' or 'b') .. ':' .. retention .. ':'
-      .. ARGV[h + 14] .. ':' .. #model .. ':' .. model .. key)
+    value = 'B:' .. admitted .. ':' .. grant .. ':' .. flag .. ':' .. retention .. ':' .. most .. ':' .. int(#model)
+      .. ':' .. model .. key
   end
+  put(request, value)
+  -- As hold_parts reads it back.
+  remember_hold(value, { grant, covered, retention, most, key, admitted, model })
   kput(key, 'h', total)
   if covered then sput('held', add_held(sget('held'), grant)) end
   track(id, expires_at)
@@ -246,7 +252,7 @@ local fit, states = counters_check(now, checks, 4, c, capacities)
 local key = h and ARGV[h + 1]
 -- A revoked key is refused first, whatever its counters say; then one past
 -- its expiry by this clock.
-if key and get('r:' .. key) then
+if key and get(field('r:', key)) then
   ledger_end(true)
   return reply({ 5, int(now), '0', '0', '0' }, states)
 end
