@@ -238,5 +238,10 @@ if [ -n "$redis_line" ]; then
   printf '\n%s\n' "$redis_line"
   round_trips 1
   round_trips "$connections"
-  latency_line
+  # Against the in-process store: only when it ran too.
+  if [ -n "${memory_url:-}" ]; then
+    latency_line
+  else
+    echo "one connection: not measured (add memory to TARGETS)"
+  fi
 fi

@@ -499,12 +499,13 @@ local function lapse(id, value)
 end
 
 -- The fields of requests `ids` in A: each one's state and the lapse it
--- was admitted again over.
+-- was admitted again over. Named afresh, not remembered (`field`): most
+-- are being forgotten, and would push out the names in use.
 local function request_fields(ids)
   local fields = {}
   for i = 1, #ids do
     local id = ids[i]
-    fields[2 * i - 1], fields[2 * i] = field('i:', id), field('l:', id)
+    fields[2 * i - 1], fields[2 * i] = 'i:' .. id, 'l:' .. id
   end
   return fields
 end
@@ -591,9 +592,9 @@ end
 -- it; records kept before that field existed name it in their JSON.
 local function leave_key_orders(ids)
   local key_fields = {}
-  for i = 1, #ids do key_fields[i] = field('k:', ids[i]) end
+  for i = 1, #ids do key_fields[i] = 'k:' .. ids[i] end
   local keys = redis.call('HMGET', C.gen, unpack(key_fields))
-  local by_order = {}
+  local by_key = {}
   for i = 1, #ids do
     local key = keys[i]
     if not key then
@@ -601,13 +602,15 @@ local function leave_key_orders(ids)
       key = record and string.match(record, '"key_hash":"([^"]*)"')
     end
     if key then
-      local order = C.genexp .. ':' .. key
-      by_order[order] = by_order[order] or {}
-      local members = by_order[order]
+      local members = by_key[key]
+      if not members then
+        members = {}
+        by_key[key] = members
+      end
       members[#members + 1] = ids[i]
     end
   end
-  for order, members in pairs(by_order) do redis.call('ZREM', order, unpack(members)) end
+  for key, members in pairs(by_key) do redis.call('ZREM', C.genexp .. ':' .. key, unpack(members)) end
   redis.call('HDEL', C.gen, unpack(key_fields))
 end
 
