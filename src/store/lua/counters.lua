@@ -52,7 +52,10 @@ end
 -- (µs) and what counter_commit needs. Each counter is read once per
 -- script: the commit, if any, works from this reading.
 local function counter_read(now, key, aux, kind, capacity, amount, p1)
-  local s = { key = key, aux = aux, kind = kind, capacity = capacity, amount = amount, p1 = p1 }
+  -- Every field named at once: a table grown field by field is rehashed
+  -- at each power of two.
+  local s = { key = key, aux = aux, kind = kind, capacity = capacity, amount = amount, p1 = p1, field = false,
+    stop = false, used = 0, fits = false, retry = 0, reset = 0, new_arrival = false }
   if kind == 'f' or kind == 'c' then
     local start, stop = counter_window(kind, p1, now)
     -- One hash per counter, a field per window start: every key is

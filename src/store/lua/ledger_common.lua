@@ -199,23 +199,28 @@ end
 -- name, the instant it decides at, how long markers and lapses are kept,
 -- the fields of A read (false when absent) and changed, the X scores and
 -- records (by id: record, expiry, retention and key) to write, and the
--- records removed (by id: their key).
+-- records removed (by id: their key). What a call may add later (the
+-- periods' starts, the account's state, the renewed holds) is named here
+-- as false, so that the table is sized once.
 local C = {}
 
 local function ledger_begin(keys, now, memory_us, lapse_us, slack_ms, account)
   C = { A = keys[1], X = keys[2], gen = keys[3], genexp = keys[4], now = now, memory = memory_us,
     lapse = lapse_us, slack_ms = slack_ms, name = account, F = {}, dirty = {}, scores = {},
-    records = {}, K = {}, gone = {}, deleted = {}, unrecorded = {} }
+    records = {}, K = {}, gone = {}, deleted = {}, unrecorded = {}, starts = false, S = false, renewed = false }
 end
 
 -- Reads the fields of `names` not read yet, with one HMGET.
 local function load(names)
-  local F, wanted = C.F, {}
-  local n = 0
-  for i = 1, #names do
+  -- `names` is the caller's to give: what is loaded already is taken out
+  -- of it, in place (a new table would grow by rehashing).
+  local F, wanted = C.F, names
+  local n, count = 0, #names
+  for i = 1, count do
     local name = names[i]
     if F[name] == nil then n = n + 1; wanted[n] = name; F[name] = false end
   end
+  for i = n + 1, count do wanted[i] = nil end
   -- In slices: unpack() fails past a few thousand values.
   for i = 1, #wanted, 1000 do
     local last = math.min(i + 999, #wanted)
@@ -272,18 +277,15 @@ local function remember_packed(packed, parts)
   UNPACKED[packed], UNPACKED_COUNT = parts, UNPACKED_COUNT + 1
 end
 
+local NO_USAGE = { false, false, false, false, false, false, false, false, false, false, false, false }
 -- A key's usage, unpacked once per call (absent parts are false).
 local function key_state(key)
   local k = C.K[key]
   if k then return k end
-  k = {}
   local packed = get(field('k:', key))
-  if packed then
-    local parts = unpacked(packed, KEY_PATTERN, 12)
-    for i = 1, 12 do k[i] = parts[i] or false end
-  else
-    for i = 1, 12 do k[i] = false end
-  end
+  local p = packed and unpacked(packed, KEY_PATTERN, 12) or NO_USAGE
+  k = { p[1] or false, p[2] or false, p[3] or false, p[4] or false, p[5] or false, p[6] or false, p[7] or false,
+    p[8] or false, p[9] or false, p[10] or false, p[11] or false, p[12] or false, dirty = false }
   C.K[key] = k
   return k
 end
