@@ -83,7 +83,7 @@ local function add_held(a, b)
   -- Most sums add nothing to one side (texts are canonical decimals).
   if b == '0' then return a end
   if a == '0' then return b end
-  if #a <= 15 and #b <= 15 then return string.format('%d', num(a) + num(b)) end
+  if #a <= 15 and #b <= 15 then return int(num(a) + num(b)) end
   return big_str(big_add(big(a), big(b)))
 end
 -- `value` as an i64: the largest i64 when it is larger.
