@@ -18,7 +18,7 @@ end
 local function int(x)
   local text = TEXTS[x]
   if text then return text end
-  if x == math.floor(x) and x > -9.2e18 and x < 9.2e18 then
+  if x % 1 == 0 and x > -9.2e18 and x < 9.2e18 then
     text = string.format('%d', x)
     remember(text, x)
     return text
