@@ -41,7 +41,7 @@ key="$(client_key redis "$url")"
 wrk_script "$key" '{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}' \
   >"$work/chat.lua"
 echo "==> recording ${seconds}s at $connections connections"
-wrk -t 2 -c "$connections" -d "${seconds}s" -s "$work/chat.lua" "$url/api/v1/chat/completions" |
+wrk -t "$(( connections < 2 ? 1 : 2 ))" -c "$connections" -d "${seconds}s" -s "$work/chat.lua" "$url/api/v1/chat/completions" |
   awk '/requests in/ {print "    " $1 " requests"}'
 # Let the last settlements land before the recording stops.
 sleep 1
