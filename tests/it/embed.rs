@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use serde_json::{Value, json};
 
 use crate::common::examples::binary;
+use crate::common::wait::{PATIENCE, wait_for};
 
 /// The example running as a process, killed when dropped.
 struct Embedded {
@@ -163,15 +164,22 @@ async fn an_axum_service_gates_its_model_route_on_its_own_terms_and_a_restart_mi
     };
     let generations = format!("{}/billing/generations", first.address);
     // The refused call reached the handler: it has its record, at no cost.
-    let own_records = get_json(&client, generations.clone(), &key).await;
-    assert_eq!(
-        models_recorded(own_records.clone()),
-        [
-            "acme/gpt-4o-mini:unsupported",
-            "acme/small",
-            "openai/gpt-4o-mini"
-        ]
-    );
+    // Its settlement may wait a moment for an admission to ride on.
+    let expected_models = [
+        "acme/gpt-4o-mini:unsupported",
+        "acme/small",
+        "openai/gpt-4o-mini",
+    ];
+    let own_records = wait_for(PATIENCE, || async {
+        let records = get_json(&client, generations.clone(), &key).await;
+        let models = models_recorded(records.clone());
+        if models == expected_models {
+            Ok(records)
+        } else {
+            Err(format!("records of {models:?}"))
+        }
+    })
+    .await;
     let refused_record = own_records["data"]
         .as_array()
         .unwrap()

@@ -580,8 +580,8 @@ local function forget_ids()
     redis.call('HDEL', C.A, unpack(fields))
     redis.call('ZREM', C.X, unpack(ids))
     -- The call's own writes of these ids are written back when it ends.
-    for _, field in ipairs(fields) do
-      if not C.dirty[field] then C.F[field] = nil end
+    for _, name in ipairs(fields) do
+      if not C.dirty[name] then C.F[name] = nil end
     end
   end
   return #ids == TIDY_MOST

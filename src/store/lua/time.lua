@@ -4,9 +4,11 @@
 -- so that every gateway instance sharing this Redis agrees on windows and
 -- periods whatever its own clock says.
 local function clock_now(arg)
-  if arg ~= nil and arg ~= '' then return num(arg) end
+  -- Read with tonumber, not num: each instant comes once, and remembered
+  -- it would only push out texts that come again.
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
   local t = redis.call('TIME')
-  return num(t[1]) * 1000000 + num(t[2])
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
 local DAY_US = 86400000000
