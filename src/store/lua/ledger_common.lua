@@ -176,6 +176,9 @@ local TIDY_BEHIND_US = 10000
 -- finds what it would have found before (as the in-process store does).
 local FORGOTTEN_KEPT_US = 60000000
 
+-- A table that stays empty: what a call has nothing to put in.
+local EMPTY = {}
+
 -- Field names ('i:' .. id, 'k:' .. key, ...) remembered, as numbers are
 -- (int.lua): a call names each of its fields several times, and the next
 -- one names the same key and settles the ids this one admitted.
@@ -656,14 +659,25 @@ end
 -- never by a cut of its own: the cap may be raised before the account is
 -- tidied, and what it cut would then be missing from the key's page.
 local function keep_key_orders()
-  local longest = {}
+  -- By key: its records' expiries and ids, and the longest retention.
+  local scored, longest = {}, {}
   for id, kept in pairs(C.records) do
-    local order = C.genexp .. ':' .. kept[4]
-    redis.call('ZADD', order, kept[2], id)
-    if not longest[order] or kept[3] > longest[order] then longest[order] = kept[3] end
+    local key = kept[4]
+    local members = scored[key]
+    if not members then
+      members = {}
+      scored[key] = members
+    end
+    local n = #members
+    members[n + 1], members[n + 2] = kept[2], id
+    if not longest[key] or kept[3] > longest[key] then longest[key] = kept[3] end
   end
-  for order, retention in pairs(longest) do
-    local ttl_ms = math.ceil((retention + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
+  for key, members in pairs(scored) do
+    local order = C.genexp .. ':' .. key
+    for i = 1, #members, 2000 do
+      redis.call('ZADD', order, unpack(members, i, math.min(i + 1999, #members)))
+    end
+    local ttl_ms = math.ceil((longest[key] + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
     -- Never shortened (a shorter-kept record after a longer one), set
     -- when the order is new.
     if redis.call('PEXPIRE', order, ttl_ms, 'GT') == 0 then
@@ -695,23 +709,32 @@ local function ledger_end(admission)
   -- The records, and how long the longest of them is kept: their keys live
   -- that long (extended an eighth ahead, so that the write comes once in
   -- that margin).
-  local records, expiries, retention, n = {}, {}, 0, 0
-  for id, kept in pairs(C.records) do
-    records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], field('k:', id), kept[4]
-    expiries[n + 1], expiries[n + 2] = kept[2], id
-    n = n + 2
-    if kept[3] > retention then retention = kept[3] end
+  -- Most calls keep no record, delete no field and renew no hold: their
+  -- tables are made only when needed.
+  local has_records = next(C.records) ~= nil
+  local records, expiries, retention, n = EMPTY, EMPTY, 0, 0
+  if has_records then
+    records, expiries = {}, {}
+    for id, kept in pairs(C.records) do
+      records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], field('k:', id), kept[4]
+      expiries[n + 1], expiries[n + 2] = kept[2], id
+      n = n + 2
+      if kept[3] > retention then retention = kept[3] end
+    end
   end
   local margin = math.min(math.ceil(retention / 8), 3600000000)
   -- Records removed may have emptied the keys (Redis then drops them,
   -- TTL and all): the next records set it again.
   if next(C.unrecorded) ~= nil then sput('gttl', false) end
-  local extend = #records > 0 and num(sget('gttl') or '0') < C.now + retention
+  local extend = has_records and num(sget('gttl') or '0') < C.now + retention
   if extend then sput('gttl', int(C.now + retention + margin)) end
   pack()
-  local deleted = {}
-  for name in pairs(C.deleted) do
-    if not C.dirty[name] then deleted[#deleted + 1] = name end
+  local deleted = EMPTY
+  if next(C.deleted) ~= nil then
+    deleted = {}
+    for name in pairs(C.deleted) do
+      if not C.dirty[name] then deleted[#deleted + 1] = name end
+    end
   end
   for i = 1, #deleted, 1000 do
     redis.call('HDEL', C.A, unpack(deleted, i, math.min(i + 999, #deleted)))
@@ -732,11 +755,12 @@ local function ledger_end(admission)
     redis.call('ZADD', C.X, unpack(C.scores, i, math.min(i + 1999, #C.scores)))
   end
   -- Renewed holds: each lasts longer, never shorter.
-  local renewed = C.renewed or {}
+  local renewed = C.renewed or EMPTY
   for i = 1, #renewed, 2000 do
     redis.call('ZADD', C.X, 'XX', 'GT', unpack(renewed, i, math.min(i + 1999, #renewed)))
   end
-  local unrecorded, unrecorded_fields = {}, {}
+  local unrecorded, unrecorded_fields = EMPTY, EMPTY
+  if next(C.unrecorded) ~= nil then unrecorded, unrecorded_fields = {}, {} end
   for id, key in pairs(C.unrecorded) do
     if not C.records[id] then
       unrecorded[#unrecorded + 1] = id
@@ -762,6 +786,6 @@ local function ledger_end(admission)
     redis.call('PEXPIRE', C.gen, ttl_ms)
     redis.call('PEXPIRE', C.genexp, ttl_ms)
   end
-  keep_key_orders()
+  if has_records then keep_key_orders() end
   if tidying then remove_old_records(more_ids) end
 end
