@@ -6,9 +6,10 @@
 -- remembered with its number, both ways, until 4,096 are (then all are
 -- forgotten at once: a table's lookup costs 2 % of a conversion).
 local NUMBERS, TEXTS, REMEMBERED = {}, {}, 0
-local function remember(text, number)
+-- Counts one more remembered, forgetting all first when they are many.
+local function make_room()
   if REMEMBERED >= 4096 then NUMBERS, TEXTS, REMEMBERED = {}, {}, 0 end
-  NUMBERS[text], TEXTS[number], REMEMBERED = number, text, REMEMBERED + 1
+  REMEMBERED = REMEMBERED + 1
 end
 -- `int(x)`: the integer `x` as decimal text. Lua's own number formatting
 -- would turn large integers into exponent notation; '%d' is exact for any
@@ -20,7 +21,8 @@ local function int(x)
   if text then return text end
   if x % 1 == 0 and x > -9.2e18 and x < 9.2e18 then
     text = string.format('%d', x)
-    remember(text, x)
+    make_room()
+    NUMBERS[text], TEXTS[x] = x, text
     return text
   end
   return string.format('%.0f', x)
@@ -32,8 +34,8 @@ local function num(s)
   if n then return n end
   n = tonumber(s)
   if n and type(s) == 'string' then
-    if REMEMBERED >= 4096 then NUMBERS, TEXTS, REMEMBERED = {}, {}, 0 end
-    NUMBERS[s], REMEMBERED = n, REMEMBERED + 1
+    make_room()
+    NUMBERS[s] = n
   end
   return n
 end

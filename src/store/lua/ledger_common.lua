@@ -179,9 +179,10 @@ local FORGOTTEN_KEPT_US = 60000000
 -- A table that stays empty: what a call has nothing to put in.
 local EMPTY = {}
 
--- Field names ('i:' .. id, 'k:' .. key, ...) remembered, as numbers are
--- (int.lua): a call names each of its fields several times, and the next
--- one names the same key and settles the ids this one admitted.
+-- Field names ('i:' .. id, 'k:' .. key, ...) of the account's hash
+-- remembered, as numbers are (int.lua): a call names each of its fields
+-- several times, and the next one names the same key and settles the ids
+-- this one admitted. A record's fields are named once, without it.
 local FIELD_NAMES, FIELD_NAMES_COUNT = {}, 0
 local function field(prefix, x)
   local names = FIELD_NAMES[prefix]
@@ -406,10 +407,6 @@ local function holds(value)
   local kind = string.byte(value, 1)
   return kind == 65 or kind == 66 or kind == 72
 end
--- The parts of a hold's value: amount, covered (bool), retention, most
--- (text, '' when its lapse keeps no record), key, the µs it was
--- admitted at (nil for an 'H' hold), and the model its lapse record names
--- (a 'B' hold's).
 -- The parts of the holds this library wrote lately, by value: most holds
 -- are settled by a call soon after the one that admitted them, and
 -- matching a value's pattern costs as much as 3 conversions (int.lua).
@@ -418,6 +415,10 @@ local function remember_hold(value, parts)
   if HOLD_PARTS_COUNT >= 1024 then HOLD_PARTS, HOLD_PARTS_COUNT = {}, 0 end
   HOLD_PARTS[value], HOLD_PARTS_COUNT = parts, HOLD_PARTS_COUNT + 1
 end
+-- The parts of a hold's value: amount, covered (bool), retention, most
+-- (text, '' when its lapse keeps no record), key, the µs it was
+-- admitted at (nil for an 'H' hold), and the model its lapse record names
+-- (a 'B' hold's).
 local function hold_parts(value)
   local parts = HOLD_PARTS[value]
   if parts then return parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7] end
@@ -716,7 +717,7 @@ local function ledger_end(admission)
   if has_records then
     records, expiries = {}, {}
     for id, kept in pairs(C.records) do
-      records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], field('k:', id), kept[4]
+      records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], 'k:' .. id, kept[4]
       expiries[n + 1], expiries[n + 2] = kept[2], id
       n = n + 2
       if kept[3] > retention then retention = kept[3] end
@@ -765,7 +766,7 @@ local function ledger_end(admission)
     if not C.records[id] then
       unrecorded[#unrecorded + 1] = id
       unrecorded_fields[#unrecorded_fields + 1] = id
-      unrecorded_fields[#unrecorded_fields + 1] = field('k:', id)
+      unrecorded_fields[#unrecorded_fields + 1] = 'k:' .. id
       redis.call('ZREM', C.genexp .. ':' .. key, id)
     end
   end
