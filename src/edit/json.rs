@@ -70,7 +70,8 @@ impl<'a> JsonObject<'a> {
         }
         scan.at += 1;
         let open_end = scan.at;
-        let mut members = Vec::new();
+        // One allocation for the usual object: a chunk has about six members.
+        let mut members = Vec::with_capacity(8);
         scan.whitespace();
         if scan.peek()? == b'}' {
             scan.at += 1;
@@ -173,7 +174,9 @@ impl<'a> JsonObject<'a> {
         out
     }
 
-    /// Writes the object's text with the edits made to `out`.
+    /// Writes the object's text with the edits made to `out`. The bytes an
+    /// edit leaves alone go in as few slices as they lie in: the members
+    /// around one removed or replaced are copied together.
     pub(crate) fn write_to(&self, out: &mut impl bytes::BufMut) {
         let text = self.text;
         // Up to the first member (or the `{` of an empty object), and from
@@ -182,26 +185,34 @@ impl<'a> JsonObject<'a> {
             (Some(first), Some(last)) => (first.key_start, last.value_end),
             _ => (self.open_end, self.open_end),
         };
-        out.put_slice(&text[..head_end]);
+        let mut copied = Runs {
+            text,
+            run: Some(0..head_end),
+        };
         let mut wrote_any = false;
         let mut previous_end = head_end;
         for member in &self.members {
-            let separator = &text[previous_end..member.key_start];
-            previous_end = member.value_end;
-            let value_start = member.value_end - member.value.len();
-            let value = match &member.edit {
-                Some(MemberEdit::Remove) => continue,
-                Some(MemberEdit::Replace(json)) => json.as_bytes(),
-                None => member.value.as_bytes(),
-            };
             // A kept member keeps the separator (comma and whitespace) that
             // stood before it, unless everything before it was removed.
-            if wrote_any {
-                out.put_slice(separator);
+            let start = match wrote_any {
+                true => previous_end,
+                false => member.key_start,
+            };
+            previous_end = member.value_end;
+            match &member.edit {
+                Some(MemberEdit::Remove) => continue,
+                Some(MemberEdit::Replace(json)) => {
+                    let value_start = member.value_end - member.value.len();
+                    copied.copy(out, start..value_start);
+                    copied.flush(out);
+                    out.put_slice(json.as_bytes());
+                }
+                None => copied.copy(out, start..member.value_end),
             }
-            out.put_slice(&text[member.key_start..value_start]);
-            out.put_slice(value);
             wrote_any = true;
+        }
+        if !self.added.is_empty() {
+            copied.flush(out);
         }
         for (name, json) in &self.added {
             if wrote_any {
@@ -213,7 +224,33 @@ impl<'a> JsonObject<'a> {
             out.put_slice(json.as_bytes());
             wrote_any = true;
         }
-        out.put_slice(&text[tail_start..]);
+        copied.copy(out, tail_start..text.len());
+        copied.flush(out);
+    }
+}
+
+/// Ranges of a text to copy, joined while each starts where the one
+/// before ended: one `put_slice` per run instead of one per piece.
+struct Runs<'a> {
+    text: &'a [u8],
+    run: Option<std::ops::Range<usize>>,
+}
+
+impl Runs<'_> {
+    fn copy(&mut self, out: &mut impl bytes::BufMut, range: std::ops::Range<usize>) {
+        match &mut self.run {
+            Some(run) if run.end == range.start => run.end = range.end,
+            _ => {
+                self.flush(out);
+                self.run = Some(range);
+            }
+        }
+    }
+
+    fn flush(&mut self, out: &mut impl bytes::BufMut) {
+        if let Some(run) = self.run.take() {
+            out.put_slice(&self.text[run]);
+        }
     }
 }
 
@@ -242,6 +279,20 @@ static STRING_STOPS: [bool; 256] = {
     stops[b'\\' as usize] = true;
     stops
 };
+
+/// Whether any of the eight bytes of `word` is one of [`STRING_STOPS`]: a
+/// quote, a backslash or a control character (below 0x20). Each test sets
+/// a byte's high bit where that byte matches (and maybe above it, through
+/// the borrow), and none when no byte does.
+fn may_stop_a_string(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let below_space = word.wrapping_sub(ONES * 0x20);
+    let quote = word ^ (ONES * b'"' as u64);
+    let backslash = word ^ (ONES * b'\\' as u64);
+    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x;
+    (below_space | zero_in(quote) | zero_in(backslash)) & !word & HIGHS != 0
+}
 
 /// The members whose strings are a chunk's text.
 fn is_text_key(quoted: &[u8]) -> bool {
@@ -295,7 +346,15 @@ impl Scan<'_> {
         let mut at = self.at;
         let mut escaped = false;
         loop {
-            // Most bytes are plain: passed over by a table, not a match.
+            // Most bytes are plain: passed over eight at a time while no
+            // byte of the eight stops the run, then by a table.
+            while let Some(word) = bytes.get(at..at + 8) {
+                let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+                if may_stop_a_string(word) {
+                    break;
+                }
+                at += 8;
+            }
             while at < bytes.len() && !STRING_STOPS[usize::from(bytes[at])] {
                 at += 1;
             }
@@ -561,7 +620,8 @@ mod tests {
                         self,
                         mut map: A,
                     ) -> Result<RawMembers<'a>, A::Error> {
-                        let mut members = Vec::new();
+                        // One allocation for the usual object: a chunk has about six members.
+                        let mut members = Vec::with_capacity(8);
                         while let Some(name) = map.next_key()? {
                             members.push((name, map.next_value()?));
                         }
@@ -691,6 +751,107 @@ mod tests {
                 _ => broken.truncate(at),
             }
             prop_assert_eq!(members(&broken), serde_members(&broken), "{}", String::from_utf8_lossy(&broken));
+        }
+    }
+
+    /// The object's text with its edits, written member by member: what
+    /// `write_to`'s runs must come to.
+    fn written_member_by_member(object: &JsonObject<'_>) -> Vec<u8> {
+        let text = object.text;
+        let (head_end, tail_start) = match (object.members.first(), object.members.last()) {
+            (Some(first), Some(last)) => (first.key_start, last.value_end),
+            _ => (object.open_end, object.open_end),
+        };
+        let mut out = text[..head_end].to_vec();
+        let (mut wrote_any, mut previous_end) = (false, head_end);
+        for member in &object.members {
+            let separator = &text[previous_end..member.key_start];
+            previous_end = member.value_end;
+            let value_start = member.value_end - member.value.len();
+            let value = match &member.edit {
+                Some(MemberEdit::Remove) => continue,
+                Some(MemberEdit::Replace(json)) => json.as_bytes(),
+                None => member.value.as_bytes(),
+            };
+            if wrote_any {
+                out.extend_from_slice(separator);
+            }
+            out.extend_from_slice(&text[member.key_start..value_start]);
+            out.extend_from_slice(value);
+            wrote_any = true;
+        }
+        for (name, json) in &object.added {
+            if wrote_any {
+                out.push(b',');
+            }
+            out.extend_from_slice(serde_json::to_string(name).unwrap().as_bytes());
+            out.push(b':');
+            out.extend_from_slice(json.as_bytes());
+            wrote_any = true;
+        }
+        out.extend_from_slice(&text[tail_start..]);
+        out
+    }
+
+    proptest! {
+        /// Copying in runs writes what writing each member in turn does,
+        /// whatever is removed, replaced or added.
+        #[test]
+        fn runs_write_what_each_member_in_turn_would(
+            names in proptest::collection::vec("[a-e]", 0..7),
+            spaces in proptest::collection::vec("[ \n]{0,2}", 16),
+            edits in proptest::collection::vec(0u8..3, 7),
+            added in proptest::option::of("[f-g]"),
+        ) {
+            let members: Vec<String> = names
+                .iter()
+                .enumerate()
+                .map(|(index, name)| format!("{}\"{name}\"{}:{index}", spaces[2 * index], spaces[2 * index + 1]))
+                .collect();
+            let text = format!("{}{{{}{}}}", spaces[14], members.join(","), spaces[15]);
+            let mut object = JsonObject::parse(text.as_bytes()).unwrap();
+            for (name, edit) in names.iter().zip(&edits) {
+                // A repeated name refuses its edits, leaving the object as it was.
+                let _ = match edit {
+                    0 => Ok(()),
+                    1 => object.remove(name),
+                    _ => object.set(name, "[true]".to_owned()),
+                };
+            }
+            if let Some(name) = added {
+                object.set(&name, "null".to_owned()).unwrap();
+            }
+            prop_assert_eq!(object.to_bytes(), written_member_by_member(&object));
+        }
+    }
+
+    proptest! {
+        /// A string is read to its end, eight bytes at a time or one, just
+        /// when serde_json reads it: quotes, escapes and control characters
+        /// anywhere in a long run.
+        #[test]
+        fn a_string_is_read_as_serde_json_reads_it(
+            pieces in proptest::collection::vec(prop_oneof![
+                8 => "[a-z\u{e9}\u{1F600} ]{1,9}",
+                1 => Just("\"".to_owned()),
+                1 => Just("\\".to_owned()),
+                1 => "\\\\[nux\"\\\\]",
+                1 => "\\\\u00[0-9a-f]{2}",
+                1 => "[\x00-\x1f]",
+            ], 0..12),
+        ) {
+            let text = format!("\"{}\"", pieces.concat());
+            let mut scan = Scan { bytes: text.as_bytes(), at: 0, text_bytes: 0, text_key: false };
+            let read = scan.string().is_some() && scan.at == text.len();
+            prop_assert_eq!(read, serde_json::from_str::<String>(&text).is_ok(), "{:?}", text);
+        }
+
+        #[test]
+        fn a_word_may_stop_a_string_just_when_a_byte_of_it_does(word in any::<u64>(), at in 0usize..8, byte in any::<u8>()) {
+            let mut bytes = word.to_le_bytes();
+            bytes[at] = byte;
+            let stops = bytes.iter().any(|&byte| STRING_STOPS[usize::from(byte)]);
+            prop_assert_eq!(may_stop_a_string(u64::from_le_bytes(bytes)), stops);
         }
     }
 
