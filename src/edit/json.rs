@@ -280,20 +280,6 @@ static STRING_STOPS: [bool; 256] = {
     stops
 };
 
-/// Whether any of the eight bytes of `word` is one of [`STRING_STOPS`]: a
-/// quote, a backslash or a control character (below 0x20). Each test sets
-/// a byte's high bit where that byte matches (and maybe above it, through
-/// the borrow), and none when no byte does.
-fn may_stop_a_string(word: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let below_space = word.wrapping_sub(ONES * 0x20);
-    let quote = word ^ (ONES * b'"' as u64);
-    let backslash = word ^ (ONES * b'\\' as u64);
-    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x;
-    (below_space | zero_in(quote) | zero_in(backslash)) & !word & HIGHS != 0
-}
-
 /// The members whose strings are a chunk's text.
 fn is_text_key(quoted: &[u8]) -> bool {
     // Chat's delta fields, and Anthropic's (`text_delta`, `thinking_delta`,
@@ -346,15 +332,7 @@ impl Scan<'_> {
         let mut at = self.at;
         let mut escaped = false;
         loop {
-            // Most bytes are plain: passed over eight at a time while no
-            // byte of the eight stops the run, then by a table.
-            while let Some(word) = bytes.get(at..at + 8) {
-                let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
-                if may_stop_a_string(word) {
-                    break;
-                }
-                at += 8;
-            }
+            // Most bytes are plain: passed over by a table, not a match.
             while at < bytes.len() && !STRING_STOPS[usize::from(bytes[at])] {
                 at += 1;
             }
@@ -826,9 +804,8 @@ mod tests {
     }
 
     proptest! {
-        /// A string is read to its end, eight bytes at a time or one, just
-        /// when serde_json reads it: quotes, escapes and control characters
-        /// anywhere in a long run.
+        /// A string is read to its end just when serde_json reads it:
+        /// quotes, escapes and control characters anywhere in a long run.
         #[test]
         fn a_string_is_read_as_serde_json_reads_it(
             pieces in proptest::collection::vec(prop_oneof![
@@ -844,14 +821,6 @@ mod tests {
             let mut scan = Scan { bytes: text.as_bytes(), at: 0, text_bytes: 0, text_key: false };
             let read = scan.string().is_some() && scan.at == text.len();
             prop_assert_eq!(read, serde_json::from_str::<String>(&text).is_ok(), "{:?}", text);
-        }
-
-        #[test]
-        fn a_word_may_stop_a_string_just_when_a_byte_of_it_does(word in any::<u64>(), at in 0usize..8, byte in any::<u8>()) {
-            let mut bytes = word.to_le_bytes();
-            bytes[at] = byte;
-            let stops = bytes.iter().any(|&byte| STRING_STOPS[usize::from(byte)]);
-            prop_assert_eq!(may_stop_a_string(u64::from_le_bytes(bytes)), stops);
         }
     }
 
