@@ -329,12 +329,26 @@ pub(crate) fn path_is(path: &str, expected: &[&str]) -> bool {
             .all(|(segment, expected)| same(segment.as_bytes(), expected))
 }
 
-/// [`path_is`] for a path spelled as normalising leaves it (`/a/b/c`:
-/// a leading slash, no empty or dot segment, nothing escaped, no slash
-/// at the end), decided in two passes over its bytes without an
-/// iterator; `None` for any other spelling. Most requests' paths are
-/// such, and several layers ask of each.
+/// [`path_is`] decided without reading the path into segments, when it
+/// can be: `Some(true)` for the path spelled `/a/b/c` (any case), which
+/// normalising leaves as it is (`expected` names plain segments: no `/`,
+/// `%` or dot segment); `Some(false)` for any other path spelled so (a
+/// leading slash, no empty or dot segment, nothing escaped, no slash at
+/// the end); `None` for any other spelling. Most requests' paths are the
+/// first or the second, and several layers ask of each.
 fn canonical_path_is(path: &[u8], expected: &[&str]) -> Option<bool> {
+    let mut rest = Some(path);
+    for want in expected.iter().map(|want| want.as_bytes()) {
+        rest = rest
+            .and_then(|rest| rest.strip_prefix(b"/"))
+            .filter(|after| {
+                after.len() >= want.len() && after[..want.len()].eq_ignore_ascii_case(want)
+            })
+            .map(|after| &after[want.len()..]);
+    }
+    if rest.is_some_and(<[u8]>::is_empty) {
+        return Some(true);
+    }
     let mut previous = 0;
     for &byte in path {
         if byte == b'%' || (previous == b'/' && matches!(byte, b'/' | b'.')) {
@@ -342,22 +356,10 @@ fn canonical_path_is(path: &[u8], expected: &[&str]) -> Option<bool> {
         }
         previous = byte;
     }
-    if path.first() != Some(&b'/') || previous == b'/' {
-        return None;
+    match path.first() == Some(&b'/') && previous != b'/' {
+        true => Some(false),
+        false => None,
     }
-    // Its segments are what lies between its slashes, each non-empty.
-    let mut rest = path;
-    for want in expected {
-        let Some(after) = rest.strip_prefix(b"/") else {
-            return Some(false);
-        };
-        let end = memchr::memchr(b'/', after).unwrap_or(after.len());
-        if !after[..end].eq_ignore_ascii_case(want.as_bytes()) {
-            return Some(false);
-        }
-        rest = &after[end..];
-    }
-    Some(rest.is_empty())
 }
 
 /// The parameters of `segments` (a path's [normalized
