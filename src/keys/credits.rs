@@ -122,6 +122,13 @@ pub(crate) fn nanos_to_json(nanos: i64) -> Value {
     if nanos % NANOS_PER_CREDIT == 0 {
         return Value::from(nanos / NANOS_PER_CREDIT);
     }
+    // Below 2^53 both operands are exact doubles, and IEEE division rounds
+    // the exact quotient to the nearest double: the float parsing the
+    // exact decimal text gives, without writing it.
+    const EXACT_BELOW: u64 = 1 << 53;
+    if nanos.unsigned_abs() < EXACT_BELOW {
+        return Value::from(nanos as f64 / NANOS_PER_CREDIT as f64);
+    }
     // The decimal text is exact; parsing it gives the nearest float, which
     // prints back as that text when it has few enough digits.
     let credits: f64 = decimal_string(nanos, 0)
@@ -190,6 +197,22 @@ mod tests {
             "99999999999",
         ] {
             assert!(nanos_from_credits(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// The division gives the float the exact decimal text parses to,
+        /// for any amount, near 2^53 and at the ends of i64 too.
+        #[test]
+        fn a_json_amount_is_the_float_its_decimal_text_parses_to(
+            nanos in prop_oneof![any::<i64>(), -(1i64 << 54)..(1i64 << 54), -100_000i64..100_000],
+        ) {
+            let parsed: f64 = decimal_string(nanos, 0).parse().unwrap();
+            let json = nanos_to_json(nanos);
+            match json.as_i64() {
+                Some(whole) => prop_assert_eq!(whole * NANOS_PER_CREDIT, nanos),
+                None => prop_assert_eq!(json.as_f64().unwrap().to_bits(), parsed.to_bits(), "{}", nanos),
+            }
         }
     }
 
