@@ -1976,16 +1976,12 @@ async fn the_operator_manages_accounts_on_the_page() {
         .await
         .unwrap();
     amount.send_keys("20").await.unwrap();
-    browser
-        .client
-        .find(fantoccini::Locator::XPath(&format!(
-            "{row}//button[normalize-space()='Top up']"
-        )))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_path(
+        &browser,
+        &format!("{row}//button[normalize-space()='Top up']"),
+        "Top up button",
+    )
+    .await;
     browser
         .wait_for_text("message", "the top-up", |text| {
             text.contains("Added 20 credits to globex")
@@ -1997,16 +1993,12 @@ async fn the_operator_manages_accounts_on_the_page() {
     assert_eq!(body["data"]["balance"], 20);
 
     // Its keys, and a management key for it.
-    browser
-        .client
-        .find(fantoccini::Locator::XPath(&format!(
-            "{row}//button[@aria-label='Show the keys of globex']"
-        )))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_path(
+        &browser,
+        &format!("{row}//button[@aria-label='Show the keys of globex']"),
+        "Show the keys of globex",
+    )
+    .await;
     browser
         .wait_for_text("account-title", "globex", |text| text.contains("globex"))
         .await;
