@@ -89,7 +89,7 @@ wrk_script() {
   local key="$1" body="$2"
   cat <<LUA
 wrk.method = "POST"
-wrk.body = '$body'
+wrk.body = [==[$body]==]
 wrk.headers["content-type"] = "application/json"
 $( [ -n "$key" ] && echo "wrk.headers[\"authorization\"] = \"Bearer $key\"" )
 LUA

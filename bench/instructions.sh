@@ -8,6 +8,10 @@
 #
 #   bench/instructions.sh [SECONDS=5]
 #
+# BODY_FILE=PATH sends that file's JSON as the plain request instead of a
+# one-message chat (a large conversation shows what the body's size
+# costs); the streamed request stays the small one.
+#
 # Each proxy runs under callgrind; after a warm-up its counters are zeroed,
 # wrk sends requests on 4 connections for SECONDS, and the counters are
 # dumped. Keeps the dumps (callgrind_annotate reads them) when KEEP=DIR is
@@ -22,6 +26,7 @@ upstream_ms=0
 need valgrind
 
 plain_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
+[ -n "${BODY_FILE:-}" ] && plain_body="$(cat "$BODY_FILE")"
 streamed_body='{"model": "openai/gpt-4o-mini", "max_tokens": 16, "stream": true, "messages": [{"role": "user", "content": "Say hello to the load test."}]}'
 
 # `measure NAME VARIANT PROXY-ARGS…`: prints the instructions per request.
