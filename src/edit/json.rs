@@ -629,8 +629,7 @@ mod tests {
                         self,
                         mut map: A,
                     ) -> Result<RawMembers<'a>, A::Error> {
-                        // One allocation for the usual object: a chunk has about six members.
-                        let mut members = Vec::with_capacity(8);
+                        let mut members = Vec::new();
                         while let Some(name) = map.next_key()? {
                             members.push((name, map.next_value()?));
                         }
