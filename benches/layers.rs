@@ -82,7 +82,9 @@ fn admitted(key: &str, principal: &Principal) -> Request<Full<Bytes>> {
     request.headers_mut().remove("authorization");
     let context = RequestContext::of_mut(&mut request);
     context.principal = Some(principal.clone());
-    context.chat = Some(ChatRequest::parse(BODY.as_bytes()).expect("a valid chat request"));
+    context.chat = Some(Arc::new(
+        ChatRequest::parse(BODY.as_bytes()).expect("a valid chat request"),
+    ));
     context.body = Some(Bytes::from_static(BODY.as_bytes()));
     request
 }

@@ -128,7 +128,7 @@
 //! // Stands in for the upstream; it sees the parsed request and the same bytes.
 //! let upstream = service_fn(|request: Request<Full<Bytes>>| async move {
 //!     let chat = RequestContext::of(&request).and_then(|context| context.chat.clone());
-//!     let reply = format!("{} messages for {}", chat.as_ref().map_or(0, |c| c.messages.len()), chat.map(|c| c.model).unwrap_or_default());
+//!     let reply = format!("{} messages for {}", chat.as_ref().map_or(0, |c| c.messages.len()), chat.map(|c| c.model.clone()).unwrap_or_default());
 //!     Ok::<_, std::io::Error>(Response::new(Full::new(Bytes::from(reply))))
 //! });
 //! let gateway = ServiceBuilder::new()

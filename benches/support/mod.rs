@@ -63,6 +63,6 @@ pub fn chat(account: &str, model: &str, stream: bool) -> Request<Full<Bytes>> {
         allowed_models: None,
         rate_limit: None,
     });
-    context.chat = Some(ChatRequest::parse(body.as_bytes()).unwrap());
+    context.chat = Some(Arc::new(ChatRequest::parse(body.as_bytes()).unwrap()));
     request
 }

@@ -2,6 +2,8 @@
 //! completion parsed, the context given the bytes, the framing headers
 //! made to say exactly those bytes.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use http::request::Parts;
@@ -100,10 +102,10 @@ pub(super) fn prepare_request(
         .headers
         .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     let context = RequestContext::in_extensions(&mut parts.extensions);
-    context.chat = chat;
-    context.messages = messages;
-    context.responses = responses;
-    context.embeddings = embeddings;
+    context.chat = chat.map(Arc::new);
+    context.messages = messages.map(Arc::new);
+    context.responses = responses.map(Arc::new);
+    context.embeddings = embeddings.map(Arc::new);
     context.body = Some(bytes.clone());
     Ok(())
 }

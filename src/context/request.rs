@@ -2,6 +2,7 @@
 //! carries what the layers learn about it.
 
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Extensions, Request};
@@ -21,14 +22,14 @@ pub struct RequestContext {
     /// Who is calling: the key BearerAuth accepted.
     pub principal: Option<Principal>,
     /// The chat-completions request BodyLimit parsed, for a chat call.
-    pub chat: Option<ChatRequest>,
+    pub chat: Option<Arc<ChatRequest>>,
     /// The Messages API request BodyLimit parsed, for a Messages call
     /// (`…/messages` or `…/messages/count_tokens`).
-    pub messages: Option<MessagesRequest>,
+    pub messages: Option<Arc<MessagesRequest>>,
     /// The Responses API request BodyLimit parsed, for a Responses call.
-    pub responses: Option<ResponsesRequest>,
+    pub responses: Option<Arc<ResponsesRequest>>,
     /// The embeddings request BodyLimit parsed, for an embeddings call.
-    pub embeddings: Option<EmbeddingsRequest>,
+    pub embeddings: Option<Arc<EmbeddingsRequest>>,
     /// The body as received (or as CreditGuard edited it for the
     /// upstream), for layers that need the bytes after the body itself has
     /// been handed on. BodyLimit sets it for every request it buffers.
@@ -106,7 +107,9 @@ impl RequestContext {
     pub(crate) fn chat_for_tests(account: &str, body: &[u8]) -> Self {
         RequestContext {
             principal: Some(Principal::for_tests(account)),
-            chat: Some(ChatRequest::parse(body).expect("a valid chat request")),
+            chat: Some(Arc::new(
+                ChatRequest::parse(body).expect("a valid chat request"),
+            )),
             body: Some(Bytes::copy_from_slice(body)),
             ..RequestContext::default()
         }

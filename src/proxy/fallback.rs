@@ -196,14 +196,22 @@ where
                     true => buffered.clone(),
                     false => body_with_model(&buffered, model.as_str()),
                 };
+                // Shared with the context while the model is the one parsed
+                // (the first attempt, mostly); copied for another.
                 let attempt_chat = chat.clone().map(|mut chat| {
-                    chat.model = model.as_str().to_owned();
-                    chat.model_id = model.clone();
+                    if chat.model_id != *model {
+                        let chat = Arc::make_mut(&mut chat);
+                        chat.model = model.as_str().to_owned();
+                        chat.model_id = model.clone();
+                    }
                     chat
                 });
                 let attempt_messages = messages.clone().map(|mut messages| {
-                    messages.model = model.as_str().to_owned();
-                    messages.model_id = model.clone();
+                    if messages.model_id != *model {
+                        let messages = Arc::make_mut(&mut messages);
+                        messages.model = model.as_str().to_owned();
+                        messages.model_id = model.clone();
+                    }
                     messages
                 });
                 attempt.extensions_mut().insert(RequestContext {
@@ -345,7 +353,10 @@ where
 
 /// The request body for `model`: its `model` field set, and `models`
 /// removed (the upstream gets one model; the gateway did the falling back).
-fn models_was_none(chat: &Option<ChatRequest>, messages: &Option<MessagesRequest>) -> bool {
+fn models_was_none(
+    chat: &Option<Arc<ChatRequest>>,
+    messages: &Option<Arc<MessagesRequest>>,
+) -> bool {
     let listed = |extra: &serde_json::Map<String, serde_json::Value>| extra.contains_key("models");
     !chat.as_ref().is_some_and(|chat| listed(&chat.extra))
         && !messages
@@ -534,7 +545,7 @@ mod tests {
             .body(Full::new(body.clone()))
             .unwrap();
         let context = RequestContext::of_mut(&mut request);
-        context.chat = Some(ChatRequest::parse(&body).unwrap());
+        context.chat = Some(Arc::new(ChatRequest::parse(&body).unwrap()));
         context.body = Some(body);
         let response = service.oneshot(request).await.unwrap();
         let status = response.status().as_u16();

@@ -224,7 +224,7 @@ mod tests {
             .body(Full::new(Bytes::from_static(body)))
             .unwrap();
         let context = RequestContext::of_mut(&mut request);
-        context.chat = Some(ChatRequest::parse(body).unwrap());
+        context.chat = Some(Arc::new(ChatRequest::parse(body).unwrap()));
         context.credential = Some(ByokCredential::new("alpha", "sk-tenant-0001").unwrap());
         request
     }
