@@ -76,14 +76,20 @@ end
 -- sum stays below 2^53), else as two-part integers. Absent ('' or false)
 -- counts as 0.
 local function text(a) if not a or a == '' then return '0' end return a end
+-- These helpers run dozens of times a call, and a Lua call costs about
+-- as much as three table reads here: `text`, `num` and `int` are written
+-- out in them (their remembered values read first).
 -- A sum, exact whatever its size: what holds add up to (the in-process
 -- store keeps that in 128 bits).
 local function add_held(a, b)
-  a, b = text(a), text(b)
+  if not a or a == '' then a = '0' end
   -- Most sums add nothing to one side (texts are canonical decimals).
-  if b == '0' then return a end
+  if not b or b == '' or b == '0' then return a end
   if a == '0' then return b end
-  if #a <= 15 and #b <= 15 then return int(num(a) + num(b)) end
+  if #a <= 15 and #b <= 15 then
+    local sum = (NUMBERS[a] or num(a)) + (NUMBERS[b] or num(b))
+    return TEXTS[sum] or int(sum)
+  end
   return big_str(big_add(big(a), big(b)))
 end
 -- `value` as an i64: the largest i64 when it is larger.
@@ -93,22 +99,27 @@ local function as_i64(value)
 end
 -- A sum of usage: as the in-process store does, it stops at the largest
 -- i64.
-local function add(a, b) return as_i64(add_held(a, b)) end
+local function add(a, b)
+  local sum = add_held(a, b)
+  if #sum >= 19 then return as_i64(sum) end
+  return sum
+end
 -- a - b, or 0 when b is larger (a kept sum never goes below nothing).
 local function less(a, b)
-  a, b = text(a), text(b)
-  if b == '0' then return a end
+  if not a or a == '' then a = '0' end
+  if not b or b == '' or b == '0' then return a end
   if a == b then return '0' end
   if #a <= 15 and #b <= 15 then
-    local d = num(a) - num(b)
+    local d = (NUMBERS[a] or num(a)) - (NUMBERS[b] or num(b))
     if d < 0 then return '0' end
-    return int(d)
+    return TEXTS[d] or int(d)
   end
   return big_str(big_less(big(a), big(b)))
 end
 local function ge(a, b)
-  a, b = text(a), text(b)
-  if #a <= 15 and #b <= 15 then return num(a) >= num(b) end
+  if not a or a == '' then a = '0' end
+  if not b or b == '' then b = '0' end
+  if #a <= 15 and #b <= 15 then return (NUMBERS[a] or num(a)) >= (NUMBERS[b] or num(b)) end
   return big_ge(big(a), big(b))
 end
 local function minimum(a, b) if ge(a, b) then return b end return a end
@@ -233,8 +244,12 @@ local function load(names)
   end
 end
 local function get(name)
-  if C.F[name] == nil then load({ name }) end
-  return C.F[name]
+  local value = C.F[name]
+  if value == nil then
+    load({ name })
+    value = C.F[name]
+  end
+  return value
 end
 local function put(name, value) C.F[name] = value; C.dirty[name] = true end
 -- Removes field `name` when the call ends (unless written again).
@@ -293,7 +308,7 @@ local function key_state(key)
   C.K[key] = k
   return k
 end
-local function kget(key, name) return key_state(key)[KEY_SLOTS[name]] end
+local function kget(key, name) return (C.K[key] or key_state(key))[KEY_SLOTS[name]] end
 local function kput(key, name, value)
   local k = key_state(key)
   k[KEY_SLOTS[name]] = value
@@ -312,7 +327,7 @@ local function state()
   end
   return C.S
 end
-local function sget(name) return state()[STATE_SLOTS[name]] end
+local function sget(name) return (C.S or state())[STATE_SLOTS[name]] end
 local function sput(name, value)
   state()[STATE_SLOTS[name]] = value
   C.S.dirty = true
