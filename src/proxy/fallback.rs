@@ -196,10 +196,11 @@ where
                     true => buffered.clone(),
                     false => body_with_model(&buffered, model.as_str()),
                 };
-                // Shared with the context while the model is the one parsed
-                // (the first attempt, mostly); copied for another.
+                // Shared with the context while it names this model as
+                // sent and resolved (the first attempt, mostly); copied for
+                // another, or for a name the client sent as an alias.
                 let attempt_chat = chat.clone().map(|mut chat| {
-                    if chat.model_id != *model {
+                    if chat.model != model.as_str() || chat.model_id != *model {
                         let chat = Arc::make_mut(&mut chat);
                         chat.model = model.as_str().to_owned();
                         chat.model_id = model.clone();
@@ -207,7 +208,7 @@ where
                     chat
                 });
                 let attempt_messages = messages.clone().map(|mut messages| {
-                    if messages.model_id != *model {
+                    if messages.model != model.as_str() || messages.model_id != *model {
                         let messages = Arc::make_mut(&mut messages);
                         messages.model = model.as_str().to_owned();
                         messages.model_id = model.clone();
@@ -412,6 +413,7 @@ mod tests {
     use super::*;
     use crate::credit::PriceTable;
     use crate::free_quota::FreeQuotaRules;
+    use crate::model_id::ModelNames;
     use crate::rate_limit::RateLimitRules;
 
     /// A response as the upstream client returns it: nothing marks it.
@@ -505,6 +507,16 @@ mod tests {
     /// FallbackLayer over a stand-in that answers `first` for `alpha/m1`
     /// and 200 for anything else, recording the models it was asked for.
     async fn tried_after(first: Response<Full<Bytes>>) -> (u16, Vec<String>) {
+        tried_sending(first, "alpha/m1", &ModelNames::new()).await
+    }
+
+    /// As [`tried_after`], the body naming `sent`, read through `names`;
+    /// each model recorded as the attempt's parsed request names it.
+    async fn tried_sending(
+        first: Response<Full<Bytes>>,
+        sent: &str,
+        names: &ModelNames,
+    ) -> (u16, Vec<String>) {
         let price = r#"{"prompt_per_million": 1, "completion_per_million": 1}"#;
         let prices = PriceTable::from_json(&format!(
             r#"{{"models": {{"alpha/m1": {price}, "beta/m2": {price}}}}}"#
@@ -538,14 +550,14 @@ mod tests {
             }
         });
         let service = FallbackLayer::new(Arc::new(catalog)).layer(inner);
-        let body = Bytes::from_static(
-            br#"{"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]}"#,
-        );
+        let body = Bytes::from(format!(
+            r#"{{"model": "{sent}", "messages": [{{"role": "user", "content": "hi"}}]}}"#
+        ));
         let mut request = Request::post("/api/v1/chat/completions")
             .body(Full::new(body.clone()))
             .unwrap();
         let context = RequestContext::of_mut(&mut request);
-        context.chat = Some(Arc::new(ChatRequest::parse(&body).unwrap()));
+        context.chat = Some(Arc::new(ChatRequest::parse_named(&body, names).unwrap()));
         context.body = Some(body);
         let response = service.oneshot(request).await.unwrap();
         let status = response.status().as_u16();
@@ -573,5 +585,15 @@ mod tests {
         }
         let (answered, tried) = tried_after(upstream(503)).await;
         assert_eq!((answered, tried.len()), (200, 2), "the upstream's 503");
+    }
+
+    #[tokio::test]
+    async fn each_attempt_names_its_model_though_the_client_sent_an_alias() {
+        let names = ModelNames::new().alias("m1", "alpha/m1").unwrap();
+        let (answered, tried) = tried_sending(upstream(503), "m1", &names).await;
+        assert_eq!(
+            (answered, tried),
+            (200, vec!["alpha/m1".to_owned(), "beta/m2".to_owned()])
+        );
     }
 }
