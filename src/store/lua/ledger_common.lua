@@ -191,15 +191,16 @@ local FORGOTTEN_KEPT_US = 60000000
 local EMPTY = {}
 
 -- Field names ('i:' .. id, 'k:' .. key, ...) of the account's hash
--- remembered, as numbers are (int.lua): a call names each of its fields
--- several times, and the next one names the same key and settles the ids
--- this one admitted. A record's fields are named once, without it.
+-- remembered, as numbers are (int.lua, and as many): a call names each of
+-- its fields several times, and the next one names the same key and
+-- settles the ids this one admitted. A record's fields are named once,
+-- without it.
 local FIELD_NAMES, FIELD_NAMES_COUNT = {}, 0
 local function field(prefix, x)
   local names = FIELD_NAMES[prefix]
   local name = names and names[x]
   if name then return name end
-  if FIELD_NAMES_COUNT >= 4096 then FIELD_NAMES, FIELD_NAMES_COUNT = {}, 0 end
+  if FIELD_NAMES_COUNT >= 1024 then FIELD_NAMES, FIELD_NAMES_COUNT = {}, 0 end
   names = FIELD_NAMES[prefix]
   if not names then
     names = {}
