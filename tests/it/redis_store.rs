@@ -1909,9 +1909,12 @@ differential_test!(ledger_answers_and_state_exactly_as_the_rules_do, steps in pr
 
 fn ledger_step_strategy() -> impl Strategy<Value = (i64, LedgerOp)> {
     (
-        // Within a hold's lifetime, past it (a lapse), past a settlement's
-        // marker and past days (a lapse forgotten, periods rolled), or back.
+        // Within the moment an account's upkeep waits (so that admissions
+        // follow one another as under load, without it), within a hold's
+        // lifetime, past it (a lapse), past a settlement's marker and past
+        // days (a lapse forgotten, periods rolled), or back.
         prop_oneof![
+            6 => 0i64..50_000,
             8 => 0i64..3_000_000,
             2 => 3_000_000i64..120_000_000,
             1 => 120_000_000i64..400_000_000,

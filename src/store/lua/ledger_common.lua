@@ -705,9 +705,10 @@ end
 -- ahead so that the write comes once in that margin).
 local function ledger_end(admission)
   -- A read or a renewal of an account the ledger has never seen writes
-  -- nothing (the in-process store keeps nothing for it either).
+  -- nothing (the in-process store keeps nothing for it either); one whose
+  -- keys' terms alone are known starts its tidying now, as there.
   if not admission and not get('s') and not get('balance') and next(C.dirty) == nil
-    and #C.scores == 0 and next(C.records) == nil then
+    and #C.scores == 0 and next(C.records) == nil and redis.call('EXISTS', C.A) == 0 then
     return
   end
   -- At most ten times a second (each removal is a few commands), or a
