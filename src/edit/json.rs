@@ -871,8 +871,12 @@ mod tests {
                 let mut scan = Scan { bytes, at: 0, text_bytes: 0, text_key: false };
                 let read = scan.string().is_some() && scan.at == bytes.len();
                 // As serde_json reads a string it skips: a lone surrogate's
-                // escape is four hex digits like any other.
-                let skipped = serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok();
+                // escape is four hex digits like any other. serde_json
+                // also takes whitespace after the value (a cut after a
+                // quote inside the text ends it early), the scanner only
+                // the string.
+                let skipped = !bytes.last().is_some_and(u8::is_ascii_whitespace)
+                    && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok();
                 prop_assert_eq!(read, skipped, "{:?}", String::from_utf8_lossy(bytes));
             }
         }
