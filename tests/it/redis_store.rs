@@ -1907,6 +1907,63 @@ differential_test!(ledger_answers_and_state_exactly_as_the_rules_do, steps in pr
     }
 });
 
+// Admissions in quick succession, each request with an id of its own, as
+// under load: most are decided where the account needs no upkeep
+// (`ledger_write.lua`'s shortest path), among top-ups, new terms,
+// revocations, settlements and periods turning at midnight.
+differential_test!(quick_admissions_decide_exactly_as_the_rules_do, steps in proptest::collection::vec((0i64..40_000, quick_op_strategy()), 1..40), |store, memory| {
+    let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap();
+    let reserved = Reservations::default();
+    for (index, (advance_micros, op)) in steps.iter().enumerate() {
+        now += chrono::Duration::microseconds(*advance_micros);
+        let op = with_new_ids(op.clone(), index);
+        let expected = apply_ledger_op(&memory, &op, now, &reserved).await;
+        let actual = apply_ledger_op(&store, &op, now, &reserved).await;
+        prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
+        let expected = ledger_state(&memory, now).await;
+        let actual = ledger_state(&store, now).await;
+        prop_assert_eq!(actual, expected, "the state at {} after {:?}", now, op);
+    }
+});
+
+fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
+    prop_oneof![
+        8 => (
+            proptest::collection::vec((0u8..3, limit_strategy(), 0u64..3), 0..3),
+            proptest::option::of((0i64..6_000_000_000, 2u64..9)),
+            reserve_strategy(),
+        )
+            .prop_map(|(mut checks, tier, hold)| {
+                checks.sort_by_key(|(name, _, _)| *name);
+                checks.dedup_by_key(|(name, _, _)| *name);
+                LedgerOp::Admit { settlements: Vec::new(), checks, tier, hold: Some(hold) }
+            }),
+        2 => (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
+        1 => (
+            0u8..2,
+            proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
+            proptest::option::of(-1i64..600),
+        )
+            .prop_map(|(key, limit, expires_in_secs)| LedgerOp::SetTerms { key, limit, expires_in_secs }),
+        1 => (0u8..2).prop_map(|key| LedgerOp::Revoke { key }),
+        2 => settle_strategy().prop_map(LedgerOp::Settle),
+    ]
+}
+
+/// `op`, the `index`th step, with a request id no step before used
+/// (100 + index) when it admits, and one of theirs when it settles.
+fn with_new_ids(mut op: LedgerOp, index: usize) -> LedgerOp {
+    let index = u8::try_from(index).expect("at most 40 steps");
+    match &mut op {
+        LedgerOp::Admit {
+            hold: Some(args), ..
+        } => args.id = 100 + index,
+        LedgerOp::Settle(args) => args.id = 100 + args.id % (index + 1),
+        _ => {}
+    }
+    op
+}
+
 fn ledger_step_strategy() -> impl Strategy<Value = (i64, LedgerOp)> {
     (
         // Within the moment an account's upkeep waits (so that admissions

@@ -333,18 +333,30 @@ local function sput(name, value)
   state()[STATE_SLOTS[name]] = value
   C.S.dirty = true
 end
--- A key's terms: its limit text (nil when none is stored), reset, BYOK
--- counted, expiry.
-local function terms(key)
-  local packed = get(field('t:', key))
+-- A key's terms as stored in `packed` (its `t:` field, or nothing): its
+-- limit text (nil when none is stored), reset, BYOK counted, expiry.
+local function terms_of(packed)
   if not packed then return nil end
   return string.match(packed, '^([^:]*):([^:]*):([^:]*):([^:]*)$')
 end
--- The account's state packed into its field.
+local function terms(key) return terms_of(get(field('t:', key))) end
+-- State parts `s` (false where empty) packed into the account's field;
+-- `s` is remembered as it is (the caller changes it no more).
+local function state_text_of(s)
+  local packed = (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or '')
+  remember_packed(packed, s)
+  return packed
+end
 local function state_text()
   local s = state()
-  local packed = (s[1] or '') .. ':' .. (s[2] or '') .. ':' .. (s[3] or '') .. ':' .. (s[4] or '') .. ':' .. (s[5] or '')
-  remember_packed(packed, { s[1], s[2], s[3], s[4], s[5] })
+  return state_text_of({ s[1], s[2], s[3], s[4], s[5] })
+end
+-- Usage parts `k` (false where empty) packed into a key's field.
+local function usage_text(k)
+  local packed = (k[1] or '') .. ':' .. (k[2] or '') .. ':' .. (k[3] or '') .. ':' .. (k[4] or '') .. ':'
+    .. (k[5] or '') .. ':' .. (k[6] or '') .. ':' .. (k[7] or '') .. ':' .. (k[8] or '') .. ':'
+    .. (k[9] or '') .. ':' .. (k[10] or '') .. ':' .. (k[11] or '') .. ':' .. (k[12] or '')
+  remember_packed(packed, k)
   return packed
 end
 
@@ -352,27 +364,23 @@ end
 -- into their fields.
 local function pack()
   for key, k in pairs(C.K) do
-    if k.dirty then
-      local packed = (k[1] or '') .. ':' .. (k[2] or '') .. ':' .. (k[3] or '') .. ':' .. (k[4] or '') .. ':'
-        .. (k[5] or '') .. ':' .. (k[6] or '') .. ':' .. (k[7] or '') .. ':' .. (k[8] or '') .. ':'
-        .. (k[9] or '') .. ':' .. (k[10] or '') .. ':' .. (k[11] or '') .. ':' .. (k[12] or '')
-      remember_packed(packed, k)
-      put(field('k:', key), packed)
-    end
+    if k.dirty then put(field('k:', key), usage_text(k)) end
   end
   local s = C.S
   if s and s.dirty then put('s', state_text()) end
 end
 
--- The current periods' starts (day, week, month) as decimal text, worked
+-- The periods' starts (day, week, month) at `now` as decimal text, worked
 -- out once a day: the library's own state outlives a call.
 local STARTS_DAY, STARTS
+local function starts_on(now)
+  local day = fdiv(now, DAY_US)
+  if day ~= STARTS_DAY then STARTS_DAY, STARTS = day, period_starts(now) end
+  return STARTS
+end
+-- The current ones.
 local function starts()
-  if not C.starts then
-    local day = fdiv(C.now, DAY_US)
-    if day ~= STARTS_DAY then STARTS_DAY, STARTS = day, period_starts(C.now) end
-    C.starts = STARTS
-  end
+  if not C.starts then C.starts = starts_on(C.now) end
   return C.starts
 end
 
@@ -384,10 +392,18 @@ local PERIOD = { 'd', 'w', 'm' }
 local PERIOD_INDEX = { n = 0, d = 1, w = 2, m = 3 }
 local PERIOD_START = { 'ds', 'ws', 'ms' }
 local PERIOD_BYOK = { 'bd', 'bw', 'bm' }
+-- The same of usage parts `k` (KEY_SLOTS: period p's start, own and BYOK
+-- sums are parts 3p, 3p + 1 and 3p + 2), the current periods starting at
+-- `current`.
+local function period_usage(k, p, current)
+  if p == 0 then return k[1] or '0', k[2] or '0' end
+  if k[3 * p] ~= current[p] then return '0', '0' end
+  return k[3 * p + 1] or '0', k[3 * p + 2] or '0'
+end
 local function usage_in(key, p)
-  if p == 0 then return kget(key, 't') or '0', kget(key, 'bt') or '0' end
-  if kget(key, PERIOD_START[p]) ~= starts()[p] then return '0', '0' end
-  return kget(key, PERIOD[p]) or '0', kget(key, PERIOD_BYOK[p]) or '0'
+  local k = C.K[key] or key_state(key)
+  if p == 0 then return period_usage(k, 0) end
+  return period_usage(k, p, starts())
 end
 
 -- Adds `cost` (decimal text) to `key`'s usage in the periods starting at

@@ -31,8 +31,6 @@
 -- balance, b the account's holds), 4 a counter refused, 5 the key is
 -- revoked, 6 the key has expired (a its expiry).
 local now = clock_now(ARGV[1])
-ledger_begin(KEYS, now, num(ARGV[2]), num(ARGV[3]), num(ARGV[4]), ARGV[5])
-local memory = num(ARGV[2])
 
 -- Where each part of ARGV starts.
 local count = num(ARGV[6])
@@ -48,6 +46,142 @@ if admission then
   h = tier + 3
   if ARGV[h + 1] == nil then h = nil end
 end
+
+-- The capacities the purchase tier raises, when the account has bought
+-- `purchased` (its field).
+local function tier_capacities(purchased)
+  local raised = num(ARGV[tier + 1])
+  if raised > 0 and ge(purchased, ARGV[tier + 2]) then return { [raised] = num(ARGV[tier + 3]) } end
+  return EMPTY
+end
+local function reply(head, states)
+  counters_outcomes(states, head, 6)
+  return head
+end
+
+-- The terms the hold whose arguments start after ARGV[h] is decided on,
+-- the key's stored terms (see terms_of) first: whether it has a limit, the
+-- limit, its reset ('n' never) and whether BYOK usage counts.
+local function limit_terms(stored_limit, stored_reset, stored_byok)
+  local has_limit, limit_text, reset, include_byok = ARGV[h + 6] == '1', ARGV[h + 7], ARGV[h + 8], ARGV[h + 9] == '1'
+  if stored_limit then
+    has_limit, limit_text, reset, include_byok = stored_limit ~= '-', stored_limit, stored_reset, stored_byok == '1'
+  end
+  -- BYOK usage the key's limit leaves out is bounded by no limit (and its
+  -- usage is answered all time, own only).
+  if ARGV[h + 12] == '0' then has_limit, reset, include_byok = false, 'n', false end
+  return has_limit, limit_text, reset, include_byok
+end
+
+-- How much the hold after ARGV[h] is granted, on its key's terms, the
+-- key's usage `used` (in the limit's period) and holds `reserved`, and the
+-- account's `balance` and holds the balance covers (`account_held`, read
+-- only when the hold is covered): nil and the grant, or the refusal, as
+-- {status, a, b, c} (see the reply above). It is refused on the key limit,
+-- a negative balance or (covered by balance) a balance that the account's
+-- holds leave short; else granted as much of the amount as the limit and
+-- balance allow, at least the least amount.
+local function grant_of(used, reserved, has_limit, limit_text, reset, balance, account_held)
+  local amount = ARGV[h + 3]
+  local least = amount
+  if ARGV[h + 4] ~= '' then least = ARGV[h + 4] end
+  local committed = add_held(used, reserved)
+  local grant = amount
+  if has_limit then
+    -- A request that holds nothing is refused once usage has reached the
+    -- limit; one that holds, when even its least amount would pass it.
+    if least == '0' then
+      if ge(committed, limit_text) then return { 1, as_i64(committed), limit_text, reset } end
+    elseif not ge(limit_text, add_held(committed, least)) then
+      return { 1, as_i64(committed), limit_text, reset }
+    end
+    grant = minimum(grant, less(limit_text, committed))
+  end
+  if ARGV[h + 10] == '1' or ARGV[h + 11] == '1' then
+    if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
+    if ARGV[h + 11] == '1' then
+      if not ge(balance, add_held(account_held, least)) then
+        return { 3, balance, as_i64(account_held) }
+      end
+      grant = minimum(grant, less(balance, account_held))
+    end
+  end
+  return nil, grant
+end
+
+-- The value of a hold granted `grant` on `key` (see ledger_common.lua),
+-- its parts remembered for its settlement.
+local function hold_value(grant, key)
+  local retention = ARGV[h + 13]
+  local model = retention ~= '' and ARGV[h + 15] or ''
+  local covered = ARGV[h + 11] == '1'
+  local admitted, flag = int(now), covered and 'c' or 'b'
+  local most = retention ~= '' and ARGV[h + 14] or ''
+  local value
+  if model == '' then
+    value = 'A:' .. admitted .. ':' .. grant .. ':' .. flag .. ':' .. retention .. ':' .. most .. ':' .. key
+    model = nil
+  else
+    value = 'B:' .. admitted .. ':' .. grant .. ':' .. flag .. ':' .. retention .. ':' .. most .. ':' .. int(#model)
+      .. ':' .. model .. key
+  end
+  remember_hold(value, { grant, covered, retention, most, key, admitted, model })
+  return value
+end
+
+-- Most calls are an admission with nothing to settle or renew, on an
+-- account that needs no upkeep now: this decides those with one HMGET
+-- and writes them with one HSET and one ZADD (and the counters' own
+-- commands), without the bookkeeping below, whose tables and calls cost
+-- more here than the decision (see int.lua). Only when no hold has
+-- expired, no tidying is due, the request's id is new and its key is
+-- neither revoked nor expired: then it decides as below, on the same
+-- state, and a refusal writes nothing there either. Returns nil, having
+-- written nothing, otherwise.
+local function admit_at_once()
+  if count ~= 0 or renewals ~= 0 or not h then return nil end
+  local key, id = ARGV[h + 1], ARGV[h + 2]
+  local request, usage_field = field('i:', id), field('k:', key)
+  local read = redis.call('HMGET', KEYS[1], 's', 'balance', 'purchased', request, usage_field, field('t:', key),
+    field('r:', key))
+  if not read[1] or read[4] or read[7] then return nil end
+  local s = unpacked(read[1], STATE_PATTERN, 5)
+  local next_expiry, tidy_at = s[STATE_SLOTS.next], s[STATE_SLOTS.tidy]
+  if not tidy_at or num(tidy_at) <= now or (next_expiry and num(next_expiry) <= now) then return nil end
+  local stored_limit, stored_reset, stored_byok, expiry = terms_of(read[6])
+  if expiry and expiry ~= '' and num(expiry) <= now then return nil end
+  local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[3]))
+  if not fit then return reply({ 4, int(now), '0', '0', '0' }, states) end
+  local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
+  local usage = read[5] and unpacked(read[5], KEY_PATTERN, 12) or NO_USAGE
+  local p = PERIOD_INDEX[reset]
+  local used, byok = period_usage(usage, p, p ~= 0 and starts_on(now))
+  if include_byok then used = add(used, byok) end
+  local held = s[STATE_SLOTS.held]
+  local refused, grant = grant_of(used, usage[12], has_limit, limit_text, reset, read[2] or '0', text(held))
+  if refused then
+    return reply({ refused[1], int(now), refused[2] or '0', refused[3] or '0', refused[4] or '0' }, states)
+  end
+  -- Granted: the remembered parts stay as they are; the new ones are a copy.
+  local total = add_held(usage[12], grant)
+  local changed = { usage[1], usage[2], usage[3], usage[4], usage[5], usage[6], usage[7], usage[8], usage[9], usage[10],
+    usage[11], total }
+  local expires_at = now + num(ARGV[h + 5])
+  if ARGV[h + 11] == '1' then held = add_held(held, grant) end
+  if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
+  redis.call('HSET', KEYS[1], request, hold_value(grant, key), usage_field, usage_text(changed), 's',
+    state_text_of({ held, next_expiry, s[3], s[4], s[5] }))
+  redis.call('ZADD', KEYS[2], int(expires_at), id)
+  counters_commit(now, num(ARGV[4]), states)
+  return reply({ 0, int(now), used, as_i64(total), grant }, states)
+end
+do
+  local admitted = admit_at_once()
+  if admitted then return admitted end
+end
+
+ledger_begin(KEYS, now, num(ARGV[2]), num(ARGV[3]), num(ARGV[4]), ARGV[5])
+local memory = num(ARGV[2])
 
 -- Everything the call reads of the account's hash, in one HMGET.
 local wanted, n = { 'balance', 'purchased', 's' }, 3
@@ -144,35 +278,12 @@ if not admission then
   return { recorded, renewed }
 end
 
-local capacities = {}
-local raised = num(ARGV[tier + 1])
-if raised > 0 and ge(get('purchased'), ARGV[tier + 2]) then
-  capacities[raised] = num(ARGV[tier + 3])
-end
-local function reply(head, states)
-  counters_outcomes(states, head, 6)
-  return head
-end
-
--- Decides the hold whose arguments start after ARGV[h] for `key`: refuses
--- on the key limit (its own terms once set, else the request's), a
--- negative balance or (covered by balance) a balance that the account's
--- holds leave short; else holds as much of the amount as the limit and
--- balance allow, at least the least amount.
+-- Decides the hold whose arguments start after ARGV[h] for `key` (its own
+-- terms once set, else the request's; see grant_of).
 local function hold(key)
   local id = ARGV[h + 2]
-  local amount = ARGV[h + 3]
-  local least = amount
-  if ARGV[h + 4] ~= '' then least = ARGV[h + 4] end
   local expires_at = now + num(ARGV[h + 5])
-  local has_limit, limit_text, reset, include_byok = ARGV[h + 6] == '1', ARGV[h + 7], ARGV[h + 8], ARGV[h + 9] == '1'
-  local stored_limit, stored_reset, stored_byok = terms(key)
-  if stored_limit then
-    has_limit, limit_text, reset, include_byok = stored_limit ~= '-', stored_limit, stored_reset, stored_byok == '1'
-  end
-  -- BYOK usage the key's limit leaves out is bounded by no limit (and its
-  -- usage is answered all time, own only).
-  if ARGV[h + 12] == '0' then has_limit, reset, include_byok = false, 'n', false end
+  local has_limit, limit_text, reset, include_byok = limit_terms(terms(key))
   local p = PERIOD_INDEX[reset]
   local own, byok = usage_in(key, p)
   local used = own
@@ -193,53 +304,21 @@ local function hold(key)
   end
   local reserved = text(kget(key, 'h'))
   if replaced_key == key then reserved = less(reserved, replaced) end
-  local committed = add_held(used, reserved)
-  local grant = amount
-  if has_limit then
-    -- A request that holds nothing is refused once usage has reached the
-    -- limit; one that holds, when even its least amount would pass it.
-    if least == '0' then
-      if ge(committed, limit_text) then return { 1, as_i64(committed), limit_text, reset } end
-    elseif not ge(limit_text, add_held(committed, least)) then
-      return { 1, as_i64(committed), limit_text, reset }
-    end
-    grant = minimum(grant, less(limit_text, committed))
-  end
   local covered = ARGV[h + 11] == '1'
   local account_held
-  if ARGV[h + 10] == '1' or covered then
-    local balance = get('balance') or '0'
-    if string.sub(balance, 1, 1) == '-' then return { 2, balance } end
-    if covered then
-      account_held = text(sget('held'))
-      if replaced_covered then account_held = less(account_held, replaced) end
-      if not ge(balance, add_held(account_held, least)) then
-        return { 3, balance, as_i64(account_held) }
-      end
-      grant = minimum(grant, less(balance, account_held))
-    end
+  if covered then
+    account_held = text(sget('held'))
+    if replaced_covered then account_held = less(account_held, replaced) end
   end
+  local refused, grant = grant_of(used, reserved, has_limit, limit_text, reset, get('balance') or '0', account_held)
+  if refused then return refused end
   -- Granted: the hold it replaces is released, on its own key.
   if holding then release(replaced, replaced_covered, replaced_key) end
   local total = add_held(kget(key, 'h'), grant)
   -- A lapsed id admitted again: its lapse's charge stays known beside the
   -- new hold, for its settlement to undo.
   if known(previous, 'L') then put(field('l:', id), previous) end
-  local retention = ARGV[h + 13]
-  local model = retention ~= '' and ARGV[h + 15] or ''
-  local admitted, flag = int(now), covered and 'c' or 'b'
-  local most = retention ~= '' and ARGV[h + 14] or ''
-  local value
-  if model == '' then
-    value = 'A:' .. admitted .. ':' .. grant .. ':' .. flag .. ':' .. retention .. ':' .. most .. ':' .. key
-    model = nil
-  else
-    value = 'B:' .. admitted .. ':' .. grant .. ':' .. flag .. ':' .. retention .. ':' .. most .. ':' .. int(#model)
-      .. ':' .. model .. key
-  end
-  put(request, value)
-  -- As hold_parts reads it back.
-  remember_hold(value, { grant, covered, retention, most, key, admitted, model })
+  put(request, hold_value(grant, key))
   kput(key, 'h', total)
   if covered then sput('held', add_held(sget('held'), grant)) end
   track(id, expires_at)
@@ -248,7 +327,7 @@ local function hold(key)
   return { 0, used, as_i64(total), grant }
 end
 
-local fit, states = counters_check(now, checks, 4, c, capacities)
+local fit, states = counters_check(now, checks, 4, c, tier_capacities(get('purchased')))
 local key = h and ARGV[h + 1]
 -- A revoked key is refused first, whatever its counters say; then one past
 -- its expiry by this clock.
