@@ -1575,6 +1575,21 @@ fn settle_strategy() -> impl Strategy<Value = SettleArgs> {
         )
 }
 
+/// New terms for one of the two keys: a limit or none, an expiry or none
+/// (some already past).
+fn set_terms_strategy() -> impl Strategy<Value = LedgerOp> {
+    (
+        0u8..2,
+        proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
+        proptest::option::of(-60i64..600),
+    )
+        .prop_map(|(key, limit, expires_in_secs)| LedgerOp::SetTerms {
+            key,
+            limit,
+            expires_in_secs,
+        })
+}
+
 fn ledger_op_strategy() -> impl Strategy<Value = LedgerOp> {
     // Weighted so that holds are taken, renewed, left to lapse and settled
     // late within a few dozen steps.
@@ -1620,12 +1635,7 @@ fn ledger_op_strategy() -> impl Strategy<Value = LedgerOp> {
         1 => (0u8..3, 0i64..3_000_000_000).prop_map(|(idempotency_key, amount_nanos)| {
             LedgerOp::TopUpOnce { idempotency_key, amount_nanos }
         }),
-        1 => (
-            0u8..2,
-            proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
-            proptest::option::of(-60i64..600),
-        )
-            .prop_map(|(key, limit, expires_in_secs)| LedgerOp::SetTerms { key, limit, expires_in_secs }),
+        1 => set_terms_strategy(),
         1 => (0u8..2).prop_map(|key| LedgerOp::Revoke { key }),
     ]
 }
@@ -1939,12 +1949,7 @@ fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
                 LedgerOp::Admit { settlements: Vec::new(), checks, tier, hold: Some(hold) }
             }),
         2 => (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
-        1 => (
-            0u8..2,
-            proptest::option::of((0i64..12_000_000_000, period_strategy(), any::<bool>())),
-            proptest::option::of(-1i64..600),
-        )
-            .prop_map(|(key, limit, expires_in_secs)| LedgerOp::SetTerms { key, limit, expires_in_secs }),
+        1 => set_terms_strategy(),
         1 => (0u8..2).prop_map(|key| LedgerOp::Revoke { key }),
         2 => settle_strategy().prop_map(LedgerOp::Settle),
     ]
