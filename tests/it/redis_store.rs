@@ -2371,6 +2371,78 @@ async fn the_scripts_write_integers_exactly() {
     }
 }
 
+/// The ledger's decimal arithmetic (`add_held`, `less`, `ge`,
+/// `signed_add` in src/store/lua/ledger_common.lua) is exact at every size,
+/// as i128 is: below 2^53 a sum is taken as Lua numbers, above it as
+/// two-part integers, and the edge between them is where rounding would
+/// start.
+#[tokio::test]
+async fn the_scripts_add_and_compare_decimals_exactly() {
+    use proptest::strategy::ValueTree;
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let script = redis::Script::new(&[
+        include_str!("../../src/store/lua/int.lua"),
+        include_str!("../../src/store/lua/time.lua"),
+        include_str!("../../src/store/lua/counters.lua"),
+        include_str!("../../src/store/lua/ledger_common.lua"),
+        "local out = {}
+        for i = 1, #ARGV, 2 do
+          local a, b = ARGV[i], ARGV[i + 1]
+          out[#out + 1] = add_held(a, b) .. ' ' .. less(a, b) .. ' ' .. (ge(a, b) and 1 or 0) .. ' '
+            .. signed_add(a, b, false) .. ' ' .. signed_add(a, b, true) .. ' ' .. signed_add('-' .. a, b, false)
+        end
+        return out",
+    ]
+    .join("\n"));
+    let exact: i128 = 1 << 53;
+    let mut values: Vec<i128> = vec![0, 1, 999_999_999_999_999, 1_000_000_000_000_000];
+    for edge in [exact, 10_000_000_000_000_000, i128::from(i64::MAX)] {
+        values.extend([edge - 2, edge - 1, edge, edge + 1]);
+    }
+    // Every pair of the edges, then random ones near and far from them.
+    let mut pairs: Vec<(i128, i128)> = values
+        .iter()
+        .flat_map(|a| values.iter().map(move |b| (*a, *b)))
+        .collect();
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for _ in 0..200 {
+        let exponent = (40u32..63).new_tree(&mut runner).unwrap().current();
+        let value = (0u64..=u64::MAX >> 1)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current()
+            >> (63 - exponent);
+        values.push(i128::from(value));
+        values.push(exact - 1 - i128::from(value % 1_000_000));
+    }
+    pairs.extend(
+        values
+            .iter()
+            .zip(values.iter().rev())
+            .map(|(a, b)| (*a, *b)),
+    );
+    let mut invocation = script.prepare_invoke();
+    for (a, b) in &pairs {
+        invocation.arg(a.to_string()).arg(b.to_string());
+    }
+    let answered: Vec<String> = invocation.invoke_async(&mut connection).await.unwrap();
+    let clamp = |value: i128| value.clamp(i128::from(i64::MIN), i128::from(i64::MAX));
+    for ((a, b), answered) in pairs.iter().zip(&answered) {
+        let expected = format!(
+            "{} {} {} {} {} {}",
+            a + b,
+            (a - b).max(0),
+            u8::from(a >= b),
+            clamp(a + b),
+            clamp(a - b),
+            clamp(-a + b),
+        );
+        assert_eq!(answered, &expected, "{a} and {b}");
+    }
+}
+
 /// The money arithmetic of the hold lifecycle against a model small enough
 /// to read: each request is finally charged its settled cost when settled
 /// (the first settlement; its retries within the marker's time add

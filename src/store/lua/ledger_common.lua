@@ -72,9 +72,11 @@ local function big_str(a)
   return int(a[1]) .. string.format('%09d', a[2])
 end
 -- Decimal texts (nano-credits, no sign unless said) added, subtracted and
--- compared exactly: as Lua numbers while both have at most 15 digits (their
--- sum stays below 2^53), else as two-part integers. Absent ('' or false)
--- counts as 0.
+-- compared exactly: as Lua numbers while the operands and the result are
+-- below 2^53 (EXACT; a text of at most 16 digits reads as its number
+-- there, and one past it reads as EXACT or more), else as two-part
+-- integers. Absent ('' or false) counts as 0.
+local EXACT = 9007199254740992
 local function text(a) if not a or a == '' then return '0' end return a end
 -- These helpers run dozens of times a call, and a Lua call costs about
 -- as much as three table reads here: `text`, `num` and `int` are written
@@ -86,9 +88,10 @@ local function add_held(a, b)
   -- Most sums add nothing to one side (texts are canonical decimals).
   if not b or b == '' or b == '0' then return a end
   if a == '0' then return b end
-  if #a <= 15 and #b <= 15 then
+  if #a <= 16 and #b <= 16 then
+    -- Both below EXACT and so is their sum, or the sum is EXACT or more.
     local sum = (NUMBERS[a] or num(a)) + (NUMBERS[b] or num(b))
-    return TEXTS[sum] or int(sum)
+    if sum < EXACT then return TEXTS[sum] or int(sum) end
   end
   return big_str(big_add(big(a), big(b)))
 end
@@ -109,17 +112,23 @@ local function less(a, b)
   if not a or a == '' then a = '0' end
   if not b or b == '' or b == '0' then return a end
   if a == b then return '0' end
-  if #a <= 15 and #b <= 15 then
-    local d = (NUMBERS[a] or num(a)) - (NUMBERS[b] or num(b))
-    if d < 0 then return '0' end
-    return TEXTS[d] or int(d)
+  if #a <= 16 and #b <= 16 then
+    local x, y = NUMBERS[a] or num(a), NUMBERS[b] or num(b)
+    if x < EXACT and y < EXACT then
+      local d = x - y
+      if d < 0 then return '0' end
+      return TEXTS[d] or int(d)
+    end
   end
   return big_str(big_less(big(a), big(b)))
 end
 local function ge(a, b)
   if not a or a == '' then a = '0' end
   if not b or b == '' then b = '0' end
-  if #a <= 15 and #b <= 15 then return (NUMBERS[a] or num(a)) >= (NUMBERS[b] or num(b)) end
+  if #a <= 16 and #b <= 16 then
+    local x, y = NUMBERS[a] or num(a), NUMBERS[b] or num(b)
+    if x < EXACT and y < EXACT then return x >= y end
+  end
   return big_ge(big(a), big(b))
 end
 local function minimum(a, b) if ge(a, b) then return b end return a end
@@ -128,10 +137,12 @@ local function minimum(a, b) if ge(a, b) then return b end return a end
 -- decimal text `b`.
 local function signed_add(value, b, subtract)
   value = text(value)
-  if #value <= 15 and #b <= 15 then
-    local n = num(value)
-    if subtract then n = n - num(b) else n = n + num(b) end
-    return int(n)
+  if #value <= 17 and #b <= 16 then
+    local n, m = num(value), num(b)
+    if n < EXACT and n > -EXACT and m < EXACT then
+      if subtract then n = n - m else n = n + m end
+      if n < EXACT and n > -EXACT then return int(n) end
+    end
   end
   local negative, magnitude = false, nil
   if string.sub(value, 1, 1) == '-' then negative, magnitude = true, big(string.sub(value, 2)) else magnitude = big(value) end
