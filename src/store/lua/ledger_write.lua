@@ -169,10 +169,11 @@ local function admit_at_once()
   local expires_at = now + num(ARGV[h + 5])
   if ARGV[h + 11] == '1' then held = add_held(held, grant) end
   if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
+  -- In the general path's order: the counters, then the hold.
+  counters_commit(now, num(ARGV[4]), states)
   redis.call('HSET', KEYS[1], request, hold_value(grant, key), usage_field, usage_text(changed), 's',
     state_text_of({ held, next_expiry, s[3], s[4], s[5] }))
   redis.call('ZADD', KEYS[2], int(expires_at), id)
-  counters_commit(now, num(ARGV[4]), states)
   return reply({ 0, int(now), used, as_i64(total), grant }, states)
 end
 do
