@@ -2312,6 +2312,17 @@ differential_test!(slots_answer_exactly_as_memory_does, steps in proptest::colle
     }
 });
 
+/// A random integer of at most `bits` bits (a bit count drawn from the
+/// range), so that every size is as likely as another.
+fn integer_of_bits(
+    runner: &mut proptest::test_runner::TestRunner,
+    bits: std::ops::Range<u32>,
+) -> u64 {
+    use proptest::strategy::ValueTree;
+    let bits = bits.new_tree(runner).unwrap().current();
+    (0u64..=u64::MAX >> 1).new_tree(runner).unwrap().current() >> (63 - bits)
+}
+
 /// The scripts' `int` (src/store/lua/int.lua) writes every integer a double
 /// holds exactly, as Rust does, and keeps `%.0f` for anything else.
 #[tokio::test]
@@ -2344,12 +2355,7 @@ async fn the_scripts_write_integers_exactly() {
     // Integers of every size up to 2^63, and fractions away from a tie.
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     for _ in 0..300 {
-        let exponent = (0u32..63).new_tree(&mut runner).unwrap().current();
-        let magnitude = (0u64..=u64::MAX >> 1)
-            .new_tree(&mut runner)
-            .unwrap()
-            .current()
-            >> (63 - exponent);
+        let magnitude = integer_of_bits(&mut runner, 0..63);
         let negative = any::<bool>().new_tree(&mut runner).unwrap().current();
         let integer = magnitude as f64 * if negative { -1.0 } else { 1.0 };
         values.push(integer);
@@ -2378,7 +2384,6 @@ async fn the_scripts_write_integers_exactly() {
 /// start.
 #[tokio::test]
 async fn the_scripts_add_and_compare_decimals_exactly() {
-    use proptest::strategy::ValueTree;
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
@@ -2408,12 +2413,7 @@ async fn the_scripts_add_and_compare_decimals_exactly() {
         .collect();
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     for _ in 0..200 {
-        let exponent = (40u32..63).new_tree(&mut runner).unwrap().current();
-        let value = (0u64..=u64::MAX >> 1)
-            .new_tree(&mut runner)
-            .unwrap()
-            .current()
-            >> (63 - exponent);
+        let value = integer_of_bits(&mut runner, 40..63);
         values.push(i128::from(value));
         values.push(exact - 1 - i128::from(value % 1_000_000));
     }
