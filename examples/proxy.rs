@@ -243,7 +243,9 @@ async fn migrate_store(url: &str) -> Result<(), String> {
     let store: modelgate::keys::SharedStore = std::sync::Arc::new(redis.clone());
     let directory = KeyDirectory::new(store);
     let mut holds = 0;
-    if before < modelgate::store::LEDGER_LAYOUT {
+    // Layout 3 differs from 4 only in where a GCRA state is read first,
+    // which needs no move: keys' ledgers move from layouts 1 and 2.
+    if before < 3 {
         let every_key = directory
             .every_key_s_account()
             .await

@@ -84,7 +84,7 @@
 //! | `mg:{acct}:genexp:<key hash>`, `mg:{acct}:genkeyed` | each key's own order of its records (id → expiry), which records leave when they leave the account, kept as long as its newest record, so a key's page skips the other keys'; the mark that records kept before these orders were put in them (at an account's first key page) |
 //! | `mg:{acct}:topup:<idempotency key>` (`topup:~<32 hex>` for a top-up without one) | hash `amount`, `purchased`, `balance` (after that top-up), `forget_at` (µs) |
 //! | `mg:{apps%3A<scope>}:d`, `:w`, `:m` | app usage in the current day, week, month (`*` the gateway, or an account): `s` the period's start, `n` rows, `r␟app␟model` requests, `t␟app␟model` tokens, `a␟app` details; emptied when the period rolls forward, expiring at its end |
-//! | `mg:{scope}:c:w:<name>` (hash: window start → count), `c:r:<name>`, `c:g:<name>` (+ `:aux`) | fixed or calendar, rolling, GCRA counters |
+//! | `mg:{scope}:c:w:<name>` (hash: window start → count), `c:r:<name>` (+ `:aux`), `c:g:<name>` | fixed or calendar, rolling, GCRA counters (a GCRA state is the field `mg:{scope}:c:g:<name>` of the scope's account hash while that exists) |
 //! | `mg:{scope}:s:<name>` | an in-flight slot set (holder → lease end) |
 //! | `mg:{r%3A<collection>}:values`, `revs`, `order`, `seq`, `exp` | records, revisions, creation order, the sequence, and the expiries (id → µs) of records with a lifetime; when every record has one, the five keys expire with the longest-lived (plus [`expiry_slack`](RedisStoreConfig::expiry_slack)) |
 //!
@@ -130,7 +130,7 @@
 //! - Shared: `int.lua` (`int`: integers as decimal text, `%d`, exact below
 //!   2^63, never Lua's default formatting), `time.lua` (the instant and
 //!   the UTC calendar), `counters.lua` (every counter kind),
-//!   `ledger_common.lua` (layout 3, the call's state, holds, lapses,
+//!   `ledger_common.lua` (layout 4, the call's state, holds, lapses,
 //!   usage, tidying, exact big integers: `big`, `big_add`, `signed_add`,
 //!   …), `records_common.lua` (removing expired records, the collection's
 //!   key lifetime).
@@ -238,16 +238,19 @@ impl Default for RedisStoreConfig {
 }
 
 /// The layout of the data this version keeps in Redis, recorded under
-/// `{prefix}:{layout}:version`. Layout 3 keeps an account's whole ledger
-/// (the account, its keys' usage and terms, the requests it tracks) in one
-/// hash and one sorted set, run by one script a call; layouts 1 and 2
-/// kept five keys per key and two per account. A store in an older layout
-/// is migrated once, with every instance stopped: each key's ledger moved
-/// ([`RedisStore::move_key_ledger`]), every key's terms written
+/// `{prefix}:{layout}:version`. Layout 4 keeps an account's whole ledger
+/// (the account, its keys' usage and terms, the requests it tracks, and
+/// the state of its GCRA rate limits) in one hash and one sorted set, run
+/// by one script a call; layout 3 kept each GCRA state in a key of its
+/// own, and layouts 1 and 2 kept five keys per key and two per account. A
+/// store in an older layout is migrated once, with every instance
+/// stopped: each key's ledger moved ([`RedisStore::move_key_ledger`],
+/// from layouts 1 and 2), every key's terms written
 /// ([`LedgerStore::set_key_terms`]), then
 /// [`RedisStore::mark_layout_current`] (`proxy migrate-store --redis URL`
-/// does all three).
-pub const LEDGER_LAYOUT: u32 = 3;
+/// does all three). A GCRA state a layout 3 key holds is read from there
+/// until its account's hash holds it: nothing of it is moved.
+pub const LEDGER_LAYOUT: u32 = 4;
 
 /// Every store trait on Redis (through a [`ConnectionManager`], which
 /// reconnects by itself) or on Redis Cluster.
@@ -1020,9 +1023,12 @@ impl RedisStore {
 
     /// An account's ledger hash (see `ledger_common.lua`).
     fn ledger_hash(&self, account: &str) -> String {
-        let mut hash = self.scoped(account);
-        hash.push_str("acct");
-        hash
+        self.ledger_hash_of(&self.scoped(account))
+    }
+
+    /// The same, of an account already scoped (`mg:{account}:`).
+    fn ledger_hash_of(&self, scoped: &str) -> String {
+        format!("{scoped}acct")
     }
 
     /// An account's ledger keys, every ledger script names first: its
@@ -1086,7 +1092,13 @@ impl RedisStore {
     fn add_checks(&self, invocation: &mut FunctionCall<'_>, scoped: &str, checks: &[Check]) {
         for check in checks {
             let (counter, kind, parameter) = self.counter_key(scoped, check);
-            let auxiliary = format!("{counter}:aux");
+            // A GCRA counter keeps its state in the scope's account hash
+            // when it exists (`counters.lua`); the others their own keys.
+            let auxiliary = if kind == "g" {
+                self.ledger_hash_of(scoped)
+            } else {
+                format!("{counter}:aux")
+            };
             invocation
                 .key(counter)
                 .key(auxiliary)

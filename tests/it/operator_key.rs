@@ -766,6 +766,56 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     assert_eq!(code, Some(2), "{stderr}");
 }
 
+/// Layout 3 kept each GCRA rate limit's state under a key of its own;
+/// layout 4 keeps it in the account's hash and reads a layout 3 key until
+/// then, so the migration moves nothing and records the layout. A store in
+/// layout 3 is refused until then, as any older one is.
+#[tokio::test]
+async fn a_layout_3_store_is_migrated_by_recording_the_layout() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let arrival = (chrono::Utc::now() + chrono::Duration::seconds(30)).timestamp_micros();
+    let () = redis::pipe()
+        .cmd("SET")
+        .arg("mg:{layout}:version")
+        .arg(3)
+        .ignore()
+        .cmd("SET")
+        .arg("mg:{default}:c:g:rpm")
+        .arg(arrival)
+        .arg("PX")
+        .arg(600_000)
+        .ignore()
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let refused = RedisStore::connect(&url, RedisStoreConfig::default())
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("layout 3") && refused.to_string().contains("migrate-store"),
+        "{refused}"
+    );
+    let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("from layout 3 to 4"), "{stderr}");
+    let store = RedisStore::connect(&url, RedisStoreConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.layout().await.unwrap(),
+        Some(modelgate::store::LEDGER_LAYOUT)
+    );
+    let kept: Option<i64> = redis::cmd("GET")
+        .arg("mg:{default}:c:g:rpm")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(kept, Some(arrival));
+}
+
 #[tokio::test]
 async fn a_fresh_store_is_given_the_current_layout() {
     let server = RedisServer::start();

@@ -1068,6 +1068,108 @@ async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse(
     assert!(kept.is_some());
 }
 
+/// An account's GCRA rate limit is one counter, whether an admission
+/// (with its hold) or a plain check (`check_and_add`, as the limiter makes
+/// without a hold) counts against it, and its state lives in the
+/// account's hash (layout 4) as soon as that exists: a state an older
+/// layout left under the counter's own key still counts until then. A
+/// scope with no account hash keeps it under its key, with a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_limit_is_one_counter_for_admissions_and_checks() {
+    let server = RedisServer::start();
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let redis = RedisStore::connect(&server.url(), config).await.unwrap();
+    let memory = MemoryStore::new();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    // Two a minute, a burst of two.
+    let limit = Limit::Gcra {
+        rate: 2,
+        period: Duration::from_secs(60),
+        burst: 2,
+    };
+    let check = Check::new("rpm", limit, 1);
+    let counter = "mg:{acct}:c:g:rpm";
+    // A state layout 3 left: one unit used just now.
+    let () = redis::cmd("SET")
+        .arg(counter)
+        .arg((t0() + chrono::Duration::seconds(30)).timestamp_micros())
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let one_used = [check.clone()];
+    let seeded = memory.check_and_add("acct", &one_used, t0()).await.unwrap();
+    assert!(seeded.admitted);
+    // The second unit by an admission, the third refused by a check, then
+    // a unit freed 30 s later taken by a check and refused to an admission.
+    async fn take_turns<S: LedgerStore + CounterStore>(store: &S, check: &Check) -> String {
+        let admit = |id: &str| AdmitRequest {
+            account: "acct".into(),
+            checks: vec![check.clone()],
+            purchase_tier: None,
+            hold: Some(ReserveRequest {
+                reservation_id: id.into(),
+                ..reserve_request()
+            }),
+        };
+        let checks = std::slice::from_ref(check);
+        store.top_up("acct", 1_000).await.unwrap();
+        let first = store
+            .admit_after_settling(&[], &admit("a1"), t0())
+            .await
+            .unwrap();
+        let refused = store.check_and_add("acct", checks, t0()).await.unwrap();
+        let later = t0() + chrono::Duration::seconds(30);
+        let freed = store.check_and_add("acct", checks, later).await.unwrap();
+        let full = store
+            .admit_after_settling(&[], &admit("a2"), later)
+            .await
+            .unwrap();
+        format!(
+            "{} {} {} {}",
+            first.admitted, refused.admitted, freed.admitted, full.admitted
+        )
+    }
+    assert_eq!(take_turns(&memory, &check).await, "true false true false");
+    assert_eq!(take_turns(&redis, &check).await, "true false true false");
+    // The state is the account hash's field now; the old key, past its
+    // use, only waits for its TTL.
+    let field: Option<String> = redis::cmd("HGET")
+        .arg("mg:{acct}:acct")
+        .arg(counter)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(
+        field,
+        Some(
+            (t0() + chrono::Duration::seconds(90))
+                .timestamp_micros()
+                .to_string()
+        )
+    );
+    // A scope that is no account: its key, with a TTL, and no hash made.
+    let checked = redis.check_and_add("ip-1", &one_used, t0()).await.unwrap();
+    assert!(checked.admitted);
+    let ttl_ms: i64 = redis::cmd("PTTL")
+        .arg("mg:{ip-1}:c:g:rpm")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(ttl_ms > 0, "{ttl_ms}");
+    let hash: i64 = redis::cmd("EXISTS")
+        .arg("mg:{ip-1}:acct")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(hash, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_stop_at_the_i64_bounds_on_both_stores() {
     let server = RedisServer::start();

@@ -5,7 +5,13 @@
 --   'c' calendar window: p1 = 'd', 'w' or 'm'; a hash by window start too
 --   'r' rolling window: p1 = its length (µs)
 --   'g' GCRA: p1 = emission interval (µs); capacity = burst
--- and two keys: the counter's base key and its auxiliary hash (rolling).
+-- and two keys: the counter's base key and its auxiliary hash (rolling),
+-- or, for GCRA, the scope's account hash: a GCRA counter's state (its
+-- next arrival, µs) is the field of that hash named by its base key
+-- (ledger layout 4), read and written by a ledger call with the rest of
+-- the hash. Where the field is absent (the hash does not exist, as for a
+-- scope that is no account, or the state is older than the field), the
+-- base key holds it, with a TTL.
 local function ttl_ms(now, until_us, slack_ms) return int(math.ceil((until_us - now) / 1000) + slack_ms) end
 -- The window a fixed ('f', p1 its length in µs) or calendar ('c', p1 'd',
 -- 'w' or 'm') counter has at `at`: its start and end (µs).
@@ -48,10 +54,20 @@ local function rolling_retry(now, key, window, used, amount, capacity)
   end
 end
 
+-- A GCRA counter's stored next arrival (text, or false): `ledger` (a
+-- ledger call's get and put of its account hash's fields) or the hash
+-- `aux` first, else the base key.
+local function gcra_state(key, aux, ledger)
+  local stored
+  if ledger then stored = ledger.get(key) else stored = redis.call('HGET', aux, key) end
+  if stored then return stored end
+  return redis.call('GET', key)
+end
+
 -- Reads one check at `now`: a table with fits, used, retry (µs), reset
 -- (µs) and what counter_commit needs. Each counter is read once per
 -- script: the commit, if any, works from this reading.
-local function counter_read(now, key, aux, kind, capacity, amount, p1)
+local function counter_read(now, key, aux, kind, capacity, amount, p1, ledger)
   -- Every field named at once: a table grown field by field is rehashed
   -- at each power of two.
   local s = { key = key, aux = aux, kind = kind, capacity = capacity, amount = amount, p1 = p1, field = false,
@@ -78,7 +94,7 @@ local function counter_read(now, key, aux, kind, capacity, amount, p1)
     if #newest > 0 then s.reset = num(newest[2]) + window - now end
   else
     local emission = num(p1)
-    local arrival = num(redis.call('GET', key) or '0')
+    local arrival = num(gcra_state(key, aux, ledger) or '0')
     if arrival < now then arrival = now end
     s.new_arrival = arrival + emission * amount
     s.fits = s.new_arrival - now <= emission * capacity
@@ -93,7 +109,7 @@ end
 
 -- Adds the amount of a check read (and found to fit) by counter_read at
 -- `now`, and brings its used and reset up to date.
-local function counter_commit(now, slack_ms, s)
+local function counter_commit(now, slack_ms, s, ledger)
   if s.amount <= 0 then return end
   local key, kind = s.key, s.kind
   if kind == 'f' or kind == 'c' then
@@ -121,7 +137,13 @@ local function counter_commit(now, slack_ms, s)
     if s.reset < window then s.reset = window end
   else
     local emission = num(s.p1)
-    redis.call('SET', key, int(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
+    if ledger then
+      ledger.put(key, int(s.new_arrival))
+    elseif redis.call('EXISTS', s.aux) == 1 then
+      redis.call('HSET', s.aux, key, int(s.new_arrival))
+    else
+      redis.call('SET', key, int(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
+    end
     local backlog = s.new_arrival - now
     s.used = math.ceil(backlog / emission)
     s.reset = backlog
@@ -130,15 +152,16 @@ end
 
 -- Reads `count` counters whose keys start at KEYS[key_base + 1] (two
 -- each) and whose arguments start at ARGV[arg_base + 1] (four each),
--- capacities replaced where `capacities` says. Returns whether all fit,
--- and the readings, for counters_commit and counters_outcomes.
-local function counters_check(now, count, key_base, arg_base, capacities)
+-- capacities replaced where `capacities` says; a ledger call passes
+-- `ledger` (see gcra_state). Returns whether all fit, and the readings,
+-- for counters_commit and counters_outcomes.
+local function counters_check(now, count, key_base, arg_base, capacities, ledger)
   local all, states = true, {}
   for i = 1, count do
     local a = arg_base + (i - 1) * 4
     local capacity = capacities[i] or num(ARGV[a + 2])
     local s = counter_read(now, KEYS[key_base + 2 * i - 1], KEYS[key_base + 2 * i], ARGV[a + 1],
-      capacity, num(ARGV[a + 3]), ARGV[a + 4])
+      capacity, num(ARGV[a + 3]), ARGV[a + 4], ledger)
     all = all and s.fits
     states[i] = s
   end
@@ -146,8 +169,8 @@ local function counters_check(now, count, key_base, arg_base, capacities)
 end
 
 -- Adds to every counter read by counters_check (all of which fit).
-local function counters_commit(now, slack_ms, states)
-  for _, s in ipairs(states) do counter_commit(now, slack_ms, s) end
+local function counters_commit(now, slack_ms, states, ledger)
+  for _, s in ipairs(states) do counter_commit(now, slack_ms, s, ledger) end
 end
 
 -- Appends to `into`, per check, the first `width` of: fits, used,

@@ -1,4 +1,4 @@
--- Shared by the ledger functions: the ledger's layout 3.
+-- Shared by the ledger functions: the ledger's layout 4.
 --
 -- An account's whole ledger is one hash (A) and one sorted set (X), plus
 -- its generation records (a hash of id -> record and a sorted set of id ->
@@ -17,6 +17,8 @@
 --   t:<key>             its terms 'tl:tr:tb:tx': limit ('-' none), reset
 --                       (n/d/w/m), BYOK counted (0/1), expiry (µs, '' never)
 --   r:<key>             revoked at (µs), absent while it works
+--   <counter key>       a GCRA rate limit's next arrival (µs), the field
+--                       named by the counter's own key (see counters.lua)
 --   i:<id>              a request the ledger tracks:
 --     'A:<admitted at>:<amount>:<c|b>:<retention>:<most>:<key>' while it
 --       holds (c: the balance covers it too; retention and most, when not
@@ -264,6 +266,26 @@ local function get(name)
   return value
 end
 local function put(name, value) C.F[name] = value; C.dirty[name] = true end
+-- The hash's fields as counters.lua reads and writes a GCRA counter's
+-- state in a ledger call.
+local LEDGER_FIELDS = { get = get, put = put }
+-- The same for a call that read the fields itself (ledger_write.lua's
+-- admit_at_once): `names` and `values` as read (the counters' fields from
+-- the 8th), and the counters' writes (`written`, `count` values). The
+-- library's own, so that a call makes no closures.
+local READ_FIELDS = { names = EMPTY, values = EMPTY, written = {}, count = 0 }
+function READ_FIELDS.get(name)
+  local names = READ_FIELDS.names
+  for i = 8, #names do
+    if names[i] == name then return READ_FIELDS.values[i] end
+  end
+  return false
+end
+function READ_FIELDS.put(name, value)
+  local n = READ_FIELDS.count
+  READ_FIELDS.written[n + 1], READ_FIELDS.written[n + 2] = name, value
+  READ_FIELDS.count = n + 2
+end
 -- Removes field `name` when the call ends (unless written again).
 local function forget_field(name)
   C.F[name] = false

@@ -54,6 +54,17 @@ local function tier_capacities(purchased)
   if raised > 0 and ge(purchased, ARGV[tier + 2]) then return { [raised] = num(ARGV[tier + 3]) } end
   return EMPTY
 end
+-- Appends to `names`, after its first `n`, the fields holding the GCRA
+-- counters' state (see counters.lua); returns the new count.
+local function gcra_fields(names, n)
+  for i = 1, checks do
+    if ARGV[c + 4 * i - 3] == 'g' then
+      n = n + 1
+      names[n] = KEYS[4 + 2 * i - 1]
+    end
+  end
+  return n
+end
 local function reply(head, states)
   counters_outcomes(states, head, 6)
   return head
@@ -142,15 +153,16 @@ local function admit_at_once()
   if count ~= 0 or renewals ~= 0 or not h then return nil end
   local key, id = ARGV[h + 1], ARGV[h + 2]
   local request, usage_field = field('i:', id), field('k:', key)
-  local read = redis.call('HMGET', KEYS[1], 's', 'balance', 'purchased', request, usage_field, field('t:', key),
-    field('r:', key))
+  local names = { 's', 'balance', 'purchased', request, usage_field, field('t:', key), field('r:', key) }
+  local read = redis.call('HMGET', KEYS[1], unpack(names, 1, gcra_fields(names, 7)))
   if not read[1] or read[4] or read[7] then return nil end
   local s = unpacked(read[1], STATE_PATTERN, 5)
   local next_expiry, tidy_at = s[STATE_SLOTS.next], s[STATE_SLOTS.tidy]
   if not tidy_at or num(tidy_at) <= now or (next_expiry and num(next_expiry) <= now) then return nil end
   local stored_limit, stored_reset, stored_byok, expiry = terms_of(read[6])
   if expiry and expiry ~= '' and num(expiry) <= now then return nil end
-  local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[3]))
+  READ_FIELDS.names, READ_FIELDS.values, READ_FIELDS.count = names, read, 0
+  local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[3]), READ_FIELDS)
   if not fit then return reply({ 4, int(now), '0', '0', '0' }, states) end
   local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
   local usage = read[5] and unpacked(read[5], KEY_PATTERN, 12) or NO_USAGE
@@ -170,9 +182,9 @@ local function admit_at_once()
   if ARGV[h + 11] == '1' then held = add_held(held, grant) end
   if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
   -- In the general path's order: the counters, then the hold.
-  counters_commit(now, num(ARGV[4]), states)
+  counters_commit(now, num(ARGV[4]), states, READ_FIELDS)
   redis.call('HSET', KEYS[1], request, hold_value(grant, key), usage_field, usage_text(changed), 's',
-    state_text_of({ held, next_expiry, s[3], s[4], s[5] }))
+    state_text_of({ held, next_expiry, s[3], s[4], s[5] }), unpack(READ_FIELDS.written, 1, READ_FIELDS.count))
   redis.call('ZADD', KEYS[2], int(expires_at), id)
   return reply({ 0, int(now), used, as_i64(total), grant }, states)
 end
@@ -199,7 +211,9 @@ end
 if h then
   local key = ARGV[h + 1]
   wanted[n + 1], wanted[n + 2], wanted[n + 3], wanted[n + 4] = field('i:', ARGV[h + 2]), field('k:', key), field('t:', key), field('r:', key)
+  n = n + 4
 end
+if admission then gcra_fields(wanted, n) end
 load(wanted)
 sweep()
 
@@ -328,7 +342,7 @@ local function hold(key)
   return { 0, used, as_i64(total), grant }
 end
 
-local fit, states = counters_check(now, checks, 4, c, tier_capacities(get('purchased')))
+local fit, states = counters_check(now, checks, 4, c, tier_capacities(get('purchased')), LEDGER_FIELDS)
 local key = h and ARGV[h + 1]
 -- A revoked key is refused first, whatever its counters say; then one past
 -- its expiry by this clock.
@@ -353,6 +367,6 @@ if key then
     return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', decided[4] or '0' }, states)
   end
 end
-counters_commit(now, C.slack_ms, states)
+counters_commit(now, C.slack_ms, states, LEDGER_FIELDS)
 ledger_end(true)
 return reply({ 0, int(now), decided[2], decided[3], decided[4] }, states)

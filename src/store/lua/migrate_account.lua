@@ -1,4 +1,4 @@
--- Ends an account's move to layout 3, once every key of it has moved
+-- Ends an account's move from layout 2 (or 1), once every key of it has moved
 -- (migrate_key.lua): the holds on its balance left in the old layout
 -- belong to keys no longer listed (deleted), whose requests ended with
 -- their instances; each is charged to the balance now, as its lapse

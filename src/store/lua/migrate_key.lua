@@ -1,4 +1,4 @@
--- Moves one key's ledger from layout 2 (or 1) into layout 3, with every
+-- Moves one key's ledger from layout 2 (or 1) into the ledger's, with every
 -- gateway instance stopped: its usage and terms into the account's hash
 -- (`k:<key>`, `t:<key>`, `r:<key>`), and its live holds into the
 -- account's tracked ids, to lapse or be settled as any other. A covered
@@ -74,7 +74,7 @@ for i = 1, #holds, 2 do
   end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 or moved > 0 or charged then
-  -- Packed as layout 3 keeps it (ledger_common.lua): the usage, then the
+  -- Packed as the ledger keeps it (ledger_common.lua): the usage, then the
   -- key's live holds.
   table.insert(fields, 'k:' .. key)
   table.insert(fields, table.concat(usage, ':') .. ':' .. (moved > 0 and key_held or ''))
