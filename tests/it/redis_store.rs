@@ -1137,6 +1137,46 @@ async fn a_gcra_limit_is_one_counter_for_admissions_and_checks() {
     }
     assert_eq!(take_turns(&memory, &check).await, "true false true false");
     assert_eq!(take_turns(&redis, &check).await, "true false true false");
+    // A layout 3 state read where most admissions are decided (an account
+    // with no upkeep due, a new id: `admit_at_once`): a second limit whose
+    // burst its key says is spent refuses the admission.
+    let second = Check::new("rpm2", limit, 1);
+    let later = t0() + chrono::Duration::seconds(30);
+    let () = redis::cmd("SET")
+        .arg("mg:{acct}:c:g:rpm2")
+        .arg((later + chrono::Duration::seconds(60)).timestamp_micros())
+        .arg("PX")
+        .arg(120_000)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let spent = memory
+            .check_and_add("acct", std::slice::from_ref(&second), later)
+            .await
+            .unwrap();
+        assert!(spent.admitted);
+    }
+    let admission = AdmitRequest {
+        account: "acct".into(),
+        checks: vec![second],
+        purchase_tier: None,
+        hold: Some(ReserveRequest {
+            reservation_id: "a3".into(),
+            ..reserve_request()
+        }),
+    };
+    let soon = later + chrono::Duration::milliseconds(1);
+    let on_redis = redis
+        .admit_after_settling(&[], &admission, soon)
+        .await
+        .unwrap();
+    let in_memory = memory
+        .admit_after_settling(&[], &admission, soon)
+        .await
+        .unwrap();
+    assert!(!on_redis.admitted);
+    assert_eq!(format!("{on_redis:?}"), format!("{in_memory:?}"));
     // The state is the account hash's field now; the old key, past its
     // use, only waits for its TTL.
     let field: Option<String> = redis::cmd("HGET")
