@@ -619,13 +619,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
     let () = seed.query_async(&mut connection).await.unwrap();
 
     // A new instance refuses it, naming the command.
-    let refused = RedisStore::connect(&url, RedisStoreConfig::default())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(refused.kind(), modelgate::store::StoreErrorKind::Layout(_)),
-        "{refused}"
-    );
+    let refused = refused_by_layout(&url).await;
     assert!(
         refused
             .to_string()
@@ -650,13 +644,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
             "{stderr}"
         );
     }
-    let store = RedisStore::connect(&url, RedisStoreConfig::default())
-        .await
-        .unwrap();
-    assert_eq!(
-        store.layout().await.unwrap(),
-        Some(modelgate::store::LEDGER_LAYOUT)
-    );
+    let store = in_current_layout(&url).await;
     // The key's usage and its request in flight came along, with the
     // lapse its key had not been charged yet; the fresh key's hold too;
     // the old keys are gone.
@@ -758,9 +746,7 @@ async fn a_store_an_older_version_wrote_is_refused_until_migrated_once() {
         .query_async(&mut connection)
         .await
         .unwrap();
-    let newer = RedisStore::connect(&url, RedisStoreConfig::default())
-        .await
-        .unwrap_err();
+    let newer = refused_by_layout(&url).await;
     assert!(newer.to_string().contains("newer"), "{newer}");
     let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
     assert_eq!(code, Some(2), "{stderr}");
@@ -791,9 +777,7 @@ async fn a_layout_3_store_is_migrated_by_recording_the_layout() {
         .query_async(&mut connection)
         .await
         .unwrap();
-    let refused = RedisStore::connect(&url, RedisStoreConfig::default())
-        .await
-        .unwrap_err();
+    let refused = refused_by_layout(&url).await;
     assert!(
         refused.to_string().contains("layout 3") && refused.to_string().contains("migrate-store"),
         "{refused}"
@@ -801,19 +785,38 @@ async fn a_layout_3_store_is_migrated_by_recording_the_layout() {
     let (code, _, stderr) = run(&["migrate-store", "--redis", &url]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stderr.contains("from layout 3 to 4"), "{stderr}");
-    let store = RedisStore::connect(&url, RedisStoreConfig::default())
-        .await
-        .unwrap();
-    assert_eq!(
-        store.layout().await.unwrap(),
-        Some(modelgate::store::LEDGER_LAYOUT)
-    );
+    in_current_layout(&url).await;
     let kept: Option<i64> = redis::cmd("GET")
         .arg("mg:{default}:c:g:rpm")
         .query_async(&mut connection)
         .await
         .unwrap();
     assert_eq!(kept, Some(arrival));
+}
+
+/// The store at `url`, which a new instance takes: its layout recorded
+/// as this version's.
+async fn in_current_layout(url: &str) -> RedisStore {
+    let store = RedisStore::connect(url, RedisStoreConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.layout().await.unwrap(),
+        Some(modelgate::store::LEDGER_LAYOUT)
+    );
+    store
+}
+
+/// Why a new instance refuses the store at `url`: its layout.
+async fn refused_by_layout(url: &str) -> modelgate::store::StoreError {
+    let refused = RedisStore::connect(url, RedisStoreConfig::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.kind(), modelgate::store::StoreErrorKind::Layout(_)),
+        "{refused}"
+    );
+    refused
 }
 
 #[tokio::test]

@@ -994,18 +994,9 @@ async fn records_kept_before_keys_had_orders_are_found_on_their_keys_pages() {
         .unwrap();
     assert_eq!(ids(page), [r#""gen-r1""#]);
     // Put once: the orders live as long as the records, and the mark stays.
-    let ttl_ms: i64 = redis::cmd("PTTL")
-        .arg("mg:{acct}:genexp:ka")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let ttl_ms = pttl_of(&mut connection, "mg:{acct}:genexp:ka").await;
     assert!(ttl_ms > 3_500_000, "the order lives {ttl_ms} ms");
-    let marked: bool = redis::cmd("EXISTS")
-        .arg("mg:{acct}:genkeyed")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    assert!(marked);
+    assert!(exists(&mut connection, "mg:{acct}:genkeyed").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1077,11 +1068,7 @@ async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gcra_limit_is_one_counter_for_admissions_and_checks() {
     let server = RedisServer::start();
-    let config = RedisStoreConfig {
-        time_source: TimeSource::Caller,
-        ..RedisStoreConfig::default()
-    };
-    let redis = RedisStore::connect(&server.url(), config).await.unwrap();
+    let redis = caller_clocked(&server).await;
     let memory = MemoryStore::new();
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
@@ -1196,28 +1183,42 @@ async fn a_gcra_limit_is_one_counter_for_admissions_and_checks() {
     // A scope that is no account: its key, with a TTL, and no hash made.
     let checked = redis.check_and_add("ip-1", &one_used, t0()).await.unwrap();
     assert!(checked.admitted);
-    let ttl_ms: i64 = redis::cmd("PTTL")
-        .arg("mg:{ip-1}:c:g:rpm")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let ttl_ms = pttl_of(&mut connection, "mg:{ip-1}:c:g:rpm").await;
     assert!(ttl_ms > 0, "{ttl_ms}");
-    let hash: i64 = redis::cmd("EXISTS")
-        .arg("mg:{ip-1}:acct")
-        .query_async(&mut connection)
+    assert!(!exists(&mut connection, "mg:{ip-1}:acct").await);
+}
+
+/// A store on `server` that decides time by the caller's clock.
+async fn caller_clocked(server: &RedisServer) -> RedisStore {
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    RedisStore::connect(&server.url(), config).await.unwrap()
+}
+
+/// Key `key`'s PTTL (-1 none, -2 no such key).
+async fn pttl_of(connection: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(connection)
         .await
-        .unwrap();
-    assert_eq!(hash, 0);
+        .unwrap()
+}
+
+/// Whether key `key` exists.
+async fn exists(connection: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(connection)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sums_stop_at_the_i64_bounds_on_both_stores() {
     let server = RedisServer::start();
-    let config = RedisStoreConfig {
-        time_source: TimeSource::Caller,
-        ..RedisStoreConfig::default()
-    };
-    let redis = RedisStore::connect(&server.url(), config).await.unwrap();
+    let redis = caller_clocked(&server).await;
     let memory = MemoryStore::new();
     let settle = |id: &str| Settlement {
         account: "acct".into(),
