@@ -56,12 +56,12 @@ end
 
 -- A GCRA counter's stored next arrival (text, or false): `ledger` (a
 -- ledger call's get and put of its account hash's fields) or the hash
--- `aux` first, else the base key.
+-- `aux` first, else the base key; and whether the hash had it.
 local function gcra_state(key, aux, ledger)
   local stored
   if ledger then stored = ledger.get(key) else stored = redis.call('HGET', aux, key) end
-  if stored then return stored end
-  return redis.call('GET', key)
+  if stored then return stored, true end
+  return redis.call('GET', key), false
 end
 
 -- Reads one check at `now`: a table with fits, used, retry (µs), reset
@@ -71,7 +71,7 @@ local function counter_read(now, key, aux, kind, capacity, amount, p1, ledger)
   -- Every field named at once: a table grown field by field is rehashed
   -- at each power of two.
   local s = { key = key, aux = aux, kind = kind, capacity = capacity, amount = amount, p1 = p1, field = false,
-    stop = false, used = 0, fits = false, retry = 0, reset = 0, new_arrival = false }
+    stop = false, used = 0, fits = false, retry = 0, reset = 0, new_arrival = false, in_hash = false }
   if kind == 'f' or kind == 'c' then
     local start, stop = counter_window(kind, p1, now)
     -- One hash per counter, a field per window start: every key is
@@ -94,7 +94,9 @@ local function counter_read(now, key, aux, kind, capacity, amount, p1, ledger)
     if #newest > 0 then s.reset = num(newest[2]) + window - now end
   else
     local emission = num(p1)
-    local arrival = num(gcra_state(key, aux, ledger) or '0')
+    local stored, in_hash = gcra_state(key, aux, ledger)
+    s.in_hash = in_hash
+    local arrival = num(stored or '0')
     if arrival < now then arrival = now end
     s.new_arrival = arrival + emission * amount
     s.fits = s.new_arrival - now <= emission * capacity
@@ -139,7 +141,7 @@ local function counter_commit(now, slack_ms, s, ledger)
     local emission = num(s.p1)
     if ledger then
       ledger.put(key, int(s.new_arrival))
-    elseif redis.call('EXISTS', s.aux) == 1 then
+    elseif s.in_hash or redis.call('EXISTS', s.aux) == 1 then
       redis.call('HSET', s.aux, key, int(s.new_arrival))
     else
       redis.call('SET', key, int(s.new_arrival), 'PX', ttl_ms(now, s.new_arrival, slack_ms))
