@@ -78,7 +78,7 @@
 //!
 //! | key | what |
 //! |---|---|
-//! | `mg:{acct}:acct` | the account's whole ledger, one hash: `balance`, `purchased`, the state `s`, per key its usage and holds (`k:<key hash>`), terms (`t:<key hash>`: limit, reset, BYOK counted, expiry) and revocation (`r:<key hash>`), per request its hold, settlement marker or lapse (`i:<id>`); the packing is described at the top of `lua/ledger_common.lua` |
+//! | `mg:{acct}:acct` | the account's whole ledger, one hash: `balance`, `purchased`, the state `s`, per key its usage and holds (`k:<key hash>`), terms (`t:<key hash>`: limit, reset, BYOK counted, expiry) and revocation (`r:<key hash>`), per request its hold, settlement marker or lapse (`i:<id>`), per GCRA rate limit its next arrival (the field named by the counter's key); the packing is described at the top of `lua/ledger_common.lua` |
 //! | `mg:{acct}:ids` | sorted set of the requests the ledger tracks: a live hold's expiry (µs, positive); minus the instant a settled or lapsed id is forgotten |
 //! | `mg:{acct}:gen`, `mg:{acct}:genexp` | generation records: hash id → record JSON (and `k:<id>` → the key hash it was made with); sorted set id → expiry (µs), which is also their order; past the account's cap hidden at once, removed when the account is next tidied |
 //! | `mg:{acct}:genexp:<key hash>`, `mg:{acct}:genkeyed` | each key's own order of its records (id → expiry), which records leave when they leave the account, kept as long as its newest record, so a key's page skips the other keys'; the mark that records kept before these orders were put in them (at an account's first key page) |
@@ -94,8 +94,9 @@
 //! One ledger call (`ledger_write.lua`: settlements, renewals, then
 //! optionally an admission) reads the account's hash with one `HMGET` and
 //! writes it with one `HSET`, adds to `ids` with one `ZADD` and writes its
-//! records with one `HSET` and one `ZADD`: about 7 commands with the
-//! counters it checks, however many settlements ride along. An admission
+//! records with one `HSET` and one `ZADD`: about 5 commands (a GCRA
+//! counter's state rides in the hash; other counters add their own),
+//! however many settlements ride along. An admission
 //! alone, on an account with no upkeep due (no hold to lapse, no tidying)
 //! and a new request id, takes a shorter path to the same decision and
 //! the same writes, without the general call's bookkeeping. Values are
