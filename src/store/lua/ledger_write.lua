@@ -69,6 +69,10 @@ local function reply(head, states)
   counters_outcomes(states, head, 6)
   return head
 end
+-- The reply to a refusal {status, a, b, c} (absent values '0'; see above).
+local function refusal(refused, states)
+  return reply({ refused[1], int(now), refused[2] or '0', refused[3] or '0', refused[4] or '0' }, states)
+end
 
 -- The terms the hold whose arguments start after ARGV[h] is decided on,
 -- the key's stored terms (see terms_of) first: whether it has a limit, the
@@ -163,7 +167,7 @@ local function admit_at_once()
   if expiry and expiry ~= '' and num(expiry) <= now then return nil end
   READ_FIELDS.names, READ_FIELDS.values, READ_FIELDS.count = names, read, 0
   local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[3]), READ_FIELDS)
-  if not fit then return reply({ 4, int(now), '0', '0', '0' }, states) end
+  if not fit then return refusal({ 4 }, states) end
   local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
   local usage = read[5] and unpacked(read[5], KEY_PATTERN, 12) or NO_USAGE
   local p = PERIOD_INDEX[reset]
@@ -171,9 +175,7 @@ local function admit_at_once()
   if include_byok then used = add(used, byok) end
   local held = s[STATE_SLOTS.held]
   local refused, grant = grant_of(used, usage[12], has_limit, limit_text, reset, read[2] or '0', text(held))
-  if refused then
-    return reply({ refused[1], int(now), refused[2] or '0', refused[3] or '0', refused[4] or '0' }, states)
-  end
+  if refused then return refusal(refused, states) end
   -- Granted: the remembered parts stay as they are; the new ones are a copy.
   local total = add_held(usage[12], grant)
   local changed = { usage[1], usage[2], usage[3], usage[4], usage[5], usage[6], usage[7], usage[8], usage[9], usage[10],
@@ -348,23 +350,23 @@ local key = h and ARGV[h + 1]
 -- its expiry by this clock.
 if key and get(field('r:', key)) then
   ledger_end(true)
-  return reply({ 5, int(now), '0', '0', '0' }, states)
+  return refusal({ 5 }, states)
 end
 local expiry = key and select(4, terms(key))
 if expiry and expiry ~= '' and num(expiry) <= now then
   ledger_end(true)
-  return reply({ 6, int(now), expiry, '0', '0' }, states)
+  return refusal({ 6, expiry }, states)
 end
 if not fit then
   ledger_end(true)
-  return reply({ 4, int(now), '0', '0', '0' }, states)
+  return refusal({ 4 }, states)
 end
 local decided = { 0, '0', '0', '0' }
 if key then
   decided = hold(key)
   if decided[1] ~= 0 then
     ledger_end(true)
-    return reply({ decided[1], int(now), decided[2] or '0', decided[3] or '0', decided[4] or '0' }, states)
+    return refusal(decided, states)
   end
 end
 counters_commit(now, C.slack_ms, states, LEDGER_FIELDS)
