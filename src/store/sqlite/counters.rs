@@ -126,7 +126,7 @@ fn remove_ended_counters(connection: &Connection, now_micros: i64) -> Result<(),
     connection
         .prepare_cached(
             "DELETE FROM counter_state WHERE rowid IN (SELECT rowid FROM counter_state \
-             WHERE expires_at_micros <= ?1 LIMIT ?2)",
+             WHERE expires_at_micros <= ?1 LIMIT ?2 + 0)",
         )
         .and_then(|mut delete| {
             delete.execute(params![
@@ -238,7 +238,7 @@ fn remove_ended_leases(connection: &Connection, now_micros: i64) -> Result<(), S
     connection
         .prepare_cached(
             "DELETE FROM slot_lease WHERE rowid IN (SELECT rowid FROM slot_lease \
-             WHERE ends_at_micros <= ?1 LIMIT ?2)",
+             WHERE ends_at_micros <= ?1 LIMIT ?2 + 0)",
         )
         .and_then(|mut delete| {
             delete.execute(params![

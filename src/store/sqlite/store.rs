@@ -119,3 +119,141 @@ impl SqliteStore {
         answered
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use chrono::{DateTime, TimeZone, Utc};
+    use rusqlite::hooks::Authorization;
+
+    use super::*;
+    use crate::store::{
+        AdmitRequest, Check, CounterStore, Expect, LedgerStore, Limit, PutOptions, RecordStore,
+        ReserveRequest, Settlement, SettlementRecord,
+    };
+
+    fn at(step: i64) -> DateTime<Utc> {
+        // Steps further apart than each table's tidy interval, so that
+        // every step runs every bounded delete.
+        Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 0).unwrap() + chrono::Duration::seconds(step)
+    }
+
+    /// A chat request's store calls, and the calls beside them that
+    /// remove a bounded batch of what has ended: an admission with rate
+    /// checks and a hold, its settlement with a record past the account's
+    /// cap, a top-up with an idempotency key, a record of a collection
+    /// with a lifetime, a concurrency slot.
+    async fn requests(store: &SqliteStore, step: i64) {
+        let now = at(step);
+        let id = format!("r{step:04}");
+        let checks = vec![
+            Check::new(
+                "gcra",
+                Limit::Gcra {
+                    rate: 1_000,
+                    period: Duration::from_secs(1),
+                    burst: 1_000,
+                },
+                1,
+            ),
+            Check::new(
+                "rolling",
+                Limit::Rolling {
+                    limit: 1_000,
+                    window: Duration::from_millis(500),
+                },
+                1,
+            ),
+        ];
+        let admission = AdmitRequest {
+            account: "acct".into(),
+            checks,
+            purchase_tier: None,
+            hold: Some(ReserveRequest {
+                account: "acct".into(),
+                key: "key".into(),
+                reservation_id: id.clone(),
+                amount_nanos: 5,
+                min_amount_nanos: None,
+                key_limit: None,
+                counts_against_key_limit: true,
+                check_balance: true,
+                covered_by_balance: true,
+                ttl: Duration::from_millis(500),
+                lapse_record: None,
+            }),
+        };
+        let admitted = store
+            .admit_after_settling(&[], &admission, now)
+            .await
+            .unwrap();
+        assert!(admitted.admitted);
+        let settlement = Settlement {
+            account: "acct".into(),
+            key: "key".into(),
+            reservation_id: id.clone(),
+            hold_granted: true,
+            cost_nanos: 3,
+            byok: false,
+            record: Some(SettlementRecord {
+                bytes: bytes::Bytes::from(format!("{{\"id\":\"{id}\"}}")),
+                retention: Duration::from_secs(1),
+                max_per_account: 1,
+            }),
+        };
+        store.settle_many(&[settlement], now).await.unwrap();
+        store.top_up_once("acct", 1, &id, now).await.unwrap();
+        let options = PutOptions {
+            ttl: Some(Duration::from_millis(500)),
+            max_records: None,
+        };
+        store
+            .put_record_at("sessions", &id, b"{}", Expect::Any, options, now)
+            .await
+            .unwrap();
+        let lease = Duration::from_millis(500);
+        store
+            .acquire_slot("acct", "streams", &id, 4, lease, now)
+            .await
+            .unwrap();
+    }
+
+    /// SQLite plans a statement with the value bound to a parameter that
+    /// is its LIMIT, and so compiles it again each time it is bound anew
+    /// (a fifth of the store thread's time, when each admission's delete
+    /// of ended counters did): once the store has run its calls, running
+    /// them again compiles nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_warm_store_compiles_no_statement_again() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(directory.path().join("m.db"), Default::default()).unwrap();
+        store.top_up("acct", 1_000_000).await.unwrap();
+        let compiled = Arc::new(AtomicUsize::new(0));
+        let counting = Arc::new(AtomicBool::new(false));
+        // Set first: an authorizer, once set, has every statement compiled
+        // again under it.
+        let (count, on) = (compiled.clone(), counting.clone());
+        store
+            .call("test", move |db| {
+                db.authorizer(Some(move |_: rusqlite::hooks::AuthContext<'_>| {
+                    if on.load(Ordering::Relaxed) {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Authorization::Allow
+                }));
+                Ok(())
+            })
+            .await
+            .unwrap();
+        for step in 0..3 {
+            requests(&store, step).await;
+        }
+        counting.store(true, Ordering::Relaxed);
+        for step in 3..8 {
+            requests(&store, step).await;
+        }
+        assert_eq!(compiled.load(Ordering::Relaxed), 0);
+    }
+}
