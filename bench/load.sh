@@ -12,7 +12,7 @@
 # Each figure the project has a target for is printed with it, met or
 # not: Redis CPU and commands per chat request (at the connections given),
 # what Redis adds at one connection, SQLite's p99 over its p50 (when run
-# at one connection).
+# at one connection, beside the in-process store's, which has no target).
 #
 # TARGETS narrows the run to some of the five (default all), e.g.
 # `TARGETS="memory sqlite" bench/load.sh 10 1 1` for SQLite's tail at one
@@ -195,12 +195,18 @@ for line in "${results[@]}"; do
   fi
   printf '%-9s %-9s %11s %9s %9s %8s %12s %12s %10s %9s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$ratio" "$7" "$added" "$8"
 done
-# SQLite's tail at one connection: its p99 within 2 ms of its p50.
+# SQLite's tail at one connection: its p99 within 2 ms of its p50. The
+# in-process store's own spread, when it ran too, is the share of the
+# machine (scheduling, the load generator on the same cores) beside it.
 if [ "$connections" = 1 ]; then
   for line in "${results[@]}"; do
     set -- $line
-    if [ "$2" = sqlite ] && [ "$1" = plain ]; then
+    if [ "$1" = plain ] && { [ "$2" = sqlite ] || [ "$2" = memory ]; }; then
       spread="$(( $(micros "$5") - $(micros "$4") ))"
+      if [ "$2" = memory ]; then
+        echo "memory at one connection: p99 is ${spread}us above p50 (no target; the machine's share)"
+        continue
+      fi
       verdict="not met"
       [ "$spread" -le 2000 ] && verdict="met"
       echo "sqlite at one connection: p99 is ${spread}us above p50; target <= 2000us ($verdict)"
