@@ -55,12 +55,34 @@ pub(super) fn check_all(
     now: DateTime<Utc>,
     commit: bool,
 ) -> Result<(bool, Vec<CheckOutcome>), StoreError> {
-    let now_micros = unix_micros(now);
-    remove_ended_counters(connection, now_micros)?;
-    let mut counters: FastMap<Box<str>, Counter> = FastMap::default();
+    let mut counters = ScopeCounters::read(connection, scope, checks, now)?;
+    let decided = counters.decide(checks, now, commit);
+    counters.write(connection, checks)?;
+    Ok(decided)
+}
+
+/// The counters of a scope that some checks name, read once inside the
+/// caller's transaction (after the ended rows are removed) and decided on
+/// by the rules as often as the caller needs, as `MemoryStore` decides
+/// over its map: an admission decides, takes its hold, then adds.
+pub(super) struct ScopeCounters<'s> {
+    scope: &'s str,
+    counters: FastMap<Box<str>, Counter>,
     // Each counter's row as read, to write back only the ones that changed.
-    let mut read: Vec<Option<(Vec<u8>, i64)>> = Vec::with_capacity(checks.len());
-    {
+    read: Vec<Option<(Vec<u8>, i64)>>,
+}
+
+impl<'s> ScopeCounters<'s> {
+    /// The rows of `scope` that `checks` name.
+    pub(super) fn read(
+        connection: &Connection,
+        scope: &'s str,
+        checks: &[Check],
+        now: DateTime<Utc>,
+    ) -> Result<Self, StoreError> {
+        remove_ended_counters(connection, unix_micros(now))?;
+        let mut counters: FastMap<Box<str>, Counter> = FastMap::default();
+        let mut read: Vec<Option<(Vec<u8>, i64)>> = Vec::with_capacity(checks.len());
         let mut select = connection
             .prepare_cached(
                 "SELECT state, expires_at_micros FROM counter_state WHERE scope = ?1 AND name = ?2",
@@ -90,34 +112,60 @@ pub(super) fn check_all(
             }
             read.push(row);
         }
+        Ok(ScopeCounters {
+            scope,
+            counters,
+            read,
+        })
     }
-    let (admitted, outcomes) = counter::check_all(&mut counters, checks, now, commit);
-    let mut upsert = connection
-        .prepare_cached(
-            "INSERT INTO counter_state (scope, name, state, expires_at_micros) \
-             VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (scope, name) DO UPDATE SET \
-             state = excluded.state, expires_at_micros = excluded.expires_at_micros",
-        )
-        .map_err(sql(COUNTER_OPERATION))?;
-    for (check, row) in checks.iter().zip(read) {
-        let counter = &counters[check.name.as_str()];
-        // A counter nothing was ever added to holds nothing worth a row.
-        if row.is_none() && counter.expires_at_micros == i64::MIN {
-            continue;
-        }
-        let state = encode_state(&counter.state);
-        // Unchanged unless something was added or has aged out.
-        if row.as_ref().is_some_and(|(read_state, read_expiry)| {
-            *read_state == state && *read_expiry == counter.expires_at_micros
-        }) {
-            continue;
-        }
-        upsert
-            .execute(params![scope, check.name, state, counter.expires_at_micros])
+
+    /// The rules' decision on `checks` (those [`read`](Self::read) was
+    /// given) at `now`: whether all fit and each one's outcome; when all
+    /// fit and `commit`, every amount is added (in memory until
+    /// [`write`](Self::write)).
+    pub(super) fn decide(
+        &mut self,
+        checks: &[Check],
+        now: DateTime<Utc>,
+        commit: bool,
+    ) -> (bool, Vec<CheckOutcome>) {
+        counter::check_all(&mut self.counters, checks, now, commit)
+    }
+
+    /// Writes back the counters that changed since they were read.
+    pub(super) fn write(self, connection: &Connection, checks: &[Check]) -> Result<(), StoreError> {
+        let mut upsert = connection
+            .prepare_cached(
+                "INSERT INTO counter_state (scope, name, state, expires_at_micros) \
+                 VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (scope, name) DO UPDATE SET \
+                 state = excluded.state, expires_at_micros = excluded.expires_at_micros",
+            )
             .map_err(sql(COUNTER_OPERATION))?;
+        for (check, row) in checks.iter().zip(self.read) {
+            let counter = &self.counters[check.name.as_str()];
+            // A counter nothing was ever added to holds nothing worth a row.
+            if row.is_none() && counter.expires_at_micros == i64::MIN {
+                continue;
+            }
+            let state = encode_state(&counter.state);
+            // Unchanged unless something was added or has aged out.
+            if row.as_ref().is_some_and(|(read_state, read_expiry)| {
+                *read_state == state && *read_expiry == counter.expires_at_micros
+            }) {
+                continue;
+            }
+            upsert
+                .execute(params![
+                    self.scope,
+                    check.name,
+                    state,
+                    counter.expires_at_micros
+                ])
+                .map_err(sql(COUNTER_OPERATION))?;
+        }
+        Ok(())
     }
-    Ok((admitted, outcomes))
 }
 
 /// Removes up to [`ENDED_ROWS_PER_CALL`] counters past their end and the

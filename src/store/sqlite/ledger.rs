@@ -995,8 +995,8 @@ impl LedgerStore for SqliteStore {
                 call.settle(settlement, now_micros)?;
             }
             let checks = tiered_checks(&request, call.row.purchased_nanos);
-            let (fit, outcomes) =
-                counters::check_all(db, &request.account, &checks[..], now, false)?;
+            let mut counters = counters::ScopeCounters::read(db, &request.account, &checks, now)?;
+            let (fit, outcomes) = counters.decide(&checks, now, false);
             let hold = match &request.hold {
                 Some(hold) => {
                     let key = call.key(&hold.key)?;
@@ -1014,10 +1014,11 @@ impl LedgerStore for SqliteStore {
             call.end()?;
             let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
             let outcomes = if admitted && !checks.is_empty() {
-                counters::check_all(db, &request.account, &checks[..], now, true)?.1
+                counters.decide(&checks, now, true).1
             } else {
                 outcomes
             };
+            counters.write(db, &checks)?;
             Ok(AdmitOutcome {
                 admitted,
                 checks: outcomes,
