@@ -143,7 +143,10 @@ impl<'s> ScopeCounters<'s> {
             )
             .map_err(sql(COUNTER_OPERATION))?;
         for (check, row) in checks.iter().zip(self.read) {
-            let counter = &self.counters[check.name.as_str()];
+            // Absent when never decided on: nothing changed then.
+            let Some(counter) = self.counters.get(check.name.as_str()) else {
+                continue;
+            };
             // A counter nothing was ever added to holds nothing worth a row.
             if row.is_none() && counter.expires_at_micros == i64::MIN {
                 continue;
@@ -174,7 +177,7 @@ fn remove_ended_counters(connection: &Connection, now_micros: i64) -> Result<(),
     connection
         .prepare_cached(
             "DELETE FROM counter_state WHERE rowid IN (SELECT rowid FROM counter_state \
-             WHERE expires_at_micros <= ?1 LIMIT ?2 + 0)",
+             WHERE expires_at_micros <= ?1 LIMIT ?2)",
         )
         .and_then(|mut delete| {
             delete.execute(params![
@@ -286,7 +289,7 @@ fn remove_ended_leases(connection: &Connection, now_micros: i64) -> Result<(), S
     connection
         .prepare_cached(
             "DELETE FROM slot_lease WHERE rowid IN (SELECT rowid FROM slot_lease \
-             WHERE ends_at_micros <= ?1 LIMIT ?2 + 0)",
+             WHERE ends_at_micros <= ?1 LIMIT ?2)",
         )
         .and_then(|mut delete| {
             delete.execute(params![

@@ -808,7 +808,7 @@ impl<'c> Call<'c> {
             .db
             .prepare_cached(
                 "DELETE FROM ledger_requests WHERE account = ?1 AND id IN (SELECT id FROM ledger_requests
-                 WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3 + 0)",
+                 WHERE account = ?1 AND state IN ('S', 'L') AND at_micros <= ?2 LIMIT ?3)",
             )
             .and_then(|mut statement| {
                 statement.execute(params![self.account, before_micros, TIDY_BATCH])
@@ -818,7 +818,7 @@ impl<'c> Call<'c> {
             .db
             .prepare_cached(
                 "DELETE FROM ledger_generations WHERE rowid IN (SELECT rowid FROM ledger_generations
-                 WHERE account = ?1 AND expires_at_micros <= ?2 ORDER BY expires_at_micros LIMIT ?3 + 0)",
+                 WHERE account = ?1 AND expires_at_micros <= ?2 ORDER BY expires_at_micros LIMIT ?3)",
             )
             .and_then(|mut statement| {
                 statement.execute(params![self.account, before_micros, TIDY_BATCH])
@@ -835,7 +835,7 @@ impl<'c> Call<'c> {
                 .prepare_cached(
                     "DELETE FROM ledger_generations WHERE rowid IN (
                        SELECT rowid FROM ledger_generations WHERE account = ?1
-                       ORDER BY expires_at_micros, id LIMIT ?2 + 0)",
+                       ORDER BY expires_at_micros, id LIMIT ?2)",
                 )
                 .and_then(|mut statement| {
                     statement.execute(params![self.account, over.min(TIDY_BATCH)])
@@ -1185,7 +1185,7 @@ impl LedgerStore for SqliteStore {
             db.prepare_cached(
                 "DELETE FROM ledger_top_ups WHERE account = ?1 AND idempotency_key IN (
                  SELECT idempotency_key FROM ledger_top_ups
-                 WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3 + 0)",
+                 WHERE account = ?1 AND forget_at_micros <= ?2 LIMIT ?3)",
             )
             .and_then(|mut statement| statement.execute(params![account, now_micros, TIDY_BATCH]))
             .map_err(sql("top_up_once"))?;

@@ -50,10 +50,6 @@
 //! # Ok(()) }
 //! ```
 
-// A statement's LIMIT is written `LIMIT ?n + 0`, not `LIMIT ?n`: SQLite
-// plans with the value bound to a parameter that is a LIMIT alone, and so
-// compiles the statement again each time it is bound anew (the test
-// `a_warm_store_compiles_no_statement_again` catches one written plainly).
 mod busy;
 mod checkpoint;
 mod counters;

@@ -106,7 +106,7 @@ fn purge_collection(
         .prepare_cached(
             "DELETE FROM record_entry WHERE sequence IN (
                 SELECT sequence FROM record_entry INDEXED BY record_entry_expiring_in_collection
-                WHERE collection = ?1 AND expires_at_micros <= ?2 LIMIT ?3 + 0)",
+                WHERE collection = ?1 AND expires_at_micros <= ?2 LIMIT ?3)",
         )
         .and_then(|mut statement| statement.execute(params![collection, now_micros, PURGE_BATCH]))
         .map_err(sql(operation))?;
@@ -120,7 +120,7 @@ fn purge_everywhere(connection: &Connection, now_micros: i64) -> Result<(), Stor
         .prepare_cached(
             "DELETE FROM record_entry WHERE sequence IN (
                 SELECT sequence FROM record_entry INDEXED BY record_entry_expiring
-                WHERE expires_at_micros <= ?1 ORDER BY expires_at_micros LIMIT ?2 + 0)",
+                WHERE expires_at_micros <= ?1 ORDER BY expires_at_micros LIMIT ?2)",
         )
         .and_then(|mut statement| statement.execute(params![now_micros, PURGE_BATCH]))
         .map_err(sql("put_record"))?;
