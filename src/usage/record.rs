@@ -307,9 +307,12 @@ impl JsonWriter {
     /// A string's contents, escaped as serde_json escapes them (only
     /// quotes, backslashes and control characters): most texts need none.
     fn string_contents(&mut self, text: &str) {
-        let plain = text
-            .bytes()
-            .all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\');
+        // One pass without an early exit, which the compiler vectorises:
+        // a record's strings are short, and most need no escape.
+        let needs_escape = text.bytes().fold(false, |found, byte| {
+            found | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
+        });
+        let plain = !needs_escape;
         if plain {
             self.0.extend_from_slice(text.as_bytes());
         } else {
