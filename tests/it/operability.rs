@@ -298,4 +298,18 @@ async fn metrics_tracing_health_and_readiness() {
         assert!(!logs.contains(secret), "a secret in the logs");
         assert!(!metrics.contains(secret), "a secret in the metrics");
     }
+    // Each log line starts with its time in UTC to the microsecond, as
+    // tracing writes it.
+    let mut lines_read = 0;
+    for line in logs.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(time), Some("INFO" | "WARN" | "ERROR")) = (words.next(), words.next()) else {
+            continue;
+        };
+        chrono::NaiveDateTime::parse_from_str(time, "%Y-%m-%dT%H:%M:%S%.6fZ")
+            .unwrap_or_else(|error| panic!("{time:?} is not a log time: {error}"));
+        assert_eq!(time.len(), "2026-11-30T18:03:50.123456Z".len(), "{line}");
+        lines_read += 1;
+    }
+    assert!(lines_read > 5, "{logs}");
 }
