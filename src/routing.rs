@@ -288,12 +288,16 @@ fn split_at_slashes(path: &str) -> std::str::Split<'_, [char; 1]> {
     path.split(['/'])
 }
 
+/// A path's [normalized segments](normalized_segments): up to 8 without
+/// an allocation, as every route's are.
+pub(crate) type Segments<'text> = smallvec::SmallVec<[Cow<'text, str>; 8]>;
+
 /// The segments of `path` as an upstream that normalises paths reads them:
 /// percent-decoded, empty and `.` segments dropped, `..` applied. Every
 /// route check in the crate matches on these, so no spelling of a path
 /// routes around a check. Every request's path is read this way several
 /// times, so a path with nothing to decode is only borrowed.
-pub(crate) fn normalized_segments(path: &str) -> Vec<Cow<'_, str>> {
+pub(crate) fn normalized_segments(path: &str) -> Segments<'_> {
     // Nothing to decode (the usual case): the path is already text.
     if memchr::memchr(b'%', path.as_bytes()).is_none() {
         return normalize_segments(path, Cow::Borrowed);
@@ -414,9 +418,8 @@ const fn segment_count(path: &str) -> usize {
 fn normalize_segments<'text, 'out>(
     text: &'text str,
     keep: impl Fn(&'text str) -> Cow<'out, str>,
-) -> Vec<Cow<'out, str>> {
-    // One allocation for any usual path: routes are a few segments deep.
-    let mut segments = Vec::with_capacity(8);
+) -> Segments<'out> {
+    let mut segments = Segments::new();
     for segment in split_at_slashes(text) {
         match segment {
             "" | "." => {}

@@ -2,6 +2,7 @@
 //! buffered request to an OpenAI-compatible upstream and streaming its
 //! response back.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -493,15 +494,19 @@ impl Inner {
         path.push_str(&self.base_path);
         for segment in rest {
             path.push('/');
-            // The encoder's pieces, pushed without a String for each.
-            path.extend(percent_encoding::utf8_percent_encode(
-                &segment.to_ascii_lowercase(),
-                SEGMENT,
-            ));
+            // The encoder's pieces, pushed without a String for each; a
+            // segment already in lower case (the usual) is not copied.
+            let lower = match segment.bytes().any(|byte| byte.is_ascii_uppercase()) {
+                true => Cow::Owned(segment.to_ascii_lowercase()),
+                false => Cow::Borrowed(segment.as_ref()),
+            };
+            path.extend(percent_encoding::utf8_percent_encode(&lower, SEGMENT));
         }
         if rest.is_empty() {
             path.push('/');
         }
+        // The segments borrow the URI this replaces.
+        drop(segments);
         let path_and_query: PathAndQuery = path.parse().map_err(|_| {
             GatewayError::new(
                 ErrorKind::InvalidRequest,
