@@ -23,7 +23,7 @@ use crate::store::ledger::{
     idempotency_key_ttl, validate_admit, validate_amount, validate_key_terms, validate_renewals,
     validate_settlements, validate_top_up_once,
 };
-use crate::store::rules::counter::check_all;
+use crate::store::rules::counter::Fit;
 use crate::store::rules::ledger::{
     self as rules, Charged, Hold, HoldDecision, HoldView, Lapse, RenewDecision, RenewedView,
     SettleDecision, SettledView, UsageSums, decide_hold, decide_renewal, decide_settlement,
@@ -688,22 +688,20 @@ impl LedgerStore for MemoryStore {
         }
         let checks = tiered_checks(request, ledger.purchased_nanos);
         let counters = get_or_default(&mut shard.counters, account);
-        let (fit, outcomes) = check_all(counters, &checks, now, false);
+        let fit = Fit::of(counters, &checks, now);
         let hold = request.hold.as_ref().and_then(|hold| {
             let key = ledger.key(&hold.key);
             // A revoked or expired key is refused first, whatever its
             // counters say.
             key_refusal(key.revoked, key.terms.as_ref(), now).or_else(|| {
-                fit.then(|| ledger.hold(hold, hold_fingerprint.unwrap_or_default(), now))
+                fit.admitted
+                    .then(|| ledger.hold(hold, hold_fingerprint.unwrap_or_default(), now))
             })
         });
         ledger.generations.tidy(now_micros);
-        let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
-        let outcomes = if admitted && !checks.is_empty() {
-            check_all(counters, &checks, now, true).1
-        } else {
-            outcomes
-        };
+        let admitted = fit.admitted && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
+        // Added only when the hold was taken too.
+        let outcomes = fit.outcomes(counters, &checks, admitted);
         Ok(AdmitOutcome {
             admitted,
             checks: outcomes,

@@ -233,23 +233,66 @@ pub(crate) fn check_all(
     now: DateTime<Utc>,
     commit: bool,
 ) -> (bool, Vec<CheckOutcome>) {
-    let now_micros = unix_micros(now);
-    let bounds: Vec<(i64, i64)> = checks
-        .iter()
-        .map(|check| window_bounds_micros(&check.limit, now))
-        .collect();
-    // Two passes: learn whether everything fits, then add to all or none.
-    let admitted = checks.iter().zip(&bounds).all(|(check, &bounds)| {
-        let counter = counter_mut(counters, &check.name);
-        check_one(counter, check, now_micros, bounds, false).admitted
-    });
-    let outcomes = checks
-        .iter()
-        .zip(&bounds)
-        .map(|(check, &bounds)| {
+    let fit = Fit::of(counters, checks, now);
+    let outcomes = fit.outcomes(counters, checks, commit);
+    (fit.admitted, outcomes)
+}
+
+/// [`check_all`] in two steps, for a caller that decides something else
+/// in between (an admission takes its hold): whether every check fits,
+/// then each one's outcome, adding to all when they fit and the caller
+/// commits. The counters must not change between the two.
+pub(crate) struct Fit {
+    /// Whether every check fits.
+    pub(crate) admitted: bool,
+    now_micros: i64,
+    bounds: Vec<(i64, i64)>,
+}
+
+impl Fit {
+    /// Whether every one of `checks` fits at `now`; nothing is added.
+    pub(crate) fn of(
+        counters: &mut FastMap<Box<str>, Counter>,
+        checks: &[Check],
+        now: DateTime<Utc>,
+    ) -> Fit {
+        let now_micros = unix_micros(now);
+        let bounds: Vec<(i64, i64)> = checks
+            .iter()
+            .map(|check| window_bounds_micros(&check.limit, now))
+            .collect();
+        let admitted = checks.iter().zip(&bounds).all(|(check, &bounds)| {
             let counter = counter_mut(counters, &check.name);
-            check_one(counter, check, now_micros, bounds, admitted && commit)
-        })
-        .collect();
-    (admitted, outcomes)
+            check_one(counter, check, now_micros, bounds, false).admitted
+        });
+        Fit {
+            admitted,
+            now_micros,
+            bounds,
+        }
+    }
+
+    /// Each check's outcome (the `checks` this was made of), every amount
+    /// added when all fit and `commit`.
+    pub(crate) fn outcomes(
+        &self,
+        counters: &mut FastMap<Box<str>, Counter>,
+        checks: &[Check],
+        commit: bool,
+    ) -> Vec<CheckOutcome> {
+        checks
+            .iter()
+            .zip(&self.bounds)
+            .map(|(check, &bounds)| {
+                let counter = counter_mut(counters, &check.name);
+                check_one(
+                    counter,
+                    check,
+                    self.now_micros,
+                    bounds,
+                    self.admitted && commit,
+                )
+            })
+            .collect()
+    }
 }

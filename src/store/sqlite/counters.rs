@@ -14,7 +14,9 @@ use std::time::Duration;
 use super::{SqliteStore, sql};
 use crate::clock::unix_micros;
 use crate::store::counter::{duration_micros, validate_checks, validate_slot};
-use crate::store::rules::counter::{self, Counter, CounterState, EXPIRY_SLACK_MICROS, WindowCount};
+use crate::store::rules::counter::{
+    self, Counter, CounterState, EXPIRY_SLACK_MICROS, Fit, WindowCount,
+};
 use crate::store::rules::slots::{self, SlotsView};
 use crate::store::{Check, CheckOutcome, CounterStore, Decision, FastMap, SlotOutcome, StoreError};
 
@@ -130,6 +132,23 @@ impl<'s> ScopeCounters<'s> {
         commit: bool,
     ) -> (bool, Vec<CheckOutcome>) {
         counter::check_all(&mut self.counters, checks, now, commit)
+    }
+
+    /// Whether every one of `checks` fits at `now`, nothing added: the
+    /// first half of [`decide`](Self::decide), for a caller that decides
+    /// its hold before [`outcomes`](Self::outcomes).
+    pub(super) fn fit(&mut self, checks: &[Check], now: DateTime<Utc>) -> Fit {
+        Fit::of(&mut self.counters, checks, now)
+    }
+
+    /// The second half of [`decide`](Self::decide) after [`fit`](Self::fit).
+    pub(super) fn outcomes(
+        &mut self,
+        fit: &Fit,
+        checks: &[Check],
+        commit: bool,
+    ) -> Vec<CheckOutcome> {
+        fit.outcomes(&mut self.counters, checks, commit)
     }
 
     /// Writes back the counters that changed since they were read.

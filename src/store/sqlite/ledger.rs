@@ -996,7 +996,7 @@ impl LedgerStore for SqliteStore {
             }
             let checks = tiered_checks(&request, call.row.purchased_nanos);
             let mut counters = counters::ScopeCounters::read(db, &request.account, &checks, now)?;
-            let (fit, outcomes) = counters.decide(&checks, now, false);
+            let fit = counters.fit(&checks, now);
             let hold = match &request.hold {
                 Some(hold) => {
                     let key = call.key(&hold.key)?;
@@ -1004,7 +1004,7 @@ impl LedgerStore for SqliteStore {
                     // its counters say.
                     match key_refusal(key.revoked, key.terms.as_ref(), now) {
                         Some(refusal) => Some(refusal),
-                        None if fit => Some(call.hold(hold, now)?),
+                        None if fit.admitted => Some(call.hold(hold, now)?),
                         None => None,
                     }
                 }
@@ -1012,12 +1012,9 @@ impl LedgerStore for SqliteStore {
             };
             call.tidy(now_micros)?;
             call.end()?;
-            let admitted = fit && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
-            let outcomes = if admitted && !checks.is_empty() {
-                counters.decide(&checks, now, true).1
-            } else {
-                outcomes
-            };
+            let admitted = fit.admitted && hold.as_ref().is_none_or(ReserveOutcome::is_reserved);
+            // Added only when the hold was taken too.
+            let outcomes = counters.outcomes(&fit, &checks, admitted);
             counters.write(db, &checks)?;
             Ok(AdmitOutcome {
                 admitted,
