@@ -171,7 +171,7 @@ where
             let words = (!words.are_default()).then_some(words);
             Ok(Admission {
                 additions: Authenticated { principal, words },
-                response_headers: HeaderMap::new(),
+                response_headers: Default::default(),
             })
         });
         AdmissionFuture::deciding(LAYER, decision, request, self.inner.clone())

@@ -21,7 +21,7 @@ use crate::context::RequestContext;
 use crate::edit::{ModelNamed, NameModel, ServedModel};
 use crate::error::GatewayError;
 use crate::limiter::Additions;
-use crate::limiter::headers::merge_response_headers;
+use crate::limiter::headers::{RateHeaders, merge_response_headers};
 use crate::response_body::ResponseBody;
 use crate::usage::{GENERATION_ID_HEADER, generation_id};
 
@@ -57,7 +57,7 @@ pin_project! {
             future: Oneshot<S, Request<B>>,
             meter: Unsettled,
             max_scanned_body_bytes: usize,
-            response_headers: Vec<http::HeaderMap>,
+            response_headers: Vec<RateHeaders>,
             hide_stream_usage: bool,
             // The model a stream is to name (asked by the layer above).
             name_model: Option<std::sync::Arc<str>>,

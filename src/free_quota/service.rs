@@ -12,7 +12,7 @@ use crate::context::RequestContext;
 use crate::error::{GatewayError, LimitSource, retry_after_seconds};
 use crate::keys::credits::nanos_to_json;
 use crate::limiter::Verdict;
-use crate::limiter::headers::{rate_limit_headers, tightest, with_rate_limit_headers};
+use crate::limiter::headers::{RateHeaders, tightest, with_rate_limit_headers};
 use crate::limiter::{Admission, AdmissionFuture, Decision, Finish, PlannedChecks};
 use crate::response_body::ResponseBody;
 use crate::routing::is_model_call;
@@ -139,9 +139,7 @@ fn finish(config: &FreeModelQuotaConfig, verdict: Verdict) -> Result<Admission, 
         Verdict::Unchecked | Verdict::NotCounted(_) => Ok(Admission::default()),
         Verdict::Admitted(outcomes) => {
             let mut admission: Admission = Admission {
-                response_headers: tightest(&outcomes)
-                    .map(rate_limit_headers)
-                    .unwrap_or_default(),
+                response_headers: tightest(&outcomes).map(RateHeaders::of).unwrap_or_default(),
                 ..Admission::default()
             };
             admission.additions.insert(FreeQuotaSnapshot {

@@ -28,13 +28,55 @@ pub(crate) fn rate_limit_headers(outcome: &CheckOutcome) -> HeaderMap {
         X_RATELIMIT_REMAINING.clone(),
         HeaderValue::from(outcome.remaining),
     );
-    let reset_seconds = if outcome.reset_after.is_zero() {
+    headers.insert(
+        X_RATELIMIT_RESET.clone(),
+        HeaderValue::from(reset_seconds(outcome)),
+    );
+    headers
+}
+
+/// `X-RateLimit-Reset` of `outcome`: whole seconds, rounded up.
+fn reset_seconds(outcome: &CheckOutcome) -> u64 {
+    if outcome.reset_after.is_zero() {
         0
     } else {
         retry_after_seconds(outcome.reset_after)
-    };
-    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset_seconds));
-    headers
+    }
+}
+
+/// The rate-limit headers a layer puts on the response of a request it
+/// admitted: its tightest limit's, and the rule's policy when it has one.
+/// Kept as numbers until the response starts, where the tighter of two
+/// layers' limits wins ([`merge_response_headers`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RateHeaders(Option<RateNumbers>);
+
+#[derive(Clone, Debug)]
+struct RateNumbers {
+    limit: u64,
+    remaining: u64,
+    reset_seconds: u64,
+    policy: Option<HeaderValue>,
+}
+
+impl RateHeaders {
+    /// The headers of `outcome`.
+    pub(crate) fn of(outcome: &CheckOutcome) -> Self {
+        RateHeaders(Some(RateNumbers {
+            limit: outcome.limit,
+            remaining: outcome.remaining,
+            reset_seconds: reset_seconds(outcome),
+            policy: None,
+        }))
+    }
+
+    /// With `policy` as `X-RateLimit-Policy` (when there are headers).
+    pub(crate) fn with_policy(mut self, policy: HeaderValue) -> Self {
+        if let Some(numbers) = &mut self.0 {
+            numbers.policy = Some(policy);
+        }
+        self
+    }
 }
 
 /// The outcome with the least remaining: the limit the client meets first.
@@ -99,28 +141,31 @@ pub(crate) fn policy_value(limit: &crate::store::Limit) -> Option<HeaderValue> {
 struct ReportedRemaining(u64);
 
 /// Adds `ours` to a response's headers; see [`ReportedRemaining`].
-pub(crate) fn merge_response_headers(response: &mut http::response::Parts, ours: HeaderMap) {
-    let mine = ours
-        .get(&X_RATELIMIT_REMAINING)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.parse::<u64>().ok());
+pub(crate) fn merge_response_headers(response: &mut http::response::Parts, ours: RateHeaders) {
+    let Some(ours) = ours.0 else { return };
     let reported = response
         .extensions
         .get::<ReportedRemaining>()
         .map(|reported| reported.0);
-    let keep_reported = matches!((reported, mine), (Some(theirs), Some(mine)) if theirs <= mine);
-    if let (Some(mine), false) = (mine, keep_reported) {
-        response.extensions.insert(ReportedRemaining(mine));
+    // Another gateway layer's tighter limit stays.
+    if reported.is_some_and(|theirs| theirs <= ours.remaining) {
+        return;
     }
-    for (name, value) in ours {
-        let Some(name) = name else { continue };
-        let is_rate_limit = name == X_RATELIMIT_LIMIT
-            || name == X_RATELIMIT_REMAINING
-            || name == X_RATELIMIT_RESET
-            || name == X_RATELIMIT_POLICY;
-        if !(is_rate_limit && keep_reported) {
-            response.headers.insert(name, value);
-        }
+    response
+        .extensions
+        .insert(ReportedRemaining(ours.remaining));
+    let headers = &mut response.headers;
+    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(ours.limit));
+    headers.insert(
+        X_RATELIMIT_REMAINING.clone(),
+        HeaderValue::from(ours.remaining),
+    );
+    headers.insert(
+        X_RATELIMIT_RESET.clone(),
+        HeaderValue::from(ours.reset_seconds),
+    );
+    if let Some(policy) = ours.policy {
+        headers.insert(X_RATELIMIT_POLICY.clone(), policy);
     }
 }
 
@@ -205,14 +250,14 @@ mod tests {
         response
             .headers
             .insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(1u64));
-        merge_response_headers(&mut response, rate_limit_headers(&outcome(20, 3, 1_000)));
+        merge_response_headers(&mut response, RateHeaders::of(&outcome(20, 3, 1_000)));
         assert_eq!(response.headers[&X_RATELIMIT_LIMIT], "20");
-        merge_response_headers(&mut response, rate_limit_headers(&outcome(600, 599, 100)));
+        merge_response_headers(&mut response, RateHeaders::of(&outcome(600, 599, 100)));
         assert_eq!(
             response.headers[&X_RATELIMIT_LIMIT], "20",
             "the looser limit does not replace"
         );
-        merge_response_headers(&mut response, rate_limit_headers(&outcome(50, 1, 100)));
+        merge_response_headers(&mut response, RateHeaders::of(&outcome(50, 1, 100)));
         assert_eq!(response.headers[&X_RATELIMIT_LIMIT], "50");
         assert_eq!(response.headers[&X_RATELIMIT_REMAINING], "1");
     }

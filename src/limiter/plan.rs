@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use futures_util::future::BoxFuture;
-use http::{Extensions, HeaderMap, Request, Response};
+use http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
 use tower::util::Oneshot;
 use tower_service::Service;
 
-use super::headers::merge_response_headers;
+use super::headers::{RateHeaders, merge_response_headers};
 use super::{Limiter, Verdict};
 use crate::error::GatewayError;
 use crate::response_body::ResponseBody;
@@ -46,7 +46,7 @@ pub(crate) struct Admission<A = Extensions> {
     /// Added to the request before the inner service is called.
     pub(crate) additions: A,
     /// Added to the response (rate-limit headers keep the tightest limit).
-    pub(crate) response_headers: HeaderMap,
+    pub(crate) response_headers: RateHeaders,
 }
 
 /// What an admitted request gains before the inner service sees it.
@@ -97,7 +97,7 @@ pin_project! {
         Calling {
             #[pin]
             future: Oneshot<S, Request<B>>,
-            response_headers: HeaderMap,
+            response_headers: RateHeaders,
         },
     }
 }
@@ -121,7 +121,7 @@ where
         AdmissionFuture {
             state: State::Calling {
                 future: Oneshot::new(inner, request),
-                response_headers: HeaderMap::new(),
+                response_headers: RateHeaders::default(),
             },
         }
     }

@@ -10,7 +10,7 @@ use crate::context::RequestContext;
 use crate::error::{GatewayError, LimitSource, retry_after_seconds};
 use crate::keys::{KeyHash, KeyRateLimit};
 use crate::limiter::headers::{
-    X_RATELIMIT_POLICY, policy_value, rate_limit_headers, tightest, with_rate_limit_headers,
+    RateHeaders, X_RATELIMIT_POLICY, policy_value, tightest, with_rate_limit_headers,
 };
 use crate::limiter::{Admission, Decision, Finish, PlannedChecks};
 use crate::limiter::{AdmissionFuture, Verdict};
@@ -126,9 +126,7 @@ fn finish(rule_checks: &[RuleCheck], verdict: Verdict) -> Result<Admission, Gate
     match verdict {
         Verdict::Unchecked | Verdict::NotCounted(_) => Ok(Admission::default()),
         Verdict::Admitted(outcomes) => {
-            let mut response_headers = tightest(&outcomes)
-                .map(rate_limit_headers)
-                .unwrap_or_default();
+            let mut response_headers = tightest(&outcomes).map(RateHeaders::of).unwrap_or_default();
             // The rule of the tightest outcome (the first of the least
             // remaining, as `tightest` picks it).
             let tightest_index = outcomes
@@ -140,7 +138,7 @@ fn finish(rule_checks: &[RuleCheck], verdict: Verdict) -> Result<Admission, Gate
                 .and_then(|index| rule_checks.get(index))
                 .and_then(|rule| policy_value(&rule.rule.limit()))
             {
-                response_headers.insert(X_RATELIMIT_POLICY.clone(), policy);
+                response_headers = response_headers.with_policy(policy);
             }
             Ok(Admission {
                 response_headers,
