@@ -162,6 +162,11 @@ pub mod clock;
 pub mod context;
 pub mod credit;
 mod edit;
+/// The stream parse of chunks, for the fuzz targets only (`cargo fuzz`
+/// sets `--cfg fuzzing`).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub use edit::json_fuzzing as edit_fuzzing;
 pub mod error;
 pub mod error_mapper;
 pub mod free_quota;

@@ -8,7 +8,9 @@ use super::{MessagesUsage, ResponsesUsage};
 use crate::context::ModelApi;
 use bytes::BytesMut;
 
-use crate::edit::{DataLine, Event, EventData, EventEditor, JsonObject, ServedModel, Verdict};
+use crate::edit::{
+    DataLine, Event, EventData, EventEditor, JsonObject, ScanMemo, ServedModel, Verdict,
+};
 
 /// What a metered event stream's reader does to each event, besides
 /// reading its usage.
@@ -43,6 +45,8 @@ pub(crate) struct StreamReader {
     // text they carried: what a stream that reports no usage is charged by.
     streamed_chunks: u64,
     streamed_text_bytes: u64,
+    // The last chunk's scan: the next one repeats most of its members.
+    memo: ScanMemo,
 }
 
 impl StreamReader {
@@ -56,6 +60,7 @@ impl StreamReader {
             done: false,
             streamed_chunks: 0,
             streamed_text_bytes: 0,
+            memo: ScanMemo::default(),
         }
     }
 
@@ -110,7 +115,15 @@ impl StreamReader {
         // Past the bound the usage is not read; the edits are made all the same.
         let read = data.len() <= self.max_read_bytes;
         let mut text = 0;
-        let Some(object) = JsonObject::parse_counting_text(data, &mut text) else {
+        // A chunk past the bound is not kept for the next one.
+        let memo = match read {
+            true => Some(&mut self.memo),
+            false => {
+                self.memo.forget();
+                None
+            }
+        };
+        let Some(object) = JsonObject::parse_after(data, &mut text, memo) else {
             // Not an object: its text found by its bytes, and an array's
             // usage read as the fields in order, as a document is read.
             self.streamed_text_bytes += text_bytes(data);

@@ -54,8 +54,43 @@ impl<'a> JsonObject<'a> {
         text: &'a [u8],
         text_bytes: &mut u64,
     ) -> Option<JsonObject<'a>> {
+        JsonObject::parse_after(text, text_bytes, None)
+    }
+
+    /// [`JsonObject::parse_counting_text`] for one object of a stream:
+    /// `memo` holds what the scan of the stream's previous object learnt,
+    /// and the members this one repeats byte for byte from its start are
+    /// taken from it instead of read again (a chunk's `id`, `object`,
+    /// `created` and `model` are its previous chunk's). The result is the
+    /// plain parse's; `memo` then holds this object's scan.
+    pub(crate) fn parse_after(
+        text: &'a [u8],
+        text_bytes: &mut u64,
+        mut memo: Option<&mut ScanMemo>,
+    ) -> Option<JsonObject<'a>> {
         #[cfg(test)]
         PARSES.with(|parses| parses.set(parses.get() + 1));
+        let parsed = JsonObject::scan(text, memo.as_deref_mut());
+        if let Some(memo) = memo {
+            match &parsed {
+                Some(scanned) => {
+                    memo.open_end = scanned.object.open_end;
+                    memo.text.clear();
+                    memo.text.extend_from_slice(text);
+                }
+                None => memo.forget(),
+            }
+        }
+        let scanned = parsed?;
+        *text_bytes += scanned.text_bytes;
+        Some(scanned.object)
+    }
+
+    /// The scan itself: the object and the text bytes it counted. With
+    /// `memo`, the members it shares with the
+    /// previous object are taken from there, and every member's span is
+    /// written back to it (the caller keeps the text).
+    fn scan(text: &'a [u8], mut memo: Option<&mut ScanMemo>) -> Option<Scanned<'a>> {
         // Valid JSON is UTF-8 throughout, so every slice taken below is text.
         let source = std::str::from_utf8(text).ok()?;
         let mut scan = Scan {
@@ -64,61 +99,85 @@ impl<'a> JsonObject<'a> {
             text_bytes: 0,
             text_key: false,
         };
-        scan.whitespace();
-        if scan.peek()? != b'{' {
-            return None;
-        }
-        scan.at += 1;
-        let open_end = scan.at;
         // One allocation for the usual object: a chunk has about six members.
         let mut members = Vec::with_capacity(8);
-        scan.whitespace();
-        if scan.peek()? == b'}' {
-            scan.at += 1;
-        } else {
-            loop {
-                scan.whitespace();
-                let key_start = scan.at;
-                let escaped = scan.string()?;
-                let key = &source[key_start..scan.at];
-                scan.text_key = is_text_key(key.as_bytes());
-                scan.whitespace();
-                scan.expect(b':')?;
-                scan.whitespace();
-                let value_start = scan.at;
-                scan.value()?;
-                let value_end = scan.at;
-                let quoted = &key[1..key.len() - 1];
-                let name = match escaped {
-                    true => std::borrow::Cow::Owned(serde_json::from_str::<String>(key).ok()?),
-                    false => std::borrow::Cow::Borrowed(quoted),
-                };
-                members.push(Member {
-                    name,
-                    key_start,
-                    value: &source[value_start..value_end],
-                    value_end,
-                    edit: None,
-                });
-                scan.whitespace();
-                match scan.next()? {
-                    b',' => continue,
-                    b'}' => break,
-                    _ => return None,
+        let shared = memo.as_deref().map_or(0, |memo| memo.shared_members(text));
+        let open_end = match (shared, memo.as_deref_mut()) {
+            // The scan's state at a member's key depends on the bytes
+            // before it alone, and those are the previous object's: it
+            // goes on from there as it would have.
+            (1.., Some(memo)) => {
+                for span in &memo.members[..shared] {
+                    members.push(span.member(source)?);
                 }
+                scan.text_bytes = memo.members[shared - 1].text_bytes_through;
+                scan.at = memo.members[shared].key_start;
+                memo.members.truncate(shared);
+                memo.open_end
+            }
+            _ => {
+                if let Some(memo) = memo.as_deref_mut() {
+                    memo.members.clear();
+                }
+                scan.whitespace();
+                if scan.peek()? != b'{' {
+                    return None;
+                }
+                scan.at += 1;
+                let open_end = scan.at;
+                scan.whitespace();
+                if scan.peek()? == b'}' {
+                    scan.at += 1;
+                    return scan.end(JsonObject::new(text, members, open_end));
+                }
+                open_end
+            }
+        };
+        loop {
+            scan.whitespace();
+            let key_start = scan.at;
+            let escaped = scan.string()?;
+            let key = &source[key_start..scan.at];
+            scan.text_key = is_text_key(key.as_bytes());
+            scan.whitespace();
+            scan.expect(b':')?;
+            scan.whitespace();
+            let value_start = scan.at;
+            scan.value()?;
+            let value_end = scan.at;
+            let quoted = &key[1..key.len() - 1];
+            let name = match escaped {
+                true => std::borrow::Cow::Owned(serde_json::from_str::<String>(key).ok()?),
+                false => std::borrow::Cow::Borrowed(quoted),
+            };
+            let member = Member {
+                name,
+                key_start,
+                value: &source[value_start..value_end],
+                value_end,
+                edit: None,
+            };
+            if let Some(memo) = memo.as_deref_mut() {
+                memo.members.push(MemberSpan::of(&member, scan.text_bytes));
+            }
+            members.push(member);
+            scan.whitespace();
+            match scan.next()? {
+                b',' => continue,
+                b'}' => break,
+                _ => return None,
             }
         }
-        scan.whitespace();
-        if scan.at != text.len() {
-            return None;
-        }
-        *text_bytes += scan.text_bytes;
-        Some(JsonObject {
+        scan.end(JsonObject::new(text, members, open_end))
+    }
+
+    fn new(text: &'a [u8], members: Vec<Member<'a>>, open_end: usize) -> JsonObject<'a> {
+        JsonObject {
             text,
             members,
             open_end,
             added: Vec::new(),
-        })
+        }
     }
 
     fn find(&self, name: &str) -> Result<Option<usize>, Repeated> {
@@ -299,7 +358,108 @@ fn is_text_key(quoted: &[u8]) -> bool {
     )
 }
 
+/// A scanned object and the text bytes its scan counted.
+struct Scanned<'a> {
+    object: JsonObject<'a>,
+    text_bytes: u64,
+}
+
+/// What the scan of a stream's last object learnt, for the next one
+/// ([`JsonObject::parse_after`]): its text, and where each of its members
+/// lies with the text bytes counted up to its end.
+#[derive(Debug, Default)]
+pub(crate) struct ScanMemo {
+    text: Vec<u8>,
+    open_end: usize,
+    members: Vec<MemberSpan>,
+}
+
+/// Where a member lies in its object's text.
+#[derive(Debug)]
+struct MemberSpan {
+    key_start: usize,
+    // The name as read when its key has an escape; else the key's text.
+    unescaped: Option<String>,
+    name_len: usize,
+    value_len: usize,
+    value_end: usize,
+    // The text bytes the scan had counted at the member's end.
+    text_bytes_through: u64,
+}
+
+impl MemberSpan {
+    fn of(member: &Member<'_>, text_bytes_through: u64) -> MemberSpan {
+        MemberSpan {
+            key_start: member.key_start,
+            unescaped: match &member.name {
+                std::borrow::Cow::Owned(name) => Some(name.clone()),
+                std::borrow::Cow::Borrowed(_) => None,
+            },
+            name_len: member.name.len(),
+            value_len: member.value.len(),
+            value_end: member.value_end,
+            text_bytes_through,
+        }
+    }
+
+    /// The member at this span of `source` (the same bytes as the text it
+    /// was taken from, up to its end).
+    fn member<'a>(&self, source: &'a str) -> Option<Member<'a>> {
+        let name = match &self.unescaped {
+            Some(name) => std::borrow::Cow::Owned(name.clone()),
+            None => {
+                let start = self.key_start + 1;
+                std::borrow::Cow::Borrowed(source.get(start..start + self.name_len)?)
+            }
+        };
+        Some(Member {
+            name,
+            key_start: self.key_start,
+            value: source.get(self.value_end - self.value_len..self.value_end)?,
+            value_end: self.value_end,
+            edit: None,
+        })
+    }
+}
+
+impl ScanMemo {
+    /// How many leading members `text` shares with the last object: those
+    /// before a member whose key starts where every byte before it is the
+    /// same in both. Never all of them: the scan goes on from the next key.
+    fn shared_members(&self, text: &[u8]) -> usize {
+        let (mut shared, mut compared_to) = (0, 0);
+        for (index, span) in self.members.iter().enumerate().skip(1) {
+            let range = compared_to..span.key_start;
+            // `get`: a shorter text shares nothing past its end.
+            if text.get(range.clone()) != self.text.get(range) {
+                break;
+            }
+            (shared, compared_to) = (index, span.key_start);
+        }
+        shared
+    }
+
+    /// Nothing to go on from: the last data was no object.
+    pub(crate) fn forget(&mut self) {
+        self.text.clear();
+        self.members.clear();
+    }
+}
+
 impl Scan<'_> {
+    /// The object once its closing brace is read: nothing but whitespace
+    /// may follow.
+    fn end<'a>(&mut self, object: JsonObject<'a>) -> Option<Scanned<'a>> {
+        self.whitespace();
+        if self.at != self.bytes.len() {
+            return None;
+        }
+        Some(Scanned {
+            object,
+            text_bytes: self.text_bytes,
+        })
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
@@ -525,6 +685,54 @@ impl Closers {
         if self.depth >= 64 {
             let spilled = self.deeper.pop().unwrap_or(false);
             self.bits |= u64::from(spilled) << 63;
+        }
+    }
+}
+
+/// What a parse gives: each member's name, place and value, where an
+/// added member goes, and the text it counted.
+#[cfg(any(test, fuzzing))]
+type Shape = (Vec<(String, usize, String, usize)>, usize, u64);
+
+/// The parse of `text` as [`Shape`], with `memo` or without.
+#[cfg(any(test, fuzzing))]
+fn shape_of(text: &[u8], memo: Option<&mut ScanMemo>) -> Option<Shape> {
+    let mut text_bytes = 0;
+    let object = JsonObject::parse_after(text, &mut text_bytes, memo)?;
+    let members = object
+        .members
+        .iter()
+        .map(|member| {
+            let name = member.name.to_string();
+            (
+                name,
+                member.key_start,
+                member.value.to_owned(),
+                member.value_end,
+            )
+        })
+        .collect();
+    Some((members, object.open_end, text_bytes))
+}
+
+/// The stream parse opened to the fuzz targets
+/// (`fuzz/fuzz_targets/stream_chunks.rs`), built only with `--cfg
+/// fuzzing`, which `cargo fuzz` sets.
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    use super::{ScanMemo, shape_of};
+
+    /// Parses `texts` one after the other as a stream's chunks, going on
+    /// from the last one's scan, and each alone: panics where they differ.
+    pub fn parse_after_agrees(texts: &[Vec<u8>]) {
+        let mut memo = ScanMemo::default();
+        for text in texts {
+            assert_eq!(
+                shape_of(text, Some(&mut memo)),
+                shape_of(text, None),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
         }
     }
 }
@@ -916,5 +1124,79 @@ mod tests {
             }
         }
 
+    }
+
+    /// A stream's chunk: members from a small pool, so that chunks share
+    /// their leading members often, some escaped, some carrying text.
+    fn chunk() -> impl Strategy<Value = String> {
+        let key = prop::sample::select(vec![
+            "id", "model", "content", "x", "a\\u0062", "text", "\\\"q",
+        ]);
+        let value = prop::sample::select(vec![
+            "1",
+            "\"ab\"",
+            "\"c\\\"d\"",
+            "{\"content\":\"hi\"}",
+            "[1,{\"text\":\"\u{e9}\"}]",
+            "null",
+            "\"",
+        ]);
+        let space = prop::sample::select(vec!["", " ", "\n"]);
+        let member = (key, space.clone(), value, space.clone());
+        (space, prop::collection::vec(member, 0..6)).prop_map(|(lead, members)| {
+            let members: Vec<String> = members
+                .into_iter()
+                .map(|(key, before, value, after)| format!("\"{key}\"{before}:{after}{value}"))
+                .collect();
+            format!("{lead}{{{}}}", members.join(","))
+        })
+    }
+
+    proptest! {
+        /// A stream's objects parsed one after the other with a memo read
+        /// exactly as each parsed alone: the same members, places, values
+        /// and counted text, and the same refusals, whatever the previous
+        /// object was (cut short, a byte changed, not an object at all).
+        #[test]
+        fn a_parse_after_the_last_object_is_the_plain_parse(
+            chunks in prop::collection::vec(
+                (chunk(), any::<prop::sample::Index>(), prop::option::of(any::<u8>()), any::<bool>()),
+                1..12,
+            ),
+        ) {
+            let mut memo = ScanMemo::default();
+            for (text, at, byte, cut) in chunks {
+                let mut text = text.into_bytes();
+                let at = at.index(text.len() + 1);
+                match (byte, cut) {
+                    (Some(byte), _) if at < text.len() => text[at] = byte,
+                    (_, true) => text.truncate(at),
+                    _ => {}
+                }
+                prop_assert_eq!(
+                    shape_of(&text, Some(&mut memo)),
+                    shape_of(&text, None),
+                    "{}",
+                    String::from_utf8_lossy(&text)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_chunk_repeating_the_last_ones_members_is_read_from_where_they_end() {
+        let mut memo = ScanMemo::default();
+        let first =
+            br#"{"id":"c1","model":"m","choices":[{"delta":{"content":"Hel"}}],"usage":null}"#;
+        let second =
+            br#"{"id":"c1","model":"m","choices":[{"delta":{"content":"lo!"}}],"usage":null}"#;
+        assert!(shape_of(first, Some(&mut memo)).is_some());
+        assert_eq!(memo.shared_members(second), 2, "id and model");
+        assert_eq!(shape_of(second, Some(&mut memo)), shape_of(second, None));
+        assert_eq!(shape_of(second, None).unwrap().2, 3, "the text counted");
+        // Another chunk id: nothing shared, all read.
+        let other = br#"{"id":"c2","model":"m","choices":[],"usage":null}"#;
+        assert_eq!(memo.shared_members(other), 0);
+        assert_eq!(shape_of(other, Some(&mut memo)), shape_of(other, None));
     }
 }

@@ -18,7 +18,9 @@ mod model;
 mod sse;
 
 pub(crate) use events::{DataLine, Event, EventData, EventEditor, SseEvents, Verdict};
-pub(crate) use json::JsonObject;
+#[cfg(fuzzing)]
+pub use json::fuzzing as json_fuzzing;
+pub(crate) use json::{JsonObject, ScanMemo};
 pub(crate) use model::{MAX_NAMED_JSON_BYTES, ModelNamed, NameModel, ServedModel};
 pub use sse::MAX_SSE_LINE_BYTES;
 #[cfg(feature = "proxy")]
