@@ -442,13 +442,22 @@ impl Mock {
         usage: Option<Value>,
     ) -> Response<MockBody> {
         let words = &answer.words;
+        // Members in the order OpenAI writes them (`id` first, `usage`
+        // last), which a `Value` would sort: gateways read chunks in it.
+        let head = format!(
+            "{{\"id\":{},\"object\":\"chat.completion.chunk\",\"created\":1767225600,\"model\":{}",
+            Value::from(id),
+            Value::from(model)
+        );
         let chunk = |choice: usize, delta: Value, finish: Value| {
-            let mut chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model,
-                   "choices": [{"index": choice, "delta": delta, "finish_reason": finish}]});
-            if usage.is_some() {
-                chunk["usage"] = Value::Null;
-            }
-            chunk
+            let usage = if usage.is_some() {
+                ",\"usage\":null"
+            } else {
+                ""
+            };
+            format!(
+                "{head},\"choices\":[{{\"index\":{choice},\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]{usage}}}"
+            )
         };
         let mut events = vec![": keep-alive\n\n".to_owned()];
         for choice in 0..answer.choices {
@@ -493,8 +502,7 @@ impl Mock {
         }
         if let Some(usage) = usage {
             events.push(format!(
-                "data: {}\n\n",
-                json!({"id": id, "object": "chat.completion.chunk", "created": 1_767_225_600, "model": model, "choices": [], "usage": usage})
+                "data: {head},\"choices\":[],\"usage\":{usage}}}\n\n"
             ));
         }
         events.push("data: [DONE]\n\n".to_owned());
