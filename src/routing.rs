@@ -282,10 +282,25 @@ fn plain_segments(path: &str) -> Option<impl DoubleEndedIterator<Item = &[u8]>> 
     Some(segments.filter(|segment| !segment.is_empty()))
 }
 
-/// `path` split at each `/`, char by char: a route's path is short, and
-/// `split('/')` starts a `memchr` search for each segment.
-fn split_at_slashes(path: &str) -> std::str::Split<'_, [char; 1]> {
-    path.split(['/'])
+/// `path` split at each `/` as `split('/')` splits it, read byte by byte:
+/// a route's path is short, `split('/')` starts a `memchr` search for
+/// each segment, and a `char` pattern decodes every char.
+fn split_at_slashes(path: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(path);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        match text.bytes().position(|byte| byte == b'/') {
+            Some(slash) => {
+                // Next to an ASCII `/`: both cuts are char boundaries.
+                rest = text.get(slash + 1..);
+                text.get(..slash)
+            }
+            None => {
+                rest = None;
+                Some(text)
+            }
+        }
+    })
 }
 
 /// A path's [normalized segments](normalized_segments): up to 8 without
@@ -576,6 +591,13 @@ mod tests {
                     && segments.iter().zip(expected).all(|(a, b)| a.eq_ignore_ascii_case(b));
                 prop_assert_eq!(path_is(&path, expected), same, "{:?} against {:?}", path, expected);
             }
+        }
+
+        #[test]
+        fn the_byte_split_is_the_char_split(path in "[a/\u{e9}.%]{0,16}") {
+            let bytewise: Vec<&str> = split_at_slashes(&path).collect();
+            let charwise: Vec<&str> = path.split('/').collect();
+            prop_assert_eq!(bytewise, charwise);
         }
 
         #[test]
