@@ -50,25 +50,25 @@ impl ModelId {
                 Self::MAX_LEN
             )));
         }
-        if text.chars().any(char::is_whitespace) {
-            return Err(bad_model(
-                "`model` must not contain spaces, tabs or line breaks".to_owned(),
-            ));
+        // One pass over the bytes: every one a model char (all ASCII),
+        // and where the slashes and colons are.
+        let (mut slashes, mut colons) = (Marks::default(), Marks::default());
+        for (index, &byte) in text.as_bytes().iter().enumerate() {
+            match byte {
+                b'/' => slashes.note(index),
+                b':' => colons.note(index),
+                _ if is_model_char(char::from(byte)) => {}
+                // Not a model char: the message names the first.
+                _ => return Err(unlike_a_model_id(text)),
+            }
         }
-        if let Some(bad) = text.chars().find(|c| !is_model_char(*c)) {
-            return Err(bad_model(format!(
-                "`model` contains {bad:?}; model ids use letters, digits, '.', '-' and '_', with one '/' and an optional ':variant'"
-            )));
-        }
-        let mut slashes = text.match_indices('/').map(|(index, _)| index);
-        let (Some(slash), None) = (slashes.next(), slashes.next()) else {
+        let (Some(slash), 1) = (slashes.first, slashes.count) else {
             return Err(bad_model(format!(
                 "`model` must look like provider/model, such as \"openai/gpt-4o\", with exactly one '/'; got {text:?}"
             )));
         };
-        let mut colons = text.match_indices(':').map(|(index, _)| index);
-        let colon = colons.next();
-        if colons.next().is_some() || colon.is_some_and(|colon| colon < slash) {
+        let colon = colons.first;
+        if colons.count > 1 || colon.is_some_and(|colon| colon < slash) {
             return Err(bad_model(
                 "`model` may have one ':variant', after the model name, such as \"openai/gpt-4o:free\"".to_owned(),
             ));
@@ -381,6 +381,32 @@ pub(crate) fn check_pattern(pattern: &str) -> Result<(), String> {
     }
 }
 
+/// Where a char first appears in a model id, and how often.
+#[derive(Default)]
+struct Marks {
+    first: Option<usize>,
+    count: usize,
+}
+
+impl Marks {
+    fn note(&mut self, index: usize) {
+        self.first.get_or_insert(index);
+        self.count += 1;
+    }
+}
+
+/// The refusal of a model id with a char no model id has: spaces, tabs or
+/// line breaks named as such, any other the first of its kind.
+fn unlike_a_model_id(text: &str) -> GatewayError {
+    if text.chars().any(char::is_whitespace) {
+        return bad_model("`model` must not contain spaces, tabs or line breaks".to_owned());
+    }
+    let bad = text.chars().find(|c| !is_model_char(*c)).unwrap_or('?');
+    bad_model(format!(
+        "`model` contains {bad:?}; model ids use letters, digits, '.', '-' and '_', with one '/' and an optional ':variant'"
+    ))
+}
+
 fn is_model_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/' | ':')
 }
@@ -614,6 +640,32 @@ mod tests {
         assert!(ModelNames::new().names_for(&id("openai/gpt-4o")).is_empty());
     }
 
+    /// The checks `ModelId::parse` made char by char before its one byte
+    /// pass, in the same order: the message of the first that fails.
+    fn refusal_by_chars(text: &str) -> Option<String> {
+        if text.is_empty() || text.len() > ModelId::MAX_LEN {
+            return None;
+        }
+        if text.chars().any(char::is_whitespace) {
+            return Some("`model` must not contain spaces, tabs or line breaks".to_owned());
+        }
+        if let Some(bad) = text.chars().find(|c| !is_model_char(*c)) {
+            return Some(format!(
+                "`model` contains {bad:?}; model ids use letters, digits, '.', '-' and '_', with one '/' and an optional ':variant'"
+            ));
+        }
+        if text.matches('/').count() != 1 {
+            return Some(format!(
+                "`model` must look like provider/model, such as \"openai/gpt-4o\", with exactly one '/'; got {text:?}"
+            ));
+        }
+        let (slash, colon) = (text.find('/'), text.find(':'));
+        if text.matches(':').count() > 1 || colon < slash && colon.is_some() {
+            return Some("`model` may have one ':variant', after the model name, such as \"openai/gpt-4o:free\"".to_owned());
+        }
+        None
+    }
+
     proptest! {
         #[test]
         fn without_names_resolving_is_parsing(text in "\\PC{0,40}|[a-z/:.-]{0,12}") {
@@ -625,6 +677,20 @@ mod tests {
                     prop_assert_eq!(resolved.status(), parsed.status());
                 }
                 (resolved, parsed) => prop_assert!(false, "{:?} {:?}", resolved, parsed),
+            }
+        }
+
+        #[test]
+        fn the_byte_pass_refuses_as_the_char_checks_did(text in "\\PC{0,12}|[a-z/:. \u{e9}\u{3000}\t-]{0,12}") {
+            let by_chars = refusal_by_chars(&text);
+            match ModelId::parse(&text) {
+                Err(error) if by_chars.is_some() => prop_assert_eq!(Some(error.message().to_owned()), by_chars),
+                // Past these checks only the empty parts are refused.
+                Err(error) => prop_assert!(error.message().contains("empty") || text.is_empty(), "{}", error.message()),
+                Ok(id) => {
+                    prop_assert_eq!(by_chars, None);
+                    prop_assert_eq!(id.as_str(), text.as_str());
+                }
             }
         }
 
