@@ -137,7 +137,7 @@ impl GenerationContext {
             status: self.status,
             latency: millis(self.started),
             generation_time: self.sent.map(millis),
-            created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            created_at: CreatedAt(self.created_at),
             origin: url,
             http_referer: url,
             app_id: self.app.as_ref().map(|app| app.id.as_str()),
@@ -190,7 +190,7 @@ struct RecordFields<'a> {
     status: Option<u16>,
     latency: u64,
     generation_time: Option<u64>,
-    created_at: String,
+    created_at: CreatedAt,
     origin: Option<&'a str>,
     http_referer: Option<&'a str>,
     app_id: Option<&'a str>,
@@ -271,7 +271,7 @@ impl RecordFields<'_> {
         json.key(",\"generation_time\":");
         json.number(self.generation_time);
         json.key(",\"created_at\":");
-        json.string(&self.created_at);
+        self.created_at.write_to(&mut json);
         json.key(",\"origin\":");
         json.optional_string(self.origin);
         json.key(",\"http_referer\":");
@@ -286,6 +286,50 @@ impl RecordFields<'_> {
         json.string(self.key_hash);
         json.key("}");
         json.0
+    }
+}
+
+/// When a record was made: RFC 3339 in UTC to the millisecond, as
+/// `to_rfc3339_opts(SecondsFormat::Millis, true)` writes it.
+struct CreatedAt(DateTime<Utc>);
+
+// For the test that holds the hand-written record to serde_json's.
+#[cfg(test)]
+impl Serialize for CreatedAt {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0.to_rfc3339_opts(SecondsFormat::Millis, true))
+    }
+}
+
+impl CreatedAt {
+    /// The quoted text, its digits written by hand (chrono's formatter
+    /// costs a record more than the rest of its numbers); a year outside
+    /// 0 to 9999, or a leap second, as chrono writes it.
+    fn write_to(&self, json: &mut JsonWriter) {
+        use chrono::{Datelike, Timelike};
+        let at = self.0;
+        let year = at.year();
+        if !(0..=9999).contains(&year) || at.nanosecond() >= 1_000_000_000 {
+            json.string(&at.to_rfc3339_opts(SecondsFormat::Millis, true));
+            return;
+        }
+        let mut text = *b"\"0000-00-00T00:00:00.000Z\"";
+        for (digits, value) in [
+            (1..5, year.unsigned_abs()),
+            (6..8, at.month()),
+            (9..11, at.day()),
+            (12..14, at.hour()),
+            (15..17, at.minute()),
+            (18..20, at.second()),
+            (21..24, at.timestamp_subsec_millis()),
+        ] {
+            let mut rest = value;
+            for digit in text[digits].iter_mut().rev() {
+                *digit = b'0' + (rest % 10) as u8;
+                rest /= 10;
+            }
+        }
+        json.0.extend_from_slice(&text);
     }
 }
 
@@ -444,6 +488,11 @@ mod tests {
             cost in some_nanos(),
             parts in proptest::option::of(proptest::collection::vec(some_nanos(), 8)),
             app in any::<bool>(),
+            created_at in prop_oneof![
+                // Around now, and anywhere chrono can go.
+                1_700_000_000_000i64..1_900_000_000_000,
+                -8_334_601_228_800_000i64..8_210_266_876_799_999,
+            ].prop_map(|millis| DateTime::from_timestamp_millis(millis).unwrap()),
         ) {
             let total_cost = nanos_to_json(cost);
             let names = ["prompt", "completion", "cache_read", "cache_write", "reasoning", "web", "image", "request"];
@@ -476,7 +525,7 @@ mod tests {
                 status,
                 latency: optional[6].unwrap_or(7),
                 generation_time: optional[6],
-                created_at: texts[4].clone(),
+                created_at: CreatedAt(created_at),
                 origin: app.then_some(texts[5].as_str()),
                 http_referer: app.then_some(texts[5].as_str()),
                 app_id: app.then_some(texts[6].as_str()),
