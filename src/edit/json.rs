@@ -34,6 +34,12 @@ thread_local! {
     pub(crate) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread's parses went on from a memo.
+    static RESUMES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// A top-level name that appears more than once: which one an edit means
 /// is unclear (and the next reader may take the other), so it is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +68,8 @@ impl<'a> JsonObject<'a> {
     /// and the members this one repeats byte for byte from its start are
     /// taken from it instead of read again (a chunk's `id`, `object`,
     /// `created` and `model` are its previous chunk's). The result is the
-    /// plain parse's; `memo` then holds this object's scan.
+    /// plain parse's; `memo` then holds this object's scan (of an object up
+    /// to 16 KiB, its first 32 members: a stream's memo stays small).
     pub(crate) fn parse_after(
         text: &'a [u8],
         text_bytes: &mut u64,
@@ -70,6 +77,12 @@ impl<'a> JsonObject<'a> {
     ) -> Option<JsonObject<'a>> {
         #[cfg(test)]
         PARSES.with(|parses| parses.set(parses.get() + 1));
+        // A long chunk is not kept: a stream's memo stays small.
+        if text.len() > ScanMemo::MAX_TEXT_BYTES
+            && let Some(memo) = memo.take()
+        {
+            memo.forget();
+        }
         let parsed = JsonObject::scan(text, memo.as_deref_mut());
         if let Some(memo) = memo {
             match &parsed {
@@ -107,6 +120,8 @@ impl<'a> JsonObject<'a> {
             // before it alone, and those are the previous object's: it
             // goes on from there as it would have.
             (1.., Some(memo)) => {
+                #[cfg(test)]
+                RESUMES.with(|resumes| resumes.set(resumes.get() + 1));
                 for span in &memo.members[..shared] {
                     members.push(span.member(source)?);
                 }
@@ -157,7 +172,9 @@ impl<'a> JsonObject<'a> {
                 value_end,
                 edit: None,
             };
-            if let Some(memo) = memo.as_deref_mut() {
+            if let Some(memo) = memo.as_deref_mut()
+                && memo.members.len() < ScanMemo::MAX_MEMBERS
+            {
                 memo.members.push(MemberSpan::of(&member, scan.text_bytes));
             }
             members.push(member);
@@ -423,6 +440,11 @@ impl MemberSpan {
 }
 
 impl ScanMemo {
+    /// The longest object kept: a chunk is a few hundred bytes.
+    const MAX_TEXT_BYTES: usize = 16 * 1024;
+    /// The most members whose spans are kept: a chunk has about six.
+    const MAX_MEMBERS: usize = 32;
+
     /// How many leading members `text` shares with the last object: those
     /// before a member whose key starts where every byte before it is the
     /// same in both. Never all of them: the scan goes on from the next key.
@@ -1126,9 +1148,9 @@ mod tests {
 
     }
 
-    /// A stream's chunk: members from a small pool, so that chunks share
-    /// their leading members often, some escaped, some carrying text.
-    fn chunk() -> impl Strategy<Value = String> {
+    /// A member of a stream's chunk, from a small pool: some escaped,
+    /// some carrying text, some numbers a changed byte can lengthen.
+    fn member() -> impl Strategy<Value = String> {
         let key = prop::sample::select(vec![
             "id", "model", "content", "x", "a\\u0062", "text", "\\\"q",
         ]);
@@ -1142,45 +1164,94 @@ mod tests {
             "\"",
         ]);
         let space = prop::sample::select(vec!["", " ", "\n"]);
-        let member = (key, space.clone(), value, space.clone());
-        (space, prop::collection::vec(member, 0..6)).prop_map(|(lead, members)| {
-            let members: Vec<String> = members
-                .into_iter()
-                .map(|(key, before, value, after)| format!("\"{key}\"{before}:{after}{value}"))
-                .collect();
-            format!("{lead}{{{}}}", members.join(","))
-        })
+        (key, space.clone(), value, space)
+            .prop_map(|(key, before, value, after)| format!("\"{key}\"{before}:{after}{value}"))
+    }
+
+    /// How a chunk's text is spoilt before it is parsed.
+    #[derive(Clone, Debug)]
+    enum Spoil {
+        None,
+        Replace(u8),
+        Insert(u8),
+        Remove,
+        Cut,
+    }
+
+    /// One chunk of a stream: the last chunk's first members kept (how
+    /// many: an index), others added, its text then spoilt at an index.
+    type Step = (prop::sample::Index, Vec<String>, Spoil, prop::sample::Index);
+
+    fn stream() -> impl Strategy<Value = (String, Vec<Step>)> {
+        let spoil = prop_oneof![
+            4 => Just(Spoil::None),
+            1 => any::<u8>().prop_map(Spoil::Replace),
+            1 => prop::sample::select(b"0 ,:}\"x".to_vec()).prop_map(Spoil::Insert),
+            1 => Just(Spoil::Remove),
+            1 => Just(Spoil::Cut),
+        ];
+        let step = (
+            any::<prop::sample::Index>(),
+            prop::collection::vec(member(), 0..4),
+            spoil,
+            any::<prop::sample::Index>(),
+        );
+        (
+            prop::sample::select(vec!["", " "]).prop_map(str::to_owned),
+            prop::collection::vec(step, 1..12),
+        )
+    }
+
+    /// Parses the chunks of `steps` one after the other with a memo and
+    /// each alone, and holds the two equal.
+    fn parse_stream(lead: &str, steps: Vec<Step>) -> Result<(), TestCaseError> {
+        let mut memo = ScanMemo::default();
+        let mut members: Vec<String> = Vec::new();
+        for (kept, added, spoil, at) in steps {
+            members.truncate(kept.index(members.len() + 1));
+            members.extend(added);
+            let mut text = format!("{lead}{{{}}}", members.join(",")).into_bytes();
+            let at = at.index(text.len());
+            match spoil {
+                Spoil::None => {}
+                Spoil::Replace(byte) => text[at] = byte,
+                Spoil::Insert(byte) => text.insert(at, byte),
+                Spoil::Remove => drop(text.remove(at)),
+                Spoil::Cut => text.truncate(at),
+            }
+            prop_assert_eq!(
+                shape_of(&text, Some(&mut memo)),
+                shape_of(&text, None),
+                "{}",
+                String::from_utf8_lossy(&text)
+            );
+        }
+        Ok(())
     }
 
     proptest! {
         /// A stream's objects parsed one after the other with a memo read
         /// exactly as each parsed alone: the same members, places, values
-        /// and counted text, and the same refusals, whatever the previous
-        /// object was (cut short, a byte changed, not an object at all).
+        /// and counted text, and the same refusals, whatever the last
+        /// object was (its members kept or not, a byte changed, added or
+        /// taken out, cut short, not an object at all).
         #[test]
-        fn a_parse_after_the_last_object_is_the_plain_parse(
-            chunks in prop::collection::vec(
-                (chunk(), any::<prop::sample::Index>(), prop::option::of(any::<u8>()), any::<bool>()),
-                1..12,
-            ),
-        ) {
-            let mut memo = ScanMemo::default();
-            for (text, at, byte, cut) in chunks {
-                let mut text = text.into_bytes();
-                let at = at.index(text.len() + 1);
-                match (byte, cut) {
-                    (Some(byte), _) if at < text.len() => text[at] = byte,
-                    (_, true) => text.truncate(at),
-                    _ => {}
-                }
-                prop_assert_eq!(
-                    shape_of(&text, Some(&mut memo)),
-                    shape_of(&text, None),
-                    "{}",
-                    String::from_utf8_lossy(&text)
-                );
-            }
+        fn a_parse_after_the_last_object_is_the_plain_parse((lead, steps) in stream()) {
+            parse_stream(&lead, steps)?;
         }
+    }
+
+    /// The property above goes on from shared members often: a parse that
+    /// never did would prove nothing of that path.
+    #[test]
+    fn the_stream_property_reads_on_from_shared_members() {
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        RESUMES.with(|resumes| resumes.set(0));
+        runner
+            .run(&stream(), |(lead, steps)| parse_stream(&lead, steps))
+            .unwrap();
+        let resumes = RESUMES.with(std::cell::Cell::get);
+        assert!(resumes > 100, "{resumes} parses went on from the last");
     }
 
     #[test]
@@ -1198,5 +1269,24 @@ mod tests {
         let other = br#"{"id":"c2","model":"m","choices":[],"usage":null}"#;
         assert_eq!(memo.shared_members(other), 0);
         assert_eq!(shape_of(other, Some(&mut memo)), shape_of(other, None));
+        // A long chunk is read alone and not kept.
+        let long = format!(
+            r#"{{"id":"c2","text":"{}"}}"#,
+            "a".repeat(ScanMemo::MAX_TEXT_BYTES)
+        );
+        assert_eq!(
+            shape_of(long.as_bytes(), Some(&mut memo)),
+            shape_of(long.as_bytes(), None)
+        );
+        assert!(memo.text.is_empty() && memo.members.is_empty());
+        // Of an object with many members, the first 32 are kept.
+        let members: Vec<String> = (0..40).map(|index| format!(r#""m{index}":1"#)).collect();
+        let many = format!("{{{}}}", members.join(","));
+        assert!(shape_of(many.as_bytes(), Some(&mut memo)).is_some());
+        assert_eq!(memo.members.len(), ScanMemo::MAX_MEMBERS);
+        assert_eq!(
+            shape_of(many.as_bytes(), Some(&mut memo)),
+            shape_of(many.as_bytes(), None)
+        );
     }
 }
