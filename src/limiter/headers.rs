@@ -23,16 +23,20 @@ pub static X_RATELIMIT_POLICY: HeaderName = HeaderName::from_static("x-ratelimit
 /// The three headers for `outcome`.
 pub(crate) fn rate_limit_headers(outcome: &CheckOutcome) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(3);
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(outcome.limit));
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(outcome.remaining),
-    );
-    headers.insert(
-        X_RATELIMIT_RESET.clone(),
-        HeaderValue::from(reset_seconds(outcome)),
+    insert_counts(
+        &mut headers,
+        outcome.limit,
+        outcome.remaining,
+        reset_seconds(outcome),
     );
     headers
+}
+
+/// `X-RateLimit-Limit`, `-Remaining` and `-Reset` set in `headers`.
+fn insert_counts(headers: &mut HeaderMap, limit: u64, remaining: u64, reset_seconds: u64) {
+    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit));
+    headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
+    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset_seconds));
 }
 
 /// `X-RateLimit-Reset` of `outcome`: whole seconds, rounded up.
@@ -155,15 +159,7 @@ pub(crate) fn merge_response_headers(response: &mut http::response::Parts, ours:
         .extensions
         .insert(ReportedRemaining(ours.remaining));
     let headers = &mut response.headers;
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(ours.limit));
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(ours.remaining),
-    );
-    headers.insert(
-        X_RATELIMIT_RESET.clone(),
-        HeaderValue::from(ours.reset_seconds),
-    );
+    insert_counts(headers, ours.limit, ours.remaining, ours.reset_seconds);
     if let Some(policy) = ours.policy {
         headers.insert(X_RATELIMIT_POLICY.clone(), policy);
     }
