@@ -100,9 +100,9 @@ impl<'a> JsonObject<'a> {
     }
 
     /// The scan itself: the object and the text bytes it counted. With
-    /// `memo`, the members it shares with the
-    /// previous object are taken from there, and every member's span is
-    /// written back to it (the caller keeps the text).
+    /// `memo`, the members it shares with the previous object are taken
+    /// from there, and every member's span is written back to it (the
+    /// caller keeps the text).
     fn scan(text: &'a [u8], mut memo: Option<&mut ScanMemo>) -> Option<Scanned<'a>> {
         // Valid JSON is UTF-8 throughout, so every slice taken below is text.
         let source = std::str::from_utf8(text).ok()?;
