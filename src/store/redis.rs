@@ -96,10 +96,11 @@
 //! writes it with one `HSET`, adds to `ids` with one `ZADD` and writes its
 //! records with one `HSET` and one `ZADD`: about 5 commands (a GCRA
 //! counter's state rides in the hash; other counters add their own),
-//! however many settlements ride along. An admission
-//! alone, on an account with no upkeep due (no hold to lapse, no tidying)
-//! and a new request id, takes a shorter path to the same decision and
-//! the same writes, without the general call's bookkeeping. Values are
+//! however many settlements ride along. An admission with a new request
+//! id, on an account with no upkeep due (no hold to lapse, no tidying),
+//! carrying no settlements or only those of its key's live holds, takes a
+//! shorter path to the same decision and the same writes, without the
+//! general call's bookkeeping. Values are
 //! packed a few to a field because what a call costs Redis is mostly
 //! moving values between Lua and Redis and making Lua strings; sums are
 //! added as Lua numbers while both have at most 15 digits, else as

@@ -2065,7 +2065,10 @@ differential_test!(ledger_answers_and_state_exactly_as_the_rules_do, steps in pr
 // (`ledger_write.lua`'s shortest path), among top-ups, new terms,
 // revocations, settlements and periods turning at midnight.
 differential_test!(quick_admissions_decide_exactly_as_the_rules_do, steps in proptest::collection::vec((0i64..40_000, quick_op_strategy()), 1..40), |store, memory| {
-    let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap();
+    // A few steps before midnight at a month's end: some holds are
+    // admitted in one day (and month) and settled in the next.
+    let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap()
+        + chrono::Duration::milliseconds(850);
     let reserved = Reservations::default();
     for (index, (advance_micros, op)) in steps.iter().enumerate() {
         now += chrono::Duration::microseconds(*advance_micros);
@@ -2091,7 +2094,19 @@ fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
                 checks.dedup_by_key(|(name, _, _)| *name);
                 LedgerOp::Admit { settlements: Vec::new(), checks, tier, hold: Some(hold) }
             }),
-        2 => (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
+        // Settlements riding on the next admission, as under load.
+        6 => (
+            proptest::collection::vec(settle_strategy(), 1..5),
+            proptest::collection::vec((0u8..3, limit_strategy(), 0u64..3), 0..2),
+            reserve_strategy(),
+        )
+            .prop_map(|(settlements, checks, hold)| {
+                let mut checks = checks;
+                checks.sort_by_key(|(name, _, _)| *name);
+                checks.dedup_by_key(|(name, _, _)| *name);
+                LedgerOp::Admit { settlements, checks, tier: None, hold: Some(hold) }
+            }),
+        3 => (0i64..5_000_000_000).prop_map(|amount_nanos| LedgerOp::TopUp { amount_nanos }),
         1 => set_terms_strategy(),
         1 => (0u8..2).prop_map(|key| LedgerOp::Revoke { key }),
         2 => settle_strategy().prop_map(LedgerOp::Settle),
@@ -2099,14 +2114,28 @@ fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
 }
 
 /// `op`, the `index`th step, with a request id no step before used
-/// (100 + index) when it admits, and one of theirs when it settles.
+/// (100 + index) when it admits, and one of the last few steps' (or, now
+/// and then, its own) when it settles, as under load; each id with its own
+/// key, as a request has.
 fn with_new_ids(mut op: LedgerOp, index: usize) -> LedgerOp {
     let index = u8::try_from(index).expect("at most 40 steps");
+    let earlier = |settlement: &mut SettleArgs| {
+        // Mostly an even number of steps back: an id of the same key.
+        let back = [0, 2, 4, 2, 4, 6, 1, 3][usize::from(settlement.id % LEDGER_IDS)];
+        settlement.id = 100 + index - back.min(index);
+        settlement.key = settlement.id % 2;
+    };
     match &mut op {
         LedgerOp::Admit {
-            hold: Some(args), ..
-        } => args.id = 100 + index,
-        LedgerOp::Settle(args) => args.id = 100 + args.id % (index + 1),
+            settlements,
+            hold: Some(args),
+            ..
+        } => {
+            args.id = 100 + index;
+            args.key = args.id % 2;
+            settlements.iter_mut().for_each(earlier);
+        }
+        LedgerOp::Settle(args) => earlier(args),
         _ => {}
     }
     op

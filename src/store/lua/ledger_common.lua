@@ -270,13 +270,13 @@ local function put(name, value) C.F[name] = value; C.dirty[name] = true end
 -- state in a ledger call.
 local LEDGER_FIELDS = { get = get, put = put }
 -- The same for a call that read the fields itself (ledger_write.lua's
--- admit_at_once): `names` and `values` as read (the counters' fields from
--- the 8th), and the counters' writes (`written`, `count` values). The
+-- at_once): `names` and `values` as read (the counters' fields from the
+-- `first`), and the counters' writes (`written`, `count` values). The
 -- library's own, so that a call makes no closures.
-local READ_FIELDS = { names = EMPTY, values = EMPTY, written = {}, count = 0 }
+local READ_FIELDS = { names = EMPTY, values = EMPTY, first = 1, written = {}, count = 0 }
 function READ_FIELDS.get(name)
   local names = READ_FIELDS.names
-  for i = 8, #names do
+  for i = READ_FIELDS.first, #names do
     if names[i] == name then return READ_FIELDS.values[i] end
   end
   return false
@@ -439,19 +439,18 @@ local function usage_in(key, p)
   return period_usage(k, p, starts())
 end
 
--- Adds `cost` (decimal text) to `key`'s usage in the periods starting at
--- `in_starts` (those its hold was admitted in; the current ones when
--- nil), own or BYOK, and all time. Periods only roll forward: a cost
--- stamped in a period that has already rolled over (a hold admitted
+-- Adds `cost` (decimal text) to the usage parts `k` (as KEY_SLOTS) in the
+-- periods starting at `in_starts` (those its hold was admitted in, or the
+-- current ones), own or BYOK, and all time. Periods only roll forward: a
+-- cost stamped in a period that has already rolled over (a hold admitted
 -- before the period turned, a caller's clock a moment behind) counts in
 -- the all-time sums only.
-local function add_usage(key, cost, byok, in_starts)
-  local k, now_starts = key_state(key), in_starts or starts()
+local function add_usage_to(k, cost, byok, in_starts)
   -- In the packed usage, period p's start, own and BYOK sums are parts
   -- 3p, 3p + 1 and 3p + 2.
   for p = 1, 3 do
     local at = 3 * p
-    local start, current = now_starts[p], k[at]
+    local start, current = in_starts[p], k[at]
     if not current or (current ~= start and num(start) > num(current)) then
       k[at], k[at + 1], k[at + 2] = start, '0', '0'
       current = start
@@ -463,6 +462,11 @@ local function add_usage(key, cost, byok, in_starts)
   end
   local total = byok and 2 or 1
   k[total] = add(k[total], cost)
+end
+-- The same to `key`'s usage, in the current periods when `in_starts` is nil.
+local function add_usage(key, cost, byok, in_starts)
+  local k = key_state(key)
+  add_usage_to(k, cost, byok, in_starts or starts())
   k.dirty = true
 end
 
@@ -716,15 +720,16 @@ local function remove_old_records(more)
 end
 
 -- Each key's own order of its records (`genexp:<key>`, in the account's
--- slot), for reading a key's page without walking the others': the call's
--- records added, each order kept as long as its newest record. Records
--- leave it when they leave the account (remove_old_records, undo_lapse),
--- never by a cut of its own: the cap may be raised before the account is
--- tidied, and what it cut would then be missing from the key's page.
-local function keep_key_orders()
+-- slot), for reading a key's page without walking the others': `records`
+-- (as keep_records takes them) added, each order kept as long as its
+-- newest record. Records leave it when they leave the account
+-- (remove_old_records, undo_lapse), never by a cut of its own: the cap
+-- may be raised before the account is tidied, and what it cut would then
+-- be missing from the key's page.
+local function keep_key_orders(records, genexp, slack_ms)
   -- By key: its records' expiries and ids, and the longest retention.
   local scored, longest = {}, {}
-  for id, kept in pairs(C.records) do
+  for id, kept in pairs(records) do
     local key = kept[4]
     local members = scored[key]
     if not members then
@@ -736,17 +741,49 @@ local function keep_key_orders()
     if not longest[key] or kept[3] > longest[key] then longest[key] = kept[3] end
   end
   for key, members in pairs(scored) do
-    local order = C.genexp .. ':' .. key
+    local order = genexp .. ':' .. key
     for i = 1, #members, 2000 do
       redis.call('ZADD', order, unpack(members, i, math.min(i + 1999, #members)))
     end
-    local ttl_ms = math.ceil((longest[key] + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
+    local ttl_ms = math.ceil((longest[key] + FORGOTTEN_KEPT_US) / 1000) + slack_ms
     -- Never shortened (a shorter-kept record after a longer one), set
     -- when the order is new.
     if redis.call('PEXPIRE', order, ttl_ms, 'GT') == 0 then
       redis.call('PEXPIRE', order, ttl_ms, 'NX')
     end
   end
+end
+
+-- Writes generation records `records` (by id: the record, its expiry (µs,
+-- text), retention (µs) and key) into the account's record keys `gen` and
+-- `genexp` and their keys' orders. The keys live as long as their
+-- longest-kept record: while `gttl` (µs, text or false) falls short of
+-- that, they are extended an eighth ahead, so that the write comes once
+-- in that margin, and the new `gttl` is returned (else nil).
+local function keep_records(records, gttl, now, slack_ms, gen, genexp)
+  local fields, expiries, retention, n = {}, {}, 0, 0
+  for id, kept in pairs(records) do
+    fields[2 * n + 1], fields[2 * n + 2], fields[2 * n + 3], fields[2 * n + 4] = id, kept[1], 'k:' .. id, kept[4]
+    expiries[n + 1], expiries[n + 2] = kept[2], id
+    n = n + 2
+    if kept[3] > retention then retention = kept[3] end
+  end
+  for i = 1, #fields, 2000 do
+    redis.call('HSET', gen, unpack(fields, i, math.min(i + 1999, #fields)))
+  end
+  for i = 1, #expiries, 2000 do
+    redis.call('ZADD', genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
+  end
+  local extended = nil
+  if num(gttl or '0') < now + retention then
+    local margin = math.min(math.ceil(retention / 8), 3600000000)
+    extended = int(now + retention + margin)
+    local ttl_ms = math.ceil((retention + margin + FORGOTTEN_KEPT_US) / 1000) + slack_ms
+    redis.call('PEXPIRE', gen, ttl_ms)
+    redis.call('PEXPIRE', genexp, ttl_ms)
+  end
+  keep_key_orders(records, genexp, slack_ms)
+  return extended
 end
 
 -- Writes what the call changed: A's fields, X's scores, the records (whose
@@ -770,28 +807,13 @@ local function ledger_end(admission)
     sput('tidy', int(C.now + TIDY_US))
     more_ids = forget_ids()
   end
-  -- The records, and how long the longest of them is kept: their keys live
-  -- that long (extended an eighth ahead, so that the write comes once in
-  -- that margin).
-  -- Most calls keep no record, delete no field and renew no hold: their
-  -- tables are made only when needed.
-  local has_records = next(C.records) ~= nil
-  local records, expiries, retention, n = EMPTY, EMPTY, 0, 0
-  if has_records then
-    records, expiries = {}, {}
-    for id, kept in pairs(C.records) do
-      records[2 * n + 1], records[2 * n + 2], records[2 * n + 3], records[2 * n + 4] = id, kept[1], 'k:' .. id, kept[4]
-      expiries[n + 1], expiries[n + 2] = kept[2], id
-      n = n + 2
-      if kept[3] > retention then retention = kept[3] end
-    end
-  end
-  local margin = math.min(math.ceil(retention / 8), 3600000000)
   -- Records removed may have emptied the keys (Redis then drops them,
-  -- TTL and all): the next records set it again.
+  -- TTL and all): the records kept now set it again.
   if next(C.unrecorded) ~= nil then sput('gttl', false) end
-  local extend = has_records and num(sget('gttl') or '0') < C.now + retention
-  if extend then sput('gttl', int(C.now + retention + margin)) end
+  if next(C.records) ~= nil then
+    local extended = keep_records(C.records, sget('gttl'), C.now, C.slack_ms, C.gen, C.genexp)
+    if extended then sput('gttl', extended) end
+  end
   pack()
   local deleted = EMPTY
   if next(C.deleted) ~= nil then
@@ -803,8 +825,7 @@ local function ledger_end(admission)
   for i = 1, #deleted, 1000 do
     redis.call('HDEL', C.A, unpack(deleted, i, math.min(i + 999, #deleted)))
   end
-  local changed, F = {}, C.F
-  n = 0
+  local changed, F, n = {}, C.F, 0
   for name in pairs(C.dirty) do
     changed[n + 1], changed[n + 2] = name, F[name]
     n = n + 2
@@ -839,17 +860,5 @@ local function ledger_end(admission)
   for i = 1, #unrecorded, 1000 do
     redis.call('ZREM', C.genexp, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
   end
-  for i = 1, #records, 2000 do
-    redis.call('HSET', C.gen, unpack(records, i, math.min(i + 1999, #records)))
-  end
-  for i = 1, #expiries, 2000 do
-    redis.call('ZADD', C.genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
-  end
-  if extend then
-    local ttl_ms = math.ceil((retention + margin + FORGOTTEN_KEPT_US) / 1000) + C.slack_ms
-    redis.call('PEXPIRE', C.gen, ttl_ms)
-    redis.call('PEXPIRE', C.genexp, ttl_ms)
-  end
-  if has_records then keep_key_orders() end
   if tidying then remove_old_records(more_ids) end
 end

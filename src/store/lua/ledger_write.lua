@@ -144,55 +144,109 @@ local function hold_value(grant, key)
   return value
 end
 
--- Most calls are an admission with nothing to settle or renew, on an
--- account that needs no upkeep now: this decides those with one HMGET
--- and writes them with one HSET and one ZADD (and the counters' own
--- commands), without the bookkeeping below, whose tables and calls cost
--- more here than the decision (see int.lua). Only when no hold has
--- expired, no tidying is due, the request's id is new and its key is
--- neither revoked nor expired: then it decides as below, on the same
--- state, and a refusal writes nothing there either. Returns nil, having
--- written nothing, otherwise.
-local function admit_at_once()
-  if count ~= 0 or renewals ~= 0 or not h then return nil end
+-- Most calls are an admission, carrying none or a few settlements of
+-- holds its key took a moment ago, on an account that needs no upkeep
+-- now: this decides those with one HMGET and writes them with one HSET
+-- and one ZADD (and the counters' and records' own commands), without the
+-- bookkeeping below, whose tables and calls cost more here than the
+-- decision (see int.lua). Only when no hold has expired, no tidying is
+-- due, the admitted id is new, its key is neither revoked nor expired,
+-- and each settlement is, once in the call, of a live hold of that key
+-- admitted at a known instant with no lapse before it: then it settles
+-- and decides as below, on the same state, and a refusal writes the
+-- settlements alone there too. Returns nil, having written nothing,
+-- otherwise.
+local function at_once()
+  if renewals ~= 0 or not h or count > 32 then return nil end
   local key, id = ARGV[h + 1], ARGV[h + 2]
   local request, usage_field = field('i:', id), field('k:', key)
-  local names = { 's', 'balance', 'purchased', request, usage_field, field('t:', key), field('r:', key) }
-  local read = redis.call('HMGET', KEYS[1], unpack(names, 1, gcra_fields(names, 7)))
-  if not read[1] or read[4] or read[7] then return nil end
-  local s = unpacked(read[1], STATE_PATTERN, 5)
+  local names = { 'balance', 'purchased', 's', request, usage_field, field('t:', key), field('r:', key) }
+  local n = 7
+  for a = first, first + (count - 1) * 7, 7 do
+    if ARGV[a] ~= key then return nil end
+    local settled = ARGV[a + 1]
+    names[n + 1], names[n + 2] = field('i:', settled), field('l:', settled)
+    n = n + 2
+  end
+  READ_FIELDS.first = n + 1
+  local read = redis.call('HMGET', KEYS[1], unpack(names, 1, gcra_fields(names, n)))
+  if not read[3] or read[4] or read[7] then return nil end
+  local s = unpacked(read[3], STATE_PATTERN, 5)
   local next_expiry, tidy_at = s[STATE_SLOTS.next], s[STATE_SLOTS.tidy]
   if not tidy_at or num(tidy_at) <= now or (next_expiry and num(next_expiry) <= now) then return nil end
   local stored_limit, stored_reset, stored_byok, expiry = terms_of(read[6])
   if expiry and expiry ~= '' and num(expiry) <= now then return nil end
+  -- The key's usage, a copy: the remembered parts stay as they are.
+  local u = read[5] and unpacked(read[5], KEY_PATTERN, 12) or NO_USAGE
+  local usage = { u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12] }
+  local balance, held, most, gttl = read[1], s[STATE_SLOTS.held], s[STATE_SLOTS.gmax], s[STATE_SLOTS.gttl]
+  -- What the HSET and the ZADD write, and the records kept.
+  local written, scores, records = { usage_field, false }, {}, nil
+  -- As settle below does, for these.
+  local seen = count > 1 and {} or EMPTY
+  local forget_at = int(now + num(ARGV[2]))
+  local settled_score = int(-(now + num(ARGV[2])))
+  for i = 0, count - 1 do
+    local a, value = first + i * 7, read[8 + 2 * i]
+    local settled = ARGV[a + 1]
+    if not holds(value) or read[9 + 2 * i] or seen[settled] then return nil end
+    local amount, covered, _, _, its_key, admitted = hold_parts(value)
+    if its_key ~= key or not admitted then return nil end
+    if count > 1 then seen[settled] = true end
+    admitted = num(admitted)
+    local charged_in = fdiv(admitted, DAY_US) == fdiv(now, DAY_US) and starts_on(now) or period_starts(admitted)
+    usage[12] = less(usage[12], amount)
+    if covered then held = less(held, amount) end
+    local cost, byok = ARGV[a + 2], ARGV[a + 3] == '1'
+    add_usage_to(usage, cost, byok, charged_in)
+    if not byok and cost ~= '0' then balance = signed_add(balance, cost, true) end
+    written[2 * i + 3], written[2 * i + 4] = names[8 + 2 * i], 'S:' .. forget_at
+    scores[2 * i + 1], scores[2 * i + 2] = settled_score, settled
+    if ARGV[a + 4] ~= '' then
+      local retention = num(ARGV[a + 5])
+      records = records or {}
+      records[settled] = { ARGV[a + 4], int(now + retention), retention, key }
+      most = ARGV[a + 6]
+    end
+  end
   READ_FIELDS.names, READ_FIELDS.values, READ_FIELDS.count = names, read, 0
-  local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[3]), READ_FIELDS)
-  if not fit then return refusal({ 4 }, states) end
-  local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
-  local usage = read[5] and unpacked(read[5], KEY_PATTERN, 12) or NO_USAGE
-  local p = PERIOD_INDEX[reset]
-  local used, byok = period_usage(usage, p, p ~= 0 and starts_on(now))
-  if include_byok then used = add(used, byok) end
-  local held = s[STATE_SLOTS.held]
-  local refused, grant = grant_of(used, usage[12], has_limit, limit_text, reset, read[2] or '0', text(held))
+  local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[2]), READ_FIELDS)
+  local refused, grant, used
+  if not fit then
+    refused = { 4 }
+  else
+    local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
+    local p = PERIOD_INDEX[reset]
+    local byok
+    used, byok = period_usage(usage, p, p ~= 0 and starts_on(now))
+    if include_byok then used = add(used, byok) end
+    refused, grant = grant_of(used, usage[12], has_limit, limit_text, reset, balance or '0', text(held))
+  end
+  if refused and count == 0 then return refusal(refused, states) end
+  if not refused then
+    usage[12] = add_held(usage[12], grant)
+    local expires_at = now + num(ARGV[h + 5])
+    if ARGV[h + 11] == '1' then held = add_held(held, grant) end
+    if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
+    -- In the general path's order: the counters, then the hold.
+    counters_commit(now, num(ARGV[4]), states, READ_FIELDS)
+    written[#written + 1], written[#written + 2] = request, hold_value(grant, key)
+    scores[#scores + 1], scores[#scores + 2] = int(expires_at), id
+  end
+  if records then gttl = keep_records(records, gttl, now, num(ARGV[4]), KEYS[3], KEYS[4]) or gttl end
+  written[2] = usage_text(usage)
+  if balance ~= read[1] then written[#written + 1], written[#written + 2] = 'balance', balance end
+  local n_written = #written
+  written[n_written + 1], written[n_written + 2] = 's', state_text_of({ held, next_expiry, tidy_at, most, gttl })
+  for i = 1, READ_FIELDS.count do written[n_written + 2 + i] = READ_FIELDS.written[i] end
+  redis.call('HSET', KEYS[1], unpack(written))
+  redis.call('ZADD', KEYS[2], unpack(scores))
   if refused then return refusal(refused, states) end
-  -- Granted: the remembered parts stay as they are; the new ones are a copy.
-  local total = add_held(usage[12], grant)
-  local changed = { usage[1], usage[2], usage[3], usage[4], usage[5], usage[6], usage[7], usage[8], usage[9], usage[10],
-    usage[11], total }
-  local expires_at = now + num(ARGV[h + 5])
-  if ARGV[h + 11] == '1' then held = add_held(held, grant) end
-  if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
-  -- In the general path's order: the counters, then the hold.
-  counters_commit(now, num(ARGV[4]), states, READ_FIELDS)
-  redis.call('HSET', KEYS[1], request, hold_value(grant, key), usage_field, usage_text(changed), 's',
-    state_text_of({ held, next_expiry, s[3], s[4], s[5] }), unpack(READ_FIELDS.written, 1, READ_FIELDS.count))
-  redis.call('ZADD', KEYS[2], int(expires_at), id)
-  return reply({ 0, int(now), used, as_i64(total), grant }, states)
+  return reply({ 0, int(now), used, as_i64(usage[12]), grant }, states)
 end
 do
-  local admitted = admit_at_once()
-  if admitted then return admitted end
+  local done = at_once()
+  if done then return done end
 end
 
 ledger_begin(KEYS, now, num(ARGV[2]), num(ARGV[3]), num(ARGV[4]), ARGV[5])
