@@ -145,21 +145,25 @@ local function hold_value(grant, key)
 end
 
 -- Most calls are an admission, carrying none or a few settlements of
--- holds its key took a moment ago, on an account that needs no upkeep
--- now: this decides those with one HMGET and writes them with one HSET
--- and one ZADD (and the counters' and records' own commands), without the
--- bookkeeping below, whose tables and calls cost more here than the
--- decision (see int.lua). Only when no hold has expired, no tidying is
--- due, the admitted id is new, its key is neither revoked nor expired,
--- and each settlement is, once in the call, of a live hold of that key
--- admitted at a known instant with no lapse before it: then it settles
--- and decides as below, on the same state, and a refusal writes the
--- settlements alone there too. Returns nil, having written nothing,
--- otherwise.
+-- holds its key took a moment ago, or such settlements alone, on an
+-- account that needs no upkeep now: this decides those with one HMGET
+-- and writes them with one HSET and one ZADD (and the counters' and
+-- records' own commands), without the bookkeeping below, whose tables and
+-- calls cost more here than the decision (see int.lua). Only when no hold
+-- has expired, no tidying is due, an admitted id is new and its key is
+-- neither revoked nor expired, and each settlement is, once in the call,
+-- of a live hold of that key (the first settlement's, alone) admitted at
+-- a known instant with no lapse before it: then it settles and decides as
+-- below, on the same state, and a refusal writes the settlements alone
+-- there too. Returns nil, having written nothing, otherwise.
 local function at_once()
-  if renewals ~= 0 or not h or count > 32 then return nil end
-  local key, id = ARGV[h + 1], ARGV[h + 2]
-  local request, usage_field = field('i:', id), field('k:', key)
+  if renewals ~= 0 or count > 32 or (admission and not h) or (not admission and count == 0) then return nil end
+  -- Settlements alone are of the first one's key; their call names it in
+  -- place of the admission's request.
+  local key = h and ARGV[h + 1] or ARGV[first]
+  local id = h and ARGV[h + 2]
+  local usage_field = field('k:', key)
+  local request = h and field('i:', id) or usage_field
   local names = { 'balance', 'purchased', 's', request, usage_field, field('t:', key), field('r:', key) }
   local n = 7
   for a = first, first + (count - 1) * 7, 7 do
@@ -169,13 +173,13 @@ local function at_once()
     n = n + 2
   end
   READ_FIELDS.first = n + 1
-  local read = redis.call('HMGET', KEYS[1], unpack(names, 1, gcra_fields(names, n)))
-  if not read[3] or read[4] or read[7] then return nil end
+  local read = redis.call('HMGET', KEYS[1], unpack(names, 1, h and gcra_fields(names, n) or n))
+  if not read[3] or (h and (read[4] or read[7])) then return nil end
   local s = unpacked(read[3], STATE_PATTERN, 5)
   local next_expiry, tidy_at = s[STATE_SLOTS.next], s[STATE_SLOTS.tidy]
   if not tidy_at or num(tidy_at) <= now or (next_expiry and num(next_expiry) <= now) then return nil end
   local stored_limit, stored_reset, stored_byok, expiry = terms_of(read[6])
-  if expiry and expiry ~= '' and num(expiry) <= now then return nil end
+  if h and expiry and expiry ~= '' and num(expiry) <= now then return nil end
   -- The key's usage, a copy: the remembered parts stay as they are.
   local u = read[5] and unpacked(read[5], KEY_PATTERN, 12) or NO_USAGE
   local usage = { u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12] }
@@ -210,28 +214,31 @@ local function at_once()
     end
   end
   READ_FIELDS.names, READ_FIELDS.values, READ_FIELDS.count = names, read, 0
-  local fit, states = counters_check(now, checks, 4, c, tier_capacities(read[2]), READ_FIELDS)
-  local refused, grant, used
-  if not fit then
-    refused = { 4 }
-  else
-    local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
-    local p = PERIOD_INDEX[reset]
-    local byok
-    used, byok = period_usage(usage, p, p ~= 0 and starts_on(now))
-    if include_byok then used = add(used, byok) end
-    refused, grant = grant_of(used, usage[12], has_limit, limit_text, reset, balance or '0', text(held))
-  end
-  if refused and count == 0 then return refusal(refused, states) end
-  if not refused then
-    usage[12] = add_held(usage[12], grant)
-    local expires_at = now + num(ARGV[h + 5])
-    if ARGV[h + 11] == '1' then held = add_held(held, grant) end
-    if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
-    -- In the general path's order: the counters, then the hold.
-    counters_commit(now, num(ARGV[4]), states, READ_FIELDS)
-    written[#written + 1], written[#written + 2] = request, hold_value(grant, key)
-    scores[#scores + 1], scores[#scores + 2] = int(expires_at), id
+  local states, refused, grant, used
+  if h then
+    local fit
+    fit, states = counters_check(now, checks, 4, c, tier_capacities(read[2]), READ_FIELDS)
+    if not fit then
+      refused = { 4 }
+    else
+      local has_limit, limit_text, reset, include_byok = limit_terms(stored_limit, stored_reset, stored_byok)
+      local p = PERIOD_INDEX[reset]
+      local byok
+      used, byok = period_usage(usage, p, p ~= 0 and starts_on(now))
+      if include_byok then used = add(used, byok) end
+      refused, grant = grant_of(used, usage[12], has_limit, limit_text, reset, balance or '0', text(held))
+    end
+    if refused and count == 0 then return refusal(refused, states) end
+    if not refused then
+      usage[12] = add_held(usage[12], grant)
+      local expires_at = now + num(ARGV[h + 5])
+      if ARGV[h + 11] == '1' then held = add_held(held, grant) end
+      if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
+      -- In the general path's order: the counters, then the hold.
+      counters_commit(now, num(ARGV[4]), states, READ_FIELDS)
+      written[#written + 1], written[#written + 2] = request, hold_value(grant, key)
+      scores[#scores + 1], scores[#scores + 2] = int(expires_at), id
+    end
   end
   if records then gttl = keep_records(records, gttl, now, num(ARGV[4]), KEYS[3], KEYS[4]) or gttl end
   written[2] = usage_text(usage)
@@ -241,6 +248,7 @@ local function at_once()
   for i = 1, READ_FIELDS.count do written[n_written + 2 + i] = READ_FIELDS.written[i] end
   redis.call('HSET', KEYS[1], unpack(written))
   redis.call('ZADD', KEYS[2], unpack(scores))
+  if not h then return { count, 0 } end
   if refused then return refusal(refused, states) end
   return reply({ 0, int(now), used, as_i64(usage[12]), grant }, states)
 end
