@@ -185,7 +185,10 @@ local function at_once()
   local usage = { u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12] }
   local balance, held, most, gttl = read[1], s[STATE_SLOTS.held], s[STATE_SLOTS.gmax], s[STATE_SLOTS.gttl]
   -- What the HSET and the ZADD write, and the records kept.
-  local written, scores, records = { usage_field, false }, {}, nil
+  -- Sized whole for one settlement and an admission: a table grown a
+  -- value at a time is rehashed at each power of two.
+  local written = { usage_field, false, false, false, false, false, false, false, false, false, false, false }
+  local scores, records, wn, sn = { false, false, false, false }, nil, 2, 0
   -- As settle below does, for these.
   local seen = count > 1 and {} or EMPTY
   local forget_at = int(now + num(ARGV[2]))
@@ -204,8 +207,8 @@ local function at_once()
     local cost, byok = ARGV[a + 2], ARGV[a + 3] == '1'
     add_usage_to(usage, cost, byok, charged_in)
     if not byok and cost ~= '0' then balance = signed_add(balance, cost, true) end
-    written[2 * i + 3], written[2 * i + 4] = names[8 + 2 * i], 'S:' .. forget_at
-    scores[2 * i + 1], scores[2 * i + 2] = settled_score, settled
+    written[wn + 1], written[wn + 2], wn = names[8 + 2 * i], 'S:' .. forget_at, wn + 2
+    scores[sn + 1], scores[sn + 2], sn = settled_score, settled, sn + 2
     if ARGV[a + 4] ~= '' then
       local retention = num(ARGV[a + 5])
       records = records or {}
@@ -236,18 +239,17 @@ local function at_once()
       if not next_expiry or num(next_expiry) > expires_at then next_expiry = int(expires_at) end
       -- In the general path's order: the counters, then the hold.
       counters_commit(now, num(ARGV[4]), states, READ_FIELDS)
-      written[#written + 1], written[#written + 2] = request, hold_value(grant, key)
-      scores[#scores + 1], scores[#scores + 2] = int(expires_at), id
+      written[wn + 1], written[wn + 2], wn = request, hold_value(grant, key), wn + 2
+      scores[sn + 1], scores[sn + 2], sn = int(expires_at), id, sn + 2
     end
   end
   if records then gttl = keep_records(records, gttl, now, num(ARGV[4]), KEYS[3], KEYS[4]) or gttl end
   written[2] = usage_text(usage)
-  if balance ~= read[1] then written[#written + 1], written[#written + 2] = 'balance', balance end
-  local n_written = #written
-  written[n_written + 1], written[n_written + 2] = 's', state_text_of({ held, next_expiry, tidy_at, most, gttl })
-  for i = 1, READ_FIELDS.count do written[n_written + 2 + i] = READ_FIELDS.written[i] end
-  redis.call('HSET', KEYS[1], unpack(written))
-  redis.call('ZADD', KEYS[2], unpack(scores))
+  if balance ~= read[1] then written[wn + 1], written[wn + 2], wn = 'balance', balance, wn + 2 end
+  written[wn + 1], written[wn + 2], wn = 's', state_text_of({ held, next_expiry, tidy_at, most, gttl }), wn + 2
+  for i = 1, READ_FIELDS.count do written[wn + i] = READ_FIELDS.written[i] end
+  redis.call('HSET', KEYS[1], unpack(written, 1, wn + READ_FIELDS.count))
+  redis.call('ZADD', KEYS[2], unpack(scores, 1, sn))
   if not h then return { count, 0 } end
   if refused then return refusal(refused, states) end
   return reply({ 0, int(now), used, as_i64(usage[12]), grant }, states)
