@@ -1059,6 +1059,63 @@ async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse(
     assert!(kept.is_some());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_keys_are_never_shortened_by_a_shorter_kept_record() {
+    // An undone lapse forgets how long the record keys are known to live;
+    // the next record, kept for less time than one already there, must not
+    // cut their lifetime short.
+    let (_server, store, mut connection) = funded_store().await;
+    let hour = Duration::from_secs(3600);
+    let settle = |id: &str, retention: Option<Duration>| Settlement {
+        account: "acct".into(),
+        key: "key".into(),
+        reservation_id: id.into(),
+        hold_granted: true,
+        cost_nanos: 7,
+        byok: false,
+        record: retention.map(|retention| SettlementRecord {
+            bytes: format!("record of {id}").into(),
+            retention,
+            max_per_account: 100,
+        }),
+    };
+    store
+        .settle(&settle("long", Some(10 * hour)), t0())
+        .await
+        .unwrap();
+    let lapsing = ReserveRequest {
+        reservation_id: "r1".into(),
+        ttl: Duration::from_secs(1),
+        lapse_record: Some(RecordKeeping {
+            retention: hour,
+            max_per_account: 100,
+            model: None,
+        }),
+        ..reserve_request()
+    };
+    assert!(store.reserve(&lapsing, t0()).await.unwrap().is_reserved());
+    // The hold lapses (its record kept), then its late settlement undoes it.
+    store
+        .settle(&settle("other", None), t0() + chrono::Duration::seconds(2))
+        .await
+        .unwrap();
+    store
+        .settle(&settle("r1", None), t0() + chrono::Duration::seconds(3))
+        .await
+        .unwrap();
+    store
+        .settle(
+            &settle("short", Some(hour)),
+            t0() + chrono::Duration::seconds(4),
+        )
+        .await
+        .unwrap();
+    for key in ["mg:{acct}:gen", "mg:{acct}:genexp"] {
+        let ttl_ms = pttl_of(&mut connection, key).await;
+        assert!(ttl_ms >= 10 * 3_600_000 - 60_000, "{key} lives {ttl_ms} ms");
+    }
+}
+
 /// An account's GCRA rate limit is one counter, whether an admission
 /// (with its hold) or a plain check (`check_and_add`, as the limiter makes
 /// without a hold) counts against it, and its state lives in the

@@ -759,7 +759,9 @@ end
 -- `genexp` and their keys' orders. The keys live as long as their
 -- longest-kept record: while `gttl` (µs, text or false) falls short of
 -- that, they are extended an eighth ahead, so that the write comes once
--- in that margin, and the new `gttl` is returned (else nil).
+-- in that margin, and the new `gttl` is returned (else nil). Never
+-- shortened: `gttl` is forgotten when records are removed, and the keys
+-- may still hold records kept longer than these.
 local function keep_records(records, gttl, now, slack_ms, gen, genexp)
   local fields, expiries, retention, n = {}, {}, 0, 0
   for id, kept in pairs(records) do
@@ -779,8 +781,9 @@ local function keep_records(records, gttl, now, slack_ms, gen, genexp)
     local margin = math.min(math.ceil(retention / 8), 3600000000)
     extended = int(now + retention + margin)
     local ttl_ms = math.ceil((retention + margin + FORGOTTEN_KEPT_US) / 1000) + slack_ms
-    redis.call('PEXPIRE', gen, ttl_ms)
-    redis.call('PEXPIRE', genexp, ttl_ms)
+    for _, name in ipairs({ gen, genexp }) do
+      if redis.call('PEXPIRE', name, ttl_ms, 'GT') == 0 then redis.call('PEXPIRE', name, ttl_ms, 'NX') end
+    end
   end
   keep_key_orders(records, genexp, slack_ms)
   return extended
