@@ -2127,10 +2127,16 @@ differential_test!(quick_admissions_decide_exactly_as_the_rules_do, steps in pro
     let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap()
         + chrono::Duration::milliseconds(850);
     let reserved = Reservations::default();
+    let (mut granted, mut settled) = (Vec::new(), Vec::new());
     for (index, (advance_micros, op)) in steps.iter().enumerate() {
         now += chrono::Duration::microseconds(*advance_micros);
-        let op = with_new_ids(op.clone(), index);
+        let op = with_new_ids(op.clone(), index, &mut granted, &mut settled);
         let expected = apply_ledger_op(&memory, &op, now, &reserved).await;
+        if let LedgerOp::Admit { hold: Some(args), .. } = &op
+            && expected.contains("Reserved {")
+        {
+            granted.push(args.id);
+        }
         let actual = apply_ledger_op(&store, &op, now, &reserved).await;
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
         let expected = ledger_state(&memory, now).await;
@@ -2171,16 +2177,26 @@ fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
 }
 
 /// `op`, the `index`th step, with a request id no step before used
-/// (100 + index) when it admits, and one of the last few steps' (or, now
-/// and then, its own) when it settles, as under load; each id with its own
-/// key, as a request has.
-fn with_new_ids(mut op: LedgerOp, index: usize) -> LedgerOp {
+/// (100 + index) when it admits, and, when it settles, one of the last few
+/// `granted` holds' (taken out of it), else its own; one settlement in five
+/// is a retry of the last one `settled`. Each id has its own key, as a
+/// request has, but one settlement in eight names the other key.
+fn with_new_ids(
+    mut op: LedgerOp,
+    index: usize,
+    granted: &mut Vec<u8>,
+    settled: &mut Vec<u8>,
+) -> LedgerOp {
     let index = u8::try_from(index).expect("at most 40 steps");
-    let earlier = |settlement: &mut SettleArgs| {
-        // Mostly an even number of steps back: an id of the same key.
-        let back = [0, 2, 4, 2, 4, 6, 1, 3][usize::from(settlement.id % LEDGER_IDS)];
-        settlement.id = 100 + index - back.min(index);
-        settlement.key = settlement.id % 2;
+    let mut earlier = |settlement: &mut SettleArgs| {
+        let recent = granted.len().min(4);
+        settlement.id = match (settlement.cost_nanos % 5, settled.last(), recent) {
+            (1, Some(last), _) => *last,
+            (_, _, 0) => 100 + index,
+            _ => granted.remove(granted.len() - 1 - usize::from(settlement.id) % recent),
+        };
+        settled.push(settlement.id);
+        settlement.key = (settlement.id % 2) ^ u8::from(settlement.cost_nanos % 8 == 0);
     };
     match &mut op {
         LedgerOp::Admit {
@@ -2190,7 +2206,7 @@ fn with_new_ids(mut op: LedgerOp, index: usize) -> LedgerOp {
         } => {
             args.id = 100 + index;
             args.key = args.id % 2;
-            settlements.iter_mut().for_each(earlier);
+            settlements.iter_mut().for_each(&mut earlier);
         }
         LedgerOp::Settle(args) => earlier(args),
         _ => {}
