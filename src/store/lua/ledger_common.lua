@@ -239,6 +239,20 @@ local function ledger_begin(keys, now, memory_us, lapse_us, slack_ms, account)
     records = {}, K = {}, gone = {}, deleted = {}, unrecorded = {}, starts = false, S = false, renewed = false }
 end
 
+-- Runs `command` on `key` with `values`, after `flag` and `other_flag`
+-- when given, 1,000 values at a time (unpack() fails past a few thousand;
+-- pairs stay whole).
+local function sliced(command, key, values, flag, other_flag)
+  for i = 1, #values, 1000 do
+    local last = math.min(i + 999, #values)
+    if flag then
+      redis.call(command, key, flag, other_flag, unpack(values, i, last))
+    else
+      redis.call(command, key, unpack(values, i, last))
+    end
+  end
+end
+
 -- Reads the fields of `names` not read yet, with one HMGET.
 local function load(names)
   -- `names` is the caller's to give: what is loaded already is taken out
@@ -742,9 +756,7 @@ local function keep_key_orders(records, genexp, slack_ms)
   end
   for key, members in pairs(scored) do
     local order = genexp .. ':' .. key
-    for i = 1, #members, 2000 do
-      redis.call('ZADD', order, unpack(members, i, math.min(i + 1999, #members)))
-    end
+    sliced('ZADD', order, members)
     local ttl_ms = math.ceil((longest[key] + FORGOTTEN_KEPT_US) / 1000) + slack_ms
     -- Never shortened (a shorter-kept record after a longer one), set
     -- when the order is new.
@@ -770,12 +782,8 @@ local function keep_records(records, gttl, now, slack_ms, gen, genexp)
     n = n + 2
     if kept[3] > retention then retention = kept[3] end
   end
-  for i = 1, #fields, 2000 do
-    redis.call('HSET', gen, unpack(fields, i, math.min(i + 1999, #fields)))
-  end
-  for i = 1, #expiries, 2000 do
-    redis.call('ZADD', genexp, unpack(expiries, i, math.min(i + 1999, #expiries)))
-  end
+  sliced('HSET', gen, fields)
+  sliced('ZADD', genexp, expiries)
   local extended = nil
   if num(gttl or '0') < now + retention then
     local margin = math.min(math.ceil(retention / 8), 3600000000)
@@ -825,28 +833,18 @@ local function ledger_end(admission)
       if not C.dirty[name] then deleted[#deleted + 1] = name end
     end
   end
-  for i = 1, #deleted, 1000 do
-    redis.call('HDEL', C.A, unpack(deleted, i, math.min(i + 999, #deleted)))
-  end
+  sliced('HDEL', C.A, deleted)
   local changed, F, n = {}, C.F, 0
   for name in pairs(C.dirty) do
     changed[n + 1], changed[n + 2] = name, F[name]
     n = n + 2
   end
-  for i = 1, #changed, 2000 do
-    redis.call('HSET', C.A, unpack(changed, i, math.min(i + 1999, #changed)))
-  end
-  for i = 1, #C.gone, 1000 do
-    redis.call('ZREM', C.X, unpack(C.gone, i, math.min(i + 999, #C.gone)))
-  end
-  for i = 1, #C.scores, 2000 do
-    redis.call('ZADD', C.X, unpack(C.scores, i, math.min(i + 1999, #C.scores)))
-  end
+  sliced('HSET', C.A, changed)
+  sliced('ZREM', C.X, C.gone)
+  sliced('ZADD', C.X, C.scores)
   -- Renewed holds: each lasts longer, never shorter.
   local renewed = C.renewed or EMPTY
-  for i = 1, #renewed, 2000 do
-    redis.call('ZADD', C.X, 'XX', 'GT', unpack(renewed, i, math.min(i + 1999, #renewed)))
-  end
+  sliced('ZADD', C.X, renewed, 'XX', 'GT')
   local unrecorded, unrecorded_fields = EMPTY, EMPTY
   if next(C.unrecorded) ~= nil then unrecorded, unrecorded_fields = {}, {} end
   for id, key in pairs(C.unrecorded) do
@@ -857,11 +855,7 @@ local function ledger_end(admission)
       redis.call('ZREM', C.genexp .. ':' .. key, id)
     end
   end
-  for i = 1, #unrecorded_fields, 1000 do
-    redis.call('HDEL', C.gen, unpack(unrecorded_fields, i, math.min(i + 999, #unrecorded_fields)))
-  end
-  for i = 1, #unrecorded, 1000 do
-    redis.call('ZREM', C.genexp, unpack(unrecorded, i, math.min(i + 999, #unrecorded)))
-  end
+  sliced('HDEL', C.gen, unrecorded_fields)
+  sliced('ZREM', C.genexp, unrecorded)
   if tidying then remove_old_records(more_ids) end
 end

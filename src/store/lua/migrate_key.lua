@@ -90,15 +90,9 @@ end
 -- Written only now, in slices (unpack() fails past a few thousand
 -- values), and the old keys removed last: a run that fails writes nothing
 -- of its own, and runs again from the start.
-for i = 1, #fields, 1000 do
-  redis.call('HSET', A, unpack(fields, i, math.min(i + 999, #fields)))
-end
-for i = 1, #scores, 1000 do
-  redis.call('ZADD', X, unpack(scores, i, math.min(i + 999, #scores)))
-end
-for i = 1, #moved_ids, 1000 do
-  redis.call('ZREM', KEYS[8], unpack(moved_ids, i, math.min(i + 999, #moved_ids)))
-  redis.call('HDEL', KEYS[9], unpack(moved_ids, i, math.min(i + 999, #moved_ids)))
-end
+sliced('HSET', A, fields)
+sliced('ZADD', X, scores)
+sliced('ZREM', KEYS[8], moved_ids)
+sliced('HDEL', KEYS[9], moved_ids)
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 return moved
