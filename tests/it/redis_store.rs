@@ -999,14 +999,10 @@ async fn records_kept_before_keys_had_orders_are_found_on_their_keys_pages() {
     assert!(exists(&mut connection, "mg:{acct}:genkeyed").await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse() {
-    // A lapse record undone in the call that made it is never written: the
-    // record keys' known lifetime must not move for it, or a later record
-    // that needs a longer one would not get it and vanish early.
-    let (_server, store, mut connection) = funded_store().await;
-    let hour = Duration::from_secs(3600);
-    let settle = |id: &str, retention: Option<Duration>| Settlement {
+/// A settlement of `id` on key `key` costing 7, with its record kept for
+/// `retention` when given.
+fn record_settlement(id: &str, retention: Option<Duration>) -> Settlement {
+    Settlement {
         account: "acct".into(),
         key: "key".into(),
         reservation_id: id.into(),
@@ -1018,28 +1014,48 @@ async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse(
             retention,
             max_per_account: 100,
         }),
-    };
-    store.settle(&settle("s1", Some(hour)), t0()).await.unwrap();
-    let lapsing = ReserveRequest {
+    }
+}
+
+/// Hold `r1` for one second, its lapse's record kept for `retention`.
+fn lapsing_with_record(retention: Duration) -> ReserveRequest {
+    ReserveRequest {
         reservation_id: "r1".into(),
         ttl: Duration::from_secs(1),
         lapse_record: Some(RecordKeeping {
-            retention: 10 * hour,
+            retention,
             max_per_account: 100,
             model: None,
         }),
         ..reserve_request()
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_keys_live_as_long_as_their_longest_record_after_an_undone_lapse() {
+    // A lapse record undone in the call that made it is never written: the
+    // record keys' known lifetime must not move for it, or a later record
+    // that needs a longer one would not get it and vanish early.
+    let (_server, store, mut connection) = funded_store().await;
+    let hour = Duration::from_secs(3600);
+    store
+        .settle(&record_settlement("s1", Some(hour)), t0())
+        .await
+        .unwrap();
+    let lapsing = lapsing_with_record(10 * hour);
     assert!(store.reserve(&lapsing, t0()).await.unwrap().is_reserved());
     // Its late settlement is the first call after it lapsed: the lapse and
     // its record are undone in the same call.
     store
-        .settle(&settle("r1", None), t0() + chrono::Duration::seconds(2))
+        .settle(
+            &record_settlement("r1", None),
+            t0() + chrono::Duration::seconds(2),
+        )
         .await
         .unwrap();
     store
         .settle(
-            &settle("s2", Some(5 * hour)),
+            &record_settlement("s2", Some(5 * hour)),
             t0() + chrono::Duration::seconds(3),
         )
         .await
@@ -1066,46 +1082,30 @@ async fn record_keys_are_never_shortened_by_a_shorter_kept_record() {
     // cut their lifetime short.
     let (_server, store, mut connection) = funded_store().await;
     let hour = Duration::from_secs(3600);
-    let settle = |id: &str, retention: Option<Duration>| Settlement {
-        account: "acct".into(),
-        key: "key".into(),
-        reservation_id: id.into(),
-        hold_granted: true,
-        cost_nanos: 7,
-        byok: false,
-        record: retention.map(|retention| SettlementRecord {
-            bytes: format!("record of {id}").into(),
-            retention,
-            max_per_account: 100,
-        }),
-    };
     store
-        .settle(&settle("long", Some(10 * hour)), t0())
+        .settle(&record_settlement("long", Some(10 * hour)), t0())
         .await
         .unwrap();
-    let lapsing = ReserveRequest {
-        reservation_id: "r1".into(),
-        ttl: Duration::from_secs(1),
-        lapse_record: Some(RecordKeeping {
-            retention: hour,
-            max_per_account: 100,
-            model: None,
-        }),
-        ..reserve_request()
-    };
+    let lapsing = lapsing_with_record(hour);
     assert!(store.reserve(&lapsing, t0()).await.unwrap().is_reserved());
     // The hold lapses (its record kept), then its late settlement undoes it.
     store
-        .settle(&settle("other", None), t0() + chrono::Duration::seconds(2))
-        .await
-        .unwrap();
-    store
-        .settle(&settle("r1", None), t0() + chrono::Duration::seconds(3))
+        .settle(
+            &record_settlement("other", None),
+            t0() + chrono::Duration::seconds(2),
+        )
         .await
         .unwrap();
     store
         .settle(
-            &settle("short", Some(hour)),
+            &record_settlement("r1", None),
+            t0() + chrono::Duration::seconds(3),
+        )
+        .await
+        .unwrap();
+    store
+        .settle(
+            &record_settlement("short", Some(hour)),
             t0() + chrono::Duration::seconds(4),
         )
         .await
