@@ -999,8 +999,8 @@ async fn records_kept_before_keys_had_orders_are_found_on_their_keys_pages() {
     assert!(exists(&mut connection, "mg:{acct}:genkeyed").await);
 }
 
-/// A settlement of `id` on key `key` costing 7, with its record kept for
-/// `retention` when given.
+/// A settlement of `id`, made with the key named `key`, costing 7, with its
+/// record kept for `retention` when given.
 fn record_settlement(id: &str, retention: Option<Duration>) -> Settlement {
     Settlement {
         account: "acct".into(),
@@ -2163,8 +2163,7 @@ fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
             proptest::collection::vec((0u8..3, limit_strategy(), 0u64..3), 0..2),
             reserve_strategy(),
         )
-            .prop_map(|(settlements, checks, hold)| {
-                let mut checks = checks;
+            .prop_map(|(settlements, mut checks, hold)| {
                 checks.sort_by_key(|(name, _, _)| *name);
                 checks.dedup_by_key(|(name, _, _)| *name);
                 LedgerOp::Admit { settlements, checks, tier: None, hold: Some(hold) }
