@@ -78,7 +78,7 @@
 //!
 //! | key | what |
 //! |---|---|
-//! | `mg:{acct}:acct` | the account's whole ledger, one hash: `balance`, `purchased`, the state `s`, per key its usage and holds (`k:<key hash>`), terms (`t:<key hash>`: limit, reset, BYOK counted, expiry) and revocation (`r:<key hash>`), per request its hold, settlement marker or lapse (`i:<id>`), per GCRA rate limit its next arrival (the field named by the counter's key); the packing is described at the top of `lua/ledger_common.lua` |
+//! | `mg:{acct}:acct` | the account's whole ledger, one hash: `balance`, `purchased`, the state `s`, per key its usage and holds (`k:<key hash>`), terms (`t:<key hash>`: limit, reset, BYOK counted, expiry), revocation (`r:<key hash>`) and until when its own order of records is known to live (`o:<key hash>`), per request its hold, settlement marker or lapse (`i:<id>`), per GCRA rate limit its next arrival (the field named by the counter's key); the packing is described at the top of `lua/ledger_common.lua` |
 //! | `mg:{acct}:ids` | sorted set of the requests the ledger tracks: a live hold's expiry (µs, positive); minus the instant a settled or lapsed id is forgotten |
 //! | `mg:{acct}:gen`, `mg:{acct}:genexp` | generation records: hash id → record JSON (and `k:<id>` → the key hash it was made with); sorted set id → expiry (µs), which is also their order; past the account's cap hidden at once, removed when the account is next tidied |
 //! | `mg:{acct}:genexp:<key hash>`, `mg:{acct}:genkeyed` | each key's own order of its records (id → expiry), which records leave when they leave the account, kept as long as its newest record, so a key's page skips the other keys'; the mark that records kept before these orders were put in them (at an account's first key page) |

@@ -1116,6 +1116,145 @@ async fn record_keys_are_never_shortened_by_a_shorter_kept_record() {
     }
 }
 
+/// How many `PEXPIRE`s the server has run, inside functions included.
+async fn pexpires_run(connection: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(connection)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_pexpire:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// `settlement` made with key `key`, its record in an account that keeps
+/// at most `most`.
+fn keyed(key: &str, most: u64, settlement: Settlement) -> Settlement {
+    let record = settlement.record.map(|record| SettlementRecord {
+        max_per_account: most,
+        ..record
+    });
+    Settlement {
+        key: key.into(),
+        record,
+        ..settlement
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_order_is_made_to_live_once_in_its_margin() {
+    // Each record used to set its key's order's TTL again: one or two
+    // PEXPIREs per settlement. Known to live long enough, the order is
+    // left alone, on the short path and the general one.
+    let (_server, store, mut connection) = funded_store().await;
+    let hour = Duration::from_secs(3600);
+    let at = |ms| t0() + chrono::Duration::milliseconds(ms);
+    let hold = |id: &str| ReserveRequest {
+        reservation_id: id.into(),
+        ..reserve_request()
+    };
+    assert!(
+        store
+            .reserve(&hold("a"), at(0))
+            .await
+            .unwrap()
+            .is_reserved()
+    );
+    store
+        .settle(&record_settlement("a", Some(hour)), at(10))
+        .await
+        .unwrap();
+    let made_to_live = pexpires_run(&mut connection).await;
+    assert!(made_to_live > 0);
+    assert!(
+        store
+            .reserve(&hold("b"), at(20))
+            .await
+            .unwrap()
+            .is_reserved()
+    );
+    store
+        .settle(&record_settlement("b", Some(hour)), at(30))
+        .await
+        .unwrap();
+    // No hold to settle, past the tidying time: the general path.
+    store
+        .settle(&record_settlement("c", Some(hour)), at(200))
+        .await
+        .unwrap();
+    assert_eq!(pexpires_run(&mut connection).await, made_to_live);
+    let ttl_ms = pttl_of(&mut connection, "mg:{acct}:genexp:key").await;
+    assert!(ttl_ms >= 3_600_000, "the order lives {ttl_ms} ms");
+    // A record kept longer than the order is known to live extends it.
+    store
+        .settle(&record_settlement("d", Some(10 * hour)), at(300))
+        .await
+        .unwrap();
+    let ttl_ms = pttl_of(&mut connection, "mg:{acct}:genexp:key").await;
+    assert!(ttl_ms >= 36_000_000, "the order lives {ttl_ms} ms");
+    // Which the general path remembers too.
+    let extended = pexpires_run(&mut connection).await;
+    assert!(extended > made_to_live);
+    store
+        .settle(&record_settlement("e", Some(10 * hour)), at(400))
+        .await
+        .unwrap();
+    assert_eq!(pexpires_run(&mut connection).await, extended);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_order_emptied_by_tidying_is_made_to_live_again() {
+    // Redis drops an emptied order with its TTL; the next record makes it
+    // anew, which must live as long as that record, not forever.
+    let (_server, store, mut connection) = funded_store().await;
+    let hour = Duration::from_secs(3600);
+    let at = |s| t0() + chrono::Duration::seconds(s);
+    let first = keyed("ka", 1, record_settlement("s1", Some(hour)));
+    store.settle(&first, at(0)).await.unwrap();
+    // Past the cap of one: s1 leaves the account and its key's order.
+    let other = keyed("kb", 1, record_settlement("s2", Some(hour)));
+    store.settle(&other, at(1)).await.unwrap();
+    assert!(!exists(&mut connection, "mg:{acct}:genexp:ka").await);
+    let again = keyed("ka", 1, record_settlement("s3", Some(hour)));
+    store.settle(&again, at(2)).await.unwrap();
+    let ttl_ms = pttl_of(&mut connection, "mg:{acct}:genexp:ka").await;
+    assert!(ttl_ms >= 3_600_000, "the order lives {ttl_ms} ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_order_emptied_by_an_undone_lapse_is_made_to_live_again() {
+    let (_server, store, mut connection) = funded_store().await;
+    let hour = Duration::from_secs(3600);
+    let at = |s| t0() + chrono::Duration::seconds(s);
+    assert!(
+        store
+            .reserve(&lapsing_with_record(hour), at(0))
+            .await
+            .unwrap()
+            .is_reserved()
+    );
+    // The hold lapses, its record in the key's order; its late settlement
+    // takes the record out again.
+    store
+        .settle(&record_settlement("other", None), at(2))
+        .await
+        .unwrap();
+    assert!(exists(&mut connection, "mg:{acct}:genexp:key").await);
+    store
+        .settle(&record_settlement("r1", None), at(3))
+        .await
+        .unwrap();
+    assert!(!exists(&mut connection, "mg:{acct}:genexp:key").await);
+    store
+        .settle(&record_settlement("s", Some(hour)), at(4))
+        .await
+        .unwrap();
+    let ttl_ms = pttl_of(&mut connection, "mg:{acct}:genexp:key").await;
+    assert!(ttl_ms >= 3_600_000, "the order lives {ttl_ms} ms");
+}
+
 /// An account's GCRA rate limit is one counter, whether an admission
 /// (with its hold) or a plain check (`check_and_add`, as the limiter makes
 /// without a hold) counts against it, and its state lives in the

@@ -17,6 +17,8 @@
 --   t:<key>             its terms 'tl:tr:tb:tx': limit ('-' none), reset
 --                       (n/d/w/m), BYOK counted (0/1), expiry (µs, '' never)
 --   r:<key>             revoked at (µs), absent while it works
+--   o:<key>             µs until which the key's own order of its records
+--                       is known to live (absent: unknown)
 --   <counter key>       a GCRA rate limit's next arrival (µs), the field
 --                       named by the counter's own key (see counters.lua)
 --   i:<id>              a request the ledger tracks:
@@ -694,8 +696,15 @@ local function leave_key_orders(ids)
       members[#members + 1] = ids[i]
     end
   end
-  for key, members in pairs(by_key) do redis.call('ZREM', C.genexp .. ':' .. key, unpack(members)) end
+  -- An order emptied is dropped, TTL and all: its key's next record sets
+  -- it again.
+  local orders_known = {}
+  for key, members in pairs(by_key) do
+    redis.call('ZREM', C.genexp .. ':' .. key, unpack(members))
+    orders_known[#orders_known + 1] = field('o:', key)
+  end
   redis.call('HDEL', C.gen, unpack(key_fields))
+  sliced('HDEL', C.A, orders_known)
 end
 
 -- Removes the records past their time or the account's cap, at most
@@ -733,14 +742,33 @@ local function remove_old_records(more)
   if removed or more then redis.call('HSET', C.A, 's', state_text()) end
 end
 
+-- Makes keys `first` and `second` (optional) live at least `retention`
+-- µs past `now` (and FORGOTTEN_KEPT_US and the slack past that), unless
+-- `known` (µs, text or false: until when they are known to live) covers
+-- it already. They are extended an eighth of the retention ahead (at most
+-- an hour), so that the write comes once in that margin, and never
+-- shortened (one may hold records kept longer). Returns the new known
+-- instant, or nil when nothing was written.
+local function keep_alive(now, retention, slack_ms, known, first, second)
+  if num(known or '0') >= now + retention then return nil end
+  local margin = math.min(math.ceil(retention / 8), 3600000000)
+  local ttl_ms = math.ceil((retention + margin + FORGOTTEN_KEPT_US) / 1000) + slack_ms
+  for _, name in ipairs({ first, second }) do
+    if redis.call('PEXPIRE', name, ttl_ms, 'GT') == 0 then redis.call('PEXPIRE', name, ttl_ms, 'NX') end
+  end
+  return int(now + retention + margin)
+end
+
 -- Each key's own order of its records (`genexp:<key>`, in the account's
 -- slot), for reading a key's page without walking the others': `records`
 -- (as keep_records takes them) added, each order kept as long as its
 -- newest record. Records leave it when they leave the account
 -- (remove_old_records, undo_lapse), never by a cut of its own: the cap
 -- may be raised before the account is tidied, and what it cut would then
--- be missing from the key's page.
-local function keep_key_orders(records, genexp, slack_ms)
+-- be missing from the key's page. Until when each order is known to live
+-- is its key's field 'o:<key>' (`known`, by key); those extended are set
+-- in `extended`.
+local function keep_key_orders(records, genexp, slack_ms, now, known, extended)
   -- By key: its records' expiries and ids, and the longest retention.
   local scored, longest = {}, {}
   for id, kept in pairs(records) do
@@ -757,24 +785,18 @@ local function keep_key_orders(records, genexp, slack_ms)
   for key, members in pairs(scored) do
     local order = genexp .. ':' .. key
     sliced('ZADD', order, members)
-    local ttl_ms = math.ceil((longest[key] + FORGOTTEN_KEPT_US) / 1000) + slack_ms
-    -- Never shortened (a shorter-kept record after a longer one), set
-    -- when the order is new.
-    if redis.call('PEXPIRE', order, ttl_ms, 'GT') == 0 then
-      redis.call('PEXPIRE', order, ttl_ms, 'NX')
-    end
+    extended[key] = keep_alive(now, longest[key], slack_ms, known[key], order)
   end
 end
 
 -- Writes generation records `records` (by id: the record, its expiry (µs,
 -- text), retention (µs) and key) into the account's record keys `gen` and
--- `genexp` and their keys' orders. The keys live as long as their
--- longest-kept record: while `gttl` (µs, text or false) falls short of
--- that, they are extended an eighth ahead, so that the write comes once
--- in that margin, and the new `gttl` is returned (else nil). Never
--- shortened: `gttl` is forgotten when records are removed, and the keys
--- may still hold records kept longer than these.
-local function keep_records(records, gttl, now, slack_ms, gen, genexp)
+-- `genexp` and their keys' orders (see keep_key_orders for `known` and
+-- `extended`). The keys live as long as their longest-kept record, known
+-- until `gttl` (µs, text or false), which is forgotten when records are
+-- removed (see keep_alive). Returns the new `gttl`, or nil when it did not
+-- move.
+local function keep_records(records, gttl, now, slack_ms, gen, genexp, known, extended)
   local fields, expiries, retention, n = {}, {}, 0, 0
   for id, kept in pairs(records) do
     fields[2 * n + 1], fields[2 * n + 2], fields[2 * n + 3], fields[2 * n + 4] = id, kept[1], 'k:' .. id, kept[4]
@@ -784,17 +806,8 @@ local function keep_records(records, gttl, now, slack_ms, gen, genexp)
   end
   sliced('HSET', gen, fields)
   sliced('ZADD', genexp, expiries)
-  local extended = nil
-  if num(gttl or '0') < now + retention then
-    local margin = math.min(math.ceil(retention / 8), 3600000000)
-    extended = int(now + retention + margin)
-    local ttl_ms = math.ceil((retention + margin + FORGOTTEN_KEPT_US) / 1000) + slack_ms
-    for _, name in ipairs({ gen, genexp }) do
-      if redis.call('PEXPIRE', name, ttl_ms, 'GT') == 0 then redis.call('PEXPIRE', name, ttl_ms, 'NX') end
-    end
-  end
-  keep_key_orders(records, genexp, slack_ms)
-  return extended
+  keep_key_orders(records, genexp, slack_ms, now, known, extended)
+  return keep_alive(now, retention, slack_ms, gttl, gen, genexp)
 end
 
 -- Writes what the call changed: A's fields, X's scores, the records (whose
@@ -820,10 +833,17 @@ local function ledger_end(admission)
   end
   -- Records removed may have emptied the keys (Redis then drops them,
   -- TTL and all): the records kept now set it again.
-  if next(C.unrecorded) ~= nil then sput('gttl', false) end
+  -- So may the records undone have emptied their keys' orders.
+  if next(C.unrecorded) ~= nil then
+    sput('gttl', false)
+    for _, key in pairs(C.unrecorded) do forget_field(field('o:', key)) end
+  end
   if next(C.records) ~= nil then
-    local extended = keep_records(C.records, sget('gttl'), C.now, C.slack_ms, C.gen, C.genexp)
-    if extended then sput('gttl', extended) end
+    local known, extended = {}, {}
+    for _, kept in pairs(C.records) do known[kept[4]] = get(field('o:', kept[4])) end
+    local gttl = keep_records(C.records, sget('gttl'), C.now, C.slack_ms, C.gen, C.genexp, known, extended)
+    if gttl then sput('gttl', gttl) end
+    for key, until_us in pairs(extended) do put(field('o:', key), until_us) end
   end
   pack()
   local deleted = EMPTY

@@ -166,11 +166,19 @@ local function at_once()
   local request = h and field('i:', id) or usage_field
   local names = { 'balance', 'purchased', 's', request, usage_field, field('t:', key), field('r:', key) }
   local n = 7
+  local recording = false
   for a = first, first + (count - 1) * 7, 7 do
     if ARGV[a] ~= key then return nil end
     local settled = ARGV[a + 1]
     names[n + 1], names[n + 2] = field('i:', settled), field('l:', settled)
     n = n + 2
+    if ARGV[a + 4] ~= '' then recording = true end
+  end
+  -- Until when the key's own order of records is known to live.
+  local order_known = recording and n + 1
+  if recording then
+    n = n + 1
+    names[n] = field('o:', key)
   end
   READ_FIELDS.first = n + 1
   local read = redis.call('HMGET', KEYS[1], unpack(names, 1, h and gcra_fields(names, n) or n))
@@ -243,7 +251,12 @@ local function at_once()
       scores[sn + 1], scores[sn + 2], sn = int(expires_at), id, sn + 2
     end
   end
-  if records then gttl = keep_records(records, gttl, now, num(ARGV[4]), KEYS[3], KEYS[4]) or gttl end
+  if records then
+    local extended = {}
+    gttl = keep_records(records, gttl, now, num(ARGV[4]), KEYS[3], KEYS[4], { [key] = read[order_known] }, extended)
+      or gttl
+    if extended[key] then written[wn + 1], written[wn + 2], wn = names[order_known], extended[key], wn + 2 end
+  end
   written[2] = usage_text(usage)
   if balance ~= read[1] then written[wn + 1], written[wn + 2], wn = 'balance', balance, wn + 2 end
   written[wn + 1], written[wn + 2], wn = 's', state_text_of({ held, next_expiry, tidy_at, most, gttl }), wn + 2
@@ -269,6 +282,10 @@ for i = 0, count - 1 do
   local id = ARGV[a + 1]
   wanted[n + 1], wanted[n + 2], wanted[n + 3] = field('i:', id), field('l:', id), field('k:', ARGV[a])
   n = n + 3
+  if ARGV[a + 4] ~= '' then
+    n = n + 1
+    wanted[n] = field('o:', ARGV[a])
+  end
 end
 for i = 0, renewals - 1 do
   n = n + 1
