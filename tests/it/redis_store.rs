@@ -2284,6 +2284,190 @@ differential_test!(quick_admissions_decide_exactly_as_the_rules_do, steps in pro
     }
 });
 
+// The short path must leave what the general path leaves, not only
+// answer as it does: a score, a marker's lifetime or a record's TTL that
+// no answer shows within a case would still be wrong. So the same steps
+// run on two servers, one whose ledger function never takes the short
+// path, and every key they leave is compared.
+#[test]
+fn the_short_path_leaves_what_the_general_path_leaves() {
+    let (quick, general) = (RedisServer::start(), RedisServer::start());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let connections = runtime.block_on(async {
+        let mut connections = Vec::new();
+        for server in [&quick, &general] {
+            let client = redis::Client::open(server.url()).unwrap();
+            connections.push(client.get_multiplexed_async_connection().await.unwrap());
+        }
+        connections
+    });
+    let case = std::sync::atomic::AtomicU32::new(0);
+    let strategy = proptest::collection::vec((0i64..40_000, quick_op_strategy()), 1..40);
+    proptest!(ProptestConfig::with_cases(48), |(steps in strategy)| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key_prefix = format!("paths{case}");
+        let mut connections = connections.clone();
+        runtime.block_on(async {
+            let mut stores = Vec::new();
+            for server in [&quick, &general] {
+                let config = RedisStoreConfig {
+                    key_prefix: key_prefix.clone(),
+                    time_source: TimeSource::Caller,
+                    ..RedisStoreConfig::default()
+                };
+                stores.push(RedisStore::connect(&server.url(), config).await.unwrap());
+            }
+            // Connecting loads the library again: the general one after.
+            without_short_path(&mut connections[1]).await;
+            let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap()
+                + chrono::Duration::milliseconds(850);
+            let reserved = Reservations::default();
+            let (mut granted, mut settled) = (Vec::new(), Vec::new());
+            for (index, (advance_micros, op)) in steps.iter().enumerate() {
+                now += chrono::Duration::microseconds(*advance_micros);
+                let op = with_new_ids(op.clone(), index, &mut granted, &mut settled);
+                let expected = apply_ledger_op(&stores[1], &op, now, &reserved).await;
+                if let LedgerOp::Admit { hold: Some(args), .. } = &op
+                    && expected.contains("Reserved {")
+                {
+                    granted.push(args.id);
+                }
+                let actual = apply_ledger_op(&stores[0], &op, now, &reserved).await;
+                prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
+                let general_state = raw_state(&mut connections[1], &key_prefix).await;
+                let quick_state = raw_state(&mut connections[0], &key_prefix).await;
+                prop_assert_eq!(quick_state.len(), general_state.len(), "{:?}", quick_state);
+                for (quick, general) in quick_state.iter().zip(&general_state) {
+                    prop_assert_eq!(&quick.0, &general.0, "the state at {} after {:?}", now, op);
+                    // Set at the same instant by the caller's clock, read a
+                    // moment apart.
+                    prop_assert!(
+                        (quick.1 < 0) == (general.1 < 0) && (quick.1 - general.1).abs() < 1_000,
+                        "{} lives {} ms, {} ms on the general path, at {} after {:?}",
+                        quick.0, quick.1, general.1, now, op
+                    );
+                }
+            }
+            Ok(())
+        })?;
+    });
+}
+
+/// Makes the server's ledger function skip its short path: the library
+/// it has, loaded again under its name with `at_once` answering nil.
+async fn without_short_path(connection: &mut redis::aio::MultiplexedConnection) {
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("WITHCODE")
+        .query_async(connection)
+        .await
+        .unwrap();
+    fn code_in(value: &redis::Value) -> Option<String> {
+        let items = match value {
+            redis::Value::Array(items) => items.clone(),
+            redis::Value::Map(pairs) => pairs
+                .iter()
+                .flat_map(|(name, value)| [name.clone(), value.clone()])
+                .collect(),
+            _ => return None,
+        };
+        items
+            .iter()
+            .enumerate()
+            .find_map(|(index, item)| match item {
+                redis::Value::BulkString(name) if name == b"library_code" => {
+                    match &items[index + 1] {
+                        redis::Value::BulkString(code) => {
+                            Some(String::from_utf8(code.clone()).unwrap())
+                        }
+                        _ => None,
+                    }
+                }
+                other => code_in(other),
+            })
+    }
+    let code = code_in(&libraries).expect("the store's library is loaded");
+    let start = "local function at_once()\n";
+    assert_eq!(code.matches(start).count(), 1);
+    let general = code.replace(start, &format!("{start}  do return nil end\n"));
+    let () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(general)
+        .query_async(connection)
+        .await
+        .unwrap();
+}
+
+/// Every key under `prefix`, sorted, with what it holds (hash fields and
+/// sorted set members in order) and its TTL in ms (-1 for none); a
+/// random top-up key by its account alone, without its wall-clock time.
+async fn raw_state(
+    connection: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+) -> Vec<(String, i64)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(connection)
+        .await
+        .unwrap();
+    keys.sort();
+    let mut state = Vec::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(connection)
+            .await
+            .unwrap();
+        let contents = match kind.as_str() {
+            "hash" => {
+                let mut fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async(connection)
+                    .await
+                    .unwrap();
+                fields.sort();
+                format!("{fields:?}")
+            }
+            "zset" => {
+                let members: Vec<(String, String)> = redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(connection)
+                    .await
+                    .unwrap();
+                format!("{members:?}")
+            }
+            _ => {
+                let value: Option<String> = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(connection)
+                    .await
+                    .unwrap();
+                format!("{value:?}")
+            }
+        };
+        let ttl_ms = pttl_of(connection, &key).await;
+        // A top-up without an idempotency key is kept under a random one
+        // until a moment by the wall clock.
+        let (name, contents) = match key.split_once(":topup:~") {
+            Some((account, _)) => (
+                format!("{account}:topup:~"),
+                contents.split("(\"forget_at\"").next().unwrap().to_owned(),
+            ),
+            None => (key, contents),
+        };
+        state.push((format!("{name} {kind} {contents}"), ttl_ms));
+    }
+    state.sort();
+    state
+}
+
 fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
     prop_oneof![
         8 => (
