@@ -1143,6 +1143,21 @@ fn keyed(key: &str, most: u64, settlement: Settlement) -> Settlement {
     }
 }
 
+/// Holds `id` (on the key named "key") at `at`, then settles it 10 ms later with its
+/// record kept for `retention`: both calls on the short path.
+async fn held_then_settled(store: &RedisStore, id: &str, retention: Duration, at: DateTime<Utc>) {
+    let hold = ReserveRequest {
+        reservation_id: id.into(),
+        ..reserve_request()
+    };
+    assert!(store.reserve(&hold, at).await.unwrap().is_reserved());
+    let later = at + chrono::Duration::milliseconds(10);
+    store
+        .settle(&record_settlement(id, Some(retention)), later)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_order_is_made_to_live_once_in_its_margin() {
     // Each record used to set its key's order's TTL again: one or two
@@ -1151,34 +1166,10 @@ async fn a_key_order_is_made_to_live_once_in_its_margin() {
     let (_server, store, mut connection) = funded_store().await;
     let hour = Duration::from_secs(3600);
     let at = |ms| t0() + chrono::Duration::milliseconds(ms);
-    let hold = |id: &str| ReserveRequest {
-        reservation_id: id.into(),
-        ..reserve_request()
-    };
-    assert!(
-        store
-            .reserve(&hold("a"), at(0))
-            .await
-            .unwrap()
-            .is_reserved()
-    );
-    store
-        .settle(&record_settlement("a", Some(hour)), at(10))
-        .await
-        .unwrap();
+    held_then_settled(&store, "a", hour, at(0)).await;
     let made_to_live = pexpires_run(&mut connection).await;
     assert!(made_to_live > 0);
-    assert!(
-        store
-            .reserve(&hold("b"), at(20))
-            .await
-            .unwrap()
-            .is_reserved()
-    );
-    store
-        .settle(&record_settlement("b", Some(hour)), at(30))
-        .await
-        .unwrap();
+    held_then_settled(&store, "b", hour, at(20)).await;
     // No hold to settle, past the tidying time: the general path.
     store
         .settle(&record_settlement("c", Some(hour)), at(200))
@@ -2261,22 +2252,13 @@ differential_test!(ledger_answers_and_state_exactly_as_the_rules_do, steps in pr
 // (`ledger_write.lua`'s shortest path), among top-ups, new terms,
 // revocations, settlements and periods turning at midnight.
 differential_test!(quick_admissions_decide_exactly_as_the_rules_do, steps in proptest::collection::vec((0i64..40_000, quick_op_strategy()), 1..40), |store, memory| {
-    // A few steps before midnight at a month's end: some holds are
-    // admitted in one day (and month) and settled in the next.
-    let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap()
-        + chrono::Duration::milliseconds(850);
-    let reserved = Reservations::default();
-    let (mut granted, mut settled) = (Vec::new(), Vec::new());
+    let mut run = QuickRun::default();
     for (index, (advance_micros, op)) in steps.iter().enumerate() {
-        now += chrono::Duration::microseconds(*advance_micros);
-        let op = with_new_ids(op.clone(), index, &mut granted, &mut settled);
-        let expected = apply_ledger_op(&memory, &op, now, &reserved).await;
-        if let LedgerOp::Admit { hold: Some(args), .. } = &op
-            && expected.contains("Reserved {")
-        {
-            granted.push(args.id);
-        }
-        let actual = apply_ledger_op(&store, &op, now, &reserved).await;
+        let (now, op) = run.step(index, *advance_micros, op);
+        let reserved = &run.reserved;
+        let expected = apply_ledger_op(&memory, &op, now, reserved).await;
+        let actual = apply_ledger_op(&store, &op, now, reserved).await;
+        run.answered(&op, &expected);
         prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
         let expected = ledger_state(&memory, now).await;
         let actual = ledger_state(&store, now).await;
@@ -2322,20 +2304,13 @@ fn the_short_path_leaves_what_the_general_path_leaves() {
             }
             // Connecting loads the library again: the general one after.
             without_short_path(&mut connections[1]).await;
-            let mut now = Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap()
-                + chrono::Duration::milliseconds(850);
-            let reserved = Reservations::default();
-            let (mut granted, mut settled) = (Vec::new(), Vec::new());
+            let mut run = QuickRun::default();
             for (index, (advance_micros, op)) in steps.iter().enumerate() {
-                now += chrono::Duration::microseconds(*advance_micros);
-                let op = with_new_ids(op.clone(), index, &mut granted, &mut settled);
-                let expected = apply_ledger_op(&stores[1], &op, now, &reserved).await;
-                if let LedgerOp::Admit { hold: Some(args), .. } = &op
-                    && expected.contains("Reserved {")
-                {
-                    granted.push(args.id);
-                }
-                let actual = apply_ledger_op(&stores[0], &op, now, &reserved).await;
+                let (now, op) = run.step(index, *advance_micros, op);
+                let reserved = &run.reserved;
+                let expected = apply_ledger_op(&stores[1], &op, now, reserved).await;
+                let actual = apply_ledger_op(&stores[0], &op, now, reserved).await;
+                run.answered(&op, &expected);
                 prop_assert_eq!(actual, expected, "at {} after {:?}", now, op);
                 let general_state = raw_state(&mut connections[1], &key_prefix).await;
                 let quick_state = raw_state(&mut connections[0], &key_prefix).await;
@@ -2496,6 +2471,55 @@ fn quick_op_strategy() -> impl Strategy<Value = LedgerOp> {
         1 => (0u8..2).prop_map(|key| LedgerOp::Revoke { key }),
         2 => settle_strategy().prop_map(LedgerOp::Settle),
     ]
+}
+
+/// The quick workload as it runs: its instant, from a few steps before
+/// midnight at a month's end (some holds are admitted in one day and
+/// month and settled in the next), and the ids `with_new_ids` picks from.
+struct QuickRun {
+    now: DateTime<Utc>,
+    reserved: Reservations,
+    granted: Vec<u8>,
+    settled: Vec<u8>,
+}
+
+impl Default for QuickRun {
+    fn default() -> Self {
+        QuickRun {
+            now: Utc.with_ymd_and_hms(2024, 1, 31, 23, 59, 59).unwrap()
+                + chrono::Duration::milliseconds(850),
+            reserved: Reservations::default(),
+            granted: Vec::new(),
+            settled: Vec::new(),
+        }
+    }
+}
+
+impl QuickRun {
+    /// The `index`th step, `advance_micros` after the last: its instant
+    /// and its op with its ids.
+    fn step(
+        &mut self,
+        index: usize,
+        advance_micros: i64,
+        op: &LedgerOp,
+    ) -> (DateTime<Utc>, LedgerOp) {
+        self.now += chrono::Duration::microseconds(advance_micros);
+        let op = with_new_ids(op.clone(), index, &mut self.granted, &mut self.settled);
+        (self.now, op)
+    }
+
+    /// Notes what the reference store answered to `op`: a hold granted
+    /// may be settled later.
+    fn answered(&mut self, op: &LedgerOp, answer: &str) {
+        if let LedgerOp::Admit {
+            hold: Some(args), ..
+        } = op
+            && answer.contains("Reserved {")
+        {
+            self.granted.push(args.id);
+        }
+    }
 }
 
 /// `op`, the `index`th step, with a request id no step before used
