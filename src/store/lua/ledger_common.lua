@@ -697,14 +697,14 @@ local function leave_key_orders(ids)
     end
   end
   -- An order emptied is dropped, TTL and all: its key's next record sets
-  -- it again.
+  -- it again. Forgotten first: a call that fails part way (a Cluster
+  -- slot half moved) keeps what it wrote, and an order it emptied must
+  -- not stay known to live.
   local orders_known = {}
-  for key, members in pairs(by_key) do
-    redis.call('ZREM', C.genexp .. ':' .. key, unpack(members))
-    orders_known[#orders_known + 1] = field('o:', key)
-  end
-  redis.call('HDEL', C.gen, unpack(key_fields))
+  for key in pairs(by_key) do orders_known[#orders_known + 1] = field('o:', key) end
   sliced('HDEL', C.A, orders_known)
+  for key, members in pairs(by_key) do redis.call('ZREM', C.genexp .. ':' .. key, unpack(members)) end
+  redis.call('HDEL', C.gen, unpack(key_fields))
 end
 
 -- Removes the records past their time or the account's cap, at most
@@ -728,8 +728,10 @@ local function remove_old_records(more)
       -- double (about 1 µs each), and only the ids are wanted.
       local last = math.min(over, TIDY_MOST) - 1
       local ids = redis.call('ZRANGE', C.genexp, 0, last)
-      redis.call('ZREMRANGEBYRANK', C.genexp, 0, last)
+      -- Out of the orders before the account's own: a call that fails
+      -- part way leaves them to the next tidying.
       leave_key_orders(ids)
+      redis.call('ZREMRANGEBYRANK', C.genexp, 0, last)
       redis.call('HDEL', C.gen, unpack(ids))
       removed = true
       more = more or over > TIDY_MOST
@@ -839,7 +841,11 @@ local function ledger_end(admission)
     for _, key in pairs(C.unrecorded) do forget_field(field('o:', key)) end
   end
   if next(C.records) ~= nil then
-    local known, extended = {}, {}
+    -- Until when their keys' orders are known to live, read at once (a
+    -- lapse's record may be of a key the call has not read).
+    local names, known, extended = {}, {}, {}
+    for _, kept in pairs(C.records) do names[#names + 1] = field('o:', kept[4]) end
+    load(names)
     for _, kept in pairs(C.records) do known[kept[4]] = get(field('o:', kept[4])) end
     local gttl = keep_records(C.records, sget('gttl'), C.now, C.slack_ms, C.gen, C.genexp, known, extended)
     if gttl then sput('gttl', gttl) end
@@ -868,12 +874,15 @@ local function ledger_end(admission)
   local unrecorded, unrecorded_fields = EMPTY, EMPTY
   if next(C.unrecorded) ~= nil then unrecorded, unrecorded_fields = {}, {} end
   for id, key in pairs(C.unrecorded) do
-    if not C.records[id] then
+    local kept = C.records[id]
+    if not kept then
       unrecorded[#unrecorded + 1] = id
       unrecorded_fields[#unrecorded_fields + 1] = id
       unrecorded_fields[#unrecorded_fields + 1] = 'k:' .. id
-      redis.call('ZREM', C.genexp .. ':' .. key, id)
     end
+    -- Recorded again on another key (its settlement's), it leaves this
+    -- key's order.
+    if not kept or kept[4] ~= key then redis.call('ZREM', C.genexp .. ':' .. key, id) end
   end
   sliced('HDEL', C.gen, unrecorded_fields)
   sliced('ZREM', C.genexp, unrecorded)
