@@ -1205,6 +1205,130 @@ async fn a_key_order_is_made_to_live_once_in_its_margin() {
     assert!(ttl_ms >= 3_600_000, "the order lives {ttl_ms} ms");
 }
 
+/// On a Cluster whose account slot is half moved (one key's order gone
+/// ahead), a tidying call fails where it meets that order, keeping what it
+/// wrote before. No order it emptied may stay known to live: once the move
+/// ends, each key's next record gives its order a TTL again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tidying_that_fails_part_way_leaves_no_order_without_a_ttl() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let config = RedisStoreConfig {
+        time_source: TimeSource::Caller,
+        ..RedisStoreConfig::default()
+    };
+    let store = RedisStore::connect_cluster(&nodes, config).await.unwrap();
+    let hour = Duration::from_secs(3600);
+    let keys = ["k1", "k2", "k3", "k4", "k5", "k6"];
+    for (n, key) in keys.iter().enumerate() {
+        let settlement = keyed(key, 100, record_settlement(&format!("s{n}"), Some(hour)));
+        store.settle(&settlement, t0()).await.unwrap();
+    }
+    let mut connections = Vec::new();
+    for url in &urls {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        connections.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("mg:{acct}:acct")
+        .query_async(&mut connections[0])
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    let mut source = None;
+    for (index, connection) in connections.iter_mut().enumerate() {
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(connection)
+            .await
+            .unwrap();
+        ids.push(id);
+        let held: u64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query_async(connection)
+            .await
+            .unwrap();
+        if held > 0 {
+            source = Some(index);
+        }
+    }
+    let source = source.expect("a node holds the account");
+    let target = (source + 1) % 3;
+    let target_port = cluster.ports()[target];
+    let set_slot = |state: &str, node: &str| {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(node)
+            .to_owned()
+    };
+    let () = set_slot("IMPORTING", &ids[source])
+        .query_async(&mut connections[target])
+        .await
+        .unwrap();
+    let () = set_slot("MIGRATING", &ids[target])
+        .query_async(&mut connections[source])
+        .await
+        .unwrap();
+    let migrate = |keys: &[String]| {
+        redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(target_port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(keys)
+            .to_owned()
+    };
+    let moved_ahead = ["mg:{acct}:genexp:k2".to_owned()];
+    let () = migrate(&moved_ahead)
+        .query_async(&mut connections[source])
+        .await
+        .unwrap();
+    // Past a cap of one, the other records go, out of every key's order.
+    let over = keyed("k1", 1, record_settlement("s9", Some(hour)));
+    let second = t0() + chrono::Duration::seconds(1);
+    assert!(store.settle(&over, second).await.is_err());
+    // The move ends.
+    let left: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query_async(&mut connections[source])
+        .await
+        .unwrap();
+    let () = migrate(&left)
+        .query_async(&mut connections[source])
+        .await
+        .unwrap();
+    for node in [target, source, (source + 2) % 3] {
+        let () = set_slot("NODE", &ids[target])
+            .query_async(&mut connections[node])
+            .await
+            .unwrap();
+    }
+    let later = t0() + chrono::Duration::seconds(2);
+    for (n, key) in keys.iter().enumerate() {
+        let settlement = keyed(key, 100, record_settlement(&format!("t{n}"), Some(hour)));
+        // Sent again until it lands, as a settlement is: the store's client
+        // learns the slot's new node from the refusal (MOVED).
+        wait_until(
+            PATIENCE,
+            "the settlement on the slot's new node",
+            || async { store.settle(&settlement, later).await.is_ok() },
+        )
+        .await;
+        let order = format!("mg:{{acct}}:genexp:{key}");
+        let ttl_ms = pttl_of(&mut connections[target], &order).await;
+        assert!(ttl_ms >= 3_600_000, "{order} lives {ttl_ms} ms");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapse_recorded_again_on_another_key_leaves_the_first_keys_page() {
     // A late settlement may name another key than its lapsed hold's: its
