@@ -1207,8 +1207,9 @@ async fn a_key_order_is_made_to_live_once_in_its_margin() {
 
 /// On a Cluster whose account slot is half moved (one key's order gone
 /// ahead), a tidying call fails where it meets that order, keeping what it
-/// wrote before. No order it emptied may stay known to live: once the move
-/// ends, each key's next record gives its order a TTL again.
+/// wrote before. No order it emptied may stay known to live, and no record
+/// past the cap may show in a key's page: once the move ends, each key's
+/// next record gives its order a TTL again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tidying_that_fails_part_way_leaves_no_order_without_a_ttl() {
     let cluster = RedisCluster::start();
@@ -1311,6 +1312,23 @@ async fn a_tidying_that_fails_part_way_leaves_no_order_without_a_ttl() {
             .query_async(&mut connections[node])
             .await
             .unwrap();
+    }
+    // The records past the cap wait, unseen, for the next tidying: none
+    // is left in a key's page (k1's holds s9, the newest).
+    for key in &keys[1..] {
+        let records = wait_for(PATIENCE, || async {
+            let page = GenerationsPage {
+                key: Some(key),
+                skip: 0,
+                limit: 10,
+            };
+            store
+                .generations_page("acct", page, second)
+                .await
+                .map_err(|error| error.to_string())
+        })
+        .await;
+        assert!(records.is_empty(), "{key}'s page shows {records:?}");
     }
     let later = t0() + chrono::Duration::seconds(2);
     for (n, key) in keys.iter().enumerate() {
