@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::http_server::serve;
+use common::http_server::{RefusingPort, serve};
 use common::redis_server::RedisServer;
 use modelgate::keys::{ByokDirectory, KeyDirectory, NewKey, SharedStore};
 use modelgate::proxy::{GatewayConfig, GatewayPlan, Upstream, UpstreamConfig, build_gateway};
@@ -37,6 +37,8 @@ struct Gateway {
     /// How many requests the beta provider has received.
     beta_received: Arc<AtomicU64>,
     _secrets: tempfile::TempDir,
+    /// Gamma's port, kept so that no other server takes it.
+    _refusing: RefusingPort,
 }
 
 /// Prices every model the tests use; `gamma` is a provider whose port
@@ -50,9 +52,8 @@ async fn start(extra: Value) -> Gateway {
 async fn start_on(store: SharedStore, extra: Value) -> Gateway {
     let alpha = mock::start(mock::MockConfig::default()).await;
     let (beta, beta_received) = mock::start_counted(mock::MockConfig::default()).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let gamma = format!("http://{}/v1", closed.local_addr().unwrap());
-    drop(closed);
+    let refusing = RefusingPort::bind();
+    let gamma = refusing.base_url();
     // MODELGATE_TEST_ALPHA_KEY (ALPHA_KEY) is set for the tests in .cargo/config.toml.
     let secrets = tempfile::tempdir().unwrap();
     let beta_key_file = secrets.path().join("beta-key");
@@ -111,6 +112,7 @@ async fn start_on(store: SharedStore, extra: Value) -> Gateway {
         store,
         beta_received,
         _secrets: secrets,
+        _refusing: refusing,
     }
 }
 

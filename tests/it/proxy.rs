@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::http_server::serve;
+use common::http_server::{RefusingPort, serve};
 use common::mock_ids::{mock_ids, without_ids};
 use common::redis_server::RedisServer;
 use futures::future::join_all;
@@ -513,9 +513,8 @@ async fn only_the_checked_path_and_allowed_headers_reach_the_upstream() {
 
 #[tokio::test]
 async fn an_upstream_that_cannot_be_reached_is_a_502_that_costs_nothing() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}/v1", closed.local_addr().unwrap());
-    drop(closed);
+    let refusing = RefusingPort::bind();
+    let base = refusing.base_url();
     let store: SharedStore = Arc::new(MemoryStore::new());
     let address = instance(store.clone(), &base, CONFIG, &t0()).await;
     let key = funded_key(&store, "acme").await;

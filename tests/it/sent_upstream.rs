@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::gateway::{instance, key_of};
+use common::http_server::RefusingPort;
 use common::redis_server::RedisServer;
 use common::settle::key_settled;
 use modelgate::keys::SharedStore;
@@ -137,18 +138,11 @@ async fn assert_charged_nothing(store: &SharedStore, address: SocketAddr, key: &
     assert_eq!(records["data"], json!([]), "{what}: {records}");
 }
 
-/// The base URL of a port nothing listens on.
-fn refusing_upstream() -> String {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}/v1", closed.local_addr().unwrap());
-    drop(closed);
-    base
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_while_connects_fail_and_retries_wait_pays_nothing() {
     on_every_store(|store| async move {
-        let address = instance(store.clone(), &refusing_upstream(), CONFIG).await;
+        let refusing = RefusingPort::bind();
+        let address = instance(store.clone(), &refusing.base_url(), CONFIG).await;
         let key = funded_key(&store).await;
         // Refused at once, then the first wait (0.6 s): the client leaves
         // during it, half-way.

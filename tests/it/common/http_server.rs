@@ -45,3 +45,21 @@ where
     });
     address
 }
+
+/// A loopback port that refuses every connection for as long as it lives:
+/// bound, never listening. A port bound and let go again could be taken by
+/// another test's server meanwhile, which would then answer in its place.
+pub struct RefusingPort(tokio::net::TcpSocket);
+
+impl RefusingPort {
+    pub fn bind() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        RefusingPort(socket)
+    }
+
+    /// `http://127.0.0.1:<port>/v1`, an upstream's base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.0.local_addr().unwrap())
+    }
+}
