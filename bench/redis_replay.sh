@@ -14,6 +14,13 @@
 # how many commands each ran inside. The replay has the load's arguments
 # and state (holds, settlements riding on admissions, records past the
 # cap), without the load generator and the proxy sharing the cores.
+# Each call that would read Redis's clock (`TIME`) is given the instant
+# the recording saw it at instead (the functions' `clock_now` argument):
+# under valgrind the replay runs fifty times slower, and on Redis's own
+# clock holds would lapse and tidying fall due that never did under the
+# load, so calls would take other paths from run to run. The `TIME` those
+# calls ran is counted among the commands inside; its instructions (about
+# 1k a call) are not.
 # KEEP=DIR keeps the callgrind dump (callgrind_annotate reads it) and the
 # recorded commands. Installs valgrind (Debian's, with apt-get) when
 # missing. Results are printed, not committed.
@@ -49,8 +56,14 @@ kill "$monitor"
 
 # 2. The recording as the client sent it: the library load apart (it runs
 # before counting starts), then every other command, in RESP.
-python3 - "$work/monitor.txt" "$work/load.resp" "$work/calls.resp" <<'PY'
-import re, sys
+python3 - "$work/monitor.txt" "$work/load.resp" "$work/calls.resp" "$work/clocked" src/store/lua <<'PY'
+import os, re, sys
+# Which argument of each function is its clock: `clock_now(ARGV[n])`.
+clock_argument = {}
+for name in os.listdir(sys.argv[5]):
+    found = re.search(r'clock_now\(ARGV\[(\d+)\]\)', open(os.path.join(sys.argv[5], name)).read())
+    if found:
+        clock_argument[name[:-len('.lua')]] = int(found.group(1))
 ESCAPES = {'n': b'\n', 'r': b'\r', 't': b'\t', 'a': b'\x07', 'b': b'\x08', '"': b'"', '\\': b'\\'}
 def words(text):
     # MONITOR quotes each argument as Redis's sdscatrepr does.
@@ -78,16 +91,27 @@ def words(text):
 def resp(args):
     return b'*%d\r\n' % len(args) + b''.join(b'$%d\r\n%s\r\n' % (len(a), a) for a in args)
 skipped = {b'MONITOR', b'CONFIG', b'INFO', b'CLIENT', b'HELLO', b'PING'}
+clocked = 0
 with open(sys.argv[2], 'wb') as load, open(sys.argv[3], 'wb') as calls:
     for line in open(sys.argv[1], encoding='latin-1'):
-        match = re.match(r'^[0-9.]+ \[\d+ ([^\]]+)\] (.*)$', line.rstrip('\n'))
+        match = re.match(r'^([0-9]+)\.([0-9]{6}) \[\d+ ([^\]]+)\] (.*)$', line.rstrip('\n'))
         # Commands the functions ran are the replay's to run again.
-        if not match or match.group(1) == 'lua':
+        if not match or match.group(3) == 'lua':
             continue
-        args = words(match.group(2))
+        args = words(match.group(4))
         if not args or args[0].upper() in skipped:
             continue
+        if args[0].upper() in (b'FCALL', b'FCALL_RO'):
+            # FCALL <library>_<operation> numkeys key… arg…
+            operation = args[1].decode('latin-1').split('_', 2)[-1]
+            at = clock_argument.get(operation)
+            if at is not None:
+                index = 3 + int(args[2]) + at - 1
+                if index < len(args) and args[index] == b'':
+                    args[index] = (match.group(1) + match.group(2)).encode()
+                    clocked += 1
         (load if args[0].upper() == b'FUNCTION' else calls).write(resp(args))
+open(sys.argv[4], 'w').write('%d\n' % clocked)
 PY
 
 # 3. The replay, counted.
@@ -110,7 +134,8 @@ wait "$valgrind_pid" 2>/dev/null || true
 # The dump asked for above (part 1), not the one at shutdown.
 dump="$(ls "$work"/replay.cg.*.1)"
 instructions="$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")"
-echo "$stats" | awk -F'[:=,]' -v total="$instructions" '
+# The calls given the recording's clock ran no `TIME` here; live, they did.
+echo "$stats" | awk -F'[:=,]' -v total="$instructions" -v clocked="$(cat "$work/clocked")" '
   /^cmdstat_/ {
     name = substr($1, 9)
     if (name == "fcall") fcalls = $3
@@ -118,6 +143,7 @@ echo "$stats" | awk -F'[:=,]' -v total="$instructions" '
     if (name != "config|resetstat" && name != "info") all += $3
   }
   END {
+    inside += clocked
     printf "redis replay: %d FCALL, %.0fk instructions each (all the replay'"'"'s work over the FCALL), %.2f commands each run inside or beside them\n", fcalls, total / fcalls / 1000, inside / fcalls
   }'
 if [ -n "${KEEP:-}" ]; then
