@@ -71,12 +71,14 @@ cat >"$work/config.json" <<JSON
 JSON
 
 # Each proxy makes and prints its own management key. `start_proxy NAME
-# ARGS…` prints its URL; its pid is in $work/NAME.pid.
+# ARGS…` prints its URL; its pid is in $work/NAME.pid. PROXY_WORKERS=N
+# runs it with `--worker-threads N` (default: one thread per core).
 start_proxy() {
   local name="$1"; shift
   local port; port="$(free_port)"
   "$bin/proxy" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --upstream "$upstream" \
-    --config "$work/config.json" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+    --config "$work/config.json" ${PROXY_WORKERS:+--worker-threads "$PROXY_WORKERS"} "$@" \
+    >"$work/$name.out" 2>"$work/$name.err" &
   echo $! >>"$work/pids"
   echo $! >"$work/$name.pid"
   wait_for_line "$work/$name.out" "modelgate listening on " >/dev/null

@@ -19,6 +19,9 @@
 # connection beside the in-process store; STREAMED=0 skips the streamed
 # body. Only the targets named are started.
 #
+# PROXY_WORKERS=N runs each proxy with `--worker-threads N` (default: one
+# thread per core).
+#
 # UPSTREAM_MS delays each mock answer: with many connections, many
 # requests are then in flight at once (holds, leases) as with a real model.
 # Usage records are capped as bench/common.sh says (KEEP_RECORDS=1 keeps
@@ -163,7 +166,7 @@ run() {
   results+=("$variant $name $rps $p50 $p99 ${errors:-0} $cpu_us $(rss_mib "$pid")")
 }
 
-echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request, upstream answering after ${upstream_ms} ms"
+echo "==> load: ${seconds}s, $connections connections, $threads threads, one chat completion per request, upstream answering after ${upstream_ms} ms, proxy on ${PROXY_WORKERS:-one per core} worker thread(s)"
 for variant in $bodies; do
   wanted upstream && run upstream "$upstream/chat/completions" "" "$variant"
   wanted bare && run bare "$bare_url/api/v1/chat/completions" "" "$variant"

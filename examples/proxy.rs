@@ -26,6 +26,8 @@
 //! - `--bare` (or `--bare true`): the upstream client with no layer at all,
 //!   the baseline `bench/load.sh` compares against; it warns that no key
 //!   is checked.
+//! - `--worker-threads N`: the threads that serve requests (default: one
+//!   per core); fewer on a machine whose cores other busy processes share.
 //! - `--config`: a JSON file (see `modelgate::proxy::GatewayConfig`); its
 //!   `plugins.entries.webhooks` routes are served too, and every SecretRef
 //!   in it reads from its `secrets.providers`.
@@ -130,6 +132,11 @@ struct ServeFlags {
     /// Only the baseline bench/load.sh measures against.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     bare: bool,
+    /// The threads that serve requests [default: one per core]. Fewer
+    /// when the machine's cores are shared with other busy processes (the
+    /// upstream, Redis): a request's steps then wake fewer threads.
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<std::num::NonZeroUsize>,
 }
 
 /// Where the state lives.
@@ -179,20 +186,32 @@ const OPERATOR_KEY_NAME: &str = "operator";
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() {
-    let logging = serve::init_logging();
-    if let Err(message) = run().await {
-        drop(logging);
-        eprintln!("proxy: {message}");
-        std::process::exit(2);
-    }
-}
-
-async fn run() -> Result<(), String> {
+fn main() {
     // A bad flag is a usage error: clap says which, with the usage, and
     // exits 2; `--help` lists every flag with its default.
     let cli = <Cli as clap::Parser>::parse();
+    // The runtime is built here, not by `#[tokio::main]`: its threads come
+    // from a flag.
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(threads) = cli.serve.worker_threads {
+        runtime.worker_threads(threads.get());
+    }
+    let runtime = runtime.build().unwrap_or_else(|error| {
+        eprintln!("proxy: cannot start the runtime: {error}");
+        std::process::exit(2);
+    });
+    runtime.block_on(async {
+        let logging = serve::init_logging();
+        if let Err(message) = run(cli).await {
+            drop(logging);
+            eprintln!("proxy: {message}");
+            std::process::exit(2);
+        }
+    });
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         None => serve_gateway(cli.serve).await,
         Some(Command::Keygen) => {
@@ -372,6 +391,10 @@ async fn serve_gateway(flags: ServeFlags) -> Result<(), String> {
     operator_key(&store).await?;
     tokio::spawn(admin::serve(admin_listener, metrics, store.clone(), true));
     println!("modelgate listening on http://{address}");
+    tracing::info!(
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        "serving"
+    );
     println!("admin (metrics, healthz, readyz) on http://{admin_address}");
 
     serve::serve(

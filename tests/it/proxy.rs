@@ -312,6 +312,7 @@ fn bad_flags_and_config_stop_the_proxy_before_it_listens() {
             vec!["--upstream", "ftp://example/v1", "--listen", "127.0.0.1:0"],
             "not http or https",
         ),
+        (vec!["--worker-threads", "0"], "--worker-threads"),
     ] {
         let directory = tempfile::tempdir().unwrap();
         let output = Command::new(common::examples::binary("proxy"))
@@ -345,6 +346,7 @@ fn help_lists_every_flag_with_its_default_the_commands_and_the_environment() {
         "--redis <URL>",
         "--config <FILE>",
         "--bare",
+        "--worker-threads <N>",
         "keygen",
         "reset-operator-key",
         "migrate-store",
@@ -443,6 +445,49 @@ async fn the_proxy_runs_prints_its_address_and_stops_gracefully_on_sigterm() {
     assert!(status.success());
     let exit = child.wait().unwrap();
     assert_eq!(exit.code(), Some(0), "a graceful stop exits 0");
+}
+
+/// `--worker-threads N`: the runtime serves on N threads (one more than
+/// the machine's cores here, so never the default), and serves as ever.
+#[tokio::test]
+async fn worker_threads_sets_the_threads_that_serve() {
+    let threads = std::thread::available_parallelism().map_or(1, |cores| cores.get()) + 1;
+    let mut command = Command::new(common::examples::binary("proxy"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--worker-threads", &threads.to_string()])
+        .env_remove("MODELGATE_ADMIN_KEY");
+    let proxy = common::examples::ProxyProcess::spawn_watched(command);
+    let log = proxy.wait_for_log("serving worker_threads=");
+    assert!(
+        log.contains(&format!("serving worker_threads={threads}\n")),
+        "{log}"
+    );
+    let admin = proxy.printed_before[0]
+        .strip_prefix("operator key (shown once): ")
+        .unwrap();
+    let created: Value = post(
+        &format!("{}/api/v1/keys", proxy.address),
+        Some(admin),
+        &json!({"name": "demo"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    post(
+        &format!("{}/api/v1/accounts/default/credits", proxy.address),
+        Some(admin),
+        &json!({"amount": 10}),
+    )
+    .await;
+    let reply = post(
+        &format!("{}/api/v1/chat/completions", proxy.address),
+        Some(created["key"].as_str().unwrap()),
+        &chat_body("openai/gpt-4o-mini", false),
+    )
+    .await;
+    assert_eq!(reply.status(), 200);
 }
 
 #[tokio::test]
