@@ -3,6 +3,7 @@
 //! read in the background after its client got its error.
 
 use std::pin::pin;
+use std::sync::Arc;
 
 use futures_util::future::{Either, select};
 use http_body_util::BodyExt;
@@ -37,7 +38,7 @@ impl Meter {
         };
         // What it costs should nothing more be known: a stopping gateway
         // names it among those pending.
-        let tracked = self.pending.track(&Settlement {
+        let tracked = self.pending.track(Arc::new(Settlement {
             account: self.account.clone(),
             key: self.key.clone(),
             reservation_id: self.reservation_id.clone(),
@@ -45,7 +46,7 @@ impl Meter {
             cost_nanos: self.estimate_nanos,
             byok: self.byok,
             record: None,
-        });
+        }));
         let streams_end = self.pending.streams_end();
         runtime.spawn(async move {
             let _permit = permit;

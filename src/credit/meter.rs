@@ -182,14 +182,16 @@ impl Meter {
     /// then again with backoff should it fail. Pending until recorded (see
     /// [`PendingSettlements`]).
     pub(crate) fn settle_in_background(mut self, usage: Option<Usage>, ending: Ending) {
-        let settlement = self.settlement(usage, ending);
+        let settlement = Arc::new(self.settlement(usage, ending));
         // The call ends here, however long its settlement takes to record.
         drop(std::mem::replace(&mut self.span, tracing::Span::none()));
-        let tracked = self.pending.track(&settlement);
+        let tracked = self.pending.track(Arc::clone(&settlement));
         self.retry_in_background(settlement, tracked, Duration::ZERO);
     }
 
-    fn settlement(&self, usage: Option<Usage>, ending: Ending) -> Settlement {
+    /// The settlement of this request, its names moved out of the meter
+    /// (whose last use this is).
+    fn settlement(&mut self, usage: Option<Usage>, ending: Ending) -> Settlement {
         let (cost_nanos, basis) = self.cost_nanos(usage, ending);
         if cost_nanos > self.estimate_nanos {
             // Charged in full all the same: the upstream did the work.
@@ -263,9 +265,9 @@ impl Meter {
             )
         });
         Settlement {
-            account: self.account.clone(),
-            key: self.key.clone(),
-            reservation_id: self.reservation_id.clone(),
+            account: std::mem::take(&mut self.account),
+            key: std::mem::take(&mut self.key),
+            reservation_id: std::mem::take(&mut self.reservation_id),
             hold_granted: self.hold_granted,
             cost_nanos,
             byok: self.byok,
@@ -276,7 +278,12 @@ impl Meter {
     /// Attempts `settlement` after `first_wait`, then again with backoff
     /// until it is recorded or the store no longer knows its hold;
     /// `tracked` keeps it pending meanwhile.
-    fn retry_in_background(self, settlement: Settlement, tracked: Tracked, first_wait: Duration) {
+    fn retry_in_background(
+        self,
+        settlement: Arc<Settlement>,
+        tracked: Tracked,
+        first_wait: Duration,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             unrecorded(&settlement, "no runtime to settle on");
             return;

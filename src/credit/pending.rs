@@ -30,7 +30,7 @@ pub struct PendingSettlements {
 #[derive(Debug, Default)]
 struct Inner {
     next: AtomicU64,
-    pending: Mutex<HashMap<u64, Settlement>>,
+    pending: Mutex<HashMap<u64, Arc<Settlement>>>,
     emptied: Notify,
     /// Set by [`PendingSettlements::end_streams`]; `streams_end` wakes the
     /// bodies waiting at that moment, those made later see the flag.
@@ -177,10 +177,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PendingSettlements {
-    /// Registers `settlement` as pending until the returned guard drops.
-    pub(crate) fn track(&self, settlement: &Settlement) -> Tracked {
+    /// Registers `settlement` as pending until the returned guard drops
+    /// (shared with whoever records it: no copy per request).
+    pub(crate) fn track(&self, settlement: Arc<Settlement>) -> Tracked {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.inner.pending).insert(id, settlement.clone());
+        lock(&self.inner.pending).insert(id, settlement);
         Tracked {
             inner: Arc::clone(&self.inner),
             id,
@@ -248,7 +249,7 @@ impl PendingSettlements {
         if self.settled_within(deadline).await {
             return Vec::new();
         }
-        let pending: Vec<Settlement> = lock(&self.inner.pending).values().cloned().collect();
+        let pending: Vec<Arc<Settlement>> = lock(&self.inner.pending).values().cloned().collect();
         pending
             .into_iter()
             .map(|settlement| {
@@ -261,7 +262,7 @@ impl PendingSettlements {
                     "a settlement was not recorded before the gateway stopped",
                 );
                 Unrecorded {
-                    account: settlement.account,
+                    account: settlement.account.clone(),
                     key_hash_prefix: settlement.key.chars().take(8).collect(),
                     cost_nanos: settlement.cost_nanos,
                     held: settlement.hold_granted,
@@ -291,8 +292,8 @@ mod tests {
     async fn a_flush_waits_for_every_pending_settlement_or_names_them() {
         let pending = PendingSettlements::default();
         assert!(pending.flush(Duration::from_secs(1)).await.is_empty());
-        let first = pending.track(&settlement(5));
-        let second = pending.track(&settlement(7));
+        let first = pending.track(Arc::new(settlement(5)));
+        let second = pending.track(Arc::new(settlement(7)));
         assert_eq!(pending.len(), 2);
         let flushing = tokio::spawn({
             let pending = pending.clone();
@@ -304,7 +305,7 @@ mod tests {
         drop(second);
         assert!(flushing.await.unwrap().is_empty(), "both landed in time");
 
-        let stuck = pending.track(&settlement(9));
+        let stuck = pending.track(Arc::new(settlement(9)));
         let unrecorded = pending.flush(Duration::from_secs(3)).await;
         assert_eq!(
             unrecorded,
@@ -319,10 +320,10 @@ mod tests {
         assert!(pending.is_empty());
 
         // A granted hold lapses and is charged: reported as such.
-        let held = pending.track(&Settlement {
+        let held = pending.track(Arc::new(Settlement {
             hold_granted: true,
             ..settlement(11)
-        });
+        }));
         let unrecorded = pending.flush(Duration::from_secs(3)).await;
         assert_eq!(unrecorded.len(), 1);
         assert!(unrecorded[0].held);

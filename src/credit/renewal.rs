@@ -35,12 +35,15 @@ struct Inner {
     store: Arc<dyn LedgerStore>,
     clock: Arc<dyn Clock>,
     hold_ttl: Duration,
-    /// Account -> reservation id -> key (hash).
-    shards: Vec<Mutex<FastMap<String, FastMap<String, String>>>>,
+    shards: Vec<Mutex<Holds>>,
     hasher: foldhash::fast::RandomState,
     /// Whether the renewing task runs: started with the first hold.
     renewing: AtomicBool,
 }
+
+/// Account -> reservation id -> key (hash). The names are shared with the
+/// tickets, which take them out again.
+type Holds = FastMap<Arc<str>, FastMap<Arc<str>, String>>;
 
 impl std::fmt::Debug for HoldRenewals {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,16 +79,25 @@ impl HoldRenewals {
     /// Renews the hold `reservation_id` of `key` until the ticket is
     /// dropped (its settlement recorded, or given up).
     pub(crate) fn track(&self, account: &str, key: &str, reservation_id: &str) -> RenewalTicket {
-        self.inner
-            .shard(account)
-            .entry(account.to_owned())
-            .or_default()
-            .insert(reservation_id.to_owned(), key.to_owned());
+        let reservation_id: Arc<str> = Arc::from(reservation_id);
+        let account = {
+            let mut shard = self.inner.shard(account);
+            // The account's name is made once while it has holds.
+            let account = match shard.get_key_value(account) {
+                Some((name, _)) => Arc::clone(name),
+                None => Arc::from(account),
+            };
+            shard
+                .entry(Arc::clone(&account))
+                .or_default()
+                .insert(Arc::clone(&reservation_id), key.to_owned());
+            account
+        };
         self.start_renewing();
         RenewalTicket {
             inner: Arc::downgrade(&self.inner),
-            account: account.to_owned(),
-            reservation_id: reservation_id.to_owned(),
+            account,
+            reservation_id,
         }
     }
 
@@ -123,7 +135,7 @@ impl HoldRenewals {
 }
 
 impl Inner {
-    fn shard(&self, account: &str) -> MutexGuard<'_, FastMap<String, FastMap<String, String>>> {
+    fn shard(&self, account: &str) -> MutexGuard<'_, Holds> {
         let index = (self.hasher.hash_one(account) % SHARD_COUNT as u64) as usize;
         lock(&self.shards[index])
     }
@@ -134,12 +146,12 @@ impl Inner {
         for shard in &self.shards {
             for (account, holds) in lock(shard).iter() {
                 batches.push((
-                    account.clone(),
+                    account.to_string(),
                     holds
                         .iter()
                         .map(|(reservation_id, key)| HoldRenewal {
                             key: key.clone(),
-                            reservation_id: reservation_id.clone(),
+                            reservation_id: reservation_id.to_string(),
                         })
                         .collect(),
                 ));
@@ -172,8 +184,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Keeps one hold renewed while it lives.
 pub(crate) struct RenewalTicket {
     inner: Weak<Inner>,
-    account: String,
-    reservation_id: String,
+    account: Arc<str>,
+    reservation_id: Arc<str>,
 }
 
 impl std::fmt::Debug for RenewalTicket {

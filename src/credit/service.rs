@@ -19,13 +19,13 @@ use crate::context::{
 };
 use crate::error::{ErrorKind, GatewayError, LimitSource};
 use crate::json_input::{bad_request, json_bytes};
-use crate::keys::ByokCredential;
 use crate::keys::credits::{decimal_string, nanos_to_json};
+use crate::keys::{ByokCredential, KeyHash};
 use crate::limiter::Verdict;
 use crate::limiter::{Admission, AdmissionPlan};
 use crate::response_body::ResponseBody;
 use crate::routing::{MessagesCall, is_model_call, messages_call};
-use crate::store::{AdmitRequest, PurchaseTier, ReserveOutcome, ReserveRequest};
+use crate::store::{AdmitRequest, KeyLimit, PurchaseTier, ReserveOutcome, ReserveRequest};
 use crate::store::{RecordKeeping, is_lapse_model};
 use crate::usage::GenerationContext;
 
@@ -133,7 +133,8 @@ where
                     .with_metadata("param", "model"),
             );
         }
-        let provider = call.model_id.provider().to_owned();
+        let provider: Arc<str> = Arc::from(call.model_id.provider());
+        let model: Arc<str> = Arc::from(call.model_id.as_str());
         let generation = match &config.generations {
             Some(settings) => {
                 // A malformed app header is refused before anything counts.
@@ -149,8 +150,8 @@ where
                     app,
                     api: call.api.as_str(),
                     requested_model,
-                    model: call.model_id.as_str().to_owned(),
-                    provider: provider.clone(),
+                    model: Arc::clone(&model),
+                    provider: Arc::clone(&provider),
                     created_at: config.clock.now(),
                     started: tokio::time::Instant::now(),
                     sent: None,
@@ -164,12 +165,12 @@ where
         // a future is moved whole at each step.
         let charge = Box::new(Charge {
             generation,
-            principal: principal.clone(),
+            key: ChargedKey::of(principal),
             auth_words: request
                 .extensions()
                 .get::<Arc<crate::auth::AuthWords>>()
                 .cloned(),
-            model: call.model_id.as_str().to_owned(),
+            model,
             api: call.api,
             prompt_tokens: asked.prompt.tokens,
             likely_prompt_tokens: asked.prompt.likely_tokens,
@@ -193,7 +194,7 @@ where
             free: call.model_id.is_free(),
         });
         let config = Arc::clone(config);
-        let account = charge.principal.account_id.clone();
+        let account = principal.account_id.clone();
         let admitting: BoxFuture<'static, Result<Admitted, GatewayError>> =
             Box::pin(async move { admit(&config, account, Some(charge), plan).await });
         ResponseFuture::admitting(
@@ -628,19 +629,40 @@ pub fn estimate_max_cost_nanos(
     Ok(price.cost_nanos(estimate_prompt_tokens(chat, bounds)?, completion_tokens))
 }
 
+/// What admission needs of the key a request comes with (the rest of its
+/// [`Principal`] is other layers' business).
+#[derive(Clone, Copy)]
+struct ChargedKey {
+    hash: KeyHash,
+    limit: Option<KeyLimit>,
+    include_byok_in_limit: bool,
+    rotated: bool,
+}
+
+impl ChargedKey {
+    fn of(principal: &Principal) -> ChargedKey {
+        ChargedKey {
+            hash: principal.key_hash,
+            limit: principal.key_limit,
+            include_byok_in_limit: principal.include_byok_in_limit,
+            rotated: principal.rotated,
+        }
+    }
+}
+
 /// What admission needs to know of one chat request.
 struct Charge {
-    principal: Principal,
+    key: ChargedKey,
     /// BearerAuth's words when the stack set its own: a 401 here speaks them.
     auth_words: Option<Arc<crate::auth::AuthWords>>,
     /// The model asked of the upstream, as the request names it.
-    model: String,
+    model: Arc<str>,
     /// The API the request speaks.
     api: ModelApi,
     /// What the request's generation record starts from, when kept.
     generation: Option<Box<GenerationContext>>,
     /// The model's provider, as the request spells it.
-    provider: String,
+    provider: Arc<str>,
     /// The prompt's bound, held.
     prompt_tokens: u64,
     /// What the prompt is charged when no usage comes.
@@ -675,7 +697,7 @@ impl Charge {
     /// Whether the request's usage counts: always, but BYOK usage only
     /// against a key with `include_byok_in_limit`.
     fn counted(&self, byok: bool) -> bool {
-        !byok || self.principal.include_byok_in_limit
+        !byok || self.key.include_byok_in_limit
     }
 
     /// Whether the prompt's estimate is part of the hold: a counted
@@ -750,9 +772,7 @@ async fn decide(
     charge: Option<Box<Charge>>,
     plan: AdmissionPlan,
 ) -> Result<Admitted, GatewayError> {
-    let charge_rotated = charge
-        .as_ref()
-        .is_some_and(|charge| charge.principal.rotated);
+    let charge_rotated = charge.as_ref().is_some_and(|charge| charge.key.rotated);
     let auth_words = charge.as_ref().and_then(|charge| charge.auth_words.clone());
     let credential = match (&config.byok_directory, &charge) {
         // A key stored for a provider that no longer takes one is not
@@ -781,9 +801,10 @@ async fn decide(
             return Err(error);
         }
     }
-    let held = charge
-        .as_ref()
-        .map(|charge| hold_request(config, &account, charge, byok));
+    let (hold, meter) = charge
+        .as_mut()
+        .map(|charge| hold_request(config, &account, charge, byok))
+        .unzip();
     let mut checks = Vec::new();
     let mut purchase_tier = None;
     let mut ranges = Vec::with_capacity(plan.parts.len());
@@ -802,11 +823,11 @@ async fn decide(
         account,
         checks,
         purchase_tier,
-        hold: held.as_ref().map(|(hold, _)| hold.clone()),
+        hold,
     };
     // Dropped before the answer (the client left), or a store that failed
     // after it may have held: the hold, if any, is released at no cost.
-    let mut pending = Unsettled::new(held.map(|(_, meter)| meter), Ending::NotSent);
+    let mut pending = Unsettled::new(meter, Ending::NotSent);
     let outcome = match config.ledger.admit(&request).await {
         Ok(outcome) => outcome,
         Err(error) => {
@@ -908,11 +929,11 @@ fn chat_span(charge: &Charge) -> tracing::Span {
         otel.name = %ChatSpanName(&charge.model),
         otel.kind = "client",
         gen_ai.operation.name = "chat",
-        gen_ai.provider.name = charge.provider.as_str(),
-        gen_ai.request.model = charge.model.as_str(),
+        gen_ai.provider.name = &*charge.provider,
+        gen_ai.request.model = &*charge.model,
         // What the client reads: the gateway names the served model in
         // every answer.
-        gen_ai.response.model = charge.model.as_str(),
+        gen_ai.response.model = &*charge.model,
         gen_ai.request.max_tokens = tracing::field::Empty,
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
@@ -939,14 +960,15 @@ impl std::fmt::Display for ChatSpanName<'_> {
 
 /// The hold a chat request asks for, and its meter: the prompt and the
 /// client's bound, or else as much of the default bound as the key's limit
-/// and the balance pay for, at least one completion token.
+/// and the balance pay for, at least one completion token. The meter takes
+/// the charge's generation context: the record is the meter's to write.
 fn hold_request(
     config: &CreditGuardConfig,
     account: &str,
-    charge: &Charge,
+    charge: &mut Charge,
     byok: bool,
 ) -> (ReserveRequest, Meter) {
-    let principal = &charge.principal;
+    let charged_key = charge.key;
     // BYOK usage that does not count against the key's limit neither
     // holds nor is checked against it.
     let counted = charge.counted(byok);
@@ -962,12 +984,12 @@ fn hold_request(
     };
     let reservation = ReserveRequest {
         account: account.to_owned(),
-        key: principal.key_hash.to_hex(),
+        key: charged_key.hash.to_hex(),
         reservation_id: new_reservation_id(config.clock.now()),
         amount_nanos,
         min_amount_nanos: (flexible && amount_nanos > 0)
             .then(|| charge.cost_nanos(charge.min_bound_tokens)),
-        key_limit: principal.key_limit.filter(|_| counted),
+        key_limit: charged_key.limit.filter(|_| counted),
         counts_against_key_limit: counted,
         check_balance: true,
         covered_by_balance: !byok && !charge.free,
@@ -979,7 +1001,7 @@ fn hold_request(
                 retention: generations.retention,
                 max_per_account: generations.max_per_account,
                 // The model asked for: a lapse counts under it.
-                model: is_lapse_model(charge.model.as_str()).then(|| charge.model.to_string()),
+                model: is_lapse_model(&charge.model).then(|| charge.model.to_string()),
             }),
     };
     let meter = Meter {
@@ -1001,8 +1023,8 @@ fn hold_request(
         pending: config.pending.clone(),
         renewal: None,
         span: tracing::Span::none(),
-        generation: charge.generation.clone(),
-        key_limit: principal.key_limit,
+        generation: charge.generation.take(),
+        key_limit: charged_key.limit,
         on_settled: config.on_settled.clone(),
     };
     (reservation, meter)
@@ -1173,7 +1195,7 @@ fn refused(charge: &Charge, refusal: ReserveOutcome) -> GatewayError {
         ReserveOutcome::KeyExpired { expired_at } => crate::auth::past_expiry(
             charge.auth_words.as_deref(),
             expired_at,
-            charge.principal.rotated,
+            charge.key.rotated,
         ),
         ReserveOutcome::Reserved { .. } => GatewayError::new(
             ErrorKind::Internal,
@@ -1365,13 +1387,13 @@ mod tests {
         );
         let charge = |price: TokenPrice, free: bool, include_byok_in_limit: bool| Charge {
             auth_words: None,
-            principal: Principal {
+            key: ChargedKey::of(&Principal {
                 include_byok_in_limit,
                 ..Principal::for_tests("a")
-            },
+            }),
             generation: None,
-            provider: "a".to_owned(),
-            model: "a/b".to_owned(),
+            provider: Arc::from("a"),
+            model: Arc::from("a/b"),
             api: ModelApi::Chat,
             prompt_tokens: count.tokens,
             likely_prompt_tokens: count.likely_tokens,

@@ -48,10 +48,10 @@ pub(crate) struct GenerationContext {
     pub(crate) api: &'static str,
     /// The model the client asked for (before any fallback).
     pub(crate) requested_model: String,
-    /// The model this attempt went to.
-    pub(crate) model: String,
+    /// The model this attempt went to (shared with the admission's charge).
+    pub(crate) model: std::sync::Arc<str>,
     /// The provider part of `model` (`openai` of `openai/gpt-4o`).
-    pub(crate) provider: String,
+    pub(crate) provider: std::sync::Arc<str>,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) started: tokio::time::Instant,
     /// When the request went on to the upstream (admission done).
