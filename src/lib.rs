@@ -170,6 +170,7 @@ pub use edit::json_fuzzing as edit_fuzzing;
 pub mod error;
 pub mod error_mapper;
 pub mod free_quota;
+mod header_number;
 pub mod in_flight;
 mod json_input;
 pub mod keys;

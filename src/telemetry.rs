@@ -112,7 +112,9 @@ pub const ALERTS_TOTAL: &str = "modelgate_alerts_total";
 /// bug, not a reason to grow without bound).
 const MAX_CACHED_HANDLES: usize = 4096;
 
-/// Metric handles by their label values, looked up in the recorder once.
+/// Metric handles by their label values, looked up in the recorder once
+/// (and other values made once per key from a small set, such as a rate
+/// limit's policy header).
 pub(crate) struct HandleCache<K, H> {
     // Looked up several times per request; the keys are small label sets.
     handles: LazyLock<RwLock<foldhash::HashMap<K, H>>>,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::request::Parts;
 
 use super::{
@@ -13,6 +13,7 @@ use super::{
 };
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, GatewayError};
+use crate::header_number::header_number;
 use crate::routing::{
     MessagesCall, is_chat_completions, is_embeddings_call, is_responses_call, messages_call,
 };
@@ -100,7 +101,7 @@ pub(super) fn prepare_request(
     parts.headers.remove(TRANSFER_ENCODING);
     parts
         .headers
-        .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        .insert(CONTENT_LENGTH, header_number(bytes.len() as u64));
     let context = RequestContext::in_extensions(&mut parts.extensions);
     context.chat = chat.map(Arc::new);
     context.messages = messages.map(Arc::new);

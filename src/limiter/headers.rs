@@ -5,7 +5,9 @@ use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
 use crate::error::{GatewayError, retry_after_seconds};
+use crate::header_number::header_number;
 use crate::store::CheckOutcome;
+use crate::telemetry::HandleCache;
 
 /// The limit's capacity (requests).
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -34,9 +36,9 @@ pub(crate) fn rate_limit_headers(outcome: &CheckOutcome) -> HeaderMap {
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` set in `headers`.
 fn insert_counts(headers: &mut HeaderMap, limit: u64, remaining: u64, reset_seconds: u64) {
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit));
-    headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
-    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset_seconds));
+    headers.insert(X_RATELIMIT_LIMIT.clone(), header_number(limit));
+    headers.insert(X_RATELIMIT_REMAINING.clone(), header_number(remaining));
+    headers.insert(X_RATELIMIT_RESET.clone(), header_number(reset_seconds));
 }
 
 /// `X-RateLimit-Reset` of `outcome`: whole seconds, rounded up.
@@ -112,8 +114,14 @@ pub(crate) fn with_rate_limit_headers(
 /// The `X-RateLimit-Policy` of a counter limit, when it is a rate
 /// (GCRA or a rolling window): see [`X_RATELIMIT_POLICY`].
 pub(crate) fn policy_value(limit: &crate::store::Limit) -> Option<HeaderValue> {
+    // Made once per limit: every admitted request carries one.
+    POLICIES.get(limit, || (*limit, written_policy(limit)))
+}
+
+static POLICIES: HandleCache<crate::store::Limit, Option<HeaderValue>> = HandleCache::new();
+
+fn written_policy(limit: &crate::store::Limit) -> Option<HeaderValue> {
     use crate::store::Limit;
-    // Written by itoa, not `format!`: every admitted request carries one.
     let (count, window, burst) = match *limit {
         Limit::Gcra {
             rate,

@@ -21,6 +21,7 @@ use crate::body::{ChatRequest, MessagesRequest, ModelId};
 use crate::context::{Principal, RequestContext};
 use crate::edit::{JsonObject, ModelNamed, NameModel};
 use crate::error::{ErrorKind, GatewayError, LimitSource, Refusal};
+use crate::header_number::header_number;
 use crate::response_body::ResponseBody;
 
 /// The response header naming the model that answered, as the gateway
@@ -262,9 +263,10 @@ fn name_in_body(request: &mut Request<Full<Bytes>>, model: &ModelId) {
     };
     let body = body_with_model(original, model.as_str());
     context.body = Some(body.clone());
-    request
-        .headers_mut()
-        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    request.headers_mut().insert(
+        http::header::CONTENT_LENGTH,
+        header_number(body.len() as u64),
+    );
     *request.body_mut() = Full::new(body);
 }
 
@@ -343,9 +345,10 @@ where
             .map(Bytes::from)
             .unwrap_or_else(|| held.freeze()),
     };
-    parts
-        .headers
-        .insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    parts.headers.insert(
+        http::header::CONTENT_LENGTH,
+        header_number(bytes.len() as u64),
+    );
     Response::from_parts(
         parts,
         ReportedModel::new(ResponseBody::full(bytes), "", BodyKind::Other),
