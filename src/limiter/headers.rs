@@ -103,7 +103,7 @@ pub(crate) fn with_rate_limit_headers(
     let retry_after = error.retry_after_seconds();
     for (name, value) in &rate_limit_headers(outcome) {
         let value = match retry_after {
-            Some(seconds) if name == X_RATELIMIT_RESET => HeaderValue::from(seconds),
+            Some(seconds) if name == X_RATELIMIT_RESET => header_number(seconds),
             _ => value.clone(),
         };
         error = error.with_header(name.clone(), value);
